@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Entry point for newcomers and CI:  ./dev.sh train [flags]   |   ./dev.sh test [pytest args]
+# Each sets up .venv first (fast no-op when nothing changed).
+set -euo pipefail
+cd "$(dirname "$0")"
+bash scripts/setup.sh
+cmd="${1:-}"; shift || true
+case "$cmd" in
+    train) exec .venv/bin/torchrec-tpu train "$@" ;;
+    test)  exec .venv/bin/python -m pytest "$@" ;;
+    *) echo "usage: ./dev.sh train [flags] | ./dev.sh test [pytest args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,1 @@
+"""torchrec_tpu."""
