@@ -1,0 +1,134 @@
+"""Parquet files -> ``torchrec.datasets.utils.Batch`` stream, sharded over ranks.
+
+Sharding: the files (in the order given; a directory's ``*.parquet`` files sorted by name) form
+one global row sequence of N rows. Rank r of W reads the contiguous rows
+``[r * N // W, (r + 1) * N // W)``, so every row belongs to exactly one rank and the ranks' row
+counts differ by at most one. Only the row groups overlapping a rank's range are read.
+
+Last partial batch: with ``drop_last=False`` each rank yields its rows in full, the last batch
+possibly smaller than ``batch_size`` (ranks can then differ by one batch). With ``drop_last=True``
+every rank yields the same number of full batches, ``(N // W) // batch_size``, and the remainder of
+each range is dropped (``rows_dropped``), which lock-step distributed training needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from torchrec.datasets.utils import Batch
+
+from pipelines.arrow_batch import TableSizes, batch_from_arrow, table_sizes_for
+from pipelines.parquet_writer import PARQUET_SUFFIX
+from pipelines.schema import CRITEO, DatasetSchema
+
+
+def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    """A directory's ``*.parquet`` files sorted by name, or the given files in order."""
+    entries = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    files: list[Path] = []
+    for entry in map(Path, entries):
+        if entry.is_dir():
+            files += sorted(entry.glob(f"*{PARQUET_SUFFIX}"))
+        elif entry.is_file():
+            files.append(entry)
+        else:
+            raise FileNotFoundError(f"no such Parquet file or directory: {entry}")
+    if not files:
+        raise FileNotFoundError(f"no {PARQUET_SUFFIX} files in {[str(e) for e in entries]}")
+    return files
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    path: Path
+    index: int
+    first_row: int  # global row index of the group's first row
+    num_rows: int
+
+
+def shard_range(num_rows: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rows ``[start, stop)`` of ``rank``: contiguous, balanced, covering all rows once."""
+    if world_size <= 0 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    return rank * num_rows // world_size, (rank + 1) * num_rows // world_size
+
+
+class ParquetBatchReader:
+    """Iterable of Batches of ``batch_size`` rows from Parquet files (see the module docstring)."""
+
+    def __init__(
+        self,
+        paths: str | Path | Sequence[str | Path],
+        batch_size: int,
+        num_embeddings_per_feature: TableSizes,
+        schema: DatasetSchema = CRITEO,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+    ) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        self.files = list_parquet_files(paths)
+        self.batch_size = batch_size
+        self.table_sizes = table_sizes_for(schema, num_embeddings_per_feature)
+        self.schema = schema
+        self.row_groups = self._index_row_groups()
+        self.num_rows = sum(group.num_rows for group in self.row_groups)
+        start, stop = shard_range(self.num_rows, rank, world_size)
+        if drop_last:
+            stop = start + (self.num_rows // world_size) // batch_size * batch_size
+        self.rows_dropped = shard_range(self.num_rows, rank, world_size)[1] - stop
+        self.start, self.stop = start, stop
+
+    def _index_row_groups(self) -> list[RowGroup]:
+        groups: list[RowGroup] = []
+        first_row = 0
+        for path in self.files:
+            metadata = pq.ParquetFile(path).metadata
+            missing = [n for n in self.schema.column_names if n not in metadata.schema.names]
+            if missing:
+                raise ValueError(f"{path}: columns {missing} of the schema are missing")
+            for index in range(metadata.num_row_groups):
+                rows = metadata.row_group(index).num_rows
+                groups.append(RowGroup(path, index, first_row, rows))
+                first_row += rows
+        return groups
+
+    def __len__(self) -> int:
+        return -(-(self.stop - self.start) // self.batch_size)
+
+    def _tables(self) -> Iterator[pa.Table]:
+        """The rows of this rank's range, one table per overlapping row group."""
+        open_path, parquet_file = None, None
+        for group in self.row_groups:
+            lo = max(self.start, group.first_row)
+            hi = min(self.stop, group.first_row + group.num_rows)
+            if lo >= hi:
+                continue
+            if group.path != open_path:
+                open_path, parquet_file = group.path, pq.ParquetFile(group.path)
+            table = parquet_file.read_row_group(group.index, columns=self.schema.column_names)
+            yield table.slice(lo - group.first_row, hi - lo)
+
+    def __iter__(self) -> Iterator[Batch]:
+        pending: list[pa.Table] = []
+        pending_rows = 0
+        for table in self._tables():
+            pending.append(table)
+            pending_rows += table.num_rows
+            if pending_rows < self.batch_size:
+                continue
+            rows = pa.concat_tables(pending)
+            full = pending_rows // self.batch_size * self.batch_size
+            for offset in range(0, full, self.batch_size):
+                yield self._batch(rows.slice(offset, self.batch_size))
+            pending, pending_rows = [rows.slice(full)], pending_rows - full
+        if pending_rows:
+            yield self._batch(pa.concat_tables(pending))
+
+    def _batch(self, rows: pa.Table) -> Batch:
+        return batch_from_arrow(rows, self.table_sizes, self.schema)
