@@ -1,0 +1,103 @@
+"""Mapping of sparsecore plans and inputs onto jax-tpu-embedding 0.1.0's own types.
+
+Used by the ``tpu`` backend (its device primitives) and to check our host preprocessing against
+jax-tpu-embedding's C++ preprocessing. Importing this module requires jax_tpu_embedding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from jax_tpu_embedding.sparsecore.lib.nn import embedding, embedding_spec
+
+from sparsecore import optimizers
+from sparsecore.stacking import StackingPlan
+from sparsecore.validation import FeatureInput
+
+
+def jte_optimizer(spec: optimizers.OptimizerSpec) -> embedding_spec.OptimizerSpec:
+    """The jax-tpu-embedding optimizer spec with the same update rule, or a clear error."""
+    if isinstance(spec, optimizers.RowWiseAdagrad):
+        raise ValueError("jax-tpu-embedding has no row-wise Adagrad SparseCore kernel; use the xla or fbgemm backend")
+    if isinstance(spec, optimizers.Adagrad):
+        if spec.eps != 0.0:
+            raise ValueError(f"the SparseCore Adagrad kernel has no epsilon; got eps={spec.eps}")
+        return embedding_spec.AdagradOptimizerSpec(spec.learning_rate, spec.initial_accumulator_value)
+    if isinstance(spec, optimizers.Adam):
+        return embedding_spec.AdamOptimizerSpec(spec.learning_rate, spec.beta_1, spec.beta_2, spec.epsilon)
+    if isinstance(spec, optimizers.FTRL):
+        return embedding_spec.FTRLOptimizerSpec(
+            spec.learning_rate, spec.learning_rate_power, spec.l1_regularization_strength,
+            spec.l2_regularization_strength, spec.beta, spec.initial_accumulator_value, spec.initial_linear_value,
+        )
+    if isinstance(spec, optimizers.SGD):
+        return embedding_spec.SGDOptimizerSpec(spec.learning_rate)
+    raise ValueError(f"no jax-tpu-embedding optimizer for {type(spec).__name__}")
+
+
+def jte_feature_specs(plan: StackingPlan) -> dict[str, embedding_spec.FeatureSpec]:
+    """jax-tpu-embedding feature specs carrying exactly this plan's stacking."""
+    out = {}
+    features = {f.name: f for f in plan.features}
+    for stack in plan.stacks:
+        optimizer = jte_optimizer(stack.optimizer)
+        stacked = embedding_spec.StackedTableSpec(
+            stack_name=stack.name, stack_vocab_size=stack.vocab_size, stack_embedding_dim=stack.dim,
+            optimizer=optimizer, combiner=stack.combiner, total_sample_count=stack.total_sample_count,
+            max_ids_per_partition=stack.max_ids_per_partition,
+            max_unique_ids_per_partition=stack.max_unique_ids_per_partition,
+        )
+        tables = {}
+        for placement in stack.tables:
+            spec = plan.tables[placement.table]
+            table = embedding_spec.TableSpec(
+                name=spec.name, vocabulary_size=spec.vocab_size, embedding_dim=spec.dim,
+                initializer=jax.nn.initializers.zeros, optimizer=optimizer, combiner=spec.combiner,
+                max_ids_per_partition=spec.max_ids_per_partition,
+                max_unique_ids_per_partition=spec.max_unique_ids_per_partition,
+            )
+            table.setting_in_stack = embedding_spec.TableSettingInStack(
+                stack_name=stack.name, padded_vocab_size=placement.padded_vocab_size,
+                padded_embedding_dim=stack.dim, row_offset_in_shard=placement.row_offset_in_shard,
+                shard_rotation=placement.shard_rotation,
+            )
+            table.stacked_table_spec = stacked
+            tables[placement.table] = table
+        for fp in stack.features:
+            feature = features[fp.feature]
+            spec = embedding_spec.FeatureSpec(
+                name=fp.feature, table_spec=tables[fp.table],
+                input_shape=[feature.batch_size, feature.max_ids_per_sample or 1],
+                output_shape=[feature.batch_size, plan.tables[fp.table].dim],
+            )
+            spec.id_transformation = embedding_spec.FeatureIdTransformation(
+                row_offset=fp.sample_offset, col_offset=fp.col_offset, col_shift=fp.col_shift
+            )
+            out[fp.feature] = spec
+    return out
+
+
+def jte_preprocess(
+    inputs: Mapping[str, FeatureInput], plan: StackingPlan, *, allow_id_dropping: bool = False
+) -> tuple[embedding.PreprocessedInput, embedding.SparseDenseMatmulInputStats]:
+    """Run jax-tpu-embedding's C++ preprocessing on the same inputs (ragged object arrays)."""
+    specs = jte_feature_specs(plan)
+    features, weights = {}, {}
+    for name in specs:
+        x = inputs[name]
+        splits = np.cumsum(x.lengths)[:-1]
+        features[name] = _object_array(np.split(x.ids.astype(np.int32), splits))
+        weights[name] = _object_array(np.split(x.weights.astype(np.float32), splits))
+    devices = plan.topology.num_devices
+    return embedding.preprocess_sparse_dense_matmul_input(
+        features, weights, specs, local_device_count=devices, global_device_count=devices,
+        num_sc_per_device=plan.topology.sparsecores_per_device, allow_id_dropping=allow_id_dropping,
+    )
+
+
+def _object_array(rows: list[np.ndarray]) -> np.ndarray:
+    out = np.empty(len(rows), dtype=object)
+    out[:] = rows
+    return out

@@ -1,0 +1,261 @@
+"""Table and feature stacking: group compatible tables into one mod-sharded stacked table.
+
+Tables with equal padded dim, optimizer and combiner share a stack (jax-tpu-embedding's rule).
+Each table's vocab is padded to a multiple of 8 x (total SparseCores) and its dim to a multiple
+of 8; inside the stack, logical row r of a table lives on SparseCore ``(r % N + rotation) % N``
+at shard row ``r // N + row_offset_in_shard``. The physical layout of a stacked table is
+``[N * shard_rows, dim]``, SparseCore-major: physical row = sc * shard_rows + shard_row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sparsecore.optimizers import OptimizerSpec
+from sparsecore.specs import ALIGNMENT, FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
+
+DEFAULT_ACTIVATION_BYTES_LIMIT = 2 * 1024 * 1024  # per SparseCore, as jax-tpu-embedding
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class TablePlacement:
+    """Where one logical table sits inside its stack."""
+
+    table: str
+    vocab_size: int
+    dim: int
+    padded_vocab_size: int
+    row_offset_in_shard: int
+    shard_rotation: int
+
+
+@dataclass(frozen=True)
+class FeaturePlacement:
+    """How a feature's ids and samples map into its stack (jax-tpu-embedding's id transformation)."""
+
+    feature: str
+    table: str
+    batch_size: int
+    sample_offset: int  # first row of this feature in the stack's concatenated batch
+    col_offset: int  # row_offset_in_shard * N
+    col_shift: int  # the table's shard rotation
+
+
+@dataclass(frozen=True)
+class StackedTable:
+    """One stacked, mod-sharded table and the tables/features it serves."""
+
+    name: str
+    dim: int
+    optimizer: OptimizerSpec
+    combiner: str
+    num_sparsecores: int
+    tables: tuple[TablePlacement, ...]
+    features: tuple[FeaturePlacement, ...]
+    max_ids_per_partition: int
+    max_unique_ids_per_partition: int
+
+    @property
+    def vocab_size(self) -> int:
+        return sum(t.padded_vocab_size for t in self.tables)
+
+    @property
+    def shard_rows(self) -> int:
+        return self.vocab_size // self.num_sparsecores
+
+    @property
+    def total_sample_count(self) -> int:
+        return sum(f.batch_size for f in self.features)
+
+    def table(self, name: str) -> TablePlacement:
+        for placement in self.tables:
+            if placement.table == name:
+                return placement
+        raise KeyError(f"table {name!r} is not in stack {self.name!r}")
+
+    def physical_rows(self, table: str, logical_ids: np.ndarray) -> np.ndarray:
+        """Physical rows in the stacked layout of a table's logical row ids."""
+        placement = self.table(table)
+        n = self.num_sparsecores
+        ids = np.asarray(logical_ids, dtype=np.int64)
+        sc = (ids % n + placement.shard_rotation) % n
+        return sc * self.shard_rows + ids // n + placement.row_offset_in_shard
+
+    def row_dims(self) -> np.ndarray:
+        """Logical dim of the table owning each physical row (0 on pure padding rows)."""
+        dims = np.zeros(self.vocab_size, dtype=np.int64)
+        for placement in self.tables:
+            rows = self.physical_rows(placement.table, np.arange(placement.padded_vocab_size))
+            dims[rows] = placement.dim
+        return dims
+
+
+@dataclass(frozen=True)
+class StackingPlan:
+    """The stacks for one model on one topology; the input to preprocessing and every backend."""
+
+    topology: SparseCoreTopology
+    tables: Mapping[str, TableSpec]
+    features: tuple[FeatureSpec, ...]
+    stacks: tuple[StackedTable, ...]
+
+    def stack_of_table(self, table: str) -> StackedTable:
+        for stack in self.stacks:
+            if any(p.table == table for p in stack.tables):
+                return stack
+        raise KeyError(f"unknown table {table!r}")
+
+    def stack(self, name: str) -> StackedTable:
+        for stack in self.stacks:
+            if stack.name == name:
+                return stack
+        raise KeyError(f"unknown stack {name!r}; stacks: {[s.name for s in self.stacks]}")
+
+
+def stack_name(table_names: Sequence[str], max_length: int = 50) -> str:
+    """Stack name: table names joined by '_', shortened with a hash when long."""
+    name = "_".join(table_names)
+    if len(name) <= max_length:
+        return name
+    return name[:max_length] + "..." + hashlib.sha256(name.encode()).hexdigest()[:12]
+
+
+def plan_stacking(
+    tables: Sequence[TableSpec],
+    features: Sequence[FeatureSpec],
+    topology: SparseCoreTopology,
+    *,
+    stack_tables: bool = True,
+    rotation: int | None = None,
+    activation_bytes_limit: int = DEFAULT_ACTIVATION_BYTES_LIMIT,
+) -> StackingPlan:
+    """Group tables into stacks and place every table and feature.
+
+    ``stack_tables=False`` keeps one table per stack (features of one table still stack).
+    ``rotation`` is the shard rotation between consecutive tables of a stack (default: the
+    SparseCores per device). A group whose pooled activations per SparseCore would exceed
+    ``activation_bytes_limit`` is split, first fit, in table order.
+    """
+    by_name = validate_specs(tables, features)
+    n = topology.num_sparsecores
+    rotation = topology.sparsecores_per_device if rotation is None else rotation
+    for feature in features:
+        if feature.batch_size % n:
+            raise ValueError(
+                f"feature {feature.name!r}: batch_size {feature.batch_size} is not divisible by the "
+                f"{n} SparseCores of {topology.num_devices} {topology.generation} devices"
+            )
+    groups = _group_tables(tables, features, n, stack_tables, activation_bytes_limit)
+    stacks = tuple(_build_stack(group, features, n, rotation) for group in groups)
+    return StackingPlan(topology, dict(by_name), tuple(features), stacks)
+
+
+def _group_tables(
+    tables: Sequence[TableSpec],
+    features: Sequence[FeatureSpec],
+    n: int,
+    stack_tables: bool,
+    activation_bytes_limit: int,
+) -> list[list[TableSpec]]:
+    if not stack_tables:
+        return [[t] for t in tables]
+    by_key: dict[tuple, list[TableSpec]] = {}
+    for table in tables:
+        key = (round_up(table.dim, ALIGNMENT), table.optimizer, table.combiner)
+        by_key.setdefault(key, []).append(table)
+    samples = {t.name: 0 for t in tables}
+    for feature in features:
+        samples[feature.table] += feature.batch_size // n
+    act_bytes = {t.name: round_up(t.dim, ALIGNMENT) * samples[t.name] * 4 for t in tables}
+    groups: list[list[TableSpec]] = []
+    for group in by_key.values():
+        split: list[list[TableSpec]] = []
+        for table in group:
+            for candidate in split:
+                if sum(act_bytes[t.name] for t in candidate) + act_bytes[table.name] <= activation_bytes_limit:
+                    candidate.append(table)
+                    break
+            else:
+                split.append([table])
+        groups.extend(split)
+    return groups
+
+
+def _build_stack(group: list[TableSpec], features: Sequence[FeatureSpec], n: int, rotation: int) -> StackedTable:
+    dim = round_up(max(t.dim for t in group), ALIGNMENT)
+    placements = []
+    row_offset = shard_rotation = 0
+    for table in group:
+        padded = round_up(table.vocab_size, ALIGNMENT * n)
+        placements.append(TablePlacement(table.name, table.vocab_size, table.dim, padded, row_offset, shard_rotation))
+        row_offset += padded // n
+        shard_rotation = (shard_rotation + rotation) % n
+    by_table = {p.table: p for p in placements}
+    feature_placements = []
+    sample_offset = 0
+    for feature in features:
+        if feature.table in by_table:
+            p = by_table[feature.table]
+            feature_placements.append(
+                FeaturePlacement(feature.name, feature.table, feature.batch_size, sample_offset,
+                                 p.row_offset_in_shard * n, p.shard_rotation)
+            )
+            sample_offset += feature.batch_size
+    if len(group) == 1:
+        max_ids, max_unique = group[0].max_ids_per_partition, group[0].max_unique_ids_per_partition
+    else:  # a stack's partition receives the ids of all its tables
+        max_ids = sum(t.max_ids_per_partition for t in group)
+        max_unique = sum(t.max_unique_ids_per_partition for t in group)
+    return StackedTable(
+        name=stack_name([t.name for t in group]), dim=dim, optimizer=group[0].optimizer,
+        combiner=group[0].combiner, num_sparsecores=n, tables=tuple(placements),
+        features=tuple(feature_placements), max_ids_per_partition=max_ids,
+        max_unique_ids_per_partition=max_unique,
+    )
+
+
+def stack_rows(stack: StackedTable, per_table: Mapping[str, torch.Tensor], fill: float = 0.0) -> torch.Tensor:
+    """Lay per-table tensors ([vocab, dim] weights or [vocab] row slots) out as the stack.
+
+    Padding rows and padding columns get ``fill``.
+    """
+    missing = sorted({p.table for p in stack.tables} - set(per_table))
+    if missing:
+        raise KeyError(f"stack {stack.name!r} needs tensors for tables {missing}")
+    first = per_table[stack.tables[0].table]
+    trailing = (stack.dim,) if first.dim() == 2 else ()
+    out = torch.full((stack.vocab_size, *trailing), fill, dtype=first.dtype)
+    for placement in stack.tables:
+        values = per_table[placement.table]
+        expected = (placement.vocab_size, placement.dim)[: values.dim()]
+        if tuple(values.shape) != expected:
+            raise ValueError(
+                f"table {placement.table!r}: expected a tensor of shape {expected}, got {tuple(values.shape)}"
+            )
+        rows = torch.from_numpy(stack.physical_rows(placement.table, np.arange(placement.vocab_size)))
+        if trailing:
+            out[rows, : placement.dim] = values
+        else:
+            out[rows] = values
+    return out
+
+
+def unstack_rows(stack: StackedTable, stacked: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Inverse of ``stack_rows``: per-table tensors cut back to their logical vocab and dim."""
+    if stacked.shape[0] != stack.vocab_size:
+        raise ValueError(f"stack {stack.name!r} has {stack.vocab_size} rows, got {stacked.shape[0]}")
+    out = {}
+    for placement in stack.tables:
+        rows = torch.from_numpy(stack.physical_rows(placement.table, np.arange(placement.vocab_size)))
+        values = stacked[rows]
+        out[placement.table] = values[:, : placement.dim].clone() if stacked.dim() == 2 else values.clone()
+    return out

@@ -1,0 +1,62 @@
+"""Conversion between sparsecore specs and TorchRec ``EmbeddingBagConfig``s."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+
+from sparsecore.optimizers import SGD, OptimizerSpec
+from sparsecore.specs import FeatureSpec, Initializer, TableSpec
+
+_POOLING_TO_COMBINER = {PoolingType.SUM: "sum", PoolingType.MEAN: "mean"}
+_COMBINER_TO_POOLING = {v: k for k, v in _POOLING_TO_COMBINER.items()}
+
+
+def specs_from_configs(
+    configs: Sequence[EmbeddingBagConfig],
+    batch_size: int,
+    *,
+    optimizer: OptimizerSpec | None = None,
+    weighted_features: Collection[str] = (),
+) -> tuple[list[TableSpec], list[FeatureSpec]]:
+    """Tables (one per config) and features (one per feature name) for a TorchRec EBC layout."""
+    tables, features = [], []
+    for config in configs:
+        if config.pooling not in _POOLING_TO_COMBINER:
+            raise ValueError(f"table {config.name!r}: pooling {config.pooling} has no SparseCore combiner")
+        initializer = None
+        if config.weight_init_min is not None or config.weight_init_max is not None:
+            if config.weight_init_min is None or config.weight_init_max is None:
+                raise ValueError(f"table {config.name!r}: set both weight_init_min and weight_init_max, or neither")
+            initializer = Initializer("uniform", low=config.weight_init_min, high=config.weight_init_max)
+        tables.append(TableSpec(
+            name=config.name, vocab_size=config.num_embeddings, dim=config.embedding_dim,
+            combiner=_POOLING_TO_COMBINER[config.pooling], optimizer=optimizer or SGD(),
+            initializer=initializer,
+        ))
+        features.extend(
+            FeatureSpec(name, config.name, batch_size, weighted=name in weighted_features)
+            for name in config.feature_names
+        )
+    unknown = sorted(set(weighted_features) - {f.name for f in features})
+    if unknown:
+        raise ValueError(f"weighted_features {unknown} are not features of any config")
+    return tables, features
+
+
+def configs_from_specs(tables: Sequence[TableSpec], features: Sequence[FeatureSpec]) -> list[EmbeddingBagConfig]:
+    """TorchRec configs for the tables, each listing the features that look it up."""
+    configs = []
+    for table in tables:
+        if table.combiner not in _COMBINER_TO_POOLING:
+            raise ValueError(f"table {table.name!r}: combiner {table.combiner!r} has no TorchRec pooling type")
+        init = table.effective_initializer
+        if init.kind != "uniform":
+            raise ValueError(f"table {table.name!r}: TorchRec configs only express uniform initializers, got {init.kind}")
+        configs.append(EmbeddingBagConfig(
+            num_embeddings=table.vocab_size, embedding_dim=table.dim, name=table.name,
+            feature_names=[f.name for f in features if f.table == table.name],
+            weight_init_min=init.low, weight_init_max=init.high, pooling=_COMBINER_TO_POOLING[table.combiner],
+        ))
+    return configs

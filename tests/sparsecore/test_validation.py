@@ -1,0 +1,57 @@
+import numpy as np
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from sparsecore.specs import FeatureSpec, TableSpec
+from sparsecore.validation import feature_inputs
+
+TABLES = {"t": TableSpec("t", 10, 4)}
+FEATURES = [FeatureSpec("f", "t", 2, weighted=True), FeatureSpec("g", "t", 2, max_ids_per_sample=2)]
+
+
+def _kjt(values, lengths, weights=None, keys=("f", "g")):
+    return KeyedJaggedTensor(keys=list(keys), values=torch.tensor(values), lengths=torch.tensor(lengths),
+                             weights=None if weights is None else torch.tensor(weights))
+
+
+def test_splits_features_and_defaults_weights():
+    out = feature_inputs(_kjt([1, 2, 3, 4, 5], [2, 1, 0, 2], [0.5, 1.0, 2.0, 1.0, 1.0]), FEATURES, TABLES)
+    np.testing.assert_array_equal(out["f"].ids, [1, 2, 3])
+    np.testing.assert_array_equal(out["f"].weights, [0.5, 1.0, 2.0])
+    np.testing.assert_array_equal(out["g"].lengths, [0, 2])
+
+
+@pytest.mark.parametrize("values, message", [([1, 2, -1, 4, 5], "outside \\[0, 10\\).*min -1"),
+                                             ([1, 2, 3, 10, 5], "feature 'g' \\(table 't'\\).*max 10")])
+def test_out_of_range_ids_raise_naming_feature_and_table(values, message):
+    with pytest.raises(ValueError, match=message):
+        feature_inputs(_kjt(values, [2, 1, 0, 2], [1.0] * 5), FEATURES, TABLES)
+
+
+def test_hash_and_clip_policies():
+    kjt = _kjt([1, -1, 13, 4, 25], [2, 1, 0, 2], [1.0] * 5)
+    np.testing.assert_array_equal(feature_inputs(kjt, FEATURES, TABLES, "hash")["f"].ids, [1, 9, 3])
+    np.testing.assert_array_equal(feature_inputs(kjt, FEATURES, TABLES, "clip")["g"].ids, [4, 9])
+    with pytest.raises(ValueError, match="id_policy"):
+        feature_inputs(kjt, FEATURES, TABLES, "wrap")
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: _kjt([1, 2, 3], [2, 1, 0, 2], [1.0] * 3), "lengths sum to 5 but there are 3 values"),
+    (lambda: _kjt([1, 2, 3, 4, 5], [2, 1, 0, 2], [1.0] * 4), "weights shape"),
+    (lambda: _kjt([1, 2, 3, 4, 5], [2, 1, 0, 2], keys=("f", "h")), "unknown \\['h'\\], missing \\['g'\\]"),
+    (lambda: _kjt([1, 2, 3, 4, 5], [2, 1, 0, 2]), "'f' .*weighted but the KJT carries no weights"),
+    (lambda: _kjt([1, 2, 3, 4, 5], [2, 0, 0, 3], [1.0] * 5), "'g'.*3 ids, above max_ids_per_sample 2"),
+    (lambda: _kjt([1, 2, 3, 4, 5], [2, 1, 0, 2], [1.0, float("nan"), 1.0, 1.0, 1.0]), "NaN"),
+])
+def test_bad_input_is_rejected_on_the_host(build, message):
+    with pytest.raises(ValueError, match=message):
+        feature_inputs(build(), FEATURES, TABLES)
+
+
+def test_batch_size_mismatch():
+    kjt = KeyedJaggedTensor(keys=["f", "g"], values=torch.tensor([1, 2]), lengths=torch.tensor([1, 0, 1, 0, 0, 0]),
+                            weights=torch.ones(2))
+    with pytest.raises(ValueError, match="batch size 3 != spec batch_size 2"):
+        feature_inputs(kjt, FEATURES, TABLES)
