@@ -1,0 +1,334 @@
+"""Fast TPU sharding search: pick a sharding per table, place shards, balance the slowest device.
+
+TorchRec's greedy search re-proposes and re-partitions every table on every rank (minutes to
+hours for 1000 tables, FIELD_NOTES); here each table is costed once per option and the search
+is a longest-processing-time placement plus local moves, O(T * options * D):
+
+1. Options per table (``cost_model.OptionBuilder``), filtered by user constraints, the id limit
+   and memory. Row-wise / data-parallel options load every device equally ("uniform"); table-
+   and column-wise shards load one device each ("placed").
+2. Each table starts on its option with the least total work (the choice perfect balance would
+   make), unless one of its shards alone exceeds the average device load; then the cheapest option
+   with small enough shards (row-wise always qualifies).
+3. Shards are placed largest first on the least-loaded device with memory room (LPT).
+4. Local moves: uniform tables that fit in the valleys of the placed load become placed; tables
+   on the slowest device are moved or re-sharded while that lowers the slowest device's time.
+
+Quality is reported against the lower bound sum_t min_option work(t) / D (perfect balance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from torchrec_tpu.planner.cost_model import (
+    ALL_TO_ALLS_PER_STEP,
+    DEFAULT_MAX_IDS_PER_PARTITION,
+    Load,
+    OptionBuilder,
+    ShardingKind,
+    ShardingOption,
+)
+from torchrec_tpu.planner.plan import DevicePlan, Plan, ShardPlacement, StackPlan, TablePlan
+from torchrec_tpu.planner.tables import EmbeddingTable
+from torchrec_tpu.topology import TPUTopology
+
+GIB = 1024**3
+_EPS = 1e-12
+
+
+class PlanningError(ValueError):
+    """The tables cannot be planned on this topology (names the table and the shortfall)."""
+
+
+@dataclass
+class _Choice:
+    option: ShardingOption
+    devices: tuple[int, ...]  # one per shard
+
+
+def allowed_kinds(constraints: Mapping[str, Any] | None, table: str) -> set[ShardingKind] | None:
+    """Sharding kinds a constraint allows: a TorchRec ``ParameterConstraints`` (its
+    ``sharding_types``) or a plain list of names; None = no constraint."""
+    if not constraints or table not in constraints:
+        return None
+    raw = constraints[table]
+    names = getattr(raw, "sharding_types", raw)
+    if names is None:
+        return None
+    known = {k.value: k for k in ShardingKind}
+    kinds = {known[n] for n in names if n in known}
+    if not kinds:
+        raise PlanningError(f"table {table!r}: constraint allows {list(names)}, none of which the TPU "
+                            f"planner supports ({sorted(known)})")
+    return kinds
+
+
+class Partitioner:
+    """Plans ``tables`` on ``topology`` for a global ``batch_size`` (see module docstring)."""
+
+    def __init__(self, topology: TPUTopology, batch_size: int,
+                 max_ids_per_partition: int = DEFAULT_MAX_IDS_PER_PARTITION,
+                 constraints: Mapping[str, Any] | None = None) -> None:
+        self.topology = topology
+        self.builder = OptionBuilder(topology, batch_size, max_ids_per_partition)
+        self.constraints = constraints
+        self.d = topology.num_devices
+        self.usable = float(topology.usable_hbm_bytes_per_device)
+
+    # ---- options -------------------------------------------------------------------------------
+    def feasible_options(self, table: EmbeddingTable) -> list[ShardingOption]:
+        kinds = allowed_kinds(self.constraints, table.name)
+        options = [o for o in self.builder.options(table) if kinds is None or o.kind in kinds]
+        within_limit = [o for o in options if o.ids_per_partition <= self.builder.max_ids_per_partition]
+        if not within_limit:
+            need = min(o.ids_per_partition for o in options)
+            raise PlanningError(
+                f"table {table.name!r}: at least {need:.0f} ids per SparseCore partition per step "
+                f"(limit max_ids_per_partition={self.builder.max_ids_per_partition}); raise the limit, "
+                f"lower the batch size or use more chips"
+            )
+        fitting = [o for o in within_limit if self._fits_alone(o)]
+        if not fitting:
+            need = min(o.uniform.memory_bytes + max((s.load.memory_bytes for s in o.shards), default=0.0)
+                       for o in within_limit)
+            raise PlanningError(
+                f"table {table.name!r} ({table.rows} rows x {table.dim}, {table.optimizer}) does not fit: "
+                f"it needs at least {need / GIB:.2f} GiB on one device of {self.topology.name} "
+                f"(row-wise over all {self.topology.num_sparsecores} SparseCores), a device has "
+                f"{self.usable / GIB:.2f} GiB usable; shortfall {(need - self.usable) / GIB:.2f} GiB"
+            )
+        return fitting
+
+    def _fits_alone(self, o: ShardingOption) -> bool:
+        return o.uniform.memory_bytes + max((s.load.memory_bytes for s in o.shards), default=0.0) <= self.usable
+
+    # ---- search --------------------------------------------------------------------------------
+    def plan(self, tables: Sequence[EmbeddingTable], progress: bool = False) -> Plan:
+        if not tables:
+            raise PlanningError("no tables to plan")
+        names = [t.name for t in tables]
+        if len(set(names)) != len(names):
+            raise PlanningError("duplicate table names")
+        options = {t.name: self.feasible_options(t) for t in _progress(tables, progress, "costing tables")}
+        total_min = sum(min(o.total_time_s(self.d) for o in opts) for opts in options.values())
+        target = total_min / self.d
+        self.placed_time = np.zeros(self.d)
+        self.placed_mem = np.zeros(self.d)
+        self.uniform = Load()
+        self.choices: dict[str, _Choice] = {}
+
+        first = self._fit_memory(self._initial_options(options, target), options)
+        for name, option in first.items():
+            if not option.shards:
+                self._apply(name, option, ())
+        for name in sorted((n for n, o in first.items() if o.shards),
+                           key=lambda n: (-first[n].max_shard_time_s, n)):
+            self._place_or_fallback(name, [first[name]] + sorted(options[name], key=self._option_order))
+        self._fill_valleys(options)
+        self._relieve_slowest(options)
+        return self._build_plan(tables, target)
+
+    def _option_order(self, o: ShardingOption) -> tuple[float, float]:
+        return (o.max_shard_time_s, o.total_time_s(self.d))
+
+    def _initial_options(self, options: Mapping[str, list[ShardingOption]], target: float) -> dict[str, ShardingOption]:
+        """Least-work options, re-chosen (a few rounds) for tables whose shard exceeds the time the
+        placed load can have once the uniform load is counted."""
+        by_work = {n: sorted(opts, key=lambda o: (o.total_time_s(self.d), o.max_shard_time_s))
+                   for n, opts in options.items()}
+        chosen = {n: opts[0] for n, opts in by_work.items()}
+        for _ in range(5):
+            budget = target - sum(o.uniform.time_s for o in chosen.values())
+            changed = False
+            for name, opts in by_work.items():
+                if chosen[name].max_shard_time_s <= budget:
+                    continue
+                fits = [o for o in opts if o.max_shard_time_s <= budget]
+                pick = fits[0] if fits else min(opts, key=self._option_order)
+                changed |= pick is not chosen[name]
+                chosen[name] = pick
+            if not changed:
+                break
+        return chosen
+
+    def _score(self) -> tuple[float, int]:
+        """Slowest device time, then how many devices share it (so ties can be broken up)."""
+        top = float(self.placed_time.max())
+        return self.uniform.time_s + top, int((self.placed_time >= top * (1 - 1e-9)).sum())
+
+    def _memory_ok(self) -> bool:
+        return self.uniform.memory_bytes + float(self.placed_mem.max()) <= self.usable
+
+    def _apply(self, name: str, option: ShardingOption, devices: tuple[int, ...], sign: int = 1) -> None:
+        self.uniform = self.uniform + _scaled(option.uniform, sign)
+        for shard, dev in zip(option.shards, devices):
+            self.placed_time[dev] += sign * shard.load.time_s
+            self.placed_mem[dev] += sign * shard.load.memory_bytes
+        if sign > 0:
+            self.choices[name] = _Choice(option, devices)
+        else:
+            del self.choices[name]
+
+    def _try_place(self, name: str, option: ShardingOption) -> bool:
+        """Apply ``option`` with its shards on the least-loaded devices that have room."""
+        self.uniform = self.uniform + option.uniform
+        room = self.usable - self.uniform.memory_bytes - self.placed_mem
+        if float(room.min()) < 0:
+            self.uniform = self.uniform + _scaled(option.uniform, -1)
+            return False
+        devices: list[int] = []
+        for shard in option.shards:
+            candidates = np.where(room >= shard.load.memory_bytes, self.placed_time, np.inf)
+            candidates[devices] = np.inf
+            dev = int(candidates.argmin())
+            if not np.isfinite(candidates[dev]):
+                self.uniform = self.uniform + _scaled(option.uniform, -1)
+                return False
+            devices.append(dev)
+        self.uniform = self.uniform + _scaled(option.uniform, -1)
+        self._apply(name, option, tuple(devices))
+        return True
+
+    def _place_or_fallback(self, name: str, candidates: list[ShardingOption]) -> None:
+        for option in candidates:
+            if self._try_place(name, option):
+                return
+        raise PlanningError(
+            f"table {name!r}: no device has room left for any of its shardings on {self.topology.name} "
+            f"(usable {self.usable / GIB:.2f} GiB per device); the tables together exceed the slice's HBM"
+        )
+
+    def _mean_memory(self, o: ShardingOption) -> float:
+        return o.uniform.memory_bytes + sum(s.load.memory_bytes for s in o.shards) / self.d
+
+    def _fit_memory(self, chosen: dict[str, ShardingOption],
+                    options: Mapping[str, list[ShardingOption]]) -> dict[str, ShardingOption]:
+        """Swap tables to their leanest option (largest saving first) until the average device
+        fits; raise with the shortfall when even the leanest options do not."""
+        lean = {n: min(opts, key=lambda o: (self._mean_memory(o), o.total_time_s(self.d))) for n, opts in options.items()}
+        need = sum(self._mean_memory(o) for o in chosen.values())
+        if need > self.usable:
+            for name in sorted(chosen, key=lambda n: (self._mean_memory(lean[n]) - self._mean_memory(chosen[n]), n)):
+                need += self._mean_memory(lean[name]) - self._mean_memory(chosen[name])
+                chosen[name] = lean[name]
+                if need <= self.usable:
+                    break
+        if need > self.usable:
+            biggest = sorted(lean, key=lambda n: (-self._mean_memory(lean[n]), n))[:3]
+            listed = ", ".join(f"{n} ({self._mean_memory(lean[n]) / GIB:.2f} GiB)" for n in biggest)
+            raise PlanningError(
+                f"the {len(chosen)} tables need {need / GIB:.2f} GiB per device on {self.topology.name} "
+                f"even sharded as leanly as possible over all {self.d} devices, but a device has "
+                f"{self.usable / GIB:.2f} GiB usable; shortfall {(need - self.usable) / GIB:.2f} GiB per "
+                f"device. Largest per device: {listed}"
+            )
+        return chosen
+
+    def _best_move(self, name: str, candidates: list[ShardingOption]) -> bool:
+        """Re-shard/re-place ``name`` with the candidate that lowers the objective most."""
+        current = self.choices[name]
+        best_score = self._score()
+        self._apply(name, current.option, current.devices, sign=-1)
+        best: tuple[ShardingOption, tuple[int, ...]] | None = None
+        for option in candidates:
+            if self._try_place(name, option):
+                score = self._score()
+                if self._memory_ok() and _better(score, best_score):
+                    best, best_score = (option, self.choices[name].devices), score
+                self._apply(name, option, self.choices[name].devices, sign=-1)
+        self._apply(name, *(best or (current.option, current.devices)))
+        return best is not None
+
+    def _fill_valleys(self, options: Mapping[str, list[ShardingOption]]) -> None:
+        uniform = [n for n, c in self.choices.items() if not c.option.shards]
+        for name in sorted(uniform, key=lambda n: (-self.choices[n].option.uniform.time_s, n)):
+            placed = [o for o in options[name] if o.shards]
+            if placed:
+                self._best_move(name, placed)
+
+    def _relieve_slowest(self, options: Mapping[str, list[ShardingOption]]) -> None:
+        for _ in range(4 * len(options)):
+            slowest = int(self.placed_time.argmax())
+            on_slowest = [n for n, c in self.choices.items() if slowest in c.devices]
+            on_slowest.sort(key=lambda n: (-self.choices[n].option.max_shard_time_s, n))
+            if not any(self._best_move(n, options[n]) for n in on_slowest):
+                return
+
+    # ---- result --------------------------------------------------------------------------------
+    def _build_plan(self, tables: Sequence[EmbeddingTable], target: float) -> Plan:
+        topo, costs = self.topology, self.topology.costs
+        stacks: dict[tuple[str, int | None], list[str]] = {}
+        per_device = [Load() for _ in range(self.d)]
+        placed_names: list[list[str]] = [[] for _ in range(self.d)]
+        uniform = Load()
+        table_plans = []
+        for t in tables:
+            choice = self.choices[t.name]
+            o = choice.option
+            uniform = uniform + o.uniform
+            if o.shards:
+                shards = tuple(ShardPlacement(dev, s.column_offset, s.columns, s.rows)
+                               for s, dev in zip(o.shards, choice.devices))
+                for s, dev in zip(o.shards, choice.devices):
+                    per_device[dev] = per_device[dev] + s.load
+                    placed_names[dev].append(t.name)
+                    stacks.setdefault((o.stack_key, dev), []).append(t.name)
+            else:
+                shards = (ShardPlacement(None, 0, o.padded_dim, o.rows_per_device),)
+                if o.kind is not ShardingKind.DATA_PARALLEL:
+                    stacks.setdefault((o.stack_key, None), []).append(t.name)
+            hbm = o.uniform.hbm_bytes * self.d + sum(s.load.hbm_bytes for s in o.shards)
+            table_plans.append(TablePlan(t.name, t.rows, t.dim, o.padded_dim, o.kind.value, t.optimizer, shards,
+                                         _stack_name(o.stack_key, shards[0].device if o.shards else None),
+                                         int(hbm), o.total_time_s(self.d), o.ids_per_partition))
+        global_stacks = sum(1 for (_, dev) in stacks if dev is None)
+        any_a2a = self.d > 1 and any(c.option.kind is not ShardingKind.DATA_PARALLEL for c in self.choices.values())
+        any_dp = self.d > 1 and any(c.option.kind is ShardingKind.DATA_PARALLEL for c in self.choices.values())
+        latency = costs.collective_latency_s * (ALL_TO_ALLS_PER_STEP * any_a2a + any_dp)
+        devices = []
+        for dev in range(self.d):
+            load = per_device[dev] + uniform
+            n_stacks = global_stacks + sum(1 for (_, d) in stacks if d == dev)
+            devices.append(DevicePlan(dev, dev // topo.chip.devices_per_chip, int(load.hbm_bytes),
+                                      int(load.buffer_bytes), load.lookup_s, load.comm_s, load.allreduce_s,
+                                      costs.kernel_overhead_s * n_stacks + latency, n_stacks,
+                                      tuple(placed_names[dev])))
+        stack_plans = tuple(StackPlan(_stack_name(key, dev), dev, tuple(names))
+                            for (key, dev), names in sorted(stacks.items(), key=lambda kv: (_stack_name(*kv[0]))))
+        return Plan(topo.to_dict(), self.builder.batch_size, self.builder.max_ids_per_partition,
+                    int(self.usable), tuple(table_plans), tuple(devices), stack_plans, target + latency)
+
+
+def _better(a: tuple[float, int], b: tuple[float, int]) -> bool:
+    if a[0] < b[0] * (1 - 1e-9) - _EPS:
+        return True
+    return a[0] <= b[0] * (1 + 1e-9) + _EPS and a[1] < b[1]
+
+
+def _stack_name(key: str, device: int | None) -> str:
+    return key if device is None else f"{key}@{device}"
+
+
+def _scaled(load: Load, sign: int) -> Load:
+    return Load(sign * load.hbm_bytes, sign * load.buffer_bytes, sign * load.lookup_s, sign * load.comm_s,
+                sign * load.allreduce_s)
+
+
+def _progress(items: Sequence[Any], enabled: bool, desc: str) -> Sequence[Any]:
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="table")
+
+
+def plan_tables(tables: Sequence[EmbeddingTable], topology: TPUTopology, batch_size: int,
+                max_ids_per_partition: int = DEFAULT_MAX_IDS_PER_PARTITION,
+                constraints: Mapping[str, Any] | None = None, progress: bool = False) -> Plan:
+    """Plan ``tables`` on ``topology`` for global ``batch_size``; raises ``PlanningError``."""
+    return Partitioner(topology, batch_size, max_ids_per_partition, constraints).plan(tables, progress)

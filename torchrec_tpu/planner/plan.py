@@ -1,0 +1,167 @@
+"""The plan a training job loads: typed dataclasses, deterministic JSON, TorchRec conversion.
+
+JSON is written with sorted keys and no timestamps, so the same input gives byte-identical files.
+``to_torchrec_sharding_plan`` maps the plan onto TorchRec's ``ParameterSharding`` types: row-wise
+tables become contiguous row blocks of R'/D rows per rank (TorchRec cannot express SparseCore mod
+sharding, id mod N; the block sizes and memory are the same, the id->row mapping is not).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+PLAN_FORMAT = "torchrec_tpu.plan/v1"
+
+
+@dataclass(frozen=True)
+class ShardPlacement:
+    """Columns [column_offset, column_offset + columns) of ``rows`` padded rows on ``device``;
+    ``device`` None means every device holds ``rows`` rows (row-wise / data-parallel)."""
+
+    device: int | None
+    column_offset: int
+    columns: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    name: str
+    rows: int
+    dim: int
+    padded_dim: int
+    sharding_type: str
+    optimizer: str
+    shards: tuple[ShardPlacement, ...]
+    stack: str
+    hbm_bytes: int  # parameters + slots, all devices together
+    est_time_s: float  # summed over devices
+    ids_per_partition: float
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    device: int
+    chip: int
+    hbm_bytes: int  # parameters + optimizer slots
+    buffer_bytes: int  # activations + all-to-all buffers
+    lookup_s: float
+    comm_s: float
+    allreduce_s: float
+    overhead_s: float  # per-stack kernel overhead + collective latency
+    num_stacks: int
+    placed_tables: tuple[str, ...]  # table-/column-wise tables with a shard here
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.hbm_bytes + self.buffer_bytes
+
+    @property
+    def time_s(self) -> float:
+        return self.lookup_s + self.comm_s + self.allreduce_s + self.overhead_s
+
+
+@dataclass(frozen=True)
+class StackPlan:
+    name: str
+    device: int | None  # None: stacked on every device (row-wise)
+    tables: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    topology: dict[str, Any]
+    batch_size: int
+    max_ids_per_partition: int
+    usable_hbm_bytes_per_device: int
+    tables: tuple[TablePlan, ...]
+    devices: tuple[DevicePlan, ...]
+    stacks: tuple[StackPlan, ...]
+    lower_bound_s: float
+
+    @property
+    def step_time_s(self) -> float:
+        """Estimated per-step embedding time of the slowest device."""
+        return max(d.time_s for d in self.devices)
+
+    @property
+    def quality(self) -> float:
+        """Slowest device over the perfect-balance lower bound (1.0 is optimal)."""
+        return self.step_time_s / self.lower_bound_s if self.lower_bound_s > 0 else 1.0
+
+    @property
+    def max_memory_bytes(self) -> int:
+        return max(d.memory_bytes for d in self.devices)
+
+    def table(self, name: str) -> TablePlan:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(f"no table {name!r} in plan")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["format"] = PLAN_FORMAT
+        data["summary"] = {"step_time_s": self.step_time_s, "lower_bound_s": self.lower_bound_s,
+                           "quality": self.quality, "max_memory_bytes": self.max_memory_bytes}
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+
+def plan_from_dict(data: dict[str, Any]) -> Plan:
+    """Inverse of ``Plan.to_dict`` (the summary is recomputed, not trusted)."""
+    if data.get("format") != PLAN_FORMAT:
+        raise ValueError(f"not a {PLAN_FORMAT} plan (format={data.get('format')!r})")
+    try:
+        tables = tuple(
+            TablePlan(**{**t, "shards": tuple(ShardPlacement(**s) for s in t["shards"])}) for t in data["tables"]
+        )
+        devices = tuple(DevicePlan(**{**d, "placed_tables": tuple(d["placed_tables"])}) for d in data["devices"])
+        stacks = tuple(StackPlan(s["name"], s["device"], tuple(s["tables"])) for s in data["stacks"])
+        return Plan(data["topology"], data["batch_size"], data["max_ids_per_partition"],
+                    data["usable_hbm_bytes_per_device"], tables, devices, stacks, data["lower_bound_s"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"malformed plan: {err}") from None
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan JSON written by ``Plan.save`` / ``torchrec-tpu plan``."""
+    return plan_from_dict(json.loads(Path(path).read_text()))
+
+
+def to_torchrec_sharding_plan(plan: Plan, module_path: str = "", compute_kernel: str = "fused") -> Any:
+    """A ``torchrec.distributed.types.ShardingPlan`` with one ``ParameterSharding`` per table,
+    ranks = device indices, for an EmbeddingBagCollection at ``module_path``."""
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+
+    num_devices = len(plan.devices)
+    module_plan = EmbeddingModuleShardingPlan()
+    for t in plan.tables:
+        if t.sharding_type == "data_parallel":
+            module_plan[t.name] = ParameterSharding("data_parallel", "dense", list(range(num_devices)))
+            continue
+        if t.sharding_type == "row_wise":
+            block = t.shards[0].rows
+            metas = [ShardMetadata([r * block, 0], [max(0, min(block, t.rows - r * block)), t.dim], f"rank:{r}/cpu")
+                     for r in range(num_devices)]
+            ranks = list(range(num_devices))
+        else:
+            metas = [ShardMetadata([0, s.column_offset], [t.rows, _clip_columns(s, t.dim)], f"rank:{s.device}/cpu")
+                     for s in t.shards]
+            ranks = [s.device for s in t.shards]
+        module_plan[t.name] = ParameterSharding(t.sharding_type, compute_kernel, ranks, EnumerableShardingSpec(metas))
+    return ShardingPlan({module_path: module_plan})
+
+
+def _clip_columns(shard: ShardPlacement, dim: int) -> int:
+    """Unpadded columns of a column block (padding to 8 lives only in the last block)."""
+    return max(0, min(shard.columns, dim - shard.column_offset))

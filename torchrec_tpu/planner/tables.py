@@ -1,0 +1,196 @@
+"""What the planner plans: ``EmbeddingTable`` and loaders from files, TorchRec configs and models.
+
+Accepted inputs: YAML/JSON (a list of tables, or ``{"tables": [...]}``), CSV with a header row,
+``module:function`` returning an EmbeddingBagCollection, a list of ``EmbeddingBagConfig`` or of
+``EmbeddingTable``, and ``sparsecore.specs.TableSpec`` (when that package is importable).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+# Optimizer state per table: (float32 slots per element, float32 slots per row). Matches the
+# SparseCore optimizers of jax-tpu-embedding / FBGEMM: Adagrad keeps one accumulator per element,
+# row-wise Adagrad one per row, Adam / Adagrad-momentum / FTRL two per element.
+OPTIMIZER_SLOTS: dict[str, tuple[int, int]] = {
+    "sgd": (0, 0),
+    "adagrad": (1, 0),
+    "rowwise_adagrad": (0, 1),
+    "adagrad_momentum": (2, 0),
+    "adam": (2, 0),
+    "lazy_adam": (2, 0),
+    "ftrl": (2, 0),
+}
+COMBINERS = ("sum", "mean", "sqrtn")
+MAX_ROWS = 2**31 - 1  # SparseCore ids are int32; 2^31-1 is the padding id
+
+
+@dataclass(frozen=True)
+class EmbeddingTable:
+    """One table: ``rows`` x ``dim`` float32, looked up by ``num_features`` features with
+    ``pooling_factor`` ids per sample each (mean; 1.0 = single-hot), trained with ``optimizer``."""
+
+    name: str
+    rows: int
+    dim: int
+    pooling_factor: float = 1.0
+    optimizer: str = "sgd"
+    num_features: int = 1
+    combiner: str = "sum"
+
+    def __post_init__(self) -> None:
+        where = f"table {self.name!r}"
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"table name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.rows, int) or not 1 <= self.rows <= MAX_ROWS:
+            raise ValueError(f"{where}: rows must be an int in [1, {MAX_ROWS}], got {self.rows!r}")
+        if not isinstance(self.dim, int) or self.dim < 1:
+            raise ValueError(f"{where}: dim must be a positive int, got {self.dim!r}")
+        if not (isinstance(self.pooling_factor, (int, float)) and math.isfinite(self.pooling_factor)
+                and self.pooling_factor > 0):
+            raise ValueError(f"{where}: pooling_factor must be a positive number, got {self.pooling_factor!r}")
+        if self.optimizer not in OPTIMIZER_SLOTS:
+            raise ValueError(f"{where}: optimizer {self.optimizer!r} unknown; known: {sorted(OPTIMIZER_SLOTS)}")
+        if not isinstance(self.num_features, int) or self.num_features < 1:
+            raise ValueError(f"{where}: num_features must be a positive int, got {self.num_features!r}")
+        if self.combiner not in COMBINERS:
+            raise ValueError(f"{where}: combiner must be one of {COMBINERS}, got {self.combiner!r}")
+
+    @property
+    def ids_per_sample(self) -> float:
+        return self.pooling_factor * self.num_features
+
+
+_FIELD_TYPES = {"name": str, "rows": int, "dim": int, "pooling_factor": float, "optimizer": str,
+                "num_features": int, "combiner": str}
+_ALIASES = {"num_embeddings": "rows", "vocab_size": "rows", "embedding_dim": "dim", "pooling": "pooling_factor"}
+
+
+def table_from_mapping(raw: Mapping[str, Any], where: str = "table") -> EmbeddingTable:
+    """An ``EmbeddingTable`` from a dict (file row); accepts TorchRec/sparsecore key aliases."""
+    data = {_ALIASES.get(k, k): v for k, v in raw.items() if v not in (None, "")}
+    known = {f.name for f in fields(EmbeddingTable)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
+    missing = [k for k in ("name", "rows", "dim") if k not in data]
+    if missing:
+        raise ValueError(f"{where}: missing required keys {missing}")
+    try:
+        typed = {k: _FIELD_TYPES[k](v) if k != "rows" else _as_int(v) for k, v in data.items()}
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where} ({data.get('name')!r}): {err}") from None
+    if "optimizer" in typed:
+        typed["optimizer"] = typed["optimizer"].lower()
+    return EmbeddingTable(**typed)
+
+
+def _as_int(value: Any) -> int:
+    as_float = float(value)
+    if as_float != int(as_float):
+        raise ValueError(f"rows must be a whole number, got {value!r}")
+    return int(as_float)
+
+
+def tables_from_configs(configs: Iterable[Any], pooling_factors: Mapping[str, float] | None = None,
+                        optimizer: str = "sgd") -> list[EmbeddingTable]:
+    """``EmbeddingBagConfig``s (or sparsecore ``TableSpec``s) -> tables. Pooling factors come
+    from ``pooling_factors[name]`` (default 1.0) since TorchRec configs do not carry them."""
+    pooling_factors = pooling_factors or {}
+    out = []
+    for cfg in configs:
+        if isinstance(cfg, EmbeddingTable):
+            out.append(cfg)
+            continue
+        if hasattr(cfg, "num_embeddings"):  # torchrec EmbeddingBagConfig
+            name, rows, dim = cfg.name, cfg.num_embeddings, cfg.embedding_dim
+            features = max(1, len(getattr(cfg, "feature_names", []) or []))
+            combiner = str(getattr(cfg, "pooling", "sum")).split(".")[-1].lower()
+            opt = optimizer
+        elif hasattr(cfg, "vocab_size"):  # sparsecore.specs.TableSpec
+            name, rows, dim, features, combiner = cfg.name, cfg.vocab_size, cfg.dim, 1, cfg.combiner
+            opt = _sparsecore_optimizer_name(cfg.optimizer)
+        else:
+            raise TypeError(f"cannot plan a {type(cfg).__name__}: expected EmbeddingBagConfig, TableSpec or EmbeddingTable")
+        out.append(EmbeddingTable(name, rows, dim, float(pooling_factors.get(name, 1.0)), opt, features, combiner))
+    return out
+
+
+def _sparsecore_optimizer_name(spec: Any) -> str:
+    names = {"SGD": "sgd", "Adagrad": "adagrad", "RowWiseAdagrad": "rowwise_adagrad", "Adam": "adam", "FTRL": "ftrl"}
+    kind = type(spec).__name__
+    if kind not in names:
+        raise ValueError(f"sparsecore optimizer {kind} has no planner equivalent; known: {sorted(names)}")
+    return names[kind]
+
+
+def load_tables_file(path: str | Path) -> list[EmbeddingTable]:
+    """Tables from a .yaml/.yml/.json/.csv file (one row or entry per table)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"tables file {str(path)!r} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        with path.open(newline="") as f:
+            rows: list[Any] = list(csv.DictReader(f))
+    elif suffix in (".yaml", ".yml", ".json"):
+        if suffix == ".json":
+            data = json.loads(path.read_text())
+        else:
+            import yaml
+
+            data = yaml.safe_load(path.read_text())
+        rows = data.get("tables") if isinstance(data, dict) else data
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a list of tables or a mapping with a 'tables' list")
+    else:
+        raise ValueError(f"{path}: unsupported tables file type {suffix!r}; use .yaml, .json or .csv")
+    tables = [table_from_mapping(row, f"{path.name} entry {i}") for i, row in enumerate(rows)]
+    _require_unique_names(tables)
+    return tables
+
+
+def load_tables_from_python(target: str, pooling_factors: Mapping[str, float] | None = None,
+                            optimizer: str = "sgd") -> list[EmbeddingTable]:
+    """``"package.module:function"``: call it; it returns an EmbeddingBagCollection or a list of
+    EmbeddingBagConfig / TableSpec / EmbeddingTable."""
+    module_name, _, func_name = target.partition(":")
+    if not module_name or not func_name:
+        raise ValueError(f"python model target must look like 'package.module:function', got {target!r}")
+    func = getattr(importlib.import_module(module_name), func_name, None)
+    if not callable(func):
+        raise ValueError(f"{target}: {func_name!r} is not a callable in module {module_name!r}")
+    result = func()
+    configs = result.embedding_bag_configs() if hasattr(result, "embedding_bag_configs") else result
+    tables = tables_from_configs(list(configs), pooling_factors, optimizer)
+    _require_unique_names(tables)
+    return tables
+
+
+def load_tables(source: str, pooling_factors: Mapping[str, float] | None = None,
+                optimizer: str = "sgd") -> list[EmbeddingTable]:
+    """A tables file path, or ``module:function`` (see module docstring). ``pooling_factors``
+    override per-table pooling for files too."""
+    if ":" in source and not Path(source).exists() and Path(source).suffix.lower() not in (".yaml", ".yml", ".json", ".csv"):
+        return load_tables_from_python(source, pooling_factors, optimizer)
+    tables = load_tables_file(source)
+    unknown = sorted(set(pooling_factors or {}) - {t.name for t in tables})
+    if unknown:
+        raise ValueError(f"pooling factors given for unknown tables {unknown}")
+    return [replace(t, pooling_factor=float(pooling_factors[t.name])) if t.name in (pooling_factors or {}) else t
+            for t in tables]
+
+
+def _require_unique_names(tables: list[EmbeddingTable]) -> None:
+    seen: set[str] = set()
+    for t in tables:
+        if t.name in seen:
+            raise ValueError(f"duplicate table name {t.name!r}")
+        seen.add(t.name)

@@ -1,0 +1,298 @@
+"""TPU slices: names, shapes, devices and the interconnect model the planner costs against.
+
+Naming conventions (Cloud TPU accelerator types; see ``torch_tpu.hardware`` for sources):
+
+* ``v5p-N`` and ``tpu7x-N`` count **TensorCores**, two per chip: v5p-64 = 32 chips (2x4x4),
+  tpu7x-64 = 32 chips. A v5p chip is one JAX device (megacore) with 4 SparseCores; a tpu7x chip
+  is two JAX devices (one per chiplet) with 2 SparseCores each, so tpu7x-64 = 64 devices.
+* ``v6e-N`` counts **chips** (one TensorCore each): v6e-64 = 64 chips (8x8), one device per chip.
+* A shape can be given instead of a count: ``v5p-4x4x4`` (64 chips), ``v6e-8x16`` (128 chips).
+* Multislice: ``num_slices`` identical slices joined by DCN (``v5p-64`` with ``num_slices=2``).
+
+Interconnect model (used by ``all_to_all_seconds``): a uniform all-to-all on a slice of shape
+(n_1, .., n_k) sends each byte over ``H = sum_i h(n_i)`` ICI hops on average, where ``h(n) =
+floor(n^2/4)/n`` on a ring (wraparound) and ``(n^2-1)/(3n)`` on a line. Every chip injects into
+``2k`` links; a hop costs one link, so per-chip all-to-all time is ``bytes_per_chip * H / ici_bw``
+(``ici_bw``: one direction, all links). Wraparound exists on dims of slices that are whole cubes
+(v5p/tpu7x: multiples of 4x4x4 via the optical switches) or the full v6e pod (16x16); smaller
+slices are meshes (Cloud TPU docs, "3D torus *" footnote). With S > 1 slices, a fraction
+``(S-1)/S`` of the bytes also crosses DCN at ``dcn_bw`` per chip. Each collective pays
+``collective_latency_s`` once.
+
+Constants that are not published (SparseCore share of HBM bandwidth, per-kernel overhead,
+collective latency, HBM reserved for the dense model and XLA) live in ``CostConstants`` with
+documented defaults; override them in a topology file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from torch_tpu.hardware import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
+
+# Documented slice shapes per chip count (v5p / v6e pages; tpu7x follows v5p's cube layout).
+_CUBE_SHAPES = {
+    4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8),
+    256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16), 2048: (8, 16, 16), 4096: (16, 16, 16),
+    6144: (16, 16, 24), 8192: (16, 16, 32),
+}
+_V6E_SHAPES = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
+               256: (16, 16)}
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """Planner constants that Google does not publish; defaults are engineering assumptions.
+
+    * ``sparsecore_hbm_efficiency``: fraction of a device's HBM bandwidth its SparseCores reach on
+      random row gathers/scatters (0.5: row-granular access, 8-float rows are 32 B bursts).
+    * ``kernel_overhead_s``: fixed cost per stacked table per step on a device (launch and
+      CSR bookkeeping), which is what makes stacking pay.
+    * ``collective_latency_s``: fixed cost per all-to-all.
+    * ``hbm_reserved_fraction``: HBM kept free for the dense model, XLA buffers and fragmentation.
+    * ``skew``: ratio of the hottest partition's ids to the mean (1.0 = uniform ids); scales the
+      id-limit check.
+    """
+
+    sparsecore_hbm_efficiency: float = 0.5
+    kernel_overhead_s: float = 5e-6
+    collective_latency_s: float = 10e-6
+    hbm_reserved_fraction: float = 0.1
+    skew: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("sparsecore_hbm_efficiency", "hbm_reserved_fraction"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0 or (name == "sparsecore_hbm_efficiency" and value == 0.0):
+                raise ValueError(f"cost constant {name} must be in (0, 1], got {value}")
+        for name in ("kernel_overhead_s", "collective_latency_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"cost constant {name} must be >= 0, got {getattr(self, name)}")
+        if self.skew < 1.0:
+            raise ValueError(f"cost constant skew must be >= 1.0, got {self.skew}")
+
+
+@dataclass(frozen=True)
+class TPUTopology:
+    """``num_slices`` slices of ``shape`` chips of one generation, plus the planner constants."""
+
+    chip: ChipGeneration
+    shape: tuple[int, ...]
+    num_slices: int = 1
+    costs: CostConstants = field(default_factory=CostConstants)
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != self.chip.torus_dims or any(n < 1 for n in self.shape):
+            want = "x".join(["N"] * self.chip.torus_dims)
+            raise ValueError(f"{self.chip.name} slice shape must be {want} with N >= 1, got {self.shape}")
+        if self.chips_per_slice > self.chip.max_chips_per_slice:
+            raise ValueError(
+                f"{self.name}: {self.chips_per_slice} chips exceeds the largest {self.chip.name} "
+                f"slice ({self.chip.max_chips_per_slice} chips)"
+            )
+        if self.num_slices < 1:
+            raise ValueError(f"num_slices must be >= 1, got {self.num_slices}")
+        n = self.num_sparsecores
+        if n & (n - 1):
+            raise ValueError(
+                f"{self.name}: SparseCore mod sharding needs a power-of-two SparseCore count, "
+                f"got {self.num_devices} devices x {self.sparsecores_per_device} = {n}"
+            )
+
+    @property
+    def name(self) -> str:
+        count = self.chip.name_count_from_chips(self.chips_per_slice)
+        base = f"{self.chip.name}-{count}"
+        return base if self.num_slices == 1 else f"{base} x{self.num_slices} slices"
+
+    @property
+    def shape_str(self) -> str:
+        return "x".join(map(str, self.shape))
+
+    @property
+    def chips_per_slice(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def num_chips(self) -> int:
+        return self.chips_per_slice * self.num_slices
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_chips * self.chip.devices_per_chip
+
+    @property
+    def sparsecores_per_device(self) -> int:
+        return self.chip.sparsecores_per_device
+
+    @property
+    def num_sparsecores(self) -> int:
+        return self.num_devices * self.sparsecores_per_device
+
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        return self.chip.hbm_bytes_per_device
+
+    @property
+    def usable_hbm_bytes_per_device(self) -> int:
+        return int(self.hbm_bytes_per_device * (1.0 - self.costs.hbm_reserved_fraction))
+
+    @property
+    def sparsecore_bandwidth_per_device(self) -> float:
+        """Bytes/s one device's SparseCores move to and from HBM on row gathers."""
+        share = self.chip.hbm_bandwidth_bytes_per_s / self.chip.devices_per_chip
+        return share * self.costs.sparsecore_hbm_efficiency
+
+    @property
+    def wraparound(self) -> tuple[bool, ...]:
+        if self.chip.torus_dims == 2:
+            full = self.chips_per_slice == self.chip.chips_per_pod
+            return tuple(full for _ in self.shape)
+        cubes = all(n % 4 == 0 for n in self.shape)
+        return tuple(cubes for _ in self.shape)
+
+    @property
+    def mean_ici_hops(self) -> float:
+        """Average ICI hops of a uniform all-to-all within one slice (see module docstring)."""
+        total = 0.0
+        for n, ring in zip(self.shape, self.wraparound):
+            total += (n * n // 4) / n if ring else (n * n - 1) / (3 * n)
+        return total
+
+    def all_to_all_seconds(self, bytes_per_device: float) -> float:
+        """Time for every device to send ``bytes_per_device`` spread uniformly over all devices
+        (bandwidth term only; ``costs.collective_latency_s`` is charged per collective)."""
+        if bytes_per_device <= 0 or self.num_devices == 1:
+            return 0.0
+        return bytes_per_device * self.uniform_seconds_per_byte
+
+    @property
+    def uniform_seconds_per_byte(self) -> float:
+        """Seconds per byte a device sends in a uniform all-to-all (hop-weighted ICI + DCN share)."""
+        per_chip = self.chip.devices_per_chip
+        seconds = per_chip * self.mean_ici_hops / self.chip.ici_bandwidth_bytes_per_s
+        return seconds + self._dcn_seconds_per_byte
+
+    @property
+    def hotspot_seconds_per_byte(self) -> float:
+        """Seconds per byte into or out of ONE device (traffic limited by that chip's own links)."""
+        return self.chip.devices_per_chip / self.chip.ici_bandwidth_bytes_per_s + self._dcn_seconds_per_byte
+
+    @property
+    def allreduce_seconds_per_byte(self) -> float:
+        """Seconds per byte of a bandwidth-optimal all-reduce: 2 (D-1)/D bytes cross each chip."""
+        d = self.num_devices
+        return 2.0 * (d - 1) / d * self.hotspot_seconds_per_byte if d > 1 else 0.0
+
+    @property
+    def _dcn_seconds_per_byte(self) -> float:
+        if self.num_slices == 1:
+            return 0.0
+        cross = self.chip.devices_per_chip * (self.num_slices - 1) / self.num_slices
+        return cross / self.chip.dcn_bandwidth_bytes_per_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """The topology as plain data (what a plan records and a topology file can reload)."""
+        return {
+            "name": self.name,
+            "generation": self.chip.name,
+            "shape": self.shape_str,
+            "num_slices": self.num_slices,
+            "chip": asdict(self.chip),
+            "costs": asdict(self.costs),
+        }
+
+
+def default_shape(chip: ChipGeneration, chips: int) -> tuple[int, ...]:
+    """The documented slice shape for ``chips`` chips of ``chip`` (ValueError if none)."""
+    table = _V6E_SHAPES if chip.torus_dims == 2 else _CUBE_SHAPES
+    if chips not in table:
+        sizes = ", ".join(str(chip.name_count_from_chips(c)) for c in sorted(table))
+        raise ValueError(
+            f"no standard {chip.name} slice with {chips} chips; standard sizes ({chip.name}-N): "
+            f"{sizes}; or name a shape, e.g. {chip.name}-{'x'.join(['4'] * chip.torus_dims)}"
+        )
+    return table[chips]
+
+
+_NAME = re.compile(r"^(?P<gen>[a-z0-9]+)-(?P<size>\d+(?:x\d+)*)$")
+
+
+def parse_accelerator_type(name: str, num_slices: int = 1, costs: CostConstants | None = None) -> TPUTopology:
+    """``"v5p-64"`` / ``"v6e-8x8"`` / ``"tpu7x-128"`` -> TPUTopology (naming in module docstring)."""
+    match = _NAME.match(name.strip().lower())
+    if not match:
+        known = ", ".join(sorted(CHIP_GENERATIONS))
+        raise ValueError(
+            f"cannot parse TPU slice {name!r}: expected <generation>-<count> or <generation>-<shape> "
+            f"such as v5p-64, v6e-8x8 (generations: {known})"
+        )
+    chip = chip_generation(match["gen"])
+    size = match["size"]
+    if "x" in size:
+        shape = tuple(int(n) for n in size.split("x"))
+    else:
+        shape = default_shape(chip, chip.chips_from_name_count(int(size)))
+    return TPUTopology(chip, shape, num_slices, costs or CostConstants())
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    if path.suffix.lower() == ".json":
+        data = json.loads(text)
+    else:
+        import yaml
+
+        data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a topology file must hold a mapping, got {type(data).__name__}")
+    return data
+
+
+def _with_overrides(cls: type, base: Any, overrides: dict[str, Any], where: str) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
+    return replace(base, **overrides)
+
+
+def load_topology_file(path: str | Path) -> TPUTopology:
+    """A topology from YAML/JSON: ``slice`` (e.g. "v5p-64") or ``generation`` + ``shape``, optional
+    ``num_slices``, ``chip`` (overrides of ``ChipGeneration`` fields; ``hbm_gib`` accepted for
+    ``hbm_bytes``) and ``costs`` (overrides of ``CostConstants``)."""
+    path = Path(path)
+    data = _read_mapping(path)
+    allowed = {"slice", "generation", "shape", "num_slices", "chip", "costs", "name"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ValueError(f"{path}: unknown topology keys {unknown}; known: {sorted(allowed)}")
+    num_slices = int(data.get("num_slices", 1))
+    if "slice" in data:
+        base = parse_accelerator_type(str(data["slice"]), num_slices)
+    elif "generation" in data and "shape" in data:
+        base = parse_accelerator_type(f"{data['generation']}-{data['shape']}", num_slices)
+    else:
+        raise ValueError(f"{path}: give 'slice' (e.g. v5p-64) or both 'generation' and 'shape'")
+    chip_overrides = dict(data.get("chip") or {})
+    if "hbm_gib" in chip_overrides:
+        chip_overrides["hbm_bytes"] = int(float(chip_overrides.pop("hbm_gib")) * GIB)
+    chip = _with_overrides(ChipGeneration, base.chip, chip_overrides, f"{path}: chip")
+    costs = _with_overrides(CostConstants, base.costs, dict(data.get("costs") or {}), f"{path}: costs")
+    return TPUTopology(chip, base.shape, num_slices, costs)
+
+
+def resolve_topology(spec: str, num_slices: int = 1) -> TPUTopology:
+    """A slice name (``v5p-64``) or the path of a YAML/JSON topology file."""
+    path = Path(spec)
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+        if not path.exists():
+            raise FileNotFoundError(f"topology file {spec!r} does not exist")
+        topology = load_topology_file(path)
+        return topology if num_slices == 1 else replace(topology, num_slices=num_slices)
+    return parse_accelerator_type(spec, num_slices)
