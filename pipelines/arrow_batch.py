@@ -114,7 +114,7 @@ def labels_from_arrow(data: pa.Table | pa.RecordBatch, schema: DatasetSchema) ->
     column = _numeric(_column(data, schema.label), schema.label)
     if column.null_count:
         raise ValueError(f"label column {schema.label} has {column.null_count} missing labels")
-    return torch.from_numpy(pc.cast(column, pa.float32()).to_numpy())
+    return torch.from_numpy(pc.cast(column, pa.float32()).to_numpy(zero_copy_only=False, writable=True))
 
 
 def batch_from_arrow(

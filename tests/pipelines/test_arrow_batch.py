@@ -1,0 +1,89 @@
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from pipelines.arrow_batch import batch_from_arrow, dense_transform
+from pipelines.schema import CRITEO, DatasetSchema
+from pipelines.text_reader import TextReader
+
+SIZES = [1 << 20] * 26
+
+
+def _sample_table(sample_csv) -> pa.Table:
+    return pa.Table.from_batches(list(TextReader(sample_csv)))
+
+
+def test_sample_rows_dense_and_labels_by_hand(sample_csv):
+    batch = batch_from_arrow(_sample_table(sample_csv).slice(0, 8), SIZES)
+    assert batch.dense_features.dtype == torch.float32 and batch.dense_features.shape == (8, 13)
+    # Line 2: I2=3, I3=260, I5=17668, I8=33, I12=0, the rest missing -> 0.
+    expected = [0, math.log(4), math.log(261), 0, math.log(17669), 0, 0, math.log(34), 0, 0, 0, 0, 0]
+    torch.testing.assert_close(batch.dense_features[0], torch.tensor(expected, dtype=torch.float32))
+    # Line 3: I2 = -1 is clamped to 0 before the log.
+    assert batch.dense_features[1, 1].item() == 0.0
+    assert batch.dense_features[1, 5].item() == pytest.approx(math.log(248))
+    assert batch.labels.dtype == torch.float32
+    assert batch.labels.tolist() == [0, 0, 0, 0, 0, 0, 0, 1]
+
+
+def test_sample_sparse_lengths_values_and_hashing(sample_csv):
+    sizes = [1000 + k for k in range(26)]
+    batch = batch_from_arrow(_sample_table(sample_csv).slice(0, 2), sizes)
+    kjt = batch.sparse_features
+    assert kjt.keys() == list(CRITEO.sparse)
+    assert kjt.values().dtype == torch.int64
+    per_key = kjt.to_dict()
+    # Line 2 has C19, C20, C22, C25, C26 missing: length 0, no id emitted.
+    assert per_key["C19"].lengths().tolist() == [0, 0]
+    assert per_key["C1"].lengths().tolist() == [1, 1]
+    assert per_key["C1"].values().tolist() == [0x05DB9164 % 1000, 0x68FD1E64 % 1000]
+    assert per_key["C26"].values().tolist() == []
+    assert per_key["C24"].values().tolist() == [0xC0D61A5C % 1023, 0xDED4AAC9 % 1023]
+    assert int(kjt.lengths().sum()) == kjt.values().numel() == 2 * 26 - 10
+
+
+def test_multi_hot_and_negative_ids_hash_into_table():
+    schema = DatasetSchema(label="y", dense=("d",), sparse=("a", "b"), multi_hot=frozenset({"b"}))
+    table = pa.table(
+        {
+            "y": pa.array([1.0, 0.0, 1.0], pa.float32()),
+            "d": pa.array([None, 7, -5], pa.int64()),
+            "a": pa.array([-1, None, 12], pa.int64()),
+            "b": pa.array([[3, 10, 11], None, []], pa.list_(pa.int64())),
+        }
+    )
+    batch = batch_from_arrow(table, {"a": 10, "b": 4}, schema)
+    a, b = batch.sparse_features["a"], batch.sparse_features["b"]
+    assert a.lengths().tolist() == [1, 0, 1] and a.values().tolist() == [9, 2]
+    assert b.lengths().tolist() == [3, 0, 0] and b.values().tolist() == [3, 2, 3]
+    assert batch.dense_features[:, 0].tolist() == pytest.approx([0.0, math.log(8), 0.0])
+    assert batch.labels.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_dense_transform_reference():
+    raw = np.array([-3, 0, 1, 10**7], dtype=np.int64)
+    assert dense_transform(raw).tolist() == pytest.approx(
+        [0.0, 0.0, math.log(2), math.log(10**7 + 1)], rel=1e-6
+    )
+
+
+def test_clear_errors():
+    schema = DatasetSchema(label="y", dense=(), sparse=("a",))
+    good = pa.table({"y": [1], "a": [3]})
+    with pytest.raises(ValueError, match="table size of a must be > 0, got 0"):
+        batch_from_arrow(good, [0], schema)
+    with pytest.raises(ValueError, match="has 2 sizes"):
+        batch_from_arrow(good, [4, 4], schema)
+    with pytest.raises(ValueError, match=r"no size for \['a'\]"):
+        batch_from_arrow(good, {"b": 4}, schema)
+    with pytest.raises(TypeError, match="categorical column a must be integer"):
+        batch_from_arrow(pa.table({"y": [1], "a": ["x"]}), [4], schema)
+    with pytest.raises(ValueError, match="null ids inside lists"):
+        batch_from_arrow(pa.table({"y": [1], "a": pa.array([[1, None]])}), [4], schema)
+    with pytest.raises(ValueError, match="1 missing labels"):
+        batch_from_arrow(pa.table({"y": pa.array([None], pa.int8()), "a": [1]}), [4], schema)
+    with pytest.raises(KeyError, match="column 'a' missing"):
+        batch_from_arrow(pa.table({"y": [1]}), [4], schema)
