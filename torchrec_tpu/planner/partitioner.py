@@ -19,6 +19,7 @@ Quality is reported against the lower bound sum_t min_option work(t) / D (perfec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,12 +80,14 @@ class Partitioner:
         self.constraints = constraints
         self.d = topology.num_devices
         self.usable = float(topology.usable_hbm_bytes_per_device)
+        self.over_limit: dict[str, list[ShardingOption]] = {}
 
     # ---- options -------------------------------------------------------------------------------
     def feasible_options(self, table: EmbeddingTable) -> list[ShardingOption]:
         kinds = allowed_kinds(self.constraints, table.name)
         options = [o for o in self.builder.options(table) if kinds is None or o.kind in kinds]
         within_limit = [o for o in options if o.ids_per_partition <= self.builder.max_ids_per_partition]
+        self.over_limit[table.name] = [o for o in options if o.ids_per_partition > self.builder.max_ids_per_partition]
         if not within_limit:
             need = min(o.ids_per_partition for o in options)
             raise PlanningError(
@@ -301,7 +304,24 @@ class Partitioner:
         stack_plans = tuple(StackPlan(_stack_name(key, dev), dev, tuple(names))
                             for (key, dev), names in sorted(stacks.items(), key=lambda kv: (_stack_name(*kv[0]))))
         return Plan(topo.to_dict(), self.builder.batch_size, self.builder.max_ids_per_partition,
-                    int(self.usable), tuple(table_plans), tuple(devices), stack_plans, target + latency)
+                    int(self.usable), tuple(table_plans), tuple(devices), stack_plans, target + latency,
+                    self._limit_warnings(tables))
+
+    def _limit_warnings(self, tables: Sequence[EmbeddingTable]) -> tuple[str, ...]:
+        """Tables the id limit pushed onto a costlier sharding, with the limit that would free them."""
+        out = []
+        for t in tables:
+            chosen = self.choices[t.name].option
+            better = [o for o in self.over_limit.get(t.name, []) if o.total_time_s(self.d) < chosen.total_time_s(self.d)]
+            if better:
+                best = min(better, key=lambda o: o.total_time_s(self.d))
+                out.append(
+                    f"table {t.name!r}: {best.kind.value} would need {best.ids_per_partition:.0f} ids per SparseCore "
+                    f"partition (limit {self.builder.max_ids_per_partition}); planned {chosen.kind.value} instead at "
+                    f"{chosen.total_time_s(self.d) / best.total_time_s(self.d):.1f}x the work. Raise "
+                    f"max_ids_per_partition to >= {math.ceil(best.ids_per_partition)} (FDO) to allow it"
+                )
+        return tuple(out)
 
 
 def _better(a: tuple[float, int], b: tuple[float, int]) -> bool:

@@ -81,6 +81,7 @@ class Plan:
     devices: tuple[DevicePlan, ...]
     stacks: tuple[StackPlan, ...]
     lower_bound_s: float
+    warnings: tuple[str, ...] = ()
 
     @property
     def step_time_s(self) -> float:
@@ -127,7 +128,8 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         devices = tuple(DevicePlan(**{**d, "placed_tables": tuple(d["placed_tables"])}) for d in data["devices"])
         stacks = tuple(StackPlan(s["name"], s["device"], tuple(s["tables"])) for s in data["stacks"])
         return Plan(data["topology"], data["batch_size"], data["max_ids_per_partition"],
-                    data["usable_hbm_bytes_per_device"], tables, devices, stacks, data["lower_bound_s"])
+                    data["usable_hbm_bytes_per_device"], tables, devices, stacks, data["lower_bound_s"],
+                    tuple(data["warnings"]))
     except (KeyError, TypeError) as err:
         raise ValueError(f"malformed plan: {err}") from None
 

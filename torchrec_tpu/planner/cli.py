@@ -1,0 +1,110 @@
+"""``torchrec-tpu plan``: shard embedding tables onto a TPU slice from a laptop.
+
+Examples::
+
+    torchrec-tpu plan --tables tables.yaml --topology v5p-64 --batch-size 65536 \\
+        --out plan.json --html plan.html
+    torchrec-tpu plan --tables mymodel:make_ebc --pooling-factor 1 --compare v5p-64,v6e-64,tpu7x-64
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tables", required=True,
+                        help="tables file (.yaml/.json/.csv) or 'module:function' returning an EBC or EmbeddingBagConfigs")
+    parser.add_argument("--topology", default="v5p-64",
+                        help="slice name (v5p-64 = 32 chips, v6e-64 = 64 chips, tpu7x-64 = 32 chips) or topology file")
+    parser.add_argument("--slices", type=int, default=1, help="number of slices joined by DCN (multislice)")
+    parser.add_argument("--batch-size", type=int, default=65536, help="global batch size")
+    parser.add_argument("--pooling-factor", action="append", default=[], metavar="[TABLE=]F",
+                        help="mean ids per sample: 'F' for every table or 'TABLE=F'; repeatable")
+    parser.add_argument("--optimizer", default="sgd", help="optimizer for tables from a Python model (default sgd)")
+    parser.add_argument("--max-ids-per-partition", type=int, default=256,
+                        help="SparseCore per-partition id limit (jax-tpu-embedding default 256)")
+    parser.add_argument("--compare", default="", metavar="TOPO,TOPO,...",
+                        help="what-if: plan on each of these topologies and print a comparison")
+    parser.add_argument("--out", type=Path, help="write the plan JSON here")
+    parser.add_argument("--html", type=Path, help="write a self-contained HTML report here")
+    parser.add_argument("--top", type=int, default=20, help="tables to list in the terminal table")
+    parser.add_argument("--progress", action="store_true", help="show a progress bar while costing tables")
+
+
+def _pooling(values: list[str]) -> tuple[float | None, dict[str, float]]:
+    default, per_table = None, {}
+    for value in values:
+        name, sep, number = value.rpartition("=")
+        try:
+            factor = float(number)
+        except ValueError:
+            raise ValueError(f"--pooling-factor {value!r}: {number!r} is not a number") from None
+        if sep:
+            per_table[name] = factor
+        else:
+            default = factor
+    return default, per_table
+
+
+def _suffixed(path: Path, topology: str) -> Path:
+    return path.with_name(f"{path.stem}.{topology}{path.suffix}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from torchrec_tpu.planner.partitioner import PlanningError, plan_tables
+    from torchrec_tpu.planner.report import format_comparison, format_plan, render_html
+    from torchrec_tpu.planner.tables import load_tables
+    from torchrec_tpu.topology import resolve_topology
+
+    try:
+        default_pf, per_table_pf = _pooling(args.pooling_factor)
+        tables = load_tables(args.tables, per_table_pf, args.optimizer)
+        if default_pf is not None:
+            tables = [t if t.name in per_table_pf else replace(t, pooling_factor=default_pf) for t in tables]
+        names = [n.strip() for n in args.compare.split(",") if n.strip()] or [args.topology]
+        topologies = [resolve_topology(n, args.slices) for n in names]
+    except (ValueError, FileNotFoundError, ImportError, TypeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    results = []
+    for name, topology in zip(names, topologies):
+        try:
+            results.append((name, plan_tables(tables, topology, args.batch_size, args.max_ids_per_partition,
+                                              progress=args.progress)))
+        except PlanningError as err:
+            results.append((name, str(err)))
+
+    compare = len(results) > 1
+    for name, result in results:
+        if isinstance(result, str):
+            print(f"error: {name}: {result}", file=sys.stderr)
+            continue
+        if not compare:
+            print(format_plan(result, args.top))
+        if args.out:
+            out = _suffixed(args.out, name) if compare else args.out
+            result.save(out)
+            print(f"wrote plan {out}")
+        if args.html:
+            html = _suffixed(args.html, name) if compare else args.html
+            html.write_text(render_html(result, f"torchrec-tpu plan: {len(tables)} tables on {result.topology['name']}"))
+            print(f"wrote report {html}")
+    if compare:
+        print(format_comparison(results))
+    return 0 if all(not isinstance(r, str) for _, r in results) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="torchrec-tpu plan", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
