@@ -1,0 +1,235 @@
+"""Training configuration: one dataclass, exposed as CLI flags and as optional YAML keys.
+
+Every field of :class:`TrainConfig` is a flag (``embedding_dim`` -> ``--embedding-dim``) and a
+YAML key (either spelling). Precedence: built-in defaults < ``--config file.yaml`` < explicit
+flags. All validation lives in :meth:`TrainConfig.validate`, so a bad value gives the same clear
+error whichever way it arrived. No heavy imports here: ``--help`` must stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+MODELS = ("dlrm", "dlrm_dcn")
+SPARSE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "sgd")
+DENSE_OPTIMIZERS = ("adagrad", "adam")
+
+
+class ConfigError(ValueError):
+    """A training option has a bad value; the message names the option, the value and the limit."""
+
+
+def _flag(help_text: str, **extra: Any) -> dict[str, Any]:
+    return {"help": help_text, **extra}
+
+
+@dataclass
+class TrainConfig:
+    """All options of ``torchrec-tpu train``; the defaults are the README's main command."""
+
+    model: str = field(
+        default="dlrm", metadata=_flag("model: stock torchrec DLRM or DLRM_DCN", choices=MODELS)
+    )
+    data: str = field(
+        default="synthetic",
+        metadata=_flag(
+            "'synthetic' (generated into --cache-dir on first run), 'sample' (the real 200-row "
+            "Criteo sample, converted on the fly) or a directory of Parquet files",
+            metavar="SOURCE",
+        ),
+    )
+    cache_dir: str | None = field(
+        default=None, metadata=_flag("where synthetic data is generated (default: pipelines')")
+    )
+    eval_files: int = field(
+        default=1, metadata=_flag("held-out evaluation split: the last N Parquet files")
+    )
+    num_embeddings: int = field(
+        default=100_000,
+        metadata=_flag(
+            "rows per embedding table, at most (synthetic tables with fewer ids are smaller); "
+            "ids are hashed modulo the table size"
+        ),
+    )
+    embedding_dim: int = field(default=16, metadata=_flag("embedding dimension of every table"))
+    dense_arch: str = field(
+        default="64,16",
+        metadata=_flag("dense MLP layer sizes; the last must equal --embedding-dim", metavar="SIZES"),
+    )
+    over_arch: str = field(
+        default="64,32,1",
+        metadata=_flag("over-arch MLP layer sizes; the last must be 1", metavar="SIZES"),
+    )
+    dcn_num_layers: int = field(default=3, metadata=_flag("DCN cross layers (dlrm_dcn only)"))
+    dcn_low_rank_dim: int = field(default=16, metadata=_flag("DCN low rank (dlrm_dcn only)"))
+    batch_size: int = field(default=512, metadata=_flag("global training batch size"))
+    eval_batch_size: int = field(default=2048, metadata=_flag("global evaluation batch size"))
+    epochs: int = field(default=1, metadata=_flag("passes over the training split"))
+    max_steps: int = field(
+        default=0, metadata=_flag("stop after this many steps (0: run all epochs)")
+    )
+    sparse_optimizer: str = field(
+        default="adagrad",
+        metadata=_flag("fused embedding optimizer (runs inside backward)", choices=SPARSE_OPTIMIZERS),
+    )
+    sparse_lr: float = field(default=0.05, metadata=_flag("embedding learning rate"))
+    dense_optimizer: str = field(
+        default="adagrad", metadata=_flag("optimizer of the MLPs", choices=DENSE_OPTIMIZERS)
+    )
+    dense_lr: float = field(default=0.05, metadata=_flag("dense learning rate"))
+    seed: int = field(default=0, metadata=_flag("random seed (model init and data order)"))
+    log_dir: str | None = field(
+        default=None, metadata=_flag("TensorBoard log directory (default: runs/<UTC timestamp>)")
+    )
+    checkpoint_dir: str | None = field(
+        default=None, metadata=_flag("checkpoint directory (default: <log-dir>/checkpoint)")
+    )
+    log_every: int = field(default=20, metadata=_flag("log training scalars every N steps"))
+    eval_every: int = field(
+        default=0, metadata=_flag("also evaluate every N steps (0: only at the end)")
+    )
+    progress: bool = field(default=True, metadata=_flag("show a tqdm progress bar"))
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad option, its value and the limit."""
+        for name in ("num_embeddings", "embedding_dim", "batch_size", "eval_batch_size", "epochs",
+                     "eval_files", "log_every", "dcn_num_layers", "dcn_low_rank_dim"):
+            _require(name, getattr(self, name), lambda v: v >= 1, "must be >= 1")
+        for name in ("max_steps", "eval_every"):
+            _require(name, getattr(self, name), lambda v: v >= 0, "must be >= 0")
+        for name in ("sparse_lr", "dense_lr"):
+            _require(name, getattr(self, name), lambda v: v > 0, "must be > 0")
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ConfigError(
+                    f"{_as_flag(f.name)}={getattr(self, f.name)!r} is not one of {list(choices)}"
+                )
+        dense, over = self.dense_layers, self.over_layers
+        if dense[-1] != self.embedding_dim:
+            raise ConfigError(
+                f"--dense-arch={self.dense_arch!r} must end in --embedding-dim "
+                f"({self.embedding_dim}): the dense output is interacted with the embeddings"
+            )
+        if over[-1] != 1:
+            raise ConfigError(f"--over-arch={self.over_arch!r} must end in 1 (one logit)")
+
+    @property
+    def dense_layers(self) -> list[int]:
+        return _layer_sizes("dense_arch", self.dense_arch)
+
+    @property
+    def over_layers(self) -> list[int]:
+        return _layer_sizes("over_arch", self.over_arch)
+
+    def resolved_log_dir(self) -> Path:
+        if self.log_dir:
+            return Path(self.log_dir)
+        return Path("runs") / datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _as_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _require(name: str, value: Any, ok: Any, limit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ConfigError(f"{_as_flag(name)}={value!r} {limit}")
+
+
+def _layer_sizes(name: str, text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in str(text).split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(s < 1 for s in sizes):
+        raise ConfigError(
+            f"{_as_flag(name)}={text!r} must be comma-separated positive layer sizes, e.g. 64,16"
+        )
+    return sizes
+
+
+_FIELD_TYPES = {"int": int, "float": float, "str": str, "str | None": str}
+_METAVARS = {"int": "N", "float": "X", "str": "TEXT", "str | None": "PATH"}
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`TrainConfig` field, plus ``--config``. Unset flags stay absent."""
+    parser.add_argument(
+        "--config", metavar="FILE.yaml", default=None,
+        help="YAML file whose keys mirror these flags; explicit flags override it",
+    )
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        default = getattr(defaults, f.name)
+        help_text = f"{f.metadata['help']} (default: {default})"
+        if f.type == "bool":
+            parser.add_argument(
+                _as_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS, help=help_text,
+            )
+            continue
+        choices = f.metadata.get("choices")
+        metavar = f.metadata.get("metavar") or (None if choices else _METAVARS[str(f.type)])
+        parser.add_argument(
+            _as_flag(f.name), dest=f.name, type=_FIELD_TYPES[str(f.type)],
+            default=argparse.SUPPRESS, choices=choices, metavar=metavar, help=help_text,
+        )
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Defaults, overlaid by the YAML file (if any), overlaid by the flags given explicitly."""
+    values: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        values.update(load_yaml(Path(args.config)))
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    values.update({k: v for k, v in vars(args).items() if k in names})
+    return TrainConfig(**values)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping of option -> value; keys may use dashes or underscores."""
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"--config={str(path)!r}: no such file")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"--config={str(path)!r} must hold a mapping of option: value")
+    names = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name not in names:
+            raise ConfigError(
+                f"--config={str(path)!r}: unknown option {key!r}; known: "
+                + ", ".join(sorted(n.replace("_", "-") for n in names))
+            )
+        values[name] = _coerce(names[name], value, path)
+    return values
+
+
+def _coerce(f: dataclasses.Field, value: Any, path: Path) -> Any:
+    """YAML gives ints for floats (``lr: 1``) and lists for layer sizes; normalise those."""
+    if f.name in ("dense_arch", "over_arch") and isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    expected = {"int": int, "float": float, "bool": bool, "str": str}.get(str(f.type))
+    wrong_type = expected is not None and not isinstance(value, expected)
+    if wrong_type or (expected is int and isinstance(value, bool)):
+        raise ConfigError(
+            f"--config={str(path)!r}: {f.name.replace('_', '-')}={value!r} must be {f.type}"
+        )
+    return value

@@ -1,0 +1,108 @@
+"""Training data: resolve ``--data`` to Parquet files, split off the held-out files, open readers.
+
+Sources: ``synthetic`` (``pipelines.synthetic.default_dataset``, generated into the cache dir on
+first use), ``sample`` (the real 200-row Criteo sample, converted to Parquet in a temporary
+directory for the run), or a directory of Parquet files in the ``pipelines.schema`` layout.
+The held-out split is the last ``eval_files`` files (by name), so train and eval never share a row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch.distributed as dist
+from pipelines.convert import convert_to_parquet
+from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
+from pipelines.schema import CRITEO, DatasetSchema
+from pipelines.synthetic import SyntheticConfig, default_dataset
+
+from torchrec_tpu.train.config import ConfigError, TrainConfig
+from torchrec_tpu.train.distributed import DistEnv
+
+# <repo root>/../shared/data/criteo_sample.csv (this file is <repo root>/torchrec_tpu/train/data.py)
+SAMPLE_CSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "criteo_sample.csv"
+SAMPLE_ROWS_PER_FILE = 40  # the 200 sample rows become 5 files: 4 to train on, 1 held out
+
+
+@dataclass
+class TrainData:
+    """Readers of this rank's share of the train and held-out splits."""
+
+    source: Path
+    schema: DatasetSchema
+    table_sizes: tuple[int, ...]  # rows of each categorical feature's table, schema.sparse order
+    train: ParquetBatchReader
+    held_out: ParquetBatchReader
+
+    def describe(self) -> str:
+        return (
+            f"{self.source}: {self.train.num_rows} train rows in {len(self.train.files)} files, "
+            f"{self.held_out.num_rows} held-out rows in {len(self.held_out.files)} files"
+        )
+
+    @property
+    def rows_dropped(self) -> int:
+        """Rows this rank skips so that all ranks step in lock-step (0 on a single rank)."""
+        return self.train.rows_dropped + self.held_out.rows_dropped
+
+
+def split_files(files: list[Path], eval_files: int, source: Path) -> tuple[list[Path], list[Path]]:
+    """(train files, held-out files): the last ``eval_files`` files are held out."""
+    if len(files) <= eval_files:
+        raise ConfigError(
+            f"--data={str(source)!r} has {len(files)} Parquet files; holding out "
+            f"--eval-files={eval_files} needs at least {eval_files + 1}"
+        )
+    return files[:-eval_files], files[-eval_files:]
+
+
+def _synthetic(config: TrainConfig, env: DistEnv) -> tuple[Path, tuple[int, ...]]:
+    synthetic = SyntheticConfig()
+    if env.is_primary:  # generate once; the other ranks wait for it, then find it cached
+        default_dataset(config.cache_dir, synthetic, progress=config.progress)
+    if dist.is_initialized():
+        dist.barrier()
+    path = default_dataset(config.cache_dir, synthetic, progress=False)
+    return path, tuple(min(rows, config.num_embeddings) for rows in synthetic.table_sizes)
+
+
+@contextlib.contextmanager
+def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
+    """Readers for ``config.data``; the sample's temporary Parquet copy lives as long as this."""
+    uniform_sizes = (config.num_embeddings,) * len(CRITEO.sparse)
+    with contextlib.ExitStack() as stack:
+        if config.data == "synthetic":
+            source, table_sizes = _synthetic(config, env)
+        elif config.data == "sample":
+            if not SAMPLE_CSV.is_file():
+                raise FileNotFoundError(f"--data=sample: the Criteo sample {SAMPLE_CSV} is missing")
+            source = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="criteo-sample-")))
+            convert_to_parquet([SAMPLE_CSV], source, rows_per_file=SAMPLE_ROWS_PER_FILE,
+                               progress=False)
+            table_sizes = uniform_sizes
+        else:
+            source, table_sizes = Path(config.data), uniform_sizes
+            if not source.is_dir():
+                raise ConfigError(
+                    f"--data={config.data!r} is neither 'synthetic', 'sample' nor a directory"
+                )
+        train_files, eval_files = split_files(list_parquet_files(source), config.eval_files, source)
+        lockstep = env.world_size > 1
+
+        def reader(files: list[Path], batch_size: int) -> ParquetBatchReader:
+            return ParquetBatchReader(
+                files, max(1, batch_size // env.world_size), table_sizes, CRITEO,
+                rank=env.rank, world_size=env.world_size, drop_last=lockstep,
+            )
+
+        yield TrainData(
+            source=source,
+            schema=CRITEO,
+            table_sizes=table_sizes,
+            train=reader(train_files, config.batch_size),
+            held_out=reader(eval_files, config.eval_batch_size),
+        )

@@ -1,0 +1,102 @@
+"""One training job end to end: data -> model -> shard -> train -> evaluate -> checkpoint."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torchrec
+
+from torchrec_tpu.train.checkpoint import save_checkpoint
+from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.data import open_data
+from torchrec_tpu.train.distributed import DistEnv, process_group
+from torchrec_tpu.train.loop import LoopOptions, TrainResult, run_training
+from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.scalars import ScalarLog
+from torchrec_tpu.train.sharding import build_optimizer, shard_model
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    result: TrainResult
+    data: str
+    log_dir: Path
+    checkpoint_dir: Path
+    world_size: int
+    primary: bool  # whether this process is rank 0
+
+    def format(self) -> str:
+        r = self.result
+        return "\n".join([
+            "training finished",
+            f"  data            {self.data}",
+            f"  steps           {r.steps} ({r.samples:,} samples, {self.world_size} rank(s))",
+            f"  throughput      {r.samples_per_sec:,.0f} samples/s (input + train steps, eval excluded)",
+            f"  train loss      {r.final_train_loss:.4f} (mean of the last steps)",
+            f"  eval AUC        {r.eval.auc:.4f} (loss {r.eval.loss:.4f}, {r.eval.samples:,} samples)",
+            f"  tensorboard     {self.log_dir}",
+            f"  checkpoint      {self.checkpoint_dir}",
+        ])
+
+
+def model_spec(config: TrainConfig, feature_names: tuple[str, ...], table_sizes: tuple[int, ...],
+               dense_in_features: int) -> ModelSpec:
+    dcn = config.model == "dlrm_dcn"
+    return ModelSpec(
+        feature_names=feature_names,
+        table_sizes=table_sizes,
+        embedding_dim=config.embedding_dim,
+        dense_in_features=dense_in_features,
+        dense_layers=tuple(config.dense_layers),
+        over_layers=tuple(config.over_layers),
+        dcn_num_layers=config.dcn_num_layers if dcn else 0,
+        dcn_low_rank_dim=config.dcn_low_rank_dim if dcn else 0,
+    )
+
+
+def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> JobSummary:
+    """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
+    with process_group() as env:
+        return _run(config, env, device)
+
+
+def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
+    log_dir = _agreed_log_dir(config, env)
+    checkpoint_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else log_dir / "checkpoint"
+    torch.manual_seed(config.seed)
+    with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
+        spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
+        model = shard_model(build_dlrm(spec, dense_device=device), env, device,
+                            config.sparse_optimizer, config.sparse_lr, config.batch_size)
+        optimizer = build_optimizer(model, config.dense_optimizer, config.dense_lr)
+        options = LoopOptions(
+            epochs=config.epochs, max_steps=config.max_steps, log_every=config.log_every,
+            eval_every=config.eval_every, progress=config.progress and env.is_primary,
+            world_size=env.world_size,
+        )
+        result = run_training(model, optimizer, data.train, data.held_out, device, log, options)
+        meta = {
+            "step": result.steps,
+            "samples": result.samples,
+            "config": config.to_dict(),
+            "metrics": {"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,
+                        "eval_loss": result.eval.loss},
+            "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__},
+        }
+        save_checkpoint(checkpoint_dir, model, optimizer, meta)
+        if env.is_primary:
+            (log_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+        return JobSummary(
+            result, data.describe(), log_dir, checkpoint_dir, env.world_size, env.is_primary
+        )
+
+
+def _agreed_log_dir(config: TrainConfig, env: DistEnv) -> Path:
+    """The primary's log dir on every rank (a timestamped default could differ across ranks)."""
+    chosen = [str(config.resolved_log_dir())]
+    if env.world_size > 1:
+        torch.distributed.broadcast_object_list(chosen, src=0)
+    return Path(chosen[0])

@@ -1,0 +1,134 @@
+"""The training loop: steps over a batch stream, logs scalars, evaluates on a held-out stream.
+
+The loop knows nothing about how the model is sharded or where its parts run: it takes a module
+returning ``(loss, (loss, logits, labels))`` for a Batch (TorchRec's ``DLRMTrain`` contract), an
+optimizer, and re-iterable batch streams. Swapping the sparse part to SparseCore or the dense part
+to the TPU device changes what is passed in, not this file.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torchrec.datasets.utils import Batch
+from tqdm import tqdm
+
+from torchrec_tpu.train.metrics import EvalResult, evaluate
+from torchrec_tpu.train.scalars import ScalarLog
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    epochs: int = 1
+    max_steps: int = 0  # 0: no limit
+    log_every: int = 20
+    eval_every: int = 0  # 0: evaluate only at the end
+    progress: bool = True
+    world_size: int = 1  # samples/s counts every rank's batch (ranks step in lock-step)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps: int
+    samples: int  # over all ranks
+    train_seconds: float  # wall time of the loop (input pipeline included), evaluation excluded
+    final_train_loss: float  # mean over the last ``log_every`` steps
+    eval: EvalResult
+
+    @property
+    def samples_per_sec(self) -> float:
+        return self.samples / self.train_seconds if self.train_seconds > 0 else 0.0
+
+
+StepFn = Callable[[nn.Module, Optimizer, Batch], torch.Tensor]
+
+
+def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch) -> torch.Tensor:
+    """One forward/backward/update. Fused embedding optimizers update the tables in backward;
+    ``optimizer.step()`` updates the dense parameters."""
+    optimizer.zero_grad()
+    loss, _ = model(batch)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def _batches(train: Iterable[Batch], options: LoopOptions) -> Iterator[tuple[int, Batch]]:
+    stream = itertools.chain.from_iterable(
+        ((epoch, b) for b in train) for epoch in range(options.epochs)
+    )
+    return itertools.islice(stream, options.max_steps or None)
+
+
+def _total_steps(train: Iterable[Batch], options: LoopOptions) -> int | None:
+    try:
+        total = len(train) * options.epochs  # type: ignore[arg-type]
+    except TypeError:
+        return options.max_steps or None
+    return min(total, options.max_steps) if options.max_steps else total
+
+
+def run_training(
+    model: nn.Module,
+    optimizer: Optimizer,
+    train: Iterable[Batch],
+    held_out: Iterable[Batch],
+    device: torch.device,
+    log: ScalarLog,
+    options: LoopOptions,
+    step_fn: StepFn = train_step,
+) -> TrainResult:
+    """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out``; return a summary."""
+    model.train()
+    step = samples = 0
+    eval_seconds = 0.0
+    window_losses: list[float] = []
+    recent_losses: collections.deque[float] = collections.deque(maxlen=options.log_every)
+    window_samples, window_start = 0, time.perf_counter()
+    bar = tqdm(
+        total=_total_steps(train, options), desc="train", unit="step", disable=not options.progress
+    )
+    loop_start = time.perf_counter()
+    with bar:
+        for epoch, batch in _batches(train, options):
+            loss = step_fn(model, optimizer, batch.to(device)).item()
+            if loss != loss:  # NaN: stop before the weights are all NaN too
+                raise FloatingPointError(f"training loss is NaN at step {step} (epoch {epoch})")
+            step += 1
+            batch_samples = batch.labels.numel() * options.world_size
+            samples += batch_samples
+            window_samples += batch_samples
+            window_losses.append(loss)
+            recent_losses.append(loss)
+            if step % options.log_every == 0:
+                elapsed = time.perf_counter() - window_start
+                mean_loss = sum(window_losses) / len(window_losses)
+                rate = window_samples / elapsed if elapsed > 0 else 0.0
+                log.log(step, {"train/loss": mean_loss, "train/samples_per_sec": rate,
+                               "train/epoch": epoch})
+                bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{rate:,.0f}")
+                window_losses, window_samples, window_start = [], 0, time.perf_counter()
+            bar.update(1)
+            if options.eval_every and step % options.eval_every == 0:
+                eval_start = time.perf_counter()
+                _log_eval(log, step, evaluate(model, held_out, device))
+                window_start = time.perf_counter()
+                eval_seconds += window_start - eval_start
+    train_seconds = time.perf_counter() - loop_start - eval_seconds
+    if step == 0:
+        raise ValueError("the training split yielded no batches: nothing to train on")
+    result = evaluate(model, held_out, device)
+    _log_eval(log, step, result)
+    final_loss = sum(recent_losses) / len(recent_losses)
+    return TrainResult(step, samples, train_seconds, final_loss, result)
+
+
+def _log_eval(log: ScalarLog, step: int, result: EvalResult) -> None:
+    log.log(step, {"eval/auc": result.auc, "eval/loss": result.loss})

@@ -1,0 +1,81 @@
+"""Shard a model with TorchRec's DistributedModelParallel and set up its optimizers.
+
+Embedding tables get a *fused* optimizer: ``apply_optimizer_in_backward`` marks them before
+sharding, and FBGEMM's TBE then updates each touched row inside backward (no dense gradient for
+the tables ever exists). The MLPs get an ordinary torch optimizer. Both are combined into one
+``CombinedOptimizer`` whose ``state_dict`` covers everything, for checkpointing.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec import EmbeddingBagCollection
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.optim import RowWiseAdagrad
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from torchrec_tpu.train.distributed import DistEnv
+
+# Each maps to one FBGEMM fused optimizer (torchrec's optimizer_type_to_emb_opt_type).
+SPARSE_OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
+    "adagrad": torch.optim.Adagrad,  # EXACT_ADAGRAD: one accumulator per weight
+    "rowwise_adagrad": RowWiseAdagrad,  # EXACT_ROWWISE_ADAGRAD: one accumulator per row
+    "sgd": torch.optim.SGD,  # EXACT_SGD
+}
+DENSE_OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
+    "adagrad": torch.optim.Adagrad,
+    "adam": torch.optim.Adam,
+}
+
+
+def shard_model(
+    model: nn.Module,
+    env: DistEnv,
+    device: torch.device,
+    sparse_optimizer: str,
+    sparse_lr: float,
+    batch_size: int,
+) -> DistributedModelParallel:
+    """Attach the fused embedding optimizer, plan the tables over the world, and shard."""
+    if sparse_optimizer not in SPARSE_OPTIMIZER_CLASSES:
+        raise ValueError(
+            f"sparse optimizer {sparse_optimizer!r} is not one of {list(SPARSE_OPTIMIZER_CLASSES)}"
+        )
+    collections = [m for m in model.modules() if isinstance(m, EmbeddingBagCollection)]
+    embedding_params = [p for ebc in collections for p in ebc.parameters()]
+    if not embedding_params:
+        raise ValueError("model has no embedding tables (no EmbeddingBagCollection parameters)")
+    apply_optimizer_in_backward(
+        SPARSE_OPTIMIZER_CLASSES[sparse_optimizer], embedding_params, {"lr": sparse_lr}
+    )
+    topology = Topology(
+        world_size=env.world_size,
+        local_world_size=env.local_world_size,
+        compute_device=device.type,
+    )
+    planner = EmbeddingShardingPlanner(
+        topology=topology, batch_size=max(1, batch_size // env.world_size)
+    )
+    plan = planner.collective_plan(model, pg=dist.GroupMember.WORLD)
+    return DistributedModelParallel(module=model, device=device, plan=plan)
+
+
+def build_optimizer(
+    model: DistributedModelParallel, dense_optimizer: str, dense_lr: float
+) -> CombinedOptimizer:
+    """The fused embedding optimizer plus ``dense_optimizer`` over every other parameter."""
+    if dense_optimizer not in DENSE_OPTIMIZER_CLASSES:
+        raise ValueError(
+            f"dense optimizer {dense_optimizer!r} is not one of {list(DENSE_OPTIMIZER_CLASSES)}"
+        )
+    dense_cls = DENSE_OPTIMIZER_CLASSES[dense_optimizer]
+    make: Callable[[list], torch.optim.Optimizer] = lambda params: dense_cls(params, lr=dense_lr)
+    dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(dense_params, make)])
