@@ -314,7 +314,7 @@ class Partitioner:
             chosen = self.choices[t.name].option
             better = [o for o in self.over_limit.get(t.name, []) if o.total_time_s(self.d) < chosen.total_time_s(self.d)]
             if better:
-                best = min(better, key=lambda o: o.total_time_s(self.d))
+                best = min(better, key=lambda o: (o.ids_per_partition, o.total_time_s(self.d)))  # smallest unlock
                 out.append(
                     f"table {t.name!r}: {best.kind.value} would need {best.ids_per_partition:.0f} ids per SparseCore "
                     f"partition (limit {self.builder.max_ids_per_partition}); planned {chosen.kind.value} instead at "

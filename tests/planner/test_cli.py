@@ -1,0 +1,105 @@
+"""`torchrec-tpu plan` end to end: files in, plan JSON / terminal table / HTML report out."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from torchrec_tpu.planner import load_plan
+from torchrec_tpu.planner.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+DLRM_TABLES = REPO / "examples" / "planner" / "dlrm_dcnv2_tables.yaml"
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def test_cli_subprocess_writes_plan_and_html(tmp_path):
+    out, html = tmp_path / "plan.json", tmp_path / "plan.html"
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torchrec_tpu.planner.cli", "--tables", str(DLRM_TABLES), "--topology", "v5p-64",
+         "--batch-size", "55296", "--max-ids-per-partition", "2048", "--out", str(out), "--html", str(html)],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "v5p-64 (2x4x4, 32 devices" in result.stdout
+    plan = load_plan(out)
+    assert len(plan.tables) == 26 and len(plan.devices) == 32
+    root = ET.parse(html).getroot()  # well-formed XHTML
+    svgs = root.findall(f".//{SVG}svg")
+    assert len(svgs) == 2
+    assert all(len(svg.findall(f"{SVG}rect")) == 32 for svg in svgs)  # one bar per device
+    assert "C21" in html.read_text()
+
+
+def test_cli_is_deterministic(tmp_path):
+    args = ["--tables", str(DLRM_TABLES), "--topology", "v6e-64", "--batch-size", "65536", "--max-ids-per-partition", "4096"]
+    assert main(args + ["--out", str(tmp_path / "a.json")]) == 0
+    assert main(args + ["--out", str(tmp_path / "b.json")]) == 0
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+def test_compare_mode(tmp_path, capsys):
+    code = main(["--tables", str(DLRM_TABLES), "--compare", "v5p-64,v6e-64,tpu7x-64", "--batch-size", "65536",
+                 "--max-ids-per-partition", "4096", "--out", str(tmp_path / "plan.json")])
+    assert code == 0
+    text = capsys.readouterr().out
+    for name in ("v5p-64", "v6e-64", "tpu7x-64"):
+        assert name in text
+        assert len(load_plan(tmp_path / f"plan.{name}.json").devices) == {"v5p-64": 32, "v6e-64": 64, "tpu7x-64": 64}[name]
+
+
+def test_csv_tables_and_pooling_override(tmp_path):
+    csv = tmp_path / "tables.csv"
+    csv.write_text("name,rows,dim,pooling_factor,optimizer\nads,100000,64,2,adagrad\nusers,5000,32,1,sgd\n")
+    out = tmp_path / "plan.json"
+    assert main(["--tables", str(csv), "--topology", "v5p-8", "--batch-size", "1024",
+                 "--pooling-factor", "users=4", "--out", str(out)]) == 0
+    plan = load_plan(out)
+    assert {t.name for t in plan.tables} == {"ads", "users"}
+    assert plan.batch_size == 1024
+
+
+def test_python_model_target(tmp_path, monkeypatch):
+    (tmp_path / "my_model.py").write_text(textwrap.dedent("""
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+        def make_ebc():
+            return EmbeddingBagCollection(tables=[
+                EmbeddingBagConfig(name="t0", embedding_dim=16, num_embeddings=1000, feature_names=["f0"]),
+                EmbeddingBagConfig(name="t1", embedding_dim=32, num_embeddings=50000, feature_names=["f1"]),
+            ], device=__import__("torch").device("meta"))
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "plan.json"
+    assert main(["--tables", "my_model:make_ebc", "--topology", "v6e-8", "--batch-size", "512", "--out", str(out)]) == 0
+    assert [t.name for t in load_plan(out).tables] == ["t0", "t1"]
+
+
+def test_infeasible_table_exits_nonzero_and_names_it(tmp_path, capsys):
+    yaml = tmp_path / "t.yaml"
+    yaml.write_text("- {name: giant, rows: 2000000000, dim: 256, optimizer: adam}\n")
+    assert main(["--tables", str(yaml), "--topology", "v6e-8", "--batch-size", "64"]) == 1
+    err = capsys.readouterr().err
+    assert "'giant'" in err and "shortfall" in err and "GiB" in err
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("- {name: a, rows: 10}\n", "missing required keys"),
+        ("- {name: a, rows: 10, dim: 8, colour: red}\n", "unknown keys"),
+        ("- {name: a, rows: 10, dim: 8, optimizer: lion}\n", "optimizer 'lion' unknown"),
+        ("- {name: a, rows: 10, dim: 8}\n- {name: a, rows: 10, dim: 8}\n", "duplicate table name"),
+    ],
+)
+def test_bad_tables_file(tmp_path, capsys, content, message):
+    path = tmp_path / "t.yaml"
+    path.write_text(content)
+    assert main(["--tables", str(path), "--topology", "v5p-8"]) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,74 @@
+"""Storage and time of each sharding, written out by hand for a 4-chip v5p-8 (D=4, S=4, N=16)."""
+
+import pytest
+
+from torchrec_tpu.planner.cost_model import OptionBuilder, ShardingKind
+from torchrec_tpu.planner.tables import EmbeddingTable
+from torchrec_tpu.topology import parse_accelerator_type
+
+TOPO = parse_accelerator_type("v5p-8")
+BW_SC = 2765e9 * 0.5  # HBM bandwidth x default SparseCore efficiency
+ICI = 600e9  # one direction, per chip
+# 1000 rows, dim 12 -> padded 16; Adagrad: one slot per element -> 4 * 16 * 2 = 128 B per row
+TABLE = EmbeddingTable("t", rows=1000, dim=12, pooling_factor=2.0, optimizer="adagrad")
+BATCH = 64  # local batch 16, 32 ids per device per step
+
+
+@pytest.fixture
+def builder():
+    return OptionBuilder(TOPO, BATCH)
+
+
+def test_row_wise_by_hand(builder):
+    o = builder.row_wise(TABLE)
+    # rows padded to 8 * 16 SparseCores = 128 -> 1024, 256 per device
+    assert o.rows_per_device == 256
+    assert o.uniform.hbm_bytes == 256 * 128
+    assert o.uniform.lookup_s == pytest.approx(32 * (4 * 16 + 2 * 128) / BW_SC)
+    # ids 12 B each + 2 partial sums per sample (P=2 < N) forward and backward, 3/4 leave the device
+    sent = 0.75 * (12 * 32 + 2 * 16 * 2 * 4 * 16)
+    assert sent == 3360
+    hops = 0.5 + 0.5 + 0.0  # 2x2x1 mesh
+    assert o.uniform.comm_s == pytest.approx(sent * hops / ICI)
+    assert o.uniform.buffer_bytes == pytest.approx(sent + 2 * 16 * 4 * 16)
+    assert o.ids_per_partition == pytest.approx(16 / 4 * 2 / 16)
+    assert o.shards == ()
+
+
+def test_table_wise_by_hand(builder):
+    o = builder.column_wise(TABLE, 1)
+    assert o.kind is ShardingKind.TABLE_WISE
+    (shard,) = o.shards
+    assert shard.rows == 1024  # padded to 8 * 4 SparseCores of one device
+    assert shard.load.hbm_bytes == 1024 * 128
+    assert shard.load.lookup_s == pytest.approx(128 * (4 * 16 + 2 * 128) / BW_SC)  # all 128 ids
+    owner_bytes = 3 * (12 * 32 + 16 * 4 * 16)
+    assert shard.load.comm_s == pytest.approx(owner_bytes / ICI)
+    assert o.ids_per_partition == pytest.approx(16 / 4 * 2 / 4)
+
+
+def test_column_wise_and_data_parallel_by_hand(builder):
+    cw = builder.column_wise(TABLE, 2)
+    assert [(s.column_offset, s.columns) for s in cw.shards] == [(0, 8), (8, 8)]
+    assert all(s.load.hbm_bytes == 1024 * 4 * 8 * 2 for s in cw.shards)
+    dp = builder.data_parallel(TABLE)
+    assert dp.uniform.hbm_bytes == 1000 * 128
+    assert dp.uniform.allreduce_s == pytest.approx(4 * 1000 * 16 * 2 * 3 / 4 / ICI)
+
+
+def test_optimizer_slots_change_memory():
+    b = OptionBuilder(TOPO, BATCH)
+    rows = {opt: b.row_wise(EmbeddingTable("t", 1024, 16, optimizer=opt)).uniform.hbm_bytes
+            for opt in ("sgd", "rowwise_adagrad", "adagrad", "adam")}
+    per_row = {"sgd": 64, "rowwise_adagrad": 68, "adagrad": 128, "adam": 192}
+    assert rows == {k: 256 * v for k, v in per_row.items()}
+
+
+@pytest.mark.parametrize("dim, counts", [(8, []), (12, [2]), (17, []), (40, []), (128, [2, 4])])
+def test_column_split_counts(dim, counts):
+    assert OptionBuilder(TOPO, BATCH).column_split_counts(EmbeddingTable("t", 10, dim)) == counts
+
+
+def test_bad_batch():
+    with pytest.raises(ValueError, match="divide evenly over 4 devices"):
+        OptionBuilder(TOPO, 66)

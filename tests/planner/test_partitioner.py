@@ -1,0 +1,154 @@
+"""Placement, memory, infeasible inputs, determinism and plan JSON / TorchRec round trips."""
+
+import random
+import re
+
+import pytest
+
+from torchrec_tpu.planner import PlanningError, load_plan, plan_tables, to_torchrec_sharding_plan
+from torchrec_tpu.planner.cost_model import OptionBuilder
+from torchrec_tpu.planner.tables import EmbeddingTable, tables_from_configs
+from torchrec_tpu.topology import parse_accelerator_type
+
+V5P_8 = parse_accelerator_type("v5p-8")  # 4 devices
+
+
+def _tables(n, seed=0):
+    rng = random.Random(seed)
+    return [EmbeddingTable(f"t{i}", rng.choice([1000, 10**5, 10**6, 5 * 10**6]), rng.choice([16, 64, 128]),
+                           rng.choice([1.0, 4.0, 20.0]), rng.choice(["sgd", "adagrad", "adam"])) for i in range(n)]
+
+
+def test_table_wise_tables_spread_over_devices():
+    tables = [EmbeddingTable(f"t{i}", 4096, 64) for i in range(4)]
+    plan = plan_tables(tables, V5P_8, 64, constraints={t.name: ["table_wise"] for t in tables})
+    devices = sorted(plan.table(t.name).shards[0].device for t in tables)
+    assert devices == [0, 1, 2, 3]  # identical tables: one per device
+    times = {round(d.time_s, 12) for d in plan.devices}
+    assert len(times) == 1  # perfectly balanced
+
+
+def test_longest_first_placement():
+    # a big table and three small ones on two devices: the big one alone, the small ones together
+    topo = parse_accelerator_type("v6e-4x4")  # 16 devices; constrain to table-wise
+    tables = [EmbeddingTable("big", 10**6, 128, 8.0)] + [EmbeddingTable(f"s{i}", 10**4, 128, 1.0) for i in range(20)]
+    plan = plan_tables(tables, topo, 1024, constraints={t.name: ["table_wise"] for t in tables})
+    big_device = plan.table("big").shards[0].device
+    assert plan.devices[big_device].placed_tables == ("big",)
+
+
+def test_memory_arithmetic_row_wise():
+    # two SGD row-wise tables on v5p-8: rows padded to 8 * 16 = 128, dims to 8
+    tables = [EmbeddingTable("a", 1000, 12), EmbeddingTable("b", 130, 8)]
+    plan = plan_tables(tables, V5P_8, 64, constraints={"a": ["row_wise"], "b": ["row_wise"]})
+    a_rows, b_rows = 1024 // 4, 256 // 4
+    expected = a_rows * 16 * 4 + b_rows * 8 * 4
+    assert [d.hbm_bytes for d in plan.devices] == [expected] * 4
+    assert plan.table("a").shards[0].rows == 256 and plan.table("a").padded_dim == 16
+    assert plan.table("a").hbm_bytes == 4 * a_rows * 64
+    # one stack per distinct padded dim
+    assert sorted(s.name for s in plan.stacks) == ["row_wise/d16/sgd/sum", "row_wise/d8/sgd/sum"]
+
+
+def test_stacking_groups_equal_dim_and_optimizer():
+    tables = [EmbeddingTable(f"t{i}", 10**5, 64, optimizer="adagrad") for i in range(3)]
+    tables.append(EmbeddingTable("other", 10**5, 64, optimizer="sgd"))
+    plan = plan_tables(tables, V5P_8, 64, constraints={t.name: ["row_wise"] for t in tables})
+    stacks = {s.name: s.tables for s in plan.stacks}
+    assert stacks == {"row_wise/d64/adagrad/sum": ("t0", "t1", "t2"), "row_wise/d64/sgd/sum": ("other",)}
+    assert all(d.num_stacks == 2 for d in plan.devices)
+
+
+def test_table_too_big_names_it_and_the_shortfall():
+    topo = parse_accelerator_type("v6e-8")  # 8 devices, 32 GiB each, 28.8 GiB usable
+    huge = EmbeddingTable("huge", 2_000_000_000, 128, optimizer="adam")  # 3 floats per element
+    with pytest.raises(PlanningError) as err:
+        plan_tables([huge], topo, 8)
+    message = str(err.value)
+    assert "'huge'" in message
+    # row-wise over 16 SparseCores: 2e9 rows / 8 devices * 128 * 4 B * 3 = 357.63 GiB; usable 28.8
+    shortfall = float(re.search(r"shortfall (\d+\.\d+) GiB", message).group(1))
+    assert shortfall == pytest.approx(2e9 / 8 * 1536 / 2**30 - 28.8, abs=0.01)
+
+
+def test_tables_that_fit_alone_but_not_together():
+    topo = parse_accelerator_type("v6e-8")
+    tables = [EmbeddingTable(f"t{i}", 200_000_000, 128) for i in range(10)]  # 95 GiB each
+    with pytest.raises(PlanningError, match=r"shortfall \d+\.\d+ GiB per device"):
+        plan_tables(tables, topo, 8)
+
+
+def test_id_limit_rejects_and_warns():
+    t = EmbeddingTable("hot", 10**6, 64, pooling_factor=100.0)
+    with pytest.raises(PlanningError, match="ids per SparseCore partition"):
+        plan_tables([t], V5P_8, 4096, constraints={"hot": ["table_wise"]})
+    plan = plan_tables([t], V5P_8, 4096, max_ids_per_partition=256)
+    # row-wise: (1024 / 4) * 100 / 16 = 1600 ids per partition > 256: only data-parallel is left
+    assert plan.table("hot").sharding_type == "data_parallel"
+    assert any("'hot'" in w and "1600" in w for w in plan.warnings)
+    assert plan_tables([t], V5P_8, 4096, max_ids_per_partition=1600).table("hot").sharding_type != "data_parallel"
+
+
+def test_unsupported_constraint():
+    with pytest.raises(PlanningError, match="none of which"):
+        plan_tables([EmbeddingTable("t", 10, 8)], V5P_8, 64, constraints={"t": ["table_row_wise"]})
+
+
+def test_deterministic_and_round_trip(tmp_path):
+    tables = _tables(60)
+    topo = parse_accelerator_type("v5p-32")
+    first = plan_tables(tables, topo, 4096)
+    second = plan_tables(list(tables), topo, 4096)
+    assert first.to_json() == second.to_json()
+    path = tmp_path / "plan.json"
+    first.save(path)
+    loaded = load_plan(path)
+    assert loaded == first
+    assert loaded.to_json() == path.read_text()
+
+
+def test_plan_against_lower_bound_and_memory_limit():
+    tables = _tables(200, seed=1)
+    topo = parse_accelerator_type("v5p-128")
+    plan = plan_tables(tables, topo, 16384)
+    assert plan.lower_bound_s <= plan.step_time_s
+    assert plan.quality < 1.25  # guards against search regressions; typical 1.0-1.1
+    assert plan.max_memory_bytes <= plan.usable_hbm_bytes_per_device
+    # every column of every placed table is covered exactly once
+    for t in plan.tables:
+        covered = sorted((s.column_offset, s.columns) for s in t.shards)
+        assert sum(c for _, c in covered) == t.padded_dim
+
+
+def test_torchrec_sharding_plan_conversion():
+    from torchrec.distributed.types import ParameterSharding
+
+    tables = [EmbeddingTable("rw", 1000, 12), EmbeddingTable("tw", 100, 16), EmbeddingTable("cw", 100, 32)]
+    constraints = {"rw": ["row_wise"], "tw": ["table_wise"], "cw": ["column_wise"]}
+    plan = plan_tables(tables, V5P_8, 64, constraints=constraints)
+    sharding = to_torchrec_sharding_plan(plan, "sparse.ebc").plan["sparse.ebc"]
+    rw: ParameterSharding = sharding["rw"]
+    assert rw.sharding_type == "row_wise" and rw.ranks == [0, 1, 2, 3]
+    sizes = [m.shard_sizes for m in rw.sharding_spec.shards]
+    assert sizes == [[256, 12], [256, 12], [256, 12], [232, 12]]  # 1000 rows in blocks of 1024/4
+    assert sharding["tw"].ranks == [plan.table("tw").shards[0].device]
+    cw = sharding["cw"]
+    assert [m.shard_offsets for m in cw.sharding_spec.shards] == [[0, s.column_offset] for s in plan.table("cw").shards]
+
+
+def test_torchrec_configs_and_parameter_constraints():
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+    configs = [EmbeddingBagConfig(num_embeddings=5000, embedding_dim=32, name="user", feature_names=["u1", "u2"])]
+    (table,) = tables_from_configs(configs, {"user": 3.0}, optimizer="adagrad")
+    assert (table.rows, table.dim, table.num_features, table.pooling_factor, table.optimizer) == (5000, 32, 2, 3.0, "adagrad")
+    plan = plan_tables([table], V5P_8, 64, constraints={"user": ParameterConstraints(sharding_types=["column_wise"])})
+    assert plan.table("user").sharding_type == "column_wise"
+
+
+def test_thousand_tables_plan_quickly_enough_to_run_in_tests():
+    tables = _tables(1000, seed=2)
+    plan = plan_tables(tables, parse_accelerator_type("v5p-512"), 65536, max_ids_per_partition=1024)
+    assert len(plan.devices) == 256 and len(plan.tables) == 1000
+    assert OptionBuilder(parse_accelerator_type("v5p-512"), 65536).d == 256
