@@ -1,0 +1,43 @@
+"""``tpu_dist``: torch.distributed for tpu tensors, and topology-aware device meshes.
+
+Importing this package registers the ``tpu_dist`` c10d backend (tpu and cpu tensors), so standard
+PyTorch parallelism runs unchanged: DDP (``gradient_as_bucket_view`` too), FSDP2 ``fully_shard``,
+DTensor, DCP and TorchRec sharding (uneven ``all_to_all_single``).
+
+Launch one process per tpu device with torchrun::
+
+    torchrun --nproc-per-node=4 examples/distributed/train_ddp.py
+
+and in each process::
+
+    import torch.distributed as dist
+    import torch_tpu.distributed as tpu_dist
+
+    dist.init_process_group("tpu_dist")            # reads RANK / WORLD_SIZE / MASTER_ADDR
+    layout = tpu_dist.topology_aware_mesh({"dp": 2, "tp": 2})
+    mesh = layout.device_mesh("tpu")              # or "cpu"
+
+Collectives are queued on one ordered worker thread per group and return async ``Work``; the
+transport (gloo on host copies today, see :mod:`torch_tpu.distributed.transport`) enforces the
+group timeout, so a dead or stalled peer raises :class:`CollectiveError` instead of hanging.
+"""
+
+from torch_tpu.distributed.backend import register_backend
+from torch_tpu.distributed.mesh import MeshLayout, SliceTopology, topology_aware_mesh
+from torch_tpu.distributed.process_group import BACKEND_NAME, ProcessGroupTPU
+from torch_tpu.distributed.transport import GlooTransport, Transport
+from torch_tpu.distributed.worker import CollectiveError
+
+register_backend()
+
+__all__ = [
+    "BACKEND_NAME",
+    "CollectiveError",
+    "GlooTransport",
+    "MeshLayout",
+    "ProcessGroupTPU",
+    "SliceTopology",
+    "Transport",
+    "register_backend",
+    "topology_aware_mesh",
+]
