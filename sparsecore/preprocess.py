@@ -142,7 +142,7 @@ def _coo_entries(stack: StackedTable, inputs: Mapping[str, FeatureInput], chunks
         x = inputs[fp.feature]
         per_chunk = fp.batch_size // chunks
         sample = np.repeat(np.arange(fp.batch_size, dtype=np.int64), x.lengths)
-        gain = _combined_gains(x.weights, x.lengths, sample, stack.combiner)
+        gain = combined_gains(x.weights, x.lengths, sample, stack.combiner)
         parts.append((
             sample // per_chunk,
             (x.ids % n + fp.col_shift) % n,
@@ -153,7 +153,7 @@ def _coo_entries(stack: StackedTable, inputs: Mapping[str, FeatureInput], chunks
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(5))
 
 
-def _combined_gains(weights: np.ndarray, lengths: np.ndarray, sample: np.ndarray, combiner: str) -> np.ndarray:
+def combined_gains(weights: np.ndarray, lengths: np.ndarray, sample: np.ndarray, combiner: str) -> np.ndarray:
     """Fold the combiner into per-id gains, rounding like jax-tpu-embedding's C++ (float32
     running sums in id order; sqrtn accumulates w^2 with fused multiply-add)."""
     if combiner == "sum":

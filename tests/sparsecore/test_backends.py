@@ -21,8 +21,8 @@ OPTIMIZERS = {
 }
 
 
-def _plan(optimizer, combiner, topology=SparseCoreTopology("v5p", 2)):
-    tables = [TableSpec("ta", 200, 8, combiner, optimizer), TableSpec("tb", 61, 5, combiner, optimizer),
+def _plan(optimizer, combiner, topology=SparseCoreTopology("v5p", 2), tb_dim=5):
+    tables = [TableSpec("ta", 200, 8, combiner, optimizer), TableSpec("tb", 61, tb_dim, combiner, optimizer),
               TableSpec("tc", 40, 12, combiner, optimizer)]
     features = [FeatureSpec("fa", "ta", 16, weighted=True), FeatureSpec("fb", "tb", 16, weighted=True),
                 FeatureSpec("fa2", "ta", 16), FeatureSpec("fc", "tc", 16, weighted=True)]
@@ -60,3 +60,47 @@ def test_xla_backend_matches_reference(optimizer):
 @pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
 def test_xla_backend_combiners(combiner):
     _check_against_reference("xla", _plan(OPTIMIZERS["adagrad"], combiner, SparseCoreTopology("v6e", 1)))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad"])
+@pytest.mark.parametrize("combiner", ["sum", "sqrtn"])
+def test_fbgemm_backend_matches_reference(optimizer, combiner):
+    tb_dim = 4 if optimizer == "rowwise_adagrad" else 5  # FBGEMM averages g^2 over dims padded to 4
+    _check_against_reference("fbgemm", _plan(OPTIMIZERS[optimizer], combiner, tb_dim=tb_dim))
+
+
+def test_fbgemm_rowwise_adagrad_needs_dims_multiple_of_4():
+    with pytest.raises(ValueError, match="multiples of 4; tables \\['tb'\\]"):
+        make_backend("fbgemm", _plan(OPTIMIZERS["rowwise_adagrad"], "sum"))
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "ftrl"])
+def test_fbgemm_backend_rejects_optimizers_without_cpu_kernel(optimizer):
+    with pytest.raises(ValueError, match=f"no fused {optimizer} kernel; use the xla backend"):
+        make_backend("fbgemm", _plan(OPTIMIZERS[optimizer], "sum"))
+
+
+def test_backends_agree_with_each_other_on_mean():
+    plan = _plan(OPTIMIZERS["rowwise_adagrad"], "mean", tb_dim=4)
+    weights = {name: spec.init_weights(seed=3) for name, spec in plan.tables.items()}
+    backends = [make_backend(name, plan, weights) for name in ("xla", "fbgemm")]
+    inputs = feature_inputs(random_kjt(plan, seed=5, max_hot=8, id_range=25), plan.features, plan.tables)
+    grads = {f.name: torch.ones(f.batch_size, plan.tables[f.table].dim) for f in plan.features}
+    for backend in backends:
+        _, context = backend.forward(inputs)
+        backend.backward(context, grads)
+    a, b = (backend.table_weights() for backend in backends)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-5)
+
+
+def test_wrong_gradient_shape_is_rejected():
+    plan = _plan(OPTIMIZERS["sgd"], "sum")
+    backend = make_backend("xla", plan)
+    _, context = backend.forward(feature_inputs(random_kjt(plan, seed=0), plan.features, plan.tables))
+    grads = {f.name: torch.zeros(f.batch_size, plan.tables[f.table].dim) for f in plan.features}
+    grads["fb"] = torch.zeros(16, 8)
+    with pytest.raises(ValueError, match="feature 'fb': gradient shape \\(16, 8\\) != \\(16, 5\\)"):
+        backend.backward(context, grads)
+    with pytest.raises(ValueError, match="unknown backend 'cuda'"):
+        make_backend("cuda", plan)
