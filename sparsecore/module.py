@@ -1,0 +1,80 @@
+"""``SparseCoreEmbeddingBagCollection``: a KJT in, pooled activations (KeyedTensor) out, with the
+fused optimizer update running when autograd reaches the lookup in ``loss.backward()``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from sparsecore.backends import make_backend
+from sparsecore.backends.base import Backend
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
+from sparsecore.stacking import plan_stacking
+from sparsecore.validation import feature_inputs
+
+
+class _FusedLookup(torch.autograd.Function):
+    """Forward: backend lookup. Backward: the backend's fused update; no gradient is returned
+    for the tables themselves (they are updated in place, as on the SparseCores)."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, backend: Backend, inputs: dict, names: list[str]) -> torch.Tensor:
+        activations, context = backend.forward(inputs)
+        ctx.backend, ctx.context, ctx.names = backend, context, names
+        ctx.dims = [activations[n].shape[1] for n in names]
+        return torch.cat([activations[n] for n in names], dim=1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        parts = torch.split(grad.contiguous(), ctx.dims, dim=1)
+        ctx.backend.backward(ctx.context, dict(zip(ctx.names, parts)))
+        return None, None, None, None
+
+
+class SparseCoreEmbeddingBagCollection(nn.Module):
+    """Pooled embedding lookups for ``features`` over ``tables`` on a SparseCore ``topology``.
+
+    ``backend`` is "xla" (JAX, SparseCore semantics), "fbgemm" (FBGEMM TBE on the host) or
+    "tpu" (jax-tpu-embedding's SparseCore kernels; TPU only). All features share one batch size.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableSpec],
+        features: Sequence[FeatureSpec],
+        topology: SparseCoreTopology = SparseCoreTopology(),
+        *,
+        backend: str = "xla",
+        id_policy: str = "error",
+        seed: int = 0,
+        **backend_options: Any,
+    ):
+        super().__init__()
+        batch_sizes = {f.batch_size for f in features}
+        if len(batch_sizes) != 1:
+            raise ValueError(f"all features need one batch size for a KeyedTensor output, got {sorted(batch_sizes)}")
+        self.plan = plan_stacking(tables, features, topology)
+        self.backend = make_backend(backend, self.plan, seed=seed, **backend_options)
+        self.id_policy = id_policy
+        self._names = [f.name for f in features]
+        # Autograd only calls a Function's backward if an input requires grad: this empty
+        # parameter is that input (it never receives a gradient).
+        self._anchor = nn.Parameter(torch.empty(0), requires_grad=True)
+
+    def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
+        inputs = feature_inputs(kjt, self.plan.features, self.plan.tables, self.id_policy)
+        if torch.is_grad_enabled():
+            values = _FusedLookup.apply(self._anchor, self.backend, inputs, self._names)
+        else:
+            activations, _ = self.backend.forward(inputs)
+            values = torch.cat([activations[n] for n in self._names], dim=1)
+        dims = [self.plan.tables[f.table].dim for f in self.plan.features]
+        return KeyedTensor(keys=self._names, length_per_key=dims, values=values)
+
+    def embedding_weights(self) -> dict[str, torch.Tensor]:
+        """Current weights of every table, [vocab, dim] (copies)."""
+        return self.backend.table_weights()
