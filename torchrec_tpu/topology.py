@@ -16,8 +16,10 @@ floor(n^2/4)/n`` on a ring (wraparound) and ``(n^2-1)/(3n)`` on a line. Every ch
 (``ici_bw``: one direction, all links). Wraparound exists on dims of slices that are whole cubes
 (v5p/tpu7x: multiples of 4x4x4 via the optical switches) or the full v6e pod (16x16); smaller
 slices are meshes (Cloud TPU docs, "3D torus *" footnote). With S > 1 slices, a fraction
-``(S-1)/S`` of the bytes also crosses DCN at ``dcn_bw`` per chip. Each collective pays
-``collective_latency_s`` once.
+``(S-1)/S`` of the bytes also crosses DCN at ``dcn_bw`` per chip. Traffic into or out of one
+device (a table-wise owner) is limited by that device's share of its chip's links:
+``bytes * devices_per_chip / ici_bw``. An all-reduce moves ``2 (C-1)/C`` bytes per byte of
+gradient through each of the C chips. Each collective pays ``collective_latency_s`` once.
 
 Constants that are not published (SparseCore share of HBM bandwidth, per-kernel overhead,
 collective latency, HBM reserved for the dense model and XLA) live in ``CostConstants`` with
@@ -185,9 +187,13 @@ class TPUTopology:
 
     @property
     def allreduce_seconds_per_byte(self) -> float:
-        """Seconds per byte of a bandwidth-optimal all-reduce: 2 (D-1)/D bytes cross each chip."""
-        d = self.num_devices
-        return 2.0 * (d - 1) / d * self.hotspot_seconds_per_byte if d > 1 else 0.0
+        """Seconds per byte of a bandwidth-optimal all-reduce over C chips: 2 (C-1)/C bytes leave
+        each chip (a chip's devices reduce among themselves first, over the die-to-die link)."""
+        c = self.num_chips
+        if c == 1:
+            return 0.0
+        dcn = (self.num_slices - 1) / self.num_slices / self.chip.dcn_bandwidth_bytes_per_s if self.num_slices > 1 else 0.0
+        return 2.0 * (c - 1) / c * (1.0 / self.chip.ici_bandwidth_bytes_per_s + dcn)
 
     @property
     def _dcn_seconds_per_byte(self) -> float:

@@ -179,23 +179,31 @@ class OptionBuilder:
         return ShardingOption(t, ShardingKind.ROW_WISE, uniform, (), rows, dp, self._partition_ids(t, self.n))
 
     def column_wise(self, t: EmbeddingTable, num_shards: int) -> ShardingOption:
-        """``num_shards`` == 1 is table-wise."""
+        """``num_shards`` equal blocks of the padded dim; ``num_shards`` == 1 is table-wise."""
         dp = round_up(t.dim, ALIGNMENT)
         width = dp // num_shards
         if width * num_shards != dp or width % ALIGNMENT:
             raise ValueError(f"table {t.name!r}: padded dim {dp} does not split into {num_shards} blocks of 8k")
+        return self.column_blocks(t, [width] * num_shards)
+
+    def column_blocks(self, t: EmbeddingTable, widths: list[int]) -> ShardingOption:
+        """Column blocks of the given widths (each padded to 8), each on one device."""
         rows = round_up(t.rows, ALIGNMENT * self.s)
         ids = self._ids_per_device(t)
-        act = self.local_batch * t.num_features * ACTIVATION_BYTES * width
-        per_device = CSR_BYTES_PER_ID * ids + 2 * act
-        owner_bytes = (self.d - 1) * (CSR_BYTES_PER_ID * ids + act)
-        owner = Load(hbm_bytes=rows * row_bytes(t, width), buffer_bytes=owner_bytes,
-                     lookup_s=self._lookup_seconds(t, ids * self.d, width), comm_s=owner_bytes * self.t_h)
-        shards = tuple(ShardCost(i * width, width, rows, owner) for i in range(num_shards))
-        uniform = Load(buffer_bytes=num_shards * per_device + self._output_buffers(t, dp),
-                       comm_s=num_shards * per_device * self.t_u if self.d > 1 else 0.0)
-        kind = ShardingKind.TABLE_WISE if num_shards == 1 else ShardingKind.COLUMN_WISE
-        return ShardingOption(t, kind, uniform, shards, 0, dp, self._partition_ids(t, self.s))
+        shards, uniform, offset = [], Load(), 0
+        for raw in widths:
+            width = round_up(raw, ALIGNMENT)
+            act = self.local_batch * t.num_features * ACTIVATION_BYTES * width
+            per_device = CSR_BYTES_PER_ID * ids + 2 * act
+            owner_bytes = (self.d - 1) * (CSR_BYTES_PER_ID * ids + act)
+            owner = Load(hbm_bytes=rows * row_bytes(t, width), buffer_bytes=owner_bytes,
+                         lookup_s=self._lookup_seconds(t, ids * self.d, width), comm_s=owner_bytes * self.t_h)
+            shards.append(ShardCost(offset, width, rows, owner))
+            uniform = uniform + Load(buffer_bytes=per_device + self._output_buffers(t, width),
+                                     comm_s=per_device * self.t_u if self.d > 1 else 0.0)
+            offset += width
+        kind = ShardingKind.TABLE_WISE if len(widths) == 1 else ShardingKind.COLUMN_WISE
+        return ShardingOption(t, kind, uniform, tuple(shards), 0, offset, self._partition_ids(t, self.s))
 
     def data_parallel(self, t: EmbeddingTable) -> ShardingOption:
         dp = round_up(t.dim, ALIGNMENT)

@@ -136,6 +136,16 @@ class Partitioner:
         self._relieve_slowest(options)
         return self._build_plan(tables, target)
 
+    def evaluate(self, tables: Sequence[EmbeddingTable],
+                 assignments: Mapping[str, tuple[ShardingOption, tuple[int, ...]]]) -> Plan:
+        """Cost a fixed assignment (table -> option, device per shard), e.g. TorchRec's plan."""
+        missing = sorted({t.name for t in tables} - set(assignments))
+        if missing:
+            raise PlanningError(f"assignment lacks tables {missing}")
+        total_min = sum(min(o.total_time_s(self.d) for o in self.feasible_options(t)) for t in tables)
+        self.choices = {name: _Choice(option, devices) for name, (option, devices) in assignments.items()}
+        return self._build_plan(tables, total_min / self.d)
+
     def _option_order(self, o: ShardingOption) -> tuple[float, float]:
         return (o.max_shard_time_s, o.total_time_s(self.d))
 
@@ -203,7 +213,8 @@ class Partitioner:
                 return
         raise PlanningError(
             f"table {name!r}: no device has room left for any of its shardings on {self.topology.name} "
-            f"(usable {self.usable / GIB:.2f} GiB per device); the tables together exceed the slice's HBM"
+            f"(usable {self.usable / GIB:.2f} GiB per device) after placing the larger tables; HBM is nearly full, "
+            f"use a larger slice"
         )
 
     def _mean_memory(self, o: ShardingOption) -> float:
