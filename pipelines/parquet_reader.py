@@ -88,8 +88,10 @@ class ParquetBatchReader:
         groups: list[RowGroup] = []
         first_row = 0
         for path in self.files:
-            metadata = pq.ParquetFile(path).metadata
-            missing = [n for n in self.schema.column_names if n not in metadata.schema.names]
+            parquet_file = pq.ParquetFile(path)
+            metadata = parquet_file.metadata
+            names = parquet_file.schema_arrow.names
+            missing = [n for n in self.schema.column_names if n not in names]
             if missing:
                 raise ValueError(f"{path}: columns {missing} of the schema are missing")
             for index in range(metadata.num_row_groups):

@@ -265,7 +265,8 @@ def default_dataset(
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
     try:
         generate(config, staging, progress=progress)
-        (staging / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=1))
+        # The "_" prefix keeps the provenance file out of pyarrow datasets of the directory.
+        (staging / "_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=1))
         os.rename(staging, target)
     except OSError:
         if not target.is_dir():  # another process finishing first is fine; anything else is not

@@ -1,0 +1,112 @@
+"""``torchrec-tpu data``: prepare datasets (``convert`` text logs to Parquet, ``generate`` synthetic).
+
+Follows the CLI contract: ``add_arguments(parser)`` and ``run(args) -> int``; pyarrow, numpy and
+the rest are imported inside ``run`` so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser, rows_per_file: int, row_group_size: int) -> None:
+    parser.add_argument("--output", "-o", type=Path, required=True, help="empty output directory")
+    parser.add_argument("--rows-per-file", type=_positive_int, default=rows_per_file)
+    parser.add_argument("--row-group-size", type=_positive_int, default=row_group_size)
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
+
+    convert = commands.add_parser(
+        "convert",
+        help="convert Criteo TSV (headerless) / CSV (with header) logs to Parquet",
+        description="Convert Criteo text logs to Parquet, streaming, with every row accounted for.",
+    )
+    convert.add_argument("inputs", nargs="+", type=Path, help="text files (.gz etc. are decompressed)")
+    _add_output_arguments(convert, rows_per_file=1 << 22, row_group_size=1 << 17)
+    convert.add_argument(
+        "--format", choices=("auto", "tsv", "csv"), default="auto",
+        help="auto: *.csv has a header, anything else is headerless TSV (default)",
+    )
+    convert.add_argument(
+        "--on-bad-row", choices=("error", "skip"), default="error",
+        help="stop at the first malformed row (default) or count and skip such rows",
+    )
+
+    generate = commands.add_parser(
+        "generate",
+        help="write a synthetic Criteo-like dataset (Zipf ids, missing values, learnable labels)",
+        description="Write a deterministic synthetic Criteo-like dataset as Parquet.",
+    )
+    _add_output_arguments(generate, rows_per_file=1 << 18, row_group_size=1 << 16)
+    generate.add_argument("--rows", type=_positive_int, default=1_000_000)
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument(
+        "--max-cardinality", type=_positive_int, default=100_000,
+        help="cap on each MLPerf DLRM-DCNv2 table size",
+    )
+    generate.add_argument("--zipf-exponent", type=float, default=1.05)
+    generate.add_argument(
+        "--multi-hot", default="", help="comma-separated categorical columns stored as list<int64>"
+    )
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from pipelines.convert import convert_to_parquet
+    from pipelines.text_reader import CSV, TSV, BadRowError
+
+    text_format = {"auto": None, "tsv": TSV, "csv": CSV}[args.format]
+    try:
+        report = convert_to_parquet(
+            args.inputs,
+            args.output,
+            text_format=text_format,
+            on_bad_row=args.on_bad_row,
+            rows_per_file=args.rows_per_file,
+            row_group_size=args.row_group_size,
+            progress=not args.no_progress,
+        )
+    except (BadRowError, FileNotFoundError, FileExistsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(report.summary())
+    for bad_row in report.bad_rows:
+        print(f"  skipped {bad_row}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from pipelines.synthetic import SyntheticConfig, generate
+
+    config = SyntheticConfig(
+        num_rows=args.rows,
+        seed=args.seed,
+        max_cardinality=args.max_cardinality,
+        zipf_exponent=args.zipf_exponent,
+        multi_hot=tuple(name for name in args.multi_hot.split(",") if name),
+        rows_per_file=args.rows_per_file,
+        row_group_size=args.row_group_size,
+    )
+    try:
+        files = generate(config, args.output, progress=not args.no_progress)
+    except FileExistsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {config.num_rows} rows to {len(files)} Parquet files in {args.output}")
+    print(f"table sizes (num_embeddings_per_feature): {','.join(map(str, config.table_sizes))}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"convert": _convert, "generate": _generate}[args.data_command](args)

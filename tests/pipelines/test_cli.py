@@ -1,0 +1,38 @@
+import argparse
+
+import pyarrow.parquet as pq
+
+from pipelines import cli
+from pipelines.synthetic import SyntheticConfig
+from tests.pipelines.reference import reference_rows, sample_fields, write_tsv
+
+
+def _run(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="torchrec-tpu data")
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(list(argv)))
+
+
+def test_convert_csv_and_tsv(sample_csv, tmp_path, capsys):
+    assert _run("convert", str(sample_csv), "-o", str(tmp_path / "a"), "--no-progress") == 0
+    assert "read 200 rows, wrote 200" in capsys.readouterr().out
+    assert pq.read_table(tmp_path / "a").to_pylist() == reference_rows(sample_csv)
+
+    fields = sample_fields(sample_csv)
+    fields[3][7] = "x"  # I7 of line 4
+    tsv = write_tsv(fields, tmp_path / "day_0.txt")
+    assert _run("convert", str(tsv), "-o", str(tmp_path / "b"), "--no-progress") == 1
+    assert f"{tsv}:4: column I7" in capsys.readouterr().err
+    argv = ["convert", str(tsv), "-o", str(tmp_path / "c"), "--format", "tsv", "--on-bad-row", "skip"]
+    assert _run(*argv, "--no-progress") == 0
+    out = capsys.readouterr().out
+    assert "wrote 199" in out and "skipped 1 malformed rows" in out and f"{tsv}:4" in out
+
+
+def test_generate_matches_library_config(tmp_path, capsys):
+    argv = ["generate", "-o", str(tmp_path), "--rows", "1000", "--seed", "3", "--max-cardinality", "64"]
+    assert _run(*argv, "--multi-hot", "C5", "--row-group-size", "256", "--no-progress") == 0
+    table = pq.read_table(tmp_path)
+    config = SyntheticConfig(num_rows=1000, seed=3, max_cardinality=64, multi_hot=("C5",))
+    assert table.num_rows == 1000 and table.schema == config.schema.arrow_schema()
+    assert ",".join(map(str, config.table_sizes)) in capsys.readouterr().out
