@@ -19,7 +19,14 @@ import torch
 
 from sparsecore.backends.base import Backend, check_grads, initial_slot
 from sparsecore.backends.xla_optimizers import apply_update
-from sparsecore.preprocess import ALIGN, PreprocessedBatch, coo_buffer_size_per_device, preprocess_inputs, row_pointers_per_sc
+from sparsecore.preprocess import (
+    ALIGN,
+    PreprocessedBatch,
+    StackCSR,
+    coo_buffer_size_per_device,
+    preprocess_inputs,
+    row_pointers_per_sc,
+)
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput
 
@@ -117,9 +124,7 @@ class XlaBackend(Backend):
         batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
         out = {}
         for stack in self.plan.stacks:
-            csr = batch.stacks[stack.name]
-            activations = stack_forward(self._geometry[stack.name], self._tables[stack.name], csr.row_pointers,
-                                        csr.embedding_ids, csr.sample_ids, csr.gains)
+            activations = self._lookup(stack, batch.stacks[stack.name])
             for fp in stack.features:
                 rows = self._rows_of_feature[stack.name][fp.feature]
                 out[fp.feature] = to_torch(activations[rows, : self.plan.tables[fp.table].dim])
@@ -134,11 +139,19 @@ class XlaBackend(Backend):
             for fp in stack.features:
                 rows = self._rows_of_feature[stack.name][fp.feature]
                 activation_grad[rows, : self.plan.tables[fp.table].dim] = grads[fp.feature].detach().numpy()
-            csr = context.stacks[stack.name]
-            self._tables[stack.name], self._slots[stack.name] = stack_backward(
-                geo, stack.optimizer, self._tables[stack.name], self._slots[stack.name], self._row_dims[stack.name],
-                jnp.int32(self.steps), activation_grad, csr.row_pointers, csr.embedding_ids, csr.sample_ids, csr.gains,
-            )
+            self._update(stack, context.stacks[stack.name], activation_grad)
+
+    def _lookup(self, stack: StackedTable, csr: StackCSR) -> jax.Array:
+        """Stacked activations [chunks * samples_per_chunk, dim], device-major."""
+        return stack_forward(self._geometry[stack.name], self._tables[stack.name], csr.row_pointers,
+                             csr.embedding_ids, csr.sample_ids, csr.gains)
+
+    def _update(self, stack: StackedTable, csr: StackCSR, activation_grad: np.ndarray) -> None:
+        self._tables[stack.name], self._slots[stack.name] = stack_backward(
+            self._geometry[stack.name], stack.optimizer, self._tables[stack.name], self._slots[stack.name],
+            self._row_dims[stack.name], jnp.int32(self.steps), activation_grad, csr.row_pointers,
+            csr.embedding_ids, csr.sample_ids, csr.gains,
+        )
 
     def table_weights(self) -> dict[str, torch.Tensor]:
         out = {}

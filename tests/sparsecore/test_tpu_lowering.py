@@ -1,0 +1,40 @@
+"""The tpu backend's programs lower to jax-tpu-embedding's SparseCore custom calls (they can
+only execute on a TPU); on this machine constructing the backend fails with a clear error."""
+
+import pytest
+
+pytest.importorskip("jax_tpu_embedding")
+
+from sparsecore import optimizers as opt  # noqa: E402
+from sparsecore.backends import make_backend  # noqa: E402
+from sparsecore.backends.tpu import lowered_programs  # noqa: E402
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec  # noqa: E402
+from sparsecore.stacking import plan_stacking  # noqa: E402
+
+
+def _plan(optimizer, topology=SparseCoreTopology("v5p", 1)):
+    tables = [TableSpec("a", 1000, 16, "mean", optimizer), TableSpec("b", 100, 12, "mean", optimizer)]
+    return plan_stacking(tables, [FeatureSpec("fa", "a", 32), FeatureSpec("fb", "b", 32)], topology)
+
+
+@pytest.mark.parametrize("optimizer, slots", [
+    (opt.SGD(0.1), 0), (opt.Adagrad(0.1), 1), (opt.Adam(0.01), 2), (opt.FTRL(0.1), 2)])
+def test_programs_lower_to_sparsecore_custom_calls(optimizer, slots):
+    plan = _plan(optimizer)
+    forward, backward = lowered_programs(plan, "a_b")
+    assert "custom_call @SparseDenseMatmulOp" in forward
+    assert "DEVICE_TYPE_SPARSECORE" in forward and "max_ids_per_partition" in forward
+    assert "custom_call @SparseDenseMatmulGradOpWithOptimizerUpdate" in backward
+    assert f"{optimizer.name}-a_b" in backward  # the optimizer's update computation, named per stack
+    # updated table + slots come back from one fused call
+    assert backward.count("stablehlo.get_tuple_element") == 1 + slots
+
+
+def test_rowwise_adagrad_has_no_sparsecore_kernel():
+    with pytest.raises(ValueError, match="no row-wise Adagrad SparseCore kernel"):
+        lowered_programs(_plan(opt.RowWiseAdagrad(0.1)), "a_b")
+
+
+def test_backend_needs_tpu_devices():
+    with pytest.raises(RuntimeError, match="needs 1 TPU devices .* use backend='xla'"):
+        make_backend("tpu", _plan(opt.SGD(0.1)))
