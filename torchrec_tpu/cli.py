@@ -1,7 +1,8 @@
 """`torchrec-tpu` command line: one entry point, one subcommand per job.
 
-Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
-modules keep heavy imports (torch, jax, ray) inside ``run`` so ``--help`` stays fast.
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``.
+Only the chosen subcommand's module is imported, so ``torchrec-tpu --help`` stays instant even
+though the jobs themselves pull in torch, jax and ray.
 """
 
 from __future__ import annotations
@@ -14,25 +15,31 @@ from typing import Sequence
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("torchrec_tpu.train.cli", "train DLRM end to end (default: embedded synthetic data)"),
+    "plan": ("torchrec_tpu.planner.cli", "plan embedding-table sharding onto a TPU slice"),
+    "data": ("pipelines.cli", "prepare data: convert Criteo TSV/CSV to Parquet, generate synthetic"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    """The top-level parser; only ``command``'s module (if any) is imported to fill its arguments."""
     parser = argparse.ArgumentParser(
         prog="torchrec-tpu",
         description="Recommendation models on Cloud TPU: train, plan, infer, profile.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(sub)
-        sub.set_defaults(_run=module.run)
+        if name == command:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub)
+            sub.set_defaults(_run=module.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
     return int(args._run(args) or 0)
 
 

@@ -1,0 +1,35 @@
+"""The `torchrec-tpu` dispatcher: every subcommand is reachable and documents itself."""
+
+import subprocess
+import sys
+
+import pytest
+
+from torchrec_tpu.cli import SUBCOMMANDS, main
+
+
+def test_top_level_help_lists_every_subcommand_without_importing_jobs():
+    code = (
+        "import sys\n"
+        "from torchrec_tpu.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'top-level --help must not import torch'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    for name in SUBCOMMANDS:
+        assert name in out.stdout
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_subcommand_help(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    assert f"torchrec-tpu {command}" in capsys.readouterr().out
+
+
+def test_unknown_subcommand_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["no-such-job"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
