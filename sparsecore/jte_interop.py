@@ -79,17 +79,29 @@ def jte_feature_specs(plan: StackingPlan) -> dict[str, embedding_spec.FeatureSpe
     return out
 
 
+def jte_inputs(inputs: Mapping[str, FeatureInput], plan: StackingPlan) -> tuple[dict, dict]:
+    """Feature ids and weights as jax-tpu-embedding's ragged inputs (object arrays of rows)."""
+    features, weights = {}, {}
+    for f in plan.features:
+        x = inputs[f.name]
+        splits = np.cumsum(x.lengths)[:-1]
+        features[f.name] = _object_array(np.split(x.ids.astype(np.int32), splits))
+        weights[f.name] = _object_array(np.split(x.weights.astype(np.float32), splits))
+    return features, weights
+
+
 def jte_preprocess(
     inputs: Mapping[str, FeatureInput], plan: StackingPlan, *, allow_id_dropping: bool = False
 ) -> tuple[embedding.PreprocessedInput, embedding.SparseDenseMatmulInputStats]:
-    """Run jax-tpu-embedding's C++ preprocessing on the same inputs (ragged object arrays)."""
-    specs = jte_feature_specs(plan)
-    features, weights = {}, {}
-    for name in specs:
-        x = inputs[name]
-        splits = np.cumsum(x.lengths)[:-1]
-        features[name] = _object_array(np.split(x.ids.astype(np.int32), splits))
-        weights[name] = _object_array(np.split(x.weights.astype(np.float32), splits))
+    """Run jax-tpu-embedding's C++ preprocessing on the same inputs."""
+    return jte_preprocess_ragged(*jte_inputs(inputs, plan), jte_feature_specs(plan), plan,
+                                 allow_id_dropping=allow_id_dropping)
+
+
+def jte_preprocess_ragged(
+    features: dict, weights: dict, specs: dict, plan: StackingPlan, *, allow_id_dropping: bool = False
+) -> tuple[embedding.PreprocessedInput, embedding.SparseDenseMatmulInputStats]:
+    """jax-tpu-embedding's C++ preprocessing on inputs already in its ragged format."""
     devices = plan.topology.num_devices
     return embedding.preprocess_sparse_dense_matmul_input(
         features, weights, specs, local_device_count=devices, global_device_count=devices,
