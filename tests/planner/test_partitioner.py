@@ -152,3 +152,46 @@ def test_thousand_tables_plan_quickly_enough_to_run_in_tests():
     plan = plan_tables(tables, parse_accelerator_type("v5p-512"), 65536, max_ids_per_partition=1024)
     assert len(plan.devices) == 256 and len(plan.tables) == 1000
     assert OptionBuilder(parse_accelerator_type("v5p-512"), 65536).d == 256
+
+
+def test_sparsecore_specs_convert():
+    from sparsecore.optimizers import Adagrad
+    from sparsecore.specs import FeatureSpec, TableSpec
+
+    from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
+
+    specs = [TableSpec("items", vocab_size=10_000, dim=24, combiner="mean", optimizer=Adagrad(learning_rate=0.1))]
+    features = [FeatureSpec("clicked", "items", batch_size=64, max_ids_per_sample=4),
+                FeatureSpec("viewed", "items", batch_size=64, max_ids_per_sample=2)]
+    (table,) = tables_from_sparsecore_specs(specs, features)
+    assert (table.rows, table.dim, table.combiner, table.optimizer) == (10_000, 24, "mean", "adagrad")
+    assert (table.num_features, table.pooling_factor) == (2, 3.0)
+    assert tables_from_configs(specs)[0].num_features == 1
+
+
+def test_tpu7x_all_reduce_counts_chips_not_devices():
+    t7 = parse_accelerator_type("tpu7x-8")  # 4 chips, 8 devices
+    assert t7.allreduce_seconds_per_byte == pytest.approx(2 * 3 / 4 / 600e9)
+
+
+def test_torchrec_planner_on_tpu_cost_model():
+    from torchrec_tpu.planner.partitioner import Partitioner
+    from torchrec_tpu.planner.torchrec_adapter import (
+        SparseCoreShardEstimator,
+        assignments_from_torchrec,
+        plan_with_torchrec,
+        torchrec_topology,
+    )
+
+    tables = _tables(8, seed=3)
+    module_plan = plan_with_torchrec(tables, V5P_8, 1024, 4096)
+    assert set(module_plan) == {t.name for t in tables}
+    assert torchrec_topology(V5P_8).compute_device == "mtia" and torchrec_topology(V5P_8).world_size == 4
+    scorer = Partitioner(V5P_8, 1024, 4096)
+    theirs = scorer.evaluate(tables, assignments_from_torchrec(module_plan, tables, scorer.builder))
+    ours = plan_tables(tables, V5P_8, 1024, 4096)
+    assert theirs.lower_bound_s == pytest.approx(ours.lower_bound_s)
+    assert theirs.step_time_s >= theirs.lower_bound_s
+    # the estimator prices a row-wise shard exactly as the cost model's per-device row-wise load
+    est = SparseCoreShardEstimator(None, tables={t.name: t for t in tables}, builder=scorer.builder)
+    assert est.shard_load(tables[0], "row_wise", [0, 0]) == scorer.builder.row_wise(tables[0]).uniform

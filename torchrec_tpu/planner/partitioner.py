@@ -7,14 +7,15 @@ is a longest-processing-time placement plus local moves, O(T * options * D):
 1. Options per table (``cost_model.OptionBuilder``), filtered by user constraints, the id limit
    and memory. Row-wise / data-parallel options load every device equally ("uniform"); table-
    and column-wise shards load one device each ("placed").
-2. Each table starts on its option with the least total work (the choice perfect balance would
-   make), unless one of its shards alone exceeds the average device load; then the cheapest option
-   with small enough shards (row-wise always qualifies).
+2. Options are chosen against a fluid estimate of the step time (uniform load + the placed work
+   spread evenly, but never less than the largest shard), then swapped for leaner ones if the
+   average device would run out of HBM.
 3. Shards are placed largest first on the least-loaded device with memory room (LPT).
 4. Local moves: uniform tables that fit in the valleys of the placed load become placed; tables
    on the slowest device are moved or re-sharded while that lowers the slowest device's time.
 
-Quality is reported against the lower bound sum_t min_option work(t) / D (perfect balance).
+Quality is reported against the lower bound max(sum_t min_option work(t) / D, max_t min_option
+(uniform + largest shard)): perfect balance, or one table's unavoidable footprint.
 """
 
 from __future__ import annotations
@@ -118,14 +119,12 @@ class Partitioner:
         if len(set(names)) != len(names):
             raise PlanningError("duplicate table names")
         options = {t.name: self.feasible_options(t) for t in _progress(tables, progress, "costing tables")}
-        total_min = sum(min(o.total_time_s(self.d) for o in opts) for opts in options.values())
-        target = total_min / self.d
         self.placed_time = np.zeros(self.d)
         self.placed_mem = np.zeros(self.d)
         self.uniform = Load()
         self.choices: dict[str, _Choice] = {}
 
-        first = self._fit_memory(self._initial_options(options, target), options)
+        first = self._fit_memory(self._initial_options(options), options)
         for name, option in first.items():
             if not option.shards:
                 self._apply(name, option, ())
@@ -134,7 +133,7 @@ class Partitioner:
             self._place_or_fallback(name, [first[name]] + sorted(options[name], key=self._option_order))
         self._fill_valleys(options)
         self._relieve_slowest(options)
-        return self._build_plan(tables, target)
+        return self._build_plan(tables, self.lower_bound(options))
 
     def evaluate(self, tables: Sequence[EmbeddingTable],
                  assignments: Mapping[str, tuple[ShardingOption, tuple[int, ...]]]) -> Plan:
@@ -142,31 +141,42 @@ class Partitioner:
         missing = sorted({t.name for t in tables} - set(assignments))
         if missing:
             raise PlanningError(f"assignment lacks tables {missing}")
-        total_min = sum(min(o.total_time_s(self.d) for o in self.feasible_options(t)) for t in tables)
+        bound = self.lower_bound({t.name: self.feasible_options(t) for t in tables})
         self.choices = {name: _Choice(option, devices) for name, (option, devices) in assignments.items()}
-        return self._build_plan(tables, total_min / self.d)
+        return self._build_plan(tables, bound)
+
+    def lower_bound(self, options: Mapping[str, list[ShardingOption]]) -> float:
+        """No plan beats perfect balance of the least work, nor any table's own cheapest footprint
+        on the device that holds its largest shard (bandwidth terms; overheads excluded)."""
+        balance = sum(min(o.total_time_s(self.d) for o in opts) for opts in options.values()) / self.d
+        critical = max(min(o.uniform.time_s + o.max_shard_time_s for o in opts) for opts in options.values())
+        return max(balance, critical)
 
     def _option_order(self, o: ShardingOption) -> tuple[float, float]:
         return (o.max_shard_time_s, o.total_time_s(self.d))
 
-    def _initial_options(self, options: Mapping[str, list[ShardingOption]], target: float) -> dict[str, ShardingOption]:
-        """Least-work options, re-chosen (a few rounds) for tables whose shard exceeds the time the
-        placed load can have once the uniform load is counted."""
-        by_work = {n: sorted(opts, key=lambda o: (o.total_time_s(self.d), o.max_shard_time_s))
-                   for n, opts in options.items()}
-        chosen = {n: opts[0] for n, opts in by_work.items()}
-        for _ in range(5):
-            budget = target - sum(o.uniform.time_s for o in chosen.values())
-            changed = False
-            for name, opts in by_work.items():
-                if chosen[name].max_shard_time_s <= budget:
-                    continue
-                fits = [o for o in opts if o.max_shard_time_s <= budget]
-                pick = fits[0] if fits else min(opts, key=self._option_order)
-                changed |= pick is not chosen[name]
-                chosen[name] = pick
-            if not changed:
-                break
+    def _initial_options(self, options: Mapping[str, list[ShardingOption]]) -> dict[str, ShardingOption]:
+        """Choose options against a fluid estimate of the final step time,
+        ``uniform + max(placed work / D, the option's largest shard)``: what LPT placement reaches
+        when placed work balances, but never less than one shard. Starts from the least-work
+        options and re-chooses tables, largest shard first (two passes)."""
+        chosen = {n: min(opts, key=lambda o: (o.total_time_s(self.d), o.max_shard_time_s)) for n, opts in options.items()}
+        uniform = sum(o.uniform.time_s for o in chosen.values())
+        placed = sum(_placed_work(o) for o in chosen.values())
+        order = sorted(options, key=lambda n: (-chosen[n].max_shard_time_s, n))
+        for _ in range(2):
+            for name in order:
+                current = chosen[name]
+                uniform -= current.uniform.time_s
+                placed -= _placed_work(current)
+
+                def fluid(o: ShardingOption) -> tuple[float, float]:
+                    spread = (placed + _placed_work(o)) / self.d
+                    return uniform + o.uniform.time_s + max(spread, o.max_shard_time_s), o.total_time_s(self.d)
+
+                chosen[name] = best = min(options[name], key=fluid)
+                uniform += best.uniform.time_s
+                placed += _placed_work(best)
         return chosen
 
     def _score(self) -> tuple[float, int]:
@@ -274,7 +284,7 @@ class Partitioner:
                 return
 
     # ---- result --------------------------------------------------------------------------------
-    def _build_plan(self, tables: Sequence[EmbeddingTable], target: float) -> Plan:
+    def _build_plan(self, tables: Sequence[EmbeddingTable], bound: float) -> Plan:
         topo, costs = self.topology, self.topology.costs
         stacks: dict[tuple[str, int | None], list[str]] = {}
         per_device = [Load() for _ in range(self.d)]
@@ -315,7 +325,7 @@ class Partitioner:
         stack_plans = tuple(StackPlan(_stack_name(key, dev), dev, tuple(names))
                             for (key, dev), names in sorted(stacks.items(), key=lambda kv: (_stack_name(*kv[0]))))
         return Plan(topo.to_dict(), self.builder.batch_size, self.builder.max_ids_per_partition,
-                    int(self.usable), tuple(table_plans), tuple(devices), stack_plans, target + latency,
+                    int(self.usable), tuple(table_plans), tuple(devices), stack_plans, bound + latency,
                     self._limit_warnings(tables))
 
     def _limit_warnings(self, tables: Sequence[EmbeddingTable]) -> tuple[str, ...]:
@@ -333,6 +343,10 @@ class Partitioner:
                     f"max_ids_per_partition to >= {math.ceil(best.ids_per_partition)} (FDO) to allow it"
                 )
         return tuple(out)
+
+
+def _placed_work(o: ShardingOption) -> float:
+    return sum(s.load.time_s for s in o.shards)
 
 
 def _better(a: tuple[float, int], b: tuple[float, int]) -> bool:

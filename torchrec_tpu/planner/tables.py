@@ -115,20 +115,36 @@ def tables_from_configs(configs: Iterable[Any], pooling_factors: Mapping[str, fl
             combiner = str(getattr(cfg, "pooling", "sum")).split(".")[-1].lower()
             opt = optimizer
         elif hasattr(cfg, "vocab_size"):  # sparsecore.specs.TableSpec
-            name, rows, dim, features, combiner = cfg.name, cfg.vocab_size, cfg.dim, 1, cfg.combiner
-            opt = _sparsecore_optimizer_name(cfg.optimizer)
+            out.extend(tables_from_sparsecore_specs([cfg], (), pooling_factors))
+            continue
         else:
             raise TypeError(f"cannot plan a {type(cfg).__name__}: expected EmbeddingBagConfig, TableSpec or EmbeddingTable")
         out.append(EmbeddingTable(name, rows, dim, float(pooling_factors.get(name, 1.0)), opt, features, combiner))
     return out
 
 
-def _sparsecore_optimizer_name(spec: Any) -> str:
-    names = {"SGD": "sgd", "Adagrad": "adagrad", "RowWiseAdagrad": "rowwise_adagrad", "Adam": "adam", "FTRL": "ftrl"}
-    kind = type(spec).__name__
-    if kind not in names:
-        raise ValueError(f"sparsecore optimizer {kind} has no planner equivalent; known: {sorted(names)}")
-    return names[kind]
+def tables_from_sparsecore_specs(specs: Iterable[Any], features: Iterable[Any] = (),
+                                 pooling_factors: Mapping[str, float] | None = None) -> list[EmbeddingTable]:
+    """``sparsecore.specs.TableSpec``s (+ their ``FeatureSpec``s) -> tables. A table's features
+    set ``num_features``; a fixed-valency feature's ``max_ids_per_sample`` is its pooling factor
+    unless ``pooling_factors`` names the table."""
+    pooling_factors = pooling_factors or {}
+    by_table: dict[str, list[Any]] = {}
+    for f in features:
+        by_table.setdefault(f.table, []).append(f)
+    out = []
+    for spec in specs:
+        feats = by_table.get(spec.name, [])
+        valencies = [f.max_ids_per_sample for f in feats if f.max_ids_per_sample is not None]
+        default_pf = sum(valencies) / len(valencies) if valencies else 1.0
+        optimizer = getattr(spec.optimizer, "name", "")
+        if optimizer not in OPTIMIZER_SLOTS:
+            raise ValueError(f"table {spec.name!r}: sparsecore optimizer {type(spec.optimizer).__name__} has no "
+                             f"planner equivalent; known: {sorted(OPTIMIZER_SLOTS)}")
+        out.append(EmbeddingTable(spec.name, spec.vocab_size, spec.dim,
+                                  float(pooling_factors.get(spec.name, default_pf)), optimizer,
+                                  max(1, len(feats)), spec.combiner))
+    return out
 
 
 def load_tables_file(path: str | Path) -> list[EmbeddingTable]:
