@@ -50,9 +50,10 @@ def table_sizes_for(schema: DatasetSchema, num_embeddings_per_feature: TableSize
     return sizes
 
 
-def dense_transform(raw: np.ndarray) -> np.ndarray:
-    """``log(max(x, 0) + 1)`` as float32 (missing values must already be 0)."""
-    return np.log1p(np.maximum(raw.astype(np.float64), 0.0)).astype(np.float32)
+def dense_transform(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``log(max(x, 0) + 1)`` in float32 (missing values must already be 0)."""
+    out = np.maximum(raw, 0, out=out, dtype=np.float32, casting="unsafe")
+    return np.log1p(out, out=out)
 
 
 def _column(data: pa.Table | pa.RecordBatch, name: str) -> pa.Array:
@@ -89,25 +90,26 @@ def sparse_from_arrow(
     data: pa.Table | pa.RecordBatch, schema: DatasetSchema, table_sizes: Sequence[int]
 ) -> KeyedJaggedTensor:
     """The categorical columns as a KeyedJaggedTensor of ids hashed into their tables."""
-    values, lengths = [], []
-    for name, size in zip(schema.sparse, table_sizes):
-        ids, key_lengths = _ids_and_lengths(_column(data, name), name)
-        values.append(np.mod(ids.astype(np.int64, copy=False), size))
-        lengths.append(key_lengths)
+    per_key = [_ids_and_lengths(_column(data, name), name) for name in schema.sparse]
+    values = np.empty(sum(len(ids) for ids, _ in per_key), dtype=np.int64)
+    start = 0
+    for (ids, _), size in zip(per_key, table_sizes):
+        np.mod(ids, size, out=values[start : start + len(ids)], casting="unsafe")
+        start += len(ids)
     return KeyedJaggedTensor(
         keys=list(schema.sparse),
-        values=torch.from_numpy(np.concatenate(values)),
-        lengths=torch.from_numpy(np.concatenate(lengths)),
+        values=torch.from_numpy(values),
+        lengths=torch.from_numpy(np.concatenate([lengths for _, lengths in per_key])),
     )
 
 
 def dense_from_arrow(data: pa.Table | pa.RecordBatch, schema: DatasetSchema) -> torch.Tensor:
     """The dense columns as float32[B, len(schema.dense)] after :func:`dense_transform`."""
-    dense = np.empty((data.num_rows, len(schema.dense)), dtype=np.float32)
+    by_column = np.empty((len(schema.dense), data.num_rows), dtype=np.float32)
     for j, name in enumerate(schema.dense):
         column = _numeric(_column(data, name), name)
-        dense[:, j] = dense_transform(pc.fill_null(column, 0).to_numpy())
-    return torch.from_numpy(dense)
+        dense_transform(pc.fill_null(column, 0).to_numpy(), out=by_column[j])
+    return torch.from_numpy(np.ascontiguousarray(by_column.T))
 
 
 def labels_from_arrow(data: pa.Table | pa.RecordBatch, schema: DatasetSchema) -> torch.Tensor:

@@ -13,9 +13,11 @@ each range is dropped (``rows_dropped``), which lock-step distributed training n
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,6 +26,46 @@ from torchrec.datasets.utils import Batch
 from pipelines.arrow_batch import TableSizes, batch_from_arrow, table_sizes_for
 from pipelines.parquet_writer import PARQUET_SUFFIX
 from pipelines.schema import CRITEO, DatasetSchema
+
+
+T = TypeVar("T")
+_DONE = object()
+
+
+def prefetched(items: Iterator[T], depth: int) -> Iterator[T]:
+    """``items`` produced by a background thread up to ``depth`` ahead (Parquet decoding releases
+    the GIL, so it overlaps the conversion to tensors). Exceptions surface in the consumer."""
+    if depth <= 0:
+        yield from items
+        return
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                slots.put(item)
+            slots.put(_DONE)
+        except BaseException as error:  # handed to the consumer, which re-raises it
+            slots.put(error)
+
+    worker = threading.Thread(target=produce, name="parquet-prefetch", daemon=True)
+    worker.start()
+    try:
+        while (item := slots.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                slots.get(timeout=0.01)
+            except queue.Empty:
+                pass
+        worker.join()
 
 
 def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -58,7 +100,10 @@ def shard_range(num_rows: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 class ParquetBatchReader:
-    """Iterable of Batches of ``batch_size`` rows from Parquet files (see the module docstring)."""
+    """Iterable of Batches of ``batch_size`` rows from Parquet files (see the module docstring).
+
+    ``prefetch_row_groups`` row groups are decoded ahead on a background thread (0: none).
+    """
 
     def __init__(
         self,
@@ -69,6 +114,7 @@ class ParquetBatchReader:
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = False,
+        prefetch_row_groups: int = 2,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
@@ -76,6 +122,7 @@ class ParquetBatchReader:
         self.batch_size = batch_size
         self.table_sizes = table_sizes_for(schema, num_embeddings_per_feature)
         self.schema = schema
+        self.prefetch_row_groups = prefetch_row_groups
         self.row_groups = self._index_row_groups()
         self.num_rows = sum(group.num_rows for group in self.row_groups)
         start, stop = shard_range(self.num_rows, rank, world_size)
@@ -119,7 +166,7 @@ class ParquetBatchReader:
     def __iter__(self) -> Iterator[Batch]:
         pending: list[pa.Table] = []
         pending_rows = 0
-        for table in self._tables():
+        for table in prefetched(self._tables(), self.prefetch_row_groups):
             pending.append(table)
             pending_rows += table.num_rows
             if pending_rows < self.batch_size:
