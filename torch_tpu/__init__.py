@@ -1,1 +1,52 @@
-"""torch_tpu."""
+"""torch_tpu: ``torch.device("tpu")`` as a real PyTorch device over JAX/PJRT.
+
+``import torch_tpu`` registers the "tpu" PrivateUse1 backend and the ``torch.tpu`` module. Tensors
+on it are :class:`TpuTensor` wrappers whose elements live in JAX arrays on the default JAX backend.
+"""
+
+from torch_tpu import device as _device
+
+_device.register()
+
+from torch_tpu import lowerings as _lowerings  # noqa: E402,F401  (fills the registry)
+from torch_tpu import dispatch as _dispatch  # noqa: E402
+from torch_tpu import kernels as _kernels  # noqa: E402,F401
+from torch_tpu.fallback import (  # noqa: E402
+    TpuFallbackError,
+    fallback_allowed,
+    fallback_counts,
+    lowered_counts,
+    metrics_report,
+    no_fallback,
+    reset_metrics,
+    set_fallback_allowed,
+)
+from torch_tpu.modes import EagerMode, eager_mode, get_eager_mode, register_executor, set_eager_mode  # noqa: E402
+from torch_tpu.registry import Lowering, get_lowering, lowered_ops, register_lowering  # noqa: E402
+from torch_tpu.tensor import TpuTensor, from_jax, to_jax  # noqa: E402
+
+clear_plan_cache = _dispatch.clear_plan_cache
+
+__all__ = [
+    "EagerMode",
+    "Lowering",
+    "TpuFallbackError",
+    "TpuTensor",
+    "clear_plan_cache",
+    "eager_mode",
+    "fallback_allowed",
+    "fallback_counts",
+    "from_jax",
+    "get_eager_mode",
+    "get_lowering",
+    "lowered_counts",
+    "lowered_ops",
+    "metrics_report",
+    "no_fallback",
+    "register_executor",
+    "register_lowering",
+    "reset_metrics",
+    "set_eager_mode",
+    "set_fallback_allowed",
+    "to_jax",
+]

@@ -1,0 +1,320 @@
+"""The ``torch.tpu`` device module and the PrivateUse1 backend registration.
+
+One process drives one device (index 0), the default JAX backend's first device: XLA:CPU here,
+a TPU chip when jax[tpu] and libtpu are installed — the same code path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from torch_tpu._jax import jax
+from torch_tpu import random as tpu_random
+
+DEVICE_NAME = "tpu"
+_registered = False
+_KEEPALIVE: list[object] = []
+# The newest array produced by a dispatched op; synchronize() waits on it (ops run in order).
+_last_output: list[jax.Array | None] = [None]
+
+
+def note_output(array: jax.Array) -> None:
+    _last_output[0] = array
+
+
+def _jax_device() -> jax.Device:
+    return jax.devices()[0]
+
+
+def _check_index(device: int | str | torch.device | None) -> None:
+    if device is None:
+        return
+    if isinstance(device, (str, torch.device)):
+        device = torch.device(device)
+        if device.type != DEVICE_NAME:
+            raise ValueError(f"expected a tpu device, got {device}")
+        device = 0 if device.index is None else device.index
+    if device != 0:
+        raise RuntimeError(
+            f"tpu device index {device} is invalid: torch_tpu drives one device per process (index 0); "
+            "run one process per chip"
+        )
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return _registered
+
+
+def init() -> None:
+    pass
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device: int | str | torch.device) -> None:
+    _check_index(device)
+
+
+def synchronize(device: int | str | torch.device | None = None) -> None:
+    """Wait until every op dispatched so far has finished on the device."""
+    _check_index(device)
+    last = _last_output[0]
+    if last is not None:
+        last.block_until_ready()
+
+
+def get_device_name(device: int | str | torch.device | None = None) -> str:
+    _check_index(device)
+    d = _jax_device()
+    return f"{d.platform.upper()} {d.device_kind}"
+
+
+@dataclass(frozen=True)
+class TpuDeviceProperties:
+    name: str
+    platform: str
+    device_kind: str
+    total_memory: int  # bytes; 0 when the backend does not report it (XLA:CPU)
+    sparsecores: int  # 0 when the chip is not in torch_tpu.hardware's catalog (or not a TPU)
+    tensorcores: int
+
+
+def get_device_properties(device: int | str | torch.device | None = None) -> TpuDeviceProperties:
+    """Name and size of the device, with SparseCore/TensorCore counts from the chip catalog."""
+    from torch_tpu.hardware import CHIP_GENERATIONS
+
+    _check_index(device)
+    d = _jax_device()
+    kind = d.device_kind.lower().replace("tpu ", "").replace(" ", "")
+    chip = next((c for name, c in CHIP_GENERATIONS.items() if kind.startswith(name)), None)
+    stats = d.memory_stats() or {}
+    total = stats.get("bytes_limit", chip.hbm_bytes if chip else 0)
+    return TpuDeviceProperties(
+        name=get_device_name(),
+        platform=d.platform,
+        device_kind=d.device_kind,
+        total_memory=int(total),
+        sparsecores=chip.sparsecores_per_chip if chip else 0,
+        tensorcores=chip.tensorcores_per_chip if chip else 0,
+    )
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+_peak = [0]
+
+
+def memory_allocated(device: int | str | torch.device | None = None) -> int:
+    """Bytes held by live arrays on the device (the backend's own count where it keeps one)."""
+    _check_index(device)
+    stats = _jax_device().memory_stats()
+    if stats and "bytes_in_use" in stats:
+        in_use = int(stats["bytes_in_use"])
+    else:
+        in_use = sum(a.nbytes for a in jax.live_arrays())
+    _peak[0] = max(_peak[0], in_use)
+    return in_use
+
+
+def max_memory_allocated(device: int | str | torch.device | None = None) -> int:
+    """Peak bytes in use: the backend's peak where reported, else the peak seen by these queries."""
+    in_use = memory_allocated(device)
+    stats = _jax_device().memory_stats()
+    if stats and "peak_bytes_in_use" in stats:
+        return int(stats["peak_bytes_in_use"])
+    return max(_peak[0], in_use)
+
+
+def reset_peak_memory_stats(device: int | str | torch.device | None = None) -> None:
+    _check_index(device)
+    _peak[0] = 0
+
+
+def memory_stats(device: int | str | torch.device | None = None) -> dict[str, int]:
+    allocated = memory_allocated(device)
+    return {
+        "allocated_bytes.all.current": allocated,
+        "allocated_bytes.all.peak": max_memory_allocated(device),
+        "num_live_arrays": len(jax.live_arrays()),
+    }
+
+
+def empty_cache() -> None:
+    gc.collect()
+
+
+# --- streams and events (JAX orders work per device; one stream, events wait for it) ----------
+
+
+class Stream:
+    """The device's single in-order stream (JAX dispatches asynchronously, in order)."""
+
+    def __init__(self, device: int | str | torch.device | None = None, priority: int = 0) -> None:
+        _check_index(device)
+        self.device = torch.device(DEVICE_NAME, 0)
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def query(self) -> bool:
+        last = _last_output[0]
+        return last is None or last.is_ready()
+
+    def wait_stream(self, stream: Stream) -> None:
+        pass  # one in-order stream: already ordered
+
+    def wait_event(self, event: Event) -> None:
+        pass
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream)
+
+    def __hash__(self) -> int:
+        return hash(DEVICE_NAME)
+
+
+class Event:
+    """Marks the point in the stream's work at record time; ``synchronize`` waits for it."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self._marker: jax.Array | None = None
+        self._time: float | None = None
+        self.enable_timing = enable_timing
+
+    def record(self, stream: Stream | None = None) -> None:
+        import time
+
+        self._marker = _last_output[0]
+        self._time = time.perf_counter()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return self._marker is None or self._marker.is_ready()
+
+    def synchronize(self) -> None:
+        if self._marker is not None:
+            self._marker.block_until_ready()
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Milliseconds between two recorded events (host clock at record time after sync)."""
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("elapsed_time needs both events recorded")
+        return (end_event._time - self._time) * 1000.0
+
+
+_default_stream = None
+
+
+def current_stream(device: int | str | torch.device | None = None) -> Stream:
+    global _default_stream
+    _check_index(device)
+    if _default_stream is None:
+        _default_stream = Stream()
+    return _default_stream
+
+
+default_stream = current_stream
+
+
+def set_stream(stream: Stream) -> None:
+    pass
+
+
+@contextlib.contextmanager
+def stream(stream: Stream | None) -> Iterator[None]:
+    yield
+
+
+@contextlib.contextmanager
+def device(device: int | str | torch.device | None) -> Iterator[None]:
+    _check_index(device)
+    yield
+
+
+# --- random ----------------------------------------------------------------------------------
+
+manual_seed = tpu_random.manual_seed
+manual_seed_all = tpu_random.manual_seed
+seed = tpu_random.seed
+seed_all = tpu_random.seed
+initial_seed = tpu_random.initial_seed
+get_rng_state = tpu_random.get_rng_state
+set_rng_state = tpu_random.set_rng_state
+
+
+# --- registration ----------------------------------------------------------------------------
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id: int) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def register() -> None:
+    """Make "tpu" PyTorch's PrivateUse1 backend with this module as ``torch.tpu`` (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    import sys
+
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", DEVICE_NAME):
+        raise RuntimeError(
+            f"PrivateUse1 is already registered as {current!r} in this process; torch_tpu needs it as "
+            f"'{DEVICE_NAME}' (e.g. torchax renames it to 'jax' and cannot share a process with torch_tpu)"
+        )
+    if current != DEVICE_NAME:
+        torch.utils.rename_privateuse1_backend(DEVICE_NAME)
+    torch.utils.generate_methods_for_privateuse1_backend()
+    torch._register_device_module(DEVICE_NAME, sys.modules[__name__])
+    # Kept alive here: the C++ side holds raw references.
+    _KEEPALIVE.extend([_Hooks(), _DeviceGuard()])
+    torch._C._acc.register_python_privateuseone_hook(_KEEPALIVE[0])
+    torch._C._acc.register_python_privateuseone_device_guard(_KEEPALIVE[1])
+    _registered = True

@@ -1,0 +1,387 @@
+"""Eager dispatch of aten ops on tpu tensors: one cached plan per OpOverload.
+
+The plan for an op is decided once (first call) from its schema and the registry:
+view op -> alias the input's storage box with metadata computed on meta tensors;
+in-place / out= op -> run the functional sibling's lowering and write into the target(s);
+lowered op -> unwrap to JAX arrays, run through the current mode's executor, wrap;
+anything else -> CPU fallback (counted). A few ops that cross devices or return Python values
+(``copy_``, ``_to_copy``, ``_local_scalar_dense`` ...) have dedicated plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from torch_tpu import device as tpu_device
+from torch_tpu import fallback, modes, random as tpu_random, tensor as tensor_mod
+from torch_tpu._jax import jax, jnp
+from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
+from torch_tpu.registry import Lowering, get_lowering
+from torch_tpu.tensor import StorageBox, TpuTensor, cpu_to_jax, from_jax, make_alias, to_cpu, to_jax, write
+
+aten = torch.ops.aten
+Plan = Callable[[Any, tuple, dict], Any]
+_PLANS: dict[Any, Plan] = {}
+_ARRAY = type(jnp.zeros(()))
+
+
+def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    plan = _PLANS.get(func)
+    if plan is None:
+        plan = _PLANS[func] = _make_plan(func)
+    return plan(func, args, kwargs)
+
+
+def clear_plan_cache() -> None:
+    """Forget cached per-op plans (after registering new lowerings)."""
+    _PLANS.clear()
+
+
+# --- argument conversion ---------------------------------------------------------------------
+
+
+def _foreign(x: torch.Tensor) -> jax.Array:
+    if x.device.type == "cpu" and x.dim() == 0:
+        return cpu_to_jax(x)  # CPU scalars mix with device tensors, as on CUDA
+    raise RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, tpu:0 and {x.device}!"
+    )
+
+
+def _unwrap(x: Any) -> Any:
+    t = type(x)
+    if t is TpuTensor:
+        return to_jax(x)
+    if t is list or t is tuple:
+        if any(isinstance(e, torch.Tensor) for e in x):
+            return [_unwrap(e) for e in x]
+        return x
+    if isinstance(x, TpuTensor):
+        return to_jax(x)
+    if isinstance(x, torch.Tensor):
+        return _foreign(x)
+    return x
+
+
+def _wrap(out: Any) -> Any:
+    if type(out) is _ARRAY:
+        tpu_device.note_output(out)
+        return from_jax(out)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_wrap(o) for o in out)
+    if isinstance(out, jax.Array):
+        return from_jax(out)
+    return out
+
+
+def _execute(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
+    jargs = [_unwrap(a) for a in args]
+    jkwargs = {k: _unwrap(v) for k, v in kwargs.items()} if kwargs else {}
+    if lowering.needs_key:
+        jkwargs["key"] = tpu_random.next_key()
+    try:
+        out = modes.current_executor()(lowering, jargs, jkwargs)
+    except (TypeError, ValueError) as e:
+        _raise_as_torch(func, args, kwargs, e)
+    fallback.count_lowered(func)
+    return out
+
+
+def _raise_as_torch(func: Any, args: tuple, kwargs: dict, error: Exception) -> None:
+    """Re-raise a JAX error as the exception CPU torch gives (checked on meta tensors)."""
+    def to_meta(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return x
+
+    meta_args, meta_kwargs = pytree.tree_map(to_meta, (args, kwargs))
+    try:
+        func(*meta_args, **meta_kwargs)
+    except Exception as torch_error:
+        raise type(torch_error)(str(torch_error)) from error
+    raise RuntimeError(f"{func}: TPU lowering failed: {type(error).__name__}: {error}") from error
+
+
+# --- plans -----------------------------------------------------------------------------------
+
+
+def _lowered_plan(lowering: Lowering) -> Plan:
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        return _wrap(_execute(func, lowering, args, kwargs))
+
+    return run
+
+
+_TORCH_NAMES = {
+    torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+    torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+}
+
+
+def _store(target: torch.Tensor, value: jax.Array) -> None:
+    """Write ``value`` into ``target`` with torch's in-place casting and shape rules."""
+    if type(target) is not TpuTensor:
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, tpu:0 and {target.device}!"
+        )
+    want = to_jax_dtype(target.dtype)
+    if value.dtype != want:
+        got = to_torch_dtype(value.dtype)
+        if not torch.can_cast(got, target.dtype):
+            raise RuntimeError(
+                f"result type {_TORCH_NAMES.get(got, got)} can't be cast to the desired output type "
+                f"{_TORCH_NAMES.get(target.dtype, target.dtype)}"
+            )
+        value = value.astype(want)
+    shape = tuple(target.shape)
+    if value.shape != shape:
+        try:
+            ok = jnp.broadcast_shapes(value.shape, shape) == shape
+        except ValueError:
+            ok = False
+        if not ok:
+            raise RuntimeError(
+                f"output with shape {list(shape)} doesn't match the broadcast shape {list(value.shape)}"
+            )
+        value = jnp.broadcast_to(value, shape)
+    tpu_device.note_output(value)
+    write(target, value)
+
+
+def _inplace_plan(lowering: Lowering) -> Plan:
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        out = _execute(func, lowering, args, kwargs)
+        target = args[0]
+        if isinstance(target, (list, tuple)):
+            for t, v in zip(target, out):
+                _store(t, v)
+            return None
+        _store(target, out)
+        return target
+
+    return run
+
+
+def _out_plan(lowering: Lowering, out_names: list[str], pass_dtype: bool) -> Plan:
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        targets = [kwargs[n] for n in out_names]
+        rest = {k: v for k, v in kwargs.items() if k not in out_names}
+        if pass_dtype and "dtype" not in rest:
+            rest["dtype"] = targets[0].dtype
+        out = _execute(func, lowering, args, rest)
+        values = out if isinstance(out, (tuple, list)) else [out]
+        for t, v in zip(targets, values):
+            if tuple(t.shape) != v.shape:
+                if t.numel() != 0:
+                    raise RuntimeError(
+                        f"{func}: out= tensor of shape {list(t.shape)} needs resizing to {list(v.shape)}; "
+                        "resizing non-empty tpu tensors in place is not supported"
+                    )
+                _resize_empty(t, v.shape)
+            _store(t, v)
+        return targets[0] if len(targets) == 1 else tuple(targets)
+
+    return run
+
+
+def _resize_empty(t: TpuTensor, shape: tuple[int, ...]) -> None:
+    """Give an empty tpu tensor (a factory's ``empty(0)`` before an out= kernel) a new shape."""
+    with torch.utils._mode_utils.no_dispatch():
+        torch.Tensor.set_(t, torch.empty(shape, dtype=t.dtype, device="meta").untyped_storage(), 0, shape)
+    t._box = StorageBox(jnp.zeros(shape, to_jax_dtype(t.dtype)))
+    t._full = True
+
+
+def _meta_like(t: TpuTensor) -> torch.Tensor:
+    base = torch.empty((t._box.numel,), dtype=t.dtype, device="meta")
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def _view_plan(func: Any, args: tuple, kwargs: dict) -> Any:
+    source = args[0]
+    if type(source) is not TpuTensor:
+        return fallback.run_on_cpu(func, args, kwargs)
+    box = source._box
+
+    def to_meta(x: Any) -> Any:
+        return _meta_like(x) if isinstance(x, TpuTensor) else x
+
+    meta_args, meta_kwargs = pytree.tree_map(to_meta, (args, kwargs))
+    out = func(*meta_args, **meta_kwargs)
+
+    def to_alias(m: Any) -> Any:
+        if not isinstance(m, torch.Tensor):
+            return m
+        if m.dtype != source.dtype:
+            raise NotImplementedError(f"{func}: views that change the dtype are not supported on tpu")
+        return make_alias(box, m.shape, m.stride(), m.storage_offset(), m.dtype)
+
+    return pytree.tree_map(to_alias, out)
+
+
+def _same_view_plan(func: Any, args: tuple, kwargs: dict) -> Any:
+    """detach / alias / lift_fresh: same metadata over the same box."""
+    t = args[0]
+    return make_alias(t._box, t.shape, t.stride(), t.storage_offset(), t.dtype)
+
+
+def _fallback_plan(func: Any, args: tuple, kwargs: dict) -> Any:
+    return fallback.run_on_cpu(func, args, kwargs)
+
+
+# --- dedicated plans -------------------------------------------------------------------------
+
+
+def _copy_(func: Any, args: tuple, kwargs: dict) -> Any:
+    dst, src = args[0], args[1]
+    if type(dst) is not TpuTensor:
+        dst.copy_(to_cpu(src))
+        return dst
+    value = to_jax(src) if isinstance(src, TpuTensor) else cpu_to_jax(src)
+    value = value.astype(to_jax_dtype(dst.dtype))
+    if value.shape != tuple(dst.shape):
+        try:
+            value = jnp.broadcast_to(value, tuple(dst.shape))
+        except ValueError:
+            torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))
+            raise
+    tpu_device.note_output(value)
+    write(dst, value)
+    return dst
+
+
+def _copy_from(func: Any, args: tuple, kwargs: dict) -> Any:
+    src, dst = args[0], args[1]
+    return _copy_(func, (dst, src), {})
+
+
+def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
+    x = args[0]
+    dtype = kwargs.get("dtype") or x.dtype
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type != tensor_mod.DEVICE_NAME:
+        return to_cpu(x).to(device=device, dtype=dtype)
+    value = to_jax(x)
+    want = to_jax_dtype(dtype)
+    if value.dtype != want:
+        value = value.astype(want)
+    tpu_device.note_output(value)
+    return from_jax(value)
+
+
+def _local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
+    value = np.asarray(to_jax(args[0]))
+    if value.dtype == np.bool_:
+        return bool(value)
+    if np.issubdtype(value.dtype, np.integer):
+        return int(value)
+    if np.issubdtype(value.dtype, np.complexfloating):
+        return complex(value)
+    return float(value)
+
+
+def _equal(func: Any, args: tuple, kwargs: dict) -> bool:
+    a, b = (_unwrap(x) for x in args[:2])
+    return a.shape == b.shape and bool(jnp.array_equal(a, b))
+
+
+def _set_storage_view(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``t.set_(other)``: make ``t`` view ``other``'s storage (used by ``param.data = ...``)."""
+    t, source = args[0], args[1]
+    if not isinstance(source, TpuTensor):
+        return fallback.run_on_cpu(func, args, kwargs)
+    with torch.utils._mode_utils.no_dispatch():
+        meta = _meta_like(source)
+        torch.Tensor.set_(t, meta.untyped_storage(), source.storage_offset(), source.shape, source.stride())
+    t._box = source._box
+    t._full = source._full
+    return t
+
+
+_SPECIAL: dict[Any, Plan] = {
+    aten.copy_.default: _copy_,
+    aten._copy_from.default: _copy_from,
+    aten._to_copy.default: _to_copy,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.equal.default: _equal,
+    aten.detach.default: _same_view_plan,
+    aten.alias.default: _same_view_plan,
+    aten.lift_fresh.default: _same_view_plan,
+    aten.set_.source_Tensor: _set_storage_view,
+}
+
+
+# --- plan selection --------------------------------------------------------------------------
+
+
+def _is_view(schema: Any) -> bool:
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return False
+    return bool(schema.returns) and schema.returns[0].alias_info is not None
+
+
+def _positional_signature(schema: Any) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in schema.arguments if not a.kwarg_only]
+
+
+def _sibling_by_signature(packet: Any, signature: list[tuple[str, str]]) -> Any:
+    for name in packet.overloads():
+        overload = getattr(packet, name)
+        mutable = any(a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments)
+        if not mutable and _positional_signature(overload._schema) == signature:
+            return overload
+    return None
+
+
+_INPLACE_SIBLINGS = {"normal_": "normal_functional"}
+
+
+def _functional_sibling(func: Any) -> Any:
+    """The non-mutating overload computing what an in-place or out= overload writes."""
+    schema = func._schema
+    base = schema.name.split("::")[1]
+    write_args = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if all(a.kwarg_only for a in write_args):  # out= variant: same packet, without the out args
+        packet = getattr(aten, base, None)
+        return packet and _sibling_by_signature(packet, _positional_signature(schema))
+    if not base.endswith("_"):
+        return None
+    packet = getattr(aten, _INPLACE_SIBLINGS.get(base, base[:-1]), None)
+    if packet is None:
+        return None
+    same = getattr(packet, func._overloadname, None)
+    if same is not None:
+        return same
+    return _sibling_by_signature(packet, _positional_signature(schema))
+
+
+def _make_plan(func: Any) -> Plan:
+    special = _SPECIAL.get(func)
+    if special is not None:
+        return special
+    schema = func._schema
+    if _is_view(schema):
+        return _view_plan
+    write_args = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if write_args:
+        sibling = _functional_sibling(func)
+        lowering = get_lowering(sibling) if sibling is not None else None
+        if lowering is None:
+            return _fallback_plan
+        if all(a.kwarg_only for a in write_args):
+            pass_dtype = any(a.name == "dtype" for a in sibling._schema.arguments)
+            return _out_plan(lowering, [a.name for a in write_args], pass_dtype)
+        if write_args[0] is schema.arguments[0] and len(write_args) == 1:
+            return _inplace_plan(lowering)
+        return _fallback_plan
+    lowering = get_lowering(func)
+    return _lowered_plan(lowering) if lowering is not None else _fallback_plan
+
+
+tensor_mod._dispatch = dispatch

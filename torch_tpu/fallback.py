@@ -1,0 +1,128 @@
+"""CPU fallback for ops without a lowering, with per-op counters and a metrics report.
+
+Like PyTorch/XLA's ``aten::`` counters: every op that falls back is counted; lowered ops are
+counted too, so a report shows coverage of a workload. ``set_fallback_allowed(False)`` (or
+``TORCH_TPU_NO_FALLBACK=1``, or the ``no_fallback()`` context) turns fallback into an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_cpu, to_cpu, write
+
+_fallback_counts: Counter[str] = Counter()
+_lowered_counts: Counter[str] = Counter()
+_allowed = [os.environ.get("TORCH_TPU_NO_FALLBACK", "0") != "1"]
+
+
+class TpuFallbackError(RuntimeError):
+    """An op without a TPU lowering ran while CPU fallback is disabled."""
+
+
+def set_fallback_allowed(allowed: bool) -> None:
+    """Allow (default) or forbid running unlowered ops on CPU."""
+    _allowed[0] = bool(allowed)
+
+
+def fallback_allowed() -> bool:
+    return _allowed[0]
+
+
+@contextlib.contextmanager
+def no_fallback() -> Iterator[None]:
+    """Within the block, an unlowered op raises TpuFallbackError instead of running on CPU."""
+    previous = _allowed[0]
+    _allowed[0] = False
+    try:
+        yield
+    finally:
+        _allowed[0] = previous
+
+
+def count_lowered(op: Any) -> None:
+    _lowered_counts[op.__name__] += 1
+
+
+def fallback_counts() -> dict[str, int]:
+    """Op name -> number of times it ran through the CPU fallback."""
+    return dict(_fallback_counts)
+
+
+def lowered_counts() -> dict[str, int]:
+    """Op name -> number of times it ran through its JAX lowering."""
+    return dict(_lowered_counts)
+
+
+def reset_metrics() -> None:
+    _fallback_counts.clear()
+    _lowered_counts.clear()
+
+
+def metrics_report() -> str:
+    """Human-readable counters: lowered ops and CPU-fallback ops, most frequent first."""
+    lines = [f"torch_tpu metrics: {sum(_lowered_counts.values())} lowered op calls "
+             f"({len(_lowered_counts)} ops), {sum(_fallback_counts.values())} CPU fallbacks "
+             f"({len(_fallback_counts)} ops)"]
+    for title, counter in (("CPU fallback", _fallback_counts), ("lowered", _lowered_counts)):
+        lines.append(f"{title}:")
+        lines.extend(f"  {name}: {n}" for name, n in counter.most_common())
+    return "\n".join(lines)
+
+
+def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run ``func`` on CPU copies of the tpu arguments; write back mutated ones; move outputs back."""
+    if not _allowed[0]:
+        raise TpuFallbackError(
+            f"{func} has no TPU lowering and CPU fallback is disabled "
+            "(torch_tpu.set_fallback_allowed(True) or unset TORCH_TPU_NO_FALLBACK to allow it)"
+        )
+    _fallback_counts[func.__name__] += 1
+    originals: dict[int, TpuTensor] = {}
+
+    def to_host(x: Any) -> Any:
+        if isinstance(x, TpuTensor):
+            c = to_cpu(x)
+            originals[id(c)] = x
+            return c
+        return x
+
+    cpu_args, cpu_kwargs = pytree.tree_map(to_host, (args, kwargs))
+    out = func(*cpu_args, **cpu_kwargs)
+    for cpu_value in pytree.tree_leaves(_mutated_args(func, cpu_args, cpu_kwargs)):
+        target = originals.get(id(cpu_value))
+        if target is None:
+            continue
+        if tuple(cpu_value.shape) != tuple(target.shape):
+            raise RuntimeError(
+                f"{func}: CPU fallback resized a tpu tensor from {list(target.shape)} to "
+                f"{list(cpu_value.shape)}; resizing tpu tensors in place is not supported"
+            )
+        write(target, cpu_to_jax(cpu_value))
+
+    def to_device(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            original = originals.get(id(x))
+            return original if original is not None else from_cpu(x)
+        return x
+
+    return pytree.tree_map(to_device, out)
+
+
+def _mutated_args(func: Any, args: tuple, kwargs: dict) -> list[Any]:
+    mutated = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        if arg.name in kwargs:
+            mutated.append(kwargs[arg.name])
+        elif i < len(args) and not arg.kwarg_only:
+            mutated.append(args[i])
+    return mutated

@@ -1,0 +1,61 @@
+"""PrivateUse1 kernels: the entry points reached without a tpu tensor argument.
+
+Factories (``torch.empty/zeros/randn(..., device="tpu")``) allocate through ``empty.memory_format``
+/ ``empty_strided``; ``torch.tensor(data, device="tpu")`` and CPU->tpu ``.to()`` copy through
+``_copy_from``. Everything else reaches ``TpuTensor.__torch_dispatch__``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torch_tpu._jax import jnp
+from torch_tpu.dispatch import _copy_
+from torch_tpu.dtypes import to_jax_dtype
+from torch_tpu.tensor import StorageBox, from_jax, make_alias
+
+_lib = torch.library.Library("aten", "IMPL")
+
+
+def _check_device(device: torch.device | None) -> None:
+    if device is not None and device.index not in (None, 0):
+        raise RuntimeError(
+            f"tpu device index {device.index} is invalid: torch_tpu drives one device per process (index 0)"
+        )
+
+
+def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _check_device(device)
+    return from_jax(jnp.zeros(tuple(size), to_jax_dtype(dtype or torch.get_default_dtype())))
+
+
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_device(device)
+    size, stride = tuple(size), tuple(stride)
+    numel = 0 if math.prod(size) == 0 else 1 + sum((s - 1) * st for s, st in zip(size, stride))
+    dt = dtype or torch.get_default_dtype()
+    box = StorageBox(jnp.zeros((numel,), to_jax_dtype(dt)))
+    return make_alias(box, size, stride, 0, dt)
+
+
+def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    return _copy_(None, (dst, src), {})
+
+
+def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if tuple(dst.shape) != tuple(src.shape):
+        if dst.numel() != 0:
+            raise RuntimeError(f"_copy_from_and_resize: cannot resize tpu tensor {list(dst.shape)} to {list(src.shape)}")
+        from torch_tpu.dispatch import _resize_empty
+
+        _resize_empty(dst, tuple(src.shape))
+    return _copy_(None, (dst, src), {})
+
+
+_lib.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
+_lib.impl("empty_strided", empty_strided, "PrivateUse1")
+_lib.impl("_copy_from", copy_from, "PrivateUse1")
+_lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
+

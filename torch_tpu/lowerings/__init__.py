@@ -1,0 +1,14 @@
+"""JAX lowerings of aten ops; importing this package fills ``torch_tpu.registry``."""
+
+from torch_tpu.lowerings import (  # noqa: F401
+    activations,
+    elementwise,
+    factories,
+    indexing,
+    linalg,
+    losses,
+    norms,
+    reductions,
+    shape,
+)
+from torch_tpu.lowerings import foreach  # noqa: F401,E402  (builds on the per-tensor lowerings)

@@ -1,0 +1,112 @@
+"""Helpers shared by lowerings: torch's type promotion on JAX arrays and Python scalars."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from torch_tpu._jax import jax, jnp
+from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
+
+Operand = Any  # jax.Array | bool | int | float | complex | None
+
+
+def _kind(x: Operand) -> tuple[str, Any] | None:
+    if x is None:
+        return None
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)) and not isinstance(x, (bool, int, float, complex)):
+        return ("dim" if np.ndim(x) else "zero", np.dtype(x.dtype))
+    if isinstance(x, bool):
+        return ("wrapped", torch.bool)
+    if isinstance(x, int):
+        return ("wrapped", torch.int64)
+    if isinstance(x, float):
+        return ("wrapped", torch.get_default_dtype())
+    if isinstance(x, complex):
+        return ("wrapped", torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64)
+    raise TypeError(f"unsupported operand {type(x).__name__} in a tpu lowering")
+
+
+def _combine(higher: torch.dtype | None, lower: torch.dtype | None) -> torch.dtype | None:
+    """torch's combine_categories (c10/core/ScalarType / TensorIterator result-type rules)."""
+    if higher is None:
+        return lower
+    if lower is None:
+        return higher
+    if higher.is_complex:
+        return higher
+    if lower.is_complex:
+        return higher.to_complex() if higher.is_floating_point else lower
+    if higher.is_floating_point:
+        return higher
+    if higher == torch.bool or lower.is_floating_point:
+        return torch.promote_types(higher, lower)
+    return higher
+
+
+@lru_cache(maxsize=4096)
+def _result_torch_dtype(kinds: tuple) -> torch.dtype:
+    state: dict[str, torch.dtype | None] = {"dim": None, "zero": None, "wrapped": None}
+    for where, dt in kinds:
+        dt = dt if isinstance(dt, torch.dtype) else to_torch_dtype(dt)
+        cur = state[where]
+        state[where] = dt if cur is None else torch.promote_types(cur, dt)
+    return _combine(state["dim"], _combine(state["zero"], state["wrapped"]))
+
+
+def result_dtype(*operands: Operand) -> np.dtype:
+    """The dtype torch's type promotion gives for these operands (arrays and Python scalars)."""
+    kinds = tuple(k for k in map(_kind, operands) if k is not None)
+    return to_jax_dtype(_result_torch_dtype(kinds))
+
+
+def float_dtype(*operands: Operand) -> np.dtype:
+    """result_dtype, with integer/bool results raised to the default float (torch's int->float ops)."""
+    dt = result_dtype(*operands)
+    if jnp.issubdtype(dt, jnp.inexact):
+        return dt
+    return to_jax_dtype(torch.get_default_dtype())
+
+
+def cast(x: Operand, dtype: Any) -> jax.Array:
+    """``x`` as a JAX value of ``dtype`` (arrays converted only when needed)."""
+    if isinstance(x, jax.Array):
+        return x if x.dtype == dtype else x.astype(dtype)
+    return jnp.asarray(x, dtype)
+
+
+def promoted(*operands: Operand) -> list[jax.Array]:
+    """All operands cast to their torch-promoted common dtype."""
+    dt = result_dtype(*operands)
+    return [cast(x, dt) for x in operands]
+
+
+def floated(*operands: Operand) -> list[jax.Array]:
+    dt = float_dtype(*operands)
+    return [cast(x, dt) for x in operands]
+
+
+def jdtype(dtype: torch.dtype | None, default: Any = None) -> Any:
+    """A torch dtype argument (possibly None) as a JAX dtype."""
+    if dtype is None:
+        return default if default is not None else to_jax_dtype(torch.get_default_dtype())
+    return to_jax_dtype(dtype)
+
+
+def norm_dims(dims: Any, ndim: int) -> tuple[int, ...]:
+    """A dim / dim list argument (None or [] meaning all) as sorted non-negative dims."""
+    if dims is None:
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    if len(dims) == 0:
+        return tuple(range(ndim))
+    rank = max(ndim, 1)
+    return tuple(sorted(d % rank for d in dims)) if ndim else ()
+
+
+def is_float(x: jax.Array) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.inexact)

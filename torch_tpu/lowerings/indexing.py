@@ -1,0 +1,135 @@
+"""Gather/scatter-style lowerings: advanced indexing, index_select, gather, scatter, embedding."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from torch_tpu._jax import jnp
+from torch_tpu.lowerings._common import cast
+from torch_tpu.registry import register_lowering
+
+aten = torch.ops.aten
+
+
+def _index_tuple(indices):
+    return tuple(slice(None) if i is None else i for i in indices)
+
+
+@register_lowering(aten.index.Tensor)
+def index(self, indices):
+    # Boolean-mask indices give value-dependent shapes: fine eagerly, not under jax.jit.
+    return self[_index_tuple(indices)]
+
+
+@register_lowering(aten.index_put.default, aten._index_put_impl.default)
+def index_put(self, indices, values, accumulate=False, unsafe=False):
+    ref = self.at[_index_tuple(indices)]
+    values = cast(values, self.dtype)
+    return ref.add(values) if accumulate else ref.set(values)
+
+
+@register_lowering(aten.index_select.default)
+def index_select(self, dim, index):
+    if self.ndim == 0:
+        return self
+    return jnp.take(self, index.reshape(-1), axis=dim)
+
+
+def _grids(index, dim, values):
+    """Full coordinates for gather/scatter: the index itself along ``dim``, iota elsewhere."""
+    coords = list(jnp.indices(index.shape, sparse=True))
+    coords[dim] = index
+    return tuple(coords)
+
+
+@register_lowering(aten.gather.default)
+def gather(self, dim, index, *, sparse_grad=False):
+    if self.ndim == 0:
+        return self.reshape(index.shape) if index.ndim else self
+    return self[_grids(index, dim % self.ndim, self)]
+
+
+def _scatter(self, dim, index, src, mode):
+    if index.size == 0:
+        return self
+    dim = dim % max(self.ndim, 1)
+    if self.ndim == 0:
+        values = src if not hasattr(src, "ndim") or src.ndim == 0 else src.reshape(-1)[0]
+        return getattr(self.at[()], mode)(cast(values, self.dtype))
+    coords = _grids(index, dim, self)
+    if hasattr(src, "ndim") and src.ndim:
+        src = src[tuple(slice(0, s) for s in index.shape)]
+    return getattr(self.at[coords], mode)(cast(src, self.dtype))
+
+
+@register_lowering(aten.scatter.src, aten.scatter.value)
+def scatter(self, dim, index, src):
+    return _scatter(self, dim, index, src, "set")
+
+
+@register_lowering(aten.scatter_add.default)
+def scatter_add(self, dim, index, src):
+    return _scatter(self, dim, index, src, "add")
+
+
+_REDUCE_MODES = {"sum": "add", "prod": "multiply", "amax": "max", "amin": "min"}
+
+
+@register_lowering(aten.scatter_reduce.two)
+def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    if reduce == "mean":
+        ones = jnp.ones(index.shape, self.dtype)
+        base = self if include_self else jnp.zeros_like(self)
+        counts = _scatter(jnp.full(self.shape, 1 if include_self else 0, self.dtype), dim, index, ones, "add")
+        total = _scatter(base, dim, index, src, "add")
+        mean = total / jnp.maximum(counts, 1) if jnp.issubdtype(self.dtype, jnp.inexact) else total // jnp.maximum(counts, 1)
+        return jnp.where(counts > 0, mean, self).astype(self.dtype)
+    mode = _REDUCE_MODES[reduce]
+    if include_self:
+        return _scatter(self, dim, index, src, mode)
+    identity = {"add": 0, "multiply": 1, "max": -np.inf, "min": np.inf}[mode]
+    if not jnp.issubdtype(self.dtype, jnp.inexact) and mode in ("max", "min"):
+        info = jnp.iinfo(self.dtype)
+        identity = info.min if mode == "max" else info.max
+    touched = _scatter(jnp.zeros(self.shape, jnp.bool_), dim, index, jnp.ones(index.shape, jnp.bool_), "set")
+    reduced = _scatter(jnp.full(self.shape, identity, self.dtype), dim, index, src, mode)
+    return jnp.where(touched, reduced, self)
+
+
+@register_lowering(aten.index_add.default)
+def index_add(self, dim, index, source, *, alpha=1):
+    dim = dim % max(self.ndim, 1)
+    src = source if alpha == 1 else source * cast(alpha, source.dtype)
+    coords = [slice(None)] * self.ndim
+    coords[dim] = index
+    return self.at[tuple(coords)].add(cast(src, self.dtype))
+
+
+@register_lowering(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+@register_lowering(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    flat_idx = indices.reshape(-1)
+    grad = grad_output.reshape(flat_idx.size, -1)
+    keep = flat_idx != padding_idx
+    grad = jnp.where(keep[:, None], grad, 0)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), grad.dtype).at[flat_idx].add(1)
+        grad = grad / counts[flat_idx][:, None]
+    return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[flat_idx].add(grad)
+
+
+@register_lowering(aten.nonzero.default, static_shape=False)
+def nonzero(self):
+    return jnp.stack(jnp.nonzero(self), axis=-1).astype(jnp.int64) if self.ndim else (
+        jnp.zeros((1 if bool(self) else 0, 0), jnp.int64))
+
+
+@register_lowering(aten.masked_select.default, static_shape=False)
+def masked_select(self, mask):
+    x, m = jnp.broadcast_arrays(self, mask)
+    return x[m]

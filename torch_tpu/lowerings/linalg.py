@@ -1,0 +1,76 @@
+"""Matrix-product lowerings. Float32 uses HIGHEST precision so TPU results match CPU fp32."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_tpu._jax import jax, jnp
+from torch_tpu.lowerings._common import cast
+from torch_tpu.registry import register_lowering
+
+aten = torch.ops.aten
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _same_dtype(op: str, a, b) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"{op}: expected both operands to have the same dtype, got {a.dtype} and {b.dtype}")
+
+
+def _check_rank(op: str, x, rank: int) -> None:
+    if x.ndim != rank:
+        raise TypeError(f"{op}: expected a {rank}-D tensor, got {x.ndim}-D")
+
+
+def _matmul(a, b):
+    return jnp.matmul(a, b, precision=HIGHEST)
+
+
+@register_lowering(aten.mm.default)
+def mm(self, mat2):
+    _check_rank("mm", self, 2), _check_rank("mm", mat2, 2), _same_dtype("mm", self, mat2)
+    return _matmul(self, mat2)
+
+
+@register_lowering(aten.bmm.default)
+def bmm(self, mat2):
+    _check_rank("bmm", self, 3), _check_rank("bmm", mat2, 3), _same_dtype("bmm", self, mat2)
+    return _matmul(self, mat2)
+
+
+@register_lowering(aten.mv.default)
+def mv(self, vec):
+    _check_rank("mv", self, 2), _check_rank("mv", vec, 1), _same_dtype("mv", self, vec)
+    return _matmul(self, vec)
+
+
+@register_lowering(aten.dot.default)
+def dot(self, tensor):
+    _check_rank("dot", self, 1), _check_rank("dot", tensor, 1), _same_dtype("dot", self, tensor)
+    return jnp.dot(self, tensor, precision=HIGHEST)
+
+
+def _beta_alpha(input, product, beta, alpha):
+    out = product if alpha == 1 else product * cast(alpha, product.dtype)
+    if beta == 0:  # torch ignores input (even NaN) when beta is 0
+        return jnp.broadcast_to(out, jnp.broadcast_shapes(input.shape, out.shape))
+    scaled = input if beta == 1 else input * cast(beta, input.dtype)
+    return scaled + out
+
+
+@register_lowering(aten.addmm.default)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    _same_dtype("addmm", self, mat1)
+    return _beta_alpha(self, mm(mat1, mat2), beta, alpha)
+
+
+@register_lowering(aten.baddbmm.default)
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    _same_dtype("baddbmm", self, batch1)
+    return _beta_alpha(self, bmm(batch1, batch2), beta, alpha)
+
+
+@register_lowering(aten.addmv.default)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    _same_dtype("addmv", self, mat)
+    return _beta_alpha(self, mv(mat, vec), beta, alpha)

@@ -1,0 +1,259 @@
+"""The tensor model: a torch wrapper tensor over a shared, mutable storage box holding a JAX array.
+
+Every storage is one :class:`StorageBox` whose ``array`` is a contiguous JAX array with the
+storage's elements. A :class:`TpuTensor` is a view over a box: torch's own sizes / strides /
+storage offset (set on the wrapper) describe which elements it sees. Views share the box, so
+writes through any view are seen by all of them, exactly like CPU storage. JAX arrays are
+immutable, so a write replaces ``box.array`` with an updated array.
+
+Reads of the common "whole storage, contiguous" tensor return ``box.array`` itself (no copy, no
+dispatch); other views gather from the flat array with cached index vectors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from torch_tpu._jax import jax, jnp
+from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
+
+DEVICE_NAME = "tpu"
+# One device per process; index 0 is required (index -1 breaks backward, >= 1 asserts).
+DEVICE = torch.device(DEVICE_NAME, 0) if torch._C._get_privateuse1_backend_name() == DEVICE_NAME else None
+
+# Set by torch_tpu.dispatch at import (kept out of this module to avoid an import cycle).
+_dispatch: Callable[..., Any] | None = None
+
+_PTR_ALIGN = 1 << 12
+_next_ptr = itertools.count(1)
+
+
+def _allocate_ptr(nbytes: int) -> int:
+    """A stable, nonzero, unique fake address for a storage (what data_ptr() compares)."""
+    pages = max(1, -(-nbytes // _PTR_ALIGN)) + 1
+    start = next(_next_ptr)
+    for _ in range(pages - 1):
+        next(_next_ptr)
+    return start * _PTR_ALIGN
+
+
+class StorageBox:
+    """One storage: a mutable slot holding a contiguous JAX array, plus a stable fake address."""
+
+    __slots__ = ("array", "ptr", "__weakref__")
+
+    def __init__(self, array: jax.Array) -> None:
+        self.array = array
+        self.ptr = _allocate_ptr(array.nbytes)
+
+    @property
+    def numel(self) -> int:
+        return self.array.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.array.nbytes
+
+    def __deepcopy__(self, memo: dict) -> StorageBox:
+        return StorageBox(self.array)  # jax arrays are immutable: sharing the value is a copy
+
+
+class TpuUntypedStorage:
+    """What ``TpuTensor.untyped_storage()`` returns: byte-sized view of a box (FSDP2 resizes it)."""
+
+    def __init__(self, box: StorageBox) -> None:
+        self._box = box
+
+    @property
+    def device(self) -> torch.device:
+        return DEVICE
+
+    def size(self) -> int:
+        return self._box.nbytes
+
+    def nbytes(self) -> int:
+        return self._box.nbytes
+
+    def data_ptr(self) -> int:
+        return self._box.ptr
+
+    def resize_(self, nbytes: int) -> TpuUntypedStorage:
+        """Free (``resize_(0)``) or (re)allocate the storage; contents are zeroed on growth."""
+        itemsize = self._box.array.dtype.itemsize
+        if nbytes % itemsize:
+            raise RuntimeError(
+                f"storage resize_ to {nbytes} bytes is not a multiple of the element size {itemsize}"
+            )
+        numel = nbytes // itemsize
+        old = self._box.array.reshape(-1)
+        if numel == old.size:
+            return self
+        if numel < old.size:
+            self._box.array = old[:numel]
+        else:
+            self._box.array = jnp.concatenate([old, jnp.zeros((numel - old.size,), old.dtype)])
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TpuUntypedStorage) and other._box is self._box
+
+    def __hash__(self) -> int:
+        return hash(self._box.ptr)
+
+
+class TpuTensor(torch.Tensor):
+    """A torch tensor on device "tpu" whose elements live in a JAX array (see module docstring)."""
+
+    _box: StorageBox
+    _full: bool  # contiguous, offset 0 and covering the whole storage: reads box.array directly
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        body = repr(self.detach().cpu())
+        suffix = f", device='{self.device}'"
+        return body[:-1] + suffix + ")" if body.endswith(")") else body + suffix
+
+    def untyped_storage(self) -> TpuUntypedStorage:  # type: ignore[override]
+        return TpuUntypedStorage(self._box)
+
+    def data_ptr(self) -> int:
+        return self._box.ptr + self.storage_offset() * self.element_size()
+
+    def numpy(self, *, force: bool = False) -> np.ndarray:  # type: ignore[override]
+        raise TypeError(
+            "can't convert tpu tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
+        )
+
+    def __reduce_ex__(self, protocol: int):
+        return (_rebuild_tpu_tensor, (to_cpu(self.detach()), self.requires_grad))
+
+
+def _rebuild_tpu_tensor(cpu: torch.Tensor, requires_grad: bool) -> TpuTensor:
+    t = from_cpu(cpu)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _contiguous_strides(size) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for s in reversed(size):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def make_alias(box: StorageBox, size, stride, offset: int, dtype: torch.dtype) -> TpuTensor:
+    """A tensor viewing ``box`` with the given torch layout (sizes/strides/offset in elements)."""
+    t = torch.Tensor._make_wrapper_subclass(
+        TpuTensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE
+    )
+    t._box = box
+    t._full = offset == 0 and math.prod(size) == box.array.size and tuple(stride) == _contiguous_strides(size)
+    return t
+
+
+def from_jax(array: jax.Array) -> TpuTensor:
+    """Wrap a JAX array as a new tpu tensor owning a fresh storage (no copy)."""
+    t = torch.Tensor._make_wrapper_subclass(
+        TpuTensor, array.shape, dtype=to_torch_dtype(array.dtype), device=DEVICE
+    )
+    t._box = StorageBox(array)
+    t._full = True
+    return t
+
+
+def to_jax(t: torch.Tensor) -> jax.Array:
+    """The current value of a tpu tensor (any view) as a JAX array with the tensor's shape."""
+    if type(t) is not TpuTensor:
+        raise TypeError(f"to_jax expects a tpu tensor, got a tensor on {t.device}")
+    box = t._box
+    if t._full:
+        a = box.array
+        return a if a.shape == t.shape else a.reshape(t.shape)
+    return _gather(box.array, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+
+def write(t: TpuTensor, value: jax.Array) -> None:
+    """Store ``value`` (same shape and dtype as ``t``) into the elements ``t`` views."""
+    box = t._box
+    if t._full:
+        old = box.array
+        box.array = value if value.shape == old.shape else value.reshape(old.shape)
+        return
+    old = box.array
+    flat = old.reshape(-1)
+    shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+    if stride == _contiguous_strides(shape):
+        flat = jax.lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
+    else:
+        flat = flat.at[_index_vector(shape, stride, offset, flat.size)].set(
+            value.reshape(-1), mode="promise_in_bounds"
+        )
+    box.array = flat.reshape(old.shape)
+
+
+def _gather(array: jax.Array, shape, stride, offset: int) -> jax.Array:
+    flat = array.reshape(-1)
+    numel = math.prod(shape)
+    if stride == _contiguous_strides(shape):
+        return jax.lax.slice(flat, (offset,), (offset + numel,)).reshape(shape)
+    idx = _index_vector(shape, stride, offset, flat.size)
+    return flat.at[idx].get(mode="promise_in_bounds").reshape(shape)
+
+
+@lru_cache(maxsize=4096)
+def _index_vector(shape, stride, offset: int, storage_numel: int) -> jax.Array:
+    """Flat storage indices of a strided view, in row-major element order (cached per layout)."""
+    idx = np.full((), offset, dtype=np.int64)
+    for size, st in zip(shape, stride):
+        idx = idx[..., None] + np.arange(size, dtype=np.int64) * st
+    idx = idx.reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= storage_numel):
+        raise RuntimeError(
+            f"view of size {list(shape)}, stride {list(stride)}, offset {offset} is out of bounds "
+            f"for a storage of {storage_numel} elements"
+        )
+    return jnp.asarray(idx.astype(np.int32 if storage_numel < 2**31 else np.int64))
+
+
+def to_cpu(t: TpuTensor) -> torch.Tensor:
+    """A new CPU tensor holding a copy of a tpu tensor's value."""
+    arr = np.array(to_jax(t), copy=True)
+    if t.dtype == torch.bfloat16:
+        return torch.from_numpy(arr.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(arr) if arr.ndim else torch.from_numpy(arr.reshape(1)).reshape(())
+
+
+def cpu_to_jax(t: torch.Tensor) -> jax.Array:
+    """A JAX array holding a copy of a CPU tensor's value."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return jnp.array(t.view(torch.uint16).numpy().view(to_jax_dtype(torch.bfloat16)))
+    return jnp.array(t.numpy())
+
+
+def from_cpu(t: torch.Tensor) -> TpuTensor:
+    """Copy a CPU tensor to a new tpu tensor."""
+    return from_jax(cpu_to_jax(t))
+
+
+torch.serialization.add_safe_globals([_rebuild_tpu_tensor])
