@@ -89,6 +89,15 @@ def test_id_limit_rejects_and_warns():
     assert plan_tables([t], V5P_8, 4096, max_ids_per_partition=1600).table("hot").sharding_type != "data_parallel"
 
 
+def test_memory_fits_only_beyond_the_id_limit():
+    # v6e-8: 28.8 GiB usable; 40M x 128 Adagrad is 38.15 GiB, so only sharded options fit, and at
+    # batch 8192 row-wise needs (1024 / 2) * 100 / 16 = 3200 ids per partition
+    hot = EmbeddingTable("hot", 40_000_000, 128, pooling_factor=100.0, optimizer="adagrad")
+    with pytest.raises(PlanningError, match=r"'hot': every sharding that fits in HBM exceeds the id limit; "
+                                            r"row_wise needs 3200 ids"):
+        plan_tables([hot], parse_accelerator_type("v6e-8"), 8192)
+
+
 def test_unsupported_constraint():
     with pytest.raises(PlanningError, match="none of which"):
         plan_tables([EmbeddingTable("t", 10, 8)], V5P_8, 64, constraints={"t": ["table_row_wise"]})

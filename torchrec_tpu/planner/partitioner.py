@@ -85,31 +85,36 @@ class Partitioner:
 
     # ---- options -------------------------------------------------------------------------------
     def feasible_options(self, table: EmbeddingTable) -> list[ShardingOption]:
+        """Options of ``table`` within the id limit that fit one device's HBM (PlanningError if none)."""
         kinds = allowed_kinds(self.constraints, table.name)
         options = [o for o in self.builder.options(table) if kinds is None or o.kind in kinds]
-        within_limit = [o for o in options if o.ids_per_partition <= self.builder.max_ids_per_partition]
-        self.over_limit[table.name] = [o for o in options if o.ids_per_partition > self.builder.max_ids_per_partition]
-        if not within_limit:
-            need = min(o.ids_per_partition for o in options)
+        limit = self.builder.max_ids_per_partition
+        self.over_limit[table.name] = [o for o in options if o.ids_per_partition > limit]
+        fitting = [o for o in options if o.ids_per_partition <= limit and self._fits_alone(o)]
+        if fitting:
+            return fitting
+        lean = min(options, key=self._peak_memory)
+        if self._fits_alone(lean):
+            unlock = min((o for o in options if self._fits_alone(o)), key=lambda o: o.ids_per_partition)
             raise PlanningError(
-                f"table {table.name!r}: at least {need:.0f} ids per SparseCore partition per step "
-                f"(limit max_ids_per_partition={self.builder.max_ids_per_partition}); raise the limit, "
+                f"table {table.name!r}: every sharding that fits in HBM exceeds the id limit; {unlock.kind.value} "
+                f"needs {unlock.ids_per_partition:.0f} ids per SparseCore partition per step (limit "
+                f"max_ids_per_partition={limit}); raise the limit to >= {math.ceil(unlock.ids_per_partition)}, "
                 f"lower the batch size or use more chips"
             )
-        fitting = [o for o in within_limit if self._fits_alone(o)]
-        if not fitting:
-            need = min(o.uniform.memory_bytes + max((s.load.memory_bytes for s in o.shards), default=0.0)
-                       for o in within_limit)
-            raise PlanningError(
-                f"table {table.name!r} ({table.rows} rows x {table.dim}, {table.optimizer}) does not fit: "
-                f"it needs at least {need / GIB:.2f} GiB on one device of {self.topology.name} "
-                f"(row-wise over all {self.topology.num_sparsecores} SparseCores), a device has "
-                f"{self.usable / GIB:.2f} GiB usable; shortfall {(need - self.usable) / GIB:.2f} GiB"
-            )
-        return fitting
+        need = self._peak_memory(lean)
+        raise PlanningError(
+            f"table {table.name!r} ({table.rows} rows x {table.dim}, {table.optimizer}) does not fit: it needs "
+            f"at least {need / GIB:.2f} GiB on one device of {self.topology.name} even {lean.kind.value} "
+            f"({self.topology.num_sparsecores} SparseCores in all), a device has {self.usable / GIB:.2f} GiB "
+            f"usable; shortfall {(need - self.usable) / GIB:.2f} GiB"
+        )
+
+    def _peak_memory(self, o: ShardingOption) -> float:
+        return o.uniform.memory_bytes + max((s.load.memory_bytes for s in o.shards), default=0.0)
 
     def _fits_alone(self, o: ShardingOption) -> bool:
-        return o.uniform.memory_bytes + max((s.load.memory_bytes for s in o.shards), default=0.0) <= self.usable
+        return self._peak_memory(o) <= self.usable
 
     # ---- search --------------------------------------------------------------------------------
     def plan(self, tables: Sequence[EmbeddingTable], progress: bool = False) -> Plan:

@@ -66,7 +66,7 @@ def format_comparison(results: Sequence[tuple[str, Plan | str]]) -> str:
              f"{'max memory':>11} {'usable':>10}"]
     for name, result in results:
         if isinstance(result, str):
-            lines.append(f"{name:<14} does not fit: {result}")
+            lines.append(f"{name:<14} no plan: {result}")
             continue
         p = result
         chips = len({d.chip for d in p.devices})
