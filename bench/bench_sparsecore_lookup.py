@@ -11,28 +11,25 @@ a shared 2-core box are noisy: read the ratios.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
-os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from fbgemm_gpu.split_embedding_configs import EmbOptimType  # noqa: E402
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode  # noqa: E402
-from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: E402
+import numpy as np
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
     EmbeddingLocation,
     SplitTableBatchedEmbeddingBagsCodegen,
 )
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from tqdm import tqdm
 
-from sparsecore.backends import make_backend  # noqa: E402
-from sparsecore.optimizers import Adagrad  # noqa: E402
-from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec  # noqa: E402
-from sparsecore.stacking import plan_stacking  # noqa: E402
-from sparsecore.validation import feature_inputs  # noqa: E402
+from sparsecore.backends import make_backend
+from sparsecore.optimizers import Adagrad
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
+from sparsecore.stacking import plan_stacking
+from sparsecore.validation import feature_inputs
 
 
 def batches(plan, steps: int, hot: int, seed: int = 0) -> list[KeyedJaggedTensor]:

@@ -11,21 +11,18 @@ Timings on a shared 2-core box are noisy: read the ratio, not the absolute numbe
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
-os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+import numpy as np
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from tqdm import tqdm
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from sparsecore.jte_interop import jte_feature_specs, jte_inputs, jte_preprocess_ragged  # noqa: E402
-from sparsecore.preprocess import preprocess_inputs  # noqa: E402
-from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec  # noqa: E402
-from sparsecore.stacking import plan_stacking  # noqa: E402
-from sparsecore.validation import feature_inputs  # noqa: E402
+from sparsecore.jte_interop import jte_feature_specs, jte_inputs, jte_preprocess_ragged
+from sparsecore.preprocess import preprocess_inputs
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
+from sparsecore.stacking import plan_stacking
+from sparsecore.validation import feature_inputs
 
 
 def build(batch: int, chips: int, num_features: int, hot: int, seed: int = 0):

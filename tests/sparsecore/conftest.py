@@ -1,9 +1,4 @@
-import os
-
-# The tpu device backend is not needed here; keep an unrelated broken autoload entry point
-# (another package's) from failing `import torch` in these tests.
-os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
-
+"""Fixtures for the sparsecore tests: real Criteo sample data as a KJT."""
 
 import csv
 from pathlib import Path
