@@ -1,22 +1,24 @@
 """Spawn a real multi-process job on loopback for tests: one process per rank, results via files.
 
 The parent owns a TCPStore on a free port (port 0), so there is no port race; children join it
-as clients. A rank's exception fails the launch with that rank's traceback.
+as clients. A rank that raises fails the launch with that rank's traceback; a rank may also be
+expected to die (``expect_exit``), for failure tests.
 """
 
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import os
 import pathlib
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+LAUNCH_DEADLINE_S = 300.0
 
 
 def _child(
@@ -30,10 +32,14 @@ def _child(
 ) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
-                          timeout=datetime.timedelta(seconds=60))
-    result = fn(rank, world_size, store, datetime.timedelta(seconds=timeout_s), *args)
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                              timeout=datetime.timedelta(seconds=60))
+        result = fn(rank, world_size, store, datetime.timedelta(seconds=timeout_s), *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        pathlib.Path(out_dir, f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
 
 
 def run_ranks(
@@ -42,16 +48,37 @@ def run_ranks(
     out_dir: pathlib.Path,
     *args: Any,
     timeout_s: float = 60.0,
+    expect_exit: dict[int, int] | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, store, timeout, *args)`` in ``world_size`` spawned processes.
 
-    Returns each rank's return value (rank order). ``fn`` must be importable (module level).
+    Returns each rank's return value in rank order (None for ranks in ``expect_exit``, which
+    must exit with the given code). ``fn`` must be importable (module level).
     """
+    expect_exit = expect_exit or {}
     master = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
                            wait_for_workers=False, timeout=datetime.timedelta(seconds=60))
-    mp.start_processes(
-        _child, args=(fn, world_size, master.port, str(out_dir), timeout_s, args),
-        nprocs=world_size, join=True, start_method="spawn",
-    )
-    del master
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_child, args=(r, fn, world_size, master.port, str(out_dir), timeout_s, args))
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(LAUNCH_DEADLINE_S)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    failures = []
+    for rank, p in enumerate(procs):
+        if p.exitcode != expect_exit.get(rank, 0):
+            err = out_dir / f"rank{rank}.err"
+            detail = err.read_text() if err.exists() else "(no traceback: killed or hung)"
+            failures.append(f"rank {rank} exited with {p.exitcode}:\n{detail}")
+    if failures:
+        raise AssertionError("\n".join(failures))
+    return [
+        None if rank in expect_exit else torch.load(out_dir / f"rank{rank}.pt", weights_only=False)
+        for rank in range(world_size)
+    ]

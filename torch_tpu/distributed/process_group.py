@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from torch_tpu.distributed.transport import Transport
-from torch_tpu.distributed.worker import OrderedWorker
+from torch_tpu.distributed.worker import FutureWork, OrderedWorker
 
 BACKEND_NAME = "tpu_dist"
 
@@ -83,7 +83,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     # ---- plumbing ---------------------------------------------------------------------------
 
-    def _submit(self, collective: str, job: Callable[[], Any]) -> dist.Work:
+    def _submit(self, collective: str, job: Callable[[], Any]) -> FutureWork:
         def describe(exc: BaseException) -> str:
             return (
                 f"tpu_dist {collective} failed on group {self._group_name!r} (rank {self._rank} of "
@@ -93,7 +93,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 "collectives; this group cannot be used any more."
             )
 
-        return self._worker.submit(job, describe)
+        return self._worker.submit(collective, job, describe)
 
     def _check_rank(self, collective: str, what: str, rank: int) -> None:
         if not 0 <= rank < self._size:

@@ -1,26 +1,72 @@
 """One ordered worker thread per process group: runs collectives in issue order, off the caller.
 
-Each submission returns a ``torch.futures.Future`` and a c10d ``Work`` built from it, so callers
-(DDP's reducer, FSDP2, DTensor) overlap communication with compute exactly as with NCCL. A failed
+Each submission returns a :class:`FutureWork` (a c10d ``Work``) over a ``torch.futures.Future``,
+so callers (DDP's reducer, FSDP2, DTensor) overlap communication with compute as with NCCL. A failed
 collective poisons the group: later submissions fail at once with the first error instead of
 running on a transport whose peers may be gone.
 """
 
 from __future__ import annotations
 
+import datetime
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import _create_work_from_future
+import torch.distributed as dist
 
 _STOP = object()
 
 
 class CollectiveError(RuntimeError):
     """A collective failed: a peer exited or stalled past the timeout, or ranks disagreed."""
+
+
+class FutureWork(dist.Work):
+    """c10d Work over a future whose ``wait`` raises the collective's error.
+
+    (torch's ``_create_work_from_future`` Work returns True from ``wait()`` even when the future
+    failed, so a synchronous collective with a dead peer would silently "succeed".)
+    """
+
+    def __init__(self, future: torch.futures.Future, collective: str) -> None:
+        super().__init__()
+        self._future = future
+        self._collective = collective
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if timeout and timeout.total_seconds() > 0 and not self._done_within(timeout):
+            raise CollectiveError(
+                f"tpu_dist {self._collective}: Work.wait timed out after "
+                f"{timeout.total_seconds():g}s"
+            )
+        self._future.wait()  # raises the collective's CollectiveError
+        return True
+
+    def _done_within(self, timeout: datetime.timedelta) -> bool:
+        done = threading.Event()
+        self._future.add_done_callback(lambda _: done.set())
+        return done.wait(timeout.total_seconds())
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except CollectiveError:
+            return False
+        return True
+
+    def result(self) -> Any:
+        return self._future.wait()
 
 
 class OrderedWorker:
@@ -32,14 +78,16 @@ class OrderedWorker:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, job: Callable[[], Any], describe: Callable[[BaseException], str]) -> Any:
-        """Queue ``job``; its return value becomes the Work's result. Returns the c10d Work."""
+    def submit(
+        self, collective: str, job: Callable[[], Any], describe: Callable[[BaseException], str]
+    ) -> FutureWork:
+        """Queue ``job``; its return value becomes the Work's result."""
         future: torch.futures.Future = torch.futures.Future()
         if self._failure is not None:
             future.set_exception(self._failure)
         else:
             self._queue.put((job, describe, future))
-        return _create_work_from_future(future)
+        return FutureWork(future, collective)
 
     def close(self) -> None:
         """Finish queued jobs, then stop the thread."""
