@@ -28,8 +28,8 @@ from sparsecore.validation import feature_inputs
 def build(batch: int, chips: int, num_features: int, hot: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     vocabs = [int(v) for v in rng.choice([1000, 50_000, 1_000_000], size=num_features)]
-    tables = [TableSpec(f"t{i}", v, 64, "sum" if i % 2 else "mean", max_ids_per_partition=4096,
-                        max_unique_ids_per_partition=4096) for i, v in enumerate(vocabs)]
+    tables = [TableSpec(f"t{i}", v, 64, "sum" if i % 2 else "mean", max_ids_per_partition=512,
+                        max_unique_ids_per_partition=512) for i, v in enumerate(vocabs)]
     features = [FeatureSpec(f"f{i}", f"t{i}", batch, weighted=i % 3 == 0) for i in range(num_features)]
     plan = plan_stacking(tables, features, SparseCoreTopology("v5p", chips))
     lengths = rng.integers(0, 2 * hot + 1, size=batch * num_features)

@@ -16,7 +16,9 @@ The output is jax-tpu-embedding's device input format, per stacked table:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,15 +74,22 @@ def preprocess(
 
 
 def preprocess_inputs(
-    inputs: Mapping[str, FeatureInput], plan: StackingPlan, *, overflow: str = "error"
+    inputs: Mapping[str, FeatureInput], plan: StackingPlan, *, overflow: str = "error", threads: int | None = None
 ) -> PreprocessedBatch:
-    """Build the CSR buffers from already validated per-feature inputs."""
+    """Build the CSR buffers from already validated per-feature inputs; stacks are built on
+    ``threads`` threads (default: one per stack, up to the CPU count; numpy sorts release the GIL)."""
     if overflow not in OVERFLOW_POLICIES:
         raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
-    s = plan.topology.sparsecores_per_device
-    return PreprocessedBatch(
-        {stack.name: _preprocess_stack(stack, inputs, plan.topology.num_devices, s, overflow) for stack in plan.stacks}
-    )
+    devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
+    threads = threads or min(len(plan.stacks), os.cpu_count() or 1)
+
+    def build(stack: StackedTable) -> StackCSR:
+        return _preprocess_stack(stack, inputs, devices, s, overflow)
+
+    if threads <= 1:
+        return PreprocessedBatch({stack.name: build(stack) for stack in plan.stacks})
+    with ThreadPoolExecutor(threads) as pool:
+        return PreprocessedBatch(dict(zip((st.name for st in plan.stacks), pool.map(build, plan.stacks))))
 
 
 def _preprocess_stack(
@@ -93,14 +102,15 @@ def _preprocess_stack(
     chunk, dest, row, sample, gain, multiplicity = _sort_and_merge(chunk, dest, row, sample, gain, n, stack.shard_rows, samples_per_chunk)
 
     partition = chunk * n + dest
-    rank = np.arange(partition.size) - np.searchsorted(partition, partition)  # position in partition
+    num_partitions = chunks * n
+    counts = np.bincount(partition, minlength=num_partitions)
+    first_of_partition = np.repeat(np.cumsum(counts) - counts, counts)  # entries are sorted by partition
+    rank = np.arange(partition.size) - first_of_partition
     new_row = np.ones(partition.size, dtype=bool)
     new_row[1:] = (partition[1:] != partition[:-1]) | (row[1:] != row[:-1])
     unique_before = np.cumsum(new_row) - 1
-    unique_rank = unique_before - unique_before[np.searchsorted(partition, partition)]
+    unique_rank = unique_before - unique_before[first_of_partition]
 
-    num_partitions = chunks * n
-    counts = np.bincount(partition, minlength=num_partitions)
     unique_counts = np.bincount(partition[new_row], minlength=num_partitions)
     stats = StackStats(
         counts.reshape(devices, s, n).max(axis=1).reshape(-1).astype(np.int32),
@@ -171,15 +181,18 @@ def _sequential_f32_sum(values: np.ndarray, offsets: np.ndarray, lengths: np.nda
 
     ``values`` are float64 holding exact float32 values or products of two (w^2), so each step
     rounds once to float32, like a float32 add (or fma). Vectorized over segments: one numpy
-    step per position, segments sorted by decreasing length so the active ones lead.
+    step per position over the segments still that long.
     """
     total = np.zeros(lengths.size, dtype=np.float32)
-    order = np.argsort(-lengths, kind="stable")
-    neg_sorted = -lengths[order]
-    for j in range(int(lengths.max(initial=0))):
-        active = order[: np.searchsorted(neg_sorted, -j, side="left")]
+    active = np.flatnonzero(lengths > 0)
+    total[active] = values[offsets[active]]
+    j = 1
+    while True:
+        active = active[lengths[active] > j]
+        if active.size == 0:
+            return total
         total[active] = (total[active].astype(np.float64) + values[offsets[active] + j]).astype(np.float32)
-    return total
+        j += 1
 
 
 def _sort_and_merge(chunk, dest, row, sample, gain, n, shard_rows, samples_per_chunk):
@@ -187,12 +200,15 @@ def _sort_and_merge(chunk, dest, row, sample, gain, n, shard_rows, samples_per_c
     returns how many input ids each merged entry stands for."""
     if chunk.size == 0:
         return chunk, dest, row, sample, gain, np.zeros(0, dtype=np.int64)
+    size = chunk.size
     bound = (int(chunk.max()) + 1) * n * shard_rows * samples_per_chunk
-    if bound < 2**63:
-        key = ((chunk * n + dest) * shard_rows + row) * samples_per_chunk + sample
-        order = np.argsort(key, kind="stable")
+    if bound * size < 2**63:
+        # the input position in the key makes it unique: a fast unstable sort keeps input order
+        # among equal (chunk, dest, row, sample), which fixes the float32 summation order
+        key = (((chunk * n + dest) * shard_rows + row) * samples_per_chunk + sample) * size
+        order = np.argsort(key + np.arange(size))
         sorted_key = key[order]
-        first = np.ones(key.size, dtype=bool)
+        first = np.ones(size, dtype=bool)
         first[1:] = sorted_key[1:] != sorted_key[:-1]
     else:
         order = np.lexsort((sample, row, dest, chunk))
