@@ -12,6 +12,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from sparsecore.backends import make_backend
 from sparsecore.backends.base import Backend
+from sparsecore.limits import StackStats
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
@@ -74,6 +75,11 @@ class SparseCoreEmbeddingBagCollection(nn.Module):
             values = torch.cat([activations[n] for n in self._names], dim=1)
         dims = [self.plan.tables[f.table].dim for f in self.plan.features]
         return KeyedTensor(keys=self._names, length_per_key=dims, values=values)
+
+    @property
+    def last_stats(self) -> dict[str, StackStats]:
+        """Partition stats of the last lookup by stack (xla/tpu backends), for ``FdoRecorder``."""
+        return self.backend.last_stats
 
     def embedding_weights(self) -> dict[str, torch.Tensor]:
         """Current weights of every table, [vocab, dim] (copies)."""

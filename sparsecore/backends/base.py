@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from sparsecore.limits import StackStats
 from sparsecore.stacking import StackingPlan
 from sparsecore.validation import FeatureInput
 
@@ -24,6 +25,9 @@ class Backend(ABC):
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0):
         self.plan = plan
         self.steps = 0
+        # SparseCore partition stats of the last forward, by stack (for FdoRecorder); stays
+        # empty on backends that do not build SparseCore input
+        self.last_stats: dict[str, StackStats] = {}
         if weights is None:
             weights = {name: spec.init_weights(seed) for name, spec in plan.tables.items()}
         for name, spec in plan.tables.items():

@@ -117,11 +117,14 @@ class XlaBackend(Backend):
                       for slot in st.optimizer.slot_names}
             for st in plan.stacks
         }
-        self._row_dims = {st.name: jnp.asarray(st.row_dims(), dtype=jnp.float32) for st in plan.stacks}
+        # only row-wise optimizers need each row's logical dim; others get a 1-element dummy
+        self._row_dims = {st.name: jnp.asarray(st.row_dims() if st.optimizer.row_slots else [1], dtype=jnp.float32)
+                          for st in plan.stacks}
         self._rows_of_feature = {st.name: _feature_rows(st, devices * s) for st in plan.stacks}
 
     def forward(self, inputs: Mapping[str, FeatureInput]) -> tuple[dict[str, torch.Tensor], PreprocessedBatch]:
         batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
+        self.last_stats = batch.stats
         out = {}
         for stack in self.plan.stacks:
             activations = self._lookup(stack, batch.stacks[stack.name])

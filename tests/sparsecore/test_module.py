@@ -53,6 +53,19 @@ def test_dense_tower_trains_through_the_fused_update(backend):
             torch.testing.assert_close(w, weights[name], atol=1e-6, rtol=1e-5)
 
 
+def test_last_stats_feed_fdo():
+    from sparsecore.limits import FdoRecorder
+
+    tables = [TableSpec("t", 500, 8)]
+    ebc = SparseCoreEmbeddingBagCollection(tables, [FeatureSpec("f", "t", 16)], SparseCoreTopology("v5p", 1))
+    kjt = random_kjt(ebc.plan, seed=1, max_hot=8)
+    ebc(kjt)
+    recorder = FdoRecorder()
+    recorder.record(ebc.last_stats)
+    assert int(recorder.stats["t"].max_ids_per_partition.max()) > 0
+    assert int(recorder.stats["t"].required_buffer_size_per_sc.sum()) >= int(kjt.lengths().sum())
+
+
 def test_no_grad_forward_does_not_update():
     tables = [TableSpec("t", 50, 8, optimizer=SGD(1.0))]
     ebc = SparseCoreEmbeddingBagCollection(tables, [FeatureSpec("f", "t", 8)])
