@@ -9,6 +9,9 @@ Sources (checked 2026-12):
   largest single slice 6,144 chips (96 cubes of 4x4x4); accelerator types count TensorCores.
 * [v6e] cloud.google.com/tpu/docs/v6e: 2D torus, 256-chip pod, shapes 1x1 .. 16x16, 8 chips per
   host, accelerator types count chips (v6e-256 = 256 chips).
+* [7x-names] Ironwood quick starts create a 4-chip VM (GKE machine type tpu7x-standard-4t) with
+  ``gcloud ... --accelerator-type=tpu7x-8``; AOT compile guides note "tpu7x-128 = 128 devices =
+  64 chips". So tpu7x names count TensorCores (= JAX devices), like v5p.
 * [jte] jax-tpu-embedding 0.1.0 ``utils.NUM_SC_PER_DEVICE_MAP``: 4 SparseCores per JAX device on
   v5p, 2 on v6e, 2 on TPU7x "megacore disabled" -- TPU7x exposes each of its two chiplets
   (one TensorCore + two SparseCores) as its own JAX device, so a chip has 4 SparseCores.
@@ -84,7 +87,7 @@ CHIP_GENERATIONS: dict[str, ChipGeneration] = {
         dcn_bandwidth_bytes_per_s=100e9 / 8, devices_per_chip=1, name_counts_tensorcores=False,
         chips_per_host=8, chips_per_pod=256,
     ),
-    # tpu7x / Ironwood [cmp][jte]: 192 GiB HBM3e at 7,380 GB/s; ICI 1,200 GB/s bidirectional; DCN
+    # tpu7x / Ironwood [cmp][jte][7x-names]: 192 GiB HBM3e at 7,380 GB/s; ICI 1,200 GB/s bidirectional; DCN
     # 100 Gb/s per chip; 2,307 TFLOP/s bf16; 3D torus, pod 9,216 chips. Two chiplets per chip, each
     # a JAX device with one TensorCore and two SparseCores; accelerator types count TensorCores
     # ("tpu7x-8" = 4 chips = 8 devices). Max single-slice size is not published: we allow a pod.

@@ -103,3 +103,15 @@ def test_bad_tables_file(tmp_path, capsys, content, message):
     path.write_text(content)
     assert main(["--tables", str(path), "--topology", "v5p-8"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_multislice_and_topology_file(tmp_path, capsys):
+    topo = tmp_path / "topo.yaml"
+    topo.write_text("slice: v5p-8\ncosts:\n  hbm_reserved_fraction: 0.5\n")
+    out = tmp_path / "plan.json"
+    assert main(["--tables", str(DLRM_TABLES), "--topology", str(topo), "--slices", "4", "--batch-size", "16384",
+                 "--max-ids-per-partition", "4096", "--out", str(out)]) == 0
+    plan = load_plan(out)
+    assert len(plan.devices) == 16 and plan.topology["num_slices"] == 4
+    assert plan.usable_hbm_bytes_per_device == int(95 * 2**30 * 0.5)
+    assert "v5p-8 x4 slices" in capsys.readouterr().out

@@ -52,10 +52,10 @@ def format_plan(plan: Plan, top: int = 20) -> str:
                      f"{_placement(plan, i)[:60]}")
     if len(order) > top:
         lines.append(f"... {len(order) - top} more tables (see the plan JSON / HTML report)")
-    lines += ["", f"{'device':>6} {'memory':>10} {'lookup':>12} {'comm':>12} {'other':>12} {'total':>12}"]
+    lines += ["", f"{'device':>6} {'chip':>5} {'memory':>10} {'lookup':>12} {'comm':>12} {'other':>12} {'total':>12}"]
     slowest = sorted(plan.devices, key=lambda d: (-d.time_s, d.device))
     for d in slowest[: min(top, 8)]:
-        lines.append(f"{d.device:>6} {_gib(d.memory_bytes):>10} {_us(d.lookup_s):>12} {_us(d.comm_s):>12} "
+        lines.append(f"{d.device:>6} {d.chip:>5} {_gib(d.memory_bytes):>10} {_us(d.lookup_s):>12} {_us(d.comm_s):>12} "
                      f"{_us(d.allreduce_s + d.overhead_s):>12} {_us(d.time_s):>12}")
     return "\n".join(lines)
 
