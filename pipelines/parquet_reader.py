@@ -21,6 +21,7 @@ from typing import Iterator, Sequence, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from pipelines.arrow_batch import TableSizes, batch_from_arrow, table_sizes_for
@@ -99,10 +100,24 @@ def shard_range(num_rows: int, rank: int, world_size: int) -> tuple[int, int]:
     return rank * num_rows // world_size, (rank + 1) * num_rows // world_size
 
 
+def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values, else those of the initialized default process group, else (0, 1)."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if dist.is_available() and dist.is_initialized():
+        return (
+            dist.get_rank() if rank is None else rank,
+            dist.get_world_size() if world_size is None else world_size,
+        )
+    return rank or 0, world_size or 1
+
+
 class ParquetBatchReader:
     """Iterable of Batches of ``batch_size`` rows from Parquet files (see the module docstring).
 
-    ``prefetch_row_groups`` row groups are decoded ahead on a background thread (0: none).
+    ``rank`` / ``world_size`` default to those of the initialized ``torch.distributed`` default
+    group (else a single rank). ``prefetch_row_groups`` row groups are decoded ahead on a
+    background thread (0: none).
     """
 
     def __init__(
@@ -111,8 +126,8 @@ class ParquetBatchReader:
         batch_size: int,
         num_embeddings_per_feature: TableSizes,
         schema: DatasetSchema = CRITEO,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
         drop_last: bool = False,
         prefetch_row_groups: int = 2,
     ) -> None:
@@ -125,6 +140,7 @@ class ParquetBatchReader:
         self.prefetch_row_groups = prefetch_row_groups
         self.row_groups = self._index_row_groups()
         self.num_rows = sum(group.num_rows for group in self.row_groups)
+        rank, world_size = _resolve_rank(rank, world_size)
         start, stop = shard_range(self.num_rows, rank, world_size)
         if drop_last:
             stop = start + (self.num_rows // world_size) // batch_size * batch_size
