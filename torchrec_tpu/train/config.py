@@ -82,7 +82,14 @@ class TrainConfig:
         default="adagrad", metadata=_flag("optimizer of the MLPs", choices=DENSE_OPTIMIZERS)
     )
     dense_lr: float = field(default=0.05, metadata=_flag("dense learning rate"))
-    seed: int = field(default=0, metadata=_flag("random seed (model init and data order)"))
+    seed: int = field(default=0, metadata=_flag("random seed (model init)"))
+    num_threads: int = field(
+        default=1,
+        metadata=_flag(
+            "CPU threads per process for torch/FBGEMM kernels (0: torch's default, one per core); "
+            "1 keeps small models fast on a busy machine, where spinning threads compete for cores"
+        ),
+    )
     log_dir: str | None = field(
         default=None, metadata=_flag("TensorBoard log directory (default: runs/<UTC timestamp>)")
     )
@@ -103,7 +110,7 @@ class TrainConfig:
         for name in ("num_embeddings", "embedding_dim", "batch_size", "eval_batch_size", "epochs",
                      "eval_files", "log_every", "dcn_num_layers", "dcn_low_rank_dim"):
             _require(name, getattr(self, name), lambda v: v >= 1, "must be >= 1")
-        for name in ("max_steps", "eval_every"):
+        for name in ("max_steps", "eval_every", "num_threads"):
             _require(name, getattr(self, name), lambda v: v >= 0, "must be >= 0")
         for name in ("sparse_lr", "dense_lr"):
             _require(name, getattr(self, name), lambda v: v > 0, "must be > 0")

@@ -54,7 +54,7 @@ def split_files(files: list[Path], eval_files: int, source: Path) -> tuple[list[
     """(train files, held-out files): the last ``eval_files`` files are held out."""
     if len(files) <= eval_files:
         raise ConfigError(
-            f"--data={str(source)!r} has {len(files)} Parquet files; holding out "
+            f"--data={str(source)!r} has {len(files)} Parquet file(s); holding out "
             f"--eval-files={eval_files} needs at least {eval_files + 1}"
         )
     return files[:-eval_files], files[-eval_files:]

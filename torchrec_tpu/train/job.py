@@ -67,6 +67,8 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
     log_dir = _agreed_log_dir(config, env)
     checkpoint_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else log_dir / "checkpoint"
     torch.manual_seed(config.seed)
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
     with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         model = shard_model(build_dlrm(spec, dense_device=device), env, device,

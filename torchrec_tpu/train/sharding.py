@@ -15,7 +15,9 @@ import torch.distributed as dist
 from torch import nn
 from torchrec import EmbeddingBagCollection
 from torchrec.distributed import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -29,6 +31,8 @@ SPARSE_OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
     "rowwise_adagrad": RowWiseAdagrad,  # EXACT_ROWWISE_ADAGRAD: one accumulator per row
     "sgd": torch.optim.SGD,  # EXACT_SGD
 }
+# Memory the planner keeps free for activations and dense parameters (its default percentage).
+STORAGE_RESERVED_FRACTION = 0.15
 DENSE_OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
     "adagrad": torch.optim.Adagrad,
     "adam": torch.optim.Adam,
@@ -55,13 +59,14 @@ def shard_model(
     apply_optimizer_in_backward(
         SPARSE_OPTIMIZER_CLASSES[sparse_optimizer], embedding_params, {"lr": sparse_lr}
     )
-    topology = Topology(
-        world_size=env.world_size,
-        local_world_size=env.local_world_size,
-        compute_device=device.type,
+    topology = TopologyFactory.create_topology(
+        TrainerConfig(world_size=env.world_size, local_world_size=env.local_world_size),
+        kernel_config=KernelConfig(compute_device=device.type),
     )
     planner = EmbeddingShardingPlanner(
-        topology=topology, batch_size=max(1, batch_size // env.world_size)
+        topology=topology,
+        batch_size=max(1, batch_size // env.world_size),
+        storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVED_FRACTION),
     )
     plan = planner.collective_plan(model, pg=dist.GroupMember.WORLD)
     return DistributedModelParallel(module=model, device=device, plan=plan)

@@ -1,0 +1,45 @@
+"""Shared fixtures: a tiny synthetic dataset with a learnable signal and one job trained on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.synthetic import SyntheticConfig, generate
+from torchrec_tpu.train.config import TrainConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SAMPLE_CSV = REPO_ROOT / ".." / "shared" / "data" / "criteo_sample.csv"
+
+# 3 files of 8192 rows: 2 to train on, 1 held out. Tables of at most 500 rows, so the hidden
+# per-id label effects of the signal features are seen often enough to be learned in 2 epochs.
+TINY_DATA = SyntheticConfig(
+    num_rows=3 * 8192, seed=3, max_cardinality=500, rows_per_file=8192, row_group_size=4096
+)
+
+
+def tiny_config(data: Path, log_dir: Path, **overrides: object) -> TrainConfig:
+    values: dict[str, object] = dict(
+        data=str(data), num_embeddings=500, embedding_dim=8, dense_arch="16,8",
+        over_arch="16,1", batch_size=256, eval_batch_size=1024, epochs=2, log_every=8, num_threads=1,
+        sparse_lr=0.1, dense_lr=0.05, log_dir=str(log_dir), progress=False,
+    )
+    values.update(overrides)
+    return TrainConfig(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny_synthetic")
+    generate(TINY_DATA, out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One DLRM job trained on the tiny dataset (world of 1): its config and summary."""
+    from torchrec_tpu.train.job import run_job
+
+    config = tiny_config(tiny_dataset, tmp_path_factory.mktemp("run") / "logs")
+    return config, run_job(config)

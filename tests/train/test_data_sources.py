@@ -1,0 +1,55 @@
+"""``--data`` sources through the real CLI: the real Criteo sample (with DLRM_DCN), bad sources."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchrec_tpu import cli
+from torchrec_tpu.train.checkpoint import STATE_DIR
+
+from tests.train.conftest import SAMPLE_CSV
+
+
+def test_sample_data_trains_dlrm_dcn_end_to_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert SAMPLE_CSV.is_file(), f"real Criteo sample missing at {SAMPLE_CSV}"
+    log_dir = tmp_path / "logs"
+    argv = ["train", "--data", "sample", "--model", "dlrm_dcn", "--dcn-num-layers", "2",
+            "--dcn-low-rank-dim", "4", "--num-embeddings", "64", "--embedding-dim", "8",
+            "--dense-arch", "16,8", "--over-arch", "16,1", "--batch-size", "16", "--epochs", "2",
+            "--log-every", "5", "--log-dir", str(log_dir), "--no-progress"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    # 200 rows in 5 files of 40: 160 to train on (10 steps of 16 per epoch), 40 held out.
+    assert "160 train rows in 4 files, 40 held-out rows in 1 files" in out
+    assert "steps           20 (320 samples" in out
+    assert "eval AUC" in out and str(log_dir) in out
+    meta = json.loads((log_dir / "checkpoint" / "meta.json").read_text())
+    assert meta["config"]["model"] == "dlrm_dcn" and meta["step"] == 20
+    state = torch.distributed.checkpoint.FileSystemReader(
+        str(log_dir / "checkpoint" / STATE_DIR)).read_metadata().state_dict_metadata
+    crossnet = [k for k in state if k.startswith("model.model.inter_arch.crossnet.V_kernels")]
+    assert len(crossnet) == 2  # DLRM_DCN with --dcn-num-layers 2, not plain DLRM
+
+
+def test_a_single_file_cannot_be_split(
+    tiny_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one = tmp_path / "one"
+    one.mkdir()
+    shutil.copy(sorted(tiny_dataset.glob("*.parquet"))[0], one)
+    assert cli.main(["train", "--data", str(one), "--log-dir", str(tmp_path / "l")]) == 2
+    assert (f"--data='{one}' has 1 Parquet file(s); holding out --eval-files=1 needs at least 2"
+            in capsys.readouterr().err)
+
+
+def test_an_unknown_source_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nowhere"
+    assert cli.main(["train", "--data", str(missing), "--log-dir", str(tmp_path / "l")]) == 2
+    assert "is neither 'synthetic', 'sample' nor a directory" in capsys.readouterr().err
