@@ -97,3 +97,8 @@ def test_drop_policy_matches_jax_tpu_embedding(max_ids):
 def test_real_criteo_sample_matches_jax_tpu_embedding(criteo_kjt):
     kjt, plan = criteo_kjt
     _assert_same_as_jte(plan, kjt)
+
+
+def test_large_topology_matches_jax_tpu_embedding():
+    plan = _plan(SparseCoreTopology("v5p", 16), "sqrtn", batch=2048)  # 64 SparseCores
+    _assert_same_as_jte(plan, random_kjt(plan, seed=3, max_hot=16, id_range=200))

@@ -107,3 +107,28 @@ def test_layout_and_placement_match_jax_tpu_embedding():
     stacked = jte.stack_and_shard_tables(
         {f.table: specs[f.name] for f in features}, {k: jnp.asarray(v.numpy()) for k, v in weights.items()}, 8)
     np.testing.assert_array_equal(np.asarray(stacked[stack.name]).reshape(ours.shape), ours)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 20)), min_size=1, max_size=5),
+    chips=st.sampled_from([1, 2, 4]),
+    generation=st.sampled_from(["v5p", "v6e", "tpu7x"]),
+    rotation=st.integers(0, 9),
+)
+def test_stacking_round_trips_for_any_shapes(shapes, chips, generation, rotation):
+    topology = SparseCoreTopology(generation, chips)
+    tables = [TableSpec(f"t{i}", v, d) for i, (v, d) in enumerate(shapes)]
+    features = [FeatureSpec(f"f{i}", f"t{i}", 8 * topology.num_sparsecores) for i in range(len(tables))]
+    plan = plan_stacking(tables, features, topology, rotation=rotation)
+    for stack in plan.stacks:
+        assert stack.dim % 8 == 0 and stack.vocab_size % (8 * topology.num_sparsecores) == 0
+        weights = {p.table: plan.tables[p.table].init_weights(seed=0) for p in stack.tables}
+        back = unstack_rows(stack, stack_rows(stack, weights))
+        assert all(torch.equal(back[name], w) for name, w in weights.items())
+        rows = np.concatenate([stack.physical_rows(p.table, np.arange(p.padded_vocab_size)) for p in stack.tables])
+        np.testing.assert_array_equal(np.sort(rows), np.arange(stack.vocab_size))  # a bijection
