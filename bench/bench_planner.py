@@ -7,7 +7,7 @@
    by our SparseCore estimator through the "mtia" proxy) vs our search, both plans scored by the
    same TPU cost model. Ratios > 1 favour ours. Timings on a shared 2-core box are noisy.
 
-    .venv/bin/python bench/bench_planner.py [--tables 60] [--repeats 3]
+    .venv/bin/python bench/bench_planner.py [--tables 60] [--topology v5p-16] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -51,13 +51,13 @@ def bench_scale(repeats: int) -> None:
               f"{plan.lower_bound_s * 1e6:>10.1f} {plan.quality:>7.3f}x")
 
 
-def bench_vs_torchrec(num_tables: int, repeats: int) -> None:
+def bench_vs_torchrec(num_tables: int, topology: str, repeats: int) -> None:
     from torchrec_tpu.planner.torchrec_adapter import assignments_from_torchrec, plan_with_torchrec
 
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     tables = synthetic_tables(num_tables, seed=1)
-    topo = parse_accelerator_type("v5p-16")
+    topo = parse_accelerator_type(topology)
     batch, limit = 16384, 8192
     tr_seconds, module_plan = _timed(lambda: plan_with_torchrec(tables, topo, batch, limit), 1)
     scorer = Partitioner(topo, batch, limit)
@@ -75,10 +75,13 @@ def bench_vs_torchrec(num_tables: int, repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=60, help="tables in the head-to-head run")
+    parser.add_argument("--topology", default="v5p-16", help="slice of the head-to-head run (v5p-16: 8 devices)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-scale", action="store_true", help="only the head-to-head run")
     args = parser.parse_args()
-    bench_scale(args.repeats)
-    bench_vs_torchrec(args.tables, args.repeats)
+    if not args.skip_scale:
+        bench_scale(args.repeats)
+    bench_vs_torchrec(args.tables, args.topology, args.repeats)
 
 
 if __name__ == "__main__":
