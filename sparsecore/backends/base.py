@@ -30,15 +30,20 @@ class Backend(ABC):
         self.last_stats: dict[str, StackStats] = {}
         if weights is None:
             weights = {name: spec.init_weights(seed) for name, spec in plan.tables.items()}
-        for name, spec in plan.tables.items():
-            if name not in weights:
-                raise KeyError(f"initial weights missing for table {name!r}")
-            if tuple(weights[name].shape) != (spec.vocab_size, spec.dim):
-                raise ValueError(
-                    f"table {name!r}: initial weights have shape {tuple(weights[name].shape)}, "
-                    f"expected {(spec.vocab_size, spec.dim)}"
-                )
-        self._initial_weights = {k: v.detach().to(torch.float32) for k, v in weights.items()}
+        self._initial_weights = dict(weights)
+
+    def load_state(self, weights: Mapping[str, torch.Tensor],
+                   slots: Mapping[str, Mapping[str, torch.Tensor]] | None = None, steps: int = 0) -> None:
+        """Replace all weights (and slots, default: the optimizer's initial values) and the step
+        count, e.g. from a checkpoint of ``table_weights`` / ``optimizer_slots`` / ``steps``."""
+        slots = slots if slots is not None else initial_slots(self.plan)
+        check_state(self.plan, weights, slots)
+        self._load(weights, slots)
+        self.steps = steps
+
+    @abstractmethod
+    def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Install checked weights and slots."""
 
     @abstractmethod
     def forward(self, inputs: Mapping[str, FeatureInput]) -> tuple[dict[str, torch.Tensor], Any]:
@@ -57,11 +62,33 @@ class Backend(ABC):
         """Current optimizer slots by table and slot name ([vocab, dim], or [vocab] row slots)."""
 
 
-def initial_slot(plan: StackingPlan, table: str, slot: str) -> torch.Tensor:
-    """A table's slot filled with the optimizer's initial value."""
-    spec = plan.tables[table]
-    shape = (spec.vocab_size,) if slot in spec.optimizer.row_slots else (spec.vocab_size, spec.dim)
-    return torch.full(shape, spec.optimizer.slot_initial_values()[slot], dtype=torch.float32)
+def initial_slots(plan: StackingPlan) -> dict[str, dict[str, torch.Tensor]]:
+    """Every table's slots filled with the optimizer's initial values."""
+    out = {}
+    for name, spec in plan.tables.items():
+        out[name] = {
+            slot: torch.full((spec.vocab_size,) if slot in spec.optimizer.row_slots else (spec.vocab_size, spec.dim),
+                             value, dtype=torch.float32)
+            for slot, value in spec.optimizer.slot_initial_values().items()
+        }
+    return out
+
+
+def check_state(plan: StackingPlan, weights: Mapping[str, torch.Tensor],
+                slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+    """Weights and slots exist for every table with the table's shapes."""
+    for name, spec in plan.tables.items():
+        if name not in weights:
+            raise KeyError(f"weights missing for table {name!r}")
+        if tuple(weights[name].shape) != (spec.vocab_size, spec.dim):
+            raise ValueError(f"table {name!r}: weights have shape {tuple(weights[name].shape)}, "
+                             f"expected {(spec.vocab_size, spec.dim)}")
+        for slot in spec.optimizer.slot_names:
+            expected = (spec.vocab_size,) if slot in spec.optimizer.row_slots else (spec.vocab_size, spec.dim)
+            got = slots.get(name, {}).get(slot)
+            if got is None or tuple(got.shape) != expected:
+                raise ValueError(f"table {name!r}: optimizer slot {slot!r} must have shape {expected}, got "
+                                 f"{None if got is None else tuple(got.shape)}")
 
 
 def check_grads(plan: StackingPlan, grads: Mapping[str, torch.Tensor]) -> None:

@@ -81,13 +81,20 @@ class FbgemmBackend(Backend):
             optimizer=optim_type, learning_rate=self.optimizer.learning_rate, eps=eps, weight_decay=0.0,
             pooling_mode=PoolingMode.SUM,
         )
+        self.load_state(self._initial_weights)
+
+    def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         with torch.no_grad():
-            for name, w in zip(self._table_names, self.tbe.split_embedding_weights()):
+            for name, w, d in zip(self._table_names, self.tbe.split_embedding_weights(), self._dims):
                 w.zero_()
-                w[:, : plan.tables[name].dim] = self._initial_weights[name]
-            for name, states in zip(self._table_names, self.tbe.split_optimizer_states()):
+                w[:, :d] = weights[name]
+            for name, states, d in zip(self._table_names, self.tbe.split_optimizer_states(), self._dims):
                 for slot, state in zip(self.optimizer.slot_names, states):
-                    state.fill_(self.optimizer.slot_initial_values()[slot])
+                    state.fill_(self.optimizer.slot_initial_values()[slot])  # padding columns too
+                    if state.dim() == 1:
+                        state.copy_(slots[name][slot])
+                    else:
+                        state[:, :d] = slots[name][slot]
 
     def forward(self, inputs: Mapping[str, FeatureInput]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         ids, lengths, gains = [], [], []

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from sparsecore.backends.base import Backend, check_grads, initial_slot
+from sparsecore.backends.base import Backend, check_grads
 from sparsecore.backends.xla_optimizers import apply_update
 from sparsecore.preprocess import (
     ALIGN,
@@ -110,17 +110,21 @@ class XlaBackend(Backend):
         self.overflow = overflow
         devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
         self._geometry = {st.name: StackGeometry(st, devices, s) for st in plan.stacks}
-        self._tables = {st.name: to_jax(stack_rows(st, {t.table: self._initial_weights[t.table] for t in st.tables}))
-                        for st in plan.stacks}
-        self._slots = {
-            st.name: {slot: to_jax(stack_rows(st, {t.table: initial_slot(plan, t.table, slot) for t in st.tables}))
-                      for slot in st.optimizer.slot_names}
-            for st in plan.stacks
-        }
+        self._tables: dict[str, jax.Array] = {}
+        self._slots: dict[str, dict[str, jax.Array]] = {}
+        self.load_state(self._initial_weights)
         # only row-wise optimizers need each row's logical dim; others get a 1-element dummy
         self._row_dims = {st.name: jnp.asarray(st.row_dims() if st.optimizer.row_slots else [1], dtype=jnp.float32)
                           for st in plan.stacks}
         self._rows_of_feature = {st.name: _feature_rows(st, devices * s) for st in plan.stacks}
+
+    def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        for st in self.plan.stacks:
+            self._tables[st.name] = to_jax(stack_rows(st, {t.table: weights[t.table].float() for t in st.tables}))
+            self._slots[st.name] = {
+                slot: to_jax(stack_rows(st, {t.table: slots[t.table][slot].float() for t in st.tables}))
+                for slot in st.optimizer.slot_names
+            }
 
     def forward(self, inputs: Mapping[str, FeatureInput]) -> tuple[dict[str, torch.Tensor], PreprocessedBatch]:
         batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
