@@ -82,33 +82,50 @@ td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: right; }
 td.l, th.l { text-align: left; }
 .row_wise { fill: #4878d0; background: #dbe5f7; } .table_wise { fill: #ee854a; background: #fbe3d5; }
 .column_wise { fill: #6acc64; background: #e0f4df; } .data_parallel { fill: #956cb4; background: #eae1f1; }
-.bar { fill: #4878d0; } .limit { stroke: #d62728; stroke-width: 1.5; stroke-dasharray: 4 2; }
+.s0 { fill: #4878d0; } .s1 { fill: #ee854a; } .s2 { fill: #956cb4; } .s3 { fill: #8c8c8c; } .limit { stroke: #d62728; stroke-width: 1.5; stroke-dasharray: 4 2; }
 """
 
 
-def _bar_chart(title: str, values: Sequence[float], limit: float, unit: str, limit_label: str) -> str:
+def _bar_chart(title: str, series: Sequence[tuple[str, str, Sequence[float]]], limit: float, unit: str,
+               limit_label: str) -> str:
+    """Stacked bars, one per device; ``series`` = (label, css class, value per device)."""
     width, height, pad = 900.0, 180.0, 40.0
-    top = max(max(values, default=0.0), limit) or 1.0
-    bar = (width - pad) / max(len(values), 1)
-    parts = [f'<h3>{escape(title)}</h3>',
-             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height + 20:.0f}" role="img">']
-    for i, v in enumerate(values):
-        h = height * v / top
-        parts.append(f'<rect class="bar" x="{pad + i * bar:.2f}" y="{height - h:.2f}" width="{max(bar - 1, 0.5):.2f}" '
-                     f'height="{h:.2f}"><title>device {i}: {v:.3f} {escape(unit)}</title></rect>')
+    count = len(series[0][2])
+    totals = [sum(values[i] for _, _, values in series) for i in range(count)]
+    top = max(max(totals, default=0.0), limit) or 1.0
+    bar = (width - pad) / max(count, 1)
+    parts = [f"<h3>{escape(title)}</h3>",
+             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height + 34:.0f}" role="img">']
+    for i in range(count):
+        base = height
+        for label, css, values in series:
+            h = height * values[i] / top
+            base -= h
+            parts.append(f'<rect class="{css}" x="{pad + i * bar:.2f}" y="{base:.2f}" width="{max(bar - 1, 0.5):.2f}" '
+                         f'height="{h:.2f}"><title>device {i} {escape(label)}: {values[i]:.3f} {escape(unit)}</title></rect>')
     y = height - height * limit / top
     parts.append(f'<line class="limit" x1="{pad}" x2="{width}" y1="{y:.2f}" y2="{y:.2f}"/>')
     parts.append(f'<text x="{pad}" y="{max(y - 3, 10):.2f}" font-size="11">{escape(limit_label)}</text>')
     parts.append(f'<text x="0" y="12" font-size="11">{top:.3g} {escape(unit)}</text>')
-    parts.append(f'<text x="{pad}" y="{height + 14:.0f}" font-size="11">device 0 .. {len(values) - 1}</text></svg>')
+    parts.append(f'<text x="{pad}" y="{height + 14:.0f}" font-size="11">device 0 .. {count - 1}</text>')
+    x = pad + 140
+    for label, css, _ in series:
+        parts.append(f'<rect class="{css}" x="{x:.0f}" y="{height + 22:.0f}" width="10" height="10"/>'
+                     f'<text x="{x + 14:.0f}" y="{height + 31:.0f}" font-size="11">{escape(label)}</text>')
+        x += 14 + 7 * len(label) + 20
+    parts.append("</svg>")
     return "\n".join(parts)
 
 
 def render_html(plan: Plan, title: str = "torchrec-tpu sharding plan") -> str:
     """A self-contained XHTML page (no external assets): summary, per-device HBM and step-time
     bars with the HBM limit and the lower bound, and every table's placement."""
-    memory = [d.memory_bytes / GIB for d in plan.devices]
-    times = [d.time_s * 1e6 for d in plan.devices]
+    memory = [("parameters + slots", "s0", [d.hbm_bytes / GIB for d in plan.devices]),
+              ("activation + all-to-all buffers", "s1", [d.buffer_bytes / GIB for d in plan.devices])]
+    times = [("SparseCore lookups", "s0", [d.lookup_s * 1e6 for d in plan.devices]),
+             ("all-to-all", "s1", [d.comm_s * 1e6 for d in plan.devices]),
+             ("all-reduce", "s2", [d.allreduce_s * 1e6 for d in plan.devices]),
+             ("overheads", "s3", [d.overhead_s * 1e6 for d in plan.devices])]
     rows = []
     for i, t in enumerate(plan.tables):
         rows.append(f'<tr class="{t.sharding_type}"><td class="l">{escape(t.name)}</td><td>{t.rows:,}</td>'
