@@ -1,7 +1,7 @@
 """Chunked Parquet output: a stream of record batches becomes ``part-NNNNN.parquet`` files of at
 most ``rows_per_file`` rows, each with row groups of ``row_group_size`` rows (the last may be
 smaller). Each file is written under a temporary name and renamed when complete, so a killed run
-leaves no partial ``.parquet`` file behind.
+leaves no partial ``.parquet`` file behind; a run that fails with an exception removes its files.
 """
 
 from __future__ import annotations
@@ -112,7 +112,12 @@ class ParquetShardWriter:
         if exc_type is None:
             self.close()
             return
+        # A failed run removes its output, finished files included: a partial dataset must not
+        # pass for a complete one.
         if self._writer is not None and self._temp_path is not None:
             self._writer.close()
             self._temp_path.unlink(missing_ok=True)
             self.files.pop()
+        for path in self.files:
+            path.unlink(missing_ok=True)
+        self.files = []

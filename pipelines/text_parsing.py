@@ -14,13 +14,14 @@ import pyarrow.compute as pc
 # At most 18 digits so every accepted value fits int64; an all-zero fraction is accepted because
 # some exports (the Kaggle sample among them) write integer counts as "260.0".
 _INT_PATTERN = r"^-?[0-9]{1,18}(\.0*)?$"
-# Up to 16 hex digits; a 16-digit value must leave the sign bit clear to fit int64.
-_HEX_PATTERN = r"^([0-9a-fA-F]{1,15}|[0-7][0-9a-fA-F]{15})$"
 _BINARY_LABEL_PATTERN = r"^[01](\.0*)?$"
+_MAX_HEX_DIGITS = 16
 
-_HEX_DIGITS = np.zeros(256, dtype=np.uint64)
+_NIBBLE = np.zeros(256, dtype=np.uint8)
+_IS_HEX_DIGIT = np.zeros(256, dtype=bool)
 for _digit in "0123456789abcdef":
-    _HEX_DIGITS[ord(_digit)] = _HEX_DIGITS[ord(_digit.upper())] = int(_digit, 16)
+    for _char in {_digit, _digit.upper()}:
+        _NIBBLE[ord(_char)], _IS_HEX_DIGIT[ord(_char)] = int(_digit, 16), True
 
 
 def _malformed(strings: pa.StringArray, pattern: str) -> np.ndarray:
@@ -35,8 +36,11 @@ def _decimal_to_int64(strings: pa.StringArray, malformed: np.ndarray) -> pa.Int6
 
 def parse_int(strings: pa.StringArray) -> tuple[pa.Int64Array, np.ndarray]:
     """Decimal integers (``-1``, ``17``, ``260.0``) to nullable int64."""
-    malformed = _malformed(strings, _INT_PATTERN)
-    return _decimal_to_int64(strings, malformed), malformed
+    try:  # fast path: plain integers, as in the Criteo TSV release
+        return pc.cast(strings, pa.int64()), np.zeros(len(strings), dtype=bool)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        malformed = _malformed(strings, _INT_PATTERN)
+        return _decimal_to_int64(strings, malformed), malformed
 
 
 def parse_binary_label(strings: pa.StringArray) -> tuple[pa.Int8Array, np.ndarray]:
@@ -47,23 +51,48 @@ def parse_binary_label(strings: pa.StringArray) -> tuple[pa.Int8Array, np.ndarra
     return pc.cast(_decimal_to_int64(strings, malformed), pa.int8()), malformed
 
 
+def _right_aligned_digits(
+    data: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+) -> np.ndarray:
+    """uint8[n, 16] of each string's characters, right-aligned, zero-padded on the left."""
+    digits = np.full((len(lengths), _MAX_HEX_DIGITS), ord("0"), dtype=np.uint8)
+    if len(lengths) == 0:
+        return digits
+    width = int(lengths.max())
+    first = int(starts[0])
+    contiguous = (starts == first + width * np.arange(len(starts))).all()
+    if contiguous and (lengths == width).all():  # the usual case: back-to-back fixed-width ids
+        digits[:, _MAX_HEX_DIGITS - width :] = data[first : first + width * len(lengths)].reshape(
+            -1, width
+        )
+        return digits
+    column = np.arange(_MAX_HEX_DIGITS)
+    pad = _MAX_HEX_DIGITS - lengths
+    present = column[None, :] >= pad[:, None]
+    positions = np.where(present, starts[:, None] + column[None, :] - pad[:, None], 0)
+    digits[present] = data[positions[present]]
+    return digits
+
+
 def parse_hex(strings: pa.StringArray) -> tuple[pa.Int64Array, np.ndarray]:
-    """Hexadecimal ids (``05db9164``) to nullable int64, equal to ``int(x, 16)``."""
-    malformed = _malformed(strings, _HEX_PATTERN)
+    """Hexadecimal ids (``05db9164``) of at most 16 digits to nullable int64, equal to
+    ``int(x, 16)``; a value of 2^63 or more does not fit int64 and is malformed."""
     missing = strings.is_null().to_numpy(zero_copy_only=False)
     offsets = np.frombuffer(strings.buffers()[1], dtype=np.int32)[
         strings.offset : strings.offset + len(strings) + 1
     ]
     data_buffer = strings.buffers()[2]
-    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(1, np.uint8)
-    starts = offsets[:-1].astype(np.int64)
-    lengths = np.where(malformed | missing, 0, np.diff(offsets)).astype(np.int64)
-    width = int(lengths.max(initial=0))
-    # Digit j counts from the right: nibble j of the value is the character at start + len - 1 - j.
-    j = np.arange(width, dtype=np.int64)
-    present = j[None, :] < lengths[:, None]
-    positions = np.where(present, starts[:, None] + lengths[:, None] - 1 - j[None, :], 0)
-    nibbles = np.where(present, _HEX_DIGITS[data[positions]], np.uint64(0))
-    values = np.bitwise_or.reduce(nibbles << (np.uint64(4) * j.astype(np.uint64)), axis=1)
-    values = np.asarray(values, dtype=np.uint64).view(np.int64)
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    present = ~missing
+    too_long = present & ((lengths == 0) | (lengths > _MAX_HEX_DIGITS))
+    candidates = present & ~too_long
+    digits = _right_aligned_digits(data, offsets[:-1][candidates], lengths[candidates])
+    valid = _IS_HEX_DIGIT[digits].all(axis=1) & (_NIBBLE[digits[:, 0]] < 8)  # sign bit clear
+    nibbles = _NIBBLE[digits]
+    big_endian = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
+    values = np.zeros(len(strings), dtype=np.int64)
+    values[candidates] = np.ascontiguousarray(big_endian).view(">u8").ravel().astype(np.int64)
+    malformed = too_long.copy()
+    malformed[candidates] = ~valid
     return pa.array(values, type=pa.int64(), mask=malformed | missing), malformed

@@ -94,6 +94,21 @@ def test_parse_int_accepts_integral_decimals(values):
     assert parsed.to_pylist() == values
 
 
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_parse_hex_fixed_width_mixed_and_sliced(offset):
+    texts = ["05db9164", "0123456789abcdef0", "0b153874", None, "zz", "68fd1e64", "", "7", "c0d61a5c"]
+    array = pa.array(texts, pa.string()).slice(offset)
+    parsed, malformed = parse_hex(array)
+    expected_malformed = [t is not None and (t == "" or len(t) > 16 or t == "zz") for t in texts]
+    assert malformed.tolist() == expected_malformed[offset:]
+    expected = [None if t is None or bad else int(t, 16) for t, bad in zip(texts, expected_malformed)]
+    assert parsed.to_pylist() == expected[offset:]
+    fixed = pa.array(["05db9164", None, "0b153874", "c0d61a5c"]).slice(offset % 2)
+    assert parse_hex(fixed)[0].to_pylist() == [
+        None if t is None else int(t, 16) for t in ["05db9164", None, "0b153874", "c0d61a5c"]
+    ][offset % 2 :]
+
+
 def test_parsers_flag_malformed_values_only():
     _, malformed = parse_hex(pa.array(["0a", "xyz", "8000000000000000", "7fffffffffffffff", None]))
     assert malformed.tolist() == [False, True, True, False, False]
