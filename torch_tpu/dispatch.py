@@ -190,10 +190,20 @@ def _out_plan(lowering: Lowering, out_names: list[str], pass_dtype: bool) -> Pla
     return run
 
 
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
 def _resize_empty(t: TpuTensor, shape: tuple[int, ...]) -> None:
-    """Give an empty tpu tensor (a factory's ``empty(0)`` before an out= kernel) a new shape."""
-    with torch.utils._mode_utils.no_dispatch():
-        torch.Tensor.set_(t, torch.empty(shape, dtype=t.dtype, device="meta").untyped_storage(), 0, shape)
+    """Give an empty tpu tensor (a factory's ``empty(0)`` before an out= kernel) a new shape.
+
+    Only tensors from the ``empty`` factory can grow: they carry a large fake (data-less) storage
+    so that torch's own metadata setter accepts the new sizes.
+    """
+    strides = tensor_mod._contiguous_strides(shape)
+    try:
+        aten.as_strided_.default.redispatch(_CPU_KEYS, t, shape, strides, 0)
+    except RuntimeError as e:
+        raise RuntimeError(f"cannot resize this tpu tensor from {list(t.shape)} to {list(shape)} in place") from e
     t._box = StorageBox(jnp.zeros(shape, to_jax_dtype(t.dtype)))
     t._full = True
 
@@ -292,13 +302,14 @@ def _equal(func: Any, args: tuple, kwargs: dict) -> bool:
 
 
 def _set_storage_view(func: Any, args: tuple, kwargs: dict) -> Any:
-    """``t.set_(other)``: make ``t`` view ``other``'s storage (used by ``param.data = ...``)."""
+    """``t.set_(other)``: make ``t`` view ``other``'s storage (``param.data = ...``)."""
     t, source = args[0], args[1]
     if not isinstance(source, TpuTensor):
         return fallback.run_on_cpu(func, args, kwargs)
-    with torch.utils._mode_utils.no_dispatch():
-        meta = _meta_like(source)
-        torch.Tensor.set_(t, meta.untyped_storage(), source.storage_offset(), source.shape, source.stride())
+    try:
+        aten.as_strided_.default.redispatch(_CPU_KEYS, t, source.shape, source.stride(), source.storage_offset())
+    except RuntimeError as e:
+        raise RuntimeError(f"set_: cannot re-point a tpu tensor of shape {list(t.shape)} at another storage") from e
     t._box = source._box
     t._full = source._full
     return t

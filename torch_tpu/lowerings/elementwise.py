@@ -278,13 +278,13 @@ def lerp(self, end, weight):
 
 
 @register_lowering(aten.addcmul.default)
-def addcmul(self, tensor1, tensor2, *, value=1):
+def addcmul(self, tensor1, tensor2, value=1):
     a, t1, t2 = promoted(self, tensor1, tensor2)
     return a + _scaled(t1 * t2, value)
 
 
 @register_lowering(aten.addcdiv.default)
-def addcdiv(self, tensor1, tensor2, *, value=1):
+def addcdiv(self, tensor1, tensor2, value=1):
     a, t1, t2 = promoted(self, tensor1, tensor2)
     if jnp.issubdtype(t1.dtype, jnp.integer):
         raise ValueError("Integer division with addcdiv is no longer supported")

@@ -1,0 +1,86 @@
+"""The ``torch.compile(backend="tpu")`` backend: Dynamo -> AOTAutograd (core ATen) -> registry -> XLA.
+
+AOTAutograd splits training graphs into a forward and a backward graph; each becomes one
+:class:`~torch_tpu.compile.graph.CompiledGraph` (one ``jax.jit`` program). Compile with
+``dynamic=False``: symbolic sizes cannot cross into ``jax.jit``; use
+:func:`torch_tpu.compile.bucketed` to bound the number of distinct shapes instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+
+from torch_tpu.compile.graph import CompiledGraph
+
+BACKEND_NAME = "tpu"
+
+
+@dataclasses.dataclass
+class CompileStats:
+    """What the backend compiled since the last :func:`reset_compile_stats`."""
+
+    graphs: int = 0  # forward/backward/inference graphs handed to the backend
+    recompiles: int = 0  # graphs whose ops were compiled before for other input shapes/dtypes
+
+
+_stats = CompileStats()
+_seen_structures: dict[str, set[str]] = {}  # graph code digest -> translation keys compiled for it
+_compiled: list[CompiledGraph] = []
+
+
+def compile_stats() -> CompileStats:
+    """A snapshot of the compile counters."""
+    return dataclasses.replace(_stats)
+
+
+def reset_compile_stats() -> None:
+    _stats.graphs = 0
+    _stats.recompiles = 0
+    _seen_structures.clear()
+    _compiled.clear()
+
+
+def compiled_graphs() -> list[CompiledGraph]:
+    """Every graph compiled since the last reset, oldest first (their ``stablehlo()`` is the program)."""
+    return list(_compiled)
+
+
+def _graph_compiler(kind: str):
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+        compiled = CompiledGraph(gm, example_inputs, kind)
+        structure = hashlib.sha256(gm.code.encode()).hexdigest()
+        keys = _seen_structures.setdefault(structure, set())
+        if keys and compiled.key not in keys:
+            _stats.recompiles += 1
+        keys.add(compiled.key)
+        _stats.graphs += 1
+        _compiled.append(compiled)
+        return compiled
+
+    return compile_graph
+
+
+def _tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    torch.autograd.set_multithreading_enabled(False)  # device backward on a worker thread aborts under jax
+    return aot_autograd(
+        fw_compiler=_graph_compiler("forward"),
+        bw_compiler=_graph_compiler("backward"),
+        inference_compiler=_graph_compiler("inference"),
+        decompositions=core_aten_decompositions(),
+    )(gm, example_inputs)
+
+
+def register() -> None:
+    """Make ``torch.compile(..., backend="tpu")`` available (idempotent)."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if BACKEND_NAME not in _BACKENDS:
+        register_backend(_tpu_backend, name=BACKEND_NAME)

@@ -1,0 +1,100 @@
+"""Translate a core-ATen FX graph into one pure JAX function through the shared op registry.
+
+Every ``call_function`` node must be an aten ``OpOverload`` with a lowering in
+``torch_tpu.registry`` (or ``operator.getitem`` on a multi-output node). Random lowerings draw
+their keys from one key-data argument appended after the graph inputs, so the traced function is
+pure and exportable.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+from torch_tpu._jax import jax
+from torch_tpu.registry import Lowering, get_lowering
+from torch_tpu.tensor import TpuTensor, cpu_to_jax, to_jax
+
+
+class UnloweredOpError(NotImplementedError):
+    """A graph uses ops the registry cannot lower."""
+
+
+def graph_lowerings(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, Lowering]:
+    """The lowering of every op node, raising one error that names all unlowered ops."""
+    found: dict[torch.fx.Node, Lowering] = {}
+    missing: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        lowering = get_lowering(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+        if lowering is None:
+            missing.add(str(node.target))
+            continue
+        if not lowering.static_shape:
+            missing.add(f"{node.target} (output shape depends on values)")
+            continue
+        found[node] = lowering
+    if missing:
+        raise UnloweredOpError(
+            "torch.compile(backend='tpu'): no JAX lowering for " + ", ".join(sorted(missing))
+            + " (add it to the torch_tpu registry)"
+        )
+    return found
+
+
+def needs_random_key(gm: torch.fx.GraphModule) -> bool:
+    return any(lowering.needs_key for lowering in graph_lowerings(gm).values())
+
+
+def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
+    """``fn(*graph_inputs[, key_data]) -> tuple of outputs`` over JAX arrays, for ``jax.jit``."""
+    lowerings = graph_lowerings(gm)
+    constants = {
+        node: _constant(gm, node.target) for node in gm.graph.nodes if node.op == "get_attr"
+    }
+    random_nodes = [node for node, lowering in lowerings.items() if lowering.needs_key]
+    nodes = list(gm.graph.nodes)
+
+    def run(*inputs: Any) -> tuple:
+        env: dict[torch.fx.Node, Any] = dict(constants)
+        args_iter = iter(inputs)
+        keys = {}
+        if random_nodes:
+            key_data = inputs[-1]
+            split = jax.random.split(jax.random.wrap_key_data(key_data), len(random_nodes))
+            keys = {node: split[i] for i, node in enumerate(random_nodes)}
+        result: tuple = ()
+        for node in nodes:
+            if node.op == "placeholder":
+                env[node] = next(args_iter)
+            elif node.op == "call_function":
+                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
+                if node.target is operator.getitem:
+                    env[node] = operator.getitem(*args)
+                    continue
+                lowering = lowerings[node]
+                if lowering.needs_key:
+                    kwargs["key"] = keys[node]
+                env[node] = lowering.fn(*args, **kwargs)
+            elif node.op == "output":
+                out = torch.fx.node.map_arg(node.args[0], env.__getitem__)
+                result = tuple(out) if isinstance(out, (list, tuple)) else (out,)
+        return result
+
+    return run
+
+
+def _constant(gm: torch.fx.GraphModule, target: str) -> jax.Array:
+    value = operator.attrgetter(target)(gm)
+    if not isinstance(value, torch.Tensor):
+        raise UnloweredOpError(f"graph attribute {target!r} is a {type(value).__name__}, not a tensor")
+    return _tensor_to_jax(value)
+
+
+def _tensor_to_jax(t: torch.Tensor) -> jax.Array:
+    return to_jax(t) if type(t) is TpuTensor else cpu_to_jax(t)

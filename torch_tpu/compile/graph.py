@@ -1,0 +1,133 @@
+"""One compiled FX graph: translation (cached in memory and on disk), jax.jit, and the torch boundary.
+
+A :class:`CompiledGraph` is what the "tpu" backend hands back to AOTAutograd for each forward,
+backward or inference graph. Calls take torch tensors (tpu or CPU), run the single jitted XLA
+program and return tensors on the inputs' device (tpu when any input is on tpu).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx
+
+from torch_tpu import random as tpu_random
+from torch_tpu._jax import jax
+from torch_tpu.compile import cache
+from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
+from torch_tpu.dtypes import to_jax_dtype
+from torch_tpu.registry import lowered_ops
+from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, to_cpu, to_jax
+
+_MEMORY: dict[str, Any] = {}  # translation key -> jax.export.Exported
+_registry_digest: list[str] = []
+
+
+def _registry_fingerprint() -> str:
+    if not _registry_digest:
+        names = sorted(str(op) for op in lowered_ops())
+        _registry_digest.append(hashlib.sha256("\n".join(names).encode()).hexdigest()[:16])
+    return _registry_digest[0]
+
+
+def input_specs(example_inputs: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
+    specs = []
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"torch.compile(backend='tpu'): graph input {i} is a {type(x).__name__}; only tensors are "
+                "supported (compile with dynamic=False and pad sizes with torch_tpu.compile.bucketed)"
+            )
+        specs.append(jax.ShapeDtypeStruct(tuple(int(s) for s in x.shape), to_jax_dtype(x.dtype)))
+    return specs
+
+
+def translation_key(gm: torch.fx.GraphModule, specs: Sequence[jax.ShapeDtypeStruct]) -> str:
+    h = hashlib.sha256()
+    h.update(jax.__version__.encode())
+    h.update(torch.__version__.encode())
+    h.update(_registry_fingerprint().encode())
+    h.update(gm.code.encode())
+    for spec in specs:
+        h.update(f"{spec.shape}{spec.dtype};".encode())
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            h.update(_tensor_digest(getattr(gm, node.target)))
+    return h.hexdigest()
+
+
+def _tensor_digest(t: torch.Tensor) -> bytes:
+    cpu = to_cpu(t) if type(t) is TpuTensor else t.detach().cpu()
+    raw = cpu.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(raw).digest() + str(cpu.dtype).encode() + str(tuple(cpu.shape)).encode()
+
+
+def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key: str) -> Any:
+    exported = _MEMORY.get(key)
+    if exported is not None:
+        cache._stats.fx_memory_hits += 1
+        return exported
+    blob = cache.load_translation(key)
+    if blob is not None:
+        exported = jax.export.deserialize(bytearray(blob))
+        cache._stats.fx_disk_hits += 1
+    else:
+        fn = to_jax_function(gm)
+        if needs_random_key(gm):
+            specs = [*specs, jax.ShapeDtypeStruct(_key_data_shape(), np.uint32)]
+        exported = jax.export.export(jax.jit(fn))(*specs)
+        cache._stats.fx_misses += 1
+        cache.store_translation(key, bytes(exported.serialize()))
+    _MEMORY[key] = exported
+    return exported
+
+
+def _key_data_shape() -> tuple[int, ...]:
+    return tuple(jax.random.key_data(jax.random.key(0)).shape)
+
+
+class CompiledGraph:
+    """A graph compiled to one XLA program; call with the graph's tensor inputs (as one list)."""
+
+    _boxed_call = True  # AOTAutograd passes the inputs as one list it lets us clear
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> None:
+        specs = input_specs(example_inputs)
+        self.kind = kind
+        self.key = translation_key(gm, specs)
+        self.exported = _translate(gm, specs, self.key)
+        self.random = len(self.exported.in_avals) > len(specs)
+        self._run = jax.jit(self.exported.call)
+        dump_dir = os.environ.get("TORCH_TPU_DUMP_HLO")
+        if dump_dir:
+            self.dump(dump_dir)
+
+    def stablehlo(self) -> str:
+        """The program as StableHLO text (MLIR)."""
+        return self.exported.mlir_module()
+
+    def dump(self, directory: str | os.PathLike) -> Path:
+        """Write ``<kind>-<key>.stablehlo.mlir`` into ``directory`` and return its path."""
+        path = Path(directory) / f"{self.kind}-{self.key[:16]}.stablehlo.mlir"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.stablehlo())
+        return path
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        on_tpu = any(type(a) is TpuTensor for a in args)
+        inputs = [to_jax(a) if type(a) is TpuTensor else cpu_to_jax(a) for a in args]
+        args.clear()  # boxed calling convention: let AOTAutograd free inputs early
+        if self.random:
+            inputs.append(jax.random.key_data(tpu_random.next_key()))
+        outputs = self._run(*inputs)
+        return [from_jax(o) if on_tpu else _jax_to_cpu(o) for o in outputs]
+
+
+def _jax_to_cpu(array: jax.Array) -> torch.Tensor:
+    return to_cpu(from_jax(array))
