@@ -102,6 +102,20 @@ class FdoRecorder:
             for name in names
         }
 
+    def all_reduce(self, group=None) -> None:
+        """Merge the stats of all ranks in place over torch.distributed (MAX of demands, SUM of
+        drops). Every rank must have recorded the same stacks."""
+        import torch
+        import torch.distributed as dist
+
+        state = self.state()
+        for key in sorted(state):
+            tensor = torch.from_numpy(state[key])
+            op = dist.ReduceOp.SUM if key.endswith("/dropped_ids") else dist.ReduceOp.MAX
+            dist.all_reduce(tensor, op=op, group=group)
+            state[key] = tensor.numpy()
+        self.load(state)
+
     def propose(self, headroom: float = 1.2) -> dict[str, ProposedLimits]:
         """New limits per stack: observed maximum x headroom, rounded up to a multiple of 8."""
         if headroom < 1.0:
