@@ -1,0 +1,125 @@
+"""Ray Data path vs the plain pyarrow reader: same Batches, exactly-once splits, device placement."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torchrec.datasets.utils import Batch
+
+from pipelines.arrow_batch import batch_from_arrow
+from pipelines.parquet_reader import ParquetBatchReader
+from pipelines.ray_data import (
+    RayBatchStream,
+    batch_from_model_layout,
+    preprocess,
+    preprocessed_dataset,
+    split_streams,
+)
+from tests.ray.conftest import KEYED_ROWS, SMALL
+
+KEYED_SIZES = (KEYED_ROWS + 1,) + (100,) * 25  # C1's table holds every row index unhashed
+
+
+def assert_same_batch(actual: Batch, expected: Batch) -> None:
+    torch.testing.assert_close(actual.dense_features, expected.dense_features, rtol=0, atol=0)
+    torch.testing.assert_close(actual.labels, expected.labels, rtol=0, atol=0)
+    a, e = actual.sparse_features, expected.sparse_features
+    assert a.keys() == e.keys()
+    assert torch.equal(a.lengths().to(torch.int64), e.lengths().to(torch.int64))
+    assert torch.equal(a.values(), e.values())
+
+
+def test_model_layout_round_trip_matches_arrow_batch(small_dataset: Path) -> None:
+    """preprocess -> batch_from_model_layout is the identity on Batches (multi-hot, nulls)."""
+    table = pq.read_table(sorted(small_dataset.glob("*.parquet"))[0])
+    expected = batch_from_arrow(table, SMALL.table_sizes, SMALL.schema)
+    layout = preprocess(table, SMALL.table_sizes, SMALL.schema)
+    assert layout.column_names == ["label", "dense", "lengths", "ids"]
+    # Row 0's ids, read by hand from the key-major KJT, sit first in the row-major ids column.
+    kjt = expected.sparse_features
+    row0 = [kjt[key].to_dense()[0].tolist() for key in kjt.keys()]
+    assert layout.column("ids")[0].as_py() == [i for ids in row0 for i in ids]
+    assert layout.column("lengths")[0].as_py() == [len(ids) for ids in row0]
+    assert_same_batch(batch_from_model_layout(layout, SMALL.schema), expected)
+
+
+def test_ray_stream_equals_pyarrow_reader(ray_session, small_dataset: Path) -> None:
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True
+    try:
+        dataset = preprocessed_dataset(small_dataset, SMALL.table_sizes, SMALL.schema)
+        stream = RayBatchStream(dataset, 256, SMALL.schema, device=torch.device("cpu"))
+        actual = list(stream)
+    finally:
+        context.execution_options.preserve_order = False
+    expected = list(ParquetBatchReader(small_dataset, 256, SMALL.table_sizes, SMALL.schema))
+    assert [len(b.labels) for b in actual] == [len(b.labels) for b in expected]
+    for got, want in zip(actual, expected):
+        assert_same_batch(got, want)
+
+
+def _consume(stream: RayBatchStream, out: list[np.ndarray], sizes: list[int]) -> None:
+    for batch in stream:
+        out.append(batch.sparse_features["C1"].values().cpu().numpy())
+        sizes.append(len(batch.labels))
+
+
+def _row_ids_per_split(dataset_dir: Path, world_size: int, equal: bool) -> list[np.ndarray]:
+    dataset = preprocessed_dataset(dataset_dir, KEYED_SIZES)
+    streams = split_streams(dataset, world_size, 128, device=torch.device("cpu"), equal=equal)
+    outputs: list[list[np.ndarray]] = [[] for _ in streams]
+    sizes: list[list[int]] = [[] for _ in streams]
+    threads = [threading.Thread(target=_consume, args=(s, o, z)) for s, o, z in
+               zip(streams, outputs, sizes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert all(not thread.is_alive() for thread in threads)
+    for rank_sizes in sizes:  # full batches except possibly the last one
+        assert all(size == 128 for size in rank_sizes[:-1]), rank_sizes
+    return [np.concatenate(o) if o else np.empty(0, np.int64) for o in outputs]
+
+
+def test_streaming_split_hands_every_row_to_exactly_one_rank(ray_session, keyed_dataset) -> None:
+    per_rank = _row_ids_per_split(keyed_dataset, 3, equal=False)
+    assert all(len(ids) > 0 for ids in per_rank)  # every rank got work
+    everything = np.sort(np.concatenate(per_rank))
+    np.testing.assert_array_equal(everything, np.arange(KEYED_ROWS))
+
+
+def test_equal_split_balances_without_duplicates(ray_session, keyed_dataset) -> None:
+    per_rank = _row_ids_per_split(keyed_dataset, 2, equal=True)
+    assert len(per_rank[0]) == len(per_rank[1])
+    everything = np.concatenate(per_rank)
+    assert len(np.unique(everything)) == len(everything)
+    # Lock-step: only full batches, the same count per rank; less than one batch per rank is lost.
+    assert len(per_rank[0]) % 128 == 0
+    assert KEYED_ROWS - 2 * 128 < len(everything) <= KEYED_ROWS
+
+
+def test_batches_land_on_the_tpu_device(ray_session, small_dataset: Path) -> None:
+    pytest.importorskip("torch_tpu")
+    dataset = preprocessed_dataset(small_dataset, SMALL.table_sizes, SMALL.schema)
+    stream = RayBatchStream(dataset.limit(300), 300, SMALL.schema)
+    (batch,) = list(stream)
+    assert stream.device == torch.device("tpu", 0)
+    assert batch.dense_features.device.type == "tpu"
+    assert batch.sparse_features.values().device.type == "tpu"
+    assert batch.sparse_features.values().dtype == torch.int64
+    cpu = batch.to(torch.device("cpu"))
+    assert cpu.dense_features.shape == (300, len(SMALL.schema.dense))
+    assert int(cpu.sparse_features.lengths().sum()) == cpu.sparse_features.values().numel()
+
+
+def test_bad_layout_names_the_missing_columns(small_dataset: Path) -> None:
+    table = pq.read_table(sorted(small_dataset.glob("*.parquet"))[0])
+    with pytest.raises(KeyError, match="lacks columns"):
+        batch_from_model_layout(table)
