@@ -19,14 +19,27 @@ TINY_DATA = SyntheticConfig(
 )
 
 
-def tiny_config(data: Path, log_dir: Path, **overrides: object) -> TrainConfig:
-    values: dict[str, object] = dict(
-        data=str(data), num_embeddings=500, embedding_dim=8, dense_arch="16,8",
-        over_arch="16,1", batch_size=256, eval_batch_size=1024, epochs=2, log_every=8, num_threads=1,
-        sparse_lr=0.1, dense_lr=0.05, log_dir=str(log_dir), progress=False,
-    )
-    values.update(overrides)
-    return TrainConfig(**values)  # type: ignore[arg-type]
+TINY_OPTIONS: dict[str, object] = dict(
+    num_embeddings=500, embedding_dim=8, dense_arch="16,8", over_arch="16,1", batch_size=256,
+    eval_batch_size=1024, epochs=2, log_every=8, num_threads=1, sparse_lr=0.1, dense_lr=0.05,
+    progress=False,
+)
+
+
+def as_flags(options: dict[str, object]) -> list[str]:
+    """``{"batch_size": 256, "progress": False}`` -> ``["--batch-size", "256", "--no-progress"]``."""
+    flags: list[str] = []
+    for name, value in options.items():
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            flags += [f"--{flag}", str(value)]
+    return flags
+
+
+def tiny_config(data: Path, log_dir: Path) -> TrainConfig:
+    return TrainConfig(data=str(data), log_dir=str(log_dir), **TINY_OPTIONS)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")
