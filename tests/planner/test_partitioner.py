@@ -87,6 +87,9 @@ def test_id_limit_rejects_and_warns():
     assert plan.table("hot").sharding_type == "data_parallel"
     assert any("'hot'" in w and "1600" in w for w in plan.warnings)
     assert plan_tables([t], V5P_8, 4096, max_ids_per_partition=1600).table("hot").sharding_type != "data_parallel"
+    # a per-table limit (as FDO sets it) overrides the planner-wide one
+    own = EmbeddingTable("hot", 10**6, 64, pooling_factor=100.0, max_ids_per_partition=1600)
+    assert plan_tables([own], V5P_8, 4096, max_ids_per_partition=256).table("hot").sharding_type != "data_parallel"
 
 
 def test_memory_fits_only_beyond_the_id_limit():
@@ -174,7 +177,7 @@ def test_sparsecore_specs_convert():
                 FeatureSpec("viewed", "items", batch_size=64, max_ids_per_sample=2)]
     (table,) = tables_from_sparsecore_specs(specs, features)
     assert (table.rows, table.dim, table.combiner, table.optimizer) == (10_000, 24, "mean", "adagrad")
-    assert (table.num_features, table.pooling_factor) == (2, 3.0)
+    assert (table.num_features, table.pooling_factor, table.max_ids_per_partition) == (2, 3.0, 256)
     assert tables_from_configs(specs)[0].num_features == 1
 
 

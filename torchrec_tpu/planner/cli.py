@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mean ids per sample: 'F' for every table or 'TABLE=F'; repeatable")
     parser.add_argument("--optimizer", default="sgd", help="optimizer for tables from a Python model (default sgd)")
     parser.add_argument("--max-ids-per-partition", type=int, default=256,
-                        help="SparseCore per-partition id limit (jax-tpu-embedding default 256)")
+                        help="SparseCore per-partition id limit (jax-tpu-embedding default 256); a table's own "
+                             "max_ids_per_partition (file column, sparsecore spec) takes precedence")
     parser.add_argument("--compare", default="", metavar="TOPO,TOPO,...",
                         help="what-if: plan on each of these topologies and print a comparison")
     parser.add_argument("--out", type=Path, help="write the plan JSON here")

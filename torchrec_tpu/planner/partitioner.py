@@ -88,7 +88,7 @@ class Partitioner:
         """Options of ``table`` within the id limit that fit one device's HBM (PlanningError if none)."""
         kinds = allowed_kinds(self.constraints, table.name)
         options = [o for o in self.builder.options(table) if kinds is None or o.kind in kinds]
-        limit = self.builder.max_ids_per_partition
+        limit = self.id_limit(table)
         self.over_limit[table.name] = [o for o in options if o.ids_per_partition > limit]
         fitting = [o for o in options if o.ids_per_partition <= limit and self._fits_alone(o)]
         if fitting:
@@ -109,6 +109,10 @@ class Partitioner:
             f"({self.topology.num_sparsecores} SparseCores in all), a device has {self.usable / GIB:.2f} GiB "
             f"usable; shortfall {(need - self.usable) / GIB:.2f} GiB"
         )
+
+    def id_limit(self, table: EmbeddingTable) -> int:
+        """The table's own ``max_ids_per_partition`` (e.g. from FDO), else the planner-wide one."""
+        return table.max_ids_per_partition or self.builder.max_ids_per_partition
 
     def _peak_memory(self, o: ShardingOption) -> float:
         return o.uniform.memory_bytes + max((s.load.memory_bytes for s in o.shards), default=0.0)
@@ -343,7 +347,7 @@ class Partitioner:
                 best = min(better, key=lambda o: (o.ids_per_partition, o.total_time_s(self.d)))  # smallest unlock
                 out.append(
                     f"table {t.name!r}: {best.kind.value} would need {best.ids_per_partition:.0f} ids per SparseCore "
-                    f"partition (limit {self.builder.max_ids_per_partition}); planned {chosen.kind.value} instead at "
+                    f"partition (limit {self.id_limit(t)}); planned {chosen.kind.value} instead at "
                     f"{chosen.total_time_s(self.d) / best.total_time_s(self.d):.1f}x the work. Raise "
                     f"max_ids_per_partition to >= {math.ceil(best.ids_per_partition)} (FDO) to allow it"
                 )

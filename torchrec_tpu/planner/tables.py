@@ -44,6 +44,7 @@ class EmbeddingTable:
     optimizer: str = "sgd"
     num_features: int = 1
     combiner: str = "sum"
+    max_ids_per_partition: int | None = None  # None: the planner-wide limit
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}"
@@ -62,6 +63,9 @@ class EmbeddingTable:
             raise ValueError(f"{where}: num_features must be a positive int, got {self.num_features!r}")
         if self.combiner not in COMBINERS:
             raise ValueError(f"{where}: combiner must be one of {COMBINERS}, got {self.combiner!r}")
+        if self.max_ids_per_partition is not None and (
+                not isinstance(self.max_ids_per_partition, int) or self.max_ids_per_partition < 1):
+            raise ValueError(f"{where}: max_ids_per_partition must be a positive int, got {self.max_ids_per_partition!r}")
 
     @property
     def ids_per_sample(self) -> float:
@@ -69,7 +73,7 @@ class EmbeddingTable:
 
 
 _FIELD_TYPES = {"name": str, "rows": int, "dim": int, "pooling_factor": float, "optimizer": str,
-                "num_features": int, "combiner": str}
+                "num_features": int, "combiner": str, "max_ids_per_partition": int}
 _ALIASES = {"num_embeddings": "rows", "vocab_size": "rows", "embedding_dim": "dim", "pooling": "pooling_factor"}
 
 
@@ -127,7 +131,7 @@ def tables_from_sparsecore_specs(specs: Iterable[Any], features: Iterable[Any] =
                                  pooling_factors: Mapping[str, float] | None = None) -> list[EmbeddingTable]:
     """``sparsecore.specs.TableSpec``s (+ their ``FeatureSpec``s) -> tables. A table's features
     set ``num_features``; a fixed-valency feature's ``max_ids_per_sample`` is its pooling factor
-    unless ``pooling_factors`` names the table."""
+    unless ``pooling_factors`` names the table; the spec's ``max_ids_per_partition`` is kept."""
     pooling_factors = pooling_factors or {}
     by_table: dict[str, list[Any]] = {}
     for f in features:
@@ -143,7 +147,7 @@ def tables_from_sparsecore_specs(specs: Iterable[Any], features: Iterable[Any] =
                              f"planner equivalent; known: {sorted(OPTIMIZER_SLOTS)}")
         out.append(EmbeddingTable(spec.name, spec.vocab_size, spec.dim,
                                   float(pooling_factors.get(spec.name, default_pf)), optimizer,
-                                  max(1, len(feats)), spec.combiner))
+                                  max(1, len(feats)), spec.combiner, spec.max_ids_per_partition))
     return out
 
 
