@@ -12,7 +12,6 @@ DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 def criteo_kjt():
     """The 200-row real Criteo sample: 26 hashed categorical features (single-hot; empty = no id)
     on 26 tables of mixed sizes, batch 192 (first 192 rows), one v5p chip."""
-    import numpy as np
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 

@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sparsecore.optimizers import SGD, Adagrad
+from sparsecore.optimizers import Adagrad
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking, stack_rows, unstack_rows
 
@@ -72,10 +74,8 @@ def test_stack_rows_rejects_wrong_shapes():
         stack_rows(stack, {k: v for k, v in good.items() if k != "c"})
 
 
-jte = pytest.importorskip("jax_tpu_embedding.sparsecore.lib.nn.table_stacking")
-
-
 def test_layout_and_placement_match_jax_tpu_embedding():
+    jte = pytest.importorskip("jax_tpu_embedding.sparsecore.lib.nn.table_stacking")
     import jax
     import jax.numpy as jnp
     from jax_tpu_embedding.sparsecore.lib.nn import embedding, embedding_spec
@@ -107,10 +107,6 @@ def test_layout_and_placement_match_jax_tpu_embedding():
     stacked = jte.stack_and_shard_tables(
         {f.table: specs[f.name] for f in features}, {k: jnp.asarray(v.numpy()) for k, v in weights.items()}, 8)
     np.testing.assert_array_equal(np.asarray(stacked[stack.name]).reshape(ours.shape), ours)
-
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=25, deadline=None)
