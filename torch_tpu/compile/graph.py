@@ -93,13 +93,12 @@ def _key_data_shape() -> tuple[int, ...]:
 
 
 class CompiledGraph:
-    """A graph compiled to one XLA program; call with the graph's tensor inputs (as one list)."""
-
-    _boxed_call = True  # AOTAutograd passes the inputs as one list it lets us clear
+    """A graph compiled to one XLA program; call with the graph's tensor inputs ."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> None:
         specs = input_specs(example_inputs)
         self.kind = kind
+        self._boxed_call = True  # an instance attribute: Dynamo's wrappers copy __dict__, not the class
         self.key = translation_key(gm, specs)
         self.exported = _translate(gm, specs, self.key)
         self.random = len(self.exported.in_avals) > len(specs)
@@ -122,11 +121,11 @@ class CompiledGraph:
     def __call__(self, args: list[Any]) -> list[Any]:
         on_tpu = any(type(a) is TpuTensor for a in args)
         inputs = [to_jax(a) if type(a) is TpuTensor else cpu_to_jax(a) for a in args]
-        args.clear()  # boxed calling convention: let AOTAutograd free inputs early
+        args.clear()  # boxed calling convention: the inputs can be freed early
         if self.random:
             inputs.append(jax.random.key_data(tpu_random.next_key()))
         outputs = self._run(*inputs)
-        return [from_jax(o) if on_tpu else _jax_to_cpu(o) for o in outputs]
+        return [None if o is None else from_jax(o) if on_tpu else _jax_to_cpu(o) for o in outputs]
 
 
 def _jax_to_cpu(array: jax.Array) -> torch.Tensor:
