@@ -94,7 +94,7 @@ class TpuBackend(XlaBackend):
         self._forward = {n: _shard(p.forward, mesh) for n, p in self._programs.items()}
         self._backward = {n: _shard(p.backward, mesh, replicated=(2,)) for n, p in self._programs.items()}
 
-    def _lookup(self, stack: StackedTable, csr: StackCSR) -> jax.Array:
+    def stack_activations(self, stack: StackedTable, csr: StackCSR) -> jax.Array:
         return self._forward[stack.name](self._tables[stack.name], csr.row_pointers, csr.embedding_ids,
                                          csr.sample_ids, csr.gains)
 

@@ -131,7 +131,7 @@ class XlaBackend(Backend):
         self.last_stats = batch.stats
         out = {}
         for stack in self.plan.stacks:
-            activations = self._lookup(stack, batch.stacks[stack.name])
+            activations = self.stack_activations(stack, batch.stacks[stack.name])
             for fp in stack.features:
                 rows = self._rows_of_feature[stack.name][fp.feature]
                 out[fp.feature] = to_torch(activations[rows, : self.plan.tables[fp.table].dim])
@@ -148,7 +148,7 @@ class XlaBackend(Backend):
                 activation_grad[rows, : self.plan.tables[fp.table].dim] = grads[fp.feature].detach().numpy()
             self._update(stack, context.stacks[stack.name], activation_grad)
 
-    def _lookup(self, stack: StackedTable, csr: StackCSR) -> jax.Array:
+    def stack_activations(self, stack: StackedTable, csr: StackCSR) -> jax.Array:
         """Stacked activations [chunks * samples_per_chunk, dim], device-major."""
         return stack_forward(self._geometry[stack.name], self._tables[stack.name], csr.row_pointers,
                              csr.embedding_ids, csr.sample_ids, csr.gains)

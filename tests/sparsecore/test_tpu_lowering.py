@@ -38,3 +38,28 @@ def test_rowwise_adagrad_has_no_sparsecore_kernel():
 def test_backend_needs_tpu_devices():
     with pytest.raises(RuntimeError, match="needs 1 TPU devices .* use backend='xla'"):
         make_backend("tpu", _plan(opt.SGD(0.1)))
+
+
+def test_stacked_activation_layout_matches_jax_tpu_embedding_unstacking():
+    """The xla backend's stacked activations, unstacked by jax-tpu-embedding's own code, give the
+    xla backend's per-feature outputs: both backends share one activation layout."""
+    import numpy as np
+    from jax_tpu_embedding.sparsecore.lib.nn import embedding
+
+    from sparsecore.jte_interop import jte_feature_specs
+    from sparsecore.preprocess import preprocess_inputs
+    from sparsecore.validation import feature_inputs
+
+    from .helpers import random_kjt
+
+    tables = [TableSpec("a", 300, 16), TableSpec("b", 90, 12)]
+    features = [FeatureSpec("fa", "a", 32), FeatureSpec("fb", "b", 32), FeatureSpec("fa2", "a", 32)]
+    plan = plan_stacking(tables, features, SparseCoreTopology("v5p", 1))
+    backend = make_backend("xla", plan)
+    inputs = feature_inputs(random_kjt(plan, seed=4, max_hot=5), plan.features, plan.tables)
+    ours, _ = backend.forward(inputs)
+    batch = preprocess_inputs(inputs, plan)
+    stacked = {s.name: backend.stack_activations(s, batch.stacks[s.name]) for s in plan.stacks}
+    theirs = embedding.unstack_embedding_activations(stacked, jte_feature_specs(plan), 1, 4)
+    for name, activation in ours.items():
+        np.testing.assert_array_equal(np.asarray(theirs[name]), activation.numpy())
