@@ -1,20 +1,18 @@
 """Rank body for the collective tests: every collective on ``tpu_dist`` and on gloo, same inputs.
 
-Runs in spawned processes (see launch.py). Each check returns (ours, reference) as CPU tensors;
+Runs in the spawned ranks of conftest.py's job. Each check returns (ours, reference) as CPU tensors;
 the test process compares them. "ours" runs on the default ``tpu_dist`` group with tensors on
 ``device``; the reference runs on a plain gloo group with CPU tensors.
 """
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from tests.distributed.device import prepare_device
 
 Check = Callable[[int, int, str, dist.ProcessGroup], object]
 CHECKS: dict[str, Check] = {}
@@ -287,16 +285,12 @@ def _objects(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> obje
     return [ours, box], [refs, [{"rank": 0, "ids": [0, 1]}]]
 
 
-def run_all(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta, device: str) -> dict:
-    """Rank body: every check, as name -> (ours, reference) on CPU, or name -> error text."""
-    prepare_device(device)
-    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=size, timeout=timeout)
-    gloo = dist.new_group(backend="gloo")
+def run_checks(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> dict:
+    """Every check as name -> (ours, reference) on CPU, or name -> error text."""
     results: dict[str, object] = {}
     for name, fn in CHECKS.items():
         try:
             results[name] = _cpu(fn(rank, size, device, gloo))
         except Exception as exc:  # reported per check by the test, with the rank
             results[name] = f"{type(exc).__name__}: {exc}"
-    dist.destroy_process_group()
     return results

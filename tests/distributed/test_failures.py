@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
 
 from tests.distributed.failure_checks import DEAD_EXIT_CODE, dead_peer, stalled_peer
-from tests.distributed.launch import run_ranks
+from torch_tpu.distributed.local_launch import launch_local
 
 pytestmark = pytest.mark.multiprocess
 
-TIMEOUT_S = 4.0
+TIMEOUT_S = 3.0
 # Liveness bound, not a speed target: without a timeout these would hang until pytest's 600 s.
 HANG_BOUND_S = 6 * TIMEOUT_S
 
 
-def test_dead_peer_raises_clear_error(tmp_path: pathlib.Path) -> None:
-    survivor, _ = run_ranks(dead_peer, 2, tmp_path, timeout_s=TIMEOUT_S,
-                            expect_exit={1: DEAD_EXIT_CODE})
+def test_dead_peer_raises_clear_error() -> None:
+    survivor, _ = launch_local(dead_peer, 2, timeout_s=TIMEOUT_S, expect_exit={1: DEAD_EXIT_CODE})
     first, second = survivor["first"], survivor["second"]
     assert first["error"] is not None, "allreduce with a dead peer returned normally"
     assert first["error"].startswith("CollectiveError: tpu_dist allreduce failed"), first["error"]
@@ -29,8 +26,8 @@ def test_dead_peer_raises_clear_error(tmp_path: pathlib.Path) -> None:
     assert second["seconds"] < 1.0
 
 
-def test_stalled_peer_times_out(tmp_path: pathlib.Path) -> None:
-    survivor, _ = run_ranks(stalled_peer, 2, tmp_path, timeout_s=TIMEOUT_S)
+def test_stalled_peer_times_out() -> None:
+    survivor, _ = launch_local(stalled_peer, 2, timeout_s=TIMEOUT_S)
     assert survivor["error"] is not None, "allreduce with a stalled peer returned normally"
     assert "tpu_dist allreduce failed" in survivor["error"]
     assert f"timeout {TIMEOUT_S:g}s" in survivor["error"]

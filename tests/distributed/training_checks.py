@@ -7,14 +7,12 @@ shards, averaging gradients over ranks equals the full-batch gradient, so parame
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from tests.distributed.device import prepare_device
 
 STEPS = 4
 GLOBAL_BATCH = 8
@@ -135,15 +133,12 @@ def redistribute(rank: int, size: int, device: str) -> dict[str, torch.Tensor]:
 STRATEGIES = {"ddp": ddp, "fsdp2": fsdp2, "dtensor": dtensor, "redistribute": redistribute}
 
 
-def run_all(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta, device: str) -> dict:
-    """Rank body: each strategy's final CPU state, or its error text."""
-    prepare_device(device)
-    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=size, timeout=timeout)
+def run_strategies(rank: int, size: int, device: str) -> dict:
+    """Each strategy's final CPU state (or round-trip results), or its error text."""
     results: dict[str, object] = {}
     for name, fn in STRATEGIES.items():
         try:
             results[name] = fn(rank, size, device)
         except Exception as exc:  # reported per strategy by the test, with the rank
             results[name] = f"{type(exc).__name__}: {exc}"
-    dist.destroy_process_group()
     return results

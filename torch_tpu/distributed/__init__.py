@@ -23,6 +23,7 @@ group timeout, so a dead or stalled peer raises :class:`CollectiveError` instead
 """
 
 from torch_tpu.distributed.backend import register_backend
+from torch_tpu.distributed.local_launch import launch_local
 from torch_tpu.distributed.mesh import MeshLayout, SliceTopology, topology_aware_mesh
 from torch_tpu.distributed.process_group import BACKEND_NAME, ProcessGroupTPU
 from torch_tpu.distributed.transport import GlooTransport, Transport
@@ -38,6 +39,7 @@ __all__ = [
     "ProcessGroupTPU",
     "SliceTopology",
     "Transport",
+    "launch_local",
     "register_backend",
     "topology_aware_mesh",
 ]
