@@ -19,6 +19,7 @@ import torch
 
 from sparsecore.backends.base import Backend, check_grads
 from sparsecore.backends.xla_optimizers import apply_update
+from sparsecore.limits import OVERFLOW_POLICIES
 from sparsecore.preprocess import (
     ALIGN,
     PreprocessedBatch,
@@ -107,6 +108,8 @@ class XlaBackend(Backend):
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
                  overflow: str = "error"):
         super().__init__(plan, weights, seed)
+        if overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
         self.overflow = overflow
         devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
         self._geometry = {st.name: StackGeometry(st, devices, s) for st in plan.stacks}

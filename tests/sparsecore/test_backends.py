@@ -104,6 +104,8 @@ def test_wrong_gradient_shape_is_rejected():
         backend.backward(context, grads)
     with pytest.raises(ValueError, match="unknown backend 'cuda'"):
         make_backend("cuda", plan)
+    with pytest.raises(ValueError, match="overflow policy must be one of"):
+        make_backend("xla", plan, overflow="truncate")
 
 
 def test_xla_backend_on_real_criteo_sample(criteo_kjt):
