@@ -38,8 +38,9 @@ def as_flags(options: dict[str, object]) -> list[str]:
     return flags
 
 
-def tiny_config(data: Path, log_dir: Path) -> TrainConfig:
-    return TrainConfig(data=str(data), log_dir=str(log_dir), **TINY_OPTIONS)  # type: ignore[arg-type]
+def tiny_config(data: Path, log_dir: Path, **overrides: object) -> TrainConfig:
+    options = {**TINY_OPTIONS, **overrides}
+    return TrainConfig(data=str(data), log_dir=str(log_dir), **options)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")
@@ -54,5 +55,5 @@ def trained(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
     """One DLRM job trained on the tiny dataset (world of 1): its config and summary."""
     from torchrec_tpu.train.job import run_job
 
-    config = tiny_config(tiny_dataset, tmp_path_factory.mktemp("run") / "logs")
+    config = tiny_config(tiny_dataset, tmp_path_factory.mktemp("run") / "logs", eval_every=64)
     return config, run_job(config)

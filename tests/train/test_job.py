@@ -54,9 +54,10 @@ def test_tensorboard_event_files_hold_the_scalars(trained) -> None:
     steps = [step for step, _ in scalars["train/loss"]]
     assert steps == list(range(config.log_every, summary.result.steps + 1, config.log_every))
     assert all(rate > 0 for _, rate in scalars["train/samples_per_sec"])
-    ((eval_step, auc),) = scalars["eval/auc"]
-    assert eval_step == summary.result.steps
-    assert auc == pytest.approx(summary.result.eval.auc, abs=1e-6)  # stored as float32
+    # --eval-every 64 over 128 steps: evaluated at 64 and once (not twice) at the end.
+    assert [step for step, _ in scalars["eval/auc"]] == [64, 128]
+    final_auc = scalars["eval/auc"][-1][1]
+    assert final_auc == pytest.approx(summary.result.eval.auc, abs=1e-6)  # stored as float32
 
 
 def test_checkpoint_meta(trained) -> None:

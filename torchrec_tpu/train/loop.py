@@ -118,17 +118,18 @@ def run_training(
             bar.update(1)
             if options.eval_every and step % options.eval_every == 0:
                 eval_start = time.perf_counter()
-                _log_eval(log, step, evaluate(model, held_out, device))
+                result = _log_eval(log, step, evaluate(model, held_out, device))
                 window_start = time.perf_counter()
                 eval_seconds += window_start - eval_start
     train_seconds = time.perf_counter() - loop_start - eval_seconds
     if step == 0:
         raise ValueError("the training split yielded no batches: nothing to train on")
-    result = evaluate(model, held_out, device)
-    _log_eval(log, step, result)
+    if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
+        result = _log_eval(log, step, evaluate(model, held_out, device))
     final_loss = sum(recent_losses) / len(recent_losses)
     return TrainResult(step, samples, train_seconds, final_loss, result)
 
 
-def _log_eval(log: ScalarLog, step: int, result: EvalResult) -> None:
+def _log_eval(log: ScalarLog, step: int, result: EvalResult) -> EvalResult:
     log.log(step, {"eval/auc": result.auc, "eval/loss": result.loss})
+    return result
