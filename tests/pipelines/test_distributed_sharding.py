@@ -15,6 +15,7 @@ SIZES = SMALL_CONFIG.table_sizes
 
 
 def _rank_main(rank: int, store_path: str, data_dir: str, out_dir: str) -> None:
+    torch.set_num_threads(1)  # ranks share the machine's cores
     dist.init_process_group(
         "gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD_SIZE
     )
@@ -40,11 +41,13 @@ def _rank_main(rank: int, store_path: str, data_dir: str, out_dir: str) -> None:
 
 @pytest.mark.multiprocess
 def test_gloo_ranks_cover_dataset_exactly(small_dataset, tmp_path):
-    mp.spawn(
+    # fork: the ranks inherit the imported torch / torchrec instead of importing them again.
+    mp.start_processes(
         _rank_main,
         args=(str(tmp_path / "store"), str(small_dataset), str(tmp_path)),
         nprocs=WORLD_SIZE,
         join=True,
+        start_method="fork",
     )
     parts = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     full = batch_from_arrow(pq.read_table(small_dataset), SIZES, SMALL_CONFIG.schema)

@@ -96,7 +96,16 @@ def _fit_logistic_auc(directory, config: SyntheticConfig) -> float:
     return _auc(logits[train:].detach().numpy(), batch.labels[train:].numpy())
 
 
-def test_label_signal_is_learnable_and_absent_without_signal(tmp_path):
+@pytest.fixture()
+def one_torch_thread():
+    """Intra-op threads spin against each other on a shared 2-core box (10x slower fits)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_label_signal_is_learnable_and_absent_without_signal(tmp_path, one_torch_thread):
     config = SyntheticConfig(num_rows=30_000, max_cardinality=2_000, row_group_size=10_000)
     generate(config, tmp_path / "signal", progress=False)
     assert _fit_logistic_auc(tmp_path / "signal", config) > 0.7
