@@ -2,7 +2,7 @@
 
 Pinned conventions (every reader of this package goes through :func:`batch_from_arrow`):
 
-* Dense: ``log(max(x, 0) + 1)`` in float32, missing -> 0. This is the MLPerf DLRM / TorchRec
+* Dense: ``log(max(x, 0) + 1)`` in float32, missing (null, or NaN in a float column) -> 0. This is the MLPerf DLRM / TorchRec
   Criteo transform: raw counts are heavy-tailed (I5 reaches ~10^7), the log keeps them in a range
   an MLP trains on; negative values are rare sentinels (I2 = -1, -2, -3) and are clamped; a missing
   count maps to the same value as a zero count (log 1 = 0), as in the reference preprocessing.
@@ -51,8 +51,9 @@ def table_sizes_for(schema: DatasetSchema, num_embeddings_per_feature: TableSize
 
 
 def dense_transform(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``log(max(x, 0) + 1)`` in float32 (missing values must already be 0)."""
-    out = np.maximum(raw, 0, out=out, dtype=np.float32, casting="unsafe")
+    """``log(max(x, 0) + 1)`` in float32; NaN (float columns) counts as missing and maps to 0.
+    Nulls must already be filled with 0."""
+    out = np.fmax(raw, 0, out=out, dtype=np.float32, casting="unsafe")
     return np.log1p(out, out=out)
 
 

@@ -242,12 +242,11 @@ class TextReader:
     ) -> BadRow:
         name = next(name for name, malformed in malformed_by_column if malformed[row])
         value = text_batch.column(name)[row].as_py()
-        expected = (
-            "a 0/1 label"
-            if name == self.schema.label
-            else "an integer"
-            if name in self.schema.dense
-            else "a hex id of at most 16 digits below 2^63"
-        )
+        if name == self.schema.label:
+            expected = "a 0/1 label"
+        elif name in self.schema.dense:
+            expected = "an integer"
+        else:
+            expected = "a hex id of at most 16 digits below 2^63"
         reason = f"column {name}: expected {expected}, got {value!r}"
         return BadRow(str(self.path), self._line_of(accepted_before + row), reason)

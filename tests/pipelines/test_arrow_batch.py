@@ -68,6 +68,8 @@ def test_dense_transform_reference():
     assert dense_transform(raw).tolist() == pytest.approx(
         [0.0, 0.0, math.log(2), math.log(10**7 + 1)], rel=1e-6
     )
+    floats = np.array([np.nan, -1.5, 2.0])
+    assert dense_transform(floats).tolist() == pytest.approx([0.0, 0.0, math.log(3)])
 
 
 def test_clear_errors():

@@ -1,0 +1,1 @@
+"""Batch inference over Parquet with a trained checkpoint (``torchrec-tpu infer``)."""

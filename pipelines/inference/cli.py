@@ -1,0 +1,48 @@
+"""``torchrec-tpu infer``: flags -> :func:`pipelines.inference.job.run_inference`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, help="Parquet file or directory to predict")
+    parser.add_argument("--checkpoint", required=True,
+                        help="checkpoint directory of 'torchrec-tpu train' (meta.json + state/)")
+    parser.add_argument("--output", required=True,
+                        help="output directory of prediction Parquet parts; rerun to resume")
+    parser.add_argument("--key-columns", default="", metavar="A,B",
+                        help="input columns copied into the output next to each prediction")
+    parser.add_argument("--row-id-column", default="row_id", metavar="NAME",
+                        help="name of the global row index column ('' for none; default row_id)")
+    parser.add_argument("--batch-size", type=int, default=4096, help="rows per forward pass")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="predictor actors, each holding one copy of the model (default 1)")
+    parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray instance")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                        help="show a tqdm progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.inference.job import InferenceConfig, run_inference
+
+    try:
+        config = InferenceConfig(
+            data=args.data, checkpoint=args.checkpoint, output=args.output,
+            key_columns=tuple(c for c in args.key_columns.split(",") if c),
+            row_id_column=args.row_id_column or None, batch_size=args.batch_size,
+            concurrency=args.concurrency, num_cpus=args.num_cpus, progress=args.progress,
+        )
+        summary = run_inference(config)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"torchrec-tpu infer: error: {error}", file=sys.stderr)
+        return 2
+    print(summary.format())
+    return 0
+
+
+if __name__ == "__main__":
+    cli = argparse.ArgumentParser(prog="torchrec-tpu infer")
+    add_arguments(cli)
+    sys.exit(run(cli.parse_args()))

@@ -1,0 +1,65 @@
+"""A training checkpoint (``torchrec_tpu.train.checkpoint`` layout) -> an unsharded DLRM for inference.
+
+The architecture comes from ``meta.json`` (the training config) and the table sizes from the DCP
+metadata of the saved tables, so any checkpoint of the training job loads, whatever its data
+source and world size: DCP reassembles the sharded tables into plain CPU tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from pipelines.schema import CRITEO, DatasetSchema
+
+# DCP key of feature f's table: {"model": DLRMTrain.state_dict()} with DLRMTrain.model = DLRM.
+_TABLE_KEY = "model.model.sparse_arch.embedding_bag_collection.embedding_bags.t_{}.weight"
+
+
+@dataclass
+class InferenceModel:
+    """The DLRM (eval mode, no loss head) and the table sizes its ids are hashed into."""
+
+    dlrm: nn.Module
+    table_sizes: tuple[int, ...]
+    step: int  # training step the checkpoint was taken at
+
+    @torch.no_grad()
+    def predict(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        """Click probabilities, float32[B]."""
+        return torch.sigmoid(self.dlrm(dense, sparse).squeeze(-1))
+
+
+def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRITEO) -> InferenceModel:
+    """Rebuild the trained DLRM on CPU and load its weights from ``checkpoint_dir``."""
+    from torchrec_tpu.train.checkpoint import META_FILE, STATE_DIR
+    from torchrec_tpu.train.config import TrainConfig
+    from torchrec_tpu.train.job import model_spec
+    from torchrec_tpu.train.model import build_dlrm
+
+    directory = Path(checkpoint_dir)
+    meta_path, state_dir = directory / META_FILE, directory / STATE_DIR
+    if not meta_path.is_file() or not state_dir.is_dir():
+        raise FileNotFoundError(
+            f"{directory} is not a training checkpoint: expected {META_FILE} and {STATE_DIR}/"
+        )
+    meta = json.loads(meta_path.read_text())
+    saved = dcp.FileSystemReader(str(state_dir)).read_metadata().state_dict_metadata
+    missing = [f for f in schema.sparse if _TABLE_KEY.format(f) not in saved]
+    if missing:
+        raise ValueError(f"checkpoint {directory} has no embedding table for features {missing}")
+    sizes = tuple(int(saved[_TABLE_KEY.format(f)].size[0]) for f in schema.sparse)
+    spec = model_spec(TrainConfig(**meta["config"]), schema.sparse, sizes, len(schema.dense))
+    train_module = build_dlrm(spec, dense_device=torch.device("cpu"))
+    # The tables were built on the meta device; give them storage, which the load then fills.
+    train_module.model.sparse_arch.embedding_bag_collection.to_empty(device=torch.device("cpu"))
+    state = {"model": train_module.state_dict()}
+    dcp.load(state, checkpoint_id=str(state_dir))
+    train_module.load_state_dict(state["model"])
+    return InferenceModel(train_module.model.eval(), sizes, int(meta.get("step", 0)))
