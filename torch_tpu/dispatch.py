@@ -93,15 +93,15 @@ def _execute(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
 
 
 def _raise_as_torch(func: Any, args: tuple, kwargs: dict, error: Exception) -> None:
-    """Re-raise a JAX error as the exception CPU torch gives (checked on meta tensors)."""
-    def to_meta(x: Any) -> Any:
+    """Re-raise a JAX error as the exception CPU torch gives for the same shapes and dtypes."""
+    def to_host(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).zero_()
         return x
 
-    meta_args, meta_kwargs = pytree.tree_map(to_meta, (args, kwargs))
+    host_args, host_kwargs = pytree.tree_map(to_host, (args, kwargs))
     try:
-        func(*meta_args, **meta_kwargs)
+        func(*host_args, **host_kwargs)
     except Exception as torch_error:
         raise type(torch_error)(str(torch_error)) from error
     raise RuntimeError(f"{func}: TPU lowering failed: {type(error).__name__}: {error}") from error
@@ -286,7 +286,7 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
-    value = np.asarray(to_jax(args[0]))
+    value = np.asarray(to_jax(args[0])).reshape(-1)[0]
     if value.dtype == np.bool_:
         return bool(value)
     if np.issubdtype(value.dtype, np.integer):

@@ -12,6 +12,7 @@ dispatch); other views gather from the flat array with cached index vectors.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Callable
@@ -125,6 +126,17 @@ class TpuTensor(torch.Tensor):
         suffix = f", device='{self.device}'"
         return body[:-1] + suffix + ")" if body.endswith(")") else body + suffix
 
+    @property
+    def data(self) -> torch.Tensor:
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        # C++ set_data swaps the TensorImpl's metadata but not this object's box: follow it.
+        torch.Tensor.data.__set__(self, new)
+        if isinstance(new, TpuTensor):
+            self._box, self._full = new._box, new._full
+
     def untyped_storage(self) -> TpuUntypedStorage:  # type: ignore[override]
         return TpuUntypedStorage(self._box)
 
@@ -135,6 +147,19 @@ class TpuTensor(torch.Tensor):
         raise TypeError(
             "can't convert tpu tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
         )
+
+    def __deepcopy__(self, memo: dict) -> TpuTensor:
+        if not self.is_leaf:
+            raise RuntimeError("Only Tensors created explicitly by the user support the deepcopy protocol")
+        box = copy.deepcopy(self._box, memo)  # views of one storage stay views of one new storage
+        new = make_alias(box, self.shape, self.stride(), self.storage_offset(), self.dtype)
+        new.requires_grad_(self.requires_grad)
+        if getattr(self, "_is_param", False):
+            new._is_param = True
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        memo[id(self)] = new
+        return new
 
     def __reduce_ex__(self, protocol: int):
         return (_rebuild_tpu_tensor, (to_cpu(self.detach()), self.requires_grad))

@@ -5,14 +5,28 @@ cache and the ``defer_and_fuse`` eager mode.
 """
 
 import torch_tpu  # noqa: F401  (the device and the lowering registry)
-from torch_tpu.compile import backend as _backend, cache as _cache
+from torch_tpu import modes as _modes
+from torch_tpu.compile import backend as _backend, cache as _cache, lazy as _lazy
+from torch_tpu.compile.buckets import BucketPolicy, BucketStats, bucketed
 from torch_tpu.compile.backend import compile_stats, compiled_graphs, reset_compile_stats
 from torch_tpu.compile.cache import cache_dir, cache_stats, configure_cache, reset_cache_stats
+from torch_tpu.compile.lazy import DeferStats, LazyArray, defer_stats, flush, reset_defer_stats
 
 _cache.install()
 _backend.register()
+_modes.register_executor(_modes.EagerMode.DEFER_AND_FUSE, _lazy.run_deferred)
+for _mode in (_modes.EagerMode.STRICT, _modes.EagerMode.DEBUG):  # accept deferred results in every mode
+    _modes.register_executor(_mode, _lazy.materializing(_modes._EXECUTORS[_mode]))
 
 __all__ = [
+    "BucketPolicy",
+    "BucketStats",
+    "DeferStats",
+    "LazyArray",
+    "bucketed",
+    "defer_stats",
+    "flush",
+    "reset_defer_stats",
     "cache_dir",
     "cache_stats",
     "compile_stats",

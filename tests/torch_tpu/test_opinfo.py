@@ -1,0 +1,113 @@
+"""PyTorch's own OpInfo samples for every lowered op: tpu forward and gradients vs CPU torch.
+
+Default run: a few samples per op in float32 (forward + backward) and int64 (forward). The full
+sweep (every sample, float32/float64/bfloat16/int64/bool) is marked slow.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils import _pytree as pytree
+
+import torch_tpu
+
+_LOWERED_PACKETS = {op._schema.name.split("::")[1].removesuffix("_") for op in torch_tpu.lowered_ops()}
+# OpInfos whose reference behaviour we intentionally do not match, with the reason.
+_SKIP = {
+    "nn.functional.dropout": "random stream differs from CPU by design",
+    "bernoulli": "random", "normal": "random", "uniform": "random", "randn": "random", "rand": "random",
+    "randint": "random", "randn_like": "random", "rand_like": "random", "randint_like": "random",
+    "multinomial": "random", "nn.functional.feature_alpha_dropout": "random",
+    "nn.functional.alpha_dropout": "random", "nn.functional.dropout2d": "random",
+    "nn.functional.dropout3d": "random", "empty": "uninitialised", "empty_like": "uninitialised",
+    "new_empty": "uninitialised", "empty_strided": "uninitialised", "new_empty_strided": "uninitialised",
+    "empty_permuted": "uninitialised", "sparse.mm.reduce": "sparse layout",
+}
+OPINFOS = sorted(
+    (o for o in op_db if (o.aten_name or o.name).split(".")[-1] in _LOWERED_PACKETS and o.name not in _SKIP),
+    key=lambda o: (o.name, o.variant_test_name),
+)
+TOLERANCE = {
+    torch.float32: dict(rtol=1e-4, atol=1e-5),
+    torch.float64: dict(rtol=1e-7, atol=1e-7),
+    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+}
+
+
+def _to_tpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("tpu").requires_grad_(x.requires_grad)
+    return x
+
+
+def _compare(actual, expected, dtype, what):
+    tol = TOLERANCE.get(dtype, dict(rtol=0, atol=0))
+    for a, e in zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected)):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor) and a.device.type == "tpu", what
+            torch.testing.assert_close(a.cpu(), e, equal_nan=True,
+                                       msg=lambda m: f"{what}: {m}", **tol)
+        else:
+            assert a == e or (a != a and e != e), f"{what}: {a} != {e}"
+
+
+def _check_sample(opinfo, sample, dtype, grad):
+    args = (sample.input, *sample.args)
+    if not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(args)):
+        return  # factory samples build CPU tensors; factories are tested in test_tensor_model
+    expected = opinfo.op(*args, **sample.kwargs)
+    tpu_args, tpu_kwargs = pytree.tree_map(_to_tpu, (args, sample.kwargs))
+    actual = opinfo.op(*tpu_args, **tpu_kwargs)
+    _compare(actual, expected, dtype, f"{opinfo.name} forward {sample}")
+    if not grad:
+        return
+    outs = [o for o in pytree.tree_leaves(expected) if isinstance(o, torch.Tensor) and o.requires_grad]
+    tpu_outs = [o for o in pytree.tree_leaves(actual) if isinstance(o, torch.Tensor) and o.requires_grad]
+    inputs = [x for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor) and x.requires_grad]
+    tpu_inputs = [x for x in pytree.tree_leaves(tpu_args) if isinstance(x, torch.Tensor) and x.requires_grad]
+    if not outs or not inputs:
+        return
+    cotangents = [torch.randn_like(o) for o in outs]
+    expected_grads = torch.autograd.grad(outs, inputs, cotangents, allow_unused=True)
+    actual_grads = torch.autograd.grad(tpu_outs, tpu_inputs, [c.to("tpu") for c in cotangents], allow_unused=True)
+    for a, e in zip(actual_grads, expected_grads):
+        if e is None:
+            continue
+        _compare(a, e, dtype, f"{opinfo.name} gradient {sample}")
+
+
+def _run(opinfo, dtype, max_samples):
+    supported = opinfo.supported_dtypes("cpu")
+    if dtype not in supported:
+        pytest.skip(f"{opinfo.name} does not support {dtype}")
+    grad = opinfo.supports_autograd and dtype in (torch.float32, torch.float64)
+    torch.manual_seed(0)
+    samples = list(opinfo.sample_inputs("cpu", dtype, requires_grad=grad))
+    if max_samples is not None:
+        samples = samples[:max_samples]
+    for sample in samples:
+        _check_sample(opinfo, sample, dtype, grad)
+
+
+def _id(o):
+    return o.name + (f".{o.variant_test_name}" if o.variant_test_name else "")
+
+
+@pytest.mark.parametrize("opinfo", OPINFOS, ids=_id)
+def test_opinfo_float32_forward_and_grad(opinfo):
+    _run(opinfo, torch.float32, max_samples=3)
+
+
+@pytest.mark.parametrize("opinfo", OPINFOS, ids=_id)
+def test_opinfo_int64_forward(opinfo):
+    _run(opinfo, torch.int64, max_samples=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool],
+                         ids=str)
+@pytest.mark.parametrize("opinfo", OPINFOS, ids=_id)
+def test_opinfo_full_sweep(opinfo, dtype):
+    _run(opinfo, dtype, max_samples=None)
