@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _convert(args: argparse.Namespace) -> int:
     from pipelines.convert import convert_to_parquet
-    from pipelines.text_reader import CSV, TSV, BadRowError
+    from pipelines.text_reader import CSV, TSV
 
     text_format = {"auto": None, "tsv": TSV, "csv": CSV}[args.format]
     try:
@@ -77,7 +77,7 @@ def _convert(args: argparse.Namespace) -> int:
             row_group_size=args.row_group_size,
             progress=not args.no_progress,
         )
-    except (BadRowError, FileNotFoundError, FileExistsError) as error:
+    except (ValueError, OSError) as error:  # malformed rows (BadRowError), bad header, files
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(report.summary())
@@ -89,18 +89,18 @@ def _convert(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from pipelines.synthetic import SyntheticConfig, generate
 
-    config = SyntheticConfig(
-        num_rows=args.rows,
-        seed=args.seed,
-        max_cardinality=args.max_cardinality,
-        zipf_exponent=args.zipf_exponent,
-        multi_hot=tuple(name for name in args.multi_hot.split(",") if name),
-        rows_per_file=args.rows_per_file,
-        row_group_size=args.row_group_size,
-    )
     try:
+        config = SyntheticConfig(
+            num_rows=args.rows,
+            seed=args.seed,
+            max_cardinality=args.max_cardinality,
+            zipf_exponent=args.zipf_exponent,
+            multi_hot=tuple(name for name in args.multi_hot.split(",") if name),
+            rows_per_file=args.rows_per_file,
+            row_group_size=args.row_group_size,
+        )
         files = generate(config, args.output, progress=not args.no_progress)
-    except FileExistsError as error:
+    except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"wrote {config.num_rows} rows to {len(files)} Parquet files in {args.output}")

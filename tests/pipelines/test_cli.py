@@ -36,3 +36,5 @@ def test_generate_matches_library_config(tmp_path, capsys):
     config = SyntheticConfig(num_rows=1000, seed=3, max_cardinality=64, multi_hot=("C5",))
     assert table.num_rows == 1000 and table.schema == config.schema.arrow_schema()
     assert ",".join(map(str, config.table_sizes)) in capsys.readouterr().out
+    assert _run("generate", "-o", str(tmp_path / "bad"), "--multi-hot", "I1", "--no-progress") == 1
+    assert "multi_hot names ['I1'] are not categorical" in capsys.readouterr().err
