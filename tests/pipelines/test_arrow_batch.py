@@ -45,6 +45,18 @@ def test_sample_sparse_lengths_values_and_hashing(sample_csv):
     assert int(kjt.lengths().sum()) == kjt.values().numel() == 2 * 26 - 10
 
 
+def test_record_batch_and_chunked_table_agree(sample_csv):
+    batches = list(TextReader(sample_csv, block_size=4096))
+    assert len(batches) > 1  # the table below has several chunks per column
+    from_table = batch_from_arrow(pa.Table.from_batches(batches), SIZES)
+    pieces = [batch_from_arrow(b, SIZES) for b in batches]
+    assert torch.equal(torch.cat([p.dense_features for p in pieces]), from_table.dense_features)
+    assert torch.equal(torch.cat([p.labels for p in pieces]), from_table.labels)
+    for key in CRITEO.sparse:
+        joined = torch.cat([p.sparse_features[key].values() for p in pieces])
+        assert torch.equal(joined, from_table.sparse_features[key].values()), key
+
+
 def test_multi_hot_and_negative_ids_hash_into_table():
     schema = DatasetSchema(label="y", dense=("d",), sparse=("a", "b"), multi_hot=frozenset({"b"}))
     table = pa.table(
