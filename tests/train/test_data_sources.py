@@ -28,7 +28,7 @@ def test_sample_data_trains_dlrm_dcn_end_to_end(
     out = capsys.readouterr().out
     # 200 rows in 5 files of 40: 160 to train on (10 steps of 16 per epoch), 40 held out.
     assert "160 train rows in 4 files, 40 held-out rows in 1 files" in out
-    assert "steps           20 (320 samples" in out
+    assert "steps           20 (320 samples this run" in out
     assert "eval AUC" in out and str(log_dir) in out
     meta = json.loads((log_dir / "checkpoint" / "meta.json").read_text())
     assert meta["config"]["model"] == "dlrm_dcn" and meta["step"] == 20

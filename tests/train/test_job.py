@@ -11,11 +11,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from tests.train.conftest import tiny_config
 from torchrec_tpu.train.checkpoint import META_FILE, STATE_DIR, load_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
-from torchrec_tpu.train.job import model_spec
+from torchrec_tpu.train.job import model_spec, run_job
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import build_dlrm
 from torchrec_tpu.train.sharding import build_optimizer, shard_model
@@ -100,3 +101,21 @@ def test_checkpoint_reloads_into_a_fresh_model(trained, tmp_path: Path) -> None:
         reloaded = evaluate(model, data.held_out, torch.device("cpu"))
     assert reloaded.auc == pytest.approx(summary.result.eval.auc, abs=1e-6)
     assert reloaded.loss == pytest.approx(summary.result.eval.loss, rel=1e-5)
+
+
+def test_resume_mid_epoch_reaches_the_uninterrupted_weights(trained, tiny_dataset: Path,
+                                                            tmp_path: Path) -> None:
+    config, summary = trained  # 2 epochs of 64 steps, uninterrupted
+    first = run_job(tiny_config(tiny_dataset, tmp_path / "first", eval_every=64, max_steps=40))
+    resumed = run_job(tiny_config(tiny_dataset, tmp_path / "resumed", eval_every=64,
+                                  resume=str(first.checkpoint_dir)))
+    assert first.result.steps == 40
+    assert resumed.result.steps == summary.result.steps == 128
+    assert resumed.result.samples == (128 - 40) * config.batch_size
+    flat = {}
+    for name, directory in (("full", summary.checkpoint_dir), ("resumed", resumed.checkpoint_dir)):
+        dcp_to_torch_save(directory / STATE_DIR, tmp_path / f"{name}.pt")
+        flat[name] = torch.load(tmp_path / f"{name}.pt", weights_only=False)["model"]
+    for key, value in flat["full"].items():
+        torch.testing.assert_close(flat["resumed"][key], value, rtol=0, atol=0, msg=key)
+    assert resumed.result.eval.auc == pytest.approx(summary.result.eval.auc, abs=1e-6)

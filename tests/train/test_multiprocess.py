@@ -73,7 +73,7 @@ def test_two_ranks_train_in_lock_step(two_rank_run) -> None:
     log_dir, (out0, out1) = two_rank_run
     assert "training finished" in out0 and "training finished" not in out1
     # Each rank steps on its half of every global batch of 256: 128 rows per rank per step.
-    assert f"steps           {STEPS} ({STEPS * 256:,} samples, 2 rank(s))" in out0
+    assert f"steps           {STEPS} ({STEPS * 256:,} samples this run, 2 rank(s))" in out0
     assert "8192 held-out rows" in out0  # the shards together cover the held-out file
     meta = json.loads((log_dir / "checkpoint" / "meta.json").read_text())
     assert meta["world_size"] == WORLD and meta["step"] == STEPS

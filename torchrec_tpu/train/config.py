@@ -96,6 +96,10 @@ class TrainConfig:
     checkpoint_dir: str | None = field(
         default=None, metadata=_flag("checkpoint directory (default: <log-dir>/checkpoint)")
     )
+    resume: str | None = field(
+        default=None,
+        metadata=_flag("checkpoint directory to resume from: its model, optimizer state and step"),
+    )
     log_every: int = field(default=20, metadata=_flag("log training scalars every N steps"))
     eval_every: int = field(
         default=0, metadata=_flag("also evaluate every N steps (0: only at the end)")

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torchrec
 
-from torchrec_tpu.train.checkpoint import save_checkpoint
+from torchrec_tpu.train.checkpoint import load_checkpoint, save_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
@@ -33,7 +33,7 @@ class JobSummary:
         return "\n".join([
             "training finished",
             f"  data            {self.data}",
-            f"  steps           {r.steps} ({r.samples:,} samples, {self.world_size} rank(s))",
+            f"  steps           {r.steps} ({r.samples:,} samples this run, {self.world_size} rank(s))",
             f"  throughput      {r.samples_per_sec:,.0f} samples/s (input + train steps, eval excluded)",
             f"  train loss      {r.final_train_loss:.4f} (mean of the last steps)",
             f"  eval AUC        {r.eval.auc:.4f} (loss {r.eval.loss:.4f}, {r.eval.samples:,} samples)",
@@ -74,10 +74,13 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
         model = shard_model(build_dlrm(spec, dense_device=device), env, device,
                             config.sparse_optimizer, config.sparse_lr, config.batch_size)
         optimizer = build_optimizer(model, config.dense_optimizer, config.dense_lr)
+        start_step = 0
+        if config.resume:
+            start_step = int(load_checkpoint(Path(config.resume), model, optimizer)["step"])
         options = LoopOptions(
             epochs=config.epochs, max_steps=config.max_steps, log_every=config.log_every,
             eval_every=config.eval_every, progress=config.progress and env.is_primary,
-            world_size=env.world_size,
+            world_size=env.world_size, start_step=start_step,
         )
         result = run_training(model, optimizer, data.train, data.held_out, device, log, options)
         meta = {

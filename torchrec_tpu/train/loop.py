@@ -32,12 +32,13 @@ class LoopOptions:
     eval_every: int = 0  # 0: evaluate only at the end
     progress: bool = True
     world_size: int = 1  # samples/s counts every rank's batch (ranks step in lock-step)
+    start_step: int = 0  # global step to resume from (a checkpoint's "step")
 
 
 @dataclass(frozen=True)
 class TrainResult:
-    steps: int
-    samples: int  # over all ranks
+    steps: int  # global step reached (including the steps before a resume)
+    samples: int  # trained on in this run, over all ranks
     train_seconds: float  # wall time of the loop (input pipeline included), evaluation excluded
     final_train_loss: float  # mean over the last ``log_every`` steps
     eval: EvalResult
@@ -61,17 +62,33 @@ def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch) -> torch.Te
 
 
 def _batches(train: Iterable[Batch], options: LoopOptions) -> Iterator[tuple[int, Batch]]:
+    """(epoch, batch) from global step ``start_step`` on, up to ``max_steps``.
+
+    On resume, whole epochs already done are skipped without reading; inside the current epoch
+    the batches already trained on are read and dropped (the readers have no random access).
+    """
+    per_epoch = _len(train)
+    first_epoch = options.start_step // per_epoch if per_epoch else 0
+    skip = options.start_step - first_epoch * (per_epoch or 0)
     stream = itertools.chain.from_iterable(
-        ((epoch, b) for b in train) for epoch in range(options.epochs)
+        ((epoch, b) for b in train) for epoch in range(first_epoch, options.epochs)
     )
-    return itertools.islice(stream, options.max_steps or None)
+    stop = options.max_steps - options.start_step if options.max_steps else None
+    return itertools.islice(stream, skip, None if stop is None else skip + max(stop, 0))
+
+
+def _len(train: Iterable[Batch]) -> int | None:
+    try:
+        return len(train)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def _total_steps(train: Iterable[Batch], options: LoopOptions) -> int | None:
-    try:
-        total = len(train) * options.epochs  # type: ignore[arg-type]
-    except TypeError:
+    per_epoch = _len(train)
+    if per_epoch is None:
         return options.max_steps or None
+    total = per_epoch * options.epochs
     return min(total, options.max_steps) if options.max_steps else total
 
 
@@ -87,13 +104,14 @@ def run_training(
 ) -> TrainResult:
     """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out``; return a summary."""
     model.train()
-    step = samples = 0
+    step, samples = options.start_step, 0
     eval_seconds = 0.0
     window_losses: list[float] = []
     recent_losses: collections.deque[float] = collections.deque(maxlen=options.log_every)
     window_samples, window_start = 0, time.perf_counter()
     bar = tqdm(
-        total=_total_steps(train, options), desc="train", unit="step", disable=not options.progress
+        total=_total_steps(train, options), initial=options.start_step, desc="train", unit="step",
+        disable=not options.progress,
     )
     loop_start = time.perf_counter()
     with bar:
@@ -122,8 +140,11 @@ def run_training(
                 window_start = time.perf_counter()
                 eval_seconds += window_start - eval_start
     train_seconds = time.perf_counter() - loop_start - eval_seconds
-    if step == 0:
-        raise ValueError("the training split yielded no batches: nothing to train on")
+    if step == options.start_step:
+        raise ValueError(
+            f"no batches to train on from step {options.start_step} (the training split is empty, "
+            "or a resumed run already reached --epochs / --max-steps)"
+        )
     if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
         result = _log_eval(log, step, evaluate(model, held_out, device))
     final_loss = sum(recent_losses) / len(recent_losses)
