@@ -53,3 +53,13 @@ def test_an_unknown_source_is_reported(tmp_path: Path, capsys: pytest.CaptureFix
     missing = tmp_path / "nowhere"
     assert cli.main(["train", "--data", str(missing), "--log-dir", str(tmp_path / "l")]) == 2
     assert "is neither 'synthetic', 'sample' nor a directory" in capsys.readouterr().err
+
+
+def test_resume_from_a_non_checkpoint_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", "--data", "sample", "--resume", str(tmp_path), "--log-dir",
+            str(tmp_path / "l"), "--no-progress"]
+    assert cli.main(argv) == 2
+    assert f"{tmp_path} is not a checkpoint: expected meta.json and state/ inside" in (
+        capsys.readouterr().err)

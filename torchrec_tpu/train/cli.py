@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
         from torchrec_tpu.train.job import run_job  # heavy: torch, torchrec, fbgemm
 
         summary = run_job(config)
-    except ConfigError as error:  # from the flags, the YAML file, or the data (too few files)
+    except (ConfigError, FileNotFoundError) as error:  # bad flags, YAML, data or --resume dir
         print(f"torchrec-tpu train: error: {error}", file=sys.stderr)
         return 2
     if summary.primary:
