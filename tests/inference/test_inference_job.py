@@ -1,0 +1,119 @@
+"""Batch inference: output schema, predictions vs the training model, resume after SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.inference.job import InferenceConfig, run_inference
+from pipelines.inference.model import load_inference_model
+from pipelines.inference.units import MANIFEST
+from tests.inference.conftest import INFER_DATA
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NUM_UNITS = INFER_DATA.num_rows // INFER_DATA.row_group_size
+
+
+def _config(data: Path, checkpoint: Path, output: Path, **extra) -> InferenceConfig:
+    return InferenceConfig(data=str(data), checkpoint=str(checkpoint), output=str(output),
+                           progress=False, **extra)
+
+
+def _predictions_by_row(output: Path) -> pa.Table:
+    parts = sorted(output.glob("part-*.parquet"))
+    return pa.concat_tables([pq.read_table(p) for p in parts]).sort_by("row_id")
+
+
+def test_checkpoint_loads_table_sizes_from_the_saved_tables(checkpoint: Path) -> None:
+    model = load_inference_model(checkpoint)
+    assert model.table_sizes == (200,) * 26
+    assert model.step == 3 * 2048 // 256 - 2048 // 256  # 2 train files of 2048 rows, batch 256
+
+
+def test_output_schema_and_predictions(ray_session, checkpoint, infer_data, reference_predictions,
+                                       tmp_path: Path) -> None:
+    output = tmp_path / "out"
+    summary = run_inference(_config(infer_data, checkpoint, output, key_columns=("label", "C1"),
+                                    concurrency=2, batch_size=1000))
+    assert (summary.rows, summary.rows_total) == (INFER_DATA.num_rows, INFER_DATA.num_rows)
+    assert (summary.parts_written, summary.parts_skipped) == (NUM_UNITS, 0)
+    table = _predictions_by_row(output)
+    assert table.schema == pa.schema([("label", pa.int8()), ("C1", pa.int64()),
+                                      ("row_id", pa.int64()), ("prediction", pa.float32())])
+    np.testing.assert_array_equal(table.column("row_id").to_numpy(), np.arange(INFER_DATA.num_rows))
+    source = pq.read_table(infer_data, columns=["label", "C1"])  # key columns travel with their row
+    assert table.column("label").to_pylist() == source.column("label").to_pylist()
+    assert table.column("C1").to_pylist() == source.column("C1").to_pylist()
+    np.testing.assert_allclose(table.column("prediction").to_numpy(), reference_predictions,
+                               rtol=1e-5, atol=1e-6)
+    again = run_inference(_config(infer_data, checkpoint, output, key_columns=("label", "C1")))
+    assert (again.rows, again.parts_written, again.parts_skipped) == (0, 0, NUM_UNITS)
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL the job, then the Ray processes it had started (by pid; they outlive it)."""
+    children = psutil.Process(process.pid).children(recursive=True)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(children, timeout=30)
+
+
+@pytest.mark.slow  # ~60 s on the shared 2-core box: two Ray starts and a killed job
+@pytest.mark.multiprocess
+def test_killed_job_resumes_with_every_row_exactly_once(
+    ray_session, checkpoint, infer_data, reference_predictions, tmp_path: Path
+) -> None:
+    output = tmp_path / "out"
+    command = [sys.executable, "-m", "pipelines.inference.cli", "--data", str(infer_data),
+               "--checkpoint", str(checkpoint), "--output", str(output), "--no-progress",
+               "--batch-size", "250", "--num-cpus", "1"]
+    job = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(output.glob("part-*.parquet")) and time.monotonic() < deadline:
+            assert job.poll() is None, "the job ended before writing any part"
+            time.sleep(0.02)
+    finally:
+        _kill_tree(job)
+    done_before = len(list(output.glob("part-*.parquet")))
+    assert 0 < done_before < NUM_UNITS, f"kill landed outside the run: {done_before} parts"
+
+    summary = run_inference(_config(infer_data, checkpoint, output))
+    assert summary.parts_skipped == done_before
+    assert summary.parts_written == NUM_UNITS - done_before
+    table = _predictions_by_row(output)
+    np.testing.assert_array_equal(table.column("row_id").to_numpy(), np.arange(INFER_DATA.num_rows))
+    np.testing.assert_allclose(table.column("prediction").to_numpy(), reference_predictions,
+                               rtol=1e-5, atol=1e-6)
+    assert not list(output.glob(".tmp-*"))
+
+
+def test_output_dir_of_another_job_is_refused(checkpoint, infer_data, tmp_path: Path) -> None:
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / MANIFEST).write_text('{"checkpoint": "elsewhere", "units": []}')
+    with pytest.raises(ValueError, match="output of another job"):
+        run_inference(_config(infer_data, checkpoint, output))
+
+
+def test_missing_key_column_is_named(checkpoint, infer_data, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"\['user_id'\]"):
+        run_inference(_config(infer_data, checkpoint, tmp_path / "o", key_columns=("user_id",)))
+    with pytest.raises(ValueError, match="collide"):
+        _config(infer_data, checkpoint, tmp_path / "o", key_columns=("prediction",))
