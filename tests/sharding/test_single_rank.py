@@ -1,0 +1,48 @@
+"""World size 1: the sparsecore EBC equals stock TorchRec EBC + the same optimizer over steps."""
+
+import pytest
+import torch
+
+from torchrec_tpu.sharding import ShardedSparseCoreEBC, TableSharding
+
+from .reference import CONFIGS, OPTIMIZERS, random_kjt, reference_ebc, targets, train_reference
+
+BATCH, STEPS = 16, 4
+
+
+def sharded(optimizer: str, backend: str = "xla") -> ShardedSparseCoreEBC:
+    plan = {c.name: TableSharding("table_wise", (0,)) for c in CONFIGS}
+    return ShardedSparseCoreEBC.from_torchrec(reference_ebc(), BATCH, plan, OPTIMIZERS[optimizer][0], backend=backend)
+
+
+@pytest.mark.parametrize("optimizer,backend", [("sgd", "xla"), ("adagrad", "xla"), ("rowwise_adagrad", "xla"),
+                                               ("adagrad", "fbgemm")])
+def test_trains_like_stock_torchrec(optimizer, backend):
+    expected_outputs, expected_weights = train_reference(optimizer, STEPS, BATCH)
+    ebc = sharded(optimizer, backend)
+    for step in range(STEPS):
+        pooled = ebc(random_kjt(BATCH, step))
+        assert pooled.keys() == ["user", "item", "hist", "small"]
+        torch.testing.assert_close(pooled.values(), expected_outputs[step], atol=1e-5, rtol=1e-5)
+        (0.5 * ((pooled.values() - targets(BATCH, step)) ** 2).sum()).backward()
+    for name, weight in ebc.unsharded_weights().items():
+        torch.testing.assert_close(weight, expected_weights[name], atol=1e-5, rtol=1e-5)
+
+
+def test_bad_id_names_the_feature():
+    ebc = sharded("sgd")
+    kjt = random_kjt(BATCH, 0)
+    values = kjt.values().clone()
+    values[-1] = 9  # the last value belongs to "small" (9 rows)
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    bad = KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=kjt.lengths())
+    with pytest.raises(ValueError, match="feature 'small'.*outside \\[0, 9\\)"):
+        ebc(bad)
+
+
+def test_sharding_errors_name_the_table():
+    with pytest.raises(ValueError, match="table 't_item' has no sharding"):
+        ShardedSparseCoreEBC.from_torchrec(reference_ebc(), BATCH, {"t_user": TableSharding("table_wise", (0,))},
+                                           OPTIMIZERS["sgd"][0])
+    with pytest.raises(ValueError, match="sharding type must be one of"):
+        TableSharding("diagonal")

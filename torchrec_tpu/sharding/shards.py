@@ -1,0 +1,116 @@
+"""Where each table's rows and columns live: per-table sharding choices and the shards they make.
+
+Sharding types (TorchRec names):
+
+- ``table_wise``: the whole table on one rank.
+- ``row_wise``: rows mod-sharded over all ranks, as SparseCore mod-shards over its cores: id ``i``
+  lives on rank ``i mod W`` as local row ``i div W``.
+- ``column_wise``: column blocks on several ranks (each block is a table-wise table of its own).
+- ``data_parallel``: a full replica on every rank; every replica applies the same fused update
+  on the global batch, so the replicas stay equal without an all-reduce of the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from sparsecore.specs import TableSpec
+
+SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "data_parallel")
+
+
+@dataclass(frozen=True)
+class TableSharding:
+    """How one table is sharded. ``ranks``: the owner (table_wise, one rank) or the ranks of the
+    column blocks in column order (column_wise); unused for row_wise / data_parallel."""
+
+    kind: str
+    ranks: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in SHARDING_TYPES:
+            raise ValueError(f"sharding type must be one of {SHARDING_TYPES}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows ``row_offset + k * row_stride`` (k < rows) and columns [col_offset, col_offset + cols)
+    of logical table ``table``, held by ``rank``."""
+
+    table: str
+    kind: str
+    rank: int
+    rows: int
+    row_offset: int
+    row_stride: int
+    col_offset: int
+    cols: int
+
+    def local_spec(self, spec: TableSpec) -> TableSpec:
+        """The shard as a sparsecore table: its own rows and columns, sum-pooled (the combiner is
+        folded into per-id gains before the input dist, as the SparseCore host does)."""
+        return replace(spec, vocab_size=self.rows, dim=self.cols, combiner="sum", initializer=None)
+
+    def slice(self, full: torch.Tensor) -> torch.Tensor:
+        """This shard's part of a full [vocab, dim] (or [vocab] row-slot) tensor."""
+        rows = full[self.row_offset::self.row_stride][: self.rows]
+        return (rows if full.dim() == 1 else rows[:, self.col_offset:self.col_offset + self.cols]).contiguous()
+
+    def owns(self, ids: np.ndarray) -> np.ndarray:
+        """Mask of the global ids that fall in this shard."""
+        if self.kind != "row_wise":
+            return np.ones(ids.shape, dtype=bool)
+        return ids % self.row_stride == self.row_offset
+
+    def local_rows(self, ids: np.ndarray) -> np.ndarray:
+        return ids // self.row_stride if self.kind == "row_wise" else ids
+
+
+def make_shards(tables: Sequence[TableSpec], sharding: Mapping[str, TableSharding], world_size: int) -> dict[str, list[Shard]]:
+    """Every table's shards, in rank order (column order for column_wise)."""
+    unknown = sorted(set(sharding) - {t.name for t in tables})
+    if unknown:
+        raise ValueError(f"sharding names unknown tables {unknown}")
+    out = {}
+    for table in tables:
+        if table.name not in sharding:
+            raise ValueError(f"table {table.name!r} has no sharding; give one of {SHARDING_TYPES}")
+        out[table.name] = _table_shards(table, sharding[table.name], world_size)
+    return out
+
+
+def _table_shards(table: TableSpec, how: TableSharding, world_size: int) -> list[Shard]:
+    where = f"table {table.name!r} ({how.kind})"
+    for rank in how.ranks:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"{where}: rank {rank} outside the world of {world_size}")
+    full = dict(table=table.name, kind=how.kind, rows=table.vocab_size, row_offset=0, row_stride=1,
+                col_offset=0, cols=table.dim)
+    if how.kind == "table_wise":
+        if len(how.ranks) != 1:
+            raise ValueError(f"{where}: needs exactly one owner rank, got {how.ranks}")
+        return [Shard(rank=how.ranks[0], **full)]
+    if how.kind == "data_parallel":
+        return [Shard(rank=r, **full) for r in range(world_size)]
+    if how.kind == "row_wise":
+        if table.vocab_size < world_size:
+            raise ValueError(f"{where}: {table.vocab_size} rows cannot be split over {world_size} ranks")
+        return [Shard(table.name, how.kind, r, (table.vocab_size - r + world_size - 1) // world_size, r,
+                      world_size, 0, table.dim) for r in range(world_size)]
+    return _column_shards(table, how, where, full)
+
+
+def _column_shards(table: TableSpec, how: TableSharding, where: str, full: dict) -> list[Shard]:
+    if len(set(how.ranks)) != len(how.ranks) or len(how.ranks) < 1:
+        raise ValueError(f"{where}: needs distinct ranks, got {how.ranks}")
+    if table.optimizer.row_slots:
+        raise ValueError(f"{where}: {table.optimizer.name} keeps one slot per whole row, which column "
+                         "blocks cannot share; use an element-wise optimizer or another sharding")
+    if table.dim % len(how.ranks):
+        raise ValueError(f"{where}: dim {table.dim} does not split evenly over {len(how.ranks)} ranks")
+    cols = table.dim // len(how.ranks)
+    return [Shard(**{**full, "rank": r, "col_offset": i * cols, "cols": cols}) for i, r in enumerate(how.ranks)]
