@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
+from sparsecore.limits import ProposedLimits
 from sparsecore.optimizers import OptimizerSpec
 from sparsecore.specs import ALIGNMENT, FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 
@@ -113,6 +114,19 @@ class StackingPlan:
             if any(p.table == table for p in stack.tables):
                 return stack
         raise KeyError(f"unknown table {table!r}")
+
+    def with_limits(self, limits: Mapping[str, ProposedLimits]) -> StackingPlan:
+        """This plan with new partition limits for the named stacks (e.g. ``FdoRecorder.propose``)."""
+        unknown = sorted(set(limits) - {s.name for s in self.stacks})
+        if unknown:
+            raise KeyError(f"limits for unknown stacks {unknown}; stacks: {[s.name for s in self.stacks]}")
+        stacks = tuple(
+            replace(s, max_ids_per_partition=limits[s.name].max_ids_per_partition,
+                    max_unique_ids_per_partition=limits[s.name].max_unique_ids_per_partition)
+            if s.name in limits else s
+            for s in self.stacks
+        )
+        return replace(self, stacks=stacks)
 
     def stack(self, name: str) -> StackedTable:
         for stack in self.stacks:

@@ -59,10 +59,11 @@ def test_fdo_records_merges_like_an_allreduce_and_proposes_with_headroom():
     assert proposal.max_ids_per_partition == -(-int(np.ceil(expected_max * 1.5)) // 8) * 8
     assert proposal.max_unique_ids_per_partition <= proposal.max_ids_per_partition
     # the proposed limits are enough: the same batches preprocess without overflow
-    tuned = plan_stacking([TableSpec("t", 4096, 8, max_ids_per_partition=proposal.max_ids_per_partition,
-                                     max_unique_ids_per_partition=proposal.max_unique_ids_per_partition)],
-                          [FeatureSpec("f", "t", 64)], SparseCoreTopology("v6e", 1))
+    tuned = plan.with_limits(recorder.propose(headroom=1.5))
+    assert tuned.stacks[0].max_ids_per_partition == proposal.max_ids_per_partition
     for seed in (0, 1, 2, 10, 11, 12):
         preprocess(random_kjt(tuned, seed=seed, max_hot=20), tuned)
+    with pytest.raises(KeyError, match="unknown stacks \\['u'\\]"):
+        plan.with_limits({"u": proposal})
     with pytest.raises(ValueError, match="headroom"):
         recorder.propose(0.5)
