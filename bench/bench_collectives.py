@@ -22,6 +22,7 @@ from tqdm import tqdm
 from torch_tpu.distributed.local_launch import launch_local
 
 CONFIGS = (("gloo", "cpu"), ("tpu_dist", "cpu"), ("tpu_dist", "tpu"))
+REPEATS = 3
 
 
 def _collective(name: str, group: dist.ProcessGroup | None, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -41,12 +42,15 @@ def _time(name: str, group: dist.ProcessGroup | None, device: str, numel: int, i
     out = torch.empty(numel, device=device)
     _collective(name, group, x, out)  # warm-up: connections, jit caches
     _sync(device)
-    dist.barrier(group=group)
-    start = time.perf_counter()
-    for _ in range(iters):
-        _collective(name, group, x, out)
-    _sync(device)
-    return (time.perf_counter() - start) / iters
+    best = float("inf")
+    for _ in range(REPEATS):  # best of a few: the box is shared, contention only adds time
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        for _ in range(iters):
+            _collective(name, group, x, out)
+        _sync(device)
+        best = min(best, (time.perf_counter() - start) / iters)
+    return best
 
 
 def _rank(
@@ -75,7 +79,8 @@ def main() -> None:
     numels = [kib * 1024 // 4 for kib in args.sizes_kib]
     rows = launch_local(_rank, args.world, numels, args.iters, timeout_s=600)[0]
     seconds = {(op, nbytes, b, d): s for op, nbytes, b, d, s in rows}
-    print(f"{args.world} ranks, float32, {args.iters} iters; algorithm bandwidth in GB/s")
+    print(f"{args.world} ranks, float32, best of {REPEATS} x {args.iters} iters; algorithm "
+          "bandwidth in GB/s (shared box: noisy, read the ratios)")
     print(f"{'op':<11}{'size':>10}{'gloo/cpu':>11}{'tpu_dist/cpu':>14}{'tpu_dist/tpu':>14}"
           f"{'tpu/gloo':>10}{'pg-only':>9}")
     for op in ("allreduce", "all_to_all"):

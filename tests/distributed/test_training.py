@@ -37,3 +37,9 @@ def test_dtensor_redistribute_round_trips(job: dict) -> None:
         for key, value in expect.items():
             torch.testing.assert_close(got[key], value, rtol=0, atol=0,
                                        msg=lambda m: f"rank {rank} {key}: {m}")
+
+
+def test_topology_aware_device_mesh_runs_collectives(job: dict) -> None:
+    for got in results_for(job, "training", "topology_mesh"):
+        assert got["mesh"] == list(range(WORLD)) and got["names"] == ("dp",)
+        torch.testing.assert_close(got["sum"], torch.full((3,), float(sum(range(1, WORLD + 1)))))

@@ -130,7 +130,20 @@ def redistribute(rank: int, size: int, device: str) -> dict[str, torch.Tensor]:
     return out
 
 
-STRATEGIES = {"ddp": ddp, "fsdp2": fsdp2, "dtensor": dtensor, "redistribute": redistribute}
+def topology_mesh(rank: int, size: int, device: str) -> dict[str, object]:
+    """A DeviceMesh from topology_aware_mesh (2 chips of a v6e 2x1 slice) carries collectives."""
+    from torch_tpu.distributed import SliceTopology, topology_aware_mesh
+    from torch_tpu.hardware import chip_generation
+
+    layout = topology_aware_mesh({"dp": size}, topology=SliceTopology(chip_generation("v6e"), (size, 1)))
+    mesh = layout.device_mesh(device)
+    t = torch.full((3,), float(rank + 1), device=device)
+    dist.all_reduce(t, group=mesh.get_group("dp"))
+    return {"sum": t.cpu(), "mesh": mesh.mesh.tolist(), "names": mesh.mesh_dim_names}
+
+
+STRATEGIES = {"ddp": ddp, "fsdp2": fsdp2, "dtensor": dtensor, "redistribute": redistribute,
+              "topology_mesh": topology_mesh}
 
 
 def run_strategies(rank: int, size: int, device: str) -> dict:

@@ -95,6 +95,18 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
         return self._worker.submit(collective, job, describe)
 
+    def _each(
+        self, collective: str, tensors: list[torch.Tensor], run: Callable[[torch.Tensor], None]
+    ) -> FutureWork:
+        """One job running ``run`` on every tensor in order; the tensors are the result."""
+
+        def job() -> list[torch.Tensor]:
+            for t in tensors:
+                run(t)
+            return tensors
+
+        return self._submit(collective, job)
+
     def _check_rank(self, collective: str, what: str, rank: int) -> None:
         if not 0 <= rank < self._size:
             raise ValueError(
@@ -131,17 +143,33 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 f"size {self._size} x {small.numel()} = {self._size * small.numel()}"
             )
 
+    def _root_list(
+        self,
+        collective: str,
+        root: int,
+        single: list[torch.Tensor],
+        lists: list[list[torch.Tensor]],
+        single_name: str,
+        list_name: str,
+    ) -> list[torch.Tensor] | None:
+        """Validate a rooted collective; the root's per-rank list (None on other ranks)."""
+        self._check_rank(collective, "root", root)
+        if len(single) != 1:
+            raise ValueError(
+                f"tpu_dist {collective}: expects one {single_name} tensor, got {len(single)}"
+            )
+        per_rank = lists[0] if self._rank == root else None
+        if per_rank is not None:
+            self._check_list(collective, f"{list_name} list on the root", per_rank)
+            for r, t in enumerate(per_rank):
+                self._check_like(collective, f"{list_name} for rank {r}", t, single[0])
+        return per_rank
+
     # ---- reductions -------------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = (opts or dist.AllreduceOptions()).reduceOp
-
-        def job() -> list[torch.Tensor]:
-            for t in tensors:
-                self._transport.all_reduce(t, op)
-            return tensors
-
-        return self._submit("allreduce", job)
+        return self._each("allreduce", tensors, lambda t: self._transport.all_reduce(t, op))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = (opts or dist.AllreduceCoalescedOptions()).reduceOp
@@ -163,13 +191,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         opts = opts or dist.ReduceOptions()
         root, op = opts.rootRank, opts.reduceOp
         self._check_rank("reduce", "root", root)
-
-        def job() -> list[torch.Tensor]:
-            for t in tensors:
-                self._transport.reduce(t, root, op)
-            return tensors
-
-        return self._submit("reduce", job)
+        return self._each("reduce", tensors, lambda t: self._transport.reduce(t, root, op))
 
     def reduce_scatter(
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
@@ -223,13 +245,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         root = (opts or dist.BroadcastOptions()).rootRank
         self._check_rank("broadcast", "root", root)
-
-        def job() -> list[torch.Tensor]:
-            for t in tensors:
-                self._transport.broadcast(t, root)
-            return tensors
-
-        return self._submit("broadcast", job)
+        return self._each("broadcast", tensors, lambda t: self._transport.broadcast(t, root))
 
     def allgather(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
@@ -282,14 +298,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> dist.Work:
         root = (opts or dist.GatherOptions()).rootRank
-        self._check_rank("gather", "root", root)
-        if len(inputs) != 1:
-            raise ValueError(f"tpu_dist gather: expects one input tensor, got {len(inputs)}")
-        outputs = output_lists[0] if self._rank == root else None
-        if outputs is not None:
-            self._check_list("gather", "output list on the root", outputs)
-            for r, t in enumerate(outputs):
-                self._check_like("gather", f"output for rank {r}", t, inputs[0])
+        outputs = self._root_list("gather", root, inputs, output_lists, "input", "output")
 
         def job() -> list[list[torch.Tensor]]:
             self._transport.gather(outputs, inputs[0], root)
@@ -301,14 +310,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
     ) -> dist.Work:
         root = (opts or dist.ScatterOptions()).rootRank
-        self._check_rank("scatter", "root", root)
-        if len(outputs) != 1:
-            raise ValueError(f"tpu_dist scatter: expects one output tensor, got {len(outputs)}")
-        inputs = input_lists[0] if self._rank == root else None
-        if inputs is not None:
-            self._check_list("scatter", "input list on the root", inputs)
-            for r, t in enumerate(inputs):
-                self._check_like("scatter", f"input for rank {r}", t, outputs[0])
+        inputs = self._root_list("scatter", root, outputs, input_lists, "output", "input")
 
         def job() -> list[torch.Tensor]:
             self._transport.scatter(outputs[0], inputs, root)
@@ -378,23 +380,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         self._check_rank("send", "destination", dst)
-
-        def job() -> list[torch.Tensor]:
-            for t in tensors:
-                self._transport.send(t, dst, tag)
-            return tensors
-
-        return self._submit("send", job)
+        return self._each("send", tensors, lambda t: self._transport.send(t, dst, tag))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
         self._check_rank("recv", "source", src)
-
-        def job() -> list[torch.Tensor]:
-            for t in tensors:
-                self._transport.recv(t, src, tag)
-            return tensors
-
-        return self._submit("recv", job)
+        return self._each("recv", tensors, lambda t: self._transport.recv(t, src, tag))
 
     def barrier(self, opts: Any = None) -> dist.Work:
         def job() -> list[torch.Tensor]:
