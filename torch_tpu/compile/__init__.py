@@ -6,7 +6,7 @@ cache and the ``defer_and_fuse`` eager mode.
 
 import torch_tpu  # noqa: F401  (the device and the lowering registry)
 from torch_tpu import modes as _modes
-from torch_tpu.compile import backend as _backend, cache as _cache, lazy as _lazy
+from torch_tpu.compile import backend as _backend, cache as _cache, extra_lowerings as _extra, lazy as _lazy  # noqa: F401
 from torch_tpu.compile.buckets import BucketPolicy, BucketStats, bucketed
 from torch_tpu.compile.backend import compile_stats, compiled_graphs, reset_compile_stats
 from torch_tpu.compile.cache import cache_dir, cache_stats, configure_cache, reset_cache_stats

@@ -79,7 +79,7 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
                     continue
                 lowering = lowerings[node]
                 if lowering.needs_key:
-                    kwargs["key"] = keys[node]
+                    kwargs = {**kwargs, "key": keys[node]}
                 env[node] = lowering.fn(*args, **kwargs)
             elif node.op == "output":
                 out = torch.fx.node.map_arg(node.args[0], env.__getitem__)

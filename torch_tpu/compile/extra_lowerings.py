@@ -1,0 +1,34 @@
+"""Lowerings torch.compile graphs need that the core registry lacks (candidates to move there).
+
+* ``aten.copy``: the functional copy AOTAutograd emits for in-place updates (``param.copy_``).
+* ``prims.fma``: fused multiply-add that core-ATen decompositions emit (``a * b + c``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma)
+
+from torch_tpu._jax import jnp
+from torch_tpu.lowerings._common import promoted
+from torch_tpu.dispatch import clear_plan_cache
+from torch_tpu.registry import get_lowering, register_lowering
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _copy(self, src, non_blocking=False):
+    return jnp.broadcast_to(src.astype(self.dtype), self.shape)
+
+
+def _fma(a, b, c):
+    a, b, c = promoted(a, b, c)
+    return a * b + c
+
+
+for _op, _fn in ((aten.copy.default, _copy), (prims.fma.default, _fma)):
+    if get_lowering(_op) is None:  # the core may add it later; theirs wins
+        register_lowering(_op)(_fn)
+
+clear_plan_cache()  # eager dispatch decided per-op plans before these existed
