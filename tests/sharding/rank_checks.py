@@ -1,0 +1,46 @@
+"""What each rank of the 2-rank sharding test runs (module level, so spawned ranks import it)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from torchrec_tpu.sharding import ShardedSparseCoreEBC, TableSharding
+
+from .reference import OPTIMIZERS, random_kjt, reference_ebc, slice_batch, targets
+
+TW, RW, CW, DP = "table_wise", "row_wise", "column_wise", "data_parallel"
+# name -> (optimizer, per-table sharding)
+LAYOUTS = {
+    "table_wise": ("adagrad", {"t_user": TableSharding(TW, (0,)), "t_item": TableSharding(TW, (1,)),
+                               "t_small": TableSharding(TW, (1,))}),
+    "row_wise": ("rowwise_adagrad", {n: TableSharding(RW) for n in ("t_user", "t_item", "t_small")}),
+    "column_wise": ("adagrad", {"t_user": TableSharding(CW, (1, 0)), "t_item": TableSharding(CW, (0, 1)),
+                                "t_small": TableSharding(TW, (0,))}),
+    "data_parallel": ("sgd", {"t_user": TableSharding(DP), "t_item": TableSharding(DP),
+                              "t_small": TableSharding(RW)}),
+}
+
+
+def train_sharded(rank: int, world_size: int, store, timeout, layouts: list[str], steps: int, local_batch: int):
+    """Per layout: this rank's pooled outputs per step and the final unsharded weights."""
+    import torch_tpu.distributed  # noqa: F401  registers the tpu_dist backend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    try:
+        results = {}
+        for layout in layouts:
+            optimizer, plan = LAYOUTS[layout]
+            ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), local_batch, plan, OPTIMIZERS[optimizer][0])
+            outputs = []
+            start, stop = rank * local_batch, (rank + 1) * local_batch
+            for step in range(steps):
+                kjt = slice_batch(random_kjt(world_size * local_batch, step), start, stop)
+                out = ebc(kjt).values()
+                outputs.append(out.detach().clone())
+                (0.5 * ((out - targets(world_size * local_batch, step)[start:stop]) ** 2).sum()).backward()
+            results[layout] = (outputs, ebc.unsharded_weights(), ebc.unsharded_slots())
+        return results
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,39 @@
+"""Two ranks over tpu_dist (loopback processes): every sharding type trains exactly like stock
+TorchRec on the global batch (and so like the 1-rank run, tested in test_single_rank)."""
+
+import pytest
+import torch
+
+from torch_tpu.distributed import launch_local
+
+from .rank_checks import LAYOUTS, train_sharded
+from .reference import train_reference
+
+LOCAL_BATCH, STEPS = 8, 3
+
+
+@pytest.fixture(scope="module")
+def two_rank_results():
+    return launch_local(train_sharded, 2, list(LAYOUTS), STEPS, LOCAL_BATCH, timeout_s=120)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_two_ranks_equal_stock_torchrec(two_rank_results, layout):
+    optimizer, _ = LAYOUTS[layout]
+    expected_outputs, expected_weights = train_reference(optimizer, STEPS, 2 * LOCAL_BATCH)
+    for rank, results in enumerate(two_rank_results):
+        outputs, weights, _ = results[layout]
+        for step, out in enumerate(outputs):
+            torch.testing.assert_close(out, expected_outputs[step][rank * LOCAL_BATCH:(rank + 1) * LOCAL_BATCH],
+                                       atol=1e-5, rtol=1e-5)
+        for name, weight in weights.items():
+            torch.testing.assert_close(weight, expected_weights[name], atol=1e-5, rtol=1e-5)
+    # every rank reassembles the same tables and slots
+    for name in two_rank_results[0][layout][1]:
+        assert torch.equal(two_rank_results[0][layout][1][name], two_rank_results[1][layout][1][name])
+    slots0, slots1 = two_rank_results[0][layout][2], two_rank_results[1][layout][2]
+    assert slots0.keys() == slots1.keys()
+    for table in slots0:
+        for slot in slots0[table]:
+            assert torch.equal(slots0[table][slot], slots1[table][slot])
