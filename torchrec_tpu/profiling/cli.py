@@ -1,0 +1,37 @@
+"""``torchrec-tpu profile``: the training flags plus ``--steps`` -> a profile log dir and summary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--steps", type=int, default=10, help="training steps to trace (default 10)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untraced steps first (compilation, lazy init; default 2)")
+    parser.add_argument("--profile-dir", default=None, metavar="PATH",
+                        help="TensorBoard log dir of the profile (default: <log-dir>/profile)")
+    parser.add_argument("--top", type=int, default=10, help="ops listed in the summary (default 10)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+        from torchrec_tpu.profiling.job import profile_training  # heavy: torch, torchrec, jax
+
+        result = profile_training(config, args.steps, args.warmup, args.profile_dir, top=args.top)
+    except (ConfigError, ValueError) as error:
+        print(f"torchrec-tpu profile: error: {error}", file=sys.stderr)
+        return 2
+    print(result.format())
+    return 0
+
+
+if __name__ == "__main__":
+    cli = argparse.ArgumentParser(prog="torchrec-tpu profile")
+    add_arguments(cli)
+    sys.exit(run(cli.parse_args()))

@@ -1,0 +1,86 @@
+"""``torchrec-tpu profile``: N training steps of the training job's model under the profilers.
+
+The model, data and optimizers are set up exactly as ``torchrec-tpu train`` does (its factory,
+sharding and data modules); warm-up steps run first, untraced (they also let TorchRec create its
+lazy input dists, which the phase hooks then find), then ``steps`` steps are traced.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.autograd.profiler import record_function
+from tqdm import tqdm
+
+from torchrec_tpu.profiling.phases import DENSE_BWD, OPTIMIZER, PREPROCESS, PhasedParquetReader, phase_ranges
+from torchrec_tpu.profiling.summary import format_summary
+from torchrec_tpu.profiling.trace import TraceFiles, profiling
+from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.data import open_data
+from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.job import model_spec
+from torchrec_tpu.train.model import build_dlrm
+from torchrec_tpu.train.sharding import build_optimizer, shard_model
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    steps: int
+    log_dir: Path
+    files: TraceFiles
+    summary: str
+
+    def format(self) -> str:
+        return "\n".join([
+            self.summary,
+            f"  tensorboard     tensorboard --logdir {self.log_dir}  (Profile tab, with XProf)",
+            f"  chrome trace    {self.files.chrome_trace}",
+            f"  jax xplane      {self.files.xplane}",
+        ])
+
+
+def profile_training(
+    config: TrainConfig, steps: int, warmup: int = 2, log_dir: str | Path | None = None,
+    device: torch.device = torch.device("cpu"), top: int = 10,
+) -> ProfileResult:
+    """Run ``warmup`` + ``steps`` training steps, tracing the last ``steps``."""
+    if steps < 1 or warmup < 1:
+        raise ValueError(f"need steps >= 1 and warmup >= 1, got steps={steps}, warmup={warmup}")
+    log_dir = Path(log_dir) if log_dir else config.resolved_log_dir() / "profile"
+    torch.manual_seed(config.seed)
+    with process_group() as env, open_data(config, env) as data:
+        train = data.train
+        reader = PhasedParquetReader(
+            train.files, train.batch_size, train.table_sizes, train.schema,
+            rank=env.rank, world_size=env.world_size, drop_last=env.world_size > 1,
+            prefetch_row_groups=0,
+        )
+        spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
+        model = shard_model(build_dlrm(spec, dense_device=device), env, device,
+                            config.sparse_optimizer, config.sparse_lr, config.batch_size)
+        optimizer = build_optimizer(model, config.dense_optimizer, config.dense_lr)
+        batches = itertools.chain.from_iterable(itertools.repeat(reader))  # epochs as needed
+
+        def step() -> None:
+            batch = next(batches)
+            with record_function(PREPROCESS):
+                batch = batch.to(device)
+            loss, _ = model(batch)
+            with record_function(DENSE_BWD):
+                loss.backward()
+            with record_function(OPTIMIZER):
+                optimizer.step()
+                optimizer.zero_grad()
+
+        model.train()
+        for _ in range(warmup):
+            step()
+        progress = config.progress and env.is_primary
+        with phase_ranges(model), profiling(log_dir) as files:
+            for index in tqdm(range(steps), desc="profile", unit="step", disable=not progress):
+                with record_function(f"step#{index}"):
+                    step()
+    return ProfileResult(steps, log_dir, files, format_summary(files.profiler, steps, top))

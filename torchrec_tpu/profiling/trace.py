@@ -1,0 +1,56 @@
+"""One profiling session: torch.profiler (host) and jax.profiler (device) into a TensorBoard dir.
+
+Layout written under ``log_dir`` (what TensorBoard's profile plugin, XProf, reads)::
+
+    plugins/profile/<run>/<host>.xplane.pb       jax.profiler: the XLA/PJRT side (device ops)
+    plugins/profile/<run>/torch.pt.trace.json    torch.profiler chrome trace (Perfetto, chrome://tracing)
+
+``<run>`` is the timestamped directory jax.profiler creates; the chrome trace is moved next to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from torch.profiler import ProfilerActivity, profile
+
+TORCH_TRACE_NAME = "torch.pt.trace.json"
+
+
+@dataclass
+class TraceFiles:
+    run_dir: Path | None = None
+    chrome_trace: Path | None = None
+    xplane: Path | None = None
+    profiler: profile | None = None  # for the text summary
+
+
+def _profile_runs(log_dir: Path) -> set[Path]:
+    root = log_dir / "plugins" / "profile"
+    return set(root.iterdir()) if root.is_dir() else set()
+
+
+@contextlib.contextmanager
+def profiling(log_dir: str | Path, with_jax: bool = True) -> Iterator[TraceFiles]:
+    """Profile the body; the returned :class:`TraceFiles` is filled in when the body exits."""
+    import jax
+
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    before = _profile_runs(log_dir)
+    files = TraceFiles()
+    with contextlib.ExitStack() as stack:
+        if with_jax:
+            stack.enter_context(jax.profiler.trace(str(log_dir)))
+        prof = stack.enter_context(profile(activities=[ProfilerActivity.CPU], record_shapes=False))
+        yield files
+    files.profiler = prof
+    new_runs = sorted(_profile_runs(log_dir) - before)
+    run_dir = new_runs[-1] if new_runs else log_dir / "plugins" / "profile" / "torch"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    files.run_dir, files.chrome_trace = run_dir, run_dir / TORCH_TRACE_NAME
+    prof.export_chrome_trace(str(files.chrome_trace))
+    files.xplane = next(iter(sorted(run_dir.glob("*.xplane.pb"))), None)
