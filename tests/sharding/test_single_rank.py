@@ -5,7 +5,7 @@ import torch
 
 from torchrec_tpu.sharding import ShardedSparseCoreEBC, TableSharding
 
-from .reference import CONFIGS, OPTIMIZERS, random_kjt, reference_ebc, targets, train_reference
+from .reference import CONFIGS, OPTIMIZERS, random_kjt, reference_ebc, slice_batch, targets, train_reference
 
 BATCH, STEPS = 16, 4
 
@@ -46,3 +46,15 @@ def test_sharding_errors_name_the_table():
                                            OPTIMIZERS["sgd"][0])
     with pytest.raises(ValueError, match="sharding type must be one of"):
         TableSharding("diagonal")
+
+
+def test_other_batch_sizes_are_padded_or_chunked():
+    ebc = sharded("sgd")
+    big = random_kjt(2 * BATCH + 5, seed=7)
+    with torch.no_grad():
+        expected = reference_ebc()(big).values()
+        torch.testing.assert_close(ebc(big).values(), expected, atol=1e-6, rtol=1e-6)
+        small = slice_batch(big, 0, 5)
+        torch.testing.assert_close(ebc(small).values(), expected[:5], atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="exceeds the EBC's batch_size 16"):
+        ebc(big)

@@ -34,6 +34,7 @@ from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validat
 from sparsecore.stacking import plan_stacking
 from sparsecore.torchrec_convert import specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
+from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards
 
@@ -126,7 +127,18 @@ class ShardedSparseCoreEBC(nn.Module):
         return make_backend(backend, plan, {name: s.slice(full[name]) for name, s in mine.items()}, seed, **options)
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
-        return self.compute_and_output_dist(self.input_dist(kjt))
+        """Pooled embeddings of ``kjt``'s samples. Other batch sizes than ``batch_size`` are padded
+        (smaller) or, without grad, looked up in chunks (larger); every rank must make the same
+        calls, as the dists are collectives."""
+        if kjt.stride() == self.batch_size:
+            return self.compute_and_output_dist(self.input_dist(kjt))
+        if kjt.stride() > self.batch_size and torch.is_grad_enabled():
+            raise ValueError(f"a training batch of {kjt.stride()} samples exceeds the EBC's batch_size "
+                             f"{self.batch_size} (per rank); evaluate larger batches under torch.no_grad()")
+        parts = [self.compute_and_output_dist(self.input_dist(chunk)).values()[:real]
+                 for chunk, real in fixed_size_chunks(kjt, self.batch_size)]
+        return KeyedTensor(keys=[f.name for f in self.features],
+                           length_per_key=[self.tables[f.table].dim for f in self.features], values=torch.cat(parts))
 
     def input_dist(self, kjt: KeyedJaggedTensor) -> LocalBatch:
         """Validate ``kjt`` (errors name the feature), fold combiners into gains, exchange ids."""
