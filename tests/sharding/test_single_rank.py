@@ -58,3 +58,17 @@ def test_other_batch_sizes_are_padded_or_chunked():
         torch.testing.assert_close(ebc(small).values(), expected[:5], atol=1e-6, rtol=1e-6)
     with pytest.raises(ValueError, match="exceeds the EBC's batch_size 16"):
         ebc(big)
+
+
+def test_state_dict_round_trip_continues_identically():
+    first, second = sharded("adagrad"), sharded("adagrad")
+    for step in range(2):
+        out = first(random_kjt(BATCH, step)).values()
+        (0.5 * ((out - targets(BATCH, step)) ** 2).sum()).backward()
+    second.load_state_dict(first.state_dict())
+    for ebc in (first, second):
+        out = ebc(random_kjt(BATCH, 5)).values()
+        (0.5 * ((out - targets(BATCH, 5)) ** 2).sum()).backward()
+    for name, weight in first.unsharded_weights().items():
+        assert torch.equal(weight, second.unsharded_weights()[name])
+    assert torch.equal(first.unsharded_slots()["t_item"]["accumulator"], second.unsharded_slots()["t_item"]["accumulator"])

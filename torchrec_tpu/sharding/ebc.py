@@ -250,6 +250,23 @@ class ShardedSparseCoreEBC(nn.Module):
             out.setdefault(table, {})[slot] = value
         return out
 
+    def get_extra_state(self) -> dict[str, Any]:
+        """The unsharded tables, optimizer slots and step count (a collective: ``state_dict()``
+        must run on every rank). Identical on all ranks, so DCP stores it once; a checkpoint
+        resharded to another world or layout loads through ``set_extra_state``."""
+        steps = self._backend.steps if self._backend else 0
+        return {"weights": self.unsharded_weights(), "slots": self.unsharded_slots(), "steps": steps}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if self._backend is None:
+            return
+        mine = {s.table: s for _, s in self._served[self.rank]}
+        self._backend.load_state(
+            {name: s.slice(state["weights"][name]) for name, s in mine.items()},
+            {name: {k: s.slice(v) for k, v in state["slots"].get(name, {}).items()} for name, s in mine.items()},
+            int(state["steps"]),
+        )
+
     def _gather(self, read, keyed_slots: bool = False) -> dict[str, torch.Tensor]:
         local = read(self._backend) if self._backend else {}
         everyone = [local]
