@@ -235,6 +235,118 @@ def _view_plan(func: Any, args: tuple, kwargs: dict) -> Any:
     return pytree.tree_map(to_alias, out)
 
 
+def _fast_view(layout: Callable[..., tuple | None]) -> Plan:
+    """A view plan computing (sizes, strides, offset) in Python; meta tensors for the rest."""
+
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        t = args[0]
+        if type(t) is TpuTensor and not kwargs:
+            meta = layout(tuple(t.shape), t.stride(), t.storage_offset(), *args[1:])
+            if meta is not None:
+                return make_alias(t._box, meta[0], meta[1], meta[2], t.dtype)
+        return _view_plan(func, args, kwargs)
+
+    return run
+
+
+def _layout_t(size, stride, offset):
+    return (size[::-1], stride[::-1], offset) if len(size) == 2 else (size, stride, offset)
+
+
+def _layout_transpose(size, stride, offset, d0, d1):
+    n = len(size)
+    if not n:
+        return None
+    d0, d1 = d0 % n, d1 % n
+    size, stride = list(size), list(stride)
+    size[d0], size[d1] = size[d1], size[d0]
+    stride[d0], stride[d1] = stride[d1], stride[d0]
+    return size, stride, offset
+
+
+def _layout_permute(size, stride, offset, dims):
+    n = len(size)
+    if len(dims) != n or not n:
+        return None
+    dims = [d % n for d in dims]
+    return [size[d] for d in dims], [stride[d] for d in dims], offset
+
+
+def _layout_unsqueeze(size, stride, offset, dim):
+    n = len(size)
+    if not -n - 1 <= dim <= n:
+        return None
+    dim %= n + 1
+    new_stride = stride[dim] * size[dim] if dim < n else 1
+    return size[:dim] + (1,) + size[dim:], stride[:dim] + (new_stride,) + stride[dim:], offset
+
+
+def _layout_view(size, stride, offset, shape):
+    if stride != tensor_mod._contiguous_strides(size):
+        return None
+    numel = 1
+    for s in size:
+        numel *= s
+    shape = list(shape)
+    if shape.count(-1) == 1:
+        known = 1
+        for s in shape:
+            known *= s if s != -1 else 1
+        if known == 0 or numel % known:
+            return None
+        shape[shape.index(-1)] = numel // known
+    prod = 1
+    for s in shape:
+        prod *= s
+    if prod != numel or any(s < 0 for s in shape):
+        return None
+    return shape, tensor_mod._contiguous_strides(shape), offset
+
+
+def _layout_select(size, stride, offset, dim, index):
+    n = len(size)
+    if not n:
+        return None
+    dim %= n
+    if not -size[dim] <= index < size[dim]:
+        return None
+    index %= size[dim]
+    return size[:dim] + size[dim + 1:], stride[:dim] + stride[dim + 1:], offset + index * stride[dim]
+
+
+def _layout_slice(size, stride, offset, dim=0, start=None, end=None, step=1):
+    n = len(size)
+    if not n or step <= 0:
+        return None
+    dim %= n
+    start, end, _ = slice(start, end, step).indices(size[dim])
+    length = max(0, -(-(end - start) // step))
+    new_size, new_stride = list(size), list(stride)
+    new_size[dim], new_stride[dim] = length, stride[dim] * step
+    return new_size, new_stride, offset + (start * stride[dim] if length else 0)
+
+
+def _layout_expand(size, stride, offset, shape, implicit=False):
+    lead = len(shape) - len(size)
+    if lead < 0:
+        return None
+    new_size, new_stride = [], []
+    for i, s in enumerate(shape):
+        if i < lead:
+            if s < 0:
+                return None
+            new_size.append(s), new_stride.append(0)
+            continue
+        old = size[i - lead]
+        if s == -1 or s == old:
+            new_size.append(old), new_stride.append(stride[i - lead])
+        elif old == 1:
+            new_size.append(s), new_stride.append(0)
+        else:
+            return None
+    return new_size, new_stride, offset
+
+
 def _same_view_plan(func: Any, args: tuple, kwargs: dict) -> Any:
     """detach / alias / lift_fresh: same metadata over the same box."""
     t = args[0]
@@ -325,6 +437,14 @@ _SPECIAL: dict[Any, Plan] = {
     aten.alias.default: _same_view_plan,
     aten.lift_fresh.default: _same_view_plan,
     aten.set_.source_Tensor: _set_storage_view,
+    aten.t.default: _fast_view(_layout_t),
+    aten.transpose.int: _fast_view(_layout_transpose),
+    aten.permute.default: _fast_view(_layout_permute),
+    aten.unsqueeze.default: _fast_view(_layout_unsqueeze),
+    aten.view.default: _fast_view(_layout_view),
+    aten.select.int: _fast_view(_layout_select),
+    aten.slice.Tensor: _fast_view(_layout_slice),
+    aten.expand.default: _fast_view(_layout_expand),
 }
 
 

@@ -13,7 +13,6 @@ dispatch); other views gather from the flat array with cached index vectors.
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 from collections.abc import Callable
 from functools import lru_cache
@@ -33,26 +32,31 @@ DEVICE = torch.device(DEVICE_NAME, 0) if torch._C._get_privateuse1_backend_name(
 _dispatch: Callable[..., Any] | None = None
 
 _PTR_ALIGN = 1 << 12
-_next_ptr = itertools.count(1)
+_next_ptr = [_PTR_ALIGN]
 
 
 def _allocate_ptr(nbytes: int) -> int:
     """A stable, nonzero, unique fake address for a storage (what data_ptr() compares)."""
-    pages = max(1, -(-nbytes // _PTR_ALIGN)) + 1
-    start = next(_next_ptr)
-    for _ in range(pages - 1):
-        next(_next_ptr)
-    return start * _PTR_ALIGN
+    start = _next_ptr[0]
+    _next_ptr[0] += (nbytes // _PTR_ALIGN + 2) * _PTR_ALIGN  # room to grow, gaps between boxes
+    return start
 
 
 class StorageBox:
     """One storage: a mutable slot holding a contiguous JAX array, plus a stable fake address."""
 
-    __slots__ = ("array", "ptr", "__weakref__")
+    __slots__ = ("array", "_ptr", "__weakref__")
 
     def __init__(self, array: jax.Array) -> None:
         self.array = array
-        self.ptr = _allocate_ptr(array.nbytes)
+        self._ptr = 0
+
+    @property
+    def ptr(self) -> int:
+        """Assigned on first use (most boxes never need an address)."""
+        if not self._ptr:
+            self._ptr = _allocate_ptr(self.array.nbytes)
+        return self._ptr
 
     @property
     def numel(self) -> int:

@@ -24,6 +24,7 @@ _SKIP = {
     "nn.functional.dropout3d": "random", "empty": "uninitialised", "empty_like": "uninitialised",
     "new_empty": "uninitialised", "empty_strided": "uninitialised", "new_empty_strided": "uninitialised",
     "empty_permuted": "uninitialised", "sparse.mm.reduce": "sparse layout",
+    "as_strided": "storage-relative; .to() compacts a CPU view (as on CUDA)",
 }
 OPINFOS = sorted(
     (o for o in op_db if (o.aten_name or o.name).split(".")[-1] in _LOWERED_PACKETS and o.name not in _SKIP),

@@ -14,7 +14,12 @@ from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 Operand = Any  # jax.Array | bool | int | float | complex | None
 
 
+_ARRAY = type(jnp.zeros(()))
+
+
 def _kind(x: Operand) -> tuple[str, Any] | None:
+    if type(x) is _ARRAY:
+        return ("dim" if x.ndim else "zero", x.dtype)
     if x is None:
         return None
     if isinstance(x, (jax.Array, np.ndarray, np.generic)) and not isinstance(x, (bool, int, float, complex)):
@@ -80,8 +85,19 @@ def cast(x: Operand, dtype: Any) -> jax.Array:
 
 def promoted(*operands: Operand) -> list[jax.Array]:
     """All operands cast to their torch-promoted common dtype."""
+    first = operands[0]
+    if type(first) is _ARRAY and all(type(x) is _ARRAY and x.dtype == first.dtype for x in operands):
+        return list(operands)  # the common case needs no promotion
     dt = result_dtype(*operands)
-    return [cast(x, dt) for x in operands]
+    return [_cast_keep_weak_scalar(x, dt) for x in operands]
+
+
+def _cast_keep_weak_scalar(x: Operand, dtype: Any) -> Any:
+    # A Python int/float stays a (weakly typed) Python scalar: JAX then computes in ``dtype``
+    # without materialising a constant array per call.
+    if type(x) in (int, float) and jnp.issubdtype(dtype, jnp.inexact if type(x) is float else jnp.number):
+        return x
+    return cast(x, dtype)
 
 
 def floated(*operands: Operand) -> list[jax.Array]:

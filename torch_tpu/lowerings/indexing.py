@@ -99,8 +99,10 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
 
 @register_lowering(aten.index_add.default)
 def index_add(self, dim, index, source, *, alpha=1):
-    dim = dim % max(self.ndim, 1)
     src = source if alpha == 1 else source * cast(alpha, source.dtype)
+    if self.ndim == 0:
+        return self + cast(jnp.sum(src), self.dtype)
+    dim = dim % self.ndim
     coords = [slice(None)] * self.ndim
     coords[dim] = index
     return self.at[tuple(coords)].add(cast(src, self.dtype))
