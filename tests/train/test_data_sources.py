@@ -63,3 +63,18 @@ def test_resume_from_a_non_checkpoint_is_reported(
     assert cli.main(argv) == 2
     assert f"{tmp_path} is not a checkpoint: expected meta.json and state/ inside" in (
         capsys.readouterr().err)
+
+
+def test_rows_left_out_for_lock_step_are_reported(tiny_dataset: Path) -> None:
+    from pipelines.parquet_reader import ParquetBatchReader
+    from pipelines.schema import CRITEO
+
+    from torchrec_tpu.train.data import TrainData
+
+    files = sorted(tiny_dataset.glob("*.parquet"))
+    reader = lambda paths: ParquetBatchReader(paths, 3000, [500] * 26, CRITEO, rank=0,  # noqa: E731
+                                              world_size=2, drop_last=True)
+    data = TrainData(tiny_dataset, CRITEO, (500,) * 26, reader(files[:2]), reader(files[2:]))
+    # Rank 0 of 2 owns 8192 train rows (2 full batches: 2192 left) and 4096 held-out (1096 left).
+    assert data.rows_dropped == 2192 + 1096
+    assert "(3288 rows left out on this rank to keep ranks in lock-step)" in data.describe()

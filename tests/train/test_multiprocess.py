@@ -75,6 +75,8 @@ def test_two_ranks_train_in_lock_step(two_rank_run) -> None:
     # Each rank steps on its half of every global batch of 256: 128 rows per rank per step.
     assert f"steps           {STEPS} ({STEPS * 256:,} samples this run, 2 rank(s))" in out0
     assert "8192 held-out rows" in out0  # the shards together cover the held-out file
+    # Rank 0 has 4096 held-out rows, batches of 1024 / 2 = 512: none left; 8192 train rows, none.
+    assert "left out" not in out0
     meta = json.loads((log_dir / "checkpoint" / "meta.json").read_text())
     assert meta["world_size"] == WORLD and meta["step"] == STEPS
     assert meta["metrics"]["eval_auc"] > 0.55

@@ -39,10 +39,13 @@ class TrainData:
     held_out: ParquetBatchReader
 
     def describe(self) -> str:
-        return (
+        text = (
             f"{self.source}: {self.train.num_rows} train rows in {len(self.train.files)} files, "
             f"{self.held_out.num_rows} held-out rows in {len(self.held_out.files)} files"
         )
+        if self.rows_dropped:
+            text += f" ({self.rows_dropped} rows left out on this rank to keep ranks in lock-step)"
+        return text
 
     @property
     def rows_dropped(self) -> int:
