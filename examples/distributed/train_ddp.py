@@ -56,12 +56,12 @@ def main() -> None:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard of the data
+    x = torch.randn(64, 32, generator=gen)
+    x, y = x.to(args.device), x.sum(dim=1, keepdim=True).to(args.device)
     for step in range(args.steps):
-        x = torch.randn(16, 32, generator=gen)
-        y = x.sum(dim=1, keepdim=True)
-        loss = nn.functional.mse_loss(model(x.to(args.device)), y.to(args.device))
+        loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
