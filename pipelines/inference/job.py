@@ -68,7 +68,7 @@ class InferenceSummary:
         return "\n".join([
             "inference finished",
             f"  rows            {self.rows:,} predicted this run, {self.rows_total:,} in the inputs",
-            f"  throughput      {self.rows_per_sec:,.0f} rows/s (model load and Ray start included)",
+            f"  throughput      {self.rows_per_sec:,.0f} rows/s (whole job: planning, model loads, writing)",
             f"  files           {self.parts_written} written, {self.parts_skipped} already done",
             f"  output          {self.output}",
         ])
