@@ -2,6 +2,7 @@
 data-parallel over a process group), with TorchRec inputs (KJT) and outputs (KeyedTensor)."""
 
 from torchrec_tpu.sharding.ebc import LocalBatch, ShardedSparseCoreEBC
-from torchrec_tpu.sharding.shards import SHARDING_TYPES, Shard, TableSharding, make_shards
+from torchrec_tpu.sharding.shards import SHARDING_TYPES, Shard, TableSharding, balanced_table_wise, make_shards
 
-__all__ = ["SHARDING_TYPES", "LocalBatch", "Shard", "ShardedSparseCoreEBC", "TableSharding", "make_shards"]
+__all__ = ["SHARDING_TYPES", "LocalBatch", "Shard", "ShardedSparseCoreEBC", "TableSharding", "balanced_table_wise",
+           "make_shards"]

@@ -114,3 +114,14 @@ def _column_shards(table: TableSpec, how: TableSharding, where: str, full: dict)
         raise ValueError(f"{where}: dim {table.dim} does not split evenly over {len(how.ranks)} ranks")
     cols = table.dim // len(how.ranks)
     return [Shard(**{**full, "rank": r, "col_offset": i * cols, "cols": cols}) for i, r in enumerate(how.ranks)]
+
+
+def balanced_table_wise(tables: Sequence[TableSpec], world_size: int) -> dict[str, TableSharding]:
+    """Whole tables on ranks, largest first onto the least-loaded rank (by parameters)."""
+    load = [0] * world_size
+    out = {}
+    for table in sorted(tables, key=lambda t: (-t.vocab_size * t.dim, t.name)):
+        rank = load.index(min(load))
+        load[rank] += table.vocab_size * table.dim
+        out[table.name] = TableSharding("table_wise", (rank,))
+    return out

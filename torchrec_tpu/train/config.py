@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 MODELS = ("dlrm", "dlrm_dcn")
+ENGINES = ("torchrec", "sparsecore")
 SPARSE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "sgd")
 DENSE_OPTIMIZERS = ("adagrad", "adam")
 
@@ -34,6 +35,13 @@ class TrainConfig:
 
     model: str = field(
         default="dlrm", metadata=_flag("model: stock torchrec DLRM or DLRM_DCN", choices=MODELS)
+    )
+    engine: str = field(
+        default="torchrec",
+        metadata=_flag(
+            "embedding engine: stock TorchRec DMP on FBGEMM, or the sparsecore sharded EBC "
+            "(table-wise over ranks, dense part in DDP)", choices=ENGINES,
+        ),
     )
     data: str = field(
         default="synthetic",

@@ -71,9 +71,7 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
         torch.set_num_threads(config.num_threads)
     with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = shard_model(build_dlrm(spec, dense_device=device), env, device,
-                            config.sparse_optimizer, config.sparse_lr, config.batch_size)
-        optimizer = build_optimizer(model, config.dense_optimizer, config.dense_lr)
+        model, optimizer = _model_and_optimizer(config, spec, env, device)
         start_step = 0
         if config.resume:
             start_step = int(load_checkpoint(Path(config.resume), model, optimizer)["step"])
@@ -97,6 +95,18 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
         return JobSummary(
             result, data.describe(), log_dir, checkpoint_dir, env.world_size, env.is_primary
         )
+
+
+def _model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, device: torch.device):
+    if config.engine == "sparsecore":
+        from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
+
+        model = build_sparsecore_model(spec, env, device, config.sparse_optimizer, config.sparse_lr,
+                                       config.batch_size, config.seed)
+        return model, build_dense_optimizer(model, config.dense_optimizer, config.dense_lr)
+    model = shard_model(build_dlrm(spec, dense_device=device), env, device,
+                        config.sparse_optimizer, config.sparse_lr, config.batch_size)
+    return model, build_optimizer(model, config.dense_optimizer, config.dense_lr)
 
 
 def _agreed_log_dir(config: TrainConfig, env: DistEnv) -> Path:

@@ -1,0 +1,63 @@
+"""``--engine sparsecore``: the stock TorchRec DLRM with its EmbeddingBagCollection replaced by
+:class:`ShardedSparseCoreEBC` (fused sparse optimizer in backward), dense part in DDP.
+
+The dense towers run on ``device`` (CPU today); their optimizer is keyed by parameter name, like
+the torchrec engine's, so checkpoints have the same shape of state.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torchrec.optim.keyed import KeyedOptimizerWrapper
+
+from sparsecore import SGD, Adagrad, OptimizerSpec, RowWiseAdagrad
+from sparsecore.torchrec_convert import specs_from_configs
+from torchrec_tpu.sharding import ShardedSparseCoreEBC, balanced_table_wise
+from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.sharding import DENSE_OPTIMIZER_CLASSES
+
+EBC_PATH = "model.sparse_arch.embedding_bag_collection"
+
+
+def sparse_optimizer_spec(name: str, lr: float) -> OptimizerSpec:
+    """The sparsecore optimizer doing what the torchrec engine's FBGEMM fused optimizer does
+    (accumulators start at 0, FBGEMM's default eps 1e-8)."""
+    specs = {
+        "sgd": lambda: SGD(lr),
+        "adagrad": lambda: Adagrad(lr, initial_accumulator_value=0.0, eps=1e-8),
+        "rowwise_adagrad": lambda: RowWiseAdagrad(lr, initial_accumulator_value=0.0, eps=1e-8),
+    }
+    if name not in specs:
+        raise ValueError(f"sparse optimizer {name!r} is not one of {list(specs)}")
+    return specs[name]()
+
+
+def build_sparsecore_model(spec: ModelSpec, env: DistEnv, device: torch.device, sparse_optimizer: str,
+                           sparse_lr: float, batch_size: int, seed: int) -> nn.Module:
+    """DLRMTrain whose embeddings are table-wise sharded over the world on sparsecore (xla backend)."""
+    model = build_dlrm(spec, dense_device=device)
+    arch = model.model.sparse_arch
+    local_batch = max(1, batch_size // env.world_size)
+    tables_ebc = arch.embedding_bag_collection
+    tables, _ = specs_from_configs(tables_ebc.embedding_bag_configs(), local_batch)
+    arch.embedding_bag_collection = ShardedSparseCoreEBC.from_torchrec(
+        tables_ebc, local_batch, balanced_table_wise(tables, env.world_size),
+        sparse_optimizer_spec(sparse_optimizer, sparse_lr), seed=seed,
+    )
+    if env.world_size == 1:
+        return model
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)])
+    return DistributedDataParallel(model)
+
+
+def build_dense_optimizer(model: nn.Module, dense_optimizer: str, dense_lr: float) -> KeyedOptimizerWrapper:
+    """``dense_optimizer`` over every parameter outside the sparsecore EBC."""
+    if dense_optimizer not in DENSE_OPTIMIZER_CLASSES:
+        raise ValueError(f"dense optimizer {dense_optimizer!r} is not one of {list(DENSE_OPTIMIZER_CLASSES)}")
+    cls = DENSE_OPTIMIZER_CLASSES[dense_optimizer]
+    params = {name: p for name, p in model.named_parameters() if EBC_PATH not in name}
+    return KeyedOptimizerWrapper(params, lambda ps: cls(ps, lr=dense_lr))
