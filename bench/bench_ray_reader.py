@@ -13,25 +13,14 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable
 
 import torch
+from bench_pipeline import best_rates  # this folder is on sys.path when run as a script
 
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.ray_data import RayBatchStream, local_ray, preprocessed_dataset
 from pipelines.synthetic import SyntheticConfig, generate
-
-
-def best_rates(contenders: list[Callable[[], int]], repeats: int) -> list[float]:
-    best, rows = [float("inf")] * len(contenders), [0] * len(contenders)
-    for _ in range(repeats):
-        for i, work in enumerate(contenders):
-            start = time.perf_counter()
-            rows[i] = work()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return [n / seconds for n, seconds in zip(rows, best)]
 
 
 def main() -> None:
