@@ -142,8 +142,55 @@ def topology_mesh(rank: int, size: int, device: str) -> dict[str, object]:
     return {"sum": t.cpu(), "mesh": mesh.mesh.tolist(), "names": mesh.mesh_dim_names}
 
 
+def _sharded_ebc(group: dist.ProcessGroup) -> nn.Module:
+    import torchrec
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import ShardingEnv, ShardingType
+
+    kinds = {"t0": ShardingType.TABLE_WISE, "t1": ShardingType.COLUMN_WISE, "t2": ShardingType.TABLE_WISE}
+    tables = [
+        torchrec.EmbeddingBagConfig(name=n, embedding_dim=8, num_embeddings=40, feature_names=[f"f{n}"])
+        for n in kinds
+    ]
+    torch.manual_seed(0)
+    ebc = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    constraints = {n: ParameterConstraints(sharding_types=[k.value]) for n, k in kinds.items()}
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=group.size(), compute_device="cpu"), constraints=constraints
+    )
+    plan = planner.collective_plan(ebc, None, group)
+    torch.manual_seed(0)
+    return DistributedModelParallel(
+        ebc, env=ShardingEnv.from_process_group(group), device=torch.device("cpu"), plan=plan
+    )
+
+
+def torchrec_sharding(rank: int, size: int, device: str) -> dict[str, list[torch.Tensor]] | None:
+    """TorchRec DMP (table- and column-wise, fused SGD) on tpu_dist vs the same on gloo (CPU)."""
+    import torchrec
+
+    if device != "cpu":
+        return None  # torchrec 1.8 has no "tpu" compute device
+    gloo = dist.new_group(backend="gloo")
+    g = torch.Generator().manual_seed(rank)
+    lengths = torch.randint(0, 4, (3 * 4,), generator=g)
+    values = torch.randint(0, 40, (int(lengths.sum()),), generator=g)
+    kjt = torchrec.KeyedJaggedTensor(keys=["ft0", "ft1", "ft2"], values=values, lengths=lengths)
+    out: dict[str, list[torch.Tensor]] = {}
+    for name, group in (("ours", dist.group.WORLD), ("gloo", gloo)):
+        model, steps = _sharded_ebc(group), []
+        for _ in range(2):  # the second forward sees the first backward's fused update
+            pooled = model(kjt).values()
+            (pooled * pooled).sum().backward()
+            steps.append(pooled.detach().clone())
+        out[name] = steps
+    return out
+
+
 STRATEGIES = {"ddp": ddp, "fsdp2": fsdp2, "dtensor": dtensor, "redistribute": redistribute,
-              "topology_mesh": topology_mesh}
+              "topology_mesh": topology_mesh, "torchrec": torchrec_sharding}
 
 
 def run_strategies(rank: int, size: int, device: str) -> dict:
