@@ -16,6 +16,8 @@ optimizer there; no gradient of the tables ever materialises.
 
 from __future__ import annotations
 
+import collections
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +57,7 @@ class _ShardedLookup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
-        ctx.ebc._update(ctx.context, grad.contiguous())
+        ctx.ebc._update(ctx.context, (grad * ctx.ebc._grad_scale).contiguous())
         return None, None, None
 
 
@@ -65,6 +67,8 @@ class ShardedSparseCoreEBC(nn.Module):
 
     ``weights`` are the full logical tables (identical on every rank); default: each table's
     ``TableSpec.init_weights(seed)``. Each table's ``optimizer`` is applied fused in backward.
+    ``average_over_ranks`` divides the table gradients by the world size, as DDP averages the
+    dense ones: with a per-rank mean loss, W ranks then train like one rank on the global batch.
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class ShardedSparseCoreEBC(nn.Module):
         weights: Mapping[str, torch.Tensor] | None = None,
         seed: int = 0,
         id_policy: str = "error",
+        average_over_ranks: bool = False,
         **backend_options: Any,
     ):
         super().__init__()
@@ -93,6 +98,7 @@ class ShardedSparseCoreEBC(nn.Module):
         self.rank = dist.get_rank(group) if distributed else 0
         self.world_size = dist.get_world_size(group) if distributed else 1
         self.id_policy = id_policy
+        self._grad_scale = 1.0 / self.world_size if average_over_ranks else 1.0
         self.shards = make_shards(tables, sharding, self.world_size)
         # (feature, shard) pairs each rank serves, in feature order: the layout of every message
         self._served = [[(f, s) for f in self.features for s in self.shards[f.table] if s.rank == r]
@@ -100,6 +106,9 @@ class ShardedSparseCoreEBC(nn.Module):
         self._offsets = dict(zip([f.name for f in features],
                                  np.cumsum([0] + [self.tables[f.table].dim for f in features]).tolist()))
         self._backend = self._local_backend(topology, backend, weights, seed, backend_options)
+        # input dists done ahead by a train pipeline: (the KJT's values tensor, its LocalBatch)
+        self._prefetched: collections.deque[tuple[torch.Tensor, LocalBatch]] = collections.deque()
+        self._prefetch_lock = threading.Lock()
         self._anchor = nn.Parameter(torch.empty(0), requires_grad=True)  # makes autograd call backward
 
     @classmethod
@@ -131,7 +140,7 @@ class ShardedSparseCoreEBC(nn.Module):
         (smaller) or, without grad, looked up in chunks (larger); every rank must make the same
         calls, as the dists are collectives."""
         if kjt.stride() == self.batch_size:
-            return self.compute_and_output_dist(self.input_dist(kjt))
+            return self.compute_and_output_dist(self._take_prefetched(kjt) or self.input_dist(kjt))
         if kjt.stride() > self.batch_size and torch.is_grad_enabled():
             raise ValueError(f"a training batch of {kjt.stride()} samples exceeds the EBC's batch_size "
                              f"{self.batch_size} (per rank); evaluate larger batches under torch.no_grad()")
@@ -140,8 +149,29 @@ class ShardedSparseCoreEBC(nn.Module):
         return KeyedTensor(keys=[f.name for f in self.features],
                            length_per_key=[self.tables[f.table].dim for f in self.features], values=torch.cat(parts))
 
-    def input_dist(self, kjt: KeyedJaggedTensor) -> LocalBatch:
-        """Validate ``kjt`` (errors name the feature), fold combiners into gains, exchange ids."""
+    def prefetch(self, kjt: KeyedJaggedTensor, group: dist.ProcessGroup | None = None) -> None:
+        """Run the input dist of a coming batch now (e.g. on a pipeline thread, over its own
+        ``group`` so its collectives never interleave with the step's); ``forward`` of the same
+        KJT then starts from the result. Batches must be consumed in prefetch order."""
+        batch = self.input_dist(kjt, group)
+        with self._prefetch_lock:
+            self._prefetched.append((kjt.values(), batch))
+
+    def _take_prefetched(self, kjt: KeyedJaggedTensor) -> LocalBatch | None:
+        """The prefetched input of ``kjt``, dropping older ones never used (skipped batches);
+        other KJTs (evaluation batches) leave the queue alone."""
+        with self._prefetch_lock:
+            for i, (values, batch) in enumerate(self._prefetched):
+                if values is kjt.values():
+                    for _ in range(i + 1):
+                        self._prefetched.popleft()
+                    return batch
+        return None
+
+    def input_dist(self, kjt: KeyedJaggedTensor, group: dist.ProcessGroup | None = None) -> LocalBatch:
+        """Validate ``kjt`` (errors name the feature), fold combiners into gains, exchange ids
+        (over ``group``, default the EBC's)."""
+        group = group if group is not None else self.group
         inputs = feature_inputs(kjt, self.features, self.tables, self.id_policy)
         lengths, ids, gains = [], [], []
         for served in self._served:
@@ -157,12 +187,12 @@ class ShardedSparseCoreEBC(nn.Module):
         send_lengths = torch.from_numpy(np.concatenate(lengths).astype(np.int64)) if lengths else torch.zeros(0, dtype=torch.int64)
         counts = [len(s) * b for s in self._served]
         recv_lengths = all_to_all(send_lengths, counts, [len(self._served[self.rank]) * b] * self.world_size,
-                                  self.group).numpy()
+                                  group).numpy()
         id_counts = self._per_destination([len(a) for a in ids])
         per_source = recv_lengths.reshape(self.world_size, -1)
         recv_counts = per_source.sum(axis=1).tolist()
-        recv_ids = all_to_all(_cat(ids, np.int64), id_counts, recv_counts, self.group).numpy()
-        recv_gains = all_to_all(_cat(gains, np.float32), id_counts, recv_counts, self.group).numpy()
+        recv_ids = all_to_all(_cat(ids, np.int64), id_counts, recv_counts, group).numpy()
+        recv_gains = all_to_all(_cat(gains, np.float32), id_counts, recv_counts, group).numpy()
         return LocalBatch(self._assemble_inputs(per_source, recv_ids, recv_gains))
 
     def _per_destination(self, sizes: list[int]) -> list[int]:

@@ -45,7 +45,7 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, device: torch.device, 
     tables, _ = specs_from_configs(tables_ebc.embedding_bag_configs(), local_batch)
     arch.embedding_bag_collection = ShardedSparseCoreEBC.from_torchrec(
         tables_ebc, local_batch, balanced_table_wise(tables, env.world_size),
-        sparse_optimizer_spec(sparse_optimizer, sparse_lr), seed=seed,
+        sparse_optimizer_spec(sparse_optimizer, sparse_lr), seed=seed, average_over_ranks=True,
     )
     if env.world_size == 1:
         return model

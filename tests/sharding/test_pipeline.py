@@ -1,0 +1,72 @@
+"""PrefetchedBatches: input dist on a background thread, same training as without it."""
+
+import threading
+
+import pytest
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_tpu.pipeline import PrefetchedBatches
+
+from .reference import random_kjt, targets
+from .test_single_rank import BATCH, sharded
+
+
+def batches(count: int) -> list[Batch]:
+    return [Batch(dense_features=torch.zeros(BATCH, 1), sparse_features=random_kjt(BATCH, step),
+                  labels=targets(BATCH, step)) for step in range(count)]
+
+
+def train(ebc, stream) -> list[torch.Tensor]:
+    outputs = []
+    for batch in stream:
+        out = ebc(batch.sparse_features).values()
+        outputs.append(out.detach().clone())
+        (0.5 * ((out - batch.labels) ** 2).sum()).backward()
+    return outputs
+
+
+def test_prefetched_training_equals_plain_and_runs_input_dist_off_thread():
+    plain, piped = sharded("adagrad"), sharded("adagrad")
+    threads = []
+    original = piped.input_dist
+
+    def recording_input_dist(kjt, group=None):
+        threads.append(threading.current_thread().name)
+        return original(kjt, group)
+
+    piped.input_dist = recording_input_dist
+    data = batches(5)
+    expected = train(plain, data)
+    for epoch in range(2):  # re-iterable: a fresh prefetch thread per pass
+        got = train(piped, PrefetchedBatches(data, piped, torch.device("cpu"), depth=2))
+        if epoch == 0:
+            for e, g in zip(expected, got):
+                assert torch.equal(e, g)
+    assert threads == ["prefetch"] * 10  # every input dist ran ahead, none on the step's thread
+    train(plain, data)
+    for name, weight in plain.unsharded_weights().items():
+        assert torch.equal(weight, piped.unsharded_weights()[name])
+
+
+def test_loader_errors_surface_in_the_consumer_naming_the_feature():
+    ebc = sharded("sgd")
+    good = batches(1)[0]
+    kjt = good.sparse_features
+    values = kjt.values().clone()
+    values[0] = 1000
+    bad = Batch(good.dense_features, KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=kjt.lengths()),
+                good.labels)
+    stream = iter(PrefetchedBatches([good, bad], ebc, torch.device("cpu")))
+    next(stream)
+    with pytest.raises(ValueError, match="feature 'user'.*1000"):
+        next(stream)
+
+
+def test_stopping_early_ends_the_thread():
+    ebc = sharded("sgd")
+    stream = iter(PrefetchedBatches(batches(6), ebc, torch.device("cpu"), depth=1))
+    next(stream)
+    stream.close()
+    assert not any(t.name == "prefetch" for t in threading.enumerate())

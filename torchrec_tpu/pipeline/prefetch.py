@@ -1,0 +1,75 @@
+"""``PrefetchedBatches``: the role of TorchRec's TrainPipelineSparseDist without CUDA streams.
+
+A background thread reads batch i+1..i+depth from the loader, moves it to the device and runs the
+sharded EBC's input dist (validation, combiner gains, id routing, all_to_alls) while the caller's
+thread trains on batch i. A bounded queue keeps at most ``depth`` batches in flight; loader and
+input-dist errors re-raise in the caller's thread, where the batch would have been used.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+from torchrec.datasets.utils import Batch
+
+from torchrec_tpu.sharding import ShardedSparseCoreEBC
+
+_DONE = object()
+
+
+class PrefetchedBatches:
+    """Re-iterable like ``batches`` (and as long); each pass runs its own prefetch thread.
+
+    ``group``: the process group the prefetch thread's input dists use; with more than one rank
+    it must be a group of its own (``dist.new_group()``), so they never interleave with the
+    step's output-dist collectives on the default group.
+    """
+
+    def __init__(self, batches: Iterable[Batch], ebc: ShardedSparseCoreEBC, device: torch.device,
+                 depth: int = 2, group: dist.ProcessGroup | None = None):
+        if depth < 1:
+            raise ValueError(f"prefetch depth must be >= 1, got {depth}")
+        if ebc.world_size > 1 and group is None:
+            raise ValueError("with several ranks the prefetch thread needs its own process group (dist.new_group())")
+        self.batches, self.ebc, self.device, self.depth, self.group = batches, ebc, device, depth, group
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Batch]:
+        ready: queue.Queue = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+        worker = threading.Thread(target=self._produce, args=(ready, stop), name="prefetch", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while worker.is_alive():  # unblock a producer waiting on a full queue
+                try:
+                    ready.get_nowait()
+                except queue.Empty:
+                    worker.join(0.01)
+
+    def _produce(self, ready: queue.Queue, stop: threading.Event) -> None:
+        try:
+            for batch in self.batches:
+                if stop.is_set():
+                    return
+                batch = batch.to(self.device)
+                if batch.sparse_features.stride() == self.ebc.batch_size:
+                    self.ebc.prefetch(batch.sparse_features, self.group)
+                ready.put(batch)
+            ready.put(_DONE)
+        except BaseException as error:  # handed to the consumer, raised where the batch is used
+            ready.put(error)
