@@ -59,3 +59,10 @@ def test_cli_rejects_zero_steps(capsys) -> None:
     cli.add_arguments(parser)
     assert cli.run(parser.parse_args(["--steps", "0"])) == 2
     assert "steps >= 1" in capsys.readouterr().err
+
+
+def test_cli_rejects_an_engine_it_does_not_profile(capsys) -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--engine", "sparsecore"])) == 2
+    assert "torchrec engine only" in capsys.readouterr().err

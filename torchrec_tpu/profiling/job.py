@@ -49,6 +49,8 @@ def profile_training(
     """Run ``warmup`` + ``steps`` training steps, tracing the last ``steps``."""
     if steps < 1 or warmup < 1:
         raise ValueError(f"need steps >= 1 and warmup >= 1, got steps={steps}, warmup={warmup}")
+    if config.engine != "torchrec":
+        raise ValueError(f"--engine={config.engine!r}: profiling covers the torchrec engine only")
     log_dir = Path(log_dir) if log_dir else config.resolved_log_dir() / "profile"
     torch.manual_seed(config.seed)
     with process_group() as env, open_data(config, env) as data:
