@@ -90,3 +90,48 @@ def test_unlowered_op_is_named():
     f = torch.compile(lambda x: torch.special.bessel_j0(x) + 1, backend="tpu", dynamic=False)
     with pytest.raises(Exception, match="no JAX lowering for aten.special_bessel_j0"):
         f(torch.randn(4))
+
+
+def _on_tpu(tensors):
+    return tuple(t.to("tpu") for t in tensors)
+
+
+@pytest.mark.parametrize("name", ["mlp", "dcn"])
+def test_tpu_tensor_inference_matches_cpu_eager(name):
+    model = _model(name).eval()
+    x = _inputs(name, torch.Generator().manual_seed(4))
+    compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu", dynamic=False)
+    with torch.no_grad():
+        out = compiled(*_on_tpu(x))
+        assert out.device == torch.device("tpu", 0)
+        torch.testing.assert_close(out.cpu(), model(*x))
+
+
+def test_tpu_tensor_training_steps_match_cpu_eager():
+    """DLRM with Adagrad on tpu tensors, compiled fwd+bwd+step, vs CPU eager; no CPU fallbacks."""
+    import torch_tpu
+
+    eager = _model("dlrm")
+    on_tpu = copy.deepcopy(eager).to("tpu")
+    opt_eager = torch.optim.Adagrad(eager.parameters(), lr=0.05)
+    opt_tpu = torch.optim.Adagrad(on_tpu.parameters(), lr=0.05)
+
+    def step(model, opt, y, *x):
+        loss = F.binary_cross_entropy_with_logits(model(*x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    compiled_step = torch.compile(step, backend="tpu", dynamic=False)
+    gen = torch.Generator().manual_seed(5)
+    torch_tpu.reset_metrics()
+    for _ in range(3):
+        x = _inputs("dlrm", gen)
+        y = torch.rand(B, generator=gen).round()
+        loss = compiled_step(on_tpu, opt_tpu, y.to("tpu"), *_on_tpu(x))
+        torch.testing.assert_close(loss.cpu(), step(eager, opt_eager, y, *x))
+        for (pname, p), q in zip(eager.named_parameters(), on_tpu.parameters()):
+            assert q.device == torch.device("tpu", 0)
+            torch.testing.assert_close(q.detach().cpu(), p.detach(), msg=lambda m: f"parameter {pname}: {m}")
+    assert torch_tpu.fallback_counts() == {}

@@ -17,6 +17,7 @@ import torch
 import torch.fx
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from torch_tpu.compile.graph import CompiledGraph
 
@@ -55,7 +56,8 @@ def compiled_graphs() -> list[CompiledGraph]:
 
 def _graph_compiler(kind: str):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-        compiled = CompiledGraph(gm, example_inputs, kind)
+        with unset_fake_temporarily():  # graph constants are real tensors: read their values
+            compiled = CompiledGraph(gm, example_inputs, kind)
         structure = hashlib.sha256(gm.code.encode()).hexdigest()
         keys = _seen_structures.setdefault(structure, set())
         if keys and compiled.key not in keys:

@@ -2,6 +2,9 @@
 
 * ``aten.copy``: the functional copy AOTAutograd emits for in-place updates (``param.copy_``).
 * ``prims.fma``: fused multiply-add that core-ATen decompositions emit (``a * b + c``).
+* ``aten._to_copy`` / ``aten.lift_fresh_copy``: dtype casts and constants lifted into graphs
+  (inside one program every value is on the device, so ``device=`` is ignored; eager dispatch
+  keeps its dedicated ``_to_copy`` plan).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import torch
 import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma)
 
 from torch_tpu._jax import jnp
-from torch_tpu.lowerings._common import promoted
+from torch_tpu.lowerings._common import jdtype, promoted
 from torch_tpu.dispatch import clear_plan_cache
 from torch_tpu.registry import get_lowering, register_lowering
 
@@ -27,7 +30,21 @@ def _fma(a, b, c):
     return a * b + c
 
 
-for _op, _fn in ((aten.copy.default, _copy), (prims.fma.default, _fma)):
+def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    return self.astype(jdtype(dtype, self.dtype))
+
+
+def _lift_fresh_copy(self):
+    return self  # JAX arrays are immutable: sharing is a copy
+
+
+_EXTRA = (
+    (aten.copy.default, _copy),
+    (prims.fma.default, _fma),
+    (aten._to_copy.default, _to_copy),
+    (aten.lift_fresh_copy.default, _lift_fresh_copy),
+)
+for _op, _fn in _EXTRA:
     if get_lowering(_op) is None:  # the core may add it later; theirs wins
         register_lowering(_op)(_fn)
 
