@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("torchrec_tpu.planner.cli", "plan embedding-table sharding onto a TPU slice"),
     "data": ("pipelines.cli", "prepare data: convert Criteo TSV/CSV to Parquet, generate synthetic"),
     "infer": ("pipelines.inference.cli", "batch inference over Parquet with a trained checkpoint"),
+    "profile": ("torchrec_tpu.profiling.cli", "profile training steps (torch.profiler + jax.profiler)"),
 }
 
 
