@@ -53,6 +53,12 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     return make_alias(box, size, stride, 0, dt)
 
 
+def efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memory=None):
+    """Autograd's symbolic zeros: a dense zero tensor on tpu (same values, no ZeroTensor key)."""
+    _check_device(device)
+    return from_jax(jnp.zeros(tuple(size), to_jax_dtype(dtype or torch.get_default_dtype())))
+
+
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     return _copy_(None, (dst, src), {})
 
@@ -69,6 +75,7 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 
 _lib.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
 _lib.impl("empty_strided", empty_strided, "PrivateUse1")
+_lib.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
 _lib.impl("_copy_from", copy_from, "PrivateUse1")
 _lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
 

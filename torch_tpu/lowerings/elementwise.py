@@ -186,11 +186,6 @@ def frac(self):
     return self - jnp.trunc(self)
 
 
-@register_lowering(aten.neg.default)
-def neg(self):
-    return -self
-
-
 @register_lowering(aten.abs.default)
 def abs_(self):
     return self if self.dtype == np.bool_ else jnp.abs(self)
@@ -201,29 +196,9 @@ def sign(self):
     return self if self.dtype == np.bool_ else jnp.sign(self)
 
 
-@register_lowering(aten.signbit.default)
-def signbit(self):
-    return jnp.signbit(self)
-
-
-@register_lowering(aten.isnan.default)
-def isnan(self):
-    return jnp.isnan(self)
-
-
-@register_lowering(aten.isinf.default)
-def isinf(self):
-    return jnp.isinf(self)
-
-
-@register_lowering(aten.isfinite.default)
-def isfinite(self):
-    return jnp.isfinite(self)
-
-
-@register_lowering(aten.logical_not.default)
-def logical_not(self):
-    return jnp.logical_not(self)
+for _name, _fn in [("signbit", jnp.signbit), ("isnan", jnp.isnan), ("isinf", jnp.isinf),
+                   ("isfinite", jnp.isfinite), ("logical_not", jnp.logical_not), ("neg", jnp.negative)]:
+    register_lowering(getattr(aten, _name).default)(_same_unary(_fn))
 
 
 @register_lowering(aten.bitwise_not.default)

@@ -135,3 +135,11 @@ def nonzero(self):
 def masked_select(self, mask):
     x, m = jnp.broadcast_arrays(self, mask)
     return x[m]
+
+
+@register_lowering(aten._unique2.default, static_shape=False)
+def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    values, inverse, counts = jnp.unique(self.reshape(-1), return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(self.shape).astype(jnp.int64) if return_inverse else jnp.zeros((0,), jnp.int64)
+    counts = counts.astype(jnp.int64) if return_counts else jnp.zeros((0,), jnp.int64)
+    return values, inverse, counts

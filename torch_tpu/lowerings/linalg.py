@@ -26,22 +26,17 @@ def _matmul(a, b):
     return jnp.matmul(a, b, precision=HIGHEST)
 
 
-@register_lowering(aten.mm.default)
-def mm(self, mat2):
-    _check_rank("mm", self, 2), _check_rank("mm", mat2, 2), _same_dtype("mm", self, mat2)
-    return _matmul(self, mat2)
+def _checked_matmul(name: str, ranks: tuple[int, int]):
+    def lowering(self, other):
+        _check_rank(name, self, ranks[0]), _check_rank(name, other, ranks[1]), _same_dtype(name, self, other)
+        return _matmul(self, other)
+
+    return lowering
 
 
-@register_lowering(aten.bmm.default)
-def bmm(self, mat2):
-    _check_rank("bmm", self, 3), _check_rank("bmm", mat2, 3), _same_dtype("bmm", self, mat2)
-    return _matmul(self, mat2)
-
-
-@register_lowering(aten.mv.default)
-def mv(self, vec):
-    _check_rank("mv", self, 2), _check_rank("mv", vec, 1), _same_dtype("mv", self, vec)
-    return _matmul(self, vec)
+mm = register_lowering(aten.mm.default)(_checked_matmul("mm", (2, 2)))
+bmm = register_lowering(aten.bmm.default)(_checked_matmul("bmm", (3, 3)))
+mv = register_lowering(aten.mv.default)(_checked_matmul("mv", (2, 1)))
 
 
 @register_lowering(aten.dot.default)

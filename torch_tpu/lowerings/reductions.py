@@ -114,40 +114,35 @@ def min_dim(self, dim, keepdim=False):
     return _extreme_dim(self, dim, keepdim, False)
 
 
-@register_lowering(aten.argmax.default)
-def argmax(self, dim=None, keepdim=False):
-    if dim is None:
-        out = _arg_extreme(self.reshape(-1), 0, False, True)
-        return out.reshape((1,) * self.ndim) if keepdim else out
-    return _arg_extreme(self, dim, keepdim, True)
+def _arg_reduction(largest: bool):
+    def lowering(self, dim=None, keepdim=False):
+        if dim is None:
+            out = _arg_extreme(self.reshape(-1), 0, False, largest)
+            return out.reshape((1,) * self.ndim) if keepdim else out
+        return _arg_extreme(self, dim, keepdim, largest)
+
+    return lowering
 
 
-@register_lowering(aten.argmin.default)
-def argmin(self, dim=None, keepdim=False):
-    if dim is None:
-        out = _arg_extreme(self.reshape(-1), 0, False, False)
-        return out.reshape((1,) * self.ndim) if keepdim else out
-    return _arg_extreme(self, dim, keepdim, False)
+register_lowering(aten.argmax.default)(_arg_reduction(True))
+register_lowering(aten.argmin.default)(_arg_reduction(False))
 
 
-@register_lowering(aten.all.default)
-def all_(self):
-    return jnp.all(self)
+def _bool_reduction(jfn):
+    def whole(self):
+        return jfn(self)
+
+    def over_dims(self, dim=None, keepdim=False):
+        return jfn(self, axis=norm_dims(dim, self.ndim), keepdims=keepdim)
+
+    return whole, over_dims
 
 
-@register_lowering(aten.all.dim, aten.all.dims)
-def all_dim(self, dim=None, keepdim=False):
-    return jnp.all(self, axis=norm_dims(dim, self.ndim), keepdims=keepdim)
-
-
-@register_lowering(aten.any.default)
-def any_(self):
-    return jnp.any(self)
-
-
-@register_lowering(aten.any.dim, aten.any.dims)
-def any_dim(self, dim=None, keepdim=False):
-    return jnp.any(self, axis=norm_dims(dim, self.ndim), keepdims=keepdim)
+for _name, _fn in [("all", jnp.all), ("any", jnp.any)]:
+    _whole, _over = _bool_reduction(_fn)
+    _packet = getattr(aten, _name)
+    register_lowering(_packet.default)(_whole)
+    register_lowering(_packet.dim, _packet.dims)(_over)
 
 
 @register_lowering(aten.var.correction)
