@@ -25,6 +25,15 @@ def _model(name: str) -> torch.nn.Module:
     return {"mlp": lambda: mlp([12, 32, 16, 1]), "dlrm": DLRMDense, "dcn": DCN}[name]()
 
 
+def _step(model, opt, y, *x):
+    """Forward, BCE loss, backward and optimizer step: what the tests compile as one function."""
+    loss = F.binary_cross_entropy_with_logits(model(*x).reshape(-1), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.detach()
+
+
 @pytest.mark.parametrize("name", ["mlp", "dlrm", "dcn"])
 def test_inference_matches_eager(name):
     model = _model(name).eval()
@@ -47,19 +56,12 @@ def test_training_steps_match_eager(name, optimizer):
     opt_eager = optimizer(eager.parameters(), lr=0.05)
     opt_compiled = optimizer(compiled_model.parameters(), lr=0.05)
 
-    def step(model, opt, y, *x):
-        loss = F.binary_cross_entropy_with_logits(model(*x).reshape(-1), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
-
-    compiled_step = torch.compile(step, backend="tpu", dynamic=False)
+    compiled_step = torch.compile(_step, backend="tpu", dynamic=False)
     gen = torch.Generator().manual_seed(2)
     for _ in range(3):
         x = _inputs(name, gen)
         y = torch.rand(B, generator=gen).round()
-        torch.testing.assert_close(compiled_step(compiled_model, opt_compiled, y, *x), step(eager, opt_eager, y, *x))
+        torch.testing.assert_close(compiled_step(compiled_model, opt_compiled, y, *x), _step(eager, opt_eager, y, *x))
         for (pname, p), q in zip(eager.named_parameters(), compiled_model.parameters()):
             torch.testing.assert_close(q, p, msg=lambda m: f"{name} parameter {pname}: {m}")
     kinds = sorted({g.kind for g in tc.compiled_graphs()})
@@ -116,21 +118,14 @@ def test_tpu_tensor_training_steps_match_cpu_eager():
     opt_eager = torch.optim.Adagrad(eager.parameters(), lr=0.05)
     opt_tpu = torch.optim.Adagrad(on_tpu.parameters(), lr=0.05)
 
-    def step(model, opt, y, *x):
-        loss = F.binary_cross_entropy_with_logits(model(*x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
-
-    compiled_step = torch.compile(step, backend="tpu", dynamic=False)
+    compiled_step = torch.compile(_step, backend="tpu", dynamic=False)
     gen = torch.Generator().manual_seed(5)
     torch_tpu.reset_metrics()
     for _ in range(3):
         x = _inputs("dlrm", gen)
         y = torch.rand(B, generator=gen).round()
         loss = compiled_step(on_tpu, opt_tpu, y.to("tpu"), *_on_tpu(x))
-        torch.testing.assert_close(loss.cpu(), step(eager, opt_eager, y, *x))
+        torch.testing.assert_close(loss.cpu(), _step(eager, opt_eager, y, *x))
         for (pname, p), q in zip(eager.named_parameters(), on_tpu.parameters()):
             assert q.device == torch.device("tpu", 0)
             torch.testing.assert_close(q.detach().cpu(), p.detach(), msg=lambda m: f"parameter {pname}: {m}")

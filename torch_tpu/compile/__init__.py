@@ -17,8 +17,9 @@ _cache.install()
 _backend.register()
 _dynamo_support.install()
 _modes.register_executor(_modes.EagerMode.DEFER_AND_FUSE, _lazy.run_deferred)
-for _mode in (_modes.EagerMode.STRICT, _modes.EagerMode.DEBUG):  # accept deferred results in every mode
-    _modes.register_executor(_mode, _lazy.materializing(_modes._EXECUTORS[_mode]))
+# tensors produced under defer_and_fuse stay usable after switching back to another mode
+_modes.register_executor(_modes.EagerMode.STRICT, _lazy.materializing(_modes.run_strict))
+_modes.register_executor(_modes.EagerMode.DEBUG, _lazy.materializing(_modes.run_debug))
 
 __all__ = [
     "BucketPolicy",
