@@ -25,7 +25,7 @@ def test_bad_policy_is_rejected():
         tc.BucketPolicy(limit=12)
 
 
-def test_sizes_within_a_bucket_do_not_recompile():
+def test_sizes_within_a_bucket_do_not_recompile(caplog):
     torch.manual_seed(0)
     model = mlp([6, 16, 3]).eval()
     run = tc.bucketed(torch.compile(model, backend="tpu", dynamic=False), tc.BucketPolicy(limit=32))
@@ -38,6 +38,7 @@ def test_sizes_within_a_bucket_do_not_recompile():
         assert tc.compile_stats().graphs == 1 and tc.compile_stats().recompiles == 0
         run(torch.randn(9, 6))  # next bucket: 16
     assert tc.compile_stats().graphs == 2 and tc.compile_stats().recompiles == 1
+    assert "recompiling the inference graph for new input shapes [(16, 6)" in caplog.text
     assert run.stats.buckets == {8, 16} and run.stats.calls == 5
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch_tpu.compile.graph import CompiledGraph
 
 BACKEND_NAME = "tpu"
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -62,6 +64,11 @@ def _graph_compiler(kind: str):
         keys = _seen_structures.setdefault(structure, set())
         if keys and compiled.key not in keys:
             _stats.recompiles += 1
+            shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
+            _log.warning(
+                "torch_tpu.compile: recompiling the %s graph for new input shapes %s (%d recompiles so far); "
+                "bound them with torch_tpu.compile.bucketed", kind, shapes, _stats.recompiles,
+            )
         keys.add(compiled.key)
         _stats.graphs += 1
         _compiled.append(compiled)
