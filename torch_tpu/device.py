@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -215,8 +216,6 @@ class Event:
         self.enable_timing = enable_timing
 
     def record(self, stream: Stream | None = None) -> None:
-        import time
-
         self._marker = _last_output[0]
         self._time = time.perf_counter()
 
@@ -231,7 +230,7 @@ class Event:
             self._marker.block_until_ready()
 
     def elapsed_time(self, end_event: Event) -> float:
-        """Milliseconds between two recorded events (host clock at record time after sync)."""
+        """Milliseconds between the two record() calls (host clock; synchronize both first)."""
         if self._time is None or end_event._time is None:
             raise RuntimeError("elapsed_time needs both events recorded")
         return (end_event._time - self._time) * 1000.0

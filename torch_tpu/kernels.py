@@ -49,7 +49,8 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     size, stride = tuple(size), tuple(stride)
     numel = 0 if math.prod(size) == 0 else 1 + sum((s - 1) * st for s, st in zip(size, stride))
     dt = dtype or torch.get_default_dtype()
-    box = StorageBox(jnp.zeros((numel,), to_jax_dtype(dt)))
+    contiguous = numel == math.prod(size)
+    box = StorageBox(jnp.zeros(size if contiguous else (numel,), to_jax_dtype(dt)))
     return make_alias(box, size, stride, 0, dt)
 
 

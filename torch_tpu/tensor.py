@@ -43,7 +43,11 @@ def _allocate_ptr(nbytes: int) -> int:
 
 
 class StorageBox:
-    """One storage: a mutable slot holding a contiguous JAX array, plus a stable fake address."""
+    """One storage: a mutable slot holding a contiguous JAX array, plus a stable fake address.
+
+    ``array`` has the storage's elements in order; its shape is whatever the last whole-storage
+    write left (usually the shape of the tensor using it), so that tensor reads it without reshape.
+    """
 
     __slots__ = ("array", "_ptr", "__weakref__")
 
@@ -220,8 +224,7 @@ def write(t: TpuTensor, value: jax.Array) -> None:
     """Store ``value`` (same shape and dtype as ``t``) into the elements ``t`` views."""
     box = t._box
     if t._full:
-        old = box.array
-        box.array = value if value.shape == old.shape else value.reshape(old.shape)
+        box.array = value  # any shape with the storage's numel; keeps this tensor's reads free
         return
     old = box.array
     flat = old.reshape(-1)

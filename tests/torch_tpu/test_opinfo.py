@@ -1,6 +1,6 @@
 """PyTorch's own OpInfo samples for every lowered op: tpu forward and gradients vs CPU torch.
 
-Default run: a few samples per op in float32 (forward + backward) and int64 (forward). The full
+Default run: two samples per op in float32 (forward + backward), one in int64 (forward). The full
 sweep (every sample, float32/float64/bfloat16/int64/bool) is marked slow.
 """
 
@@ -35,6 +35,8 @@ OPINFOS = sorted(
     (o for o in op_db if (o.aten_name or o.name).split(".")[-1] in _LOWERED_PACKETS and _id(o) not in _SKIP),
     key=lambda o: (o.name, o.variant_test_name),
 )
+# Ops whose index outputs may legitimately differ among tied values: compare the values only.
+_TIES_ORDER_FREE = {"topk"}
 TOLERANCE = {
     torch.float32: dict(rtol=1e-4, atol=1e-5),
     torch.float64: dict(rtol=1e-7, atol=1e-7),
@@ -67,6 +69,8 @@ def _check_sample(opinfo, sample, dtype, grad):
     expected = opinfo.op(*args, **sample.kwargs)
     tpu_args, tpu_kwargs = pytree.tree_map(_to_tpu, (args, sample.kwargs))
     actual = opinfo.op(*tpu_args, **tpu_kwargs)
+    if opinfo.name in _TIES_ORDER_FREE:
+        actual, expected = actual[0], expected[0]
     _compare(actual, expected, dtype, f"{opinfo.name} forward {sample}")
     if not grad:
         return
@@ -100,12 +104,12 @@ def _run(opinfo, dtype, max_samples):
 
 @pytest.mark.parametrize("opinfo", OPINFOS, ids=_id)
 def test_opinfo_float32_forward_and_grad(opinfo):
-    _run(opinfo, torch.float32, max_samples=3)
+    _run(opinfo, torch.float32, max_samples=2)
 
 
 @pytest.mark.parametrize("opinfo", OPINFOS, ids=_id)
 def test_opinfo_int64_forward(opinfo):
-    _run(opinfo, torch.int64, max_samples=2)
+    _run(opinfo, torch.int64, max_samples=1)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import torch
 
 from torch_tpu._jax import jax, jnp
 from torch_tpu.dtypes import to_jax_dtype
-from torch_tpu.lowerings._common import cast
+from torch_tpu.lowerings._common import cast, result_dtype
 from torch_tpu.registry import register_lowering
 
 aten = torch.ops.aten
@@ -16,7 +16,7 @@ aten = torch.ops.aten
 
 @register_lowering(aten.relu.default)
 def relu(self):
-    return jnp.maximum(self, jnp.zeros((), self.dtype))
+    return jnp.maximum(self, 0)
 
 
 @register_lowering(aten.threshold.default)
@@ -26,7 +26,7 @@ def threshold(self, threshold, value):
 
 @register_lowering(aten.threshold_backward.default)
 def threshold_backward(grad_output, self, threshold):
-    return jnp.where(self <= threshold, jnp.zeros((), grad_output.dtype), grad_output)
+    return jnp.where(self <= threshold, 0, grad_output)
 
 
 @register_lowering(aten.sigmoid_backward.default)
@@ -161,4 +161,4 @@ def native_dropout(input, p, train, *, key):
 
 @register_lowering(aten.native_dropout_backward.default)
 def native_dropout_backward(grad_output, mask, scale):
-    return (grad_output * mask * scale).astype(grad_output.dtype)
+    return (grad_output * mask * scale).astype(result_dtype(grad_output, scale))

@@ -159,7 +159,7 @@ for _name, _fn in [
     ("asin", jnp.arcsin), ("acos", jnp.arccos), ("atan", jnp.arctan), ("asinh", jnp.arcsinh),
     ("acosh", jnp.arccosh), ("atanh", jnp.arctanh), ("sigmoid", jax.nn.sigmoid), ("erf", _special.erf),
     ("erfc", _special.erfc), ("erfinv", _special.erfinv), ("reciprocal", lambda x: 1 / x),
-    ("lgamma", _special.gammaln), ("digamma", _special.digamma), ("sinc", jnp.sinc),
+    ("lgamma", _special.gammaln), ("digamma", lambda x: jnp.where(x == 0, jnp.copysign(jnp.inf, -x), _special.digamma(x))), ("sinc", jnp.sinc),
     ("deg2rad", jnp.deg2rad), ("rad2deg", jnp.rad2deg), ("i0", _special.i0),
 ]:
     register_lowering(getattr(aten, _name).default)(_float_unary(_fn))
