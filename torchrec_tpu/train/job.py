@@ -80,7 +80,12 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
             eval_every=config.eval_every, progress=config.progress and env.is_primary,
             world_size=env.world_size, start_step=start_step,
         )
-        result = run_training(model, optimizer, data.train, data.held_out, device, log, options)
+        train = data.train
+        if config.engine == "sparsecore":
+            from torchrec_tpu.train.sparsecore_engine import pipelined
+
+            train = pipelined(train, model, env, device)
+        result = run_training(model, optimizer, train, data.held_out, device, log, options)
         meta = {
             "step": result.steps,
             "samples": result.samples,

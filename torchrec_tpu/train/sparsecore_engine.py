@@ -7,19 +7,25 @@ the torchrec engine's, so checkpoints have the same shape of state.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
 from sparsecore import SGD, Adagrad, OptimizerSpec, RowWiseAdagrad
 from sparsecore.torchrec_convert import specs_from_configs
+from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC, balanced_table_wise
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.sharding import DENSE_OPTIMIZER_CLASSES
 
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
+PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
 
 def sparse_optimizer_spec(name: str, lr: float) -> OptimizerSpec:
@@ -51,13 +57,38 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, device: torch.device, 
         return model
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
         model, [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)])
-    return DistributedDataParallel(model)
+    return DenseDDP(model)
+
+
+class DenseDDP(DistributedDataParallel):
+    """DDP whose state dict is the wrapped model's (no ``module.`` prefix), so checkpoints of any
+    world size load into any other, and into the unwrapped 1-rank model."""
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self.module.load_state_dict(*args, **kwargs)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
+              depth: int = PIPELINE_DEPTH) -> PrefetchedBatches:
+    """``batches`` with their input dist run ``depth`` batches ahead on a background thread (over
+    a process group of its own when there are several ranks; a collective: call on every rank)."""
+    ebc = _unwrap(model).model.sparse_arch.embedding_bag_collection
+    group = dist.new_group() if env.world_size > 1 else None
+    return PrefetchedBatches(batches, ebc, device, depth, group)
 
 
 def build_dense_optimizer(model: nn.Module, dense_optimizer: str, dense_lr: float) -> KeyedOptimizerWrapper:
-    """``dense_optimizer`` over every parameter outside the sparsecore EBC."""
+    """``dense_optimizer`` over every parameter outside the sparsecore EBC, keyed by its name in
+    the unwrapped model (the same at every world size)."""
     if dense_optimizer not in DENSE_OPTIMIZER_CLASSES:
         raise ValueError(f"dense optimizer {dense_optimizer!r} is not one of {list(DENSE_OPTIMIZER_CLASSES)}")
     cls = DENSE_OPTIMIZER_CLASSES[dense_optimizer]
-    params = {name: p for name, p in model.named_parameters() if EBC_PATH not in name}
+    params = {name: p for name, p in _unwrap(model).named_parameters() if not name.startswith(EBC_PATH)}
     return KeyedOptimizerWrapper(params, lambda ps: cls(ps, lr=dense_lr))
