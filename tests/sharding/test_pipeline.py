@@ -44,7 +44,8 @@ def test_prefetched_training_equals_plain_and_runs_input_dist_off_thread():
         if epoch == 0:
             for e, g in zip(expected, got):
                 assert torch.equal(e, g)
-    assert threads == ["prefetch"] * 10  # every input dist ran ahead, none on the step's thread
+    main = threading.current_thread().name
+    assert len(threads) == 10 and main not in threads  # every input dist ran ahead, off the step's thread
     train(plain, data)
     for name, weight in plain.unsharded_weights().items():
         assert torch.equal(weight, piped.unsharded_weights()[name])
@@ -67,6 +68,8 @@ def test_loader_errors_surface_in_the_consumer_naming_the_feature():
 def test_stopping_early_ends_the_thread():
     ebc = sharded("sgd")
     stream = iter(PrefetchedBatches(batches(6), ebc, torch.device("cpu"), depth=1))
+    before = set(threading.enumerate())
     next(stream)
+    assert len(set(threading.enumerate()) - before) == 1
     stream.close()
-    assert not any(t.name == "prefetch" for t in threading.enumerate())
+    assert set(threading.enumerate()) - before == set()

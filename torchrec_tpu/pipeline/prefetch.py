@@ -8,18 +8,15 @@ input-dist errors re-raise in the caller's thread, where the batch would have be
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
+from pipelines.parquet_reader import prefetched
+
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
-
-_DONE = object()
-
 
 class PrefetchedBatches:
     """Re-iterable like ``batches`` (and as long); each pass runs its own prefetch thread.
@@ -41,35 +38,12 @@ class PrefetchedBatches:
         return len(self.batches)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Batch]:
-        ready: queue.Queue = queue.Queue(maxsize=self.depth)
-        stop = threading.Event()
-        worker = threading.Thread(target=self._produce, args=(ready, stop), name="prefetch", daemon=True)
-        worker.start()
-        try:
-            while True:
-                item = ready.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            while worker.is_alive():  # unblock a producer waiting on a full queue
-                try:
-                    ready.get_nowait()
-                except queue.Empty:
-                    worker.join(0.01)
+        return prefetched(self._prepared(), self.depth)
 
-    def _produce(self, ready: queue.Queue, stop: threading.Event) -> None:
-        try:
-            for batch in self.batches:
-                if stop.is_set():
-                    return
-                batch = batch.to(self.device)
-                if batch.sparse_features.stride() == self.ebc.batch_size:
-                    self.ebc.prefetch(batch.sparse_features, self.group)
-                ready.put(batch)
-            ready.put(_DONE)
-        except BaseException as error:  # handed to the consumer, raised where the batch is used
-            ready.put(error)
+    def _prepared(self) -> Iterator[Batch]:
+        """Runs on the prefetch thread: read, move to the device, input dist."""
+        for batch in self.batches:
+            batch = batch.to(self.device)
+            if batch.sparse_features.stride() == self.ebc.batch_size:
+                self.ebc.prefetch(batch.sparse_features, self.group)
+            yield batch
