@@ -72,3 +72,14 @@ def test_state_dict_round_trip_continues_identically():
     for name, weight in first.unsharded_weights().items():
         assert torch.equal(weight, second.unsharded_weights()[name])
     assert torch.equal(first.unsharded_slots()["t_item"]["accumulator"], second.unsharded_slots()["t_item"]["accumulator"])
+
+
+def test_unshards_into_a_plain_torchrec_ebc():
+    ebc = sharded("adagrad")
+    for step in range(2):
+        out = ebc(random_kjt(BATCH, step)).values()
+        (0.5 * ((out - targets(BATCH, step)) ** 2).sum()).backward()
+    plain = ebc.to_torchrec()
+    kjt = random_kjt(BATCH, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(kjt).values(), ebc(kjt).values(), atol=1e-6, rtol=1e-6)

@@ -34,7 +34,7 @@ from sparsecore.optimizers import OptimizerSpec
 from sparsecore.preprocess import combined_gains
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.stacking import plan_stacking
-from sparsecore.torchrec_convert import specs_from_configs
+from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.collectives import all_to_all
@@ -279,6 +279,15 @@ class ShardedSparseCoreEBC(nn.Module):
             table, slot = key.split("\0")
             out.setdefault(table, {})[slot] = value
         return out
+
+    def to_torchrec(self) -> EmbeddingBagCollection:
+        """A plain CPU TorchRec EBC holding the current tables, for serving (a collective)."""
+        ebc = EmbeddingBagCollection(tables=configs_from_specs(list(self.tables.values()), self.features),
+                                     device=torch.device("cpu"))
+        with torch.no_grad():
+            for name, weight in self.unsharded_weights().items():
+                ebc.embedding_bags[name].weight.copy_(weight)
+        return ebc
 
     def get_extra_state(self) -> dict[str, Any]:
         """The unsharded tables, optimizer slots and step count (a collective: ``state_dict()``
