@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import multiprocessing
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,9 +13,8 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.train.conftest import TINY_OPTIONS, as_flags
+from tests.train.conftest import REPO_ROOT, TINY_OPTIONS, as_flags
 from tests.train.test_job import _dense
-from torchrec_tpu import cli
 from torchrec_tpu.train.checkpoint import STATE_DIR, load_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
@@ -35,37 +33,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, port: int, argv: list[str], out_path: Path) -> None:
-    """One rank: torchrun's environment variables, then the real CLI entry point."""
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
-                       "LOCAL_WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)})
-    with open(out_path, "w") as out, contextlib.redirect_stdout(out):
-        code = cli.main(argv)
-    sys.exit(code)
+CLI = "import sys; from torchrec_tpu import cli; sys.exit(cli.main(sys.argv[1:]))"
+
+
+def launch_cli_ranks(argv: list[str], run_dir: Path) -> list[str]:
+    """Run ``torchrec-tpu <argv>`` as WORLD fresh processes under torchrun's environment
+    variables; returns each rank's output. Not forked: the test process may have JAX running
+    (sparsecore tests), and a forked JAX runtime deadlocks."""
+    port = _free_port()
+    outs = [run_dir / f"rank{rank}.out" for rank in range(WORLD)]
+    procs = []
+    for rank in range(WORLD):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
+               "LOCAL_WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        with open(outs[rank], "w") as out:
+            procs.append(subprocess.Popen([sys.executable, "-c", CLI, *argv], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT, cwd=REPO_ROOT))
+    try:
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, code in enumerate(codes):
+        assert code == 0, f"rank {rank} exited with {code}:\n{outs[rank].read_text()[-3000:]}"
+    return [out.read_text() for out in outs]
 
 
 @pytest.fixture(scope="module")
 def two_rank_run(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
-    """Two forked ranks (they inherit the imported stack, so no per-rank import cost)."""
     run_dir = tmp_path_factory.mktemp("two_ranks")
     log_dir = run_dir / "logs"
     argv = ["train", "--data", str(tiny_dataset), "--log-dir", str(log_dir),
             *as_flags({**TINY_OPTIONS, "max_steps": STEPS})]
-    port = _free_port()
-    context = multiprocessing.get_context("fork")
-    outs = [run_dir / f"rank{rank}.out" for rank in range(WORLD)]
-    procs = [context.Process(target=_rank_main, args=(rank, port, argv, outs[rank]))
-             for rank in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    for rank, p in enumerate(procs):
-        if p.is_alive():
-            p.kill()
-        assert p.exitcode == 0, f"rank {rank} exited with {p.exitcode}"
-    return log_dir, [out.read_text() for out in outs]
+    return log_dir, launch_cli_ranks(argv, run_dir)
 
 
 @pytest.mark.multiprocess
