@@ -11,6 +11,7 @@ import gc
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -293,6 +294,13 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
 class _DeviceGuard(torch._C._acc.DeviceGuard):
     def type_(self):
         return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def topology_aware_mesh(*args: Any, **kwargs: Any) -> Any:
+    """``torch.tpu.topology_aware_mesh``: see :func:`torch_tpu.distributed.topology_aware_mesh`."""
+    from torch_tpu.distributed import topology_aware_mesh as impl  # the package imports this module
+
+    return impl(*args, **kwargs)
 
 
 def register() -> None:

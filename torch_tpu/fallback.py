@@ -96,6 +96,10 @@ def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
 
     cpu_args, cpu_kwargs = pytree.tree_map(to_host, (args, kwargs))
     out = func(*cpu_args, **cpu_kwargs)
+    if func.namespace == "_c10d_functional":
+        # The host result of a functional collective is filled asynchronously; it must be complete
+        # before it is copied to the device (a later wait_tensor on the tpu copy is then a no-op).
+        out = pytree.tree_map_only(torch.Tensor, torch.ops._c10d_functional.wait_tensor, out)
     for cpu_value in pytree.tree_leaves(_mutated_args(func, cpu_args, cpu_kwargs)):
         target = originals.get(id(cpu_value))
         if target is None:

@@ -35,22 +35,8 @@ def job(request: pytest.FixtureRequest) -> dict:
     return {"device": device, "ranks": launch_local(_job, WORLD, device)}
 
 
-# The torch_tpu core sends _c10d_functional ops (functional collectives; DTensor's redistribute and
-# full_tensor) to its CPU fallback, which copies the output to the device before wait_tensor has
-# filled it: results are racy garbage until its __torch_dispatch__ redispatches these ops with the
-# tpu tensors (reported to the core owner). The same checks run on cpu tensors over tpu_dist.
-CORE_GAPS = {
-    "functional_all_to_all_single_uneven",
-    "functional_all_gather_reduce_scatter",
-    "dtensor",
-    "redistribute",
-}
-
-
 def results_for(job: dict, section: str, name: str) -> list:
     """Per-rank results of one check; fails with the rank's error text if a rank raised."""
-    if job["device"] == "tpu" and name in CORE_GAPS:
-        pytest.skip("torch_tpu core: _c10d_functional ops need a redispatch plan, not CPU fallback")
     per_rank = [r[section][name] for r in job["ranks"]]
     for rank, got in enumerate(per_rank):
         assert not isinstance(got, str), f"rank {rank} {name} on {job['device']}: {got}"

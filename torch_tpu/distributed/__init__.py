@@ -21,13 +21,10 @@ Collectives are queued on one ordered worker thread per group and return async `
 transport (gloo on host copies today, see :mod:`torch_tpu.distributed.transport`) enforces the
 group timeout, so a dead or stalled peer raises :class:`CollectiveError` instead of hanging.
 
-Needs from the torch_tpu core (not in this package):
-
-* ``_c10d_functional::*`` ops (functional collectives; DTensor ``redistribute``/``full_tensor``)
-  must be redispatched with the tpu tensors in ``__torch_dispatch__``. Today they hit the CPU
-  fallback, which copies the output to the device before ``wait_tensor`` has filled it, so DTensor
-  on tpu tensors returns garbage (racy). On cpu tensors the same ops work over ``tpu_dist``.
-* ``torch.tpu.topology_aware_mesh`` can alias :func:`topology_aware_mesh`.
+Functional collectives (``_c10d_functional::*``, used by DTensor ``redistribute`` and
+``full_tensor``) on tpu tensors run through the core's CPU fallback, which waits for each result
+before copying it to the device. ``torch.tpu.topology_aware_mesh`` aliases
+:func:`topology_aware_mesh`.
 """
 
 from torch_tpu.distributed.backend import register_backend
