@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torch_tpu
+from torch_tpu import modes
 
 
 def test_shape_and_dtype_errors_match_cpu():
@@ -89,8 +90,14 @@ def test_debug_mode_names_op_for_nan_and_index_bounds():
 def test_mode_selection_errors_and_env_var():
     with pytest.raises(ValueError, match="unknown torch_tpu eager mode 'fast'"):
         torch_tpu.set_eager_mode("fast")
-    with pytest.raises(RuntimeError, match="defer_and_fuse"):
-        torch_tpu.set_eager_mode("defer_and_fuse")
+    # without a registered executor (torch_tpu.compile registers one on import) the mode is refused
+    saved = modes._EXECUTORS.pop(torch_tpu.EagerMode.DEFER_AND_FUSE, None)
+    try:
+        with pytest.raises(RuntimeError, match="defer_and_fuse"):
+            torch_tpu.set_eager_mode("defer_and_fuse")
+    finally:
+        if saved is not None:
+            modes._EXECUTORS[torch_tpu.EagerMode.DEFER_AND_FUSE] = saved
     code = "import torch_tpu; print(torch_tpu.get_eager_mode().value)"
     env = dict(os.environ, TORCH_TPU_EAGER_MODE="debug")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -104,6 +111,7 @@ def test_registered_executor_is_used_per_op():
         seen.append(str(lowering.op))
         return lowering.fn(*args, **kwargs)
 
+    saved = modes._EXECUTORS.get(torch_tpu.EagerMode.DEFER_AND_FUSE)
     torch_tpu.register_executor("defer_and_fuse", recording)
     try:
         with torch_tpu.eager_mode("defer_and_fuse"):
@@ -111,6 +119,6 @@ def test_registered_executor_is_used_per_op():
         assert seen == ["aten.fill.Scalar", "aten.mul.Tensor"]  # ones() = empty + fill_, then mul
         assert out.cpu().tolist() == [3.0, 3.0]
     finally:
-        from torch_tpu import modes
-
         modes._EXECUTORS.pop(torch_tpu.EagerMode.DEFER_AND_FUSE)
+        if saved is not None:
+            modes._EXECUTORS[torch_tpu.EagerMode.DEFER_AND_FUSE] = saved
