@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torch_tpu import dtype_views, dynamo_hooks
 from torch_tpu._jax import jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 
@@ -121,7 +122,9 @@ class TpuTensor(torch.Tensor):
     """A torch tensor on device "tpu" whose elements live in a JAX array (see module docstring)."""
 
     _box: StorageBox
-    _full: bool  # contiguous, offset 0 and covering the whole storage: reads box.array directly
+    # contiguous, offset 0, covering the whole storage, storage's dtype: reads box.array directly
+    _full: bool
+    _reinterpreted = False  # dtype differs from the storage's (a ``view(dtype)``): see dtype_views
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -143,7 +146,7 @@ class TpuTensor(torch.Tensor):
         # C++ set_data swaps the TensorImpl's metadata but not this object's box: follow it.
         torch.Tensor.data.__set__(self, new)
         if isinstance(new, TpuTensor):
-            self._box, self._full = new._box, new._full
+            self._box, self._full, self._reinterpreted = new._box, new._full, new._reinterpreted
 
     def untyped_storage(self) -> TpuUntypedStorage:  # type: ignore[override]
         return TpuUntypedStorage(self._box)
@@ -172,6 +175,10 @@ class TpuTensor(torch.Tensor):
     def __reduce_ex__(self, protocol: int):
         return (_rebuild_tpu_tensor, (to_cpu(self.detach()), self.requires_grad))
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: Any = None) -> TpuTensor:
+        """AOTAutograd's hook for a subclass tangent: a TpuTensor already is a plain tpu tensor."""
+        return self
+
 
 def _rebuild_tpu_tensor(cpu: torch.Tensor, requires_grad: bool) -> TpuTensor:
     t = from_cpu(cpu)
@@ -195,7 +202,9 @@ def make_alias(box: StorageBox, size, stride, offset: int, dtype: torch.dtype) -
         TpuTensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE
     )
     t._box = box
-    t._full = offset == 0 and math.prod(size) == box.array.size and tuple(stride) == _contiguous_strides(size)
+    t._reinterpreted = box.array.dtype != to_jax_dtype(dtype)
+    t._full = (not t._reinterpreted and offset == 0 and math.prod(size) == box.array.size
+               and tuple(stride) == _contiguous_strides(size))
     return t
 
 
@@ -217,7 +226,8 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     if t._full:
         a = box.array
         return a if a.shape == t.shape else a.reshape(t.shape)
-    return _gather(box.array, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    array = dtype_views.reinterpret(box.array, to_jax_dtype(t.dtype)) if t._reinterpreted else box.array
+    return _gather(array, tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
 
 def write(t: TpuTensor, value: jax.Array) -> None:
@@ -227,7 +237,7 @@ def write(t: TpuTensor, value: jax.Array) -> None:
         box.array = value  # any shape with the storage's numel; keeps this tensor's reads free
         return
     old = box.array
-    flat = old.reshape(-1)
+    flat = dtype_views.reinterpret(old, value.dtype) if t._reinterpreted else old.reshape(-1)
     shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
     if stride == _contiguous_strides(shape):
         flat = jax.lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
@@ -235,7 +245,7 @@ def write(t: TpuTensor, value: jax.Array) -> None:
         flat = flat.at[_index_vector(shape, stride, offset, flat.size)].set(
             value.reshape(-1), mode="promise_in_bounds"
         )
-    box.array = flat.reshape(old.shape)
+    box.array = dtype_views.restore(old, flat) if t._reinterpreted else flat.reshape(old.shape)
 
 
 def _gather(array: jax.Array, shape, stride, offset: int) -> jax.Array:
@@ -289,3 +299,4 @@ def from_cpu(t: torch.Tensor) -> TpuTensor:
 
 
 torch.serialization.add_safe_globals([_rebuild_tpu_tensor])
+dynamo_hooks.install(TpuTensor)
