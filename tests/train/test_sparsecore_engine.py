@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.train.conftest import tiny_config
-from torchrec_tpu.train.checkpoint import STATE_DIR
+from tests.train.conftest import flat_checkpoint, tiny_config
 from torchrec_tpu.train.job import run_job
 
 EXTRA_STATE = "model.model.sparse_arch.embedding_bag_collection._extra_state"
@@ -32,20 +30,6 @@ def test_learns_as_well_as_the_torchrec_engine(sparsecore_run, trained) -> None:
                                                                        baseline.result.eval.auc)
 
 
-def _flat_model(directory: Path, tmp: Path) -> dict:
-    """The checkpoint's model state read by DCP's own converter, nested dicts flattened."""
-    dcp_to_torch_save(directory / STATE_DIR, tmp)
-    return dict(_flatten("model", torch.load(tmp, weights_only=False)["model"]))
-
-
-def _flatten(prefix: str, value):
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            yield from _flatten(f"{prefix}.{key}", inner)
-    else:
-        yield prefix, value
-
-
 def test_resume_reaches_the_uninterrupted_weights(tiny_dataset: Path, tmp_path: Path) -> None:
     common = dict(engine="sparsecore", epochs=1)
     full = run_job(tiny_config(tiny_dataset, tmp_path / "full", max_steps=20, **common))
@@ -53,8 +37,8 @@ def test_resume_reaches_the_uninterrupted_weights(tiny_dataset: Path, tmp_path: 
     resumed = run_job(tiny_config(tiny_dataset, tmp_path / "resumed", max_steps=20,
                                   resume=str(first.checkpoint_dir), **common))
     assert resumed.result.steps == 20 and resumed.result.samples == 12 * 256
-    expected = _flat_model(full.checkpoint_dir, tmp_path / "full.pt")
-    got = _flat_model(resumed.checkpoint_dir, tmp_path / "resumed.pt")
+    expected = flat_checkpoint(full.checkpoint_dir, tmp_path / "full.pt")
+    got = flat_checkpoint(resumed.checkpoint_dir, tmp_path / "resumed.pt")
     assert set(got) == set(expected)
     tables = [k for k in expected if k.startswith(EXTRA_STATE + ".weights.")]
     assert len(tables) == 26  # the tables really are in the checkpoint
