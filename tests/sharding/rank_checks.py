@@ -33,14 +33,21 @@ def train_sharded(rank: int, world_size: int, store, timeout, layouts: list[str]
         for layout in layouts:
             optimizer, plan = LAYOUTS[layout]
             ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), local_batch, plan, OPTIMIZERS[optimizer][0])
-            outputs = []
-            start, stop = rank * local_batch, (rank + 1) * local_batch
-            for step in range(steps):
-                kjt = slice_batch(random_kjt(world_size * local_batch, step), start, stop)
-                out = ebc(kjt).values()
-                outputs.append(out.detach().clone())
-                (0.5 * ((out - targets(world_size * local_batch, step)[start:stop]) ** 2).sum()).backward()
+            outputs = train_steps(ebc, rank, world_size, steps, local_batch)
             results[layout] = (outputs, ebc.unsharded_weights(), ebc.unsharded_slots())
         return results
     finally:
         dist.destroy_process_group()
+
+
+def train_steps(ebc: ShardedSparseCoreEBC, rank: int, world_size: int, steps: int, local_batch: int) -> list[torch.Tensor]:
+    """``steps`` steps on this rank's part of the global batches (loss 0.5 * |out - target|^2);
+    the pooled outputs of each."""
+    outputs = []
+    start, stop = rank * local_batch, (rank + 1) * local_batch
+    for step in range(steps):
+        kjt = slice_batch(random_kjt(world_size * local_batch, step), start, stop)
+        out = ebc(kjt).values()
+        outputs.append(out.detach().clone())
+        (0.5 * ((out - targets(world_size * local_batch, step)[start:stop]) ** 2).sum()).backward()
+    return outputs

@@ -11,7 +11,7 @@ import torch
 from tests.train.conftest import flat_checkpoint, tiny_config
 from torchrec_tpu.train.job import run_job
 
-EXTRA_STATE = "model.model.sparse_arch.embedding_bag_collection._extra_state"
+TABLES = "model.model.sparse_arch.embedding_bag_collection.embedding_bags."
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_resume_reaches_the_uninterrupted_weights(tiny_dataset: Path, tmp_path: 
     expected = flat_checkpoint(full.checkpoint_dir, tmp_path / "full.pt")
     got = flat_checkpoint(resumed.checkpoint_dir, tmp_path / "resumed.pt")
     assert set(got) == set(expected)
-    tables = [k for k in expected if k.startswith(EXTRA_STATE + ".weights.")]
+    tables = [k for k in expected if k.startswith(TABLES)]
     assert len(tables) == 26  # the tables really are in the checkpoint
     for key, value in expected.items():
         if isinstance(value, torch.Tensor):

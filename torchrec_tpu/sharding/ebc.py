@@ -39,6 +39,7 @@ from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards
+from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys
 
 
 @dataclass
@@ -99,6 +100,7 @@ class ShardedSparseCoreEBC(nn.Module):
         self.world_size = dist.get_world_size(group) if distributed else 1
         self.id_policy = id_policy
         self._grad_scale = 1.0 / self.world_size if average_over_ranks else 1.0
+        self.steps = 0  # fused updates applied (counted on every rank, with or without local shards)
         self.shards = make_shards(tables, sharding, self.world_size)
         # (feature, shard) pairs each rank serves, in feature order: the layout of every message
         self._served = [[(f, s) for f in self.features for s in self.shards[f.table] if s.rank == r]
@@ -257,6 +259,7 @@ class ShardedSparseCoreEBC(nn.Module):
         mine = b * sum(s.cols for _, s in served[self.rank])
         recv = all_to_all(torch.cat(parts or [torch.zeros(0)]), [b * sum(s.cols for _, s in p) for p in served],
                           [mine] * self.world_size, self.group).view(self.world_size, -1)
+        self.steps += 1
         if self._backend is None:
             return
         grads, start = {}, 0
@@ -289,22 +292,33 @@ class ShardedSparseCoreEBC(nn.Module):
                 ebc.embedding_bags[name].weight.copy_(weight)
         return ebc
 
-    def get_extra_state(self) -> dict[str, Any]:
-        """The unsharded tables, optimizer slots and step count (a collective: ``state_dict()``
-        must run on every rank). Identical on all ranks, so DCP stores it once; a checkpoint
-        resharded to another world or layout loads through ``set_extra_state``."""
-        steps = self._backend.steps if self._backend else 0
-        return {"weights": self.unsharded_weights(), "slots": self.unsharded_slots(), "steps": steps}
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """Adds this rank's pieces of every table and optimizer slot (see ``state_dict.py``: keys
+        ``embedding_bags.<table>.weight``, ``optimizer_slots.<table>.<slot>``). A collective."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        weights = self._backend.table_weights() if self._backend else {}
+        slots = self._backend.optimizer_slots() if self._backend else {}
+        state = checkpoint_state(self.tables, self.shards, weights, slots, self.steps, self._where())
+        destination.update({prefix + key: value for key, value in state.items()})
 
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        if self._backend is None:
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        keys = [prefix + key for key in state_keys(self.tables)]
+        unexpected_keys[:] = [key for key in unexpected_keys if key not in set(keys)]
+        missing = [key for key in keys if key not in state_dict]
+        if missing:
+            if strict:
+                missing_keys.extend(missing)
             return
-        mine = {s.table: s for _, s in self._served[self.rank]}
-        self._backend.load_state(
-            {name: s.slice(state["weights"][name]) for name, s in mine.items()},
-            {name: {k: s.slice(v) for k, v in state["slots"].get(name, {}).items()} for name, s in mine.items()},
-            int(state["steps"]),
-        )
+        weights, slots, self.steps = local_state(
+            self.tables, self.shards, {key[len(prefix):]: state_dict[key] for key in keys}, self._where())
+        if self._backend is not None:
+            self._backend.load_state(weights, slots, self.steps)
+
+    def _where(self) -> Group:
+        return Group(self.rank, self.world_size, self.group)
 
     def _gather(self, read, keyed_slots: bool = False) -> dict[str, torch.Tensor]:
         local = read(self._backend) if self._backend else {}
