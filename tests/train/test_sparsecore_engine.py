@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from torchrec.models.dlrm import DLRMTrain
+
+from pipelines.inference.model import load_inference_model
 from tests.train.conftest import flat_checkpoint, tiny_config
+from torchrec_tpu.train.data import open_data
+from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.job import run_job
+from torchrec_tpu.train.metrics import evaluate
 
 TABLES = "model.model.sparse_arch.embedding_bag_collection.embedding_bags."
 
@@ -28,6 +34,17 @@ def test_learns_as_well_as_the_torchrec_engine(sparsecore_run, trained) -> None:
     assert summary.result.eval.auc > 0.6
     assert summary.result.eval.auc > baseline.result.eval.auc - 0.02, (summary.result.eval.auc,
                                                                        baseline.result.eval.auc)
+
+
+def test_the_serving_model_loads_the_sharded_checkpoint(sparsecore_run) -> None:
+    config, summary = sparsecore_run
+    served = load_inference_model(summary.checkpoint_dir.parent)  # the checkpoint root: its latest
+    assert served.step == summary.result.steps
+    with open_data(config, DistEnv(rank=0, world_size=1, local_world_size=1)) as data:
+        result = evaluate(DLRMTrain(served.dlrm), data.held_out, torch.device("cpu"))
+    # the plain CPU TorchRec DLRM scores the held-out data like the sharded model did
+    assert result.auc == pytest.approx(summary.result.eval.auc, abs=1e-6)
+    assert result.loss == pytest.approx(summary.result.eval.loss, rel=1e-5)
 
 
 def test_resume_reaches_the_uninterrupted_weights(tiny_dataset: Path, tmp_path: Path) -> None:

@@ -76,8 +76,10 @@ def _prune(root: Path, current: Path, keep: int) -> None:
     """Keep the ``keep`` most recently published checkpoints (``current`` among them); delete
     older ones and directories of saves that never completed."""
     versions = [p for p in root.iterdir() if _VERSION.match(p.name) and p.is_dir() and not p.is_symlink()]
+    # newest published first; file times are coarse (a few ms), so the step breaks ties
     complete = sorted((p for p in versions if is_checkpoint(p)),
-                      key=lambda p: (p == current, (p / META_FILE).stat().st_mtime_ns), reverse=True)
+                      key=lambda p: (p == current, (p / META_FILE).stat().st_mtime_ns,
+                                     int(_VERSION.match(p.name).group(1))), reverse=True)
     kept = set(complete[:keep])
     for path in versions:
         if path not in kept:
