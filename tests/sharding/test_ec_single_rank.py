@@ -13,15 +13,15 @@ from .reference import OPTIMIZERS, assert_tables_close, random_kjt, with_last_id
 BATCH, STEPS = 6, 3
 
 
-def sharded(optimizer: str, backend: str = "xla", **kwargs) -> ShardedSparseCoreEC:
+def sharded(optimizer: str, backend: str = "xla", batch_size: int = BATCH, **kwargs) -> ShardedSparseCoreEC:
     plan = {c.name: TableSharding("table_wise", (0,)) for c in EC_CONFIGS}
-    return ShardedSparseCoreEC.from_torchrec(reference_ec(), plan, OPTIMIZERS[optimizer][0], batch_size=BATCH,
+    return ShardedSparseCoreEC.from_torchrec(reference_ec(), plan, OPTIMIZERS[optimizer][0], batch_size=batch_size,
                                              backend=backend, **kwargs)
 
 
 @pytest.mark.parametrize("optimizer,backend", [("sgd", "xla"), ("adagrad", "xla"), ("adagrad", "fbgemm")])
 def test_trains_like_stock_torchrec(optimizer, backend):
-    expected_outputs, expected_weights = train_reference_ec(optimizer, STEPS, BATCH)
+    expected_outputs, expected_weights = train_reference_ec(optimizer, [BATCH] * STEPS)
     ec = sharded(optimizer, backend)
     for step in range(STEPS):
         kjt = random_kjt(BATCH, step)
@@ -31,6 +31,21 @@ def test_trains_like_stock_torchrec(optimizer, backend):
             torch.testing.assert_close(jt.lengths(), kjt[name].lengths(), rtol=0, atol=0)
             torch.testing.assert_close(jt.values(), expected_outputs[step][name], atol=1e-6, rtol=1e-6)
         sequence_loss(out, step).backward()
+    assert_tables_close(ec.unsharded_weights(), expected_weights)
+
+
+def test_lookup_buffers_grow_mid_training_keeping_tables_and_slots():
+    batches = [1, 2, 12]  # more unique ids each step than the buffers sized for batch 1 hold
+    expected_outputs, expected_weights = train_reference_ec("adagrad", batches)
+    ec = sharded("adagrad", "fbgemm", batch_size=1)
+    backends = []
+    for step, batch in enumerate(batches):
+        out = ec(random_kjt(batch, step))
+        backends.append(ec._backend)
+        for name, jt in out.items():
+            torch.testing.assert_close(jt.values(), expected_outputs[step][name], atol=1e-6, rtol=1e-6)
+        sequence_loss(out, step).backward()
+    assert backends[2] is not backends[1]  # rebuilt after two updates
     assert_tables_close(ec.unsharded_weights(), expected_weights)
 
 

@@ -15,7 +15,7 @@ STEPS = 3
 
 def check_against_torchrec(results: list[dict], layout: str) -> None:
     optimizer, _ = EC_LAYOUTS[layout]
-    expected_outputs, expected_weights = train_reference_ec(optimizer, STEPS, RANK_SAMPLES[-1])
+    expected_outputs, expected_weights = train_reference_ec(optimizer, [RANK_SAMPLES[-1]] * STEPS)
     for rank, by_layout in enumerate(results):
         outputs, weights, _ = by_layout[layout]
         for step, out in enumerate(outputs):
