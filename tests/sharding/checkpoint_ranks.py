@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 
-from .rank_checks import LAYOUTS, train_steps
+from .rank_checks import LAYOUTS, tpu_dist_group, train_steps
 from .reference import OPTIMIZERS, reference_ebc
 
 
@@ -26,9 +24,7 @@ def save_after_training(rank: int, world_size: int, store, timeout, directory: s
                         steps: int, local_batch: int):
     """Per layout: train ``steps`` steps, DCP-save ``{"ebc": state_dict}`` to ``directory/<layout>``;
     return the unsharded state that was saved."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
-    try:
+    with tpu_dist_group(rank, world_size, store, timeout):
         results = {}
         for layout in layouts:
             ebc = _ebc(layout, local_batch, seed=0)
@@ -36,17 +32,13 @@ def save_after_training(rank: int, world_size: int, store, timeout, directory: s
             dcp.save({"ebc": ebc.state_dict()}, checkpoint_id=f"{directory}/{layout}")
             results[layout] = _state(ebc)
         return results
-    finally:
-        dist.destroy_process_group()
 
 
 def load_into_fresh(rank: int, world_size: int, store, timeout, directory: str, layouts: list[str],
                     local_batch: int):
     """Per layout: a fresh EBC (other initial weights) loads ``directory/<layout>``; returns its
     unsharded state before and after the load, and the tables of its ``to_torchrec()`` unshard."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
-    try:
+    with tpu_dist_group(rank, world_size, store, timeout):
         results = {}
         for layout in layouts:
             ebc = _ebc(layout, local_batch, seed=1)
@@ -58,5 +50,3 @@ def load_into_fresh(rank: int, world_size: int, store, timeout, directory: str, 
             results[layout] = (before, _state(ebc),
                                {name: bag.weight.detach().clone() for name, bag in plain.embedding_bags.items()})
         return results
-    finally:
-        dist.destroy_process_group()

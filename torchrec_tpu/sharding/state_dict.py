@@ -1,9 +1,10 @@
 """Checkpoint state of a sharded EBC: each rank's rows and columns as pieces of the full tables, so
 torch.distributed.checkpoint (DCP) writes every piece once, on the rank that holds it.
 
-Keys (under the module's prefix), named like TorchRec's EBC tables:
+Keys (under the module's prefix), named like the tables of TorchRec's EBC (``embedding_bags``)
+or EC (``embeddings``), the ``container``:
 
-- ``embedding_bags.<table>.weight``: [vocab, dim]
+- ``<container>.<table>.weight``: [vocab, dim]
 - ``optimizer_slots.<table>.<slot>``: [vocab, dim], or [vocab] for a row slot
 - ``optimizer_step_count``: fused updates applied so far (0-d int64, the same on every rank)
 
@@ -36,19 +37,19 @@ from torchrec_tpu.sharding.shards import Shard
 STEP_COUNT = "optimizer_step_count"
 
 
-def weight_key(table: str) -> str:
-    return f"embedding_bags.{table}.weight"
+def weight_key(container: str, table: str) -> str:
+    return f"{container}.{table}.weight"
 
 
 def slot_key(table: str, slot: str) -> str:
     return f"optimizer_slots.{table}.{slot}"
 
 
-def state_keys(tables: Mapping[str, TableSpec]) -> list[str]:
+def state_keys(container: str, tables: Mapping[str, TableSpec]) -> list[str]:
     """Every key :func:`checkpoint_state` writes, in its order."""
     keys = []
     for name, spec in tables.items():
-        keys += [weight_key(name)] + [slot_key(name, slot) for slot in spec.optimizer.slot_names]
+        keys += [weight_key(container, name)] + [slot_key(name, slot) for slot in spec.optimizer.slot_names]
     return keys + [STEP_COUNT]
 
 
@@ -61,14 +62,14 @@ class Group:
     group: dist.ProcessGroup | None = None
 
 
-def checkpoint_state(tables: Mapping[str, TableSpec], shards: Mapping[str, Sequence[Shard]],
+def checkpoint_state(container: str, tables: Mapping[str, TableSpec], shards: Mapping[str, Sequence[Shard]],
                      weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]],
                      step_count: int, where: Group) -> dict[str, torch.Tensor]:
     """The state of all ``tables`` from this rank's shards (``weights`` / ``slots``: its local
     pieces, by table). A collective when a table is row-wise over several ranks."""
     out = {}
     for name, spec in tables.items():
-        out[weight_key(name)] = _to_checkpoint(spec, shards[name], weights.get(name), False, where)
+        out[weight_key(container, name)] = _to_checkpoint(spec, shards[name], weights.get(name), False, where)
         for slot in spec.optimizer.slot_names:
             out[slot_key(name, slot)] = _to_checkpoint(spec, shards[name], slots.get(name, {}).get(slot),
                                                        slot in spec.optimizer.row_slots, where)
@@ -76,7 +77,7 @@ def checkpoint_state(tables: Mapping[str, TableSpec], shards: Mapping[str, Seque
     return out
 
 
-def local_state(tables: Mapping[str, TableSpec], shards: Mapping[str, Sequence[Shard]],
+def local_state(container: str, tables: Mapping[str, TableSpec], shards: Mapping[str, Sequence[Shard]],
                 state: Mapping[str, torch.Tensor], where: Group,
                 ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], int]:
     """Inverse of :func:`checkpoint_state`: this rank's pieces (weights and slots by table, for the
@@ -84,7 +85,7 @@ def local_state(tables: Mapping[str, TableSpec], shards: Mapping[str, Sequence[S
     weights: dict[str, torch.Tensor] = {}
     slots: dict[str, dict[str, torch.Tensor]] = {}
     for name, spec in tables.items():
-        piece = _from_checkpoint(spec, shards[name], state[weight_key(name)], where)
+        piece = _from_checkpoint(spec, shards[name], state[weight_key(container, name)], where)
         if piece is not None:
             weights[name] = piece
         for slot in spec.optimizer.slot_names:
