@@ -15,6 +15,9 @@ Row-wise shards hold rows ``rank mod W``, which no box describes: they are regro
 all_to_all into contiguous row blocks for saving, and back after loading. As every checkpoint
 describes whole tables, DCP reshards it to another world size or layout, and a plain TorchRec EBC
 or the serving model loads it directly.
+
+Use a gloo group (as training does): torch's ShardedTensor assumes a CUDA device on other
+backends for a rank that holds no piece of a table.
 """
 
 from __future__ import annotations
