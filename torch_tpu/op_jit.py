@@ -132,7 +132,7 @@ def call(lowering: Lowering, args: Any, kwargs: dict) -> Any:
             sig.append(leaf.aval)
         else:
             sig.append((kind, leaf))
-    site = (lowering.op, lowering.fn, treedef, tuple(sig))
+    site = (lowering.fn, treedef, tuple(sig))  # ops sharing a fn share its programs
     try:
         traced = site in _promoted
     except TypeError:  # an unhashable argument: no key
