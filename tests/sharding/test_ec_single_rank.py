@@ -85,3 +85,18 @@ def test_state_dict_round_trip_continues_identically():
         assert torch.equal(weight, second.unsharded_weights()[name])
     assert torch.equal(first.unsharded_slots()["t_item"]["accumulator"],
                        second.unsharded_slots()["t_item"]["accumulator"])
+
+
+def test_local_lookup_lowers_to_sparsecore_kernels():
+    """The EC's local plan (bags of one id, partition limits sized to its buffers) is a valid
+    SparseCore program for the tpu backend (lowered here; it executes only on a TPU)."""
+    pytest.importorskip("jax_tpu_embedding")
+    from sparsecore.backends.tpu import lowered_programs
+
+    ec = sharded("sgd", "fbgemm")  # (the SparseCore Adagrad kernel has no epsilon)
+    ec(random_kjt(BATCH, 0))
+    plan = ec._backend.plan
+    for stack in plan.stacks:
+        forward, backward = lowered_programs(plan, stack.name)
+        assert "custom_call @SparseDenseMatmulOp" in forward
+        assert "custom_call @SparseDenseMatmulGradOpWithOptimizerUpdate" in backward
