@@ -18,7 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from torch_tpu import device as tpu_device
-from torch_tpu import fallback, modes, random as tpu_random, tensor as tensor_mod
+from torch_tpu import fallback, modes, op_jit, random as tpu_random, tensor as tensor_mod
 from torch_tpu._jax import jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 from torch_tpu.registry import Lowering, get_lowering
@@ -38,8 +38,9 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def clear_plan_cache() -> None:
-    """Forget cached per-op plans (after registering new lowerings)."""
+    """Forget cached per-op plans and compiled per-op programs (after registering new lowerings)."""
     _PLANS.clear()
+    op_jit.clear()
 
 
 # --- argument conversion ---------------------------------------------------------------------
@@ -426,6 +427,7 @@ def _set_storage_view(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 _SPECIAL: dict[Any, Plan] = {
+    aten.is_pinned.default: lambda func, args, kwargs: False,  # pinning is for host memory
     aten.copy_.default: _copy_,
     aten._copy_from.default: _copy_from,
     aten._to_copy.default: _to_copy,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -22,25 +25,39 @@ LAYOUTS = {
 }
 
 
-def train_sharded(rank: int, world_size: int, store, timeout, layouts: list[str], steps: int, local_batch: int):
-    """Per layout: this rank's pooled outputs per step and the final unsharded weights."""
+@contextlib.contextmanager
+def tpu_dist_group(rank: int, world_size: int, store, timeout, backend: str = "tpu_dist") -> Iterator[None]:
+    """This spawned rank in a tpu_dist (or ``backend``) world, for the duration of the block."""
     import torch_tpu.distributed  # noqa: F401  registers the tpu_dist backend
 
     torch.set_num_threads(1)
-    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def train_sharded(rank: int, world_size: int, store, timeout, layouts: list[str], steps: int, local_batch: int):
+    """Per layout: this rank's pooled outputs per step and the final unsharded weights."""
+    with tpu_dist_group(rank, world_size, store, timeout):
         results = {}
         for layout in layouts:
             optimizer, plan = LAYOUTS[layout]
             ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), local_batch, plan, OPTIMIZERS[optimizer][0])
-            outputs = []
-            start, stop = rank * local_batch, (rank + 1) * local_batch
-            for step in range(steps):
-                kjt = slice_batch(random_kjt(world_size * local_batch, step), start, stop)
-                out = ebc(kjt).values()
-                outputs.append(out.detach().clone())
-                (0.5 * ((out - targets(world_size * local_batch, step)[start:stop]) ** 2).sum()).backward()
+            outputs = train_steps(ebc, rank, world_size, steps, local_batch)
             results[layout] = (outputs, ebc.unsharded_weights(), ebc.unsharded_slots())
         return results
-    finally:
-        dist.destroy_process_group()
+
+
+def train_steps(ebc: ShardedSparseCoreEBC, rank: int, world_size: int, steps: int, local_batch: int) -> list[torch.Tensor]:
+    """``steps`` steps on this rank's part of the global batches (loss 0.5 * |out - target|^2);
+    the pooled outputs of each."""
+    outputs = []
+    start, stop = rank * local_batch, (rank + 1) * local_batch
+    for step in range(steps):
+        kjt = slice_batch(random_kjt(world_size * local_batch, step), start, stop)
+        out = ebc(kjt).values()
+        outputs.append(out.detach().clone())
+        (0.5 * ((out - targets(world_size * local_batch, step)[start:stop]) ** 2).sum()).backward()
+    return outputs

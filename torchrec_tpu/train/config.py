@@ -19,6 +19,8 @@ MODELS = ("dlrm", "dlrm_dcn")
 ENGINES = ("torchrec", "sparsecore")
 SPARSE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "sgd")
 DENSE_OPTIMIZERS = ("adagrad", "adam")
+DENSE_DEVICES = ("cpu", "tpu")
+DENSE_PARALLELS = ("ddp", "fsdp2")
 
 
 class ConfigError(ValueError):
@@ -40,7 +42,31 @@ class TrainConfig:
         default="torchrec",
         metadata=_flag(
             "embedding engine: stock TorchRec DMP on FBGEMM, or the sparsecore sharded EBC "
-            "(table-wise over ranks, dense part in DDP)", choices=ENGINES,
+            "(sharded as --plan says, dense part in DDP or FSDP2, see --dense-parallel)", choices=ENGINES,
+        ),
+    )
+    plan: str | None = field(
+        default=None,
+        metadata=_flag(
+            "sparsecore engine: a plan JSON from `torchrec-tpu plan` (one device per rank), or "
+            "'auto' to plan the tables for this world now (default: whole tables balanced over "
+            "the ranks)", metavar="PATH|auto",
+        ),
+    )
+    dense_device: str = field(
+        default="cpu",
+        metadata=_flag(
+            "where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only. cpu "
+            "is the default: with the tpu device backed by XLA:CPU (no TPU), tpu is about even on "
+            "small towers, ~0.6x on 512-wide ones, and compiles each op first "
+            "(bench/bench_dense_device.py); choose tpu on a real TPU", choices=DENSE_DEVICES,
+        ),
+    )
+    dense_parallel: str = field(
+        default="ddp",
+        metadata=_flag(
+            "how the dense towers are synced over ranks, --engine sparsecore only: replicated "
+            "(DDP) or sharded per tower (FSDP2 fully_shard, for large towers)", choices=DENSE_PARALLELS,
         ),
     )
     data: str = field(
@@ -102,11 +128,20 @@ class TrainConfig:
         default=None, metadata=_flag("TensorBoard log directory (default: runs/<UTC timestamp>)")
     )
     checkpoint_dir: str | None = field(
-        default=None, metadata=_flag("checkpoint directory (default: <log-dir>/checkpoint)")
+        default=None,
+        metadata=_flag("checkpoint root: versioned checkpoints and a 'latest' link "
+                       "(default: <log-dir>/checkpoint)"),
+    )
+    checkpoint_every: int = field(
+        default=0, metadata=_flag("also checkpoint every N steps (0: only at the end)")
+    )
+    keep_checkpoints: int = field(
+        default=2, metadata=_flag("checkpoints kept in the checkpoint root (older ones are deleted)")
     )
     resume: str | None = field(
         default=None,
-        metadata=_flag("checkpoint directory to resume from: its model, optimizer state and step"),
+        metadata=_flag("checkpoint to resume from (a checkpoint root: its latest): model, optimizer "
+                       "state, RNG, step and data position"),
     )
     log_every: int = field(default=20, metadata=_flag("log training scalars every N steps"))
     eval_every: int = field(
@@ -120,9 +155,10 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad option, its value and the limit."""
         for name in ("num_embeddings", "embedding_dim", "batch_size", "eval_batch_size", "epochs",
-                     "eval_files", "log_every", "dcn_num_layers", "dcn_low_rank_dim"):
+                     "eval_files", "log_every", "dcn_num_layers", "dcn_low_rank_dim",
+                     "keep_checkpoints"):
             _require(name, getattr(self, name), lambda v: v >= 1, "must be >= 1")
-        for name in ("max_steps", "eval_every", "num_threads"):
+        for name in ("max_steps", "eval_every", "checkpoint_every", "num_threads"):
             _require(name, getattr(self, name), lambda v: v >= 0, "must be >= 0")
         for name in ("sparse_lr", "dense_lr"):
             _require(name, getattr(self, name), lambda v: v > 0, "must be > 0")
@@ -132,6 +168,10 @@ class TrainConfig:
                 raise ConfigError(
                     f"{_as_flag(f.name)}={getattr(self, f.name)!r} is not one of {list(choices)}"
                 )
+        for name, default in (("dense_device", "cpu"), ("dense_parallel", "ddp")):
+            if self.engine != "sparsecore" and getattr(self, name) != default:
+                raise ConfigError(f"{_as_flag(name)}={getattr(self, name)!r} needs --engine sparsecore "
+                                  f"(the torchrec engine keeps its dense part on cpu in DDP)")
         dense, over = self.dense_layers, self.over_layers
         if dense[-1] != self.embedding_dim:
             raise ConfigError(
@@ -140,6 +180,9 @@ class TrainConfig:
             )
         if over[-1] != 1:
             raise ConfigError(f"--over-arch={self.over_arch!r} must end in 1 (one logit)")
+        if self.plan is not None and self.engine != "sparsecore":
+            raise ConfigError(f"--plan={self.plan!r} needs --engine sparsecore (the torchrec engine "
+                              "plans with TorchRec's own planner)")
 
     @property
     def dense_layers(self) -> list[int]:
