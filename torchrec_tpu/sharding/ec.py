@@ -72,6 +72,8 @@ class ShardedSparseCoreEC(ShardedTables):
     buffers. ``need_indices`` puts each feature's ids into its output's weights, as TorchRec does.
     """
 
+    table_modules = "embeddings"
+
     def __init__(
         self,
         tables: Sequence[TableSpec],
