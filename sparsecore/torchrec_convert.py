@@ -1,10 +1,11 @@
-"""Conversion between sparsecore specs and TorchRec ``EmbeddingBagConfig``s."""
+"""Conversion between sparsecore specs and TorchRec table configs: ``EmbeddingBagConfig`` (pooled)
+and ``EmbeddingConfig`` (sequence lookups, whose specs keep the "sum" combiner they never use)."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 
 from sparsecore.optimizers import SGD, OptimizerSpec
 from sparsecore.specs import FeatureSpec, Initializer, TableSpec
@@ -14,17 +15,18 @@ _COMBINER_TO_POOLING = {v: k for k, v in _POOLING_TO_COMBINER.items()}
 
 
 def specs_from_configs(
-    configs: Sequence[EmbeddingBagConfig],
+    configs: Sequence[BaseEmbeddingConfig],
     batch_size: int,
     *,
     optimizer: OptimizerSpec | None = None,
     weighted_features: Collection[str] = (),
 ) -> tuple[list[TableSpec], list[FeatureSpec]]:
-    """Tables (one per config) and features (one per feature name) for a TorchRec EBC layout."""
+    """Tables (one per config) and features (one per feature name) for a TorchRec EBC or EC layout."""
     tables, features = [], []
     for config in configs:
-        if config.pooling not in _POOLING_TO_COMBINER:
-            raise ValueError(f"table {config.name!r}: pooling {config.pooling} has no SparseCore combiner")
+        pooling = config.pooling if isinstance(config, EmbeddingBagConfig) else PoolingType.SUM
+        if pooling not in _POOLING_TO_COMBINER:
+            raise ValueError(f"table {config.name!r}: pooling {pooling} has no SparseCore combiner")
         initializer = None
         if config.weight_init_min is not None or config.weight_init_max is not None:
             if config.weight_init_min is None or config.weight_init_max is None:
@@ -32,7 +34,7 @@ def specs_from_configs(
             initializer = Initializer("uniform", low=config.weight_init_min, high=config.weight_init_max)
         tables.append(TableSpec(
             name=config.name, vocab_size=config.num_embeddings, dim=config.embedding_dim,
-            combiner=_POOLING_TO_COMBINER[config.pooling], optimizer=optimizer or SGD(),
+            combiner=_POOLING_TO_COMBINER[pooling], optimizer=optimizer or SGD(),
             initializer=initializer,
         ))
         features.extend(
@@ -45,18 +47,20 @@ def specs_from_configs(
     return tables, features
 
 
-def configs_from_specs(tables: Sequence[TableSpec], features: Sequence[FeatureSpec]) -> list[EmbeddingBagConfig]:
-    """TorchRec configs for the tables, each listing the features that look it up."""
-    configs = []
+def configs_from_specs(tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
+                       pooled: bool = True) -> list[BaseEmbeddingConfig]:
+    """TorchRec configs for the tables, each listing the features that look it up:
+    ``EmbeddingBagConfig``s, or ``EmbeddingConfig``s (no pooling) unless ``pooled``."""
+    configs: list[BaseEmbeddingConfig] = []
     for table in tables:
-        if table.combiner not in _COMBINER_TO_POOLING:
+        if pooled and table.combiner not in _COMBINER_TO_POOLING:
             raise ValueError(f"table {table.name!r}: combiner {table.combiner!r} has no TorchRec pooling type")
         init = table.effective_initializer
         if init.kind != "uniform":
             raise ValueError(f"table {table.name!r}: TorchRec configs only express uniform initializers, got {init.kind}")
-        configs.append(EmbeddingBagConfig(
-            num_embeddings=table.vocab_size, embedding_dim=table.dim, name=table.name,
-            feature_names=[f.name for f in features if f.table == table.name],
-            weight_init_min=init.low, weight_init_max=init.high, pooling=_COMBINER_TO_POOLING[table.combiner],
-        ))
+        common = dict(num_embeddings=table.vocab_size, embedding_dim=table.dim, name=table.name,
+                      feature_names=[f.name for f in features if f.table == table.name],
+                      weight_init_min=init.low, weight_init_max=init.high)
+        configs.append(EmbeddingBagConfig(**common, pooling=_COMBINER_TO_POOLING[table.combiner]) if pooled
+                       else EmbeddingConfig(**common))
     return configs

@@ -61,6 +61,19 @@ def slice_batch(kjt: KeyedJaggedTensor, start: int, stop: int) -> KeyedJaggedTen
     return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(values), lengths=torch.cat(lengths))
 
 
+def with_last_id(kjt: KeyedJaggedTensor, value: int) -> KeyedJaggedTensor:
+    """``kjt`` with its last id (one of its last feature's) replaced by ``value``."""
+    values = kjt.values().clone()
+    values[-1] = value
+    return KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=kjt.lengths())
+
+
+def assert_tables_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    for name, weight in actual.items():
+        torch.testing.assert_close(weight, expected[name], atol=1e-5, rtol=1e-5)
+
+
 def train_reference(optimizer: str, steps: int, batch: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """Outputs of each step and the final weights of stock TorchRec (loss: 0.5 * |out - target|^2)."""
     ebc = reference_ebc()

@@ -5,7 +5,8 @@ import torch
 
 from torchrec_tpu.sharding import ShardedSparseCoreEBC, TableSharding
 
-from .reference import CONFIGS, OPTIMIZERS, random_kjt, reference_ebc, slice_batch, targets, train_reference
+from .reference import (CONFIGS, OPTIMIZERS, assert_tables_close, random_kjt, reference_ebc, slice_batch, targets,
+                        train_reference, with_last_id)
 
 BATCH, STEPS = 16, 4
 
@@ -25,19 +26,13 @@ def test_trains_like_stock_torchrec(optimizer, backend):
         assert pooled.keys() == ["user", "item", "hist", "small"]
         torch.testing.assert_close(pooled.values(), expected_outputs[step], atol=1e-5, rtol=1e-5)
         (0.5 * ((pooled.values() - targets(BATCH, step)) ** 2).sum()).backward()
-    for name, weight in ebc.unsharded_weights().items():
-        torch.testing.assert_close(weight, expected_weights[name], atol=1e-5, rtol=1e-5)
+    assert_tables_close(ebc.unsharded_weights(), expected_weights)
 
 
 def test_bad_id_names_the_feature():
     ebc = sharded("sgd")
-    kjt = random_kjt(BATCH, 0)
-    values = kjt.values().clone()
-    values[-1] = 9  # the last value belongs to "small" (9 rows)
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-    bad = KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=kjt.lengths())
     with pytest.raises(ValueError, match="feature 'small'.*outside \\[0, 9\\)"):
-        ebc(bad)
+        ebc(with_last_id(random_kjt(BATCH, 0), 9))  # the last id is one of "small" (9 rows)
 
 
 def test_sharding_errors_name_the_table():

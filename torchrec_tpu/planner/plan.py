@@ -26,6 +26,10 @@ class ShardPlacement:
     columns: int
     rows: int
 
+    def real_columns(self, dim: int) -> int:
+        """Columns of a ``dim``-wide table in this block (padding to 8 lives only in the last)."""
+        return max(0, min(self.columns, dim - self.column_offset))
+
 
 @dataclass(frozen=True)
 class TablePlan:
@@ -157,13 +161,9 @@ def to_torchrec_sharding_plan(plan: Plan, module_path: str = "", compute_kernel:
                      for r in range(num_devices)]
             ranks = list(range(num_devices))
         else:
-            metas = [ShardMetadata([0, s.column_offset], [t.rows, _clip_columns(s, t.dim)], f"rank:{s.device}/cpu")
+            metas = [ShardMetadata([0, s.column_offset], [t.rows, s.real_columns(t.dim)], f"rank:{s.device}/cpu")
                      for s in t.shards]
             ranks = [s.device for s in t.shards]
         module_plan[t.name] = ParameterSharding(t.sharding_type, compute_kernel, ranks, EnumerableShardingSpec(metas))
     return ShardingPlan({module_path: module_plan})
 
-
-def _clip_columns(shard: ShardPlacement, dim: int) -> int:
-    """Unpadded columns of a column block (padding to 8 lives only in the last block)."""
-    return max(0, min(shard.columns, dim - shard.column_offset))

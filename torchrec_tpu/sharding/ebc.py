@@ -25,20 +25,18 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 from torchrec import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from sparsecore.backends import make_backend
 from sparsecore.optimizers import OptimizerSpec
 from sparsecore.preprocess import combined_gains
-from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
-from sparsecore.stacking import plan_stacking
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.collectives import all_to_all
-from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards
+from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, torchrec_weights
+from torchrec_tpu.sharding.shards import TableSharding
 
 
 @dataclass
@@ -48,20 +46,7 @@ class LocalBatch:
     inputs: dict[str, FeatureInput]
 
 
-class _ShardedLookup(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, ebc: "ShardedSparseCoreEBC", batch: LocalBatch) -> torch.Tensor:
-        activations, ctx.context = ebc._lookup(batch)
-        ctx.ebc = ebc
-        return ebc._output_dist(activations)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):
-        ctx.ebc._update(ctx.context, (grad * ctx.ebc._grad_scale).contiguous())
-        return None, None, None
-
-
-class ShardedSparseCoreEBC(nn.Module):
+class ShardedSparseCoreEBC(ShardedTables):
     """Pooled lookups of ``features`` (``batch_size`` = this rank's batch) over ``tables``, sharded
     over ``group`` (default: the world; no process group: one rank) as ``sharding`` says.
 
@@ -86,30 +71,20 @@ class ShardedSparseCoreEBC(nn.Module):
         average_over_ranks: bool = False,
         **backend_options: Any,
     ):
-        super().__init__()
-        self.tables = validate_specs(tables, features)
+        super().__init__(tables, features, sharding, group, average_over_ranks)
         batch_sizes = {f.batch_size for f in features}
         if len(batch_sizes) != 1:
             raise ValueError(f"all features need one batch size for a KeyedTensor output, got {sorted(batch_sizes)}")
         self.batch_size = batch_sizes.pop()
-        self.features = list(features)
-        self.group = group
-        distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank(group) if distributed else 0
-        self.world_size = dist.get_world_size(group) if distributed else 1
         self.id_policy = id_policy
-        self._grad_scale = 1.0 / self.world_size if average_over_ranks else 1.0
-        self.shards = make_shards(tables, sharding, self.world_size)
-        # (feature, shard) pairs each rank serves, in feature order: the layout of every message
-        self._served = [[(f, s) for f in self.features for s in self.shards[f.table] if s.rank == r]
-                        for r in range(self.world_size)]
         self._offsets = dict(zip([f.name for f in features],
                                  np.cumsum([0] + [self.tables[f.table].dim for f in features]).tolist()))
-        self._backend = self._local_backend(topology, backend, weights, seed, backend_options)
+        local_features = [FeatureSpec(f.name, f.table, self.batch_size * self.world_size, weighted=True)
+                          for f, _ in self._served[self.rank]]
+        self._backend = self._make_backend(local_features, topology, backend, weights, seed, backend_options)
         # input dists done ahead by a train pipeline: (the KJT's values tensor, its LocalBatch)
         self._prefetched: collections.deque[tuple[torch.Tensor, LocalBatch]] = collections.deque()
         self._prefetch_lock = threading.Lock()
-        self._anchor = nn.Parameter(torch.empty(0), requires_grad=True)  # makes autograd call backward
 
     @classmethod
     def from_torchrec(cls, ebc: EmbeddingBagCollection, batch_size: int, sharding: Mapping[str, TableSharding],
@@ -117,23 +92,10 @@ class ShardedSparseCoreEBC(nn.Module):
         """The same tables as TorchRec ``ebc`` (and its weights unless they are on the meta device)."""
         tables, features = specs_from_configs(ebc.embedding_bag_configs(), batch_size, optimizer=optimizer,
                                               weighted_features=ebc.is_weighted() and _all_features(ebc) or ())
-        weights = {name: bag.weight.detach().cpu() for name, bag in ebc.embedding_bags.items()
-                   if not bag.weight.is_meta}
+        weights = torchrec_weights(ebc.embedding_bags)
         if weights:
             kwargs.setdefault("weights", weights)
         return cls(tables, features, sharding, **kwargs)
-
-    def _local_backend(self, topology, backend, weights, seed, options):
-        served = self._served[self.rank]
-        if not served:
-            return None
-        mine = {s.table: s for _, s in served}
-        full = weights if weights is not None else {name: self.tables[name].init_weights(seed) for name in mine}
-        local_tables = [s.local_spec(self.tables[name]) for name, s in mine.items()]
-        local_features = [FeatureSpec(f.name, f.table, self.batch_size * self.world_size, weighted=True)
-                          for f, _ in served]
-        plan = plan_stacking(local_tables, local_features, topology)
-        return make_backend(backend, plan, {name: s.slice(full[name]) for name, s in mine.items()}, seed, **options)
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of ``kjt``'s samples. Other batch sizes than ``batch_size`` are padded
@@ -191,16 +153,9 @@ class ShardedSparseCoreEBC(nn.Module):
         id_counts = self._per_destination([len(a) for a in ids])
         per_source = recv_lengths.reshape(self.world_size, -1)
         recv_counts = per_source.sum(axis=1).tolist()
-        recv_ids = all_to_all(_cat(ids, np.int64), id_counts, recv_counts, group).numpy()
-        recv_gains = all_to_all(_cat(gains, np.float32), id_counts, recv_counts, group).numpy()
+        recv_ids = all_to_all(concat(ids, np.int64), id_counts, recv_counts, group).numpy()
+        recv_gains = all_to_all(concat(gains, np.float32), id_counts, recv_counts, group).numpy()
         return LocalBatch(self._assemble_inputs(per_source, recv_ids, recv_gains))
-
-    def _per_destination(self, sizes: list[int]) -> list[int]:
-        out, i = [], 0
-        for served in self._served:
-            out.append(sum(sizes[i:i + len(served)]))
-            i += len(served)
-        return out
 
     def _assemble_inputs(self, per_source: np.ndarray, ids: np.ndarray, gains: np.ndarray) -> dict[str, FeatureInput]:
         """Per served feature: the global batch, source ranks' samples in rank order."""
@@ -220,10 +175,7 @@ class ShardedSparseCoreEBC(nn.Module):
 
     def compute_and_output_dist(self, batch: LocalBatch) -> KeyedTensor:
         """Look up the local shards and return this rank's pooled embeddings."""
-        if torch.is_grad_enabled():
-            values = _ShardedLookup.apply(self._anchor, self, batch)
-        else:
-            values = self._output_dist(self._lookup(batch)[0])
+        values = self._looked_up(batch)
         return KeyedTensor(keys=[f.name for f in self.features],
                            length_per_key=[self.tables[f.table].dim for f in self.features], values=values)
 
@@ -266,74 +218,12 @@ class ShardedSparseCoreEBC(nn.Module):
             start += width
         self._backend.backward(context, grads)
 
-    def unsharded_weights(self) -> dict[str, torch.Tensor]:
-        """Full [vocab, dim] weights of every table, on every rank (a collective; copies)."""
-        return self._gather(lambda backend: backend.table_weights())
-
-    def unsharded_slots(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Full optimizer slots of every table by slot name, on every rank (a collective)."""
-        slots = self._gather(lambda backend: {f"{t}\0{k}": v for t, d in backend.optimizer_slots().items()
-                                              for k, v in d.items()}, keyed_slots=True)
-        out: dict[str, dict[str, torch.Tensor]] = {}
-        for key, value in slots.items():
-            table, slot = key.split("\0")
-            out.setdefault(table, {})[slot] = value
-        return out
-
     def to_torchrec(self) -> EmbeddingBagCollection:
         """A plain CPU TorchRec EBC holding the current tables, for serving (a collective)."""
         ebc = EmbeddingBagCollection(tables=configs_from_specs(list(self.tables.values()), self.features),
                                      device=torch.device("cpu"))
-        with torch.no_grad():
-            for name, weight in self.unsharded_weights().items():
-                ebc.embedding_bags[name].weight.copy_(weight)
+        self._copy_unsharded_into(ebc.embedding_bags)
         return ebc
-
-    def get_extra_state(self) -> dict[str, Any]:
-        """The unsharded tables, optimizer slots and step count (a collective: ``state_dict()``
-        must run on every rank). Identical on all ranks, so DCP stores it once; a checkpoint
-        resharded to another world or layout loads through ``set_extra_state``."""
-        steps = self._backend.steps if self._backend else 0
-        return {"weights": self.unsharded_weights(), "slots": self.unsharded_slots(), "steps": steps}
-
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        if self._backend is None:
-            return
-        mine = {s.table: s for _, s in self._served[self.rank]}
-        self._backend.load_state(
-            {name: s.slice(state["weights"][name]) for name, s in mine.items()},
-            {name: {k: s.slice(v) for k, v in state["slots"].get(name, {}).items()} for name, s in mine.items()},
-            int(state["steps"]),
-        )
-
-    def _gather(self, read, keyed_slots: bool = False) -> dict[str, torch.Tensor]:
-        local = read(self._backend) if self._backend else {}
-        everyone = [local]
-        if self.world_size > 1:
-            everyone = [None] * self.world_size
-            dist.all_gather_object(everyone, local, group=self.group)
-        out = {}
-        for rank, pieces in enumerate(everyone):
-            for key, piece in pieces.items():
-                table = key.split("\0")[0] if keyed_slots else key
-                shard = next(s for s in self.shards[table] if s.rank == rank)
-                if key not in out:
-                    spec = self.tables[table]
-                    out[key] = torch.zeros((spec.vocab_size,) if piece.dim() == 1 else (spec.vocab_size, spec.dim))
-                _place(out[key], shard, piece)
-        return out
-
-
-def _place(full: torch.Tensor, shard: Shard, piece: torch.Tensor) -> None:
-    rows = full[shard.row_offset::shard.row_stride]
-    if full.dim() == 1:
-        rows[: shard.rows] = piece
-    else:
-        rows[: shard.rows, shard.col_offset:shard.col_offset + shard.cols] = piece
-
-
-def _cat(arrays: list[np.ndarray], dtype) -> torch.Tensor:
-    return torch.from_numpy(np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype=dtype))
 
 
 def _all_features(ebc: EmbeddingBagCollection) -> list[str]:

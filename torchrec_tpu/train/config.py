@@ -40,7 +40,15 @@ class TrainConfig:
         default="torchrec",
         metadata=_flag(
             "embedding engine: stock TorchRec DMP on FBGEMM, or the sparsecore sharded EBC "
-            "(table-wise over ranks, dense part in DDP)", choices=ENGINES,
+            "(sharded as --plan says, dense part in DDP)", choices=ENGINES,
+        ),
+    )
+    plan: str | None = field(
+        default=None,
+        metadata=_flag(
+            "sparsecore engine: a plan JSON from `torchrec-tpu plan` (one device per rank), or "
+            "'auto' to plan the tables for this world now (default: whole tables balanced over "
+            "the ranks)", metavar="PATH|auto",
         ),
     )
     data: str = field(
@@ -140,6 +148,9 @@ class TrainConfig:
             )
         if over[-1] != 1:
             raise ConfigError(f"--over-arch={self.over_arch!r} must end in 1 (one logit)")
+        if self.plan is not None and self.engine != "sparsecore":
+            raise ConfigError(f"--plan={self.plan!r} needs --engine sparsecore (the torchrec engine "
+                              "plans with TorchRec's own planner)")
 
     @property
     def dense_layers(self) -> list[int]:

@@ -107,7 +107,7 @@ def _model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, dev
         from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
 
         model = build_sparsecore_model(spec, env, device, config.sparse_optimizer, config.sparse_lr,
-                                       config.batch_size, config.seed)
+                                       config.batch_size, config.seed, config.plan)
         return model, build_dense_optimizer(model, config.dense_optimizer, config.dense_lr)
     model = shard_model(build_dlrm(spec, dense_device=device), env, device,
                         config.sparse_optimizer, config.sparse_lr, config.batch_size)

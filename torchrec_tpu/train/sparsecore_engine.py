@@ -19,9 +19,10 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from sparsecore import SGD, Adagrad, OptimizerSpec, RowWiseAdagrad
 from sparsecore.torchrec_convert import specs_from_configs
 from torchrec_tpu.pipeline import PrefetchedBatches
-from torchrec_tpu.sharding import ShardedSparseCoreEBC, balanced_table_wise
+from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.plan_loading import resolve_sharding
 from torchrec_tpu.train.sharding import DENSE_OPTIMIZER_CLASSES
 
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
@@ -42,16 +43,18 @@ def sparse_optimizer_spec(name: str, lr: float) -> OptimizerSpec:
 
 
 def build_sparsecore_model(spec: ModelSpec, env: DistEnv, device: torch.device, sparse_optimizer: str,
-                           sparse_lr: float, batch_size: int, seed: int) -> nn.Module:
-    """DLRMTrain whose embeddings are table-wise sharded over the world on sparsecore (xla backend)."""
+                           sparse_lr: float, batch_size: int, seed: int, plan: str | None = None) -> nn.Module:
+    """DLRMTrain whose embeddings are sharded over the world on sparsecore (xla backend) as ``plan``
+    says (see :func:`~torchrec_tpu.train.plan_loading.resolve_sharding`)."""
     model = build_dlrm(spec, dense_device=device)
     arch = model.model.sparse_arch
     local_batch = max(1, batch_size // env.world_size)
     tables_ebc = arch.embedding_bag_collection
-    tables, _ = specs_from_configs(tables_ebc.embedding_bag_configs(), local_batch)
+    optimizer = sparse_optimizer_spec(sparse_optimizer, sparse_lr)
+    tables, _ = specs_from_configs(tables_ebc.embedding_bag_configs(), local_batch, optimizer=optimizer)
     arch.embedding_bag_collection = ShardedSparseCoreEBC.from_torchrec(
-        tables_ebc, local_batch, balanced_table_wise(tables, env.world_size),
-        sparse_optimizer_spec(sparse_optimizer, sparse_lr), seed=seed, average_over_ranks=True,
+        tables_ebc, local_batch, resolve_sharding(plan, tables, env.world_size, batch_size), optimizer,
+        seed=seed, average_over_ranks=True,
     )
     if env.world_size == 1:
         return model

@@ -1,0 +1,58 @@
+"""World size 1: the sharded sparsecore EmbeddingCollection equals stock TorchRec's
+EmbeddingCollection + the same optimizer over steps, and reports bad input by name."""
+
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_tpu.sharding import ShardedSparseCoreEC, TableSharding
+
+from .ec_reference import EC_CONFIGS, reference_ec, sequence_loss, train_reference_ec
+from .reference import OPTIMIZERS, assert_tables_close, random_kjt, with_last_id
+
+BATCH, STEPS = 6, 3
+
+
+def sharded(optimizer: str, backend: str = "xla", **kwargs) -> ShardedSparseCoreEC:
+    plan = {c.name: TableSharding("table_wise", (0,)) for c in EC_CONFIGS}
+    return ShardedSparseCoreEC.from_torchrec(reference_ec(), plan, OPTIMIZERS[optimizer][0], batch_size=BATCH,
+                                             backend=backend, **kwargs)
+
+
+@pytest.mark.parametrize("optimizer,backend", [("sgd", "xla"), ("adagrad", "xla"), ("adagrad", "fbgemm")])
+def test_trains_like_stock_torchrec(optimizer, backend):
+    expected_outputs, expected_weights = train_reference_ec(optimizer, STEPS, BATCH)
+    ec = sharded(optimizer, backend)
+    for step in range(STEPS):
+        kjt = random_kjt(BATCH, step)
+        out = ec(kjt)
+        assert list(out) == ["user", "item", "hist", "small"]
+        for name, jt in out.items():
+            torch.testing.assert_close(jt.lengths(), kjt[name].lengths(), rtol=0, atol=0)
+            torch.testing.assert_close(jt.values(), expected_outputs[step][name], atol=1e-6, rtol=1e-6)
+        sequence_loss(out, step).backward()
+    assert_tables_close(ec.unsharded_weights(), expected_weights)
+
+
+def test_bad_input_names_the_feature():
+    ec = sharded("sgd")
+    kjt = random_kjt(BATCH, 0)
+    with pytest.raises(ValueError, match=r"feature 'small'.*outside \[0, 9\).*first bad 9"):
+        ec(with_last_id(kjt, 9))  # the last id is one of "small" (9 rows)
+    with pytest.raises(ValueError, match=r"unknown \['clicks'\], missing \['small'\]"):
+        ec(KeyedJaggedTensor(keys=["user", "item", "hist", "clicks"], values=kjt.values(), lengths=kjt.lengths()))
+
+
+def test_indices_and_unsharding_into_a_plain_torchrec_ec():
+    ec = sharded("adagrad", need_indices=True)
+    for step in range(2):
+        sequence_loss(ec(random_kjt(BATCH, step)), step).backward()
+    plain = ec.to_torchrec()
+    kjt = random_kjt(2 * BATCH + 1, 9)  # any batch size
+    with torch.no_grad():
+        ours, theirs = ec(kjt), plain(kjt)
+    assert plain.need_indices() and list(ours) == list(theirs)
+    for name in theirs:
+        torch.testing.assert_close(ours[name].values(), theirs[name].values(), atol=0, rtol=0)
+        assert torch.equal(ours[name].weights(), theirs[name].weights())
+        assert torch.equal(ours[name].offsets(), theirs[name].offsets())

@@ -1,0 +1,166 @@
+"""Training with a planner plan (``--plan``) equals stock TorchRec on the same global batches.
+
+Reference: an unsharded TorchRec DLRM (plain ``EmbeddingBagCollection``, ``torch.optim.SGD`` on the
+tables, the job's dense Adagrad) trained on the global batches the ranks see together (rank r's
+rows of every step, concatenated in rank order), from the sparsecore model's initial tables and
+dense weights. A 1-rank job with a loaded plan, a 2-rank CLI job with a plan mixing table-wise,
+row-wise, column-wise and data-parallel tables, and an in-process 1-rank run must all reach the
+reference's tables within 1e-5.
+
+Sparse Adagrad is deliberately not asserted at 1e-5: its first update of a row is about
+``lr * g / |g|``, so rows whose summed gradient is near zero turn float-summation-order noise
+(different on 2 ranks) into O(lr) differences.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+import torch
+from torchrec import EmbeddingBagCollection
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from tests.train.conftest import TINY_OPTIONS, as_flags, tiny_config
+from tests.train.test_multiprocess import WORLD, launch_cli_ranks
+from tests.train.test_sparsecore_engine import EXTRA_STATE, _flat_model
+from torchrec_tpu.planner.partitioner import plan_tables
+from torchrec_tpu.planner.plan import Plan
+from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
+from torchrec_tpu.topology import parse_accelerator_type
+from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.data import open_data
+from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.job import model_spec, run_job
+from torchrec_tpu.train.loop import train_step
+from torchrec_tpu.train.model import build_dlrm, table_configs
+from torchrec_tpu.train.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
+
+STEPS = 6
+# dim 16 so that column-wise can split a table into two 8-column blocks
+OPTIONS = {**TINY_OPTIONS, "engine": "sparsecore", "embedding_dim": 16, "dense_arch": "16,16", "sparse_optimizer": "sgd",
+           "max_steps": STEPS, "epochs": 1}
+MIXED = {"t_C1": "row_wise", "t_C2": "column_wise", "t_C3": "data_parallel", "t_C4": "table_wise",
+         "t_C5": "table_wise"}
+
+
+def write_plan(config: TrainConfig, world_size: int, kinds: Mapping[str, str], path: Path) -> Plan:
+    """The planner's plan for the job's tables on ``world_size`` devices, ``kinds`` constrained."""
+    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.sparse_optimizer,
+                                   config.sparse_lr, config.batch_size, config.seed)
+    tables = tables_from_sparsecore_specs(_ebc(model).tables.values())
+    plan = plan_tables(tables, parse_accelerator_type(f"v5p-1x1x{world_size}"), config.batch_size,
+                       constraints={name: [kind] for name, kind in kinds.items()})
+    plan.save(path)
+    return plan
+
+
+def _spec(config: TrainConfig):
+    with open_data(config, DistEnv(0, 1, 1)) as data:
+        return model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
+
+
+def _ebc(model: torch.nn.Module):
+    return model.model.sparse_arch.embedding_bag_collection
+
+
+def global_batches(config: TrainConfig, world_size: int) -> Iterator[Batch]:
+    """The first ``max_steps`` global batches of a ``world_size``-rank job: each rank's batch of
+    the step, concatenated in rank order."""
+    with contextlib.ExitStack() as stack:
+        readers = [stack.enter_context(open_data(config, DistEnv(r, world_size, world_size))).train
+                   for r in range(world_size)]
+        for _, parts in zip(range(config.max_steps), zip(*readers)):
+            yield Batch(torch.cat([p.dense_features for p in parts]), _concat(p.sparse_features for p in parts),
+                        torch.cat([p.labels for p in parts]))
+
+
+def _concat(kjts) -> KeyedJaggedTensor:
+    dicts = [k.to_dict() for k in kjts]
+    keys = list(dicts[0])
+    return KeyedJaggedTensor(keys=keys, values=torch.cat([d[k].values() for k in keys for d in dicts]),
+                             lengths=torch.cat([d[k].lengths() for k in keys for d in dicts]))
+
+
+def train_in_process(config: TrainConfig, batches: Iterator[Batch], plan: str | None) -> tuple[dict, dict]:
+    """A 1-rank sparsecore run over ``batches``: (initial state, final tables)."""
+    torch.manual_seed(config.seed)
+    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.sparse_optimizer,
+                                   config.sparse_lr, config.batch_size, config.seed, plan)
+    initial = {"tables": _ebc(model).unsharded_weights(),
+               "dense": {k: v.clone() for k, v in model.state_dict().items() if not k.startswith(EBC_PATH)}}
+    optimizer = build_dense_optimizer(model, config.dense_optimizer, config.dense_lr)
+    for batch in batches:
+        train_step(model, optimizer, batch)
+    return initial, _ebc(model).unsharded_weights()
+
+
+def train_stock_torchrec(config: TrainConfig, batches: Iterator[Batch], initial: dict) -> dict[str, torch.Tensor]:
+    """Unsharded TorchRec DLRM from ``initial``: SGD on the tables, the job's dense optimizer."""
+    model = build_dlrm(_spec(config), torch.device("cpu"))
+    ebc = EmbeddingBagCollection(tables=table_configs(_spec(config)), device=torch.device("cpu"))
+    model.model.sparse_arch.embedding_bag_collection = ebc
+    with torch.no_grad():
+        for name, weight in initial["tables"].items():
+            ebc.embedding_bags[name].weight.copy_(weight)
+    model.load_state_dict({**model.state_dict(), **initial["dense"]})
+    sparse = torch.optim.SGD(ebc.parameters(), lr=config.sparse_lr)
+    assert config.dense_optimizer == "adagrad"
+    dense = torch.optim.Adagrad([p for n, p in model.named_parameters() if not n.startswith(EBC_PATH)],
+                                lr=config.dense_lr)
+    for batch in batches:
+        sparse.zero_grad()
+        dense.zero_grad()
+        loss, _ = model(batch)
+        loss.backward()
+        sparse.step()
+        dense.step()
+    return {name: bag.weight.detach().clone() for name, bag in ebc.embedding_bags.items()}
+
+
+def checkpoint_tables(checkpoint_dir: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    prefix = EXTRA_STATE + ".weights."
+    return {k[len(prefix):]: v for k, v in _flat_model(checkpoint_dir, tmp).items() if k.startswith(prefix)}
+
+
+def assert_tables_close(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
+                        initial: Mapping[str, torch.Tensor]) -> None:
+    assert set(got) == set(expected)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-5, msg=name)
+    moved = sum(int((expected[n] != initial[n]).any(dim=1).sum()) for n in expected)
+    assert moved > 1000  # training really updated many rows (the comparison is not of initial tables)
+
+
+def test_one_rank_job_with_a_loaded_plan_equals_stock_torchrec(tiny_dataset: Path, tmp_path: Path) -> None:
+    config = tiny_config(tiny_dataset, tmp_path / "logs", **OPTIONS)
+    kinds = {"t_C1": "row_wise", "t_C3": "data_parallel", "t_C4": "table_wise"}
+    plan = write_plan(config, 1, kinds, tmp_path / "plan.json")
+    assert {n: plan.table(n).sharding_type for n in kinds} == kinds
+    config = dataclasses.replace(config, plan=str(tmp_path / "plan.json"))
+    summary = run_job(config)
+    initial, _ = train_in_process(config, iter(()), None)
+    expected = train_stock_torchrec(config, global_batches(config, 1), initial)
+    assert_tables_close(checkpoint_tables(summary.checkpoint_dir, tmp_path / "ckpt.pt"), expected, initial["tables"])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_ranks_with_a_mixed_plan_equal_one_rank_and_stock_torchrec(tiny_dataset: Path, tmp_path: Path) -> None:
+    config = tiny_config(tiny_dataset, tmp_path / "logs", **OPTIONS)
+    plan = write_plan(config, WORLD, MIXED, tmp_path / "plan.json")
+    assert {t.name: t.sharding_type for t in plan.tables if t.name in MIXED} == MIXED
+    argv = ["train", "--plan", str(tmp_path / "plan.json"), "--data", str(tiny_dataset),
+            "--log-dir", str(tmp_path / "logs"), *as_flags(OPTIONS)]
+    out0, _ = launch_cli_ranks(argv, tmp_path)
+    assert f"steps           {STEPS} " in out0
+    two_ranks = checkpoint_tables(tmp_path / "logs" / "checkpoint", tmp_path / "ckpt.pt")
+
+    initial, one_rank = train_in_process(config, global_batches(config, WORLD), "auto")
+    expected = train_stock_torchrec(config, global_batches(config, WORLD), initial)
+    assert_tables_close(one_rank, expected, initial["tables"])
+    assert_tables_close(two_ranks, expected, initial["tables"])

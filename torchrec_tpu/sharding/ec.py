@@ -1,0 +1,262 @@
+"""``ShardedSparseCoreEC``: a TorchRec-style sharded EmbeddingCollection (sequence embeddings: one
+row per id, no pooling) on the sparsecore engine.
+
+A KeyedJaggedTensor of this rank's batch goes in, a dict feature -> JaggedTensor comes out
+(values [ids, dim], the KJT's lengths), like TorchRec's ``EmbeddingCollection``. In between:
+
+1. input dist: every id goes to the ranks holding its shard (row-wise: id mod W; data-parallel:
+   every replica, so all replicas apply the same update) with uneven all_to_alls;
+2. each rank deduplicates the ids it received per feature and looks them up on its local
+   sparsecore backend as a batch of one-id samples (a pooled lookup of bags of one id is a
+   sequence lookup); the batch is padded to a capacity that grows, keeping the tables and slots,
+   when a step brings more unique ids than it holds;
+3. output dist: every id's row (its column block, column-wise) returns to the id's rank.
+
+Backward returns every id's gradient to its shards, sums it per unique id (scatter-add) and
+applies the fused optimizer once per touched row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torchrec import EmbeddingCollection
+from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
+
+from sparsecore.backends import make_backend
+from sparsecore.optimizers import OptimizerSpec
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
+from sparsecore.stacking import plan_stacking, round_up
+from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
+from sparsecore.validation import FeatureInput, feature_inputs
+from torchrec_tpu.sharding.collectives import all_to_all
+from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, torchrec_weights
+from torchrec_tpu.sharding.shards import TableSharding
+
+
+@dataclass
+class SequenceBatch:
+    """One step's input dist. This rank's side: the KJT's features (the outputs' layout) and
+    ``sent[d][j]``, the positions in its feature's ids of the ids sent for pair j of rank d. The
+    serving side: ``unique`` local rows per served feature, and ``inverse[s][j]``, the index in
+    ``unique`` of every id received from rank s for served pair j."""
+
+    features: dict[str, JaggedTensor]
+    sent: list[list[np.ndarray]]
+    unique: dict[str, np.ndarray]
+    inverse: list[list[np.ndarray]]
+
+
+@dataclass
+class _Lookup:
+    """The local lookup of one step: activations and sample row of every unique id, by served
+    feature, and the backend's context for the update."""
+
+    activations: dict[str, torch.Tensor]
+    rows: dict[str, np.ndarray]
+    context: Any
+
+
+class ShardedSparseCoreEC(ShardedTables):
+    """Sequence lookups of ``features`` over ``tables``, sharded over ``group`` (default: the
+    world; no process group: one rank) as ``sharding`` says; any batch size per call.
+
+    ``weights`` are the full logical tables (identical on every rank); default: each table's
+    ``TableSpec.init_weights(seed)``. Each table's ``optimizer`` is applied fused in backward.
+    A feature's ``batch_size`` (per rank) and ``max_ids_per_sample`` only size the first lookup
+    buffers. ``need_indices`` puts each feature's ids into its output's weights, as TorchRec does.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableSpec],
+        features: Sequence[FeatureSpec],
+        sharding: Mapping[str, TableSharding],
+        *,
+        group: dist.ProcessGroup | None = None,
+        topology: SparseCoreTopology = SparseCoreTopology(),
+        backend: str = "xla",
+        weights: Mapping[str, torch.Tensor] | None = None,
+        seed: int = 0,
+        id_policy: str = "error",
+        average_over_ranks: bool = False,
+        need_indices: bool = False,
+        **backend_options: Any,
+    ):
+        super().__init__(tables, features, sharding, group, average_over_ranks)
+        self.id_policy = id_policy
+        self.need_indices = need_indices
+        self._topology, self._backend_name, self._seed, self._options = topology, backend, seed, backend_options
+        n = topology.num_sparsecores
+        self._capacity = {f.name: round_up(min(f.batch_size * self.world_size * (f.max_ids_per_sample or 1),
+                                               shard.rows), n)
+                          for f, shard in self._served[self.rank]}
+        self._backend = self._make_backend(self._local_features(), topology, backend, weights, seed, backend_options,
+                                           self._local_tables())
+
+    @classmethod
+    def from_torchrec(cls, ec: EmbeddingCollection, sharding: Mapping[str, TableSharding], optimizer: OptimizerSpec,
+                      batch_size: int = 1, **kwargs: Any) -> "ShardedSparseCoreEC":
+        """The same tables as TorchRec ``ec`` (and its weights unless they are on the meta device);
+        ``batch_size``: the expected per-rank batch (sizes the first lookup buffers)."""
+        tables, features = specs_from_configs(ec.embedding_configs(), batch_size, optimizer=optimizer)
+        weights = torchrec_weights(ec.embeddings)
+        if weights:
+            kwargs.setdefault("weights", weights)
+        kwargs.setdefault("need_indices", ec.need_indices())
+        return cls(tables, features, sharding, **kwargs)
+
+    def _local_features(self) -> list[FeatureSpec]:
+        """Each served feature as a batch of ``capacity`` one-id samples."""
+        return [FeatureSpec(f.name, f.table, self._capacity[f.name], weighted=True) for f, _ in self._served[self.rank]]
+
+    def _local_tables(self) -> dict[str, TableSpec]:
+        """The served shards with partition limits no batch can exceed: all ids of one source
+        SparseCore's samples may go to one partition."""
+        n = self._topology.num_sparsecores
+        per_chunk: dict[str, int] = {}
+        for f, _ in self._served[self.rank]:
+            per_chunk[f.table] = per_chunk.get(f.table, 0) + self._capacity[f.name] // n
+        specs = {}
+        for f, shard in self._served[self.rank]:
+            spec = shard.local_spec(self.tables[f.table])
+            limit = max(spec.max_ids_per_partition, per_chunk[f.table])
+            specs[f.table] = replace(spec, max_ids_per_partition=limit, max_unique_ids_per_partition=limit)
+        return specs
+
+    def forward(self, kjt: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
+        """Every id's embedding, by feature; every rank must make the same calls (the dists are
+        collectives)."""
+        return self.compute_and_output_dist(self.input_dist(kjt))
+
+    def input_dist(self, kjt: KeyedJaggedTensor) -> SequenceBatch:
+        """Validate ``kjt`` (errors name the feature) and send every id to its shards."""
+        specs = [f if f.batch_size == kjt.stride() else replace(f, batch_size=kjt.stride()) for f in self.features]
+        inputs = feature_inputs(kjt, specs, self.tables, self.id_policy)
+        sent, ids = [], []
+        for pairs in self._served:
+            positions = [np.flatnonzero(shard.owns(inputs[f.name].ids)) for f, shard in pairs]
+            sent.append(positions)
+            ids.extend(shard.local_rows(inputs[f.name].ids[p]) for (f, shard), p in zip(pairs, positions))
+        mine = len(self._served[self.rank])
+        counts = all_to_all(torch.tensor([len(a) for a in ids], dtype=torch.int64), [len(p) for p in self._served],
+                            [mine] * self.world_size, self.group).view(self.world_size, mine).numpy()
+        recv = all_to_all(concat(ids, np.int64), self._per_destination([len(a) for a in ids]),
+                          counts.sum(axis=1).tolist(), self.group).numpy()
+        blocks = np.split(recv, np.cumsum(counts.reshape(-1))[:-1])
+        unique, inverse = {}, [[None] * mine for _ in range(self.world_size)]
+        for j, (f, _) in enumerate(self._served[self.rank]):
+            per_source = [blocks[s * mine + j] for s in range(self.world_size)]
+            unique[f.name], all_inverse = np.unique(np.concatenate(per_source), return_inverse=True)
+            for s, part in enumerate(np.split(all_inverse, np.cumsum([len(b) for b in per_source])[:-1])):
+                inverse[s][j] = part
+        return SequenceBatch(kjt.to_dict(), sent, unique, inverse)
+
+    def compute_and_output_dist(self, batch: SequenceBatch) -> dict[str, JaggedTensor]:
+        """Look up the local shards and return this rank's embeddings, by feature."""
+        flat = self._looked_up(batch)
+        out, start = {}, 0
+        for f in self.features:
+            jt = batch.features[f.name]
+            dim = self.tables[f.table].dim
+            values = flat[start:start + jt.values().numel() * dim].view(-1, dim)
+            start += values.numel()
+            out[f.name] = JaggedTensor(values=values, lengths=jt.lengths(),
+                                       weights=jt.values() if self.need_indices else None)
+        return out
+
+    def _lookup_and_output_dist(self, batch: SequenceBatch) -> tuple[torch.Tensor, tuple[SequenceBatch, _Lookup]]:
+        lookup = self._lookup(batch)
+        send = [lookup.activations[f.name][torch.from_numpy(lookup.rows[f.name][batch.inverse[s][j]])].reshape(-1)
+                for s in range(self.world_size) for j, (f, _) in enumerate(self._served[self.rank])]
+        recv = all_to_all(torch.cat(send or [torch.zeros(0)]), self._served_sizes(batch), self._sent_sizes(batch),
+                          self.group)
+        out = {f.name: torch.zeros(batch.features[f.name].values().numel(), self.tables[f.table].dim)
+               for f in self.features}
+        start = 0
+        for rank, pairs in enumerate(self._served):
+            for j, (f, shard) in enumerate(pairs):
+                positions = torch.from_numpy(batch.sent[rank][j])
+                block = recv[start:start + positions.numel() * shard.cols].view(-1, shard.cols)
+                start += block.numel()
+                if shard.kind != "data_parallel" or rank == self.rank:
+                    out[f.name][positions, shard.col_offset:shard.col_offset + shard.cols] = block
+        return torch.cat([out[f.name].reshape(-1) for f in self.features]), (batch, lookup)
+
+    def _lookup(self, batch: SequenceBatch) -> _Lookup:
+        """Grow the capacity if needed, then look up every served feature's unique rows."""
+        if self._backend is None:
+            return _Lookup({}, {}, None)
+        self._fit({name: ids.size for name, ids in batch.unique.items()})
+        n = self._topology.num_sparsecores
+        inputs, rows = {}, {}
+        for name, ids in batch.unique.items():
+            capacity = self._capacity[name]
+            j = np.arange(ids.size)
+            rows[name] = (j % n) * (capacity // n) + j // n  # spread over the SparseCores' sample chunks
+            order = np.argsort(rows[name])
+            lengths = np.zeros(capacity, dtype=np.int64)
+            lengths[rows[name]] = 1
+            inputs[name] = FeatureInput(ids[order], lengths, np.ones(ids.size, dtype=np.float32))
+        activations, context = self._backend.forward(inputs)
+        return _Lookup(activations, rows, context)
+
+    def _fit(self, unique: Mapping[str, int]) -> None:
+        """Rebuild the backend with room for ``unique`` ids per feature, keeping its state."""
+        short = {name: count for name, count in unique.items() if count > self._capacity[name]}
+        if not short:
+            return
+        n = self._topology.num_sparsecores
+        for name, count in short.items():
+            self._capacity[name] = round_up(max(count, 2 * self._capacity[name]), n)
+        old = self._backend
+        weights = old.table_weights()
+        plan = plan_stacking(list(self._local_tables().values()), self._local_features(), self._topology)
+        self._backend = make_backend(self._backend_name, plan, weights, self._seed, **self._options)
+        self._backend.load_state(weights, old.optimizer_slots(), old.steps)
+
+    def _served_sizes(self, batch: SequenceBatch) -> list[int]:
+        """Floats of embeddings this rank returns to each rank (its received ids x shard columns)."""
+        return [sum(len(batch.inverse[s][j]) * shard.cols for j, (_, shard) in enumerate(self._served[self.rank]))
+                for s in range(self.world_size)]
+
+    def _sent_sizes(self, batch: SequenceBatch) -> list[int]:
+        """Floats of embeddings each rank returns to this one (the ids sent to it x shard columns)."""
+        return [sum(len(batch.sent[r][j]) * shard.cols for j, (_, shard) in enumerate(pairs))
+                for r, pairs in enumerate(self._served)]
+
+    def _update(self, context: tuple[SequenceBatch, _Lookup], grad: torch.Tensor) -> None:
+        """Send every id's gradient to its shards, sum it per unique id, apply the update."""
+        (batch, lookup), grads, start = context, {}, 0
+        for f in self.features:
+            dim = self.tables[f.table].dim
+            grads[f.name] = grad[start:start + batch.features[f.name].values().numel() * dim].view(-1, dim)
+            start += grads[f.name].numel()
+        send = [grads[f.name][torch.from_numpy(batch.sent[r][j]), shard.col_offset:shard.col_offset + shard.cols]
+                .reshape(-1) for r, pairs in enumerate(self._served) for j, (f, shard) in enumerate(pairs)]
+        recv = all_to_all(torch.cat(send or [torch.zeros(0)]), self._sent_sizes(batch), self._served_sizes(batch),
+                          self.group)
+        if self._backend is None:
+            return
+        served = self._served[self.rank]
+        summed = {f.name: torch.zeros(self._capacity[f.name], shard.cols) for f, shard in served}
+        start = 0
+        for s in range(self.world_size):
+            for j, (f, shard) in enumerate(served):
+                rows = torch.from_numpy(lookup.rows[f.name][batch.inverse[s][j]])
+                summed[f.name].index_add_(0, rows, recv[start:start + rows.numel() * shard.cols].view(-1, shard.cols))
+                start += rows.numel() * shard.cols
+        self._backend.backward(lookup.context, summed)
+
+    def to_torchrec(self) -> EmbeddingCollection:
+        """A plain CPU TorchRec EmbeddingCollection holding the current tables (a collective)."""
+        ec = EmbeddingCollection(tables=configs_from_specs(list(self.tables.values()), self.features, pooled=False),
+                                 device=torch.device("cpu"), need_indices=self.need_indices)
+        self._copy_unsharded_into(ec.embeddings)
+        return ec
+

@@ -1,0 +1,174 @@
+"""``ShardedTables``: what the sharded sparsecore modules (EBC, EC) share.
+
+Tables are placed over a process group (``make_shards``); rank r serves the (feature, shard)
+pairs ``served[r]``, in feature order, which is also the layout of every dist message. Each rank
+runs its shards as one local sparsecore backend. The unsharded views of the tables and slots, and
+the module state (identical on every rank, so it reshards on load), live here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from sparsecore.backends import make_backend
+from sparsecore.backends.base import Backend
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
+from sparsecore.stacking import plan_stacking
+from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards
+
+Served = list[list[tuple[FeatureSpec, Shard]]]
+
+
+class _FusedLookup(torch.autograd.Function):
+    """Forward: lookup and output dist. Backward: the fused update of the local shards; the tables
+    get no gradient (they are updated in place, as on the SparseCores)."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, module: "ShardedTables", batch: Any) -> torch.Tensor:
+        output, ctx.context = module._lookup_and_output_dist(batch)
+        ctx.module = module
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        ctx.module._update(ctx.context, (grad * ctx.module._grad_scale).contiguous())
+        return None, None, None
+
+
+class ShardedTables(nn.Module):
+    """``tables`` looked up by ``features``, sharded over ``group`` (default: the world; no
+    process group: one rank) as ``sharding`` says. ``average_over_ranks`` divides the table
+    gradients by the world size, as DDP averages the dense ones.
+
+    Subclasses implement ``_lookup(batch) -> (activations, context)`` and
+    ``_output_dist(activations)`` (or ``_lookup_and_output_dist`` as a whole) and
+    ``_update(context, output_grad)``.
+    """
+
+    def __init__(self, tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
+                 sharding: Mapping[str, TableSharding], group: dist.ProcessGroup | None, average_over_ranks: bool):
+        super().__init__()
+        self.tables = validate_specs(tables, features)
+        self.features = list(features)
+        self.group = group
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(group) if distributed else 0
+        self.world_size = dist.get_world_size(group) if distributed else 1
+        self._grad_scale = 1.0 / self.world_size if average_over_ranks else 1.0
+        self.shards = make_shards(tables, sharding, self.world_size)
+        self._served: Served = [[(f, s) for f in self.features for s in self.shards[f.table] if s.rank == r]
+                                for r in range(self.world_size)]
+        self._backend: Backend | None = None
+        self._anchor = nn.Parameter(torch.empty(0), requires_grad=True)  # makes autograd call backward
+
+    def _make_backend(self, local_features: Sequence[FeatureSpec], topology: SparseCoreTopology, backend: str,
+                      weights: Mapping[str, torch.Tensor] | None, seed: int, options: Mapping[str, Any],
+                      local_tables: Mapping[str, TableSpec] | None = None) -> Backend | None:
+        """The backend over this rank's shards (None if it serves none), from the full logical
+        ``weights`` (default: each table's ``init_weights(seed)``). ``local_tables`` overrides
+        the shards' own table specs (same names and shapes)."""
+        mine = {s.table: s for _, s in self._served[self.rank]}
+        if not mine:
+            return None
+        full = weights if weights is not None else {name: self.tables[name].init_weights(seed) for name in mine}
+        specs = local_tables or {name: s.local_spec(self.tables[name]) for name, s in mine.items()}
+        plan = plan_stacking(list(specs.values()), local_features, topology)
+        return make_backend(backend, plan, {name: s.slice(full[name]) for name, s in mine.items()}, seed, **options)
+
+    def _looked_up(self, batch: Any) -> torch.Tensor:
+        """This rank's output for the input-dist result ``batch``; under grad, autograd's
+        backward through it applies the fused update."""
+        if torch.is_grad_enabled():
+            return _FusedLookup.apply(self._anchor, self, batch)
+        return self._lookup_and_output_dist(batch)[0]
+
+    def _lookup_and_output_dist(self, batch: Any) -> tuple[torch.Tensor, Any]:
+        """This rank's output and the context ``_update`` needs."""
+        activations, context = self._lookup(batch)
+        return self._output_dist(activations), context
+
+    def unsharded_weights(self) -> dict[str, torch.Tensor]:
+        """Full [vocab, dim] weights of every table, on every rank (a collective; copies)."""
+        return self._gather(lambda backend: backend.table_weights())
+
+    def unsharded_slots(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Full optimizer slots of every table by slot name, on every rank (a collective)."""
+        slots = self._gather(lambda backend: {f"{t}\0{k}": v for t, d in backend.optimizer_slots().items()
+                                              for k, v in d.items()}, keyed_slots=True)
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for key, value in slots.items():
+            table, slot = key.split("\0")
+            out.setdefault(table, {})[slot] = value
+        return out
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The unsharded tables, optimizer slots and step count (a collective: ``state_dict()``
+        must run on every rank). Identical on all ranks, so DCP stores it once; a checkpoint
+        resharded to another world or layout loads through ``set_extra_state``."""
+        steps = self._backend.steps if self._backend else 0
+        return {"weights": self.unsharded_weights(), "slots": self.unsharded_slots(), "steps": steps}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if self._backend is None:
+            return
+        mine = {s.table: s for _, s in self._served[self.rank]}
+        self._backend.load_state(
+            {name: s.slice(state["weights"][name]) for name, s in mine.items()},
+            {name: {k: s.slice(v) for k, v in state["slots"].get(name, {}).items()} for name, s in mine.items()},
+            int(state["steps"]),
+        )
+
+    def _copy_unsharded_into(self, modules: Mapping[str, nn.Module]) -> None:
+        """Write the unsharded tables into TorchRec modules with a ``weight`` each, by table name."""
+        with torch.no_grad():
+            for name, weight in self.unsharded_weights().items():
+                modules[name].weight.copy_(weight)
+
+    def _per_destination(self, sizes: Sequence[int]) -> list[int]:
+        """Sum per destination rank of per-(feature, shard) ``sizes`` laid out in message order."""
+        out, i = [], 0
+        for served in self._served:
+            out.append(sum(sizes[i:i + len(served)]))
+            i += len(served)
+        return out
+
+    def _gather(self, read: Callable[[Backend], dict[str, torch.Tensor]], keyed_slots: bool = False) -> dict[str, torch.Tensor]:
+        local = read(self._backend) if self._backend else {}
+        everyone = [local]
+        if self.world_size > 1:
+            everyone = [None] * self.world_size
+            dist.all_gather_object(everyone, local, group=self.group)
+        out = {}
+        for rank, pieces in enumerate(everyone):
+            for key, piece in pieces.items():
+                table = key.split("\0")[0] if keyed_slots else key
+                shard = next(s for s in self.shards[table] if s.rank == rank)
+                if key not in out:
+                    spec = self.tables[table]
+                    out[key] = torch.zeros((spec.vocab_size,) if piece.dim() == 1 else (spec.vocab_size, spec.dim))
+                _place(out[key], shard, piece)
+        return out
+
+
+def torchrec_weights(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
+    """CPU copies of TorchRec per-table modules' weights, skipping those on the meta device."""
+    return {name: m.weight.detach().cpu() for name, m in modules.items() if not m.weight.is_meta}
+
+
+def concat(arrays: Sequence[np.ndarray], dtype: Any) -> torch.Tensor:
+    """One flat tensor of ``arrays`` as ``dtype`` (empty if there are none)."""
+    return torch.from_numpy(np.concatenate(arrays).astype(dtype) if len(arrays) else np.zeros(0, dtype=dtype))
+
+
+def _place(full: torch.Tensor, shard: Shard, piece: torch.Tensor) -> None:
+    rows = full[shard.row_offset::shard.row_stride]
+    if full.dim() == 1:
+        rows[: shard.rows] = piece
+    else:
+        rows[: shard.rows, shard.col_offset:shard.col_offset + shard.cols] = piece

@@ -1,0 +1,111 @@
+"""``--plan``: a planner plan (a JSON from ``torchrec-tpu plan``, or planned now) as the sparsecore
+EBC's per-table sharding.
+
+Plan device ``d`` is training rank ``d``, so the plan must have exactly one device per rank. Each
+table's sharding becomes a :class:`TableSharding`: table-wise -> its device, column-wise -> the
+devices of its column blocks in column order, row-wise (mod over SparseCores in the plan) -> id
+mod world size over the ranks, data-parallel -> a replica per rank. ``auto`` plans the model's
+tables on a v5p line of ``world_size`` chips (one device per rank) for the global batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from sparsecore.specs import TableSpec
+from torchrec_tpu.planner.plan import Plan, TablePlan, load_plan
+from torchrec_tpu.sharding.shards import SHARDING_TYPES, TableSharding, balanced_table_wise, make_shards
+from torchrec_tpu.train.config import ConfigError
+
+AUTO = "auto"
+
+
+class PlanLoadError(ConfigError):
+    """The plan cannot shard this model on this world; the message names the table and value."""
+
+
+def resolve_sharding(plan: str | None, tables: Sequence[TableSpec], world_size: int,
+                     batch_size: int) -> dict[str, TableSharding]:
+    """The sharding ``--plan`` asks for: None -> tables balanced table-wise over the ranks,
+    ``auto`` -> planned now, else the plan JSON at that path."""
+    if plan is None:
+        return balanced_table_wise(tables, world_size)
+    source = f"--plan={plan!r}"
+    loaded = plan_for_world(tables, world_size, batch_size) if plan == AUTO else read_plan(plan)
+    return sharding_from_plan(loaded, tables, world_size, source)
+
+
+def read_plan(path: str) -> Plan:
+    """The plan JSON at ``path``; PlanLoadError if it is missing or not a plan."""
+    if not Path(path).is_file():
+        raise PlanLoadError(f"--plan={path!r}: no such file (write one with `torchrec-tpu plan --out`)")
+    try:
+        return load_plan(path)
+    except ValueError as err:  # includes JSONDecodeError
+        raise PlanLoadError(f"--plan={path!r}: {err}") from None
+
+
+def plan_for_world(tables: Sequence[TableSpec], world_size: int, batch_size: int) -> Plan:
+    """Plan ``tables`` for ``world_size`` ranks (a v5p 1x1xW line: one device per rank)."""
+    from torchrec_tpu.planner.partitioner import PlanningError, plan_tables
+    from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
+    from torchrec_tpu.topology import parse_accelerator_type
+
+    try:
+        topology = parse_accelerator_type(f"v5p-1x1x{world_size}")
+        return plan_tables(tables_from_sparsecore_specs(tables), topology, batch_size)
+    except (PlanningError, ValueError) as err:
+        raise PlanLoadError(f"--plan=auto on {world_size} rank(s): {err}") from None
+
+
+def sharding_from_plan(plan: Plan, tables: Sequence[TableSpec], world_size: int,
+                       source: str = "plan") -> dict[str, TableSharding]:
+    """Each table's :class:`TableSharding` from ``plan`` (device d = rank d), checked against the
+    model's ``tables`` and the world; PlanLoadError names the table and the value."""
+    if len(plan.devices) != world_size:
+        raise PlanLoadError(f"{source} was made for {len(plan.devices)} device(s) "
+                            f"({plan.topology.get('name', '?')}) but training runs on {world_size} rank(s); "
+                            f"plan for a topology with {world_size} device(s) or use --plan=auto")
+    planned = {t.name: t for t in plan.tables}
+    model = {t.name: t for t in tables}
+    unknown, missing = sorted(set(planned) - set(model)), sorted(set(model) - set(planned))
+    if unknown:
+        raise PlanLoadError(f"{source} names tables the model does not have: {unknown}; "
+                            f"the model's tables: {sorted(model)}")
+    if missing:
+        raise PlanLoadError(f"{source} lacks the model's tables {missing}")
+    sharding = {}
+    for name, spec in model.items():
+        where = f"{source}: table {name!r}"
+        table = planned[name]
+        for what, in_plan, in_model in (("rows", table.rows, spec.vocab_size), ("dim", table.dim, spec.dim)):
+            if in_plan != in_model:
+                raise PlanLoadError(f"{where} has {what}={in_plan} but the model's table has {what}={in_model}")
+        sharding[name] = _table_sharding(table, world_size, where)
+    try:
+        make_shards(tables, sharding, world_size)
+    except ValueError as err:
+        raise PlanLoadError(f"{source}: {err}") from None
+    return sharding
+
+
+def _table_sharding(table: TablePlan, world_size: int, where: str) -> TableSharding:
+    kind = table.sharding_type
+    if kind not in SHARDING_TYPES:
+        raise PlanLoadError(f"{where}: sharding type {kind!r} is not supported; supported: {list(SHARDING_TYPES)}")
+    if kind in ("row_wise", "data_parallel"):
+        return TableSharding(kind)
+    blocks = sorted(table.shards, key=lambda s: s.column_offset)
+    devices = tuple(s.device for s in blocks)
+    for device in devices:
+        if device is None or not 0 <= device < world_size:
+            raise PlanLoadError(f"{where} ({kind}): shard on device {device}, not a rank of the world of {world_size}")
+    if kind == "table_wise" and len(devices) != 1:
+        raise PlanLoadError(f"{where} (table_wise): needs exactly one shard, the plan has {len(devices)}")
+    if kind == "column_wise":
+        widths = [s.real_columns(table.dim) for s in blocks]
+        if len(set(widths)) != 1:
+            raise PlanLoadError(f"{where} (column_wise): column blocks of {widths} real columns; the sparsecore "
+                                f"EBC needs equal blocks (dim {table.dim} in {len(widths)} parts)")
+    return TableSharding(kind, devices)
