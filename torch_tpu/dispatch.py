@@ -428,6 +428,7 @@ def _set_storage_view(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 _SPECIAL: dict[Any, Plan] = {
+    aten.is_pinned.default: lambda func, args, kwargs: False,  # pinning is for host memory
     aten.copy_.default: _copy_,
     aten._copy_from.default: _copy_from,
     aten._to_copy.default: _to_copy,

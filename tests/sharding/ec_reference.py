@@ -3,9 +3,11 @@ trained with a dense torch optimizer (which leaves untouched rows unchanged, lik
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torchrec import EmbeddingCollection, EmbeddingConfig
-from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
+from torchrec.sparse.jagged_tensor import JaggedTensor
 
 from .reference import OPTIMIZERS, random_kjt
 
@@ -28,14 +30,14 @@ def sequence_loss(out: dict[str, JaggedTensor], step: int) -> torch.Tensor:
     return sum(0.5 * ((jt.values() - targets[i]) ** 2).sum() for i, (_, jt) in enumerate(sorted(out.items())))
 
 
-def train_reference_ec(optimizer: str, steps: int, batch: int) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
-    """Per step the embedding values of every feature, and the final weights, of stock TorchRec."""
+def train_reference_ec(optimizer: str, batches: Sequence[int]) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+    """Per step (of ``batches[step]`` samples) the embedding values of every feature, and the
+    final weights, of stock TorchRec."""
     ec = reference_ec()
     opt = OPTIMIZERS[optimizer][1](list(ec.parameters()))
     outputs = []
-    for step in range(steps):
-        kjt: KeyedJaggedTensor = random_kjt(batch, step)
-        out = ec(kjt)
+    for step, batch in enumerate(batches):
+        out = ec(random_kjt(batch, step))
         outputs.append({name: jt.values().detach().clone() for name, jt in out.items()})
         opt.zero_grad()
         sequence_loss(out, step).backward()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -22,13 +25,22 @@ LAYOUTS = {
 }
 
 
-def train_sharded(rank: int, world_size: int, store, timeout, layouts: list[str], steps: int, local_batch: int):
-    """Per layout: this rank's pooled outputs per step and the final unsharded weights."""
+@contextlib.contextmanager
+def tpu_dist_group(rank: int, world_size: int, store, timeout) -> Iterator[None]:
+    """This spawned rank in a tpu_dist world, for the duration of the block."""
     import torch_tpu.distributed  # noqa: F401  registers the tpu_dist backend
 
     torch.set_num_threads(1)
     dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=world_size, timeout=timeout)
     try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def train_sharded(rank: int, world_size: int, store, timeout, layouts: list[str], steps: int, local_batch: int):
+    """Per layout: this rank's pooled outputs per step and the final unsharded weights."""
+    with tpu_dist_group(rank, world_size, store, timeout):
         results = {}
         for layout in layouts:
             optimizer, plan = LAYOUTS[layout]
@@ -42,5 +54,3 @@ def train_sharded(rank: int, world_size: int, store, timeout, layouts: list[str]
                 (0.5 * ((out - targets(world_size * local_batch, step)[start:stop]) ** 2).sum()).backward()
             results[layout] = (outputs, ebc.unsharded_weights(), ebc.unsharded_slots())
         return results
-    finally:
-        dist.destroy_process_group()

@@ -13,15 +13,16 @@ from .reference import OPTIMIZERS, assert_tables_close, random_kjt, with_last_id
 BATCH, STEPS = 6, 3
 
 
-def sharded(optimizer: str, backend: str = "xla", **kwargs) -> ShardedSparseCoreEC:
+def sharded(optimizer: str, backend: str = "xla", batch_size: int = BATCH, **kwargs) -> ShardedSparseCoreEC:
     plan = {c.name: TableSharding("table_wise", (0,)) for c in EC_CONFIGS}
-    return ShardedSparseCoreEC.from_torchrec(reference_ec(), plan, OPTIMIZERS[optimizer][0], batch_size=BATCH,
+    return ShardedSparseCoreEC.from_torchrec(reference_ec(), plan, OPTIMIZERS[optimizer][0], batch_size=batch_size,
                                              backend=backend, **kwargs)
 
 
-@pytest.mark.parametrize("optimizer,backend", [("sgd", "xla"), ("adagrad", "xla"), ("adagrad", "fbgemm")])
+@pytest.mark.parametrize("optimizer,backend", [pytest.param("sgd", "xla", marks=pytest.mark.slow), ("adagrad", "xla"),
+                                               ("sgd", "fbgemm"), ("adagrad", "fbgemm")])
 def test_trains_like_stock_torchrec(optimizer, backend):
-    expected_outputs, expected_weights = train_reference_ec(optimizer, STEPS, BATCH)
+    expected_outputs, expected_weights = train_reference_ec(optimizer, [BATCH] * STEPS)
     ec = sharded(optimizer, backend)
     for step in range(STEPS):
         kjt = random_kjt(BATCH, step)
@@ -31,6 +32,21 @@ def test_trains_like_stock_torchrec(optimizer, backend):
             torch.testing.assert_close(jt.lengths(), kjt[name].lengths(), rtol=0, atol=0)
             torch.testing.assert_close(jt.values(), expected_outputs[step][name], atol=1e-6, rtol=1e-6)
         sequence_loss(out, step).backward()
+    assert_tables_close(ec.unsharded_weights(), expected_weights)
+
+
+def test_lookup_buffers_grow_mid_training_keeping_tables_and_slots():
+    batches = [1, 2, 12]  # more unique ids each step than the buffers sized for batch 1 hold
+    expected_outputs, expected_weights = train_reference_ec("adagrad", batches)
+    ec = sharded("adagrad", "fbgemm", batch_size=1)
+    backends = []
+    for step, batch in enumerate(batches):
+        out = ec(random_kjt(batch, step))
+        backends.append(ec._backend)
+        for name, jt in out.items():
+            torch.testing.assert_close(jt.values(), expected_outputs[step][name], atol=1e-6, rtol=1e-6)
+        sequence_loss(out, step).backward()
+    assert backends[2] is not backends[1]  # rebuilt after two updates
     assert_tables_close(ec.unsharded_weights(), expected_weights)
 
 
@@ -44,7 +60,7 @@ def test_bad_input_names_the_feature():
 
 
 def test_indices_and_unsharding_into_a_plain_torchrec_ec():
-    ec = sharded("adagrad", need_indices=True)
+    ec = sharded("adagrad", "fbgemm", need_indices=True)
     for step in range(2):
         sequence_loss(ec(random_kjt(BATCH, step)), step).backward()
     plain = ec.to_torchrec()
@@ -56,3 +72,16 @@ def test_indices_and_unsharding_into_a_plain_torchrec_ec():
         torch.testing.assert_close(ours[name].values(), theirs[name].values(), atol=0, rtol=0)
         assert torch.equal(ours[name].weights(), theirs[name].weights())
         assert torch.equal(ours[name].offsets(), theirs[name].offsets())
+
+
+def test_state_dict_round_trip_continues_identically():
+    first, second = sharded("adagrad", "fbgemm"), sharded("adagrad", "fbgemm")
+    for step in range(2):
+        sequence_loss(first(random_kjt(BATCH, step)), step).backward()
+    second.load_state_dict(first.state_dict())
+    for ec in (first, second):
+        sequence_loss(ec(random_kjt(3 * BATCH, 5)), 5).backward()
+    for name, weight in first.unsharded_weights().items():
+        assert torch.equal(weight, second.unsharded_weights()[name])
+    assert torch.equal(first.unsharded_slots()["t_item"]["accumulator"],
+                       second.unsharded_slots()["t_item"]["accumulator"])

@@ -152,3 +152,9 @@ def test_to_jax_from_jax_round_trip():
     assert back.dtype == torch.bfloat16 and back.device.type == "tpu"
     with pytest.raises(TypeError, match="tpu tensor"):
         torch_tpu.to_jax(torch.ones(1))
+
+
+def test_is_pinned_is_false_without_a_fallback():
+    """DCP and ``Tensor.to`` ask every tensor whether it is pinned (host) memory."""
+    with torch_tpu.no_fallback():
+        assert torch.ones(2, device="tpu").is_pinned() is False

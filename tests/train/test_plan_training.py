@@ -7,9 +7,10 @@ dense weights. A 1-rank job with a loaded plan, a 2-rank CLI job with a plan mix
 row-wise, column-wise and data-parallel tables, and an in-process 1-rank run must all reach the
 reference's tables within 1e-5.
 
-Sparse Adagrad is deliberately not asserted at 1e-5: its first update of a row is about
-``lr * g / |g|``, so rows whose summed gradient is near zero turn float-summation-order noise
-(different on 2 ranks) into O(lr) differences.
+That holds for SGD (measured: 4e-9). Sparse Adagrad cannot be held to 1e-5: its first update of
+an element is ``lr * g / (|g| + eps)``, so elements whose summed gradient is within a few eps of
+zero turn float-summation-order noise (different on 2 ranks, and between the fused sparsecore
+update and torch's) into differences up to ~1e-3; the test bounds how few elements do that.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ STEPS = 6
 # dim 16 so that column-wise can split a table into two 8-column blocks
 OPTIONS = {**TINY_OPTIONS, "engine": "sparsecore", "embedding_dim": 16, "dense_arch": "16,16", "sparse_optimizer": "sgd",
            "max_steps": STEPS, "epochs": 1}
+# the fused sparsecore optimizers of sparsecore_engine.sparse_optimizer_spec as torch optimizers
+STOCK_SPARSE_OPTIMIZERS = {
+    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
+    "adagrad": lambda params, lr: torch.optim.Adagrad(params, lr=lr, eps=1e-8),
+}
 MIXED = {"t_C1": "row_wise", "t_C2": "column_wise", "t_C3": "data_parallel", "t_C4": "table_wise",
          "t_C5": "table_wise"}
 
@@ -100,7 +106,8 @@ def train_in_process(config: TrainConfig, batches: Iterator[Batch], plan: str | 
 
 
 def train_stock_torchrec(config: TrainConfig, batches: Iterator[Batch], initial: dict) -> dict[str, torch.Tensor]:
-    """Unsharded TorchRec DLRM from ``initial``: SGD on the tables, the job's dense optimizer."""
+    """Unsharded TorchRec DLRM from ``initial``: the job's sparse optimizer as a plain torch optimizer
+    on the tables, its dense optimizer on the rest."""
     model = build_dlrm(_spec(config), torch.device("cpu"))
     ebc = EmbeddingBagCollection(tables=table_configs(_spec(config)), device=torch.device("cpu"))
     model.model.sparse_arch.embedding_bag_collection = ebc
@@ -108,7 +115,7 @@ def train_stock_torchrec(config: TrainConfig, batches: Iterator[Batch], initial:
         for name, weight in initial["tables"].items():
             ebc.embedding_bags[name].weight.copy_(weight)
     model.load_state_dict({**model.state_dict(), **initial["dense"]})
-    sparse = torch.optim.SGD(ebc.parameters(), lr=config.sparse_lr)
+    sparse = STOCK_SPARSE_OPTIMIZERS[config.sparse_optimizer](list(ebc.parameters()), config.sparse_lr)
     assert config.dense_optimizer == "adagrad"
     dense = torch.optim.Adagrad([p for n, p in model.named_parameters() if not n.startswith(EBC_PATH)],
                                 lr=config.dense_lr)
@@ -128,12 +135,19 @@ def checkpoint_tables(checkpoint_dir: Path, tmp: Path) -> dict[str, torch.Tensor
 
 
 def assert_tables_close(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
-                        initial: Mapping[str, torch.Tensor]) -> None:
+                        initial: Mapping[str, torch.Tensor], optimizer: str = "sgd") -> None:
+    """SGD: within 1e-5. Adagrad: see the module docstring (measured: 40 of ~90k updated
+    elements differ by more than 1e-5, at most 7e-4, where a typical update is 0.1)."""
     assert set(got) == set(expected)
-    for name in expected:
-        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-5, msg=name)
-    moved = sum(int((expected[n] != initial[n]).any(dim=1).sum()) for n in expected)
-    assert moved > 1000  # training really updated many rows (the comparison is not of initial tables)
+    change = torch.cat([(expected[n] - initial[n]).abs().flatten() for n in expected])
+    assert float(change.max()) > 1e-3  # training moved the tables far more than the tolerance
+    if optimizer == "sgd":
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-5, msg=name)
+        return
+    diff = torch.cat([(got[n] - expected[n]).abs().flatten() for n in expected])
+    assert float(diff.max()) < 2e-3 and int((diff > 1e-5).sum()) < 1e-3 * int((change > 0).sum()), (
+        float(diff.max()), int((diff > 1e-5).sum()))
 
 
 def test_one_rank_job_with_a_loaded_plan_equals_stock_torchrec(tiny_dataset: Path, tmp_path: Path) -> None:
@@ -150,17 +164,20 @@ def test_one_rank_job_with_a_loaded_plan_equals_stock_torchrec(tiny_dataset: Pat
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_two_ranks_with_a_mixed_plan_equal_one_rank_and_stock_torchrec(tiny_dataset: Path, tmp_path: Path) -> None:
-    config = tiny_config(tiny_dataset, tmp_path / "logs", **OPTIONS)
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_two_ranks_with_a_mixed_plan_equal_one_rank_and_stock_torchrec(tiny_dataset: Path, tmp_path: Path,
+                                                                        optimizer: str) -> None:
+    options = {**OPTIONS, "sparse_optimizer": optimizer}
+    config = tiny_config(tiny_dataset, tmp_path / "logs", **options)
     plan = write_plan(config, WORLD, MIXED, tmp_path / "plan.json")
     assert {t.name: t.sharding_type for t in plan.tables if t.name in MIXED} == MIXED
     argv = ["train", "--plan", str(tmp_path / "plan.json"), "--data", str(tiny_dataset),
-            "--log-dir", str(tmp_path / "logs"), *as_flags(OPTIONS)]
+            "--log-dir", str(tmp_path / "logs"), *as_flags(options)]
     out0, _ = launch_cli_ranks(argv, tmp_path)
     assert f"steps           {STEPS} " in out0
     two_ranks = checkpoint_tables(tmp_path / "logs" / "checkpoint", tmp_path / "ckpt.pt")
 
     initial, one_rank = train_in_process(config, global_batches(config, WORLD), "auto")
     expected = train_stock_torchrec(config, global_batches(config, WORLD), initial)
-    assert_tables_close(one_rank, expected, initial["tables"])
-    assert_tables_close(two_ranks, expected, initial["tables"])
+    assert_tables_close(one_rank, expected, initial["tables"], optimizer)
+    assert_tables_close(two_ranks, expected, initial["tables"], optimizer)

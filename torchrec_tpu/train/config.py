@@ -19,6 +19,8 @@ MODELS = ("dlrm", "dlrm_dcn")
 ENGINES = ("torchrec", "sparsecore")
 SPARSE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "sgd")
 DENSE_OPTIMIZERS = ("adagrad", "adam")
+DENSE_DEVICES = ("cpu", "tpu")
+DENSE_PARALLELS = ("ddp", "fsdp2")
 
 
 class ConfigError(ValueError):
@@ -40,7 +42,7 @@ class TrainConfig:
         default="torchrec",
         metadata=_flag(
             "embedding engine: stock TorchRec DMP on FBGEMM, or the sparsecore sharded EBC "
-            "(sharded as --plan says, dense part in DDP)", choices=ENGINES,
+            "(sharded as --plan says, dense part in DDP or FSDP2, see --dense-parallel)", choices=ENGINES,
         ),
     )
     plan: str | None = field(
@@ -49,6 +51,21 @@ class TrainConfig:
             "sparsecore engine: a plan JSON from `torchrec-tpu plan` (one device per rank), or "
             "'auto' to plan the tables for this world now (default: whole tables balanced over "
             "the ranks)", metavar="PATH|auto",
+        ),
+    )
+    dense_device: str = field(
+        default="cpu",
+        metadata=_flag(
+            "where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only. cpu "
+            "is the default because on this XLA:CPU-backed tpu device tpu is slower "
+            "(bench/bench_dense_device.py); choose tpu on a real TPU", choices=DENSE_DEVICES,
+        ),
+    )
+    dense_parallel: str = field(
+        default="ddp",
+        metadata=_flag(
+            "how the dense towers are synced over ranks, --engine sparsecore only: replicated "
+            "(DDP) or sharded per tower (FSDP2 fully_shard, for large towers)", choices=DENSE_PARALLELS,
         ),
     )
     data: str = field(
@@ -140,6 +157,10 @@ class TrainConfig:
                 raise ConfigError(
                     f"{_as_flag(f.name)}={getattr(self, f.name)!r} is not one of {list(choices)}"
                 )
+        for name, default in (("dense_device", "cpu"), ("dense_parallel", "ddp")):
+            if self.engine != "sparsecore" and getattr(self, name) != default:
+                raise ConfigError(f"{_as_flag(name)}={getattr(self, name)!r} needs --engine sparsecore "
+                                  f"(the torchrec engine keeps its dense part on cpu in DDP)")
         dense, over = self.dense_layers, self.over_layers
         if dense[-1] != self.embedding_dim:
             raise ConfigError(

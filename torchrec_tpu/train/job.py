@@ -104,10 +104,12 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
 
 def _model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, device: torch.device):
     if config.engine == "sparsecore":
+        from torchrec_tpu.train.dense_placement import dense_device
         from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
 
-        model = build_sparsecore_model(spec, env, device, config.sparse_optimizer, config.sparse_lr,
-                                       config.batch_size, config.seed, config.plan)
+        model = build_sparsecore_model(spec, env, dense_device(config.dense_device), config.sparse_optimizer,
+                                       config.sparse_lr, config.batch_size, config.seed, config.plan,
+                                       config.dense_parallel)
         return model, build_dense_optimizer(model, config.dense_optimizer, config.dense_lr)
     model = shard_model(build_dlrm(spec, dense_device=device), env, device,
                         config.sparse_optimizer, config.sparse_lr, config.batch_size)

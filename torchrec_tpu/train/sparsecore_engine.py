@@ -1,8 +1,9 @@
 """``--engine sparsecore``: the stock TorchRec DLRM with its EmbeddingBagCollection replaced by
-:class:`ShardedSparseCoreEBC` (fused sparse optimizer in backward), dense part in DDP.
+:class:`ShardedSparseCoreEBC` (fused sparse optimizer in backward), dense part in DDP or FSDP2.
 
-The dense towers run on ``device`` (CPU today); their optimizer is keyed by parameter name, like
-the torchrec engine's, so checkpoints have the same shape of state.
+The dense towers run on ``dense_device`` (cpu or tpu, :mod:`torchrec_tpu.train.dense_placement`);
+their optimizer is keyed by parameter name, like the torchrec engine's, so checkpoints have the
+same shape of state.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
@@ -20,6 +20,7 @@ from sparsecore import SGD, Adagrad, OptimizerSpec, RowWiseAdagrad
 from sparsecore.torchrec_convert import specs_from_configs
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
+from torchrec_tpu.train.dense_placement import DenseDDP, parallelize_dense, place_dense
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.plan_loading import resolve_sharding
@@ -42,11 +43,16 @@ def sparse_optimizer_spec(name: str, lr: float) -> OptimizerSpec:
     return specs[name]()
 
 
-def build_sparsecore_model(spec: ModelSpec, env: DistEnv, device: torch.device, sparse_optimizer: str,
-                           sparse_lr: float, batch_size: int, seed: int, plan: str | None = None) -> nn.Module:
+def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.device, sparse_optimizer: str,
+                           sparse_lr: float, batch_size: int, seed: int, plan: str | None = None,
+                           dense_parallel: str = "ddp") -> nn.Module:
     """DLRMTrain whose embeddings are sharded over the world on sparsecore (xla backend) as ``plan``
-    says (see :func:`~torchrec_tpu.train.plan_loading.resolve_sharding`)."""
-    model = build_dlrm(spec, dense_device=device)
+    says (see :func:`~torchrec_tpu.train.plan_loading.resolve_sharding`) and whose dense towers
+    run on ``dense_device``, synced by ``dense_parallel``.
+
+    The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
+    same model on cpu and tpu."""
+    model = build_dlrm(spec, dense_device=torch.device("cpu"))
     arch = model.model.sparse_arch
     local_batch = max(1, batch_size // env.world_size)
     tables_ebc = arch.embedding_bag_collection
@@ -56,26 +62,13 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, device: torch.device, 
         tables_ebc, local_batch, resolve_sharding(plan, tables, env.world_size, batch_size), optimizer,
         seed=seed, average_over_ranks=True,
     )
-    if env.world_size == 1:
-        return model
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-        model, [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)])
-    return DenseDDP(model)
-
-
-class DenseDDP(DistributedDataParallel):
-    """DDP whose state dict is the wrapped model's (no ``module.`` prefix), so checkpoints of any
-    world size load into any other, and into the unwrapped 1-rank model."""
-
-    def state_dict(self, *args, **kwargs):
-        return self.module.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args, **kwargs):
-        return self.module.load_state_dict(*args, **kwargs)
+    place_dense(model, dense_device)
+    ebc_params = [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)]
+    return parallelize_dense(model, env, dense_device, dense_parallel, ebc_params)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    return model.module if isinstance(model, DenseDDP) else model
 
 
 def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
@@ -94,4 +87,6 @@ def build_dense_optimizer(model: nn.Module, dense_optimizer: str, dense_lr: floa
         raise ValueError(f"dense optimizer {dense_optimizer!r} is not one of {list(DENSE_OPTIMIZER_CLASSES)}")
     cls = DENSE_OPTIMIZER_CLASSES[dense_optimizer]
     params = {name: p for name, p in _unwrap(model).named_parameters() if not name.startswith(EBC_PATH)}
-    return KeyedOptimizerWrapper(params, lambda ps: cls(ps, lr=dense_lr))
+    on_host = all(p.device.type == "cpu" for p in params.values())
+    # foreach: one multi-tensor op per update step instead of one per parameter (device op overhead)
+    return KeyedOptimizerWrapper(params, lambda ps: cls(ps, lr=dense_lr, foreach=None if on_host else True))

@@ -1,0 +1,108 @@
+"""Rank body of the dense-placement tests: the sparsecore DLRM trained a few steps on fixed
+batches, with its dense towers on a given device and synced a given way.
+
+Every rank trains on its slice of the same global batches from the same init; with the EBC and
+DDP / FSDP2 averaging over ranks, W ranks train like one rank on the whole batch.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_tpu.train.dense_placement import dense_device
+from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.loop import train_step
+from torchrec_tpu.train.metrics import evaluate
+from torchrec_tpu.train.model import ModelSpec
+from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
+
+STEPS = 4
+GLOBAL_BATCH = 32
+FEATURES = ("f0", "f1", "f2")
+TABLE_SIZES = (40, 30, 20)
+
+
+def spec(model: str) -> ModelSpec:
+    dcn = model == "dlrm_dcn"
+    return ModelSpec(feature_names=FEATURES, table_sizes=TABLE_SIZES, embedding_dim=8, dense_in_features=13,
+                     dense_layers=(16, 8), over_layers=(16, 1), dcn_num_layers=2 if dcn else 0,
+                     dcn_low_rank_dim=4 if dcn else 0)
+
+
+def global_batch(step: int) -> Batch:
+    """Multi-hot ids (0..3 per sample and feature), dense features, labels with some signal."""
+    g = torch.Generator().manual_seed(1000 + step)
+    lengths = torch.randint(0, 4, (len(FEATURES), GLOBAL_BATCH), generator=g)
+    values = torch.cat([torch.randint(0, rows, (int(n),), generator=g)
+                        for rows, n in zip(TABLE_SIZES, lengths.sum(dim=1))])
+    dense = torch.randn(GLOBAL_BATCH, 13, generator=g)
+    labels = (dense[:, 0] + 0.5 * torch.randn(GLOBAL_BATCH, generator=g) > 0).float()
+    kjt = KeyedJaggedTensor.from_lengths_sync(list(FEATURES), values, lengths.reshape(-1))
+    return Batch(dense_features=dense, sparse_features=kjt, labels=labels)
+
+
+def rank_slice(batch: Batch, rank: int, world: int) -> Batch:
+    """Samples ``rank * B/W .. (rank+1) * B/W`` of ``batch``."""
+    rows = GLOBAL_BATCH // world
+    lo, hi = rank * rows, (rank + 1) * rows
+    kjt = batch.sparse_features
+    lengths = kjt.lengths().view(len(FEATURES), GLOBAL_BATCH)
+    values = torch.cat([jt.values()[int(jt.lengths()[:lo].sum()):int(jt.lengths()[:hi].sum())]
+                        for jt in kjt.to_dict().values()])
+    sliced = KeyedJaggedTensor.from_lengths_sync(list(FEATURES), values, lengths[:, lo:hi].reshape(-1))
+    return Batch(dense_features=batch.dense_features[lo:hi], sparse_features=sliced, labels=batch.labels[lo:hi])
+
+
+def train(device_name: str, parallel: str = "ddp", model: str = "dlrm") -> dict:
+    """Train STEPS steps in the current process group (or a fresh world of 1); returns per-step
+    losses, the held-out evaluation and every parameter / table on the host (full, unsharded)."""
+    with process_group() as env:
+        device = dense_device(device_name)
+        torch.manual_seed(0)  # the dense towers' init
+        net = build_sparsecore_model(spec(model), env, device, "adagrad", 0.1, GLOBAL_BATCH, seed=0,
+                                     dense_parallel=parallel)
+        optimizer = build_dense_optimizer(net, "adagrad", 0.05)
+        initial = _host_state(net)
+        losses = []
+        for step in range(STEPS):
+            batch = rank_slice(global_batch(step), env.rank, env.world_size)
+            losses.append(float(train_step(net, optimizer, batch)))
+        held_out = [rank_slice(global_batch(STEPS + i), env.rank, env.world_size) for i in range(2)]
+        result = evaluate(net, held_out, torch.device("cpu"))
+        return {"losses": losses, "auc": result.auc, "eval_loss": result.loss, "initial": initial,
+                "state": _host_state(net), "devices": {p.device.type for p in net.parameters() if p.numel()}}
+
+
+_EXTRA_STATE = "model.sparse_arch.embedding_bag_collection._extra_state"
+
+
+def _host_state(net: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every dense parameter (by name) and embedding table (``table.<name>``), full, on the host."""
+    state = net.state_dict()
+    out = {name: _full(value) for name, value in state.items() if isinstance(value, torch.Tensor)}
+    out.update({f"table.{name}": w for name, w in state[_EXTRA_STATE]["weights"].items()})
+    return out
+
+
+def _full(value: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``value``, gathered if it is an FSDP2 shard (a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        value = value.full_tensor()
+    return value.detach().cpu().clone()
+
+
+def rank_body(rank: int, world: int, store: dist.Store, timeout: datetime.timedelta, device_name: str,
+              parallel: str, model: str) -> dict:
+    """``launch_local`` entry: join a gloo world over ``store`` and train."""
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    try:
+        return train(device_name, parallel, model)
+    finally:
+        dist.destroy_process_group()

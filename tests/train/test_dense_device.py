@@ -1,0 +1,42 @@
+"""``--dense-device tpu``: the sparsecore DLRM with its dense towers on the tpu device trains like
+the same model with everything on the host (same init, same batches), without any CPU fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.train.dense_device_checks import STEPS, train
+from torchrec_tpu.train.config import ConfigError, TrainConfig
+
+
+@pytest.mark.parametrize("model", ["dlrm", pytest.param("dlrm_dcn", marks=pytest.mark.slow)])
+def test_dense_on_tpu_trains_like_dense_on_cpu(model: str) -> None:
+    import torch_tpu
+
+    reference = train("cpu", model=model)
+    with torch_tpu.no_fallback():
+        got = train("tpu", model=model)
+    assert got["devices"] == {"tpu"} and reference["devices"] == {"cpu"}
+    assert len(got["losses"]) == STEPS
+    torch.testing.assert_close(got["losses"], reference["losses"], rtol=0, atol=1e-5)
+    assert set(got["state"]) == set(reference["state"])
+    tables = [k for k in reference["state"] if k.startswith("table.")]
+    assert len(tables) == 3
+    for name, value in reference["state"].items():
+        torch.testing.assert_close(got["initial"][name], reference["initial"][name], rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(got["state"][name], value, rtol=0, atol=1e-5, msg=name)
+    trained = [name for name, value in got["state"].items() if not torch.equal(value, got["initial"][name])]
+    # every table too: the pooled-embedding gradients came back from tpu into the fused update
+    assert set(trained) == {name for name, value in got["state"].items() if value.is_floating_point() and value.numel()}
+    assert got["auc"] == pytest.approx(reference["auc"], abs=1e-5)
+    assert got["eval_loss"] == pytest.approx(reference["eval_loss"], abs=1e-5)
+
+
+def test_dense_flags_need_the_sparsecore_engine() -> None:
+    with pytest.raises(ConfigError, match="--dense-device='tpu' needs --engine sparsecore"):
+        TrainConfig(engine="torchrec", dense_device="tpu")
+    with pytest.raises(ConfigError, match="--dense-parallel='fsdp2' needs --engine sparsecore"):
+        TrainConfig(engine="torchrec", dense_parallel="fsdp2")
+    with pytest.raises(ConfigError, match=r"--dense-device='gpu' is not one of \['cpu', 'tpu'\]"):
+        TrainConfig(engine="sparsecore", dense_device="gpu")

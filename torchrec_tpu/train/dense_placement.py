@@ -1,0 +1,108 @@
+"""Where the DLRM's dense part runs (``--dense-device``) and how it is parallel (``--dense-parallel``).
+
+The dense towers (bottom MLP, interaction / DCN cross net, over arch) and the loss move to the
+dense device; the sparsecore EBC stays on the host. Forward hooks carry the data across without
+changing the module tree, so checkpoints of either placement load into the other:
+
+- the batch's dense features and labels go to the dense device as ``DLRMTrain`` is called;
+- the pooled embeddings go there as the sparse arch returns (autograd copies their gradient back
+  to the host, into the EBC's fused backward);
+- the loss / logits / labels returned for metrics come back to the host.
+
+Across ranks the towers are replicated with DDP or sharded with FSDP2 ``fully_shard``, over a
+``tpu_dist`` group for tpu (the EBC's all_to_alls stay on the default gloo group).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torchrec.datasets.utils import Batch
+from torchrec.models.dlrm import DLRMTrain
+
+from torchrec_tpu.train.distributed import DistEnv
+
+DENSE_TOWERS = ("dense_arch", "inter_arch", "over_arch")
+
+
+def dense_device(name: str) -> torch.device:
+    """``"cpu"`` or ``"tpu"`` as a torch device (importing torch_tpu registers the tpu one)."""
+    if name == "tpu":
+        import torch_tpu  # noqa: F401
+
+        return torch.device("tpu", 0)
+    if name == "cpu":
+        return torch.device("cpu")
+    raise ValueError(f"dense device {name!r} is not one of ['cpu', 'tpu']")
+
+
+def place_dense(model: DLRMTrain, device: torch.device) -> None:
+    """Move ``model``'s dense towers to ``device`` and hook the data paths in and out of it."""
+    dlrm = model.model
+    for name in DENSE_TOWERS:
+        getattr(dlrm, name).to(device)
+    if device.type == "cpu":
+        return
+    dlrm.sparse_arch.register_forward_hook(lambda _module, _args, pooled: pooled.to(device))
+    model.register_forward_pre_hook(lambda _module, args: _batch_to(args, device))
+    model.register_forward_hook(lambda _module, _args, output: _outputs_to_host(output))
+
+
+def _batch_to(args: tuple[Any, ...], device: torch.device) -> tuple[Batch]:
+    (batch,) = args
+    return (Batch(dense_features=batch.dense_features.to(device), sparse_features=batch.sparse_features,
+                  labels=batch.labels.to(device)),)
+
+
+def _outputs_to_host(output: tuple[torch.Tensor, tuple[torch.Tensor, ...]]):
+    loss, aux = output
+    return loss, tuple(t.cpu() for t in aux)
+
+
+class DenseDDP(DistributedDataParallel):
+    """DDP whose state dict is the wrapped model's (no ``module.`` prefix), so checkpoints of any
+    world size load into any other, and into the unwrapped 1-rank model."""
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self.module.load_state_dict(*args, **kwargs)
+
+
+def dense_group(env: DistEnv, device: torch.device) -> dist.ProcessGroup | None:
+    """The group the dense part syncs over: a new ``tpu_dist`` group for tpu (a collective: call
+    on every rank), the default group for cpu."""
+    if device.type != "tpu":
+        return None
+    import torch_tpu.distributed  # noqa: F401  (registers the backend)
+
+    return dist.new_group(backend="tpu_dist")
+
+
+def parallelize_dense(model: DLRMTrain, env: DistEnv, device: torch.device, parallel: str,
+                      ignored: list[str]) -> nn.Module:
+    """``model`` with its dense towers synced over the ranks: ``"ddp"`` wraps it (parameters named
+    in ``ignored``, the EBC's, stay out), ``"fsdp2"`` shards each tower's parameters in place."""
+    if parallel == "ddp":
+        if env.world_size == 1:
+            return model
+        group = dense_group(env, device)
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
+        return DenseDDP(model, process_group=group)
+    if parallel == "fsdp2":
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        group = dense_group(env, device) or dist.group.WORLD
+        mesh = DeviceMesh.from_group(group, device.type)
+        for name in DENSE_TOWERS:
+            tower = getattr(model.model, name)
+            if any(True for _ in tower.parameters()):
+                fully_shard(tower, mesh=mesh)
+        return model
+    raise ValueError(f"dense parallel {parallel!r} is not one of ['ddp', 'fsdp2']")
