@@ -7,10 +7,11 @@ the default JAX device: the program a TPU's TensorCore would run, and the refere
 Backward: per touched row, g = sum(gain * d_activation[sample]) over all its entries, then one
 fused optimizer update of that row and its slots; other rows are untouched.
 
-``prepare`` (host, may run ahead on a prefetch thread) builds the CSR buffers, keeps their used
-entries with every touched row once (``xla_inputs``) and compiles the step's programs for their
-bucketed sizes: ONE program looks up all stacks and assembles the output, ONE applies the
-gradient and the optimizer to all stacks (tables updated in place, donated).
+``prepare`` (host, may run ahead on a prefetch thread) takes the entries the CSR buffers would
+hold, in row order (``preprocess_row_ordered``), lists every touched row once (``xla_inputs``) and
+compiles the step's programs for their bucketed sizes: ONE program looks up all stacks and
+assembles the output, ONE applies the gradient and the optimizer to all stacks (tables updated in
+place, donated). Only touched rows are read or written.
 """
 
 from __future__ import annotations
@@ -26,15 +27,13 @@ import numpy as np
 import torch
 
 from sparsecore.backends.base import Backend, check_grads
-from sparsecore.backends.xla_inputs import StackEntries, StackGeometry, stack_entries
+from sparsecore.backends.xla_inputs import StackEntries, stack_entries
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.backends.xla_optimizers import apply_update
 from sparsecore.limits import OVERFLOW_POLICIES, StackStats
-from sparsecore.preprocess import StackCSR, preprocess_inputs
+from sparsecore.preprocess import RowOrderedEntries, StackCSR, csr_entries, preprocess_row_ordered
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput
-
-jax.tree_util.register_dataclass(StackEntries, data_fields=["rows", "inverse", "samples", "gains"], meta_fields=[])
 
 
 def to_jax(tensor: torch.Tensor) -> jax.Array:
@@ -47,7 +46,8 @@ def to_torch(array: jax.Array) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PreparedLookup:
-    """A batch ready for the device: per stack, the backend's input arrays (on the device)."""
+    """A batch ready for the device: per stack, the backend's input arrays (host arrays: the
+    compiled programs take them as they are, cheaper than a transfer call per batch)."""
 
     arrays: tuple[Any, ...]
     stats: dict[str, StackStats]
@@ -57,7 +57,7 @@ class PreparedLookup:
 def lookup_entries(table: jax.Array, entries: StackEntries, samples: int) -> jax.Array:
     """Pooled activations [samples, dim] of one stack: touched rows read once, then summed per
     sample in the SparseCores' entry order."""
-    values = table.at[entries.rows].get(mode="fill", fill_value=0.0)
+    values = table.at[entries.rows].get(mode="fill", fill_value=0.0, indices_are_sorted=True, unique_indices=True)
     return jax.ops.segment_sum(entries.gains[:, None] * values[entries.inverse], entries.samples,
                                num_segments=samples)
 
@@ -65,13 +65,14 @@ def lookup_entries(table: jax.Array, entries: StackEntries, samples: int) -> jax
 def update_entries(optimizer, table, slots, row_dims, step, activation_grad, entries: StackEntries):
     """One fused optimizer update per touched row with its gradient summed over all entries."""
     contributions = entries.gains[:, None] * activation_grad[entries.samples]
-    grad = jax.ops.segment_sum(contributions, entries.inverse, num_segments=entries.rows.shape[0])
-    rows = table.at[entries.rows].get(mode="fill", fill_value=0.0)
-    row_slots = {k: v.at[entries.rows].get(mode="fill", fill_value=0.0) for k, v in slots.items()}
-    dims = row_dims.at[entries.rows].get(mode="fill", fill_value=1)
+    grad = jax.ops.segment_sum(contributions, entries.inverse, num_segments=entries.touched, indices_are_sorted=True)
+    hints = dict(indices_are_sorted=True, unique_indices=True)
+    rows = table.at[entries.rows].get(mode="fill", fill_value=0.0, **hints)
+    row_slots = {k: v.at[entries.rows].get(mode="fill", fill_value=0.0, **hints) for k, v in slots.items()}
+    dims = row_dims.at[entries.rows].get(mode="fill", fill_value=1, **hints)
     new_rows, new_slots = apply_update(optimizer, rows, row_slots, grad, step, dims)
-    table = table.at[entries.rows].set(new_rows, mode="drop")
-    return table, {k: slots[k].at[entries.rows].set(new_slots[k], mode="drop") for k in slots}
+    table = table.at[entries.rows].set(new_rows, mode="drop", **hints)
+    return table, {k: slots[k].at[entries.rows].set(new_slots[k], mode="drop", **hints) for k in slots}
 
 
 class XlaBackend(Backend):
@@ -85,9 +86,7 @@ class XlaBackend(Backend):
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
         self.overflow = overflow
-        devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
-        self._geometry = {st.name: StackGeometry.of(st, devices, s) for st in plan.stacks}
-        self._layout = ActivationLayout(plan, devices * s)
+        self._layout = ActivationLayout(plan, plan.topology.num_sparsecores)
         self._tables: dict[str, jax.Array] = {}
         self._slots: dict[str, dict[str, jax.Array]] = {}
         self.load_state(self._initial_weights)
@@ -111,11 +110,15 @@ class XlaBackend(Backend):
 
     # -- per-stack device work (the tpu backend swaps in the SparseCore kernels) --
 
-    def _stack_input(self, stack: StackedTable, csr: StackCSR) -> Any:
-        return stack_entries(self._geometry[stack.name], csr)
+    def _host_inputs(self, inputs: Mapping[str, FeatureInput]) -> tuple[tuple[Any, ...], dict[str, StackStats]]:
+        """Every stack's device input (in plan order) and its partition stats."""
+        by_stack = preprocess_row_ordered(inputs, self.plan, overflow=self.overflow)
+        stacks = self.plan.stacks
+        return (tuple(stack_entries(by_stack[st.name], st.vocab_size) for st in stacks),
+                {st.name: by_stack[st.name].stats for st in stacks})
 
     def _stack_lookup(self, stack: StackedTable, table: jax.Array, device_input: Any) -> jax.Array:
-        return lookup_entries(table, device_input, self._geometry[stack.name].samples)
+        return lookup_entries(table, device_input, stack.total_sample_count)
 
     def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, activation_grad, device_input):
         return update_entries(stack.optimizer, table, slots, row_dims, step, activation_grad, device_input)
@@ -133,10 +136,9 @@ class XlaBackend(Backend):
         return tuple(t for t, _ in updated), tuple(s for _, s in updated)
 
     def prepare(self, inputs: Mapping[str, FeatureInput]) -> PreparedLookup:
-        batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
-        arrays = tuple(self._stack_input(st, batch.stacks[st.name]) for st in self.plan.stacks)
+        arrays, stats = self._host_inputs(inputs)
         key = tuple((a.shape, a.dtype.str) for a in jax.tree.leaves(arrays))
-        prepared = PreparedLookup(jax.device_put(arrays), batch.stats, key)
+        prepared = PreparedLookup(arrays, stats, key)
         self.compile(prepared)
         return prepared
 
@@ -193,9 +195,14 @@ class XlaBackend(Backend):
         self.update(context, torch.cat(ordered, dim=1) if self._layout.uniform else tuple(map(to_jax, ordered)))
 
     def stack_activations(self, stack: StackedTable, csr: StackCSR) -> jax.Array:
-        """One stack's activations [chunks * samples_per_chunk, dim], chunk-major (device-major)."""
-        return jax.jit(self._stack_lookup, static_argnums=0)(stack, self._tables[stack.name],
-                                                              self._stack_input(stack, csr))
+        """One stack's activations [chunks * samples_per_chunk, dim] (chunk-major) from its CSR
+        buffers, read as the SparseCores read them."""
+        phys, sample, gain = csr_entries(stack, csr, self.plan.topology.num_devices,
+                                         self.plan.topology.sparsecores_per_device)
+        by_row = np.argsort(phys, kind="stable")
+        entries = stack_entries(RowOrderedEntries(phys[by_row], sample[by_row], gain[by_row], csr.stats),
+                                stack.vocab_size)
+        return jax.jit(lookup_entries, static_argnums=2)(self._tables[stack.name], entries, stack.total_sample_count)
 
     def _table_tuple(self) -> tuple[jax.Array, ...]:
         return tuple(self._tables[st.name] for st in self.plan.stacks)

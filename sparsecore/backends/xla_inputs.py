@@ -1,59 +1,53 @@
-"""Host side of the ``xla`` backend: a stack's CSR buffers reduced to the entries the SparseCores
-would read, deduplicated by row and padded to one of a few sizes (so few programs get compiled).
+"""Host side of the ``xla`` backend: a stack's entries (those its CSR buffers hold, in row order)
+with every touched row once, padded to one of a few sizes so that few programs get compiled.
 
-Only the used part of the buffers is read: partition p of source SparseCore k holds the entries
-[round_up(end[p-1], 8), end[p]) of k's region, in the order the SparseCores read them; the
-device then touches each row once (``rows``) and sums every entry into its sample.
+Entry order matters for float32 sums: inside a sample the entries keep the CSR order and inside
+a row the order of the source SparseCores, so the device sums exactly as the SparseCores do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
 import numpy as np
 
-from sparsecore.preprocess import ALIGN, StackCSR, coo_buffer_size_per_device, row_pointers_per_sc
-from sparsecore.stacking import StackedTable
+from sparsecore.preprocess import RowOrderedEntries
 
 MIN_BUCKET = 64
 
 
 @dataclass(frozen=True)
-class StackGeometry:
-    """Static layout of one stack's CSR buffers."""
-
-    chunks: int  # source SparseCores (devices x SCs per device)
-    n: int  # destination SparseCores
-    width: int  # row pointers per source SparseCore
-    region: int  # COO entries per source SparseCore
-    rows: int  # physical rows of the stacked table
-    shard_rows: int
-    samples_per_chunk: int
-
-    @classmethod
-    def of(cls, stack: StackedTable, devices: int, sparsecores_per_device: int) -> StackGeometry:
-        chunks = devices * sparsecores_per_device
-        return cls(chunks, stack.num_sparsecores, row_pointers_per_sc(stack),
-                   coo_buffer_size_per_device(stack, sparsecores_per_device) // sparsecores_per_device,
-                   stack.vocab_size, stack.shard_rows, stack.total_sample_count // chunks)
-
-    @property
-    def samples(self) -> int:
-        return self.chunks * self.samples_per_chunk
-
-
-@dataclass(frozen=True)
 class StackEntries:
-    """One stack's lookup work: every kept entry once, in the SparseCores' reading order."""
+    """One stack's lookup work, packed into two arrays (few transfers): ``ints`` holds the touched
+    physical rows ascending then out-of-range padding rows [u], each entry's index into them [e]
+    and each entry's activation row [e]; ``gains`` [e] is 0 on padding entries."""
 
-    rows: np.ndarray  # int32 [bucket > touched]: touched physical rows ascending, then `geo.rows` (out of range)
-    inverse: np.ndarray  # int32 [bucket]: each entry's index into ``rows``; padding entries -> a padding row
-    samples: np.ndarray  # int32 [bucket]: each entry's row of the stack's activations (chunk-major)
-    gains: np.ndarray  # float32 [bucket]: 0 on padding entries
+    ints: np.ndarray | jax.Array  # int32 [u + 2e]
+    gains: np.ndarray | jax.Array  # float32 [e]
 
     @property
-    def shapes(self) -> tuple[int, int]:
-        return self.rows.size, self.samples.size
+    def entries(self) -> int:
+        return self.gains.shape[0]
+
+    @property
+    def touched(self) -> int:
+        return self.ints.shape[0] - 2 * self.entries
+
+    @property
+    def rows(self):
+        return self.ints[: self.touched]
+
+    @property
+    def inverse(self):
+        return self.ints[self.touched: self.touched + self.entries]
+
+    @property
+    def samples(self):
+        return self.ints[self.touched + self.entries:]
+
+
+jax.tree_util.register_dataclass(StackEntries, data_fields=["ints", "gains"], meta_fields=[])
 
 
 def bucket(n: int) -> int:
@@ -64,32 +58,22 @@ def bucket(n: int) -> int:
     return -(-n // step) * step
 
 
-def stack_entries(geo: StackGeometry, csr: StackCSR) -> StackEntries:
-    """The valid entries of ``csr``: (physical row, activation row, gain), rows deduplicated."""
-    ends = csr.row_pointers.reshape(geo.chunks, geo.width)[:, : geo.n].astype(np.int64)
-    starts = np.zeros_like(ends)
-    starts[:, 1:] = -(-ends[:, :-1] // ALIGN) * ALIGN
-    counts = (ends - starts).reshape(-1)
-    first = (np.arange(geo.chunks)[:, None] * geo.region + starts).reshape(-1)
-    total = int(counts.sum())
-    partition = np.repeat(np.arange(counts.size), counts)
-    position = np.arange(total) - np.repeat(np.cumsum(counts) - counts - first, counts)
-    phys = (partition % geo.n) * geo.shard_rows + csr.embedding_ids[position]
-    sample = (partition // geo.n) * geo.samples_per_chunk + csr.sample_ids[position]
-    rows, inverse = np.unique(phys, return_inverse=True)
-    return _padded(geo, rows, inverse, sample, csr.gains[position])
-
-
-def _padded(geo: StackGeometry, rows, inverse, sample, gain) -> StackEntries:
-    """Pad to bucket sizes; padding entries add 0 to sample 0 and update a padding row, which the
-    device reads as zeros and never writes (``rows`` keeps at least one padding row)."""
-    u, e = bucket(rows.size + 1), bucket(sample.size)
-    out_rows = np.full(u, geo.rows, dtype=np.int32)
-    out_rows[: rows.size] = rows
-    out_inverse = np.full(e, rows.size, dtype=np.int32)
-    out_inverse[: inverse.size] = inverse.reshape(-1)
-    out_sample = np.zeros(e, dtype=np.int32)
-    out_sample[: sample.size] = sample
-    out_gain = np.zeros(e, dtype=np.float32)
-    out_gain[: gain.size] = gain
-    return StackEntries(out_rows, out_inverse, out_sample, out_gain)
+def stack_entries(entries: RowOrderedEntries, rows: int) -> StackEntries:
+    """Deduplicate the rows of ``entries`` (a stack of ``rows`` physical rows) and pad: padding
+    entries add 0 to sample 0 and belong to a padding row, which the device reads as zeros and
+    never writes (there is always one; padding rows are distinct, so row indices stay unique)."""
+    phys = entries.phys
+    first = np.ones(phys.size, dtype=bool)
+    first[1:] = phys[1:] != phys[:-1]
+    touched = phys[first]
+    u, e = bucket(touched.size + 1), bucket(phys.size)
+    ints = np.empty(u + 2 * e, dtype=np.int32)
+    ints[: touched.size] = touched
+    ints[touched.size: u] = rows + np.arange(u - touched.size)
+    ints[u: u + phys.size] = np.cumsum(first) - 1
+    ints[u + phys.size: u + e] = touched.size
+    ints[u + e: u + e + phys.size] = entries.sample
+    ints[u + e + phys.size:] = 0
+    gains = np.zeros(e, dtype=np.float32)
+    gains[: phys.size] = entries.gain
+    return StackEntries(ints, gains)
