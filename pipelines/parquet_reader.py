@@ -13,11 +13,12 @@ each range is dropped (``rows_dropped``), which lock-step distributed training n
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence, TypeVar
+from typing import Iterable, Iterator, Sequence, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -67,6 +68,13 @@ def prefetched(items: Iterator[T], depth: int) -> Iterator[T]:
             except queue.Empty:
                 pass
         worker.join()
+
+
+def batches_from(batches: Iterable[T], first: int) -> Iterator[T]:
+    """``batches`` from index ``first`` on: seeks when the stream has ``iter_from(first)`` (as
+    :class:`ParquetBatchReader` does), else reads and drops the first ``first``."""
+    seek = getattr(batches, "iter_from", None)
+    return seek(first) if seek is not None else itertools.islice(batches, first, None)
 
 
 def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -166,11 +174,12 @@ class ParquetBatchReader:
     def __len__(self) -> int:
         return -(-(self.stop - self.start) // self.batch_size)
 
-    def _tables(self) -> Iterator[pa.Table]:
-        """The rows of this rank's range, one table per overlapping row group."""
+    def _tables(self, start: int) -> Iterator[pa.Table]:
+        """The rows of this rank's range from global row ``start`` on, one table per overlapping
+        row group."""
         open_path, parquet_file = None, None
         for group in self.row_groups:
-            lo = max(self.start, group.first_row)
+            lo = max(start, group.first_row)
             hi = min(self.stop, group.first_row + group.num_rows)
             if lo >= hi:
                 continue
@@ -180,9 +189,17 @@ class ParquetBatchReader:
             yield table.slice(lo - group.first_row, hi - lo)
 
     def __iter__(self) -> Iterator[Batch]:
+        return self.iter_from(0)
+
+    def iter_from(self, batch: int) -> Iterator[Batch]:
+        """The batches from index ``batch`` on, exactly as iterating would yield them after the
+        first ``batch``; only the row groups from that batch's first row on are read."""
+        if batch < 0:
+            raise ValueError(f"batch index must be >= 0, got {batch}")
         pending: list[pa.Table] = []
         pending_rows = 0
-        for table in prefetched(self._tables(), self.prefetch_row_groups):
+        start = min(self.start + batch * self.batch_size, self.stop)
+        for table in prefetched(self._tables(start), self.prefetch_row_groups):
             pending.append(table)
             pending_rows += table.num_rows
             if pending_rows < self.batch_size:

@@ -18,7 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from torch_tpu import device as tpu_device
-from torch_tpu import fallback, modes, random as tpu_random, tensor as tensor_mod
+from torch_tpu import fallback, modes, op_jit, random as tpu_random, tensor as tensor_mod
 from torch_tpu._jax import jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 from torch_tpu.registry import Lowering, get_lowering
@@ -38,8 +38,9 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def clear_plan_cache() -> None:
-    """Forget cached per-op plans (after registering new lowerings)."""
+    """Forget cached per-op plans and compiled per-op programs (after registering new lowerings)."""
     _PLANS.clear()
+    op_jit.clear()
 
 
 # --- argument conversion ---------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Eager execution modes and the per-op executor seam.
 
-``strict`` (default): each lowered op runs at once through JAX's asynchronous dispatch; errors
+``strict`` (default): each lowered op runs at once through JAX's asynchronous dispatch (as one
+jitted program per op signature, see ``torch_tpu.op_jit``); errors
 inside the device computation surface at the next host read (``.cpu()``, ``.item()``).
 ``debug``: synchronous; after every op waits for the result, raises when a floating output has
 NaN/Inf that its inputs did not have, and checks index arguments against their dimension,
@@ -20,6 +21,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from torch_tpu import op_jit
 from torch_tpu._jax import jax, jnp
 from torch_tpu.registry import Lowering
 
@@ -34,12 +36,12 @@ Executor = Callable[[Lowering, tuple, dict], Any]
 
 
 def run_strict(lowering: Lowering, args: tuple, kwargs: dict) -> Any:
-    return lowering.fn(*args, **kwargs)
+    return op_jit.call(lowering, args, kwargs)
 
 
 def run_debug(lowering: Lowering, args: tuple, kwargs: dict) -> Any:
     check_indices(lowering.op, args)
-    out = lowering.fn(*args, **kwargs)
+    out = op_jit.call(lowering, args, kwargs)
     leaves = [x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array)]
     jax.block_until_ready(leaves)
     if any(_has_nonfinite(x) for x in leaves) and not any(

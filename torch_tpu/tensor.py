@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,8 @@ from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 DEVICE_NAME = "tpu"
 # One device per process; index 0 is required (index -1 breaks backward, >= 1 asserts).
 DEVICE = torch.device(DEVICE_NAME, 0) if torch._C._get_privateuse1_backend_name() == DEVICE_NAME else None
+
+_ARRAY = type(jnp.zeros(()))
 
 # Set by torch_tpu.dispatch at import (kept out of this module to avoid an import cycle).
 _dispatch: Callable[..., Any] | None = None
@@ -216,8 +218,9 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     box = t._box
     if t._full:
         a = box.array
-        return a if a.shape == t.shape else a.reshape(t.shape)
-    return _gather(box.array, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        shape = t.shape
+        return a if a.shape == shape else _reshaper(tuple(shape))(_concrete(a))
+    return _reader(tuple(t.shape), t.stride(), t.storage_offset(), box.array.size)(_concrete(box.array))
 
 
 def write(t: TpuTensor, value: jax.Array) -> None:
@@ -226,25 +229,118 @@ def write(t: TpuTensor, value: jax.Array) -> None:
     if t._full:
         box.array = value  # any shape with the storage's numel; keeps this tensor's reads free
         return
-    old = box.array
-    flat = old.reshape(-1)
-    shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
-    if stride == _contiguous_strides(shape):
-        flat = jax.lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
-    else:
-        flat = flat.at[_index_vector(shape, stride, offset, flat.size)].set(
-            value.reshape(-1), mode="promise_in_bounds"
+    writer = _writer(tuple(t.shape), t.stride(), t.storage_offset(), box.array.size)
+    box.array = writer(_concrete(box.array), _concrete(value))
+
+
+def _concrete(array: jax.Array) -> jax.Array:
+    """A placeholder array (defer_and_fuse's LazyArray) as its value; other arrays unchanged."""
+    return array if type(array) is _ARRAY else array.reshape(array.shape)
+
+
+# --- strided views, compiled per layout -----------------------------------------------------------
+# A view (shape, stride, offset) over a flat storage is read and written by one jitted program per
+# layout. Most views (transposes, permutes, slices with steps, narrow, select, diagonal, expand) are
+# a "block": after sorting the dims by stride, each stride is a multiple of the next one, so the
+# view is a corner of a reshape of the storage region it spans: slice + reshape + slice + transpose
+# (+ broadcast for stride-0 dims). Overlapping layouts gather with a cached index vector.
+
+
+@lru_cache(maxsize=256)
+def _reshaper(shape: tuple[int, ...]) -> Callable[[jax.Array], jax.Array]:
+    return jax.jit(lambda a: a.reshape(shape))
+
+
+class _Block:
+    """How a strided view sits in its storage region (see the comment above)."""
+
+    def __init__(self, shape, stride, offset: int, storage_numel: int) -> None:
+        dims = sorted(
+            ((n, st, i) for i, (n, st) in enumerate(zip(shape, stride)) if n != 1 and st != 0),
+            key=lambda d: -d[1],
         )
-    box.array = flat.reshape(old.shape)
+        sizes = [n for n, _, _ in dims]
+        strides = [st for _, st, _ in dims]
+        self.ok = all(a % b == 0 and a // b >= n for a, b, n in zip(strides, strides[1:], sizes[1:]))
+        self.offset = offset
+        self.length = sizes[0] * strides[0] if dims else 1  # elements of the region the view spans
+        self.pad = max(0, offset + self.length - storage_numel)
+        # region as [n0, s0/s1, ..., s(m-1)/sm, sm]; the view is its corner [:n0, :n1, ..., :nm, :1]
+        self.dense = tuple(sizes[:1]) + tuple(a // b for a, b in zip(strides, strides[1:])) + tuple(strides[-1:])
+        self.corner = tuple(sizes) + ((1,) if dims else ())
+        order = [i for _, _, i in dims]  # original dim of each sorted dim
+        self.to_view = tuple(sorted(range(len(order)), key=lambda k: order[k]))  # sorted -> view order
+        self.to_sorted = tuple(sorted(range(len(order)), key=lambda k: self.to_view[k]))
+        self.squeezed = tuple(shape[i] for i in sorted(order))
+        self.unbroadcast = tuple(n if (st != 0 or n == 1) else 1 for n, st in zip(shape, stride))
+        self.expanded = any(st == 0 and n != 1 for n, st in zip(shape, stride))
+        self.shape = tuple(shape)
+
+    def region(self, flat: jax.Array) -> jax.Array:
+        if self.pad:
+            flat = jnp.concatenate([flat, jnp.zeros((self.pad,), flat.dtype)])
+        return jax.lax.slice(flat, (self.offset,), (self.offset + self.length,)).reshape(self.dense), flat
+
+    def read(self, array: jax.Array) -> jax.Array:
+        region, _ = self.region(array.reshape(-1))
+        corner = jax.lax.slice(region, (0,) * region.ndim, self.corner)
+        view = corner.reshape(self.corner[:-1]).transpose(self.to_view).reshape(self.unbroadcast)
+        return jnp.broadcast_to(view, self.shape) if self.expanded else view
+
+    def write(self, array: jax.Array, value: jax.Array) -> jax.Array:
+        region, flat = self.region(array.reshape(-1))
+        corner = value.reshape(self.squeezed).transpose(self.to_sorted).reshape(self.corner)
+        region = jax.lax.dynamic_update_slice(region, corner.astype(region.dtype), (0,) * region.ndim)
+        flat = jax.lax.dynamic_update_slice(flat, region.reshape(-1), (self.offset,))
+        return (flat[: flat.size - self.pad] if self.pad else flat).reshape(array.shape)
 
 
-def _gather(array: jax.Array, shape, stride, offset: int) -> jax.Array:
-    flat = array.reshape(-1)
-    numel = math.prod(shape)
-    if stride == _contiguous_strides(shape):
-        return jax.lax.slice(flat, (offset,), (offset + numel,)).reshape(shape)
-    idx = _index_vector(shape, stride, offset, flat.size)
-    return flat.at[idx].get(mode="promise_in_bounds").reshape(shape)
+def _check_bounds(shape, stride, offset: int, storage_numel: int) -> None:
+    if not math.prod(shape):
+        return
+    last = offset + sum((n - 1) * st for n, st in zip(shape, stride))
+    if offset < 0 or last >= storage_numel:
+        raise RuntimeError(
+            f"view of size {list(shape)}, stride {list(stride)}, offset {offset} is out of bounds "
+            f"for a storage of {storage_numel} elements"
+        )
+
+
+@lru_cache(maxsize=4096)
+def _reader(shape, stride, offset: int, storage_numel: int) -> Callable[[jax.Array], jax.Array]:
+    """A jitted ``storage array -> view value`` for one layout."""
+    _check_bounds(shape, stride, offset, storage_numel)
+    if not math.prod(shape):
+        return jax.jit(lambda a: jnp.zeros(shape, a.dtype))
+    block = _Block(shape, stride, offset, storage_numel)
+    if block.ok:
+        return jax.jit(block.read)
+    idx = _index_vector(shape, stride, offset, storage_numel)
+    return lambda a: _gather_jit(a, idx, shape)
+
+
+@lru_cache(maxsize=4096)
+def _writer(shape, stride, offset: int, storage_numel: int) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """A jitted ``(storage array, value) -> new storage array`` for one layout."""
+    _check_bounds(shape, stride, offset, storage_numel)
+    if not math.prod(shape):
+        return lambda a, v: a
+    block = _Block(shape, stride, offset, storage_numel)
+    if block.ok and not block.expanded:
+        return jax.jit(block.write)
+    idx = _index_vector(shape, stride, offset, storage_numel)
+    return lambda a, v: _scatter_jit(a, idx, v)
+
+
+@partial(jax.jit, static_argnums=2)
+def _gather_jit(array: jax.Array, idx: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    return array.reshape(-1).at[idx].get(mode="promise_in_bounds").reshape(shape)
+
+
+@jax.jit
+def _scatter_jit(array: jax.Array, idx: jax.Array, value: jax.Array) -> jax.Array:
+    flat = array.reshape(-1).at[idx].set(value.reshape(-1).astype(array.dtype), mode="promise_in_bounds")
+    return flat.reshape(array.shape)
 
 
 @lru_cache(maxsize=4096)

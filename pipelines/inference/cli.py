@@ -9,7 +9,8 @@ import sys
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="Parquet file or directory to predict")
     parser.add_argument("--checkpoint", required=True,
-                        help="checkpoint directory of 'torchrec-tpu train' (meta.json + state/)")
+                        help="checkpoint of 'torchrec-tpu train': a checkpoint root (its latest) "
+                             "or one version directory (meta.json + state/)")
     parser.add_argument("--output", required=True,
                         help="output directory of prediction Parquet parts; rerun to resume")
     parser.add_argument("--key-columns", default="", metavar="A,B",

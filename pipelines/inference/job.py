@@ -9,6 +9,7 @@ global index over the inputs in order), then ``prediction`` (click probability, 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,7 +133,11 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
 
     from pipelines.ray_data import local_ray
 
+    from torchrec_tpu.train.checkpoint_dirs import resolve_checkpoint
+
     start = time.perf_counter()
+    # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors
+    config = dataclasses.replace(config, checkpoint=str(resolve_checkpoint(Path(config.checkpoint))))
     units = plan_units(config.data, config.input_columns)
     output = Path(config.output)
     claim_output_dir(output, units, Path(config.checkpoint))

@@ -37,13 +37,15 @@ class InferenceModel:
 
 
 def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRITEO) -> InferenceModel:
-    """Rebuild the trained DLRM on CPU and load its weights from ``checkpoint_dir``."""
-    from torchrec_tpu.train.checkpoint import META_FILE, STATE_DIR
+    """Rebuild the trained DLRM on CPU and load its weights from ``checkpoint_dir`` (a checkpoint,
+    or a checkpoint root: its latest). Either engine's checkpoints load: both name the tables
+    ``...embedding_bag_collection.embedding_bags.<table>.weight``."""
+    from torchrec_tpu.train.checkpoint import META_FILE, STATE_DIR, resolve_checkpoint
     from torchrec_tpu.train.config import TrainConfig
     from torchrec_tpu.train.job import model_spec
     from torchrec_tpu.train.model import build_dlrm
 
-    directory = Path(checkpoint_dir)
+    directory = resolve_checkpoint(Path(checkpoint_dir))
     meta_path, state_dir = directory / META_FILE, directory / STATE_DIR
     if not meta_path.is_file() or not state_dir.is_dir():
         raise FileNotFoundError(

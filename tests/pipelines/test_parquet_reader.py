@@ -67,6 +67,17 @@ def test_drop_last_gives_equal_full_batches(small_dataset, reference):
     assert dropped == SMALL_CONFIG.num_rows - world_size * per_rank * batch_size
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_iter_from_seeks_to_the_batches_iteration_yields(small_dataset, drop_last):
+    reader = ParquetBatchReader(small_dataset, 333, SIZES, SCHEMA, rank=1, world_size=2, drop_last=drop_last)
+    batches = list(reader)
+    for first in (0, 4, len(batches) - 1):  # 4: inside a row group
+        _assert_same(_columns(list(reader.iter_from(first))), _columns(batches[first:]))
+    assert list(reader.iter_from(len(batches))) == list(reader.iter_from(len(batches) + 3)) == []
+    with pytest.raises(ValueError, match="batch index must be >= 0"):
+        list(reader.iter_from(-1))
+
+
 def test_file_list_order_and_errors(small_dataset, tmp_path):
     files = list_parquet_files(small_dataset)
     assert [f.name for f in files] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]

@@ -1,15 +1,18 @@
 """What each rank of the 2-rank EmbeddingCollection test runs (module level, so spawned ranks
-import it): the EBC test's layouts, and uneven batches (rank 0 has 5 samples, rank 1 has 7)."""
+import it): the EBC test's layouts plus one where rank 0 serves no table, and uneven batches
+(rank 0 has 5 samples, rank 1 has 7)."""
 
 from __future__ import annotations
 
-from torchrec_tpu.sharding import ShardedSparseCoreEC
+from torchrec_tpu.sharding import ShardedSparseCoreEC, TableSharding
 
 from .ec_reference import reference_ec, sequence_loss
 from .rank_checks import LAYOUTS, tpu_dist_group
 from .reference import OPTIMIZERS, random_kjt, slice_batch
 
 RANK_SAMPLES = (0, 5, 12)  # rank r holds global samples [RANK_SAMPLES[r], RANK_SAMPLES[r + 1])
+EC_LAYOUTS = {**LAYOUTS, "all_on_rank_1": ("sgd", {n: TableSharding("table_wise", (1,))
+                                                   for n in ("t_user", "t_item", "t_small")})}
 
 
 def train_sharded_ec(rank: int, world_size: int, store, timeout, layouts: list[str], steps: int, backend: str):
@@ -18,7 +21,7 @@ def train_sharded_ec(rank: int, world_size: int, store, timeout, layouts: list[s
         results = {}
         start, stop = RANK_SAMPLES[rank], RANK_SAMPLES[rank + 1]
         for layout in layouts:
-            optimizer, plan = LAYOUTS[layout]
+            optimizer, plan = EC_LAYOUTS[layout]
             ec = ShardedSparseCoreEC.from_torchrec(reference_ec(), plan, OPTIMIZERS[optimizer][0],
                                                    batch_size=stop - start, backend=backend)
             outputs = []

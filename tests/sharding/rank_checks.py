@@ -26,12 +26,12 @@ LAYOUTS = {
 
 
 @contextlib.contextmanager
-def tpu_dist_group(rank: int, world_size: int, store, timeout) -> Iterator[None]:
-    """This spawned rank in a tpu_dist world, for the duration of the block."""
+def tpu_dist_group(rank: int, world_size: int, store, timeout, backend: str = "tpu_dist") -> Iterator[None]:
+    """This spawned rank in a tpu_dist (or ``backend``) world, for the duration of the block."""
     import torch_tpu.distributed  # noqa: F401  registers the tpu_dist backend
 
     torch.set_num_threads(1)
-    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     try:
         yield
     finally:
@@ -45,12 +45,19 @@ def train_sharded(rank: int, world_size: int, store, timeout, layouts: list[str]
         for layout in layouts:
             optimizer, plan = LAYOUTS[layout]
             ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), local_batch, plan, OPTIMIZERS[optimizer][0])
-            outputs = []
-            start, stop = rank * local_batch, (rank + 1) * local_batch
-            for step in range(steps):
-                kjt = slice_batch(random_kjt(world_size * local_batch, step), start, stop)
-                out = ebc(kjt).values()
-                outputs.append(out.detach().clone())
-                (0.5 * ((out - targets(world_size * local_batch, step)[start:stop]) ** 2).sum()).backward()
+            outputs = train_steps(ebc, rank, world_size, steps, local_batch)
             results[layout] = (outputs, ebc.unsharded_weights(), ebc.unsharded_slots())
         return results
+
+
+def train_steps(ebc: ShardedSparseCoreEBC, rank: int, world_size: int, steps: int, local_batch: int) -> list[torch.Tensor]:
+    """``steps`` steps on this rank's part of the global batches (loss 0.5 * |out - target|^2);
+    the pooled outputs of each."""
+    outputs = []
+    start, stop = rank * local_batch, (rank + 1) * local_batch
+    for step in range(steps):
+        kjt = slice_batch(random_kjt(world_size * local_batch, step), start, stop)
+        out = ebc(kjt).values()
+        outputs.append(out.detach().clone())
+        (0.5 * ((out - targets(world_size * local_batch, step)[start:stop]) ** 2).sum()).backward()
+    return outputs

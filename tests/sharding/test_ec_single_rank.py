@@ -23,7 +23,7 @@ def sharded(optimizer: str, backend: str = "xla", batch_size: int = BATCH, **kwa
                                                ("sgd", "fbgemm"), ("adagrad", "fbgemm")])
 def test_trains_like_stock_torchrec(optimizer, backend):
     expected_outputs, expected_weights = train_reference_ec(optimizer, [BATCH] * STEPS)
-    ec = sharded(optimizer, backend)
+    ec = sharded(optimizer, backend, batch_size=4 * BATCH)  # room for every step's ids: one xla compile
     for step in range(STEPS):
         kjt = random_kjt(BATCH, step)
         out = ec(kjt)
@@ -85,3 +85,18 @@ def test_state_dict_round_trip_continues_identically():
         assert torch.equal(weight, second.unsharded_weights()[name])
     assert torch.equal(first.unsharded_slots()["t_item"]["accumulator"],
                        second.unsharded_slots()["t_item"]["accumulator"])
+
+
+def test_local_lookup_lowers_to_sparsecore_kernels():
+    """The EC's local plan (bags of one id, partition limits sized to its buffers) is a valid
+    SparseCore program for the tpu backend (lowered here; it executes only on a TPU)."""
+    pytest.importorskip("jax_tpu_embedding")
+    from sparsecore.backends.tpu import lowered_programs
+
+    ec = sharded("sgd", "fbgemm")  # (the SparseCore Adagrad kernel has no epsilon)
+    ec(random_kjt(BATCH, 0))
+    plan = ec._backend.plan
+    for stack in plan.stacks:
+        forward, backward = lowered_programs(plan, stack.name)
+        assert "custom_call @SparseDenseMatmulOp" in forward
+        assert "custom_call @SparseDenseMatmulGradOpWithOptimizerUpdate" in backward

@@ -6,16 +6,15 @@ import torch
 
 from torch_tpu.distributed import launch_local
 
-from .ec_rank_checks import RANK_SAMPLES, train_sharded_ec
+from .ec_rank_checks import EC_LAYOUTS, RANK_SAMPLES, train_sharded_ec
 from .ec_reference import train_reference_ec
-from .rank_checks import LAYOUTS
 from .reference import assert_tables_close, random_kjt
 
 STEPS = 3
 
 
 def check_against_torchrec(results: list[dict], layout: str) -> None:
-    optimizer, _ = LAYOUTS[layout]
+    optimizer, _ = EC_LAYOUTS[layout]
     expected_outputs, expected_weights = train_reference_ec(optimizer, [RANK_SAMPLES[-1]] * STEPS)
     for rank, by_layout in enumerate(results):
         outputs, weights, _ = by_layout[layout]
@@ -36,11 +35,11 @@ def check_against_torchrec(results: list[dict], layout: str) -> None:
 
 @pytest.fixture(scope="module")
 def fbgemm_results():
-    return launch_local(train_sharded_ec, 2, list(LAYOUTS), STEPS, "fbgemm", timeout_s=120)
+    return launch_local(train_sharded_ec, 2, list(EC_LAYOUTS), STEPS, "fbgemm", timeout_s=120)
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", list(EC_LAYOUTS))
 def test_two_ranks_equal_stock_torchrec(fbgemm_results, layout):
     check_against_torchrec(fbgemm_results, layout)
 
@@ -48,6 +47,6 @@ def test_two_ranks_equal_stock_torchrec(fbgemm_results, layout):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_ranks_on_the_xla_backend_equal_stock_torchrec():
-    results = launch_local(train_sharded_ec, 2, list(LAYOUTS), STEPS, "xla", timeout_s=600)
-    for layout in LAYOUTS:
+    results = launch_local(train_sharded_ec, 2, list(EC_LAYOUTS), STEPS, "xla", timeout_s=600)
+    for layout in EC_LAYOUTS:
         check_against_torchrec(results, layout)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from pipelines.synthetic import SyntheticConfig, generate
+from torchrec_tpu.train.checkpoint import STATE_DIR
 from torchrec_tpu.train.config import TrainConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +40,21 @@ def as_flags(options: dict[str, object]) -> list[str]:
         else:
             flags += [f"--{flag}", str(value)]
     return flags
+
+
+def flat_checkpoint(directory: Path, scratch: Path) -> dict[str, Any]:
+    """A checkpoint's state read by DCP's own converter, nested dicts flattened to dotted keys
+    ("model.<param>", "optimizer.state.<param>.<slot>", ...)."""
+    dcp_to_torch_save(directory / STATE_DIR, scratch)
+    return dict(_flatten("", torch.load(scratch, weights_only=False)))
+
+
+def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _flatten(f"{prefix}{key}.", inner)
+    else:
+        yield prefix[:-1], value
 
 
 def tiny_config(data: Path, log_dir: Path, **overrides: object) -> TrainConfig:

@@ -14,12 +14,13 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.dense_placement import dense_device
 from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.loop import train_step
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import ModelSpec
-from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
+from torchrec_tpu.train.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
 
 STEPS = 4
 GLOBAL_BATCH = 32
@@ -78,14 +79,11 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm") -> dict:
                 "state": _host_state(net), "devices": {p.device.type for p in net.parameters() if p.numel()}}
 
 
-_EXTRA_STATE = "model.sparse_arch.embedding_bag_collection._extra_state"
-
-
 def _host_state(net: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every dense parameter (by name) and embedding table (``table.<name>``), full, on the host."""
-    state = net.state_dict()
-    out = {name: _full(value) for name, value in state.items() if isinstance(value, torch.Tensor)}
-    out.update({f"table.{name}": w for name, w in state[_EXTRA_STATE]["weights"].items()})
+    ebc = next(m for m in net.modules() if isinstance(m, ShardedSparseCoreEBC))
+    out = {name: _full(value) for name, value in net.state_dict().items() if not name.startswith(EBC_PATH)}
+    out.update({f"table.{name}": w for name, w in ebc.unsharded_weights().items()})
     return out
 
 

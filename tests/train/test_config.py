@@ -46,6 +46,8 @@ def test_yaml_keys_mirror_flags_and_flags_win(tmp_path: Path) -> None:
         (["--batch-size", "0"], "--batch-size=0 must be >= 1"),
         (["--sparse-lr", "-0.1"], "--sparse-lr=-0.1 must be > 0"),
         (["--max-steps", "-5"], "--max-steps=-5 must be >= 0"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every=-1 must be >= 0"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints=0 must be >= 1"),
         (["--dense-arch", "64,32"], "--dense-arch='64,32' must end in --embedding-dim (16)"),
         (["--over-arch", "64,x"], "--over-arch='64,x' must be comma-separated positive layer"),
         (["--over-arch", "64,2"], "--over-arch='64,2' must end in 1"),

@@ -30,10 +30,10 @@ def test_sample_data_trains_dlrm_dcn_end_to_end(
     assert "160 train rows in 4 files, 40 held-out rows in 1 files" in out
     assert "steps           20 (320 samples this run" in out
     assert "eval AUC" in out and str(log_dir) in out
-    meta = json.loads((log_dir / "checkpoint" / "meta.json").read_text())
+    meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
     assert meta["config"]["model"] == "dlrm_dcn" and meta["step"] == 20
     state = torch.distributed.checkpoint.FileSystemReader(
-        str(log_dir / "checkpoint" / STATE_DIR)).read_metadata().state_dict_metadata
+        str(log_dir / "checkpoint" / "latest" / STATE_DIR)).read_metadata().state_dict_metadata
     crossnet = [k for k in state if k.startswith("model.model.inter_arch.crossnet.V_kernels")]
     assert len(crossnet) == 2  # DLRM_DCN with --dcn-num-layers 2, not plain DLRM
 

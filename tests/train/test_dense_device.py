@@ -1,13 +1,19 @@
 """``--dense-device tpu``: the sparsecore DLRM with its dense towers on the tpu device trains like
-the same model with everything on the host (same init, same batches), without any CPU fallback."""
+the same model with everything on the host (same init, same batches), without any CPU fallback;
+checkpoints load across placements."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
+from tests.train.conftest import tiny_config
 from tests.train.dense_device_checks import STEPS, train
+from tests.train.test_sparsecore_engine import _flat_model
 from torchrec_tpu.train.config import ConfigError, TrainConfig
+from torchrec_tpu.train.job import run_job
 
 
 @pytest.mark.parametrize("model", ["dlrm", pytest.param("dlrm_dcn", marks=pytest.mark.slow)])
@@ -40,3 +46,21 @@ def test_dense_flags_need_the_sparsecore_engine() -> None:
         TrainConfig(engine="torchrec", dense_parallel="fsdp2")
     with pytest.raises(ConfigError, match=r"--dense-device='gpu' is not one of \['cpu', 'tpu'\]"):
         TrainConfig(engine="sparsecore", dense_device="gpu")
+
+
+@pytest.mark.slow
+def test_checkpoints_move_between_placements(tiny_dataset: Path, tmp_path: Path) -> None:
+    """A checkpoint of FSDP2-sharded towers on tpu resumes with DDP (here: unwrapped) towers and
+    reaches the weights of the uninterrupted run."""
+    common = dict(engine="sparsecore", model="dlrm_dcn", eval_batch_size=256, epochs=1, dense_device="tpu")
+    first = run_job(tiny_config(tiny_dataset, tmp_path / "first", max_steps=4, dense_parallel="fsdp2", **common))
+    resumed = run_job(tiny_config(tiny_dataset, tmp_path / "resumed", max_steps=6,
+                                  resume=str(first.checkpoint_dir), **common))
+    full = run_job(tiny_config(tiny_dataset, tmp_path / "full", max_steps=6, **common))
+    expected = _flat_model(full.checkpoint_dir, tmp_path / "full.pt")
+    got = _flat_model(resumed.checkpoint_dir, tmp_path / "resumed.pt")
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6, msg=key)
+    assert resumed.result.eval.auc == pytest.approx(full.result.eval.auc, abs=1e-6)

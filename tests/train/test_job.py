@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -12,13 +14,14 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.train.conftest import tiny_config
-from torchrec_tpu.train.checkpoint import META_FILE, STATE_DIR, load_checkpoint
+from torchrec_tpu.train.checkpoint import META_FILE, RNG_DIR, STATE_DIR, load_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.job import model_spec, run_job
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import build_dlrm
+from torchrec_tpu.train.rng import rng_state, set_rng_state
 from torchrec_tpu.train.sharding import build_optimizer, shard_model
 
 
@@ -107,8 +110,14 @@ def test_resume_mid_epoch_reaches_the_uninterrupted_weights(trained, tiny_datase
                                                             tmp_path: Path) -> None:
     config, summary = trained  # 2 epochs of 64 steps, uninterrupted
     first = run_job(tiny_config(tiny_dataset, tmp_path / "first", eval_every=64, max_steps=40))
+    # Training draws no random numbers, so mark the saved generators to see them restored.
+    rng_file = first.checkpoint_dir / RNG_DIR / "rank-00000.pt"
+    marked = _seeded_rng_state(1234)
+    torch.save(marked, rng_file)
     resumed = run_job(tiny_config(tiny_dataset, tmp_path / "resumed", eval_every=64,
-                                  resume=str(first.checkpoint_dir)))
+                                  resume=str(first.checkpoint_dir.parent)))  # the root: its latest
+    meta = json.loads((first.checkpoint_dir / META_FILE).read_text())
+    assert (meta["step"], meta["epoch"], meta["batches_consumed"]) == (40, 0, 40)
     assert first.result.steps == 40
     assert resumed.result.steps == summary.result.steps == 128
     assert resumed.result.samples == (128 - 40) * config.batch_size
@@ -119,3 +128,15 @@ def test_resume_mid_epoch_reaches_the_uninterrupted_weights(trained, tiny_datase
     for key, value in flat["full"].items():
         torch.testing.assert_close(flat["resumed"][key], value, rtol=0, atol=0, msg=key)
     assert resumed.result.eval.auc == pytest.approx(summary.result.eval.auc, abs=1e-6)
+    final_rng = torch.load(resumed.checkpoint_dir / RNG_DIR / "rank-00000.pt", weights_only=False)
+    assert torch.equal(final_rng["torch"], marked["torch"])
+    assert final_rng["python"] == marked["python"]
+    np.testing.assert_array_equal(final_rng["numpy"][1], marked["numpy"][1])
+
+
+def _seeded_rng_state(seed: int) -> dict:
+    saved = rng_state()
+    torch.manual_seed(seed), np.random.seed(seed), random.seed(seed)
+    marked = rng_state()
+    set_rng_state(saved)
+    return marked

@@ -36,28 +36,40 @@ def _free_port() -> int:
 CLI = "import sys; from torchrec_tpu import cli; sys.exit(cli.main(sys.argv[1:]))"
 
 
-def launch_cli_ranks(argv: list[str], run_dir: Path) -> list[str]:
-    """Run ``torchrec-tpu <argv>`` as WORLD fresh processes under torchrun's environment
-    variables; returns each rank's output. Not forked: the test process may have JAX running
-    (sparsecore tests), and a forked JAX runtime deadlocks."""
+def start_cli_ranks(argv: list[str], run_dir: Path, world: int = WORLD,
+                    name: str = "rank") -> list[tuple[subprocess.Popen, Path]]:
+    """Start ``torchrec-tpu <argv>`` as ``world`` fresh processes under torchrun's environment
+    variables; each rank's output goes to ``run_dir/<name><rank>.out``. Not forked: the test
+    process may have JAX running (sparsecore tests), and a forked JAX runtime deadlocks."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    outs = [run_dir / f"rank{rank}.out" for rank in range(WORLD)]
-    procs = []
-    for rank in range(WORLD):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
-               "LOCAL_WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        with open(outs[rank], "w") as out:
-            procs.append(subprocess.Popen([sys.executable, "-c", CLI, *argv], env=env, stdout=out,
-                                          stderr=subprocess.STDOUT, cwd=REPO_ROOT))
+    ranks = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        out = run_dir / f"{name}{rank}.out"
+        with open(out, "w") as stream:
+            ranks.append((subprocess.Popen([sys.executable, "-c", CLI, *argv], env=env, stdout=stream,
+                                           stderr=subprocess.STDOUT, cwd=REPO_ROOT), out))
+    return ranks
+
+
+def wait_cli_ranks(ranks: list[tuple[subprocess.Popen, Path]], timeout: float = 300) -> list[str]:
+    """Wait for the ranks of :func:`start_cli_ranks` to succeed; returns each rank's output."""
     try:
-        codes = [p.wait(timeout=300) for p in procs]
+        codes = [proc.wait(timeout=timeout) for proc, _ in ranks]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for rank, code in enumerate(codes):
-        assert code == 0, f"rank {rank} exited with {code}:\n{outs[rank].read_text()[-3000:]}"
-    return [out.read_text() for out in outs]
+        for proc, _ in ranks:
+            if proc.poll() is None:
+                proc.kill()
+    for rank, (code, (_, out)) in enumerate(zip(codes, ranks)):
+        assert code == 0, f"rank {rank} exited with {code}:\n{out.read_text()[-3000:]}"
+    return [out.read_text() for _, out in ranks]
+
+
+def launch_cli_ranks(argv: list[str], run_dir: Path) -> list[str]:
+    """Run ``torchrec-tpu <argv>`` on WORLD ranks to completion; returns each rank's output."""
+    return wait_cli_ranks(start_cli_ranks(argv, run_dir))
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +90,7 @@ def test_two_ranks_train_in_lock_step(two_rank_run) -> None:
     assert "8192 held-out rows" in out0  # the shards together cover the held-out file
     # Rank 0 has 4096 held-out rows, batches of 1024 / 2 = 512: none left; 8192 train rows, none.
     assert "left out" not in out0
-    meta = json.loads((log_dir / "checkpoint" / "meta.json").read_text())
+    meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
     assert meta["world_size"] == WORLD and meta["step"] == STEPS
     assert meta["metrics"]["eval_auc"] > 0.55
     assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # rank 0 only
@@ -88,9 +100,9 @@ def test_two_ranks_train_in_lock_step(two_rank_run) -> None:
 def test_two_rank_checkpoint_loads_on_one_rank(two_rank_run, tmp_path: Path) -> None:
     log_dir, _ = two_rank_run
     flat = tmp_path / "flat.pt"
-    dcp_to_torch_save(log_dir / "checkpoint" / STATE_DIR, flat)
+    dcp_to_torch_save(log_dir / "checkpoint" / "latest" / STATE_DIR, flat)
     saved = torch.load(flat, weights_only=False)["model"]
-    meta = json.loads((log_dir / "checkpoint" / "meta.json").read_text())
+    meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
     config = TrainConfig(**meta["config"])
     with process_group() as env, open_data(config, env) as data:
         assert env.world_size == 1

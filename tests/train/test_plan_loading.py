@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparsecore import SGD, RowWiseAdagrad
+from sparsecore import SGD, Adagrad, RowWiseAdagrad
 from sparsecore.specs import TableSpec
 from torchrec_tpu import cli
 from torchrec_tpu.planner.partitioner import plan_tables
@@ -81,7 +81,7 @@ def test_mismatches_name_the_table_and_value(world, model, edit, message) -> Non
 def test_shardings_the_ebc_cannot_run_are_errors() -> None:
     rowwise = [dataclasses.replace(t, optimizer=RowWiseAdagrad(0.1)) for t in TABLES]
     with pytest.raises(PlanLoadError, match="table 't_wide' \\(column_wise\\): rowwise_adagrad keeps one slot"):
-        sharding_from_plan(mixed_plan(), rowwise, 2)
+        sharding_from_plan(mixed_plan(rowwise), rowwise, 2)
     # dim 12 pads to 16: blocks [0:8] and [8:16] hold 8 and 4 real columns
     uneven = [dataclasses.replace(t, dim=12) if t.name == "t_wide" else t for t in TABLES]
     with pytest.raises(PlanLoadError, match=r"table 't_wide' \(column_wise\): column blocks of \[8, 4\] real"):
@@ -90,6 +90,13 @@ def test_shardings_the_ebc_cannot_run_are_errors() -> None:
     moved = tuple(dataclasses.replace(s, device=5) for s in plan.table("t_small").shards)
     with pytest.raises(PlanLoadError, match="table 't_small' \\(table_wise\\): shard on device 5, not a rank"):
         sharding_from_plan(_with_table(plan, "t_small", shards=moved), TABLES, 2)
+
+
+def test_a_plan_for_another_optimizer_warns() -> None:
+    adagrad = [dataclasses.replace(t, optimizer=Adagrad(0.1)) for t in TABLES]
+    with pytest.warns(UserWarning, match=r"tables \['t_big', .*\] were planned for optimizer 'sgd' but train "
+                                         r"with 'adagrad'"):
+        assert sharding_from_plan(mixed_plan(), adagrad, 2) == sharding_from_plan(mixed_plan(), TABLES, 2)
 
 
 def test_bad_files_and_worlds(tmp_path: Path) -> None:
@@ -111,3 +118,7 @@ def test_cli_reports_plan_errors_without_traceback(tiny_dataset: Path, tmp_path:
     assert cli.main([*common, "--engine", "sparsecore", "--plan", str(plan)]) == 2
     err = capsys.readouterr().err
     assert "names tables the model does not have" in err and "Traceback" not in err
+    config = tmp_path / "train.yaml"  # the same option as a config file key
+    config.write_text(f"engine: sparsecore\nplan: {tmp_path / 'missing.json'}\n")
+    assert cli.main([*common, "--config", str(config)]) == 2
+    assert "missing.json': no such file" in capsys.readouterr().err

@@ -7,13 +7,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.train.conftest import tiny_config
-from torchrec_tpu.train.checkpoint import STATE_DIR
+from torchrec.models.dlrm import DLRMTrain
+
+from pipelines.inference.model import load_inference_model
+from tests.train.conftest import flat_checkpoint, tiny_config
+from torchrec_tpu.train.data import open_data
+from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.job import run_job
+from torchrec_tpu.train.metrics import evaluate
 
-EXTRA_STATE = "model.model.sparse_arch.embedding_bag_collection._extra_state"
+TABLES = "model.model.sparse_arch.embedding_bag_collection.embedding_bags."
 
 
 @pytest.fixture(scope="module")
@@ -32,18 +36,15 @@ def test_learns_as_well_as_the_torchrec_engine(sparsecore_run, trained) -> None:
                                                                        baseline.result.eval.auc)
 
 
-def _flat_model(directory: Path, tmp: Path) -> dict:
-    """The checkpoint's model state read by DCP's own converter, nested dicts flattened."""
-    dcp_to_torch_save(directory / STATE_DIR, tmp)
-    return dict(_flatten("model", torch.load(tmp, weights_only=False)["model"]))
-
-
-def _flatten(prefix: str, value):
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            yield from _flatten(f"{prefix}.{key}", inner)
-    else:
-        yield prefix, value
+def test_the_serving_model_loads_the_sharded_checkpoint(sparsecore_run) -> None:
+    config, summary = sparsecore_run
+    served = load_inference_model(summary.checkpoint_dir.parent)  # the checkpoint root: its latest
+    assert served.step == summary.result.steps
+    with open_data(config, DistEnv(rank=0, world_size=1, local_world_size=1)) as data:
+        result = evaluate(DLRMTrain(served.dlrm), data.held_out, torch.device("cpu"))
+    # the plain CPU TorchRec DLRM scores the held-out data like the sharded model did
+    assert result.auc == pytest.approx(summary.result.eval.auc, abs=1e-6)
+    assert result.loss == pytest.approx(summary.result.eval.loss, rel=1e-5)
 
 
 def test_resume_reaches_the_uninterrupted_weights(tiny_dataset: Path, tmp_path: Path) -> None:
@@ -53,10 +54,10 @@ def test_resume_reaches_the_uninterrupted_weights(tiny_dataset: Path, tmp_path: 
     resumed = run_job(tiny_config(tiny_dataset, tmp_path / "resumed", max_steps=20,
                                   resume=str(first.checkpoint_dir), **common))
     assert resumed.result.steps == 20 and resumed.result.samples == 12 * 256
-    expected = _flat_model(full.checkpoint_dir, tmp_path / "full.pt")
-    got = _flat_model(resumed.checkpoint_dir, tmp_path / "resumed.pt")
+    expected = flat_checkpoint(full.checkpoint_dir, tmp_path / "full.pt")
+    got = flat_checkpoint(resumed.checkpoint_dir, tmp_path / "resumed.pt")
     assert set(got) == set(expected)
-    tables = [k for k in expected if k.startswith(EXTRA_STATE + ".weights.")]
+    tables = [k for k in expected if k.startswith(TABLES)]
     assert len(tables) == 26  # the tables really are in the checkpoint
     for key, value in expected.items():
         if isinstance(value, torch.Tensor):

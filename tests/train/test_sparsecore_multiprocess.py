@@ -35,7 +35,7 @@ def two_rank_sparsecore(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFac
 def test_two_ranks_train_and_the_checkpoint_loads_on_one(two_rank_sparsecore) -> None:
     log_dir, (out0, _) = two_rank_sparsecore
     assert f"steps           {STEPS} ({STEPS * 256:,} samples this run, 2 rank(s))" in out0
-    meta = json.loads((log_dir / "checkpoint" / "meta.json").read_text())
+    meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
     assert meta["world_size"] == WORLD and meta["metrics"]["eval_auc"] > 0.55
     config = TrainConfig(**meta["config"])
     with process_group() as env, open_data(config, env) as data:

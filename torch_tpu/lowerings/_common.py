@@ -124,5 +124,14 @@ def norm_dims(dims: Any, ndim: int) -> tuple[int, ...]:
     return tuple(sorted(d % rank for d in dims)) if ndim else ()
 
 
+def is_one(scale: Operand) -> bool:
+    """Whether a scale argument (``alpha``, ``value``) is the Python number 1.
+
+    A traced scale (the per-op jit cache turns changing floats into inputs) is never "1": the
+    multiplication stays in the program and gives the same result either way.
+    """
+    return isinstance(scale, (int, float)) and scale == 1
+
+
 def is_float(x: jax.Array) -> bool:
     return jnp.issubdtype(x.dtype, jnp.inexact)

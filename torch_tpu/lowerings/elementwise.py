@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from torch_tpu._jax import jax, jnp
-from torch_tpu.lowerings._common import cast, float_dtype, floated, promoted, result_dtype
+from torch_tpu.lowerings._common import cast, float_dtype, floated, is_one, promoted, result_dtype
 from torch_tpu.registry import register_lowering
 
 aten = torch.ops.aten
@@ -14,7 +14,7 @@ lax = jax.lax
 
 
 def _scaled(x, alpha):
-    return x if alpha == 1 else x * cast(alpha, x.dtype)
+    return x if is_one(alpha) else x * cast(alpha, x.dtype)
 
 
 @register_lowering(aten.add.Tensor, aten.add.Scalar)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from torch_tpu._jax import jnp
-from torch_tpu.lowerings._common import cast
+from torch_tpu.lowerings._common import cast, is_one
 from torch_tpu.registry import register_lowering
 
 aten = torch.ops.aten
@@ -99,7 +99,7 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
 
 @register_lowering(aten.index_add.default)
 def index_add(self, dim, index, source, *, alpha=1):
-    src = source if alpha == 1 else source * cast(alpha, source.dtype)
+    src = source if is_one(alpha) else source * cast(alpha, source.dtype)
     if self.ndim == 0:
         return self + cast(jnp.sum(src), self.dtype)
     dim = dim % self.ndim

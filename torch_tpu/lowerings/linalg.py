@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from torch_tpu._jax import jax, jnp
-from torch_tpu.lowerings._common import cast
+from torch_tpu.lowerings._common import cast, is_one
 from torch_tpu.registry import register_lowering
 
 aten = torch.ops.aten
@@ -46,10 +46,10 @@ def dot(self, tensor):
 
 
 def _beta_alpha(input, product, beta, alpha):
-    out = product if alpha == 1 else product * cast(alpha, product.dtype)
+    out = product if is_one(alpha) else product * cast(alpha, product.dtype)
     if beta == 0:  # torch ignores input (even NaN) when beta is 0
         return jnp.broadcast_to(out, jnp.broadcast_shapes(input.shape, out.shape))
-    scaled = input if beta == 1 else input * cast(beta, input.dtype)
+    scaled = input if is_one(beta) else input * cast(beta, input.dtype)
     return scaled + out
 
 

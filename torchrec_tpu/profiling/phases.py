@@ -32,8 +32,8 @@ class PhasedParquetReader(ParquetBatchReader):
     ranges. Construct it with ``prefetch_row_groups=0``: torch.profiler records only threads it
     was enabled on, so a prefetch thread's reads would be missing from the trace."""
 
-    def _tables(self) -> Iterator[pa.Table]:
-        tables = super()._tables()
+    def _tables(self, start: int) -> Iterator[pa.Table]:
+        tables = super()._tables(start)
         while True:
             with record_function(DATA):
                 table = next(tables, None)

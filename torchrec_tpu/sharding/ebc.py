@@ -58,6 +58,8 @@ class ShardedSparseCoreEBC(ShardedTables):
     dense ones: with a per-rank mean loss, W ranks then train like one rank on the global batch.
     """
 
+    table_modules = "embedding_bags"
+
     def __init__(
         self,
         tables: Sequence[TableSpec],

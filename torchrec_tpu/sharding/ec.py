@@ -36,7 +36,7 @@ from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, torchrec_weights
-from torchrec_tpu.sharding.shards import TableSharding
+from torchrec_tpu.sharding.shards import Shard, TableSharding
 
 
 @dataclass
@@ -71,6 +71,8 @@ class ShardedSparseCoreEC(ShardedTables):
     A feature's ``batch_size`` (per rank) and ``max_ids_per_sample`` only size the first lookup
     buffers. ``need_indices`` puts each feature's ids into its output's weights, as TorchRec does.
     """
+
+    table_modules = "embeddings"
 
     def __init__(
         self,
@@ -159,34 +161,37 @@ class ShardedSparseCoreEC(ShardedTables):
 
     def compute_and_output_dist(self, batch: SequenceBatch) -> dict[str, JaggedTensor]:
         """Look up the local shards and return this rank's embeddings, by feature."""
-        flat = self._looked_up(batch)
-        out, start = {}, 0
-        for f in self.features:
-            jt = batch.features[f.name]
-            dim = self.tables[f.table].dim
-            values = flat[start:start + jt.values().numel() * dim].view(-1, dim)
-            start += values.numel()
-            out[f.name] = JaggedTensor(values=values, lengths=jt.lengths(),
-                                       weights=jt.values() if self.need_indices else None)
-        return out
+        values = self._by_feature(batch, self._looked_up(batch))
+        return {name: JaggedTensor(values=v, lengths=batch.features[name].lengths(),
+                                   weights=batch.features[name].values() if self.need_indices else None)
+                for name, v in values.items()}
+
+    def _value_sizes(self, batch: SequenceBatch) -> list[int]:
+        """Floats of each feature's output values, in feature order."""
+        return [batch.features[f.name].values().numel() * self.tables[f.table].dim for f in self.features]
+
+    def _by_feature(self, batch: SequenceBatch, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Views [ids, dim] of each feature's part of ``flat`` (one split: its backward
+        concatenates the features' gradients once)."""
+        return {f.name: part.view(-1, self.tables[f.table].dim)
+                for f, part in zip(self.features, flat.split(self._value_sizes(batch)))}
 
     def _lookup_and_output_dist(self, batch: SequenceBatch) -> tuple[torch.Tensor, tuple[SequenceBatch, _Lookup]]:
         lookup = self._lookup(batch)
-        send = [lookup.activations[f.name][torch.from_numpy(lookup.rows[f.name][batch.inverse[s][j]])].reshape(-1)
-                for s in range(self.world_size) for j, (f, _) in enumerate(self._served[self.rank])]
+        send = [lookup.activations[f.name].index_select(0, torch.from_numpy(lookup.rows[f.name][batch.inverse[s][j]]))
+                .reshape(-1) for s in range(self.world_size) for j, (f, _) in enumerate(self._served[self.rank])]
         recv = all_to_all(torch.cat(send or [torch.zeros(0)]), self._served_sizes(batch), self._sent_sizes(batch),
                           self.group)
-        out = {f.name: torch.zeros(batch.features[f.name].values().numel(), self.tables[f.table].dim)
-               for f in self.features}
+        flat = torch.empty(sum(self._value_sizes(batch)))  # the shards' blocks cover every value
+        values = self._by_feature(batch, flat)
         start = 0
         for rank, pairs in enumerate(self._served):
             for j, (f, shard) in enumerate(pairs):
-                positions = torch.from_numpy(batch.sent[rank][j])
-                block = recv[start:start + positions.numel() * shard.cols].view(-1, shard.cols)
+                block = recv[start:start + batch.sent[rank][j].size * shard.cols].view(-1, shard.cols)
                 start += block.numel()
                 if shard.kind != "data_parallel" or rank == self.rank:
-                    out[f.name][positions, shard.col_offset:shard.col_offset + shard.cols] = block
-        return torch.cat([out[f.name].reshape(-1) for f in self.features]), (batch, lookup)
+                    values[f.name][_block_index(batch.sent[rank][j], values[f.name].shape[0], shard)] = block
+        return flat, (batch, lookup)
 
     def _lookup(self, batch: SequenceBatch) -> _Lookup:
         """Grow the capacity if needed, then look up every served feature's unique rows."""
@@ -212,8 +217,10 @@ class ShardedSparseCoreEC(ShardedTables):
         if not short:
             return
         n = self._topology.num_sparsecores
-        for name, count in short.items():
-            self._capacity[name] = round_up(max(count, 2 * self._capacity[name]), n)
+        rows = {f.name: shard.rows for f, shard in self._served[self.rank]}
+        for name, count in short.items():  # powers of two: few rebuilds (each compiles anew)
+            self._capacity[name] = round_up(min(max(1 << (count - 1).bit_length(), 2 * self._capacity[name]),
+                                                rows[name]), n)
         old = self._backend
         weights = old.table_weights()
         plan = plan_stacking(list(self._local_tables().values()), self._local_features(), self._topology)
@@ -232,13 +239,10 @@ class ShardedSparseCoreEC(ShardedTables):
 
     def _update(self, context: tuple[SequenceBatch, _Lookup], grad: torch.Tensor) -> None:
         """Send every id's gradient to its shards, sum it per unique id, apply the update."""
-        (batch, lookup), grads, start = context, {}, 0
-        for f in self.features:
-            dim = self.tables[f.table].dim
-            grads[f.name] = grad[start:start + batch.features[f.name].values().numel() * dim].view(-1, dim)
-            start += grads[f.name].numel()
-        send = [grads[f.name][torch.from_numpy(batch.sent[r][j]), shard.col_offset:shard.col_offset + shard.cols]
-                .reshape(-1) for r, pairs in enumerate(self._served) for j, (f, shard) in enumerate(pairs)]
+        batch, lookup = context
+        grads = self._by_feature(batch, grad)
+        send = [grads[f.name][_block_index(batch.sent[r][j], grads[f.name].shape[0], shard)].reshape(-1)
+                for r, pairs in enumerate(self._served) for j, (f, shard) in enumerate(pairs)]
         recv = all_to_all(torch.cat(send or [torch.zeros(0)]), self._sent_sizes(batch), self._served_sizes(batch),
                           self.group)
         if self._backend is None:
@@ -260,3 +264,9 @@ class ShardedSparseCoreEC(ShardedTables):
         self._copy_unsharded_into(ec.embeddings)
         return ec
 
+
+def _block_index(positions: np.ndarray, ids: int, shard: Shard) -> tuple[slice | torch.Tensor, slice]:
+    """Where a shard's block of ``positions`` lies in its feature's [ids, dim] values (plain
+    slices when it holds every id: no gather or scatter copies)."""
+    rows = slice(None) if positions.size == ids else torch.from_numpy(positions)
+    return rows, slice(shard.col_offset, shard.col_offset + shard.cols)

@@ -3,13 +3,13 @@
 Tables are placed over a process group (``make_shards``); rank r serves the (feature, shard)
 pairs ``served[r]``, in feature order, which is also the layout of every dist message. Each rank
 runs its shards as one local sparsecore backend. The unsharded views of the tables and slots, and
-the module state (identical on every rank, so it reshards on load), live here too.
+the module state (each rank's pieces of the full tables, see ``state_dict.py``), live here too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from sparsecore.backends.base import Backend
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.stacking import plan_stacking
 from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards
+from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
 
@@ -37,6 +38,7 @@ class _FusedLookup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
+        ctx.module.steps += 1
         ctx.module._update(ctx.context, (grad * ctx.module._grad_scale).contiguous())
         return None, None, None
 
@@ -48,8 +50,11 @@ class ShardedTables(nn.Module):
 
     Subclasses implement ``_lookup(batch) -> (activations, context)`` and
     ``_output_dist(activations)`` (or ``_lookup_and_output_dist`` as a whole) and
-    ``_update(context, output_grad)``.
+    ``_update(context, output_grad)``, and name the TorchRec module holding per-table modules
+    (``table_modules``: the state dict's ``<table_modules>.<table>.weight`` keys).
     """
+
+    table_modules: ClassVar[str]
 
     def __init__(self, tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
                  sharding: Mapping[str, TableSharding], group: dist.ProcessGroup | None, average_over_ranks: bool):
@@ -65,6 +70,7 @@ class ShardedTables(nn.Module):
         self._served: Served = [[(f, s) for f in self.features for s in self.shards[f.table] if s.rank == r]
                                 for r in range(self.world_size)]
         self._backend: Backend | None = None
+        self.steps = 0  # fused updates applied (counted on every rank, with or without local shards)
         self._anchor = nn.Parameter(torch.empty(0), requires_grad=True)  # makes autograd call backward
 
     def _make_backend(self, local_features: Sequence[FeatureSpec], topology: SparseCoreTopology, backend: str,
@@ -107,22 +113,35 @@ class ShardedTables(nn.Module):
             out.setdefault(table, {})[slot] = value
         return out
 
-    def get_extra_state(self) -> dict[str, Any]:
-        """The unsharded tables, optimizer slots and step count (a collective: ``state_dict()``
-        must run on every rank). Identical on all ranks, so DCP stores it once; a checkpoint
-        resharded to another world or layout loads through ``set_extra_state``."""
-        steps = self._backend.steps if self._backend else 0
-        return {"weights": self.unsharded_weights(), "slots": self.unsharded_slots(), "steps": steps}
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """Adds this rank's pieces of every table and optimizer slot (keys
+        ``<table_modules>.<table>.weight``, ``optimizer_slots.<table>.<slot>``; see
+        ``state_dict.py``). A collective: ``state_dict()`` must run on every rank."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        weights = self._backend.table_weights() if self._backend else {}
+        slots = self._backend.optimizer_slots() if self._backend else {}
+        state = checkpoint_state(self.table_modules, self.tables, self.shards, weights, slots, self.steps,
+                                 self._where())
+        destination.update({prefix + key: value for key, value in state.items()})
 
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        if self._backend is None:
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        keys = [prefix + key for key in state_keys(self.table_modules, self.tables)]
+        unexpected_keys[:] = [key for key in unexpected_keys if key not in set(keys)]
+        missing = [key for key in keys if key not in state_dict]
+        if missing:
+            if strict:
+                missing_keys.extend(missing)
             return
-        mine = {s.table: s for _, s in self._served[self.rank]}
-        self._backend.load_state(
-            {name: s.slice(state["weights"][name]) for name, s in mine.items()},
-            {name: {k: s.slice(v) for k, v in state["slots"].get(name, {}).items()} for name, s in mine.items()},
-            int(state["steps"]),
-        )
+        weights, slots, self.steps = local_state(self.table_modules, self.tables, self.shards,
+                                                 {key[len(prefix):]: state_dict[key] for key in keys}, self._where())
+        if self._backend is not None:
+            self._backend.load_state(weights, slots, self.steps)
+
+    def _where(self) -> Group:
+        return Group(self.rank, self.world_size, self.group)
 
     def _copy_unsharded_into(self, modules: Mapping[str, nn.Module]) -> None:
         """Write the unsharded tables into TorchRec modules with a ``weight`` each, by table name."""

@@ -57,7 +57,8 @@ class TrainConfig:
         default="cpu",
         metadata=_flag(
             "where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only. cpu "
-            "is the default because on this XLA:CPU-backed tpu device tpu is slower "
+            "is the default: with the tpu device backed by XLA:CPU (no TPU), tpu is about even on "
+            "small towers, ~0.6x on 512-wide ones, and compiles each op first "
             "(bench/bench_dense_device.py); choose tpu on a real TPU", choices=DENSE_DEVICES,
         ),
     )
@@ -127,11 +128,20 @@ class TrainConfig:
         default=None, metadata=_flag("TensorBoard log directory (default: runs/<UTC timestamp>)")
     )
     checkpoint_dir: str | None = field(
-        default=None, metadata=_flag("checkpoint directory (default: <log-dir>/checkpoint)")
+        default=None,
+        metadata=_flag("checkpoint root: versioned checkpoints and a 'latest' link "
+                       "(default: <log-dir>/checkpoint)"),
+    )
+    checkpoint_every: int = field(
+        default=0, metadata=_flag("also checkpoint every N steps (0: only at the end)")
+    )
+    keep_checkpoints: int = field(
+        default=2, metadata=_flag("checkpoints kept in the checkpoint root (older ones are deleted)")
     )
     resume: str | None = field(
         default=None,
-        metadata=_flag("checkpoint directory to resume from: its model, optimizer state and step"),
+        metadata=_flag("checkpoint to resume from (a checkpoint root: its latest): model, optimizer "
+                       "state, RNG, step and data position"),
     )
     log_every: int = field(default=20, metadata=_flag("log training scalars every N steps"))
     eval_every: int = field(
@@ -145,9 +155,10 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad option, its value and the limit."""
         for name in ("num_embeddings", "embedding_dim", "batch_size", "eval_batch_size", "epochs",
-                     "eval_files", "log_every", "dcn_num_layers", "dcn_low_rank_dim"):
+                     "eval_files", "log_every", "dcn_num_layers", "dcn_low_rank_dim",
+                     "keep_checkpoints"):
             _require(name, getattr(self, name), lambda v: v >= 1, "must be >= 1")
-        for name in ("max_steps", "eval_every", "num_threads"):
+        for name in ("max_steps", "eval_every", "checkpoint_every", "num_threads"):
             _require(name, getattr(self, name), lambda v: v >= 0, "must be >= 0")
         for name in ("sparse_lr", "dense_lr"):
             _require(name, getattr(self, name), lambda v: v > 0, "must be > 0")

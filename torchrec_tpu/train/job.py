@@ -9,11 +9,12 @@ from pathlib import Path
 import torch
 import torchrec
 
-from torchrec_tpu.train.checkpoint import load_checkpoint, save_checkpoint
+from torchrec_tpu.train.checkpoint import (load_checkpoint, resolve_checkpoint, restore_rng,
+                                           save_checkpoint)
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
-from torchrec_tpu.train.loop import LoopOptions, TrainResult, run_training
+from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.sharding import build_optimizer, shard_model
@@ -24,7 +25,7 @@ class JobSummary:
     result: TrainResult
     data: str
     log_dir: Path
-    checkpoint_dir: Path
+    checkpoint_dir: Path  # the final checkpoint: a version directory under the checkpoint root
     world_size: int
     primary: bool  # whether this process is rank 0
 
@@ -64,37 +65,46 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> 
 
 
 def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
-    log_dir = _agreed_log_dir(config, env)
-    checkpoint_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else log_dir / "checkpoint"
+    log_dir = Path(_agreed(str(config.resolved_log_dir()), env))
+    checkpoint_root = Path(config.checkpoint_dir) if config.checkpoint_dir else log_dir / "checkpoint"
     torch.manual_seed(config.seed)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         model, optimizer = _model_and_optimizer(config, spec, env, device)
-        start_step = 0
+        start_step, start = 0, LoopPosition()
         if config.resume:
-            start_step = int(load_checkpoint(Path(config.resume), model, optimizer)["step"])
+            resume = Path(_agreed(str(resolve_checkpoint(Path(config.resume))), env))
+            meta = load_checkpoint(resume, model, optimizer)
+            restore_rng(resume, env.rank)
+            start_step = int(meta["step"])
+            start = LoopPosition(int(meta["epoch"]), int(meta["batches_consumed"]))
         options = LoopOptions(
             epochs=config.epochs, max_steps=config.max_steps, log_every=config.log_every,
-            eval_every=config.eval_every, progress=config.progress and env.is_primary,
-            world_size=env.world_size, start_step=start_step,
+            eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
+            progress=config.progress and env.is_primary, world_size=env.world_size,
+            start_step=start_step, start=start,
         )
         train = data.train
         if config.engine == "sparsecore":
             from torchrec_tpu.train.sparsecore_engine import pipelined
 
             train = pipelined(train, model, env, device)
-        result = run_training(model, optimizer, train, data.held_out, device, log, options)
-        meta = {
-            "step": result.steps,
-            "samples": result.samples,
-            "config": config.to_dict(),
-            "metrics": {"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,
-                        "eval_loss": result.eval.loss},
-            "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__},
-        }
-        save_checkpoint(checkpoint_dir, model, optimizer, meta)
+
+        def save(step: int, position: LoopPosition, **extra: object) -> Path:
+            info = {"step": step, "epoch": position.epoch, "batches_consumed": position.batch,
+                    "config": config.to_dict(), **extra,
+                    "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
+            return save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)
+
+        result = run_training(model, optimizer, train, data.held_out, device, log, options,
+                              checkpoint=save)
+        checkpoint_dir = save(
+            result.steps, result.position, samples=result.samples,
+            metrics={"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,
+                     "eval_loss": result.eval.loss},
+        )
         if env.is_primary:
             (log_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
         return JobSummary(
@@ -116,9 +126,10 @@ def _model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, dev
     return model, build_optimizer(model, config.dense_optimizer, config.dense_lr)
 
 
-def _agreed_log_dir(config: TrainConfig, env: DistEnv) -> Path:
-    """The primary's log dir on every rank (a timestamped default could differ across ranks)."""
-    chosen = [str(config.resolved_log_dir())]
+def _agreed(value: str, env: DistEnv) -> str:
+    """The primary's ``value`` on every rank (a timestamped default log dir, or the checkpoint a
+    'latest' link points to, could differ across ranks)."""
+    chosen = [value]
     if env.world_size > 1:
         torch.distributed.broadcast_object_list(chosen, src=0)
-    return Path(chosen[0])
+    return chosen[0]

@@ -9,7 +9,6 @@ to the TPU device changes what is passed in, not this file.
 from __future__ import annotations
 
 import collections
-import itertools
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -20,8 +19,17 @@ from torch.optim import Optimizer
 from torchrec.datasets.utils import Batch
 from tqdm import tqdm
 
+from pipelines.parquet_reader import batches_from
 from torchrec_tpu.train.metrics import EvalResult, evaluate
 from torchrec_tpu.train.scalars import ScalarLog
+
+
+@dataclass(frozen=True)
+class LoopPosition:
+    """Where training stands in the data: the next batch is batch ``batch`` of epoch ``epoch``."""
+
+    epoch: int = 0
+    batch: int = 0
 
 
 @dataclass(frozen=True)
@@ -30,18 +38,21 @@ class LoopOptions:
     max_steps: int = 0  # 0: no limit
     log_every: int = 20
     eval_every: int = 0  # 0: evaluate only at the end
+    checkpoint_every: int = 0  # 0: no checkpoints during training
     progress: bool = True
     world_size: int = 1  # samples/s counts every rank's batch (ranks step in lock-step)
     start_step: int = 0  # global step to resume from (a checkpoint's "step")
+    start: LoopPosition = LoopPosition()  # where in the data that step left off
 
 
 @dataclass(frozen=True)
 class TrainResult:
     steps: int  # global step reached (including the steps before a resume)
     samples: int  # trained on in this run, over all ranks
-    train_seconds: float  # wall time of the loop (input pipeline included), evaluation excluded
+    train_seconds: float  # wall time of the loop (input pipeline included), eval and checkpoints excluded
     final_train_loss: float  # mean over the last ``log_every`` steps
     eval: EvalResult
+    position: LoopPosition  # where a run resuming from here continues
 
     @property
     def samples_per_sec(self) -> float:
@@ -49,6 +60,7 @@ class TrainResult:
 
 
 StepFn = Callable[[nn.Module, Optimizer, Batch], torch.Tensor]
+CheckpointFn = Callable[[int, LoopPosition], object]  # (global step, position after it)
 
 
 def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch) -> torch.Tensor:
@@ -61,20 +73,21 @@ def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch) -> torch.Te
     return loss.detach()
 
 
-def _batches(train: Iterable[Batch], options: LoopOptions) -> Iterator[tuple[int, Batch]]:
-    """(epoch, batch) from global step ``start_step`` on, up to ``max_steps``.
+def _batches(train: Iterable[Batch], options: LoopOptions) -> Iterator[tuple[LoopPosition, Batch]]:
+    """(position after the batch, batch) from ``options.start`` to the end of the last epoch.
 
-    On resume, whole epochs already done are skipped without reading; inside the current epoch
-    the batches already trained on are read and dropped (the readers have no random access).
+    Resuming mid-epoch seeks the stream to its batch when it can (``iter_from``), else reads and
+    drops the batches before it.
     """
-    per_epoch = _len(train)
-    first_epoch = options.start_step // per_epoch if per_epoch else 0
-    skip = options.start_step - first_epoch * (per_epoch or 0)
-    stream = itertools.chain.from_iterable(
-        ((epoch, b) for b in train) for epoch in range(first_epoch, options.epochs)
-    )
-    stop = options.max_steps - options.start_step if options.max_steps else None
-    return itertools.islice(stream, skip, None if stop is None else skip + max(stop, 0))
+    start = options.start
+    for epoch in range(start.epoch, options.epochs):
+        first = start.batch if epoch == start.epoch else 0
+        for index, batch in enumerate(batches_from(train, first), first):
+            yield LoopPosition(epoch, index + 1), batch
+
+
+def _done(step: int, options: LoopOptions) -> bool:
+    return bool(options.max_steps) and step >= options.max_steps
 
 
 def _len(train: Iterable[Batch]) -> int | None:
@@ -101,21 +114,30 @@ def run_training(
     log: ScalarLog,
     options: LoopOptions,
     step_fn: StepFn = train_step,
+    checkpoint: CheckpointFn | None = None,
 ) -> TrainResult:
-    """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out``; return a summary."""
+    """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out``; return a summary.
+
+    ``checkpoint`` is called every ``options.checkpoint_every`` steps except the last (whose
+    state the caller has when this returns).
+    """
     model.train()
     step, samples = options.start_step, 0
-    eval_seconds = 0.0
+    position = options.start
+    total = _total_steps(train, options)
+    paused_seconds = 0.0  # evaluation and checkpoints
     window_losses: list[float] = []
     recent_losses: collections.deque[float] = collections.deque(maxlen=options.log_every)
     window_samples, window_start = 0, time.perf_counter()
     bar = tqdm(
-        total=_total_steps(train, options), initial=options.start_step, desc="train", unit="step",
+        total=total, initial=options.start_step, desc="train", unit="step",
         disable=not options.progress,
     )
     loop_start = time.perf_counter()
     with bar:
-        for epoch, batch in _batches(train, options):
+        batches = () if _done(step, options) else _batches(train, options)
+        for position, batch in batches:
+            epoch = position.epoch
             loss = step_fn(model, optimizer, batch.to(device)).item()
             if loss != loss:  # NaN: stop before the weights are all NaN too
                 raise FloatingPointError(f"training loss is NaN at step {step} (epoch {epoch})")
@@ -138,8 +160,16 @@ def run_training(
                 eval_start = time.perf_counter()
                 result = _log_eval(log, step, evaluate(model, held_out, device))
                 window_start = time.perf_counter()
-                eval_seconds += window_start - eval_start
-    train_seconds = time.perf_counter() - loop_start - eval_seconds
+                paused_seconds += window_start - eval_start
+            if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 \
+                    and step != total:
+                save_start = time.perf_counter()
+                checkpoint(step, position)
+                window_start = time.perf_counter()
+                paused_seconds += window_start - save_start
+            if _done(step, options):
+                break
+    train_seconds = time.perf_counter() - loop_start - paused_seconds
     if step == options.start_step:
         raise ValueError(
             f"no batches to train on from step {options.start_step} (the training split is empty, "
@@ -148,7 +178,7 @@ def run_training(
     if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
         result = _log_eval(log, step, evaluate(model, held_out, device))
     final_loss = sum(recent_losses) / len(recent_losses)
-    return TrainResult(step, samples, train_seconds, final_loss, result)
+    return TrainResult(step, samples, train_seconds, final_loss, result, position)
 
 
 def _log_eval(log: ScalarLog, step: int, result: EvalResult) -> EvalResult:

@@ -2,7 +2,8 @@
 
 The embedding tables are built on the meta device; :func:`torchrec_tpu.train.optim` and
 ``DistributedModelParallel`` materialise them sharded. The dense towers are built on
-``dense_device`` (CPU today; the TPU device later).
+``dense_device``; the sparsecore engine builds them on the CPU and moves them
+(:mod:`torchrec_tpu.train.dense_placement`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ tables on a v5p line of ``world_size`` chips (one device per rank) for the globa
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -83,6 +84,12 @@ def sharding_from_plan(plan: Plan, tables: Sequence[TableSpec], world_size: int,
             if in_plan != in_model:
                 raise PlanLoadError(f"{where} has {what}={in_plan} but the model's table has {what}={in_model}")
         sharding[name] = _table_sharding(table, world_size, where)
+    other_optimizer = sorted(n for n, spec in model.items() if planned[n].optimizer != spec.optimizer.name)
+    if other_optimizer:  # the sharding still runs; only the plan's memory and time estimates are off
+        first = other_optimizer[0]
+        warnings.warn(f"{source}: tables {other_optimizer} were planned for optimizer "
+                      f"{planned[first].optimizer!r} but train with {model[first].optimizer.name!r}; the plan's "
+                      "memory and step-time estimates assume the planned one", stacklevel=2)
     try:
         make_shards(tables, sharding, world_size)
     except ValueError as err:

@@ -1,0 +1,82 @@
+"""``--engine sparsecore`` training step with the dense towers on the tpu device vs on the CPU,
+same model, init and batches, in one run; prints samples/s and the tpu/cpu ratio.
+
+Model sizes: ``cli`` is ``torchrec-tpu train``'s default model (26 tables x dim 16, dense 64-16,
+over 64-32-1, batch 512); ``reference`` is bench_torchrec_dlrm's (dim 64, dense 512-256-64, over
+512-512-256-1, batch 2048). The step reads the loss back each time, as the training loop does,
+so asynchronous device dispatch is timed in full. Warm-up steps (where XLA compiles each op's
+program) are excluded. Here the tpu device is XLA:CPU under JAX, on a shared 2-core box: the
+ratio measures the device's per-op overhead against torch's own CPU kernels, not a TPU.
+
+    .venv/bin/python bench/bench_dense_device.py [--size cli|reference] [--steps 20] [--warmup 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_torchrec_dlrm import random_batches, reference_spec, samples_per_sec  # noqa: E402
+
+from torchrec_tpu.train.dense_placement import dense_device  # noqa: E402
+from torchrec_tpu.train.distributed import process_group  # noqa: E402
+from torchrec_tpu.train.loop import train_step  # noqa: E402
+from torchrec_tpu.train.model import ModelSpec  # noqa: E402
+from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model  # noqa: E402
+
+SIZES = {"cli": 512, "reference": 2048}  # default batch per size
+
+
+def spec_for(size: str, num_embeddings: int) -> ModelSpec:
+    if size == "reference":
+        return reference_spec(num_embeddings)
+    cli = reference_spec(num_embeddings, embedding_dim=16)
+    return ModelSpec(feature_names=cli.feature_names, table_sizes=cli.table_sizes, embedding_dim=16,
+                     dense_in_features=cli.dense_in_features, dense_layers=(64, 16), over_layers=(64, 32, 1))
+
+
+def measure(device_name: str, spec: ModelSpec, batches, args: argparse.Namespace) -> float:
+    """samples/s of the sparsecore training step with the dense towers on ``device_name``."""
+    with process_group() as env:
+        torch.manual_seed(0)
+        model = build_sparsecore_model(spec, env, dense_device(device_name), "adagrad", 0.01,
+                                       args.batch_size, seed=0)
+        optimizer = build_dense_optimizer(model, "adagrad", 0.01)
+        return samples_per_sec(lambda b: float(train_step(model, optimizer, b)), batches, args.warmup,
+                               args.steps, f"dense on {device_name}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="cli", help="model size (default: cli)")
+    parser.add_argument("--batch-size", type=int, default=0, help="default: 512 (cli) / 2048 (reference)")
+    parser.add_argument("--num-embeddings", type=int, default=100_000, help="rows per table (default: 100000)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps (default: 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    args = parser.parse_args(argv)
+    args.batch_size = args.batch_size or SIZES[args.size]
+    if args.batch_size < 1 or args.steps < 1 or args.warmup < 1 or args.num_embeddings < 1:
+        parser.error("--batch-size, --steps, --warmup and --num-embeddings must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    spec = spec_for(args.size, args.num_embeddings)
+    batches = random_batches(spec, args.batch_size, count=4)
+    results = {name: measure(name, spec, batches, args) for name in ("cpu", "tpu")}
+    print(f"sparsecore training step, {args.size} model, batch {args.batch_size}, world 1, "
+          f"{args.threads} thread(s); tpu = XLA:CPU here; shared box, noisy")
+    for name, rate in results.items():
+        print(f"  dense on {name:<4} {rate:>9,.0f} samples/s  ({rate / results['cpu']:.2f}x cpu)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The per-op jit cache (torch_tpu.op_jit): hits/misses, results vs plain lowerings and CPU torch,
+in-place and view ops through it, traced float arguments, the size cap and the env switch."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu import modes, op_jit
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    op_jit.clear()
+    op_jit.reset_stats()
+    yield
+    op_jit.set_enabled(True)
+    op_jit.set_max_entries(1024)
+    op_jit.clear()
+
+
+def _three_times(fn):
+    """fn() on a first sight (plain), a second (compiles) and a third (cached program)."""
+    return [fn().cpu() for _ in range(3)]
+
+
+def test_second_sight_compiles_and_later_calls_hit():
+    x, y = torch.randn(8, 5), torch.randn(8, 5)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    seen = []
+    for _ in range(3):
+        out = (xt + yt).cpu()
+        s = op_jit.stats()
+        seen.append((s.misses, s.compiles, s.hits))
+        torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    assert seen == [(1, 0, 0), (1, 1, 1), (1, 1, 2)]
+    xt.add(yt[:4].sum(0))  # another signature: a first sight again, no compile
+    assert op_jit.stats().compiles == 1
+
+
+OPS = {
+    "add": lambda a, b: a + b,
+    "sub_scalar": lambda a, b: a - 3,
+    "lt": lambda a, b: a < b,
+    "where": lambda a, b: torch.where(a > b, a, b),
+    "sum_dim": lambda a, b: a.sum(1),
+    "cat_t": lambda a, b: torch.cat([a.t(), b.t()], 1),
+}
+FLOAT_OPS = {
+    "div": lambda a, b: a / b,
+    "mm": lambda a, b: a @ b.t(),
+    "softmax": lambda a, b: a.softmax(-1),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_results_identical_with_cache_on_and_off(dtype):
+    gen = torch.Generator().manual_seed(0)
+    a, b = ((torch.randn(6, 7, generator=gen) * 4).to(dtype) for _ in range(2))
+    at, bt = a.to("tpu"), b.to("tpu")
+    ops = {**OPS, **(FLOAT_OPS if dtype.is_floating_point else {})}
+    for name, op in ops.items():
+        op_jit.set_enabled(False)
+        plain = op(at, bt).cpu()
+        op_jit.set_enabled(True)
+        for got in _three_times(lambda: op(at, bt)):
+            assert got.dtype == plain.dtype, name
+            assert torch.equal(got, plain), name
+        if dtype != torch.bfloat16:  # CPU torch rounds bf16 differently inside composite ops
+            torch.testing.assert_close(plain, op(a, b), msg=name)
+    assert op_jit.stats().hits >= len(ops)
+
+
+def test_inplace_and_view_ops_through_the_cache_alias_like_cpu():
+    def program(device):
+        base = torch.arange(48.0, device=device).reshape(6, 8)
+        other = torch.linspace(-1, 1, 8, device=device)
+        outs = []
+        for step in range(3):
+            cols = base[:, 1::2]  # non-contiguous view written in place
+            cols.mul_(1.5).add_(other[:4])
+            base.t()[2].sub_(step)  # column of a transpose
+            row = base[step]
+            row.clamp_(min=5.0)
+            torch.add(base[1:3], 1, out=base[3:5])  # out= into a view
+            outs.append(base.clone())
+        return [*outs, cols, row]
+
+    cpu = program("cpu")
+    tpu = [t.cpu() for t in program("tpu")]
+    for got, want in zip(tpu, cpu):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert op_jit.stats().hits > 0
+
+
+def test_changing_float_args_become_traced_inputs():
+    x, y = torch.randn(5, 4), torch.randn(5, 4)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    alphas = [0.1, 0.25, -3.0, 7.5, 1e-3, 2.0, 0.0, -0.0, 1.0]
+    for alpha in alphas:
+        got = torch.add(xt, yt, alpha=alpha).cpu()
+        torch.testing.assert_close(got, torch.add(x, y, alpha=alpha), rtol=1e-6, atol=1e-6)
+    s = op_jit.stats()
+    assert s.promotions == 1
+    assert s.compiles == 1  # one program serves every alpha from the 4th distinct value on
+    assert s.hits == len(alphas) - 3
+
+
+def test_float_args_stay_constant_where_tracing_changes_the_result_dtype():
+    xi = torch.arange(6).to("tpu")  # int tensor * Python float -> default float dtype, not float64
+    for k in range(8):
+        got = xi.mul(0.5 + k)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.cpu(), torch.arange(6).mul(0.5 + k), rtol=0, atol=0)
+    assert op_jit.stats().promotions == 0
+
+
+def test_foreach_scalar_lists_like_adam_bias_corrections():
+    gen = torch.Generator().manual_seed(1)
+    params = [torch.randn(3, 4, generator=gen), torch.randn(7, generator=gen)]
+    num = [torch.randn_like(p) for p in params]
+    den = [torch.rand_like(p) + 0.5 for p in params]
+    tpu = [[t.to("tpu") for t in ts] for ts in (params, num, den)]
+    for step in range(1, 8):
+        scales = [-1e-3 / (1 - 0.9**step), -2e-3 / (1 - 0.99**step)]
+        torch._foreach_addcdiv_(params, num, den, scales)
+        torch._foreach_addcdiv_(*tpu, scales)
+    for got, want in zip(tpu[0], params):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-7)
+    assert op_jit.stats().promotions == 1
+
+
+def test_size_cap_evicts_least_recently_used():
+    op_jit.set_max_entries(2)
+    tensors = [torch.ones(n, device="tpu") for n in (2, 3, 4)]
+    for t in tensors:
+        for _ in range(2):
+            (t * 2).cpu()
+    s = op_jit.stats()
+    assert (s.compiles, s.evictions, op_jit.size()) == (3, 1, 2)
+    (tensors[2] * 2).cpu()  # most recent: still cached
+    assert op_jit.stats().hits == 4
+    for _ in range(2):
+        (tensors[0] * 2).cpu()  # evicted: first sight again, then compiled
+    assert op_jit.stats().compiles == 4
+
+
+def test_env_switch_turns_the_cache_off(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_OP_JIT", "0")
+    importlib.reload(op_jit)
+    try:
+        assert not op_jit.enabled()
+        x = torch.ones(3, device="tpu")
+        for _ in range(3):
+            torch.testing.assert_close((x + x).cpu(), torch.full((3,), 2.0))
+        assert (op_jit.stats().compiles, op_jit.size()) == (0, 0)
+    finally:
+        monkeypatch.delenv("TORCH_TPU_OP_JIT")
+        importlib.reload(op_jit)
+    assert op_jit.enabled()
+
+
+def test_debug_mode_checks_still_name_the_op_on_cached_programs():
+    x = torch.tensor([1.0, -1.0], device="tpu")
+    with torch_tpu.eager_mode("debug"):
+        for _ in range(3):
+            with pytest.raises(FloatingPointError, match="aten.log.default"):
+                torch.log(x)
+        idx = torch.tensor([0, 5], device="tpu")
+        for _ in range(3):
+            with pytest.raises(IndexError, match="index 5 is out of bounds"):
+                torch.index_select(x, 0, idx)
+    assert op_jit.stats().hits >= 1  # log ran from a compiled program and was still checked
+    assert modes.get_eager_mode() == torch_tpu.EagerMode.STRICT
+
+
+def test_clear_plan_cache_drops_compiled_programs():
+    x = torch.ones(3, device="tpu")
+    for _ in range(2):
+        (x - 1).cpu()
+    assert op_jit.size() == 1
+    torch_tpu.clear_plan_cache()
+    assert op_jit.size() == 0

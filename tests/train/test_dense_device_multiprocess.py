@@ -1,0 +1,35 @@
+"""Two ranks with the dense towers on tpu, replicated (DDP over a tpu_dist group) or sharded
+(FSDP2 ``fully_shard``), train like one rank on the whole batch: same losses, weights, tables
+and held-out metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.train.dense_device_checks import rank_body, train
+from torch_tpu.distributed.local_launch import launch_local
+
+MODEL = "dlrm_dcn"  # the cross net has parameters of its own: three towers to sync or shard
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> dict:
+    return train("tpu", model=MODEL)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_ranks_on_tpu_equal_one_rank(parallel: str, one_rank: dict) -> None:
+    ranks = launch_local(rank_body, 2, "tpu", parallel, MODEL, timeout_s=300.0)
+    for got in ranks:
+        assert got["devices"] == {"tpu"}
+        # each rank's loss is the mean over its half of the batch: their mean is the global loss
+        torch.testing.assert_close([sum(pair) / 2 for pair in zip(*(r["losses"] for r in ranks))],
+                                   one_rank["losses"], rtol=0, atol=1e-5)
+        assert set(got["state"]) == set(one_rank["state"])
+        for name, value in one_rank["state"].items():
+            torch.testing.assert_close(got["state"][name], value, rtol=0, atol=1e-5, msg=f"{parallel} {name}")
+        assert got["auc"] == pytest.approx(one_rank["auc"], abs=1e-5)
+        assert got["eval_loss"] == pytest.approx(one_rank["eval_loss"], abs=1e-5)
