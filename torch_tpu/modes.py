@@ -31,6 +31,8 @@ class EagerMode(enum.Enum):
     DEBUG = "debug"
     DEFER_AND_FUSE = "defer_and_fuse"
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash runs Python code per op
+
 
 Executor = Callable[[Lowering, tuple, dict], Any]
 

@@ -62,7 +62,7 @@ def _env_enabled() -> bool:
 
 _config = {"enabled": _env_enabled(), "max_entries": int(os.environ.get("TORCH_TPU_OP_JIT_MAX", "1024"))}
 _programs: OrderedDict[tuple, Any] = OrderedDict()  # (site, float key) -> jitted program (LRU)
-_sightings: OrderedDict[tuple, None] = OrderedDict()  # keys seen once, not compiled yet
+_sightings: dict[tuple, None] = {}  # keys seen once, not compiled yet (cleared when too many)
 _float_values: dict[tuple, set | None] = {}  # site -> distinct float keys seen (None: keep constant)
 _promoted: set[tuple] = set()  # sites whose floats are traced inputs
 
@@ -109,7 +109,10 @@ def clear() -> None:
 
 def _evict() -> None:
     while len(_programs) > _config["max_entries"]:
-        _programs.popitem(last=False)
+        try:
+            _programs.popitem(last=False)
+        except KeyError:  # emptied by another thread
+            return
         _stats.evictions += 1
 
 
@@ -141,7 +144,10 @@ def call(lowering: Lowering, args: Any, kwargs: dict) -> Any:
     key = (site, _TRACED if traced else _float_key(floats))
     program = _programs.get(key)
     if program is not None:
-        _programs.move_to_end(key)
+        try:
+            _programs.move_to_end(key)
+        except KeyError:  # evicted meanwhile by another thread (autograd's device thread)
+            pass
         if program is _PLAIN:
             _stats.misses += 1
             return lowering.fn(*args, **kwargs)
@@ -151,14 +157,13 @@ def call(lowering: Lowering, args: Any, kwargs: dict) -> Any:
         program = _promote(lowering, treedef, leaves, site)
         if program is not None:
             return _store_and_run(site, _TRACED, program, arrays + floats, args, kwargs, lowering)
-    if key in _sightings:
-        del _sightings[key]
+    if _sightings.pop(key, False) is None:
         program = _jitted(lowering, treedef, leaves, traced_floats=False)
         _stats.compiles += 1
         return _store_and_run(site, key[1], program, arrays, args, kwargs, lowering)
     _sightings[key] = None
     if len(_sightings) > _SIGHTINGS_MAX:
-        _sightings.popitem(last=False)
+        _sightings.clear()
     _stats.misses += 1
     return lowering.fn(*args, **kwargs)
 
