@@ -31,8 +31,16 @@ def _id(o):
     return o.name + (f".{o.variant_test_name}" if o.variant_test_name else "")
 
 
+# OpInfos whose aten op is named differently from the OpInfo
+_LOWERED_AS = {"nn.functional.embedding_bag": "_embedding_bag"}
+
+
+def _lowered(o):
+    return _LOWERED_AS.get(o.name, (o.aten_name or o.name).split(".")[-1]) in _LOWERED_PACKETS
+
+
 OPINFOS = sorted(
-    (o for o in op_db if (o.aten_name or o.name).split(".")[-1] in _LOWERED_PACKETS and _id(o) not in _SKIP),
+    (o for o in op_db if _lowered(o) and _id(o) not in _SKIP),
     key=lambda o: (o.name, o.variant_test_name),
 )
 # (values, indices) ops whose indices may legitimately pick another of several tied values: the
