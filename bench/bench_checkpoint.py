@@ -13,6 +13,8 @@ noisy: read the ratios.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +48,8 @@ def _mib(field: str) -> float:
 
 def _measure(phase: Callable[[], None]) -> tuple[float, float]:
     """(seconds over all ranks, MiB of peak RSS growth on this rank) of the collective ``phase``."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed memory back, or the next phase reuses it unseen
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     dist.barrier()
     before, start = _mib("VmRSS"), time.perf_counter()

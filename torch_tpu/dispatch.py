@@ -206,11 +206,11 @@ def _resize_empty(t: TpuTensor, shape: tuple[int, ...]) -> None:
     except RuntimeError as e:
         raise RuntimeError(f"cannot resize this tpu tensor from {list(t.shape)} to {list(shape)} in place") from e
     t._box = StorageBox(jnp.zeros(shape, to_jax_dtype(t.dtype)))
-    t._full = True
+    t._full, t._reinterpreted = True, False
 
 
 def _meta_like(t: TpuTensor) -> torch.Tensor:
-    base = torch.empty((t._box.numel,), dtype=t.dtype, device="meta")
+    base = torch.empty((t._box.nbytes // t.element_size(),), dtype=t.dtype, device="meta")
     return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
@@ -229,8 +229,6 @@ def _view_plan(func: Any, args: tuple, kwargs: dict) -> Any:
     def to_alias(m: Any) -> Any:
         if not isinstance(m, torch.Tensor):
             return m
-        if m.dtype != source.dtype:
-            raise NotImplementedError(f"{func}: views that change the dtype are not supported on tpu")
         return make_alias(box, m.shape, m.stride(), m.storage_offset(), m.dtype)
 
     return pytree.tree_map(to_alias, out)
@@ -424,7 +422,7 @@ def _set_storage_view(func: Any, args: tuple, kwargs: dict) -> Any:
     except RuntimeError as e:
         raise RuntimeError(f"set_: cannot re-point a tpu tensor of shape {list(t.shape)} at another storage") from e
     t._box = source._box
-    t._full = source._full
+    t._full, t._reinterpreted = source._full, source._reinterpreted
     return t
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torch_tpu import dtype_views, dynamo_hooks
 from torch_tpu._jax import jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 
@@ -123,7 +124,9 @@ class TpuTensor(torch.Tensor):
     """A torch tensor on device "tpu" whose elements live in a JAX array (see module docstring)."""
 
     _box: StorageBox
-    _full: bool  # contiguous, offset 0 and covering the whole storage: reads box.array directly
+    # contiguous, offset 0, covering the whole storage, storage's dtype: reads box.array directly
+    _full: bool
+    _reinterpreted = False  # dtype differs from the storage's (a ``view(dtype)``): see dtype_views
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -145,7 +148,7 @@ class TpuTensor(torch.Tensor):
         # C++ set_data swaps the TensorImpl's metadata but not this object's box: follow it.
         torch.Tensor.data.__set__(self, new)
         if isinstance(new, TpuTensor):
-            self._box, self._full = new._box, new._full
+            self._box, self._full, self._reinterpreted = new._box, new._full, new._reinterpreted
 
     def untyped_storage(self) -> TpuUntypedStorage:  # type: ignore[override]
         return TpuUntypedStorage(self._box)
@@ -174,6 +177,10 @@ class TpuTensor(torch.Tensor):
     def __reduce_ex__(self, protocol: int):
         return (_rebuild_tpu_tensor, (to_cpu(self.detach()), self.requires_grad))
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: Any = None) -> TpuTensor:
+        """AOTAutograd's hook for a subclass tangent: a TpuTensor already is a plain tpu tensor."""
+        return self
+
 
 def _rebuild_tpu_tensor(cpu: torch.Tensor, requires_grad: bool) -> TpuTensor:
     t = from_cpu(cpu)
@@ -197,7 +204,9 @@ def make_alias(box: StorageBox, size, stride, offset: int, dtype: torch.dtype) -
         TpuTensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE
     )
     t._box = box
-    t._full = offset == 0 and math.prod(size) == box.array.size and tuple(stride) == _contiguous_strides(size)
+    t._reinterpreted = box.array.dtype != to_jax_dtype(dtype)
+    t._full = (not t._reinterpreted and offset == 0 and math.prod(size) == box.array.size
+               and tuple(stride) == _contiguous_strides(size))
     return t
 
 
@@ -220,7 +229,10 @@ def to_jax(t: torch.Tensor) -> jax.Array:
         a = box.array
         shape = t.shape
         return a if a.shape == shape else _reshaper(tuple(shape))(_concrete(a))
-    return _reader(tuple(t.shape), t.stride(), t.storage_offset(), box.array.size)(_concrete(box.array))
+    array = _concrete(box.array)
+    if t._reinterpreted:
+        array = dtype_views.reinterpret(array, to_jax_dtype(t.dtype))
+    return _reader(tuple(t.shape), t.stride(), t.storage_offset(), array.size)(array)
 
 
 def write(t: TpuTensor, value: jax.Array) -> None:
@@ -228,6 +240,12 @@ def write(t: TpuTensor, value: jax.Array) -> None:
     box = t._box
     if t._full:
         box.array = value  # any shape with the storage's numel; keeps this tensor's reads free
+        return
+    if t._reinterpreted:
+        old = _concrete(box.array)
+        flat = dtype_views.reinterpret(old, value.dtype)
+        writer = _writer(tuple(t.shape), t.stride(), t.storage_offset(), flat.size)
+        box.array = dtype_views.restore(old, writer(flat, _concrete(value)))
         return
     writer = _writer(tuple(t.shape), t.stride(), t.storage_offset(), box.array.size)
     box.array = writer(_concrete(box.array), _concrete(value))
@@ -385,3 +403,4 @@ def from_cpu(t: torch.Tensor) -> TpuTensor:
 
 
 torch.serialization.add_safe_globals([_rebuild_tpu_tensor])
+dynamo_hooks.install(TpuTensor)

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.train.conftest import tiny_config
+from tests.train.conftest import flat_checkpoint, tiny_config
 from tests.train.dense_device_checks import STEPS, train
-from tests.train.test_sparsecore_engine import _flat_model
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.job import run_job
 
@@ -57,8 +56,8 @@ def test_checkpoints_move_between_placements(tiny_dataset: Path, tmp_path: Path)
     resumed = run_job(tiny_config(tiny_dataset, tmp_path / "resumed", max_steps=6,
                                   resume=str(first.checkpoint_dir), **common))
     full = run_job(tiny_config(tiny_dataset, tmp_path / "full", max_steps=6, **common))
-    expected = _flat_model(full.checkpoint_dir, tmp_path / "full.pt")
-    got = _flat_model(resumed.checkpoint_dir, tmp_path / "resumed.pt")
+    expected = flat_checkpoint(full.checkpoint_dir, tmp_path / "full.pt")
+    got = flat_checkpoint(resumed.checkpoint_dir, tmp_path / "resumed.pt")
     assert set(got) == set(expected)
     for key, value in expected.items():
         if isinstance(value, torch.Tensor):

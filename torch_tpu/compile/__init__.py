@@ -6,7 +6,7 @@ cache and the ``defer_and_fuse`` eager mode.
 
 import torch_tpu  # noqa: F401  (the device and the lowering registry)
 from torch_tpu import modes as _modes
-from torch_tpu.compile import backend as _backend, cache as _cache, dynamo_support as _dynamo_support
+from torch_tpu.compile import backend as _backend, cache as _cache
 from torch_tpu.compile import extra_lowerings as _extra, lazy as _lazy  # noqa: F401
 from torch_tpu.compile.buckets import BucketPolicy, BucketStats, bucketed
 from torch_tpu.compile.backend import compile_stats, compiled_graphs, reset_compile_stats
@@ -15,7 +15,6 @@ from torch_tpu.compile.lazy import DeferStats, LazyArray, defer_stats, flush, re
 
 _cache.install()
 _backend.register()
-_dynamo_support.install()
 _modes.register_executor(_modes.EagerMode.DEFER_AND_FUSE, _lazy.run_deferred)
 # tensors produced under defer_and_fuse stay usable after switching back to another mode
 _modes.register_executor(_modes.EagerMode.STRICT, _lazy.materializing(_modes.run_strict))

@@ -135,3 +135,22 @@ def is_one(scale: Operand) -> bool:
 
 def is_float(x: jax.Array) -> bool:
     return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+_REDUCED_FLOATS = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+
+
+def upcast(x: jax.Array | None) -> jax.Array | None:
+    """``x`` in the dtype torch computes it in: float32 for bfloat16/float16 (CPU and CUDA kernels
+    accumulate in float32 too), unchanged otherwise; None passes through."""
+    return x.astype(jnp.float32) if x is not None and x.dtype in _REDUCED_FLOATS else x
+
+
+def opmath(fn: Any, *arrays: jax.Array, **kwargs: Any) -> Any:
+    """``fn(*arrays, **kwargs)`` computed in :func:`upcast` precision, each float32 result rounded
+    back once to the arrays' dtype. The arrays share one dtype (promote first)."""
+    if not arrays or arrays[0].dtype not in _REDUCED_FLOATS:
+        return fn(*arrays, **kwargs)
+    low = arrays[0].dtype
+    out = fn(*map(upcast, arrays), **kwargs)
+    return jax.tree.map(lambda o: o.astype(low) if o.dtype == jnp.float32 else o, out)

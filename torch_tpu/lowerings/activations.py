@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from torch_tpu._jax import jax, jnp
 from torch_tpu.dtypes import to_jax_dtype
-from torch_tpu.lowerings._common import cast, result_dtype
+from torch_tpu.lowerings._common import cast, opmath, promoted, result_dtype
 from torch_tpu.registry import register_lowering
 
 aten = torch.ops.aten
@@ -126,26 +127,32 @@ def hardswish(self):
 @register_lowering(aten._softmax.default)
 def softmax(self, dim, half_to_float):
     x = self.astype(jnp.float32) if half_to_float else self
-    return jax.nn.softmax(x, axis=dim) if self.ndim else jnp.ones_like(x)
+    return opmath(functools.partial(jax.nn.softmax, axis=dim), x) if self.ndim else jnp.ones_like(x)
 
 
 @register_lowering(aten._log_softmax.default)
 def log_softmax(self, dim, half_to_float):
     x = self.astype(jnp.float32) if half_to_float else self
-    return jax.nn.log_softmax(x, axis=dim) if self.ndim else jnp.zeros_like(x)
+    return opmath(functools.partial(jax.nn.log_softmax, axis=dim), x) if self.ndim else jnp.zeros_like(x)
+
+
+def _softmax_grad(grad_output, output, dim):
+    return output * (grad_output - jnp.sum(grad_output * output, axis=dim, keepdims=True))
+
+
+def _log_softmax_grad(grad_output, output, dim):
+    return grad_output - jnp.exp(output) * jnp.sum(grad_output, axis=dim, keepdims=True)
 
 
 @register_lowering(aten._softmax_backward_data.default)
 def softmax_backward(grad_output, output, dim, input_dtype):
-    dim = dim if output.ndim else None
-    g = output * (grad_output - jnp.sum(grad_output * output, axis=dim, keepdims=True))
+    g = opmath(_softmax_grad, *promoted(grad_output, output), dim=dim if output.ndim else None)
     return g.astype(to_jax_dtype(input_dtype))
 
 
 @register_lowering(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad_output, output, dim, input_dtype):
-    dim = dim if output.ndim else None
-    g = grad_output - jnp.exp(output) * jnp.sum(grad_output, axis=dim, keepdims=True)
+    g = opmath(_log_softmax_grad, *promoted(grad_output, output), dim=dim if output.ndim else None)
     return g.astype(to_jax_dtype(input_dtype))
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from torch_tpu._jax import jax, jnp
-from torch_tpu.lowerings._common import cast, float_dtype, floated, is_one, promoted, result_dtype
+from torch_tpu.lowerings._common import cast, float_dtype, floated, is_one, opmath, promoted, result_dtype
 from torch_tpu.registry import register_lowering
 
 aten = torch.ops.aten
@@ -254,16 +254,15 @@ def lerp(self, end, weight):
 
 @register_lowering(aten.addcmul.default)
 def addcmul(self, tensor1, tensor2, value=1):
-    a, t1, t2 = promoted(self, tensor1, tensor2)
-    return a + _scaled(t1 * t2, value)
+    return opmath(lambda a, t1, t2: a + _scaled(t1 * t2, value), *promoted(self, tensor1, tensor2))
 
 
 @register_lowering(aten.addcdiv.default)
 def addcdiv(self, tensor1, tensor2, value=1):
-    a, t1, t2 = promoted(self, tensor1, tensor2)
-    if jnp.issubdtype(t1.dtype, jnp.integer):
+    operands = promoted(self, tensor1, tensor2)
+    if jnp.issubdtype(operands[0].dtype, jnp.integer):
         raise ValueError("Integer division with addcdiv is no longer supported")
-    return a + _scaled(t1 / t2, value)
+    return opmath(lambda a, t1, t2: a + _scaled(t1 / t2, value), *operands)
 
 
 @register_lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)

@@ -22,11 +22,21 @@ def index(self, indices):
     return self[_index_tuple(indices)]
 
 
+# JAX scatters have no bool arithmetic; on 0/1 bytes, torch's bool sum is max (or), product min (and)
+_BOOL_MODES = {"set": "set", "add": "max", "multiply": "min", "max": "max", "min": "min"}
+
+
+def _update(target, coords, mode, values):
+    """``target.at[coords].<mode>(values)`` with torch's dtype rules, bool included."""
+    if target.dtype != np.bool_ or mode == "set":
+        return getattr(target.at[coords], mode)(cast(values, target.dtype))
+    as_bytes = getattr(target.astype(jnp.uint8).at[coords], _BOOL_MODES[mode])(cast(values, jnp.uint8))
+    return as_bytes != 0
+
+
 @register_lowering(aten.index_put.default, aten._index_put_impl.default)
 def index_put(self, indices, values, accumulate=False, unsafe=False):
-    ref = self.at[_index_tuple(indices)]
-    values = cast(values, self.dtype)
-    return ref.add(values) if accumulate else ref.set(values)
+    return _update(self, _index_tuple(indices), "add" if accumulate else "set", values)
 
 
 @register_lowering(aten.index_select.default)
@@ -36,7 +46,7 @@ def index_select(self, dim, index):
     return jnp.take(self, index.reshape(-1), axis=dim)
 
 
-def _grids(index, dim, values):
+def _grids(index, dim):
     """Full coordinates for gather/scatter: the index itself along ``dim``, iota elsewhere."""
     coords = list(jnp.indices(index.shape, sparse=True))
     coords[dim] = index
@@ -45,22 +55,22 @@ def _grids(index, dim, values):
 
 @register_lowering(aten.gather.default)
 def gather(self, dim, index, *, sparse_grad=False):
-    if self.ndim == 0:
-        return self.reshape(index.shape) if index.ndim else self
-    return self[_grids(index, dim % self.ndim, self)]
+    # torch treats 0-d operands as 1-d, and an empty index needs no dims to match
+    if index.size == 0:
+        return jnp.zeros(index.shape, self.dtype)
+    source = self.reshape(1) if self.ndim == 0 else self
+    coords = index.reshape(1) if index.ndim == 0 else index
+    return source[_grids(coords, dim % source.ndim)].reshape(index.shape)
 
 
 def _scatter(self, dim, index, src, mode):
     if index.size == 0:
         return self
-    dim = dim % max(self.ndim, 1)
-    if self.ndim == 0:
-        values = src if not hasattr(src, "ndim") or src.ndim == 0 else src.reshape(-1)[0]
-        return getattr(self.at[()], mode)(cast(values, self.dtype))
-    coords = _grids(index, dim, self)
+    target = self.reshape(1) if self.ndim == 0 else self
+    index = index.reshape(1) if index.ndim == 0 else index
     if hasattr(src, "ndim") and src.ndim:
         src = src[tuple(slice(0, s) for s in index.shape)]
-    return getattr(self.at[coords], mode)(cast(src, self.dtype))
+    return _update(target, _grids(index, dim % target.ndim), mode, src).reshape(self.shape)
 
 
 @register_lowering(aten.scatter.src, aten.scatter.value)
@@ -89,7 +99,9 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     if include_self:
         return _scatter(self, dim, index, src, mode)
     identity = {"add": 0, "multiply": 1, "max": -np.inf, "min": np.inf}[mode]
-    if not jnp.issubdtype(self.dtype, jnp.inexact) and mode in ("max", "min"):
+    if self.dtype == np.bool_:
+        identity = mode in ("multiply", "min")
+    elif not jnp.issubdtype(self.dtype, jnp.inexact) and mode in ("max", "min"):
         info = jnp.iinfo(self.dtype)
         identity = info.min if mode == "max" else info.max
     touched = _scatter(jnp.zeros(self.shape, jnp.bool_), dim, index, jnp.ones(index.shape, jnp.bool_), "set")
@@ -105,7 +117,7 @@ def index_add(self, dim, index, source, *, alpha=1):
     dim = dim % self.ndim
     coords = [slice(None)] * self.ndim
     coords[dim] = index
-    return self.at[tuple(coords)].add(cast(src, self.dtype))
+    return _update(self, tuple(coords), "add", src)
 
 
 @register_lowering(aten.embedding.default)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from torch_tpu._jax import jax, jnp
-from torch_tpu.lowerings._common import is_float, jdtype, norm_dims
+from torch_tpu.lowerings._common import cast, is_float, jdtype, norm_dims, opmath
 from torch_tpu.registry import register_lowering
 
 aten = torch.ops.aten
@@ -23,22 +23,24 @@ def _accumulate_dtype(self, dtype):
 
 @register_lowering(aten.sum.default)
 def sum_(self, *, dtype=None):
-    return jnp.sum(self, dtype=_accumulate_dtype(self, dtype))
+    return opmath(jnp.sum, cast(self, _accumulate_dtype(self, dtype)))
 
 
 @register_lowering(aten.sum.dim_IntList)
 def sum_dim(self, dim, keepdim=False, *, dtype=None):
-    return jnp.sum(self, axis=norm_dims(dim, self.ndim), keepdims=keepdim, dtype=_accumulate_dtype(self, dtype))
+    return opmath(jnp.sum, cast(self, _accumulate_dtype(self, dtype)), axis=norm_dims(dim, self.ndim),
+                  keepdims=keepdim)
 
 
 @register_lowering(aten.prod.default)
 def prod(self, *, dtype=None):
-    return jnp.prod(self, dtype=_accumulate_dtype(self, dtype))
+    return opmath(jnp.prod, cast(self, _accumulate_dtype(self, dtype)))
 
 
 @register_lowering(aten.prod.dim_int)
 def prod_dim(self, dim, keepdim=False, *, dtype=None):
-    return jnp.prod(self, axis=norm_dims(dim, self.ndim), keepdims=keepdim, dtype=_accumulate_dtype(self, dtype))
+    return opmath(jnp.prod, cast(self, _accumulate_dtype(self, dtype)), axis=norm_dims(dim, self.ndim),
+                  keepdims=keepdim)
 
 
 def _check_mean_dtype(self, dtype):
@@ -50,12 +52,13 @@ def _check_mean_dtype(self, dtype):
 
 @register_lowering(aten.mean.default)
 def mean(self, *, dtype=None):
-    return jnp.mean(self, dtype=_check_mean_dtype(self, dtype))
+    return opmath(jnp.mean, cast(self, _check_mean_dtype(self, dtype)))
 
 
 @register_lowering(aten.mean.dim)
 def mean_dim(self, dim, keepdim=False, *, dtype=None):
-    return jnp.mean(self, axis=norm_dims(dim, self.ndim), keepdims=keepdim, dtype=_check_mean_dtype(self, dtype))
+    return opmath(jnp.mean, cast(self, _check_mean_dtype(self, dtype)), axis=norm_dims(dim, self.ndim),
+                  keepdims=keepdim)
 
 
 @register_lowering(aten.amax.default)
@@ -148,30 +151,35 @@ for _name, _fn in [("all", jnp.all), ("any", jnp.any)]:
 @register_lowering(aten.var.correction)
 def var(self, dim=None, *, correction=None, keepdim=False):
     ddof = 1 if correction is None else correction
-    return jnp.var(self, axis=norm_dims(dim, self.ndim), ddof=ddof, keepdims=keepdim)
+    return opmath(jnp.var, self, axis=norm_dims(dim, self.ndim), ddof=ddof, keepdims=keepdim)
 
 
 @register_lowering(aten.std.correction)
 def std(self, dim=None, *, correction=None, keepdim=False):
-    return jnp.sqrt(var(self, dim, correction=correction, keepdim=keepdim))
+    ddof = 1 if correction is None else correction
+    return opmath(jnp.std, self, axis=norm_dims(dim, self.ndim), ddof=ddof, keepdims=keepdim)
 
 
 @register_lowering(aten.var_mean.correction)
 def var_mean(self, dim=None, *, correction=None, keepdim=False):
     axis = norm_dims(dim, self.ndim)
-    return var(self, dim, correction=correction, keepdim=keepdim), jnp.mean(self, axis=axis, keepdims=keepdim)
+    return (var(self, dim, correction=correction, keepdim=keepdim),
+            opmath(jnp.mean, self, axis=axis, keepdims=keepdim))
 
 
 @register_lowering(aten.logsumexp.default)
 def logsumexp(self, dim, keepdim=False):
     x = self if is_float(self) else self.astype(jnp.float32)
-    return jax.nn.logsumexp(x, axis=norm_dims(dim, self.ndim), keepdims=keepdim)
+    return opmath(jax.nn.logsumexp, x, axis=norm_dims(dim, self.ndim), keepdims=keepdim)
 
 
 @register_lowering(aten.linalg_vector_norm.default)
 def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
     x = self.astype(jdtype(dtype)) if dtype is not None else self
-    axis = norm_dims(dim, self.ndim)
+    return opmath(_vector_norm, x, ord=ord, axis=norm_dims(dim, self.ndim), keepdim=keepdim)
+
+
+def _vector_norm(x, ord, axis, keepdim):
     a = jnp.abs(x)
     if ord == float("inf"):
         return jnp.max(a, axis=axis, keepdims=keepdim)
@@ -190,14 +198,14 @@ def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
 def cumsum(self, dim, *, dtype=None):
     if self.ndim == 0:
         return self.astype(_accumulate_dtype(self, dtype))
-    return jnp.cumsum(self, axis=dim, dtype=_accumulate_dtype(self, dtype))
+    return opmath(jnp.cumsum, cast(self, _accumulate_dtype(self, dtype)), axis=dim)
 
 
 @register_lowering(aten.cumprod.default)
 def cumprod(self, dim, *, dtype=None):
     if self.ndim == 0:
         return self.astype(_accumulate_dtype(self, dtype))
-    return jnp.cumprod(self, axis=dim, dtype=_accumulate_dtype(self, dtype))
+    return opmath(jnp.cumprod, cast(self, _accumulate_dtype(self, dtype)), axis=dim)
 
 
 def _sort(self, dim, descending):

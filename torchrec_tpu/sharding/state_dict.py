@@ -114,21 +114,22 @@ def _to_checkpoint(spec: TableSpec, shards: Sequence[Shard], local: torch.Tensor
 
 def _from_checkpoint(spec: TableSpec, shards: Sequence[Shard], saved: torch.Tensor,
                      where: Group) -> torch.Tensor | None:
-    if not isinstance(saved, ShardedTensor):
-        return saved if _own(shards, where.rank) is not None else None
+    if not isinstance(saved, ShardedTensor):  # the whole table: one rank, data-parallel, or a plain state dict
+        own = _own(shards, where.rank)
+        return own.slice(saved) if own is not None else None
     (piece,) = [s.tensor for s in saved.local_shards()] or [None]
     if shards[0].kind == "row_wise":
         return _RowBlocks(spec.vocab_size, where).to_mod(piece)
     return piece
 
 
-def _boxes(spec: TableSpec, shards: Sequence[Shard], one_dim: bool, where: Group) -> list[tuple[int, list[int], list[int]]]:
+def _boxes(spec: TableSpec, shards: Sequence[Shard], row_slot: bool, where: Group) -> list[tuple[int, list[int], list[int]]]:
     """(rank, offsets, sizes) of each rank's piece in the checkpoint."""
     if shards[0].kind == "row_wise":
         bounds = _RowBlocks.bounds(spec.vocab_size, where.world_size)
         rows = [(r, bounds[r], bounds[r + 1] - bounds[r]) for r in range(where.world_size)]
-        return [(r, [lo] if one_dim else [lo, 0], [n] if one_dim else [n, spec.dim]) for r, lo, n in rows]
-    return [(s.rank, [0] if one_dim else [0, s.col_offset], [spec.vocab_size] if one_dim else [spec.vocab_size, s.cols])
+        return [(r, [lo] if row_slot else [lo, 0], [n] if row_slot else [n, spec.dim]) for r, lo, n in rows]
+    return [(s.rank, [0] if row_slot else [0, s.col_offset], [spec.vocab_size] if row_slot else [spec.vocab_size, s.cols])
             for s in shards]
 
 

@@ -57,9 +57,10 @@ class TrainConfig:
         default="cpu",
         metadata=_flag(
             "where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only. cpu "
-            "is the default: with the tpu device backed by XLA:CPU (no TPU), tpu is about even on "
-            "small towers, ~0.6x on 512-wide ones, and compiles each op first "
-            "(bench/bench_dense_device.py); choose tpu on a real TPU", choices=DENSE_DEVICES,
+            "is the default: with the tpu device backed by XLA:CPU (no TPU), tpu measured about even "
+            "on the default towers (0.7-1.6x, noisy), ~0.6x on 512-wide ones, and its first step "
+            "compiles every op (20-35 s here) (bench/bench_dense_device.py); choose tpu on a real "
+            "TPU", choices=DENSE_DEVICES,
         ),
     )
     dense_parallel: str = field(

@@ -74,7 +74,7 @@ class DenseDDP(DistributedDataParallel):
         return self.module.load_state_dict(*args, **kwargs)
 
 
-def dense_group(env: DistEnv, device: torch.device) -> dist.ProcessGroup | None:
+def dense_group(device: torch.device) -> dist.ProcessGroup | None:
     """The group the dense part syncs over: a new ``tpu_dist`` group for tpu (a collective: call
     on every rank), the default group for cpu."""
     if device.type != "tpu":
@@ -91,18 +91,18 @@ def parallelize_dense(model: DLRMTrain, env: DistEnv, device: torch.device, para
     if parallel == "ddp":
         if env.world_size == 1:
             return model
-        group = dense_group(env, device)
+        group = dense_group(device)
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
         return DenseDDP(model, process_group=group)
     if parallel == "fsdp2":
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
 
-        group = dense_group(env, device) or dist.group.WORLD
+        group = dense_group(device) or dist.group.WORLD
         mesh = DeviceMesh.from_group(group, device.type)
         for name in DENSE_TOWERS:
             tower = getattr(model.model, name)
-            if any(True for _ in tower.parameters()):
+            if next(tower.parameters(), None) is not None:  # DLRM's dot interaction has none
                 fully_shard(tower, mesh=mesh)
         return model
     raise ValueError(f"dense parallel {parallel!r} is not one of ['ddp', 'fsdp2']")

@@ -1,0 +1,50 @@
+"""Dynamo takes tpu tensors as plain graph inputs, whichever of torch_tpu and Dynamo loads first.
+
+Each case runs in a fresh process: the patch is installed at import, so import order matters.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_PROGRAM = """
+import sys
+{imports}
+import torch
+
+seen = []
+
+def backend(gm, example_inputs):
+    seen.extend(str(x.device) for x in example_inputs)
+    return gm.forward
+
+def f(x, y):
+    return torch.relu(x @ y) + 1
+
+x, y = torch.randn(3, 4), torch.randn(4, 2)
+out = torch.compile(f, backend=backend, fullgraph=True)(x.to("tpu"), y.to("tpu"))
+assert out.device.type == "tpu", out.device
+torch.testing.assert_close(out.cpu(), f(x, y))
+assert seen == ["tpu:0", "tpu:0"], seen
+print("OK", {lazy})
+"""
+
+
+@pytest.mark.parametrize("order", ["torch_tpu_first", "dynamo_first"])
+def test_compile_takes_tpu_tensors_as_plain_inputs(order):
+    if order == "torch_tpu_first":
+        imports = "import torch_tpu\nlazy = 'torch._dynamo' not in sys.modules"
+    else:
+        imports = "import torch._dynamo\nimport torch_tpu\nlazy = False"
+    program = _PROGRAM.format(imports=imports, lazy="lazy")
+    env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(program)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # importing torch_tpu alone must not pay for importing Dynamo
+    assert done.stdout.strip() == ("OK True" if order == "torch_tpu_first" else "OK False")
