@@ -49,6 +49,18 @@ class StackCSR:
 
 
 @dataclass(frozen=True)
+class RowOrderedEntries:
+    """The entries one stack's CSR buffers hold (merged, within the limits), sorted by (physical
+    row, source SparseCore, sample) instead of by partition: what a lookup on the host side needs.
+    Inside each sample they keep the CSR order, and inside each row the order of the sources."""
+
+    phys: np.ndarray  # int64 physical row (destination SC * shard_rows + shard row)
+    sample: np.ndarray  # int64 row of the stack's activations: source SC * samples_per_chunk + sample id
+    gain: np.ndarray  # float32
+    stats: StackStats
+
+
+@dataclass(frozen=True)
 class PreprocessedBatch:
     stacks: dict[str, StackCSR]
 
@@ -97,6 +109,70 @@ def preprocess_inputs(
         return PreprocessedBatch(dict(zip((st.name for st in plan.stacks), pool.map(build, plan.stacks))))
 
 
+def preprocess_row_ordered(
+    inputs: Mapping[str, FeatureInput], plan: StackingPlan, *, overflow: str = "error"
+) -> dict[str, RowOrderedEntries]:
+    """The entries ``preprocess_inputs`` would lay out into CSR buffers, per stack, in row order
+    (one sort; the CSR buffers are only built when a partition is over its limit)."""
+    if overflow not in OVERFLOW_POLICIES:
+        raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+    devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
+    return {stack.name: _row_ordered_stack(stack, inputs, devices, s, overflow) for stack in plan.stacks}
+
+
+def _row_ordered_stack(
+    stack: StackedTable, inputs: Mapping[str, FeatureInput], devices: int, s: int, overflow: str
+) -> RowOrderedEntries:
+    n, chunks = stack.num_sparsecores, devices * s
+    samples_per_chunk = stack.total_sample_count // chunks
+    chunk, dest, row, sample, gain = _coo_entries(stack, inputs, chunks)
+    phys = dest * stack.shard_rows + row
+    order, first = _merge_order((sample, chunk, phys), (samples_per_chunk, chunks, stack.vocab_size))
+    starts = np.flatnonzero(first)
+    multiplicity = np.diff(np.append(starts, phys.size))
+    merged_gain = _sequential_f32_sum(gain[order].astype(np.float64), starts, multiplicity)
+    picked = order[starts]
+    phys, chunk, dest, sample = phys[picked], chunk[picked], dest[picked], sample[picked]
+    partition = chunk * n + dest
+    counts = np.bincount(partition, minlength=chunks * n)
+    new_row = np.ones(phys.size, dtype=bool)
+    new_row[1:] = (phys[1:] != phys[:-1]) | (chunk[1:] != chunk[:-1])
+    unique_counts = np.bincount(partition[new_row], minlength=chunks * n)
+    if counts.max(initial=0) > stack.max_ids_per_partition or \
+            unique_counts.max(initial=0) > stack.max_unique_ids_per_partition:
+        csr = _preprocess_stack(stack, inputs, devices, s, overflow)  # raises, or drops as the SparseCores do
+        phys, sample, gain = csr_entries(stack, csr, devices, s)
+        by_row = np.argsort(phys, kind="stable")
+        return RowOrderedEntries(phys[by_row], sample[by_row], gain[by_row], csr.stats)
+    stats = _stats(counts, unique_counts, devices, s, n)
+    return RowOrderedEntries(phys, chunk * samples_per_chunk + sample, merged_gain, stats)
+
+
+def csr_entries(stack: StackedTable, csr: StackCSR, devices: int, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(physical row, activation row, gain) of every entry of ``csr``, in the SparseCores' reading
+    order: partition p of source SparseCore k holds [round_up(end[p-1], 8), end[p]) of k's region."""
+    n, chunks = stack.num_sparsecores, devices * s
+    ends = csr.row_pointers.reshape(chunks, row_pointers_per_sc(stack))[:, :n].astype(np.int64)
+    starts = np.zeros_like(ends)
+    starts[:, 1:] = _round_up_array(ends[:, :-1], ALIGN)
+    counts = (ends - starts).reshape(-1)
+    first = (np.arange(chunks)[:, None] * (coo_buffer_size_per_device(stack, s) // s) + starts).reshape(-1)
+    partition = np.repeat(np.arange(counts.size), counts)
+    position = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - first, counts)
+    phys = (partition % n) * stack.shard_rows + csr.embedding_ids[position]
+    sample = (partition // n) * (stack.total_sample_count // chunks) + csr.sample_ids[position]
+    return phys, sample, csr.gains[position]
+
+
+def _stats(counts: np.ndarray, unique_counts: np.ndarray, devices: int, s: int, n: int) -> StackStats:
+    """A step's demand from the (unique) id counts of every partition, source-major."""
+    return StackStats(
+        counts.reshape(devices, s, n).max(axis=1).reshape(-1).astype(np.int32),
+        unique_counts.reshape(devices, s, n).max(axis=1).reshape(-1).astype(np.int32),
+        _round_up_array(counts, ALIGN).reshape(devices * s, n).sum(axis=1).astype(np.int32),
+    )
+
+
 def _preprocess_stack(
     stack: StackedTable, inputs: Mapping[str, FeatureInput], devices: int, s: int, overflow: str
 ) -> StackCSR:
@@ -118,11 +194,7 @@ def _preprocess_stack(
     unique_rank = unique_before - unique_before[first_of_partition]
 
     unique_counts = np.bincount(partition[new_row], minlength=num_partitions)
-    stats = StackStats(
-        counts.reshape(devices, s, n).max(axis=1).reshape(-1).astype(np.int32),
-        unique_counts.reshape(devices, s, n).max(axis=1).reshape(-1).astype(np.int32),
-        _round_up_array(counts, ALIGN).reshape(chunks, n).sum(axis=1).astype(np.int32),
-    )
+    stats = _stats(counts, unique_counts, devices, s, n)
     keep = (rank < stack.max_ids_per_partition) & (unique_rank < stack.max_unique_ids_per_partition)
     if not keep.all():
         if overflow == "error":
@@ -153,20 +225,37 @@ def _preprocess_stack(
 def _coo_entries(stack: StackedTable, inputs: Mapping[str, FeatureInput], chunks: int):
     """Per id of every feature of the stack: (chunk, destination SC, shard row, sample, gain)."""
     n = stack.num_sparsecores
+    xs = [inputs[fp.feature] for fp in stack.features]
+    ids = np.concatenate([x.ids for x in xs])
+    lengths = np.concatenate([x.lengths for x in xs])
+    chunk_of, local_of, col_offset_of, col_shift_of = _sample_layout(stack, chunks)
+    sample = np.repeat(np.arange(lengths.size), lengths)  # in the stack's concatenated batch
+    gain = combined_gains(np.concatenate([x.weights for x in xs]), lengths, sample, stack.combiner)
+    return chunk_of[sample], (ids % n + col_shift_of[sample]) % n, (ids + col_offset_of[sample]) // n, \
+        local_of[sample], gain
+
+
+_LAYOUTS: dict[tuple[int, int], tuple[StackedTable, tuple[np.ndarray, ...]]] = {}
+
+
+def _sample_layout(stack: StackedTable, chunks: int) -> tuple[np.ndarray, ...]:
+    """Per sample of the stack's concatenated batch: its chunk, its chunk-local sample id and its
+    feature's column offset and shift (cached by identity: hashing a stack costs more than this)."""
+    cached = _LAYOUTS.get((id(stack), chunks))
+    if cached is None or cached[0] is not stack:
+        cached = _LAYOUTS[(id(stack), chunks)] = (stack, _compute_sample_layout(stack, chunks))
+    return cached[1]
+
+
+def _compute_sample_layout(stack: StackedTable, chunks: int) -> tuple[np.ndarray, ...]:
     parts = []
     for fp in stack.features:
-        x = inputs[fp.feature]
         per_chunk = fp.batch_size // chunks
-        sample = np.repeat(np.arange(fp.batch_size, dtype=np.int64), x.lengths)
-        gain = combined_gains(x.weights, x.lengths, sample, stack.combiner)
-        parts.append((
-            sample // per_chunk,
-            (x.ids % n + fp.col_shift) % n,
-            (x.ids + fp.col_offset) // n,
-            sample % per_chunk + fp.sample_offset // chunks,
-            gain,
-        ))
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(5))
+        i = np.arange(fp.batch_size, dtype=np.int64)
+        parts.append((i // per_chunk, i % per_chunk + fp.sample_offset // chunks,
+                      np.full(fp.batch_size, fp.col_offset, dtype=np.int64),
+                      np.full(fp.batch_size, fp.col_shift, dtype=np.int64)))
+    return tuple(np.concatenate([p[k] for p in parts]) for k in range(4))
 
 
 def combined_gains(weights: np.ndarray, lengths: np.ndarray, sample: np.ndarray, combiner: str) -> np.ndarray:
@@ -206,25 +295,35 @@ def _sort_and_merge(chunk, dest, row, sample, gain, n, shard_rows, samples_per_c
     returns how many input ids each merged entry stands for."""
     if chunk.size == 0:
         return chunk, dest, row, sample, gain, np.zeros(0, dtype=np.int64)
-    size = chunk.size
-    bound = (int(chunk.max()) + 1) * n * shard_rows * samples_per_chunk
-    if bound * size < 2**63:
-        # the input position in the key makes it unique: a fast unstable sort keeps input order
-        # among equal (chunk, dest, row, sample), which fixes the float32 summation order
-        key = (((chunk * n + dest) * shard_rows + row) * samples_per_chunk + sample) * size
-        order = np.argsort(key + np.arange(size))
-        sorted_key = key[order]
-        first = np.ones(size, dtype=bool)
-        first[1:] = sorted_key[1:] != sorted_key[:-1]
-    else:
-        order = np.lexsort((sample, row, dest, chunk))
-        first = np.ones(chunk.size, dtype=bool)
-        first[1:] = np.any([a[order][1:] != a[order][:-1] for a in (chunk, dest, row, sample)], axis=0)
+    order, first = _merge_order((sample, row, dest, chunk), (samples_per_chunk, shard_rows, n, int(chunk.max()) + 1))
     starts = np.flatnonzero(first)
     multiplicity = np.diff(np.append(starts, chunk.size))
     merged_gain = _sequential_f32_sum(gain[order].astype(np.float64), starts, multiplicity)
     picked = order[starts]
     return chunk[picked], dest[picked], row[picked], sample[picked], merged_gain, multiplicity
+
+
+def _merge_order(keys: tuple[np.ndarray, ...], bounds: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The order sorting by ``keys`` (last = most significant, each below its bound), input order
+    among equal keys (it fixes the float32 summation order of merged gains), and whether each
+    sorted entry starts a new key."""
+    size = keys[0].size
+    if size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    if int(np.prod([float(b) for b in bounds])) * size < 2**62:
+        # the input position in the key makes it unique: a fast unstable sort keeps input order
+        key = np.zeros(size, dtype=np.int64)
+        for k, bound in zip(reversed(keys), reversed(bounds)):
+            key = key * bound + k
+        order = np.argsort(key * size + np.arange(size))
+        sorted_key = key[order]
+        first = np.ones(size, dtype=bool)
+        first[1:] = sorted_key[1:] != sorted_key[:-1]
+        return order, first
+    order = np.lexsort(keys)
+    first = np.ones(size, dtype=bool)
+    first[1:] = np.any([k[order][1:] != k[order][:-1] for k in keys], axis=0)
+    return order, first
 
 
 def _round_up_array(values: np.ndarray, multiple: int) -> np.ndarray:

@@ -64,6 +64,10 @@ def feature_inputs(
         raise ValueError(f"KJT has {lengths.size} lengths for {len(keys)} keys x batch {stride}")
     by_name = {f.name: f for f in features}
     value_ends = np.cumsum(lengths.reshape(len(keys), stride).sum(axis=1))
+    fast = _valid_batch([by_name[k] for k in keys], tables, values, lengths.reshape(len(keys), stride), weights,
+                        value_ends)
+    if fast is not None:
+        return fast
     out = {}
     for i, key in enumerate(keys):
         start = 0 if i == 0 else int(value_ends[i - 1])
@@ -74,6 +78,31 @@ def feature_inputs(
             lengths[i * stride:(i + 1) * stride], feature_weights, id_policy,
         )
     return out
+
+
+def _valid_batch(features: list[FeatureSpec], tables: Mapping[str, TableSpec], values: np.ndarray,
+                 lengths: np.ndarray, weights: np.ndarray | None, value_ends: np.ndarray) -> dict[str, FeatureInput] | None:
+    """The inputs by feature when every check passes, checked over the whole batch at once; None
+    when something is off (the per-feature checks then name the first problem, or apply the
+    id policy)."""
+    stride = lengths.shape[1]
+    limits = np.array([f.max_ids_per_sample or 0 for f in features])
+    if any(f.batch_size != stride for f in features) or (weights is None and any(f.weighted for f in features)):
+        return None
+    if stride and ((limits > 0) & (lengths.max(axis=1) > limits)).any():
+        return None
+    if weights is None:
+        weights = np.ones(values.size, dtype=np.float32)
+    elif not np.isfinite(weights).all():
+        return None
+    ids = values.astype(np.int64, copy=False)
+    counts = np.diff(value_ends, prepend=0)
+    vocab = np.repeat(np.array([tables[f.table].vocab_size for f in features], dtype=np.int64), counts)
+    if ids.size and ((ids < 0) | (ids >= vocab)).any():
+        return None
+    starts = value_ends - counts
+    return {f.name: FeatureInput(ids[a:b], lengths[i], weights[a:b])
+            for i, (f, a, b) in enumerate(zip(features, starts.tolist(), value_ends.tolist()))}
 
 
 def _numpy(tensor: torch.Tensor, what: str) -> np.ndarray:

@@ -53,6 +53,25 @@ class Backend(ABC):
     def backward(self, context: Any, grads: Mapping[str, torch.Tensor]) -> None:
         """Apply the fused optimizer update for the activation gradients ``grads``."""
 
+    def prepare(self, inputs: Mapping[str, FeatureInput]) -> Any:
+        """Host-side work on a batch that can run ahead of its step (e.g. on a prefetch thread);
+        ``lookup`` takes the result. Default: nothing to do ahead."""
+        return inputs
+
+    def compile(self, prepared: Any) -> None:
+        """Compile the programs a batch like ``prepared`` needs, ahead of its step. Default: none."""
+
+    def lookup(self, prepared: Any) -> tuple[torch.Tensor, Any]:
+        """Activations of every feature side by side, [batch, sum of dims] in plan feature order
+        (all features share one batch size), and the context ``update`` needs."""
+        activations, context = self.forward(prepared)
+        return torch.cat([activations[f.name] for f in self.plan.features], dim=1), context
+
+    def update(self, context: Any, grad: torch.Tensor) -> None:
+        """``backward`` for the gradient of ``lookup``'s output."""
+        dims = [self.plan.tables[f.table].dim for f in self.plan.features]
+        self.backward(context, dict(zip((f.name for f in self.plan.features), torch.split(grad, dims, dim=1))))
+
     @abstractmethod
     def table_weights(self) -> dict[str, torch.Tensor]:
         """Current [vocab, dim] weights of every logical table (copies)."""

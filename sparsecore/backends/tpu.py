@@ -16,7 +16,7 @@ from jax_tpu_embedding.sparsecore.lib.nn import embedding
 
 from sparsecore.backends.xla import XlaBackend
 from sparsecore.jte_interop import jte_feature_specs, jte_optimizer
-from sparsecore.preprocess import StackCSR, coo_buffer_size_per_device, row_pointers_per_sc
+from sparsecore.preprocess import StackCSR, coo_buffer_size_per_device, preprocess_inputs, row_pointers_per_sc
 from sparsecore.stacking import StackedTable, StackingPlan
 
 AXIS = "device"
@@ -90,19 +90,24 @@ class TpuBackend(XlaBackend):
             )
         super().__init__(plan, weights, seed, overflow)
         mesh = Mesh(np.array(devices[: plan.topology.num_devices]), (AXIS,)) if len(devices) > 1 else None
-        self._programs = {st.name: _StackProgram(plan, st) for st in plan.stacks}
-        self._forward = {n: _shard(p.forward, mesh) for n, p in self._programs.items()}
-        self._backward = {n: _shard(p.backward, mesh, replicated=(2,)) for n, p in self._programs.items()}
+        self._stack_programs = {st.name: _StackProgram(plan, st) for st in plan.stacks}
+        self._forward = {n: _shard(p.forward, mesh) for n, p in self._stack_programs.items()}
+        self._backward = {n: _shard(p.backward, mesh, replicated=(2,)) for n, p in self._stack_programs.items()}
+
+    def _host_inputs(self, inputs):
+        batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
+        csrs = [batch.stacks[st.name] for st in self.plan.stacks]
+        return tuple((c.row_pointers, c.embedding_ids, c.sample_ids, c.gains) for c in csrs), batch.stats
 
     def stack_activations(self, stack: StackedTable, csr: StackCSR) -> jax.Array:
         return self._forward[stack.name](self._tables[stack.name], csr.row_pointers, csr.embedding_ids,
                                          csr.sample_ids, csr.gains)
 
-    def _update(self, stack: StackedTable, csr: StackCSR, activation_grad: np.ndarray) -> None:
-        self._tables[stack.name], self._slots[stack.name] = self._backward[stack.name](
-            self._tables[stack.name], self._slots[stack.name], jnp.int32(self.steps), activation_grad,
-            csr.row_pointers, csr.embedding_ids, csr.sample_ids, csr.gains,
-        )
+    def _stack_lookup(self, stack: StackedTable, table: jax.Array, device_input) -> jax.Array:
+        return self._forward[stack.name](table, *device_input)
+
+    def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, activation_grad, device_input):
+        return self._backward[stack.name](table, slots, step, activation_grad, *device_input)
 
 
 def lowered_programs(plan: StackingPlan, stack_name: str) -> tuple[str, str]:

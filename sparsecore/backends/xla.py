@@ -1,16 +1,25 @@
-"""``xla`` backend: the SparseCore lookup semantics in pure JAX, jit-compiled.
+"""``xla`` backend: the SparseCore lookup semantics in pure JAX, compiled to one program per step
+phase.
 
 It consumes exactly the CSR buffers the SparseCores get (``sparsecore.preprocess``) and runs on
 the default JAX device: the program a TPU's TensorCore would run, and the reference for the
 ``tpu`` backend. Forward: activation[sample] = sum of gain * row over the sample's entries.
 Backward: per touched row, g = sum(gain * d_activation[sample]) over all its entries, then one
 fused optimizer update of that row and its slots; other rows are untouched.
+
+``prepare`` (host, may run ahead on a prefetch thread) takes the entries the CSR buffers would
+hold, in row order (``preprocess_row_ordered``), lists every touched row once (``xla_inputs``) and
+compiles the step's programs for their bucketed sizes: ONE program looks up all stacks and
+assembles the output, ONE applies the gradient and the optimizer to all stacks (tables updated in
+place, donated). Only touched rows are read or written.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
-from functools import partial
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,16 +27,11 @@ import numpy as np
 import torch
 
 from sparsecore.backends.base import Backend, check_grads
+from sparsecore.backends.xla_inputs import StackEntries, stack_entries
+from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.backends.xla_optimizers import apply_update
-from sparsecore.limits import OVERFLOW_POLICIES
-from sparsecore.preprocess import (
-    ALIGN,
-    PreprocessedBatch,
-    StackCSR,
-    coo_buffer_size_per_device,
-    preprocess_inputs,
-    row_pointers_per_sc,
-)
+from sparsecore.limits import OVERFLOW_POLICIES, StackStats
+from sparsecore.preprocess import RowOrderedEntries, StackCSR, csr_entries, preprocess_row_ordered
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput
 
@@ -40,64 +44,35 @@ def to_torch(array: jax.Array) -> torch.Tensor:
     return torch.from_numpy(np.array(array))
 
 
-class StackGeometry:
-    """Static shapes of one stack's CSR buffers (hashable, so jit can specialise on it)."""
+@dataclass(frozen=True)
+class PreparedLookup:
+    """A batch ready for the device: per stack, the backend's input arrays (host arrays: the
+    compiled programs take them as they are, cheaper than a transfer call per batch)."""
 
-    def __init__(self, stack: StackedTable, devices: int, sparsecores_per_device: int):
-        self.chunks = devices * sparsecores_per_device
-        self.n = stack.num_sparsecores
-        self.width = row_pointers_per_sc(stack)
-        self.region = coo_buffer_size_per_device(stack, sparsecores_per_device) // sparsecores_per_device
-        self.rows = stack.vocab_size
-        self.shard_rows = stack.shard_rows
-        self.samples_per_chunk = stack.total_sample_count // self.chunks
-        self._key = (self.chunks, self.n, self.width, self.region, self.rows, self.shard_rows, self.samples_per_chunk)
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, StackGeometry) and self._key == other._key
+    arrays: tuple[Any, ...]
+    stats: dict[str, StackStats]
+    key: tuple  # the arrays' shapes: which compiled programs serve this batch
 
 
-def csr_entries(geo: StackGeometry, row_pointers, embedding_ids, sample_ids, gains):
-    """Flat (physical row, stack sample, gain, valid) of every COO slot, as the SparseCores read
-    them: entries of partition p of a source SC lie in [round_up(end[p-1], 8), end[p])."""
-    ends = row_pointers.reshape(geo.chunks, geo.width)[:, : geo.n]
-    starts = jnp.concatenate([jnp.zeros((geo.chunks, 1), ends.dtype), (ends[:, :-1] + ALIGN - 1) // ALIGN * ALIGN], 1)
-    position = jnp.arange(geo.region, dtype=ends.dtype)
-    dest = jax.vmap(lambda s: jnp.searchsorted(s, position, side="right") - 1)(starts)
-    valid = position[None, :] < jnp.take_along_axis(ends, dest, axis=1)
-    ids = embedding_ids.reshape(geo.chunks, geo.region)
-    phys = jnp.where(valid, dest * geo.shard_rows + ids, 0)
-    chunk = jnp.arange(geo.chunks, dtype=ids.dtype)[:, None]
-    sample = jnp.where(valid, chunk * geo.samples_per_chunk + sample_ids.reshape(geo.chunks, geo.region), 0)
-    gain = jnp.where(valid, gains.reshape(geo.chunks, geo.region), 0.0)
-    return phys.reshape(-1), sample.reshape(-1), gain.reshape(-1), valid.reshape(-1)
+def lookup_entries(table: jax.Array, entries: StackEntries, samples: int) -> jax.Array:
+    """Pooled activations [samples, dim] of one stack: touched rows read once, then summed per
+    sample in the SparseCores' entry order."""
+    values = table.at[entries.rows].get(mode="fill", fill_value=0.0, indices_are_sorted=True, unique_indices=True)
+    return jax.ops.segment_sum(entries.gains[:, None] * values[entries.inverse], entries.samples,
+                               num_segments=samples)
 
 
-@partial(jax.jit, static_argnums=0)
-def stack_forward(geo: StackGeometry, table, row_pointers, embedding_ids, sample_ids, gains):
-    """Pooled activations of the stack's concatenated batch, [chunks * samples_per_chunk, dim]."""
-    phys, sample, gain, _ = csr_entries(geo, row_pointers, embedding_ids, sample_ids, gains)
-    return jax.ops.segment_sum(gain[:, None] * table[phys], sample, num_segments=geo.chunks * geo.samples_per_chunk)
-
-
-@partial(jax.jit, static_argnums=(0, 1), donate_argnums=(2, 3))
-def stack_backward(geo: StackGeometry, optimizer, table, slots, row_dims, step, activation_grad,
-                   row_pointers, embedding_ids, sample_ids, gains):
-    """Fused backward: accumulate per touched row, then one optimizer update per row."""
-    phys, sample, gain, valid = csr_entries(geo, row_pointers, embedding_ids, sample_ids, gains)
-    contributions = gain[:, None] * activation_grad[sample]
-    touched, inverse = jnp.unique(jnp.where(valid, phys, geo.rows), size=phys.size, fill_value=geo.rows,
-                                  return_inverse=True)
-    grad = jax.ops.segment_sum(contributions, inverse.reshape(-1), num_segments=phys.size)
-    rows = table.at[touched].get(mode="fill", fill_value=0.0)
-    row_slots = {k: v.at[touched].get(mode="fill", fill_value=0.0) for k, v in slots.items()}
-    new_rows, new_slots = apply_update(optimizer, rows, row_slots, grad, step, row_dims.at[touched].get(mode="fill", fill_value=1))
-    table = table.at[touched].set(new_rows, mode="drop")
-    slots = {k: slots[k].at[touched].set(new_slots[k], mode="drop") for k in slots}
-    return table, slots
+def update_entries(optimizer, table, slots, row_dims, step, activation_grad, entries: StackEntries):
+    """One fused optimizer update per touched row with its gradient summed over all entries."""
+    contributions = entries.gains[:, None] * activation_grad[entries.samples]
+    grad = jax.ops.segment_sum(contributions, entries.inverse, num_segments=entries.touched, indices_are_sorted=True)
+    hints = dict(indices_are_sorted=True, unique_indices=True)
+    rows = table.at[entries.rows].get(mode="fill", fill_value=0.0, **hints)
+    row_slots = {k: v.at[entries.rows].get(mode="fill", fill_value=0.0, **hints) for k, v in slots.items()}
+    dims = row_dims.at[entries.rows].get(mode="fill", fill_value=1, **hints)
+    new_rows, new_slots = apply_update(optimizer, rows, row_slots, grad, step, dims)
+    table = table.at[entries.rows].set(new_rows, mode="drop", **hints)
+    return table, {k: slots[k].at[entries.rows].set(new_slots[k], mode="drop", **hints) for k in slots}
 
 
 class XlaBackend(Backend):
@@ -111,15 +86,19 @@ class XlaBackend(Backend):
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
         self.overflow = overflow
-        devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
-        self._geometry = {st.name: StackGeometry(st, devices, s) for st in plan.stacks}
+        self._layout = ActivationLayout(plan, plan.topology.num_sparsecores)
         self._tables: dict[str, jax.Array] = {}
         self._slots: dict[str, dict[str, jax.Array]] = {}
         self.load_state(self._initial_weights)
         # only row-wise optimizers need each row's logical dim; others get a 1-element dummy
-        self._row_dims = {st.name: jnp.asarray(st.row_dims() if st.optimizer.row_slots else [1], dtype=jnp.float32)
-                          for st in plan.stacks}
-        self._rows_of_feature = {st.name: _feature_rows(st, devices * s) for st in plan.stacks}
+        self._row_dims = tuple(jnp.asarray(st.row_dims() if st.optimizer.row_slots else [1], dtype=jnp.float32)
+                               for st in plan.stacks)
+        self._state_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                                          (self._table_tuple(), self._slot_tuple(), self._row_dims))
+        self._lookup_jit = jax.jit(self._lookup_program)
+        self._update_jit = jax.jit(self._update_program, donate_argnums=(0, 1))
+        self._programs: dict[tuple, tuple[Any, Any]] = {}
+        self._compile_lock = threading.Lock()
 
     def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         for st in self.plan.stacks:
@@ -129,39 +108,107 @@ class XlaBackend(Backend):
                 for slot in st.optimizer.slot_names
             }
 
-    def forward(self, inputs: Mapping[str, FeatureInput]) -> tuple[dict[str, torch.Tensor], PreprocessedBatch]:
-        batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
-        self.last_stats = batch.stats
-        out = {}
-        for stack in self.plan.stacks:
-            activations = self.stack_activations(stack, batch.stacks[stack.name])
-            for fp in stack.features:
-                rows = self._rows_of_feature[stack.name][fp.feature]
-                out[fp.feature] = to_torch(activations[rows, : self.plan.tables[fp.table].dim])
-        return out, batch
+    # -- per-stack device work (the tpu backend swaps in the SparseCore kernels) --
 
-    def backward(self, context: PreprocessedBatch, grads: Mapping[str, torch.Tensor]) -> None:
-        check_grads(self.plan, grads)
+    def _host_inputs(self, inputs: Mapping[str, FeatureInput]) -> tuple[tuple[Any, ...], dict[str, StackStats]]:
+        """Every stack's device input (in plan order) and its partition stats."""
+        by_stack = preprocess_row_ordered(inputs, self.plan, overflow=self.overflow)
+        stacks = self.plan.stacks
+        return (tuple(stack_entries(by_stack[st.name], st.vocab_size) for st in stacks),
+                {st.name: by_stack[st.name].stats for st in stacks})
+
+    def _stack_lookup(self, stack: StackedTable, table: jax.Array, device_input: Any) -> jax.Array:
+        return lookup_entries(table, device_input, stack.total_sample_count)
+
+    def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, activation_grad, device_input):
+        return update_entries(stack.optimizer, table, slots, row_dims, step, activation_grad, device_input)
+
+    # -- the two step programs --
+
+    def _lookup_program(self, tables, inputs):
+        stacks = self.plan.stacks
+        return self._layout.assemble([self._stack_lookup(st, t, x) for st, t, x in zip(stacks, tables, inputs)])
+
+    def _update_program(self, tables, slots, row_dims, step, grad, inputs):
+        activation_grads = self._layout.disassemble(grad)
+        updated = [self._stack_update(st, *args) for st, *args in
+                   zip(self.plan.stacks, tables, slots, row_dims, [step] * len(tables), activation_grads, inputs)]
+        return tuple(t for t, _ in updated), tuple(s for _, s in updated)
+
+    def prepare(self, inputs: Mapping[str, FeatureInput]) -> PreparedLookup:
+        arrays, stats = self._host_inputs(inputs)
+        key = tuple((a.shape, a.dtype.str) for a in jax.tree.leaves(arrays))
+        prepared = PreparedLookup(arrays, stats, key)
+        self.compile(prepared)
+        return prepared
+
+    def compile(self, prepared: PreparedLookup) -> None:
+        self._compiled(prepared)
+
+    def _compiled(self, prepared: PreparedLookup) -> tuple[Any, Any]:
+        programs = self._programs.get(prepared.key)
+        if programs is not None:
+            return programs
+        with self._compile_lock:
+            if prepared.key not in self._programs:
+                tables, slots, row_dims = self._state_shapes
+                inputs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), prepared.arrays)
+                grad = jax.eval_shape(self._lookup_program, tables, inputs)
+                self._programs[prepared.key] = (
+                    self._lookup_jit.lower(tables, inputs).compile(),
+                    self._update_jit.lower(tables, slots, row_dims, jax.ShapeDtypeStruct((), jnp.int32), grad,
+                                           inputs).compile(),
+                )
+            return self._programs[prepared.key]
+
+    def lookup(self, prepared: Any) -> tuple[torch.Tensor, PreparedLookup]:
+        if not self._layout.uniform:
+            raise ValueError("lookup() needs one batch size for all features; use forward()")
+        out, prepared = self._run_lookup(prepared)
+        return to_torch(out), prepared
+
+    def _run_lookup(self, prepared: Any) -> tuple[Any, PreparedLookup]:
+        if not isinstance(prepared, PreparedLookup):
+            prepared = self.prepare(prepared)
+        self.last_stats = prepared.stats
+        return self._compiled(prepared)[0](self._table_tuple(), prepared.arrays), prepared
+
+    def update(self, context: PreparedLookup, grad: Any) -> None:
         self.steps += 1
-        for stack in self.plan.stacks:
-            geo = self._geometry[stack.name]
-            activation_grad = np.zeros((geo.chunks * geo.samples_per_chunk, stack.dim), dtype=np.float32)
-            for fp in stack.features:
-                rows = self._rows_of_feature[stack.name][fp.feature]
-                activation_grad[rows, : self.plan.tables[fp.table].dim] = grads[fp.feature].detach().numpy()
-            self._update(stack, context.stacks[stack.name], activation_grad)
+        if isinstance(grad, torch.Tensor):
+            grad = to_jax(grad)
+        tables, slots = self._compiled(context)[1](self._table_tuple(), self._slot_tuple(), self._row_dims,
+                                                   np.int32(self.steps), grad, context.arrays)
+        for st, table, table_slots in zip(self.plan.stacks, tables, slots):
+            self._tables[st.name], self._slots[st.name] = table, table_slots
+
+    def forward(self, inputs: Mapping[str, FeatureInput]) -> tuple[dict[str, torch.Tensor], PreparedLookup]:
+        out, prepared = self._run_lookup(inputs)
+        names = [f.name for f in self.plan.features]
+        if not self._layout.uniform:
+            return {name: to_torch(a) for name, a in zip(names, out)}, prepared
+        return dict(zip(names, torch.split(to_torch(out), self._layout.dims, dim=1))), prepared
+
+    def backward(self, context: PreparedLookup, grads: Mapping[str, torch.Tensor]) -> None:
+        check_grads(self.plan, grads)
+        ordered = [grads[f.name] for f in self.plan.features]
+        self.update(context, torch.cat(ordered, dim=1) if self._layout.uniform else tuple(map(to_jax, ordered)))
 
     def stack_activations(self, stack: StackedTable, csr: StackCSR) -> jax.Array:
-        """Stacked activations [chunks * samples_per_chunk, dim], device-major."""
-        return stack_forward(self._geometry[stack.name], self._tables[stack.name], csr.row_pointers,
-                             csr.embedding_ids, csr.sample_ids, csr.gains)
+        """One stack's activations [chunks * samples_per_chunk, dim] (chunk-major) from its CSR
+        buffers, read as the SparseCores read them."""
+        phys, sample, gain = csr_entries(stack, csr, self.plan.topology.num_devices,
+                                         self.plan.topology.sparsecores_per_device)
+        by_row = np.argsort(phys, kind="stable")
+        entries = stack_entries(RowOrderedEntries(phys[by_row], sample[by_row], gain[by_row], csr.stats),
+                                stack.vocab_size)
+        return jax.jit(lookup_entries, static_argnums=2)(self._tables[stack.name], entries, stack.total_sample_count)
 
-    def _update(self, stack: StackedTable, csr: StackCSR, activation_grad: np.ndarray) -> None:
-        self._tables[stack.name], self._slots[stack.name] = stack_backward(
-            self._geometry[stack.name], stack.optimizer, self._tables[stack.name], self._slots[stack.name],
-            self._row_dims[stack.name], jnp.int32(self.steps), activation_grad, csr.row_pointers,
-            csr.embedding_ids, csr.sample_ids, csr.gains,
-        )
+    def _table_tuple(self) -> tuple[jax.Array, ...]:
+        return tuple(self._tables[st.name] for st in self.plan.stacks)
+
+    def _slot_tuple(self) -> tuple[dict[str, jax.Array], ...]:
+        return tuple(self._slots[st.name] for st in self.plan.stacks)
 
     def table_weights(self) -> dict[str, torch.Tensor]:
         out = {}
@@ -176,14 +223,3 @@ class XlaBackend(Backend):
                 for table, tensor in unstack_rows(stack, to_torch(values)).items():
                     out[table][slot] = tensor
         return out
-
-
-def _feature_rows(stack: StackedTable, chunks: int) -> dict[str, np.ndarray]:
-    """Row of each feature sample in the stack's activations (chunk-major, features inside)."""
-    samples_per_chunk = stack.total_sample_count // chunks
-    out = {}
-    for fp in stack.features:
-        per_chunk = fp.batch_size // chunks
-        i = np.arange(fp.batch_size)
-        out[fp.feature] = (i // per_chunk) * samples_per_chunk + fp.sample_offset // chunks + i % per_chunk
-    return out

@@ -41,9 +41,11 @@ from torchrec_tpu.sharding.shards import TableSharding
 
 @dataclass
 class LocalBatch:
-    """What input dist delivers to this rank: global-batch inputs of its shards, by feature."""
+    """What input dist delivers to this rank: global-batch inputs of its shards, by feature, and
+    the local backend's prepared form of them (``Backend.prepare``, done where the dist ran)."""
 
     inputs: dict[str, FeatureInput]
+    prepared: Any = None
 
 
 class ShardedSparseCoreEBC(ShardedTables):
@@ -84,6 +86,12 @@ class ShardedSparseCoreEBC(ShardedTables):
         local_features = [FeatureSpec(f.name, f.table, self.batch_size * self.world_size, weighted=True)
                           for f, _ in self._served[self.rank]]
         self._backend = self._make_backend(local_features, topology, backend, weights, seed, backend_options)
+        # output columns of every rank's served (feature, shard) pairs, in message order
+        self._columns = [torch.from_numpy(np.concatenate(
+            [np.arange(self._offsets[f.name] + s.col_offset, self._offsets[f.name] + s.col_offset + s.cols)
+             for f, s in pairs] or [np.zeros(0, dtype=np.int64)])) for pairs in self._served]
+        self._placement = _OutputPlacement(self._served, self._columns, self.rank,
+                                           sum(self.tables[f.table].dim for f in features))
         # input dists done ahead by a train pipeline: (the KJT's values tensor, its LocalBatch)
         self._prefetched: collections.deque[tuple[torch.Tensor, LocalBatch]] = collections.deque()
         self._prefetch_lock = threading.Lock()
@@ -132,21 +140,37 @@ class ShardedSparseCoreEBC(ShardedTables):
                     return batch
         return None
 
+    def compile(self, kjt: KeyedJaggedTensor) -> None:
+        """Compile the local lookup and update programs for batches like ``kjt`` ahead of the
+        steps (runs its input dist: a collective, call it on every rank)."""
+        batch = self.input_dist(kjt)
+        if self._backend is not None:
+            self._backend.compile(batch.prepared)
+
     def input_dist(self, kjt: KeyedJaggedTensor, group: dist.ProcessGroup | None = None) -> LocalBatch:
         """Validate ``kjt`` (errors name the feature), fold combiners into gains, exchange ids
-        (over ``group``, default the EBC's)."""
+        (over ``group``, default the EBC's) and prepare the local backend's input."""
         group = group if group is not None else self.group
         inputs = feature_inputs(kjt, self.features, self.tables, self.id_policy)
         lengths, ids, gains = [], [], []
         for served in self._served:
             for f, shard in served:
                 x = inputs[f.name]
-                sample = np.repeat(np.arange(x.lengths.size), x.lengths)
-                gain = combined_gains(x.weights, x.lengths, sample, self.tables[f.table].combiner)
-                keep = shard.owns(x.ids)
-                lengths.append(np.bincount(sample[keep], minlength=x.lengths.size))
-                ids.append(shard.local_rows(x.ids[keep]))
-                gains.append(gain[keep])
+                combiner = self.tables[f.table].combiner
+                sample = np.repeat(np.arange(x.lengths.size), x.lengths) if combiner != "sum" or shard.row_stride > 1 else None
+                gain = combined_gains(x.weights, x.lengths, sample, combiner)
+                if shard.row_stride > 1:
+                    keep = shard.owns(x.ids)
+                    lengths.append(np.bincount(sample[keep], minlength=x.lengths.size))
+                    ids.append(shard.local_rows(x.ids[keep]))
+                    gains.append(gain[keep])
+                else:
+                    lengths.append(x.lengths)
+                    ids.append(x.ids)
+                    gains.append(gain)
+        if self.world_size == 1:
+            received = {f.name: FeatureInput(*piece) for (f, _), *piece in zip(self._served[0], ids, lengths, gains)}
+            return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
         b = self.batch_size
         send_lengths = torch.from_numpy(np.concatenate(lengths).astype(np.int64)) if lengths else torch.zeros(0, dtype=torch.int64)
         counts = [len(s) * b for s in self._served]
@@ -157,7 +181,8 @@ class ShardedSparseCoreEBC(ShardedTables):
         recv_counts = per_source.sum(axis=1).tolist()
         recv_ids = all_to_all(concat(ids, np.int64), id_counts, recv_counts, group).numpy()
         recv_gains = all_to_all(concat(gains, np.float32), id_counts, recv_counts, group).numpy()
-        return LocalBatch(self._assemble_inputs(per_source, recv_ids, recv_gains))
+        received = self._assemble_inputs(per_source, recv_ids, recv_gains)
+        return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
 
     def _assemble_inputs(self, per_source: np.ndarray, ids: np.ndarray, gains: np.ndarray) -> dict[str, FeatureInput]:
         """Per served feature: the global batch, source ranks' samples in rank order."""
@@ -181,44 +206,32 @@ class ShardedSparseCoreEBC(ShardedTables):
         return KeyedTensor(keys=[f.name for f in self.features],
                            length_per_key=[self.tables[f.table].dim for f in self.features], values=values)
 
-    def _lookup(self, batch: LocalBatch) -> tuple[dict[str, torch.Tensor], Any]:
-        return self._backend.forward(batch.inputs) if self._backend else ({}, None)
+    def _lookup(self, batch: LocalBatch) -> tuple[torch.Tensor, Any]:
+        """The local shards' outputs for the global batch, [world * batch, served columns]."""
+        if self._backend is None:
+            return torch.zeros(self.world_size * self.batch_size, 0), None
+        return self._backend.lookup(batch.prepared if batch.prepared is not None else batch.inputs)
 
-    def _output_dist(self, activations: dict[str, torch.Tensor]) -> torch.Tensor:
-        b, served = self.batch_size, self._served
-        send = torch.cat([activations[f.name][r * b:(r + 1) * b].reshape(-1)
-                          for r in range(self.world_size) for f, _ in served[self.rank]] or [torch.zeros(0)])
-        mine = b * sum(s.cols for _, s in served[self.rank])
-        recv = all_to_all(send, [mine] * self.world_size, [b * sum(s.cols for _, s in p) for p in served], self.group)
-        out = torch.zeros(b, self._offsets[self.features[-1].name] + self.tables[self.features[-1].table].dim)
-        start = 0
-        for source, pairs in enumerate(served):
-            for f, shard in pairs:
-                block = recv[start:start + b * shard.cols].view(b, shard.cols)
-                start += b * shard.cols
-                cols = slice(self._offsets[f.name] + shard.col_offset, self._offsets[f.name] + shard.col_offset + shard.cols)
-                if shard.kind == "row_wise":
-                    out[:, cols] += block
-                elif shard.kind != "data_parallel" or source == self.rank:
-                    out[:, cols] = block
-        return out
+    def _output_dist(self, activations: torch.Tensor) -> torch.Tensor:
+        """Each rank's rows of every shard's output, placed into this rank's [batch, dims] output."""
+        b, widths = self.batch_size, [len(c) for c in self._columns]
+        if self.world_size == 1:
+            return self._placement(activations)
+        recv = all_to_all(activations.reshape(-1), [b * widths[self.rank]] * self.world_size,
+                          [b * w for w in widths], self.group)
+        return self._placement(torch.cat([part.view(b, w) for part, w in zip(recv.split([b * w for w in widths]), widths)],
+                                         dim=1))
 
     def _update(self, context: Any, grad: torch.Tensor) -> None:
         """Send every shard the gradient of its output for this rank's samples; apply the update."""
-        b, served = self.batch_size, self._served
-        parts = [grad[:, self._offsets[f.name] + s.col_offset:self._offsets[f.name] + s.col_offset + s.cols].reshape(-1)
-                 for pairs in served for f, s in pairs]
-        mine = b * sum(s.cols for _, s in served[self.rank])
-        recv = all_to_all(torch.cat(parts or [torch.zeros(0)]), [b * sum(s.cols for _, s in p) for p in served],
-                          [mine] * self.world_size, self.group).view(self.world_size, -1)
-        if self._backend is None:
-            return
-        grads, start = {}, 0
-        for f, shard in served[self.rank]:
-            width = b * shard.cols
-            grads[f.name] = recv[:, start:start + width].reshape(self.world_size * b, shard.cols)
-            start += width
-        self._backend.backward(context, grads)
+        b, widths = self.batch_size, [len(c) for c in self._columns]
+        if self.world_size == 1:
+            recv = grad if self._placement.identity else grad.index_select(1, self._columns[0])
+        else:
+            send = torch.cat([grad.index_select(1, columns).reshape(-1) for columns in self._columns])
+            recv = all_to_all(send, [b * w for w in widths], [b * widths[self.rank]] * self.world_size, self.group)
+        if self._backend is not None:
+            self._backend.update(context, recv.view(self.world_size * b, widths[self.rank]))
 
     def to_torchrec(self) -> EmbeddingBagCollection:
         """A plain CPU TorchRec EBC holding the current tables, for serving (a collective)."""
@@ -226,6 +239,34 @@ class ShardedSparseCoreEBC(ShardedTables):
                                      device=torch.device("cpu"))
         self._copy_unsharded_into(ebc.embedding_bags)
         return ebc
+
+
+class _OutputPlacement:
+    """Places the received shard outputs ([batch, columns of every source rank in rank order])
+    into the output: a copy (or nothing) when every output column arrives exactly once, else
+    summed (row-wise shards) with other ranks' data-parallel replicas left out."""
+
+    def __init__(self, served, columns: list[torch.Tensor], rank: int, width: int):
+        targets = []
+        for source, (pairs, cols) in enumerate(zip(served, columns)):
+            dropped = np.concatenate([np.full(s.cols, s.kind == "data_parallel" and source != rank) for _, s in pairs]
+                                     or [np.zeros(0, dtype=bool)])
+            targets.append(np.where(dropped, width, cols.numpy()))
+        self.targets = torch.from_numpy(np.concatenate(targets))
+        self.width = width
+        kept = self.targets[self.targets < width]
+        self.permutation = kept.numel() == width and bool((torch.bincount(kept, minlength=width) == 1).all())
+        self.order = torch.argsort(self.targets)[:width] if self.permutation else None
+        self.identity = self.permutation and self.targets.numel() == width and bool(
+            (self.order == torch.arange(width)).all())
+
+    def __call__(self, received: torch.Tensor) -> torch.Tensor:
+        if self.identity:
+            return received
+        if self.permutation:
+            return received.index_select(1, self.order)
+        out = received.new_zeros(received.shape[0], self.width + 1).index_add_(1, self.targets, received)
+        return out[:, : self.width].contiguous()
 
 
 def _all_features(ebc: EmbeddingBagCollection) -> list[str]:

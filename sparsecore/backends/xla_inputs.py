@@ -1,0 +1,79 @@
+"""Host side of the ``xla`` backend: a stack's entries (those its CSR buffers hold, in row order)
+with every touched row once, padded to one of a few sizes so that few programs get compiled.
+
+Entry order matters for float32 sums: inside a sample the entries keep the CSR order and inside
+a row the order of the source SparseCores, so the device sums exactly as the SparseCores do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from sparsecore.preprocess import RowOrderedEntries
+
+MIN_BUCKET = 64
+
+
+@dataclass(frozen=True)
+class StackEntries:
+    """One stack's lookup work, packed into two arrays (few transfers): ``ints`` holds the touched
+    physical rows ascending then out-of-range padding rows [u], each entry's index into them [e]
+    and each entry's activation row [e]; ``gains`` [e] is 0 on padding entries."""
+
+    ints: np.ndarray | jax.Array  # int32 [u + 2e]
+    gains: np.ndarray | jax.Array  # float32 [e]
+
+    @property
+    def entries(self) -> int:
+        return self.gains.shape[0]
+
+    @property
+    def touched(self) -> int:
+        return self.ints.shape[0] - 2 * self.entries
+
+    @property
+    def rows(self):
+        return self.ints[: self.touched]
+
+    @property
+    def inverse(self):
+        return self.ints[self.touched: self.touched + self.entries]
+
+    @property
+    def samples(self):
+        return self.ints[self.touched + self.entries:]
+
+
+jax.tree_util.register_dataclass(StackEntries, data_fields=["ints", "gains"], meta_fields=[])
+
+
+def bucket(n: int) -> int:
+    """``n`` rounded up to one of four sizes per power of two (at most 25% padding)."""
+    if n <= MIN_BUCKET:
+        return MIN_BUCKET
+    step = 1 << ((n - 1).bit_length() - 3)
+    return -(-n // step) * step
+
+
+def stack_entries(entries: RowOrderedEntries, rows: int) -> StackEntries:
+    """Deduplicate the rows of ``entries`` (a stack of ``rows`` physical rows) and pad: padding
+    entries add 0 to sample 0 and belong to a padding row, which the device reads as zeros and
+    never writes (there is always one; padding rows are distinct, so row indices stay unique)."""
+    phys = entries.phys
+    first = np.ones(phys.size, dtype=bool)
+    first[1:] = phys[1:] != phys[:-1]
+    touched = phys[first]
+    u, e = bucket(touched.size + 1), bucket(phys.size)
+    ints = np.empty(u + 2 * e, dtype=np.int32)
+    ints[: touched.size] = touched
+    ints[touched.size: u] = rows + np.arange(u - touched.size)
+    ints[u: u + phys.size] = np.cumsum(first) - 1
+    ints[u + phys.size: u + e] = touched.size
+    ints[u + e: u + e + phys.size] = entries.sample
+    ints[u + e + phys.size:] = 0
+    gains = np.zeros(e, dtype=np.float32)
+    gains[: phys.size] = entries.gain
+    return StackEntries(ints, gains)

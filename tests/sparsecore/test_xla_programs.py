@@ -1,0 +1,109 @@
+"""The xla backend's fast paths against what they replace: row-ordered entries equal the CSR
+buffers' entries, the compiled all-stack programs equal a lookup that reads the CSR buffers bit
+for bit, and mixed batch sizes (per-feature outputs) train like the dense reference."""
+
+import numpy as np
+import pytest
+import torch
+
+from sparsecore import optimizers as opt
+from sparsecore.backends import make_backend
+from sparsecore.backends.xla_inputs import bucket
+from sparsecore.preprocess import csr_entries, preprocess_inputs, preprocess_row_ordered
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
+from sparsecore.stacking import plan_stacking
+from sparsecore.validation import FeatureInput, feature_inputs
+
+from .helpers import random_kjt
+from .reference import ReferenceModel
+
+
+def _plan(combiner="sum", limit=256, topology=SparseCoreTopology("v5p", 2), batch=(16, 16)):
+    limits = dict(max_ids_per_partition=limit, max_unique_ids_per_partition=limit)
+    tables = [TableSpec("ta", 200, 8, combiner, **limits), TableSpec("tb", 61, 5, combiner, **limits),
+              TableSpec("tc", 40, 12, combiner, **limits)]
+    features = [FeatureSpec("fa", "ta", batch[0], weighted=True), FeatureSpec("fb", "tb", batch[1], weighted=True),
+                FeatureSpec("fa2", "ta", batch[0]), FeatureSpec("fc", "tc", batch[1], weighted=True)]
+    return plan_stacking(tables, features, topology)
+
+
+@pytest.mark.parametrize("combiner, limit, overflow", [("sum", 256, "error"), ("sqrtn", 256, "error"),
+                                                        ("mean", 4, "drop")])
+def test_row_ordered_entries_are_the_csr_entries_by_row(combiner, limit, overflow):
+    plan = _plan(combiner, limit)
+    inputs = feature_inputs(random_kjt(plan, seed=3, max_hot=9, id_range=40), plan.features, plan.tables)
+    csr = preprocess_inputs(inputs, plan, overflow=overflow)
+    rows = preprocess_row_ordered(inputs, plan, overflow=overflow)
+    topology = plan.topology
+    for stack in plan.stacks:
+        phys, sample, gain = csr_entries(stack, csr.stacks[stack.name], topology.num_devices,
+                                         topology.sparsecores_per_device)
+        by_row = np.argsort(phys, kind="stable")
+        got = rows[stack.name]
+        np.testing.assert_array_equal(got.phys, phys[by_row])
+        np.testing.assert_array_equal(got.sample, sample[by_row])
+        assert got.gain.tobytes() == gain[by_row].tobytes()
+        expected = csr.stacks[stack.name].stats
+        for field in ("max_ids_per_partition", "max_unique_ids_per_partition", "required_buffer_size_per_sc"):
+            np.testing.assert_array_equal(getattr(got.stats, field), getattr(expected, field))
+        assert got.stats.dropped_ids == expected.dropped_ids
+    if overflow == "drop":
+        assert sum(s.dropped_ids for s in csr.stats.values()) > 0
+
+
+def test_compiled_lookup_equals_reading_the_csr_buffers_bit_for_bit():
+    plan = _plan("mean", topology=SparseCoreTopology("v6e", 1))
+    backend = make_backend("xla", plan, seed=4)
+    inputs = feature_inputs(random_kjt(plan, seed=8, max_hot=7, id_range=30), plan.features, plan.tables)
+    out, _ = backend.lookup(backend.prepare(inputs))
+    csr = preprocess_inputs(inputs, plan)
+    per_feature = {}
+    for stack in plan.stacks:
+        stacked = np.asarray(backend.stack_activations(stack, csr.stacks[stack.name]))
+        chunks = plan.topology.num_sparsecores
+        for fp in stack.features:
+            i = np.arange(fp.batch_size)
+            per_chunk = fp.batch_size // chunks
+            rows = (i // per_chunk) * (stack.total_sample_count // chunks) + fp.sample_offset // chunks + i % per_chunk
+            per_feature[fp.feature] = stacked[rows, : plan.tables[fp.table].dim]
+    expected = np.concatenate([per_feature[f.name] for f in plan.features], axis=1)
+    assert out.numpy().tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("optimizer", [opt.Adam(0.05), opt.RowWiseAdagrad(0.1, initial_accumulator_value=0.0, eps=1e-3)])
+def test_mixed_batch_sizes_train_like_the_reference(optimizer):
+    plan = _plan(batch=(16, 32), topology=SparseCoreTopology("v5p", 1))
+    tables = [TableSpec(t.name, t.vocab_size, t.dim, t.combiner, optimizer) for t in plan.tables.values()]
+    plan = plan_stacking(tables, list(plan.features), plan.topology)
+    weights = {name: spec.init_weights(seed=2) for name, spec in plan.tables.items()}
+    backend, reference = make_backend("xla", plan, weights), ReferenceModel(plan, weights)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(2):
+        inputs = _mixed_inputs(plan, seed=step)
+        upstream = {f.name: torch.randn(f.batch_size, plan.tables[f.table].dim, generator=gen) for f in plan.features}
+        acts, context = backend.forward(inputs)
+        for name, expected in reference.step(inputs, upstream).items():
+            torch.testing.assert_close(acts[name], expected, atol=2e-5, rtol=1e-5)
+        backend.backward(context, upstream)
+    for name, w in backend.table_weights().items():
+        torch.testing.assert_close(w.double(), reference.weights[name], atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="one batch size for all features"):
+        backend.lookup(inputs)
+
+
+def _mixed_inputs(plan, seed: int) -> dict[str, FeatureInput]:
+    """Per-feature inputs of each feature's own batch size (a single KJT cannot mix them)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for f in plan.features:
+        lengths = rng.integers(0, 5, size=f.batch_size)
+        ids = rng.integers(0, min(25, plan.tables[f.table].vocab_size), size=int(lengths.sum()))
+        out[f.name] = FeatureInput(ids, lengths, rng.uniform(0.5, 1.5, size=ids.size).astype(np.float32))
+    return out
+
+
+def test_buckets_are_few_and_tight():
+    sizes = [bucket(n) for n in range(1, 20_000)]
+    assert all(s >= n for n, s in zip(range(1, 20_000), sizes))
+    assert all(s <= max(64, 1.25 * n) for n, s in zip(range(1, 20_000), sizes))
+    assert len(set(sizes)) <= 4 * 9 + 1
