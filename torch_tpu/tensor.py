@@ -156,6 +156,9 @@ class TpuTensor(torch.Tensor):
     def data_ptr(self) -> int:
         return self._box.ptr + self.storage_offset() * self.element_size()
 
+    def tolist(self) -> Any:  # torch refuses tolist() on wrapper subclasses; torchrec's KJT needs it
+        return to_cpu(self.detach()).tolist()
+
     def numpy(self, *, force: bool = False) -> np.ndarray:  # type: ignore[override]
         raise TypeError(
             "can't convert tpu tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."

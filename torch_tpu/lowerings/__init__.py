@@ -3,6 +3,7 @@
 from torch_tpu.lowerings import (  # noqa: F401
     activations,
     elementwise,
+    embedding_bag,
     factories,
     indexing,
     linalg,

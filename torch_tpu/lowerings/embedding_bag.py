@@ -1,0 +1,118 @@
+"""``nn.EmbeddingBag`` lowerings: ``_embedding_bag`` forward (sum / mean / max) and its backwards.
+
+Bags are segments of the flat ``indices``: entry ``i`` belongs to bag ``offset2bag[i]``; the last
+bag runs to the end of ``indices``, or to the final offset with ``include_last_offset``. Entries equal to ``padding_idx`` contribute nothing and are not counted. Empty bags
+give zeros. The auxiliary outputs follow CPU torch: ``bag_size`` counts a bag's non-padding
+entries (zeros in sum mode); ``max_indices`` is ``bag_size`` in mean mode, the weight row of each
+(bag, dim) maximum in max mode (0 for empty bags), zeros in sum mode. ``offset2bag`` is always
+given in full (CPU leaves it empty on its sum fast path; its backward rebuilds it, as do these).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_tpu._jax import jax, jnp
+from torch_tpu.lowerings._common import upcast
+from torch_tpu.registry import register_lowering
+
+aten = torch.ops.aten
+SUM, MEAN, MAX = 0, 1, 2
+
+
+def _offset2bag(indices, offsets, bags):
+    """The bag of each entry of ``indices``: the last of the first ``bags`` offsets at or before it."""
+    starts = offsets[:bags]
+    positions = jnp.arange(indices.shape[0], dtype=starts.dtype)
+    bag = jnp.searchsorted(starts, positions, side="right") - 1
+    return jnp.clip(bag, 0, max(bags - 1, 0)).astype(jnp.int64)
+
+
+def _keep(indices, padding_idx):
+    return indices != padding_idx if padding_idx is not None and padding_idx >= 0 else jnp.ones(indices.shape, bool)
+
+
+def _counts(bag, keep, bags):
+    return jax.ops.segment_sum(keep.astype(jnp.int64), bag, num_segments=bags)
+
+
+@register_lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    if per_sample_weights is not None and mode != SUM:
+        raise ValueError("embedding_bag: per_sample_weights is only supported for mode='sum'")
+    bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    bag = _offset2bag(indices, offsets, bags)
+    keep = _keep(indices, padding_idx)
+    if include_last_offset:  # the final offset ends the last bag
+        keep = keep & (jnp.arange(indices.shape[0]) < offsets[bags])
+    rows = upcast(jnp.take(weight, indices, axis=0))
+    if per_sample_weights is not None:
+        rows = rows * upcast(per_sample_weights)[:, None]
+    zeros = jnp.zeros((bags,), jnp.int64)
+    if mode == MAX:
+        counts = _counts(bag, keep, bags)
+        filled = (counts > 0)[:, None]
+        masked = jnp.where(keep[:, None], rows, -jnp.inf)
+        top = jax.ops.segment_max(masked, bag, num_segments=bags)
+        out = jnp.where(filled, top, 0)
+        # the first entry reaching the maximum, per (bag, dim), as on CPU
+        hit = keep[:, None] & (masked == top[bag])
+        position = jnp.where(hit, jnp.arange(indices.shape[0])[:, None], indices.shape[0])
+        first = jax.ops.segment_min(position, bag, num_segments=bags)
+        max_indices = jnp.where(filled, indices.astype(jnp.int64)[jnp.clip(first, 0, max(indices.shape[0] - 1, 0))], 0)
+        return out.astype(weight.dtype), bag, counts, max_indices
+    total = jax.ops.segment_sum(jnp.where(keep[:, None], rows, 0), bag, num_segments=bags)
+    if mode == SUM:
+        return total.astype(weight.dtype), bag, zeros, zeros
+    counts = _counts(bag, keep, bags)
+    out = total / jnp.maximum(counts, 1)[:, None]
+    return out.astype(weight.dtype), bag, counts, counts
+
+
+def _scaled_by_freq(grad_rows, indices, num_weights):
+    freq = jnp.zeros((num_weights,), grad_rows.dtype).at[indices].add(1)
+    return grad_rows / freq[indices][:, None]
+
+
+@register_lowering(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    g = upcast(grad)
+    keep = _keep(indices, padding_idx)
+    if mode == MAX:
+        filled = (bag_size > 0)[:, None]
+        dims = jnp.broadcast_to(jnp.arange(g.shape[1]), maximum_indices.shape)
+        rows = jnp.where(filled, maximum_indices, num_weights)  # empty bags scatter out of bounds: dropped
+        out = jnp.zeros((num_weights, g.shape[1]), g.dtype).at[rows, dims].add(jnp.where(filled, g, 0), mode="drop")
+        return out.astype(grad.dtype)
+    grad_rows = g[offset2bag]
+    if mode == MEAN:
+        grad_rows = grad_rows / jnp.maximum(bag_size[offset2bag], 1)[:, None]
+    if per_sample_weights is not None:
+        grad_rows = grad_rows * upcast(per_sample_weights)[:, None]
+    if scale_grad_by_freq:
+        grad_rows = _scaled_by_freq(grad_rows, indices, num_weights)
+    grad_rows = jnp.where(keep[:, None], grad_rows, 0)
+    return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[indices].add(grad_rows).astype(grad.dtype)
+
+
+@register_lowering(aten._embedding_bag_backward.default)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    if sparse:
+        raise ValueError("embedding_bag: sparse=True gradients are not supported on tpu; use sparse=False")
+    if offset2bag.shape[0] != indices.shape[0]:  # CPU's sum fast path leaves it empty
+        offset2bag = _offset2bag(indices, offsets, grad.shape[0])
+    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@register_lowering(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    if mode != SUM:
+        raise ValueError("embedding_bag: per_sample_weights gradients exist only for mode='sum'")
+    if offset2bag.shape[0] != indices.shape[0]:
+        offset2bag = _offset2bag(indices, offsets, grad.shape[0])
+    dots = jnp.sum(upcast(grad)[offset2bag] * upcast(jnp.take(weight, indices, axis=0)), axis=1)
+    return jnp.where(_keep(indices, padding_idx), dots, 0).astype(grad.dtype)
