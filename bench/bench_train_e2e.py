@@ -1,64 +1,127 @@
-"""End-to-end ``torchrec-tpu train`` throughput: ``--engine sparsecore`` vs the stock TorchRec
-DMP engine (``--engine torchrec``), same model, data, batch and optimizers, in one run.
+"""End-to-end ``torchrec-tpu train`` throughput: ``--engine sparsecore`` vs the stock TorchRec DMP
+engine (``--engine torchrec``), same model, data, batch and optimizers, world size 1 and 2.
 
-Both runs go through ``run_job`` on the same synthetic Parquet files (generated once into a
-temporary directory), so samples/s covers the reader, the host preprocessing, the training steps
-and the updates (evaluation excluded), world size 1. Timings on a shared 2-core box are noisy.
+Every run is a fresh process (two loopback processes for world 2, torchrun's environment) going
+through ``run_job`` on the same synthetic Parquet files, generated once; the engines alternate
+and each ratio is the median over ``--repeats`` runs. Two numbers per run: the whole loop
+(reader, host preprocessing, steps, updates; first-step compiles included, evaluation excluded)
+and the steady state (the loop's logged windows after the first, i.e. without warm-up).
+Timings on a shared 2-core box are noisy: read the medians.
 
-    .venv/bin/python bench/bench_train_e2e.py [--rows 65536] [--batch-size 512] [--model dlrm]
+    .venv/bin/python bench/bench_train_e2e.py [--rows 32768] [--batch-size 512] [--repeats 3] [--worlds 1 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from pipelines.synthetic import SyntheticConfig, generate
-from torchrec_tpu.train.config import MODELS, TrainConfig
-from torchrec_tpu.train.job import JobSummary, run_job
+ENGINES = ("torchrec", "sparsecore")
+LOG_EVERY = 8
 
 
-def run_engine(engine: str, data: Path, out: Path, args: argparse.Namespace) -> JobSummary:
+def worker(args: argparse.Namespace) -> None:
+    """One training run in this process (one rank); rank 0 prints its throughputs as JSON."""
+    from torchrec_tpu.train.config import TrainConfig
+    from torchrec_tpu.train.job import run_job
+
     config = TrainConfig(
-        engine=engine, model=args.model, data=str(data), log_dir=str(out / engine), eval_files=1,
+        engine=args.engine, model=args.model, data=args.data, log_dir=args.log_dir, eval_files=1,
         num_embeddings=args.num_embeddings, embedding_dim=16, dense_arch="64,16", over_arch="64,32,1",
         batch_size=args.batch_size, eval_batch_size=args.batch_size, epochs=1, max_steps=args.steps,
-        num_threads=args.threads, progress=True,
+        num_threads=1, progress=False, log_every=LOG_EVERY,
     )
-    return run_job(config)
+    summary = run_job(config)
+    if summary.primary:
+        print(json.dumps({"whole": summary.result.samples_per_sec, "steady": steady_rate(Path(args.log_dir)),
+                          "steps": summary.result.steps}))
+
+
+def steady_rate(log_dir: Path) -> float:
+    """Samples/s over the logged windows after the first (equal windows: their harmonic mean)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir)).Reload().Scalars("train/samples_per_sec")
+    rates = [e.value for e in events[1:]] or [e.value for e in events]
+    return len(rates) / sum(1.0 / r for r in rates)
+
+
+def run(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Namespace) -> dict:
+    """One fresh run of ``engine`` on ``world`` loopback processes; rank 0's throughputs."""
+    cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--data", str(data), "--log-dir", str(log_dir),
+           "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--model", args.model,
+           "--num-embeddings", str(args.num_embeddings)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    if world > 1:
+        env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(_free_port()))
+    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r)} if world > 1 else env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    outputs = [p.communicate() for p in procs]
+    for p, (_, err) in zip(procs, outputs):
+        if p.returncode:
+            raise RuntimeError(f"{engine} world {world} failed:\n{err[-3000:]}")
+    return json.loads(outputs[0][0].strip().splitlines()[-1])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=65536, help="synthetic rows, 1/4 held out (default: 65536)")
-    parser.add_argument("--batch-size", type=int, default=512, help="default: 512")
+    parser.add_argument("--rows", type=int, default=32768, help="synthetic rows, 1/4 held out (default: 32768)")
+    parser.add_argument("--batch-size", type=int, default=512, help="global batch (default: 512)")
     parser.add_argument("--steps", type=int, default=0, help="stop after N steps (default 0: one epoch)")
     parser.add_argument("--num-embeddings", type=int, default=100_000, help="rows per table, at most")
-    parser.add_argument("--model", choices=MODELS, default="dlrm")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    parser.add_argument("--model", default="dlrm", choices=("dlrm", "dlrm_dcn"))
+    parser.add_argument("--repeats", type=int, default=3, help="runs per engine and world (default: 3)")
+    parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2], help="world sizes (default: 1 2)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--log-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.rows < 8 or args.batch_size < 1 or args.steps < 0 or args.threads < 0:
-        parser.error("--rows >= 8, --batch-size >= 1, --steps >= 0 and --threads >= 0 are required")
+    if args.rows < 8 or args.batch_size < 1 or args.steps < 0 or args.repeats < 1 or min(args.worlds) < 1:
+        parser.error("--rows >= 8, --batch-size >= 1, --steps >= 0, --repeats >= 1 and --worlds >= 1 are required")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return
+    from pipelines.synthetic import SyntheticConfig, generate
+
     with tempfile.TemporaryDirectory(prefix="bench_train_e2e_") as tmp:
         data = Path(tmp) / "data"
         generate(SyntheticConfig(num_rows=args.rows, rows_per_file=args.rows // 4,
                                  row_group_size=max(1, args.rows // 16),
-                                 max_cardinality=args.num_embeddings), data, progress=True)
-        results = {engine: run_engine(engine, data, Path(tmp), args) for engine in ("torchrec", "sparsecore")}
-    reference = results["torchrec"].result.samples_per_sec
-    print(f"train end to end, {args.model}, world 1, batch {args.batch_size}, {args.rows} rows, "
-          f"{args.threads} thread(s); shared box, noisy")
-    for engine, summary in results.items():
-        r = summary.result
-        print(f"  {engine:<10} {r.samples_per_sec:>9,.0f} samples/s  ({r.samples_per_sec / reference:.2f}x torchrec)  "
-              f"steps {r.steps}  eval AUC {r.eval.auc:.4f}")
+                                 max_cardinality=args.num_embeddings), data, progress=False)
+        print(f"train end to end, {args.model}, batch {args.batch_size}, {args.rows} rows, 1 thread per rank, "
+              f"median of {args.repeats} alternating fresh runs; shared box, noisy")
+        for world in args.worlds:
+            results: dict[str, list[dict]] = {e: [] for e in ENGINES}
+            for i in range(args.repeats):
+                for engine in ENGINES if i % 2 == 0 else ENGINES[::-1]:
+                    results[engine].append(run(engine, world, data, Path(tmp) / f"{engine}_{world}_{i}", args))
+            for key, label in (("steady", "steady state"), ("whole", "whole loop")):
+                ratios = [s[key] / t[key] for s, t in zip(results["sparsecore"], results["torchrec"])]
+                medians = {e: statistics.median(r[key] for r in results[e]) for e in ENGINES}
+                print(f"  world {world} {label:<12}  torchrec {medians['torchrec']:>8,.0f}  sparsecore "
+                      f"{medians['sparsecore']:>8,.0f} samples/s   sparsecore/torchrec {statistics.median(ratios):.2f}x "
+                      f"(runs: {', '.join(f'{r:.2f}' for r in ratios)})")
 
 
 if __name__ == "__main__":

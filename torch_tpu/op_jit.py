@@ -15,7 +15,8 @@ structure, every input's aval (shape, dtype, weak type) and the values of all no
   :func:`set_enabled` does the same at run time.
 
 Lowerings registered with ``static_shape=False`` always run plainly. A signature whose lowering
-cannot be traced (it reads a value on the host) falls back to the plain lowering for good.
+cannot be traced (it reads a value on the host), or whose program would only hand back its inputs
+(``clone``), runs the plain lowering for good.
 """
 
 from __future__ import annotations
@@ -235,15 +236,16 @@ def _store_and_run(
 ) -> Any:
     key = (site, fkey)
     try:
-        out = program(*inputs)
+        if program.trace(*inputs).jaxpr.eqns:  # else it only hands back its inputs (clone)
+            out = program(*inputs)
+            _programs[key] = program
+            _stats.hits += 1
+            _evict()
+            return out
     except Exception:  # noqa: BLE001 - not traceable (host read, non-array output): run plainly
-        _programs[key] = _PLAIN
         _stats.untraceable += 1
-        _stats.compiles -= 1
-        _stats.misses += 1
-        _evict()
-        return lowering.fn(*args, **kwargs)
-    _programs[key] = program
-    _stats.hits += 1
+    _programs[key] = _PLAIN
+    _stats.compiles -= 1
+    _stats.misses += 1
     _evict()
-    return out
+    return lowering.fn(*args, **kwargs)

@@ -104,10 +104,11 @@ class TpuBackend(XlaBackend):
                                          csr.sample_ids, csr.gains)
 
     def _stack_lookup(self, stack: StackedTable, table: jax.Array, device_input) -> jax.Array:
-        return self._forward[stack.name](table, *device_input)
+        return self._layout.from_chunk_major(stack, self._forward[stack.name](table, *device_input))
 
     def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, activation_grad, device_input):
-        return self._backward[stack.name](table, slots, step, activation_grad, *device_input)
+        return self._backward[stack.name](table, slots, step, self._layout.to_chunk_major(stack, activation_grad),
+                                          *device_input)
 
 
 def lowered_programs(plan: StackingPlan, stack_name: str) -> tuple[str, str]:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from sparsecore.backends.base import Backend, check_grads
-from sparsecore.backends.xla_inputs import StackEntries, stack_entries
+from sparsecore.backends.xla_inputs import SlotForward, StackEntries, stack_entries, stack_input
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.backends.xla_optimizers import apply_update
 from sparsecore.limits import OVERFLOW_POLICIES, StackStats
@@ -62,6 +62,13 @@ def lookup_entries(table: jax.Array, entries: StackEntries, samples: int) -> jax
                                num_segments=samples)
 
 
+def lookup_slots(table: jax.Array, slots: SlotForward) -> jax.Array:
+    """Pooled activations as a sum over slots, slot by slot: for every sample the same float32
+    additions, in the same order, as ``lookup_entries`` (a loop: XLA may reorder a chain of adds)."""
+    terms = slots.gains[:, :, None] * table.at[slots.rows].get(mode="fill", fill_value=0.0)
+    return jax.lax.fori_loop(1, terms.shape[0], lambda k, total: total + terms[k], terms[0])
+
+
 def update_entries(optimizer, table, slots, row_dims, step, activation_grad, entries: StackEntries):
     """One fused optimizer update per touched row with its gradient summed over all entries."""
     contributions = entries.gains[:, None] * activation_grad[entries.samples]
@@ -87,6 +94,7 @@ class XlaBackend(Backend):
             raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
         self.overflow = overflow
         self._layout = ActivationLayout(plan, plan.topology.num_sparsecores)
+        self._rows = [self._layout.activation_rows(st) for st in plan.stacks]
         self._tables: dict[str, jax.Array] = {}
         self._slots: dict[str, dict[str, jax.Array]] = {}
         self.load_state(self._initial_weights)
@@ -114,14 +122,15 @@ class XlaBackend(Backend):
         """Every stack's device input (in plan order) and its partition stats."""
         by_stack = preprocess_row_ordered(inputs, self.plan, overflow=self.overflow)
         stacks = self.plan.stacks
-        return (tuple(stack_entries(by_stack[st.name], st.vocab_size) for st in stacks),
+        return (tuple(stack_input(by_stack[st.name], st.vocab_size, rows) for st, rows in zip(stacks, self._rows)),
                 {st.name: by_stack[st.name].stats for st in stacks})
 
     def _stack_lookup(self, stack: StackedTable, table: jax.Array, device_input: Any) -> jax.Array:
-        return lookup_entries(table, device_input, stack.total_sample_count)
+        entries, slots = device_input
+        return lookup_entries(table, entries, stack.total_sample_count) if slots is None else lookup_slots(table, slots)
 
     def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, activation_grad, device_input):
-        return update_entries(stack.optimizer, table, slots, row_dims, step, activation_grad, device_input)
+        return update_entries(stack.optimizer, table, slots, row_dims, step, activation_grad, device_input[0])
 
     # -- the two step programs --
 
@@ -137,7 +146,8 @@ class XlaBackend(Backend):
 
     def prepare(self, inputs: Mapping[str, FeatureInput]) -> PreparedLookup:
         arrays, stats = self._host_inputs(inputs)
-        key = tuple((a.shape, a.dtype.str) for a in jax.tree.leaves(arrays))
+        leaves, structure = jax.tree.flatten(arrays)
+        key = (structure, tuple((a.shape, a.dtype.str) for a in leaves))
         prepared = PreparedLookup(arrays, stats, key)
         self.compile(prepared)
         return prepared
@@ -165,7 +175,7 @@ class XlaBackend(Backend):
         if not self._layout.uniform:
             raise ValueError("lookup() needs one batch size for all features; use forward()")
         out, prepared = self._run_lookup(prepared)
-        return to_torch(out), prepared
+        return torch.from_dlpack(out), prepared
 
     def _run_lookup(self, prepared: Any) -> tuple[Any, PreparedLookup]:
         if not isinstance(prepared, PreparedLookup):
@@ -176,7 +186,7 @@ class XlaBackend(Backend):
     def update(self, context: PreparedLookup, grad: Any) -> None:
         self.steps += 1
         if isinstance(grad, torch.Tensor):
-            grad = to_jax(grad)
+            grad = grad.detach().contiguous().numpy()  # the program takes host arrays as they are
         tables, slots = self._compiled(context)[1](self._table_tuple(), self._slot_tuple(), self._row_dims,
                                                    np.int32(self.steps), grad, context.arrays)
         for st, table, table_slots in zip(self.plan.stacks, tables, slots):

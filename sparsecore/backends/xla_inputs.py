@@ -58,6 +58,43 @@ def bucket(n: int) -> int:
     return -(-n // step) * step
 
 
+@dataclass(frozen=True)
+class SlotForward:
+    """The forward as a few gathers instead of a scatter-add: slot k of activation row r holds
+    r's k-th entry (physical row, gain); empty slots read an out-of-range row with gain 0."""
+
+    rows: np.ndarray | jax.Array  # int32 [slots, activation rows]
+    gains: np.ndarray | jax.Array  # float32 [slots, activation rows]
+
+
+jax.tree_util.register_dataclass(SlotForward, data_fields=["rows", "gains"], meta_fields=[])
+
+
+def stack_input(entries: RowOrderedEntries, rows: int, activation_rows: np.ndarray,
+                ) -> tuple[StackEntries, SlotForward | None]:
+    """A stack's device input: its entries (rows deduplicated) with their samples relabelled by
+    ``activation_rows``, and the slot form of the forward when it is at most twice the work
+    (few ids per sample, e.g. one-hot features)."""
+    sample = activation_rows[entries.sample]
+    packed = stack_entries(RowOrderedEntries(entries.phys, sample, entries.gain, entries.stats), rows)
+    counts = np.bincount(sample, minlength=activation_rows.size)
+    most = int(counts.max(initial=0))
+    slots = 1 << max(most - 1, 0).bit_length()
+    if slots * activation_rows.size > 2 * packed.entries:
+        return packed, None
+    slot_rows = np.full((slots, activation_rows.size), rows, dtype=np.int32)
+    slot_gains = np.zeros((slots, activation_rows.size), dtype=np.float32)
+    if most <= 1:
+        slot_rows[0, sample] = entries.phys
+        slot_gains[0, sample] = entries.gain
+    else:  # the k-th entry of each activation row, in entry order
+        order = np.argsort(sample, kind="stable")
+        rank = np.arange(sample.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        slot_rows[rank, sample[order]] = entries.phys[order]
+        slot_gains[rank, sample[order]] = entries.gain[order]
+    return packed, SlotForward(slot_rows, slot_gains)
+
+
 def stack_entries(entries: RowOrderedEntries, rows: int) -> StackEntries:
     """Deduplicate the rows of ``entries`` (a stack of ``rows`` physical rows) and pad: padding
     entries add 0 to sample 0 and belong to a padding row, which the device reads as zeros and
@@ -66,7 +103,9 @@ def stack_entries(entries: RowOrderedEntries, rows: int) -> StackEntries:
     first = np.ones(phys.size, dtype=bool)
     first[1:] = phys[1:] != phys[:-1]
     touched = phys[first]
-    u, e = bucket(touched.size + 1), bucket(phys.size)
+    # one size for entries and rows (there are never more rows than entries): the programs then
+    # depend on one number that barely moves between batches, so few get compiled
+    u = e = bucket(phys.size + 1)
     ints = np.empty(u + 2 * e, dtype=np.int32)
     ints[: touched.size] = touched
     ints[touched.size: u] = rows + np.arange(u - touched.size)

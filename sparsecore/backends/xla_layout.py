@@ -1,11 +1,12 @@
 """Where every feature's pooled rows sit in its stack's activations, and the traced assembly of all
 features' outputs from them (and back, for the activation gradients).
 
-A stack's activations are [chunks * samples_per_chunk, dim], chunk-major: chunk k holds samples
-[k * b / chunks, (k + 1) * b / chunks) of each of the stack's features, side by side (the layout
-jax-tpu-embedding's SparseCore kernels produce). When all features share one batch size the
-output is one [batch, sum of dims] matrix in plan feature order (reshapes, no gathers);
-otherwise a tuple of per-feature [batch, dim] arrays.
+The SparseCores produce a stack's activations chunk-major: [chunks * samples_per_chunk, dim],
+chunk k holding samples [k * b / chunks, (k + 1) * b / chunks) of each of the stack's features,
+side by side. When all features share one batch size b the layout is sample-major instead,
+row i * features + j for sample i of the stack's j-th feature, so that the output, one
+[b, sum of dims] matrix in plan feature order, is a reshape (no gathers, no transposes); otherwise
+the rows stay chunk-major and the output is a tuple of per-feature [batch, dim] arrays.
 """
 
 from __future__ import annotations
@@ -27,43 +28,69 @@ class ActivationLayout:
         where = {fp.feature: (s, j) for s, st in enumerate(plan.stacks) for j, fp in enumerate(st.features)}
         self.where = [where[f.name] for f in plan.features]
         self.offsets = np.cumsum([0] + self.dims).tolist()
-        self.rows = [_feature_rows(plan.stacks[s], chunks, j) for s, j in self.where]
+        self.rows = [_chunk_major_rows(plan.stacks[s], chunks, j) for s, j in self.where]
+        # the output is the stacks' activations side by side: features in stack order, full dims
+        self.concatenated = self.uniform and self.where == [(s, j) for s, st in enumerate(plan.stacks)
+                                                            for j in range(len(st.features))] and all(
+            dim == plan.stacks[s].dim for (s, _), dim in zip(self.where, self.dims))
+
+    def activation_rows(self, stack: StackedTable) -> np.ndarray:
+        """Layout row of every chunk-major activation row of ``stack``."""
+        s = stack.total_sample_count
+        if not self.uniform:
+            return np.arange(s)
+        f, per_chunk = len(stack.features), stack.features[0].batch_size // self.chunks
+        r = np.arange(s)
+        within = r % (s // self.chunks)
+        return ((r // (s // self.chunks)) * per_chunk + within % per_chunk) * f + within // per_chunk
 
     def assemble(self, activations: list[jax.Array]) -> jax.Array | tuple[jax.Array, ...]:
-        """All features' outputs from the stacks' activations."""
+        """All features' outputs from the stacks' activations (in this layout)."""
         if not self.uniform:
             return tuple(activations[s][rows, :dim] for (s, _), rows, dim in zip(self.where, self.rows, self.dims))
-        blocks = [self._sample_major(st, a) for st, a in zip(self.plan.stacks, activations)]
-        return jnp.concatenate([blocks[s][:, j, :dim] for (s, j), dim in zip(self.where, self.dims)], axis=1)
+        b = self.plan.features[0].batch_size
+        blocks = [a.reshape(b, -1) for a in activations]
+        if self.concatenated:
+            return blocks[0] if len(blocks) == 1 else jnp.concatenate(blocks, axis=1)
+        return jnp.concatenate([blocks[s][:, j * self.plan.stacks[s].dim:][:, :dim]
+                                for (s, j), dim in zip(self.where, self.dims)], axis=1)
 
     def disassemble(self, grad: jax.Array | tuple[jax.Array, ...]) -> list[jax.Array]:
-        """The stacks' activation gradients from the gradient of ``assemble``'s output."""
+        """The stacks' activation gradients (in this layout) from the gradient of ``assemble``'s
+        output."""
         stacks = self.plan.stacks
         if not self.uniform:
             out = [jnp.zeros((st.total_sample_count, st.dim), jnp.float32) for st in stacks]
             for (s, _), rows, dim, g in zip(self.where, self.rows, self.dims, grad):
                 out[s] = out[s].at[rows, :dim].set(g)
             return out
+        if self.concatenated:
+            widths = np.cumsum([len(st.features) * st.dim for st in stacks])[:-1].tolist()
+            return [g.reshape(-1, st.dim) for st, g in zip(stacks, jnp.split(grad, widths, axis=1))]
         columns: list[list[jax.Array]] = [[None] * len(st.features) for st in stacks]  # type: ignore[list-item]
         for (s, j), dim, start in zip(self.where, self.dims, self.offsets):
             columns[s][j] = jnp.pad(grad[:, start:start + dim], ((0, 0), (0, stacks[s].dim - dim)))
-        return [self._chunk_major(st, jnp.stack(cols, axis=1)) for st, cols in zip(stacks, columns)]
+        return [jnp.stack(cols, axis=1).reshape(-1, st.dim) for st, cols in zip(stacks, columns)]
 
-    def _sample_major(self, stack: StackedTable, activations: jax.Array) -> jax.Array:
-        """[chunks * samples_per_chunk, dim] -> [batch, features, dim]."""
+    def from_chunk_major(self, stack: StackedTable, activations: jax.Array) -> jax.Array:
+        """A stack's chunk-major activations in this layout."""
+        if not self.uniform:
+            return activations
         f, b = len(stack.features), stack.features[0].batch_size
         blocks = activations.reshape(self.chunks, f, b // self.chunks, stack.dim)
-        return blocks.transpose(0, 2, 1, 3).reshape(b, f, stack.dim)
+        return blocks.transpose(0, 2, 1, 3).reshape(b * f, stack.dim)
 
-    def _chunk_major(self, stack: StackedTable, values: jax.Array) -> jax.Array:
-        """[batch, features, dim] -> [chunks * samples_per_chunk, dim]."""
+    def to_chunk_major(self, stack: StackedTable, activations: jax.Array) -> jax.Array:
+        """Inverse of ``from_chunk_major``."""
+        if not self.uniform:
+            return activations
         f, b = len(stack.features), stack.features[0].batch_size
-        blocks = values.reshape(self.chunks, b // self.chunks, f, stack.dim)
+        blocks = activations.reshape(self.chunks, b // self.chunks, f, stack.dim)
         return blocks.transpose(0, 2, 1, 3).reshape(b * f, stack.dim)
 
 
-def _feature_rows(stack: StackedTable, chunks: int, j: int) -> np.ndarray:
-    """Row of each sample of the stack's j-th feature in the stack's activations."""
+def _chunk_major_rows(stack: StackedTable, chunks: int, j: int) -> np.ndarray:
+    """Chunk-major activation row of each sample of the stack's j-th feature."""
     fp = stack.features[j]
     samples_per_chunk = stack.total_sample_count // chunks
     per_chunk = fp.batch_size // chunks

@@ -26,9 +26,9 @@ from torchrec import EmbeddingBagCollection
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from tests.train.conftest import TINY_OPTIONS, as_flags, tiny_config
+from tests.train.conftest import TINY_OPTIONS, as_flags, flat_checkpoint, tiny_config
 from tests.train.test_multiprocess import WORLD, launch_cli_ranks
-from tests.train.test_sparsecore_engine import EXTRA_STATE, _flat_model
+from tests.train.test_sparsecore_engine import TABLES
 from torchrec_tpu.planner.partitioner import plan_tables
 from torchrec_tpu.planner.plan import Plan
 from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
@@ -130,8 +130,8 @@ def train_stock_torchrec(config: TrainConfig, batches: Iterator[Batch], initial:
 
 
 def checkpoint_tables(checkpoint_dir: Path, tmp: Path) -> dict[str, torch.Tensor]:
-    prefix = EXTRA_STATE + ".weights."
-    return {k[len(prefix):]: v for k, v in _flat_model(checkpoint_dir, tmp).items() if k.startswith(prefix)}
+    return {k[len(TABLES):-len(".weight")]: v for k, v in flat_checkpoint(checkpoint_dir, tmp).items()
+            if k.startswith(TABLES) and k.endswith(".weight")}
 
 
 def assert_tables_close(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
