@@ -28,7 +28,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     generate(TRAIN_DATA, data, progress=False)
     logs = tmp_path_factory.mktemp("infer_train") / "logs"
     config = TrainConfig(
-        data=str(data), num_embeddings=200, embedding_dim=8, dense_arch="16,8", over_arch="16,1",
+        engine="torchrec", data=str(data), num_embeddings=200, embedding_dim=8, dense_arch="16,8",
+        over_arch="16,1",
         batch_size=256, eval_batch_size=1024, epochs=1, log_every=4, log_dir=str(logs),
         progress=False,
     )

@@ -22,7 +22,8 @@ def profiled(tmp_path_factory: pytest.TempPathFactory):
     generate(DATA, data, progress=False)
     logs = tmp_path_factory.mktemp("profile_run")
     config = TrainConfig(
-        data=str(data), num_embeddings=100, embedding_dim=8, dense_arch="16,8", over_arch="16,1",
+        engine="torchrec", data=str(data), num_embeddings=100, embedding_dim=8, dense_arch="16,8",
+        over_arch="16,1",
         batch_size=128, log_dir=str(logs), progress=False,
     )
     return profile_training(config, steps=PROFILED_STEPS, warmup=1, log_dir=logs / "profile")

@@ -24,7 +24,7 @@ TINY_DATA = SyntheticConfig(
 
 
 TINY_OPTIONS: dict[str, object] = dict(
-    num_embeddings=500, embedding_dim=8, dense_arch="16,8", over_arch="16,1", batch_size=256,
+    engine="torchrec", num_embeddings=500, embedding_dim=8, dense_arch="16,8", over_arch="16,1", batch_size=256,
     eval_batch_size=1024, epochs=2, log_every=8, num_threads=1, sparse_lr=0.1, dense_lr=0.05,
     progress=False,
 )

@@ -111,7 +111,7 @@ def test_bad_files_and_worlds(tmp_path: Path) -> None:
 
 def test_cli_reports_plan_errors_without_traceback(tiny_dataset: Path, tmp_path: Path, capsys) -> None:
     common = ["train", "--data", str(tiny_dataset), "--log-dir", str(tmp_path / "logs"), "--no-progress"]
-    assert cli.main([*common, "--plan", "auto"]) == 2  # the default engine is torchrec
+    assert cli.main([*common, "--engine", "torchrec", "--plan", "auto"]) == 2
     assert "--plan='auto' needs --engine sparsecore" in capsys.readouterr().err
     plan = tmp_path / "plan.json"
     plan_tables(tables_from_sparsecore_specs(TABLES), parse_accelerator_type("v5p-1x1x1"), 256).save(plan)

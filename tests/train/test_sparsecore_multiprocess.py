@@ -26,8 +26,8 @@ STEPS = 24
 def two_rank_sparsecore(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
     run_dir = tmp_path_factory.mktemp("two_ranks_sparsecore")
     log_dir = run_dir / "logs"
-    argv = ["train", "--engine", "sparsecore", "--data", str(tiny_dataset), "--log-dir", str(log_dir),
-            *as_flags({**TINY_OPTIONS, "max_steps": STEPS})]
+    argv = ["train", "--data", str(tiny_dataset), "--log-dir", str(log_dir),
+            *as_flags({**TINY_OPTIONS, "engine": "sparsecore", "max_steps": STEPS})]
     return log_dir, launch_cli_ranks(argv, run_dir)
 
 

@@ -10,6 +10,7 @@ from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
+    parser.set_defaults(engine="torchrec")  # profiling covers the torchrec engine only
     parser.add_argument("--steps", type=int, default=10, help="training steps to trace (default 10)")
     parser.add_argument("--warmup", type=int, default=2,
                         help="untraced steps first (compilation, lazy init; default 2)")

@@ -39,10 +39,11 @@ class TrainConfig:
         default="dlrm", metadata=_flag("model: stock torchrec DLRM or DLRM_DCN", choices=MODELS)
     )
     engine: str = field(
-        default="torchrec",
+        default="sparsecore",
         metadata=_flag(
-            "embedding engine: stock TorchRec DMP on FBGEMM, or the sparsecore sharded EBC "
-            "(sharded as --plan says, dense part in DDP or FSDP2, see --dense-parallel)", choices=ENGINES,
+            "embedding engine: the sparsecore sharded EBC (sharded as --plan says, dense part in DDP "
+            "or FSDP2, see --dense-parallel), or stock TorchRec DMP on FBGEMM (the reference)",
+            choices=ENGINES,
         ),
     )
     plan: str | None = field(
