@@ -228,13 +228,14 @@ _FIELD_TYPES = {"int": int, "float": float, "str": str, "str | None": str}
 _METAVARS = {"int": "N", "float": "X", "str": "TEXT", "str | None": "PATH"}
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per :class:`TrainConfig` field, plus ``--config``. Unset flags stay absent."""
+def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig | None = None) -> None:
+    """One flag per :class:`TrainConfig` field, plus ``--config``. Unset flags stay absent;
+    ``defaults`` (TrainConfig's own if None) is what the help text quotes."""
     parser.add_argument(
         "--config", metavar="FILE.yaml", default=None,
         help="YAML file whose keys mirror these flags; explicit flags override it",
     )
-    defaults = TrainConfig()
+    defaults = defaults or TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         default = getattr(defaults, f.name)
         help_text = f"{f.metadata['help']} (default: {default})"
