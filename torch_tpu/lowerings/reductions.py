@@ -21,26 +21,30 @@ def _accumulate_dtype(self, dtype):
     return self.dtype
 
 
+def _accumulated(fn, self, dtype, **kwargs):
+    """sum/prod in the accumulate dtype, and the result in it too (jnp promotes a bool sum/prod)."""
+    accumulate = _accumulate_dtype(self, dtype)
+    return cast(opmath(fn, cast(self, accumulate), **kwargs), accumulate)
+
+
 @register_lowering(aten.sum.default)
 def sum_(self, *, dtype=None):
-    return opmath(jnp.sum, cast(self, _accumulate_dtype(self, dtype)))
+    return _accumulated(jnp.sum, self, dtype)
 
 
 @register_lowering(aten.sum.dim_IntList)
 def sum_dim(self, dim, keepdim=False, *, dtype=None):
-    return opmath(jnp.sum, cast(self, _accumulate_dtype(self, dtype)), axis=norm_dims(dim, self.ndim),
-                  keepdims=keepdim)
+    return _accumulated(jnp.sum, self, dtype, axis=norm_dims(dim, self.ndim), keepdims=keepdim)
 
 
 @register_lowering(aten.prod.default)
 def prod(self, *, dtype=None):
-    return opmath(jnp.prod, cast(self, _accumulate_dtype(self, dtype)))
+    return _accumulated(jnp.prod, self, dtype)
 
 
 @register_lowering(aten.prod.dim_int)
 def prod_dim(self, dim, keepdim=False, *, dtype=None):
-    return opmath(jnp.prod, cast(self, _accumulate_dtype(self, dtype)), axis=norm_dims(dim, self.ndim),
-                  keepdims=keepdim)
+    return _accumulated(jnp.prod, self, dtype, axis=norm_dims(dim, self.ndim), keepdims=keepdim)
 
 
 def _check_mean_dtype(self, dtype):
