@@ -129,7 +129,8 @@ class ShardedTables(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
         keys = [prefix + key for key in state_keys(self.table_modules, self.tables)]
-        unexpected_keys[:] = [key for key in unexpected_keys if key not in set(keys)]
+        ours = set(keys)
+        unexpected_keys[:] = [key for key in unexpected_keys if key not in ours]
         missing = [key for key in keys if key not in state_dict]
         if missing:
             if strict:
