@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from pipelines.arrow_batch import TableSizes, batch_from_arrow, table_sizes_for
+from pipelines.dataset_dir import check_dataset_dir
 from pipelines.parquet_writer import PARQUET_SUFFIX
 from pipelines.schema import CRITEO, DatasetSchema
 
@@ -78,12 +79,16 @@ def batches_from(batches: Iterable[T], first: int) -> Iterator[T]:
 
 
 def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
-    """A directory's ``*.parquet`` files sorted by name, or the given files in order."""
+    """A directory's ``*.parquet`` files sorted by name, or the given files in order. A directory
+    marked incomplete, or whose files disagree with its completion marker, is refused
+    (:func:`pipelines.dataset_dir.check_dataset_dir`)."""
     entries = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files: list[Path] = []
     for entry in map(Path, entries):
         if entry.is_dir():
-            files += sorted(entry.glob(f"*{PARQUET_SUFFIX}"))
+            parts = sorted(entry.glob(f"*{PARQUET_SUFFIX}"))
+            check_dataset_dir(entry, parts)
+            files += parts
         elif entry.is_file():
             files.append(entry)
         else:
