@@ -86,6 +86,11 @@ def staged_dataset(output_dir: str | Path) -> Iterator[StagedDataset]:
         (staging / INCOMPLETE_MARKER).write_text("written by a run that has not finished\n")
         yield staged
         _publish(staged)
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        # Arrow's write errors (a full disk: ENOSPC, a file size limit: EFBIG) name no file
+        raise OSError(error.errno, f"writing the dataset {output} failed: {error}") from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -98,6 +98,53 @@ def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     return files
 
 
+class ParquetDataError(ValueError):
+    """A Parquet input cannot be read (corrupt, truncated, not Parquet) or has columns of the
+    wrong type; the message names the file (and column)."""
+
+
+def open_parquet(path: Path) -> pq.ParquetFile:
+    """``pq.ParquetFile(path)``; a file that is not readable Parquet raises ParquetDataError."""
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as error:
+        raise ParquetDataError(f"{path}: not a readable Parquet file ({error})") from None
+
+
+def read_row_group(path: Path, index: int, columns: Sequence[str],
+                   parquet_file: pq.ParquetFile | None = None) -> pa.Table:
+    """Row group ``index`` of ``path``; corrupt data pages raise ParquetDataError naming the file."""
+    try:
+        return (parquet_file or open_parquet(path)).read_row_group(index, columns=list(columns))
+    except (pa.ArrowException, OSError) as error:
+        raise ParquetDataError(f"{path}: row group {index} is not readable ({error})") from None
+
+
+def check_column_types(path: Path, arrow_schema: pa.Schema, schema: DatasetSchema,
+                       label: bool = True) -> None:
+    """ParquetDataError naming ``path`` and the column when one of ``schema``'s columns has a
+    type the readers cannot use (label and dense: numeric; categorical: integer ids or lists of
+    them); missing columns are the caller's to report."""
+    def numeric(t: pa.DataType) -> bool:
+        return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+    def ids(t: pa.DataType) -> bool:
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pa.types.is_integer(t.value_type)
+        return pa.types.is_integer(t)
+
+    wanted = [(name, numeric, "numeric") for name in schema.dense]
+    if label:
+        wanted.insert(0, (schema.label, numeric, "numeric"))
+    wanted += [(name, ids, "integer ids or list<integer>") for name in schema.sparse]
+    names = arrow_schema.names
+    for name, ok, expected in wanted:
+        if name in names and not ok(arrow_schema.field(name).type):
+            raise ParquetDataError(
+                f"{path}: column {name} must be {expected}, got {arrow_schema.field(name).type}"
+            )
+
+
 @dataclass(frozen=True)
 class RowGroup:
     path: Path
@@ -164,12 +211,13 @@ class ParquetBatchReader:
         groups: list[RowGroup] = []
         first_row = 0
         for path in self.files:
-            parquet_file = pq.ParquetFile(path)
+            parquet_file = open_parquet(path)
             metadata = parquet_file.metadata
             names = parquet_file.schema_arrow.names
             missing = [n for n in self.schema.column_names if n not in names]
             if missing:
-                raise ValueError(f"{path}: columns {missing} of the schema are missing")
+                raise ParquetDataError(f"{path}: columns {missing} of the schema are missing")
+            check_column_types(path, parquet_file.schema_arrow, self.schema)
             for index in range(metadata.num_row_groups):
                 rows = metadata.row_group(index).num_rows
                 groups.append(RowGroup(path, index, first_row, rows))
@@ -189,8 +237,8 @@ class ParquetBatchReader:
             if lo >= hi:
                 continue
             if group.path != open_path:
-                open_path, parquet_file = group.path, pq.ParquetFile(group.path)
-            table = parquet_file.read_row_group(group.index, columns=self.schema.column_names)
+                open_path, parquet_file = group.path, open_parquet(group.path)
+            table = read_row_group(group.path, group.index, self.schema.column_names, parquet_file)
             yield table.slice(lo - group.first_row, hi - lo)
 
     def __iter__(self) -> Iterator[Batch]:

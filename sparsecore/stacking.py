@@ -32,6 +32,10 @@ DEFAULT_ACTIVATION_BYTES_LIMIT = 2 * 1024 * 1024  # per SparseCore, as jax-tpu-e
 LimitsCallable = Callable[[str, int], int]
 
 
+class BatchSizeError(ValueError):
+    """A batch size that does not split evenly over the SparseCores."""
+
+
 def default_stack_limit(stack_name: str, sample_count: int) -> int:
     """jax-tpu-embedding's ``get_default_limits``: 256 for every multi-table stack."""
     del stack_name, sample_count
@@ -198,7 +202,7 @@ def plan_stacking(
     rotation = topology.sparsecores_per_device if rotation is None else rotation
     for feature in features:
         if feature.batch_size % n:
-            raise ValueError(
+            raise BatchSizeError(
                 f"feature {feature.name!r}: batch_size {feature.batch_size} is not divisible by the "
                 f"{n} SparseCores of {topology.num_devices} {topology.generation} devices"
             )

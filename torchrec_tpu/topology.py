@@ -28,7 +28,6 @@ documented defaults; override them in a topology file.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_tpu.hardware import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
+from torchrec_tpu.structured_files import read_structured
 
 # Documented slice shapes per chip count (v5p / v6e pages; tpu7x follows v5p's cube layout).
 _CUBE_SHAPES = {
@@ -248,13 +248,7 @@ def parse_accelerator_type(name: str, num_slices: int = 1, costs: CostConstants 
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
-    text = path.read_text()
-    if path.suffix.lower() == ".json":
-        data = json.loads(text)
-    else:
-        import yaml
-
-        data = yaml.safe_load(text)
+    data = read_structured(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a topology file must hold a mapping, got {type(data).__name__}")
     return data

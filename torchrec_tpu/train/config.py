@@ -265,11 +265,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping of option -> value; keys may use dashes or underscores."""
-    import yaml
+    from torchrec_tpu.structured_files import read_structured
 
     if not path.is_file():
         raise ConfigError(f"--config={str(path)!r}: no such file")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = read_structured(path) or {}
+    except ValueError as error:
+        raise ConfigError(f"--config={str(path)!r}: {error}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"--config={str(path)!r} must hold a mapping of option: value")
     names = {f.name: f for f in dataclasses.fields(TrainConfig)}

@@ -99,10 +99,10 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
                 rank=env.rank, world_size=env.world_size, drop_last=lockstep,
             )
 
-        yield TrainData(
-            source=source,
-            schema=CRITEO,
-            table_sizes=table_sizes,
-            train=reader(train_files, config.batch_size),
-            held_out=reader(eval_files, config.eval_batch_size),
-        )
+        train, held_out = reader(train_files, config.batch_size), reader(eval_files, config.eval_batch_size)
+        for split, split_reader in (("training", train), ("held-out", held_out)):
+            if split_reader.num_rows == 0:
+                raise ConfigError(f"--data={str(source)!r}: the {split} files "
+                                  f"{[f.name for f in split_reader.files]} hold no rows")
+        yield TrainData(source=source, schema=CRITEO, table_sizes=table_sizes, train=train,
+                        held_out=held_out)

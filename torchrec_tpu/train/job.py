@@ -11,7 +11,7 @@ import torchrec
 
 from torchrec_tpu.train.checkpoint import (load_checkpoint, resolve_checkpoint, restore_rng,
                                            save_checkpoint)
-from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
@@ -67,6 +67,9 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> 
 def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
     log_dir = Path(_agreed(str(config.resolved_log_dir()), env))
     checkpoint_root = Path(config.checkpoint_dir) if config.checkpoint_dir else log_dir / "checkpoint"
+    for flag, path in (("--log-dir", log_dir), ("--checkpoint-dir", checkpoint_root)):
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{flag}={str(path)!r} is a file; give a directory (it is created if missing)")
     torch.manual_seed(config.seed)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
