@@ -18,13 +18,10 @@ import torch
 
 from sparsecore.limits import ProposedLimits
 from sparsecore.optimizers import OptimizerSpec
-from sparsecore.specs import ALIGNMENT, FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
+from tpu_facts import ALIGNMENT, round_up
 
 DEFAULT_ACTIVATION_BYTES_LIMIT = 2 * 1024 * 1024  # per SparseCore, as jax-tpu-embedding
-
-
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 @dataclass(frozen=True)
