@@ -224,7 +224,8 @@ class ShardedSparseCoreEC(ShardedTables):
                                                 rows[name]), n)
         old = self._backend
         weights = old.table_weights()
-        plan = plan_stacking(list(self._local_tables().values()), self._local_features(), self._topology)
+        plan = plan_stacking(list(self._local_tables().values()), self._local_features(),
+                             self._topology).with_table_limits()
         self._backend = make_backend(self._backend_name, plan, weights, self._seed, **self._options)
         self._backend.load_state(weights, old.optimizer_slots(), old.steps)
 
