@@ -107,3 +107,25 @@ def test_a_missing_rng_file_is_an_error(run_copy, tmp_path: Path, capsys) -> Non
     reseal(latest)  # not a corruption: the checkpoint was saved without it
     error = _resume_in_process(data, latest, tmp_path, capsys)
     assert f"checkpoint {latest} has no RNG state for rank 0 (rng/rank-00000.pt)" in error, error
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_every_rank_fails_promptly_with_the_same_error(run_copy, tmp_path: Path) -> None:
+    """The checkpoint is checked on rank 0 and its verdict broadcast: no rank is left waiting."""
+    from tests.train.test_multiprocess import start_cli_ranks
+
+    data, root = run_copy
+    ranks = start_cli_ranks(train_args(data, tmp_path / "resumed", "--batch-size", str(BATCH), "--resume",
+                                       str(root)), tmp_path, world=2)
+    try:
+        codes = [proc.wait(timeout=180) for proc, _ in ranks]
+    finally:
+        for proc, _ in ranks:
+            if proc.poll() is None:
+                proc.kill()
+    outs = [out.read_text() for _, out in ranks]
+    assert codes == [2, 2], outs
+    errors = [[line for line in out.splitlines() if ": error: " in line] for out in outs]
+    assert len(errors[0]) == 1 and errors[0] == errors[1], outs
+    assert "it was written by 1 rank(s), this run has 2" in errors[0][0]
