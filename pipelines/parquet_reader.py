@@ -13,7 +13,6 @@ each range is dropped (``rows_dropped``), which lock-step distributed training n
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 from dataclasses import dataclass
@@ -71,11 +70,27 @@ def prefetched(items: Iterator[T], depth: int) -> Iterator[T]:
         worker.join()
 
 
-def batches_from(batches: Iterable[T], first: int) -> Iterator[T]:
-    """``batches`` from index ``first`` on: seeks when the stream has ``iter_from(first)`` (as
-    :class:`ParquetBatchReader` does), else reads and drops the first ``first``."""
-    seek = getattr(batches, "iter_from", None)
-    return seek(first) if seek is not None else itertools.islice(batches, first, None)
+def batches_from_row(batches: Iterable[Batch], row: int) -> Iterator[Batch]:
+    """``batches`` from row ``row`` on: seeks when the stream has ``iter_from_row(row)`` (as
+    :class:`ParquetBatchReader` does), else reads and drops the batches of the first ``row``
+    rows, which must end on a batch boundary."""
+    seek = getattr(batches, "iter_from_row", None)
+    if seek is not None:
+        return seek(row)
+    return _drop_rows(iter(batches), row)
+
+
+def _drop_rows(batches: Iterator[Batch], row: int) -> Iterator[Batch]:
+    skipped = 0
+    while skipped < row:
+        batch = next(batches, None)
+        if batch is None:
+            return
+        skipped += batch.labels.numel()
+    if skipped != row:
+        raise ValueError(f"cannot start at row {row}: this batch stream cannot seek, and row {row} "
+                         f"falls inside a batch (rows {skipped - batch.labels.numel()}-{skipped - 1})")
+    yield from batches
 
 
 def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -249,9 +264,18 @@ class ParquetBatchReader:
         first ``batch``; only the row groups from that batch's first row on are read."""
         if batch < 0:
             raise ValueError(f"batch index must be >= 0, got {batch}")
+        return self.iter_from_row(batch * self.batch_size)
+
+    def iter_from_row(self, row: int) -> Iterator[Batch]:
+        """Batches of ``batch_size`` rows starting at row ``row`` of this rank's range (the
+        batches iterating yields when ``row`` is a multiple of ``batch_size``)."""
+        if row < 0:
+            raise ValueError(f"row must be >= 0, got {row}")
+        return self._iter_rows(min(self.start + row, self.stop))
+
+    def _iter_rows(self, start: int) -> Iterator[Batch]:
         pending: list[pa.Table] = []
         pending_rows = 0
-        start = min(self.start + batch * self.batch_size, self.stop)
         for table in prefetched(self._tables(start), self.prefetch_row_groups):
             pending.append(table)
             pending_rows += table.num_rows

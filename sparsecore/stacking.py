@@ -18,14 +18,8 @@ import torch
 
 from sparsecore.limits import ProposedLimits
 from sparsecore.optimizers import OptimizerSpec
-from sparsecore.specs import (
-    ALIGNMENT,
-    DEFAULT_MAX_IDS_PER_PARTITION,
-    FeatureSpec,
-    SparseCoreTopology,
-    TableSpec,
-    validate_specs,
-)
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
+from tpu_facts import ALIGNMENT, DEFAULT_MAX_IDS_PER_PARTITION, round_up
 
 DEFAULT_ACTIVATION_BYTES_LIMIT = 2 * 1024 * 1024  # per SparseCore, as jax-tpu-embedding
 # (stack name, the stack's total sample count) -> a partition limit (jax-tpu-embedding's LimitsCallable)
@@ -40,10 +34,6 @@ def default_stack_limit(stack_name: str, sample_count: int) -> int:
     """jax-tpu-embedding's ``get_default_limits``: 256 for every multi-table stack."""
     del stack_name, sample_count
     return DEFAULT_MAX_IDS_PER_PARTITION
-
-
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 @dataclass(frozen=True)

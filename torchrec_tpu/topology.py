@@ -1,6 +1,6 @@
 """TPU slices: names, shapes, devices and the interconnect model the planner costs against.
 
-Naming conventions (Cloud TPU accelerator types; see ``torch_tpu.hardware`` for sources):
+Naming conventions (Cloud TPU accelerator types; see ``tpu_facts.chips`` for sources):
 
 * ``v5p-N`` and ``tpu7x-N`` count **TensorCores**, two per chip: v5p-64 = 32 chips (2x4x4),
   tpu7x-64 = 32 chips. A v5p chip is one JAX device (megacore) with 4 SparseCores; a tpu7x chip
@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from torch_tpu.hardware import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
+from tpu_facts import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
+
 from torchrec_tpu.structured_files import read_structured
 
 # Documented slice shapes per chip count (v5p / v6e pages; tpu7x follows v5p's cube layout).

@@ -126,16 +126,17 @@ class Predictor:
 
 def run_inference(config: InferenceConfig) -> InferenceSummary:
     """Predict every input row not yet in ``config.output``; returns what this run did."""
+    from torchrec_tpu.train.checkpoint import open_checkpoint
+
+    start = time.perf_counter()
+    # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors;
+    # verified here, so a corrupt or crafted checkpoint fails before Ray starts
+    config = dataclasses.replace(config, checkpoint=str(open_checkpoint(Path(config.checkpoint))[0]))
+
     import ray.data
     from tqdm import tqdm
 
     from pipelines.ray_data import local_ray
-
-    from torchrec_tpu.train.checkpoint_dirs import resolve_checkpoint
-
-    start = time.perf_counter()
-    # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors
-    config = dataclasses.replace(config, checkpoint=str(resolve_checkpoint(Path(config.checkpoint))))
     units = plan_units(config.data, config.input_columns, config.schema)
     output = Path(config.output)
     claim_output_dir(output, units, Path(config.checkpoint))

@@ -30,4 +30,4 @@ def criteo_kjt():
                 values.append(int(cell, 16) % vocab[i])
     kjt = KeyedJaggedTensor(keys=[f.name for f in features], values=torch.tensor(values, dtype=torch.int64),
                             lengths=torch.tensor(lengths, dtype=torch.int32))
-    return kjt, plan_stacking(tables, features, SparseCoreTopology("v5p", 1))
+    return kjt, plan_stacking(tables, features, SparseCoreTopology("v5p", 1)).with_table_limits()

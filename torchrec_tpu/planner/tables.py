@@ -15,6 +15,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from tpu_facts import COMBINERS
+from tpu_facts import MAX_VOCAB as MAX_ROWS
+
 from torchrec_tpu.structured_files import read_structured
 
 # Optimizer state per table: (float32 slots per element, float32 slots per row). Matches the
@@ -29,8 +32,6 @@ OPTIMIZER_SLOTS: dict[str, tuple[int, int]] = {
     "lazy_adam": (2, 0),
     "ftrl": (2, 0),
 }
-COMBINERS = ("sum", "mean", "sqrtn")
-MAX_ROWS = 2**31 - 1  # SparseCore ids are int32; 2^31-1 is the padding id
 
 
 @dataclass(frozen=True)

@@ -142,8 +142,9 @@ class TrainConfig:
     )
     resume: str | None = field(
         default=None,
-        metadata=_flag("checkpoint to resume from (a checkpoint root: its latest): model, optimizer "
-                       "state, RNG, step and data position"),
+        metadata=_flag("checkpoint to resume from (a checkpoint root: its latest intact one): model, "
+                       "optimizer state, RNG, step and data position (in rows: --batch-size may "
+                       "change); tables, dims, optimizers, data and world size must match it"),
     )
     log_every: int = field(default=20, metadata=_flag("log training scalars every N steps"))
     eval_every: int = field(
