@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -52,7 +53,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001  (the one place every failure is reported)
         from torchrec_tpu.errors import report_failure
 
-        return report_failure(str(command), error)
+        rc = report_failure(str(command), error)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # A failed rank leaves now: tearing down while background threads still sit in
+            # collectives with peers that are gone aborts the process (SIGABRT, rc 134).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+        return rc
 
 
 if __name__ == "__main__":

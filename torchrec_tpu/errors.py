@@ -25,7 +25,7 @@ class CollectiveError(RuntimeError):
 
 
 def _is_user_error(error: BaseException) -> bool:
-    if isinstance(error, (ValueError, OSError, LookupError, UnicodeError, CollectiveError)):
+    if isinstance(error, (ValueError, OSError, LookupError, ArithmeticError, CollectiveError)):
         return True
     module = type(error).__module__
     return module.startswith("yaml") or module.startswith("torch.distributed")
@@ -73,7 +73,9 @@ def report_failure(command: str, error: BaseException) -> int:
     """Print the one-line report of ``error`` (log path below it) and return the exit code, 1."""
     cause = root_cause(error)
     message = one_line(cause)
-    if not _is_user_error(cause):
+    if isinstance(cause, RuntimeError) and "gloo" in message:  # a peer rank failed or stalled
+        message = f"a collective with the other ranks failed (see their errors): {message}"
+    elif not _is_user_error(cause):
         message = f"internal error ({type(cause).__name__}): {message}"
     log = write_log(command, error)
     print(f"torchrec-tpu {command}: error: {message}", file=sys.stderr)

@@ -151,6 +151,11 @@ class TrainConfig:
         default=0, metadata=_flag("also evaluate every N steps (0: only at the end)")
     )
     progress: bool = field(default=True, metadata=_flag("show a tqdm progress bar"))
+    collective_timeout: float = field(
+        default=300.0,
+        metadata=_flag("seconds a collective may wait for the other ranks before every rank fails "
+                       "(a stalled or dead rank), all process groups", metavar="SECONDS"),
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -163,7 +168,7 @@ class TrainConfig:
             _require(name, getattr(self, name), lambda v: v >= 1, "must be >= 1")
         for name in ("max_steps", "eval_every", "checkpoint_every", "num_threads"):
             _require(name, getattr(self, name), lambda v: v >= 0, "must be >= 0")
-        for name in ("sparse_lr", "dense_lr"):
+        for name in ("sparse_lr", "dense_lr", "collective_timeout"):
             _require(name, getattr(self, name), lambda v: v > 0, "must be > 0")
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")

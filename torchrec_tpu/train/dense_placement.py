@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
-from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.distributed import DistEnv, new_group
 
 DENSE_TOWERS = ("dense_arch", "inter_arch", "over_arch")
 
@@ -74,14 +74,14 @@ class DenseDDP(DistributedDataParallel):
         return self.module.load_state_dict(*args, **kwargs)
 
 
-def dense_group(device: torch.device) -> dist.ProcessGroup | None:
+def dense_group(device: torch.device, env: DistEnv) -> dist.ProcessGroup | None:
     """The group the dense part syncs over: a new ``tpu_dist`` group for tpu (a collective: call
-    on every rank), the default group for cpu."""
+    on every rank; ``env``'s collective timeout), the default group for cpu."""
     if device.type != "tpu":
         return None
     import torch_tpu.distributed  # noqa: F401  (registers the backend)
 
-    return dist.new_group(backend="tpu_dist")
+    return new_group(env, backend="tpu_dist")
 
 
 def parallelize_dense(model: DLRMTrain, env: DistEnv, device: torch.device, parallel: str,
@@ -91,14 +91,14 @@ def parallelize_dense(model: DLRMTrain, env: DistEnv, device: torch.device, para
     if parallel == "ddp":
         if env.world_size == 1:
             return model
-        group = dense_group(device)
+        group = dense_group(device, env)
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
         return DenseDDP(model, process_group=group)
     if parallel == "fsdp2":
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
 
-        group = dense_group(device) or dist.group.WORLD
+        group = dense_group(device, env) or dist.group.WORLD
         mesh = DeviceMesh.from_group(group, device.type)
         for name in DENSE_TOWERS:
             tower = getattr(model.model, name)

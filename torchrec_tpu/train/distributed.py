@@ -1,15 +1,26 @@
-"""The gloo process group training runs over: from torchrun's environment, or a private world of 1."""
+"""The gloo process group training runs over: from torchrun's environment, or a private world of 1.
+
+Every group gets the collective timeout (``--collective-timeout``, default 300 s): a collective
+that a stalled rank never joins fails on the others after that long instead of hanging (gloo's and
+tpu_dist's timeouts; :func:`new_group` passes it on, as ``dist.new_group`` does not inherit it).
+A rank under torchrun also dies with its launcher (``PR_SET_PDEATHSIG``), leaving no orphans.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import datetime
 import os
+import signal
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch.distributed as dist
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -19,19 +30,43 @@ class DistEnv:
     rank: int
     world_size: int
     local_world_size: int
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.collective_timeout_s)
 
     @property
     def is_primary(self) -> bool:
         return self.rank == 0
 
 
-def current_env() -> DistEnv:
+def current_env(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> DistEnv:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-    return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_world_size=local)
+    return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_world_size=local,
+                   collective_timeout_s=collective_timeout_s)
+
+
+def new_group(env: DistEnv, backend: str | None = None) -> dist.ProcessGroup:
+    """``dist.new_group`` over all ranks with ``env``'s collective timeout (a collective)."""
+    return dist.new_group(backend=backend, timeout=env.timeout)
+
+
+def die_with_parent() -> None:
+    """Have the kernel send SIGTERM to this process when its parent (torchrun) exits (Linux;
+    a no-op elsewhere); exit at once if the parent is already gone."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 @contextlib.contextmanager
-def process_group() -> Iterator[DistEnv]:
+def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> Iterator[DistEnv]:
     """Join the default process group for the duration of a run.
 
     Reuses one that already exists (the caller owns it), joins torchrun's world when its
@@ -39,13 +74,15 @@ def process_group() -> Iterator[DistEnv]:
     plain run needs no port.
     """
     if dist.is_initialized():
-        yield current_env()
+        yield current_env(collective_timeout_s)
         return
+    timeout = datetime.timedelta(seconds=collective_timeout_s)
     if all(v in os.environ for v in _TORCHRUN_VARS):
-        dist.init_process_group("gloo", init_method="env://")
+        die_with_parent()
+        dist.init_process_group("gloo", init_method="env://", timeout=timeout)
     else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     try:
-        yield current_env()
+        yield current_env(collective_timeout_s)
     finally:
         dist.destroy_process_group()

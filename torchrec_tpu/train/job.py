@@ -65,7 +65,7 @@ def model_spec(config: TrainConfig, feature_names: tuple[str, ...], table_sizes:
 
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
-    with process_group() as env:
+    with process_group(config.collective_timeout) as env:
         return _run(config, env, device)
 
 

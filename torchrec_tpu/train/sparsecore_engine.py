@@ -23,7 +23,7 @@ from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.dense_placement import DenseDDP, parallelize_dense, place_dense
 from torchrec_tpu.train.config import ConfigError
-from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.plan_loading import resolve_sharding
 from torchrec_tpu.train.sharding import DENSE_OPTIMIZER_CLASSES
@@ -82,7 +82,7 @@ def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: 
     """``batches`` with their input dist run ``depth`` batches ahead on a background thread (over
     a process group of its own when there are several ranks; a collective: call on every rank)."""
     ebc = _unwrap(model).model.sparse_arch.embedding_bag_collection
-    group = dist.new_group() if env.world_size > 1 else None
+    group = new_group(env) if env.world_size > 1 else None
     return PrefetchedBatches(batches, ebc, device, depth, group)
 
 
