@@ -26,10 +26,11 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipelines.convert import convert_to_parquet
+from pipelines.sample_data import criteo_sample_csv
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.synthetic import SyntheticConfig, generate
 
-SAMPLE_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "criteo_sample.csv"
+SAMPLE_CSV = criteo_sample_csv()
 
 
 def raw_decode(files: list[Path]) -> int:

@@ -31,7 +31,7 @@ def build(batch: int, chips: int, num_features: int, hot: int, seed: int = 0):
     tables = [TableSpec(f"t{i}", v, 64, "sum" if i % 2 else "mean", max_ids_per_partition=512,
                         max_unique_ids_per_partition=512) for i, v in enumerate(vocabs)]
     features = [FeatureSpec(f"f{i}", f"t{i}", batch, weighted=i % 3 == 0) for i in range(num_features)]
-    plan = plan_stacking(tables, features, SparseCoreTopology("v5p", chips))
+    plan = plan_stacking(tables, features, SparseCoreTopology("v5p", chips)).with_table_limits()
     lengths = rng.integers(0, 2 * hot + 1, size=batch * num_features)
     per_feature = lengths.reshape(num_features, batch).sum(axis=1)
     # Zipf-like ids: heavy heads, so same-sample duplicates occur

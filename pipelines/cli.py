@@ -83,6 +83,8 @@ def _convert(args: argparse.Namespace) -> int:
     print(report.summary())
     for bad_row in report.bad_rows:
         print(f"  skipped {bad_row}")
+    if report.rows_skipped > len(report.bad_rows):
+        print(f"  ... and {report.rows_skipped - len(report.bad_rows)} more")
     return 0
 
 

@@ -8,6 +8,7 @@ from typing import Sequence
 
 from tqdm import tqdm
 
+from pipelines.dataset_dir import staged_dataset
 from pipelines.parquet_writer import ParquetShardWriter, written_rows
 from pipelines.schema import CRITEO, DatasetSchema
 from pipelines.text_reader import BadRow, BadRowPolicy, TextFormat, TextReader
@@ -41,7 +42,9 @@ def convert_to_parquet(
     block_size: int = 1 << 22,
     progress: bool = True,
 ) -> ConversionReport:
-    """Converts text logs into Parquet files under ``output_dir`` (which must hold none yet).
+    """Converts text logs into Parquet files under ``output_dir`` (absent or empty), published
+    atomically with a completion marker (:mod:`pipelines.dataset_dir`): a failed or killed run
+    leaves no dataset there.
 
     ``text_format`` defaults to detection by file name (``*.csv`` has a header, anything else is
     headerless TSV). Raises :class:`pipelines.text_reader.BadRowError` on the first malformed row
@@ -55,21 +58,22 @@ def convert_to_parquet(
         raise FileNotFoundError(f"input files not found: {missing}")
     report = ConversionReport(files=[])
     total_bytes = sum(p.stat().st_size for p in paths)
-    with tqdm(
-        total=total_bytes, unit="B", unit_scale=True, desc="convert", disable=not progress
-    ) as bar, ParquetShardWriter(
-        output_dir, schema.arrow_schema(), rows_per_file, row_group_size
-    ) as writer:
-        for path in paths:
-            reader = TextReader(path, schema, text_format, on_bad_row, block_size, bar.update)
-            for batch in reader:
-                writer.write(batch)
-            report.rows_read += reader.stats.rows_read
-            report.rows_skipped += reader.stats.rows_skipped
-            report.bad_rows += reader.stats.bad_rows
-            bar.set_postfix(rows=report.rows_read, skipped=report.rows_skipped)
-    report.files = writer.files
-    report.rows_written = written_rows(report.files)
-    if report.rows_read != report.rows_written + report.rows_skipped:
-        raise RuntimeError(f"row accounting broke: {report.summary()}")
+    with staged_dataset(output_dir) as staged:
+        with tqdm(
+            total=total_bytes, unit="B", unit_scale=True, desc="convert", disable=not progress
+        ) as bar, ParquetShardWriter(
+            staged.path, schema.arrow_schema(), rows_per_file, row_group_size
+        ) as writer:
+            for path in paths:
+                reader = TextReader(path, schema, text_format, on_bad_row, block_size, bar.update)
+                for batch in reader:
+                    writer.write(batch)
+                report.rows_read += reader.stats.rows_read
+                report.rows_skipped += reader.stats.rows_skipped
+                report.bad_rows += reader.stats.bad_rows
+                bar.set_postfix(rows=report.rows_read, skipped=report.rows_skipped)
+        report.rows_written = written_rows(writer.files)
+        if report.rows_read != report.rows_written + report.rows_skipped:
+            raise RuntimeError(f"row accounting broke: {report.summary()}")
+    report.files = staged.files
     return report

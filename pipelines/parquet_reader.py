@@ -13,7 +13,6 @@ each range is dropped (``rows_dropped``), which lock-step distributed training n
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from pipelines.arrow_batch import TableSizes, batch_from_arrow, table_sizes_for
+from pipelines.dataset_dir import check_dataset_dir
 from pipelines.parquet_writer import PARQUET_SUFFIX
 from pipelines.schema import CRITEO, DatasetSchema
 
@@ -70,20 +70,40 @@ def prefetched(items: Iterator[T], depth: int) -> Iterator[T]:
         worker.join()
 
 
-def batches_from(batches: Iterable[T], first: int) -> Iterator[T]:
-    """``batches`` from index ``first`` on: seeks when the stream has ``iter_from(first)`` (as
-    :class:`ParquetBatchReader` does), else reads and drops the first ``first``."""
-    seek = getattr(batches, "iter_from", None)
-    return seek(first) if seek is not None else itertools.islice(batches, first, None)
+def batches_from_row(batches: Iterable[Batch], row: int) -> Iterator[Batch]:
+    """``batches`` from row ``row`` on: seeks when the stream has ``iter_from_row(row)`` (as
+    :class:`ParquetBatchReader` does), else reads and drops the batches of the first ``row``
+    rows, which must end on a batch boundary."""
+    seek = getattr(batches, "iter_from_row", None)
+    if seek is not None:
+        return seek(row)
+    return _drop_rows(iter(batches), row)
+
+
+def _drop_rows(batches: Iterator[Batch], row: int) -> Iterator[Batch]:
+    skipped = 0
+    while skipped < row:
+        batch = next(batches, None)
+        if batch is None:
+            return
+        skipped += batch.labels.numel()
+    if skipped != row:
+        raise ValueError(f"cannot start at row {row}: this batch stream cannot seek, and row {row} "
+                         f"falls inside a batch (rows {skipped - batch.labels.numel()}-{skipped - 1})")
+    yield from batches
 
 
 def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
-    """A directory's ``*.parquet`` files sorted by name, or the given files in order."""
+    """A directory's ``*.parquet`` files sorted by name, or the given files in order. A directory
+    marked incomplete, or whose files disagree with its completion marker, is refused
+    (:func:`pipelines.dataset_dir.check_dataset_dir`)."""
     entries = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files: list[Path] = []
     for entry in map(Path, entries):
         if entry.is_dir():
-            files += sorted(entry.glob(f"*{PARQUET_SUFFIX}"))
+            parts = sorted(entry.glob(f"*{PARQUET_SUFFIX}"))
+            check_dataset_dir(entry, parts)
+            files += parts
         elif entry.is_file():
             files.append(entry)
         else:
@@ -91,6 +111,53 @@ def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"no {PARQUET_SUFFIX} files in {[str(e) for e in entries]}")
     return files
+
+
+class ParquetDataError(ValueError):
+    """A Parquet input cannot be read (corrupt, truncated, not Parquet) or has columns of the
+    wrong type; the message names the file (and column)."""
+
+
+def open_parquet(path: Path) -> pq.ParquetFile:
+    """``pq.ParquetFile(path)``; a file that is not readable Parquet raises ParquetDataError."""
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as error:
+        raise ParquetDataError(f"{path}: not a readable Parquet file ({error})") from None
+
+
+def read_row_group(path: Path, index: int, columns: Sequence[str],
+                   parquet_file: pq.ParquetFile | None = None) -> pa.Table:
+    """Row group ``index`` of ``path``; corrupt data pages raise ParquetDataError naming the file."""
+    try:
+        return (parquet_file or open_parquet(path)).read_row_group(index, columns=list(columns))
+    except (pa.ArrowException, OSError) as error:
+        raise ParquetDataError(f"{path}: row group {index} is not readable ({error})") from None
+
+
+def check_column_types(path: Path, arrow_schema: pa.Schema, schema: DatasetSchema,
+                       label: bool = True) -> None:
+    """ParquetDataError naming ``path`` and the column when one of ``schema``'s columns has a
+    type the readers cannot use (label and dense: numeric; categorical: integer ids or lists of
+    them); missing columns are the caller's to report."""
+    def numeric(t: pa.DataType) -> bool:
+        return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+    def ids(t: pa.DataType) -> bool:
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pa.types.is_integer(t.value_type)
+        return pa.types.is_integer(t)
+
+    wanted = [(name, numeric, "numeric") for name in schema.dense]
+    if label:
+        wanted.insert(0, (schema.label, numeric, "numeric"))
+    wanted += [(name, ids, "integer ids or list<integer>") for name in schema.sparse]
+    names = arrow_schema.names
+    for name, ok, expected in wanted:
+        if name in names and not ok(arrow_schema.field(name).type):
+            raise ParquetDataError(
+                f"{path}: column {name} must be {expected}, got {arrow_schema.field(name).type}"
+            )
 
 
 @dataclass(frozen=True)
@@ -159,12 +226,13 @@ class ParquetBatchReader:
         groups: list[RowGroup] = []
         first_row = 0
         for path in self.files:
-            parquet_file = pq.ParquetFile(path)
+            parquet_file = open_parquet(path)
             metadata = parquet_file.metadata
             names = parquet_file.schema_arrow.names
             missing = [n for n in self.schema.column_names if n not in names]
             if missing:
-                raise ValueError(f"{path}: columns {missing} of the schema are missing")
+                raise ParquetDataError(f"{path}: columns {missing} of the schema are missing")
+            check_column_types(path, parquet_file.schema_arrow, self.schema)
             for index in range(metadata.num_row_groups):
                 rows = metadata.row_group(index).num_rows
                 groups.append(RowGroup(path, index, first_row, rows))
@@ -184,8 +252,8 @@ class ParquetBatchReader:
             if lo >= hi:
                 continue
             if group.path != open_path:
-                open_path, parquet_file = group.path, pq.ParquetFile(group.path)
-            table = parquet_file.read_row_group(group.index, columns=self.schema.column_names)
+                open_path, parquet_file = group.path, open_parquet(group.path)
+            table = read_row_group(group.path, group.index, self.schema.column_names, parquet_file)
             yield table.slice(lo - group.first_row, hi - lo)
 
     def __iter__(self) -> Iterator[Batch]:
@@ -196,9 +264,18 @@ class ParquetBatchReader:
         first ``batch``; only the row groups from that batch's first row on are read."""
         if batch < 0:
             raise ValueError(f"batch index must be >= 0, got {batch}")
+        return self.iter_from_row(batch * self.batch_size)
+
+    def iter_from_row(self, row: int) -> Iterator[Batch]:
+        """Batches of ``batch_size`` rows starting at row ``row`` of this rank's range (the
+        batches iterating yields when ``row`` is a multiple of ``batch_size``)."""
+        if row < 0:
+            raise ValueError(f"row must be >= 0, got {row}")
+        return self._iter_rows(min(self.start + row, self.stop))
+
+    def _iter_rows(self, start: int) -> Iterator[Batch]:
         pending: list[pa.Table] = []
         pending_rows = 0
-        start = min(self.start + batch * self.batch_size, self.stop)
         for table in prefetched(self._tables(start), self.prefetch_row_groups):
             pending.append(table)
             pending_rows += table.num_rows

@@ -1,7 +1,9 @@
 """Chunked Parquet output: a stream of record batches becomes ``part-NNNNN.parquet`` files of at
 most ``rows_per_file`` rows, each with row groups of ``row_group_size`` rows (the last may be
 smaller). Each file is written under a temporary name and renamed when complete, so a killed run
-leaves no partial ``.parquet`` file behind; a run that fails with an exception removes its files.
+leaves no partial ``.parquet`` file behind; a run that fails with an exception removes its files
+(``.tmp`` part included, also when closing it fails again, as on a full disk). Whole datasets are
+published atomically by :mod:`pipelines.dataset_dir`.
 """
 
 from __future__ import annotations
@@ -110,14 +112,26 @@ class ParquetShardWriter:
         traceback: TracebackType | None,
     ) -> None:
         if exc_type is None:
-            self.close()
+            try:
+                self.close()
+            except BaseException:
+                self._discard()
+                raise
             return
-        # A failed run removes its output, finished files included: a partial dataset must not
-        # pass for a complete one.
+        self._discard()
+
+    def _discard(self) -> None:
+        """Remove everything written, finished files included: a partial dataset must not pass
+        for a complete one."""
         if self._writer is not None and self._temp_path is not None:
-            self._writer.close()
-            self._temp_path.unlink(missing_ok=True)
-            self.files.pop()
+            try:
+                self._writer.close()  # may fail again (a full disk): the file goes regardless
+            except OSError:
+                pass
+            finally:
+                self._temp_path.unlink(missing_ok=True)
+                self.files.pop()
+                self._writer, self._temp_path = None, None
         for path in self.files:
             path.unlink(missing_ok=True)
         self.files = []

@@ -37,13 +37,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.arrow_batch import TableSizes, batch_from_arrow, table_sizes_for
-from pipelines.parquet_reader import ParquetBatchReader, RowGroup
+from pipelines.parquet_reader import ParquetBatchReader, RowGroup, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
 
 if TYPE_CHECKING:
@@ -100,7 +99,7 @@ def row_groups(paths: str | Path | Sequence[str | Path], schema: DatasetSchema =
 
 def _read_row_groups(units: dict[str, np.ndarray], columns: list[str]) -> pa.Table:
     tables = [
-        pq.ParquetFile(path).read_row_group(int(index), columns=columns)
+        read_row_group(Path(path), int(index), columns)
         for path, index in zip(units["path"], units["row_group"])
     ]
     return pa.concat_tables(tables)

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
+from pipelines.dataset_dir import staged_dataset
 from pipelines.parquet_writer import ParquetShardWriter
 from pipelines.schema import DatasetSchema, criteo_schema
 
@@ -223,10 +224,11 @@ class SyntheticGenerator:
 
 
 def generate(config: SyntheticConfig, output_dir: str | Path, progress: bool = True) -> list[Path]:
-    """Writes the dataset of ``config`` as Parquet files under ``output_dir`` (holding none yet)."""
+    """Writes the dataset of ``config`` as Parquet files under ``output_dir`` (absent or empty),
+    published atomically (:mod:`pipelines.dataset_dir`)."""
     generator = SyntheticGenerator(config)
-    with ParquetShardWriter(
-        output_dir, generator.arrow_schema, config.rows_per_file, config.row_group_size
+    with staged_dataset(output_dir) as staged, ParquetShardWriter(
+        staged.path, generator.arrow_schema, config.rows_per_file, config.row_group_size
     ) as writer:
         for batch in tqdm(
             generator.row_groups(),
@@ -236,7 +238,7 @@ def generate(config: SyntheticConfig, output_dir: str | Path, progress: bool = T
             disable=not progress,
         ):
             writer.write(batch)
-    return writer.files
+    return staged.files
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:

@@ -2,9 +2,10 @@
 a header line. They yield Arrow record batches in the Parquet layout of ``pipelines.schema``.
 
 Malformed rows (wrong column count, a non-integer dense field, a non-hex categorical, a missing or
-non-0/1 label) either raise :class:`BadRowError` naming ``file:line`` and the column
-(``on_bad_row="error"``) or are counted and skipped (``on_bad_row="skip"``). Columns are never
-shifted to make a row fit.
+non-0/1 label, bytes that are not UTF-8) either raise :class:`BadRowError` naming ``file:line`` and
+the column (``on_bad_row="error"``) or are counted and skipped (``on_bad_row="skip"``). Columns are
+never shifted to make a row fit. A file that cannot be read at all (empty, a truncated or corrupt
+compressed stream) raises :class:`UnreadableInputError` naming it, whatever the policy.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Literal
 
+import codecs
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -24,6 +26,25 @@ BadRowPolicy = Literal["error", "skip"]
 BAD_ROW_POLICIES: tuple[str, ...] = ("error", "skip")
 MAX_REPORTED_BAD_ROWS = 20
 _COMPRESSION_BY_SUFFIX = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}
+# Input is decoded as UTF-8 with undecodable bytes replaced by U+FFFD, so a bad byte makes its row
+# malformed (reported or skipped by the policy) instead of failing the whole file.
+_LENIENT_UTF8 = "torchrec-tpu-utf8-replace"
+_REPLACEMENT = "\ufffd"
+
+
+def _lenient_utf8(name: str) -> codecs.CodecInfo | None:
+    if name != _LENIENT_UTF8.replace("-", "_"):
+        return None
+    utf8 = codecs.lookup("utf-8")
+    return codecs.CodecInfo(
+        utf8.encode, lambda data, errors="replace": utf8.decode(data, "replace"),
+        incrementalencoder=utf8.incrementalencoder,
+        incrementaldecoder=lambda errors="replace": utf8.incrementaldecoder("replace"),
+        name=_LENIENT_UTF8,
+    )
+
+
+codecs.register(_lenient_utf8)
 
 
 @dataclass(frozen=True)
@@ -54,6 +75,10 @@ class BadRow:
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line if self.line is not None else '?'}: {self.reason}"
+
+
+class UnreadableInputError(ValueError):
+    """An input file cannot be parsed at all (empty, truncated or corrupt compression)."""
 
 
 class BadRowError(ValueError):
@@ -145,6 +170,7 @@ class TextReader:
         raw = pa.OSFile(str(self.path), "rb")
         compression = _COMPRESSION_BY_SUFFIX.get(self.path.suffix)
         stream = pa.CompressedInputStream(raw, compression) if compression else raw
+        stream = pa.transcoding_input_stream(stream, _LENIENT_UTF8, "utf-8")
         names = self.schema.column_names
         reader = pacsv.open_csv(
             stream,
@@ -168,15 +194,27 @@ class TextReader:
             ),
         )
         if reader.schema.names != names:
-            raise ValueError(
-                f"{self.path}:1: header {reader.schema.names} does not match the schema columns {names}"
-            )
+            header = reader.schema.names
+            shown = repr(header) if len(repr(header)) <= 200 else f"{repr(header)[:200]}... ({len(header)} columns)"
+            raise ValueError(f"{self.path}:1: header {shown} does not match the schema columns {names}")
         return raw, reader
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         self.stats = ReadStats()
         self._skipped_lines = []
         self._pending_error = None
+        try:
+            yield from self._batches()
+        except (pa.ArrowInvalid, OSError, EOFError) as error:  # not BadRowError: it is no ArrowInvalid
+            raise UnreadableInputError(f"{self.path}: cannot read it as {self._format_name}: {error}") from None
+
+    @property
+    def _format_name(self) -> str:
+        compression = _COMPRESSION_BY_SUFFIX.get(self.path.suffix)
+        kind = "CSV" if self.text_format.header else "TSV"
+        return f"{compression}-compressed {kind}" if compression else kind
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
         raw, reader = self._open()
         consumed = 0
         accepted_before = 0
@@ -197,6 +235,7 @@ class TextReader:
                     yield batch
             if self._pending_error is not None:
                 raise self._pending_error
+        self.stats.bad_rows.sort(key=lambda bad: bad.line or 0)
 
     def _earliest(self, error: BadRowError) -> BadRowError:
         """The earlier of a conversion error and a pending column-count error of the same block."""
@@ -242,6 +281,9 @@ class TextReader:
     ) -> BadRow:
         name = next(name for name, malformed in malformed_by_column if malformed[row])
         value = text_batch.column(name)[row].as_py()
+        if isinstance(value, str) and _REPLACEMENT in value:
+            reason = f"column {name}: not valid UTF-8 (undecodable bytes shown as U+FFFD): {value!r}"
+            return BadRow(str(self.path), self._line_of(accepted_before + row), reason)
         if name == self.schema.label:
             expected = "a 0/1 label"
         elif name in self.schema.dense:

@@ -30,11 +30,10 @@ import numpy as np
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from sparsecore.limits import OVERFLOW_POLICIES, PartitionOverflowError, StackStats
-from sparsecore.stacking import StackedTable, StackingPlan, round_up
+from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput, feature_inputs
-
-PADDING_ID = 2**31 - 1
-ALIGN = 8
+from tpu_facts import ALIGNMENT as ALIGN
+from tpu_facts import PADDING_ID, round_up
 
 
 @dataclass(frozen=True)

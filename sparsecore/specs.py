@@ -15,12 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sparsecore.optimizers import SGD, OptimizerSpec
-from torch_tpu.hardware import ChipGeneration, chip_generation
-
-COMBINERS = ("sum", "mean", "sqrtn")
-ALIGNMENT = 8  # SparseCore row/dim alignment (jax-tpu-embedding)
-DEFAULT_MAX_IDS_PER_PARTITION = 256
-MAX_VOCAB = 2**31 - 1  # ids travel as int32 on the device; 2^31-1 is the padding id
+from tpu_facts import COMBINERS, DEFAULT_MAX_IDS_PER_PARTITION, MAX_VOCAB, ChipGeneration, chip_generation
 
 
 @dataclass(frozen=True)

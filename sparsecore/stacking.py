@@ -10,7 +10,7 @@ at shard row ``r // N + row_offset_in_shard``. The physical layout of a stacked 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -18,13 +18,22 @@ import torch
 
 from sparsecore.limits import ProposedLimits
 from sparsecore.optimizers import OptimizerSpec
-from sparsecore.specs import ALIGNMENT, FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
+from tpu_facts import ALIGNMENT, DEFAULT_MAX_IDS_PER_PARTITION, round_up
 
 DEFAULT_ACTIVATION_BYTES_LIMIT = 2 * 1024 * 1024  # per SparseCore, as jax-tpu-embedding
+# (stack name, the stack's total sample count) -> a partition limit (jax-tpu-embedding's LimitsCallable)
+LimitsCallable = Callable[[str, int], int]
 
 
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
+class BatchSizeError(ValueError):
+    """A batch size that does not split evenly over the SparseCores."""
+
+
+def default_stack_limit(stack_name: str, sample_count: int) -> int:
+    """jax-tpu-embedding's ``get_default_limits``: 256 for every multi-table stack."""
+    del stack_name, sample_count
+    return DEFAULT_MAX_IDS_PER_PARTITION
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,16 @@ class StackingPlan:
         )
         return replace(self, stacks=stacks)
 
+    def with_table_limits(self) -> StackingPlan:
+        """This plan with every multi-table stack limited by the sum of its tables' own limits
+        (a partition may carry the ids of all of them) instead of the per-stack limit."""
+        return self.with_limits({
+            s.name: ProposedLimits(
+                sum(self.tables[t.table].max_ids_per_partition for t in s.tables),
+                sum(self.tables[t.table].max_unique_ids_per_partition for t in s.tables), 0)
+            for s in self.stacks if len(s.tables) > 1
+        })
+
     def stack(self, name: str) -> StackedTable:
         for stack in self.stacks:
             if stack.name == name:
@@ -151,25 +170,37 @@ def plan_stacking(
     stack_tables: bool = True,
     rotation: int | None = None,
     activation_bytes_limit: int = DEFAULT_ACTIVATION_BYTES_LIMIT,
+    stack_to_max_ids_per_partition: LimitsCallable = default_stack_limit,
+    stack_to_max_unique_ids_per_partition: LimitsCallable = default_stack_limit,
 ) -> StackingPlan:
-    """Group tables into stacks and place every table and feature.
+    """Group tables into stacks and place every table and feature exactly as jax-tpu-embedding's
+    ``auto_stack_tables`` does, whatever order ``tables`` and ``features`` come in.
 
-    ``stack_tables=False`` keeps one table per stack (features of one table still stack).
+    That layout is by name: features in name order (the leaf order of jax-tpu-embedding's feature
+    dict) give every stack its feature order and sample offsets, and tables come in the order their
+    first feature appears there; they group by (padded dim, optimizer, combiner), each group split
+    first fit where the pooled activations per SparseCore would exceed ``activation_bytes_limit``.
+    A one-table stack keeps its table's partition limits; a multi-table stack gets
+    ``stack_to_max_(unique_)ids_per_partition(stack name, its sample count)`` (default 256, as
+    jax-tpu-embedding; ``StackingPlan.with_table_limits`` sums its tables' limits instead).
     ``rotation`` is the shard rotation between consecutive tables of a stack (default: the
-    SparseCores per device). A group whose pooled activations per SparseCore would exceed
-    ``activation_bytes_limit`` is split, first fit, in table order.
+    SparseCores per device). ``stack_tables=False`` keeps one table per stack (features of one
+    table still stack). ``StackingPlan.features`` keeps the given order.
     """
     by_name = validate_specs(tables, features)
     n = topology.num_sparsecores
     rotation = topology.sparsecores_per_device if rotation is None else rotation
     for feature in features:
         if feature.batch_size % n:
-            raise ValueError(
+            raise BatchSizeError(
                 f"feature {feature.name!r}: batch_size {feature.batch_size} is not divisible by the "
                 f"{n} SparseCores of {topology.num_devices} {topology.generation} devices"
             )
-    groups = _group_tables(tables, features, n, stack_tables, activation_bytes_limit)
-    stacks = tuple(_build_stack(group, features, n, rotation) for group in groups)
+    by_feature_name = sorted(features, key=lambda f: f.name)
+    ordered_tables = [by_name[name] for name in dict.fromkeys(f.table for f in by_feature_name)]
+    groups = _group_tables(ordered_tables, by_feature_name, n, stack_tables, activation_bytes_limit)
+    limits = (stack_to_max_ids_per_partition, stack_to_max_unique_ids_per_partition)
+    stacks = tuple(_build_stack(group, by_feature_name, n, rotation, limits) for group in groups)
     return StackingPlan(topology, dict(by_name), tuple(features), stacks)
 
 
@@ -204,7 +235,8 @@ def _group_tables(
     return groups
 
 
-def _build_stack(group: list[TableSpec], features: Sequence[FeatureSpec], n: int, rotation: int) -> StackedTable:
+def _build_stack(group: list[TableSpec], features: Sequence[FeatureSpec], n: int, rotation: int,
+                 limits: tuple[LimitsCallable, LimitsCallable]) -> StackedTable:
     dim = round_up(max(t.dim for t in group), ALIGNMENT)
     placements = []
     row_offset = shard_rotation = 0
@@ -224,13 +256,13 @@ def _build_stack(group: list[TableSpec], features: Sequence[FeatureSpec], n: int
                                  p.row_offset_in_shard * n, p.shard_rotation)
             )
             sample_offset += feature.batch_size
+    name = stack_name([t.name for t in group])
     if len(group) == 1:
         max_ids, max_unique = group[0].max_ids_per_partition, group[0].max_unique_ids_per_partition
-    else:  # a stack's partition receives the ids of all its tables
-        max_ids = sum(t.max_ids_per_partition for t in group)
-        max_unique = sum(t.max_unique_ids_per_partition for t in group)
+    else:
+        max_ids, max_unique = (limit(name, sample_offset) for limit in limits)
     return StackedTable(
-        name=stack_name([t.name for t in group]), dim=dim, optimizer=group[0].optimizer,
+        name=name, dim=dim, optimizer=group[0].optimizer,
         combiner=group[0].combiner, num_sparsecores=n, tables=tuple(placements),
         features=tuple(feature_placements), max_ids_per_partition=max_ids,
         max_unique_ids_per_partition=max_unique,

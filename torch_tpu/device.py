@@ -96,13 +96,13 @@ class TpuDeviceProperties:
     platform: str
     device_kind: str
     total_memory: int  # bytes; 0 when the backend does not report it (XLA:CPU)
-    sparsecores: int  # 0 when the chip is not in torch_tpu.hardware's catalog (or not a TPU)
+    sparsecores: int  # 0 when the chip is not in tpu_facts' chip catalog (or not a TPU)
     tensorcores: int
 
 
 def get_device_properties(device: int | str | torch.device | None = None) -> TpuDeviceProperties:
     """Name and size of the device, with SparseCore/TensorCore counts from the chip catalog."""
-    from torch_tpu.hardware import CHIP_GENERATIONS
+    from tpu_facts import CHIP_GENERATIONS
 
     _check_index(device)
     d = _jax_device()

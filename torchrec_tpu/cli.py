@@ -39,10 +39,20 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; any exception it lets through becomes one ``error:`` line and rc 1
+    (:func:`torchrec_tpu.errors.report_failure`), Ctrl-C rc 130."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"torchrec-tpu {command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001  (the one place every failure is reported)
+        from torchrec_tpu.errors import report_failure
+
+        return report_failure(str(command), error)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """TPU slices: names, shapes, devices and the interconnect model the planner costs against.
 
-Naming conventions (Cloud TPU accelerator types; see ``torch_tpu.hardware`` for sources):
+Naming conventions (Cloud TPU accelerator types; see ``tpu_facts.chips`` for sources):
 
 * ``v5p-N`` and ``tpu7x-N`` count **TensorCores**, two per chip: v5p-64 = 32 chips (2x4x4),
   tpu7x-64 = 32 chips. A v5p chip is one JAX device (megacore) with 4 SparseCores; a tpu7x chip
@@ -28,14 +28,15 @@ documented defaults; override them in a topology file.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from torch_tpu.hardware import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
+from tpu_facts import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
+
+from torchrec_tpu.structured_files import read_structured
 
 # Documented slice shapes per chip count (v5p / v6e pages; tpu7x follows v5p's cube layout).
 _CUBE_SHAPES = {
@@ -248,13 +249,7 @@ def parse_accelerator_type(name: str, num_slices: int = 1, costs: CostConstants 
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
-    text = path.read_text()
-    if path.suffix.lower() == ".json":
-        data = json.loads(text)
-    else:
-        import yaml
-
-        data = yaml.safe_load(text)
+    data = read_structured(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a topology file must hold a mapping, got {type(data).__name__}")
     return data

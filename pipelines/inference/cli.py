@@ -36,8 +36,13 @@ def run(args: argparse.Namespace) -> int:
             concurrency=args.concurrency, num_cpus=args.num_cpus, progress=args.progress,
         )
         summary = run_inference(config)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"torchrec-tpu infer: error: {error}", file=sys.stderr)
+    except (ValueError, FileNotFoundError) as error:  # Ray's wrappers of a worker's error included
+        from torchrec_tpu.errors import one_line, root_cause, write_log
+
+        print(f"torchrec-tpu infer: error: {one_line(root_cause(error))}", file=sys.stderr)
+        log = write_log("infer", error)
+        if log is not None:
+            print(f"  (full traceback in {log})", file=sys.stderr)
         return 2
     print(summary.format())
     return 0

@@ -17,9 +17,9 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipelines.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
+from pipelines.parquet_reader import read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
 
 PREDICTION_COLUMN = "prediction"
@@ -116,9 +116,7 @@ class Predictor:
         done = []
         for i in range(len(units["ordinal"])):
             unit = _unit_of(units, i)
-            table = pq.ParquetFile(unit.path).read_row_group(
-                unit.row_group, columns=self.config.input_columns
-            )
+            table = read_row_group(Path(unit.path), unit.row_group, self.config.input_columns)
             if table.num_rows != unit.num_rows:
                 raise ValueError(f"{unit.path} row group {unit.row_group} changed since planning")
             write_part(output, unit, self._output(unit, table))
@@ -128,17 +126,18 @@ class Predictor:
 
 def run_inference(config: InferenceConfig) -> InferenceSummary:
     """Predict every input row not yet in ``config.output``; returns what this run did."""
+    from torchrec_tpu.train.checkpoint import open_checkpoint
+
+    start = time.perf_counter()
+    # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors;
+    # verified here, so a corrupt or crafted checkpoint fails before Ray starts
+    config = dataclasses.replace(config, checkpoint=str(open_checkpoint(Path(config.checkpoint))[0]))
+
     import ray.data
     from tqdm import tqdm
 
     from pipelines.ray_data import local_ray
-
-    from torchrec_tpu.train.checkpoint_dirs import resolve_checkpoint
-
-    start = time.perf_counter()
-    # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors
-    config = dataclasses.replace(config, checkpoint=str(resolve_checkpoint(Path(config.checkpoint))))
-    units = plan_units(config.data, config.input_columns)
+    units = plan_units(config.data, config.input_columns, config.schema)
     output = Path(config.output)
     claim_output_dir(output, units, Path(config.checkpoint))
     todo = pending_units(output, units)

@@ -2,17 +2,17 @@
 
 The architecture comes from ``meta.json`` (the training config) and the table sizes from the DCP
 metadata of the saved tables, so any checkpoint of the training job loads, whatever its data
-source and world size: DCP reassembles the sharded tables into plain CPU tensors.
+source and world size: DCP reassembles the sharded tables into plain CPU tensors. The files are
+verified against the checkpoint's manifest and read without running code from them
+(``torchrec_tpu.train.checkpoint_reader``).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -40,19 +40,15 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     """Rebuild the trained DLRM on CPU and load its weights from ``checkpoint_dir`` (a checkpoint,
     or a checkpoint root: its latest). Either engine's checkpoints load: both name the tables
     ``...embedding_bag_collection.embedding_bags.<table>.weight``."""
-    from torchrec_tpu.train.checkpoint import META_FILE, STATE_DIR, resolve_checkpoint
+    from torchrec_tpu.train.checkpoint import STATE_DIR, open_checkpoint
+    from torchrec_tpu.train.checkpoint_reader import load_state, read_state_metadata
     from torchrec_tpu.train.config import TrainConfig
     from torchrec_tpu.train.job import model_spec
     from torchrec_tpu.train.model import build_dlrm
 
-    directory = resolve_checkpoint(Path(checkpoint_dir))
-    meta_path, state_dir = directory / META_FILE, directory / STATE_DIR
-    if not meta_path.is_file() or not state_dir.is_dir():
-        raise FileNotFoundError(
-            f"{directory} is not a training checkpoint: expected {META_FILE} and {STATE_DIR}/"
-        )
-    meta = json.loads(meta_path.read_text())
-    saved = dcp.FileSystemReader(str(state_dir)).read_metadata().state_dict_metadata
+    directory, meta = open_checkpoint(Path(checkpoint_dir))
+    state_dir = directory / STATE_DIR
+    saved = read_state_metadata(state_dir).state_dict_metadata
     missing = [f for f in schema.sparse if _TABLE_KEY.format(f) not in saved]
     if missing:
         raise ValueError(f"checkpoint {directory} has no embedding table for features {missing}")
@@ -62,6 +58,6 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     # The tables were built on the meta device; give them storage, which the load then fills.
     train_module.model.sparse_arch.embedding_bag_collection.to_empty(device=torch.device("cpu"))
     state = {"model": train_module.state_dict()}
-    dcp.load(state, checkpoint_id=str(state_dir))
+    load_state(state, state_dir)
     train_module.load_state_dict(state["model"])
     return InferenceModel(train_module.model.eval(), sizes, int(meta.get("step", 0)))

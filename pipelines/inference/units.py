@@ -17,7 +17,8 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.parquet_reader import list_parquet_files
+from pipelines.parquet_reader import check_column_types, list_parquet_files, open_parquet
+from pipelines.schema import CRITEO, DatasetSchema
 
 MANIFEST = "_inputs.json"
 TMP_PREFIX = ".tmp-"
@@ -36,15 +37,18 @@ class Unit:
         return f"part-{self.ordinal:06d}.parquet"
 
 
-def plan_units(paths: str | Path | Sequence[str | Path], required_columns: Sequence[str]) -> list[Unit]:
-    """One unit per row group of the inputs, in file order; every file must hold the columns."""
+def plan_units(paths: str | Path | Sequence[str | Path], required_columns: Sequence[str],
+               schema: DatasetSchema = CRITEO) -> list[Unit]:
+    """One unit per row group of the inputs, in file order; every file must hold the columns,
+    ``schema``'s dense and categorical ones of usable types."""
     units: list[Unit] = []
     first_row = 0
     for path in list_parquet_files(paths):
-        parquet_file = pq.ParquetFile(path)
+        parquet_file = open_parquet(path)
         missing = [c for c in required_columns if c not in parquet_file.schema_arrow.names]
         if missing:
             raise ValueError(f"{path}: inference needs columns {missing}, which are missing")
+        check_column_types(path, parquet_file.schema_arrow, schema, label=False)
         for index in range(parquet_file.metadata.num_row_groups):
             rows = parquet_file.metadata.row_group(index).num_rows
             units.append(Unit(len(units), str(path.resolve()), index, first_row, rows))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torch_tpu.distributed import SliceTopology, topology_aware_mesh
-from torch_tpu.hardware import chip_generation
+from tpu_facts import chip_generation
 
 V5P, V6E, TPU7X = (chip_generation(n) for n in ("v5p", "v6e", "tpu7x"))
 

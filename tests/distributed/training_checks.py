@@ -133,7 +133,7 @@ def redistribute(rank: int, size: int, device: str) -> dict[str, torch.Tensor]:
 def topology_mesh(rank: int, size: int, device: str) -> dict[str, object]:
     """A DeviceMesh from topology_aware_mesh (2 chips of a v6e 2x1 slice) carries collectives."""
     from torch_tpu.distributed import SliceTopology, topology_aware_mesh
-    from torch_tpu.hardware import chip_generation
+    from tpu_facts import chip_generation
 
     layout = topology_aware_mesh({"dp": size}, topology=SliceTopology(chip_generation("v6e"), (size, 1)))
     mesh = layout.device_mesh(device)

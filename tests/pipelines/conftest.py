@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.sample_data import criteo_sample_csv
 from pipelines.synthetic import SyntheticConfig, generate
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SAMPLE_CSV = REPO_ROOT / ".." / "shared" / "data" / "criteo_sample.csv"
+SAMPLE_CSV = criteo_sample_csv()
 
 # A small dataset with several files, row groups of uneven fill and one multi-hot column.
 SMALL_CONFIG = SyntheticConfig(

@@ -31,7 +31,8 @@ def test_several_inputs_with_skipped_rows_are_accounted(sample_csv, tmp_path):
     with pytest.raises(BadRowError, match=r"day_1:5: expected 40 columns, got 38"):
         # Files of day_0 are complete before day_1 fails; the failed run removes them too.
         convert_to_parquet([clean, dirty], tmp_path / "strict", rows_per_file=50, progress=False)
-    assert not list((tmp_path / "strict").iterdir()), "a failed run must leave no Parquet file"
+    assert not (tmp_path / "strict").exists(), "a failed run must leave no dataset"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".strict")], "nor a staging dir"
     report = convert_to_parquet([clean, dirty], tmp_path / "out", on_bad_row="skip", progress=False)
     assert (report.rows_read, report.rows_written, report.rows_skipped) == (200, 198, 2)
     assert [(b.path, b.line) for b in report.bad_rows] == [(str(dirty), 5), (str(dirty), 10)]
@@ -43,7 +44,7 @@ def test_several_inputs_with_skipped_rows_are_accounted(sample_csv, tmp_path):
 
 def test_refuses_non_empty_output_and_missing_input(sample_csv, tmp_path):
     convert_to_parquet([sample_csv], tmp_path / "out", progress=False)
-    with pytest.raises(FileExistsError, match="already holds Parquet files"):
+    with pytest.raises(FileExistsError, match="is not empty"):
         convert_to_parquet([sample_csv], tmp_path / "out", progress=False)
     with pytest.raises(FileNotFoundError, match="nope.tsv"):
         convert_to_parquet([tmp_path / "nope.tsv"], tmp_path / "other", progress=False)

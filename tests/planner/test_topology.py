@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from torch_tpu.hardware import GIB
+from tpu_facts import GIB
 from torchrec_tpu.topology import load_topology_file, parse_accelerator_type, resolve_topology
 
 

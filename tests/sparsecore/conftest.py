@@ -1,11 +1,8 @@
 """Fixtures for the sparsecore tests: real Criteo sample data as a KJT."""
 
 import csv
-from pathlib import Path
 
 import pytest
-
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 
 
 @pytest.fixture(scope="session")
@@ -15,10 +12,11 @@ def criteo_kjt():
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+    from pipelines.sample_data import criteo_sample_csv
     from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
     from sparsecore.stacking import plan_stacking
 
-    with open(DATA / "criteo_sample.csv", newline="") as f:
+    with open(criteo_sample_csv(), newline="") as f:
         rows = list(csv.DictReader(f))[:192]
     vocab = [1000, 97, 5000, 64] * 6 + [33, 8]
     tables = [TableSpec(f"t{i}", vocab[i], 16 if i % 3 else 8, "sum") for i in range(26)]
@@ -32,4 +30,4 @@ def criteo_kjt():
                 values.append(int(cell, 16) % vocab[i])
     kjt = KeyedJaggedTensor(keys=[f.name for f in features], values=torch.tensor(values, dtype=torch.int64),
                             lengths=torch.tensor(lengths, dtype=torch.int32))
-    return kjt, plan_stacking(tables, features, SparseCoreTopology("v5p", 1))
+    return kjt, plan_stacking(tables, features, SparseCoreTopology("v5p", 1)).with_table_limits()

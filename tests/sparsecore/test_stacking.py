@@ -29,9 +29,13 @@ def test_groups_by_padded_dim_optimizer_and_combiner_with_padding_rules():
     assert [t.row_offset_in_shard for t in abc.tables] == [0, 128, 136]
     assert [t.shard_rotation for t in abc.tables] == [0, 4, 0]  # rotation = SCs per device, mod N
     assert abc.vocab_size == 1152 and abc.shard_rows == 1152 // n
+    # features in name order: fa (32 samples), fa2 (64), fb, fc
     assert [(f.feature, f.sample_offset, f.col_offset, f.col_shift) for f in abc.features] == [
-        ("fa", 0, 0, 0), ("fb", 32, 1024, 4), ("fa2", 64, 0, 0), ("fc", 128, 1088, 0)]
-    assert abc.max_ids_per_partition == 3 * 256  # a stack's partitions carry all its tables' ids
+        ("fa", 0, 0, 0), ("fa2", 32, 0, 0), ("fb", 96, 1024, 4), ("fc", 128, 1088, 0)]
+    assert abc.max_ids_per_partition == 256  # jax-tpu-embedding's default for a multi-table stack
+    assert plan.stacks[1].max_ids_per_partition == 256  # one table: its own limit
+    # with_table_limits: a stack's partitions may carry the ids of all its tables
+    assert plan.with_table_limits().stacks[0].max_ids_per_partition == 3 * 256
     assert [len(s.tables) for s in _plan(stack_tables=False).stacks] == [1] * 5
 
 

@@ -66,13 +66,24 @@ def test_embedding_bag_2d_input_and_bfloat16():
         torch.testing.assert_close(actual.cpu(), expected)
 
 
-def test_embedding_bag_aux_outputs_match_cpu():
+def test_embedding_bag_aux_outputs_follow_the_meta_kernel():
+    """Shapes and dtypes as PyTorch's meta kernel gives them for a non-CPU device (what compiled
+    graphs are traced with); values as CPU computes them where CPU fills them in."""
     weight = torch.randn(10, 4, generator=torch.Generator().manual_seed(3))
-    for mode, pad in itertools.product((0, 1, 2), (-1, 2)):
-        expected = torch.ops.aten._embedding_bag(weight, INDICES, OFFSETS, False, mode, False, None, False, pad)
-        actual = torch.ops.aten._embedding_bag(weight.to("tpu"), INDICES.to("tpu"), OFFSETS.to("tpu"), False,
-                                               mode, False, None, False, pad)
-        for i, (a, e) in enumerate(zip(actual, expected)):
-            if i == 1 and e.numel() == 0:
-                continue  # CPU's sum fast path leaves offset2bag empty; tpu always fills it
-            torch.testing.assert_close(a.cpu(), e, rtol=1e-6, atol=1e-7)
+    for mode, pad, last in itertools.product((0, 1, 2), (-1, 2), (False, True)):
+        offsets = torch.cat([OFFSETS, torch.tensor([INDICES.numel()])]) if last else OFFSETS
+        args = (False, mode, False, None, last, pad)
+        meta = torch.ops.aten._embedding_bag(weight.to("meta"), INDICES.to("meta"), offsets.to("meta"), *args)
+        actual = torch.ops.aten._embedding_bag(weight.to("tpu"), INDICES.to("tpu"), offsets.to("tpu"), *args)
+        cpu = torch.ops.aten._embedding_bag(weight, INDICES, offsets, *args)
+        counts = torch.ops.aten._embedding_bag(weight, INDICES, offsets, False, 1, False, None, last, pad)[2]
+        for a, m in zip(actual, meta):
+            assert (a.shape, a.dtype) == (m.shape, m.dtype), (mode, pad, last)
+        bags = counts.shape[0]
+        torch.testing.assert_close(actual[0].cpu(), cpu[0], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(actual[1].cpu(), torch.ops.aten._embedding_bag(
+            weight, INDICES, offsets, False, 1, False, None, last, pad)[1])  # mean mode fills offset2bag
+        torch.testing.assert_close(actual[2].cpu()[:bags], counts)
+        assert not actual[2].cpu()[bags:].any()
+        if mode == 2:
+            torch.testing.assert_close(actual[3].cpu(), cpu[3])

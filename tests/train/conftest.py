@@ -9,12 +9,13 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from pipelines.sample_data import criteo_sample_csv
 from pipelines.synthetic import SyntheticConfig, generate
 from torchrec_tpu.train.checkpoint import STATE_DIR
 from torchrec_tpu.train.config import TrainConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SAMPLE_CSV = REPO_ROOT / ".." / "shared" / "data" / "criteo_sample.csv"
+SAMPLE_CSV = criteo_sample_csv()
 
 # 3 files of 8192 rows: 2 to train on, 1 held out. Tables of at most 500 rows, so the hidden
 # per-id label effects of the signal features are seen often enough to be learned in 2 epochs.

@@ -57,7 +57,7 @@ def test_a_rewound_run_keeps_its_own_newest_checkpoints(tmp_path: Path) -> None:
 
 
 def test_not_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="is not a checkpoint: expected meta.json inside, or a 'latest'"):
+    with pytest.raises(FileNotFoundError, match="is not a checkpoint: expected manifest.json and meta.json inside, or a 'latest'"):
         resolve_checkpoint(tmp_path)
     with pytest.raises(ValueError, match="keep must be >= 1"):
         _save(tmp_path, 8, "a", keep=0)

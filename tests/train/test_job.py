@@ -21,7 +21,8 @@ from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.job import model_spec, run_job
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import build_dlrm
-from torchrec_tpu.train.rng import rng_state, set_rng_state
+from torchrec_tpu.train.checkpoint_dirs import write_manifest
+from torchrec_tpu.train.rng import load_rng, rng_state, save_rng, set_rng_state
 from torchrec_tpu.train.sharding import build_optimizer, shard_model
 
 
@@ -113,11 +114,12 @@ def test_resume_mid_epoch_reaches_the_uninterrupted_weights(trained, tiny_datase
     # Training draws no random numbers, so mark the saved generators to see them restored.
     rng_file = first.checkpoint_dir / RNG_DIR / "rank-00000.pt"
     marked = _seeded_rng_state(1234)
-    torch.save(marked, rng_file)
+    _write_rng_state(marked, rng_file)
+    write_manifest(first.checkpoint_dir)  # the checkpoint changed on purpose: record it
     resumed = run_job(tiny_config(tiny_dataset, tmp_path / "resumed", eval_every=64,
                                   resume=str(first.checkpoint_dir.parent)))  # the root: its latest
     meta = json.loads((first.checkpoint_dir / META_FILE).read_text())
-    assert (meta["step"], meta["epoch"], meta["batches_consumed"]) == (40, 0, 40)
+    assert (meta["step"], meta["epoch"], meta["rank_rows"]) == (40, 0, 40 * config.batch_size)
     assert first.result.steps == 40
     assert resumed.result.steps == summary.result.steps == 128
     assert resumed.result.samples == (128 - 40) * config.batch_size
@@ -128,10 +130,25 @@ def test_resume_mid_epoch_reaches_the_uninterrupted_weights(trained, tiny_datase
     for key, value in flat["full"].items():
         torch.testing.assert_close(flat["resumed"][key], value, rtol=0, atol=0, msg=key)
     assert resumed.result.eval.auc == pytest.approx(summary.result.eval.auc, abs=1e-6)
-    final_rng = torch.load(resumed.checkpoint_dir / RNG_DIR / "rank-00000.pt", weights_only=False)
+    final_rng = _read_rng_state(resumed.checkpoint_dir / RNG_DIR / "rank-00000.pt")
     assert torch.equal(final_rng["torch"], marked["torch"])
     assert final_rng["python"] == marked["python"]
     np.testing.assert_array_equal(final_rng["numpy"][1], marked["numpy"][1])
+
+
+def _write_rng_state(state: dict, path: Path) -> None:
+    saved = rng_state()
+    set_rng_state(state)
+    save_rng(path)
+    set_rng_state(saved)
+
+
+def _read_rng_state(path: Path) -> dict:
+    saved = rng_state()
+    load_rng(path)
+    state = rng_state()
+    set_rng_state(saved)
+    return state
 
 
 def _seeded_rng_state(seed: int) -> dict:

@@ -1,9 +1,10 @@
 """The ``torch.compile(backend="tpu")`` backend: Dynamo -> AOTAutograd (core ATen) -> registry -> XLA.
 
 AOTAutograd splits training graphs into a forward and a backward graph; each becomes one
-:class:`~torch_tpu.compile.graph.CompiledGraph` (one ``jax.jit`` program). Compile with
-``dynamic=False``: symbolic sizes cannot cross into ``jax.jit``; use
-:func:`torch_tpu.compile.bucketed` to bound the number of distinct shapes instead.
+:class:`~torch_tpu.compile.graph.CompiledGraph` (one ``jax.jit`` program). Graphs with dynamic
+dims (Dynamo's automatic dynamic shapes, ``mark_dynamic``, ``dynamic=True``) are specialized per
+concrete shape at call time (:mod:`torch_tpu.compile.specialize`); use
+:func:`torch_tpu.compile.bucketed` to bound the number of distinct shapes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from torch_tpu.compile.graph import CompiledGraph
+from torch_tpu.compile.specialize import SpecializedGraph, is_symbolic
 
 BACKEND_NAME = "tpu"
 _log = logging.getLogger(__name__)
@@ -77,14 +79,20 @@ def _graph_compiler(kind: str):
     return compile_graph
 
 
-def _tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-    torch.autograd.set_multithreading_enabled(False)  # device backward on a worker thread aborts under jax
+def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     return aot_autograd(
         fw_compiler=_graph_compiler("forward"),
         bw_compiler=_graph_compiler("backward"),
         inference_compiler=_graph_compiler("inference"),
         decompositions=core_aten_decompositions(),
     )(gm, example_inputs)
+
+
+def _tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    torch.autograd.set_multithreading_enabled(False)  # device backward on a worker thread aborts under jax
+    if is_symbolic(example_inputs):
+        return SpecializedGraph(gm, example_inputs, _aot)
+    return _aot(gm, example_inputs)
 
 
 def register() -> None:

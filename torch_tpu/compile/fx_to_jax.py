@@ -16,12 +16,39 @@ import torch
 import torch.fx
 
 from torch_tpu._jax import jax
+from torch_tpu.dtypes import to_jax_dtype
 from torch_tpu.registry import Lowering, get_lowering
 from torch_tpu.tensor import TpuTensor, cpu_to_jax, to_jax
 
 
 class UnloweredOpError(NotImplementedError):
     """A graph uses ops the registry cannot lower."""
+
+
+class LoweringShapeError(RuntimeError):
+    """A lowering's result disagrees with the shape/dtype PyTorch's meta kernel gave the graph."""
+
+
+def check_against_meta(node: torch.fx.Node, value: Any) -> None:
+    """Raise :class:`LoweringShapeError` when ``value`` (a node's traced JAX result) differs in
+    shape or dtype from the fake tensor(s) the graph was traced with (``node.meta["val"]``)."""
+    expected = node.meta.get("val")
+    if expected is None:
+        return
+    got = jax.tree_util.tree_leaves(value)
+    want = [e for e in torch.utils._pytree.tree_leaves(expected) if isinstance(e, torch.Tensor)]
+    arrays = [g for g in got if hasattr(g, "shape") and hasattr(g, "dtype")]
+    if len(arrays) != len(want):
+        return  # optional outputs (None) flatten differently; nothing to compare one to one
+    for i, (g, e) in enumerate(zip(arrays, want)):
+        if any(not isinstance(s, int) for s in e.shape):
+            continue  # symbolic size: checked once specialized
+        if tuple(g.shape) != tuple(e.shape) or to_jax_dtype(e.dtype) != g.dtype:
+            raise LoweringShapeError(
+                f"torch.compile(backend='tpu'): the lowering of {node.target} returned output {i} as "
+                f"{g.dtype}{list(g.shape)}, but PyTorch's meta kernel gives {e.dtype}{list(e.shape)}; "
+                "a lowering must follow the meta kernel (fix it in the torch_tpu registry)"
+            )
 
 
 def graph_lowerings(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, Lowering]:
@@ -81,6 +108,7 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
                 if lowering.needs_key:
                     kwargs = {**kwargs, "key": keys[node]}
                 env[node] = lowering.fn(*args, **kwargs)
+                check_against_meta(node, env[node])
             elif node.op == "output":
                 out = torch.fx.node.map_arg(node.args[0], env.__getitem__)
                 result = tuple(out) if isinstance(out, (list, tuple)) else (out,)

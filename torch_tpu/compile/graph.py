@@ -19,10 +19,10 @@ import torch.fx
 
 from torch_tpu import random as tpu_random
 from torch_tpu._jax import jax
-from torch_tpu.compile import cache
+from torch_tpu.compile import cache, fx_to_jax
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
 from torch_tpu.dtypes import to_jax_dtype
-from torch_tpu.registry import lowered_ops
+from torch_tpu.registry import get_lowering, lowered_ops
 from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, to_cpu, to_jax
 
 _MEMORY: dict[str, Any] = {}  # translation key -> jax.export.Exported
@@ -30,22 +30,61 @@ _registry_digest: list[str] = []
 
 
 def _registry_fingerprint() -> str:
+    """The lowered op names and the source of every file defining a lowering or the translation:
+    a changed lowering must never reuse a stored translation."""
     if not _registry_digest:
-        names = sorted(str(op) for op in lowered_ops())
-        _registry_digest.append(hashlib.sha256("\n".join(names).encode()).hexdigest()[:16])
+        h = hashlib.sha256()
+        files = {Path(fx_to_jax.__file__)}
+        for op in sorted(lowered_ops(), key=str):
+            h.update(str(op).encode())
+            code = getattr(get_lowering(op).fn, "__code__", None)
+            if code is not None:
+                files.add(Path(code.co_filename))
+        for path in sorted(files):
+            try:
+                h.update(path.read_bytes())
+            except OSError:
+                h.update(str(path).encode())
+        _registry_digest.append(h.hexdigest()[:16])
     return _registry_digest[0]
 
 
-def input_specs(example_inputs: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
-    specs = []
+Spec = jax.ShapeDtypeStruct | int | float | bool
+
+
+def input_specs(example_inputs: Sequence[Any]) -> list[Spec]:
+    """Shape/dtype of each tensor input; the value of each (concrete) number input, which the
+    program is specialized on."""
+    specs: list[Spec] = []
     for i, x in enumerate(example_inputs):
-        if not isinstance(x, torch.Tensor):
+        if isinstance(x, (bool, int, float)):
+            specs.append(x)
+            continue
+        if not isinstance(x, torch.Tensor) or any(isinstance(s, torch.SymInt) for s in x.shape):
             raise TypeError(
-                f"torch.compile(backend='tpu'): graph input {i} is a {type(x).__name__}; only tensors are "
-                "supported (compile with dynamic=False and pad sizes with torch_tpu.compile.bucketed)"
+                f"torch.compile(backend='tpu'): graph input {i} is a {type(x).__name__}"
+                f"{' with symbolic sizes' if isinstance(x, torch.Tensor) else ''}; the backend compiles "
+                "static shapes (torch_tpu.compile.specialize builds one program per concrete shape)"
             )
         specs.append(jax.ShapeDtypeStruct(tuple(int(s) for s in x.shape), to_jax_dtype(x.dtype)))
     return specs
+
+
+def _with_static(fn: Any, specs: Sequence[Spec]) -> Any:
+    """``fn`` over the array inputs only, the number inputs filled in from ``specs``."""
+    if all(isinstance(s, jax.ShapeDtypeStruct) for s in specs):
+        return fn
+    template = list(specs)
+    slots = [i for i, s in enumerate(specs) if isinstance(s, jax.ShapeDtypeStruct)]
+
+    def run(*arrays: Any) -> Any:
+        filled = list(template)
+        for i, a in zip(slots, arrays):
+            filled[i] = a
+        filled.extend(arrays[len(slots):])  # the random key data, when the graph draws numbers
+        return fn(*filled)
+
+    return run
 
 
 def translation_key(gm: torch.fx.GraphModule, specs: Sequence[jax.ShapeDtypeStruct]) -> str:
@@ -55,7 +94,8 @@ def translation_key(gm: torch.fx.GraphModule, specs: Sequence[jax.ShapeDtypeStru
     h.update(_registry_fingerprint().encode())
     h.update(gm.code.encode())
     for spec in specs:
-        h.update(f"{spec.shape}{spec.dtype};".encode())
+        h.update((f"{spec.shape}{spec.dtype};" if isinstance(spec, jax.ShapeDtypeStruct)
+                  else f"{type(spec).__name__}={spec!r};").encode())
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             h.update(_tensor_digest(getattr(gm, node.target)))
@@ -78,10 +118,11 @@ def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key:
         exported = jax.export.deserialize(bytearray(blob))
         cache._stats.fx_disk_hits += 1
     else:
-        fn = to_jax_function(gm)
+        fn = _with_static(to_jax_function(gm), specs)
+        arrays = [s for s in specs if isinstance(s, jax.ShapeDtypeStruct)]
         if needs_random_key(gm):
-            specs = [*specs, jax.ShapeDtypeStruct(_key_data_shape(), np.uint32)]
-        exported = jax.export.export(jax.jit(fn))(*specs)
+            arrays.append(jax.ShapeDtypeStruct(_key_data_shape(), np.uint32))
+        exported = jax.export.export(jax.jit(fn))(*arrays)
         cache._stats.fx_misses += 1
         cache.store_translation(key, bytes(exported.serialize()))
     _MEMORY[key] = exported
@@ -101,7 +142,7 @@ class CompiledGraph:
         self._boxed_call = True  # an instance attribute: Dynamo's wrappers copy __dict__, not the class
         self.key = translation_key(gm, specs)
         self.exported = _translate(gm, specs, self.key)
-        self.random = len(self.exported.in_avals) > len(specs)
+        self.random = len(self.exported.in_avals) > sum(isinstance(s, jax.ShapeDtypeStruct) for s in specs)
         self._run = jax.jit(self.exported.call)
         dump_dir = os.environ.get("TORCH_TPU_DUMP_HLO")
         if dump_dir:
@@ -120,7 +161,7 @@ class CompiledGraph:
 
     def __call__(self, args: list[Any]) -> list[Any]:
         on_tpu = any(type(a) is TpuTensor for a in args)
-        inputs = [to_jax(a) if type(a) is TpuTensor else cpu_to_jax(a) for a in args]
+        inputs = [to_jax(a) if type(a) is TpuTensor else cpu_to_jax(a) for a in args if isinstance(a, torch.Tensor)]
         args.clear()  # boxed calling convention: the inputs can be freed early
         if self.random:
             inputs.append(jax.random.key_data(tpu_random.next_key()))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from torch_tpu.hardware import ChipGeneration, chip_generation
+from tpu_facts import ChipGeneration, chip_generation
 
 MeshDims = Mapping[str, int] | Sequence[tuple[str, int]]
 

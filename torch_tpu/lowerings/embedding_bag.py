@@ -2,10 +2,12 @@
 
 Bags are segments of the flat ``indices``: entry ``i`` belongs to bag ``offset2bag[i]``; the last
 bag runs to the end of ``indices``, or to the final offset with ``include_last_offset``. Entries equal to ``padding_idx`` contribute nothing and are not counted. Empty bags
-give zeros. The auxiliary outputs follow CPU torch: ``bag_size`` counts a bag's non-padding
-entries (zeros in sum mode); ``max_indices`` is ``bag_size`` in mean mode, the weight row of each
-(bag, dim) maximum in max mode (0 for empty bags), zeros in sum mode. ``offset2bag`` is always
-given in full (CPU leaves it empty on its sum fast path; its backward rebuilds it, as do these).
+give zeros. The auxiliary outputs have the shapes PyTorch's meta kernel gives a non-CPU device
+(what ``torch.compile`` graphs are traced with): ``offset2bag`` ``[len(indices)]``, the bag of
+each entry; ``bag_size`` ``[len(offsets)]``, each bag's non-padding entries in every mode (0 past
+the last bag with ``include_last_offset``); ``max_indices`` ``[bags, dim]`` in max mode, the weight
+row of each (bag, dim) maximum (0 for empty bags), else empty. The backwards also accept CPU's
+layout (an empty ``offset2bag`` on its sum fast path, ``bag_size`` of ``[bags]``).
 """
 
 from __future__ import annotations
@@ -49,9 +51,9 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM, 
     rows = upcast(jnp.take(weight, indices, axis=0))
     if per_sample_weights is not None:
         rows = rows * upcast(per_sample_weights)[:, None]
-    zeros = jnp.zeros((bags,), jnp.int64)
+    counts = _counts(bag, keep, bags)
+    bag_size = jnp.pad(counts, (0, offsets.shape[0] - bags))
     if mode == MAX:
-        counts = _counts(bag, keep, bags)
         filled = (counts > 0)[:, None]
         masked = jnp.where(keep[:, None], rows, -jnp.inf)
         top = jax.ops.segment_max(masked, bag, num_segments=bags)
@@ -61,13 +63,11 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM, 
         position = jnp.where(hit, jnp.arange(indices.shape[0])[:, None], indices.shape[0])
         first = jax.ops.segment_min(position, bag, num_segments=bags)
         max_indices = jnp.where(filled, indices.astype(jnp.int64)[jnp.clip(first, 0, max(indices.shape[0] - 1, 0))], 0)
-        return out.astype(weight.dtype), bag, counts, max_indices
+        return out.astype(weight.dtype), bag, bag_size, max_indices
     total = jax.ops.segment_sum(jnp.where(keep[:, None], rows, 0), bag, num_segments=bags)
-    if mode == SUM:
-        return total.astype(weight.dtype), bag, zeros, zeros
-    counts = _counts(bag, keep, bags)
-    out = total / jnp.maximum(counts, 1)[:, None]
-    return out.astype(weight.dtype), bag, counts, counts
+    if mode == MEAN:
+        total = total / jnp.maximum(counts, 1)[:, None]
+    return total.astype(weight.dtype), bag, bag_size, jnp.zeros((0,), jnp.int64)
 
 
 def _scaled_by_freq(grad_rows, indices, num_weights):
@@ -81,7 +81,7 @@ def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_in
     g = upcast(grad)
     keep = _keep(indices, padding_idx)
     if mode == MAX:
-        filled = (bag_size > 0)[:, None]
+        filled = (bag_size[: g.shape[0]] > 0)[:, None]
         dims = jnp.broadcast_to(jnp.arange(g.shape[1]), maximum_indices.shape)
         rows = jnp.where(filled, maximum_indices, num_weights)  # empty bags scatter out of bounds: dropped
         out = jnp.zeros((num_weights, g.shape[1]), g.dtype).at[rows, dims].add(jnp.where(filled, g, 0), mode="drop")

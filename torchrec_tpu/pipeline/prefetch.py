@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
-from pipelines.parquet_reader import batches_from, prefetched
+from pipelines.parquet_reader import batches_from_row, prefetched
 
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 
@@ -38,16 +38,16 @@ class PrefetchedBatches:
         return len(self.batches)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Batch]:
-        return self.iter_from(0)
+        return self.iter_from_row(0)
 
-    def iter_from(self, first: int) -> Iterator[Batch]:
-        """The batches from index ``first`` on (seeking the loader when it can); the ones before
-        are never input-dist'ed."""
-        return prefetched(self._prepared(first), self.depth)
+    def iter_from_row(self, row: int) -> Iterator[Batch]:
+        """The batches from row ``row`` on (seeking the loader when it can); the rows before are
+        never input-dist'ed."""
+        return prefetched(self._prepared(row), self.depth)
 
-    def _prepared(self, first: int) -> Iterator[Batch]:
+    def _prepared(self, row: int) -> Iterator[Batch]:
         """Runs on the prefetch thread: read, move to the device, input dist."""
-        for batch in batches_from(self.batches, first):
+        for batch in batches_from_row(self.batches, row):
             batch = batch.to(self.device)
             if batch.sparse_features.stride() == self.ebc.batch_size:
                 self.ebc.prefetch(batch.sparse_features, self.group)

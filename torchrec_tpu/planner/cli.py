@@ -90,10 +90,12 @@ def run(args: argparse.Namespace) -> int:
             print(format_plan(result, args.top))
         if args.out:
             out = _suffixed(args.out, name) if compare else args.out
+            out.parent.mkdir(parents=True, exist_ok=True)
             result.save(out)
             print(f"wrote plan {out}")
         if args.html:
             html = _suffixed(args.html, name) if compare else args.html
+            html.parent.mkdir(parents=True, exist_ok=True)
             html.write_text(render_html(result, f"torchrec-tpu plan: {len(tables)} tables on {result.topology['name']}"))
             print(f"wrote report {html}")
     if compare:

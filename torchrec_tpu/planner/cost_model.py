@@ -41,14 +41,13 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+from tpu_facts import ALIGNMENT, DEFAULT_MAX_IDS_PER_PARTITION, round_up
 from torchrec_tpu.planner.tables import OPTIMIZER_SLOTS, EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
 
-ALIGNMENT = 8
 PARAM_BYTES = 4
 ACTIVATION_BYTES = 4
 CSR_BYTES_PER_ID = 12
-DEFAULT_MAX_IDS_PER_PARTITION = 256
 ALL_TO_ALLS_PER_STEP = 3  # ids, activations forward, gradients backward
 
 
@@ -117,10 +116,6 @@ class ShardingOption:
         """Tables sharing this key (and device, when placed) stack into one SparseCore table."""
         width = self.shards[0].columns if self.shards else self.padded_dim
         return f"{self.kind.value}/d{width}/{self.table.optimizer}/{self.table.combiner}"
-
-
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def row_bytes(table: EmbeddingTable, width: int) -> int:

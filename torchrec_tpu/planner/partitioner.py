@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION, GIB
 from torchrec_tpu.planner.cost_model import (
     ALL_TO_ALLS_PER_STEP,
-    DEFAULT_MAX_IDS_PER_PARTITION,
     Load,
     OptionBuilder,
     ShardingKind,
@@ -39,7 +39,6 @@ from torchrec_tpu.planner.plan import DevicePlan, Plan, ShardPlacement, StackPla
 from torchrec_tpu.planner.tables import EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
 
-GIB = 1024**3
 _EPS = 1e-12
 
 

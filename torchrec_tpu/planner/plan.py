@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrec_tpu.structured_files import read_structured
+
 PLAN_FORMAT = "torchrec_tpu.plan/v1"
 
 
@@ -140,7 +142,10 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
 
 def load_plan(path: str | Path) -> Plan:
     """Read a plan JSON written by ``Plan.save`` / ``torchrec-tpu plan``."""
-    return plan_from_dict(json.loads(Path(path).read_text()))
+    data = read_structured(Path(path))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a plan JSON holds an object, got a {type(data).__name__}")
+    return plan_from_dict(data)
 
 
 def to_torchrec_sharding_plan(plan: Plan, module_path: str = "", compute_kernel: str = "fused") -> Any:

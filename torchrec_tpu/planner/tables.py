@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import csv
 import importlib
-import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+from tpu_facts import COMBINERS
+from tpu_facts import MAX_VOCAB as MAX_ROWS
+
+from torchrec_tpu.structured_files import read_structured
 
 # Optimizer state per table: (float32 slots per element, float32 slots per row). Matches the
 # SparseCore optimizers of jax-tpu-embedding / FBGEMM: Adagrad keeps one accumulator per element,
@@ -28,8 +32,6 @@ OPTIMIZER_SLOTS: dict[str, tuple[int, int]] = {
     "lazy_adam": (2, 0),
     "ftrl": (2, 0),
 }
-COMBINERS = ("sum", "mean", "sqrtn")
-MAX_ROWS = 2**31 - 1  # SparseCore ids are int32; 2^31-1 is the padding id
 
 
 @dataclass(frozen=True)
@@ -161,12 +163,7 @@ def load_tables_file(path: str | Path) -> list[EmbeddingTable]:
         with path.open(newline="") as f:
             rows: list[Any] = list(csv.DictReader(f))
     elif suffix in (".yaml", ".yml", ".json"):
-        if suffix == ".json":
-            data = json.loads(path.read_text())
-        else:
-            import yaml
-
-            data = yaml.safe_load(path.read_text())
+        data = read_structured(path)
         rows = data.get("tables") if isinstance(data, dict) else data
         if not isinstance(rows, list):
             raise ValueError(f"{path}: expected a list of tables or a mapping with a 'tables' list")

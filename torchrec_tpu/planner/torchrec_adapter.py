@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torchrec_tpu.planner.cost_model import DEFAULT_MAX_IDS_PER_PARTITION, Load, OptionBuilder, ShardingOption
+from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION
+from torchrec_tpu.planner.cost_model import Load, OptionBuilder, ShardingOption
 from torchrec_tpu.planner.tables import EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
 

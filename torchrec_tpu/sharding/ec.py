@@ -31,9 +31,10 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 from sparsecore.backends import make_backend
 from sparsecore.optimizers import OptimizerSpec
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
-from sparsecore.stacking import plan_stacking, round_up
+from sparsecore.stacking import plan_stacking
 from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
+from tpu_facts import round_up
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, torchrec_weights
 from torchrec_tpu.sharding.shards import Shard, TableSharding
@@ -223,7 +224,8 @@ class ShardedSparseCoreEC(ShardedTables):
                                                 rows[name]), n)
         old = self._backend
         weights = old.table_weights()
-        plan = plan_stacking(list(self._local_tables().values()), self._local_features(), self._topology)
+        plan = plan_stacking(list(self._local_tables().values()), self._local_features(),
+                             self._topology).with_table_limits()
         self._backend = make_backend(self._backend_name, plan, weights, self._seed, **self._options)
         self._backend.load_state(weights, old.optimizer_slots(), old.steps)
 

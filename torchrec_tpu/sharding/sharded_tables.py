@@ -84,7 +84,7 @@ class ShardedTables(nn.Module):
             return None
         full = weights if weights is not None else {name: self.tables[name].init_weights(seed) for name in mine}
         specs = local_tables or {name: s.local_spec(self.tables[name]) for name, s in mine.items()}
-        plan = plan_stacking(list(specs.values()), local_features, topology)
+        plan = plan_stacking(list(specs.values()), local_features, topology).with_table_limits()
         return make_backend(backend, plan, {name: s.slice(full[name]) for name, s in mine.items()}, seed, **options)
 
     def _looked_up(self, batch: Any) -> torch.Tensor:

@@ -3,33 +3,41 @@
 Each save is a new versioned directory under the checkpoint root (see checkpoint_dirs.py)::
 
     <version>/state/            DCP files: {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-    <version>/rng/rank-NNNNN.pt this rank's torch / numpy / python RNG state
-    <version>/meta.json         {"step", "epoch", "batches_consumed", "config", "world_size", ...}
+    <version>/rng/rank-NNNNN.pt this rank's torch / numpy / python RNG state (plain tensors)
+    <version>/meta.json         {"step", "epoch", "rows_consumed", "config", "world_size", ...}
+    <version>/manifest.json     sha256 of every file above, written last (the completion mark)
 
 DCP stores sharded embedding tables (ShardedTensor) and the fused optimizer's per-table state
 shard by shard, each rank writing only what it owns, so a checkpoint written by W ranks loads into
 a model sharded over W' ranks.
+
+Loading verifies the manifest, then reads through checkpoint_reader.py (no code runs from a
+checkpoint's files, whatever they hold).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.optim import Optimizer
 
-from torchrec_tpu.train.checkpoint_dirs import (META_FILE, new_tag, publish, resolve_checkpoint,
-                                                version_dir)
+from torchrec_tpu.train.checkpoint_dirs import (META_FILE, intact_checkpoint, new_tag, publish,
+                                                resolve_checkpoint, version_dir)
+from torchrec_tpu.train.checkpoint_manifest import CheckpointError
+from torchrec_tpu.train.checkpoint_reader import load_state, read_state_metadata
+from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.rng import load_rng, save_rng
 
 STATE_DIR = "state"
 RNG_DIR = "rng"
-__all__ = ["META_FILE", "STATE_DIR", "load_checkpoint", "restore_rng", "resolve_checkpoint",
-           "save_checkpoint"]
+REQUIRED_FILES = (META_FILE, f"{STATE_DIR}/.metadata")
+__all__ = ["META_FILE", "STATE_DIR", "CheckpointError", "load_checkpoint", "open_checkpoint",
+           "restore_rng", "resolve_checkpoint", "save_checkpoint"]
 
 
 def save_checkpoint(root: Path, model: nn.Module, optimizer: Optimizer, meta: dict[str, Any],
@@ -46,7 +54,7 @@ def save_checkpoint(root: Path, model: nn.Module, optimizer: Optimizer, meta: di
     directory.mkdir(parents=True, exist_ok=True)
     dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
              checkpoint_id=str(directory / STATE_DIR))
-    save_rng(_rng_file(directory, rank))
+    save_rng(rng_file(directory, rank))
     if distributed:
         dist.barrier()
     if rank == 0:
@@ -56,29 +64,48 @@ def save_checkpoint(root: Path, model: nn.Module, optimizer: Optimizer, meta: di
     return directory
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+def open_checkpoint(path: Path, warn: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
+    """(version directory, metadata) of the checkpoint at ``path`` (a version directory, or a
+    root: its ``latest``) after verifying every file against its manifest and checking its DCP
+    metadata (:func:`~torchrec_tpu.train.checkpoint_reader.read_state_metadata`). With ``warn``, a root
+    whose latest is corrupt falls back to its newest intact checkpoint (see
+    :func:`~torchrec_tpu.train.checkpoint_dirs.intact_checkpoint`)."""
+    directory = intact_checkpoint(path, REQUIRED_FILES, warn)
+    read_state_metadata(directory / STATE_DIR)  # refuses crafted metadata before any model is built
+    try:
+        meta = json.loads((directory / META_FILE).read_text())
+        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+            raise ValueError("no training config in it")
+        TrainConfig(**meta["config"])  # names a bad saved option
+    except (ValueError, TypeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"checkpoint {directory}: {META_FILE} is not valid ({error})") from None
+    return directory, meta
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer: Optimizer, verify: bool = True) -> dict[str, Any]:
     """Load the checkpoint at ``path`` (a version directory, or a root: its ``latest``) into
     ``model`` and ``optimizer``, which must have its architecture (same tables, same optimizers).
-    Returns its metadata. A collective when the model is sharded."""
-    directory = resolve_checkpoint(path)
-    if not (directory / STATE_DIR).is_dir():
-        raise FileNotFoundError(f"{directory} is not a checkpoint: no {STATE_DIR}/ inside")
+    Returns its metadata. ``verify=False`` skips the manifest check (for a checkpoint
+    :func:`open_checkpoint` just verified); no code from the files runs either way. A collective
+    when the model is sharded."""
+    if verify:
+        directory, meta = open_checkpoint(path)
+    else:
+        directory = resolve_checkpoint(path)
+        meta = json.loads((directory / META_FILE).read_text())
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-    dcp.load(state, checkpoint_id=str(directory / STATE_DIR))
+    load_state(state, directory / STATE_DIR)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    return json.loads((directory / META_FILE).read_text())
+    return meta
 
 
-def restore_rng(path: Path, rank: int) -> bool:
-    """Restore this rank's random generators from the checkpoint at ``path``; False when it has
-    none for ``rank`` (it was written by fewer ranks)."""
-    file = _rng_file(resolve_checkpoint(path), rank)
-    if not file.is_file():
-        return False
-    load_rng(file)
-    return True
+def restore_rng(path: Path, rank: int) -> None:
+    """Restore this rank's random generators from the checkpoint at ``path``; CheckpointError
+    when it has none for ``rank`` or the file is not an RNG state."""
+    load_rng(rng_file(resolve_checkpoint(path), rank))
 
 
-def _rng_file(directory: Path, rank: int) -> Path:
+def rng_file(directory: Path, rank: int) -> Path:
+    """The RNG state file of ``rank`` in the checkpoint ``directory``."""
     return directory / RNG_DIR / f"rank-{rank:05d}.pt"

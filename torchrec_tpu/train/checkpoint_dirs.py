@@ -5,11 +5,15 @@ Layout::
     <root>/checkpoint.step-00000040.<tag>/   one checkpoint (contents: see checkpoint.py)
     <root>/latest -> checkpoint.step-00000040.<tag>
 
-A save fills a new directory; :func:`publish` then writes its ``meta.json`` (the completion
-mark), repoints ``latest`` with one rename (atomic on POSIX) and deletes all but the newest
-``keep`` complete checkpoints plus the leftovers of interrupted saves. A process killed at any
-moment leaves ``latest`` on a complete checkpoint. The tag, unique per save, keeps a retried save
-of the same step out of the partial directory an interrupted one left.
+A save fills a new directory; :func:`publish` then writes its ``meta.json`` and, last, its
+``manifest.json`` (sha256 of every file, checkpoint_manifest.py; the completion mark), repoints
+``latest`` with one rename (atomic on POSIX) and deletes all but the newest ``keep`` complete
+checkpoints plus the leftovers of interrupted saves. A process killed at any moment leaves
+``latest`` on a complete checkpoint. The tag, unique per save, keeps a retried save of the same
+step out of the partial directory an interrupted one left.
+
+Loading verifies the manifest first (:func:`intact_checkpoint`); a root whose latest checkpoint
+is corrupt falls back to its newest intact one.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from torchrec_tpu.train.checkpoint_manifest import (MANIFEST_FILE, CheckpointError, manifest_of,
+                                                    verify_checkpoint)
 
 LATEST = "latest"
 META_FILE = "meta.json"
@@ -38,8 +45,8 @@ def version_dir(root: Path, step: int, tag: str) -> Path:
 
 
 def is_checkpoint(directory: Path) -> bool:
-    """Whether ``directory`` holds a complete checkpoint (its ``meta.json`` was published)."""
-    return (directory / META_FILE).is_file()
+    """Whether ``directory`` holds a complete checkpoint (its manifest was published)."""
+    return (directory / MANIFEST_FILE).is_file()
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -50,9 +57,38 @@ def resolve_checkpoint(path: Path) -> Path:
     if latest.is_symlink() and is_checkpoint(latest.resolve()):
         return latest.resolve()
     raise FileNotFoundError(
-        f"{path} is not a checkpoint: expected {META_FILE} inside, or a '{LATEST}' link to a "
-        "checkpoint directory (a checkpoint root written by --checkpoint-dir)"
+        f"{path} is not a checkpoint: expected {MANIFEST_FILE} and {META_FILE} inside, or a "
+        f"'{LATEST}' link to a checkpoint directory (a checkpoint root written by --checkpoint-dir)"
     )
+
+
+def intact_checkpoint(path: Path, required: tuple[str, ...],
+                      warn: Callable[[str], None] | None = None) -> Path:
+    """The checkpoint at ``path`` (as :func:`resolve_checkpoint` finds it) after verifying its
+    manifest, which must list ``required``. When ``path`` is a checkpoint root and ``warn`` is
+    given, a corrupt or incomplete latest falls back to the newest intact checkpoint of the root,
+    and ``warn`` is told both; otherwise the corruption is a CheckpointError."""
+    directory = None
+    try:
+        directory = resolve_checkpoint(path)
+        verify_checkpoint(directory, required)
+        return directory
+    except (CheckpointError, FileNotFoundError) as error:
+        if warn is None or is_checkpoint(path) or not path.is_dir():
+            raise
+        problem = error
+    for candidate in _complete_newest_first(path):
+        if candidate.resolve() == directory:
+            continue
+        try:
+            verify_checkpoint(candidate, required)
+        except CheckpointError:
+            continue
+        warn(f"{problem}; falling back to the newest intact checkpoint {candidate}")
+        return candidate
+    if isinstance(problem, CheckpointError):
+        raise CheckpointError(f"{problem}; and {path} holds no other intact checkpoint") from None
+    raise problem
 
 
 def publish(root: Path, directory: Path, meta: dict[str, Any], keep: int) -> None:
@@ -63,7 +99,7 @@ def publish(root: Path, directory: Path, meta: dict[str, Any], keep: int) -> Non
     if keep < 1:
         raise ValueError(f"keep must be >= 1 (the checkpoint just written), got {keep}")
     _write_durably(directory / META_FILE, json.dumps(meta, indent=2))
-    _fsync_dir(directory)
+    write_manifest(directory)
     link = root / f".{LATEST}.{directory.name}"
     link.unlink(missing_ok=True)
     link.symlink_to(directory.name)
@@ -72,16 +108,29 @@ def publish(root: Path, directory: Path, meta: dict[str, Any], keep: int) -> Non
     _prune(root, directory, keep)
 
 
+def write_manifest(directory: Path) -> None:
+    """Write ``directory``'s manifest (every file there now), making it a complete checkpoint."""
+    _write_durably(directory / MANIFEST_FILE, json.dumps(manifest_of(directory), indent=1))
+    _fsync_dir(directory)
+
+
+def _versions(root: Path) -> list[Path]:
+    return [p for p in root.iterdir() if _VERSION.match(p.name) and p.is_dir() and not p.is_symlink()]
+
+
+def _complete_newest_first(root: Path, current: Path | None = None) -> list[Path]:
+    """The complete checkpoints of ``root``, ``current`` first, then the most recently published;
+    file times are coarse (a few ms), so the step breaks ties."""
+    return sorted((p for p in _versions(root) if is_checkpoint(p)),
+                  key=lambda p: (p == current, (p / MANIFEST_FILE).stat().st_mtime_ns,
+                                 int(_VERSION.match(p.name).group(1))), reverse=True)
+
+
 def _prune(root: Path, current: Path, keep: int) -> None:
     """Keep the ``keep`` most recently published checkpoints (``current`` among them); delete
     older ones and directories of saves that never completed."""
-    versions = [p for p in root.iterdir() if _VERSION.match(p.name) and p.is_dir() and not p.is_symlink()]
-    # newest published first; file times are coarse (a few ms), so the step breaks ties
-    complete = sorted((p for p in versions if is_checkpoint(p)),
-                      key=lambda p: (p == current, (p / META_FILE).stat().st_mtime_ns,
-                                     int(_VERSION.match(p.name).group(1))), reverse=True)
-    kept = set(complete[:keep])
-    for path in versions:
+    kept = set(_complete_newest_first(root, current)[:keep])
+    for path in _versions(root):
         if path not in kept:
             shutil.rmtree(path, ignore_errors=True)
     for stale in root.glob(f".{LATEST}.*"):  # a link left by a save killed before its rename

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from torchrec_tpu.train.checkpoint_manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
 
 
@@ -22,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
         from torchrec_tpu.train.job import run_job  # heavy: torch, torchrec, fbgemm
 
         summary = run_job(config)
-    except (ConfigError, FileNotFoundError) as error:  # bad flags, YAML, data or --resume dir
+    except (ConfigError, CheckpointError, FileNotFoundError) as error:  # bad flags, YAML, data, checkpoint
         print(f"torchrec-tpu train: error: {error}", file=sys.stderr)
         return 2
     if summary.primary:

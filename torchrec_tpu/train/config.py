@@ -142,8 +142,9 @@ class TrainConfig:
     )
     resume: str | None = field(
         default=None,
-        metadata=_flag("checkpoint to resume from (a checkpoint root: its latest): model, optimizer "
-                       "state, RNG, step and data position"),
+        metadata=_flag("checkpoint to resume from (a checkpoint root: its latest intact one): model, "
+                       "optimizer state, RNG, step and data position (in rows: --batch-size may "
+                       "change); tables, dims, optimizers, data and world size must match it"),
     )
     log_every: int = field(default=20, metadata=_flag("log training scalars every N steps"))
     eval_every: int = field(
@@ -265,11 +266,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping of option -> value; keys may use dashes or underscores."""
-    import yaml
+    from torchrec_tpu.structured_files import read_structured
 
     if not path.is_file():
         raise ConfigError(f"--config={str(path)!r}: no such file")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = read_structured(path) or {}
+    except ValueError as error:
+        raise ConfigError(f"--config={str(path)!r}: {error}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"--config={str(path)!r} must hold a mapping of option: value")
     names = {f.name: f for f in dataclasses.fields(TrainConfig)}

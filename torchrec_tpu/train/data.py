@@ -17,14 +17,13 @@ from typing import Iterator
 import torch.distributed as dist
 from pipelines.convert import convert_to_parquet
 from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
+from pipelines.sample_data import criteo_sample_csv
 from pipelines.schema import CRITEO, DatasetSchema
 from pipelines.synthetic import SyntheticConfig, default_dataset
 
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
 
-# <repo root>/../shared/data/criteo_sample.csv (this file is <repo root>/torchrec_tpu/train/data.py)
-SAMPLE_CSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "criteo_sample.csv"
 SAMPLE_ROWS_PER_FILE = 40  # the 200 sample rows become 5 files: 4 to train on, 1 held out
 
 
@@ -81,10 +80,8 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
         if config.data == "synthetic":
             source, table_sizes = _synthetic(config, env)
         elif config.data == "sample":
-            if not SAMPLE_CSV.is_file():
-                raise FileNotFoundError(f"--data=sample: the Criteo sample {SAMPLE_CSV} is missing")
             source = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="criteo-sample-")))
-            convert_to_parquet([SAMPLE_CSV], source, rows_per_file=SAMPLE_ROWS_PER_FILE,
+            convert_to_parquet([criteo_sample_csv()], source, rows_per_file=SAMPLE_ROWS_PER_FILE,
                                progress=False)
             table_sizes = uniform_sizes
         else:
@@ -102,10 +99,10 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
                 rank=env.rank, world_size=env.world_size, drop_last=lockstep,
             )
 
-        yield TrainData(
-            source=source,
-            schema=CRITEO,
-            table_sizes=table_sizes,
-            train=reader(train_files, config.batch_size),
-            held_out=reader(eval_files, config.eval_batch_size),
-        )
+        train, held_out = reader(train_files, config.batch_size), reader(eval_files, config.eval_batch_size)
+        for split, split_reader in (("training", train), ("held-out", held_out)):
+            if split_reader.num_rows == 0:
+                raise ConfigError(f"--data={str(source)!r}: the {split} files "
+                                  f"{[f.name for f in split_reader.files]} hold no rows")
+        yield TrainData(source=source, schema=CRITEO, table_sizes=table_sizes, train=train,
+                        held_out=held_out)

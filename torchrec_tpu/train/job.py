@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 import torch
 import torchrec
 
-from torchrec_tpu.train.checkpoint import (load_checkpoint, resolve_checkpoint, restore_rng,
-                                           save_checkpoint)
-from torchrec_tpu.train.config import TrainConfig
-from torchrec_tpu.train.data import open_data
+from torchrec_tpu.train.checkpoint import (CheckpointError, load_checkpoint, open_checkpoint,
+                                           restore_rng, save_checkpoint)
+from torchrec_tpu.train.config import ConfigError, TrainConfig
+from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.sharding import build_optimizer, shard_model
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -65,21 +70,26 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> 
 
 
 def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
-    log_dir = Path(_agreed(str(config.resolved_log_dir()), env))
+    log_dir = Path(_on_primary(lambda: str(config.resolved_log_dir()), env))  # timestamped default
     checkpoint_root = Path(config.checkpoint_dir) if config.checkpoint_dir else log_dir / "checkpoint"
+    for flag, path in (("--log-dir", log_dir), ("--checkpoint-dir", checkpoint_root)):
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{flag}={str(path)!r} is a file; give a directory (it is created if missing)")
     torch.manual_seed(config.seed)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
+        # checked before any model is built: a checkpoint this run cannot continue fails fast
+        point = _on_primary(lambda: _resume_point(config, env, data), env) if config.resume else None
         model, optimizer = _model_and_optimizer(config, spec, env, device)
         start_step, start = 0, LoopPosition()
-        if config.resume:
-            resume = Path(_agreed(str(resolve_checkpoint(Path(config.resume))), env))
-            meta = load_checkpoint(resume, model, optimizer)
-            restore_rng(resume, env.rank)
-            start_step = int(meta["step"])
-            start = LoopPosition(int(meta["epoch"]), int(meta["batches_consumed"]))
+        if point is not None:
+            load_checkpoint(point.directory, model, optimizer, verify=False)  # verified just now
+            restore_rng(point.directory, env.rank)
+            start_step, start = point.step, point.position
+            if env.is_primary:
+                print(point.describe(), flush=True)
         options = LoopOptions(
             epochs=config.epochs, max_steps=config.max_steps, log_every=config.log_every,
             eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
@@ -93,8 +103,8 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
             train = pipelined(train, model, env, device)
 
         def save(step: int, position: LoopPosition, **extra: object) -> Path:
-            info = {"step": step, "epoch": position.epoch, "batches_consumed": position.batch,
-                    "config": config.to_dict(), **extra,
+            info = {"step": step, **position_meta(position, env.world_size), "config": config.to_dict(),
+                    "table_sizes": list(data.table_sizes), "train_rows": data.train.num_rows, **extra,
                     "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
             return save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)
 
@@ -126,10 +136,27 @@ def _model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, dev
     return model, build_optimizer(model, config.dense_optimizer, config.dense_lr)
 
 
-def _agreed(value: str, env: DistEnv) -> str:
-    """The primary's ``value`` on every rank (a timestamped default log dir, or the checkpoint a
-    'latest' link points to, could differ across ranks)."""
-    chosen = [value]
+def _warn(message: str) -> None:
+    print(f"torchrec-tpu train: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _resume_point(config: TrainConfig, env: DistEnv, data: TrainData) -> ResumePoint:
+    directory, meta = open_checkpoint(Path(config.resume), _warn)
+    return resume_point(directory, meta, config, env.world_size, data.table_sizes, data.train.num_rows)
+
+
+def _on_primary(compute: Callable[[], T], env: DistEnv) -> T:
+    """``compute()`` run on the primary, its value (or its CheckpointError / FileNotFoundError,
+    raised again) on every rank, so all ranks agree and none waits for one that failed."""
+    outcome: list[Any] = [None]
+    if env.is_primary:
+        try:
+            outcome = [("ok", compute())]
+        except (CheckpointError, FileNotFoundError) as error:
+            outcome = [(type(error).__name__, str(error))]
     if env.world_size > 1:
-        torch.distributed.broadcast_object_list(chosen, src=0)
-    return chosen[0]
+        torch.distributed.broadcast_object_list(outcome, src=0)
+    kind, value = outcome[0]  # type: ignore[misc]
+    if kind == "ok":
+        return value
+    raise (FileNotFoundError if kind == "FileNotFoundError" else CheckpointError)(value)

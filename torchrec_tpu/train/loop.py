@@ -19,17 +19,18 @@ from torch.optim import Optimizer
 from torchrec.datasets.utils import Batch
 from tqdm import tqdm
 
-from pipelines.parquet_reader import batches_from
+from pipelines.parquet_reader import batches_from_row
 from torchrec_tpu.train.metrics import EvalResult, evaluate
 from torchrec_tpu.train.scalars import ScalarLog
 
 
 @dataclass(frozen=True)
 class LoopPosition:
-    """Where training stands in the data: the next batch is batch ``batch`` of epoch ``epoch``."""
+    """Where training stands in the data: this rank trained the first ``rows`` rows of its share
+    of epoch ``epoch``. In rows, not batches, so a resume may change the batch size."""
 
     epoch: int = 0
-    batch: int = 0
+    rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,14 +77,15 @@ def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch) -> torch.Te
 def _batches(train: Iterable[Batch], options: LoopOptions) -> Iterator[tuple[LoopPosition, Batch]]:
     """(position after the batch, batch) from ``options.start`` to the end of the last epoch.
 
-    Resuming mid-epoch seeks the stream to its batch when it can (``iter_from``), else reads and
-    drops the batches before it.
+    Resuming mid-epoch seeks the stream to its row when it can (``iter_from_row``), else reads
+    and drops the batches before it.
     """
     start = options.start
     for epoch in range(start.epoch, options.epochs):
-        first = start.batch if epoch == start.epoch else 0
-        for index, batch in enumerate(batches_from(train, first), first):
-            yield LoopPosition(epoch, index + 1), batch
+        rows = start.rows if epoch == start.epoch else 0
+        for batch in batches_from_row(train, rows):
+            rows += batch.labels.numel()
+            yield LoopPosition(epoch, rows), batch
 
 
 def _done(step: int, options: LoopOptions) -> bool:

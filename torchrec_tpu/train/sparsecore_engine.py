@@ -17,10 +17,12 @@ from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
 from sparsecore import SGD, Adagrad, OptimizerSpec, RowWiseAdagrad
+from sparsecore.stacking import BatchSizeError
 from sparsecore.torchrec_convert import specs_from_configs
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.dense_placement import DenseDDP, parallelize_dense, place_dense
+from torchrec_tpu.train.config import ConfigError
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.plan_loading import resolve_sharding
@@ -58,10 +60,14 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     tables_ebc = arch.embedding_bag_collection
     optimizer = sparse_optimizer_spec(sparse_optimizer, sparse_lr)
     tables, _ = specs_from_configs(tables_ebc.embedding_bag_configs(), local_batch, optimizer=optimizer)
-    arch.embedding_bag_collection = ShardedSparseCoreEBC.from_torchrec(
-        tables_ebc, local_batch, resolve_sharding(plan, tables, env.world_size, batch_size), optimizer,
-        seed=seed, average_over_ranks=True,
-    )
+    try:
+        arch.embedding_bag_collection = ShardedSparseCoreEBC.from_torchrec(
+            tables_ebc, local_batch, resolve_sharding(plan, tables, env.world_size, batch_size), optimizer,
+            seed=seed, average_over_ranks=True,
+        )
+    except BatchSizeError as err:
+        raise ConfigError(f"--batch-size={batch_size} ({local_batch} per rank on {env.world_size} rank(s)) "
+                          f"does not fit the sparsecore engine: {err}") from None
     place_dense(model, dense_device)
     ebc_params = [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)]
     return parallelize_dense(model, env, dense_device, dense_parallel, ebc_params)

@@ -1,4 +1,4 @@
-"""Per-chip facts of Cloud TPU generations (pure data; no JAX or torch needed).
+"""Per-chip facts of Cloud TPU generations (pure data; standard library only).
 
 Sources (checked 2026-12):
 

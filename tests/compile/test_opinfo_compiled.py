@@ -1,0 +1,98 @@
+"""Every OpInfo sample that eager tpu gets right, compiled with ``torch.compile(backend="tpu")``:
+forward and gradients vs CPU torch. Lowerings must agree with PyTorch's meta kernels (the shapes
+compiled graphs are traced with), or the program disagrees with its own graph.
+
+Default run: a representative subset of ops, two float32 samples each; the full sweep is slow.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+import torch_tpu
+import torch_tpu.compile as tc
+from tests.torch_tpu.test_opinfo import OPINFOS, _check_sample, _compare, _id, _to_tpu
+
+_STATIC = {op._schema.name.split("::")[1] for op in torch_tpu.lowered_ops()
+           if torch_tpu.get_lowering(op).static_shape}
+REPRESENTATIVE = {
+    "add", "mul", "div", "sum", "mean", "amax", "softmax", "log_softmax", "mm", "bmm", "addmm",
+    "nn.functional.linear", "nn.functional.relu", "sigmoid", "tanh", "cat", "index_select", "gather",
+    "nn.functional.embedding", "nn.functional.embedding_bag", "nn.functional.layer_norm", "where",
+    "clamp", "transpose", "reshape", "cumsum", "nn.functional.binary_cross_entropy_with_logits",
+}
+
+
+def _eager_passes(opinfo, sample, grad: bool) -> bool:
+    try:
+        _check_sample(opinfo, sample, torch.float32, grad)
+    except Exception:  # noqa: BLE001 - eager's own failures are test_opinfo's to report
+        return False
+    return True
+
+
+def _compiled_matches(opinfo, sample, grad: bool) -> None:
+    args, kwargs = (sample.input, *sample.args), sample.kwargs
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    slots = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+
+    def call(*tensors):
+        filled = list(leaves)
+        for i, t in zip(slots, tensors):
+            filled[i] = t
+        a, k = pytree.tree_unflatten(filled, spec)
+        return opinfo.op(*a, **k)
+
+    cpu_inputs = [leaves[i] for i in slots]
+    tpu_inputs = [_to_tpu(t) for t in cpu_inputs]
+    torch._dynamo.reset()
+    tc.reset_compile_stats()
+    compiled = torch.compile(call, backend="tpu", dynamic=False, fullgraph=True)
+    actual = compiled(*tpu_inputs)
+    expected = call(*cpu_inputs)
+    assert tc.compile_stats().graphs >= 1, f"{opinfo.name}: nothing was compiled"
+    _compare(actual, expected, torch.float32, f"{opinfo.name} compiled forward {sample}")
+    outs = [o for o in pytree.tree_leaves(expected) if isinstance(o, torch.Tensor) and o.requires_grad]
+    tpu_outs = [o for o in pytree.tree_leaves(actual) if isinstance(o, torch.Tensor) and o.requires_grad]
+    wrt = [(c, t) for c, t in zip(cpu_inputs, tpu_inputs) if c.requires_grad]
+    if not (grad and outs and wrt):
+        return
+    cotangents = [torch.randn_like(o) for o in outs]
+    expected_grads = torch.autograd.grad(outs, [c for c, _ in wrt], cotangents, allow_unused=True)
+    actual_grads = torch.autograd.grad(tpu_outs, [t for _, t in wrt], [c.to("tpu") for c in cotangents],
+                                       allow_unused=True)
+    for a, e in zip(actual_grads, expected_grads):
+        if e is not None:
+            _compare(a, e, torch.float32, f"{opinfo.name} compiled gradient {sample}")
+
+
+def _run(opinfo, max_samples):
+    if (opinfo.aten_name or opinfo.name).split(".")[-1] not in _STATIC and opinfo.name != "nn.functional.embedding_bag":
+        pytest.skip(f"{opinfo.name}: output shape depends on values (no static program)")
+    if torch.float32 not in opinfo.supported_dtypes("cpu"):
+        pytest.skip(f"{opinfo.name} does not support float32")
+    grad = opinfo.supports_autograd
+    torch.manual_seed(0)
+    samples = list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=grad))[:max_samples]
+    checked = 0
+    for sample in samples:
+        if not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves((sample.input, *sample.args))):
+            continue
+        if _eager_passes(opinfo, sample, grad):
+            _compiled_matches(opinfo, sample, grad)
+            checked += 1
+    if not checked:
+        pytest.skip(f"{opinfo.name}: no sample passes eagerly")
+
+
+@pytest.mark.parametrize("opinfo", [o for o in OPINFOS if _id(o) in REPRESENTATIVE], ids=_id)
+def test_opinfo_compiled_representative(opinfo):
+    _run(opinfo, max_samples=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("opinfo", OPINFOS, ids=_id)
+def test_opinfo_compiled_full_sweep(opinfo):
+    _run(opinfo, max_samples=None)

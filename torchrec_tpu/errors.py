@@ -1,0 +1,82 @@
+"""How the ``torchrec-tpu`` CLI reports a failure: one ``error:`` line on stderr, rc 1, and the full
+traceback in a log file (its path on the next line) instead of on the terminal.
+
+Errors raised inside Ray workers arrive wrapped in Ray's exception types, whose text embeds every
+worker traceback; the line shows the original exception's message instead. Exceptions outside the
+user-error families (bad values, files, YAML/JSON, collectives that failed) are labelled internal
+errors, still on one line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+MAX_MESSAGE_CHARS = 600
+LOG_DIR_ENV = "TORCHREC_TPU_ERROR_LOG_DIR"
+
+
+class CollectiveError(RuntimeError):
+    """A collective across ranks failed or timed out; the message names it and the ranks."""
+
+
+def _is_user_error(error: BaseException) -> bool:
+    if isinstance(error, (ValueError, OSError, LookupError, UnicodeError, CollectiveError)):
+        return True
+    module = type(error).__module__
+    return module.startswith("yaml") or module.startswith("torch.distributed")
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The exception a user raised, with Ray's task/actor wrappers taken off."""
+    seen: set[int] = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        if not type(error).__module__.startswith("ray"):
+            break
+        inner = getattr(error, "cause", None) or error.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        error = inner
+    return error
+
+
+def one_line(error: BaseException) -> str:
+    """The exception's message on one line (whitespace collapsed, at most MAX_MESSAGE_CHARS)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def _log_path(command: str) -> Path:
+    root = Path(os.environ.get(LOG_DIR_ENV) or Path(tempfile.gettempdir()) / "torchrec-tpu-logs")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    rank = os.environ.get("RANK")
+    return root / f"{command}-{stamp}-pid{os.getpid()}{f'-rank{rank}' if rank else ''}.log"
+
+
+def write_log(command: str, error: BaseException) -> Path | None:
+    """The traceback of ``error`` in a new log file; None when no log can be written."""
+    path = _log_path(command)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(traceback.format_exception(error)))
+    except OSError:
+        return None
+    return path
+
+
+def report_failure(command: str, error: BaseException) -> int:
+    """Print the one-line report of ``error`` (log path below it) and return the exit code, 1."""
+    cause = root_cause(error)
+    message = one_line(cause)
+    if not _is_user_error(cause):
+        message = f"internal error ({type(cause).__name__}): {message}"
+    log = write_log(command, error)
+    print(f"torchrec-tpu {command}: error: {message}", file=sys.stderr)
+    if log is not None:
+        print(f"  (full traceback in {log})", file=sys.stderr)
+    return 1

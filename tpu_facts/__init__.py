@@ -1,0 +1,24 @@
+"""Pure facts about Cloud TPU hardware and the SparseCore data layout.
+
+Standard library only: importing this package starts no device, imports neither torch nor JAX
+and changes no process-wide setting, so the planner (``torchrec-tpu plan``), the SparseCore
+engine and the ``tpu`` device all read the same figures without paying for each other.
+
+* ``tpu_facts.chips``: per-chip figures of each TPU generation (``ChipGeneration``).
+* ``tpu_facts.layout``: alignment, id limits, combiners, ``round_up``.
+"""
+
+from tpu_facts.chips import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
+from tpu_facts.layout import (
+    ALIGNMENT,
+    COMBINERS,
+    DEFAULT_MAX_IDS_PER_PARTITION,
+    MAX_VOCAB,
+    PADDING_ID,
+    round_up,
+)
+
+__all__ = [
+    "ALIGNMENT", "CHIP_GENERATIONS", "COMBINERS", "DEFAULT_MAX_IDS_PER_PARTITION", "GIB", "MAX_VOCAB",
+    "PADDING_ID", "ChipGeneration", "chip_generation", "round_up",
+]
