@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_tpu import dtype_views, dynamo_hooks
+from torch_tpu import backward_errors, dtype_views, dynamo_hooks
 from torch_tpu._jax import jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 
@@ -132,7 +132,13 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs or {})
+        try:
+            return _dispatch(func, args, kwargs or {})
+        except BaseException as error:
+            deferred = backward_errors.defer(func, error)
+            if deferred is None:
+                raise
+            return deferred
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         body = repr(self.detach().cpu())
@@ -149,6 +155,14 @@ class TpuTensor(torch.Tensor):
         torch.Tensor.data.__set__(self, new)
         if isinstance(new, TpuTensor):
             self._box, self._full, self._reinterpreted = new._box, new._full, new._reinterpreted
+
+    def register_hook(self, hook: Callable[..., Any]) -> Any:
+        """As ``torch.Tensor.register_hook``; an exception in the hook reaches ``backward()``
+        (see torch_tpu.backward_errors)."""
+        return super().register_hook(backward_errors.guard_hook(hook))
+
+    def register_post_accumulate_grad_hook(self, hook: Callable[..., Any]) -> Any:
+        return super().register_post_accumulate_grad_hook(backward_errors.guard_hook(hook))
 
     def untyped_storage(self) -> TpuUntypedStorage:  # type: ignore[override]
         return TpuUntypedStorage(self._box)
@@ -484,4 +498,5 @@ def from_cpu(t: torch.Tensor) -> TpuTensor:
 
 
 torch.serialization.add_safe_globals([_rebuild_tpu_tensor])
+backward_errors.install()
 dynamo_hooks.install(TpuTensor)
