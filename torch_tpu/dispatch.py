@@ -18,11 +18,11 @@ import torch
 from torch.utils import _pytree as pytree
 
 from torch_tpu import device as tpu_device
-from torch_tpu import fallback, modes, op_jit, random as tpu_random, tensor as tensor_mod
+from torch_tpu import fallback, metadata_ops, modes, op_jit, random as tpu_random, tensor as tensor_mod
 from torch_tpu._jax import jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 from torch_tpu.registry import Lowering, get_lowering
-from torch_tpu.tensor import StorageBox, TpuTensor, cpu_to_jax, from_jax, make_alias, to_cpu, to_jax, write
+from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, make_alias, meta_like, to_cpu, to_jax, write
 
 aten = torch.ops.aten
 Plan = Callable[[Any, tuple, dict], Any]
@@ -178,40 +178,12 @@ def _out_plan(lowering: Lowering, out_names: list[str], pass_dtype: bool) -> Pla
         out = _execute(func, lowering, args, rest)
         values = out if isinstance(out, (tuple, list)) else [out]
         for t, v in zip(targets, values):
-            if tuple(t.shape) != v.shape:
-                if t.numel() != 0:
-                    raise RuntimeError(
-                        f"{func}: out= tensor of shape {list(t.shape)} needs resizing to {list(v.shape)}; "
-                        "resizing non-empty tpu tensors in place is not supported"
-                    )
-                _resize_empty(t, v.shape)
+            if type(t) is TpuTensor:
+                metadata_ops.resize_output(t, v.shape)
             _store(t, v)
         return targets[0] if len(targets) == 1 else tuple(targets)
 
     return run
-
-
-_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-
-
-def _resize_empty(t: TpuTensor, shape: tuple[int, ...]) -> None:
-    """Give an empty tpu tensor (a factory's ``empty(0)`` before an out= kernel) a new shape.
-
-    Only tensors from the ``empty`` factory can grow: they carry a large fake (data-less) storage
-    so that torch's own metadata setter accepts the new sizes.
-    """
-    strides = tensor_mod._contiguous_strides(shape)
-    try:
-        aten.as_strided_.default.redispatch(_CPU_KEYS, t, shape, strides, 0)
-    except RuntimeError as e:
-        raise RuntimeError(f"cannot resize this tpu tensor from {list(t.shape)} to {list(shape)} in place") from e
-    t._box = StorageBox(jnp.zeros(shape, to_jax_dtype(t.dtype)))
-    t._full, t._reinterpreted = True, False
-
-
-def _meta_like(t: TpuTensor) -> torch.Tensor:
-    base = torch.empty((t._box.nbytes // t.element_size(),), dtype=t.dtype, device="meta")
-    return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def _view_plan(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -221,7 +193,7 @@ def _view_plan(func: Any, args: tuple, kwargs: dict) -> Any:
     box = source._box
 
     def to_meta(x: Any) -> Any:
-        return _meta_like(x) if isinstance(x, TpuTensor) else x
+        return meta_like(x) if isinstance(x, TpuTensor) else x
 
     meta_args, meta_kwargs = pytree.tree_map(to_meta, (args, kwargs))
     out = func(*meta_args, **meta_kwargs)
@@ -412,20 +384,6 @@ def _equal(func: Any, args: tuple, kwargs: dict) -> bool:
     return a.shape == b.shape and bool(jnp.array_equal(a, b))
 
 
-def _set_storage_view(func: Any, args: tuple, kwargs: dict) -> Any:
-    """``t.set_(other)``: make ``t`` view ``other``'s storage (``param.data = ...``)."""
-    t, source = args[0], args[1]
-    if not isinstance(source, TpuTensor):
-        return fallback.run_on_cpu(func, args, kwargs)
-    try:
-        aten.as_strided_.default.redispatch(_CPU_KEYS, t, source.shape, source.stride(), source.storage_offset())
-    except RuntimeError as e:
-        raise RuntimeError(f"set_: cannot re-point a tpu tensor of shape {list(t.shape)} at another storage") from e
-    t._box = source._box
-    t._full, t._reinterpreted = source._full, source._reinterpreted
-    return t
-
-
 _SPECIAL: dict[Any, Plan] = {
     aten.is_pinned.default: lambda func, args, kwargs: False,  # pinning is for host memory
     aten.copy_.default: _copy_,
@@ -436,7 +394,6 @@ _SPECIAL: dict[Any, Plan] = {
     aten.detach.default: _same_view_plan,
     aten.alias.default: _same_view_plan,
     aten.lift_fresh.default: _same_view_plan,
-    aten.set_.source_Tensor: _set_storage_view,
     aten.t.default: _fast_view(_layout_t),
     aten.transpose.int: _fast_view(_layout_transpose),
     aten.permute.default: _fast_view(_layout_permute),
@@ -445,6 +402,7 @@ _SPECIAL: dict[Any, Plan] = {
     aten.select.int: _fast_view(_layout_select),
     aten.slice.Tensor: _fast_view(_layout_slice),
     aten.expand.default: _fast_view(_layout_expand),
+    **metadata_ops.PLANS,
 }
 
 
@@ -502,6 +460,8 @@ def _make_plan(func: Any) -> Plan:
     write_args = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     if write_args:
         sibling = _functional_sibling(func)
+        if sibling is not None and _is_view(sibling._schema):
+            return metadata_ops.inplace_view_plan(sibling)
         lowering = get_lowering(sibling) if sibling is not None else None
         if lowering is None:
             return _fallback_plan

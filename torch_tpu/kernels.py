@@ -14,7 +14,7 @@ import torch
 from torch_tpu._jax import jnp
 from torch_tpu.dispatch import _copy_
 from torch_tpu.dtypes import to_jax_dtype
-from torch_tpu.tensor import DEVICE, StorageBox, TpuTensor, from_jax, make_alias
+from torch_tpu.tensor import StorageBox, from_jax, make_alias, resize
 
 _lib = torch.library.Library("aten", "IMPL")
 
@@ -26,22 +26,12 @@ def _check_device(device: torch.device | None) -> None:
         )
 
 
-# Empty tensors get a large data-less torch storage so that out= kernels may resize them.
-_GROWABLE_STORAGE_BYTES = 1 << 46
-
-
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     _check_device(device)
-    size = tuple(size)
-    dt = dtype or torch.get_default_dtype()
-    if math.prod(size):
-        return from_jax(jnp.zeros(size, to_jax_dtype(dt)))
-    t = torch.Tensor._make_wrapper_subclass(
-        TpuTensor, size, dtype=dt, device=DEVICE, storage_size=_GROWABLE_STORAGE_BYTES
-    )
-    t._box = StorageBox(jnp.zeros(size, to_jax_dtype(dt)))
-    t._full = True
-    return t
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+        return empty_strided(size, stride, dtype)
+    return from_jax(jnp.zeros(tuple(size), to_jax_dtype(dtype or torch.get_default_dtype())))
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
@@ -65,12 +55,7 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
 
 
 def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
-    if tuple(dst.shape) != tuple(src.shape):
-        if dst.numel() != 0:
-            raise RuntimeError(f"_copy_from_and_resize: cannot resize tpu tensor {list(dst.shape)} to {list(src.shape)}")
-        from torch_tpu.dispatch import _resize_empty
-
-        _resize_empty(dst, tuple(src.shape))
+    resize(dst, tuple(src.shape))
     return _copy_(None, (dst, src), {})
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_tpu import dtype_views, dynamo_hooks
+from torch_tpu import backward_errors, dtype_views, dynamo_hooks
 from torch_tpu._jax import jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 
@@ -132,7 +132,13 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs or {})
+        try:
+            return _dispatch(func, args, kwargs or {})
+        except BaseException as error:
+            deferred = backward_errors.defer(func, error)
+            if deferred is None:
+                raise
+            return deferred
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         body = repr(self.detach().cpu())
@@ -150,8 +156,30 @@ class TpuTensor(torch.Tensor):
         if isinstance(new, TpuTensor):
             self._box, self._full, self._reinterpreted = new._box, new._full, new._reinterpreted
 
+    def register_hook(self, hook: Callable[..., Any]) -> Any:
+        """As ``torch.Tensor.register_hook``; an exception in the hook reaches ``backward()``
+        (see torch_tpu.backward_errors)."""
+        return super().register_hook(backward_errors.guard_hook(hook))
+
+    def register_post_accumulate_grad_hook(self, hook: Callable[..., Any]) -> Any:
+        return super().register_post_accumulate_grad_hook(backward_errors.guard_hook(hook))
+
     def untyped_storage(self) -> TpuUntypedStorage:  # type: ignore[override]
         return TpuUntypedStorage(self._box)
+
+    def set_(self, source: Any = None, storage_offset: int = 0, size: Any = None, stride: Any = None) -> TpuTensor:  # type: ignore[override]
+        """``torch.Tensor.set_``, also from a tpu storage (``t.untyped_storage()``) and with a layout:
+        ``set_(tensor)`` then ``as_strided_`` (both dispatched, so autograd sees them)."""
+        if isinstance(source, TpuUntypedStorage):
+            n = source.nbytes() // self.element_size()
+            source = make_alias(source._box, (n,), (1,), 0, self.dtype)
+            size = (n,) if size is None else size
+        if source is None:
+            return torch.Tensor.set_(self)
+        torch.Tensor.set_(self, source)
+        if size is None:
+            return self
+        return self.as_strided_(size, stride or _contiguous_strides(size), storage_offset)
 
     def data_ptr(self) -> int:
         return self._box.ptr + self.storage_offset() * self.element_size()
@@ -207,10 +235,70 @@ def make_alias(box: StorageBox, size, stride, offset: int, dtype: torch.dtype) -
         TpuTensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE
     )
     t._box = box
-    t._reinterpreted = box.array.dtype != to_jax_dtype(dtype)
-    t._full = (not t._reinterpreted and offset == 0 and math.prod(size) == box.array.size
-               and tuple(stride) == _contiguous_strides(size))
+    _set_flags(t, tuple(size), tuple(stride), offset)
     return t
+
+
+def _set_flags(t: TpuTensor, size: tuple[int, ...], stride: tuple[int, ...], offset: int) -> None:
+    t._reinterpreted = t._box.array.dtype != to_jax_dtype(t.dtype)
+    t._full = (not t._reinterpreted and offset == 0 and math.prod(size) == t._box.array.size
+               and stride == _contiguous_strides(size))
+
+
+# --- metadata changes in place (squeeze_, t_, as_strided_, resize_, set_ ...) ---------------------
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+
+
+def meta_like(t: TpuTensor) -> torch.Tensor:
+    """A meta tensor with ``t``'s layout over a meta storage as large as ``t``'s box."""
+    base = torch.empty((t._box.nbytes // t.element_size(),), dtype=t.dtype, device="meta")
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def set_layout(t: TpuTensor, size, stride, offset: int, box: StorageBox | None = None) -> None:
+    """Re-point ``t`` (in place, same Python object) at ``box`` (default: its own) with a new layout.
+
+    torch's own metadata of the wrapper (sizes, strides, offset; what ``t.shape`` reports) changes
+    through the CPU kernel of ``set_``, over a data-less storage at least as large as the layout.
+    """
+    box = t._box if box is None else box
+    size, stride = tuple(size), tuple(stride)
+    _check_bounds(size, stride, offset, box.nbytes // t.element_size())
+    storage = torch.Tensor.untyped_storage(t)
+    needed = _extent(size, stride, offset) * t.element_size()
+    if needed > storage.nbytes():
+        holder = torch.Tensor._make_wrapper_subclass(TpuTensor, (needed,), dtype=torch.uint8, device=DEVICE)
+        storage = torch.Tensor.untyped_storage(holder)
+    _set_storage.redispatch(_CPU_KEYS, t, storage, offset, size, stride)
+    t._box = box
+    _set_flags(t, size, stride, offset)
+
+
+def resize(t: TpuTensor, size, memory_format: torch.memory_format | None = None) -> None:
+    """``t.resize_(size)``: same offset, contiguous (or ``memory_format``) strides; the storage grows
+    (zero-filled) when the new layout needs more elements than it has."""
+    size = tuple(size)
+    if memory_format is None and size == tuple(t.shape):
+        return
+    stride = torch.empty(size, device="meta", memory_format=memory_format or torch.contiguous_format).stride()
+    offset = t.storage_offset()
+    box = t._box
+    needed = _extent(size, stride, offset) * t.element_size()
+    if needed > box.nbytes:
+        old = box.array.reshape(-1)
+        grow = -(-(needed - box.nbytes) // old.dtype.itemsize)
+        box.array = jnp.concatenate([old, jnp.zeros((grow,), old.dtype)])
+        box._ptr = 0  # reallocated storage: a new address, as on CPU
+    set_layout(t, size, stride, offset)
+
+
+def _extent(size, stride, offset: int) -> int:
+    """Elements a layout needs its storage to have (0 for an empty layout)."""
+    if not math.prod(size):
+        return 0
+    return offset + 1 + sum((n - 1) * st for n, st in zip(size, stride))
 
 
 def from_jax(array: jax.Array) -> TpuTensor:
@@ -231,7 +319,11 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     if t._full:
         a = box.array
         shape = t.shape
-        return a if a.shape == shape else _reshaper(tuple(shape))(_concrete(a))
+        if a.shape == shape:
+            return a
+        if a.size == math.prod(shape):
+            return _reshaper(tuple(shape))(_concrete(a))
+        t._full = False  # another tensor resized the shared storage
     array = _concrete(box.array)
     if t._reinterpreted:
         array = dtype_views.reinterpret(array, to_jax_dtype(t.dtype))
@@ -242,8 +334,10 @@ def write(t: TpuTensor, value: jax.Array) -> None:
     """Store ``value`` (same shape and dtype as ``t``) into the elements ``t`` views."""
     box = t._box
     if t._full:
-        box.array = value  # any shape with the storage's numel; keeps this tensor's reads free
-        return
+        if value.size == box.array.size:
+            box.array = value  # any shape with the storage's numel; keeps this tensor's reads free
+            return
+        t._full = False  # another tensor resized the shared storage
     if t._reinterpreted:
         old = _concrete(box.array)
         flat = dtype_views.reinterpret(old, value.dtype)
@@ -388,16 +482,14 @@ def to_cpu(t: TpuTensor) -> torch.Tensor:
 
 
 def cpu_to_jax(t: torch.Tensor) -> jax.Array:
-    """A JAX array holding a copy of a CPU tensor's value."""
-    t = t.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        return jnp.array(t.view(torch.uint16).numpy().view(to_jax_dtype(torch.bfloat16)))
-    return jnp.array(t.numpy())
+    """A JAX array holding a copy of a CPU tensor's value.
+
+    Read through DLPack, then copied: ``t.numpy()`` would mark the caller's storage non-resizable
+    (a later ``resize_`` / out= on it would fail), and the zero-copy DLPack array would change
+    with ``t``.
+    """
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    return jnp.array(jax.dlpack.from_dlpack(t), copy=True)
 
 
 def from_cpu(t: torch.Tensor) -> TpuTensor:
@@ -406,4 +498,5 @@ def from_cpu(t: torch.Tensor) -> TpuTensor:
 
 
 torch.serialization.add_safe_globals([_rebuild_tpu_tensor])
+backward_errors.install()
 dynamo_hooks.install(TpuTensor)

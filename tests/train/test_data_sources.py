@@ -61,7 +61,7 @@ def test_resume_from_a_non_checkpoint_is_reported(
     argv = ["train", "--data", "sample", "--resume", str(tmp_path), "--log-dir",
             str(tmp_path / "l"), "--no-progress"]
     assert cli.main(argv) == 2
-    assert f"{tmp_path} is not a checkpoint: expected meta.json inside, or a 'latest' link" in (
+    assert f"{tmp_path} is not a checkpoint: expected manifest.json and meta.json inside, or a 'latest' link" in (
         capsys.readouterr().err)
 
 
