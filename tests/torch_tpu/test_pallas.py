@@ -21,6 +21,7 @@ TOL = dict(atol=2e-5, rtol=1e-5)
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # graph breaks counted by earlier tests in this process
     tc.reset_compile_stats()
     yield
     torch._dynamo.reset()
