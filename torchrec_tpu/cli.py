@@ -13,6 +13,8 @@ import os
 import sys
 from typing import Sequence
 
+from torchrec_tpu import __version__
+
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("torchrec_tpu.train.cli", "train DLRM end to end (default: embedded synthetic data)"),
@@ -29,6 +31,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
         prog="torchrec-tpu",
         description="Recommendation models on Cloud TPU: train, plan, infer, profile.",
     )
+    parser.add_argument("--version", action="version", version=f"torchrec-tpu {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
