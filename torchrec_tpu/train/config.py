@@ -80,7 +80,8 @@ class TrainConfig:
         ),
     )
     cache_dir: str | None = field(
-        default=None, metadata=_flag("where synthetic data is generated (default: pipelines')")
+        default=None, metadata=_flag("where synthetic data is generated (default: $TORCHREC_TPU_CACHE, else "
+                                  "~/.cache/torchrec_tpu)")
     )
     eval_files: int = field(
         default=1, metadata=_flag("held-out evaluation split: the last N Parquet files")
@@ -144,7 +145,8 @@ class TrainConfig:
         default=None,
         metadata=_flag("checkpoint to resume from (a checkpoint root: its latest intact one): model, "
                        "optimizer state, RNG, step and data position (in rows: --batch-size may "
-                       "change); tables, dims, optimizers, data and world size must match it"),
+                       "change); tables, dims, optimizers, data and world size must match it "
+                       "(default: start from scratch)"),
     )
     log_every: int = field(default=20, metadata=_flag("log training scalars every N steps"))
     eval_every: int = field(
@@ -239,12 +241,14 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig 
     ``defaults`` (TrainConfig's own if None) is what the help text quotes."""
     parser.add_argument(
         "--config", metavar="FILE.yaml", default=None,
-        help="YAML file whose keys mirror these flags; explicit flags override it",
+        help="YAML file whose keys mirror these flags; explicit flags override it (default: none)",
     )
     defaults = defaults or TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         default = getattr(defaults, f.name)
-        help_text = f"{f.metadata['help']} (default: {default})"
+        help_text = f.metadata["help"]
+        if "(default:" not in help_text:  # fields whose default is None say what None means
+            help_text = f"{help_text} (default: {default})"
         if f.type == "bool":
             parser.add_argument(
                 _as_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
