@@ -119,6 +119,16 @@ class TrainConfig:
         default="adagrad", metadata=_flag("optimizer of the MLPs", choices=DENSE_OPTIMIZERS)
     )
     dense_lr: float = field(default=0.05, metadata=_flag("dense learning rate"))
+    lr_warmup_steps: int = field(
+        default=0, metadata=_flag("linear learning-rate warm-up over the first N steps (both "
+                                  "optimizers, as TorchRec dlrm_main / MLPerf DLRM; 0: none)")
+    )
+    lr_decay_start: int = field(
+        default=0, metadata=_flag("step where the quadratic learning-rate decay starts")
+    )
+    lr_decay_steps: int = field(
+        default=0, metadata=_flag("steps of the quadratic decay to 1e-7 (0: no decay)")
+    )
     seed: int = field(default=0, metadata=_flag("random seed (model init)"))
     num_threads: int = field(
         default=1,
@@ -168,7 +178,8 @@ class TrainConfig:
                      "eval_files", "log_every", "dcn_num_layers", "dcn_low_rank_dim",
                      "keep_checkpoints"):
             _require(name, getattr(self, name), lambda v: v >= 1, "must be >= 1")
-        for name in ("max_steps", "eval_every", "checkpoint_every", "num_threads"):
+        for name in ("max_steps", "eval_every", "checkpoint_every", "num_threads", "lr_warmup_steps",
+                     "lr_decay_start", "lr_decay_steps"):
             _require(name, getattr(self, name), lambda v: v >= 0, "must be >= 0")
         for name in ("sparse_lr", "dense_lr", "collective_timeout"):
             _require(name, getattr(self, name), lambda v: v > 0, "must be > 0")
@@ -193,6 +204,12 @@ class TrainConfig:
         if self.plan is not None and self.engine != "sparsecore":
             raise ConfigError(f"--plan={self.plan!r} needs --engine sparsecore (the torchrec engine "
                               "plans with TorchRec's own planner)")
+        if self.lr_decay_steps and self.lr_decay_start < self.lr_warmup_steps:
+            raise ConfigError(f"--lr-decay-start={self.lr_decay_start} must be >= --lr-warmup-steps="
+                              f"{self.lr_warmup_steps} (the warm-up ends before the decay starts)")
+        if (self.lr_warmup_steps or self.lr_decay_steps) and self.engine != "torchrec":
+            raise ConfigError("--lr-warmup-steps/--lr-decay-steps need --engine torchrec: the sparsecore "
+                              "engine's fused embedding optimizer has a fixed learning rate")
 
     @property
     def dense_layers(self) -> list[int]:
