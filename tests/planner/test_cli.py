@@ -110,6 +110,6 @@ def test_multislice_and_topology_file(tmp_path, capsys):
     assert main(["--tables", str(DLRM_TABLES), "--topology", str(topo), "--slices", "4", "--batch-size", "16384",
                  "--max-ids-per-partition", "4096", "--out", str(out)]) == 0
     plan = load_plan(out)
-    assert len(plan.devices) == 16 and plan.topology["num_slices"] == 4
+    assert len(plan.devices) == 16 and plan.topology.num_slices == 4
     assert plan.usable_hbm_bytes_per_device == int(95 * 2**30 * 0.5)
     assert "v5p-8 x4 slices" in capsys.readouterr().out

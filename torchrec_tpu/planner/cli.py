@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         if args.html:
             html = _suffixed(args.html, name) if compare else args.html
             html.parent.mkdir(parents=True, exist_ok=True)
-            html.write_text(render_html(result, f"torchrec-tpu plan: {len(tables)} tables on {result.topology['name']}"))
+            html.write_text(render_html(result, f"torchrec-tpu plan: {len(tables)} tables on {result.topology.name}"))
             print(f"wrote report {html}")
     if compare:
         print(format_comparison(results))

@@ -32,8 +32,8 @@ def summary_lines(plan: Plan) -> list[str]:
     topo = plan.topology
     kinds = Counter(t.sharding_type for t in plan.tables)
     return [
-        f"topology   {topo['name']} ({topo['shape']}, {len(plan.devices)} devices, "
-        f"{topo['chip']['sparsecores_per_chip']} SparseCores/chip)",
+        f"topology   {topo.name} ({topo.shape_str}, {len(plan.devices)} devices, "
+        f"{topo.chip.sparsecores_per_chip} SparseCores/chip)",
         f"batch      {plan.batch_size:,} global; max_ids_per_partition {plan.max_ids_per_partition}",
         f"tables     {len(plan.tables)}: " + ", ".join(f"{kinds[k]} {k}" for k in KINDS if kinds[k]),
         f"stacks     {len(plan.stacks)} stacked tables",
