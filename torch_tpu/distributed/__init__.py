@@ -29,7 +29,7 @@ before copying it to the device. ``torch.tpu.topology_aware_mesh`` aliases
 
 from torch_tpu.distributed.backend import register_backend
 from torch_tpu.distributed.local_launch import launch_local
-from torch_tpu.distributed.mesh import MeshLayout, SliceTopology, topology_aware_mesh
+from torch_tpu.distributed.mesh import MeshLayout, topology_aware_mesh
 from torch_tpu.distributed.process_group import BACKEND_NAME, ProcessGroupTPU
 from torch_tpu.distributed.transport import GlooTransport, Transport
 from torch_tpu.distributed.worker import CollectiveError
@@ -42,7 +42,6 @@ __all__ = [
     "GlooTransport",
     "MeshLayout",
     "ProcessGroupTPU",
-    "SliceTopology",
     "Transport",
     "launch_local",
     "register_backend",

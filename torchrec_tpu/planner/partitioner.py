@@ -332,7 +332,7 @@ class Partitioner:
                                       tuple(placed_names[dev])))
         stack_plans = tuple(StackPlan(_stack_name(key, dev), dev, tuple(names))
                             for (key, dev), names in sorted(stacks.items(), key=lambda kv: (_stack_name(*kv[0]))))
-        return Plan(topo.to_dict(), self.builder.batch_size, self.builder.max_ids_per_partition,
+        return Plan(topo, self.builder.batch_size, self.builder.max_ids_per_partition,
                     int(self.usable), tuple(table_plans), tuple(devices), stack_plans, bound + latency,
                     self._limit_warnings(tables))
 

@@ -13,7 +13,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tpu_facts import Slice
+
 from torchrec_tpu.structured_files import read_structured
+from torchrec_tpu.topology import CostConstants, TPUTopology
 
 PLAN_FORMAT = "torchrec_tpu.plan/v1"
 
@@ -79,7 +82,7 @@ class StackPlan:
 
 @dataclass(frozen=True)
 class Plan:
-    topology: dict[str, Any]
+    topology: TPUTopology
     batch_size: int
     max_ids_per_partition: int
     usable_hbm_bytes_per_device: int
@@ -111,6 +114,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["topology"] = self.topology.to_dict()
         data["format"] = PLAN_FORMAT
         data["summary"] = {"step_time_s": self.step_time_s, "lower_bound_s": self.lower_bound_s,
                            "quality": self.quality, "max_memory_bytes": self.max_memory_bytes}
@@ -133,11 +137,18 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         )
         devices = tuple(DevicePlan(**{**d, "placed_tables": tuple(d["placed_tables"])}) for d in data["devices"])
         stacks = tuple(StackPlan(s["name"], s["device"], tuple(s["tables"])) for s in data["stacks"])
-        return Plan(data["topology"], data["batch_size"], data["max_ids_per_partition"],
+        return Plan(_topology_from_dict(data["topology"]), data["batch_size"], data["max_ids_per_partition"],
                     data["usable_hbm_bytes_per_device"], tables, devices, stacks, data["lower_bound_s"],
                     tuple(data["warnings"]))
     except (KeyError, TypeError) as err:
         raise ValueError(f"malformed plan: {err}") from None
+
+
+def _topology_from_dict(data: Any) -> TPUTopology:
+    if not isinstance(data, dict):
+        raise TypeError(f"topology must be an object, got {type(data).__name__}")
+    base = Slice.from_dict(data)
+    return TPUTopology(base.chip, base.shape, base.num_slices, CostConstants(**data.get("costs", {})))
 
 
 def load_plan(path: str | Path) -> Plan:

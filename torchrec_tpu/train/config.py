@@ -81,7 +81,8 @@ class TrainConfig:
         ),
     )
     cache_dir: str | None = field(
-        default=None, metadata=_flag("where synthetic data is generated (default: pipelines')")
+        default=None, metadata=_flag("where synthetic data is generated (default: $TORCHREC_TPU_CACHE, else "
+                                  "~/.cache/torchrec_tpu)")
     )
     bad_values: str = field(
         default="error",
@@ -128,6 +129,16 @@ class TrainConfig:
         default="adagrad", metadata=_flag("optimizer of the MLPs", choices=DENSE_OPTIMIZERS)
     )
     dense_lr: float = field(default=0.05, metadata=_flag("dense learning rate"))
+    lr_warmup_steps: int = field(
+        default=0, metadata=_flag("linear learning-rate warm-up over the first N steps (both "
+                                  "optimizers, as TorchRec dlrm_main / MLPerf DLRM; 0: none)")
+    )
+    lr_decay_start: int = field(
+        default=0, metadata=_flag("step where the quadratic learning-rate decay starts")
+    )
+    lr_decay_steps: int = field(
+        default=0, metadata=_flag("steps of the quadratic decay to 1e-7 (0: no decay)")
+    )
     seed: int = field(default=0, metadata=_flag("random seed (model init)"))
     num_threads: int = field(
         default=1,
@@ -154,7 +165,8 @@ class TrainConfig:
         default=None,
         metadata=_flag("checkpoint to resume from (a checkpoint root: its latest intact one): model, "
                        "optimizer state, RNG, step and data position (in rows: --batch-size may "
-                       "change); tables, dims, optimizers, data and world size must match it"),
+                       "change); tables, dims, optimizers, data and world size must match it "
+                       "(default: start from scratch)"),
     )
     log_every: int = field(default=20, metadata=_flag("log training scalars every N steps"))
     eval_every: int = field(
@@ -176,7 +188,8 @@ class TrainConfig:
                      "eval_files", "log_every", "dcn_num_layers", "dcn_low_rank_dim",
                      "keep_checkpoints"):
             _require(name, getattr(self, name), lambda v: v >= 1, "must be >= 1")
-        for name in ("max_steps", "eval_every", "checkpoint_every", "num_threads"):
+        for name in ("max_steps", "eval_every", "checkpoint_every", "num_threads", "lr_warmup_steps",
+                     "lr_decay_start", "lr_decay_steps"):
             _require(name, getattr(self, name), lambda v: v >= 0, "must be >= 0")
         for name in ("sparse_lr", "dense_lr", "collective_timeout"):
             _require(name, getattr(self, name), lambda v: v > 0, "must be > 0")
@@ -201,6 +214,12 @@ class TrainConfig:
         if self.plan is not None and self.engine != "sparsecore":
             raise ConfigError(f"--plan={self.plan!r} needs --engine sparsecore (the torchrec engine "
                               "plans with TorchRec's own planner)")
+        if self.lr_decay_steps and self.lr_decay_start < self.lr_warmup_steps:
+            raise ConfigError(f"--lr-decay-start={self.lr_decay_start} must be >= --lr-warmup-steps="
+                              f"{self.lr_warmup_steps} (the warm-up ends before the decay starts)")
+        if (self.lr_warmup_steps or self.lr_decay_steps) and self.engine != "torchrec":
+            raise ConfigError("--lr-warmup-steps/--lr-decay-steps need --engine torchrec: the sparsecore "
+                              "engine's fused embedding optimizer has a fixed learning rate")
 
     @property
     def dense_layers(self) -> list[int]:
@@ -249,12 +268,14 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig 
     ``defaults`` (TrainConfig's own if None) is what the help text quotes."""
     parser.add_argument(
         "--config", metavar="FILE.yaml", default=None,
-        help="YAML file whose keys mirror these flags; explicit flags override it",
+        help="YAML file whose keys mirror these flags; explicit flags override it (default: none)",
     )
     defaults = defaults or TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         default = getattr(defaults, f.name)
-        help_text = f"{f.metadata['help']} (default: {default})"
+        help_text = f.metadata["help"]
+        if "(default:" not in help_text:  # fields whose default is None say what None means
+            help_text = f"{help_text} (default: {default})"
         if f.type == "bool":
             parser.add_argument(
                 _as_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,

@@ -17,6 +17,7 @@ from torchrec_tpu.train.checkpoint import (CheckpointError, load_checkpoint, ope
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
+from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
@@ -24,6 +25,7 @@ from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.sharding import build_optimizer, shard_model
 
 T = TypeVar("T")
+HPARAM_METRICS = ("eval/auc", "eval/loss", "train/loss")  # scalars the HParams tab shows per run
 
 
 @dataclass(frozen=True)
@@ -81,10 +83,11 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
+        log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.resume else None
-        model, optimizer = _model_and_optimizer(config, spec, env, device)
+        model, optimizer = model_and_optimizer(config, spec, env, device)
         start_step, start = 0, LoopPosition()
         if point is not None:
             load_checkpoint(point.directory, model, optimizer, verify=False)  # verified just now
@@ -111,7 +114,7 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
             return save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)
 
         result = run_training(model, optimizer, train, data.held_out, device, log, options,
-                              checkpoint=save)
+                              checkpoint=save, learning_rates=learning_rates(config, model, optimizer).at)
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
             metrics={"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,
@@ -134,7 +137,8 @@ def _all_ranks_bad_values(data: TrainData, env: DistEnv) -> BadValueCounts:
     return sum(gathered[1:], gathered[0])
 
 
-def _model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, device: torch.device):
+def model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, device: torch.device):
+    """The sharded model of ``config.engine`` and its dense optimizer, as ``train`` builds them."""
     if config.engine == "sparsecore":
         from torchrec_tpu.train.dense_placement import dense_device
         from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
@@ -146,6 +150,18 @@ def _model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, dev
     model = shard_model(build_dlrm(spec, dense_device=device), env, device,
                         config.sparse_optimizer, config.sparse_lr, config.batch_size)
     return model, build_optimizer(model, config.dense_optimizer, config.dense_lr)
+
+
+def learning_rates(config: TrainConfig, model: torch.nn.Module, optimizer: Any) -> LearningRates:
+    """The per-step rates of ``config``'s schedule over the dense optimizer's groups and, on the
+    torchrec engine, the fused embedding optimizer's (pushed to FBGEMM before each backward)."""
+    policy = LRPolicy(config.lr_warmup_steps, config.lr_decay_start, config.lr_decay_steps)
+    if config.engine == "torchrec":
+        fused = model.fused_optimizer
+        sparse = list(fused.param_groups)
+        dense = [g for g in optimizer.param_groups if all(g is not s for s in sparse)]
+        return LearningRates(policy, dense, config.dense_lr, sparse, config.sparse_lr, fused.step)
+    return LearningRates(policy, list(optimizer.param_groups), config.dense_lr, None, config.sparse_lr)
 
 
 def _warn(message: str) -> None:

@@ -62,6 +62,7 @@ class TrainResult:
 
 StepFn = Callable[[nn.Module, Optimizer, Batch], torch.Tensor]
 CheckpointFn = Callable[[int, LoopPosition], object]  # (global step, position after it)
+LearningRatesFn = Callable[[int], dict[str, float]]  # 1-based step -> scalars (rates applied)
 
 
 def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch) -> torch.Tensor:
@@ -117,11 +118,13 @@ def run_training(
     options: LoopOptions,
     step_fn: StepFn = train_step,
     checkpoint: CheckpointFn | None = None,
+    learning_rates: LearningRatesFn | None = None,
 ) -> TrainResult:
     """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out``; return a summary.
 
     ``checkpoint`` is called every ``options.checkpoint_every`` steps except the last (whose
-    state the caller has when this returns).
+    state the caller has when this returns). ``learning_rates(s)`` sets the rates of step ``s``
+    (1-based) before it runs and returns them as scalars, logged at that step.
     """
     model.train()
     step, samples = options.start_step, 0
@@ -140,10 +143,13 @@ def run_training(
         batches = () if _done(step, options) else _batches(train, options)
         for position, batch in batches:
             epoch = position.epoch
+            rates = learning_rates(step + 1) if learning_rates else None
             loss = step_fn(model, optimizer, batch.to(device)).item()
             if loss != loss:  # NaN: stop before the weights are all NaN too
                 raise FloatingPointError(f"training loss is NaN at step {step} (epoch {epoch})")
             step += 1
+            if rates:
+                log.log(step, rates)
             batch_samples = batch.labels.numel() * options.world_size
             samples += batch_samples
             window_samples += batch_samples

@@ -60,9 +60,10 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     tables_ebc = arch.embedding_bag_collection
     optimizer = sparse_optimizer_spec(sparse_optimizer, sparse_lr)
     tables, _ = specs_from_configs(tables_ebc.embedding_bag_configs(), local_batch, optimizer=optimizer)
+    placement = resolve_sharding(plan, tables, env.world_size, batch_size)
     try:
         arch.embedding_bag_collection = ShardedSparseCoreEBC.from_torchrec(
-            tables_ebc, local_batch, resolve_sharding(plan, tables, env.world_size, batch_size), optimizer,
+            tables_ebc, local_batch, placement.sharding, optimizer, topology=placement.rank_topology,
             seed=seed, average_over_ranks=True,
         )
     except BatchSizeError as err:
