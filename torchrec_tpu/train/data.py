@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch.distributed as dist
+from pipelines.bad_values import BadValueCounts
 from pipelines.convert import convert_to_parquet
 from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
 from pipelines.sample_data import criteo_sample_csv
@@ -45,6 +46,10 @@ class TrainData:
         if self.rows_dropped:
             text += f" ({self.rows_dropped} rows left out on this rank to keep ranks in lock-step)"
         return text
+
+    def bad_values(self) -> BadValueCounts:
+        """Rows this rank's readers skipped or clamped so far (``--bad-values``), both splits."""
+        return self.train.bad_value_log.counts() + self.held_out.bad_value_log.counts()
 
     @property
     def rows_dropped(self) -> int:
@@ -97,6 +102,7 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
             return ParquetBatchReader(
                 files, max(1, batch_size // env.world_size), table_sizes, CRITEO,
                 rank=env.rank, world_size=env.world_size, drop_last=lockstep,
+                bad_values=config.bad_values,
             )
 
         train, held_out = reader(train_files, config.batch_size), reader(eval_files, config.eval_batch_size)

@@ -10,6 +10,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 import torchrec
+from pipelines.bad_values import BadValueCounts
 
 from torchrec_tpu.train.checkpoint import (CheckpointError, load_checkpoint, open_checkpoint,
                                            restore_rng, save_checkpoint)
@@ -35,10 +36,11 @@ class JobSummary:
     checkpoint_dir: Path  # the final checkpoint: a version directory under the checkpoint root
     world_size: int
     primary: bool  # whether this process is rank 0
+    bad_values: tuple[str, ...] = ()  # the report of --bad-values skip/clamp, all ranks
 
     def format(self) -> str:
         r = self.result
-        return "\n".join([
+        return "\n".join([*self.bad_values,
             "training finished",
             f"  data            {self.data}",
             f"  steps           {r.steps} ({r.samples:,} samples this run, {self.world_size} rank(s))",
@@ -121,8 +123,18 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
         if env.is_primary:
             (log_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
         return JobSummary(
-            result, data.describe(), log_dir, checkpoint_dir, env.world_size, env.is_primary
+            result, data.describe(), log_dir, checkpoint_dir, env.world_size, env.is_primary,
+            tuple(_all_ranks_bad_values(data, env).lines()),
         )
+
+
+def _all_ranks_bad_values(data: TrainData, env: DistEnv) -> BadValueCounts:
+    counts = data.bad_values()
+    if env.world_size == 1:
+        return counts
+    gathered: list[Any] = [None] * env.world_size
+    torch.distributed.all_gather_object(gathered, counts)
+    return sum(gathered[1:], gathered[0])
 
 
 def model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, device: torch.device):
