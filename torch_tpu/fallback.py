@@ -101,7 +101,7 @@ def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
             value = to_jax(x)
             c = array_to_cpu(value)
             originals[id(c)] = x
-            copies.append(_HostCopy(c, x, value, c._version))
+            copies.append(_HostCopy(c, x, value, _version(c)))
             return c
         return x
 
@@ -138,17 +138,22 @@ class _HostCopy:
     cpu: torch.Tensor
     target: TpuTensor
     before: jax.Array
-    version: int
+    version: int | None
 
     def changed(self) -> bool:
         """Whether the op wrote into the copy: its version counter moved (an annotated in-place
         kernel) or its bytes differ (kernels that write inputs without telling autograd, such as
         ``native_batch_norm`` updating ``running_mean``/``running_var``)."""
         cpu = self.cpu
-        if cpu._version != self.version or tuple(cpu.shape) != self.before.shape or not cpu.is_contiguous():
+        if _version(cpu) != self.version or tuple(cpu.shape) != self.before.shape or not cpu.is_contiguous():
             return True
         after = cpu.reshape(-1).view(torch.uint8).numpy()
         return not np.array_equal(np.asarray(self.before).reshape(-1).view(np.uint8), after)
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's version counter; None for inference tensors (they have none)."""
+    return None if t.is_inference() else t._version
 
 
 def _mutated_args(func: Any, args: tuple, kwargs: dict) -> list[Any]:

@@ -93,3 +93,15 @@ def test_fused_moving_avg_observer_state_written_back():
         torch.testing.assert_close(t.cpu(), c)
     assert float(state[0]) != float("inf")  # the op did update the state
 
+
+
+def test_under_inference_mode():
+    """CPU copies made under inference_mode have no version counter: their bytes are compared."""
+    x, y = torch.randn(5), torch.randn(5)
+    t_x, t_y = _tpu(x, y)
+    with torch.inference_mode():
+        out = torch.ops.tpu_fallback_test.scale_quietly(t_x, t_y, 2.0)
+        expected = torch.ops.tpu_fallback_test.scale_quietly(x, y, 2.0)
+    # (aten.to of an inference tensor reaches the device undecomposed: read it with _to_copy)
+    torch.testing.assert_close(aten._to_copy(out, device="cpu"), expected)
+    torch.testing.assert_close(t_x.cpu(), x)
