@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-PREFIX = "torchrec-tpu-ray-"
+PREFIX = "trt-ray-"  # short: Ray's socket paths under it must stay within 107 bytes
 _GRACE_S = 3.0
 
 

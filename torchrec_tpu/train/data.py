@@ -4,6 +4,8 @@ Sources: ``synthetic`` (``pipelines.synthetic.default_dataset``, generated into 
 first use), ``sample`` (the real 200-row Criteo sample, converted to Parquet in a temporary
 directory for the run), or a directory of Parquet files in the ``pipelines.schema`` layout.
 The held-out split is the last ``eval_files`` files (by name), so train and eval never share a row.
+With several ranks (lock-step, full batches only) an evaluation batch larger than a rank's share
+of the held-out rows shrinks to that share, so a small held-out split is never empty.
 """
 
 from __future__ import annotations
@@ -106,6 +108,9 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
             )
 
         train, held_out = reader(train_files, config.batch_size), reader(eval_files, config.eval_batch_size)
+        if lockstep and len(held_out) == 0 and held_out.num_rows >= env.world_size:
+            # fewer held-out rows per rank than one evaluation batch: evaluate them in one batch
+            held_out = reader(eval_files, held_out.num_rows // env.world_size * env.world_size)
         for split, split_reader in (("training", train), ("held-out", held_out)):
             if split_reader.num_rows == 0:
                 raise ConfigError(f"--data={str(source)!r}: the {split} files "

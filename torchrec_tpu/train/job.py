@@ -20,6 +20,7 @@ from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.rank_agreement import AgreedBatches
 from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.sharding import build_optimizer, shard_model
@@ -101,7 +102,12 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
             progress=config.progress and env.is_primary, world_size=env.world_size,
             start_step=start_step, start=start,
         )
-        train = data.train
+        train: Any = data.train
+        held_out: Any = data.held_out
+        if env.world_size > 1:  # a failing or exhausted reader stops every rank at the same batch
+            held_out = AgreedBatches(held_out, None, env.rank, env.world_size, "evaluation batch")
+            if config.engine != "sparsecore":  # (sparsecore agrees in its prefetch thread)
+                train = AgreedBatches(train, None, env.rank, env.world_size)
         if config.engine == "sparsecore":
             from torchrec_tpu.train.sparsecore_engine import pipelined
 
@@ -113,7 +119,7 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
                     "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
             return save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)
 
-        result = run_training(model, optimizer, train, data.held_out, device, log, options,
+        result = run_training(model, optimizer, train, held_out, device, log, options,
                               checkpoint=save, learning_rates=learning_rates(config, model, optimizer).at)
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
