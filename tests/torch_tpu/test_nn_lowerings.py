@@ -243,3 +243,27 @@ def check_cnn_trains_like_cpu(compiled: bool) -> None:
 
 def test_cnn_trains_like_cpu(strict):
     check_cnn_trains_like_cpu(compiled=False)
+
+
+def test_export_ir_batch_norm_ops(strict):
+    """The torch.export batch norm ops: outputs, running-stat updates and backward as on CPU."""
+    x, w, b = torch.randn(4, 3, 5), torch.randn(3), torch.randn(3)
+    mean, var = torch.randn(3), torch.rand(3) + 0.5
+    t_x, t_w, t_b, t_mean, t_var = (t.to("tpu") for t in (x, w, b, mean, var))
+    aten = torch.ops.aten
+    expected = aten._batch_norm_with_update(x, w, b, mean, var, 0.1, 1e-5)
+    actual = aten._batch_norm_with_update(t_x, t_w, t_b, t_mean, t_var, 0.1, 1e-5)
+    for a, e in zip(actual, expected):
+        _assert_close(a, e, "_batch_norm_with_update")
+    _assert_close(t_mean, mean, "running_mean")
+    _assert_close(t_var, var, "running_var")
+    functional = aten._batch_norm_with_update_functional(t_x, t_w, t_b, t_mean, t_var, 0.1, 1e-5)
+    _assert_close(functional[4], (1 - 0.1) * mean + 0.1 * x.mean((0, 2)), "functional running_mean")
+    no_update = aten._batch_norm_no_update(t_x, t_w, t_b, t_mean, t_var, 0.1, 1e-5)
+    _assert_close(no_update[0], aten._batch_norm_no_update(x, w, b, mean, var, 0.1, 1e-5)[0], "_batch_norm_no_update")
+    grad = torch.randn_like(x)
+    args = (mean, var, expected[1], expected[2], True, 1e-5, [True, True, True], expected[3])
+    want = aten.batch_norm_backward(grad, x, w, *args)
+    got = aten.batch_norm_backward(grad.to("tpu"), t_x, t_w, *(a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args))
+    for a, e in zip(got, want):
+        _assert_close(a, e, "batch_norm_backward")

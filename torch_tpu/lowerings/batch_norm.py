@@ -110,3 +110,36 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
     if output_mask[2]:
         grad_bias = sum_dy.astype(stats_dtype)
     return grad_input, grad_weight, grad_bias
+
+
+# The export-IR batch norm ops (torch.export, pre-dispatch graphs): the same math, plus an empty
+# ``reserve`` tensor (cuDNN's workspace elsewhere).
+def _reserve():
+    return jnp.zeros((0,), jnp.uint8)
+
+
+@register_lowering(aten._batch_norm_with_update.default, writes=_WRITES)
+def batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, save_mean, save_invstd, new_mean, new_var = _forward(
+        input, weight, bias, running_mean, running_var, True, momentum, eps)
+    return out, save_mean, save_invstd, _reserve(), new_mean, new_var
+
+
+@register_lowering(aten._batch_norm_with_update_functional.default)
+def batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, save_mean, save_invstd, new_mean, new_var = _forward(
+        input, weight, bias, running_mean, running_var, True, momentum, eps)
+    return out, save_mean, save_invstd, _reserve(), new_mean, new_var
+
+
+@register_lowering(aten._batch_norm_no_update.default)
+def batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, save_mean, save_invstd, _, _ = _forward(input, weight, bias, running_mean, running_var, False, momentum, eps)
+    return out, save_mean, save_invstd, _reserve()
+
+
+@register_lowering(aten.batch_norm_backward.default)
+def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
+                        output_mask, reserve):
+    return native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
+                                      update, eps, output_mask)
