@@ -13,6 +13,7 @@ import torchrec
 
 from torchrec_tpu.train.checkpoint import (CheckpointError, load_checkpoint, open_checkpoint,
                                            restore_rng, save_checkpoint)
+from torchrec_tpu.train.batch_streams import training_streams
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
@@ -99,7 +100,8 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
             progress=config.progress and env.is_primary, world_size=env.world_size,
             start_step=start_step, start=start,
         )
-        train = data.train
+        train, held_out = training_streams(config, data.train, data.held_out, data.table_sizes,
+                                           env.world_size, start.epoch)
         if config.engine == "sparsecore":
             from torchrec_tpu.train.sparsecore_engine import pipelined
 
@@ -111,7 +113,7 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
                     "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
             return save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)
 
-        result = run_training(model, optimizer, train, data.held_out, device, log, options,
+        result = run_training(model, optimizer, train, held_out, device, log, options,
                               checkpoint=save, learning_rates=learning_rates(config, model, optimizer).at)
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
