@@ -21,6 +21,7 @@ SPARSE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "sgd")
 DENSE_OPTIMIZERS = ("adagrad", "adam")
 DENSE_DEVICES = ("cpu", "tpu")
 DENSE_PARALLELS = ("ddp", "fsdp2")
+BAD_VALUE_POLICIES = ("error", "skip", "clamp")  # pipelines.bad_values.POLICIES (not imported: fast --help)
 
 
 class ConfigError(ValueError):
@@ -90,6 +91,15 @@ class TrainConfig:
     cache_dir: str | None = field(
         default=None, metadata=_flag("where synthetic data is generated (default: $TORCHREC_TPU_CACHE, else "
                                   "~/.cache/torchrec_tpu)")
+    )
+    bad_values: str = field(
+        default="error",
+        metadata=_flag(
+            "rows whose label is outside [0, 1] (or NaN) or whose dense value is infinite or beyond "
+            "float32 (NaN dense values are missing, read as 0): error naming file, row and column; "
+            "skip them (counted); or clamp the values (labels to [0, 1], dense to +-3.4e38; a NaN "
+            "label's row is skipped)", choices=BAD_VALUE_POLICIES,
+        ),
     )
     eval_files: int = field(
         default=1, metadata=_flag("held-out evaluation split: the last N Parquet files")

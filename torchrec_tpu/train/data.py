@@ -4,6 +4,8 @@ Sources: ``synthetic`` (``pipelines.synthetic.default_dataset``, generated into 
 first use), ``sample`` (the real 200-row Criteo sample, converted to Parquet in a temporary
 directory for the run), or a directory of Parquet files in the ``pipelines.schema`` layout.
 The held-out split is the last ``eval_files`` files (by name), so train and eval never share a row.
+With several ranks (lock-step, full batches only) an evaluation batch larger than a rank's share
+of the held-out rows shrinks to that share, so a small held-out split is never empty.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch.distributed as dist
+from pipelines.bad_values import BadValueCounts
 from pipelines.convert import convert_to_parquet
 from pipelines.npy_criteo import NpyCriteoReader, npy_days
 from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
@@ -46,6 +49,10 @@ class TrainData:
         if self.rows_dropped:
             text += f" ({self.rows_dropped} rows left out on this rank to keep ranks in lock-step)"
         return text
+
+    def bad_values(self) -> BadValueCounts:
+        """Rows this rank's readers skipped or clamped so far (``--bad-values``), both splits."""
+        return self.train.bad_value_log.counts() + self.held_out.bad_value_log.counts()
 
     @property
     def rows_dropped(self) -> int:
@@ -125,9 +132,13 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
             return ParquetBatchReader(
                 files, max(1, batch_size // env.world_size), table_sizes, CRITEO,
                 rank=env.rank, world_size=env.world_size, drop_last=lockstep,
+                bad_values=config.bad_values,
             )
 
         train, held_out = reader(train_files, config.batch_size), reader(eval_files, config.eval_batch_size)
+        if lockstep and len(held_out) == 0 and held_out.num_rows >= env.world_size:
+            # fewer held-out rows per rank than one evaluation batch: evaluate them in one batch
+            held_out = reader(eval_files, held_out.num_rows // env.world_size * env.world_size)
         for split, split_reader in (("training", train), ("held-out", held_out)):
             if split_reader.num_rows == 0:
                 raise ConfigError(f"--data={str(source)!r}: the {split} files "
