@@ -20,6 +20,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from pipelines.bad_values import BadValueLog
 from pipelines.schema import CRITEO
 
 _DAY = re.compile(r"day_(\d+)_dense\.npy")
@@ -69,6 +70,7 @@ class NpyCriteoReader:
         directory = Path(directory)
         self.files = [directory / f"day_{d}_dense.npy" for d in days]
         self.batch_size, self.table_sizes = batch_size, tuple(table_sizes)
+        self.bad_value_log = BadValueLog()  # stays empty: the values are used as TorchRec stored them
         mode = "r" if mmap_mode else None
         self._parts = [{part: np.load(directory / f"day_{d}_{part}.npy", mmap_mode=mode) for part in PARTS}
                        for d in days]

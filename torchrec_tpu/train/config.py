@@ -269,6 +269,9 @@ class TrainConfig:
                 _positive_ints(name, getattr(self, name))
         if self.mmap_mode and self.in_memory_binary_criteo_path is None:
             raise ConfigError("--mmap-mode needs --in-memory-binary-criteo-path")
+        if self.in_memory_binary_criteo_path is not None and self.bad_values != "error":
+            raise ConfigError(f"--bad-values={self.bad_values!r} does not apply to "
+                              "--in-memory-binary-criteo-path (TorchRec's preprocessed values are used as stored)")
         if self.lr_decay_steps and self.lr_decay_start < self.lr_warmup_steps:
             raise ConfigError(f"--lr-decay-start={self.lr_decay_start} must be >= --lr-warmup-steps="
                               f"{self.lr_warmup_steps} (the warm-up ends before the decay starts)")
