@@ -118,12 +118,6 @@ class StackingPlan:
     features: tuple[FeatureSpec, ...]
     stacks: tuple[StackedTable, ...]
 
-    def stack_of_table(self, table: str) -> StackedTable:
-        for stack in self.stacks:
-            if any(p.table == table for p in stack.tables):
-                return stack
-        raise KeyError(f"unknown table {table!r}")
-
     def with_limits(self, limits: Mapping[str, ProposedLimits]) -> StackingPlan:
         """This plan with new partition limits for the named stacks (e.g. ``FdoRecorder.propose``)."""
         unknown = sorted(set(limits) - {s.name for s in self.stacks})

@@ -90,7 +90,18 @@ def _execute(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
     except (TypeError, ValueError) as e:
         _raise_as_torch(func, args, kwargs, e)
     fallback.count_lowered(func)
+    if lowering.writes:
+        out = _store_writes(lowering, args, kwargs, out)
     return out
+
+
+def _store_writes(lowering: Lowering, args: tuple, kwargs: dict, out: Any) -> Any:
+    """Store the new values of the inputs ``lowering`` updates; return the op's own outputs."""
+    n = lowering.num_outputs
+    for target, value in zip(lowering.write_targets(args, kwargs), out[n:]):
+        if value is not None and target is not None:
+            _store(target, value)
+    return out[0] if n == 1 else tuple(out[:n])
 
 
 def _raise_as_torch(func: Any, args: tuple, kwargs: dict, error: Exception) -> None:
@@ -457,6 +468,9 @@ def _make_plan(func: Any) -> Plan:
     schema = func._schema
     if _is_view(schema):
         return _view_plan
+    own = get_lowering(func)
+    if own is not None and own.writes:  # updates inputs through its lowering's ``writes``
+        return _lowered_plan(own)
     write_args = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     if write_args:
         sibling = _functional_sibling(func)

@@ -480,8 +480,13 @@ def _index_vector(shape, stride, offset: int, storage_numel: int) -> jax.Array:
 
 def to_cpu(t: TpuTensor) -> torch.Tensor:
     """A new CPU tensor holding a copy of a tpu tensor's value."""
-    arr = np.array(to_jax(t), copy=True)
-    if t.dtype == torch.bfloat16:
+    return array_to_cpu(to_jax(t))
+
+
+def array_to_cpu(array: jax.Array) -> torch.Tensor:
+    """A new CPU tensor holding a copy of a JAX array."""
+    arr = np.array(array, copy=True)
+    if arr.dtype == jnp.bfloat16:
         return torch.from_numpy(arr.view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(arr) if arr.ndim else torch.from_numpy(arr.reshape(1)).reshape(())
 
