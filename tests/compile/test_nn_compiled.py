@@ -12,9 +12,8 @@ from tests.torch_tpu.test_nn_lowerings import CASES, _check_step, _pair, _step, 
 from tests.torch_tpu.test_nn_lowerings import strict_fixture  # noqa: F401  (the ``strict`` fixture)
 
 COMPILED = [c for c in CASES if c[0] in {
-    "conv2d_dilation_groups", "convT2d_groups", "conv3d", "maxpool2d_pad_dilation", "maxpool3d",
-    "avgpool2d_exclude_pad_ceil", "adaptive_avg2d", "adaptive_max2d", "bn1d_3d_input", "bn2d",
-    "bn2d_no_stats",
+    "conv2d_dilation_groups", "convT2d_groups", "maxpool2d_pad_dilation", "maxpool3d",
+    "avgpool2d_exclude_pad_ceil", "adaptive_avg2d", "adaptive_max2d", "bn2d", "bn2d_no_stats",
 }]  # not bn2d_cumulative: momentum=None reads num_batches_tracked as a Python float, which Dynamo
 #     cannot put in a graph (on CPU either); the frame runs eagerly
 

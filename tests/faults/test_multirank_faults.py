@@ -83,10 +83,11 @@ def test_bad_input_on_one_rank_fails_every_rank_at_once_with_one_message(tiny_co
     assert f"error: {expected}" in errors[0], errors
 
 
-def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path):
+@pytest.mark.parametrize("stalled", [1, 0])  # rank 0 too: the store lives in torchrun, not in it
+def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled):
     proc = subprocess.Popen(_torchrun("--data", str(tiny_dataset), *TRAIN_FLAGS[:-3], "--no-progress",
                                       "--epochs", "100000", "--log-dir", str(tmp_path / "run"),
-                                      "--collective-timeout", "10"),
+                                      "--checkpoint-every", "3", "--collective-timeout", "10"),
                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -94,8 +95,11 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path):
             time.sleep(0.2)
         ranks = sorted(_children(proc.pid))
         assert len(ranks) == 2
-        time.sleep(25)  # both ranks are past startup and training
-        stopped = {_rank_of(pid): pid for pid in ranks}[1]
+        latest = tmp_path / "run" / "checkpoint" / "latest"
+        while not latest.exists() and time.monotonic() < deadline + 120 and proc.poll() is None:
+            time.sleep(0.2)  # the first checkpoint (step 3): both ranks are training
+        assert latest.exists(), "training never reached step 3"
+        stopped = {_rank_of(pid): pid for pid in ranks}[stalled]
         os.kill(stopped, signal.SIGSTOP)
         stopped_at = time.monotonic()
         _, stderr = proc.communicate(timeout=180)
@@ -107,8 +111,9 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path):
     assert proc.returncode != 0
     errors = [line for line in stderr.splitlines() if "torchrec-tpu train: error:" in line]
     assert len(errors) == 1, stderr[-3000:]  # the survivor's; the stopped rank says nothing
-    assert "timed out after 10 s on rank 0: rank 1 is not responding" in errors[0], errors
-    assert errors[0].split("error: ")[1].startswith(("train step", "the agreement", "the sparse input")), errors
+    assert f"timed out after 10 s on rank {1 - stalled}: rank {stalled} is not responding" in errors[0], errors
+    assert errors[0].split("error: ")[1].startswith(
+        ("train step", "the agreement", "the sparse input", "the checkpoint save")), errors
 
 
 def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):

@@ -19,6 +19,7 @@ from typing import Iterator
 import torch.distributed as dist
 from pipelines.bad_values import BadValueCounts
 from pipelines.convert import convert_to_parquet
+from pipelines.npy_criteo import NpyCriteoReader, npy_days
 from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
 from pipelines.sample_data import criteo_sample_csv
 from pipelines.schema import CRITEO, DatasetSchema
@@ -37,8 +38,8 @@ class TrainData:
     source: Path
     schema: DatasetSchema
     table_sizes: tuple[int, ...]  # rows of each categorical feature's table, schema.sparse order
-    train: ParquetBatchReader
-    held_out: ParquetBatchReader
+    train: ParquetBatchReader | NpyCriteoReader
+    held_out: ParquetBatchReader | NpyCriteoReader
 
     def describe(self) -> str:
         text = (
@@ -79,13 +80,40 @@ def _synthetic(config: TrainConfig, env: DistEnv) -> tuple[Path, tuple[int, ...]
     return path, tuple(min(rows, config.num_embeddings) for rows in synthetic.table_sizes)
 
 
+def _npy_data(config: TrainConfig, env: DistEnv, table_sizes: tuple[int, ...]) -> TrainData:
+    """TorchRec's preprocessed Criteo (``--in-memory-binary-criteo-path``): the last
+    ``--eval-files`` days held out."""
+    source = Path(config.in_memory_binary_criteo_path)
+    flag = f"--in-memory-binary-criteo-path={str(source)!r}"
+    try:
+        days = npy_days(source)
+    except FileNotFoundError as error:
+        raise ConfigError(f"{flag}: {error}") from None
+    if len(days) <= config.eval_files:
+        raise ConfigError(f"{flag} has {len(days)} day(s); holding out --eval-files={config.eval_files} "
+                          f"needs at least {config.eval_files + 1}")
+
+    def reader(split: list[int], batch_size: int) -> NpyCriteoReader:
+        return NpyCriteoReader(source, split, max(1, batch_size // env.world_size), table_sizes, env.rank,
+                               env.world_size, drop_last=env.world_size > 1, mmap_mode=config.mmap_mode)
+
+    return TrainData(source=source, schema=CRITEO, table_sizes=table_sizes,
+                     train=reader(days[:-config.eval_files], config.batch_size),
+                     held_out=reader(days[-config.eval_files:], config.eval_batch_size))
+
+
 @contextlib.contextmanager
 def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
     """Readers for ``config.data``; the sample's temporary Parquet copy lives as long as this."""
-    uniform_sizes = (config.num_embeddings,) * len(CRITEO.sparse)
+    given_sizes = config.per_feature("num_embeddings_per_feature", len(CRITEO.sparse))
+    uniform_sizes = given_sizes or (config.num_embeddings,) * len(CRITEO.sparse)
+    if config.in_memory_binary_criteo_path is not None:
+        yield _npy_data(config, env, uniform_sizes)
+        return
     with contextlib.ExitStack() as stack:
         if config.data == "synthetic":
             source, table_sizes = _synthetic(config, env)
+            table_sizes = given_sizes or table_sizes
         elif config.data == "sample":
             source = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="criteo-sample-")))
             convert_to_parquet([criteo_sample_csv()], source, rows_per_file=SAMPLE_ROWS_PER_FILE,

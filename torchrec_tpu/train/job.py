@@ -14,6 +14,7 @@ from pipelines.bad_values import BadValueCounts
 
 from torchrec_tpu.train.checkpoint import (CheckpointError, load_checkpoint, open_checkpoint,
                                            restore_rng, save_checkpoint)
+from torchrec_tpu.train.batch_streams import training_streams
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
@@ -21,6 +22,7 @@ from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.rank_agreement import AgreedBatches
+from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.sharding import build_optimizer, shard_model
@@ -70,7 +72,9 @@ def model_spec(config: TrainConfig, feature_names: tuple[str, ...], table_sizes:
 
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
-    with process_group(config.collective_timeout) as env:
+    with process_group(config.collective_timeout) as env, \
+            collectives("the collectives of setting up or finishing the run (model sharding, DDP "
+                        "init, broadcasts, the final checkpoint)"):
         return _run(config, env, device)
 
 
@@ -102,8 +106,10 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
             progress=config.progress and env.is_primary, world_size=env.world_size,
             start_step=start_step, start=start,
         )
-        train: Any = data.train
-        held_out: Any = data.held_out
+        train: Any
+        held_out: Any
+        train, held_out = training_streams(config, data.train, data.held_out, data.table_sizes,
+                                           env.world_size, start.epoch)
         if env.world_size > 1:  # a failing or exhausted reader stops every rank at the same batch
             held_out = AgreedBatches(held_out, None, env.rank, env.world_size, "evaluation batch")
             if config.engine != "sparsecore":  # (sparsecore agrees in its prefetch thread)
