@@ -125,7 +125,7 @@ def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):
         time.sleep(0.2)
     ranks = _children(proc.pid)
     assert len(ranks) == 2
-    time.sleep(20)  # the ranks have joined the process group (PR_SET_PDEATHSIG is set by then)
+    time.sleep(20)  # well into startup or training (PR_SET_PDEATHSIG is set first thing)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     deadline = time.monotonic() + 30
@@ -135,3 +135,21 @@ def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):
     for pid in orphans:
         os.kill(pid, signal.SIGKILL)
     assert not orphans, f"ranks {orphans} outlived their launcher"
+
+
+def test_skipped_rows_on_one_rank_keep_the_ranks_in_step(tiny_copy, tmp_path):
+    """--bad-values skip on one rank's rows leaves it a batch short: every rank ends the epoch at
+    the same step and the report counts the rows of all ranks."""
+    part = tiny_copy / "part-00000.parquet"  # rank 0's rows
+    table = pq.read_table(part)
+    labels = table.column("label").to_numpy().astype(np.float32)
+    labels[[3, 4, 90]] = [7.0, -3.0, np.nan]
+    pq.write_table(table.set_column(0, "label", pa.array(labels)), part)
+    flags = [f for f in TRAIN_FLAGS if f not in ("--max-steps", "2")]
+    result = subprocess.run(_torchrun("--data", str(tiny_copy), *flags, "--log-dir", str(tmp_path / "run"),
+                                      "--bad-values", "skip", "--epochs", "2", "--collective-timeout", "60"),
+                            env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bad values: skipped 3 rows" in result.stdout
+    # 384 rows per rank, 32 per rank-batch: rank 0 keeps 381 -> 11 full batches, so 11 steps per epoch
+    assert "steps           22 " in result.stdout, result.stdout
