@@ -124,6 +124,15 @@ def _ar_coalesced(rank: int, size: int, device: str, gloo: dist.ProcessGroup) ->
     return ours, refs
 
 
+@check("pair_subgroup_all_reduce")
+def _pair_subgroups(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> object:
+    """Groups (0, 1), (2, 3), ... (with 4 ranks: XLA programs over a part of the mesh)."""
+    pairs = [dist.new_group([p, p + 1]) for p in range(0, size, 2)]  # every rank makes every group
+    ours = _data(rank, 6).to(device)
+    dist.all_reduce(ours, group=pairs[rank // 2])
+    return ours, _data(rank, 6) + _data(rank ^ 1, 6)  # two operands: any order is exact
+
+
 @check("broadcast")
 def _broadcast(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> object:
     ours, ref = _data(rank, 9).to(device), _data(rank, 9)

@@ -5,7 +5,8 @@ JAX (the default group joins ``jax.distributed`` itself, through its store, if t
 not started yet), else through the gloo transport. ``TPU_DIST_TRANSPORT=auto|xla|gloo`` or
 ``pg_options=TransportOptions(...)`` choose; "xla" fails with the reason when it cannot be had.
 One XLA transport per set of ranks: XLA programs over the same devices must not interleave, and
-groups run on their own threads, so a second live group over the same ranks uses gloo.
+groups run on their own threads, so a second live group over the same ranks uses gloo (even when
+"xla" was asked for).
 """
 
 from __future__ import annotations
@@ -56,9 +57,15 @@ def _xla_or_reason(opts: Any, gloo: GlooTransport) -> Transport | str:
             opts.store, rank=opts.group_rank, world_size=opts.group_size, timeout=opts.timeout
         )
     reason = xla_join.xla_unavailable_reason(global_rank, ranks)
-    if reason is None and xla_transport.claimed(ranks):
-        reason = f"another live tpu_dist group over ranks {ranks} already uses the XLA transport"
     return reason or xla_transport.XlaTransport(gloo, ranks, opts.timeout)
+
+
+def _ranks_taken(opts: Any) -> bool:
+    if not dist.is_initialized():
+        return False
+    from torch_tpu.distributed import xla_transport
+
+    return xla_transport.claimed(list(opts.global_ranks_in_group) or list(range(opts.group_size)))
 
 
 def _create_process_group(opts: Any, backend_options: Any) -> ProcessGroupTPU:
@@ -66,6 +73,10 @@ def _create_process_group(opts: Any, backend_options: Any) -> ProcessGroupTPU:
     transport: Transport = GlooTransport(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     if requested == "auto" and opts.group_size == 1:
         requested = "gloo"  # nothing to move between processes: do not start a JAX coordinator
+    if requested != "gloo" and _ranks_taken(opts):
+        _log.info("tpu_dist group %s: gloo transport (another live group over its ranks has the "
+                  "XLA transport)", opts.group_id)
+        requested = "gloo"
     if requested != "gloo":
         chosen = _xla_or_reason(opts, transport)
         if isinstance(chosen, str):

@@ -8,7 +8,8 @@ Each call wraps this process's JAX array as its shard of a global array and runs
 collectives. Reductions XLA has no collective for (PRODUCT, BAND, BOR, BXOR, and non-sum
 reduce-scatter) gather every rank's block and reduce in rank order. Uneven ``all_to_all`` pads
 each destination's rows to the largest split in the group (rounded up to a power of two, so few
-programs compile), exchanged first in one small ``all_gather``, and slices the padding off.
+programs compile; the split sizes, host integers, are exchanged first over the gloo group), and
+slices the padding off.
 
 CPU tensors (and mixed cpu/tpu calls), ``send`` / ``recv`` go to the gloo transport the XLA
 transport wraps. Every XLA call runs on a helper thread and is waited on with the group timeout,
@@ -158,10 +159,29 @@ class _Programs:
         return lambda x: lax.all_to_all(x.reshape(n, -1), AXIS, 0, 0, tiled=True)[root].reshape(out_shape)
 
 
-@jax.jit
-def _take_rows(x: jax.Array, idx: jax.Array) -> jax.Array:
-    """Rows ``idx`` of ``x``; index ``len(x)`` reads a zero row (the padding)."""
-    return jnp.concatenate([x, jnp.zeros((1, *x.shape[1:]), x.dtype)])[idx]
+@functools.partial(jax.jit, static_argnums=2)
+def _pack(x: jax.Array, starts: jax.Array, width: int) -> jax.Array:
+    """Block r: ``width`` rows of ``x`` from ``starts[r]`` (rows past a split are padding)."""
+    padded = jnp.concatenate([x, jnp.zeros((width, *x.shape[1:]), x.dtype)])
+    return jnp.concatenate(
+        [lax.dynamic_slice_in_dim(padded, starts[r], width) for r in range(starts.shape[0])]
+    )
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _unpack(blocks: jax.Array, offsets: jax.Array, rows: int) -> jax.Array:
+    """``rows`` output rows: block r (padded) written at ``offsets[r]``, in rank order, so each
+    block's padding is overwritten by the next block or cut off at the end."""
+    n = offsets.shape[0]
+    width = blocks.shape[0] // n
+    out = jnp.zeros((rows + width, *blocks.shape[1:]), blocks.dtype)
+    for r in range(n):
+        out = lax.dynamic_update_slice_in_dim(out, blocks[r * width:(r + 1) * width], offsets[r], 0)
+    return out[:rows]
+
+
+def _offsets(splits: Sequence[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(splits)[:-1]]).astype(np.int32)
 
 
 _CLAIMED: set[tuple[int, ...]] = set()
@@ -279,21 +299,20 @@ class XlaTransport(Transport):
         if not width:
             return
         width = _bucket(width)
-        send = np.full((self.size, width), x.shape[0], dtype=np.int32)  # x.shape[0]: a zero row
-        starts = np.concatenate([[0], np.cumsum(input_splits)[:-1]])
-        for r, (start, count) in enumerate(zip(starts, input_splits)):
-            send[r, :count] = np.arange(start, start + count)
-        padded = _take_rows(x, jnp.asarray(send.reshape(-1)))
+        padded = _pack(x, _offsets(input_splits), width)
         received = self._run(self._programs.get("all_to_all"), padded)
         if output.numel():
-            keep = np.concatenate([r * width + np.arange(c) for r, c in enumerate(output_splits)])
-            self._store(output, _take_rows(received, jnp.asarray(keep.astype(np.int32))))
+            self._store(output, _unpack(received, _offsets(output_splits), output.shape[0]))
 
     def _split_matrix(self, input_splits: Sequence[int]) -> np.ndarray:
-        """Every rank's input splits (row r: what rank r sends to each rank)."""
-        mine = jnp.asarray(np.asarray(input_splits, dtype=np.int64))
-        gathered = self._run(self._programs.get("all_gather", (self.size * self.size,)), mine)
-        return np.asarray(gathered).reshape(self.size, self.size)
+        """Every rank's input splits (row r: what rank r sends to each rank).
+
+        Splits are host integers, so they go through the gloo group (no device round trip).
+        """
+        mine = torch.tensor(list(input_splits), dtype=torch.int64)
+        gathered = torch.empty(self.size * self.size, dtype=torch.int64)
+        self._fallback.all_gather(gathered, mine)
+        return gathered.numpy().reshape(self.size, self.size)
 
     def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> None:
         tensors = [input, *(outputs or [])]
