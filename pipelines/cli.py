@@ -64,8 +64,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="Zipf exponent of the id distributions")
     generate.add_argument(
         "--multi-hot", default="", metavar="C1,C2,...",
-        help="comma-separated categorical columns stored as list<int64> (default: none)"
+        help="comma-separated categorical columns stored as list<int64> of Poisson lengths "
+             "(default: none)"
     )
+    generate.add_argument(
+        "--multi-hot-sizes", default="", metavar="K,K,...",
+        help="MLPerf DLRM-DCNv2 multi-hot: exactly K ids per row for each categorical column "
+             "(one K per column, or one for all; K > 1 makes the column list<int64>) (default: one-hot)",
+    )
+
+
+def _multi_hot_sizes(text: str, count: int) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--multi-hot-sizes={text!r} must be comma-separated integers") from None
+    sizes = sizes * count if len(sizes) == 1 else sizes
+    if len(sizes) != count or min(sizes) < 1:
+        raise ValueError(f"--multi-hot-sizes={text!r} needs one size >= 1 per categorical column ({count}), "
+                         "or one for all")
+    return sizes
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -95,10 +115,12 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from pipelines.schema import CRITEO
     from pipelines.synthetic import SyntheticConfig, generate
 
     try:
         config = SyntheticConfig(
+            multi_hot_sizes=_multi_hot_sizes(args.multi_hot_sizes, len(CRITEO.sparse)),
             num_rows=args.rows,
             seed=args.seed,
             max_cardinality=args.max_cardinality,

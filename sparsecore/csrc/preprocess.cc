@@ -607,8 +607,50 @@ PyObject* Preprocess(PyObject*, PyObject* args) {
   return result;
 }
 
+// fill_slots(sample, phys, gain, slots, slot_rows, slot_gains): slot k of activation row r gets
+// r's k-th entry in entry order (the xla backend's gather form of the forward); slot_rows and
+// slot_gains are [slots, rows] flattened, pre-filled with the empty slot's values.
+PyObject* FillSlots(PyObject*, PyObject* args) {
+  PyObject *sample_obj, *phys_obj, *gain_obj, *rows_obj, *gains_obj;
+  Py_ssize_t slots;
+  if (!PyArg_ParseTuple(args, "OOOnOO", &sample_obj, &phys_obj, &gain_obj, &slots, &rows_obj, &gains_obj))
+    return nullptr;
+  Buffers buffers;
+  Py_ssize_t entries = 0, cells = 0;
+  const int64_t* sample = nullptr;
+  const int64_t* phys = nullptr;
+  const float* gain = nullptr;
+  int32_t* slot_rows = nullptr;
+  float* slot_gains = nullptr;
+  if (!(sample = static_cast<const int64_t*>(buffers.Get(sample_obj, "sample", "lq", 8, false, -1, &entries))) ||
+      !(phys = static_cast<const int64_t*>(buffers.Get(phys_obj, "phys", "lq", 8, false, entries))) ||
+      !(gain = static_cast<const float*>(buffers.Get(gain_obj, "gain", "f", 4, false, entries))) ||
+      !(slot_rows = static_cast<int32_t*>(buffers.Get(rows_obj, "slot_rows", "i", 4, true, -1, &cells))) ||
+      !(slot_gains = static_cast<float*>(buffers.Get(gains_obj, "slot_gains", "f", 4, true, cells))))
+    return nullptr;
+  if (slots < 1 || cells % slots) return PyErr_SetString(PyExc_ValueError, "slot arrays must hold slots x rows"), nullptr;
+  const Py_ssize_t width = cells / slots;
+  bool outside = false;
+  Py_BEGIN_ALLOW_THREADS
+  std::vector<int32_t> used(width, 0);
+  for (Py_ssize_t i = 0; i < entries; ++i) {
+    const int64_t r = sample[i];
+    if (r < 0 || r >= width || used[r] >= slots) {
+      outside = true;
+      break;
+    }
+    const Py_ssize_t at = static_cast<Py_ssize_t>(used[r]++) * width + r;
+    slot_rows[at] = static_cast<int32_t>(phys[i]);
+    slot_gains[at] = gain[i];
+  }
+  Py_END_ALLOW_THREADS
+  if (outside) return PyErr_SetString(PyExc_ValueError, "an entry's sample is outside the rows or the slots"), nullptr;
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kMethods[] = {
     {"preprocess", Preprocess, METH_VARARGS, "Build the CSR (or row-ordered) inputs of every stack."},
+    {"fill_slots", FillSlots, METH_VARARGS, "Lay entries out as [slots, rows] by activation row."},
     {nullptr, nullptr, 0, nullptr},
 };
 

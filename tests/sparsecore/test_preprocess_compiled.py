@@ -207,3 +207,26 @@ def test_without_a_compiler_auto_falls_back_to_numpy_with_a_warning(tmp_path):
     assert lines[0].startswith("1 sparsecore: compiled preprocessing unavailable") and "no-such-compiler-xyz" in lines[0]
     assert lines[1] == "[0, 2, 8, 8, 8, 8, 8, 8]"  # sample 0 (SC0): ids 5 and 9, both to SC1
     assert lines[2].startswith("unavailable: no C++ compiler")
+
+
+def test_compiled_slot_form_equals_numpy():
+    """The xla backend's gather form: slot k of row r = r's k-th entry, compiled as numpy."""
+    from sparsecore.backends.xla_inputs import fill_slots
+
+    rng = np.random.default_rng(3)
+    rows, entries = 50, 400
+    sample = rng.integers(0, rows, size=entries)
+    phys, gain = rng.integers(0, 10_000, size=entries), rng.standard_normal(entries).astype(np.float32)
+    counts = np.bincount(sample, minlength=rows)
+    out = {}
+    for engine in ("numpy", "compiled"):
+        slot_rows = np.full((int(counts.max()), rows), -1, dtype=np.int32)
+        slot_gains = np.zeros(slot_rows.shape, dtype=np.float32)
+        fill_slots(sample, phys, gain, counts, slot_rows, slot_gains, engine=engine)
+        out[engine] = slot_rows, slot_gains
+    np.testing.assert_array_equal(out["numpy"][0], out["compiled"][0])
+    np.testing.assert_array_equal(out["numpy"][1], out["compiled"][1])
+    r = int(sample[7])  # hand check: row r's entries in order
+    np.testing.assert_array_equal(out["compiled"][0][: counts[r], r], phys[sample == r])
+    with pytest.raises(ValueError, match="outside the rows or the slots"):
+        fill_slots(sample, phys, gain, counts, slot_rows[:1].copy(), slot_gains[:1].copy(), engine="compiled")

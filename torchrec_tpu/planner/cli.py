@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, metavar="PATH",
                         help="write the plan JSON here (default: not written)")
     parser.add_argument("--html", type=Path, metavar="PATH",
-                        help="write a self-contained HTML report here (default: not written)")
+                        help="write a self-contained HTML report here; with --compare, the comparison here and "
+                             "one report per topology next to it (default: not written)")
     parser.add_argument("--top", type=int, default=20, metavar="N", help="tables to list in the terminal table")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
                         help="show a progress bar while costing tables")
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from torchrec_tpu.planner.partitioner import PlanningError, plan_tables
-    from torchrec_tpu.planner.report import format_comparison, format_plan, render_html
+    from torchrec_tpu.planner.report import format_comparison, format_plan, render_comparison_html, render_html
     from torchrec_tpu.planner.tables import load_tables
     from torchrec_tpu.topology import resolve_topology
 
@@ -105,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote report {html}")
     if compare:
         print(format_comparison(results))
+        if args.html:
+            args.html.parent.mkdir(parents=True, exist_ok=True)
+            args.html.write_text(render_comparison_html(results, f"torchrec-tpu plan: {len(tables)} tables on "
+                                                                 f"{', '.join(names)}"))
+            print(f"wrote comparison report {args.html}")
     return 0 if all(not isinstance(r, str) for _, r in results) else 1
 
 

@@ -6,5 +6,6 @@ Modules: ``config`` (options), ``data`` (readers), ``model`` (factory), ``sparse
 optimizer), ``dense_placement`` (``--dense-device`` / ``--dense-parallel``), ``plan_loading``
 (``--plan``), ``loop`` (training loop), ``metrics`` (AUC), ``scalars`` (TensorBoard),
 ``learning_rate`` (schedules), ``checkpoint*`` / ``resume`` / ``rng`` (DCP checkpoints and exact
-resume), ``job`` (wiring), ``cli`` (the subcommand).
+resume), ``rank_agreement`` / ``rank_watch`` (several ranks fail together, failed collectives named),
+``job`` (wiring), ``cli`` (the subcommand).
 """

@@ -10,15 +10,19 @@ from typing import Any, Callable, TypeVar
 
 import torch
 import torchrec
+from pipelines.bad_values import BadValueCounts
 
 from torchrec_tpu.train.checkpoint import (CheckpointError, load_checkpoint, open_checkpoint,
                                            restore_rng, save_checkpoint)
+from torchrec_tpu.train.batch_streams import training_streams
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training, train_step
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.rank_agreement import AgreedBatches
+from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.sharding import build_optimizer, shard_model
@@ -35,10 +39,11 @@ class JobSummary:
     checkpoint_dir: Path  # the final checkpoint: a version directory under the checkpoint root
     world_size: int
     primary: bool  # whether this process is rank 0
+    bad_values: tuple[str, ...] = ()  # the report of --bad-values skip/clamp, all ranks
 
     def format(self) -> str:
         r = self.result
-        return "\n".join([
+        return "\n".join([*self.bad_values,
             "training finished",
             f"  data            {self.data}",
             f"  steps           {r.steps} ({r.samples:,} samples this run, {self.world_size} rank(s))",
@@ -67,7 +72,9 @@ def model_spec(config: TrainConfig, feature_names: tuple[str, ...], table_sizes:
 
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
-    with process_group(config.collective_timeout) as env:
+    with process_group(config.collective_timeout) as env, \
+            collectives("the collectives of setting up or finishing the run (model sharding, DDP "
+                        "init, broadcasts, the final checkpoint)"):
         return _run(config, env, device)
 
 
@@ -99,7 +106,14 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
             progress=config.progress and env.is_primary, world_size=env.world_size,
             start_step=start_step, start=start,
         )
-        train = data.train
+        train: Any
+        held_out: Any
+        train, held_out = training_streams(config, data.train, data.held_out, data.table_sizes,
+                                           env.world_size, start.epoch)
+        if env.world_size > 1:  # a failing or exhausted reader stops every rank at the same batch
+            held_out = AgreedBatches(held_out, None, env.rank, env.world_size, "evaluation batch")
+            if config.engine != "sparsecore":  # (sparsecore agrees in its prefetch thread)
+                train = AgreedBatches(train, None, env.rank, env.world_size)
         if config.engine == "sparsecore":
             from torchrec_tpu.train.sparsecore_engine import pipelined
 
@@ -118,7 +132,7 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
 
             step_fn = step_function(model, optimizer, config.engine, dense_device(config.dense_device),
                                     env.world_size, config.dense_parallel)
-        result = run_training(model, optimizer, train, data.held_out, device, log, options, step_fn=step_fn,
+        result = run_training(model, optimizer, train, held_out, device, log, options, step_fn=step_fn,
                               checkpoint=save, learning_rates=learning_rates(config, model, optimizer).at)
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
@@ -128,8 +142,18 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
         if env.is_primary:
             (log_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
         return JobSummary(
-            result, data.describe(), log_dir, checkpoint_dir, env.world_size, env.is_primary
+            result, data.describe(), log_dir, checkpoint_dir, env.world_size, env.is_primary,
+            tuple(_all_ranks_bad_values(data, env).lines()),
         )
+
+
+def _all_ranks_bad_values(data: TrainData, env: DistEnv) -> BadValueCounts:
+    counts = data.bad_values()
+    if env.world_size == 1:
+        return counts
+    gathered: list[Any] = [None] * env.world_size
+    torch.distributed.all_gather_object(gathered, counts)
+    return sum(gathered[1:], gathered[0])
 
 
 def model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, device: torch.device):

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from pipelines.parquet_reader import batches_from_row
 from torchrec_tpu.train.metrics import EvalResult, evaluate
+from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
 
 
@@ -144,7 +145,8 @@ def run_training(
         for position, batch in batches:
             epoch = position.epoch
             rates = learning_rates(step + 1) if learning_rates else None
-            loss = step_fn(model, optimizer, batch.to(device)).item()
+            with collectives(f"train step {step + 1} (embedding all_to_all, dense gradient all_reduce)"):
+                loss = step_fn(model, optimizer, batch.to(device)).item()
             if loss != loss:  # NaN: stop before the weights are all NaN too
                 raise FloatingPointError(f"training loss is NaN at step {step} (epoch {epoch})")
             step += 1
@@ -166,13 +168,14 @@ def run_training(
             bar.update(1)
             if options.eval_every and step % options.eval_every == 0:
                 eval_start = time.perf_counter()
-                result = _log_eval(log, step, evaluate(model, held_out, device))
+                result = _log_eval(log, step, _evaluate(model, held_out, device, step))
                 window_start = time.perf_counter()
                 paused_seconds += window_start - eval_start
             if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 \
                     and step != total:
                 save_start = time.perf_counter()
-                checkpoint(step, position)
+                with collectives(f"the checkpoint save at step {step}"):
+                    checkpoint(step, position)
                 window_start = time.perf_counter()
                 paused_seconds += window_start - save_start
             if _done(step, options):
@@ -184,9 +187,14 @@ def run_training(
             "or a resumed run already reached --epochs / --max-steps)"
         )
     if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
-        result = _log_eval(log, step, evaluate(model, held_out, device))
+        result = _log_eval(log, step, _evaluate(model, held_out, device, step))
     final_loss = sum(recent_losses) / len(recent_losses)
     return TrainResult(step, samples, train_seconds, final_loss, result, position)
+
+
+def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device, step: int) -> EvalResult:
+    with collectives(f"the evaluation at step {step} (embedding all_to_all, metric all_gather)"):
+        return evaluate(model, held_out, device)
 
 
 def _log_eval(log: ScalarLog, step: int, result: EvalResult) -> EvalResult:
