@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 from torch_tpu import device as tpu_device
 from torch_tpu import fallback, metadata_ops, modes, op_jit, random as tpu_random, tensor as tensor_mod
-from torch_tpu._jax import jax, jnp
+from torch_tpu._jax import ARRAY_TYPE, jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 from torch_tpu.registry import Lowering, get_lowering
 from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, make_alias, meta_like, to_cpu, to_jax, write
@@ -27,7 +27,7 @@ from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, make_alias, meta_l
 aten = torch.ops.aten
 Plan = Callable[[Any, tuple, dict], Any]
 _PLANS: dict[Any, Plan] = {}
-_ARRAY = type(jnp.zeros(()))
+_ARRAY = ARRAY_TYPE
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -22,14 +22,14 @@ import numpy as np
 import torch
 
 from torch_tpu import backward_errors, dtype_views, dynamo_hooks
-from torch_tpu._jax import jax, jnp
+from torch_tpu._jax import ARRAY_TYPE, jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 
 DEVICE_NAME = "tpu"
 # One device per process; index 0 is required (index -1 breaks backward, >= 1 asserts).
 DEVICE = torch.device(DEVICE_NAME, 0) if torch._C._get_privateuse1_backend_name() == DEVICE_NAME else None
 
-_ARRAY = type(jnp.zeros(()))
+_ARRAY = ARRAY_TYPE
 
 # Set by torch_tpu.dispatch at import (kept out of this module to avoid an import cycle).
 _dispatch: Callable[..., Any] | None = None
@@ -328,6 +328,11 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     if t._reinterpreted:
         array = dtype_views.reinterpret(array, to_jax_dtype(t.dtype))
     return _reader(tuple(t.shape), t.stride(), t.storage_offset(), array.size)(array)
+
+
+def concrete_value(t: TpuTensor) -> jax.Array:
+    """:func:`to_jax` of ``t``, a computed (or in-flight) JAX array even under defer_and_fuse."""
+    return _concrete(to_jax(t))
 
 
 def write(t: TpuTensor, value: jax.Array) -> None:

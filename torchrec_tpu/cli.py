@@ -56,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; any exception it lets through becomes one ``error:`` line and rc 1
     (:func:`torchrec_tpu.errors.report_failure`), Ctrl-C rc 130."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from torchrec_tpu.launcher import die_with_parent, under_torchrun
+
+    if under_torchrun():  # before the slow imports: a rank never outlives its launcher
+        die_with_parent()
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in SUBCOMMANDS else None)
     args, unknown = parser.parse_known_args(argv)

@@ -22,10 +22,8 @@ REPRESENTATIVE = {
     "nn.functional.linear", "nn.functional.relu", "sigmoid", "tanh", "cat", "index_select", "gather",
     "nn.functional.embedding", "nn.functional.embedding_bag", "nn.functional.layer_norm", "where",
     "clamp", "transpose", "reshape", "cumsum", "nn.functional.binary_cross_entropy_with_logits",
-    "nn.functional.conv2d", "nn.functional.conv_transpose2d", "nn.functional.max_pool2d",
-    "nn.functional.avg_pool2d", "nn.functional.adaptive_avg_pool2d", "nn.functional.adaptive_max_pool2d",
-    "nn.functional.batch_norm",
-}
+    "nn.functional.conv2d", "nn.functional.max_pool2d", "nn.functional.batch_norm",
+}  # the other conv/pool/norm ops compiled: tests/compile/test_nn_compiled.py
 
 
 def _eager_passes(opinfo, sample, grad: bool) -> bool:

@@ -83,10 +83,11 @@ def test_bad_input_on_one_rank_fails_every_rank_at_once_with_one_message(tiny_co
     assert f"error: {expected}" in errors[0], errors
 
 
-def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path):
+@pytest.mark.parametrize("stalled", [1, 0])  # rank 0 too: the store lives in torchrun, not in it
+def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled):
     proc = subprocess.Popen(_torchrun("--data", str(tiny_dataset), *TRAIN_FLAGS[:-3], "--no-progress",
                                       "--epochs", "100000", "--log-dir", str(tmp_path / "run"),
-                                      "--collective-timeout", "10"),
+                                      "--checkpoint-every", "3", "--collective-timeout", "10"),
                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -94,8 +95,11 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path):
             time.sleep(0.2)
         ranks = sorted(_children(proc.pid))
         assert len(ranks) == 2
-        time.sleep(25)  # both ranks are past startup and training
-        stopped = {_rank_of(pid): pid for pid in ranks}[1]
+        latest = tmp_path / "run" / "checkpoint" / "latest"
+        while not latest.exists() and time.monotonic() < deadline + 120 and proc.poll() is None:
+            time.sleep(0.2)  # the first checkpoint (step 3): both ranks are training
+        assert latest.exists(), "training never reached step 3"
+        stopped = {_rank_of(pid): pid for pid in ranks}[stalled]
         os.kill(stopped, signal.SIGSTOP)
         stopped_at = time.monotonic()
         _, stderr = proc.communicate(timeout=180)
@@ -107,8 +111,9 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path):
     assert proc.returncode != 0
     errors = [line for line in stderr.splitlines() if "torchrec-tpu train: error:" in line]
     assert len(errors) == 1, stderr[-3000:]  # the survivor's; the stopped rank says nothing
-    assert "timed out after 10 s on rank 0: rank 1 is not responding" in errors[0], errors
-    assert errors[0].split("error: ")[1].startswith(("train step", "the agreement", "the sparse input")), errors
+    assert f"timed out after 10 s on rank {1 - stalled}: rank {stalled} is not responding" in errors[0], errors
+    assert errors[0].split("error: ")[1].startswith(
+        ("train step", "the agreement", "the sparse input", "the checkpoint save")), errors
 
 
 def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):
@@ -120,7 +125,7 @@ def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):
         time.sleep(0.2)
     ranks = _children(proc.pid)
     assert len(ranks) == 2
-    time.sleep(20)  # the ranks have joined the process group (PR_SET_PDEATHSIG is set by then)
+    time.sleep(20)  # well into startup or training (PR_SET_PDEATHSIG is set first thing)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     deadline = time.monotonic() + 30
@@ -130,3 +135,21 @@ def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):
     for pid in orphans:
         os.kill(pid, signal.SIGKILL)
     assert not orphans, f"ranks {orphans} outlived their launcher"
+
+
+def test_skipped_rows_on_one_rank_keep_the_ranks_in_step(tiny_copy, tmp_path):
+    """--bad-values skip on one rank's rows leaves it a batch short: every rank ends the epoch at
+    the same step and the report counts the rows of all ranks."""
+    part = tiny_copy / "part-00000.parquet"  # rank 0's rows
+    table = pq.read_table(part)
+    labels = table.column("label").to_numpy().astype(np.float32)
+    labels[[3, 4, 90]] = [7.0, -3.0, np.nan]
+    pq.write_table(table.set_column(0, "label", pa.array(labels)), part)
+    flags = [f for f in TRAIN_FLAGS if f not in ("--max-steps", "2")]
+    result = subprocess.run(_torchrun("--data", str(tiny_copy), *flags, "--log-dir", str(tmp_path / "run"),
+                                      "--bad-values", "skip", "--epochs", "2", "--collective-timeout", "60"),
+                            env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bad values: skipped 3 rows" in result.stdout
+    # 384 rows per rank, 32 per rank-batch: rank 0 keeps 381 -> 11 full batches, so 11 steps per epoch
+    assert "steps           22 " in result.stdout, result.stdout

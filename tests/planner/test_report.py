@@ -21,7 +21,7 @@ DLRM_TABLES = REPO / "examples" / "planner" / "dlrm_dcnv2_tables.yaml"
 SCHEMA = json.loads((REPO / "docs" / "plan.schema.json").read_text())
 SVG = "{http://www.w3.org/2000/svg}"
 GIB = 1024**3
-TOPOLOGIES = ("v5p-64", "v6e-64", "tpu7x-64", "v6e-256")  # v6e-64 has no plan at the default id limit
+TOPOLOGIES = ("v5p-64", "v6e-16", "tpu7x-64", "v6e-256")  # v6e-16 has no plan at an id limit of 400
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,7 @@ def compared(tmp_path_factory):
     """One `plan --compare` run: per-topology plan JSON and HTML, and the comparison page."""
     out = tmp_path_factory.mktemp("plans")
     code = main(["--tables", str(DLRM_TABLES), "--compare", ",".join(TOPOLOGIES), "--batch-size", "65536",
+                 "--max-ids-per-partition", "400",
                  "--out", str(out / "plan.json"), "--html", str(out / "plan.html")])
     assert code == 1  # one topology has no plan
     return out
@@ -79,7 +80,7 @@ def test_charts_have_axes_ticks_and_no_overlapping_text(compared, topology):
 def test_comparison_figure_marks_the_topology_without_a_plan(compared):
     from torchrec_tpu.planner import charts
 
-    results = [(n, "no plan" if n == "v6e-64" else load_plan(compared / f"plan.{n}.json")) for n in TOPOLOGIES]
+    results = [(n, "no plan" if n == "v6e-16" else load_plan(compared / f"plan.{n}.json")) for n in TOPOLOGIES]
     figure = charts.comparison_figure(results)
     assert len(figure.axes) == 3
     for ax in figure.axes:
@@ -110,12 +111,12 @@ def test_reports_are_xhtml_with_three_charts_and_the_compare_page(compared):
         ids = [[e.get("id") for e in s.iter() if e.get("id")] for s in svgs]
         assert not set(ids[0]) & set(ids[1]) and not set(ids[1]) & set(ids[2])  # one page, unique ids
         assert root.find(".//{http://www.w3.org/1999/xhtml}script") is None
-    assert not (compared / "plan.v6e-64.html").exists()
+    assert not (compared / "plan.v6e-16.html").exists()
     page = compared / "plan.html"
     root = ET.parse(page).getroot()
     assert len(root.findall(f".//{SVG}svg")) == 1
     text = page.read_text()
-    assert "v6e-64: table &#x27;C21&#x27;" in text and "tpu7x-64" in text
+    assert "v6e-16: table &#x27;C10&#x27;" in text and "tpu7x-64" in text
 
 
 def test_plan_json_matches_the_schema(compared, tmp_path):

@@ -69,3 +69,10 @@ def test_cli_profiles_the_training_default_engine() -> None:
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     assert config_from_args(parser.parse_args([])).engine == TrainConfig().engine == "sparsecore"
+
+
+def test_cli_refuses_npy_input(capsys, tmp_path) -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--in-memory-binary-criteo-path", str(tmp_path)])) == 2
+    assert "--in-memory-binary-criteo-path is for train" in capsys.readouterr().err

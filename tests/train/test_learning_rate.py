@@ -40,3 +40,27 @@ def test_rates_are_set_on_both_optimizers_before_each_step() -> None:
 def test_bad_schedules_are_config_errors(options, message) -> None:
     with pytest.raises(ConfigError, match=message):
         TrainConfig(**options)
+
+
+def test_scheduled_rate_reaches_both_optimizers_of_the_torchrec_engine(tiny_dataset, tmp_path) -> None:
+    """One step at warm-up rate base/2 ends where one step at the constant rate base/2 ends:
+    FBGEMM's fused embedding update and the dense optimizer both used the scheduled rate."""
+    from tests.train.conftest import flat_checkpoint, tiny_config
+    from torchrec_tpu.train.job import run_job
+
+    runs = {}
+    for name, options in (("scheduled", dict(sparse_lr=0.2, dense_lr=0.1, lr_warmup_steps=2)),
+                          ("constant", dict(sparse_lr=0.1, dense_lr=0.05))):
+        config = tiny_config(tiny_dataset, tmp_path / name, max_steps=1, sparse_optimizer="sgd", **options)
+        runs[name] = flat_checkpoint(run_job(config).checkpoint_dir, tmp_path / f"{name}.pt")
+    scheduled, constant = runs["scheduled"], runs["constant"]
+    weights = [k for k in constant if k.startswith("model.") and isinstance(constant[k], torch.Tensor)]
+    assert any("embedding_bags" in k for k in weights) and any("over_arch" in k for k in weights)
+    for key in weights:
+        torch.testing.assert_close(_local(scheduled[key]), _local(constant[key]), msg=key)
+
+
+def _local(value):
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    return value.local_shards()[0].tensor if isinstance(value, ShardedTensor) else value

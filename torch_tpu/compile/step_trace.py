@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch import nn
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, decomposition_table
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.utils.stateless import _reparametrize_module
@@ -197,13 +197,22 @@ def trace_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         return out
 
     with torch.autograd.set_multithreading_enabled(False):
-        mutating = make_fx(step, decomposition_table=core_aten_decompositions())(
+        mutating = make_fx(step, decomposition_table=_MUTATING_TRACE_DECOMPOSITIONS)(
             *[_fake(mode, s) for s in flat_specs])
         functional = make_fx(torch.func.functionalize(mutating, remove="mutations"),
                              decomposition_table=core_aten_decompositions())(
             *[_fake(mode, dataclasses.replace(s, requires_grad=False)) for s in flat_specs])
     _strip_side_effects(functional)
     return StepGraph(functional, signature, list(updates), len(input_grads))
+
+
+# native_batch_norm updates running_mean/var without saying so in its schema, so functionalization
+# would keep the stale stats: trace it as _native_batch_norm_legit (annotated), which functionalizes
+# to _native_batch_norm_legit_functional returning the new stats.
+_MUTATING_TRACE_DECOMPOSITIONS = {
+    **core_aten_decompositions(),
+    torch.ops.aten.native_batch_norm.default: decomposition_table[torch.ops.aten.native_batch_norm.default],
+}
 
 
 def _strip_side_effects(gm: torch.fx.GraphModule) -> None:

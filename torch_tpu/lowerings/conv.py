@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from torch_tpu._jax import jax, jnp
-from torch_tpu.lowerings._common import promoted
+from torch_tpu.lowerings._common import promoted, upcast
 from torch_tpu.registry import register_lowering
 
 aten = torch.ops.aten
@@ -36,6 +36,8 @@ def _transposed_kernel(weight: jax.Array, groups: int) -> jax.Array:
 
 
 def _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups):
+    """The convolution without bias, in float32 for bfloat16/float16 operands (as torch accumulates)."""
+    accumulate = upcast(input).dtype
     spatial = input.ndim - 2
     numbers = _dimension_numbers(spatial)
     expand = (lambda v: list(v) * spatial if len(v) == 1 else list(v))
@@ -44,7 +46,7 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
         return jax.lax.conv_general_dilated(
             input, weight, window_strides=stride, padding=[(p, p) for p in padding],
             rhs_dilation=dilation, feature_group_count=groups, dimension_numbers=numbers,
-            precision=jax.lax.Precision.HIGHEST,
+            precision=jax.lax.Precision.HIGHEST, preferred_element_type=accumulate,
         )
     output_padding = expand(output_padding)
     kernel = weight.shape[2:]
@@ -52,7 +54,7 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
     return jax.lax.conv_general_dilated(
         input, _transposed_kernel(weight, groups), window_strides=[1] * spatial, padding=pads,
         lhs_dilation=stride, rhs_dilation=dilation, feature_group_count=groups, dimension_numbers=numbers,
-        precision=jax.lax.Precision.HIGHEST,
+        precision=jax.lax.Precision.HIGHEST, preferred_element_type=accumulate,
     )
 
 
@@ -64,8 +66,8 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
         input, weight, bias = promoted(input, weight, bias)
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
-        out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2))
-    return out
+        out = out + upcast(bias).reshape((1, -1) + (1,) * (out.ndim - 2))
+    return out.astype(input.dtype)
 
 
 @register_lowering(aten.convolution_backward.default)
@@ -74,9 +76,11 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     def forward(x, w):
         return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
 
-    _, vjp = jax.vjp(forward, input, weight)
-    grad_input, grad_weight = vjp(grad_output.astype(input.dtype))
+    out, vjp = jax.vjp(forward, input, weight)
+    grad_input, grad_weight = vjp(grad_output.astype(out.dtype))
     grad_bias = None
     if output_mask[2]:
-        grad_bias = jnp.sum(grad_output, axis=(0,) + tuple(range(2, grad_output.ndim))).astype(grad_output.dtype)
-    return (grad_input if output_mask[0] else None, grad_weight if output_mask[1] else None, grad_bias)
+        axes = (0,) + tuple(range(2, grad_output.ndim))
+        grad_bias = jnp.sum(upcast(grad_output), axis=axes).astype(grad_output.dtype)
+    return (grad_input.astype(input.dtype) if output_mask[0] else None,
+            grad_weight.astype(weight.dtype) if output_mask[1] else None, grad_bias)

@@ -78,7 +78,6 @@ def step_time_figure(plan: Plan) -> Figure:
         "Estimated embedding step time per device", "time per step (us)",
         [("SparseCore lookups", [d.lookup_s * 1e6 for d in plan.devices]),
          ("all-to-all", [d.comm_s * 1e6 for d in plan.devices]),
-         ("all-reduce", [d.allreduce_s * 1e6 for d in plan.devices]),
          ("overheads", [d.overhead_s * 1e6 for d in plan.devices])],
         plan.lower_bound_s * 1e6, "lower bound (perfect balance)")
 

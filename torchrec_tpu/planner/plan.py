@@ -59,7 +59,6 @@ class DevicePlan:
     buffer_bytes: int  # activations + all-to-all buffers
     lookup_s: float
     comm_s: float
-    allreduce_s: float
     overhead_s: float  # per-stack kernel overhead + collective latency
     num_stacks: int
     placed_tables: tuple[str, ...]  # table-/column-wise tables with a shard here
@@ -70,7 +69,7 @@ class DevicePlan:
 
     @property
     def time_s(self) -> float:
-        return self.lookup_s + self.comm_s + self.allreduce_s + self.overhead_s
+        return self.lookup_s + self.comm_s + self.overhead_s
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,10 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         tables = tuple(
             TablePlan(**{**t, "shards": tuple(ShardPlacement(**s) for s in t["shards"])}) for t in data["tables"]
         )
-        devices = tuple(DevicePlan(**{**d, "placed_tables": tuple(d["placed_tables"])}) for d in data["devices"])
+        # plans from before data-parallel tables were priced as the runtime runs them carry an
+        # all-reduce time per device; nothing reads it any more
+        devices = tuple(DevicePlan(**{**{k: v for k, v in d.items() if k != "allreduce_s"},
+                                      "placed_tables": tuple(d["placed_tables"])}) for d in data["devices"])
         stacks = tuple(StackPlan(s["name"], s["device"], tuple(s["tables"])) for s in data["stacks"])
         return Plan(_topology_from_dict(data["topology"]), data["batch_size"], data["max_ids_per_partition"],
                     data["usable_hbm_bytes_per_device"], tables, devices, stacks, data["lower_bound_s"],

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from torchrec_tpu.profiling.phases import DENSE_BWD, OPTIMIZER, PREPROCESS, PhasedParquetReader, phase_ranges
 from torchrec_tpu.profiling.summary import format_summary
 from torchrec_tpu.profiling.trace import TraceFiles, profiling, traced_step
+from torchrec_tpu.train.batch_streams import training_streams
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
@@ -53,6 +54,8 @@ def profile_training(
     """Run ``warmup`` + ``steps`` training steps, tracing the last ``steps``."""
     if steps < 1 or warmup < 1:
         raise ValueError(f"need steps >= 1 and warmup >= 1, got steps={steps}, warmup={warmup}")
+    if config.in_memory_binary_criteo_path is not None:
+        raise ValueError("profile reads Parquet (--data); --in-memory-binary-criteo-path is for train")
     log_dir = Path(log_dir) if log_dir else config.resolved_log_dir() / "profile"
     torch.manual_seed(config.seed)
     with process_group() as env, open_data(config, env) as data:
@@ -64,7 +67,8 @@ def profile_training(
         )
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         model, optimizer = model_and_optimizer(config, spec, env, device)
-        batches = itertools.chain.from_iterable(itertools.repeat(reader))  # epochs as needed
+        stream, _ = training_streams(config, reader, reader, data.table_sizes, env.world_size, 0)
+        batches = itertools.chain.from_iterable(itertools.repeat(stream))  # epochs as needed
 
         def step() -> None:
             batch = next(batches)

@@ -136,6 +136,10 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
             )
 
         train, held_out = reader(train_files, config.batch_size), reader(eval_files, config.eval_batch_size)
+        if lockstep and len(train) == 0 and train.num_rows >= env.world_size:
+            raise ConfigError(f"--batch-size={config.batch_size} ({config.batch_size // env.world_size} per rank) "
+                              f"exceeds each rank's {train.num_rows // env.world_size} training rows of "
+                              f"--data={str(source)!r}; {env.world_size} ranks train in lock-step on full batches")
         if lockstep and len(held_out) == 0 and held_out.num_rows >= env.world_size:
             # fewer held-out rows per rank than one evaluation batch: evaluate them in one batch
             held_out = reader(eval_files, held_out.num_rows // env.world_size * env.world_size)

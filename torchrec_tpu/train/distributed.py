@@ -11,21 +11,19 @@ names the rank that stalled or failed (a failing rank posts its error before lea
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import os
-import signal
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch.distributed as dist
 
 from torchrec_tpu.errors import one_line
+from torchrec_tpu.launcher import die_with_parent
 from torchrec_tpu.train import rank_watch
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -55,19 +53,6 @@ def current_env(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> D
 def new_group(env: DistEnv, backend: str | None = None) -> dist.ProcessGroup:
     """``dist.new_group`` over all ranks with ``env``'s collective timeout (a collective)."""
     return dist.new_group(backend=backend, timeout=env.timeout)
-
-
-def die_with_parent() -> None:
-    """Have the kernel send SIGTERM to this process when its parent (torchrun) exits (Linux;
-    a no-op elsewhere); exit at once if the parent is already gone."""
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.rank_agreement import AgreedBatches
+from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.sharding import build_optimizer, shard_model
@@ -71,7 +72,9 @@ def model_spec(config: TrainConfig, feature_names: tuple[str, ...], table_sizes:
 
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
-    with process_group(config.collective_timeout) as env:
+    with process_group(config.collective_timeout) as env, \
+            collectives("the collectives of setting up or finishing the run (model sharding, DDP "
+                        "init, broadcasts, the final checkpoint)"):
         return _run(config, env, device)
 
 
