@@ -110,6 +110,8 @@ def _check_sample(opinfo, sample, dtype, grad):
     else:
         compared = expected
     tpu_args, tpu_kwargs = pytree.tree_map(_to_tpu, ((sample.input, *sample.args), sample.kwargs))
+    if "device" in tpu_kwargs:  # factories with tensor arguments (linspace.Tensor_Tensor ...)
+        tpu_kwargs["device"] = "tpu"
     actual = opinfo.op(*tpu_args, **tpu_kwargs)
     if opinfo.name in _TIE_INDEX_DIM and not sample.kwargs.get("stable", False):
         _check_tie_indices(opinfo.name, sample, actual, compared)
