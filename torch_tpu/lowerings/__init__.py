@@ -10,6 +10,7 @@ from torch_tpu.lowerings import (  # noqa: F401
     losses,
     norms,
     reductions,
+    rnn,
     shape,
 )
 from torch_tpu.lowerings import foreach  # noqa: F401,E402  (builds on the per-tensor lowerings)
