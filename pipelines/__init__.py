@@ -8,5 +8,11 @@ Modules (import them directly; this package imports nothing heavy so the CLI sta
 * ``pipelines.synthetic``     ``SyntheticConfig``, ``generate``, ``default_dataset``
 * ``pipelines.arrow_batch``   ``batch_from_arrow``: one Arrow table / record batch -> ``Batch``
 * ``pipelines.parquet_reader`` ``ParquetBatchReader``: Parquet files -> sharded ``Batch`` stream
+* ``pipelines.parquet_writer`` chunked Parquet output, each file renamed into place when complete
+* ``pipelines.dataset_dir``   atomic dataset directories (temporary dir + rename, ``_COMPLETE.json``)
+* ``pipelines.text_parsing``  vectorised TSV / CSV field parsing
+* ``pipelines.ray_data``      Ray Data reader (``streaming_split``) yielding ``Batch``
+* ``pipelines.sample_data``   the vendored Criteo sample rows (package data)
+* ``pipelines.inference``     resumable batch inference over Parquet
 * ``pipelines.cli``           ``torchrec-tpu data convert|generate``
 """

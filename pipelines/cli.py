@@ -20,16 +20,19 @@ def _positive_int(text: str) -> int:
 
 def _add_output_arguments(parser: argparse.ArgumentParser, rows_per_file: int, row_group_size: int) -> None:
     parser.add_argument("--output", "-o", type=Path, required=True, help="empty output directory")
-    parser.add_argument("--rows-per-file", type=_positive_int, default=rows_per_file)
-    parser.add_argument("--row-group-size", type=_positive_int, default=row_group_size)
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--rows-per-file", type=_positive_int, default=rows_per_file, metavar="N",
+                        help="rows per Parquet file")
+    parser.add_argument("--row-group-size", type=_positive_int, default=row_group_size, metavar="N",
+                        help="rows per Parquet row group")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                        help="show a tqdm progress bar")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
 
     convert = commands.add_parser(
-        "convert",
+        "convert", formatter_class=parser.formatter_class,
         help="convert Criteo TSV (headerless) / CSV (with header) logs to Parquet",
         description="Convert Criteo text logs to Parquet, streaming, with every row accounted for.",
     )
@@ -37,29 +40,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_output_arguments(convert, rows_per_file=1 << 22, row_group_size=1 << 17)
     convert.add_argument(
         "--format", choices=("auto", "tsv", "csv"), default="auto",
-        help="auto: *.csv has a header, anything else is headerless TSV (default)",
+        help="auto: *.csv has a header, anything else is headerless TSV",
     )
     convert.add_argument(
         "--on-bad-row", choices=("error", "skip"), default="error",
-        help="stop at the first malformed row (default) or count and skip such rows",
+        help="stop at the first malformed row or count and skip such rows",
     )
 
     generate = commands.add_parser(
-        "generate",
+        "generate", formatter_class=parser.formatter_class,
         help="write a synthetic Criteo-like dataset (Zipf ids, missing values, learnable labels)",
         description="Write a deterministic synthetic Criteo-like dataset as Parquet.",
     )
     _add_output_arguments(generate, rows_per_file=1 << 18, row_group_size=1 << 16)
-    generate.add_argument("--rows", type=_positive_int, default=1_000_000)
-    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--rows", type=_positive_int, default=1_000_000, metavar="N",
+                          help="rows to generate")
+    generate.add_argument("--seed", type=int, default=0, metavar="N", help="random seed")
     generate.add_argument(
         "--max-cardinality", type=_positive_int, default=100_000,
-        help="cap on each MLPerf DLRM-DCNv2 table size",
+        metavar="N", help="cap on each MLPerf DLRM-DCNv2 table size",
     )
-    generate.add_argument("--zipf-exponent", type=float, default=1.05)
+    generate.add_argument("--zipf-exponent", type=float, default=1.05, metavar="X",
+                          help="Zipf exponent of the id distributions")
     generate.add_argument(
-        "--multi-hot", default="", help="comma-separated categorical columns stored as list<int64>"
+        "--multi-hot", default="", metavar="C1,C2,...",
+        help="comma-separated categorical columns stored as list<int64> of Poisson lengths "
+             "(default: none)"
     )
+    generate.add_argument(
+        "--multi-hot-sizes", default="", metavar="K,K,...",
+        help="MLPerf DLRM-DCNv2 multi-hot: exactly K ids per row for each categorical column "
+             "(one K per column, or one for all; K > 1 makes the column list<int64>) (default: one-hot)",
+    )
+
+
+def _multi_hot_sizes(text: str, count: int) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--multi-hot-sizes={text!r} must be comma-separated integers") from None
+    sizes = sizes * count if len(sizes) == 1 else sizes
+    if len(sizes) != count or min(sizes) < 1:
+        raise ValueError(f"--multi-hot-sizes={text!r} needs one size >= 1 per categorical column ({count}), "
+                         "or one for all")
+    return sizes
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -75,7 +101,7 @@ def _convert(args: argparse.Namespace) -> int:
             on_bad_row=args.on_bad_row,
             rows_per_file=args.rows_per_file,
             row_group_size=args.row_group_size,
-            progress=not args.no_progress,
+            progress=args.progress,
         )
     except (ValueError, OSError) as error:  # malformed rows (BadRowError), bad header, files
         print(f"error: {error}", file=sys.stderr)
@@ -89,10 +115,12 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from pipelines.schema import CRITEO
     from pipelines.synthetic import SyntheticConfig, generate
 
     try:
         config = SyntheticConfig(
+            multi_hot_sizes=_multi_hot_sizes(args.multi_hot_sizes, len(CRITEO.sparse)),
             num_rows=args.rows,
             seed=args.seed,
             max_cardinality=args.max_cardinality,
@@ -101,7 +129,7 @@ def _generate(args: argparse.Namespace) -> int:
             rows_per_file=args.rows_per_file,
             row_group_size=args.row_group_size,
         )
-        files = generate(config, args.output, progress=not args.no_progress)
+        files = generate(config, args.output, progress=args.progress)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -9,6 +9,10 @@ Last partial batch: with ``drop_last=False`` each rank yields its rows in full, 
 possibly smaller than ``batch_size`` (ranks can then differ by one batch). With ``drop_last=True``
 every rank yields the same number of full batches, ``(N // W) // batch_size``, and the remainder of
 each range is dropped (``rows_dropped``), which lock-step distributed training needs.
+
+Bad label and dense values follow ``bad_values`` (:mod:`pipelines.bad_values`), applied to each
+row group's rows before batching, so skipped rows never leave a batch short (with ``drop_last``
+a short last batch is dropped). Positions (``iter_from_row``) count the rows kept.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from pipelines.arrow_batch import TableSizes, batch_from_arrow, table_sizes_for
+from pipelines.bad_values import POLICIES, BadValueLog, Source, apply_policy, kept_rows
 from pipelines.dataset_dir import check_dataset_dir
 from pipelines.parquet_writer import PARQUET_SUFFIX
 from pipelines.schema import CRITEO, DatasetSchema
@@ -166,6 +172,7 @@ class RowGroup:
     index: int
     first_row: int  # global row index of the group's first row
     num_rows: int
+    file_row: int = 0  # row index of the group's first row within its file
 
 
 def shard_range(num_rows: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -205,9 +212,15 @@ class ParquetBatchReader:
         world_size: int | None = None,
         drop_last: bool = False,
         prefetch_row_groups: int = 2,
+        bad_values: str = "error",
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        if bad_values not in POLICIES:
+            raise ValueError(f"bad_values must be one of {list(POLICIES)}, got {bad_values!r}")
+        self.bad_values = bad_values
+        self.bad_value_log = BadValueLog()  # rows skipped / clamped so far
+        self.drop_last = drop_last
         self.files = list_parquet_files(paths)
         self.batch_size = batch_size
         self.table_sizes = table_sizes_for(schema, num_embeddings_per_feature)
@@ -233,18 +246,20 @@ class ParquetBatchReader:
             if missing:
                 raise ParquetDataError(f"{path}: columns {missing} of the schema are missing")
             check_column_types(path, parquet_file.schema_arrow, self.schema)
+            file_row = 0
             for index in range(metadata.num_row_groups):
                 rows = metadata.row_group(index).num_rows
-                groups.append(RowGroup(path, index, first_row, rows))
+                groups.append(RowGroup(path, index, first_row, rows, file_row))
                 first_row += rows
+                file_row += rows
         return groups
 
     def __len__(self) -> int:
         return -(-(self.stop - self.start) // self.batch_size)
 
-    def _tables(self, start: int) -> Iterator[pa.Table]:
+    def _slices(self, start: int, columns: Sequence[str]) -> Iterator[tuple[int, pa.Table, Source]]:
         """The rows of this rank's range from global row ``start`` on, one table per overlapping
-        row group."""
+        row group: (global row of its first row, table, where that row sits in its file)."""
         open_path, parquet_file = None, None
         for group in self.row_groups:
             lo = max(start, group.first_row)
@@ -253,8 +268,28 @@ class ParquetBatchReader:
                 continue
             if group.path != open_path:
                 open_path, parquet_file = group.path, open_parquet(group.path)
-            table = read_row_group(group.path, group.index, self.schema.column_names, parquet_file)
-            yield table.slice(lo - group.first_row, hi - lo)
+            table = read_row_group(group.path, group.index, columns, parquet_file)
+            offset = lo - group.first_row
+            yield lo, table.slice(offset, hi - lo), Source(str(group.path), group.file_row + offset)
+
+    def _tables(self, start: int) -> Iterator[pa.Table]:
+        """:meth:`_slices` with the bad-value policy applied."""
+        for _, table, source in self._slices(start, self.schema.column_names):
+            yield apply_policy(table, self.schema, self.bad_values, source, self.bad_value_log)
+
+    def _raw_start(self, kept: int) -> int:
+        """The global row after the first ``kept`` rows of this rank's range that pass the
+        policy (to count them, only the label and dense columns are read)."""
+        if self.bad_values == "error" or kept == 0:
+            return self.start + kept
+        counted = 0
+        for first, table, _ in self._slices(self.start, [self.schema.label, *self.schema.dense]):
+            mask = kept_rows(table, self.schema, self.bad_values)
+            here = int(mask.sum())
+            if counted + here >= kept:
+                return first + int(np.flatnonzero(mask)[kept - counted - 1]) + 1
+            counted += here
+        return self.stop
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iter_from(0)
@@ -271,7 +306,7 @@ class ParquetBatchReader:
         batches iterating yields when ``row`` is a multiple of ``batch_size``)."""
         if row < 0:
             raise ValueError(f"row must be >= 0, got {row}")
-        return self._iter_rows(min(self.start + row, self.stop))
+        return self._iter_rows(min(self._raw_start(row), self.stop))
 
     def _iter_rows(self, start: int) -> Iterator[Batch]:
         pending: list[pa.Table] = []
@@ -281,13 +316,18 @@ class ParquetBatchReader:
             pending_rows += table.num_rows
             if pending_rows < self.batch_size:
                 continue
-            rows = pa.concat_tables(pending)
+            rows = _concat(pending)
             full = pending_rows // self.batch_size * self.batch_size
             for offset in range(0, full, self.batch_size):
                 yield self._batch(rows.slice(offset, self.batch_size))
             pending, pending_rows = [rows.slice(full)], pending_rows - full
-        if pending_rows:
-            yield self._batch(pa.concat_tables(pending))
+        if pending_rows and not self.drop_last:  # with drop_last: short only after skipped rows
+            yield self._batch(_concat(pending))
 
     def _batch(self, rows: pa.Table) -> Batch:
         return batch_from_arrow(rows, self.table_sizes, self.schema)
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    """One table; files may store a column in different numeric types (int8 and float labels)."""
+    return pa.concat_tables(tables, promote_options="permissive")

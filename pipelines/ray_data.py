@@ -42,6 +42,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.arrow_batch import TableSizes, batch_from_arrow, table_sizes_for
+from pipelines.bad_values import Source, apply_policy
 from pipelines.parquet_reader import ParquetBatchReader, RowGroup, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
 
@@ -60,26 +61,37 @@ def local_ray(
     """A private Ray instance in this process for the ``with`` body, shut down at exit.
 
     Reuses an instance that is already initialised (its owner shuts it down). ``address="local"``
-    never attaches to another user's cluster on a shared machine.
+    never attaches to another user's cluster on a shared machine. Its session lives in a private
+    temporary directory that a watchdog removes, with every Ray process, when this process exits
+    in any way, SIGKILL included (:mod:`pipelines.ray_session`). Ray logs only errors here; its
+    own logs stay in the session directory while it runs.
     """
+    import logging
+
     import ray
+
+    from pipelines.ray_session import ray_temp_dir
 
     if ray.is_initialized():
         yield
         return
     if num_cpus < 1:
         raise ValueError(f"num_cpus must be >= 1, got {num_cpus}")
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        object_store_memory=object_store_memory,
-        include_dashboard=False,
-        log_to_driver=False,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    with ray_temp_dir() as temp_dir:
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            object_store_memory=object_store_memory,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            _temp_dir=temp_dir,
+        )
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 def default_device() -> torch.device:
@@ -97,28 +109,30 @@ def row_groups(paths: str | Path | Sequence[str | Path], schema: DatasetSchema =
     return ParquetBatchReader(paths, 1, (1,) * len(schema.sparse), schema).row_groups
 
 
-def _read_row_groups(units: dict[str, np.ndarray], columns: list[str]) -> pa.Table:
+def _read_row_groups(units: dict[str, np.ndarray], schema: DatasetSchema, bad_values: str) -> pa.Table:
     tables = [
-        read_row_group(Path(path), int(index), columns)
-        for path, index in zip(units["path"], units["row_group"])
+        apply_policy(read_row_group(Path(path), int(index), schema.column_names), schema, bad_values,
+                     Source(str(path), int(file_row)))
+        for path, index, file_row in zip(units["path"], units["row_group"], units["file_row"])
     ]
-    return pa.concat_tables(tables)
+    return pa.concat_tables(tables, promote_options="permissive")
 
 
 def read_dataset(
-    paths: str | Path | Sequence[str | Path], schema: DatasetSchema = CRITEO
+    paths: str | Path | Sequence[str | Path], schema: DatasetSchema = CRITEO, bad_values: str = "error"
 ) -> "ray.data.Dataset":
-    """The schema's columns of the Parquet files, one block per row group read by a Ray task."""
+    """The schema's columns of the Parquet files, one block per row group read by a Ray task,
+    ``bad_values`` applied (:mod:`pipelines.bad_values`; skip counts stay in the workers)."""
     import ray.data
 
     groups = row_groups(paths, schema)
     units = ray.data.from_items(
-        [{"path": str(group.path), "row_group": group.index} for group in groups],
+        [{"path": str(group.path), "row_group": group.index, "file_row": group.file_row} for group in groups],
         override_num_blocks=len(groups),
     )
     return units.map_batches(
         _read_row_groups, batch_size=1, batch_format="numpy",
-        fn_kwargs={"columns": schema.column_names},
+        fn_kwargs={"schema": schema, "bad_values": bad_values},
     )
 
 
@@ -198,10 +212,11 @@ def preprocessed_dataset(
     paths: str | Path | Sequence[str | Path],
     num_embeddings_per_feature: TableSizes,
     schema: DatasetSchema = CRITEO,
+    bad_values: str = "error",
 ) -> "ray.data.Dataset":
     """:func:`read_dataset` followed by :func:`preprocess` in ``map_batches`` (one call per block)."""
     sizes = table_sizes_for(schema, num_embeddings_per_feature)
-    return read_dataset(paths, schema).map_batches(
+    return read_dataset(paths, schema, bad_values).map_batches(
         preprocess,
         batch_format="pyarrow",
         batch_size=None,

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from pipelines.dataset_dir import staged_dataset
 from pipelines.parquet_writer import ParquetShardWriter
-from pipelines.schema import DatasetSchema, criteo_schema
+from pipelines.schema import CRITEO, DatasetSchema, criteo_schema
 
 GENERATOR_VERSION = 1
 
@@ -75,6 +75,7 @@ class SyntheticConfig:
     multi_hot: tuple[str, ...] = ()
     multi_hot_mean_length: float = 3.0
     multi_hot_max_length: int = 8
+    multi_hot_sizes: tuple[int, ...] = ()  # MLPerf DLRM-DCNv2: exactly k ids per row (k > 1: multi-hot)
     signal_dense: tuple[str, ...] = ("I2", "I5", "I7")
     signal_sparse: tuple[str, ...] = ("C2", "C6", "C9", "C14")
     dense_weight: float = 0.4
@@ -103,6 +104,9 @@ class SyntheticConfig:
             raise ValueError(f"zipf_exponent must be >= 0, got {self.zipf_exponent}")
         if not 0.0 < self.base_click_rate < 1.0:
             raise ValueError(f"base_click_rate must lie in (0, 1), got {self.base_click_rate}")
+        if self.multi_hot_sizes and (len(self.multi_hot_sizes) != len(schema.sparse)
+                                     or min(self.multi_hot_sizes) < 1):
+            raise ValueError(f"multi_hot_sizes needs {len(schema.sparse)} sizes >= 1, got {self.multi_hot_sizes}")
         if self.multi_hot and not 1 <= self.multi_hot_mean_length <= self.multi_hot_max_length:
             raise ValueError("need 1 <= multi_hot_mean_length <= multi_hot_max_length")
         for names, allowed in ((self.signal_dense, schema.dense), (self.signal_sparse, schema.sparse)):
@@ -112,7 +116,8 @@ class SyntheticConfig:
 
     @property
     def schema(self) -> DatasetSchema:
-        return criteo_schema(frozenset(self.multi_hot))
+        fixed = {name for name, k in zip(CRITEO.sparse, self.multi_hot_sizes) if k > 1}
+        return criteo_schema(frozenset(self.multi_hot) | fixed)
 
     @property
     def table_sizes(self) -> tuple[int, ...]:
@@ -121,7 +126,10 @@ class SyntheticConfig:
 
     def cache_key(self) -> str:
         """A digest of the config and the generator version."""
-        payload = json.dumps([GENERATOR_VERSION, dataclasses.asdict(self)], sort_keys=True)
+        fields = dataclasses.asdict(self)
+        if not fields["multi_hot_sizes"]:  # keeps the keys of datasets made before the option
+            del fields["multi_hot_sizes"]
+        payload = json.dumps([GENERATOR_VERSION, fields], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -211,8 +219,12 @@ class SyntheticGenerator:
             if feature.effects is not None:
                 logit += np.where(missing, 0.0, config.effect_scale * feature.effects[ids])
             return pa.array(ids, mask=missing)
-        lengths = 1 + rng.poisson(config.multi_hot_mean_length - 1.0, rows)
-        lengths = np.where(missing, 0, np.minimum(lengths, config.multi_hot_max_length))
+        fixed = config.multi_hot_sizes[k] if config.multi_hot_sizes else 1
+        if fixed > 1:
+            lengths = np.where(missing, 0, fixed)
+        else:
+            lengths = 1 + rng.poisson(config.multi_hot_mean_length - 1.0, rows)
+            lengths = np.where(missing, 0, np.minimum(lengths, config.multi_hot_max_length))
         ids = feature.sample(rng, int(lengths.sum()))
         if feature.effects is not None:
             bag_sums = np.bincount(

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install the pinned stack plus this project (editable). Idempotent: a stamp
-# holding the hash of every install input makes a re-run with nothing changed return at once.
+# Create .venv and install the pinned stack (pyproject.toml: dependencies and the test and profile
+# extras) plus this project, editable. Idempotent: a stamp holding the hash of every install input
+# makes a re-run with nothing changed return at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -8,7 +9,8 @@ VENV=.venv
 STAMP="$VENV/.torchrec_tpu_setup_stamp"
 
 inputs_hash() {
-    cat pyproject.toml requirements/*.txt scripts/setup.sh | sha256sum | cut -d' ' -f1
+    cat pyproject.toml packaging/fbgemm-gpu-cpu-alias/pyproject.toml scripts/setup.sh \
+        | sha256sum | cut -d' ' -f1
 }
 
 want="$(inputs_hash)"
@@ -18,15 +20,14 @@ fi
 
 echo "[setup] installing the pinned stack into $VENV (first run takes a few minutes)"
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -c requirements/constraints.txt)
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
 # This machine's pip config lists local mirror folders that may be absent; their warnings are noise.
 pip_install() { "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
-pip_install -q -r requirements/stack.txt -r requirements/dev.txt
-# torchrec 1.8.0 declares the CUDA fbgemm-gpu; its real deps are in requirements/stack.txt.
-pip_install -q --no-deps torchrec==1.8.0
-pip_install -q --no-deps --no-build-isolation -e .
+# The README's install line, editable and with the test and profile extras. The alias folder
+# satisfies torchrec's CUDA `fbgemm-gpu` requirement with fbgemm-gpu-cpu (packaging/README.md).
+pip_install -q ./packaging/fbgemm-gpu-cpu-alias -e ".[test,profile]"
 "$VENV/bin/python" - <<'PY'
-import fbgemm_gpu, jax, pyarrow, ray, torch, torchrec  # noqa: F401  (fail here, not mid-job)
+import fbgemm_gpu, jax, matplotlib, pyarrow, ray, torch, torchrec, xprof  # noqa: F401  (fail here, not mid-job)
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 PY
 echo "$want" > "$STAMP"

@@ -1,4 +1,8 @@
-"""Host preprocessing: sparse ids -> per-SparseCore CSR-wrapped COO buffers (vectorized numpy).
+"""Host preprocessing: sparse ids -> per-SparseCore CSR-wrapped COO buffers.
+
+Two engines build the same bytes: the compiled extension (``sparsecore.preprocess_native``,
+multi-threaded C++, the default wherever it builds) and the vectorized numpy code in this module,
+the reference it is tested against and the fallback.
 
 The output is jax-tpu-embedding's device input format, per stacked table:
 
@@ -29,11 +33,15 @@ from dataclasses import dataclass
 import numpy as np
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from sparsecore import native
 from sparsecore.limits import OVERFLOW_POLICIES, PartitionOverflowError, StackStats
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput, feature_inputs
 from tpu_facts import ALIGNMENT as ALIGN
 from tpu_facts import PADDING_ID, round_up
+
+
+ENGINES = ("auto", "compiled", "numpy")  # auto: compiled when the extension builds, else numpy
 
 
 @dataclass(frozen=True)
@@ -83,19 +91,23 @@ def preprocess(
     *,
     overflow: str = "error",
     id_policy: str = "error",
+    engine: str = "auto",
 ) -> PreprocessedBatch:
     """Validate a KJT and build the CSR buffers of every stack (see module docstring)."""
     inputs = feature_inputs(kjt, plan.features, plan.tables, id_policy)
-    return preprocess_inputs(inputs, plan, overflow=overflow)
+    return preprocess_inputs(inputs, plan, overflow=overflow, engine=engine)
 
 
 def preprocess_inputs(
-    inputs: Mapping[str, FeatureInput], plan: StackingPlan, *, overflow: str = "error", threads: int | None = None
+    inputs: Mapping[str, FeatureInput], plan: StackingPlan, *, overflow: str = "error", threads: int | None = None,
+    engine: str = "auto",
 ) -> PreprocessedBatch:
-    """Build the CSR buffers from already validated per-feature inputs; stacks are built on
-    ``threads`` threads (default: one per stack, up to the CPU count; numpy sorts release the GIL)."""
-    if overflow not in OVERFLOW_POLICIES:
-        raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+    """Build the CSR buffers from already validated per-feature inputs on ``threads`` threads
+    (default: the CPUs; numpy: one per stack, its sorts release the GIL)."""
+    if _use_compiled(engine, overflow):
+        from sparsecore.preprocess_native import preprocess_compiled
+
+        return PreprocessedBatch(preprocess_compiled(inputs, plan, overflow, threads, row_ordered=False))
     devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
     threads = threads or min(len(plan.stacks), os.cpu_count() or 1)
 
@@ -109,14 +121,29 @@ def preprocess_inputs(
 
 
 def preprocess_row_ordered(
-    inputs: Mapping[str, FeatureInput], plan: StackingPlan, *, overflow: str = "error"
+    inputs: Mapping[str, FeatureInput], plan: StackingPlan, *, overflow: str = "error", threads: int | None = None,
+    engine: str = "auto",
 ) -> dict[str, RowOrderedEntries]:
     """The entries ``preprocess_inputs`` would lay out into CSR buffers, per stack, in row order
-    (one sort; the CSR buffers are only built when a partition is over its limit)."""
-    if overflow not in OVERFLOW_POLICIES:
-        raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+    (numpy: one sort; the CSR buffers are only built when a partition is over its limit)."""
+    if _use_compiled(engine, overflow):
+        from sparsecore.preprocess_native import preprocess_compiled
+
+        return preprocess_compiled(inputs, plan, overflow, threads, row_ordered=True)
     devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
     return {stack.name: _row_ordered_stack(stack, inputs, devices, s, overflow) for stack in plan.stacks}
+
+
+def _use_compiled(engine: str, overflow: str) -> bool:
+    """Whether ``engine`` means the compiled path here (checks both arguments)."""
+    if overflow not in OVERFLOW_POLICIES:
+        raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"preprocessing engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "compiled":
+        native.require_extension()
+        return True
+    return engine == "auto" and native.extension() is not None
 
 
 def _row_ordered_stack(

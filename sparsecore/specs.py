@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 import torch
 
 from sparsecore.optimizers import SGD, OptimizerSpec
-from tpu_facts import COMBINERS, DEFAULT_MAX_IDS_PER_PARTITION, MAX_VOCAB, ChipGeneration, chip_generation
+from tpu_facts import (
+    COMBINERS,
+    DEFAULT_MAX_IDS_PER_PARTITION,
+    MAX_VOCAB,
+    ChipGeneration,
+    DeviceCounts,
+    Slice,
+    check_mod_sharding,
+    chip_generation,
+)
 
 
 @dataclass(frozen=True)
@@ -133,42 +142,41 @@ class FeatureSpec:
 
 
 @dataclass(frozen=True)
-class SparseCoreTopology:
-    """The SparseCores a model is laid out on: ``num_chips`` chips of one TPU ``generation``.
+class SparseCoreTopology(DeviceCounts):
+    """The SparseCores one engine instance lays its stacks over: the JAX devices of ``num_chips``
+    chips of one TPU ``generation``, or only ``num_devices`` of them (one tpu7x chiplet).
 
     Preprocessing works per JAX device: a chip may show up as several devices (TPU7x: two
-    chiplets of two SparseCores each), so ids and samples are split over ``num_devices``.
+    chiplets of two SparseCores each), so ids and samples are split over ``num_devices``. A
+    training rank's share of a planned :class:`~tpu_facts.Slice` is :meth:`for_rank`.
     """
 
     generation: str = "v5p"
     num_chips: int = 1
+    num_devices: int | None = None  # None: every device of the num_chips chips
 
     def __post_init__(self) -> None:
-        chip_generation(self.generation)  # raises on unknown generations
+        chip = chip_generation(self.generation)  # raises on unknown generations
         if not isinstance(self.num_chips, int) or self.num_chips < 1:
             raise ValueError(f"num_chips must be a positive int, got {self.num_chips!r}")
-        n = self.num_sparsecores
-        if n & (n - 1):
-            raise ValueError(
-                f"mod sharding needs a power-of-two SparseCore count; {self.num_chips} chips x "
-                f"{self.chip.sparsecores_per_chip} SparseCores = {n}"
-            )
+        whole = self.num_chips * chip.devices_per_chip
+        if self.num_devices is None:
+            object.__setattr__(self, "num_devices", whole)
+        elif not isinstance(self.num_devices, int) or not whole - chip.devices_per_chip < self.num_devices <= whole:
+            raise ValueError(f"num_devices={self.num_devices!r} does not fit {self.num_chips} {chip.name} chip(s) "
+                             f"of {chip.devices_per_chip} device(s) each")
+        check_mod_sharding(self.num_sparsecores, f"{self.num_chips} {chip.name} chip(s) ({self.num_devices} "
+                                                 f"devices x {chip.sparsecores_per_device} SparseCores)")
+
+    @classmethod
+    def for_rank(cls, topology: Slice, world_size: int) -> SparseCoreTopology:
+        """The devices one of ``world_size`` equal ranks drives on ``topology`` (a plan's slice)."""
+        devices = topology.devices_per_rank(world_size)
+        return cls(topology.chip.name, -(-devices // topology.chip.devices_per_chip), devices)
 
     @property
-    def chip(self) -> ChipGeneration:
+    def chip(self) -> ChipGeneration:  # type: ignore[override]  (a property over DeviceCounts' field)
         return chip_generation(self.generation)
-
-    @property
-    def num_devices(self) -> int:
-        return self.num_chips * self.chip.devices_per_chip
-
-    @property
-    def sparsecores_per_device(self) -> int:
-        return self.chip.sparsecores_per_device
-
-    @property
-    def num_sparsecores(self) -> int:
-        return self.num_devices * self.sparsecores_per_device
 
     @property
     def hbm_bytes_per_chip(self) -> int:

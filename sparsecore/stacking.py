@@ -118,12 +118,6 @@ class StackingPlan:
     features: tuple[FeatureSpec, ...]
     stacks: tuple[StackedTable, ...]
 
-    def stack_of_table(self, table: str) -> StackedTable:
-        for stack in self.stacks:
-            if any(p.table == table for p in stack.tables):
-                return stack
-        raise KeyError(f"unknown table {table!r}")
-
     def with_limits(self, limits: Mapping[str, ProposedLimits]) -> StackingPlan:
         """This plan with new partition limits for the named stacks (e.g. ``FdoRecorder.propose``)."""
         unknown = sorted(set(limits) - {s.name for s in self.stacks})
@@ -177,9 +171,10 @@ def plan_stacking(
     ``auto_stack_tables`` does, whatever order ``tables`` and ``features`` come in.
 
     That layout is by name: features in name order (the leaf order of jax-tpu-embedding's feature
-    dict) give every stack its feature order and sample offsets, and tables come in the order their
-    first feature appears there; they group by (padded dim, optimizer, combiner), each group split
-    first fit where the pooled activations per SparseCore would exceed ``activation_bytes_limit``.
+    dict) give every stack its feature order and sample offsets, and stacks and tables come in the
+    order their first feature appears there; tables group by (padded dim, optimizer, combiner), each
+    group split first fit where the pooled activations per SparseCore would exceed
+    ``activation_bytes_limit``.
     A one-table stack keeps its table's partition limits; a multi-table stack gets
     ``stack_to_max_(unique_)ids_per_partition(stack name, its sample count)`` (default 256, as
     jax-tpu-embedding; ``StackingPlan.with_table_limits`` sums its tables' limits instead).
@@ -232,7 +227,9 @@ def _group_tables(
             else:
                 split.append([table])
         groups.extend(split)
-    return groups
+    # stacks in the order their first feature appears (a group's first table is its earliest)
+    first_seen = {t.name: i for i, t in enumerate(tables)}
+    return sorted(groups, key=lambda group: first_seen[group[0].name])
 
 
 def _build_stack(group: list[TableSpec], features: Sequence[FeatureSpec], n: int, rotation: int,

@@ -30,7 +30,7 @@ def note_output(array: jax.Array) -> None:
 
 
 def _jax_device() -> jax.Device:
-    return jax.devices()[0]
+    return jax.local_devices()[0]  # with jax.distributed, jax.devices() lists every process
 
 
 def _check_index(device: int | str | torch.device | None) -> None:

@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 
 from torch_tpu import decompositions, device as tpu_device
 from torch_tpu import fallback, metadata_ops, modes, op_jit, random as tpu_random, tensor as tensor_mod
-from torch_tpu._jax import jax, jnp
+from torch_tpu._jax import ARRAY_TYPE, jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 from torch_tpu.registry import Lowering, get_lowering
 from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, make_alias, meta_like, to_cpu, to_jax, write
@@ -28,7 +28,7 @@ from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, make_alias, meta_l
 aten = torch.ops.aten
 Plan = Callable[[Any, tuple, dict], Any]
 _PLANS: dict[Any, Plan] = {}
-_ARRAY = type(jnp.zeros(()))
+_ARRAY = ARRAY_TYPE
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -91,7 +91,18 @@ def _execute(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
     except (TypeError, ValueError) as e:
         _raise_as_torch(func, args, kwargs, e)
     fallback.count_lowered(func)
+    if lowering.writes:
+        out = _store_writes(lowering, args, kwargs, out)
     return out
+
+
+def _store_writes(lowering: Lowering, args: tuple, kwargs: dict, out: Any) -> Any:
+    """Store the new values of the inputs ``lowering`` updates; return the op's own outputs."""
+    n = lowering.num_outputs
+    for target, value in zip(lowering.write_targets(args, kwargs), out[n:]):
+        if value is not None and target is not None:
+            _store(target, value)
+    return out[0] if n == 1 else tuple(out[:n])
 
 
 def _raise_as_torch(func: Any, args: tuple, kwargs: dict, error: Exception) -> None:
@@ -483,6 +494,9 @@ def _make_plan(func: Any) -> Plan:
         return decompositions.plan(func, func.decompose)
     if _is_view(schema):
         return _view_plan
+    own = get_lowering(func)
+    if own is not None and own.writes:  # updates inputs through its lowering's ``writes``
+        return _lowered_plan(own)
     write_args = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     if write_args:
         sibling = _functional_sibling(func)

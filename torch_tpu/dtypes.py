@@ -44,9 +44,5 @@ def to_torch_dtype(dtype) -> torch.dtype:
         raise TypeError(f"JAX dtype {dtype} has no torch equivalent") from None
 
 
-def default_float() -> np.dtype:
-    return _TORCH_TO_JAX[torch.get_default_dtype()]
-
-
 def is_float(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.floating)

@@ -1,5 +1,10 @@
 """CPU fallback for ops without a lowering, with per-op counters and a metrics report.
 
+Mutated arguments are copied back to their tpu tensors: those the schema marks ``Tensor(a!)``,
+and any other whose CPU copy the op changed (some kernels update inputs without an alias
+annotation: ``native_batch_norm``'s running stats, custom ops with loose schemas); nothing else
+is written, so unchanged tensors keep their value and storage.
+
 Like PyTorch/XLA's ``aten::`` counters: every op that falls back is counted; lowered ops and ops
 run as decompositions (``torch_tpu.decompositions``) are counted too, so a report shows the three
 tiers of a workload. ``set_fallback_allowed(False)`` (or
@@ -9,15 +14,18 @@ tiers of a workload. ``set_fallback_allowed(False)`` (or
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_cpu, to_cpu, write
+from torch_tpu._jax import jax
+from torch_tpu.tensor import TpuTensor, array_to_cpu, cpu_to_jax, from_cpu, to_jax, write
 
 _fallback_counts: Counter[str] = Counter()
 _lowered_counts: Counter[str] = Counter()
@@ -101,11 +109,14 @@ def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
         )
     _fallback_counts[func.__name__] += 1
     originals: dict[int, TpuTensor] = {}
+    copies: list[_HostCopy] = []
 
     def to_host(x: Any) -> Any:
         if isinstance(x, TpuTensor):
-            c = to_cpu(x)
+            value = to_jax(x)
+            c = array_to_cpu(value)
             originals[id(c)] = x
+            copies.append(_HostCopy(c, x, value, _version(c)))
             return c
         return x
 
@@ -115,16 +126,16 @@ def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
         # The host result of a functional collective is filled asynchronously; it must be complete
         # before it is copied to the device (a later wait_tensor on the tpu copy is then a no-op).
         out = pytree.tree_map_only(torch.Tensor, torch.ops._c10d_functional.wait_tensor, out)
-    for cpu_value in pytree.tree_leaves(_mutated_args(func, cpu_args, cpu_kwargs)):
-        target = originals.get(id(cpu_value))
-        if target is None:
+    annotated = {id(v) for v in pytree.tree_leaves(_mutated_args(func, cpu_args, cpu_kwargs))}
+    for copy in copies:
+        if id(copy.cpu) not in annotated and not copy.changed():
             continue
-        if tuple(cpu_value.shape) != tuple(target.shape):
+        if tuple(copy.cpu.shape) != tuple(copy.target.shape):
             raise RuntimeError(
-                f"{func}: CPU fallback resized a tpu tensor from {list(target.shape)} to "
-                f"{list(cpu_value.shape)}; resizing tpu tensors in place is not supported"
+                f"{func}: CPU fallback resized a tpu tensor from {list(copy.target.shape)} to "
+                f"{list(copy.cpu.shape)}; resizing tpu tensors in place is not supported"
             )
-        write(target, cpu_to_jax(cpu_value))
+        write(copy.target, cpu_to_jax(copy.cpu))
 
     def to_device(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -133,6 +144,31 @@ def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
         return x
 
     return pytree.tree_map(to_device, out)
+
+
+@dataclasses.dataclass
+class _HostCopy:
+    """The CPU copy of one tpu argument, with the value and version it started from."""
+
+    cpu: torch.Tensor
+    target: TpuTensor
+    before: jax.Array
+    version: int | None
+
+    def changed(self) -> bool:
+        """Whether the op wrote into the copy: its version counter moved (an annotated in-place
+        kernel) or its bytes differ (kernels that write inputs without telling autograd, such as
+        ``native_batch_norm`` updating ``running_mean``/``running_var``)."""
+        cpu = self.cpu
+        if _version(cpu) != self.version or tuple(cpu.shape) != self.before.shape or not cpu.is_contiguous():
+            return True
+        after = cpu.reshape(-1).view(torch.uint8).numpy()
+        return not np.array_equal(np.asarray(self.before).reshape(-1).view(np.uint8), after)
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's version counter; None for inference tensors (they have none)."""
+    return None if t.is_inference() else t._version
 
 
 def _mutated_args(func: Any, args: tuple, kwargs: dict) -> list[Any]:

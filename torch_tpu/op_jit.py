@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 
-from torch_tpu._jax import jax
+from torch_tpu._jax import ARRAY_TYPE, jax
 from torch_tpu.registry import Lowering
 
 PROMOTE_AFTER = 3
 _SIGHTINGS_MAX = 8192
-_ARRAY = type(jax.numpy.zeros(()))
+_ARRAY = ARRAY_TYPE
 _PLAIN = object()  # program slot of a signature that does not trace: run the lowering itself
 _TRACED = "traced floats"  # float-values part of the key once a site's floats are traced inputs
 _PLAIN_TYPES = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})

@@ -21,10 +21,16 @@ Contract of a lowering ``fn``
 * Mutation is not lowered: in-place ``foo_`` and ``out=`` overloads run their functional sibling
   (``foo``) and the executor writes the result back. View ops (``view``, ``transpose`` ...) have
   value-semantics lowerings here (for graphs); eager dispatch keeps real aliasing on top of them.
+* An op that updates some of its inputs besides computing its outputs (batch norm's running
+  stats, whether or not the schema marks them ``Tensor(a!)``) is registered with
+  ``writes=("running_mean", ...)``: the lowering stays pure and returns the schema's outputs
+  followed by one new value per name in ``writes`` (``None``: that input is left unchanged).
+  Eager dispatch stores those values into the named tpu tensors; graph executors only accept
+  such an op when it writes nothing (functionalized graphs use the op's functional variant).
 
 API
 ---
-``register_lowering(*ops, needs_key=False, static_shape=True)``  decorator adding ``fn`` for ops.
+``register_lowering(*ops, needs_key=False, static_shape=True, writes=())``  decorator adding ``fn``.
 ``get_lowering(op) -> Lowering | None``  the entry for an ``OpOverload`` (``None``: not lowered).
 ``lowered_ops() -> frozenset``  every registered overload.
 
@@ -48,15 +54,45 @@ class Lowering:
     fn: Callable[..., Any]
     needs_key: bool = False  # random op: fn takes key=<jax PRNG key>
     static_shape: bool = True  # False: output shape depends on input values
+    writes: tuple[str, ...] = ()  # inputs the op updates; fn returns their new values after the outputs
+
+    @property
+    def num_outputs(self) -> int:
+        """How many of ``fn``'s results are the op's own outputs (the rest are ``writes``)."""
+        return len(self.op._schema.returns)
+
+    def write_targets(self, args: tuple, kwargs: dict) -> list[Any]:
+        """The arguments named by ``writes``, in order, from a call's ``args``/``kwargs``."""
+        return [kwargs[name] if name in kwargs else args[i] if i < len(args) else None
+                for name, i in zip(self.writes, _positions(self.op, self.writes))]
+
+
+def _positions(op: OpOverload, names: tuple[str, ...]) -> list[int]:
+    index = {a.name: i for i, a in enumerate(op._schema.arguments)}
+    return [index[n] for n in names]
+
+
+def _check_writes(op: OpOverload, writes: tuple[str, ...]) -> None:
+    args = {a.name: a for a in op._schema.arguments}
+    unknown = [n for n in writes if n not in args]
+    if unknown:
+        raise ValueError(f"{op}: writes={unknown} are not arguments of {op._schema}")
+    annotated = [a.name for a in op._schema.arguments
+                 if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only]
+    undeclared = [n for n in annotated if n not in writes]
+    if undeclared:
+        raise ValueError(f"{op} mutates {undeclared} (Tensor(a!) in its schema): list them in writes=")
 
 
 _TABLE: dict[OpOverload, Lowering] = {}
 
 
 def register_lowering(
-    *ops: OpOverload, needs_key: bool = False, static_shape: bool = True
+    *ops: OpOverload, needs_key: bool = False, static_shape: bool = True, writes: tuple[str, ...] = ()
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``fn`` as the JAX lowering of each of ``ops`` (OpOverloads, e.g. ``aten.add.Tensor``)."""
+    """Register ``fn`` as the JAX lowering of each of ``ops`` (OpOverloads, e.g. ``aten.add.Tensor``);
+    ``writes`` names the inputs the ops update (see the module docstring)."""
+    writes = tuple(writes)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         for op in ops:
@@ -64,7 +100,8 @@ def register_lowering(
                 raise TypeError(f"register_lowering expects OpOverloads (aten.add.Tensor), got {op!r}")
             if op in _TABLE:
                 raise ValueError(f"{op} already has a lowering ({_TABLE[op].fn.__qualname__})")
-            _TABLE[op] = Lowering(op, fn, needs_key, static_shape)
+            _check_writes(op, writes)
+            _TABLE[op] = Lowering(op, fn, needs_key, static_shape, writes)
         return fn
 
     return decorate

@@ -22,14 +22,14 @@ import numpy as np
 import torch
 
 from torch_tpu import backward_errors, dtype_views, dynamo_hooks
-from torch_tpu._jax import jax, jnp
+from torch_tpu._jax import ARRAY_TYPE, jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 
 DEVICE_NAME = "tpu"
 # One device per process; index 0 is required (index -1 breaks backward, >= 1 asserts).
 DEVICE = torch.device(DEVICE_NAME, 0) if torch._C._get_privateuse1_backend_name() == DEVICE_NAME else None
 
-_ARRAY = type(jnp.zeros(()))
+_ARRAY = ARRAY_TYPE
 
 # Set by torch_tpu.dispatch at import (kept out of this module to avoid an import cycle).
 _dispatch: Callable[..., Any] | None = None
@@ -330,6 +330,11 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     return _reader(tuple(t.shape), t.stride(), t.storage_offset(), array.size)(array)
 
 
+def concrete_value(t: TpuTensor) -> jax.Array:
+    """:func:`to_jax` of ``t``, a computed (or in-flight) JAX array even under defer_and_fuse."""
+    return _concrete(to_jax(t))
+
+
 def write(t: TpuTensor, value: jax.Array) -> None:
     """Store ``value`` (same shape and dtype as ``t``) into the elements ``t`` views."""
     box = t._box
@@ -475,8 +480,13 @@ def _index_vector(shape, stride, offset: int, storage_numel: int) -> jax.Array:
 
 def to_cpu(t: TpuTensor) -> torch.Tensor:
     """A new CPU tensor holding a copy of a tpu tensor's value."""
-    arr = np.array(to_jax(t), copy=True)
-    if t.dtype == torch.bfloat16:
+    return array_to_cpu(to_jax(t))
+
+
+def array_to_cpu(array: jax.Array) -> torch.Tensor:
+    """A new CPU tensor holding a copy of a JAX array."""
+    arr = np.array(array, copy=True)
+    if arr.dtype == jnp.bfloat16:
         return torch.from_numpy(arr.view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(arr) if arr.ndim else torch.from_numpy(arr.reshape(1)).reshape(())
 

@@ -1,1 +1,3 @@
 """torchrec_tpu."""
+
+__version__ = "0.1.0"

@@ -13,6 +13,9 @@ import os
 import sys
 from typing import Sequence
 
+from torchrec_tpu import __version__
+from torchrec_tpu.cli_help import DefaultsOnceFormatter
+
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("torchrec_tpu.train.cli", "train DLRM end to end (default: embedded synthetic data)"),
@@ -29,9 +32,11 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
         prog="torchrec-tpu",
         description="Recommendation models on Cloud TPU: train, plan, infer, profile.",
     )
+    parser.add_argument("--version", action="version", version=f"torchrec-tpu {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        sub = subparsers.add_parser(name, help=help_text, description=help_text,
+                                    formatter_class=DefaultsOnceFormatter)
         if name == command:
             module = importlib.import_module(module_name)
             module.add_arguments(sub)
@@ -39,12 +44,27 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subcommand parser ``args`` was parsed by (``data generate``'s, say)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None):
+            return _chosen_parser(action.choices[getattr(args, action.dest)], args)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; any exception it lets through becomes one ``error:`` line and rc 1
     (:func:`torchrec_tpu.errors.report_failure`), Ctrl-C rc 130."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from torchrec_tpu.launcher import die_with_parent, under_torchrun
+
+    if under_torchrun():  # before the slow imports: a rank never outlives its launcher
+        die_with_parent()
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
+    parser = build_parser(command if command in SUBCOMMANDS else None)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported with the usage of the (sub)command they were given to
+        _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

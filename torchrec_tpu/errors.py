@@ -24,7 +24,9 @@ class CollectiveError(RuntimeError):
     """A collective across ranks failed or timed out; the message names it and the ranks."""
 
 
-def _is_user_error(error: BaseException) -> bool:
+def is_user_error(error: BaseException) -> bool:
+    """Whether ``error`` belongs to the families reported as they are (bad values, files,
+    YAML/JSON, collectives), not as internal errors."""
     if isinstance(error, (ValueError, OSError, LookupError, ArithmeticError, CollectiveError)):
         return True
     module = type(error).__module__
@@ -73,9 +75,11 @@ def report_failure(command: str, error: BaseException) -> int:
     """Print the one-line report of ``error`` (log path below it) and return the exit code, 1."""
     cause = root_cause(error)
     message = one_line(cause)
-    if isinstance(cause, RuntimeError) and "gloo" in message:  # a peer rank failed or stalled
+    if isinstance(cause, CollectiveError):  # names the collective and the ranks already
+        pass
+    elif isinstance(cause, RuntimeError) and "gloo" in message:  # a peer rank failed or stalled
         message = f"a collective with the other ranks failed (see their errors): {message}"
-    elif not _is_user_error(cause):
+    elif not is_user_error(cause):
         message = f"internal error ({type(cause).__name__}): {message}"
     log = write_log(command, error)
     print(f"torchrec-tpu {command}: error: {message}", file=sys.stderr)

@@ -28,13 +28,13 @@ documented defaults; override them in a topology file.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from tpu_facts import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
+from tpu_facts.slices import Slice, check_mod_sharding
 
 from torchrec_tpu.structured_files import read_structured
 
@@ -81,65 +81,15 @@ class CostConstants:
 
 
 @dataclass(frozen=True)
-class TPUTopology:
-    """``num_slices`` slices of ``shape`` chips of one generation, plus the planner constants."""
+class TPUTopology(Slice):
+    """A :class:`~tpu_facts.Slice` plus the planner constants it is costed with."""
 
-    chip: ChipGeneration
-    shape: tuple[int, ...]
-    num_slices: int = 1
     costs: CostConstants = field(default_factory=CostConstants)
 
     def __post_init__(self) -> None:
-        if len(self.shape) != self.chip.torus_dims or any(n < 1 for n in self.shape):
-            want = "x".join(["N"] * self.chip.torus_dims)
-            raise ValueError(f"{self.chip.name} slice shape must be {want} with N >= 1, got {self.shape}")
-        if self.chips_per_slice > self.chip.max_chips_per_slice:
-            raise ValueError(
-                f"{self.name}: {self.chips_per_slice} chips exceeds the largest {self.chip.name} "
-                f"slice ({self.chip.max_chips_per_slice} chips)"
-            )
-        if self.num_slices < 1:
-            raise ValueError(f"num_slices must be >= 1, got {self.num_slices}")
-        n = self.num_sparsecores
-        if n & (n - 1):
-            raise ValueError(
-                f"{self.name}: SparseCore mod sharding needs a power-of-two SparseCore count, "
-                f"got {self.num_devices} devices x {self.sparsecores_per_device} = {n}"
-            )
-
-    @property
-    def name(self) -> str:
-        count = self.chip.name_count_from_chips(self.chips_per_slice)
-        base = f"{self.chip.name}-{count}"
-        return base if self.num_slices == 1 else f"{base} x{self.num_slices} slices"
-
-    @property
-    def shape_str(self) -> str:
-        return "x".join(map(str, self.shape))
-
-    @property
-    def chips_per_slice(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def num_chips(self) -> int:
-        return self.chips_per_slice * self.num_slices
-
-    @property
-    def num_devices(self) -> int:
-        return self.num_chips * self.chip.devices_per_chip
-
-    @property
-    def sparsecores_per_device(self) -> int:
-        return self.chip.sparsecores_per_device
-
-    @property
-    def num_sparsecores(self) -> int:
-        return self.num_devices * self.sparsecores_per_device
-
-    @property
-    def hbm_bytes_per_device(self) -> int:
-        return self.chip.hbm_bytes_per_device
+        super().__post_init__()
+        check_mod_sharding(self.num_sparsecores, f"{self.name} ({self.num_devices} devices x "
+                                                 f"{self.sparsecores_per_device} SparseCores)")
 
     @property
     def usable_hbm_bytes_per_device(self) -> int:
@@ -205,14 +155,7 @@ class TPUTopology:
 
     def to_dict(self) -> dict[str, Any]:
         """The topology as plain data (what a plan records and a topology file can reload)."""
-        return {
-            "name": self.name,
-            "generation": self.chip.name,
-            "shape": self.shape_str,
-            "num_slices": self.num_slices,
-            "chip": asdict(self.chip),
-            "costs": asdict(self.costs),
-        }
+        return {**super().to_dict(), "costs": asdict(self.costs)}
 
 
 def default_shape(chip: ChipGeneration, chips: int) -> tuple[int, ...]:

@@ -6,6 +6,7 @@ engine and the ``tpu`` device all read the same figures without paying for each 
 
 * ``tpu_facts.chips``: per-chip figures of each TPU generation (``ChipGeneration``).
 * ``tpu_facts.layout``: alignment, id limits, combiners, ``round_up``.
+* ``tpu_facts.slices``: ``Slice``, a torus of chips (every derived count), ``check_mod_sharding``.
 """
 
 from tpu_facts.chips import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
@@ -17,8 +18,9 @@ from tpu_facts.layout import (
     PADDING_ID,
     round_up,
 )
+from tpu_facts.slices import DeviceCounts, Slice, check_mod_sharding
 
 __all__ = [
     "ALIGNMENT", "CHIP_GENERATIONS", "COMBINERS", "DEFAULT_MAX_IDS_PER_PARTITION", "GIB", "MAX_VOCAB",
-    "PADDING_ID", "ChipGeneration", "chip_generation", "round_up",
+    "PADDING_ID", "ChipGeneration", "DeviceCounts", "Slice", "check_mod_sharding", "chip_generation", "round_up",
 ]

@@ -14,13 +14,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True,
                         help="output directory of prediction Parquet parts; rerun to resume")
     parser.add_argument("--key-columns", default="", metavar="A,B",
-                        help="input columns copied into the output next to each prediction")
+                        help="input columns copied into the output next to each prediction (default: none)")
     parser.add_argument("--row-id-column", default="row_id", metavar="NAME",
-                        help="name of the global row index column ('' for none; default row_id)")
+                        help="name of the global row index column ('' for none)")
     parser.add_argument("--batch-size", type=int, default=4096, help="rows per forward pass")
     parser.add_argument("--concurrency", type=int, default=1,
-                        help="predictor actors, each holding one copy of the model (default 1)")
+                        help="predictor actors, each holding one copy of the model")
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray instance")
+    parser.add_argument("--bad-values", choices=("error", "skip", "clamp"), default="error",
+                        help="rows with a dense value that is infinite or beyond float32 (NaN is "
+                             "missing, read as 0): error naming file, row and column (default); "
+                             "skip them (no prediction, counted); or clamp to +-3.4e38")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="show a tqdm progress bar")
 
@@ -34,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
             key_columns=tuple(c for c in args.key_columns.split(",") if c),
             row_id_column=args.row_id_column or None, batch_size=args.batch_size,
             concurrency=args.concurrency, num_cpus=args.num_cpus, progress=args.progress,
+            bad_values=args.bad_values,
         )
         summary = run_inference(config)
     except (ValueError, FileNotFoundError) as error:  # Ray's wrappers of a worker's error included

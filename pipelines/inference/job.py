@@ -10,16 +10,23 @@ global index over the inputs in order), then ``prediction`` (click probability, 
 from __future__ import annotations
 
 import dataclasses
+import contextlib
+import os
+import signal
+import sys
+import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from pipelines.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
-from pipelines.parquet_reader import read_row_group
+from pipelines.bad_values import POLICIES, BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
+from pipelines.parquet_reader import open_parquet, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
 
 PREDICTION_COLUMN = "prediction"
@@ -36,12 +43,15 @@ class InferenceConfig:
     concurrency: int = 1  # predictor actors, each loading the model once
     num_cpus: int = 2  # of the local Ray instance (when this job starts it)
     progress: bool = True
+    bad_values: str = "error"  # dense values beyond float32: error, skip the row, clamp (pipelines.bad_values)
     schema: DatasetSchema = field(default=CRITEO)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "concurrency", "num_cpus"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.bad_values not in POLICIES:
+            raise ValueError(f"--bad-values must be one of {list(POLICIES)}, got {self.bad_values!r}")
         outputs = [*self.key_columns, self.row_id_column, PREDICTION_COLUMN]
         named = [c for c in outputs if c]
         if len(set(named)) != len(named):
@@ -60,6 +70,7 @@ class InferenceSummary:
     parts_skipped: int  # already complete from an earlier run
     seconds: float
     output: Path
+    bad_values: BadValueCounts = BadValueCounts()  # rows skipped / clamped by --bad-values
 
     @property
     def rows_per_sec(self) -> float:
@@ -67,6 +78,7 @@ class InferenceSummary:
 
     def format(self) -> str:
         return "\n".join([
+            *self.bad_values.lines(),
             "inference finished",
             f"  rows            {self.rows:,} predicted this run, {self.rows_total:,} in the inputs",
             f"  throughput      {self.rows_per_sec:,.0f} rows/s (whole job: planning, model loads, writing)",
@@ -90,7 +102,11 @@ class Predictor:
 
         torch.set_num_threads(threads)
         self.config = config
-        self.model = load_inference_model(config.checkpoint, config.schema)
+        self.error: BaseException | None = None
+        try:
+            self.model = load_inference_model(config.checkpoint, config.schema)
+        except Exception as error:  # noqa: BLE001  handed to the driver by __call__
+            self.error = error
 
     def _predict(self, table: pa.Table) -> np.ndarray:
         from pipelines.arrow_batch import dense_from_arrow, sparse_from_arrow
@@ -103,25 +119,79 @@ class Predictor:
             out[start : start + rows.num_rows] = probs.numpy()
         return out
 
-    def _output(self, unit: Unit, table: pa.Table) -> pa.Table:
+    def _output(self, unit: Unit, table: pa.Table, log: BadValueLog) -> pa.Table:
+        """Key columns, row ids and predictions of the unit's rows that pass --bad-values."""
+        schema, policy = self.config.schema, self.config.bad_values
+        keep = kept_rows(table, schema, policy, label=False)
+        table = apply_policy(table, schema, policy, Source(unit.path, _file_row(unit)), log, label=False)
         columns = {name: table.column(name) for name in self.config.key_columns}
         if self.config.row_id_column:
-            row_ids = np.arange(unit.first_row, unit.first_row + unit.num_rows, dtype=np.int64)
+            row_ids = np.arange(unit.first_row, unit.first_row + unit.num_rows, dtype=np.int64)[keep]
             columns[self.config.row_id_column] = pa.array(row_ids)
         columns[PREDICTION_COLUMN] = pa.array(self._predict(table))
         return pa.table(columns)
 
     def __call__(self, units: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Predict and write ``units``. An exception is returned in the ``error`` column, not
+        raised: Ray Data's wrappers would drop the exception itself, keeping only its text."""
+        try:
+            if self.error is not None:
+                raise self.error
+            return {**self._run(units), "error": np.array([None] * len(units["ordinal"]), dtype=object)}
+        except Exception as error:  # noqa: BLE001
+            error.add_note("in the inference actor:\n" + "".join(traceback.format_exception(error)))
+            empty = np.zeros(len(units["ordinal"]), dtype=np.int64)
+            return {"rows": empty, "skipped": empty, "clamped": empty,
+                    "listed": np.array([""] * len(empty), dtype=object),
+                    "error": np.array([error] * len(empty), dtype=object)}
+
+    def _run(self, units: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         output = Path(self.config.output)
-        done = []
+        done, skipped, clamped, listed = [], [], [], []
         for i in range(len(units["ordinal"])):
             unit = _unit_of(units, i)
             table = read_row_group(Path(unit.path), unit.row_group, self.config.input_columns)
             if table.num_rows != unit.num_rows:
                 raise ValueError(f"{unit.path} row group {unit.row_group} changed since planning")
-            write_part(output, unit, self._output(unit, table))
+            log = BadValueLog()
+            write_part(output, unit, self._output(unit, table, log))
+            counts = log.counts()
             done.append(unit.num_rows)
-        return {"rows": np.array(done, dtype=np.int64)}
+            skipped.append(counts.skipped)
+            clamped.append(counts.clamped)
+            listed.append("\n".join(counts.listed))
+        return {"rows": np.array(done, dtype=np.int64), "skipped": np.array(skipped, dtype=np.int64),
+                "clamped": np.array(clamped, dtype=np.int64), "listed": np.array(listed, dtype=object)}
+
+
+def _file_row(unit: Unit) -> int:
+    """Row index, within its file, of the unit's row group's first row."""
+    metadata = open_parquet(Path(unit.path)).metadata
+    return sum(metadata.row_group(i).num_rows for i in range(unit.row_group))
+
+
+def _no_restarts() -> dict[str, int]:
+    """Ray options of the predictor actors: a dead actor fails the job (a rerun resumes it)."""
+    return {"max_restarts": 0}
+
+
+def _leave_on_interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C while Ray runs: Ray's waits swallow KeyboardInterrupt, so leave at once; the parts
+    written so far are complete (a rerun resumes) and the Ray watchdog ends Ray's processes."""
+    print("torchrec-tpu infer: interrupted (rerun the same command to resume)", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+@contextlib.contextmanager
+def _exit_on_interrupt() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _leave_on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_inference(config: InferenceConfig) -> InferenceSummary:
@@ -133,15 +203,22 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
     # verified here, so a corrupt or crafted checkpoint fails before Ray starts
     config = dataclasses.replace(config, checkpoint=str(open_checkpoint(Path(config.checkpoint))[0]))
 
-    import ray.data
-    from tqdm import tqdm
-
-    from pipelines.ray_data import local_ray
     units = plan_units(config.data, config.input_columns, config.schema)
     output = Path(config.output)
     claim_output_dir(output, units, Path(config.checkpoint))
     todo = pending_units(output, units)
-    rows_done = 0
+    with _exit_on_interrupt():
+        return _predict_all(config, units, todo, output, start)
+
+
+def _predict_all(config: InferenceConfig, units: list[Unit], todo: list[Unit], output: Path,
+                 start: float) -> InferenceSummary:
+    import ray.data
+    from tqdm import tqdm
+
+    from pipelines.ray_data import local_ray
+
+    rows_done, bad_values = 0, BadValueCounts()
     with local_ray(num_cpus=config.num_cpus), tqdm(
         total=sum(u.num_rows for u in todo), desc="infer", unit="row", disable=not config.progress
     ) as bar:
@@ -152,12 +229,17 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
             ).map_batches(
                 Predictor,
                 batch_size=1,
-                concurrency=config.concurrency,
+                compute=ray.data.ActorPoolStrategy(size=config.concurrency),
+                ray_remote_args_fn=_no_restarts,
                 num_cpus=min(threads, config.num_cpus),
                 fn_constructor_kwargs={"config": config, "threads": threads},
             )
             for row in results.iter_rows():
+                if row["error"] is not None:
+                    raise row["error"]
                 rows_done += int(row["rows"])
+                bad_values += BadValueCounts(int(row["skipped"]), int(row["clamped"]),
+                                             tuple(t for t in str(row["listed"]).split("\n") if t))
                 bar.update(int(row["rows"]))
     return InferenceSummary(
         rows=rows_done,
@@ -166,4 +248,5 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
         parts_skipped=len(units) - len(todo),
         seconds=time.perf_counter() - start,
         output=output,
+        bad_values=bad_values,
     )

@@ -58,6 +58,8 @@ def plan_units(paths: str | Path | Sequence[str | Path], required_columns: Seque
 
 def claim_output_dir(output_dir: Path, units: list[Unit], checkpoint: Path) -> None:
     """Create ``output_dir`` for these units, or check that it already belongs to them."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"--output={str(output_dir)!r} is a file; give a directory (created if missing)")
     output_dir.mkdir(parents=True, exist_ok=True)
     manifest = {"checkpoint": str(checkpoint.resolve()), "units": [asdict(u) for u in units]}
     path = output_dir / MANIFEST

@@ -22,15 +22,19 @@ class Backend(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0):
+    def __init__(self, plan: StackingPlan):
         self.plan = plan
         self.steps = 0
         # SparseCore partition stats of the last forward, by stack (for FdoRecorder); stays
         # empty on backends that do not build SparseCore input
         self.last_stats: dict[str, StackStats] = {}
+
+    def _load_initial(self, weights: Mapping[str, torch.Tensor] | None, seed: int) -> None:
+        """Load ``weights`` (default: each table's ``init_weights(seed)``) with fresh slots; a
+        subclass calls it once its own buffers exist. Nothing keeps the given tensors alive."""
         if weights is None:
-            weights = {name: spec.init_weights(seed) for name, spec in plan.tables.items()}
-        self._initial_weights = dict(weights)
+            weights = {name: spec.init_weights(seed) for name, spec in self.plan.tables.items()}
+        self.load_state(weights)
 
     def load_state(self, weights: Mapping[str, torch.Tensor],
                    slots: Mapping[str, Mapping[str, torch.Tensor]] | None = None, steps: int = 0) -> None:

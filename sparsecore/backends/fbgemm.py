@@ -49,7 +49,7 @@ class FbgemmBackend(Backend):
     name = "fbgemm"
 
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0):
-        super().__init__(plan, weights, seed)
+        super().__init__(plan)
         optimizers = {spec.optimizer for spec in plan.tables.values()}
         if len(optimizers) != 1:
             raise ValueError(f"the fbgemm backend runs one optimizer for all tables, got {len(optimizers)} different")
@@ -81,7 +81,7 @@ class FbgemmBackend(Backend):
             optimizer=optim_type, learning_rate=self.optimizer.learning_rate, eps=eps, weight_decay=0.0,
             pooling_mode=PoolingMode.SUM,
         )
-        self.load_state(self._initial_weights)
+        self._load_initial(weights, seed)
 
     def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         with torch.no_grad():

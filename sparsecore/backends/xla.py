@@ -89,7 +89,7 @@ class XlaBackend(Backend):
 
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
                  overflow: str = "error"):
-        super().__init__(plan, weights, seed)
+        super().__init__(plan)
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
         self.overflow = overflow
@@ -97,7 +97,7 @@ class XlaBackend(Backend):
         self._rows = [self._layout.activation_rows(st) for st in plan.stacks]
         self._tables: dict[str, jax.Array] = {}
         self._slots: dict[str, dict[str, jax.Array]] = {}
-        self.load_state(self._initial_weights)
+        self._load_initial(weights, seed)
         # only row-wise optimizers need each row's logical dim; others get a 1-element dummy
         self._row_dims = tuple(jnp.asarray(st.row_dims() if st.optimizer.row_slots else [1], dtype=jnp.float32)
                                for st in plan.stacks)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from sparsecore.preprocess import RowOrderedEntries
+from sparsecore import native
+from sparsecore.preprocess import ENGINES, RowOrderedEntries
 
 MIN_BUCKET = 64
 
@@ -87,12 +88,28 @@ def stack_input(entries: RowOrderedEntries, rows: int, activation_rows: np.ndarr
     if most <= 1:
         slot_rows[0, sample] = entries.phys
         slot_gains[0, sample] = entries.gain
-    else:  # the k-th entry of each activation row, in entry order
-        order = np.argsort(sample, kind="stable")
-        rank = np.arange(sample.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        slot_rows[rank, sample[order]] = entries.phys[order]
-        slot_gains[rank, sample[order]] = entries.gain[order]
+    else:
+        fill_slots(sample, entries.phys, entries.gain, counts, slot_rows, slot_gains)
     return packed, SlotForward(slot_rows, slot_gains)
+
+
+def fill_slots(sample: np.ndarray, phys: np.ndarray, gain: np.ndarray, counts: np.ndarray, slot_rows: np.ndarray,
+               slot_gains: np.ndarray, engine: str = "auto") -> None:
+    """Slot k of activation row r := the k-th entry (in entry order) of sample r; ``counts`` are
+    the entries per sample. Compiled when the extension is available (``engine`` as in
+    ``sparsecore.preprocess``), else numpy."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    ext = None if engine == "numpy" else native.require_extension() if engine == "compiled" else native.extension()
+    if ext is not None:
+        ext.fill_slots(np.ascontiguousarray(sample, dtype=np.int64), np.ascontiguousarray(phys, dtype=np.int64),
+                       np.ascontiguousarray(gain, dtype=np.float32), slot_rows.shape[0], slot_rows.reshape(-1),
+                       slot_gains.reshape(-1))
+        return
+    order = np.argsort(sample, kind="stable")
+    rank = np.arange(sample.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    slot_rows[rank, sample[order]] = phys[order]
+    slot_gains[rank, sample[order]] = gain[order]
 
 
 def stack_entries(entries: RowOrderedEntries, rows: int) -> StackEntries:

@@ -13,7 +13,7 @@ from torch.utils import _pytree as pytree
 
 import torch_tpu
 import torch_tpu.compile as tc
-from tests.torch_tpu.test_opinfo import OPINFOS, _check_sample, _compare, _id, _to_tpu
+from tests.torch_tpu.test_opinfo import _LOWERED_AS, OPINFOS, _check_sample, _compare, _id, _to_tpu
 
 _STATIC = {op._schema.name.split("::")[1] for op in torch_tpu.lowered_ops()
            if torch_tpu.get_lowering(op).static_shape}
@@ -22,7 +22,8 @@ REPRESENTATIVE = {
     "nn.functional.linear", "nn.functional.relu", "sigmoid", "tanh", "cat", "index_select", "gather",
     "nn.functional.embedding", "nn.functional.embedding_bag", "nn.functional.layer_norm", "where",
     "clamp", "transpose", "reshape", "cumsum", "nn.functional.binary_cross_entropy_with_logits",
-}
+    "nn.functional.conv2d", "nn.functional.max_pool2d", "nn.functional.batch_norm",
+}  # the other conv/pool/norm ops compiled: tests/compile/test_nn_compiled.py
 
 
 def _eager_passes(opinfo, sample, grad: bool) -> bool:
@@ -69,7 +70,7 @@ def _compiled_matches(opinfo, sample, grad: bool) -> None:
 
 
 def _run(opinfo, max_samples):
-    if (opinfo.aten_name or opinfo.name).split(".")[-1] not in _STATIC and opinfo.name != "nn.functional.embedding_bag":
+    if _LOWERED_AS.get(opinfo.name, (opinfo.aten_name or opinfo.name).split(".")[-1]) not in _STATIC:
         pytest.skip(f"{opinfo.name}: output shape depends on values (no static program)")
     if torch.float32 not in opinfo.supported_dtypes("cpu"):
         pytest.skip(f"{opinfo.name} does not support float32")

@@ -17,8 +17,24 @@ import torch.distributed._functional_collectives as funcol
 Check = Callable[[int, int, str, dist.ProcessGroup], object]
 CHECKS: dict[str, Check] = {}
 
-UNEVEN_IN = {0: [1, 4], 1: [3, 0]}  # rank -> rows sent to rank 0, rank 1
-UNEVEN_OUT = {0: [1, 3], 1: [4, 0]}
+# Exact floats: with more than 2 ranks the reduction order differs between gloo and XLA, so
+# float inputs are small multiples of 1/4 whose sums and products round nowhere.
+EXACT_FLOATS = [False]
+
+
+def split_matrix(size: int) -> list[list[int]]:
+    """Row i: rows rank i sends to each rank (zeros included: a rank may send nothing)."""
+    if size == 2:
+        return [[1, 4], [3, 0]]
+    return [[(3 * i + 2 * j) % 5 for j in range(size)] for i in range(size)]
+
+
+def uneven_in(rank: int, size: int) -> list[int]:
+    return split_matrix(size)[rank]
+
+
+def uneven_out(rank: int, size: int) -> list[int]:
+    return [row[rank] for row in split_matrix(size)]
 
 
 def check(name: str) -> Callable[[Check], Check]:
@@ -31,6 +47,8 @@ def check(name: str) -> Callable[[Check], Check]:
 
 def _data(rank: int, *shape: int, dtype: torch.dtype = torch.float32, salt: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 * rank + salt)
+    if dtype.is_floating_point and EXACT_FLOATS[0]:
+        return (torch.randint(-16, 16, shape, generator=g) / 4).to(dtype)
     if dtype.is_floating_point:
         return torch.randn(*shape, generator=g).to(dtype)
     return torch.randint(1, 1 << 20, shape, generator=g, dtype=dtype)
@@ -104,6 +122,15 @@ def _ar_coalesced(rank: int, size: int, device: str, gloo: dist.ProcessGroup) ->
     for t in refs:
         dist.all_reduce(t, group=gloo)
     return ours, refs
+
+
+@check("pair_subgroup_all_reduce")
+def _pair_subgroups(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> object:
+    """Groups (0, 1), (2, 3), ... (with 4 ranks: XLA programs over a part of the mesh)."""
+    pairs = [dist.new_group([p, p + 1]) for p in range(0, size, 2)]  # every rank makes every group
+    ours = _data(rank, 6).to(device)
+    dist.all_reduce(ours, group=pairs[rank // 2])
+    return ours, _data(rank, 6) + _data(rank ^ 1, 6)  # two operands: any order is exact
 
 
 @check("broadcast")
@@ -193,7 +220,7 @@ def _a2a_even(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> obj
 
 @check("all_to_all_single_uneven")
 def _a2a_uneven(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> object:
-    ins, outs = UNEVEN_IN[rank], UNEVEN_OUT[rank]
+    ins, outs = uneven_in(rank, size), uneven_out(rank, size)
     x = _data(rank, sum(ins), 2, dtype=torch.int64)
     ours, ref = torch.empty(sum(outs), 2, dtype=torch.int64, device=device), torch.empty(
         sum(outs), 2, dtype=torch.int64
@@ -205,18 +232,19 @@ def _a2a_uneven(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> o
 
 @check("all_to_all_list_uneven")
 def _a2a_list(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> object:
-    ins = [_data(rank, n, salt=i) for i, n in enumerate(UNEVEN_IN[rank])]
-    ours = [torch.empty(n, device=device) for n in UNEVEN_OUT[rank]]
+    sent, received = uneven_in(rank, size), uneven_out(rank, size)
+    ins = [_data(rank, n, salt=i) for i, n in enumerate(sent)]
+    ours = [torch.empty(n, device=device) for n in received]
     dist.all_to_all(ours, [t.to(device) for t in ins])
     # gloo's list all_to_all rejects uneven sizes; its flat form with splits is the reference.
-    ref = torch.empty(sum(UNEVEN_OUT[rank]))
-    dist.all_to_all_single(ref, torch.cat(ins), UNEVEN_OUT[rank], UNEVEN_IN[rank], group=gloo)
-    return ours, list(ref.split(UNEVEN_OUT[rank]))
+    ref = torch.empty(sum(received))
+    dist.all_to_all_single(ref, torch.cat(ins), received, sent, group=gloo)
+    return ours, list(ref.split(received))
 
 
 @check("functional_all_to_all_single_uneven")
 def _funcol_a2a(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> object:
-    ins, outs = UNEVEN_IN[rank], UNEVEN_OUT[rank]
+    ins, outs = uneven_in(rank, size), uneven_out(rank, size)
     x = _data(rank, sum(ins), 4)
     ours = funcol.wait_tensor(
         funcol.all_to_all_single(x.to(device), outs, ins, dist.group.WORLD)
@@ -261,12 +289,12 @@ def _gather(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> objec
 
 @check("send_recv")
 def _send_recv(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> object:
-    peer = 1 - rank
+    peer = rank ^ 1  # pairs (0, 1), (2, 3), ...
     results = []
     for group, dev in ((None, device), (gloo, "cpu")):
         mine, theirs = _data(rank, 5).to(dev), torch.empty(5, device=dev)
         ops = [dist.P2POp(dist.isend, mine, peer, group), dist.P2POp(dist.irecv, theirs, peer, group)]
-        for work in dist.batch_isend_irecv(ops if rank == 0 else ops[::-1]):
+        for work in dist.batch_isend_irecv(ops if rank % 2 == 0 else ops[::-1]):
             work.wait()
         results.append(theirs)
     return results[0], results[1]
@@ -287,6 +315,7 @@ def _objects(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> obje
 
 def run_checks(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> dict:
     """Every check as name -> (ours, reference) on CPU, or name -> error text."""
+    EXACT_FLOATS[0] = size > 2
     results: dict[str, object] = {}
     for name, fn in CHECKS.items():
         try:

@@ -10,8 +10,13 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed.device import prepare_device
+from torch_tpu.distributed import TransportOptions
 
 DEAD_EXIT_CODE = 17
+# The gloo transport's failure semantics. On the XLA transport a dead peer fails the collective
+# too, but JAX's coordination service then terminates every survivor (multi-controller JAX is
+# fail-fast: the launcher restarts the whole job), so survivors cannot report back here.
+GLOO = TransportOptions("gloo")
 
 
 def _attempt(collective: str) -> dict:
@@ -30,7 +35,9 @@ def _attempt(collective: str) -> dict:
 def dead_peer(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -> dict:
     """Rank 1 dies after a first collective; rank 0 then runs two more."""
     prepare_device("cpu")
-    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=size, timeout=timeout)
+    dist.init_process_group(
+        "tpu_dist", store=store, rank=rank, world_size=size, timeout=timeout, pg_options=GLOO
+    )
     dist.barrier()
     if rank == 1:
         os._exit(DEAD_EXIT_CODE)
@@ -42,7 +49,9 @@ def dead_peer(rank: int, size: int, store: dist.Store, timeout: datetime.timedel
 def stalled_peer(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -> dict:
     """Rank 1 stays alive but never joins the collective; rank 0 must time out."""
     prepare_device("cpu")
-    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=size, timeout=timeout)
+    dist.init_process_group(
+        "tpu_dist", store=store, rank=rank, world_size=size, timeout=timeout, pg_options=GLOO
+    )
     dist.barrier()
     if rank == 1:
         store.wait(["rank0_done"], datetime.timedelta(seconds=120))

@@ -1,12 +1,16 @@
-"""Every tpu_dist collective against gloo, 2 ranks on loopback, on cpu and tpu tensors."""
+"""Every tpu_dist collective against plain gloo on CPU, bit for bit, on loopback ranks.
+
+2 ranks: cpu tensors, and tpu tensors on the XLA transport and on the gloo transport. 4 ranks
+(slow): tpu tensors on the XLA transport.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.distributed.collective_checks import CHECKS, UNEVEN_IN, _data
-from tests.distributed.conftest import WORLD, results_for
+from tests.distributed.collective_checks import CHECKS, _data, uneven_in
+from tests.distributed.conftest import WORLD, results_for, run_job
 
 pytestmark = pytest.mark.multiprocess
 
@@ -33,7 +37,21 @@ def test_collective_matches_gloo(job: dict, name: str) -> None:
 
 def test_uneven_all_to_all_moves_the_right_rows(job: dict) -> None:
     """Hand check, independent of gloo: rank 0 keeps 1 row and receives rank 1's first 3 rows."""
-    sent = {r: _data(r, sum(UNEVEN_IN[r]), 2, dtype=torch.int64) for r in range(WORLD)}
+    sent = {r: _data(r, sum(uneven_in(r, WORLD)), 2, dtype=torch.int64) for r in range(WORLD)}
     expect = [torch.cat([sent[0][:1], sent[1][:3]]), sent[0][1:5]]
     for rank, (ours, _) in enumerate(results_for(job, "collectives", "all_to_all_single_uneven")):
         torch.testing.assert_close(ours, expect[rank], rtol=0, atol=0)
+
+
+def test_transport_is_the_requested_one(job: dict) -> None:
+    want = "gloo" if job["transport"] == "gloo" else "xla"  # auto: XLA wherever JAX has it
+    assert [r["transport"] for r in job["ranks"]] == [want] * WORLD
+
+
+@pytest.mark.slow
+def test_four_ranks_on_the_xla_transport_match_gloo() -> None:
+    job = run_job("tpu", "xla", world=4, training=False)
+    assert [r["transport"] for r in job["ranks"]] == ["xla"] * 4
+    for name in sorted(CHECKS):
+        for rank, (ours, ref) in enumerate(results_for(job, "collectives", name)):
+            _assert_same(ours, ref, f"rank {rank} {name} on 4 ranks")

@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_tpu.distributed import SliceTopology, topology_aware_mesh
+from tpu_facts import Slice
+from torch_tpu.distributed import topology_aware_mesh
 from tpu_facts import chip_generation
 
 V5P, V6E, TPU7X = (chip_generation(n) for n in ("v5p", "v6e", "tpu7x"))
 
 
-def _coords(rank: int, topo: SliceTopology) -> tuple[int, ...]:
+def _coords(rank: int, topo: Slice) -> tuple[int, ...]:
     """Inverse of the documented enumeration: rank -> (slice, core, x, y, z) by hand arithmetic."""
     per_slice = topo.devices_per_slice
     slice_index, local = divmod(rank, per_slice)
@@ -28,7 +29,7 @@ def _coords(rank: int, topo: SliceTopology) -> tuple[int, ...]:
 
 
 def test_v5p_2x2x4_tp_on_z_dp_on_xy() -> None:
-    topo = SliceTopology(V5P, (2, 2, 4))
+    topo = Slice(V5P, (2, 2, 4))
     layout = topology_aware_mesh({"dp": 4, "tp": 4}, topology=topo)
     # tp=4 fits the z axis alone (rank stride X*Y=4); dp=4 takes x (stride 1) then y (stride 2).
     expected = np.array([[d + 4 * t for t in range(4)] for d in range(4)])
@@ -39,7 +40,7 @@ def test_v5p_2x2x4_tp_on_z_dp_on_xy() -> None:
 
 
 def test_tpu7x_puts_innermost_dim_on_the_two_chiplets() -> None:
-    topo = SliceTopology(TPU7X, (2, 2, 1))
+    topo = Slice(TPU7X, (2, 2, 1))
     layout = topology_aware_mesh([("dp", 4), ("tp", 2)], topology=topo)
     np.testing.assert_array_equal(layout.ranks, np.arange(8).reshape(4, 2))
     assert layout.physical_axes == {"dp": ("x", "y"), "tp": ("core",)}
@@ -47,7 +48,7 @@ def test_tpu7x_puts_innermost_dim_on_the_two_chiplets() -> None:
 
 
 def test_split_axis_keeps_inner_dim_contiguous() -> None:
-    topo = SliceTopology(V6E, (4, 4))
+    topo = Slice(V6E, (4, 4))
     layout = topology_aware_mesh({"dp": 8, "tp": 2}, topology=topo)
     # tp=2 takes the inner half of x (neighbours 2k, 2k+1); dp takes the rest of x, then y.
     np.testing.assert_array_equal(layout.ranks, np.arange(16).reshape(8, 2))
@@ -55,7 +56,7 @@ def test_split_axis_keeps_inner_dim_contiguous() -> None:
 
 
 def test_multislice_dcn_outermost_within_its_dim() -> None:
-    topo = SliceTopology(V6E, (2, 2), num_slices=2)
+    topo = Slice(V6E, (2, 2), num_slices=2)
     layout = topology_aware_mesh({"dp": 2, "tp": 2}, dcn_mesh_dims={"dp": 2}, topology=topo)
     # dp = (slice, y): rows 0,1 are slice 0, rows 2,3 slice 1 (ranks + 4); tp = x.
     np.testing.assert_array_equal(layout.ranks, [[0, 1], [2, 3], [4, 5], [6, 7]])
@@ -67,7 +68,7 @@ def test_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TPU_TOPOLOGY", "2x2x4")
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5p-32")
     monkeypatch.setenv("TPU_NUM_SLICES", "2")
-    topo = SliceTopology.from_env()
+    topo = Slice.from_env()
     assert (topo.chip.name, topo.shape, topo.num_slices, topo.num_devices) == ("v5p", (2, 2, 4), 2, 32)
     layout = topology_aware_mesh({"dp": 4, "tp": 4})  # slices default to the first dim
     assert layout.mesh_shape == (8, 4) and layout.physical_axes["dp"][0] == "dcn"
@@ -89,7 +90,7 @@ def test_from_env_errors(monkeypatch: pytest.MonkeyPatch, env: dict, message: st
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(ValueError, match=message):
-        SliceTopology.from_env()
+        Slice.from_env()
 
 
 @pytest.mark.parametrize(
@@ -104,13 +105,13 @@ def test_from_env_errors(monkeypatch: pytest.MonkeyPatch, env: dict, message: st
 )
 def test_mesh_errors(dims: object, kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        topology_aware_mesh(dims, topology=SliceTopology(V5P, (2, 2, 4)), **kwargs)
+        topology_aware_mesh(dims, topology=Slice(V5P, (2, 2, 4)), **kwargs)
 
 
 def test_unplaceable_dim_names_the_dim_and_free_axes() -> None:
     # 6 x 6 v6e: a dim of 4 needs a divisor 4 of one axis, or two whole axes multiplying to 4.
     with pytest.raises(ValueError, match=r"cannot place mesh dim 'tp' of size 4 on the free physical"):
-        topology_aware_mesh({"dp": 9, "tp": 4}, topology=SliceTopology(V6E, (6, 6)))
+        topology_aware_mesh({"dp": 9, "tp": 4}, topology=Slice(V6E, (6, 6)))
 
 
 def _factorisations(n: int, parts: int) -> list[tuple[int, ...]]:
@@ -119,17 +120,17 @@ def _factorisations(n: int, parts: int) -> list[tuple[int, ...]]:
 
 
 @st.composite
-def _cases(draw: st.DrawFn) -> tuple[SliceTopology, dict[str, int]]:
+def _cases(draw: st.DrawFn) -> tuple[Slice, dict[str, int]]:
     chip = draw(st.sampled_from([V5P, V6E, TPU7X]))
     shape = tuple(draw(st.sampled_from([1, 2, 4, 8])) for _ in range(chip.torus_dims))
-    topo = SliceTopology(chip, shape)
+    topo = Slice(chip, shape)
     sizes = draw(st.sampled_from(_factorisations(topo.devices_per_slice, draw(st.integers(1, 3)))))
     return topo, {f"d{i}": s for i, s in enumerate(sizes)}
 
 
 @settings(max_examples=60, deadline=None)
 @given(_cases())
-def test_every_group_stays_on_its_physical_axes(case: tuple[SliceTopology, dict[str, int]]) -> None:
+def test_every_group_stays_on_its_physical_axes(case: tuple[Slice, dict[str, int]]) -> None:
     """Ranks are a permutation; moving along a mesh dim changes only that dim's physical axes."""
     topo, dims = case
     layout = topology_aware_mesh(dims, topology=topo)

@@ -132,10 +132,10 @@ def redistribute(rank: int, size: int, device: str) -> dict[str, torch.Tensor]:
 
 def topology_mesh(rank: int, size: int, device: str) -> dict[str, object]:
     """A DeviceMesh from topology_aware_mesh (2 chips of a v6e 2x1 slice) carries collectives."""
-    from torch_tpu.distributed import SliceTopology, topology_aware_mesh
-    from tpu_facts import chip_generation
+    from tpu_facts import Slice, chip_generation
+    from torch_tpu.distributed import topology_aware_mesh
 
-    layout = topology_aware_mesh({"dp": size}, topology=SliceTopology(chip_generation("v6e"), (size, 1)))
+    layout = topology_aware_mesh({"dp": size}, topology=Slice(chip_generation("v6e"), (size, 1)))
     mesh = layout.device_mesh(device)
     t = torch.full((3,), float(rank + 1), device=device)
     dist.all_reduce(t, group=mesh.get_group("dp"))

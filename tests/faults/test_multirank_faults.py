@@ -1,6 +1,7 @@
-"""Multi-rank failures under torchrun (real processes): a rank failing on bad input never aborts
-its peers, a stalled rank times out the others (--collective-timeout), and ranks die with their
-launcher. Slow: each case starts two training processes."""
+"""Multi-rank failures under torchrun (real processes): bad input on one rank fails every rank at
+once with the same line, a stalled rank times out the others with a line naming the collective and
+the rank (--collective-timeout), and ranks die with their launcher. Slow: each case starts two
+training processes."""
 
 from __future__ import annotations
 
@@ -27,18 +28,33 @@ def _torchrun(*args: str) -> list[str]:
             "-m", "torchrec_tpu.cli", "train", *args]
 
 
-def _nan_label_in_rank0_rows(data: Path) -> None:
-    for part in sorted(data.glob("*.parquet")):
-        table = pq.read_table(part)
+def _damage(data: Path, kind: str) -> str:
+    """A NaN label in rank 0's rows, or a null id inside a multi-hot list in rank 1's rows (each
+    rank reads half of the 768 training rows); returns what the error names."""
+    part = data / ("part-00000.parquet" if kind == "nan_label" else "part-00002.parquet")
+    table = pq.read_table(part)
+    if kind == "nan_label":
         labels = table.column("label").to_numpy().astype(np.float32)
-        if part.name == "part-00000.parquet":
-            labels[70] = np.nan  # rank 0 reads the first half of the training rows
+        labels[70] = np.nan
         pq.write_table(table.set_column(0, "label", pa.array(labels)), part)
+        return f"rank 0: {part}: row 70, column label: nan is not a label in [0, 1]"
+    for path in sorted(data.glob("*.parquet")):  # C3 multi-hot in every file, one null id in one
+        t = pq.read_table(path)
+        ids = [[int(v)] if v is not None else [] for v in t.column("C3").to_pylist()]
+        if path == part:
+            ids[70] = [1, None]
+        pq.write_table(t.set_column(t.schema.get_field_index("C3"), "C3", pa.array(ids, pa.list_(pa.int64()))), path)
+    return "rank 1: multi-hot column C3 has 1 null ids inside lists"
 
 
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
+
+
+def _rank_of(pid: int) -> int:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return int(next(v for v in environ if v.startswith(b"RANK=")).split(b"=")[1])
 
 
 def _alive(pid: int) -> bool:
@@ -49,23 +65,29 @@ def _alive(pid: int) -> bool:
     return not Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
-def test_a_rank_failing_on_bad_input_never_aborts_its_peer(tiny_copy, tmp_path):
-    _nan_label_in_rank0_rows(tiny_copy)
+@pytest.mark.parametrize("engine, damage", [("sparsecore", "nan_label"), ("torchrec", "null_id")])
+def test_bad_input_on_one_rank_fails_every_rank_at_once_with_one_message(tiny_copy, tmp_path, engine, damage):
+    """The ranks agree on each batch before its collectives: both fail at the same batch with the
+    same line, long before the collective timeout, and neither aborts."""
+    expected = _damage(tiny_copy, damage)
     flags = [f for f in TRAIN_FLAGS if f not in ("--max-steps", "2")]
+    started = time.monotonic()
     result = subprocess.run(_torchrun("--data", str(tiny_copy), *flags, "--log-dir", str(tmp_path / "run"),
-                                      "--collective-timeout", "60"),
+                                      "--engine", engine, "--collective-timeout", "200"),
                             env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert time.monotonic() - started < 150, "failing must not wait for the collective timeout"
     assert result.returncode == 1, result.stderr[-3000:]
     assert "SIGABRT" not in result.stderr and "terminate called" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "torchrec-tpu train: error:" in line]
-    assert len(errors) == 2, result.stderr[-3000:]
-    assert any("training loss is NaN" in line for line in errors)
+    assert len(errors) == 2 and errors[0] == errors[1], result.stderr[-3000:]
+    assert f"error: {expected}" in errors[0], errors
 
 
-def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path):
+@pytest.mark.parametrize("stalled", [1, 0])  # rank 0 too: the store lives in torchrun, not in it
+def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled):
     proc = subprocess.Popen(_torchrun("--data", str(tiny_dataset), *TRAIN_FLAGS[:-3], "--no-progress",
-                                      "--epochs", "50", "--log-dir", str(tmp_path / "run"),
-                                      "--collective-timeout", "10"),
+                                      "--epochs", "100000", "--log-dir", str(tmp_path / "run"),
+                                      "--checkpoint-every", "3", "--collective-timeout", "10"),
                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -73,8 +95,12 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path):
             time.sleep(0.2)
         ranks = sorted(_children(proc.pid))
         assert len(ranks) == 2
-        time.sleep(25)  # both ranks are past startup and training
-        os.kill(ranks[1], signal.SIGSTOP)
+        latest = tmp_path / "run" / "checkpoint" / "latest"
+        while not latest.exists() and time.monotonic() < deadline + 120 and proc.poll() is None:
+            time.sleep(0.2)  # the first checkpoint (step 3): both ranks are training
+        assert latest.exists(), "training never reached step 3"
+        stopped = {_rank_of(pid): pid for pid in ranks}[stalled]
+        os.kill(stopped, signal.SIGSTOP)
         stopped_at = time.monotonic()
         _, stderr = proc.communicate(timeout=180)
         assert time.monotonic() - stopped_at < 120, "the survivor must fail after about the timeout"
@@ -83,19 +109,23 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
     assert proc.returncode != 0
-    assert "error:" in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if "torchrec-tpu train: error:" in line]
+    assert len(errors) == 1, stderr[-3000:]  # the survivor's; the stopped rank says nothing
+    assert f"timed out after 10 s on rank {1 - stalled}: rank {stalled} is not responding" in errors[0], errors
+    assert errors[0].split("error: ")[1].startswith(
+        ("train step", "the agreement", "the sparse input", "the checkpoint save")), errors
 
 
 def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):
     proc = subprocess.Popen(_torchrun("--data", str(tiny_dataset), *TRAIN_FLAGS[:-3], "--no-progress",
-                                      "--epochs", "50", "--log-dir", str(tmp_path / "run")),
+                                      "--epochs", "100000", "--log-dir", str(tmp_path / "run")),
                             env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     ranks = _children(proc.pid)
     assert len(ranks) == 2
-    time.sleep(20)  # the ranks have joined the process group (PR_SET_PDEATHSIG is set by then)
+    time.sleep(20)  # well into startup or training (PR_SET_PDEATHSIG is set first thing)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     deadline = time.monotonic() + 30
@@ -105,3 +135,21 @@ def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):
     for pid in orphans:
         os.kill(pid, signal.SIGKILL)
     assert not orphans, f"ranks {orphans} outlived their launcher"
+
+
+def test_skipped_rows_on_one_rank_keep_the_ranks_in_step(tiny_copy, tmp_path):
+    """--bad-values skip on one rank's rows leaves it a batch short: every rank ends the epoch at
+    the same step and the report counts the rows of all ranks."""
+    part = tiny_copy / "part-00000.parquet"  # rank 0's rows
+    table = pq.read_table(part)
+    labels = table.column("label").to_numpy().astype(np.float32)
+    labels[[3, 4, 90]] = [7.0, -3.0, np.nan]
+    pq.write_table(table.set_column(0, "label", pa.array(labels)), part)
+    flags = [f for f in TRAIN_FLAGS if f not in ("--max-steps", "2")]
+    result = subprocess.run(_torchrun("--data", str(tiny_copy), *flags, "--log-dir", str(tmp_path / "run"),
+                                      "--bad-values", "skip", "--epochs", "2", "--collective-timeout", "60"),
+                            env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bad values: skipped 3 rows" in result.stdout
+    # 384 rows per rank, 32 per rank-batch: rank 0 keeps 381 -> 11 full batches, so 11 steps per epoch
+    assert "steps           22 " in result.stdout, result.stdout

@@ -194,3 +194,14 @@ def test_binary_garbage_never_aborts_and_lists_skips_with_a_tail(tmp_path):
     for path in garbage:
         strict = run_cli("data", "convert", str(path), "-o", str(tmp_path / f"strict-{path.name}"), "--no-progress")
         assert_clean_error(strict.returncode, strict.stderr, str(path))
+
+
+def test_infer_output_that_is_a_file(capsys, tiny_dataset, tmp_path_factory, tmp_path):
+    from tests.faults.checkpoint_helpers import shared_run
+
+    _, root = shared_run(tmp_path_factory)
+    output = tmp_path / "predictions"
+    output.write_text("not a directory")
+    rc, _, err = _run(capsys, "infer", "--data", str(tiny_dataset), "--checkpoint", str(root),
+                      "--output", str(output), "--no-progress")
+    assert_clean_error(rc, err, f"--output={str(output)!r} is a file")

@@ -38,3 +38,25 @@ def test_generate_matches_library_config(tmp_path, capsys):
     assert ",".join(map(str, config.table_sizes)) in capsys.readouterr().out
     assert _run("generate", "-o", str(tmp_path / "bad"), "--multi-hot", "I1", "--no-progress") == 1
     assert "multi_hot names ['I1'] are not categorical" in capsys.readouterr().err
+
+
+def test_generate_multi_hot_sizes_writes_exactly_k_ids_per_row(tmp_path, capsys):
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from torchrec_tpu.cli import main as cli_main
+
+    sizes = ",".join(str(1 + i % 3) for i in range(26))
+    assert cli_main(["data", "generate", "-o", str(tmp_path / "mh"), "--rows", "300", "--rows-per-file", "100",
+                     "--multi-hot-sizes", sizes, "--no-progress"]) == 0
+    table = pq.read_table(sorted((tmp_path / "mh").glob("*.parquet"))[0])
+    for i in range(26):
+        column = table.column(f"C{i + 1}")
+        k = 1 + i % 3
+        if k == 1:
+            assert column.type == "int64"
+        else:
+            lengths = set(pc.list_value_length(column).drop_null().to_pylist())
+            assert k in lengths and lengths <= {0, k}  # exactly k ids, or missing (empty)
+    assert cli_main(["data", "generate", "-o", str(tmp_path / "bad"), "--multi-hot-sizes", "2,3"]) == 1
+    assert "needs one size >= 1 per categorical column (26)" in capsys.readouterr().err

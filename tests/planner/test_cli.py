@@ -30,16 +30,7 @@ def test_cli_subprocess_writes_plan_and_html(tmp_path):
     plan = load_plan(out)
     assert len(plan.tables) == 26 and len(plan.devices) == 32
     root = ET.parse(html).getroot()  # well-formed XHTML
-    svgs = root.findall(f".//{SVG}svg")
-    assert len(svgs) == 2
-    memory, time = svgs  # stacked bars: one rect per device and component, plus legend swatches
-    assert len([r for r in memory.findall(f"{SVG}rect") if r.get("class") == "s0"]) == 32 + 1
-    assert len(time.findall(f"{SVG}rect")) == 32 * 4 + 4
-    # bar heights are to scale: device 0's stack is its memory over the chart top (usable HBM here)
-    stack = sum(float(r.get("height")) for r in memory.findall(f"{SVG}rect")
-                if r.find(f"{SVG}title") is not None and r.find(f"{SVG}title").text.startswith("device 0 "))
-    top = max(plan.usable_hbm_bytes_per_device, plan.max_memory_bytes)
-    assert stack == pytest.approx(180 * plan.devices[0].memory_bytes / top, abs=0.02)
+    assert len(root.findall(f".//{SVG}svg")) == 3  # HBM, step time, placement (tests/planner/test_report.py)
     assert "C21" in html.read_text()
 
 
@@ -119,6 +110,6 @@ def test_multislice_and_topology_file(tmp_path, capsys):
     assert main(["--tables", str(DLRM_TABLES), "--topology", str(topo), "--slices", "4", "--batch-size", "16384",
                  "--max-ids-per-partition", "4096", "--out", str(out)]) == 0
     plan = load_plan(out)
-    assert len(plan.devices) == 16 and plan.topology["num_slices"] == 4
+    assert len(plan.devices) == 16 and plan.topology.num_slices == 4
     assert plan.usable_hbm_bytes_per_device == int(95 * 2**30 * 0.5)
     assert "v5p-8 x4 slices" in capsys.readouterr().out

@@ -51,9 +51,16 @@ def test_column_wise_and_data_parallel_by_hand(builder):
     cw = builder.column_wise(TABLE, 2)
     assert [(s.column_offset, s.columns) for s in cw.shards] == [(0, 8), (8, 8)]
     assert all(s.load.hbm_bytes == 1024 * 4 * 8 * 2 for s in cw.shards)
+    # data-parallel as the runtime runs it: a replica per device (rows padded to 8 * 4 SparseCores),
+    # each looking up and updating all 128 ids; ids to the 3 other replicas, their pooled rows and
+    # gradients back (16 samples x 1 feature x 4 B x 16): no all-reduce
     dp = builder.data_parallel(TABLE)
-    assert dp.uniform.hbm_bytes == 1000 * 128
-    assert dp.uniform.allreduce_s == pytest.approx(4 * 1000 * 16 * 2 * 3 / 4 / ICI)
+    assert dp.uniform.hbm_bytes == 1024 * 128
+    assert dp.uniform.lookup_s == pytest.approx(128 * (4 * 16 + 2 * 128) / BW_SC)
+    sent = 3 * (12 * 32 + 2 * 16 * 4 * 16)
+    assert dp.uniform.comm_s == pytest.approx(sent * (0.5 + 0.5) / ICI)
+    assert dp.uniform.buffer_bytes == pytest.approx(sent + 2 * 16 * 4 * 16)
+    assert dp.ids_per_partition == pytest.approx(16 / 4 * 2 / 4)  # as table-wise: S destinations
 
 
 def test_optimizer_slots_change_memory():

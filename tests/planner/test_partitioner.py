@@ -82,14 +82,17 @@ def test_id_limit_rejects_and_warns():
     t = EmbeddingTable("hot", 10**6, 64, pooling_factor=100.0)
     with pytest.raises(PlanningError, match="ids per SparseCore partition"):
         plan_tables([t], V5P_8, 4096, constraints={"hot": ["table_wise"]})
-    plan = plan_tables([t], V5P_8, 4096, max_ids_per_partition=256)
-    # row-wise: (1024 / 4) * 100 / 16 = 1600 ids per partition > 256: only data-parallel is left
-    assert plan.table("hot").sharding_type == "data_parallel"
-    assert any("'hot'" in w and "1600" in w for w in plan.warnings)
-    assert plan_tables([t], V5P_8, 4096, max_ids_per_partition=1600).table("hot").sharding_type != "data_parallel"
+    # row-wise: (1024 / 4) * 100 / 16 = 1600 ids per partition > 256, and a data-parallel replica's
+    # SparseCores take every rank's ids (6400): no sharding is left
+    with pytest.raises(PlanningError, match="row_wise needs 1600 ids per SparseCore partition"):
+        plan_tables([t], V5P_8, 4096, max_ids_per_partition=256)
+    plan = plan_tables([t], V5P_8, 4096, max_ids_per_partition=1600)
+    # table-wise would be a little cheaper but needs (1024 / 4) * 100 / 4 = 6400: the warning says so
+    assert plan.table("hot").sharding_type == "row_wise"
+    assert any("'hot'" in w and "table_wise" in w and "6400" in w for w in plan.warnings)
     # a per-table limit (as FDO sets it) overrides the planner-wide one
     own = EmbeddingTable("hot", 10**6, 64, pooling_factor=100.0, max_ids_per_partition=1600)
-    assert plan_tables([own], V5P_8, 4096, max_ids_per_partition=256).table("hot").sharding_type != "data_parallel"
+    assert plan_tables([own], V5P_8, 4096, max_ids_per_partition=256).table("hot").sharding_type == "row_wise"
 
 
 def test_memory_fits_only_beyond_the_id_limit():

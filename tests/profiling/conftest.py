@@ -14,15 +14,16 @@ DATA = SyntheticConfig(num_rows=3 * 1024, seed=2, max_cardinality=100, rows_per_
                        row_group_size=256)
 
 
-@pytest.fixture(scope="session")
-def profiled(tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="session", params=["sparsecore", "torchrec"])
+def profiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """One profile run per engine (the CLI's default, sparsecore, and the torchrec reference)."""
     from torchrec_tpu.profiling.job import profile_training
 
     data = tmp_path_factory.mktemp("profile_data")
     generate(DATA, data, progress=False)
     logs = tmp_path_factory.mktemp("profile_run")
     config = TrainConfig(
-        engine="torchrec", data=str(data), num_embeddings=100, embedding_dim=8, dense_arch="16,8",
+        engine=request.param, data=str(data), num_embeddings=100, embedding_dim=8, dense_arch="16,8",
         over_arch="16,1",
         batch_size=128, log_dir=str(logs), progress=False,
     )

@@ -158,3 +158,33 @@ def test_training_loop_trains_on_ray_streams(ray_session, small_dataset: Path, t
     assert result.eval.samples == held_rows
     assert result.eval.auc == pytest.approx(reference.auc, abs=1e-6)
     assert result.eval.loss == pytest.approx(reference.loss, rel=1e-5)
+
+
+def test_ray_reader_applies_the_bad_value_policy(ray_session, small_dataset: Path, tmp_path) -> None:
+    """The same --bad-values rule as the pyarrow reader (pipelines.bad_values), file and row named."""
+    import pyarrow as pa
+    import ray.data
+
+    data = tmp_path / "data"
+    data.mkdir()
+    parts = sorted(small_dataset.glob("*.parquet"))
+    for part in parts:
+        pq.write_table(pq.read_table(part), data / part.name, row_group_size=500)
+    damaged = data / parts[1].name
+    table = pq.read_table(damaged)
+    labels = table.column("label").to_numpy().astype(np.float64)
+    labels[700] = 3.0  # second row group of the file, row 200 of it
+    pq.write_table(table.set_column(0, "label", pa.array(labels)), damaged, row_group_size=500)
+    with pytest.raises(Exception, match=rf"{damaged}: row 700, column label: 3.0 is not a label"):
+        list(RayBatchStream(preprocessed_dataset(data, SMALL.table_sizes, SMALL.schema), 512,
+                            SMALL.schema, device=torch.device("cpu")))
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True
+    try:
+        stream = RayBatchStream(preprocessed_dataset(data, SMALL.table_sizes, SMALL.schema, bad_values="skip"),
+                                512, SMALL.schema, device=torch.device("cpu"))
+        got = np.concatenate([b.labels.numpy() for b in stream])
+    finally:
+        context.execution_options.preserve_order = False
+    expected = np.concatenate([pq.read_table(p).column("label").to_numpy().astype(np.float32) for p in sorted(data.glob("*.parquet"))])
+    np.testing.assert_array_equal(got, np.delete(expected, 1_200 + 700))

@@ -43,9 +43,9 @@ def test_hand_computed_layout():
     np.testing.assert_array_equal(csr.stats.required_buffer_size_per_sc, [8, 8, 0, 8])
 
 
-def _assert_same_as_jte(plan, kjt, overflow="error"):
+def _assert_same_as_jte(plan, kjt, overflow="error", engine="auto"):
     jte_interop = pytest.importorskip("sparsecore.jte_interop", exc_type=ImportError)
-    ours = preprocess(kjt, plan, overflow=overflow)
+    ours = preprocess(kjt, plan, overflow=overflow, engine=engine)
     inputs = feature_inputs(kjt, plan.features, plan.tables)
     pre, stats = jte_interop.jte_preprocess(inputs, plan, allow_id_dropping=overflow == "drop")
     theirs = pre.sparse_dense_matmul_input

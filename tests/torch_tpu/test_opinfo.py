@@ -32,7 +32,15 @@ def _id(o):
 
 
 # OpInfos whose aten op is named differently from the OpInfo
-_LOWERED_AS = {"nn.functional.embedding_bag": "_embedding_bag"}
+_LOWERED_AS = {
+    "nn.functional.embedding_bag": "_embedding_bag",
+    **{f"nn.functional.{c}{d}d": "convolution" for c in ("conv", "conv_transpose") for d in (1, 2, 3)},
+    "nn.functional.max_pool1d": "max_pool2d_with_indices", "nn.functional.max_pool2d": "max_pool2d_with_indices",
+    "nn.functional.max_pool3d": "max_pool3d_with_indices", "nn.functional.avg_pool1d": "avg_pool2d",
+    "nn.functional.adaptive_avg_pool1d": "_adaptive_avg_pool2d", "nn.functional.adaptive_avg_pool2d": "_adaptive_avg_pool2d",
+    "nn.functional.adaptive_avg_pool3d": "_adaptive_avg_pool3d", "nn.functional.adaptive_max_pool1d": "adaptive_max_pool2d",
+    "nn.functional.batch_norm": "native_batch_norm", "nn.functional.instance_norm": "native_batch_norm",
+}
 
 
 def _lowered(o):
@@ -51,6 +59,9 @@ _TIE_INDEX_DIM = {"sort": (0, "dim"), "topk": (1, "dim")}
 _FLOAT64_REFERENCE = {
     "native_layer_norm": "CPU's float32 backward cancels catastrophically when the variance is ~0",
 }
+# Batch norm ops whose eval-mode save_mean/save_invstd follow CUDA and the meta kernels (running_mean,
+# 1/sqrt(running_var + eps)) where CPU returns empty tensors: checked against those hand values.
+_EVAL_STATS_LIKE_CUDA = {"native_batch_norm", "_native_batch_norm_legit"}
 TOLERANCE = {
     torch.float32: dict(rtol=1e-4, atol=1e-5),
     torch.float64: dict(rtol=1e-7, atol=1e-7),
@@ -113,6 +124,10 @@ def _check_sample(opinfo, sample, dtype, grad):
     if "device" in tpu_kwargs:  # factories with tensor arguments (linspace.Tensor_Tensor ...)
         tpu_kwargs["device"] = "tpu"
     actual = opinfo.op(*tpu_args, **tpu_kwargs)
+    if opinfo.name in _EVAL_STATS_LIKE_CUDA and len(sample.args) == 7 and not sample.args[4]:
+        running_mean, running_var, eps = sample.args[2], sample.args[3], sample.args[6]
+        _compare(actual[1:], (running_mean, torch.rsqrt(running_var + eps)), dtype, f"{opinfo.name} eval stats")
+        actual, compared = actual[0], compared[0]
     if opinfo.name in _TIE_INDEX_DIM and not sample.kwargs.get("stable", False):
         _check_tie_indices(opinfo.name, sample, actual, compared)
         actual, compared = actual[0], compared[0]

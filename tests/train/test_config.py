@@ -64,7 +64,7 @@ def test_bad_values_name_the_option_value_and_limit(argv: list[str], message: st
     [
         ("batch_size: 0\n", "--batch-size=0 must be >= 1"),
         ("batch_size: big\n", "batch-size='big' must be int"),
-        ("learning_rate: 0.1\n", "unknown option 'learning_rate'"),
+        ("learning_rates: 0.1\n", "unknown option 'learning_rates'"),
         ("- 1\n- 2\n", "must hold a mapping"),
         ("sparse_optimizer: lamb\n", "--sparse-optimizer='lamb' is not one of"),
     ],

@@ -44,16 +44,16 @@ def test_plan_devices_become_ranks(tmp_path: Path) -> None:
     assert sharding_from_plan(plan, TABLES, 2) == expected
     path = tmp_path / "plan.json"
     plan.save(path)  # what `torchrec-tpu plan --out` writes
-    assert resolve_sharding(str(path), TABLES, 2, 256) == expected
+    assert resolve_sharding(str(path), TABLES, 2, 256).sharding == expected
 
 
 def test_auto_plans_for_the_world_and_none_balances_table_wise() -> None:
     for world in (1, 2):
-        sharding = resolve_sharding("auto", TABLES, world, 256)
+        sharding = resolve_sharding("auto", TABLES, world, 256).sharding
         expected = sharding_from_plan(plan_tables(tables_from_sparsecore_specs(TABLES),
                                                   parse_accelerator_type(f"v5p-1x1x{world}"), 256), TABLES, world)
         assert sharding == expected and set(sharding) == set(KINDS)
-    assert resolve_sharding(None, TABLES, 2, 256) == balanced_table_wise(TABLES, 2)
+    assert resolve_sharding(None, TABLES, 2, 256).sharding == balanced_table_wise(TABLES, 2)
 
 
 def _with_table(plan: Plan, name: str, **changes: object) -> Plan:

@@ -1,19 +1,20 @@
-"""Graph mode for torch_tpu: ``torch.compile(backend="tpu")``, shape buckets, the persistent compile
-cache and the ``defer_and_fuse`` eager mode.
+"""Graph mode for torch_tpu: ``torch.compile(backend="tpu")``, ``train_step`` (a whole training step
+as one program), shape buckets, the persistent compile cache's controls and the ``defer_and_fuse``
+eager mode.
 
 ``import torch_tpu.compile`` registers the "tpu" Dynamo backend and the defer_and_fuse executor.
 """
 
 import torch_tpu  # noqa: F401  (the device and the lowering registry)
 from torch_tpu import modes as _modes
-from torch_tpu.compile import backend as _backend, cache as _cache
+from torch_tpu.compile import backend as _backend
 from torch_tpu.compile import extra_lowerings as _extra, lazy as _lazy  # noqa: F401
 from torch_tpu.compile.buckets import BucketPolicy, BucketStats, bucketed
 from torch_tpu.compile.backend import compile_stats, compiled_graphs, reset_compile_stats
-from torch_tpu.compile.cache import cache_dir, cache_stats, configure_cache, reset_cache_stats
+from torch_tpu.persistent_cache import cache_dir, cache_stats, configure_cache, reset_cache_stats
+from torch_tpu.compile.step_program import TrainStep, TrainStepStats, train_step
 from torch_tpu.compile.lazy import DeferStats, LazyArray, defer_stats, flush, reset_defer_stats
 
-_cache.install()
 _backend.register()
 _modes.register_executor(_modes.EagerMode.DEFER_AND_FUSE, _lazy.run_deferred)
 # tensors produced under defer_and_fuse stay usable after switching back to another mode
@@ -25,10 +26,13 @@ __all__ = [
     "BucketStats",
     "DeferStats",
     "LazyArray",
+    "TrainStep",
+    "TrainStepStats",
     "bucketed",
     "defer_stats",
     "flush",
     "reset_defer_stats",
+    "train_step",
     "cache_dir",
     "cache_stats",
     "compile_stats",

@@ -5,6 +5,7 @@
 * ``aten._to_copy`` / ``aten.lift_fresh_copy``: dtype casts and constants lifted into graphs
   (inside one program every value is on the device, so ``device=`` is ignored; eager dispatch
   keeps its dedicated ``_to_copy`` plan).
+* ``aten._foreach_pow.ScalarAndTensor``: ``beta ** steps`` of the capturable Adam/AdamW update.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma)
 
 from torch_tpu._jax import jnp
+from torch_tpu.lowerings import elementwise as ew
 from torch_tpu.lowerings._common import jdtype, promoted
 from torch_tpu.dispatch import clear_plan_cache
 from torch_tpu.registry import get_lowering, register_lowering
@@ -38,7 +40,12 @@ def _lift_fresh_copy(self):
     return self  # JAX arrays are immutable: sharing is a copy
 
 
+def _foreach_pow_scalar_and_tensor(self, exponent):
+    return [ew.pow(self, e) for e in exponent]
+
+
 _EXTRA = (
+    (aten._foreach_pow.ScalarAndTensor, _foreach_pow_scalar_and_tensor),
     (aten.copy.default, _copy),
     (prims.fma.default, _fma),
     (aten._to_copy.default, _to_copy),

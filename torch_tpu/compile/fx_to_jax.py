@@ -108,6 +108,8 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
                 if lowering.needs_key:
                     kwargs = {**kwargs, "key": keys[node]}
                 env[node] = lowering.fn(*args, **kwargs)
+                if lowering.writes:
+                    env[node] = _without_writes(node, lowering, env[node])
                 check_against_meta(node, env[node])
             elif node.op == "output":
                 out = torch.fx.node.map_arg(node.args[0], env.__getitem__)
@@ -115,6 +117,18 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
         return result
 
     return run
+
+
+def _without_writes(node: torch.fx.Node, lowering: Lowering, out: tuple) -> Any:
+    """The op's own outputs; a graph cannot express an update of an input in place."""
+    n = lowering.num_outputs
+    written = [name for name, v in zip(lowering.writes, out[n:]) if v is not None]
+    if written:
+        raise UnloweredOpError(
+            f"torch.compile(backend='tpu'): {node.target} updates its inputs {written} in place; "
+            "graphs must use its functional variant (AOTAutograd's functionalization emits one)"
+        )
+    return out[0] if n == 1 else tuple(out[:n])
 
 
 def _constant(gm: torch.fx.GraphModule, target: str) -> jax.Array:

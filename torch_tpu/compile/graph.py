@@ -19,7 +19,8 @@ import torch.fx
 
 from torch_tpu import random as tpu_random
 from torch_tpu._jax import jax
-from torch_tpu.compile import cache, fx_to_jax
+from torch_tpu import persistent_cache as cache
+from torch_tpu.compile import fx_to_jax
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
 from torch_tpu.dtypes import to_jax_dtype
 from torch_tpu.registry import get_lowering, lowered_ops
@@ -165,7 +166,8 @@ class CompiledGraph:
         args.clear()  # boxed calling convention: the inputs can be freed early
         if self.random:
             inputs.append(jax.random.key_data(tpu_random.next_key()))
-        outputs = self._run(*inputs)
+        with cache.persistent():
+            outputs = self._run(*inputs)
         return [None if o is None else from_jax(o) if on_tpu else _jax_to_cpu(o) for o in outputs]
 
 

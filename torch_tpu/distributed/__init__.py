@@ -18,8 +18,14 @@ and in each process::
     mesh = layout.device_mesh("tpu")              # or "cpu"
 
 Collectives are queued on one ordered worker thread per group and return async ``Work``; the
-transport (gloo on host copies today, see :mod:`torch_tpu.distributed.transport`) enforces the
-group timeout, so a dead or stalled peer raises :class:`CollectiveError` instead of hanging.
+transport enforces the group timeout, so a dead or stalled peer raises :class:`CollectiveError`
+instead of hanging. tpu tensors travel through XLA collectives on their JAX arrays (ICI on a TPU
+slice, JAX's gloo CPU collectives on XLA:CPU; :mod:`torch_tpu.distributed.xla_transport`) when the
+processes run multi-controller JAX: the default group joins ``jax.distributed`` by itself unless
+the device was used before ``init_process_group`` (then call :func:`init_xla_transport` first).
+Otherwise, and for CPU tensors, an internal gloo group on host copies carries them
+(:mod:`torch_tpu.distributed.transport`). :func:`active_transport` says which; choose with
+``TPU_DIST_TRANSPORT=auto|xla|gloo`` or ``pg_options=TransportOptions(...)``.
 
 Functional collectives (``_c10d_functional::*``, used by DTensor ``redistribute`` and
 ``full_tensor``) on tpu tensors run through the core's CPU fallback, which waits for each result
@@ -27,12 +33,13 @@ before copying it to the device. ``torch.tpu.topology_aware_mesh`` aliases
 :func:`topology_aware_mesh`.
 """
 
-from torch_tpu.distributed.backend import register_backend
+from torch_tpu.distributed.backend import TransportOptions, active_transport, register_backend
 from torch_tpu.distributed.local_launch import launch_local
-from torch_tpu.distributed.mesh import MeshLayout, SliceTopology, topology_aware_mesh
+from torch_tpu.distributed.mesh import MeshLayout, topology_aware_mesh
 from torch_tpu.distributed.process_group import BACKEND_NAME, ProcessGroupTPU
 from torch_tpu.distributed.transport import GlooTransport, Transport
 from torch_tpu.distributed.worker import CollectiveError
+from torch_tpu.distributed.xla_join import init_xla_transport
 
 register_backend()
 
@@ -42,8 +49,10 @@ __all__ = [
     "GlooTransport",
     "MeshLayout",
     "ProcessGroupTPU",
-    "SliceTopology",
     "Transport",
+    "TransportOptions",
+    "active_transport",
+    "init_xla_transport",
     "launch_local",
     "register_backend",
     "topology_aware_mesh",

@@ -17,77 +17,21 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from tpu_facts import ChipGeneration, chip_generation
+from tpu_facts import Slice
 
 MeshDims = Mapping[str, int] | Sequence[tuple[str, int]]
 
-_TORUS_AXES = ("x", "y", "z")
 
-
-@dataclass(frozen=True)
-class SliceTopology:
-    """``num_slices`` slices of ``shape`` chips of one generation."""
-
-    chip: ChipGeneration
-    shape: tuple[int, ...]
-    num_slices: int = 1
-
-    def __post_init__(self) -> None:
-        if len(self.shape) != self.chip.torus_dims or min(self.shape, default=0) < 1:
-            want = "x".join(["N"] * self.chip.torus_dims)
-            raise ValueError(
-                f"{self.chip.name} slice topology must be {want} with every N >= 1, got "
-                f"{'x'.join(map(str, self.shape))}"
-            )
-        if self.num_slices < 1:
-            raise ValueError(f"num_slices must be >= 1, got {self.num_slices}")
-
-    @classmethod
-    def from_env(cls, generation: str | None = None) -> SliceTopology:
-        """From TPU_TOPOLOGY, TPU_NUM_SLICES (or MEGASCALE_NUM_SLICES) and TPU_ACCELERATOR_TYPE."""
-        topology = os.environ.get("TPU_TOPOLOGY")
-        if not topology:
-            raise ValueError("TPU_TOPOLOGY is not set; set it to the slice shape, e.g. 2x2x4")
-        try:
-            shape = tuple(int(n) for n in topology.lower().split("x"))
-        except ValueError:
-            raise ValueError(f"TPU_TOPOLOGY={topology!r} is not a shape such as 2x2x4") from None
-        accelerator = os.environ.get("TPU_ACCELERATOR_TYPE", "")
-        generation = generation or accelerator.split("-")[0]
-        if not generation:
-            raise ValueError(
-                "cannot tell the TPU generation: pass generation= or set TPU_ACCELERATOR_TYPE "
-                "(e.g. v5p-32)"
-            )
-        slices = os.environ.get("TPU_NUM_SLICES") or os.environ.get("MEGASCALE_NUM_SLICES") or "1"
-        return cls(chip_generation(generation), shape, int(slices))
-
-    @property
-    def axes(self) -> tuple[tuple[str, int], ...]:
-        """Physical axes of one slice as (name, size), fastest-enumerated first."""
-        torus = tuple(zip(_TORUS_AXES, self.shape))
-        core = self.chip.devices_per_chip
-        return ((("core", core),) if core > 1 else ()) + torus
-
-    @property
-    def devices_per_slice(self) -> int:
-        return math.prod(self.shape) * self.chip.devices_per_chip
-
-    @property
-    def num_devices(self) -> int:
-        return self.devices_per_slice * self.num_slices
-
-    def slice_ranks(self) -> np.ndarray:
-        """Device ranks of slice 0 indexed by physical axes, slowest first (z, y, x, core)."""
-        sizes = [size for _, size in reversed(self.axes)]
-        return np.arange(self.devices_per_slice, dtype=np.int64).reshape(sizes)
+def _slice_ranks(topology: Slice) -> np.ndarray:
+    """Device ranks of slice 0 indexed by physical axes, slowest first (z, y, x, core)."""
+    sizes = [size for _, size in reversed(topology.axes)]
+    return np.arange(topology.devices_per_slice, dtype=np.int64).reshape(sizes)
 
 
 @dataclass(frozen=True)
@@ -98,7 +42,7 @@ class MeshLayout:
     mesh_dim_names: tuple[str, ...]
     ranks: np.ndarray = field(compare=False)
     physical_axes: dict[str, tuple[str, ...]]
-    topology: SliceTopology
+    topology: Slice
 
     @property
     def is_identity(self) -> bool:
@@ -125,14 +69,14 @@ def topology_aware_mesh(
     mesh_dims: MeshDims,
     *,
     dcn_mesh_dims: Mapping[str, int] | None = None,
-    topology: SliceTopology | None = None,
+    topology: Slice | None = None,
 ) -> MeshLayout:
     """Map ``mesh_dims`` (outer to inner; per-slice ICI sizes) onto ``topology``.
 
     ``dcn_mesh_dims`` multiplies named dims across slices; its product must be the slice count.
-    ``topology`` defaults to :meth:`SliceTopology.from_env`.
+    ``topology`` defaults to :meth:`Slice.from_env`.
     """
-    topology = topology or SliceTopology.from_env()
+    topology = topology or Slice.from_env()
     ici = _normalise(mesh_dims)
     dcn = _dcn_dims(ici, dcn_mesh_dims, topology.num_slices)
     wanted = math.prod(ici.values())
@@ -182,7 +126,7 @@ def _dcn_dims(ici: dict[str, int], dcn: Mapping[str, int] | None, slices: int) -
 
 
 def _assign_axes(
-    ici: dict[str, int], topology: SliceTopology
+    ici: dict[str, int], topology: Slice
 ) -> list[tuple[str, str, int]]:
     """(physical axis, mesh dim, factor) pieces, inner mesh dims first, each axis inner-out."""
     remaining = dict(topology.axes)
@@ -226,10 +170,10 @@ def _best_choice(
 
 
 def _slice_grid(
-    ici: dict[str, int], pieces: list[tuple[str, str, int]], topology: SliceTopology
+    ici: dict[str, int], pieces: list[tuple[str, str, int]], topology: Slice
 ) -> np.ndarray:
     """Slice-0 ranks arranged as the ICI mesh (each physical axis cut into its pieces)."""
-    grid = topology.slice_ranks()
+    grid = _slice_ranks(topology)
     labels: list[str] = []
     shape: list[int] = []
     for axis, _size in reversed(topology.axes):  # slowest first, as slice_ranks() is laid out

@@ -75,6 +75,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def group_name(self) -> str:
         return self._group_name
 
+    @property
+    def transport_name(self) -> str:
+        """The transport tpu tensors travel through: "xla" or "gloo"."""
+        return self._transport.name
+
     def __repr__(self) -> str:
         return (
             f"ProcessGroupTPU(name={self._group_name!r}, rank={self._rank}, size={self._size}, "
@@ -328,6 +333,13 @@ class ProcessGroupTPU(dist.ProcessGroup):
     ) -> dist.Work:
         out_splits = self._splits("output", output, output_split_sizes)
         in_splits = self._splits("input", input, input_split_sizes)
+        if not output_split_sizes and not input_split_sizes:
+            if output.shape[:1] != input.shape[:1]:
+                raise ValueError(
+                    "tpu_dist all_to_all_single: without split sizes input and output need the "
+                    f"same rows, got {list(input.shape[:1])} and {list(output.shape[:1])}"
+                )
+            out_splits = in_splits = []  # equal chunks everywhere: the transport needs no splits
         if output.dtype != input.dtype or output.shape[1:] != input.shape[1:]:
             raise ValueError(
                 "tpu_dist all_to_all_single: rows of input and output must match, got input "

@@ -25,6 +25,7 @@ ReduceOp = dist.ReduceOp
 class Transport(abc.ABC):
     """Synchronous collectives over dense tensors of one group (``rank`` of ``size``)."""
 
+    name: str  # "gloo", "xla": what :func:`torch_tpu.distributed.active_transport` reports
     rank: int
     size: int
 
@@ -56,7 +57,10 @@ class Transport(abc.ABC):
         output_splits: Sequence[int],
         input_splits: Sequence[int],
     ) -> None:
-        """Rows ``input_splits[r]`` go to rank r; rows from rank r land in ``output_splits[r]``."""
+        """Rows ``input_splits[r]`` go to rank r; rows from rank r land in ``output_splits[r]``.
+
+        Both splits empty: equal chunks of dim 0 on every rank (no split exchange needed).
+        """
 
     @abc.abstractmethod
     def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> None:
@@ -139,6 +143,8 @@ def _scale_after(host: torch.Tensor, kind: dist.ReduceOp, size: int) -> None:
 
 class GlooTransport(Transport):
     """Collectives over an internal gloo process group on host copies (loopback or host network)."""
+
+    name = "gloo"
 
     def __init__(self, store: Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
         self.rank = rank

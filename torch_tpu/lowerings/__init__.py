@@ -2,6 +2,8 @@
 
 from torch_tpu.lowerings import (  # noqa: F401
     activations,
+    batch_norm,
+    conv,
     elementwise,
     embedding_bag,
     factories,
@@ -9,6 +11,7 @@ from torch_tpu.lowerings import (  # noqa: F401
     linalg,
     losses,
     norms,
+    pooling,
     reductions,
     rnn,
     shape,

@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_tpu._jax import jax, jnp
+from torch_tpu._jax import ARRAY_TYPE, jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 
 Operand = Any  # jax.Array | bool | int | float | complex | None
 
 
-_ARRAY = type(jnp.zeros(()))
+_ARRAY = ARRAY_TYPE
 
 
 def _kind(x: Operand) -> tuple[str, Any] | None:

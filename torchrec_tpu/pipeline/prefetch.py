@@ -17,6 +17,7 @@ from torchrec.datasets.utils import Batch
 from pipelines.parquet_reader import batches_from_row, prefetched
 
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
+from torchrec_tpu.train.rank_watch import collectives
 
 class PrefetchedBatches:
     """Re-iterable like ``batches`` (and as long); each pass runs its own prefetch thread.
@@ -50,5 +51,6 @@ class PrefetchedBatches:
         for batch in batches_from_row(self.batches, row):
             batch = batch.to(self.device)
             if batch.sparse_features.stride() == self.ebc.batch_size:
-                self.ebc.prefetch(batch.sparse_features, self.group)
+                with collectives("the sparse input all_to_all of a prefetched batch"):
+                    self.ebc.prefetch(batch.sparse_features, self.group)
             yield batch

@@ -19,20 +19,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tables file (.yaml/.json/.csv) or 'module:function' returning an EBC or EmbeddingBagConfigs")
     parser.add_argument("--topology", default="v5p-64",
                         help="slice name (v5p-64 = 32 chips, v6e-64 = 64 chips, tpu7x-64 = 32 chips) or topology file")
-    parser.add_argument("--slices", type=int, default=1, help="number of slices joined by DCN (multislice)")
-    parser.add_argument("--batch-size", type=int, default=65536, help="global batch size")
+    parser.add_argument("--slices", type=int, default=1, metavar="N", help="number of slices joined by DCN (multislice)")
+    parser.add_argument("--batch-size", type=int, default=65536, metavar="N", help="global batch size")
     parser.add_argument("--pooling-factor", action="append", default=[], metavar="[TABLE=]F",
-                        help="mean ids per sample: 'F' for every table or 'TABLE=F'; repeatable")
-    parser.add_argument("--optimizer", default="sgd", help="optimizer for tables from a Python model (default sgd)")
+                        help="mean ids per sample: 'F' for every table or 'TABLE=F'; repeatable (default: the "
+                             "tables file's pooling_factor, else 1)")
+    parser.add_argument("--optimizer", default="sgd", help="optimizer for tables from a Python model")
     parser.add_argument("--max-ids-per-partition", type=int, default=256,
-                        help="SparseCore per-partition id limit (jax-tpu-embedding default 256); a table's own "
+                        metavar="N", help="SparseCore per-partition id limit (jax-tpu-embedding's default); a table's own "
                              "max_ids_per_partition (file column, sparsecore spec) takes precedence")
     parser.add_argument("--compare", default="", metavar="TOPO,TOPO,...",
-                        help="what-if: plan on each of these topologies and print a comparison")
-    parser.add_argument("--out", type=Path, help="write the plan JSON here")
-    parser.add_argument("--html", type=Path, help="write a self-contained HTML report here")
-    parser.add_argument("--top", type=int, default=20, help="tables to list in the terminal table")
-    parser.add_argument("--progress", action="store_true", help="show a progress bar while costing tables")
+                        help="what-if: plan on each of these topologies and print a comparison "
+                             "(default: only --topology)")
+    parser.add_argument("--out", type=Path, metavar="PATH",
+                        help="write the plan JSON here (default: not written)")
+    parser.add_argument("--html", type=Path, metavar="PATH",
+                        help="write a self-contained HTML report here; with --compare, the comparison here and "
+                             "one report per topology next to it (default: not written)")
+    parser.add_argument("--top", type=int, default=20, metavar="N", help="tables to list in the terminal table")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
+                        help="show a progress bar while costing tables")
 
 
 def _pooling(values: list[str]) -> tuple[float | None, dict[str, float]]:
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from torchrec_tpu.planner.partitioner import PlanningError, plan_tables
-    from torchrec_tpu.planner.report import format_comparison, format_plan, render_html
+    from torchrec_tpu.planner.report import format_comparison, format_plan, render_comparison_html, render_html
     from torchrec_tpu.planner.tables import load_tables
     from torchrec_tpu.topology import resolve_topology
 
@@ -96,10 +102,15 @@ def run(args: argparse.Namespace) -> int:
         if args.html:
             html = _suffixed(args.html, name) if compare else args.html
             html.parent.mkdir(parents=True, exist_ok=True)
-            html.write_text(render_html(result, f"torchrec-tpu plan: {len(tables)} tables on {result.topology['name']}"))
+            html.write_text(render_html(result, f"torchrec-tpu plan: {len(tables)} tables on {result.topology.name}"))
             print(f"wrote report {html}")
     if compare:
         print(format_comparison(results))
+        if args.html:
+            args.html.parent.mkdir(parents=True, exist_ok=True)
+            args.html.write_text(render_comparison_html(results, f"torchrec-tpu plan: {len(tables)} tables on "
+                                                                 f"{', '.join(names)}"))
+            print(f"wrote comparison report {args.html}")
     return 0 if all(not isinstance(r, str) for _, r in results) else 1
 
 

@@ -6,8 +6,8 @@ factor P (mean ids per sample per feature); ids per step I = B*P*F, per device I
 (SparseCore alignment). Parameters are float32 (4 B); a row with optimizer state takes
 ``row_bytes(w) = 4*w*(1 + slots_per_element) + 4*slots_per_row`` (``tables.OPTIMIZER_SLOTS``).
 Ids travel as CSR triplets (id, sample, gain) = 12 B. ``bw_sc`` = device HBM bandwidth x
-``sparsecore_hbm_efficiency``; ``t_u`` / ``t_h`` / ``t_ar`` = seconds per byte of a uniform
-all-to-all / of traffic into one device / of an all-reduce (``torchrec_tpu.topology``).
+``sparsecore_hbm_efficiency``; ``t_u`` / ``t_h`` = seconds per byte of a uniform all-to-all / of
+traffic into one device (``torchrec_tpu.topology``).
 
 Row-wise (mod over all N SparseCores, the jax-tpu-embedding layout): rows padded to a multiple of
 8N, each device holds R'/D rows. Lookup time ``(I/D) * (4d' + 2*row_bytes(d')) / bw_sc``
@@ -21,17 +21,19 @@ and receives/sends ``(D-1) * (12*I/D + b*F*4d')`` bytes (costed at ``t_h``: its 
 bottleneck); every device sends its ids and receives/sends activations: ``12*I/D + 2*b*F*4d'``
 at ``t_u``. Column-wise into c shards of width d'/c (a multiple of 8) is c table-wise shards.
 
-Data-parallel: the whole table and its slots on every device, a TensorCore gather of
-``(I/D) * 4d' * 2`` bytes at full HBM bandwidth, and an all-reduce of the dense gradient
-(``4*R*d'`` bytes at ``t_ar``).
+Data-parallel, priced as the runtime runs it (``torchrec_tpu.sharding``): the whole table and its
+slots on every device (rows padded to 8S), and every replica applies the same fused update on the
+global batch, so no all-reduce: each device sends its ids to every other replica and every replica
+looks up (and updates) all I ids, returning each device's pooled rows and receiving their
+gradients: ``(D-1) * (12*I/D + 2*b*F*4d')`` bytes per device at ``t_u``.
 
 Every sharding also charges each device its output activation buffers (``2*b*F*4d'``: pooled
 output and its gradient), and all-to-all receive buffers count as activation memory. The id limit
 is checked per (source SparseCore, destination SparseCore) partition:
 ``skew * (b/S) * P * F / N`` ids row-wise, ``skew * (b/S) * P * F / S`` table-wise; over
 ``max_ids_per_partition`` the device would abort (LOG(FATAL)), so such options are rejected.
-Per-device step time = lookups + all-to-all + all-reduce + ``kernel_overhead_s`` per stacked table
-+ ``collective_latency_s`` per collective (3 all-to-alls; 1 all-reduce with data-parallel tables).
+Per-device step time = lookups + all-to-all + ``kernel_overhead_s`` per stacked table
++ ``collective_latency_s`` per collective (3 all-to-alls).
 Compute and communication are assumed not to overlap (conservative).
 """
 
@@ -66,7 +68,6 @@ class Load:
     buffer_bytes: float = 0.0  # activations and all-to-all receive buffers
     lookup_s: float = 0.0
     comm_s: float = 0.0
-    allreduce_s: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
@@ -74,12 +75,11 @@ class Load:
 
     @property
     def time_s(self) -> float:
-        return self.lookup_s + self.comm_s + self.allreduce_s
+        return self.lookup_s + self.comm_s
 
     def __add__(self, other: Load) -> Load:
         return Load(self.hbm_bytes + other.hbm_bytes, self.buffer_bytes + other.buffer_bytes,
-                    self.lookup_s + other.lookup_s, self.comm_s + other.comm_s,
-                    self.allreduce_s + other.allreduce_s)
+                    self.lookup_s + other.lookup_s, self.comm_s + other.comm_s)
 
 
 @dataclass(frozen=True)
@@ -144,10 +144,8 @@ class OptionBuilder:
         self.n = topology.num_sparsecores
         self.local_batch = batch_size / self.d
         self.bw_sc = topology.sparsecore_bandwidth_per_device
-        self.bw_tc = topology.chip.hbm_bandwidth_bytes_per_s / topology.chip.devices_per_chip
         self.t_u = topology.uniform_seconds_per_byte
         self.t_h = topology.hotspot_seconds_per_byte
-        self.t_ar = topology.allreduce_seconds_per_byte
 
     def _ids_per_device(self, t: EmbeddingTable) -> float:
         return self.batch_size * t.ids_per_sample / self.d
@@ -202,11 +200,13 @@ class OptionBuilder:
 
     def data_parallel(self, t: EmbeddingTable) -> ShardingOption:
         dp = round_up(t.dim, ALIGNMENT)
+        rows = round_up(t.rows, ALIGNMENT * self.s)
         ids = self._ids_per_device(t)
-        uniform = Load(hbm_bytes=t.rows * row_bytes(t, dp), buffer_bytes=self._output_buffers(t, dp),
-                       lookup_s=ids * PARAM_BYTES * dp * 2 / self.bw_tc,
-                       allreduce_s=PARAM_BYTES * t.rows * dp * self.t_ar)
-        return ShardingOption(t, ShardingKind.DATA_PARALLEL, uniform, (), t.rows, dp, 0.0)
+        act = self.local_batch * t.num_features * ACTIVATION_BYTES * dp
+        sent = (self.d - 1) * (CSR_BYTES_PER_ID * ids + 2 * act)
+        uniform = Load(hbm_bytes=rows * row_bytes(t, dp), buffer_bytes=sent + self._output_buffers(t, dp),
+                       lookup_s=self._lookup_seconds(t, ids * self.d, dp), comm_s=sent * self.t_u)
+        return ShardingOption(t, ShardingKind.DATA_PARALLEL, uniform, (), rows, dp, self._partition_ids(t, self.s))
 
     def column_split_counts(self, t: EmbeddingTable) -> list[int]:
         """Column-wise shard counts: powers of two up to D whose blocks are multiples of 8."""

@@ -319,20 +319,18 @@ class Partitioner:
                                          _stack_name(o.stack_key, shards[0].device if o.shards else None),
                                          int(hbm), o.total_time_s(self.d), o.ids_per_partition))
         global_stacks = sum(1 for (_, dev) in stacks if dev is None)
-        any_a2a = self.d > 1 and any(c.option.kind is not ShardingKind.DATA_PARALLEL for c in self.choices.values())
-        any_dp = self.d > 1 and any(c.option.kind is ShardingKind.DATA_PARALLEL for c in self.choices.values())
-        latency = costs.collective_latency_s * (ALL_TO_ALLS_PER_STEP * any_a2a + any_dp)
+        latency = costs.collective_latency_s * ALL_TO_ALLS_PER_STEP * (self.d > 1)
         devices = []
         for dev in range(self.d):
             load = per_device[dev] + uniform
             n_stacks = global_stacks + sum(1 for (_, d) in stacks if d == dev)
             devices.append(DevicePlan(dev, dev // topo.chip.devices_per_chip, int(load.hbm_bytes),
-                                      int(load.buffer_bytes), load.lookup_s, load.comm_s, load.allreduce_s,
+                                      int(load.buffer_bytes), load.lookup_s, load.comm_s,
                                       costs.kernel_overhead_s * n_stacks + latency, n_stacks,
                                       tuple(placed_names[dev])))
         stack_plans = tuple(StackPlan(_stack_name(key, dev), dev, tuple(names))
                             for (key, dev), names in sorted(stacks.items(), key=lambda kv: (_stack_name(*kv[0]))))
-        return Plan(topo.to_dict(), self.builder.batch_size, self.builder.max_ids_per_partition,
+        return Plan(topo, self.builder.batch_size, self.builder.max_ids_per_partition,
                     int(self.usable), tuple(table_plans), tuple(devices), stack_plans, bound + latency,
                     self._limit_warnings(tables))
 
@@ -368,8 +366,7 @@ def _stack_name(key: str, device: int | None) -> str:
 
 
 def _scaled(load: Load, sign: int) -> Load:
-    return Load(sign * load.hbm_bytes, sign * load.buffer_bytes, sign * load.lookup_s, sign * load.comm_s,
-                sign * load.allreduce_s)
+    return Load(sign * load.hbm_bytes, sign * load.buffer_bytes, sign * load.lookup_s, sign * load.comm_s)
 
 
 def _progress(items: Sequence[Any], enabled: bool, desc: str) -> Sequence[Any]:

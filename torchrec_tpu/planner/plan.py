@@ -13,7 +13,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tpu_facts import Slice
+
 from torchrec_tpu.structured_files import read_structured
+from torchrec_tpu.topology import CostConstants, TPUTopology
 
 PLAN_FORMAT = "torchrec_tpu.plan/v1"
 
@@ -56,7 +59,6 @@ class DevicePlan:
     buffer_bytes: int  # activations + all-to-all buffers
     lookup_s: float
     comm_s: float
-    allreduce_s: float
     overhead_s: float  # per-stack kernel overhead + collective latency
     num_stacks: int
     placed_tables: tuple[str, ...]  # table-/column-wise tables with a shard here
@@ -67,7 +69,7 @@ class DevicePlan:
 
     @property
     def time_s(self) -> float:
-        return self.lookup_s + self.comm_s + self.allreduce_s + self.overhead_s
+        return self.lookup_s + self.comm_s + self.overhead_s
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class StackPlan:
 
 @dataclass(frozen=True)
 class Plan:
-    topology: dict[str, Any]
+    topology: TPUTopology
     batch_size: int
     max_ids_per_partition: int
     usable_hbm_bytes_per_device: int
@@ -111,6 +113,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["topology"] = self.topology.to_dict()
         data["format"] = PLAN_FORMAT
         data["summary"] = {"step_time_s": self.step_time_s, "lower_bound_s": self.lower_bound_s,
                            "quality": self.quality, "max_memory_bytes": self.max_memory_bytes}
@@ -131,13 +134,23 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         tables = tuple(
             TablePlan(**{**t, "shards": tuple(ShardPlacement(**s) for s in t["shards"])}) for t in data["tables"]
         )
-        devices = tuple(DevicePlan(**{**d, "placed_tables": tuple(d["placed_tables"])}) for d in data["devices"])
+        # plans from before data-parallel tables were priced as the runtime runs them carry an
+        # all-reduce time per device; nothing reads it any more
+        devices = tuple(DevicePlan(**{**{k: v for k, v in d.items() if k != "allreduce_s"},
+                                      "placed_tables": tuple(d["placed_tables"])}) for d in data["devices"])
         stacks = tuple(StackPlan(s["name"], s["device"], tuple(s["tables"])) for s in data["stacks"])
-        return Plan(data["topology"], data["batch_size"], data["max_ids_per_partition"],
+        return Plan(_topology_from_dict(data["topology"]), data["batch_size"], data["max_ids_per_partition"],
                     data["usable_hbm_bytes_per_device"], tables, devices, stacks, data["lower_bound_s"],
                     tuple(data["warnings"]))
     except (KeyError, TypeError) as err:
         raise ValueError(f"malformed plan: {err}") from None
+
+
+def _topology_from_dict(data: Any) -> TPUTopology:
+    if not isinstance(data, dict):
+        raise TypeError(f"topology must be an object, got {type(data).__name__}")
+    base = Slice.from_dict(data)
+    return TPUTopology(base.chip, base.shape, base.num_slices, CostConstants(**data.get("costs", {})))
 
 
 def load_plan(path: str | Path) -> Plan:

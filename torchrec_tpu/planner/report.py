@@ -1,4 +1,5 @@
-"""Human-readable views of a plan: a terminal table and a self-contained HTML report (inline SVG)."""
+"""Human-readable views of a plan: a terminal table and self-contained HTML reports (matplotlib
+charts as inline SVG, :mod:`torchrec_tpu.planner.charts`)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def summary_lines(plan: Plan) -> list[str]:
     topo = plan.topology
     kinds = Counter(t.sharding_type for t in plan.tables)
     return [
-        f"topology   {topo['name']} ({topo['shape']}, {len(plan.devices)} devices, "
-        f"{topo['chip']['sparsecores_per_chip']} SparseCores/chip)",
+        f"topology   {topo.name} ({topo.shape_str}, {len(plan.devices)} devices, "
+        f"{topo.chip.sparsecores_per_chip} SparseCores/chip)",
         f"batch      {plan.batch_size:,} global; max_ids_per_partition {plan.max_ids_per_partition}",
         f"tables     {len(plan.tables)}: " + ", ".join(f"{kinds[k]} {k}" for k in KINDS if kinds[k]),
         f"stacks     {len(plan.stacks)} stacked tables",
@@ -56,7 +57,7 @@ def format_plan(plan: Plan, top: int = 20) -> str:
     slowest = sorted(plan.devices, key=lambda d: (-d.time_s, d.device))
     for d in slowest[: min(top, 8)]:
         lines.append(f"{d.device:>6} {d.chip:>5} {_gib(d.memory_bytes):>10} {_us(d.lookup_s):>12} {_us(d.comm_s):>12} "
-                     f"{_us(d.allreduce_s + d.overhead_s):>12} {_us(d.time_s):>12}")
+                     f"{_us(d.overhead_s):>12} {_us(d.time_s):>12}")
     return "\n".join(lines)
 
 
@@ -76,56 +77,38 @@ def format_comparison(results: Sequence[tuple[str, Plan | str]]) -> str:
 
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }
 table { border-collapse: collapse; font-size: 13px; }
 td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: right; }
 td.l, th.l { text-align: left; }
-.row_wise { fill: #4878d0; background: #dbe5f7; } .table_wise { fill: #ee854a; background: #fbe3d5; }
-.column_wise { fill: #6acc64; background: #e0f4df; } .data_parallel { fill: #956cb4; background: #eae1f1; }
-.s0 { fill: #4878d0; } .s1 { fill: #ee854a; } .s2 { fill: #956cb4; } .s3 { fill: #8c8c8c; } .limit { stroke: #d62728; stroke-width: 1.5; stroke-dasharray: 4 2; }
+pre, li { white-space: pre-wrap; overflow-wrap: anywhere; }
+ul.warnings li { color: #8a4b00; }
+svg { max-width: 100%; height: auto; display: block; margin: 0.5em 0 1.5em; }
+.row_wise { background: #dbe5f7; } .table_wise { background: #fbe3d5; }
+.column_wise { background: #e0f4df; } .data_parallel { background: #eae1f1; }
 """
 
 
-def _bar_chart(title: str, series: Sequence[tuple[str, str, Sequence[float]]], limit: float, unit: str,
-               limit_label: str) -> str:
-    """Stacked bars, one per device; ``series`` = (label, css class, value per device)."""
-    width, height, pad = 900.0, 180.0, 40.0
-    count = len(series[0][2])
-    totals = [sum(values[i] for _, _, values in series) for i in range(count)]
-    top = max(max(totals, default=0.0), limit) or 1.0
-    bar = (width - pad) / max(count, 1)
-    parts = [f"<h3>{escape(title)}</h3>",
-             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height + 34:.0f}" role="img">']
-    for i in range(count):
-        base = height
-        for label, css, values in series:
-            h = height * values[i] / top
-            base -= h
-            parts.append(f'<rect class="{css}" x="{pad + i * bar:.2f}" y="{base:.2f}" width="{max(bar - 1, 0.5):.2f}" '
-                         f'height="{h:.2f}"><title>device {i} {escape(label)}: {values[i]:.3f} {escape(unit)}</title></rect>')
-    y = height - height * limit / top
-    parts.append(f'<line class="limit" x1="{pad}" x2="{width}" y1="{y:.2f}" y2="{y:.2f}"/>')
-    parts.append(f'<text x="{pad}" y="{max(y - 3, 10):.2f}" font-size="11">{escape(limit_label)}</text>')
-    parts.append(f'<text x="0" y="12" font-size="11">{top:.3g} {escape(unit)}</text>')
-    parts.append(f'<text x="{pad}" y="{height + 14:.0f}" font-size="11">device 0 .. {count - 1}</text>')
-    x = pad + 140
-    for label, css, _ in series:
-        parts.append(f'<rect class="{css}" x="{x:.0f}" y="{height + 22:.0f}" width="10" height="10"/>'
-                     f'<text x="{x + 14:.0f}" y="{height + 31:.0f}" font-size="11">{escape(label)}</text>')
-        x += 14 + 7 * len(label) + 20
-    parts.append("</svg>")
-    return "\n".join(parts)
+def _page(title: str, body: Sequence[str]) -> str:
+    return ('<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html>\n<html xmlns="http://www.w3.org/1999/xhtml">'
+            f'<head><meta charset="utf-8"/><title>{escape(title)}</title><style>{_CSS}</style></head>\n<body>\n'
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def _summary(plan: Plan) -> list[str]:
+    lines = [line for line in summary_lines(plan) if not line.startswith("warning")]
+    html = ["<pre>" + escape("\n".join(lines)) + "</pre>"]
+    if plan.warnings:
+        html += ['<ul class="warnings">', *(f"<li>{escape(w)}</li>" for w in plan.warnings), "</ul>"]
+    return html
 
 
 def render_html(plan: Plan, title: str = "torchrec-tpu sharding plan") -> str:
-    """A self-contained XHTML page (no external assets): summary, per-device HBM and step-time
-    bars with the HBM limit and the lower bound, and every table's placement."""
-    memory = [("parameters + slots", "s0", [d.hbm_bytes / GIB for d in plan.devices]),
-              ("activation + all-to-all buffers", "s1", [d.buffer_bytes / GIB for d in plan.devices])]
-    times = [("SparseCore lookups", "s0", [d.lookup_s * 1e6 for d in plan.devices]),
-             ("all-to-all", "s1", [d.comm_s * 1e6 for d in plan.devices]),
-             ("all-reduce", "s2", [d.allreduce_s * 1e6 for d in plan.devices]),
-             ("overheads", "s3", [d.overhead_s * 1e6 for d in plan.devices])]
+    """A self-contained XHTML page (no external assets, no scripts): summary and warnings,
+    matplotlib charts of per-device HBM and step time (with the usable HBM and the lower bound),
+    the table x device placement heatmap, and every table's placement."""
+    from torchrec_tpu.planner import charts
+
     rows = []
     for i, t in enumerate(plan.tables):
         rows.append(f'<tr class="{t.sharding_type}"><td class="l">{escape(t.name)}</td><td>{t.rows:,}</td>'
@@ -134,17 +117,28 @@ def render_html(plan: Plan, title: str = "torchrec-tpu sharding plan") -> str:
                     f'<td class="l">{escape(_placement(plan, i))}</td></tr>')
     body = [
         f"<h1>{escape(title)}</h1>",
-        "<pre>" + escape("\n".join(summary_lines(plan))) + "</pre>",
-        _bar_chart("HBM per device (parameters, optimizer slots, buffers)", memory,
-                   plan.usable_hbm_bytes_per_device / GIB, "GiB", "usable HBM"),
-        _bar_chart("Estimated embedding step time per device", times, plan.lower_bound_s * 1e6, "us",
-                   "lower bound (perfect balance)"),
+        *_summary(plan),
+        charts.to_svg(charts.memory_figure(plan), "memory"),
+        charts.to_svg(charts.step_time_figure(plan), "step_time"),
+        charts.to_svg(charts.placement_figure(plan), "placement"),
         "<h3>Tables</h3>",
         '<table><tr><th class="l">table</th><th>rows</th><th>dim</th><th class="l">sharding</th><th>HBM GiB</th>'
         '<th>ids/partition</th><th class="l">stack</th><th class="l">placement</th></tr>',
         *rows,
         "</table>",
     ]
-    return ('<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html>\n<html xmlns="http://www.w3.org/1999/xhtml">'
-            f'<head><meta charset="utf-8"/><title>{escape(title)}</title><style>{_CSS}</style></head>\n<body>\n'
-            + "\n".join(body) + "\n</body></html>\n")
+    return _page(title, body)
+
+
+def render_comparison_html(results: Sequence[tuple[str, Plan | str]], title: str) -> str:
+    """The ``--compare`` page: the comparison chart, the comparison table, and why a topology has
+    no plan."""
+    from torchrec_tpu.planner import charts
+
+    failures = [f"<li>{escape(name)}: {escape(r)}</li>" for name, r in results if isinstance(r, str)]
+    body = [f"<h1>{escape(title)}</h1>",
+            charts.to_svg(charts.comparison_figure(results), "comparison"),
+            "<pre>" + escape(format_comparison(results)) + "</pre>"]
+    if failures:
+        body += ["<h3>No plan</h3>", '<ul class="warnings">', *failures, "</ul>"]
+    return _page(title, body)

@@ -63,8 +63,7 @@ class SparseCoreShardEstimator(_estimator_base()):  # type: ignore[misc]
             table = self._tables[so.name]
             for shard in so.shards:
                 load = self.shard_load(table, so.sharding_type, shard.size)
-                shard.perf = Perf(fwd_compute=load.lookup_s, fwd_comms=load.comm_s, bwd_compute=0.0,
-                                  bwd_comms=load.allreduce_s)
+                shard.perf = Perf(fwd_compute=load.lookup_s, fwd_comms=load.comm_s, bwd_compute=0.0, bwd_comms=0.0)
                 shard.storage = Storage(hbm=int(load.memory_bytes), ddr=0)
 
     def shard_load(self, table: EmbeddingTable, sharding_type: str, size: Sequence[int]) -> Load:
@@ -77,7 +76,7 @@ class SparseCoreShardEstimator(_estimator_base()):  # type: ignore[misc]
 
 
 def _times(load: Load, k: int) -> Load:
-    return Load(load.hbm_bytes * k, load.buffer_bytes * k, load.lookup_s * k, load.comm_s * k, load.allreduce_s * k)
+    return Load(load.hbm_bytes * k, load.buffer_bytes * k, load.lookup_s * k, load.comm_s * k)
 
 
 def plan_with_torchrec(tables: Sequence[EmbeddingTable], topology: TPUTopology, batch_size: int,

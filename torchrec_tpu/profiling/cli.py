@@ -5,18 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torchrec_tpu.train.config import ConfigError, TrainConfig, add_config_arguments, config_from_args
+from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, TrainConfig(engine="torchrec"))
-    parser.set_defaults(engine="torchrec")  # profiling covers the torchrec engine only
-    parser.add_argument("--steps", type=int, default=10, help="training steps to trace (default 10)")
+    add_config_arguments(parser)
+    parser.add_argument("--steps", type=int, default=10, help="training steps to trace")
     parser.add_argument("--warmup", type=int, default=2,
-                        help="untraced steps first (compilation, lazy init; default 2)")
+                        help="untraced steps first (compilation, lazy init)")
     parser.add_argument("--profile-dir", default=None, metavar="PATH",
                         help="TensorBoard log dir of the profile (default: <log-dir>/profile)")
-    parser.add_argument("--top", type=int, default=10, help="ops listed in the summary (default 10)")
+    parser.add_argument("--top", type=int, default=10, help="ops listed in the summary")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,8 +1,11 @@
 """``torchrec-tpu profile``: N training steps of the training job's model under the profilers.
 
-The model, data and optimizers are set up exactly as ``torchrec-tpu train`` does (its factory,
-sharding and data modules); warm-up steps run first, untraced (they also let TorchRec create its
-lazy input dists, which the phase hooks then find), then ``steps`` steps are traced.
+The model, data and optimizers are set up exactly as ``torchrec-tpu train`` does, for either engine
+(its factory, sharding and data modules); warm-up steps run first, untraced (they also let TorchRec
+create its lazy input dists, which the phase hooks then find), then ``steps`` steps are traced, each
+marked for both profilers (:func:`~torchrec_tpu.profiling.trace.traced_step`). The sparsecore
+engine's input dist runs inside the step here (no prefetch thread: torch.profiler records only
+the threads it was enabled on), so it shows under ``sparse_lookup``.
 """
 
 from __future__ import annotations
@@ -17,17 +20,17 @@ from tqdm import tqdm
 
 from torchrec_tpu.profiling.phases import DENSE_BWD, OPTIMIZER, PREPROCESS, PhasedParquetReader, phase_ranges
 from torchrec_tpu.profiling.summary import format_summary
-from torchrec_tpu.profiling.trace import TraceFiles, profiling
+from torchrec_tpu.profiling.trace import TraceFiles, profiling, traced_step
+from torchrec_tpu.train.batch_streams import training_streams
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
-from torchrec_tpu.train.job import model_spec
-from torchrec_tpu.train.model import build_dlrm
-from torchrec_tpu.train.sharding import build_optimizer, shard_model
+from torchrec_tpu.train.job import model_and_optimizer, model_spec
 
 
 @dataclass(frozen=True)
 class ProfileResult:
+    engine: str
     steps: int
     log_dir: Path
     files: TraceFiles
@@ -36,7 +39,9 @@ class ProfileResult:
     def format(self) -> str:
         return "\n".join([
             self.summary,
-            f"  tensorboard     tensorboard --logdir {self.log_dir}  (Profile tab, with XProf)",
+            f"  engine          {self.engine}",
+            f"  tensorboard     tensorboard --logdir {self.log_dir}  (Profile tab; pip extra 'profile')",
+            f"  xprof           xprof server --logdir {self.log_dir} --port 8791",
             f"  chrome trace    {self.files.chrome_trace}",
             f"  jax xplane      {self.files.xplane}",
         ])
@@ -49,8 +54,8 @@ def profile_training(
     """Run ``warmup`` + ``steps`` training steps, tracing the last ``steps``."""
     if steps < 1 or warmup < 1:
         raise ValueError(f"need steps >= 1 and warmup >= 1, got steps={steps}, warmup={warmup}")
-    if config.engine != "torchrec":
-        raise ValueError(f"--engine={config.engine!r}: profiling covers the torchrec engine only")
+    if config.in_memory_binary_criteo_path is not None:
+        raise ValueError("profile reads Parquet (--data); --in-memory-binary-criteo-path is for train")
     log_dir = Path(log_dir) if log_dir else config.resolved_log_dir() / "profile"
     torch.manual_seed(config.seed)
     with process_group() as env, open_data(config, env) as data:
@@ -61,10 +66,9 @@ def profile_training(
             prefetch_row_groups=0,
         )
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = shard_model(build_dlrm(spec, dense_device=device), env, device,
-                            config.sparse_optimizer, config.sparse_lr, config.batch_size)
-        optimizer = build_optimizer(model, config.dense_optimizer, config.dense_lr)
-        batches = itertools.chain.from_iterable(itertools.repeat(reader))  # epochs as needed
+        model, optimizer = model_and_optimizer(config, spec, env, device)
+        stream, _ = training_streams(config, reader, reader, data.table_sizes, env.world_size, 0)
+        batches = itertools.chain.from_iterable(itertools.repeat(stream))  # epochs as needed
 
         def step() -> None:
             batch = next(batches)
@@ -83,6 +87,6 @@ def profile_training(
         progress = config.progress and env.is_primary
         with phase_ranges(model), profiling(log_dir) as files:
             for index in tqdm(range(steps), desc="profile", unit="step", disable=not progress):
-                with record_function(f"step#{index}"):
+                with traced_step(index):
                     step()
-    return ProfileResult(steps, log_dir, files, format_summary(files.profiler, steps, top))
+    return ProfileResult(config.engine, steps, log_dir, files, format_summary(files.profiler, steps, top))

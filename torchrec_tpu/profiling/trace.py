@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 TORCH_TRACE_NAME = "torch.pt.trace.json"
+STEP_NAME = "train"  # XProf's step marker name (jax.profiler.StepTraceAnnotation)
 
 
 @dataclass
@@ -31,6 +33,17 @@ class TraceFiles:
 def _profile_runs(log_dir: Path) -> set[Path]:
     root = log_dir / "plugins" / "profile"
     return set(root.iterdir()) if root.is_dir() else set()
+
+
+@contextlib.contextmanager
+def traced_step(index: int) -> Iterator[None]:
+    """Mark training step ``index`` for both profilers: XProf's step marker
+    (``jax.profiler.StepTraceAnnotation``, what its overview and step-time graph count) and the
+    torch.profiler range ``step#<index>``."""
+    import jax
+
+    with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=index), record_function(f"step#{index}"):
+        yield
 
 
 @contextlib.contextmanager

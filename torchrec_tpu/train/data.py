@@ -4,6 +4,8 @@ Sources: ``synthetic`` (``pipelines.synthetic.default_dataset``, generated into 
 first use), ``sample`` (the real 200-row Criteo sample, converted to Parquet in a temporary
 directory for the run), or a directory of Parquet files in the ``pipelines.schema`` layout.
 The held-out split is the last ``eval_files`` files (by name), so train and eval never share a row.
+With several ranks (lock-step, full batches only) an evaluation batch larger than a rank's share
+of the held-out rows shrinks to that share, so a small held-out split is never empty.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 from typing import Iterator
 
 import torch.distributed as dist
+from pipelines.bad_values import BadValueCounts
 from pipelines.convert import convert_to_parquet
+from pipelines.npy_criteo import NpyCriteoReader, npy_days
 from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
 from pipelines.sample_data import criteo_sample_csv
 from pipelines.schema import CRITEO, DatasetSchema
@@ -34,8 +38,8 @@ class TrainData:
     source: Path
     schema: DatasetSchema
     table_sizes: tuple[int, ...]  # rows of each categorical feature's table, schema.sparse order
-    train: ParquetBatchReader
-    held_out: ParquetBatchReader
+    train: ParquetBatchReader | NpyCriteoReader
+    held_out: ParquetBatchReader | NpyCriteoReader
 
     def describe(self) -> str:
         text = (
@@ -45,6 +49,10 @@ class TrainData:
         if self.rows_dropped:
             text += f" ({self.rows_dropped} rows left out on this rank to keep ranks in lock-step)"
         return text
+
+    def bad_values(self) -> BadValueCounts:
+        """Rows this rank's readers skipped or clamped so far (``--bad-values``), both splits."""
+        return self.train.bad_value_log.counts() + self.held_out.bad_value_log.counts()
 
     @property
     def rows_dropped(self) -> int:
@@ -72,13 +80,40 @@ def _synthetic(config: TrainConfig, env: DistEnv) -> tuple[Path, tuple[int, ...]
     return path, tuple(min(rows, config.num_embeddings) for rows in synthetic.table_sizes)
 
 
+def _npy_data(config: TrainConfig, env: DistEnv, table_sizes: tuple[int, ...]) -> TrainData:
+    """TorchRec's preprocessed Criteo (``--in-memory-binary-criteo-path``): the last
+    ``--eval-files`` days held out."""
+    source = Path(config.in_memory_binary_criteo_path)
+    flag = f"--in-memory-binary-criteo-path={str(source)!r}"
+    try:
+        days = npy_days(source)
+    except FileNotFoundError as error:
+        raise ConfigError(f"{flag}: {error}") from None
+    if len(days) <= config.eval_files:
+        raise ConfigError(f"{flag} has {len(days)} day(s); holding out --eval-files={config.eval_files} "
+                          f"needs at least {config.eval_files + 1}")
+
+    def reader(split: list[int], batch_size: int) -> NpyCriteoReader:
+        return NpyCriteoReader(source, split, max(1, batch_size // env.world_size), table_sizes, env.rank,
+                               env.world_size, drop_last=env.world_size > 1, mmap_mode=config.mmap_mode)
+
+    return TrainData(source=source, schema=CRITEO, table_sizes=table_sizes,
+                     train=reader(days[:-config.eval_files], config.batch_size),
+                     held_out=reader(days[-config.eval_files:], config.eval_batch_size))
+
+
 @contextlib.contextmanager
 def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
     """Readers for ``config.data``; the sample's temporary Parquet copy lives as long as this."""
-    uniform_sizes = (config.num_embeddings,) * len(CRITEO.sparse)
+    given_sizes = config.per_feature("num_embeddings_per_feature", len(CRITEO.sparse))
+    uniform_sizes = given_sizes or (config.num_embeddings,) * len(CRITEO.sparse)
+    if config.in_memory_binary_criteo_path is not None:
+        yield _npy_data(config, env, uniform_sizes)
+        return
     with contextlib.ExitStack() as stack:
         if config.data == "synthetic":
             source, table_sizes = _synthetic(config, env)
+            table_sizes = given_sizes or table_sizes
         elif config.data == "sample":
             source = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="criteo-sample-")))
             convert_to_parquet([criteo_sample_csv()], source, rows_per_file=SAMPLE_ROWS_PER_FILE,
@@ -97,9 +132,17 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
             return ParquetBatchReader(
                 files, max(1, batch_size // env.world_size), table_sizes, CRITEO,
                 rank=env.rank, world_size=env.world_size, drop_last=lockstep,
+                bad_values=config.bad_values,
             )
 
         train, held_out = reader(train_files, config.batch_size), reader(eval_files, config.eval_batch_size)
+        if lockstep and len(train) == 0 and train.num_rows >= env.world_size:
+            raise ConfigError(f"--batch-size={config.batch_size} ({config.batch_size // env.world_size} per rank) "
+                              f"exceeds each rank's {train.num_rows // env.world_size} training rows of "
+                              f"--data={str(source)!r}; {env.world_size} ranks train in lock-step on full batches")
+        if lockstep and len(held_out) == 0 and held_out.num_rows >= env.world_size:
+            # fewer held-out rows per rank than one evaluation batch: evaluate them in one batch
+            held_out = reader(eval_files, held_out.num_rows // env.world_size * env.world_size)
         for split, split_reader in (("training", train), ("held-out", held_out)):
             if split_reader.num_rows == 0:
                 raise ConfigError(f"--data={str(source)!r}: the {split} files "

@@ -79,9 +79,13 @@ def dense_group(device: torch.device, env: DistEnv) -> dist.ProcessGroup | None:
     on every rank; ``env``'s collective timeout), the default group for cpu."""
     if device.type != "tpu":
         return None
-    import torch_tpu.distributed  # noqa: F401  (registers the backend)
+    import torch_tpu.distributed as tpu_dist
 
-    return new_group(env, backend="tpu_dist")
+    group = new_group(env, backend="tpu_dist")
+    if env.is_primary:
+        print(f"torchrec-tpu train: dense sync over tpu_dist, {tpu_dist.active_transport(group)} "
+              "transport", flush=True)
+    return group
 
 
 def parallelize_dense(model: DLRMTrain, env: DistEnv, device: torch.device, parallel: str,

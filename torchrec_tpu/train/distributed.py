@@ -4,23 +4,26 @@ Every group gets the collective timeout (``--collective-timeout``, default 300 s
 that a stalled rank never joins fails on the others after that long instead of hanging (gloo's and
 tpu_dist's timeouts; :func:`new_group` passes it on, as ``dist.new_group`` does not inherit it).
 A rank under torchrun also dies with its launcher (``PR_SET_PDEATHSIG``), leaving no orphans.
+With several ranks a :mod:`~torchrec_tpu.train.rank_watch` heartbeat runs, so a failed collective
+names the rank that stalled or failed (a failing rank posts its error before leaving).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import os
-import signal
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch.distributed as dist
 
+from torchrec_tpu.errors import one_line
+from torchrec_tpu.launcher import die_with_parent
+from torchrec_tpu.train import rank_watch
+
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -52,19 +55,6 @@ def new_group(env: DistEnv, backend: str | None = None) -> dist.ProcessGroup:
     return dist.new_group(backend=backend, timeout=env.timeout)
 
 
-def die_with_parent() -> None:
-    """Have the kernel send SIGTERM to this process when its parent (torchrun) exits (Linux;
-    a no-op elsewhere); exit at once if the parent is already gone."""
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 @contextlib.contextmanager
 def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> Iterator[DistEnv]:
     """Join the default process group for the duration of a run.
@@ -82,7 +72,17 @@ def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) ->
         dist.init_process_group("gloo", init_method="env://", timeout=timeout)
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    env = current_env(collective_timeout_s)
     try:
-        yield current_env(collective_timeout_s)
+        if env.world_size == 1:
+            yield env
+            return
+        with rank_watch.watching(dist.distributed_c10d._get_default_store(), env.rank, env.world_size,
+                                 collective_timeout_s) as watch:
+            try:
+                yield env
+            except BaseException as error:
+                watch.post_failure(one_line(error))
+                raise
     finally:
         dist.destroy_process_group()

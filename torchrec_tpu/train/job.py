@@ -10,19 +10,25 @@ from typing import Any, Callable, TypeVar
 
 import torch
 import torchrec
+from pipelines.bad_values import BadValueCounts
 
 from torchrec_tpu.train.checkpoint import (CheckpointError, load_checkpoint, open_checkpoint,
                                            restore_rng, save_checkpoint)
+from torchrec_tpu.train.batch_streams import training_streams
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
+from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.rank_agreement import AgreedBatches
+from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.sharding import build_optimizer, shard_model
 
 T = TypeVar("T")
+HPARAM_METRICS = ("eval/auc", "eval/loss", "train/loss")  # scalars the HParams tab shows per run
 
 
 @dataclass(frozen=True)
@@ -33,10 +39,11 @@ class JobSummary:
     checkpoint_dir: Path  # the final checkpoint: a version directory under the checkpoint root
     world_size: int
     primary: bool  # whether this process is rank 0
+    bad_values: tuple[str, ...] = ()  # the report of --bad-values skip/clamp, all ranks
 
     def format(self) -> str:
         r = self.result
-        return "\n".join([
+        return "\n".join([*self.bad_values,
             "training finished",
             f"  data            {self.data}",
             f"  steps           {r.steps} ({r.samples:,} samples this run, {self.world_size} rank(s))",
@@ -65,7 +72,9 @@ def model_spec(config: TrainConfig, feature_names: tuple[str, ...], table_sizes:
 
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
-    with process_group(config.collective_timeout) as env:
+    with process_group(config.collective_timeout) as env, \
+            collectives("the collectives of setting up or finishing the run (model sharding, DDP "
+                        "init, broadcasts, the final checkpoint)"):
         return _run(config, env, device)
 
 
@@ -79,10 +88,11 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
+        log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.resume else None
-        model, optimizer = _model_and_optimizer(config, spec, env, device)
+        model, optimizer = model_and_optimizer(config, spec, env, device)
         start_step, start = 0, LoopPosition()
         if point is not None:
             load_checkpoint(point.directory, model, optimizer, verify=False)  # verified just now
@@ -96,7 +106,14 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
             progress=config.progress and env.is_primary, world_size=env.world_size,
             start_step=start_step, start=start,
         )
-        train = data.train
+        train: Any
+        held_out: Any
+        train, held_out = training_streams(config, data.train, data.held_out, data.table_sizes,
+                                           env.world_size, start.epoch)
+        if env.world_size > 1:  # a failing or exhausted reader stops every rank at the same batch
+            held_out = AgreedBatches(held_out, None, env.rank, env.world_size, "evaluation batch")
+            if config.engine != "sparsecore":  # (sparsecore agrees in its prefetch thread)
+                train = AgreedBatches(train, None, env.rank, env.world_size)
         if config.engine == "sparsecore":
             from torchrec_tpu.train.sparsecore_engine import pipelined
 
@@ -108,8 +125,8 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
                     "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
             return save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)
 
-        result = run_training(model, optimizer, train, data.held_out, device, log, options,
-                              checkpoint=save)
+        result = run_training(model, optimizer, train, held_out, device, log, options,
+                              checkpoint=save, learning_rates=learning_rates(config, model, optimizer).at)
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
             metrics={"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,
@@ -118,11 +135,22 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
         if env.is_primary:
             (log_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
         return JobSummary(
-            result, data.describe(), log_dir, checkpoint_dir, env.world_size, env.is_primary
+            result, data.describe(), log_dir, checkpoint_dir, env.world_size, env.is_primary,
+            tuple(_all_ranks_bad_values(data, env).lines()),
         )
 
 
-def _model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, device: torch.device):
+def _all_ranks_bad_values(data: TrainData, env: DistEnv) -> BadValueCounts:
+    counts = data.bad_values()
+    if env.world_size == 1:
+        return counts
+    gathered: list[Any] = [None] * env.world_size
+    torch.distributed.all_gather_object(gathered, counts)
+    return sum(gathered[1:], gathered[0])
+
+
+def model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, device: torch.device):
+    """The sharded model of ``config.engine`` and its dense optimizer, as ``train`` builds them."""
     if config.engine == "sparsecore":
         from torchrec_tpu.train.dense_placement import dense_device
         from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
@@ -134,6 +162,18 @@ def _model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, dev
     model = shard_model(build_dlrm(spec, dense_device=device), env, device,
                         config.sparse_optimizer, config.sparse_lr, config.batch_size)
     return model, build_optimizer(model, config.dense_optimizer, config.dense_lr)
+
+
+def learning_rates(config: TrainConfig, model: torch.nn.Module, optimizer: Any) -> LearningRates:
+    """The per-step rates of ``config``'s schedule over the dense optimizer's groups and, on the
+    torchrec engine, the fused embedding optimizer's (pushed to FBGEMM before each backward)."""
+    policy = LRPolicy(config.lr_warmup_steps, config.lr_decay_start, config.lr_decay_steps)
+    if config.engine == "torchrec":
+        fused = model.fused_optimizer
+        sparse = list(fused.param_groups)
+        dense = [g for g in optimizer.param_groups if all(g is not s for s in sparse)]
+        return LearningRates(policy, dense, config.dense_lr, sparse, config.sparse_lr, fused.step)
+    return LearningRates(policy, list(optimizer.param_groups), config.dense_lr, None, config.sparse_lr)
 
 
 def _warn(message: str) -> None:

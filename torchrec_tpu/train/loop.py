@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from pipelines.parquet_reader import batches_from_row
 from torchrec_tpu.train.metrics import EvalResult, evaluate
+from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
 
 
@@ -62,6 +63,7 @@ class TrainResult:
 
 StepFn = Callable[[nn.Module, Optimizer, Batch], torch.Tensor]
 CheckpointFn = Callable[[int, LoopPosition], object]  # (global step, position after it)
+LearningRatesFn = Callable[[int], dict[str, float]]  # 1-based step -> scalars (rates applied)
 
 
 def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch) -> torch.Tensor:
@@ -117,11 +119,13 @@ def run_training(
     options: LoopOptions,
     step_fn: StepFn = train_step,
     checkpoint: CheckpointFn | None = None,
+    learning_rates: LearningRatesFn | None = None,
 ) -> TrainResult:
     """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out``; return a summary.
 
     ``checkpoint`` is called every ``options.checkpoint_every`` steps except the last (whose
-    state the caller has when this returns).
+    state the caller has when this returns). ``learning_rates(s)`` sets the rates of step ``s``
+    (1-based) before it runs and returns them as scalars, logged at that step.
     """
     model.train()
     step, samples = options.start_step, 0
@@ -140,10 +144,14 @@ def run_training(
         batches = () if _done(step, options) else _batches(train, options)
         for position, batch in batches:
             epoch = position.epoch
-            loss = step_fn(model, optimizer, batch.to(device)).item()
+            rates = learning_rates(step + 1) if learning_rates else None
+            with collectives(f"train step {step + 1} (embedding all_to_all, dense gradient all_reduce)"):
+                loss = step_fn(model, optimizer, batch.to(device)).item()
             if loss != loss:  # NaN: stop before the weights are all NaN too
                 raise FloatingPointError(f"training loss is NaN at step {step} (epoch {epoch})")
             step += 1
+            if rates:
+                log.log(step, rates)
             batch_samples = batch.labels.numel() * options.world_size
             samples += batch_samples
             window_samples += batch_samples
@@ -160,13 +168,14 @@ def run_training(
             bar.update(1)
             if options.eval_every and step % options.eval_every == 0:
                 eval_start = time.perf_counter()
-                result = _log_eval(log, step, evaluate(model, held_out, device))
+                result = _log_eval(log, step, _evaluate(model, held_out, device, step))
                 window_start = time.perf_counter()
                 paused_seconds += window_start - eval_start
             if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 \
                     and step != total:
                 save_start = time.perf_counter()
-                checkpoint(step, position)
+                with collectives(f"the checkpoint save at step {step}"):
+                    checkpoint(step, position)
                 window_start = time.perf_counter()
                 paused_seconds += window_start - save_start
             if _done(step, options):
@@ -178,9 +187,14 @@ def run_training(
             "or a resumed run already reached --epochs / --max-steps)"
         )
     if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
-        result = _log_eval(log, step, evaluate(model, held_out, device))
+        result = _log_eval(log, step, _evaluate(model, held_out, device, step))
     final_loss = sum(recent_losses) / len(recent_losses)
     return TrainResult(step, samples, train_seconds, final_loss, result, position)
+
+
+def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device, step: int) -> EvalResult:
+    with collectives(f"the evaluation at step {step} (embedding all_to_all, metric all_gather)"):
+        return evaluate(model, held_out, device)
 
 
 def _log_eval(log: ScalarLog, step: int, result: EvalResult) -> EvalResult:

@@ -1,7 +1,7 @@
 """Model factory: stock TorchRec DLRM / DLRM_DCN with one embedding table per sparse feature.
 
-The embedding tables are built on the meta device; :func:`torchrec_tpu.train.optim` and
-``DistributedModelParallel`` materialise them sharded. The dense towers are built on
+The embedding tables are built on the meta device; the torchrec engine's
+``DistributedModelParallel`` (:mod:`torchrec_tpu.train.sharding`) materialises them sharded. The dense towers are built on
 ``dense_device``; the sparsecore engine builds them on the CPU and moves them
 (:mod:`torchrec_tpu.train.dense_placement`).
 """

@@ -1,20 +1,23 @@
 """``--plan``: a planner plan (a JSON from ``torchrec-tpu plan``, or planned now) as the sparsecore
-EBC's per-table sharding.
+EBC's per-table sharding and the SparseCore layout of each rank's local stacks.
 
 Plan device ``d`` is training rank ``d``, so the plan must have exactly one device per rank. Each
 table's sharding becomes a :class:`TableSharding`: table-wise -> its device, column-wise -> the
 devices of its column blocks in column order, row-wise (mod over SparseCores in the plan) -> id
 mod world size over the ranks, data-parallel -> a replica per rank. ``auto`` plans the model's
 tables on a v5p line of ``world_size`` chips (one device per rank) for the global batch size.
+A rank's local stacks are laid out for its device of the plan's slice (a v6e plan: 2 SparseCores,
+v5p: 4, tpu7x: one chiplet of 2); without a plan, for one v5p chip per rank.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from sparsecore.specs import TableSpec
+from sparsecore.specs import SparseCoreTopology, TableSpec
 from torchrec_tpu.planner.plan import Plan, TablePlan, load_plan
 from torchrec_tpu.sharding.shards import SHARDING_TYPES, TableSharding, balanced_table_wise, make_shards
 from torchrec_tpu.train.config import ConfigError
@@ -26,15 +29,24 @@ class PlanLoadError(ConfigError):
     """The plan cannot shard this model on this world; the message names the table and value."""
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the tables go: each table's sharding over the ranks, and the SparseCores of one rank."""
+
+    sharding: dict[str, TableSharding]
+    rank_topology: SparseCoreTopology
+
+
 def resolve_sharding(plan: str | None, tables: Sequence[TableSpec], world_size: int,
-                     batch_size: int) -> dict[str, TableSharding]:
-    """The sharding ``--plan`` asks for: None -> tables balanced table-wise over the ranks,
+                     batch_size: int) -> Placement:
+    """The placement ``--plan`` asks for: None -> tables balanced table-wise over the ranks,
     ``auto`` -> planned now, else the plan JSON at that path."""
     if plan is None:
-        return balanced_table_wise(tables, world_size)
+        return Placement(balanced_table_wise(tables, world_size), SparseCoreTopology())
     source = f"--plan={plan!r}"
     loaded = plan_for_world(tables, world_size, batch_size) if plan == AUTO else read_plan(plan)
-    return sharding_from_plan(loaded, tables, world_size, source)
+    sharding = sharding_from_plan(loaded, tables, world_size, source)
+    return Placement(sharding, SparseCoreTopology.for_rank(loaded.topology, world_size))
 
 
 def read_plan(path: str) -> Plan:
@@ -66,7 +78,7 @@ def sharding_from_plan(plan: Plan, tables: Sequence[TableSpec], world_size: int,
     model's ``tables`` and the world; PlanLoadError names the table and the value."""
     if len(plan.devices) != world_size:
         raise PlanLoadError(f"{source} was made for {len(plan.devices)} device(s) "
-                            f"({plan.topology.get('name', '?')}) but training runs on {world_size} rank(s); "
+                            f"({plan.topology.name}) but training runs on {world_size} rank(s); "
                             f"plan for a topology with {world_size} device(s) or use --plan=auto")
     planned = {t.name: t for t in plan.tables}
     model = {t.name: t for t in tables}

@@ -22,6 +22,8 @@ from torchrec_tpu.train.loop import LoopPosition
 STATE_OPTIONS = ("model", "engine", "embedding_dim", "dense_arch", "over_arch", "sparse_optimizer",
                  "dense_optimizer")
 DCN_OPTIONS = ("dcn_num_layers", "dcn_low_rank_dim")
+STREAM_OPTIONS = ("shuffle_batches", "limit_train_batches", "multi_hot_sizes")  # what the batches are
+_DEFAULTS = {name: getattr(TrainConfig(), name) for name in STATE_OPTIONS + DCN_OPTIONS + STREAM_OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,10 @@ def resume_point(directory: Path, meta: dict[str, Any], config: TrainConfig, wor
     CheckpointError naming each saved and requested value that would not continue it exactly, or
     a rank's missing RNG state."""
     saved = meta["config"]
-    names = STATE_OPTIONS + (DCN_OPTIONS if config.model == "dlrm_dcn" else ())
-    problems = [f"--{name.replace('_', '-')} is {saved.get(name)!r} in the checkpoint, "
-                f"{getattr(config, name)!r} now" for name in names if saved.get(name) != getattr(config, name)]
+    names = STATE_OPTIONS + (DCN_OPTIONS if config.model == "dlrm_dcn" else ()) + STREAM_OPTIONS
+    problems = [f"--{name.replace('_', '-')} is {saved.get(name, _DEFAULTS[name])!r} in the checkpoint, "
+                f"{getattr(config, name)!r} now" for name in names
+                if saved.get(name, _DEFAULTS[name]) != getattr(config, name)]
     if meta.get("world_size") != world_size:
         problems.append(f"it was written by {meta.get('world_size')} rank(s), this run has {world_size} "
                         "(each rank resumes its own rows and RNG state)")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import TracebackType
+from typing import Any, Mapping, Sequence
 
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams
 
 
 class ScalarLog:
@@ -25,6 +27,16 @@ class ScalarLog:
             self.last[tag] = float(value)
             if self._writer is not None:
                 self._writer.add_scalar(tag, float(value), global_step=step)
+
+    def log_hparams(self, values: Mapping[str, Any], metric_tags: Sequence[str]) -> None:
+        """Record the run's hyperparameters for TensorBoard's HParams tab, which shows them next to
+        the last value of each scalar in ``metric_tags``. Values other than bool/int/float/str
+        (None, say) are written as their ``str``."""
+        if self._writer is None:
+            return
+        plain = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
+        for summary in hparams(plain, {tag: 0.0 for tag in metric_tags}):
+            self._writer.file_writer.add_summary(summary)
 
     def close(self) -> None:
         if self._writer is not None:

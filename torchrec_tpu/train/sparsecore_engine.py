@@ -26,6 +26,7 @@ from torchrec_tpu.train.config import ConfigError
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.plan_loading import resolve_sharding
+from torchrec_tpu.train.rank_agreement import AgreedBatches
 from torchrec_tpu.train.sharding import DENSE_OPTIMIZER_CLASSES
 
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
@@ -60,9 +61,10 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     tables_ebc = arch.embedding_bag_collection
     optimizer = sparse_optimizer_spec(sparse_optimizer, sparse_lr)
     tables, _ = specs_from_configs(tables_ebc.embedding_bag_configs(), local_batch, optimizer=optimizer)
+    placement = resolve_sharding(plan, tables, env.world_size, batch_size)
     try:
         arch.embedding_bag_collection = ShardedSparseCoreEBC.from_torchrec(
-            tables_ebc, local_batch, resolve_sharding(plan, tables, env.world_size, batch_size), optimizer,
+            tables_ebc, local_batch, placement.sharding, optimizer, topology=placement.rank_topology,
             seed=seed, average_over_ranks=True,
         )
     except BatchSizeError as err:
@@ -80,9 +82,12 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
               depth: int = PIPELINE_DEPTH) -> PrefetchedBatches:
     """``batches`` with their input dist run ``depth`` batches ahead on a background thread (over
-    a process group of its own when there are several ranks; a collective: call on every rank)."""
+    a process group of its own when there are several ranks, where the ranks first agree that each
+    has its batch: :mod:`~torchrec_tpu.train.rank_agreement`; a collective: call on every rank)."""
     ebc = _unwrap(model).model.sparse_arch.embedding_bag_collection
     group = new_group(env) if env.world_size > 1 else None
+    if group is not None:
+        batches = AgreedBatches(batches, group, env.rank, env.world_size)
     return PrefetchedBatches(batches, ebc, device, depth, group)
 
 

@@ -1,0 +1,132 @@
+"""The compiled preprocessing extension (``sparsecore/csrc/preprocess.cc``), built on first use.
+
+The first ``extension()`` call in a fresh environment compiles the source with the system C++
+compiler (``$CXX``, default ``g++``; a few seconds) into a cache keyed by the source, the flags
+and the Python ABI, and loads it; later processes load the cached module. Concurrent first calls
+(e.g. several ranks) build once: a file lock serialises them and the module is moved into place
+atomically. When no compiler is found or the build fails, ``extension()`` warns once and returns
+None, and preprocessing falls back to the numpy path (``sparsecore.preprocess``).
+
+Environment: ``TORCHREC_TPU_NATIVE=0`` disables the extension; ``TORCHREC_TPU_NATIVE_CACHE`` sets
+the cache folder (default ``$XDG_CACHE_HOME/torchrec-tpu/native``, else ``~/.cache/...``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+SOURCE = Path(__file__).with_name("csrc") / "preprocess.cc"
+MODULE = "_sparsecore_native"
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-pthread", "-fvisibility=hidden")
+BUILD_TIMEOUT_S = 600
+
+
+class NativeUnavailable(RuntimeError):
+    """The compiled extension could not be built or loaded (the message says why)."""
+
+
+def extension() -> ModuleType | None:
+    """The loaded extension, or None (with one warning per process) when it is unavailable."""
+    loaded = _load()
+    if isinstance(loaded, NativeUnavailable):
+        if os.environ.get("TORCHREC_TPU_NATIVE", "1") != "0":
+            _warn_once(str(loaded))
+        return None
+    return loaded
+
+
+def require_extension() -> ModuleType:
+    """The loaded extension; raises NativeUnavailable saying why it is not."""
+    loaded = _load()
+    if isinstance(loaded, NativeUnavailable):
+        raise loaded
+    return loaded
+
+
+@functools.cache
+def _load() -> ModuleType | NativeUnavailable:
+    """Build (if needed) and load once per process; a failure is remembered, not retried."""
+    try:
+        return _build_and_load()
+    except NativeUnavailable as error:
+        return error
+
+
+def _build_and_load() -> ModuleType:
+    if os.environ.get("TORCHREC_TPU_NATIVE", "1") == "0":
+        raise NativeUnavailable("the compiled preprocessing is disabled (TORCHREC_TPU_NATIVE=0)")
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise NativeUnavailable(f"no C++ compiler {os.environ.get('CXX', 'g++')!r} on PATH")
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").exists():
+        raise NativeUnavailable(f"Python headers not found in {include} (install the python3-dev package)")
+    path = _cache_dir() / f"{MODULE}-{_build_key(compiler)}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not path.exists():
+        _build(compiler, include, path)
+    loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
+    spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        loader.exec_module(module)
+    except ImportError as error:
+        raise NativeUnavailable(f"loading {path} failed: {error}") from error
+    return module
+
+
+def _build_key(compiler: str) -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(repr((FLAGS, compiler, sysconfig.get_config_var("EXT_SUFFIX"))).encode())
+    return digest.hexdigest()[:16]
+
+
+def _cache_dir() -> Path:
+    configured = os.environ.get("TORCHREC_TPU_NATIVE_CACHE")
+    if configured:
+        base = Path(configured)
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torchrec-tpu" / "native"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        if os.access(base, os.W_OK):
+            return base
+    except OSError:
+        pass
+    fallback = Path(tempfile.gettempdir()) / f"torchrec-tpu-native-{os.getuid()}"
+    fallback.mkdir(exist_ok=True)
+    return fallback
+
+
+def _build(compiler: str, include: str, path: Path) -> None:
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same module
+        if path.exists():
+            return
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        command = [compiler, *FLAGS, f"-I{include}", str(SOURCE), "-o", str(tmp)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise NativeUnavailable(f"building {SOURCE.name} failed: {error}") from error
+        if done.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise NativeUnavailable(f"building {SOURCE.name} failed ({' '.join(command)}):\n{done.stderr[-2000:]}")
+        os.replace(tmp, path)
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    warnings.warn(f"sparsecore: compiled preprocessing unavailable, using the numpy path: {reason}",
+                  RuntimeWarning, stacklevel=3)

@@ -1,0 +1,81 @@
+"""Help conventions of every subcommand: each optional flag shows its default exactly once,
+required flags show none, and an unknown flag is reported with its subcommand's usage."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from torchrec_tpu.cli import SUBCOMMANDS, build_parser, main
+
+
+def _leaf_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command path, parser) for each runnable (sub)command below ``parser``."""
+    children = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not children:
+        yield path, parser
+        return
+    for action in children:
+        for name, child in action.choices.items():
+            yield from _leaf_parsers(child, (*path, name))
+
+
+def _all_leaves():
+    for command in sorted(SUBCOMMANDS):
+        parser = build_parser(command)
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+        yield from _leaf_parsers(sub, (command,))
+
+
+LEAVES = list(_all_leaves())
+
+
+def _flag_help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    return parser._get_formatter()._expand_help(action) if action.help else ""
+
+
+@pytest.mark.parametrize("path,parser", LEAVES, ids=[" ".join(p) for p, _ in LEAVES])
+def test_every_flag_shows_its_default_once(path, parser):
+    problems = []
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            continue
+        text = _flag_help(parser, action)
+        flag = "/".join(action.option_strings)
+        shown = len(re.findall(r"\(default:", text))
+        if action.required:
+            if "default" in text:
+                problems.append(f"{flag} is required but its help names a default: {text!r}")
+        elif shown != 1 or "default: None" in text:
+            problems.append(f"{flag} shows its default {shown} times: {text!r}")
+    assert not problems, "\n".join(problems)
+    # The rendered help agrees (argparse's own additions such as BooleanOptionalAction's included).
+    rendered = " ".join(parser.format_help().split())
+    assert "(default: None)" not in rendered
+    assert not re.search(r"\(default: [^)]*\)\s*\(default:", rendered), rendered
+
+
+def test_progress_switch_is_spelled_the_same_everywhere():
+    spellings = {}
+    for path, parser in LEAVES:
+        for action in parser._actions:
+            if any("progress" in option for option in action.option_strings):
+                spellings[" ".join(path)] = tuple(action.option_strings)
+    assert set(spellings) >= {"train", "profile", "plan", "infer", "data convert", "data generate"}
+    assert set(spellings.values()) == {("--progress", "--no-progress")}, spellings
+
+
+@pytest.mark.parametrize("argv,usage", [
+    (["plan", "--tables", "t.yaml", "--no-such-flag"], "usage: torchrec-tpu plan"),
+    (["train", "--no-such-flag"], "usage: torchrec-tpu train"),
+    (["data", "generate", "-o", "x", "--no-such-flag"], "usage: torchrec-tpu data generate"),
+])
+def test_unknown_flag_prints_the_subcommands_usage(argv, usage, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage), err
+    assert "unrecognized arguments: --no-such-flag" in err

@@ -1,0 +1,266 @@
+"""``train_step(model, optimizer, loss_fn)``: the whole training step as ONE XLA program.
+
+Forward, backward and the optimizer update (any ``torch.optim`` optimizer that runs under
+``torch.compile``: SGD, Adagrad, Adam, AdamW ..., foreach or fused) are traced together
+(:mod:`torch_tpu.compile.step_trace`), lowered through the op registry and jitted with the
+parameters', buffers' and optimizer state's buffers donated: XLA updates them in place
+(input-output aliasing). A call dispatches that one program and returns at once: the loss is a
+tpu tensor that is not read back (``loss.item()`` waits for it), and nothing inside the step
+reads a value on the host. Afterwards the model's parameters/buffers and ``optimizer.state`` hold
+the new values (same tensor objects; state created by the first step is added).
+
+One program is built per signature of the call: batch shapes/dtypes, non-tensor batch leaves,
+the optimizer's settings (a changed ``lr`` float recompiles; give it as a tensor to avoid that)
+and the layout of its state. Lazily initialised optimizers (Adam, SGD with momentum) therefore
+compile twice: the first step creates the state, later steps take it as input.
+
+    step = torch_tpu.compile.train_step(model, optimizer, lambda m, x, y: F.mse_loss(m(x), y))
+    for x, y in batches:
+        loss = step(x, y)           # tpu tensor, not synchronized
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from torch_tpu import persistent_cache
+from torch_tpu import random as tpu_random
+from torch_tpu._jax import jax
+from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
+from torch_tpu.compile.step_trace import (
+    LossFn, StepGraph, StepSignature, TensorSpec, trace_step, unchanged_outputs,
+)
+from torch_tpu.dtypes import to_torch_dtype
+from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, to_jax, write
+
+_log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class TrainStepStats:
+    """Counters of one :class:`TrainStep`."""
+
+    compiles: int = 0  # programs traced and jitted (one per call signature)
+    calls: int = 0  # steps run (one program execution each)
+
+
+class _Program:
+    """One jitted step program and how its outputs map back onto the model and optimizer."""
+
+    def __init__(self, graph: StepGraph) -> None:
+        self.graph = graph
+        self.random = needs_random_key(graph.graph)
+        self.unchanged = unchanged_outputs(graph)
+        n_donated = len(graph.signature.params) + len(graph.signature.others) + len(graph.signature.state)
+        changed = {(kind, where) for (kind, where), same in zip(graph.updates, self.unchanged) if not same}
+        state_keys = [key for key, _ in graph.signature.state]
+        # donate what the step replaces: its old buffer is dead once the program ran
+        self.donated = tuple(
+            i for i in range(n_donated)
+            if self._input_slot(i, len(graph.signature.params), len(graph.signature.others), state_keys) in changed
+        )
+        self.jitted = jax.jit(to_jax_function(graph.graph), donate_argnums=self.donated)
+
+    @staticmethod
+    def _input_slot(i: int, n_params: int, n_others: int, state_keys: list) -> tuple[str, Any]:
+        if i < n_params:
+            return ("param", i)
+        if i < n_params + n_others:
+            return ("other", i - n_params)
+        return ("state", state_keys[i - n_params - n_others])
+
+    def lowered_text(self, inputs: Sequence[jax.Array]) -> str:
+        return self.jitted.lower(*inputs).as_text()
+
+
+class TrainStep:
+    """A compiled training step; call it with a batch (see :func:`train_step`)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None,
+                 input_grads: Sequence[int]) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.input_grads = tuple(input_grads)
+        self.stats = TrainStepStats()
+        self._programs: dict[StepSignature, _Program] = {}
+        self._bind_tensors()
+
+    def _bind_tensors(self) -> None:
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError("train_step: a parameter appears twice in the optimizer's param groups")
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        missing = [i for i, p in enumerate(params) if id(p) not in names]
+        if missing:
+            raise ValueError(
+                f"train_step: optimizer parameter(s) {missing} (shapes "
+                f"{[list(params[i].shape) for i in missing]}) are not parameters of the model")
+        self._params = params
+        self._param_names = [names[id(p)] for p in params]
+        in_optimizer = {id(p) for p in params}
+        self._others = [(n, t) for n, t in [*self.model.named_parameters(), *self.model.named_buffers()]
+                        if id(t) not in in_optimizer]
+        for name, t in [*zip(self._param_names, params), *self._others]:
+            if type(t) is not TpuTensor:
+                raise ValueError(f"train_step: model tensor {name!r} is on {t.device}, not tpu "
+                                 "(move the model with .to('tpu') before building the step)")
+
+    # -- signature -------------------------------------------------------------------------------
+
+    def _signature(self, batch: tuple[Any, ...]) -> tuple[StepSignature, list[torch.Tensor], list[torch.Tensor]]:
+        """(signature, state tensors in signature order, batch tensors)."""
+        for i in self.input_grads:
+            if i >= len(batch) or not isinstance(batch[i], torch.Tensor):
+                raise ValueError(f"train_step: input_grads names batch argument {i}, which is "
+                                 f"{'missing' if i >= len(batch) else type(batch[i]).__name__}, not a tensor")
+        index = {id(p): i for i, p in enumerate(self._params)}
+        state, static_state, state_tensors = [], [], []
+        for p, entries in self.optimizer.state.items():
+            if id(p) not in index:
+                continue
+            for key in sorted(entries):
+                value = entries[key]
+                where = (index[id(p)], key)
+                if isinstance(value, torch.Tensor):
+                    state.append((where, TensorSpec.of(value)))
+                    state_tensors.append(value)
+                else:
+                    static_state.append((where, value))
+        group_tensors, hyper, group_values = [], [], []
+        for gi, group in enumerate(self.optimizer.param_groups):
+            settings = []
+            for key in sorted(k for k in group if k != "params"):
+                value = group[key]
+                if isinstance(value, torch.Tensor):
+                    group_tensors.append(((gi, key), TensorSpec.of(value)))
+                    group_values.append(value)
+                else:
+                    settings.append((key, value if _hashable(value) else repr(value)))
+            hyper.append(tuple(settings))
+        leaves, tree = pytree.tree_flatten(batch)
+        grad_leaves = {id(batch[i]) for i in self.input_grads}
+        batch_leaves, batch_tensors = [], []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                batch_leaves.append(TensorSpec.of(leaf, requires_grad=id(leaf) in grad_leaves))
+                batch_tensors.append(leaf)
+            else:
+                batch_leaves.append(leaf if _hashable(leaf) else repr(leaf))
+        signature = StepSignature(
+            params=tuple(TensorSpec.of(p, requires_grad=p.requires_grad) for p in self._params),
+            others=tuple(TensorSpec.of(t) for _, t in self._others),
+            state=tuple(state), static_state=tuple(static_state), group_tensors=tuple(group_tensors),
+            hyper=tuple(hyper), batch_leaves=tuple(batch_leaves), batch_tree=tree,
+            training=self.model.training,
+        )
+        return signature, state_tensors + group_values, batch_tensors
+
+    def _program(self, signature: StepSignature) -> _Program:
+        program = self._programs.get(signature)
+        if program is None:
+            if self._programs:
+                _log.info("train_step: compiling step program %d (new batch shapes, optimizer "
+                          "settings or state layout)", len(self._programs) + 1)
+            graph = trace_step(self.model, self.optimizer, self.loss_fn, self._param_names,
+                               [n for n, _ in self._others], signature, self.input_grads)
+            program = _Program(graph)
+            self._programs[signature] = program
+            self.stats.compiles += 1
+        return program
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def _inputs(self, state_and_groups: list[torch.Tensor], batch_tensors: list[torch.Tensor]) -> list[jax.Array]:
+        model_tensors = [*self._params, *(t for _, t in self._others)]
+        arrays = [to_jax(t) for t in model_tensors]
+        arrays += [_device_array(t) for t in state_and_groups]
+        arrays += [_device_array(t) for t in batch_tensors]
+        # eager results are uncommitted, program outputs committed: jit would compile once per mix
+        return [a if a.committed else jax.device_put(a, a.sharding) for a in arrays]
+
+    def __call__(self, *batch: Any) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        signature, state_and_groups, batch_tensors = self._signature(batch)
+        program = self._program(signature)
+        inputs = self._inputs(state_and_groups, batch_tensors)
+        _check_distinct(inputs, program.donated)
+        if program.random:
+            inputs.append(jax.random.key_data(tpu_random.next_key()))
+        with persistent_cache.persistent():
+            outputs = program.jitted(*inputs)
+        self.stats.calls += 1
+        self._store(program, outputs)
+        loss = from_jax(outputs[0])
+        if not self.input_grads:
+            return loss
+        return loss, tuple(from_jax(g) for g in outputs[1:1 + len(self.input_grads)])
+
+    def _store(self, program: _Program, outputs: Sequence[jax.Array]) -> None:
+        new_values = outputs[1 + program.graph.num_input_grads:]
+        for (kind, where), value, same in zip(program.graph.updates, new_values, program.unchanged):
+            if same:
+                continue
+            if kind == "param":
+                write(self._params[where], value)
+            elif kind == "other":
+                write(self._others[where][1], value)
+            else:
+                i, key = where
+                entries = self.optimizer.state[self._params[i]]
+                old = entries.get(key)
+                if type(old) is TpuTensor and tuple(old.shape) == tuple(value.shape) and old.dtype == to_torch_dtype(value.dtype):
+                    write(old, value)
+                else:
+                    entries[key] = from_jax(value)
+
+    def hlo_text(self, *batch: Any) -> str:
+        """The lowered (StableHLO) text of the program ``batch`` runs, with its input-output
+        aliasing (``tf.aliasing_output``) showing the donated buffers."""
+        signature, state_and_groups, batch_tensors = self._signature(batch)
+        program = self._program(signature)
+        inputs = self._inputs(state_and_groups, batch_tensors)
+        if program.random:
+            inputs.append(jax.random.key_data(tpu_random.next_key()))
+        return program.lowered_text(inputs)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None = None, *,
+               input_grads: Sequence[int] = ()) -> TrainStep:
+    """Compile ``model``'s training step with ``optimizer`` into one XLA program per batch signature.
+
+    ``loss_fn(model, *batch) -> scalar loss``; None: ``model(*batch)`` returns the loss (or
+    ``(loss, ...)``, as TorchRec's ``DLRMTrain``). ``step(*batch)`` runs forward, backward and
+    ``optimizer.step()`` and returns the loss as a tpu tensor without waiting for it. With
+    ``input_grads`` (positions of tensor arguments in ``batch``) it returns
+    ``(loss, gradients of those arguments)``, for a caller that continues backward outside the
+    step (e.g. into embedding tables). The model must be on the tpu device; ``.grad`` of its
+    parameters is not filled in."""
+    return TrainStep(model, optimizer, loss_fn, input_grads)
+
+
+def _device_array(t: torch.Tensor) -> jax.Array:
+    return to_jax(t) if type(t) is TpuTensor else cpu_to_jax(t)
+
+
+def _check_distinct(inputs: Sequence[jax.Array], donated: Sequence[int]) -> None:
+    seen: dict[int, int] = {}
+    for i in donated:
+        if id(inputs[i]) in seen:
+            raise ValueError(f"train_step: step inputs {seen[id(inputs[i])]} and {i} share one buffer "
+                             "(tied tensors outside the model's parameter list); give each its own storage")
+        seen[id(inputs[i])] = i
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True

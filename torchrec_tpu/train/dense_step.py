@@ -1,0 +1,58 @@
+"""The dense half of the sparsecore training step as one compiled tpu program.
+
+:class:`DLRMDenseLoss` is a TorchRec ``DLRMTrain`` without its sparse arch: bottom MLP,
+interaction (dot or DCN), over arch and the BCE loss, from (dense features, pooled embeddings,
+labels). It shares the DLRM's own parameter objects, so the optimizer, checkpoints and
+evaluation see one model. :func:`compiled_dense_step` runs it with the dense optimizer's update as
+one program (``torch_tpu.compile.train_step``) and sends the pooled embeddings' gradient back
+into the sparsecore EBC's fused sparse update.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchrec.datasets.utils import Batch
+from torchrec.models.dlrm import DLRMTrain
+
+
+class DLRMDenseLoss(nn.Module):
+    """``(dense_features [B, dense_in], pooled [B, F, D], labels [B]) -> loss`` of ``train_model``."""
+
+    def __init__(self, train_model: DLRMTrain) -> None:
+        super().__init__()
+        dlrm = train_model.model
+        self.dense_arch = dlrm.dense_arch
+        self.inter_arch = dlrm.inter_arch
+        self.over_arch = dlrm.over_arch
+        self.loss_fn = train_model.loss_fn
+
+    def forward(self, dense_features: torch.Tensor, pooled: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        embedded = self.dense_arch(dense_features)
+        logits = self.over_arch(self.inter_arch(dense_features=embedded, sparse_features=pooled))
+        return self.loss_fn(logits.squeeze(-1), labels.float())
+
+
+class CompiledDenseStep:
+    """A ``run_training`` step function: the sparse arch (host, sparsecore EBC) forward, the dense
+    step as one tpu program, then the EBC's fused backward from the pooled embeddings' gradient.
+
+    ``model`` is the sparsecore engine's ``DLRMTrain`` with its towers on tpu
+    (:func:`~torchrec_tpu.train.dense_placement.place_dense`); ``optimizer`` the dense optimizer
+    (a ``KeyedOptimizerWrapper`` or a plain torch optimizer) over the towers' parameters."""
+
+    def __init__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        import torch_tpu.compile as tc
+
+        self.device = device
+        self.dense = DLRMDenseLoss(model)
+        inner = getattr(optimizer, "_optimizer", optimizer)  # KeyedOptimizerWrapper steps its inner one
+        self.step = tc.train_step(self.dense, inner, input_grads=(1,))
+
+    def __call__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
+        sparse_arch = model.model.sparse_arch
+        pooled = sparse_arch(batch.sparse_features)  # its forward hook puts it on the dense device
+        loss, (pooled_grad,) = self.step(batch.dense_features.to(self.device), pooled.detach(),
+                                         batch.labels.to(self.device))
+        pooled.backward(pooled_grad)  # through the copy to the host, into the fused sparse update
+        return loss

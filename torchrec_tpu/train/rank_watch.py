@@ -1,0 +1,123 @@
+"""Names what a failed collective waited for: the collective, and the rank that never joined it.
+
+gloo reports a stalled peer as "Timed out waiting 10000ms for recv operation" and a dead one as
+"Connection closed by peer", naming neither the collective nor the rank. While training runs on
+several ranks, :class:`RankWatch` has every rank bump a heartbeat counter in the process group's
+store once a second (a daemon thread; a stopped or dead rank stops bumping it), and a rank that
+fails posts its error line there before it exits. Code running collectives labels them with
+:func:`collectives`; a gloo failure inside becomes a :class:`~torchrec_tpu.errors.CollectiveError`:
+
+    train step 18 (embedding all_to_all, DDP gradient all_reduce) timed out after 10 s: rank 1
+    is not responding (no heartbeat for 3 s: stalled or dead)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Iterator
+
+import torch.distributed as dist
+
+from torchrec_tpu.errors import CollectiveError
+
+_HEARTBEAT = "torchrec_tpu/heartbeat/{}"
+_FAILED = "torchrec_tpu/failed/{}"
+HEARTBEAT_S = 1.0
+_SILENT_S = 3.0  # no heartbeat for this long: the rank is not responding
+_active: "RankWatch | None" = None
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """A gloo collective that timed out or lost its peer."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and not isinstance(error, CollectiveError) and (
+        "gloo" in text or "Timed out waiting" in text or "Connection closed by peer" in text)
+
+
+class RankWatch:
+    """Heartbeats of this rank into ``store``, and the explanation of a failed collective."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout_s: float) -> None:
+        self.store, self.rank, self.world_size, self.timeout_s = store, rank, world_size, timeout_s
+        self._stop = threading.Event()
+        self._beats = 0
+        self._thread = threading.Thread(target=self._beat, name="rank-heartbeat", daemon=True)
+
+    def start(self) -> "RankWatch":
+        self._post(_HEARTBEAT.format(self.rank), "0")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _post(self, key: str, value: str) -> bool:
+        try:
+            self.store.set(key, value)
+            return True
+        except Exception:  # noqa: BLE001  the store is gone: nothing left to tell
+            return False
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self._beats += 1
+            if not self._post(_HEARTBEAT.format(self.rank), str(self._beats)):
+                return
+
+    def post_failure(self, message: str) -> None:
+        """Tell the other ranks why this rank is leaving (read by their :meth:`explain`)."""
+        self._post(_FAILED.format(self.rank), message)
+
+    def _read(self, key: str) -> str | None:
+        try:
+            return self.store.get(key).decode() if self.store.check([key]) else None
+        except Exception:  # noqa: BLE001
+            return None
+
+    def explain(self, label: str, error: BaseException) -> CollectiveError:
+        """Which ranks failed (their posted error) or stopped responding (heartbeat unchanged for
+        :data:`_SILENT_S`), in one message naming ``label``."""
+        others = [r for r in range(self.world_size) if r != self.rank]
+        failed = {r: m for r in others if (m := self._read(_FAILED.format(r))) is not None}
+        before = {r: self._read(_HEARTBEAT.format(r)) for r in others if r not in failed}
+        time.sleep(_SILENT_S)
+        failed.update({r: m for r in before if (m := self._read(_FAILED.format(r))) is not None})
+        silent = [r for r in before if r not in failed and self._read(_HEARTBEAT.format(r)) == before[r]]
+        what = "timed out" if "Timed out" in str(error) else "failed"
+        parts = [f"rank {r} failed: {m}" for r, m in sorted(failed.items())]
+        if silent:
+            ranks = ", ".join(map(str, silent))
+            parts.append(f"rank{'s' if len(silent) > 1 else ''} {ranks} "
+                         f"{'are' if len(silent) > 1 else 'is'} not responding (no heartbeat for "
+                         f"{_SILENT_S:.0f} s: stalled or dead)")
+        if not parts:
+            parts.append(f"every rank is alive; gloo: {' '.join(str(error).split())[:300]}")
+        after = f" after {self.timeout_s:g} s" if what == "timed out" else ""
+        return CollectiveError(f"{label} {what}{after} on rank {self.rank}: " + "; ".join(parts))
+
+
+@contextlib.contextmanager
+def watching(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> Iterator[RankWatch]:
+    """A started :class:`RankWatch` for the ``with`` body (the one :func:`collectives` uses)."""
+    global _active
+    watch = RankWatch(store, rank, world_size, timeout_s).start()
+    _active = watch
+    try:
+        yield watch
+    finally:
+        _active = None
+        watch.stop()
+
+
+@contextlib.contextmanager
+def collectives(label: str) -> Iterator[None]:
+    """Label the collectives of the ``with`` body: a gloo failure inside is re-raised as a
+    CollectiveError naming ``label`` and the ranks to blame (when a watch runs)."""
+    try:
+        yield
+    except RuntimeError as error:
+        if _active is None or not is_peer_failure(error):
+            raise
+        raise _active.explain(label, error) from error
