@@ -5,7 +5,9 @@ Two levels, both under one directory:
 * ``<dir>/fx/<key>.jaxexport``: the serialized ``jax.export`` of a translated FX graph
   (``torch.compile(backend="tpu")``), keyed by a hash of the graph code, input shapes/dtypes,
   constants and the lowering registry. A hit skips the FX -> JAX translation and the trace.
-* ``<dir>/xla``: JAX's persistent cache of compiled executables (``jax_compilation_cache_dir``).
+* ``<dir>/executables``: JAX's persistent cache of compiled executables
+  (``jax_compilation_cache_dir``, with JAX's LRU bookkeeping; the older uncapped ``<dir>/xla``,
+  whose entries lack it, is no longer used).
 
 Only whole programs are written: compiled graphs, ``torch_tpu.compile.train_step`` programs and
 whatever else compiles inside :func:`persistent`. The eager device's per-op programs (and view
@@ -34,6 +36,7 @@ from jax._src import config as _jax_config
 
 _DISABLED = {"0", "off", "false", "none", ""}
 DEFAULT_MAX_MB = 2048
+XLA_LEVEL = "executables"
 _NEVER = 1e12  # min compile seconds outside persistent(): nothing is written
 
 
@@ -97,10 +100,10 @@ def configure_cache(directory: str | os.PathLike | None, max_bytes: int | None =
     path = Path(directory).expanduser() if directory is not None else None
     if path is not None:
         (path / "fx").mkdir(parents=True, exist_ok=True)
-        (path / "xla").mkdir(parents=True, exist_ok=True)
+        (path / XLA_LEVEL).mkdir(parents=True, exist_ok=True)
     _state["dir"] = path
     _max_bytes[0] = default_max_bytes() if max_bytes is None else int(max_bytes)
-    jax.config.update("jax_compilation_cache_dir", str(path / "xla") if path is not None else None)
+    jax.config.update("jax_compilation_cache_dir", str(path / XLA_LEVEL) if path is not None else None)
     jax.config.update("jax_compilation_cache_max_size", _max_bytes[0])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", _NEVER)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

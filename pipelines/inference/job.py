@@ -10,11 +10,16 @@ global index over the inputs in order), then ``prediction`` (click probability, 
 from __future__ import annotations
 
 import dataclasses
+import contextlib
+import os
+import signal
+import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -165,6 +170,30 @@ def _file_row(unit: Unit) -> int:
     return sum(metadata.row_group(i).num_rows for i in range(unit.row_group))
 
 
+def _no_restarts() -> dict[str, int]:
+    """Ray options of the predictor actors: a dead actor fails the job (a rerun resumes it)."""
+    return {"max_restarts": 0}
+
+
+def _leave_on_interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C while Ray runs: Ray's waits swallow KeyboardInterrupt, so leave at once; the parts
+    written so far are complete (a rerun resumes) and the Ray watchdog ends Ray's processes."""
+    print("torchrec-tpu infer: interrupted (rerun the same command to resume)", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+@contextlib.contextmanager
+def _exit_on_interrupt() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _leave_on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_inference(config: InferenceConfig) -> InferenceSummary:
     """Predict every input row not yet in ``config.output``; returns what this run did."""
     from torchrec_tpu.train.checkpoint import open_checkpoint
@@ -174,14 +203,21 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
     # verified here, so a corrupt or crafted checkpoint fails before Ray starts
     config = dataclasses.replace(config, checkpoint=str(open_checkpoint(Path(config.checkpoint))[0]))
 
-    import ray.data
-    from tqdm import tqdm
-
-    from pipelines.ray_data import local_ray
     units = plan_units(config.data, config.input_columns, config.schema)
     output = Path(config.output)
     claim_output_dir(output, units, Path(config.checkpoint))
     todo = pending_units(output, units)
+    with _exit_on_interrupt():
+        return _predict_all(config, units, todo, output, start)
+
+
+def _predict_all(config: InferenceConfig, units: list[Unit], todo: list[Unit], output: Path,
+                 start: float) -> InferenceSummary:
+    import ray.data
+    from tqdm import tqdm
+
+    from pipelines.ray_data import local_ray
+
     rows_done, bad_values = 0, BadValueCounts()
     with local_ray(num_cpus=config.num_cpus), tqdm(
         total=sum(u.num_rows for u in todo), desc="infer", unit="row", disable=not config.progress
@@ -194,7 +230,7 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
                 Predictor,
                 batch_size=1,
                 compute=ray.data.ActorPoolStrategy(size=config.concurrency),
-                max_restarts=0,  # a dead actor fails the job (a rerun resumes it)
+                ray_remote_args_fn=_no_restarts,
                 num_cpus=min(threads, config.num_cpus),
                 fn_constructor_kwargs={"config": config, "threads": threads},
             )

@@ -41,7 +41,7 @@ def test_import_torch_tpu_alone_turns_the_cache_on(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=300, env={**env_without, "PYTHONPATH": str(REPO), **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
     where = tmp_path / "torch_tpu" / "compile"
-    assert proc.stdout.split() == [str(where), str(where / "xla"), "False"]
+    assert proc.stdout.split() == [str(where), str(where / "executables"), "False"]
 
 
 def test_eager_ops_stay_out_whole_programs_go_in(tmp_path):
@@ -52,14 +52,14 @@ def test_eager_ops_stay_out_whole_programs_go_in(tmp_path):
         for _ in range(3):  # the per-op jit compiles each op on its second sight
             y = (x @ x).relu().sum(0) + 1
         y.cpu()
-        assert not _entries(tmp_path / "xla"), "eager per-op programs were written"
+        assert not _entries(tmp_path / "executables"), "eager per-op programs were written"
         model = mlp([8, 4, 1]).to("tpu")
         step = tc.train_step(model, torch.optim.Adagrad(model.parameters(), lr=0.1),
                              lambda m, a: m(a).square().mean())
         tc.reset_cache_stats()
         step(x).cpu()
         assert tc.cache_stats().xla_misses == 1
-        assert _entries(tmp_path / "xla")
+        assert _entries(tmp_path / "executables")
     finally:
         tc.configure_cache(previous)
 

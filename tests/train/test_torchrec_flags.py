@@ -179,3 +179,22 @@ def test_multi_hot_training_on_generated_multi_hot_data(tmp_path, engine) -> Non
     summary = run_job(config)
     assert summary.result.steps == 8 and summary.result.eval.samples == 1024
 
+
+
+def test_shuffled_limited_multi_hot_run_resumes_to_the_uninterrupted_weights(tiny_dataset, tmp_path) -> None:
+    from tests.train.conftest import flat_checkpoint
+    from torchrec_tpu.train.job import run_job
+
+    options = dict(shuffle_batches=True, limit_train_batches=10, multi_hot_sizes="2", epochs=2, log_every=2)
+    full = run_job(tiny_config(tiny_dataset, tmp_path / "full", **options))
+    first = run_job(tiny_config(tiny_dataset, tmp_path / "first", max_steps=14, **options))  # 4 into epoch 1
+    resumed = run_job(tiny_config(tiny_dataset, tmp_path / "resumed", resume=str(first.checkpoint_dir), **options))
+    assert full.result.steps == resumed.result.steps == 20
+    weights = {name: flat_checkpoint(run.checkpoint_dir, tmp_path / f"{name}.pt")
+               for name, run in (("full", full), ("resumed", resumed))}
+    for key, value in weights["full"].items():
+        if key.startswith("model.") and isinstance(value, torch.Tensor):
+            torch.testing.assert_close(weights["resumed"][key], value, rtol=0, atol=0, msg=key)
+    with pytest.raises(Exception, match="--shuffle-batches is True in the checkpoint, False now"):
+        run_job(tiny_config(tiny_dataset, tmp_path / "changed", resume=str(first.checkpoint_dir),
+                            **{**options, "shuffle_batches": False}))

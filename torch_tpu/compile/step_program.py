@@ -10,8 +10,8 @@ reads a value on the host. Afterwards the model's parameters/buffers and ``optim
 the new values (same tensor objects; state created by the first step is added).
 
 One program is built per signature of the call: batch shapes/dtypes, non-tensor batch leaves,
-the optimizer's settings (a changed ``lr`` float recompiles; give it as a tensor to avoid that)
-and the layout of its state. Lazily initialised optimizers (Adam, SGD with momentum) therefore
+the optimizer's settings (``lr`` is a program input: schedules do not recompile; other changed
+settings do) and the layout of its state. Lazily initialised optimizers (Adam, SGD with momentum) therefore
 compile twice: the first step creates the state, later steps take it as input.
 
     step = torch_tpu.compile.train_step(model, optimizer, lambda m, x, y: F.mse_loss(m(x), y))
@@ -41,6 +41,8 @@ from torch_tpu.dtypes import to_torch_dtype
 from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, to_jax, write
 
 _log = logging.getLogger(__name__)
+# float settings passed to the program as values, not baked in: schedules change them every step
+_LIFTED = frozenset({"lr"})
 
 
 @dataclasses.dataclass
@@ -110,6 +112,9 @@ class TrainStep:
                         if id(t) not in in_optimizer]
         for name, t in [*zip(self._param_names, params), *self._others]:
             if type(t) is not TpuTensor:
+                if t.device.type == "tpu":
+                    raise ValueError(f"train_step: model tensor {name!r} is a {type(t).__name__}; the step "
+                                     "takes plain tpu tensors (not FSDP2/DTensor-sharded parameters)")
                 raise ValueError(f"train_step: model tensor {name!r} is on {t.device}, not tpu "
                                  "(move the model with .to('tpu') before building the step)")
 
@@ -142,6 +147,9 @@ class TrainStep:
                 if isinstance(value, torch.Tensor):
                     group_tensors.append(((gi, key), TensorSpec.of(value)))
                     group_values.append(value)
+                elif key in _LIFTED and isinstance(value, float):
+                    group_tensors.append(((gi, key), TensorSpec((), (), torch.float32)))
+                    group_values.append(torch.tensor(value, dtype=torch.float32))
                 else:
                     settings.append((key, value if _hashable(value) else repr(value)))
             hyper.append(tuple(settings))

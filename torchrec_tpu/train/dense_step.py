@@ -15,6 +15,8 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
+from torchrec_tpu.train.loop import StepFn, train_step
+
 
 class DLRMDenseLoss(nn.Module):
     """``(dense_features [B, dense_in], pooled [B, F, D], labels [B]) -> loss`` of ``train_model``."""
@@ -54,5 +56,19 @@ class CompiledDenseStep:
         pooled = sparse_arch(batch.sparse_features)  # its forward hook puts it on the dense device
         loss, (pooled_grad,) = self.step(batch.dense_features.to(self.device), pooled.detach(),
                                          batch.labels.to(self.device))
-        pooled.backward(pooled_grad)  # through the copy to the host, into the fused sparse update
+        # through the copy to the host, into the fused sparse update; on this thread (autograd's
+        # device threads lack the tpu device when a CPU backward ran before torch_tpu was imported)
+        with torch.autograd.set_multithreading_enabled(False):
+            pooled.backward(pooled_grad)
         return loss
+
+
+def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, engine: str, dense_device: torch.device,
+                  world_size: int, dense_parallel: str = "ddp") -> StepFn:
+    """The training step of a job: the compiled dense step for the sparsecore engine with its
+    towers on tpu in one process (plain tensors: ``ddp``, which one rank does not wrap); else the
+    eager :func:`~torchrec_tpu.train.loop.train_step` (several ranks sync the towers' gradients
+    with DDP hooks, FSDP2 shards them as DTensors: both run eagerly)."""
+    if engine == "sparsecore" and dense_device.type == "tpu" and world_size == 1 and dense_parallel == "ddp":
+        return CompiledDenseStep(model, optimizer, dense_device)
+    return train_step

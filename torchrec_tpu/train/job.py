@@ -19,7 +19,7 @@ from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
-from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
+from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training, train_step
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 from torchrec_tpu.train.rank_watch import collectives
@@ -125,7 +125,14 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
                     "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
             return save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)
 
-        result = run_training(model, optimizer, train, held_out, device, log, options,
+        step_fn = train_step
+        if config.engine == "sparsecore":
+            from torchrec_tpu.train.dense_placement import dense_device
+            from torchrec_tpu.train.dense_step import step_function
+
+            step_fn = step_function(model, optimizer, config.engine, dense_device(config.dense_device),
+                                    env.world_size, config.dense_parallel)
+        result = run_training(model, optimizer, train, held_out, device, log, options, step_fn=step_fn,
                               checkpoint=save, learning_rates=learning_rates(config, model, optimizer).at)
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
