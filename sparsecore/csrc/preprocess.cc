@@ -277,6 +277,9 @@ void ProcessChunk(Stack& st, int64_t k, Scratch& s) {
     kept->phys.clear();
     kept->sample.clear();
     kept->gain.clear();
+    kept->phys.reserve(m);
+    kept->sample.reserve(m);
+    kept->gain.reserve(m);
     kept->dest_start.assign(n + 1, 0);
   }
   const float nan = std::numeric_limits<float>::quiet_NaN();
