@@ -15,8 +15,10 @@ _persistent_cache.install()  # on by default for every job using the device
 from torch_tpu import lowerings as _lowerings  # noqa: E402,F401  (fills the registry)
 from torch_tpu import dispatch as _dispatch  # noqa: E402
 from torch_tpu import kernels as _kernels  # noqa: E402,F401
+from torch_tpu import transformer as _transformer  # noqa: E402,F401  (fast-path composites)
 from torch_tpu.fallback import (  # noqa: E402
     TpuFallbackError,
+    decomposed_counts,
     fallback_allowed,
     fallback_counts,
     lowered_counts,
@@ -37,6 +39,7 @@ __all__ = [
     "TpuFallbackError",
     "TpuTensor",
     "clear_plan_cache",
+    "decomposed_counts",
     "eager_mode",
     "fallback_allowed",
     "fallback_counts",

@@ -4,6 +4,7 @@ The plan for an op is decided once (first call) from its schema and the registry
 view op -> alias the input's storage box with metadata computed on meta tensors;
 in-place / out= op -> run the functional sibling's lowering and write into the target(s);
 lowered op -> unwrap to JAX arrays, run through the current mode's executor, wrap;
+op with a decomposition -> run it on the tpu tensors (``torch_tpu.decompositions``, counted);
 anything else -> CPU fallback (counted). A few ops that cross devices or return Python values
 (``copy_``, ``_to_copy``, ``_local_scalar_dense`` ...) have dedicated plans.
 """
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_tpu import device as tpu_device
+from torch_tpu import decompositions, device as tpu_device
 from torch_tpu import fallback, metadata_ops, modes, op_jit, random as tpu_random, tensor as tensor_mod
 from torch_tpu._jax import ARRAY_TYPE, jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
@@ -166,9 +167,32 @@ def _store(target: torch.Tensor, value: jax.Array) -> None:
     write(target, value)
 
 
-def _inplace_plan(lowering: Lowering) -> Plan:
+Compute = Callable[[Any, tuple, dict], Any]  # (op, args, kwargs) -> JAX value(s) of the functional sibling
+
+
+def _sibling_compute(func: Any, sibling: Any) -> Compute | None:
+    """How a mutating op computes what it writes: its functional sibling's lowering, or the
+    sibling run through dispatch (its decomposition); None when it has neither (or the sibling
+    lacks some of the op's arguments, e.g. ``randperm.generator_out`` -> ``randperm``)."""
+    lowering = get_lowering(sibling)
+    if lowering is not None:
+        return lambda func, args, kwargs: _execute(func, lowering, args, kwargs)
+    names = {a.name for a in sibling._schema.arguments}
+    inputs = [a for a in func._schema.arguments if a.alias_info is None or not a.alias_info.is_write]
+    if decompositions.decomposition(sibling) is None or any(a.name not in names for a in inputs):
+        return None
+
+    def decomposed(func: Any, args: tuple, kwargs: dict) -> Any:
+        out = sibling(*args, **kwargs)
+        fallback.count_decomposed(func)
+        return pytree.tree_map_only(TpuTensor, to_jax, out)
+
+    return decomposed
+
+
+def _inplace_plan(compute: Compute) -> Plan:
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
-        out = _execute(func, lowering, args, kwargs)
+        out = compute(func, args, kwargs)
         target = args[0]
         if isinstance(target, (list, tuple)):
             for t, v in zip(target, out):
@@ -180,13 +204,13 @@ def _inplace_plan(lowering: Lowering) -> Plan:
     return run
 
 
-def _out_plan(lowering: Lowering, out_names: list[str], pass_dtype: bool) -> Plan:
+def _out_plan(compute: Compute, out_names: list[str], pass_dtype: bool) -> Plan:
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         targets = [kwargs[n] for n in out_names]
         rest = {k: v for k, v in kwargs.items() if k not in out_names}
         if pass_dtype and "dtype" not in rest:
             rest["dtype"] = targets[0].dtype
-        out = _execute(func, lowering, args, rest)
+        out = compute(func, args, rest)
         values = out if isinstance(out, (tuple, list)) else [out]
         for t, v in zip(targets, values):
             if type(t) is TpuTensor:
@@ -466,6 +490,8 @@ def _make_plan(func: Any) -> Plan:
     if special is not None:
         return special
     schema = func._schema
+    if decompositions.is_composite(func) and (_is_view(schema) or get_lowering(func) is None):
+        return decompositions.plan(func, func.decompose)
     if _is_view(schema):
         return _view_plan
     own = get_lowering(func)
@@ -476,17 +502,20 @@ def _make_plan(func: Any) -> Plan:
         sibling = _functional_sibling(func)
         if sibling is not None and _is_view(sibling._schema):
             return metadata_ops.inplace_view_plan(sibling)
-        lowering = get_lowering(sibling) if sibling is not None else None
-        if lowering is None:
+        compute = _sibling_compute(func, sibling) if sibling is not None else None
+        if compute is None:
             return _fallback_plan
         if all(a.kwarg_only for a in write_args):
             pass_dtype = any(a.name == "dtype" for a in sibling._schema.arguments)
-            return _out_plan(lowering, [a.name for a in write_args], pass_dtype)
+            return _out_plan(compute, [a.name for a in write_args], pass_dtype)
         if write_args[0] is schema.arguments[0] and len(write_args) == 1:
-            return _inplace_plan(lowering)
+            return _inplace_plan(compute)
         return _fallback_plan
     lowering = get_lowering(func)
-    return _lowered_plan(lowering) if lowering is not None else _fallback_plan
+    if lowering is not None:
+        return _lowered_plan(lowering)
+    decomposition = decompositions.decomposition(func)
+    return decompositions.plan(func, decomposition) if decomposition is not None else _fallback_plan
 
 
 tensor_mod._dispatch = dispatch

@@ -5,8 +5,9 @@ and any other whose CPU copy the op changed (some kernels update inputs without 
 annotation: ``native_batch_norm``'s running stats, custom ops with loose schemas); nothing else
 is written, so unchanged tensors keep their value and storage.
 
-Like PyTorch/XLA's ``aten::`` counters: every op that falls back is counted; lowered ops are
-counted too, so a report shows coverage of a workload. ``set_fallback_allowed(False)`` (or
+Like PyTorch/XLA's ``aten::`` counters: every op that falls back is counted; lowered ops and ops
+run as decompositions (``torch_tpu.decompositions``) are counted too, so a report shows the three
+tiers of a workload. ``set_fallback_allowed(False)`` (or
 ``TORCH_TPU_NO_FALLBACK=1``, or the ``no_fallback()`` context) turns fallback into an error.
 """
 
@@ -28,6 +29,7 @@ from torch_tpu.tensor import TpuTensor, array_to_cpu, cpu_to_jax, from_cpu, to_j
 
 _fallback_counts: Counter[str] = Counter()
 _lowered_counts: Counter[str] = Counter()
+_decomposed_counts: Counter[str] = Counter()
 _allowed = [os.environ.get("TORCH_TPU_NO_FALLBACK", "0") != "1"]
 
 
@@ -59,6 +61,10 @@ def count_lowered(op: Any) -> None:
     _lowered_counts[op.__name__] += 1
 
 
+def count_decomposed(op: Any) -> None:
+    _decomposed_counts[op.__name__] += 1
+
+
 def fallback_counts() -> dict[str, int]:
     """Op name -> number of times it ran through the CPU fallback."""
     return dict(_fallback_counts)
@@ -69,17 +75,26 @@ def lowered_counts() -> dict[str, int]:
     return dict(_lowered_counts)
 
 
+def decomposed_counts() -> dict[str, int]:
+    """Op name -> number of times it ran as its decomposition into other tpu ops."""
+    return dict(_decomposed_counts)
+
+
 def reset_metrics() -> None:
     _fallback_counts.clear()
     _lowered_counts.clear()
+    _decomposed_counts.clear()
 
 
 def metrics_report() -> str:
-    """Human-readable counters: lowered ops and CPU-fallback ops, most frequent first."""
+    """Human-readable counters of the three tiers (CPU fallback, decomposed, lowered), most
+    frequent first. A decomposed op's constituent ops are counted in their own tiers too."""
     lines = [f"torch_tpu metrics: {sum(_lowered_counts.values())} lowered op calls "
-             f"({len(_lowered_counts)} ops), {sum(_fallback_counts.values())} CPU fallbacks "
+             f"({len(_lowered_counts)} ops), {sum(_decomposed_counts.values())} decomposed op calls "
+             f"({len(_decomposed_counts)} ops), {sum(_fallback_counts.values())} CPU fallbacks "
              f"({len(_fallback_counts)} ops)"]
-    for title, counter in (("CPU fallback", _fallback_counts), ("lowered", _lowered_counts)):
+    for title, counter in (("CPU fallback", _fallback_counts), ("decomposed", _decomposed_counts),
+                           ("lowered", _lowered_counts)):
         lines.append(f"{title}:")
         lines.extend(f"  {name}: {n}" for name, n in counter.most_common())
     return "\n".join(lines)

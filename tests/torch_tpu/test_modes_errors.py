@@ -42,33 +42,32 @@ def test_mixing_devices_raises_like_cuda():
 
 
 def test_fallback_is_counted_and_strict_switch_raises():
-    x = torch.arange(6.0, device="tpu").reshape(2, 3)
-    unlowered = torch.ops.aten.cummax.default
+    x = torch.tensor([[1.0, 2.0, 2.0], [3.0, 3.0, 0.0]], device="tpu")
+    unlowered = torch.ops.aten.mode.default  # no lowering, no decomposition
     assert torch_tpu.get_lowering(unlowered) is None
     torch_tpu.reset_metrics()
-    values, indices = torch.cummax(x, dim=1)
-    expected = torch.cummax(x.cpu(), dim=1)
+    values, indices = torch.mode(x, dim=1)
+    expected = torch.mode(x.cpu(), dim=1)
     torch.testing.assert_close(values.cpu(), expected.values)
     torch.testing.assert_close(indices.cpu(), expected.indices)
     assert values.device.type == "tpu"
-    assert torch_tpu.fallback_counts() == {"cummax.default": 1}
-    assert "cummax.default: 1" in torch_tpu.metrics_report()
-    with torch_tpu.no_fallback(), pytest.raises(torch_tpu.TpuFallbackError, match="cummax"):
-        torch.cummax(x, dim=1)
+    assert torch_tpu.fallback_counts() == {"mode.default": 1}
+    assert "mode.default: 1" in torch_tpu.metrics_report()
+    with torch_tpu.no_fallback(), pytest.raises(torch_tpu.TpuFallbackError, match="mode"):
+        torch.mode(x, dim=1)
 
 
 def test_fallback_writes_back_inplace_mutation():
-    x = torch.tensor([3.0, 1.0, 2.0], device="tpu")
-    view = x[1:]
-    torch.ops.aten.exponential_.default  # lowered via functional sibling; use an unlowered in-place op:
-    view.cauchy_  # noqa: B018 (exists)
+    unlowered = torch.ops.aten.index_reduce.default  # no lowering, no decomposition: CPU fallback
+    assert torch_tpu.get_lowering(unlowered) is None
     y = torch.tensor([[1.0, 5.0], [3.0, 2.0]], device="tpu")
+    index, source = torch.tensor([1, 1]), torch.tensor([[2.0, 3.0], [4.0, 5.0]])
     torch_tpu.reset_metrics()
-    y.t().renorm_(p=1, dim=0, maxnorm=1.0)
+    y.t().index_reduce_(0, index.to("tpu"), source.to("tpu"), "prod")
     ref = torch.tensor([[1.0, 5.0], [3.0, 2.0]])
-    ref.t().renorm_(p=1, dim=0, maxnorm=1.0)
+    ref.t().index_reduce_(0, index, source, "prod")
     torch.testing.assert_close(y.cpu(), ref)
-    assert torch_tpu.fallback_counts().get("renorm_.default") == 1
+    assert torch_tpu.fallback_counts().get("index_reduce_.default") == 1
 
 
 def test_debug_mode_names_op_for_nan_and_index_bounds():

@@ -121,6 +121,8 @@ def _check_sample(opinfo, sample, dtype, grad):
     else:
         compared = expected
     tpu_args, tpu_kwargs = pytree.tree_map(_to_tpu, ((sample.input, *sample.args), sample.kwargs))
+    if "device" in tpu_kwargs:  # factories with tensor arguments (linspace.Tensor_Tensor ...)
+        tpu_kwargs["device"] = "tpu"
     actual = opinfo.op(*tpu_args, **tpu_kwargs)
     if opinfo.name in _EVAL_STATS_LIKE_CUDA and len(sample.args) == 7 and not sample.args[4]:
         running_mean, running_var, eps = sample.args[2], sample.args[3], sample.args[6]

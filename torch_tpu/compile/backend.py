@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from torch_tpu import decompositions
 from torch_tpu.compile.graph import CompiledGraph
 from torch_tpu.compile.specialize import SpecializedGraph, is_symbolic
 
@@ -84,7 +84,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         fw_compiler=_graph_compiler("forward"),
         bw_compiler=_graph_compiler("backward"),
         inference_compiler=_graph_compiler("inference"),
-        decompositions=core_aten_decompositions(),
+        decompositions=decompositions.compile_table(),
     )(gm, example_inputs)
 
 

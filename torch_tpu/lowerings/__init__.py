@@ -13,6 +13,7 @@ from torch_tpu.lowerings import (  # noqa: F401
     norms,
     pooling,
     reductions,
+    rnn,
     shape,
 )
 from torch_tpu.lowerings import foreach  # noqa: F401,E402  (builds on the per-tensor lowerings)

@@ -1,0 +1,130 @@
+"""The decomposition tier: ops without a lowering run as PyTorch's own decompositions on tpu tensors.
+
+Between "lowered" and "CPU fallback": an op with no JAX lowering but a decomposition in
+``torch._decomp`` (the full ``decomposition_table`` and the core-ATen table), a
+CompositeImplicitAutograd kernel (``op.decompose()``), a CompositeExplicitAutograd kernel (the
+backend-agnostic kernel every C++ backend runs, e.g. ``rand_like``) or an entry in :data:`EXTRA`
+(torch_tpu's own composites of ops PyTorch gives only device kernels, e.g. the Transformer fast
+path) runs that decomposition on the tpu tensors, below autograd: every op it calls is dispatched again (lowered,
+decomposed in turn, or falling back), and the op is counted as decomposed.
+
+Safety rules (:func:`decomposition`):
+* view ops never decompose (eager dispatch aliases them); in-place and out= ops decompose through
+  their functional sibling (``torch_tpu.dispatch`` writes the result with torch's casting and
+  resizing rules), never through a decomposition of the mutating overload itself;
+* :data:`_NOT_DECOMPOSED` lists ops whose decomposition is not what the op does on CPU;
+* an op re-entered while its own decomposition runs (directly or through other decompositions)
+  falls back instead of recursing, and a decomposition that raises falls back for that call.
+
+:func:`compile_table` is the same table for ``torch.compile(backend="tpu")``'s AOTAutograd.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torch_tpu import fallback
+from torch_tpu.registry import get_lowering
+
+aten = torch.ops.aten
+Decomposition = Callable[..., Any]
+
+# torch_tpu's composites of ops that have no decomposition in torch._decomp (filled by modules
+# such as torch_tpu.transformer): op -> fn(*args, **kwargs) over tpu tensors.
+EXTRA: dict[Any, Decomposition] = {}
+
+# Ops whose torch._decomp entry differs from the CPU kernel on tpu (value or aliasing semantics).
+_NOT_DECOMPOSED: frozenset[Any] = frozenset({
+    aten._to_copy.default,  # dedicated plan (devices)
+    aten.lift_fresh.default,
+    aten.detach.default,
+})
+
+_EXPLICIT = torch._C.DispatchKey.CompositeExplicitAutograd
+_table: dict[Any, Decomposition] | None = None
+_active: set[Any] = set()
+
+
+def _build() -> dict[Any, Decomposition]:
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    table: dict[Any, Decomposition] = dict(decomposition_table)
+    table.update(core_aten_decompositions().items())  # + CompositeImplicitAutograd ops (op.decompose)
+    table.update(EXTRA)
+    return table
+
+
+def _mutates(op: Any) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def is_composite(op: Any) -> bool:
+    """A non-mutating CompositeImplicitAutograd op (``reshape``, ``linear``, ``lstm_cell`` ...),
+    reached when another kernel calls it below autograd. Its own composite (``op.decompose``) is
+    what CPU runs, views and copies alike (``reshape`` of a non-contiguous tensor copies although
+    its schema says it aliases), so it runs ahead of the view and decomposition-table plans."""
+    return (isinstance(op, torch._ops.OpOverload) and op not in EXTRA and not _mutates(op)
+            and op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd))
+
+
+def decomposition(op: Any) -> Decomposition | None:
+    """The decomposition eager dispatch uses for ``op`` (``None``: the op falls back to CPU)."""
+    global _table
+    if _table is None:
+        _table = _build()
+    if op in _NOT_DECOMPOSED or not isinstance(op, torch._ops.OpOverload) or _mutates(op):
+        return None
+    if op in EXTRA:
+        return EXTRA[op]
+    if is_composite(op):
+        return op.decompose
+    fn = _table.get(op)
+    if fn is None and op.has_kernel_for_dispatch_key(_EXPLICIT):
+        # A backend-agnostic kernel (rand_like, new_zeros ...): what every C++ backend runs.
+        return lambda *args, **kwargs: op._op_dk(_EXPLICIT, *args, **kwargs)
+    return fn
+
+
+def plan(op: Any, fn: Decomposition) -> Callable[[Any, tuple, dict], Any]:
+    """An eager plan running ``fn`` (the decomposition of ``op``), falling back to CPU when the op
+    is re-entered during its own decomposition, when ``fn`` declines (``NotImplemented``) or fails."""
+
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        if func in _active:
+            return fallback.run_on_cpu(func, args, kwargs)
+        _active.add(func)
+        try:
+            out = fn(*args, **kwargs)
+        except fallback.TpuFallbackError:
+            raise  # names the unlowered op the decomposition reached
+        except NotImplementedError as error:  # reached a kernel no backend-agnostic path has
+            if not fallback.fallback_allowed():
+                raise fallback.TpuFallbackError(
+                    f"{func} has no TPU lowering, its decomposition failed ({error}) and CPU fallback is disabled"
+                ) from error
+            out = NotImplemented
+        except Exception:
+            if not fallback.fallback_allowed():
+                raise
+            out = NotImplemented  # the CPU kernel gives the result (or the error CPU torch raises)
+        finally:
+            _active.discard(func)
+        if out is NotImplemented:
+            return fallback.run_on_cpu(func, args, kwargs)
+        fallback.count_decomposed(func)
+        return out
+
+    return run
+
+
+def compile_table() -> dict[Any, Decomposition]:
+    """AOTAutograd's decompositions for ``torch.compile(backend="tpu")``: the core-ATen table plus
+    :data:`EXTRA` entries for ops without a lowering (lowered ops stay whole in graphs)."""
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions().items())
+    table.update({op: fn for op, fn in EXTRA.items() if get_lowering(op) is None})
+    return table
