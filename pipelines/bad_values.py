@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 
 from pipelines.schema import DatasetSchema
 
-BadValuePolicy = Literal["error", "skip", "clamp"]
 POLICIES: tuple[str, ...] = ("error", "skip", "clamp")
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 LISTED = 5  # bad rows a report names before "... and N more"
@@ -76,7 +74,7 @@ def _scan(table: pa.Table, schema: DatasetSchema, label: bool) -> tuple[np.ndarr
     return labels, dense
 
 
-def bad_label_mask(labels: np.ndarray) -> np.ndarray:
+def _bad_labels(labels: np.ndarray) -> np.ndarray:
     return ~((labels >= 0) & (labels <= 1))
 
 
@@ -155,7 +153,7 @@ def apply_policy(table: pa.Table, schema: DatasetSchema, policy: str, source: So
     labels, dense = _scan(table, schema, label)
     if labels is None and not dense:
         return table
-    label_bad = bad_label_mask(labels) if labels is not None else np.zeros(table.num_rows, dtype=bool)
+    label_bad = _bad_labels(labels) if labels is not None else np.zeros(table.num_rows, dtype=bool)
     if policy == "error":
         if label_bad.any():
             row = int(np.flatnonzero(label_bad)[0])
@@ -198,7 +196,7 @@ def kept_rows(table: pa.Table, schema: DatasetSchema, policy: str, label: bool =
         return np.ones(table.num_rows, dtype=bool)
     if policy == "clamp":
         return ~np.isnan(labels) if labels is not None else np.ones(table.num_rows, dtype=bool)
-    label_bad = bad_label_mask(labels) if labels is not None else np.zeros(table.num_rows, dtype=bool)
+    label_bad = _bad_labels(labels) if labels is not None else np.zeros(table.num_rows, dtype=bool)
     return ~(label_bad | _any(dense, table.num_rows))
 
 

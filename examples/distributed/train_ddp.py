@@ -42,8 +42,10 @@ def main() -> None:
     parser.add_argument("--mesh-dims", help="e.g. dp=4 (needs TPU_TOPOLOGY)")
     args = parser.parse_args()
 
-    dist.init_process_group("tpu_dist")
+    dist.init_process_group("tpu_dist")  # before the device's first use: joins jax.distributed
     rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        print(f"tpu_dist transport: {tpu_dist.active_transport()}")
     torch.manual_seed(0)  # same init everywhere (DDP also broadcasts rank 0's weights)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to(args.device)
     if args.strategy == "ddp":

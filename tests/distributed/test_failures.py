@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import pytest
 
-from tests.distributed.failure_checks import DEAD_EXIT_CODE, dead_peer, stalled_peer
+from tests.distributed.device import tpu_ready
+from tests.distributed.failure_checks import (
+    DEAD_EXIT_CODE,
+    dead_peer,
+    stalled_peer,
+    xla_dead_peer,
+    xla_stalled_peer,
+)
 from torch_tpu.distributed.local_launch import launch_local
 
 pytestmark = pytest.mark.multiprocess
@@ -31,4 +41,26 @@ def test_stalled_peer_times_out() -> None:
     assert survivor["error"] is not None, "allreduce with a stalled peer returned normally"
     assert "tpu_dist allreduce failed" in survivor["error"]
     assert f"timeout {TIMEOUT_S:g}s" in survivor["error"]
+    assert TIMEOUT_S * 0.5 <= survivor["seconds"] < HANG_BOUND_S
+
+
+def _xla_survivor(fn: object, tmp_path: pathlib.Path, expect_exit: dict[int, int]) -> dict:
+    if not tpu_ready():
+        pytest.skip("torch_tpu core has not registered the tpu device yet")
+    path = tmp_path / "survivor.json"
+    launch_local(fn, 2, str(path), timeout_s=TIMEOUT_S, expect_exit=expect_exit)
+    return json.loads(path.read_text())
+
+
+def test_xla_transport_dead_peer_raises_clear_error(tmp_path: pathlib.Path) -> None:
+    survivor = _xla_survivor(xla_dead_peer, tmp_path, {0: 0, 1: DEAD_EXIT_CODE})
+    assert survivor["error"] is not None, "allreduce with a dead peer returned normally"
+    assert survivor["error"].startswith("CollectiveError: tpu_dist allreduce failed"), survivor
+    assert survivor["seconds"] < HANG_BOUND_S
+
+
+def test_xla_transport_stalled_peer_times_out(tmp_path: pathlib.Path) -> None:
+    survivor = _xla_survivor(xla_stalled_peer, tmp_path, {0: 0, 1: 0})
+    assert survivor["error"] is not None, "allreduce with a stalled peer returned normally"
+    assert "XLA collective did not finish within 3s" in survivor["error"], survivor
     assert TIMEOUT_S * 0.5 <= survivor["seconds"] < HANG_BOUND_S

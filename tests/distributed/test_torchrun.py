@@ -26,6 +26,7 @@ def _losses(strategy: str, device: str) -> list[float]:
         cmd += ["--mesh-dims", "dp=2"]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "tpu_dist transport: xla" in done.stdout, done.stdout[-3000:]  # the default where JAX has it
     return [float(m) for m in re.findall(r"loss \(mean over 2 ranks\) ([\d.]+)", done.stdout)]
 
 

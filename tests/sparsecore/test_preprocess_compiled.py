@@ -230,3 +230,19 @@ def test_compiled_slot_form_equals_numpy():
     np.testing.assert_array_equal(out["compiled"][0][: counts[r], r], phys[sample == r])
     with pytest.raises(ValueError, match="outside the rows or the slots"):
         fill_slots(sample, phys, gain, counts, slot_rows[:1].copy(), slot_gains[:1].copy(), engine="compiled")
+
+
+def test_large_chunks_equal_numpy():
+    """Thousands of ids per SparseCore over a 2^21-row stack: the multi-pass 12-bit radix sorts."""
+    topology = SparseCoreTopology("v5p", 1)
+    tables = [TableSpec(f"t{i}", 1_000_000, 8, "mean", max_ids_per_partition=8192,
+                        max_unique_ids_per_partition=8192) for i in range(2)]
+    features = [FeatureSpec(f"f{i}", f"t{i % 2}", 4096, weighted=True) for i in range(4)]
+    plan = plan_stacking(tables, features, topology, stack_to_max_ids_per_partition=lambda *_: 8192,
+                         stack_to_max_unique_ids_per_partition=lambda *_: 8192)
+    kjt = _random_kjt(np.random.default_rng(11), plan, id_range=None)
+    inputs = feature_inputs(kjt, plan.features, plan.tables)
+    assert max(s.vocab_size for s in plan.stacks) > 2**20 and kjt.values().numel() // 4 > 4096
+    _same_csr(preprocess_inputs(inputs, plan, engine="numpy"), preprocess_inputs(inputs, plan, engine="compiled"))
+    _same_rows(preprocess_row_ordered(inputs, plan, engine="numpy"),
+               preprocess_row_ordered(inputs, plan, engine="compiled"))

@@ -53,8 +53,9 @@ def _xla_or_reason(opts: Any, gloo: GlooTransport) -> Transport | str:
     ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
     global_rank = opts.group_rank if default_group else dist.get_rank()
     if default_group and not xla_join.joined() and not xla_join.backend_started():
-        xla_join.init_xla_transport(
-            opts.store, rank=opts.group_rank, world_size=opts.group_size, timeout=opts.timeout
+        xla_join.init_xla_transport(  # ranks start at different times: no short collective timeout
+            opts.store, rank=opts.group_rank, world_size=opts.group_size,
+            timeout=max(opts.timeout, xla_join.MIN_JOIN_TIMEOUT),
         )
     reason = xla_join.xla_unavailable_reason(global_rank, ranks)
     return reason or xla_transport.XlaTransport(gloo, ranks, opts.timeout)

@@ -26,6 +26,7 @@ COORDINATOR_KEY = "tpu_dist_xla_coordinator"
 COORDINATOR_HOST_ENV = "TPU_DIST_XLA_COORDINATOR_HOST"
 PORT_OFFSET_ENV = "TPU_DIST_XLA_PORT_OFFSET"
 DEFAULT_PORT_OFFSET = 1
+MIN_JOIN_TIMEOUT = datetime.timedelta(seconds=60)
 
 
 def joined() -> bool:
