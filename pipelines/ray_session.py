@@ -70,7 +70,7 @@ def clean_up(directory: str, driver: int) -> None:
 def ray_temp_dir() -> Iterator[str]:
     """A new temporary directory for ``ray.init(_temp_dir=...)``, watched as the module docstring
     says; on a normal exit the watchdog is waited for, so the directory is gone on return."""
-    directory = tempfile.mkdtemp(prefix=PREFIX)
+    directory = tempfile.mkdtemp(prefix=PREFIX, dir=os.environ.get("RAY_TMPDIR"))  # where Ray would go
     package_root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     watchdog = subprocess.Popen([sys.executable, "-m", "pipelines.ray_session", directory, str(os.getpid())],

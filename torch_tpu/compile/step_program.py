@@ -22,9 +22,10 @@ compile twice: the first step creates the state, later steps take it as input.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -32,7 +33,7 @@ from torch.utils import _pytree as pytree
 
 from torch_tpu import persistent_cache
 from torch_tpu import random as tpu_random
-from torch_tpu._jax import jax
+from torch_tpu._jax import jax, jnp
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
 from torch_tpu.compile.step_trace import (
     LossFn, StepGraph, StepSignature, TensorSpec, trace_step, unchanged_outputs,
@@ -43,6 +44,7 @@ from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, to_jax, write
 _log = logging.getLogger(__name__)
 # float settings passed to the program as values, not baked in: schedules change them every step
 _LIFTED = frozenset({"lr"})
+_SCALAR = TensorSpec((), (), torch.float32)
 
 
 @dataclasses.dataclass
@@ -82,6 +84,13 @@ class _Program:
         return self.jitted.lower(*inputs).as_text()
 
 
+class _Call(NamedTuple):
+    signature: StepSignature
+    state_and_groups: list[torch.Tensor | float]  # input values after the model's tensors
+    batch_tensors: list[torch.Tensor]
+    state_targets: dict[tuple[int, str], torch.Tensor]  # the state tensors the program replaces
+
+
 class TrainStep:
     """A compiled training step; call it with a batch (see :func:`train_step`)."""
 
@@ -106,6 +115,7 @@ class TrainStep:
                 f"train_step: optimizer parameter(s) {missing} (shapes "
                 f"{[list(params[i].shape) for i in missing]}) are not parameters of the model")
         self._params = params
+        self._index = {id(p): i for i, p in enumerate(params)}
         self._param_names = [names[id(p)] for p in params]
         in_optimizer = {id(p) for p in params}
         self._others = [(n, t) for n, t in [*self.model.named_parameters(), *self.model.named_buffers()]
@@ -120,23 +130,25 @@ class TrainStep:
 
     # -- signature -------------------------------------------------------------------------------
 
-    def _signature(self, batch: tuple[Any, ...]) -> tuple[StepSignature, list[torch.Tensor], list[torch.Tensor]]:
-        """(signature, state tensors in signature order, batch tensors)."""
+    def _signature(self, batch: tuple[Any, ...]) -> _Call:
+        """The call's signature and tensors."""
         for i in self.input_grads:
             if i >= len(batch) or not isinstance(batch[i], torch.Tensor):
                 raise ValueError(f"train_step: input_grads names batch argument {i}, which is "
                                  f"{'missing' if i >= len(batch) else type(batch[i]).__name__}, not a tensor")
-        index = {id(p): i for i, p in enumerate(self._params)}
-        state, static_state, state_tensors = [], [], []
+        index = self._index
+        state, static_state, state_tensors, targets = [], [], [], {}
         for p, entries in self.optimizer.state.items():
-            if id(p) not in index:
+            i = index.get(id(p))
+            if i is None:
                 continue
             for key in sorted(entries):
                 value = entries[key]
-                where = (index[id(p)], key)
+                where = (i, key)
                 if isinstance(value, torch.Tensor):
                     state.append((where, TensorSpec.of(value)))
                     state_tensors.append(value)
+                    targets[where] = value
                 else:
                     static_state.append((where, value))
         group_tensors, hyper, group_values = [], [], []
@@ -148,8 +160,8 @@ class TrainStep:
                     group_tensors.append(((gi, key), TensorSpec.of(value)))
                     group_values.append(value)
                 elif key in _LIFTED and isinstance(value, float):
-                    group_tensors.append(((gi, key), TensorSpec((), (), torch.float32)))
-                    group_values.append(torch.tensor(value, dtype=torch.float32))
+                    group_tensors.append(((gi, key), _SCALAR))
+                    group_values.append(value)
                 else:
                     settings.append((key, value if _hashable(value) else repr(value)))
             hyper.append(tuple(settings))
@@ -169,7 +181,7 @@ class TrainStep:
             hyper=tuple(hyper), batch_leaves=tuple(batch_leaves), batch_tree=tree,
             training=self.model.training,
         )
-        return signature, state_tensors + group_values, batch_tensors
+        return _Call(signature, state_tensors + group_values, batch_tensors, targets)
 
     def _program(self, signature: StepSignature) -> _Program:
         program = self._programs.get(signature)
@@ -186,7 +198,7 @@ class TrainStep:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def _inputs(self, state_and_groups: list[torch.Tensor], batch_tensors: list[torch.Tensor]) -> list[jax.Array]:
+    def _inputs(self, state_and_groups: list[torch.Tensor | float], batch_tensors: list[torch.Tensor]) -> list[jax.Array]:
         model_tensors = [*self._params, *(t for _, t in self._others)]
         arrays = [to_jax(t) for t in model_tensors]
         arrays += [_device_array(t) for t in state_and_groups]
@@ -195,45 +207,45 @@ class TrainStep:
         return [a if a.committed else jax.device_put(a, a.sharding) for a in arrays]
 
     def __call__(self, *batch: Any) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        signature, state_and_groups, batch_tensors = self._signature(batch)
-        program = self._program(signature)
-        inputs = self._inputs(state_and_groups, batch_tensors)
+        call = self._signature(batch)
+        program = self._program(call.signature)
+        inputs = self._inputs(call.state_and_groups, call.batch_tensors)
         _check_distinct(inputs, program.donated)
         if program.random:
             inputs.append(jax.random.key_data(tpu_random.next_key()))
         with persistent_cache.persistent():
             outputs = program.jitted(*inputs)
         self.stats.calls += 1
-        self._store(program, outputs)
+        self._store(program, outputs, call.state_targets)
         loss = from_jax(outputs[0])
         if not self.input_grads:
             return loss
         return loss, tuple(from_jax(g) for g in outputs[1:1 + len(self.input_grads)])
 
-    def _store(self, program: _Program, outputs: Sequence[jax.Array]) -> None:
+    def _store(self, program: _Program, outputs: Sequence[jax.Array],
+               state_targets: dict[tuple[int, str], torch.Tensor]) -> None:
         new_values = outputs[1 + program.graph.num_input_grads:]
         for (kind, where), value, same in zip(program.graph.updates, new_values, program.unchanged):
             if same:
                 continue
             if kind == "param":
-                write(self._params[where], value)
+                _rebind(self._params[where], value)
             elif kind == "other":
-                write(self._others[where][1], value)
+                _rebind(self._others[where][1], value)
             else:
-                i, key = where
-                entries = self.optimizer.state[self._params[i]]
-                old = entries.get(key)
-                if type(old) is TpuTensor and tuple(old.shape) == tuple(value.shape) and old.dtype == to_torch_dtype(value.dtype):
-                    write(old, value)
-                else:
-                    entries[key] = from_jax(value)
+                old = state_targets.get(where)
+                if type(old) is TpuTensor and old.shape == value.shape and old.dtype == to_torch_dtype(value.dtype):
+                    _rebind(old, value)
+                else:  # new state (the first step), or a CPU tensor (state loaded from a checkpoint)
+                    i, key = where
+                    self.optimizer.state[self._params[i]][key] = from_jax(value)
 
     def hlo_text(self, *batch: Any) -> str:
         """The lowered (StableHLO) text of the program ``batch`` runs, with its input-output
         aliasing (``tf.aliasing_output``) showing the donated buffers."""
-        signature, state_and_groups, batch_tensors = self._signature(batch)
-        program = self._program(signature)
-        inputs = self._inputs(state_and_groups, batch_tensors)
+        call = self._signature(batch)
+        program = self._program(call.signature)
+        inputs = self._inputs(call.state_and_groups, call.batch_tensors)
         if program.random:
             inputs.append(jax.random.key_data(tpu_random.next_key()))
         return program.lowered_text(inputs)
@@ -253,8 +265,26 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     return TrainStep(model, optimizer, loss_fn, input_grads)
 
 
-def _device_array(t: torch.Tensor) -> jax.Array:
-    return to_jax(t) if type(t) is TpuTensor else cpu_to_jax(t)
+def _rebind(t: TpuTensor, value: jax.Array) -> None:
+    """Make ``t`` hold ``value`` (a program output of its shape and dtype)."""
+    box = t._box
+    if t._full and box.array.shape == value.shape:
+        box.array = value  # the common case, without write()'s size checks
+    else:
+        write(t, value)
+
+
+def _device_array(t: torch.Tensor | float) -> jax.Array:
+    if type(t) is TpuTensor:
+        return to_jax(t)
+    return _scalar_array(t) if isinstance(t, float) else cpu_to_jax(t)
+
+
+@functools.lru_cache(maxsize=256)
+def _scalar_array(value: float) -> jax.Array:
+    """A lifted setting (``lr``) as a committed float32 device scalar, made once per value."""
+    array = jnp.asarray(value, dtype=jnp.float32)
+    return jax.device_put(array, array.sharding)
 
 
 def _check_distinct(inputs: Sequence[jax.Array], donated: Sequence[int]) -> None:
