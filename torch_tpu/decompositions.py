@@ -43,6 +43,11 @@ _NOT_DECOMPOSED: frozenset[Any] = frozenset({
     aten.detach.default,
 })
 
+# Collectives keep their own path (the CPU fallback over the process group): their backend-agnostic
+# kernels register in-flight work by the output's storage, which ``wait_tensor`` cannot find again
+# on a tpu tensor, so the result would be read before the collective wrote it.
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor"})
+
 _EXPLICIT = torch._C.DispatchKey.CompositeExplicitAutograd
 _table: dict[Any, Decomposition] | None = None
 _active: set[Any] = set()
@@ -75,7 +80,8 @@ def decomposition(op: Any) -> Decomposition | None:
     global _table
     if _table is None:
         _table = _build()
-    if op in _NOT_DECOMPOSED or not isinstance(op, torch._ops.OpOverload) or _mutates(op):
+    if (op in _NOT_DECOMPOSED or not isinstance(op, torch._ops.OpOverload) or _mutates(op)
+            or op.namespace in _COLLECTIVE_NAMESPACES):
         return None
     if op in EXTRA:
         return EXTRA[op]

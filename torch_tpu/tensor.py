@@ -132,6 +132,10 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if any(not issubclass(t, TpuTensor) for t in types):
+            # another tensor subclass among the arguments (DTensor's AsyncCollectiveTensor ...):
+            # it unwraps itself and dispatches again, with TpuTensors only
+            return NotImplemented
         try:
             return _dispatch(func, args, kwargs or {})
         except BaseException as error:
