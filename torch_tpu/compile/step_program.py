@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -102,6 +103,7 @@ class TrainStep:
         self.input_grads = tuple(input_grads)
         self.stats = TrainStepStats()
         self._programs: dict[StepSignature, _Program] = {}
+        self._replay: _Replay | None = None
         self._bind_tensors()
 
     def _bind_tensors(self) -> None:
@@ -207,16 +209,22 @@ class TrainStep:
         return [a if a.committed else jax.device_put(a, a.sharding) for a in arrays]
 
     def __call__(self, *batch: Any) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        call = self._signature(batch)
-        program = self._program(call.signature)
-        inputs = self._inputs(call.state_and_groups, call.batch_tensors)
-        _check_distinct(inputs, program.donated)
-        if program.random:
-            inputs.append(jax.random.key_data(tpu_random.next_key()))
-        with persistent_cache.persistent():
-            outputs = program.jitted(*inputs)
+        replay = self._replay
+        outputs = replay.run(self, batch) if replay is not None else None
+        if outputs is None:  # first call, or something changed since the last one
+            self._replay = None  # drops its references to the arrays about to be donated
+            call = self._signature(batch)
+            program = self._program(call.signature)
+            inputs = self._inputs(call.state_and_groups, call.batch_tensors)
+            _check_distinct(inputs, program.donated)
+            _copy_shared(inputs, program.donated, owners=1)
+            if program.random:
+                inputs.append(jax.random.key_data(tpu_random.next_key()))
+            with persistent_cache.persistent():
+                outputs = program.jitted(*inputs)
+            self._store(program, outputs, call.state_targets)
+            self._replay = _Replay.after(self, program, call, batch, inputs)
         self.stats.calls += 1
-        self._store(program, outputs, call.state_targets)
         loss = from_jax(outputs[0])
         if not self.input_grads:
             return loss
@@ -265,6 +273,86 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     return TrainStep(model, optimizer, loss_fn, input_grads)
 
 
+class _Replay:
+    """The last call, to run again without rebuilding its signature: valid while every model and
+    state tensor still holds the array the program left in it (nothing else wrote it), the
+    optimizer's state entries and settings are the same objects, and the batch has the same
+    shapes and dtypes (a flat tuple of tensors)."""
+
+    def __init__(self, program: _Program, tensors: list[TpuTensor], arrays: list[jax.Array],
+                 next_output: list[int | None], fixed: list[jax.Array], batch_key: tuple,
+                 entries: list[tuple[torch.Tensor, dict, tuple, tuple]], groups: list[tuple[dict, tuple]], training: bool,
+                 num_states: int) -> None:
+        self.program, self.tensors, self.arrays, self.next_output = program, tensors, arrays, next_output
+        self.fixed, self.batch_key, self.entries, self.groups = fixed, batch_key, entries, groups
+        self.training, self.num_states = training, num_states
+
+    @staticmethod
+    def after(step: TrainStep, program: _Program, call: _Call, batch: tuple[Any, ...],
+              inputs: list[jax.Array]) -> _Replay | None:
+        """The replay of a call just run, or None when it cannot be replayed."""
+        batch_key = _batch_key(batch)
+        signature = call.signature
+        state_keys = [where for where, _ in signature.state]
+        updated = {u: 1 + program.graph.num_input_grads + k
+                   for k, (u, same) in enumerate(zip(program.graph.updates, program.unchanged)) if not same}
+        tensor_settings = any(isinstance(v, torch.Tensor) for g in step.optimizer.param_groups
+                              for k, v in g.items() if k != "params")
+        if (batch_key is None or program.random or tensor_settings
+                or {w for kind, w in updated if kind == "state"} - set(state_keys)):
+            return None  # the step created state (the first one), a pytree batch, random ops, or
+            # tensor settings (an in-place change of one would not be seen)
+        state = step.optimizer.state
+        tensors = [*step._params, *(t for _, t in step._others),
+                   *(state[step._params[i]][key] for i, key in state_keys)]
+        slots = [*(("param", i) for i in range(len(step._params))),
+                 *(("other", i) for i in range(len(step._others))), *(("state", w) for w in state_keys)]
+        if not all(type(t) is TpuTensor and t._full and t._box.array.shape == t.shape for t in tensors):
+            return None
+        n = len(tensors)
+        fixed = inputs[n:len(inputs) - len(call.batch_tensors)]  # tensor settings (lr) as passed
+        entries = [(p, d, tuple(d), tuple(d.values())) for p, d in state.items() if id(p) in step._index]
+        groups = [(g, tuple((k, v) for k, v in g.items() if k != "params")) for g in step.optimizer.param_groups]
+        return _Replay(program, tensors, [t._box.array for t in tensors], [updated.get(s) for s in slots],
+                       fixed, batch_key, entries, groups, step.model.training, len(state))
+
+    def _valid(self, step: TrainStep, batch: tuple[Any, ...]) -> bool:
+        if _batch_key(batch) != self.batch_key or step.model.training != self.training:
+            return False
+        state, groups = step.optimizer.state, step.optimizer.param_groups
+        if len(state) != self.num_states or any(
+                state.get(p) is not d or len(d) != len(keys) or any(d.get(k) is not v for k, v in zip(keys, values))
+                for p, d, keys, values in self.entries):
+            return False  # load_state_dict replaces the entries, an eager step() their tensors
+        if len(groups) != len(self.groups) or any(
+                g is not old or len(g) - 1 != len(items) or any(g.get(k) is not v for k, v in items)
+                for g, (old, items) in zip(groups, self.groups)):
+            return False
+        return all(t._box.array is a for t, a in zip(self.tensors, self.arrays))
+
+    def run(self, step: TrainStep, batch: tuple[Any, ...]) -> Sequence[jax.Array] | None:
+        """The program's outputs, stored into the model and optimizer; None when not valid."""
+        if not self._valid(step, batch):
+            return None
+        batch_arrays = [_device_array(t) for t in batch]
+        inputs = [*self.arrays, *self.fixed,
+                  *(a if a.committed else jax.device_put(a, a.sharding) for a in batch_arrays)]
+        _copy_shared(inputs, self.program.donated, owners=2)  # the storage box and self.arrays
+        with persistent_cache.persistent():
+            outputs = self.program.jitted(*inputs)
+        for i, (t, j) in enumerate(zip(self.tensors, self.next_output)):
+            if j is not None:
+                t._box.array = self.arrays[i] = outputs[j]
+        return outputs
+
+
+def _batch_key(batch: tuple[Any, ...]) -> tuple | None:
+    """Shapes and dtypes of a batch of tensors (None: other leaves, not replayed)."""
+    if not all(isinstance(t, torch.Tensor) for t in batch):
+        return None
+    return tuple((type(t), t.shape, t.dtype, t.requires_grad) for t in batch)
+
+
 def _rebind(t: TpuTensor, value: jax.Array) -> None:
     """Make ``t`` hold ``value`` (a program output of its shape and dtype)."""
     box = t._box
@@ -285,6 +373,15 @@ def _scalar_array(value: float) -> jax.Array:
     """A lifted setting (``lr``) as a committed float32 device scalar, made once per value."""
     array = jnp.asarray(value, dtype=jnp.float32)
     return jax.device_put(array, array.sharding)
+
+
+def _copy_shared(inputs: list[jax.Array], donated: Sequence[int], owners: int) -> None:
+    """Give the program a private copy of each donated input that something besides its
+    ``owners`` known holders (the tensor's storage box ...) still references: a clone or deepcopy
+    of a tpu tensor shares its JAX array, which donation would delete under it."""
+    for i in donated:
+        if sys.getrefcount(inputs[i]) > owners + 2:  # + this list's slot + getrefcount's argument
+            inputs[i] = jax.device_put(inputs[i], inputs[i].sharding, may_alias=False)
 
 
 def _check_distinct(inputs: Sequence[jax.Array], donated: Sequence[int]) -> None:
