@@ -106,8 +106,8 @@ def main() -> None:
         for nbytes in sorted({k[1] for k in seconds}):
             bw = {cfg: nbytes / seconds[(op, nbytes, *cfg)] / 1e9 for cfg in CONFIGS}
             gloo, pg_cpu, xla, staged = (bw[c] for c in CONFIGS)
-            print(f"{op:<11}{nbytes // 1024:>8}Ki{gloo:>10.3f}{pg_cpu:>9.3f}{xla:>9.3f}"
-                  f"{staged:>12.3f}{xla / staged:>12.2f}{xla / gloo:>10.2f}")
+            print(f"{op:<11}{nbytes // 1024:>8}Ki{gloo:>10.3g}{pg_cpu:>9.3g}{xla:>9.3g}"
+                  f"{staged:>12.3g}{xla / staged:>12.2f}{xla / gloo:>10.2f}")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ Two levels, both under one directory:
   (``jax_compilation_cache_dir``, with JAX's LRU bookkeeping; the older uncapped ``<dir>/xla``,
   whose entries lack it, is no longer used).
 
-Only whole programs are written: compiled graphs, ``torch_tpu.compile.train_step`` programs and
-whatever else compiles inside :func:`persistent`. The eager device's per-op programs (and view
-readers/writers) compile in milliseconds and stay in memory, so they never crowd the cache out.
+Whole programs are written: compiled graphs, ``torch_tpu.compile.train_step`` programs and
+whatever else compiles inside :func:`persistent`; outside it only programs that take at least
+``SLOW_COMPILE_SECS`` to compile (JAX's own default rule; e.g. the sparsecore engine's lookup and
+update programs). The eager device's per-op programs (and view readers/writers) compile in
+milliseconds and stay in memory, so they never crowd the cache out.
 
 Location: ``TORCH_TPU_COMPILE_CACHE`` (a directory, or ``0``/``off`` to disable), else
 ``$XDG_CACHE_HOME/torch_tpu/compile`` (``~/.cache/...``); change it with :func:`configure_cache`.
@@ -37,7 +39,7 @@ from jax._src import config as _jax_config
 _DISABLED = {"0", "off", "false", "none", ""}
 DEFAULT_MAX_MB = 2048
 XLA_LEVEL = "executables"
-_NEVER = 1e12  # min compile seconds outside persistent(): nothing is written
+SLOW_COMPILE_SECS = 1.0  # outside persistent(): only compiles this slow are written
 
 
 @dataclasses.dataclass
@@ -105,7 +107,7 @@ def configure_cache(directory: str | os.PathLike | None, max_bytes: int | None =
     _max_bytes[0] = default_max_bytes() if max_bytes is None else int(max_bytes)
     jax.config.update("jax_compilation_cache_dir", str(path / XLA_LEVEL) if path is not None else None)
     jax.config.update("jax_compilation_cache_max_size", _max_bytes[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", _NEVER)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", SLOW_COMPILE_SECS)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     _jax_cache.reset_cache()  # JAX reads the directory once; make the change take effect
 

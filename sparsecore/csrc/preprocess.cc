@@ -15,7 +15,9 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#ifdef __SSE2__
 #include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -220,6 +222,7 @@ int64_t GenerateFeature(const Stack& st, const Feature& f, int64_t k, int64_t po
 template <typename T>
 void Fill(T* p, int64_t count, T value) {
   static_assert(sizeof(T) == 4, "32-bit values");
+#ifdef __SSE2__
   while (count > 0 && (reinterpret_cast<uintptr_t>(p) & 15)) {
     *p++ = value;
     --count;
@@ -231,6 +234,7 @@ void Fill(T* p, int64_t count, T value) {
     for (; count >= 4; count -= 4, p += 4) _mm_stream_si128(reinterpret_cast<__m128i*>(p), v);
     _mm_sfence();
   }
+#endif
   for (; count > 0; --count) *p++ = value;
 }
 

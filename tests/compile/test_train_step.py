@@ -131,15 +131,25 @@ def test_step_is_one_donated_program_without_eager_ops():
     (x, y), *rest = [(a.to("tpu"), b.to("tpu")) for a, b in _mlp_batches()]
     step(x, y)
     assert step.stats.compiles == 1
+    kept = model[0].weight.detach().clone()  # shares the JAX array: must not be donated under it
+    kept_value = kept.cpu()
     before_ops = sum(torch_tpu.lowered_counts().values()) + sum(torch_tpu.fallback_counts().values())
     compiles_before = len(_xla_compiles)
-    old = [to_jax(p) for p in model.parameters()] + [to_jax(v) for s in opt.state.values() for v in s.values()]
+    tensors = [*model.parameters(), *(v for s in opt.state.values() for v in s.values())]
+    buffers = [to_jax(t).unsafe_buffer_pointer() for t in tensors]  # addresses only: no references kept
     for a, b in rest:
         loss = step(a, b)
     after_ops = sum(torch_tpu.lowered_counts().values()) + sum(torch_tpu.fallback_counts().values())
     assert after_ops == before_ops, "the compiled step dispatched eager tpu ops"
     assert step.stats.compiles == 1 and step.stats.calls == 1 + len(rest)
-    assert all(a.is_deleted() for a in old), "parameter/state buffers were not donated"
+    # donated: the step updated the parameters and state in their own buffers (XLA:CPU may still
+    # put tiny outputs elsewhere), except the weight a clone shares (tensors[0]), which got a
+    # private copy first
+    after = [to_jax(t).unsafe_buffer_pointer() for t in tensors]
+    large = [i for i, t in enumerate(tensors) if t.numel() >= 8]
+    assert all(after[i] == buffers[i] for i in large[1:]) and after[0] != buffers[0], (after, buffers)
+    torch.testing.assert_close(kept.cpu(), kept_value, rtol=0, atol=0)
+    assert not torch.equal(model[0].weight.cpu(), kept_value)
     assert len(_xla_compiles) == compiles_before, "a later step compiled again"
     hlo = step.hlo_text(x, y)
     # every parameter (4), its sum (4) and step (4) aliases an output buffer
@@ -190,6 +200,32 @@ def test_learning_rate_changes_without_recompiling():
         step(x.to("tpu"), y.to("tpu"))
     _assert_same_state(cpu, tpu, cpu_opt, tpu_opt)
     assert step.stats.compiles == 2  # momentum: the first step creates the buffers
+
+
+def test_changes_between_steps_are_seen():
+    """Steps replay the last program while nothing changed; a parameter written outside the step,
+    a changed optimizer setting or reloaded state must still be picked up."""
+    torch.manual_seed(0)
+    cpu = mlp([12, 8, 1])
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu_opt, tpu_opt = _optimizers("adagrad", "foreach", cpu, tpu)
+    step = tc.train_step(tpu, tpu_opt, _bce)
+    edits = [
+        lambda model, opt: None,
+        lambda model, opt: None,
+        lambda model, opt: model[0].weight.mul_(0.5),
+        lambda model, opt: opt.param_groups[0].update(weight_decay=0.1),
+        lambda model, opt: opt.load_state_dict(copy.deepcopy(opt.state_dict())),
+    ]
+    for edit, (x, y) in zip(edits, _mlp_batches()):
+        with torch.no_grad():
+            edit(cpu, cpu_opt)
+            edit(tpu, tpu_opt)
+        cpu_opt.zero_grad()
+        _bce(cpu, x, y).backward()
+        cpu_opt.step()
+        step(x.to("tpu"), y.to("tpu"))
+        _assert_same_state(cpu, tpu, cpu_opt, tpu_opt)
 
 
 def test_bad_inputs_are_named():

@@ -7,12 +7,41 @@ import pathlib
 import subprocess
 import sys
 
+import datetime
+
 import pytest
+import torch
+import torch.distributed as dist
 
 import torch_tpu.distributed as tpu_dist
-from torch_tpu.distributed import xla_join
+from tests.distributed.device import tpu_ready
+from torch_tpu.distributed import launch_local, xla_join
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _join_then_use_device(
+    rank: int, size: int, store: dist.Store, timeout: datetime.timedelta
+) -> dict:
+    """The documented order for a process that needs the device before init_process_group."""
+    import torch_tpu.distributed as tpu_dist
+
+    tpu_dist.init_xla_transport(store, rank=rank, world_size=size)
+    x = torch.full((3,), float(rank + 1), device="tpu")
+    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=size, timeout=timeout)
+    dist.all_reduce(x)
+    result = {"transport": tpu_dist.active_transport(), "sum": x.cpu()}
+    dist.destroy_process_group()
+    return result
+
+
+@pytest.mark.multiprocess
+def test_explicit_join_lets_the_device_come_before_the_group() -> None:
+    if not tpu_ready():
+        pytest.skip("torch_tpu core has not registered the tpu device yet")
+    for got in launch_local(_join_then_use_device, 2):
+        assert got["transport"] == "xla"
+        torch.testing.assert_close(got["sum"], torch.full((3,), 3.0), rtol=0, atol=0)
 
 
 def test_importing_the_stack_does_not_start_the_jax_backend() -> None:

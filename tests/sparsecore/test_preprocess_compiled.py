@@ -246,3 +246,18 @@ def test_large_chunks_equal_numpy():
     _same_csr(preprocess_inputs(inputs, plan, engine="numpy"), preprocess_inputs(inputs, plan, engine="compiled"))
     _same_rows(preprocess_row_ordered(inputs, plan, engine="numpy"),
                preprocess_row_ordered(inputs, plan, engine="compiled"))
+
+
+@pytest.mark.slow
+def test_concurrent_first_builds_share_one_module(tmp_path):
+    """Two processes starting on an empty cache (e.g. two ranks) build once and both load it."""
+    script = "from sparsecore import native; print(native.require_extension().__file__)"
+    env = dict(os.environ, TORCHREC_TPU_NATIVE_CACHE=str(tmp_path))
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), env.get("PYTHONPATH", "")])
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
+    paths = {out.strip() for out, _ in outputs}
+    assert len(paths) == 1 and Path(paths.pop()).parent == tmp_path
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".lock", ".so"]  # no temporary files left

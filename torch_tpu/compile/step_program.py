@@ -22,9 +22,11 @@ compile twice: the first step creates the state, later steps take it as input.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -32,7 +34,7 @@ from torch.utils import _pytree as pytree
 
 from torch_tpu import persistent_cache
 from torch_tpu import random as tpu_random
-from torch_tpu._jax import jax
+from torch_tpu._jax import jax, jnp
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
 from torch_tpu.compile.step_trace import (
     LossFn, StepGraph, StepSignature, TensorSpec, trace_step, unchanged_outputs,
@@ -43,6 +45,7 @@ from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, to_jax, write
 _log = logging.getLogger(__name__)
 # float settings passed to the program as values, not baked in: schedules change them every step
 _LIFTED = frozenset({"lr"})
+_SCALAR = TensorSpec((), (), torch.float32)
 
 
 @dataclasses.dataclass
@@ -82,6 +85,13 @@ class _Program:
         return self.jitted.lower(*inputs).as_text()
 
 
+class _Call(NamedTuple):
+    signature: StepSignature
+    state_and_groups: list[torch.Tensor | float]  # input values after the model's tensors
+    batch_tensors: list[torch.Tensor]
+    state_targets: dict[tuple[int, str], torch.Tensor]  # the state tensors the program replaces
+
+
 class TrainStep:
     """A compiled training step; call it with a batch (see :func:`train_step`)."""
 
@@ -93,6 +103,7 @@ class TrainStep:
         self.input_grads = tuple(input_grads)
         self.stats = TrainStepStats()
         self._programs: dict[StepSignature, _Program] = {}
+        self._replay: _Replay | None = None
         self._bind_tensors()
 
     def _bind_tensors(self) -> None:
@@ -106,6 +117,7 @@ class TrainStep:
                 f"train_step: optimizer parameter(s) {missing} (shapes "
                 f"{[list(params[i].shape) for i in missing]}) are not parameters of the model")
         self._params = params
+        self._index = {id(p): i for i, p in enumerate(params)}
         self._param_names = [names[id(p)] for p in params]
         in_optimizer = {id(p) for p in params}
         self._others = [(n, t) for n, t in [*self.model.named_parameters(), *self.model.named_buffers()]
@@ -120,23 +132,25 @@ class TrainStep:
 
     # -- signature -------------------------------------------------------------------------------
 
-    def _signature(self, batch: tuple[Any, ...]) -> tuple[StepSignature, list[torch.Tensor], list[torch.Tensor]]:
-        """(signature, state tensors in signature order, batch tensors)."""
+    def _signature(self, batch: tuple[Any, ...]) -> _Call:
+        """The call's signature and tensors."""
         for i in self.input_grads:
             if i >= len(batch) or not isinstance(batch[i], torch.Tensor):
                 raise ValueError(f"train_step: input_grads names batch argument {i}, which is "
                                  f"{'missing' if i >= len(batch) else type(batch[i]).__name__}, not a tensor")
-        index = {id(p): i for i, p in enumerate(self._params)}
-        state, static_state, state_tensors = [], [], []
+        index = self._index
+        state, static_state, state_tensors, targets = [], [], [], {}
         for p, entries in self.optimizer.state.items():
-            if id(p) not in index:
+            i = index.get(id(p))
+            if i is None:
                 continue
             for key in sorted(entries):
                 value = entries[key]
-                where = (index[id(p)], key)
+                where = (i, key)
                 if isinstance(value, torch.Tensor):
                     state.append((where, TensorSpec.of(value)))
                     state_tensors.append(value)
+                    targets[where] = value
                 else:
                     static_state.append((where, value))
         group_tensors, hyper, group_values = [], [], []
@@ -148,8 +162,8 @@ class TrainStep:
                     group_tensors.append(((gi, key), TensorSpec.of(value)))
                     group_values.append(value)
                 elif key in _LIFTED and isinstance(value, float):
-                    group_tensors.append(((gi, key), TensorSpec((), (), torch.float32)))
-                    group_values.append(torch.tensor(value, dtype=torch.float32))
+                    group_tensors.append(((gi, key), _SCALAR))
+                    group_values.append(value)
                 else:
                     settings.append((key, value if _hashable(value) else repr(value)))
             hyper.append(tuple(settings))
@@ -169,7 +183,7 @@ class TrainStep:
             hyper=tuple(hyper), batch_leaves=tuple(batch_leaves), batch_tree=tree,
             training=self.model.training,
         )
-        return signature, state_tensors + group_values, batch_tensors
+        return _Call(signature, state_tensors + group_values, batch_tensors, targets)
 
     def _program(self, signature: StepSignature) -> _Program:
         program = self._programs.get(signature)
@@ -186,7 +200,7 @@ class TrainStep:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def _inputs(self, state_and_groups: list[torch.Tensor], batch_tensors: list[torch.Tensor]) -> list[jax.Array]:
+    def _inputs(self, state_and_groups: list[torch.Tensor | float], batch_tensors: list[torch.Tensor]) -> list[jax.Array]:
         model_tensors = [*self._params, *(t for _, t in self._others)]
         arrays = [to_jax(t) for t in model_tensors]
         arrays += [_device_array(t) for t in state_and_groups]
@@ -195,45 +209,51 @@ class TrainStep:
         return [a if a.committed else jax.device_put(a, a.sharding) for a in arrays]
 
     def __call__(self, *batch: Any) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        signature, state_and_groups, batch_tensors = self._signature(batch)
-        program = self._program(signature)
-        inputs = self._inputs(state_and_groups, batch_tensors)
-        _check_distinct(inputs, program.donated)
-        if program.random:
-            inputs.append(jax.random.key_data(tpu_random.next_key()))
-        with persistent_cache.persistent():
-            outputs = program.jitted(*inputs)
+        replay = self._replay
+        outputs = replay.run(self, batch) if replay is not None else None
+        if outputs is None:  # first call, or something changed since the last one
+            self._replay = None  # drops its references to the arrays about to be donated
+            call = self._signature(batch)
+            program = self._program(call.signature)
+            inputs = self._inputs(call.state_and_groups, call.batch_tensors)
+            _check_distinct(inputs, program.donated)
+            _copy_shared(inputs, program.donated, owners=1)
+            if program.random:
+                inputs.append(jax.random.key_data(tpu_random.next_key()))
+            with persistent_cache.persistent():
+                outputs = program.jitted(*inputs)
+            self._store(program, outputs, call.state_targets)
+            self._replay = _Replay.after(self, program, call, batch, inputs)
         self.stats.calls += 1
-        self._store(program, outputs)
         loss = from_jax(outputs[0])
         if not self.input_grads:
             return loss
         return loss, tuple(from_jax(g) for g in outputs[1:1 + len(self.input_grads)])
 
-    def _store(self, program: _Program, outputs: Sequence[jax.Array]) -> None:
+    def _store(self, program: _Program, outputs: Sequence[jax.Array],
+               state_targets: dict[tuple[int, str], torch.Tensor]) -> None:
         new_values = outputs[1 + program.graph.num_input_grads:]
         for (kind, where), value, same in zip(program.graph.updates, new_values, program.unchanged):
             if same:
                 continue
             if kind == "param":
-                write(self._params[where], value)
+                _rebind(self._params[where], value)
             elif kind == "other":
-                write(self._others[where][1], value)
+                _rebind(self._others[where][1], value)
             else:
-                i, key = where
-                entries = self.optimizer.state[self._params[i]]
-                old = entries.get(key)
-                if type(old) is TpuTensor and tuple(old.shape) == tuple(value.shape) and old.dtype == to_torch_dtype(value.dtype):
-                    write(old, value)
-                else:
-                    entries[key] = from_jax(value)
+                old = state_targets.get(where)
+                if type(old) is TpuTensor and old.shape == value.shape and old.dtype == to_torch_dtype(value.dtype):
+                    _rebind(old, value)
+                else:  # new state (the first step), or a CPU tensor (state loaded from a checkpoint)
+                    i, key = where
+                    self.optimizer.state[self._params[i]][key] = from_jax(value)
 
     def hlo_text(self, *batch: Any) -> str:
         """The lowered (StableHLO) text of the program ``batch`` runs, with its input-output
         aliasing (``tf.aliasing_output``) showing the donated buffers."""
-        signature, state_and_groups, batch_tensors = self._signature(batch)
-        program = self._program(signature)
-        inputs = self._inputs(state_and_groups, batch_tensors)
+        call = self._signature(batch)
+        program = self._program(call.signature)
+        inputs = self._inputs(call.state_and_groups, call.batch_tensors)
         if program.random:
             inputs.append(jax.random.key_data(tpu_random.next_key()))
         return program.lowered_text(inputs)
@@ -253,8 +273,115 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     return TrainStep(model, optimizer, loss_fn, input_grads)
 
 
-def _device_array(t: torch.Tensor) -> jax.Array:
-    return to_jax(t) if type(t) is TpuTensor else cpu_to_jax(t)
+class _Replay:
+    """The last call, to run again without rebuilding its signature: valid while every model and
+    state tensor still holds the array the program left in it (nothing else wrote it), the
+    optimizer's state entries and settings are the same objects, and the batch has the same
+    shapes and dtypes (a flat tuple of tensors)."""
+
+    def __init__(self, program: _Program, tensors: list[TpuTensor], arrays: list[jax.Array],
+                 next_output: list[int | None], fixed: list[jax.Array], batch_key: tuple,
+                 entries: list[tuple[torch.Tensor, dict, tuple, tuple]], groups: list[tuple[dict, tuple]], training: bool,
+                 num_states: int) -> None:
+        self.program, self.tensors, self.arrays, self.next_output = program, tensors, arrays, next_output
+        self.fixed, self.batch_key, self.entries, self.groups = fixed, batch_key, entries, groups
+        self.training, self.num_states = training, num_states
+
+    @staticmethod
+    def after(step: TrainStep, program: _Program, call: _Call, batch: tuple[Any, ...],
+              inputs: list[jax.Array]) -> _Replay | None:
+        """The replay of a call just run, or None when it cannot be replayed."""
+        batch_key = _batch_key(batch)
+        signature = call.signature
+        state_keys = [where for where, _ in signature.state]
+        updated = {u: 1 + program.graph.num_input_grads + k
+                   for k, (u, same) in enumerate(zip(program.graph.updates, program.unchanged)) if not same}
+        tensor_settings = any(isinstance(v, torch.Tensor) for g in step.optimizer.param_groups
+                              for k, v in g.items() if k != "params")
+        if (batch_key is None or program.random or tensor_settings
+                or {w for kind, w in updated if kind == "state"} - set(state_keys)):
+            return None  # the step created state (the first one), a pytree batch, random ops, or
+            # tensor settings (an in-place change of one would not be seen)
+        state = step.optimizer.state
+        tensors = [*step._params, *(t for _, t in step._others),
+                   *(state[step._params[i]][key] for i, key in state_keys)]
+        slots = [*(("param", i) for i in range(len(step._params))),
+                 *(("other", i) for i in range(len(step._others))), *(("state", w) for w in state_keys)]
+        if not all(type(t) is TpuTensor and t._full and t._box.array.shape == t.shape for t in tensors):
+            return None
+        n = len(tensors)
+        fixed = inputs[n:len(inputs) - len(call.batch_tensors)]  # tensor settings (lr) as passed
+        entries = [(p, d, tuple(d), tuple(d.values())) for p, d in state.items() if id(p) in step._index]
+        groups = [(g, tuple((k, v) for k, v in g.items() if k != "params")) for g in step.optimizer.param_groups]
+        return _Replay(program, tensors, [t._box.array for t in tensors], [updated.get(s) for s in slots],
+                       fixed, batch_key, entries, groups, step.model.training, len(state))
+
+    def _valid(self, step: TrainStep, batch: tuple[Any, ...]) -> bool:
+        if _batch_key(batch) != self.batch_key or step.model.training != self.training:
+            return False
+        state, groups = step.optimizer.state, step.optimizer.param_groups
+        if len(state) != self.num_states or any(
+                state.get(p) is not d or len(d) != len(keys) or any(d.get(k) is not v for k, v in zip(keys, values))
+                for p, d, keys, values in self.entries):
+            return False  # load_state_dict replaces the entries, an eager step() their tensors
+        if len(groups) != len(self.groups) or any(
+                g is not old or len(g) - 1 != len(items) or any(g.get(k) is not v for k, v in items)
+                for g, (old, items) in zip(groups, self.groups)):
+            return False
+        return all(t._box.array is a for t, a in zip(self.tensors, self.arrays))
+
+    def run(self, step: TrainStep, batch: tuple[Any, ...]) -> Sequence[jax.Array] | None:
+        """The program's outputs, stored into the model and optimizer; None when not valid."""
+        if not self._valid(step, batch):
+            return None
+        batch_arrays = [_device_array(t) for t in batch]
+        inputs = [*self.arrays, *self.fixed,
+                  *(a if a.committed else jax.device_put(a, a.sharding) for a in batch_arrays)]
+        _copy_shared(inputs, self.program.donated, owners=2)  # the storage box and self.arrays
+        with persistent_cache.persistent():
+            outputs = self.program.jitted(*inputs)
+        for i, (t, j) in enumerate(zip(self.tensors, self.next_output)):
+            if j is not None:
+                t._box.array = self.arrays[i] = outputs[j]
+        return outputs
+
+
+def _batch_key(batch: tuple[Any, ...]) -> tuple | None:
+    """Shapes and dtypes of a batch of tensors (None: other leaves, not replayed)."""
+    if not all(isinstance(t, torch.Tensor) for t in batch):
+        return None
+    return tuple((type(t), t.shape, t.dtype, t.requires_grad) for t in batch)
+
+
+def _rebind(t: TpuTensor, value: jax.Array) -> None:
+    """Make ``t`` hold ``value`` (a program output of its shape and dtype)."""
+    box = t._box
+    if t._full and box.array.shape == value.shape:
+        box.array = value  # the common case, without write()'s size checks
+    else:
+        write(t, value)
+
+
+def _device_array(t: torch.Tensor | float) -> jax.Array:
+    if type(t) is TpuTensor:
+        return to_jax(t)
+    return _scalar_array(t) if isinstance(t, float) else cpu_to_jax(t)
+
+
+@functools.lru_cache(maxsize=256)
+def _scalar_array(value: float) -> jax.Array:
+    """A lifted setting (``lr``) as a committed float32 device scalar, made once per value."""
+    array = jnp.asarray(value, dtype=jnp.float32)
+    return jax.device_put(array, array.sharding)
+
+
+def _copy_shared(inputs: list[jax.Array], donated: Sequence[int], owners: int) -> None:
+    """Give the program a private copy of each donated input that something besides its
+    ``owners`` known holders (the tensor's storage box ...) still references: a clone or deepcopy
+    of a tpu tensor shares its JAX array, which donation would delete under it."""
+    for i in donated:
+        if sys.getrefcount(inputs[i]) > owners + 2:  # + this list's slot + getrefcount's argument
+            inputs[i] = jax.device_put(inputs[i], inputs[i].sharding, may_alias=False)
 
 
 def _check_distinct(inputs: Sequence[jax.Array], donated: Sequence[int]) -> None:

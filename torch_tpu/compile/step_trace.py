@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
@@ -36,8 +36,7 @@ _SIDE_EFFECT_ONLY = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
+class TensorSpec(NamedTuple):  # a NamedTuple: built and hashed for every input on every call
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: torch.dtype
@@ -51,8 +50,7 @@ class TensorSpec:
 StateKey = tuple[int, str]  # (index of the parameter in the optimizer's flat list, state entry)
 
 
-@dataclasses.dataclass(frozen=True)
-class StepSignature:
+class StepSignature(NamedTuple):
     """Everything a traced step depends on besides tensor values (the program cache key).
 
     ``hyper`` holds each param group's non-tensor settings, ``static_state`` the non-tensor
@@ -201,7 +199,7 @@ def trace_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             *[_fake(mode, s) for s in flat_specs])
         functional = make_fx(torch.func.functionalize(mutating, remove="mutations"),
                              decomposition_table=core_aten_decompositions())(
-            *[_fake(mode, dataclasses.replace(s, requires_grad=False)) for s in flat_specs])
+            *[_fake(mode, s._replace(requires_grad=False)) for s in flat_specs])
     _strip_side_effects(functional)
     return StepGraph(functional, signature, list(updates), len(input_grads))
 

@@ -2,8 +2,9 @@
 
 ``ProcessGroupTPU`` reduces every c10d collective to the flat primitives of :class:`Transport`
 (one tensor in, one tensor out, splits along dim 0). :class:`GlooTransport` runs them over the
-host network with an internal gloo process group on host copies of the data; on a real TPU slice
-a transport built on JAX collectives (ICI) can replace it without touching the process group.
+host network with an internal gloo process group on host copies of the data;
+:class:`~torch_tpu.distributed.xla_transport.XlaTransport` runs them as XLA collectives on the
+tensors' JAX arrays (ICI on a TPU slice) and wraps a gloo transport for CPU tensors.
 
 Transport calls are synchronous and are issued by one worker thread per group, in issue order,
 so an implementation never sees two calls at once and every rank sees the same call sequence.
