@@ -36,7 +36,7 @@ Decomposition = Callable[..., Any]
 # such as torch_tpu.transformer): op -> fn(*args, **kwargs) over tpu tensors.
 EXTRA: dict[Any, Decomposition] = {}
 
-# Ops whose torch._decomp entry differs from the CPU kernel on tpu (value or aliasing semantics).
+# Ops never decomposed: eager dispatch has dedicated plans for them (devices, aliasing).
 _NOT_DECOMPOSED: frozenset[Any] = frozenset({
     aten._to_copy.default,  # dedicated plan (devices)
     aten.lift_fresh.default,
@@ -57,8 +57,7 @@ def _build() -> dict[Any, Decomposition]:
     from torch._decomp import core_aten_decompositions, decomposition_table
 
     table: dict[Any, Decomposition] = dict(decomposition_table)
-    table.update(core_aten_decompositions().items())  # + CompositeImplicitAutograd ops (op.decompose)
-    table.update(EXTRA)
+    table.update(core_aten_decompositions().items())
     return table
 
 
