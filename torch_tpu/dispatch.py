@@ -454,13 +454,24 @@ def _positional_signature(schema: Any) -> list[tuple[str, str]]:
     return [(a.name, str(a.type)) for a in schema.arguments if not a.kwarg_only]
 
 
-def _sibling_by_signature(packet: Any, signature: list[tuple[str, str]]) -> Any:
+def _keyword_inputs(schema: Any) -> set[str]:
+    return {a.name for a in schema.arguments
+            if a.kwarg_only and (a.alias_info is None or not a.alias_info.is_write)}
+
+
+def _sibling_by_signature(packet: Any, schema: Any) -> Any:
+    """The non-mutating overload of ``packet`` with ``schema``'s positional arguments that takes
+    every keyword input of ``schema`` (``div.out_mode`` -> ``div.Tensor_mode``, not ``div.Tensor``),
+    the one with the fewest keywords when several do."""
+    signature, keywords = _positional_signature(schema), _keyword_inputs(schema)
+    matches = []
     for name in packet.overloads():
         overload = getattr(packet, name)
         mutable = any(a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments)
         if not mutable and _positional_signature(overload._schema) == signature:
-            return overload
-    return None
+            if keywords <= _keyword_inputs(overload._schema):
+                matches.append(overload)
+    return min(matches, key=lambda o: len(_keyword_inputs(o._schema)), default=None)
 
 
 _INPLACE_SIBLINGS = {"normal_": "normal_functional"}
@@ -473,7 +484,7 @@ def _functional_sibling(func: Any) -> Any:
     write_args = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     if all(a.kwarg_only for a in write_args):  # out= variant: same packet, without the out args
         packet = getattr(aten, base, None)
-        return packet and _sibling_by_signature(packet, _positional_signature(schema))
+        return packet and _sibling_by_signature(packet, schema)
     if not base.endswith("_"):
         return None
     packet = getattr(aten, _INPLACE_SIBLINGS.get(base, base[:-1]), None)
@@ -482,7 +493,7 @@ def _functional_sibling(func: Any) -> Any:
     same = getattr(packet, func._overloadname, None)
     if same is not None:
         return same
-    return _sibling_by_signature(packet, _positional_signature(schema))
+    return _sibling_by_signature(packet, schema)
 
 
 def _make_plan(func: Any) -> Plan:

@@ -25,7 +25,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from torch_tpu._jax import jax
-from torch_tpu.tensor import TpuTensor, array_to_cpu, cpu_to_jax, from_cpu, to_jax, write
+from torch_tpu.tensor import TpuTensor, array_to_cpu, cpu_to_jax, from_cpu, resize, to_jax, write
 
 _fallback_counts: Counter[str] = Counter()
 _lowered_counts: Counter[str] = Counter()
@@ -110,11 +110,14 @@ def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
     _fallback_counts[func.__name__] += 1
     originals: dict[int, TpuTensor] = {}
     copies: list[_HostCopy] = []
+    out_targets = {id(t) for t in pytree.tree_leaves(_out_args(func, kwargs)) if isinstance(t, TpuTensor)}
 
     def to_host(x: Any) -> Any:
         if isinstance(x, TpuTensor):
             value = to_jax(x)
             c = array_to_cpu(value)
+            if id(x) in out_targets:
+                c = c.clone()  # a storage the CPU kernel may resize, as out= tensors are
             originals[id(c)] = x
             copies.append(_HostCopy(c, x, value, _version(c)))
             return c
@@ -130,7 +133,9 @@ def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
     for copy in copies:
         if id(copy.cpu) not in annotated and not copy.changed():
             continue
-        if tuple(copy.cpu.shape) != tuple(copy.target.shape):
+        if tuple(copy.cpu.shape) != tuple(copy.target.shape) and id(copy.target) in out_targets:
+            resize(copy.target, tuple(copy.cpu.shape))  # CPU already warned if it had elements
+        elif tuple(copy.cpu.shape) != tuple(copy.target.shape):
             raise RuntimeError(
                 f"{func}: CPU fallback resized a tpu tensor from {list(copy.target.shape)} to "
                 f"{list(copy.cpu.shape)}; resizing tpu tensors in place is not supported"
@@ -169,6 +174,12 @@ class _HostCopy:
 def _version(t: torch.Tensor) -> int | None:
     """The tensor's version counter; None for inference tensors (they have none)."""
     return None if t.is_inference() else t._version
+
+
+def _out_args(func: Any, kwargs: dict) -> list[Any]:
+    """The out= arguments of ``func`` (keyword-only arguments it writes) given in ``kwargs``."""
+    return [kwargs[a.name] for a in func._schema.arguments
+            if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write and a.name in kwargs]
 
 
 def _mutated_args(func: Any, args: tuple, kwargs: dict) -> list[Any]:
