@@ -13,6 +13,5 @@ Modules (import them directly; this package imports nothing heavy so the CLI sta
 * ``pipelines.text_parsing``  vectorised TSV / CSV field parsing
 * ``pipelines.ray_data``      Ray Data reader (``streaming_split``) yielding ``Batch``
 * ``pipelines.sample_data``   the vendored Criteo sample rows (package data)
-* ``pipelines.inference``     resumable batch inference over Parquet
 * ``pipelines.cli``           ``torchrec-tpu data convert|generate``
 """

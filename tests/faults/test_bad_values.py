@@ -15,8 +15,8 @@ import pytest
 
 from pipelines.arrow_batch import dense_transform
 from pipelines.bad_values import FLOAT32_MAX, POLICIES, BadValueError
-from pipelines.inference.job import InferenceConfig, Predictor
-from pipelines.inference.units import claim_output_dir, plan_units
+from torchrec_tpu.inference.job import InferenceConfig, Predictor
+from torchrec_tpu.inference.units import claim_output_dir, plan_units
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.schema import CRITEO
 from torchrec_tpu.cli import main

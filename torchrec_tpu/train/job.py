@@ -120,7 +120,8 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
             train = pipelined(train, model, env, device)
 
         def save(step: int, position: LoopPosition, **extra: object) -> Path:
-            info = {"step": step, **position_meta(position, env.world_size), "config": config.to_dict(),
+            info = {"step": step, **position_meta(position, env.world_size), "model": spec.to_dict(),
+                    "config": config.to_dict(),
                     "table_sizes": list(data.table_sizes), "train_rows": data.train.num_rows, **extra,
                     "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
             return save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)

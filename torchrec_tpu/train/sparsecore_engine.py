@@ -24,12 +24,11 @@ from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.dense_placement import DenseDDP, parallelize_dense, place_dense
 from torchrec_tpu.train.config import ConfigError
 from torchrec_tpu.train.distributed import DistEnv, new_group
-from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm
 from torchrec_tpu.train.plan_loading import resolve_sharding
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 from torchrec_tpu.train.sharding import DENSE_OPTIMIZER_CLASSES
 
-EBC_PATH = "model.sparse_arch.embedding_bag_collection"
 PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
 
