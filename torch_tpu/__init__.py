@@ -31,14 +31,14 @@ from torch_tpu.modes import EagerMode, eager_mode, get_eager_mode, register_exec
 from torch_tpu.registry import Lowering, get_lowering, lowered_ops, register_lowering  # noqa: E402
 from torch_tpu.tensor import TpuTensor, from_jax, to_jax  # noqa: E402
 
-clear_plan_cache = _dispatch.clear_plan_cache
+clear_handler_cache = _dispatch.clear_handler_cache
 
 __all__ = [
     "EagerMode",
     "Lowering",
     "TpuFallbackError",
     "TpuTensor",
-    "clear_plan_cache",
+    "clear_handler_cache",
     "decomposed_counts",
     "eager_mode",
     "fallback_allowed",

@@ -51,7 +51,7 @@ def reference_predictions(checkpoint: Path, infer_data: Path) -> np.ndarray:
     from torchrec_tpu.train.distributed import process_group
     from torchrec_tpu.train.job import model_spec
     from torchrec_tpu.train.model import build_dlrm
-    from torchrec_tpu.train.sharding import build_optimizer, shard_model
+    from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
     import json
 
     config = TrainConfig(**json.loads((checkpoint / "meta.json").read_text())["config"])

@@ -133,7 +133,7 @@ def test_training_loop_trains_on_ray_streams(ray_session, small_dataset: Path, t
     from torchrec_tpu.train.metrics import evaluate
     from torchrec_tpu.train.model import ModelSpec, build_dlrm
     from torchrec_tpu.train.scalars import ScalarLog
-    from torchrec_tpu.train.sharding import build_optimizer, shard_model
+    from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
     files = sorted(small_dataset.glob("*.parquet"))
     train_files, held_files = files[:-1], files[-1:]

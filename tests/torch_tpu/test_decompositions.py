@@ -63,18 +63,18 @@ def test_compile_uses_the_same_table():
 
 @pytest.fixture
 def extra_decomposition():
-    """Install a temporary EXTRA composite (restored and plan caches cleared afterwards)."""
+    """Install a temporary EXTRA composite (restored and handler caches cleared afterwards)."""
     added = []
 
     def install(op, fn):
         decompositions.EXTRA[op] = fn
         added.append(op)
-        torch_tpu.clear_plan_cache()
+        torch_tpu.clear_handler_cache()
 
     yield install
     for op in added:
         decompositions.EXTRA.pop(op)
-    torch_tpu.clear_plan_cache()
+    torch_tpu.clear_handler_cache()
 
 
 def test_decomposition_reentering_its_own_op_falls_back_instead_of_recursing(extra_decomposition):

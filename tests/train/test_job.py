@@ -23,7 +23,7 @@ from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import build_dlrm
 from torchrec_tpu.train.checkpoint_dirs import write_manifest
 from torchrec_tpu.train.rng import load_rng, rng_state, save_rng, set_rng_state
-from torchrec_tpu.train.sharding import build_optimizer, shard_model
+from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
 
 def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
