@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines.parquet_reader import ParquetBatchReader, batches_from_row
+from pipelines.parquet_reader import ParquetBatchReader
+from pipelines.streams import batches_from_row
 from tests.faults.checkpoint_helpers import (BATCH, SAVED_STEPS, reseal, run_cli, run_copy,  # noqa: F401
                                              train_args, versions)
 from torchrec_tpu import cli
