@@ -35,8 +35,6 @@ from pipelines.schema import CRITEO, DatasetSchema
 from pipelines.streams import prefetched
 
 
-
-
 def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     """A directory's ``*.parquet`` files sorted by name, or the given files in order. A directory
     marked incomplete, or whose files disagree with its completion marker, is refused

@@ -12,9 +12,9 @@ from torch_tpu import persistent_cache as _persistent_cache  # noqa: E402
 
 _persistent_cache.install()  # on by default for every job using the device
 
-from torch_tpu import lowerings as _lowerings  # noqa: E402,F401  (fills the registry)
 from torch_tpu import dispatch as _dispatch  # noqa: E402
 from torch_tpu import kernels as _kernels  # noqa: E402,F401
+from torch_tpu import lowerings as _lowerings  # noqa: E402,F401  (fills the registry)
 from torch_tpu import transformer as _transformer  # noqa: E402,F401  (fast-path composites)
 from torch_tpu.fallback import (  # noqa: E402
     TpuFallbackError,

@@ -18,8 +18,10 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_tpu import decompositions, device as tpu_device
-from torch_tpu import fallback, metadata_ops, modes, op_jit, random as tpu_random, tensor as tensor_mod
+from torch_tpu import decompositions, fallback, metadata_ops, modes, op_jit
+from torch_tpu import device as tpu_device
+from torch_tpu import random as tpu_random
+from torch_tpu import tensor as tensor_mod
 from torch_tpu._jax import ARRAY_TYPE, jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 from torch_tpu.registry import Lowering, get_lowering

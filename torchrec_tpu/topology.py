@@ -33,10 +33,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from torchrec_tpu.structured_files import read_structured
 from tpu_facts import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
 from tpu_facts.slices import Slice, check_mod_sharding
-
-from torchrec_tpu.structured_files import read_structured
 
 # Documented slice shapes per chip count (v5p / v6e pages; tpu7x follows v5p's cube layout).
 _CUBE_SHAPES = {
@@ -143,7 +142,9 @@ class TPUTopology(Slice):
         c = self.num_chips
         if c == 1:
             return 0.0
-        dcn = (self.num_slices - 1) / self.num_slices / self.chip.dcn_bandwidth_bytes_per_s if self.num_slices > 1 else 0.0
+        dcn = 0.0
+        if self.num_slices > 1:
+            dcn = (self.num_slices - 1) / self.num_slices / self.chip.dcn_bandwidth_bytes_per_s
         return 2.0 * (c - 1) / c * (1.0 / self.chip.ici_bandwidth_bytes_per_s + dcn)
 
     @property

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -19,10 +18,10 @@ import pytest
 import torch
 
 from pipelines.parquet_reader import ParquetBatchReader
+from tests.inference.conftest import INFER_DATA
 from torchrec_tpu.inference.job import InferenceConfig, run_inference
 from torchrec_tpu.inference.model import load_inference_model
 from torchrec_tpu.inference.units import MANIFEST
-from tests.inference.conftest import INFER_DATA
 from torchrec_tpu.train.checkpoint_dirs import write_manifest
 from torchrec_tpu.train.model import ModelSpec
 

@@ -186,5 +186,6 @@ def test_ray_reader_applies_the_bad_value_policy(ray_session, small_dataset: Pat
         got = np.concatenate([b.labels.numpy() for b in stream])
     finally:
         context.execution_options.preserve_order = False
-    expected = np.concatenate([pq.read_table(p).column("label").to_numpy().astype(np.float32) for p in sorted(data.glob("*.parquet"))])
+    expected = np.concatenate([pq.read_table(p).column("label").to_numpy().astype(np.float32)
+                               for p in sorted(data.glob("*.parquet"))])
     np.testing.assert_array_equal(got, np.delete(expected, 1_200 + 700))

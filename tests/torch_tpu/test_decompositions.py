@@ -8,8 +8,8 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 import torch_tpu
+from tests.torch_tpu.test_opinfo import _SKIP, OPINFOS, _check_sample, _id
 from torch_tpu import decompositions
-from tests.torch_tpu.test_opinfo import OPINFOS, _SKIP, _check_sample, _id
 
 aten = torch.ops.aten
 

@@ -14,9 +14,9 @@ import torch
 import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma)
 
 from torch_tpu._jax import jnp
+from torch_tpu.dispatch import clear_handler_cache
 from torch_tpu.lowerings import elementwise as ew
 from torch_tpu.lowerings._common import jdtype, promoted
-from torch_tpu.dispatch import clear_handler_cache
 from torch_tpu.registry import get_lowering, register_lowering
 
 aten = torch.ops.aten

@@ -9,8 +9,8 @@ global index over the inputs in order), then ``prediction`` (click probability, 
 
 from __future__ import annotations
 
-import dataclasses
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -19,15 +19,15 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 from pipelines.bad_values import POLICIES, BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
 from pipelines.parquet_reader import open_parquet, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
+from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 
 PREDICTION_COLUMN = "prediction"
 

@@ -18,7 +18,6 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from pipelines.streams import batches_from_row, prefetched
-
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.rank_watch import collectives
 

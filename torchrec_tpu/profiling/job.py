@@ -1,11 +1,12 @@
 """``torchrec-tpu profile``: N training steps of the training job's model under the profilers.
 
 The model, data and optimizers are set up exactly as ``torchrec-tpu train`` does, for either engine
-(its :class:`~torchrec_tpu.train.engines.Engine` and data modules); warm-up steps run first, untraced (they also let TorchRec
-create its lazy input dists, which the phase hooks then find), then ``steps`` steps are traced, each
-marked for both profilers (:func:`~torchrec_tpu.profiling.trace.traced_step`). The sparsecore
-engine's input dist runs inside the step here (no prefetch thread: torch.profiler records only
-the threads it was enabled on), so it shows under ``sparse_lookup``.
+(its :class:`~torchrec_tpu.train.engines.Engine` and data modules); warm-up steps run first,
+untraced (they also let TorchRec create its lazy input dists, which the phase hooks then find), then
+``steps`` steps are traced, each marked for both profilers
+(:func:`~torchrec_tpu.profiling.trace.traced_step`). The sparsecore engine's input dist runs inside
+the step here (no prefetch thread: torch.profiler records only the threads it was enabled on), so it
+shows under ``sparse_lookup``.
 """
 
 from __future__ import annotations

@@ -159,7 +159,8 @@ class ShardedSparseCoreEBC(ShardedTables):
             for f, shard in served:
                 x = inputs[f.name]
                 combiner = self.tables[f.table].combiner
-                sample = np.repeat(np.arange(x.lengths.size), x.lengths) if combiner != "sum" or shard.row_stride > 1 else None
+                by_sample = combiner != "sum" or shard.row_stride > 1
+                sample = np.repeat(np.arange(x.lengths.size), x.lengths) if by_sample else None
                 gain = combined_gains(x.weights, x.lengths, sample, combiner)
                 if shard.row_stride > 1:
                     keep = shard.owns(x.ids)
@@ -174,7 +175,7 @@ class ShardedSparseCoreEBC(ShardedTables):
             received = {f.name: FeatureInput(*piece) for (f, _), *piece in zip(self._served[0], ids, lengths, gains)}
             return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
         b = self.batch_size
-        send_lengths = torch.from_numpy(np.concatenate(lengths).astype(np.int64)) if lengths else torch.zeros(0, dtype=torch.int64)
+        send_lengths = concat(lengths, np.int64)
         counts = [len(s) * b for s in self._served]
         recv_lengths = all_to_all(send_lengths, counts, [len(self._served[self.rank]) * b] * self.world_size,
                                   group).numpy()
@@ -221,8 +222,8 @@ class ShardedSparseCoreEBC(ShardedTables):
             return self._placement(activations)
         recv = all_to_all(activations.reshape(-1), [b * widths[self.rank]] * self.world_size,
                           [b * w for w in widths], self.group)
-        return self._placement(torch.cat([part.view(b, w) for part, w in zip(recv.split([b * w for w in widths]), widths)],
-                                         dim=1))
+        parts = recv.split([b * w for w in widths])
+        return self._placement(torch.cat([part.view(b, w) for part, w in zip(parts, widths)], dim=1))
 
     def _update(self, context: Any, grad: torch.Tensor) -> None:
         """Send every shard the gradient of its output for this rank's samples; apply the update."""

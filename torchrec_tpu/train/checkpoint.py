@@ -29,8 +29,14 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.optim import Optimizer
 
-from torchrec_tpu.train.checkpoint_dirs import (META_FILE, intact_checkpoint, new_tag, publish,
-                                                resolve_checkpoint, version_dir)
+from torchrec_tpu.train.checkpoint_dirs import (
+    META_FILE,
+    intact_checkpoint,
+    new_tag,
+    publish,
+    resolve_checkpoint,
+    version_dir,
+)
 from torchrec_tpu.train.checkpoint_manifest import CheckpointError
 from torchrec_tpu.train.checkpoint_reader import load_state, read_state_metadata
 from torchrec_tpu.train.rng import load_rng, save_rng

@@ -10,11 +10,16 @@ from typing import Any, Callable, TypeVar
 
 import torch
 import torchrec
-from pipelines.bad_values import BadValueCounts
 
-from torchrec_tpu.train.checkpoint import (CheckpointError, load_checkpoint, open_checkpoint,
-                                           restore_rng, save_checkpoint)
+from pipelines.bad_values import BadValueCounts
 from torchrec_tpu.train.batch_streams import training_streams
+from torchrec_tpu.train.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    open_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group

@@ -9,7 +9,7 @@ the tables ever exists). The MLPs get an ordinary torch optimizer. Both are comb
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
@@ -87,7 +87,10 @@ def build_optimizer(
             f"dense optimizer {dense_optimizer!r} is not one of {list(DENSE_OPTIMIZER_CLASSES)}"
         )
     dense_cls = DENSE_OPTIMIZER_CLASSES[dense_optimizer]
-    make: Callable[[list], torch.optim.Optimizer] = lambda params: dense_cls(params, lr=dense_lr)
+
+    def make(params: list) -> torch.optim.Optimizer:
+        return dense_cls(params, lr=dense_lr)
+
     dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
     return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(dense_params, make)])
 
