@@ -15,11 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.inference.job import InferenceConfig, run_inference
-from pipelines.inference.model import load_inference_model
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.ray_data import local_ray
 from pipelines.synthetic import SyntheticConfig, generate
+from torchrec_tpu.inference.job import InferenceConfig, run_inference
+from torchrec_tpu.inference.model import load_inference_model
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.job import run_job
 

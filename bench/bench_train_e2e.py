@@ -120,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 ratios = [s[key] / t[key] for s, t in zip(results["sparsecore"], results["torchrec"])]
                 medians = {e: statistics.median(r[key] for r in results[e]) for e in ENGINES}
                 print(f"  world {world} {label:<12}  torchrec {medians['torchrec']:>8,.0f}  sparsecore "
-                      f"{medians['sparsecore']:>8,.0f} samples/s   sparsecore/torchrec {statistics.median(ratios):.2f}x "
+                      f"{medians['sparsecore']:>8,.0f} samples/s   "
+                      f"sparsecore/torchrec {statistics.median(ratios):.2f}x "
                       f"(runs: {', '.join(f'{r:.2f}' for r in ratios)})")
 
 

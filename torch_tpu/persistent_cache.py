@@ -32,9 +32,10 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from torch_tpu._jax import jax
 from jax._src import compilation_cache as _jax_cache
 from jax._src import config as _jax_config
+
+from torch_tpu._jax import jax
 
 _DISABLED = {"0", "off", "false", "none", ""}
 DEFAULT_MAX_MB = 2048

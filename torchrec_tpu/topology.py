@@ -47,10 +47,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from torchrec_tpu.structured_files import read_structured
 from tpu_facts import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
 from tpu_facts.slices import Slice, check_mod_sharding
-
-from torchrec_tpu.structured_files import read_structured
 
 # Documented slice shapes per chip count (v5p / v6e pages; tpu7x follows v5p's cube layout).
 _CUBE_SHAPES = {

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipelines.inference.job import InferenceConfig, run_inference
 from pipelines.ray_data import local_ray
 from pipelines.synthetic import SyntheticConfig, generate
+from torchrec_tpu.inference.job import InferenceConfig, run_inference
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.job import run_job
 

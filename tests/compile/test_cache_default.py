@@ -14,9 +14,8 @@ import pytest
 import torch
 
 import torch_tpu.compile as tc
-from torch_tpu import persistent_cache
-
 from tests.compile.models import mlp
+from torch_tpu import persistent_cache
 
 REPO = Path(__file__).resolve().parents[2]
 

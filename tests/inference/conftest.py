@@ -46,13 +46,14 @@ def infer_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def reference_predictions(checkpoint: Path, infer_data: Path) -> np.ndarray:
     """sigmoid(logits) per global row, from the training job's DMP model and checkpoint loader."""
+    import json
+
     from pipelines.parquet_reader import ParquetBatchReader
     from torchrec_tpu.train.checkpoint import load_checkpoint
     from torchrec_tpu.train.distributed import process_group
     from torchrec_tpu.train.job import model_spec
     from torchrec_tpu.train.model import build_dlrm
-    from torchrec_tpu.train.sharding import build_optimizer, shard_model
-    import json
+    from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
     config = TrainConfig(**json.loads((checkpoint / "meta.json").read_text())["config"])
     reader = ParquetBatchReader(infer_data, 4096, (200,) * 26)  # the training run's table sizes

@@ -36,7 +36,8 @@ def test_cli_subprocess_writes_plan_and_html(tmp_path):
 
 
 def test_cli_is_deterministic(tmp_path):
-    args = ["--tables", str(DLRM_TABLES), "--topology", "v6e-64", "--batch-size", "65536", "--max-ids-per-partition", "4096"]
+    args = ["--tables", str(DLRM_TABLES), "--topology", "v6e-64", "--batch-size", "65536", "--max-ids-per-partition",
+            "4096"]
     assert main(args + ["--out", str(tmp_path / "a.json")]) == 0
     assert main(args + ["--out", str(tmp_path / "b.json")]) == 0
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
@@ -49,7 +50,8 @@ def test_compare_mode(tmp_path, capsys):
     text = capsys.readouterr().out
     for name in ("v5p-64", "v6e-64", "tpu7x-64"):
         assert name in text
-        assert len(load_plan(tmp_path / f"plan.{name}.json").devices) == {"v5p-64": 32, "v6e-64": 64, "tpu7x-64": 64}[name]
+        assert len(load_plan(tmp_path / f"plan.{name}.json").devices) == {"v5p-64": 32, "v6e-64": 64,
+                                                                          "tpu7x-64": 64}[name]
 
 
 def test_csv_tables_and_pooling_override(tmp_path):

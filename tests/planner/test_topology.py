@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from tpu_facts import GIB
 from torchrec_tpu.topology import load_topology_file, parse_accelerator_type, resolve_topology
+from tpu_facts import GIB
 
 
 @pytest.mark.parametrize(

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from tests.profiling.conftest import PROFILED_STEPS
 from torchrec_tpu.profiling import cli
 from torchrec_tpu.profiling.phases import COLLECTIVES, PHASES
 from torchrec_tpu.profiling.summary import phase_times
 from torchrec_tpu.train.config import TrainConfig, config_from_args
-from tests.profiling.conftest import PROFILED_STEPS
 
 
 def _events(result) -> list[dict]:

@@ -21,7 +21,7 @@ from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.job import model_spec
 from torchrec_tpu.train.model import build_dlrm
-from torchrec_tpu.train.sharding import build_optimizer, shard_model
+from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
 WORLD = 2
 STEPS = 24  # lock-step and sharding are the point here, not learning (test_job covers that)

@@ -43,7 +43,8 @@ from torchrec_tpu.train.sparsecore_engine import EBC_PATH, build_dense_optimizer
 
 STEPS = 6
 # dim 16 so that column-wise can split a table into two 8-column blocks
-OPTIONS = {**TINY_OPTIONS, "engine": "sparsecore", "embedding_dim": 16, "dense_arch": "16,16", "sparse_optimizer": "sgd",
+OPTIONS = {**TINY_OPTIONS, "engine": "sparsecore", "embedding_dim": 16, "dense_arch": "16,16",
+           "sparse_optimizer": "sgd",
            "max_steps": STEPS, "epochs": 1}
 # the fused sparsecore optimizers of sparsecore_engine.sparse_optimizer_spec as torch optimizers
 STOCK_SPARSE_OPTIMIZERS = {

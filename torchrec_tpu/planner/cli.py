@@ -16,10 +16,12 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tables", required=True,
-                        help="tables file (.yaml/.json/.csv) or 'module:function' returning an EBC or EmbeddingBagConfigs")
+                        help="tables file (.yaml/.json/.csv) or 'module:function' returning an EBC or "
+                             "EmbeddingBagConfigs")
     parser.add_argument("--topology", default="v5p-64",
                         help="slice name (v5p-64 = 32 chips, v6e-64 = 64 chips, tpu7x-64 = 32 chips) or topology file")
-    parser.add_argument("--slices", type=int, default=1, metavar="N", help="number of slices joined by DCN (multislice)")
+    parser.add_argument("--slices", type=int, default=1, metavar="N",
+                        help="number of slices joined by DCN (multislice)")
     parser.add_argument("--batch-size", type=int, default=65536, metavar="N", help="global batch size")
     parser.add_argument("--dense-params", type=int, default=0, metavar="N",
                         help="parameters of the data-parallel dense towers: the plan prices their float32 "
@@ -30,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "tables file's pooling_factor, else 1)")
     parser.add_argument("--optimizer", default="sgd", help="optimizer for tables from a Python model")
     parser.add_argument("--max-ids-per-partition", type=int, default=256,
-                        metavar="N", help="SparseCore per-partition id limit (jax-tpu-embedding's default); a table's own "
+                        metavar="N",
+                        help="SparseCore per-partition id limit (jax-tpu-embedding's default); a table's own "
                              "max_ids_per_partition (file column, sparsecore spec) takes precedence")
     parser.add_argument("--compare", default="", metavar="TOPO,TOPO,...",
                         help="what-if: plan on each of these topologies and print a comparison "

@@ -13,10 +13,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tpu_facts import Slice
-
 from torchrec_tpu.structured_files import read_structured
 from torchrec_tpu.topology import CostConstants, TPUTopology
+from tpu_facts import Slice
 
 PLAN_FORMAT = "torchrec_tpu.plan/v1"
 GRADIENT_BYTES = 4  # float32 dense gradients

@@ -34,10 +34,10 @@ from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
-from tpu_facts import round_up
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, torchrec_weights
 from torchrec_tpu.sharding.shards import Shard, TableSharding
+from tpu_facts import round_up
 
 
 @dataclass

@@ -158,7 +158,8 @@ class ShardedTables(nn.Module):
             i += len(served)
         return out
 
-    def _gather(self, read: Callable[[Backend], dict[str, torch.Tensor]], keyed_slots: bool = False) -> dict[str, torch.Tensor]:
+    def _gather(self, read: Callable[[Backend], dict[str, torch.Tensor]],
+                keyed_slots: bool = False) -> dict[str, torch.Tensor]:
         local = read(self._backend) if self._backend else {}
         everyone = [local]
         if self.world_size > 1:

@@ -21,7 +21,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from pipelines.parquet_reader import batches_from_row
+from pipelines.streams import batches_from_row
 from torchrec_tpu.train.config import TrainConfig
 
 OFFSET_ROWS = 100_000  # distinct offset vectors per feature (MLPerf's cache of multi-hot offsets)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch.distributed as dist
+
 from pipelines.bad_values import BadValueCounts
 from pipelines.convert import convert_to_parquet
 from pipelines.npy_criteo import NpyCriteoReader, npy_days
@@ -24,7 +25,6 @@ from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
 from pipelines.sample_data import criteo_sample_csv
 from pipelines.schema import CRITEO, DatasetSchema
 from pipelines.synthetic import SyntheticConfig, default_dataset
-
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
 

@@ -51,7 +51,9 @@ def resume_point(directory: Path, meta: dict[str, Any], config: TrainConfig, wor
     ``world_size`` ranks over training data of ``train_rows`` rows and ``table_sizes``;
     CheckpointError naming each saved and requested value that would not continue it exactly, or
     a rank's missing RNG state."""
-    saved = meta["config"]
+    saved = meta.get("config")
+    if not isinstance(saved, dict):  # options saved under other names are compared as their defaults
+        raise CheckpointError(f"checkpoint {directory}: meta.json has no training config to resume from")
     names = STATE_OPTIONS + (DCN_OPTIONS if config.model == "dlrm_dcn" else ()) + STREAM_OPTIONS
     problems = [f"--{name.replace('_', '-')} is {saved.get(name, _DEFAULTS[name])!r} in the checkpoint, "
                 f"{getattr(config, name)!r} now" for name in names
