@@ -56,7 +56,8 @@ MODEL_LAYOUT_COLUMNS = ("label", "dense", "lengths", "ids")
 
 @contextlib.contextmanager
 def local_ray(
-    num_cpus: int = DEFAULT_NUM_CPUS, object_store_memory: int = DEFAULT_OBJECT_STORE_BYTES
+    num_cpus: int = DEFAULT_NUM_CPUS, object_store_memory: int = DEFAULT_OBJECT_STORE_BYTES,
+    log_to_driver: bool = False,
 ) -> Iterator[None]:
     """A private Ray instance in this process for the ``with`` body, shut down at exit.
 
@@ -64,7 +65,8 @@ def local_ray(
     never attaches to another user's cluster on a shared machine. Its session lives in a private
     temporary directory that a watchdog removes, with every Ray process, when this process exits
     in any way, SIGKILL included (:mod:`pipelines.ray_session`). Ray logs only errors here; its
-    own logs stay in the session directory while it runs.
+    own logs stay in the session directory while it runs. ``log_to_driver``: the workers' output
+    is printed here too (Ray Train's ranks).
     """
     import logging
 
@@ -84,8 +86,9 @@ def local_ray(
             num_cpus=num_cpus,
             object_store_memory=object_store_memory,
             include_dashboard=False,
-            log_to_driver=False,
+            log_to_driver=log_to_driver,
             logging_level=logging.ERROR,
+            logging_config=ray.LoggingConfig(log_level="ERROR"),  # the workers' loggers too
             _temp_dir=temp_dir,
         )
         try:
@@ -229,7 +232,8 @@ class RayBatchStream:
     """Iterable of Batches of ``batch_size`` rows from a model-layout Dataset or one of its splits.
 
     Each pass iterates the source again (a ``streaming_split`` iterator supports one pass per
-    epoch, in step with its sibling splits).
+    epoch, in step with its sibling splits). ``num_batches``, when given, is what ``len()`` says
+    (a split's length is not known before it is read).
     """
 
     def __init__(
@@ -240,6 +244,7 @@ class RayBatchStream:
         device: torch.device | None = None,
         drop_last: bool = False,
         prefetch_batches: int = 2,
+        num_batches: int | None = None,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
@@ -249,6 +254,12 @@ class RayBatchStream:
         self.device = default_device() if device is None else device
         self.drop_last = drop_last
         self.prefetch_batches = prefetch_batches
+        self.num_batches = num_batches
+
+    def __len__(self) -> int:
+        if self.num_batches is None:
+            raise TypeError("the length of this Ray batch stream is unknown (no num_batches given)")
+        return self.num_batches
 
     def __iter__(self) -> Iterator[Batch]:
         tables: Iterable[Any] = self.source.iter_batches(

@@ -1,7 +1,8 @@
 """``torchrec-tpu train``: flags (and ``--config``) -> :func:`torchrec_tpu.train.job.run_job`.
 
 Runs on a world of one by default; under ``torchrun --nproc-per-node N`` each process joins the
-gloo world from the environment and the tables are sharded over all of them.
+world from the environment and the tables are sharded over all of them; with ``--ray-workers N``
+the driver launches N Ray Train workers that do the same (:mod:`torchrec_tpu.train.ray_train`).
 """
 
 from __future__ import annotations
@@ -11,15 +12,53 @@ import sys
 
 from torchrec_tpu.train.checkpoint_manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
+from torchrec_tpu.train.ray_train import RayOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
+    ray = parser.add_argument_group("Ray Train (launch options, not saved in checkpoints)")
+    ray.add_argument("--ray-workers", type=int, default=0, metavar="N",
+                     help="train on N Ray Train workers (ranks), each fed by a streaming_split of one Ray Data "
+                          "stream, checkpoints reported to Ray, restarts from the last one (default: 0, no Ray)")
+    ray.add_argument("--ray-max-failures", type=int, default=3, metavar="N",
+                     help="worker-group restarts before the run fails (-1: no limit)")
+    ray.add_argument("--ray-address", default=None, metavar="ADDR",
+                     help="the Ray cluster to run on ('auto', 'ray://head:10001') (default: a private local "
+                          "instance with N+1 CPUs, gone when the driver exits)")
+    ray.add_argument("--ray-cpus-per-worker", type=float, default=1.0, metavar="X", help="CPUs each worker reserves")
+    ray.add_argument("--ray-storage", default=None, metavar="PATH|URI",
+                     help="where Ray keeps the reported checkpoints: a path every node reaches or a bucket "
+                          "URI (gs://...) (default: <log-dir>/ray)")
+    ray.add_argument("--ray-tpu-topology", default=None, metavar="TOPO",
+                     help="one worker per TPU host of slices of this topology, e.g. 4x4 "
+                          "(ScalingConfig(use_tpu=True, topology=...)); with --ray-tpu-type (default: CPU workers)")
+    ray.add_argument("--ray-tpu-type", default=None, metavar="TYPE",
+                     help="the TPU accelerator type of --ray-tpu-topology, e.g. TPU-V6E (default: none)")
+    ray.add_argument("--ray-tpus-per-worker", type=int, default=4, metavar="N",
+                     help="TPU chips each worker (one host) owns, with --ray-tpu-topology")
+
+
+def ray_options(args: argparse.Namespace) -> RayOptions:
+    """The ``--ray-*`` flags as :class:`RayOptions` (ConfigError for bad values)."""
+    if args.ray_tpu_type and not args.ray_tpu_topology:
+        raise ConfigError("--ray-tpu-type needs --ray-tpu-topology")
+    return RayOptions(workers=args.ray_workers, max_failures=args.ray_max_failures, address=args.ray_address,
+                      cpus_per_worker=args.ray_cpus_per_worker, storage_path=args.ray_storage,
+                      use_tpu=args.ray_tpu_topology is not None, topology=args.ray_tpu_topology,
+                      accelerator_type=args.ray_tpu_type, tpus_per_worker=args.ray_tpus_per_worker)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        if args.ray_workers:
+            from torchrec_tpu.train.ray_train import train_on_ray  # heavy: ray.train, torch
+
+            ray_run = train_on_ray(config, ray_options(args))
+            print(ray_run.summary)
+            print(f"  ray checkpoint  {ray_run.checkpoint}")
+            return 0
         from torchrec_tpu.train.job import run_job  # heavy: torch, torchrec, fbgemm
 
         summary = run_job(config)

@@ -102,29 +102,38 @@ def _npy_data(config: TrainConfig, env: DistEnv, table_sizes: tuple[int, ...]) -
                      held_out=reader(days[-config.eval_files:], config.eval_batch_size))
 
 
+def _table_sizes(config: TrainConfig) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+    """(``--num-embeddings-per-feature`` or None, the sizes of tables not sized by their data)."""
+    given = config.per_feature("num_embeddings_per_feature", len(CRITEO.sparse))
+    return given, given or (config.num_embeddings,) * len(CRITEO.sparse)
+
+
+@contextlib.contextmanager
+def parquet_source(config: TrainConfig, env: DistEnv) -> Iterator[tuple[Path, tuple[int, ...]]]:
+    """(directory of Parquet files, table sizes) of ``config.data`` (``synthetic`` generated on the
+    primary if missing, ``sample`` converted into a temporary directory that lives as long as this)."""
+    given_sizes, uniform_sizes = _table_sizes(config)
+    if config.data == "synthetic":
+        source, table_sizes = _synthetic(config, env)
+        yield source, given_sizes or table_sizes
+    elif config.data == "sample":
+        with tempfile.TemporaryDirectory(prefix="criteo-sample-") as directory:
+            convert_to_parquet([criteo_sample_csv()], Path(directory), rows_per_file=SAMPLE_ROWS_PER_FILE,
+                               progress=False)
+            yield Path(directory), uniform_sizes
+    elif not Path(config.data).is_dir():
+        raise ConfigError(f"--data={config.data!r} is neither 'synthetic', 'sample' nor a directory")
+    else:
+        yield Path(config.data), uniform_sizes
+
+
 @contextlib.contextmanager
 def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
     """Readers for ``config.data``; the sample's temporary Parquet copy lives as long as this."""
-    given_sizes = config.per_feature("num_embeddings_per_feature", len(CRITEO.sparse))
-    uniform_sizes = given_sizes or (config.num_embeddings,) * len(CRITEO.sparse)
     if config.in_memory_binary_criteo_path is not None:
-        yield _npy_data(config, env, uniform_sizes)
+        yield _npy_data(config, env, _table_sizes(config)[1])
         return
-    with contextlib.ExitStack() as stack:
-        if config.data == "synthetic":
-            source, table_sizes = _synthetic(config, env)
-            table_sizes = given_sizes or table_sizes
-        elif config.data == "sample":
-            source = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="criteo-sample-")))
-            convert_to_parquet([criteo_sample_csv()], source, rows_per_file=SAMPLE_ROWS_PER_FILE,
-                               progress=False)
-            table_sizes = uniform_sizes
-        else:
-            source, table_sizes = Path(config.data), uniform_sizes
-            if not source.is_dir():
-                raise ConfigError(
-                    f"--data={config.data!r} is neither 'synthetic', 'sample' nor a directory"
-                )
+    with parquet_source(config, env) as (source, table_sizes):
         train_files, eval_files = split_files(list_parquet_files(source), config.eval_files, source)
         lockstep = env.world_size > 1
 

@@ -6,10 +6,11 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 import torchrec
+from torchrec.datasets.utils import Batch
 
 from pipelines.bad_values import BadValueCounts
 from torchrec_tpu.train.batch_streams import training_streams
@@ -75,15 +76,27 @@ def model_spec(config: TrainConfig, feature_names: tuple[str, ...], table_sizes:
     )
 
 
-def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> JobSummary:
+@dataclass(frozen=True)
+class JobHooks:
+    """What a launcher changes in a job (Ray Train: :mod:`torchrec_tpu.train.ray_train`)."""
+
+    # this rank's training batches instead of its Parquet reader's (the reader still counts the
+    # split's rows, which a checkpoint records and a resume checks)
+    train_batches: Iterable[Batch] | None = None
+    # called on every rank after each checkpoint: (version directory, scalars of that step)
+    checkpointed: Callable[[Path, dict[str, float]], None] | None = None
+
+
+def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
+            hooks: JobHooks = JobHooks()) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
     with process_group(config.collective_timeout) as env, \
             collectives("the collectives of setting up or finishing the run (model sharding, DDP "
                         "init, broadcasts, the final checkpoint)"):
-        return _run(config, env, device)
+        return _run(config, env, device, hooks)
 
 
-def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
+def _run(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHooks) -> JobSummary:
     log_dir = Path(_on_primary(lambda: str(config.resolved_log_dir()), env))  # timestamped default
     checkpoint_root = Path(config.checkpoint_dir) if config.checkpoint_dir else log_dir / "checkpoint"
     for flag, path in (("--log-dir", log_dir), ("--checkpoint-dir", checkpoint_root)):
@@ -115,7 +128,8 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
         )
         train: Any
         held_out: Any
-        train, held_out = training_streams(config, data.train, data.held_out, data.table_sizes,
+        train_batches = data.train if hooks.train_batches is None else hooks.train_batches
+        train, held_out = training_streams(config, train_batches, data.held_out, data.table_sizes,
                                            env.world_size, start.epoch)
         if env.world_size > 1:  # a failing or exhausted reader stops every rank at the same batch
             held_out = AgreedBatches(held_out, None, env.rank, env.world_size, "evaluation batch")
@@ -126,7 +140,10 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
                     "config": config.to_dict(),
                     "table_sizes": list(data.table_sizes), "train_rows": data.train.num_rows, **extra,
                     "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
-            return save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)
+            directory = save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)
+            if hooks.checkpointed is not None:
+                hooks.checkpointed(directory, {"step": step, **info.get("metrics", {})})  # type: ignore[dict-item]
+            return directory
 
         policy = LRPolicy(config.lr_warmup_steps, config.lr_decay_start, config.lr_decay_steps)
         result = run_training(model, optimizer, train, held_out, device, log, options,

@@ -1,0 +1,198 @@
+"""``torchrec-tpu train --ray-workers 2`` on a private local Ray cluster (2 CPU workers + 1 for Ray
+Data), against the 2-rank torchrun run of the same options on the same data, and SIGKILL of one
+Ray Train worker mid-run against the uninterrupted Ray run.
+
+The training files hold one row group each, as large as a rank's share, so Ray Data's
+``streaming_split`` (order preserved: each row group to the split with the fewest rows so far)
+hands worker r exactly torchrun rank r's rows: the runs must agree bit for bit, final tables
+included. Each run is a fresh CLI process (worker start-up imports torch and torchrec in every
+worker: about a minute and a half per run on 2 loaded cores), hence slow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.synthetic import SyntheticConfig, generate
+from tests.train.conftest import REPO_ROOT, TINY_OPTIONS, as_flags, flat_checkpoint
+from tests.train.test_multiprocess import CLI, start_cli_ranks, wait_cli_ranks
+from torchrec_tpu.train.checkpoint import open_checkpoint
+from torchrec_tpu.train.checkpoint_dirs import resolve_checkpoint
+from torchrec_tpu.train.checkpoint_manifest import MANIFEST_FILE
+
+ROWS_PER_FILE = 4096  # 2 training files = 2 ranks' shares, 1 held out
+OPTIONS = {**TINY_OPTIONS, "epochs": 1, "checkpoint_every": 8}  # 8192 rows / 256 = 32 steps
+STEPS = 2 * ROWS_PER_FILE // int(OPTIONS["batch_size"])  # type: ignore[call-overload]
+RAY_FLAGS = ["--ray-workers", "2", "--ray-max-failures", "1"]
+POLL_S = 0.2
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ray_train_data")
+    generate(SyntheticConfig(num_rows=3 * ROWS_PER_FILE, seed=3, max_cardinality=500, rows_per_file=ROWS_PER_FILE,
+                             row_group_size=ROWS_PER_FILE), out, progress=False)
+    return out
+
+
+def _argv(data: Path, run: Path) -> list[str]:
+    return ["train", "--data", str(data), "--log-dir", str(run / "logs"), "--checkpoint-dir",
+            str(run / "checkpoints"), *as_flags(OPTIONS)]
+
+
+def _start_ray_cli(data: Path, run: Path) -> tuple[subprocess.Popen, Path]:
+    run.mkdir(parents=True, exist_ok=True)
+    out = run / "driver.out"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    # Ray Train's controller takes in reported checkpoints when it polls the workers (every 2 s
+    # by default); polled often, a kill soon after a report still finds the checkpoint registered
+    env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(POLL_S)
+    with open(out, "w") as stream:
+        proc = subprocess.Popen([sys.executable, "-c", CLI, *_argv(data, run), *RAY_FLAGS], env=env, stdout=stream,
+                                stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+    return proc, out
+
+
+def _wait(proc: subprocess.Popen, out: Path, timeout: float = 400) -> str:
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = out.read_text()
+    assert code == 0, f"the Ray run exited with {code}:\n{text[-4000:]}"
+    return text
+
+
+def _results(text: str) -> tuple[str, str]:
+    """(train loss, eval AUC line) of a job summary."""
+    train = re.search(r"train loss +([\d.]+)", text)
+    evaluation = re.search(r"eval AUC +([\d.]+ \(loss [\d.]+)", text)
+    assert train and evaluation, text[-3000:]
+    return train.group(1), evaluation.group(1)
+
+
+def _assert_same_state(got: dict, expected: dict) -> None:
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(got[key], value, rtol=0, atol=0, msg=key)
+
+
+@pytest.fixture(scope="module")
+def torchrun_run(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    run = tmp_path_factory.mktemp("torchrun")
+    outputs = wait_cli_ranks(start_cli_ranks(_argv(dataset, run), run, 2), timeout=400)
+    return outputs[0], resolve_checkpoint(run / "checkpoints")
+
+
+@pytest.fixture(scope="module")
+def ray_run(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    run = tmp_path_factory.mktemp("ray")
+    return _wait(*_start_ray_cli(dataset, run)), resolve_checkpoint(run / "checkpoints")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_ray_train_equals_torchrun(ray_run, torchrun_run, tmp_path: Path) -> None:
+    (ray_out, ray_final), (torchrun_out, torchrun_final) = ray_run, torchrun_run
+    assert f"steps           {STEPS} ({STEPS * OPTIONS['batch_size']:,} samples this run, 2 rank(s))" in ray_out
+    assert _results(ray_out) == _results(torchrun_out)
+    _assert_same_state(flat_checkpoint(ray_final, tmp_path / "ray.pt"),
+                       flat_checkpoint(torchrun_final, tmp_path / "torchrun.pt"))
+    # the checkpoint Ray holds is a copy of ours, intact by its own manifest
+    reported = Path(re.search(r"ray checkpoint +(\S+)", ray_out).group(1))  # type: ignore[union-attr]
+    assert reported.name == ray_final.name and reported != ray_final
+    assert open_checkpoint(reported)[0] == reported
+
+
+def _descendants(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [root]
+    while frontier:
+        pid = frontier.pop()
+        children = [child for child, parent in parents.items() if parent == pid]
+        found += children
+        frontier += children
+    return found
+
+
+def _train_workers(driver: int) -> list[int]:
+    pids = []
+    for pid in _descendants(driver):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::RayTrainWorker"):
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sigkill_of_a_ray_worker_restarts_from_the_last_checkpoint(dataset: Path, ray_run, tmp_path: Path) -> None:
+    proc, out = _start_ray_cli(dataset, tmp_path)
+    reported = tmp_path / "logs" / "ray" / "train"
+    deadline = time.monotonic() + 300
+    while len(list(reported.glob(f"checkpoint.step-*/{MANIFEST_FILE}"))) < 2:  # Ray holds 2 checkpoints
+        assert proc.poll() is None, f"the run ended before it could be killed:\n{out.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "Ray reported no second checkpoint in time"
+        time.sleep(0.005)
+    time.sleep(5 * POLL_S)  # the controller has polled since: the first checkpoint is registered
+    workers = _train_workers(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[-1], signal.SIGKILL)
+    text = _wait(proc, out)
+    assert "resuming from" in text, text[-3000:]
+    final = resolve_checkpoint(tmp_path / "checkpoints")
+    meta = open_checkpoint(final)[1]
+    assert meta["step"] == STEPS and 0 < meta["samples"] < STEPS * OPTIONS["batch_size"], meta  # resumed mid-run
+    _assert_same_state(flat_checkpoint(final, tmp_path / "killed.pt"),
+                       flat_checkpoint(ray_run[1], tmp_path / "full.pt"))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--ray-workers", "-1"], "--ray-workers=-1 must be >= 1"),
+    (["--ray-workers", "2", "--ray-cpus-per-worker", "0"], "--ray-cpus-per-worker=0.0 must be > 0"),
+    (["--ray-workers", "2", "--ray-tpu-topology", "4x4"], "needs the slice's topology and accelerator type"),
+    (["--ray-workers", "2", "--ray-tpu-type", "TPU-V6E"], "--ray-tpu-type needs --ray-tpu-topology"),
+    (["--ray-workers", "2", "--shuffle-batches"], "--shuffle-batches shuffles a reader's batches in memory"),
+    (["--ray-workers", "2", "--in-memory-binary-criteo-path", "/nonexistent"], "convert it to Parquet"),
+])
+def test_bad_ray_flags_fail_before_ray_starts(flags: list[str], message: str, capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    from torchrec_tpu import cli
+
+    assert cli.main(["train", "--log-dir", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_ray_ready_config_fixes_every_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray Train runs workers in a directory of its own: relative paths and the timestamped
+    default log directory are resolved on the driver, once."""
+    from torchrec_tpu.train.config import TrainConfig
+    from torchrec_tpu.train.ray_train import ray_ready_config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TORCHREC_TPU_CACHE", raising=False)
+    config = ray_ready_config(TrainConfig(data="data", checkpoint_dir="ckpt", resume="old"))
+    assert config.data == str(tmp_path / "data") and config.checkpoint_dir == str(tmp_path / "ckpt")
+    assert config.resume == str(tmp_path / "old")
+    assert Path(config.log_dir).parent == tmp_path / "runs"  # type: ignore[arg-type]
+    assert config.cache_dir == str(Path.home() / ".cache" / "torchrec_tpu")
+    assert ray_ready_config(TrainConfig(data="synthetic")).data == "synthetic"
