@@ -70,9 +70,9 @@ class TrainConfig:
             "runs them with the dense optimizer as one compiled program per step (one rank; several "
             "ranks run eagerly). cpu is the default: with the tpu device backed by XLA:CPU (no TPU), "
             "tpu measured 0.70-1.20x cpu on the default towers and 0.96-1.09x at the anchor config "
-            "(26 x 100k x 64, 512-wide towers, batch 2048), and its first step traces and compiles "
-            "(5-14 s; the persistent compile cache skips the compile from the second run) "
-            "(bench/bench_dense_device.py); choose tpu on a real TPU", choices=DENSE_DEVICES,
+            "(26 x 100k x 64, 512-wide towers, batch 2048) (bench/bench_dense_device.py); its first "
+            "step traces and compiles (3-7 s), a second run loads both from the persistent compile "
+            "cache (1.0-1.8 s, bench/bench_first_step.py); choose tpu on a real TPU", choices=DENSE_DEVICES,
         ),
     )
     dense_parallel: str = field(
