@@ -23,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slices", type=int, default=1, metavar="N",
                         help="number of slices joined by DCN (multislice)")
     parser.add_argument("--batch-size", type=int, default=65536, metavar="N", help="global batch size")
+    parser.add_argument("--dense-params", type=int, default=0, metavar="N",
+                        help="parameters of the data-parallel dense towers: the plan prices their float32 "
+                             "gradient all-reduce, hierarchical with --slices > 1 (ICI within each slice, then "
+                             "DCN across slices); it does not move tables (default: 0, not priced)")
     parser.add_argument("--pooling-factor", action="append", default=[], metavar="[TABLE=]F",
                         help="mean ids per sample: 'F' for every table or 'TABLE=F'; repeatable (default: the "
                              "tables file's pooling_factor, else 1)")
@@ -78,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
             tables = [t if t.name in per_table_pf else replace(t, pooling_factor=default_pf) for t in tables]
         names = [n.strip() for n in args.compare.split(",") if n.strip()] or [args.topology]
         topologies = [resolve_topology(n, args.slices) for n in names]
+        if args.dense_params < 0:
+            raise ValueError(f"--dense-params {args.dense_params}: must be >= 0")
     except (ValueError, FileNotFoundError, ImportError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -86,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     for name, topology in zip(names, topologies):
         try:
             results.append((name, plan_tables(tables, topology, args.batch_size, args.max_ids_per_partition,
-                                              progress=args.progress)))
+                                              progress=args.progress, dense_params=args.dense_params)))
         except PlanningError as err:
             results.append((name, str(err)))
 

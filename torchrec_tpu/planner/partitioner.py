@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -382,6 +382,12 @@ def _progress(items: Sequence[Any], enabled: bool, desc: str) -> Sequence[Any]:
 
 def plan_tables(tables: Sequence[EmbeddingTable], topology: TPUTopology, batch_size: int,
                 max_ids_per_partition: int = DEFAULT_MAX_IDS_PER_PARTITION,
-                constraints: Mapping[str, Any] | None = None, progress: bool = False) -> Plan:
-    """Plan ``tables`` on ``topology`` for global ``batch_size``; raises ``PlanningError``."""
-    return Partitioner(topology, batch_size, max_ids_per_partition, constraints).plan(tables, progress)
+                constraints: Mapping[str, Any] | None = None, progress: bool = False,
+                dense_params: int = 0) -> Plan:
+    """Plan ``tables`` on ``topology`` for global ``batch_size``; raises ``PlanningError``.
+    ``dense_params``: the data-parallel parameters, whose gradient all-reduce the plan prices
+    (``Plan.dense_allreduce_s``; it does not change where tables go)."""
+    if dense_params < 0:
+        raise ValueError(f"dense_params must be >= 0, got {dense_params}")
+    plan = Partitioner(topology, batch_size, max_ids_per_partition, constraints).plan(tables, progress)
+    return replace(plan, dense_params=dense_params)
