@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_tpu.compile as tc
-
 from tests.compile.models import mlp
 
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 import torch.fx
 
+from torch_tpu import persistent_cache as cache
 from torch_tpu import random as tpu_random
 from torch_tpu._jax import jax
-from torch_tpu import persistent_cache as cache
 from torch_tpu.compile import fx_to_jax
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
 from torch_tpu.dtypes import to_jax_dtype

@@ -129,7 +129,7 @@ def _describe(value: Any, depth: int = 0) -> str:
     if isinstance(value, torch.Tensor):
         return compiled_graph.tensor_digest(value).hex()
     if isinstance(value, types.FunctionType):
-        cells = [c.cell_contents for c in value.__closure__ or () if _filled(c)]
+        cells = _cell_values(value)
         return (f"fn:{value.__module__}.{value.__qualname__}:{_code_digest(value)}:"
                 f"{_describe(cells, depth + 1)}:{_describe(value.__defaults__, depth + 1)}")
     if isinstance(value, types.MethodType):
@@ -144,12 +144,14 @@ def _describe(value: Any, depth: int = 0) -> str:
     return f"{type(value).__qualname__}:{value!r}"
 
 
-def _filled(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
+def _cell_values(fn: types.FunctionType) -> list[Any]:
+    values = []
+    for cell in fn.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # not assigned yet
+            continue
+    return values
 
 
 def _has_hooks(module: nn.Module) -> bool:

@@ -36,10 +36,16 @@ from torch.utils import _pytree as pytree
 from torch_tpu import persistent_cache
 from torch_tpu import random as tpu_random
 from torch_tpu._jax import jax, jnp
-from torch_tpu.compile import graph as compiled_graph, step_cache
+from torch_tpu.compile import graph as compiled_graph
+from torch_tpu.compile import step_cache
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
 from torch_tpu.compile.step_trace import (
-    LossFn, StepGraph, StepSignature, TensorSpec, trace_step, unchanged_outputs,
+    LossFn,
+    StepGraph,
+    StepSignature,
+    TensorSpec,
+    trace_step,
+    unchanged_outputs,
 )
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, to_jax, write
@@ -247,7 +253,8 @@ class TrainStep:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def _inputs(self, state_and_groups: list[torch.Tensor | float], batch_tensors: list[torch.Tensor]) -> list[jax.Array]:
+    def _inputs(self, state_and_groups: list[torch.Tensor | float],
+                batch_tensors: list[torch.Tensor]) -> list[jax.Array]:
         model_tensors = [*self._params, *(t for _, t in self._others)]
         arrays = [to_jax(t) for t in model_tensors]
         arrays += [_device_array(t) for t in state_and_groups]
@@ -328,7 +335,8 @@ class _Replay:
 
     def __init__(self, program: _Program, tensors: list[TpuTensor], arrays: list[jax.Array],
                  next_output: list[int | None], fixed: list[jax.Array], batch_key: tuple,
-                 entries: list[tuple[torch.Tensor, dict, tuple, tuple]], groups: list[tuple[dict, tuple]], training: bool,
+                 entries: list[tuple[torch.Tensor, dict, tuple, tuple]], groups: list[tuple[dict, tuple]],
+                 training: bool,
                  num_states: int) -> None:
         self.program, self.tensors, self.arrays, self.next_output = program, tensors, arrays, next_output
         self.fixed, self.batch_key, self.entries, self.groups = fixed, batch_key, entries, groups

@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from torchrec.datasets.utils import Batch
 from tqdm import tqdm
 
-from pipelines.parquet_reader import batches_from_row
+from pipelines.streams import batches_from_row
 from torchrec_tpu.train.metrics import EvalResult, evaluate
 from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
