@@ -46,7 +46,7 @@ def worker(args: argparse.Namespace) -> None:
     from torchrec_tpu.train.config import TrainConfig
     from torchrec_tpu.train.job import run_job
 
-    config = TrainConfig(
+    config = TrainConfig.from_options(
         engine=args.engine, model=args.model, data=args.data, log_dir=args.log_dir, eval_files=1,
         num_embeddings=args.num_embeddings, embedding_dim=args.embedding_dim, dense_arch=args.dense_arch,
         over_arch=args.over_arch, batch_size=args.batch_size, eval_batch_size=args.batch_size, epochs=1,
@@ -143,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 ratios = [s[key] / t[key] for s, t in zip(results["sparsecore"], results["torchrec"])]
                 medians = {e: statistics.median(r[key] for r in results[e]) for e in ENGINES}
                 print(f"  world {world} {label:<12}  torchrec {medians['torchrec']:>8,.0f}  sparsecore "
-                      f"{medians['sparsecore']:>8,.0f} samples/s   sparsecore/torchrec {statistics.median(ratios):.2f}x "
+                      f"{medians['sparsecore']:>8,.0f} samples/s   "
+                      f"sparsecore/torchrec {statistics.median(ratios):.2f}x "
                       f"(runs: {', '.join(f'{r:.2f}' for r in ratios)}; load {os.getloadavg()[0]:.2f})")
 
 

@@ -46,7 +46,8 @@ class _StackProgram:
     def forward(self, table, row_pointers, embedding_ids, sample_ids, gains):
         out = embedding.tpu_sparse_dense_matmul(
             self._input(row_pointers, embedding_ids, sample_ids, gains),
-            {self.stack.name: embedding.EmbeddingVariables(table, ())}, self.specs, global_device_count=self.devices, num_sc_per_device=self.s, perform_unstacking=False,
+            {self.stack.name: embedding.EmbeddingVariables(table, ())}, self.specs, global_device_count=self.devices,
+            num_sc_per_device=self.s, perform_unstacking=False,
         )
         return out[self.stack.name]
 

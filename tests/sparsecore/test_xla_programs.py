@@ -70,7 +70,8 @@ def test_compiled_lookup_equals_reading_the_csr_buffers_bit_for_bit():
     assert out.numpy().tobytes() == expected.tobytes()
 
 
-@pytest.mark.parametrize("optimizer", [opt.Adam(0.05), opt.RowWiseAdagrad(0.1, initial_accumulator_value=0.0, eps=1e-3)])
+@pytest.mark.parametrize("optimizer",
+                         [opt.Adam(0.05), opt.RowWiseAdagrad(0.1, initial_accumulator_value=0.0, eps=1e-3)])
 def test_mixed_batch_sizes_train_like_the_reference(optimizer):
     plan = _plan(batch=(16, 32), topology=SparseCoreTopology("v5p", 1))
     tables = [TableSpec(t.name, t.vocab_size, t.dim, t.combiner, optimizer) for t in plan.tables.values()]

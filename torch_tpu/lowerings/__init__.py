@@ -7,6 +7,7 @@ from torch_tpu.lowerings import (  # noqa: F401
     elementwise,
     embedding_bag,
     factories,
+    foreach,  # noqa: F401,E402  (builds on the per-tensor lowerings)
     indexing,
     linalg,
     losses,
@@ -16,4 +17,3 @@ from torch_tpu.lowerings import (  # noqa: F401
     rnn,
     shape,
 )
-from torch_tpu.lowerings import foreach  # noqa: F401,E402  (builds on the per-tensor lowerings)

@@ -43,9 +43,9 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from tpu_facts import ALIGNMENT, DEFAULT_MAX_IDS_PER_PARTITION, round_up
 from torchrec_tpu.planner.tables import OPTIMIZER_SLOTS, EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
+from tpu_facts import ALIGNMENT, DEFAULT_MAX_IDS_PER_PARTITION, round_up
 
 PARAM_BYTES = 4
 ACTIVATION_BYTES = 4

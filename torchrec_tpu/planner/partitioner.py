@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION, GIB
 from torchrec_tpu.planner.cost_model import (
     ALL_TO_ALLS_PER_STEP,
     Load,
@@ -38,6 +37,7 @@ from torchrec_tpu.planner.cost_model import (
 from torchrec_tpu.planner.plan import DevicePlan, Plan, ShardPlacement, StackPlan, TablePlan
 from torchrec_tpu.planner.tables import EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
+from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION, GIB
 
 _EPS = 1e-12
 
@@ -168,7 +168,8 @@ class Partitioner:
         ``uniform + max(placed work / D, the option's largest shard)``: what LPT placement reaches
         when placed work balances, but never less than one shard. Starts from the least-work
         options and re-chooses tables, largest shard first (two passes)."""
-        chosen = {n: min(opts, key=lambda o: (o.total_time_s(self.d), o.max_shard_time_s)) for n, opts in options.items()}
+        chosen = {n: min(opts, key=lambda o: (o.total_time_s(self.d), o.max_shard_time_s))
+                  for n, opts in options.items()}
         uniform = sum(o.uniform.time_s for o in chosen.values())
         placed = sum(_placed_work(o) for o in chosen.values())
         order = sorted(options, key=lambda n: (-chosen[n].max_shard_time_s, n))
@@ -242,7 +243,8 @@ class Partitioner:
                     options: Mapping[str, list[ShardingOption]]) -> dict[str, ShardingOption]:
         """Swap tables to their leanest option (largest saving first) until the average device
         fits; raise with the shortfall when even the leanest options do not."""
-        lean = {n: min(opts, key=lambda o: (self._mean_memory(o), o.total_time_s(self.d))) for n, opts in options.items()}
+        lean = {n: min(opts, key=lambda o: (self._mean_memory(o), o.total_time_s(self.d)))
+                for n, opts in options.items()}
         need = sum(self._mean_memory(o) for o in chosen.values())
         if need > self.usable:
             for name in sorted(chosen, key=lambda n: (self._mean_memory(lean[n]) - self._mean_memory(chosen[n]), n)):
@@ -339,7 +341,8 @@ class Partitioner:
         out = []
         for t in tables:
             chosen = self.choices[t.name].option
-            better = [o for o in self.over_limit.get(t.name, []) if o.total_time_s(self.d) < chosen.total_time_s(self.d)]
+            limit = chosen.total_time_s(self.d)
+            better = [o for o in self.over_limit.get(t.name, []) if o.total_time_s(self.d) < limit]
             if better:
                 best = min(better, key=lambda o: (o.ids_per_partition, o.total_time_s(self.d)))  # smallest unlock
                 out.append(
@@ -379,6 +382,12 @@ def _progress(items: Sequence[Any], enabled: bool, desc: str) -> Sequence[Any]:
 
 def plan_tables(tables: Sequence[EmbeddingTable], topology: TPUTopology, batch_size: int,
                 max_ids_per_partition: int = DEFAULT_MAX_IDS_PER_PARTITION,
-                constraints: Mapping[str, Any] | None = None, progress: bool = False) -> Plan:
-    """Plan ``tables`` on ``topology`` for global ``batch_size``; raises ``PlanningError``."""
-    return Partitioner(topology, batch_size, max_ids_per_partition, constraints).plan(tables, progress)
+                constraints: Mapping[str, Any] | None = None, progress: bool = False,
+                dense_params: int = 0) -> Plan:
+    """Plan ``tables`` on ``topology`` for global ``batch_size``; raises ``PlanningError``.
+    ``dense_params``: the data-parallel parameters, whose gradient all-reduce the plan prices
+    (``Plan.dense_allreduce_s``; it does not change where tables go)."""
+    if dense_params < 0:
+        raise ValueError(f"dense_params must be >= 0, got {dense_params}")
+    plan = Partitioner(topology, batch_size, max_ids_per_partition, constraints).plan(tables, progress)
+    return replace(plan, dense_params=dense_params)

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION
 from torchrec_tpu.planner.cost_model import Load, OptionBuilder, ShardingOption
 from torchrec_tpu.planner.tables import EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
+from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION
 
 PROXY_DEVICE = "mtia"
 SUPPORTED = ("table_wise", "column_wise", "row_wise")  # what "mtia" sharders offer that we cost

@@ -70,7 +70,8 @@ class Shard:
         return ids // self.row_stride if self.kind == "row_wise" else ids
 
 
-def make_shards(tables: Sequence[TableSpec], sharding: Mapping[str, TableSharding], world_size: int) -> dict[str, list[Shard]]:
+def make_shards(tables: Sequence[TableSpec], sharding: Mapping[str, TableSharding],
+                world_size: int) -> dict[str, list[Shard]]:
     """Every table's shards, in rank order (column order for column_wise)."""
     unknown = sorted(set(sharding) - {t.name for t in tables})
     if unknown:

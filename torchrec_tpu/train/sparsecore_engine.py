@@ -9,9 +9,9 @@ same shape of state.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
@@ -21,15 +21,18 @@ from sparsecore.stacking import BatchSizeError
 from sparsecore.torchrec_convert import specs_from_configs
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
-from torchrec_tpu.train.dense_placement import DenseDDP, parallelize_dense, place_dense
 from torchrec_tpu.train.config import ConfigError
+from torchrec_tpu.train.dense_placement import DenseDDP, parallelize_dense, place_dense
+from torchrec_tpu.train.dense_placement import dense_device as device_named
+from torchrec_tpu.train.dense_step import step_function
 from torchrec_tpu.train.distributed import DistEnv, new_group
-from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
+from torchrec_tpu.train.loop import StepFn
+from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm
 from torchrec_tpu.train.plan_loading import resolve_sharding
 from torchrec_tpu.train.rank_agreement import AgreedBatches
-from torchrec_tpu.train.sharding import DENSE_OPTIMIZER_CLASSES
+from torchrec_tpu.train.torchrec_engine import DENSE_OPTIMIZER_CLASSES
 
-EBC_PATH = "model.sparse_arch.embedding_bag_collection"
 PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
 
@@ -101,3 +104,44 @@ def build_dense_optimizer(model: nn.Module, dense_optimizer: str, dense_lr: floa
     on_host = all(p.device.type == "cpu" for p in params.values())
     # foreach: one multi-tensor op per update step instead of one per parameter (device op overhead)
     return KeyedOptimizerWrapper(params, lambda ps: cls(ps, lr=dense_lr, foreach=None if on_host else True))
+
+
+@dataclass(frozen=True)
+class SparseCoreEngine:
+    """The :class:`~torchrec_tpu.train.engines.Engine` of our sparsecore EBC (xla backend), sharded
+    as ``plan`` says, dense towers on ``dense_device`` synced by ``dense_parallel``."""
+
+    sparse_optimizer: str
+    sparse_lr: float
+    dense_optimizer: str
+    dense_lr: float
+    batch_size: int  # global
+    seed: int
+    plan: str | None = None
+    dense_device: str = "cpu"
+    dense_parallel: str = "ddp"
+    name = "sparsecore"
+
+    def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
+        """(The batches stay on the host, ``device``; the towers go to ``dense_device``.)"""
+        return build_sparsecore_model(spec, env, device_named(self.dense_device), self.sparse_optimizer,
+                                      self.sparse_lr, self.batch_size, self.seed, self.plan, self.dense_parallel)
+
+    def build_optimizer(self, model: nn.Module) -> KeyedOptimizerWrapper:
+        return build_dense_optimizer(model, self.dense_optimizer, self.dense_lr)
+
+    def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
+                     background: bool = True) -> Iterable[Batch]:
+        """:func:`pipelined` (input dist on a prefetch thread, ranks agreeing there); without
+        ``background`` the input dist runs inside the step and the ranks agree on the default group."""
+        if background:
+            return pipelined(batches, model, env, device)
+        return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
+
+    def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
+        return step_function(model, optimizer, self.name, device_named(self.dense_device), env.world_size,
+                             self.dense_parallel)
+
+    def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: torch.optim.Optimizer) -> LearningRates:
+        """Over the dense groups; the fused embedding rate is fixed (``policy`` must be constant)."""
+        return LearningRates(policy, list(optimizer.param_groups), self.dense_lr, None, self.sparse_lr)
