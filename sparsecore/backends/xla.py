@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+import xla_cache
 from sparsecore.backends.base import Backend, check_grads
 from sparsecore.backends.xla_inputs import SlotForward, StackEntries, stack_entries, stack_input
 from sparsecore.backends.xla_layout import ActivationLayout
@@ -34,6 +35,8 @@ from sparsecore.limits import OVERFLOW_POLICIES, StackStats
 from sparsecore.preprocess import RowOrderedEntries, StackCSR, csr_entries, preprocess_row_ordered
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput
+
+xla_cache.install()  # the persistent compile cache every job shares (without the tpu device)
 
 
 def to_jax(tensor: torch.Tensor) -> jax.Array:
@@ -164,11 +167,12 @@ class XlaBackend(Backend):
                 tables, slots, row_dims = self._state_shapes
                 inputs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), prepared.arrays)
                 grad = jax.eval_shape(self._lookup_program, tables, inputs)
-                self._programs[prepared.key] = (
-                    self._lookup_jit.lower(tables, inputs).compile(),
-                    self._update_jit.lower(tables, slots, row_dims, jax.ShapeDtypeStruct((), jnp.int32), grad,
-                                           inputs).compile(),
-                )
+                with xla_cache.persistent():  # whole step programs: a second run loads them
+                    self._programs[prepared.key] = (
+                        self._lookup_jit.lower(tables, inputs).compile(),
+                        self._update_jit.lower(tables, slots, row_dims, jax.ShapeDtypeStruct((), jnp.int32), grad,
+                                               inputs).compile(),
+                    )
             return self._programs[prepared.key]
 
     def lookup(self, prepared: Any) -> tuple[torch.Tensor, PreparedLookup]:

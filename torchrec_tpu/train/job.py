@@ -53,6 +53,8 @@ class JobSummary:
             f"  data            {self.data}",
             f"  steps           {r.steps} ({r.samples:,} samples this run, {self.world_size} rank(s))",
             f"  throughput      {r.samples_per_sec:,.0f} samples/s (input + train steps, eval excluded)",
+            f"  first step      {r.first_step_seconds:.2f} s (input, tracing and compiling; the persistent "
+            "compile cache skips the last two from the second run on)",
             f"  train loss      {r.final_train_loss:.4f} (mean of the last steps)",
             f"  eval AUC        {r.eval.auc:.4f} (loss {r.eval.loss:.4f}, {r.eval.samples:,} samples)",
             f"  tensorboard     {self.log_dir}",
