@@ -21,7 +21,7 @@ from sparsecore.stacking import BatchSizeError
 from sparsecore.torchrec_convert import specs_from_configs
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
-from torchrec_tpu.train.config import ConfigError
+from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig
 from torchrec_tpu.train.dense_placement import DenseDDP, parallelize_dense, place_dense
 from torchrec_tpu.train.dense_placement import dense_device as device_named
 from torchrec_tpu.train.dense_step import step_function
@@ -109,26 +109,24 @@ def build_dense_optimizer(model: nn.Module, dense_optimizer: str, dense_lr: floa
 @dataclass(frozen=True)
 class SparseCoreEngine:
     """The :class:`~torchrec_tpu.train.engines.Engine` of our sparsecore EBC (xla backend), sharded
-    as ``plan`` says, dense towers on ``dense_device`` synced by ``dense_parallel``."""
+    as ``options.plan`` says, dense towers on ``options.dense_device`` synced by
+    ``options.dense_parallel``; ``optim``'s optimizers, ``batch_size`` the global batch, ``seed``
+    the tables' initialisation."""
 
-    sparse_optimizer: str
-    sparse_lr: float
-    dense_optimizer: str
-    dense_lr: float
-    batch_size: int  # global
+    optim: OptimConfig
+    options: EngineConfig
+    batch_size: int
     seed: int
-    plan: str | None = None
-    dense_device: str = "cpu"
-    dense_parallel: str = "ddp"
     name = "sparsecore"
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
-        """(The batches stay on the host, ``device``; the towers go to ``dense_device``.)"""
-        return build_sparsecore_model(spec, env, device_named(self.dense_device), self.sparse_optimizer,
-                                      self.sparse_lr, self.batch_size, self.seed, self.plan, self.dense_parallel)
+        """(The batches stay on the host, ``device``; the towers go to the dense device.)"""
+        return build_sparsecore_model(spec, env, device_named(self.options.dense_device),
+                                      self.optim.sparse_optimizer, self.optim.sparse_lr, self.batch_size, self.seed,
+                                      self.options.plan, self.options.dense_parallel)
 
     def build_optimizer(self, model: nn.Module) -> KeyedOptimizerWrapper:
-        return build_dense_optimizer(model, self.dense_optimizer, self.dense_lr)
+        return build_dense_optimizer(model, self.optim.dense_optimizer, self.optim.dense_lr)
 
     def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
                      background: bool = True) -> Iterable[Batch]:
@@ -139,9 +137,9 @@ class SparseCoreEngine:
         return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
 
     def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
-        return step_function(model, optimizer, self.name, device_named(self.dense_device), env.world_size,
-                             self.dense_parallel)
+        return step_function(model, optimizer, self.name, device_named(self.options.dense_device), env.world_size,
+                             self.options.dense_parallel)
 
     def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: torch.optim.Optimizer) -> LearningRates:
         """Over the dense groups; the fused embedding rate is fixed (``policy`` must be constant)."""
-        return LearningRates(policy, list(optimizer.param_groups), self.dense_lr, None, self.sparse_lr)
+        return LearningRates(policy, list(optimizer.param_groups), self.optim.dense_lr, None, self.optim.sparse_lr)
