@@ -28,7 +28,7 @@ from torchrec_tpu.train.dense_step import step_function
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
-from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm
+from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
 from torchrec_tpu.train.plan_loading import resolve_sharding
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 from torchrec_tpu.train.torchrec_engine import DENSE_OPTIMIZER_CLASSES
@@ -59,17 +59,16 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
     same model on cpu and tpu."""
     model = build_dlrm(spec, dense_device=torch.device("cpu"))
-    arch = model.model.sparse_arch
     local_batch = max(1, batch_size // env.world_size)
-    tables_ebc = arch.embedding_bag_collection
+    tables_ebc = ebc_of(model)
     optimizer = sparse_optimizer_spec(sparse_optimizer, sparse_lr)
     tables, _ = specs_from_configs(tables_ebc.embedding_bag_configs(), local_batch, optimizer=optimizer)
     placement = resolve_sharding(plan, tables, env.world_size, batch_size)
     try:
-        arch.embedding_bag_collection = ShardedSparseCoreEBC.from_torchrec(
+        model.set_submodule(EBC_PATH, ShardedSparseCoreEBC.from_torchrec(
             tables_ebc, local_batch, placement.sharding, optimizer, topology=placement.rank_topology,
             seed=seed, average_over_ranks=True,
-        )
+        ))
     except BatchSizeError as err:
         raise ConfigError(f"--batch-size={batch_size} ({local_batch} per rank on {env.world_size} rank(s)) "
                           f"does not fit the sparsecore engine: {err}") from None
@@ -87,7 +86,7 @@ def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: 
     """``batches`` with their input dist run ``depth`` batches ahead on a background thread (over
     a process group of its own when there are several ranks, where the ranks first agree that each
     has its batch: :mod:`~torchrec_tpu.train.rank_agreement`; a collective: call on every rank)."""
-    ebc = _unwrap(model).model.sparse_arch.embedding_bag_collection
+    ebc = ebc_of(_unwrap(model))
     group = new_group(env) if env.world_size > 1 else None
     if group is not None:
         batches = AgreedBatches(batches, group, env.rank, env.world_size)
