@@ -8,9 +8,9 @@ from torch_tpu import device as _device
 
 _device.register()
 
-from torch_tpu import persistent_cache as _persistent_cache  # noqa: E402
+import xla_cache as _xla_cache  # noqa: E402
 
-_persistent_cache.install()  # on by default for every job using the device
+_xla_cache.install()  # the shared persistent compile cache, on by default
 
 from torch_tpu import dispatch as _dispatch  # noqa: E402
 from torch_tpu import kernels as _kernels  # noqa: E402,F401

@@ -68,7 +68,7 @@ def test_cli_rejects_zero_steps(capsys) -> None:
 def test_cli_profiles_the_training_default_engine() -> None:
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    assert config_from_args(parser.parse_args([])).engine == TrainConfig().engine == "sparsecore"
+    assert config_from_args(parser.parse_args([])).engine.kind == TrainConfig().engine.kind == "sparsecore"
 
 
 def test_cli_refuses_npy_input(capsys, tmp_path) -> None:

@@ -190,9 +190,10 @@ def test_ray_ready_config_fixes_every_path(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TORCHREC_TPU_CACHE", raising=False)
-    config = ray_ready_config(TrainConfig(data="data", checkpoint_dir="ckpt", resume="old"))
-    assert config.data == str(tmp_path / "data") and config.checkpoint_dir == str(tmp_path / "ckpt")
-    assert config.resume == str(tmp_path / "old")
-    assert Path(config.log_dir).parent == tmp_path / "runs"  # type: ignore[arg-type]
-    assert config.cache_dir == str(Path.home() / ".cache" / "torchrec_tpu")
-    assert ray_ready_config(TrainConfig(data="synthetic")).data == "synthetic"
+    config = ray_ready_config(TrainConfig.from_options(data="data", checkpoint_dir="ckpt", resume="old"))
+    assert config.data.source == str(tmp_path / "data")
+    assert config.checkpoint.checkpoint_dir == str(tmp_path / "ckpt")
+    assert config.checkpoint.resume == str(tmp_path / "old")
+    assert Path(str(config.loop.log_dir)).parent == tmp_path / "runs"
+    assert config.data.cache_dir == str(Path.home() / ".cache" / "torchrec_tpu")
+    assert ray_ready_config(TrainConfig.from_options(data="synthetic")).data.source == "synthetic"

@@ -56,10 +56,10 @@ def profile_training(
     """Run ``warmup`` + ``steps`` training steps, tracing the last ``steps``."""
     if steps < 1 or warmup < 1:
         raise ValueError(f"need steps >= 1 and warmup >= 1, got steps={steps}, warmup={warmup}")
-    if config.in_memory_binary_criteo_path is not None:
+    if config.data.in_memory_binary_criteo_path is not None:
         raise ValueError("profile reads Parquet (--data); --in-memory-binary-criteo-path is for train")
-    log_dir = Path(log_dir) if log_dir else config.resolved_log_dir() / "profile"
-    torch.manual_seed(config.seed)
+    log_dir = Path(log_dir) if log_dir else config.loop.resolved_log_dir() / "profile"
+    torch.manual_seed(config.loop.seed)
     with process_group() as env, open_data(config, env) as data:
         train = data.train
         reader = PhasedParquetReader(
@@ -89,9 +89,9 @@ def profile_training(
         model.train()
         for _ in range(warmup):
             step()
-        progress = config.progress and env.is_primary
+        progress = config.loop.progress and env.is_primary
         with phase_ranges(model), profiling(log_dir) as files:
             for index in tqdm(range(steps), desc="profile", unit="step", disable=not progress):
                 with traced_step(index):
                     step()
-    return ProfileResult(config.engine, steps, log_dir, files, format_summary(files.profiler, steps, top))
+    return ProfileResult(config.engine.kind, steps, log_dir, files, format_summary(files.profiler, steps, top))

@@ -16,7 +16,7 @@ optimizer there; no gradient of the tables ever materialises.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +28,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from sparsecore.optimizers import OptimizerSpec
 from sparsecore.preprocess import combined_gains
-from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
+from sparsecore.specs import FeatureSpec
 from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.collectives import all_to_all
-from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, torchrec_weights
+from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
 from torchrec_tpu.sharding.shards import TableSharding
 
 
@@ -66,48 +66,28 @@ class PrefetchedKJT(KeyedJaggedTensor):
 
 class ShardedSparseCoreEBC(ShardedTables):
     """Pooled lookups of ``features`` (``batch_size`` = this rank's batch) over ``tables``, sharded
-    over ``group`` (default: the world; no process group: one rank) as ``sharding`` says.
-
-    ``weights`` are the full logical tables (identical on every rank); default: each table's
-    ``TableSpec.init_weights(seed)``. Each table's ``optimizer`` is applied fused in backward.
-    ``average_over_ranks`` divides the table gradients by the world size, as DDP averages the
-    dense ones: with a per-rank mean loss, W ranks then train like one rank on the global batch.
-    """
+    over ``group`` (default: the world; no process group: one rank) as ``sharding`` says; the
+    options (weights, local engine, ``average_over_ranks``) are :class:`ShardedTables`'."""
 
     table_modules = "embedding_bags"
 
-    def __init__(
-        self,
-        tables: Sequence[TableSpec],
-        features: Sequence[FeatureSpec],
-        sharding: Mapping[str, TableSharding],
-        *,
-        group: dist.ProcessGroup | None = None,
-        topology: SparseCoreTopology = SparseCoreTopology(),
-        backend: str = "xla",
-        weights: Mapping[str, torch.Tensor] | None = None,
-        seed: int = 0,
-        id_policy: str = "error",
-        average_over_ranks: bool = False,
-        **backend_options: Any,
-    ):
-        super().__init__(tables, features, sharding, group, average_over_ranks)
-        batch_sizes = {f.batch_size for f in features}
+    def _configure(self) -> None:
+        batch_sizes = {f.batch_size for f in self.features}
         if len(batch_sizes) != 1:
             raise ValueError(f"all features need one batch size for a KeyedTensor output, got {sorted(batch_sizes)}")
         self.batch_size = batch_sizes.pop()
-        self.id_policy = id_policy
-        self._offsets = dict(zip([f.name for f in features],
-                                 np.cumsum([0] + [self.tables[f.table].dim for f in features]).tolist()))
-        local_features = [FeatureSpec(f.name, f.table, self.batch_size * self.world_size, weighted=True)
-                          for f, _ in self._served[self.rank]]
-        self._backend = self._make_backend(local_features, topology, backend, weights, seed, backend_options)
+        dims = [self.tables[f.table].dim for f in self.features]
+        self._offsets = dict(zip([f.name for f in self.features], np.cumsum([0] + dims).tolist()))
         # output columns of every rank's served (feature, shard) pairs, in message order
         self._columns = [torch.from_numpy(np.concatenate(
             [np.arange(self._offsets[f.name] + s.col_offset, self._offsets[f.name] + s.col_offset + s.cols)
              for f, s in pairs] or [np.zeros(0, dtype=np.int64)])) for pairs in self._served]
-        self._placement = _OutputPlacement(self._served, self._columns, self.rank,
-                                           sum(self.tables[f.table].dim for f in features))
+        self._placement = _OutputPlacement(self._served, self._columns, self.rank, sum(dims))
+
+    def _local_features(self) -> list[FeatureSpec]:
+        """Each served feature over the global batch, weighted (the gains carry the combiner)."""
+        return [FeatureSpec(f.name, f.table, self.batch_size * self.world_size, weighted=True)
+                for f, _ in self._served[self.rank]]
 
     @classmethod
     def from_torchrec(cls, ebc: EmbeddingBagCollection, batch_size: int, sharding: Mapping[str, TableSharding],
@@ -115,10 +95,7 @@ class ShardedSparseCoreEBC(ShardedTables):
         """The same tables as TorchRec ``ebc`` (and its weights unless they are on the meta device)."""
         tables, features = specs_from_configs(ebc.embedding_bag_configs(), batch_size, optimizer=optimizer,
                                               weighted_features=ebc.is_weighted() and _all_features(ebc) or ())
-        weights = torchrec_weights(ebc.embedding_bags)
-        if weights:
-            kwargs.setdefault("weights", weights)
-        return cls(tables, features, sharding, **kwargs)
+        return cls._from_torchrec_modules(tables, features, ebc.embedding_bags, sharding, **kwargs)
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of ``kjt``'s samples. Other batch sizes than ``batch_size`` are padded
@@ -153,7 +130,7 @@ class ShardedSparseCoreEBC(ShardedTables):
         """Validate ``kjt`` (errors name the feature), fold combiners into gains, exchange ids
         (over ``group``, default the EBC's) and prepare the local backend's input."""
         group = group if group is not None else self.group
-        inputs = feature_inputs(kjt, self.features, self.tables, self.id_policy)
+        inputs = feature_inputs(kjt, self.features, self.tables, self.engine.id_policy)
         lengths, ids, gains = [], [], []
         for served in self._served:
             for f, shard in served:

@@ -73,80 +73,83 @@ def split_files(files: list[Path], eval_files: int, source: Path) -> tuple[list[
 def _synthetic(config: TrainConfig, env: DistEnv) -> tuple[Path, tuple[int, ...]]:
     synthetic = SyntheticConfig()
     if env.is_primary:  # generate once; the other ranks wait for it, then find it cached
-        default_dataset(config.cache_dir, synthetic, progress=config.progress)
+        default_dataset(config.data.cache_dir, synthetic, progress=config.loop.progress)
     if dist.is_initialized():
         dist.barrier()
-    path = default_dataset(config.cache_dir, synthetic, progress=False)
-    return path, tuple(min(rows, config.num_embeddings) for rows in synthetic.table_sizes)
+    path = default_dataset(config.data.cache_dir, synthetic, progress=False)
+    return path, tuple(min(rows, config.model.num_embeddings) for rows in synthetic.table_sizes)
 
 
 def _npy_data(config: TrainConfig, env: DistEnv, table_sizes: tuple[int, ...]) -> TrainData:
     """TorchRec's preprocessed Criteo (``--in-memory-binary-criteo-path``): the last
     ``--eval-files`` days held out."""
-    source = Path(config.in_memory_binary_criteo_path)
+    source = Path(config.data.in_memory_binary_criteo_path)
     flag = f"--in-memory-binary-criteo-path={str(source)!r}"
     try:
         days = npy_days(source)
     except FileNotFoundError as error:
         raise ConfigError(f"{flag}: {error}") from None
-    if len(days) <= config.eval_files:
-        raise ConfigError(f"{flag} has {len(days)} day(s); holding out --eval-files={config.eval_files} "
-                          f"needs at least {config.eval_files + 1}")
+    if len(days) <= config.data.eval_files:
+        raise ConfigError(f"{flag} has {len(days)} day(s); holding out --eval-files={config.data.eval_files} "
+                          f"needs at least {config.data.eval_files + 1}")
 
     def reader(split: list[int], batch_size: int) -> NpyCriteoReader:
         return NpyCriteoReader(source, split, max(1, batch_size // env.world_size), table_sizes, env.rank,
-                               env.world_size, drop_last=env.world_size > 1, mmap_mode=config.mmap_mode)
+                               env.world_size, drop_last=env.world_size > 1, mmap_mode=config.data.mmap_mode)
 
     return TrainData(source=source, schema=CRITEO, table_sizes=table_sizes,
-                     train=reader(days[:-config.eval_files], config.batch_size),
-                     held_out=reader(days[-config.eval_files:], config.eval_batch_size))
+                     train=reader(days[:-config.data.eval_files], config.data.batch_size),
+                     held_out=reader(days[-config.data.eval_files:], config.data.eval_batch_size))
 
 
 def _table_sizes(config: TrainConfig) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
     """(``--num-embeddings-per-feature`` or None, the sizes of tables not sized by their data)."""
     given = config.per_feature("num_embeddings_per_feature", len(CRITEO.sparse))
-    return given, given or (config.num_embeddings,) * len(CRITEO.sparse)
+    return given, given or (config.model.num_embeddings,) * len(CRITEO.sparse)
 
 
 @contextlib.contextmanager
 def parquet_source(config: TrainConfig, env: DistEnv) -> Iterator[tuple[Path, tuple[int, ...]]]:
-    """(directory of Parquet files, table sizes) of ``config.data`` (``synthetic`` generated on the
-    primary if missing, ``sample`` converted into a temporary directory that lives as long as this)."""
+    """(directory of Parquet files, table sizes) of ``config.data.source`` (``synthetic`` generated
+    on the primary if missing, ``sample`` converted into a temporary directory that lives as long
+    as this)."""
     given_sizes, uniform_sizes = _table_sizes(config)
-    if config.data == "synthetic":
-        source, table_sizes = _synthetic(config, env)
-        yield source, given_sizes or table_sizes
-    elif config.data == "sample":
+    source = config.data.source
+    if source == "synthetic":
+        path, table_sizes = _synthetic(config, env)
+        yield path, given_sizes or table_sizes
+    elif source == "sample":
         with tempfile.TemporaryDirectory(prefix="criteo-sample-") as directory:
             convert_to_parquet([criteo_sample_csv()], Path(directory), rows_per_file=SAMPLE_ROWS_PER_FILE,
                                progress=False)
             yield Path(directory), uniform_sizes
-    elif not Path(config.data).is_dir():
-        raise ConfigError(f"--data={config.data!r} is neither 'synthetic', 'sample' nor a directory")
+    elif not Path(source).is_dir():
+        raise ConfigError(f"--data={source!r} is neither 'synthetic', 'sample' nor a directory")
     else:
-        yield Path(config.data), uniform_sizes
+        yield Path(source), uniform_sizes
 
 
 @contextlib.contextmanager
 def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
-    """Readers for ``config.data``; the sample's temporary Parquet copy lives as long as this."""
-    if config.in_memory_binary_criteo_path is not None:
+    """Readers for ``config.data.source``; the sample's temporary Parquet copy lives as long as this."""
+    if config.data.in_memory_binary_criteo_path is not None:
         yield _npy_data(config, env, _table_sizes(config)[1])
         return
     with parquet_source(config, env) as (source, table_sizes):
-        train_files, eval_files = split_files(list_parquet_files(source), config.eval_files, source)
+        train_files, eval_files = split_files(list_parquet_files(source), config.data.eval_files, source)
         lockstep = env.world_size > 1
 
         def reader(files: list[Path], batch_size: int) -> ParquetBatchReader:
             return ParquetBatchReader(
                 files, max(1, batch_size // env.world_size), table_sizes, CRITEO,
                 rank=env.rank, world_size=env.world_size, drop_last=lockstep,
-                bad_values=config.bad_values,
+                bad_values=config.data.bad_values,
             )
 
-        train, held_out = reader(train_files, config.batch_size), reader(eval_files, config.eval_batch_size)
+        train, held_out = reader(train_files, config.data.batch_size), reader(eval_files, config.data.eval_batch_size)
         if lockstep and len(train) == 0 and train.num_rows >= env.world_size:
-            raise ConfigError(f"--batch-size={config.batch_size} ({config.batch_size // env.world_size} per rank) "
+            batch = config.data.batch_size
+            raise ConfigError(f"--batch-size={batch} ({batch // env.world_size} per rank) "
                               f"exceeds each rank's {train.num_rows // env.world_size} training rows of "
                               f"--data={str(source)!r}; {env.world_size} ranks train in lock-step on full batches")
         if lockstep and len(held_out) == 0 and held_out.num_rows >= env.world_size:

@@ -60,17 +60,11 @@ class Engine(Protocol):
 
 
 def engine_for(config: TrainConfig) -> Engine:
-    """The engine ``config.engine`` names, set up with ``config``'s options."""
-    if config.engine == "sparsecore":
+    """The engine ``config.engine.kind`` names, set up with ``config``'s options."""
+    if config.engine.kind == "sparsecore":
         from torchrec_tpu.train.sparsecore_engine import SparseCoreEngine
 
-        return SparseCoreEngine(
-            sparse_optimizer=config.sparse_optimizer, sparse_lr=config.sparse_lr,
-            dense_optimizer=config.dense_optimizer, dense_lr=config.dense_lr, batch_size=config.batch_size,
-            seed=config.seed, plan=config.plan, dense_device=config.dense_device,
-            dense_parallel=config.dense_parallel)
+        return SparseCoreEngine(config.optim, config.engine, config.data.batch_size, config.loop.seed)
     from torchrec_tpu.train.torchrec_engine import TorchRecEngine
 
-    return TorchRecEngine(sparse_optimizer=config.sparse_optimizer, sparse_lr=config.sparse_lr,
-                          dense_optimizer=config.dense_optimizer, dense_lr=config.dense_lr,
-                          batch_size=config.batch_size)
+    return TorchRecEngine(config.optim, config.data.batch_size)

@@ -54,6 +54,8 @@ class JobSummary:
             f"  data            {self.data}",
             f"  steps           {r.steps} ({r.samples:,} samples this run, {self.world_size} rank(s))",
             f"  throughput      {r.samples_per_sec:,.0f} samples/s (input + train steps, eval excluded)",
+            f"  first step      {r.first_step_seconds:.2f} s (input, tracing and compiling; the persistent "
+            "compile cache skips the last two from the second run on)",
             f"  train loss      {r.final_train_loss:.4f} (mean of the last steps)",
             f"  eval AUC        {r.eval.auc:.4f} (loss {r.eval.loss:.4f}, {r.eval.samples:,} samples)",
             f"  tensorboard     {self.log_dir}",
@@ -63,16 +65,16 @@ class JobSummary:
 
 def model_spec(config: TrainConfig, feature_names: tuple[str, ...], table_sizes: tuple[int, ...],
                dense_in_features: int) -> ModelSpec:
-    dcn = config.model == "dlrm_dcn"
+    dcn = config.model.kind == "dlrm_dcn"
     return ModelSpec(
         feature_names=feature_names,
         table_sizes=table_sizes,
-        embedding_dim=config.embedding_dim,
+        embedding_dim=config.model.embedding_dim,
         dense_in_features=dense_in_features,
-        dense_layers=tuple(config.dense_layers),
-        over_layers=tuple(config.over_layers),
-        dcn_num_layers=config.dcn_num_layers if dcn else 0,
-        dcn_low_rank_dim=config.dcn_low_rank_dim if dcn else 0,
+        dense_layers=tuple(config.model.dense_layers),
+        over_layers=tuple(config.model.over_layers),
+        dcn_num_layers=config.model.dcn_num_layers if dcn else 0,
+        dcn_low_rank_dim=config.model.dcn_low_rank_dim if dcn else 0,
     )
 
 
@@ -90,26 +92,26 @@ class JobHooks:
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
             hooks: JobHooks = JobHooks()) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
-    with process_group(config.collective_timeout) as env, \
+    with process_group(config.engine.collective_timeout) as env, \
             collectives("the collectives of setting up or finishing the run (model sharding, DDP "
                         "init, broadcasts, the final checkpoint)"):
         return _run(config, env, device, hooks)
 
 
 def _run(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHooks) -> JobSummary:
-    log_dir = Path(_on_primary(lambda: str(config.resolved_log_dir()), env))  # timestamped default
-    checkpoint_root = Path(config.checkpoint_dir) if config.checkpoint_dir else log_dir / "checkpoint"
+    log_dir = Path(_on_primary(lambda: str(config.loop.resolved_log_dir()), env))  # timestamped default
+    checkpoint_root = Path(config.checkpoint.checkpoint_dir or log_dir / "checkpoint")
     for flag, path in (("--log-dir", log_dir), ("--checkpoint-dir", checkpoint_root)):
         if path.exists() and not path.is_dir():
             raise ConfigError(f"{flag}={str(path)!r} is a file; give a directory (it is created if missing)")
-    torch.manual_seed(config.seed)
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
+    torch.manual_seed(config.loop.seed)
+    if config.engine.num_threads:
+        torch.set_num_threads(config.engine.num_threads)
     with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
         log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         # checked before any model is built: a checkpoint this run cannot continue fails fast
-        point = _on_primary(lambda: _resume_point(config, env, data), env) if config.resume else None
+        point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
         engine = engine_for(config)
         model = engine.build_model(spec, env, device)
         optimizer = engine.build_optimizer(model)
@@ -121,9 +123,9 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHook
             if env.is_primary:
                 print(point.describe(), flush=True)
         options = LoopOptions(
-            epochs=config.epochs, max_steps=config.max_steps, log_every=config.log_every,
-            eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
-            progress=config.progress and env.is_primary, world_size=env.world_size,
+            epochs=config.loop.epochs, max_steps=config.loop.max_steps, log_every=config.loop.log_every,
+            eval_every=config.loop.eval_every, checkpoint_every=config.checkpoint.checkpoint_every,
+            progress=config.loop.progress and env.is_primary, world_size=env.world_size,
             start_step=start_step, start=start,
         )
         train: Any
@@ -140,12 +142,12 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHook
                     "config": config.to_dict(),
                     "table_sizes": list(data.table_sizes), "train_rows": data.train.num_rows, **extra,
                     "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
-            directory = save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)
+            directory = save_checkpoint(checkpoint_root, model, optimizer, info, config.checkpoint.keep_checkpoints)
             if hooks.checkpointed is not None:
                 hooks.checkpointed(directory, {"step": step, **info.get("metrics", {})})  # type: ignore[dict-item]
             return directory
 
-        policy = LRPolicy(config.lr_warmup_steps, config.lr_decay_start, config.lr_decay_steps)
+        policy = LRPolicy(config.optim.lr_warmup_steps, config.optim.lr_decay_start, config.optim.lr_decay_steps)
         result = run_training(model, optimizer, train, held_out, device, log, options,
                               step_fn=engine.step_function(model, optimizer, env), checkpoint=save,
                               learning_rates=engine.learning_rates(policy, model, optimizer).at)
@@ -176,7 +178,7 @@ def _warn(message: str) -> None:
 
 
 def _resume_point(config: TrainConfig, env: DistEnv, data: TrainData) -> ResumePoint:
-    directory, meta = open_checkpoint(Path(config.resume), _warn)
+    directory, meta = open_checkpoint(Path(config.checkpoint.resume), _warn)
     return resume_point(directory, meta, config, env.world_size, data.table_sizes, data.train.num_rows)
 
 

@@ -39,7 +39,6 @@ Ray process, when the driver exits (:func:`pipelines.ray_data.local_ray`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -169,14 +168,14 @@ def train_worker(params: dict[str, Any]) -> str | None:
 
     config: TrainConfig = params["config"]
     world = ray.train.get_context().get_world_size()
-    per_rank = max(1, config.batch_size // world)
+    per_rank = max(1, config.data.batch_size // world)
     # equal splits: N // world rows each, in full batches (fewer if --bad-values skip drops rows)
     stream = RayBatchStream(ray.train.get_dataset_shard(DATASET), per_rank, device=torch.device("cpu"),
                             drop_last=True, num_batches=params["train_rows"] // world // per_rank)
     restored = ray.train.get_checkpoint()
     with restored.as_directory() if restored else contextlib.nullcontext() as directory:
         if directory is not None:
-            config = dataclasses.replace(config, resume=directory)
+            config = with_options(config, resume=directory)
         summary = run_job(config, hooks=JobHooks(train_batches=stream, checkpointed=_report))
     return summary.format() if summary.primary else None
 
@@ -184,21 +183,25 @@ def train_worker(params: dict[str, Any]) -> str | None:
 def ray_ready_config(config: TrainConfig) -> TrainConfig:
     """``config`` with every path absolute and the log directory fixed now (a restarted worker
     group must write where the first one did); ConfigError for what Ray Train cannot run."""
-    if config.in_memory_binary_criteo_path is not None:
+    if config.data.in_memory_binary_criteo_path is not None:
         raise ConfigError("--in-memory-binary-criteo-path cannot feed Ray workers; convert it to Parquet "
                           "(`torchrec-tpu data convert`) and pass the directory as --data")
-    if config.shuffle_batches:
+    if config.data.shuffle_batches:
         raise ConfigError("--shuffle-batches shuffles a reader's batches in memory; with --ray-workers the "
                           "training stream is Ray Data's (shuffle the files' row groups instead)")
-    log_dir = config.resolved_log_dir().absolute()
     from pipelines.synthetic import cache_root
 
     paths = {name: str(Path(value).absolute()) for name in ("checkpoint_dir", "resume")
-             if (value := getattr(config, name)) is not None}
-    paths["cache_dir"] = str(cache_root(config.cache_dir).absolute())
-    if config.data not in ("synthetic", "sample"):
-        paths["data"] = str(Path(config.data).absolute())
-    return dataclasses.replace(config, log_dir=str(log_dir), **paths)
+             if (value := config.option(name)) is not None}
+    paths["cache_dir"] = str(cache_root(config.data.cache_dir).absolute())
+    if config.data.source not in ("synthetic", "sample"):
+        paths["data"] = str(Path(config.data.source).absolute())
+    return with_options(config, log_dir=str(config.loop.resolved_log_dir().absolute()), **paths)
+
+
+def with_options(config: TrainConfig, **options: object) -> TrainConfig:
+    """``config`` with the given options (by option name: ``resume``, ``data``, ...) changed."""
+    return TrainConfig.from_options(**{**config.to_dict(), **options})
 
 
 @contextlib.contextmanager
@@ -237,13 +240,13 @@ def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
     config = ray_ready_config(config)
     with parquet_source(config, DistEnv(rank=0, world_size=1, local_world_size=1)) as (source, table_sizes), \
             ray_cluster(options):
-        if config.data == "sample":  # converted into a directory for this run: the workers read it
-            config = dataclasses.replace(config, data=str(source))
-        train_files, _ = split_files(list_parquet_files(source), config.eval_files, source)
+        if config.data.source == "sample":  # converted into a directory for this run: the workers read it
+            config = with_options(config, data=str(source))
+        train_files, _ = split_files(list_parquet_files(source), config.data.eval_files, source)
         groups = row_groups(train_files, CRITEO)
-        dataset = preprocessed_dataset(train_files, table_sizes, CRITEO, config.bad_values)
+        dataset = preprocessed_dataset(train_files, table_sizes, CRITEO, config.data.bad_values)
         dataset.context.enable_progress_bars = False  # the workers' output is the job's
-        storage = options.storage_path or str(Path(config.log_dir or ".") / "ray")
+        storage = options.storage_path or str(Path(str(config.loop.log_dir)) / "ray")
         trainer = TorchTrainer(
             train_worker, train_loop_config={"config": config, "train_rows": sum(g.num_rows for g in groups)},
             torch_config=_backend_config(),
@@ -253,7 +256,7 @@ def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
             run_config=ray.train.RunConfig(
                 name=RUN_NAME, storage_path=storage,
                 failure_config=ray.train.FailureConfig(max_failures=options.max_failures),
-                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=config.keep_checkpoints)),
+                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=config.checkpoint.keep_checkpoints)),
         )
         result = trainer.fit()
     if result.error is not None:
