@@ -197,3 +197,16 @@ def test_ray_ready_config_fixes_every_path(tmp_path: Path, monkeypatch: pytest.M
     assert Path(str(config.loop.log_dir)).parent == tmp_path / "runs"
     assert config.data.cache_dir == str(Path.home() / ".cache" / "torchrec_tpu")
     assert ray_ready_config(TrainConfig.from_options(data="synthetic")).data.source == "synthetic"
+
+
+def test_tpu_scaling_config() -> None:
+    """One worker per TPU host: v6e 4x4 is 4 hosts of 4 chips; Ray refuses a worker count that
+    does not fill whole slices."""
+    from torchrec_tpu.train.config import ConfigError
+    from torchrec_tpu.train.ray_train import RayOptions
+
+    scaling = RayOptions(workers=4, use_tpu=True, topology="4x4", accelerator_type="TPU-V6E").scaling_config()
+    assert (scaling.use_tpu, scaling.topology, scaling.num_workers) == (True, "4x4", 4)
+    assert scaling.resources_per_worker == {"CPU": 1.0, "TPU": 4}
+    with pytest.raises(ConfigError, match="must be a multiple of 4"):
+        RayOptions(workers=3, use_tpu=True, topology="4x4", accelerator_type="TPU-V6E").scaling_config()

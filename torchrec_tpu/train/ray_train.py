@@ -88,11 +88,14 @@ class RayOptions:
         import ray.train
 
         resources: dict[str, float] = {"CPU": self.cpus_per_worker}
-        if self.use_tpu:
-            resources["TPU"] = self.tpus_per_worker
+        if not self.use_tpu:
+            return ray.train.ScalingConfig(num_workers=self.workers, resources_per_worker=resources)
+        resources["TPU"] = self.tpus_per_worker
+        try:  # Ray checks the worker count against the topology's hosts
             return ray.train.ScalingConfig(num_workers=self.workers, resources_per_worker=resources, use_tpu=True,
                                            topology=self.topology, accelerator_type=self.accelerator_type)
-        return ray.train.ScalingConfig(num_workers=self.workers, resources_per_worker=resources)
+        except ValueError as error:
+            raise ConfigError(f"--ray-workers={self.workers} --ray-tpu-topology={self.topology}: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,7 @@ def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
     from torchrec_tpu.train.distributed import DistEnv
 
     config = ray_ready_config(config)
+    scaling = options.scaling_config()  # bad TPU settings fail before any Ray starts
     with parquet_source(config, DistEnv(rank=0, world_size=1, local_world_size=1)) as (source, table_sizes), \
             ray_cluster(options):
         if config.data.source == "sample":  # converted into a directory for this run: the workers read it
@@ -250,7 +254,7 @@ def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
         trainer = TorchTrainer(
             train_worker, train_loop_config={"config": config, "train_rows": sum(g.num_rows for g in groups)},
             torch_config=_backend_config(),
-            scaling_config=options.scaling_config(), datasets={DATASET: dataset},
+            scaling_config=scaling, datasets={DATASET: dataset},
             dataset_config=ray.train.DataConfig(
                 execution_options=ray.data.ExecutionOptions(preserve_order=True)),
             run_config=ray.train.RunConfig(
