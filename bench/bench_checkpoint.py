@@ -128,7 +128,8 @@ def main() -> None:
         print(f"{approach:>10} {r['save_s']:8.2f} {r['load_s']:8.2f} {r['save_mib']:14.0f} {r['load_mib']:14.0f} "
               f"{r['written_mib']:17.0f}")
     s, g = results["sharded"], results["gathered"]
-    print(f"gathered / sharded: save time {g['save_s'] / s['save_s']:.2f}x, load time {g['load_s'] / s['load_s']:.2f}x, "
+    print(f"gathered / sharded: save time {g['save_s'] / s['save_s']:.2f}x, "
+          f"load time {g['load_s'] / s['load_s']:.2f}x, "
           f"save peak memory {g['save_mib'] / max(s['save_mib'], 1):.2f}x, "
           f"load peak memory {g['load_mib'] / max(s['load_mib'], 1):.2f}x (worst rank)")
 

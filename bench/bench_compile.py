@@ -38,7 +38,8 @@ def _ms_per_call(fn: Callable[[], torch.Tensor], steps: int, label: str) -> floa
     return (time.perf_counter() - start) / steps * 1e3
 
 
-def _dlrm_step(model: torch.nn.Module, device: str, batch: int, compile_backend: str | None) -> Callable[[], torch.Tensor]:
+def _dlrm_step(model: torch.nn.Module, device: str, batch: int,
+               compile_backend: str | None) -> Callable[[], torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     dense = torch.randn(batch, 13, generator=gen).to(device)
     pooled = torch.randn(batch, 4, 16, generator=gen).to(device)

@@ -15,11 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.inference.job import InferenceConfig, run_inference
-from pipelines.inference.model import load_inference_model
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.ray_data import local_ray
 from pipelines.synthetic import SyntheticConfig, generate
+from torchrec_tpu.inference.job import InferenceConfig, run_inference
+from torchrec_tpu.inference.model import load_inference_model
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.job import run_job
 
@@ -44,7 +44,7 @@ def main() -> None:
         train_data = SyntheticConfig(num_rows=3 * 4096, seed=0, max_cardinality=1000,
                                      rows_per_file=4096, row_group_size=4096)
         generate(train_data, root / "train", progress=False)
-        checkpoint = run_job(TrainConfig(
+        checkpoint = run_job(TrainConfig.from_options(
             data=str(root / "train"), num_embeddings=1000, embedding_dim=16, batch_size=512,
             log_dir=str(root / "logs"), progress=False,
         )).checkpoint_dir

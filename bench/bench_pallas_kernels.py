@@ -61,7 +61,8 @@ def main() -> None:
             lambda t, i, o, g: F.embedding_bag(i, t, o, mode="sum", per_sample_weights=g),
             (table, ids, offsets, gains),
             tp.embedding_bag_csr_reference, (table, ids, pointers, gains)),
-        "dot_interaction": (_torch_interaction, (x, *torch.triu_indices(27, 27, 1)), tp.dot_interaction_reference, (x,)),
+        "dot_interaction": (_torch_interaction, (x, *torch.triu_indices(27, 27, 1)), tp.dot_interaction_reference,
+                            (x,)),
         "low_rank_cross": (
             lambda a, c, vv, ww, bb: a * ((c @ vv.T) @ ww.T + bb) + c, (x0, x0, v, w, bias),
             tp.low_rank_cross_reference, (x0, x0, v, w, bias)),

@@ -26,8 +26,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipelines.convert import convert_to_parquet
-from pipelines.sample_data import criteo_sample_csv
 from pipelines.parquet_reader import ParquetBatchReader
+from pipelines.sample_data import criteo_sample_csv
 from pipelines.synthetic import SyntheticConfig, generate
 
 SAMPLE_CSV = criteo_sample_csv()

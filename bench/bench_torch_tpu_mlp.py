@@ -1,8 +1,9 @@
 """MLP train step (forward, BCE-with-logits, backward, Adam) on tpu-eager vs CPU eager, same run.
 
 Prints milliseconds per step for CPU eager, tpu eager with the per-op jit cache (default) and
-without it (``TORCH_TPU_OP_JIT=0`` behaviour), and the ratios to CPU. On this CPU-only box the "tpu" device runs XLA:CPU,
-so the ratio measures dispatch overhead, not TPU speed. Timings on a shared machine are noisy.
+without it (``TORCH_TPU_OP_JIT=0`` behaviour), and the ratios to CPU. On this CPU-only box the "tpu"
+device runs XLA:CPU, so the ratio measures dispatch overhead, not TPU speed. Timings on a shared
+machine are noisy.
 Usage: .venv/bin/python bench/bench_torch_tpu_mlp.py [--steps N] [--batch B] [--width W]
 """
 

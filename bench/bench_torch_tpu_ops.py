@@ -20,7 +20,6 @@ import torch_tpu
 from torch_tpu import op_jit
 from torch_tpu._jax import jax, jnp
 
-
 _CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
 
 

@@ -2,10 +2,11 @@
 
 Pinned conventions (every reader of this package goes through :func:`batch_from_arrow`):
 
-* Dense: ``log(max(x, 0) + 1)`` in float32, missing (null, or NaN in a float column) -> 0. This is the MLPerf DLRM / TorchRec
-  Criteo transform: raw counts are heavy-tailed (I5 reaches ~10^7), the log keeps them in a range
-  an MLP trains on; negative values are rare sentinels (I2 = -1, -2, -3) and are clamped; a missing
-  count maps to the same value as a zero count (log 1 = 0), as in the reference preprocessing.
+* Dense: ``log(max(x, 0) + 1)`` in float32, missing (null, or NaN in a float column) -> 0. This is
+  the MLPerf DLRM / TorchRec Criteo transform: raw counts are heavy-tailed (I5 reaches ~10^7), the
+  log keeps them in a range an MLP trains on; negative values are rare sentinels (I2 = -1, -2, -3)
+  and are clamped; a missing count maps to the same value as a zero count (log 1 = 0), as in the
+  reference preprocessing.
 * Sparse: a ``KeyedJaggedTensor`` with one key per categorical column, lengths key-major
   (``lengths[k * B + i]`` for key k, sample i). A missing single-hot value has length 0 (pooled
   embedding 0 under sum pooling), so no table row is reserved for "missing"; a null multi-hot list

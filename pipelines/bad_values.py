@@ -169,7 +169,8 @@ def apply_policy(table: pa.Table, schema: DatasetSchema, policy: str, source: So
         drop = label_bad | _any(dense, table.num_rows)
         if log is not None:
             texts = _first_rows(label_bad, source, schema.label, labels, _LABEL_WHY) if labels is not None else []
-            texts += [t for name, bad, values in dense for t in _first_rows(bad & ~label_bad, source, name, values, _DENSE_WHY)]
+            texts += [t for name, bad, values in dense
+                      for t in _first_rows(bad & ~label_bad, source, name, values, _DENSE_WHY)]
             log.record("skipped", source, np.flatnonzero(drop), texts)
         return table.filter(pa.array(~drop))
     # clamp: labels into [0, 1] (NaN/null rows skipped), dense into float32's range
@@ -180,7 +181,8 @@ def apply_policy(table: pa.Table, schema: DatasetSchema, policy: str, source: So
     for name, _, values in dense:
         table = _set(table, name, np.clip(values, -FLOAT32_MAX, FLOAT32_MAX), pa.float64())
     if log is not None:
-        texts = _first_rows(clamped_rows & label_bad, source, schema.label, labels, _LABEL_WHY) if labels is not None else []
+        texts = [] if labels is None else _first_rows(clamped_rows & label_bad, source, schema.label, labels,
+                                                      _LABEL_WHY)
         texts += [t for name, bad, values in dense for t in _first_rows(bad, source, name, values, _DENSE_WHY)]
         log.record("clamped", source, np.flatnonzero(clamped_rows & ~unclampable), texts)
         if unclampable.any():

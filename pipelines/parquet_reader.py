@@ -17,11 +17,9 @@ a short last batch is dropped). Positions (``iter_from_row``) count the rows kep
 
 from __future__ import annotations
 
-import queue
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence, TypeVar
+from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -34,69 +32,7 @@ from pipelines.bad_values import POLICIES, BadValueLog, Source, apply_policy, ke
 from pipelines.dataset_dir import check_dataset_dir
 from pipelines.parquet_writer import PARQUET_SUFFIX
 from pipelines.schema import CRITEO, DatasetSchema
-
-
-T = TypeVar("T")
-_DONE = object()
-
-
-def prefetched(items: Iterator[T], depth: int) -> Iterator[T]:
-    """``items`` produced by a background thread up to ``depth`` ahead (Parquet decoding releases
-    the GIL, so it overlaps the conversion to tensors). Exceptions surface in the consumer."""
-    if depth <= 0:
-        yield from items
-        return
-    slots: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if stop.is_set():
-                    return
-                slots.put(item)
-            slots.put(_DONE)
-        except BaseException as error:  # handed to the consumer, which re-raises it
-            slots.put(error)
-
-    worker = threading.Thread(target=produce, name="parquet-prefetch", daemon=True)
-    worker.start()
-    try:
-        while (item := slots.get()) is not _DONE:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while worker.is_alive():  # unblock a producer waiting on a full queue
-            try:
-                slots.get(timeout=0.01)
-            except queue.Empty:
-                pass
-        worker.join()
-
-
-def batches_from_row(batches: Iterable[Batch], row: int) -> Iterator[Batch]:
-    """``batches`` from row ``row`` on: seeks when the stream has ``iter_from_row(row)`` (as
-    :class:`ParquetBatchReader` does), else reads and drops the batches of the first ``row``
-    rows, which must end on a batch boundary."""
-    seek = getattr(batches, "iter_from_row", None)
-    if seek is not None:
-        return seek(row)
-    return _drop_rows(iter(batches), row)
-
-
-def _drop_rows(batches: Iterator[Batch], row: int) -> Iterator[Batch]:
-    skipped = 0
-    while skipped < row:
-        batch = next(batches, None)
-        if batch is None:
-            return
-        skipped += batch.labels.numel()
-    if skipped != row:
-        raise ValueError(f"cannot start at row {row}: this batch stream cannot seek, and row {row} "
-                         f"falls inside a batch (rows {skipped - batch.labels.numel()}-{skipped - 1})")
-    yield from batches
+from pipelines.streams import prefetched
 
 
 def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:

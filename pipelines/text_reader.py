@@ -10,11 +10,11 @@ compressed stream) raises :class:`UnreadableInputError` naming it, whatever the 
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Literal
 
-import codecs
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv

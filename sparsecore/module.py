@@ -3,7 +3,7 @@ fused optimizer update running when autograd reaches the lookup in ``loss.backwa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -11,7 +11,6 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from sparsecore.backends import make_backend
-from sparsecore.backends.base import Backend
 from sparsecore.limits import StackStats
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
@@ -19,21 +18,29 @@ from sparsecore.validation import feature_inputs
 
 
 class _FusedLookup(torch.autograd.Function):
-    """Forward: backend lookup. Backward: the backend's fused update; no gradient is returned
-    for the tables themselves (they are updated in place, as on the SparseCores)."""
+    """Forward: ``lookup() -> (output, context)``. Backward: ``update(context, output_grad)``, the
+    fused optimizer update; no gradient is returned for the tables themselves (they are updated
+    in place, as on the SparseCores)."""
 
     @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, backend: Backend, inputs: dict, names: list[str]) -> torch.Tensor:
-        activations, context = backend.forward(inputs)
-        ctx.backend, ctx.context, ctx.names = backend, context, names
-        ctx.dims = [activations[n].shape[1] for n in names]
-        return torch.cat([activations[n] for n in names], dim=1)
+    def forward(ctx: Any, anchor: torch.Tensor, lookup: Callable[[], tuple[torch.Tensor, Any]],
+                update: Callable[[Any, torch.Tensor], None]) -> torch.Tensor:
+        output, ctx.context = lookup()
+        ctx.update = update
+        return output
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
-        parts = torch.split(grad.contiguous(), ctx.dims, dim=1)
-        ctx.backend.backward(ctx.context, dict(zip(ctx.names, parts)))
-        return None, None, None, None
+        ctx.update(ctx.context, grad)
+        return None, None, None
+
+
+def fused_lookup(anchor: torch.Tensor, lookup: Callable[[], tuple[torch.Tensor, Any]],
+                 update: Callable[[Any, torch.Tensor], None]) -> torch.Tensor:
+    """``lookup()``'s output; when autograd reaches it in backward, ``update(context, grad)`` runs.
+    ``anchor`` is an empty parameter requiring grad: autograd only calls a Function's backward if
+    an input requires grad (it never receives a gradient)."""
+    return _FusedLookup.apply(anchor, lookup, update)
 
 
 class SparseCoreEmbeddingBagCollection(nn.Module):
@@ -62,18 +69,20 @@ class SparseCoreEmbeddingBagCollection(nn.Module):
         self.backend = make_backend(backend, self.plan, seed=seed, **backend_options)
         self.id_policy = id_policy
         self._names = [f.name for f in features]
-        # Autograd only calls a Function's backward if an input requires grad: this empty
-        # parameter is that input (it never receives a gradient).
         self._anchor = nn.Parameter(torch.empty(0), requires_grad=True)
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
         inputs = feature_inputs(kjt, self.plan.features, self.plan.tables, self.id_policy)
-        if torch.is_grad_enabled():
-            values = _FusedLookup.apply(self._anchor, self.backend, inputs, self._names)
-        else:
-            activations, _ = self.backend.forward(inputs)
-            values = torch.cat([activations[n] for n in self._names], dim=1)
         dims = [self.plan.tables[f.table].dim for f in self.plan.features]
+
+        def lookup() -> tuple[torch.Tensor, Any]:
+            activations, context = self.backend.forward(inputs)
+            return torch.cat([activations[n] for n in self._names], dim=1), context
+
+        def update(context: Any, grad: torch.Tensor) -> None:
+            self.backend.backward(context, dict(zip(self._names, torch.split(grad.contiguous(), dims, dim=1))))
+
+        values = fused_lookup(self._anchor, lookup, update) if torch.is_grad_enabled() else lookup()[0]
         return KeyedTensor(keys=self._names, length_per_key=dims, values=values)
 
     @property

@@ -40,7 +40,6 @@ from sparsecore.validation import FeatureInput, feature_inputs
 from tpu_facts import ALIGNMENT as ALIGN
 from tpu_facts import PADDING_ID, round_up
 
-
 ENGINES = ("auto", "compiled", "numpy")  # auto: compiled when the extension builds, else numpy
 
 

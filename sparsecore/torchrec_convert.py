@@ -57,7 +57,8 @@ def configs_from_specs(tables: Sequence[TableSpec], features: Sequence[FeatureSp
             raise ValueError(f"table {table.name!r}: combiner {table.combiner!r} has no TorchRec pooling type")
         init = table.effective_initializer
         if init.kind != "uniform":
-            raise ValueError(f"table {table.name!r}: TorchRec configs only express uniform initializers, got {init.kind}")
+            raise ValueError(f"table {table.name!r}: TorchRec configs only express uniform initializers, "
+                             f"got {init.kind}")
         common = dict(num_embeddings=table.vocab_size, embedding_dim=table.dim, name=table.name,
                       feature_names=[f.name for f in features if f.table == table.name],
                       weight_init_min=init.low, weight_init_max=init.high)

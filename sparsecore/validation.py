@@ -81,7 +81,8 @@ def feature_inputs(
 
 
 def _valid_batch(features: list[FeatureSpec], tables: Mapping[str, TableSpec], values: np.ndarray,
-                 lengths: np.ndarray, weights: np.ndarray | None, value_ends: np.ndarray) -> dict[str, FeatureInput] | None:
+                 lengths: np.ndarray, weights: np.ndarray | None,
+                 value_ends: np.ndarray) -> dict[str, FeatureInput] | None:
     """The inputs by feature when every check passes, checked over the whole batch at once; None
     when something is off (the per-feature checks then name the first problem, or apply the
     id policy)."""

@@ -8,13 +8,13 @@ from torch_tpu import device as _device
 
 _device.register()
 
-from torch_tpu import persistent_cache as _persistent_cache  # noqa: E402
+import xla_cache as _xla_cache  # noqa: E402
 
-_persistent_cache.install()  # on by default for every job using the device
+_xla_cache.install()  # the shared persistent compile cache, on by default
 
-from torch_tpu import lowerings as _lowerings  # noqa: E402,F401  (fills the registry)
 from torch_tpu import dispatch as _dispatch  # noqa: E402
 from torch_tpu import kernels as _kernels  # noqa: E402,F401
+from torch_tpu import lowerings as _lowerings  # noqa: E402,F401  (fills the registry)
 from torch_tpu import transformer as _transformer  # noqa: E402,F401  (fast-path composites)
 from torch_tpu.fallback import (  # noqa: E402
     TpuFallbackError,
@@ -31,14 +31,14 @@ from torch_tpu.modes import EagerMode, eager_mode, get_eager_mode, register_exec
 from torch_tpu.registry import Lowering, get_lowering, lowered_ops, register_lowering  # noqa: E402
 from torch_tpu.tensor import TpuTensor, from_jax, to_jax  # noqa: E402
 
-clear_plan_cache = _dispatch.clear_plan_cache
+clear_handler_cache = _dispatch.clear_handler_cache
 
 __all__ = [
     "EagerMode",
     "Lowering",
     "TpuFallbackError",
     "TpuTensor",
-    "clear_plan_cache",
+    "clear_handler_cache",
     "decomposed_counts",
     "eager_mode",
     "fallback_allowed",

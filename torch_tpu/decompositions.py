@@ -36,9 +36,9 @@ Decomposition = Callable[..., Any]
 # such as torch_tpu.transformer): op -> fn(*args, **kwargs) over tpu tensors.
 EXTRA: dict[Any, Decomposition] = {}
 
-# Ops never decomposed: eager dispatch has dedicated plans for them (devices, aliasing).
+# Ops never decomposed: eager dispatch has dedicated handlers for them (devices, aliasing).
 _NOT_DECOMPOSED: frozenset[Any] = frozenset({
-    aten._to_copy.default,  # dedicated plan (devices)
+    aten._to_copy.default,  # dedicated handler (devices)
     aten.lift_fresh.default,
     aten.detach.default,
 })
@@ -69,7 +69,7 @@ def is_composite(op: Any) -> bool:
     """A non-mutating CompositeImplicitAutograd op (``reshape``, ``linear``, ``lstm_cell`` ...),
     reached when another kernel calls it below autograd. Its own composite (``op.decompose``) is
     what CPU runs, views and copies alike (``reshape`` of a non-contiguous tensor copies although
-    its schema says it aliases), so it runs ahead of the view and decomposition-table plans."""
+    its schema says it aliases), so it runs ahead of the view and decomposition-table handlers."""
     return (isinstance(op, torch._ops.OpOverload) and op not in EXTRA and not _mutates(op)
             and op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd))
 
@@ -93,8 +93,8 @@ def decomposition(op: Any) -> Decomposition | None:
     return fn
 
 
-def plan(op: Any, fn: Decomposition) -> Callable[[Any, tuple, dict], Any]:
-    """An eager plan running ``fn`` (the decomposition of ``op``), falling back to CPU when the op
+def handler(op: Any, fn: Decomposition) -> Callable[[Any, tuple, dict], Any]:
+    """An eager handler running ``fn`` (the decomposition of ``op``), falling back to CPU when the op
     is re-entered during its own decomposition, when ``fn`` declines (``NotImplemented``) or fails."""
 
     def run(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from torch_tpu._jax import jax
 from torch_tpu import random as tpu_random
+from torch_tpu._jax import jax
 
 DEVICE_NAME = "tpu"
 _registered = False

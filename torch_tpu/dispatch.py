@@ -1,12 +1,12 @@
-"""Eager dispatch of aten ops on tpu tensors: one cached plan per OpOverload.
+"""Eager dispatch of aten ops on tpu tensors: one cached handler per OpOverload.
 
-The plan for an op is decided once (first call) from its schema and the registry:
+The handler for an op is decided once (first call) from its schema and the registry:
 view op -> alias the input's storage box with metadata computed on meta tensors;
 in-place / out= op -> run the functional sibling's lowering and write into the target(s);
 lowered op -> unwrap to JAX arrays, run through the current mode's executor, wrap;
 op with a decomposition -> run it on the tpu tensors (``torch_tpu.decompositions``, counted);
 anything else -> CPU fallback (counted). A few ops that cross devices or return Python values
-(``copy_``, ``_to_copy``, ``_local_scalar_dense`` ...) have dedicated plans.
+(``copy_``, ``_to_copy``, ``_local_scalar_dense`` ...) have dedicated handlers.
 """
 
 from __future__ import annotations
@@ -18,29 +18,31 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_tpu import decompositions, device as tpu_device
-from torch_tpu import fallback, metadata_ops, modes, op_jit, random as tpu_random, tensor as tensor_mod
+from torch_tpu import decompositions, fallback, metadata_ops, modes, op_jit
+from torch_tpu import device as tpu_device
+from torch_tpu import random as tpu_random
+from torch_tpu import tensor as tensor_mod
 from torch_tpu._jax import ARRAY_TYPE, jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 from torch_tpu.registry import Lowering, get_lowering
 from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, make_alias, meta_like, to_cpu, to_jax, write
 
 aten = torch.ops.aten
-Plan = Callable[[Any, tuple, dict], Any]
-_PLANS: dict[Any, Plan] = {}
+Handler = Callable[[Any, tuple, dict], Any]
+_HANDLERS: dict[Any, Handler] = {}
 _ARRAY = ARRAY_TYPE
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    plan = _PLANS.get(func)
-    if plan is None:
-        plan = _PLANS[func] = _make_plan(func)
-    return plan(func, args, kwargs)
+    handler = _HANDLERS.get(func)
+    if handler is None:
+        handler = _HANDLERS[func] = _make_handler(func)
+    return handler(func, args, kwargs)
 
 
-def clear_plan_cache() -> None:
-    """Forget cached per-op plans and compiled per-op programs (after registering new lowerings)."""
-    _PLANS.clear()
+def clear_handler_cache() -> None:
+    """Forget cached per-op handlers and compiled per-op programs (after registering new lowerings)."""
+    _HANDLERS.clear()
     op_jit.clear()
 
 
@@ -120,10 +122,10 @@ def _raise_as_torch(func: Any, args: tuple, kwargs: dict, error: Exception) -> N
     raise RuntimeError(f"{func}: TPU lowering failed: {type(error).__name__}: {error}") from error
 
 
-# --- plans -----------------------------------------------------------------------------------
+# --- handlers --------------------------------------------------------------------------------
 
 
-def _lowered_plan(lowering: Lowering) -> Plan:
+def _lowered_handler(lowering: Lowering) -> Handler:
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         return _wrap(_execute(func, lowering, args, kwargs))
 
@@ -190,7 +192,7 @@ def _sibling_compute(func: Any, sibling: Any) -> Compute | None:
     return decomposed
 
 
-def _inplace_plan(compute: Compute) -> Plan:
+def _inplace_handler(compute: Compute) -> Handler:
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         out = compute(func, args, kwargs)
         target = args[0]
@@ -204,7 +206,7 @@ def _inplace_plan(compute: Compute) -> Plan:
     return run
 
 
-def _out_plan(compute: Compute, out_names: list[str], pass_dtype: bool) -> Plan:
+def _out_handler(compute: Compute, out_names: list[str], pass_dtype: bool) -> Handler:
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         targets = [kwargs[n] for n in out_names]
         rest = {k: v for k, v in kwargs.items() if k not in out_names}
@@ -221,7 +223,7 @@ def _out_plan(compute: Compute, out_names: list[str], pass_dtype: bool) -> Plan:
     return run
 
 
-def _view_plan(func: Any, args: tuple, kwargs: dict) -> Any:
+def _view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     source = args[0]
     if type(source) is not TpuTensor:
         return fallback.run_on_cpu(func, args, kwargs)
@@ -241,8 +243,8 @@ def _view_plan(func: Any, args: tuple, kwargs: dict) -> Any:
     return pytree.tree_map(to_alias, out)
 
 
-def _fast_view(layout: Callable[..., tuple | None]) -> Plan:
-    """A view plan computing (sizes, strides, offset) in Python; meta tensors for the rest."""
+def _fast_view(layout: Callable[..., tuple | None]) -> Handler:
+    """A view handler computing (sizes, strides, offset) in Python; meta tensors for the rest."""
 
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0]
@@ -250,7 +252,7 @@ def _fast_view(layout: Callable[..., tuple | None]) -> Plan:
             meta = layout(tuple(t.shape), t.stride(), t.storage_offset(), *args[1:])
             if meta is not None:
                 return make_alias(t._box, meta[0], meta[1], meta[2], t.dtype)
-        return _view_plan(func, args, kwargs)
+        return _view_handler(func, args, kwargs)
 
     return run
 
@@ -353,17 +355,17 @@ def _layout_expand(size, stride, offset, shape, implicit=False):
     return new_size, new_stride, offset
 
 
-def _same_view_plan(func: Any, args: tuple, kwargs: dict) -> Any:
+def _same_view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     """detach / alias / lift_fresh: same metadata over the same box."""
     t = args[0]
     return make_alias(t._box, t.shape, t.stride(), t.storage_offset(), t.dtype)
 
 
-def _fallback_plan(func: Any, args: tuple, kwargs: dict) -> Any:
+def _fallback_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     return fallback.run_on_cpu(func, args, kwargs)
 
 
-# --- dedicated plans -------------------------------------------------------------------------
+# --- dedicated handlers ----------------------------------------------------------------------
 
 
 def _copy_(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -419,16 +421,16 @@ def _equal(func: Any, args: tuple, kwargs: dict) -> bool:
     return a.shape == b.shape and bool(jnp.array_equal(a, b))
 
 
-_SPECIAL: dict[Any, Plan] = {
+_SPECIAL: dict[Any, Handler] = {
     aten.is_pinned.default: lambda func, args, kwargs: False,  # pinning is for host memory
     aten.copy_.default: _copy_,
     aten._copy_from.default: _copy_from,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.equal.default: _equal,
-    aten.detach.default: _same_view_plan,
-    aten.alias.default: _same_view_plan,
-    aten.lift_fresh.default: _same_view_plan,
+    aten.detach.default: _same_view_handler,
+    aten.alias.default: _same_view_handler,
+    aten.lift_fresh.default: _same_view_handler,
     aten.t.default: _fast_view(_layout_t),
     aten.transpose.int: _fast_view(_layout_transpose),
     aten.permute.default: _fast_view(_layout_permute),
@@ -437,11 +439,11 @@ _SPECIAL: dict[Any, Plan] = {
     aten.select.int: _fast_view(_layout_select),
     aten.slice.Tensor: _fast_view(_layout_slice),
     aten.expand.default: _fast_view(_layout_expand),
-    **metadata_ops.PLANS,
+    **metadata_ops.HANDLERS,
 }
 
 
-# --- plan selection --------------------------------------------------------------------------
+# --- handler selection -----------------------------------------------------------------------
 
 
 def _is_view(schema: Any) -> bool:
@@ -496,37 +498,37 @@ def _functional_sibling(func: Any) -> Any:
     return _sibling_by_signature(packet, schema)
 
 
-def _make_plan(func: Any) -> Plan:
+def _make_handler(func: Any) -> Handler:
     special = _SPECIAL.get(func)
     if special is not None:
         return special
     schema = func._schema
     if decompositions.is_composite(func) and (_is_view(schema) or get_lowering(func) is None):
-        return decompositions.plan(func, func.decompose)
+        return decompositions.handler(func, func.decompose)
     if _is_view(schema):
-        return _view_plan
+        return _view_handler
     own = get_lowering(func)
     if own is not None and own.writes:  # updates inputs through its lowering's ``writes``
-        return _lowered_plan(own)
+        return _lowered_handler(own)
     write_args = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     if write_args:
         sibling = _functional_sibling(func)
         if sibling is not None and _is_view(sibling._schema):
-            return metadata_ops.inplace_view_plan(sibling)
+            return metadata_ops.inplace_view_handler(sibling)
         compute = _sibling_compute(func, sibling) if sibling is not None else None
         if compute is None:
-            return _fallback_plan
+            return _fallback_handler
         if all(a.kwarg_only for a in write_args):
             pass_dtype = any(a.name == "dtype" for a in sibling._schema.arguments)
-            return _out_plan(compute, [a.name for a in write_args], pass_dtype)
+            return _out_handler(compute, [a.name for a in write_args], pass_dtype)
         if write_args[0] is schema.arguments[0] and len(write_args) == 1:
-            return _inplace_plan(compute)
-        return _fallback_plan
+            return _inplace_handler(compute)
+        return _fallback_handler
     lowering = get_lowering(func)
     if lowering is not None:
-        return _lowered_plan(lowering)
+        return _lowered_handler(lowering)
     decomposition = decompositions.decomposition(func)
-    return decompositions.plan(func, decomposition) if decomposition is not None else _fallback_plan
+    return decompositions.handler(func, decomposition) if decomposition is not None else _fallback_handler
 
 
 tensor_mod._dispatch = dispatch

@@ -1,4 +1,4 @@
-"""Eager plans of ops that change a tpu tensor's metadata in place, without computing values.
+"""Eager handlers of ops that change a tpu tensor's metadata in place, without computing values.
 
 ``squeeze_``, ``unsqueeze_``, ``t_``, ``transpose_``, ``swapdims_``, ``as_strided_`` (every in-place
 op whose functional sibling is a view) give the tensor the layout the view would have;
@@ -22,15 +22,15 @@ from torch_tpu.dtypes import to_jax_dtype
 from torch_tpu.tensor import StorageBox, TpuTensor, meta_like, resize, set_layout
 
 aten = torch.ops.aten
-Plan = Callable[[Any, tuple, dict], Any]
+Handler = Callable[[Any, tuple, dict], Any]
 
 
 def _meta(x: Any) -> Any:
     return meta_like(x) if isinstance(x, TpuTensor) else x
 
 
-def inplace_view_plan(view_op: Any) -> Plan:
-    """Plan of an in-place op whose functional sibling ``view_op`` is a view (``squeeze_`` ...)."""
+def inplace_view_handler(view_op: Any) -> Handler:
+    """Handler of an in-place op whose functional sibling ``view_op`` is a view (``squeeze_`` ...)."""
 
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0]
@@ -103,7 +103,7 @@ def _set_empty(func: Any, args: tuple, kwargs: dict) -> Any:
     return t
 
 
-PLANS: dict[Any, Plan] = {
+HANDLERS: dict[Any, Handler] = {
     aten.resize_.default: _resize_,
     aten.resize_as_.default: _resize_as_,
     aten._resize_output_.default: _resize_output_,

@@ -21,7 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("torchrec_tpu.train.cli", "train DLRM end to end (default: embedded synthetic data)"),
     "plan": ("torchrec_tpu.planner.cli", "plan embedding-table sharding onto a TPU slice"),
     "data": ("pipelines.cli", "prepare data: convert Criteo TSV/CSV to Parquet, generate synthetic"),
-    "infer": ("pipelines.inference.cli", "batch inference over Parquet with a trained checkpoint"),
+    "infer": ("torchrec_tpu.inference.cli", "batch inference over Parquet with a trained checkpoint"),
     "profile": ("torchrec_tpu.profiling.cli", "profile training steps (torch.profiler + jax.profiler)"),
 }
 

@@ -18,8 +18,22 @@ floor(n^2/4)/n`` on a ring (wraparound) and ``(n^2-1)/(3n)`` on a line. Every ch
 slices are meshes (Cloud TPU docs, "3D torus *" footnote). With S > 1 slices, a fraction
 ``(S-1)/S`` of the bytes also crosses DCN at ``dcn_bw`` per chip. Traffic into or out of one
 device (a table-wise owner) is limited by that device's share of its chip's links:
-``bytes * devices_per_chip / ici_bw``. An all-reduce moves ``2 (C-1)/C`` bytes per byte of
-gradient through each of the C chips. Each collective pays ``collective_latency_s`` once.
+``bytes * devices_per_chip / ici_bw``. Each collective pays ``collective_latency_s`` once.
+
+Dense all-reduce (the data-parallel gradients, ``allreduce_seconds``), hierarchical over S slices
+of C chips each (a chip's devices reduce among themselves first, over the die-to-die link):
+
+1. reduce-scatter within each slice over ICI: ``(C-1)/C`` bytes per byte of gradient leave each
+   chip; every chip then holds the slice's sum of one 1/C shard;
+2. all-reduce of that shard across the slices over DCN, between the chips at the same position of
+   each slice, all C pairs at once: ``2 (S-1)/S * 1/C`` bytes per byte at ``dcn_bw``;
+3. all-gather within each slice over ICI: ``(C-1)/C`` bytes per byte again.
+
+Time per byte ``2 (C-1)/C / ici_bw + 2 (S-1)/(S C) / dcn_bw``, and ``collective_latency_s`` per
+phase (3 with several slices of several chips, else 1). A flat ring over all S*C chips would push
+``2 (SC-1)/(SC)`` bytes per byte through every chip and cross DCN with nearly all of them; the
+hierarchy cuts the DCN bytes C-fold, which is what makes multislice data parallelism affordable
+(DCN is 10-100x slower than ICI per chip).
 
 Constants that are not published (SparseCore share of HBM bandwidth, per-kernel overhead,
 collective latency, HBM reserved for the dense model and XLA) live in ``CostConstants`` with
@@ -33,10 +47,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from torchrec_tpu.structured_files import read_structured
 from tpu_facts import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
 from tpu_facts.slices import Slice, check_mod_sharding
-
-from torchrec_tpu.structured_files import read_structured
 
 # Documented slice shapes per chip count (v5p / v6e pages; tpu7x follows v5p's cube layout).
 _CUBE_SHAPES = {
@@ -56,7 +69,8 @@ class CostConstants:
       random row gathers/scatters (0.5: row-granular access, 8-float rows are 32 B bursts).
     * ``kernel_overhead_s``: fixed cost per stacked table per step on a device (launch and
       CSR bookkeeping), which is what makes stacking pay.
-    * ``collective_latency_s``: fixed cost per all-to-all.
+    * ``collective_latency_s``: fixed cost per collective (an all-to-all, a phase of the dense
+      all-reduce).
     * ``hbm_reserved_fraction``: HBM kept free for the dense model, XLA buffers and fragmentation.
     * ``skew``: ratio of the hottest partition's ids to the mean (1.0 = uniform ids); scales the
       id-limit check.
@@ -137,14 +151,39 @@ class TPUTopology(Slice):
         return self.chip.devices_per_chip / self.chip.ici_bandwidth_bytes_per_s + self._dcn_seconds_per_byte
 
     @property
-    def allreduce_seconds_per_byte(self) -> float:
-        """Seconds per byte of a bandwidth-optimal all-reduce over C chips: 2 (C-1)/C bytes leave
-        each chip (a chip's devices reduce among themselves first, over the die-to-die link)."""
-        c = self.num_chips
-        if c == 1:
+    def allreduce_ici_seconds_per_byte(self) -> float:
+        """ICI seconds per byte of gradient of the hierarchical all-reduce: the reduce-scatter and
+        the all-gather within each slice, ``2 (C-1)/C / ici_bw`` (module docstring)."""
+        c = self.chips_per_slice
+        return 2.0 * (c - 1) / c / self.chip.ici_bandwidth_bytes_per_s
+
+    @property
+    def allreduce_dcn_seconds_per_byte(self) -> float:
+        """DCN seconds per byte of gradient of the hierarchical all-reduce: each chip's 1/C shard
+        all-reduced across the S slices, ``2 (S-1)/(S C) / dcn_bw`` (0 on one slice)."""
+        s = self.num_slices
+        if s == 1:
             return 0.0
-        dcn = (self.num_slices - 1) / self.num_slices / self.chip.dcn_bandwidth_bytes_per_s if self.num_slices > 1 else 0.0
-        return 2.0 * (c - 1) / c * (1.0 / self.chip.ici_bandwidth_bytes_per_s + dcn)
+        return 2.0 * (s - 1) / s / self.chips_per_slice / self.chip.dcn_bandwidth_bytes_per_s
+
+    @property
+    def allreduce_seconds_per_byte(self) -> float:
+        """Seconds per byte of gradient of the hierarchical all-reduce (bandwidth terms only)."""
+        return self.allreduce_ici_seconds_per_byte + self.allreduce_dcn_seconds_per_byte
+
+    @property
+    def allreduce_phases(self) -> int:
+        """Collectives of one hierarchical all-reduce: reduce-scatter (ICI), all-reduce (DCN),
+        all-gather (ICI), less those over a single chip or slice."""
+        ici, dcn = self.chips_per_slice > 1, self.num_slices > 1
+        return 2 * ici + dcn if ici and dcn else int(ici or dcn)
+
+    def allreduce_seconds(self, num_bytes: float) -> float:
+        """Seconds to all-reduce ``num_bytes`` of gradient on every chip, hierarchically (module
+        docstring), ``costs.collective_latency_s`` per phase included; 0 on one chip."""
+        if num_bytes <= 0:
+            return 0.0
+        return num_bytes * self.allreduce_seconds_per_byte + self.allreduce_phases * self.costs.collective_latency_s
 
     @property
     def _dcn_seconds_per_byte(self) -> float:

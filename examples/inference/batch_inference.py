@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipelines.inference.job import InferenceConfig, run_inference
 from pipelines.ray_data import local_ray
 from pipelines.synthetic import SyntheticConfig, generate
+from torchrec_tpu.inference.job import InferenceConfig, run_inference
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.job import run_job
 
@@ -39,8 +39,8 @@ def main() -> None:
         generate(train_data, work / "train")
     checkpoint = work / "logs" / "checkpoint"
     if not checkpoint.is_dir():
-        print(run_job(TrainConfig(data=str(work / "train"), num_embeddings=1000,
-                                  log_dir=str(work / "logs"))).format())
+        print(run_job(TrainConfig.from_options(data=str(work / "train"), num_embeddings=1000,
+                                               log_dir=str(work / "logs"))).format())
     if not (work / "input").is_dir():
         generate(SyntheticConfig(num_rows=50_000, seed=1, max_cardinality=1000,
                                  rows_per_file=10_000, row_group_size=2_500), work / "input")

@@ -64,6 +64,7 @@ class Backend(ABC):
 
     def compile(self, prepared: Any) -> None:
         """Compile the programs a batch like ``prepared`` needs, ahead of its step. Default: none."""
+        return None
 
     def lookup(self, prepared: Any) -> tuple[torch.Tensor, Any]:
         """Activations of every feature side by side, [batch, sum of dims] in plan feature order

@@ -46,7 +46,8 @@ class _StackProgram:
     def forward(self, table, row_pointers, embedding_ids, sample_ids, gains):
         out = embedding.tpu_sparse_dense_matmul(
             self._input(row_pointers, embedding_ids, sample_ids, gains),
-            {self.stack.name: embedding.EmbeddingVariables(table, ())}, self.specs, global_device_count=self.devices, num_sc_per_device=self.s, perform_unstacking=False,
+            {self.stack.name: embedding.EmbeddingVariables(table, ())}, self.specs, global_device_count=self.devices,
+            num_sc_per_device=self.s, perform_unstacking=False,
         )
         return out[self.stack.name]
 
@@ -105,6 +106,9 @@ class TpuBackend(XlaBackend):
 
     def _stack_lookup(self, stack: StackedTable, table: jax.Array, device_input) -> jax.Array:
         return self._layout.from_chunk_major(stack, self._forward[stack.name](table, *device_input))
+
+    def _stack_grads(self, grad) -> list[jax.Array]:
+        return self._layout.disassemble(grad)
 
     def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, activation_grad, device_input):
         return self._backward[stack.name](table, slots, step, self._layout.to_chunk_major(stack, activation_grad),

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import torch_tpu.compile as tc
-from torch_tpu import persistent_cache
-
+import xla_cache
 from tests.compile.models import mlp
+from torch_tpu import persistent_cache
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,10 +80,10 @@ def test_translation_level_stays_under_its_cap(tmp_path):
 def test_bad_size_cap_is_named(monkeypatch):
     monkeypatch.setenv("TORCH_TPU_COMPILE_CACHE_MAX_MB", "lots")
     with pytest.raises(ValueError, match="TORCH_TPU_COMPILE_CACHE_MAX_MB='lots' is not a whole number"):
-        persistent_cache.default_max_bytes()
+        xla_cache.default_max_bytes()
     monkeypatch.setenv("TORCH_TPU_COMPILE_CACHE_MAX_MB", "0")
     with pytest.raises(ValueError, match="must be >= 1"):
-        persistent_cache.default_max_bytes()
+        xla_cache.default_max_bytes()
 
 
 _CHILD = """
@@ -100,12 +100,15 @@ print(json.dumps({"first_step_s": time.perf_counter() - start, "loss": loss,
 """
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_second_process_first_step_hits_the_cache(tmp_path):
     env = {"TORCH_TPU_COMPILE_CACHE": str(tmp_path)}
     first = json.loads(_python(_CHILD, env))
     second = json.loads(_python(_CHILD, env))
     assert first["cache"]["xla_misses"] == 1 and first["cache"]["xla_hits"] == 0
+    assert first["cache"]["step_misses"] == 1 and first["cache"]["step_disk_hits"] == 0
+    # neither traced nor compiled again: the stored step program and its executable
+    assert second["cache"]["step_disk_hits"] == 1 and second["cache"]["step_misses"] == 0
     assert second["cache"]["xla_hits"] == 1 and second["cache"]["xla_misses"] == 0
     assert second["loss"] == first["loss"]
+    assert len(_entries(tmp_path / "steps")) == 1

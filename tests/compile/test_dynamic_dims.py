@@ -6,9 +6,8 @@ import logging
 import torch
 from torch import nn
 
-import torch_tpu.compile as tc
-from torch_tpu.compile import specialize
 from tests.compile.models import mlp
+from torch_tpu.compile import specialize
 
 
 def _fwd_bwd(model, x):

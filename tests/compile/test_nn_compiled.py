@@ -12,9 +12,15 @@ import torch.nn.functional as F
 
 import torch_tpu.compile as tc
 from tests.torch_tpu.test_nn_lowerings import (
-    CASES, TOL, SmallCNN, _check_step, _pair, _step, check_cnn_trains_like_cpu,
+    CASES,
+    TOL,
+    SmallCNN,
+    _check_step,
+    _pair,
+    _step,
+    check_cnn_trains_like_cpu,
+    strict_fixture,  # noqa: F401  (the ``strict`` fixture)
 )
-from tests.torch_tpu.test_nn_lowerings import strict_fixture  # noqa: F401  (the ``strict`` fixture)
 
 COMPILED = [c for c in CASES if c[0] in {
     "conv2d_dilation_groups", "convT2d_groups", "maxpool2d_pad_dilation", "maxpool3d",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import torch_tpu.compile as tc
-from torch_tpu import persistent_cache
+import xla_cache
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,9 +55,9 @@ def test_disabled_cache_writes_nothing(tmp_path):
 def test_default_location_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCH_TPU_COMPILE_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert persistent_cache.default_cache_dir() == tmp_path / "torch_tpu" / "compile"
+    assert xla_cache.default_cache_dir() == tmp_path / "torch_tpu" / "compile"
     monkeypatch.setenv("TORCH_TPU_COMPILE_CACHE", "0")
-    assert persistent_cache.default_cache_dir() is None
+    assert xla_cache.default_cache_dir() is None
 
 
 def test_in_process_reuse_counts_memory_hits():

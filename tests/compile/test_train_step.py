@@ -11,10 +11,9 @@ import torch.nn.functional as F
 
 import torch_tpu
 import torch_tpu.compile as tc
+from tests.compile.models import mlp
 from torch_tpu._jax import jax
 from torch_tpu.tensor import to_jax
-
-from tests.compile.models import mlp
 
 STEPS = 5
 _xla_compiles: list[str] = []

@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-
 Check = Callable[[int, int, str, dist.ProcessGroup], object]
 CHECKS: dict[str, Check] = {}
 

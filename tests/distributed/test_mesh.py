@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpu_facts import Slice
 from torch_tpu.distributed import topology_aware_mesh
-from tpu_facts import chip_generation
+from tpu_facts import Slice, chip_generation
 
 V5P, V6E, TPU7X = (chip_generation(n) for n in ("v5p", "v6e", "tpu7x"))
 

@@ -48,7 +48,7 @@ def test_topology_aware_device_mesh_runs_collectives(job: dict) -> None:
 def test_torchrec_sharding_matches_gloo(job: dict) -> None:
     if job["device"] != "cpu":
         pytest.skip("torchrec 1.8 has no tpu compute device; covered on cpu tensors")
-    for rank, got in enumerate(results_for(job, "training", "torchrec")):
+    for got in results_for(job, "training", "torchrec"):
         first, second = got["ours"]
         torch.testing.assert_close(got["ours"], got["gloo"], rtol=0, atol=0)
         assert first.shape == (4, 24) and not torch.equal(first, second), "no fused update seen"

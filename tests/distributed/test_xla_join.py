@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import pathlib
 import subprocess
 import sys
-
-import datetime
 
 import pytest
 import torch

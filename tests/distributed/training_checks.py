@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-
 STEPS = 4
 GLOBAL_BATCH = 8
 LR = 0.1
@@ -132,8 +131,8 @@ def redistribute(rank: int, size: int, device: str) -> dict[str, torch.Tensor]:
 
 def topology_mesh(rank: int, size: int, device: str) -> dict[str, object]:
     """A DeviceMesh from topology_aware_mesh (2 chips of a v6e 2x1 slice) carries collectives."""
-    from tpu_facts import Slice, chip_generation
     from torch_tpu.distributed import topology_aware_mesh
+    from tpu_facts import Slice, chip_generation
 
     layout = topology_aware_mesh({"dp": size}, topology=Slice(chip_generation("v6e"), (size, 1)))
     mesh = layout.device_mesh(device)

@@ -15,15 +15,15 @@ import pytest
 
 from pipelines.arrow_batch import dense_transform
 from pipelines.bad_values import FLOAT32_MAX, POLICIES, BadValueError
-from pipelines.inference.job import InferenceConfig, Predictor
-from pipelines.inference.units import claim_output_dir, plan_units
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.schema import CRITEO
-from torchrec_tpu.cli import main
-from torchrec_tpu.train.config import BAD_VALUE_POLICIES
 from tests.faults.checkpoint_helpers import shared_run
 from tests.faults.conftest import TRAIN_FLAGS
 from tests.faults.helpers import assert_clean_error
+from torchrec_tpu.cli import main
+from torchrec_tpu.inference.job import InferenceConfig, Predictor
+from torchrec_tpu.inference.units import claim_output_dir, plan_units
+from torchrec_tpu.train.config import BAD_VALUE_POLICIES
 
 SIZES = (100,) * len(CRITEO.sparse)
 PART = "part-00001.parquet"  # rows 256-511 of the tiny dataset's 1024
@@ -86,7 +86,8 @@ def test_reader_policies_against_hand_values(tiny_copy, column, value, why):
     if column == "label":
         expected_labels[global_row] = np.clip(value, 0, 1)
     else:
-        expected_dense[global_row, CRITEO.dense.index(column)] = np.log1p(max(np.clip(value, -FLOAT32_MAX, FLOAT32_MAX), 0))
+        clamped = np.clip(value, -FLOAT32_MAX, FLOAT32_MAX)
+        expected_dense[global_row, CRITEO.dense.index(column)] = np.log1p(max(clamped, 0))
     np.testing.assert_array_equal(got_labels, expected_labels)
     np.testing.assert_allclose(got_dense, expected_dense, rtol=1e-6)
     assert np.isfinite(got_dense).all()
@@ -111,7 +112,8 @@ def test_skipped_rows_are_counted_once_over_epochs_and_listed(tiny_copy):
     assert (counts.skipped, counts.clamped) == (9, 0)
     lines = counts.lines()
     assert lines[0] == "bad values: skipped 9 rows"
-    assert lines[1] == f"  skipped {tiny_copy / 'part-00000.parquet'}: row 3, column label: 2.0 is not a label in [0, 1]"
+    part = tiny_copy / "part-00000.parquet"
+    assert lines[1] == f"  skipped {part}: row 3, column label: 2.0 is not a label in [0, 1]"
     assert lines[-1] == f"  ... and {9 - (len(lines) - 2)} more"
 
 
@@ -160,7 +162,8 @@ def _predict(predictor: Predictor, output: Path, policy: str) -> tuple[dict, pa.
     predictor.config = config
     units = plan_units(config.data, config.input_columns)
     claim_output_dir(output, units, Path(config.checkpoint))
-    columns = {k: np.array([getattr(u, k) for u in units]) for k in ("ordinal", "path", "row_group", "first_row", "num_rows")}
+    columns = {k: np.array([getattr(u, k) for u in units]) for k in ("ordinal", "path", "row_group", "first_row",
+                                                                     "num_rows")}
     result = predictor(columns)
     parts = sorted(output.glob("part-*.parquet"))
     return result, pa.concat_tables([pq.read_table(p) for p in parts]) if parts else None

@@ -13,12 +13,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.convert import convert_to_parquet
 from pipelines.dataset_dir import COMPLETE_MARKER, INCOMPLETE_MARKER, IncompleteDatasetError
 from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
 from pipelines.schema import CRITEO
-from pipelines.convert import convert_to_parquet
-from torchrec_tpu.cli import main
 from tests.faults.helpers import assert_clean_error, cli_command, cli_env, write_sample_tsv
+from torchrec_tpu.cli import main
 
 SIZES = (100,) * len(CRITEO.sparse)
 

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines.parquet_reader import ParquetBatchReader, batches_from_row
-from tests.faults.checkpoint_helpers import (BATCH, SAVED_STEPS, reseal, run_cli, run_copy,  # noqa: F401
-                                             train_args, versions)
+from pipelines.parquet_reader import ParquetBatchReader
+from pipelines.streams import batches_from_row
+from tests.faults.checkpoint_helpers import BATCH, SAVED_STEPS, reseal, run_cli, run_copy, train_args, versions  # noqa: F401
 from torchrec_tpu import cli
 
 TRAIN_ROWS = 1024  # the shared run's data: 2 files of 512 rows to train on

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from torchrec_tpu.cli import main
 from tests.faults.conftest import TRAIN_FLAGS
-from tests.faults.helpers import assert_clean_error, run_cli, sample_tsv_lines, write_sample_tsv
+from tests.faults.helpers import assert_clean_error, run_cli, sample_tsv_lines
+from torchrec_tpu.cli import main
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -180,8 +180,10 @@ def test_binary_garbage_never_aborts_and_lists_skips_with_a_tail(tmp_path):
         garbage.append(path)
     mixed = tmp_path / "mixed.tsv"  # sample rows with random binary lines between them
     lines = sample_tsv_lines()
-    mixed.write_bytes(b"\n".join(line.encode() if k % 3 else bytes(rng.getrandbits(8) for _ in range(80)).replace(b"\n", b" ")
-                                 for k, line in enumerate(lines)) + b"\n")
+    def garbage_line() -> bytes:
+        return bytes(rng.getrandbits(8) for _ in range(80)).replace(b"\n", b" ")
+
+    mixed.write_bytes(b"\n".join(line.encode() if k % 3 else garbage_line() for k, line in enumerate(lines)) + b"\n")
     skip = run_cli("data", "convert", str(mixed), str(garbage[0]), str(garbage[2]), "-o", str(tmp_path / "skip"),
                    "--no-progress", "--on-bad-row", "skip")
     assert skip.returncode == 0, skip.stderr[-2000:]

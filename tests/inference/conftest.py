@@ -27,7 +27,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tmp_path_factory.mktemp("infer_train_data")
     generate(TRAIN_DATA, data, progress=False)
     logs = tmp_path_factory.mktemp("infer_train") / "logs"
-    config = TrainConfig(
+    config = TrainConfig.from_options(
         engine="torchrec", data=str(data), num_embeddings=200, embedding_dim=8, dense_arch="16,8",
         over_arch="16,1",
         batch_size=256, eval_batch_size=1024, epochs=1, log_every=4, log_dir=str(logs),
@@ -46,21 +46,22 @@ def infer_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def reference_predictions(checkpoint: Path, infer_data: Path) -> np.ndarray:
     """sigmoid(logits) per global row, from the training job's DMP model and checkpoint loader."""
+    import json
+
     from pipelines.parquet_reader import ParquetBatchReader
     from torchrec_tpu.train.checkpoint import load_checkpoint
     from torchrec_tpu.train.distributed import process_group
     from torchrec_tpu.train.job import model_spec
     from torchrec_tpu.train.model import build_dlrm
-    from torchrec_tpu.train.sharding import build_optimizer, shard_model
-    import json
+    from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
-    config = TrainConfig(**json.loads((checkpoint / "meta.json").read_text())["config"])
+    config = TrainConfig.from_options(**json.loads((checkpoint / "meta.json").read_text())["config"])
     reader = ParquetBatchReader(infer_data, 4096, (200,) * 26)  # the training run's table sizes
     with process_group() as env:
         spec = model_spec(config, reader.schema.sparse, reader.table_sizes, len(reader.schema.dense))
         model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"),
-                            config.sparse_optimizer, config.sparse_lr, config.batch_size)
-        optimizer = build_optimizer(model, config.dense_optimizer, config.dense_lr)
+                            config.optim.sparse_optimizer, config.optim.sparse_lr, config.data.batch_size)
+        optimizer = build_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr)
         load_checkpoint(checkpoint, model, optimizer)
         model.eval()
         with torch.no_grad():

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import os
+import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,11 +15,15 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
-from pipelines.inference.job import InferenceConfig, run_inference
-from pipelines.inference.model import load_inference_model
-from pipelines.inference.units import MANIFEST
+from pipelines.parquet_reader import ParquetBatchReader
 from tests.inference.conftest import INFER_DATA
+from torchrec_tpu.inference.job import InferenceConfig, run_inference
+from torchrec_tpu.inference.model import load_inference_model
+from torchrec_tpu.inference.units import MANIFEST
+from torchrec_tpu.train.checkpoint_dirs import write_manifest
+from torchrec_tpu.train.model import ModelSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NUM_UNITS = INFER_DATA.num_rows // INFER_DATA.row_group_size
@@ -38,6 +43,33 @@ def test_checkpoint_loads_table_sizes_from_the_saved_tables(checkpoint: Path) ->
     model = load_inference_model(checkpoint)
     assert model.table_sizes == (200,) * 26
     assert model.step == 3 * 2048 // 256 - 2048 // 256  # 2 train files of 2048 rows, batch 256
+
+
+def _rewritten(checkpoint: Path, target: Path, meta: dict) -> Path:
+    """A copy of ``checkpoint`` whose meta.json is ``meta`` (manifest rewritten to match)."""
+    shutil.copytree(checkpoint, target)
+    (target / "meta.json").write_text(json.dumps(meta))
+    write_manifest(target)
+    return target
+
+
+def test_meta_holds_the_model_spec_and_both_formats_load(checkpoint: Path, infer_data: Path,
+                                                         tmp_path: Path) -> None:
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    spec = ModelSpec.from_dict(meta["model"])
+    assert (spec.embedding_dim, spec.dense_layers, spec.over_layers) == (8, (16, 8), (16, 1))
+    assert spec.table_sizes == (200,) * 26 and spec.feature_names == tuple(f"C{i}" for i in range(1, 27))
+    renamed = {("renamed_" + k if k not in ("model", "engine") else k): v for k, v in meta["config"].items()}
+    spec_only = _rewritten(checkpoint, tmp_path / "spec_only", {**meta, "config": renamed})
+    old_config = {k: meta["config"][k] for k in ("model", "embedding_dim", "dense_arch", "over_arch",
+                                                 "dcn_num_layers", "dcn_low_rank_dim")}
+    old_format = {k: v for k, v in meta.items() if k != "model"}  # written before meta.json had "model"
+    legacy = _rewritten(checkpoint, tmp_path / "legacy", {**old_format, "config": {**old_config, "new_flag": 1}})
+    reader_batch = next(iter(ParquetBatchReader(infer_data, 512, (200,) * 26)))
+    expected = load_inference_model(checkpoint).predict(reader_batch.dense_features, reader_batch.sparse_features)
+    for variant in (spec_only, legacy):
+        got = load_inference_model(variant).predict(reader_batch.dense_features, reader_batch.sparse_features)
+        assert torch.equal(got, expected), variant
 
 
 def test_output_schema_and_predictions(ray_session, checkpoint, infer_data, reference_predictions,
@@ -80,7 +112,7 @@ def test_killed_job_resumes_with_every_row_exactly_once(
     ray_session, checkpoint, infer_data, reference_predictions, tmp_path: Path
 ) -> None:
     output = tmp_path / "out"
-    command = [sys.executable, "-m", "pipelines.inference.cli", "--data", str(infer_data),
+    command = [sys.executable, "-m", "torchrec_tpu.inference.cli", "--data", str(infer_data),
                "--checkpoint", str(checkpoint), "--output", str(output), "--no-progress",
                "--batch-size", "250", "--num-cpus", "1"]
     job = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,

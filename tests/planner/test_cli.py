@@ -1,5 +1,6 @@
 """`torchrec-tpu plan` end to end: files in, plan JSON / terminal table / HTML report out."""
 
+import json
 import os
 import subprocess
 import sys
@@ -35,7 +36,8 @@ def test_cli_subprocess_writes_plan_and_html(tmp_path):
 
 
 def test_cli_is_deterministic(tmp_path):
-    args = ["--tables", str(DLRM_TABLES), "--topology", "v6e-64", "--batch-size", "65536", "--max-ids-per-partition", "4096"]
+    args = ["--tables", str(DLRM_TABLES), "--topology", "v6e-64", "--batch-size", "65536", "--max-ids-per-partition",
+            "4096"]
     assert main(args + ["--out", str(tmp_path / "a.json")]) == 0
     assert main(args + ["--out", str(tmp_path / "b.json")]) == 0
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
@@ -48,7 +50,8 @@ def test_compare_mode(tmp_path, capsys):
     text = capsys.readouterr().out
     for name in ("v5p-64", "v6e-64", "tpu7x-64"):
         assert name in text
-        assert len(load_plan(tmp_path / f"plan.{name}.json").devices) == {"v5p-64": 32, "v6e-64": 64, "tpu7x-64": 64}[name]
+        assert len(load_plan(tmp_path / f"plan.{name}.json").devices) == {"v5p-64": 32, "v6e-64": 64,
+                                                                          "tpu7x-64": 64}[name]
 
 
 def test_csv_tables_and_pooling_override(tmp_path):
@@ -113,3 +116,22 @@ def test_multislice_and_topology_file(tmp_path, capsys):
     assert len(plan.devices) == 16 and plan.topology.num_slices == 4
     assert plan.usable_hbm_bytes_per_device == int(95 * 2**30 * 0.5)
     assert "v5p-8 x4 slices" in capsys.readouterr().out
+
+
+def test_dense_params_price_the_hierarchical_all_reduce(tmp_path, capsys):
+    """v5p-8 x 2 slices (2 chips per slice), 1M dense params = 4 MB of float32 gradient: ICI
+    2 * 1/2 * 4e6 / 600e9, DCN 2 * 1/2 * (4e6 / 2) / 6.25e9, 3 phases of 10 us latency."""
+    out = tmp_path / "plan.json"
+    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--slices", "2", "--batch-size", "16384",
+                 "--max-ids-per-partition", "4096", "--dense-params", "1000000", "--out", str(out)]) == 0
+    ici, dcn = 2 * 3 / 4 * 4e6 / 600e9, 1e6 / 6.25e9
+    plan = load_plan(out)
+    assert plan.dense_params == 1_000_000
+    assert plan.dense_allreduce_s == pytest.approx(ici + dcn + 3 * 10e-6)
+    saved = json.loads(out.read_text())
+    assert saved["summary"]["dense_allreduce_s"] == pytest.approx(plan.dense_allreduce_s)
+    text = capsys.readouterr().out
+    assert "hierarchical: ICI within each slice, DCN across 2 slices" in text
+    assert f"DCN {dcn * 1e6:,.1f} us" in text and f"ICI {ici * 1e6:,.1f} us" in text
+    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--dense-params", "-1"]) == 2
+    assert "--dense-params -1" in capsys.readouterr().err

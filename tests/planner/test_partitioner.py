@@ -157,7 +157,8 @@ def test_torchrec_configs_and_parameter_constraints():
 
     configs = [EmbeddingBagConfig(num_embeddings=5000, embedding_dim=32, name="user", feature_names=["u1", "u2"])]
     (table,) = tables_from_configs(configs, {"user": 3.0}, optimizer="adagrad")
-    assert (table.rows, table.dim, table.num_features, table.pooling_factor, table.optimizer) == (5000, 32, 2, 3.0, "adagrad")
+    assert (table.rows, table.dim, table.num_features, table.pooling_factor,
+            table.optimizer) == (5000, 32, 2, 3.0, "adagrad")
     plan = plan_tables([table], V5P_8, 64, constraints={"user": ParameterConstraints(sharding_types=["column_wise"])})
     assert plan.table("user").sharding_type == "column_wise"
 
@@ -172,7 +173,6 @@ def test_thousand_tables_plan_quickly_enough_to_run_in_tests():
 def test_sparsecore_specs_convert():
     from sparsecore.optimizers import Adagrad
     from sparsecore.specs import FeatureSpec, TableSpec
-
     from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
 
     specs = [TableSpec("items", vocab_size=10_000, dim=24, combiner="mean", optimizer=Adagrad(learning_rate=0.1))]
@@ -203,10 +203,10 @@ def test_torchrec_planner_on_tpu_cost_model():
     assert set(module_plan) == {t.name for t in tables}
     assert torchrec_topology(V5P_8).compute_device == "mtia" and torchrec_topology(V5P_8).world_size == 4
     scorer = Partitioner(V5P_8, 1024, 4096)
-    theirs = scorer.evaluate(tables, assignments_from_torchrec(module_plan, tables, scorer.builder))
+    theirs = scorer.evaluate(tables, assignments_from_torchrec(module_plan, tables, scorer.options.builder))
     ours = plan_tables(tables, V5P_8, 1024, 4096)
     assert theirs.lower_bound_s == pytest.approx(ours.lower_bound_s)
     assert theirs.step_time_s >= theirs.lower_bound_s
     # the estimator prices a row-wise shard exactly as the cost model's per-device row-wise load
-    est = SparseCoreShardEstimator(None, tables={t.name: t for t in tables}, builder=scorer.builder)
-    assert est.shard_load(tables[0], "row_wise", [0, 0]) == scorer.builder.row_wise(tables[0]).uniform
+    est = SparseCoreShardEstimator(None, tables={t.name: t for t in tables}, builder=scorer.options.builder)
+    assert est.shard_load(tables[0], "row_wise", [0, 0]) == scorer.options.builder.row_wise(tables[0]).uniform

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from tpu_facts import GIB
 from torchrec_tpu.topology import load_topology_file, parse_accelerator_type, resolve_topology
+from tpu_facts import GIB
 
 
 @pytest.mark.parametrize(
@@ -68,6 +68,25 @@ def test_all_to_all_arithmetic():
     # tpu7x: two devices share one chip's links
     t7 = parse_accelerator_type("tpu7x-128")
     assert t7.hotspot_seconds_per_byte == pytest.approx(2 / 600e9)
+
+
+def test_dense_allreduce_is_hierarchical_ici_then_dcn():
+    """v6e-16 x 4 slices (C = 16 chips per slice, S = 4), 400 MB of gradient, by hand: 2 * 15/16 of
+    it over 400 GB/s ICI (reduce-scatter + all-gather in the slice), then each chip's 1/16 shard
+    all-reduced across the slices: 2 * 3/4 * 400e6/16 bytes over 12.5 GB/s DCN; 3 phases."""
+    one, four = parse_accelerator_type("v6e-16"), parse_accelerator_type("v6e-16", num_slices=4)
+    ici = 2 * 15 / 16 * 400e6 / 400e9
+    dcn = 2 * 3 / 4 * (400e6 / 16) / 12.5e9
+    latency = four.costs.collective_latency_s
+    assert four.allreduce_phases == 3 and one.allreduce_phases == 1
+    assert one.allreduce_seconds(400e6) == pytest.approx(ici + latency)
+    assert four.allreduce_seconds(400e6) == pytest.approx(ici + dcn + 3 * latency)
+    # one chip per slice: only the DCN all-reduce; one chip: nothing
+    single = parse_accelerator_type("v6e-1", num_slices=2)
+    assert single.allreduce_phases == 1
+    assert single.allreduce_seconds(1e6) == pytest.approx(2 * 1 / 2 * 1e6 / 12.5e9 + latency)
+    assert parse_accelerator_type("v6e-1").allreduce_seconds(1e6) == 0.0
+    assert four.allreduce_seconds(0) == 0.0
 
 
 def test_topology_file_overrides(tmp_path):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from pipelines.synthetic import SyntheticConfig, generate
@@ -22,7 +20,7 @@ def profiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     data = tmp_path_factory.mktemp("profile_data")
     generate(DATA, data, progress=False)
     logs = tmp_path_factory.mktemp("profile_run")
-    config = TrainConfig(
+    config = TrainConfig.from_options(
         engine=request.param, data=str(data), num_embeddings=100, embedding_dim=8, dense_arch="16,8",
         over_arch="16,1",
         batch_size=128, log_dir=str(logs), progress=False,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from tests.profiling.conftest import PROFILED_STEPS
 from torchrec_tpu.profiling import cli
 from torchrec_tpu.profiling.phases import COLLECTIVES, PHASES
 from torchrec_tpu.profiling.summary import phase_times
 from torchrec_tpu.train.config import TrainConfig, config_from_args
-from tests.profiling.conftest import PROFILED_STEPS
 
 
 def _events(result) -> list[dict]:
@@ -68,7 +68,7 @@ def test_cli_rejects_zero_steps(capsys) -> None:
 def test_cli_profiles_the_training_default_engine() -> None:
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    assert config_from_args(parser.parse_args([])).engine == TrainConfig().engine == "sparsecore"
+    assert config_from_args(parser.parse_args([])).engine.kind == TrainConfig().engine.kind == "sparsecore"
 
 
 def test_cli_refuses_npy_input(capsys, tmp_path) -> None:

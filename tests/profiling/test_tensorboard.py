@@ -47,9 +47,9 @@ def tensorboard(profiled):
             try:
                 _get(base, "/data/plugins_listing", timeout=5)
                 break
-            except OSError:
+            except OSError as error:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"tensorboard did not start: {proc.stderr.read()[-2000:]}")
+                    raise RuntimeError(f"tensorboard did not start: {proc.stderr.read()[-2000:]}") from error
                 time.sleep(0.5)
         yield base
     finally:

@@ -133,7 +133,7 @@ def test_training_loop_trains_on_ray_streams(ray_session, small_dataset: Path, t
     from torchrec_tpu.train.metrics import evaluate
     from torchrec_tpu.train.model import ModelSpec, build_dlrm
     from torchrec_tpu.train.scalars import ScalarLog
-    from torchrec_tpu.train.sharding import build_optimizer, shard_model
+    from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
     files = sorted(small_dataset.glob("*.parquet"))
     train_files, held_files = files[:-1], files[-1:]
@@ -186,5 +186,6 @@ def test_ray_reader_applies_the_bad_value_policy(ray_session, small_dataset: Pat
         got = np.concatenate([b.labels.numpy() for b in stream])
     finally:
         context.execution_options.preserve_order = False
-    expected = np.concatenate([pq.read_table(p).column("label").to_numpy().astype(np.float32) for p in sorted(data.glob("*.parquet"))])
+    expected = np.concatenate([pq.read_table(p).column("label").to_numpy().astype(np.float32)
+                               for p in sorted(data.glob("*.parquet"))])
     np.testing.assert_array_equal(got, np.delete(expected, 1_200 + 700))

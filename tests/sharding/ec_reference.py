@@ -30,7 +30,8 @@ def sequence_loss(out: dict[str, JaggedTensor], step: int) -> torch.Tensor:
     return sum(0.5 * ((jt.values() - targets[i]) ** 2).sum() for i, (_, jt) in enumerate(sorted(out.items())))
 
 
-def train_reference_ec(optimizer: str, batches: Sequence[int]) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+def train_reference_ec(optimizer: str,
+                       batches: Sequence[int]) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
     """Per step (of ``batches[step]`` samples) the embedding values of every feature, and the
     final weights, of stock TorchRec."""
     ec = reference_ec()

@@ -52,7 +52,8 @@ def train_sharded(rank: int, world_size: int, store, timeout, layouts: list[str]
         return results
 
 
-def train_steps(ebc: ShardedSparseCoreEBC, rank: int, world_size: int, steps: int, local_batch: int) -> list[torch.Tensor]:
+def train_steps(ebc: ShardedSparseCoreEBC, rank: int, world_size: int, steps: int,
+                local_batch: int) -> list[torch.Tensor]:
     """``steps`` steps on this rank's part of the global batches (loss 0.5 * |out - target|^2);
     the pooled outputs of each."""
     outputs = []

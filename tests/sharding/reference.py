@@ -42,7 +42,8 @@ def random_kjt(batch: int, seed: int, max_hot: int = 4) -> KeyedJaggedTensor:
     vocab = {"user": 40, "item": 30, "hist": 30, "small": 9}
     lengths = rng.integers(0, max_hot + 1, size=(len(FEATURES), batch))
     values = np.concatenate([rng.integers(0, vocab[f], size=int(lengths[i].sum())) for i, f in enumerate(FEATURES)])
-    return KeyedJaggedTensor(keys=FEATURES, values=torch.from_numpy(values), lengths=torch.from_numpy(lengths.reshape(-1)))
+    return KeyedJaggedTensor(keys=FEATURES, values=torch.from_numpy(values),
+                             lengths=torch.from_numpy(lengths.reshape(-1)))
 
 
 def targets(batch: int, seed: int) -> torch.Tensor:

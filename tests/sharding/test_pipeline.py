@@ -73,3 +73,17 @@ def test_stopping_early_ends_the_thread():
     assert len(set(threading.enumerate()) - before) == 1
     stream.close()
     assert set(threading.enumerate()) - before == set()
+
+
+def test_a_prefetched_kjt_hands_its_input_dist_to_its_owner_only():
+    owner, other = sharded("sgd"), sharded("sgd")
+    kjt = batches(1)[0].sparse_features
+    calls = []
+    original = owner.input_dist
+    owner.input_dist = lambda k, group=None: calls.append(k) or original(k, group)
+    ahead = owner.prefetch(kjt)
+    assert ahead.to(torch.device("cpu")) is ahead  # Batch.to in the loop keeps the hand-off
+    with torch.no_grad():
+        assert torch.equal(owner(ahead).values(), other(kjt).values())
+        assert torch.equal(other(ahead).values(), other(kjt).values())  # other EBCs run their own dist
+    assert len(calls) == 1  # the owner's forward started from the prefetched dist

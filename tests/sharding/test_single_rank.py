@@ -5,8 +5,17 @@ import torch
 
 from torchrec_tpu.sharding import ShardedSparseCoreEBC, TableSharding
 
-from .reference import (CONFIGS, OPTIMIZERS, assert_tables_close, random_kjt, reference_ebc, slice_batch, targets,
-                        train_reference, with_last_id)
+from .reference import (
+    CONFIGS,
+    OPTIMIZERS,
+    assert_tables_close,
+    random_kjt,
+    reference_ebc,
+    slice_batch,
+    targets,
+    train_reference,
+    with_last_id,
+)
 
 BATCH, STEPS = 16, 4
 
@@ -66,7 +75,8 @@ def test_state_dict_round_trip_continues_identically():
         (0.5 * ((out - targets(BATCH, 5)) ** 2).sum()).backward()
     for name, weight in first.unsharded_weights().items():
         assert torch.equal(weight, second.unsharded_weights()[name])
-    assert torch.equal(first.unsharded_slots()["t_item"]["accumulator"], second.unsharded_slots()["t_item"]["accumulator"])
+    assert torch.equal(first.unsharded_slots()["t_item"]["accumulator"],
+                       second.unsharded_slots()["t_item"]["accumulator"])
 
 
 def test_unshards_into_a_plain_torchrec_ebc():

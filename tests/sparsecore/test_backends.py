@@ -125,7 +125,8 @@ def test_xla_backend_on_real_criteo_sample(criteo_kjt):
         torch.testing.assert_close(w.double(), reference.weights[name], atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("backend_name, optimizer", [("xla", "adam"), ("xla", "rowwise_adagrad"), ("fbgemm", "adagrad")])
+@pytest.mark.parametrize("backend_name, optimizer",
+                         [("xla", "adam"), ("xla", "rowwise_adagrad"), ("fbgemm", "adagrad")])
 def test_state_round_trip_resumes_training_exactly(backend_name, optimizer):
     plan = _plan(OPTIMIZERS[optimizer], "sum", tb_dim=4)
     grads = {f.name: torch.full((f.batch_size, plan.tables[f.table].dim), 0.3) for f in plan.features}

@@ -16,7 +16,9 @@ def _plan(max_ids, max_unique=None):
 
 def test_error_policy_names_table_partition_and_counts():
     kjt = random_kjt(_plan(8), seed=0, max_hot=40)
-    with pytest.raises(PartitionOverflowError, match="'t': partition \\(source SC \\d, destination SC \\d\\) got \\d+ ids > max_ids_per_partition 8"):
+    with pytest.raises(PartitionOverflowError,
+                       match="'t': partition \\(source SC \\d, destination SC \\d\\) got \\d+ ids > "
+                             "max_ids_per_partition 8"):
         preprocess(kjt, _plan(8))
 
 

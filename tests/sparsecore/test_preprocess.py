@@ -25,7 +25,8 @@ def _plan(topology, combiner="sum", max_ids=256, batch=32):
 
 def test_hand_computed_layout():
     """One v5p chip (4 SCs), sum combiner: sample 0 has id 5 twice (merged) and id 9."""
-    plan = plan_stacking([TableSpec("t", 64, 8)], [FeatureSpec("f", "t", 4, weighted=True)], SparseCoreTopology("v5p", 1))
+    plan = plan_stacking([TableSpec("t", 64, 8)], [FeatureSpec("f", "t", 4, weighted=True)],
+                         SparseCoreTopology("v5p", 1))
     kjt = KeyedJaggedTensor(keys=["f"], values=torch.tensor([5, 9, 5, 4, 6]), lengths=torch.tensor([3, 1, 0, 1]),
                             weights=torch.tensor([1.0, 2.0, 0.5, 3.0, 4.0]))
     csr = preprocess(kjt, plan).stacks["t"]

@@ -204,7 +204,8 @@ def test_without_a_compiler_auto_falls_back_to_numpy_with_a_warning(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("1 sparsecore: compiled preprocessing unavailable") and "no-such-compiler-xyz" in lines[0]
+    assert lines[0].startswith("1 sparsecore: compiled preprocessing unavailable")
+    assert "no-such-compiler-xyz" in lines[0]
     assert lines[1] == "[0, 2, 8, 8, 8, 8, 8, 8]"  # sample 0 (SC0): ids 5 and 9, both to SC1
     assert lines[2].startswith("unavailable: no C++ compiler")
 

@@ -1,7 +1,7 @@
 import pytest
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 
-from sparsecore.optimizers import FTRL, Adagrad, Adam, SGD
+from sparsecore.optimizers import FTRL, SGD, Adagrad, Adam
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 
@@ -77,7 +77,8 @@ def test_torchrec_config_round_trip():
     ]
     tables, features = specs_from_configs(configs, batch_size=32, optimizer=Adagrad(0.05), weighted_features={"f2"})
     assert [(t.name, t.vocab_size, t.dim, t.combiner) for t in tables] == [("t0", 100, 16, "sum"), ("t1", 7, 4, "mean")]
-    assert [(f.name, f.table, f.weighted) for f in features] == [("f0", "t0", False), ("f1", "t0", False), ("f2", "t1", True)]
+    expected = [("f0", "t0", False), ("f1", "t0", False), ("f2", "t1", True)]
+    assert [(f.name, f.table, f.weighted) for f in features] == expected
     assert tables[0].effective_initializer.low == -0.1
     back = configs_from_specs(tables, features)
     for original, converted in zip(configs, back):

@@ -57,7 +57,7 @@ def test_exception_in_backward_lowering_names_the_op(multithreading, monkeypatch
         raise RuntimeError("lowering exploded")
 
     monkeypatch.setitem(registry._TABLE, op, registry.Lowering(op, failing))
-    dispatch.clear_plan_cache()
+    dispatch.clear_handler_cache()
     try:
         x = torch.randn(5, device="tpu", requires_grad=True)
         with pytest.raises(RuntimeError, match="lowering exploded") as info:
@@ -65,7 +65,7 @@ def test_exception_in_backward_lowering_names_the_op(multithreading, monkeypatch
         assert any("aten.threshold_backward.default" in note for note in info.value.__notes__)
     finally:
         monkeypatch.undo()
-        dispatch.clear_plan_cache()
+        dispatch.clear_handler_cache()
     torch.relu(x).sum().backward()  # the real lowering is back
     assert x.grad.cpu().tolist() == (x.detach().cpu() > 0).float().tolist()
 

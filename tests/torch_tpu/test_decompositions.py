@@ -8,8 +8,8 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 import torch_tpu
+from tests.torch_tpu.test_opinfo import _SKIP, OPINFOS, _check_sample, _id
 from torch_tpu import decompositions
-from tests.torch_tpu.test_opinfo import OPINFOS, _SKIP, _check_sample, _id
 
 aten = torch.ops.aten
 
@@ -63,18 +63,18 @@ def test_compile_uses_the_same_table():
 
 @pytest.fixture
 def extra_decomposition():
-    """Install a temporary EXTRA composite (restored and plan caches cleared afterwards)."""
+    """Install a temporary EXTRA composite (restored and handler caches cleared afterwards)."""
     added = []
 
     def install(op, fn):
         decompositions.EXTRA[op] = fn
         added.append(op)
-        torch_tpu.clear_plan_cache()
+        torch_tpu.clear_handler_cache()
 
     yield install
     for op in added:
         decompositions.EXTRA.pop(op)
-    torch_tpu.clear_plan_cache()
+    torch_tpu.clear_handler_cache()
 
 
 def test_decomposition_reentering_its_own_op_falls_back_instead_of_recursing(extra_decomposition):

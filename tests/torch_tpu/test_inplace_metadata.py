@@ -3,7 +3,6 @@ against CPU torch: same Python object, same sizes/strides/offset, same values, s
 
 from __future__ import annotations
 
-import itertools
 import warnings
 
 import pytest

@@ -11,7 +11,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import torch_tpu
 import torch_tpu.compile as tc
 from torch_tpu import fallback
 
@@ -27,7 +26,8 @@ CONV = [
     ("conv2d_depthwise", lambda: nn.Conv2d(4, 8, 3, groups=4, padding=1), (2, 4, 5, 5)),
     ("conv3d", lambda: nn.Conv3d(2, 4, 3, padding=1, stride=(1, 2, 2)), (2, 2, 4, 6, 6)),
     ("convT1d_output_padding", lambda: nn.ConvTranspose1d(3, 2, 3, stride=2, padding=1, output_padding=1), (2, 3, 5)),
-    ("convT2d_groups", lambda: nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2), (2, 4, 4, 5)),
+    ("convT2d_groups",
+     lambda: nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2), (2, 4, 4, 5)),
     ("convT2d_dilation", lambda: nn.ConvTranspose2d(3, 2, 3, stride=(1, 2), dilation=2, bias=False), (1, 3, 4, 4)),
     ("convT3d", lambda: nn.ConvTranspose3d(2, 3, 2, stride=2), (1, 2, 3, 3, 3)),
 ]
@@ -39,7 +39,8 @@ POOL = [
     ("maxpool2d_overlap", lambda: nn.MaxPool2d(3, stride=1), (1, 2, 5, 5)),
     ("maxpool3d", lambda: nn.MaxPool3d(2, stride=(1, 2, 2), padding=(1, 0, 1)), (2, 2, 4, 6, 6)),
     ("avgpool1d", lambda: nn.AvgPool1d(3, stride=2, padding=1), (2, 3, 9)),
-    ("avgpool2d_exclude_pad_ceil", lambda: nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), (2, 3, 8, 7)),
+    ("avgpool2d_exclude_pad_ceil",
+     lambda: nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), (2, 3, 8, 7)),
     ("avgpool2d_include_pad_ceil", lambda: nn.AvgPool2d(3, 2, 1, ceil_mode=True), (2, 3, 8, 7)),
     ("avgpool2d_divisor", lambda: nn.AvgPool2d(2, divisor_override=3), (2, 3, 6, 6)),
     ("avgpool3d", lambda: nn.AvgPool3d(2, stride=(1, 2, 2), padding=1), (1, 2, 4, 5, 6)),
@@ -264,6 +265,7 @@ def test_export_ir_batch_norm_ops(strict):
     grad = torch.randn_like(x)
     args = (mean, var, expected[1], expected[2], True, 1e-5, [True, True, True], expected[3])
     want = aten.batch_norm_backward(grad, x, w, *args)
-    got = aten.batch_norm_backward(grad.to("tpu"), t_x, t_w, *(a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args))
+    got = aten.batch_norm_backward(grad.to("tpu"), t_x, t_w,
+                                   *(a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args))
     for a, e in zip(got, want):
         _assert_close(a, e, "batch_norm_backward")

@@ -177,12 +177,12 @@ def test_debug_mode_checks_still_name_the_op_on_cached_programs():
     assert modes.get_eager_mode() == torch_tpu.EagerMode.STRICT
 
 
-def test_clear_plan_cache_drops_compiled_programs():
+def test_clear_handler_cache_drops_compiled_programs():
     x = torch.ones(3, device="tpu")
     for _ in range(2):
         (x - 1).cpu()
     assert op_jit.size() == 1
-    torch_tpu.clear_plan_cache()
+    torch_tpu.clear_handler_cache()
     assert op_jit.size() == 0
 
 

@@ -18,7 +18,8 @@ _LOWERED_PACKETS = {op._schema.name.split("::")[1].removesuffix("_") for op in t
 _SKIP = {
     "nn.functional.dropout": "random stream differs from CPU by design",
     "bernoulli": "random", "normal": "random", "uniform": "random", "randn": "random", "rand": "random",
-    "randint": "random", "exponential": "random", "randn_like": "random", "rand_like": "random", "randint_like": "random",
+    "randint": "random", "exponential": "random", "randn_like": "random", "rand_like": "random",
+    "randint_like": "random",
     "multinomial": "random", "nn.functional.feature_alpha_dropout": "random",
     "nn.functional.alpha_dropout": "random", "nn.functional.dropout2d": "random",
     "nn.functional.dropout3d": "random", "empty": "uninitialised", "empty_like": "uninitialised",
@@ -37,8 +38,10 @@ _LOWERED_AS = {
     **{f"nn.functional.{c}{d}d": "convolution" for c in ("conv", "conv_transpose") for d in (1, 2, 3)},
     "nn.functional.max_pool1d": "max_pool2d_with_indices", "nn.functional.max_pool2d": "max_pool2d_with_indices",
     "nn.functional.max_pool3d": "max_pool3d_with_indices", "nn.functional.avg_pool1d": "avg_pool2d",
-    "nn.functional.adaptive_avg_pool1d": "_adaptive_avg_pool2d", "nn.functional.adaptive_avg_pool2d": "_adaptive_avg_pool2d",
-    "nn.functional.adaptive_avg_pool3d": "_adaptive_avg_pool3d", "nn.functional.adaptive_max_pool1d": "adaptive_max_pool2d",
+    "nn.functional.adaptive_avg_pool1d": "_adaptive_avg_pool2d",
+    "nn.functional.adaptive_avg_pool2d": "_adaptive_avg_pool2d",
+    "nn.functional.adaptive_avg_pool3d": "_adaptive_avg_pool3d",
+    "nn.functional.adaptive_max_pool1d": "adaptive_max_pool2d",
     "nn.functional.batch_norm": "native_batch_norm", "nn.functional.instance_norm": "native_batch_norm",
 }
 
@@ -105,7 +108,7 @@ def _float64(x):
 
 def _rounded_like(precise, like):
     """``precise`` (float64 reference results) in the dtypes of ``like`` (the CPU op's own results)."""
-    return pytree.tree_map(lambda p, l: p.to(l.dtype) if isinstance(l, torch.Tensor) else p, precise, like)
+    return pytree.tree_map(lambda p, ref: p.to(ref.dtype) if isinstance(ref, torch.Tensor) else p, precise, like)
 
 
 def _check_sample(opinfo, sample, dtype, grad):
@@ -142,7 +145,8 @@ def _check_sample(opinfo, sample, dtype, grad):
         return
     cotangents = [torch.randn_like(o) for o in outs]
     expected_grads = torch.autograd.grad(outs, inputs, cotangents, allow_unused=True)
-    actual_grads = torch.autograd.grad(tpu_outs, tpu_inputs, [c.to("tpu", o.dtype) for c, o in zip(cotangents, tpu_outs)],
+    actual_grads = torch.autograd.grad(tpu_outs, tpu_inputs,
+                                       [c.to("tpu", o.dtype) for c, o in zip(cotangents, tpu_outs)],
                                        allow_unused=True)
     for a, e, t in zip(actual_grads, expected_grads, tpu_inputs):
         if e is None:

@@ -197,7 +197,6 @@ def test_tpu_platform_lowering_emits_the_mosaic_custom_call(name: str):
 
 
 def test_user_kernel_via_jax_op_eager_compiled_and_backward():
-    from jax.experimental import pallas as pl
 
     def scale_kernel(x_ref, o_ref, *, factor):
         o_ref[...] = x_ref[...] * factor

@@ -19,8 +19,8 @@ def test_facts_engine_and_planner_leave_jax_and_the_device_alone(tmp_path):
         assert not heavy, f"tpu_facts imported {{heavy}}"
         import sparsecore, torchrec_tpu.planner
         from torchrec_tpu.cli import main
-        rc = main(["plan", "--tables", {str(DLRM_TABLES)!r}, "--topology", "v6e-16", "--batch-size", "4096", "--max-ids-per-partition", "2048",
-                   "--out", {str(out)!r}])
+        rc = main(["plan", "--tables", {str(DLRM_TABLES)!r}, "--topology", "v6e-16", "--batch-size", "4096",
+                   "--max-ids-per-partition", "2048", "--out", {str(out)!r}])
         assert rc == 0, rc
         loaded = sorted(m for m in ("jax", "torch_tpu") if m in sys.modules)
         assert not loaded, f"sparsecore / torchrec-tpu plan imported {{loaded}}"

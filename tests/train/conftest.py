@@ -60,7 +60,7 @@ def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
 
 def tiny_config(data: Path, log_dir: Path, **overrides: object) -> TrainConfig:
     options = {**TINY_OPTIONS, **overrides}
-    return TrainConfig(data=str(data), log_dir=str(log_dir), **options)  # type: ignore[arg-type]
+    return TrainConfig.from_options(data=str(data), log_dir=str(log_dir), **options)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.dense_placement import dense_device
-from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.dense_step import CompiledDenseStep, step_function
+from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import ModelSpec
 from torchrec_tpu.train.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model

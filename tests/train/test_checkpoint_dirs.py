@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from torchrec_tpu.train.checkpoint_dirs import (LATEST, META_FILE, is_checkpoint, publish, resolve_checkpoint,
-                                                version_dir)
+from torchrec_tpu.train.checkpoint_dirs import (
+    LATEST,
+    META_FILE,
+    is_checkpoint,
+    publish,
+    resolve_checkpoint,
+    version_dir,
+)
 
 
 def _save(root: Path, step: int, tag: str, keep: int = 2) -> Path:
@@ -57,7 +63,8 @@ def test_a_rewound_run_keeps_its_own_newest_checkpoints(tmp_path: Path) -> None:
 
 
 def test_not_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="is not a checkpoint: expected manifest.json and meta.json inside, or a 'latest'"):
+    with pytest.raises(FileNotFoundError,
+                       match="is not a checkpoint: expected manifest.json and meta.json inside, or a 'latest'"):
         resolve_checkpoint(tmp_path)
     with pytest.raises(ValueError, match="keep must be >= 1"):
         _save(tmp_path, 8, "a", keep=0)

@@ -25,7 +25,7 @@ def _parse(argv: list[str]) -> TrainConfig:
 def test_no_flags_gives_the_defaults() -> None:
     config = _parse([])
     assert config == TrainConfig()
-    assert config.dense_layers[-1] == config.embedding_dim and config.over_layers[-1] == 1
+    assert config.model.dense_layers[-1] == config.model.embedding_dim and config.model.over_layers[-1] == 1
 
 
 def test_yaml_keys_mirror_flags_and_flags_win(tmp_path: Path) -> None:
@@ -33,11 +33,11 @@ def test_yaml_keys_mirror_flags_and_flags_win(tmp_path: Path) -> None:
     path.write_text("batch-size: 128\ndense_lr: 1\ndense_arch: [32, 16]\nmodel: dlrm_dcn\n"
                     "progress: false\n")
     config = _parse(["--config", str(path), "--batch-size", "64", "--no-progress"])
-    assert config.batch_size == 64  # the explicit flag beats the file
-    assert config.dense_lr == 1.0 and isinstance(config.dense_lr, float)
-    assert config.dense_arch == "32,16" and config.dense_layers == [32, 16]
-    assert config.model == "dlrm_dcn" and config.progress is False
-    assert config.sparse_lr == TrainConfig().sparse_lr  # untouched keys keep their default
+    assert config.data.batch_size == 64  # the explicit flag beats the file
+    assert config.optim.dense_lr == 1.0 and isinstance(config.optim.dense_lr, float)
+    assert config.model.dense_arch == "32,16" and config.model.dense_layers == [32, 16]
+    assert config.model.kind == "dlrm_dcn" and config.loop.progress is False
+    assert config.optim.sparse_lr == TrainConfig().optim.sparse_lr  # untouched keys keep their default
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.train.conftest import SAMPLE_CSV
 from torchrec_tpu import cli
 from torchrec_tpu.train.checkpoint import STATE_DIR
-
-from tests.train.conftest import SAMPLE_CSV
 
 
 def test_sample_data_trains_dlrm_dcn_end_to_end(
@@ -68,7 +67,6 @@ def test_resume_from_a_non_checkpoint_is_reported(
 def test_rows_left_out_for_lock_step_are_reported(tiny_dataset: Path) -> None:
     from pipelines.parquet_reader import ParquetBatchReader
     from pipelines.schema import CRITEO
-
     from torchrec_tpu.train.data import TrainData
 
     files = sorted(tiny_dataset.glob("*.parquet"))

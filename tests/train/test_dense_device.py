@@ -44,11 +44,11 @@ def test_dense_on_tpu_trains_like_dense_on_cpu(model: str) -> None:
 
 def test_dense_flags_need_the_sparsecore_engine() -> None:
     with pytest.raises(ConfigError, match="--dense-device='tpu' needs --engine sparsecore"):
-        TrainConfig(engine="torchrec", dense_device="tpu")
+        TrainConfig.from_options(engine="torchrec", dense_device="tpu")
     with pytest.raises(ConfigError, match="--dense-parallel='fsdp2' needs --engine sparsecore"):
-        TrainConfig(engine="torchrec", dense_parallel="fsdp2")
+        TrainConfig.from_options(engine="torchrec", dense_parallel="fsdp2")
     with pytest.raises(ConfigError, match=r"--dense-device='gpu' is not one of \['cpu', 'tpu'\]"):
-        TrainConfig(engine="sparsecore", dense_device="gpu")
+        TrainConfig.from_options(engine="sparsecore", dense_device="gpu")
 
 
 @pytest.mark.slow

@@ -15,15 +15,15 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.train.conftest import tiny_config
 from torchrec_tpu.train.checkpoint import META_FILE, RNG_DIR, STATE_DIR, load_checkpoint
+from torchrec_tpu.train.checkpoint_dirs import write_manifest
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.job import model_spec, run_job
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import build_dlrm
-from torchrec_tpu.train.checkpoint_dirs import write_manifest
 from torchrec_tpu.train.rng import load_rng, rng_state, save_rng, set_rng_state
-from torchrec_tpu.train.sharding import build_optimizer, shard_model
+from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
 
 def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -43,8 +43,8 @@ def _dense(value: torch.Tensor) -> torch.Tensor:
 def test_learns_the_signal(trained) -> None:
     config, summary = trained
     result = summary.result
-    assert result.steps == 2 * (16384 // config.batch_size)
-    assert result.samples == result.steps * config.batch_size
+    assert result.steps == 2 * (16384 // config.data.batch_size)
+    assert result.samples == result.steps * config.data.batch_size
     assert result.eval.samples == 8192
     assert result.eval.auc > 0.6
     losses = [v for _, v in _scalars(summary.log_dir)["train/loss"]]
@@ -57,7 +57,7 @@ def test_tensorboard_event_files_hold_the_scalars(trained) -> None:
     scalars = _scalars(summary.log_dir)
     assert {"train/loss", "train/samples_per_sec", "eval/auc", "eval/loss"} <= set(scalars)
     steps = [step for step, _ in scalars["train/loss"]]
-    assert steps == list(range(config.log_every, summary.result.steps + 1, config.log_every))
+    assert steps == list(range(config.loop.log_every, summary.result.steps + 1, config.loop.log_every))
     assert all(rate > 0 for _, rate in scalars["train/samples_per_sec"])
     # --eval-every 64 over 128 steps: evaluated at 64 and once (not twice) at the end.
     assert [step for step, _ in scalars["eval/auc"]] == [64, 128]
@@ -70,7 +70,7 @@ def test_checkpoint_meta(trained) -> None:
     meta = json.loads((summary.checkpoint_dir / META_FILE).read_text())
     assert meta["step"] == summary.result.steps
     assert meta["world_size"] == 1
-    assert TrainConfig(**meta["config"]) == config
+    assert TrainConfig.from_options(**meta["config"]) == config
     assert meta["metrics"]["eval_auc"] == pytest.approx(summary.result.eval.auc)
 
 
@@ -80,13 +80,13 @@ def test_checkpoint_reloads_into_a_fresh_model(trained, tmp_path: Path) -> None:
     flat = tmp_path / "flat.pt"
     dcp_to_torch_save(summary.checkpoint_dir / STATE_DIR, flat)
     saved = torch.load(flat, weights_only=False)
-    fresh_config = TrainConfig(**{**config.to_dict(), "seed": config.seed + 1})
+    fresh_config = TrainConfig.from_options(**{**config.to_dict(), "seed": config.loop.seed + 1})
     with process_group() as env, open_data(fresh_config, env) as data:
-        torch.manual_seed(fresh_config.seed)
+        torch.manual_seed(fresh_config.loop.seed)
         spec = model_spec(fresh_config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"),
-                            config.sparse_optimizer, config.sparse_lr, config.batch_size)
-        optimizer = build_optimizer(model, config.dense_optimizer, config.dense_lr)
+                            config.optim.sparse_optimizer, config.optim.sparse_lr, config.data.batch_size)
+        optimizer = build_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr)
         table = "model.sparse_arch.embedding_bag_collection.embedding_bags.t_C2.weight"
         assert not torch.equal(_dense(model.state_dict()[table]), saved["model"][table])
 
@@ -119,10 +119,10 @@ def test_resume_mid_epoch_reaches_the_uninterrupted_weights(trained, tiny_datase
     resumed = run_job(tiny_config(tiny_dataset, tmp_path / "resumed", eval_every=64,
                                   resume=str(first.checkpoint_dir.parent)))  # the root: its latest
     meta = json.loads((first.checkpoint_dir / META_FILE).read_text())
-    assert (meta["step"], meta["epoch"], meta["rank_rows"]) == (40, 0, 40 * config.batch_size)
+    assert (meta["step"], meta["epoch"], meta["rank_rows"]) == (40, 0, 40 * config.data.batch_size)
     assert first.result.steps == 40
     assert resumed.result.steps == summary.result.steps == 128
-    assert resumed.result.samples == (128 - 40) * config.batch_size
+    assert resumed.result.samples == (128 - 40) * config.data.batch_size
     flat = {}
     for name, directory in (("full", summary.checkpoint_dir), ("resumed", resumed.checkpoint_dir)):
         dcp_to_torch_save(directory / STATE_DIR, tmp_path / f"{name}.pt")

@@ -92,7 +92,7 @@ def _kill_and_resume(data: Path, run: Path, world: int, options: dict,
 def test_kill_9_then_resume_equals_the_uninterrupted_run(trained, tiny_dataset: Path, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     config, uninterrupted = trained  # the same options in process: 2 epochs, 128 steps
-    options = {"eval_every": config.eval_every, "max_steps": uninterrupted.result.steps,
+    options = {"eval_every": config.loop.eval_every, "max_steps": uninterrupted.result.steps,
                "checkpoint_every": 16}
     final = _kill_and_resume(tiny_dataset, tmp_path, 1, options, capsys)
     _assert_same_state(flat_checkpoint(final, tmp_path / "resumed.pt"),

@@ -39,7 +39,7 @@ def test_rates_are_set_on_both_optimizers_before_each_step() -> None:
 ])
 def test_bad_schedules_are_config_errors(options, message) -> None:
     with pytest.raises(ConfigError, match=message):
-        TrainConfig(**options)
+        TrainConfig.from_options(**options)
 
 
 def test_scheduled_rate_reaches_both_optimizers_of_the_torchrec_engine(tiny_dataset, tmp_path) -> None:

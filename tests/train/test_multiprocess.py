@@ -21,7 +21,7 @@ from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.job import model_spec
 from torchrec_tpu.train.model import build_dlrm
-from torchrec_tpu.train.sharding import build_optimizer, shard_model
+from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
 WORLD = 2
 STEPS = 24  # lock-step and sharding are the point here, not learning (test_job covers that)
@@ -105,13 +105,13 @@ def test_two_rank_checkpoint_loads_on_one_rank(two_rank_run, tmp_path: Path) -> 
     dcp_to_torch_save(log_dir / "checkpoint" / "latest" / STATE_DIR, flat)
     saved = torch.load(flat, weights_only=False)["model"]
     meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
-    config = TrainConfig(**meta["config"])
+    config = TrainConfig.from_options(**meta["config"])
     with process_group() as env, open_data(config, env) as data:
         assert env.world_size == 1
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"),
-                            config.sparse_optimizer, config.sparse_lr, config.batch_size)
+                            config.optim.sparse_optimizer, config.optim.sparse_lr, config.data.batch_size)
         load_checkpoint(log_dir / "checkpoint", model,
-                        build_optimizer(model, config.dense_optimizer, config.dense_lr))
+                        build_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr))
         for name, value in model.state_dict().items():
             assert torch.equal(_dense(value), saved[name]), name

@@ -29,8 +29,8 @@ def _model_tables(tiny_dataset: Path, tmp_path: Path):
     config = tiny_config(tiny_dataset, tmp_path / "logs", engine="sparsecore")
     with process_group() as env, open_data(config, env) as data:
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.sparse_optimizer,
-                                       config.sparse_lr, BATCH, config.seed)
+        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim.sparse_optimizer,
+                                       config.optim.sparse_lr, BATCH, config.loop.seed)
     ebc = model.model.sparse_arch.embedding_bag_collection
     return config, spec, ebc
 
@@ -51,8 +51,8 @@ def test_a_v6e_plan_lays_the_stacks_out_on_two_sparsecores(tiny_dataset: Path, t
     plan = _save_plan(list(ebc.tables.values()), "v6e-1", tmp_path / "v6e.json")
     assert load_plan(plan).topology.chip.name == "v6e"
     with process_group() as env:
-        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.sparse_optimizer,
-                                       config.sparse_lr, BATCH, config.seed, plan=str(plan))
+        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim.sparse_optimizer,
+                                       config.optim.sparse_lr, BATCH, config.loop.seed, plan=str(plan))
     stacking = model.model.sparse_arch.embedding_bag_collection._backend.plan
     assert stacking.topology == SparseCoreTopology("v6e", 1)
     assert stacking.topology.num_sparsecores == 2

@@ -43,7 +43,8 @@ from torchrec_tpu.train.sparsecore_engine import EBC_PATH, build_dense_optimizer
 
 STEPS = 6
 # dim 16 so that column-wise can split a table into two 8-column blocks
-OPTIONS = {**TINY_OPTIONS, "engine": "sparsecore", "embedding_dim": 16, "dense_arch": "16,16", "sparse_optimizer": "sgd",
+OPTIONS = {**TINY_OPTIONS, "engine": "sparsecore", "embedding_dim": 16, "dense_arch": "16,16",
+           "sparse_optimizer": "sgd",
            "max_steps": STEPS, "epochs": 1}
 # the fused sparsecore optimizers of sparsecore_engine.sparse_optimizer_spec as torch optimizers
 STOCK_SPARSE_OPTIMIZERS = {
@@ -56,10 +57,10 @@ MIXED = {"t_C1": "row_wise", "t_C2": "column_wise", "t_C3": "data_parallel", "t_
 
 def write_plan(config: TrainConfig, world_size: int, kinds: Mapping[str, str], path: Path) -> Plan:
     """The planner's plan for the job's tables on ``world_size`` devices, ``kinds`` constrained."""
-    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.sparse_optimizer,
-                                   config.sparse_lr, config.batch_size, config.seed)
+    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.optim.sparse_optimizer,
+                                   config.optim.sparse_lr, config.data.batch_size, config.loop.seed)
     tables = tables_from_sparsecore_specs(_ebc(model).tables.values())
-    plan = plan_tables(tables, parse_accelerator_type(f"v5p-1x1x{world_size}"), config.batch_size,
+    plan = plan_tables(tables, parse_accelerator_type(f"v5p-1x1x{world_size}"), config.data.batch_size,
                        constraints={name: [kind] for name, kind in kinds.items()})
     plan.save(path)
     return plan
@@ -80,7 +81,7 @@ def global_batches(config: TrainConfig, world_size: int) -> Iterator[Batch]:
     with contextlib.ExitStack() as stack:
         readers = [stack.enter_context(open_data(config, DistEnv(r, world_size, world_size))).train
                    for r in range(world_size)]
-        for _, parts in zip(range(config.max_steps), zip(*readers)):
+        for _, parts in zip(range(config.loop.max_steps), zip(*readers)):
             yield Batch(torch.cat([p.dense_features for p in parts]), _concat(p.sparse_features for p in parts),
                         torch.cat([p.labels for p in parts]))
 
@@ -94,12 +95,12 @@ def _concat(kjts) -> KeyedJaggedTensor:
 
 def train_in_process(config: TrainConfig, batches: Iterator[Batch], plan: str | None) -> tuple[dict, dict]:
     """A 1-rank sparsecore run over ``batches``: (initial state, final tables)."""
-    torch.manual_seed(config.seed)
-    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.sparse_optimizer,
-                                   config.sparse_lr, config.batch_size, config.seed, plan)
+    torch.manual_seed(config.loop.seed)
+    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.optim.sparse_optimizer,
+                                   config.optim.sparse_lr, config.data.batch_size, config.loop.seed, plan)
     initial = {"tables": _ebc(model).unsharded_weights(),
                "dense": {k: v.clone() for k, v in model.state_dict().items() if not k.startswith(EBC_PATH)}}
-    optimizer = build_dense_optimizer(model, config.dense_optimizer, config.dense_lr)
+    optimizer = build_dense_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr)
     for batch in batches:
         train_step(model, optimizer, batch)
     return initial, _ebc(model).unsharded_weights()
@@ -115,10 +116,10 @@ def train_stock_torchrec(config: TrainConfig, batches: Iterator[Batch], initial:
         for name, weight in initial["tables"].items():
             ebc.embedding_bags[name].weight.copy_(weight)
     model.load_state_dict({**model.state_dict(), **initial["dense"]})
-    sparse = STOCK_SPARSE_OPTIMIZERS[config.sparse_optimizer](list(ebc.parameters()), config.sparse_lr)
-    assert config.dense_optimizer == "adagrad"
+    sparse = STOCK_SPARSE_OPTIMIZERS[config.optim.sparse_optimizer](list(ebc.parameters()), config.optim.sparse_lr)
+    assert config.optim.dense_optimizer == "adagrad"
     dense = torch.optim.Adagrad([p for n, p in model.named_parameters() if not n.startswith(EBC_PATH)],
-                                lr=config.dense_lr)
+                                lr=config.optim.dense_lr)
     for batch in batches:
         sparse.zero_grad()
         dense.zero_grad()
@@ -155,7 +156,7 @@ def test_one_rank_job_with_a_loaded_plan_equals_stock_torchrec(tiny_dataset: Pat
     kinds = {"t_C1": "row_wise", "t_C3": "data_parallel", "t_C4": "table_wise"}
     plan = write_plan(config, 1, kinds, tmp_path / "plan.json")
     assert {n: plan.table(n).sharding_type for n in kinds} == kinds
-    config = dataclasses.replace(config, plan=str(tmp_path / "plan.json"))
+    config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, plan=str(tmp_path / "plan.json")))
     summary = run_job(config)
     initial, _ = train_in_process(config, iter(()), None)
     expected = train_stock_torchrec(config, global_batches(config, 1), initial)

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from torchrec.models.dlrm import DLRMTrain
 
-from pipelines.inference.model import load_inference_model
 from tests.train.conftest import flat_checkpoint, tiny_config
+from torchrec_tpu.inference.model import load_inference_model
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.job import run_job

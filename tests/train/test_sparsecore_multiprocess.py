@@ -38,13 +38,13 @@ def test_two_ranks_train_and_the_checkpoint_loads_on_one(two_rank_sparsecore) ->
     assert f"steps           {STEPS} ({STEPS * 256:,} samples this run, 2 rank(s))" in out0
     meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
     assert meta["world_size"] == WORLD and meta["metrics"]["eval_auc"] > 0.55
-    config = TrainConfig(**meta["config"])
+    config = TrainConfig.from_options(**meta["config"])
     with process_group() as env, open_data(config, env) as data:
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.sparse_optimizer,
-                                       config.sparse_lr, config.batch_size, config.seed + 1)
+        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim.sparse_optimizer,
+                                       config.optim.sparse_lr, config.data.batch_size, config.loop.seed + 1)
         load_checkpoint(log_dir / "checkpoint", model,
-                        build_dense_optimizer(model, config.dense_optimizer, config.dense_lr))
+                        build_dense_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr))
         reloaded = evaluate(model, data.held_out, torch.device("cpu"))
     # both ranks' table shards came back: the 1-rank model scores the held-out data alike
     assert reloaded.auc == pytest.approx(meta["metrics"]["eval_auc"], abs=2e-3)

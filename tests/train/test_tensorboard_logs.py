@@ -42,7 +42,7 @@ def test_hparams_hold_the_run_config(trained) -> None:
 def test_learning_rate_is_logged_every_step(trained) -> None:
     config, summary = trained
     events = _events(summary.log_dir)
-    for tag, expected in (("dense", config.dense_lr), ("sparse", config.sparse_lr)):
+    for tag, expected in (("dense", config.optim.dense_lr), ("sparse", config.optim.sparse_lr)):
         rates = [(e.step, e.value) for e in events.Scalars(f"train/learning_rate/{tag}")]
         assert [step for step, _ in rates] == list(range(1, summary.result.steps + 1))
         assert all(abs(value - expected) < 1e-7 for _, value in rates)

@@ -30,11 +30,11 @@ def _config(*argv: str) -> TrainConfig:
 
 
 def test_torchrec_spellings_set_our_options(tmp_path) -> None:
-    assert _config("--validation-freq", "7").eval_every == 7
+    assert _config("--validation-freq", "7").loop.eval_every == 7
     both = _config("--learning-rate", "0.3")
-    assert (both.sparse_lr, both.dense_lr) == (0.3, 0.3)
+    assert (both.optim.sparse_lr, both.optim.dense_lr) == (0.3, 0.3)
     later = _config("--learning-rate", "0.3", "--dense-lr", "0.1")
-    assert (later.sparse_lr, later.dense_lr) == (0.3, 0.1)
+    assert (later.optim.sparse_lr, later.optim.dense_lr) == (0.3, 0.1)
     yaml = tmp_path / "c.yaml"
     yaml.write_text("learning-rate: 0.2\nvalidation_freq: 3\nmulti_hot_sizes: [2, 3]\n")
     assert load_yaml(yaml) == {"sparse_lr": 0.2, "dense_lr": 0.2, "eval_every": 3, "multi_hot_sizes": "2,3"}
@@ -42,15 +42,15 @@ def test_torchrec_spellings_set_our_options(tmp_path) -> None:
 
 def test_per_feature_lists_are_checked() -> None:
     sizes = ",".join(str(10 + i) for i in range(NUM_SPARSE))
-    assert TrainConfig(num_embeddings_per_feature=sizes).per_feature("num_embeddings_per_feature", NUM_SPARSE) \
-        == tuple(10 + i for i in range(NUM_SPARSE))
-    assert TrainConfig(multi_hot_sizes="3").per_feature("multi_hot_sizes", NUM_SPARSE) == (3,) * NUM_SPARSE
+    given = TrainConfig.from_options(num_embeddings_per_feature=sizes)
+    assert given.per_feature("num_embeddings_per_feature", NUM_SPARSE) == tuple(10 + i for i in range(NUM_SPARSE))
+    assert TrainConfig.from_options(multi_hot_sizes="3").per_feature("multi_hot_sizes", NUM_SPARSE) == (3,) * NUM_SPARSE
     with pytest.raises(ConfigError, match="has 2 values; the data has 26"):
-        TrainConfig(num_embeddings_per_feature="5,6").per_feature("num_embeddings_per_feature", NUM_SPARSE)
+        TrainConfig.from_options(num_embeddings_per_feature="5,6").per_feature("num_embeddings_per_feature", NUM_SPARSE)
     with pytest.raises(ConfigError, match="--multi-hot-sizes='2,x'"):
-        TrainConfig(multi_hot_sizes="2,x")
+        TrainConfig.from_options(multi_hot_sizes="2,x")
     with pytest.raises(ConfigError, match="--mmap-mode needs"):
-        TrainConfig(mmap_mode=True)
+        TrainConfig.from_options(mmap_mode=True)
 
 
 def test_num_embeddings_per_feature_sizes_the_tables(tiny_dataset, tmp_path) -> None:
@@ -94,7 +94,7 @@ def test_limits_bound_each_epoch_and_the_evaluation(tiny_dataset, tmp_path) -> N
                          log_every=1, shuffle_batches=True)
     summary = run_job(config)
     assert summary.result.steps == 6
-    assert summary.result.eval.samples == config.eval_batch_size
+    assert summary.result.eval.samples == config.data.eval_batch_size
 
 
 def _write_npy_days(directory, days=3, rows=300, seed=0) -> None:
@@ -132,14 +132,16 @@ def test_train_on_npy_criteo_holds_out_the_last_day(tmp_path) -> None:
 
     (tmp_path / "npy").mkdir()
     _write_npy_days(tmp_path / "npy")
-    config = TrainConfig(in_memory_binary_criteo_path=str(tmp_path / "npy"), mmap_mode=True, engine="torchrec",
-                         num_embeddings=101, embedding_dim=8, dense_arch="16,8", over_arch="16,1", batch_size=100,
-                         eval_batch_size=100, log_dir=str(tmp_path / "run"), progress=False)
+    config = TrainConfig.from_options(in_memory_binary_criteo_path=str(tmp_path / "npy"), mmap_mode=True,
+                                      engine="torchrec", num_embeddings=101, embedding_dim=8, dense_arch="16,8",
+                                      over_arch="16,1", batch_size=100, eval_batch_size=100,
+                                      log_dir=str(tmp_path / "run"), progress=False)
     summary = run_job(config)
     assert summary.result.steps == 6  # days 0 and 1: 600 rows in batches of 100
     assert summary.result.eval.samples == 300  # day 2
     with pytest.raises(ConfigError, match="has 3 day"):
-        with open_data(TrainConfig(in_memory_binary_criteo_path=str(tmp_path / "npy"), eval_files=3), DistEnv(0, 1, 1)):
+        with open_data(TrainConfig.from_options(in_memory_binary_criteo_path=str(tmp_path / "npy"), eval_files=3),
+                       DistEnv(0, 1, 1)):
             pass
 
 
@@ -173,9 +175,9 @@ def test_multi_hot_training_on_generated_multi_hot_data(tmp_path, engine) -> Non
     kjt = next(iter(ParquetBatchReader(sorted(data.glob("*.parquet")), 64, (200,) * NUM_SPARSE))).sparse_features
     for key, k in zip(CRITEO.sparse, sizes):
         assert set(kjt[key].lengths().tolist()) <= {0, k}  # exactly k ids, or missing
-    config = TrainConfig(data=str(data), engine=engine, num_embeddings=200, embedding_dim=8, dense_arch="16,8",
-                         over_arch="16,1", batch_size=128, eval_batch_size=256, multi_hot_sizes="2",
-                         log_dir=str(tmp_path / "run"), progress=False)
+    config = TrainConfig.from_options(data=str(data), engine=engine, num_embeddings=200, embedding_dim=8,
+                                      dense_arch="16,8", over_arch="16,1", batch_size=128, eval_batch_size=256,
+                                      multi_hot_sizes="2", log_dir=str(tmp_path / "run"), progress=False)
     summary = run_job(config)
     assert summary.result.steps == 8 and summary.result.eval.samples == 1024
 

@@ -8,12 +8,13 @@ eager mode.
 import torch_tpu  # noqa: F401  (the device and the lowering registry)
 from torch_tpu import modes as _modes
 from torch_tpu.compile import backend as _backend
-from torch_tpu.compile import extra_lowerings as _extra, lazy as _lazy  # noqa: F401
-from torch_tpu.compile.buckets import BucketPolicy, BucketStats, bucketed
+from torch_tpu.compile import extra_lowerings as _extra  # noqa: F401
+from torch_tpu.compile import lazy as _lazy
 from torch_tpu.compile.backend import compile_stats, compiled_graphs, reset_compile_stats
-from torch_tpu.persistent_cache import cache_dir, cache_stats, configure_cache, reset_cache_stats
-from torch_tpu.compile.step_program import TrainStep, TrainStepStats, train_step
+from torch_tpu.compile.buckets import BucketPolicy, BucketStats, bucketed
 from torch_tpu.compile.lazy import DeferStats, LazyArray, defer_stats, flush, reset_defer_stats
+from torch_tpu.compile.step_program import TrainStep, TrainStepStats, train_step
+from torch_tpu.persistent_cache import cache_dir, cache_stats, configure_cache, reset_cache_stats
 
 _backend.register()
 _modes.register_executor(_modes.EagerMode.DEFER_AND_FUSE, _lazy.run_deferred)

@@ -4,7 +4,7 @@
 * ``prims.fma``: fused multiply-add that core-ATen decompositions emit (``a * b + c``).
 * ``aten._to_copy`` / ``aten.lift_fresh_copy``: dtype casts and constants lifted into graphs
   (inside one program every value is on the device, so ``device=`` is ignored; eager dispatch
-  keeps its dedicated ``_to_copy`` plan).
+  keeps its dedicated ``_to_copy`` handler).
 * ``aten._foreach_pow.ScalarAndTensor``: ``beta ** steps`` of the capturable Adam/AdamW update.
 """
 
@@ -14,9 +14,9 @@ import torch
 import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma)
 
 from torch_tpu._jax import jnp
+from torch_tpu.dispatch import clear_handler_cache
 from torch_tpu.lowerings import elementwise as ew
 from torch_tpu.lowerings._common import jdtype, promoted
-from torch_tpu.dispatch import clear_plan_cache
 from torch_tpu.registry import get_lowering, register_lowering
 
 aten = torch.ops.aten
@@ -55,4 +55,4 @@ for _op, _fn in _EXTRA:
     if get_lowering(_op) is None:  # the core may add it later; theirs wins
         register_lowering(_op)(_fn)
 
-clear_plan_cache()  # eager dispatch decided per-op plans before these existed
+clear_handler_cache()  # eager dispatch decided per-op handlers before these existed

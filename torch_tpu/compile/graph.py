@@ -17,9 +17,9 @@ import numpy as np
 import torch
 import torch.fx
 
+from torch_tpu import persistent_cache as cache
 from torch_tpu import random as tpu_random
 from torch_tpu._jax import jax
-from torch_tpu import persistent_cache as cache
 from torch_tpu.compile import fx_to_jax
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
 from torch_tpu.dtypes import to_jax_dtype
@@ -30,7 +30,7 @@ _MEMORY: dict[str, Any] = {}  # translation key -> jax.export.Exported
 _registry_digest: list[str] = []
 
 
-def _registry_fingerprint() -> str:
+def registry_fingerprint() -> str:
     """The lowered op names and the source of every file defining a lowering or the translation:
     a changed lowering must never reuse a stored translation."""
     if not _registry_digest:
@@ -92,18 +92,18 @@ def translation_key(gm: torch.fx.GraphModule, specs: Sequence[jax.ShapeDtypeStru
     h = hashlib.sha256()
     h.update(jax.__version__.encode())
     h.update(torch.__version__.encode())
-    h.update(_registry_fingerprint().encode())
+    h.update(registry_fingerprint().encode())
     h.update(gm.code.encode())
     for spec in specs:
         h.update((f"{spec.shape}{spec.dtype};" if isinstance(spec, jax.ShapeDtypeStruct)
                   else f"{type(spec).__name__}={spec!r};").encode())
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            h.update(_tensor_digest(getattr(gm, node.target)))
+            h.update(tensor_digest(getattr(gm, node.target)))
     return h.hexdigest()
 
 
-def _tensor_digest(t: torch.Tensor) -> bytes:
+def tensor_digest(t: torch.Tensor) -> bytes:
     cpu = to_cpu(t) if type(t) is TpuTensor else t.detach().cpu()
     raw = cpu.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
     return hashlib.sha256(raw).digest() + str(cpu.dtype).encode() + str(tuple(cpu.shape)).encode()
@@ -122,7 +122,7 @@ def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key:
         fn = _with_static(to_jax_function(gm), specs)
         arrays = [s for s in specs if isinstance(s, jax.ShapeDtypeStruct)]
         if needs_random_key(gm):
-            arrays.append(jax.ShapeDtypeStruct(_key_data_shape(), np.uint32))
+            arrays.append(jax.ShapeDtypeStruct(key_data_shape(), np.uint32))
         exported = jax.export.export(jax.jit(fn))(*arrays)
         cache._stats.fx_misses += 1
         cache.store_translation(key, bytes(exported.serialize()))
@@ -130,7 +130,7 @@ def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key:
     return exported
 
 
-def _key_data_shape() -> tuple[int, ...]:
+def key_data_shape() -> tuple[int, ...]:
     return tuple(jax.random.key_data(jax.random.key(0)).shape)
 
 

@@ -107,7 +107,8 @@ def _delegate_property(name: str) -> property:
 
 # jax.Array declares its methods abstract; route each one not defined above to the value.
 for _name, _attr in vars(jax.Array).items():
-    if _name in vars(LazyArray) or _name in ("__init__", "__new__", "__slots__", "__weakref__", "__doc__", "__module__"):
+    if _name in vars(LazyArray) or _name in ("__init__", "__new__", "__slots__", "__weakref__", "__doc__",
+                                             "__module__"):
         continue
     if isinstance(_attr, property):
         setattr(LazyArray, _name, _delegate_property(_name))

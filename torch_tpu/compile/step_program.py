@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
@@ -35,11 +36,18 @@ from torch.utils import _pytree as pytree
 from torch_tpu import persistent_cache
 from torch_tpu import random as tpu_random
 from torch_tpu._jax import jax, jnp
+from torch_tpu.compile import graph as compiled_graph
+from torch_tpu.compile import step_cache
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
 from torch_tpu.compile.step_trace import (
-    LossFn, StepGraph, StepSignature, TensorSpec, trace_step, unchanged_outputs,
+    LossFn,
+    StepGraph,
+    StepSignature,
+    TensorSpec,
+    trace_step,
+    unchanged_outputs,
 )
-from torch_tpu.dtypes import to_torch_dtype
+from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
 from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, to_jax, write
 
 _log = logging.getLogger(__name__)
@@ -57,21 +65,46 @@ class TrainStepStats:
 
 
 class _Program:
-    """One jitted step program and how its outputs map back onto the model and optimizer."""
+    """One jitted step program and how its outputs map back onto the model and optimizer:
+    ``updates`` (what each output after the loss and the input gradients is the new value of) and
+    ``unchanged`` (per update: the program returns the input itself)."""
 
-    def __init__(self, graph: StepGraph) -> None:
-        self.graph = graph
-        self.random = needs_random_key(graph.graph)
-        self.unchanged = unchanged_outputs(graph)
-        n_donated = len(graph.signature.params) + len(graph.signature.others) + len(graph.signature.state)
-        changed = {(kind, where) for (kind, where), same in zip(graph.updates, self.unchanged) if not same}
-        state_keys = [key for key, _ in graph.signature.state]
+    def __init__(self, signature: StepSignature, updates: list[tuple[str, Any]], num_input_grads: int,
+                 unchanged: list[bool], random: bool, exported: Any, fn: Any = None) -> None:
+        self.signature, self.updates, self.num_input_grads = signature, updates, num_input_grads
+        self.unchanged, self.random, self.exported = unchanged, random, exported
+        n_donated = len(signature.params) + len(signature.others) + len(signature.state)
+        changed = {(kind, where) for (kind, where), same in zip(updates, unchanged) if not same}
+        state_keys = [key for key, _ in signature.state]
         # donate what the step replaces: its old buffer is dead once the program ran
         self.donated = tuple(
             i for i in range(n_donated)
-            if self._input_slot(i, len(graph.signature.params), len(graph.signature.others), state_keys) in changed
+            if self._input_slot(i, len(signature.params), len(signature.others), state_keys) in changed
         )
-        self.jitted = jax.jit(to_jax_function(graph.graph), donate_argnums=self.donated)
+        self.jitted = jax.jit(exported.call if exported is not None else fn, donate_argnums=self.donated)
+
+    @staticmethod
+    def traced(graph: StepGraph) -> _Program:
+        """The program of a freshly traced step, exported (to be stored) where JAX can serialize it."""
+        fn = to_jax_function(graph.graph)
+        random = needs_random_key(graph.graph)
+        try:
+            exported = jax.export.export(jax.jit(fn))(*_input_avals(graph.signature, random))
+        except Exception as error:  # noqa: BLE001  (e.g. a custom call without a stable ABI: run it unstored)
+            _log.info("train_step: the step program is not serializable (%s); it is not cached on disk", error)
+            exported = None
+        return _Program(graph.signature, list(graph.updates), graph.num_input_grads, unchanged_outputs(graph),
+                        random, exported, fn)
+
+    @staticmethod
+    def loaded(signature: StepSignature, exported: Any, meta: dict[str, Any]) -> _Program:
+        """The program stored by :meth:`meta` with ``exported``."""
+        updates = [(kind, tuple(where) if kind == "state" else where) for kind, where in meta["updates"]]
+        return _Program(signature, updates, meta["num_input_grads"], meta["unchanged"], meta["random"], exported)
+
+    def meta(self) -> dict[str, Any]:
+        return {"updates": self.updates, "num_input_grads": self.num_input_grads, "unchanged": self.unchanged,
+                "random": self.random}
 
     @staticmethod
     def _input_slot(i: int, n_params: int, n_others: int, state_keys: list) -> tuple[str, Any]:
@@ -83,6 +116,17 @@ class _Program:
 
     def lowered_text(self, inputs: Sequence[jax.Array]) -> str:
         return self.jitted.lower(*inputs).as_text()
+
+
+def _input_avals(signature: StepSignature, random: bool) -> list[jax.ShapeDtypeStruct]:
+    """The program's inputs as abstract values, in :class:`StepGraph` order."""
+    specs = [*signature.params, *signature.others, *(s for _, s in signature.state),
+             *(s for _, s in signature.group_tensors),
+             *(s for s in signature.batch_leaves if isinstance(s, TensorSpec))]
+    avals = [jax.ShapeDtypeStruct(s.shape, to_jax_dtype(s.dtype)) for s in specs]
+    if random:
+        avals.append(jax.ShapeDtypeStruct(compiled_graph.key_data_shape(), np.uint32))
+    return avals
 
 
 class _Call(NamedTuple):
@@ -191,16 +235,26 @@ class TrainStep:
             if self._programs:
                 _log.info("train_step: compiling step program %d (new batch shapes, optimizer "
                           "settings or state layout)", len(self._programs) + 1)
-            graph = trace_step(self.model, self.optimizer, self.loss_fn, self._param_names,
-                               [n for n, _ in self._others], signature, self.input_grads)
-            program = _Program(graph)
+            other_names = [n for n, _ in self._others]
+            key = step_cache.step_key(self.model, self.optimizer, self.loss_fn, self._param_names, other_names,
+                                      signature, self.input_grads)
+            stored = step_cache.load(key) if key is not None else None
+            if stored is not None:
+                program = _Program.loaded(signature, *stored)
+            else:
+                program = _Program.traced(trace_step(self.model, self.optimizer, self.loss_fn, self._param_names,
+                                                     other_names, signature, self.input_grads))
+                if key is not None and program.exported is not None:
+                    step_cache.store(key, program.exported, program.meta())
+                    persistent_cache._stats.step_misses += 1
             self._programs[signature] = program
             self.stats.compiles += 1
         return program
 
     # -- running ---------------------------------------------------------------------------------
 
-    def _inputs(self, state_and_groups: list[torch.Tensor | float], batch_tensors: list[torch.Tensor]) -> list[jax.Array]:
+    def _inputs(self, state_and_groups: list[torch.Tensor | float],
+                batch_tensors: list[torch.Tensor]) -> list[jax.Array]:
         model_tensors = [*self._params, *(t for _, t in self._others)]
         arrays = [to_jax(t) for t in model_tensors]
         arrays += [_device_array(t) for t in state_and_groups]
@@ -232,8 +286,8 @@ class TrainStep:
 
     def _store(self, program: _Program, outputs: Sequence[jax.Array],
                state_targets: dict[tuple[int, str], torch.Tensor]) -> None:
-        new_values = outputs[1 + program.graph.num_input_grads:]
-        for (kind, where), value, same in zip(program.graph.updates, new_values, program.unchanged):
+        new_values = outputs[1 + program.num_input_grads:]
+        for (kind, where), value, same in zip(program.updates, new_values, program.unchanged):
             if same:
                 continue
             if kind == "param":
@@ -281,7 +335,8 @@ class _Replay:
 
     def __init__(self, program: _Program, tensors: list[TpuTensor], arrays: list[jax.Array],
                  next_output: list[int | None], fixed: list[jax.Array], batch_key: tuple,
-                 entries: list[tuple[torch.Tensor, dict, tuple, tuple]], groups: list[tuple[dict, tuple]], training: bool,
+                 entries: list[tuple[torch.Tensor, dict, tuple, tuple]], groups: list[tuple[dict, tuple]],
+                 training: bool,
                  num_states: int) -> None:
         self.program, self.tensors, self.arrays, self.next_output = program, tensors, arrays, next_output
         self.fixed, self.batch_key, self.entries, self.groups = fixed, batch_key, entries, groups
@@ -294,8 +349,8 @@ class _Replay:
         batch_key = _batch_key(batch)
         signature = call.signature
         state_keys = [where for where, _ in signature.state]
-        updated = {u: 1 + program.graph.num_input_grads + k
-                   for k, (u, same) in enumerate(zip(program.graph.updates, program.unchanged)) if not same}
+        updated = {u: 1 + program.num_input_grads + k
+                   for k, (u, same) in enumerate(zip(program.updates, program.unchanged)) if not same}
         tensor_settings = any(isinstance(v, torch.Tensor) for g in step.optimizer.param_groups
                               for k, v in g.items() if k != "params")
         if (batch_key is None or program.random or tensor_settings

@@ -36,6 +36,7 @@ before copying it to the device. ``torch.tpu.topology_aware_mesh`` aliases
 :func:`topology_aware_mesh`.
 """
 
+from torch_tpu.distributed import sharded_tensor
 from torch_tpu.distributed.backend import TransportOptions, active_transport, register_backend
 from torch_tpu.distributed.local_launch import launch_local
 from torch_tpu.distributed.mesh import MeshLayout, topology_aware_mesh
@@ -43,7 +44,6 @@ from torch_tpu.distributed.process_group import BACKEND_NAME, ProcessGroupTPU
 from torch_tpu.distributed.transport import GlooTransport, Transport
 from torch_tpu.distributed.worker import CollectiveError
 from torch_tpu.distributed.xla_join import init_xla_transport
-from torch_tpu.distributed import sharded_tensor
 
 register_backend()
 sharded_tensor.register()

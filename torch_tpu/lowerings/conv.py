@@ -40,7 +40,10 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
     accumulate = upcast(input).dtype
     spatial = input.ndim - 2
     numbers = _dimension_numbers(spatial)
-    expand = (lambda v: list(v) * spatial if len(v) == 1 else list(v))
+
+    def expand(v):
+        return list(v) * spatial if len(v) == 1 else list(v)
+
     stride, padding, dilation = expand(stride), expand(padding), expand(dilation)
     if not transposed:
         return jax.lax.conv_general_dilated(

@@ -55,7 +55,8 @@ def div_mode(self, other, *, rounding_mode=None):
     if rounding_mode == "floor":
         return jnp.floor_divide(a, b)
     if rounding_mode != "trunc":
-        raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
+        raise ValueError("div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+                         f"'{rounding_mode}'")
     if jnp.issubdtype(a.dtype, jnp.integer):
         q = jnp.floor_divide(a, b)
         return jnp.where((q < 0) & (q * b != a), q + 1, q)
@@ -159,7 +160,8 @@ for _name, _fn in [
     ("asin", jnp.arcsin), ("acos", jnp.arccos), ("atan", jnp.arctan), ("asinh", jnp.arcsinh),
     ("acosh", jnp.arccosh), ("atanh", jnp.arctanh), ("sigmoid", jax.nn.sigmoid), ("erf", _special.erf),
     ("erfc", _special.erfc), ("erfinv", _special.erfinv), ("reciprocal", lambda x: 1 / x),
-    ("lgamma", _special.gammaln), ("digamma", lambda x: jnp.where(x == 0, jnp.copysign(jnp.inf, -x), _special.digamma(x))), ("sinc", jnp.sinc),
+    ("lgamma", _special.gammaln),
+    ("digamma", lambda x: jnp.where(x == 0, jnp.copysign(jnp.inf, -x), _special.digamma(x))), ("sinc", jnp.sinc),
     ("deg2rad", jnp.deg2rad), ("rad2deg", jnp.rad2deg), ("i0", _special.i0),
 ]:
     register_lowering(getattr(aten, _name).default)(_float_unary(_fn))

@@ -1,8 +1,9 @@
 """``nn.EmbeddingBag`` lowerings: ``_embedding_bag`` forward (sum / mean / max) and its backwards.
 
 Bags are segments of the flat ``indices``: entry ``i`` belongs to bag ``offset2bag[i]``; the last
-bag runs to the end of ``indices``, or to the final offset with ``include_last_offset``. Entries equal to ``padding_idx`` contribute nothing and are not counted. Empty bags
-give zeros. The auxiliary outputs have the shapes PyTorch's meta kernel gives a non-CPU device
+bag runs to the end of ``indices``, or to the final offset with ``include_last_offset``. Entries
+equal to ``padding_idx`` contribute nothing and are not counted. Empty bags give zeros. The
+auxiliary outputs have the shapes PyTorch's meta kernel gives a non-CPU device
 (what ``torch.compile`` graphs are traced with): ``offset2bag`` ``[len(indices)]``, the bag of
 each entry; ``bag_size`` ``[len(offsets)]``, each bag's non-padding entries in every mode (0 past
 the last bag with ``include_last_offset``); ``max_indices`` ``[bags, dim]`` in max mode, the weight

@@ -93,7 +93,8 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
         base = self if include_self else jnp.zeros_like(self)
         counts = _scatter(jnp.full(self.shape, 1 if include_self else 0, self.dtype), dim, index, ones, "add")
         total = _scatter(base, dim, index, src, "add")
-        mean = total / jnp.maximum(counts, 1) if jnp.issubdtype(self.dtype, jnp.inexact) else total // jnp.maximum(counts, 1)
+        inexact = jnp.issubdtype(self.dtype, jnp.inexact)
+        mean = total / jnp.maximum(counts, 1) if inexact else total // jnp.maximum(counts, 1)
         return jnp.where(counts > 0, mean, self).astype(self.dtype)
     mode = _REDUCE_MODES[reduce]
     if include_self:

@@ -123,7 +123,8 @@ def embedding_bag_csr(table: torch.Tensor, ids: torch.Tensor, row_pointers: torc
     if table.dim() != 2 or ids.dim() != 1 or row_pointers.dim() != 1 or gains.shape != ids.shape:
         raise ValueError(
             f"embedding_bag_csr expects table [V, D], ids [N], row_pointers [B + 1], gains [N]; got table "
-            f"{list(table.shape)}, ids {list(ids.shape)}, row_pointers {list(row_pointers.shape)}, gains {list(gains.shape)}"
+            f"{list(table.shape)}, ids {list(ids.shape)}, row_pointers {list(row_pointers.shape)}, "
+            f"gains {list(gains.shape)}"
         )
     for name, t in (("ids", ids), ("row_pointers", row_pointers)):
         if t.dtype not in (torch.int32, torch.int64):

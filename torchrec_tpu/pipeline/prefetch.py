@@ -2,22 +2,25 @@
 
 A background thread reads batch i+1..i+depth from the loader, moves it to the device and runs the
 sharded EBC's input dist (validation, combiner gains, id routing, all_to_alls) while the caller's
-thread trains on batch i. A bounded queue keeps at most ``depth`` batches in flight; loader and
-input-dist errors re-raise in the caller's thread, where the batch would have been used.
+thread trains on batch i. Each batch comes out with its sparse features as a
+:class:`~torchrec_tpu.sharding.ebc.PrefetchedKJT`, which carries the input dist's result to the
+EBC's forward. A bounded queue keeps at most ``depth`` batches in flight; loader and input-dist
+errors re-raise in the caller's thread, where the batch would have been used.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
-from pipelines.parquet_reader import batches_from_row, prefetched
-
+from pipelines.streams import batches_from_row, prefetched
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.rank_watch import collectives
+
 
 class PrefetchedBatches:
     """Re-iterable like ``batches`` (and as long); each pass runs its own prefetch thread.
@@ -52,5 +55,6 @@ class PrefetchedBatches:
             batch = batch.to(self.device)
             if batch.sparse_features.stride() == self.ebc.batch_size:
                 with collectives("the sparse input all_to_all of a prefetched batch"):
-                    self.ebc.prefetch(batch.sparse_features, self.group)
+                    batch = dataclasses.replace(batch, sparse_features=self.ebc.prefetch(batch.sparse_features,
+                                                                                         self.group))
             yield batch

@@ -16,17 +16,24 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tables", required=True,
-                        help="tables file (.yaml/.json/.csv) or 'module:function' returning an EBC or EmbeddingBagConfigs")
+                        help="tables file (.yaml/.json/.csv) or 'module:function' returning an EBC or "
+                             "EmbeddingBagConfigs")
     parser.add_argument("--topology", default="v5p-64",
                         help="slice name (v5p-64 = 32 chips, v6e-64 = 64 chips, tpu7x-64 = 32 chips) or topology file")
-    parser.add_argument("--slices", type=int, default=1, metavar="N", help="number of slices joined by DCN (multislice)")
+    parser.add_argument("--slices", type=int, default=1, metavar="N",
+                        help="number of slices joined by DCN (multislice)")
     parser.add_argument("--batch-size", type=int, default=65536, metavar="N", help="global batch size")
+    parser.add_argument("--dense-params", type=int, default=0, metavar="N",
+                        help="parameters of the data-parallel dense towers: the plan prices their float32 "
+                             "gradient all-reduce, hierarchical with --slices > 1 (ICI within each slice, then "
+                             "DCN across slices); it does not move tables (default: 0, not priced)")
     parser.add_argument("--pooling-factor", action="append", default=[], metavar="[TABLE=]F",
                         help="mean ids per sample: 'F' for every table or 'TABLE=F'; repeatable (default: the "
                              "tables file's pooling_factor, else 1)")
     parser.add_argument("--optimizer", default="sgd", help="optimizer for tables from a Python model")
     parser.add_argument("--max-ids-per-partition", type=int, default=256,
-                        metavar="N", help="SparseCore per-partition id limit (jax-tpu-embedding's default); a table's own "
+                        metavar="N",
+                        help="SparseCore per-partition id limit (jax-tpu-embedding's default); a table's own "
                              "max_ids_per_partition (file column, sparsecore spec) takes precedence")
     parser.add_argument("--compare", default="", metavar="TOPO,TOPO,...",
                         help="what-if: plan on each of these topologies and print a comparison "
@@ -75,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
             tables = [t if t.name in per_table_pf else replace(t, pooling_factor=default_pf) for t in tables]
         names = [n.strip() for n in args.compare.split(",") if n.strip()] or [args.topology]
         topologies = [resolve_topology(n, args.slices) for n in names]
+        if args.dense_params < 0:
+            raise ValueError(f"--dense-params {args.dense_params}: must be >= 0")
     except (ValueError, FileNotFoundError, ImportError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -83,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     for name, topology in zip(names, topologies):
         try:
             results.append((name, plan_tables(tables, topology, args.batch_size, args.max_ids_per_partition,
-                                              progress=args.progress)))
+                                              progress=args.progress, dense_params=args.dense_params)))
         except PlanningError as err:
             results.append((name, str(err)))
 

@@ -13,12 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tpu_facts import Slice
-
 from torchrec_tpu.structured_files import read_structured
 from torchrec_tpu.topology import CostConstants, TPUTopology
+from tpu_facts import Slice
 
 PLAN_FORMAT = "torchrec_tpu.plan/v1"
+GRADIENT_BYTES = 4  # float32 dense gradients
 
 
 @dataclass(frozen=True)
@@ -90,11 +90,18 @@ class Plan:
     stacks: tuple[StackPlan, ...]
     lower_bound_s: float
     warnings: tuple[str, ...] = ()
+    dense_params: int = 0  # data-parallel (dense) parameters whose float32 gradients are all-reduced
 
     @property
     def step_time_s(self) -> float:
         """Estimated per-step embedding time of the slowest device."""
         return max(d.time_s for d in self.devices)
+
+    @property
+    def dense_allreduce_s(self) -> float:
+        """Estimated per-step all-reduce of the dense gradients, hierarchical over ICI then DCN
+        (:meth:`~torchrec_tpu.topology.TPUTopology.allreduce_seconds`); not part of ``step_time_s``."""
+        return self.topology.allreduce_seconds(GRADIENT_BYTES * self.dense_params)
 
     @property
     def quality(self) -> float:
@@ -116,7 +123,8 @@ class Plan:
         data["topology"] = self.topology.to_dict()
         data["format"] = PLAN_FORMAT
         data["summary"] = {"step_time_s": self.step_time_s, "lower_bound_s": self.lower_bound_s,
-                           "quality": self.quality, "max_memory_bytes": self.max_memory_bytes}
+                           "quality": self.quality, "max_memory_bytes": self.max_memory_bytes,
+                           "dense_allreduce_s": self.dense_allreduce_s}
         return data
 
     def to_json(self) -> str:
@@ -141,7 +149,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         stacks = tuple(StackPlan(s["name"], s["device"], tuple(s["tables"])) for s in data["stacks"])
         return Plan(_topology_from_dict(data["topology"]), data["batch_size"], data["max_ids_per_partition"],
                     data["usable_hbm_bytes_per_device"], tables, devices, stacks, data["lower_bound_s"],
-                    tuple(data["warnings"]))
+                    tuple(data["warnings"]), int(data.get("dense_params", 0)))
     except (KeyError, TypeError) as err:
         raise ValueError(f"malformed plan: {err}") from None
 

@@ -7,10 +7,11 @@ from collections import Counter
 from collections.abc import Sequence
 from html import escape
 
-from torchrec_tpu.planner.plan import Plan
+from torchrec_tpu.planner.plan import GRADIENT_BYTES, Plan
+from tpu_facts import ShardingKind
 
 GIB = 1024**3
-KINDS = ("row_wise", "table_wise", "column_wise", "data_parallel")
+KINDS = (ShardingKind.ROW_WISE, ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE, ShardingKind.DATA_PARALLEL)
 
 
 def _us(seconds: float) -> str:
@@ -40,7 +41,21 @@ def summary_lines(plan: Plan) -> list[str]:
         f"step time  {_us(plan.step_time_s)} (slowest device) vs lower bound {_us(plan.lower_bound_s)}: "
         f"{plan.quality:.3f}x",
         f"memory     max {_gib(plan.max_memory_bytes)} per device of {_gib(plan.usable_hbm_bytes_per_device)} usable",
+        *_dense_lines(plan),
     ] + [f"warning    {w}" for w in plan.warnings]
+
+
+def _dense_lines(plan: Plan) -> list[str]:
+    """The dense all-reduce's estimate, split into its ICI and DCN parts (none without dense params)."""
+    if not plan.dense_params:
+        return []
+    topo, num_bytes = plan.topology, GRADIENT_BYTES * plan.dense_params
+    order = "ICI within the slice" if topo.num_slices == 1 else \
+        f"hierarchical: ICI within each slice, DCN across {topo.num_slices} slices"
+    return [f"dense      {plan.dense_params:,} params: gradient all-reduce {_us(plan.dense_allreduce_s)} per step "
+            f"({order}; ICI {_us(num_bytes * topo.allreduce_ici_seconds_per_byte)}, "
+            f"DCN {_us(num_bytes * topo.allreduce_dcn_seconds_per_byte)}, "
+            f"{topo.allreduce_phases} collective(s))"]
 
 
 def format_plan(plan: Plan, top: int = 20) -> str:

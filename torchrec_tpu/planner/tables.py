@@ -15,23 +15,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from tpu_facts import COMBINERS
-from tpu_facts import MAX_VOCAB as MAX_ROWS
-
 from torchrec_tpu.structured_files import read_structured
-
-# Optimizer state per table: (float32 slots per element, float32 slots per row). Matches the
-# SparseCore optimizers of jax-tpu-embedding / FBGEMM: Adagrad keeps one accumulator per element,
-# row-wise Adagrad one per row, Adam / Adagrad-momentum / FTRL two per element.
-OPTIMIZER_SLOTS: dict[str, tuple[int, int]] = {
-    "sgd": (0, 0),
-    "adagrad": (1, 0),
-    "rowwise_adagrad": (0, 1),
-    "adagrad_momentum": (2, 0),
-    "adam": (2, 0),
-    "lazy_adam": (2, 0),
-    "ftrl": (2, 0),
-}
+from tpu_facts import COMBINERS, OPTIMIZER_SLOTS
+from tpu_facts import MAX_VOCAB as MAX_ROWS
 
 
 @dataclass(frozen=True)
@@ -67,7 +53,8 @@ class EmbeddingTable:
             raise ValueError(f"{where}: combiner must be one of {COMBINERS}, got {self.combiner!r}")
         if self.max_ids_per_partition is not None and (
                 not isinstance(self.max_ids_per_partition, int) or self.max_ids_per_partition < 1):
-            raise ValueError(f"{where}: max_ids_per_partition must be a positive int, got {self.max_ids_per_partition!r}")
+            raise ValueError(f"{where}: max_ids_per_partition must be a positive int, "
+                             f"got {self.max_ids_per_partition!r}")
 
     @property
     def ids_per_sample(self) -> float:
@@ -124,7 +111,8 @@ def tables_from_configs(configs: Iterable[Any], pooling_factors: Mapping[str, fl
             out.extend(tables_from_sparsecore_specs([cfg], (), pooling_factors))
             continue
         else:
-            raise TypeError(f"cannot plan a {type(cfg).__name__}: expected EmbeddingBagConfig, TableSpec or EmbeddingTable")
+            raise TypeError(f"cannot plan a {type(cfg).__name__}: expected EmbeddingBagConfig, TableSpec or "
+                            "EmbeddingTable")
         out.append(EmbeddingTable(name, rows, dim, float(pooling_factors.get(name, 1.0)), opt, features, combiner))
     return out
 
@@ -195,7 +183,8 @@ def load_tables(source: str, pooling_factors: Mapping[str, float] | None = None,
                 optimizer: str = "sgd") -> list[EmbeddingTable]:
     """A tables file path, or ``module:function`` (see module docstring). ``pooling_factors``
     override per-table pooling for files too."""
-    if ":" in source and not Path(source).exists() and Path(source).suffix.lower() not in (".yaml", ".yml", ".json", ".csv"):
+    if ":" in source and not Path(source).exists() and Path(source).suffix.lower() not in (".yaml", ".yml", ".json",
+                                                                                           ".csv"):
         return load_tables_from_python(source, pooling_factors, optimizer)
     tables = load_tables_file(source)
     unknown = sorted(set(pooling_factors or {}) - {t.name for t in tables})

@@ -5,7 +5,8 @@ device class whose semantics match a TPU's (tables in HBM, row-wise offered, no 
 replace its GPU perf/storage estimators with ``SparseCoreShardEstimator``, which prices every
 TorchRec shard with ``cost_model.OptionBuilder``. ``assignments_from_torchrec`` turns the
 resulting ``ShardingPlan`` back into cost-model options so both planners are scored alike
-(``Partitioner.evaluate``). Used by ``bench/bench_planner.py``; our own search is the default.
+(``Partitioner.evaluate``, over ``TableOptions.builder``). Used by ``bench/bench_planner.py``; our
+own search is the default.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION
 from torchrec_tpu.planner.cost_model import Load, OptionBuilder, ShardingOption
 from torchrec_tpu.planner.tables import EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
+from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION
 
 PROXY_DEVICE = "mtia"
 SUPPORTED = ("table_wise", "column_wise", "row_wise")  # what "mtia" sharders offer that we cost

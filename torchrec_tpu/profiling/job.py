@@ -1,11 +1,12 @@
 """``torchrec-tpu profile``: N training steps of the training job's model under the profilers.
 
 The model, data and optimizers are set up exactly as ``torchrec-tpu train`` does, for either engine
-(its factory, sharding and data modules); warm-up steps run first, untraced (they also let TorchRec
-create its lazy input dists, which the phase hooks then find), then ``steps`` steps are traced, each
-marked for both profilers (:func:`~torchrec_tpu.profiling.trace.traced_step`). The sparsecore
-engine's input dist runs inside the step here (no prefetch thread: torch.profiler records only
-the threads it was enabled on), so it shows under ``sparse_lookup``.
+(its :class:`~torchrec_tpu.train.engines.Engine` and data modules); warm-up steps run first,
+untraced (they also let TorchRec create its lazy input dists, which the phase hooks then find), then
+``steps`` steps are traced, each marked for both profilers
+(:func:`~torchrec_tpu.profiling.trace.traced_step`). The sparsecore engine's input dist runs inside
+the step here (no prefetch thread: torch.profiler records only the threads it was enabled on), so it
+shows under ``sparse_lookup``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from torchrec_tpu.train.batch_streams import training_streams
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
-from torchrec_tpu.train.job import model_and_optimizer, model_spec
+from torchrec_tpu.train.engines import engine_for
+from torchrec_tpu.train.job import model_spec
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,10 @@ def profile_training(
     """Run ``warmup`` + ``steps`` training steps, tracing the last ``steps``."""
     if steps < 1 or warmup < 1:
         raise ValueError(f"need steps >= 1 and warmup >= 1, got steps={steps}, warmup={warmup}")
-    if config.in_memory_binary_criteo_path is not None:
+    if config.data.in_memory_binary_criteo_path is not None:
         raise ValueError("profile reads Parquet (--data); --in-memory-binary-criteo-path is for train")
-    log_dir = Path(log_dir) if log_dir else config.resolved_log_dir() / "profile"
-    torch.manual_seed(config.seed)
+    log_dir = Path(log_dir) if log_dir else config.loop.resolved_log_dir() / "profile"
+    torch.manual_seed(config.loop.seed)
     with process_group() as env, open_data(config, env) as data:
         train = data.train
         reader = PhasedParquetReader(
@@ -66,8 +68,11 @@ def profile_training(
             prefetch_row_groups=0,
         )
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model, optimizer = model_and_optimizer(config, spec, env, device)
+        engine = engine_for(config)
+        model = engine.build_model(spec, env, device)
+        optimizer = engine.build_optimizer(model)
         stream, _ = training_streams(config, reader, reader, data.table_sizes, env.world_size, 0)
+        stream = engine.wrap_batches(stream, model, env, device, background=False)
         batches = itertools.chain.from_iterable(itertools.repeat(stream))  # epochs as needed
 
         def step() -> None:
@@ -84,9 +89,9 @@ def profile_training(
         model.train()
         for _ in range(warmup):
             step()
-        progress = config.progress and env.is_primary
+        progress = config.loop.progress and env.is_primary
         with phase_ranges(model), profiling(log_dir) as files:
             for index in tqdm(range(steps), desc="profile", unit="step", disable=not progress):
                 with traced_step(index):
                     step()
-    return ProfileResult(config.engine, steps, log_dir, files, format_summary(files.profiler, steps, top))
+    return ProfileResult(config.engine.kind, steps, log_dir, files, format_summary(files.profiler, steps, top))

@@ -21,7 +21,8 @@ def fixed_size_chunks(kjt: KeyedJaggedTensor, size: int) -> Iterator[tuple[Keyed
     weights = kjt.weights_or_none()
     for first in range(0, stride, size):
         real = min(size, stride - first)
-        picks = [torch.arange(int(s + offsets[k, first]), int(s + offsets[k, first + real])) for k, s in enumerate(starts)]
+        picks = [torch.arange(int(s + offsets[k, first]), int(s + offsets[k, first + real]))
+                 for k, s in enumerate(starts)]
         index = torch.cat(picks)
         chunk_lengths = torch.zeros(len(kjt.keys()), size, dtype=lengths.dtype)
         chunk_lengths[:, :real] = lengths[:, first:first + real]

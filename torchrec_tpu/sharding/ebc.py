@@ -16,9 +16,7 @@ optimizer there; no gradient of the tables ever materialises.
 
 from __future__ import annotations
 
-import collections
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +28,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from sparsecore.optimizers import OptimizerSpec
 from sparsecore.preprocess import combined_gains
-from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
+from sparsecore.specs import FeatureSpec
 from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.collectives import all_to_all
-from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, torchrec_weights
+from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
 from torchrec_tpu.sharding.shards import TableSharding
 
 
@@ -48,53 +46,48 @@ class LocalBatch:
     prepared: Any = None
 
 
+class PrefetchedKJT(KeyedJaggedTensor):
+    """``kjt`` with the input dist that ``owner`` already ran for it (:meth:`ShardedSparseCoreEBC.prefetch`):
+    ``owner``'s forward starts from ``local``; to any other module it is a plain KJT. Moving it
+    to the device it is on keeps it (``Batch.to`` in the loop); to another device gives a plain
+    KJT, whose input dist then runs in the forward."""
+
+    def __init__(self, kjt: KeyedJaggedTensor, owner: "ShardedSparseCoreEBC", local: LocalBatch) -> None:
+        super().__init__(keys=kjt.keys(), values=kjt.values(), weights=kjt.weights_or_none(),
+                         lengths=kjt.lengths(), offsets=kjt.offsets(), stride=kjt.stride())
+        self.owner, self.local = owner, local
+
+    def to(self, device: torch.device, non_blocking: bool = False,
+           dtype: torch.dtype | None = None) -> KeyedJaggedTensor:
+        if dtype is None and self.values().device == torch.device(device):
+            return self
+        return super().to(device, non_blocking=non_blocking, dtype=dtype)
+
+
 class ShardedSparseCoreEBC(ShardedTables):
     """Pooled lookups of ``features`` (``batch_size`` = this rank's batch) over ``tables``, sharded
-    over ``group`` (default: the world; no process group: one rank) as ``sharding`` says.
-
-    ``weights`` are the full logical tables (identical on every rank); default: each table's
-    ``TableSpec.init_weights(seed)``. Each table's ``optimizer`` is applied fused in backward.
-    ``average_over_ranks`` divides the table gradients by the world size, as DDP averages the
-    dense ones: with a per-rank mean loss, W ranks then train like one rank on the global batch.
-    """
+    over ``group`` (default: the world; no process group: one rank) as ``sharding`` says; the
+    options (weights, local engine, ``average_over_ranks``) are :class:`ShardedTables`'."""
 
     table_modules = "embedding_bags"
 
-    def __init__(
-        self,
-        tables: Sequence[TableSpec],
-        features: Sequence[FeatureSpec],
-        sharding: Mapping[str, TableSharding],
-        *,
-        group: dist.ProcessGroup | None = None,
-        topology: SparseCoreTopology = SparseCoreTopology(),
-        backend: str = "xla",
-        weights: Mapping[str, torch.Tensor] | None = None,
-        seed: int = 0,
-        id_policy: str = "error",
-        average_over_ranks: bool = False,
-        **backend_options: Any,
-    ):
-        super().__init__(tables, features, sharding, group, average_over_ranks)
-        batch_sizes = {f.batch_size for f in features}
+    def _configure(self) -> None:
+        batch_sizes = {f.batch_size for f in self.features}
         if len(batch_sizes) != 1:
             raise ValueError(f"all features need one batch size for a KeyedTensor output, got {sorted(batch_sizes)}")
         self.batch_size = batch_sizes.pop()
-        self.id_policy = id_policy
-        self._offsets = dict(zip([f.name for f in features],
-                                 np.cumsum([0] + [self.tables[f.table].dim for f in features]).tolist()))
-        local_features = [FeatureSpec(f.name, f.table, self.batch_size * self.world_size, weighted=True)
-                          for f, _ in self._served[self.rank]]
-        self._backend = self._make_backend(local_features, topology, backend, weights, seed, backend_options)
+        dims = [self.tables[f.table].dim for f in self.features]
+        self._offsets = dict(zip([f.name for f in self.features], np.cumsum([0] + dims).tolist()))
         # output columns of every rank's served (feature, shard) pairs, in message order
         self._columns = [torch.from_numpy(np.concatenate(
             [np.arange(self._offsets[f.name] + s.col_offset, self._offsets[f.name] + s.col_offset + s.cols)
              for f, s in pairs] or [np.zeros(0, dtype=np.int64)])) for pairs in self._served]
-        self._placement = _OutputPlacement(self._served, self._columns, self.rank,
-                                           sum(self.tables[f.table].dim for f in features))
-        # input dists done ahead by a train pipeline: (the KJT's values tensor, its LocalBatch)
-        self._prefetched: collections.deque[tuple[torch.Tensor, LocalBatch]] = collections.deque()
-        self._prefetch_lock = threading.Lock()
+        self._placement = _OutputPlacement(self._served, self._columns, self.rank, sum(dims))
+
+    def _local_features(self) -> list[FeatureSpec]:
+        """Each served feature over the global batch, weighted (the gains carry the combiner)."""
+        return [FeatureSpec(f.name, f.table, self.batch_size * self.world_size, weighted=True)
+                for f, _ in self._served[self.rank]]
 
     @classmethod
     def from_torchrec(cls, ebc: EmbeddingBagCollection, batch_size: int, sharding: Mapping[str, TableSharding],
@@ -102,17 +95,15 @@ class ShardedSparseCoreEBC(ShardedTables):
         """The same tables as TorchRec ``ebc`` (and its weights unless they are on the meta device)."""
         tables, features = specs_from_configs(ebc.embedding_bag_configs(), batch_size, optimizer=optimizer,
                                               weighted_features=ebc.is_weighted() and _all_features(ebc) or ())
-        weights = torchrec_weights(ebc.embedding_bags)
-        if weights:
-            kwargs.setdefault("weights", weights)
-        return cls(tables, features, sharding, **kwargs)
+        return cls._from_torchrec_modules(tables, features, ebc.embedding_bags, sharding, **kwargs)
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of ``kjt``'s samples. Other batch sizes than ``batch_size`` are padded
         (smaller) or, without grad, looked up in chunks (larger); every rank must make the same
         calls, as the dists are collectives."""
         if kjt.stride() == self.batch_size:
-            return self.compute_and_output_dist(self._take_prefetched(kjt) or self.input_dist(kjt))
+            ahead = kjt.local if isinstance(kjt, PrefetchedKJT) and kjt.owner is self else None
+            return self.compute_and_output_dist(ahead or self.input_dist(kjt))
         if kjt.stride() > self.batch_size and torch.is_grad_enabled():
             raise ValueError(f"a training batch of {kjt.stride()} samples exceeds the EBC's batch_size "
                              f"{self.batch_size} (per rank); evaluate larger batches under torch.no_grad()")
@@ -121,24 +112,12 @@ class ShardedSparseCoreEBC(ShardedTables):
         return KeyedTensor(keys=[f.name for f in self.features],
                            length_per_key=[self.tables[f.table].dim for f in self.features], values=torch.cat(parts))
 
-    def prefetch(self, kjt: KeyedJaggedTensor, group: dist.ProcessGroup | None = None) -> None:
+    def prefetch(self, kjt: KeyedJaggedTensor, group: dist.ProcessGroup | None = None) -> "PrefetchedKJT":
         """Run the input dist of a coming batch now (e.g. on a pipeline thread, over its own
-        ``group`` so its collectives never interleave with the step's); ``forward`` of the same
-        KJT then starts from the result. Batches must be consumed in prefetch order."""
-        batch = self.input_dist(kjt, group)
-        with self._prefetch_lock:
-            self._prefetched.append((kjt.values(), batch))
-
-    def _take_prefetched(self, kjt: KeyedJaggedTensor) -> LocalBatch | None:
-        """The prefetched input of ``kjt``, dropping older ones never used (skipped batches);
-        other KJTs (evaluation batches) leave the queue alone."""
-        with self._prefetch_lock:
-            for i, (values, batch) in enumerate(self._prefetched):
-                if values is kjt.values():
-                    for _ in range(i + 1):
-                        self._prefetched.popleft()
-                    return batch
-        return None
+        ``group`` so its collectives never interleave with the step's); ``forward`` of the
+        returned KJT starts from the result. Every rank must prefetch the same batches in the
+        same order (the dists are collectives); they may be consumed in any order."""
+        return PrefetchedKJT(kjt, self, self.input_dist(kjt, group))
 
     def compile(self, kjt: KeyedJaggedTensor) -> None:
         """Compile the local lookup and update programs for batches like ``kjt`` ahead of the
@@ -151,13 +130,14 @@ class ShardedSparseCoreEBC(ShardedTables):
         """Validate ``kjt`` (errors name the feature), fold combiners into gains, exchange ids
         (over ``group``, default the EBC's) and prepare the local backend's input."""
         group = group if group is not None else self.group
-        inputs = feature_inputs(kjt, self.features, self.tables, self.id_policy)
+        inputs = feature_inputs(kjt, self.features, self.tables, self.engine.id_policy)
         lengths, ids, gains = [], [], []
         for served in self._served:
             for f, shard in served:
                 x = inputs[f.name]
                 combiner = self.tables[f.table].combiner
-                sample = np.repeat(np.arange(x.lengths.size), x.lengths) if combiner != "sum" or shard.row_stride > 1 else None
+                by_sample = combiner != "sum" or shard.row_stride > 1
+                sample = np.repeat(np.arange(x.lengths.size), x.lengths) if by_sample else None
                 gain = combined_gains(x.weights, x.lengths, sample, combiner)
                 if shard.row_stride > 1:
                     keep = shard.owns(x.ids)
@@ -172,7 +152,7 @@ class ShardedSparseCoreEBC(ShardedTables):
             received = {f.name: FeatureInput(*piece) for (f, _), *piece in zip(self._served[0], ids, lengths, gains)}
             return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
         b = self.batch_size
-        send_lengths = torch.from_numpy(np.concatenate(lengths).astype(np.int64)) if lengths else torch.zeros(0, dtype=torch.int64)
+        send_lengths = concat(lengths, np.int64)
         counts = [len(s) * b for s in self._served]
         recv_lengths = all_to_all(send_lengths, counts, [len(self._served[self.rank]) * b] * self.world_size,
                                   group).numpy()
@@ -219,8 +199,8 @@ class ShardedSparseCoreEBC(ShardedTables):
             return self._placement(activations)
         recv = all_to_all(activations.reshape(-1), [b * widths[self.rank]] * self.world_size,
                           [b * w for w in widths], self.group)
-        return self._placement(torch.cat([part.view(b, w) for part, w in zip(recv.split([b * w for w in widths]), widths)],
-                                         dim=1))
+        parts = recv.split([b * w for w in widths])
+        return self._placement(torch.cat([part.view(b, w) for part, w in zip(parts, widths)], dim=1))
 
     def _update(self, context: Any, grad: torch.Tensor) -> None:
         """Send every shard the gradient of its output for this rank's samples; apply the update."""

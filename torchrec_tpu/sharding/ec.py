@@ -24,20 +24,17 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torchrec import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from sparsecore.backends import make_backend
 from sparsecore.optimizers import OptimizerSpec
-from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
-from sparsecore.stacking import plan_stacking
+from sparsecore.specs import FeatureSpec, TableSpec
 from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
-from tpu_facts import round_up
 from torchrec_tpu.sharding.collectives import all_to_all
-from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, torchrec_weights
+from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
 from torchrec_tpu.sharding.shards import Shard, TableSharding
+from tpu_facts import round_up
 
 
 @dataclass
@@ -65,42 +62,25 @@ class _Lookup:
 
 class ShardedSparseCoreEC(ShardedTables):
     """Sequence lookups of ``features`` over ``tables``, sharded over ``group`` (default: the
-    world; no process group: one rank) as ``sharding`` says; any batch size per call.
+    world; no process group: one rank) as ``sharding`` says; any batch size per call; the other
+    options (weights, local engine, ``average_over_ranks``) are :class:`ShardedTables`'.
 
-    ``weights`` are the full logical tables (identical on every rank); default: each table's
-    ``TableSpec.init_weights(seed)``. Each table's ``optimizer`` is applied fused in backward.
     A feature's ``batch_size`` (per rank) and ``max_ids_per_sample`` only size the first lookup
     buffers. ``need_indices`` puts each feature's ids into its output's weights, as TorchRec does.
     """
 
     table_modules = "embeddings"
 
-    def __init__(
-        self,
-        tables: Sequence[TableSpec],
-        features: Sequence[FeatureSpec],
-        sharding: Mapping[str, TableSharding],
-        *,
-        group: dist.ProcessGroup | None = None,
-        topology: SparseCoreTopology = SparseCoreTopology(),
-        backend: str = "xla",
-        weights: Mapping[str, torch.Tensor] | None = None,
-        seed: int = 0,
-        id_policy: str = "error",
-        average_over_ranks: bool = False,
-        need_indices: bool = False,
-        **backend_options: Any,
-    ):
-        super().__init__(tables, features, sharding, group, average_over_ranks)
-        self.id_policy = id_policy
+    def __init__(self, tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
+                 sharding: Mapping[str, TableSharding], *, need_indices: bool = False, **options: Any):
+        super().__init__(tables, features, sharding, **options)
         self.need_indices = need_indices
-        self._topology, self._backend_name, self._seed, self._options = topology, backend, seed, backend_options
-        n = topology.num_sparsecores
+
+    def _configure(self) -> None:
+        n = self.engine.topology.num_sparsecores
         self._capacity = {f.name: round_up(min(f.batch_size * self.world_size * (f.max_ids_per_sample or 1),
                                                shard.rows), n)
                           for f, shard in self._served[self.rank]}
-        self._backend = self._make_backend(self._local_features(), topology, backend, weights, seed, backend_options,
-                                           self._local_tables())
 
     @classmethod
     def from_torchrec(cls, ec: EmbeddingCollection, sharding: Mapping[str, TableSharding], optimizer: OptimizerSpec,
@@ -108,11 +88,8 @@ class ShardedSparseCoreEC(ShardedTables):
         """The same tables as TorchRec ``ec`` (and its weights unless they are on the meta device);
         ``batch_size``: the expected per-rank batch (sizes the first lookup buffers)."""
         tables, features = specs_from_configs(ec.embedding_configs(), batch_size, optimizer=optimizer)
-        weights = torchrec_weights(ec.embeddings)
-        if weights:
-            kwargs.setdefault("weights", weights)
         kwargs.setdefault("need_indices", ec.need_indices())
-        return cls(tables, features, sharding, **kwargs)
+        return cls._from_torchrec_modules(tables, features, ec.embeddings, sharding, **kwargs)
 
     def _local_features(self) -> list[FeatureSpec]:
         """Each served feature as a batch of ``capacity`` one-id samples."""
@@ -121,7 +98,7 @@ class ShardedSparseCoreEC(ShardedTables):
     def _local_tables(self) -> dict[str, TableSpec]:
         """The served shards with partition limits no batch can exceed: all ids of one source
         SparseCore's samples may go to one partition."""
-        n = self._topology.num_sparsecores
+        n = self.engine.topology.num_sparsecores
         per_chunk: dict[str, int] = {}
         for f, _ in self._served[self.rank]:
             per_chunk[f.table] = per_chunk.get(f.table, 0) + self._capacity[f.name] // n
@@ -140,7 +117,7 @@ class ShardedSparseCoreEC(ShardedTables):
     def input_dist(self, kjt: KeyedJaggedTensor) -> SequenceBatch:
         """Validate ``kjt`` (errors name the feature) and send every id to its shards."""
         specs = [f if f.batch_size == kjt.stride() else replace(f, batch_size=kjt.stride()) for f in self.features]
-        inputs = feature_inputs(kjt, specs, self.tables, self.id_policy)
+        inputs = feature_inputs(kjt, specs, self.tables, self.engine.id_policy)
         sent, ids = [], []
         for pairs in self._served:
             positions = [np.flatnonzero(shard.owns(inputs[f.name].ids)) for f, shard in pairs]
@@ -199,7 +176,7 @@ class ShardedSparseCoreEC(ShardedTables):
         if self._backend is None:
             return _Lookup({}, {}, None)
         self._fit({name: ids.size for name, ids in batch.unique.items()})
-        n = self._topology.num_sparsecores
+        n = self.engine.topology.num_sparsecores
         inputs, rows = {}, {}
         for name, ids in batch.unique.items():
             capacity = self._capacity[name]
@@ -217,16 +194,14 @@ class ShardedSparseCoreEC(ShardedTables):
         short = {name: count for name, count in unique.items() if count > self._capacity[name]}
         if not short:
             return
-        n = self._topology.num_sparsecores
+        n = self.engine.topology.num_sparsecores
         rows = {f.name: shard.rows for f, shard in self._served[self.rank]}
         for name, count in short.items():  # powers of two: few rebuilds (each compiles anew)
             self._capacity[name] = round_up(min(max(1 << (count - 1).bit_length(), 2 * self._capacity[name]),
                                                 rows[name]), n)
         old = self._backend
         weights = old.table_weights()
-        plan = plan_stacking(list(self._local_tables().values()), self._local_features(),
-                             self._topology).with_table_limits()
-        self._backend = make_backend(self._backend_name, plan, weights, self._seed, **self._options)
+        self._backend = self.engine.make(list(self._local_tables().values()), self._local_features(), weights)
         self._backend.load_state(weights, old.optimizer_slots(), old.steps)
 
     def _served_sizes(self, batch: SequenceBatch) -> list[int]:

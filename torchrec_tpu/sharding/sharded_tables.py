@@ -9,6 +9,7 @@ the module state (each rank's pieces of the full tables, see ``state_dict.py``),
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,6 +19,7 @@ from torch import nn
 
 from sparsecore.backends import make_backend
 from sparsecore.backends.base import Backend
+from sparsecore.module import fused_lookup
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.stacking import plan_stacking
 from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards
@@ -26,38 +28,60 @@ from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_stat
 Served = list[list[tuple[FeatureSpec, Shard]]]
 
 
-class _FusedLookup(torch.autograd.Function):
-    """Forward: lookup and output dist. Backward: the fused update of the local shards; the tables
-    get no gradient (they are updated in place, as on the SparseCores)."""
+@dataclass(frozen=True)
+class LocalEngine:
+    """How each rank runs its shards: one sparsecore ``backend`` laid out for ``topology`` (the
+    devices one rank spans), initialised from ``seed`` where no weights are given, checking ids
+    by ``id_policy``; ``options`` go to the backend."""
 
-    @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, module: "ShardedTables", batch: Any) -> torch.Tensor:
-        output, ctx.context = module._lookup_and_output_dist(batch)
-        ctx.module = module
-        return output
+    topology: SparseCoreTopology = SparseCoreTopology()
+    backend: str = "xla"
+    seed: int = 0
+    id_policy: str = "error"
+    options: Mapping[str, Any] = field(default_factory=dict)
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):
-        ctx.module.steps += 1
-        ctx.module._update(ctx.context, (grad * ctx.module._grad_scale).contiguous())
-        return None, None, None
+    def make(self, tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
+             weights: Mapping[str, torch.Tensor] | None) -> Backend:
+        """The backend of ``tables`` (this rank's shards) looked up by ``features``."""
+        plan = plan_stacking(list(tables), list(features), self.topology).with_table_limits()
+        return make_backend(self.backend, plan, weights, self.seed, **self.options)
 
 
 class ShardedTables(nn.Module):
     """``tables`` looked up by ``features``, sharded over ``group`` (default: the world; no
-    process group: one rank) as ``sharding`` says. ``average_over_ranks`` divides the table
-    gradients by the world size, as DDP averages the dense ones.
+    process group: one rank) as ``sharding`` says; each rank runs its shards as one local backend
+    (:class:`LocalEngine`: ``topology``, ``backend``, ``seed``, ``id_policy``, ``backend_options``).
 
-    Subclasses implement ``_lookup(batch) -> (activations, context)`` and
-    ``_output_dist(activations)`` (or ``_lookup_and_output_dist`` as a whole) and
-    ``_update(context, output_grad)``, and name the TorchRec module holding per-table modules
-    (``table_modules``: the state dict's ``<table_modules>.<table>.weight`` keys).
+    ``weights`` are the full logical tables (identical on every rank); default: each table's
+    ``TableSpec.init_weights(seed)``. Each table's ``optimizer`` is applied fused in backward.
+    ``average_over_ranks`` divides the table gradients by the world size, as DDP averages the
+    dense ones: with a per-rank mean loss, W ranks then train like one rank on the global batch.
+
+    Subclasses implement ``_configure()`` (what the local backend's features depend on, before it
+    is built), ``_local_features()`` (and ``_local_tables()`` when the shards' own specs do not
+    do), ``_lookup(batch) -> (activations, context)``, ``_output_dist(activations)`` (or
+    ``_lookup_and_output_dist`` as a whole) and ``_update(context, output_grad)``, and name the
+    TorchRec module holding per-table modules (``table_modules``: the state dict's
+    ``<table_modules>.<table>.weight`` keys).
     """
 
     table_modules: ClassVar[str]
 
-    def __init__(self, tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
-                 sharding: Mapping[str, TableSharding], group: dist.ProcessGroup | None, average_over_ranks: bool):
+    def __init__(
+        self,
+        tables: Sequence[TableSpec],
+        features: Sequence[FeatureSpec],
+        sharding: Mapping[str, TableSharding],
+        *,
+        group: dist.ProcessGroup | None = None,
+        topology: SparseCoreTopology = SparseCoreTopology(),
+        backend: str = "xla",
+        weights: Mapping[str, torch.Tensor] | None = None,
+        seed: int = 0,
+        id_policy: str = "error",
+        average_over_ranks: bool = False,
+        **backend_options: Any,
+    ):
         super().__init__()
         self.tables = validate_specs(tables, features)
         self.features = list(features)
@@ -69,30 +93,57 @@ class ShardedTables(nn.Module):
         self.shards = make_shards(tables, sharding, self.world_size)
         self._served: Served = [[(f, s) for f in self.features for s in self.shards[f.table] if s.rank == r]
                                 for r in range(self.world_size)]
-        self._backend: Backend | None = None
+        self.engine = LocalEngine(topology, backend, seed, id_policy, dict(backend_options))
         self.steps = 0  # fused updates applied (counted on every rank, with or without local shards)
         self._anchor = nn.Parameter(torch.empty(0), requires_grad=True)  # makes autograd call backward
+        self._configure()
+        self._backend: Backend | None = self._initial_backend(weights)
 
-    def _make_backend(self, local_features: Sequence[FeatureSpec], topology: SparseCoreTopology, backend: str,
-                      weights: Mapping[str, torch.Tensor] | None, seed: int, options: Mapping[str, Any],
-                      local_tables: Mapping[str, TableSpec] | None = None) -> Backend | None:
+    def _configure(self) -> None:
+        """Subclass state the local backend's features depend on (runs before it is built)."""
+
+    def _local_features(self) -> list[FeatureSpec]:
+        """The features of this rank's backend (its served shards' inputs)."""
+        raise NotImplementedError
+
+    def _local_tables(self) -> dict[str, TableSpec]:
+        """The table specs of this rank's backend: its shards'."""
+        return {s.table: s.local_spec(self.tables[s.table]) for _, s in self._served[self.rank]}
+
+    def _initial_backend(self, weights: Mapping[str, torch.Tensor] | None) -> Backend | None:
         """The backend over this rank's shards (None if it serves none), from the full logical
-        ``weights`` (default: each table's ``init_weights(seed)``). ``local_tables`` overrides
-        the shards' own table specs (same names and shapes)."""
+        ``weights`` (default: each table's ``init_weights(seed)``)."""
         mine = {s.table: s for _, s in self._served[self.rank]}
         if not mine:
             return None
-        full = weights if weights is not None else {name: self.tables[name].init_weights(seed) for name in mine}
-        specs = local_tables or {name: s.local_spec(self.tables[name]) for name, s in mine.items()}
-        plan = plan_stacking(list(specs.values()), local_features, topology).with_table_limits()
-        return make_backend(backend, plan, {name: s.slice(full[name]) for name, s in mine.items()}, seed, **options)
+        full = weights if weights is not None else {name: self.tables[name].init_weights(self.engine.seed)
+                                                    for name in mine}
+        return self.engine.make(list(self._local_tables().values()), self._local_features(),
+                                {name: s.slice(full[name]) for name, s in mine.items()})
+
+    @classmethod
+    def _from_torchrec_modules(cls, tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
+                               modules: Mapping[str, nn.Module], sharding: Mapping[str, TableSharding],
+                               **kwargs: Any) -> Any:
+        """``cls`` over ``tables`` with the weights of TorchRec per-table ``modules`` (unless on
+        the meta device, or ``weights`` is given)."""
+        weights = torchrec_weights(modules)
+        if weights:
+            kwargs.setdefault("weights", weights)
+        return cls(tables, features, sharding, **kwargs)
 
     def _looked_up(self, batch: Any) -> torch.Tensor:
         """This rank's output for the input-dist result ``batch``; under grad, autograd's
         backward through it applies the fused update."""
         if torch.is_grad_enabled():
-            return _FusedLookup.apply(self._anchor, self, batch)
+            return fused_lookup(self._anchor, lambda: self._lookup_and_output_dist(batch), self._fused_update)
         return self._lookup_and_output_dist(batch)[0]
+
+    def _fused_update(self, context: Any, grad: torch.Tensor) -> None:
+        self.steps += 1
+        if self._grad_scale != 1.0:  # (x * 1.0 is x: no copy of the gradient for it)
+            grad = grad * self._grad_scale
+        self._update(context, grad.contiguous())
 
     def _lookup_and_output_dist(self, batch: Any) -> tuple[torch.Tensor, Any]:
         """This rank's output and the context ``_update`` needs."""
@@ -105,11 +156,10 @@ class ShardedTables(nn.Module):
 
     def unsharded_slots(self) -> dict[str, dict[str, torch.Tensor]]:
         """Full optimizer slots of every table by slot name, on every rank (a collective)."""
-        slots = self._gather(lambda backend: {f"{t}\0{k}": v for t, d in backend.optimizer_slots().items()
-                                              for k, v in d.items()}, keyed_slots=True)
+        slots = self._gather(lambda backend: {(t, k): v for t, d in backend.optimizer_slots().items()
+                                              for k, v in d.items()})
         out: dict[str, dict[str, torch.Tensor]] = {}
-        for key, value in slots.items():
-            table, slot = key.split("\0")
+        for (table, slot), value in slots.items():
             out.setdefault(table, {})[slot] = value
         return out
 
@@ -158,7 +208,9 @@ class ShardedTables(nn.Module):
             i += len(served)
         return out
 
-    def _gather(self, read: Callable[[Backend], dict[str, torch.Tensor]], keyed_slots: bool = False) -> dict[str, torch.Tensor]:
+    def _gather(self, read: Callable[[Backend], dict[Any, torch.Tensor]]) -> dict[Any, torch.Tensor]:
+        """Every rank's ``read(backend)`` pieces (keyed by table, or by (table, slot)), placed
+        into full tables."""
         local = read(self._backend) if self._backend else {}
         everyone = [local]
         if self.world_size > 1:
@@ -167,7 +219,7 @@ class ShardedTables(nn.Module):
         out = {}
         for rank, pieces in enumerate(everyone):
             for key, piece in pieces.items():
-                table = key.split("\0")[0] if keyed_slots else key
+                table = key[0] if isinstance(key, tuple) else key
                 shard = next(s for s in self.shards[table] if s.rank == rank)
                 if key not in out:
                     spec = self.tables[table]

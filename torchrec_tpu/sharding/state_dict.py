@@ -124,13 +124,15 @@ def _from_checkpoint(spec: TableSpec, shards: Sequence[Shard], saved: torch.Tens
     return piece
 
 
-def _boxes(spec: TableSpec, shards: Sequence[Shard], row_slot: bool, where: Group) -> list[tuple[int, list[int], list[int]]]:
+def _boxes(spec: TableSpec, shards: Sequence[Shard], row_slot: bool,
+           where: Group) -> list[tuple[int, list[int], list[int]]]:
     """(rank, offsets, sizes) of each rank's piece in the checkpoint."""
     if shards[0].kind == "row_wise":
         bounds = _RowBlocks.bounds(spec.vocab_size, where.world_size)
         rows = [(r, bounds[r], bounds[r + 1] - bounds[r]) for r in range(where.world_size)]
         return [(r, [lo] if row_slot else [lo, 0], [n] if row_slot else [n, spec.dim]) for r, lo, n in rows]
-    return [(s.rank, [0] if row_slot else [0, s.col_offset], [spec.vocab_size] if row_slot else [spec.vocab_size, s.cols])
+    return [(s.rank, [0] if row_slot else [0, s.col_offset],
+             [spec.vocab_size] if row_slot else [spec.vocab_size, s.cols])
             for s in shards]
 
 

@@ -21,7 +21,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from pipelines.parquet_reader import batches_from_row
+from pipelines.streams import batches_from_row
 from torchrec_tpu.train.config import TrainConfig
 
 OFFSET_ROWS = 100_000  # distinct offset vectors per feature (MLPerf's cache of multi-hot offsets)
@@ -112,13 +112,14 @@ def training_streams(config: TrainConfig, train: Iterable[Batch], held_out: Iter
                      world_size: int, epoch: int) -> tuple[Iterable[Batch], Iterable[Batch]]:
     """(train, held-out) streams as ``config``'s flags ask; ``epoch``: where training starts."""
     multi_hot = config.per_feature("multi_hot_sizes", len(table_sizes))
-    if config.shuffle_batches:
-        train = ShuffledBatches(train, config.seed, epoch)
-    if config.limit_train_batches:
-        train = LimitedBatches(train, config.limit_train_batches, max(1, config.batch_size // world_size))
-    if config.limit_val_batches:
-        held_out = LimitedBatches(held_out, config.limit_val_batches, max(1, config.eval_batch_size // world_size))
+    if config.data.shuffle_batches:
+        train = ShuffledBatches(train, config.loop.seed, epoch)
+    data = config.data
+    if data.limit_train_batches:
+        train = LimitedBatches(train, data.limit_train_batches, max(1, data.batch_size // world_size))
+    if data.limit_val_batches:
+        held_out = LimitedBatches(held_out, data.limit_val_batches, max(1, data.eval_batch_size // world_size))
     if multi_hot is not None:
-        train = MultiHotBatches(train, multi_hot, table_sizes, config.seed)
-        held_out = MultiHotBatches(held_out, multi_hot, table_sizes, config.seed)
+        train = MultiHotBatches(train, multi_hot, table_sizes, config.loop.seed)
+        held_out = MultiHotBatches(held_out, multi_hot, table_sizes, config.loop.seed)
     return train, held_out

@@ -4,7 +4,10 @@ Each save is a new versioned directory under the checkpoint root (see checkpoint
 
     <version>/state/            DCP files: {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     <version>/rng/rank-NNNNN.pt this rank's torch / numpy / python RNG state (plain tensors)
-    <version>/meta.json         {"step", "epoch", "rows_consumed", "config", "world_size", ...}
+    <version>/meta.json         {"step", "epoch", "rank_rows", "model", "config", "world_size", ...}
+
+``meta.json``'s "model" is the architecture (:class:`~torchrec_tpu.train.model.ModelSpec`), what a
+loader needs; "config" is the training options, which only ``--resume`` compares.
     <version>/manifest.json     sha256 of every file above, written last (the completion mark)
 
 DCP stores sharded embedding tables (ShardedTensor) and the fused optimizer's per-table state
@@ -26,11 +29,16 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.optim import Optimizer
 
-from torchrec_tpu.train.checkpoint_dirs import (META_FILE, intact_checkpoint, new_tag, publish,
-                                                resolve_checkpoint, version_dir)
+from torchrec_tpu.train.checkpoint_dirs import (
+    META_FILE,
+    intact_checkpoint,
+    new_tag,
+    publish,
+    resolve_checkpoint,
+    version_dir,
+)
 from torchrec_tpu.train.checkpoint_manifest import CheckpointError
 from torchrec_tpu.train.checkpoint_reader import load_state, read_state_metadata
-from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.rng import load_rng, save_rng
 
 STATE_DIR = "state"
@@ -74,9 +82,8 @@ def open_checkpoint(path: Path, warn: Callable[[str], None] | None = None) -> tu
     read_state_metadata(directory / STATE_DIR)  # refuses crafted metadata before any model is built
     try:
         meta = json.loads((directory / META_FILE).read_text())
-        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
-            raise ValueError("no training config in it")
-        TrainConfig(**meta["config"])  # names a bad saved option
+        if not isinstance(meta, dict) or not any(isinstance(meta.get(k), dict) for k in ("model", "config")):
+            raise ValueError("no model spec or training config in it")
     except (ValueError, TypeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"checkpoint {directory}: {META_FILE} is not valid ({error})") from None
     return directory, meta

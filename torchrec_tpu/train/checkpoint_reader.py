@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner uses
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner uses
 from torch.distributed.checkpoint.planner import ReadItem
 
 from torchrec_tpu.train.checkpoint_manifest import CheckpointError

@@ -1,9 +1,13 @@
-"""Training configuration: one dataclass, exposed as CLI flags and as optional YAML keys.
+"""Training configuration: nested frozen groups, exposed as flat CLI flags and YAML keys.
 
-Every field of :class:`TrainConfig` is a flag (``embedding_dim`` -> ``--embedding-dim``) and a
-YAML key (either spelling). Precedence: built-in defaults < ``--config file.yaml`` < explicit
-flags. All validation lives in :meth:`TrainConfig.validate`, so a bad value gives the same clear
-error whichever way it arrived. No heavy imports here: ``--help`` must stay fast.
+:class:`TrainConfig` holds six groups (``model``, ``data``, ``engine``, ``optim``, ``checkpoint``,
+``loop``); every field of a group is one option, a flag (``embedding_dim`` -> ``--embedding-dim``)
+and a YAML key (either spelling), named as before the grouping (``--model``, ``--engine`` and
+``--data`` are the ``kind`` / ``source`` fields of their groups). Precedence: built-in defaults <
+``--config file.yaml`` < explicit flags; :meth:`TrainConfig.from_options` builds a config from
+option names (flags, YAML, a checkpoint's ``meta.json``). All validation lives in
+:meth:`TrainConfig.validate`, so a bad value gives the same clear error whichever way it arrived.
+No heavy imports here: ``--help`` must stay fast.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ class ConfigError(ValueError):
     """A training option has a bad value; the message names the option, the value and the limit."""
 
 
-def _flag(help_text: str, **extra: Any) -> dict[str, Any]:
-    return {"help": help_text, **extra}
+def _opt(default: Any, help_text: str, **extra: Any) -> Any:
+    """A group field that is one option; ``flag``: its option name when not the field's."""
+    return field(default=default, metadata={"help": help_text, **extra})
 
 
 # Flags of TorchRec's dlrm_main / MLPerf DLRM that set one or more of our options (also YAML keys).
@@ -40,244 +45,217 @@ SHORTHANDS: dict[str, tuple[tuple[str, ...], type, str]] = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture: DLRM kind, tables, towers."""
+
+    kind: str = _opt("dlrm", "model: stock torchrec DLRM or DLRM_DCN", flag="model", choices=MODELS)
+    num_embeddings: int = _opt(100_000, "rows per embedding table, at most (synthetic tables with fewer ids "
+                                        "are smaller); ids are hashed modulo the table size")
+    num_embeddings_per_feature: str | None = _opt(
+        None, "rows of each categorical feature's table, comma-separated, one per feature (TorchRec "
+              "dlrm_main's flag; ids are hashed modulo each) (default: --num-embeddings for every table)",
+        metavar="N,N,...")
+    embedding_dim: int = _opt(16, "embedding dimension of every table")
+    dense_arch: str = _opt("64,16", "dense MLP layer sizes; the last must equal --embedding-dim", metavar="SIZES")
+    over_arch: str = _opt("64,32,1", "over-arch MLP layer sizes; the last must be 1", metavar="SIZES")
+    dcn_num_layers: int = _opt(3, "DCN cross layers (dlrm_dcn only)")
+    dcn_low_rank_dim: int = _opt(16, "DCN low rank (dlrm_dcn only)")
+
+    @property
+    def dense_layers(self) -> list[int]:
+        return _layer_sizes("dense_arch", self.dense_arch)
+
+    @property
+    def over_layers(self) -> list[int]:
+        return _layer_sizes("over_arch", self.over_arch)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the rows come from and how they are batched."""
+
+    source: str = _opt("synthetic", "'synthetic' (generated into --cache-dir on first run), 'sample' (the real "
+                                    "200-row Criteo sample, converted on the fly) or a directory of Parquet files",
+                       flag="data", metavar="SOURCE")
+    cache_dir: str | None = _opt(None, "where synthetic data is generated (default: $TORCHREC_TPU_CACHE, else "
+                                       "~/.cache/torchrec_tpu)")
+    bad_values: str = _opt(
+        "error", "rows whose label is outside [0, 1] (or NaN) or whose dense value is infinite or beyond "
+                 "float32 (NaN dense values are missing, read as 0): error naming file, row and column; "
+                 "skip them (counted); or clamp the values (labels to [0, 1], dense to +-3.4e38; a NaN "
+                 "label's row is skipped)", choices=BAD_VALUE_POLICIES)
+    eval_files: int = _opt(1, "held-out evaluation split: the last N Parquet files")
+    in_memory_binary_criteo_path: str | None = _opt(
+        None, "train on TorchRec's preprocessed Criteo instead of --data: a directory of "
+              "day_<d>_{dense,sparse,labels}.npy (torchrec/datasets/scripts/npy_preproc_criteo.py); the last "
+              "--eval-files days are held out (default: use --data)", metavar="DIR")
+    mmap_mode: bool = _opt(False, "with --in-memory-binary-criteo-path: memory-map the npy files instead of "
+                                  "loading them into memory")
+    multi_hot_sizes: str | None = _opt(
+        None, "MLPerf DLRM-DCNv2 multi-hot: expand each feature's id into this many ids (comma-separated, one "
+              "per feature, or one for all; the first is the id itself, the others fixed random offsets of it) "
+              "(default: one-hot as read)", metavar="K,K,...")
+    batch_size: int = _opt(512, "GLOBAL training batch size: summed over all ranks, each rank trains on "
+                                "batch-size / world-size rows per step")
+    eval_batch_size: int = _opt(2048, "GLOBAL evaluation batch size (split over the ranks)")
+    shuffle_batches: bool = _opt(False, "shuffle the order of the training batches, anew each epoch (seeded by "
+                                        "--seed and the epoch; TorchRec's --shuffle-batches)")
+    limit_train_batches: int = _opt(0, "train on at most N batches per epoch (0: all)")
+    limit_val_batches: int = _opt(0, "evaluate on at most N held-out batches (0: all)")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which embedding engine, how it is sharded, where the dense part runs."""
+
+    kind: str = _opt("sparsecore", "embedding engine: the sparsecore sharded EBC (sharded as --plan says, dense "
+                                   "part in DDP or FSDP2, see --dense-parallel), or stock TorchRec DMP on FBGEMM "
+                                   "(the reference)", flag="engine", choices=ENGINES)
+    plan: str | None = _opt(
+        None, "sparsecore engine: a plan JSON from `torchrec-tpu plan` (one device per rank), or 'auto' to plan "
+              "the tables for this world now (default: whole tables balanced over the ranks)", metavar="PATH|auto")
+    dense_device: str = _opt(
+        "cpu", "where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only; tpu runs them with "
+               "the dense optimizer as one compiled program per step (one rank; several ranks run eagerly); its "
+               "first step traces and compiles. cpu is the default while the tpu device is backed by XLA:CPU "
+               "(measurements: README, 'torchrec-tpu train'); choose tpu on a real TPU", choices=DENSE_DEVICES)
+    dense_parallel: str = _opt("ddp", "how the dense towers are synced over ranks, --engine sparsecore only: "
+                                      "replicated (DDP) or sharded per tower (FSDP2 fully_shard, for large towers)",
+                               choices=DENSE_PARALLELS)
+    num_threads: int = _opt(1, "CPU threads per process for torch/FBGEMM kernels (0: torch's default, one per "
+                               "core); 1 keeps small models fast on a busy machine, where spinning threads compete "
+                               "for cores")
+    collective_timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before every rank "
+                                            "fails (a stalled or dead rank), all process groups", metavar="SECONDS")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The fused embedding optimizer, the dense one, the learning-rate schedule."""
+
+    sparse_optimizer: str = _opt("adagrad", "fused embedding optimizer (runs inside backward)",
+                                 choices=SPARSE_OPTIMIZERS)
+    sparse_lr: float = _opt(0.05, "embedding learning rate")
+    dense_optimizer: str = _opt("adagrad", "optimizer of the MLPs", choices=DENSE_OPTIMIZERS)
+    dense_lr: float = _opt(0.05, "dense learning rate")
+    lr_warmup_steps: int = _opt(0, "linear learning-rate warm-up over the first N steps (both optimizers, as "
+                                   "TorchRec dlrm_main / MLPerf DLRM; 0: none)")
+    lr_decay_start: int = _opt(0, "step where the quadratic learning-rate decay starts")
+    lr_decay_steps: int = _opt(0, "steps of the quadratic decay to 1e-7 (0: no decay)")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where checkpoints go, how often, how many stay, what to resume."""
+
+    checkpoint_dir: str | None = _opt(None, "checkpoint root: versioned checkpoints and a 'latest' link "
+                                            "(default: <log-dir>/checkpoint)")
+    checkpoint_every: int = _opt(0, "also checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = _opt(2, "checkpoints kept in the checkpoint root (older ones are deleted)")
+    resume: str | None = _opt(
+        None, "checkpoint to resume from (a checkpoint root: its latest intact one): model, optimizer state, RNG, "
+              "step and data position (in rows: --batch-size may change); tables, dims, optimizers, data and "
+              "world size must match it (default: start from scratch)")
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """How long to train, what to log and evaluate, the seed."""
+
+    epochs: int = _opt(1, "passes over the training split")
+    max_steps: int = _opt(0, "stop after this many steps (0: run all epochs)")
+    seed: int = _opt(0, "random seed (model init)")
+    log_dir: str | None = _opt(None, "TensorBoard log directory (default: runs/<UTC timestamp>)")
+    log_every: int = _opt(20, "log training scalars every N steps")
+    eval_every: int = _opt(0, "also evaluate every N steps (0: only at the end)", aliases=("--validation-freq",))
+    progress: bool = _opt(True, "show a tqdm progress bar")
+
+    def resolved_log_dir(self) -> Path:
+        if self.log_dir:
+            return Path(self.log_dir)
+        return Path("runs") / datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """All options of ``torchrec-tpu train``; the defaults are the README's main command."""
 
-    model: str = field(
-        default="dlrm", metadata=_flag("model: stock torchrec DLRM or DLRM_DCN", choices=MODELS)
-    )
-    engine: str = field(
-        default="sparsecore",
-        metadata=_flag(
-            "embedding engine: the sparsecore sharded EBC (sharded as --plan says, dense part in DDP "
-            "or FSDP2, see --dense-parallel), or stock TorchRec DMP on FBGEMM (the reference)",
-            choices=ENGINES,
-        ),
-    )
-    plan: str | None = field(
-        default=None,
-        metadata=_flag(
-            "sparsecore engine: a plan JSON from `torchrec-tpu plan` (one device per rank), or "
-            "'auto' to plan the tables for this world now (default: whole tables balanced over "
-            "the ranks)", metavar="PATH|auto",
-        ),
-    )
-    dense_device: str = field(
-        default="cpu",
-        metadata=_flag(
-            "where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only; tpu "
-            "runs them with the dense optimizer as one compiled program per step (one rank; several "
-            "ranks run eagerly). cpu is the default: with the tpu device backed by XLA:CPU (no TPU), "
-            "tpu measured 0.70-1.20x cpu on the default towers and 0.96-1.09x at the anchor config "
-            "(26 x 100k x 64, 512-wide towers, batch 2048), and its first step traces and compiles "
-            "(5-14 s; the persistent compile cache skips the compile from the second run) "
-            "(bench/bench_dense_device.py); choose tpu on a real TPU", choices=DENSE_DEVICES,
-        ),
-    )
-    dense_parallel: str = field(
-        default="ddp",
-        metadata=_flag(
-            "how the dense towers are synced over ranks, --engine sparsecore only: replicated "
-            "(DDP) or sharded per tower (FSDP2 fully_shard, for large towers)", choices=DENSE_PARALLELS,
-        ),
-    )
-    data: str = field(
-        default="synthetic",
-        metadata=_flag(
-            "'synthetic' (generated into --cache-dir on first run), 'sample' (the real 200-row "
-            "Criteo sample, converted on the fly) or a directory of Parquet files",
-            metavar="SOURCE",
-        ),
-    )
-    cache_dir: str | None = field(
-        default=None, metadata=_flag("where synthetic data is generated (default: $TORCHREC_TPU_CACHE, else "
-                                  "~/.cache/torchrec_tpu)")
-    )
-    bad_values: str = field(
-        default="error",
-        metadata=_flag(
-            "rows whose label is outside [0, 1] (or NaN) or whose dense value is infinite or beyond "
-            "float32 (NaN dense values are missing, read as 0): error naming file, row and column; "
-            "skip them (counted); or clamp the values (labels to [0, 1], dense to +-3.4e38; a NaN "
-            "label's row is skipped)", choices=BAD_VALUE_POLICIES,
-        ),
-    )
-    eval_files: int = field(
-        default=1, metadata=_flag("held-out evaluation split: the last N Parquet files")
-    )
-    num_embeddings: int = field(
-        default=100_000,
-        metadata=_flag(
-            "rows per embedding table, at most (synthetic tables with fewer ids are smaller); "
-            "ids are hashed modulo the table size"
-        ),
-    )
-    num_embeddings_per_feature: str | None = field(
-        default=None,
-        metadata=_flag("rows of each categorical feature's table, comma-separated, one per feature "
-                       "(TorchRec dlrm_main's flag; ids are hashed modulo each) (default: "
-                       "--num-embeddings for every table)", metavar="N,N,..."),
-    )
-    in_memory_binary_criteo_path: str | None = field(
-        default=None,
-        metadata=_flag("train on TorchRec's preprocessed Criteo instead of --data: a directory of "
-                       "day_<d>_{dense,sparse,labels}.npy (torchrec/datasets/scripts/"
-                       "npy_preproc_criteo.py); the last --eval-files days are held out "
-                       "(default: use --data)", metavar="DIR"),
-    )
-    mmap_mode: bool = field(
-        default=False,
-        metadata=_flag("with --in-memory-binary-criteo-path: memory-map the npy files instead of "
-                       "loading them into memory"),
-    )
-    multi_hot_sizes: str | None = field(
-        default=None,
-        metadata=_flag("MLPerf DLRM-DCNv2 multi-hot: expand each feature's id into this many ids "
-                       "(comma-separated, one per feature, or one for all; the first is the id "
-                       "itself, the others fixed random offsets of it) (default: one-hot as read)",
-                       metavar="K,K,..."),
-    )
-    embedding_dim: int = field(default=16, metadata=_flag("embedding dimension of every table"))
-    dense_arch: str = field(
-        default="64,16",
-        metadata=_flag("dense MLP layer sizes; the last must equal --embedding-dim", metavar="SIZES"),
-    )
-    over_arch: str = field(
-        default="64,32,1",
-        metadata=_flag("over-arch MLP layer sizes; the last must be 1", metavar="SIZES"),
-    )
-    dcn_num_layers: int = field(default=3, metadata=_flag("DCN cross layers (dlrm_dcn only)"))
-    dcn_low_rank_dim: int = field(default=16, metadata=_flag("DCN low rank (dlrm_dcn only)"))
-    batch_size: int = field(
-        default=512, metadata=_flag("GLOBAL training batch size: summed over all ranks, each rank "
-                                    "trains on batch-size / world-size rows per step")
-    )
-    eval_batch_size: int = field(
-        default=2048, metadata=_flag("GLOBAL evaluation batch size (split over the ranks)")
-    )
-    shuffle_batches: bool = field(
-        default=False,
-        metadata=_flag("shuffle the order of the training batches, anew each epoch (seeded by --seed "
-                       "and the epoch; TorchRec's --shuffle-batches)"),
-    )
-    limit_train_batches: int = field(
-        default=0, metadata=_flag("train on at most N batches per epoch (0: all)")
-    )
-    limit_val_batches: int = field(
-        default=0, metadata=_flag("evaluate on at most N held-out batches (0: all)")
-    )
-    epochs: int = field(default=1, metadata=_flag("passes over the training split"))
-    max_steps: int = field(
-        default=0, metadata=_flag("stop after this many steps (0: run all epochs)")
-    )
-    sparse_optimizer: str = field(
-        default="adagrad",
-        metadata=_flag("fused embedding optimizer (runs inside backward)", choices=SPARSE_OPTIMIZERS),
-    )
-    sparse_lr: float = field(default=0.05, metadata=_flag("embedding learning rate"))
-    dense_optimizer: str = field(
-        default="adagrad", metadata=_flag("optimizer of the MLPs", choices=DENSE_OPTIMIZERS)
-    )
-    dense_lr: float = field(default=0.05, metadata=_flag("dense learning rate"))
-    lr_warmup_steps: int = field(
-        default=0, metadata=_flag("linear learning-rate warm-up over the first N steps (both "
-                                  "optimizers, as TorchRec dlrm_main / MLPerf DLRM; 0: none)")
-    )
-    lr_decay_start: int = field(
-        default=0, metadata=_flag("step where the quadratic learning-rate decay starts")
-    )
-    lr_decay_steps: int = field(
-        default=0, metadata=_flag("steps of the quadratic decay to 1e-7 (0: no decay)")
-    )
-    seed: int = field(default=0, metadata=_flag("random seed (model init)"))
-    num_threads: int = field(
-        default=1,
-        metadata=_flag(
-            "CPU threads per process for torch/FBGEMM kernels (0: torch's default, one per core); "
-            "1 keeps small models fast on a busy machine, where spinning threads compete for cores"
-        ),
-    )
-    log_dir: str | None = field(
-        default=None, metadata=_flag("TensorBoard log directory (default: runs/<UTC timestamp>)")
-    )
-    checkpoint_dir: str | None = field(
-        default=None,
-        metadata=_flag("checkpoint root: versioned checkpoints and a 'latest' link "
-                       "(default: <log-dir>/checkpoint)"),
-    )
-    checkpoint_every: int = field(
-        default=0, metadata=_flag("also checkpoint every N steps (0: only at the end)")
-    )
-    keep_checkpoints: int = field(
-        default=2, metadata=_flag("checkpoints kept in the checkpoint root (older ones are deleted)")
-    )
-    resume: str | None = field(
-        default=None,
-        metadata=_flag("checkpoint to resume from (a checkpoint root: its latest intact one): model, "
-                       "optimizer state, RNG, step and data position (in rows: --batch-size may "
-                       "change); tables, dims, optimizers, data and world size must match it "
-                       "(default: start from scratch)"),
-    )
-    log_every: int = field(default=20, metadata=_flag("log training scalars every N steps"))
-    eval_every: int = field(
-        default=0, metadata=_flag("also evaluate every N steps (0: only at the end)",
-                                  aliases=("--validation-freq",)),
-    )
-    progress: bool = field(default=True, metadata=_flag("show a tqdm progress bar"))
-    collective_timeout: float = field(
-        default=300.0,
-        metadata=_flag("seconds a collective may wait for the other ranks before every rank fails "
-                       "(a stalled or dead rank), all process groups", metavar="SECONDS"),
-    )
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "TrainConfig":
+        """The config of these options (by option name: flags and YAML keys with underscores), the
+        rest at their defaults; TypeError names an unknown option."""
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise TypeError(f"unknown training options {unknown}")
+        groups: dict[str, dict[str, Any]] = {f.name: {} for f in dataclasses.fields(cls)}
+        for name, value in options.items():
+            group, f = OPTIONS[name]
+            groups[group][f.name] = value
+        return cls(**{f.name: f.default_factory(**groups[f.name]) for f in dataclasses.fields(cls)})
+
+    def option(self, name: str) -> Any:
+        """The value of option ``name`` (``"batch_size"``, ``"engine"``, ...)."""
+        group, f = OPTIONS[name]
+        return getattr(getattr(self, group), f.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every option by name: what :meth:`from_options` takes back (a checkpoint's "config")."""
+        return {name: self.option(name) for name in OPTIONS}
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad option, its value and the limit."""
         for name in ("num_embeddings", "embedding_dim", "batch_size", "eval_batch_size", "epochs",
                      "eval_files", "log_every", "dcn_num_layers", "dcn_low_rank_dim",
                      "keep_checkpoints"):
-            _require(name, getattr(self, name), lambda v: v >= 1, "must be >= 1")
+            _require(name, self.option(name), lambda v: v >= 1, "must be >= 1")
         for name in ("max_steps", "eval_every", "checkpoint_every", "num_threads", "lr_warmup_steps",
                      "lr_decay_start", "lr_decay_steps", "limit_train_batches", "limit_val_batches"):
-            _require(name, getattr(self, name), lambda v: v >= 0, "must be >= 0")
+            _require(name, self.option(name), lambda v: v >= 0, "must be >= 0")
         for name in ("sparse_lr", "dense_lr", "collective_timeout"):
-            _require(name, getattr(self, name), lambda v: v > 0, "must be > 0")
-        for f in dataclasses.fields(self):
+            _require(name, self.option(name), lambda v: v > 0, "must be > 0")
+        for name, (_, f) in OPTIONS.items():
             choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                raise ConfigError(
-                    f"{_as_flag(f.name)}={getattr(self, f.name)!r} is not one of {list(choices)}"
-                )
+            if choices and self.option(name) not in choices:
+                raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} is not one of {list(choices)}")
+        engine, data, optim = self.engine, self.data, self.optim
         for name, default in (("dense_device", "cpu"), ("dense_parallel", "ddp")):
-            if self.engine != "sparsecore" and getattr(self, name) != default:
-                raise ConfigError(f"{_as_flag(name)}={getattr(self, name)!r} needs --engine sparsecore "
+            if engine.kind != "sparsecore" and self.option(name) != default:
+                raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} needs --engine sparsecore "
                                   f"(the torchrec engine keeps its dense part on cpu in DDP)")
-        dense, over = self.dense_layers, self.over_layers
-        if dense[-1] != self.embedding_dim:
+        dense, over = self.model.dense_layers, self.model.over_layers
+        if dense[-1] != self.model.embedding_dim:
             raise ConfigError(
-                f"--dense-arch={self.dense_arch!r} must end in --embedding-dim "
-                f"({self.embedding_dim}): the dense output is interacted with the embeddings"
+                f"--dense-arch={self.model.dense_arch!r} must end in --embedding-dim "
+                f"({self.model.embedding_dim}): the dense output is interacted with the embeddings"
             )
         if over[-1] != 1:
-            raise ConfigError(f"--over-arch={self.over_arch!r} must end in 1 (one logit)")
-        if self.plan is not None and self.engine != "sparsecore":
-            raise ConfigError(f"--plan={self.plan!r} needs --engine sparsecore (the torchrec engine "
+            raise ConfigError(f"--over-arch={self.model.over_arch!r} must end in 1 (one logit)")
+        if engine.plan is not None and engine.kind != "sparsecore":
+            raise ConfigError(f"--plan={engine.plan!r} needs --engine sparsecore (the torchrec engine "
                               "plans with TorchRec's own planner)")
         for name in ("num_embeddings_per_feature", "multi_hot_sizes"):
-            if getattr(self, name) is not None:
-                _positive_ints(name, getattr(self, name))
-        if self.mmap_mode and self.in_memory_binary_criteo_path is None:
+            if self.option(name) is not None:
+                _positive_ints(name, self.option(name))
+        if data.mmap_mode and data.in_memory_binary_criteo_path is None:
             raise ConfigError("--mmap-mode needs --in-memory-binary-criteo-path")
-        if self.in_memory_binary_criteo_path is not None and self.bad_values != "error":
-            raise ConfigError(f"--bad-values={self.bad_values!r} does not apply to "
-                              "--in-memory-binary-criteo-path (TorchRec's preprocessed values are used as stored)")
-        if self.lr_decay_steps and self.lr_decay_start < self.lr_warmup_steps:
-            raise ConfigError(f"--lr-decay-start={self.lr_decay_start} must be >= --lr-warmup-steps="
-                              f"{self.lr_warmup_steps} (the warm-up ends before the decay starts)")
-        if (self.lr_warmup_steps or self.lr_decay_steps) and self.engine != "torchrec":
+        if data.in_memory_binary_criteo_path is not None and data.bad_values != "error":
+            raise ConfigError(f"--bad-values={data.bad_values!r} does not apply to --in-memory-binary-criteo-path "
+                              "(TorchRec's preprocessed values are used as stored)")
+        if optim.lr_decay_steps and optim.lr_decay_start < optim.lr_warmup_steps:
+            raise ConfigError(f"--lr-decay-start={optim.lr_decay_start} must be >= --lr-warmup-steps="
+                              f"{optim.lr_warmup_steps} (the warm-up ends before the decay starts)")
+        if (optim.lr_warmup_steps or optim.lr_decay_steps) and engine.kind != "torchrec":
             raise ConfigError("--lr-warmup-steps/--lr-decay-steps need --engine torchrec: the sparsecore "
                               "engine's fused embedding optimizer has a fixed learning rate")
 
@@ -285,7 +263,7 @@ class TrainConfig:
         """``--num-embeddings-per-feature`` or ``--multi-hot-sizes`` (``name``) for ``count``
         features: one value per feature (a single value for all is allowed for multi-hot sizes),
         or None when not given."""
-        text = getattr(self, name)
+        text = self.option(name)
         if text is None:
             return None
         values = _positive_ints(name, text)
@@ -296,21 +274,17 @@ class TrainConfig:
                               f"{count} categorical features")
         return tuple(values)
 
-    @property
-    def dense_layers(self) -> list[int]:
-        return _layer_sizes("dense_arch", self.dense_arch)
 
-    @property
-    def over_layers(self) -> list[int]:
-        return _layer_sizes("over_arch", self.over_arch)
+def _group_options() -> dict[str, tuple[str, dataclasses.Field]]:
+    out: dict[str, tuple[str, dataclasses.Field]] = {}
+    for group in dataclasses.fields(TrainConfig):
+        for f in dataclasses.fields(group.default_factory):  # type: ignore[arg-type]
+            out[f.metadata.get("flag", f.name)] = (group.name, f)
+    return out
 
-    def resolved_log_dir(self) -> Path:
-        if self.log_dir:
-            return Path(self.log_dir)
-        return Path("runs") / datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+# Every option's name (flag and YAML key, with underscores) -> (its group, its field), grouped order.
+OPTIONS: dict[str, tuple[str, dataclasses.Field]] = _group_options()
 
 
 def _as_flag(name: str) -> str:
@@ -349,36 +323,38 @@ _METAVARS = {"int": "N", "float": "X", "str": "TEXT", "str | None": "PATH"}
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig | None = None) -> None:
-    """One flag per :class:`TrainConfig` field, plus ``--config``. Unset flags stay absent;
-    ``defaults`` (TrainConfig's own if None) is what the help text quotes."""
+    """One flag per option (in an argument group per config group), plus ``--config``. Unset
+    flags stay absent; ``defaults`` (TrainConfig's own if None) is what the help text quotes."""
     parser.add_argument(
         "--config", metavar="FILE.yaml", default=None,
         help="YAML file whose keys mirror these flags; explicit flags override it (default: none)",
     )
     defaults = defaults or TrainConfig()
-    for f in dataclasses.fields(TrainConfig):
-        default = getattr(defaults, f.name)
+    sections = {g.name: parser.add_argument_group(f"{g.name} options", g.default_factory.__doc__)  # type: ignore
+                for g in dataclasses.fields(TrainConfig)}
+    for name, (group, f) in OPTIONS.items():
+        section = sections[group]
+        default = defaults.option(name)
         help_text = f.metadata["help"]
         if "(default:" not in help_text:  # fields whose default is None say what None means
             help_text = f"{help_text} (default: {default})"
-        flags = (_as_flag(f.name), *f.metadata.get("aliases", ()))
+        flags = (_as_flag(name), *f.metadata.get("aliases", ()))
         if f.type == "bool":
-            parser.add_argument(
-                *flags, dest=f.name, action=argparse.BooleanOptionalAction,
+            section.add_argument(
+                *flags, dest=name, action=argparse.BooleanOptionalAction,
                 default=argparse.SUPPRESS, help=help_text,
             )
             continue
         choices = f.metadata.get("choices")
         metavar = f.metadata.get("metavar") or (None if choices else _METAVARS[str(f.type)])
-        parser.add_argument(
-            *flags, dest=f.name, type=_FIELD_TYPES[str(f.type)],
+        section.add_argument(
+            *flags, dest=name, type=_FIELD_TYPES[str(f.type)],
             default=argparse.SUPPRESS, choices=choices, metavar=metavar, help=help_text,
         )
-
-
     for name, (targets, kind, help_text) in SHORTHANDS.items():
-        parser.add_argument(_as_flag(name), dest=targets[0], type=kind, action=_SetAll, targets=targets,
-                            default=argparse.SUPPRESS, metavar=_METAVARS[kind.__name__], help=help_text)
+        sections[OPTIONS[targets[0]][0]].add_argument(
+            _as_flag(name), dest=targets[0], type=kind, action=_SetAll, targets=targets,
+            default=argparse.SUPPRESS, metavar=_METAVARS[kind.__name__], help=help_text)
 
 
 class _SetAll(argparse.Action):
@@ -399,9 +375,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values: dict[str, Any] = {}
     if getattr(args, "config", None):
         values.update(load_yaml(Path(args.config)))
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    values.update({k: v for k, v in vars(args).items() if k in names})
-    return TrainConfig(**values)
+    values.update({k: v for k, v in vars(args).items() if k in OPTIONS})
+    return TrainConfig.from_options(**values)
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -416,27 +391,28 @@ def load_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--config={str(path)!r}: {error}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"--config={str(path)!r} must hold a mapping of option: value")
-    names = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    aliases = {alias[2:].replace("-", "_"): f.name for f in names.values() for alias in f.metadata.get("aliases", ())}
+    names = {name: f for name, (_, f) in OPTIONS.items()}
+    aliases = {alias[2:].replace("-", "_"): name for name, f in names.items()
+               for alias in f.metadata.get("aliases", ())}
     values: dict[str, Any] = {}
     for key, value in raw.items():
         name = aliases.get(str(key).replace("-", "_"), str(key).replace("-", "_"))
         if name in SHORTHANDS:
             targets = SHORTHANDS[name][0]
-            values.update({t: _coerce(names[t], value, path) for t in targets})
+            values.update({t: _coerce(t, names[t], value, path) for t in targets})
             continue
         if name not in names:
             raise ConfigError(
                 f"--config={str(path)!r}: unknown option {key!r}; known: "
                 + ", ".join(sorted(n.replace("_", "-") for n in names))
             )
-        values[name] = _coerce(names[name], value, path)
+        values[name] = _coerce(name, names[name], value, path)
     return values
 
 
-def _coerce(f: dataclasses.Field, value: Any, path: Path) -> Any:
+def _coerce(name: str, f: dataclasses.Field, value: Any, path: Path) -> Any:
     """YAML gives ints for floats (``lr: 1``) and lists for layer sizes; normalise those."""
-    if f.name in ("dense_arch", "over_arch", "num_embeddings_per_feature", "multi_hot_sizes") \
+    if name in ("dense_arch", "over_arch", "num_embeddings_per_feature", "multi_hot_sizes") \
             and isinstance(value, list):
         return ",".join(str(v) for v in value)
     if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
@@ -445,6 +421,6 @@ def _coerce(f: dataclasses.Field, value: Any, path: Path) -> Any:
     wrong_type = expected is not None and not isinstance(value, expected)
     if wrong_type or (expected is int and isinstance(value, bool)):
         raise ConfigError(
-            f"--config={str(path)!r}: {f.name.replace('_', '-')}={value!r} must be {f.type}"
+            f"--config={str(path)!r}: {name.replace('_', '-')}={value!r} must be {f.type}"
         )
     return value

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch.distributed as dist
+
 from pipelines.bad_values import BadValueCounts
 from pipelines.convert import convert_to_parquet
 from pipelines.npy_criteo import NpyCriteoReader, npy_days
@@ -24,7 +25,6 @@ from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
 from pipelines.sample_data import criteo_sample_csv
 from pipelines.schema import CRITEO, DatasetSchema
 from pipelines.synthetic import SyntheticConfig, default_dataset
-
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
 
@@ -73,71 +73,72 @@ def split_files(files: list[Path], eval_files: int, source: Path) -> tuple[list[
 def _synthetic(config: TrainConfig, env: DistEnv) -> tuple[Path, tuple[int, ...]]:
     synthetic = SyntheticConfig()
     if env.is_primary:  # generate once; the other ranks wait for it, then find it cached
-        default_dataset(config.cache_dir, synthetic, progress=config.progress)
+        default_dataset(config.data.cache_dir, synthetic, progress=config.loop.progress)
     if dist.is_initialized():
         dist.barrier()
-    path = default_dataset(config.cache_dir, synthetic, progress=False)
-    return path, tuple(min(rows, config.num_embeddings) for rows in synthetic.table_sizes)
+    path = default_dataset(config.data.cache_dir, synthetic, progress=False)
+    return path, tuple(min(rows, config.model.num_embeddings) for rows in synthetic.table_sizes)
 
 
 def _npy_data(config: TrainConfig, env: DistEnv, table_sizes: tuple[int, ...]) -> TrainData:
     """TorchRec's preprocessed Criteo (``--in-memory-binary-criteo-path``): the last
     ``--eval-files`` days held out."""
-    source = Path(config.in_memory_binary_criteo_path)
+    source = Path(config.data.in_memory_binary_criteo_path)
     flag = f"--in-memory-binary-criteo-path={str(source)!r}"
     try:
         days = npy_days(source)
     except FileNotFoundError as error:
         raise ConfigError(f"{flag}: {error}") from None
-    if len(days) <= config.eval_files:
-        raise ConfigError(f"{flag} has {len(days)} day(s); holding out --eval-files={config.eval_files} "
-                          f"needs at least {config.eval_files + 1}")
+    if len(days) <= config.data.eval_files:
+        raise ConfigError(f"{flag} has {len(days)} day(s); holding out --eval-files={config.data.eval_files} "
+                          f"needs at least {config.data.eval_files + 1}")
 
     def reader(split: list[int], batch_size: int) -> NpyCriteoReader:
         return NpyCriteoReader(source, split, max(1, batch_size // env.world_size), table_sizes, env.rank,
-                               env.world_size, drop_last=env.world_size > 1, mmap_mode=config.mmap_mode)
+                               env.world_size, drop_last=env.world_size > 1, mmap_mode=config.data.mmap_mode)
 
     return TrainData(source=source, schema=CRITEO, table_sizes=table_sizes,
-                     train=reader(days[:-config.eval_files], config.batch_size),
-                     held_out=reader(days[-config.eval_files:], config.eval_batch_size))
+                     train=reader(days[:-config.data.eval_files], config.data.batch_size),
+                     held_out=reader(days[-config.data.eval_files:], config.data.eval_batch_size))
 
 
 @contextlib.contextmanager
 def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
-    """Readers for ``config.data``; the sample's temporary Parquet copy lives as long as this."""
+    """Readers for ``config.data.source``; the sample's temporary Parquet copy lives as long as this."""
     given_sizes = config.per_feature("num_embeddings_per_feature", len(CRITEO.sparse))
-    uniform_sizes = given_sizes or (config.num_embeddings,) * len(CRITEO.sparse)
-    if config.in_memory_binary_criteo_path is not None:
+    uniform_sizes = given_sizes or (config.model.num_embeddings,) * len(CRITEO.sparse)
+    if config.data.in_memory_binary_criteo_path is not None:
         yield _npy_data(config, env, uniform_sizes)
         return
     with contextlib.ExitStack() as stack:
-        if config.data == "synthetic":
+        if config.data.source == "synthetic":
             source, table_sizes = _synthetic(config, env)
             table_sizes = given_sizes or table_sizes
-        elif config.data == "sample":
+        elif config.data.source == "sample":
             source = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="criteo-sample-")))
             convert_to_parquet([criteo_sample_csv()], source, rows_per_file=SAMPLE_ROWS_PER_FILE,
                                progress=False)
             table_sizes = uniform_sizes
         else:
-            source, table_sizes = Path(config.data), uniform_sizes
+            source, table_sizes = Path(config.data.source), uniform_sizes
             if not source.is_dir():
                 raise ConfigError(
-                    f"--data={config.data!r} is neither 'synthetic', 'sample' nor a directory"
+                    f"--data={config.data.source!r} is neither 'synthetic', 'sample' nor a directory"
                 )
-        train_files, eval_files = split_files(list_parquet_files(source), config.eval_files, source)
+        train_files, eval_files = split_files(list_parquet_files(source), config.data.eval_files, source)
         lockstep = env.world_size > 1
 
         def reader(files: list[Path], batch_size: int) -> ParquetBatchReader:
             return ParquetBatchReader(
                 files, max(1, batch_size // env.world_size), table_sizes, CRITEO,
                 rank=env.rank, world_size=env.world_size, drop_last=lockstep,
-                bad_values=config.bad_values,
+                bad_values=config.data.bad_values,
             )
 
-        train, held_out = reader(train_files, config.batch_size), reader(eval_files, config.eval_batch_size)
+        train, held_out = reader(train_files, config.data.batch_size), reader(eval_files, config.data.eval_batch_size)
         if lockstep and len(train) == 0 and train.num_rows >= env.world_size:
-            raise ConfigError(f"--batch-size={config.batch_size} ({config.batch_size // env.world_size} per rank) "
+            batch = config.data.batch_size
+            raise ConfigError(f"--batch-size={batch} ({batch // env.world_size} per rank) "
                               f"exceeds each rank's {train.num_rows // env.world_size} training rows of "
                               f"--data={str(source)!r}; {env.world_size} ranks train in lock-step on full batches")
         if lockstep and len(held_out) == 0 and held_out.num_rows >= env.world_size:

@@ -10,22 +10,27 @@ from typing import Any, Callable, TypeVar
 
 import torch
 import torchrec
-from pipelines.bad_values import BadValueCounts
 
-from torchrec_tpu.train.checkpoint import (CheckpointError, load_checkpoint, open_checkpoint,
-                                           restore_rng, save_checkpoint)
+from pipelines.bad_values import BadValueCounts
 from torchrec_tpu.train.batch_streams import training_streams
+from torchrec_tpu.train.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    open_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, describe_transport, process_group
-from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
-from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training, train_step
-from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.engines import engine_for
+from torchrec_tpu.train.learning_rate import LRPolicy
+from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
+from torchrec_tpu.train.model import ModelSpec
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.scalars import ScalarLog
-from torchrec_tpu.train.sharding import build_optimizer, shard_model
 
 T = TypeVar("T")
 HPARAM_METRICS = ("eval/auc", "eval/loss", "train/loss")  # scalars the HParams tab shows per run
@@ -48,6 +53,8 @@ class JobSummary:
             f"  data            {self.data}",
             f"  steps           {r.steps} ({r.samples:,} samples this run, {self.world_size} rank(s))",
             f"  throughput      {r.samples_per_sec:,.0f} samples/s (input + train steps, eval excluded)",
+            f"  first step      {r.first_step_seconds:.2f} s (input, tracing and compiling; the persistent "
+            "compile cache skips the last two from the second run on)",
             f"  train loss      {r.final_train_loss:.4f} (mean of the last steps)",
             f"  eval AUC        {r.eval.auc:.4f} (loss {r.eval.loss:.4f}, {r.eval.samples:,} samples)",
             f"  tensorboard     {self.log_dir}",
@@ -57,23 +64,23 @@ class JobSummary:
 
 def model_spec(config: TrainConfig, feature_names: tuple[str, ...], table_sizes: tuple[int, ...],
                dense_in_features: int) -> ModelSpec:
-    dcn = config.model == "dlrm_dcn"
+    dcn = config.model.kind == "dlrm_dcn"
     return ModelSpec(
         feature_names=feature_names,
         table_sizes=table_sizes,
-        embedding_dim=config.embedding_dim,
+        embedding_dim=config.model.embedding_dim,
         dense_in_features=dense_in_features,
-        dense_layers=tuple(config.dense_layers),
-        over_layers=tuple(config.over_layers),
-        dcn_num_layers=config.dcn_num_layers if dcn else 0,
-        dcn_low_rank_dim=config.dcn_low_rank_dim if dcn else 0,
+        dense_layers=tuple(config.model.dense_layers),
+        over_layers=tuple(config.model.over_layers),
+        dcn_num_layers=config.model.dcn_num_layers if dcn else 0,
+        dcn_low_rank_dim=config.model.dcn_low_rank_dim if dcn else 0,
     )
 
 
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
-    device_tensors = config.engine == "sparsecore" and config.dense_device == "tpu"
-    with process_group(config.collective_timeout, device_tensors) as env, \
+    device_tensors = config.engine.kind == "sparsecore" and config.engine.dense_device == "tpu"
+    with process_group(config.engine.collective_timeout, device_tensors) as env, \
             collectives("the collectives of setting up or finishing the run (model sharding, DDP "
                         "init, broadcasts, the final checkpoint)"):
         return _run(config, env, device)
@@ -82,20 +89,22 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu")) -> 
 def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
     if env.world_size > 1 and env.is_primary:
         print(f"torchrec-tpu train: {describe_transport(env)}", flush=True)
-    log_dir = Path(_on_primary(lambda: str(config.resolved_log_dir()), env))  # timestamped default
-    checkpoint_root = Path(config.checkpoint_dir) if config.checkpoint_dir else log_dir / "checkpoint"
+    log_dir = Path(_on_primary(lambda: str(config.loop.resolved_log_dir()), env))  # timestamped default
+    checkpoint_root = Path(config.checkpoint.checkpoint_dir or log_dir / "checkpoint")
     for flag, path in (("--log-dir", log_dir), ("--checkpoint-dir", checkpoint_root)):
         if path.exists() and not path.is_dir():
             raise ConfigError(f"{flag}={str(path)!r} is a file; give a directory (it is created if missing)")
-    torch.manual_seed(config.seed)
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
+    torch.manual_seed(config.loop.seed)
+    if config.engine.num_threads:
+        torch.set_num_threads(config.engine.num_threads)
     with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
         log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         # checked before any model is built: a checkpoint this run cannot continue fails fast
-        point = _on_primary(lambda: _resume_point(config, env, data), env) if config.resume else None
-        model, optimizer = model_and_optimizer(config, spec, env, device)
+        point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
+        engine = engine_for(config)
+        model = engine.build_model(spec, env, device)
+        optimizer = engine.build_optimizer(model)
         start_step, start = 0, LoopPosition()
         if point is not None:
             load_checkpoint(point.directory, model, optimizer, verify=False)  # verified just now
@@ -104,9 +113,9 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
             if env.is_primary:
                 print(point.describe(), flush=True)
         options = LoopOptions(
-            epochs=config.epochs, max_steps=config.max_steps, log_every=config.log_every,
-            eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
-            progress=config.progress and env.is_primary, world_size=env.world_size,
+            epochs=config.loop.epochs, max_steps=config.loop.max_steps, log_every=config.loop.log_every,
+            eval_every=config.loop.eval_every, checkpoint_every=config.checkpoint.checkpoint_every,
+            progress=config.loop.progress and env.is_primary, world_size=env.world_size,
             start_step=start_step, start=start,
         )
         train: Any
@@ -115,28 +124,19 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device) -> JobSummary:
                                            env.world_size, start.epoch)
         if env.world_size > 1:  # a failing or exhausted reader stops every rank at the same batch
             held_out = AgreedBatches(held_out, None, env.rank, env.world_size, "evaluation batch")
-            if config.engine != "sparsecore":  # (sparsecore agrees in its prefetch thread)
-                train = AgreedBatches(train, None, env.rank, env.world_size)
-        if config.engine == "sparsecore":
-            from torchrec_tpu.train.sparsecore_engine import pipelined
-
-            train = pipelined(train, model, env, device)
+        train = engine.wrap_batches(train, model, env, device)
 
         def save(step: int, position: LoopPosition, **extra: object) -> Path:
-            info = {"step": step, **position_meta(position, env.world_size), "config": config.to_dict(),
+            info = {"step": step, **position_meta(position, env.world_size), "model": spec.to_dict(),
+                    "config": config.to_dict(),
                     "table_sizes": list(data.table_sizes), "train_rows": data.train.num_rows, **extra,
                     "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
-            return save_checkpoint(checkpoint_root, model, optimizer, info, config.keep_checkpoints)
+            return save_checkpoint(checkpoint_root, model, optimizer, info, config.checkpoint.keep_checkpoints)
 
-        step_fn = train_step
-        if config.engine == "sparsecore":
-            from torchrec_tpu.train.dense_placement import dense_device
-            from torchrec_tpu.train.dense_step import step_function
-
-            step_fn = step_function(model, optimizer, config.engine, dense_device(config.dense_device),
-                                    env.world_size, config.dense_parallel)
-        result = run_training(model, optimizer, train, held_out, device, log, options, step_fn=step_fn,
-                              checkpoint=save, learning_rates=learning_rates(config, model, optimizer).at)
+        policy = LRPolicy(config.optim.lr_warmup_steps, config.optim.lr_decay_start, config.optim.lr_decay_steps)
+        result = run_training(model, optimizer, train, held_out, device, log, options,
+                              step_fn=engine.step_function(model, optimizer, env), checkpoint=save,
+                              learning_rates=engine.learning_rates(policy, model, optimizer).at)
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
             metrics={"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,
@@ -159,39 +159,12 @@ def _all_ranks_bad_values(data: TrainData, env: DistEnv) -> BadValueCounts:
     return sum(gathered[1:], gathered[0])
 
 
-def model_and_optimizer(config: TrainConfig, spec: ModelSpec, env: DistEnv, device: torch.device):
-    """The sharded model of ``config.engine`` and its dense optimizer, as ``train`` builds them."""
-    if config.engine == "sparsecore":
-        from torchrec_tpu.train.dense_placement import dense_device
-        from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
-
-        model = build_sparsecore_model(spec, env, dense_device(config.dense_device), config.sparse_optimizer,
-                                       config.sparse_lr, config.batch_size, config.seed, config.plan,
-                                       config.dense_parallel)
-        return model, build_dense_optimizer(model, config.dense_optimizer, config.dense_lr)
-    model = shard_model(build_dlrm(spec, dense_device=device), env, device,
-                        config.sparse_optimizer, config.sparse_lr, config.batch_size)
-    return model, build_optimizer(model, config.dense_optimizer, config.dense_lr)
-
-
-def learning_rates(config: TrainConfig, model: torch.nn.Module, optimizer: Any) -> LearningRates:
-    """The per-step rates of ``config``'s schedule over the dense optimizer's groups and, on the
-    torchrec engine, the fused embedding optimizer's (pushed to FBGEMM before each backward)."""
-    policy = LRPolicy(config.lr_warmup_steps, config.lr_decay_start, config.lr_decay_steps)
-    if config.engine == "torchrec":
-        fused = model.fused_optimizer
-        sparse = list(fused.param_groups)
-        dense = [g for g in optimizer.param_groups if all(g is not s for s in sparse)]
-        return LearningRates(policy, dense, config.dense_lr, sparse, config.sparse_lr, fused.step)
-    return LearningRates(policy, list(optimizer.param_groups), config.dense_lr, None, config.sparse_lr)
-
-
 def _warn(message: str) -> None:
     print(f"torchrec-tpu train: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _resume_point(config: TrainConfig, env: DistEnv, data: TrainData) -> ResumePoint:
-    directory, meta = open_checkpoint(Path(config.resume), _warn)
+    directory, meta = open_checkpoint(Path(config.checkpoint.resume), _warn)
     return resume_point(directory, meta, config, env.world_size, data.table_sizes, data.train.num_rows)
 
 

@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from torchrec.datasets.utils import Batch
 from tqdm import tqdm
 
-from pipelines.parquet_reader import batches_from_row
+from pipelines.streams import batches_from_row
 from torchrec_tpu.train.metrics import EvalResult, evaluate
 from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
@@ -55,6 +55,7 @@ class TrainResult:
     final_train_loss: float  # mean over the last ``log_every`` steps
     eval: EvalResult
     position: LoopPosition  # where a run resuming from here continues
+    first_step_seconds: float = 0.0  # this run's first step, input included (tracing / compiling happen there)
 
     @property
     def samples_per_sec(self) -> float:
@@ -140,6 +141,7 @@ def run_training(
         disable=not options.progress,
     )
     loop_start = time.perf_counter()
+    first_step_seconds = 0.0
     with bar:
         batches = () if _done(step, options) else _batches(train, options)
         for position, batch in batches:
@@ -147,6 +149,8 @@ def run_training(
             rates = learning_rates(step + 1) if learning_rates else None
             with collectives(f"train step {step + 1} (embedding all_to_all, dense gradient all_reduce)"):
                 loss = step_fn(model, optimizer, batch.to(device)).item()
+            if not first_step_seconds:
+                first_step_seconds = time.perf_counter() - loop_start
             if loss != loss:  # NaN: stop before the weights are all NaN too
                 raise FloatingPointError(f"training loss is NaN at step {step} (epoch {epoch})")
             step += 1
@@ -189,7 +193,7 @@ def run_training(
     if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
         result = _log_eval(log, step, _evaluate(model, held_out, device, step))
     final_loss = sum(recent_losses) / len(recent_losses)
-    return TrainResult(step, samples, train_seconds, final_loss, result, position)
+    return TrainResult(step, samples, train_seconds, final_loss, result, position, first_step_seconds)
 
 
 def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device, step: int) -> EvalResult:

@@ -1,19 +1,40 @@
 """Model factory: stock TorchRec DLRM / DLRM_DCN with one embedding table per sparse feature.
 
 The embedding tables are built on the meta device; the torchrec engine's
-``DistributedModelParallel`` (:mod:`torchrec_tpu.train.sharding`) materialises them sharded. The dense towers are built on
-``dense_device``; the sparsecore engine builds them on the CPU and moves them
-(:mod:`torchrec_tpu.train.dense_placement`).
+``DistributedModelParallel`` (:mod:`torchrec_tpu.train.torchrec_engine`) materialises them sharded.
+The dense towers are built on ``dense_device``; the sparsecore engine builds them on the CPU and
+moves them (:mod:`torchrec_tpu.train.dense_placement`). :data:`EBC_PATH` and :func:`table_name`
+are the one definition of where the tables live in the model and what they are called, which
+both engines' checkpoints and the inference loader rely on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
 
 import torch
+from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+
+# Where DLRMTrain keeps its EmbeddingBagCollection (parameter names start with it).
+EBC_PATH = "model.sparse_arch.embedding_bag_collection"
+
+
+def ebc_of(train_model: nn.Module) -> nn.Module:
+    """The EmbeddingBagCollection (or its sharded replacement) of a ``DLRMTrain``."""
+    return train_model.get_submodule(EBC_PATH)
+
+
+def table_name(feature: str) -> str:
+    """The name of ``feature``'s embedding table: ``t_<feature>``."""
+    return f"t_{feature}"
+
+
+def table_weight_key(feature: str) -> str:
+    """``DLRMTrain.state_dict()`` key of ``feature``'s table (either engine)."""
+    return f"{EBC_PATH}.embedding_bags.{table_name(feature)}.weight"
 
 
 @dataclass(frozen=True)
@@ -29,16 +50,35 @@ class ModelSpec:
     dcn_num_layers: int = 0  # 0: plain DLRM (dot interaction); > 0: DLRM_DCN
     dcn_low_rank_dim: int = 0
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (a checkpoint's ``meta.json`` "model")."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, saved: Mapping[str, Any]) -> "ModelSpec":
+        """The inverse of :meth:`to_dict`; ValueError naming what is missing or malformed."""
+        try:
+            return cls(feature_names=tuple(str(f) for f in saved["feature_names"]),
+                       table_sizes=tuple(int(r) for r in saved["table_sizes"]),
+                       embedding_dim=int(saved["embedding_dim"]),
+                       dense_in_features=int(saved["dense_in_features"]),
+                       dense_layers=tuple(int(x) for x in saved["dense_layers"]),
+                       over_layers=tuple(int(x) for x in saved["over_layers"]),
+                       dcn_num_layers=int(saved.get("dcn_num_layers", 0)),
+                       dcn_low_rank_dim=int(saved.get("dcn_low_rank_dim", 0)))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"not a model spec ({type(error).__name__}: {error})") from None
+
 
 def table_configs(spec: ModelSpec) -> list[EmbeddingBagConfig]:
-    """One sum-pooled table per feature, named ``t_<feature>``."""
+    """One sum-pooled table per feature, named :func:`table_name`."""
     if len(spec.table_sizes) != len(spec.feature_names):
         raise ValueError(
             f"{len(spec.table_sizes)} table sizes for {len(spec.feature_names)} features"
         )
     return [
         EmbeddingBagConfig(
-            name=f"t_{feature}",
+            name=table_name(feature),
             embedding_dim=spec.embedding_dim,
             num_embeddings=rows,
             feature_names=[feature],

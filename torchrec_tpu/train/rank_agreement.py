@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
-from pipelines.parquet_reader import batches_from_row
+from pipelines.streams import batches_from_row
 from torchrec_tpu.errors import CollectiveError, is_user_error, one_line
 from torchrec_tpu.train.rank_watch import collectives
 

@@ -23,7 +23,7 @@ STATE_OPTIONS = ("model", "engine", "embedding_dim", "dense_arch", "over_arch", 
                  "dense_optimizer")
 DCN_OPTIONS = ("dcn_num_layers", "dcn_low_rank_dim")
 STREAM_OPTIONS = ("shuffle_batches", "limit_train_batches", "multi_hot_sizes")  # what the batches are
-_DEFAULTS = {name: getattr(TrainConfig(), name) for name in STATE_OPTIONS + DCN_OPTIONS + STREAM_OPTIONS}
+_DEFAULTS = {name: TrainConfig().option(name) for name in STATE_OPTIONS + DCN_OPTIONS + STREAM_OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,13 @@ def resume_point(directory: Path, meta: dict[str, Any], config: TrainConfig, wor
     ``world_size`` ranks over training data of ``train_rows`` rows and ``table_sizes``;
     CheckpointError naming each saved and requested value that would not continue it exactly, or
     a rank's missing RNG state."""
-    saved = meta["config"]
-    names = STATE_OPTIONS + (DCN_OPTIONS if config.model == "dlrm_dcn" else ()) + STREAM_OPTIONS
+    saved = meta.get("config")
+    if not isinstance(saved, dict):  # options saved under other names are compared as their defaults
+        raise CheckpointError(f"checkpoint {directory}: meta.json has no training config to resume from")
+    names = STATE_OPTIONS + (DCN_OPTIONS if config.model.kind == "dlrm_dcn" else ()) + STREAM_OPTIONS
     problems = [f"--{name.replace('_', '-')} is {saved.get(name, _DEFAULTS[name])!r} in the checkpoint, "
-                f"{getattr(config, name)!r} now" for name in names
-                if saved.get(name, _DEFAULTS[name]) != getattr(config, name)]
+                f"{config.option(name)!r} now" for name in names
+                if saved.get(name, _DEFAULTS[name]) != config.option(name)]
     if meta.get("world_size") != world_size:
         problems.append(f"it was written by {meta.get('world_size')} rank(s), this run has {world_size} "
                         "(each rank resumes its own rows and RNG state)")
@@ -63,7 +65,7 @@ def resume_point(directory: Path, meta: dict[str, Any], config: TrainConfig, wor
         problems.append(f"its tables have {meta.get('table_sizes')} rows, this run's data and "
                         f"--num-embeddings give {list(table_sizes)}")
     if meta.get("train_rows") != train_rows:
-        problems.append(f"it trained on {meta.get('train_rows')} rows, --data={config.data!r} has "
+        problems.append(f"it trained on {meta.get('train_rows')} rows, --data={config.data.source!r} has "
                         f"{train_rows} to train on (the saved position would point into other data)")
     if problems:
         raise CheckpointError(f"cannot resume {directory} exactly: " + "; ".join(problems))

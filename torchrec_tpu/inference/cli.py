@@ -1,4 +1,4 @@
-"""``torchrec-tpu infer``: flags -> :func:`pipelines.inference.job.run_inference`."""
+"""``torchrec-tpu infer``: flags -> :func:`torchrec_tpu.inference.job.run_inference`."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.inference.job import InferenceConfig, run_inference
+    from torchrec_tpu.inference.job import InferenceConfig, run_inference
 
     try:
         config = InferenceConfig(

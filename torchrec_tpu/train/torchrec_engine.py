@@ -1,4 +1,4 @@
-"""Shard a model with TorchRec's DistributedModelParallel and set up its optimizers.
+"""``--engine torchrec``: shard a model with TorchRec's DistributedModelParallel and set up its optimizers.
 
 Embedding tables get a *fused* optimizer: ``apply_optimizer_in_backward`` marks them before
 sharding, and FBGEMM's TBE then updates each touched row inside backward (no dense gradient for
@@ -8,12 +8,14 @@ the tables ever exists). The MLPs get an ordinary torch optimizer. Both are comb
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec import EmbeddingBagCollection
+from torchrec.datasets.utils import Batch
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -23,7 +25,12 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from torchrec_tpu.train.config import OptimConfig
 from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
+from torchrec_tpu.train.loop import StepFn, train_step
+from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.rank_agreement import AgreedBatches
 
 # Each maps to one FBGEMM fused optimizer (torchrec's optimizer_type_to_emb_opt_type).
 SPARSE_OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
@@ -81,6 +88,43 @@ def build_optimizer(
             f"dense optimizer {dense_optimizer!r} is not one of {list(DENSE_OPTIMIZER_CLASSES)}"
         )
     dense_cls = DENSE_OPTIMIZER_CLASSES[dense_optimizer]
-    make: Callable[[list], torch.optim.Optimizer] = lambda params: dense_cls(params, lr=dense_lr)
+
+    def make(params: list) -> torch.optim.Optimizer:
+        return dense_cls(params, lr=dense_lr)
+
     dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
     return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(dense_params, make)])
+
+
+@dataclass(frozen=True)
+class TorchRecEngine:
+    """The :class:`~torchrec_tpu.train.engines.Engine` of stock TorchRec: DMP over FBGEMM's fused
+    TBE, planned by TorchRec's own planner, dense part in DMP's DDP on ``device``; ``optim``'s
+    optimizers, ``batch_size`` the global batch."""
+
+    optim: OptimConfig
+    batch_size: int  # global
+    name = "torchrec"
+
+    def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
+        return shard_model(build_dlrm(spec, dense_device=device), env, device, self.optim.sparse_optimizer,
+                           self.optim.sparse_lr, self.batch_size)
+
+    def build_optimizer(self, model: nn.Module) -> CombinedOptimizer:
+        return build_optimizer(model, self.optim.dense_optimizer, self.optim.dense_lr)  # type: ignore[arg-type]
+
+    def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
+                     background: bool = True) -> Iterable[Batch]:
+        """Several ranks agree on every batch (a failing or exhausted reader stops all at once)."""
+        return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
+
+    def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
+        return train_step
+
+    def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: torch.optim.Optimizer) -> LearningRates:
+        """Over the dense groups and the fused embedding optimizer's (pushed to FBGEMM before each
+        backward)."""
+        fused = model.fused_optimizer  # type: ignore[union-attr]
+        sparse = list(fused.param_groups)
+        dense = [g for g in optimizer.param_groups if all(g is not s for s in sparse)]
+        return LearningRates(policy, dense, self.optim.dense_lr, sparse, self.optim.sparse_lr, fused.step)

@@ -1,6 +1,6 @@
 """``torchrec-tpu infer``: predictions for every row of a Parquet dataset, resumable.
 
-Ray Data runs the units (one per input row group, see :mod:`pipelines.inference.units`) through
+Ray Data runs the units (one per input row group, see :mod:`torchrec_tpu.inference.units`) through
 :class:`Predictor`, a callable class: each of ``concurrency`` actors loads the checkpoint once,
 then reads its units, predicts in batches and writes one Parquet part per unit. The driver only
 tracks progress. Output rows: the requested key columns, then the optional row id (the row's
@@ -9,8 +9,8 @@ global index over the inputs in order), then ``prediction`` (click probability, 
 
 from __future__ import annotations
 
-import dataclasses
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -19,15 +19,15 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from pipelines.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 from pipelines.bad_values import POLICIES, BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
 from pipelines.parquet_reader import open_parquet, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
+from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 
 PREDICTION_COLUMN = "prediction"
 
@@ -98,7 +98,7 @@ class Predictor:
     def __init__(self, config: InferenceConfig, threads: int) -> None:
         import torch
 
-        from pipelines.inference.model import load_inference_model
+        from torchrec_tpu.inference.model import load_inference_model
 
         torch.set_num_threads(threads)
         self.config = config

@@ -1,0 +1,213 @@
+"""Traced ``train_step`` programs in the persistent compile cache (level ``steps``).
+
+Tracing a step (``make_fx`` twice, then the FX -> JAX translation) takes 1-2 s; a second process
+training the same model skips it: the step's program is stored as a serialized ``jax.export``
+with what its outputs update, and its XLA executable comes from the executable cache.
+
+The key covers everything the trace reads besides tensor values: the call's
+:class:`~torch_tpu.compile.step_trace.StepSignature` (shapes, dtypes, optimizer settings and
+state layout, batch structure), the model's tensor names, every submodule's class (the code of
+each class in its MRO and the source file defining it) and non-tensor attributes (tensor
+attributes by content), the loss function's code, closure and defaults, the optimizer's class,
+the source of each top-level package defining one of those classes or the loss function (every
+``.py`` file under it; an installed package by its version), torch_tpu's own source, and the
+torch / jax versions. Models with forward/backward hooks are not
+stored (a hook's effect is not part of the key). Anything the key cannot describe exactly (an
+object whose ``repr`` shows its address) makes a key no other process produces: a miss, never a
+stale program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import marshal
+import sys
+import sysconfig
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import xla_cache
+from torch_tpu import persistent_cache
+from torch_tpu._jax import jax
+from torch_tpu.compile import graph as compiled_graph
+from torch_tpu.compile.step_trace import LossFn, StepSignature
+
+_file_digests: dict[tuple[str, float], str] = {}
+_class_digests: dict[type, str] = {}
+_package_digests: dict[str, str] = {}  # per step_key call: files may change between compiles
+_INSTALLED = tuple({Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+                   | {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()})
+# module bookkeeping that never changes a trace (hook dicts are checked apart)
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+
+
+def _file_digest(path: str | None) -> str:
+    if not path:
+        return ""
+    try:
+        mtime = Path(path).stat().st_mtime
+    except OSError:
+        return f"missing:{path}"
+    digest = _file_digests.get((path, mtime))
+    if digest is None:
+        digest = _file_digests[(path, mtime)] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return digest
+
+
+def _package_digest(module_name: str) -> str:
+    """The source of the top-level package defining ``module_name``: every ``.py`` file under it
+    (all of them, imported or not, so the key does not depend on what a process imported), or
+    its version where it is installed."""
+    top = module_name.partition(".")[0]
+    module = sys.modules.get(top)
+    path = getattr(module, "__file__", None)
+    if not path:
+        return f"{top}:"
+    root = Path(path).resolve()
+    if any(root.is_relative_to(installed) for installed in _INSTALLED):
+        return f"{top}:{getattr(module, '__version__', '')}"
+    if root.name != "__init__.py":  # a single-file module, e.g. the script being run
+        return f"{top}:{_file_digest(str(root))}"
+    digest = _package_digests.get(top)
+    if digest is None:
+        h = hashlib.sha256()
+        for file in sorted(root.parent.rglob("*.py")):
+            h.update(f"{file.relative_to(root.parent)}={_file_digest(str(file))};".encode())
+        digest = _package_digests[top] = h.hexdigest()
+    return f"{top}:{digest}"
+
+
+def _code_digest(fn: Any) -> str:
+    code = getattr(fn, "__code__", None)
+    return hashlib.sha256(marshal.dumps(code)).hexdigest() if code is not None else _describe(fn)
+
+
+def _class_digest(cls: type) -> str:
+    digest = _class_digests.get(cls)
+    if digest is None:
+        h = hashlib.sha256()
+        for base in cls.__mro__:
+            if base is object:
+                continue
+            h.update(f"{base.__module__}.{base.__qualname__}".encode())
+            h.update(_file_digest(_source_file(base)).encode())
+            for name, value in sorted(vars(base).items()):
+                target = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+                target = target.fget if isinstance(target, property) else target
+                if isinstance(target, types.FunctionType):
+                    h.update(f"{name}:{_code_digest(target)}".encode())
+        digest = _class_digests[cls] = h.hexdigest()
+    return digest
+
+
+def _source_file(cls: type) -> str | None:
+    try:
+        return inspect.getsourcefile(cls)
+    except TypeError:  # built in, or defined in code without a file (python -c)
+        return None
+
+
+def _describe(value: Any, depth: int = 0) -> str:
+    """A stable text for ``value`` that changes whenever the trace could."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes, torch.dtype, torch.device, torch.Size)):
+        return repr(value)
+    if depth > 4:
+        return f"<{type(value).__qualname__} at {id(value)}>"  # too deep: unique to this process
+    if isinstance(value, (tuple, list, set, frozenset)):
+        items = sorted(map(lambda v: _describe(v, depth + 1), value)) if isinstance(value, (set, frozenset)) \
+            else [_describe(v, depth + 1) for v in value]
+        return f"{type(value).__name__}({','.join(items)})"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_describe(k, depth + 1)}:{_describe(v, depth + 1)}" for k, v in value.items()) + "}"
+    if isinstance(value, torch.Tensor):
+        return compiled_graph.tensor_digest(value).hex()
+    if isinstance(value, types.FunctionType):
+        cells = _cell_values(value)
+        return (f"fn:{value.__module__}.{value.__qualname__}:{_code_digest(value)}:"
+                f"{_describe(cells, depth + 1)}:{_describe(value.__defaults__, depth + 1)}")
+    if isinstance(value, types.MethodType):
+        return f"method:{_describe(value.__func__, depth + 1)}:{_describe(value.__self__, depth + 1)}"
+    if isinstance(value, (types.BuiltinFunctionType, types.ModuleType, type)):
+        return f"{type(value).__name__}:{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', value)}"
+    if isinstance(value, nn.Module):
+        return f"module:{_module_digest(value, depth + 1)}"
+    attrs = getattr(value, "__dict__", None)
+    if attrs is not None and type(value).__repr__ is object.__repr__:
+        return f"{type(value).__qualname__}:{_class_digest(type(value))}:{_describe(attrs, depth + 1)}"
+    return f"{type(value).__qualname__}:{value!r}"
+
+
+def _cell_values(fn: types.FunctionType) -> list[Any]:
+    values = []
+    for cell in fn.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # not assigned yet
+            continue
+    return values
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return any(value for key, value in vars(module).items()
+               if key.startswith(("_forward", "_backward")) and "hook" in key)
+
+
+def _module_digest(model: nn.Module, depth: int = 0) -> str:
+    h = hashlib.sha256()
+    for name, module in model.named_modules(remove_duplicate=False):
+        h.update(f"{name}|{_class_digest(type(module))}|".encode())
+        attrs = {k: v for k, v in vars(module).items() if k not in _MODULE_INTERNALS or k == "training"}
+        h.update(_describe(dict(sorted(attrs.items())), depth).encode())
+    return h.hexdigest()
+
+
+def _global_hooks() -> bool:
+    from torch.nn.modules import module as module_impl
+
+    return any(getattr(module_impl, name) for name in dir(module_impl)
+               if name.startswith("_global_") and name.endswith("hooks"))
+
+
+def step_key(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None,
+             param_names: Sequence[str], other_names: Sequence[str], signature: StepSignature,
+             input_grads: Sequence[int]) -> str | None:
+    """The cache key of the step ``signature`` traces, or None when it cannot be cached."""
+    if xla_cache.cache_dir() is None or _global_hooks() or any(_has_hooks(m) for m in model.modules()):
+        return None
+    _package_digests.clear()
+    classes = {c for m in model.modules() for c in type(m).__mro__} | set(type(optimizer).__mro__)
+    packages = {c.__module__ for c in classes} | {__name__, getattr(loss_fn, "__module__", None) or ""}
+    h = hashlib.sha256()
+    for part in (jax.__version__, torch.__version__, compiled_graph.registry_fingerprint(),
+                 torch.get_default_dtype(), repr(signature), list(param_names), list(other_names),
+                 list(input_grads), _module_digest(model), _describe(loss_fn),
+                 _class_digest(type(optimizer)), sorted({_package_digest(p) for p in packages})):
+        h.update(repr(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def load(key: str) -> tuple[Any, dict[str, Any]] | None:
+    """(the ``jax.export.Exported`` step, its metadata) stored under ``key``, or None."""
+    blob = xla_cache.load(persistent_cache.STEP_LEVEL, key)
+    if blob is None:
+        return None
+    header_len = int.from_bytes(blob[:8], "little")
+    meta = json.loads(blob[8:8 + header_len])
+    exported = jax.export.deserialize(bytearray(blob[8 + header_len:]))
+    persistent_cache._stats.step_disk_hits += 1
+    return exported, meta
+
+
+def store(key: str, exported: Any, meta: dict[str, Any]) -> None:
+    """Store ``exported`` (the step's program) with ``meta`` (JSON: what its outputs update)."""
+    header = json.dumps(meta).encode()
+    blob = len(header).to_bytes(8, "little") + header + bytes(exported.serialize())
+    xla_cache.store(persistent_cache.STEP_LEVEL, key, blob)

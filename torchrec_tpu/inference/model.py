@@ -1,0 +1,99 @@
+"""A training checkpoint (``torchrec_tpu.train.checkpoint`` layout) -> an unsharded DLRM for inference.
+
+The architecture comes from ``meta.json``'s ``model`` (a :class:`~torchrec_tpu.train.model.ModelSpec`;
+checkpoints written before it existed: the architecture options of its ``config``, read by name
+without the training CLI's config class) and the table sizes from the DCP metadata of the saved
+tables, so any checkpoint of the training job loads, whatever its data source, world size or
+training flags: DCP reassembles the sharded tables into plain CPU tensors. The files are
+verified against the checkpoint's manifest and read without running code from them
+(``torchrec_tpu.train.checkpoint_reader``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from pipelines.schema import CRITEO, DatasetSchema
+from torchrec_tpu.train.model import ModelSpec, ebc_of, table_weight_key
+
+
+@dataclass
+class InferenceModel:
+    """The DLRM (eval mode, no loss head) and the table sizes its ids are hashed into."""
+
+    dlrm: nn.Module
+    table_sizes: tuple[int, ...]
+    step: int  # training step the checkpoint was taken at
+
+    @torch.no_grad()
+    def predict(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        """Click probabilities, float32[B]."""
+        return torch.sigmoid(self.dlrm(dense, sparse).squeeze(-1))
+
+
+def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRITEO) -> InferenceModel:
+    """Rebuild the trained DLRM on CPU and load its weights from ``checkpoint_dir`` (a checkpoint,
+    or a checkpoint root: its latest). Either engine's checkpoints load: both name the tables
+    :func:`~torchrec_tpu.train.model.table_weight_key`."""
+    from torchrec_tpu.train.checkpoint import STATE_DIR, open_checkpoint
+    from torchrec_tpu.train.checkpoint_reader import load_state, read_state_metadata
+    from torchrec_tpu.train.model import build_dlrm
+
+    directory, meta = open_checkpoint(Path(checkpoint_dir))
+    state_dir = directory / STATE_DIR
+    saved = read_state_metadata(state_dir).state_dict_metadata
+    keys = {f: f"model.{table_weight_key(f)}" for f in schema.sparse}  # DCP state: {"model": DLRMTrain}
+    missing = [f for f, key in keys.items() if key not in saved]
+    if missing:
+        raise ValueError(f"checkpoint {directory} has no embedding table for features {missing}")
+    sizes = tuple(int(saved[keys[f]].size[0]) for f in schema.sparse)
+    try:
+        spec = saved_model_spec(meta, schema.sparse, sizes, len(schema.dense))
+    except ValueError as error:
+        raise ValueError(f"checkpoint {directory}: meta.json: {error}") from None
+    train_module = build_dlrm(spec, dense_device=torch.device("cpu"))
+    # The tables were built on the meta device; give them storage, which the load then fills.
+    ebc_of(train_module).to_empty(device=torch.device("cpu"))
+    state = {"model": train_module.state_dict()}
+    load_state(state, state_dir)
+    train_module.load_state_dict(state["model"])
+    return InferenceModel(train_module.model.eval(), sizes, int(meta.get("step", 0)))
+
+
+def saved_model_spec(meta: dict[str, Any], feature_names: tuple[str, ...], table_sizes: tuple[int, ...],
+                     dense_in_features: int) -> ModelSpec:
+    """The architecture a checkpoint's ``meta.json`` records, for ``feature_names`` (the data's
+    categorical columns) whose tables have ``table_sizes`` rows (read from the saved tables)."""
+    if isinstance(meta.get("model"), dict):
+        spec = ModelSpec.from_dict(meta["model"])
+        if spec.feature_names != tuple(feature_names):
+            raise ValueError(f"the model was trained on features {list(spec.feature_names)}, the data "
+                             f"has {list(feature_names)}")
+        return replace(spec, table_sizes=table_sizes)
+    return _legacy_model_spec(meta.get("config"), feature_names, table_sizes, dense_in_features)
+
+
+def _legacy_model_spec(config: Any, feature_names: tuple[str, ...], table_sizes: tuple[int, ...],
+                       dense_in_features: int) -> ModelSpec:
+    """The architecture of a checkpoint written before meta.json had "model": its training
+    config's architecture options, read by the names they had then."""
+    if not isinstance(config, dict):
+        raise ValueError("it has neither a model spec nor a training config")
+    try:
+        dcn = config.get("model", "dlrm") == "dlrm_dcn"
+        return ModelSpec(
+            feature_names=tuple(feature_names), table_sizes=table_sizes,
+            embedding_dim=int(config["embedding_dim"]), dense_in_features=dense_in_features,
+            dense_layers=tuple(int(x) for x in str(config["dense_arch"]).split(",")),
+            over_layers=tuple(int(x) for x in str(config["over_arch"]).split(",")),
+            dcn_num_layers=int(config["dcn_num_layers"]) if dcn else 0,
+            dcn_low_rank_dim=int(config["dcn_low_rank_dim"]) if dcn else 0,
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"its training config has no valid architecture ({type(error).__name__}: {error})") from None

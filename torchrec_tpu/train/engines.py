@@ -1,0 +1,70 @@
+"""The two embedding engines of ``torchrec-tpu train`` / ``profile``, peers behind one interface.
+
+- ``sparsecore`` (:mod:`torchrec_tpu.train.sparsecore_engine`, the default): the DLRM's EBC
+  replaced by our ``ShardedSparseCoreEBC``, the dense towers in DDP / FSDP2 on cpu or tpu;
+- ``torchrec`` (:mod:`torchrec_tpu.train.torchrec_engine`): stock TorchRec DMP on FBGEMM, the
+  reference the equality tests and ``bench/bench_train_e2e.py`` compare to.
+
+Each builds the sharded model from a :class:`~torchrec_tpu.train.model.ModelSpec` and its optimizer,
+and wraps the training batches (rank agreement, input-dist prefetch) and the step; the job, the
+profiler and the tests call only this interface. (Serving, ``torchrec-tpu infer``, loads either
+engine's checkpoint into the unsharded model: both name the tables as
+:mod:`torchrec_tpu.train.model` says.)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.optim import Optimizer
+    from torchrec.datasets.utils import Batch
+
+    from torchrec_tpu.train.config import TrainConfig
+    from torchrec_tpu.train.distributed import DistEnv
+    from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
+    from torchrec_tpu.train.loop import StepFn
+    from torchrec_tpu.train.model import ModelSpec
+
+
+class Engine(Protocol):
+    """What the training job needs of an embedding engine."""
+
+    name: str
+
+    def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
+        """The ``DLRMTrain`` of ``spec``, sharded over ``env``'s world (a collective); ``device``:
+        where the loop puts the batches."""
+        ...
+
+    def build_optimizer(self, model: nn.Module) -> Optimizer:
+        """The optimizer ``loss.backward(); optimizer.step()`` trains ``model`` with (the fused
+        embedding update runs in backward); its ``state_dict`` is the checkpoint's."""
+        ...
+
+    def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
+                     background: bool = True) -> Iterable[Batch]:
+        """The training stream as this engine consumes it (re-iterable, seekable like ``batches``);
+        ``background=False`` keeps all work on the caller's thread (the profiler)."""
+        ...
+
+    def step_function(self, model: nn.Module, optimizer: Optimizer, env: DistEnv) -> StepFn:
+        """The training step ``run_training`` calls."""
+        ...
+
+    def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: Optimizer) -> LearningRates:
+        """The per-step learning rates of ``policy`` over this engine's optimizers."""
+        ...
+
+
+def engine_for(config: TrainConfig) -> Engine:
+    """The engine ``config.engine.kind`` names, set up with ``config``'s options."""
+    if config.engine.kind == "sparsecore":
+        from torchrec_tpu.train.sparsecore_engine import SparseCoreEngine
+
+        return SparseCoreEngine(config.optim, config.engine, config.data.batch_size, config.loop.seed)
+    from torchrec_tpu.train.torchrec_engine import TorchRecEngine
+
+    return TorchRecEngine(config.optim, config.data.batch_size)
