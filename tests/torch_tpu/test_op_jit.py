@@ -194,3 +194,39 @@ def test_programs_that_only_hand_back_their_inputs_run_plainly():
     x.add_(1)
     for c in copies:
         torch.testing.assert_close(c.cpu(), torch.arange(4.0), rtol=0, atol=0)
+
+
+def _signs(t: torch.Tensor) -> torch.Tensor:
+    return torch.copysign(torch.ones_like(t), t)
+
+
+def test_fast_path_keeps_every_argument_apart():
+    """Calls after the compile skip the dispatch machinery (``op_jit.fast``); arguments that
+    compare equal but give other results (0.0 / -0.0, True / 1, other dims) still get their own
+    programs, and every result matches CPU torch."""
+    x = torch.randn(4, 5)
+    xt = x.to("tpu")
+    flags = torch.tensor([True, False])
+    for _ in range(3):
+        for scale in (0.0, -0.0):
+            torch.testing.assert_close(_signs((xt * scale).cpu()), _signs(x * scale))
+        for dim in ([0], [1]):
+            torch.testing.assert_close(xt.sum(dim).cpu(), x.sum(dim))
+        for other in (True, 1):
+            got, want = (flags.to("tpu") + other).cpu(), flags + other
+            assert got.dtype == want.dtype and torch.equal(got, want)
+        torch.testing.assert_close(xt.relu().cpu(), x.relu())
+    fast = {key[0].__name__ for key in op_jit.fast}
+    assert {"mul.Tensor", "sum.dim_IntList", "add.Tensor", "relu.default"} <= fast
+    before = op_jit.stats()
+    torch.testing.assert_close((xt * 2.5).relu().cpu(), (x * 2.5).relu())  # a new scale: first sight
+    after = op_jit.stats()
+    assert (after.misses, after.hits) == (before.misses + 1, before.hits + 1)  # relu: fast
+
+
+def test_fast_path_errors_are_torch_errors():
+    a, b = torch.ones(3, device="tpu"), torch.ones(3, device="tpu")
+    for _ in range(3):
+        (a + b).cpu()
+    with pytest.raises(RuntimeError, match="must match the size"):
+        a + torch.ones(4, device="tpu")
