@@ -61,7 +61,7 @@ def bench_vs_torchrec(num_tables: int, topology: str, repeats: int) -> None:
     batch, limit = 16384, 8192
     tr_seconds, module_plan = _timed(lambda: plan_with_torchrec(tables, topo, batch, limit), 1)
     scorer = Partitioner(topo, batch, limit)
-    theirs = scorer.evaluate(tables, assignments_from_torchrec(module_plan, tables, scorer.builder))
+    theirs = scorer.evaluate(tables, assignments_from_torchrec(module_plan, tables, scorer.options.builder))
     our_seconds, ours = _timed(lambda: Partitioner(topo, batch, limit).plan(tables), repeats)
     print(f"\n== {num_tables} tables x {topo.num_devices} devices ({topo.name}), same cost model ==")
     print(f"{'planner':<10} {'plan s':>8} {'step us':>10} {'quality':>8} {'max GiB':>8}")

@@ -38,7 +38,7 @@ def worker(args: argparse.Namespace) -> None:
     from torchrec_tpu.pipeline import PrefetchedBatches
     from torchrec_tpu.train.distributed import process_group
     from torchrec_tpu.train.loop import train_step
-    from torchrec_tpu.train.model import ModelSpec
+    from torchrec_tpu.train.model import ModelSpec, ebc_of
     from torchrec_tpu.train.sparsecore_engine import _unwrap, build_dense_optimizer, build_sparsecore_model
 
     torch.set_num_threads(args.threads)
@@ -60,7 +60,7 @@ def worker(args: argparse.Namespace) -> None:
         for mode in args.modes:
             model = build_sparsecore_model(spec, env, torch.device("cpu"), "adagrad", 0.005, args.batch, seed=0)
             optimizer = build_dense_optimizer(model, "adagrad", 0.005)
-            ebc = _unwrap(model).model.sparse_arch.embedding_bag_collection
+            ebc = ebc_of(_unwrap(model))
             for b in batches:  # every batch's programs compiled before the clock starts
                 ebc.compile(b.sparse_features)
             for b in batches[: args.warmup]:

@@ -8,7 +8,11 @@ and each ratio is the median over ``--repeats`` runs. Two numbers per run: the w
 and the steady state (the loop's logged windows after the first, i.e. without warm-up).
 Timings on a shared 2-core box are noisy: read the medians.
 
-    .venv/bin/python bench/bench_train_e2e.py [--rows 32768] [--batch-size 512] [--repeats 3] [--worlds 1 2]
+Presets: ``default`` is ``torchrec-tpu train``'s own defaults (dim 16, dense 64-16, over 64-32-1,
+batch 512, 1 thread); ``anchor`` the issue's anchor config (26 tables x 100k x 64, batch 2048,
+dense 512-256-64, over 512-512-256-1, Adagrad, 2 threads). Flags given explicitly override it.
+
+    .venv/bin/python bench/bench_train_e2e.py [--preset anchor] [--rows N] [--batch-size N] [--repeats 3] [--worlds 1 2]
 """
 
 from __future__ import annotations
@@ -26,6 +30,15 @@ from typing import Sequence
 
 ENGINES = ("torchrec", "sparsecore")
 LOG_EVERY = 8
+# model/run settings of each preset; None in a flag means "the preset's"
+PRESETS: dict[str, dict[str, object]] = {
+    "default": dict(rows=32768, batch_size=512, embedding_dim=16, dense_arch="64,16", over_arch="64,32,1",
+                    threads=1),
+    "anchor": dict(rows=131072, batch_size=2048, embedding_dim=64, dense_arch="512,256,64",
+                   over_arch="512,512,256,1", threads=2),
+}
+MODEL_FLAGS = ("batch_size", "embedding_dim", "dense_arch", "over_arch", "threads", "num_embeddings", "steps",
+               "model")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -35,9 +48,9 @@ def worker(args: argparse.Namespace) -> None:
 
     config = TrainConfig.from_options(
         engine=args.engine, model=args.model, data=args.data, log_dir=args.log_dir, eval_files=1,
-        num_embeddings=args.num_embeddings, embedding_dim=16, dense_arch="64,16", over_arch="64,32,1",
-        batch_size=args.batch_size, eval_batch_size=args.batch_size, epochs=1, max_steps=args.steps,
-        num_threads=1, progress=False, log_every=LOG_EVERY,
+        num_embeddings=args.num_embeddings, embedding_dim=args.embedding_dim, dense_arch=args.dense_arch,
+        over_arch=args.over_arch, batch_size=args.batch_size, eval_batch_size=args.batch_size, epochs=1,
+        max_steps=args.steps, num_threads=args.threads, progress=False, log_every=LOG_EVERY,
     )
     summary = run_job(config)
     if summary.primary:
@@ -56,9 +69,8 @@ def steady_rate(log_dir: Path) -> float:
 
 def run(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Namespace) -> dict:
     """One fresh run of ``engine`` on ``world`` loopback processes; rank 0's throughputs."""
-    cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--data", str(data), "--log-dir", str(log_dir),
-           "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--model", args.model,
-           "--num-embeddings", str(args.num_embeddings)]
+    cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--data", str(data), "--log-dir", str(log_dir)]
+    cmd += [arg for name in MODEL_FLAGS for arg in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     if world > 1:
         env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
@@ -80,8 +92,14 @@ def _free_port() -> int:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=32768, help="synthetic rows, 1/4 held out (default: 32768)")
-    parser.add_argument("--batch-size", type=int, default=512, help="global batch (default: 512)")
+    parser.add_argument("--preset", choices=list(PRESETS), default="default", help="model and run settings "
+                        "(default: default; see the module docstring)")
+    parser.add_argument("--rows", type=int, help="synthetic rows, 1/4 held out (default: the preset's)")
+    parser.add_argument("--batch-size", type=int, help="global batch (default: the preset's)")
+    parser.add_argument("--embedding-dim", type=int, help="dim of every table (default: the preset's)")
+    parser.add_argument("--dense-arch", help="bottom MLP, ending in the embedding dim (default: the preset's)")
+    parser.add_argument("--over-arch", help="top MLP, ending in 1 (default: the preset's)")
+    parser.add_argument("--threads", type=int, help="torch threads per rank (default: the preset's)")
     parser.add_argument("--steps", type=int, default=0, help="stop after N steps (default 0: one epoch)")
     parser.add_argument("--num-embeddings", type=int, default=100_000, help="rows per table, at most")
     parser.add_argument("--model", default="dlrm", choices=("dlrm", "dlrm_dcn"))
@@ -92,6 +110,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    for name, value in PRESETS[args.preset].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.rows < 8 or args.batch_size < 1 or args.steps < 0 or args.repeats < 1 or min(args.worlds) < 1:
         parser.error("--rows >= 8, --batch-size >= 1, --steps >= 0, --repeats >= 1 and --worlds >= 1 are required")
     return args
@@ -109,8 +130,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         generate(SyntheticConfig(num_rows=args.rows, rows_per_file=args.rows // 4,
                                  row_group_size=max(1, args.rows // 16),
                                  max_cardinality=args.num_embeddings), data, progress=False)
-        print(f"train end to end, {args.model}, batch {args.batch_size}, {args.rows} rows, 1 thread per rank, "
-              f"median of {args.repeats} alternating fresh runs; shared box, noisy")
+        print(f"train end to end, preset {args.preset}: {args.model}, 26 tables x {args.num_embeddings} x "
+              f"{args.embedding_dim}, dense {args.dense_arch}, over {args.over_arch}, batch {args.batch_size}, "
+              f"{args.rows} rows, {args.threads} thread(s) per rank, median of {args.repeats} alternating fresh "
+              f"runs; load {os.getloadavg()[0]:.2f}; shared box, noisy")
         for world in args.worlds:
             results: dict[str, list[dict]] = {e: [] for e in ENGINES}
             for i in range(args.repeats):
@@ -122,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(f"  world {world} {label:<12}  torchrec {medians['torchrec']:>8,.0f}  sparsecore "
                       f"{medians['sparsecore']:>8,.0f} samples/s   "
                       f"sparsecore/torchrec {statistics.median(ratios):.2f}x "
-                      f"(runs: {', '.join(f'{r:.2f}' for r in ratios)})")
+                      f"(runs: {', '.join(f'{r:.2f}' for r in ratios)}; load {os.getloadavg()[0]:.2f})")
 
 
 if __name__ == "__main__":

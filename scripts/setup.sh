@@ -30,5 +30,6 @@ pip_install -q ./packaging/fbgemm-gpu-cpu-alias -e ".[test,profile]"
 import fbgemm_gpu, jax, matplotlib, pyarrow, ray, ray.train, torch, torchrec, xprof  # noqa: F401  (fail here, not mid-job)
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 PY
+"$VENV/bin/ruff" --version >/dev/null  # the linter ./dev.sh test runs (test extra)
 echo "$want" > "$STAMP"
 echo "[setup] done"

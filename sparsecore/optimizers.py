@@ -11,6 +11,19 @@ import math
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from tpu_facts import OPTIMIZER_SLOTS
+
+
+def _slot_names(name: str) -> tuple[str, ...]:
+    """Every slot table of optimizer ``name`` (``tpu_facts.OPTIMIZER_SLOTS``)."""
+    element, row = OPTIMIZER_SLOTS[name]
+    return element + row
+
+
+def _row_slots(name: str) -> frozenset[str]:
+    """The slot tables of optimizer ``name`` that hold one value per row."""
+    return frozenset(OPTIMIZER_SLOTS[name][1])
+
 
 @dataclass(frozen=True)
 class OptimizerSpec:
@@ -19,7 +32,8 @@ class OptimizerSpec:
     learning_rate: float = 0.01
 
     name: ClassVar[str] = ""
-    # Slot tables the optimizer keeps next to the weights; "row" slots hold one value per row.
+    # Slot tables the optimizer keeps next to the weights; "row" slots hold one value per row
+    # (each subclass's from tpu_facts.OPTIMIZER_SLOTS under its ``name``).
     slot_names: ClassVar[tuple[str, ...]] = ()
     row_slots: ClassVar[frozenset[str]] = frozenset()
 
@@ -57,7 +71,7 @@ class Adagrad(OptimizerSpec):
     eps: float = 0.0
 
     name: ClassVar[str] = "adagrad"
-    slot_names: ClassVar[tuple[str, ...]] = ("accumulator",)
+    slot_names: ClassVar[tuple[str, ...]] = _slot_names("adagrad")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -75,7 +89,8 @@ class RowWiseAdagrad(Adagrad):
     """acc_row += mean_d(g^2) over the table's logical dim; w -= lr * g / (sqrt(acc_row) + eps)."""
 
     name: ClassVar[str] = "rowwise_adagrad"
-    row_slots: ClassVar[frozenset[str]] = frozenset({"accumulator"})
+    slot_names: ClassVar[tuple[str, ...]] = _slot_names("rowwise_adagrad")
+    row_slots: ClassVar[frozenset[str]] = _row_slots("rowwise_adagrad")
 
 
 @dataclass(frozen=True)
@@ -92,7 +107,7 @@ class Adam(OptimizerSpec):
     epsilon: float = 1e-8
 
     name: ClassVar[str] = "adam"
-    slot_names: ClassVar[tuple[str, ...]] = ("momentum", "velocity")
+    slot_names: ClassVar[tuple[str, ...]] = _slot_names("adam")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -122,7 +137,7 @@ class FTRL(OptimizerSpec):
     initial_linear_value: float = 0.0
 
     name: ClassVar[str] = "ftrl"
-    slot_names: ClassVar[tuple[str, ...]] = ("accumulator", "linear")
+    slot_names: ClassVar[tuple[str, ...]] = _slot_names("ftrl")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -5,7 +5,7 @@ and changes no process-wide setting, so the planner (``torchrec-tpu plan``), the
 engine and the ``tpu`` device all read the same figures without paying for each other.
 
 * ``tpu_facts.chips``: per-chip figures of each TPU generation (``ChipGeneration``).
-* ``tpu_facts.layout``: alignment, id limits, combiners, ``round_up``.
+* ``tpu_facts.layout``: alignment, id limits, combiners, ``round_up``, ``ShardingKind``, optimizer slots.
 * ``tpu_facts.slices``: ``Slice``, a torus of chips (every derived count), ``check_mod_sharding``.
 """
 
@@ -15,12 +15,15 @@ from tpu_facts.layout import (
     COMBINERS,
     DEFAULT_MAX_IDS_PER_PARTITION,
     MAX_VOCAB,
+    OPTIMIZER_SLOTS,
     PADDING_ID,
+    ShardingKind,
     round_up,
 )
 from tpu_facts.slices import DeviceCounts, Slice, check_mod_sharding
 
 __all__ = [
     "ALIGNMENT", "CHIP_GENERATIONS", "COMBINERS", "DEFAULT_MAX_IDS_PER_PARTITION", "GIB", "MAX_VOCAB",
-    "PADDING_ID", "ChipGeneration", "DeviceCounts", "Slice", "check_mod_sharding", "chip_generation", "round_up",
+    "OPTIMIZER_SLOTS", "PADDING_ID", "ChipGeneration", "DeviceCounts", "ShardingKind", "Slice", "check_mod_sharding",
+    "chip_generation", "round_up",
 ]

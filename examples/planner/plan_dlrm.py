@@ -13,6 +13,7 @@ from pathlib import Path
 from torchrec_tpu.planner import PlanningError, load_plan, load_tables, plan_tables, to_torchrec_sharding_plan
 from torchrec_tpu.planner.report import format_comparison
 from torchrec_tpu.topology import parse_accelerator_type
+from torchrec_tpu.train.model import EBC_PATH
 
 TABLES = Path(__file__).with_name("dlrm_dcnv2_tables.yaml")
 SLICES = ("v5p-64", "v5p-128", "v6e-64", "v6e-256", "tpu7x-64", "tpu7x-128")
@@ -38,7 +39,7 @@ def main() -> None:
         path = Path(tmp) / "plan.json"
         plan.save(path)
         loaded = load_plan(path)
-    sharding = to_torchrec_sharding_plan(loaded, "model.sparse_arch.embedding_bag_collection")
+    sharding = to_torchrec_sharding_plan(loaded, EBC_PATH)  # the EBC of torchrec_tpu's DLRMTrain
     module_plan = next(iter(sharding.plan.values()))
     c1 = module_plan["C1"]
     print(f"\n{name}: C1 -> {c1.sharding_type} on ranks {c1.ranks[:8]}{' ...' if len(c1.ranks) > 8 else ''}")

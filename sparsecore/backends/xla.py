@@ -17,7 +17,7 @@ place, donated). Only touched rows are read or written.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,9 +72,11 @@ def lookup_slots(table: jax.Array, slots: SlotForward) -> jax.Array:
     return jax.lax.fori_loop(1, terms.shape[0], lambda k, total: total + terms[k], terms[0])
 
 
-def update_entries(optimizer, table, slots, row_dims, step, activation_grad, entries: StackEntries):
-    """One fused optimizer update per touched row with its gradient summed over all entries."""
-    contributions = entries.gains[:, None] * activation_grad[entries.samples]
+def update_entries(optimizer, table, slots, row_dims, step, activation_grad: Callable[[jax.Array], jax.Array],
+                   entries: StackEntries):
+    """One fused optimizer update per touched row with its gradient summed over all entries;
+    ``activation_grad(rows)`` is the gradient of those activation rows."""
+    contributions = entries.gains[:, None] * activation_grad(entries.samples)
     grad = jax.ops.segment_sum(contributions, entries.inverse, num_segments=entries.touched, indices_are_sorted=True)
     hints = dict(indices_are_sorted=True, unique_indices=True)
     rows = table.at[entries.rows].get(mode="fill", fill_value=0.0, **hints)
@@ -141,8 +143,17 @@ class XlaBackend(Backend):
         stacks = self.plan.stacks
         return self._layout.assemble([self._stack_lookup(st, t, x) for st, t, x in zip(stacks, tables, inputs)])
 
+    def _stack_grads(self, grad) -> list[Any]:
+        """Every stack's activation gradient as ``_stack_update`` takes it: a function of
+        activation rows, reading them from the output gradient itself where its rows are stack
+        rows (``row_view``: no per-feature slices), else from the disassembled gradients."""
+        if self._layout.row_view:
+            out_rows = grad.reshape(-1, self.plan.stacks[0].dim)
+            return [lambda rows, s=s: out_rows[self._layout.output_rows(s, rows)] for s in range(len(self.plan.stacks))]
+        return [lambda rows, g=g: g[rows] for g in self._layout.disassemble(grad)]
+
     def _update_program(self, tables, slots, row_dims, step, grad, inputs):
-        activation_grads = self._layout.disassemble(grad)
+        activation_grads = self._stack_grads(grad)
         updated = [self._stack_update(st, *args) for st, *args in
                    zip(self.plan.stacks, tables, slots, row_dims, [step] * len(tables), activation_grads, inputs)]
         return tuple(t for t, _ in updated), tuple(s for _, s in updated)
@@ -190,7 +201,7 @@ class XlaBackend(Backend):
     def update(self, context: PreparedLookup, grad: Any) -> None:
         self.steps += 1
         if isinstance(grad, torch.Tensor):
-            grad = grad.detach().contiguous().numpy()  # the program takes host arrays as they are
+            grad = jax.dlpack.from_dlpack(grad.detach().contiguous())  # no copy (64-byte aligned)
         tables, slots = self._compiled(context)[1](self._table_tuple(), self._slot_tuple(), self._row_dims,
                                                    np.int32(self.steps), grad, context.arrays)
         for st, table, table_slots in zip(self.plan.stacks, tables, slots):

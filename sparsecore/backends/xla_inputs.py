@@ -120,9 +120,10 @@ def stack_entries(entries: RowOrderedEntries, rows: int) -> StackEntries:
     first = np.ones(phys.size, dtype=bool)
     first[1:] = phys[1:] != phys[:-1]
     touched = phys[first]
-    # one size for entries and rows (there are never more rows than entries): the programs then
-    # depend on one number that barely moves between batches, so few get compiled
-    u = e = bucket(phys.size + 1)
+    # touched rows and entries bucketed apart (rows are often a third of the entries: the row
+    # gathers, the optimizer and the scatters do that much less padding); both barely move
+    # between batches of one data set, so few programs get compiled
+    u, e = bucket(touched.size + 1), bucket(phys.size + 1)
     ints = np.empty(u + 2 * e, dtype=np.int32)
     ints[: touched.size] = touched
     ints[touched.size: u] = rows + np.arange(u - touched.size)

@@ -7,6 +7,10 @@ side by side. When all features share one batch size b the layout is sample-majo
 row i * features + j for sample i of the stack's j-th feature, so that the output, one
 [b, sum of dims] matrix in plan feature order, is a reshape (no gathers, no transposes); otherwise
 the rows stay chunk-major and the output is a tuple of per-feature [batch, dim] arrays.
+
+When moreover every feature's dim is the one dim of all stacks (``row_view``), each [dim] block of
+the output is one activation row of its stack: the output is [b * F, dim] rows, and the update
+reads the rows of its activation gradients straight from the output's gradient (no slices).
 """
 
 from __future__ import annotations
@@ -33,6 +37,12 @@ class ActivationLayout:
         self.concatenated = self.uniform and self.where == [(s, j) for s, st in enumerate(plan.stacks)
                                                             for j in range(len(st.features))] and all(
             dim == plan.stacks[s].dim for (s, _), dim in zip(self.where, self.dims))
+        self.row_view = self.uniform and len({st.dim for st in plan.stacks}) == 1 and all(
+            dim == plan.stacks[s].dim for (s, _), dim in zip(self.where, self.dims))
+        # plan index of each stack's j-th feature
+        self._plan_index = [np.zeros(len(st.features), dtype=np.int32) for st in plan.stacks]
+        for k, (s, j) in enumerate(self.where):
+            self._plan_index[s][j] = k
 
     def activation_rows(self, stack: StackedTable) -> np.ndarray:
         """Layout row of every chunk-major activation row of ``stack``."""
@@ -71,6 +81,12 @@ class ActivationLayout:
         for (s, j), dim, start in zip(self.where, self.dims, self.offsets):
             columns[s][j] = jnp.pad(grad[:, start:start + dim], ((0, 0), (0, stacks[s].dim - dim)))
         return [jnp.stack(cols, axis=1).reshape(-1, st.dim) for st, cols in zip(stacks, columns)]
+
+    def output_rows(self, s: int, rows: jax.Array) -> jax.Array:
+        """The rows of the [b * F, dim] view of the output (``row_view``) that stack ``s``'s
+        activation ``rows`` are."""
+        f = len(self.plan.stacks[s].features)
+        return (rows // f) * len(self.dims) + jnp.asarray(self._plan_index[s])[rows % f]
 
     def from_chunk_major(self, stack: StackedTable, activations: jax.Array) -> jax.Array:
         """A stack's chunk-major activations in this layout."""

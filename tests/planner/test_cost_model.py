@@ -2,9 +2,11 @@
 
 import pytest
 
-from torchrec_tpu.planner.cost_model import OptionBuilder, ShardingKind
-from torchrec_tpu.planner.tables import EmbeddingTable
+from sparsecore import FTRL, SGD, Adagrad, Adam, RowWiseAdagrad, TableSpec
+from torchrec_tpu.planner.cost_model import OptionBuilder, row_bytes
+from torchrec_tpu.planner.tables import EmbeddingTable, tables_from_sparsecore_specs
 from torchrec_tpu.topology import parse_accelerator_type
+from tpu_facts import ShardingKind
 
 TOPO = parse_accelerator_type("v5p-8")
 BW_SC = 2765e9 * 0.5  # HBM bandwidth x default SparseCore efficiency
@@ -79,3 +81,20 @@ def test_column_split_counts(dim, counts):
 def test_bad_batch():
     with pytest.raises(ValueError, match="divide evenly over 4 devices"):
         OptionBuilder(TOPO, 66)
+
+
+@pytest.mark.parametrize(("spec", "bytes_per_row"), [
+    (SGD(0.1), 4 * 8),  # the weights only
+    (Adagrad(0.1), 4 * 8 * 2),  # + one accumulator per element
+    (RowWiseAdagrad(0.1), 4 * 8 + 4),  # + one accumulator per row
+    (Adam(0.1), 4 * 8 * 3),  # + momentum and velocity per element
+    (FTRL(0.1), 4 * 8 * 3),  # + accumulator and linear per element
+])
+def test_planner_prices_the_slots_sparsecore_keeps(spec, bytes_per_row) -> None:
+    """The planner's optimizer of a sparsecore spec is its name, and its bytes per row count the
+    slot tables that spec's backends keep (element-wise and row-wise), by hand."""
+    (table,) = tables_from_sparsecore_specs([TableSpec("t", 100, 8, optimizer=spec)])
+    assert table.optimizer == spec.name
+    assert row_bytes(table, 8) == bytes_per_row
+    element = [s for s in spec.slot_names if s not in spec.row_slots]
+    assert 4 * 8 * (1 + len(element)) + 4 * len(spec.row_slots) == bytes_per_row

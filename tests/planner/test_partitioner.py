@@ -203,10 +203,10 @@ def test_torchrec_planner_on_tpu_cost_model():
     assert set(module_plan) == {t.name for t in tables}
     assert torchrec_topology(V5P_8).compute_device == "mtia" and torchrec_topology(V5P_8).world_size == 4
     scorer = Partitioner(V5P_8, 1024, 4096)
-    theirs = scorer.evaluate(tables, assignments_from_torchrec(module_plan, tables, scorer.builder))
+    theirs = scorer.evaluate(tables, assignments_from_torchrec(module_plan, tables, scorer.options.builder))
     ours = plan_tables(tables, V5P_8, 1024, 4096)
     assert theirs.lower_bound_s == pytest.approx(ours.lower_bound_s)
     assert theirs.step_time_s >= theirs.lower_bound_s
     # the estimator prices a row-wise shard exactly as the cost model's per-device row-wise load
-    est = SparseCoreShardEstimator(None, tables={t.name: t for t in tables}, builder=scorer.builder)
-    assert est.shard_load(tables[0], "row_wise", [0, 0]) == scorer.builder.row_wise(tables[0]).uniform
+    est = SparseCoreShardEstimator(None, tables={t.name: t for t in tables}, builder=scorer.options.builder)
+    assert est.shard_load(tables[0], "row_wise", [0, 0]) == scorer.options.builder.row_wise(tables[0]).uniform

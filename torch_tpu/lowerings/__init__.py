@@ -7,7 +7,6 @@ from torch_tpu.lowerings import (  # noqa: F401
     elementwise,
     embedding_bag,
     factories,
-    foreach,  # noqa: F401,E402  (builds on the per-tensor lowerings)
     indexing,
     linalg,
     losses,
@@ -17,3 +16,6 @@ from torch_tpu.lowerings import (  # noqa: F401
     rnn,
     shape,
 )
+
+# isort: split
+from torch_tpu.lowerings import foreach  # noqa: F401,E402  (builds on the per-tensor lowerings)

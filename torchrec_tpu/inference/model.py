@@ -20,7 +20,7 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.schema import CRITEO, DatasetSchema
-from torchrec_tpu.train.model import ModelSpec, table_weight_key
+from torchrec_tpu.train.model import ModelSpec, ebc_of, table_weight_key
 
 
 @dataclass
@@ -59,7 +59,7 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
         raise ValueError(f"checkpoint {directory}: meta.json: {error}") from None
     train_module = build_dlrm(spec, dense_device=torch.device("cpu"))
     # The tables were built on the meta device; give them storage, which the load then fills.
-    train_module.model.sparse_arch.embedding_bag_collection.to_empty(device=torch.device("cpu"))
+    ebc_of(train_module).to_empty(device=torch.device("cpu"))
     state = {"model": train_module.state_dict()}
     load_state(state, state_dir)
     train_module.load_state_dict(state["model"])

@@ -4,7 +4,7 @@ Notation: D devices (JAX devices: chips on v5p/v6e, chiplets on tpu7x), S Sparse
 N = D*S, global batch B, local batch b = B/D; a table has R rows, dim d, F features with pooling
 factor P (mean ids per sample per feature); ids per step I = B*P*F, per device I/D. d' = ceil8(d)
 (SparseCore alignment). Parameters are float32 (4 B); a row with optimizer state takes
-``row_bytes(w) = 4*w*(1 + slots_per_element) + 4*slots_per_row`` (``tables.OPTIMIZER_SLOTS``).
+``row_bytes(w) = 4*w*(1 + slots_per_element) + 4*slots_per_row`` (``tpu_facts.OPTIMIZER_SLOTS``).
 Ids travel as CSR triplets (id, sample, gain) = 12 B. ``bw_sc`` = device HBM bandwidth x
 ``sparsecore_hbm_efficiency``; ``t_u`` / ``t_h`` = seconds per byte of a uniform all-to-all / of
 traffic into one device (``torchrec_tpu.topology``).
@@ -41,23 +41,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 
-from torchrec_tpu.planner.tables import OPTIMIZER_SLOTS, EmbeddingTable
+from torchrec_tpu.planner.tables import EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
-from tpu_facts import ALIGNMENT, DEFAULT_MAX_IDS_PER_PARTITION, round_up
+from tpu_facts import ALIGNMENT, DEFAULT_MAX_IDS_PER_PARTITION, OPTIMIZER_SLOTS, ShardingKind, round_up
 
 PARAM_BYTES = 4
 ACTIVATION_BYTES = 4
 CSR_BYTES_PER_ID = 12
 ALL_TO_ALLS_PER_STEP = 3  # ids, activations forward, gradients backward
-
-
-class ShardingKind(str, Enum):
-    ROW_WISE = "row_wise"
-    TABLE_WISE = "table_wise"
-    COLUMN_WISE = "column_wise"
-    DATA_PARALLEL = "data_parallel"
 
 
 @dataclass(frozen=True)
@@ -119,7 +111,7 @@ class ShardingOption:
 
 
 def row_bytes(table: EmbeddingTable, width: int) -> int:
-    per_element, per_row = OPTIMIZER_SLOTS[table.optimizer]
+    per_element, per_row = (len(slots) for slots in OPTIMIZER_SLOTS[table.optimizer])
     return PARAM_BYTES * width * (1 + per_element) + PARAM_BYTES * per_row
 
 

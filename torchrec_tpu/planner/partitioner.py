@@ -20,104 +20,36 @@ Quality is reported against the lower bound max(sum_t min_option work(t) / D, ma
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from torchrec_tpu.planner.cost_model import (
-    ALL_TO_ALLS_PER_STEP,
-    Load,
-    OptionBuilder,
-    ShardingKind,
-    ShardingOption,
-)
-from torchrec_tpu.planner.plan import DevicePlan, Plan, ShardPlacement, StackPlan, TablePlan
+from torchrec_tpu.planner.assembly import Choice, assemble_plan
+from torchrec_tpu.planner.cost_model import Load, ShardingOption
+from torchrec_tpu.planner.options import PlanningError, TableOptions, allowed_kinds
+from torchrec_tpu.planner.plan import Plan
 from torchrec_tpu.planner.tables import EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
 from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION, GIB
 
+__all__ = ["Partitioner", "PlanningError", "allowed_kinds", "plan_tables"]
 _EPS = 1e-12
 
 
-class PlanningError(ValueError):
-    """The tables cannot be planned on this topology (names the table and the shortfall)."""
-
-
-@dataclass
-class _Choice:
-    option: ShardingOption
-    devices: tuple[int, ...]  # one per shard
-
-
-def allowed_kinds(constraints: Mapping[str, Any] | None, table: str) -> set[ShardingKind] | None:
-    """Sharding kinds a constraint allows: a TorchRec ``ParameterConstraints`` (its
-    ``sharding_types``) or a plain list of names; None = no constraint."""
-    if not constraints or table not in constraints:
-        return None
-    raw = constraints[table]
-    names = getattr(raw, "sharding_types", raw)
-    if names is None:
-        return None
-    known = {k.value: k for k in ShardingKind}
-    kinds = {known[n] for n in names if n in known}
-    if not kinds:
-        raise PlanningError(f"table {table!r}: constraint allows {list(names)}, none of which the TPU "
-                            f"planner supports ({sorted(known)})")
-    return kinds
-
-
 class Partitioner:
-    """Plans ``tables`` on ``topology`` for a global ``batch_size`` (see module docstring)."""
+    """Plans ``tables`` on ``topology`` for a global ``batch_size`` (see module docstring): the
+    search over the options :class:`~torchrec_tpu.planner.options.TableOptions` costs, its
+    result assembled by :func:`~torchrec_tpu.planner.assembly.assemble_plan`."""
 
     def __init__(self, topology: TPUTopology, batch_size: int,
                  max_ids_per_partition: int = DEFAULT_MAX_IDS_PER_PARTITION,
                  constraints: Mapping[str, Any] | None = None) -> None:
+        self.options = TableOptions(topology, batch_size, max_ids_per_partition, constraints)
         self.topology = topology
-        self.builder = OptionBuilder(topology, batch_size, max_ids_per_partition)
-        self.constraints = constraints
         self.d = topology.num_devices
-        self.usable = float(topology.usable_hbm_bytes_per_device)
-        self.over_limit: dict[str, list[ShardingOption]] = {}
-
-    # ---- options -------------------------------------------------------------------------------
-    def feasible_options(self, table: EmbeddingTable) -> list[ShardingOption]:
-        """Options of ``table`` within the id limit that fit one device's HBM (PlanningError if none)."""
-        kinds = allowed_kinds(self.constraints, table.name)
-        options = [o for o in self.builder.options(table) if kinds is None or o.kind in kinds]
-        limit = self.id_limit(table)
-        self.over_limit[table.name] = [o for o in options if o.ids_per_partition > limit]
-        fitting = [o for o in options if o.ids_per_partition <= limit and self._fits_alone(o)]
-        if fitting:
-            return fitting
-        lean = min(options, key=self._peak_memory)
-        if self._fits_alone(lean):
-            unlock = min((o for o in options if self._fits_alone(o)), key=lambda o: o.ids_per_partition)
-            raise PlanningError(
-                f"table {table.name!r}: every sharding that fits in HBM exceeds the id limit; {unlock.kind.value} "
-                f"needs {unlock.ids_per_partition:.0f} ids per SparseCore partition per step (limit "
-                f"max_ids_per_partition={limit}); raise the limit to >= {math.ceil(unlock.ids_per_partition)}, "
-                f"lower the batch size or use more chips"
-            )
-        need = self._peak_memory(lean)
-        raise PlanningError(
-            f"table {table.name!r} ({table.rows} rows x {table.dim}, {table.optimizer}) does not fit: it needs "
-            f"at least {need / GIB:.2f} GiB on one device of {self.topology.name} even {lean.kind.value} "
-            f"({self.topology.num_sparsecores} SparseCores in all), a device has {self.usable / GIB:.2f} GiB "
-            f"usable; shortfall {(need - self.usable) / GIB:.2f} GiB"
-        )
-
-    def id_limit(self, table: EmbeddingTable) -> int:
-        """The table's own ``max_ids_per_partition`` (e.g. from FDO), else the planner-wide one."""
-        return table.max_ids_per_partition or self.builder.max_ids_per_partition
-
-    def _peak_memory(self, o: ShardingOption) -> float:
-        return o.uniform.memory_bytes + max((s.load.memory_bytes for s in o.shards), default=0.0)
-
-    def _fits_alone(self, o: ShardingOption) -> bool:
-        return self._peak_memory(o) <= self.usable
+        self.usable = self.options.usable
 
     # ---- search --------------------------------------------------------------------------------
     def plan(self, tables: Sequence[EmbeddingTable], progress: bool = False) -> Plan:
@@ -126,11 +58,11 @@ class Partitioner:
         names = [t.name for t in tables]
         if len(set(names)) != len(names):
             raise PlanningError("duplicate table names")
-        options = {t.name: self.feasible_options(t) for t in _progress(tables, progress, "costing tables")}
+        options = {t.name: self.options.feasible(t) for t in _progress(tables, progress, "costing tables")}
         self.placed_time = np.zeros(self.d)
         self.placed_mem = np.zeros(self.d)
         self.uniform = Load()
-        self.choices: dict[str, _Choice] = {}
+        self.choices: dict[str, Choice] = {}
 
         first = self._fit_memory(self._initial_options(options), options)
         for name, option in first.items():
@@ -141,7 +73,7 @@ class Partitioner:
             self._place_or_fallback(name, [first[name]] + sorted(options[name], key=self._option_order))
         self._fill_valleys(options)
         self._relieve_slowest(options)
-        return self._build_plan(tables, self.lower_bound(options))
+        return assemble_plan(self.options, tables, self.choices, self.lower_bound(options))
 
     def evaluate(self, tables: Sequence[EmbeddingTable],
                  assignments: Mapping[str, tuple[ShardingOption, tuple[int, ...]]]) -> Plan:
@@ -149,9 +81,9 @@ class Partitioner:
         missing = sorted({t.name for t in tables} - set(assignments))
         if missing:
             raise PlanningError(f"assignment lacks tables {missing}")
-        bound = self.lower_bound({t.name: self.feasible_options(t) for t in tables})
-        self.choices = {name: _Choice(option, devices) for name, (option, devices) in assignments.items()}
-        return self._build_plan(tables, bound)
+        bound = self.lower_bound({t.name: self.options.feasible(t) for t in tables})
+        self.choices = {name: Choice(option, devices) for name, (option, devices) in assignments.items()}
+        return assemble_plan(self.options, tables, self.choices, bound)
 
     def lower_bound(self, options: Mapping[str, list[ShardingOption]]) -> float:
         """No plan beats perfect balance of the least work, nor any table's own cheapest footprint
@@ -202,7 +134,7 @@ class Partitioner:
             self.placed_time[dev] += sign * shard.load.time_s
             self.placed_mem[dev] += sign * shard.load.memory_bytes
         if sign > 0:
-            self.choices[name] = _Choice(option, devices)
+            self.choices[name] = Choice(option, devices)
         else:
             del self.choices[name]
 
@@ -236,25 +168,23 @@ class Partitioner:
             f"use a larger slice"
         )
 
-    def _mean_memory(self, o: ShardingOption) -> float:
-        return o.uniform.memory_bytes + sum(s.load.memory_bytes for s in o.shards) / self.d
-
     def _fit_memory(self, chosen: dict[str, ShardingOption],
                     options: Mapping[str, list[ShardingOption]]) -> dict[str, ShardingOption]:
         """Swap tables to their leanest option (largest saving first) until the average device
         fits; raise with the shortfall when even the leanest options do not."""
-        lean = {n: min(opts, key=lambda o: (self._mean_memory(o), o.total_time_s(self.d)))
+        mean = self.options.mean_memory
+        lean = {n: min(opts, key=lambda o: (mean(o), o.total_time_s(self.d)))
                 for n, opts in options.items()}
-        need = sum(self._mean_memory(o) for o in chosen.values())
+        need = sum(mean(o) for o in chosen.values())
         if need > self.usable:
-            for name in sorted(chosen, key=lambda n: (self._mean_memory(lean[n]) - self._mean_memory(chosen[n]), n)):
-                need += self._mean_memory(lean[name]) - self._mean_memory(chosen[name])
+            for name in sorted(chosen, key=lambda n: (mean(lean[n]) - mean(chosen[n]), n)):
+                need += mean(lean[name]) - mean(chosen[name])
                 chosen[name] = lean[name]
                 if need <= self.usable:
                     break
         if need > self.usable:
-            biggest = sorted(lean, key=lambda n: (-self._mean_memory(lean[n]), n))[:3]
-            listed = ", ".join(f"{n} ({self._mean_memory(lean[n]) / GIB:.2f} GiB)" for n in biggest)
+            biggest = sorted(lean, key=lambda n: (-mean(lean[n]), n))[:3]
+            listed = ", ".join(f"{n} ({mean(lean[n]) / GIB:.2f} GiB)" for n in biggest)
             raise PlanningError(
                 f"the {len(chosen)} tables need {need / GIB:.2f} GiB per device on {self.topology.name} "
                 f"even sharded as leanly as possible over all {self.d} devices, but a device has "
@@ -293,67 +223,6 @@ class Partitioner:
             if not any(self._best_move(n, options[n]) for n in on_slowest):
                 return
 
-    # ---- result --------------------------------------------------------------------------------
-    def _build_plan(self, tables: Sequence[EmbeddingTable], bound: float) -> Plan:
-        topo, costs = self.topology, self.topology.costs
-        stacks: dict[tuple[str, int | None], list[str]] = {}
-        per_device = [Load() for _ in range(self.d)]
-        placed_names: list[list[str]] = [[] for _ in range(self.d)]
-        uniform = Load()
-        table_plans = []
-        for t in tables:
-            choice = self.choices[t.name]
-            o = choice.option
-            uniform = uniform + o.uniform
-            if o.shards:
-                shards = tuple(ShardPlacement(dev, s.column_offset, s.columns, s.rows)
-                               for s, dev in zip(o.shards, choice.devices))
-                for s, dev in zip(o.shards, choice.devices):
-                    per_device[dev] = per_device[dev] + s.load
-                    placed_names[dev].append(t.name)
-                    stacks.setdefault((o.stack_key, dev), []).append(t.name)
-            else:
-                shards = (ShardPlacement(None, 0, o.padded_dim, o.rows_per_device),)
-                if o.kind is not ShardingKind.DATA_PARALLEL:
-                    stacks.setdefault((o.stack_key, None), []).append(t.name)
-            hbm = o.uniform.hbm_bytes * self.d + sum(s.load.hbm_bytes for s in o.shards)
-            table_plans.append(TablePlan(t.name, t.rows, t.dim, o.padded_dim, o.kind.value, t.optimizer, shards,
-                                         _stack_name(o.stack_key, shards[0].device if o.shards else None),
-                                         int(hbm), o.total_time_s(self.d), o.ids_per_partition))
-        global_stacks = sum(1 for (_, dev) in stacks if dev is None)
-        latency = costs.collective_latency_s * ALL_TO_ALLS_PER_STEP * (self.d > 1)
-        devices = []
-        for dev in range(self.d):
-            load = per_device[dev] + uniform
-            n_stacks = global_stacks + sum(1 for (_, d) in stacks if d == dev)
-            devices.append(DevicePlan(dev, dev // topo.chip.devices_per_chip, int(load.hbm_bytes),
-                                      int(load.buffer_bytes), load.lookup_s, load.comm_s,
-                                      costs.kernel_overhead_s * n_stacks + latency, n_stacks,
-                                      tuple(placed_names[dev])))
-        stack_plans = tuple(StackPlan(_stack_name(key, dev), dev, tuple(names))
-                            for (key, dev), names in sorted(stacks.items(), key=lambda kv: (_stack_name(*kv[0]))))
-        return Plan(topo, self.builder.batch_size, self.builder.max_ids_per_partition,
-                    int(self.usable), tuple(table_plans), tuple(devices), stack_plans, bound + latency,
-                    self._limit_warnings(tables))
-
-    def _limit_warnings(self, tables: Sequence[EmbeddingTable]) -> tuple[str, ...]:
-        """Tables the id limit pushed onto a costlier sharding, with the limit that would free them."""
-        out = []
-        for t in tables:
-            chosen = self.choices[t.name].option
-            limit = chosen.total_time_s(self.d)
-            better = [o for o in self.over_limit.get(t.name, []) if o.total_time_s(self.d) < limit]
-            if better:
-                best = min(better, key=lambda o: (o.ids_per_partition, o.total_time_s(self.d)))  # smallest unlock
-                out.append(
-                    f"table {t.name!r}: {best.kind.value} would need {best.ids_per_partition:.0f} ids per SparseCore "
-                    f"partition (limit {self.id_limit(t)}); planned {chosen.kind.value} instead at "
-                    f"{chosen.total_time_s(self.d) / best.total_time_s(self.d):.1f}x the work. Raise "
-                    f"max_ids_per_partition to >= {math.ceil(best.ids_per_partition)} (FDO) to allow it"
-                )
-        return tuple(out)
-
-
 def _placed_work(o: ShardingOption) -> float:
     return sum(s.load.time_s for s in o.shards)
 
@@ -362,10 +231,6 @@ def _better(a: tuple[float, int], b: tuple[float, int]) -> bool:
     if a[0] < b[0] * (1 - 1e-9) - _EPS:
         return True
     return a[0] <= b[0] * (1 + 1e-9) + _EPS and a[1] < b[1]
-
-
-def _stack_name(key: str, device: int | None) -> str:
-    return key if device is None else f"{key}@{device}"
 
 
 def _scaled(load: Load, sign: int) -> Load:

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from html import escape
 
 from torchrec_tpu.planner.plan import GRADIENT_BYTES, Plan
+from tpu_facts import ShardingKind
 
 GIB = 1024**3
-KINDS = ("row_wise", "table_wise", "column_wise", "data_parallel")
+KINDS = (ShardingKind.ROW_WISE, ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE, ShardingKind.DATA_PARALLEL)
 
 
 def _us(seconds: float) -> str:

@@ -16,21 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_tpu.structured_files import read_structured
-from tpu_facts import COMBINERS
+from tpu_facts import COMBINERS, OPTIMIZER_SLOTS
 from tpu_facts import MAX_VOCAB as MAX_ROWS
-
-# Optimizer state per table: (float32 slots per element, float32 slots per row). Matches the
-# SparseCore optimizers of jax-tpu-embedding / FBGEMM: Adagrad keeps one accumulator per element,
-# row-wise Adagrad one per row, Adam / Adagrad-momentum / FTRL two per element.
-OPTIMIZER_SLOTS: dict[str, tuple[int, int]] = {
-    "sgd": (0, 0),
-    "adagrad": (1, 0),
-    "rowwise_adagrad": (0, 1),
-    "adagrad_momentum": (2, 0),
-    "adam": (2, 0),
-    "lazy_adam": (2, 0),
-    "ftrl": (2, 0),
-}
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ device class whose semantics match a TPU's (tables in HBM, row-wise offered, no 
 replace its GPU perf/storage estimators with ``SparseCoreShardEstimator``, which prices every
 TorchRec shard with ``cost_model.OptionBuilder``. ``assignments_from_torchrec`` turns the
 resulting ``ShardingPlan`` back into cost-model options so both planners are scored alike
-(``Partitioner.evaluate``). Used by ``bench/bench_planner.py``; our own search is the default.
+(``Partitioner.evaluate``, over ``TableOptions.builder``). Used by ``bench/bench_planner.py``; our
+own search is the default.
 """
 
 from __future__ import annotations

@@ -141,7 +141,9 @@ class ShardedTables(nn.Module):
 
     def _fused_update(self, context: Any, grad: torch.Tensor) -> None:
         self.steps += 1
-        self._update(context, (grad * self._grad_scale).contiguous())
+        if self._grad_scale != 1.0:  # (x * 1.0 is x: no copy of the gradient for it)
+            grad = grad * self._grad_scale
+        self._update(context, grad.contiguous())
 
     def _lookup_and_output_dist(self, batch: Any) -> tuple[torch.Tensor, Any]:
         """This rank's output and the context ``_update`` needs."""

@@ -1,6 +1,6 @@
 """Where each table's rows and columns live: per-table sharding choices and the shards they make.
 
-Sharding types (TorchRec names):
+Sharding types (``tpu_facts.ShardingKind``, TorchRec's names; the planner's too):
 
 - ``table_wise``: the whole table on one rank.
 - ``row_wise``: rows mod-sharded over all ranks, as SparseCore mod-shards over its cores: id ``i``
@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from sparsecore.specs import TableSpec
+from tpu_facts import ShardingKind
 
-SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "data_parallel")
+SHARDING_TYPES = tuple(kind.value for kind in ShardingKind)
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,12 @@ def parallelize_dense(model: DLRMTrain, env: DistEnv, device: torch.device, para
             return model
         group = dense_group(device, env)
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
-        return DenseDDP(model, process_group=group)
+        # TorchRec DMP's DDP options: no broadcast of the (constant) buffers every forward, e.g.
+        # DLRM's triu_indices; on cpu also gradients as views of the buckets and a static graph
+        # (on tpu those need a pinned-memory allocator the device does not have)
+        on_host = device.type == "cpu"
+        return DenseDDP(model, process_group=group, broadcast_buffers=False, gradient_as_bucket_view=on_host,
+                        static_graph=on_host)
     if parallel == "fsdp2":
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard

@@ -61,17 +61,10 @@ class Engine(Protocol):
 
 def engine_for(config: TrainConfig) -> Engine:
     """The engine ``config.engine.kind`` names, set up with ``config``'s options."""
-    optim = config.optim
     if config.engine.kind == "sparsecore":
         from torchrec_tpu.train.sparsecore_engine import SparseCoreEngine
 
-        return SparseCoreEngine(
-            sparse_optimizer=optim.sparse_optimizer, sparse_lr=optim.sparse_lr, dense_optimizer=optim.dense_optimizer,
-            dense_lr=optim.dense_lr, batch_size=config.data.batch_size, seed=config.loop.seed,
-            plan=config.engine.plan, dense_device=config.engine.dense_device,
-            dense_parallel=config.engine.dense_parallel)
+        return SparseCoreEngine(config.optim, config.engine, config.data.batch_size, config.loop.seed)
     from torchrec_tpu.train.torchrec_engine import TorchRecEngine
 
-    return TorchRecEngine(sparse_optimizer=optim.sparse_optimizer, sparse_lr=optim.sparse_lr,
-                          dense_optimizer=optim.dense_optimizer, dense_lr=optim.dense_lr,
-                          batch_size=config.data.batch_size)
+    return TorchRecEngine(config.optim, config.data.batch_size)

@@ -14,11 +14,17 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import torch
+from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 
 # Where DLRMTrain keeps its EmbeddingBagCollection (parameter names start with it).
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
+
+
+def ebc_of(train_model: nn.Module) -> nn.Module:
+    """The EmbeddingBagCollection (or its sharded replacement) of a ``DLRMTrain``."""
+    return train_model.get_submodule(EBC_PATH)
 
 
 def table_name(feature: str) -> str:

@@ -21,14 +21,14 @@ from sparsecore.stacking import BatchSizeError
 from sparsecore.torchrec_convert import specs_from_configs
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
-from torchrec_tpu.train.config import ConfigError
+from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig
 from torchrec_tpu.train.dense_placement import DenseDDP, parallelize_dense, place_dense
 from torchrec_tpu.train.dense_placement import dense_device as device_named
 from torchrec_tpu.train.dense_step import step_function
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
-from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm
+from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
 from torchrec_tpu.train.plan_loading import resolve_sharding
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 from torchrec_tpu.train.torchrec_engine import DENSE_OPTIMIZER_CLASSES
@@ -59,17 +59,16 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
     same model on cpu and tpu."""
     model = build_dlrm(spec, dense_device=torch.device("cpu"))
-    arch = model.model.sparse_arch
     local_batch = max(1, batch_size // env.world_size)
-    tables_ebc = arch.embedding_bag_collection
+    tables_ebc = ebc_of(model)
     optimizer = sparse_optimizer_spec(sparse_optimizer, sparse_lr)
     tables, _ = specs_from_configs(tables_ebc.embedding_bag_configs(), local_batch, optimizer=optimizer)
     placement = resolve_sharding(plan, tables, env.world_size, batch_size)
     try:
-        arch.embedding_bag_collection = ShardedSparseCoreEBC.from_torchrec(
+        model.set_submodule(EBC_PATH, ShardedSparseCoreEBC.from_torchrec(
             tables_ebc, local_batch, placement.sharding, optimizer, topology=placement.rank_topology,
             seed=seed, average_over_ranks=True,
-        )
+        ))
     except BatchSizeError as err:
         raise ConfigError(f"--batch-size={batch_size} ({local_batch} per rank on {env.world_size} rank(s)) "
                           f"does not fit the sparsecore engine: {err}") from None
@@ -87,7 +86,7 @@ def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: 
     """``batches`` with their input dist run ``depth`` batches ahead on a background thread (over
     a process group of its own when there are several ranks, where the ranks first agree that each
     has its batch: :mod:`~torchrec_tpu.train.rank_agreement`; a collective: call on every rank)."""
-    ebc = _unwrap(model).model.sparse_arch.embedding_bag_collection
+    ebc = ebc_of(_unwrap(model))
     group = new_group(env) if env.world_size > 1 else None
     if group is not None:
         batches = AgreedBatches(batches, group, env.rank, env.world_size)
@@ -109,26 +108,24 @@ def build_dense_optimizer(model: nn.Module, dense_optimizer: str, dense_lr: floa
 @dataclass(frozen=True)
 class SparseCoreEngine:
     """The :class:`~torchrec_tpu.train.engines.Engine` of our sparsecore EBC (xla backend), sharded
-    as ``plan`` says, dense towers on ``dense_device`` synced by ``dense_parallel``."""
+    as ``options.plan`` says, dense towers on ``options.dense_device`` synced by
+    ``options.dense_parallel``; ``optim``'s optimizers, ``batch_size`` the global batch, ``seed``
+    the tables' initialisation."""
 
-    sparse_optimizer: str
-    sparse_lr: float
-    dense_optimizer: str
-    dense_lr: float
-    batch_size: int  # global
+    optim: OptimConfig
+    options: EngineConfig
+    batch_size: int
     seed: int
-    plan: str | None = None
-    dense_device: str = "cpu"
-    dense_parallel: str = "ddp"
     name = "sparsecore"
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
-        """(The batches stay on the host, ``device``; the towers go to ``dense_device``.)"""
-        return build_sparsecore_model(spec, env, device_named(self.dense_device), self.sparse_optimizer,
-                                      self.sparse_lr, self.batch_size, self.seed, self.plan, self.dense_parallel)
+        """(The batches stay on the host, ``device``; the towers go to the dense device.)"""
+        return build_sparsecore_model(spec, env, device_named(self.options.dense_device),
+                                      self.optim.sparse_optimizer, self.optim.sparse_lr, self.batch_size, self.seed,
+                                      self.options.plan, self.options.dense_parallel)
 
     def build_optimizer(self, model: nn.Module) -> KeyedOptimizerWrapper:
-        return build_dense_optimizer(model, self.dense_optimizer, self.dense_lr)
+        return build_dense_optimizer(model, self.optim.dense_optimizer, self.optim.dense_lr)
 
     def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
                      background: bool = True) -> Iterable[Batch]:
@@ -139,9 +136,9 @@ class SparseCoreEngine:
         return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
 
     def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
-        return step_function(model, optimizer, self.name, device_named(self.dense_device), env.world_size,
-                             self.dense_parallel)
+        return step_function(model, optimizer, self.name, device_named(self.options.dense_device), env.world_size,
+                             self.options.dense_parallel)
 
     def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: torch.optim.Optimizer) -> LearningRates:
         """Over the dense groups; the fused embedding rate is fixed (``policy`` must be constant)."""
-        return LearningRates(policy, list(optimizer.param_groups), self.dense_lr, None, self.sparse_lr)
+        return LearningRates(policy, list(optimizer.param_groups), self.optim.dense_lr, None, self.optim.sparse_lr)

@@ -25,6 +25,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from torchrec_tpu.train.config import OptimConfig
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn, train_step
@@ -98,21 +99,19 @@ def build_optimizer(
 @dataclass(frozen=True)
 class TorchRecEngine:
     """The :class:`~torchrec_tpu.train.engines.Engine` of stock TorchRec: DMP over FBGEMM's fused
-    TBE, planned by TorchRec's own planner, dense part in DMP's DDP on ``device``."""
+    TBE, planned by TorchRec's own planner, dense part in DMP's DDP on ``device``; ``optim``'s
+    optimizers, ``batch_size`` the global batch."""
 
-    sparse_optimizer: str
-    sparse_lr: float
-    dense_optimizer: str
-    dense_lr: float
+    optim: OptimConfig
     batch_size: int  # global
     name = "torchrec"
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
-        return shard_model(build_dlrm(spec, dense_device=device), env, device, self.sparse_optimizer,
-                           self.sparse_lr, self.batch_size)
+        return shard_model(build_dlrm(spec, dense_device=device), env, device, self.optim.sparse_optimizer,
+                           self.optim.sparse_lr, self.batch_size)
 
     def build_optimizer(self, model: nn.Module) -> CombinedOptimizer:
-        return build_optimizer(model, self.dense_optimizer, self.dense_lr)  # type: ignore[arg-type]
+        return build_optimizer(model, self.optim.dense_optimizer, self.optim.dense_lr)  # type: ignore[arg-type]
 
     def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
                      background: bool = True) -> Iterable[Batch]:
@@ -128,4 +127,4 @@ class TorchRecEngine:
         fused = model.fused_optimizer  # type: ignore[union-attr]
         sparse = list(fused.param_groups)
         dense = [g for g in optimizer.param_groups if all(g is not s for s in sparse)]
-        return LearningRates(policy, dense, self.dense_lr, sparse, self.sparse_lr, fused.step)
+        return LearningRates(policy, dense, self.optim.dense_lr, sparse, self.optim.sparse_lr, fused.step)
