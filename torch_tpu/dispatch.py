@@ -40,7 +40,9 @@ _LAST_OUTPUT = tpu_device._last_output
 # program that ran the op's lowering for such a call, called with the tensor arguments' arrays
 # directly (JAX's C++ jit dispatch). Filled by the lowered handler once op_jit compiled a program
 # for the signature (so op_jit's compile-on-second-sight policy and size cap hold). Calls without
-# keyword arguments whose tensors are plain tpu tensors take it.
+# keyword arguments whose tensors are plain tpu tensors take it; in-place ops among them
+# (_FAST_INPLACE) whose program's output has the target's shape and dtype store it whole.
+_FAST_INPLACE: set[Any] = set()
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -56,6 +58,10 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                 else:
                     _COUNTS[func.__name__] += 1
                     op_jit._stats.hits += 1
+                    if func in _FAST_INPLACE:  # op_(target, ...): the target's full array is replaced
+                        target = args[0]
+                        target._box.array = _LAST_OUTPUT[0] = out
+                        return target
                     if type(out) is _ARRAY:
                         _LAST_OUTPUT[0] = out
                         return from_jax(out)
@@ -268,7 +274,9 @@ def _sibling_compute(func: Any, sibling: Any) -> Compute | None:
     return decomposed
 
 
-def _inplace_handler(compute: Compute) -> Handler:
+def _inplace_handler(compute: Compute, lowering: Lowering | None = None) -> Handler:
+    """``op_(target, ...)``: compute the functional sibling (``lowering``, when it has one), store
+    into the target."""
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         out = compute(func, args, kwargs)
         target = args[0]
@@ -276,7 +284,12 @@ def _inplace_handler(compute: Compute) -> Handler:
             for t, v in zip(target, out):
                 _store(t, v)
             return None
+        exact = type(out) is _ARRAY and type(target) is TpuTensor and out.shape == target.shape \
+            and out.dtype == to_jax_dtype(target.dtype)
         _store(target, out)
+        if exact and lowering is not None:  # later calls store the program's output as it is
+            _note_fast(func, lowering, args, kwargs)
+            _FAST_INPLACE.add(func)
         return target
 
     return run
@@ -598,7 +611,7 @@ def _make_handler(func: Any) -> Handler:
             pass_dtype = any(a.name == "dtype" for a in sibling._schema.arguments)
             return _out_handler(compute, [a.name for a in write_args], pass_dtype)
         if write_args[0] is schema.arguments[0] and len(write_args) == 1:
-            return _inplace_handler(compute)
+            return _inplace_handler(compute, get_lowering(sibling))
         return _fallback_handler
     lowering = get_lowering(func)
     if lowering is not None:

@@ -230,3 +230,21 @@ def test_fast_path_errors_are_torch_errors():
         (a + b).cpu()
     with pytest.raises(RuntimeError, match="must match the size"):
         a + torch.ones(4, device="tpu")
+
+
+def test_fast_in_place_ops_update_the_target_and_its_views():
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    row, row_t = x[1], xt[1]  # a view sees every update of its base
+    for _ in range(4):
+        assert xt.add_(yt) is xt and xt.mul_(0.5) is xt
+        x.add_(y).mul_(0.5)
+        torch.testing.assert_close(xt.cpu(), x)
+        torch.testing.assert_close(row_t.cpu(), row)
+    assert {"add_.Tensor", "mul_.Tensor"} <= {key[0].__name__ for key in op_jit.fast}
+    wide = torch.ones(3, 4, dtype=torch.float64)
+    for _ in range(3):  # a float64 operand: the result is cast into the float32 target, not stored whole
+        xt.add_(wide.to("tpu"))
+        x.add_(wide)
+    assert xt.dtype == torch.float32
+    torch.testing.assert_close(xt.cpu(), x)
