@@ -68,7 +68,17 @@ def steady_rate(log_dir: Path) -> float:
 
 
 def run(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Namespace) -> dict:
-    """One fresh run of ``engine`` on ``world`` loopback processes; rank 0's throughputs."""
+    """One fresh run of ``engine`` on ``world`` loopback processes; rank 0's throughputs. A failed
+    run is reported and run once more (TorchRec's processes sometimes abort at exit, "terminate
+    called without an active exception"); a second failure raises."""
+    try:
+        return _run_once(engine, world, data, log_dir, args)
+    except RuntimeError as error:
+        print(f"  (retrying once: {str(error).splitlines()[0]} with: {str(error).splitlines()[-1]})", flush=True)
+        return _run_once(engine, world, data, log_dir / "retry", args)
+
+
+def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--data", str(data), "--log-dir", str(log_dir)]
     cmd += [arg for name in MODEL_FLAGS for arg in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

@@ -11,6 +11,7 @@ anything else -> CPU fallback (counted). A few ops that cross devices or return 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -31,19 +32,92 @@ aten = torch.ops.aten
 Handler = Callable[[Any, tuple, dict], Any]
 _HANDLERS: dict[Any, Handler] = {}
 _ARRAY = ARRAY_TYPE
+_STRICT = modes.EagerMode.STRICT
+_MODE = modes._current  # [the eager mode]
+_COUNTS = fallback._lowered_counts
+_LAST_OUTPUT = tpu_device._last_output
+# The fast path (op_jit.fast): (op, each argument's shape and dtype or value) -> the op_jit
+# program that ran the op's lowering for such a call, called with the tensor arguments' arrays
+# directly (JAX's C++ jit dispatch). Filled by the lowered handler once op_jit compiled a program
+# for the signature (so op_jit's compile-on-second-sight policy and size cap hold). Calls without
+# keyword arguments whose tensors are plain tpu tensors take it; in-place ops among them
+# (_FAST_INPLACE) whose program's output has the target's shape and dtype store it whole.
+_FAST_INPLACE: set[Any] = set()
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    if not kwargs and _MODE[0] is _STRICT and op_jit._config["enabled"]:
+        found = _fast_signature(func, args)
+        if found is not None:
+            program = op_jit.fast.get(found[0])
+            if program is not None:
+                try:
+                    out = program(*found[1])
+                except Exception:  # noqa: BLE001  (what the lowering rejects: the full path raises torch's error)
+                    op_jit.fast.pop(found[0], None)
+                else:
+                    _COUNTS[func.__name__] += 1
+                    op_jit._stats.hits += 1
+                    if func in _FAST_INPLACE:  # op_(target, ...): the target's full array is replaced
+                        target = args[0]
+                        target._box.array = _LAST_OUTPUT[0] = out
+                        return target
+                    if type(out) is _ARRAY:
+                        _LAST_OUTPUT[0] = out
+                        return from_jax(out)
+                    return _wrap(out)
     handler = _HANDLERS.get(func)
     if handler is None:
         handler = _HANDLERS[func] = _make_handler(func)
     return handler(func, args, kwargs)
 
 
+def _fast_signature(func: Any, args: tuple) -> tuple[tuple, list] | None:
+    """(fast key, the tensor arguments' arrays), or None when the call cannot take the fast path
+    (a view, a CPU or lazy tensor, a tensor list, an argument of another kind)."""
+    key: list[Any] = [func]
+    arrays = []
+    for a in args:
+        kind = type(a)
+        if kind is TpuTensor:
+            array = a._box.array
+            if type(array) is not _ARRAY or not a._full:
+                return None
+            aval = array.aval
+            if aval.shape != a.shape:
+                return None
+            arrays.append(array)
+            key.append((aval.shape, aval.dtype))
+        elif kind is float:
+            key.append(a if a else (float, math.copysign(1.0, a)))  # 0.0 == -0.0, but 1/x differs
+        elif kind is int or kind is bool:
+            key.append((kind, a))
+        elif a is None or kind is torch.dtype:
+            key.append(a)
+        elif kind is list or kind is tuple:
+            for e in a:
+                if type(e) is not int:
+                    return None
+            key.append((kind, *a))
+        else:
+            return None
+    return tuple(key), arrays
+
+
+def _note_fast(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> None:
+    """After the lowered handler ran ``func``: give the call's signature its op_jit program."""
+    program = op_jit.last_program()
+    if program is None or kwargs or lowering.needs_key or _MODE[0] is not _STRICT:
+        return
+    found = _fast_signature(func, args)
+    if found is not None:
+        op_jit.fast[found[0]] = program
+
+
 def clear_handler_cache() -> None:
     """Forget cached per-op handlers and compiled per-op programs (after registering new lowerings)."""
     _HANDLERS.clear()
-    op_jit.clear()
+    op_jit.clear()  # the fast path's programs too
 
 
 # --- argument conversion ---------------------------------------------------------------------
@@ -126,8 +200,16 @@ def _raise_as_torch(func: Any, args: tuple, kwargs: dict, error: Exception) -> N
 
 
 def _lowered_handler(lowering: Lowering) -> Handler:
+    if lowering.writes:
+        def run_writing(func: Any, args: tuple, kwargs: dict) -> Any:
+            return _wrap(_execute(func, lowering, args, kwargs))
+
+        return run_writing
+
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
-        return _wrap(_execute(func, lowering, args, kwargs))
+        out = _execute(func, lowering, args, kwargs)
+        _note_fast(func, lowering, args, kwargs)
+        return _wrap(out)
 
     return run
 
@@ -192,7 +274,9 @@ def _sibling_compute(func: Any, sibling: Any) -> Compute | None:
     return decomposed
 
 
-def _inplace_handler(compute: Compute) -> Handler:
+def _inplace_handler(compute: Compute, lowering: Lowering | None = None) -> Handler:
+    """``op_(target, ...)``: compute the functional sibling (``lowering``, when it has one), store
+    into the target."""
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         out = compute(func, args, kwargs)
         target = args[0]
@@ -200,7 +284,12 @@ def _inplace_handler(compute: Compute) -> Handler:
             for t, v in zip(target, out):
                 _store(t, v)
             return None
+        exact = type(out) is _ARRAY and type(target) is TpuTensor and out.shape == target.shape \
+            and out.dtype == to_jax_dtype(target.dtype)
         _store(target, out)
+        if exact and lowering is not None:  # later calls store the program's output as it is
+            _note_fast(func, lowering, args, kwargs)
+            _FAST_INPLACE.add(func)
         return target
 
     return run
@@ -522,7 +611,7 @@ def _make_handler(func: Any) -> Handler:
             pass_dtype = any(a.name == "dtype" for a in sibling._schema.arguments)
             return _out_handler(compute, [a.name for a in write_args], pass_dtype)
         if write_args[0] is schema.arguments[0] and len(write_args) == 1:
-            return _inplace_handler(compute)
+            return _inplace_handler(compute, get_lowering(sibling))
         return _fallback_handler
     lowering = get_lowering(func)
     if lowering is not None:

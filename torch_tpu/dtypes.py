@@ -38,6 +38,9 @@ def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
 
 def to_torch_dtype(dtype) -> torch.dtype:
     """The torch dtype for a JAX/numpy dtype."""
+    found = _JAX_TO_TORCH.get(dtype)  # a numpy dtype (every array's): no conversion
+    if found is not None:
+        return found
     try:
         return _JAX_TO_TORCH[np.dtype(dtype)]
     except KeyError:

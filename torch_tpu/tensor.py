@@ -132,7 +132,7 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if any(not issubclass(t, TpuTensor) for t in types):
+        if types != _ONLY_TPU and any(not issubclass(t, TpuTensor) for t in types):
             # another tensor subclass among the arguments (DTensor's AsyncCollectiveTensor ...):
             # it unwraps itself and dispatches again, with TpuTensors only
             return NotImplemented
@@ -215,6 +215,10 @@ class TpuTensor(torch.Tensor):
     def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: Any = None) -> TpuTensor:
         """AOTAutograd's hook for a subclass tangent: a TpuTensor already is a plain tpu tensor."""
         return self
+
+
+_ONLY_TPU = (TpuTensor,)  # the usual ``types`` of a dispatch
+_make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 def _rebuild_tpu_tensor(cpu: torch.Tensor, requires_grad: bool) -> TpuTensor:
@@ -307,9 +311,7 @@ def _extent(size, stride, offset: int) -> int:
 
 def from_jax(array: jax.Array) -> TpuTensor:
     """Wrap a JAX array as a new tpu tensor owning a fresh storage (no copy)."""
-    t = torch.Tensor._make_wrapper_subclass(
-        TpuTensor, array.shape, dtype=to_torch_dtype(array.dtype), device=DEVICE
-    )
+    t = _make_wrapper(TpuTensor, array.shape, dtype=to_torch_dtype(array.dtype), device=DEVICE)
     t._box = StorageBox(array)
     t._full = True
     return t

@@ -77,7 +77,7 @@ def report_failure(command: str, error: BaseException) -> int:
     message = one_line(cause)
     if isinstance(cause, CollectiveError):  # names the collective and the ranks already
         pass
-    elif isinstance(cause, RuntimeError) and "gloo" in message:  # a peer rank failed or stalled
+    elif isinstance(cause, RuntimeError) and ("gloo" in message or "tpu_dist" in message):  # a peer failed
         message = f"a collective with the other ranks failed (see their errors): {message}"
     elif not is_user_error(cause):
         message = f"internal error ({type(cause).__name__}): {message}"

@@ -312,6 +312,22 @@ def _objects(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> obje
     return [ours, box], [refs, [{"rank": 0, "ids": [0, 1]}]]
 
 
+@check("host_and_device_lanes")
+def _lanes(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> object:
+    """A tpu and a cpu all_reduce issued in opposite orders on even and odd ranks (as autograd's
+    device thread and the caller's thread may issue them) both complete: each lane has one order.
+    (cpu tensors only share one lane, so that job keeps one order.)"""
+    host, ref_host = _data(rank, 4), _data(rank, 4)
+    moved, ref_moved = _data(rank, 3, salt=1).to(device), _data(rank, 3, salt=1)
+    issue = [lambda: dist.all_reduce(host, async_op=True), lambda: dist.all_reduce(moved, async_op=True)]
+    flipped = device == "tpu" and rank % 2 == 1
+    for work in [start() for start in (issue[::-1] if flipped else issue)]:
+        work.wait()
+    dist.all_reduce(ref_host, group=gloo)
+    dist.all_reduce(ref_moved, group=gloo)
+    return [host, moved], [ref_host, ref_moved]
+
+
 def run_checks(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> dict:
     """Every check as name -> (ours, reference) on CPU, or name -> error text."""
     EXACT_FLOATS[0] = size > 2

@@ -1,7 +1,7 @@
 """What each rank of the sharded-checkpoint test runs (module level, so spawned ranks import it).
 
-Over gloo, as the training job's EBC: torch's ShardedTensor asks for a CUDA device on other
-backends when a rank holds no piece of a table (table-wise tables on the other ranks)."""
+Over tpu_dist, as the training job: ranks that hold no piece of a table (table-wise tables on the
+other rank) included, where torch's ShardedTensor alone would ask for a CUDA device."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def save_after_training(rank: int, world_size: int, store, timeout, directory: s
                         steps: int, local_batch: int):
     """Per layout: train ``steps`` steps, DCP-save ``{"ebc": state_dict}`` to ``directory/<layout>``;
     return the unsharded state that was saved."""
-    with tpu_dist_group(rank, world_size, store, timeout, backend="gloo"):
+    with tpu_dist_group(rank, world_size, store, timeout):
         results = {}
         for layout in layouts:
             ebc = _ebc(layout, local_batch, seed=0)
@@ -41,7 +41,7 @@ def load_into_fresh(rank: int, world_size: int, store, timeout, directory: str, 
                     local_batch: int):
     """Per layout: a fresh EBC (other initial weights) loads ``directory/<layout>``; returns its
     unsharded state before and after the load, and the tables of its ``to_torchrec()`` unshard."""
-    with tpu_dist_group(rank, world_size, store, timeout, backend="gloo"):
+    with tpu_dist_group(rank, world_size, store, timeout):
         results = {}
         for layout in layouts:
             ebc = _ebc(layout, local_batch, seed=1)

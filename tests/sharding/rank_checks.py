@@ -26,12 +26,14 @@ LAYOUTS = {
 
 
 @contextlib.contextmanager
-def tpu_dist_group(rank: int, world_size: int, store, timeout, backend: str = "tpu_dist") -> Iterator[None]:
-    """This spawned rank in a tpu_dist (or ``backend``) world, for the duration of the block."""
-    import torch_tpu.distributed  # noqa: F401  registers the tpu_dist backend
+def tpu_dist_group(rank: int, world_size: int, store, timeout) -> Iterator[None]:
+    """This spawned rank in a tpu_dist world, for the duration of the block: the XLA transport
+    (JAX multi-controller) for tpu tensors, the sharded modules' host tensors on its host lane."""
+    import torch_tpu.distributed as tpu_dist
 
     torch.set_num_threads(1)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    assert tpu_dist.active_transport() == "xla"
     try:
         yield
     finally:

@@ -1,4 +1,4 @@
-"""Sharded EBC checkpoints over two ranks (loopback processes, gloo): every rank writes only the
+"""Sharded EBC checkpoints over two ranks (loopback processes, tpu_dist): every rank writes only the
 pieces it holds, fresh ranks load them back exactly (and unshard them with ``to_torchrec()``),
 and a plain CPU TorchRec EBC loads the full tables from the same files."""
 

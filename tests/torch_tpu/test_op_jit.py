@@ -194,3 +194,57 @@ def test_programs_that_only_hand_back_their_inputs_run_plainly():
     x.add_(1)
     for c in copies:
         torch.testing.assert_close(c.cpu(), torch.arange(4.0), rtol=0, atol=0)
+
+
+def _signs(t: torch.Tensor) -> torch.Tensor:
+    return torch.copysign(torch.ones_like(t), t)
+
+
+def test_fast_path_keeps_every_argument_apart():
+    """Calls after the compile skip the dispatch machinery (``op_jit.fast``); arguments that
+    compare equal but give other results (0.0 / -0.0, True / 1, other dims) still get their own
+    programs, and every result matches CPU torch."""
+    x = torch.randn(4, 5)
+    xt = x.to("tpu")
+    flags = torch.tensor([True, False])
+    for _ in range(3):
+        for scale in (0.0, -0.0):
+            torch.testing.assert_close(_signs((xt * scale).cpu()), _signs(x * scale))
+        for dim in ([0], [1]):
+            torch.testing.assert_close(xt.sum(dim).cpu(), x.sum(dim))
+        for other in (True, 1):
+            got, want = (flags.to("tpu") + other).cpu(), flags + other
+            assert got.dtype == want.dtype and torch.equal(got, want)
+        torch.testing.assert_close(xt.relu().cpu(), x.relu())
+    fast = {key[0].__name__ for key in op_jit.fast}
+    assert {"mul.Tensor", "sum.dim_IntList", "add.Tensor", "relu.default"} <= fast
+    before = op_jit.stats()
+    torch.testing.assert_close((xt * 2.5).relu().cpu(), (x * 2.5).relu())  # a new scale: first sight
+    after = op_jit.stats()
+    assert (after.misses, after.hits) == (before.misses + 1, before.hits + 1)  # relu: fast
+
+
+def test_fast_path_errors_are_torch_errors():
+    a, b = torch.ones(3, device="tpu"), torch.ones(3, device="tpu")
+    for _ in range(3):
+        (a + b).cpu()
+    with pytest.raises(RuntimeError, match="must match the size"):
+        a + torch.ones(4, device="tpu")
+
+
+def test_fast_in_place_ops_update_the_target_and_its_views():
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    row, row_t = x[1], xt[1]  # a view sees every update of its base
+    for _ in range(4):
+        assert xt.add_(yt) is xt and xt.mul_(0.5) is xt
+        x.add_(y).mul_(0.5)
+        torch.testing.assert_close(xt.cpu(), x)
+        torch.testing.assert_close(row_t.cpu(), row)
+    assert {"add_.Tensor", "mul_.Tensor"} <= {key[0].__name__ for key in op_jit.fast}
+    wide = torch.ones(3, 4, dtype=torch.float64)
+    for _ in range(3):  # a float64 operand: the result is cast into the float32 target, not stored whole
+        xt.add_(wide.to("tpu"))
+        x.add_(wide)
+    assert xt.dtype == torch.float32
+    torch.testing.assert_close(xt.cpu(), x)

@@ -1,6 +1,7 @@
-"""Two ranks with the dense towers on tpu, replicated (DDP over a tpu_dist group) or sharded
-(FSDP2 ``fully_shard``), train like one rank on the whole batch: same losses, weights, tables
-and held-out metrics."""
+"""Two ranks with the dense towers on tpu, replicated (DDP) or sharded (FSDP2 ``fully_shard``)
+over the one tpu_dist group that also carries the EBC's all_to_alls (tpu tensors by the XLA
+transport), train like one rank on the whole batch: same losses, weights, tables and held-out
+metrics."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def one_rank() -> dict:
 def test_two_ranks_on_tpu_equal_one_rank(parallel: str, one_rank: dict) -> None:
     ranks = launch_local(rank_body, 2, "tpu", parallel, MODEL, timeout_s=300.0)
     for got in ranks:
-        assert got["devices"] == {"tpu"}
+        assert got["devices"] == {"tpu"} and got["transport"] == "xla"
         # each rank's loss is the mean over its half of the batch: their mean is the global loss
         torch.testing.assert_close([sum(pair) / 2 for pair in zip(*(r["losses"] for r in ranks))],
                                    one_rank["losses"], rtol=0, atol=1e-5)

@@ -85,6 +85,8 @@ def two_rank_run(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_two_ranks_train_in_lock_step(two_rank_run) -> None:
     log_dir, (out0, out1) = two_rank_run
     assert "training finished" in out0 and "training finished" not in out1
+    # one tpu_dist group (DMP's all_to_alls, DDP, DCP); nothing on tpu: no JAX coordinator joined
+    assert "collectives over one tpu_dist group of 2 ranks: tpu tensors by the gloo transport" in out0
     # Each rank steps on its half of every global batch of 256: 128 rows per rank per step.
     assert f"steps           {STEPS} ({STEPS * 256:,} samples this run, 2 rank(s))" in out0
     assert "8192 held-out rows" in out0  # the shards together cover the held-out file

@@ -34,6 +34,7 @@ def two_rank_sparsecore(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFac
 @pytest.mark.multiprocess
 def test_two_ranks_train_and_the_checkpoint_loads_on_one(two_rank_sparsecore) -> None:
     log_dir, (out0, _) = two_rank_sparsecore
+    assert "collectives over one tpu_dist group of 2 ranks" in out0
     assert f"steps           {STEPS} ({STEPS * 256:,} samples this run, 2 rank(s))" in out0
     meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
     assert meta["world_size"] == WORLD and meta["metrics"]["eval_auc"] > 0.55

@@ -11,10 +11,10 @@ each class in its MRO and the source file defining it) and non-tensor attributes
 attributes by content), the loss function's code, closure and defaults, the optimizer's class,
 the source of each top-level package defining one of those classes or the loss function (every
 ``.py`` file under it; an installed package by its version), torch_tpu's own source, and the
-torch / jax versions. Models with forward/backward hooks are not
-stored (a hook's effect is not part of the key). Anything the key cannot describe exactly (an
-object whose ``repr`` shows its address) makes a key no other process produces: a miss, never a
-stale program.
+torch / jax versions. Steps of models with forward/backward hooks, or of optimizers with step
+hooks, are not stored (a hook's effect is not part of the key). Anything the key cannot describe
+exactly (an object whose ``repr`` shows its address) makes a key no other process produces: a
+miss, never a stale program.
 """
 
 from __future__ import annotations
@@ -168,18 +168,23 @@ def _module_digest(model: nn.Module, depth: int = 0) -> str:
     return h.hexdigest()
 
 
-def _global_hooks() -> bool:
+def _hooks(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether module or optimizer hooks (global or ``optimizer``'s) would run in the trace."""
     from torch.nn.modules import module as module_impl
+    from torch.optim import optimizer as optimizer_impl
 
-    return any(getattr(module_impl, name) for name in dir(module_impl)
-               if name.startswith("_global_") and name.endswith("hooks"))
+    return (any(getattr(module_impl, name) for name in dir(module_impl)
+                if name.startswith("_global_") and name.endswith("hooks"))
+            or bool(optimizer_impl._global_optimizer_pre_hooks or optimizer_impl._global_optimizer_post_hooks)
+            or bool(getattr(optimizer, "_optimizer_step_pre_hooks", None))
+            or bool(getattr(optimizer, "_optimizer_step_post_hooks", None)))
 
 
 def step_key(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None,
              param_names: Sequence[str], other_names: Sequence[str], signature: StepSignature,
              input_grads: Sequence[int]) -> str | None:
     """The cache key of the step ``signature`` traces, or None when it cannot be cached."""
-    if xla_cache.cache_dir() is None or _global_hooks() or any(_has_hooks(m) for m in model.modules()):
+    if xla_cache.cache_dir() is None or _hooks(optimizer) or any(_has_hooks(m) for m in model.modules()):
         return None
     _package_digests.clear()
     classes = {c for m in model.modules() for c in type(m).__mro__} | set(type(optimizer).__mro__)

@@ -25,7 +25,10 @@ processes run multi-controller JAX: the default group joins ``jax.distributed`` 
 the device was used before ``init_process_group`` (then call :func:`init_xla_transport` first).
 Otherwise, and for CPU tensors, an internal gloo group on host copies carries them
 (:mod:`torch_tpu.distributed.transport`). :func:`active_transport` says which; choose with
-``TPU_DIST_TRANSPORT=auto|xla|gloo`` or ``pg_options=TransportOptions(...)``.
+``TPU_DIST_TRANSPORT=auto|xla|gloo`` or ``pg_options=TransportOptions(...)``. tpu and cpu tensors
+travel on lanes of their own, so one group serves a job's device and host collectives together.
+torch's ShardedTensor (TorchRec's and DCP's sharded checkpoints) works on ``tpu_dist`` groups,
+ranks without a shard included (:mod:`torch_tpu.distributed.sharded_tensor`).
 
 Functional collectives (``_c10d_functional::*``, used by DTensor ``redistribute`` and
 ``full_tensor``) on tpu tensors run through the core's CPU fallback, which waits for each result
@@ -33,6 +36,7 @@ before copying it to the device. ``torch.tpu.topology_aware_mesh`` aliases
 :func:`topology_aware_mesh`.
 """
 
+from torch_tpu.distributed import sharded_tensor
 from torch_tpu.distributed.backend import TransportOptions, active_transport, register_backend
 from torch_tpu.distributed.local_launch import launch_local
 from torch_tpu.distributed.mesh import MeshLayout, topology_aware_mesh
@@ -42,6 +46,7 @@ from torch_tpu.distributed.worker import CollectiveError
 from torch_tpu.distributed.xla_join import init_xla_transport
 
 register_backend()
+sharded_tensor.register()
 
 __all__ = [
     "BACKEND_NAME",

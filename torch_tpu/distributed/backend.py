@@ -7,6 +7,10 @@ not started yet), else through the gloo transport. ``TPU_DIST_TRANSPORT=auto|xla
 One XLA transport per set of ranks: XLA programs over the same devices must not interleave, and
 groups run on their own threads, so a second live group over the same ranks uses gloo (even when
 "xla" was asked for).
+
+A group of several ranks has a device lane for its tpu tensors (the XLA transport, or a gloo one)
+beside the host lane (a gloo transport) for cpu tensors; see
+:class:`~torch_tpu.distributed.process_group.ProcessGroupTPU`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ def _requested(backend_options: Any) -> str:
     return TransportOptions(os.environ.get(TRANSPORT_ENV, "auto")).transport
 
 
+def _gloo(opts: Any, prefix: str) -> GlooTransport:
+    return GlooTransport(opts.store, opts.group_rank, opts.group_size, opts.timeout, prefix)
+
+
 def _xla_or_reason(opts: Any, gloo: GlooTransport) -> Transport | str:
     """An XLA transport for the group, or why it cannot have one."""
     from torch_tpu.distributed import xla_join, xla_transport
@@ -71,24 +79,27 @@ def _ranks_taken(opts: Any) -> bool:
 
 def _create_process_group(opts: Any, backend_options: Any) -> ProcessGroupTPU:
     requested = _requested(backend_options)
-    transport: Transport = GlooTransport(opts.store, opts.group_rank, opts.group_size, opts.timeout)
-    if requested == "auto" and opts.group_size == 1:
-        requested = "gloo"  # nothing to move between processes: do not start a JAX coordinator
+    host = _gloo(opts, "tpu_dist_gloo")
+    if opts.group_size == 1 and requested != "xla":  # nothing to move: no JAX coordinator
+        _log.info("tpu_dist group %s: gloo transport, 1 rank", opts.group_id)
+        return ProcessGroupTPU(host, opts.timeout, global_ranks=opts.global_ranks_in_group)
+    device: Transport = _gloo(opts, "tpu_dist_gloo_device")
     if requested != "gloo" and _ranks_taken(opts):
         _log.info("tpu_dist group %s: gloo transport (another live group over its ranks has the "
                   "XLA transport)", opts.group_id)
         requested = "gloo"
     if requested != "gloo":
-        chosen = _xla_or_reason(opts, transport)
+        chosen = _xla_or_reason(opts, device)
         if isinstance(chosen, str):
             if requested == "xla":
                 raise RuntimeError(f"tpu_dist: the XLA transport was requested, but {chosen}")
             _log.info("tpu_dist group %s: gloo transport (%s)", opts.group_id, chosen)
         else:
-            transport = chosen
-    _log.info("tpu_dist group %s: %s transport, rank %d of %d", opts.group_id, transport.name,
-              opts.group_rank, opts.group_size)
-    return ProcessGroupTPU(transport, opts.timeout, global_ranks=opts.global_ranks_in_group)
+            device = chosen
+    _log.info("tpu_dist group %s: %s transport for tpu tensors, gloo for cpu tensors, rank %d of %d",
+              opts.group_id, device.name, opts.group_rank, opts.group_size)
+    return ProcessGroupTPU(host, opts.timeout, global_ranks=opts.global_ranks_in_group,
+                           device_transport=device)
 
 
 def active_transport(group: dist.ProcessGroup | None = None) -> str:

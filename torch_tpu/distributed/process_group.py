@@ -5,6 +5,14 @@ A Python ``dist.ProcessGroup`` subclass. Every collective validates its argument
 group's ordered worker and returns an async ``Work``. Jobs reduce list-, coalesced- and
 multi-tensor forms to the flat primitives of a :class:`~torch_tpu.distributed.transport.Transport`.
 
+A group has two lanes when it is given a ``device_transport``: collectives on tpu tensors run
+in issue order on the device lane (its own worker and transport), all others (cpu tensors, mixed
+calls, barrier) on the host lane. So one group carries both a model's device traffic (DDP, FSDP2 on
+tpu) and its host traffic (the sparse engine's id and embedding all_to_alls, checkpoint
+collectives) even when autograd issues them from different threads (it runs tpu backward on a
+device thread and cpu backward on the caller's), whose relative order differs between ranks: each
+lane's order is the same on every rank. A failure on either lane poisons both.
+
 Method names follow torch 2.13 (``all_gather_single``, ``reduce_scatter_single``,
 ``all_to_all_single`` and their ``_coalesced`` forms); the pre-2.13 names (``_allgather_base``,
 ``_reduce_scatter_base``, ``alltoall_base``, ``allgather_into_tensor_coalesced``,
@@ -21,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from torch_tpu.distributed.transport import Transport
-from torch_tpu.distributed.worker import FutureWork, OrderedWorker
+from torch_tpu.distributed.worker import Failure, FutureWork, OrderedWorker
 
 BACKEND_NAME = "tpu_dist"
 
@@ -35,24 +43,35 @@ def _copy_pieces(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
         out.copy_(piece.view(out.shape))
 
 
+def _on_device(tensors: Sequence[torch.Tensor]) -> bool:
+    return bool(tensors) and all(t.device.type == "tpu" for t in tensors)
+
+
 class ProcessGroupTPU(dist.ProcessGroup):
-    """c10d process group for tpu and cpu tensors over a :class:`Transport`."""
+    """c10d process group for tpu and cpu tensors over a :class:`Transport` (``transport``; with a
+    ``device_transport``, that one carries the collectives on tpu tensors on a lane of its own)."""
 
     def __init__(
         self,
         transport: Transport,
         timeout: datetime.timedelta,
         global_ranks: Sequence[int] | None = None,
+        device_transport: Transport | None = None,
     ) -> None:
         super().__init__(transport.rank, transport.size)
         self._transport = transport
+        self._device_transport = device_transport
         self._rank = transport.rank
         self._size = transport.size
         self._timeout = timeout
         self._global_ranks = list(global_ranks) if global_ranks else list(range(self._size))
         self._group_name = ""
         self._group_desc = ""
-        self._worker = OrderedWorker(f"tpu_dist-r{self._rank}")
+        failure = Failure()
+        self._worker = OrderedWorker(f"tpu_dist-r{self._rank}", failure)
+        self._device_worker = (
+            OrderedWorker(f"tpu_dist-device-r{self._rank}", failure) if device_transport else None
+        )
 
     # ---- identity ---------------------------------------------------------------------------
 
@@ -78,17 +97,25 @@ class ProcessGroupTPU(dist.ProcessGroup):
     @property
     def transport_name(self) -> str:
         """The transport tpu tensors travel through: "xla" or "gloo"."""
-        return self._transport.name
+        return (self._device_transport or self._transport).name
 
     def __repr__(self) -> str:
         return (
             f"ProcessGroupTPU(name={self._group_name!r}, rank={self._rank}, size={self._size}, "
-            f"transport={type(self._transport).__name__})"
+            f"transport={type(self._device_transport or self._transport).__name__})"
         )
 
     # ---- plumbing ---------------------------------------------------------------------------
 
-    def _submit(self, collective: str, job: Callable[[], Any]) -> FutureWork:
+    def _submit(
+        self, collective: str, tensors: Sequence[torch.Tensor], job: Callable[[Transport], Any]
+    ) -> FutureWork:
+        """Queue ``job(transport)`` on the lane of ``tensors`` (device lane: all on tpu)."""
+        if self._device_worker is not None and _on_device(tensors):
+            worker, transport = self._device_worker, self._device_transport
+        else:
+            worker, transport = self._worker, self._transport
+
         def describe(exc: BaseException) -> str:
             return (
                 f"tpu_dist {collective} failed on group {self._group_name!r} (rank {self._rank} of "
@@ -98,19 +125,22 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 "collectives; this group cannot be used any more."
             )
 
-        return self._worker.submit(collective, job, describe)
+        return worker.submit(collective, lambda: job(transport), describe)
 
     def _each(
-        self, collective: str, tensors: list[torch.Tensor], run: Callable[[torch.Tensor], None]
+        self,
+        collective: str,
+        tensors: list[torch.Tensor],
+        run: Callable[[Transport, torch.Tensor], None],
     ) -> FutureWork:
         """One job running ``run`` on every tensor in order; the tensors are the result."""
 
-        def job() -> list[torch.Tensor]:
+        def job(transport: Transport) -> list[torch.Tensor]:
             for t in tensors:
-                run(t)
+                run(transport, t)
             return tensors
 
-        return self._submit(collective, job)
+        return self._submit(collective, tensors, job)
 
     def _check_rank(self, collective: str, what: str, rank: int) -> None:
         if not 0 <= rank < self._size:
@@ -174,7 +204,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = (opts or dist.AllreduceOptions()).reduceOp
-        return self._each("allreduce", tensors, lambda t: self._transport.all_reduce(t, op))
+        return self._each("allreduce", tensors, lambda transport, t: transport.all_reduce(t, op))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = (opts or dist.AllreduceCoalescedOptions()).reduceOp
@@ -184,19 +214,19 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 f"{sorted({f'{t.dtype}@{t.device}' for t in tensors})}"
             )
 
-        def job() -> list[torch.Tensor]:
+        def job(transport: Transport) -> list[torch.Tensor]:
             flat = _flat(tensors)
-            self._transport.all_reduce(flat, op)
+            transport.all_reduce(flat, op)
             _copy_pieces(flat, tensors)
             return tensors
 
-        return self._submit("allreduce_coalesced", job)
+        return self._submit("allreduce_coalesced", tensors, job)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.ReduceOptions()
         root, op = opts.rootRank, opts.reduceOp
         self._check_rank("reduce", "root", root)
-        return self._each("reduce", tensors, lambda t: self._transport.reduce(t, root, op))
+        return self._each("reduce", tensors, lambda transport, t: transport.reduce(t, root, op))
 
     def reduce_scatter(
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
@@ -207,12 +237,12 @@ class ProcessGroupTPU(dist.ProcessGroup):
             for r, t in enumerate(inputs):
                 self._check_like("reduce_scatter", f"input for rank {r}", t, out)
 
-        def job() -> list[torch.Tensor]:
+        def job(transport: Transport) -> list[torch.Tensor]:
             for out, inputs in zip(outputs, input_lists, strict=True):
-                self._transport.reduce_scatter(out, _flat(inputs), op)
+                transport.reduce_scatter(out, _flat(inputs), op)
             return outputs
 
-        return self._submit("reduce_scatter", job)
+        return self._submit("reduce_scatter", [*outputs, *(t for ts in input_lists for t in ts)], job)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -220,11 +250,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
         op = (opts or dist.ReduceScatterOptions()).reduceOp
         self._check_multiple("reduce_scatter_single", input, output, "input")
 
-        def job() -> list[torch.Tensor]:
-            self._transport.reduce_scatter(output, input, op)
+        def job(transport: Transport) -> list[torch.Tensor]:
+            transport.reduce_scatter(output, input, op)
             return [output]
 
-        return self._submit("reduce_scatter_single", job)
+        return self._submit("reduce_scatter_single", [output, input], job)
 
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -233,24 +263,24 @@ class ProcessGroupTPU(dist.ProcessGroup):
         for out, inp in zip(outputs, inputs, strict=True):
             self._check_multiple("reduce_scatter_single_coalesced", inp, out, "input")
 
-        def job() -> list[torch.Tensor]:
+        def job(transport: Transport) -> list[torch.Tensor]:
             # Rank r's chunk of every input, side by side, so one reduce-scatter serves all.
             by_rank = torch.cat([t.reshape(self._size, -1) for t in inputs], dim=1)
             flat_out = torch.empty(
                 by_rank.shape[1], dtype=by_rank.dtype, device=by_rank.device
             )
-            self._transport.reduce_scatter(flat_out, by_rank.reshape(-1), op)
+            transport.reduce_scatter(flat_out, by_rank.reshape(-1), op)
             _copy_pieces(flat_out, outputs)
             return outputs
 
-        return self._submit("reduce_scatter_single_coalesced", job)
+        return self._submit("reduce_scatter_single_coalesced", [*outputs, *inputs], job)
 
     # ---- data movement ----------------------------------------------------------------------
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         root = (opts or dist.BroadcastOptions()).rootRank
         self._check_rank("broadcast", "root", root)
-        return self._each("broadcast", tensors, lambda t: self._transport.broadcast(t, root))
+        return self._each("broadcast", tensors, lambda transport, t: transport.broadcast(t, root))
 
     def allgather(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
@@ -260,25 +290,25 @@ class ProcessGroupTPU(dist.ProcessGroup):
             for r, t in enumerate(outs):
                 self._check_like("allgather", f"output for rank {r}", t, inp)
 
-        def job() -> list[list[torch.Tensor]]:
+        def job(transport: Transport) -> list[list[torch.Tensor]]:
             for outs, inp in zip(output_lists, inputs, strict=True):
                 flat = torch.empty(self._size * inp.numel(), dtype=inp.dtype, device=inp.device)
-                self._transport.all_gather(flat, inp.reshape(-1))
+                transport.all_gather(flat, inp.reshape(-1))
                 _copy_pieces(flat, outs)
             return output_lists
 
-        return self._submit("allgather", job)
+        return self._submit("allgather", [*inputs, *(t for ts in output_lists for t in ts)], job)
 
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> dist.Work:
         self._check_multiple("all_gather_single", output, input, "output")
 
-        def job() -> list[torch.Tensor]:
-            self._transport.all_gather(output, input)
+        def job(transport: Transport) -> list[torch.Tensor]:
+            transport.all_gather(output, input)
             return [output]
 
-        return self._submit("all_gather_single", job)
+        return self._submit("all_gather_single", [output, input], job)
 
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -286,18 +316,18 @@ class ProcessGroupTPU(dist.ProcessGroup):
         for out, inp in zip(outputs, inputs, strict=True):
             self._check_multiple("all_gather_single_coalesced", out, inp, "output")
 
-        def job() -> list[torch.Tensor]:
+        def job(transport: Transport) -> list[torch.Tensor]:
             flat_in = _flat(inputs)
             flat_out = torch.empty(
                 self._size * flat_in.numel(), dtype=flat_in.dtype, device=flat_in.device
             )
-            self._transport.all_gather(flat_out, flat_in)
+            transport.all_gather(flat_out, flat_in)
             by_rank = flat_out.view(self._size, -1).split([t.numel() for t in inputs], dim=1)
             for out, piece in zip(outputs, by_rank, strict=True):
                 out.copy_(piece.reshape(out.shape))
             return outputs
 
-        return self._submit("all_gather_single_coalesced", job)
+        return self._submit("all_gather_single_coalesced", [*outputs, *inputs], job)
 
     def gather(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
@@ -305,11 +335,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
         root = (opts or dist.GatherOptions()).rootRank
         outputs = self._root_list("gather", root, inputs, output_lists, "input", "output")
 
-        def job() -> list[list[torch.Tensor]]:
-            self._transport.gather(outputs, inputs[0], root)
+        def job(transport: Transport) -> list[list[torch.Tensor]]:
+            transport.gather(outputs, inputs[0], root)
             return output_lists
 
-        return self._submit("gather", job)
+        return self._submit("gather", [*inputs, *(outputs or [])], job)
 
     def scatter(
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
@@ -317,11 +347,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
         root = (opts or dist.ScatterOptions()).rootRank
         inputs = self._root_list("scatter", root, outputs, input_lists, "output", "input")
 
-        def job() -> list[torch.Tensor]:
-            self._transport.scatter(outputs[0], inputs, root)
+        def job(transport: Transport) -> list[torch.Tensor]:
+            transport.scatter(outputs[0], inputs, root)
             return outputs
 
-        return self._submit("scatter", job)
+        return self._submit("scatter", [*outputs, *(inputs or [])], job)
 
     def all_to_all_single(
         self,
@@ -346,11 +376,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 f"{input.dtype}{list(input.shape)} and output {output.dtype}{list(output.shape)}"
             )
 
-        def job() -> list[torch.Tensor]:
-            self._transport.all_to_all(output, input, out_splits, in_splits)
+        def job(transport: Transport) -> list[torch.Tensor]:
+            transport.all_to_all(output, input, out_splits, in_splits)
             return [output]
 
-        return self._submit("all_to_all_single", job)
+        return self._submit("all_to_all_single", [output, input], job)
 
     def _splits(self, what: str, tensor: torch.Tensor, splits: Sequence[int]) -> list[int]:
         rows = tensor.shape[0] if tensor.dim() else 1
@@ -377,40 +407,49 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if len({t.dtype for t in [*inputs, *outputs]}) > 1:
             raise ValueError("tpu_dist alltoall: all input and output tensors must share a dtype")
 
-        def job() -> list[torch.Tensor]:
+        def job(transport: Transport) -> list[torch.Tensor]:
             flat_in = _flat(inputs)
             flat_out = torch.empty(
                 sum(t.numel() for t in outputs), dtype=flat_in.dtype, device=flat_in.device
             )
-            self._transport.all_to_all(
+            transport.all_to_all(
                 flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs]
             )
             _copy_pieces(flat_out, outputs)
             return outputs
 
-        return self._submit("alltoall", job)
+        return self._submit("alltoall", [*outputs, *inputs], job)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         self._check_rank("send", "destination", dst)
-        return self._each("send", tensors, lambda t: self._transport.send(t, dst, tag))
+        return self._each("send", tensors, lambda transport, t: transport.send(t, dst, tag))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
         self._check_rank("recv", "source", src)
-        return self._each("recv", tensors, lambda t: self._transport.recv(t, src, tag))
+        return self._each("recv", tensors, lambda transport, t: transport.recv(t, src, tag))
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        def job() -> list[torch.Tensor]:
-            self._transport.barrier()
+        """On the host lane, once the device lane has run what was issued before it."""
+        drained = self._device_worker.submit("barrier", list, str) if self._device_worker else None
+
+        def job(transport: Transport) -> list[torch.Tensor]:
+            if drained is not None:
+                drained.wait()
+            transport.barrier()
             return []
 
-        return self._submit("barrier", job)
+        return self._submit("barrier", [], job)
 
     # ---- lifetime ---------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Drain queued collectives, then close the transport."""
-        self._worker.close()
-        self._transport.shutdown()
+        """Drain queued collectives, then close the transports."""
+        for worker in (self._worker, self._device_worker):
+            if worker is not None:
+                worker.close()
+        for transport in (self._transport, self._device_transport):
+            if transport is not None:
+                transport.shutdown()
 
     def abort(self) -> None:
         self.shutdown()

@@ -147,10 +147,19 @@ class GlooTransport(Transport):
 
     name = "gloo"
 
-    def __init__(self, store: Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
+    def __init__(
+        self,
+        store: Store,
+        rank: int,
+        size: int,
+        timeout: datetime.timedelta,
+        prefix: str = "tpu_dist_gloo",
+    ) -> None:
+        """Connects to the peers (every rank constructs it); ``prefix`` tells apart the gloo
+        contexts of one group in ``store``."""
         self.rank = rank
         self.size = size
-        self._gloo = ProcessGroupGloo(PrefixStore("tpu_dist_gloo", store), rank, size, timeout)
+        self._gloo = ProcessGroupGloo(PrefixStore(prefix, store), rank, size, timeout)
 
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp) -> None:
         self._reduce_into(tensor, op, root=None)

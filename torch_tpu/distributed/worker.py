@@ -69,12 +69,20 @@ class FutureWork(dist.Work):
         return self._future.wait()
 
 
-class OrderedWorker:
-    """Runs submitted jobs one at a time on a daemon thread, in submission order."""
+class Failure:
+    """The first failure of a group's collectives, shared by the workers of its lanes."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self) -> None:
+        self.error: CollectiveError | None = None
+
+
+class OrderedWorker:
+    """Runs submitted jobs one at a time on a daemon thread, in submission order; after a job
+    fails (here or on a worker sharing ``failure``) every later one fails with that error."""
+
+    def __init__(self, name: str, failure: Failure | None = None) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._failure: CollectiveError | None = None
+        self._failure = failure or Failure()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -83,8 +91,8 @@ class OrderedWorker:
     ) -> FutureWork:
         """Queue ``job``; its return value becomes the Work's result."""
         future: torch.futures.Future = torch.futures.Future()
-        if self._failure is not None:
-            future.set_exception(self._failure)
+        if self._failure.error is not None:
+            future.set_exception(self._failure.error)
         else:
             self._queue.put((job, describe, future))
         return FutureWork(future, collective)
@@ -101,14 +109,15 @@ class OrderedWorker:
         torch.set_grad_enabled(False)
         while (item := self._queue.get()) is not _STOP:
             job, describe, future = item
-            if self._failure is not None:
-                future.set_exception(self._failure)
+            if self._failure.error is not None:
+                future.set_exception(self._failure.error)
                 continue
             try:
                 result = job()
             except Exception as exc:  # noqa: BLE001 -- every failure must reach the waiter
-                self._failure = CollectiveError(describe(exc))
-                self._failure.__cause__ = exc
-                future.set_exception(self._failure)
+                error = CollectiveError(describe(exc))
+                error.__cause__ = exc
+                self._failure.error = self._failure.error or error
+                future.set_exception(error)
             else:
                 future.set_result(result)

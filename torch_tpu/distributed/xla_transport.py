@@ -4,15 +4,17 @@ The group is a 1-D mesh (axis ``"r"``) of one device per member process, in grou
 (the processes must have joined ``jax.distributed``, see :mod:`torch_tpu.distributed.xla_join`).
 Each call wraps this process's JAX array as its shard of a global array and runs one jitted
 ``shard_map`` program: ``psum`` / ``pmin`` / ``pmax``, ``all_gather``, ``psum_scatter``,
-``all_to_all``. No host copy is made: on a TPU slice the data rides ICI, on XLA:CPU JAX's gloo CPU
+``all_to_all``, and ``ppermute`` for ``send`` / ``recv`` (a program over the pair's two
+devices that both ranks run: matched in issue order, so tagged messages go to gloo). No host copy
+is made: on a TPU slice the data rides ICI, on XLA:CPU JAX's gloo CPU
 collectives. Reductions XLA has no collective for (PRODUCT, BAND, BOR, BXOR, and non-sum
 reduce-scatter) gather every rank's block and reduce in rank order. Uneven ``all_to_all`` pads
 each destination's rows to the largest split in the group (rounded up to a power of two, so few
 programs compile; the split sizes, host integers, are exchanged first over the gloo group), and
 slices the padding off.
 
-CPU tensors (and mixed cpu/tpu calls), ``send`` / ``recv`` go to the gloo transport the XLA
-transport wraps. Every XLA call runs on a helper thread and is waited on with the group timeout,
+CPU tensors (and mixed cpu/tpu calls) and tagged ``send`` / ``recv`` go to the gloo transport
+the XLA transport wraps. Every XLA call runs on a helper thread and is waited on with the group timeout,
 so a stalled peer raises instead of hanging (the stuck program is abandoned; the group is then
 poisoned by the process group).
 """
@@ -117,6 +119,7 @@ class _Programs:
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
         self.n = mesh.size
+        self.sharding = NamedSharding(mesh, _BLOCK)
 
     @functools.cache  # noqa: B019 -- one _Programs per transport, kept for its lifetime
     def get(self, name: str, *static: Any) -> Callable[[jax.Array], jax.Array]:
@@ -152,6 +155,10 @@ class _Programs:
 
     def _all_to_all(self) -> Callable:
         return lambda x: lax.all_to_all(x, AXIS, 0, 0, tiled=True)
+
+    def _ppermute(self) -> Callable:
+        """Device 0's block lands on device 1 (a mesh of a sender and its receiver)."""
+        return lambda x: lax.ppermute(x, AXIS, [(0, 1)])
 
     def _pick_from(self, root: int, out_shape: tuple[int, ...]) -> Callable:
         """Block r of ``root``'s input lands on rank r (scatter)."""
@@ -209,10 +216,10 @@ class XlaTransport(Transport):
     ) -> None:
         self.rank, self.size = fallback.rank, fallback.size
         self._fallback = fallback
-        mesh = Mesh(np.array([_device_of(p) for p in global_ranks]), (AXIS,))
-        self._sharding = NamedSharding(mesh, _BLOCK)
+        self._devices = [_device_of(p) for p in global_ranks]
         self._local = jax.local_devices()[0]
-        self._programs = _Programs(mesh)
+        self._programs = _Programs(Mesh(np.array(self._devices), (AXIS,)))
+        self._pairs: dict[tuple[int, int], _Programs] = {}
         self._deadline = _Deadline(timeout, f"tpu_dist-xla-r{self.rank}")
         self._ranks = tuple(sorted(global_ranks))
         _CLAIMED.add(self._ranks)
@@ -223,19 +230,32 @@ class XlaTransport(Transport):
     def _on_device(*tensors: torch.Tensor) -> bool:
         return all(type(t) is tensor_mod.TpuTensor for t in tensors)
 
-    def _global(self, local: jax.Array) -> jax.Array:
+    def _global(self, local: jax.Array, programs: _Programs) -> jax.Array:
         local = jax.device_put(local, self._local)
-        shape = (self.size * local.shape[0], *local.shape[1:])
-        return jax.make_array_from_single_device_arrays(shape, self._sharding, [local])
+        shape = (programs.n * local.shape[0], *local.shape[1:])
+        return jax.make_array_from_single_device_arrays(shape, programs.sharding, [local])
 
-    def _run(self, program: Callable[[jax.Array], jax.Array], local: jax.Array) -> jax.Array:
-        """``program`` on every member's block; this process's output block, computed."""
+    def _run(
+        self,
+        program: Callable[[jax.Array], jax.Array],
+        local: jax.Array,
+        programs: _Programs | None = None,
+    ) -> jax.Array:
+        """``program`` (one of ``programs``', default the group's) on every member's block; this
+        process's output block, computed."""
 
         def call() -> jax.Array:
-            out = program(self._global(local)).addressable_data(0)
+            out = program(self._global(local, programs or self._programs)).addressable_data(0)
             return out.block_until_ready()
 
         return self._deadline.run(call)
+
+    def _pair(self, src: int, dst: int) -> _Programs:
+        """Programs over the devices of group ranks ``src`` then ``dst``."""
+        if (src, dst) not in self._pairs:
+            mesh = Mesh(np.array([self._devices[src], self._devices[dst]]), (AXIS,))
+            self._pairs[(src, dst)] = _Programs(mesh)
+        return self._pairs[(src, dst)]
 
     @staticmethod
     def _value(t: torch.Tensor) -> jax.Array:
@@ -338,10 +358,18 @@ class XlaTransport(Transport):
         self._store(output, self._run(program, blocks))
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
-        self._fallback.send(tensor, dst, tag)
+        if tag or dst == self.rank or not self._on_device(tensor):
+            return self._fallback.send(tensor, dst, tag)
+        if tensor.numel():
+            pair = self._pair(self.rank, dst)
+            self._run(pair.get("ppermute"), self._value(tensor), pair)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> None:
-        self._fallback.recv(tensor, src, tag)
+        if tag or src == self.rank or not self._on_device(tensor):
+            return self._fallback.recv(tensor, src, tag)
+        if tensor.numel():
+            pair = self._pair(src, self.rank)
+            self._store(tensor, self._run(pair.get("ppermute"), jnp.zeros_like(self._value(tensor)), pair))
 
     def barrier(self) -> None:
         token = jnp.zeros(1, jnp.int32)

@@ -16,8 +16,9 @@ all_to_all into contiguous row blocks for saving, and back after loading. As eve
 describes whole tables, DCP reshards it to another world size or layout, and a plain TorchRec EBC
 or the serving model loads it directly.
 
-Use a gloo group (as training does): torch's ShardedTensor assumes a CUDA device on other
-backends for a rank that holds no piece of a table.
+Any process group works: gloo, or ``tpu_dist`` as training uses (importing
+:mod:`torch_tpu.distributed` teaches torch's ShardedTensor the device of a rank that holds no
+piece of a table, which it otherwise takes to be CUDA on every backend but gloo).
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ changing the module tree, so checkpoints of either placement load into the other
   to the host, into the EBC's fused backward);
 - the loss / logits / labels returned for metrics come back to the host.
 
-Across ranks the towers are replicated with DDP or sharded with FSDP2 ``fully_shard``, over a
-``tpu_dist`` group for tpu (the EBC's all_to_alls stay on the default gloo group).
+Across ranks the towers are replicated with DDP or sharded with FSDP2 ``fully_shard`` over the
+default ``tpu_dist`` group, which also carries the EBC's all_to_alls (tpu tensors on its device
+lane, host tensors on its host lane).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
-from torchrec_tpu.train.distributed import DistEnv, new_group
+from torchrec_tpu.train.distributed import DistEnv
 
 DENSE_TOWERS = ("dense_arch", "inter_arch", "over_arch")
 
@@ -74,20 +75,6 @@ class DenseDDP(DistributedDataParallel):
         return self.module.load_state_dict(*args, **kwargs)
 
 
-def dense_group(device: torch.device, env: DistEnv) -> dist.ProcessGroup | None:
-    """The group the dense part syncs over: a new ``tpu_dist`` group for tpu (a collective: call
-    on every rank; ``env``'s collective timeout), the default group for cpu."""
-    if device.type != "tpu":
-        return None
-    import torch_tpu.distributed as tpu_dist
-
-    group = new_group(env, backend="tpu_dist")
-    if env.is_primary:
-        print(f"torchrec-tpu train: dense sync over tpu_dist, {tpu_dist.active_transport(group)} "
-              "transport", flush=True)
-    return group
-
-
 def parallelize_dense(model: DLRMTrain, env: DistEnv, device: torch.device, parallel: str,
                       ignored: list[str]) -> nn.Module:
     """``model`` with its dense towers synced over the ranks: ``"ddp"`` wraps it (parameters named
@@ -95,20 +82,18 @@ def parallelize_dense(model: DLRMTrain, env: DistEnv, device: torch.device, para
     if parallel == "ddp":
         if env.world_size == 1:
             return model
-        group = dense_group(device, env)
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
         # TorchRec DMP's DDP options: no broadcast of the (constant) buffers every forward, e.g.
         # DLRM's triu_indices; on cpu also gradients as views of the buckets and a static graph
         # (on tpu those need a pinned-memory allocator the device does not have)
         on_host = device.type == "cpu"
-        return DenseDDP(model, process_group=group, broadcast_buffers=False, gradient_as_bucket_view=on_host,
+        return DenseDDP(model, broadcast_buffers=False, gradient_as_bucket_view=on_host,
                         static_graph=on_host)
     if parallel == "fsdp2":
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
 
-        group = dense_group(device, env) or dist.group.WORLD
-        mesh = DeviceMesh.from_group(group, device.type)
+        mesh = DeviceMesh.from_group(dist.group.WORLD, device.type)
         for name in DENSE_TOWERS:
             tower = getattr(model.model, name)
             if next(tower.parameters(), None) is not None:  # DLRM's dot interaction has none

@@ -1,8 +1,17 @@
-"""The gloo process group training runs over: from torchrun's environment, or a private world of 1.
+"""The one ``tpu_dist`` process group training runs over, from torchrun's environment (a plain run
+is a private gloo world of 1: nothing travels, and it does not import :mod:`torch_tpu`).
+
+Every collective of a run goes through it: the sparse engines' id and embedding all_to_alls,
+DDP / FSDP2 of the dense towers, checkpoint (DCP) and agreement collectives. Host tensors travel
+through its gloo transport; tpu tensors (``--dense-device tpu``) through its XLA transport where
+the JAX backend has cross-process collectives (see :mod:`torch_tpu.distributed`), on a lane of
+their own. A run without tpu tensors asks for the gloo transport (``TPU_DIST_TRANSPORT``
+overrides): it has nothing for XLA to carry, and joining ``jax.distributed`` would tie every
+rank's life to JAX's coordination service.
 
 Every group gets the collective timeout (``--collective-timeout``, default 300 s): a collective
-that a stalled rank never joins fails on the others after that long instead of hanging (gloo's and
-tpu_dist's timeouts; :func:`new_group` passes it on, as ``dist.new_group`` does not inherit it).
+that a stalled rank never joins fails on the others after that long instead of hanging (the
+group's timeout; :func:`new_group` passes it on, as ``dist.new_group`` does not inherit it).
 A rank under torchrun also dies with its launcher (``PR_SET_PDEATHSIG``), leaving no orphans.
 With several ranks a :mod:`~torchrec_tpu.train.rank_watch` heartbeat runs, so a failed collective
 names the rank that stalled or failed (a failing rank posts its error before leaving).
@@ -34,6 +43,7 @@ class DistEnv:
     world_size: int
     local_world_size: int
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    transport: str = "gloo"  # how tpu tensors travel on the group ("xla" or "gloo")
 
     @property
     def timeout(self) -> datetime.timedelta:
@@ -46,30 +56,53 @@ class DistEnv:
 
 def current_env(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> DistEnv:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    transport = "gloo"
+    if dist.get_backend() == "tpu_dist":
+        import torch_tpu.distributed as tpu_dist
+
+        transport = tpu_dist.active_transport()
     return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_world_size=local,
-                   collective_timeout_s=collective_timeout_s)
+                   collective_timeout_s=collective_timeout_s, transport=transport)
 
 
-def new_group(env: DistEnv, backend: str | None = None) -> dist.ProcessGroup:
-    """``dist.new_group`` over all ranks with ``env``'s collective timeout (a collective)."""
-    return dist.new_group(backend=backend, timeout=env.timeout)
+def describe_transport(env: DistEnv) -> str:
+    """One line for the job log: the group and how tensors travel on it."""
+    return (f"collectives over one tpu_dist group of {env.world_size} ranks: tpu tensors by the "
+            f"{env.transport} transport, host tensors by gloo")
+
+
+def new_group(env: DistEnv) -> dist.ProcessGroup:
+    """A second group over all ranks with ``env``'s collective timeout, for host-tensor
+    collectives another thread issues (a collective). On tpu_dist it asks for the gloo transport
+    (the default group holds the XLA one)."""
+    if dist.get_backend() != "tpu_dist":
+        return dist.new_group(timeout=env.timeout)
+    import torch_tpu.distributed as tpu_dist
+
+    return dist.new_group(timeout=env.timeout, pg_options=tpu_dist.TransportOptions("gloo"))
 
 
 @contextlib.contextmanager
-def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> Iterator[DistEnv]:
-    """Join the default process group for the duration of a run.
+def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+                  device_tensors: bool = False) -> Iterator[DistEnv]:
+    """Join the default ``tpu_dist`` process group for the duration of a run.
 
     Reuses one that already exists (the caller owns it), joins torchrun's world when its
     environment variables are set, and otherwise makes a world of 1 over an in-memory store, so a
-    plain run needs no port.
+    plain run needs no port. ``device_tensors``: the run has tpu tensors to move (the XLA
+    transport is wanted; call this before the first device use so the group can join JAX).
     """
     if dist.is_initialized():
         yield current_env(collective_timeout_s)
         return
     timeout = datetime.timedelta(seconds=collective_timeout_s)
     if all(v in os.environ for v in _TORCHRUN_VARS):
+        import torch_tpu.distributed as tpu_dist
+
         die_with_parent()
-        dist.init_process_group("gloo", init_method="env://", timeout=timeout)
+        transport = os.environ.get(tpu_dist.backend.TRANSPORT_ENV) or ("auto" if device_tensors else "gloo")
+        dist.init_process_group(tpu_dist.BACKEND_NAME, init_method="env://", timeout=timeout,
+                                pg_options=tpu_dist.TransportOptions(transport))
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     env = current_env(collective_timeout_s)

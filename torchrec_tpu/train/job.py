@@ -23,7 +23,7 @@ from torchrec_tpu.train.checkpoint import (
 )
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
-from torchrec_tpu.train.distributed import DistEnv, process_group
+from torchrec_tpu.train.distributed import DistEnv, describe_transport, process_group
 from torchrec_tpu.train.engines import engine_for
 from torchrec_tpu.train.learning_rate import LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
@@ -92,13 +92,16 @@ class JobHooks:
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
             hooks: JobHooks = JobHooks()) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
-    with process_group(config.engine.collective_timeout) as env, \
+    device_tensors = config.engine.kind == "sparsecore" and config.engine.dense_device == "tpu"
+    with process_group(config.engine.collective_timeout, device_tensors) as env, \
             collectives("the collectives of setting up or finishing the run (model sharding, DDP "
                         "init, broadcasts, the final checkpoint)"):
         return _run(config, env, device, hooks)
 
 
 def _run(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHooks) -> JobSummary:
+    if env.world_size > 1 and env.is_primary:
+        print(f"torchrec-tpu train: {describe_transport(env)}", flush=True)
     log_dir = Path(_on_primary(lambda: str(config.loop.resolved_log_dir()), env))  # timestamped default
     checkpoint_root = Path(config.checkpoint.checkpoint_dir or log_dir / "checkpoint")
     for flag, path in (("--log-dir", log_dir), ("--checkpoint-dir", checkpoint_root)):

@@ -5,7 +5,7 @@ gloo reports a stalled peer as "Timed out waiting 10000ms for recv operation" an
 several ranks, :class:`RankWatch` has every rank bump a heartbeat counter in the process group's
 store once a second (a daemon thread; a stopped or dead rank stops bumping it), and a rank that
 fails posts its error line there before it exits. Code running collectives labels them with
-:func:`collectives`; a gloo failure inside becomes a :class:`~torchrec_tpu.errors.CollectiveError`:
+:func:`collectives`; a failed collective inside becomes a :class:`~torchrec_tpu.errors.CollectiveError`:
 
     train step 18 (embedding all_to_all, DDP gradient all_reduce) timed out after 10 s: rank 1
     is not responding (no heartbeat for 3 s: stalled or dead)
@@ -30,10 +30,11 @@ _active: "RankWatch | None" = None
 
 
 def is_peer_failure(error: BaseException) -> bool:
-    """A gloo collective that timed out or lost its peer."""
+    """A collective (tpu_dist's, or gloo's) that timed out or lost its peer."""
     text = str(error)
     return isinstance(error, RuntimeError) and not isinstance(error, CollectiveError) and (
-        "gloo" in text or "Timed out waiting" in text or "Connection closed by peer" in text)
+        text.startswith("tpu_dist ") or "gloo" in text or "Timed out waiting" in text
+        or "Connection closed by peer" in text)
 
 
 class RankWatch:
@@ -85,7 +86,7 @@ class RankWatch:
         time.sleep(_SILENT_S)
         failed.update({r: m for r in before if (m := self._read(_FAILED.format(r))) is not None})
         silent = [r for r in before if r not in failed and self._read(_HEARTBEAT.format(r)) == before[r]]
-        what = "timed out" if "Timed out" in str(error) else "failed"
+        what = "timed out" if "Timed out" in str(error) or "did not finish within" in str(error) else "failed"
         parts = [f"rank {r} failed: {m}" for r, m in sorted(failed.items())]
         if silent:
             ranks = ", ".join(map(str, silent))
@@ -93,7 +94,7 @@ class RankWatch:
                          f"{'are' if len(silent) > 1 else 'is'} not responding (no heartbeat for "
                          f"{_SILENT_S:.0f} s: stalled or dead)")
         if not parts:
-            parts.append(f"every rank is alive; gloo: {' '.join(str(error).split())[:300]}")
+            parts.append(f"every rank is alive; {' '.join(str(error).split())[:300]}")
         after = f" after {self.timeout_s:g} s" if what == "timed out" else ""
         return CollectiveError(f"{label} {what}{after} on rank {self.rank}: " + "; ".join(parts))
 
@@ -113,7 +114,7 @@ def watching(store: dist.Store, rank: int, world_size: int, timeout_s: float) ->
 
 @contextlib.contextmanager
 def collectives(label: str) -> Iterator[None]:
-    """Label the collectives of the ``with`` body: a gloo failure inside is re-raised as a
+    """Label the collectives of the ``with`` body: a peer failure inside is re-raised as a
     CollectiveError naming ``label`` and the ranks to blame (when a watch runs)."""
     try:
         yield
