@@ -80,7 +80,7 @@ def test_checkpoint_reloads_into_a_fresh_model(trained, tmp_path: Path) -> None:
     flat = tmp_path / "flat.pt"
     dcp_to_torch_save(summary.checkpoint_dir / STATE_DIR, flat)
     saved = torch.load(flat, weights_only=False)
-    fresh_config = TrainConfig.from_options(**{**config.to_dict(), "seed": config.loop.seed + 1})
+    fresh_config = config.with_options(seed=config.loop.seed + 1)
     with process_group() as env, open_data(fresh_config, env) as data:
         torch.manual_seed(fresh_config.loop.seed)
         spec = model_spec(fresh_config, data.schema.sparse, data.table_sizes, len(data.schema.dense))

@@ -16,7 +16,6 @@ update and torch's) into differences up to ~1e-3; the test bounds how few elemen
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -156,7 +155,7 @@ def test_one_rank_job_with_a_loaded_plan_equals_stock_torchrec(tiny_dataset: Pat
     kinds = {"t_C1": "row_wise", "t_C3": "data_parallel", "t_C4": "table_wise"}
     plan = write_plan(config, 1, kinds, tmp_path / "plan.json")
     assert {n: plan.table(n).sharding_type for n in kinds} == kinds
-    config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, plan=str(tmp_path / "plan.json")))
+    config = config.with_options(plan=str(tmp_path / "plan.json"))
     summary = run_job(config)
     initial, _ = train_in_process(config, iter(()), None)
     expected = train_stock_torchrec(config, global_batches(config, 1), initial)

@@ -213,6 +213,10 @@ class TrainConfig:
         """Every option by name: what :meth:`from_options` takes back (a checkpoint's "config")."""
         return {name: self.option(name) for name in OPTIONS}
 
+    def with_options(self, **options: Any) -> "TrainConfig":
+        """This config with the given options (by option name: ``resume``, ``data``, ...) changed."""
+        return TrainConfig.from_options(**{**self.to_dict(), **options})
+
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad option, its value and the limit."""
         for name in ("num_embeddings", "embedding_dim", "batch_size", "eval_batch_size", "epochs",

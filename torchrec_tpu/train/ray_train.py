@@ -178,7 +178,7 @@ def train_worker(params: dict[str, Any]) -> str | None:
     restored = ray.train.get_checkpoint()
     with restored.as_directory() if restored else contextlib.nullcontext() as directory:
         if directory is not None:
-            config = with_options(config, resume=directory)
+            config = config.with_options(resume=directory)
         summary = run_job(config, hooks=JobHooks(train_batches=stream, checkpointed=_report))
     return summary.format() if summary.primary else None
 
@@ -199,12 +199,7 @@ def ray_ready_config(config: TrainConfig) -> TrainConfig:
     paths["cache_dir"] = str(cache_root(config.data.cache_dir).absolute())
     if config.data.source not in ("synthetic", "sample"):
         paths["data"] = str(Path(config.data.source).absolute())
-    return with_options(config, log_dir=str(config.loop.resolved_log_dir().absolute()), **paths)
-
-
-def with_options(config: TrainConfig, **options: object) -> TrainConfig:
-    """``config`` with the given options (by option name: ``resume``, ``data``, ...) changed."""
-    return TrainConfig.from_options(**{**config.to_dict(), **options})
+    return config.with_options(log_dir=str(config.loop.resolved_log_dir().absolute()), **paths)
 
 
 @contextlib.contextmanager
@@ -245,7 +240,7 @@ def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
     with parquet_source(config, DistEnv(rank=0, world_size=1, local_world_size=1)) as (source, table_sizes), \
             ray_cluster(options):
         if config.data.source == "sample":  # converted into a directory for this run: the workers read it
-            config = with_options(config, data=str(source))
+            config = config.with_options(data=str(source))
         train_files, _ = split_files(list_parquet_files(source), config.data.eval_files, source)
         groups = row_groups(train_files, CRITEO)
         dataset = preprocessed_dataset(train_files, table_sizes, CRITEO, config.data.bad_values)
