@@ -32,6 +32,7 @@ from torchrec_tpu.planner.partitioner import plan_tables
 from torchrec_tpu.planner.plan import Plan
 from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
 from torchrec_tpu.topology import parse_accelerator_type
+from torchrec_tpu.train.checkpoint_dirs import resolve_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv
@@ -175,7 +176,7 @@ def test_two_ranks_with_a_mixed_plan_equal_one_rank_and_stock_torchrec(tiny_data
             "--log-dir", str(tmp_path / "logs"), *as_flags(options)]
     out0, _ = launch_cli_ranks(argv, tmp_path)
     assert f"steps           {STEPS} " in out0
-    two_ranks = checkpoint_tables(tmp_path / "logs" / "checkpoint", tmp_path / "ckpt.pt")
+    two_ranks = checkpoint_tables(resolve_checkpoint(tmp_path / "logs" / "checkpoint"), tmp_path / "ckpt.pt")
 
     initial, one_rank = train_in_process(config, global_batches(config, WORLD), "auto")
     expected = train_stock_torchrec(config, global_batches(config, WORLD), initial)
