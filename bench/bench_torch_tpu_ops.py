@@ -4,7 +4,9 @@ Per op (64x64 float32) prints microseconds per call for: torch CPU eager, tpu ea
 per-op jit cache (default), tpu eager with it off (``TORCH_TPU_OP_JIT=0`` behaviour), raw
 ``jax.numpy`` eager and the same jnp function under ``jax.jit``; then the ratios tpu/cpu and
 tpu/jit (tpu eager vs a raw ``jax.jit`` call of the same jnp op; target <= 1.5x) and the
-wrapper's own cost, tpu minus jitted jnp.
+wrapper's own cost, tpu minus jitted jnp. The floor line is torch's own cost of a Python wrapper
+subclass (a no-op ``__torch_dispatch__`` that only makes the result wrapper) and what it alone
+would add to a raw ``jax.jit`` add.
 Timings on a shared machine are noisy: each repeat times every variant in turn (so load hits all
 alike) and the best repeat counts; ``--clock cpu`` counts the process's CPU time (all its threads)
 instead of wall time, steadier when other processes compete for the cores.
@@ -58,10 +60,32 @@ def _cases():
         "mm": (lambda: a_cpu @ b_cpu, lambda: a_tpu @ b_tpu, lambda a, b: a @ b),
         "sum_dim": (lambda: a_cpu.sum(1), lambda: a_tpu.sum(1), lambda a, b: a.sum(1)),
         "add_inplace": (lambda: a_cpu.add_(b_cpu), lambda: a_tpu.add_(b_tpu), lambda a, b: a + b),
+        "add_alpha_": (lambda: a_cpu.add_(b_cpu, alpha=0.5), lambda: a_tpu.add_(b_tpu, alpha=0.5),
+                       lambda a, b: a + 0.5 * b),
+        "div_floor": (lambda: torch.div(a_cpu, b_cpu, rounding_mode="floor"),
+                      lambda: torch.div(a_tpu, b_tpu, rounding_mode="floor"), lambda a, b: jnp.floor_divide(a, b)),
         "t_contig": (lambda: a_cpu.t().contiguous(), lambda: a_tpu.t().contiguous(), lambda a, b: a.T.copy()),
         "col_add_": (lambda: a_cpu[:, ::2].add_(1.0), lambda: a_tpu[:, ::2].add_(1.0),
                      lambda a, b: a.at[:, ::2].add(1.0)),
     }, (a_j, b_j)
+
+
+class _NoOp(torch.Tensor):
+    """A wrapper subclass whose ``__torch_dispatch__`` only makes a new wrapper: torch's own cost of
+    reaching Python dispatch and wrapping a result, the floor under any wrapper-tensor device."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return torch.Tensor._make_wrapper_subclass(_NoOp, args[0].shape, dtype=args[0].dtype, device=args[0].device)
+
+
+def _floor_us(iters: int) -> float:
+    """us per ``a + b`` of :class:`_NoOp` tensors on the tpu device (no computation at all)."""
+    a, b = (torch.Tensor._make_wrapper_subclass(_NoOp, (64, 64), dtype=torch.float32, device="tpu:0")
+            for _ in range(2))
+    return _time_all({"noop": (lambda: a + b, lambda out=None: None)}, iters)["noop"]
 
 
 def main() -> None:
@@ -101,9 +125,14 @@ def main() -> None:
             "jnp": (lambda f=jnp_fn: f(a_j, b_j), jax_sync), "jit": (lambda f=jitted: f(a_j, b_j), jax_sync),
         }, args.iters)
         overheads.append(t["tpu"] - t["jit"])
+        if name == "add":
+            jit_add = t["jit"]
         ratios[name] = t["tpu"] / t["jit"]
         print(f"{name:<12} {t['cpu']:7.1f} {t['tpu']:7.1f} {t['plain']:9.1f} {t['jnp']:7.1f} {t['jit']:7.1f} "
               f"{t['tpu'] / t['cpu']:7.1f} {ratios[name]:7.2f} {t['tpu'] - t['jit']:7.1f}")
+    floor = _floor_us(args.iters)
+    print(f"floor: torch's Python-subclass dispatch alone (no-op __torch_dispatch__ making a wrapper) "
+          f"{floor:.1f} us/op; floor/jit for add: {(floor + jit_add) / jit_add:.2f}x")
     small = sorted(ratios[n] for n in ("add", "mul_scalar", "relu", "sum_dim"))
     print(f"small ops (add, mul_scalar, relu, sum_dim) tpu/jit: median {(small[1] + small[2]) / 2:.2f}x, "
           f"worst {small[-1]:.2f}x (target <= 1.5x); median wrapper cost (tpu - jitted jnp): "

@@ -39,15 +39,16 @@ _LAST_OUTPUT = tpu_device._last_output
 # The fast path (op_jit.fast): (op, each argument's shape and dtype or value) -> the op_jit
 # program that ran the op's lowering for such a call, called with the tensor arguments' arrays
 # directly (JAX's C++ jit dispatch). Filled by the lowered handler once op_jit compiled a program
-# for the signature (so op_jit's compile-on-second-sight policy and size cap hold). Calls without
-# keyword arguments whose tensors are plain tpu tensors take it; in-place ops among them
+# for the signature (so op_jit's compile-on-second-sight policy and size cap hold). Calls whose
+# tensors are plain tpu tensors take it; in-place ops among them
 # (_FAST_INPLACE) whose program's output has the target's shape and dtype store it whole.
 _FAST_INPLACE: set[Any] = set()
+_KWARGS = object()  # where a fast key's keyword arguments start
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    if not kwargs and _MODE[0] is _STRICT and op_jit._config["enabled"]:
-        found = _fast_signature(func, args)
+    if _MODE[0] is _STRICT and op_jit._config["enabled"]:
+        found = _fast_signature(func, args, kwargs)
         if found is not None:
             program = op_jit.fast.get(found[0])
             if program is not None:
@@ -72,12 +73,14 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     return handler(func, args, kwargs)
 
 
-def _fast_signature(func: Any, args: tuple) -> tuple[tuple, list] | None:
+def _fast_signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
     """(fast key, the tensor arguments' arrays), or None when the call cannot take the fast path
-    (a view, a CPU or lazy tensor, a tensor list, an argument of another kind)."""
+    (a view, a CPU or lazy tensor, a tensor list, an argument of another kind). Keyword arguments
+    follow the positional ones by name, sorted: the order op_jit's program takes their arrays in."""
     key: list[Any] = [func]
     arrays = []
-    for a in args:
+    values = args if not kwargs else (*args, _KWARGS, *(x for item in sorted(kwargs.items()) for x in item))
+    for a in values:
         kind = type(a)
         if kind is TpuTensor:
             array = a._box.array
@@ -92,7 +95,7 @@ def _fast_signature(func: Any, args: tuple) -> tuple[tuple, list] | None:
             key.append(a if a else (float, math.copysign(1.0, a)))  # 0.0 == -0.0, but 1/x differs
         elif kind is int or kind is bool:
             key.append((kind, a))
-        elif a is None or kind is torch.dtype:
+        elif a is None or kind is str or kind is torch.dtype or a is _KWARGS:
             key.append(a)
         elif kind is list or kind is tuple:
             for e in a:
@@ -107,9 +110,9 @@ def _fast_signature(func: Any, args: tuple) -> tuple[tuple, list] | None:
 def _note_fast(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> None:
     """After the lowered handler ran ``func``: give the call's signature its op_jit program."""
     program = op_jit.last_program()
-    if program is None or kwargs or lowering.needs_key or _MODE[0] is not _STRICT:
+    if program is None or lowering.needs_key or _MODE[0] is not _STRICT:
         return
-    found = _fast_signature(func, args)
+    found = _fast_signature(func, args, kwargs)
     if found is not None:
         op_jit.fast[found[0]] = program
 

@@ -248,3 +248,68 @@ def test_fast_in_place_ops_update_the_target_and_its_views():
         x.add_(wide)
     assert xt.dtype == torch.float32
     torch.testing.assert_close(xt.cpu(), x)
+
+
+
+def _fast_keyword_ops() -> set[str]:
+    """Ops with a fast-path program for a call with keyword arguments (keys hold their names)."""
+    return {key[0].__name__ for key in op_jit.fast if any(type(k) is str for k in key)}
+
+
+KEYWORD_CALLS = {  # name: (op on (x, y), writes into x, the overload the fast path serves or None)
+    "add_alpha": (lambda x, y: x.add_(y, alpha=2.5), True, "add_.Tensor"),
+    "sub_alpha": (lambda x, y: x.sub_(y, alpha=-0.5), True, "sub_.Tensor"),
+    "add_alpha_int": (lambda x, y: x.add_(y, alpha=3), True, "add_.Tensor"),
+    "div_floor": (lambda x, y: x.div_(y, rounding_mode="floor"), True, "div_.Tensor_mode"),
+    "div_trunc": (lambda x, y: x.div_(y, rounding_mode="trunc"), True, "div_.Tensor_mode"),
+    "add": (lambda x, y: torch.add(x, y, alpha=-2.0), False, "add.Tensor"),
+    "sub": (lambda x, y: torch.sub(x, y, alpha=0.25), False, "sub.Tensor"),
+    "div_floor_fn": (lambda x, y: torch.div(x, y, rounding_mode="floor"), False, "div.Tensor_mode"),
+    "div_none_fn": (lambda x, y: torch.div(x, y, rounding_mode=None), False, "div.Tensor_mode"),
+    "add_out": (lambda x, y: torch.add(x, y, alpha=2.0, out=x), True, None),
+    "sub_out": (lambda x, y: torch.sub(y, x, alpha=1.5, out=x), True, None),
+    "mul_out": (lambda x, y: torch.mul(x, y, out=x), True, None),
+    "div_out": (lambda x, y: torch.div(x, y, rounding_mode="trunc", out=x), True, None),
+}
+
+
+@pytest.mark.parametrize("name", KEYWORD_CALLS)
+def test_keyword_calls_match_cpu_through_the_fast_path(name):
+    """alpha / rounding_mode / out= calls, repeated until their program serves them: same values as
+    CPU torch, in-place and out= results are the target itself with its layout, its views see every
+    update and its version counter moves as on CPU."""
+    op, writes, fast_op = KEYWORD_CALLS[name]
+    x, y = torch.randn(3, 4) * 4, torch.rand(3, 4) + 0.5
+    xt, yt = x.to("tpu"), y.to("tpu")
+    row, row_t = x[1], xt[1]
+    for _ in range(4):
+        want, got = op(x, y), op(xt, yt)
+        torch.testing.assert_close(got.cpu(), want)
+        assert (got is xt) == (want is x) == writes
+        assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+        torch.testing.assert_close(xt.cpu(), x)
+        torch.testing.assert_close(row_t.cpu(), row)
+        assert (xt._version, row_t._version) == (x._version, row._version)
+    assert op_jit.stats().hits >= 2
+    if fast_op is not None:
+        assert fast_op in _fast_keyword_ops()
+
+
+def test_fast_keyword_values_stay_apart():
+    """Keyword values that compare equal but give other results (alpha 2 / 2.0 on ints, 0.0 / -0.0,
+    rounding modes) get their own programs, each matching CPU torch."""
+    x, y = torch.randn(3, 4) * 4, torch.rand(3, 4) + 0.5
+    xt, yt = x.to("tpu"), y.to("tpu")
+    ints = torch.arange(6).reshape(2, 3)
+    for _ in range(3):
+        for mode in ("floor", "trunc", None):
+            torch.testing.assert_close(
+                torch.div(xt, yt, rounding_mode=mode).cpu(), torch.div(x, y, rounding_mode=mode))
+        for alpha in (-0.0, 0.0):
+            torch.testing.assert_close(_signs(torch.add(-xt.abs(), yt, alpha=alpha).cpu()),
+                                       _signs(torch.add(-x.abs(), y, alpha=alpha)))
+        got, want = torch.add(ints.to("tpu"), ints.to("tpu"), alpha=2), torch.add(ints, ints, alpha=2)
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+        with pytest.raises(RuntimeError, match="alpha"):
+            torch.add(ints.to("tpu"), ints.to("tpu"), alpha=2.5)
+    assert {"div.Tensor_mode", "add.Tensor"} <= _fast_keyword_ops()

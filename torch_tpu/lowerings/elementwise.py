@@ -14,6 +14,8 @@ lax = jax.lax
 
 
 def _scaled(x, alpha):
+    if type(alpha) is float and not jnp.issubdtype(x.dtype, jnp.inexact):  # torch refuses, not truncates
+        raise ValueError("For integral input tensors, argument alpha must not be a floating point number.")
     return x if is_one(alpha) else x * cast(alpha, x.dtype)
 
 
