@@ -8,11 +8,19 @@ on the same in-memory batches:
   dist of the next batches while the step runs: equal to precomputed when it overlaps fully;
 - inline: the input dist inside each step (no overlap), for the cost of the input dist itself.
 
-Each preprocessing engine (compiled C++ and numpy) runs in a fresh process. Steady state: the
+Each preprocessing engine (compiled C++ and numpy) runs in a fresh process with one model; the
+three modes alternate over ``--rounds`` rounds (the order rotating each round); a mode's number is
+the median of its steps over all rounds, with their quartiles (a pipelined step includes waiting
+for its batch); ``input_dist`` and ``python`` are medians (and ranges) over the rounds. ``hidden``
+is the share of the inline input dist cost that the pipeline hides, 1 - (pipelined - precomputed)
+/ (inline - precomputed), from the medians (shown when inline is the slower). ``python`` is how
+much pure-Python work the main thread gets done while another thread runs input dists back to
+back, relative to an idle process: below 1 where the input dist holds the GIL (or, on a box with
+few cores, takes the main thread's core). Steady state: the
 lookup/update programs of every batch are compiled and ``--warmup`` steps run before the clock
-starts. Shared 2-core box: read the ratios.
+starts.
 
-    .venv/bin/python bench/bench_sparsecore_overlap.py [--batch 2048] [--steps 30] [--threads 2]
+    .venv/bin/python bench/bench_sparsecore_overlap.py [--batch 2048] [--steps 16] [--rounds 5] [--threads 2]
 """
 
 from __future__ import annotations
@@ -21,12 +29,40 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 MODES = ("precomputed", "pipelined", "inline")
+PROBE_SECONDS = 0.5
+
+
+def python_rate(seconds: float) -> float:
+    """Iterations per second of a pure-Python loop on this thread over ``seconds``."""
+    count, start = 0, time.perf_counter()
+    stop = start + seconds
+    while time.perf_counter() < stop:
+        for _ in range(1000):
+            count += 1
+    return count / (time.perf_counter() - start)
+
+
+def gil_probe(run_input_dists, seconds: float = PROBE_SECONDS) -> float:
+    """Main-thread Python throughput while ``run_input_dists(stop)`` runs on another thread,
+    relative to the same loop with nothing else running."""
+    idle = python_rate(seconds)
+    stop = threading.Event()
+    thread = threading.Thread(target=run_input_dists, args=(stop,))
+    thread.start()
+    try:
+        busy = python_rate(seconds)
+    finally:
+        stop.set()
+        thread.join()
+    return busy / idle
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -55,33 +91,72 @@ def worker(args: argparse.Namespace) -> None:
                      labels=torch.from_numpy(rng.integers(0, 2, size=args.batch)).float())
 
     batches = [batch() for _ in range(args.warmup + args.steps)]
-    out = {}
+    timed = batches[args.warmup:]
     with process_group() as env:
-        for mode in args.modes:
-            model = build_sparsecore_model(spec, env, torch.device("cpu"), "adagrad", 0.005, args.batch, seed=0)
-            optimizer = build_dense_optimizer(model, "adagrad", 0.005)
-            ebc = ebc_of(_unwrap(model))
-            for b in batches:  # every batch's programs compiled before the clock starts
-                ebc.compile(b.sparse_features)
-            for b in batches[: args.warmup]:
-                train_step(model, optimizer, b)
-            timed = batches[args.warmup:]
-            start = time.perf_counter()
+        model = build_sparsecore_model(spec, env, torch.device("cpu"), "adagrad", 0.005, args.batch, seed=0)
+        optimizer = build_dense_optimizer(model, "adagrad", 0.005)
+        ebc = ebc_of(_unwrap(model))
+        for b in batches:  # every batch's programs compiled before the clock starts
+            ebc.compile(b.sparse_features)
+        for b in batches[: args.warmup]:
+            train_step(model, optimizer, b)
+
+        def steps(mode: str) -> list[float]:
+            source = timed
             if mode == "precomputed":
                 source = [dataclasses.replace(b, sparse_features=ebc.prefetch(b.sparse_features)) for b in timed]
-                start = time.perf_counter()
             elif mode == "pipelined":
                 source = PrefetchedBatches(timed, ebc, torch.device("cpu"), depth=2)
-            else:
-                source = timed
-            for b in source:
+            times, last = [], time.perf_counter()
+            for b in source:  # a step's time includes waiting for its batch
                 train_step(model, optimizer, b)
-            out[mode] = (time.perf_counter() - start) / len(timed)
-        start = time.perf_counter()
-        for b in timed:
-            ebc.input_dist(b.sparse_features)
-        out["input_dist"] = (time.perf_counter() - start) / len(timed)
+                now = time.perf_counter()
+                times.append(now - last)
+                last = now
+            return times
+
+        def input_dists() -> float:
+            start = time.perf_counter()
+            for b in timed:
+                ebc.input_dist(b.sparse_features)
+            return (time.perf_counter() - start) / len(timed)
+
+        def input_dists_until(stop: threading.Event) -> None:
+            while not stop.is_set():
+                for b in timed:
+                    ebc.input_dist(b.sparse_features)
+                    if stop.is_set():
+                        return
+
+        out: dict[str, list[float]] = {m: [] for m in (*args.modes, "input_dist", "python")}
+        for r in range(args.rounds):
+            for mode in args.modes[r % len(args.modes):] + args.modes[: r % len(args.modes)]:
+                out[mode].extend(steps(mode))
+            out["input_dist"].append(input_dists())
+            out["python"].append(gil_probe(input_dists_until))
     print(json.dumps(out))
+
+
+def summary(times: dict[str, list[float]], modes: list[str]) -> str:
+    """One line: every mode's median ms (quartiles; input_dist: range), ratios to precomputed, the
+    hidden share."""
+    med = {m: statistics.median(v) for m, v in times.items()}
+    base = med.get("precomputed")
+    cells = []
+    for m in (*modes, "input_dist"):
+        if m in med:
+            ratio = f" = {med[m] / base:.2f}x" if base and m != "precomputed" else ""
+            low, high = (min(times[m]), max(times[m])) if m == "input_dist" else _quartiles(times[m])
+            cells.append(f"{m} {med[m] * 1e3:.1f} ms ({low * 1e3:.1f}-{high * 1e3:.1f}){ratio}")
+    if {"precomputed", "pipelined", "inline"} <= med.keys() and med["inline"] > base:
+        cells.append(f"hidden {1 - (med['pipelined'] - base) / (med['inline'] - base):.0%}")
+    cells.append(f"python {med['python']:.2f} ({min(times['python']):.2f}-{max(times['python']):.2f})")
+    return "   ".join(cells)
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return q[0], q[2]
 
 
 def main() -> None:
@@ -91,18 +166,22 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000, help="rows per table")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--hot", type=int, default=1, help="mean ids per sample per feature")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=16, help="timed steps per mode and round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of all modes (default 5)")
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if min(args.steps, args.rounds, args.batch, args.features, args.rows, args.dim) < 1 or args.warmup < 0:
+        parser.error("--steps, --rounds, --batch, --features, --rows and --dim must be >= 1, --warmup >= 0")
     if args.worker:
         worker(args)
         return
     print(f"sparsecore DLRM train step, batch {args.batch}, {args.features} tables x {args.rows:,} x {args.dim}, "
-          f"{args.hot} ids per sample per feature on average, {args.threads} threads; ms per step over "
-          f"{args.steps} steps after {args.warmup}")
+          f"{args.hot} ids per sample per feature on average, {args.threads} threads; ms per step, median "
+          f"(range) of {args.rounds} rounds of {args.steps} steps after {args.warmup}; load "
+          f"{os.getloadavg()[0]:.2f}")
     root = str(Path(__file__).resolve().parents[1])
     for engine, native in (("compiled", "1"), ("numpy", "0")):
         env = {**os.environ, "PYTHONPATH": root, "TORCHREC_TPU_NATIVE": native}
@@ -110,11 +189,9 @@ def main() -> None:
                               text=True)
         if done.returncode:
             raise RuntimeError(f"{engine} run failed:\n{done.stderr[-3000:]}")
-        t = json.loads(done.stdout.strip().splitlines()[-1])
-        base = t.get("precomputed")
-        cells = [f"{m} {t[m] * 1e3:7.1f} ms" + (f" ({t[m] / base:.2f}x)" if base and m != "precomputed" else "")
-                 for m in (*args.modes, "input_dist") if m in t]
-        print(f"  preprocessing {engine:<8}: " + "   ".join(cells))
+        times = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"  preprocessing {engine:<8}: {summary(times, args.modes)}", flush=True)
+    print(f"  load {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
