@@ -15,6 +15,7 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
+from torchrec_tpu.train.dense_placement import pooled_on_host
 from torchrec_tpu.train.loop import StepFn, train_step
 
 
@@ -51,9 +52,9 @@ class CompiledDenseStep:
         self.step = tc.train_step(self.dense, inner, input_grads=(1,))
 
     def __call__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
-        # the host tensors go into the program as they are (one copy each, no eager tpu ops): the
-        # sparse arch's forward without place_dense's hook, which would move pooled to tpu eagerly
-        pooled = model.model.sparse_arch.forward(batch.sparse_features)
+        # the host tensors go into the program as they are (one copy each, no eager tpu ops)
+        with pooled_on_host():
+            pooled = model.model.sparse_arch(batch.sparse_features)
         loss, (pooled_grad,) = self.step(batch.dense_features, pooled.detach(), batch.labels)
         # into the fused sparse update; on this thread (autograd's device threads lack the tpu
         # device when a CPU backward ran before torch_tpu was imported)
