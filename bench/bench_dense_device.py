@@ -4,11 +4,13 @@ the CPU, same model, init and batches, in one run; prints samples/s and the rati
 
 Model sizes: ``cli`` is ``torchrec-tpu train``'s default model (26 tables x dim 16, dense 64-16,
 over 64-32-1, batch 512); ``reference`` is the anchor config (26 tables x 100k x 64, dense
-512-256-64, over 512-512-256-1, batch 2048). Adagrad dense and sparse. The step reads the loss back
-each time, as the training loop does, so asynchronous device dispatch is timed in full. Warm-up
+512-256-64, over 512-512-256-1, batch 2048). Adagrad dense and sparse. The loss is read back every
+``--log-every`` steps, as the training loop does (the sparse update reads the pooled embeddings'
+gradient each step, so every step's device work is timed in full). Warm-up
 steps (where XLA compiles) are excluded from samples/s; the first step's time is printed apart
-(it hits the persistent compile cache from the second run on). XLA:CPU runs its own thread pool,
-so the tpu side may use more cores than ``--threads``. Here the tpu device is XLA:CPU under JAX,
+(it hits the persistent compile cache from the second run on). Every placement runs at each
+``--threads`` count of torch CPU threads (default 1 and 2, as bench_train_step); XLA:CPU keeps its
+default thread pool, so the tpu side may use more cores than ``--threads``. Here the tpu device is XLA:CPU under JAX,
 on a shared 2-core box: the ratio measures our overhead against torch's own CPU kernels, not a TPU.
 
     .venv/bin/python bench/bench_dense_device.py [--size cli|reference] [--steps 20] [--warmup 3]
@@ -18,6 +20,7 @@ on a shared 2-core box: the ratio measures our overhead against torch's own CPU 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +32,7 @@ import torch_tpu  # noqa: F401  (before any backward: autograd sizes its device 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_torchrec_dlrm import random_batches, reference_spec, samples_per_sec  # noqa: E402
+from bench_train_step import thread_counts  # noqa: E402
 
 from torchrec_tpu.train.dense_placement import dense_device  # noqa: E402
 from torchrec_tpu.train.dense_step import step_function  # noqa: E402
@@ -61,11 +65,16 @@ def measure(placement: str, spec: ModelSpec, batches, args: argparse.Namespace) 
         step_fn = train_step if placement == "tpu-eager" else step_function(model, optimizer, "sparsecore",
                                                                               device, env.world_size)
 
-        def step(batch) -> float:
-            return float(step_fn(model, optimizer, batch))
+        pending: list[torch.Tensor] = []
+
+        def step(batch) -> None:  # the loss is read every --log-every steps, as the training loop does
+            pending.append(step_fn(model, optimizer, batch))
+            if len(pending) >= args.log_every:
+                torch.stack(pending).tolist()
+                pending.clear()
 
         start = time.perf_counter()
-        step(batches[0])
+        float(step_fn(model, optimizer, batches[0]))
         first = time.perf_counter() - start
         return first, samples_per_sec(step, batches, args.warmup - 1, args.steps, f"dense on {placement}")
 
@@ -76,8 +85,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=0, help="default: 512 (cli) / 2048 (reference)")
     parser.add_argument("--num-embeddings", type=int, default=100_000, help="rows per table (default: 100000)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (default: 20)")
+    parser.add_argument("--log-every", type=int, default=20, help="read the loss every N steps (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    parser.add_argument("--threads", default="1,2", help="torch CPU thread counts, comma-separated (default: 1,2)")
     parser.add_argument("--placements", default="cpu,tpu", help=f"comma-separated, of {list(PLACEMENTS)} "
                         "(default: cpu,tpu)")
     args = parser.parse_args(argv)
@@ -85,24 +95,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     unknown = [p for p in args.placements if p not in PLACEMENTS]
     if unknown or "cpu" not in args.placements:
         parser.error(f"--placements must include cpu and name only {list(PLACEMENTS)}; got {args.placements}")
+    try:
+        args.threads = thread_counts(args.threads)
+    except ValueError as error:
+        parser.error(str(error))
     args.batch_size = args.batch_size or SIZES[args.size]
-    if args.batch_size < 1 or args.steps < 1 or args.warmup < 1 or args.num_embeddings < 1:
-        parser.error("--batch-size, --steps, --warmup and --num-embeddings must be >= 1")
+    if args.batch_size < 1 or args.steps < 1 or args.warmup < 1 or args.num_embeddings < 1 or args.log_every < 1:
+        parser.error("--batch-size, --steps, --warmup, --log-every and --num-embeddings must be >= 1")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
     spec = spec_for(args.size, args.num_embeddings)
     batches = random_batches(spec, args.batch_size, count=4)
-    results = {name: measure(name, spec, batches, args) for name in args.placements}
-    print(f"sparsecore training step, {args.size} model, batch {args.batch_size}, world 1, "
-          f"{args.threads} thread(s); tpu = XLA:CPU here; shared box, noisy")
-    reference = results["cpu"][1]
-    for name, (first, rate) in results.items():
-        print(f"  dense on {name:<9} {rate:>9,.0f} samples/s  ({rate / reference:.2f}x cpu)  "
-              f"first step {first:.1f} s")
+    print(f"sparsecore training step, {args.size} model, batch {args.batch_size}, world 1; tpu = XLA:CPU here "
+          f"at its default settings; load average {os.getloadavg()[0]:.2f}")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        results = {name: measure(name, spec, batches, args) for name in args.placements}
+        reference = results["cpu"][1]
+        for name, (first, rate) in results.items():
+            print(f"  {threads} thread(s): dense on {name:<9} {rate:>9,.0f} samples/s  ({rate / reference:.2f}x cpu)  "
+                  f"first step {first:.1f} s")
+    print(f"load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -5,18 +5,22 @@ same step written directly in JAX and jitted with donated buffers (the limit for
 Workloads: ``dlrm`` is the DLRM dense step of the anchor config (TorchRec DLRM towers: dense
 13-512-256-64, dot interaction with 26 pooled embeddings of dim 64, over 512-512-256-1, BCE;
 batch 2048; Adagrad lr 0.01); ``mlp`` is a 64-256-256-1 MLP, BCE, batch 256, AdamW. Each variant
-runs ``--rounds`` rounds of ``--steps`` steps, rounds interleaved (cpu, tpu, jax, cpu, ...) so load
-on the shared box hits all alike; the median round is reported. The device variants block on the
+runs ``--rounds`` rounds of ``--steps`` steps, rounds interleaved (cpu, tpu, jax; then tpu, jax, cpu; ...) so
+load on the shared box hits all alike; the median round is reported. The device variants block on the
 last loss of a round (steps dispatch asynchronously, as in training). Here the tpu device is
 XLA:CPU: the ratios measure our overhead and XLA:CPU's kernels against torch's, not a TPU.
 
-    .venv/bin/python bench/bench_train_step.py [--workload dlrm,mlp] [--steps 10] [--rounds 5]
+Each workload runs at every ``--threads`` count of torch CPU threads (default 1 and 2); XLA:CPU keeps
+its default thread pool throughout (as in bench_dense_device).
+
+    .venv/bin/python bench/bench_train_step.py [--workload dlrm,mlp] [--steps 10] [--rounds 5] [--threads 1,2]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -154,7 +158,7 @@ def cpu_runner(w: Workload) -> Callable[[int], float]:
             loss = w.loss_fn(model, *w.batches[i % len(w.batches)])
             loss.backward()
             opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     return run
 
@@ -192,10 +196,11 @@ def bench(w: Workload, steps: int, rounds: int) -> dict[str, float]:
     runs = {name: make(w) for name, make in RUNNERS.items()}
     first = {name: run(3) for name, run in runs.items()}  # compiles; losses of the same 3 steps
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
+    names = list(runs)
+    for r in range(rounds):  # the order rotates: no variant always runs just after CPU torch's threads
+        for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.perf_counter()
-            run(steps)
+            runs[name](steps)
             times[name].append((time.perf_counter() - start) / steps * 1e3)
     spread = max(first.values()) - min(first.values())
     print(f"{w.describe}\n  loss after 3 steps: " + ", ".join(f"{n} {v:.6f}" for n, v in first.items())
@@ -203,27 +208,43 @@ def bench(w: Workload, steps: int, rounds: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def thread_counts(text: str) -> list[int]:
+    """``--threads`` as a list of torch CPU thread counts (each >= 1)."""
+    counts = [int(t) for t in text.split(",") if t.strip()]
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--threads must list thread counts >= 1, got {text!r}")
+    return counts
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="dlrm,mlp", help="comma-separated: dlrm, mlp (default: both)")
     parser.add_argument("--steps", type=int, default=10, help="steps per round (default: 10)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per variant (default: 5)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", default="1,2", help="torch CPU thread counts, comma-separated (default: 1,2)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.rounds < 1:
         parser.error("--steps and --rounds must be >= 1")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    try:
+        threads = thread_counts(args.threads)
+    except ValueError as error:
+        parser.error(str(error))
     batch_of = {"dlrm": 2048, "mlp": 256}
-    for name in (n.strip() for n in args.workload.split(",") if n.strip()):
-        if name not in batch_of:
-            parser.error(f"--workload {name!r} is not one of {list(batch_of)}")
-        ms = bench(Workload(name, batch_of[name]), args.steps, args.rounds)
-        cpu, tpu, ref = ms["cpu eager"], ms["tpu train_step"], ms["jax jit"]
-        print(f"  ms/step: cpu eager {cpu:.2f} | tpu train_step {tpu:.2f} | jax jit {ref:.2f}  "
-              f"(torch threads {torch.get_num_threads()})")
-        print(f"  train_step speedup vs cpu eager {cpu / tpu:.2f}x (target >= 1.5x); "
-              f"time vs hand-written jax {tpu / ref:.2f}x (target <= 1.25x)")
+    names = [n.strip() for n in args.workload.split(",") if n.strip()]
+    unknown = [n for n in names if n not in batch_of]
+    if unknown:
+        parser.error(f"--workload {unknown} not in {list(batch_of)}")
+    print(f"load average {os.getloadavg()[0]:.2f}; XLA:CPU at its default settings for every thread count")
+    for name in names:
+        for count in threads:
+            torch.set_num_threads(count)
+            ms = bench(Workload(name, batch_of[name]), args.steps, args.rounds)
+            cpu, tpu, ref = ms["cpu eager"], ms["tpu train_step"], ms["jax jit"]
+            print(f"  ms/step: cpu eager {cpu:.2f} | tpu train_step {tpu:.2f} | jax jit {ref:.2f}  "
+                  f"(torch threads {count})")
+            print(f"  train_step speedup vs cpu eager {cpu / tpu:.2f}x (target >= 1.5x); "
+                  f"time vs hand-written jax {tpu / ref:.2f}x (target <= 1.25x)")
+    print(f"load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

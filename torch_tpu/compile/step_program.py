@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import operator
 import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -331,16 +332,28 @@ class _Replay:
     """The last call, to run again without rebuilding its signature: valid while every model and
     state tensor still holds the array the program left in it (nothing else wrote it), the
     optimizer's state entries and settings are the same objects, and the batch has the same
-    shapes and dtypes (a flat tuple of tensors)."""
+    shapes and dtypes (a flat tuple of tensors). Every check is an identity or length test run by
+    C loops (``map``), not a walk over shapes: a call costs a few microseconds besides the program."""
 
-    def __init__(self, program: _Program, tensors: list[TpuTensor], arrays: list[jax.Array],
-                 next_output: list[int | None], fixed: list[jax.Array], batch_key: tuple,
-                 entries: list[tuple[torch.Tensor, dict, tuple, tuple]], groups: list[tuple[dict, tuple]],
-                 training: bool,
-                 num_states: int) -> None:
-        self.program, self.tensors, self.arrays, self.next_output = program, tensors, arrays, next_output
-        self.fixed, self.batch_key, self.entries, self.groups = fixed, batch_key, entries, groups
-        self.training, self.num_states = training, num_states
+    def __init__(self, program: _Program, tensors: list[TpuTensor], next_output: list[int | None],
+                 fixed: list[jax.Array], batch_key: tuple, state: dict, entry_params: list[torch.Tensor],
+                 groups: list[dict], training: bool) -> None:
+        self.program, self.tensors, self.fixed, self.batch_key = program, tensors, fixed, batch_key
+        self.training = training
+        self.arrays = list(map(_box_array, tensors))
+        self.rebinds = [(i, j) for i, j in enumerate(next_output) if j is not None]
+        self.boxes = [t._box for t in tensors]
+        # what the optimizer held: its state dict's entries (load_state_dict replaces them), their
+        # values (an eager step() may assign new tensors), the param groups and their settings
+        self.state, self.num_states = state, len(state)
+        self.entry_params = entry_params  # the step's parameters with state
+        self.entries = [state[p] for p in self.entry_params]
+        self.groups = list(groups)
+        dicts = [*self.entries, *self.groups]
+        self.lengths = list(map(len, dicts))
+        self.item_dicts = [d for d in dicts for _ in d]
+        self.item_keys = [k for d in dicts for k in d]
+        self.item_values = [d[k] for d in dicts for k in d]
 
     @staticmethod
     def after(step: TrainStep, program: _Program, call: _Call, batch: tuple[Any, ...],
@@ -364,26 +377,22 @@ class _Replay:
                  *(("other", i) for i in range(len(step._others))), *(("state", w) for w in state_keys)]
         if not all(type(t) is TpuTensor and t._full and t._box.array.shape == t.shape for t in tensors):
             return None
-        n = len(tensors)
-        fixed = inputs[n:len(inputs) - len(call.batch_tensors)]  # tensor settings (lr) as passed
-        entries = [(p, d, tuple(d), tuple(d.values())) for p, d in state.items() if id(p) in step._index]
-        groups = [(g, tuple((k, v) for k, v in g.items() if k != "params")) for g in step.optimizer.param_groups]
-        return _Replay(program, tensors, [t._box.array for t in tensors], [updated.get(s) for s in slots],
-                       fixed, batch_key, entries, groups, step.model.training, len(state))
+        fixed = inputs[len(tensors):len(inputs) - len(call.batch_tensors)]  # tensor settings (lr) as passed
+        entry_params = [p for p in state if id(p) in step._index]
+        return _Replay(program, tensors, [updated.get(s) for s in slots], fixed, batch_key, state, entry_params,
+                       step.optimizer.param_groups, step.model.training)
 
     def _valid(self, step: TrainStep, batch: tuple[Any, ...]) -> bool:
-        if _batch_key(batch) != self.batch_key or step.model.training != self.training:
-            return False
-        state, groups = step.optimizer.state, step.optimizer.param_groups
-        if len(state) != self.num_states or any(
-                state.get(p) is not d or len(d) != len(keys) or any(d.get(k) is not v for k, v in zip(keys, values))
-                for p, d, keys, values in self.entries):
-            return False  # load_state_dict replaces the entries, an eager step() their tensors
-        if len(groups) != len(self.groups) or any(
-                g is not old or len(g) - 1 != len(items) or any(g.get(k) is not v for k, v in items)
-                for g, (old, items) in zip(groups, self.groups)):
-            return False
-        return all(t._box.array is a for t, a in zip(self.tensors, self.arrays))
+        optimizer = step.optimizer
+        state, groups = optimizer.state, optimizer.param_groups
+        return (_batch_key(batch) == self.batch_key and step.model.training == self.training
+                and state is self.state and len(state) == self.num_states and len(groups) == len(self.groups)
+                and all(map(operator.is_, map(_box_array, self.tensors), self.arrays))
+                and all(map(operator.is_, map(_box, self.tensors), self.boxes))
+                and all(map(operator.is_, map(state.get, self.entry_params), self.entries))
+                and all(map(operator.is_, groups, self.groups))
+                and list(map(len, self.entries)) + list(map(len, self.groups)) == self.lengths
+                and all(map(operator.is_, map(dict.get, self.item_dicts, self.item_keys), self.item_values)))
 
     def run(self, step: TrainStep, batch: tuple[Any, ...]) -> Sequence[jax.Array] | None:
         """The program's outputs, stored into the model and optimizer; None when not valid."""
@@ -393,12 +402,15 @@ class _Replay:
         inputs = [*self.arrays, *self.fixed,
                   *(a if a.committed else jax.device_put(a, a.sharding) for a in batch_arrays)]
         _copy_shared(inputs, self.program.donated, owners=2)  # the storage box and self.arrays
-        with persistent_cache.persistent():
-            outputs = self.program.jitted(*inputs)
-        for i, (t, j) in enumerate(zip(self.tensors, self.next_output)):
-            if j is not None:
-                t._box.array = self.arrays[i] = outputs[j]
+        outputs = self.program.jitted(*inputs)  # compiled by the call this replays: no cache context
+        arrays, boxes = self.arrays, self.boxes
+        for i, j in self.rebinds:
+            boxes[i].array = arrays[i] = outputs[j]
         return outputs
+
+
+_box = operator.attrgetter("_box")
+_box_array = operator.attrgetter("_box.array")
 
 
 def _batch_key(batch: tuple[Any, ...]) -> tuple | None:

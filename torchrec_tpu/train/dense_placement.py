@@ -16,6 +16,9 @@ lane, host tensors on its host lane).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -28,6 +31,7 @@ from torchrec.models.dlrm import DLRMTrain
 from torchrec_tpu.train.distributed import DistEnv
 
 DENSE_TOWERS = ("dense_arch", "inter_arch", "over_arch")
+_POOLED_ON_HOST = contextvars.ContextVar("pooled_on_host", default=False)
 
 
 def dense_device(name: str) -> torch.device:
@@ -48,9 +52,21 @@ def place_dense(model: DLRMTrain, device: torch.device) -> None:
         getattr(dlrm, name).to(device)
     if device.type == "cpu":
         return
-    dlrm.sparse_arch.register_forward_hook(lambda _module, _args, pooled: pooled.to(device))
+    dlrm.sparse_arch.register_forward_hook(
+        lambda _module, _args, pooled: pooled if _POOLED_ON_HOST.get() else pooled.to(device))
     model.register_forward_pre_hook(lambda _module, args: _batch_to(args, device))
     model.register_forward_hook(lambda _module, _args, output: _outputs_to_host(output))
+
+
+@contextlib.contextmanager
+def pooled_on_host() -> Iterator[None]:
+    """Inside, the sparse arch's output stays on the host (for a caller that hands it to a
+    compiled tpu program itself, without an eager copy)."""
+    token = _POOLED_ON_HOST.set(True)
+    try:
+        yield
+    finally:
+        _POOLED_ON_HOST.reset(token)
 
 
 def _batch_to(args: tuple[Any, ...], device: torch.device) -> tuple[Batch]:

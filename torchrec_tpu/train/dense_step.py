@@ -15,6 +15,7 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
+from torchrec_tpu.train.dense_placement import pooled_on_host
 from torchrec_tpu.train.loop import StepFn, train_step
 
 
@@ -43,23 +44,22 @@ class CompiledDenseStep:
     (:func:`~torchrec_tpu.train.dense_placement.place_dense`); ``optimizer`` the dense optimizer
     (a ``KeyedOptimizerWrapper`` or a plain torch optimizer) over the towers' parameters."""
 
-    def __init__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    def __init__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer) -> None:
         import torch_tpu.compile as tc
 
-        self.device = device
         self.dense = DLRMDenseLoss(model)
         inner = getattr(optimizer, "_optimizer", optimizer)  # KeyedOptimizerWrapper steps its inner one
         self.step = tc.train_step(self.dense, inner, input_grads=(1,))
 
     def __call__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
-        sparse_arch = model.model.sparse_arch
-        pooled = sparse_arch(batch.sparse_features)  # its forward hook puts it on the dense device
-        loss, (pooled_grad,) = self.step(batch.dense_features.to(self.device), pooled.detach(),
-                                         batch.labels.to(self.device))
-        # through the copy to the host, into the fused sparse update; on this thread (autograd's
-        # device threads lack the tpu device when a CPU backward ran before torch_tpu was imported)
+        # the host tensors go into the program as they are (one copy each, no eager tpu ops)
+        with pooled_on_host():
+            pooled = model.model.sparse_arch(batch.sparse_features)
+        loss, (pooled_grad,) = self.step(batch.dense_features, pooled.detach(), batch.labels)
+        # into the fused sparse update; on this thread (autograd's device threads lack the tpu
+        # device when a CPU backward ran before torch_tpu was imported)
         with torch.autograd.set_multithreading_enabled(False):
-            pooled.backward(pooled_grad)
+            pooled.backward(pooled_grad.cpu())
         return loss
 
 
@@ -70,5 +70,5 @@ def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, engine: st
     eager :func:`~torchrec_tpu.train.loop.train_step` (several ranks sync the towers' gradients
     with DDP hooks, FSDP2 shards them as DTensors: both run eagerly)."""
     if engine == "sparsecore" and dense_device.type == "tpu" and world_size == 1 and dense_parallel == "ddp":
-        return CompiledDenseStep(model, optimizer, dense_device)
+        return CompiledDenseStep(model, optimizer)
     return train_step

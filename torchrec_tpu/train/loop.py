@@ -134,6 +134,7 @@ def run_training(
     total = _total_steps(train, options)
     paused_seconds = 0.0  # evaluation and checkpoints
     window_losses: list[float] = []
+    pending: list[tuple[int, int, torch.Tensor]] = []  # (step, epoch, loss) not read back yet
     recent_losses: collections.deque[float] = collections.deque(maxlen=options.log_every)
     window_samples, window_start = 0, time.perf_counter()
     bar = tqdm(
@@ -148,20 +149,20 @@ def run_training(
             epoch = position.epoch
             rates = learning_rates(step + 1) if learning_rates else None
             with collectives(f"train step {step + 1} (embedding all_to_all, dense gradient all_reduce)"):
-                loss = step_fn(model, optimizer, batch.to(device)).item()
-            if not first_step_seconds:
+                loss = step_fn(model, optimizer, batch.to(device))
+            pending.append((step, epoch, loss.detach()))  # read every log_every steps, not each step
+            if not first_step_seconds:  # waits for the first step only: its time includes compiling
+                window_losses += _read_losses(pending)
                 first_step_seconds = time.perf_counter() - loop_start
-            if loss != loss:  # NaN: stop before the weights are all NaN too
-                raise FloatingPointError(f"training loss is NaN at step {step} (epoch {epoch})")
             step += 1
             if rates:
                 log.log(step, rates)
             batch_samples = batch.labels.numel() * options.world_size
             samples += batch_samples
             window_samples += batch_samples
-            window_losses.append(loss)
-            recent_losses.append(loss)
             if step % options.log_every == 0:
+                window_losses += _read_losses(pending)
+                recent_losses.extend(window_losses)
                 elapsed = time.perf_counter() - window_start
                 mean_loss = sum(window_losses) / len(window_losses)
                 rate = window_samples / elapsed if elapsed > 0 else 0.0
@@ -178,6 +179,7 @@ def run_training(
             if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 \
                     and step != total:
                 save_start = time.perf_counter()
+                window_losses += _read_losses(pending)  # no checkpoint of a NaN step
                 with collectives(f"the checkpoint save at step {step}"):
                     checkpoint(step, position)
                 window_start = time.perf_counter()
@@ -185,6 +187,7 @@ def run_training(
             if _done(step, options):
                 break
     train_seconds = time.perf_counter() - loop_start - paused_seconds
+    recent_losses.extend([*window_losses, *_read_losses(pending)])  # the steps since the last log
     if step == options.start_step:
         raise ValueError(
             f"no batches to train on from step {options.start_step} (the training split is empty, "
@@ -194,6 +197,19 @@ def run_training(
         result = _log_eval(log, step, _evaluate(model, held_out, device, step))
     final_loss = sum(recent_losses) / len(recent_losses)
     return TrainResult(step, samples, train_seconds, final_loss, result, position, first_step_seconds)
+
+
+def _read_losses(pending: list[tuple[int, int, torch.Tensor]]) -> list[float]:
+    """The losses of ``pending`` steps as floats, in one read (it waits for the steps to finish), and
+    ``pending`` emptied. A NaN stops training: within ``log_every`` steps of the step it shows in."""
+    if not pending:
+        return []
+    values = torch.stack([loss.reshape(()) for _, _, loss in pending]).tolist()
+    for (step, epoch, _), value in zip(pending, values):
+        if value != value:
+            raise FloatingPointError(f"training loss is NaN at step {step} (epoch {epoch})")
+    pending.clear()
+    return values
 
 
 def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device, step: int) -> EvalResult:
