@@ -6,11 +6,16 @@ The training files hold one row group each, as large as a rank's share, so Ray D
 ``streaming_split`` (order preserved: each row group to the split with the fewest rows so far)
 hands worker r exactly torchrun rank r's rows: the runs must agree bit for bit, final tables
 included. Each run is a fresh CLI process (worker start-up imports torch and torchrec in every
-worker: about a minute and a half per run on 2 loaded cores), hence slow.
+worker: 20-90 s per run on 2 loaded cores), hence slow.
+
+The kill lands right after Ray Train's controller registered the first checkpoint (its
+``checkpoint_manager_snapshot.json`` lists it): the restart must resume from that one. The run
+is 128 small steps (about 25 steps/s on one loaded core per worker), so most of it is still ahead.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -27,10 +32,9 @@ from tests.train.conftest import REPO_ROOT, TINY_OPTIONS, as_flags, flat_checkpo
 from tests.train.test_multiprocess import CLI, start_cli_ranks, wait_cli_ranks
 from torchrec_tpu.train.checkpoint import open_checkpoint
 from torchrec_tpu.train.checkpoint_dirs import resolve_checkpoint
-from torchrec_tpu.train.checkpoint_manifest import MANIFEST_FILE
 
 ROWS_PER_FILE = 4096  # 2 training files = 2 ranks' shares, 1 held out
-OPTIONS = {**TINY_OPTIONS, "epochs": 1, "checkpoint_every": 8}  # 8192 rows / 256 = 32 steps
+OPTIONS = {**TINY_OPTIONS, "epochs": 1, "batch_size": 64, "checkpoint_every": 16}  # 8192 rows / 64 = 128 steps
 STEPS = 2 * ROWS_PER_FILE // int(OPTIONS["batch_size"])  # type: ignore[call-overload]
 RAY_FLAGS = ["--ray-workers", "2", "--ray-max-failures", "1"]
 POLL_S = 0.2
@@ -133,6 +137,7 @@ def _descendants(root: int) -> list[int]:
 
 
 def _train_workers(driver: int) -> list[int]:
+    """The live Ray Train worker processes (actor ``RayTrainWorker``) the driver started."""
     pids = []
     for pid in _descendants(driver):
         try:
@@ -143,22 +148,36 @@ def _train_workers(driver: int) -> list[int]:
     return pids
 
 
+def _registered_checkpoints(storage: Path) -> list[str]:
+    """The checkpoints Ray Train's controller has registered (it rewrites its snapshot file after
+    each registration; a restart resumes from the last one)."""
+    try:
+        snapshot = json.loads((storage / "checkpoint_manager_snapshot.json").read_text())
+    except (OSError, ValueError):  # not written yet, or caught mid-write
+        return []
+    return [result["checkpoint_dir_name"] for result in snapshot["checkpoint_results"]]
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_sigkill_of_a_ray_worker_restarts_from_the_last_checkpoint(dataset: Path, ray_run, tmp_path: Path) -> None:
     proc, out = _start_ray_cli(dataset, tmp_path)
-    reported = tmp_path / "logs" / "ray" / "train"
+    storage = tmp_path / "logs" / "ray" / "train"
     deadline = time.monotonic() + 300
-    while len(list(reported.glob(f"checkpoint.step-*/{MANIFEST_FILE}"))) < 2:  # Ray holds 2 checkpoints
+    while not (registered := _registered_checkpoints(storage)):
         assert proc.poll() is None, f"the run ended before it could be killed:\n{out.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, "Ray reported no second checkpoint in time"
+        assert time.monotonic() < deadline, "Ray registered no checkpoint in time"
         time.sleep(0.005)
-    time.sleep(5 * POLL_S)  # the controller has polled since: the first checkpoint is registered
     workers = _train_workers(proc.pid)
-    assert len(workers) == 2, workers
+    assert len(workers) == 2, f"Ray Train workers {workers} (registered {registered}):\n{out.read_text()[-3000:]}"
     os.kill(workers[-1], signal.SIGKILL)
     text = _wait(proc, out)
-    assert "resuming from" in text, text[-3000:]
+    assert text.count("Started training worker group of size 2") == 2, text[-3000:]  # Ray restarted the group
+    resumed = re.search(r"resuming from \S+: step (\d+)", text)
+    assert resumed, text[-3000:]
+    # from the checkpoint registered before the kill (or a later one registered meanwhile), mid-run
+    first = int(re.fullmatch(r"checkpoint\.step-(\d+)\..*", registered[0]).group(1))  # type: ignore[union-attr]
+    assert first <= int(resumed.group(1)) < STEPS, (registered, resumed.group(0))
     final = resolve_checkpoint(tmp_path / "checkpoints")
     meta = open_checkpoint(final)[1]
     assert meta["step"] == STEPS and 0 < meta["samples"] < STEPS * OPTIONS["batch_size"], meta  # resumed mid-run
