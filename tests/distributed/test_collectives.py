@@ -1,7 +1,7 @@
 """Every tpu_dist collective against plain gloo on CPU, bit for bit, on loopback ranks.
 
 2 ranks: cpu tensors, and tpu tensors on the XLA transport and on the gloo transport. 4 ranks
-(slow): tpu tensors on the XLA transport.
+(slow): tpu tensors on each transport.
 """
 
 from __future__ import annotations
@@ -49,9 +49,11 @@ def test_transport_is_the_requested_one(job: dict) -> None:
 
 
 @pytest.mark.slow
-def test_four_ranks_on_the_xla_transport_match_gloo() -> None:
-    job = run_job("tpu", "xla", world=4, training=False)
-    assert [r["transport"] for r in job["ranks"]] == ["xla"] * 4
+@pytest.mark.parametrize("transport", ["xla", "gloo"])
+def test_four_ranks_match_gloo(transport: str) -> None:
+    """Both transports for tpu tensors on 4 ranks (pair subgroups: programs over part of the mesh)."""
+    job = run_job("tpu", transport, world=4, training=False)
+    assert [r["transport"] for r in job["ranks"]] == [transport] * 4
     for name in sorted(CHECKS):
         for rank, (ours, ref) in enumerate(results_for(job, "collectives", name)):
-            _assert_same(ours, ref, f"rank {rank} {name} on 4 ranks")
+            _assert_same(ours, ref, f"rank {rank} {name} on 4 ranks, {transport} transport")
