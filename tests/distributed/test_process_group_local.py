@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
 from torch_tpu.distributed import CollectiveError, GlooTransport, ProcessGroupTPU
+from torch_tpu.distributed.worker import Deadline
 
 TIMEOUT = datetime.timedelta(seconds=10)
 
@@ -108,4 +110,28 @@ def test_failure_poisons_the_group() -> None:
     with pytest.raises(CollectiveError, match="link down"):
         pg.allreduce([torch.ones(2)]).wait()
     assert transport.calls == 1  # the second collective never reached the transport
+    pg.shutdown()
+
+
+def test_transport_deadline_fails_a_stuck_job_and_poisons_the_group() -> None:
+    """A transport with a deadline (the XLA transport's, whose calls can block forever): a job past
+    it fails its Work with the deadline's message, later ones fail at once; jobs within it pass."""
+    transport = _GatedTransport()
+    transport.deadline = Deadline(datetime.timedelta(seconds=0.5), "gated collective")
+    pg = ProcessGroupTPU(transport, TIMEOUT)
+    transport.gate.set()
+    quick = torch.ones(2)
+    assert pg.allreduce([quick]).wait() is True
+    assert quick.tolist() == [1.0, 1.0]
+    transport.gate.clear()
+    start = time.monotonic()
+    with pytest.raises(CollectiveError, match=r"allreduce failed .*gated collective did not finish within 0.5s"):
+        pg.allreduce([torch.ones(2)]).wait()
+    assert 0.5 <= time.monotonic() - start < 5
+    with pytest.raises(CollectiveError, match="did not finish within"):
+        pg.allreduce([torch.ones(2)]).wait()
+    assert transport.calls == 2  # the third collective never reached the transport
+    transport.gate.set()  # the stuck job returns late: its result is dropped, the group stays failed
+    with pytest.raises(CollectiveError, match="did not finish within"):
+        pg.allreduce([torch.ones(2)]).wait()
     pg.shutdown()

@@ -68,9 +68,10 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._group_name = ""
         self._group_desc = ""
         failure = Failure()
-        self._worker = OrderedWorker(f"tpu_dist-r{self._rank}", failure)
+        self._worker = OrderedWorker(f"tpu_dist-r{self._rank}", failure, transport.deadline)
         self._device_worker = (
-            OrderedWorker(f"tpu_dist-device-r{self._rank}", failure) if device_transport else None
+            OrderedWorker(f"tpu_dist-device-r{self._rank}", failure, device_transport.deadline)
+            if device_transport else None
         )
 
     # ---- identity ---------------------------------------------------------------------------

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
+from torch_tpu.distributed.worker import Deadline
+
 ReduceOp = dist.ReduceOp
 
 
@@ -29,6 +31,8 @@ class Transport(abc.ABC):
     name: str  # "gloo", "xla": what :func:`torch_tpu.distributed.active_transport` reports
     rank: int
     size: int
+    # a limit the group's worker enforces on each job (calls that could block forever otherwise)
+    deadline: Deadline | None = None
 
     @abc.abstractmethod
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp) -> None:

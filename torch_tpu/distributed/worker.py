@@ -3,7 +3,10 @@
 Each submission returns a :class:`FutureWork` (a c10d ``Work``) over a ``torch.futures.Future``,
 so callers (DDP's reducer, FSDP2, DTensor) overlap communication with compute as with NCCL. A failed
 collective poisons the group: later submissions fail at once with the first error instead of
-running on a transport whose peers may be gone.
+running on a transport whose peers may be gone. A worker given a ``deadline`` fails the running
+job's Work when it runs past it (for transports whose calls can block forever, such as an XLA
+collective whose peer stalled): a watchdog thread checks the job it runs in place, so a call costs
+no extra thread hop.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -76,15 +81,38 @@ class Failure:
         self.error: CollectiveError | None = None
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """At most ``timeout`` per job; a job past it fails with "``what`` did not finish within ..."."""
+
+    timeout: datetime.timedelta
+    what: str
+
+
+@dataclass
+class _Running:
+    started: float
+    future: torch.futures.Future
+    describe: Callable[[BaseException], str]
+
+
 class OrderedWorker:
     """Runs submitted jobs one at a time on a daemon thread, in submission order; after a job
-    fails (here or on a worker sharing ``failure``) every later one fails with that error."""
+    fails (here or on a worker sharing ``failure``) every later one fails with that error. With a
+    ``deadline``, a job still running past it fails its Work and the group; the stuck thread is
+    abandoned."""
 
-    def __init__(self, name: str, failure: Failure | None = None) -> None:
+    def __init__(self, name: str, failure: Failure | None = None, deadline: Deadline | None = None) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._failure = failure or Failure()
+        self._deadline = deadline
+        self._lock = threading.Lock()
+        self._running: _Running | None = None
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        if deadline is not None:
+            threading.Thread(target=self._watch, name=f"{name}-watchdog", daemon=True).start()
 
     def submit(
         self, collective: str, job: Callable[[], Any], describe: Callable[[BaseException], str]
@@ -103,6 +131,28 @@ class OrderedWorker:
             self._queue.put(_STOP)
             if threading.current_thread() is not self._thread:
                 self._thread.join()
+        self._closed.set()
+
+    def _fail(self, future: torch.futures.Future, describe: Callable[[BaseException], str],
+              exc: BaseException) -> None:
+        error = CollectiveError(describe(exc))
+        error.__cause__ = exc
+        self._failure.error = self._failure.error or error
+        future.set_exception(error)
+
+    def _watch(self) -> None:
+        assert self._deadline is not None
+        limit = self._deadline.timeout.total_seconds()
+        # a 1 Hz check at most: a hang is reported within the timeout plus one period
+        while not self._closed.wait(min(max(limit / 20, 0.05), 1.0)):
+            with self._lock:
+                running = self._running
+                if running is None or time.monotonic() - running.started < limit:
+                    continue
+                self._running = None  # the job's own completion, if it ever comes, is dropped
+            self._fail(running.future, running.describe,
+                       TimeoutError(f"{self._deadline.what} did not finish within {limit:g}s"))
+            return
 
     def _loop(self) -> None:
         # Transports write results into (possibly autograd-tracked) tensors in place.
@@ -112,12 +162,18 @@ class OrderedWorker:
             if self._failure.error is not None:
                 future.set_exception(self._failure.error)
                 continue
+            with self._lock:
+                self._running = _Running(time.monotonic(), future, describe)
             try:
-                result = job()
+                result, failed = job(), None
             except Exception as exc:  # noqa: BLE001 -- every failure must reach the waiter
-                error = CollectiveError(describe(exc))
-                error.__cause__ = exc
-                self._failure.error = self._failure.error or error
-                future.set_exception(error)
+                result, failed = None, exc
+            with self._lock:
+                timed_out = self._running is None
+                self._running = None
+            if timed_out:
+                continue
+            if failed is not None:
+                self._fail(future, describe, failed)
             else:
                 future.set_result(result)

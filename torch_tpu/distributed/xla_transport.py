@@ -14,17 +14,15 @@ programs compile; the split sizes, host integers, are exchanged first over the g
 slices the padding off.
 
 CPU tensors (and mixed cpu/tpu calls) and tagged ``send`` / ``recv`` go to the gloo transport
-the XLA transport wraps. Every XLA call runs on a helper thread and is waited on with the group timeout,
-so a stalled peer raises instead of hanging (the stuck program is abandoned; the group is then
-poisoned by the process group).
+the XLA transport wraps. The group's worker runs each call under the group timeout (the transport's
+``deadline``), so a stalled peer raises instead of hanging (the stuck program is abandoned and the
+group poisoned).
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
-import queue
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from torch_tpu import tensor as tensor_mod
 from torch_tpu._jax import jax, jnp
 from torch_tpu.distributed.transport import GlooTransport, Transport
+from torch_tpu.distributed.worker import Deadline
 
 RedOp = dist.ReduceOp.RedOpType
 AXIS = "r"
@@ -82,35 +81,6 @@ def _fold(rows: jax.Array, kind: RedOp) -> jax.Array:
 
 def _bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-class _Deadline:
-    """Runs callables on one daemon thread and waits for each at most the group timeout."""
-
-    def __init__(self, timeout: datetime.timedelta, name: str) -> None:
-        self._timeout = timeout.total_seconds()
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name=name, daemon=True).start()
-
-    def run(self, fn: Callable[[], Any]) -> Any:
-        done = threading.Event()
-        box: list[Any] = []
-        self._jobs.put((fn, box, done))
-        if not done.wait(self._timeout):
-            raise TimeoutError(f"XLA collective did not finish within {self._timeout:g}s")
-        result, exc = box
-        if exc is not None:
-            raise exc
-        return result
-
-    def _loop(self) -> None:
-        while True:
-            fn, box, done = self._jobs.get()
-            try:
-                box[:] = [fn(), None]
-            except BaseException as exc:  # noqa: BLE001 -- re-raised on the caller's thread
-                box[:] = [None, exc]
-            done.set()
 
 
 class _Programs:
@@ -220,7 +190,7 @@ class XlaTransport(Transport):
         self._local = jax.local_devices()[0]
         self._programs = _Programs(Mesh(np.array(self._devices), (AXIS,)))
         self._pairs: dict[tuple[int, int], _Programs] = {}
-        self._deadline = _Deadline(timeout, f"tpu_dist-xla-r{self.rank}")
+        self.deadline = Deadline(timeout, "XLA collective")
         self._ranks = tuple(sorted(global_ranks))
         _CLAIMED.add(self._ranks)
 
@@ -244,11 +214,8 @@ class XlaTransport(Transport):
         """``program`` (one of ``programs``', default the group's) on every member's block; this
         process's output block, computed."""
 
-        def call() -> jax.Array:
-            out = program(self._global(local, programs or self._programs)).addressable_data(0)
-            return out.block_until_ready()
-
-        return self._deadline.run(call)
+        out = program(self._global(local, programs or self._programs)).addressable_data(0)
+        return out.block_until_ready()
 
     def _pair(self, src: int, dst: int) -> _Programs:
         """Programs over the devices of group ranks ``src`` then ``dst``."""
