@@ -13,7 +13,7 @@ from torch.utils import _pytree as pytree
 
 import torch_tpu
 import torch_tpu.compile as tc
-from tests.torch_tpu.test_opinfo import _LOWERED_AS, OPINFOS, _check_sample, _compare, _id, _to_tpu
+from tests.torch_tpu.test_opinfo import _LOWERED_AS, OPINFOS, _check_sample, _id
 
 _STATIC = {op._schema.name.split("::")[1] for op in torch_tpu.lowered_ops()
            if torch_tpu.get_lowering(op).static_shape}
@@ -35,38 +35,12 @@ def _eager_passes(opinfo, sample, grad: bool) -> bool:
 
 
 def _compiled_matches(opinfo, sample, grad: bool) -> None:
-    args, kwargs = (sample.input, *sample.args), sample.kwargs
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    slots = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-
-    def call(*tensors):
-        filled = list(leaves)
-        for i, t in zip(slots, tensors):
-            filled[i] = t
-        a, k = pytree.tree_unflatten(filled, spec)
-        return opinfo.op(*a, **k)
-
-    cpu_inputs = [leaves[i] for i in slots]
-    tpu_inputs = [_to_tpu(t) for t in cpu_inputs]
+    """The eager check (same references, same tolerances) with the op compiled."""
     torch._dynamo.reset()
     tc.reset_compile_stats()
-    compiled = torch.compile(call, backend="tpu", dynamic=False, fullgraph=True)
-    actual = compiled(*tpu_inputs)
-    expected = call(*cpu_inputs)
+    compiled = torch.compile(lambda *a, **k: opinfo.op(*a, **k), backend="tpu", dynamic=False, fullgraph=True)
+    _check_sample(opinfo, sample, torch.float32, grad, tpu_op=compiled)
     assert tc.compile_stats().graphs >= 1, f"{opinfo.name}: nothing was compiled"
-    _compare(actual, expected, torch.float32, f"{opinfo.name} compiled forward {sample}")
-    outs = [o for o in pytree.tree_leaves(expected) if isinstance(o, torch.Tensor) and o.requires_grad]
-    tpu_outs = [o for o in pytree.tree_leaves(actual) if isinstance(o, torch.Tensor) and o.requires_grad]
-    wrt = [(c, t) for c, t in zip(cpu_inputs, tpu_inputs) if c.requires_grad]
-    if not (grad and outs and wrt):
-        return
-    cotangents = [torch.randn_like(o) for o in outs]
-    expected_grads = torch.autograd.grad(outs, [c for c, _ in wrt], cotangents, allow_unused=True)
-    actual_grads = torch.autograd.grad(tpu_outs, [t for _, t in wrt], [c.to("tpu") for c in cotangents],
-                                       allow_unused=True)
-    for a, e in zip(actual_grads, expected_grads):
-        if e is not None:
-            _compare(a, e, torch.float32, f"{opinfo.name} compiled gradient {sample}")
 
 
 def _run(opinfo, max_samples):

@@ -111,7 +111,8 @@ def _rounded_like(precise, like):
     return pytree.tree_map(lambda p, ref: p.to(ref.dtype) if isinstance(ref, torch.Tensor) else p, precise, like)
 
 
-def _check_sample(opinfo, sample, dtype, grad):
+def _check_sample(opinfo, sample, dtype, grad, tpu_op=None):
+    """``tpu_op`` (default ``opinfo.op``) runs the op on the tpu arguments."""
     args, kwargs = (sample.input, *sample.args), sample.kwargs
     if not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(args)):
         return  # factory samples build CPU tensors; factories are tested in test_tensor_model
@@ -126,7 +127,7 @@ def _check_sample(opinfo, sample, dtype, grad):
     tpu_args, tpu_kwargs = pytree.tree_map(_to_tpu, ((sample.input, *sample.args), sample.kwargs))
     if "device" in tpu_kwargs:  # factories with tensor arguments (linspace.Tensor_Tensor ...)
         tpu_kwargs["device"] = "tpu"
-    actual = opinfo.op(*tpu_args, **tpu_kwargs)
+    actual = (tpu_op or opinfo.op)(*tpu_args, **tpu_kwargs)
     if opinfo.name in _EVAL_STATS_LIKE_CUDA and len(sample.args) == 7 and not sample.args[4]:
         running_mean, running_var, eps = sample.args[2], sample.args[3], sample.args[6]
         _compare(actual[1:], (running_mean, torch.rsqrt(running_var + eps)), dtype, f"{opinfo.name} eval stats")
