@@ -69,6 +69,11 @@ def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory
     return jnp.zeros(tuple(size), jdtype(dtype))
 
 
+@register_lowering(aten.empty_permuted.default)
+def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return zeros(size, dtype=dtype)  # arrays have no strides: the layout is moot
+
+
 @register_lowering(aten.ones.default)
 def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.ones(tuple(size), jdtype(dtype))
