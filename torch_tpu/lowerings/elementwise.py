@@ -164,7 +164,7 @@ for _name, _fn in [
     ("erfc", _special.erfc), ("erfinv", _special.erfinv), ("reciprocal", lambda x: 1 / x),
     ("lgamma", _special.gammaln),
     ("digamma", lambda x: jnp.where(x == 0, jnp.copysign(jnp.inf, -x), _special.digamma(x))), ("sinc", jnp.sinc),
-    ("deg2rad", jnp.deg2rad), ("rad2deg", jnp.rad2deg), ("i0", _special.i0),
+    ("deg2rad", jnp.deg2rad), ("rad2deg", jnp.rad2deg), ("i0", _special.i0), ("special_i1", _special.i1),
 ]:
     register_lowering(getattr(aten, _name).default)(_float_unary(_fn))
 
