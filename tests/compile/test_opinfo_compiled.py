@@ -71,3 +71,24 @@ def test_opinfo_compiled_representative(opinfo):
 @pytest.mark.parametrize("opinfo", OPINFOS, ids=_id)
 def test_opinfo_compiled_full_sweep(opinfo):
     _run(opinfo, max_samples=None)
+
+
+_ROWS = torch.tensor([True, True, False, True, False])
+_CELLS = torch.eye(5, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("mask, values_shape, accumulate", [
+    (_ROWS, (5,), False), (_ROWS, (3, 5), False), (_ROWS, (3, 1), True), (_CELLS, (5,), False), (_CELLS, (), True),
+])
+def test_index_put_boolean_mask(mask, values_shape, accumulate):
+    """A mask's count is not static in a program: ``values`` give it or broadcast over it. (The
+    sweep's index_put samples fail in backward: the gradient of ``values`` is ``grad[mask]``, whose
+    shape depends on the mask's values.)"""
+    x, values = torch.randn(5, 5), torch.randn(values_shape)
+
+    def put(a, m, v):
+        return torch.index_put(a, (m,), v, accumulate=accumulate)
+
+    compiled = torch.compile(put, backend="tpu", dynamic=False, fullgraph=True)
+    actual = compiled(x.to("tpu"), mask.to("tpu"), values.to("tpu"))
+    torch.testing.assert_close(actual.cpu(), put(x, mask, values))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torch_tpu._jax import jnp
+from torch_tpu._jax import jax, jnp
 from torch_tpu.lowerings._common import cast, is_one
 from torch_tpu.registry import register_lowering
 
@@ -34,9 +34,41 @@ def _update(target, coords, mode, values):
     return as_bytes != 0
 
 
+def _is_mask(index):
+    return index is not None and index.dtype == np.bool_
+
+
+def _mask_coords(self, indices, count):
+    """``indices`` with each boolean mask as ``count`` coordinates of its set elements, padded with
+    out-of-bounds ones (JAX scatters drop those updates)."""
+    coords, dim = [], 0
+    for i in indices:
+        if _is_mask(i):
+            coords.extend(jnp.nonzero(i, size=count, fill_value=self.shape[dim:dim + i.ndim]))
+            dim += i.ndim
+        else:
+            coords.append(slice(None) if i is None else i)
+            dim += 1
+    return tuple(coords)
+
+
+def _put_coords(self, indices, values):
+    """index_put's coordinates with a static count for masks (under jit the number of set elements is
+    unknown): the count ``values`` has along the masked dim, or the mask's size when it broadcasts there."""
+    if not any(_is_mask(i) for i in indices):
+        return _index_tuple(indices)
+    count = max(i.size for i in indices if _is_mask(i))
+    # the masked dim is the one whose length follows the count
+    shapes = [jax.eval_shape(lambda s, n=n: s[_mask_coords(s, indices, n)], self).shape for n in (count, count + 1)]
+    masked_dim = next(d for d, (a, b) in enumerate(zip(*shapes)) if a != b) - len(shapes[0])
+    if values.ndim >= -masked_dim and values.shape[masked_dim] != 1:
+        count = values.shape[masked_dim]
+    return _mask_coords(self, indices, count)
+
+
 @register_lowering(aten.index_put.default, aten._index_put_impl.default)
 def index_put(self, indices, values, accumulate=False, unsafe=False):
-    return _update(self, _index_tuple(indices), "add" if accumulate else "set", values)
+    return _update(self, _put_coords(self, indices, values), "add" if accumulate else "set", values)
 
 
 @register_lowering(aten.index_select.default)
