@@ -101,13 +101,14 @@ def as_strided(self, size, stride, storage_offset=None):
 
 @register_lowering(aten.unfold.default)
 def unfold(self, dimension, size, step):
-    x = self if self.ndim else self.reshape(1)
-    d = dimension % x.ndim
-    n = (x.shape[d] - size) // step + 1
+    if self.ndim == 0:  # torch's one window of a 0-d tensor: 1-d, size elements (0 or 1)
+        return jnp.broadcast_to(self, (size,))
+    d = dimension % self.ndim
+    n = (self.shape[d] - size) // step + 1
     starts = np.arange(n) * step
     windows = np.asarray(starts)[:, None] + np.arange(size)[None, :]
-    out = jnp.take(x, jnp.asarray(windows.reshape(-1)), axis=d)
-    out = out.reshape(x.shape[:d] + (n, size) + x.shape[d + 1:])
+    out = jnp.take(self, jnp.asarray(windows.reshape(-1)), axis=d)
+    out = out.reshape(self.shape[:d] + (n, size) + self.shape[d + 1:])
     return jnp.moveaxis(out, d + 1, -1)
 
 
