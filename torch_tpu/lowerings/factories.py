@@ -64,7 +64,7 @@ def new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, pi
     return jnp.full(tuple(size), fill_value, jdtype(dtype, self.dtype))
 
 
-@register_lowering(aten.zeros.default, aten.empty.memory_format)
+@register_lowering(aten.zeros.default, aten.empty.memory_format, aten._efficientzerotensor.default)
 def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.zeros(tuple(size), jdtype(dtype))
 
