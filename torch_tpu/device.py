@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -159,11 +160,41 @@ def reset_peak_memory_stats(device: int | str | torch.device | None = None) -> N
     _peak[0] = 0
 
 
+def memory_reserved(device: int | str | torch.device | None = None) -> int:
+    """Bytes the backend's allocator holds (in use or cached); without a pool that the backend
+    reports (XLA:CPU), the bytes in use."""
+    _check_index(device)
+    stats = _jax_device().memory_stats() or {}
+    return int(stats.get("bytes_reserved", stats.get("pool_bytes", memory_allocated())))
+
+
+def max_memory_reserved(device: int | str | torch.device | None = None) -> int:
+    """Peak of :func:`memory_reserved` (the backend's own peak where it reports one)."""
+    reserved = memory_reserved(device)
+    stats = _jax_device().memory_stats() or {}
+    peak = stats.get("peak_bytes_reserved", stats.get("peak_pool_bytes"))
+    return int(peak) if peak is not None else max(reserved, max_memory_allocated())
+
+
+def mem_get_info(device: int | str | torch.device | None = None) -> tuple[int, int]:
+    """``(free, total)`` bytes of device memory, as ``torch.cuda.mem_get_info``; host memory on
+    backends that keep arrays there without reporting a limit (XLA:CPU)."""
+    _check_index(device)
+    stats = _jax_device().memory_stats() or {}
+    if "bytes_limit" in stats:
+        total = int(stats["bytes_limit"])
+        return total - int(stats.get("bytes_in_use", 0)), total
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
 def memory_stats(device: int | str | torch.device | None = None) -> dict[str, int]:
     allocated = memory_allocated(device)
     return {
         "allocated_bytes.all.current": allocated,
         "allocated_bytes.all.peak": max_memory_allocated(device),
+        "reserved_bytes.all.current": memory_reserved(device),
+        "reserved_bytes.all.peak": max_memory_reserved(device),
         "num_live_arrays": len(jax.live_arrays()),
     }
 
@@ -232,8 +263,10 @@ class Event:
 
     def elapsed_time(self, end_event: Event) -> float:
         """Milliseconds between the two record() calls (host clock; synchronize both first)."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self._time is None or end_event._time is None:
-            raise RuntimeError("elapsed_time needs both events recorded")
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
         return (end_event._time - self._time) * 1000.0
 
 
@@ -275,6 +308,8 @@ seed_all = tpu_random.seed
 initial_seed = tpu_random.initial_seed
 get_rng_state = tpu_random.get_rng_state
 set_rng_state = tpu_random.set_rng_state
+get_rng_state_all = tpu_random.get_rng_state_all
+set_rng_state_all = tpu_random.set_rng_state_all
 
 
 # --- registration ----------------------------------------------------------------------------
@@ -318,7 +353,7 @@ def register() -> None:
         )
     if current != DEVICE_NAME:
         torch.utils.rename_privateuse1_backend(DEVICE_NAME)
-    torch.utils.generate_methods_for_privateuse1_backend()
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)  # storage.tpu(): see storage.py
     torch._register_device_module(DEVICE_NAME, sys.modules[__name__])
     # Kept alive here: the C++ side holds raw references.
     _KEEPALIVE.extend([_Hooks(), _DeviceGuard()])

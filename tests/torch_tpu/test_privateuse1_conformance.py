@@ -1,0 +1,120 @@
+"""Behaviours PyTorch's third-party-device suite (the "openreg" PrivateUse1 backend's tests) expects,
+checked on "tpu" against CPU torch or torch's documented semantics."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import torch_tpu  # noqa: F401
+
+pytestmark = pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+
+
+# --- storages -------------------------------------------------------------------------------------
+
+
+def test_storage_methods_are_generated():
+    for cls in (torch.TypedStorage, torch.UntypedStorage):
+        assert hasattr(cls, "is_tpu") and hasattr(cls, "tpu")
+    assert not torch.empty(2).untyped_storage().is_tpu
+
+
+def test_tensor_storage_is_a_typed_storage_on_the_device():
+    t = torch.randn(4, 4, device="tpu")
+    storage = t.storage()
+    assert isinstance(storage, torch.TypedStorage) and storage.is_tpu
+    assert storage.device == torch.device("tpu:0") and storage.dtype == torch.float32
+    assert storage.size() == t.numel() and t.untyped_storage().nbytes() == 64
+    assert storage.type() == "torch.storage.TypedStorage"
+    assert torch.serialization.location_tag(t.untyped_storage()) == "tpu:0"
+    t.resize_(2, 2, 2, 2)
+    assert t.storage().size() == 16  # a shrinking resize_ keeps the storage
+
+
+def test_set_from_a_typed_storage_views_it():
+    x = torch.randn(3, 4, device="tpu")
+    y = torch.empty(3, 4, device="tpu")
+    y.set_(x.storage(), 0, y.size())
+    torch.testing.assert_close(y.cpu(), x.cpu(), rtol=0, atol=0)
+    x.add_(1)  # a view of x's storage, not a copy
+    torch.testing.assert_close(y.cpu(), x.cpu(), rtol=0, atol=0)
+
+
+def test_host_storage_to_tpu_keeps_the_bytes():
+    x = torch.arange(6, dtype=torch.float32)
+    untyped = x.untyped_storage().tpu()
+    assert untyped.is_tpu and untyped.nbytes() == 24
+    assert untyped.tpu() is untyped
+    y = torch.empty(0, device="tpu").set_(untyped, 0, (2, 3))
+    torch.testing.assert_close(y.cpu(), x.reshape(2, 3), rtol=0, atol=0)
+    typed = x.storage().tpu()
+    assert typed.is_tpu and typed.dtype == torch.float32 and typed.size() == 6
+    z = torch.empty(0, device="tpu").set_(typed)
+    torch.testing.assert_close(z.cpu(), x, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="index 1"):
+        x.untyped_storage().tpu(1)
+
+
+def test_untyped_storage_cpu_copies_the_bytes():
+    x = torch.tensor([1.5, -2.0, 3.25], dtype=torch.bfloat16)
+    host = x.to("tpu").untyped_storage().cpu()
+    assert host.device.type == "cpu"
+    assert bytes(host) == bytes(x.untyped_storage())
+
+
+# --- random ---------------------------------------------------------------------------------------
+
+
+def test_rng_state_all_round_trip():
+    states = torch.tpu.get_rng_state_all()
+    assert len(states) == torch.tpu.device_count()
+    first = torch.randn(8, device="tpu").cpu()
+    torch.tpu.set_rng_state_all(states)
+    torch.testing.assert_close(torch.randn(8, device="tpu").cpu(), first, rtol=0, atol=0)
+
+
+# --- events and memory ----------------------------------------------------------------------------
+
+
+def test_event_elapsed_time_needs_timing_events():
+    start, end = torch.tpu.Event(), torch.tpu.Event()
+    start.record()
+    end.record()
+    with pytest.raises(ValueError, match="enable_timing=True"):
+        start.elapsed_time(end)
+    timed = torch.tpu.Event(enable_timing=True)
+    with pytest.raises(ValueError, match="recorded"):
+        timed.elapsed_time(torch.tpu.Event(enable_timing=True))
+
+
+def test_reserved_memory_and_mem_get_info():
+    x = torch.ones(1 << 16, device="tpu")
+    allocated = torch.tpu.memory_allocated()
+    assert allocated >= x.numel() * 4
+    assert torch.tpu.memory_reserved() >= allocated
+    assert torch.tpu.max_memory_reserved() >= torch.tpu.memory_reserved()
+    free, total = torch.tpu.mem_get_info()
+    assert 0 <= free <= total and total > x.numel() * 4
+    stats = torch.tpu.memory_stats()
+    assert stats["reserved_bytes.all.current"] >= stats["allocated_bytes.all.current"]
+
+
+# --- torch.compile --------------------------------------------------------------------------------
+
+
+def test_compiled_graph_returns_outputs_on_their_own_device():
+    def fn(x):
+        y = x + 1
+        return y, y.cpu() * 2
+
+    x = torch.randn(4, device="tpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on_device, on_host = torch.compile(fn, backend="tpu", fullgraph=True)(x)
+    expected = (x.cpu() + 1) * 2
+    assert on_device.device.type == "tpu" and on_host.device.type == "cpu"
+    torch.testing.assert_close(on_host, expected)
+    torch.testing.assert_close(on_device.cpu(), x.cpu() + 1)
