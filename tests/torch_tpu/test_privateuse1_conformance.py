@@ -118,3 +118,16 @@ def test_compiled_graph_returns_outputs_on_their_own_device():
     assert on_device.device.type == "tpu" and on_host.device.type == "cpu"
     torch.testing.assert_close(on_host, expected)
     torch.testing.assert_close(on_device.cpu(), x.cpu() + 1)
+
+
+def test_dynamo_device_interface_answers_for_tpu():
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    interface = get_interface_for_device("tpu")
+    assert interface.current_device() == torch.tpu.current_device()
+    assert interface.device_count() == torch.tpu.device_count() and interface.is_available()
+    with interface.device(0):
+        interface.synchronize()
+    assert interface.exchange_device(0) == 0
+    with pytest.raises(RuntimeError, match="index 1"):
+        interface.set_device(1)
