@@ -65,6 +65,18 @@ def test_untyped_storage_cpu_copies_the_bytes():
     assert bytes(host) == bytes(x.untyped_storage())
 
 
+# --- factories ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory", [torch.triu_indices, torch.tril_indices])
+@pytest.mark.parametrize(("row", "col", "offset"), [(3, 3, 0), (4, 3, 1), (3, 5, -1), (0, 3, 0), (2, 2, 5)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_triangle_indices_match_cpu(factory, row, col, offset, dtype):
+    got = factory(row, col, offset, device="tpu", dtype=dtype)
+    assert got.device.type == "tpu"
+    torch.testing.assert_close(got.cpu(), factory(row, col, offset, dtype=dtype), rtol=0, atol=0)
+
+
 # --- random ---------------------------------------------------------------------------------------
 
 
