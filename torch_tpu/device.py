@@ -58,11 +58,31 @@ def is_initialized() -> bool:
 
 
 def init() -> None:
-    pass
+    """Check that the device can be used here (as ``torch.cuda.init``): not in a process forked
+    after the parent started the JAX backend."""
+    if _in_bad_fork[0]:
+        raise RuntimeError(
+            "Cannot re-initialize tpu in forked subprocess. To use tpu with multiprocessing, "
+            "you must use the 'spawn' start method"
+        )
+
+
+# True in a child forked after its parent started the JAX backend: the inherited runtime (its
+# threads, the chip) is unusable there, so, as for CUDA, torch.manual_seed leaves the device alone.
+_in_bad_fork = [False]
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    return _in_bad_fork[0]
+
+
+def _mark_fork_child() -> None:
+    from jax._src import xla_bridge
+
+    _in_bad_fork[0] = _in_bad_fork[0] or xla_bridge.backends_are_initialized()
+
+
+os.register_at_fork(after_in_child=_mark_fork_child)
 
 
 def device_count() -> int:

@@ -3,6 +3,7 @@ checked on "tpu" against CPU torch or torch's documented semantics."""
 
 from __future__ import annotations
 
+import multiprocessing
 import warnings
 
 import pytest
@@ -86,6 +87,33 @@ def test_rng_state_all_round_trip():
     first = torch.randn(8, device="tpu").cpu()
     torch.tpu.set_rng_state_all(states)
     torch.testing.assert_close(torch.randn(8, device="tpu").cpu(), first, rtol=0, atol=0)
+
+
+def _forked_child(queue) -> None:
+    try:
+        torch.tpu.init()
+        error = ""
+    except RuntimeError as e:
+        error = str(e)
+    torch.manual_seed(1234)  # must leave the device generator alone here
+    queue.put((error, torch.tpu._is_in_bad_fork(), torch.tpu.initial_seed()))
+
+
+def test_fork_after_the_backend_started_is_a_bad_fork():
+    torch.tpu.manual_seed(7)
+    torch.ones(2, device="tpu").sum().item()  # the JAX backend runs in this process
+    assert not torch.tpu._is_in_bad_fork()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_forked_child, args=(queue,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # os.fork() in a multithreaded process
+        child.start()
+    error, bad_fork, seed = queue.get(timeout=120)
+    child.join(timeout=120)
+    assert "Cannot re-initialize tpu in forked subprocess" in error and "spawn" in error
+    assert bad_fork and seed == 7
+    torch.tpu.init()  # fine in the parent
 
 
 # --- events and memory ----------------------------------------------------------------------------
