@@ -226,12 +226,15 @@ def empty_cache() -> None:
 # --- streams and events (JAX orders work per device; one stream, events wait for it) ----------
 
 
-class Stream:
-    """The device's single in-order stream (JAX dispatches asynchronously, in order)."""
+class Stream(torch.Stream):
+    """The device's single in-order stream (JAX dispatches asynchronously, in order): a
+    ``torch.Stream`` (stream id 0, what ``torch.accelerator.current_stream()`` gives)."""
+
+    def __new__(cls, device: int | str | torch.device | None = None, priority: int = 0) -> Stream:
+        _check_index(device)
+        return super().__new__(cls, device=torch.device(DEVICE_NAME, 0), priority=priority)
 
     def __init__(self, device: int | str | torch.device | None = None, priority: int = 0) -> None:
-        _check_index(device)
-        self.device = torch.device(DEVICE_NAME, 0)
         self.priority = priority
 
     def synchronize(self) -> None:
@@ -248,19 +251,17 @@ class Stream:
         pass
 
     def record_event(self, event: Event | None = None) -> Event:
-        event = event or Event()
+        event = Event() if event is None else event
         event.record(self)
         return event
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream)
 
-    def __hash__(self) -> int:
-        return hash(DEVICE_NAME)
-
-
-class Event:
+class Event(torch.Event):
     """Marks the point in the stream's work at record time; ``synchronize`` waits for it."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Event:
+        return super().__new__(cls, device=torch.device(DEVICE_NAME, 0), enable_timing=enable_timing,
+                               blocking=blocking, interprocess=interprocess)
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self._marker: jax.Array | None = None

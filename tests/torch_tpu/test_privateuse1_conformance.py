@@ -119,6 +119,22 @@ def test_fork_after_the_backend_started_is_a_bad_fork():
 # --- events and memory ----------------------------------------------------------------------------
 
 
+def test_streams_and_events_are_torch_streams_and_events():
+    stream = torch.tpu.Stream()
+    assert isinstance(stream, torch.Stream) and stream.device == torch.device("tpu:0")
+    assert stream == torch.accelerator.current_stream() == torch.tpu.current_stream()
+    torch.accelerator.set_stream(stream)
+    with stream:
+        x = torch.ones(256, device="tpu") * 2
+    event = stream.record_event()
+    assert isinstance(event, torch.Event)
+    event.synchronize()
+    assert event.query() and stream.query()
+    torch.testing.assert_close(x.cpu(), torch.full((256,), 2.0))
+    with pytest.raises(RuntimeError, match="index 1"):
+        torch.tpu.Stream("tpu:1")
+
+
 def test_event_elapsed_time_needs_timing_events():
     start, end = torch.tpu.Event(), torch.tpu.Event()
     start.record()
