@@ -12,6 +12,7 @@ import xla_cache as _xla_cache  # noqa: E402
 
 _xla_cache.install()  # the shared persistent compile cache, on by default
 
+from torch_tpu import attention as _attention  # noqa: E402,F401  (SDPA overrideable composites)
 from torch_tpu import autocast as _autocast  # noqa: E402
 from torch_tpu import dispatch as _dispatch  # noqa: E402
 from torch_tpu import kernels as _kernels  # noqa: E402,F401

@@ -11,6 +11,7 @@ import torch
 
 import torch_tpu  # noqa: F401
 
+aten = torch.ops.aten
 pytestmark = pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
 
 
@@ -76,6 +77,47 @@ def test_triangle_indices_match_cpu(factory, row, col, offset, dtype):
     got = factory(row, col, offset, device="tpu", dtype=dtype)
     assert got.device.type == "tpu"
     torch.testing.assert_close(got.cpu(), factory(row, col, offset, dtype=dtype), rtol=0, atol=0)
+
+
+# --- attention ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("shape", "bias", "causal"), [
+    ((2, 3, 5, 4), None, False), ((2, 3, 5, 4), "float", False), ((2, 3, 5, 4), "bool", True),
+    ((3, 6, 4), None, True),
+])
+def test_overrideable_attention_matches_cpu_sdpa_and_its_gradients(shape, bias, causal):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    n = shape[-2]
+    mask = None
+    if bias == "float":
+        mask = torch.randn(*shape[:-2], n, n, dtype=torch.float64, requires_grad=True)
+    elif bias == "bool":
+        mask = torch.rand(*shape[:-2], n, n) > 0.3
+        mask[..., 0] = True
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    grad = torch.randn(expected.shape, dtype=torch.float64)
+    expected.backward(grad)
+
+    def on_tpu(t):
+        return None if t is None else t.detach().float().to("tpu") if t.is_floating_point() else t.to("tpu")
+
+    qt, kt, vt, bt = map(on_tpu, (q, k, v, mask))
+    outs = aten._scaled_dot_product_fused_attention_overrideable(qt, kt, vt, attn_bias=bt, is_causal=causal)
+    tol = {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(outs[0].cpu().double(), expected.detach(), **tol)
+    assert outs[1].dtype == torch.float32 and outs[1].shape == (*(shape[:-3] or (1,)), shape[-3], n)
+    assert outs[4:6] == (n, n)
+    grads = aten._scaled_dot_product_fused_attention_overrideable_backward(
+        on_tpu(grad), qt, kt, vt, bt, [True] * 4, *outs[:6], dropout_p=0.0, is_causal=causal,
+        philox_seed=outs[6], philox_offset=outs[7])
+    wanted = (q.grad, k.grad, v.grad, mask.grad if bias == "float" else None)
+    for got, want in zip(grads, wanted):
+        if want is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got.cpu().double(), want, **tol)
 
 
 # --- random ---------------------------------------------------------------------------------------
