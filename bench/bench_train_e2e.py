@@ -6,7 +6,10 @@ through ``run_job`` on the same synthetic Parquet files, generated once; the eng
 and each ratio is the median over ``--repeats`` runs. Two numbers per run: the whole loop
 (reader, host preprocessing, steps, updates; first-step compiles included, evaluation excluded)
 and the steady state (the loop's logged windows after the first, i.e. without warm-up).
-Timings on a shared 2-core box are noisy: read the medians.
+Timings on a shared 2-core box are noisy: read the medians. Per world it also prints the bound on
+the ratio: the dense half alone (the stock TorchRec towers, interaction and Adagrad step, which
+both engines run identically) timed in this process against TorchRec's steady step, i.e. the ratio
+an engine whose sparse part, input and overhead took no time at all would reach.
 
 Presets: ``default`` is ``torchrec-tpu train``'s own defaults (dim 16, dense 64-16, over 64-32-1,
 batch 512, 1 thread); ``anchor`` the issue's anchor config (26 tables x 100k x 64, batch 2048,
@@ -25,10 +28,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Sequence
 
 ENGINES = ("torchrec", "sparsecore")
+NUM_SPARSE, NUM_DENSE = 26, 13  # Criteo's features, as the synthetic data has
 LOG_EVERY = 8
 # model/run settings of each preset; None in a flag means "the preset's"
 PRESETS: dict[str, dict[str, object]] = {
@@ -94,6 +99,46 @@ def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse
     return json.loads(outputs[0][0].strip().splitlines()[-1])
 
 
+def dense_step_ms(args: argparse.Namespace, batch: int, steps: int = 10) -> float:
+    """Median ms of the model's dense half alone at ``batch`` rows (dense towers, interaction or DCN,
+    BCE, backward, Adagrad) on CPU eager torch with the run's threads: work both engines do
+    identically (stock TorchRec modules), so it bounds the engine ratio (see :func:`ratio_cap`)."""
+    import torch
+
+    from torchrec_tpu.train.dense_step import DLRMDenseLoss
+    from torchrec_tpu.train.model import ModelSpec, build_dlrm
+
+    torch.set_num_threads(args.threads)
+    dcn = args.model == "dlrm_dcn"
+    spec = ModelSpec(feature_names=tuple(f"f{i}" for i in range(NUM_SPARSE)), table_sizes=(8,) * NUM_SPARSE,
+                     embedding_dim=args.embedding_dim, dense_in_features=NUM_DENSE,
+                     dense_layers=tuple(int(x) for x in args.dense_arch.split(",")),
+                     over_layers=tuple(int(x) for x in args.over_arch.split(",")),
+                     dcn_num_layers=3 if dcn else 0, dcn_low_rank_dim=16 if dcn else 0)
+    model = DLRMDenseLoss(build_dlrm(spec, dense_device=torch.device("cpu")))
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.01)
+    inputs = (torch.randn(batch, NUM_DENSE), torch.randn(batch, NUM_SPARSE, args.embedding_dim, requires_grad=True),
+              torch.randint(0, 2, (batch,)).float())
+    times = []
+    for i in range(steps + 3):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        model(*inputs).backward()
+        optimizer.step()
+        if i >= 3:  # warm-up steps excluded
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def ratio_cap(torchrec_samples_per_s: float, world: int, args: argparse.Namespace) -> tuple[float, float]:
+    """(dense ms per step, the largest sparsecore/torchrec ratio any engine could reach): TorchRec's
+    step time over the dense half's, i.e. the ratio with the sparse part, input and everything
+    else of ours taking no time at all (Amdahl). With several ranks on this box's 2 cores the
+    dense half is timed alone, so the cap is generous."""
+    dense_ms = dense_step_ms(args, args.batch_size // world)
+    return dense_ms, (args.batch_size / torchrec_samples_per_s * 1e3) / dense_ms
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -149,6 +194,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             for i in range(args.repeats):
                 for engine in ENGINES if i % 2 == 0 else ENGINES[::-1]:
                     results[engine].append(run(engine, world, data, Path(tmp) / f"{engine}_{world}_{i}", args))
+            dense_ms, cap = ratio_cap(statistics.median(r["steady"] for r in results["torchrec"]), world, args)
+            print(f"  world {world} bound: the dense half alone (identical in both engines) takes {dense_ms:.1f} ms "
+                  f"per step; TorchRec's steady step "
+                  f"{args.batch_size / statistics.median(r['steady'] for r in results['torchrec']) * 1e3:.1f} ms; "
+                  f"with everything else free sparsecore/torchrec could reach at most {cap:.2f}x")
             for key, label in (("steady", "steady state"), ("whole", "whole loop")):
                 ratios = [s[key] / t[key] for s, t in zip(results["sparsecore"], results["torchrec"])]
                 medians = {e: statistics.median(r[key] for r in results[e]) for e in ENGINES}

@@ -191,6 +191,48 @@ def jax_runner(w: Workload) -> Callable[[int], float]:
 RUNNERS = {"cpu eager": cpu_runner, "tpu train_step": tpu_runner, "jax jit": jax_runner}
 
 
+# -- the compute bound: how fast the step's matmuls can run at all on this machine ------------
+
+def step_matmul_gflop(w: Workload) -> float:
+    """Matmul GFLOP of one training step (forward + backward), counted by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = copy.deepcopy(w.model)
+    with FlopCounterMode(display=False) as counter:
+        w.loss_fn(model, *w.batches[0]).backward()
+    return counter.get_total_flops() / 1e9
+
+
+def gemm_gflops(m: int, k: int, n: int, repeats: int = 20) -> dict[str, float]:
+    """Best GFLOP/s of one (m x k) @ (k x n) float32 matmul: torch CPU (current threads) and
+    ``jax.jit`` on XLA:CPU, the kernels each step variant's matmuls run on."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    ja, jb = jnp.asarray(a.numpy()), jnp.asarray(b.numpy())
+    jit_mm = jax.jit(jnp.matmul)
+    calls = {"torch": lambda: a @ b, "xla": lambda: jit_mm(ja, jb).block_until_ready()}
+    best = {}
+    for name, call in calls.items():
+        call()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        best[name] = 2 * m * k * n / min(times) / 1e9
+    return best
+
+
+def print_compute_bound(w: Workload, ms: dict[str, float], shape: tuple[int, int, int]) -> None:
+    """Each variant's matmul rate against the best either kernel reaches on the step's largest
+    matmul: a step that is mostly matmuls cannot run faster than its matmuls at that rate."""
+    gflop = step_matmul_gflop(w)
+    peak = gemm_gflops(*shape)
+    rates = ", ".join(f"{name} {gflop / (t / 1e3):.0f}" for name, t in ms.items())
+    print(f"  compute bound: {gflop:.2f} matmul GFLOP/step; achieved GFLOP/s: {rates}; one {shape[0]}x{shape[1]}"
+          f" @ {shape[1]}x{shape[2]} matmul alone: torch {peak['torch']:.0f}, XLA:CPU {peak['xla']:.0f} GFLOP/s; "
+          f"1.5x cpu eager needs {1.5 * gflop / (ms['cpu eager'] / 1e3):.0f} GFLOP/s")
+
+
 def bench(w: Workload, steps: int, rounds: int) -> dict[str, float]:
     """Median milliseconds per step of each runner."""
     runs = {name: make(w) for name, make in RUNNERS.items()}
@@ -230,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as error:
         parser.error(str(error))
     batch_of = {"dlrm": 2048, "mlp": 256}
+    largest_matmul = {"dlrm": (2048, 512, 512), "mlp": (256, 256, 256)}
     names = [n.strip() for n in args.workload.split(",") if n.strip()]
     unknown = [n for n in names if n not in batch_of]
     if unknown:
@@ -238,12 +281,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in names:
         for count in threads:
             torch.set_num_threads(count)
-            ms = bench(Workload(name, batch_of[name]), args.steps, args.rounds)
+            workload = Workload(name, batch_of[name])
+            ms = bench(workload, args.steps, args.rounds)
             cpu, tpu, ref = ms["cpu eager"], ms["tpu train_step"], ms["jax jit"]
             print(f"  ms/step: cpu eager {cpu:.2f} | tpu train_step {tpu:.2f} | jax jit {ref:.2f}  "
                   f"(torch threads {count})")
             print(f"  train_step speedup vs cpu eager {cpu / tpu:.2f}x (target >= 1.5x); "
                   f"time vs hand-written jax {tpu / ref:.2f}x (target <= 1.25x)")
+            print_compute_bound(workload, ms, largest_matmul[name])
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 

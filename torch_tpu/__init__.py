@@ -12,10 +12,18 @@ import xla_cache as _xla_cache  # noqa: E402
 
 _xla_cache.install()  # the shared persistent compile cache, on by default
 
+from torch_tpu import attention as _attention  # noqa: E402,F401  (SDPA overrideable composites)
+from torch_tpu import autocast as _autocast  # noqa: E402
 from torch_tpu import dispatch as _dispatch  # noqa: E402
 from torch_tpu import kernels as _kernels  # noqa: E402,F401
 from torch_tpu import lowerings as _lowerings  # noqa: E402,F401  (fills the registry)
+from torch_tpu import serialization as _serialization  # noqa: E402
+from torch_tpu import storage as _storage  # noqa: E402
 from torch_tpu import transformer as _transformer  # noqa: E402,F401  (fast-path composites)
+
+_serialization.register()  # torch.load(map_location="tpu")
+_storage.register()  # storage.tpu()
+_autocast.register()  # torch.autocast("tpu")
 from torch_tpu.fallback import (  # noqa: E402
     TpuFallbackError,
     decomposed_counts,

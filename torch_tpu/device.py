@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,11 +58,31 @@ def is_initialized() -> bool:
 
 
 def init() -> None:
-    pass
+    """Check that the device can be used here (as ``torch.cuda.init``): not in a process forked
+    after the parent started the JAX backend."""
+    if _in_bad_fork[0]:
+        raise RuntimeError(
+            "Cannot re-initialize tpu in forked subprocess. To use tpu with multiprocessing, "
+            "you must use the 'spawn' start method"
+        )
+
+
+# True in a child forked after its parent started the JAX backend: the inherited runtime (its
+# threads, the chip) is unusable there, so, as for CUDA, torch.manual_seed leaves the device alone.
+_in_bad_fork = [False]
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    return _in_bad_fork[0]
+
+
+def _mark_fork_child() -> None:
+    from jax._src import xla_bridge
+
+    _in_bad_fork[0] = _in_bad_fork[0] or xla_bridge.backends_are_initialized()
+
+
+os.register_at_fork(after_in_child=_mark_fork_child)
 
 
 def device_count() -> int:
@@ -159,11 +180,41 @@ def reset_peak_memory_stats(device: int | str | torch.device | None = None) -> N
     _peak[0] = 0
 
 
+def memory_reserved(device: int | str | torch.device | None = None) -> int:
+    """Bytes the backend's allocator holds (in use or cached); without a pool that the backend
+    reports (XLA:CPU), the bytes in use."""
+    _check_index(device)
+    stats = _jax_device().memory_stats() or {}
+    return int(stats.get("bytes_reserved", stats.get("pool_bytes", memory_allocated())))
+
+
+def max_memory_reserved(device: int | str | torch.device | None = None) -> int:
+    """Peak of :func:`memory_reserved` (the backend's own peak where it reports one)."""
+    reserved = memory_reserved(device)
+    stats = _jax_device().memory_stats() or {}
+    peak = stats.get("peak_bytes_reserved", stats.get("peak_pool_bytes"))
+    return int(peak) if peak is not None else max(reserved, max_memory_allocated())
+
+
+def mem_get_info(device: int | str | torch.device | None = None) -> tuple[int, int]:
+    """``(free, total)`` bytes of device memory, as ``torch.cuda.mem_get_info``; host memory on
+    backends that keep arrays there without reporting a limit (XLA:CPU)."""
+    _check_index(device)
+    stats = _jax_device().memory_stats() or {}
+    if "bytes_limit" in stats:
+        total = int(stats["bytes_limit"])
+        return total - int(stats.get("bytes_in_use", 0)), total
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
 def memory_stats(device: int | str | torch.device | None = None) -> dict[str, int]:
     allocated = memory_allocated(device)
     return {
         "allocated_bytes.all.current": allocated,
         "allocated_bytes.all.peak": max_memory_allocated(device),
+        "reserved_bytes.all.current": memory_reserved(device),
+        "reserved_bytes.all.peak": max_memory_reserved(device),
         "num_live_arrays": len(jax.live_arrays()),
     }
 
@@ -175,12 +226,15 @@ def empty_cache() -> None:
 # --- streams and events (JAX orders work per device; one stream, events wait for it) ----------
 
 
-class Stream:
-    """The device's single in-order stream (JAX dispatches asynchronously, in order)."""
+class Stream(torch.Stream):
+    """The device's single in-order stream (JAX dispatches asynchronously, in order): a
+    ``torch.Stream`` (stream id 0, what ``torch.accelerator.current_stream()`` gives)."""
+
+    def __new__(cls, device: int | str | torch.device | None = None, priority: int = 0) -> Stream:
+        _check_index(device)
+        return super().__new__(cls, device=torch.device(DEVICE_NAME, 0), priority=priority)
 
     def __init__(self, device: int | str | torch.device | None = None, priority: int = 0) -> None:
-        _check_index(device)
-        self.device = torch.device(DEVICE_NAME, 0)
         self.priority = priority
 
     def synchronize(self) -> None:
@@ -197,19 +251,17 @@ class Stream:
         pass
 
     def record_event(self, event: Event | None = None) -> Event:
-        event = event or Event()
+        event = Event() if event is None else event
         event.record(self)
         return event
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream)
 
-    def __hash__(self) -> int:
-        return hash(DEVICE_NAME)
-
-
-class Event:
+class Event(torch.Event):
     """Marks the point in the stream's work at record time; ``synchronize`` waits for it."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Event:
+        return super().__new__(cls, device=torch.device(DEVICE_NAME, 0), enable_timing=enable_timing,
+                               blocking=blocking, interprocess=interprocess)
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self._marker: jax.Array | None = None
@@ -232,8 +284,10 @@ class Event:
 
     def elapsed_time(self, end_event: Event) -> float:
         """Milliseconds between the two record() calls (host clock; synchronize both first)."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self._time is None or end_event._time is None:
-            raise RuntimeError("elapsed_time needs both events recorded")
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
         return (end_event._time - self._time) * 1000.0
 
 
@@ -275,6 +329,8 @@ seed_all = tpu_random.seed
 initial_seed = tpu_random.initial_seed
 get_rng_state = tpu_random.get_rng_state
 set_rng_state = tpu_random.set_rng_state
+get_rng_state_all = tpu_random.get_rng_state_all
+set_rng_state_all = tpu_random.set_rng_state_all
 
 
 # --- registration ----------------------------------------------------------------------------
@@ -318,7 +374,7 @@ def register() -> None:
         )
     if current != DEVICE_NAME:
         torch.utils.rename_privateuse1_backend(DEVICE_NAME)
-    torch.utils.generate_methods_for_privateuse1_backend()
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)  # storage.tpu(): see storage.py
     torch._register_device_module(DEVICE_NAME, sys.modules[__name__])
     # Kept alive here: the C++ side holds raw references.
     _KEEPALIVE.extend([_Hooks(), _DeviceGuard()])

@@ -2,7 +2,9 @@
 
 Factories (``torch.empty/zeros/randn(..., device="tpu")``) allocate through ``empty.memory_format``
 / ``empty_strided``; ``torch.tensor(data, device="tpu")`` and CPU->tpu ``.to()`` copy through
-``_copy_from``. Everything else reaches ``TpuTensor.__torch_dispatch__``.
+``_copy_from``. Factories with their own CPU/CUDA kernels and no ``out=`` variant
+(``triu_indices``) run their registered lowering. Everything else reaches
+``TpuTensor.__torch_dispatch__``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from torch_tpu._jax import jnp
 from torch_tpu.dispatch import _copy_
 from torch_tpu.dtypes import to_jax_dtype
+from torch_tpu.registry import get_lowering
 from torch_tpu.tensor import StorageBox, from_jax, make_alias, resize
 
 _lib = torch.library.Library("aten", "IMPL")
@@ -59,9 +62,21 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return _copy_(None, (dst, src), {})
 
 
+def lowered_factory(op: torch._ops.OpOverload):
+    """A PrivateUse1 kernel for factory ``op``: its lowering's array as a new tpu tensor."""
+
+    def kernel(*args, **kwargs):
+        _check_device(kwargs.get("device"))
+        return from_jax(get_lowering(op).fn(*args, **kwargs))
+
+    return kernel
+
+
 _lib.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
 _lib.impl("empty_strided", empty_strided, "PrivateUse1")
 _lib.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
 _lib.impl("_copy_from", copy_from, "PrivateUse1")
 _lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
 
+for _name in ("triu_indices", "tril_indices"):
+    _lib.impl(_name, lowered_factory(getattr(torch.ops.aten, _name).default), "PrivateUse1")

@@ -52,3 +52,13 @@ def get_rng_state(device: object = None) -> torch.Tensor:
 def set_rng_state(state: torch.Tensor, device: object = None) -> None:
     data = state.cpu().numpy().astype(np.uint8).view(np.uint32)
     _state["key"] = jax.random.wrap_key_data(jax.numpy.asarray(data))
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    """One state per device (``torch.cuda.get_rng_state_all``): this process drives one."""
+    return [get_rng_state()]
+
+
+def set_rng_state_all(states: list[torch.Tensor]) -> None:
+    (state,) = states
+    set_rng_state(state)

@@ -77,8 +77,15 @@ class StorageBox:
         return StorageBox(self.array)  # jax arrays are immutable: sharing the value is a copy
 
 
-class TpuUntypedStorage:
-    """What ``TpuTensor.untyped_storage()`` returns: byte-sized view of a box (FSDP2 resizes it)."""
+class TpuUntypedStorage(torch.UntypedStorage):
+    """What ``TpuTensor.untyped_storage()`` returns: byte-sized view of a box (FSDP2 resizes it).
+
+    A ``torch.UntypedStorage`` (so ``tensor.storage()``'s TypedStorage can wrap it) whose C++ part
+    is a data-less meta storage: sizes, device, address and contents come from the box.
+    """
+
+    def __new__(cls, box: StorageBox) -> TpuUntypedStorage:
+        return super().__new__(cls, box.nbytes, device="meta")
 
     def __init__(self, box: StorageBox) -> None:
         self._box = box
@@ -95,6 +102,10 @@ class TpuUntypedStorage:
 
     def data_ptr(self) -> int:
         return self._box.ptr
+
+    def cpu(self) -> torch.UntypedStorage:
+        """A CPU copy of the storage's bytes."""
+        return array_to_cpu(self._box.array.reshape(-1)).untyped_storage()
 
     def resize_(self, nbytes: int) -> TpuUntypedStorage:
         """Free (``resize_(0)``) or (re)allocate the storage; contents are zeroed on growth."""
@@ -174,6 +185,10 @@ class TpuTensor(torch.Tensor):
     def set_(self, source: Any = None, storage_offset: int = 0, size: Any = None, stride: Any = None) -> TpuTensor:  # type: ignore[override]
         """``torch.Tensor.set_``, also from a tpu storage (``t.untyped_storage()``) and with a layout:
         ``set_(tensor)`` then ``as_strided_`` (both dispatched, so autograd sees them)."""
+        if isinstance(source, torch.TypedStorage):  # ``t.storage()``
+            source = source._untyped_storage
+        if callable(getattr(source, "tpu_storage", None)):  # torch.load(map_location="tpu"): serialization.py
+            source = source.tpu_storage(self.dtype)
         if isinstance(source, TpuUntypedStorage):
             n = source.nbytes() // self.element_size()
             source = make_alias(source._box, (n,), (1,), 0, self.dtype)
@@ -210,7 +225,9 @@ class TpuTensor(torch.Tensor):
         return new
 
     def __reduce_ex__(self, protocol: int):
-        return (_rebuild_tpu_tensor, (to_cpu(self.detach()), self.requires_grad))
+        # torch's rebuild for storage-less devices: it applies torch.load's map_location
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (to_cpu(self.detach()), self.dtype, str(self.device), self.requires_grad))
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: Any = None) -> TpuTensor:
         """AOTAutograd's hook for a subclass tangent: a TpuTensor already is a plain tpu tensor."""
@@ -221,11 +238,9 @@ _ONLY_TPU = (TpuTensor,)  # the usual ``types`` of a dispatch
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
-def _rebuild_tpu_tensor(cpu: torch.Tensor, requires_grad: bool) -> TpuTensor:
-    t = from_cpu(cpu)
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
+def _rebuild_tpu_tensor(cpu: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """Tensors pickled before __reduce_ex__ used torch's rebuild: honours map_location too."""
+    return torch._utils._rebuild_device_tensor_from_cpu_tensor(cpu, cpu.dtype, str(DEVICE), requires_grad)
 
 
 def _contiguous_strides(size) -> tuple[int, ...]:

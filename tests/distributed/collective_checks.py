@@ -217,6 +217,16 @@ def _a2a_even(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> obj
     return ours, ref
 
 
+@check("all_to_all_single_equal_splits")
+def _a2a_equal_splits(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> object:
+    """Splits passed, all equal (the XLA transport's no-padding path after the split exchange)."""
+    splits = [3] * size
+    ours, ref = torch.empty(3 * size, 2, device=device), torch.empty(3 * size, 2)
+    dist.all_to_all_single(ours, _data(rank, 3 * size, 2).to(device), splits, splits)
+    dist.all_to_all_single(ref, _data(rank, 3 * size, 2), splits, splits, group=gloo)
+    return ours, ref
+
+
 @check("all_to_all_single_uneven")
 def _a2a_uneven(rank: int, size: int, device: str, gloo: dist.ProcessGroup) -> object:
     ins, outs = uneven_in(rank, size), uneven_out(rank, size)

@@ -88,7 +88,8 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     )(gm, example_inputs)
 
 
-def _tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """The Dynamo backend "tpu": FX graphs of tpu tensors -> compiled JAX programs."""
     torch.autograd.set_multithreading_enabled(False)  # device backward on a worker thread aborts under jax
     if is_symbolic(example_inputs):
         return SpecializedGraph(gm, example_inputs, _aot)
@@ -96,8 +97,10 @@ def _tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any
 
 
 def register() -> None:
-    """Make ``torch.compile(..., backend="tpu")`` available (idempotent)."""
+    """Make ``torch.compile(..., backend="tpu")`` available (idempotent). Without this import the
+    name resolves too, through the ``torch_dynamo_backends`` entry point (pyproject.toml), whose
+    loading imports this module: the name then already maps to the entry point and is left to it."""
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
 
     if BACKEND_NAME not in _BACKENDS:
-        register_backend(_tpu_backend, name=BACKEND_NAME)
+        register_backend(tpu_backend, name=BACKEND_NAME)

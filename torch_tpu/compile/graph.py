@@ -2,7 +2,9 @@
 
 A :class:`CompiledGraph` is what the "tpu" backend hands back to AOTAutograd for each forward,
 backward or inference graph. Calls take torch tensors (tpu or CPU), run the single jitted XLA
-program and return tensors on the inputs' device (tpu when any input is on tpu).
+program and return each output on the device the graph gives it (its traced fake value's device:
+``x.cpu()`` inside a graph returns a CPU tensor); outputs without one follow the inputs (tpu when
+any input is on tpu).
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ class CompiledGraph:
         self.key = translation_key(gm, specs)
         self.exported = _translate(gm, specs, self.key)
         self.random = len(self.exported.in_avals) > sum(isinstance(s, jax.ShapeDtypeStruct) for s in specs)
+        self._on_cpu = _cpu_outputs(gm)
         self._run = jax.jit(self.exported.call)
         dump_dir = os.environ.get("TORCH_TPU_DUMP_HLO")
         if dump_dir:
@@ -168,7 +171,21 @@ class CompiledGraph:
             inputs.append(jax.random.key_data(tpu_random.next_key()))
         with cache.persistent():
             outputs = self._run(*inputs)
-        return [None if o is None else from_jax(o) if on_tpu else _jax_to_cpu(o) for o in outputs]
+        return [None if o is None else _jax_to_cpu(o) if self._on_cpu.get(i, not on_tpu) else from_jax(o)
+                for i, o in enumerate(outputs)]
+
+
+def _cpu_outputs(gm: torch.fx.GraphModule) -> dict[int, bool]:
+    """Whether each graph output (by position) is a CPU tensor, for the outputs whose traced value
+    says where they live."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
+    on_cpu = {}
+    for i, v in enumerate(values):
+        val = v.meta.get("val") if isinstance(v, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor):
+            on_cpu[i] = val.device.type == "cpu"
+    return on_cpu
 
 
 def _jax_to_cpu(array: jax.Array) -> torch.Tensor:

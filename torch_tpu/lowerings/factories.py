@@ -114,6 +114,20 @@ def eye(n, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.eye(n, dtype=jdtype(dtype))
 
 
+def _tri_indices(pick, row, col, offset, dtype):
+    return jnp.asarray(np.stack(pick(row, offset, col)).reshape(2, -1), jdtype(dtype, jnp.int64))
+
+
+@register_lowering(aten.triu_indices.default)
+def triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(np.triu_indices, row, col, offset, dtype)
+
+
+@register_lowering(aten.tril_indices.default)
+def tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(np.tril_indices, row, col, offset, dtype)
+
+
 @register_lowering(aten.linspace.default)
 def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.linspace(start, end, steps, dtype=jdtype(dtype))
