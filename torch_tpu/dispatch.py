@@ -515,6 +515,8 @@ def _equal(func: Any, args: tuple, kwargs: dict) -> bool:
 
 _SPECIAL: dict[Any, Handler] = {
     aten.is_pinned.default: lambda func, args, kwargs: False,  # pinning is for host memory
+    # one in-order stream (torch.tpu.Stream): nothing can reuse the memory before the work is done
+    aten.record_stream.default: lambda func, args, kwargs: None,
     aten.copy_.default: _copy_,
     aten._copy_from.default: _copy_from,
     aten._to_copy.default: _to_copy,

@@ -177,6 +177,14 @@ def test_streams_and_events_are_torch_streams_and_events():
         torch.tpu.Stream("tpu:1")
 
 
+def test_record_stream_is_accepted():
+    x = torch.arange(4.0, device="tpu")
+    y = x * 2
+    y.record_stream(torch.tpu.current_stream())  # FSDP / pipelining code calls it as on CUDA
+    y.record_stream(torch.Stream(device="tpu"))
+    torch.testing.assert_close(y.cpu(), torch.arange(4.0) * 2)
+
+
 def test_event_elapsed_time_needs_timing_events():
     start, end = torch.tpu.Event(), torch.tpu.Event()
     start.record()
