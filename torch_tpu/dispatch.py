@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 
 from torch_tpu import decompositions, fallback, metadata_ops, modes, op_jit
 from torch_tpu import device as tpu_device
+from torch_tpu import memory_format as formats
 from torch_tpu import random as tpu_random
 from torch_tpu import tensor as tensor_mod
 from torch_tpu._jax import ARRAY_TYPE, jax, jnp
@@ -487,14 +488,26 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     x = args[0]
     dtype = kwargs.get("dtype") or x.dtype
     device = kwargs.get("device")
+    strides = formats.copy_strides(x, kwargs.get("memory_format"))
     if device is not None and torch.device(device).type != tensor_mod.DEVICE_NAME:
-        return to_cpu(x).to(device=device, dtype=dtype)
+        host = to_cpu(x)
+        if strides is not None:
+            host = torch.empty_strided(x.shape, strides, dtype=host.dtype).copy_(host)
+        return host.to(device=device, dtype=dtype)
     value = to_jax(x)
     want = to_jax_dtype(dtype)
     if value.dtype != want:
         value = value.astype(want)
     tpu_device.note_output(value)
-    return from_jax(value)
+    return formats.laid_out(value, strides, dtype)
+
+
+def _clone(func: Any, args: tuple, kwargs: dict) -> Any:
+    x = args[0]
+    value = to_jax(x)  # arrays are immutable: sharing the value is a copy
+    fallback.count_lowered(func)
+    strides = formats.copy_strides(x, kwargs.get("memory_format"))
+    return _wrap(value) if strides is None else formats.laid_out(value, strides, x.dtype)
 
 
 def _local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -520,6 +533,7 @@ _SPECIAL: dict[Any, Handler] = {
     aten.copy_.default: _copy_,
     aten._copy_from.default: _copy_from,
     aten._to_copy.default: _to_copy,
+    aten.clone.default: _clone,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.equal.default: _equal,
     aten.detach.default: _same_view_handler,

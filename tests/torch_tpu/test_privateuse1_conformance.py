@@ -79,6 +79,31 @@ def test_triangle_indices_match_cpu(factory, row, col, offset, dtype):
     torch.testing.assert_close(got.cpu(), factory(row, col, offset, dtype=dtype), rtol=0, atol=0)
 
 
+_LAYOUTS = {
+    "contiguous(channels_last)": lambda t: t.contiguous(memory_format=torch.channels_last),
+    "to(memory_format=channels_last)": lambda t: t.to(memory_format=torch.channels_last),
+    "clone keeps channels_last": lambda t: t.contiguous(memory_format=torch.channels_last).clone(),
+    "clone(contiguous_format)": lambda t: t.contiguous(memory_format=torch.channels_last).clone(
+        memory_format=torch.contiguous_format),
+    "dtype cast keeps channels_last": lambda t: t.contiguous(memory_format=torch.channels_last).double(),
+    "clone of a permute": lambda t: t.permute(0, 2, 3, 1).clone(),
+    "clone of a strided slice": lambda t: t[:, :, ::2].clone(),
+    "channels_last_3d": lambda t: t.unsqueeze(2).contiguous(memory_format=torch.channels_last_3d),
+    "to cpu keeps channels_last": lambda t: t.contiguous(memory_format=torch.channels_last).to("cpu"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LAYOUTS))
+def test_copies_take_the_memory_format_cpu_gives_them(name):
+    fn = _LAYOUTS[name]
+    host = torch.randn(2, 3, 4, 5)
+    expected, got = fn(host), fn(host.to("tpu"))
+    assert got.stride() == expected.stride()
+    assert got.is_contiguous(memory_format=torch.channels_last) == expected.is_contiguous(
+        memory_format=torch.channels_last)
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
 # --- attention ------------------------------------------------------------------------------------
 
 
