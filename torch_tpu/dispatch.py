@@ -510,6 +510,20 @@ def _clone(func: Any, args: tuple, kwargs: dict) -> Any:
     return _wrap(value) if strides is None else formats.laid_out(value, strides, x.dtype)
 
 
+# ``*_like(x)`` factories: a new tensor laid out like ``x`` (its memory_format, preserve by default)
+_LIKE_FACTORIES = frozenset({aten.empty_like.default, aten.zeros_like.default, aten.ones_like.default,
+                             aten.full_like.default})
+
+
+def _like_handler(lowered: Handler) -> Handler:
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        out = lowered(func, args, kwargs)
+        strides = formats.copy_strides(args[0], kwargs.get("memory_format"))
+        return out if strides is None else formats.laid_out(to_jax(out), strides, out.dtype)
+
+    return run
+
+
 def _local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
     value = np.asarray(to_jax(args[0])).reshape(-1)[0]
     if value.dtype == np.bool_:
@@ -634,6 +648,8 @@ def _make_handler(func: Any) -> Handler:
         return _fallback_handler
     lowering = get_lowering(func)
     if lowering is not None:
+        if func in _LIKE_FACTORIES:
+            return _like_handler(_lowered_handler(lowering))
         return _lowered_handler(lowering)
     decomposition = decompositions.decomposition(func)
     return decompositions.handler(func, decomposition) if decomposition is not None else _fallback_handler

@@ -1,6 +1,7 @@
-"""Copies in a memory format (``clone`` / ``contiguous`` / ``.to(memory_format=...)``), laid out as
-CPU torch lays them out: ``channels_last`` strides when asked for, and ``preserve_format`` keeping
-a dense non-contiguous input's strides. Other ops' results stay contiguous."""
+"""Copies in a memory format (``clone`` / ``contiguous`` / ``.to(memory_format=...)`` and the
+``*_like`` factories), laid out as CPU torch lays them out: ``channels_last`` strides when asked
+for, and ``preserve_format`` keeping a dense non-contiguous input's strides. Other ops' results stay
+contiguous."""
 
 from __future__ import annotations
 

@@ -90,6 +90,10 @@ _LAYOUTS = {
     "clone of a strided slice": lambda t: t[:, :, ::2].clone(),
     "channels_last_3d": lambda t: t.unsqueeze(2).contiguous(memory_format=torch.channels_last_3d),
     "to cpu keeps channels_last": lambda t: t.contiguous(memory_format=torch.channels_last).to("cpu"),
+    "zeros_like keeps channels_last": lambda t: torch.zeros_like(t.contiguous(memory_format=torch.channels_last)),
+    "full_like of a permute": lambda t: torch.full_like(t.permute(0, 2, 1, 3), 2.5),
+    "ones_like(int32, channels_last)": lambda t: torch.ones_like(t, dtype=torch.int32,
+                                                                 memory_format=torch.channels_last),
 }
 
 
