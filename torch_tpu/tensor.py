@@ -519,6 +519,11 @@ def cpu_to_jax(t: torch.Tensor) -> jax.Array:
     (a later ``resize_`` / out= on it would fail), and the zero-copy DLPack array would change
     with ``t``.
     """
+    if t.is_quantized:
+        raise NotImplementedError(
+            f"tpu tensors cannot hold quantized values ({t.dtype}); quantize on CPU, or keep the "
+            "integer representation (int_repr()) with its scale and zero point on tpu"
+        )
     t = t.detach().resolve_conj().resolve_neg().contiguous()
     return jnp.array(jax.dlpack.from_dlpack(t), copy=True)
 

@@ -108,6 +108,11 @@ def test_copies_take_the_memory_format_cpu_gives_them(name):
     torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
 
 
+def test_quantizing_on_tpu_says_quantized_values_stay_on_cpu():
+    with pytest.raises(NotImplementedError, match="quantized"):
+        torch.quantize_per_tensor(torch.randn(3, 4, device="tpu"), 0.1, 10, torch.qint8)
+
+
 # --- attention ------------------------------------------------------------------------------------
 
 
