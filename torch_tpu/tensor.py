@@ -107,6 +107,23 @@ class TpuUntypedStorage(torch.UntypedStorage):
         """A CPU copy of the storage's bytes."""
         return array_to_cpu(self._box.array.reshape(-1)).untyped_storage()
 
+    def clone(self) -> TpuUntypedStorage:
+        return TpuUntypedStorage(StorageBox(self._box.array))  # jax arrays are immutable
+
+    def __deepcopy__(self, memo: dict) -> TpuUntypedStorage:
+        return self.clone()
+
+    def __getitem__(self, index: Any) -> Any:  # bytes, as torch.UntypedStorage's
+        return self.cpu()[index]
+
+    def tolist(self) -> list[int]:
+        return self.cpu().tolist()
+
+    def __reduce__(self) -> tuple:
+        from torch_tpu.storage import to_tpu  # torch_tpu.storage imports this module
+
+        return to_tpu, (self.cpu(),)
+
     def resize_(self, nbytes: int) -> TpuUntypedStorage:
         """Free (``resize_(0)``) or (re)allocate the storage; contents are zeroed on growth."""
         itemsize = self._box.array.dtype.itemsize

@@ -3,6 +3,7 @@ checked on "tpu" against CPU torch or torch's documented semantics."""
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import warnings
 
@@ -65,6 +66,21 @@ def test_untyped_storage_cpu_copies_the_bytes():
     host = x.to("tpu").untyped_storage().cpu()
     assert host.device.type == "cpu"
     assert bytes(host) == bytes(x.untyped_storage())
+
+
+def test_tpu_storage_copies_and_saves_like_a_torch_storage(tmp_path):
+    t = torch.arange(4.0, device="tpu")
+    storage = t.untyped_storage()
+    host_bytes = torch.arange(4.0).untyped_storage().tolist()
+    assert storage.tolist() == host_bytes and list(storage) == host_bytes and storage[4] == host_bytes[4]
+    copies = [storage.clone(), copy.deepcopy(storage)]
+    torch.save({"storage": storage, "typed": t.storage()}, tmp_path / "s.pt")
+    t.add_(1)  # the copies and the file keep the old bytes
+    for c in copies:
+        assert c.is_tpu and c.tolist() == host_bytes
+    loaded = torch.load(tmp_path / "s.pt", weights_only=False)
+    assert loaded["storage"].is_tpu and loaded["storage"].tolist() == host_bytes
+    assert loaded["typed"].is_tpu and loaded["typed"].tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 # --- factories ------------------------------------------------------------------------------------
