@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 
 from torch_tpu import decompositions, fallback, metadata_ops, modes, op_jit
 from torch_tpu import device as tpu_device
+from torch_tpu import memory_format as formats
 from torch_tpu import random as tpu_random
 from torch_tpu import tensor as tensor_mod
 from torch_tpu._jax import ARRAY_TYPE, jax, jnp
@@ -487,14 +488,40 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     x = args[0]
     dtype = kwargs.get("dtype") or x.dtype
     device = kwargs.get("device")
+    strides = formats.copy_strides(x, kwargs.get("memory_format"))
     if device is not None and torch.device(device).type != tensor_mod.DEVICE_NAME:
-        return to_cpu(x).to(device=device, dtype=dtype)
+        host = to_cpu(x)
+        if strides is not None:
+            host = torch.empty_strided(x.shape, strides, dtype=host.dtype).copy_(host)
+        return host.to(device=device, dtype=dtype)
     value = to_jax(x)
     want = to_jax_dtype(dtype)
     if value.dtype != want:
         value = value.astype(want)
     tpu_device.note_output(value)
-    return from_jax(value)
+    return formats.laid_out(value, strides, dtype)
+
+
+def _clone(func: Any, args: tuple, kwargs: dict) -> Any:
+    x = args[0]
+    value = to_jax(x)  # arrays are immutable: sharing the value is a copy
+    fallback.count_lowered(func)
+    strides = formats.copy_strides(x, kwargs.get("memory_format"))
+    return _wrap(value) if strides is None else formats.laid_out(value, strides, x.dtype)
+
+
+# ``*_like(x)`` factories: a new tensor laid out like ``x`` (its memory_format, preserve by default)
+_LIKE_FACTORIES = frozenset({aten.empty_like.default, aten.zeros_like.default, aten.ones_like.default,
+                             aten.full_like.default})
+
+
+def _like_handler(lowered: Handler) -> Handler:
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        out = lowered(func, args, kwargs)
+        strides = formats.copy_strides(args[0], kwargs.get("memory_format"))
+        return out if strides is None else formats.laid_out(to_jax(out), strides, out.dtype)
+
+    return run
 
 
 def _local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -515,9 +542,12 @@ def _equal(func: Any, args: tuple, kwargs: dict) -> bool:
 
 _SPECIAL: dict[Any, Handler] = {
     aten.is_pinned.default: lambda func, args, kwargs: False,  # pinning is for host memory
+    # one in-order stream (torch.tpu.Stream): nothing can reuse the memory before the work is done
+    aten.record_stream.default: lambda func, args, kwargs: None,
     aten.copy_.default: _copy_,
     aten._copy_from.default: _copy_from,
     aten._to_copy.default: _to_copy,
+    aten.clone.default: _clone,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.equal.default: _equal,
     aten.detach.default: _same_view_handler,
@@ -618,6 +648,8 @@ def _make_handler(func: Any) -> Handler:
         return _fallback_handler
     lowering = get_lowering(func)
     if lowering is not None:
+        if func in _LIKE_FACTORIES:
+            return _like_handler(_lowered_handler(lowering))
         return _lowered_handler(lowering)
     decomposition = decompositions.decomposition(func)
     return decompositions.handler(func, decomposition) if decomposition is not None else _fallback_handler

@@ -107,6 +107,23 @@ class TpuUntypedStorage(torch.UntypedStorage):
         """A CPU copy of the storage's bytes."""
         return array_to_cpu(self._box.array.reshape(-1)).untyped_storage()
 
+    def clone(self) -> TpuUntypedStorage:
+        return TpuUntypedStorage(StorageBox(self._box.array))  # jax arrays are immutable
+
+    def __deepcopy__(self, memo: dict) -> TpuUntypedStorage:
+        return self.clone()
+
+    def __getitem__(self, index: Any) -> Any:  # bytes, as torch.UntypedStorage's
+        return self.cpu()[index]
+
+    def tolist(self) -> list[int]:
+        return self.cpu().tolist()
+
+    def __reduce__(self) -> tuple:
+        from torch_tpu.storage import to_tpu  # torch_tpu.storage imports this module
+
+        return to_tpu, (self.cpu(),)
+
     def resize_(self, nbytes: int) -> TpuUntypedStorage:
         """Free (``resize_(0)``) or (re)allocate the storage; contents are zeroed on growth."""
         itemsize = self._box.array.dtype.itemsize
@@ -519,6 +536,11 @@ def cpu_to_jax(t: torch.Tensor) -> jax.Array:
     (a later ``resize_`` / out= on it would fail), and the zero-copy DLPack array would change
     with ``t``.
     """
+    if t.is_quantized:
+        raise NotImplementedError(
+            f"tpu tensors cannot hold quantized values ({t.dtype}); quantize on CPU, or keep the "
+            "integer representation (int_repr()) with its scale and zero point on tpu"
+        )
     t = t.detach().resolve_conj().resolve_neg().contiguous()
     return jnp.array(jax.dlpack.from_dlpack(t), copy=True)
 

@@ -3,6 +3,7 @@ checked on "tpu" against CPU torch or torch's documented semantics."""
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import warnings
 
@@ -67,6 +68,21 @@ def test_untyped_storage_cpu_copies_the_bytes():
     assert bytes(host) == bytes(x.untyped_storage())
 
 
+def test_tpu_storage_copies_and_saves_like_a_torch_storage(tmp_path):
+    t = torch.arange(4.0, device="tpu")
+    storage = t.untyped_storage()
+    host_bytes = torch.arange(4.0).untyped_storage().tolist()
+    assert storage.tolist() == host_bytes and list(storage) == host_bytes and storage[4] == host_bytes[4]
+    copies = [storage.clone(), copy.deepcopy(storage)]
+    torch.save({"storage": storage, "typed": t.storage()}, tmp_path / "s.pt")
+    t.add_(1)  # the copies and the file keep the old bytes
+    for c in copies:
+        assert c.is_tpu and c.tolist() == host_bytes
+    loaded = torch.load(tmp_path / "s.pt", weights_only=False)
+    assert loaded["storage"].is_tpu and loaded["storage"].tolist() == host_bytes
+    assert loaded["typed"].is_tpu and loaded["typed"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 # --- factories ------------------------------------------------------------------------------------
 
 
@@ -77,6 +93,40 @@ def test_triangle_indices_match_cpu(factory, row, col, offset, dtype):
     got = factory(row, col, offset, device="tpu", dtype=dtype)
     assert got.device.type == "tpu"
     torch.testing.assert_close(got.cpu(), factory(row, col, offset, dtype=dtype), rtol=0, atol=0)
+
+
+_LAYOUTS = {
+    "contiguous(channels_last)": lambda t: t.contiguous(memory_format=torch.channels_last),
+    "to(memory_format=channels_last)": lambda t: t.to(memory_format=torch.channels_last),
+    "clone keeps channels_last": lambda t: t.contiguous(memory_format=torch.channels_last).clone(),
+    "clone(contiguous_format)": lambda t: t.contiguous(memory_format=torch.channels_last).clone(
+        memory_format=torch.contiguous_format),
+    "dtype cast keeps channels_last": lambda t: t.contiguous(memory_format=torch.channels_last).double(),
+    "clone of a permute": lambda t: t.permute(0, 2, 3, 1).clone(),
+    "clone of a strided slice": lambda t: t[:, :, ::2].clone(),
+    "channels_last_3d": lambda t: t.unsqueeze(2).contiguous(memory_format=torch.channels_last_3d),
+    "to cpu keeps channels_last": lambda t: t.contiguous(memory_format=torch.channels_last).to("cpu"),
+    "zeros_like keeps channels_last": lambda t: torch.zeros_like(t.contiguous(memory_format=torch.channels_last)),
+    "full_like of a permute": lambda t: torch.full_like(t.permute(0, 2, 1, 3), 2.5),
+    "ones_like(int32, channels_last)": lambda t: torch.ones_like(t, dtype=torch.int32,
+                                                                 memory_format=torch.channels_last),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LAYOUTS))
+def test_copies_take_the_memory_format_cpu_gives_them(name):
+    fn = _LAYOUTS[name]
+    host = torch.randn(2, 3, 4, 5)
+    expected, got = fn(host), fn(host.to("tpu"))
+    assert got.stride() == expected.stride()
+    assert got.is_contiguous(memory_format=torch.channels_last) == expected.is_contiguous(
+        memory_format=torch.channels_last)
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
+def test_quantizing_on_tpu_says_quantized_values_stay_on_cpu():
+    with pytest.raises(NotImplementedError, match="quantized"):
+        torch.quantize_per_tensor(torch.randn(3, 4, device="tpu"), 0.1, 10, torch.qint8)
 
 
 # --- attention ------------------------------------------------------------------------------------
@@ -175,6 +225,14 @@ def test_streams_and_events_are_torch_streams_and_events():
     torch.testing.assert_close(x.cpu(), torch.full((256,), 2.0))
     with pytest.raises(RuntimeError, match="index 1"):
         torch.tpu.Stream("tpu:1")
+
+
+def test_record_stream_is_accepted():
+    x = torch.arange(4.0, device="tpu")
+    y = x * 2
+    y.record_stream(torch.tpu.current_stream())  # FSDP / pipelining code calls it as on CUDA
+    y.record_stream(torch.Stream(device="tpu"))
+    torch.testing.assert_close(y.cpu(), torch.arange(4.0) * 2)
 
 
 def test_event_elapsed_time_needs_timing_events():
