@@ -131,7 +131,7 @@ def test_transport_deadline_fails_a_stuck_job_and_poisons_the_group() -> None:
     with pytest.raises(CollectiveError, match="did not finish within"):
         pg.allreduce([torch.ones(2)]).wait()
     assert transport.calls == 2  # the third collective never reached the transport
-    transport.gate.set()  # the stuck job returns late: its result is dropped, the group stays failed
-    with pytest.raises(CollectiveError, match="did not finish within"):
-        pg.allreduce([torch.ones(2)]).wait()
-    pg.shutdown()
+    start = time.monotonic()
+    pg.shutdown()  # does not wait for the stuck thread
+    assert time.monotonic() - start < 5
+    transport.gate.set()  # the stuck job returns late: its result is dropped

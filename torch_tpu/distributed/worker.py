@@ -109,6 +109,7 @@ class OrderedWorker:
         self._lock = threading.Lock()
         self._running: _Running | None = None
         self._closed = threading.Event()
+        self._abandoned = False  # the thread is stuck in a job the watchdog failed
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
         if deadline is not None:
@@ -126,12 +127,12 @@ class OrderedWorker:
         return FutureWork(future, collective)
 
     def close(self) -> None:
-        """Finish queued jobs, then stop the thread."""
+        """Finish queued jobs, then stop the thread (one stuck past the deadline is left behind)."""
+        self._closed.set()
         if self._thread.is_alive():
             self._queue.put(_STOP)
-            if threading.current_thread() is not self._thread:
+            if threading.current_thread() is not self._thread and not self._abandoned:
                 self._thread.join()
-        self._closed.set()
 
     def _fail(self, future: torch.futures.Future, describe: Callable[[BaseException], str],
               exc: BaseException) -> None:
@@ -150,6 +151,7 @@ class OrderedWorker:
                 if running is None or time.monotonic() - running.started < limit:
                     continue
                 self._running = None  # the job's own completion, if it ever comes, is dropped
+                self._abandoned = True
             self._fail(running.future, running.describe,
                        TimeoutError(f"{self._deadline.what} did not finish within {limit:g}s"))
             return
