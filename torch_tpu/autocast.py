@@ -19,6 +19,7 @@ Kernels only run inside an autocast region (the key is excluded otherwise): no c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -76,7 +77,7 @@ def _float32(args: tuple, kwargs: dict) -> torch.dtype:
 
 def _widest(args: tuple, kwargs: dict) -> torch.dtype | None:
     dtypes = [x.dtype for x in pytree.tree_leaves((args, kwargs)) if _eligible(x)]
-    return max(dtypes, key=lambda d: torch.finfo(d).bits) if dtypes else None
+    return functools.reduce(torch.promote_types, dtypes) if dtypes else None  # bf16 with fp16: fp32
 
 
 def _banned(args: tuple, kwargs: dict) -> None:
