@@ -20,6 +20,7 @@ import re
 import torch
 
 from torch_tpu import tensor as tensor_mod
+from torch_tpu.storage import box_of_host_bytes
 
 _LOCATION = re.compile(rf"{tensor_mod.DEVICE_NAME}(:0)?")
 # before torch's PrivateUse1 handler (23), after its CPU one (10)
@@ -37,8 +38,7 @@ class LoadedHostStorage(torch.UntypedStorage):
     def tpu_storage(self, dtype: torch.dtype) -> tensor_mod.TpuUntypedStorage:
         boxes = self.__dict__.setdefault("_boxes", {})
         if dtype not in boxes:
-            host = torch.empty(0, dtype=torch.uint8).set_(self).view(dtype)
-            boxes[dtype] = tensor_mod.from_cpu(host)._box
+            boxes[dtype] = box_of_host_bytes(self, dtype)
         return tensor_mod.TpuUntypedStorage(boxes[dtype])
 
 

@@ -20,8 +20,13 @@ def to_tpu(self: torch.UntypedStorage, device: int | str | torch.device | None =
     torch.tpu.set_device(0 if device is None else device)  # rejects indices other than 0
     if self.device.type == tensor_mod.DEVICE_NAME:
         return self
-    host = torch.empty(0, dtype=torch.uint8, device=self.device).set_(self)
-    return tensor_mod.TpuUntypedStorage(tensor_mod.from_cpu(host)._box)
+    return tensor_mod.TpuUntypedStorage(box_of_host_bytes(self))
+
+
+def box_of_host_bytes(storage: torch.UntypedStorage, dtype: torch.dtype = torch.uint8) -> tensor_mod.StorageBox:
+    """A new storage box holding a host storage's bytes read as ``dtype`` elements."""
+    host = torch.empty(0, dtype=torch.uint8).set_(storage).view(dtype)
+    return tensor_mod.from_cpu(host)._box
 
 
 def typed_to_tpu(self: torch.TypedStorage, device: int | str | torch.device | None = None,
