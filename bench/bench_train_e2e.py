@@ -43,7 +43,7 @@ PRESETS: dict[str, dict[str, object]] = {
                    over_arch="512,512,256,1", threads=2),
 }
 MODEL_FLAGS = ("batch_size", "embedding_dim", "dense_arch", "over_arch", "threads", "num_embeddings", "steps",
-               "model")
+               "model", "dense_device")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -56,6 +56,7 @@ def worker(args: argparse.Namespace) -> None:
         num_embeddings=args.num_embeddings, embedding_dim=args.embedding_dim, dense_arch=args.dense_arch,
         over_arch=args.over_arch, batch_size=args.batch_size, eval_batch_size=args.batch_size, epochs=1,
         max_steps=args.steps, num_threads=args.threads, progress=False, log_every=LOG_EVERY,
+        **({"dense_device": args.dense_device} if args.engine == "sparsecore" and args.dense_device else {}),
     )
     summary = run_job(config)
     if summary.primary:
@@ -158,6 +159,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=0, help="stop after N steps (default 0: one epoch)")
     parser.add_argument("--num-embeddings", type=int, default=100_000, help="rows per table, at most")
     parser.add_argument("--model", default="dlrm", choices=("dlrm", "dlrm_dcn"))
+    parser.add_argument("--dense-device", default="", help="the sparsecore engine's --dense-device (default: "
+                        "the job's)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per engine and world (default: 3)")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2], help="world sizes (default: 1 2)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -40,6 +40,7 @@ from torch_tpu._jax import jax, jnp
 from torch_tpu.compile import graph as compiled_graph
 from torch_tpu.compile import step_cache
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
+from torch_tpu.compile.input_stage import StageInput, fused_program, output_shape
 from torch_tpu.compile.step_trace import (
     LossFn,
     StepGraph,
@@ -49,7 +50,7 @@ from torch_tpu.compile.step_trace import (
     unchanged_outputs,
 )
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
-from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, to_jax, write
+from torch_tpu.tensor import TpuTensor, _contiguous_strides, cpu_to_jax, from_jax, to_jax, write
 
 _log = logging.getLogger(__name__)
 # float settings passed to the program as values, not baked in: schedules change them every step
@@ -82,7 +83,23 @@ class _Program:
             i for i in range(n_donated)
             if self._input_slot(i, len(signature.params), len(signature.others), state_keys) in changed
         )
-        self.jitted = jax.jit(exported.call if exported is not None else fn, donate_argnums=self.donated)
+        self.fn = exported.call if exported is not None else fn
+        self.jitted = jax.jit(self.fn, donate_argnums=self.donated)
+        self.fused: dict[tuple, Any] = {}  # (stage, its input position) -> the program fused with it
+
+    def run(self, inputs: list[jax.Array], stage: _StageSlot | None, batch: tuple[Any, ...]) -> Sequence[jax.Array]:
+        """The program's outputs for ``inputs``; with ``stage``, the batch argument it names is
+        computed (and its gradient consumed) by its input stage inside the same program."""
+        if stage is None:
+            return self.jitted(*inputs)
+        value: StageInput = batch[stage.argument]
+        fused = self.fused.get((value.stage, stage.position))
+        if fused is None:
+            fused = self.fused[(value.stage, stage.position)] = fused_program(
+                value.stage, self.fn, stage.position, stage.grad_output, self.donated)
+        outputs, state = fused(value.stage.state(), value.inputs, *inputs)
+        value.stage.set_state(state)
+        return outputs
 
     @staticmethod
     def traced(graph: StepGraph) -> _Program:
@@ -115,8 +132,12 @@ class _Program:
             return ("other", i - n_params)
         return ("state", state_keys[i - n_params - n_others])
 
-    def lowered_text(self, inputs: Sequence[jax.Array]) -> str:
-        return self.jitted.lower(*inputs).as_text()
+    def lowered_text(self, inputs: Sequence[jax.Array], stage: _StageSlot | None, batch: tuple[Any, ...]) -> str:
+        if stage is None:
+            return self.jitted.lower(*inputs).as_text()
+        value: StageInput = batch[stage.argument]
+        fused = fused_program(value.stage, self.fn, stage.position, stage.grad_output, self.donated)
+        return fused.lower(value.stage.state(), value.inputs, *inputs).as_text()
 
 
 def _input_avals(signature: StepSignature, random: bool) -> list[jax.ShapeDtypeStruct]:
@@ -130,11 +151,21 @@ def _input_avals(signature: StepSignature, random: bool) -> list[jax.ShapeDtypeS
     return avals
 
 
+class _StageSlot(NamedTuple):
+    """Where a :class:`StageInput` sits: its batch argument, its input position in the program
+    and the program output holding its gradient."""
+
+    argument: int
+    position: int
+    grad_output: int
+
+
 class _Call(NamedTuple):
     signature: StepSignature
     state_and_groups: list[torch.Tensor | float]  # input values after the model's tensors
-    batch_tensors: list[torch.Tensor]
+    batch_tensors: list[torch.Tensor]  # every tensor leaf but a StageInput's
     state_targets: dict[tuple[int, str], torch.Tensor]  # the state tensors the program replaces
+    stage: _StageSlot | None
 
 
 class TrainStep:
@@ -180,7 +211,7 @@ class TrainStep:
     def _signature(self, batch: tuple[Any, ...]) -> _Call:
         """The call's signature and tensors."""
         for i in self.input_grads:
-            if i >= len(batch) or not isinstance(batch[i], torch.Tensor):
+            if i >= len(batch) or not isinstance(batch[i], (torch.Tensor, StageInput)):
                 raise ValueError(f"train_step: input_grads names batch argument {i}, which is "
                                  f"{'missing' if i >= len(batch) else type(batch[i]).__name__}, not a tensor")
         index = self._index
@@ -214,11 +245,16 @@ class TrainStep:
             hyper.append(tuple(settings))
         leaves, tree = pytree.tree_flatten(batch)
         grad_leaves = {id(batch[i]) for i in self.input_grads}
-        batch_leaves, batch_tensors = [], []
+        batch_leaves, batch_tensors, stage = [], [], None
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
                 batch_leaves.append(TensorSpec.of(leaf, requires_grad=id(leaf) in grad_leaves))
                 batch_tensors.append(leaf)
+            elif isinstance(leaf, StageInput):
+                stage = self._stage_slot(batch, leaf, len(self._params) + len(self._others) + len(state_tensors)
+                                         + len(group_values) + len(batch_tensors), stage)
+                shape, dtype = output_shape(leaf)
+                batch_leaves.append(TensorSpec(shape, _contiguous_strides(shape), dtype, requires_grad=True))
             else:
                 batch_leaves.append(leaf if _hashable(leaf) else repr(leaf))
         signature = StepSignature(
@@ -228,7 +264,15 @@ class TrainStep:
             hyper=tuple(hyper), batch_leaves=tuple(batch_leaves), batch_tree=tree,
             training=self.model.training,
         )
-        return _Call(signature, state_tensors + group_values, batch_tensors, targets)
+        return _Call(signature, state_tensors + group_values, batch_tensors, targets, stage)
+
+    def _stage_slot(self, batch: tuple[Any, ...], value: StageInput, position: int,
+                    earlier: _StageSlot | None) -> _StageSlot:
+        argument = next((i for i, b in enumerate(batch) if b is value), None)
+        if earlier is not None or argument is None or argument not in self.input_grads:
+            raise ValueError("train_step: a StageInput must be one top-level batch argument named in input_grads "
+                             "(its stage consumes the gradient); at most one per call")
+        return _StageSlot(argument, position, 1 + self.input_grads.index(argument))
 
     def _program(self, signature: StepSignature) -> _Program:
         program = self._programs.get(signature)
@@ -276,7 +320,7 @@ class TrainStep:
             if program.random:
                 inputs.append(jax.random.key_data(tpu_random.next_key()))
             with persistent_cache.persistent():
-                outputs = program.jitted(*inputs)
+                outputs = program.run(inputs, call.stage, batch)
             self._store(program, outputs, call.state_targets)
             self._replay = _Replay.after(self, program, call, batch, inputs)
         self.stats.calls += 1
@@ -311,7 +355,7 @@ class TrainStep:
         inputs = self._inputs(call.state_and_groups, call.batch_tensors)
         if program.random:
             inputs.append(jax.random.key_data(tpu_random.next_key()))
-        return program.lowered_text(inputs)
+        return program.lowered_text(inputs, call.stage, batch)
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None = None, *,
@@ -337,9 +381,9 @@ class _Replay:
 
     def __init__(self, program: _Program, tensors: list[TpuTensor], next_output: list[int | None],
                  fixed: list[jax.Array], batch_key: tuple, state: dict, entry_params: list[torch.Tensor],
-                 groups: list[dict], training: bool) -> None:
+                 groups: list[dict], training: bool, stage: _StageSlot | None) -> None:
         self.program, self.tensors, self.fixed, self.batch_key = program, tensors, fixed, batch_key
-        self.training = training
+        self.training, self.stage = training, stage
         self.arrays = list(map(_box_array, tensors))
         self.rebinds = [(i, j) for i, j in enumerate(next_output) if j is not None]
         self.boxes = [t._box for t in tensors]
@@ -380,7 +424,7 @@ class _Replay:
         fixed = inputs[len(tensors):len(inputs) - len(call.batch_tensors)]  # tensor settings (lr) as passed
         entry_params = [p for p in state if id(p) in step._index]
         return _Replay(program, tensors, [updated.get(s) for s in slots], fixed, batch_key, state, entry_params,
-                       step.optimizer.param_groups, step.model.training)
+                       step.optimizer.param_groups, step.model.training, call.stage)
 
     def _valid(self, step: TrainStep, batch: tuple[Any, ...]) -> bool:
         optimizer = step.optimizer
@@ -398,11 +442,11 @@ class _Replay:
         """The program's outputs, stored into the model and optimizer; None when not valid."""
         if not self._valid(step, batch):
             return None
-        batch_arrays = [_device_array(t) for t in batch]
+        batch_arrays = [_device_array(t) for t in batch if type(t) is not StageInput]
         inputs = [*self.arrays, *self.fixed,
                   *(a if a.committed else jax.device_put(a, a.sharding) for a in batch_arrays)]
         _copy_shared(inputs, self.program.donated, owners=2)  # the storage box and self.arrays
-        outputs = self.program.jitted(*inputs)  # compiled by the call this replays: no cache context
+        outputs = self.program.run(inputs, self.stage, batch)  # compiled by the call this replays: no cache context
         arrays, boxes = self.arrays, self.boxes
         for i, j in self.rebinds:
             boxes[i].array = arrays[i] = outputs[j]
@@ -414,10 +458,12 @@ _box_array = operator.attrgetter("_box.array")
 
 
 def _batch_key(batch: tuple[Any, ...]) -> tuple | None:
-    """Shapes and dtypes of a batch of tensors (None: other leaves, not replayed)."""
-    if not all(isinstance(t, torch.Tensor) for t in batch):
+    """Shapes and dtypes of a batch of tensors and stage inputs (None: other leaves, not replayed)."""
+    if not all(isinstance(t, (torch.Tensor, StageInput)) for t in batch):
         return None
-    return tuple((type(t), t.shape, t.dtype, t.requires_grad) for t in batch)
+    return tuple((StageInput, t.cache_key()) if type(t) is StageInput else (type(t), t.shape, t.dtype, t.requires_grad)
+                 for t in batch)
+
 
 
 def _rebind(t: TpuTensor, value: jax.Array) -> None:

@@ -3,9 +3,11 @@
 :class:`DLRMDenseLoss` is a TorchRec ``DLRMTrain`` without its sparse arch: bottom MLP,
 interaction (dot or DCN), over arch and the BCE loss, from (dense features, pooled embeddings,
 labels). It shares the DLRM's own parameter objects, so the optimizer, checkpoints and
-evaluation see one model. :func:`compiled_dense_step` runs it with the dense optimizer's update as
-one program (``torch_tpu.compile.train_step``) and sends the pooled embeddings' gradient back
-into the sparsecore EBC's fused sparse update.
+evaluation see one model. :class:`CompiledDenseStep` runs it with the dense optimizer's update as
+one program (``torch_tpu.compile.train_step``); a batch whose input dist ran ahead (the
+prefetch pipeline) also has its embedding lookup and fused sparse update inside that program
+(:mod:`torchrec_tpu.sharding.pooled_stage`), else the pooled embeddings' gradient goes back into
+the sparsecore EBC's own fused update.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
+from torchrec_tpu.sharding.ebc import PrefetchedKJT
+from torchrec_tpu.sharding.pooled_stage import PooledLookupStage
 from torchrec_tpu.train.dense_placement import pooled_on_host
 from torchrec_tpu.train.loop import StepFn, train_step
 
@@ -37,8 +41,10 @@ class DLRMDenseLoss(nn.Module):
 
 
 class CompiledDenseStep:
-    """A ``run_training`` step function: the sparse arch (host, sparsecore EBC) forward, the dense
-    step as one tpu program, then the EBC's fused backward from the pooled embeddings' gradient.
+    """A ``run_training`` step function. A prefetched batch of a one-rank sparsecore EBC: lookup,
+    dense step and sparse update as one tpu program. Otherwise: the sparse arch (host, sparsecore
+    EBC) forward, the dense step as one tpu program, then the EBC's fused backward from the pooled
+    embeddings' gradient.
 
     ``model`` is the sparsecore engine's ``DLRMTrain`` with its towers on tpu
     (:func:`~torchrec_tpu.train.dense_placement.place_dense`); ``optimizer`` the dense optimizer
@@ -50,8 +56,17 @@ class CompiledDenseStep:
         self.dense = DLRMDenseLoss(model)
         inner = getattr(optimizer, "_optimizer", optimizer)  # KeyedOptimizerWrapper steps its inner one
         self.step = tc.train_step(self.dense, inner, input_grads=(1,))
+        sparse_arch = model.model.sparse_arch
+        self.ebc = sparse_arch.embedding_bag_collection
+        self.stage = PooledLookupStage.of(self.ebc, sparse_arch.sparse_feature_names)
 
     def __call__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
+        kjt = batch.sparse_features
+        if self.stage is not None and isinstance(kjt, PrefetchedKJT) and kjt.owner is self.ebc:
+            pooled = self.stage.input(kjt.local)
+            if pooled is not None:
+                loss, _ = self.step(batch.dense_features, pooled, batch.labels)
+                return loss
         # the host tensors go into the program as they are (one copy each, no eager tpu ops)
         with pooled_on_host():
             pooled = model.model.sparse_arch(batch.sparse_features)
