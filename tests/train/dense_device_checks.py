@@ -59,9 +59,10 @@ def rank_slice(batch: Batch, rank: int, world: int) -> Batch:
     return Batch(dense_features=batch.dense_features[lo:hi], sparse_features=sliced, labels=batch.labels[lo:hi])
 
 
-def train(device_name: str, parallel: str = "ddp", model: str = "dlrm") -> dict:
+def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch: bool = False) -> dict:
     """Train STEPS steps in the current process group (or a fresh world of 1); returns per-step
-    losses, the held-out evaluation and every parameter / table on the host (full, unsharded)."""
+    losses, the held-out evaluation and every parameter / table on the host (full, unsharded).
+    ``prefetch``: each batch's input dist runs ahead, as in the job's pipeline."""
     with process_group() as env:
         device = dense_device(device_name)
         torch.manual_seed(0)  # the dense towers' init
@@ -73,12 +74,16 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm") -> dict:
         step_fn = step_function(net, optimizer, "sparsecore", device, env.world_size, parallel)  # as the job does
         for step in range(STEPS):
             batch = rank_slice(global_batch(step), env.rank, env.world_size)
+            if prefetch:
+                ebc = next(m for m in net.modules() if isinstance(m, ShardedSparseCoreEBC))
+                batch = Batch(batch.dense_features, ebc.prefetch(batch.sparse_features), batch.labels)
             losses.append(float(step_fn(net, optimizer, batch)))
         held_out = [rank_slice(global_batch(STEPS + i), env.rank, env.world_size) for i in range(2)]
         result = evaluate(net, held_out, torch.device("cpu"))
         return {"losses": losses, "auc": result.auc, "eval_loss": result.loss, "initial": initial,
                 "state": _host_state(net), "devices": {p.device.type for p in net.parameters() if p.numel()},
-                "compiled_steps": step_fn.step.stats.calls if isinstance(step_fn, CompiledDenseStep) else 0}
+                "compiled_steps": step_fn.step.stats.calls if isinstance(step_fn, CompiledDenseStep) else 0,
+                "fused_steps": step_fn.step.stats.staged_calls if isinstance(step_fn, CompiledDenseStep) else 0}
 
 
 def _host_state(net: torch.nn.Module) -> dict[str, torch.Tensor]:

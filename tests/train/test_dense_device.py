@@ -15,15 +15,19 @@ from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.job import run_job
 
 
-@pytest.mark.parametrize("model", ["dlrm", pytest.param("dlrm_dcn", marks=pytest.mark.slow)])
-def test_dense_on_tpu_trains_like_dense_on_cpu(model: str) -> None:
+@pytest.mark.parametrize("model,prefetch", [("dlrm", False), ("dlrm", True),
+                                           pytest.param("dlrm_dcn", True, marks=pytest.mark.slow)])
+def test_dense_on_tpu_trains_like_dense_on_cpu(model: str, prefetch: bool) -> None:
+    """With the input dist run ahead (``prefetch``, as the job's pipeline does) the embedding
+    lookup and update join the dense step's program; else the EBC runs them on its own."""
     import torch_tpu
 
     reference = train("cpu", model=model)
     with torch_tpu.no_fallback():
-        got = train("tpu", model=model)
+        got = train("tpu", model=model, prefetch=prefetch)
     assert got["devices"] == {"tpu"} and reference["devices"] == {"cpu"}
     assert got["compiled_steps"] == STEPS and reference["compiled_steps"] == 0  # one tpu program per step
+    assert got["fused_steps"] == (STEPS if prefetch else 0)
     assert len(got["losses"]) == STEPS
     torch.testing.assert_close(got["losses"], reference["losses"], rtol=0, atol=1e-5)
     assert set(got["state"]) == set(reference["state"])

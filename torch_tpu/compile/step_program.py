@@ -64,6 +64,7 @@ class TrainStepStats:
 
     compiles: int = 0  # programs traced and jitted (one per call signature)
     calls: int = 0  # steps run (one program execution each)
+    staged_calls: int = 0  # of them, steps with an input stage fused in (a StageInput argument)
 
 
 class _Program:
@@ -97,7 +98,7 @@ class _Program:
         if fused is None:
             fused = self.fused[(value.stage, stage.position)] = fused_program(
                 value.stage, self.fn, stage.position, stage.grad_output, self.donated)
-        outputs, state = fused(value.stage.state(), value.inputs, *inputs)
+        outputs, state = fused(jax.tree.map(_committed, value.stage.state()), value.inputs, *inputs)
         value.stage.set_state(state)
         return outputs
 
@@ -304,8 +305,7 @@ class TrainStep:
         arrays = [to_jax(t) for t in model_tensors]
         arrays += [_device_array(t) for t in state_and_groups]
         arrays += [_device_array(t) for t in batch_tensors]
-        # eager results are uncommitted, program outputs committed: jit would compile once per mix
-        return [a if a.committed else jax.device_put(a, a.sharding) for a in arrays]
+        return [_committed(a) for a in arrays]
 
     def __call__(self, *batch: Any) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         replay = self._replay
@@ -324,6 +324,7 @@ class TrainStep:
             self._store(program, outputs, call.state_targets)
             self._replay = _Replay.after(self, program, call, batch, inputs)
         self.stats.calls += 1
+        self.stats.staged_calls += any(type(b) is StageInput for b in batch)
         loss = from_jax(outputs[0])
         if not self.input_grads:
             return loss
@@ -443,8 +444,7 @@ class _Replay:
         if not self._valid(step, batch):
             return None
         batch_arrays = [_device_array(t) for t in batch if type(t) is not StageInput]
-        inputs = [*self.arrays, *self.fixed,
-                  *(a if a.committed else jax.device_put(a, a.sharding) for a in batch_arrays)]
+        inputs = [*self.arrays, *self.fixed, *map(_committed, batch_arrays)]
         _copy_shared(inputs, self.program.donated, owners=2)  # the storage box and self.arrays
         outputs = self.program.run(inputs, self.stage, batch)  # compiled by the call this replays: no cache context
         arrays, boxes = self.arrays, self.boxes
@@ -473,6 +473,12 @@ def _rebind(t: TpuTensor, value: jax.Array) -> None:
         box.array = value  # the common case, without write()'s size checks
     else:
         write(t, value)
+
+
+def _committed(a: jax.Array) -> jax.Array:
+    """``a`` committed to its device: eager results are uncommitted, program outputs committed,
+    and jit compiles once per mix."""
+    return a if a.committed else jax.device_put(a, a.sharding)
 
 
 def _device_array(t: torch.Tensor | float) -> jax.Array:

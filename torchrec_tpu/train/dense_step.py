@@ -18,7 +18,6 @@ from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
 from torchrec_tpu.sharding.ebc import PrefetchedKJT
-from torchrec_tpu.sharding.pooled_stage import PooledLookupStage
 from torchrec_tpu.train.dense_placement import pooled_on_host
 from torchrec_tpu.train.loop import StepFn, train_step
 
@@ -52,6 +51,7 @@ class CompiledDenseStep:
 
     def __init__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer) -> None:
         import torch_tpu.compile as tc
+        from torchrec_tpu.sharding.pooled_stage import PooledLookupStage  # imports torch_tpu
 
         self.dense = DLRMDenseLoss(model)
         inner = getattr(optimizer, "_optimizer", optimizer)  # KeyedOptimizerWrapper steps its inner one

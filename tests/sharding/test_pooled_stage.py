@@ -1,0 +1,179 @@
+"""The sparsecore EBC's lookup and fused update as an input stage of a compiled training step
+(one XLA program per step) trains like stock TorchRec + dense torch optimizers on the host, and
+exactly like the EBC's own (unfused) lookup and update."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from sparsecore import Adagrad
+from torchrec_tpu.sharding import ShardedSparseCoreEBC, TableSharding
+
+torch_tpu = pytest.importorskip("torch_tpu")
+import torch_tpu.compile as tc  # noqa: E402
+from torchrec_tpu.sharding.pooled_stage import PooledLookupStage  # noqa: E402
+
+DIM, BATCH, STEPS = 8, 16, 3
+CONFIGS = [
+    EmbeddingBagConfig(num_embeddings=40, embedding_dim=DIM, name="t_user", feature_names=["user"],
+                       pooling=PoolingType.SUM),
+    EmbeddingBagConfig(num_embeddings=30, embedding_dim=DIM, name="t_item", feature_names=["item", "hist"],
+                       pooling=PoolingType.MEAN),
+    EmbeddingBagConfig(num_embeddings=9, embedding_dim=DIM, name="t_small", feature_names=["small"],
+                       pooling=PoolingType.SUM),
+]
+FEATURES = ["user", "item", "hist", "small"]
+VOCAB = {"user": 40, "item": 30, "hist": 30, "small": 9}
+SPARSE_ARCH_ORDER = ["small", "hist", "user", "item"]  # not the EBC's output order
+LR_TABLES, LR_DENSE = 0.2, 0.05
+SHARDINGS = {
+    "table_wise": {c.name: TableSharding("table_wise", (0,)) for c in CONFIGS},
+    "mixed": {"t_user": TableSharding("row_wise"), "t_item": TableSharding("data_parallel"),
+              "t_small": TableSharding("column_wise", (0,))},
+}
+
+
+class DenseLoss(nn.Module):
+    """loss(dense x, pooled [B, F, D], y): a linear read of the pooled embeddings and dense input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.pooled_weight = nn.Parameter(torch.randn(len(FEATURES), DIM))
+        self.dense = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor, pooled: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logit = (pooled * self.pooled_weight).sum(dim=(1, 2)) + self.dense(x).squeeze(-1)
+        return ((logit - y) ** 2).mean()
+
+
+def batch(step: int) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
+    rng = np.random.default_rng(step)
+    lengths = rng.integers(0, 4, size=(len(FEATURES), BATCH))
+    values = np.concatenate([rng.integers(0, VOCAB[f], size=int(lengths[i].sum())) for i, f in enumerate(FEATURES)])
+    kjt = KeyedJaggedTensor(keys=FEATURES, values=torch.from_numpy(values), lengths=torch.from_numpy(lengths.ravel()))
+    return torch.from_numpy(rng.normal(size=(BATCH, 3)).astype(np.float32)), kjt, \
+        torch.from_numpy(rng.normal(size=BATCH).astype(np.float32))
+
+
+def stock_ebc() -> EmbeddingBagCollection:
+    torch.manual_seed(0)
+    return EmbeddingBagCollection(tables=CONFIGS, device=torch.device("cpu"))
+
+
+def sparse_arch(pooled: dict[str, torch.Tensor]) -> torch.Tensor:
+    """TorchRec SparseArch's [B, F, D] layout of per-feature pooled embeddings."""
+    return torch.cat([pooled[name] for name in SPARSE_ARCH_ORDER], dim=1).reshape(BATCH, len(FEATURES), DIM)
+
+
+def train_reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Stock TorchRec EBC and the dense model on the host, dense torch Adagrad/SGD."""
+    ebc, dense = stock_ebc(), DenseLoss()
+    tables = torch.optim.Adagrad(ebc.parameters(), lr=LR_TABLES, initial_accumulator_value=0.0, eps=1e-8)
+    dense_opt = torch.optim.SGD(dense.parameters(), lr=LR_DENSE)
+    losses = []
+    for step in range(STEPS):
+        x, kjt, y = batch(step)
+        tables.zero_grad()
+        dense_opt.zero_grad()
+        loss = dense(x, sparse_arch(ebc(kjt).to_dict()), y)
+        loss.backward()
+        tables.step()
+        dense_opt.step()
+        losses.append(loss.item())
+    return losses, {n: b.weight.detach().clone() for n, b in ebc.embedding_bags.items()}, \
+        {n: p.detach().clone() for n, p in dense.named_parameters()}
+
+
+def sparsecore_ebc(sharding: str) -> ShardedSparseCoreEBC:
+    return ShardedSparseCoreEBC.from_torchrec(stock_ebc(), BATCH, SHARDINGS[sharding],
+                                              Adagrad(LR_TABLES, initial_accumulator_value=0.0, eps=1e-8))
+
+
+def train_fused(sharding: str) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor], tc.TrainStep]:
+    """The EBC as the input stage of one compiled step per batch, dense model on tpu."""
+    ebc, dense = sparsecore_ebc(sharding), DenseLoss().to("tpu")
+    stage = PooledLookupStage.of(ebc, SPARSE_ARCH_ORDER)
+    assert stage is not None
+    step = tc.train_step(dense, torch.optim.SGD(dense.parameters(), lr=LR_DENSE), input_grads=(1,))
+    losses = []
+    for i in range(STEPS):
+        x, kjt, y = batch(i)
+        pooled = stage.input(ebc.prefetch(kjt).local)
+        loss, _ = step(x, pooled, y)
+        losses.append(loss.item())
+    assert ebc.steps == STEPS and ebc._backend.steps == STEPS
+    return losses, ebc.unsharded_weights(), {n: p.cpu() for n, p in dense.named_parameters()}, step
+
+
+@pytest.mark.parametrize("sharding", list(SHARDINGS))
+def test_fused_step_trains_like_stock_torchrec(sharding: str) -> None:
+    losses, tables, dense = train_reference()
+    got_losses, got_tables, got_dense, step = train_fused(sharding)
+    assert step.stats.calls == STEPS and step.stats.compiles == 1
+    torch.testing.assert_close(got_losses, losses, rtol=0, atol=1e-5)
+    assert got_tables.keys() == tables.keys()
+    for name, weight in tables.items():
+        assert not torch.equal(weight, stock_ebc().embedding_bags[name].weight)  # trained
+        torch.testing.assert_close(got_tables[name], weight, rtol=0, atol=1e-5, msg=name)
+    for name, value in dense.items():
+        torch.testing.assert_close(got_dense[name], value, rtol=0, atol=1e-5, msg=name)
+
+
+def test_fused_step_equals_the_ebc_own_lookup_and_update() -> None:
+    """Same lookup and update code as the EBC's eager path: the same numbers up to float32
+    rounding (inside one program XLA fuses the update's sums with the dense backward)."""
+    ebc, dense = sparsecore_ebc("mixed"), DenseLoss().to("tpu")
+    step = tc.train_step(dense, torch.optim.SGD(dense.parameters(), lr=LR_DENSE), input_grads=(1,))
+    for i in range(STEPS):
+        x, kjt, y = batch(i)
+        pooled = sparse_arch(ebc(kjt).to_dict())
+        _, (grad,) = step(x, pooled.detach(), y)
+        pooled.backward(grad.cpu())
+    _, fused_tables, fused_dense, _ = train_fused("mixed")
+    for name, weight in ebc.unsharded_weights().items():
+        torch.testing.assert_close(fused_tables[name], weight, rtol=0, atol=1e-6, msg=name)
+    for name, value in dense.named_parameters():
+        torch.testing.assert_close(fused_dense[name], value.cpu(), rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_new_id_layout_compiles_one_more_fused_program() -> None:
+    ebc, dense = sparsecore_ebc("table_wise"), DenseLoss().to("tpu")
+    stage = PooledLookupStage.of(ebc, SPARSE_ARCH_ORDER)
+    step = tc.train_step(dense, torch.optim.SGD(dense.parameters(), lr=LR_DENSE), input_grads=(1,))
+    x, kjt, y = batch(0)
+    hot = KeyedJaggedTensor(keys=FEATURES, values=torch.arange(4 * 30 * BATCH) % 9,  # far more ids: larger buckets
+                            lengths=torch.full((len(FEATURES) * BATCH,), 30))
+    inputs = [stage.input(ebc.prefetch(k).local) for k in (kjt, kjt, hot)]
+    assert inputs[0].key == inputs[1].key != inputs[2].key
+    for pooled in inputs:
+        step(x, pooled, y)
+    program = next(iter(step._programs.values()))
+    assert step.stats.compiles == 1 and len(program.fused) == 1  # one dense program, one fused jit
+    (fused,) = program.fused.values()
+    assert fused._cache_size() == 2  # a fused program per id layout
+
+
+def test_stage_inputs_need_their_gradient() -> None:
+    ebc, dense = sparsecore_ebc("table_wise"), DenseLoss().to("tpu")
+    stage = PooledLookupStage.of(ebc, SPARSE_ARCH_ORDER)
+    step = tc.train_step(dense, torch.optim.SGD(dense.parameters(), lr=LR_DENSE))
+    x, kjt, y = batch(0)
+    with pytest.raises(ValueError, match="StageInput must be one top-level batch argument named in input_grads"):
+        step(x, stage.input(ebc.prefetch(kjt).local), y)
+
+
+def test_only_one_rank_ebcs_with_one_dim_fuse() -> None:
+    assert PooledLookupStage.of(nn.Linear(2, 2), FEATURES) is None
+    mixed = ShardedSparseCoreEBC.from_torchrec(
+        EmbeddingBagCollection(tables=[CONFIGS[0], EmbeddingBagConfig(
+            num_embeddings=5, embedding_dim=4, name="t_narrow", feature_names=["narrow"])], device="cpu"),
+        BATCH, {"t_user": TableSharding("table_wise", (0,)), "t_narrow": TableSharding("table_wise", (0,))},
+        Adagrad(0.1))
+    with pytest.raises(ValueError, match="needs one dim for all features"):
+        PooledLookupStage.of(mixed, ["user", "narrow"])
