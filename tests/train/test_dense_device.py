@@ -51,8 +51,20 @@ def test_dense_flags_need_the_sparsecore_engine() -> None:
         TrainConfig.from_options(engine="torchrec", dense_device="tpu")
     with pytest.raises(ConfigError, match="--dense-parallel='fsdp2' needs --engine sparsecore"):
         TrainConfig.from_options(engine="torchrec", dense_parallel="fsdp2")
-    with pytest.raises(ConfigError, match=r"--dense-device='gpu' is not one of \['cpu', 'tpu'\]"):
+    with pytest.raises(ConfigError, match=r"--dense-device='gpu' is not one of \['auto', 'cpu', 'tpu'\]"):
         TrainConfig.from_options(engine="sparsecore", dense_device="gpu")
+
+
+def test_auto_dense_device_is_tpu_where_the_step_compiles_whole() -> None:
+    def resolved(world_size: int, **options) -> str:
+        return TrainConfig.from_options(**options).engine.dense_device_for(world_size)
+
+    assert resolved(1) == "tpu"  # the default: one program per step
+    assert resolved(2) == "cpu"  # several ranks would run the towers eagerly
+    assert resolved(1, dense_parallel="fsdp2") == "cpu"
+    assert resolved(1, engine="torchrec") == "cpu"
+    assert resolved(2, dense_device="tpu") == "tpu" and resolved(1, dense_device="cpu") == "cpu"
+    TrainConfig.from_options(engine="torchrec", dense_device="cpu").validate()  # where it runs anyway
 
 
 @pytest.mark.slow

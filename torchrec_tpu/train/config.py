@@ -23,7 +23,7 @@ MODELS = ("dlrm", "dlrm_dcn")
 ENGINES = ("torchrec", "sparsecore")
 SPARSE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "sgd")
 DENSE_OPTIMIZERS = ("adagrad", "adam")
-DENSE_DEVICES = ("cpu", "tpu")
+DENSE_DEVICES = ("auto", "cpu", "tpu")
 DENSE_PARALLELS = ("ddp", "fsdp2")
 BAD_VALUE_POLICIES = ("error", "skip", "clamp")  # pipelines.bad_values.POLICIES (not imported: fast --help)
 
@@ -116,10 +116,12 @@ class EngineConfig:
         None, "sparsecore engine: a plan JSON from `torchrec-tpu plan` (one device per rank), or 'auto' to plan "
               "the tables for this world now (default: whole tables balanced over the ranks)", metavar="PATH|auto")
     dense_device: str = _opt(
-        "cpu", "where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only; tpu runs them with "
-               "the dense optimizer as one compiled program per step (one rank; several ranks run eagerly); its "
-               "first step traces and compiles. cpu is the default while the tpu device is backed by XLA:CPU "
-               "(measurements: README, 'torchrec-tpu train'); choose tpu on a real TPU", choices=DENSE_DEVICES)
+        "auto", "where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only. tpu: with one rank "
+                "(and ddp) each step is ONE compiled program: embedding lookup, towers, dense optimizer and the "
+                "fused embedding update; several ranks run the towers eagerly. Its first step traces and compiles. "
+                "auto: tpu where the step compiles into one program (one rank, ddp), else cpu. Large towers "
+                "run faster on cpu while the tpu device is XLA:CPU (measurements: README, 'torchrec-tpu train')",
+        choices=DENSE_DEVICES)
     dense_parallel: str = _opt("ddp", "how the dense towers are synced over ranks, --engine sparsecore only: "
                                       "replicated (DDP) or sharded per tower (FSDP2 fully_shard, for large towers)",
                                choices=DENSE_PARALLELS)
@@ -128,6 +130,13 @@ class EngineConfig:
                                "for cores")
     collective_timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before every rank "
                                             "fails (a stalled or dead rank), all process groups", metavar="SECONDS")
+
+    def dense_device_for(self, world_size: int) -> str:
+        """``dense_device`` with ``auto`` resolved for a world of ``world_size`` ranks: tpu where the
+        sparsecore step compiles into one program (one rank, ddp), else cpu."""
+        if self.dense_device != "auto":
+            return self.dense_device
+        return "tpu" if self.kind == "sparsecore" and world_size == 1 and self.dense_parallel == "ddp" else "cpu"
 
 
 @dataclass(frozen=True)
@@ -233,8 +242,8 @@ class TrainConfig:
             if choices and self.option(name) not in choices:
                 raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} is not one of {list(choices)}")
         engine, data, optim = self.engine, self.data, self.optim
-        for name, default in (("dense_device", "cpu"), ("dense_parallel", "ddp")):
-            if engine.kind != "sparsecore" and self.option(name) != default:
+        for name, default in (("dense_device", "auto"), ("dense_parallel", "ddp")):
+            if engine.kind != "sparsecore" and self.option(name) not in (default, "cpu"):
                 raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} needs --engine sparsecore "
                                   f"(the torchrec engine keeps its dense part on cpu in DDP)")
         dense, over = self.model.dense_layers, self.model.over_layers

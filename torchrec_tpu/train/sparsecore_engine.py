@@ -120,7 +120,7 @@ class SparseCoreEngine:
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
         """(The batches stay on the host, ``device``; the towers go to the dense device.)"""
-        return build_sparsecore_model(spec, env, device_named(self.options.dense_device),
+        return build_sparsecore_model(spec, env, self._dense_device(env),
                                       self.optim.sparse_optimizer, self.optim.sparse_lr, self.batch_size, self.seed,
                                       self.options.plan, self.options.dense_parallel)
 
@@ -136,8 +136,11 @@ class SparseCoreEngine:
         return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
 
     def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
-        return step_function(model, optimizer, self.name, device_named(self.options.dense_device), env.world_size,
+        return step_function(model, optimizer, self.name, self._dense_device(env), env.world_size,
                              self.options.dense_parallel)
+
+    def _dense_device(self, env: DistEnv) -> torch.device:
+        return device_named(self.options.dense_device_for(env.world_size))
 
     def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: torch.optim.Optimizer) -> LearningRates:
         """Over the dense groups; the fused embedding rate is fixed (``policy`` must be constant)."""
