@@ -177,3 +177,18 @@ def test_only_one_rank_ebcs_with_one_dim_fuse() -> None:
         Adagrad(0.1))
     with pytest.raises(ValueError, match="needs one dim for all features"):
         PooledLookupStage.of(mixed, ["user", "narrow"])
+
+
+def test_lookup_dense_step_and_update_are_one_program() -> None:
+    ebc, dense = sparsecore_ebc("table_wise"), DenseLoss().to("tpu")
+    stage = PooledLookupStage.of(ebc, SPARSE_ARCH_ORDER)
+    step = tc.train_step(dense, torch.optim.SGD(dense.parameters(), lr=LR_DENSE), input_grads=(1,))
+    x, kjt, y = batch(0)
+    text = step.hlo_text(x, stage.input(ebc.prefetch(kjt).local), y)
+    main = text[text.index("func.func public @main"):]
+    main = main[:main.index("\n")]
+    # the stage's state (tables, Adagrad accumulators) and the dense parameters are donated: updated in place
+    assert main.count("tf.aliasing_output") == 2 * len(ebc._backend.plan.stacks) + 3
+    assert text.count("func.func public") == 1
+    assert "stablehlo.gather" in text and "stablehlo.scatter" in text  # lookup, fused update
+    assert "stablehlo.dot_general" in text  # the dense step
