@@ -4,6 +4,7 @@ batches), without any CPU fallback; checkpoints load across placements."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,9 @@ import torch
 from tests.train.conftest import flat_checkpoint, tiny_config
 from tests.train.dense_device_checks import STEPS, train
 from torchrec_tpu.train.config import ConfigError, TrainConfig
+from torchrec_tpu.train.dense_placement import XLA_CPU_TOWER_MACS, resolve_dense_device, tower_macs_per_sample
 from torchrec_tpu.train.job import run_job
+from torchrec_tpu.train.model import ModelSpec
 
 
 @pytest.mark.parametrize("model,prefetch", [("dlrm", False), ("dlrm", True),
@@ -55,15 +58,23 @@ def test_dense_flags_need_the_sparsecore_engine() -> None:
         TrainConfig.from_options(engine="sparsecore", dense_device="gpu")
 
 
-def test_auto_dense_device_is_tpu_where_the_step_compiles_whole() -> None:
-    def resolved(world_size: int, **options) -> str:
-        return TrainConfig.from_options(**options).engine.dense_device_for(world_size)
-
-    assert resolved(1) == "tpu"  # the default: one program per step
-    assert resolved(2) == "cpu"  # several ranks would run the towers eagerly
-    assert resolved(1, dense_parallel="fsdp2") == "cpu"
-    assert resolved(1, engine="torchrec") == "cpu"
-    assert resolved(2, dense_device="tpu") == "tpu" and resolved(1, dense_device="cpu") == "cpu"
+def test_auto_dense_device_is_tpu_where_one_program_wins() -> None:
+    """auto: tpu where the step compiles into one program and, on XLA:CPU, the towers are small
+    (the default model's ~39k multiply-adds per sample; the anchor towers' ~0.8M stay on cpu)."""
+    default = ModelSpec(feature_names=tuple(f"f{i}" for i in range(26)), table_sizes=(10,) * 26, embedding_dim=16,
+                        dense_in_features=13, dense_layers=(64, 16), over_layers=(64, 32, 1))
+    anchor = dataclasses.replace(default, embedding_dim=64, dense_layers=(512, 256, 64),
+                                 over_layers=(512, 512, 256, 1))
+    # by hand: bottom 13*64 + 64*16, dot interaction 27*27*16, over (16 + 27*26/2)*64 + 64*32 + 32*1
+    assert tower_macs_per_sample(default) == 1856 + 11664 + 25568
+    assert tower_macs_per_sample(anchor) == 154112 + 46656 + 605952
+    assert tower_macs_per_sample(default) < XLA_CPU_TOWER_MACS < tower_macs_per_sample(anchor)
+    assert resolve_dense_device("auto", default, 1, "ddp").type == "tpu"
+    assert resolve_dense_device("auto", anchor, 1, "ddp").type == "cpu"  # on this XLA:CPU machine
+    assert resolve_dense_device("auto", default, 2, "ddp").type == "cpu"  # several ranks: towers run eagerly
+    assert resolve_dense_device("auto", default, 1, "fsdp2").type == "cpu"
+    assert resolve_dense_device("tpu", anchor, 2, "ddp").type == "tpu"
+    assert resolve_dense_device("cpu", default, 1, "ddp").type == "cpu"
     TrainConfig.from_options(engine="torchrec", dense_device="cpu").validate()  # where it runs anyway
 
 

@@ -119,8 +119,9 @@ class EngineConfig:
         "auto", "where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only. tpu: with one rank "
                 "(and ddp) each step is ONE compiled program: embedding lookup, towers, dense optimizer and the "
                 "fused embedding update; several ranks run the towers eagerly. Its first step traces and compiles. "
-                "auto: tpu where the step compiles into one program (one rank, ddp), else cpu. Large towers "
-                "run faster on cpu while the tpu device is XLA:CPU (measurements: README, 'torchrec-tpu train')",
+                "auto: tpu where the step compiles into one program (one rank, ddp) and, while the tpu device "
+                "is XLA:CPU, the towers are small (dispatch-bound: one program wins; large towers are "
+                "matmul-bound, where CPU torch's kernels beat XLA:CPU's), else cpu (README, 'torchrec-tpu train')",
         choices=DENSE_DEVICES)
     dense_parallel: str = _opt("ddp", "how the dense towers are synced over ranks, --engine sparsecore only: "
                                       "replicated (DDP) or sharded per tower (FSDP2 fully_shard, for large towers)",
@@ -130,13 +131,6 @@ class EngineConfig:
                                "for cores")
     collective_timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before every rank "
                                             "fails (a stalled or dead rank), all process groups", metavar="SECONDS")
-
-    def dense_device_for(self, world_size: int) -> str:
-        """``dense_device`` with ``auto`` resolved for a world of ``world_size`` ranks: tpu where the
-        sparsecore step compiles into one program (one rank, ddp), else cpu."""
-        if self.dense_device != "auto":
-            return self.dense_device
-        return "tpu" if self.kind == "sparsecore" and world_size == 1 and self.dense_parallel == "ddp" else "cpu"
 
 
 @dataclass(frozen=True)

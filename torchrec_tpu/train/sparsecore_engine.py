@@ -22,8 +22,13 @@ from sparsecore.torchrec_convert import specs_from_configs
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig
-from torchrec_tpu.train.dense_placement import DenseDDP, parallelize_dense, place_dense
-from torchrec_tpu.train.dense_placement import dense_device as device_named
+from torchrec_tpu.train.dense_placement import (
+    DenseDDP,
+    dense_device_of,
+    parallelize_dense,
+    place_dense,
+    resolve_dense_device,
+)
 from torchrec_tpu.train.dense_step import step_function
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
@@ -120,7 +125,8 @@ class SparseCoreEngine:
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
         """(The batches stay on the host, ``device``; the towers go to the dense device.)"""
-        return build_sparsecore_model(spec, env, self._dense_device(env),
+        device = resolve_dense_device(self.options.dense_device, spec, env.world_size, self.options.dense_parallel)
+        return build_sparsecore_model(spec, env, device,
                                       self.optim.sparse_optimizer, self.optim.sparse_lr, self.batch_size, self.seed,
                                       self.options.plan, self.options.dense_parallel)
 
@@ -136,11 +142,8 @@ class SparseCoreEngine:
         return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
 
     def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
-        return step_function(model, optimizer, self.name, self._dense_device(env), env.world_size,
+        return step_function(model, optimizer, self.name, dense_device_of(model), env.world_size,
                              self.options.dense_parallel)
-
-    def _dense_device(self, env: DistEnv) -> torch.device:
-        return device_named(self.options.dense_device_for(env.world_size))
 
     def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: torch.optim.Optimizer) -> LearningRates:
         """Over the dense groups; the fused embedding rate is fixed (``policy`` must be constant)."""
