@@ -129,6 +129,8 @@ class EngineConfig:
     num_threads: int = _opt(1, "CPU threads per process for torch/FBGEMM kernels (0: torch's default, one per "
                                "core); 1 keeps small models fast on a busy machine, where spinning threads compete "
                                "for cores")
+    bind_cpus: bool = _opt(True, "with several ranks on one host (torchrun), bind each rank to its own block of "
+                                 "the host's CPUs, so the ranks' thread pools (torch, XLA:CPU) do not compete")
     collective_timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before every rank "
                                             "fails (a stalled or dead rank), all process groups", metavar="SECONDS")
 

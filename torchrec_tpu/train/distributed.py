@@ -15,6 +15,11 @@ group's timeout; :func:`new_group` passes it on, as ``dist.new_group`` does not 
 A rank under torchrun also dies with its launcher (``PR_SET_PDEATHSIG``), leaving no orphans.
 With several ranks a :mod:`~torchrec_tpu.train.rank_watch` heartbeat runs, so a failed collective
 names the rank that stalled or failed (a failing rank posts its error before leaving).
+
+Several ranks on one host are each bound to their own block of its CPUs before any thread pool
+is sized (torch's, XLA:CPU's, which takes every CPU the process may use): unbound, each rank's
+pools span every core and the ranks' spinning threads compete (measured on 2 cores, 2 ranks:
+binding made both engines 30-50% faster).
 """
 
 from __future__ import annotations
@@ -82,15 +87,32 @@ def new_group(env: DistEnv) -> dist.ProcessGroup:
     return dist.new_group(timeout=env.timeout, pg_options=tpu_dist.TransportOptions("gloo"))
 
 
+def bind_to_local_cpus(local_rank: int, local_world_size: int) -> set[int] | None:
+    """Bind this process to block ``local_rank`` of ``local_world_size`` equal contiguous blocks of
+    the CPUs it may run on; the block, or None (one rank, fewer CPUs than ranks, or no affinity
+    support) when it stays as it is."""
+    if local_world_size < 2 or not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    per_rank = len(cpus) // local_world_size
+    if per_rank < 1 or not 0 <= local_rank < local_world_size:
+        return None
+    block = set(cpus[local_rank * per_rank:(local_rank + 1) * per_rank])
+    os.sched_setaffinity(0, block)
+    return block
+
+
 @contextlib.contextmanager
 def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
-                  device_tensors: bool = False) -> Iterator[DistEnv]:
+                  device_tensors: bool = False, bind_cpus: bool = False) -> Iterator[DistEnv]:
     """Join the default ``tpu_dist`` process group for the duration of a run.
 
     Reuses one that already exists (the caller owns it), joins torchrun's world when its
     environment variables are set, and otherwise makes a world of 1 over an in-memory store, so a
     plain run needs no port. ``device_tensors``: the run has tpu tensors to move (the XLA
     transport is wanted; call this before the first device use so the group can join JAX).
+    ``bind_cpus``: under torchrun, bind this rank to its block of the host's CPUs
+    (:func:`bind_to_local_cpus`; call this before the first thread pool starts).
     """
     if dist.is_initialized():
         yield current_env(collective_timeout_s)
@@ -100,6 +122,8 @@ def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         import torch_tpu.distributed as tpu_dist
 
         die_with_parent()
+        if bind_cpus:
+            bind_to_local_cpus(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         transport = os.environ.get(tpu_dist.backend.TRANSPORT_ENV) or ("auto" if device_tensors else "gloo")
         dist.init_process_group(tpu_dist.BACKEND_NAME, init_method="env://", timeout=timeout,
                                 pg_options=tpu_dist.TransportOptions(transport))

@@ -93,7 +93,7 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
             hooks: JobHooks = JobHooks()) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
     device_tensors = config.engine.kind == "sparsecore" and config.engine.dense_device == "tpu"
-    with process_group(config.engine.collective_timeout, device_tensors) as env, \
+    with process_group(config.engine.collective_timeout, device_tensors, config.engine.bind_cpus) as env, \
             collectives("the collectives of setting up or finishing the run (model sharding, DDP "
                         "init, broadcasts, the final checkpoint)"):
         return _run(config, env, device, hooks)
