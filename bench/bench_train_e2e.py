@@ -94,7 +94,8 @@ def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse
     if world > 1:
         env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()))
-    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r)} if world > 1 else env, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)} if world > 1 else env,
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(world)]
     outputs = [p.communicate() for p in procs]
     for p, (_, err) in zip(procs, outputs):

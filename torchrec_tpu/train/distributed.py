@@ -122,8 +122,8 @@ def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         import torch_tpu.distributed as tpu_dist
 
         die_with_parent()
-        if bind_cpus:
-            bind_to_local_cpus(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        if bind_cpus and "LOCAL_RANK" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
+            bind_to_local_cpus(int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]))
         transport = os.environ.get(tpu_dist.backend.TRANSPORT_ENV) or ("auto" if device_tensors else "gloo")
         dist.init_process_group(tpu_dist.BACKEND_NAME, init_method="env://", timeout=timeout,
                                 pg_options=tpu_dist.TransportOptions(transport))
