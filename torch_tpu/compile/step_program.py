@@ -368,8 +368,10 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     ``optimizer.step()`` and returns the loss as a tpu tensor without waiting for it. With
     ``input_grads`` (positions of tensor arguments in ``batch``) it returns
     ``(loss, gradients of those arguments)``, for a caller that continues backward outside the
-    step (e.g. into embedding tables). The model must be on the tpu device; ``.grad`` of its
-    parameters is not filled in."""
+    step (e.g. into embedding tables). The argument at such a position may instead be a
+    :class:`~torch_tpu.compile.input_stage.StageInput`: its stage computes the value and consumes
+    the gradient inside the same program (e.g. an embedding lookup and its fused update). The
+    model must be on the tpu device; ``.grad`` of its parameters is not filled in."""
     return TrainStep(model, optimizer, loss_fn, input_grads)
 
 
