@@ -16,7 +16,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.dense_placement import dense_device
-from torchrec_tpu.train.dense_step import CompiledDenseStep, step_function
+from torchrec_tpu.train.dense_step import CompiledDenseEval, CompiledDenseStep, eval_forward, step_function
 from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import ModelSpec
@@ -35,24 +35,25 @@ def spec(model: str) -> ModelSpec:
                      dcn_low_rank_dim=4 if dcn else 0)
 
 
-def global_batch(step: int) -> Batch:
+def global_batch(step: int, size: int = GLOBAL_BATCH) -> Batch:
     """Multi-hot ids (0..3 per sample and feature), dense features, labels with some signal."""
     g = torch.Generator().manual_seed(1000 + step)
-    lengths = torch.randint(0, 4, (len(FEATURES), GLOBAL_BATCH), generator=g)
+    lengths = torch.randint(0, 4, (len(FEATURES), size), generator=g)
     values = torch.cat([torch.randint(0, rows, (int(n),), generator=g)
                         for rows, n in zip(TABLE_SIZES, lengths.sum(dim=1))])
-    dense = torch.randn(GLOBAL_BATCH, 13, generator=g)
-    labels = (dense[:, 0] + 0.5 * torch.randn(GLOBAL_BATCH, generator=g) > 0).float()
+    dense = torch.randn(size, 13, generator=g)
+    labels = (dense[:, 0] + 0.5 * torch.randn(size, generator=g) > 0).float()
     kjt = KeyedJaggedTensor.from_lengths_sync(list(FEATURES), values, lengths.reshape(-1))
     return Batch(dense_features=dense, sparse_features=kjt, labels=labels)
 
 
 def rank_slice(batch: Batch, rank: int, world: int) -> Batch:
     """Samples ``rank * B/W .. (rank+1) * B/W`` of ``batch``."""
-    rows = GLOBAL_BATCH // world
+    size = batch.labels.numel()
+    rows = size // world
     lo, hi = rank * rows, (rank + 1) * rows
     kjt = batch.sparse_features
-    lengths = kjt.lengths().view(len(FEATURES), GLOBAL_BATCH)
+    lengths = kjt.lengths().view(len(FEATURES), size)
     values = torch.cat([jt.values()[int(jt.lengths()[:lo].sum()):int(jt.lengths()[:hi].sum())]
                         for jt in kjt.to_dict().values()])
     sliced = KeyedJaggedTensor.from_lengths_sync(list(FEATURES), values, lengths[:, lo:hi].reshape(-1))
@@ -78,9 +79,15 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch
                 ebc = next(m for m in net.modules() if isinstance(m, ShardedSparseCoreEBC))
                 batch = Batch(batch.dense_features, ebc.prefetch(batch.sparse_features), batch.labels)
             losses.append(float(step_fn(net, optimizer, batch)))
-        held_out = [rank_slice(global_batch(STEPS + i), env.rank, env.world_size) for i in range(2)]
-        result = evaluate(net, held_out, torch.device("cpu"))
+        # a smaller last batch, as an evaluation split's
+        held_out = [rank_slice(global_batch(STEPS + i, size), env.rank, env.world_size)
+                    for i, size in enumerate((GLOBAL_BATCH, GLOBAL_BATCH, GLOBAL_BATCH // 2))]
+        forward = eval_forward(net, "sparsecore", device, env.world_size, parallel)  # as the job does
+        result = evaluate(net, held_out, torch.device("cpu"), forward)
+        eager = evaluate(net, held_out, torch.device("cpu"))
         return {"losses": losses, "auc": result.auc, "eval_loss": result.loss, "initial": initial,
+                "eager_auc": eager.auc, "eager_eval_loss": eager.loss,
+                "compiled_eval": isinstance(forward, CompiledDenseEval),
                 "state": _host_state(net), "devices": {p.device.type for p in net.parameters() if p.numel()},
                 "compiled_steps": step_fn.step.stats.calls if isinstance(step_fn, CompiledDenseStep) else 0,
                 "fused_steps": step_fn.step.stats.staged_calls if isinstance(step_fn, CompiledDenseStep) else 0}

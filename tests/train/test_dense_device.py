@@ -31,6 +31,7 @@ def test_dense_on_tpu_trains_like_dense_on_cpu(model: str, prefetch: bool) -> No
     assert got["devices"] == {"tpu"} and reference["devices"] == {"cpu"}
     assert got["compiled_steps"] == STEPS and reference["compiled_steps"] == 0  # one tpu program per step
     assert got["fused_steps"] == (STEPS if prefetch else 0)
+    assert got["compiled_eval"] and not reference["compiled_eval"]  # towers as one program
     assert len(got["losses"]) == STEPS
     torch.testing.assert_close(got["losses"], reference["losses"], rtol=0, atol=1e-5)
     assert set(got["state"]) == set(reference["state"])
@@ -47,6 +48,9 @@ def test_dense_on_tpu_trains_like_dense_on_cpu(model: str, prefetch: bool) -> No
     assert set(trained) == {name for name, value in got["state"].items() if value.is_floating_point() and value.numel()}
     assert got["auc"] == pytest.approx(reference["auc"], abs=1e-5)
     assert got["eval_loss"] == pytest.approx(reference["eval_loss"], abs=1e-5)
+    for run in (got, reference):  # the job's evaluation forward is the model's own
+        assert run["auc"] == pytest.approx(run["eager_auc"], abs=1e-6)
+        assert run["eval_loss"] == pytest.approx(run["eager_eval_loss"], abs=1e-6)
 
 
 def test_dense_flags_need_the_sparsecore_engine() -> None:

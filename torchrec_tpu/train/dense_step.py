@@ -7,7 +7,8 @@ evaluation see one model. :class:`CompiledDenseStep` runs it with the dense opti
 one program (``torch_tpu.compile.train_step``); a batch whose input dist ran ahead (the
 prefetch pipeline) also has its embedding lookup and fused sparse update inside that program
 (:mod:`torchrec_tpu.sharding.pooled_stage`), else the pooled embeddings' gradient goes back into
-the sparsecore EBC's own fused update.
+the sparsecore EBC's own fused update. :func:`eval_forward` runs evaluation's towers as one
+compiled program too.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
 from torchrec_tpu.sharding.ebc import PrefetchedKJT
-from torchrec_tpu.train.dense_placement import pooled_on_host
+from torchrec_tpu.train.dense_placement import dense_device_of, pooled_on_host
 from torchrec_tpu.train.loop import StepFn, train_step
+from torchrec_tpu.train.metrics import EvalForward, model_outputs
 
 
 class DLRMDenseLoss(nn.Module):
@@ -34,9 +36,12 @@ class DLRMDenseLoss(nn.Module):
         self.loss_fn = train_model.loss_fn
 
     def forward(self, dense_features: torch.Tensor, pooled: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.logits(dense_features, pooled), labels.float())
+
+    def logits(self, dense_features: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """``[B]`` logits."""
         embedded = self.dense_arch(dense_features)
-        logits = self.over_arch(self.inter_arch(dense_features=embedded, sparse_features=pooled))
-        return self.loss_fn(logits.squeeze(-1), labels.float())
+        return self.over_arch(self.inter_arch(dense_features=embedded, sparse_features=pooled)).squeeze(-1)
 
 
 class CompiledDenseStep:
@@ -78,12 +83,53 @@ class CompiledDenseStep:
         return loss
 
 
+class CompiledDenseEval:
+    """An ``evaluate`` forward of the sparsecore DLRM with its towers on tpu: the sparse arch on
+    the host, then the towers as one program (``torch.compile``, backend ``tpu``) instead of one
+    dispatch, and a first-sight compile, per op. A batch smaller than the largest so far (an
+    evaluation split's last) is zero-padded to it, so one program serves the whole split; the
+    loss is taken on the host from the real rows' logits."""
+
+    def __init__(self, model: DLRMTrain) -> None:
+        import torch_tpu.compile  # noqa: F401  (registers the "tpu" backend)
+
+        self.device = dense_device_of(model)
+        dense = DLRMDenseLoss(model)
+        self.loss_fn = dense.loss_fn
+        self.logits = torch.compile(dense.logits, backend="tpu", dynamic=False)
+        self.rows = 0
+
+    def __call__(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from torch_tpu.compile.buckets import pad_dim
+
+        with pooled_on_host():
+            pooled = model.model.sparse_arch(batch.sparse_features)
+        rows = batch.labels.shape[0]
+        self.rows = max(self.rows, rows)
+        logits = self.logits(pad_dim(batch.dense_features, 0, self.rows).to(self.device),
+                             pad_dim(pooled, 0, self.rows).to(self.device)).cpu()[:rows]
+        return self.loss_fn(logits, batch.labels.float()), logits, batch.labels
+
+
+def _one_program(engine: str, dense_device: torch.device, world_size: int, dense_parallel: str) -> bool:
+    # plain tpu tensors in one process (``ddp`` does not wrap one rank); several ranks sync the
+    # towers' gradients with DDP hooks, FSDP2 shards them as DTensors: both run eagerly
+    return engine == "sparsecore" and dense_device.type == "tpu" and world_size == 1 and dense_parallel == "ddp"
+
+
 def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, engine: str, dense_device: torch.device,
                   world_size: int, dense_parallel: str = "ddp") -> StepFn:
     """The training step of a job: the compiled dense step for the sparsecore engine with its
-    towers on tpu in one process (plain tensors: ``ddp``, which one rank does not wrap); else the
-    eager :func:`~torchrec_tpu.train.loop.train_step` (several ranks sync the towers' gradients
-    with DDP hooks, FSDP2 shards them as DTensors: both run eagerly)."""
-    if engine == "sparsecore" and dense_device.type == "tpu" and world_size == 1 and dense_parallel == "ddp":
+    towers on tpu in one process; else the eager :func:`~torchrec_tpu.train.loop.train_step`."""
+    if _one_program(engine, dense_device, world_size, dense_parallel):
         return CompiledDenseStep(model, optimizer)
     return train_step
+
+
+def eval_forward(model: nn.Module, engine: str, dense_device: torch.device, world_size: int,
+                 dense_parallel: str = "ddp") -> EvalForward:
+    """The evaluation forward of a job: compiled towers where the step is compiled; else the
+    model's own forward."""
+    if _one_program(engine, dense_device, world_size, dense_parallel):
+        return CompiledDenseEval(model)  # type: ignore[arg-type]
+    return model_outputs

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from torchrec_tpu.train.distributed import DistEnv
     from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
     from torchrec_tpu.train.loop import StepFn
+    from torchrec_tpu.train.metrics import EvalForward
     from torchrec_tpu.train.model import ModelSpec
 
 
@@ -52,6 +53,10 @@ class Engine(Protocol):
 
     def step_function(self, model: nn.Module, optimizer: Optimizer, env: DistEnv) -> StepFn:
         """The training step ``run_training`` calls."""
+        ...
+
+    def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
+        """How ``run_training`` evaluates ``model`` on a held-out batch."""
         ...
 
     def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: Optimizer) -> LearningRates:

@@ -153,7 +153,8 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHook
         policy = LRPolicy(config.optim.lr_warmup_steps, config.optim.lr_decay_start, config.optim.lr_decay_steps)
         result = run_training(model, optimizer, train, held_out, device, log, options,
                               step_fn=engine.step_function(model, optimizer, env), checkpoint=save,
-                              learning_rates=engine.learning_rates(policy, model, optimizer).at)
+                              learning_rates=engine.learning_rates(policy, model, optimizer).at,
+                              eval_forward=engine.eval_forward(model, env))
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
             metrics={"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,

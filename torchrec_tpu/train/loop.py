@@ -20,7 +20,7 @@ from torchrec.datasets.utils import Batch
 from tqdm import tqdm
 
 from pipelines.streams import batches_from_row
-from torchrec_tpu.train.metrics import EvalResult, evaluate
+from torchrec_tpu.train.metrics import EvalForward, EvalResult, evaluate, model_outputs
 from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
 
@@ -121,12 +121,14 @@ def run_training(
     step_fn: StepFn = train_step,
     checkpoint: CheckpointFn | None = None,
     learning_rates: LearningRatesFn | None = None,
+    eval_forward: EvalForward = model_outputs,
 ) -> TrainResult:
     """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out``; return a summary.
 
     ``checkpoint`` is called every ``options.checkpoint_every`` steps except the last (whose
     state the caller has when this returns). ``learning_rates(s)`` sets the rates of step ``s``
-    (1-based) before it runs and returns them as scalars, logged at that step.
+    (1-based) before it runs and returns them as scalars, logged at that step. ``eval_forward``
+    runs the model on a held-out batch.
     """
     model.train()
     step, samples = options.start_step, 0
@@ -173,7 +175,7 @@ def run_training(
             bar.update(1)
             if options.eval_every and step % options.eval_every == 0:
                 eval_start = time.perf_counter()
-                result = _log_eval(log, step, _evaluate(model, held_out, device, step))
+                result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward))
                 window_start = time.perf_counter()
                 paused_seconds += window_start - eval_start
             if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 \
@@ -194,7 +196,7 @@ def run_training(
             "or a resumed run already reached --epochs / --max-steps)"
         )
     if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
-        result = _log_eval(log, step, _evaluate(model, held_out, device, step))
+        result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward))
     final_loss = sum(recent_losses) / len(recent_losses)
     return TrainResult(step, samples, train_seconds, final_loss, result, position, first_step_seconds)
 
@@ -212,9 +214,10 @@ def _read_losses(pending: list[tuple[int, int, torch.Tensor]]) -> list[float]:
     return values
 
 
-def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device, step: int) -> EvalResult:
+def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device, step: int,
+              forward: EvalForward) -> EvalResult:
     with collectives(f"the evaluation at step {step} (embedding all_to_all, metric all_gather)"):
-        return evaluate(model, held_out, device)
+        return evaluate(model, held_out, device, forward)
 
 
 def _log_eval(log: ScalarLog, step: int, result: EvalResult) -> EvalResult:

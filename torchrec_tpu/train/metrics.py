@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -19,9 +19,21 @@ class EvalResult:
     samples: int  # over all ranks
 
 
+# (model, batch) -> (mean loss, logits, labels) of that batch, on the host
+EvalForward = Callable[[nn.Module, Batch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def model_outputs(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``(loss, logits, labels)`` a ``DLRMTrain``-like model returns next to its loss."""
+    _, outputs = model(batch)
+    return outputs
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device) -> EvalResult:
-    """Run ``model`` (returning ``loss, (loss, logits, labels)``) in eval mode over ``batches``.
+def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device,
+             forward: EvalForward = model_outputs) -> EvalResult:
+    """Run ``model`` (returning ``loss, (loss, logits, labels)``; or as ``forward`` runs it) in
+    eval mode over ``batches``.
 
     torchmetrics gathers predictions from every rank of the default process group, so the AUC is
     the global one, not an average of per-rank AUCs.
@@ -32,7 +44,7 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device) -
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of per-sample losses, samples)
     for batch in batches:
         batch = batch.to(device)
-        _, (loss, logits, labels) = model(batch)
+        loss, logits, labels = forward(model, batch)
         auroc.update(torch.sigmoid(logits), labels.int())
         loss_sum += torch.tensor([loss.item() * labels.numel(), labels.numel()], dtype=torch.float64)
     if dist.is_initialized():

@@ -29,10 +29,11 @@ from torchrec_tpu.train.dense_placement import (
     place_dense,
     resolve_dense_device,
 )
-from torchrec_tpu.train.dense_step import step_function
+from torchrec_tpu.train.dense_step import eval_forward, step_function
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
+from torchrec_tpu.train.metrics import EvalForward
 from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
 from torchrec_tpu.train.plan_loading import resolve_sharding
 from torchrec_tpu.train.rank_agreement import AgreedBatches
@@ -144,6 +145,9 @@ class SparseCoreEngine:
     def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
         return step_function(model, optimizer, self.name, dense_device_of(model), env.world_size,
                              self.options.dense_parallel)
+
+    def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
+        return eval_forward(model, self.name, dense_device_of(model), env.world_size, self.options.dense_parallel)
 
     def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: torch.optim.Optimizer) -> LearningRates:
         """Over the dense groups; the fused embedding rate is fixed (``policy`` must be constant)."""

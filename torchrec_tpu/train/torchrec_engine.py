@@ -29,6 +29,7 @@ from torchrec_tpu.train.config import OptimConfig
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn, train_step
+from torchrec_tpu.train.metrics import EvalForward, model_outputs
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 
@@ -120,6 +121,9 @@ class TorchRecEngine:
 
     def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
         return train_step
+
+    def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
+        return model_outputs
 
     def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: torch.optim.Optimizer) -> LearningRates:
         """Over the dense groups and the fused embedding optimizer's (pushed to FBGEMM before each
