@@ -94,13 +94,19 @@ class _Program:
         if stage is None:
             return self.jitted(*inputs)
         value: StageInput = batch[stage.argument]
-        fused = self.fused.get((value.stage, stage.position))
-        if fused is None:
-            fused = self.fused[(value.stage, stage.position)] = fused_program(
-                value.stage, self.fn, stage.position, stage.grad_output, self.donated)
-        outputs, state = fused(jax.tree.map(_committed, value.stage.state()), value.inputs, *inputs)
+        outputs, state = self._fused(value, stage)(jax.tree.map(_committed, value.stage.state()), value.inputs,
+                                                   *inputs)
         value.stage.set_state(state)
         return outputs
+
+    def _fused(self, value: StageInput, stage: _StageSlot) -> Any:
+        """The program with ``value``'s stage fused in at ``stage`` (built once per stage and position)."""
+        key = (value.stage, stage.position)
+        fused = self.fused.get(key)
+        if fused is None:
+            fused = self.fused[key] = fused_program(value.stage, self.fn, stage.position, stage.grad_output,
+                                                    self.donated)
+        return fused
 
     @staticmethod
     def traced(graph: StepGraph) -> _Program:
@@ -137,8 +143,7 @@ class _Program:
         if stage is None:
             return self.jitted.lower(*inputs).as_text()
         value: StageInput = batch[stage.argument]
-        fused = fused_program(value.stage, self.fn, stage.position, stage.grad_output, self.donated)
-        return fused.lower(value.stage.state(), value.inputs, *inputs).as_text()
+        return self._fused(value, stage).lower(value.stage.state(), value.inputs, *inputs).as_text()
 
 
 def _input_avals(signature: StepSignature, random: bool) -> list[jax.ShapeDtypeStruct]:
@@ -465,7 +470,6 @@ def _batch_key(batch: tuple[Any, ...]) -> tuple | None:
         return None
     return tuple((StageInput, t.cache_key()) if type(t) is StageInput else (type(t), t.shape, t.dtype, t.requires_grad)
                  for t in batch)
-
 
 
 def _rebind(t: TpuTensor, value: jax.Array) -> None:

@@ -73,8 +73,7 @@ class CompiledDenseStep:
                 loss, _ = self.step(batch.dense_features, pooled, batch.labels)
                 return loss
         # the host tensors go into the program as they are (one copy each, no eager tpu ops)
-        with pooled_on_host():
-            pooled = model.model.sparse_arch(batch.sparse_features)
+        pooled = _host_pooled(model, batch)
         loss, (pooled_grad,) = self.step(batch.dense_features, pooled.detach(), batch.labels)
         # into the fused sparse update; on this thread (autograd's device threads lack the tpu
         # device when a CPU backward ran before torch_tpu was imported)
@@ -102,13 +101,18 @@ class CompiledDenseEval:
     def __call__(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from torch_tpu.compile.buckets import pad_dim
 
-        with pooled_on_host():
-            pooled = model.model.sparse_arch(batch.sparse_features)
+        pooled = _host_pooled(model, batch)
         rows = batch.labels.shape[0]
         self.rows = max(self.rows, rows)
         logits = self.logits(pad_dim(batch.dense_features, 0, self.rows).to(self.device),
                              pad_dim(pooled, 0, self.rows).to(self.device)).cpu()[:rows]
         return self.loss_fn(logits, batch.labels.float()), logits, batch.labels
+
+
+def _host_pooled(model: DLRMTrain, batch: Batch) -> torch.Tensor:
+    """The sparse arch's pooled embeddings of ``batch``, left on the host (the sparsecore EBC)."""
+    with pooled_on_host():
+        return model.model.sparse_arch(batch.sparse_features)
 
 
 def _one_program(engine: str, dense_device: torch.device, world_size: int, dense_parallel: str) -> bool:
