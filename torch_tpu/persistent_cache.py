@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import xla_cache
 from xla_cache import cache_dir, persistent
@@ -58,9 +59,12 @@ def configure_cache(directory: str | os.PathLike | None, max_bytes: int | None =
     xla_cache.configure(directory, max_bytes)
 
 
-def load_translation(key: str) -> bytes | None:
-    """The stored serialized export for ``key``, or None."""
-    return xla_cache.load(FX_LEVEL, key)
+def load_translation(key: str) -> Any:
+    """The stored ``jax.export.Exported`` for ``key``, or None (never stored, or corrupt: then
+    removed with a warning)."""
+    from torch_tpu._jax import jax
+
+    return xla_cache.load(FX_LEVEL, key, lambda blob: jax.export.deserialize(bytearray(blob)))
 
 
 def store_translation(key: str, blob: bytes) -> None:

@@ -14,6 +14,10 @@ Layout, one level per subdirectory of :func:`cache_dir`:
 * other levels (``fx/``, ``steps/``: torch_tpu's translated graphs and traced training steps) hold
   one ``<key>.jaxexport`` file per entry, written and trimmed by :func:`store`, read by :func:`load`.
 
+A corrupt entry (truncated by a full disk or a killed writer, damaged) is removed with a warning
+naming it when it is read, and the program is compiled again: :func:`load` decodes through the
+caller's decoder, and JAX's executables are checked when read (:func:`_tolerant_lru_cache`).
+
 What goes in: whole programs, compiled inside :func:`persistent` (torch_tpu's compiled graphs and
 training steps, the sparsecore engine's lookup/update programs); outside it only programs that
 take at least ``SLOW_COMPILE_SECS`` to compile (JAX's own default rule). The tpu device's per-op
@@ -28,11 +32,13 @@ recently used entries go first.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 _DISABLED = {"0", "off", "false", "none", ""}
 DEFAULT_MAX_MB = 2048
@@ -40,6 +46,8 @@ XLA_LEVEL = "executables"
 ENTRY_SUFFIX = ".jaxexport"  # the other levels' entries: serialized jax.export programs
 SLOW_COMPILE_SECS = 1.0  # outside persistent(): only compiles this slow are written
 
+T = TypeVar("T")
+_log = logging.getLogger(__name__)
 _state: dict[str, Path | None] = {"dir": None}
 _max_bytes = [DEFAULT_MAX_MB << 20]
 _local = threading.local()
@@ -109,8 +117,10 @@ def persistent() -> Iterator[None]:
         _local.depth = depth
 
 
-def load(level: str, key: str) -> bytes | None:
-    """The stored entry ``key`` of ``level`` (e.g. ``"fx"``), or None."""
+def load(level: str, key: str, decode: Callable[[bytes], T]) -> T | None:
+    """The stored entry ``key`` of ``level`` (e.g. ``"fx"``) as ``decode`` reads it, or None:
+    never stored, or corrupt (``decode`` raised): then it is removed with a warning naming it, so
+    the caller compiles the program again and stores it anew."""
     directory = _state["dir"]
     if directory is None:
         return None
@@ -120,7 +130,20 @@ def load(level: str, key: str) -> bytes | None:
         os.utime(path)  # recently used: the cap removes it last
     except FileNotFoundError:  # never stored, or another process trimmed it just now
         return None
-    return blob
+    try:
+        return decode(blob)
+    except Exception as error:  # noqa: BLE001  any decoding failure means a damaged entry
+        drop_corrupt(path, error)
+        return None
+
+
+def drop_corrupt(path: Path, error: BaseException, *companions: Path) -> None:
+    """Remove the corrupt cache entry ``path`` (and its ``companions``), warning with its name."""
+    for file in (path, *companions):
+        file.unlink(missing_ok=True)
+    reason = " ".join(str(error).split())[:200] or type(error).__name__
+    _log.warning("compile cache entry %s is corrupt (%s: %s): removed, the program is compiled again",
+                 path, type(error).__name__, reason)
 
 
 def store(level: str, key: str, blob: bytes) -> None:
@@ -170,17 +193,27 @@ def _tolerant_lru_cache() -> type:
     process killed between writing the two files, another evicting it meanwhile, or a writer
     without a size cap, which keeps no atimes) makes every later write raise FileNotFoundError
     (a warning per program, and nothing new is stored). Here a missing atime counts as oldest, a
-    vanished entry is skipped, and a read racing an eviction is a miss."""
-    from jax._src import lru_cache
+    vanished entry is skipped, and a read racing an eviction is a miss. An entry that does not
+    decompress (truncated) is removed with a warning and is a miss: JAX alone would warn on every
+    run and never replace it (``put`` keeps an existing entry)."""
+    from jax._src import compilation_cache, lru_cache
 
     class TolerantLRUCache(lru_cache.LRUCache):
         tolerant = True
 
         def get(self, key: str) -> bytes | None:
             try:
-                return super().get(key)
+                blob = super().get(key)
             except FileNotFoundError:
                 return None
+            if blob is not None:
+                try:
+                    compilation_cache.decompress_executable(blob)
+                except Exception as error:  # noqa: BLE001  zstd/zlib errors: a damaged entry
+                    drop_corrupt(self.path / f"{key}{lru_cache._CACHE_SUFFIX}", error,
+                                 self.path / f"{key}{lru_cache._ATIME_SUFFIX}")
+                    return None
+            return blob
 
         def _evict_if_needed(self, *, additional_size: int = 0) -> None:
             if not self.eviction_enabled:

@@ -116,9 +116,8 @@ def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key:
     if exported is not None:
         cache._stats.fx_memory_hits += 1
         return exported
-    blob = cache.load_translation(key)
-    if blob is not None:
-        exported = jax.export.deserialize(bytearray(blob))
+    exported = cache.load_translation(key)  # None when never stored or corrupt (then removed)
+    if exported is not None:
         cache._stats.fx_disk_hits += 1
     else:
         fn = _with_static(to_jax_function(gm), specs)

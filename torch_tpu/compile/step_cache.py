@@ -201,14 +201,17 @@ def step_key(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn
 
 def load(key: str) -> tuple[Any, dict[str, Any]] | None:
     """(the ``jax.export.Exported`` step, its metadata) stored under ``key``, or None."""
-    blob = xla_cache.load(persistent_cache.STEP_LEVEL, key)
-    if blob is None:
-        return None
+    stored = xla_cache.load(persistent_cache.STEP_LEVEL, key, _decode)  # a corrupt entry: None
+    if stored is not None:
+        persistent_cache._stats.step_disk_hits += 1
+    return stored
+
+
+def _decode(blob: bytes) -> tuple[Any, dict[str, Any]]:
+    """What :func:`store` wrote: an 8-byte header length, the JSON metadata, the program."""
     header_len = int.from_bytes(blob[:8], "little")
     meta = json.loads(blob[8:8 + header_len])
-    exported = jax.export.deserialize(bytearray(blob[8 + header_len:]))
-    persistent_cache._stats.step_disk_hits += 1
-    return exported, meta
+    return jax.export.deserialize(bytearray(blob[8 + header_len:])), meta
 
 
 def store(key: str, exported: Any, meta: dict[str, Any]) -> None:

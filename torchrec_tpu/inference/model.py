@@ -11,7 +11,7 @@ verified against the checkpoint's manifest and read without running code from th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,19 +63,20 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     state = {"model": train_module.state_dict()}
     load_state(state, state_dir)
     train_module.load_state_dict(state["model"])
-    return InferenceModel(train_module.model.eval(), sizes, int(meta.get("step", 0)))
+    return InferenceModel(train_module.model.eval(), spec.table_sizes, int(meta.get("step", 0)))
 
 
 def saved_model_spec(meta: dict[str, Any], feature_names: tuple[str, ...], table_sizes: tuple[int, ...],
                      dense_in_features: int) -> ModelSpec:
     """The architecture a checkpoint's ``meta.json`` records, for ``feature_names`` (the data's
-    categorical columns) whose tables have ``table_sizes`` rows (read from the saved tables)."""
+    categorical columns); ``table_sizes`` (read from the saved tables) serve checkpoints written
+    before meta.json recorded the model."""
     if isinstance(meta.get("model"), dict):
         spec = ModelSpec.from_dict(meta["model"])
         if spec.feature_names != tuple(feature_names):
             raise ValueError(f"the model was trained on features {list(spec.feature_names)}, the data "
                              f"has {list(feature_names)}")
-        return replace(spec, table_sizes=table_sizes)
+        return spec  # its table sizes: the saved tables are checked against them on load
     return _legacy_model_spec(meta.get("config"), feature_names, table_sizes, dense_in_features)
 
 

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # DefaultLoadPlanner's names
 from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner uses
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
 from torchrec_tpu.train.checkpoint_manifest import CheckpointError
@@ -106,10 +107,31 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
+def check_shapes(state: dict[str, Any], metadata: Metadata, state_dir: Path) -> None:
+    """CheckpointError naming the first tensor of ``state`` (the model and optimizer built from
+    the checkpoint's ``meta.json``) that ``state_dir`` lacks or holds in another shape: a
+    checkpoint whose tensors disagree with its own description is never loaded."""
+    saved = metadata.state_dict_metadata
+    flat, _ = flatten_state_dict(state)
+    for name, value in flat.items():
+        if not isinstance(value, torch.Tensor):  # plain values (steps, lr): no shape to check
+            continue
+        expected = list(value.size())  # the global size of a ShardedTensor / DTensor
+        entry = saved.get(name)
+        if not isinstance(entry, TensorStorageMetadata):
+            raise CheckpointError(f"checkpoint {state_dir.parent}: {state_dir.name}/ has no tensor {name!r} "
+                                  f"(meta.json's model has it, shape {expected})")
+        if list(entry.size) != expected:
+            raise CheckpointError(
+                f"checkpoint {state_dir.parent}: tensor {name!r} is {list(entry.size)} in {state_dir.name}/, "
+                f"meta.json's model needs {expected} (an inconsistent checkpoint: refusing to load it)")
+
+
 def load_state(state: dict[str, Any], state_dir: Path) -> None:
-    """``dcp.load(state, ...)`` from ``state_dir`` through the safe reader and planner. Failures
-    on any rank raise on every rank as one CheckpointError (DCP reports them as a
-    ``CheckpointException``, a BaseException with every rank's traceback)."""
+    """``dcp.load(state, ...)`` from ``state_dir`` through the safe reader and planner, after
+    :func:`check_shapes`. Failures on any rank raise on every rank as one CheckpointError (DCP
+    reports them as a ``CheckpointException``, a BaseException with every rank's traceback)."""
+    check_shapes(state, read_state_metadata(state_dir), state_dir)
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(str(state_dir)), planner=SafeLoadPlanner())
     except CheckpointException as error:

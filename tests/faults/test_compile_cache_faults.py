@@ -1,0 +1,65 @@
+"""A corrupt compile-cache entry (truncated by a full disk or a killed writer) is dropped with a
+warning naming it and the program compiled again; it never fails the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import xla_cache
+from tests.faults.conftest import TRAIN_FLAGS
+from tests.faults.helpers import cli_command, cli_env
+
+LEVELS = ("steps", "fx", "executables")  # traced train steps, FX translations, JAX executables
+
+
+def _entries(cache: Path) -> dict[Path, int]:
+    return {p: p.stat().st_size for level in LEVELS for p in (cache / level).glob("*")
+            if p.is_file() and not p.name.endswith("-atime") and not p.name.startswith(".")}
+
+
+def test_a_corrupt_entry_is_dropped_with_a_warning(tmp_path: Path) -> None:
+    previous = xla_cache.cache_dir()
+    xla_cache.configure(tmp_path)
+    try:
+        xla_cache.store("steps", "k", b"\x40\x00\x00\x00\x00\x00\x00\x00{\"outputs\": [1, 2")
+        with pytest.MonkeyPatch.context() as mp:
+            warnings: list[str] = []
+            mp.setattr(xla_cache._log, "warning", lambda fmt, *args: warnings.append(fmt % args))
+            assert xla_cache.load("steps", "k", lambda blob: json.loads(blob[8:])) is None
+        entry = tmp_path / "steps" / f"k{xla_cache.ENTRY_SUFFIX}"
+        assert not entry.exists()
+        assert len(warnings) == 1 and str(entry) in warnings[0] and "JSONDecodeError" in warnings[0], warnings
+    finally:
+        xla_cache.configure(previous)
+
+
+@pytest.mark.slow  # two training runs that compile from scratch (~2 min on 2 busy cores)
+def test_train_after_every_cache_entry_was_truncated_recompiles(tiny_dataset: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    env = {**cli_env(), "TORCH_TPU_COMPILE_CACHE": str(cache)}
+
+    def train(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cli_command("train", "--data", str(tiny_dataset), *TRAIN_FLAGS,
+                                          "--log-dir", str(tmp_path / name)),
+                              env=env, capture_output=True, text=True, timeout=600)
+
+    first = train("first")
+    assert first.returncode == 0, first.stderr[-3000:]
+    entries = _entries(cache)
+    assert {p.parent.name for p in entries} == set(LEVELS), sorted(entries)
+    for path, size in entries.items():
+        os.truncate(path, size // 2)
+    second = train("second")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "Traceback" not in second.stderr, second.stderr[-3000:]
+    warned = [line for line in second.stderr.splitlines() if "compile cache entry" in line]
+    for path in entries:
+        assert any(str(path) in line and "corrupt" in line for line in warned), (path, warned)
+    again = _entries(cache)  # compiled again and stored whole
+    for level in ("steps", "fx"):
+        assert any(p.parent.name == level and again[p] > entries[p] // 2 for p in entries if p in again), level
