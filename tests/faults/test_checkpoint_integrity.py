@@ -12,7 +12,7 @@ import pytest
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.faults.checkpoint_helpers import BATCH, run_cli, run_copy, train_args, versions  # noqa: F401
-from torchrec_tpu.train.checkpoint_dirs import intact_checkpoint, publish, version_dir
+from torchrec_tpu.train.checkpoint_dirs import intact_checkpoint, publish, start_version, version_dir
 from torchrec_tpu.train.checkpoint_manifest import MANIFEST_FILE, CheckpointError, verify_checkpoint
 
 WEIGHTS = "state/__0_0.distcp"
@@ -72,7 +72,7 @@ def test_infer_refuses_a_truncated_latest_checkpoint(run_copy, tmp_path: Path) -
 # The rules themselves, on small hand-made checkpoints (no training needed).
 
 def _save(root: Path, step: int, payload: bytes = b"weights") -> Path:
-    directory = version_dir(root, step, f"t{step}")
+    directory = start_version(root, step, "run")
     (directory / "state").mkdir(parents=True)
     (directory / "state" / "data.bin").write_bytes(payload)
     publish(root, directory, {"step": step}, keep=3)

@@ -12,6 +12,8 @@ import pytest
 from torchrec_tpu.train.checkpoint_dirs import (
     LATEST,
     META_FILE,
+    RUN_ID_FILE,
+    checkpoints_by_run,
     is_checkpoint,
     publish,
     resolve_checkpoint,
@@ -19,9 +21,10 @@ from torchrec_tpu.train.checkpoint_dirs import (
 )
 
 
-def _save(root: Path, step: int, tag: str, keep: int = 2) -> Path:
+def _save(root: Path, step: int, tag: str, keep: int = 2, run: str = "run-a") -> Path:
     directory = version_dir(root, step, tag)
     (directory / "state").mkdir(parents=True)
+    (directory / RUN_ID_FILE).write_text(run)
     publish(root, directory, {"step": step}, keep)
     return directory
 
@@ -44,6 +47,7 @@ def test_an_interrupted_save_leaves_latest_alone_and_is_cleaned_up(tmp_path: Pat
     done = _save(tmp_path, 8, "a")
     partial = version_dir(tmp_path, 16, "b")  # killed mid-save: files, but never published
     (partial / "state").mkdir(parents=True)
+    (partial / RUN_ID_FILE).write_text("run-a")
     (partial / "state" / "__0_0.distcp").write_bytes(b"half")
     stale_link = tmp_path / f".{LATEST}.{partial.name}"  # killed between symlink and rename
     stale_link.symlink_to(partial.name)
@@ -68,3 +72,19 @@ def test_not_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
         resolve_checkpoint(tmp_path)
     with pytest.raises(ValueError, match="keep must be >= 1"):
         _save(tmp_path, 8, "a", keep=0)
+
+
+def test_a_run_never_prunes_what_another_run_wrote(tmp_path: Path) -> None:
+    theirs = [_save(tmp_path, 8, "a", run="other"), _save(tmp_path, 16, "b", run="other")]
+    partial = version_dir(tmp_path, 24, "c")  # the other run's interrupted save
+    (partial / "state").mkdir(parents=True)
+    (partial / RUN_ID_FILE).write_text("other")
+    legacy = version_dir(tmp_path, 4, "old")  # written before run ids
+    (legacy / "state").mkdir(parents=True)
+    (legacy / "manifest.json").write_text("{}")
+    ours = [_save(tmp_path, step, tag, keep=1, run="mine") for step, tag in ((8, "d"), (16, "e"), (24, "f"))]
+    assert _versions(tmp_path) == sorted(p.name for p in [*theirs, partial, legacy, ours[-1]])
+    assert resolve_checkpoint(tmp_path) == ours[-1].resolve()
+    assert checkpoints_by_run(tmp_path) == {"mine": [ours[-1]], "other": theirs[::-1], "unknown": [legacy]}
+    with pytest.raises(ValueError, match="has no run_id: create it with start_version"):
+        publish(tmp_path, legacy, {"step": 4}, keep=1)

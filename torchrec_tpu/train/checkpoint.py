@@ -32,14 +32,14 @@ from torch.optim import Optimizer
 from torchrec_tpu.train.checkpoint_dirs import (
     META_FILE,
     intact_checkpoint,
-    new_tag,
     publish,
     resolve_checkpoint,
-    version_dir,
+    start_version,
 )
 from torchrec_tpu.train.checkpoint_manifest import CheckpointError
 from torchrec_tpu.train.checkpoint_reader import load_state, read_state_metadata
 from torchrec_tpu.train.rng import load_rng, save_rng
+from torchrec_tpu.train.save_guard import guarded_save, state_bytes
 
 STATE_DIR = "state"
 RNG_DIR = "rng"
@@ -48,27 +48,29 @@ __all__ = ["META_FILE", "STATE_DIR", "CheckpointError", "load_checkpoint", "open
            "restore_rng", "resolve_checkpoint", "save_checkpoint"]
 
 
-def save_checkpoint(root: Path, model: nn.Module, optimizer: Optimizer, meta: dict[str, Any],
+def save_checkpoint(root: Path, model: nn.Module, optimizer: Optimizer, meta: dict[str, Any], run_id: str,
                     keep: int = 2) -> Path:
-    """Save a new version of the checkpoint at ``meta["step"]`` under ``root`` and publish it as
-    ``root/latest``, keeping the newest ``keep``. A collective: call on every rank. Returns the
-    version directory."""
+    """Save a new version of the checkpoint at ``meta["step"]`` under ``root`` for the run
+    ``run_id`` and publish it as ``root/latest``, keeping that run's newest ``keep``. Ctrl-C and
+    a full disk are handled as :mod:`~torchrec_tpu.train.save_guard` says. A collective: call on
+    every rank. Returns the version directory."""
     distributed = dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    tag = [new_tag()]
+    name = [start_version(root, int(meta["step"]), run_id).name if rank == 0 else None]
     if distributed:
-        dist.broadcast_object_list(tag, src=0)
-    directory = version_dir(root, int(meta["step"]), tag[0])
-    directory.mkdir(parents=True, exist_ok=True)
-    dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-             checkpoint_id=str(directory / STATE_DIR))
-    save_rng(rng_file(directory, rank))
-    if distributed:
-        dist.barrier()
-    if rank == 0:
-        publish(root, directory, {**meta, "world_size": world}, keep)
-    if distributed:
-        dist.barrier()
+        dist.broadcast_object_list(name, src=0)
+    directory = root / name[0]
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    with guarded_save(directory, state_bytes(state) * world):
+        directory.mkdir(parents=True, exist_ok=True)
+        dcp.save(state, checkpoint_id=str(directory / STATE_DIR))
+        save_rng(rng_file(directory, rank))
+        if distributed:
+            dist.barrier()
+        if rank == 0:
+            publish(root, directory, {**meta, "world_size": world}, keep)
+        if distributed:
+            dist.barrier()
     return directory
 
 

@@ -5,12 +5,14 @@ Layout::
     <root>/checkpoint.step-00000040.<tag>/   one checkpoint (contents: see checkpoint.py)
     <root>/latest -> checkpoint.step-00000040.<tag>
 
-A save fills a new directory; :func:`publish` then writes its ``meta.json`` and, last, its
-``manifest.json`` (sha256 of every file, checkpoint_manifest.py; the completion mark), repoints
-``latest`` with one rename (atomic on POSIX) and deletes all but the newest ``keep`` complete
-checkpoints plus the leftovers of interrupted saves. A process killed at any moment leaves
-``latest`` on a complete checkpoint. The tag, unique per save, keeps a retried save of the same
-step out of the partial directory an interrupted one left.
+A save fills a new directory (:func:`start_version`: first the id of the run saving it, in
+``run_id``); :func:`publish` then writes its ``meta.json`` and, last, its ``manifest.json``
+(sha256 of every file, checkpoint_manifest.py; the completion mark), repoints ``latest`` with one
+rename (atomic on POSIX) and deletes all but the newest ``keep`` complete checkpoints of that run
+plus the leftovers of its interrupted saves: a run never deletes what another run wrote (a
+resumed run continues the id of the checkpoint it resumed). A process killed at any moment
+leaves ``latest`` on a complete checkpoint. The tag, unique per save, keeps a retried save of the
+same step out of the partial directory an interrupted one left.
 
 Loading verifies the manifest first (:func:`intact_checkpoint`); a root whose latest checkpoint
 is corrupt falls back to its newest intact one.
@@ -31,6 +33,7 @@ from torchrec_tpu.train.checkpoint_manifest import MANIFEST_FILE, CheckpointErro
 
 LATEST = "latest"
 META_FILE = "meta.json"
+RUN_ID_FILE = "run_id"
 _VERSION = re.compile(r"^checkpoint\.step-(\d{8,})\.[A-Za-z0-9-]+$")
 
 
@@ -39,8 +42,37 @@ def new_tag() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
+def new_run_id() -> str:
+    return secrets.token_hex(8)
+
+
 def version_dir(root: Path, step: int, tag: str) -> Path:
     return root / f"checkpoint.step-{step:08d}.{tag}"
+
+
+def start_version(root: Path, step: int, run_id: str) -> Path:
+    """A new version directory for the checkpoint of ``step``, owned by the run ``run_id``."""
+    directory = version_dir(root, step, new_tag())
+    directory.mkdir(parents=True)
+    _write_durably(directory / RUN_ID_FILE, run_id)
+    return directory
+
+
+def run_id_of(directory: Path) -> str | None:
+    """The id of the run that wrote the checkpoint ``directory`` (None: written before run ids)."""
+    try:
+        return (directory / RUN_ID_FILE).read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+        return None
+
+
+def checkpoints_by_run(root: Path) -> dict[str, list[Path]]:
+    """The complete checkpoints of ``root`` by the id of the run that wrote them ("unknown":
+    before run ids), newest first."""
+    found: dict[str, list[Path]] = {}
+    for path in _complete_newest_first(root) if root.is_dir() else ():
+        found.setdefault(run_id_of(path) or "unknown", []).append(path)
+    return found
 
 
 def is_checkpoint(directory: Path) -> bool:
@@ -91,12 +123,15 @@ def intact_checkpoint(path: Path, required: tuple[str, ...],
 
 
 def publish(root: Path, directory: Path, meta: dict[str, Any], keep: int) -> None:
-    """Mark ``directory`` complete, point ``root/latest`` at it, prune older checkpoints.
+    """Mark ``directory`` complete, point ``root/latest`` at it, prune older checkpoints of the
+    run that wrote it (:func:`start_version`).
 
     Call once per save, on one process, after every rank finished writing ``directory``.
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1 (the checkpoint just written), got {keep}")
+    if run_id_of(directory) is None:
+        raise ValueError(f"{directory} has no {RUN_ID_FILE}: create it with start_version")
     _write_durably(directory / META_FILE, json.dumps(meta, indent=2))
     write_manifest(directory)
     link = root / f".{LATEST}.{directory.name}"
@@ -126,10 +161,11 @@ def _complete_newest_first(root: Path, current: Path | None = None) -> list[Path
 
 
 def _prune(root: Path, current: Path, keep: int) -> None:
-    """Keep the ``keep`` most recently published checkpoints (``current`` among them); delete
-    older ones and directories of saves that never completed."""
-    kept = set(_complete_newest_first(root, current)[:keep])
-    for path in _versions(root):
+    """Keep the ``keep`` most recently published checkpoints of ``current``'s run (``current``
+    among them); delete its older ones and directories of its saves that never completed."""
+    ours = [p for p in _versions(root) if run_id_of(p) == run_id_of(current)]
+    kept = set([p for p in _complete_newest_first(root, current) if p in ours][:keep])
+    for path in ours:
         if path not in kept:
             shutil.rmtree(path, ignore_errors=True)
     for stale in root.glob(f".{LATEST}.*"):  # a link left by a save killed before its rename

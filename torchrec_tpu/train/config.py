@@ -157,7 +157,11 @@ class CheckpointConfig:
     checkpoint_dir: str | None = _opt(None, "checkpoint root: versioned checkpoints and a 'latest' link "
                                             "(default: <log-dir>/checkpoint)")
     checkpoint_every: int = _opt(0, "also checkpoint every N steps (0: only at the end)")
-    keep_checkpoints: int = _opt(2, "checkpoints kept in the checkpoint root (older ones are deleted)")
+    keep_checkpoints: int = _opt(2, "checkpoints of this run kept in the checkpoint root (its older ones are "
+                                    "deleted; other runs' checkpoints never are)")
+    overwrite_checkpoints: bool = _opt(False, "start a new run in a checkpoint root that holds another run's "
+                                              "checkpoints (refused otherwise): 'latest' moves to this run's, "
+                                              "theirs stay")
     resume: str | None = _opt(
         None, "checkpoint to resume from (a checkpoint root: its latest intact one): model, optimizer state, RNG, "
               "step and data position (in rows: --batch-size may change); tables, dims, optimizers, data and "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from torchrec_tpu.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from torchrec_tpu.train.checkpoint_dirs import new_run_id
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, describe_transport, process_group
@@ -31,6 +33,7 @@ from torchrec_tpu.train.model import ModelSpec
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
+from torchrec_tpu.train.run_dirs import RunDirs, claim_run_dirs
 from torchrec_tpu.train.scalars import ScalarLog
 
 T = TypeVar("T")
@@ -102,11 +105,12 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
 def _run(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHooks) -> JobSummary:
     if env.world_size > 1 and env.is_primary:
         print(f"torchrec-tpu train: {describe_transport(env)}", flush=True)
-    log_dir = Path(_on_primary(lambda: str(config.loop.resolved_log_dir()), env))  # timestamped default
-    checkpoint_root = Path(config.checkpoint.checkpoint_dir or log_dir / "checkpoint")
-    for flag, path in (("--log-dir", log_dir), ("--checkpoint-dir", checkpoint_root)):
-        if path.exists() and not path.is_dir():
-            raise ConfigError(f"{flag}={str(path)!r} is a file; give a directory (it is created if missing)")
+    with contextlib.ExitStack() as held:  # the primary's locks on the run's directories
+        return _run_in(config, env, device, hooks, _on_primary(lambda: claim_run_dirs(config, held), env))
+
+
+def _run_in(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHooks, dirs: RunDirs) -> JobSummary:
+    log_dir, checkpoint_root = dirs.log_dir, dirs.checkpoint_root
     torch.manual_seed(config.loop.seed)
     if config.engine.num_threads:
         torch.set_num_threads(config.engine.num_threads)
@@ -119,6 +123,7 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHook
         model = engine.build_model(spec, env, device)
         optimizer = engine.build_optimizer(model)
         start_step, start = 0, LoopPosition()
+        run_id = point.run_id if point is not None else _on_primary(new_run_id, env)  # whose checkpoints to prune
         if point is not None:
             load_checkpoint(point.directory, model, optimizer, verify=False)  # verified just now
             restore_rng(point.directory, env.rank)
@@ -145,7 +150,8 @@ def _run(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHook
                     "config": config.to_dict(),
                     "table_sizes": list(data.table_sizes), "train_rows": data.train.num_rows, **extra,
                     "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
-            directory = save_checkpoint(checkpoint_root, model, optimizer, info, config.checkpoint.keep_checkpoints)
+            directory = save_checkpoint(checkpoint_root, model, optimizer, info, run_id,
+                                        config.checkpoint.keep_checkpoints)
             if hooks.checkpointed is not None:
                 hooks.checkpointed(directory, {"step": step, **info.get("metrics", {})})  # type: ignore[dict-item]
             return directory
@@ -186,18 +192,23 @@ def _resume_point(config: TrainConfig, env: DistEnv, data: TrainData) -> ResumeP
     return resume_point(directory, meta, config, env.world_size, data.table_sizes, data.train.num_rows)
 
 
+_AGREED_ERRORS = (CheckpointError, ConfigError, FileNotFoundError)  # _on_primary raises them on every rank
+
+
 def _on_primary(compute: Callable[[], T], env: DistEnv) -> T:
-    """``compute()`` run on the primary, its value (or its CheckpointError / FileNotFoundError,
-    raised again) on every rank, so all ranks agree and none waits for one that failed."""
+    """``compute()`` run on the primary, its value (or its CheckpointError / ConfigError /
+    FileNotFoundError, raised again) on every rank, so all ranks agree and none waits for one
+    that failed."""
     outcome: list[Any] = [None]
     if env.is_primary:
         try:
             outcome = [("ok", compute())]
-        except (CheckpointError, FileNotFoundError) as error:
-            outcome = [(type(error).__name__, str(error))]
+        except _AGREED_ERRORS as error:
+            family = next(i for i, kind in enumerate(_AGREED_ERRORS) if isinstance(error, kind))
+            outcome = [(family, str(error))]
     if env.world_size > 1:
         torch.distributed.broadcast_object_list(outcome, src=0)
     kind, value = outcome[0]  # type: ignore[misc]
     if kind == "ok":
         return value
-    raise (FileNotFoundError if kind == "FileNotFoundError" else CheckpointError)(value)
+    raise _AGREED_ERRORS[kind](value)

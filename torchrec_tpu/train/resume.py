@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_tpu.train.checkpoint import rng_file
+from torchrec_tpu.train.checkpoint_dirs import new_run_id, run_id_of
 from torchrec_tpu.train.checkpoint_manifest import CheckpointError, read_manifest
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.loop import LoopPosition
@@ -32,6 +33,7 @@ class ResumePoint:
     step: int
     position: LoopPosition  # per rank
     world_size: int
+    run_id: str  # the run it continues: its checkpoints in the root are this run's to prune
 
     def describe(self) -> str:
         rows = self.position.rows
@@ -80,4 +82,4 @@ def resume_point(directory: Path, meta: dict[str, Any], config: TrainConfig, wor
         raise CheckpointError(f"checkpoint {directory}: meta.json has no valid data position ({error})") from None
     if min(step, epoch, rows) < 0:
         raise CheckpointError(f"checkpoint {directory}: meta.json has a negative step or position")
-    return ResumePoint(directory, step, LoopPosition(epoch, rows), world_size)
+    return ResumePoint(directory, step, LoopPosition(epoch, rows), world_size, run_id_of(directory) or new_run_id())

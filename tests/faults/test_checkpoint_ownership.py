@@ -1,0 +1,79 @@
+"""A run never deletes checkpoints it did not write: a new run is refused a checkpoint root that
+holds another run's checkpoints (unless --resume or --overwrite-checkpoints, which keeps them),
+and two jobs never share a log or checkpoint directory (a lock naming the holder, released when
+the holder dies)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.faults.checkpoint_helpers import BATCH, REPO_ROOT, run_cli, run_copy, train_args, versions  # noqa: F401
+from tests.faults.conftest import TRAIN_FLAGS
+from tests.faults.helpers import assert_clean_error
+from torchrec_tpu.train.checkpoint_dirs import LATEST, run_id_of
+from torchrec_tpu.train.dir_lock import LOCK_FILE
+
+
+def test_a_new_run_is_refused_another_runs_checkpoints_and_overwrite_keeps_them(run_copy, tmp_path: Path) -> None:
+    data, root = run_copy
+    theirs = versions(root)
+    owner = run_id_of(theirs[-1])
+    args = train_args(data, tmp_path / "new", "--batch-size", str(BATCH), "--max-steps", "6", "--checkpoint-every",
+                      "2", "--checkpoint-dir", str(root))
+    refused = run_cli(*args)
+    assert_clean_error(refused.returncode, refused.stderr, f"--checkpoint-dir={str(root)!r} holds another run's",
+                       f"run {owner}: 2 checkpoint(s), the newest {theirs[-1].name}", "--overwrite-checkpoints")
+    assert versions(root) == theirs and os.readlink(root / LATEST) == theirs[-1].name
+
+    done = run_cli(*args, "--overwrite-checkpoints", "--keep-checkpoints", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours = [p for p in versions(root) if p not in theirs]
+    assert all(p.is_dir() for p in theirs), "another run's checkpoints were deleted"
+    assert len(ours) == 1 and run_id_of(ours[0]) not in (None, owner)  # its own older ones pruned
+    assert os.readlink(root / LATEST) == ours[0].name
+
+
+def test_a_resumed_run_prunes_the_checkpoints_of_the_run_it_continues(run_copy, tmp_path: Path) -> None:
+    data, root = run_copy
+    before = versions(root)
+    done = run_cli(*train_args(data, tmp_path / "resumed", "--batch-size", str(BATCH), "--max-steps", "8",
+                               "--checkpoint-every", "2", "--checkpoint-dir", str(root), "--resume", str(root)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = versions(root)
+    assert len(after) == 2 and not set(before) & set(after)  # the kept two are the resumed run's newest
+    assert {run_id_of(p) for p in after} == {run_id_of(before[-1])}
+
+
+def _hold_lock(directory: Path) -> subprocess.Popen:
+    """Another process holding ``directory``'s lock (what a running job does), until killed."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from torchrec_tpu.train.dir_lock import locked\n"
+         "with locked(Path(sys.argv[1]), '--log-dir'):\n    print('held', flush=True); time.sleep(600)",
+         str(directory)],
+        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_job_on_a_directory_is_refused_naming_the_holder_until_it_dies(tiny_dataset, tmp_path):
+    log_dir = tmp_path / "run"
+    args = ["train", "--data", str(tiny_dataset), *TRAIN_FLAGS, "--log-dir", str(log_dir)]
+    holder = _hold_lock(log_dir)
+    try:
+        started = time.monotonic()
+        refused = run_cli(*args)
+        assert_clean_error(refused.returncode, refused.stderr, f"--log-dir={str(log_dir)!r} is in use by another",
+                           f"pid {holder.pid} on host {os.uname().nodename}", str(log_dir / LOCK_FILE))
+        assert time.monotonic() - started < 60, "refusing must not wait"
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert (log_dir / LOCK_FILE).exists()  # the dead holder's lock file stays; its flock is gone
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr[-3000:]
