@@ -78,7 +78,10 @@ def test_a_run_never_prunes_what_another_run_wrote(tmp_path: Path) -> None:
     theirs = [_save(tmp_path, 8, "a", run="other"), _save(tmp_path, 16, "b", run="other")]
     partial = version_dir(tmp_path, 24, "c")  # the other run's interrupted save
     (partial / "state").mkdir(parents=True)
+    (partial / "state" / "__0_0.distcp").write_bytes(b"half")
     (partial / RUN_ID_FILE).write_text("other")
+    killed = version_dir(tmp_path, 12, "k")  # a save killed before it wrote its run id: nothing to lose
+    killed.mkdir()
     legacy = version_dir(tmp_path, 4, "old")  # written before run ids
     (legacy / "state").mkdir(parents=True)
     (legacy / "manifest.json").write_text("{}")

@@ -162,14 +162,19 @@ def _complete_newest_first(root: Path, current: Path | None = None) -> list[Path
 
 def _prune(root: Path, current: Path, keep: int) -> None:
     """Keep the ``keep`` most recently published checkpoints of ``current``'s run (``current``
-    among them); delete its older ones and directories of its saves that never completed."""
-    ours = [p for p in _versions(root) if run_id_of(p) == run_id_of(current)]
+    among them); delete its older ones, directories of its saves that never completed, and
+    version directories without data (a save killed before it wrote its run id)."""
+    ours = [p for p in _versions(root) if run_id_of(p) == run_id_of(current) or not _holds_data(p)]
     kept = set([p for p in _complete_newest_first(root, current) if p in ours][:keep])
     for path in ours:
         if path not in kept:
             shutil.rmtree(path, ignore_errors=True)
     for stale in root.glob(f".{LATEST}.*"):  # a link left by a save killed before its rename
         stale.unlink(missing_ok=True)
+
+
+def _holds_data(directory: Path) -> bool:
+    return any(p.is_file() and not p.name.startswith(RUN_ID_FILE) for p in directory.rglob("*"))
 
 
 def _write_durably(path: Path, text: str) -> None:

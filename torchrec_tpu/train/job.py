@@ -24,6 +24,7 @@ from torchrec_tpu.train.checkpoint import (
 )
 from torchrec_tpu.train.checkpoint_dirs import new_run_id
 from torchrec_tpu.train.config import ConfigError, TrainConfig
+from torchrec_tpu.train.config_agreement import agree_on_config
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, describe_transport, process_group
 from torchrec_tpu.train.engines import engine_for
@@ -99,6 +100,7 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
     with process_group(config.engine.collective_timeout, device_tensors, config.engine.bind_cpus) as env, \
             collectives("the collectives of setting up or finishing the run (model sharding, DDP "
                         "init, broadcasts, the final checkpoint)"):
+        agree_on_config(config, env)
         return _run(config, env, device, hooks)
 
 

@@ -1,0 +1,97 @@
+"""A checkpoint save hit by Ctrl-C (a real SIGINT to a real training process while it is inside
+the save) or by a full disk (a real tmpfs that fills): one line, no traceback, and every
+checkpoint left in the root is complete and intact."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.faults.helpers import assert_clean_error, cli_command, cli_env
+from torchrec_tpu.train.checkpoint_dirs import LATEST, resolve_checkpoint
+from torchrec_tpu.train.checkpoint_manifest import MANIFEST_FILE, verify_checkpoint
+
+SMALL_MODEL = ["--embedding-dim", "8", "--dense-arch", "16,8", "--over-arch", "8,1", "--batch-size", "64",
+               "--max-steps", "4", "--checkpoint-every", "2", "--no-progress"]
+
+
+def _train(data: Path, num_embeddings: int, log_dir: Path, *extra: str) -> list[str]:
+    return cli_command("train", "--data", str(data), "--num-embeddings", str(num_embeddings), *SMALL_MODEL,
+                       "--log-dir", str(log_dir), *extra)
+
+
+def _assert_all_intact(root: Path) -> list[Path]:
+    """Every version directory of ``root`` is a complete checkpoint that verifies; returns them."""
+    found = sorted(p for p in root.glob("checkpoint.step-*") if p.is_dir())
+    for directory in found:
+        verify_checkpoint(directory, ("meta.json", "state/.metadata"))
+    assert resolve_checkpoint(root) in found
+    return found
+
+
+def _inside_save(root: Path, step: int) -> Path | None:
+    """The version directory of ``step`` while its save runs (created, no manifest yet)."""
+    for directory in root.glob(f"checkpoint.step-{step:08d}.*"):
+        if not (directory / MANIFEST_FILE).exists():
+            return directory
+    return None
+
+
+def test_ctrl_c_during_a_save_is_rc_130_with_one_line_and_intact_checkpoints(tiny_dataset, tmp_path):
+    """Tables of 100k rows make the save take a while; the process is stopped (SIGSTOP) the
+    moment the step-4 save's directory appears, checked to be still inside the save, sent
+    SIGINT and continued: the interrupt lands inside the save, deterministically."""
+    root = tmp_path / "run" / "checkpoint"
+    proc = subprocess.Popen(_train(tiny_dataset, 100_000, tmp_path / "run"), env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 400
+        while (directory := _inside_save(root, 4)) is None and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert directory is not None and _inside_save(root, 4) == directory, "the save was not caught"
+        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "unexpected pos" not in stderr, stderr[-3000:]
+    assert [line for line in stderr.splitlines() if "interrupted" in line] == ["torchrec-tpu train: interrupted"]
+    steps = [int(p.name.split(".")[1].removeprefix("step-")) for p in _assert_all_intact(root)]
+    assert steps == [2, 4], steps  # the interrupted save was completed first
+    assert os.readlink(root / LATEST).startswith("checkpoint.step-00000004.")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real 50 MB tmpfs (needs root: skipped where mount is not permitted)."""
+    mount = tmp_path / "small_disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=50m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_during_a_save_is_one_line_naming_the_path_and_the_space(tiny_dataset, tmp_path, small_disk):
+    """Tables of 20k rows (and their Adagrad state): about 33 MB per checkpoint, so the step-2
+    save fits the 50 MB disk and the step-4 save fills it."""
+    root = small_disk / "checkpoint"
+    done = subprocess.run(_train(tiny_dataset, 20_000, tmp_path / "run", "--checkpoint-dir", str(root)),
+                          env=cli_env(), capture_output=True, text=True, timeout=600)
+    line = assert_clean_error(done.returncode, done.stderr,
+                              f"No space left on device: saving checkpoint {root}/checkpoint.step-00000004.",
+                              " MB free there", "the previous checkpoints are intact")
+    assert " needs about 3" in line, line  # ~33 MB: the tables and their optimizer state
+    (kept,) = _assert_all_intact(root)  # the partial save was removed
+    assert kept.name.startswith("checkpoint.step-00000002.")

@@ -1,0 +1,51 @@
+"""Ranks launched with different flags (rank 1 `--num-embeddings 500`) are refused at start: every
+rank fails at once with the same line naming each differing option and the ranks' values, before
+any model is built or checkpoint written. Real ranks: two CLI processes joining one process
+group on loopback from the environment torchrun gives its workers."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+import pytest
+
+from tests.faults.conftest import TRAIN_FLAGS
+from tests.faults.helpers import cli_command, cli_env
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ranks_with_different_flags_all_fail_with_one_line_naming_the_options(tiny_dataset, tmp_path):
+    port = _free_port()
+    flags = [f for f in TRAIN_FLAGS if f not in ("--num-embeddings", "100")]
+    per_rank = [["--num-embeddings", "1000"], ["--num-embeddings", "500", "--sparse-lr", "0.5"]]
+    started = time.monotonic()
+    ranks = [subprocess.Popen(cli_command("train", "--data", str(tiny_dataset), *flags, "--log-dir",
+                                          str(tmp_path / "run"), "--collective-timeout", "120", *extra),
+                              env={**cli_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                                   "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank, extra in enumerate(per_rank)]
+    try:
+        results = [(proc.wait(timeout=240), proc.stderr.read()) for proc in ranks]
+    finally:
+        for proc in ranks:
+            proc.kill()
+    assert time.monotonic() - started < 100, "refusing must not wait for the collective timeout"
+    lines = []
+    for rc, stderr in results:
+        assert rc == 2 and "Traceback" not in stderr, stderr[-3000:]
+        (line,) = [line for line in stderr.splitlines() if "error:" in line]
+        lines.append(line)
+    assert lines[0] == lines[1], lines
+    assert ("the ranks were launched with different training options: --num-embeddings is 1000 on rank 0, "
+            "500 on rank 1; --sparse-lr is ") in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()  # refused before claiming a directory
