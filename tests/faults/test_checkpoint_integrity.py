@@ -72,7 +72,8 @@ def test_infer_refuses_a_truncated_latest_checkpoint(run_copy, tmp_path: Path) -
 # The rules themselves, on small hand-made checkpoints (no training needed).
 
 def _save(root: Path, step: int, payload: bytes = b"weights") -> Path:
-    directory = start_version(root, step, "run")
+    directory = version_dir(root, step, f"t{step}")
+    start_version(directory, "run")
     (directory / "state").mkdir(parents=True)
     (directory / "state" / "data.bin").write_bytes(payload)
     publish(root, directory, {"step": step}, keep=3)

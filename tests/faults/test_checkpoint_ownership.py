@@ -41,12 +41,13 @@ def test_a_new_run_is_refused_another_runs_checkpoints_and_overwrite_keeps_them(
 def test_a_resumed_run_prunes_the_checkpoints_of_the_run_it_continues(run_copy, tmp_path: Path) -> None:
     data, root = run_copy
     before = versions(root)
+    owner = run_id_of(before[-1])
     done = run_cli(*train_args(data, tmp_path / "resumed", "--batch-size", str(BATCH), "--max-steps", "8",
                                "--checkpoint-every", "2", "--checkpoint-dir", str(root), "--resume", str(root)))
     assert done.returncode == 0, done.stderr[-3000:]
     after = versions(root)
     assert len(after) == 2 and not set(before) & set(after)  # the kept two are the resumed run's newest
-    assert {run_id_of(p) for p in after} == {run_id_of(before[-1])}
+    assert {run_id_of(p) for p in after} == {owner}
 
 
 def _hold_lock(directory: Path) -> subprocess.Popen:

@@ -32,9 +32,11 @@ from torch.optim import Optimizer
 from torchrec_tpu.train.checkpoint_dirs import (
     META_FILE,
     intact_checkpoint,
+    new_tag,
     publish,
     resolve_checkpoint,
     start_version,
+    version_dir,
 )
 from torchrec_tpu.train.checkpoint_manifest import CheckpointError
 from torchrec_tpu.train.checkpoint_reader import load_state, read_state_metadata
@@ -56,12 +58,14 @@ def save_checkpoint(root: Path, model: nn.Module, optimizer: Optimizer, meta: di
     every rank. Returns the version directory."""
     distributed = dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    name = [start_version(root, int(meta["step"]), run_id).name if rank == 0 else None]
+    name = [version_dir(root, int(meta["step"]), new_tag()).name]
     if distributed:
         dist.broadcast_object_list(name, src=0)
     directory = root / name[0]
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     with guarded_save(directory, state_bytes(state) * world):
+        if rank == 0:
+            start_version(directory, run_id)
         directory.mkdir(parents=True, exist_ok=True)
         dcp.save(state, checkpoint_id=str(directory / STATE_DIR))
         save_rng(rng_file(directory, rank))

@@ -50,12 +50,11 @@ def version_dir(root: Path, step: int, tag: str) -> Path:
     return root / f"checkpoint.step-{step:08d}.{tag}"
 
 
-def start_version(root: Path, step: int, run_id: str) -> Path:
-    """A new version directory for the checkpoint of ``step``, owned by the run ``run_id``."""
-    directory = version_dir(root, step, new_tag())
-    directory.mkdir(parents=True)
+def start_version(directory: Path, run_id: str) -> None:
+    """Create the version directory of a new save (other ranks may have made it already), owned
+    by the run ``run_id``."""
+    directory.mkdir(parents=True, exist_ok=True)
     _write_durably(directory / RUN_ID_FILE, run_id)
-    return directory
 
 
 def run_id_of(directory: Path) -> str | None:
