@@ -42,30 +42,52 @@ def _inside_save(root: Path, step: int) -> Path | None:
     return None
 
 
-def test_ctrl_c_during_a_save_is_rc_130_with_one_line_and_intact_checkpoints(tiny_dataset, tmp_path):
-    """Tables of 100k rows make the save take a while; the process is stopped (SIGSTOP) the
-    moment the step-4 save's directory appears, checked to be still inside the save, sent
-    SIGINT and continued: the interrupt lands inside the save, deterministically."""
-    root = tmp_path / "run" / "checkpoint"
-    proc = subprocess.Popen(_train(tiny_dataset, 100_000, tmp_path / "run"), env=cli_env(),
+def _interrupt_the_step_4_save(data: Path, log_dir: Path, times: int) -> tuple[int, str]:
+    """Train with tables of 100k rows (the save takes a while); stop the process (SIGSTOP) the
+    moment the step-4 save's directory appears, check it is still inside the save, send SIGINT
+    and continue it: the interrupt lands inside the save, deterministically. ``times`` 2: a
+    second SIGINT the same way 0.3 s later. Returns (rc, stderr)."""
+    root = log_dir / "checkpoint"
+    proc = subprocess.Popen(_train(data, 100_000, log_dir), env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 400
         while (directory := _inside_save(root, 4)) is None and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
-        os.kill(proc.pid, signal.SIGSTOP)
-        assert directory is not None and _inside_save(root, 4) == directory, "the save was not caught"
-        os.kill(proc.pid, signal.SIGINT)
-        os.kill(proc.pid, signal.SIGCONT)
+        for _ in range(times):
+            os.kill(proc.pid, signal.SIGSTOP)
+            assert directory is not None and _inside_save(root, 4) == directory, "the save was not caught"
+            os.kill(proc.pid, signal.SIGINT)
+            os.kill(proc.pid, signal.SIGCONT)
+            time.sleep(0.3)
         _, stderr = proc.communicate(timeout=300)
     finally:
         proc.kill()
-    assert proc.returncode == 130, stderr[-3000:]
+    return proc.returncode, stderr
+
+
+def _assert_interrupted(rc: int, stderr: str) -> None:
+    assert rc == 130, stderr[-3000:]
     assert "Traceback" not in stderr and "unexpected pos" not in stderr, stderr[-3000:]
     assert [line for line in stderr.splitlines() if "interrupted" in line] == ["torchrec-tpu train: interrupted"]
-    steps = [int(p.name.split(".")[1].removeprefix("step-")) for p in _assert_all_intact(root)]
-    assert steps == [2, 4], steps  # the interrupted save was completed first
+
+
+def _steps(directories: list[Path]) -> list[int]:
+    return [int(p.name.split(".")[1].removeprefix("step-")) for p in directories]
+
+
+def test_ctrl_c_during_a_save_finishes_it_then_is_rc_130_with_one_line(tiny_dataset, tmp_path):
+    _assert_interrupted(*_interrupt_the_step_4_save(tiny_dataset, tmp_path / "run", times=1))
+    root = tmp_path / "run" / "checkpoint"
+    assert _steps(_assert_all_intact(root)) == [2, 4]  # the interrupted save was completed first
     assert os.readlink(root / LATEST).startswith("checkpoint.step-00000004.")
+
+
+def test_a_second_ctrl_c_abandons_the_save_and_keeps_the_last_checkpoint(tiny_dataset, tmp_path):
+    _assert_interrupted(*_interrupt_the_step_4_save(tiny_dataset, tmp_path / "run", times=2))
+    root = tmp_path / "run" / "checkpoint"
+    assert _steps(_assert_all_intact(root)) == [2]  # the abandoned save's directory was removed
+    assert os.readlink(root / LATEST).startswith("checkpoint.step-00000002.")
 
 
 @pytest.fixture
