@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--on-bad-row", choices=("error", "skip"), default="error",
         help="stop at the first malformed row or count and skip such rows",
     )
+    convert.add_argument(
+        "--max-line-bytes", type=_positive_int, metavar="N",
+        help="longest input line read; a longer one stops the conversion (default: 64 MiB)",
+    )
 
     generate = commands.add_parser(
         "generate", formatter_class=parser.formatter_class,
@@ -102,6 +106,7 @@ def _convert(args: argparse.Namespace) -> int:
             rows_per_file=args.rows_per_file,
             row_group_size=args.row_group_size,
             progress=args.progress,
+            **({} if args.max_line_bytes is None else {"max_line_bytes": args.max_line_bytes}),
         )
     except (ValueError, OSError) as error:  # malformed rows (BadRowError), bad header, files
         print(f"error: {error}", file=sys.stderr)

@@ -11,6 +11,7 @@ from tqdm import tqdm
 from pipelines.dataset_dir import staged_dataset
 from pipelines.parquet_writer import ParquetShardWriter, written_rows
 from pipelines.schema import CRITEO, DatasetSchema
+from pipelines.text_blocks import DEFAULT_MAX_LINE_BYTES
 from pipelines.text_reader import BadRow, BadRowPolicy, TextFormat, TextReader
 
 
@@ -41,6 +42,7 @@ def convert_to_parquet(
     row_group_size: int = 1 << 17,
     block_size: int = 1 << 22,
     progress: bool = True,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> ConversionReport:
     """Converts text logs into Parquet files under ``output_dir`` (absent or empty), published
     atomically with a completion marker (:mod:`pipelines.dataset_dir`): a failed or killed run
@@ -48,7 +50,8 @@ def convert_to_parquet(
 
     ``text_format`` defaults to detection by file name (``*.csv`` has a header, anything else is
     headerless TSV). Raises :class:`pipelines.text_reader.BadRowError` on the first malformed row
-    unless ``on_bad_row="skip"``; then such rows are counted in the report.
+    unless ``on_bad_row="skip"``; then such rows are counted in the report, and
+    :class:`pipelines.text_blocks.LineTooLongError` on a line longer than ``max_line_bytes``.
     """
     paths = [Path(p) for p in inputs]
     if not paths:
@@ -65,7 +68,8 @@ def convert_to_parquet(
             staged.path, schema.arrow_schema(), rows_per_file, row_group_size
         ) as writer:
             for path in paths:
-                reader = TextReader(path, schema, text_format, on_bad_row, block_size, bar.update)
+                reader = TextReader(path, schema, text_format, on_bad_row, block_size, bar.update,
+                                    max_line_bytes)
                 for batch in reader:
                     writer.write(batch)
                 report.rows_read += reader.stats.rows_read

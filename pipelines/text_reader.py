@@ -10,7 +10,6 @@ compressed stream) raises :class:`UnreadableInputError` naming it, whatever the 
 
 from __future__ import annotations
 
-import codecs
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Literal
@@ -20,31 +19,13 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from pipelines.schema import CRITEO, DatasetSchema
+from pipelines.text_blocks import COMPRESSION_BY_SUFFIX, DEFAULT_MAX_LINE_BYTES, LineBlock, line_blocks
 from pipelines.text_parsing import parse_binary_label, parse_hex, parse_int
 
 BadRowPolicy = Literal["error", "skip"]
 BAD_ROW_POLICIES: tuple[str, ...] = ("error", "skip")
 MAX_REPORTED_BAD_ROWS = 20
-_COMPRESSION_BY_SUFFIX = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}
-# Input is decoded as UTF-8 with undecodable bytes replaced by U+FFFD, so a bad byte makes its row
-# malformed (reported or skipped by the policy) instead of failing the whole file.
-_LENIENT_UTF8 = "torchrec-tpu-utf8-replace"
-_REPLACEMENT = "\ufffd"
-
-
-def _lenient_utf8(name: str) -> codecs.CodecInfo | None:
-    if name != _LENIENT_UTF8.replace("-", "_"):
-        return None
-    utf8 = codecs.lookup("utf-8")
-    return codecs.CodecInfo(
-        utf8.encode, lambda data, errors="replace": utf8.decode(data, "replace"),
-        incrementalencoder=utf8.incrementalencoder,
-        incrementaldecoder=lambda errors="replace": utf8.incrementaldecoder("replace"),
-        name=_LENIENT_UTF8,
-    )
-
-
-codecs.register(_lenient_utf8)
+_REPLACEMENT = "\ufffd"  # what undecodable bytes read as (pipelines.text_blocks)
 
 
 @dataclass(frozen=True)
@@ -61,7 +42,7 @@ CSV = TextFormat(delimiter=",", header=True)
 
 def detect_format(path: str | Path) -> TextFormat:
     """CSV (with header) for ``*.csv[.gz]``, headerless TSV otherwise (the Criteo release layout)."""
-    suffixes = [s for s in Path(path).suffixes if s not in _COMPRESSION_BY_SUFFIX]
+    suffixes = [s for s in Path(path).suffixes if s not in COMPRESSION_BY_SUFFIX]
     return CSV if suffixes and suffixes[-1] == ".csv" else TSV
 
 
@@ -118,6 +99,7 @@ class TextReader:
         on_bad_row: BadRowPolicy = "error",
         block_size: int = 1 << 22,
         on_progress: Callable[[int], None] | None = None,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     ) -> None:
         if on_bad_row not in BAD_ROW_POLICIES:
             raise ValueError(f"on_bad_row must be one of {BAD_ROW_POLICIES}, got {on_bad_row!r}")
@@ -130,10 +112,12 @@ class TextReader:
         self.text_format = text_format or detect_format(path)
         self.on_bad_row = on_bad_row
         self.block_size = block_size
+        self.max_line_bytes = max_line_bytes
         self.on_progress = on_progress
         self.stats = ReadStats()
         self._output_schema = schema.arrow_schema()
         self._skipped_lines: list[int] = []  # physical lines of rows the CSV parser dropped
+        self._line_offset = 0  # lines before the block being parsed
         self._pending_error: BadRowError | None = None
 
     @property
@@ -141,9 +125,10 @@ class TextReader:
         return 2 if self.text_format.header else 1
 
     def _on_invalid_row(self, row: pacsv.InvalidRow) -> str:
+        line = self._line_offset + row.number
         bad = BadRow(
             str(self.path),
-            row.number,
+            line,
             f"expected {row.expected_columns} columns, got {row.actual_columns}",
         )
         self.stats.rows_read += 1
@@ -152,7 +137,7 @@ class TextReader:
         else:
             self.stats.rows_skipped += 1
         if self.on_bad_row == "error" or self.stats.wants_reports:
-            self._skipped_lines.append(row.number)
+            self._skipped_lines.append(line)
             if self.on_bad_row == "skip":
                 self.stats.bad_rows.append(bad)
         return "skip"
@@ -166,19 +151,18 @@ class TextReader:
             line += 1
         return line
 
-    def _open(self) -> tuple[pa.NativeFile, pacsv.CSVStreamingReader]:
-        raw = pa.OSFile(str(self.path), "rb")
-        compression = _COMPRESSION_BY_SUFFIX.get(self.path.suffix)
-        stream = pa.CompressedInputStream(raw, compression) if compression else raw
-        stream = pa.transcoding_input_stream(stream, _LENIENT_UTF8, "utf-8")
+    def _parse(self, block: LineBlock) -> pa.Table:
+        """One block of whole lines as a table of string columns (single-threaded, so the parser
+        reports bad rows in order)."""
+        self._line_offset = block.first_line - 1
         names = self.schema.column_names
-        reader = pacsv.open_csv(
-            stream,
-            # Single-threaded so that the parser reports physical line numbers of bad rows.
+        with_header = self.text_format.header and block.first_line == 1
+        table = pacsv.read_csv(
+            pa.BufferReader(block.data),
             read_options=pacsv.ReadOptions(
                 use_threads=False,
-                block_size=self.block_size,
-                column_names=None if self.text_format.header else names,
+                block_size=len(block.data) + 1,
+                column_names=None if with_header else names,
             ),
             parse_options=pacsv.ParseOptions(
                 delimiter=self.text_format.delimiter,
@@ -193,11 +177,11 @@ class TextReader:
                 null_values=[""],
             ),
         )
-        if reader.schema.names != names:
-            header = reader.schema.names
+        if with_header and table.schema.names != names:
+            header = table.schema.names
             shown = repr(header) if len(repr(header)) <= 200 else f"{repr(header)[:200]}... ({len(header)} columns)"
             raise ValueError(f"{self.path}:1: header {shown} does not match the schema columns {names}")
-        return raw, reader
+        return table
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         self.stats = ReadStats()
@@ -210,16 +194,16 @@ class TextReader:
 
     @property
     def _format_name(self) -> str:
-        compression = _COMPRESSION_BY_SUFFIX.get(self.path.suffix)
+        compression = COMPRESSION_BY_SUFFIX.get(self.path.suffix)
         kind = "CSV" if self.text_format.header else "TSV"
         return f"{compression}-compressed {kind}" if compression else kind
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
-        raw, reader = self._open()
-        consumed = 0
         accepted_before = 0
-        with raw:
-            for text_batch in reader:
+        empty = True
+        for block in line_blocks(self.path, self.block_size, self.max_line_bytes, self.on_progress):
+            empty = False
+            for text_batch in self._parse(block).to_batches():
                 try:
                     batch = self._convert(text_batch, accepted_before)
                 except BadRowError as error:
@@ -227,14 +211,12 @@ class TextReader:
                 if self._pending_error is not None:
                     raise self._pending_error
                 accepted_before += text_batch.num_rows
-                if self.on_progress is not None:
-                    position = raw.tell()
-                    self.on_progress(position - consumed)
-                    consumed = position
                 if batch.num_rows:
                     yield batch
             if self._pending_error is not None:
                 raise self._pending_error
+        if empty:
+            raise EOFError("empty file")
         self.stats.bad_rows.sort(key=lambda bad: bad.line or 0)
 
     def _earliest(self, error: BadRowError) -> BadRowError:

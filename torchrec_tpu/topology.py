@@ -42,11 +42,13 @@ documented defaults; override them in a topology file.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from torchrec_tpu.file_numbers import file_number
 from torchrec_tpu.structured_files import read_structured
 from tpu_facts import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
 from tpu_facts.slices import Slice, check_mod_sharding
@@ -83,6 +85,9 @@ class CostConstants:
     skew: float = 1.0
 
     def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not math.isfinite(value):
+                raise ValueError(f"cost constant {name} must be a finite number, got {value}")
         for name in ("sparsecore_hbm_efficiency", "hbm_reserved_fraction"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0 or (name == "sparsecore_hbm_efficiency" and value == 0.0):
@@ -230,44 +235,70 @@ def parse_accelerator_type(name: str, num_slices: int = 1, costs: CostConstants 
     return TPUTopology(chip, shape, num_slices, costs or CostConstants())
 
 
-def _read_mapping(path: Path) -> dict[str, Any]:
-    data = read_structured(path)
+def _mapping(data: Any, where: str) -> dict[str, Any]:
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a topology file must hold a mapping, got {type(data).__name__}")
+        raise ValueError(f"{where}: expected a mapping of keys to values, got {data!r:.80}")
     return data
 
 
-def _with_overrides(cls: type, base: Any, overrides: dict[str, Any], where: str) -> Any:
+def _typed_override(cls: type, key: str, value: Any, where: str) -> Any:
+    """``value`` for field ``key`` of ``cls`` (a chip or cost figure): numbers finite and > 0
+    (``hbm_reserved_fraction``, ``chips_per_pod`` and the latencies may be 0), flags booleans."""
+    kind = {f.name: f.type for f in fields(cls)}[key]
+    if kind in ("bool", bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if kind in ("str", str):
+        return str(value)
+    may_be_zero = key in ("hbm_reserved_fraction", "chips_per_pod", "kernel_overhead_s", "collective_latency_s")
+    return file_number(value, where, integer=kind in ("int", int), positive=not may_be_zero, minimum=0)
+
+
+def _with_overrides(cls: type, base: Any, overrides: Any, where: str) -> Any:
+    overrides = _mapping(overrides, where)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
-    return replace(base, **overrides)
+    typed = {key: _typed_override(cls, key, value, f"{where}.{key}") for key, value in overrides.items()}
+    try:
+        return replace(base, **typed)
+    except ValueError as error:  # a range check of CostConstants
+        raise ValueError(f"{where}: {error}") from None
 
 
 def load_topology_file(path: str | Path) -> TPUTopology:
     """A topology from YAML/JSON: ``slice`` (e.g. "v5p-64") or ``generation`` + ``shape``, optional
     ``num_slices``, ``chip`` (overrides of ``ChipGeneration`` fields; ``hbm_gib`` accepted for
-    ``hbm_bytes``) and ``costs`` (overrides of ``CostConstants``)."""
+    ``hbm_bytes``) and ``costs`` (overrides of ``CostConstants``). Errors name the file and key."""
     path = Path(path)
-    data = _read_mapping(path)
+    data = _mapping(read_structured(path), f"{path}: a topology file")
     allowed = {"slice", "generation", "shape", "num_slices", "chip", "costs", "name"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ValueError(f"{path}: unknown topology keys {unknown}; known: {sorted(allowed)}")
-    num_slices = int(data.get("num_slices", 1))
+    num_slices = file_number(data.get("num_slices", 1), f"{path}: num_slices", integer=True, positive=True)
     if "slice" in data:
-        base = parse_accelerator_type(str(data["slice"]), num_slices)
+        name = str(data["slice"])
     elif "generation" in data and "shape" in data:
-        base = parse_accelerator_type(f"{data['generation']}-{data['shape']}", num_slices)
+        name = f"{data['generation']}-{data['shape']}"
     else:
         raise ValueError(f"{path}: give 'slice' (e.g. v5p-64) or both 'generation' and 'shape'")
-    chip_overrides = dict(data.get("chip") or {})
+    try:
+        base = parse_accelerator_type(name, num_slices)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    chip_overrides = dict(_mapping(data.get("chip") or {}, f"{path}: chip"))
     if "hbm_gib" in chip_overrides:
-        chip_overrides["hbm_bytes"] = int(float(chip_overrides.pop("hbm_gib")) * GIB)
+        gib = file_number(chip_overrides.pop("hbm_gib"), f"{path}: chip.hbm_gib", positive=True)
+        chip_overrides["hbm_bytes"] = int(gib * GIB)
     chip = _with_overrides(ChipGeneration, base.chip, chip_overrides, f"{path}: chip")
-    costs = _with_overrides(CostConstants, base.costs, dict(data.get("costs") or {}), f"{path}: costs")
-    return TPUTopology(chip, base.shape, num_slices, costs)
+    costs = _with_overrides(CostConstants, base.costs, data.get("costs") or {}, f"{path}: costs")
+    try:
+        return TPUTopology(chip, base.shape, num_slices, costs)
+    except ValueError as error:  # the overridden chip does not fit the slice
+        raise ValueError(f"{path}: {error}") from None
 
 
 def resolve_topology(spec: str, num_slices: int = 1) -> TPUTopology:

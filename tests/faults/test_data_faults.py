@@ -3,6 +3,7 @@ complete one, a full disk leaves no ``.tmp`` part, readers refuse incomplete or 
 
 from __future__ import annotations
 
+import gzip
 import json
 import resource
 import signal
@@ -17,7 +18,9 @@ from pipelines.convert import convert_to_parquet
 from pipelines.dataset_dir import COMPLETE_MARKER, INCOMPLETE_MARKER, IncompleteDatasetError
 from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
 from pipelines.schema import CRITEO
-from tests.faults.helpers import assert_clean_error, cli_command, cli_env, write_sample_tsv
+from pipelines.text_blocks import LineTooLongError
+from pipelines.text_reader import BadRowError
+from tests.faults.helpers import assert_clean_error, cli_command, cli_env, sample_tsv_lines, write_sample_tsv
 from torchrec_tpu.cli import main
 
 SIZES = (100,) * len(CRITEO.sparse)
@@ -134,3 +137,41 @@ def test_output_must_be_new_or_empty(tmp_path):
     (tmp_path / "empty").mkdir()
     convert_to_parquet([source], tmp_path / "empty", progress=False)
     assert (tmp_path / "empty" / COMPLETE_MARKER).is_file()
+
+
+def _one_long_line_gz(path: Path, megabytes: int) -> Path:
+    """A .gz of one line of ``megabytes`` MiB (about 1 KiB of .gz per MiB)."""
+    with gzip.open(path, "wb", compresslevel=9) as out:
+        out.write(b"1\t")
+        for _ in range(megabytes):
+            out.write(b"x" * (1 << 20))
+        out.write(b"\n")
+    return path
+
+
+def test_convert_of_a_line_longer_than_the_limit_exits_at_once(tmp_path):
+    # Arrow's CSV reader used to decompress and transcode in its read-ahead thread; leaving after
+    # the error deadlocked at exit (or crashed). Now one error line naming the flag, then exit.
+    source = _one_long_line_gz(tmp_path / "day.tsv.gz", 300)
+    started = time.monotonic()
+    done = subprocess.run(cli_command("data", "convert", str(source), "-o", str(tmp_path / "out"),
+                                      "--no-progress"),
+                          env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - started < 60
+    assert_clean_error(done.returncode, done.stderr, f"{source}:1", "line longer than 67108864 bytes",
+                       "--max-line-bytes")
+    assert not (tmp_path / "out").exists()
+
+
+def test_lines_longer_than_the_read_block_are_read_whole(tmp_path):
+    lines = sample_tsv_lines()
+    source = tmp_path / "day.tsv.gz"
+    source.write_bytes(gzip.compress(("\n".join(lines[:20]) + "\n1\t" + "7" * 100_000 + "\n").encode()))
+    with pytest.raises(BadRowError, match=rf"{source}:21: expected 40 columns, got 2"):
+        convert_to_parquet([source], tmp_path / "bad", block_size=1024, progress=False)
+    report = convert_to_parquet([source], tmp_path / "skip", block_size=1024, progress=False,
+                                on_bad_row="skip")
+    assert (report.rows_written, report.rows_skipped) == (20, 1)
+    with pytest.raises(LineTooLongError, match=rf"{source}:21: line longer than 50000 bytes"):
+        convert_to_parquet([source], tmp_path / "cap", block_size=1024, progress=False,
+                           max_line_bytes=50_000)

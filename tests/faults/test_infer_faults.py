@@ -81,3 +81,32 @@ def test_killed_driver_leaves_no_ray_processes_or_directory(tmp_path_factory, tm
         subprocess.run(["kill", "-9", str(pid)])
     assert not left, f"Ray processes {left} outlived the killed driver"
     assert not Path(directory).exists(), f"{directory} was not removed"
+
+
+def test_rerun_redoes_parts_of_a_rewritten_input(tmp_path_factory, tmp_path):
+    """The input rewritten with the same row groups (its rows reversed): the rerun says so and
+    predicts that file's parts again instead of keeping the old predictions."""
+    data, root = shared_run(tmp_path_factory)
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy)
+    (copy / "_COMPLETE.json").unlink()
+    out = tmp_path / "out"
+    args = ("infer", "--data", str(copy), "--checkpoint", str(root), "--output", str(out), "--no-progress")
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p.name: pq.read_table(p) for p in sorted(out.glob("part-*.parquet"))}
+    part = copy / "part-00001.parquet"
+    table = pq.read_table(part)
+    pq.write_table(table.take(list(reversed(range(table.num_rows)))), part,
+                   row_group_size=pq.ParquetFile(part).metadata.row_group(0).num_rows)
+    second = run_cli(*args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"warning: {part} changed since its predictions" in second.stderr
+    assert "redoing its 2 part(s)" in second.stderr
+    assert "2 written, 4 already done" in second.stdout
+    after = {p.name: pq.read_table(p) for p in sorted(out.glob("part-*.parquet"))}
+    redone = ("part-000002.parquet", "part-000003.parquet")  # the second file's two row groups
+    assert {n for n in before if not after[n].equals(before[n])} <= set(redone)
+    old = np.concatenate([before[n].column("prediction").to_numpy() for n in redone])
+    new = np.concatenate([after[n].column("prediction").to_numpy() for n in redone])
+    np.testing.assert_allclose(new, old[::-1], rtol=1e-5)

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -27,6 +28,7 @@ import pyarrow as pa
 from pipelines.bad_values import POLICIES, BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
 from pipelines.parquet_reader import open_parquet, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
+from torchrec_tpu.inference.input_identity import input_identity
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 
 PREDICTION_COLUMN = "prediction"
@@ -88,8 +90,8 @@ class InferenceSummary:
 
 
 def _unit_of(units: dict[str, np.ndarray], i: int) -> Unit:
-    return Unit(*(int(units[k][i]) if k != "path" else str(units[k][i])
-                  for k in ("ordinal", "path", "row_group", "first_row", "num_rows")))
+    return Unit(*(str(units[k][i]) if k in ("path", "input_id") else int(units[k][i])
+                  for k in ("ordinal", "path", "row_group", "first_row", "num_rows", "input_id")))
 
 
 class Predictor:
@@ -150,6 +152,9 @@ class Predictor:
         done, skipped, clamped, listed = [], [], [], []
         for i in range(len(units["ordinal"])):
             unit = _unit_of(units, i)
+            # checked before reading, so a part never records an identity newer than its rows
+            if input_identity(unit.path) != unit.input_id:
+                raise ValueError(f"{unit.path} changed while this job ran; rerun it")
             table = read_row_group(Path(unit.path), unit.row_group, self.config.input_columns)
             if table.num_rows != unit.num_rows:
                 raise ValueError(f"{unit.path} row group {unit.row_group} changed since planning")
@@ -206,7 +211,10 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
     units = plan_units(config.data, config.input_columns, config.schema)
     output = Path(config.output)
     claim_output_dir(output, units, Path(config.checkpoint))
-    todo = pending_units(output, units)
+    todo, changed = pending_units(output, units)
+    for path, parts in Counter(unit.path for unit in changed).items():
+        print(f"warning: {path} changed since its predictions in {output} were written (size, mtime or "
+              f"footer differ): redoing its {parts} part(s)", file=sys.stderr)
     with _exit_on_interrupt():
         return _predict_all(config, units, todo, output, start)
 

@@ -1,9 +1,11 @@
 """Work units of an inference job and their exactly-once bookkeeping in the output directory.
 
 A unit is one input row group. Unit i writes ``part-<i>.parquet`` by writing a temporary file and
-renaming it, so a part either exists complete or not at all. A rerun over the same inputs skips
-the parts that exist; ``_inputs.json`` (written first) pins the unit list, so a rerun with other
-inputs into the same directory is refused instead of mixing two jobs.
+renaming it, so a part either exists complete or not at all. Each part records the identity of its
+input file (:mod:`torchrec_tpu.inference.input_identity`); a rerun over the same inputs skips the
+parts that exist and redoes those whose input changed since. ``_inputs.json`` (written first) pins
+the unit list, so a rerun with other inputs into the same directory is refused instead of mixing
+two jobs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pyarrow.parquet as pq
 
 from pipelines.parquet_reader import check_column_types, list_parquet_files, open_parquet
 from pipelines.schema import CRITEO, DatasetSchema
+from torchrec_tpu.inference.input_identity import METADATA_KEY, input_identity, recorded_identity
 
 MANIFEST = "_inputs.json"
 TMP_PREFIX = ".tmp-"
@@ -31,6 +34,7 @@ class Unit:
     row_group: int
     first_row: int  # global row index (over all inputs, in order) of the group's first row
     num_rows: int
+    input_id: str = ""  # identity of the input file when planned, recorded in the part
 
     @property
     def part_name(self) -> str:
@@ -49,9 +53,10 @@ def plan_units(paths: str | Path | Sequence[str | Path], required_columns: Seque
         if missing:
             raise ValueError(f"{path}: inference needs columns {missing}, which are missing")
         check_column_types(path, parquet_file.schema_arrow, schema, label=False)
+        input_id = input_identity(path)
         for index in range(parquet_file.metadata.num_row_groups):
             rows = parquet_file.metadata.row_group(index).num_rows
-            units.append(Unit(len(units), str(path.resolve()), index, first_row, rows))
+            units.append(Unit(len(units), str(path.resolve()), index, first_row, rows, input_id))
             first_row += rows
     return units
 
@@ -61,7 +66,8 @@ def claim_output_dir(output_dir: Path, units: list[Unit], checkpoint: Path) -> N
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"--output={str(output_dir)!r} is a file; give a directory (created if missing)")
     output_dir.mkdir(parents=True, exist_ok=True)
-    manifest = {"checkpoint": str(checkpoint.resolve()), "units": [asdict(u) for u in units]}
+    layout = [{k: v for k, v in asdict(u).items() if k != "input_id"} for u in units]
+    manifest = {"checkpoint": str(checkpoint.resolve()), "units": layout}
     path = output_dir / MANIFEST
     if path.is_file():
         previous = json.loads(path.read_text())
@@ -76,8 +82,18 @@ def claim_output_dir(output_dir: Path, units: list[Unit], checkpoint: Path) -> N
         stale.unlink()
 
 
-def pending_units(output_dir: Path, units: list[Unit]) -> list[Unit]:
-    return [u for u in units if not (output_dir / u.part_name).is_file()]
+def pending_units(output_dir: Path, units: list[Unit]) -> tuple[list[Unit], list[Unit]]:
+    """(the units to run, those of them whose part exists but was predicted from an input that
+    has changed since: another size, mtime or footer)."""
+    todo, changed = [], []
+    for unit in units:
+        part = output_dir / unit.part_name
+        if not part.is_file():
+            todo.append(unit)
+        elif recorded_identity(part) != unit.input_id:
+            todo.append(unit)
+            changed.append(unit)
+    return todo, changed
 
 
 def write_atomically(path: Path, write) -> None:  # write: Callable[[Path], object]
@@ -88,5 +104,6 @@ def write_atomically(path: Path, write) -> None:  # write: Callable[[Path], obje
 
 def write_part(output_dir: Path, unit: Unit, table: pa.Table) -> Path:
     path = output_dir / unit.part_name
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: unit.input_id})
     write_atomically(path, lambda tmp: pq.write_table(table, tmp))
     return path

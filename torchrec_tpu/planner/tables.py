@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from torchrec_tpu.file_numbers import file_number
 from torchrec_tpu.structured_files import read_structured
 from tpu_facts import COMBINERS, OPTIMIZER_SLOTS
 from tpu_facts import MAX_VOCAB as MAX_ROWS
@@ -61,13 +62,18 @@ class EmbeddingTable:
         return self.pooling_factor * self.num_features
 
 
-_FIELD_TYPES = {"name": str, "rows": int, "dim": int, "pooling_factor": float, "optimizer": str,
-                "num_features": int, "combiner": str, "max_ids_per_partition": int}
+_NUMBER_FIELDS = {"rows": dict(integer=True, positive=True), "dim": dict(integer=True, positive=True),
+                  "pooling_factor": dict(positive=True), "num_features": dict(integer=True, positive=True),
+                  "max_ids_per_partition": dict(integer=True, positive=True)}
 _ALIASES = {"num_embeddings": "rows", "vocab_size": "rows", "embedding_dim": "dim", "pooling": "pooling_factor"}
 
 
-def table_from_mapping(raw: Mapping[str, Any], where: str = "table") -> EmbeddingTable:
-    """An ``EmbeddingTable`` from a dict (file row); accepts TorchRec/sparsecore key aliases."""
+def table_from_mapping(raw: Any, where: str = "table") -> EmbeddingTable:
+    """An ``EmbeddingTable`` from a dict (file row); accepts TorchRec/sparsecore key aliases.
+    Errors name ``where``, the table and the key."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a mapping of table fields (name, rows, dim, ...), "
+                         f"got {raw!r:.80}")
     data = {_ALIASES.get(k, k): v for k, v in raw.items() if v not in (None, "")}
     known = {f.name for f in fields(EmbeddingTable)}
     unknown = sorted(set(data) - known)
@@ -76,20 +82,15 @@ def table_from_mapping(raw: Mapping[str, Any], where: str = "table") -> Embeddin
     missing = [k for k in ("name", "rows", "dim") if k not in data]
     if missing:
         raise ValueError(f"{where}: missing required keys {missing}")
-    try:
-        typed = {k: _FIELD_TYPES[k](v) if k != "rows" else _as_int(v) for k, v in data.items()}
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{where} ({data.get('name')!r}): {err}") from None
+    where = f"{where} ({data['name']!r})"
+    typed = {k: file_number(v, f"{where}: {k}", **_NUMBER_FIELDS[k]) if k in _NUMBER_FIELDS else str(v)
+             for k, v in data.items()}
     if "optimizer" in typed:
         typed["optimizer"] = typed["optimizer"].lower()
-    return EmbeddingTable(**typed)
-
-
-def _as_int(value: Any) -> int:
-    as_float = float(value)
-    if as_float != int(as_float):
-        raise ValueError(f"rows must be a whole number, got {value!r}")
-    return int(as_float)
+    try:
+        return EmbeddingTable(**typed)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
 
 
 def tables_from_configs(configs: Iterable[Any], pooling_factors: Mapping[str, float] | None = None,
@@ -157,7 +158,7 @@ def load_tables_file(path: str | Path) -> list[EmbeddingTable]:
             raise ValueError(f"{path}: expected a list of tables or a mapping with a 'tables' list")
     else:
         raise ValueError(f"{path}: unsupported tables file type {suffix!r}; use .yaml, .json or .csv")
-    tables = [table_from_mapping(row, f"{path.name} entry {i}") for i, row in enumerate(rows)]
+    tables = [table_from_mapping(row, f"{path}: entry {i}") for i, row in enumerate(rows)]
     _require_unique_names(tables)
     return tables
 
