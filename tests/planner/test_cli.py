@@ -82,12 +82,23 @@ def test_python_model_target(tmp_path, monkeypatch):
     assert [t.name for t in load_plan(out).tables] == ["t0", "t1"]
 
 
-def test_infeasible_table_exits_nonzero_and_names_it(tmp_path, capsys):
+def test_infeasible_table_exits_2_and_names_it_once(tmp_path, capsys):
     yaml = tmp_path / "t.yaml"
     yaml.write_text("- {name: giant, rows: 2000000000, dim: 256, optimizer: adam}\n")
-    assert main(["--tables", str(yaml), "--topology", "v6e-8", "--batch-size", "64"]) == 1
+    assert main(["--tables", str(yaml), "--topology", "v6e-8", "--batch-size", "64"]) == 2
     err = capsys.readouterr().err
-    assert "'giant'" in err and "shortfall" in err and "GiB" in err
+    assert err.count("error:") == 1 and err.startswith("torchrec-tpu plan: error: table 'giant'")
+    assert "shortfall" in err and "GiB" in err
+
+
+def test_compare_failures_are_reported_once(capsys):
+    code = main(["--tables", str(DLRM_TABLES), "--compare", "v5p-8,v5p-64", "--batch-size", "65536",
+                 "--max-ids-per-partition", "256"])
+    assert code == 2
+    captured = capsys.readouterr()
+    assert captured.out.count("no plan:") == 2  # each topology's reason, in the comparison table
+    assert captured.err.strip().splitlines() == ["torchrec-tpu plan: error: no plan for v5p-8, v5p-64 (reasons in "
+                                                 "the table above)"]
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ def assemble_plan(options: TableOptions, tables: Sequence[EmbeddingTable], choic
         hbm = o.uniform.hbm_bytes * d + sum(s.load.hbm_bytes for s in o.shards)
         table_plans.append(TablePlan(t.name, t.rows, t.dim, o.padded_dim, o.kind.value, t.optimizer, shards,
                                      _stack_name(o.stack_key, shards[0].device if o.shards else None),
-                                     int(hbm), o.total_time_s(d), o.ids_per_partition))
+                                     int(hbm), o.total_time_s(d), o.ids_per_partition, options.id_limit(t)))
     global_stacks = sum(1 for (_, dev) in stacks if dev is None)
     latency = costs.collective_latency_s * ALL_TO_ALLS_PER_STEP * (d > 1)
     devices = []

@@ -49,6 +49,7 @@ class TablePlan:
     hbm_bytes: int  # parameters + slots, all devices together
     est_time_s: float  # summed over devices
     ids_per_partition: float
+    max_ids_per_partition: int = 0  # the id limit it was planned under (0: plans from before it was recorded)
 
 
 @dataclass(frozen=True)
