@@ -59,7 +59,7 @@ def _log_path(command: str) -> Path:
     root = Path(os.environ.get(LOG_DIR_ENV) or Path(tempfile.gettempdir()) / "torchrec-tpu-logs")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
     rank = os.environ.get("RANK")
-    return root / f"{command}-{stamp}-pid{os.getpid()}{f'-rank{rank}' if rank else ''}.log"
+    return root / f"{command.replace(' ', '-')}-{stamp}-pid{os.getpid()}{f'-rank{rank}' if rank else ''}.log"
 
 
 def write_log(command: str, error: BaseException) -> Path | None:

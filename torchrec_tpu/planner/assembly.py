@@ -86,8 +86,8 @@ def _limit_warnings(options: TableOptions, tables: Sequence[EmbeddingTable],
             out.append(
                 f"table {t.name!r}: {best.kind.value} would need {best.ids_per_partition:.0f} ids per SparseCore "
                 f"partition (limit {options.id_limit(t)}); planned {chosen.kind.value} instead at "
-                f"{chosen.total_time_s(d) / best.total_time_s(d):.1f}x the work. Raise "
-                f"max_ids_per_partition to >= {math.ceil(best.ids_per_partition)} (FDO) to allow it"
+                f"{chosen.total_time_s(d) / best.total_time_s(d):.1f}x the work. Raise --max-ids-per-partition (or the "
+                f"table's max_ids_per_partition) to >= {math.ceil(best.ids_per_partition)} to allow it"
             )
     return tuple(out)
 

@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipelines.cli import positive_int
 from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION, MAX_IDS_PER_PARTITION_CEILING
 
 
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="slice name (v5p-64 = 32 chips, v6e-64 = 64 chips, tpu7x-64 = 32 chips) or topology file")
     parser.add_argument("--slices", type=int, default=1, metavar="N",
                         help="number of slices joined by DCN (multislice)")
-    parser.add_argument("--batch-size", type=int, default=65536, metavar="N", help="global batch size")
+    parser.add_argument("--batch-size", type=positive_int, default=65536, metavar="N", help="global batch size")
     parser.add_argument("--dense-params", type=int, default=0, metavar="N",
                         help="parameters of the data-parallel dense towers: the plan prices their float32 "
                              "gradient all-reduce, hierarchical with --slices > 1 (ICI within each slice, then "
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mean ids per sample: 'F' for every table or 'TABLE=F'; repeatable (default: the "
                              "tables file's pooling_factor, else 1)")
     parser.add_argument("--optimizer", default="sgd", help="optimizer for tables from a Python model")
-    parser.add_argument("--max-ids-per-partition", type=int, default=None, metavar="N",
+    parser.add_argument("--max-ids-per-partition", type=positive_int, default=None, metavar="N",
                         help="SparseCore per-partition id limit of every table; a table's own "
                              "max_ids_per_partition (file column, sparsecore spec) takes precedence (default: per "
                              "table from its pooling factor and the batch, as FDO would set it, at most "
@@ -89,8 +90,6 @@ def run(args: argparse.Namespace) -> int:
         topologies = [resolve_topology(n, args.slices) for n in names]
         if args.dense_params < 0:
             raise ValueError(f"--dense-params {args.dense_params}: must be >= 0")
-        if args.max_ids_per_partition is not None and args.max_ids_per_partition < 1:
-            raise ValueError(f"--max-ids-per-partition {args.max_ids_per_partition}: must be >= 1")
     except (ValueError, FileNotFoundError, ImportError, TypeError) as err:
         return report_user_error("plan", err)
 
