@@ -66,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:  # reported with the usage of the (sub)command they were given to
         _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     label = _chosen_parser(parser, args).prog.removeprefix("torchrec-tpu ")  # "data convert", say
+    from torchrec_tpu.log_setup import configure_logging
+
+    configure_logging(label)
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

@@ -28,6 +28,7 @@ from pipelines.bad_values import POLICIES, BadValueCounts, BadValueLog, Source, 
 from pipelines.parquet_reader import open_parquet, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
+from torchrec_tpu.log_setup import WORKER_SETUP
 
 PREDICTION_COLUMN = "prediction"
 
@@ -214,13 +215,13 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
 def _predict_all(config: InferenceConfig, units: list[Unit], todo: list[Unit], output: Path,
                  start: float) -> InferenceSummary:
     import ray.data
-    from tqdm import tqdm
 
+    from pipelines.progress import progress_bar
     from pipelines.ray_data import local_ray
 
     rows_done, bad_values = 0, BadValueCounts()
-    with local_ray(num_cpus=config.num_cpus), tqdm(
-        total=sum(u.num_rows for u in todo), desc="infer", unit="row", disable=not config.progress
+    with local_ray(num_cpus=config.num_cpus, worker_setup=WORKER_SETUP), progress_bar(
+        total=sum(u.num_rows for u in todo), desc="infer", unit="row", enabled=config.progress
     ) as bar:
         if todo:
             threads = max(1, config.num_cpus // config.concurrency)
