@@ -146,3 +146,20 @@ def test_dense_params_price_the_hierarchical_all_reduce(tmp_path, capsys):
     assert f"DCN {dcn * 1e6:,.1f} us" in text and f"ICI {ici * 1e6:,.1f} us" in text
     assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--dense-params", "-1"]) == 2
     assert "--dense-params -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda d: d.pop("tables"), "'tables' is a required property (at the top level)"),
+    (lambda d: d.update(format="torchrec_tpu.plan/v0"), "(format='torchrec_tpu.plan/v0')"),
+    (lambda d: d["tables"][0].update(sharding_type="diagonal"), "(at .tables[0].sharding_type)"),
+    (lambda d: d["devices"][1].update(hbm_bytes=-1), "(at .devices[1].hbm_bytes)"),
+])
+def test_load_plan_checks_the_json_schema(tmp_path, change, fragment):
+    out = tmp_path / "plan.json"
+    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--batch-size", "1024", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    change(data)
+    out.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="not a (valid )?torchrec_tpu.plan/v1 plan") as info:
+        load_plan(out)
+    assert fragment in str(info.value)
