@@ -1,18 +1,22 @@
 """``torchrec-tpu data``: prepare datasets (``convert`` text logs to Parquet, ``generate`` synthetic).
 
 Follows the CLI contract: ``add_arguments(parser)`` and ``run(args) -> int``; pyarrow, numpy and
-the rest are imported inside ``run`` so ``--help`` stays fast.
+the rest are imported inside ``run`` so ``--help`` stays fast. Errors propagate to
+``torchrec_tpu.cli.main``, which prints them as ``torchrec-tpu data convert: error: ...`` (rc 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an int > 0 (argparse names the flag in its error line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return value
@@ -20,9 +24,9 @@ def _positive_int(text: str) -> int:
 
 def _add_output_arguments(parser: argparse.ArgumentParser, rows_per_file: int, row_group_size: int) -> None:
     parser.add_argument("--output", "-o", type=Path, required=True, help="empty output directory")
-    parser.add_argument("--rows-per-file", type=_positive_int, default=rows_per_file, metavar="N",
+    parser.add_argument("--rows-per-file", type=positive_int, default=rows_per_file, metavar="N",
                         help="rows per Parquet file")
-    parser.add_argument("--row-group-size", type=_positive_int, default=row_group_size, metavar="N",
+    parser.add_argument("--row-group-size", type=positive_int, default=row_group_size, metavar="N",
                         help="rows per Parquet row group")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="show a tqdm progress bar")
@@ -47,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop at the first malformed row or count and skip such rows",
     )
     convert.add_argument(
-        "--max-line-bytes", type=_positive_int, metavar="N",
+        "--max-line-bytes", type=positive_int, metavar="N",
         help="longest input line read; a longer one stops the conversion (default: 64 MiB)",
     )
 
@@ -57,11 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="Write a deterministic synthetic Criteo-like dataset as Parquet.",
     )
     _add_output_arguments(generate, rows_per_file=1 << 18, row_group_size=1 << 16)
-    generate.add_argument("--rows", type=_positive_int, default=1_000_000, metavar="N",
+    generate.add_argument("--rows", type=positive_int, default=1_000_000, metavar="N",
                           help="rows to generate")
     generate.add_argument("--seed", type=int, default=0, metavar="N", help="random seed")
     generate.add_argument(
-        "--max-cardinality", type=_positive_int, default=100_000,
+        "--max-cardinality", type=positive_int, default=100_000,
         metavar="N", help="cap on each MLPerf DLRM-DCNv2 table size",
     )
     generate.add_argument("--zipf-exponent", type=float, default=1.05, metavar="X",
@@ -97,20 +101,16 @@ def _convert(args: argparse.Namespace) -> int:
     from pipelines.text_reader import CSV, TSV
 
     text_format = {"auto": None, "tsv": TSV, "csv": CSV}[args.format]
-    try:
-        report = convert_to_parquet(
-            args.inputs,
-            args.output,
-            text_format=text_format,
-            on_bad_row=args.on_bad_row,
-            rows_per_file=args.rows_per_file,
-            row_group_size=args.row_group_size,
-            progress=args.progress,
-            **({} if args.max_line_bytes is None else {"max_line_bytes": args.max_line_bytes}),
-        )
-    except (ValueError, OSError) as error:  # malformed rows (BadRowError), bad header, files
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    report = convert_to_parquet(  # malformed rows (BadRowError), a bad header, files: the CLI's one error line
+        args.inputs,
+        args.output,
+        text_format=text_format,
+        on_bad_row=args.on_bad_row,
+        rows_per_file=args.rows_per_file,
+        row_group_size=args.row_group_size,
+        progress=args.progress,
+        **({} if args.max_line_bytes is None else {"max_line_bytes": args.max_line_bytes}),
+    )
     print(report.summary())
     for bad_row in report.bad_rows:
         print(f"  skipped {bad_row}")
@@ -123,21 +123,24 @@ def _generate(args: argparse.Namespace) -> int:
     from pipelines.schema import CRITEO
     from pipelines.synthetic import SyntheticConfig, generate
 
-    try:
-        config = SyntheticConfig(
-            multi_hot_sizes=_multi_hot_sizes(args.multi_hot_sizes, len(CRITEO.sparse)),
-            num_rows=args.rows,
-            seed=args.seed,
-            max_cardinality=args.max_cardinality,
-            zipf_exponent=args.zipf_exponent,
-            multi_hot=tuple(name for name in args.multi_hot.split(",") if name),
-            rows_per_file=args.rows_per_file,
-            row_group_size=args.row_group_size,
-        )
-        files = generate(config, args.output, progress=args.progress)
-    except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    if args.zipf_exponent < 0:
+        raise ValueError(f"--zipf-exponent {args.zipf_exponent}: must be >= 0")
+    multi_hot = tuple(name for name in args.multi_hot.split(",") if name)
+    unknown = sorted(set(multi_hot) - set(CRITEO.sparse))
+    if unknown:
+        raise ValueError(f"--multi-hot {args.multi_hot}: {', '.join(unknown)} not categorical columns "
+                         f"(C1 .. C{len(CRITEO.sparse)})")
+    config = SyntheticConfig(
+        multi_hot_sizes=_multi_hot_sizes(args.multi_hot_sizes, len(CRITEO.sparse)),
+        num_rows=args.rows,
+        seed=args.seed,
+        max_cardinality=args.max_cardinality,
+        zipf_exponent=args.zipf_exponent,
+        multi_hot=multi_hot,
+        rows_per_file=args.rows_per_file,
+        row_group_size=args.row_group_size,
+    )
+    files = generate(config, args.output, progress=args.progress)
     print(f"wrote {config.num_rows} rows to {len(files)} Parquet files in {args.output}")
     print(f"table sizes (num_embeddings_per_feature): {','.join(map(str, config.table_sizes))}")
     return 0

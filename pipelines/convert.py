@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from tqdm import tqdm
-
 from pipelines.dataset_dir import staged_dataset
 from pipelines.parquet_writer import ParquetShardWriter, written_rows
+from pipelines.progress import progress_bar
 from pipelines.schema import CRITEO, DatasetSchema
 from pipelines.text_blocks import DEFAULT_MAX_LINE_BYTES
 from pipelines.text_reader import BadRow, BadRowPolicy, TextFormat, TextReader
@@ -62,8 +61,8 @@ def convert_to_parquet(
     report = ConversionReport(files=[])
     total_bytes = sum(p.stat().st_size for p in paths)
     with staged_dataset(output_dir) as staged:
-        with tqdm(
-            total=total_bytes, unit="B", unit_scale=True, desc="convert", disable=not progress
+        with progress_bar(
+            total=total_bytes, unit="B", unit_scale=True, desc="convert", enabled=progress
         ) as bar, ParquetShardWriter(
             staged.path, schema.arrow_schema(), rows_per_file, row_group_size
         ) as writer:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
@@ -58,6 +59,7 @@ MODEL_LAYOUT_COLUMNS = ("label", "dense", "lengths", "ids")
 def local_ray(
     num_cpus: int = DEFAULT_NUM_CPUS, object_store_memory: int = DEFAULT_OBJECT_STORE_BYTES,
     log_to_driver: bool = False,
+    worker_setup: str = "pipelines.ray_data.pin_ray_address",
 ) -> Iterator[None]:
     """A private Ray instance in this process for the ``with`` body, shut down at exit.
 
@@ -66,7 +68,13 @@ def local_ray(
     temporary directory that a watchdog removes, with every Ray process, when this process exits
     in any way, SIGKILL included (:mod:`pipelines.ray_session`). Ray logs only errors here; its
     own logs stay in the session directory while it runs. ``log_to_driver``: the workers' output
-    is printed here too (Ray Train's ranks).
+    is printed here too (Ray Train's ranks). ``worker_setup``: the import path of Ray's
+    ``worker_process_setup_hook``, run in every worker; it must call :func:`pin_ray_address`.
+
+    The instance is pinned as the one this job talks to (``RAY_ADDRESS``, here and in its workers):
+    code that looks a Ray instance up by itself, such as Ray Train's placement-group cleaner,
+    would otherwise fail with "Found multiple active Ray instances" beside another instance on
+    the host, or attach to that one.
     """
     import logging
 
@@ -89,12 +97,39 @@ def local_ray(
             log_to_driver=log_to_driver,
             logging_level=logging.ERROR,
             logging_config=ray.LoggingConfig(log_level="ERROR"),  # the workers' loggers too
+            runtime_env={"worker_process_setup_hook": worker_setup},
             _temp_dir=temp_dir,
         )
         try:
-            yield
+            with pinned_ray_address():
+                yield
         finally:
             ray.shutdown()
+
+
+RAY_ADDRESS = "RAY_ADDRESS"
+
+
+@contextlib.contextmanager
+def pinned_ray_address() -> Iterator[None]:
+    """:func:`pin_ray_address` for the ``with`` body; ``RAY_ADDRESS`` as it was afterwards."""
+    previous = os.environ.get(RAY_ADDRESS)
+    pin_ray_address()
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(RAY_ADDRESS, None)
+        else:
+            os.environ[RAY_ADDRESS] = previous
+
+
+def pin_ray_address() -> None:
+    """Point ``RAY_ADDRESS`` of this process (driver or worker, connected to Ray) at its own Ray
+    instance, so that nothing in it looks for, or finds, another instance on the host."""
+    import ray
+
+    os.environ[RAY_ADDRESS] = ray.get_runtime_context().gcs_address
 
 
 def default_device() -> torch.device:

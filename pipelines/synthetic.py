@@ -34,10 +34,10 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-from tqdm import tqdm
 
 from pipelines.dataset_dir import staged_dataset
 from pipelines.parquet_writer import ParquetShardWriter
+from pipelines.progress import progress_bar
 from pipelines.schema import CRITEO, DatasetSchema, criteo_schema
 
 GENERATOR_VERSION = 1
@@ -242,12 +242,12 @@ def generate(config: SyntheticConfig, output_dir: str | Path, progress: bool = T
     with staged_dataset(output_dir) as staged, ParquetShardWriter(
         staged.path, generator.arrow_schema, config.rows_per_file, config.row_group_size
     ) as writer:
-        for batch in tqdm(
+        for batch in progress_bar(
             generator.row_groups(),
             total=generator.num_row_groups,
             unit="row group",
             desc="generate",
-            disable=not progress,
+            enabled=progress,
         ):
             writer.write(batch)
     return staged.files

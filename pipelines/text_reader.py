@@ -66,7 +66,7 @@ class BadRowError(ValueError):
     """A malformed row under ``on_bad_row="error"``."""
 
     def __init__(self, bad_row: BadRow) -> None:
-        super().__init__(f"{bad_row} (pass on_bad_row='skip' to count and skip such rows)")
+        super().__init__(f"{bad_row} (--on-bad-row skip counts and skips such rows)")
         self.bad_row = bad_row
 
 

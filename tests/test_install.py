@@ -62,3 +62,13 @@ def test_documented_pip_install_trains_in_a_fresh_venv(tmp_path):
     assert train.returncode == 0, train.stderr[-3000:]
     assert "eval AUC" in train.stdout
     assert (run_dir / "log" / "checkpoint" / "latest").exists()
+
+
+def test_alias_pins_the_fbgemm_gpu_cpu_of_the_project():
+    """pip resolves the one fbgemm-gpu-cpu both name at once (no download of a newer release first)."""
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    alias = tomllib.loads((REPO_ROOT / "packaging" / "fbgemm-gpu-cpu-alias" / "pyproject.toml").read_text())
+    pin = next(d for d in project if d.startswith("fbgemm-gpu-cpu"))
+    assert pin == "fbgemm-gpu-cpu==1.8.0" and alias["project"]["dependencies"] == [pin]

@@ -53,8 +53,8 @@ def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; any exception it lets through becomes one ``error:`` line and rc 1
-    (:func:`torchrec_tpu.errors.report_failure`), Ctrl-C rc 130."""
+    """Run one subcommand; any exception it lets through becomes one ``torchrec-tpu CMD: error:`` line,
+    rc 2 for a user error and 1 otherwise (:func:`torchrec_tpu.errors.report_failure`), Ctrl-C rc 130."""
     argv = list(sys.argv[1:] if argv is None else argv)
     from torchrec_tpu.launcher import die_with_parent, under_torchrun
 
@@ -65,15 +65,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # reported with the usage of the (sub)command they were given to
         _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    label = _chosen_parser(parser, args).prog.removeprefix("torchrec-tpu ")  # "data convert", say
+    from torchrec_tpu.log_setup import configure_logging
+
+    configure_logging(label)
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
-        print(f"torchrec-tpu {command}: interrupted", file=sys.stderr)
+        print(f"torchrec-tpu {label}: interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001  (the one place every failure is reported)
         from torchrec_tpu.errors import report_failure
 
-        rc = report_failure(str(command), error)
+        rc = report_failure(label, error)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             # A failed rank leaves now: tearing down while background threads still sit in
             # collectives with peers that are gone aborts the process (SIGABRT, rc 134).

@@ -1,5 +1,6 @@
-"""How the ``torchrec-tpu`` CLI reports a failure: one ``error:`` line on stderr, rc 1, and the full
-traceback in a log file (its path on the next line) instead of on the terminal.
+"""How the ``torchrec-tpu`` CLI reports a failure: one ``torchrec-tpu CMD: error:`` line on stderr, rc 2
+for a user error (rc 1 otherwise), and the full traceback in a log file (its path on the next line)
+instead of on the terminal.
 
 Errors raised inside Ray workers arrive wrapped in Ray's exception types, whose text embeds every
 worker traceback; the line shows the original exception's message instead. Exceptions outside the
@@ -17,6 +18,7 @@ import traceback
 from pathlib import Path
 
 MAX_MESSAGE_CHARS = 600
+USER_ERROR = 2  # exit code of a user error (bad flag, file or value); argparse's own code for bad flags
 LOG_DIR_ENV = "TORCHREC_TPU_ERROR_LOG_DIR"
 
 
@@ -57,7 +59,7 @@ def _log_path(command: str) -> Path:
     root = Path(os.environ.get(LOG_DIR_ENV) or Path(tempfile.gettempdir()) / "torchrec-tpu-logs")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
     rank = os.environ.get("RANK")
-    return root / f"{command}-{stamp}-pid{os.getpid()}{f'-rank{rank}' if rank else ''}.log"
+    return root / f"{command.replace(' ', '-')}-{stamp}-pid{os.getpid()}{f'-rank{rank}' if rank else ''}.log"
 
 
 def write_log(command: str, error: BaseException) -> Path | None:
@@ -71,18 +73,33 @@ def write_log(command: str, error: BaseException) -> Path | None:
     return path
 
 
+def print_error(command: str, message: str) -> None:
+    """The one error line every subcommand prints: ``torchrec-tpu CMD: error: MESSAGE``."""
+    print(f"torchrec-tpu {command}: error: {message}", file=sys.stderr)
+
+
+def report_user_error(command: str, error: BaseException) -> int:
+    """Print ``error`` (a bad flag, file or value) as the one error line; returns USER_ERROR, 2."""
+    print_error(command, one_line(root_cause(error)))
+    return USER_ERROR
+
+
 def report_failure(command: str, error: BaseException) -> int:
-    """Print the one-line report of ``error`` (log path below it) and return the exit code, 1."""
+    """Print the one-line report of ``error`` (log path below it) and return the exit code: 2 for
+    the user-error families, 1 for collectives that failed and internal errors."""
     cause = root_cause(error)
     message = one_line(cause)
+    rc = 1
     if isinstance(cause, CollectiveError):  # names the collective and the ranks already
         pass
     elif isinstance(cause, RuntimeError) and ("gloo" in message or "tpu_dist" in message):  # a peer failed
         message = f"a collective with the other ranks failed (see their errors): {message}"
     elif not is_user_error(cause):
         message = f"internal error ({type(cause).__name__}): {message}"
+    else:
+        rc = USER_ERROR
     log = write_log(command, error)
-    print(f"torchrec-tpu {command}: error: {message}", file=sys.stderr)
+    print_error(command, message)
     if log is not None:
         print(f"  (full traceback in {log})", file=sys.stderr)
-    return 1
+    return rc

@@ -14,6 +14,7 @@ from tpu_facts.layout import (
     ALIGNMENT,
     COMBINERS,
     DEFAULT_MAX_IDS_PER_PARTITION,
+    MAX_IDS_PER_PARTITION_CEILING,
     MAX_VOCAB,
     OPTIMIZER_SLOTS,
     PADDING_ID,
@@ -23,7 +24,8 @@ from tpu_facts.layout import (
 from tpu_facts.slices import DeviceCounts, Slice, check_mod_sharding
 
 __all__ = [
-    "ALIGNMENT", "CHIP_GENERATIONS", "COMBINERS", "DEFAULT_MAX_IDS_PER_PARTITION", "GIB", "MAX_VOCAB",
+    "ALIGNMENT", "CHIP_GENERATIONS", "COMBINERS", "DEFAULT_MAX_IDS_PER_PARTITION", "GIB",
+    "MAX_IDS_PER_PARTITION_CEILING", "MAX_VOCAB",
     "OPTIMIZER_SLOTS", "PADDING_ID", "ChipGeneration", "DeviceCounts", "ShardingKind", "Slice", "check_mod_sharding",
     "chip_generation", "round_up",
 ]

@@ -3,7 +3,8 @@
 Values follow jax-tpu-embedding 0.1.0: rows and dims are padded to multiples of ``ALIGNMENT``;
 ids travel as int32 and ``PADDING_ID`` (2^31-1) marks padding, so a table holds at most
 ``MAX_VOCAB`` rows; one SparseCore takes at most ``DEFAULT_MAX_IDS_PER_PARTITION`` ids from one
-source SparseCore per step unless a table says otherwise. ``ShardingKind`` names how a table is
+source SparseCore per step unless a table says otherwise, and never more than
+``MAX_IDS_PER_PARTITION_CEILING``. ``ShardingKind`` names how a table is
 split over devices (the planner's and the sharded modules' one vocabulary); ``OPTIMIZER_SLOTS``
 the slot tables each SparseCore optimizer keeps next to a table's weights.
 """
@@ -16,6 +17,10 @@ ALIGNMENT = 8
 PADDING_ID = 2**31 - 1
 MAX_VOCAB = PADDING_ID
 DEFAULT_MAX_IDS_PER_PARTITION = 256
+# The largest id limit the planner sets by itself. jax-tpu-embedding publishes no maximum (its FDO
+# raises limits to the observed maxima, bounded by one SparseCore's SPMEM); this cap is our assumption,
+# and an explicit --max-ids-per-partition or a table's own limit may exceed it.
+MAX_IDS_PER_PARTITION_CEILING = 4096
 COMBINERS = ("sum", "mean", "sqrtn")
 
 

@@ -73,7 +73,7 @@ def test_meta_holds_the_model_spec_and_both_formats_load(checkpoint: Path, infer
 
 
 def test_output_schema_and_predictions(ray_session, checkpoint, infer_data, reference_predictions,
-                                       tmp_path: Path) -> None:
+                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     output = tmp_path / "out"
     summary = run_inference(_config(infer_data, checkpoint, output, key_columns=("label", "C1"),
                                     concurrency=2, batch_size=1000))
@@ -88,6 +88,10 @@ def test_output_schema_and_predictions(ray_session, checkpoint, infer_data, refe
     assert table.column("C1").to_pylist() == source.column("C1").to_pylist()
     np.testing.assert_allclose(table.column("prediction").to_numpy(), reference_predictions,
                                rtol=1e-5, atol=1e-6)
+    def no_ray(**_kwargs):
+        raise AssertionError("a rerun with nothing left to do must not start Ray")
+
+    monkeypatch.setattr("pipelines.ray_data.local_ray", no_ray)
     again = run_inference(_config(infer_data, checkpoint, output, key_columns=("label", "C1")))
     assert (again.rows, again.parts_written, again.parts_skipped) == (0, 0, NUM_UNITS)
 

@@ -1,16 +1,12 @@
-import argparse
-
 import pyarrow.parquet as pq
 
-from pipelines import cli
 from pipelines.synthetic import SyntheticConfig
 from tests.pipelines.reference import reference_rows, sample_fields, write_tsv
+from torchrec_tpu.cli import main as cli_main
 
 
 def _run(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="torchrec-tpu data")
-    cli.add_arguments(parser)
-    return cli.run(parser.parse_args(list(argv)))
+    return cli_main(["data", *argv])
 
 
 def test_convert_csv_and_tsv(sample_csv, tmp_path, capsys):
@@ -21,8 +17,10 @@ def test_convert_csv_and_tsv(sample_csv, tmp_path, capsys):
     fields = sample_fields(sample_csv)
     fields[3][7] = "x"  # I7 of line 4
     tsv = write_tsv(fields, tmp_path / "day_0.txt")
-    assert _run("convert", str(tsv), "-o", str(tmp_path / "b"), "--no-progress") == 1
-    assert f"{tsv}:4: column I7" in capsys.readouterr().err
+    assert _run("convert", str(tsv), "-o", str(tmp_path / "b"), "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"torchrec-tpu data convert: error: {tsv}:4: column I7")
+    assert "(--on-bad-row skip counts and skips such rows)" in err
     argv = ["convert", str(tsv), "-o", str(tmp_path / "c"), "--format", "tsv", "--on-bad-row", "skip"]
     assert _run(*argv, "--no-progress") == 0
     out = capsys.readouterr().out
@@ -36,15 +34,14 @@ def test_generate_matches_library_config(tmp_path, capsys):
     config = SyntheticConfig(num_rows=1000, seed=3, max_cardinality=64, multi_hot=("C5",))
     assert table.num_rows == 1000 and table.schema == config.schema.arrow_schema()
     assert ",".join(map(str, config.table_sizes)) in capsys.readouterr().out
-    assert _run("generate", "-o", str(tmp_path / "bad"), "--multi-hot", "I1", "--no-progress") == 1
-    assert "multi_hot names ['I1'] are not categorical" in capsys.readouterr().err
+    assert _run("generate", "-o", str(tmp_path / "bad"), "--multi-hot", "I1", "--no-progress") == 2
+    assert "torchrec-tpu data generate: error: --multi-hot I1: I1 not categorical" in capsys.readouterr().err
 
 
 def test_generate_multi_hot_sizes_writes_exactly_k_ids_per_row(tmp_path, capsys):
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from torchrec_tpu.cli import main as cli_main
 
     sizes = ",".join(str(1 + i % 3) for i in range(26))
     assert cli_main(["data", "generate", "-o", str(tmp_path / "mh"), "--rows", "300", "--rows-per-file", "100",
@@ -58,5 +55,5 @@ def test_generate_multi_hot_sizes_writes_exactly_k_ids_per_row(tmp_path, capsys)
         else:
             lengths = set(pc.list_value_length(column).drop_null().to_pylist())
             assert k in lengths and lengths <= {0, k}  # exactly k ids, or missing (empty)
-    assert cli_main(["data", "generate", "-o", str(tmp_path / "bad"), "--multi-hot-sizes", "2,3"]) == 1
+    assert cli_main(["data", "generate", "-o", str(tmp_path / "bad"), "--multi-hot-sizes", "2,3"]) == 2
     assert "needs one size >= 1 per categorical column (26)" in capsys.readouterr().err

@@ -82,12 +82,23 @@ def test_python_model_target(tmp_path, monkeypatch):
     assert [t.name for t in load_plan(out).tables] == ["t0", "t1"]
 
 
-def test_infeasible_table_exits_nonzero_and_names_it(tmp_path, capsys):
+def test_infeasible_table_exits_2_and_names_it_once(tmp_path, capsys):
     yaml = tmp_path / "t.yaml"
     yaml.write_text("- {name: giant, rows: 2000000000, dim: 256, optimizer: adam}\n")
-    assert main(["--tables", str(yaml), "--topology", "v6e-8", "--batch-size", "64"]) == 1
+    assert main(["--tables", str(yaml), "--topology", "v6e-8", "--batch-size", "64"]) == 2
     err = capsys.readouterr().err
-    assert "'giant'" in err and "shortfall" in err and "GiB" in err
+    assert err.count("error:") == 1 and err.startswith("torchrec-tpu plan: error: table 'giant'")
+    assert "shortfall" in err and "GiB" in err
+
+
+def test_compare_failures_are_reported_once(capsys):
+    code = main(["--tables", str(DLRM_TABLES), "--compare", "v5p-8,v5p-64", "--batch-size", "65536",
+                 "--max-ids-per-partition", "256"])
+    assert code == 2
+    captured = capsys.readouterr()
+    assert captured.out.count("no plan:") == 2  # each topology's reason, in the comparison table
+    assert captured.err.strip().splitlines() == ["torchrec-tpu plan: error: no plan for v5p-8, v5p-64 (reasons in "
+                                                 "the table above)"]
 
 
 @pytest.mark.parametrize(
@@ -135,3 +146,20 @@ def test_dense_params_price_the_hierarchical_all_reduce(tmp_path, capsys):
     assert f"DCN {dcn * 1e6:,.1f} us" in text and f"ICI {ici * 1e6:,.1f} us" in text
     assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--dense-params", "-1"]) == 2
     assert "--dense-params -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda d: d.pop("tables"), "'tables' is a required property (at the top level)"),
+    (lambda d: d.update(format="torchrec_tpu.plan/v0"), "(format='torchrec_tpu.plan/v0')"),
+    (lambda d: d["tables"][0].update(sharding_type="diagonal"), "(at .tables[0].sharding_type)"),
+    (lambda d: d["devices"][1].update(hbm_bytes=-1), "(at .devices[1].hbm_bytes)"),
+])
+def test_load_plan_checks_the_json_schema(tmp_path, change, fragment):
+    out = tmp_path / "plan.json"
+    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--batch-size", "1024", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    change(data)
+    out.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="not a (valid )?torchrec_tpu.plan/v1 plan") as info:
+        load_plan(out)
+    assert fragment in str(info.value)

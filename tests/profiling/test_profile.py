@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from tests.profiling.conftest import PROFILED_STEPS
 from torchrec_tpu.profiling import cli
 from torchrec_tpu.profiling.phases import COLLECTIVES, PHASES
@@ -61,8 +63,10 @@ def test_summary_lists_phases_and_top_ops(profiled) -> None:
 def test_cli_rejects_zero_steps(capsys) -> None:
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    assert cli.run(parser.parse_args(["--steps", "0"])) == 2
-    assert "steps >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--steps", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --steps: must be > 0, got 0" in capsys.readouterr().err
 
 
 def test_cli_profiles_the_training_default_engine() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipelines.cli import positive_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="Parquet file or directory to predict")
@@ -17,10 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="input columns copied into the output next to each prediction (default: none)")
     parser.add_argument("--row-id-column", default="row_id", metavar="NAME",
                         help="name of the global row index column ('' for none)")
-    parser.add_argument("--batch-size", type=int, default=4096, help="rows per forward pass")
-    parser.add_argument("--concurrency", type=int, default=1,
+    parser.add_argument("--batch-size", type=positive_int, default=4096, help="rows per forward pass")
+    parser.add_argument("--concurrency", type=positive_int, default=1,
                         help="predictor actors, each holding one copy of the model")
-    parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray instance")
+    parser.add_argument("--num-cpus", type=positive_int, default=2, help="CPUs of the local Ray instance")
     parser.add_argument("--bad-values", choices=("error", "skip", "clamp"), default="error",
                         help="rows with a dense value that is infinite or beyond float32 (NaN is "
                              "missing, read as 0): error naming file, row and column (default); "
@@ -30,25 +32,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Errors (Ray's wrappers of an actor's error included) go to ``torchrec_tpu.cli.main``: one
+    ``torchrec-tpu infer: error:`` line, rc 2 for bad inputs, the traceback in a log file."""
     from torchrec_tpu.inference.job import InferenceConfig, run_inference
 
-    try:
-        config = InferenceConfig(
-            data=args.data, checkpoint=args.checkpoint, output=args.output,
-            key_columns=tuple(c for c in args.key_columns.split(",") if c),
-            row_id_column=args.row_id_column or None, batch_size=args.batch_size,
-            concurrency=args.concurrency, num_cpus=args.num_cpus, progress=args.progress,
-            bad_values=args.bad_values,
-        )
-        summary = run_inference(config)
-    except (ValueError, FileNotFoundError) as error:  # Ray's wrappers of a worker's error included
-        from torchrec_tpu.errors import one_line, root_cause, write_log
-
-        print(f"torchrec-tpu infer: error: {one_line(root_cause(error))}", file=sys.stderr)
-        log = write_log("infer", error)
-        if log is not None:
-            print(f"  (full traceback in {log})", file=sys.stderr)
-        return 2
+    config = InferenceConfig(
+        data=args.data, checkpoint=args.checkpoint, output=args.output,
+        key_columns=tuple(c for c in args.key_columns.split(",") if c),
+        row_id_column=args.row_id_column or None, batch_size=args.batch_size,
+        concurrency=args.concurrency, num_cpus=args.num_cpus, progress=args.progress,
+        bad_values=args.bad_values,
+    )
+    summary = run_inference(config)
     print(summary.format())
     return 0
 

@@ -30,6 +30,7 @@ from pipelines.parquet_reader import open_parquet, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.input_identity import input_identity
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
+from torchrec_tpu.log_setup import WORKER_SETUP
 
 PREDICTION_COLUMN = "prediction"
 
@@ -175,11 +176,6 @@ def _file_row(unit: Unit) -> int:
     return sum(metadata.row_group(i).num_rows for i in range(unit.row_group))
 
 
-def _no_restarts() -> dict[str, int]:
-    """Ray options of the predictor actors: a dead actor fails the job (a rerun resumes it)."""
-    return {"max_restarts": 0}
-
-
 def _leave_on_interrupt(signum: int, frame: object) -> None:
     """Ctrl-C while Ray runs: Ray's waits swallow KeyboardInterrupt, so leave at once; the parts
     written so far are complete (a rerun resumes) and the Ray watchdog ends Ray's processes."""
@@ -221,34 +217,7 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
 
 def _predict_all(config: InferenceConfig, units: list[Unit], todo: list[Unit], output: Path,
                  start: float) -> InferenceSummary:
-    import ray.data
-    from tqdm import tqdm
-
-    from pipelines.ray_data import local_ray
-
-    rows_done, bad_values = 0, BadValueCounts()
-    with local_ray(num_cpus=config.num_cpus), tqdm(
-        total=sum(u.num_rows for u in todo), desc="infer", unit="row", disable=not config.progress
-    ) as bar:
-        if todo:
-            threads = max(1, config.num_cpus // config.concurrency)
-            results = ray.data.from_items(
-                [vars(u) for u in todo], override_num_blocks=len(todo)
-            ).map_batches(
-                Predictor,
-                batch_size=1,
-                compute=ray.data.ActorPoolStrategy(size=config.concurrency),
-                ray_remote_args_fn=_no_restarts,
-                num_cpus=min(threads, config.num_cpus),
-                fn_constructor_kwargs={"config": config, "threads": threads},
-            )
-            for row in results.iter_rows():
-                if row["error"] is not None:
-                    raise row["error"]
-                rows_done += int(row["rows"])
-                bad_values += BadValueCounts(int(row["skipped"]), int(row["clamped"]),
-                                             tuple(t for t in str(row["listed"]).split("\n") if t))
-                bar.update(int(row["rows"]))
+    rows_done, bad_values = _predict_units(config, todo) if todo else (0, BadValueCounts())  # done: no Ray
     return InferenceSummary(
         rows=rows_done,
         rows_total=sum(u.num_rows for u in units),
@@ -258,3 +227,35 @@ def _predict_all(config: InferenceConfig, units: list[Unit], todo: list[Unit], o
         output=output,
         bad_values=bad_values,
     )
+
+
+def _predict_units(config: InferenceConfig, todo: list[Unit]) -> tuple[int, BadValueCounts]:
+    """Predict and write ``todo`` on a local Ray instance: rows predicted, bad values met."""
+    import ray.data
+
+    from pipelines.progress import progress_bar
+    from pipelines.ray_data import local_ray
+
+    rows_done, bad_values = 0, BadValueCounts()
+    with local_ray(num_cpus=config.num_cpus, worker_setup=WORKER_SETUP), progress_bar(
+        total=sum(u.num_rows for u in todo), desc="infer", unit="row", enabled=config.progress
+    ) as bar:
+        threads = max(1, config.num_cpus // config.concurrency)
+        results = ray.data.from_items(
+            [vars(u) for u in todo], override_num_blocks=len(todo)
+        ).map_batches(
+            Predictor,
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=config.concurrency),
+            max_restarts=0,  # a dead actor fails the job (a rerun resumes it)
+            num_cpus=min(threads, config.num_cpus),
+            fn_constructor_kwargs={"config": config, "threads": threads},
+        )
+        for row in results.iter_rows():
+            if row["error"] is not None:
+                raise row["error"]
+            rows_done += int(row["rows"])
+            bad_values += BadValueCounts(int(row["skipped"]), int(row["clamped"]),
+                                         tuple(t for t in str(row["listed"]).split("\n") if t))
+            bar.update(int(row["rows"]))
+    return rows_done, bad_values

@@ -54,7 +54,7 @@ def assemble_plan(options: TableOptions, tables: Sequence[EmbeddingTable], choic
         hbm = o.uniform.hbm_bytes * d + sum(s.load.hbm_bytes for s in o.shards)
         table_plans.append(TablePlan(t.name, t.rows, t.dim, o.padded_dim, o.kind.value, t.optimizer, shards,
                                      _stack_name(o.stack_key, shards[0].device if o.shards else None),
-                                     int(hbm), o.total_time_s(d), o.ids_per_partition))
+                                     int(hbm), o.total_time_s(d), o.ids_per_partition, options.id_limit(t)))
     global_stacks = sum(1 for (_, dev) in stacks if dev is None)
     latency = costs.collective_latency_s * ALL_TO_ALLS_PER_STEP * (d > 1)
     devices = []
@@ -86,8 +86,8 @@ def _limit_warnings(options: TableOptions, tables: Sequence[EmbeddingTable],
             out.append(
                 f"table {t.name!r}: {best.kind.value} would need {best.ids_per_partition:.0f} ids per SparseCore "
                 f"partition (limit {options.id_limit(t)}); planned {chosen.kind.value} instead at "
-                f"{chosen.total_time_s(d) / best.total_time_s(d):.1f}x the work. Raise "
-                f"max_ids_per_partition to >= {math.ceil(best.ids_per_partition)} (FDO) to allow it"
+                f"{chosen.total_time_s(d) / best.total_time_s(d):.1f}x the work. Raise --max-ids-per-partition (or the "
+                f"table's max_ids_per_partition) to >= {math.ceil(best.ids_per_partition)} to allow it"
             )
     return tuple(out)
 

@@ -13,6 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipelines.cli import positive_int
+from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION, MAX_IDS_PER_PARTITION_CEILING
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tables", required=True,
@@ -22,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="slice name (v5p-64 = 32 chips, v6e-64 = 64 chips, tpu7x-64 = 32 chips) or topology file")
     parser.add_argument("--slices", type=int, default=1, metavar="N",
                         help="number of slices joined by DCN (multislice)")
-    parser.add_argument("--batch-size", type=int, default=65536, metavar="N", help="global batch size")
+    parser.add_argument("--batch-size", type=positive_int, default=65536, metavar="N", help="global batch size")
     parser.add_argument("--dense-params", type=int, default=0, metavar="N",
                         help="parameters of the data-parallel dense towers: the plan prices their float32 "
                              "gradient all-reduce, hierarchical with --slices > 1 (ICI within each slice, then "
@@ -31,10 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mean ids per sample: 'F' for every table or 'TABLE=F'; repeatable (default: the "
                              "tables file's pooling_factor, else 1)")
     parser.add_argument("--optimizer", default="sgd", help="optimizer for tables from a Python model")
-    parser.add_argument("--max-ids-per-partition", type=int, default=256,
-                        metavar="N",
-                        help="SparseCore per-partition id limit (jax-tpu-embedding's default); a table's own "
-                             "max_ids_per_partition (file column, sparsecore spec) takes precedence")
+    parser.add_argument("--max-ids-per-partition", type=positive_int, default=None, metavar="N",
+                        help="SparseCore per-partition id limit of every table; a table's own "
+                             "max_ids_per_partition (file column, sparsecore spec) takes precedence (default: per "
+                             "table from its pooling factor and the batch, as FDO would set it, at most "
+                             f"{MAX_IDS_PER_PARTITION_CEILING}; printed)")
     parser.add_argument("--compare", default="", metavar="TOPO,TOPO,...",
                         help="what-if: plan on each of these topologies and print a comparison "
                              "(default: only --topology)")
@@ -70,6 +74,8 @@ def _suffixed(path: Path, topology: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from torchrec_tpu.errors import USER_ERROR, print_error, report_user_error
+    from torchrec_tpu.planner.id_limits import auto_id_limits, describe_id_limits, with_id_limits
     from torchrec_tpu.planner.partitioner import PlanningError, plan_tables
     from torchrec_tpu.planner.report import format_comparison, format_plan, render_comparison_html, render_html
     from torchrec_tpu.planner.tables import load_tables
@@ -85,21 +91,29 @@ def run(args: argparse.Namespace) -> int:
         if args.dense_params < 0:
             raise ValueError(f"--dense-params {args.dense_params}: must be >= 0")
     except (ValueError, FileNotFoundError, ImportError, TypeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_user_error("plan", err)
 
+    compare = len(names) > 1
     results = []
     for name, topology in zip(names, topologies):
         try:
-            results.append((name, plan_tables(tables, topology, args.batch_size, args.max_ids_per_partition,
+            planned = tables
+            if args.max_ids_per_partition is None:
+                limits = auto_id_limits(tables, topology, args.batch_size)
+                planned = with_id_limits(tables, limits)
+                if limits:
+                    print(f"{name}: max_ids_per_partition per table (auto from pooling factor and batch; "
+                          f"--max-ids-per-partition N sets one for all): {describe_id_limits(limits)}")
+            limit = args.max_ids_per_partition or DEFAULT_MAX_IDS_PER_PARTITION
+            results.append((name, plan_tables(planned, topology, args.batch_size, limit,
                                               progress=args.progress, dense_params=args.dense_params)))
-        except PlanningError as err:
+        except (PlanningError, ValueError) as err:
+            if not compare:  # the comparison table names every failure (printed once)
+                return report_user_error("plan", err)
             results.append((name, str(err)))
 
-    compare = len(results) > 1
     for name, result in results:
         if isinstance(result, str):
-            print(f"error: {name}: {result}", file=sys.stderr)
             continue
         if not compare:
             print(format_plan(result, args.top))
@@ -120,7 +134,11 @@ def run(args: argparse.Namespace) -> int:
             args.html.write_text(render_comparison_html(results, f"torchrec-tpu plan: {len(tables)} tables on "
                                                                  f"{', '.join(names)}"))
             print(f"wrote comparison report {args.html}")
-    return 0 if all(not isinstance(r, str) for _, r in results) else 1
+    failed = [name for name, result in results if isinstance(result, str)]
+    if failed:
+        print_error("plan", f"no plan for {', '.join(failed)} (reasons in the table above)")
+        return USER_ERROR
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,10 +121,11 @@ class OptionBuilder:
     def __init__(self, topology: TPUTopology, batch_size: int,
                  max_ids_per_partition: int = DEFAULT_MAX_IDS_PER_PARTITION) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ValueError(f"global batch (--batch-size) must be >= 1, got {batch_size}")
         if batch_size % topology.num_devices:
             raise ValueError(
-                f"global batch {batch_size} must divide evenly over {topology.num_devices} devices of {topology.name}"
+                f"global batch (--batch-size) {batch_size} must divide evenly over {topology.num_devices} devices of "
+                f"{topology.name}"
             )
         if max_ids_per_partition < 1:
             raise ValueError(f"max_ids_per_partition must be >= 1, got {max_ids_per_partition}")

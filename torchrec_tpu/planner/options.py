@@ -66,9 +66,9 @@ class TableOptions:
             unlock = min((o for o in options if self.fits_alone(o)), key=lambda o: o.ids_per_partition)
             raise PlanningError(
                 f"table {table.name!r}: every sharding that fits in HBM exceeds the id limit; {unlock.kind.value} "
-                f"needs {unlock.ids_per_partition:.0f} ids per SparseCore partition per step (limit "
-                f"max_ids_per_partition={limit}); raise the limit to >= {math.ceil(unlock.ids_per_partition)}, "
-                f"lower the batch size or use more chips"
+                f"needs {unlock.ids_per_partition:.0f} ids per SparseCore partition per step (id limit {limit}); "
+                f"raise --max-ids-per-partition (or the table's max_ids_per_partition) to >= "
+                f"{math.ceil(unlock.ids_per_partition)}, lower --batch-size or use more chips"
             )
         need = self.peak_memory(lean)
         raise PlanningError(

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.progress import progress_bar
 from torchrec_tpu.planner.assembly import Choice, assemble_plan
 from torchrec_tpu.planner.cost_model import Load, ShardingOption
 from torchrec_tpu.planner.options import PlanningError, TableOptions, allowed_kinds
@@ -238,11 +239,7 @@ def _scaled(load: Load, sign: int) -> Load:
 
 
 def _progress(items: Sequence[Any], enabled: bool, desc: str) -> Sequence[Any]:
-    if not enabled:
-        return items
-    from tqdm import tqdm
-
-    return tqdm(items, desc=desc, unit="table")
+    return progress_bar(items, enabled=enabled, desc=desc, unit="table") if enabled else items
 
 
 def plan_tables(tables: Sequence[EmbeddingTable], topology: TPUTopology, batch_size: int,

@@ -1,6 +1,7 @@
 """The plan a training job loads: typed dataclasses, deterministic JSON, TorchRec conversion.
 
-JSON is written with sorted keys and no timestamps, so the same input gives byte-identical files.
+JSON is written with sorted keys and no timestamps, so the same input gives byte-identical files, and
+read back after a check against its JSON Schema (``plan.schema.json`` next to this module).
 ``to_torchrec_sharding_plan`` maps the plan onto TorchRec's ``ParameterSharding`` types: row-wise
 tables become contiguous row blocks of R'/D rows per rank (TorchRec cannot express SparseCore mod
 sharding, id mod N; the block sizes and memory are the same, the id->row mapping is not).
@@ -8,6 +9,7 @@ sharding, id mod N; the block sizes and memory are the same, the id->row mapping
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from torchrec_tpu.topology import CostConstants, TPUTopology
 from tpu_facts import Slice
 
 PLAN_FORMAT = "torchrec_tpu.plan/v1"
+SCHEMA_PATH = Path(__file__).with_name("plan.schema.json")  # JSON Schema 2020-12 of the plan JSON (docs/PLAN_FORMAT.md)
 GRADIENT_BYTES = 4  # float32 dense gradients
 
 
@@ -49,6 +52,7 @@ class TablePlan:
     hbm_bytes: int  # parameters + slots, all devices together
     est_time_s: float  # summed over devices
     ids_per_partition: float
+    max_ids_per_partition: int = 0  # the id limit it was planned under (0: plans from before it was recorded)
 
 
 @dataclass(frozen=True)
@@ -134,29 +138,42 @@ class Plan:
         Path(path).write_text(self.to_json())
 
 
-def plan_from_dict(data: dict[str, Any]) -> Plan:
-    """Inverse of ``Plan.to_dict`` (the summary is recomputed, not trusted)."""
-    if data.get("format") != PLAN_FORMAT:
+@functools.cache
+def _schema_validator() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+
+
+def check_plan_json(data: Any) -> None:
+    """ValueError naming the first way ``data`` breaks the plan's JSON Schema, and where."""
+    import jsonschema
+
+    if isinstance(data, dict) and data.get("format") != PLAN_FORMAT:  # another file altogether
         raise ValueError(f"not a {PLAN_FORMAT} plan (format={data.get('format')!r})")
-    try:
-        tables = tuple(
-            TablePlan(**{**t, "shards": tuple(ShardPlacement(**s) for s in t["shards"])}) for t in data["tables"]
-        )
-        # plans from before data-parallel tables were priced as the runtime runs them carry an
-        # all-reduce time per device; nothing reads it any more
-        devices = tuple(DevicePlan(**{**{k: v for k, v in d.items() if k != "allreduce_s"},
-                                      "placed_tables": tuple(d["placed_tables"])}) for d in data["devices"])
-        stacks = tuple(StackPlan(s["name"], s["device"], tuple(s["tables"])) for s in data["stacks"])
-        return Plan(_topology_from_dict(data["topology"]), data["batch_size"], data["max_ids_per_partition"],
-                    data["usable_hbm_bytes_per_device"], tables, devices, stacks, data["lower_bound_s"],
-                    tuple(data["warnings"]), int(data.get("dense_params", 0)))
-    except (KeyError, TypeError) as err:
-        raise ValueError(f"malformed plan: {err}") from None
+    error = jsonschema.exceptions.best_match(_schema_validator().iter_errors(data))
+    if error is not None:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or "the top level"
+        raise ValueError(f"not a valid {PLAN_FORMAT} plan: {error.message} (at {where})")
 
 
-def _topology_from_dict(data: Any) -> TPUTopology:
-    if not isinstance(data, dict):
-        raise TypeError(f"topology must be an object, got {type(data).__name__}")
+def plan_from_dict(data: dict[str, Any]) -> Plan:
+    """Inverse of ``Plan.to_dict``, checked against the JSON Schema first (the summary is
+    recomputed, not trusted)."""
+    check_plan_json(data)
+    tables = tuple(TablePlan(**{**t, "shards": tuple(ShardPlacement(**s) for s in t["shards"])})
+                   for t in data["tables"])
+    # plans from before data-parallel tables were priced as the runtime runs them carry an
+    # all-reduce time per device; nothing reads it any more
+    devices = tuple(DevicePlan(**{**{k: v for k, v in d.items() if k != "allreduce_s"},
+                                  "placed_tables": tuple(d["placed_tables"])}) for d in data["devices"])
+    stacks = tuple(StackPlan(s["name"], s["device"], tuple(s["tables"])) for s in data["stacks"])
+    return Plan(_topology_from_dict(data["topology"]), data["batch_size"], data["max_ids_per_partition"],
+                data["usable_hbm_bytes_per_device"], tables, devices, stacks, data["lower_bound_s"],
+                tuple(data["warnings"]), int(data.get("dense_params", 0)))
+
+
+def _topology_from_dict(data: dict[str, Any]) -> TPUTopology:
     base = Slice.from_dict(data)
     return TPUTopology(base.chip, base.shape, base.num_slices, CostConstants(**data.get("costs", {})))
 

@@ -35,7 +35,7 @@ def summary_lines(plan: Plan) -> list[str]:
     return [
         f"topology   {topo.name} ({topo.shape_str}, {len(plan.devices)} devices, "
         f"{topo.chip.sparsecores_per_chip} SparseCores/chip)",
-        f"batch      {plan.batch_size:,} global; max_ids_per_partition {plan.max_ids_per_partition}",
+        f"batch      {plan.batch_size:,} global; max_ids_per_partition {_id_limits(plan)}",
         f"tables     {len(plan.tables)}: " + ", ".join(f"{kinds[k]} {k}" for k in KINDS if kinds[k]),
         f"stacks     {len(plan.stacks)} stacked tables",
         f"step time  {_us(plan.step_time_s)} (slowest device) vs lower bound {_us(plan.lower_bound_s)}: "
@@ -43,6 +43,12 @@ def summary_lines(plan: Plan) -> list[str]:
         f"memory     max {_gib(plan.max_memory_bytes)} per device of {_gib(plan.usable_hbm_bytes_per_device)} usable",
         *_dense_lines(plan),
     ] + [f"warning    {w}" for w in plan.warnings]
+
+
+def _id_limits(plan: Plan) -> str:
+    """The one id limit of every table, or the range of their own limits."""
+    limits = {t.max_ids_per_partition or plan.max_ids_per_partition for t in plan.tables}
+    return str(limits.pop()) if len(limits) == 1 else f"per table, {min(limits)} to {max(limits)}"
 
 
 def _dense_lines(plan: Plan) -> list[str]:

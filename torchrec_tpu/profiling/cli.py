@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipelines.cli import positive_int
+from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
-    parser.add_argument("--steps", type=int, default=10, help="training steps to trace")
-    parser.add_argument("--warmup", type=int, default=2,
+    parser.add_argument("--steps", type=positive_int, default=10, help="training steps to trace")
+    parser.add_argument("--warmup", type=positive_int, default=2,
                         help="untraced steps first (compilation, lazy init)")
     parser.add_argument("--profile-dir", default=None, metavar="PATH",
                         help="TensorBoard log dir of the profile (default: <log-dir>/profile)")
@@ -25,8 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
         result = profile_training(config, args.steps, args.warmup, args.profile_dir, top=args.top)
     except (ConfigError, ValueError) as error:
-        print(f"torchrec-tpu profile: error: {error}", file=sys.stderr)
-        return 2
+        return report_user_error("profile", error)
     print(result.format())
     return 0
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 from torch.autograd.profiler import record_function
-from tqdm import tqdm
 
+from pipelines.progress import progress_bar
 from torchrec_tpu.profiling.phases import DENSE_BWD, OPTIMIZER, PREPROCESS, PhasedParquetReader, phase_ranges
 from torchrec_tpu.profiling.summary import format_summary
 from torchrec_tpu.profiling.trace import TraceFiles, profiling, traced_step
@@ -91,7 +91,7 @@ def profile_training(
             step()
         progress = config.loop.progress and env.is_primary
         with phase_ranges(model), profiling(log_dir) as files:
-            for index in tqdm(range(steps), desc="profile", unit="step", disable=not progress):
+            for index in progress_bar(range(steps), desc="profile", unit="step", enabled=progress):
                 with traced_step(index):
                     step()
     return ProfileResult(config.engine.kind, steps, log_dir, files, format_summary(files.profiler, steps, top))

@@ -8,8 +8,8 @@ the driver launches N Ray Train workers that do the same (:mod:`torchrec_tpu.tra
 from __future__ import annotations
 
 import argparse
-import sys
 
+from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.train.checkpoint_manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
 from torchrec_tpu.train.ray_train import RayOptions
@@ -63,8 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
         summary = run_job(config)
     except (ConfigError, CheckpointError, FileNotFoundError) as error:  # bad flags, YAML, data, checkpoint
-        print(f"torchrec-tpu train: error: {error}", file=sys.stderr)
-        return 2
+        return report_user_error("train", error)
     if summary.primary:
         print(summary.format())
     return 0

@@ -139,11 +139,11 @@ def parallelize_dense(model: DLRMTrain, env: DistEnv, device: torch.device, para
         if env.world_size == 1:
             return model
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
-        # TorchRec DMP's DDP options: no broadcast of the (constant) buffers every forward, e.g.
-        # DLRM's triu_indices; on cpu also gradients as views of the buckets and a static graph
-        # (on tpu those need a pinned-memory allocator the device does not have)
+        # TorchRec DMP's DDP options: no sync of the (constant) buffers every forward, e.g.
+        # DLRM's triu_indices (synced once at init); on cpu also gradients as views of the buckets
+        # and a static graph (on tpu those need a pinned-memory allocator the device does not have)
         on_host = device.type == "cpu"
-        return DenseDDP(model, broadcast_buffers=False, gradient_as_bucket_view=on_host,
+        return DenseDDP(model, forward_sync_buffers=False, gradient_as_bucket_view=on_host,
                         static_graph=on_host)
     if parallel == "fsdp2":
         from torch.distributed.device_mesh import DeviceMesh

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
@@ -36,6 +36,8 @@ from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.run_dirs import RunDirs, claim_run_dirs
 from torchrec_tpu.train.scalars import ScalarLog
+
+_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 HPARAM_METRICS = ("eval/auc", "eval/loss", "train/loss")  # scalars the HParams tab shows per run
@@ -106,7 +108,7 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
 
 def _run(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHooks) -> JobSummary:
     if env.world_size > 1 and env.is_primary:
-        print(f"torchrec-tpu train: {describe_transport(env)}", flush=True)
+        _log.info("torchrec-tpu train: %s", describe_transport(env))
     with contextlib.ExitStack() as held:  # the primary's locks on the run's directories
         return _run_in(config, env, device, hooks, _on_primary(lambda: claim_run_dirs(config, held), env))
 
@@ -131,7 +133,7 @@ def _run_in(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobH
             restore_rng(point.directory, env.rank)
             start_step, start = point.step, point.position
             if env.is_primary:
-                print(point.describe(), flush=True)
+                _log.info(point.describe())
         options = LoopOptions(
             epochs=config.loop.epochs, max_steps=config.loop.max_steps, log_every=config.loop.log_every,
             eval_every=config.loop.eval_every, checkpoint_every=config.checkpoint.checkpoint_every,
@@ -185,12 +187,8 @@ def _all_ranks_bad_values(data: TrainData, env: DistEnv) -> BadValueCounts:
     return sum(gathered[1:], gathered[0])
 
 
-def _warn(message: str) -> None:
-    print(f"torchrec-tpu train: warning: {message}", file=sys.stderr, flush=True)
-
-
 def _resume_point(config: TrainConfig, env: DistEnv, data: TrainData) -> ResumePoint:
-    directory, meta = open_checkpoint(Path(config.checkpoint.resume), _warn)
+    directory, meta = open_checkpoint(Path(config.checkpoint.resume), _log.warning)
     return resume_point(directory, meta, config, env.world_size, data.table_sizes, data.train.num_rows)
 
 

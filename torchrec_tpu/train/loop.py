@@ -9,6 +9,7 @@ to the TPU device changes what is passed in, not this file.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -17,12 +18,14 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 from torchrec.datasets.utils import Batch
-from tqdm import tqdm
 
+from pipelines.progress import progress_bar
 from pipelines.streams import batches_from_row
 from torchrec_tpu.train.metrics import EvalForward, EvalResult, evaluate, model_outputs
 from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -139,10 +142,7 @@ def run_training(
     pending: list[tuple[int, int, torch.Tensor]] = []  # (step, epoch, loss) not read back yet
     recent_losses: collections.deque[float] = collections.deque(maxlen=options.log_every)
     window_samples, window_start = 0, time.perf_counter()
-    bar = tqdm(
-        total=total, initial=options.start_step, desc="train", unit="step",
-        disable=not options.progress,
-    )
+    bar = progress_bar(total=total, initial=options.start_step, desc="train", unit="step", enabled=options.progress)
     loop_start = time.perf_counter()
     first_step_seconds = 0.0
     with bar:
@@ -171,6 +171,9 @@ def run_training(
                 log.log(step, {"train/loss": mean_loss, "train/samples_per_sec": rate,
                                "train/epoch": epoch})
                 bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{rate:,.0f}")
+                if bar.disable and options.progress:  # no bar (not a terminal): one line per --log-every
+                    _log.info("step %d/%d  epoch %d  loss %.4f  %s samples/s", step, total, epoch, mean_loss,
+                              f"{rate:,.0f}")
                 window_losses, window_samples, window_start = [], 0, time.perf_counter()
             bar.update(1)
             if options.eval_every and step % options.eval_every == 0:

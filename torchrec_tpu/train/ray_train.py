@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from torchrec_tpu.log_setup import WORKER_SETUP
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 
 if TYPE_CHECKING:
@@ -208,16 +209,18 @@ def ray_cluster(options: RayOptions) -> Iterator[None]:
     Data; reuses a Ray already initialised in this process (its owner shuts it down)."""
     import ray
 
-    from pipelines.ray_data import local_ray
+    from pipelines.ray_data import local_ray, pinned_ray_address
 
     if options.address is None or ray.is_initialized():
         cpus = math.ceil(options.workers * options.cpus_per_worker) + DATA_CPUS
-        with local_ray(num_cpus=cpus, log_to_driver=True):
+        with local_ray(num_cpus=cpus, log_to_driver=True, worker_setup=WORKER_SETUP):
             yield
         return
-    ray.init(address=options.address, log_to_driver=True, logging_level=logging.ERROR)
+    ray.init(address=options.address, log_to_driver=True, logging_level=logging.ERROR,
+             runtime_env={"worker_process_setup_hook": WORKER_SETUP})
     try:
-        yield
+        with pinned_ray_address():
+            yield
     finally:
         ray.shutdown()
 

@@ -1,0 +1,67 @@
+"""Per-table id limits chosen without --max-ids-per-partition, and the README planner examples."""
+
+import re
+import shlex
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from torchrec_tpu.planner import load_plan, load_tables
+from torchrec_tpu.planner.cli import main
+from torchrec_tpu.planner.id_limits import auto_id_limits, describe_id_limits
+from torchrec_tpu.topology import resolve_topology
+from tpu_facts import MAX_IDS_PER_PARTITION_CEILING
+
+REPO = Path(__file__).resolve().parents[2]
+DLRM_TABLES = REPO / "examples" / "planner" / "dlrm_dcnv2_tables.yaml"
+
+
+def test_auto_limits_follow_pooling_and_batch_rounded_and_capped():
+    tables = {t.name: t for t in load_tables(str(DLRM_TABLES))}
+    topology = resolve_topology("v5p-64")
+    limits = auto_id_limits(list(tables.values()), topology, 65536)
+    # table-wise C1 (pooling 3): 2048 samples per device / 4 SparseCores * 3 ids * skew / 4 destinations
+    expected = 2048 / 4 * 3 * topology.costs.skew / 4
+    assert limits["C1"] == -(-int(expected) // 8) * 8
+    assert all(v % 8 == 0 and 8 <= v <= MAX_IDS_PER_PARTITION_CEILING for v in limits.values())
+    assert limits["C21"] == MAX_IDS_PER_PARTITION_CEILING  # 100 ids per sample: capped
+    assert limits["C22"] > limits["C1"]  # more ids per sample, a larger limit
+    assert auto_id_limits(list(tables.values()), topology, 32768)["C1"] < limits["C1"]
+    own = replace(tables["C1"], max_ids_per_partition=100)
+    assert "C1" not in auto_id_limits([own], topology, 65536)
+    assert describe_id_limits({"a": 8, "b": 16, "c": 8}) == "16: b; 8: a, c"
+
+
+def test_default_plans_the_mlperf_tables_and_prints_the_limits(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "v5p-64: max_ids_per_partition per table (auto" in text and f"{MAX_IDS_PER_PARTITION_CEILING}: C21" in text
+    plan = load_plan(out)
+    assert plan.table("C21").max_ids_per_partition == MAX_IDS_PER_PARTITION_CEILING
+    assert plan.table("C21").ids_per_partition <= MAX_IDS_PER_PARTITION_CEILING
+
+
+def test_explicit_limit_is_kept(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--max-ids-per-partition", "4096",
+                 "--out", str(out)]) == 0
+    assert "auto" not in capsys.readouterr().out
+    assert {t.max_ids_per_partition for t in load_plan(out).tables} == {4096}
+
+
+def _readme_plan_commands() -> list[str]:
+    commands = []
+    for readme in (REPO / "README.md", REPO / "examples" / "planner" / "README.md"):
+        text = readme.read_text().replace("\\\n", " ")
+        commands += re.findall(r"torchrec-tpu plan --tables examples/planner/dlrm_dcnv2_tables\.yaml[^`\n]*", text)
+    return commands
+
+
+@pytest.mark.parametrize("command", _readme_plan_commands())
+def test_readme_planner_examples_plan(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = [str(DLRM_TABLES) if a.endswith("dlrm_dcnv2_tables.yaml") else a for a in shlex.split(command)[2:]]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "no plan" not in capsys.readouterr().out

@@ -1,0 +1,116 @@
+"""What the jobs log, and the third-party noise they keep out of it.
+
+:func:`configure_logging` runs once per process: in the CLI before a subcommand starts, and in
+every Ray worker of a job (:func:`worker_setup`, Ray's ``worker_process_setup_hook``). The
+project's loggers print INFO lines as they are on stdout (progress, where a run resumed) and
+warnings as ``torchrec-tpu CMD: warning: ...`` on stderr. Silenced, as they say the same on every
+run and nothing a user can act on:
+
+* torch.fx's "is_fx_tracing will return true for both fx.symbolic_trace and torch.export" (TorchRec
+  calls ``is_fx_tracing``);
+* fbgemm_gpu's lines on import, through the root logger: "Successfully loaded: '...so'" per
+  library, and its version-table note (ANSI-coloured);
+* JAX's "Unable to initialize backend 'tpu': ... libtpu.so not found" on a host without a TPU and
+  its compilation cache's "Resetting cache at <empty>.";
+* Ray's colour codes around the lines its workers print, when stdout is not a terminal
+  (``RAY_COLOR_PREFIX=0``, read by the Ray driver).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+WORKER_SETUP = "torchrec_tpu.log_setup.worker_setup"  # Ray's worker_process_setup_hook for the jobs
+PROJECT_LOGGERS = ("torchrec_tpu", "pipelines")  # the jobs'; the libraries below them log warnings only
+QUIET_LOGGERS = {
+    "torch.fx._symbolic_trace": logging.ERROR,
+    "jax._src.xla_bridge": logging.WARNING,
+    "jax._src.compilation_cache": logging.WARNING,  # "Resetting cache at <empty>."
+}
+# Ray workers log INFO through the root logger: the libraries' details, Ray Train's worker-group and
+# reporting chatter ("Requesting resources", "Started training worker group ...", "Reporting training
+# result ...") and Ray Data's execution plans stay out of the job's output.
+WORKER_QUIET_LOGGERS = {name: logging.WARNING
+                        for name in ("torch_tpu", "sparsecore", "xla_cache", "ray.train", "ray.data")}
+
+
+class _DropFbgemmImportLines(logging.Filter):
+    """fbgemm_gpu's import-time root-logger records below ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "root" and "fbgemm_gpu" in record.pathname and record.levelno < logging.ERROR)
+
+
+class _Below(logging.Filter):
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < self.level
+
+
+class _LowerLevelFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(logging.makeLogRecord({**record.__dict__, "levelname": record.levelname.lower()}))
+
+
+class _StdStream(logging.StreamHandler):
+    """A handler on ``sys.stdout`` / ``sys.stderr`` as they are when a line is written (a test's
+    capture, a redirect set up later)."""
+
+    def __init__(self, which: str) -> None:
+        self._which = which
+        super().__init__()
+        self.set_name(_HANDLER_NAME)
+
+    @property
+    def stream(self):  # noqa: D102
+        return getattr(sys, self._which)
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+_HANDLER_NAME = "torchrec-tpu"
+
+
+def configure_logging(command: str = "") -> None:
+    """The module docstring's setup; a second call changes nothing. The project's lines do not
+    also reach handlers on the root logger (a library's ``basicConfig``, Ray workers')."""
+    for name, level in QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+    root = logging.getLogger()
+    if not any(isinstance(f, _DropFbgemmImportLines) for f in root.filters):
+        root.addFilter(_DropFbgemmImportLines())
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    info = _StdStream("stdout")
+    info.addFilter(_Below(logging.WARNING))
+    info.setFormatter(logging.Formatter("%(message)s"))
+    warnings = _StdStream("stderr")
+    warnings.setLevel(logging.WARNING)
+    prefix = f"torchrec-tpu {command}".strip()
+    warnings.setFormatter(_LowerLevelFormatter(f"{prefix}: %(levelname)s: %(message)s"))
+    for name in PROJECT_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.propagate = False
+        if any(h.get_name() == _HANDLER_NAME for h in logger.handlers):
+            continue
+        logger.setLevel(logging.INFO)
+        logger.addHandler(info)
+        logger.addHandler(warnings)
+
+
+def worker_setup() -> None:
+    """Ray's ``worker_process_setup_hook`` for the jobs' workers: the same logging as the driver,
+    and the worker pinned to its job's Ray instance (:func:`pipelines.ray_data.pin_ray_address`)."""
+    from pipelines.ray_data import pin_ray_address
+
+    configure_logging()
+    for name, level in WORKER_QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+    pin_ray_address()

@@ -1,0 +1,43 @@
+"""Per-table SparseCore id limits chosen from the tables themselves, as FDO would set them.
+
+Feedback-directed optimisation sets each table's ``max_ids_per_partition`` to the most ids one
+SparseCore partition saw in a step. Before any step has run, the planner estimates that from the
+table's pooling factor and the global batch: the most ids any of the table's shardings sends one
+partition (``ShardingOption.ids_per_partition``, skew included), rounded up to a multiple of 8 and
+capped at ``MAX_IDS_PER_PARTITION_CEILING``. Tables that name their own limit keep it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from torchrec_tpu.planner.cost_model import OptionBuilder
+from torchrec_tpu.planner.tables import EmbeddingTable
+from torchrec_tpu.topology import TPUTopology
+from tpu_facts import ALIGNMENT, MAX_IDS_PER_PARTITION_CEILING, round_up
+
+
+def auto_id_limits(tables: Sequence[EmbeddingTable], topology: TPUTopology, batch_size: int) -> dict[str, int]:
+    """The estimated limit of every table without its own ``max_ids_per_partition``."""
+    builder = OptionBuilder(topology, batch_size)
+    limits = {}
+    for t in tables:
+        if t.max_ids_per_partition is None:
+            need = max(o.ids_per_partition for o in builder.options(t))
+            limits[t.name] = min(MAX_IDS_PER_PARTITION_CEILING, round_up(max(1, math.ceil(need)), ALIGNMENT))
+    return limits
+
+
+def with_id_limits(tables: Sequence[EmbeddingTable], limits: dict[str, int]) -> list[EmbeddingTable]:
+    """``tables`` with the limits of ``limits`` set on the tables it names."""
+    return [replace(t, max_ids_per_partition=limits[t.name]) if t.name in limits else t for t in tables]
+
+
+def describe_id_limits(limits: dict[str, int]) -> str:
+    """``limits`` grouped by value, largest first: ``4096: C21, C22; 512: C1 ...``."""
+    by_value: dict[int, list[str]] = {}
+    for name, limit in limits.items():
+        by_value.setdefault(limit, []).append(name)
+    return "; ".join(f"{value}: {', '.join(names)}" for value, names in sorted(by_value.items(), reverse=True))
