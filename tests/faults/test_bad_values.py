@@ -22,7 +22,7 @@ from tests.faults.conftest import TRAIN_FLAGS
 from tests.faults.helpers import assert_clean_error
 from torchrec_tpu.cli import main
 from torchrec_tpu.inference.job import InferenceConfig, Predictor
-from torchrec_tpu.inference.units import claim_output_dir, plan_units
+from torchrec_tpu.inference.units import Unit, claim_output_dir, plan_units
 from torchrec_tpu.train.config import BAD_VALUE_POLICIES
 
 SIZES = (100,) * len(CRITEO.sparse)
@@ -162,8 +162,7 @@ def _predict(predictor: Predictor, output: Path, policy: str) -> tuple[dict, pa.
     predictor.config = config
     units = plan_units(config.data, config.input_columns)
     claim_output_dir(output, units, Path(config.checkpoint))
-    columns = {k: np.array([getattr(u, k) for u in units]) for k in ("ordinal", "path", "row_group", "first_row",
-                                                                     "num_rows")}
+    columns = {f.name: np.array([getattr(u, f.name) for u in units]) for f in dataclasses.fields(Unit)}
     result = predictor(columns)
     parts = sorted(output.glob("part-*.parquet"))
     return result, pa.concat_tables([pq.read_table(p) for p in parts]) if parts else None
