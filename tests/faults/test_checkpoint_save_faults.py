@@ -120,3 +120,30 @@ def test_a_full_disk_during_a_save_is_one_line_naming_the_path_and_the_space(tin
     assert " needs about 3" in line, line  # ~33 MB: the tables and their optimizer state
     (kept,) = _assert_all_intact(root)  # the partial save was removed
     assert kept.name.startswith("checkpoint.step-00000002.")
+
+
+def test_a_full_disk_in_save_checkpoint_is_enospc_naming_the_space_and_removes_the_partial_save(small_disk):
+    """The same in-process and fast: a 2 MB layer and its Adagrad state (~4 MB a checkpoint) on the
+    50 MB disk, filled up to 6 MB free first, so the first save fits and the second does not."""
+    import errno
+
+    import torch
+
+    from torchrec_tpu.train.checkpoint import save_checkpoint
+
+    model = torch.nn.Linear(512, 1024)
+    optimizer = torch.optim.Adagrad(model.parameters())
+    model(torch.randn(2, 512)).sum().backward()
+    optimizer.step()
+    filler = small_disk / "filler"
+    with open(filler, "wb") as f:
+        f.write(b"\0" * (44 << 20))
+    root = small_disk / "checkpoint"
+    first = save_checkpoint(root, model, optimizer, {"step": 1}, "run")
+    with pytest.raises(OSError) as caught:
+        save_checkpoint(root, model, optimizer, {"step": 2}, "run")
+    assert caught.value.errno == errno.ENOSPC
+    message = str(caught.value)
+    assert f"No space left on device: saving checkpoint {root}/checkpoint.step-00000002." in message, message
+    assert " needs about 4.0 MB, " in message and " MB free there" in message, message
+    assert _assert_all_intact(root) == [first]
