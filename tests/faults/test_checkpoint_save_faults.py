@@ -76,6 +76,7 @@ def _steps(directories: list[Path]) -> list[int]:
     return [int(p.name.split(".")[1].removeprefix("step-")) for p in directories]
 
 
+@pytest.mark.slow  # trains with 100k-row tables (~55 s on 2 busy cores)
 def test_ctrl_c_during_a_save_finishes_it_then_is_rc_130_with_one_line(tiny_dataset, tmp_path):
     _assert_interrupted(*_interrupt_the_step_4_save(tiny_dataset, tmp_path / "run", times=1))
     root = tmp_path / "run" / "checkpoint"
@@ -83,6 +84,7 @@ def test_ctrl_c_during_a_save_finishes_it_then_is_rc_130_with_one_line(tiny_data
     assert os.readlink(root / LATEST).startswith("checkpoint.step-00000004.")
 
 
+@pytest.mark.slow  # trains with 100k-row tables (~45 s on 2 busy cores)
 def test_a_second_ctrl_c_abandons_the_save_and_keeps_the_last_checkpoint(tiny_dataset, tmp_path):
     _assert_interrupted(*_interrupt_the_step_4_save(tiny_dataset, tmp_path / "run", times=2))
     root = tmp_path / "run" / "checkpoint"
@@ -105,6 +107,7 @@ def small_disk(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.slow  # trains with 20k-row tables (~70 s on 2 busy cores)
 def test_a_full_disk_during_a_save_is_one_line_naming_the_path_and_the_space(tiny_dataset, tmp_path, small_disk):
     """Tables of 20k rows (and their Adagrad state): about 33 MB per checkpoint, so the step-2
     save fits the 50 MB disk and the step-4 save fills it."""
@@ -117,3 +120,30 @@ def test_a_full_disk_during_a_save_is_one_line_naming_the_path_and_the_space(tin
     assert " needs about 3" in line, line  # ~33 MB: the tables and their optimizer state
     (kept,) = _assert_all_intact(root)  # the partial save was removed
     assert kept.name.startswith("checkpoint.step-00000002.")
+
+
+def test_a_full_disk_in_save_checkpoint_is_enospc_naming_the_space_and_removes_the_partial_save(small_disk):
+    """The same in-process and fast: a 2 MB layer and its Adagrad state (~4 MB a checkpoint) on the
+    50 MB disk, filled up to 6 MB free first, so the first save fits and the second does not."""
+    import errno
+
+    import torch
+
+    from torchrec_tpu.train.checkpoint import save_checkpoint
+
+    model = torch.nn.Linear(512, 1024)
+    optimizer = torch.optim.Adagrad(model.parameters())
+    model(torch.randn(2, 512)).sum().backward()
+    optimizer.step()
+    filler = small_disk / "filler"
+    with open(filler, "wb") as f:
+        f.write(b"\0" * (44 << 20))
+    root = small_disk / "checkpoint"
+    first = save_checkpoint(root, model, optimizer, {"step": 1}, "run")
+    with pytest.raises(OSError) as caught:
+        save_checkpoint(root, model, optimizer, {"step": 2}, "run")
+    assert caught.value.errno == errno.ENOSPC
+    message = str(caught.value)
+    assert f"No space left on device: saving checkpoint {root}/checkpoint.step-00000002." in message, message
+    assert " needs about 4.0 MB, " in message and " MB free there" in message, message
+    assert _assert_all_intact(root) == [first]

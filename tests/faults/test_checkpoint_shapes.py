@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -32,6 +33,7 @@ def _shrink_a_table(checkpoint: Path, scratch: Path) -> list[int]:
     return list(state["model"][KEY].shape)
 
 
+@pytest.mark.slow  # a resume and an `infer` (Ray) of a real run (~2 min on 2 busy cores)
 def test_resume_and_infer_refuse_a_tensor_meta_json_disagrees_with(run_copy, tmp_path: Path) -> None:
     data, root = run_copy
     latest = versions(root)[-1]

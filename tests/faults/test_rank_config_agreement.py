@@ -14,7 +14,7 @@ import pytest
 from tests.faults.conftest import TRAIN_FLAGS
 from tests.faults.helpers import cli_command, cli_env
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]  # two ranks start (~30 s on 2 busy cores)
 
 
 def _free_port() -> int:

@@ -1,12 +1,12 @@
 """A training checkpoint (``torchrec_tpu.train.checkpoint`` layout) -> an unsharded DLRM for inference.
 
-The architecture comes from ``meta.json``'s ``model`` (a :class:`~torchrec_tpu.train.model.ModelSpec`;
-checkpoints written before it existed: the architecture options of its ``config``, read by name
-without the training CLI's config class) and the table sizes from the DCP metadata of the saved
-tables, so any checkpoint of the training job loads, whatever its data source, world size or
-training flags: DCP reassembles the sharded tables into plain CPU tensors. The files are
-verified against the checkpoint's manifest and read without running code from them
-(``torchrec_tpu.train.checkpoint_reader``).
+The architecture comes from ``meta.json``'s ``model`` (a :class:`~torchrec_tpu.train.model.ModelSpec`,
+table sizes included; checkpoints written before it existed: the architecture options of its
+``config``, read by name without the training CLI's config class, and the table sizes from the DCP
+metadata of the saved tables), so any checkpoint of the training job loads, whatever its data
+source, world size or training flags: DCP reassembles the sharded tables into plain CPU tensors.
+The files are verified against the checkpoint's manifest, every saved tensor's shape against the
+model, and read without running code from them (``torchrec_tpu.train.checkpoint_reader``).
 """
 
 from __future__ import annotations

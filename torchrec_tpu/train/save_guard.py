@@ -61,7 +61,7 @@ def guarded_save(directory: Path, needed_bytes: int) -> Iterator[None]:
     try:
         yield
     except BaseException as error:
-        free = shutil.disk_usage(directory if directory.exists() else directory.parent).free
+        free = _free_bytes(directory)  # before the partial save's space is given back
         if not is_checkpoint(directory):
             shutil.rmtree(directory, ignore_errors=True)
         if interrupts or isinstance(error, KeyboardInterrupt):
@@ -93,6 +93,13 @@ def _hold_sigint(handler: Any) -> Any:
         return None
     signal.signal(signal.SIGINT, handler)
     return previous
+
+
+def _free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem of ``path`` (of its nearest existing ancestor)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
 
 
 def _failures(error: CheckpointException) -> list[BaseException]:
