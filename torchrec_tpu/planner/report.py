@@ -64,22 +64,61 @@ def _dense_lines(plan: Plan) -> list[str]:
             f"{topo.allreduce_phases} collective(s))"]
 
 
+ALL_DEVICES_UP_TO = 16  # the terminal table lists every device up to this many, else a summary and the slowest
+SLOWEST_DEVICES = 8
+PLACEMENT_CHARS = 60
+MB = 1e6
+
+
+def _placement_text(plan: Plan, table_index: int, width: int = PLACEMENT_CHARS) -> str:
+    """:func:`_placement` within ``width`` characters, cut between shards (``+N more``), never inside one."""
+    text = _placement(plan, table_index)
+    if len(text) <= width:
+        return text
+    parts = text.split(", ")
+    shown: list[str] = []
+    for part in parts:
+        rest = len(parts) - len(shown) - 1
+        if len(", ".join([*shown, part])) + len(f", +{rest} more") > width:
+            break
+        shown.append(part)
+    return ", ".join(shown) + f", +{len(parts) - len(shown)} more"
+
+
+def _device_lines(plan: Plan) -> list[str]:
+    """Every device (up to ALL_DEVICES_UP_TO), else a spread summary and the slowest ones: memory
+    and its share of the usable HBM, per-step buffers (activations, all-to-all), time split."""
+    usable = plan.usable_hbm_bytes_per_device
+    devices = sorted(plan.devices, key=lambda d: (-d.time_s, d.device))
+    lines = [""]
+    if len(devices) > ALL_DEVICES_UP_TO:
+        times = sorted(d.time_s for d in devices)
+        memory = sorted(d.memory_bytes for d in devices)
+        lines += [f"devices    {len(devices)}: step time {_us(times[0])} min, {_us(times[len(times) // 2])} median, "
+                  f"{_us(times[-1])} max; memory {_gib(memory[0])} min, {_gib(memory[-1])} max "
+                  f"({100 * memory[-1] / usable:.0f}% of usable); the {SLOWEST_DEVICES} slowest:"]
+        devices = devices[:SLOWEST_DEVICES]
+    lines.append(f"{'device':>6} {'chip':>5} {'memory':>10} {'usable':>7} {'buffers/step':>13} {'lookup':>12} "
+                 f"{'comm':>12} {'other':>12} {'total':>12}")
+    for d in devices:
+        lines.append(f"{d.device:>6} {d.chip:>5} {_gib(d.memory_bytes):>10} {100 * d.memory_bytes / usable:>6.1f}% "
+                     f"{d.buffer_bytes / MB:>10,.1f} MB {_us(d.lookup_s):>12} {_us(d.comm_s):>12} "
+                     f"{_us(d.overhead_s):>12} {_us(d.time_s):>12}")
+    return lines
+
+
 def format_plan(plan: Plan, top: int = 20) -> str:
-    """Summary, the ``top`` largest tables and the slowest devices, as aligned text."""
+    """Summary, the ``top`` largest tables and the devices (all, or a summary and the slowest), as
+    aligned text."""
     lines = summary_lines(plan) + ["", f"{'table':<24} {'rows':>13} {'dim':>5} {'sharding':<14} {'HBM':>10}  placement"]
     order = sorted(range(len(plan.tables)), key=lambda i: (-plan.tables[i].hbm_bytes, plan.tables[i].name))
     for i in order[:top]:
         t = plan.tables[i]
         lines.append(f"{t.name[:24]:<24} {t.rows:>13,} {t.dim:>5} {t.sharding_type:<14} {_gib(t.hbm_bytes):>10}  "
-                     f"{_placement(plan, i)[:60]}")
+                     f"{_placement_text(plan, i)}")
     if len(order) > top:
         lines.append(f"... {len(order) - top} more tables (see the plan JSON / HTML report)")
-    lines += ["", f"{'device':>6} {'chip':>5} {'memory':>10} {'lookup':>12} {'comm':>12} {'other':>12} {'total':>12}"]
-    slowest = sorted(plan.devices, key=lambda d: (-d.time_s, d.device))
-    for d in slowest[: min(top, 8)]:
-        lines.append(f"{d.device:>6} {d.chip:>5} {_gib(d.memory_bytes):>10} {_us(d.lookup_s):>12} {_us(d.comm_s):>12} "
-                     f"{_us(d.overhead_s):>12} {_us(d.time_s):>12}")
-    return "\n".join(lines)
+    return "\n".join(lines + _device_lines(plan))
 
 
 def format_comparison(results: Sequence[tuple[str, Plan | str]]) -> str:
