@@ -120,6 +120,10 @@ class OptionBuilder:
 
     def __init__(self, topology: TPUTopology, batch_size: int,
                  max_ids_per_partition: int = DEFAULT_MAX_IDS_PER_PARTITION) -> None:
+        if not topology.sparsecores_per_device:
+            raise ValueError(f"{topology.name}: {topology.chip.name} has no SparseCore that jax-tpu-embedding "
+                             "drives, and this planner places tables on SparseCore lookups only; plan on v5p, "
+                             "v6e or tpu7x")
         if batch_size < 1:
             raise ValueError(f"global batch (--batch-size) must be >= 1, got {batch_size}")
         if batch_size % topology.num_devices:
