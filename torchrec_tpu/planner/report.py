@@ -122,17 +122,21 @@ def format_plan(plan: Plan, top: int = 20) -> str:
 
 
 def format_comparison(results: Sequence[tuple[str, Plan | str]]) -> str:
-    """One row per topology: step time, bound, quality, memory, or the reason it failed."""
-    lines = [f"{'topology':<14} {'chips':>6} {'devices':>7} {'step time':>14} {'lower bound':>14} {'quality':>8} "
-             f"{'max memory':>11} {'usable':>10}"]
+    """One row per topology: step time (and its lookup / all-to-all split on the slowest device),
+    throughput per chip, bound, quality, memory, or the reason it failed."""
+    lines = [f"{'topology':<14} {'chips':>6} {'devices':>7} {'step time':>12} {'lookup':>12} {'all-to-all':>12} "
+             f"{'samples/s/chip':>15} {'lower bound':>12} {'quality':>8} {'max memory':>11} {'usable':>10}"]
     for name, result in results:
         if isinstance(result, str):
             lines.append(f"{name:<14} no plan: {result}")
             continue
         p = result
-        chips = len({d.chip for d in p.devices})
-        lines.append(f"{name:<14} {chips:>6} {len(p.devices):>7} {_us(p.step_time_s):>14} {_us(p.lower_bound_s):>14} "
-                     f"{p.quality:>7.3f}x {_gib(p.max_memory_bytes):>11} {_gib(p.usable_hbm_bytes_per_device):>10}")
+        slowest = max(p.devices, key=lambda d: d.time_s)
+        per_chip = p.batch_size / p.step_time_s / p.topology.num_chips
+        lines.append(f"{name:<14} {p.topology.num_chips:>6} {len(p.devices):>7} {_us(p.step_time_s):>12} "
+                     f"{_us(slowest.lookup_s):>12} {_us(slowest.comm_s):>12} {per_chip:>15,.0f} "
+                     f"{_us(p.lower_bound_s):>12} {p.quality:>7.3f}x {_gib(p.max_memory_bytes):>11} "
+                     f"{_gib(p.usable_hbm_bytes_per_device):>10}")
     return "\n".join(lines)
 
 
@@ -191,14 +195,15 @@ def render_html(plan: Plan, title: str = "torchrec-tpu sharding plan") -> str:
 
 
 def render_comparison_html(results: Sequence[tuple[str, Plan | str]], title: str) -> str:
-    """The ``--compare`` page: the comparison chart, the comparison table, and why a topology has
-    no plan."""
+    """The ``--compare`` page: the comparison chart (when any topology has a plan), the comparison
+    table, and why a topology has no plan."""
     from torchrec_tpu.planner import charts
 
     failures = [f"<li>{escape(name)}: {escape(r)}</li>" for name, r in results if isinstance(r, str)]
-    body = [f"<h1>{escape(title)}</h1>",
-            charts.to_svg(charts.comparison_figure(results), "comparison"),
-            "<pre>" + escape(format_comparison(results)) + "</pre>"]
+    body = [f"<h1>{escape(title)}</h1>"]
+    if len(failures) < len(results):  # no chart of nothing when no topology has a plan
+        body.append(charts.to_svg(charts.comparison_figure(results), "comparison"))
+    body.append("<pre>" + escape(format_comparison(results)) + "</pre>")
     if failures:
         body += ["<h3>No plan</h3>", '<ul class="warnings">', *failures, "</ul>"]
     return _page(title, body)
