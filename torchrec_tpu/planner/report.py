@@ -87,7 +87,8 @@ def _placement_text(plan: Plan, table_index: int, width: int = PLACEMENT_CHARS) 
 
 def _device_lines(plan: Plan) -> list[str]:
     """Every device (up to ALL_DEVICES_UP_TO), else a spread summary and the slowest ones: memory
-    and its share of the usable HBM, per-step buffers (activations, all-to-all), time split."""
+    and its share of the usable HBM, input (ids looked up) and output (pooled rows returned) MB per
+    step, time split."""
     usable = plan.usable_hbm_bytes_per_device
     devices = sorted(plan.devices, key=lambda d: (-d.time_s, d.device))
     lines = [""]
@@ -98,12 +99,12 @@ def _device_lines(plan: Plan) -> list[str]:
                   f"{_us(times[-1])} max; memory {_gib(memory[0])} min, {_gib(memory[-1])} max "
                   f"({100 * memory[-1] / usable:.0f}% of usable); the {SLOWEST_DEVICES} slowest:"]
         devices = devices[:SLOWEST_DEVICES]
-    lines.append(f"{'device':>6} {'chip':>5} {'memory':>10} {'usable':>7} {'buffers/step':>13} {'lookup':>12} "
+    lines.append(f"{'device':>6} {'chip':>5} {'memory':>10} {'usable':>7} {'in MB':>9} {'out MB':>9} {'lookup':>12} "
                  f"{'comm':>12} {'other':>12} {'total':>12}")
     for d in devices:
         lines.append(f"{d.device:>6} {d.chip:>5} {_gib(d.memory_bytes):>10} {100 * d.memory_bytes / usable:>6.1f}% "
-                     f"{d.buffer_bytes / MB:>10,.1f} MB {_us(d.lookup_s):>12} {_us(d.comm_s):>12} "
-                     f"{_us(d.overhead_s):>12} {_us(d.time_s):>12}")
+                     f"{d.input_bytes / MB:>9,.1f} {d.output_bytes / MB:>9,.1f} {_us(d.lookup_s):>12} "
+                     f"{_us(d.comm_s):>12} {_us(d.overhead_s):>12} {_us(d.time_s):>12}")
     return lines
 
 
