@@ -10,10 +10,14 @@ run and nothing a user can act on:
   calls ``is_fx_tracing``);
 * fbgemm_gpu's lines on import, through the root logger: "Successfully loaded: '...so'" per
   library, and its version-table note (ANSI-coloured);
+* TorchRec's planner stats table and DMP details at INFO, and the ``broadcast_buffers``
+  FutureWarning its DMP triggers (ours passes ``forward_sync_buffers``);
 * JAX's "Unable to initialize backend 'tpu': ... libtpu.so not found" on a host without a TPU and
   its compilation cache's "Resetting cache at <empty>.";
 * Ray's colour codes around the lines its workers print, when stdout is not a terminal
-  (``RAY_COLOR_PREFIX=0``, read by the Ray driver).
+  (``RAY_COLOR_PREFIX=0``, read by the Ray driver), and Ray Data's execution plans
+  (``RAY_DATA_LOG_LEVEL=WARNING``; Ray Train's worker-group and reporting lines: its
+  ``LoggingConfig``, :mod:`torchrec_tpu.train.ray_train`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 
 WORKER_SETUP = "torchrec_tpu.log_setup.worker_setup"  # Ray's worker_process_setup_hook for the jobs
 PROJECT_LOGGERS = ("torchrec_tpu", "pipelines")  # the jobs'; the libraries below them log warnings only
@@ -28,12 +33,10 @@ QUIET_LOGGERS = {
     "torch.fx._symbolic_trace": logging.ERROR,
     "jax._src.xla_bridge": logging.WARNING,
     "jax._src.compilation_cache": logging.WARNING,  # "Resetting cache at <empty>."
+    "torchrec": logging.WARNING,  # the engine=torchrec planner's stats table, lookup and DMP details
 }
-# Ray workers log INFO through the root logger: the libraries' details, Ray Train's worker-group and
-# reporting chatter ("Requesting resources", "Started training worker group ...", "Reporting training
-# result ...") and Ray Data's execution plans stay out of the job's output.
-WORKER_QUIET_LOGGERS = {name: logging.WARNING
-                        for name in ("torch_tpu", "sparsecore", "xla_cache", "ray.train", "ray.data")}
+# Ray workers log INFO through the root logger: the libraries' details stay out of the job's output.
+WORKER_QUIET_LOGGERS = {name: logging.WARNING for name in ("torch_tpu", "sparsecore", "xla_cache")}
 
 
 class _DropFbgemmImportLines(logging.Filter):
@@ -86,15 +89,18 @@ def configure_logging(command: str = "") -> None:
     root = logging.getLogger()
     if not any(isinstance(f, _DropFbgemmImportLines) for f in root.filters):
         root.addFilter(_DropFbgemmImportLines())
+    # TorchRec's DMP (engine=torchrec) still passes DDP the deprecated broadcast_buffers
+    warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
     if not sys.stdout.isatty():
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")  # read by Ray Data in the Ray processes started later
     info = _StdStream("stdout")
     info.addFilter(_Below(logging.WARNING))
     info.setFormatter(logging.Formatter("%(message)s"))
-    warnings = _StdStream("stderr")
-    warnings.setLevel(logging.WARNING)
+    warning_lines = _StdStream("stderr")
+    warning_lines.setLevel(logging.WARNING)
     prefix = f"torchrec-tpu {command}".strip()
-    warnings.setFormatter(_LowerLevelFormatter(f"{prefix}: %(levelname)s: %(message)s"))
+    warning_lines.setFormatter(_LowerLevelFormatter(f"{prefix}: %(levelname)s: %(message)s"))
     for name in PROJECT_LOGGERS:
         logger = logging.getLogger(name)
         logger.propagate = False
@@ -102,7 +108,7 @@ def configure_logging(command: str = "") -> None:
             continue
         logger.setLevel(logging.INFO)
         logger.addHandler(info)
-        logger.addHandler(warnings)
+        logger.addHandler(warning_lines)
 
 
 def worker_setup() -> None:

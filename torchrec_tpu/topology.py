@@ -107,8 +107,9 @@ class TPUTopology(Slice):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_mod_sharding(self.num_sparsecores, f"{self.name} ({self.num_devices} devices x "
-                                                 f"{self.sparsecores_per_device} SparseCores)")
+        if self.num_sparsecores:  # none (v5e, v4): the planner refuses it with its own line
+            check_mod_sharding(self.num_sparsecores, f"{self.name} ({self.num_devices} devices x "
+                                                     f"{self.sparsecores_per_device} SparseCores)")
 
     @property
     def usable_hbm_bytes_per_device(self) -> int:

@@ -14,7 +14,12 @@ Sources (checked 2026-12):
   64 chips". So tpu7x names count TensorCores (= JAX devices), like v5p.
 * [jte] jax-tpu-embedding 0.1.0 ``utils.NUM_SC_PER_DEVICE_MAP``: 4 SparseCores per JAX device on
   v5p, 2 on v6e, 2 on TPU7x "megacore disabled" -- TPU7x exposes each of its two chiplets
-  (one TensorCore + two SparseCores) as its own JAX device, so a chip has 4 SparseCores.
+  (one TensorCore + two SparseCores) as its own JAX device, so a chip has 4 SparseCores. No
+  entry for v5e ("TPU v5 lite") or v4.
+* [v5e] cloud.google.com/tpu/docs/v5e: 16 GiB HBM2, 819 GB/s, 197 TFLOP/s bf16, ICI 1,600 Gbps,
+  2D torus, 256 chips per pod.
+* [v4] cloud.google.com/tpu/docs/v4: 32 GiB HBM2, 1,228 GB/s, 275 TFLOP/s bf16, ICI 2,400 Gbps,
+  3D torus, 4,096 chips per pod, accelerator types count TensorCores.
 
 Units: bytes and bytes/second. ``ici_bandwidth_bytes_per_s`` is one direction, all links of one
 chip together (half of [cmp]'s bidirectional figure). Slice shapes, ICI/DCN topology and planner
@@ -95,6 +100,21 @@ CHIP_GENERATIONS: dict[str, ChipGeneration] = {
         "tpu7x", 4, 2, 192 * GIB, 7380e9, 1200e9 / 2, 2307e12, 3, 9216,
         dcn_bandwidth_bytes_per_s=100e9 / 8, devices_per_chip=2, name_counts_tensorcores=True,
         chips_per_host=4, chips_per_pod=9216,
+    ),
+    # v5e [v5e]: 16 GiB HBM2 at 819 GB/s; ICI 1,600 Gbps (200 GB/s one way); 197 TFLOP/s bf16; 2D
+    # torus, 256 chips per pod and slice; names count chips. No SparseCore: jax-tpu-embedding has no
+    # SparseCore count for it ("TPU v5 lite"), so the planner refuses it ([jte]).
+    "v5e": ChipGeneration(
+        "v5e", 0, 1, 16 * GIB, 819e9, 1600e9 / 8, 197e12, 2, 256,
+        devices_per_chip=1, name_counts_tensorcores=False, chips_per_host=8, chips_per_pod=256,
+    ),
+    # v4 [v4]: 32 GiB HBM2 at 1,228 GB/s; ICI 2,400 Gbps (300 GB/s one way); 275 TFLOP/s bf16; 3D
+    # torus, 4,096 chips per pod; two TensorCores as one JAX device (megacore); names count
+    # TensorCores (v4-8 = 4 chips). Its SparseCores serve TensorFlow's TPUEmbedding; jax-tpu-embedding
+    # does not drive them ([jte]), so they count as 0 here and the planner refuses v4.
+    "v4": ChipGeneration(
+        "v4", 0, 2, 32 * GIB, 1228e9, 2400e9 / 8, 275e12, 3, 4096,
+        devices_per_chip=1, name_counts_tensorcores=True, chips_per_host=4, chips_per_pod=4096,
     ),
 }
 

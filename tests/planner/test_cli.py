@@ -163,3 +163,15 @@ def test_load_plan_checks_the_json_schema(tmp_path, change, fragment):
     with pytest.raises(ValueError, match="not a (valid )?torchrec_tpu.plan/v1 plan") as info:
         load_plan(out)
     assert fragment in str(info.value)
+
+
+def test_terminal_table_lists_devices_and_cuts_placements_between_shards(tmp_path, capsys):
+    args = ["--tables", str(DLRM_TABLES), "--batch-size", "65536", "--max-ids-per-partition", "2048"]
+    assert main([*args, "--topology", "v5p-64"]) == 0
+    text = capsys.readouterr().out
+    assert "devices    32: step time" in text and "the 8 slowest:" in text and "% of usable)" in text
+    placements = [line.split("  ")[-1] for line in text.splitlines() if "column_wise" in line and "dev " in line]
+    assert placements and all(p.endswith(("]", "more")) for p in placements), placements
+    assert main([*args, "--topology", "v5p-8", "--batch-size", "4096"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.strip().endswith(" us") and "%" in line]
+    assert len(rows) == 4  # every device of a small slice, with its share of the usable HBM

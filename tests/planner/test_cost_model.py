@@ -98,3 +98,19 @@ def test_planner_prices_the_slots_sparsecore_keeps(spec, bytes_per_row) -> None:
     assert row_bytes(table, 8) == bytes_per_row
     element = [s for s in spec.slot_names if s not in spec.row_slots]
     assert 4 * 8 * (1 + len(element)) + 4 * len(spec.row_slots) == bytes_per_row
+
+
+def test_device_input_and_output_bytes_per_step():
+    """Table-wise on one device: it looks up every id of the global batch (12-byte CSR entries)
+    and returns every sample's pooled row; row-wise: each device 1/D of the ids and partial sums."""
+    from torchrec_tpu.planner import EmbeddingTable, plan_tables
+    from torchrec_tpu.topology import parse_accelerator_type
+
+    batch, topology = 4096, parse_accelerator_type("v5p-8")  # 4 devices
+    table = EmbeddingTable("t", rows=1000, dim=16, pooling_factor=3)
+    owner = plan_tables([table], topology, batch, 4096, constraints={"t": ["table_wise"]})
+    (device,) = [d for d in owner.devices if d.input_bytes]
+    assert device.input_bytes == 12 * batch * 3 and device.output_bytes == batch * 4 * 16
+    spread = plan_tables([table], topology, batch, 4096, constraints={"t": ["row_wise"]})
+    assert {d.input_bytes for d in spread.devices} == {12 * batch * 3 // 4}
+    assert {d.output_bytes for d in spread.devices} == {batch // 4 * 3 * 4 * 16}  # min(P, N) partial sums

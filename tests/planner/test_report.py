@@ -82,10 +82,17 @@ def test_comparison_figure_marks_the_topology_without_a_plan(compared):
 
     results = [(n, "no plan" if n == "v6e-16" else load_plan(compared / f"plan.{n}.json")) for n in TOPOLOGIES]
     figure = charts.comparison_figure(results)
-    assert len(figure.axes) == 3
+    assert len(figure.axes) == 4  # step time split, throughput per chip, peak HBM, balance
     for ax in figure.axes:
         assert [t.get_text() for t in ax.get_xticklabels()] == list(TOPOLOGIES)
         assert [t.get_text() for t in ax.texts] == ["no plan"]
+    assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()] == ["lookup", "all-to-all", "overheads"]
+    assert figure.axes[3].get_ylim()[0] > 0.9  # balance sits near 1: no axis from 0
+    plans = [r for _, r in results if not isinstance(r, str)]
+    heights = [bar.get_height() for bar in figure.axes[1].patches]
+    chips = {p.topology.name: p.topology.num_chips for p in plans}
+    assert chips["v6e-256"] == 256 and chips["v5p-64"] == 32  # normalised per chip, not per slice
+    assert [h for h in heights if h] == pytest.approx([charts.samples_per_s_per_chip(p) / 1e3 for p in plans])
     assert _overlapping_texts(figure) == []
 
 
@@ -169,3 +176,10 @@ def test_report_renders_in_headless_chromium(compared, tmp_path):
         dom = _chromium(page, tmp_path / "p2", "--dump-dom").stdout
         assert "parsererror" not in dom and "This page contains the following errors" not in dom
         assert dom.count("<svg") == (3 if page.stem != "plan" else 1)
+
+
+def test_compare_page_without_any_plan_has_no_chart(tmp_path):
+    from torchrec_tpu.planner.report import render_comparison_html
+
+    page = render_comparison_html([("v5e-16", "no SparseCore"), ("v4-8", "no SparseCore")], "none")
+    assert "<svg" not in page and "v5e-16: no SparseCore" in page

@@ -41,7 +41,7 @@ def test_ray_train_beside_another_ray_instance(tmp_path: Path) -> None:
         other_address = other.stdout.readline().strip()
         assert other_address, "the other Ray instance did not start"
         log = tmp_path / "train.log"
-        options = {**TINY_OPTIONS, "epochs": 1, "batch_size": 64, "progress": True}
+        options = {**TINY_OPTIONS, "engine": "sparsecore", "epochs": 1, "batch_size": 64, "progress": True}
         with log.open("w") as out:
             rc = subprocess.run([sys.executable, "-m", "torchrec_tpu.cli", "train", "--data", str(data),
                                  "--log-dir", str(tmp_path / "run"), *as_flags(options), "--max-steps", "8",

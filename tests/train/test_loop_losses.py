@@ -80,3 +80,24 @@ def test_nan_loss_stops_training_naming_its_step(tmp_path: Path) -> None:
     losses = [0.5, 0.25, math.nan, 2.0, 0.75, 0.125]
     with pytest.raises(FloatingPointError, match="NaN at step 2 "):
         _run(losses, log_every=4, tmp_path=tmp_path)
+
+
+def test_target_auc_stops_at_the_first_evaluation_reaching_it(tmp_path: Path) -> None:
+    def run(target: float):
+        options = LoopOptions(max_steps=9, log_every=3, eval_every=3, target_auc=target, progress=False)
+        return run_training(_Logistic(), torch.optim.SGD(_Logistic().parameters(), lr=0.1), _batches(9),
+                            _batches(1), torch.device("cpu"), ScalarLog(tmp_path, enabled=False), options,
+                            step_fn=_Scripted([0.5] * 9))
+
+    assert run(0.4).steps == 3  # equal logits: AUC 0.5, over the target at the first evaluation (step 3)
+    assert run(0.9).steps == 9  # never reached: all steps
+
+
+def test_target_auc_flag_is_checked() -> None:
+    from torchrec_tpu.train.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match=r"--target-auc=0.8 needs --eval-every N"):
+        TrainConfig.from_options(target_auc=0.8)
+    with pytest.raises(ConfigError, match=r"--target-auc=1.5 must be in \[0, 1\)"):
+        TrainConfig.from_options(target_auc=1.5, eval_every=10)
+    assert TrainConfig.from_options(target_auc=0.80275, eval_every=10).loop.target_auc == 0.80275

@@ -1,10 +1,12 @@
 """``torchrec-tpu infer``: predictions for every row of a Parquet dataset, resumable.
 
-Ray Data runs the units (one per input row group, see :mod:`torchrec_tpu.inference.units`) through
-:class:`Predictor`, a callable class: each of ``concurrency`` actors loads the checkpoint once,
-then reads its units, predicts in batches and writes one Parquet part per unit. The driver only
-tracks progress. Output rows: the requested key columns, then the optional row id (the row's
-global index over the inputs in order), then ``prediction`` (click probability, float32).
+A pool of ``concurrency`` Ray actors (:class:`Predictor`, never restarted: a dead actor fails the
+job, and a rerun resumes it) takes the units (one per input row group, see
+:mod:`torchrec_tpu.inference.units`) as they free up: each loads the checkpoint once, then reads
+its units, predicts in batches and writes one Parquet part per unit. The driver only tracks
+progress; with nothing left to do it starts no Ray at all. Output rows: the requested key
+columns, then the optional row id (the row's global index over the inputs in order), then
+``prediction`` (click probability, float32).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def _unit_of(units: dict[str, np.ndarray], i: int) -> Unit:
 
 
 class Predictor:
-    """Ray Data callable class: the model is loaded once per actor, in ``__init__``."""
+    """One inference actor: the model is loaded once, in ``__init__``."""
 
     def __init__(self, config: InferenceConfig, threads: int) -> None:
         import torch
@@ -134,9 +136,9 @@ class Predictor:
         columns[PREDICTION_COLUMN] = pa.array(self._predict(table))
         return pa.table(columns)
 
-    def __call__(self, units: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Predict and write ``units``. An exception is returned in the ``error`` column, not
-        raised: Ray Data's wrappers would drop the exception itself, keeping only its text."""
+    def predict_units(self, units: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Predict and write ``units`` (columns of Unit fields). An exception is returned in the
+        ``error`` column, with the actor's traceback as a note, for the driver to raise."""
         try:
             if self.error is not None:
                 raise self.error
@@ -231,7 +233,8 @@ def _predict_all(config: InferenceConfig, units: list[Unit], todo: list[Unit], o
 
 def _predict_units(config: InferenceConfig, todo: list[Unit]) -> tuple[int, BadValueCounts]:
     """Predict and write ``todo`` on a local Ray instance: rows predicted, bad values met."""
-    import ray.data
+    import ray
+    from ray.util import ActorPool
 
     from pipelines.progress import progress_bar
     from pipelines.ray_data import local_ray
@@ -241,17 +244,11 @@ def _predict_units(config: InferenceConfig, todo: list[Unit]) -> tuple[int, BadV
         total=sum(u.num_rows for u in todo), desc="infer", unit="row", enabled=config.progress
     ) as bar:
         threads = max(1, config.num_cpus // config.concurrency)
-        results = ray.data.from_items(
-            [vars(u) for u in todo], override_num_blocks=len(todo)
-        ).map_batches(
-            Predictor,
-            batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=config.concurrency),
-            max_restarts=0,  # a dead actor fails the job (a rerun resumes it)
-            num_cpus=min(threads, config.num_cpus),
-            fn_constructor_kwargs={"config": config, "threads": threads},
-        )
-        for row in results.iter_rows():
+        actor = ray.remote(Predictor).options(num_cpus=min(threads, config.num_cpus), max_restarts=0)
+        pool = ActorPool([actor.remote(config, threads) for _ in range(min(config.concurrency, len(todo)))])
+        units = ({k: np.array([v]) for k, v in vars(u).items()} for u in todo)
+        for result in pool.map_unordered(lambda predictor, unit: predictor.predict_units.remote(unit), units):
+            row = {k: v[0] for k, v in result.items()}
             if row["error"] is not None:
                 raise row["error"]
             rows_done += int(row["rows"])

@@ -64,7 +64,7 @@ def assemble_plan(options: TableOptions, tables: Sequence[EmbeddingTable], choic
         devices.append(DevicePlan(dev, dev // topo.chip.devices_per_chip, int(load.hbm_bytes),
                                   int(load.buffer_bytes), load.lookup_s, load.comm_s,
                                   costs.kernel_overhead_s * n_stacks + latency, n_stacks,
-                                  tuple(placed_names[dev])))
+                                  tuple(placed_names[dev]), int(load.input_bytes), int(load.output_bytes)))
     stack_plans = tuple(StackPlan(_stack_name(key, dev), dev, tuple(names))
                         for (key, dev), names in sorted(stacks.items(), key=lambda kv: (_stack_name(*kv[0]))))
     return Plan(topo, options.builder.batch_size, options.builder.max_ids_per_partition,

@@ -121,36 +121,62 @@ def placement_figure(plan: Plan) -> Figure:
     return figure
 
 
+def _slowest(plan: Plan):
+    return max(plan.devices, key=lambda d: d.time_s)
+
+
+def samples_per_s_per_chip(plan: Plan) -> float:
+    """Global batch over the slowest device's step time, per chip of the slice(s): slices of
+    different sizes compared for what each chip delivers."""
+    return plan.batch_size / plan.step_time_s / plan.topology.num_chips
+
+
 def comparison_figure(results: Sequence[tuple[str, Plan | str]]) -> Figure:
-    """Step time, peak memory (share of usable HBM) and feasibility of each topology's plan."""
+    """Each topology's step time (the slowest device: lookup, all-to-all, overheads), throughput per
+    chip, peak memory (share of usable HBM) and balance (step time over the lower bound, axis from
+    just below the best); a topology without a plan is marked where its bars would be."""
     names = [name for name, _ in results]
     plans = [r if isinstance(r, Plan) else None for _, r in results]
-    figure = Figure(figsize=(11, 3.8), layout="constrained")
-    axes = figure.subplots(1, 3)
+    figure = Figure(figsize=(13, 3.8), layout="constrained")
+    axes = figure.subplots(1, 4)
+    x = range(len(names))
+    parts = (("lookup", lambda d: d.lookup_s), ("all-to-all", lambda d: d.comm_s),
+             ("overheads", lambda d: d.overhead_s))
+    bottom = [0.0] * len(plans)
+    for (label, part), color in zip(parts, COLORS):
+        heights = [part(_slowest(p)) * 1e6 if p else 0.0 for p in plans]
+        axes[0].bar(x, heights, bottom=bottom, color=color, width=0.6, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.25), ncols=3, frameon=False)
     panels = (
-        ("Step time (slowest device)", "us", [p.step_time_s * 1e6 if p else 0.0 for p in plans]),
-        ("Peak HBM per device", "% of usable HBM",
+        (axes[0], "Step time (slowest device)", "us", bottom),
+        (axes[1], "Throughput per chip", "k samples/s per chip", [samples_per_s_per_chip(p) / 1e3 if p else 0.0
+                                                                  for p in plans]),
+        (axes[2], "Peak HBM per device", "% of usable HBM",
          [100 * p.max_memory_bytes / p.usable_hbm_bytes_per_device if p else 0.0 for p in plans]),
-        ("Balance (step time / lower bound)", "x", [p.quality if p else 0.0 for p in plans]),
+        (axes[3], "Balance (step time / lower bound)", "x", [p.quality if p else 0.0 for p in plans]),
     )
-    for ax, (title, unit, values) in zip(axes, panels):
-        colors = [COLORS[0] if p else LIMIT_COLOR for p in plans]
-        ax.bar(range(len(names)), values, color=colors, width=0.6)
-        top = max(values, default=0.0) or 1.0
+    for ax, title, unit, values in panels:
+        if ax is not axes[0]:
+            ax.bar(x, values, color=COLORS[0], width=0.6)
+        planned = [v for v, p in zip(values, plans) if p]
+        low, top = 0.0, max(planned, default=0.0) or 1.0
+        if unit == "x":  # quality sits near 1: start the axis just below the best, not at 0
+            low = max(0.0, min(planned, default=1.0) - 0.05 * max(top - min(planned, default=1.0), 0.2))
+        if unit.startswith("%"):
+            ax.axhline(100, color=LIMIT_COLOR, linestyle="--", linewidth=1.2)
+            top = max(top, 100)
+        ax.set_ylim(low, low + (top - low) * 1.15)
         for i, p in enumerate(plans):
             if p is None:  # no plan: say so where the bar would be
-                ax.text(i, top * 0.04, "no plan", rotation=90, ha="center", va="bottom", color=LIMIT_COLOR,
-                        fontsize=9)
-        if unit == "% of usable HBM":
-            ax.axhline(100, color=LIMIT_COLOR, linestyle="--", linewidth=1.2)
+                ax.text(i, low + (top - low) * 0.04, "no plan", rotation=90, ha="center", va="bottom",
+                        color=LIMIT_COLOR, fontsize=9)
         ax.set_title(title, loc="left", fontsize=10)
         ax.set_ylabel(unit)
-        ax.set_ylim(0, max(top, 100 if unit.startswith("%") else 0) * 1.1)
-        ax.set_xticks(range(len(names)), names, rotation=30 if len(names) > 3 else 0,
+        ax.set_xticks(x, names, rotation=30 if len(names) > 3 else 0,
                       ha="right" if len(names) > 3 else "center", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     feasible = sum(p is not None for p in plans)
     figure.suptitle(f"Topologies compared: {feasible} of {len(plans)} have a plan (red: no plan)", x=0.01,
                     ha="left", fontsize=11)
     return figure
-

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tables file (.yaml/.json/.csv) or 'module:function' returning an EBC or "
                              "EmbeddingBagConfigs")
     parser.add_argument("--topology", default="v5p-64",
-                        help="slice name (v5p-64 = 32 chips, v6e-64 = 64 chips, tpu7x-64 = 32 chips) or topology file")
+                        help="slice name (v5p-64 = 32 chips, v6e-64 = 64 chips, tpu7x-64 = 32 chips; v5e and v4 "
+                             "slices are known but refused: no SparseCore jax-tpu-embedding drives) or topology file")
     parser.add_argument("--slices", type=int, default=1, metavar="N",
                         help="number of slices joined by DCN (multislice)")
     parser.add_argument("--batch-size", type=positive_int, default=65536, metavar="N", help="global batch size")

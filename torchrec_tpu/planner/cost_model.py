@@ -40,7 +40,7 @@ Compute and communication are assumed not to overlap (conservative).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from torchrec_tpu.planner.tables import EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
@@ -60,6 +60,8 @@ class Load:
     buffer_bytes: float = 0.0  # activations and all-to-all receive buffers
     lookup_s: float = 0.0
     comm_s: float = 0.0
+    input_bytes: float = 0.0  # ids (CSR) the device's SparseCores look up per step
+    output_bytes: float = 0.0  # pooled rows (or partial sums) it returns per step
 
     @property
     def memory_bytes(self) -> float:
@@ -70,8 +72,11 @@ class Load:
         return self.lookup_s + self.comm_s
 
     def __add__(self, other: Load) -> Load:
-        return Load(self.hbm_bytes + other.hbm_bytes, self.buffer_bytes + other.buffer_bytes,
-                    self.lookup_s + other.lookup_s, self.comm_s + other.comm_s)
+        return Load(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def scaled(self, k: float) -> Load:
+        """Every quantity times ``k``."""
+        return Load(*(k * a for a in astuple(self)))
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,10 @@ class OptionBuilder:
 
     def __init__(self, topology: TPUTopology, batch_size: int,
                  max_ids_per_partition: int = DEFAULT_MAX_IDS_PER_PARTITION) -> None:
+        if not topology.sparsecores_per_device:
+            raise ValueError(f"{topology.name}: {topology.chip.name} has no SparseCore that jax-tpu-embedding "
+                             "drives, and this planner places tables on SparseCore lookups only; plan on v5p, "
+                             "v6e or tpu7x")
         if batch_size < 1:
             raise ValueError(f"global batch (--batch-size) must be >= 1, got {batch_size}")
         if batch_size % topology.num_devices:
@@ -161,7 +170,9 @@ class OptionBuilder:
         sent = (1 - 1 / self.d) * (CSR_BYTES_PER_ID * ids
                                    + 2 * self.local_batch * t.num_features * partials * ACTIVATION_BYTES * dp)
         uniform = Load(hbm_bytes=rows * row_bytes(t, dp), buffer_bytes=sent + self._output_buffers(t, dp),
-                       lookup_s=self._lookup_seconds(t, ids, dp), comm_s=sent * self.t_u)
+                       lookup_s=self._lookup_seconds(t, ids, dp), comm_s=sent * self.t_u,
+                       input_bytes=CSR_BYTES_PER_ID * ids,
+                       output_bytes=self.local_batch * t.num_features * partials * ACTIVATION_BYTES * dp)
         return ShardingOption(t, ShardingKind.ROW_WISE, uniform, (), rows, dp, self._partition_ids(t, self.n))
 
     def column_wise(self, t: EmbeddingTable, num_shards: int) -> ShardingOption:
@@ -183,7 +194,8 @@ class OptionBuilder:
             per_device = CSR_BYTES_PER_ID * ids + 2 * act
             owner_bytes = (self.d - 1) * (CSR_BYTES_PER_ID * ids + act)
             owner = Load(hbm_bytes=rows * row_bytes(t, width), buffer_bytes=owner_bytes,
-                         lookup_s=self._lookup_seconds(t, ids * self.d, width), comm_s=owner_bytes * self.t_h)
+                         lookup_s=self._lookup_seconds(t, ids * self.d, width), comm_s=owner_bytes * self.t_h,
+                         input_bytes=CSR_BYTES_PER_ID * ids * self.d, output_bytes=act * self.d)
             shards.append(ShardCost(offset, width, rows, owner))
             uniform = uniform + Load(buffer_bytes=per_device + self._output_buffers(t, width),
                                      comm_s=per_device * self.t_u if self.d > 1 else 0.0)
@@ -198,7 +210,8 @@ class OptionBuilder:
         act = self.local_batch * t.num_features * ACTIVATION_BYTES * dp
         sent = (self.d - 1) * (CSR_BYTES_PER_ID * ids + 2 * act)
         uniform = Load(hbm_bytes=rows * row_bytes(t, dp), buffer_bytes=sent + self._output_buffers(t, dp),
-                       lookup_s=self._lookup_seconds(t, ids * self.d, dp), comm_s=sent * self.t_u)
+                       lookup_s=self._lookup_seconds(t, ids * self.d, dp), comm_s=sent * self.t_u,
+                       input_bytes=CSR_BYTES_PER_ID * ids * self.d, output_bytes=act * self.d)
         return ShardingOption(t, ShardingKind.DATA_PARALLEL, uniform, (), rows, dp, self._partition_ids(t, self.s))
 
     def column_split_counts(self, t: EmbeddingTable) -> list[int]:

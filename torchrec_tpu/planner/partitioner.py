@@ -130,7 +130,7 @@ class Partitioner:
         return self.uniform.memory_bytes + float(self.placed_mem.max()) <= self.usable
 
     def _apply(self, name: str, option: ShardingOption, devices: tuple[int, ...], sign: int = 1) -> None:
-        self.uniform = self.uniform + _scaled(option.uniform, sign)
+        self.uniform = self.uniform + option.uniform.scaled(sign)
         for shard, dev in zip(option.shards, devices):
             self.placed_time[dev] += sign * shard.load.time_s
             self.placed_mem[dev] += sign * shard.load.memory_bytes
@@ -144,7 +144,7 @@ class Partitioner:
         self.uniform = self.uniform + option.uniform
         room = self.usable - self.uniform.memory_bytes - self.placed_mem
         if float(room.min()) < 0:
-            self.uniform = self.uniform + _scaled(option.uniform, -1)
+            self.uniform = self.uniform + option.uniform.scaled(-1)
             return False
         devices: list[int] = []
         for shard in option.shards:
@@ -152,10 +152,10 @@ class Partitioner:
             candidates[devices] = np.inf
             dev = int(candidates.argmin())
             if not np.isfinite(candidates[dev]):
-                self.uniform = self.uniform + _scaled(option.uniform, -1)
+                self.uniform = self.uniform + option.uniform.scaled(-1)
                 return False
             devices.append(dev)
-        self.uniform = self.uniform + _scaled(option.uniform, -1)
+        self.uniform = self.uniform + option.uniform.scaled(-1)
         self._apply(name, option, tuple(devices))
         return True
 
@@ -232,10 +232,6 @@ def _better(a: tuple[float, int], b: tuple[float, int]) -> bool:
     if a[0] < b[0] * (1 - 1e-9) - _EPS:
         return True
     return a[0] <= b[0] * (1 + 1e-9) + _EPS and a[1] < b[1]
-
-
-def _scaled(load: Load, sign: int) -> Load:
-    return Load(sign * load.hbm_bytes, sign * load.buffer_bytes, sign * load.lookup_s, sign * load.comm_s)
 
 
 def _progress(items: Sequence[Any], enabled: bool, desc: str) -> Sequence[Any]:

@@ -66,6 +66,8 @@ class DevicePlan:
     overhead_s: float  # per-stack kernel overhead + collective latency
     num_stacks: int
     placed_tables: tuple[str, ...]  # table-/column-wise tables with a shard here
+    input_bytes: int = 0  # ids (CSR) its SparseCores look up per step (0: plans from before it was recorded)
+    output_bytes: int = 0  # pooled rows / partial sums it returns per step
 
     @property
     def memory_bytes(self) -> int:

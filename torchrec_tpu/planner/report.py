@@ -64,36 +64,80 @@ def _dense_lines(plan: Plan) -> list[str]:
             f"{topo.allreduce_phases} collective(s))"]
 
 
+ALL_DEVICES_UP_TO = 16  # the terminal table lists every device up to this many, else a summary and the slowest
+SLOWEST_DEVICES = 8
+PLACEMENT_CHARS = 60
+MB = 1e6
+
+
+def _placement_text(plan: Plan, table_index: int, width: int = PLACEMENT_CHARS) -> str:
+    """:func:`_placement` within ``width`` characters, cut between shards (``+N more``), never inside one."""
+    text = _placement(plan, table_index)
+    if len(text) <= width:
+        return text
+    parts = text.split(", ")
+    shown: list[str] = []
+    for part in parts:
+        rest = len(parts) - len(shown) - 1
+        if len(", ".join([*shown, part])) + len(f", +{rest} more") > width:
+            break
+        shown.append(part)
+    return ", ".join(shown) + f", +{len(parts) - len(shown)} more"
+
+
+def _device_lines(plan: Plan) -> list[str]:
+    """Every device (up to ALL_DEVICES_UP_TO), else a spread summary and the slowest ones: memory
+    and its share of the usable HBM, input (ids looked up) and output (pooled rows returned) MB per
+    step, time split."""
+    usable = plan.usable_hbm_bytes_per_device
+    devices = sorted(plan.devices, key=lambda d: (-d.time_s, d.device))
+    lines = [""]
+    if len(devices) > ALL_DEVICES_UP_TO:
+        times = sorted(d.time_s for d in devices)
+        memory = sorted(d.memory_bytes for d in devices)
+        lines += [f"devices    {len(devices)}: step time {_us(times[0])} min, {_us(times[len(times) // 2])} median, "
+                  f"{_us(times[-1])} max; memory {_gib(memory[0])} min, {_gib(memory[-1])} max "
+                  f"({100 * memory[-1] / usable:.0f}% of usable); the {SLOWEST_DEVICES} slowest:"]
+        devices = devices[:SLOWEST_DEVICES]
+    lines.append(f"{'device':>6} {'chip':>5} {'memory':>10} {'usable':>7} {'in MB':>9} {'out MB':>9} {'lookup':>12} "
+                 f"{'comm':>12} {'other':>12} {'total':>12}")
+    for d in devices:
+        lines.append(f"{d.device:>6} {d.chip:>5} {_gib(d.memory_bytes):>10} {100 * d.memory_bytes / usable:>6.1f}% "
+                     f"{d.input_bytes / MB:>9,.1f} {d.output_bytes / MB:>9,.1f} {_us(d.lookup_s):>12} "
+                     f"{_us(d.comm_s):>12} {_us(d.overhead_s):>12} {_us(d.time_s):>12}")
+    return lines
+
+
 def format_plan(plan: Plan, top: int = 20) -> str:
-    """Summary, the ``top`` largest tables and the slowest devices, as aligned text."""
+    """Summary, the ``top`` largest tables and the devices (all, or a summary and the slowest), as
+    aligned text."""
     lines = summary_lines(plan) + ["", f"{'table':<24} {'rows':>13} {'dim':>5} {'sharding':<14} {'HBM':>10}  placement"]
     order = sorted(range(len(plan.tables)), key=lambda i: (-plan.tables[i].hbm_bytes, plan.tables[i].name))
     for i in order[:top]:
         t = plan.tables[i]
         lines.append(f"{t.name[:24]:<24} {t.rows:>13,} {t.dim:>5} {t.sharding_type:<14} {_gib(t.hbm_bytes):>10}  "
-                     f"{_placement(plan, i)[:60]}")
+                     f"{_placement_text(plan, i)}")
     if len(order) > top:
         lines.append(f"... {len(order) - top} more tables (see the plan JSON / HTML report)")
-    lines += ["", f"{'device':>6} {'chip':>5} {'memory':>10} {'lookup':>12} {'comm':>12} {'other':>12} {'total':>12}"]
-    slowest = sorted(plan.devices, key=lambda d: (-d.time_s, d.device))
-    for d in slowest[: min(top, 8)]:
-        lines.append(f"{d.device:>6} {d.chip:>5} {_gib(d.memory_bytes):>10} {_us(d.lookup_s):>12} {_us(d.comm_s):>12} "
-                     f"{_us(d.overhead_s):>12} {_us(d.time_s):>12}")
-    return "\n".join(lines)
+    return "\n".join(lines + _device_lines(plan))
 
 
 def format_comparison(results: Sequence[tuple[str, Plan | str]]) -> str:
-    """One row per topology: step time, bound, quality, memory, or the reason it failed."""
-    lines = [f"{'topology':<14} {'chips':>6} {'devices':>7} {'step time':>14} {'lower bound':>14} {'quality':>8} "
-             f"{'max memory':>11} {'usable':>10}"]
+    """One row per topology: step time (and its lookup / all-to-all split on the slowest device),
+    throughput per chip, bound, quality, memory, or the reason it failed."""
+    lines = [f"{'topology':<14} {'chips':>6} {'devices':>7} {'step time':>12} {'lookup':>12} {'all-to-all':>12} "
+             f"{'samples/s/chip':>15} {'lower bound':>12} {'quality':>8} {'max memory':>11} {'usable':>10}"]
     for name, result in results:
         if isinstance(result, str):
             lines.append(f"{name:<14} no plan: {result}")
             continue
         p = result
-        chips = len({d.chip for d in p.devices})
-        lines.append(f"{name:<14} {chips:>6} {len(p.devices):>7} {_us(p.step_time_s):>14} {_us(p.lower_bound_s):>14} "
-                     f"{p.quality:>7.3f}x {_gib(p.max_memory_bytes):>11} {_gib(p.usable_hbm_bytes_per_device):>10}")
+        slowest = max(p.devices, key=lambda d: d.time_s)
+        per_chip = p.batch_size / p.step_time_s / p.topology.num_chips
+        lines.append(f"{name:<14} {p.topology.num_chips:>6} {len(p.devices):>7} {_us(p.step_time_s):>12} "
+                     f"{_us(slowest.lookup_s):>12} {_us(slowest.comm_s):>12} {per_chip:>15,.0f} "
+                     f"{_us(p.lower_bound_s):>12} {p.quality:>7.3f}x {_gib(p.max_memory_bytes):>11} "
+                     f"{_gib(p.usable_hbm_bytes_per_device):>10}")
     return "\n".join(lines)
 
 
@@ -152,14 +196,15 @@ def render_html(plan: Plan, title: str = "torchrec-tpu sharding plan") -> str:
 
 
 def render_comparison_html(results: Sequence[tuple[str, Plan | str]], title: str) -> str:
-    """The ``--compare`` page: the comparison chart, the comparison table, and why a topology has
-    no plan."""
+    """The ``--compare`` page: the comparison chart (when any topology has a plan), the comparison
+    table, and why a topology has no plan."""
     from torchrec_tpu.planner import charts
 
     failures = [f"<li>{escape(name)}: {escape(r)}</li>" for name, r in results if isinstance(r, str)]
-    body = [f"<h1>{escape(title)}</h1>",
-            charts.to_svg(charts.comparison_figure(results), "comparison"),
-            "<pre>" + escape(format_comparison(results)) + "</pre>"]
+    body = [f"<h1>{escape(title)}</h1>"]
+    if len(failures) < len(results):  # no chart of nothing when no topology has a plan
+        body.append(charts.to_svg(charts.comparison_figure(results), "comparison"))
+    body.append("<pre>" + escape(format_comparison(results)) + "</pre>")
     if failures:
         body += ["<h3>No plan</h3>", '<ul class="warnings">', *failures, "</ul>"]
     return _page(title, body)

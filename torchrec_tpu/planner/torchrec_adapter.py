@@ -72,12 +72,8 @@ class SparseCoreShardEstimator(_estimator_base()):  # type: ignore[misc]
             return self._builder.row_wise(table).uniform
         if sharding_type in ("table_wise", "column_wise"):
             option = self._builder.column_blocks(table, [int(size[1])])
-            return option.shards[0].load + _times(option.uniform, self._builder.d)
+            return option.shards[0].load + option.uniform.scaled(self._builder.d)
         raise ValueError(f"table {table.name!r}: sharding {sharding_type!r} is not costed; allowed {SUPPORTED}")
-
-
-def _times(load: Load, k: int) -> Load:
-    return Load(load.hbm_bytes * k, load.buffer_bytes * k, load.lookup_s * k, load.comm_s * k)
 
 
 def plan_with_torchrec(tables: Sequence[EmbeddingTable], topology: TPUTopology, batch_size: int,

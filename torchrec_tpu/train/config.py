@@ -178,6 +178,8 @@ class LoopConfig:
     log_dir: str | None = _opt(None, "TensorBoard log directory (default: runs/<UTC timestamp>)")
     log_every: int = _opt(20, "log training scalars every N steps")
     eval_every: int = _opt(0, "also evaluate every N steps (0: only at the end)", aliases=("--validation-freq",))
+    target_auc: float = _opt(0.0, "stop at the first --eval-every evaluation whose AUC reaches this (MLPerf "
+                                  "DLRM-DCNv2's target: 0.80275) (0: no target)")
     progress: bool = _opt(True, "show a tqdm progress bar")
 
     def resolved_log_dir(self) -> Path:
@@ -237,6 +239,10 @@ class TrainConfig:
             _require(name, self.option(name), lambda v: v >= 0, "must be >= 0")
         for name in ("sparse_lr", "dense_lr", "collective_timeout"):
             _require(name, self.option(name), lambda v: v > 0, "must be > 0")
+        _require("target_auc", self.loop.target_auc, lambda v: 0 <= v < 1, "must be in [0, 1)")
+        if self.loop.target_auc and not self.loop.eval_every:
+            raise ConfigError(f"--target-auc={self.loop.target_auc} needs --eval-every N: the target is checked "
+                              "at each of those evaluations")
         for name, (_, f) in OPTIONS.items():
             choices = f.metadata.get("choices")
             if choices and self.option(name) not in choices:

@@ -136,7 +136,8 @@ def _run_in(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobH
                 _log.info(point.describe())
         options = LoopOptions(
             epochs=config.loop.epochs, max_steps=config.loop.max_steps, log_every=config.loop.log_every,
-            eval_every=config.loop.eval_every, checkpoint_every=config.checkpoint.checkpoint_every,
+            eval_every=config.loop.eval_every, target_auc=config.loop.target_auc,
+            checkpoint_every=config.checkpoint.checkpoint_every,
             progress=config.loop.progress and env.is_primary, world_size=env.world_size,
             start_step=start_step, start=start,
         )

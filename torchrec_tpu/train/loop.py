@@ -43,6 +43,7 @@ class LoopOptions:
     max_steps: int = 0  # 0: no limit
     log_every: int = 20
     eval_every: int = 0  # 0: evaluate only at the end
+    target_auc: float = 0.0  # stop at the first eval_every evaluation reaching it (0: no target)
     checkpoint_every: int = 0  # 0: no checkpoints during training
     progress: bool = True
     world_size: int = 1  # samples/s counts every rank's batch (ranks step in lock-step)
@@ -181,6 +182,11 @@ def run_training(
                 result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward))
                 window_start = time.perf_counter()
                 paused_seconds += window_start - eval_start
+                if options.target_auc and result.auc >= options.target_auc:  # the global AUC: every rank stops
+                    if options.progress:  # the primary rank
+                            _log.info("eval AUC %.5f at step %d reached --target-auc %s: stopping", result.auc, step,
+                                  options.target_auc)
+                    break
             if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 \
                     and step != total:
                 save_start = time.perf_counter()

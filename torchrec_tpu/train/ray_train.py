@@ -258,7 +258,9 @@ def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
             run_config=ray.train.RunConfig(
                 name=RUN_NAME, storage_path=storage,
                 failure_config=ray.train.FailureConfig(max_failures=options.max_failures),
-                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=config.checkpoint.keep_checkpoints)),
+                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=config.checkpoint.keep_checkpoints),
+                # the job's lines, not Ray Train's worker-group and reporting chatter (log_setup)
+                logging_config=ray.train.LoggingConfig(log_level="WARNING")),
         )
         result = trainer.fit()
     if result.error is not None:
