@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrec_tpu.planner.plan_checks import check_plan
 from torchrec_tpu.structured_files import read_structured
 from torchrec_tpu.topology import CostConstants, TPUTopology
 from tpu_facts import Slice
@@ -135,7 +136,8 @@ class Plan:
 
 
 def plan_from_dict(data: dict[str, Any]) -> Plan:
-    """Inverse of ``Plan.to_dict`` (the summary is recomputed, not trusted)."""
+    """Inverse of ``Plan.to_dict`` (the summary is recomputed, not trusted; the shards are checked
+    against the slice, :func:`torchrec_tpu.planner.plan_checks.check_plan`)."""
     if data.get("format") != PLAN_FORMAT:
         raise ValueError(f"not a {PLAN_FORMAT} plan (format={data.get('format')!r})")
     try:
@@ -147,11 +149,13 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         devices = tuple(DevicePlan(**{**{k: v for k, v in d.items() if k != "allreduce_s"},
                                       "placed_tables": tuple(d["placed_tables"])}) for d in data["devices"])
         stacks = tuple(StackPlan(s["name"], s["device"], tuple(s["tables"])) for s in data["stacks"])
-        return Plan(_topology_from_dict(data["topology"]), data["batch_size"], data["max_ids_per_partition"],
+        plan = Plan(_topology_from_dict(data["topology"]), data["batch_size"], data["max_ids_per_partition"],
                     data["usable_hbm_bytes_per_device"], tables, devices, stacks, data["lower_bound_s"],
                     tuple(data["warnings"]), int(data.get("dense_params", 0)))
     except (KeyError, TypeError) as err:
         raise ValueError(f"malformed plan: {err}") from None
+    check_plan(plan)  # a hand-edited shard field fails here, naming the table and field
+    return plan
 
 
 def _topology_from_dict(data: Any) -> TPUTopology:
