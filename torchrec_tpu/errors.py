@@ -82,7 +82,8 @@ def report_failure(command: str, error: BaseException) -> int:
     elif not is_user_error(cause):
         message = f"internal error ({type(cause).__name__}): {message}"
     log = write_log(command, error)
-    print(f"torchrec-tpu {command}: error: {message}", file=sys.stderr)
+    text = f"torchrec-tpu {command}: error: {message}\n"
     if log is not None:
-        print(f"  (full traceback in {log})", file=sys.stderr)
+        text += f"  (full traceback in {log})\n"
+    sys.stderr.write(text)  # one write: the lines of ranks sharing a stderr never interleave mid-line
     return 1
