@@ -5,9 +5,12 @@ Bad values:
 
 * a label outside ``[0, 1]`` (7.0, -3.0; soft labels in between are fine), NaN or null;
 * a dense value that is infinite or beyond float32's range (``+inf``, ``-inf``, ``1e300``): the
-  transform would turn it into ``inf`` and the loss into NaN. NaN and null dense values are
-  *missing* and map to 0 (:mod:`pipelines.arrow_batch`), they are not bad. Integer columns cannot
-  hold a bad value (int64 is within float32's range) and are not scanned.
+  transform would turn it into ``inf`` and the loss into NaN;
+* a null id inside a multi-hot list (``[3, null]``: no row to look up; a null list is missing).
+
+NaN and null dense values are *missing* and map to 0 (:mod:`pipelines.arrow_batch`), they are not
+bad. Integer dense columns cannot hold a bad value (int64 is within float32's range) and are not
+scanned.
 
 Policies (``--bad-values``):
 
@@ -15,7 +18,8 @@ Policies (``--bad-values``):
   the column and the value;
 * ``skip``: rows holding a bad value are dropped and counted;
 * ``clamp``: dense values are clamped to float32's range (+-3.4e38, about 88.7 after the log
-  transform) and labels to ``[0, 1]``; a NaN or null label cannot be clamped, so its row is skipped.
+  transform) and labels to ``[0, 1]``; a NaN or null label or a null id cannot be clamped, so its
+  row is skipped.
 
 The check is a few vectorized numpy operations per float column of a table, nothing per row in
 Python. :class:`BadValueLog` counts skipped and clamped rows once per (file, row) however often
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines.schema import DatasetSchema
 
@@ -56,6 +61,22 @@ def _float_values(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
 
 
+def _null_ids(table: pa.Table, schema: DatasetSchema) -> list[tuple[str, np.ndarray]]:
+    """[(multi-hot column, mask of the rows holding a null id inside their list)]."""
+    out = []
+    for name in schema.sparse:
+        if name not in table.column_names or not pa.types.is_list(table.schema.field(name).type):
+            continue
+        column = table.column(name).combine_chunks()
+        ids = pc.list_flatten(column)
+        if ids.null_count:
+            rows = pc.filter(pc.list_parent_indices(column), ids.is_null()).to_numpy()
+            mask = np.zeros(table.num_rows, dtype=bool)
+            mask[rows] = True
+            out.append((name, mask))
+    return out
+
+
 def _scan(table: pa.Table, schema: DatasetSchema, label: bool) -> tuple[np.ndarray | None, list]:
     """(label values if the label is bad anywhere else None, [(dense name, bad mask, values)])."""
     labels = None
@@ -78,13 +99,19 @@ def _bad_labels(labels: np.ndarray) -> np.ndarray:
     return ~((labels >= 0) & (labels <= 1))
 
 
-def _describe(source: Source | None, row: int, column: str, value: float, why: str) -> str:
+def _describe(source: Source | None, row: int, column: str, value: float | None, why: str) -> str:
     where = f"{source.path}: row {source.first_row + row}" if source else f"row {row}"
-    return f"{where}, column {column}: {value!r} {why}"
+    return f"{where}, column {column}: {why}" if value is None else f"{where}, column {column}: {value!r} {why}"
+
+
+def _null_id_texts(holes: list[tuple[str, np.ndarray]], source: Source | None, exclude: np.ndarray) -> list[str]:
+    return [_describe(source, int(r), name, None, _NULL_ID_WHY) for name, mask in holes
+            for r in np.flatnonzero(mask & ~exclude)[:LISTED]]
 
 
 _LABEL_WHY = "is not a label in [0, 1]"
 _DENSE_WHY = "is beyond float32's range (+-3.4e38)"
+_NULL_ID_WHY = "a null id inside a multi-hot list"
 
 
 @dataclass
@@ -151,30 +178,36 @@ def apply_policy(table: pa.Table, schema: DatasetSchema, policy: str, source: So
     if policy not in POLICIES:
         raise ValueError(f"bad-value policy must be one of {list(POLICIES)}, got {policy!r}")
     labels, dense = _scan(table, schema, label)
-    if labels is None and not dense:
+    holes = _null_ids(table, schema)
+    if labels is None and not dense and not holes:
         return table
     label_bad = _bad_labels(labels) if labels is not None else np.zeros(table.num_rows, dtype=bool)
+    null_id = _any(holes, table.num_rows)
     if policy == "error":
         if label_bad.any():
             row = int(np.flatnonzero(label_bad)[0])
             first = _describe(source, row, schema.label, float(labels[row]), _LABEL_WHY)
-        else:
+        elif dense:
             name, bad, values = dense[0]
             row = int(np.flatnonzero(bad)[0])
             first = _describe(source, row, name, float(values[row]), _DENSE_WHY)
-        total = int((label_bad | _any(dense, table.num_rows)).sum())
+        else:
+            first = _null_id_texts(holes[:1], source, np.zeros(table.num_rows, dtype=bool))[0]
+        total = int((label_bad | _any(dense, table.num_rows) | null_id).sum())
         more = f" ({total - 1} more bad rows in the same {table.num_rows} rows)" if total > 1 else ""
         raise BadValueError(f"{first}{more}; pass --bad-values skip or clamp to skip or clamp such rows")
     if policy == "skip":
-        drop = label_bad | _any(dense, table.num_rows)
+        drop = label_bad | _any(dense, table.num_rows) | null_id
         if log is not None:
             texts = _first_rows(label_bad, source, schema.label, labels, _LABEL_WHY) if labels is not None else []
             texts += [t for name, bad, values in dense
                       for t in _first_rows(bad & ~label_bad, source, name, values, _DENSE_WHY)]
+            texts += _null_id_texts(holes, source, label_bad | _any(dense, table.num_rows))
             log.record("skipped", source, np.flatnonzero(drop), texts)
         return table.filter(pa.array(~drop))
-    # clamp: labels into [0, 1] (NaN/null rows skipped), dense into float32's range
-    unclampable = np.isnan(labels) if labels is not None else label_bad
+    # clamp: labels into [0, 1] (NaN/null rows skipped), dense into float32's range, null ids skipped
+    nan_label = np.isnan(labels) if labels is not None else label_bad
+    unclampable = nan_label | null_id
     clamped_rows = (label_bad & ~unclampable) | _any(dense, table.num_rows)
     if labels is not None:
         table = _set(table, schema.label, np.clip(labels, 0.0, 1.0), pa.float32())
@@ -186,26 +219,28 @@ def apply_policy(table: pa.Table, schema: DatasetSchema, policy: str, source: So
         texts += [t for name, bad, values in dense for t in _first_rows(bad, source, name, values, _DENSE_WHY)]
         log.record("clamped", source, np.flatnonzero(clamped_rows & ~unclampable), texts)
         if unclampable.any():
-            log.record("skipped", source, np.flatnonzero(unclampable),
-                       _first_rows(unclampable, source, schema.label, labels, _LABEL_WHY))
+            texts = _first_rows(nan_label, source, schema.label, labels, _LABEL_WHY) if labels is not None else []
+            log.record("skipped", source, np.flatnonzero(unclampable), texts + _null_id_texts(holes, source, nan_label))
     return table.filter(pa.array(~unclampable)) if unclampable.any() else table
 
 
 def kept_rows(table: pa.Table, schema: DatasetSchema, policy: str, label: bool = True) -> np.ndarray:
     """Mask of the rows ``apply_policy`` keeps (``error`` keeps all: it raises instead)."""
     labels, dense = _scan(table, schema, label)
-    if policy == "error" or (labels is None and not dense):
+    null_id = _any(_null_ids(table, schema), table.num_rows)
+    if policy == "error":
         return np.ones(table.num_rows, dtype=bool)
     if policy == "clamp":
-        return ~np.isnan(labels) if labels is not None else np.ones(table.num_rows, dtype=bool)
+        return ~(np.isnan(labels) | null_id) if labels is not None else ~null_id
     label_bad = _bad_labels(labels) if labels is not None else np.zeros(table.num_rows, dtype=bool)
-    return ~(label_bad | _any(dense, table.num_rows))
+    return ~(label_bad | _any(dense, table.num_rows) | null_id)
 
 
-def _any(dense: list, num_rows: int) -> np.ndarray:
+def _any(masks: list, num_rows: int) -> np.ndarray:
+    """The union of the masks (each entry's second item) of ``masks``."""
     mask = np.zeros(num_rows, dtype=bool)
-    for _, bad, _ in dense:
-        mask |= bad
+    for entry in masks:
+        mask |= entry[1]
     return mask
 
 

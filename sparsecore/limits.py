@@ -17,7 +17,14 @@ OVERFLOW_POLICIES = ("error", "drop")
 
 
 class PartitionOverflowError(ValueError):
-    """A partition got more (unique) ids than its limit under the "error" policy."""
+    """A partition got more (unique) ids than its limit under the "error" policy. ``overflow``
+    says which partition got how many; the message adds how this library's callers fix it (an
+    application reports ``overflow`` with its own options instead)."""
+
+    def __init__(self, overflow: str, fix: str = "raise the limit (see sparsecore.limits.FdoRecorder) or "
+                                                 "use overflow='drop'") -> None:
+        super().__init__(f"{overflow}; {fix}")
+        self.overflow = overflow
 
 
 @dataclass

@@ -362,12 +362,11 @@ def _raise_overflow(stack: StackedTable, counts: np.ndarray, unique_counts: np.n
         raise PartitionOverflowError(
             f"stacked table {stack.name!r}: partition (source SC {k // n}, destination SC {k % n}) got "
             f"{int(counts[k])} ids > max_ids_per_partition {stack.max_ids_per_partition} "
-            f"({over.size} partitions over); raise the limit (see sparsecore.limits.FdoRecorder) or "
-            "use overflow='drop'"
+            f"({over.size} partitions over)"
         )
     k = int(np.flatnonzero(unique_counts > stack.max_unique_ids_per_partition)[0])
     raise PartitionOverflowError(
         f"stacked table {stack.name!r}: partition (source SC {k // n}, destination SC {k % n}) got "
         f"{int(unique_counts[k])} unique ids > max_unique_ids_per_partition "
-        f"{stack.max_unique_ids_per_partition}; raise the limit or use overflow='drop'"
+        f"{stack.max_unique_ids_per_partition}"
     )

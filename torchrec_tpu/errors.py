@@ -73,9 +73,13 @@ def write_log(command: str, error: BaseException) -> Path | None:
     return path
 
 
-def print_error(command: str, message: str) -> None:
-    """The one error line every subcommand prints: ``torchrec-tpu CMD: error: MESSAGE``."""
-    print(f"torchrec-tpu {command}: error: {message}", file=sys.stderr)
+def print_error(command: str, message: str, log: Path | None = None) -> None:
+    """The one error line every subcommand prints: ``torchrec-tpu CMD: error: MESSAGE`` (and the
+    traceback file below it), in one write so the lines of ranks sharing a stderr never interleave."""
+    text = f"torchrec-tpu {command}: error: {message}\n"
+    if log is not None:
+        text += f"  (full traceback in {log})\n"
+    sys.stderr.write(text)
 
 
 def report_user_error(command: str, error: BaseException) -> int:
@@ -98,8 +102,5 @@ def report_failure(command: str, error: BaseException) -> int:
         message = f"internal error ({type(cause).__name__}): {message}"
     else:
         rc = USER_ERROR
-    log = write_log(command, error)
-    print_error(command, message)
-    if log is not None:
-        print(f"  (full traceback in {log})", file=sys.stderr)
+    print_error(command, message, write_log(command, error))
     return rc

@@ -193,3 +193,25 @@ def test_infer_policies(tmp_path_factory, tmp_path):
     result, clamped = _predict(predictor, tmp_path / "clamp", "clamp")
     assert result["clamped"].sum() == 1
     assert clamped.equals(reference)
+
+
+def _null_id_in_a_list(data: Path) -> Path:
+    """C3 as multi-hot lists in every file, ``[id, null]`` at row ROW of PART."""
+    for path in sorted(data.glob("*.parquet")):
+        table = pq.read_table(path)
+        ids = [[v] if v is not None else [] for v in table.column("C3").to_pylist()]
+        if path.name == PART:
+            ids[ROW] = [ids[ROW][0] if ids[ROW] else 1, None]
+        pq.write_table(table.set_column(table.schema.get_field_index("C3"), "C3",
+                                        pa.array(ids, pa.list_(pa.int64()))), path)
+    return data / PART
+
+
+def test_null_id_inside_a_multi_hot_list_names_file_row_and_column(capsys, tiny_copy, tmp_path):
+    part = _null_id_in_a_list(tiny_copy)
+    flags = [f for f in TRAIN_FLAGS if f not in ("--max-steps", "2")]  # an epoch: the bad row is read
+    rc = main(["train", "--data", str(tiny_copy), *flags, "--log-dir", str(tmp_path / "run")])
+    assert_clean_error(rc, capsys.readouterr().err, f"{part}: row {ROW}, column C3: a null id inside a multi-hot list")
+    for policy in ("skip", "clamp"):  # the row cannot be repaired: both drop it
+        labels, _ = _all_rows(tiny_copy, policy)
+        assert len(labels) == 1024 - 1  # every file, the held-out one included

@@ -110,3 +110,25 @@ def test_rerun_redoes_parts_of_a_rewritten_input(tmp_path_factory, tmp_path):
     old = np.concatenate([before[n].column("prediction").to_numpy() for n in redone])
     new = np.concatenate([after[n].column("prediction").to_numpy() for n in redone])
     np.testing.assert_allclose(new, old[::-1], rtol=1e-5)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 8 KiB tmpfs (two pages: the job's manifest and one part fit, the next part not);
+    mounting needs root, the test is skipped without it."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_full_disk_names_the_output(tmp_path_factory, small_disk):
+    data, root = shared_run(tmp_path_factory)
+    out = small_disk / "out"
+    result = run_cli("infer", "--data", str(data), "--checkpoint", str(root), "--output", str(out), "--no-progress")
+    line = assert_clean_error(result.returncode, result.stderr, f"cannot write {out}/part-", "No space left on device",
+                              f"bytes free in {out}")
+    assert not list(out.glob(".tmp-*")), line  # no partial part left behind

@@ -44,7 +44,7 @@ def _damage(data: Path, kind: str) -> str:
         if path == part:
             ids[70] = [1, None]
         pq.write_table(t.set_column(t.schema.get_field_index("C3"), "C3", pa.array(ids, pa.list_(pa.int64()))), path)
-    return "rank 1: multi-hot column C3 has 1 null ids inside lists"
+    return f"rank 1: {part}: row 70, column C3: a null id inside a multi-hot list"
 
 
 def _children(pid: int) -> list[int]:

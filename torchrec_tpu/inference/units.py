@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -97,9 +98,17 @@ def pending_units(output_dir: Path, units: list[Unit]) -> tuple[list[Unit], list
 
 
 def write_atomically(path: Path, write) -> None:  # write: Callable[[Path], object]
+    """``write(tmp)`` then rename onto ``path``; a failed write (a full disk) leaves no temporary
+    file and raises an OSError naming ``path`` and the space left there."""
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as error:
+        free = shutil.disk_usage(path.parent).free  # at the failure, before the cleanup frees some
+        tmp.unlink(missing_ok=True)
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        raise OSError(error.errno, f"cannot write {path}: {reason} ({free} bytes free in {path.parent})") from None
 
 
 def write_part(output_dir: Path, unit: Unit, table: pa.Table) -> Path:

@@ -11,14 +11,16 @@ errors re-raise in the caller's thread, where the batch would have been used.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from pipelines.streams import batches_from_row, prefetched
+from torchrec_tpu.errors import CollectiveError
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
+from torchrec_tpu.train.rank_agreement import fail_together
 from torchrec_tpu.train.rank_watch import collectives
 
 
@@ -27,16 +29,19 @@ class PrefetchedBatches:
 
     ``group``: the process group the prefetch thread's input dists use; with more than one rank
     it must be a group of its own (``dist.new_group()``), so they never interleave with the
-    step's output-dist collectives on the default group.
+    step's output-dist collectives on the default group. ``explain`` turns an input dist's
+    error into the one reported (naming the caller's options).
     """
 
     def __init__(self, batches: Iterable[Batch], ebc: ShardedSparseCoreEBC, device: torch.device,
-                 depth: int = 2, group: dist.ProcessGroup | None = None):
+                 depth: int = 2, group: dist.ProcessGroup | None = None,
+                 explain: Callable[[Exception], Exception] | None = None):
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1, got {depth}")
         if ebc.world_size > 1 and group is None:
             raise ValueError("with several ranks the prefetch thread needs its own process group (dist.new_group())")
         self.batches, self.ebc, self.device, self.depth, self.group = batches, ebc, device, depth, group
+        self.explain = explain or (lambda error: error)
 
     def __len__(self) -> int:
         return len(self.batches)  # type: ignore[arg-type]
@@ -50,11 +55,28 @@ class PrefetchedBatches:
         return prefetched(self._prepared(row), self.depth)
 
     def _prepared(self, row: int) -> Iterator[Batch]:
-        """Runs on the prefetch thread: read, move to the device, input dist."""
+        """Runs on the prefetch thread: read, move to the device, input dist. With several ranks,
+        they agree that each one's input dist went well before any of them trains on the batch:
+        it can fail on one rank only after the all_to_alls (a SparseCore partition over its limit),
+        which then fails every rank at once instead of leaving them in the step's collectives."""
         for batch in batches_from_row(self.batches, row):
             batch = batch.to(self.device)
             if batch.sparse_features.stride() == self.ebc.batch_size:
-                with collectives("the sparse input all_to_all of a prefetched batch"):
-                    batch = dataclasses.replace(batch, sparse_features=self.ebc.prefetch(batch.sparse_features,
-                                                                                         self.group))
+                batch = self._input_dist(batch)
             yield batch
+
+    def _input_dist(self, batch: Batch) -> Batch:
+        several = self.ebc.world_size > 1
+        failure = None
+        try:
+            with collectives("the sparse input all_to_all of a prefetched batch"):
+                kjt = self.ebc.prefetch(batch.sparse_features, self.group)
+        except CollectiveError:  # a peer is gone or stalled: nothing left to agree with
+            raise
+        except Exception as error:
+            failure = self.explain(error)
+            if not several:
+                raise failure from error
+        if several:  # raises on every rank when any rank's input dist failed
+            fail_together(failure, self.group, self.ebc.world_size, "the check after a sparse input dist")
+        return dataclasses.replace(batch, sparse_features=kjt)

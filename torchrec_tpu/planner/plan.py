@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrec_tpu.planner.plan_checks import check_plan
 from torchrec_tpu.structured_files import read_structured
 from torchrec_tpu.topology import CostConstants, TPUTopology
 from tpu_facts import Slice
@@ -170,9 +171,11 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
     devices = tuple(DevicePlan(**{**{k: v for k, v in d.items() if k != "allreduce_s"},
                                   "placed_tables": tuple(d["placed_tables"])}) for d in data["devices"])
     stacks = tuple(StackPlan(s["name"], s["device"], tuple(s["tables"])) for s in data["stacks"])
-    return Plan(_topology_from_dict(data["topology"]), data["batch_size"], data["max_ids_per_partition"],
+    plan = Plan(_topology_from_dict(data["topology"]), data["batch_size"], data["max_ids_per_partition"],
                 data["usable_hbm_bytes_per_device"], tables, devices, stacks, data["lower_bound_s"],
                 tuple(data["warnings"]), int(data.get("dense_params", 0)))
+    check_plan(plan)  # a hand-edited shard field fails here, naming the table and field
+    return plan
 
 
 def _topology_from_dict(data: dict[str, Any]) -> TPUTopology:

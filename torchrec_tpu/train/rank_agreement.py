@@ -2,10 +2,12 @@
 runs on it: a rank whose reader fails (a bad value, an unreadable file) makes every rank fail at
 once with the same message, and a rank that runs out of batches first (rows skipped under
 ``--bad-values``) ends the pass on every rank, instead of leaving the others waiting in a
-collective until the timeout.
+collective until the timeout. :func:`fail_together` does the same for work on a batch that can
+fail on one rank after its collectives (the sparsecore input dist's SparseCore partition limits).
 
 The cost is one all_reduce of two int64s per batch over the group the batches are consumed on
-(the sparsecore engine's prefetch group, else the default group).
+(the sparsecore engine's prefetch group, else the default group), and one of one int64 per batch
+for each :func:`fail_together`.
 """
 
 from __future__ import annotations
@@ -63,11 +65,26 @@ class AgreedBatches:
             index += 1
 
     def _raise(self, failure: BaseException | None) -> None:
-        message = None
-        if failure is not None:
-            text = one_line(failure)
-            message = text if is_user_error(failure) else f"internal error ({type(failure).__name__}): {text}"
-        gathered: list[str | None] = [None] * self.world_size
-        dist.all_gather_object(gathered, message, group=self.group)
-        first = next(r for r, m in enumerate(gathered) if m is not None)
-        raise RankFailure(f"rank {first}: {gathered[first]}") from failure
+        _raise_first(failure, self.group, self.world_size)
+
+
+def fail_together(failure: BaseException | None, group: dist.ProcessGroup | None, world_size: int,
+                  label: str) -> None:
+    """Every rank calls this with its own outcome of the same step (None: it went well); if any
+    rank failed, every rank raises :class:`RankFailure` naming the first failed rank's error."""
+    flag = torch.tensor([failure is not None], dtype=torch.int64)
+    with collectives(f"{label} (an all_reduce)"):
+        dist.all_reduce(flag, group=group)
+        if flag[0]:
+            _raise_first(failure, group, world_size)
+
+
+def _raise_first(failure: BaseException | None, group: dist.ProcessGroup | None, world_size: int) -> None:
+    message = None
+    if failure is not None:
+        text = one_line(failure)
+        message = text if is_user_error(failure) else f"internal error ({type(failure).__name__}): {text}"
+    gathered: list[str | None] = [None] * world_size
+    dist.all_gather_object(gathered, message, group=group)
+    first = next(r for r, m in enumerate(gathered) if m is not None)
+    raise RankFailure(f"rank {first}: {gathered[first]}") from failure

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
 from sparsecore import SGD, Adagrad, OptimizerSpec, RowWiseAdagrad
+from sparsecore.limits import PartitionOverflowError
 from sparsecore.stacking import BatchSizeError
 from sparsecore.torchrec_convert import specs_from_configs
 from torchrec_tpu.pipeline import PrefetchedBatches
@@ -96,7 +98,17 @@ def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: 
     group = new_group(env) if env.world_size > 1 else None
     if group is not None:
         batches = AgreedBatches(batches, group, env.rank, env.world_size)
-    return PrefetchedBatches(batches, ebc, device, depth, group)
+    return PrefetchedBatches(batches, ebc, device, depth, group, partial(_with_flags, ebc.batch_size * env.world_size))
+
+
+def _with_flags(batch_size: int, error: Exception) -> Exception:
+    """A SparseCore partition over its id limit, with the fix as flags of ``train``: the ids a
+    partition gets grow with the batch each SparseCore sees."""
+    if not isinstance(error, PartitionOverflowError):
+        return error
+    return PartitionOverflowError(error.overflow, f"lower --batch-size (now {batch_size}) or train on more "
+                                                  "ranks (torchrun --nproc-per-node), which spreads each "
+                                                  "batch over more SparseCores")
 
 
 def build_dense_optimizer(model: nn.Module, dense_optimizer: str, dense_lr: float) -> KeyedOptimizerWrapper:

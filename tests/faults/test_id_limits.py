@@ -1,0 +1,56 @@
+"""A batch over a SparseCore partition's id limit: the error names the flags that fix it, and with
+several ranks, one rank's overflow fails every rank at once with the same line (the ranks agree
+after each input dist) instead of leaving the others in a collective until the timeout."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.synthetic import SyntheticConfig, generate
+from tests.faults.helpers import assert_clean_error, cli_env
+from tests.faults.test_multirank_faults import _torchrun
+from torchrec_tpu.cli import main
+
+FLAGS = ["--embedding-dim", "8", "--dense-arch", "16,8", "--over-arch", "8,1", "--no-progress"]
+
+
+def test_batch_over_the_id_limit_names_the_flags(capsys, tmp_path):
+    data = tmp_path / "data"
+    generate(SyntheticConfig(num_rows=12_288, seed=5, max_cardinality=100, rows_per_file=4096,
+                             row_group_size=4096), data, progress=False)
+    rc = main(["train", "--data", str(data), *FLAGS, "--num-embeddings", "100", "--batch-size", "8192",
+               "--max-steps", "1", "--log-dir", str(tmp_path / "run")])
+    assert_clean_error(rc, capsys.readouterr().err, "ids > max_ids_per_partition",
+                       "lower --batch-size (now 8192) or train on more ranks (torchrun --nproc-per-node)")
+
+
+def _many_ids_in_one_partition(data: Path, column: str, count: int) -> None:
+    """``column`` as multi-hot lists of ``count`` distinct ids that are equal mod 64, in every
+    file: a sample's ids all land in one partition of the rank that owns the table."""
+    for path in sorted(data.glob("*.parquet")):
+        table = pq.read_table(path)
+        lists = pa.array([list(range(0, 64 * count, 64))] * table.num_rows, pa.list_(pa.int64()))
+        pq.write_table(table.set_column(table.schema.get_field_index(column), column, lists), path)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_one_ranks_overflow_fails_every_rank_at_once(tiny_copy, tmp_path):
+    _many_ids_in_one_partition(tiny_copy, "C1", 200)
+    started = time.monotonic()
+    result = subprocess.run(_torchrun("--data", str(tiny_copy), *FLAGS, "--num-embeddings", "20000",
+                                      "--batch-size", "512", "--max-steps", "2", "--log-dir", str(tmp_path / "run"),
+                                      "--collective-timeout", "200"),
+                            env=cli_env(), capture_output=True, text=True, timeout=400)
+    assert time.monotonic() - started < 150, "failing must not wait for the collective timeout"
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "torchrec-tpu train: error:" in line]
+    assert len(errors) == 2 and errors[0] == errors[1], result.stderr[-3000:]
+    assert "ids > max_ids_per_partition" in errors[0] and "lower --batch-size (now 512)" in errors[0], errors
+    assert errors[0].split("error: ")[1].startswith(("rank 0: ", "rank 1: ")), errors
