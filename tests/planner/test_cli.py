@@ -151,7 +151,7 @@ def test_dense_params_price_the_hierarchical_all_reduce(tmp_path, capsys):
 @pytest.mark.parametrize("change, fragment", [
     (lambda d: d.pop("tables"), "'tables' is a required property (at the top level)"),
     (lambda d: d.update(format="torchrec_tpu.plan/v0"), "(format='torchrec_tpu.plan/v0')"),
-    (lambda d: d["tables"][0].update(sharding_type="diagonal"), "(at .tables[0].sharding_type)"),
+    (lambda d: d["tables"][0].update(sharding_type="diagonal"), "(at .tables[0] (table 'C1').sharding_type)"),
     (lambda d: d["devices"][1].update(hbm_bytes=-1), "(at .devices[1].hbm_bytes)"),
 ])
 def test_load_plan_checks_the_json_schema(tmp_path, change, fragment):

@@ -13,7 +13,7 @@ import functools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from torchrec_tpu.planner.plan_checks import check_plan
 from torchrec_tpu.structured_files import read_structured
@@ -156,8 +156,22 @@ def check_plan_json(data: Any) -> None:
         raise ValueError(f"not a {PLAN_FORMAT} plan (format={data.get('format')!r})")
     error = jsonschema.exceptions.best_match(_schema_validator().iter_errors(data))
     if error is not None:
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or "the top level"
+        where = _json_location(data, error.absolute_path)
         raise ValueError(f"not a valid {PLAN_FORMAT} plan: {error.message} (at {where})")
+
+
+def _json_location(data: Any, path: Iterable[str | int]) -> str:
+    """``.tables[2] (table 't_C3').sharding_type``: a JSON path, naming each named list element."""
+    where, node, list_name = "", data, ""
+    for key in path:
+        node = node[key]
+        if isinstance(key, int):
+            where += f"[{key}]"
+            if isinstance(node, dict) and "name" in node:  # "tables" -> table 'name'
+                where += f" ({list_name.removesuffix('s')} {node['name']!r})"
+        else:
+            where, list_name = f"{where}.{key}", key
+    return where or "the top level"
 
 
 def plan_from_dict(data: dict[str, Any]) -> Plan:
