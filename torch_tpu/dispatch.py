@@ -375,7 +375,9 @@ def _view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     def to_alias(m: Any) -> Any:
         if not isinstance(m, torch.Tensor):
             return m
-        return make_alias(box, m.shape, m.stride(), m.storage_offset(), m.dtype)
+        alias = make_alias(box, m.shape, m.stride(), m.storage_offset(), m.dtype)
+        tensor_mod.set_math_bits(alias, m.is_conj(), m.is_neg())
+        return alias
 
     return pytree.tree_map(to_alias, out)
 
@@ -385,7 +387,7 @@ def _fast_view(layout: Callable[..., tuple | None]) -> Handler:
 
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0]
-        if type(t) is TpuTensor and not kwargs:
+        if type(t) is TpuTensor and not kwargs and t._math_bits is None:
             meta = layout(tuple(t.shape), t.stride(), t.storage_offset(), *args[1:])
             if meta is not None:
                 return make_alias(t._box, meta[0], meta[1], meta[2], t.dtype)
@@ -503,6 +505,8 @@ def _layout_expand(size, stride, offset, shape, implicit=False):
 def _same_view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     """detach / alias / lift_fresh: same metadata over the same box."""
     t = args[0]
+    if t._math_bits is not None:
+        return _view_handler(func, args, kwargs)
     return make_alias(t._box, t.shape, t.stride(), t.storage_offset(), t.dtype)
 
 
