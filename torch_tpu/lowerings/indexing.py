@@ -77,6 +77,8 @@ def _put_coords(self, indices, values):
 
 @register_lowering(aten.index_put.default, aten._index_put_impl.default)
 def index_put(self, indices, values, accumulate=False, unsafe=False):
+    if len(indices) == 1 and getattr(indices[0], "dtype", None) == np.uint8 and values.ndim == 0 and not accumulate:
+        raise ValueError("index_put_ of a 0-d value by one mask runs masked_fill_, which refuses uint8 masks (CPU)")
     return _update(self, _put_coords(self, indices, values), "add" if accumulate else "set", values)
 
 
@@ -85,6 +87,18 @@ def index_select(self, dim, index):
     if self.ndim == 0:
         return self
     return jnp.take(self, index.reshape(-1), axis=dim)
+
+
+def _check_index_shape(self, dim, index, src=None):
+    """CPU's shape checks of gather / scatter (a ValueError: eager dispatch raises CPU's exception)."""
+    if index.size == 0 or self.ndim == 0 or index.ndim == 0:
+        return
+    if index.ndim != self.ndim:
+        raise ValueError(f"index of {index.ndim} dims for a tensor of {self.ndim}: they must have the same number")
+    for d, n in enumerate(index.shape):
+        if (d != dim and n > self.shape[d]) or (getattr(src, "ndim", 0) and n > src.shape[d]):
+            raise ValueError(f"index of shape {index.shape} is larger than self {self.shape} (apart from dim {dim}) "
+                             f"or than src")
 
 
 def _grids(index, dim):
@@ -101,17 +115,21 @@ def gather(self, dim, index, *, sparse_grad=False):
         return jnp.zeros(index.shape, self.dtype)
     source = self.reshape(1) if self.ndim == 0 else self
     coords = index.reshape(1) if index.ndim == 0 else index
-    return source[_grids(coords, wrap_dim(dim, source.ndim))].reshape(index.shape)
+    dim = wrap_dim(dim, source.ndim)
+    _check_index_shape(self, dim, index)
+    return source[_grids(coords, dim)].reshape(index.shape)
 
 
 def _scatter(self, dim, index, src, mode):
     if index.size == 0:
         return self
     target = self.reshape(1) if self.ndim == 0 else self
+    dim = wrap_dim(dim, target.ndim)
+    _check_index_shape(self, dim, index, src)
     index = index.reshape(1) if index.ndim == 0 else index
     if hasattr(src, "ndim") and src.ndim:
         src = src[tuple(slice(0, s) for s in index.shape)]
-    return _update(target, _grids(index, wrap_dim(dim, target.ndim)), mode, src).reshape(self.shape)
+    return _update(target, _grids(index, dim), mode, src).reshape(self.shape)
 
 
 @register_lowering(aten.scatter.src, aten.scatter.value)
@@ -157,6 +175,8 @@ def index_add(self, dim, index, source, *, alpha=1):
     if self.ndim == 0:
         return self + cast(jnp.sum(src), self.dtype)
     dim = wrap_dim(dim, self.ndim)
+    if index.ndim > 1 or (src.ndim and index.size != src.shape[dim]):
+        raise ValueError(f"index_add_: {index.size} indices for a source of {src.shape[dim]} along dim {dim}")
     coords = [slice(None)] * self.ndim
     coords[dim] = index
     return _update(self, tuple(coords), "add", src)
