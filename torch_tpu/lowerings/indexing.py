@@ -277,7 +277,7 @@ def check_bounds(op, args) -> None:
     pairs = [(d, i) for d, i in _indexed_dims(spec, args) if i.size]
     if not pairs:
         return
-    extremes = jax.device_get([(jnp.min(i), jnp.max(i)) for _, i in pairs])
+    extremes = jax.device_get([(i.min(), i.max()) for _, i in pairs])  # methods: defer_and_fuse arrays too
     shape = args[spec.data].shape or (1,)
     for (dim, _), (lo, hi) in zip(pairs, extremes):
         size = shape[dim]
