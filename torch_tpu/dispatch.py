@@ -26,6 +26,7 @@ from torch_tpu import random as tpu_random
 from torch_tpu import tensor as tensor_mod
 from torch_tpu._jax import ARRAY_TYPE, jax, jnp
 from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
+from torch_tpu.lowerings import indexing
 from torch_tpu.registry import Lowering, get_lowering
 from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, make_alias, meta_like, to_cpu, to_jax, write
 
@@ -111,7 +112,7 @@ def _fast_signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] 
 def _note_fast(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> None:
     """After the lowered handler ran ``func``: give the call's signature its op_jit program."""
     program = op_jit.last_program()
-    if program is None or lowering.needs_key or _MODE[0] is not _STRICT:
+    if program is None or lowering.needs_key or _MODE[0] is not _STRICT or indexing.has_bounds_check(lowering.op):
         return
     found = _fast_signature(func, args, kwargs)
     if found is not None:
@@ -161,8 +162,21 @@ def _wrap(out: Any) -> Any:
     return out
 
 
+# index / index_put take index tensors and masks on CPU with tpu data, as CUDA does
+_HOST_INDICES_ACCEPTED = frozenset({aten.index.Tensor, aten.index_put.default, aten._index_put_impl.default})
+
+
+def _unwrap_args(op: Any, args: tuple) -> list:
+    if op in _HOST_INDICES_ACCEPTED and len(args) > 1:
+        indices = [cpu_to_jax(i) if isinstance(i, torch.Tensor) and not isinstance(i, TpuTensor) else _unwrap(i)
+                   for i in args[1]]
+        return [_unwrap(args[0]), indices, *map(_unwrap, args[2:])]
+    return [_unwrap(a) for a in args]
+
+
 def _execute(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
-    jargs = [_unwrap(a) for a in args]
+    jargs = _unwrap_args(lowering.op, args)
+    indexing.check_bounds(lowering.op, jargs)
     jkwargs = {k: _unwrap(v) for k, v in kwargs.items()} if kwargs else {}
     if lowering.needs_key:
         jkwargs["key"] = tpu_random.next_key()
@@ -185,14 +199,19 @@ def _store_writes(lowering: Lowering, args: tuple, kwargs: dict, out: Any) -> An
     return out[0] if n == 1 else tuple(out[:n])
 
 
-def _raise_as_torch(func: Any, args: tuple, kwargs: dict, error: Exception) -> None:
-    """Re-raise a JAX error as the exception CPU torch gives for the same shapes and dtypes."""
+def _host_zeros(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call's arguments with every tensor as a CPU tensor of zeros of its layout and dtype."""
     def to_host(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).zero_()
         return x
 
-    host_args, host_kwargs = pytree.tree_map(to_host, (args, kwargs))
+    return pytree.tree_map(to_host, (args, kwargs))
+
+
+def _raise_as_torch(func: Any, args: tuple, kwargs: dict, error: Exception) -> None:
+    """Re-raise a JAX error as the exception CPU torch gives for the same shapes and dtypes."""
+    host_args, host_kwargs = _host_zeros(args, kwargs)
     try:
         func(*host_args, **host_kwargs)
     except Exception as torch_error:
@@ -299,12 +318,37 @@ def _inplace_handler(compute: Compute, lowering: Lowering | None = None) -> Hand
     return run
 
 
-def _out_handler(compute: Compute, out_names: list[str], pass_dtype: bool) -> Handler:
+_checked_out_dtypes: set[tuple] = set()
+
+
+def _check_out_dtypes(func: Any, args: tuple, kwargs: dict) -> None:
+    """Raise torch's error when an out= call's out tensors have a dtype the op refuses (``nonzero``
+    and ``argmax`` write int64 only, ``index_select`` its input's dtype ...), which storing the result
+    with torch's casting rules would accept. The op's meta kernel is the quick check; when it objects
+    (or the op has none) the CPU kernel, run on zeros, decides. Once per op and argument dtypes."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    key = (func, *(x.dtype for x in leaves if isinstance(x, torch.Tensor)))
+    if key in _checked_out_dtypes:
+        return
+    meta_args, meta_kwargs = pytree.tree_map_only(
+        torch.Tensor, lambda x: torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta"), (args, kwargs))
+    try:
+        func(*meta_args, **meta_kwargs)
+    except Exception:  # noqa: BLE001  (the CPU kernel says whether the call is wrong)
+        host_args, host_kwargs = _host_zeros(args, kwargs)
+        func(*host_args, **host_kwargs)
+    _checked_out_dtypes.add(key)
+
+
+def _out_handler(compute: Compute, out_names: list[str], factory_kwargs: list[str]) -> Handler:
+    """``op(..., out=targets)``; ``factory_kwargs`` (``dtype``, ``device``): the functional sibling's
+    arguments taken from the first target (a factory's result must be made where it goes)."""
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        _check_out_dtypes(func, args, kwargs)
         targets = [kwargs[n] for n in out_names]
         rest = {k: v for k, v in kwargs.items() if k not in out_names}
-        if pass_dtype and "dtype" not in rest:
-            rest["dtype"] = targets[0].dtype
+        for name in factory_kwargs:
+            rest.setdefault(name, getattr(targets[0], name))
         out = compute(func, args, rest)
         values = out if isinstance(out, (tuple, list)) else [out]
         for t, v in zip(targets, values):
@@ -331,7 +375,9 @@ def _view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     def to_alias(m: Any) -> Any:
         if not isinstance(m, torch.Tensor):
             return m
-        return make_alias(box, m.shape, m.stride(), m.storage_offset(), m.dtype)
+        alias = make_alias(box, m.shape, m.stride(), m.storage_offset(), m.dtype)
+        tensor_mod.set_math_bits(alias, m.is_conj(), m.is_neg())
+        return alias
 
     return pytree.tree_map(to_alias, out)
 
@@ -341,7 +387,7 @@ def _fast_view(layout: Callable[..., tuple | None]) -> Handler:
 
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0]
-        if type(t) is TpuTensor and not kwargs:
+        if type(t) is TpuTensor and not kwargs and t._math_bits is None:
             meta = layout(tuple(t.shape), t.stride(), t.storage_offset(), *args[1:])
             if meta is not None:
                 return make_alias(t._box, meta[0], meta[1], meta[2], t.dtype)
@@ -351,12 +397,20 @@ def _fast_view(layout: Callable[..., tuple | None]) -> Handler:
 
 
 def _layout_t(size, stride, offset):
+    if len(size) > 2:
+        return None  # the meta kernel raises torch's error
     return (size[::-1], stride[::-1], offset) if len(size) == 2 else (size, stride, offset)
+
+
+def _in_range(dim: int, n: int) -> bool:
+    """Whether ``dim`` is a dim of an ``n``-d layout; the fast views leave any other call to the
+    meta kernels, which raise torch's errors."""
+    return -n <= dim < n
 
 
 def _layout_transpose(size, stride, offset, d0, d1):
     n = len(size)
-    if not n:
+    if not (_in_range(d0, n) and _in_range(d1, n)):
         return None
     d0, d1 = d0 % n, d1 % n
     size, stride = list(size), list(stride)
@@ -367,9 +421,11 @@ def _layout_transpose(size, stride, offset, d0, d1):
 
 def _layout_permute(size, stride, offset, dims):
     n = len(size)
-    if len(dims) != n or not n:
+    if len(dims) != n or not n or not all(_in_range(d, n) for d in dims):
         return None
     dims = [d % n for d in dims]
+    if len(set(dims)) != n:
+        return None
     return [size[d] for d in dims], [stride[d] for d in dims], offset
 
 
@@ -406,7 +462,7 @@ def _layout_view(size, stride, offset, shape):
 
 def _layout_select(size, stride, offset, dim, index):
     n = len(size)
-    if not n:
+    if not _in_range(dim, n):
         return None
     dim %= n
     if not -size[dim] <= index < size[dim]:
@@ -417,7 +473,7 @@ def _layout_select(size, stride, offset, dim, index):
 
 def _layout_slice(size, stride, offset, dim=0, start=None, end=None, step=1):
     n = len(size)
-    if not n or step <= 0:
+    if not _in_range(dim, n) or step <= 0:
         return None
     dim %= n
     start, end, _ = slice(start, end, step).indices(size[dim])
@@ -451,6 +507,8 @@ def _layout_expand(size, stride, offset, shape, implicit=False):
 def _same_view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     """detach / alias / lift_fresh: same metadata over the same box."""
     t = args[0]
+    if t._math_bits is not None:
+        return _view_handler(func, args, kwargs)
     return make_alias(t._box, t.shape, t.stride(), t.storage_offset(), t.dtype)
 
 
@@ -641,8 +699,9 @@ def _make_handler(func: Any) -> Handler:
         if compute is None:
             return _fallback_handler
         if all(a.kwarg_only for a in write_args):
-            pass_dtype = any(a.name == "dtype" for a in sibling._schema.arguments)
-            return _out_handler(compute, [a.name for a in write_args], pass_dtype)
+            taken = {a.name for a in sibling._schema.arguments}
+            factory_kwargs = [name for name in ("dtype", "device") if name in taken]
+            return _out_handler(compute, [a.name for a in write_args], factory_kwargs)
         if write_args[0] is schema.arguments[0] and len(write_args) == 1:
             return _inplace_handler(compute, get_lowering(sibling))
         return _fallback_handler

@@ -2,7 +2,8 @@
 
 Factories (``torch.empty/zeros/randn(..., device="tpu")``) allocate through ``empty.memory_format``
 / ``empty_strided``; ``torch.tensor(data, device="tpu")`` and CPU->tpu ``.to()`` copy through
-``_copy_from``. Factories with their own CPU/CUDA kernels and no ``out=`` variant
+``_copy_from``; ``torch.tensor([tpu_scalar])`` reads its elements through ``_local_scalar_dense``
+with Python dispatch excluded. Factories with their own CPU/CUDA kernels and no ``out=`` variant
 (``triu_indices``) run their registered lowering. Everything else reaches
 ``TpuTensor.__torch_dispatch__``.
 """
@@ -14,7 +15,7 @@ import math
 import torch
 
 from torch_tpu._jax import jnp
-from torch_tpu.dispatch import _copy_
+from torch_tpu.dispatch import _copy_, _local_scalar_dense
 from torch_tpu.dtypes import to_jax_dtype
 from torch_tpu.registry import get_lowering
 from torch_tpu.tensor import StorageBox, from_jax, make_alias, resize
@@ -77,6 +78,7 @@ _lib.impl("empty_strided", empty_strided, "PrivateUse1")
 _lib.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
 _lib.impl("_copy_from", copy_from, "PrivateUse1")
 _lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
+_lib.impl("_local_scalar_dense", lambda t: _local_scalar_dense(None, (t,), {}), "PrivateUse1")
 
 for _name in ("triu_indices", "tril_indices"):
     _lib.impl(_name, lowered_factory(getattr(torch.ops.aten, _name).default), "PrivateUse1")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from torch_tpu._jax import jnp
 from torch_tpu.dtypes import to_jax_dtype
@@ -49,7 +50,10 @@ def _resize_(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _resize_as_(func: Any, args: tuple, kwargs: dict) -> Any:
     t, template = args[0], args[1]
-    resize(t, template.shape, args[2] if len(args) > 2 else kwargs.get("memory_format"))
+    memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    if memory_format is torch.preserve_format:  # the template's layout, as CPU's resize_as_
+        memory_format = suggest_memory_format(template)
+    resize(t, template.shape, memory_format)
     return t
 
 

@@ -4,9 +4,9 @@
 jitted program per op signature, see ``torch_tpu.op_jit``); errors
 inside the device computation surface at the next host read (``.cpu()``, ``.item()``).
 ``debug``: synchronous; after every op waits for the result, raises when a floating output has
-NaN/Inf that its inputs did not have, and checks index arguments against their dimension,
-naming the op. ``defer_and_fuse``: reserved for the lazy executor that ``torch_tpu.compile``
-registers with :func:`register_executor`.
+NaN/Inf that its inputs did not have, naming the op. ``defer_and_fuse``: reserved for the lazy
+executor that ``torch_tpu.compile`` registers with :func:`register_executor`. Index arguments are
+checked against their dimension in every mode (``torch_tpu.lowerings.indexing.check_bounds``).
 
 Select with ``TORCH_TPU_EAGER_MODE=strict|debug|defer_and_fuse``, :func:`set_eager_mode`, or the
 :func:`eager_mode` context manager. An executor is ``fn(lowering, args, kwargs) -> outputs``
@@ -42,7 +42,6 @@ def run_strict(lowering: Lowering, args: tuple, kwargs: dict) -> Any:
 
 
 def run_debug(lowering: Lowering, args: tuple, kwargs: dict) -> Any:
-    check_indices(lowering.op, args)
     out = op_jit.call(lowering, args, kwargs)
     leaves = [x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array)]
     jax.block_until_ready(leaves)
@@ -55,44 +54,6 @@ def run_debug(lowering: Lowering, args: tuple, kwargs: dict) -> Any:
 
 def _has_nonfinite(x: jax.Array) -> bool:
     return jnp.issubdtype(x.dtype, jnp.inexact) and x.size > 0 and not bool(jnp.isfinite(x).all())
-
-
-# op name -> (position of the indexed tensor, position of the index, dim or None for "per list entry",
-#             whether negative indices are allowed)
-_INDEX_ARGS: dict[str, tuple[int, int, int | str | None, bool]] = {
-    "aten::index": (0, 1, None, True),
-    "aten::index_put": (0, 1, None, True),
-    "aten::index_select": (0, 2, "arg1", False),
-    "aten::gather": (0, 2, "arg1", False),
-    "aten::scatter": (0, 2, "arg1", False),
-    "aten::scatter_add": (0, 2, "arg1", False),
-    "aten::scatter_reduce.two": (0, 2, "arg1", False),
-    "aten::embedding": (0, 1, 0, False),
-    "aten::index_add": (0, 2, "arg1", False),
-}
-
-
-def check_indices(op: Any, args: tuple) -> None:
-    """Raise IndexError naming ``op`` when an index argument is out of bounds (debug mode)."""
-    spec = _INDEX_ARGS.get(op._schema.name)
-    if spec is None or len(args) <= spec[1]:
-        return
-    data_pos, index_pos, dim, allow_negative = spec
-    data, index = args[data_pos], args[index_pos]
-    if dim is None:
-        pairs = [(d, ix) for d, ix in enumerate(index) if ix is not None and not jnp.issubdtype(ix.dtype, jnp.bool_)]
-    else:
-        d = args[1] if dim == "arg1" else dim
-        pairs = [(d % max(data.ndim, 1), index)]
-    for d, ix in pairs:
-        if ix.size == 0:
-            continue
-        size = data.shape[d] if data.ndim else 1
-        lo, hi = int(ix.min()), int(ix.max())
-        low_limit = -size if allow_negative else 0
-        if lo < low_limit or hi >= size:
-            bad = lo if lo < low_limit else hi
-            raise IndexError(f"{op}: index {bad} is out of bounds for dimension {d} with size {size}")
 
 
 _EXECUTORS: dict[EagerMode, Executor] = {EagerMode.STRICT: run_strict, EagerMode.DEBUG: run_debug}

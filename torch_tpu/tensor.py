@@ -155,6 +155,9 @@ class TpuTensor(torch.Tensor):
     # contiguous, offset 0, covering the whole storage, storage's dtype: reads box.array directly
     _full: bool
     _reinterpreted = False  # dtype differs from the storage's (a ``view(dtype)``): see dtype_views
+    # torch's lazy conjugate / negative bits (``x.conj()``, ``x.conj().imag``): the tensor's value is
+    # its storage elements conjugated / negated; the one function doing both (None: neither)
+    _math_bits: Callable[[jax.Array], jax.Array] | None = None
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -279,9 +282,23 @@ def make_alias(box: StorageBox, size, stride, offset: int, dtype: torch.dtype) -
     return t
 
 
+def set_math_bits(t: TpuTensor, conj: bool, neg: bool) -> None:
+    """Give a new view ``t`` the conjugate / negative bits torch's view kernel set on its result."""
+    if not (conj or neg):
+        return
+    torch._C._set_conj(t, conj)
+    torch._C._set_neg(t, neg)
+    t._math_bits = _MATH_BITS[conj, neg]
+    t._full = False
+
+
+_MATH_BITS = {(True, False): jnp.conj, (False, True): jnp.negative,
+              (True, True): lambda a: jnp.negative(jnp.conj(a))}
+
+
 def _set_flags(t: TpuTensor, size: tuple[int, ...], stride: tuple[int, ...], offset: int) -> None:
     t._reinterpreted = t._box.array.dtype != to_jax_dtype(t.dtype)
-    t._full = (not t._reinterpreted and offset == 0 and math.prod(size) == t._box.array.size
+    t._full = (not t._reinterpreted and t._math_bits is None and offset == 0 and math.prod(size) == t._box.array.size
                and stride == _contiguous_strides(size))
 
 
@@ -294,7 +311,11 @@ _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 def meta_like(t: TpuTensor) -> torch.Tensor:
     """A meta tensor with ``t``'s layout over a meta storage as large as ``t``'s box."""
     base = torch.empty((t._box.nbytes // t.element_size(),), dtype=t.dtype, device="meta")
-    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+    meta = base.as_strided(t.shape, t.stride(), t.storage_offset())
+    if t._math_bits is not None:  # so that views of it get their bits from torch's kernels
+        torch._C._set_conj(meta, t.is_conj())
+        torch._C._set_neg(meta, t.is_neg())
+    return meta
 
 
 def set_layout(t: TpuTensor, size, stride, offset: int, box: StorageBox | None = None) -> None:
@@ -365,7 +386,8 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     array = _concrete(box.array)
     if t._reinterpreted:
         array = dtype_views.reinterpret(array, to_jax_dtype(t.dtype))
-    return _reader(tuple(t.shape), t.stride(), t.storage_offset(), array.size)(array)
+    value = _reader(tuple(t.shape), t.stride(), t.storage_offset(), array.size)(array)
+    return value if t._math_bits is None else t._math_bits(value)
 
 
 def concrete_value(t: TpuTensor) -> jax.Array:
@@ -381,6 +403,8 @@ def write(t: TpuTensor, value: jax.Array) -> None:
             box.array = value  # any shape with the storage's numel; keeps this tensor's reads free
             return
         t._full = False  # another tensor resized the shared storage
+    if t._math_bits is not None:  # conjugation and negation undo themselves
+        value = t._math_bits(value)
     if t._reinterpreted:
         old = _concrete(box.array)
         flat = dtype_views.reinterpret(old, value.dtype)

@@ -112,6 +112,24 @@ def jdtype(dtype: torch.dtype | None, default: Any = None) -> Any:
     return to_jax_dtype(dtype)
 
 
+def wrap_dim(dim: int, ndim: int) -> int:
+    """``dim`` as a non-negative dim of an ``ndim``-d tensor (a 0-d one takes 0 and -1), raising
+    torch's IndexError when it is out of range (c10's maybe_wrap_dim): dims never wrap around."""
+    rank = max(ndim, 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    return dim % rank
+
+
+def wrap_dims(dims: Any, ndim: int) -> tuple[int, ...]:
+    """A dim list as non-negative dims, in order; torch's errors for one out of range or repeated."""
+    wrapped = tuple(wrap_dim(d, ndim) for d in dims)
+    for i, d in enumerate(wrapped):
+        if d in wrapped[:i]:
+            raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
+    return wrapped
+
+
 def norm_dims(dims: Any, ndim: int) -> tuple[int, ...]:
     """A dim / dim list argument (None or [] meaning all) as sorted non-negative dims."""
     if dims is None:
@@ -120,8 +138,8 @@ def norm_dims(dims: Any, ndim: int) -> tuple[int, ...]:
         dims = [dims]
     if len(dims) == 0:
         return tuple(range(ndim))
-    rank = max(ndim, 1)
-    return tuple(sorted(d % rank for d in dims)) if ndim else ()
+    wrapped = wrap_dims(dims, ndim)
+    return tuple(sorted(wrapped)) if ndim else ()
 
 
 def is_one(scale: Operand) -> bool:

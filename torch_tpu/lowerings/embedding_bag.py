@@ -39,11 +39,23 @@ def _counts(bag, keep, bags):
     return jax.ops.segment_sum(keep.astype(jnp.int64), bag, num_segments=bags)
 
 
+def _check_per_sample_weights(weight, indices, per_sample_weights, mode):
+    """CPU's checks; the ValueError becomes the exception CPU torch raises for the call (dispatch)."""
+    if mode != SUM:
+        raise ValueError("embedding_bag: per_sample_weights is only supported for mode='sum'")
+    if per_sample_weights.ndim != 1 or per_sample_weights.size != indices.size:
+        raise ValueError(f"embedding_bag: per_sample_weights of shape {per_sample_weights.shape} must be 1-D with "
+                         f"one weight per index ({indices.size})")
+    if per_sample_weights.dtype != weight.dtype:
+        raise ValueError(f"embedding_bag: per_sample_weights ({per_sample_weights.dtype}) must have the "
+                         f"weight's dtype ({weight.dtype})")
+
+
 @register_lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
 def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
-    if per_sample_weights is not None and mode != SUM:
-        raise ValueError("embedding_bag: per_sample_weights is only supported for mode='sum'")
+    if per_sample_weights is not None:
+        _check_per_sample_weights(weight, indices, per_sample_weights, mode)
     bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
     bag = _offset2bag(indices, offsets, bags)
     keep = _keep(indices, padding_idx)

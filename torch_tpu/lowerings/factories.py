@@ -95,7 +95,7 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
     out = jdtype(dtype) if dtype is not None else (jdtype(None) if floating else jnp.int64)
     n = max(0, math.ceil((end - start) / step))
     if jnp.issubdtype(out, jnp.integer):
-        return (start + np.arange(n, dtype=np.int64) * step).astype(out)
+        return jnp.asarray(start + np.arange(n, dtype=np.int64) * step, out)
     return jnp.asarray(start + np.arange(n, dtype=np.float64) * step, out)
 
 
@@ -112,6 +112,11 @@ def arange_start(start, end, *, dtype=None, layout=None, device=None, pin_memory
 @register_lowering(aten.eye.default)
 def eye(n, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.eye(n, dtype=jdtype(dtype))
+
+
+@register_lowering(aten.eye.m)
+def eye_m(n, m, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.eye(n, m, dtype=jdtype(dtype))
 
 
 def _tri_indices(pick, row, col, offset, dtype):

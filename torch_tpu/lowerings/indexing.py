@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import warnings
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
 from torch_tpu._jax import jax, jnp
-from torch_tpu.lowerings._common import cast, is_one
+from torch_tpu.lowerings._common import cast, is_one, wrap_dim
 from torch_tpu.registry import register_lowering
 
 aten = torch.ops.aten
 
 
+def _is_mask(index):
+    """A boolean mask among advanced indices; torch still reads uint8 ones as masks (deprecated)."""
+    return getattr(index, "dtype", None) in (np.bool_, np.uint8)
+
+
 def _index_tuple(indices):
-    return tuple(slice(None) if i is None else i for i in indices)
+    """Advanced indices as a JAX index: None as a full slice, uint8 masks as boolean ones."""
+    if any(i is not None and i.dtype == np.uint8 for i in indices):
+        warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.",
+                      UserWarning, stacklevel=2)
+    return tuple(slice(None) if i is None else i != 0 if i.dtype == np.uint8 else i for i in indices)
 
 
 @register_lowering(aten.index.Tensor)
@@ -34,10 +46,6 @@ def _update(target, coords, mode, values):
     return as_bytes != 0
 
 
-def _is_mask(index):
-    return index is not None and index.dtype == np.bool_
-
-
 def _mask_coords(self, indices, count):
     """``indices`` with each boolean mask as ``count`` coordinates of its set elements, padded with
     out-of-bounds ones (JAX scatters drop those updates)."""
@@ -47,7 +55,7 @@ def _mask_coords(self, indices, count):
             coords.extend(jnp.nonzero(i, size=count, fill_value=self.shape[dim:dim + i.ndim]))
             dim += i.ndim
         else:
-            coords.append(slice(None) if i is None else i)
+            coords.append(i)
             dim += 1
     return tuple(coords)
 
@@ -55,8 +63,9 @@ def _mask_coords(self, indices, count):
 def _put_coords(self, indices, values):
     """index_put's coordinates with a static count for masks (under jit the number of set elements is
     unknown): the count ``values`` has along the masked dim, or the mask's size when it broadcasts there."""
+    indices = _index_tuple(indices)
     if not any(_is_mask(i) for i in indices):
-        return _index_tuple(indices)
+        return indices
     count = max(i.size for i in indices if _is_mask(i))
     # the masked dim is the one whose length follows the count
     shapes = [jax.eval_shape(lambda s, n=n: s[_mask_coords(s, indices, n)], self).shape for n in (count, count + 1)]
@@ -68,6 +77,8 @@ def _put_coords(self, indices, values):
 
 @register_lowering(aten.index_put.default, aten._index_put_impl.default)
 def index_put(self, indices, values, accumulate=False, unsafe=False):
+    if len(indices) == 1 and getattr(indices[0], "dtype", None) == np.uint8 and values.ndim == 0 and not accumulate:
+        raise ValueError("index_put_ of a 0-d value by one mask runs masked_fill_, which refuses uint8 masks (CPU)")
     return _update(self, _put_coords(self, indices, values), "add" if accumulate else "set", values)
 
 
@@ -76,6 +87,18 @@ def index_select(self, dim, index):
     if self.ndim == 0:
         return self
     return jnp.take(self, index.reshape(-1), axis=dim)
+
+
+def _check_index_shape(self, dim, index, src=None):
+    """CPU's shape checks of gather / scatter (a ValueError: eager dispatch raises CPU's exception)."""
+    if index.size == 0 or self.ndim == 0 or index.ndim == 0:
+        return
+    if index.ndim != self.ndim:
+        raise ValueError(f"index of {index.ndim} dims for a tensor of {self.ndim}: they must have the same number")
+    for d, n in enumerate(index.shape):
+        if (d != dim and n > self.shape[d]) or (getattr(src, "ndim", 0) and n > src.shape[d]):
+            raise ValueError(f"index of shape {index.shape} is larger than self {self.shape} (apart from dim {dim}) "
+                             f"or than src")
 
 
 def _grids(index, dim):
@@ -92,17 +115,21 @@ def gather(self, dim, index, *, sparse_grad=False):
         return jnp.zeros(index.shape, self.dtype)
     source = self.reshape(1) if self.ndim == 0 else self
     coords = index.reshape(1) if index.ndim == 0 else index
-    return source[_grids(coords, dim % source.ndim)].reshape(index.shape)
+    dim = wrap_dim(dim, source.ndim)
+    _check_index_shape(self, dim, index)
+    return source[_grids(coords, dim)].reshape(index.shape)
 
 
 def _scatter(self, dim, index, src, mode):
     if index.size == 0:
         return self
     target = self.reshape(1) if self.ndim == 0 else self
+    dim = wrap_dim(dim, target.ndim)
+    _check_index_shape(self, dim, index, src)
     index = index.reshape(1) if index.ndim == 0 else index
     if hasattr(src, "ndim") and src.ndim:
         src = src[tuple(slice(0, s) for s in index.shape)]
-    return _update(target, _grids(index, dim % target.ndim), mode, src).reshape(self.shape)
+    return _update(target, _grids(index, dim), mode, src).reshape(self.shape)
 
 
 @register_lowering(aten.scatter.src, aten.scatter.value)
@@ -147,7 +174,9 @@ def index_add(self, dim, index, source, *, alpha=1):
     src = source if is_one(alpha) else source * cast(alpha, source.dtype)
     if self.ndim == 0:
         return self + cast(jnp.sum(src), self.dtype)
-    dim = dim % self.ndim
+    dim = wrap_dim(dim, self.ndim)
+    if index.ndim > 1 or (src.ndim and index.size != src.shape[dim]):
+        raise ValueError(f"index_add_: {index.size} indices for a source of {src.shape[dim]} along dim {dim}")
     coords = [slice(None)] * self.ndim
     coords[dim] = index
     return _update(self, tuple(coords), "add", src)
@@ -188,3 +217,71 @@ def unique2(self, sorted=True, return_inverse=False, return_counts=False):
     inverse = inverse.reshape(self.shape).astype(jnp.int64) if return_inverse else jnp.zeros((0,), jnp.int64)
     counts = counts.astype(jnp.int64) if return_counts else jnp.zeros((0,), jnp.int64)
     return values, inverse, counts
+
+
+# --- bounds checks (eager) -------------------------------------------------------------------------
+# JAX gathers clamp (or fill) out-of-range indices and its scatters drop them, silently. Eager
+# dispatch therefore checks index values on the host before running these ops, in every mode,
+# raising the exception type CPU torch raises for the op. Compiled graphs do not (README).
+
+
+class _IndexBounds(NamedTuple):
+    data: int  # position of the indexed tensor
+    index: int  # position of the index tensor (of the index list for index / index_put)
+    dim: int | None  # position of the dim argument; None: the list's own dims (index), or dim 0
+    negative: bool  # whether -size <= index < 0 counts from the end
+    error: type[Exception]
+
+
+_INDEX_BOUNDS = {
+    "aten::index": _IndexBounds(0, 1, None, True, IndexError),
+    "aten::index_put": _IndexBounds(0, 1, None, True, IndexError),
+    "aten::_index_put_impl": _IndexBounds(0, 1, None, True, IndexError),
+    "aten::index_select": _IndexBounds(0, 2, 1, False, IndexError),
+    "aten::embedding": _IndexBounds(0, 1, None, False, IndexError),
+    "aten::_embedding_bag": _IndexBounds(0, 1, None, False, RuntimeError),
+    "aten::_embedding_bag_forward_only": _IndexBounds(0, 1, None, False, RuntimeError),
+    "aten::gather": _IndexBounds(0, 2, 1, False, RuntimeError),
+    "aten::scatter": _IndexBounds(0, 2, 1, False, RuntimeError),
+    "aten::scatter_add": _IndexBounds(0, 2, 1, False, RuntimeError),
+    "aten::scatter_reduce": _IndexBounds(0, 2, 1, False, RuntimeError),
+    "aten::index_add": _IndexBounds(0, 2, 1, False, RuntimeError),
+}
+
+
+def has_bounds_check(op) -> bool:
+    return op._schema.name in _INDEX_BOUNDS
+
+
+def _indexed_dims(spec, args):
+    """(dim of the indexed tensor, index array) pairs of a call."""
+    data, index = args[spec.data], args[spec.index]
+    if spec.dim is not None:
+        return [(wrap_dim(args[spec.dim], data.ndim), index)]
+    if not isinstance(index, (list, tuple)):
+        return [(0, index)]
+    pairs, dim = [], 0
+    for i in index:
+        if i is not None and not _is_mask(i):
+            pairs.append((dim, i))
+        dim += i.ndim if _is_mask(i) else 1
+    return [(d, i) for d, i in pairs if d < max(data.ndim, 1)]  # too many indices: the lowering says so
+
+
+def check_bounds(op, args) -> None:
+    """Raise the exception CPU torch raises for ``op`` when one of its index arguments (JAX
+    arrays, as a lowering gets them) is out of range for the dim it indexes."""
+    spec = _INDEX_BOUNDS.get(op._schema.name)
+    if spec is None or len(args) <= spec.index:
+        return
+    pairs = [(d, i) for d, i in _indexed_dims(spec, args) if i.size]
+    if not pairs:
+        return
+    extremes = jax.device_get([(i.min(), i.max()) for _, i in pairs])  # methods: defer_and_fuse arrays too
+    shape = args[spec.data].shape or (1,)
+    for (dim, _), (lo, hi) in zip(pairs, extremes):
+        size = shape[dim]
+        low = -size if spec.negative else 0
+        if lo < low or hi >= size:
+            bad = int(lo if lo < low else hi)
+            raise spec.error(f"{op}: index {bad} is out of bounds for dimension {dim} with size {size}")

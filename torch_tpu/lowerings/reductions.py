@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from torch_tpu._jax import jax, jnp
-from torch_tpu.lowerings._common import cast, is_float, jdtype, norm_dims, opmath
+from torch_tpu.lowerings._common import cast, is_float, jdtype, norm_dims, opmath, wrap_dim
 from torch_tpu.registry import register_lowering
 
 aten = torch.ops.aten
@@ -87,7 +87,7 @@ def min_(self):
 
 def _arg_extreme(self, dim, keepdim, largest):
     x = self if self.ndim else self.reshape(1)
-    axis = dim % x.ndim
+    axis = wrap_dim(dim, x.ndim)
     fn = jnp.argmax if largest else jnp.argmin
     if is_float(x):  # torch returns the first NaN as the extreme
         nan = jnp.isnan(x)
@@ -103,7 +103,7 @@ def _arg_extreme(self, dim, keepdim, largest):
 def _extreme_dim(self, dim, keepdim, largest):
     if self.ndim == 0:
         return self, jnp.zeros((), jnp.int64)
-    axis = dim % self.ndim
+    axis = wrap_dim(dim, self.ndim)
     idx = _arg_extreme(self, axis, True, largest)
     values = jnp.take_along_axis(self, idx, axis=axis)
     if not keepdim:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from torch_tpu._jax import jax, jnp
-from torch_tpu.lowerings._common import cast, result_dtype
+from torch_tpu.lowerings._common import cast, result_dtype, wrap_dim, wrap_dims
 from torch_tpu.registry import register_lowering
 
 aten = torch.ops.aten
@@ -35,12 +35,13 @@ def t(self):
 
 @register_lowering(aten.transpose.int)
 def transpose(self, dim0, dim1):
+    dim0, dim1 = wrap_dim(dim0, self.ndim), wrap_dim(dim1, self.ndim)
     return jnp.swapaxes(self, dim0, dim1) if self.ndim else self
 
 
 @register_lowering(aten.permute.default)
 def permute(self, dims):
-    return jnp.transpose(self, [d % max(self.ndim, 1) for d in dims]) if self.ndim else self
+    return jnp.transpose(self, wrap_dims(dims, self.ndim)) if self.ndim else self
 
 
 @register_lowering(aten.expand.default)
@@ -72,7 +73,7 @@ def squeeze_dim(self, dim):
     dims = [dim] if isinstance(dim, int) else dim
     if not self.ndim:
         return self
-    axes = tuple(d % self.ndim for d in dims if self.shape[d] == 1)
+    axes = tuple(d for d in wrap_dims(dims, self.ndim) if self.shape[d] == 1)
     return jnp.squeeze(self, axes) if axes else self
 
 
@@ -103,7 +104,7 @@ def as_strided(self, size, stride, storage_offset=None):
 def unfold(self, dimension, size, step):
     if self.ndim == 0:  # torch's one window of a 0-d tensor: 1-d, size elements (0 or 1)
         return jnp.broadcast_to(self, (size,))
-    d = dimension % self.ndim
+    d = wrap_dim(dimension, self.ndim)
     n = (self.shape[d] - size) // step + 1
     starts = np.arange(n) * step
     windows = np.asarray(starts)[:, None] + np.arange(size)[None, :]
@@ -162,7 +163,8 @@ def constant_pad_nd(self, pad, value=0):
 
 @register_lowering(aten.flip.default)
 def flip(self, dims):
-    return jnp.flip(self, tuple(d % self.ndim for d in dims)) if self.ndim else self
+    dims = wrap_dims(dims, self.ndim)
+    return jnp.flip(self, dims) if self.ndim else self
 
 
 @register_lowering(aten.roll.default)

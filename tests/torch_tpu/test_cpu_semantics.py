@@ -1,0 +1,246 @@
+"""Indexing, bounds, dims, out= and views on tpu behave as on CPU torch: same values, and the same
+exception type where CPU raises (every eager mode)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+import torch_tpu.compile  # noqa: F401  (registers the defer_and_fuse executor)
+
+aten = torch.ops.aten
+
+
+def _on(device: str, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.to(device) for t in tensors]
+
+
+def _same_outcome(fn, *tensors: torch.Tensor) -> None:
+    """``fn`` on CPU tensors and on tpu copies: equal results, or the same exception type."""
+    try:
+        expected = fn(*tensors)
+    except Exception as error:  # noqa: BLE001
+        with pytest.raises(type(error)):
+            got = fn(*_on("tpu", *tensors))
+            if isinstance(got, torch.Tensor):
+                got.cpu()
+        return
+    got = fn(*_on("tpu", *tensors))
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+# --- masks and host indices -----------------------------------------------------------------------
+
+
+def test_uint8_mask_selects_rows_with_the_deprecation_warning():
+    x = torch.arange(12.0).reshape(4, 3)
+    mask = torch.tensor([1, 0, 1, 0], dtype=torch.uint8)
+    with pytest.warns(UserWarning, match="uint8 is now deprecated"):
+        got = x.to("tpu")[mask.to("tpu")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(got.cpu(), x[mask])
+        _same_outcome(lambda x, m: x.index_put_((m,), torch.ones(2, 3, device=x.device)), x, mask)
+        _same_outcome(lambda x, m: x.index_put_((m,), torch.tensor(-1.0, device=x.device)), x, mask)
+
+
+def test_cpu_indices_and_masks_index_tpu_data_as_on_cuda():
+    x = torch.arange(12.0).reshape(4, 3)
+    t = x.to("tpu").requires_grad_()
+    rows, mask = torch.tensor([2, 0, -1]), torch.tensor([True, False, True, False])
+    torch.testing.assert_close(t[rows].cpu(), x[rows])
+    torch.testing.assert_close(t[mask].cpu(), x[mask])
+    torch.testing.assert_close(t[:, torch.tensor([1])].cpu(), x[:, torch.tensor([1])])
+    t[rows].sum().backward()  # index_put of the gradient with the CPU indices
+    torch.testing.assert_close(t.grad.cpu(), torch.zeros(4, 3).index_put_((rows,), torch.ones(3, 3), accumulate=True))
+    y = x.to("tpu")
+    y[mask] = 7.0
+    y[rows] += 1.0
+    expected = x.clone()
+    expected[mask] = 7.0
+    expected[rows] += 1.0
+    torch.testing.assert_close(y.cpu(), expected)
+
+
+# --- bounds ---------------------------------------------------------------------------------------
+
+_x = torch.arange(12.0).reshape(4, 3)
+_BOUNDS = {
+    "index": lambda x, i: x[i],
+    "index dim 1": lambda x, i: x[:, i],
+    "index_put": lambda x, i: x.clone().index_put_((i,), torch.tensor(1.0, device=x.device)),
+    "index_put accumulate": lambda x, i: x.clone().index_put_((i,), torch.ones((), device=x.device), accumulate=True),
+    "index_select": lambda x, i: x.index_select(0, i),
+    "gather": lambda x, i: x.gather(0, i[None]),
+    "scatter": lambda x, i: x.clone().scatter_(0, i[None], 1.0),
+    "scatter_add": lambda x, i: x.clone().scatter_add_(0, i[None], x[:1]),
+    "scatter_reduce": lambda x, i: x.clone().scatter_reduce_(0, i[None], x[:1], "amax"),
+    "index_add": lambda x, i: x.clone().index_add_(0, i, x[:2]),
+    "index_fill": lambda x, i: x.clone().index_fill_(0, i, 1.0),
+    "embedding": lambda x, i: F.embedding(i, x),
+    "embedding_bag": lambda x, i: F.embedding_bag(i, x, torch.zeros(1, dtype=torch.long, device=x.device)),
+    "take": lambda x, i: x.take(i * 3),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+@pytest.mark.parametrize("name", sorted(_BOUNDS))
+def test_out_of_range_indices_raise_as_on_cpu_in_every_mode(name, mode):
+    with torch_tpu.eager_mode(mode):
+        for bad in (7, -5, -1, 3):
+            _same_outcome(_BOUNDS[name], _x, torch.tensor([0, bad]))
+
+
+# --- dims -----------------------------------------------------------------------------------------
+
+_DIMS = {
+    "flip(3)": lambda x: x.flip(3),
+    "flip(0, 0)": lambda x: x.flip(0, 0),
+    "flip(-4)": lambda x: x.flip(-4),
+    "transpose(0, 3)": lambda x: x.transpose(0, 3),
+    "transpose(-4, 0)": lambda x: x.transpose(-4, 0),
+    "permute(0, 1, 3)": lambda x: x.permute(0, 1, 3),
+    "permute(0, 0, 1)": lambda x: x.permute(0, 0, 1),
+    "select(3, 0)": lambda x: x.select(3, 0),
+    "narrow(3, 0, 1)": lambda x: x.narrow(3, 0, 1),
+    "sum(3)": lambda x: x.sum(3),
+    "sum((0, 0))": lambda x: x.sum((0, 0)),
+    "argmax(3)": lambda x: x.argmax(3),
+    "gather(3)": lambda x: x.gather(3, torch.zeros(2, 3, 4, dtype=torch.long, device=x.device)),
+    "squeeze(3)": lambda x: x.squeeze(3),
+    "unsqueeze(4)": lambda x: x.unsqueeze(4),
+    "movedim(0, 3)": lambda x: x.movedim(0, 3),
+    "roll(1, 3)": lambda x: x.roll(1, 3),
+    "flip(-1) (valid)": lambda x: x.flip(-1),
+    "transpose(-1, 0) (valid)": lambda x: x.transpose(-1, 0).contiguous(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DIMS))
+def test_dims_never_wrap(name):
+    _same_outcome(_DIMS[name], torch.arange(24.0).reshape(2, 3, 4))
+
+
+def test_scalar_tensors_take_dims_0_and_minus_1_only():
+    for fn in (lambda s: s.flip(0), lambda s: s.transpose(0, -1), lambda s: s.sum(-1), lambda s: s.flip(1)):
+        _same_outcome(fn, torch.tensor(3.0))
+
+
+# --- out= and validation --------------------------------------------------------------------------
+
+_OUT = {
+    "nonzero float out": lambda x: torch.nonzero(x, out=torch.empty(0, device=x.device)),
+    "nonzero int32 out": lambda x: torch.nonzero(x, out=torch.empty(0, dtype=torch.int32, device=x.device)),
+    "nonzero long out": lambda x: torch.nonzero(x, out=torch.empty(0, dtype=torch.long, device=x.device)),
+    "argmax float out": lambda x: torch.argmax(x, 0, out=torch.empty(0, device=x.device)),
+    "index_select long out": lambda x: torch.index_select(
+        x, 0, torch.tensor([1], device=x.device), out=torch.empty(0, dtype=torch.long, device=x.device)),
+    "add long out": lambda x: torch.add(x, x, out=torch.empty(0, dtype=torch.long, device=x.device)),
+    "add float64 out": lambda x: torch.add(x, x, out=torch.empty(0, dtype=torch.float64, device=x.device)),
+    "eye out": lambda x: torch.eye(2, 3, out=torch.empty(0, device=x.device)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OUT))
+def test_out_dtypes_are_checked_as_on_cpu(name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _same_outcome(_OUT[name], torch.tensor([[0.0, 1.5], [2.0, 0.0]]))
+
+
+_BAGS = {
+    "mode mean": lambda w, i, o, p: aten._embedding_bag(w, i, o, False, 1, False, p),
+    "mode max": lambda w, i, o, p: aten._embedding_bag(w, i, o, False, 2, False, p),
+    "too few weights": lambda w, i, o, p: aten._embedding_bag(w, i, o, False, 0, False, p[:3]),
+    "2-d weights": lambda w, i, o, p: aten._embedding_bag(w, i, o, False, 0, False, p.reshape(2, 2)),
+    "float64 weights": lambda w, i, o, p: aten._embedding_bag(w, i, o, False, 0, False, p.double()),
+    "module, wrong shape": lambda w, i, o, p: torch.nn.EmbeddingBag.from_pretrained(w, mode="sum")(i, o, p[:3]),
+    "module, mode mean": lambda w, i, o, p: torch.nn.EmbeddingBag.from_pretrained(w, mode="mean")(i, o, p),
+    "module, valid": lambda w, i, o, p: torch.nn.EmbeddingBag.from_pretrained(w, mode="sum")(i, o, p),
+}
+
+
+_SHAPES = {
+    "scatter_add index larger than src": lambda x: x.clone().scatter_add_(0, torch.zeros(1, 2, dtype=torch.long,
+                                                                                     device=x.device), x[:1, :1]),
+    "scatter index larger than self": lambda x: x.clone().scatter_(0, torch.zeros(1, 4, dtype=torch.long,
+                                                                                  device=x.device), 1.0),
+    "gather index larger than self": lambda x: x.gather(0, torch.zeros(1, 4, dtype=torch.long, device=x.device)),
+    "gather index of another rank": lambda x: x.gather(0, torch.zeros(2, dtype=torch.long, device=x.device)),
+    "index_add source of another length": lambda x: x.clone().index_add_(0, torch.tensor([0, 1], device=x.device),
+                                                                         x[:1]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SHAPES))
+def test_index_shapes_are_checked_as_on_cpu(name):
+    _same_outcome(_SHAPES[name], torch.arange(12.0).reshape(4, 3))
+
+
+@pytest.mark.parametrize("name", sorted(_BAGS))
+def test_embedding_bag_per_sample_weights_are_validated_as_on_cpu(name):
+    weight = torch.arange(30.0).reshape(10, 3)
+    _same_outcome(_BAGS[name], weight, torch.tensor([1, 2, 4, 5]), torch.tensor([0, 2]), torch.rand(4))
+
+
+# --- ordinary code that used to fail --------------------------------------------------------------
+
+
+def test_factories_and_scalars_of_ordinary_code():
+    torch.testing.assert_close(torch.arange(10, device="tpu").clone().cpu(), torch.arange(10))
+    torch.testing.assert_close(torch.eye(2, device="tpu").cpu(), torch.eye(2))
+    eye = torch.eye(2, 3, dtype=torch.int32, device="tpu")
+    torch.testing.assert_close(eye.cpu(), torch.eye(2, 3, dtype=torch.int32))
+    scalar = torch.tensor(3.5, device="tpu")
+    torch.testing.assert_close(torch.tensor([scalar, 1.0]), torch.tensor([3.5, 1.0]))
+    assert torch.tensor([torch.tensor(2, device="tpu")]).dtype == torch.int64
+
+
+def test_conj_is_a_lazy_view_as_on_cpu():
+    real = torch.randn(3, device="tpu")
+    assert real.conj() is real
+    host = torch.tensor([[1 + 2j, 3 - 1j], [2 + 0.5j, -1j]])
+    x = host.to("tpu")
+    y = x.conj()
+    assert y.is_conj() and y._base is x
+    torch.testing.assert_close(y.cpu(), host.conj())
+    torch.testing.assert_close(y.imag.cpu(), host.conj().imag)
+    assert y.imag.is_neg()
+    torch.testing.assert_close((y @ x).cpu(), host.conj() @ host)
+    x.add_(1)  # seen through the view
+    torch.testing.assert_close(y.cpu(), (host + 1).conj())
+    y[0, 0] = 5j  # written through the view, conjugated
+    y.imag.add_(1)
+    expected = host + 1
+    expected.conj()[0, 0] = 5j
+    expected.conj().imag.add_(1)
+    torch.testing.assert_close(x.cpu(), expected)
+
+
+def test_expand_strides_equal_cpus():
+    layouts = [lambda d: torch.zeros(3, 1, device=d), lambda d: torch.zeros(3, 4, device=d)[:, :1],
+               lambda d: torch.zeros(2, 1, 3, device=d)[:, :, 1:2], lambda d: torch.zeros(1, device=d),
+               lambda d: torch.zeros(3, device=d)[::2], lambda d: torch.zeros((), device=d)]
+    for make in layouts:
+        for shape in ((2, 3, 4), (3, 4), (4, -1, 5), (2, 3, 1), (5, 2)):
+            try:
+                expected = make("cpu").expand(shape).stride()
+            except RuntimeError:
+                with pytest.raises(RuntimeError):
+                    make("tpu").expand(shape)
+                continue
+            assert make("tpu").expand(shape).stride() == expected
+
+
+@pytest.mark.parametrize("memory_format", [torch.preserve_format, torch.contiguous_format, torch.channels_last])
+def test_resize_as_takes_cpus_layout(memory_format):
+    for template in (torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last), torch.randn(3, 4)):
+        if memory_format is torch.channels_last and template.dim() != 4:
+            continue
+        expected = torch.empty(0).resize_as_(template, memory_format=memory_format)
+        got = torch.empty(0, device="tpu").resize_as_(template.to("tpu"), memory_format=memory_format)
+        assert got.shape == expected.shape and got.stride() == expected.stride()
