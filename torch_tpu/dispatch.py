@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_tpu import decompositions, fallback, metadata_ops, modes, op_jit
+from torch_tpu import decompositions, fallback, metadata_ops, modes, op_jit, sparse
 from torch_tpu import device as tpu_device
 from torch_tpu import memory_format as formats
 from torch_tpu import random as tpu_random
@@ -70,7 +70,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                     return _wrap(out)
     handler = _HANDLERS.get(func)
     if handler is None:
-        handler = _HANDLERS[func] = _make_handler(func)
+        handler = _HANDLERS[func] = sparse.routed(func, _make_handler(func))
     return handler(func, args, kwargs)
 
 
