@@ -9,7 +9,8 @@ serve the SparsePrivateUse1 key:
   metadata and call ops on its indices and values, which dispatch to tpu as usual;
 * device kernels for the training path (:data:`_DEVICE_KERNELS`): coalesce, dense += sparse,
   sparse + sparse, ``sparse_mask``, scaling by a scalar, written as tpu ops on indices and values;
-* every other sparse op runs on CPU copies (the CPU fallback, counted and refused like any other).
+* every other op with a sparse CPU kernel runs on CPU copies (the CPU fallback, counted and refused
+  like any other).
 
 An op mixing a dense tpu tensor with a sparse one reaches ``TpuTensor.__torch_dispatch__`` first
 (the dense tensor's Python key): :func:`routed` sends it on to the SparsePrivateUse1 kernels,
@@ -130,7 +131,7 @@ def _mul(self: torch.Tensor, other: Any) -> torch.Tensor:
 def _mul_(self: torch.Tensor, other: Any) -> torch.Tensor:
     if self.is_sparse and _is_scalar(other):
         self._values().mul_(other)
-        return self
+        return self._coalesced_(False)  # as CPU's in-place scaling leaves it
     return fallback.run_on_cpu(aten.mul_.Tensor, (self, other), {})
 
 
@@ -152,8 +153,20 @@ _DEVICE_KERNELS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
 }
 
 
-def _cpu_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
-    return fallback.run_on_cpu(op, args, kwargs)
+def _cpu_fallback(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return fallback.run_on_cpu(op, args, kwargs)
+
+    return kernel
+
+
+def _ops_with_cpu_sparse_kernels() -> list[torch._ops.OpOverload]:
+    ops = []
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if qualified.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "SparseCPU"):
+            name, _, overload = qualified.removeprefix("aten::").partition(".")
+            ops.append(getattr(getattr(aten, name), overload or "default"))
+    return ops
 
 
 def _is_sparse_call(args: tuple, kwargs: dict) -> bool:
@@ -212,6 +225,9 @@ def register() -> None:
         kernels.impl(op, _generic(op), _KEY)
     for op, kernel in _DEVICE_KERNELS.items():
         kernels.impl(op, kernel, _KEY)
-    cpu = torch.library.Library("_", "IMPL")
-    cpu.fallback(_cpu_fallback, _KEY)
-    _LIBRARIES.extend([kernels, cpu])
+    # per op, not a backend fallback: torch's Python fallback asserts for ops that have Python
+    # kernels at other keys (torch_tpu's autocast policies)
+    for op in _ops_with_cpu_sparse_kernels():
+        if op not in _DEVICE_KERNELS and op not in _GENERIC:
+            kernels.impl(op, _cpu_fallback(op), _KEY)
+    _LIBRARIES.append(kernels)
