@@ -449,9 +449,19 @@ def _layout_expand(size, stride, offset, shape, implicit=False):
 
 
 def _same_view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
-    """detach / alias / lift_fresh: same metadata over the same box."""
+    """detach / alias: same metadata over the same box."""
     t = args[0]
     return make_alias(t._box, t.shape, t.stride(), t.storage_offset(), t.dtype)
+
+
+def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``torch.tensor(data, device="tpu")`` lifts the tpu tensor it made from ``data``. Tracing modes
+    (torch.compile's fake, functional and proxy modes) pass tensor subclasses on to their own
+    dispatch: under them the data is lifted as the plain CPU tensor it was, then moved to the device
+    by a traced copy (the graph of ``torch.tensor(data).to("tpu")``)."""
+    if torch._C._len_torch_dispatch_stack():
+        return func(to_cpu(args[0])).to(tensor_mod.DEVICE)
+    return _same_view_handler(func, args, kwargs) if func is aten.lift_fresh.default else _clone(func, args, kwargs)
 
 
 def _fallback_handler(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -552,7 +562,8 @@ _SPECIAL: dict[Any, Handler] = {
     aten.equal.default: _equal,
     aten.detach.default: _same_view_handler,
     aten.alias.default: _same_view_handler,
-    aten.lift_fresh.default: _same_view_handler,
+    aten.lift_fresh.default: _lift_fresh,
+    aten.lift_fresh_copy.default: _lift_fresh,
     aten.t.default: _fast_view(_layout_t),
     aten.transpose.int: _fast_view(_layout_transpose),
     aten.permute.default: _fast_view(_layout_permute),
