@@ -126,10 +126,13 @@ def handler(op: Any, fn: Decomposition) -> Callable[[Any, tuple, dict], Any]:
 
 
 def compile_table() -> dict[Any, Decomposition]:
-    """AOTAutograd's decompositions for ``torch.compile(backend="tpu")``: the core-ATen table plus
-    :data:`EXTRA` entries for ops without a lowering (lowered ops stay whole in graphs)."""
-    from torch._decomp import core_aten_decompositions
+    """AOTAutograd's decompositions for ``torch.compile(backend="tpu")``: the core-ATen table, and for
+    functional ops without a lowering the rest of ``torch._decomp``'s table (``native_group_norm``,
+    ``slice_scatter`` ...) and :data:`EXTRA` (lowered ops stay whole in graphs)."""
+    from torch._decomp import core_aten_decompositions, decomposition_table
 
     table = dict(core_aten_decompositions().items())
-    table.update({op: fn for op, fn in EXTRA.items() if get_lowering(op) is None})
+    unlowered = {**decomposition_table, **EXTRA}
+    table.update({op: fn for op, fn in unlowered.items()
+                  if isinstance(op, torch._ops.OpOverload) and not _mutates(op) and get_lowering(op) is None})
     return table
