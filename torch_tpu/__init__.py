@@ -19,6 +19,7 @@ from torch_tpu import kernels as _kernels  # noqa: E402,F401
 from torch_tpu import lowerings as _lowerings  # noqa: E402,F401  (fills the registry)
 from torch_tpu import module_conversion as _module_conversion  # noqa: E402
 from torch_tpu import serialization as _serialization  # noqa: E402
+from torch_tpu import sparse as _sparse  # noqa: E402
 from torch_tpu import storage as _storage  # noqa: E402
 from torch_tpu import transformer as _transformer  # noqa: E402,F401  (fast-path composites)
 
@@ -26,6 +27,7 @@ _serialization.register()  # torch.load(map_location="tpu")
 _storage.register()  # storage.tpu()
 _autocast.register()  # torch.autocast("tpu")
 _module_conversion.install()  # Module.to("tpu") keeps Parameter objects (weight ties)
+_sparse.register()  # sparse COO tensors on tpu (sparse embedding gradients)
 from torch_tpu.fallback import (  # noqa: E402
     TpuFallbackError,
     decomposed_counts,

@@ -63,6 +63,28 @@ def defer(func: Any, error: BaseException) -> _Deferred | None:
     return _Deferred(str(func), error)
 
 
+def guard_mode(mode_type: type) -> None:
+    """Defer the exceptions of a dispatch mode's ``__torch_dispatch__`` as :func:`defer` does a tpu
+    op's: torch.compile traces backward nodes of tpu tensors through its fake, functional and proxy
+    modes, whose errors (an op without a fake kernel ...) would otherwise abort the process."""
+    dispatch = mode_type.__torch_dispatch__
+    if getattr(dispatch, "_tpu_deferring", False):
+        return
+
+    @functools.wraps(dispatch)
+    def deferring(self: Any, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        try:
+            return dispatch(self, func, types, args, kwargs)
+        except BaseException as error:
+            deferred = defer(func, error)
+            if deferred is None:
+                raise
+            return deferred
+
+    deferring._tpu_deferring = True  # type: ignore[attr-defined]
+    mode_type.__torch_dispatch__ = deferring
+
+
 def guard_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
     """``hook`` (a tensor hook, which the engine calls from C++), with its exceptions deferred."""
 

@@ -126,10 +126,14 @@ def handler(op: Any, fn: Decomposition) -> Callable[[Any, tuple, dict], Any]:
 
 
 def compile_table() -> dict[Any, Decomposition]:
-    """AOTAutograd's decompositions for ``torch.compile(backend="tpu")``: the core-ATen table plus
-    :data:`EXTRA` entries for ops without a lowering (lowered ops stay whole in graphs)."""
-    from torch._decomp import core_aten_decompositions
+    """AOTAutograd's decompositions for ``torch.compile(backend="tpu")``: the core-ATen table, and for
+    functional ops without a lowering the rest of ``torch._decomp``'s ATen-level table
+    (``slice_scatter`` ...) and :data:`EXTRA` (lowered ops stay whole in graphs)."""
+    from torch._decomp import core_aten_decompositions, decomposition_table
 
     table = dict(core_aten_decompositions().items())
-    table.update({op: fn for op, fn in EXTRA.items() if get_lowering(op) is None})
+    aten_level = {op: fn for op, fn in decomposition_table.items()
+                  if not fn.__module__.startswith("torch._refs")}  # refs emit prims, which have no lowerings
+    table.update({op: fn for op, fn in {**aten_level, **EXTRA}.items()
+                  if isinstance(op, torch._ops.OpOverload) and not _mutates(op) and get_lowering(op) is None})
     return table

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_tpu import decompositions, fallback, metadata_ops, modes, op_jit
+from torch_tpu import decompositions, fallback, metadata_ops, modes, op_jit, sparse
 from torch_tpu import device as tpu_device
 from torch_tpu import memory_format as formats
 from torch_tpu import random as tpu_random
@@ -71,7 +71,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                     return _wrap(out)
     handler = _HANDLERS.get(func)
     if handler is None:
-        handler = _HANDLERS[func] = _make_handler(func)
+        handler = _HANDLERS[func] = sparse.routed(func, _make_handler(func))
     return handler(func, args, kwargs)
 
 
@@ -505,11 +505,21 @@ def _layout_expand(size, stride, offset, shape, implicit=False):
 
 
 def _same_view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
-    """detach / alias / lift_fresh: same metadata over the same box."""
+    """detach / alias: same metadata over the same box."""
     t = args[0]
     if t._math_bits is not None:
         return _view_handler(func, args, kwargs)
     return make_alias(t._box, t.shape, t.stride(), t.storage_offset(), t.dtype)
+
+
+def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``torch.tensor(data, device="tpu")`` lifts the tpu tensor it made from ``data``. Tracing modes
+    (torch.compile's fake, functional and proxy modes) pass tensor subclasses on to their own
+    dispatch: under them the data is lifted as the plain CPU tensor it was, then moved to the device
+    by a traced copy (the graph of ``torch.tensor(data).to("tpu")``)."""
+    if torch._C._len_torch_dispatch_stack():
+        return func(to_cpu(args[0])).to(tensor_mod.DEVICE)
+    return _same_view_handler(func, args, kwargs) if func is aten.lift_fresh.default else _clone(func, args, kwargs)
 
 
 def _fallback_handler(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -610,7 +620,8 @@ _SPECIAL: dict[Any, Handler] = {
     aten.equal.default: _equal,
     aten.detach.default: _same_view_handler,
     aten.alias.default: _same_view_handler,
-    aten.lift_fresh.default: _same_view_handler,
+    aten.lift_fresh.default: _lift_fresh,
+    aten.lift_fresh_copy.default: _lift_fresh,
     aten.t.default: _fast_view(_layout_t),
     aten.transpose.int: _fast_view(_layout_transpose),
     aten.permute.default: _fast_view(_layout_permute),

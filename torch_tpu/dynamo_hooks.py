@@ -5,7 +5,9 @@ a traceable (flattenable) subclass; :class:`~torch_tpu.tensor.TpuTensor` is neit
 live in a JAX array), so Dynamo would trace INTO its ``__torch_dispatch__`` on meta tensors.
 :func:`install` routes TpuTensor values to Dynamo's plain-tensor wrapper (fake tensors on device
 tpu:0) and keeps Dynamo out of torch_tpu's and JAX's own frames (eager work between graphs calls
-into them from C++). It also gives Dynamo the "tpu" device interface (:mod:`torch_tpu.dynamo_device`).
+into them from C++), and makes errors of AOTAutograd's tracing modes inside a traced backward raise
+(:func:`torch_tpu.backward_errors.guard_mode`) instead of aborting. It also gives Dynamo the "tpu"
+device interface (:mod:`torch_tpu.dynamo_device`).
 
 Importing Dynamo costs seconds, so when it is not loaded yet the patch runs right after
 ``torch._dynamo`` finishes importing (a one-shot import hook), not at ``import torch_tpu``.
@@ -46,6 +48,15 @@ def _patch(tensor_type: type) -> None:
 
     _wrap._tpu_tensor_as_plain = True
     builder.VariableBuilder._wrap = _wrap
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+    from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode
+
+    from torch_tpu import backward_errors
+
+    for mode_type in (FakeTensorMode, FunctionalTensorMode, ProxyTorchDispatchMode):
+        backward_errors.guard_mode(mode_type)
 
     from torch_tpu import dynamo_device  # imports Dynamo: only here
 

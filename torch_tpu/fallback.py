@@ -25,7 +25,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from torch_tpu._jax import jax
-from torch_tpu.tensor import TpuTensor, array_to_cpu, cpu_to_jax, from_cpu, resize, to_jax, write
+from torch_tpu.tensor import DEVICE, TpuTensor, array_to_cpu, cpu_to_jax, from_cpu, resize, to_jax, write
 
 _fallback_counts: Counter[str] = Counter()
 _lowered_counts: Counter[str] = Counter()
@@ -108,8 +108,9 @@ def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
             "(torch_tpu.set_fallback_allowed(True) or unset TORCH_TPU_NO_FALLBACK to allow it)"
         )
     _fallback_counts[func.__name__] += 1
-    originals: dict[int, TpuTensor] = {}
+    originals: dict[int, torch.Tensor] = {}
     copies: list[_HostCopy] = []
+    sparse_copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (CPU copy, sparse tpu tensor)
     out_targets = {id(t) for t in pytree.tree_leaves(_out_args(func, kwargs)) if isinstance(t, TpuTensor)}
 
     def to_host(x: Any) -> Any:
@@ -120,6 +121,11 @@ def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
                 c = c.clone()  # a storage the CPU kernel may resize, as out= tensors are
             originals[id(c)] = x
             copies.append(_HostCopy(c, x, value, _version(c)))
+            return c
+        if isinstance(x, torch.Tensor) and x.is_sparse and x.device == DEVICE:
+            c = x.cpu()
+            originals[id(c)] = x
+            sparse_copies.append((c, x))
             return c
         return x
 
@@ -141,11 +147,16 @@ def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
                 f"{list(copy.cpu.shape)}; resizing tpu tensors in place is not supported"
             )
         write(copy.target, cpu_to_jax(copy.cpu))
+    for c, target in sparse_copies:
+        if id(c) in annotated:
+            torch.ops.aten.copy_sparse_to_sparse_(target, c.to(DEVICE))
 
     def to_device(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             original = originals.get(id(x))
-            return original if original is not None else from_cpu(x)
+            if original is not None:
+                return original
+            return x.to(DEVICE) if x.is_sparse else from_cpu(x)
         return x
 
     return pytree.tree_map(to_device, out)

@@ -5,7 +5,7 @@ Factories (``torch.empty/zeros/randn(..., device="tpu")``) allocate through ``em
 ``_copy_from``; ``torch.tensor([tpu_scalar])`` reads its elements through ``_local_scalar_dense``
 with Python dispatch excluded. Factories with their own CPU/CUDA kernels and no ``out=`` variant
 (``triu_indices``) run their registered lowering. Everything else reaches
-``TpuTensor.__torch_dispatch__``.
+``TpuTensor.__torch_dispatch__``. Plus the Meta kernels torch lacks for ops compiled graphs trace.
 """
 
 from __future__ import annotations
@@ -79,6 +79,13 @@ _lib.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
 _lib.impl("_copy_from", copy_from, "PrivateUse1")
 _lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
 _lib.impl("_local_scalar_dense", lambda t: _local_scalar_dense(None, (t,), {}), "PrivateUse1")
+
+def fractional_max_pool3d_backward_meta(grad_output, self, kernel_size, output_size, indices):
+    return torch.empty_like(self)
+
+
+# torch has no fake kernel for it (the 2d one has): compiled FractionalMaxPool3d training traces it
+_lib.impl("fractional_max_pool3d_backward", fractional_max_pool3d_backward_meta, "Meta")
 
 for _name in ("triu_indices", "tril_indices"):
     _lib.impl(_name, lowered_factory(getattr(torch.ops.aten, _name).default), "PrivateUse1")

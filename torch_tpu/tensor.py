@@ -223,6 +223,12 @@ class TpuTensor(torch.Tensor):
     def data_ptr(self) -> int:
         return self._box.ptr + self.storage_offset() * self.element_size()
 
+    def __format__(self, format_spec: str) -> str:
+        # torch formats only plain-Tensor scalars as numbers (printing a sparse tpu tensor needs it)
+        if self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return super().__format__(format_spec)
+
     def tolist(self) -> Any:  # torch refuses tolist() on wrapper subclasses; torchrec's KJT needs it
         return to_cpu(self.detach()).tolist()
 

@@ -68,3 +68,80 @@ def test_cnn_train_step_like_cpu(strict):
     torch.testing.assert_close(torch.stack(tpu_losses), torch.stack(cpu_losses), **TOL)
     for (name, c), t in zip(cpu.state_dict().items(), tpu.state_dict().values()):
         torch.testing.assert_close(t.cpu(), c, msg=lambda m: f"{name}: {m}", **TOL)
+
+
+def test_tensors_created_inside_compiled_functions():
+    """``torch.tensor(data, device=x.device)`` (lift_fresh) inside a compiled function, as GPT-2/T5
+    and torch.masked do: a graph constant moved to tpu."""
+    def make(x, mask):
+        scale = torch.tensor([1.0, -2.0, 0.5], device=x.device)
+        bias = x.new_tensor(0.25)
+        return x * scale + bias + torch.tensor(3.0), torch.masked.amax(x, 1, mask=mask)
+
+    x, mask = torch.randn(4, 3), torch.tensor([[True, False, True]] * 4)
+    compiled = torch.compile(make, backend="tpu", dynamic=False, fullgraph=True)
+    for actual, expected in zip(compiled(x.to("tpu"), mask.to("tpu")), make(x, mask)):
+        assert actual.device.type == "tpu"
+        torch.testing.assert_close(actual.cpu(), expected, **TOL)
+
+
+def _fractional(cls, n, shape):
+    """A fractional max pool with fixed random samples (CPU and tpu pick the same windows)."""
+    def factory():
+        pool = cls(2, output_size=(3,) * (n - 1) + (4,))
+        pool._random_samples = torch.rand(shape[0], shape[1], n, generator=torch.Generator().manual_seed(0))
+        return pool
+
+    return factory
+
+
+NEW_LOWERINGS = [  # name, module factory, input shape(s)
+    ("fractional_max_pool2d", _fractional(torch.nn.FractionalMaxPool2d, 2, (2, 3, 7, 9)), [(2, 3, 7, 9)]),
+    ("fractional_max_pool3d", _fractional(torch.nn.FractionalMaxPool3d, 3, (1, 2, 6, 7, 8)), [(1, 2, 6, 7, 8)]),
+    ("native_group_norm", lambda: torch.nn.GroupNorm(2, 6), [(3, 6, 5)]),
+    ("_trilinear", lambda: torch.nn.Bilinear(3, 4, 5), [(6, 3), (6, 4)]),
+    ("replication_pad1d_backward", lambda: torch.nn.ReplicationPad1d((2, 1)), [(2, 3, 5)]),
+    ("replication_pad2d_backward", lambda: torch.nn.ReplicationPad2d((1, 2, 0, 3)), [(2, 3, 4, 5)]),
+    ("replication_pad3d_backward", lambda: torch.nn.ReplicationPad3d(1), [(1, 2, 3, 4, 3)]),
+]
+
+
+@pytest.mark.parametrize("name,factory,shapes", NEW_LOWERINGS, ids=[c[0] for c in NEW_LOWERINGS])
+def test_new_lowerings_compiled_match_cpu(name, factory, shapes, strict):
+    torch.manual_seed(0)
+    cpu, tpu = _pair(factory)
+    if hasattr(cpu, "_random_samples"):
+        tpu._random_samples = cpu._random_samples.to("tpu")
+    compiled = torch.compile(tpu, backend="tpu", dynamic=False, fullgraph=True)
+    inputs = [torch.randn(s) for s in shapes]
+    cpu_in = [x.clone().requires_grad_() for x in inputs]
+    tpu_in = [x.to("tpu").requires_grad_() for x in inputs]
+    expected, actual = cpu(*cpu_in), compiled(*tpu_in)
+    cotangent = torch.randn(expected.shape)
+    expected.backward(cotangent)
+    actual.backward(cotangent.to("tpu"))
+    torch.testing.assert_close(actual.cpu(), expected, **TOL)
+    for t, c in zip(tpu_in + list(tpu.parameters()), cpu_in + list(cpu.parameters())):
+        torch.testing.assert_close(t.grad.cpu(), c.grad, **TOL)
+
+
+def test_slice_scatter_compiled_matches_cpu(strict):
+    def scatter(x, src):
+        return torch.slice_scatter(x, src, dim=1, start=1, end=7, step=2) * 2
+
+    x, src = torch.randn(4, 8), torch.randn(4, 3)
+    compiled = torch.compile(scatter, backend="tpu", dynamic=False, fullgraph=True)
+    torch.testing.assert_close(compiled(x.to("tpu"), src.to("tpu")).cpu(), scatter(x, src), **TOL)
+
+
+def test_fractional_max_pool3d_trains_compiled_with_its_own_random_windows(strict):
+    """Samples drawn inside the graph (``rand`` on the device generator); backward traced (it used
+    to abort the process): each output is its window's maximum, the gradient lands on it."""
+    pool = torch.compile(torch.nn.FractionalMaxPool3d(2, output_size=3, return_indices=True), backend="tpu",
+                         dynamic=False)
+    x = torch.randn(2, 2, 6, 6, 6).to("tpu").requires_grad_()
+    out, indices = pool(x)
+    out.sum().backward()
+    flat = x.detach().cpu().reshape(2, 2, -1)
+    torch.testing.assert_close(out.detach().cpu().reshape(2, 2, -1), flat.gather(-1, indices.cpu().reshape(2, 2, -1)))
+    assert x.grad.cpu().sum().item() == out.numel()

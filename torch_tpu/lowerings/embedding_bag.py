@@ -114,7 +114,9 @@ def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_in
 def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
     if sparse:
-        raise ValueError("embedding_bag: sparse=True gradients are not supported on tpu; use sparse=False")
+        # eager dispatch runs ATen's sparse backward instead (torch_tpu.sparse); compiled programs hold dense arrays
+        raise ValueError("embedding_bag: sparse=True gradients are not supported in compiled programs; "
+                         "use sparse=False")
     if offset2bag.shape[0] != indices.shape[0]:  # CPU's sum fast path leaves it empty
         offset2bag = _offset2bag(indices, offsets, grad.shape[0])
     return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,

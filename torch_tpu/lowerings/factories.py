@@ -151,6 +151,11 @@ def normal(self, mean=0.0, std=1.0, *, generator=None, key):
     return (draw * std + mean).astype(self.dtype)
 
 
+@register_lowering(aten.rand.default, needs_key=True)
+def rand(size, *, dtype=None, layout=None, device=None, pin_memory=None, key):
+    return jax.random.uniform(key, tuple(size), jdtype(dtype))
+
+
 @register_lowering(aten.uniform.default, needs_key=True)
 def uniform(self, from_=0.0, to=1.0, *, generator=None, key):
     return jax.random.uniform(key, self.shape, _float_like(self), from_, to).astype(self.dtype)

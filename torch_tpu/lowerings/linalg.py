@@ -69,3 +69,21 @@ def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
 def addmv(self, mat, vec, *, beta=1, alpha=1):
     _same_dtype("addmv", self, mat)
     return _beta_alpha(self, mv(mat, vec), beta, alpha)
+
+
+@register_lowering(aten._trilinear.default)
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """``(i1.unsqueeze(expand1) * i2.unsqueeze(expand2) * i3.unsqueeze(expand3)).sum(sumdim)`` (what
+    nn.Bilinear runs) as one contraction: each input's dims are the product's dims it was not
+    expanded at."""
+    total = i1.ndim + len(expand1)
+    letters = [chr(ord("a") + d) for d in range(total)]
+
+    def spec(expand):
+        return "".join(letters[d] for d in range(total) if d not in expand)
+
+    specs = [spec(expand1), spec(expand2), spec(expand3)]
+    kept = [d for d in range(total) if d not in sumdim]
+    present = [d for d in kept if any(letters[d] in s for s in specs)]
+    out = jnp.einsum(f"{','.join(specs)}->{''.join(letters[d] for d in present)}", i1, i2, i3, precision=HIGHEST)
+    return jnp.expand_dims(out, [i for i, d in enumerate(kept) if d not in present])

@@ -49,3 +49,19 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
     if output_mask[2] and bias is not None:
         grad_bias = jnp.sum(dy, axis=lead).astype(bias.dtype)
     return grad_input, grad_weight, grad_bias
+
+
+@register_lowering(aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    """Stats per (sample, group) over the group's channels and positions; the affine per channel."""
+    x = upcast(input).reshape(N, group, -1)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    rstd = jax.lax.rsqrt(var + eps)
+    out = ((x - mean) * rstd).reshape(N, C, -1)
+    if weight is not None:
+        out = out * upcast(weight)[:, None]
+    if bias is not None:
+        out = out + upcast(bias)[:, None]
+    return out.reshape(input.shape).astype(input.dtype), mean.reshape(N, group).astype(input.dtype), \
+        rstd.reshape(N, group).astype(input.dtype)

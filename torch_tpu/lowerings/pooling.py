@@ -65,14 +65,19 @@ def _lowest(dtype) -> object:
     return -jnp.inf if jnp.issubdtype(dtype, jnp.inexact) else jnp.iinfo(dtype).min
 
 
-def _max_with_indices(x: jax.Array, windows: Sequence[_Windows]) -> tuple[jax.Array, jax.Array]:
-    """Max over box windows of the last ``len(windows)`` dims, and flat indices into those dims."""
-    g, index, valid, out_shape = _gather(x, windows)
-    m = jnp.max(jnp.where(valid, g, _lowest(x.dtype)), axis=-1, keepdims=True)
+def _window_max(g: jax.Array, valid: np.ndarray | bool) -> tuple[jax.Array, jax.Array]:
+    """Max over the last axis (window slots) and the chosen slot: the first maximum, the last NaN."""
+    m = jnp.max(jnp.where(valid, g, _lowest(g.dtype)), axis=-1, keepdims=True)
     hit = valid & ((g == m) | (jnp.isnan(g) & jnp.isnan(m)))
     k_first = jnp.argmax(hit, axis=-1)
     k_last = hit.shape[-1] - 1 - jnp.argmax(jnp.flip(hit, axis=-1), axis=-1)
-    k = jnp.where(jnp.isnan(m[..., 0]), k_last, k_first)
+    return m[..., 0], jnp.where(jnp.isnan(m[..., 0]), k_last, k_first)
+
+
+def _max_with_indices(x: jax.Array, windows: Sequence[_Windows]) -> tuple[jax.Array, jax.Array]:
+    """Max over box windows of the last ``len(windows)`` dims, and flat indices into those dims."""
+    g, index, valid, out_shape = _gather(x, windows)
+    m, k = _window_max(g, valid)
     rows = jnp.arange(index.shape[0])
     flat_index = jnp.asarray(index)[rows, k]
     return m.reshape(out_shape), flat_index.reshape(out_shape)
@@ -237,3 +242,53 @@ for _n, _ops in (
 @register_lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool(self, output_size):
     return _adaptive_avg_pool(self, output_size)
+
+
+def _fractional_starts(sample: jax.Array, length: int, out: int, k: int) -> jax.Array:
+    """CPU's window starts along one dim from each plane's sample ``u`` (``[planes]``), computed in
+    the input's dtype: ``int((i + u) * alpha) - int(u * alpha)``, the last window at the end."""
+    alpha = jnp.asarray(length - k, sample.dtype) / jnp.asarray(max(out - 1, 1), sample.dtype)
+    i = jnp.arange(out - 1, dtype=sample.dtype)
+    starts = ((i + sample[:, None]) * alpha).astype(jnp.int32) - (sample[:, None] * alpha).astype(jnp.int32)
+    return jnp.concatenate([starts, jnp.full((sample.shape[0], 1), length - k, jnp.int32)], axis=1)
+
+
+def _fractional_max_pool(n: int, sample_order: tuple[int, ...]):
+    """``sample_order[d]``: which of a plane's random samples drives spatial dim ``d``."""
+
+    def fractional_max_pool(self, kernel_size, output_size, random_samples):
+        kernel, out = _expand(kernel_size, n, "kernel_size"), _expand(output_size, n, "output_size")
+        lead, sizes = self.shape[: self.ndim - n], self.shape[self.ndim - n:]
+        for length, k, o in zip(sizes, kernel, out):
+            if o + k - 1 > length:
+                raise ValueError(f"fractional_max_pool{n}d: output size {o} with pool size {k} is too large "
+                                 f"for an input of size {length}")
+        planes = math.prod(lead)
+        samples = random_samples.reshape(planes, n)
+        flat = jnp.zeros((planes,) + (1,) * (2 * n), jnp.int32)
+        for d in range(n):  # flat plane index of (plane, output..., slot...)
+            positions = _fractional_starts(samples[:, sample_order[d]], sizes[d], out[d], kernel[d])[..., None] \
+                + jnp.arange(kernel[d], dtype=jnp.int32)
+            shape = [planes] + [1] * (2 * n)
+            shape[1 + d], shape[1 + n + d] = out[d], kernel[d]
+            flat = flat + positions.reshape(shape) * math.prod(sizes[d + 1:])
+        index = flat.reshape(planes, math.prod(out), math.prod(kernel))
+        values = jnp.take_along_axis(self.reshape(planes, 1, -1), index, axis=-1)
+        m, k = _window_max(values, True)
+        chosen = jnp.take_along_axis(index, k[..., None], axis=-1)[..., 0]
+        out_shape = tuple(lead) + tuple(out)
+        return m.reshape(out_shape), chosen.astype(jnp.int64).reshape(out_shape)
+
+    def fractional_max_pool_backward(grad_output, self, kernel_size, output_size, indices):
+        return _scatter_backward(grad_output, self, indices, n)
+
+    return fractional_max_pool, fractional_max_pool_backward
+
+
+# each plane's samples: 2d (w, h), 3d (t, h, w), as CPU torch reads them
+for _n, _order, _ops in (
+    (2, (1, 0), (aten.fractional_max_pool2d.default, aten.fractional_max_pool2d_backward.default)),
+    (3, (0, 1, 2), (aten.fractional_max_pool3d.default, aten.fractional_max_pool3d_backward.default)),
+):
+    for _op, _fn in zip(_ops, _fractional_max_pool(_n, _order)):
+        register_lowering(_op)(_fn)

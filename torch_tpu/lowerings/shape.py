@@ -153,6 +153,29 @@ def stack(tensors, dim=0):
     return jnp.stack([cast(x, dt) for x in tensors], axis=dim % (tensors[0].ndim + 1))
 
 
+def _replication_pad_backward(n: int):
+    def replication_pad_backward(grad_output, self, padding):
+        """The VJP of edge padding of the last ``n`` dims (``padding``: torch's last-dim-first pairs;
+        negative entries crop)."""
+        def pad(x):
+            low = [max(p, 0) for p in padding[0::2]][::-1]
+            high = [max(p, 0) for p in padding[1::2]][::-1]
+            padded = jnp.pad(x, [(0, 0)] * (x.ndim - n) + list(zip(low, high)), mode="edge")
+            crop = tuple(slice(max(-lo, 0), padded.shape[x.ndim - n + i] - max(-hi, 0))
+                         for i, (lo, hi) in enumerate(zip(padding[0::2][::-1], padding[1::2][::-1])))
+            return padded[(Ellipsis, *crop)]
+
+        _, pullback = jax.vjp(pad, self)
+        return pullback(grad_output.astype(self.dtype))[0]
+
+    return replication_pad_backward
+
+
+for _n, _op in ((1, aten.replication_pad1d_backward.default), (2, aten.replication_pad2d_backward.default),
+                (3, aten.replication_pad3d_backward.default)):
+    register_lowering(_op)(_replication_pad_backward(_n))
+
+
 @register_lowering(aten.constant_pad_nd.default)
 def constant_pad_nd(self, pad, value=0):
     config = [(0, 0, 0)] * self.ndim
