@@ -31,9 +31,10 @@ _README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _unlowered_in_readme() -> set[str]:
-    """The op names of the README's "Unlowered in compiled graphs" line."""
-    line = next(line for line in _README.read_text().splitlines() if "Unlowered in compiled graphs" in line)
-    return set(re.findall(r"`(aten\.[\w.]+)`", line))
+    """The op names of the README's "Unlowered in compiled graphs" paragraph."""
+    text = _README.read_text()
+    paragraph = text[text.index("Unlowered in compiled graphs"):].split("\n\n", 1)[0]
+    return set(re.findall(r"`(aten\.[\w.]+)`", paragraph))
 
 
 def _name(info) -> str:
