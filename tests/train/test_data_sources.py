@@ -70,9 +70,10 @@ def test_rows_left_out_for_lock_step_are_reported(tiny_dataset: Path) -> None:
     from torchrec_tpu.train.data import TrainData
 
     files = sorted(tiny_dataset.glob("*.parquet"))
-    reader = lambda paths: ParquetBatchReader(paths, 3000, [500] * 26, CRITEO, rank=0,  # noqa: E731
-                                              world_size=2, drop_last=True)
-    data = TrainData(tiny_dataset, CRITEO, (500,) * 26, reader(files[:2]), reader(files[2:]))
-    # Rank 0 of 2 owns 8192 train rows (2 full batches: 2192 left) and 4096 held-out (1096 left).
-    assert data.rows_dropped == 2192 + 1096
-    assert "(3288 rows left out on this rank to keep ranks in lock-step)" in data.describe()
+    reader = lambda paths, drop_last: ParquetBatchReader(paths, 3000, [500] * 26, CRITEO,  # noqa: E731
+                                                         rank=0, world_size=2, drop_last=drop_last)
+    data = TrainData(tiny_dataset, CRITEO, (500,) * 26, reader(files[:2], True), reader(files[2:], False), 2)
+    # Rank 0 of 2 owns 8192 train rows (2 full batches: 2192 left); its 4096 held-out rows are all read.
+    assert data.rows_dropped == 2192
+    assert "(2192 training rows left out on this rank to keep ranks in lock-step)" in data.describe()
+    assert data.eval_batch_rows == 3000

@@ -4,8 +4,9 @@ Sources: ``synthetic`` (``pipelines.synthetic.default_dataset``, generated into 
 first use), ``sample`` (the real 200-row Criteo sample, converted to Parquet in a temporary
 directory for the run), or a directory of Parquet files in the ``pipelines.schema`` layout.
 The held-out split is the last ``eval_files`` files (by name), so train and eval never share a row.
-With several ranks (lock-step, full batches only) an evaluation batch larger than a rank's share
-of the held-out rows shrinks to that share, so a small held-out split is never empty.
+With several ranks, training reads full batches only (lock-step), its remainder left out; the
+held-out reader keeps every row, its batches padded to ``eval_batch_rows`` at evaluation
+(:func:`torchrec_tpu.train.metrics.evaluate`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ class TrainData:
     table_sizes: tuple[int, ...]  # rows of each categorical feature's table, schema.sparse order
     train: ParquetBatchReader | NpyCriteoReader
     held_out: ParquetBatchReader | NpyCriteoReader
+    world_size: int
+
+    @property
+    def eval_batch_rows(self) -> int:
+        """Rows of every evaluation batch once padded: the largest batch any rank reads."""
+        return min(self.held_out.batch_size, -(-self.held_out.num_rows // self.world_size))
 
     def describe(self) -> str:
         text = (
@@ -47,7 +54,7 @@ class TrainData:
             f"{self.held_out.num_rows} held-out rows in {len(self.held_out.files)} files"
         )
         if self.rows_dropped:
-            text += f" ({self.rows_dropped} rows left out on this rank to keep ranks in lock-step)"
+            text += f" ({self.rows_dropped} training rows left out on this rank to keep ranks in lock-step)"
         return text
 
     def bad_values(self) -> BadValueCounts:
@@ -56,8 +63,8 @@ class TrainData:
 
     @property
     def rows_dropped(self) -> int:
-        """Rows this rank skips so that all ranks step in lock-step (0 on a single rank)."""
-        return self.train.rows_dropped + self.held_out.rows_dropped
+        """Training rows this rank skips so that all ranks step in lock-step (0 on a single rank)."""
+        return self.train.rows_dropped
 
 
 def split_files(files: list[Path], eval_files: int, source: Path) -> tuple[list[Path], list[Path]]:
@@ -93,13 +100,14 @@ def _npy_data(config: TrainConfig, env: DistEnv, table_sizes: tuple[int, ...]) -
         raise ConfigError(f"{flag} has {len(days)} day(s); holding out --eval-files={config.data.eval_files} "
                           f"needs at least {config.data.eval_files + 1}")
 
-    def reader(split: list[int], batch_size: int) -> NpyCriteoReader:
+    def reader(split: list[int], batch_size: int, drop_last: bool) -> NpyCriteoReader:
         return NpyCriteoReader(source, split, max(1, batch_size // env.world_size), table_sizes, env.rank,
-                               env.world_size, drop_last=env.world_size > 1, mmap_mode=config.data.mmap_mode)
+                               env.world_size, drop_last=drop_last, mmap_mode=config.data.mmap_mode)
 
     return TrainData(source=source, schema=CRITEO, table_sizes=table_sizes,
-                     train=reader(days[:-config.data.eval_files], config.data.batch_size),
-                     held_out=reader(days[-config.data.eval_files:], config.data.eval_batch_size))
+                     train=reader(days[:-config.data.eval_files], config.data.batch_size, env.world_size > 1),
+                     held_out=reader(days[-config.data.eval_files:], config.data.eval_batch_size, False),
+                     world_size=env.world_size)
 
 
 def _table_sizes(config: TrainConfig) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
@@ -139,25 +147,23 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
         train_files, eval_files = split_files(list_parquet_files(source), config.data.eval_files, source)
         lockstep = env.world_size > 1
 
-        def reader(files: list[Path], batch_size: int) -> ParquetBatchReader:
+        def reader(files: list[Path], batch_size: int, drop_last: bool) -> ParquetBatchReader:
             return ParquetBatchReader(
                 files, max(1, batch_size // env.world_size), table_sizes, CRITEO,
-                rank=env.rank, world_size=env.world_size, drop_last=lockstep,
+                rank=env.rank, world_size=env.world_size, drop_last=drop_last,
                 bad_values=config.data.bad_values,
             )
 
-        train, held_out = reader(train_files, config.data.batch_size), reader(eval_files, config.data.eval_batch_size)
+        train = reader(train_files, config.data.batch_size, lockstep)
+        held_out = reader(eval_files, config.data.eval_batch_size, False)
         if lockstep and len(train) == 0 and train.num_rows >= env.world_size:
             batch = config.data.batch_size
             raise ConfigError(f"--batch-size={batch} ({batch // env.world_size} per rank) "
                               f"exceeds each rank's {train.num_rows // env.world_size} training rows of "
                               f"--data={str(source)!r}; {env.world_size} ranks train in lock-step on full batches")
-        if lockstep and len(held_out) == 0 and held_out.num_rows >= env.world_size:
-            # fewer held-out rows per rank than one evaluation batch: evaluate them in one batch
-            held_out = reader(eval_files, held_out.num_rows // env.world_size * env.world_size)
         for split, split_reader in (("training", train), ("held-out", held_out)):
             if split_reader.num_rows == 0:
                 raise ConfigError(f"--data={str(source)!r}: the {split} files "
                                   f"{[f.name for f in split_reader.files]} hold no rows")
         yield TrainData(source=source, schema=CRITEO, table_sizes=table_sizes, train=train,
-                        held_out=held_out)
+                        held_out=held_out, world_size=env.world_size)

@@ -13,6 +13,7 @@ import torch
 import torchrec
 from torchrec.datasets.utils import Batch
 
+from pipelines.arrow_batch import empty_batch
 from pipelines.bad_values import BadValueCounts
 from torchrec_tpu.train.batch_streams import training_streams
 from torchrec_tpu.train.checkpoint import (
@@ -136,7 +137,7 @@ def _run_in(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobH
                 _log.info(point.describe())
         options = LoopOptions(
             epochs=config.loop.epochs, max_steps=config.loop.max_steps, log_every=config.loop.log_every,
-            eval_every=config.loop.eval_every, target_auc=config.loop.target_auc,
+            eval_every=config.loop.eval_every, eval_batch_rows=data.eval_batch_rows, target_auc=config.loop.target_auc,
             checkpoint_every=config.checkpoint.checkpoint_every,
             progress=config.loop.progress and env.is_primary, world_size=env.world_size,
             start_step=start_step, start=start,
@@ -146,8 +147,9 @@ def _run_in(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobH
         train_batches = data.train if hooks.train_batches is None else hooks.train_batches
         train, held_out = training_streams(config, train_batches, data.held_out, data.table_sizes,
                                            env.world_size, start.epoch)
-        if env.world_size > 1:  # a failing or exhausted reader stops every rank at the same batch
-            held_out = AgreedBatches(held_out, None, env.rank, env.world_size, "evaluation batch")
+        if env.world_size > 1:  # a failing reader stops every rank; an exhausted one evaluates padding
+            held_out = AgreedBatches(held_out, None, env.rank, env.world_size, "evaluation batch",
+                                     exhausted=empty_batch(data.schema))
         train = engine.wrap_batches(train, model, env, device)
 
         def save(step: int, position: LoopPosition, **extra: object) -> Path:

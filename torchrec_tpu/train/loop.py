@@ -43,6 +43,7 @@ class LoopOptions:
     max_steps: int = 0  # 0: no limit
     log_every: int = 20
     eval_every: int = 0  # 0: evaluate only at the end
+    eval_batch_rows: int = 0  # every evaluation batch zero-padded to this many rows, padding unscored (0: none)
     target_auc: float = 0.0  # stop at the first eval_every evaluation reaching it (0: no target)
     checkpoint_every: int = 0  # 0: no checkpoints during training
     progress: bool = True
@@ -179,7 +180,7 @@ def run_training(
             bar.update(1)
             if options.eval_every and step % options.eval_every == 0:
                 eval_start = time.perf_counter()
-                result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward))
+                result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward, options))
                 window_start = time.perf_counter()
                 paused_seconds += window_start - eval_start
                 if options.target_auc and result.auc >= options.target_auc:  # the global AUC: every rank stops
@@ -205,7 +206,7 @@ def run_training(
             "or a resumed run already reached --epochs / --max-steps)"
         )
     if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
-        result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward))
+        result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward, options))
     final_loss = sum(recent_losses) / len(recent_losses)
     return TrainResult(step, samples, train_seconds, final_loss, result, position, first_step_seconds)
 
@@ -224,9 +225,9 @@ def _read_losses(pending: list[tuple[int, int, torch.Tensor]]) -> list[float]:
 
 
 def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device, step: int,
-              forward: EvalForward) -> EvalResult:
+              forward: EvalForward, options: LoopOptions) -> EvalResult:
     with collectives(f"the evaluation at step {step} (embedding all_to_all, metric all_gather)"):
-        return evaluate(model, held_out, device, forward)
+        return evaluate(model, held_out, device, forward, options.eval_batch_rows)
 
 
 def _log_eval(log: ScalarLog, step: int, result: EvalResult) -> EvalResult:
