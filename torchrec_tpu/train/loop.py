@@ -61,6 +61,7 @@ class TrainResult:
     eval: EvalResult
     position: LoopPosition  # where a run resuming from here continues
     first_step_seconds: float = 0.0  # this run's first step, input included (tracing / compiling happen there)
+    test: EvalResult | None = None  # the test split's, scored once at the end (None: no test split)
 
     @property
     def samples_per_sec(self) -> float:
@@ -127,8 +128,10 @@ def run_training(
     checkpoint: CheckpointFn | None = None,
     learning_rates: LearningRatesFn | None = None,
     eval_forward: EvalForward = model_outputs,
+    test: Iterable[Batch] | None = None,
 ) -> TrainResult:
-    """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out``; return a summary.
+    """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out`` (and at the end on
+    ``test``, logged as ``test/auc``, ``test/loss``); return a summary.
 
     ``checkpoint`` is called every ``options.checkpoint_every`` steps except the last (whose
     state the caller has when this returns). ``learning_rates(s)`` sets the rates of step ``s``
@@ -207,8 +210,11 @@ def run_training(
         )
     if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
         result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward, options))
+    test_result = None
+    if test is not None:
+        test_result = _log_eval(log, step, _evaluate(model, test, device, step, eval_forward, options), "test")
     final_loss = sum(recent_losses) / len(recent_losses)
-    return TrainResult(step, samples, train_seconds, final_loss, result, position, first_step_seconds)
+    return TrainResult(step, samples, train_seconds, final_loss, result, position, first_step_seconds, test_result)
 
 
 def _read_losses(pending: list[tuple[int, int, torch.Tensor]]) -> list[float]:
@@ -230,6 +236,6 @@ def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device,
         return evaluate(model, held_out, device, forward, options.eval_batch_rows)
 
 
-def _log_eval(log: ScalarLog, step: int, result: EvalResult) -> EvalResult:
-    log.log(step, {"eval/auc": result.auc, "eval/loss": result.loss})
+def _log_eval(log: ScalarLog, step: int, result: EvalResult, split: str = "eval") -> EvalResult:
+    log.log(step, {f"{split}/auc": result.auc, f"{split}/loss": result.loss})
     return result
