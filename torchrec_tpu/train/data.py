@@ -68,7 +68,7 @@ class TrainData:
         return text
 
     def bad_values(self) -> BadValueCounts:
-        """Rows this rank's readers skipped or clamped so far (``--bad-values``), both splits."""
+        """Rows this rank's readers skipped or clamped so far (``--bad-values``), every split."""
         return sum((split.bad_value_log.counts() for split in self._evaluated()), self.train.bad_value_log.counts())
 
     @property
