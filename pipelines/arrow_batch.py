@@ -105,6 +105,13 @@ def sparse_from_arrow(
     )
 
 
+def empty_batch(schema: DatasetSchema) -> Batch:
+    """A batch of no rows in ``schema``'s layout."""
+    sparse = KeyedJaggedTensor(keys=list(schema.sparse), values=torch.zeros(0, dtype=torch.int64),
+                               lengths=torch.zeros(0, dtype=torch.int32))
+    return Batch(dense_features=torch.zeros(0, len(schema.dense)), sparse_features=sparse, labels=torch.zeros(0))
+
+
 def dense_from_arrow(data: pa.Table | pa.RecordBatch, schema: DatasetSchema) -> torch.Tensor:
     """The dense columns as float32[B, len(schema.dense)] after :func:`dense_transform`."""
     by_column = np.empty((len(schema.dense), data.num_rows), dtype=np.float32)

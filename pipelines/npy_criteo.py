@@ -6,7 +6,7 @@ log-transformed, sparse integer ids [N, 26], labels integer [N, 1]. Ids are hash
 sizes when a batch is built; the dense values are used as stored. Batches are dealt to the ranks as
 TorchRec deals them: global batch i (rows [i*B, (i+1)*B) of the days in order) goes to rank
 i mod world_size, so one step trains on W*B consecutive rows; without ``drop_last`` the rows after
-the last full round are split over the ranks in order (fewer rows than ranks: dropped).
+the last full round are split over the ranks in order (a rank left no row gets no last batch).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def _rank_spans(num_rows: int, batch_size: int, rank: int, world_size: int,
     full = num_rows // batch_size // world_size * world_size
     spans = [(i * batch_size, (i + 1) * batch_size) for i in range(rank, full, world_size)]
     rest = num_rows - full * batch_size
-    if not drop_last and rest >= world_size:
-        sizes = [rest // world_size + (r < rest % world_size) for r in range(world_size)]
+    sizes = [rest // world_size + (r < rest % world_size) for r in range(world_size)]
+    if not drop_last and sizes[rank]:
         lo = full * batch_size + sum(sizes[:rank])
         spans.append((lo, lo + sizes[rank]))
     return spans

@@ -91,6 +91,9 @@ def configure_logging(command: str = "") -> None:
         root.addFilter(_DropFbgemmImportLines())
     # TorchRec's DMP (engine=torchrec) still passes DDP the deprecated broadcast_buffers
     warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+    # torchmetrics gathering ranks' unequal prediction counts (the held-out rows' remainder) indexes with a list
+    warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional indexing",
+                            category=UserWarning, module=r"torchmetrics\.")
     if not sys.stdout.isatty():
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")  # read by Ray Data in the Ray processes started later

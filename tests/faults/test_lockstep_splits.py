@@ -1,5 +1,5 @@
-"""Several ranks read in lock-step (full batches only): a held-out split smaller than one
-evaluation batch per rank is evaluated in one batch per rank, never found empty; a training batch
+"""Several ranks read in lock-step: a held-out split smaller than one evaluation batch per rank
+is evaluated in one batch per rank of the largest share's size, never found empty; a training batch
 larger than a rank's share is a clear error, not "no batches to train on"."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def test_small_held_out_split_is_one_batch_per_rank(tiny_dataset):
     for rank in (0, 1):
         with open_data(config, DistEnv(rank=rank, world_size=2, local_world_size=2)) as data:
             sizes = [batch.labels.numel() for batch in data.held_out]
-            assert sizes == [128]
+            assert sizes == [128] and data.eval_batch_rows == 128
             seen.append(data.held_out.start)
     assert seen == [0, 128]  # the two ranks' shares, disjoint
 

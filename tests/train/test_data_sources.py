@@ -70,9 +70,33 @@ def test_rows_left_out_for_lock_step_are_reported(tiny_dataset: Path) -> None:
     from torchrec_tpu.train.data import TrainData
 
     files = sorted(tiny_dataset.glob("*.parquet"))
-    reader = lambda paths: ParquetBatchReader(paths, 3000, [500] * 26, CRITEO, rank=0,  # noqa: E731
-                                              world_size=2, drop_last=True)
-    data = TrainData(tiny_dataset, CRITEO, (500,) * 26, reader(files[:2]), reader(files[2:]))
-    # Rank 0 of 2 owns 8192 train rows (2 full batches: 2192 left) and 4096 held-out (1096 left).
-    assert data.rows_dropped == 2192 + 1096
-    assert "(3288 rows left out on this rank to keep ranks in lock-step)" in data.describe()
+    reader = lambda paths, drop_last: ParquetBatchReader(paths, 3000, [500] * 26, CRITEO,  # noqa: E731
+                                                         rank=0, world_size=2, drop_last=drop_last)
+    data = TrainData(tiny_dataset, CRITEO, (500,) * 26, reader(files[:2], True), reader(files[2:], False), 2)
+    # Rank 0 of 2 owns 8192 train rows (2 full batches: 2192 left); its 4096 held-out rows are all read.
+    assert data.rows_dropped == 2192
+    assert "(2192 training rows left out on this rank to keep ranks in lock-step)" in data.describe()
+    assert data.eval_batch_rows == 3000
+
+
+def test_two_held_out_files_are_a_validation_and_a_test_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log_dir = tmp_path / "logs"
+    argv = ["train", "--data", "sample", "--eval-files", "2", "--num-embeddings", "64", "--embedding-dim", "8",
+            "--dense-arch", "16,8", "--over-arch", "16,1", "--batch-size", "16", "--max-steps", "4",
+            "--log-dir", str(log_dir), "--no-progress"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "120 train rows in 3 files, 40 held-out rows in 1 files (validation), 40 test rows in 1 files" in out
+    assert "40 samples)" in out.split("eval AUC")[1].splitlines()[0]
+    assert "40 samples)" in out.split("test AUC")[1].splitlines()[0]
+    metrics = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())["metrics"]
+    assert 0.0 <= metrics["test_auc"] <= 1.0 and metrics["test_loss"] > 0
+
+
+def test_held_out_files_halve_into_validation_and_test() -> None:
+    from torchrec_tpu.train.data import validation_and_test
+
+    assert validation_and_test(["a"]) == (["a"], [])
+    assert validation_and_test(["a", "b", "c"]) == (["a", "b"], ["c"])

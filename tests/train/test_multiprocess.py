@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
+import pyarrow.parquet as pq
 import pytest
 import torch
+from torch import nn
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.train.conftest import REPO_ROOT, TINY_OPTIONS, as_flags
 from tests.train.test_job import _dense
 from torchrec_tpu.train.checkpoint import STATE_DIR, load_checkpoint
 from torchrec_tpu.train.config import TrainConfig
-from torchrec_tpu.train.data import open_data
+from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.job import model_spec
+from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import build_dlrm
 from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
@@ -72,12 +78,26 @@ def launch_cli_ranks(argv: list[str], run_dir: Path) -> list[str]:
     return wait_cli_ranks(start_cli_ranks(argv, run_dir))
 
 
+HELD_OUT_ROWS = 5001  # 2500 rows on rank 0, 2501 on rank 1: in batches of 500, one batch more
+
+
 @pytest.fixture(scope="module")
-def two_rank_run(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
+def odd_held_out_dataset(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny dataset with its held-out file cut to HELD_OUT_ROWS rows."""
+    out = tmp_path_factory.mktemp("odd_held_out")
+    *train, held_out = sorted(tiny_dataset.glob("*.parquet"))
+    for path in train:
+        shutil.copy(path, out)
+    pq.write_table(pq.read_table(held_out).slice(0, HELD_OUT_ROWS), out / held_out.name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(odd_held_out_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
     run_dir = tmp_path_factory.mktemp("two_ranks")
     log_dir = run_dir / "logs"
-    argv = ["train", "--data", str(tiny_dataset), "--log-dir", str(log_dir),
-            *as_flags({**TINY_OPTIONS, "max_steps": STEPS})]
+    argv = ["train", "--data", str(odd_held_out_dataset), "--log-dir", str(log_dir),
+            *as_flags({**TINY_OPTIONS, "max_steps": STEPS, "eval_batch_size": 1000})]
     return log_dir, launch_cli_ranks(argv, run_dir)
 
 
@@ -89,21 +109,17 @@ def test_two_ranks_train_in_lock_step(two_rank_run) -> None:
     assert "collectives over one tpu_dist group of 2 ranks: tpu tensors by the gloo transport" in out0
     # Each rank steps on its half of every global batch of 256: 128 rows per rank per step.
     assert f"steps           {STEPS} ({STEPS * 256:,} samples this run, 2 rank(s))" in out0
-    assert "8192 held-out rows" in out0  # the shards together cover the held-out file
-    # Rank 0 has 4096 held-out rows, batches of 1024 / 2 = 512: none left; 8192 train rows, none.
-    assert "left out" not in out0
+    assert f"{HELD_OUT_ROWS} held-out rows" in out0  # the shards together cover the held-out file
+    assert "left out" not in out0  # 8192 train rows per rank, batches of 128: none left
     meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
     assert meta["world_size"] == WORLD and meta["step"] == STEPS
     assert meta["metrics"]["eval_auc"] > 0.55
     assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # rank 0 only
 
 
-@pytest.mark.multiprocess
-def test_two_rank_checkpoint_loads_on_one_rank(two_rank_run, tmp_path: Path) -> None:
-    log_dir, _ = two_rank_run
-    flat = tmp_path / "flat.pt"
-    dcp_to_torch_save(log_dir / "checkpoint" / "latest" / STATE_DIR, flat)
-    saved = torch.load(flat, weights_only=False)["model"]
+@contextlib.contextmanager
+def one_rank_copy(log_dir: Path) -> Iterator[tuple[nn.Module, TrainData]]:
+    """The torchrec-engine model of ``log_dir``'s latest checkpoint loaded on one rank, and its run's data."""
     meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
     config = TrainConfig.from_options(**meta["config"])
     with process_group() as env, open_data(config, env) as data:
@@ -113,5 +129,28 @@ def test_two_rank_checkpoint_loads_on_one_rank(two_rank_run, tmp_path: Path) -> 
                             config.optim.sparse_optimizer, config.optim.sparse_lr, config.data.batch_size)
         load_checkpoint(log_dir / "checkpoint", model,
                         build_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr))
+        yield model, data
+
+
+@pytest.mark.multiprocess
+def test_two_rank_checkpoint_loads_on_one_rank(two_rank_run, tmp_path: Path) -> None:
+    log_dir, _ = two_rank_run
+    flat = tmp_path / "flat.pt"
+    dcp_to_torch_save(log_dir / "checkpoint" / "latest" / STATE_DIR, flat)
+    saved = torch.load(flat, weights_only=False)["model"]
+    with one_rank_copy(log_dir) as (model, _):
         for name, value in model.state_dict().items():
             assert torch.equal(_dense(value), saved[name]), name
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_score_every_held_out_row(two_rank_run) -> None:
+    log_dir, (out0, _) = two_rank_run
+    assert f"{HELD_OUT_ROWS:,} samples)" in out0
+    assert "Warning" not in out0  # torchmetrics' gather of the ranks' unequal prediction counts is quiet
+    metrics = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())["metrics"]
+    with one_rank_copy(log_dir) as (model, data):
+        reference = evaluate(model, data.held_out, torch.device("cpu"))  # one rank, no padding
+    assert reference.samples == HELD_OUT_ROWS
+    assert metrics["eval_auc"] == pytest.approx(reference.auc, abs=1e-6)
+    assert metrics["eval_loss"] == pytest.approx(reference.loss, rel=1e-6)

@@ -117,9 +117,18 @@ def training_streams(config: TrainConfig, train: Iterable[Batch], held_out: Iter
     data = config.data
     if data.limit_train_batches:
         train = LimitedBatches(train, data.limit_train_batches, max(1, data.batch_size // world_size))
-    if data.limit_val_batches:
-        held_out = LimitedBatches(held_out, data.limit_val_batches, max(1, data.eval_batch_size // world_size))
     if multi_hot is not None:
         train = MultiHotBatches(train, multi_hot, table_sizes, config.loop.seed)
-        held_out = MultiHotBatches(held_out, multi_hot, table_sizes, config.loop.seed)
-    return train, held_out
+    return train, evaluation_stream(config, held_out, table_sizes, world_size)
+
+
+def evaluation_stream(config: TrainConfig, batches: Iterable[Batch], table_sizes: Sequence[int],
+                      world_size: int) -> Iterable[Batch]:
+    """A held-out (validation or test) stream as ``config``'s flags ask."""
+    multi_hot = config.per_feature("multi_hot_sizes", len(table_sizes))
+    data = config.data
+    if data.limit_val_batches:
+        batches = LimitedBatches(batches, data.limit_val_batches, max(1, data.eval_batch_size // world_size))
+    if multi_hot is not None:
+        batches = MultiHotBatches(batches, multi_hot, table_sizes, config.loop.seed)
+    return batches

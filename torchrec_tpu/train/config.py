@@ -85,7 +85,8 @@ class DataConfig:
                  "float32 (NaN dense values are missing, read as 0): error naming file, row and column; "
                  "skip them (counted); or clamp the values (labels to [0, 1], dense to +-3.4e38; a NaN "
                  "label's row is skipped)", choices=BAD_VALUE_POLICIES)
-    eval_files: int = _opt(1, "held-out evaluation split: the last N Parquet files")
+    eval_files: int = _opt(1, "held-out evaluation split: the last N Parquet files (or days); from 2 on, "
+                              "halved into validation and test (test AUC at the end), as TorchRec's DLRM")
     in_memory_binary_criteo_path: str | None = _opt(
         None, "train on TorchRec's preprocessed Criteo instead of --data: a directory of "
               "day_<d>_{dense,sparse,labels}.npy (torchrec/datasets/scripts/npy_preproc_criteo.py); the last "

@@ -4,8 +4,12 @@ Sources: ``synthetic`` (``pipelines.synthetic.default_dataset``, generated into 
 first use), ``sample`` (the real 200-row Criteo sample, converted to Parquet in a temporary
 directory for the run), or a directory of Parquet files in the ``pipelines.schema`` layout.
 The held-out split is the last ``eval_files`` files (by name), so train and eval never share a row.
-With several ranks (lock-step, full batches only) an evaluation batch larger than a rank's share
-of the held-out rows shrinks to that share, so a small held-out split is never empty.
+Two or more held-out files (or days) are halved as TorchRec's DLRM halves its last day: the first
+half validates (the evaluations during and at the end of training), the second half is the test split
+scored once at the end.
+With several ranks, training reads full batches only (lock-step), its remainder left out; the
+held-out reader keeps every row, its batches padded to ``eval_batch_rows`` at evaluation
+(:func:`torchrec_tpu.train.metrics.evaluate`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import contextlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence, TypeVar
 
 import torch.distributed as dist
 
@@ -29,6 +33,7 @@ from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
 
 SAMPLE_ROWS_PER_FILE = 40  # the 200 sample rows become 5 files: 4 to train on, 1 held out
+T = TypeVar("T")
 
 
 @dataclass
@@ -39,25 +44,37 @@ class TrainData:
     schema: DatasetSchema
     table_sizes: tuple[int, ...]  # rows of each categorical feature's table, schema.sparse order
     train: ParquetBatchReader | NpyCriteoReader
-    held_out: ParquetBatchReader | NpyCriteoReader
+    held_out: ParquetBatchReader | NpyCriteoReader  # validation, when there is a test split
+    world_size: int
+    test: ParquetBatchReader | NpyCriteoReader | None = None
+
+    @property
+    def eval_batch_rows(self) -> int:
+        """Rows of every evaluation batch once padded: the largest batch any rank reads."""
+        return max(min(split.batch_size, -(-split.num_rows // self.world_size)) for split in self._evaluated())
+
+    def _evaluated(self) -> list[ParquetBatchReader | NpyCriteoReader]:
+        return [self.held_out] if self.test is None else [self.held_out, self.test]
 
     def describe(self) -> str:
         text = (
             f"{self.source}: {self.train.num_rows} train rows in {len(self.train.files)} files, "
             f"{self.held_out.num_rows} held-out rows in {len(self.held_out.files)} files"
         )
+        if self.test is not None:
+            text += f" (validation), {self.test.num_rows} test rows in {len(self.test.files)} files"
         if self.rows_dropped:
-            text += f" ({self.rows_dropped} rows left out on this rank to keep ranks in lock-step)"
+            text += f" ({self.rows_dropped} training rows left out on this rank to keep ranks in lock-step)"
         return text
 
     def bad_values(self) -> BadValueCounts:
-        """Rows this rank's readers skipped or clamped so far (``--bad-values``), both splits."""
-        return self.train.bad_value_log.counts() + self.held_out.bad_value_log.counts()
+        """Rows this rank's readers skipped or clamped so far (``--bad-values``), every split."""
+        return sum((split.bad_value_log.counts() for split in self._evaluated()), self.train.bad_value_log.counts())
 
     @property
     def rows_dropped(self) -> int:
-        """Rows this rank skips so that all ranks step in lock-step (0 on a single rank)."""
-        return self.train.rows_dropped + self.held_out.rows_dropped
+        """Training rows this rank skips so that all ranks step in lock-step (0 on a single rank)."""
+        return self.train.rows_dropped
 
 
 def split_files(files: list[Path], eval_files: int, source: Path) -> tuple[list[Path], list[Path]]:
@@ -68,6 +85,13 @@ def split_files(files: list[Path], eval_files: int, source: Path) -> tuple[list[
             f"--eval-files={eval_files} needs at least {eval_files + 1}"
         )
     return files[:-eval_files], files[-eval_files:]
+
+
+def validation_and_test(held_out: Sequence[T]) -> tuple[list[T], list[T]]:
+    """(validation, test) halves of the held-out files or days, the validation half the larger; one
+    file is all validation (no test split)."""
+    cut = len(held_out) - len(held_out) // 2
+    return list(held_out[:cut]), list(held_out[cut:])
 
 
 def _synthetic(config: TrainConfig, env: DistEnv) -> tuple[Path, tuple[int, ...]]:
@@ -93,13 +117,15 @@ def _npy_data(config: TrainConfig, env: DistEnv, table_sizes: tuple[int, ...]) -
         raise ConfigError(f"{flag} has {len(days)} day(s); holding out --eval-files={config.data.eval_files} "
                           f"needs at least {config.data.eval_files + 1}")
 
-    def reader(split: list[int], batch_size: int) -> NpyCriteoReader:
+    def reader(split: list[int], batch_size: int, drop_last: bool) -> NpyCriteoReader:
         return NpyCriteoReader(source, split, max(1, batch_size // env.world_size), table_sizes, env.rank,
-                               env.world_size, drop_last=env.world_size > 1, mmap_mode=config.data.mmap_mode)
+                               env.world_size, drop_last=drop_last, mmap_mode=config.data.mmap_mode)
 
+    validation, test = validation_and_test(days[-config.data.eval_files:])
     return TrainData(source=source, schema=CRITEO, table_sizes=table_sizes,
-                     train=reader(days[:-config.data.eval_files], config.data.batch_size),
-                     held_out=reader(days[-config.data.eval_files:], config.data.eval_batch_size))
+                     train=reader(days[:-config.data.eval_files], config.data.batch_size, env.world_size > 1),
+                     held_out=reader(validation, config.data.eval_batch_size, False), world_size=env.world_size,
+                     test=reader(test, config.data.eval_batch_size, False) if test else None)
 
 
 def _table_sizes(config: TrainConfig) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
@@ -139,25 +165,25 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
         train_files, eval_files = split_files(list_parquet_files(source), config.data.eval_files, source)
         lockstep = env.world_size > 1
 
-        def reader(files: list[Path], batch_size: int) -> ParquetBatchReader:
+        def reader(files: list[Path], batch_size: int, drop_last: bool) -> ParquetBatchReader:
             return ParquetBatchReader(
                 files, max(1, batch_size // env.world_size), table_sizes, CRITEO,
-                rank=env.rank, world_size=env.world_size, drop_last=lockstep,
+                rank=env.rank, world_size=env.world_size, drop_last=drop_last,
                 bad_values=config.data.bad_values,
             )
 
-        train, held_out = reader(train_files, config.data.batch_size), reader(eval_files, config.data.eval_batch_size)
+        train = reader(train_files, config.data.batch_size, lockstep)
+        validation, test_files = validation_and_test(eval_files)
+        held_out = reader(validation, config.data.eval_batch_size, False)
+        test = reader(test_files, config.data.eval_batch_size, False) if test_files else None
         if lockstep and len(train) == 0 and train.num_rows >= env.world_size:
             batch = config.data.batch_size
             raise ConfigError(f"--batch-size={batch} ({batch // env.world_size} per rank) "
                               f"exceeds each rank's {train.num_rows // env.world_size} training rows of "
                               f"--data={str(source)!r}; {env.world_size} ranks train in lock-step on full batches")
-        if lockstep and len(held_out) == 0 and held_out.num_rows >= env.world_size:
-            # fewer held-out rows per rank than one evaluation batch: evaluate them in one batch
-            held_out = reader(eval_files, held_out.num_rows // env.world_size * env.world_size)
-        for split, split_reader in (("training", train), ("held-out", held_out)):
-            if split_reader.num_rows == 0:
+        for split, split_reader in (("training", train), ("held-out", held_out), ("test", test)):
+            if split_reader is not None and split_reader.num_rows == 0:
                 raise ConfigError(f"--data={str(source)!r}: the {split} files "
                                   f"{[f.name for f in split_reader.files]} hold no rows")
         yield TrainData(source=source, schema=CRITEO, table_sizes=table_sizes, train=train,
-                        held_out=held_out)
+                        held_out=held_out, world_size=env.world_size, test=test)

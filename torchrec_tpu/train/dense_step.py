@@ -86,27 +86,23 @@ class CompiledDenseEval:
     """An ``evaluate`` forward of the sparsecore DLRM with its towers on tpu: the sparse arch on
     the host, then the towers as one program (``torch.compile``, backend ``tpu``) instead of one
     dispatch, and a first-sight compile, per op. A batch smaller than the largest so far (an
-    evaluation split's last) is zero-padded to it, so one program serves the whole split; the
-    loss is taken on the host from the real rows' logits."""
+    evaluation split's last) is zero-padded to it, so one program serves the whole split."""
 
     def __init__(self, model: DLRMTrain) -> None:
         import torch_tpu.compile  # noqa: F401  (registers the "tpu" backend)
 
         self.device = dense_device_of(model)
-        dense = DLRMDenseLoss(model)
-        self.loss_fn = dense.loss_fn
-        self.logits = torch.compile(dense.logits, backend="tpu", dynamic=False)
+        self.logits = torch.compile(DLRMDenseLoss(model).logits, backend="tpu", dynamic=False)
         self.rows = 0
 
-    def __call__(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         from torch_tpu.compile.buckets import pad_dim
 
         pooled = _host_pooled(model, batch)
         rows = batch.labels.shape[0]
         self.rows = max(self.rows, rows)
-        logits = self.logits(pad_dim(batch.dense_features, 0, self.rows).to(self.device),
-                             pad_dim(pooled, 0, self.rows).to(self.device)).cpu()[:rows]
-        return self.loss_fn(logits, batch.labels.float()), logits, batch.labels
+        return self.logits(pad_dim(batch.dense_features, 0, self.rows).to(self.device),
+                           pad_dim(pooled, 0, self.rows).to(self.device)).cpu()[:rows]
 
 
 def _host_pooled(model: DLRMTrain, batch: Batch) -> torch.Tensor:

@@ -13,8 +13,9 @@ import torch
 import torchrec
 from torchrec.datasets.utils import Batch
 
+from pipelines.arrow_batch import empty_batch
 from pipelines.bad_values import BadValueCounts
-from torchrec_tpu.train.batch_streams import training_streams
+from torchrec_tpu.train.batch_streams import evaluation_stream, training_streams
 from torchrec_tpu.train.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -64,6 +65,8 @@ class JobSummary:
             "compile cache skips the last two from the second run on)",
             f"  train loss      {r.final_train_loss:.4f} (mean of the last steps)",
             f"  eval AUC        {r.eval.auc:.4f} (loss {r.eval.loss:.4f}, {r.eval.samples:,} samples)",
+            *([f"  test AUC        {r.test.auc:.4f} (loss {r.test.loss:.4f}, {r.test.samples:,} samples)"]
+              if r.test is not None else []),
             f"  tensorboard     {self.log_dir}",
             f"  checkpoint      {self.checkpoint_dir}",
         ])
@@ -136,7 +139,7 @@ def _run_in(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobH
                 _log.info(point.describe())
         options = LoopOptions(
             epochs=config.loop.epochs, max_steps=config.loop.max_steps, log_every=config.loop.log_every,
-            eval_every=config.loop.eval_every, target_auc=config.loop.target_auc,
+            eval_every=config.loop.eval_every, eval_batch_rows=data.eval_batch_rows, target_auc=config.loop.target_auc,
             checkpoint_every=config.checkpoint.checkpoint_every,
             progress=config.loop.progress and env.is_primary, world_size=env.world_size,
             start_step=start_step, start=start,
@@ -146,8 +149,11 @@ def _run_in(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobH
         train_batches = data.train if hooks.train_batches is None else hooks.train_batches
         train, held_out = training_streams(config, train_batches, data.held_out, data.table_sizes,
                                            env.world_size, start.epoch)
-        if env.world_size > 1:  # a failing or exhausted reader stops every rank at the same batch
-            held_out = AgreedBatches(held_out, None, env.rank, env.world_size, "evaluation batch")
+        test = None if data.test is None else evaluation_stream(config, data.test, data.table_sizes, env.world_size)
+        if env.world_size > 1:  # a failing reader stops every rank; an exhausted one evaluates padding
+            held_out, test = (None if split is None else AgreedBatches(
+                split, None, env.rank, env.world_size, "evaluation batch", exhausted=empty_batch(data.schema))
+                for split in (held_out, test))
         train = engine.wrap_batches(train, model, env, device)
 
         def save(step: int, position: LoopPosition, **extra: object) -> Path:
@@ -165,11 +171,12 @@ def _run_in(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobH
         result = run_training(model, optimizer, train, held_out, device, log, options,
                               step_fn=engine.step_function(model, optimizer, env), checkpoint=save,
                               learning_rates=engine.learning_rates(policy, model, optimizer).at,
-                              eval_forward=engine.eval_forward(model, env))
+                              eval_forward=engine.eval_forward(model, env), test=test)
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
             metrics={"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,
-                     "eval_loss": result.eval.loss},
+                     "eval_loss": result.eval.loss,
+                     **({"test_auc": result.test.auc, "test_loss": result.test.loss} if result.test else {})},
         )
         if env.is_primary:
             (log_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))

@@ -43,6 +43,7 @@ class LoopOptions:
     max_steps: int = 0  # 0: no limit
     log_every: int = 20
     eval_every: int = 0  # 0: evaluate only at the end
+    eval_batch_rows: int = 0  # every evaluation batch zero-padded to this many rows, padding unscored (0: none)
     target_auc: float = 0.0  # stop at the first eval_every evaluation reaching it (0: no target)
     checkpoint_every: int = 0  # 0: no checkpoints during training
     progress: bool = True
@@ -60,6 +61,7 @@ class TrainResult:
     eval: EvalResult
     position: LoopPosition  # where a run resuming from here continues
     first_step_seconds: float = 0.0  # this run's first step, input included (tracing / compiling happen there)
+    test: EvalResult | None = None  # the test split's, scored once at the end (None: no test split)
 
     @property
     def samples_per_sec(self) -> float:
@@ -126,8 +128,10 @@ def run_training(
     checkpoint: CheckpointFn | None = None,
     learning_rates: LearningRatesFn | None = None,
     eval_forward: EvalForward = model_outputs,
+    test: Iterable[Batch] | None = None,
 ) -> TrainResult:
-    """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out``; return a summary.
+    """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out`` (and at the end on
+    ``test``, logged as ``test/auc``, ``test/loss``); return a summary.
 
     ``checkpoint`` is called every ``options.checkpoint_every`` steps except the last (whose
     state the caller has when this returns). ``learning_rates(s)`` sets the rates of step ``s``
@@ -179,7 +183,7 @@ def run_training(
             bar.update(1)
             if options.eval_every and step % options.eval_every == 0:
                 eval_start = time.perf_counter()
-                result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward))
+                result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward, options))
                 window_start = time.perf_counter()
                 paused_seconds += window_start - eval_start
                 if options.target_auc and result.auc >= options.target_auc:  # the global AUC: every rank stops
@@ -205,9 +209,12 @@ def run_training(
             "or a resumed run already reached --epochs / --max-steps)"
         )
     if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
-        result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward))
+        result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward, options))
+    test_result = None
+    if test is not None:
+        test_result = _log_eval(log, step, _evaluate(model, test, device, step, eval_forward, options), "test")
     final_loss = sum(recent_losses) / len(recent_losses)
-    return TrainResult(step, samples, train_seconds, final_loss, result, position, first_step_seconds)
+    return TrainResult(step, samples, train_seconds, final_loss, result, position, first_step_seconds, test_result)
 
 
 def _read_losses(pending: list[tuple[int, int, torch.Tensor]]) -> list[float]:
@@ -224,11 +231,11 @@ def _read_losses(pending: list[tuple[int, int, torch.Tensor]]) -> list[float]:
 
 
 def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device, step: int,
-              forward: EvalForward) -> EvalResult:
+              forward: EvalForward, options: LoopOptions) -> EvalResult:
     with collectives(f"the evaluation at step {step} (embedding all_to_all, metric all_gather)"):
-        return evaluate(model, held_out, device, forward)
+        return evaluate(model, held_out, device, forward, options.eval_batch_rows)
 
 
-def _log_eval(log: ScalarLog, step: int, result: EvalResult) -> EvalResult:
-    log.log(step, {"eval/auc": result.auc, "eval/loss": result.loss})
+def _log_eval(log: ScalarLog, step: int, result: EvalResult, split: str = "eval") -> EvalResult:
+    log.log(step, {f"{split}/auc": result.auc, f"{split}/loss": result.loss})
     return result

@@ -1,4 +1,9 @@
-"""Evaluation: mean BCE loss and ROC AUC over a held-out stream, aggregated over all ranks."""
+"""Evaluation: mean BCE loss and ROC AUC over a held-out stream, aggregated over all ranks.
+
+Ranks evaluate in lock-step: every batch can be zero-padded to one size (``batch_rows``), a rank
+with no rows left evaluating empty batches so padded, and the padding rows are masked out of the
+metrics, so every held-out row is scored once at any world size.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,10 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn import functional
 from torchmetrics.classification import BinaryAUROC
 from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
 @dataclass(frozen=True)
@@ -19,21 +26,35 @@ class EvalResult:
     samples: int  # over all ranks
 
 
-# (model, batch) -> (mean loss, logits, labels) of that batch, on the host
-EvalForward = Callable[[nn.Module, Batch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+# (model, batch) -> the batch's logits [B], on the host
+EvalForward = Callable[[nn.Module, Batch], torch.Tensor]
 
 
-def model_outputs(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The ``(loss, logits, labels)`` a ``DLRMTrain``-like model returns next to its loss."""
-    _, outputs = model(batch)
-    return outputs
+def model_outputs(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """The logits a ``DLRMTrain``-like model returns next to its loss."""
+    _, (_, logits, _) = model(batch)
+    return logits
+
+
+def padded(batch: Batch, rows: int) -> Batch:
+    """``batch`` with rows appended up to ``rows``: dense features 0, empty bags, label 0."""
+    extra = rows - batch.labels.numel()
+    if extra <= 0:
+        return batch
+    kjt = batch.sparse_features
+    lengths = kjt.lengths().view(len(kjt.keys()), -1)
+    sparse = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(),
+                               lengths=functional.pad(lengths, (0, extra)).flatten())
+    return Batch(dense_features=functional.pad(batch.dense_features, (0, 0, 0, extra)),
+                 sparse_features=sparse, labels=functional.pad(batch.labels, (0, extra)))
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device,
-             forward: EvalForward = model_outputs) -> EvalResult:
+             forward: EvalForward = model_outputs, batch_rows: int = 0) -> EvalResult:
     """Run ``model`` (returning ``loss, (loss, logits, labels)``; or as ``forward`` runs it) in
-    eval mode over ``batches``.
+    eval mode over ``batches``, each zero-padded to ``batch_rows`` rows (0: as they come) and
+    scored on its own rows only.
 
     torchmetrics gathers predictions from every rank of the default process group, so the AUC is
     the global one, not an average of per-rank AUCs.
@@ -43,10 +64,12 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device,
     auroc = BinaryAUROC().to(device)
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of per-sample losses, samples)
     for batch in batches:
-        batch = batch.to(device)
-        loss, logits, labels = forward(model, batch)
+        rows = batch.labels.numel()
+        batch = padded(batch, batch_rows).to(device)
+        logits, labels = forward(model, batch)[:rows], batch.labels[:rows]
         auroc.update(torch.sigmoid(logits), labels.int())
-        loss_sum += torch.tensor([loss.item() * labels.numel(), labels.numel()], dtype=torch.float64)
+        loss = functional.binary_cross_entropy_with_logits(logits, labels.float(), reduction="sum")
+        loss_sum += torch.tensor([loss.item(), rows], dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(loss_sum)
     model.train(was_training)

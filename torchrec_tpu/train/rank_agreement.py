@@ -4,6 +4,8 @@ once with the same message, and a rank that runs out of batches first (rows skip
 ``--bad-values``) ends the pass on every rank, instead of leaving the others waiting in a
 collective until the timeout. :func:`fail_together` does the same for work on a batch that can
 fail on one rank after its collectives (the sparsecore input dist's SparseCore partition limits).
+Evaluation, which must see every row, passes an ``exhausted`` batch instead: a rank out of
+batches yields it until every rank is out.
 
 The cost is one all_reduce of two int64s per batch over the group the batches are consumed on
 (the sparsecore engine's prefetch group, else the default group), and one of one int64 per batch
@@ -29,11 +31,14 @@ class RankFailure(CollectiveError):
 
 class AgreedBatches:
     """Re-iterable like ``batches`` (``len`` and ``iter_from_row`` included), agreed over
-    ``group`` as the module docstring says. Every rank must iterate it in step."""
+    ``group`` as the module docstring says. Every rank must iterate it in step. Without
+    ``exhausted`` the pass ends on every rank when one rank runs out; with it, a rank out of
+    batches yields ``exhausted`` while another rank still has a batch."""
 
     def __init__(self, batches: Iterable[Batch], group: dist.ProcessGroup | None, rank: int, world_size: int,
-                 what: str = "batch") -> None:
+                 what: str = "batch", exhausted: Batch | None = None) -> None:
         self.batches, self.group, self.rank, self.world_size, self.what = batches, group, rank, world_size, what
+        self.exhausted = exhausted
 
     def __len__(self) -> int:
         return len(self.batches)  # type: ignore[arg-type]
@@ -59,9 +64,9 @@ class AgreedBatches:
                 dist.all_reduce(flags, group=self.group)
                 if flags[0]:
                     self._raise(failure)
-            if flags[1]:
+            if flags[1] == self.world_size or (flags[1] and self.exhausted is None):
                 return
-            yield batch
+            yield self.exhausted if batch is None else batch
             index += 1
 
     def _raise(self, failure: BaseException | None) -> None:
