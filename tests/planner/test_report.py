@@ -176,6 +176,8 @@ def test_report_renders_in_headless_chromium(compared, tmp_path):
         dom = _chromium(page, tmp_path / "p2", "--dump-dom").stdout
         assert "parsererror" not in dom and "This page contains the following errors" not in dom
         assert dom.count("<svg") == (3 if page.stem != "plan" else 1)
+        if page.stem == "plan":  # the compare page: slices of different sizes side by side per chip
+            assert "samples/s per chip" in dom
 
 
 def test_compare_page_without_any_plan_has_no_chart(tmp_path):
