@@ -163,7 +163,7 @@ def _predict(predictor: Predictor, output: Path, policy: str) -> tuple[dict, pa.
     units = plan_units(config.data, config.input_columns)
     claim_output_dir(output, units, Path(config.checkpoint))
     columns = {f.name: np.array([getattr(u, f.name) for u in units]) for f in dataclasses.fields(Unit)}
-    result = predictor(columns)
+    result = predictor.predict_units(columns)
     parts = sorted(output.glob("part-*.parquet"))
     return result, pa.concat_tables([pq.read_table(p) for p in parts]) if parts else None
 
