@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu.compile  # noqa: F401  (registers backend="tpu")
-from torch_tpu import pallas as tp
-from torch_tpu._jax import jax, jnp
-from torch_tpu.tensor import to_jax
+from torch_tpu.ops import pallas as tp
+from torch_tpu.runtime._jax import jax, jnp
+from torch_tpu.runtime.tensor import to_jax
 
 
 def _best_us(fn, iters: int, repeats: int = 5) -> float:

@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 import torch_tpu
-from torch_tpu import op_jit
+from torch_tpu.eager import op_jit
 
 
 def _step_time(model, opt, x, y, steps: int, label: str) -> float:

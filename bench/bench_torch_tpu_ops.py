@@ -21,8 +21,8 @@ import time
 import torch
 
 import torch_tpu
-from torch_tpu import op_jit
-from torch_tpu._jax import jax, jnp
+from torch_tpu.eager import op_jit
+from torch_tpu.runtime._jax import jax, jnp
 
 _CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_tpu.compile as tc
-from torch_tpu._jax import jax, jnp
+from torch_tpu.runtime._jax import jax, jnp
 from torchrec_tpu.train.dense_step import DLRMDenseLoss
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 

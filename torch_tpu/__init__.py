@@ -2,33 +2,30 @@
 
 ``import torch_tpu`` registers the "tpu" PrivateUse1 backend and the ``torch.tpu`` module. Tensors
 on it are :class:`TpuTensor` wrappers whose elements live in JAX arrays on the default JAX backend.
+
+The package is built of rooms (docs/ARCHITECTURE.md, "torch_tpu rooms"): ``runtime`` (device and
+tensor model), ``ops`` (the op registry: lowerings and composites, torch.library kernels, Pallas),
+``eager`` (dispatch, executors, fallback), ``compile`` (graph capture, ``train_step``) and
+``distributed``. Every registration happens here, once, through the rooms' ``register()``
+functions: importing any submodule later changes nothing by itself.
 """
 
-from torch_tpu import device as _device
+from torch_tpu import runtime as _runtime
 
-_device.register()
+_runtime.register()  # the device, torch.tpu, tensor hooks, storage, serialization, autocast, Module.to
 
 import xla_cache as _xla_cache  # noqa: E402
 
 _xla_cache.install()  # the shared persistent compile cache, on by default
 
-from torch_tpu import attention as _attention  # noqa: E402,F401  (SDPA overrideable composites)
-from torch_tpu import autocast as _autocast  # noqa: E402
-from torch_tpu import dispatch as _dispatch  # noqa: E402
-from torch_tpu import kernels as _kernels  # noqa: E402,F401
-from torch_tpu import lowerings as _lowerings  # noqa: E402,F401  (fills the registry)
-from torch_tpu import module_conversion as _module_conversion  # noqa: E402
-from torch_tpu import serialization as _serialization  # noqa: E402
-from torch_tpu import sparse as _sparse  # noqa: E402
-from torch_tpu import storage as _storage  # noqa: E402
-from torch_tpu import transformer as _transformer  # noqa: E402,F401  (fast-path composites)
+from torch_tpu import eager as _eager  # noqa: E402
+from torch_tpu import ops as _ops  # noqa: E402
 
-_serialization.register()  # torch.load(map_location="tpu")
-_storage.register()  # storage.tpu()
-_autocast.register()  # torch.autocast("tpu")
-_module_conversion.install()  # Module.to("tpu") keeps Parameter objects (weight ties)
-_sparse.register()  # sparse COO tensors on tpu (sparse embedding gradients)
-from torch_tpu.fallback import (  # noqa: E402
+_ops.register()  # every lowering and composite into the registry; the PrivateUse1 kernels
+_eager.register()  # __torch_dispatch__ -> eager dispatch; the strict/debug/defer_and_fuse executors
+
+from torch_tpu.eager.dispatch import clear_handler_cache  # noqa: E402
+from torch_tpu.eager.fallback import (  # noqa: E402
     TpuFallbackError,
     decomposed_counts,
     fallback_allowed,
@@ -39,11 +36,22 @@ from torch_tpu.fallback import (  # noqa: E402
     reset_metrics,
     set_fallback_allowed,
 )
-from torch_tpu.modes import EagerMode, eager_mode, get_eager_mode, register_executor, set_eager_mode  # noqa: E402
-from torch_tpu.registry import Lowering, get_lowering, lowered_ops, register_lowering  # noqa: E402
-from torch_tpu.tensor import TpuTensor, from_jax, to_jax  # noqa: E402
-
-clear_handler_cache = _dispatch.clear_handler_cache
+from torch_tpu.eager.modes import (  # noqa: E402
+    EagerMode,
+    eager_mode,
+    get_eager_mode,
+    register_executor,
+    set_eager_mode,
+)
+from torch_tpu.ops.registry import (  # noqa: E402
+    Lowering,
+    get_composite,
+    get_lowering,
+    lowered_ops,
+    register_composite,
+    register_lowering,
+)
+from torch_tpu.runtime.tensor import TpuTensor, from_jax, to_jax  # noqa: E402
 
 __all__ = [
     "EagerMode",
@@ -56,12 +64,14 @@ __all__ = [
     "fallback_allowed",
     "fallback_counts",
     "from_jax",
+    "get_composite",
     "get_eager_mode",
     "get_lowering",
     "lowered_counts",
     "lowered_ops",
     "metrics_report",
     "no_fallback",
+    "register_composite",
     "register_executor",
     "register_lowering",
     "reset_metrics",

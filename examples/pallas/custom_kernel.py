@@ -11,8 +11,8 @@ import torch
 from jax.experimental import pallas as pl
 
 import torch_tpu.compile  # noqa: F401  (registers torch.compile(backend="tpu"))
-from torch_tpu import pallas as tp
-from torch_tpu._jax import jax, jnp
+from torch_tpu.ops import pallas as tp
+from torch_tpu.runtime._jax import jax, jnp
 
 
 def _swish_kernel(x_ref, o_ref):

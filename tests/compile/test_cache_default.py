@@ -16,7 +16,7 @@ import torch
 import torch_tpu.compile as tc
 import xla_cache
 from tests.compile.models import mlp
-from torch_tpu import persistent_cache
+from torch_tpu.runtime import persistent_cache
 
 REPO = Path(__file__).resolve().parents[2]
 

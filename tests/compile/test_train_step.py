@@ -12,8 +12,8 @@ import torch.nn.functional as F
 import torch_tpu
 import torch_tpu.compile as tc
 from tests.compile.models import mlp
-from torch_tpu._jax import jax
-from torch_tpu.tensor import to_jax
+from torch_tpu.runtime._jax import jax
+from torch_tpu.runtime.tensor import to_jax
 
 STEPS = 5
 _xla_compiles: list[str] = []

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.testing._internal.autocast_test_lists import AutocastTestLists, TestAutocast
 
-from torch_tpu import op_jit
+from torch_tpu.eager import op_jit
 
 DEVICE = "tpu"
 AMP_DTYPES = (torch.bfloat16, torch.float16)

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
-from torch_tpu import dispatch, registry
+from torch_tpu.eager import dispatch
+from torch_tpu.ops import registry
 
 aten = torch.ops.aten
 # forward falls back to CPU; its backward op has neither a lowering nor a torch._decomp entry
@@ -124,4 +125,4 @@ def test_no_fallback_env_in_backward_exits_with_a_traceback_not_an_abort(mode):
     assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
     assert "terminate called" not in out.stderr
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("torch_tpu.fallback.TpuFallbackError: aten.multi_margin_loss_backward.default"), last
+    assert last.startswith("torch_tpu.eager.fallback.TpuFallbackError: aten.multi_margin_loss_backward.default"), last

@@ -1,4 +1,4 @@
-"""The decomposition tier (torch_tpu.decompositions): ops without a lowering run as PyTorch's own
+"""The decomposition tier (torch_tpu.ops.decompositions): ops without a lowering run as PyTorch's own
 decompositions on tpu tensors instead of falling back to CPU; checked against CPU torch."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 
 import torch_tpu
 from tests.torch_tpu.test_opinfo import _SKIP, OPINFOS, _check_sample, _id
-from torch_tpu import decompositions
+from torch_tpu.ops import decompositions, registry
 
 aten = torch.ops.aten
 
@@ -57,23 +57,23 @@ def test_compile_uses_the_same_table():
 
     table = decompositions.compile_table()
     assert set(core_aten_decompositions()) <= set(table)
-    for op, fn in decompositions.EXTRA.items():  # torch_tpu's composites, where nothing lowers the op
+    for op, fn in registry.composites().items():  # torch_tpu's composites, where nothing lowers the op
         assert torch_tpu.get_lowering(op) is not None or table[op] is fn
 
 
 @pytest.fixture
 def extra_decomposition():
-    """Install a temporary EXTRA composite (restored and handler caches cleared afterwards)."""
+    """Install a temporary composite (restored and handler caches cleared afterwards)."""
     added = []
 
     def install(op, fn):
-        decompositions.EXTRA[op] = fn
+        registry.register_composite(op)(fn)
         added.append(op)
         torch_tpu.clear_handler_cache()
 
     yield install
     for op in added:
-        decompositions.EXTRA.pop(op)
+        registry._COMPOSITES.pop(op)
     torch_tpu.clear_handler_cache()
 
 

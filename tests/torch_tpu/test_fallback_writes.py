@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from torch_tpu import fallback
+from torch_tpu.eager import fallback
 
 aten = torch.ops.aten
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_tpu
-from torch_tpu import modes
+from torch_tpu.eager import modes
 
 
 def test_shape_and_dtype_errors_match_cpu():
@@ -89,7 +89,7 @@ def test_debug_mode_names_op_for_nan_and_index_bounds():
 def test_mode_selection_errors_and_env_var():
     with pytest.raises(ValueError, match="unknown torch_tpu eager mode 'fast'"):
         torch_tpu.set_eager_mode("fast")
-    # without a registered executor (torch_tpu.compile registers one on import) the mode is refused
+    # without a registered executor (import torch_tpu registers one) the mode is refused
     saved = modes._EXECUTORS.pop(torch_tpu.EagerMode.DEFER_AND_FUSE, None)
     try:
         with pytest.raises(RuntimeError, match="defer_and_fuse"):

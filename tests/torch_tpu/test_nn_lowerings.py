@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_tpu.compile as tc
-from torch_tpu import fallback
+from torch_tpu.eager import fallback
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -1,4 +1,4 @@
-"""The per-op jit cache (torch_tpu.op_jit): hits/misses, results vs plain lowerings and CPU torch,
+"""The per-op jit cache (torch_tpu.eager.op_jit): hits/misses, results vs plain lowerings and CPU torch,
 in-place and view ops through it, traced float arguments, the size cap and the env switch."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torch_tpu
-from torch_tpu import modes, op_jit
+from torch_tpu.eager import modes, op_jit
 
 
 @pytest.fixture(autouse=True)

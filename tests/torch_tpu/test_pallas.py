@@ -11,9 +11,9 @@ from torchrec.modules.crossnet import LowRankCrossNet
 
 import torch_tpu
 import torch_tpu.compile as tc
-from torch_tpu import pallas as tp
-from torch_tpu._jax import jax, jnp
-from torch_tpu.pallas import cross, embedding_bag, interaction
+from torch_tpu.ops import pallas as tp
+from torch_tpu.ops.pallas import cross, embedding_bag, interaction
+from torch_tpu.runtime._jax import jax, jnp
 
 TOL = dict(atol=2e-5, rtol=1e-5)
 

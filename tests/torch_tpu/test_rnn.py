@@ -1,4 +1,4 @@
-"""nn.LSTM / GRU / RNN and their cells on tpu (the fused-cell lowerings of torch_tpu.lowerings.rnn):
+"""nn.LSTM / GRU / RNN and their cells on tpu (the fused-cell lowerings of torch_tpu.ops.lowerings.rnn):
 outputs, final states and gradients vs CPU torch, with zero CPU fallbacks; and compiled."""
 
 from __future__ import annotations

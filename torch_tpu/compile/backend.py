@@ -20,9 +20,9 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from torch_tpu import decompositions
 from torch_tpu.compile.graph import CompiledGraph
 from torch_tpu.compile.specialize import SpecializedGraph, is_symbolic
+from torch_tpu.ops import decompositions
 
 BACKEND_NAME = "tpu"
 _log = logging.getLogger(__name__)

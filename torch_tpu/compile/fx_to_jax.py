@@ -1,7 +1,7 @@
 """Translate a core-ATen FX graph into one pure JAX function through the shared op registry.
 
 Every ``call_function`` node must be an aten ``OpOverload`` with a lowering in
-``torch_tpu.registry`` (or ``operator.getitem`` on a multi-output node). Random lowerings draw
+``torch_tpu.ops.registry`` (or ``operator.getitem`` on a multi-output node). Random lowerings draw
 their keys from one key-data argument appended after the graph inputs, so the traced function is
 pure and exportable.
 """
@@ -15,10 +15,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from torch_tpu._jax import jax
-from torch_tpu.dtypes import to_jax_dtype
-from torch_tpu.registry import Lowering, get_lowering
-from torch_tpu.tensor import TpuTensor, cpu_to_jax, to_jax
+from torch_tpu.ops.registry import Lowering, get_lowering
+from torch_tpu.runtime._jax import jax
+from torch_tpu.runtime.dtypes import to_jax_dtype
+from torch_tpu.runtime.tensor import TpuTensor, cpu_to_jax, to_jax
 
 
 class UnloweredOpError(NotImplementedError):

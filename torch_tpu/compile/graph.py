@@ -19,14 +19,14 @@ import numpy as np
 import torch
 import torch.fx
 
-from torch_tpu import persistent_cache as cache
-from torch_tpu import random as tpu_random
-from torch_tpu._jax import jax
 from torch_tpu.compile import fx_to_jax
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
-from torch_tpu.dtypes import to_jax_dtype
-from torch_tpu.registry import get_lowering, lowered_ops
-from torch_tpu.tensor import TpuTensor, cpu_to_jax, from_jax, to_cpu, to_jax
+from torch_tpu.ops.registry import get_lowering, lowered_ops
+from torch_tpu.runtime import persistent_cache as cache
+from torch_tpu.runtime import random as tpu_random
+from torch_tpu.runtime._jax import jax
+from torch_tpu.runtime.dtypes import to_jax_dtype
+from torch_tpu.runtime.tensor import TpuTensor, cpu_to_jax, from_jax, to_cpu, to_jax
 
 _MEMORY: dict[str, Any] = {}  # translation key -> jax.export.Exported
 _registry_digest: list[str] = []

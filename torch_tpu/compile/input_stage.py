@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import torch
 
-from torch_tpu._jax import jax
-from torch_tpu.dtypes import to_torch_dtype
+from torch_tpu.runtime._jax import jax
+from torch_tpu.runtime.dtypes import to_torch_dtype
 
 
 class InputStage(Protocol):

@@ -34,10 +34,10 @@ import torch
 from torch import nn
 
 import xla_cache
-from torch_tpu import persistent_cache
-from torch_tpu._jax import jax
 from torch_tpu.compile import graph as compiled_graph
 from torch_tpu.compile.step_trace import LossFn, StepSignature
+from torch_tpu.runtime import persistent_cache
+from torch_tpu.runtime._jax import jax
 
 _file_digests: dict[tuple[str, float], str] = {}
 _class_digests: dict[type, str] = {}

@@ -34,9 +34,6 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from torch_tpu import persistent_cache
-from torch_tpu import random as tpu_random
-from torch_tpu._jax import jax, jnp
 from torch_tpu.compile import graph as compiled_graph
 from torch_tpu.compile import step_cache
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
@@ -49,8 +46,11 @@ from torch_tpu.compile.step_trace import (
     trace_step,
     unchanged_outputs,
 )
-from torch_tpu.dtypes import to_jax_dtype, to_torch_dtype
-from torch_tpu.tensor import TpuTensor, _contiguous_strides, cpu_to_jax, from_jax, to_jax, write
+from torch_tpu.runtime import persistent_cache
+from torch_tpu.runtime import random as tpu_random
+from torch_tpu.runtime._jax import jax, jnp
+from torch_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
+from torch_tpu.runtime.tensor import TpuTensor, _contiguous_strides, cpu_to_jax, from_jax, to_jax, write
 
 _log = logging.getLogger(__name__)
 # float settings passed to the program as values, not baked in: schedules change them every step

@@ -20,7 +20,7 @@ import socket
 import torch.distributed as dist
 from jax._src import xla_bridge
 
-from torch_tpu._jax import jax
+from torch_tpu.runtime._jax import jax
 
 COORDINATOR_KEY = "tpu_dist_xla_coordinator"
 COORDINATOR_HOST_ENV = "TPU_DIST_XLA_COORDINATOR_HOST"

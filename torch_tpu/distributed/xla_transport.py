@@ -32,10 +32,10 @@ import torch.distributed as dist
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from torch_tpu import tensor as tensor_mod
-from torch_tpu._jax import jax, jnp
 from torch_tpu.distributed.transport import GlooTransport, Transport
 from torch_tpu.distributed.worker import Deadline
+from torch_tpu.runtime import tensor as tensor_mod
+from torch_tpu.runtime._jax import jax, jnp
 
 RedOp = dist.ReduceOp.RedOpType
 AXIS = "r"

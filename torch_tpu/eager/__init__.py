@@ -1,0 +1,23 @@
+"""eager: running aten ops on tpu tensors one call at a time.
+
+``dispatch`` picks a handler per op (``handlers``, ``views``); lowered ops run through the current
+eager mode's executor (``modes``: strict and debug over ``op_jit``'s per-op programs, and
+``lazy``'s defer_and_fuse); ops without a lowering or decomposition run on CPU (``fallback``,
+with the lowered / decomposed / fallback counters); ``sparse`` serves sparse COO tensors.
+
+Imports ``torch_tpu.runtime`` and ``torch_tpu.ops``. Importing a module here registers nothing:
+:func:`register`, called once by ``import torch_tpu``, does.
+"""
+
+
+def register() -> None:
+    """Route tpu tensors' ``__torch_dispatch__`` here, install every eager executor and the sparse kernels."""
+    from torch_tpu.eager import dispatch, lazy, modes, sparse
+    from torch_tpu.runtime import tensor
+
+    tensor._dispatch = dispatch.dispatch
+    modes.register_executor(modes.EagerMode.DEFER_AND_FUSE, lazy.run_deferred)
+    # tensors produced under defer_and_fuse stay usable after switching back to another mode
+    modes.register_executor(modes.EagerMode.STRICT, lazy.materializing(modes.run_strict))
+    modes.register_executor(modes.EagerMode.DEBUG, lazy.materializing(modes.run_debug))
+    sparse.register()  # sparse COO tensors on tpu (sparse embedding gradients)

@@ -1,0 +1,219 @@
+"""Eager dispatch of aten ops on tpu tensors: one cached handler per OpOverload.
+
+The handler for an op is decided once (first call) from its schema and the registry:
+view op -> alias the input's storage box with metadata computed on meta tensors;
+in-place / out= op -> run the functional sibling's lowering and write into the target(s);
+lowered op -> unwrap to JAX arrays, run through the current mode's executor, wrap;
+op with a decomposition -> run it on the tpu tensors (``torch_tpu.ops.decompositions``, counted);
+anything else -> CPU fallback (counted). A few ops that cross devices or return Python values
+(``copy_``, ``_to_copy``, ``_local_scalar_dense`` ...) have dedicated handlers.
+
+The handlers live in ``torch_tpu.eager.handlers`` and ``torch_tpu.eager.views``; this module picks
+one per op (:func:`_make_handler`) and runs the fast path. ``torch_tpu.eager.register()`` makes
+:func:`dispatch` the tensor model's ``__torch_dispatch__`` target.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torch_tpu.eager import fallback, modes, op_jit, sparse
+from torch_tpu.eager.handlers import (
+    _FAST_INPLACE,
+    _LIKE_FACTORIES,
+    _clone,
+    _equal,
+    _fallback_handler,
+    _fast_signature,
+    _inplace_handler,
+    _lift_fresh,
+    _like_handler,
+    _lowered_handler,
+    _out_handler,
+    _sibling_compute,
+    _to_copy,
+    _wrap,
+    decomposed_handler,
+    eager_lowering,
+)
+from torch_tpu.eager.views import (
+    _fast_view,
+    _layout_expand,
+    _layout_permute,
+    _layout_select,
+    _layout_slice,
+    _layout_t,
+    _layout_transpose,
+    _layout_unsqueeze,
+    _layout_view,
+    _same_view_handler,
+    _view_handler,
+)
+from torch_tpu.ops import decompositions, metadata_ops
+from torch_tpu.ops.kernels import _copy_, _copy_from, _local_scalar_dense
+from torch_tpu.runtime import device as tpu_device
+from torch_tpu.runtime._jax import ARRAY_TYPE
+from torch_tpu.runtime.tensor import from_jax
+
+aten = torch.ops.aten
+Handler = Callable[[Any, tuple, dict], Any]
+_HANDLERS: dict[Any, Handler] = {}
+_ARRAY = ARRAY_TYPE
+_STRICT = modes.EagerMode.STRICT
+_MODE = modes._current  # [the eager mode]
+_COUNTS = fallback._lowered_counts
+_LAST_OUTPUT = tpu_device._last_output
+
+
+def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    if _MODE[0] is _STRICT and op_jit._config["enabled"]:
+        found = _fast_signature(func, args, kwargs)
+        if found is not None:
+            program = op_jit.fast.get(found[0])
+            if program is not None:
+                try:
+                    out = program(*found[1])
+                except Exception:  # noqa: BLE001  (what the lowering rejects: the full path raises torch's error)
+                    op_jit.fast.pop(found[0], None)
+                else:
+                    _COUNTS[func.__name__] += 1
+                    op_jit._stats.hits += 1
+                    if func in _FAST_INPLACE:  # op_(target, ...): the target's full array is replaced
+                        target = args[0]
+                        target._box.array = _LAST_OUTPUT[0] = out
+                        return target
+                    if type(out) is _ARRAY:
+                        _LAST_OUTPUT[0] = out
+                        return from_jax(out)
+                    return _wrap(out)
+    handler = _HANDLERS.get(func)
+    if handler is None:
+        handler = _HANDLERS[func] = sparse.routed(func, _make_handler(func))
+    return handler(func, args, kwargs)
+
+
+def clear_handler_cache() -> None:
+    """Forget cached per-op handlers and compiled per-op programs (after registering new lowerings)."""
+    _HANDLERS.clear()
+    op_jit.clear()  # the fast path's programs too
+
+
+_SPECIAL: dict[Any, Handler] = {
+    aten.is_pinned.default: lambda func, args, kwargs: False,  # pinning is for host memory
+    # one in-order stream (torch.tpu.Stream): nothing can reuse the memory before the work is done
+    aten.record_stream.default: lambda func, args, kwargs: None,
+    aten.copy_.default: _copy_,
+    aten._copy_from.default: _copy_from,
+    aten._to_copy.default: _to_copy,
+    aten.clone.default: _clone,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.equal.default: _equal,
+    aten.detach.default: _same_view_handler,
+    aten.alias.default: _same_view_handler,
+    aten.lift_fresh.default: _lift_fresh,
+    aten.lift_fresh_copy.default: _lift_fresh,
+    aten.t.default: _fast_view(_layout_t),
+    aten.transpose.int: _fast_view(_layout_transpose),
+    aten.permute.default: _fast_view(_layout_permute),
+    aten.unsqueeze.default: _fast_view(_layout_unsqueeze),
+    aten.view.default: _fast_view(_layout_view),
+    aten.select.int: _fast_view(_layout_select),
+    aten.slice.Tensor: _fast_view(_layout_slice),
+    aten.expand.default: _fast_view(_layout_expand),
+    **metadata_ops.HANDLERS,
+}
+
+
+# --- handler selection -----------------------------------------------------------------------
+
+
+def _is_view(schema: Any) -> bool:
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return False
+    return bool(schema.returns) and schema.returns[0].alias_info is not None
+
+
+def _positional_signature(schema: Any) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in schema.arguments if not a.kwarg_only]
+
+
+def _keyword_inputs(schema: Any) -> set[str]:
+    return {a.name for a in schema.arguments
+            if a.kwarg_only and (a.alias_info is None or not a.alias_info.is_write)}
+
+
+def _sibling_by_signature(packet: Any, schema: Any) -> Any:
+    """The non-mutating overload of ``packet`` with ``schema``'s positional arguments that takes
+    every keyword input of ``schema`` (``div.out_mode`` -> ``div.Tensor_mode``, not ``div.Tensor``),
+    the one with the fewest keywords when several do."""
+    signature, keywords = _positional_signature(schema), _keyword_inputs(schema)
+    matches = []
+    for name in packet.overloads():
+        overload = getattr(packet, name)
+        mutable = any(a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments)
+        if not mutable and _positional_signature(overload._schema) == signature:
+            if keywords <= _keyword_inputs(overload._schema):
+                matches.append(overload)
+    return min(matches, key=lambda o: len(_keyword_inputs(o._schema)), default=None)
+
+
+_INPLACE_SIBLINGS = {"normal_": "normal_functional"}
+
+
+def _functional_sibling(func: Any) -> Any:
+    """The non-mutating overload computing what an in-place or out= overload writes."""
+    schema = func._schema
+    base = schema.name.split("::")[1]
+    write_args = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if all(a.kwarg_only for a in write_args):  # out= variant: same packet, without the out args
+        packet = getattr(aten, base, None)
+        return packet and _sibling_by_signature(packet, schema)
+    if not base.endswith("_"):
+        return None
+    packet = getattr(aten, _INPLACE_SIBLINGS.get(base, base[:-1]), None)
+    if packet is None:
+        return None
+    same = getattr(packet, func._overloadname, None)
+    if same is not None:
+        return same
+    return _sibling_by_signature(packet, schema)
+
+
+def _make_handler(func: Any) -> Handler:
+    special = _SPECIAL.get(func)
+    if special is not None:
+        return special
+    schema = func._schema
+    if decompositions.is_composite(func) and (_is_view(schema) or eager_lowering(func) is None):
+        return decomposed_handler(func, func.decompose)
+    if _is_view(schema):
+        return _view_handler
+    own = eager_lowering(func)
+    if own is not None and own.writes:  # updates inputs through its lowering's ``writes``
+        return _lowered_handler(own)
+    write_args = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if write_args:
+        sibling = _functional_sibling(func)
+        if sibling is not None and _is_view(sibling._schema):
+            return metadata_ops.inplace_view_handler(sibling)
+        compute = _sibling_compute(func, sibling) if sibling is not None else None
+        if compute is None:
+            return _fallback_handler
+        if all(a.kwarg_only for a in write_args):
+            taken = {a.name for a in sibling._schema.arguments}
+            factory_kwargs = [name for name in ("dtype", "device") if name in taken]
+            return _out_handler(compute, [a.name for a in write_args], factory_kwargs)
+        if write_args[0] is schema.arguments[0] and len(write_args) == 1:
+            return _inplace_handler(compute, eager_lowering(sibling))
+        return _fallback_handler
+    lowering = eager_lowering(func)
+    if lowering is not None:
+        if func in _LIKE_FACTORIES:
+            return _like_handler(_lowered_handler(lowering))
+        return _lowered_handler(lowering)
+    decomposition = decompositions.decomposition(func)
+    return decomposed_handler(func, decomposition) if decomposition is not None else _fallback_handler
+
+

@@ -1,0 +1,18 @@
+"""ops: what an aten op does on tpu, in one registry (``torch_tpu.ops.registry``).
+
+* ``lowerings/``: JAX lowerings (``register_lowering``), for eager and graph executors alike;
+* ``attention``, ``transformer``: composites of lowered ops (``register_composite``);
+* ``decompositions``: the decomposition tier's table (PyTorch's decompositions plus the composites);
+* ``metadata_ops``: metadata-only ops (``resize_``, ``set_``, ``as_strided_`` ...) on the tensor model;
+* ``kernels``: the PrivateUse1 ``torch.library`` kernels (factories, copies across devices);
+* ``pallas/``: Pallas kernels as torch custom ops (``jax_op``).
+
+Imports only ``torch_tpu.runtime``. :func:`register` is called once by ``import torch_tpu``.
+"""
+
+
+def register() -> None:
+    """Fill the registry (every lowering and composite) and install the PrivateUse1 kernels."""
+    from torch_tpu.ops import attention, kernels, lowerings, transformer  # noqa: F401  (their decorators fill the registry)
+
+    kernels.register()

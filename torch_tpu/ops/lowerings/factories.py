@@ -1,0 +1,197 @@
+"""Factory, fill and random lowerings (random ones take ``key=``, see torch_tpu.ops.registry)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from torch_tpu.ops.lowerings._common import cast, jdtype
+from torch_tpu.ops.registry import register_lowering
+from torch_tpu.runtime._jax import jax, jnp
+
+aten = torch.ops.aten
+
+
+def _fill_dtype(value, dtype):
+    if dtype is not None:
+        return jdtype(dtype)
+    if isinstance(value, bool):
+        return jnp.bool_
+    if isinstance(value, int):
+        return jnp.int64
+    return jdtype(None)
+
+
+@register_lowering(aten.zeros_like.default, aten.empty_like.default)
+def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(self.shape, jdtype(dtype, self.dtype))
+
+
+@register_lowering(aten.ones_like.default)
+def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.ones(self.shape, jdtype(dtype, self.dtype))
+
+
+@register_lowering(aten.full_like.default)
+def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.full(self.shape, fill_value, jdtype(dtype, self.dtype))
+
+
+@register_lowering(aten.fill.Scalar, aten.fill.Tensor)
+def fill(self, value):
+    return jnp.broadcast_to(cast(value, self.dtype), self.shape)
+
+
+@register_lowering(aten.zero.default)
+def zero(self):
+    return jnp.zeros(self.shape, self.dtype)
+
+
+@register_lowering(aten.new_zeros.default, aten.new_empty.default)
+def new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), jdtype(dtype, self.dtype))
+
+
+@register_lowering(aten.new_ones.default)
+def new_ones(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.ones(tuple(size), jdtype(dtype, self.dtype))
+
+
+@register_lowering(aten.new_full.default)
+def new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.full(tuple(size), fill_value, jdtype(dtype, self.dtype))
+
+
+@register_lowering(aten.zeros.default, aten.empty.memory_format, aten._efficientzerotensor.default)
+def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(tuple(size), jdtype(dtype))
+
+
+@register_lowering(aten.empty_permuted.default)
+def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return zeros(size, dtype=dtype)  # arrays have no strides: the layout is moot
+
+
+@register_lowering(aten.ones.default)
+def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.ones(tuple(size), jdtype(dtype))
+
+
+@register_lowering(aten.full.default)
+def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.full(tuple(size), fill_value, _fill_dtype(fill_value, dtype))
+
+
+@register_lowering(aten.scalar_tensor.default)
+def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.asarray(s, jdtype(dtype))
+
+
+@register_lowering(aten.arange.start_step)
+def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    floating = any(isinstance(v, float) for v in (start, end, step))
+    out = jdtype(dtype) if dtype is not None else (jdtype(None) if floating else jnp.int64)
+    n = max(0, math.ceil((end - start) / step))
+    if jnp.issubdtype(out, jnp.integer):
+        return jnp.asarray(start + np.arange(n, dtype=np.int64) * step, out)
+    return jnp.asarray(start + np.arange(n, dtype=np.float64) * step, out)
+
+
+@register_lowering(aten.arange.default)
+def arange_end(end, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return arange(0, end, 1, dtype=dtype)
+
+
+@register_lowering(aten.arange.start)
+def arange_start(start, end, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return arange(start, end, 1, dtype=dtype)
+
+
+@register_lowering(aten.eye.default)
+def eye(n, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.eye(n, dtype=jdtype(dtype))
+
+
+@register_lowering(aten.eye.m)
+def eye_m(n, m, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.eye(n, m, dtype=jdtype(dtype))
+
+
+def _tri_indices(pick, row, col, offset, dtype):
+    return jnp.asarray(np.stack(pick(row, offset, col)).reshape(2, -1), jdtype(dtype, jnp.int64))
+
+
+@register_lowering(aten.triu_indices.default)
+def triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(np.triu_indices, row, col, offset, dtype)
+
+
+@register_lowering(aten.tril_indices.default)
+def tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(np.tril_indices, row, col, offset, dtype)
+
+
+@register_lowering(aten.linspace.default)
+def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.linspace(start, end, steps, dtype=jdtype(dtype))
+
+
+# --- random ----------------------------------------------------------------------------------
+
+
+def _float_like(self):
+    return self.dtype if jnp.issubdtype(self.dtype, jnp.floating) else jnp.float32
+
+
+@register_lowering(aten.normal_functional.default, needs_key=True)
+def normal(self, mean=0.0, std=1.0, *, generator=None, key):
+    draw = jax.random.normal(key, self.shape, _float_like(self))
+    return (draw * std + mean).astype(self.dtype)
+
+
+@register_lowering(aten.rand.default, needs_key=True)
+def rand(size, *, dtype=None, layout=None, device=None, pin_memory=None, key):
+    return jax.random.uniform(key, tuple(size), jdtype(dtype))
+
+
+@register_lowering(aten.uniform.default, needs_key=True)
+def uniform(self, from_=0.0, to=1.0, *, generator=None, key):
+    return jax.random.uniform(key, self.shape, _float_like(self), from_, to).astype(self.dtype)
+
+
+@register_lowering(aten.bernoulli.p, needs_key=True)
+def bernoulli_p(self, p=0.5, *, generator=None, key):
+    return jax.random.bernoulli(key, p, self.shape).astype(self.dtype)
+
+
+@register_lowering(aten.bernoulli.default, needs_key=True)
+def bernoulli(self, *, generator=None, key):
+    return jax.random.bernoulli(key, self, self.shape).astype(self.dtype)
+
+
+@register_lowering(aten.exponential.default, needs_key=True)
+def exponential(self, lambd=1.0, *, generator=None, key):
+    return (jax.random.exponential(key, self.shape, _float_like(self)) / lambd).astype(self.dtype)
+
+
+@register_lowering(getattr(aten.random, "from"), needs_key=True)
+def random_from(self, from_, to=None, *, generator=None, key):
+    if to is None:
+        to = int(jnp.iinfo(self.dtype).max) + 1 if jnp.issubdtype(self.dtype, jnp.integer) else 2**24 + 1
+    return jax.random.randint(key, self.shape, from_, to, jnp.int64).astype(self.dtype)
+
+
+@register_lowering(aten.random.to, needs_key=True)
+def random_to(self, to, *, generator=None, key):
+    return random_from(self, 0, to, key=key)
+
+
+@register_lowering(aten.random.default, needs_key=True)
+def random_default(self, *, generator=None, key):
+    if self.dtype == jnp.bool_:
+        return random_from(self, 0, 2, key=key)
+    if jnp.issubdtype(self.dtype, jnp.floating):  # integers in [0, 2^mantissa] (torch's rule)
+        return random_from(self, 0, 2 ** (jnp.finfo(self.dtype).nmant + 1) + 1, key=key)
+    return random_from(self, 0, int(jnp.iinfo(self.dtype).max) + 1, key=key)

@@ -1,0 +1,287 @@
+"""Gather/scatter-style lowerings: advanced indexing, index_select, gather, scatter, embedding."""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from torch_tpu.ops.lowerings._common import cast, is_one, wrap_dim
+from torch_tpu.ops.registry import register_lowering
+from torch_tpu.runtime._jax import jax, jnp
+
+aten = torch.ops.aten
+
+
+def _is_mask(index):
+    """A boolean mask among advanced indices; torch still reads uint8 ones as masks (deprecated)."""
+    return getattr(index, "dtype", None) in (np.bool_, np.uint8)
+
+
+def _index_tuple(indices):
+    """Advanced indices as a JAX index: None as a full slice, uint8 masks as boolean ones."""
+    if any(i is not None and i.dtype == np.uint8 for i in indices):
+        warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.",
+                      UserWarning, stacklevel=2)
+    return tuple(slice(None) if i is None else i != 0 if i.dtype == np.uint8 else i for i in indices)
+
+
+@register_lowering(aten.index.Tensor)
+def index(self, indices):
+    # Boolean-mask indices give value-dependent shapes: fine eagerly, not under jax.jit.
+    return self[_index_tuple(indices)]
+
+
+# JAX scatters have no bool arithmetic; on 0/1 bytes, torch's bool sum is max (or), product min (and)
+_BOOL_MODES = {"set": "set", "add": "max", "multiply": "min", "max": "max", "min": "min"}
+
+
+def _update(target, coords, mode, values):
+    """``target.at[coords].<mode>(values)`` with torch's dtype rules, bool included."""
+    if target.dtype != np.bool_ or mode == "set":
+        return getattr(target.at[coords], mode)(cast(values, target.dtype))
+    as_bytes = getattr(target.astype(jnp.uint8).at[coords], _BOOL_MODES[mode])(cast(values, jnp.uint8))
+    return as_bytes != 0
+
+
+def _mask_coords(self, indices, count):
+    """``indices`` with each boolean mask as ``count`` coordinates of its set elements, padded with
+    out-of-bounds ones (JAX scatters drop those updates)."""
+    coords, dim = [], 0
+    for i in indices:
+        if _is_mask(i):
+            coords.extend(jnp.nonzero(i, size=count, fill_value=self.shape[dim:dim + i.ndim]))
+            dim += i.ndim
+        else:
+            coords.append(i)
+            dim += 1
+    return tuple(coords)
+
+
+def _put_coords(self, indices, values):
+    """index_put's coordinates with a static count for masks (under jit the number of set elements is
+    unknown): the count ``values`` has along the masked dim, or the mask's size when it broadcasts there."""
+    indices = _index_tuple(indices)
+    if not any(_is_mask(i) for i in indices):
+        return indices
+    count = max(i.size for i in indices if _is_mask(i))
+    # the masked dim is the one whose length follows the count
+    shapes = [jax.eval_shape(lambda s, n=n: s[_mask_coords(s, indices, n)], self).shape for n in (count, count + 1)]
+    masked_dim = next(d for d, (a, b) in enumerate(zip(*shapes)) if a != b) - len(shapes[0])
+    if values.ndim >= -masked_dim and values.shape[masked_dim] != 1:
+        count = values.shape[masked_dim]
+    return _mask_coords(self, indices, count)
+
+
+@register_lowering(aten.index_put.default, aten._index_put_impl.default)
+def index_put(self, indices, values, accumulate=False, unsafe=False):
+    if len(indices) == 1 and getattr(indices[0], "dtype", None) == np.uint8 and values.ndim == 0 and not accumulate:
+        raise ValueError("index_put_ of a 0-d value by one mask runs masked_fill_, which refuses uint8 masks (CPU)")
+    return _update(self, _put_coords(self, indices, values), "add" if accumulate else "set", values)
+
+
+@register_lowering(aten.index_select.default)
+def index_select(self, dim, index):
+    if self.ndim == 0:
+        return self
+    return jnp.take(self, index.reshape(-1), axis=dim)
+
+
+def _check_index_shape(self, dim, index, src=None):
+    """CPU's shape checks of gather / scatter (a ValueError: eager dispatch raises CPU's exception)."""
+    if index.size == 0 or self.ndim == 0 or index.ndim == 0:
+        return
+    if index.ndim != self.ndim:
+        raise ValueError(f"index of {index.ndim} dims for a tensor of {self.ndim}: they must have the same number")
+    for d, n in enumerate(index.shape):
+        if (d != dim and n > self.shape[d]) or (getattr(src, "ndim", 0) and n > src.shape[d]):
+            raise ValueError(f"index of shape {index.shape} is larger than self {self.shape} (apart from dim {dim}) "
+                             f"or than src")
+
+
+def _grids(index, dim):
+    """Full coordinates for gather/scatter: the index itself along ``dim``, iota elsewhere."""
+    coords = list(jnp.indices(index.shape, sparse=True))
+    coords[dim] = index
+    return tuple(coords)
+
+
+@register_lowering(aten.gather.default)
+def gather(self, dim, index, *, sparse_grad=False):
+    # torch treats 0-d operands as 1-d, and an empty index needs no dims to match
+    if index.size == 0:
+        return jnp.zeros(index.shape, self.dtype)
+    source = self.reshape(1) if self.ndim == 0 else self
+    coords = index.reshape(1) if index.ndim == 0 else index
+    dim = wrap_dim(dim, source.ndim)
+    _check_index_shape(self, dim, index)
+    return source[_grids(coords, dim)].reshape(index.shape)
+
+
+def _scatter(self, dim, index, src, mode):
+    if index.size == 0:
+        return self
+    target = self.reshape(1) if self.ndim == 0 else self
+    dim = wrap_dim(dim, target.ndim)
+    _check_index_shape(self, dim, index, src)
+    index = index.reshape(1) if index.ndim == 0 else index
+    if hasattr(src, "ndim") and src.ndim:
+        src = src[tuple(slice(0, s) for s in index.shape)]
+    return _update(target, _grids(index, dim), mode, src).reshape(self.shape)
+
+
+@register_lowering(aten.scatter.src, aten.scatter.value)
+def scatter(self, dim, index, src):
+    return _scatter(self, dim, index, src, "set")
+
+
+@register_lowering(aten.scatter_add.default)
+def scatter_add(self, dim, index, src):
+    return _scatter(self, dim, index, src, "add")
+
+
+_REDUCE_MODES = {"sum": "add", "prod": "multiply", "amax": "max", "amin": "min"}
+
+
+@register_lowering(aten.scatter_reduce.two)
+def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    if reduce == "mean":
+        ones = jnp.ones(index.shape, self.dtype)
+        base = self if include_self else jnp.zeros_like(self)
+        counts = _scatter(jnp.full(self.shape, 1 if include_self else 0, self.dtype), dim, index, ones, "add")
+        total = _scatter(base, dim, index, src, "add")
+        inexact = jnp.issubdtype(self.dtype, jnp.inexact)
+        mean = total / jnp.maximum(counts, 1) if inexact else total // jnp.maximum(counts, 1)
+        return jnp.where(counts > 0, mean, self).astype(self.dtype)
+    mode = _REDUCE_MODES[reduce]
+    if include_self:
+        return _scatter(self, dim, index, src, mode)
+    identity = {"add": 0, "multiply": 1, "max": -np.inf, "min": np.inf}[mode]
+    if self.dtype == np.bool_:
+        identity = mode in ("multiply", "min")
+    elif not jnp.issubdtype(self.dtype, jnp.inexact) and mode in ("max", "min"):
+        info = jnp.iinfo(self.dtype)
+        identity = info.min if mode == "max" else info.max
+    touched = _scatter(jnp.zeros(self.shape, jnp.bool_), dim, index, jnp.ones(index.shape, jnp.bool_), "set")
+    reduced = _scatter(jnp.full(self.shape, identity, self.dtype), dim, index, src, mode)
+    return jnp.where(touched, reduced, self)
+
+
+@register_lowering(aten.index_add.default)
+def index_add(self, dim, index, source, *, alpha=1):
+    src = source if is_one(alpha) else source * cast(alpha, source.dtype)
+    if self.ndim == 0:
+        return self + cast(jnp.sum(src), self.dtype)
+    dim = wrap_dim(dim, self.ndim)
+    if index.ndim > 1 or (src.ndim and index.size != src.shape[dim]):
+        raise ValueError(f"index_add_: {index.size} indices for a source of {src.shape[dim]} along dim {dim}")
+    coords = [slice(None)] * self.ndim
+    coords[dim] = index
+    return _update(self, tuple(coords), "add", src)
+
+
+@register_lowering(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+@register_lowering(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    flat_idx = indices.reshape(-1)
+    grad = grad_output.reshape(flat_idx.size, -1)
+    keep = flat_idx != padding_idx
+    grad = jnp.where(keep[:, None], grad, 0)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), grad.dtype).at[flat_idx].add(1)
+        grad = grad / counts[flat_idx][:, None]
+    return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[flat_idx].add(grad)
+
+
+@register_lowering(aten.nonzero.default, static_shape=False)
+def nonzero(self):
+    return jnp.stack(jnp.nonzero(self), axis=-1).astype(jnp.int64) if self.ndim else (
+        jnp.zeros((1 if bool(self) else 0, 0), jnp.int64))
+
+
+@register_lowering(aten.masked_select.default, static_shape=False)
+def masked_select(self, mask):
+    x, m = jnp.broadcast_arrays(self, mask)
+    return x[m]
+
+
+@register_lowering(aten._unique2.default, static_shape=False)
+def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    values, inverse, counts = jnp.unique(self.reshape(-1), return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(self.shape).astype(jnp.int64) if return_inverse else jnp.zeros((0,), jnp.int64)
+    counts = counts.astype(jnp.int64) if return_counts else jnp.zeros((0,), jnp.int64)
+    return values, inverse, counts
+
+
+# --- bounds checks (eager) -------------------------------------------------------------------------
+# JAX gathers clamp (or fill) out-of-range indices and its scatters drop them, silently. Eager
+# dispatch therefore checks index values on the host before running these ops, in every mode,
+# raising the exception type CPU torch raises for the op. Compiled graphs do not (README).
+
+
+class _IndexBounds(NamedTuple):
+    data: int  # position of the indexed tensor
+    index: int  # position of the index tensor (of the index list for index / index_put)
+    dim: int | None  # position of the dim argument; None: the list's own dims (index), or dim 0
+    negative: bool  # whether -size <= index < 0 counts from the end
+    error: type[Exception]
+
+
+_INDEX_BOUNDS = {
+    "aten::index": _IndexBounds(0, 1, None, True, IndexError),
+    "aten::index_put": _IndexBounds(0, 1, None, True, IndexError),
+    "aten::_index_put_impl": _IndexBounds(0, 1, None, True, IndexError),
+    "aten::index_select": _IndexBounds(0, 2, 1, False, IndexError),
+    "aten::embedding": _IndexBounds(0, 1, None, False, IndexError),
+    "aten::_embedding_bag": _IndexBounds(0, 1, None, False, RuntimeError),
+    "aten::_embedding_bag_forward_only": _IndexBounds(0, 1, None, False, RuntimeError),
+    "aten::gather": _IndexBounds(0, 2, 1, False, RuntimeError),
+    "aten::scatter": _IndexBounds(0, 2, 1, False, RuntimeError),
+    "aten::scatter_add": _IndexBounds(0, 2, 1, False, RuntimeError),
+    "aten::scatter_reduce": _IndexBounds(0, 2, 1, False, RuntimeError),
+    "aten::index_add": _IndexBounds(0, 2, 1, False, RuntimeError),
+}
+
+
+def has_bounds_check(op) -> bool:
+    return op._schema.name in _INDEX_BOUNDS
+
+
+def _indexed_dims(spec, args):
+    """(dim of the indexed tensor, index array) pairs of a call."""
+    data, index = args[spec.data], args[spec.index]
+    if spec.dim is not None:
+        return [(wrap_dim(args[spec.dim], data.ndim), index)]
+    if not isinstance(index, (list, tuple)):
+        return [(0, index)]
+    pairs, dim = [], 0
+    for i in index:
+        if i is not None and not _is_mask(i):
+            pairs.append((dim, i))
+        dim += i.ndim if _is_mask(i) else 1
+    return [(d, i) for d, i in pairs if d < max(data.ndim, 1)]  # too many indices: the lowering says so
+
+
+def check_bounds(op, args) -> None:
+    """Raise the exception CPU torch raises for ``op`` when one of its index arguments (JAX
+    arrays, as a lowering gets them) is out of range for the dim it indexes."""
+    spec = _INDEX_BOUNDS.get(op._schema.name)
+    if spec is None or len(args) <= spec.index:
+        return
+    pairs = [(d, i) for d, i in _indexed_dims(spec, args) if i.size]
+    if not pairs:
+        return
+    extremes = jax.device_get([(i.min(), i.max()) for _, i in pairs])  # methods: defer_and_fuse arrays too
+    shape = args[spec.data].shape or (1,)
+    for (dim, _), (lo, hi) in zip(pairs, extremes):
+        size = shape[dim]
+        low = -size if spec.negative else 0
+        if lo < low or hi >= size:
+            bad = int(lo if lo < low else hi)
+            raise spec.error(f"{op}: index {bad} is out of bounds for dimension {dim} with size {size}")

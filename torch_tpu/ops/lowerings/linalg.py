@@ -1,0 +1,89 @@
+"""Matrix-product lowerings. Float32 uses HIGHEST precision so TPU results match CPU fp32."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_tpu.ops.lowerings._common import cast, is_one
+from torch_tpu.ops.registry import register_lowering
+from torch_tpu.runtime._jax import jax, jnp
+
+aten = torch.ops.aten
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _same_dtype(op: str, a, b) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"{op}: expected both operands to have the same dtype, got {a.dtype} and {b.dtype}")
+
+
+def _check_rank(op: str, x, rank: int) -> None:
+    if x.ndim != rank:
+        raise TypeError(f"{op}: expected a {rank}-D tensor, got {x.ndim}-D")
+
+
+def _matmul(a, b):
+    return jnp.matmul(a, b, precision=HIGHEST)
+
+
+def _checked_matmul(name: str, ranks: tuple[int, int]):
+    def lowering(self, other):
+        _check_rank(name, self, ranks[0]), _check_rank(name, other, ranks[1]), _same_dtype(name, self, other)
+        return _matmul(self, other)
+
+    return lowering
+
+
+mm = register_lowering(aten.mm.default)(_checked_matmul("mm", (2, 2)))
+bmm = register_lowering(aten.bmm.default)(_checked_matmul("bmm", (3, 3)))
+mv = register_lowering(aten.mv.default)(_checked_matmul("mv", (2, 1)))
+
+
+@register_lowering(aten.dot.default)
+def dot(self, tensor):
+    _check_rank("dot", self, 1), _check_rank("dot", tensor, 1), _same_dtype("dot", self, tensor)
+    return jnp.dot(self, tensor, precision=HIGHEST)
+
+
+def _beta_alpha(input, product, beta, alpha):
+    out = product if is_one(alpha) else product * cast(alpha, product.dtype)
+    if beta == 0:  # torch ignores input (even NaN) when beta is 0
+        return jnp.broadcast_to(out, jnp.broadcast_shapes(input.shape, out.shape))
+    scaled = input if is_one(beta) else input * cast(beta, input.dtype)
+    return scaled + out
+
+
+@register_lowering(aten.addmm.default)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    _same_dtype("addmm", self, mat1)
+    return _beta_alpha(self, mm(mat1, mat2), beta, alpha)
+
+
+@register_lowering(aten.baddbmm.default)
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    _same_dtype("baddbmm", self, batch1)
+    return _beta_alpha(self, bmm(batch1, batch2), beta, alpha)
+
+
+@register_lowering(aten.addmv.default)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    _same_dtype("addmv", self, mat)
+    return _beta_alpha(self, mv(mat, vec), beta, alpha)
+
+
+@register_lowering(aten._trilinear.default)
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """``(i1.unsqueeze(expand1) * i2.unsqueeze(expand2) * i3.unsqueeze(expand3)).sum(sumdim)`` (what
+    nn.Bilinear runs) as one contraction: each input's dims are the product's dims it was not
+    expanded at."""
+    total = i1.ndim + len(expand1)
+    letters = [chr(ord("a") + d) for d in range(total)]
+
+    def spec(expand):
+        return "".join(letters[d] for d in range(total) if d not in expand)
+
+    specs = [spec(expand1), spec(expand2), spec(expand3)]
+    kept = [d for d in range(total) if d not in sumdim]
+    present = [d for d in kept if any(letters[d] in s for s in specs)]
+    out = jnp.einsum(f"{','.join(specs)}->{''.join(letters[d] for d in present)}", i1, i2, i3, precision=HIGHEST)
+    return jnp.expand_dims(out, [i for i, d in enumerate(kept) if d not in present])

@@ -1,0 +1,28 @@
+"""runtime: the "tpu" device and the tensor model.
+
+The PrivateUse1 backend and ``torch.tpu`` (``device``), :class:`TpuTensor` over storage boxes holding
+JAX arrays (``tensor``, ``storage``, ``dtype_views``, ``memory_format``), dtypes, random keys,
+serialization, autocast, ``Module.to`` (``module_conversion``), Dynamo's view of the device
+(``dynamo_device``, ``dynamo_hooks``), backward error reporting, the persistent compile cache's
+controls and the JAX import shim (``_jax``).
+
+Imports no other torch_tpu room (ops, eager, compile, distributed) at module level. Importing a
+module here registers nothing: :func:`register`, called once by ``import torch_tpu``, does.
+"""
+
+
+def register() -> None:
+    """Register the device, the tensor model's hooks, storage, serialization, autocast and Module.to."""
+    from torch_tpu.runtime import device
+
+    device.register()  # first: the tensor model reads the backend's name when it is imported
+
+    from torch_tpu.runtime import autocast, backward_errors, dynamo_hooks, module_conversion, serialization, storage
+    from torch_tpu.runtime.tensor import TpuTensor
+
+    backward_errors.install()  # errors raised in backward hooks reach backward()
+    dynamo_hooks.install(TpuTensor)  # Dynamo traces tpu tensors (when torch._dynamo is imported)
+    serialization.register()  # torch.load(map_location="tpu")
+    storage.register()  # storage.tpu()
+    autocast.register()  # torch.autocast("tpu")
+    module_conversion.install()  # Module.to("tpu") keeps Parameter objects (weight ties)
