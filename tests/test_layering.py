@@ -38,3 +38,120 @@ def test_every_package_imports_only_the_packages_below_it() -> None:
             if wrong:
                 offenders.append(f"{path.relative_to(REPO_ROOT)} imports {sorted(wrong)}")
     assert not offenders, "\n".join(offenders)
+
+
+# --- torch_tpu's rooms (docs/ARCHITECTURE.md, "torch_tpu rooms") ---------------------------------
+
+TORCH_TPU = REPO_ROOT / "torch_tpu"
+ROOMS = ("runtime", "ops", "eager", "compile", "distributed")
+# room -> the rooms it may import (every import, lazy ones inside functions too)
+ROOM_ALLOWED = {
+    "runtime": set(),
+    "ops": {"runtime"},
+    "eager": {"runtime", "ops"},
+    "compile": {"runtime", "ops", "eager"},
+    "distributed": {"runtime"},
+}
+# Lazy imports (inside a function) across the rules, each named with its reason.
+LAZY_EXCEPTIONS = {
+    # torch.tpu.topology_aware_mesh forwards to the mesh builder the first time it is called
+    ("runtime", "torch_tpu.runtime.device", "torch_tpu.distributed"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _torch_tpu_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(TORCH_TPU.rglob("*.py"))}
+
+
+def _module_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements Python runs at import: the body, into if/try/with/class blocks, not functions."""
+    out = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        out.append(node)
+        for field in ("body", "orelse", "finalbody"):
+            out.extend(_module_level(getattr(node, field, []) or []))
+        for handler in getattr(node, "handlers", []) or []:
+            out.extend(_module_level(handler.body))
+    return out
+
+
+def _targets(node: ast.stmt, modules: dict[str, Path]) -> set[str]:
+    """The torch_tpu modules an import statement loads (a ``from pkg import mod`` loads ``pkg.mod``)."""
+    names: list[str] = []
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                 for alias in node.names]
+    return {n for n in names if n in modules}
+
+
+def _imports(path: Path, modules: dict[str, Path], module_level: bool) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    nodes = _module_level(tree.body) if module_level else list(ast.walk(tree))
+    found: set[str] = set()
+    for node in nodes:
+        found |= _targets(node, modules)
+    return found
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else None
+
+
+def test_torch_tpu_has_only_rooms_and_few_loose_modules() -> None:
+    loose = sorted(p.name for p in TORCH_TPU.glob("*.py"))
+    rooms = sorted(p.name for p in TORCH_TPU.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert rooms == sorted(ROOMS), rooms
+    assert len(loose) <= 6, loose
+
+
+def test_each_torch_tpu_room_imports_only_the_rooms_it_may() -> None:
+    modules = _torch_tpu_modules()
+    offenders = []
+    for module, path in modules.items():
+        room = _room(module)
+        if room is None:
+            continue  # torch_tpu/__init__.py: the one place that registers everything
+        top = _imports(path, modules, module_level=True)
+        every = _imports(path, modules, module_level=False)
+        for target in sorted(every):
+            other = _room(target)
+            if other is None and target != "torch_tpu":
+                continue
+            if target == "torch_tpu":
+                offenders.append(f"{module} imports the torch_tpu package itself (import what it needs from its room)")
+            elif other != room and other not in ROOM_ALLOWED[room]:
+                lazy_ok = target not in top and (room, module, f"torch_tpu.{other}") in LAZY_EXCEPTIONS
+                if not lazy_ok:
+                    offenders.append(f"{module} ({room}) imports {target} ({other})")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_torch_tpu_module_level_imports_have_no_cycle() -> None:
+    modules = _torch_tpu_modules()
+    graph = {m: _imports(p, modules, module_level=True) - {m} for m, p in modules.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*path[path.index(nxt):], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "\n".join(cycles)
