@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
-import torch_tpu.compile  # noqa: F401  (registers the defer_and_fuse executor)
 
 aten = torch.ops.aten
 
