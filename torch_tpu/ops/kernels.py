@@ -35,6 +35,8 @@ from torch_tpu.runtime.tensor import (
 _libs: list[torch.library.Library] = []  # the registered kernels live as long as their library
 
 
+# Copies into tpu tensors and scalar reads, as handlers ``(func, args, kwargs)``: eager dispatch's
+# dedicated handlers of copy_ / _copy_from / _local_scalar_dense, and the kernels below.
 def _copy_(func: Any, args: tuple, kwargs: dict) -> Any:
     dst, src = args[0], args[1]
     if type(dst) is not TpuTensor:
