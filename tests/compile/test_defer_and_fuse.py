@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 import torch_tpu
 import torch_tpu.compile as tc
+from torch_tpu.eager import lazy
 
 
 def _elementwise(a, b):
@@ -96,7 +97,7 @@ def test_same_structure_compiles_once(inputs):
 
 
 def test_size_cap_flushes(inputs, monkeypatch):
-    monkeypatch.setattr(tc.lazy, "_MAX_OPS", 5)
+    monkeypatch.setattr(lazy, "_MAX_OPS", 5)
     a = inputs[0].to("tpu")
     tc.reset_defer_stats()
     with torch_tpu.eager_mode("defer_and_fuse"):

@@ -97,6 +97,9 @@ def _check_writes(op: OpOverload, writes: tuple[str, ...]) -> None:
 
 
 _TABLE: dict[OpOverload, Lowering] = {}
+# "ns::name.overload" -> (fn, flags) of ops another module defines when it loads (torch._inductor's
+# prims.fma): recorded in _TABLE the first time get_lowering is asked for the op
+_BY_NAME: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {}
 _COMPOSITES: dict[OpOverload, Callable[..., Any]] = {}
 
 
@@ -104,12 +107,17 @@ def register_lowering(
     *ops: OpOverload, needs_key: bool = False, static_shape: bool = True, writes: tuple[str, ...] = (),
     graph_only: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``fn`` as the JAX lowering of each of ``ops`` (OpOverloads, e.g. ``aten.add.Tensor``);
+    """Register ``fn`` as the JAX lowering of each of ``ops`` (OpOverloads, e.g. ``aten.add.Tensor``,
+    or the name ``"ns::op.overload"`` of an op that some other module defines when it loads);
     ``writes`` names the inputs the ops update (see the module docstring)."""
     writes = tuple(writes)
+    flags = {"needs_key": needs_key, "static_shape": static_shape, "writes": writes, "graph_only": graph_only}
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         for op in ops:
+            if isinstance(op, str):  # "prims::fma.default": an op that exists once its module loads
+                _BY_NAME[op] = (fn, flags)
+                continue
             if not isinstance(op, OpOverload):
                 raise TypeError(f"register_lowering expects OpOverloads (aten.add.Tensor), got {op!r}")
             if op in _TABLE:
@@ -123,7 +131,13 @@ def register_lowering(
 
 def get_lowering(op: OpOverload) -> Lowering | None:
     """The registered lowering of ``op``, or None when it has none."""
-    return _TABLE.get(op)
+    found = _TABLE.get(op)
+    if found is None and _BY_NAME and isinstance(op, OpOverload):
+        pending = _BY_NAME.pop(f"{op._schema.name}.{op._overloadname}", None)
+        if pending is not None:
+            register_lowering(op, **pending[1])(pending[0])
+            found = _TABLE[op]
+    return found
 
 
 def lowered_ops() -> frozenset[OpOverload]:

@@ -1,7 +1,8 @@
 """Lowerings of the functional copies, casts and fused forms that torch.compile graphs carry.
 
 * ``aten.copy``: the functional copy AOTAutograd emits for in-place updates (``param.copy_``).
-* ``prims.fma``: fused multiply-add that core-ATen decompositions emit (``a * b + c``).
+* ``prims.fma``: fused multiply-add that core-ATen decompositions emit (``a * b + c``); registered
+  by name: ``torch._inductor.inductor_prims`` defines the op (and loading it loads Dynamo).
 * ``aten._to_copy`` / ``aten.lift_fresh_copy``: dtype casts and constants lifted into graphs
   (inside one program every value is on the device, so ``device=`` is ignored). ``graph_only``:
   eager dispatch keeps its dedicated handlers for both (devices, memory formats).
@@ -11,7 +12,6 @@
 from __future__ import annotations
 
 import torch
-import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma)
 
 from torch_tpu.ops.lowerings import elementwise as ew
 from torch_tpu.ops.lowerings._common import jdtype, promoted
@@ -19,7 +19,6 @@ from torch_tpu.ops.registry import register_lowering
 from torch_tpu.runtime._jax import jnp
 
 aten = torch.ops.aten
-prims = torch.ops.prims
 
 
 @register_lowering(aten.copy.default)
@@ -27,7 +26,7 @@ def _copy(self, src, non_blocking=False):
     return jnp.broadcast_to(src.astype(self.dtype), self.shape)
 
 
-@register_lowering(prims.fma.default)
+@register_lowering("prims::fma.default")
 def _fma(a, b, c):
     a, b, c = promoted(a, b, c)
     return a * b + c
