@@ -37,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_torchrec_dlrm import random_batches, reference_spec, samples_per_sec  # noqa: E402
 from bench_train_step import thread_counts  # noqa: E402
 
-from torchrec_tpu.train.dense_placement import dense_device  # noqa: E402
-from torchrec_tpu.train.dense_step import step_function  # noqa: E402
 from torchrec_tpu.train.distributed import process_group  # noqa: E402
+from torchrec_tpu.train.engines.dense_placement import dense_device  # noqa: E402
+from torchrec_tpu.train.engines.dense_step import step_function  # noqa: E402
+from torchrec_tpu.train.engines.sparsecore_engine import build_dense_optimizer, build_sparsecore_model  # noqa: E402
 from torchrec_tpu.train.loop import train_step  # noqa: E402
 from torchrec_tpu.train.model import ModelSpec, ebc_of  # noqa: E402
-from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model  # noqa: E402
 
 SIZES = {"cli": 512, "reference": 2048}  # default batch per size
 PLACEMENTS = ("cpu", "tpu", "tpu-eager")  # tpu: the job's compiled step; tpu-eager: per-op dispatch

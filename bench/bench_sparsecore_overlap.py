@@ -73,9 +73,9 @@ def worker(args: argparse.Namespace) -> None:
 
     from torchrec_tpu.pipeline import PrefetchedBatches
     from torchrec_tpu.train.distributed import process_group
+    from torchrec_tpu.train.engines.sparsecore_engine import _unwrap, build_dense_optimizer, build_sparsecore_model
     from torchrec_tpu.train.loop import train_step
     from torchrec_tpu.train.model import ModelSpec, ebc_of
-    from torchrec_tpu.train.sparsecore_engine import _unwrap, build_dense_optimizer, build_sparsecore_model
 
     torch.set_num_threads(args.threads)
     names = tuple(f"cat_{i}" for i in range(args.features))

@@ -26,9 +26,9 @@ from torchrec.datasets.utils import Batch
 from tqdm import tqdm
 
 from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.engines.torchrec_engine import build_optimizer, shard_model
 from torchrec_tpu.train.loop import train_step
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
-from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
 NUM_TABLES = 26
 NUM_DENSE = 13

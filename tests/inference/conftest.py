@@ -49,11 +49,11 @@ def reference_predictions(checkpoint: Path, infer_data: Path) -> np.ndarray:
     import json
 
     from pipelines.parquet_reader import ParquetBatchReader
-    from torchrec_tpu.train.checkpoint import load_checkpoint
+    from torchrec_tpu.train.checkpoint.store import load_checkpoint
     from torchrec_tpu.train.distributed import process_group
+    from torchrec_tpu.train.engines.torchrec_engine import build_optimizer, shard_model
     from torchrec_tpu.train.job import model_spec
     from torchrec_tpu.train.model import build_dlrm
-    from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
     config = TrainConfig.from_options(**json.loads((checkpoint / "meta.json").read_text())["config"])
     reader = ParquetBatchReader(infer_data, 4096, (200,) * 26)  # the training run's table sizes

@@ -129,11 +129,11 @@ def test_training_loop_trains_on_ray_streams(ray_session, small_dataset: Path, t
     """The training job's own loop and DMP model consume Ray streams: every row is trained on or
     evaluated once, and the evaluation matches the pyarrow reader's on the same weights."""
     from torchrec_tpu.train.distributed import process_group
+    from torchrec_tpu.train.engines.torchrec_engine import build_optimizer, shard_model
     from torchrec_tpu.train.loop import LoopOptions, run_training
     from torchrec_tpu.train.metrics import evaluate
     from torchrec_tpu.train.model import ModelSpec, build_dlrm
     from torchrec_tpu.train.scalars import ScalarLog
-    from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
     files = sorted(small_dataset.glob("*.parquet"))
     train_files, held_files = files[:-1], files[-1:]

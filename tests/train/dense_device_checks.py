@@ -15,12 +15,12 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
-from torchrec_tpu.train.dense_placement import dense_device
-from torchrec_tpu.train.dense_step import CompiledDenseEval, CompiledDenseStep, eval_forward, step_function
 from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.engines.dense_placement import dense_device
+from torchrec_tpu.train.engines.dense_step import CompiledDenseEval, CompiledDenseStep, eval_forward, step_function
+from torchrec_tpu.train.engines.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import ModelSpec
-from torchrec_tpu.train.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
 
 STEPS = 4
 GLOBAL_BATCH = 32

@@ -16,7 +16,7 @@ from torchrec_tpu.planner.plan import Plan
 from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
 from torchrec_tpu.sharding import TableSharding, balanced_table_wise
 from torchrec_tpu.topology import parse_accelerator_type
-from torchrec_tpu.train.plan_loading import PlanLoadError, resolve_sharding, sharding_from_plan
+from torchrec_tpu.train.engines.plan_loading import PlanLoadError, resolve_sharding, sharding_from_plan
 
 TABLES = [TableSpec("t_big", 4000, 16, optimizer=SGD(0.1)), TableSpec("t_wide", 300, 16, optimizer=SGD(0.1)),
           TableSpec("t_dense", 50, 8, optimizer=SGD(0.1)), TableSpec("t_small", 200, 8, optimizer=SGD(0.1))]

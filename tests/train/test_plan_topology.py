@@ -17,9 +17,9 @@ from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
 from torchrec_tpu.topology import parse_accelerator_type
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.engines.plan_loading import PlanLoadError, resolve_sharding
+from torchrec_tpu.train.engines.sparsecore_engine import build_sparsecore_model
 from torchrec_tpu.train.job import model_spec
-from torchrec_tpu.train.plan_loading import PlanLoadError, resolve_sharding
-from torchrec_tpu.train.sparsecore_engine import build_sparsecore_model
 
 BATCH = int(TINY_OPTIONS["batch_size"])  # type: ignore[call-overload]
 

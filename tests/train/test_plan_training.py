@@ -32,14 +32,14 @@ from torchrec_tpu.planner.partitioner import plan_tables
 from torchrec_tpu.planner.plan import Plan
 from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
 from torchrec_tpu.topology import parse_accelerator_type
-from torchrec_tpu.train.checkpoint_dirs import resolve_checkpoint
+from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.engines.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
 from torchrec_tpu.train.job import model_spec, run_job
 from torchrec_tpu.train.loop import train_step
 from torchrec_tpu.train.model import build_dlrm, table_configs
-from torchrec_tpu.train.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
 
 STEPS = 6
 # dim 16 so that column-wise can split a table into two 8-column blocks

@@ -11,13 +11,13 @@ import torch
 
 from tests.train.conftest import TINY_OPTIONS, as_flags
 from tests.train.test_multiprocess import WORLD, launch_cli_ranks
-from torchrec_tpu.train.checkpoint import load_checkpoint
+from torchrec_tpu.train.checkpoint.store import load_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.engines.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
 from torchrec_tpu.train.job import model_spec
 from torchrec_tpu.train.metrics import evaluate
-from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
 
 STEPS = 24
 

@@ -15,10 +15,10 @@ from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.schema import CRITEO
 from pipelines.synthetic import SyntheticConfig, generate
 from tests.train.conftest import tiny_config
-from torchrec_tpu.train.batch_streams import LimitedBatches, MultiHotBatches, ShuffledBatches
 from torchrec_tpu.train.config import ConfigError, TrainConfig, add_config_arguments, config_from_args, load_yaml
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.streams import LimitedBatches, MultiHotBatches, ShuffledBatches
 
 NUM_SPARSE = len(CRITEO.sparse)
 

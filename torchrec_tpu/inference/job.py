@@ -199,7 +199,7 @@ def _exit_on_interrupt() -> Iterator[None]:
 
 def run_inference(config: InferenceConfig) -> InferenceSummary:
     """Predict every input row not yet in ``config.output``; returns what this run did."""
-    from torchrec_tpu.train.checkpoint import open_checkpoint
+    from torchrec_tpu.train.checkpoint.store import open_checkpoint
 
     start = time.perf_counter()
     # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors;

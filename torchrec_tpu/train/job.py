@@ -15,15 +15,16 @@ from torchrec.datasets.utils import Batch
 
 from pipelines.arrow_batch import empty_batch
 from pipelines.bad_values import BadValueCounts
-from torchrec_tpu.train.batch_streams import evaluation_stream, training_streams
-from torchrec_tpu.train.checkpoint import (
+from torchrec_tpu.train.checkpoint.dirs import new_run_id
+from torchrec_tpu.train.checkpoint.resume import ResumePoint, position_meta, resume_point
+from torchrec_tpu.train.checkpoint.run_dirs import RunDirs, claim_run_dirs
+from torchrec_tpu.train.checkpoint.store import (
     CheckpointError,
     load_checkpoint,
     open_checkpoint,
     restore_rng,
     save_checkpoint,
 )
-from torchrec_tpu.train.checkpoint_dirs import new_run_id
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.config_agreement import agree_on_config
 from torchrec_tpu.train.data import TrainData, open_data
@@ -34,9 +35,8 @@ from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_
 from torchrec_tpu.train.model import ModelSpec
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 from torchrec_tpu.train.rank_watch import collectives
-from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
-from torchrec_tpu.train.run_dirs import RunDirs, claim_run_dirs
 from torchrec_tpu.train.scalars import ScalarLog
+from torchrec_tpu.train.streams import evaluation_stream, training_streams
 
 _log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from torchrec_tpu.train.checkpoint_manifest import MANIFEST_FILE, CheckpointError, manifest_of, verify_checkpoint
+from torchrec_tpu.train.checkpoint.manifest import MANIFEST_FILE, CheckpointError, manifest_of, verify_checkpoint
 
 LATEST = "latest"
 META_FILE = "meta.json"

@@ -19,7 +19,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
 from torchrec_tpu.sharding.ebc import PrefetchedKJT
-from torchrec_tpu.train.dense_placement import dense_device_of, pooled_on_host
+from torchrec_tpu.train.engines.dense_placement import dense_device_of, pooled_on_host
 from torchrec_tpu.train.loop import StepFn, train_step
 from torchrec_tpu.train.metrics import EvalForward, model_outputs
 
@@ -51,7 +51,7 @@ class CompiledDenseStep:
     embeddings' gradient.
 
     ``model`` is the sparsecore engine's ``DLRMTrain`` with its towers on tpu
-    (:func:`~torchrec_tpu.train.dense_placement.place_dense`); ``optimizer`` the dense optimizer
+    (:func:`~torchrec_tpu.train.engines.dense_placement.place_dense`); ``optimizer`` the dense optimizer
     (a ``KeyedOptimizerWrapper`` or a plain torch optimizer) over the towers' parameters."""
 
     def __init__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer) -> None:

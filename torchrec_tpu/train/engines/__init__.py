@@ -1,8 +1,8 @@
 """The two embedding engines of ``torchrec-tpu train`` / ``profile``, peers behind one interface.
 
-- ``sparsecore`` (:mod:`torchrec_tpu.train.sparsecore_engine`, the default): the DLRM's EBC
+- ``sparsecore`` (:mod:`torchrec_tpu.train.engines.sparsecore_engine`, the default): the DLRM's EBC
   replaced by our ``ShardedSparseCoreEBC``, the dense towers in DDP / FSDP2 on cpu or tpu;
-- ``torchrec`` (:mod:`torchrec_tpu.train.torchrec_engine`): stock TorchRec DMP on FBGEMM, the
+- ``torchrec`` (:mod:`torchrec_tpu.train.engines.torchrec_engine`): stock TorchRec DMP on FBGEMM, the
   reference the equality tests and ``bench/bench_train_e2e.py`` compare to.
 
 Each builds the sharded model from a :class:`~torchrec_tpu.train.model.ModelSpec` and its optimizer,
@@ -67,9 +67,9 @@ class Engine(Protocol):
 def engine_for(config: TrainConfig) -> Engine:
     """The engine ``config.engine.kind`` names, set up with ``config``'s options."""
     if config.engine.kind == "sparsecore":
-        from torchrec_tpu.train.sparsecore_engine import SparseCoreEngine
+        from torchrec_tpu.train.engines.sparsecore_engine import SparseCoreEngine
 
         return SparseCoreEngine(config.optim, config.engine, config.data.batch_size, config.loop.seed)
-    from torchrec_tpu.train.torchrec_engine import TorchRecEngine
+    from torchrec_tpu.train.engines.torchrec_engine import TorchRecEngine
 
     return TorchRecEngine(config.optim, config.data.batch_size)

@@ -1,7 +1,7 @@
 """``--engine sparsecore``: the stock TorchRec DLRM with its EmbeddingBagCollection replaced by
 :class:`ShardedSparseCoreEBC` (fused sparse optimizer in backward), dense part in DDP or FSDP2.
 
-The dense towers run on ``dense_device`` (cpu or tpu, :mod:`torchrec_tpu.train.dense_placement`);
+The dense towers run on ``dense_device`` (cpu or tpu, :mod:`torchrec_tpu.train.engines.dense_placement`);
 their optimizer is keyed by parameter name, like the torchrec engine's, so checkpoints have the
 same shape of state.
 """
@@ -24,22 +24,22 @@ from sparsecore.torchrec_convert import specs_from_configs
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig
-from torchrec_tpu.train.dense_placement import (
+from torchrec_tpu.train.distributed import DistEnv, new_group
+from torchrec_tpu.train.engines.dense_placement import (
     DenseDDP,
     dense_device_of,
     parallelize_dense,
     place_dense,
     resolve_dense_device,
 )
-from torchrec_tpu.train.dense_step import eval_forward, step_function
-from torchrec_tpu.train.distributed import DistEnv, new_group
+from torchrec_tpu.train.engines.dense_step import eval_forward, step_function
+from torchrec_tpu.train.engines.plan_loading import resolve_sharding
+from torchrec_tpu.train.engines.torchrec_engine import DENSE_OPTIMIZER_CLASSES
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
 from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
-from torchrec_tpu.train.plan_loading import resolve_sharding
 from torchrec_tpu.train.rank_agreement import AgreedBatches
-from torchrec_tpu.train.torchrec_engine import DENSE_OPTIMIZER_CLASSES
 
 PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
@@ -61,7 +61,7 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
                            sparse_lr: float, batch_size: int, seed: int, plan: str | None = None,
                            dense_parallel: str = "ddp") -> nn.Module:
     """DLRMTrain whose embeddings are sharded over the world on sparsecore (xla backend) as ``plan``
-    says (see :func:`~torchrec_tpu.train.plan_loading.resolve_sharding`) and whose dense towers
+    says (see :func:`~torchrec_tpu.train.engines.plan_loading.resolve_sharding`) and whose dense towers
     run on ``dense_device``, synced by ``dense_parallel``.
 
     The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
