@@ -28,7 +28,8 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from pipelines.arrow_batch import TableSizes, batch_from_arrow, table_sizes_for
-from pipelines.bad_values import POLICIES, BadValueLog, Source, apply_policy, kept_rows
+from pipelines.bad_value_policies import POLICIES
+from pipelines.bad_values import BadValueLog, Source, apply_policy, kept_rows
 from pipelines.dataset_dir import check_dataset_dir
 from pipelines.parquet_writer import PARQUET_SUFFIX
 from pipelines.schema import CRITEO, DatasetSchema

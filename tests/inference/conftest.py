@@ -59,9 +59,9 @@ def reference_predictions(checkpoint: Path, infer_data: Path) -> np.ndarray:
     reader = ParquetBatchReader(infer_data, 4096, (200,) * 26)  # the training run's table sizes
     with process_group() as env:
         spec = model_spec(config, reader.schema.sparse, reader.table_sizes, len(reader.schema.dense))
-        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"),
-                            config.optim.sparse_optimizer, config.optim.sparse_lr, config.data.batch_size)
-        optimizer = build_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr)
+        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"), config.optim,
+                            config.data.batch_size)
+        optimizer = build_optimizer(model, config.optim)
         load_checkpoint(checkpoint, model, optimizer)
         model.eval()
         with torch.no_grad():

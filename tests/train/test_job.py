@@ -84,9 +84,9 @@ def test_checkpoint_reloads_into_a_fresh_model(trained, tmp_path: Path) -> None:
     with process_group() as env, open_data(fresh_config, env) as data:
         torch.manual_seed(fresh_config.loop.seed)
         spec = model_spec(fresh_config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"),
-                            config.optim.sparse_optimizer, config.optim.sparse_lr, config.data.batch_size)
-        optimizer = build_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr)
+        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"), config.optim,
+                            config.data.batch_size)
+        optimizer = build_optimizer(model, config.optim)
         table = "model.sparse_arch.embedding_bag_collection.embedding_bags.t_C2.weight"
         assert not torch.equal(_dense(model.state_dict()[table]), saved["model"][table])
 

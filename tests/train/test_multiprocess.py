@@ -125,10 +125,10 @@ def one_rank_copy(log_dir: Path) -> Iterator[tuple[nn.Module, TrainData]]:
     with process_group() as env, open_data(config, env) as data:
         assert env.world_size == 1
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"),
-                            config.optim.sparse_optimizer, config.optim.sparse_lr, config.data.batch_size)
+        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"), config.optim,
+                            config.data.batch_size)
         load_checkpoint(log_dir / "checkpoint", model,
-                        build_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr))
+                        build_optimizer(model, config.optim))
         yield model, data
 
 

@@ -27,7 +27,8 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from pipelines.bad_values import POLICIES, BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
+from pipelines.bad_value_policies import POLICIES
+from pipelines.bad_values import BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
 from pipelines.parquet_reader import open_parquet, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.input_identity import input_identity
