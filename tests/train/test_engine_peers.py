@@ -81,3 +81,32 @@ def test_one_optimizer_vocabulary_for_both_engines() -> None:
         assert isinstance(spec, sparsecore.OptimizerSpec) and spec.name == name
         assert tuple(spec.slot_names) == (*optimizer.slots[0], *optimizer.slots[1])
     assert DENSE_OPTIMIZERS["adam"].torch_class() is torch.optim.Adam
+
+
+# docs/ARCHITECTURE.md, "Training rooms": what each room may import from the rest of train/
+ROOM_IMPORTS = {
+    "engines": {"config", "model", "loop", "metrics", "learning_rate", "distributed", "rank_agreement"},
+    "checkpoint": {"config", "loop"},
+    "streams": {"config"},
+    "config": {"engines"},
+}
+
+
+def _train_modules_imported(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                   else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        out.update(m.split(".")[2] for m in modules if m.startswith("torchrec_tpu.train."))
+    return out
+
+
+def test_rooms_import_what_the_architecture_says() -> None:
+    offenders = []
+    for room, allowed in ROOM_IMPORTS.items():
+        paths = sorted((TRAIN / room).rglob("*.py")) if (TRAIN / room).is_dir() else [TRAIN / f"{room}.py"]
+        for path in paths:
+            wrong = _train_modules_imported(path) - allowed - {room}
+            if wrong:
+                offenders.append(f"{path.relative_to(TRAIN)} imports train.{sorted(wrong)}")
+    assert not offenders, "\n".join(offenders)
