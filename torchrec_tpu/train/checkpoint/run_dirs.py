@@ -1,7 +1,7 @@
 """The directories a training run writes (``--log-dir``, ``--checkpoint-dir``): checked, locked
 for the run (one job per directory, :mod:`~torchrec_tpu.train.checkpoint.dir_lock`), and a checkpoint root
 holding another run's checkpoints refused unless the run continues it (``--resume``) or says so
-(``--overwrite-checkpoints``; theirs are kept either way, see checkpoint_dirs.py)."""
+(``--overwrite-checkpoints``; theirs are kept either way, see dirs.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Checkpoints: model + optimizer state through torch.distributed.checkpoint, RNG, a JSON sidecar.
 
-Each save is a new versioned directory under the checkpoint root (see checkpoint_dirs.py)::
+Each save is a new versioned directory under the checkpoint root (see dirs.py)::
 
     <version>/state/            DCP files: {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     <version>/rng/rank-NNNNN.pt this rank's torch / numpy / python RNG state (plain tensors)
