@@ -37,13 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_torchrec_dlrm import random_batches, reference_spec, samples_per_sec  # noqa: E402
 from bench_train_step import thread_counts  # noqa: E402
 
-from torchrec_tpu.train.dense_placement import dense_device  # noqa: E402
-from torchrec_tpu.train.dense_step import step_function  # noqa: E402
+from torchrec_tpu.train.config import EngineConfig, OptimConfig  # noqa: E402
 from torchrec_tpu.train.distributed import process_group  # noqa: E402
+from torchrec_tpu.train.engines.dense_placement import dense_device  # noqa: E402
+from torchrec_tpu.train.engines.dense_step import step_function  # noqa: E402
+from torchrec_tpu.train.engines.sparsecore_engine import build_dense_optimizer, build_sparsecore_model  # noqa: E402
 from torchrec_tpu.train.loop import train_step  # noqa: E402
 from torchrec_tpu.train.model import ModelSpec, ebc_of  # noqa: E402
-from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model  # noqa: E402
 
+OPTIM = OptimConfig(sparse_optimizer="adagrad", sparse_lr=0.01, dense_optimizer="adagrad", dense_lr=0.01)
 SIZES = {"cli": 512, "reference": 2048}  # default batch per size
 PLACEMENTS = ("cpu", "tpu", "tpu-eager")  # tpu: the job's compiled step; tpu-eager: per-op dispatch
 
@@ -63,9 +65,9 @@ def measure(placement: str, spec: ModelSpec, batches, args: argparse.Namespace) 
     with process_group() as env:
         torch.manual_seed(0)
         device = dense_device(device_name)
-        model = build_sparsecore_model(spec, env, device, "adagrad", 0.01, args.batch_size, seed=0)
-        optimizer = build_dense_optimizer(model, "adagrad", 0.01)
-        step_fn = train_step if placement == "tpu-eager" else step_function(model, optimizer, "sparsecore",
+        model = build_sparsecore_model(spec, env, device, OPTIM, EngineConfig(), args.batch_size, seed=0)
+        optimizer = build_dense_optimizer(model, OPTIM)
+        step_fn = train_step if placement == "tpu-eager" else step_function(model, optimizer,
                                                                               device, env.world_size)
         ebc = ebc_of(model)
         batches = [Batch(b.dense_features, ebc.prefetch(b.sparse_features), b.labels) for b in batches]

@@ -72,10 +72,11 @@ def worker(args: argparse.Namespace) -> None:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from torchrec_tpu.pipeline import PrefetchedBatches
+    from torchrec_tpu.train.config import EngineConfig, OptimConfig
     from torchrec_tpu.train.distributed import process_group
+    from torchrec_tpu.train.engines.sparsecore_engine import build_dense_optimizer, build_sparsecore_model, unwrap_dense
     from torchrec_tpu.train.loop import train_step
     from torchrec_tpu.train.model import ModelSpec, ebc_of
-    from torchrec_tpu.train.sparsecore_engine import _unwrap, build_dense_optimizer, build_sparsecore_model
 
     torch.set_num_threads(args.threads)
     names = tuple(f"cat_{i}" for i in range(args.features))
@@ -92,10 +93,11 @@ def worker(args: argparse.Namespace) -> None:
 
     batches = [batch() for _ in range(args.warmup + args.steps)]
     timed = batches[args.warmup:]
+    optim = OptimConfig(sparse_optimizer="adagrad", sparse_lr=0.005, dense_optimizer="adagrad", dense_lr=0.005)
     with process_group() as env:
-        model = build_sparsecore_model(spec, env, torch.device("cpu"), "adagrad", 0.005, args.batch, seed=0)
-        optimizer = build_dense_optimizer(model, "adagrad", 0.005)
-        ebc = ebc_of(_unwrap(model))
+        model = build_sparsecore_model(spec, env, torch.device("cpu"), optim, EngineConfig(), args.batch, seed=0)
+        optimizer = build_dense_optimizer(model, optim)
+        ebc = ebc_of(unwrap_dense(model))
         for b in batches:  # every batch's programs compiled before the clock starts
             ebc.compile(b.sparse_features)
         for b in batches[: args.warmup]:

@@ -25,14 +25,17 @@ from torchrec.datasets.random import RandomRecDataset
 from torchrec.datasets.utils import Batch
 from tqdm import tqdm
 
+from torchrec_tpu.train.config import OptimConfig
 from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.engines.torchrec_engine import build_optimizer, shard_model
 from torchrec_tpu.train.loop import train_step
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
-from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
 NUM_TABLES = 26
 NUM_DENSE = 13
 LEARNING_RATE = 0.01
+OPTIM = OptimConfig(sparse_optimizer="adagrad", sparse_lr=LEARNING_RATE, dense_optimizer="adagrad",
+                    dense_lr=LEARNING_RATE)
 
 
 def reference_spec(num_embeddings: int = 100_000, embedding_dim: int = 64) -> ModelSpec:
@@ -78,9 +81,8 @@ def measure_torchrec(
     """samples/s of the stock TorchRec DMP training step on CPU over ``batches``."""
     device = torch.device("cpu")
     with process_group() as env:
-        model = shard_model(build_dlrm(spec, dense_device=device), env, device, "adagrad",
-                            LEARNING_RATE, batch_size)
-        optimizer = build_optimizer(model, "adagrad", LEARNING_RATE)
+        model = shard_model(build_dlrm(spec, dense_device=device), env, device, OPTIM, batch_size)
+        optimizer = build_optimizer(model, OPTIM)
         model.train()
         return samples_per_sec(lambda b: train_step(model, optimizer, b), batches, warmup, steps,
                                desc="torchrec DMP")

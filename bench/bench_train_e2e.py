@@ -110,7 +110,7 @@ def dense_step_ms(args: argparse.Namespace, batch: int, steps: int = 10) -> floa
     ours with ``--dense-device cpu``), so it bounds the ratio of such engines (:func:`ratio_cap`)."""
     import torch
 
-    from torchrec_tpu.train.dense_step import DLRMDenseLoss
+    from torchrec_tpu.train.engines.dense_step import DLRMDenseLoss
     from torchrec_tpu.train.model import ModelSpec, build_dlrm
 
     torch.set_num_threads(args.threads)

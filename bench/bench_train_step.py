@@ -32,7 +32,7 @@ from torch import nn
 
 import torch_tpu.compile as tc
 from torch_tpu.runtime._jax import jax, jnp
-from torchrec_tpu.train.dense_step import DLRMDenseLoss
+from torchrec_tpu.train.engines.dense_step import DLRMDenseLoss
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 
 NUM_SPARSE, DIM, DENSE_IN = 26, 64, 13

@@ -35,9 +35,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.bad_value_policies import POLICIES
 from pipelines.schema import DatasetSchema
 
-POLICIES: tuple[str, ...] = ("error", "skip", "clamp")
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 LISTED = 5  # bad rows a report names before "... and N more"
 

@@ -22,6 +22,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.bad_values import BadValueLog
 from pipelines.schema import CRITEO
+from pipelines.streams import BatchStream
 
 _DAY = re.compile(r"day_(\d+)_dense\.npy")
 PARTS = ("dense", "sparse", "labels")
@@ -42,7 +43,7 @@ def npy_days(directory: str | Path) -> list[int]:
     return days
 
 
-def _rank_spans(num_rows: int, batch_size: int, rank: int, world_size: int,
+def rank_spans(num_rows: int, batch_size: int, rank: int, world_size: int,
                 drop_last: bool) -> list[tuple[int, int]]:
     """[lo, hi) global rows of each batch of ``rank``, in order (TorchRec's dealing)."""
     full = num_rows // batch_size // world_size * world_size
@@ -55,7 +56,7 @@ def _rank_spans(num_rows: int, batch_size: int, rank: int, world_size: int,
     return spans
 
 
-class NpyCriteoReader:
+class NpyCriteoReader(BatchStream):
     """Batches of ``batch_size`` rows over ``days`` of ``directory``, this rank's rows only.
 
     ``mmap_mode``: memory-map the files (TorchRec's ``--mmap_mode``) instead of loading them.
@@ -78,7 +79,7 @@ class NpyCriteoReader:
             self._check(directory, day, part)
         self._first_rows = np.cumsum([0] + [len(p["labels"]) for p in self._parts])
         self.num_rows = int(self._first_rows[-1])
-        self.spans = _rank_spans(self.num_rows, batch_size, rank, world_size, drop_last)
+        self.spans = rank_spans(self.num_rows, batch_size, rank, world_size, drop_last)
         share = self.num_rows // world_size + (rank < self.num_rows % world_size)
         self.rows_dropped = share - sum(hi - lo for lo, hi in self.spans)
 

@@ -28,11 +28,12 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from pipelines.arrow_batch import TableSizes, batch_from_arrow, table_sizes_for
-from pipelines.bad_values import POLICIES, BadValueLog, Source, apply_policy, kept_rows
+from pipelines.bad_value_policies import POLICIES
+from pipelines.bad_values import BadValueLog, Source, apply_policy, kept_rows
 from pipelines.dataset_dir import check_dataset_dir
 from pipelines.parquet_writer import PARQUET_SUFFIX
 from pipelines.schema import CRITEO, DatasetSchema
-from pipelines.streams import prefetched
+from pipelines.streams import BatchStream, prefetched
 
 
 def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -130,7 +131,7 @@ def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank or 0, world_size or 1
 
 
-class ParquetBatchReader:
+class ParquetBatchReader(BatchStream):
     """Iterable of Batches of ``batch_size`` rows from Parquet files (see the module docstring).
 
     ``rank`` / ``world_size`` default to those of the initialized ``torch.distributed`` default

@@ -1,5 +1,7 @@
 """Batch streams as the training loop consumes them, whatever produces them.
 
+* :class:`BatchStream`: what a batch stream is (re-iterable, its length in batches, seekable by
+  row); every reader and wrapper declares it;
 * :func:`prefetched`: an iterator run by a background thread a bounded number of items ahead
   (the Parquet reader's row groups, the train pipeline's input dists), errors re-raised in the
   consumer;
@@ -11,12 +13,28 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterable, Iterator, TypeVar
+from typing import Iterable, Iterator, Protocol, TypeVar, runtime_checkable
 
 from torchrec.datasets.utils import Batch
 
 T = TypeVar("T")
 _DONE = object()
+
+
+@runtime_checkable
+class BatchStream(Protocol):
+    """A stream of training batches: iterating it again starts again from its first batch, ``len``
+    is the number of batches one pass yields, and ``iter_from_row(row)`` yields the batches from row
+    ``row`` of the pass on (a resume seeks instead of reading the rows before)."""
+
+    def __len__(self) -> int:
+        ...
+
+    def __iter__(self) -> Iterator[Batch]:
+        ...
+
+    def iter_from_row(self, row: int) -> Iterator[Batch]:
+        ...
 
 
 def prefetched(items: Iterator[T], depth: int) -> Iterator[T]:
@@ -59,9 +77,8 @@ def batches_from_row(batches: Iterable[Batch], row: int) -> Iterator[Batch]:
     """``batches`` from row ``row`` on: seeks when the stream has ``iter_from_row(row)`` (as
     :class:`ParquetBatchReader` does), else reads and drops the batches of the first ``row``
     rows, which must end on a batch boundary."""
-    seek = getattr(batches, "iter_from_row", None)
-    if seek is not None:
-        return seek(row)
+    if isinstance(batches, BatchStream):
+        return batches.iter_from_row(row)
     return _drop_rows(iter(batches), row)
 
 

@@ -10,10 +10,11 @@ Backends (``sparsecore.backends``): ``xla`` (pure JAX, the reference semantics),
 (FBGEMM TBE on the host), ``tpu`` (jax-tpu-embedding's SparseCore kernels).
 """
 
+from sparsecore.csr_format import StackCSR
 from sparsecore.limits import FdoRecorder, PartitionOverflowError, StackStats
 from sparsecore.module import SparseCoreEmbeddingBagCollection
 from sparsecore.optimizers import FTRL, SGD, Adagrad, Adam, OptimizerSpec, RowWiseAdagrad
-from sparsecore.preprocess import PreprocessedBatch, StackCSR, preprocess
+from sparsecore.preprocess import PreprocessedBatch, preprocess
 from sparsecore.specs import FeatureSpec, Initializer, SparseCoreTopology, TableSpec
 from sparsecore.stacking import StackingPlan, plan_stacking
 

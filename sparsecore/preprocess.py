@@ -34,36 +34,22 @@ import numpy as np
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from sparsecore import native
-from sparsecore.limits import OVERFLOW_POLICIES, PartitionOverflowError, StackStats
+from sparsecore.csr_format import (
+    RowOrderedEntries,
+    StackCSR,
+    coo_buffer_size_per_device,
+    partition_stats,
+    raise_partition_overflow,
+    round_up_array,
+    row_pointers_per_sc,
+)
+from sparsecore.limits import OVERFLOW_POLICIES, StackStats
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput, feature_inputs
 from tpu_facts import ALIGNMENT as ALIGN
-from tpu_facts import PADDING_ID, round_up
+from tpu_facts import PADDING_ID
 
 ENGINES = ("auto", "compiled", "numpy")  # auto: compiled when the extension builds, else numpy
-
-
-@dataclass(frozen=True)
-class StackCSR:
-    """Device input of one stacked table for all devices, concatenated device-major."""
-
-    row_pointers: np.ndarray  # int32 [devices * S * max(N, 8)]
-    embedding_ids: np.ndarray  # int32 [devices * coo_buffer_size_per_device]
-    sample_ids: np.ndarray  # int32, same shape
-    gains: np.ndarray  # float32, same shape
-    stats: StackStats
-
-
-@dataclass(frozen=True)
-class RowOrderedEntries:
-    """The entries one stack's CSR buffers hold (merged, within the limits), sorted by (physical
-    row, source SparseCore, sample) instead of by partition: what a lookup on the host side needs.
-    Inside each sample they keep the CSR order, and inside each row the order of the sources."""
-
-    phys: np.ndarray  # int64 physical row (destination SC * shard_rows + shard row)
-    sample: np.ndarray  # int64 row of the stack's activations: source SC * samples_per_chunk + sample id
-    gain: np.ndarray  # float32
-    stats: StackStats
 
 
 @dataclass(frozen=True)
@@ -73,15 +59,6 @@ class PreprocessedBatch:
     @property
     def stats(self) -> dict[str, StackStats]:
         return {name: csr.stats for name, csr in self.stacks.items()}
-
-
-def coo_buffer_size_per_device(stack: StackedTable, sparsecores_per_device: int) -> int:
-    """Static COO entries per device: every partition at its padded limit (jax-tpu-embedding)."""
-    return round_up(stack.max_ids_per_partition, ALIGN) * stack.num_sparsecores * sparsecores_per_device
-
-
-def row_pointers_per_sc(stack: StackedTable) -> int:
-    return max(stack.num_sparsecores, ALIGN)
 
 
 def preprocess(
@@ -169,7 +146,7 @@ def _row_ordered_stack(
         phys, sample, gain = csr_entries(stack, csr, devices, s)
         by_row = np.argsort(phys, kind="stable")
         return RowOrderedEntries(phys[by_row], sample[by_row], gain[by_row], csr.stats)
-    stats = _stats(counts, unique_counts, devices, s, n)
+    stats = partition_stats(counts, unique_counts, devices, s, n)
     return RowOrderedEntries(phys, chunk * samples_per_chunk + sample, merged_gain, stats)
 
 
@@ -179,7 +156,7 @@ def csr_entries(stack: StackedTable, csr: StackCSR, devices: int, s: int) -> tup
     n, chunks = stack.num_sparsecores, devices * s
     ends = csr.row_pointers.reshape(chunks, row_pointers_per_sc(stack))[:, :n].astype(np.int64)
     starts = np.zeros_like(ends)
-    starts[:, 1:] = _round_up_array(ends[:, :-1], ALIGN)
+    starts[:, 1:] = round_up_array(ends[:, :-1], ALIGN)
     counts = (ends - starts).reshape(-1)
     first = (np.arange(chunks)[:, None] * (coo_buffer_size_per_device(stack, s) // s) + starts).reshape(-1)
     partition = np.repeat(np.arange(counts.size), counts)
@@ -187,15 +164,6 @@ def csr_entries(stack: StackedTable, csr: StackCSR, devices: int, s: int) -> tup
     phys = (partition % n) * stack.shard_rows + csr.embedding_ids[position]
     sample = (partition // n) * (stack.total_sample_count // chunks) + csr.sample_ids[position]
     return phys, sample, csr.gains[position]
-
-
-def _stats(counts: np.ndarray, unique_counts: np.ndarray, devices: int, s: int, n: int) -> StackStats:
-    """A step's demand from the (unique) id counts of every partition, source-major."""
-    return StackStats(
-        counts.reshape(devices, s, n).max(axis=1).reshape(-1).astype(np.int32),
-        unique_counts.reshape(devices, s, n).max(axis=1).reshape(-1).astype(np.int32),
-        _round_up_array(counts, ALIGN).reshape(devices * s, n).sum(axis=1).astype(np.int32),
-    )
 
 
 def _preprocess_stack(
@@ -219,16 +187,16 @@ def _preprocess_stack(
     unique_rank = unique_before - unique_before[first_of_partition]
 
     unique_counts = np.bincount(partition[new_row], minlength=num_partitions)
-    stats = _stats(counts, unique_counts, devices, s, n)
+    stats = partition_stats(counts, unique_counts, devices, s, n)
     keep = (rank < stack.max_ids_per_partition) & (unique_rank < stack.max_unique_ids_per_partition)
     if not keep.all():
         if overflow == "error":
-            _raise_overflow(stack, counts, unique_counts, n)
+            raise_partition_overflow(stack, counts, unique_counts, n)
         stats.dropped_ids = int(multiplicity[~keep].sum())  # input ids, counted before merging
         partition, row, sample, gain, rank = (a[keep] for a in (partition, row, sample, gain, rank))
         counts = np.bincount(partition, minlength=num_partitions)
 
-    padded = _round_up_array(counts, ALIGN).reshape(chunks, n)
+    padded = round_up_array(counts, ALIGN).reshape(chunks, n)
     ends_padded = np.cumsum(padded, axis=1)
     starts = (ends_padded - padded).reshape(-1)
     region = coo_buffer_size_per_device(stack, s) // s
@@ -349,24 +317,3 @@ def _merge_order(keys: tuple[np.ndarray, ...], bounds: tuple[int, ...]) -> tuple
     first = np.ones(size, dtype=bool)
     first[1:] = np.any([k[order][1:] != k[order][:-1] for k in keys], axis=0)
     return order, first
-
-
-def _round_up_array(values: np.ndarray, multiple: int) -> np.ndarray:
-    return -(-values // multiple) * multiple
-
-
-def _raise_overflow(stack: StackedTable, counts: np.ndarray, unique_counts: np.ndarray, n: int) -> None:
-    over = np.flatnonzero(counts > stack.max_ids_per_partition)
-    if over.size:
-        k = int(over[0])
-        raise PartitionOverflowError(
-            f"stacked table {stack.name!r}: partition (source SC {k // n}, destination SC {k % n}) got "
-            f"{int(counts[k])} ids > max_ids_per_partition {stack.max_ids_per_partition} "
-            f"({over.size} partitions over)"
-        )
-    k = int(np.flatnonzero(unique_counts > stack.max_unique_ids_per_partition)[0])
-    raise PartitionOverflowError(
-        f"stacked table {stack.name!r}: partition (source SC {k // n}, destination SC {k % n}) got "
-        f"{int(unique_counts[k])} unique ids > max_unique_ids_per_partition "
-        f"{stack.max_unique_ids_per_partition}"
-    )

@@ -15,15 +15,15 @@ from collections.abc import Mapping
 import numpy as np
 
 from sparsecore import native
-from sparsecore.limits import StackStats
-from sparsecore.preprocess import (
+from sparsecore.csr_format import (
     RowOrderedEntries,
     StackCSR,
-    _raise_overflow,
-    _stats,
     coo_buffer_size_per_device,
+    partition_stats,
+    raise_partition_overflow,
     row_pointers_per_sc,
 )
+from sparsecore.limits import StackStats
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 
@@ -46,15 +46,15 @@ def preprocess_compiled(
     jobs, outputs = [], []
     for stack in plan.stacks:
         job_outputs = _outputs(stack, inputs, chunks, s, row_ordered)
-        jobs.append((_features(stack, inputs, chunks), _parameters(stack, chunks, s, row_ordered), job_outputs))
+        jobs.append((feature_buffers(stack, inputs, chunks), _parameters(stack, chunks, s, row_ordered), job_outputs))
         outputs.append(job_outputs)
     results = ext.preprocess(jobs, threads or default_threads())
     out = {}
     for stack, arrays, (dropped, kept) in zip(plan.stacks, outputs, results):
         counts, unique_counts = arrays[-2:]
         if dropped and overflow == "error":
-            _raise_overflow(stack, counts, unique_counts, stack.num_sparsecores)
-        stats: StackStats = _stats(counts, unique_counts, devices, s, stack.num_sparsecores)
+            raise_partition_overflow(stack, counts, unique_counts, stack.num_sparsecores)
+        stats: StackStats = partition_stats(counts, unique_counts, devices, s, stack.num_sparsecores)
         stats.dropped_ids = int(dropped)
         if row_ordered:
             phys, sample, gain = (a[:kept] for a in arrays[:3])
@@ -64,7 +64,7 @@ def preprocess_compiled(
     return out
 
 
-def _features(stack: StackedTable, inputs: Mapping[str, FeatureInput], chunks: int) -> list[tuple]:
+def feature_buffers(stack: StackedTable, inputs: Mapping[str, FeatureInput], chunks: int) -> list[tuple]:
     """Per feature in sample order: its arrays (in place when contiguous) and id transformation."""
     out = []
     for fp in sorted(stack.features, key=lambda fp: fp.sample_offset):

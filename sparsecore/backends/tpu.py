@@ -15,8 +15,9 @@ from jax.sharding import Mesh, PartitionSpec
 from jax_tpu_embedding.sparsecore.lib.nn import embedding
 
 from sparsecore.backends.xla import XlaBackend
+from sparsecore.csr_format import StackCSR, coo_buffer_size_per_device, row_pointers_per_sc
 from sparsecore.jte_interop import jte_feature_specs, jte_optimizer
-from sparsecore.preprocess import StackCSR, coo_buffer_size_per_device, preprocess_inputs, row_pointers_per_sc
+from sparsecore.preprocess import preprocess_inputs
 from sparsecore.stacking import StackedTable, StackingPlan
 
 AXIS = "device"

@@ -31,8 +31,9 @@ from sparsecore.backends.base import Backend, check_grads
 from sparsecore.backends.xla_inputs import SlotForward, StackEntries, stack_entries, stack_input
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.backends.xla_optimizers import apply_update
+from sparsecore.csr_format import RowOrderedEntries, StackCSR
 from sparsecore.limits import OVERFLOW_POLICIES, StackStats
-from sparsecore.preprocess import RowOrderedEntries, StackCSR, csr_entries, preprocess_row_ordered
+from sparsecore.preprocess import csr_entries, preprocess_row_ordered
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput
 
@@ -91,6 +92,7 @@ class XlaBackend(Backend):
     """Stacked tables as JAX arrays in the physical (mod-sharded) layout."""
 
     name = "xla"
+    fuses_step = True
 
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
                  overflow: str = "error"):
@@ -205,7 +207,7 @@ class XlaBackend(Backend):
         self.set_step_state(self._compiled(context)[1](*self.step_state(), self._row_dims, np.int32(self.steps), grad,
                                                        context.arrays))
 
-    # -- the step phases as JAX functions, for a caller fusing them into a larger program --
+    # -- the step phases as JAX functions (Backend's fused verbs) --
 
     def step_state(self) -> tuple[tuple[jax.Array, ...], tuple[dict[str, jax.Array], ...]]:
         """(tables, optimizer slots) per stack in plan order: what the update program replaces."""

@@ -13,7 +13,8 @@ import jax
 import numpy as np
 
 from sparsecore import native
-from sparsecore.preprocess import ENGINES, RowOrderedEntries
+from sparsecore.csr_format import RowOrderedEntries
+from sparsecore.preprocess import ENGINES
 
 MIN_BUCKET = 64
 

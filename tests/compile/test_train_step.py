@@ -85,7 +85,7 @@ def test_mlp_step_matches_cpu(name, variant):
 
 
 def _dlrm_dense(dcn: bool):
-    from torchrec_tpu.train.dense_step import DLRMDenseLoss
+    from torchrec_tpu.train.engines.dense_step import DLRMDenseLoss
     from torchrec_tpu.train.model import ModelSpec, build_dlrm
 
     spec = ModelSpec(feature_names=("a", "b", "c"), table_sizes=(10, 10, 10), embedding_dim=8,

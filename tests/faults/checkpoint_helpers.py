@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.synthetic import SyntheticConfig, generate
-from torchrec_tpu.train.checkpoint_dirs import write_manifest
+from torchrec_tpu.train.checkpoint.dirs import write_manifest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # 3 files of 512 rows: 1024 rows to train on (16 steps of 64), 512 held out

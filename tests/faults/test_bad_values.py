@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.arrow_batch import dense_transform
-from pipelines.bad_values import FLOAT32_MAX, POLICIES, BadValueError
+from pipelines.bad_value_policies import POLICIES
+from pipelines.bad_values import FLOAT32_MAX, BadValueError
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.schema import CRITEO
 from tests.faults.checkpoint_helpers import shared_run

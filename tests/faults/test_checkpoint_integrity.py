@@ -12,8 +12,8 @@ import pytest
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.faults.checkpoint_helpers import BATCH, run_cli, run_copy, train_args, versions  # noqa: F401
-from torchrec_tpu.train.checkpoint_dirs import intact_checkpoint, publish, start_version, version_dir
-from torchrec_tpu.train.checkpoint_manifest import MANIFEST_FILE, CheckpointError, verify_checkpoint
+from torchrec_tpu.train.checkpoint.dirs import intact_checkpoint, publish, start_version, version_dir
+from torchrec_tpu.train.checkpoint.manifest import MANIFEST_FILE, CheckpointError, verify_checkpoint
 
 WEIGHTS = "state/__0_0.distcp"
 

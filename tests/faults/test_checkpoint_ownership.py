@@ -19,8 +19,8 @@ import pytest
 from tests.faults.checkpoint_helpers import BATCH, REPO_ROOT, run_cli, run_copy, train_args, versions  # noqa: F401
 from tests.faults.conftest import TRAIN_FLAGS
 from tests.faults.helpers import assert_clean_error
-from torchrec_tpu.train.checkpoint_dirs import LATEST, publish, run_id_of, start_version, version_dir
-from torchrec_tpu.train.dir_lock import LOCK_FILE, locked
+from torchrec_tpu.train.checkpoint.dir_lock import LOCK_FILE, locked
+from torchrec_tpu.train.checkpoint.dirs import LATEST, publish, run_id_of, start_version, version_dir
 
 
 def _another_runs_root(root: Path) -> list[Path]:
@@ -78,7 +78,7 @@ def _hold_lock(directory: Path) -> subprocess.Popen:
     """Another process holding ``directory``'s lock as a running job does, until killed."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from torchrec_tpu.train.dir_lock import locked\n"
+         "from torchrec_tpu.train.checkpoint.dir_lock import locked\n"
          "with locked(Path(sys.argv[1]), 'a job'):\n    print('held', flush=True); time.sleep(600)",
          str(directory)],
         cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE, text=True)

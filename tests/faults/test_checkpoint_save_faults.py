@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.faults.helpers import assert_clean_error, cli_command, cli_env
-from torchrec_tpu.train.checkpoint_dirs import LATEST, resolve_checkpoint
-from torchrec_tpu.train.checkpoint_manifest import MANIFEST_FILE, verify_checkpoint
+from torchrec_tpu.train.checkpoint.dirs import LATEST, resolve_checkpoint
+from torchrec_tpu.train.checkpoint.manifest import MANIFEST_FILE, verify_checkpoint
 
 SMALL_MODEL = ["--embedding-dim", "8", "--dense-arch", "16,8", "--over-arch", "8,1", "--batch-size", "64",
                "--max-steps", "4", "--checkpoint-every", "2", "--no-progress"]
@@ -129,7 +129,7 @@ def test_a_full_disk_in_save_checkpoint_is_enospc_naming_the_space_and_removes_t
 
     import torch
 
-    from torchrec_tpu.train.checkpoint import save_checkpoint
+    from torchrec_tpu.train.checkpoint.store import save_checkpoint
 
     model = torch.nn.Linear(512, 1024)
     optimizer = torch.optim.Adagrad(model.parameters())

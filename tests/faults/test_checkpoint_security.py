@@ -19,7 +19,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.faults.checkpoint_helpers import BATCH, Payload, reseal, run_cli, run_copy, train_args, versions  # noqa: F401
-from torchrec_tpu.train.checkpoint_reader import read_state_metadata
+from torchrec_tpu.train.checkpoint.reader import read_state_metadata
 
 
 @pytest.fixture

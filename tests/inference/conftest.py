@@ -49,19 +49,19 @@ def reference_predictions(checkpoint: Path, infer_data: Path) -> np.ndarray:
     import json
 
     from pipelines.parquet_reader import ParquetBatchReader
-    from torchrec_tpu.train.checkpoint import load_checkpoint
+    from torchrec_tpu.train.checkpoint.store import load_checkpoint
     from torchrec_tpu.train.distributed import process_group
+    from torchrec_tpu.train.engines.torchrec_engine import build_optimizer, shard_model
     from torchrec_tpu.train.job import model_spec
     from torchrec_tpu.train.model import build_dlrm
-    from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
     config = TrainConfig.from_options(**json.loads((checkpoint / "meta.json").read_text())["config"])
     reader = ParquetBatchReader(infer_data, 4096, (200,) * 26)  # the training run's table sizes
     with process_group() as env:
         spec = model_spec(config, reader.schema.sparse, reader.table_sizes, len(reader.schema.dense))
-        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"),
-                            config.optim.sparse_optimizer, config.optim.sparse_lr, config.data.batch_size)
-        optimizer = build_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr)
+        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"), config.optim,
+                            config.data.batch_size)
+        optimizer = build_optimizer(model, config.optim)
         load_checkpoint(checkpoint, model, optimizer)
         model.eval()
         with torch.no_grad():

@@ -22,7 +22,7 @@ from tests.inference.conftest import INFER_DATA
 from torchrec_tpu.inference.job import InferenceConfig, run_inference
 from torchrec_tpu.inference.model import load_inference_model
 from torchrec_tpu.inference.units import MANIFEST
-from torchrec_tpu.train.checkpoint_dirs import write_manifest
+from torchrec_tpu.train.checkpoint.dirs import write_manifest
 from torchrec_tpu.train.model import ModelSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

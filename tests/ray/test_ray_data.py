@@ -128,16 +128,18 @@ def test_bad_layout_names_the_missing_columns(small_dataset: Path) -> None:
 def test_training_loop_trains_on_ray_streams(ray_session, small_dataset: Path, tmp_path) -> None:
     """The training job's own loop and DMP model consume Ray streams: every row is trained on or
     evaluated once, and the evaluation matches the pyarrow reader's on the same weights."""
+    from torchrec_tpu.train.config import OptimConfig
     from torchrec_tpu.train.distributed import process_group
+    from torchrec_tpu.train.engines.torchrec_engine import build_optimizer, shard_model
     from torchrec_tpu.train.loop import LoopOptions, run_training
     from torchrec_tpu.train.metrics import evaluate
     from torchrec_tpu.train.model import ModelSpec, build_dlrm
     from torchrec_tpu.train.scalars import ScalarLog
-    from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
     files = sorted(small_dataset.glob("*.parquet"))
     train_files, held_files = files[:-1], files[-1:]
     cpu = torch.device("cpu")
+    optim = OptimConfig(sparse_optimizer="adagrad", sparse_lr=0.1, dense_optimizer="adagrad", dense_lr=0.05)
     spec = ModelSpec(SMALL.schema.sparse, SMALL.table_sizes, 8, len(SMALL.schema.dense), (16, 8),
                      (16, 1))
 
@@ -147,8 +149,8 @@ def test_training_loop_trains_on_ray_streams(ray_session, small_dataset: Path, t
 
     torch.manual_seed(0)
     with process_group() as env, ScalarLog(tmp_path, enabled=False) as log:
-        model = shard_model(build_dlrm(spec, cpu), env, cpu, "adagrad", 0.1, 256)
-        optimizer = build_optimizer(model, "adagrad", 0.05)
+        model = shard_model(build_dlrm(spec, cpu), env, cpu, optim, 256)
+        optimizer = build_optimizer(model, optim)
         result = run_training(model, optimizer, stream(train_files), stream(held_files), cpu, log,
                               LoopOptions(log_every=4, progress=False))
         reference = evaluate(model, ParquetBatchReader(held_files, 256, SMALL.table_sizes,

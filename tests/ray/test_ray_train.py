@@ -30,8 +30,8 @@ import torch
 from pipelines.synthetic import SyntheticConfig, generate
 from tests.train.conftest import REPO_ROOT, TINY_OPTIONS, as_flags, flat_checkpoint
 from tests.train.test_multiprocess import CLI, start_cli_ranks, wait_cli_ranks
-from torchrec_tpu.train.checkpoint import open_checkpoint
-from torchrec_tpu.train.checkpoint_dirs import resolve_checkpoint
+from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
+from torchrec_tpu.train.checkpoint.store import open_checkpoint
 
 ROWS_PER_FILE = 4096  # 2 training files = 2 ranks' shares, 1 held out
 OPTIONS = {**TINY_OPTIONS, "epochs": 1, "batch_size": 64, "checkpoint_every": 16}  # 8192 rows / 64 = 128 steps

@@ -5,8 +5,9 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from sparsecore.csr_format import row_pointers_per_sc
 from sparsecore.limits import PartitionOverflowError
-from sparsecore.preprocess import PADDING_ID, preprocess, row_pointers_per_sc
+from sparsecore.preprocess import PADDING_ID, preprocess
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs

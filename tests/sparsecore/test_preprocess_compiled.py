@@ -159,7 +159,7 @@ def test_int32_ids_and_threads_give_the_same_bytes():
 
 def test_compiled_reads_the_kjt_in_place():
     """No copy of a KJT's int64 ids or float32 weights between the tensor and the extension."""
-    from sparsecore.preprocess_native import _features
+    from sparsecore.preprocess_native import feature_buffers
 
     rng = np.random.default_rng(2)
     plan = _random_model(rng, SparseCoreTopology("v5p", 1), 256)
@@ -167,7 +167,7 @@ def test_compiled_reads_the_kjt_in_place():
     inputs = feature_inputs(kjt, plan.features, plan.tables)
     values, weights = kjt.values().numpy(), kjt.weights().numpy()
     for stack in plan.stacks:
-        for ids, _, w, *_ in _features(stack, inputs, plan.topology.num_sparsecores):
+        for ids, _, w, *_ in feature_buffers(stack, inputs, plan.topology.num_sparsecores):
             assert np.shares_memory(ids, values) and np.shares_memory(w, weights)
 
 

@@ -11,7 +11,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from pipelines.sample_data import criteo_sample_csv
 from pipelines.synthetic import SyntheticConfig, generate
-from torchrec_tpu.train.checkpoint import STATE_DIR
+from torchrec_tpu.train.checkpoint.store import STATE_DIR
 from torchrec_tpu.train.config import TrainConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

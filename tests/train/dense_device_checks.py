@@ -15,14 +15,16 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
-from torchrec_tpu.train.dense_placement import dense_device
-from torchrec_tpu.train.dense_step import CompiledDenseEval, CompiledDenseStep, eval_forward, step_function
+from torchrec_tpu.train.config import EngineConfig, OptimConfig
 from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.engines.dense_placement import dense_device
+from torchrec_tpu.train.engines.dense_step import CompiledDenseEval, CompiledDenseStep, eval_forward, step_function
+from torchrec_tpu.train.engines.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import ModelSpec
-from torchrec_tpu.train.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
 
 STEPS = 4
+OPTIM = OptimConfig(sparse_optimizer="adagrad", sparse_lr=0.1, dense_optimizer="adagrad", dense_lr=0.05)
 GLOBAL_BATCH = 32
 FEATURES = ("f0", "f1", "f2")
 TABLE_SIZES = (40, 30, 20)
@@ -67,12 +69,12 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch
     with process_group() as env:
         device = dense_device(device_name)
         torch.manual_seed(0)  # the dense towers' init
-        net = build_sparsecore_model(spec(model), env, device, "adagrad", 0.1, GLOBAL_BATCH, seed=0,
-                                     dense_parallel=parallel)
-        optimizer = build_dense_optimizer(net, "adagrad", 0.05)
+        net = build_sparsecore_model(spec(model), env, device, OPTIM, EngineConfig(dense_parallel=parallel),
+                                     GLOBAL_BATCH, seed=0)
+        optimizer = build_dense_optimizer(net, OPTIM)
         initial = _host_state(net)
         losses = []
-        step_fn = step_function(net, optimizer, "sparsecore", device, env.world_size, parallel)  # as the job does
+        step_fn = step_function(net, optimizer, device, env.world_size, parallel)  # as the job does
         for step in range(STEPS):
             batch = rank_slice(global_batch(step), env.rank, env.world_size)
             if prefetch:
@@ -82,7 +84,7 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch
         # a smaller last batch, as an evaluation split's
         held_out = [rank_slice(global_batch(STEPS + i, size), env.rank, env.world_size)
                     for i, size in enumerate((GLOBAL_BATCH, GLOBAL_BATCH, GLOBAL_BATCH // 2))]
-        forward = eval_forward(net, "sparsecore", device, env.world_size, parallel)  # as the job does
+        forward = eval_forward(net, device, env.world_size, parallel)  # as the job does
         result = evaluate(net, held_out, torch.device("cpu"), forward)
         eager = evaluate(net, held_out, torch.device("cpu"))
         return {"losses": losses, "auc": result.auc, "eval_loss": result.loss, "initial": initial,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrec_tpu.train.checkpoint_dirs import (
+from torchrec_tpu.train.checkpoint.dirs import (
     LATEST,
     META_FILE,
     RUN_ID_FILE,

@@ -11,7 +11,7 @@ import torch
 
 from tests.train.conftest import SAMPLE_CSV
 from torchrec_tpu import cli
-from torchrec_tpu.train.checkpoint import STATE_DIR
+from torchrec_tpu.train.checkpoint.store import STATE_DIR
 
 
 def test_sample_data_trains_dlrm_dcn_end_to_end(

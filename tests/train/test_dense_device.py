@@ -13,7 +13,7 @@ import torch
 from tests.train.conftest import flat_checkpoint, tiny_config
 from tests.train.dense_device_checks import STEPS, train
 from torchrec_tpu.train.config import ConfigError, TrainConfig
-from torchrec_tpu.train.dense_placement import XLA_CPU_TOWER_MACS, resolve_dense_device, tower_macs_per_sample
+from torchrec_tpu.train.engines.dense_placement import XLA_CPU_TOWER_MACS, resolve_dense_device, tower_macs_per_sample
 from torchrec_tpu.train.job import run_job
 from torchrec_tpu.train.model import ModelSpec
 

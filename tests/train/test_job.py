@@ -14,16 +14,16 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.train.conftest import tiny_config
-from torchrec_tpu.train.checkpoint import META_FILE, RNG_DIR, STATE_DIR, load_checkpoint
-from torchrec_tpu.train.checkpoint_dirs import write_manifest
+from torchrec_tpu.train.checkpoint.dirs import write_manifest
+from torchrec_tpu.train.checkpoint.rng import load_rng, rng_state, save_rng, set_rng_state
+from torchrec_tpu.train.checkpoint.store import META_FILE, RNG_DIR, STATE_DIR, load_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.engines.torchrec_engine import build_optimizer, shard_model
 from torchrec_tpu.train.job import model_spec, run_job
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import build_dlrm
-from torchrec_tpu.train.rng import load_rng, rng_state, save_rng, set_rng_state
-from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
 
 def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -84,9 +84,9 @@ def test_checkpoint_reloads_into_a_fresh_model(trained, tmp_path: Path) -> None:
     with process_group() as env, open_data(fresh_config, env) as data:
         torch.manual_seed(fresh_config.loop.seed)
         spec = model_spec(fresh_config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"),
-                            config.optim.sparse_optimizer, config.optim.sparse_lr, config.data.batch_size)
-        optimizer = build_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr)
+        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"), config.optim,
+                            config.data.batch_size)
+        optimizer = build_optimizer(model, config.optim)
         table = "model.sparse_arch.embedding_bag_collection.embedding_bags.t_C2.weight"
         assert not torch.equal(_dense(model.state_dict()[table]), saved["model"][table])
 

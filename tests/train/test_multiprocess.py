@@ -20,14 +20,14 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.train.conftest import REPO_ROOT, TINY_OPTIONS, as_flags
 from tests.train.test_job import _dense
-from torchrec_tpu.train.checkpoint import STATE_DIR, load_checkpoint
+from torchrec_tpu.train.checkpoint.store import STATE_DIR, load_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.engines.torchrec_engine import build_optimizer, shard_model
 from torchrec_tpu.train.job import model_spec
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import build_dlrm
-from torchrec_tpu.train.torchrec_engine import build_optimizer, shard_model
 
 WORLD = 2
 STEPS = 24  # lock-step and sharding are the point here, not learning (test_job covers that)
@@ -125,10 +125,10 @@ def one_rank_copy(log_dir: Path) -> Iterator[tuple[nn.Module, TrainData]]:
     with process_group() as env, open_data(config, env) as data:
         assert env.world_size == 1
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"),
-                            config.optim.sparse_optimizer, config.optim.sparse_lr, config.data.batch_size)
+        model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"), config.optim,
+                            config.data.batch_size)
         load_checkpoint(log_dir / "checkpoint", model,
-                        build_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr))
+                        build_optimizer(model, config.optim))
         yield model, data
 
 

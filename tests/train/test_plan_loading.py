@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from sparsecore import SGD, Adagrad, RowWiseAdagrad
-from sparsecore.specs import TableSpec
+from sparsecore.specs import FeatureSpec, TableSpec
 from torchrec_tpu import cli
 from torchrec_tpu.planner.partitioner import plan_tables
 from torchrec_tpu.planner.plan import Plan
 from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
 from torchrec_tpu.sharding import TableSharding, balanced_table_wise
 from torchrec_tpu.topology import parse_accelerator_type
-from torchrec_tpu.train.plan_loading import PlanLoadError, resolve_sharding, sharding_from_plan
+from torchrec_tpu.train.engines.plan_loading import PlanLoadError, plan_for_world, resolve_sharding, sharding_from_plan
 
 TABLES = [TableSpec("t_big", 4000, 16, optimizer=SGD(0.1)), TableSpec("t_wide", 300, 16, optimizer=SGD(0.1)),
           TableSpec("t_dense", 50, 8, optimizer=SGD(0.1)), TableSpec("t_small", 200, 8, optimizer=SGD(0.1))]
@@ -44,16 +44,33 @@ def test_plan_devices_become_ranks(tmp_path: Path) -> None:
     assert sharding_from_plan(plan, TABLES, 2) == expected
     path = tmp_path / "plan.json"
     plan.save(path)  # what `torchrec-tpu plan --out` writes
-    assert resolve_sharding(str(path), TABLES, 2, 256).sharding == expected
+    assert resolve_sharding(str(path), TABLES, (), 2, 256).sharding == expected
 
 
 def test_auto_plans_for_the_world_and_none_balances_table_wise() -> None:
     for world in (1, 2):
-        sharding = resolve_sharding("auto", TABLES, world, 256).sharding
+        sharding = resolve_sharding("auto", TABLES, (), world, 256).sharding
         expected = sharding_from_plan(plan_tables(tables_from_sparsecore_specs(TABLES),
                                                   parse_accelerator_type(f"v5p-1x1x{world}"), 256), TABLES, world)
         assert sharding == expected and set(sharding) == set(KINDS)
-    assert resolve_sharding(None, TABLES, 2, 256).sharding == balanced_table_wise(TABLES, 2)
+    assert resolve_sharding(None, TABLES, (), 2, 256).sharding == balanced_table_wise(TABLES, 2)
+
+
+def test_auto_plans_with_the_features() -> None:
+    """``--plan auto`` plans each table for the features that look it up: two features of valency 4
+    on ``t_big`` are 8 lookups per sample, which the plan's ids per partition show (planning the
+    bare tables would assume one lookup)."""
+    features = [FeatureSpec("f_big", "t_big", 256, max_ids_per_sample=4),
+                FeatureSpec("f_big2", "t_big", 256, max_ids_per_sample=4),
+                *(FeatureSpec(f"f_{t.name}", t.name, 256) for t in TABLES[1:])]
+    topology = parse_accelerator_type("v5p-1x1x2")
+    with_features = plan_for_world(TABLES, features, 2, 256)
+    assert with_features == plan_tables(tables_from_sparsecore_specs(TABLES, features), topology, 256)
+    bare = plan_tables(tables_from_sparsecore_specs(TABLES), topology, 256)
+    assert with_features.table("t_big").ids_per_partition > bare.table("t_big").ids_per_partition
+    # and resolve_sharding("auto") plans with them
+    assert resolve_sharding("auto", TABLES, features, 2, 256).sharding == sharding_from_plan(
+        with_features, TABLES, 2)
 
 
 def _with_table(plan: Plan, name: str, **changes: object) -> Plan:
@@ -101,12 +118,12 @@ def test_a_plan_for_another_optimizer_warns() -> None:
 
 def test_bad_files_and_worlds(tmp_path: Path) -> None:
     with pytest.raises(PlanLoadError, match="--plan='.*nope.json': no such file"):
-        resolve_sharding(str(tmp_path / "nope.json"), TABLES, 2, 256)
+        resolve_sharding(str(tmp_path / "nope.json"), TABLES, (), 2, 256)
     (tmp_path / "bad.json").write_text('{"format": "something else"}')
     with pytest.raises(PlanLoadError, match="bad.json'.*not a torchrec_tpu.plan/v1 plan"):
-        resolve_sharding(str(tmp_path / "bad.json"), TABLES, 2, 256)
+        resolve_sharding(str(tmp_path / "bad.json"), TABLES, (), 2, 256)
     with pytest.raises(PlanLoadError, match=r"--plan=auto on 3 rank\(s\): .*power-of-two SparseCore count"):
-        resolve_sharding("auto", TABLES, 3, 256)
+        resolve_sharding("auto", TABLES, (), 3, 256)
 
 
 def test_cli_reports_plan_errors_without_traceback(tiny_dataset: Path, tmp_path: Path, capsys) -> None:

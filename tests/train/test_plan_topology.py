@@ -15,11 +15,12 @@ from torchrec_tpu.planner.partitioner import plan_tables
 from torchrec_tpu.planner.plan import load_plan
 from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
 from torchrec_tpu.topology import parse_accelerator_type
+from torchrec_tpu.train.config import EngineConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.engines.plan_loading import PlanLoadError, resolve_sharding
+from torchrec_tpu.train.engines.sparsecore_engine import build_sparsecore_model
 from torchrec_tpu.train.job import model_spec
-from torchrec_tpu.train.plan_loading import PlanLoadError, resolve_sharding
-from torchrec_tpu.train.sparsecore_engine import build_sparsecore_model
 
 BATCH = int(TINY_OPTIONS["batch_size"])  # type: ignore[call-overload]
 
@@ -29,8 +30,8 @@ def _model_tables(tiny_dataset: Path, tmp_path: Path):
     config = tiny_config(tiny_dataset, tmp_path / "logs", engine="sparsecore")
     with process_group() as env, open_data(config, env) as data:
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim.sparse_optimizer,
-                                       config.optim.sparse_lr, BATCH, config.loop.seed)
+        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim, config.engine, BATCH,
+                                       config.loop.seed)
     ebc = model.model.sparse_arch.embedding_bag_collection
     return config, spec, ebc
 
@@ -51,8 +52,8 @@ def test_a_v6e_plan_lays_the_stacks_out_on_two_sparsecores(tiny_dataset: Path, t
     plan = _save_plan(list(ebc.tables.values()), "v6e-1", tmp_path / "v6e.json")
     assert load_plan(plan).topology.chip.name == "v6e"
     with process_group() as env:
-        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim.sparse_optimizer,
-                                       config.optim.sparse_lr, BATCH, config.loop.seed, plan=str(plan))
+        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim,
+                                       EngineConfig(plan=str(plan)), BATCH, config.loop.seed)
     stacking = model.model.sparse_arch.embedding_bag_collection._backend.plan
     assert stacking.topology == SparseCoreTopology("v6e", 1)
     assert stacking.topology.num_sparsecores == 2
@@ -68,8 +69,8 @@ def test_a_tpu7x_plan_gives_each_rank_one_chiplet(tiny_dataset: Path, tmp_path: 
     _, _, ebc = _model_tables(tiny_dataset, tmp_path)
     tables = list(ebc.tables.values())
     plan = _save_plan(tables, "tpu7x-1x1x1", tmp_path / "tpu7x.json")  # one chip = two chiplets
-    placement = resolve_sharding(str(plan), tables, 2, BATCH)
+    placement = resolve_sharding(str(plan), tables, (), 2, BATCH)
     assert placement.rank_topology == SparseCoreTopology("tpu7x", 1, num_devices=1)
     assert placement.rank_topology.num_sparsecores == 2
     with pytest.raises(PlanLoadError, match="made for 2 device"):
-        resolve_sharding(str(plan), tables, 1, BATCH)
+        resolve_sharding(str(plan), tables, (), 1, BATCH)

@@ -32,21 +32,21 @@ from torchrec_tpu.planner.partitioner import plan_tables
 from torchrec_tpu.planner.plan import Plan
 from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
 from torchrec_tpu.topology import parse_accelerator_type
-from torchrec_tpu.train.checkpoint_dirs import resolve_checkpoint
-from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
+from torchrec_tpu.train.config import EngineConfig, TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.engines.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
 from torchrec_tpu.train.job import model_spec, run_job
 from torchrec_tpu.train.loop import train_step
 from torchrec_tpu.train.model import build_dlrm, table_configs
-from torchrec_tpu.train.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
 
 STEPS = 6
 # dim 16 so that column-wise can split a table into two 8-column blocks
 OPTIONS = {**TINY_OPTIONS, "engine": "sparsecore", "embedding_dim": 16, "dense_arch": "16,16",
            "sparse_optimizer": "sgd",
            "max_steps": STEPS, "epochs": 1}
-# the fused sparsecore optimizers of sparsecore_engine.sparse_optimizer_spec as torch optimizers
+# the fused sparsecore optimizers of train.engines.optimizers.SPARSE_OPTIMIZERS as torch optimizers
 STOCK_SPARSE_OPTIMIZERS = {
     "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
     "adagrad": lambda params, lr: torch.optim.Adagrad(params, lr=lr, eps=1e-8),
@@ -57,8 +57,8 @@ MIXED = {"t_C1": "row_wise", "t_C2": "column_wise", "t_C3": "data_parallel", "t_
 
 def write_plan(config: TrainConfig, world_size: int, kinds: Mapping[str, str], path: Path) -> Plan:
     """The planner's plan for the job's tables on ``world_size`` devices, ``kinds`` constrained."""
-    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.optim.sparse_optimizer,
-                                   config.optim.sparse_lr, config.data.batch_size, config.loop.seed)
+    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.optim, config.engine,
+                                   config.data.batch_size, config.loop.seed)
     tables = tables_from_sparsecore_specs(_ebc(model).tables.values())
     plan = plan_tables(tables, parse_accelerator_type(f"v5p-1x1x{world_size}"), config.data.batch_size,
                        constraints={name: [kind] for name, kind in kinds.items()})
@@ -96,11 +96,11 @@ def _concat(kjts) -> KeyedJaggedTensor:
 def train_in_process(config: TrainConfig, batches: Iterator[Batch], plan: str | None) -> tuple[dict, dict]:
     """A 1-rank sparsecore run over ``batches``: (initial state, final tables)."""
     torch.manual_seed(config.loop.seed)
-    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.optim.sparse_optimizer,
-                                   config.optim.sparse_lr, config.data.batch_size, config.loop.seed, plan)
+    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.optim,
+                                   EngineConfig(plan=plan), config.data.batch_size, config.loop.seed)
     initial = {"tables": _ebc(model).unsharded_weights(),
                "dense": {k: v.clone() for k, v in model.state_dict().items() if not k.startswith(EBC_PATH)}}
-    optimizer = build_dense_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr)
+    optimizer = build_dense_optimizer(model, config.optim)
     for batch in batches:
         train_step(model, optimizer, batch)
     return initial, _ebc(model).unsharded_weights()

@@ -11,13 +11,13 @@ import torch
 
 from tests.train.conftest import TINY_OPTIONS, as_flags
 from tests.train.test_multiprocess import WORLD, launch_cli_ranks
-from torchrec_tpu.train.checkpoint import load_checkpoint
+from torchrec_tpu.train.checkpoint.store import load_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.engines.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
 from torchrec_tpu.train.job import model_spec
 from torchrec_tpu.train.metrics import evaluate
-from torchrec_tpu.train.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
 
 STEPS = 24
 
@@ -41,10 +41,10 @@ def test_two_ranks_train_and_the_checkpoint_loads_on_one(two_rank_sparsecore) ->
     config = TrainConfig.from_options(**meta["config"])
     with process_group() as env, open_data(config, env) as data:
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim.sparse_optimizer,
-                                       config.optim.sparse_lr, config.data.batch_size, config.loop.seed + 1)
+        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim, config.engine,
+                                       config.data.batch_size, config.loop.seed + 1)
         load_checkpoint(log_dir / "checkpoint", model,
-                        build_dense_optimizer(model, config.optim.dense_optimizer, config.optim.dense_lr))
+                        build_dense_optimizer(model, config.optim))
         reloaded = evaluate(model, data.held_out, torch.device("cpu"))
     # both ranks' table shards came back: the 1-rank model scores the held-out data alike
     assert reloaded.auc == pytest.approx(meta["metrics"]["eval_auc"], abs=2e-3)

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.npy_criteo import NpyCriteoReader, _rank_spans, npy_days
+from pipelines.npy_criteo import NpyCriteoReader, npy_days, rank_spans
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.schema import CRITEO
 from pipelines.synthetic import SyntheticConfig, generate
 from tests.train.conftest import tiny_config
-from torchrec_tpu.train.batch_streams import LimitedBatches, MultiHotBatches, ShuffledBatches
 from torchrec_tpu.train.config import ConfigError, TrainConfig, add_config_arguments, config_from_args, load_yaml
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.streams import LimitedBatches, MultiHotBatches, ShuffledBatches
 
 NUM_SPARSE = len(CRITEO.sparse)
 
@@ -129,7 +129,7 @@ def test_npy_reader_matches_torchrecs_in_memory_binary_criteo(tmp_path, mmap_mod
 
 def test_npy_rows_after_the_last_round_are_all_dealt_without_drop_last() -> None:
     # 5 rows in batches of 2 over 2 ranks: one full round, then 1 row for rank 0 and none for rank 1
-    assert [_rank_spans(5, 2, rank, 2, drop_last=False) for rank in (0, 1)] == [[(0, 2), (4, 5)], [(2, 4)]]
+    assert [rank_spans(5, 2, rank, 2, drop_last=False) for rank in (0, 1)] == [[(0, 2), (4, 5)], [(2, 4)]]
 
 
 def test_train_on_npy_criteo_holds_out_the_last_day(tmp_path) -> None:

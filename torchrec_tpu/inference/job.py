@@ -27,7 +27,8 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from pipelines.bad_values import POLICIES, BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
+from pipelines.bad_value_policies import POLICIES
+from pipelines.bad_values import BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
 from pipelines.parquet_reader import open_parquet, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.input_identity import input_identity
@@ -199,7 +200,7 @@ def _exit_on_interrupt() -> Iterator[None]:
 
 def run_inference(config: InferenceConfig) -> InferenceSummary:
     """Predict every input row not yet in ``config.output``; returns what this run did."""
-    from torchrec_tpu.train.checkpoint import open_checkpoint
+    from torchrec_tpu.train.checkpoint.store import open_checkpoint
 
     start = time.perf_counter()
     # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors;

@@ -1,4 +1,4 @@
-"""A training checkpoint (``torchrec_tpu.train.checkpoint`` layout) -> an unsharded DLRM for inference.
+"""A training checkpoint (``torchrec_tpu.train.checkpoint.store`` layout) -> an unsharded DLRM for inference.
 
 The architecture comes from ``meta.json``'s ``model`` (a :class:`~torchrec_tpu.train.model.ModelSpec`,
 table sizes included; checkpoints written before it existed: the architecture options of its
@@ -6,7 +6,7 @@ table sizes included; checkpoints written before it existed: the architecture op
 metadata of the saved tables), so any checkpoint of the training job loads, whatever its data
 source, world size or training flags: DCP reassembles the sharded tables into plain CPU tensors.
 The files are verified against the checkpoint's manifest, every saved tensor's shape against the
-model, and read without running code from them (``torchrec_tpu.train.checkpoint_reader``).
+model, and read without running code from them (``torchrec_tpu.train.checkpoint.reader``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     """Rebuild the trained DLRM on CPU and load its weights from ``checkpoint_dir`` (a checkpoint,
     or a checkpoint root: its latest). Either engine's checkpoints load: both name the tables
     :func:`~torchrec_tpu.train.model.table_weight_key`."""
-    from torchrec_tpu.train.checkpoint import STATE_DIR, open_checkpoint
-    from torchrec_tpu.train.checkpoint_reader import load_state, read_state_metadata
+    from torchrec_tpu.train.checkpoint.reader import load_state, read_state_metadata
+    from torchrec_tpu.train.checkpoint.store import STATE_DIR, open_checkpoint
     from torchrec_tpu.train.model import build_dlrm
 
     directory, meta = open_checkpoint(Path(checkpoint_dir))

@@ -17,14 +17,14 @@ import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
-from pipelines.streams import batches_from_row, prefetched
+from pipelines.streams import BatchStream, batches_from_row, prefetched
 from torchrec_tpu.errors import CollectiveError
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.train.rank_agreement import fail_together
 from torchrec_tpu.train.rank_watch import collectives
 
 
-class PrefetchedBatches:
+class PrefetchedBatches(BatchStream):
     """Re-iterable like ``batches`` (and as long); each pass runs its own prefetch thread.
 
     ``group``: the process group the prefetch thread's input dists use; with more than one rank

@@ -22,12 +22,12 @@ from pipelines.progress import progress_bar
 from torchrec_tpu.profiling.phases import DENSE_BWD, OPTIMIZER, PREPROCESS, PhasedParquetReader, phase_ranges
 from torchrec_tpu.profiling.summary import format_summary
 from torchrec_tpu.profiling.trace import TraceFiles, profiling, traced_step
-from torchrec_tpu.train.batch_streams import training_streams
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.engines import engine_for
 from torchrec_tpu.train.job import model_spec
+from torchrec_tpu.train.streams import training_streams
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ optimizer there; no gradient of the tables ever materialises.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from sparsecore.optimizers import OptimizerSpec
 from sparsecore.preprocess import combined_gains
-from sparsecore.specs import FeatureSpec
+from sparsecore.specs import FeatureSpec, TableSpec
 from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.batching import fixed_size_chunks
@@ -89,13 +89,22 @@ class ShardedSparseCoreEBC(ShardedTables):
         return [FeatureSpec(f.name, f.table, self.batch_size * self.world_size, weighted=True)
                 for f, _ in self._served[self.rank]]
 
+    @staticmethod
+    def specs_of(ebc: EmbeddingBagCollection, batch_size: int,
+                 optimizer: OptimizerSpec) -> tuple[list[TableSpec], list[FeatureSpec]]:
+        """The sparsecore (tables, features) of TorchRec ``ebc`` at ``batch_size`` per rank."""
+        return specs_from_configs(ebc.embedding_bag_configs(), batch_size, optimizer=optimizer,
+                                  weighted_features=ebc.is_weighted() and _all_features(ebc) or ())
+
     @classmethod
     def from_torchrec(cls, ebc: EmbeddingBagCollection, batch_size: int, sharding: Mapping[str, TableSharding],
-                      optimizer: OptimizerSpec, **kwargs: Any) -> "ShardedSparseCoreEBC":
-        """The same tables as TorchRec ``ebc`` (and its weights unless they are on the meta device)."""
-        tables, features = specs_from_configs(ebc.embedding_bag_configs(), batch_size, optimizer=optimizer,
-                                              weighted_features=ebc.is_weighted() and _all_features(ebc) or ())
-        return cls._from_torchrec_modules(tables, features, ebc.embedding_bags, sharding, **kwargs)
+                      optimizer: OptimizerSpec, specs: tuple[Sequence[TableSpec], Sequence[FeatureSpec]] | None = None,
+                      **kwargs: Any) -> "ShardedSparseCoreEBC":
+        """The same tables as TorchRec ``ebc`` (and its weights unless they are on the meta device);
+        ``specs``: :meth:`specs_of` ``ebc`` (with ``batch_size`` and ``optimizer``) when the caller
+        has them already."""
+        tables, features = specs if specs is not None else ShardedSparseCoreEBC.specs_of(ebc, batch_size, optimizer)
+        return cls._from_torchrec_modules(list(tables), list(features), ebc.embedding_bags, sharding, **kwargs)
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of ``kjt``'s samples. Other batch sizes than ``batch_size`` are padded

@@ -4,8 +4,8 @@ embedding update that consumes its gradient run as ONE XLA program per step, as 
 step program holds the SparseCore lookup and the TensorCore towers together.
 
 Only a one-rank EBC fuses (with several ranks the output dist is a host collective between the
-lookup and the dense step), on the ``xla`` backend family, with every output column served
-exactly once (a permutation of the local activations).
+lookup and the dense step), on a backend that fuses its step (``fuses_step``: the ``xla`` family),
+with every output column served exactly once (a permutation of the local activations).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sparsecore.backends.xla import PreparedLookup, XlaBackend
+from sparsecore.backends.xla import PreparedLookup
 from torch_tpu.compile.input_stage import StageInput
 from torchrec_tpu.sharding.ebc import LocalBatch, ShardedSparseCoreEBC
 
@@ -48,7 +48,7 @@ class PooledLookupStage:
     def of(ebc: torch.nn.Module, feature_order: Sequence[str]) -> PooledLookupStage | None:
         """The stage of ``ebc``, or None where its step cannot be fused (not a sparsecore EBC, or
         see the module docstring)."""
-        if not (isinstance(ebc, ShardedSparseCoreEBC) and isinstance(ebc._backend, XlaBackend)
+        if not (isinstance(ebc, ShardedSparseCoreEBC) and ebc._backend is not None and ebc._backend.fuses_step
                 and ebc.world_size == 1 and ebc._placement.permutation and ebc._grad_scale == 1.0):
             return None
         return PooledLookupStage(ebc, feature_order)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from torchrec_tpu.errors import report_user_error
-from torchrec_tpu.train.checkpoint_manifest import CheckpointError
+from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
 from torchrec_tpu.train.ray_train import RayOptions
 

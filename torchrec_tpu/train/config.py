@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from pipelines.bad_value_policies import POLICIES as BAD_VALUE_POLICIES
+from torchrec_tpu.train.engines import ENGINES
+from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
+
+# The option vocabularies that are defined here (the others come from their registries above).
 MODELS = ("dlrm", "dlrm_dcn")
-ENGINES = ("torchrec", "sparsecore")
-SPARSE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "sgd")
-DENSE_OPTIMIZERS = ("adagrad", "adam")
 DENSE_DEVICES = ("auto", "cpu", "tpu")
 DENSE_PARALLELS = ("ddp", "fsdp2")
-BAD_VALUE_POLICIES = ("error", "skip", "clamp")  # pipelines.bad_values.POLICIES (not imported: fast --help)
 
 
 class ConfigError(ValueError):
@@ -110,9 +111,8 @@ class DataConfig:
 class EngineConfig:
     """Which embedding engine, how it is sharded, where the dense part runs."""
 
-    kind: str = _opt("sparsecore", "embedding engine: the sparsecore sharded EBC (sharded as --plan says, dense "
-                                   "part in DDP or FSDP2, see --dense-parallel), or stock TorchRec DMP on FBGEMM "
-                                   "(the reference)", flag="engine", choices=ENGINES)
+    kind: str = _opt("sparsecore", "embedding engine: " + "; ".join(f"{e.name}: {e.help}" for e in ENGINES.values()),
+                     flag="engine", choices=tuple(ENGINES))
     plan: str | None = _opt(
         None, "sparsecore engine: a plan JSON from `torchrec-tpu plan` (one device per rank), or 'auto' to plan "
               "the tables for this world now (default: whole tables balanced over the ranks)", metavar="PATH|auto")
@@ -141,9 +141,9 @@ class OptimConfig:
     """The fused embedding optimizer, the dense one, the learning-rate schedule."""
 
     sparse_optimizer: str = _opt("adagrad", "fused embedding optimizer (runs inside backward)",
-                                 choices=SPARSE_OPTIMIZERS)
+                                 choices=tuple(SPARSE_OPTIMIZERS))
     sparse_lr: float = _opt(0.05, "embedding learning rate")
-    dense_optimizer: str = _opt("adagrad", "optimizer of the MLPs", choices=DENSE_OPTIMIZERS)
+    dense_optimizer: str = _opt("adagrad", "optimizer of the MLPs", choices=tuple(DENSE_OPTIMIZERS))
     dense_lr: float = _opt(0.05, "dense learning rate")
     lr_warmup_steps: int = _opt(0, "linear learning-rate warm-up over the first N steps (both optimizers, as "
                                    "TorchRec dlrm_main / MLPerf DLRM; 0: none)")
@@ -249,10 +249,12 @@ class TrainConfig:
             if choices and self.option(name) not in choices:
                 raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} is not one of {list(choices)}")
         engine, data, optim = self.engine, self.data, self.optim
+        kind = ENGINES[engine.kind]
         for name, default in (("dense_device", "auto"), ("dense_parallel", "ddp")):
-            if engine.kind != "sparsecore" and self.option(name) not in (default, "cpu"):
-                raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} needs --engine sparsecore "
-                                  f"(the torchrec engine keeps its dense part on cpu in DDP)")
+            if not kind.places_dense and self.option(name) not in (default, "cpu"):
+                raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} needs --engine "
+                                  f"{_engines_that('places_dense')} (the {kind.name} engine keeps its dense part "
+                                  "on cpu in DDP)")
         dense, over = self.model.dense_layers, self.model.over_layers
         if dense[-1] != self.model.embedding_dim:
             raise ConfigError(
@@ -261,9 +263,9 @@ class TrainConfig:
             )
         if over[-1] != 1:
             raise ConfigError(f"--over-arch={self.model.over_arch!r} must end in 1 (one logit)")
-        if engine.plan is not None and engine.kind != "sparsecore":
-            raise ConfigError(f"--plan={engine.plan!r} needs --engine sparsecore (the torchrec engine "
-                              "plans with TorchRec's own planner)")
+        if engine.plan is not None and not kind.reads_plan:
+            raise ConfigError(f"--plan={engine.plan!r} needs --engine {_engines_that('reads_plan')} (the "
+                              f"{kind.name} engine plans with its own planner)")
         for name in ("num_embeddings_per_feature", "multi_hot_sizes"):
             if self.option(name) is not None:
                 _positive_ints(name, self.option(name))
@@ -275,9 +277,10 @@ class TrainConfig:
         if optim.lr_decay_steps and optim.lr_decay_start < optim.lr_warmup_steps:
             raise ConfigError(f"--lr-decay-start={optim.lr_decay_start} must be >= --lr-warmup-steps="
                               f"{optim.lr_warmup_steps} (the warm-up ends before the decay starts)")
-        if (optim.lr_warmup_steps or optim.lr_decay_steps) and engine.kind != "torchrec":
-            raise ConfigError("--lr-warmup-steps/--lr-decay-steps need --engine torchrec: the sparsecore "
-                              "engine's fused embedding optimizer has a fixed learning rate")
+        if (optim.lr_warmup_steps or optim.lr_decay_steps) and not kind.schedules_sparse_lr:
+            raise ConfigError(f"--lr-warmup-steps/--lr-decay-steps need --engine "
+                              f"{_engines_that('schedules_sparse_lr')}: the {kind.name} engine's fused embedding "
+                              "optimizer has a fixed learning rate")
 
     def per_feature(self, name: str, count: int) -> tuple[int, ...] | None:
         """``--num-embeddings-per-feature`` or ``--multi-hot-sizes`` (``name``) for ``count``
@@ -305,6 +308,11 @@ def _group_options() -> dict[str, tuple[str, dataclasses.Field]]:
 
 # Every option's name (flag and YAML key, with underscores) -> (its group, its field), grouped order.
 OPTIONS: dict[str, tuple[str, dataclasses.Field]] = _group_options()
+
+
+def _engines_that(trait: str) -> str:
+    """The ``--engine`` values whose :class:`~torchrec_tpu.train.engines.EngineKind` has ``trait``."""
+    return "|".join(e.name for e in ENGINES.values() if getattr(e, trait))
 
 
 def _as_flag(name: str) -> str:

@@ -15,28 +15,28 @@ from torchrec.datasets.utils import Batch
 
 from pipelines.arrow_batch import empty_batch
 from pipelines.bad_values import BadValueCounts
-from torchrec_tpu.train.batch_streams import evaluation_stream, training_streams
-from torchrec_tpu.train.checkpoint import (
+from torchrec_tpu.train.checkpoint.dirs import new_run_id
+from torchrec_tpu.train.checkpoint.resume import ResumePoint, position_meta, resume_point
+from torchrec_tpu.train.checkpoint.run_dirs import RunDirs, claim_run_dirs
+from torchrec_tpu.train.checkpoint.store import (
     CheckpointError,
     load_checkpoint,
     open_checkpoint,
     restore_rng,
     save_checkpoint,
 )
-from torchrec_tpu.train.checkpoint_dirs import new_run_id
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.config_agreement import agree_on_config
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, describe_transport, process_group
-from torchrec_tpu.train.engines import engine_for
+from torchrec_tpu.train.engines import Engine, engine_for
 from torchrec_tpu.train.learning_rate import LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.model import ModelSpec
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 from torchrec_tpu.train.rank_watch import collectives
-from torchrec_tpu.train.resume import ResumePoint, position_meta, resume_point
-from torchrec_tpu.train.run_dirs import RunDirs, claim_run_dirs
 from torchrec_tpu.train.scalars import ScalarLog
+from torchrec_tpu.train.streams import evaluation_stream, training_streams
 
 _log = logging.getLogger(__name__)
 
@@ -101,22 +101,23 @@ class JobHooks:
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
             hooks: JobHooks = JobHooks()) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
-    device_tensors = config.engine.kind == "sparsecore" and config.engine.dense_device == "tpu"
-    with process_group(config.engine.collective_timeout, device_tensors, config.engine.bind_cpus) as env, \
+    engine = engine_for(config)
+    with process_group(config.engine.collective_timeout, engine.needs_device_tensors, config.engine.bind_cpus) as env, \
             collectives("the collectives of setting up or finishing the run (model sharding, DDP "
                         "init, broadcasts, the final checkpoint)"):
         agree_on_config(config, env)
-        return _run(config, env, device, hooks)
+        return _run(config, engine, env, device, hooks)
 
 
-def _run(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHooks) -> JobSummary:
+def _run(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device, hooks: JobHooks) -> JobSummary:
     if env.world_size > 1 and env.is_primary:
         _log.info("torchrec-tpu train: %s", describe_transport(env))
     with contextlib.ExitStack() as held:  # the primary's locks on the run's directories
-        return _run_in(config, env, device, hooks, _on_primary(lambda: claim_run_dirs(config, held), env))
+        return _run_in(config, engine, env, device, hooks, _on_primary(lambda: claim_run_dirs(config, held), env))
 
 
-def _run_in(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobHooks, dirs: RunDirs) -> JobSummary:
+def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device, hooks: JobHooks,
+            dirs: RunDirs) -> JobSummary:
     log_dir, checkpoint_root = dirs.log_dir, dirs.checkpoint_root
     torch.manual_seed(config.loop.seed)
     if config.engine.num_threads:
@@ -126,7 +127,6 @@ def _run_in(config: TrainConfig, env: DistEnv, device: torch.device, hooks: JobH
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
-        engine = engine_for(config)
         model = engine.build_model(spec, env, device)
         optimizer = engine.build_optimizer(model)
         start_step, start = 0, LoopPosition()

@@ -1,9 +1,9 @@
 """Model factory: stock TorchRec DLRM / DLRM_DCN with one embedding table per sparse feature.
 
 The embedding tables are built on the meta device; the torchrec engine's
-``DistributedModelParallel`` (:mod:`torchrec_tpu.train.torchrec_engine`) materialises them sharded.
+``DistributedModelParallel`` (:mod:`torchrec_tpu.train.engines.torchrec_engine`) materialises them sharded.
 The dense towers are built on ``dense_device``; the sparsecore engine builds them on the CPU and
-moves them (:mod:`torchrec_tpu.train.dense_placement`). :data:`EBC_PATH` and :func:`table_name`
+moves them (:mod:`torchrec_tpu.train.engines.dense_placement`). :data:`EBC_PATH` and :func:`table_name`
 are the one definition of where the tables live in the model and what they are called, which
 both engines' checkpoints and the inference loader rely on.
 """

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
-from pipelines.streams import batches_from_row
+from pipelines.streams import BatchStream, batches_from_row
 from torchrec_tpu.errors import CollectiveError, is_user_error, one_line
 from torchrec_tpu.train.rank_watch import collectives
 
@@ -29,7 +29,7 @@ class RankFailure(CollectiveError):
     """Raised on every rank when one rank's batch failed; the same message everywhere."""
 
 
-class AgreedBatches:
+class AgreedBatches(BatchStream):
     """Re-iterable like ``batches`` (``len`` and ``iter_from_row`` included), agreed over
     ``group`` as the module docstring says. Every rank must iterate it in step. Without
     ``exhausted`` the pass ends on every rank when one rank runs out; with it, a rank out of

@@ -19,7 +19,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
 from torchrec_tpu.sharding.ebc import PrefetchedKJT
-from torchrec_tpu.train.dense_placement import dense_device_of, pooled_on_host
+from torchrec_tpu.train.engines.dense_placement import dense_device_of, pooled_on_host
 from torchrec_tpu.train.loop import StepFn, train_step
 from torchrec_tpu.train.metrics import EvalForward, model_outputs
 
@@ -51,7 +51,7 @@ class CompiledDenseStep:
     embeddings' gradient.
 
     ``model`` is the sparsecore engine's ``DLRMTrain`` with its towers on tpu
-    (:func:`~torchrec_tpu.train.dense_placement.place_dense`); ``optimizer`` the dense optimizer
+    (:func:`~torchrec_tpu.train.engines.dense_placement.place_dense`); ``optimizer`` the dense optimizer
     (a ``KeyedOptimizerWrapper`` or a plain torch optimizer) over the towers' parameters."""
 
     def __init__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer) -> None:
@@ -111,25 +111,25 @@ def _host_pooled(model: DLRMTrain, batch: Batch) -> torch.Tensor:
         return model.model.sparse_arch(batch.sparse_features)
 
 
-def _one_program(engine: str, dense_device: torch.device, world_size: int, dense_parallel: str) -> bool:
+def _one_program(dense_device: torch.device, world_size: int, dense_parallel: str) -> bool:
     # plain tpu tensors in one process (``ddp`` does not wrap one rank); several ranks sync the
     # towers' gradients with DDP hooks, FSDP2 shards them as DTensors: both run eagerly
-    return engine == "sparsecore" and dense_device.type == "tpu" and world_size == 1 and dense_parallel == "ddp"
+    return dense_device.type == "tpu" and world_size == 1 and dense_parallel == "ddp"
 
 
-def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, engine: str, dense_device: torch.device,
+def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, dense_device: torch.device,
                   world_size: int, dense_parallel: str = "ddp") -> StepFn:
-    """The training step of a job: the compiled dense step for the sparsecore engine with its
-    towers on tpu in one process; else the eager :func:`~torchrec_tpu.train.loop.train_step`."""
-    if _one_program(engine, dense_device, world_size, dense_parallel):
+    """The sparsecore engine's training step: the compiled dense step with its towers on tpu in
+    one process; else the eager :func:`~torchrec_tpu.train.loop.train_step`."""
+    if _one_program(dense_device, world_size, dense_parallel):
         return CompiledDenseStep(model, optimizer)
     return train_step
 
 
-def eval_forward(model: nn.Module, engine: str, dense_device: torch.device, world_size: int,
+def eval_forward(model: nn.Module, dense_device: torch.device, world_size: int,
                  dense_parallel: str = "ddp") -> EvalForward:
     """The evaluation forward of a job: compiled towers where the step is compiled; else the
     model's own forward."""
-    if _one_program(engine, dense_device, world_size, dense_parallel):
+    if _one_program(dense_device, world_size, dense_parallel):
         return CompiledDenseEval(model)  # type: ignore[arg-type]
     return model_outputs

@@ -2,7 +2,7 @@
 
 ``manifest.json`` lists every file of the checkpoint (path relative to the checkpoint directory,
 size, sha256). It is written last, after every rank finished writing, so it is also the mark of a
-complete checkpoint (see checkpoint_dirs.py). It detects corruption: a changed byte, a truncated
+complete checkpoint (see dirs.py). It detects corruption: a changed byte, a truncated
 or lost file. It does not detect tampering, since whoever can write the files can rewrite the
 manifest; that nothing in a crafted checkpoint can run code is the job of checkpoint_reader.py.
 """

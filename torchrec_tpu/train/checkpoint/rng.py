@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrec_tpu.train.checkpoint_manifest import CheckpointError
+from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 
 
 def rng_state() -> dict[str, Any]:

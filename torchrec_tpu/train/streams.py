@@ -21,13 +21,13 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from pipelines.streams import batches_from_row
+from pipelines.streams import BatchStream, batches_from_row
 from torchrec_tpu.train.config import TrainConfig
 
 OFFSET_ROWS = 100_000  # distinct offset vectors per feature (MLPerf's cache of multi-hot offsets)
 
 
-class ShuffledBatches:
+class ShuffledBatches(BatchStream):
     """``batches`` in a new random order each epoch; ``epoch`` is the first pass's epoch."""
 
     def __init__(self, batches: Iterable[Batch], seed: int, epoch: int = 0) -> None:
@@ -52,7 +52,7 @@ class ShuffledBatches:
             yield batches[index]
 
 
-class LimitedBatches:
+class LimitedBatches(BatchStream):
     """The first ``limit`` batches of ``batches`` (of ``batch_size`` rows each)."""
 
     def __init__(self, batches: Iterable[Batch], limit: int, batch_size: int) -> None:
@@ -70,7 +70,7 @@ class LimitedBatches:
         return itertools.islice(batches_from_row(self.batches, row), max(0, self.limit - row // self.batch_size))
 
 
-class MultiHotBatches:
+class MultiHotBatches(BatchStream):
     """``batches`` with each one-hot id of feature i expanded to ``sizes[i]`` ids."""
 
     def __init__(self, batches: Iterable[Batch], sizes: Sequence[int], table_sizes: Sequence[int],

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
-from torchrec_tpu.train.checkpoint_manifest import CheckpointError
+from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 
 _METADATA_CLASSES = {name: getattr(dcp_metadata, name)
                      for name in (*dcp_metadata.__all__, "_MEM_FORMAT_ENCODING")}

@@ -1,7 +1,7 @@
 """The directories a training run writes (``--log-dir``, ``--checkpoint-dir``): checked, locked
-for the run (one job per directory, :mod:`~torchrec_tpu.train.dir_lock`), and a checkpoint root
+for the run (one job per directory, :mod:`~torchrec_tpu.train.checkpoint.dir_lock`), and a checkpoint root
 holding another run's checkpoints refused unless the run continues it (``--resume``) or says so
-(``--overwrite-checkpoints``; theirs are kept either way, see checkpoint_dirs.py)."""
+(``--overwrite-checkpoints``; theirs are kept either way, see dirs.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchrec_tpu.train.checkpoint_dirs import checkpoints_by_run
+from torchrec_tpu.train.checkpoint.dir_lock import locked
+from torchrec_tpu.train.checkpoint.dirs import checkpoints_by_run
 from torchrec_tpu.train.config import ConfigError, TrainConfig
-from torchrec_tpu.train.dir_lock import locked
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparsecore.specs import SparseCoreTopology, TableSpec
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from torchrec_tpu.planner.plan import Plan, TablePlan, load_plan
 from torchrec_tpu.sharding.shards import SHARDING_TYPES, TableSharding, balanced_table_wise, make_shards
 from torchrec_tpu.train.config import ConfigError
@@ -37,14 +37,14 @@ class Placement:
     rank_topology: SparseCoreTopology
 
 
-def resolve_sharding(plan: str | None, tables: Sequence[TableSpec], world_size: int,
-                     batch_size: int) -> Placement:
+def resolve_sharding(plan: str | None, tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
+                     world_size: int, batch_size: int) -> Placement:
     """The placement ``--plan`` asks for: None -> tables balanced table-wise over the ranks,
-    ``auto`` -> planned now, else the plan JSON at that path."""
+    ``auto`` -> planned now (for ``tables`` looked up by ``features``), else the plan JSON at that path."""
     if plan is None:
         return Placement(balanced_table_wise(tables, world_size), SparseCoreTopology())
     source = f"--plan={plan!r}"
-    loaded = plan_for_world(tables, world_size, batch_size) if plan == AUTO else read_plan(plan)
+    loaded = plan_for_world(tables, features, world_size, batch_size) if plan == AUTO else read_plan(plan)
     sharding = sharding_from_plan(loaded, tables, world_size, source)
     return Placement(sharding, SparseCoreTopology.for_rank(loaded.topology, world_size))
 
@@ -59,15 +59,17 @@ def read_plan(path: str) -> Plan:
         raise PlanLoadError(f"--plan={path!r}: {err}") from None
 
 
-def plan_for_world(tables: Sequence[TableSpec], world_size: int, batch_size: int) -> Plan:
-    """Plan ``tables`` for ``world_size`` ranks (a v5p 1x1xW line: one device per rank)."""
+def plan_for_world(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], world_size: int,
+                   batch_size: int) -> Plan:
+    """Plan ``tables`` for ``world_size`` ranks (a v5p 1x1xW line: one device per rank); ``features``
+    say how many features look each table up (its lookups per sample) and their valency."""
     from torchrec_tpu.planner.partitioner import PlanningError, plan_tables
     from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
     from torchrec_tpu.topology import parse_accelerator_type
 
     try:
         topology = parse_accelerator_type(f"v5p-1x1x{world_size}")
-        return plan_tables(tables_from_sparsecore_specs(tables), topology, batch_size)
+        return plan_tables(tables_from_sparsecore_specs(tables, features), topology, batch_size)
     except (PlanningError, ValueError) as err:
         raise PlanLoadError(f"--plan=auto on {world_size} rank(s): {err}") from None
 

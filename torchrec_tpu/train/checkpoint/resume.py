@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchrec_tpu.train.checkpoint import rng_file
-from torchrec_tpu.train.checkpoint_dirs import new_run_id, run_id_of
-from torchrec_tpu.train.checkpoint_manifest import CheckpointError, read_manifest
+from torchrec_tpu.train.checkpoint.dirs import new_run_id, run_id_of
+from torchrec_tpu.train.checkpoint.manifest import CheckpointError, read_manifest
+from torchrec_tpu.train.checkpoint.store import rng_file
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.loop import LoopPosition
 

@@ -1,9 +1,13 @@
 """The two embedding engines of ``torchrec-tpu train`` / ``profile``, peers behind one interface.
 
-- ``sparsecore`` (:mod:`torchrec_tpu.train.sparsecore_engine`, the default): the DLRM's EBC
+- ``sparsecore`` (:mod:`torchrec_tpu.train.engines.sparsecore_engine`, the default): the DLRM's EBC
   replaced by our ``ShardedSparseCoreEBC``, the dense towers in DDP / FSDP2 on cpu or tpu;
-- ``torchrec`` (:mod:`torchrec_tpu.train.torchrec_engine`): stock TorchRec DMP on FBGEMM, the
+- ``torchrec`` (:mod:`torchrec_tpu.train.engines.torchrec_engine`): stock TorchRec DMP on FBGEMM, the
   reference the equality tests and ``bench/bench_train_e2e.py`` compare to.
+
+The registry :data:`ENGINES` names each engine and what it supports, for the config's validation
+(without importing either engine: ``--help`` stays fast); the job asks the engine object itself
+(:attr:`Engine.needs_device_tensors`), never its name.
 
 Each builds the sharded model from a :class:`~torchrec_tpu.train.model.ModelSpec` and its optimizer,
 and wraps the training batches (rank agreement, input-dist prefetch) and the step; the job, the
@@ -14,6 +18,8 @@ engine's checkpoint into the unsharded model: both name the tables as
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Protocol
 
 if TYPE_CHECKING:
@@ -34,6 +40,11 @@ class Engine(Protocol):
     """What the training job needs of an embedding engine."""
 
     name: str
+
+    @property
+    def needs_device_tensors(self) -> bool:
+        """Whether the process group must carry tpu tensors (dense towers on the tpu device)."""
+        ...
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
         """The ``DLRMTrain`` of ``spec``, sharded over ``env``'s world (a collective); ``device``:
@@ -64,12 +75,32 @@ class Engine(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class EngineKind:
+    """One ``--engine`` choice: where its class lives and which engine options it reads."""
+
+    name: str
+    module: str
+    class_name: str
+    help: str
+    places_dense: bool  # --dense-device / --dense-parallel apply (else: towers on cpu in DMP's DDP)
+    reads_plan: bool  # --plan applies (else: the engine plans its tables itself)
+    schedules_sparse_lr: bool  # --lr-warmup-steps / --lr-decay-* reach the embedding optimizer
+
+    def load(self) -> type:
+        return getattr(importlib.import_module(self.module), self.class_name)
+
+
+ENGINES: dict[str, EngineKind] = {e.name: e for e in (
+    EngineKind("torchrec", "torchrec_tpu.train.engines.torchrec_engine", "TorchRecEngine",
+               "stock TorchRec DMP on FBGEMM (the reference)",
+               places_dense=False, reads_plan=False, schedules_sparse_lr=True),
+    EngineKind("sparsecore", "torchrec_tpu.train.engines.sparsecore_engine", "SparseCoreEngine",
+               "the sparsecore sharded EBC (sharded as --plan says, dense part in DDP or FSDP2, see "
+               "--dense-parallel)", places_dense=True, reads_plan=True, schedules_sparse_lr=False),
+)}
+
+
 def engine_for(config: TrainConfig) -> Engine:
-    """The engine ``config.engine.kind`` names, set up with ``config``'s options."""
-    if config.engine.kind == "sparsecore":
-        from torchrec_tpu.train.sparsecore_engine import SparseCoreEngine
-
-        return SparseCoreEngine(config.optim, config.engine, config.data.batch_size, config.loop.seed)
-    from torchrec_tpu.train.torchrec_engine import TorchRecEngine
-
-    return TorchRecEngine(config.optim, config.data.batch_size)
+    """The engine ``config.engine.kind`` names, given its config groups."""
+    return ENGINES[config.engine.kind].load().from_config(config)

@@ -1,7 +1,7 @@
 """``--engine sparsecore``: the stock TorchRec DLRM with its EmbeddingBagCollection replaced by
 :class:`ShardedSparseCoreEBC` (fused sparse optimizer in backward), dense part in DDP or FSDP2.
 
-The dense towers run on ``dense_device`` (cpu or tpu, :mod:`torchrec_tpu.train.dense_placement`);
+The dense towers run on ``dense_device`` (cpu or tpu, :mod:`torchrec_tpu.train.engines.dense_placement`);
 their optimizer is keyed by parameter name, like the torchrec engine's, so checkpoints have the
 same shape of state.
 """
@@ -17,64 +17,49 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
-from sparsecore import SGD, Adagrad, OptimizerSpec, RowWiseAdagrad
 from sparsecore.limits import PartitionOverflowError
 from sparsecore.stacking import BatchSizeError
-from sparsecore.torchrec_convert import specs_from_configs
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
-from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig
-from torchrec_tpu.train.dense_placement import (
+from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, TrainConfig
+from torchrec_tpu.train.distributed import DistEnv, new_group
+from torchrec_tpu.train.engines.dense_placement import (
     DenseDDP,
     dense_device_of,
     parallelize_dense,
     place_dense,
     resolve_dense_device,
 )
-from torchrec_tpu.train.dense_step import eval_forward, step_function
-from torchrec_tpu.train.distributed import DistEnv, new_group
+from torchrec_tpu.train.engines.dense_step import eval_forward, step_function
+from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
+from torchrec_tpu.train.engines.plan_loading import resolve_sharding
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
 from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
-from torchrec_tpu.train.plan_loading import resolve_sharding
 from torchrec_tpu.train.rank_agreement import AgreedBatches
-from torchrec_tpu.train.torchrec_engine import DENSE_OPTIMIZER_CLASSES
 
 PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
 
-def sparse_optimizer_spec(name: str, lr: float) -> OptimizerSpec:
-    """The sparsecore optimizer doing what the torchrec engine's FBGEMM fused optimizer does
-    (accumulators start at 0, FBGEMM's default eps 1e-8)."""
-    specs = {
-        "sgd": lambda: SGD(lr),
-        "adagrad": lambda: Adagrad(lr, initial_accumulator_value=0.0, eps=1e-8),
-        "rowwise_adagrad": lambda: RowWiseAdagrad(lr, initial_accumulator_value=0.0, eps=1e-8),
-    }
-    if name not in specs:
-        raise ValueError(f"sparse optimizer {name!r} is not one of {list(specs)}")
-    return specs[name]()
-
-
-def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.device, sparse_optimizer: str,
-                           sparse_lr: float, batch_size: int, seed: int, plan: str | None = None,
-                           dense_parallel: str = "ddp") -> nn.Module:
-    """DLRMTrain whose embeddings are sharded over the world on sparsecore (xla backend) as ``plan``
-    says (see :func:`~torchrec_tpu.train.plan_loading.resolve_sharding`) and whose dense towers
-    run on ``dense_device``, synced by ``dense_parallel``.
+def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.device, optim: OptimConfig,
+                           options: EngineConfig, batch_size: int, seed: int) -> nn.Module:
+    """DLRMTrain whose embeddings are sharded over the world on sparsecore (xla backend) as
+    ``options.plan`` says (see :func:`~torchrec_tpu.train.engines.plan_loading.resolve_sharding`),
+    trained by ``optim``'s sparse optimizer, and whose dense towers run on ``dense_device``, synced
+    by ``options.dense_parallel``; ``batch_size`` the global batch, ``seed`` the tables' initialisation.
 
     The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
     same model on cpu and tpu."""
     model = build_dlrm(spec, dense_device=torch.device("cpu"))
     local_batch = max(1, batch_size // env.world_size)
     tables_ebc = ebc_of(model)
-    optimizer = sparse_optimizer_spec(sparse_optimizer, sparse_lr)
-    tables, _ = specs_from_configs(tables_ebc.embedding_bag_configs(), local_batch, optimizer=optimizer)
-    placement = resolve_sharding(plan, tables, env.world_size, batch_size)
+    optimizer = sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)
+    specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer)  # the tables' specs, once
+    placement = resolve_sharding(options.plan, *specs, env.world_size, batch_size)
     try:
         model.set_submodule(EBC_PATH, ShardedSparseCoreEBC.from_torchrec(
-            tables_ebc, local_batch, placement.sharding, optimizer, topology=placement.rank_topology,
+            tables_ebc, local_batch, placement.sharding, optimizer, specs=specs, topology=placement.rank_topology,
             seed=seed, average_over_ranks=True,
         ))
     except BatchSizeError as err:
@@ -82,10 +67,11 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
                           f"does not fit the sparsecore engine: {err}") from None
     place_dense(model, dense_device)
     ebc_params = [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)]
-    return parallelize_dense(model, env, dense_device, dense_parallel, ebc_params)
+    return parallelize_dense(model, env, dense_device, options.dense_parallel, ebc_params)
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap_dense(model: nn.Module) -> nn.Module:
+    """The model inside its dense DDP wrapper (``model`` itself when not wrapped)."""
     return model.module if isinstance(model, DenseDDP) else model
 
 
@@ -94,7 +80,7 @@ def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: 
     """``batches`` with their input dist run ``depth`` batches ahead on a background thread (over
     a process group of its own when there are several ranks, where the ranks first agree that each
     has its batch: :mod:`~torchrec_tpu.train.rank_agreement`; a collective: call on every rank)."""
-    ebc = ebc_of(_unwrap(model))
+    ebc = ebc_of(unwrap_dense(model))
     group = new_group(env) if env.world_size > 1 else None
     if group is not None:
         batches = AgreedBatches(batches, group, env.rank, env.world_size)
@@ -111,16 +97,14 @@ def _with_flags(batch_size: int, error: Exception) -> Exception:
                                                   "batch over more SparseCores")
 
 
-def build_dense_optimizer(model: nn.Module, dense_optimizer: str, dense_lr: float) -> KeyedOptimizerWrapper:
-    """``dense_optimizer`` over every parameter outside the sparsecore EBC, keyed by its name in
-    the unwrapped model (the same at every world size)."""
-    if dense_optimizer not in DENSE_OPTIMIZER_CLASSES:
-        raise ValueError(f"dense optimizer {dense_optimizer!r} is not one of {list(DENSE_OPTIMIZER_CLASSES)}")
-    cls = DENSE_OPTIMIZER_CLASSES[dense_optimizer]
-    params = {name: p for name, p in _unwrap(model).named_parameters() if not name.startswith(EBC_PATH)}
+def build_dense_optimizer(model: nn.Module, optim: OptimConfig) -> KeyedOptimizerWrapper:
+    """``optim``'s dense optimizer over every parameter outside the sparsecore EBC, keyed by its
+    name in the unwrapped model (the same at every world size)."""
+    cls = dense_optimizer(optim.dense_optimizer).torch_class()
+    params = {name: p for name, p in unwrap_dense(model).named_parameters() if not name.startswith(EBC_PATH)}
     on_host = all(p.device.type == "cpu" for p in params.values())
     # foreach: one multi-tensor op per update step instead of one per parameter (device op overhead)
-    return KeyedOptimizerWrapper(params, lambda ps: cls(ps, lr=dense_lr, foreach=None if on_host else True))
+    return KeyedOptimizerWrapper(params, lambda ps: cls(ps, lr=optim.dense_lr, foreach=None if on_host else True))
 
 
 @dataclass(frozen=True)
@@ -136,15 +120,21 @@ class SparseCoreEngine:
     seed: int
     name = "sparsecore"
 
+    @classmethod
+    def from_config(cls, config: TrainConfig) -> SparseCoreEngine:
+        return cls(config.optim, config.engine, config.data.batch_size, config.loop.seed)
+
+    @property
+    def needs_device_tensors(self) -> bool:
+        return self.options.dense_device == "tpu"
+
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
         """(The batches stay on the host, ``device``; the towers go to the dense device.)"""
         device = resolve_dense_device(self.options.dense_device, spec, env.world_size, self.options.dense_parallel)
-        return build_sparsecore_model(spec, env, device,
-                                      self.optim.sparse_optimizer, self.optim.sparse_lr, self.batch_size, self.seed,
-                                      self.options.plan, self.options.dense_parallel)
+        return build_sparsecore_model(spec, env, device, self.optim, self.options, self.batch_size, self.seed)
 
     def build_optimizer(self, model: nn.Module) -> KeyedOptimizerWrapper:
-        return build_dense_optimizer(model, self.optim.dense_optimizer, self.optim.dense_lr)
+        return build_dense_optimizer(model, self.optim)
 
     def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
                      background: bool = True) -> Iterable[Batch]:
@@ -155,11 +145,10 @@ class SparseCoreEngine:
         return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
 
     def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
-        return step_function(model, optimizer, self.name, dense_device_of(model), env.world_size,
-                             self.options.dense_parallel)
+        return step_function(model, optimizer, dense_device_of(model), env.world_size, self.options.dense_parallel)
 
     def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
-        return eval_forward(model, self.name, dense_device_of(model), env.world_size, self.options.dense_parallel)
+        return eval_forward(model, dense_device_of(model), env.world_size, self.options.dense_parallel)
 
     def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: torch.optim.Optimizer) -> LearningRates:
         """Over the dense groups; the fused embedding rate is fixed (``policy`` must be constant)."""

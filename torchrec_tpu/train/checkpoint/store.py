@@ -1,6 +1,6 @@
 """Checkpoints: model + optimizer state through torch.distributed.checkpoint, RNG, a JSON sidecar.
 
-Each save is a new versioned directory under the checkpoint root (see checkpoint_dirs.py)::
+Each save is a new versioned directory under the checkpoint root (see dirs.py)::
 
     <version>/state/            DCP files: {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     <version>/rng/rank-NNNNN.pt this rank's torch / numpy / python RNG state (plain tensors)
@@ -29,7 +29,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.optim import Optimizer
 
-from torchrec_tpu.train.checkpoint_dirs import (
+from torchrec_tpu.train.checkpoint.dirs import (
     META_FILE,
     intact_checkpoint,
     new_tag,
@@ -38,10 +38,10 @@ from torchrec_tpu.train.checkpoint_dirs import (
     start_version,
     version_dir,
 )
-from torchrec_tpu.train.checkpoint_manifest import CheckpointError
-from torchrec_tpu.train.checkpoint_reader import load_state, read_state_metadata
-from torchrec_tpu.train.rng import load_rng, save_rng
-from torchrec_tpu.train.save_guard import guarded_save, state_bytes
+from torchrec_tpu.train.checkpoint.manifest import CheckpointError
+from torchrec_tpu.train.checkpoint.reader import load_state, read_state_metadata
+from torchrec_tpu.train.checkpoint.rng import load_rng, save_rng
+from torchrec_tpu.train.checkpoint.save_guard import guarded_save, state_bytes
 
 STATE_DIR = "state"
 RNG_DIR = "rng"
@@ -54,7 +54,7 @@ def save_checkpoint(root: Path, model: nn.Module, optimizer: Optimizer, meta: di
                     keep: int = 2) -> Path:
     """Save a new version of the checkpoint at ``meta["step"]`` under ``root`` for the run
     ``run_id`` and publish it as ``root/latest``, keeping that run's newest ``keep``. Ctrl-C and
-    a full disk are handled as :mod:`~torchrec_tpu.train.save_guard` says. A collective: call on
+    a full disk are handled as :mod:`~torchrec_tpu.train.checkpoint.save_guard` says. A collective: call on
     every rank. Returns the version directory."""
     distributed = dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -81,9 +81,9 @@ def save_checkpoint(root: Path, model: nn.Module, optimizer: Optimizer, meta: di
 def open_checkpoint(path: Path, warn: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
     """(version directory, metadata) of the checkpoint at ``path`` (a version directory, or a
     root: its ``latest``) after verifying every file against its manifest and checking its DCP
-    metadata (:func:`~torchrec_tpu.train.checkpoint_reader.read_state_metadata`). With ``warn``, a root
+    metadata (:func:`~torchrec_tpu.train.checkpoint.reader.read_state_metadata`). With ``warn``, a root
     whose latest is corrupt falls back to its newest intact checkpoint (see
-    :func:`~torchrec_tpu.train.checkpoint_dirs.intact_checkpoint`)."""
+    :func:`~torchrec_tpu.train.checkpoint.dirs.intact_checkpoint`)."""
     directory = intact_checkpoint(path, REQUIRED_FILES, warn)
     read_state_metadata(directory / STATE_DIR)  # refuses crafted metadata before any model is built
     try:

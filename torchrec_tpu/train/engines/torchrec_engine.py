@@ -20,53 +20,33 @@ from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
-from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from torchrec_tpu.train.config import OptimConfig
+from torchrec_tpu.train.config import OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn, train_step
 from torchrec_tpu.train.metrics import EvalForward, model_outputs
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 
-# Each maps to one FBGEMM fused optimizer (torchrec's optimizer_type_to_emb_opt_type).
-SPARSE_OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
-    "adagrad": torch.optim.Adagrad,  # EXACT_ADAGRAD: one accumulator per weight
-    "rowwise_adagrad": RowWiseAdagrad,  # EXACT_ROWWISE_ADAGRAD: one accumulator per row
-    "sgd": torch.optim.SGD,  # EXACT_SGD
-}
 # Memory the planner keeps free for activations and dense parameters (its default percentage).
 STORAGE_RESERVED_FRACTION = 0.15
-DENSE_OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
-    "adagrad": torch.optim.Adagrad,
-    "adam": torch.optim.Adam,
-}
 
 
-def shard_model(
-    model: nn.Module,
-    env: DistEnv,
-    device: torch.device,
-    sparse_optimizer: str,
-    sparse_lr: float,
-    batch_size: int,
-) -> DistributedModelParallel:
-    """Attach the fused embedding optimizer, plan the tables over the world, and shard."""
-    if sparse_optimizer not in SPARSE_OPTIMIZER_CLASSES:
-        raise ValueError(
-            f"sparse optimizer {sparse_optimizer!r} is not one of {list(SPARSE_OPTIMIZER_CLASSES)}"
-        )
+def shard_model(model: nn.Module, env: DistEnv, device: torch.device, optim: OptimConfig,
+                batch_size: int) -> DistributedModelParallel:
+    """Attach ``optim``'s fused embedding optimizer, plan the tables over the world (``batch_size``:
+    the global batch), and shard."""
+    sparse = sparse_optimizer(optim.sparse_optimizer)
     collections = [m for m in model.modules() if isinstance(m, EmbeddingBagCollection)]
     embedding_params = [p for ebc in collections for p in ebc.parameters()]
     if not embedding_params:
         raise ValueError("model has no embedding tables (no EmbeddingBagCollection parameters)")
-    apply_optimizer_in_backward(
-        SPARSE_OPTIMIZER_CLASSES[sparse_optimizer], embedding_params, {"lr": sparse_lr}
-    )
+    apply_optimizer_in_backward(sparse.torch_class(), embedding_params, {"lr": optim.sparse_lr})
     topology = TopologyFactory.create_topology(
         TrainerConfig(world_size=env.world_size, local_world_size=env.local_world_size),
         kernel_config=KernelConfig(compute_device=device.type),
@@ -80,18 +60,12 @@ def shard_model(
     return DistributedModelParallel(module=model, device=device, plan=plan)
 
 
-def build_optimizer(
-    model: DistributedModelParallel, dense_optimizer: str, dense_lr: float
-) -> CombinedOptimizer:
-    """The fused embedding optimizer plus ``dense_optimizer`` over every other parameter."""
-    if dense_optimizer not in DENSE_OPTIMIZER_CLASSES:
-        raise ValueError(
-            f"dense optimizer {dense_optimizer!r} is not one of {list(DENSE_OPTIMIZER_CLASSES)}"
-        )
-    dense_cls = DENSE_OPTIMIZER_CLASSES[dense_optimizer]
+def build_optimizer(model: DistributedModelParallel, optim: OptimConfig) -> CombinedOptimizer:
+    """The fused embedding optimizer plus ``optim``'s dense optimizer over every other parameter."""
+    dense_cls = dense_optimizer(optim.dense_optimizer).torch_class()
 
     def make(params: list) -> torch.optim.Optimizer:
-        return dense_cls(params, lr=dense_lr)
+        return dense_cls(params, lr=optim.dense_lr)
 
     dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
     return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(dense_params, make)])
@@ -106,13 +80,17 @@ class TorchRecEngine:
     optim: OptimConfig
     batch_size: int  # global
     name = "torchrec"
+    needs_device_tensors = False  # towers and tables on the host
+
+    @classmethod
+    def from_config(cls, config: TrainConfig) -> TorchRecEngine:
+        return cls(config.optim, config.data.batch_size)
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
-        return shard_model(build_dlrm(spec, dense_device=device), env, device, self.optim.sparse_optimizer,
-                           self.optim.sparse_lr, self.batch_size)
+        return shard_model(build_dlrm(spec, dense_device=device), env, device, self.optim, self.batch_size)
 
     def build_optimizer(self, model: nn.Module) -> CombinedOptimizer:
-        return build_optimizer(model, self.optim.dense_optimizer, self.optim.dense_lr)  # type: ignore[arg-type]
+        return build_optimizer(model, self.optim)  # type: ignore[arg-type]
 
     def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
                      background: bool = True) -> Iterable[Batch]:

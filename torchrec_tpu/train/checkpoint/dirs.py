@@ -7,7 +7,7 @@ Layout::
 
 A save fills a new directory (:func:`start_version`: first the id of the run saving it, in
 ``run_id``); :func:`publish` then writes its ``meta.json`` and, last, its ``manifest.json``
-(sha256 of every file, checkpoint_manifest.py; the completion mark), repoints ``latest`` with one
+(sha256 of every file, manifest.py; the completion mark), repoints ``latest`` with one
 rename (atomic on POSIX) and deletes all but the newest ``keep`` complete checkpoints of that run
 plus the leftovers of its interrupted saves: a run never deletes what another run wrote (a
 resumed run continues the id of the checkpoint it resumed). A process killed at any moment
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from torchrec_tpu.train.checkpoint_manifest import MANIFEST_FILE, CheckpointError, manifest_of, verify_checkpoint
+from torchrec_tpu.train.checkpoint.manifest import MANIFEST_FILE, CheckpointError, manifest_of, verify_checkpoint
 
 LATEST = "latest"
 META_FILE = "meta.json"

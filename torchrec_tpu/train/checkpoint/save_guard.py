@@ -27,7 +27,7 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
-from torchrec_tpu.train.checkpoint_dirs import is_checkpoint
+from torchrec_tpu.train.checkpoint.dirs import is_checkpoint
 
 _DISK_FULL = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",
               errno.EFBIG: "File too large (the file size limit, ulimit -f)"}

@@ -1,0 +1,112 @@
+"""The two engines are peers: nothing in ``torchrec_tpu/train`` branches on an engine's name (the
+engine object, or its registry entry's traits, answer); the names appear only in the registry
+(``train/engines/__init__.py``) and as each engine class's own ``name``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.engines import ENGINES, engine_for
+from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
+
+TRAIN = Path(__file__).resolve().parents[2] / "torchrec_tpu" / "train"
+REGISTRY = TRAIN / "engines" / "__init__.py"
+
+
+def _engine_name_uses(path: Path) -> list[str]:
+    """Comparisons (``==``, ``!=``, ``in``) and subscripts with an engine name as a literal."""
+    names = set(ENGINES)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            literals = [c for o in operands for c in ast.walk(o) if isinstance(c, ast.Constant)]
+        elif isinstance(node, ast.Subscript):
+            literals = [node.slice] if isinstance(node.slice, ast.Constant) else []
+        elif isinstance(node, ast.match_case):
+            literals = [c for c in ast.walk(node.pattern) if isinstance(c, ast.Constant)]
+        else:
+            continue
+        if any(c.value in names for c in literals):
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_nothing_in_train_branches_on_an_engine_name() -> None:
+    offenders = [use for path in sorted(TRAIN.rglob("*.py")) if path != REGISTRY for use in _engine_name_uses(path)]
+    assert not offenders, "branch on the engine object or its EngineKind traits instead:\n" + "\n".join(offenders)
+
+
+def test_the_finder_sees_a_branch(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text('def f(config, table):\n'
+                      '    if config.engine.kind == "sparsecore":\n'
+                      '        return table["torchrec"]\n'
+                      '    return config.engine.kind in ("torchrec", "other")\n')
+    assert sorted(use.split(":")[1] for use in _engine_name_uses(sample)) == ["2", "3", "4"]
+
+
+def test_registry_vocabularies_are_the_option_choices() -> None:
+    from torchrec_tpu.train.config import OPTIONS
+
+    def choices(name: str) -> tuple:
+        return tuple(OPTIONS[name][1].metadata["choices"])
+
+    assert choices("engine") == tuple(ENGINES)
+    assert choices("sparse_optimizer") == tuple(SPARSE_OPTIMIZERS)
+    assert choices("dense_optimizer") == tuple(DENSE_OPTIMIZERS)
+
+
+def test_each_engine_answers_for_itself() -> None:
+    for name, kind in ENGINES.items():
+        engine = engine_for(TrainConfig.from_options(engine=name))
+        assert engine.name == name and type(engine) is kind.load()
+        assert engine.needs_device_tensors is False  # dense_device auto/cpu: host tensors
+    tpu = engine_for(TrainConfig.from_options(engine="sparsecore", dense_device="tpu"))
+    assert tpu.needs_device_tensors is True
+
+
+def test_one_optimizer_vocabulary_for_both_engines() -> None:
+    import torch
+    from torchrec.optim import RowWiseAdagrad as TorchRecRowWise
+
+    import sparsecore
+
+    assert SPARSE_OPTIMIZERS["adagrad"].torch_class() is torch.optim.Adagrad
+    assert SPARSE_OPTIMIZERS["rowwise_adagrad"].torch_class() is TorchRecRowWise
+    for name, optimizer in SPARSE_OPTIMIZERS.items():
+        spec = optimizer.sparsecore_spec(0.1)
+        assert isinstance(spec, sparsecore.OptimizerSpec) and spec.name == name
+        assert tuple(spec.slot_names) == (*optimizer.slots[0], *optimizer.slots[1])
+    assert DENSE_OPTIMIZERS["adam"].torch_class() is torch.optim.Adam
+
+
+# docs/ARCHITECTURE.md, "Training rooms": what each room may import from the rest of train/
+ROOM_IMPORTS = {
+    "engines": {"config", "model", "loop", "metrics", "learning_rate", "distributed", "rank_agreement"},
+    "checkpoint": {"config", "loop"},
+    "streams": {"config"},
+    "config": {"engines"},
+}
+
+
+def _train_modules_imported(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                   else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        out.update(m.split(".")[2] for m in modules if m.startswith("torchrec_tpu.train."))
+    return out
+
+
+def test_rooms_import_what_the_architecture_says() -> None:
+    offenders = []
+    for room, allowed in ROOM_IMPORTS.items():
+        paths = sorted((TRAIN / room).rglob("*.py")) if (TRAIN / room).is_dir() else [TRAIN / f"{room}.py"]
+        for path in paths:
+            wrong = _train_modules_imported(path) - allowed - {room}
+            if wrong:
+                offenders.append(f"{path.relative_to(TRAIN)} imports train.{sorted(wrong)}")
+    assert not offenders, "\n".join(offenders)
