@@ -1,13 +1,29 @@
 """Suite-wide: every process the tests start compiles into a private persistent compile cache,
 never the user's (``TORCH_TPU_COMPILE_CACHE`` is read when JAX is first used; child processes
-inherit it). It is removed when the test session's process exits."""
+inherit it). It is removed when the test session's process exits. Tests measured slow join ``-m slow``."""
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
+from pathlib import Path
+
+import pytest
 
 if "TORCH_TPU_COMPILE_CACHE" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="torchrec-tpu-test-cache-")
     os.environ["TORCH_TPU_COMPILE_CACHE"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+
+_MEASURED_SLOW = json.loads((Path(__file__).parent / "measured_slow.json").read_text())["slow"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m 'not slow'`` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests measured slow (``tests/measured_slow.json``, written by ``scripts/measure_slow_tests.py``)
+    join ``-m slow``."""
+    for item in items:
+        if item.nodeid in _MEASURED_SLOW:
+            item.add_marker(pytest.mark.slow)
