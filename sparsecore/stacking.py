@@ -141,6 +141,28 @@ class StackingPlan:
             for s in self.stacks if len(s.tables) > 1
         })
 
+    def for_local_devices(self, local_devices: int) -> StackingPlan:
+        """The plan a process driving ``local_devices`` of this topology's devices preprocesses
+        its share of the batch with (jax-tpu-embedding's ``local_device_count``): the same stacks,
+        ids still spread over all N SparseCores, every feature's batch and sample offset scaled
+        by ``local_devices / num_devices`` (each SparseCore keeps its share of samples)."""
+        total = self.topology.num_devices
+        if not isinstance(local_devices, int) or not 1 <= local_devices <= total:
+            raise ValueError(f"local_devices must be an int in [1, {total}], got {local_devices!r}")
+        if local_devices == total:
+            return self
+        per_chip = self.topology.chip.devices_per_chip
+        local = SparseCoreTopology(self.topology.generation, -(-local_devices // per_chip), local_devices)
+
+        def share(samples: int) -> int:
+            return samples * local_devices // total
+
+        stacks = tuple(replace(s, features=tuple(
+            replace(fp, batch_size=share(fp.batch_size), sample_offset=share(fp.sample_offset))
+            for fp in s.features)) for s in self.stacks)
+        features = tuple(replace(f, batch_size=share(f.batch_size)) for f in self.features)
+        return replace(self, topology=local, features=features, stacks=stacks)
+
     def stack(self, name: str) -> StackedTable:
         for stack in self.stacks:
             if stack.name == name:
@@ -166,6 +188,7 @@ def plan_stacking(
     activation_bytes_limit: int = DEFAULT_ACTIVATION_BYTES_LIMIT,
     stack_to_max_ids_per_partition: LimitsCallable = default_stack_limit,
     stack_to_max_unique_ids_per_partition: LimitsCallable = default_stack_limit,
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> StackingPlan:
     """Group tables into stacks and place every table and feature exactly as jax-tpu-embedding's
     ``auto_stack_tables`` does, whatever order ``tables`` and ``features`` come in.
@@ -180,7 +203,9 @@ def plan_stacking(
     jax-tpu-embedding; ``StackingPlan.with_table_limits`` sums its tables' limits instead).
     ``rotation`` is the shard rotation between consecutive tables of a stack (default: the
     SparseCores per device). ``stack_tables=False`` keeps one table per stack (features of one
-    table still stack). ``StackingPlan.features`` keeps the given order.
+    table still stack). ``groups`` names stacks explicitly (stack name -> its tables, in row
+    order; the tables must share padded dim, optimizer and combiner); the other tables group as
+    above. ``StackingPlan.features`` keeps the given order.
     """
     by_name = validate_specs(tables, features)
     n = topology.num_sparsecores
@@ -193,10 +218,44 @@ def plan_stacking(
             )
     by_feature_name = sorted(features, key=lambda f: f.name)
     ordered_tables = [by_name[name] for name in dict.fromkeys(f.table for f in by_feature_name)]
-    groups = _group_tables(ordered_tables, by_feature_name, n, stack_tables, activation_bytes_limit)
+    named = _explicit_groups(groups or {}, by_name)
+    in_named = {t.name for group in named.values() for t in group}
+    rest = [t for t in ordered_tables if t.name not in in_named]
+    grouped = [(None, group) for group in _group_tables(rest, by_feature_name, n, stack_tables,
+                                                       activation_bytes_limit)]
+    grouped += list(named.items())
+    first_seen = {t.name: i for i, t in enumerate(ordered_tables)}
+    grouped.sort(key=lambda item: min(first_seen[t.name] for t in item[1]))
     limits = (stack_to_max_ids_per_partition, stack_to_max_unique_ids_per_partition)
-    stacks = tuple(_build_stack(group, by_feature_name, n, rotation, limits) for group in groups)
+    stacks = tuple(_build_stack(group, by_feature_name, n, rotation, limits, name) for name, group in grouped)
     return StackingPlan(topology, dict(by_name), tuple(features), stacks)
+
+
+def _explicit_groups(groups: Mapping[str, Sequence[str]], by_name: Mapping[str, TableSpec]
+                     ) -> dict[str, list[TableSpec]]:
+    """The explicitly named stacks' tables, checked: known, in one stack each, stackable together."""
+    out: dict[str, list[TableSpec]] = {}
+    owner: dict[str, str] = {}
+    for stack, names in groups.items():
+        if not names:
+            raise ValueError(f"stack {stack!r} names no tables")
+        for name in names:
+            if name not in by_name:
+                raise ValueError(f"stack {stack!r} names unknown table {name!r}; known tables: {sorted(by_name)}")
+            if name in owner:
+                raise ValueError(f"table {name!r} is in two stacks, {owner[name]!r} and {stack!r}")
+            owner[name] = stack
+        tables = [by_name[name] for name in names]
+        first = tables[0]
+        for table in tables[1:]:
+            for what, mine, theirs in (("padded dim", round_up(table.dim, ALIGNMENT), round_up(first.dim, ALIGNMENT)),
+                                       ("optimizer", table.optimizer, first.optimizer),
+                                       ("combiner", table.combiner, first.combiner)):
+                if mine != theirs:
+                    raise ValueError(f"stack {stack!r}: table {table.name!r} has {what} {mine!r} but table "
+                                     f"{first.name!r} has {theirs!r}; stacked tables must agree")
+        out[stack] = tables
+    return out
 
 
 def _group_tables(
@@ -233,7 +292,7 @@ def _group_tables(
 
 
 def _build_stack(group: list[TableSpec], features: Sequence[FeatureSpec], n: int, rotation: int,
-                 limits: tuple[LimitsCallable, LimitsCallable]) -> StackedTable:
+                 limits: tuple[LimitsCallable, LimitsCallable], name: str | None = None) -> StackedTable:
     dim = round_up(max(t.dim for t in group), ALIGNMENT)
     placements = []
     row_offset = shard_rotation = 0
@@ -253,7 +312,7 @@ def _build_stack(group: list[TableSpec], features: Sequence[FeatureSpec], n: int
                                  p.row_offset_in_shard * n, p.shard_rotation)
             )
             sample_offset += feature.batch_size
-    name = stack_name([t.name for t in group])
+    name = name or stack_name([t.name for t in group])
     if len(group) == 1:
         max_ids, max_unique = group[0].max_ids_per_partition, group[0].max_unique_ids_per_partition
     else:

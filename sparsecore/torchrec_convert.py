@@ -3,7 +3,7 @@ and ``EmbeddingConfig`` (sequence lookups, whose specs keep the "sum" combiner t
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 
@@ -20,8 +20,18 @@ def specs_from_configs(
     *,
     optimizer: OptimizerSpec | None = None,
     weighted_features: Collection[str] = (),
+    partition_limits: Mapping[str, tuple[int, int]] | None = None,
 ) -> tuple[list[TableSpec], list[FeatureSpec]]:
-    """Tables (one per config) and features (one per feature name) for a TorchRec EBC or EC layout."""
+    """Tables (one per config) and features (one per feature name) for a TorchRec EBC or EC layout.
+
+    ``partition_limits`` maps a table name to its (max_ids_per_partition,
+    max_unique_ids_per_partition); tables not named keep ``TableSpec``'s defaults.
+    """
+    partition_limits = dict(partition_limits or {})
+    unknown_tables = sorted(set(partition_limits) - {c.name for c in configs})
+    if unknown_tables:
+        raise ValueError(f"partition_limits name tables {unknown_tables} that are not among the configs "
+                         f"{[c.name for c in configs]}")
     tables, features = [], []
     for config in configs:
         pooling = config.pooling if isinstance(config, EmbeddingBagConfig) else PoolingType.SUM
@@ -35,7 +45,7 @@ def specs_from_configs(
         tables.append(TableSpec(
             name=config.name, vocab_size=config.num_embeddings, dim=config.embedding_dim,
             combiner=_POOLING_TO_COMBINER[pooling], optimizer=optimizer or SGD(),
-            initializer=initializer,
+            initializer=initializer, **_limit_fields(partition_limits.get(config.name)),
         ))
         features.extend(
             FeatureSpec(name, config.name, batch_size, weighted=name in weighted_features)
@@ -45,6 +55,13 @@ def specs_from_configs(
     if unknown:
         raise ValueError(f"weighted_features {unknown} are not features of any config")
     return tables, features
+
+
+def _limit_fields(limits: tuple[int, int] | None) -> dict[str, int]:
+    if limits is None:
+        return {}
+    max_ids, max_unique_ids = limits
+    return {"max_ids_per_partition": max_ids, "max_unique_ids_per_partition": max_unique_ids}
 
 
 def configs_from_specs(tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
