@@ -1,0 +1,19 @@
+"""TorchRec's TPU module API (``torchrec.experimental.torch_tpu``) on this project's engines: a
+script written for it runs after replacing that prefix with ``torchrec_tpu.experimental``.
+
+Here: table configs (``modules``) and host input preprocessing (``datasets``) on sparsecore.
+"""
+
+from torchrec_tpu.experimental.datasets import (
+    KeyedSparseCorePreprocessedInput,
+    SparseCoreBatch,
+    SparseCoreDataLoader,
+    SparseCoreInputPreprocessor,
+    SparseCorePreprocessedInput,
+)
+from torchrec_tpu.experimental.modules import SparseCoreEmbeddingConfig, StackedSparseCoreEmbeddingConfig
+
+__all__ = [
+    "KeyedSparseCorePreprocessedInput", "SparseCoreBatch", "SparseCoreDataLoader", "SparseCoreEmbeddingConfig",
+    "SparseCoreInputPreprocessor", "SparseCorePreprocessedInput", "StackedSparseCoreEmbeddingConfig",
+]

@@ -1,0 +1,1 @@
+"""FDO stats and clients (``torchrec.experimental.torch_tpu.datasets.fdo``)."""
