@@ -17,7 +17,8 @@ from torchrec_tpu.experimental.datasets.input_preprocessing import (
 
 @dataclasses.dataclass
 class SparseCoreBatch(Batch):
-    """``dense_features`` and ``labels`` as in a ``Batch``; ``sparse_features`` preprocessed."""
+    """``dense_features`` and ``labels`` as in a ``Batch`` (either may be None); ``sparse_features``
+    preprocessed."""
 
     sparse_features: KeyedSparseCorePreprocessedInput
 
@@ -29,11 +30,12 @@ class SparseCoreBatch(Batch):
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> SparseCoreBatch:
         """A copy with every tensor on ``device``."""
-        return SparseCoreBatch(
-            dense_features=self.dense_features.to(device, non_blocking=non_blocking),
-            sparse_features=self.sparse_features.to(device, non_blocking=non_blocking),
-            labels=self.labels.to(device, non_blocking=non_blocking),
-        )
+        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device, non_blocking=non_blocking)
+
+        return SparseCoreBatch(dense_features=move(self.dense_features),
+                               sparse_features=self.sparse_features.to(device, non_blocking=non_blocking),
+                               labels=move(self.labels))
 
     def record_stream(self, stream: torch.Stream) -> None:
         self.dense_features.record_stream(stream)
