@@ -112,6 +112,22 @@ def sparsecore_specs(tables: Sequence[SparseCoreEmbeddingConfig], global_batch_s
     return table_specs, [dataclasses.replace(f, batch_size=f.batch_size * rows[f.table]) for f in features]
 
 
+class _LargestOfTables:
+    """A stack's limit: the value set on the stack (``_<name>``), else the largest of its tables'."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, stack: StackedSparseCoreEmbeddingConfig | None, owner: type | None = None) -> Any:
+        if stack is None:
+            return self
+        override = getattr(stack, f"_{self.name}")
+        return override if override is not None else max(getattr(t, self.name) for t in stack.tables)
+
+    def __set__(self, stack: StackedSparseCoreEmbeddingConfig, value: int | None) -> None:
+        setattr(stack, f"_{self.name}", value)
+
+
 @dataclasses.dataclass
 class StackedSparseCoreEmbeddingConfig:
     """One stacked table as TorchRec TPU describes it: its tables and features, its padded size,
@@ -155,35 +171,9 @@ class StackedSparseCoreEmbeddingConfig:
             table._stacked_config = out
         return out
 
-    @property
-    def max_ids_per_partition(self) -> int:
-        if self._max_ids_per_partition is not None:
-            return self._max_ids_per_partition
-        return max(t.max_ids_per_partition for t in self.tables)
-
-    @max_ids_per_partition.setter
-    def max_ids_per_partition(self, value: int | None) -> None:
-        self._max_ids_per_partition = value
-
-    @property
-    def max_unique_ids_per_partition(self) -> int:
-        if self._max_unique_ids_per_partition is not None:
-            return self._max_unique_ids_per_partition
-        return max(t.max_unique_ids_per_partition for t in self.tables)
-
-    @max_unique_ids_per_partition.setter
-    def max_unique_ids_per_partition(self, value: int | None) -> None:
-        self._max_unique_ids_per_partition = value
-
-    @property
-    def suggested_coo_buffer_size_per_device(self) -> int:
-        if self._suggested_coo_buffer_size_per_device is not None:
-            return self._suggested_coo_buffer_size_per_device
-        return max(t.suggested_coo_buffer_size_per_device for t in self.tables)
-
-    @suggested_coo_buffer_size_per_device.setter
-    def suggested_coo_buffer_size_per_device(self, value: int | None) -> None:
-        self._suggested_coo_buffer_size_per_device = value
+    max_ids_per_partition = _LargestOfTables()
+    max_unique_ids_per_partition = _LargestOfTables()
+    suggested_coo_buffer_size_per_device = _LargestOfTables()
 
     @property
     def name(self) -> str:
