@@ -65,22 +65,20 @@ def div_mode(self, other, *, rounding_mode=None):
     return jnp.trunc(a / b)
 
 
-@register_lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
-def floor_divide(self, other):
-    a, b = promoted(self, other)
-    return jnp.floor_divide(a, b)
+def _on_promoted(fn):
+    """The lowering of a binary op that is ``fn`` of its operands at their promoted dtype."""
+
+    def lowering(self, other):
+        return fn(*promoted(self, other))
+
+    lowering.__qualname__ = fn.__name__
+    return lowering
 
 
-@register_lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
-def remainder(self, other):
-    a, b = promoted(self, other)
-    return jnp.remainder(a, b)
-
-
-@register_lowering(aten.fmod.Tensor, aten.fmod.Scalar)
-def fmod(self, other):
-    a, b = promoted(self, other)
-    return jnp.fmod(a, b)
+register_lowering(aten.floor_divide.default, aten.floor_divide.Scalar)(_on_promoted(jnp.floor_divide))
+register_lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(
+    _on_promoted(jnp.remainder))
+register_lowering(aten.fmod.Tensor, aten.fmod.Scalar)(_on_promoted(jnp.fmod))
 
 
 @register_lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)

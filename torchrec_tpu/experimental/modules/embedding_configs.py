@@ -19,6 +19,21 @@ from sparsecore.stacking import StackedTable
 from sparsecore.torchrec_convert import specs_from_configs
 
 
+class _Reads:
+    """A read-only attribute that is another one's value: a dotted path from the instance (a
+    number steps into a list), as TorchRec TPU's configs pass their wrapped config's fields on."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path.split(".")
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        for step in self.path:
+            obj = obj[int(step)] if step.isdigit() else getattr(obj, step)
+        return obj
+
+
 @dataclasses.dataclass
 class SparseCoreEmbeddingConfig:
     """A TorchRec ``EmbeddingBagConfig`` (pooled) or ``EmbeddingConfig`` (sequence) with the bounds
@@ -54,25 +69,11 @@ class SparseCoreEmbeddingConfig:
         if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < 1):
             raise ValueError(f"{where}: max_seq_len must be a positive int or None, got {self.max_seq_len!r}")
 
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def embedding_dim(self) -> int:
-        return self.config.embedding_dim
-
-    @property
-    def num_embeddings(self) -> int:
-        return self.config.num_embeddings
-
-    @property
-    def feature_names(self) -> list[str]:
-        return self.config.feature_names
-
-    @property
-    def init_fn(self) -> Any:
-        return self.config.init_fn
+    name = _Reads("config.name")
+    embedding_dim = _Reads("config.embedding_dim")
+    num_embeddings = _Reads("config.num_embeddings")
+    feature_names = _Reads("config.feature_names")
+    init_fn = _Reads("config.init_fn")
 
     @property
     def pooling(self) -> PoolingType:
@@ -175,33 +176,13 @@ class StackedSparseCoreEmbeddingConfig:
     max_unique_ids_per_partition = _LargestOfTables()
     suggested_coo_buffer_size_per_device = _LargestOfTables()
 
-    @property
-    def name(self) -> str:
-        return self.stack_table_name
-
-    @property
-    def stack_name(self) -> str:
-        return self.stack_table_name
-
-    @property
-    def embedding_dim(self) -> int:
-        return self.stack_embedding_dim
-
-    @property
-    def num_embeddings(self) -> int:
-        return self.stack_num_embeddings
-
-    @property
-    def pooling(self) -> PoolingType:
-        return self.tables[0].pooling
-
-    @property
-    def is_unpooled(self) -> bool:
-        return self.tables[0].is_unpooled
-
-    @property
-    def max_seq_len(self) -> int | None:
-        return self.tables[0].max_seq_len
+    name = _Reads("stack_table_name")
+    stack_name = _Reads("stack_table_name")
+    embedding_dim = _Reads("stack_embedding_dim")
+    num_embeddings = _Reads("stack_num_embeddings")
+    pooling = _Reads("tables.0.pooling")
+    is_unpooled = _Reads("tables.0.is_unpooled")
+    max_seq_len = _Reads("tables.0.max_seq_len")
 
     @property
     def total_features(self) -> int:
