@@ -28,7 +28,7 @@ _MOD = 1  # jax-tpu-embedding's sharding_strategy for mod sharding
 
 
 def _minibatches():
-    return jnp.ones((1,), jnp.int32)
+    return jnp.int32(1)
 
 
 def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size: int,

@@ -108,15 +108,16 @@ def rowwise_adagrad(table, accumulator, grad, touched, learning_rate, epsilon):
 
 def adam(table, momentum, velocity, grad, touched, alpha_t, beta_1, beta_2, epsilon):
     """jax-tpu-embedding's form: m += (1 - b1)(g - m); v += (1 - b2)(g^2 - v);
-    w -= alpha_t m / (sqrt(v) + epsilon). ``velocity`` [V] is row-wise (mean over the row)."""
-    b1, b2 = jnp.float32(beta_1), jnp.float32(beta_2)
-    m = momentum + (1.0 - b1) * (grad - momentum)
+    w -= alpha_t m / (sqrt(v) + epsilon). ``velocity`` [V] is row-wise (mean over the row).
+    1 - b is taken in double, then rounded (as torch.optim.Adam's python-float betas are)."""
+    c1, c2 = jnp.float32(1.0 - float(beta_1)), jnp.float32(1.0 - float(beta_2))
+    m = momentum + c1 * (grad - momentum)
     if velocity.ndim == 1:
-        v_full = velocity[:, None] + (1.0 - b2) * (grad * grad - velocity[:, None])
+        v_full = velocity[:, None] + c2 * (grad * grad - velocity[:, None])
         v = jnp.sum(v_full / grad.shape[1], axis=1)
         denom = jnp.sqrt(v)[:, None] + jnp.float32(epsilon)
     else:
-        v = velocity + (1.0 - b2) * (grad * grad - velocity)
+        v = velocity + c2 * (grad * grad - velocity)
         denom = jnp.sqrt(v) + jnp.float32(epsilon)
     new = table - alpha_t * m / denom
     return (_keep_untouched(touched, new, table), _keep_untouched(touched, m, momentum),

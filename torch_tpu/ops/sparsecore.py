@@ -197,13 +197,13 @@ def _update_cpu(optimizer: str, table, slots, g, touched, hypers) -> tuple[torch
         return _keep(touched, table - lr.to(f32) * g / denom, table), _keep(touched, acc, acc_old)
     if optimizer == "adam":
         (m_old, v_old), (alpha, b1, b2, eps) = slots, hypers
-        b1, b2, eps = (torch.tensor(x, dtype=f32) for x in (b1, b2, eps))
-        m = m_old + (1 - b1) * (g - m_old)
+        c1, c2, eps = (torch.tensor(x, dtype=f32) for x in (1.0 - b1, 1.0 - b2, eps))  # 1 - b in double
+        m = m_old + c1 * (g - m_old)
         if v_old.dim() == 1:
-            v = ((v_old[:, None] + (1 - b2) * (g * g - v_old[:, None])) / g.shape[1]).sum(dim=1)
+            v = ((v_old[:, None] + c2 * (g * g - v_old[:, None])) / g.shape[1]).sum(dim=1)
             denom = v.sqrt()[:, None] + eps
         else:
-            v = v_old + (1 - b2) * (g * g - v_old)
+            v = v_old + c2 * (g * g - v_old)
             denom = v.sqrt() + eps
         new = table - alpha.to(f32) * m / denom
         return _keep(touched, new, table), _keep(touched, m, m_old), _keep(touched, v, v_old)
