@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import torch_tpu  # noqa: F401  (registers the device and the ops)
-from sparsecore import Adagrad, FeatureSpec, SparseCoreTopology, TableSpec, plan_stacking, preprocess
 from sparsecore import SGD as SGDSpec
+from sparsecore import Adagrad, FeatureSpec, SparseCoreTopology, TableSpec, plan_stacking, preprocess
 from sparsecore.stacking import stack_rows, unstack_rows
 from tests.sparsecore.helpers import random_kjt
 
@@ -51,7 +51,8 @@ class Case:
         jt = self.kjt["f"]
         return bag(jt.values(), jt.offsets()[:-1], per_sample_weights=jt.weights())
 
-    def torch_step(self, optimizer_cls, steps: int = 1, **kwargs) -> tuple[torch.nn.EmbeddingBag, torch.optim.Optimizer]:
+    def torch_step(self, optimizer_cls, steps: int = 1,
+                   **kwargs) -> tuple[torch.nn.EmbeddingBag, torch.optim.Optimizer]:
         bag = self.bag()
         opt = optimizer_cls(bag.parameters(), **kwargs)
         for _ in range(steps):
@@ -173,7 +174,8 @@ def test_fused_adam_equals_torch_adam_over_two_steps(case: Case, device: str) ->
     batch twice it is lazy Adam: alpha_t and epsilon_hat from torch's bias corrections (in double)."""
     lr, b1, b2, eps = 0.01, 0.9, 0.999, 1e-8
     bag, opt = case.torch_step(torch.optim.Adam, steps=2, lr=lr, betas=(b1, b2), eps=eps)
-    table, m, v = case.table.to(device), torch.zeros_like(case.table).to(device), torch.zeros_like(case.table).to(device)
+    zeros = torch.zeros_like(case.table)
+    table, m, v = case.table.to(device), zeros.to(device), zeros.clone().to(device)
     for t in (1, 2):
         c2 = math.sqrt(1 - b2**t)
         alpha_t = torch.tensor(lr * c2 / (1 - b1**t), dtype=torch.float32).to(device)
