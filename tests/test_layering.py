@@ -13,7 +13,7 @@ ALLOWED = {
     "tpu_facts": set(),
     "xla_cache": set(),
     "pipelines": {"torch_tpu"},  # only ray_data's optional placement of batches on the tpu device
-    "torch_tpu": {"tpu_facts", "xla_cache"},
+    "torch_tpu": {"tpu_facts", "xla_cache", "sparsecore"},  # sparsecore only lazily, in the SparseCore ops
     "sparsecore": {"tpu_facts", "xla_cache"},
     "torchrec_tpu": set(PACKAGES),
 }

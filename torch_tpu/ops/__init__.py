@@ -5,6 +5,7 @@
 * ``decompositions``: the decomposition tier's table (PyTorch's decompositions plus the composites);
 * ``metadata_ops``: metadata-only ops (``resize_``, ``set_``, ``as_strided_`` ...) on the tensor model;
 * ``kernels``: the PrivateUse1 ``torch.library`` kernels (factories, copies across devices);
+* ``sparsecore``: the SparseCore ops ``tpu::sparse_dense_matmul*`` (TorchTPU's names; math in ``sparsecore``);
 * ``pallas/``: Pallas kernels as torch custom ops (``jax_op``).
 
 Imports only ``torch_tpu.runtime``. :func:`register` is called once by ``import torch_tpu``.
@@ -13,6 +14,7 @@ Imports only ``torch_tpu.runtime``. :func:`register` is called once by ``import 
 
 def register() -> None:
     """Fill the registry (every lowering and composite) and install the PrivateUse1 kernels."""
-    from torch_tpu.ops import attention, kernels, lowerings, transformer  # noqa: F401  (their decorators fill the registry)
+    from torch_tpu.ops import attention, kernels, lowerings, sparsecore, transformer  # noqa: F401  (their decorators fill the registry)
 
     kernels.register()
+    sparsecore.register()

@@ -1,0 +1,260 @@
+"""``tpu::sparse_dense_matmul*`` (torch_tpu.ops.sparsecore): CSR buffers from our own host
+preprocessing; the lookup against torch.nn.EmbeddingBag and the xla backend, the fused updates
+against torch.optim and the xla backend, on CPU, eagerly on tpu tensors and in
+torch.compile(backend="tpu") graphs; fake kernels; the TPU lowering's SparseCore custom calls."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import torch_tpu  # noqa: F401  (registers the device and the ops)
+from sparsecore import SGD as SGDSpec
+from sparsecore import Adagrad, FeatureSpec, SparseCoreTopology, TableSpec, plan_stacking, preprocess
+from sparsecore.stacking import stack_rows, unstack_rows
+from tests.sparsecore.helpers import random_kjt
+
+VOCAB, DIM, BATCH = 256, 8, 32
+
+
+class Case:
+    def __init__(self, optimizer=SGDSpec(0.1), seed: int = 3):
+        tables = [TableSpec("t", VOCAB, DIM, optimizer=optimizer)]
+        features = [FeatureSpec("f", "t", BATCH, weighted=True)]
+        self.plan = plan_stacking(tables, features, SparseCoreTopology("v5p", 1)).with_table_limits()
+        self.stack = self.plan.stacks[0]
+        self.kjt = random_kjt(self.plan, seed=seed, max_hot=5, id_range=40)  # duplicates on purpose
+        csr = preprocess(self.kjt, self.plan).stacks["t"]
+        self.csr = [torch.from_numpy(a) for a in (csr.row_pointers, csr.embedding_ids, csr.sample_ids, csr.gains)]
+        self.raw_csr = csr
+        self.limits = (BATCH, self.stack.max_ids_per_partition, self.stack.max_unique_ids_per_partition)
+        self.weight = torch.randn(VOCAB, DIM, generator=torch.Generator().manual_seed(seed))
+        self.table = self.stacked(self.weight)
+        self.grad = torch.randn(BATCH, DIM, generator=torch.Generator().manual_seed(seed + 1))
+
+    def stacked(self, per_table: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        return stack_rows(self.stack, {"t": per_table}, fill=fill)
+
+    def logical(self, stacked: torch.Tensor) -> torch.Tensor:
+        return unstack_rows(self.stack, stacked.cpu())["t"]
+
+    def bag(self) -> torch.nn.EmbeddingBag:
+        bag = torch.nn.EmbeddingBag(VOCAB, DIM, mode="sum")
+        with torch.no_grad():
+            bag.weight.copy_(self.weight)
+        return bag
+
+    def bag_forward(self, bag: torch.nn.EmbeddingBag) -> torch.Tensor:
+        jt = self.kjt["f"]
+        return bag(jt.values(), jt.offsets()[:-1], per_sample_weights=jt.weights())
+
+    def torch_step(self, optimizer_cls, steps: int = 1,
+                   **kwargs) -> tuple[torch.nn.EmbeddingBag, torch.optim.Optimizer]:
+        bag = self.bag()
+        opt = optimizer_cls(bag.parameters(), **kwargs)
+        for _ in range(steps):
+            opt.zero_grad()
+            (self.bag_forward(bag) * self.grad).sum().backward()
+            opt.step()
+        return bag, opt
+
+    def on(self, device: str) -> list[torch.Tensor]:
+        return [t.to(device) for t in self.csr]
+
+
+@pytest.fixture(scope="module")
+def case() -> Case:
+    return Case()
+
+
+def test_schemas_are_torchtpus() -> None:
+    schema = str(torch.ops.tpu.sparse_dense_matmul.default._schema)
+    assert schema == ("tpu::sparse_dense_matmul(Tensor row_pointers, Tensor embedding_ids, Tensor sample_ids, "
+                      "Tensor gains, Tensor embedding_table, int device_batch_size, int max_ids_per_partition, "
+                      "int max_unique_ids_per_partition) -> Tensor")
+    adam = torch.ops.tpu.sparse_dense_matmul_grad_with_adam.default._schema
+    assert [a.name for a in adam.arguments][5:] == [
+        "momentum", "velocity", "activations_grad", "alpha_t", "beta_1", "beta_2", "epsilon", "device_batch_size",
+        "max_ids_per_partition", "max_unique_ids_per_partition", "computation_name"]
+    assert len(adam.returns) == 3
+
+
+def test_lookup_on_cpu_equals_embedding_bag_and_the_xla_backend(case: Case) -> None:
+    from sparsecore.backends.xla import XlaBackend
+
+    out = torch.ops.tpu.sparse_dense_matmul(*case.csr, case.table, *case.limits)
+    torch.testing.assert_close(out, case.bag_forward(case.bag()).detach(), rtol=1e-5, atol=1e-5)
+    backend = XlaBackend(case.plan, weights={"t": case.weight})
+    xla = np.asarray(backend.stack_activations(case.stack, case.raw_csr))
+    tpu = torch.ops.tpu.sparse_dense_matmul(*case.on("tpu"), case.table.to("tpu"), *case.limits).cpu().numpy()
+    np.testing.assert_array_equal(tpu, xla)  # the jnp formulation sums as the xla backend does
+
+
+def test_lookup_eager_and_compiled_on_tpu(case: Case) -> None:
+    expected = torch.ops.tpu.sparse_dense_matmul(*case.csr, case.table, *case.limits)
+
+    def lookup(rp, ids, samples, gains, table):
+        return torch.ops.tpu.sparse_dense_matmul(rp, ids, samples, gains, table, device_batch_size=BATCH,
+                                                 max_ids_per_partition=case.limits[1],
+                                                 max_unique_ids_per_partition=case.limits[2])
+
+    args = [*case.on("tpu"), case.table.to("tpu")]
+    eager = lookup(*args)
+    assert eager.device.type == "tpu"
+    compiled = torch.compile(lookup, backend="tpu", fullgraph=True)(*args)
+    torch.testing.assert_close(eager.cpu(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled.cpu(), eager.cpu(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_lookup_backward_trains_with_a_torch_optimizer(case: Case, device: str) -> None:
+    table = case.table.clone().to(device).requires_grad_(True)
+    opt = torch.optim.SGD([table], lr=0.1)
+    out = torch.ops.tpu.sparse_dense_matmul(*case.on(device), table, *case.limits)
+    (out * case.grad.to(device)).sum().backward()
+    opt.step()
+    bag, _ = case.torch_step(torch.optim.SGD, lr=0.1)
+    torch.testing.assert_close(case.logical(table.detach()), bag.weight.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_fused_sgd_equals_torch_sgd_on_cpu_tpu_and_compiled(case: Case) -> None:
+    bag, _ = case.torch_step(torch.optim.SGD, lr=0.1)
+    lr = torch.tensor(0.1)
+
+    def step(rp, ids, samples, gains, table, grad, lr):
+        return torch.ops.tpu.sparse_dense_matmul_grad_with_sgd(
+            rp, ids, samples, gains, table, grad, lr, device_batch_size=BATCH,
+            max_ids_per_partition=case.limits[1], max_unique_ids_per_partition=case.limits[2],
+            computation_name="sgd_t")
+
+    for device in ("cpu", "tpu"):
+        args = [*case.on(device), case.table.to(device), case.grad.to(device), lr.to(device)]
+        for fn in (step, torch.compile(step, backend="tpu", fullgraph=True)) if device == "tpu" else (step,):
+            new = fn(*args)
+            torch.testing.assert_close(case.logical(new), bag.weight.detach(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_fused_adagrad_equals_torch_adagrad(case: Case, device: str) -> None:
+    bag, opt = case.torch_step(torch.optim.Adagrad, lr=0.1, initial_accumulator_value=0.1, eps=1e-10)
+    acc = case.stacked(torch.full((VOCAB, DIM), 0.1), fill=0.1)
+    new, new_acc = torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(
+        *case.on(device), case.table.to(device), acc.to(device), case.grad.to(device),
+        torch.tensor(0.1).to(device), torch.tensor(1e-10).to(device), *case.limits)
+    torch.testing.assert_close(case.logical(new), bag.weight.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(case.logical(new_acc), opt.state[bag.weight]["sum"], rtol=1e-6, atol=1e-6)
+
+
+def test_fused_sgd_and_adagrad_equal_the_xla_backend() -> None:
+    from sparsecore.backends.xla import XlaBackend
+    from sparsecore.validation import feature_inputs
+
+    for spec in (SGDSpec(0.1), Adagrad(0.1, initial_accumulator_value=0.1, eps=1e-6)):
+        c = Case(spec, seed=5)
+        backend = XlaBackend(c.plan, weights={"t": c.weight})
+        _, ctx = backend.forward(feature_inputs(c.kjt, c.plan.features, c.plan.tables))
+        backend.backward(ctx, {"f": c.grad})
+        hypers = [torch.tensor(0.1)]
+        slots = []
+        if isinstance(spec, Adagrad):
+            slots, hypers = [c.stacked(torch.full((VOCAB, DIM), 0.1), fill=0.1)], [*hypers, torch.tensor(1e-6)]
+        op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{spec.name}")
+        out = op(*c.on("tpu"), c.table.to("tpu"), *[s.to("tpu") for s in slots], c.grad.to("tpu"),
+                 *[h.to("tpu") for h in hypers], *c.limits)
+        new = out[0] if isinstance(out, tuple) else out
+        torch.testing.assert_close(c.logical(new), backend.table_weights()["t"], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_fused_adam_equals_torch_adam_over_two_steps(case: Case, device: str) -> None:
+    """Torch's dense Adam leaves untouched rows alone while their moments are zero, so with the same
+    batch twice it is lazy Adam: alpha_t and epsilon_hat from torch's bias corrections (in double)."""
+    lr, b1, b2, eps = 0.01, 0.9, 0.999, 1e-8
+    bag, opt = case.torch_step(torch.optim.Adam, steps=2, lr=lr, betas=(b1, b2), eps=eps)
+    zeros = torch.zeros_like(case.table)
+    table, m, v = case.table.to(device), zeros.to(device), zeros.clone().to(device)
+    for t in (1, 2):
+        c2 = math.sqrt(1 - b2**t)
+        alpha_t = torch.tensor(lr * c2 / (1 - b1**t), dtype=torch.float32).to(device)
+        table, m, v = torch.ops.tpu.sparse_dense_matmul_grad_with_adam(
+            *case.on(device), table, m, v, case.grad.to(device), alpha_t, b1, b2, eps * c2, *case.limits)
+    state = opt.state[bag.weight]
+    torch.testing.assert_close(case.logical(table), bag.weight.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(case.logical(m), state["exp_avg"], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(case.logical(v), state["exp_avg_sq"], rtol=1e-5, atol=1e-9)
+
+
+def test_our_further_optimizers_agree_between_cpu_and_tpu(case: Case) -> None:
+    acc_row = torch.full((case.table.shape[0],), 0.1)
+    acc, lin = torch.full_like(case.table, 0.1), torch.zeros_like(case.table)
+    calls = {
+        "rowwise_adagrad": ([acc_row], [torch.tensor(0.1), torch.tensor(1e-8)]),
+        "ftrl": ([acc, lin], [torch.tensor(0.1), -0.5, 0.01, 0.001, 0.0]),
+    }
+    for name, (slots, hypers) in calls.items():
+        op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{name}")
+        outs = {}
+        for device in ("cpu", "tpu"):
+            moved = [h.to(device) if isinstance(h, torch.Tensor) else h for h in hypers]
+            outs[device] = op(*case.on(device), case.table.to(device), *[s.to(device) for s in slots],
+                              case.grad.to(device), *moved, *case.limits)
+        for cpu, tpu in zip(outs["cpu"], outs["tpu"]):
+            torch.testing.assert_close(tpu.cpu(), cpu, rtol=1e-5, atol=1e-6)
+        untouched = ~torch.isin(torch.arange(case.table.shape[0]), case.phys_rows())
+        assert torch.equal(outs["cpu"][0][untouched], case.table[untouched]), name
+
+
+def _phys_rows(self: Case) -> torch.Tensor:
+    from torch_tpu.ops.sparsecore import _decode_cpu
+
+    return _decode_cpu(*self.csr, self.table.shape[0], BATCH)[0]
+
+
+Case.phys_rows = _phys_rows
+
+
+def test_fake_kernels_give_the_shapes(case: Case) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    row_velocity = case.table[:, 0].contiguous()
+    with FakeTensorMode() as mode:
+        args = [mode.from_tensor(t) for t in (*case.csr, case.table)]
+        grad = mode.from_tensor(case.grad)
+        out = torch.ops.tpu.sparse_dense_matmul(*args, *case.limits)
+        assert out.shape == (BATCH, DIM) and out.dtype == torch.float32
+        lr = mode.from_tensor(torch.tensor(0.1))
+        table, m, v = torch.ops.tpu.sparse_dense_matmul_grad_with_adam(
+            *args, mode.from_tensor(case.table), mode.from_tensor(row_velocity), grad, lr,
+            0.9, 0.999, 1e-8, *case.limits)
+        assert table.shape == case.table.shape and m.shape == case.table.shape and v.shape == (case.table.shape[0],)
+
+
+def test_tpu_lowering_emits_the_sparsecore_custom_calls(case: Case, monkeypatch) -> None:
+    import jax
+
+    from torch_tpu.ops import sparsecore as ops
+    from torch_tpu.ops.registry import get_lowering
+
+    monkeypatch.setattr(ops, "_on_tpu_platform", lambda: True)
+    arrays = [jax.ShapeDtypeStruct(tuple(t.shape), np.dtype(str(t.dtype).removeprefix("torch."))) for t in
+              (*case.csr, case.table)]
+    grad = jax.ShapeDtypeStruct((BATCH, DIM), np.float32)
+    scalar = jax.ShapeDtypeStruct((), np.float32)
+    lookup = get_lowering(torch.ops.tpu.sparse_dense_matmul.default).fn
+    text = jax.jit(lambda *a: lookup(*a, *case.limits)).trace(*arrays).lower(lowering_platforms=("tpu",)).as_text()
+    assert "SparseDenseMatmulOp" in text
+    for name, slots, hypers in (("sgd", 0, [scalar]), ("adagrad", 1, [scalar, scalar]),
+                                ("adam", 2, [scalar, 0.9, 0.999, 1e-8])):
+        fn = get_lowering(getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{name}").default).fn
+        tensors = [*arrays, *[arrays[4]] * slots, grad, *[h for h in hypers if not isinstance(h, float)]]
+        floats = [h for h in hypers if isinstance(h, float)]
+
+        def call(*a, fn=fn, n=len(tensors), floats=floats):
+            return fn(*a[:n], *floats, *case.limits, f"{name}_t")
+
+        text = jax.jit(call).trace(*tensors).lower(lowering_platforms=("tpu",)).as_text()
+        assert "SparseDenseMatmulGradOpWithOptimizerUpdate" in text, name
+        assert f"{name}_t" in text
