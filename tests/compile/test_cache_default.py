@@ -36,7 +36,7 @@ def test_import_torch_tpu_alone_turns_the_cache_on(tmp_path):
     env = {"XDG_CACHE_HOME": str(tmp_path)}
     env_without = {k: v for k, v in os.environ.items() if k != "TORCH_TPU_COMPILE_CACHE"}
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys, torch_tpu, jax; from torch_tpu import persistent_cache as c; "
+        [sys.executable, "-c", "import sys, torch_tpu, jax; from torch_tpu.runtime import persistent_cache as c; "
          "print(c.cache_dir(), jax.config.jax_compilation_cache_dir, 'torch_tpu.compile' in sys.modules)"],
         cwd=REPO, capture_output=True, text=True, timeout=300, env={**env_without, "PYTHONPATH": str(REPO), **env})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -172,7 +172,8 @@ def test_sigkill_of_a_ray_worker_restarts_from_the_last_checkpoint(dataset: Path
     assert len(workers) == 2, f"Ray Train workers {workers} (registered {registered}):\n{out.read_text()[-3000:]}"
     os.kill(workers[-1], signal.SIGKILL)
     text = _wait(proc, out)
-    assert text.count("Started training worker group of size 2") == 2, text[-3000:]  # Ray restarted the group
+    # Ray's own "Started training worker group" lines are silenced by the job's quiet logs; the
+    # restarted group's resume line is the evidence
     resumed = re.search(r"resuming from \S+: step (\d+)", text)
     assert resumed, text[-3000:]
     # from the checkpoint registered before the kill (or a later one registered meanwhile), mid-run
