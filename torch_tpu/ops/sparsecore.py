@@ -20,6 +20,7 @@ max(S, 8) pointers, as ``sparsecore.preprocess`` builds them for one device).
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import numpy as np
@@ -65,7 +66,7 @@ def _overload(name: str) -> torch._ops.OpOverload:
 
 
 def _on_tpu_platform() -> bool:
-    return jax.default_backend() == "tpu"
+    return not _ON_HOST.get() and jax.default_backend() == "tpu"
 
 
 def _lookup(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size,
@@ -128,109 +129,28 @@ def _fused(optimizer: str):
 _HYPERS = {"sgd": 1, "adagrad": 2, "adam": 4, "rowwise_adagrad": 2, "ftrl": 5}
 
 
-# --- the CPU kernels: the same math in torch ------------------------------------------------------
+# --- the CPU kernels: the same XLA formulation, run by JAX on the host ---------------------------------
+
+_ON_HOST = contextvars.ContextVar("sparsecore_ops_on_host", default=False)
 
 
-def _decode_cpu(row_pointers, embedding_ids, sample_ids, gains, table_rows: int, batch_size: int):
-    """(physical row, activation row, gain) of every real entry, in buffer order (numpy)."""
-    from sparsecore.csr_math import sparsecores_per_device
-
-    rp = row_pointers.cpu().numpy().astype(np.int64)
-    s = sparsecores_per_device(rp.size)
-    region = embedding_ids.numel() // s
-    ends = rp.reshape(s, -1)[:, :s]
-    phys, rows, keep = [], [], []
-    ids, samples = embedding_ids.cpu().numpy().astype(np.int64), sample_ids.cpu().numpy().astype(np.int64)
-    for k in range(s):
-        end = 0
-        for p in range(s):
-            start, end = -(-end // 8) * 8, int(ends[k, p])
-            at = np.arange(k * region + start, k * region + end)
-            keep.append(at)
-            phys.append(p * (table_rows // s) + ids[at])
-            rows.append(k * (batch_size // s) + samples[at])
-    at = torch.from_numpy(np.concatenate(keep))
-    return torch.from_numpy(np.concatenate(phys)), torch.from_numpy(np.concatenate(rows)), gains.cpu()[at]
-
-
-def _lookup_cpu(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size,
-                max_ids_per_partition, max_unique_ids_per_partition):
-    phys, rows, gain = _decode_cpu(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
-                                   device_batch_size)
-    out = torch.zeros(device_batch_size, embedding_table.shape[1], dtype=embedding_table.dtype)
-    return out.index_add_(0, rows, gain[:, None] * embedding_table[phys])
-
-
-def _table_grad_cpu(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad):
-    phys, rows, gain = _decode_cpu(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
-                                   activations_grad.shape[0])
-    grad = torch.zeros_like(embedding_table, dtype=torch.float32)
-    grad.index_add_(0, phys, gain[:, None] * activations_grad.float()[rows])
-    touched = torch.zeros(embedding_table.shape[0], dtype=torch.bool)
-    touched[phys] = True
-    return grad, touched
-
-
-def _lookup_grad_cpu(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad,
-                     device_batch_size, max_ids_per_partition, max_unique_ids_per_partition):
-    grad, _ = _table_grad_cpu(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad)
-    return grad.to(embedding_table.dtype)
-
-
-def _keep(touched: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    return torch.where(touched.reshape((-1,) + (1,) * (old.dim() - 1)), new, old).to(old.dtype)
-
-
-def _update_cpu(optimizer: str, table, slots, g, touched, hypers) -> tuple[torch.Tensor, ...]:
-    f32 = torch.float32
-    if optimizer == "sgd":
-        (lr,) = hypers
-        return (_keep(touched, table - lr.to(f32) * g, table),)
-    if optimizer in ("adagrad", "rowwise_adagrad"):
-        (acc_old,), (lr, eps) = slots, hypers
-        if optimizer == "adagrad":
-            acc = acc_old + g * g
-            denom = acc.sqrt() + eps.to(f32)
-        else:
-            acc = acc_old + (g * g).sum(dim=1) / g.shape[1]
-            denom = acc.sqrt()[:, None] + eps.to(f32)
-        return _keep(touched, table - lr.to(f32) * g / denom, table), _keep(touched, acc, acc_old)
-    if optimizer == "adam":
-        (m_old, v_old), (alpha, b1, b2, eps) = slots, hypers
-        c1, c2, eps = (torch.tensor(x, dtype=f32) for x in (1.0 - b1, 1.0 - b2, eps))  # 1 - b in double
-        m = m_old + c1 * (g - m_old)
-        if v_old.dim() == 1:
-            v = ((v_old[:, None] + c2 * (g * g - v_old[:, None])) / g.shape[1]).sum(dim=1)
-            denom = v.sqrt()[:, None] + eps
-        else:
-            v = v_old + c2 * (g * g - v_old)
-            denom = v.sqrt() + eps
-        new = table - alpha.to(f32) * m / denom
-        return _keep(touched, new, table), _keep(touched, m, m_old), _keep(touched, v, v_old)
-    (acc_old, lin_old), (lr, power, l1, l2, beta) = slots, hypers
-    lr = lr.to(f32)
-    k = torch.tensor(-power, dtype=f32)
-    acc = acc_old + g * g
-    p_new = acc**k
-    lin = lin_old + g - (p_new - acc_old**k) / lr * table
-    l1, l2, beta = (torch.tensor(x, dtype=f32) for x in (l1, l2, beta))
-    new = (torch.clamp(lin, -l1, l1) - lin) / ((p_new + beta) / lr + 2.0 * l2)
-    return _keep(touched, new, table), _keep(touched, acc, acc_old), _keep(touched, lin, lin_old)
-
-
-def _fused_cpu(optimizer: str):
-    name = f"sparse_dense_matmul_grad_with_{optimizer}"
-    slots = SLOTS[optimizer]
+def _on_host(lowering):
+    """The CPU kernel of an op: its lowering's XLA formulation on the host's CPU device (never the
+    SparseCore primitives, even on a TPU host)."""
 
     def kernel(*args, **kwargs):
-        a = _bind(name, args, kwargs)
-        names = [x.name for x in _overload(name)._schema.arguments]
-        first = names.index("activations_grad") + 1
-        hypers = [a[k] for k in names[first:first + _HYPERS[optimizer]]]
-        csr = tuple(a[k] for k in ("row_pointers", "embedding_ids", "sample_ids", "gains"))
-        g, touched = _table_grad_cpu(*csr, a["embedding_table"], a["activations_grad"])
-        out = _update_cpu(optimizer, a["embedding_table"], [a[k] for k in slots], g, touched, hypers)
-        return out if len(out) > 1 else out[0]
+        cpu = jax.devices("cpu")[0]
+
+        def to_jax(x):
+            return jax.device_put(x.detach().numpy(), cpu) if isinstance(x, torch.Tensor) else x
+
+        token = _ON_HOST.set(True)
+        try:
+            with jax.default_device(cpu):
+                out = lowering(*map(to_jax, args), **{k: to_jax(v) for k, v in kwargs.items()})
+        finally:
+            _ON_HOST.reset(token)
+        return jax.tree.map(lambda y: torch.from_numpy(np.array(y)), out)
 
     return kernel
 
@@ -277,8 +197,8 @@ def register() -> None:
     _libs.append(lib)
     for name, schema in SCHEMAS.items():
         lib.define(name + schema)
-    lib.impl("sparse_dense_matmul", _lookup_cpu, "CPU")
-    lib.impl("sparse_dense_matmul_grad", _lookup_grad_cpu, "CPU")
+    lib.impl("sparse_dense_matmul", _on_host(_lookup), "CPU")
+    lib.impl("sparse_dense_matmul_grad", _on_host(_lookup_grad), "CPU")
     torch.library.register_fake(f"{NAMESPACE}::sparse_dense_matmul", _lookup_fake, lib=lib)
     torch.library.register_fake(f"{NAMESPACE}::sparse_dense_matmul_grad", _lookup_grad_fake, lib=lib)
     register_lowering(_overload("sparse_dense_matmul"))(_lookup)
@@ -287,6 +207,6 @@ def register() -> None:
                                     setup_context=_setup_context, lib=lib)
     for optimizer in SLOTS:
         name = f"sparse_dense_matmul_grad_with_{optimizer}"
-        lib.impl(name, _fused_cpu(optimizer), "CPU")
+        lib.impl(name, _on_host(_fused(optimizer)), "CPU")
         torch.library.register_fake(f"{NAMESPACE}::{name}", _fused_fake(optimizer), lib=lib)
         register_lowering(_overload(name))(_fused(optimizer))
