@@ -1,7 +1,10 @@
 """Translate a core-ATen FX graph into one pure JAX function through the shared op registry.
 
 Every ``call_function`` node must be an aten ``OpOverload`` with a lowering in
-``torch_tpu.ops.registry`` (or ``operator.getitem`` on a multi-output node). Random lowerings draw
+``torch_tpu.ops.registry`` (or ``operator.getitem`` on a multi-output node), except
+``aten.copy_`` into a graph input: AOTAutograd keeps a backward's in-place updates of its inputs
+(a fused optimizer writing its table) as such copies; the function returns each updated input's
+new value after the graph's outputs (:func:`mutated_inputs` names them). Random lowerings draw
 their keys from one key-data argument appended after the graph inputs, so the traced function is
 pure and exportable.
 """
@@ -51,12 +54,27 @@ def check_against_meta(node: torch.fx.Node, value: Any) -> None:
             )
 
 
+def _is_input_update(node: torch.fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is torch.ops.aten.copy_.default
+            and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "placeholder")
+
+
+def mutated_inputs(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions (among the graph inputs) of the inputs the graph updates in place, in the order
+    their new values follow the outputs."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    updated = [node.args[0] for node in gm.graph.nodes if _is_input_update(node)]
+    if len(set(updated)) != len(updated):
+        raise UnloweredOpError("torch.compile(backend='tpu'): a graph copies into the same input twice")
+    return [placeholders.index(p) for p in updated]
+
+
 def graph_lowerings(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, Lowering]:
     """The lowering of every op node, raising one error that names all unlowered ops."""
     found: dict[torch.fx.Node, Lowering] = {}
     missing: set[str] = set()
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is operator.getitem:
+        if node.op != "call_function" or node.target is operator.getitem or _is_input_update(node):
             continue
         lowering = get_lowering(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
         if lowering is None:
@@ -79,7 +97,8 @@ def needs_random_key(gm: torch.fx.GraphModule) -> bool:
 
 
 def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
-    """``fn(*graph_inputs[, key_data]) -> tuple of outputs`` over JAX arrays, for ``jax.jit``."""
+    """``fn(*graph_inputs[, key_data]) -> (*outputs, *new values of the mutated inputs)`` over JAX
+    arrays, for ``jax.jit``."""
     lowerings = graph_lowerings(gm)
     constants = {
         node: _constant(gm, node.target) for node in gm.graph.nodes if node.op == "get_attr"
@@ -96,6 +115,7 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
             split = jax.random.split(jax.random.wrap_key_data(key_data), len(random_nodes))
             keys = {node: split[i] for i, node in enumerate(random_nodes)}
         result: tuple = ()
+        updates: list[Any] = []
         for node in nodes:
             if node.op == "placeholder":
                 env[node] = next(args_iter)
@@ -103,6 +123,11 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
                 args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
                 if node.target is operator.getitem:
                     env[node] = operator.getitem(*args)
+                    continue
+                if _is_input_update(node):
+                    dst, src = args[0], args[1]
+                    env[node] = jax.numpy.broadcast_to(src, dst.shape).astype(dst.dtype)
+                    updates.append(env[node])
                     continue
                 lowering = lowerings[node]
                 if lowering.needs_key:
@@ -114,7 +139,7 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
             elif node.op == "output":
                 out = torch.fx.node.map_arg(node.args[0], env.__getitem__)
                 result = tuple(out) if isinstance(out, (list, tuple)) else (out,)
-        return result
+        return (*result, *updates)
 
     return run
 

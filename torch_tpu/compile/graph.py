@@ -4,7 +4,10 @@ A :class:`CompiledGraph` is what the "tpu" backend hands back to AOTAutograd for
 backward or inference graph. Calls take torch tensors (tpu or CPU), run the single jitted XLA
 program and return each output on the device the graph gives it (its traced fake value's device:
 ``x.cpu()`` inside a graph returns a CPU tensor); outputs without one follow the inputs (tpu when
-any input is on tpu).
+any input is on tpu); an output that is a graph input is that input tensor itself (AOTAutograd
+saves forward inputs for backward that way, and a backward that updates them in place must reach
+the caller's tensor). Inputs the graph updates in place (``aten.copy_`` into an input, as
+AOTAutograd leaves a backward's updates) get their new values written back after the program ran.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 import torch.fx
 
 from torch_tpu.compile import fx_to_jax
-from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
+from torch_tpu.compile.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
 from torch_tpu.ops.registry import get_lowering, lowered_ops
 from torch_tpu.runtime import persistent_cache as cache
 from torch_tpu.runtime import random as tpu_random
@@ -146,6 +149,8 @@ class CompiledGraph:
         self.exported = _translate(gm, specs, self.key)
         self.random = len(self.exported.in_avals) > sum(isinstance(s, jax.ShapeDtypeStruct) for s in specs)
         self._on_cpu = _cpu_outputs(gm)
+        self._mutated = mutated_inputs(gm)
+        self._passthrough = _input_outputs(gm)
         self._run = jax.jit(self.exported.call)
         dump_dir = os.environ.get("TORCH_TPU_DUMP_HLO")
         if dump_dir:
@@ -165,13 +170,20 @@ class CompiledGraph:
     def __call__(self, args: list[Any]) -> list[Any]:
         on_tpu = any(type(a) is TpuTensor for a in args)
         inputs = [to_jax(a) if type(a) is TpuTensor else cpu_to_jax(a) for a in args if isinstance(a, torch.Tensor)]
+        updated = [args[i] for i in self._mutated]
+        passed = {out: args[i] for out, i in self._passthrough.items()}
         args.clear()  # boxed calling convention: the inputs can be freed early
         if self.random:
             inputs.append(jax.random.key_data(tpu_random.next_key()))
         with cache.persistent():
             outputs = self._run(*inputs)
-        return [None if o is None else _jax_to_cpu(o) if self._on_cpu.get(i, not on_tpu) else from_jax(o)
-                for i, o in enumerate(outputs)]
+        if updated:
+            outputs, updates = outputs[: -len(updated)], outputs[-len(updated):]
+            with torch.no_grad():
+                for target, value in zip(updated, updates):
+                    target.copy_(from_jax(value) if type(target) is TpuTensor else _jax_to_cpu(value))
+        return [passed[i] if i in passed else None if o is None else _jax_to_cpu(o)
+                if self._on_cpu.get(i, not on_tpu) else from_jax(o) for i, o in enumerate(outputs)]
 
 
 def _cpu_outputs(gm: torch.fx.GraphModule) -> dict[int, bool]:
@@ -185,6 +197,14 @@ def _cpu_outputs(gm: torch.fx.GraphModule) -> dict[int, bool]:
         if isinstance(val, torch.Tensor):
             on_cpu[i] = val.device.type == "cpu"
     return on_cpu
+
+
+def _input_outputs(gm: torch.fx.GraphModule) -> dict[int, int]:
+    """Output position -> graph input position, for the outputs that are graph inputs."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
+    return {i: placeholders.index(v) for i, v in enumerate(values) if isinstance(v, torch.fx.Node) and v.op == "placeholder"}
 
 
 def _jax_to_cpu(array: jax.Array) -> torch.Tensor:
