@@ -1,7 +1,8 @@
 """TorchRec's TPU module API (``torchrec.experimental.torch_tpu``) on this project's engines: a
 script written for it runs after replacing that prefix with ``torchrec_tpu.experimental``.
 
-Here: table configs (``modules``) and host input preprocessing (``datasets``) on sparsecore.
+Here: table configs and the fused SparseCore EBC / EC (``modules``, on torch_tpu's
+``tpu::sparse_dense_matmul`` ops) and host input preprocessing (``datasets``, on sparsecore).
 """
 
 from torchrec_tpu.experimental.datasets import (
@@ -11,9 +12,16 @@ from torchrec_tpu.experimental.datasets import (
     SparseCoreInputPreprocessor,
     SparseCorePreprocessedInput,
 )
-from torchrec_tpu.experimental.modules import SparseCoreEmbeddingConfig, StackedSparseCoreEmbeddingConfig
+from torchrec_tpu.experimental.modules import (
+    SparseCoreEmbeddingConfig,
+    SparseCoreFusedEmbeddingBagCollection,
+    SparseCoreFusedEmbeddingCollection,
+    SparseCoreFusedOptimizer,
+    StackedSparseCoreEmbeddingConfig,
+)
 
 __all__ = [
     "KeyedSparseCorePreprocessedInput", "SparseCoreBatch", "SparseCoreDataLoader", "SparseCoreEmbeddingConfig",
+    "SparseCoreFusedEmbeddingBagCollection", "SparseCoreFusedEmbeddingCollection", "SparseCoreFusedOptimizer",
     "SparseCoreInputPreprocessor", "SparseCorePreprocessedInput", "StackedSparseCoreEmbeddingConfig",
 ]

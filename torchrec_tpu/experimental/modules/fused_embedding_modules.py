@@ -17,7 +17,7 @@ convert to and from the logical ``[num_embeddings, embedding_dim]`` tables.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,10 +27,6 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedTensor
 
 import torch_tpu  # noqa: F401  (registers the tpu device and the tpu:: SparseCore ops)
 from sparsecore.stacking import StackedTable, stack_rows, unstack_rows
-from torchrec_tpu.experimental.datasets.input_preprocessing import (
-    KeyedSparseCorePreprocessedInput,
-    SparseCoreInputPreprocessor,
-)
 from torchrec_tpu.experimental.modules.embedding_configs import (
     SparseCoreEmbeddingConfig,
     StackedSparseCoreEmbeddingConfig,
@@ -41,6 +37,9 @@ from torchrec_tpu.experimental.modules.fused_optimizer import (
     fused_kind,
     normalize_kwargs,
 )
+
+if TYPE_CHECKING:  # datasets imports modules' configs: a module-level import here would be circular
+    from torchrec_tpu.experimental.datasets.input_preprocessing import KeyedSparseCorePreprocessedInput
 
 _SLOT_DICTS = {"accumulator": "accumulators", "momentum": "momentums", "velocity": "velocities"}
 
@@ -71,6 +70,11 @@ class _FusedLookup(torch.autograd.Function):
             for target, value in zip((table, *slots), new):
                 target.copy_(value)
         return (None,) * 10
+
+
+# Adam's per-step (alpha_t, epsilon_hat) come from a host-side step count, which a compiled graph
+# cannot advance: its lookups run outside torch.compile graphs (one graph break per Adam stack).
+_eager_lookup = torch.compiler.disable(_FusedLookup.apply, recursive=True)
 
 
 class _AdamClock:
@@ -113,6 +117,8 @@ class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
         self._global_device_count = global_device_count
         self._num_sc_per_device = num_sc_per_device
         self._device = torch.device("tpu", 0)
+        from torchrec_tpu.experimental.datasets.input_preprocessing import SparseCoreInputPreprocessor
+
         # the preprocessor's own stacking, so that its buffers address these tables
         layout = SparseCoreInputPreprocessor(self._tables, batch_size, global_device_count, num_sc_per_device)
         self._stacked_configs = layout.stacked_configs
@@ -266,7 +272,8 @@ class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
             weight = getattr(self, self._weight_dict_name)[name].weight
             slots = tuple(getattr(self, _SLOT_DICTS[s])[name] for s in self._kind.slots)
             limits = (local.total_sample_count, config.max_ids_per_partition, config.max_unique_ids_per_partition)
-            activations = _FusedLookup.apply(weight, inp.row_pointers, inp.embedding_ids, inp.sample_ids, inp.gains,
+            lookup = _eager_lookup if self._kind.op_name == "adam" else _FusedLookup.apply
+            activations = lookup(weight, inp.row_pointers, inp.embedding_ids, inp.sample_ids, inp.gains,
                                              slots, self._kind.op_name, self._hypers(name), limits,
                                              f"{self._kind.op_name}_{name}")
             out.update(self._split(local, activations, config))
