@@ -45,7 +45,7 @@ def _seq_tables() -> list[SparseCoreEmbeddingConfig]:
         SparseCoreEmbeddingConfig(EmbeddingConfig(name="sa", num_embeddings=80, embedding_dim=8,
                                                   feature_names=["ha", "ha2"]), max_seq_len=3),
         SparseCoreEmbeddingConfig(EmbeddingConfig(name="sb", num_embeddings=30, embedding_dim=8,
-                                                  feature_names=["hb"]), max_seq_len=2),
+                                                  feature_names=["hb"]), max_seq_len=3),
     ]
 
 
