@@ -198,7 +198,7 @@ def test_errors_name_the_bad_value() -> None:
     tables = _bag_tables()
     with pytest.raises(ValueError, match=r"optimizer_type .*RMSprop.* supported: \['torch.optim.SGD'"):
         SparseCoreFusedEmbeddingBagCollection(tables, torch.optim.RMSprop, {}, batch_size=BATCH)
-    with pytest.raises(ValueError, match=r"\['momentum'\] are not supported by the fused SGD update; it takes \['lr'\]"):
+    with pytest.raises(ValueError, match=r"\['momentum'\] are not supported by the fused SGD update; it takes"):
         SparseCoreFusedEmbeddingBagCollection(tables, torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, batch_size=BATCH)
     with pytest.raises(NotImplementedError, match="global_device_count=2.*DTensor"):
         SparseCoreFusedEmbeddingBagCollection(tables, torch.optim.SGD, {}, batch_size=BATCH, global_device_count=2)

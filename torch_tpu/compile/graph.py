@@ -204,7 +204,8 @@ def _input_outputs(gm: torch.fx.GraphModule) -> dict[int, int]:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     values = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
-    return {i: placeholders.index(v) for i, v in enumerate(values) if isinstance(v, torch.fx.Node) and v.op == "placeholder"}
+    return {i: placeholders.index(v) for i, v in enumerate(values)
+            if isinstance(v, torch.fx.Node) and v.op == "placeholder"}
 
 
 def _jax_to_cpu(array: jax.Array) -> torch.Tensor:

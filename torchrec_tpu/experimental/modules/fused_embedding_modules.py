@@ -134,7 +134,7 @@ class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
         self._adam_clocks: dict[str, _AdamClock] = {}
         self._epsilon = torch.tensor(self._optimizer_kwargs.get("eps", 0.0), device=self._device)
         for stack in self._stacks.values():
-            logical = {t.name: self._initial_weight(t) for t in self._tables if t.stacked_config.stack_name == stack.name}
+            logical = {p.table: self._initial_weight(self._table(p.table)) for p in stack.tables}
             holder = nn.Module()
             holder.weight = nn.Parameter(stack_rows(stack, logical).to(self._device))
             weights[stack.name] = holder
@@ -147,6 +147,9 @@ class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
                                                                             requires_grad=False)
             if self._kind.op_name == "adam":
                 self._adam_clocks[stack.name] = _AdamClock(self)
+
+    def _table(self, name: str) -> SparseCoreEmbeddingConfig:
+        return next(t for t in self._tables if t.name == name)
 
     @staticmethod
     def _initial_weight(table: SparseCoreEmbeddingConfig) -> torch.Tensor:
