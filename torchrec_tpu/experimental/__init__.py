@@ -2,9 +2,11 @@
 script written for it runs after replacing that prefix with ``torchrec_tpu.experimental``.
 
 Here: table configs and the fused SparseCore EBC / EC (``modules``, on torch_tpu's
-``tpu::sparse_dense_matmul`` ops) and host input preprocessing (``datasets``, on sparsecore).
+``tpu::sparse_dense_matmul`` ops), host input preprocessing (``datasets``, on sparsecore) and
+DCP planners for the MOD-sharded tables (``checkpoint``).
 """
 
+from torchrec_tpu.experimental.checkpoint import SparseCoreLoadPlanner, SparseCoreSavePlanner
 from torchrec_tpu.experimental.datasets import (
     KeyedSparseCorePreprocessedInput,
     SparseCoreBatch,
@@ -23,5 +25,6 @@ from torchrec_tpu.experimental.modules import (
 __all__ = [
     "KeyedSparseCorePreprocessedInput", "SparseCoreBatch", "SparseCoreDataLoader", "SparseCoreEmbeddingConfig",
     "SparseCoreFusedEmbeddingBagCollection", "SparseCoreFusedEmbeddingCollection", "SparseCoreFusedOptimizer",
-    "SparseCoreInputPreprocessor", "SparseCorePreprocessedInput", "StackedSparseCoreEmbeddingConfig",
+    "SparseCoreInputPreprocessor", "SparseCoreLoadPlanner", "SparseCorePreprocessedInput", "SparseCoreSavePlanner",
+    "StackedSparseCoreEmbeddingConfig",
 ]
