@@ -61,7 +61,7 @@ class _FusedLookup(torch.autograd.Function):
         table, row_pointers, embedding_ids, sample_ids, gains, *slots = ctx.saved_tensors
         hypers = ctx.hypers
         if callable(hypers):  # Adam: the step's bias corrections, computed now
-            hypers = hypers()
+            hypers = hypers(table.device)
         op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{ctx.op_name}")
         out = op(row_pointers, embedding_ids, sample_ids, gains, table, *slots, grad.contiguous(), *hypers,
                  *ctx.limits, ctx.name)
@@ -85,13 +85,13 @@ class _AdamClock:
         self.module = module
         self.step = torch.zeros((), dtype=torch.int64)
 
-    def __call__(self) -> tuple[torch.Tensor, float, float, float]:
+    def __call__(self, device: torch.device) -> tuple[torch.Tensor, float, float, float]:
+        """The next step's Adam hyperparameters after ``activations_grad``, alpha_t on ``device``."""
         self.step += 1
         kw = self.module.optimizer_kwargs()
         alpha_t, eps_hat = adam_step_hyperparameters(self.module.current_lr, kw["beta1"], kw["beta2"], kw["eps"],
                                                      int(self.step))
-        return (torch.tensor(alpha_t, dtype=torch.float32).to(self.module.device), kw["beta1"], kw["beta2"],
-                eps_hat)
+        return torch.tensor(alpha_t, dtype=torch.float32).to(device), kw["beta1"], kw["beta2"], eps_hat
 
 
 class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
@@ -132,7 +132,8 @@ class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
         self.momentums = nn.ParameterDict()
         self.velocities = nn.ParameterDict()
         self._adam_clocks: dict[str, _AdamClock] = {}
-        self._epsilon = torch.tensor(self._optimizer_kwargs.get("eps", 0.0), device=self._device)
+        self.register_buffer("_epsilon", torch.tensor(self._optimizer_kwargs.get("eps", 0.0), device=self._device),
+                             persistent=False)
         for stack in self._stacks.values():
             logical = {p.table: self._initial_weight(self._table(p.table)) for p in stack.tables}
             holder = nn.Module()
@@ -260,7 +261,7 @@ class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
             return self._adam_clocks[name]
         if op == "sgd":
             return (self.learning_rates[name],)
-        return (self.learning_rates[name], self._epsilon.to(self.learning_rates[name].device))
+        return (self.learning_rates[name], self._epsilon)
 
     def _stack_features(self, features: KeyedSparseCorePreprocessedInput) -> dict[str, torch.Tensor]:
         """Each feature's activations ``[its rows, table dim]``, by feature name."""
