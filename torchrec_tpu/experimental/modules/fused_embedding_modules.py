@@ -7,7 +7,10 @@ Tables are stacked as :class:`SparseCoreInputPreprocessor` stacks them (by ``sta
 and held MOD-sharded on the tpu device, one stacked table per stack: ``embedding_bags`` /
 ``embeddings`` ``[<stack>].weight`` (rows ``vocab / global_device_count`` of the stacked layout),
 optimizer slots in ``accumulators`` / ``momentums`` / ``velocities`` and the learning rate in
-``learning_rates``, all keyed by stack name as TorchRec TPU keys them. Forward runs
+``learning_rates``, all keyed by stack name as TorchRec TPU keys them. At
+``global_device_count`` D > 1 (one tpu device per torch.distributed rank) each table and slot is a
+``DTensor`` ``Shard(0)`` over a 1-D "tpu" DeviceMesh of D devices, handed to the ops as it is (they
+exchange ids and activations across ranks: ``torch_tpu.ops.sparsecore_dtensor``). Forward runs
 ``tpu::sparse_dense_matmul`` per stack; its backward runs
 ``tpu::sparse_dense_matmul_grad_with_<optimizer>`` and writes the new table and slots in place
 (the table gets no ``.grad``). ``get_unstacked_table_weights`` / ``set_unstacked_table_weights``
@@ -16,10 +19,12 @@ convert to and from the logical ``[num_embeddings, embedding_dim]`` tables.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.optim.fused import FusedOptimizerModule
@@ -94,6 +99,26 @@ class _AdamClock:
         return torch.tensor(alpha_t, dtype=torch.float32).to(device), kw["beta1"], kw["beta2"], eps_hat
 
 
+def _device_mesh(global_device_count: int) -> Any:
+    """The 1-D "tpu" DeviceMesh the tables shard over (None for one device)."""
+    if not isinstance(global_device_count, int) or global_device_count < 1:
+        raise ValueError(f"global_device_count must be a positive int, got {global_device_count!r}")
+    if global_device_count == 1:
+        return None
+    if importlib.util.find_spec("torch_tpu.ops.sparsecore_dtensor") is None:
+        raise NotImplementedError(
+            f"global_device_count={global_device_count}: the tables are DTensor(Shard(0)) over a 'tpu' DeviceMesh, "
+            f"and this torch_tpu's tpu::sparse_dense_matmul ops have no DTensor rules (torch_tpu.ops."
+            f"sparsecore_dtensor: the cross-rank id/activation exchange); only global_device_count=1 runs")
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world != global_device_count:
+        raise ValueError(f"global_device_count={global_device_count} needs torch.distributed initialized with that "
+                         f"many ranks (one tpu device each); the world size is {world}")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("tpu", (global_device_count,))
+
+
 class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
     """What the fused EBC and EC share: stacking, the tables and slots on the device, the fused
     update, learning rate and the logical-table views."""
@@ -104,11 +129,7 @@ class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
                  optimizer_kwargs: Mapping[str, Any] | None, batch_size: int, global_device_count: int,
                  num_sc_per_device: int) -> None:
         super().__init__()
-        if global_device_count != 1:
-            raise NotImplementedError(
-                f"global_device_count={global_device_count}: the tables would be DTensor(Shard(0)) over a 'tpu' "
-                f"DeviceMesh, and torch_tpu's tpu::sparse_dense_matmul ops do not take DTensor tables yet (no "
-                f"cross-rank id/activation exchange); only global_device_count=1 runs")
+        self._mesh = _device_mesh(global_device_count)
         self._kind = fused_kind(optimizer_type)
         self._optimizer_type = optimizer_type
         self._optimizer_kwargs = normalize_kwargs(optimizer_type, optimizer_kwargs)
@@ -137,17 +158,42 @@ class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
         for stack in self._stacks.values():
             logical = {p.table: self._initial_weight(self._table(p.table)) for p in stack.tables}
             holder = nn.Module()
-            holder.weight = nn.Parameter(stack_rows(stack, logical).to(self._device))
+            holder.weight = self._place(stack_rows(stack, logical), requires_grad=True)
             weights[stack.name] = holder
             self.learning_rates[stack.name] = nn.Parameter(
                 torch.tensor(self._lr, dtype=torch.float32, device=self._device), requires_grad=False)
             initial = self._optimizer_kwargs.get("initial_accumulator_value", 0.0)
             for slot in self._kind.slots:
                 value = torch.full((stack.vocab_size, stack.dim), initial if slot == "accumulator" else 0.0)
-                getattr(self, _SLOT_DICTS[slot])[stack.name] = nn.Parameter(value.to(self._device),
-                                                                            requires_grad=False)
+                getattr(self, _SLOT_DICTS[slot])[stack.name] = self._place(value, requires_grad=False)
             if self._kind.op_name == "adam":
                 self._adam_clocks[stack.name] = _AdamClock(self)
+
+    def _place(self, stacked: torch.Tensor, requires_grad: bool) -> nn.Parameter:
+        """A stacked CPU tensor as a parameter on the device: whole, or this rank's rows of a
+        ``DTensor`` ``Shard(0)`` over the mesh."""
+        if self._mesh is None:
+            return nn.Parameter(stacked.to(self._device), requires_grad=requires_grad)
+        from torch.distributed.tensor import DTensor, Shard
+
+        local = stacked.chunk(self._global_device_count)[dist.get_rank()].contiguous()
+        return nn.Parameter(DTensor.from_local(local.to(self._device), self._mesh, [Shard(0)]),
+                            requires_grad=requires_grad)
+
+    @staticmethod
+    def _whole(tensor: torch.Tensor) -> torch.Tensor:
+        """A stacked table (or slot) whole on the CPU (gathered from every rank when sharded)."""
+        whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        return whole.detach().cpu()
+
+    def _write_whole(self, tensor: torch.Tensor, stacked: torch.Tensor) -> None:
+        """Write a whole stacked CPU tensor into ``tensor`` (this rank's rows when sharded)."""
+        with torch.no_grad():
+            if hasattr(tensor, "to_local"):
+                local = tensor.to_local()
+                local.copy_(stacked.chunk(self._global_device_count)[dist.get_rank()].to(local.device))
+            else:
+                tensor.copy_(stacked.to(tensor.device))
 
     def _table(self, name: str) -> SparseCoreEmbeddingConfig:
         return next(t for t in self._tables if t.name == name)
@@ -226,7 +272,7 @@ class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
         """Each logical table ``[num_embeddings, embedding_dim]`` on the CPU, by table name."""
         out: dict[str, torch.Tensor] = {}
         for name, weight in self.table_weights.items():
-            out.update(unstack_rows(self._stacks[name], weight.detach().cpu()))
+            out.update(unstack_rows(self._stacks[name], self._whole(weight)))
         return out
 
     def set_unstacked_table_weights(self, table_weights: Mapping[str, torch.Tensor]) -> None:
@@ -242,8 +288,7 @@ class _SparseCoreFusedEmbeddingBase(nn.Module, FusedOptimizerModule):
                 continue
             per_table = {p.table: table_weights.get(p.table, current[p.table]).detach().cpu().float()
                          for p in stack.tables}
-            with torch.no_grad():
-                weight.copy_(stack_rows(stack, per_table).to(weight.device))
+            self._write_whole(weight, stack_rows(stack, per_table))
 
     def unstacked_state_dict(self) -> dict[str, torch.Tensor]:
         """The logical tables on the CPU (same as :meth:`get_unstacked_table_weights`)."""
