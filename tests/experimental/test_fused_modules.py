@@ -1,8 +1,11 @@
 """torchrec_tpu.experimental's fused SparseCore EBC / EC against stock TorchRec on CPU + torch.optim:
 forward and three training steps (the optimizer fused into ``loss.backward()``), eagerly on tpu
-tensors and inside torch.compile(backend="tpu"); state_dict, the fused optimizer, errors."""
+tensors and inside torch.compile(backend="tpu"); state_dict, the fused optimizer, errors; two
+ranks with DTensor tables once torch_tpu's ops take them."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 import torch
@@ -208,3 +211,16 @@ def test_errors_name_the_bad_value() -> None:
         SparseCoreFusedEmbeddingBagCollection(_seq_tables(), torch.optim.SGD, {}, batch_size=BATCH)
     with pytest.raises(ValueError, match=r"batch_size must be a positive multiple of num_sc_per_device=2.* 7"):
         SparseCoreFusedEmbeddingBagCollection(tables, torch.optim.SGD, {}, batch_size=7)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.skipif(importlib.util.find_spec("torch_tpu.ops.sparsecore_dtensor") is None,
+                    reason="this torch_tpu's SparseCore ops take no DTensor tables (torch_tpu.ops.sparsecore_dtensor)")
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_two_ranks_with_dtensor_tables_equal_torchrec_on_the_global_batch(optimizer: str) -> None:
+    from tests.experimental.fused_multirank_checks import rank_body
+    from torch_tpu.distributed.local_launch import launch_local
+
+    results = launch_local(rank_body, 2, optimizer, timeout_s=500)
+    assert results == ["ok", "ok"], "\n".join(results)
