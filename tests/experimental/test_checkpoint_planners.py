@@ -53,28 +53,17 @@ def saved(tmp_path_factory) -> tuple[str, dict[str, torch.Tensor], dict[str, tor
     return path, tables, _logical_accumulators(module, 2)
 
 
-def test_loads_into_a_fresh_module_at_the_same_topology(saved) -> None:
+@pytest.mark.parametrize("num_sc", [2, 4])
+def test_loads_into_a_fresh_module_at_the_same_or_another_sparsecore_count(saved, num_sc: int) -> None:
+    """At 4 SparseCores the tables and accumulators are re-MOD-sharded (and re-padded)."""
     path, tables, accumulators = saved
-    module = _fused(2)
-    state = module.state_dict()
-    planner = SparseCoreLoadPlanner(num_sc_per_device=2)
-    dcp.load(state, checkpoint_id=path, planner=planner)
-    assert not planner.cross_topology
-    for name, value in module.get_unstacked_table_weights().items():
-        torch.testing.assert_close(value, tables[name], rtol=0, atol=0)
-    for name, value in _logical_accumulators(module, 2).items():
-        torch.testing.assert_close(value, accumulators[name], rtol=0, atol=0)
-
-
-def test_loads_at_another_sparsecore_count(saved) -> None:
-    path, tables, accumulators = saved
-    module = _fused(4)
-    planner = SparseCoreLoadPlanner(num_sc_per_device=4)
+    module = _fused(num_sc)
+    planner = SparseCoreLoadPlanner(num_sc_per_device=num_sc)
     dcp.load(module.state_dict(), checkpoint_id=path, planner=planner)
-    assert planner.cross_topology
+    assert planner.cross_topology == (num_sc != 2)
     for name, value in module.get_unstacked_table_weights().items():
         torch.testing.assert_close(value, tables[name], rtol=0, atol=0)
-    for name, value in _logical_accumulators(module, 4).items():
+    for name, value in _logical_accumulators(module, num_sc).items():
         torch.testing.assert_close(value, accumulators[name], rtol=0, atol=0)
 
 
