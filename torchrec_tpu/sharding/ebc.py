@@ -90,20 +90,28 @@ class ShardedSparseCoreEBC(ShardedTables):
                 for f, _ in self._served[self.rank]]
 
     @staticmethod
-    def specs_of(ebc: EmbeddingBagCollection, batch_size: int,
-                 optimizer: OptimizerSpec) -> tuple[list[TableSpec], list[FeatureSpec]]:
-        """The sparsecore (tables, features) of TorchRec ``ebc`` at ``batch_size`` per rank."""
+    def specs_of(ebc: EmbeddingBagCollection, batch_size: int, optimizer: OptimizerSpec,
+                 partition_limits: Mapping[str, tuple[int, int]] | None = None,
+                 ) -> tuple[list[TableSpec], list[FeatureSpec]]:
+        """The sparsecore (tables, features) of TorchRec ``ebc`` at ``batch_size`` per rank;
+        ``partition_limits``: table -> (max_ids_per_partition, max_unique_ids_per_partition), e.g.
+        from ``SparseCoreEmbeddingConfig`` or FDO stats (default: 256 each)."""
         return specs_from_configs(ebc.embedding_bag_configs(), batch_size, optimizer=optimizer,
-                                  weighted_features=ebc.is_weighted() and _all_features(ebc) or ())
+                                  weighted_features=ebc.is_weighted() and _all_features(ebc) or (),
+                                  partition_limits=partition_limits)
 
     @classmethod
     def from_torchrec(cls, ebc: EmbeddingBagCollection, batch_size: int, sharding: Mapping[str, TableSharding],
                       optimizer: OptimizerSpec, specs: tuple[Sequence[TableSpec], Sequence[FeatureSpec]] | None = None,
+                      partition_limits: Mapping[str, tuple[int, int]] | None = None,
                       **kwargs: Any) -> "ShardedSparseCoreEBC":
         """The same tables as TorchRec ``ebc`` (and its weights unless they are on the meta device);
-        ``specs``: :meth:`specs_of` ``ebc`` (with ``batch_size`` and ``optimizer``) when the caller
-        has them already."""
-        tables, features = specs if specs is not None else ShardedSparseCoreEBC.specs_of(ebc, batch_size, optimizer)
+        ``specs``: :meth:`specs_of` ``ebc`` (with ``batch_size``, ``optimizer`` and
+        ``partition_limits``) when the caller has them already."""
+        if specs is not None and partition_limits is not None:
+            raise ValueError("give partition_limits to specs_of when passing specs, not to from_torchrec")
+        tables, features = specs if specs is not None else ShardedSparseCoreEBC.specs_of(
+            ebc, batch_size, optimizer, partition_limits)
         return cls._from_torchrec_modules(list(tables), list(features), ebc.embedding_bags, sharding, **kwargs)
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
