@@ -42,6 +42,22 @@ def test_trains_like_stock_torchrec(optimizer, backend):
     assert_tables_close(ebc.unsharded_weights(), expected_weights)
 
 
+def test_a_batch_the_sparsecores_cannot_split_is_padded():
+    """6 samples over the 4 SparseCores of a v5p chip: TorchRec takes any batch size, so the EBC
+    pads with empty samples, directly and through prefetch."""
+    batch = 6
+    expected_outputs, expected_weights = train_reference("adagrad", STEPS, batch)
+    plan = {c.name: TableSharding("table_wise", (0,)) for c in CONFIGS}
+    ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), batch, plan, OPTIMIZERS["adagrad"][0])
+    assert (ebc.requested_batch_size, ebc.batch_size) == (6, 8)
+    for step in range(STEPS):
+        kjt = random_kjt(batch, step)
+        pooled = ebc(ebc.prefetch(kjt) if step % 2 else kjt)
+        torch.testing.assert_close(pooled.values(), expected_outputs[step], atol=1e-5, rtol=1e-5)
+        (0.5 * ((pooled.values() - targets(batch, step)) ** 2).sum()).backward()
+    assert_tables_close(ebc.unsharded_weights(), expected_weights)
+
+
 def test_bad_id_names_the_feature():
     ebc = sharded("sgd")
     with pytest.raises(ValueError, match="feature 'small'.*outside \\[0, 9\\)"):
