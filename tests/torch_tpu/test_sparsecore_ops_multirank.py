@@ -45,10 +45,10 @@ def test_buffer_sizes_name_the_layout() -> None:
 
 def _run(world: int, compiled: bool) -> None:
     ranks = launch_local(rank_body, world, compiled, timeout_s=240)
-    for rank, got in enumerate(ranks):
-        assert got["transport"] == "xla", got["transport"]
-        for check in (*CHECKS, "compiled") if compiled else CHECKS:
-            assert got[check] == "ok", f"rank {rank} of {world}, {check}:\n{got[check]}"
+    failed = [f"rank {rank} of {world}, {check}:\n{got[check]}" for rank, got in enumerate(ranks)
+              for check in ((*CHECKS, "compiled") if compiled else CHECKS) if got[check] != "ok"]
+    assert not failed, "\n".join(failed)
+    assert {got["transport"] for got in ranks} == {"xla"}
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ Traced elsewhere (``make_fx``, AOTAutograd by hand), the rules use functional co
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -124,7 +125,8 @@ def _like(local: torch.Tensor, reference: Any) -> Any:
 
 def _graph_break_under_dynamo(name: str) -> None:
     """Dynamo runs the op on fake DTensors to trace it: make that a graph break (see module docstring)."""
-    if not torch.compiler.is_dynamo_compiling():
+    convert = sys.modules.get("torch._dynamo.symbolic_convert")  # Dynamo is not imported: not tracing
+    if convert is None or getattr(convert.tls, "current_tx", None) is None:
         return
     from torch._dynamo.exc import unimplemented
 
@@ -148,7 +150,7 @@ def _all_gather(t: torch.Tensor, mesh: Any) -> torch.Tensor:
 
         return funcol.all_gather_tensor(t, 0, mesh)
     out = t.new_empty((mesh.size() * t.shape[0], *t.shape[1:]))
-    dist.all_gather_into_tensor(out, t.contiguous(), group=mesh.get_group())
+    dist.all_gather_single(out, t.contiguous(), group=mesh.get_group())
     return out
 
 
@@ -159,5 +161,5 @@ def _reduce_scatter(t: torch.Tensor, mesh: Any) -> torch.Tensor:
 
         return funcol.reduce_scatter_tensor(t, "sum", 0, mesh)
     out = t.new_empty((t.shape[0] // mesh.size(), *t.shape[1:]))
-    dist.reduce_scatter_tensor(out, t.contiguous(), group=mesh.get_group())
+    dist.reduce_scatter_single(out, t.contiguous(), group=mesh.get_group())
     return out
