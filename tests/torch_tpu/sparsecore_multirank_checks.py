@@ -88,9 +88,10 @@ class Case:
 def rank_body(rank: int, world: int, store: dist.Store, timeout: datetime.timedelta, compiled: bool) -> dict:
     """{check name: "ok" or the traceback}."""
     dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=world, timeout=timeout)
+    from torch.distributed.device_mesh import init_device_mesh
+
     import torch_tpu  # noqa: F401  (the device, the ops) after the group: it joins jax.distributed
     import torch_tpu.distributed as tpu_dist
-    from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("tpu", (world,), mesh_dim_names=("tpu",))
     results = {"transport": tpu_dist.active_transport()}

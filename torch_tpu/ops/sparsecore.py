@@ -14,8 +14,18 @@ The lowering is ``sparsecore.csr_math`` (jnp) off TPU and jax-tpu-embedding's Sp
 primitives (``sparsecore.csr_kernels``) on TPU; both are imported inside the lowering, so
 ``import torch_tpu`` loads neither. :func:`register` (from ``torch_tpu.ops.register``) defines them.
 
-S, the SparseCores of the device, is read from the row-pointer buffer's size (S regions of
-max(S, 8) pointers, as ``sparsecore.preprocess`` builds them for one device).
+With plain tensors the ops serve one device: S, its SparseCores, is read from the row-pointer
+buffer's size (S regions of max(S, 8) pointers, as ``sparsecore.preprocess`` builds them for one
+device) and the table holds all S shards.
+
+Several devices (``torch_tpu.ops.sparsecore_dtensor``): when ``embedding_table`` (and every
+optimizer slot) is a ``DTensor`` placed ``Shard(0)`` on a 1-D DeviceMesh of D ranks, each rank
+passes its own device's buffers (built for D devices: N = D * S partitions) and its own
+``device_batch_size``, and gets its own samples' activations (a plain tensor); the table gradient
+and the fused ops' new table and slots are DTensors with the same placement. The collectives
+run on the mesh's process group; the local step is the private twin ``tpu::_sharded_<op>`` (the
+op over the gathered buffers of all devices and one device's block of rows, same math module).
+The public schemas stay TorchTPU's.
 """
 
 from __future__ import annotations
