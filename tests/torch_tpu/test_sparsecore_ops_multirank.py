@@ -61,3 +61,13 @@ def test_two_ranks_forward_grad_fused_updates_and_compiled() -> None:
 @pytest.mark.multiprocess
 def test_four_ranks_forward_grad_and_fused_updates() -> None:
     _run(4, compiled=False)
+
+
+def test_every_op_has_its_dtensor_rule() -> None:
+    from torch.distributed.tensor import DTensor  # the rules register once this module is imported
+
+    from torch_tpu.ops.sparsecore import NAMESPACE, SCHEMAS
+
+    for name in SCHEMAS:
+        entry = torch._library.simple_registry.singleton.find(f"{NAMESPACE}::{name}")
+        assert entry.torch_dispatch_rules.find(DTensor) is not None, name
