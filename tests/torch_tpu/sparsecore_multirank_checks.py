@@ -271,6 +271,12 @@ def _compiled(case: Case, mesh) -> None:
     got = torch.compile(lookup, backend="tpu")(*_tpu(case), table, scale)
     torch.testing.assert_close(got.cpu(), eager.cpu(), rtol=0, atol=0)
     assert sum(torch._dynamo.utils.counters["graph_break"].values()) >= 1, dict(torch._dynamo.utils.counters)
+    grads = []
+    for fn in (lookup, torch.compile(lookup, backend="tpu")):  # backward through the graph break
+        leaf = _sharded(case.block(case.weight), mesh).requires_grad_(True)
+        (fn(*_tpu(case), leaf, scale) * case.grad[case.mine].to("tpu")).sum().backward()
+        grads.append(_local(leaf.grad))
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
     args = (*_tpu(case), table, case.grad[case.mine].to("tpu"), torch.tensor(0.1).to("tpu"))
     eager_sgd = _local(sgd(*args))
     torch.testing.assert_close(_local(torch.compile(sgd, backend="tpu")(*args)), eager_sgd, rtol=0, atol=0)

@@ -18,7 +18,9 @@ exchange is explicit collectives on the mesh's process group (``tpu_dist`` on tp
   with the table's (and slots') placement.
 
 The exchange is exact: every product gain * row is formed once, on the row's device; only the
-order of the final sum of an activation row changes (per device, then across devices).
+order of the final sum of an activation row changes (per device, then across devices). The local
+step is the jnp formulation on every platform (with D > 1): on a TPU, handing the local buffers to
+the SparseCore custom call, which exchanges over ICI itself, would replace the collectives.
 
 The rules are registered with ``torch.library.register_torch_dispatch(op, DTensor, rule)``, the
 public hook for a tensor subclass's handling of a custom op: DTensor consults it before its own
