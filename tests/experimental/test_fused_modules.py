@@ -1,11 +1,9 @@
 """torchrec_tpu.experimental's fused SparseCore EBC / EC against stock TorchRec on CPU + torch.optim:
 forward and three training steps (the optimizer fused into ``loss.backward()``), eagerly on tpu
 tensors and inside torch.compile(backend="tpu"); state_dict, the fused optimizer, errors; two
-ranks with DTensor tables once torch_tpu's ops take them."""
+tpu_dist ranks with DTensor tables."""
 
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 import torch
@@ -203,7 +201,8 @@ def test_errors_name_the_bad_value() -> None:
         SparseCoreFusedEmbeddingBagCollection(tables, torch.optim.RMSprop, {}, batch_size=BATCH)
     with pytest.raises(ValueError, match=r"\['momentum'\] are not supported by the fused SGD update; it takes"):
         SparseCoreFusedEmbeddingBagCollection(tables, torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, batch_size=BATCH)
-    with pytest.raises(NotImplementedError, match="global_device_count=2.*DTensor"):
+    with pytest.raises(ValueError, match=r"global_device_count=2 needs torch.distributed initialized with that many "
+                                         r"ranks \(one tpu device each\); the world size is 1"):
         SparseCoreFusedEmbeddingBagCollection(tables, torch.optim.SGD, {}, batch_size=BATCH, global_device_count=2)
     with pytest.raises(ValueError, match=r"tables \['ta', 'tb', 'tc'\] wrap EmbeddingBagConfig"):
         SparseCoreFusedEmbeddingCollection(tables, batch_size=BATCH)
@@ -215,8 +214,6 @@ def test_errors_name_the_bad_value() -> None:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.skipif(importlib.util.find_spec("torch_tpu.ops.sparsecore_dtensor") is None,
-                    reason="this torch_tpu's SparseCore ops take no DTensor tables (torch_tpu.ops.sparsecore_dtensor)")
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 def test_two_ranks_with_dtensor_tables_equal_torchrec_on_the_global_batch(optimizer: str) -> None:
     from tests.experimental.fused_multirank_checks import rank_body

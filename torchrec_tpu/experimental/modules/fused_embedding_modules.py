@@ -19,7 +19,6 @@ convert to and from the logical ``[num_embeddings, embedding_dim]`` tables.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -105,11 +104,6 @@ def _device_mesh(global_device_count: int) -> Any:
         raise ValueError(f"global_device_count must be a positive int, got {global_device_count!r}")
     if global_device_count == 1:
         return None
-    if importlib.util.find_spec("torch_tpu.ops.sparsecore_dtensor") is None:
-        raise NotImplementedError(
-            f"global_device_count={global_device_count}: the tables are DTensor(Shard(0)) over a 'tpu' DeviceMesh, "
-            f"and this torch_tpu's tpu::sparse_dense_matmul ops have no DTensor rules (torch_tpu.ops."
-            f"sparsecore_dtensor: the cross-rank id/activation exchange); only global_device_count=1 runs")
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world != global_device_count:
         raise ValueError(f"global_device_count={global_device_count} needs torch.distributed initialized with that "
