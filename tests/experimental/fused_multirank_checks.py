@@ -1,12 +1,13 @@
 """Rank body of the multi-rank fused EBC test: on each rank of a tpu_dist world of D ranks,
 ``SparseCoreFusedEmbeddingBagCollection(global_device_count=D)`` (tables DTensor ``Shard(0)``) fed
 its own samples equals one CPU TorchRec EmbeddingBagCollection + torch.optim over the global batch,
-forward and three fused steps."""
+forward and three fused steps; then the ranks save a DCP checkpoint with ``SparseCoreSavePlanner``."""
 
 from __future__ import annotations
 
 import datetime
 import traceback
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,35 +33,37 @@ def _kjt(ids: dict[str, list[torch.Tensor]], lo: int, hi: int):
                              lengths=torch.tensor([len(x) for k in keys for x in ids[k][lo:hi]]))
 
 
-def rank_body(rank: int, world: int, store: dist.Store, timeout: datetime.timedelta, optimizer: str) -> str:
-    """"ok" or the traceback."""
+def rank_body(rank: int, world: int, store: dist.Store, timeout: datetime.timedelta, optimizer: str,
+              checkpoint_dir: str) -> tuple[str, dict[str, torch.Tensor]]:
+    """("ok" or the traceback, the module's trained logical tables), the checkpoint saved in
+    ``checkpoint_dir``."""
     dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=world, timeout=timeout)
     import torch_tpu  # noqa: F401  (the device, the ops) after the group: it joins jax.distributed
 
+    tables: dict[str, torch.Tensor] = {}
     try:
-        _check(rank, world, optimizer)
+        tables = _check(rank, world, optimizer, checkpoint_dir)
         result = "ok"
     except Exception:  # noqa: BLE001 -- reported to the parent
         result = traceback.format_exc()
     dist.destroy_process_group()
-    return result
+    return result, tables
 
 
-def _check(rank: int, world: int, optimizer: str) -> None:
+def _check(rank: int, world: int, optimizer: str, checkpoint_dir: str) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import DTensor
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from torchrec_tpu.experimental import (
         SparseCoreEmbeddingConfig,
         SparseCoreFusedEmbeddingBagCollection,
         SparseCoreInputPreprocessor,
+        SparseCoreSavePlanner,
     )
 
     optimizer_type, kwargs = OPTIMIZERS[optimizer]
-    configs = [EmbeddingBagConfig(name="ta", num_embeddings=100, embedding_dim=8, feature_names=["fa", "fa2"]),
-               EmbeddingBagConfig(name="tb", num_embeddings=40, embedding_dim=8, feature_names=["fb"],
-                                  pooling=PoolingType.MEAN)]
+    configs = table_configs()
     tables = [SparseCoreEmbeddingConfig(c) for c in configs]
     fused = SparseCoreFusedEmbeddingBagCollection(tables, optimizer_type, kwargs, batch_size=BATCH,
                                                   global_device_count=world)
@@ -83,3 +86,14 @@ def _check(rank: int, world: int, optimizer: str) -> None:
         stock_optimizer.step()
         for name, value in fused.get_unstacked_table_weights().items():
             torch.testing.assert_close(value, stock.embedding_bags[name].weight.detach(), rtol=1e-5, atol=1e-6)
+    dcp.save(fused.state_dict(), checkpoint_id=checkpoint_dir, planner=SparseCoreSavePlanner(num_sc_per_device=2))
+    return fused.get_unstacked_table_weights()
+
+
+def table_configs() -> list[Any]:
+    """The two tables: "ta" with two features, "tb" MEAN-pooled."""
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+
+    return [EmbeddingBagConfig(name="ta", num_embeddings=100, embedding_dim=8, feature_names=["fa", "fa2"]),
+            EmbeddingBagConfig(name="tb", num_embeddings=40, embedding_dim=8, feature_names=["fb"],
+                               pooling=PoolingType.MEAN)]

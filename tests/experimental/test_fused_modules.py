@@ -215,9 +215,31 @@ def test_errors_name_the_bad_value() -> None:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
-def test_two_ranks_with_dtensor_tables_equal_torchrec_on_the_global_batch(optimizer: str) -> None:
-    from tests.experimental.fused_multirank_checks import rank_body
-    from torch_tpu.distributed.local_launch import launch_local
+def test_two_ranks_with_dtensor_tables_equal_torchrec_and_their_checkpoint_loads_on_one(optimizer: str,
+                                                                                        tmp_path) -> None:
+    """Two tpu_dist ranks train DTensor tables like TorchRec on the global batch and save them
+    (SparseCoreSavePlanner); one process loads that checkpoint into a one-device module (re-sharded
+    from 4 SparseCores to 2) and unsharded into a CPU TorchRec EBC."""
+    import torch.distributed.checkpoint as dcp
 
-    results = launch_local(rank_body, 2, optimizer, timeout_s=500)
-    assert results == ["ok", "ok"], "\n".join(results)
+    from tests.experimental.fused_multirank_checks import BATCH as RANK_BATCH
+    from tests.experimental.fused_multirank_checks import rank_body, table_configs
+    from torch_tpu.distributed.local_launch import launch_local
+    from torchrec_tpu.experimental import SparseCoreLoadPlanner
+
+    results = launch_local(rank_body, 2, optimizer, str(tmp_path), timeout_s=500)
+    assert [r for r, _ in results] == ["ok", "ok"], "\n".join(r for r, _ in results)
+    trained = results[0][1]
+    optimizer_type, kwargs = OPTIMIZERS[optimizer]
+    one = SparseCoreFusedEmbeddingBagCollection([SparseCoreEmbeddingConfig(c) for c in table_configs()],
+                                                optimizer_type, kwargs, batch_size=RANK_BATCH)
+    planner = SparseCoreLoadPlanner(num_sc_per_device=2)
+    dcp.load(one.state_dict(), checkpoint_id=str(tmp_path), planner=planner)
+    assert planner.cross_topology
+    for name, value in one.get_unstacked_table_weights().items():
+        torch.testing.assert_close(value, trained[name], rtol=0, atol=0)
+    cpu = EmbeddingBagCollection(tables=table_configs(), device=torch.device("cpu"))
+    dcp.load(cpu.state_dict(), checkpoint_id=str(tmp_path),
+             planner=SparseCoreLoadPlanner(num_sc_per_device=2, unshard_for_cpu=True))
+    for name, bag in cpu.embedding_bags.items():
+        torch.testing.assert_close(bag.weight.detach(), trained[name], rtol=0, atol=0)
