@@ -64,8 +64,11 @@ def before(batches: list[Batch]) -> tuple[DLRMTrain, list[float], dict[str, torc
     return train_model, losses, initial
 
 
-def after(batches: list[Batch], initial: dict[str, torch.Tensor] | None = None) -> tuple[DLRMTrain, list[float]]:
-    """The migrated model on the tpu device (from ``before``'s ``initial`` weights when given)."""
+def after(batches: list[Batch], initial: dict[str, torch.Tensor] | None = None,
+          compiled: bool = False) -> tuple[DLRMTrain, list[float]]:
+    """The migrated model on the tpu device (from ``before``'s ``initial`` weights when given);
+    ``compiled``: its steps run as ``torch.compile(backend="tpu", fullgraph=True)`` graphs (the
+    SparseCore update inside the backward graph)."""
     device = torch.device("tpu")
     # 1. wrap the table config
     sc_config = SparseCoreEmbeddingConfig(config=table_config(), max_ids_per_partition=256,
@@ -84,11 +87,12 @@ def after(batches: list[Batch], initial: dict[str, torch.Tensor] | None = None) 
     dense_optimizer = torch.optim.SGD(dense_params, lr=LR)
     # 4. host preprocessing
     preprocessor = SparseCoreInputPreprocessor(tables=[sc_config], batch_size=BATCH_SIZE)
+    step = torch.compile(train_model, backend="tpu", fullgraph=True) if compiled else train_model
     losses = []
     for raw_batch in batches:
         dense_optimizer.zero_grad()
         tpu_batch = SparseCoreBatch.from_batch(raw_batch, preprocessor).to(device)
-        loss, _ = train_model(tpu_batch)
+        loss, _ = step(tpu_batch)
         loss.backward()  # the SparseCore update of the table runs here
         dense_optimizer.step()
         losses.append(float(loss.detach()))
@@ -112,10 +116,11 @@ def copy_initial_weights(train_model: DLRMTrain, ebc: SparseCoreFusedEmbeddingBa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help='run the "after" steps under torch.compile')
     args = parser.parse_args()
     batches = random_batches(args.steps)
     _, stock_losses, initial = before(batches)
-    _, tpu_losses = after(batches, initial)
+    _, tpu_losses = after(batches, initial, compiled=args.compile)
     for step, (a, b) in enumerate(zip(stock_losses, tpu_losses)):
         print(f"step {step}: before (TorchRec, CPU) {a:.6f}   after (SparseCore, tpu) {b:.6f}")
 

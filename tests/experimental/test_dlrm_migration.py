@@ -1,6 +1,7 @@
 """TorchRec TPU's README migration (examples/torchrec_tpu_api/dlrm_migration.py): the "after" DLRM
 (fused SparseCore EBC with SGD on tpu, preprocessor, SparseCoreBatch, dense-only SGD) equals the
-"before" stock TorchRec DLRM on CPU with one SGD over every parameter, over three steps."""
+"before" stock TorchRec DLRM on CPU with one SGD over every parameter, over three steps, eagerly
+and with the "after" model under torch.compile(backend="tpu", fullgraph=True)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ def _example():
 
 
 @pytest.mark.slow
-def test_readme_migration_after_equals_before_over_three_steps() -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_readme_migration_after_equals_before_over_three_steps(compiled: bool) -> None:
     example = _example()
     batches = example.random_batches(3)
     stock, stock_losses, initial = example.before(batches)
-    migrated, tpu_losses = example.after(batches, initial)
+    migrated, tpu_losses = example.after(batches, initial, compiled=compiled)
     assert tpu_losses == pytest.approx(stock_losses, rel=1e-5)
     ebc = migrated.model.sparse_arch.embedding_bag_collection
     table = stock.model.sparse_arch.embedding_bag_collection.embedding_bags["t_user"].weight
