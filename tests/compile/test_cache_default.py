@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 import torch
 
@@ -48,10 +49,17 @@ def test_eager_ops_stay_out_whole_programs_go_in(tmp_path):
     previous = tc.cache_dir()
     tc.configure_cache(tmp_path)
     try:
-        x = torch.randn(8, 8, device="tpu")
-        for _ in range(3):  # the per-op jit compiles each op on its second sight
-            y = (x @ x).relu().sum(0) + 1
-        y.cpu()
+        # eager programs fall under JAX's own rule (written only when slower to compile than
+        # SLOW_COMPILE_SECS, which a loaded machine can reach): raised here, so only programs
+        # forced in by xla_cache.persistent() could be written
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 3600.0)
+        try:
+            x = torch.randn(8, 8, device="tpu")
+            for _ in range(3):  # the per-op jit compiles each op on its second sight
+                y = (x @ x).relu().sum(0) + 1
+            y.cpu()
+        finally:
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", xla_cache.SLOW_COMPILE_SECS)
         assert not _entries(tmp_path / "executables"), "eager per-op programs were written"
         model = mlp([8, 4, 1]).to("tpu")
         step = tc.train_step(model, torch.optim.Adagrad(model.parameters(), lr=0.1),
