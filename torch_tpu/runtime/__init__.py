@@ -17,7 +17,15 @@ def register() -> None:
 
     device.register()  # first: the tensor model reads the backend's name when it is imported
 
-    from torch_tpu.runtime import autocast, backward_errors, dynamo_hooks, module_conversion, serialization, storage
+    from torch_tpu.runtime import (
+        autocast,
+        backward_errors,
+        dynamo_hooks,
+        module_conversion,
+        precision,
+        serialization,
+        storage,
+    )
     from torch_tpu.runtime.tensor import TpuTensor
 
     backward_errors.install()  # errors raised in backward hooks reach backward()
@@ -26,3 +34,4 @@ def register() -> None:
     storage.register()  # storage.tpu()
     autocast.register()  # torch.autocast("tpu")
     module_conversion.install()  # Module.to("tpu") keeps Parameter objects (weight ties)
+    precision.sync()  # JAX's matmul precision follows torch.set_float32_matmul_precision / torch.tpu's

@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from torch_tpu.runtime import precision as tpu_precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
+from torch_tpu.runtime.dtypes import FLOAT8_DTYPES
 
 DEVICE_NAME = "tpu"
 _registered = False
@@ -142,7 +144,12 @@ def get_device_properties(device: int | str | torch.device | None = None) -> Tpu
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    return [torch.bfloat16, torch.float16]
+    """The dtypes ``torch.autocast("tpu", dtype=...)`` accepts: bfloat16 (the default), float16, and
+    the float8 value formats the device holds (``torch_tpu.runtime.dtypes.FLOAT8_DTYPES``, less
+    ``float8_e8m0fnu``: exponent-only block scales, not a compute type; XLA upcasts float8 math
+    where the chip has no native unit)."""
+    scales = getattr(torch, "float8_e8m0fnu", None)
+    return [torch.bfloat16, torch.float16, *(d for d in FLOAT8_DTYPES if d is not scales)]
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
@@ -318,6 +325,14 @@ def stream(stream: Stream | None) -> Iterator[None]:
 def device(device: int | str | torch.device | None) -> Iterator[None]:
     _check_index(device)
     yield
+
+
+# --- matmul precision (torch_tpu.runtime.precision) -----------------------------------------
+
+Precision = tpu_precision.Precision
+precision = tpu_precision.precision
+set_matmul_precision = tpu_precision.set_matmul_precision
+get_matmul_precision = tpu_precision.get_matmul_precision
 
 
 # --- random ----------------------------------------------------------------------------------
