@@ -2,7 +2,7 @@
 
 The PrivateUse1 backend and ``torch.tpu`` (``device``), :class:`TpuTensor` over storage boxes holding
 JAX arrays (``tensor``, ``storage``, ``dtype_views``, ``memory_format``), dtypes, random keys,
-serialization, autocast, ``Module.to`` (``module_conversion``), Dynamo's view of the device
+serialization, autocast, the matmul precision (``precision``), ``Module.to`` (``module_conversion``), Dynamo's view of the device
 (``dynamo_device``, ``dynamo_hooks``), backward error reporting, the persistent compile cache's
 controls and the JAX import shim (``_jax``).
 
