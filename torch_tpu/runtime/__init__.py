@@ -2,8 +2,9 @@
 
 The PrivateUse1 backend and ``torch.tpu`` (``device``), :class:`TpuTensor` over storage boxes holding
 JAX arrays (``tensor``, ``storage``, ``dtype_views``, ``memory_format``), dtypes, random keys,
-serialization, autocast, the matmul precision (``precision``), ``Module.to`` (``module_conversion``), Dynamo's view of the device
-(``dynamo_device``, ``dynamo_hooks``), backward error reporting, the persistent compile cache's
+serialization, autocast, the matmul precision (``precision``), ``Module.to``
+(``module_conversion``), Dynamo's view of the device (``dynamo_device``, ``dynamo_hooks``),
+backward error reporting, the persistent compile cache's
 controls and the JAX import shim (``_jax``).
 
 Imports no other torch_tpu room (ops, eager, compile, distributed) at module level. Importing a
