@@ -10,6 +10,7 @@ any input is on tpu).
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,14 +101,24 @@ def translation_key(gm: torch.fx.GraphModule, specs: Sequence[jax.ShapeDtypeStru
     h.update(torch.__version__.encode())
     h.update(registry_fingerprint().encode())
     h.update(f"precision={matmul_precision or precision.current_name()};".encode())
-    h.update(gm.code.encode())
     for spec in specs:
         h.update((f"{spec.shape}{spec.dtype};" if isinstance(spec, jax.ShapeDtypeStruct)
                   else f"{type(spec).__name__}={spec!r};").encode())
+    _graph_digest(h, gm)
+    return h.hexdigest()
+
+
+def _graph_digest(h: Any, gm: torch.fx.GraphModule) -> None:
+    """The graph's code and constants into ``h``; a higher-order op's body (a graph attribute) the same way."""
+    h.update(gm.code.encode())
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            h.update(tensor_digest(getattr(gm, node.target)))
-    return h.hexdigest()
+            value = operator.attrgetter(node.target)(gm)
+            if isinstance(value, torch.fx.GraphModule):
+                h.update(f"graph {node.target}:".encode())
+                _graph_digest(h, value)
+            else:
+                h.update(tensor_digest(value))
 
 
 def tensor_digest(t: torch.Tensor) -> bytes:
