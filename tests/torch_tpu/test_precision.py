@@ -66,7 +66,8 @@ def test_eager_matmul_lowers_with_torchs_float32_precision(torch_name, expected)
     torch.set_float32_matmul_precision(torch_name)
     out, text = _eager_matmul(a.to("tpu"), b.to("tpu"))
     assert dot_precisions(text) == [expected]
-    torch.testing.assert_close(out.cpu(), a @ b, rtol=TOLERANCE[Precision[expected]], atol=TOLERANCE[Precision[expected]])
+    tolerance = TOLERANCE[Precision[expected]]
+    torch.testing.assert_close(out.cpu(), a @ b, rtol=tolerance, atol=tolerance)
 
 
 def test_precision_block_changes_the_eager_program_and_restores_it():

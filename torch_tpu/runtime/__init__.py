@@ -2,9 +2,9 @@
 
 The PrivateUse1 backend and ``torch.tpu`` (``device``), :class:`TpuTensor` over storage boxes holding
 JAX arrays (``tensor``, ``storage``, ``dtype_views``, ``memory_format``), dtypes, random keys,
-serialization, autocast, the matmul precision (``precision``), ``Module.to``
-(``module_conversion``), Dynamo's view of the device (``dynamo_device``, ``dynamo_hooks``),
-backward error reporting, the persistent compile cache's
+serialization, autocast, the matmul precision (``precision``), device traces in torch.profiler
+(``profiler``), ``Module.to`` (``module_conversion``), Dynamo's view of the device
+(``dynamo_device``, ``dynamo_hooks``), backward error reporting, the persistent compile cache's
 controls and the JAX import shim (``_jax``).
 
 Imports no other torch_tpu room (ops, eager, compile, distributed) at module level. Importing a
@@ -24,6 +24,7 @@ def register() -> None:
         dynamo_hooks,
         module_conversion,
         precision,
+        profiler,
         serialization,
         storage,
     )
@@ -35,4 +36,5 @@ def register() -> None:
     storage.register()  # storage.tpu()
     autocast.register()  # torch.autocast("tpu")
     module_conversion.install()  # Module.to("tpu") keeps Parameter objects (weight ties)
+    profiler.install()  # torch.profiler with ProfilerActivity.PrivateUse1 records the device (jax.profiler)
     precision.sync()  # JAX's matmul precision follows torch.set_float32_matmul_precision / torch.tpu's
