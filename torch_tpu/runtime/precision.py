@@ -24,7 +24,9 @@ XLA:CPU computes float32 in every case. Which one applies, first match wins:
    ``"medium"`` for the TPU's native one-pass bfloat16 speed.
 
 The setting is process-wide, like torch's own (the ``precision`` block too: autograd runs device
-backward on another thread, which must see the same precision). It applies to eager ops (the
+backward on another thread, which must see the same precision). It is JAX's process-wide default
+(``jax_default_matmul_precision``), so other JAX code in the process (a JAX embedding backend)
+computes its unpinned dots with it too. It applies to eager ops (the
 per-op programs are ``jax.jit`` programs, whose cache key includes JAX's precision setting, and to
 the ops run plainly) and to compiled graphs and ``train_step`` programs, whose cache keys include
 :func:`current_name`: a change of precision recompiles them, a change back reuses the earlier
