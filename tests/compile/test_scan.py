@@ -86,3 +86,11 @@ def test_backward_equals_eager_and_is_one_loop() -> None:
     (backward,) = _graphs("backward")
     assert _count(forward, "while") == 1 and _count(backward, "while") == 1
     assert _count(backward, "dot_general") == 3  # d/dw, d/du and d/dh, once each (no grad for xs)
+
+
+def test_eager_scan_on_tpu_tensors_runs_torchs_loop() -> None:
+    args = _inputs(5)
+    expected = rnn(*args)
+    got = rnn(*(a.to("tpu") for a in args))  # no compile: torch's dense scan, op by op on the device
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-5)
