@@ -1,17 +1,26 @@
-"""The SparseCore lookup and its fused updates as pure ``jax.numpy`` functions of one device's
-CSR-wrapped COO buffers (``sparsecore.csr_format``): the XLA formulation of what the SparseCores
-compute, used by the ``tpu::sparse_dense_matmul*`` torch ops (``torch_tpu.ops.sparsecore``) off TPU.
+"""The SparseCore lookup and its fused updates as pure ``jax.numpy`` functions of CSR-wrapped COO
+buffers (``sparsecore.csr_format``): the XLA formulation of what the SparseCores compute, used by
+the ``tpu::sparse_dense_matmul*`` torch ops (``torch_tpu.ops.sparsecore``) off TPU.
 
-One device, mod sharding: with S SparseCores on the device (here also the number of partitions
-N), source SparseCore k's region of ``embedding_ids`` / ``sample_ids`` / ``gains`` holds its N
-partitions, partition p being ``[round_up(end[p-1], 8), end[p])`` with ``end = row_pointers[k *
-R : k * R + N]`` (R = ``len(row_pointers) / S``); every other position is padding. An entry of
-partition p of source k reads physical table row ``p * shard_rows + embedding_id`` and adds
-``gain * row`` to activation row ``k * (batch / S) + sample_id``.
+Mod sharding over N SparseCores: source SparseCore k's region of ``embedding_ids`` /
+``sample_ids`` / ``gains`` holds its N partitions, partition p being ``[round_up(end[p-1], 8),
+end[p])`` with ``end = row_pointers[k * R : k * R + N]`` (R = max(N, 8) pointers per region);
+every other position is padding. An entry of partition p of source k reads shard row
+``embedding_id`` of SparseCore p and adds ``gain * row`` to activation row ``k * (batch / K) +
+sample_id`` (K source regions).
+
+The buffers given are either one device's with N = S (one device of S SparseCores) or the
+buffers of all D devices of a job concatenated device-major (what an all_gather of every
+device's buffers gives): then there are K = D * S = N source regions, again as many as
+partitions, so N is read from the row-pointer size either way. The table holds the rows of
+``devices`` equal blocks of partitions, ``device_index``'s block (the ``Shard(0)`` of the
+stacked table on that device): with ``devices=1`` every partition, ``physical row = p *
+shard_rows + embedding_id``; otherwise entries of other devices' partitions are dropped, so the
+lookup is that device's partial sum over the global batch and the gradient that of its rows.
 
 The sums run in the order the entries sit in the buffers, which for every activation row (and
 every table row) is the order the ``xla`` backend sums in (by physical row, then source SparseCore,
-then sample): the lookup is bit-identical to ``XlaBackend.stack_activations``.
+then sample): on one device the lookup is bit-identical to ``XlaBackend.stack_activations``.
 
 The updates are jax-tpu-embedding's SparseCore update rules (``sparse_dense_matmul_grad_with_*``),
 applied to the rows the batch touches; untouched rows (and their slots) stay as they are.
@@ -25,58 +34,74 @@ import jax.numpy as jnp
 from tpu_facts import ALIGNMENT
 
 
-def sparsecores_per_device(row_pointers_size: int) -> int:
-    """S from the row-pointer buffer of one device: S regions of max(S, 8) pointers."""
+def sparsecores_per_device(row_pointers_size: int, devices: int = 1) -> int:
+    """S from the row-pointer buffer of one of ``devices`` devices: S regions of max(devices * S, 8)
+    pointers. With ``devices`` = 1 and a gathered buffer of D devices this gives N = D * S."""
     for s in range(1, row_pointers_size + 1):
-        if s * max(s, ALIGNMENT) == row_pointers_size:
+        if s * max(devices * s, ALIGNMENT) == row_pointers_size:
             return s
     raise ValueError(
-        f"row_pointers has {row_pointers_size} entries; one device's buffer holds S * max(S, {ALIGNMENT}) "
-        "(S SparseCores per device)"
+        f"row_pointers has {row_pointers_size} entries; one of {devices} devices' buffers holds "
+        f"S * max({devices} * S, {ALIGNMENT}) (S SparseCores per device)"
     )
 
 
-def decode(row_pointers, embedding_ids, sample_ids, gains, table_rows: int, batch_size: int):
-    """(physical row, activation row, gain, valid) of every buffer position, each [S, region].
-    Padding positions get row ``table_rows`` and activation row ``batch_size`` (out of range: a
-    segment sum drops them) and gain 0."""
-    s = sparsecores_per_device(row_pointers.shape[0])
-    n = s
-    if embedding_ids.shape[0] % s or batch_size % s or table_rows % n:
+def decode(row_pointers, embedding_ids, sample_ids, gains, table_rows: int, batch_size: int, devices: int = 1,
+           device_index: int = 0):
+    """(table row, activation row, gain, valid) of every buffer position, each [K * region] (K =
+    N source regions). ``table_rows`` is the local table's: device ``device_index``'s block of
+    N / ``devices`` partitions. Padding positions and entries of other devices' partitions get row
+    ``table_rows`` and activation row ``batch_size`` (out of range: a segment sum drops them) and
+    gain 0."""
+    n = sparsecores_per_device(row_pointers.shape[0])  # source regions = partitions (module docstring)
+    if not 0 <= device_index < devices or n % devices:
         raise ValueError(
-            f"CSR buffers of {embedding_ids.shape[0]} entries, batch {batch_size} and a table of {table_rows} rows "
-            f"must each divide among the {s} SparseCores of the device"
+            f"device_index {device_index} of {devices} devices: needs 0 <= device_index < devices and "
+            f"devices dividing the {n} partitions of the buffers"
         )
-    region = embedding_ids.shape[0] // s
-    ends = row_pointers.reshape(s, -1)[:, :n].astype(jnp.int32)
+    local = n // devices  # partitions whose rows the table holds
+    if embedding_ids.shape[0] % n or batch_size % n or table_rows % local:
+        raise ValueError(
+            f"CSR buffers of {embedding_ids.shape[0]} entries and batch {batch_size} must divide among {n} "
+            f"source SparseCores and a table of {table_rows} rows among its {local} partitions"
+        )
+    region = embedding_ids.shape[0] // n
+    ends = row_pointers.reshape(n, -1)[:, :n].astype(jnp.int32)
     aligned = (ends[:, :-1] + (ALIGNMENT - 1)) // ALIGNMENT * ALIGNMENT
-    starts = jnp.concatenate([jnp.zeros((s, 1), jnp.int32), aligned], axis=1)
+    starts = jnp.concatenate([jnp.zeros((n, 1), jnp.int32), aligned], axis=1)
     position = jnp.arange(region, dtype=jnp.int32)
-    partition = jnp.sum(starts[:, None, :] <= position[None, :, None], axis=-1) - 1  # [S, region]
+    partition = jnp.sum(starts[:, None, :] <= position[None, :, None], axis=-1) - 1  # [N, region]
     partition = jnp.clip(partition, 0, n - 1)
     valid = position[None, :] < jnp.take_along_axis(ends, partition, axis=1)
-    ids = embedding_ids.reshape(s, region).astype(jnp.int32)
-    samples = sample_ids.reshape(s, region).astype(jnp.int32)
-    source = jnp.arange(s, dtype=jnp.int32)[:, None]
-    phys = jnp.where(valid, partition * (table_rows // n) + ids, table_rows)
-    activation_row = jnp.where(valid, source * (batch_size // s) + samples, batch_size)
-    gain = jnp.where(valid, gains.reshape(s, region), jnp.float32(0))
+    if devices > 1:
+        partition = partition - device_index * local
+        valid = valid & (partition >= 0) & (partition < local)
+    ids = embedding_ids.reshape(n, region).astype(jnp.int32)
+    samples = sample_ids.reshape(n, region).astype(jnp.int32)
+    source = jnp.arange(n, dtype=jnp.int32)[:, None]
+    phys = jnp.where(valid, partition * (table_rows // local) + ids, table_rows)
+    activation_row = jnp.where(valid, source * (batch_size // n) + samples, batch_size)
+    gain = jnp.where(valid, gains.reshape(n, region), jnp.float32(0))
     return phys.reshape(-1), activation_row.reshape(-1), gain.reshape(-1), valid.reshape(-1)
 
 
-def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table, batch_size: int):
-    """Activations [batch_size, dim]: per activation row, the sum of gain * table row."""
-    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0], batch_size)
+def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table, batch_size: int,
+                        devices: int = 1, device_index: int = 0):
+    """Activations [batch_size, dim]: per activation row, the sum of gain * table row (over the
+    table's own rows: a partial sum when ``devices`` > 1)."""
+    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0], batch_size,
+                                 devices, device_index)
     values = embedding_table.at[phys].get(mode="fill", fill_value=0.0)
     return jax.ops.segment_sum(gain[:, None] * values, rows, num_segments=batch_size).astype(embedding_table.dtype)
 
 
-def table_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad):
+def table_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad, devices: int = 1,
+               device_index: int = 0):
     """(gradient of the table [V, dim], touched [V] bool): per table row, the sum of gain *
-    activation gradient over its entries."""
+    activation gradient over its entries (the table's own rows when ``devices`` > 1)."""
     batch_size = activations_grad.shape[0]
     phys, rows, gain, valid = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
-                                     batch_size)
+                                     batch_size, devices, device_index)
     values = activations_grad.astype(jnp.float32).at[rows].get(mode="fill", fill_value=0.0)
     vocab = embedding_table.shape[0]
     grad = jax.ops.segment_sum(gain[:, None] * values, phys, num_segments=vocab)

@@ -6,6 +6,8 @@ the gradient of each touched row already summed over all its occurrences in the 
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 
 from sparsecore import optimizers as opt
@@ -29,18 +31,26 @@ def apply_update(
         acc = slots["accumulator"] + grad * grad
         return rows - lr * grad / (jnp.sqrt(acc) + spec.eps), {"accumulator": acc}
     if isinstance(spec, opt.Adam):
-        b1, b2 = jnp.float32(spec.beta_1), jnp.float32(spec.beta_2)
-        t = step.astype(jnp.float32)
-        c2 = jnp.sqrt(1.0 - b2**t)
-        alpha = lr * c2 / (1.0 - b1**t)
-        m = b1 * slots["momentum"] + (1.0 - b1) * grad
-        v = b2 * slots["velocity"] + (1.0 - b2) * grad * grad
-        return rows - alpha * m / (jnp.sqrt(v) + spec.epsilon * c2), {"momentum": m, "velocity": v}
+        return _adam(spec, rows, slots, grad, step, lr)
     if isinstance(spec, opt.FTRL):
         return _ftrl(spec, rows, slots, grad, lr)
     if isinstance(spec, opt.SGD):
         return rows - lr * grad, {}
     raise ValueError(f"the xla backend has no update rule for {type(spec).__name__}")
+
+
+def _adam(spec: opt.Adam, rows, slots, grad, step, lr):
+    """torch.optim.Adam's arithmetic: 1 - beta and the bias corrections 1 - beta**t come from the
+    double betas (``beta**t`` as ``expm1(t log beta)``, the log taken in double), never from betas
+    rounded to float32 first (0.99999 -> 1 - beta 1.4e-3 off)."""
+    t = step.astype(jnp.float32)
+    m, v = slots["momentum"], slots["velocity"]
+    m = m + jnp.float32(1.0 - spec.beta_1) * (grad - m)
+    v = v * jnp.float32(spec.beta_2) + jnp.float32(1.0 - spec.beta_2) * (grad * grad)
+    correction_1 = -jnp.expm1(t * jnp.float32(math.log(spec.beta_1))) if spec.beta_1 else jnp.float32(1.0)
+    correction_2 = -jnp.expm1(t * jnp.float32(math.log(spec.beta_2))) if spec.beta_2 else jnp.float32(1.0)
+    denom = jnp.sqrt(v) / jnp.sqrt(correction_2) + jnp.float32(spec.epsilon)
+    return rows - (lr / correction_1) * (m / denom), {"momentum": m, "velocity": v}
 
 
 def _ftrl(spec: opt.FTRL, rows, slots, grad, lr):

@@ -22,7 +22,14 @@ LAYOUTS = {
                                 "t_small": TableSharding(TW, (0,))}),
     "data_parallel": ("sgd", {"t_user": TableSharding(DP), "t_item": TableSharding(DP),
                               "t_small": TableSharding(RW)}),
+    "column_wise_rowwise": ("rowwise_adagrad", {"t_user": TableSharding(CW, (1, 0)),
+                                                "t_item": TableSharding(CW, (0, 1)), "t_small": TableSharding(RW)}),
 }
+
+
+def column_blocks(layout: str) -> dict[str, int]:
+    """Per column-wise table of ``layout``, its number of column blocks."""
+    return {name: len(how.ranks) for name, how in LAYOUTS[layout][1].items() if how.kind == CW}
 
 
 @contextlib.contextmanager

@@ -3,6 +3,8 @@ optimizer on its weights (dense SGD/Adagrad leave untouched rows unchanged, like
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
@@ -75,15 +77,26 @@ def assert_tables_close(actual: dict[str, torch.Tensor], expected: dict[str, tor
         torch.testing.assert_close(weight, expected[name], atol=1e-5, rtol=1e-5)
 
 
-def train_reference(optimizer: str, steps: int, batch: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """Outputs of each step and the final weights of stock TorchRec (loss: 0.5 * |out - target|^2)."""
+def train_reference(optimizer: str, steps: int, batch: int, column_blocks: Mapping[str, int] | None = None,
+                    ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """Outputs of each step and the final weights of stock TorchRec (loss: 0.5 * |out - target|^2).
+    ``column_blocks``: tables trained as that many column blocks, each a parameter of its own (the
+    optimizer state TorchRec's column-wise sharding keeps: row-wise state per block)."""
     ebc = reference_ebc()
-    opt = OPTIMIZERS[optimizer][1](list(ebc.parameters()))
+    blocks = {name: [torch.nn.Parameter(block.clone()) for block in
+                     bag.weight.detach().chunk((column_blocks or {}).get(name, 1), dim=1)]
+              for name, bag in ebc.embedding_bags.items()}
+    opt = OPTIMIZERS[optimizer][1]([p for parts in blocks.values() for p in parts])
+
+    def weights() -> dict[str, torch.Tensor]:
+        return {name: torch.cat(parts, dim=1) for name, parts in blocks.items()}
+
     outputs = []
     for step in range(steps):
-        out = ebc(random_kjt(batch, step)).values()
+        tables = {f"embedding_bags.{name}.weight": weight for name, weight in weights().items()}
+        out = torch.func.functional_call(ebc, tables, (random_kjt(batch, step),)).values()
         outputs.append(out.detach().clone())
         opt.zero_grad()
         (0.5 * ((out - targets(batch, step)) ** 2).sum()).backward()
         opt.step()
-    return outputs, {name: bag.weight.detach().clone() for name, bag in ebc.embedding_bags.items()}
+    return outputs, {name: weight.detach().clone() for name, weight in weights().items()}

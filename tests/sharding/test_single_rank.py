@@ -2,7 +2,11 @@
 
 import pytest
 import torch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from sparsecore.limits import PartitionOverflowError
 from torchrec_tpu.sharding import ShardedSparseCoreEBC, TableSharding
 
 from .reference import (
@@ -35,6 +39,22 @@ def test_trains_like_stock_torchrec(optimizer, backend):
         assert pooled.keys() == ["user", "item", "hist", "small"]
         torch.testing.assert_close(pooled.values(), expected_outputs[step], atol=1e-5, rtol=1e-5)
         (0.5 * ((pooled.values() - targets(BATCH, step)) ** 2).sum()).backward()
+    assert_tables_close(ebc.unsharded_weights(), expected_weights)
+
+
+def test_a_batch_the_sparsecores_cannot_split_is_padded():
+    """6 samples over the 4 SparseCores of a v5p chip: TorchRec takes any batch size, so the EBC
+    pads with empty samples, directly and through prefetch."""
+    batch = 6
+    expected_outputs, expected_weights = train_reference("adagrad", STEPS, batch)
+    plan = {c.name: TableSharding("table_wise", (0,)) for c in CONFIGS}
+    ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), batch, plan, OPTIMIZERS["adagrad"][0])
+    assert (ebc.requested_batch_size, ebc.batch_size) == (6, 8)
+    for step in range(STEPS):
+        kjt = random_kjt(batch, step)
+        pooled = ebc(ebc.prefetch(kjt) if step % 2 else kjt)
+        torch.testing.assert_close(pooled.values(), expected_outputs[step], atol=1e-5, rtol=1e-5)
+        (0.5 * ((pooled.values() - targets(batch, step)) ** 2).sum()).backward()
     assert_tables_close(ebc.unsharded_weights(), expected_weights)
 
 
@@ -88,3 +108,19 @@ def test_unshards_into_a_plain_torchrec_ebc():
     kjt = random_kjt(BATCH, 9)
     with torch.no_grad():
         torch.testing.assert_close(plain(kjt).values(), ebc(kjt).values(), atol=1e-6, rtol=1e-6)
+
+
+def test_partition_limits_from_the_configs_replace_the_default():
+    """300 distinct ids of one sample in one partition: over the default 256 per partition,
+    fine once the table's limits (``SparseCoreEmbeddingConfig``'s, or FDO's) are given."""
+    stock = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t", embedding_dim=8, num_embeddings=4096,
+                                                              feature_names=["f"])])
+    kjt = KeyedJaggedTensor(keys=["f"], values=torch.arange(300) * 8, lengths=torch.tensor([300, 0, 0, 0]))
+    plan = {"t": TableSharding("table_wise", (0,))}
+    default = ShardedSparseCoreEBC.from_torchrec(stock, 4, plan, OPTIMIZERS["sgd"][0])
+    with pytest.raises(PartitionOverflowError, match="max_ids_per_partition 256"):
+        default(kjt)
+    raised = ShardedSparseCoreEBC.from_torchrec(stock, 4, plan, OPTIMIZERS["sgd"][0],
+                                                partition_limits={"t": (512, 512)})
+    with torch.no_grad():
+        torch.testing.assert_close(raised(kjt).values(), stock(kjt).values())

@@ -6,7 +6,7 @@ import torch
 
 from torch_tpu.distributed import launch_local
 
-from .rank_checks import LAYOUTS, train_sharded
+from .rank_checks import LAYOUTS, column_blocks, train_sharded
 from .reference import train_reference
 
 LOCAL_BATCH, STEPS = 8, 3
@@ -21,7 +21,7 @@ def two_rank_results():
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_ranks_equal_stock_torchrec(two_rank_results, layout):
     optimizer, _ = LAYOUTS[layout]
-    expected_outputs, expected_weights = train_reference(optimizer, STEPS, 2 * LOCAL_BATCH)
+    expected_outputs, expected_weights = train_reference(optimizer, STEPS, 2 * LOCAL_BATCH, column_blocks(layout))
     for rank, results in enumerate(two_rank_results):
         outputs, weights, _ = results[layout]
         for step, out in enumerate(outputs):

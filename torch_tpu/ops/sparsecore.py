@@ -14,8 +14,18 @@ The lowering is ``sparsecore.csr_math`` (jnp) off TPU and jax-tpu-embedding's Sp
 primitives (``sparsecore.csr_kernels``) on TPU; both are imported inside the lowering, so
 ``import torch_tpu`` loads neither. :func:`register` (from ``torch_tpu.ops.register``) defines them.
 
-S, the SparseCores of the device, is read from the row-pointer buffer's size (S regions of
-max(S, 8) pointers, as ``sparsecore.preprocess`` builds them for one device).
+With plain tensors the ops serve one device: S, its SparseCores, is read from the row-pointer
+buffer's size (S regions of max(S, 8) pointers, as ``sparsecore.preprocess`` builds them for one
+device) and the table holds all S shards.
+
+Several devices (``torch_tpu.ops.sparsecore_dtensor``): when ``embedding_table`` (and every
+optimizer slot) is a ``DTensor`` placed ``Shard(0)`` on a 1-D DeviceMesh of D ranks, each rank
+passes its own device's buffers (built for D devices: N = D * S partitions) and its own
+``device_batch_size``, and gets its own samples' activations (a plain tensor); the table gradient
+and the fused ops' new table and slots are DTensors with the same placement. The collectives
+run on the mesh's process group; the local step is the private twin ``tpu::_sharded_<op>`` (the
+op over the gathered buffers of all devices and one device's block of rows, same math module).
+The public schemas stay TorchTPU's.
 """
 
 from __future__ import annotations
@@ -52,6 +62,12 @@ SCHEMAS = {
         f"float learning_rate_power, float l1_regularization_strength, float l2_regularization_strength, "
         f"float beta, {_LIMITS}, {_NAME}) -> (Tensor, Tensor, Tensor)",
 }
+# Private twins ``tpu::_sharded_<name>``: the same op over the buffers of all ``devices`` devices
+# (gathered device-major) and the table block (and slots) of ``device_index``: the local step of the
+# DTensor rules (torch_tpu.ops.sparsecore_dtensor)
+SHARDED = "_sharded_"
+_SHARDING = "int devices=1, int device_index=0"
+SHARDED_SCHEMAS = {SHARDED + name: schema.replace(") ->", f", {_SHARDING}) ->", 1) for name, schema in SCHEMAS.items()}
 # the slot tensors each fused op takes after the table (and returns after it)
 SLOTS = {"sgd": (), "adagrad": ("accumulator",), "adam": ("momentum", "velocity"),
          "rowwise_adagrad": ("accumulator",), "ftrl": ("accumulator", "linear")}
@@ -70,8 +86,8 @@ def _on_tpu_platform() -> bool:
 
 
 def _lookup(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size,
-            max_ids_per_partition, max_unique_ids_per_partition):
-    if _on_tpu_platform():
+            max_ids_per_partition, max_unique_ids_per_partition, devices=1, device_index=0):
+    if _on_tpu_platform() and devices == 1:
         from sparsecore import csr_kernels
 
         return csr_kernels.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table,
@@ -80,18 +96,19 @@ def _lookup(row_pointers, embedding_ids, sample_ids, gains, embedding_table, dev
     from sparsecore import csr_math
 
     return csr_math.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table,
-                                        device_batch_size)
+                                        device_batch_size, devices, device_index)
 
 
 def _lookup_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad,
-                 device_batch_size, max_ids_per_partition, max_unique_ids_per_partition):
+                 device_batch_size, max_ids_per_partition, max_unique_ids_per_partition, devices=1, device_index=0):
     from sparsecore import csr_math
 
-    grad, _ = csr_math.table_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad)
+    grad, _ = csr_math.table_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad,
+                                  devices, device_index)
     return grad.astype(embedding_table.dtype)
 
 
-def _bind(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
+def bind_args(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     """The op's arguments by schema name (defaults filled in)."""
     schema = _overload(name)._schema
     bound = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
@@ -100,19 +117,20 @@ def _bind(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     return bound
 
 
-def _fused(optimizer: str):
-    """The lowering of ``sparse_dense_matmul_grad_with_<optimizer>``."""
-    name = f"sparse_dense_matmul_grad_with_{optimizer}"
+def _fused(optimizer: str, prefix: str = ""):
+    """The lowering of ``<prefix>sparse_dense_matmul_grad_with_<optimizer>``."""
+    name = f"{prefix}sparse_dense_matmul_grad_with_{optimizer}"
     slots = SLOTS[optimizer]
 
     def lowering(*args, **kwargs):
-        a = _bind(name, args, kwargs)
+        a = bind_args(name, args, kwargs)
         csr = tuple(a[k] for k in ("row_pointers", "embedding_ids", "sample_ids", "gains"))
         names = [x.name for x in _overload(name)._schema.arguments]
         first = names.index("activations_grad") + 1
         hypers = [a[k] for k in names[first:first + _HYPERS[optimizer]]]
         table, table_slots, grad = a["embedding_table"], [a[k] for k in slots], a["activations_grad"]
-        if _on_tpu_platform():
+        sharding = (a.get("devices", 1), a.get("device_index", 0))
+        if _on_tpu_platform() and sharding[0] == 1:
             from sparsecore import csr_kernels
 
             limits = (a["device_batch_size"], a["max_ids_per_partition"], a["max_unique_ids_per_partition"])
@@ -120,7 +138,7 @@ def _fused(optimizer: str):
                                             a["computation_name"] or f"{optimizer}_optimizer_update")
         from sparsecore import csr_math
 
-        g, touched = csr_math.table_grad(*csr, table, grad)
+        g, touched = csr_math.table_grad(*csr, table, grad, *sharding)
         return getattr(csr_math, optimizer)(table, *table_slots, g, touched, *hypers)
 
     return lowering
@@ -166,11 +184,11 @@ def _lookup_grad_fake(row_pointers, embedding_ids, sample_ids, gains, embedding_
     return torch.empty_like(embedding_table)
 
 
-def _fused_fake(optimizer: str):
+def _fused_fake(optimizer: str, prefix: str = ""):
     slots = SLOTS[optimizer]
 
     def fake(*args, **kwargs):
-        a = _bind(f"sparse_dense_matmul_grad_with_{optimizer}", args, kwargs)
+        a = bind_args(f"{prefix}sparse_dense_matmul_grad_with_{optimizer}", args, kwargs)
         out = (torch.empty_like(a["embedding_table"]), *(torch.empty_like(a[s]) for s in slots))
         return out if len(out) > 1 else out[0]
 
@@ -195,18 +213,19 @@ def register() -> None:
         return
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     _libs.append(lib)
-    for name, schema in SCHEMAS.items():
+    for name, schema in {**SCHEMAS, **SHARDED_SCHEMAS}.items():
         lib.define(name + schema)
-    lib.impl("sparse_dense_matmul", _on_host(_lookup), "CPU")
-    lib.impl("sparse_dense_matmul_grad", _on_host(_lookup_grad), "CPU")
-    torch.library.register_fake(f"{NAMESPACE}::sparse_dense_matmul", _lookup_fake, lib=lib)
-    torch.library.register_fake(f"{NAMESPACE}::sparse_dense_matmul_grad", _lookup_grad_fake, lib=lib)
-    register_lowering(_overload("sparse_dense_matmul"))(_lookup)
-    register_lowering(_overload("sparse_dense_matmul_grad"))(_lookup_grad)
+    for prefix in ("", SHARDED):
+        kernels = {"sparse_dense_matmul": (_lookup, _lookup_fake),
+                   "sparse_dense_matmul_grad": (_lookup_grad, _lookup_grad_fake)}
+        kernels.update({f"sparse_dense_matmul_grad_with_{o}": (_fused(o, prefix), _fused_fake(o, prefix))
+                        for o in SLOTS})
+        for name, (lowering, fake) in kernels.items():
+            lib.impl(prefix + name, _on_host(lowering), "CPU")
+            torch.library.register_fake(f"{NAMESPACE}::{prefix}{name}", fake, lib=lib)
+            register_lowering(_overload(prefix + name))(lowering)
     torch.library.register_autograd(f"{NAMESPACE}::sparse_dense_matmul", _lookup_backward,
                                     setup_context=_setup_context, lib=lib)
-    for optimizer in SLOTS:
-        name = f"sparse_dense_matmul_grad_with_{optimizer}"
-        lib.impl(name, _on_host(_fused(optimizer)), "CPU")
-        torch.library.register_fake(f"{NAMESPACE}::{name}", _fused_fake(optimizer), lib=lib)
-        register_lowering(_overload(name))(_fused(optimizer))
+    from torch_tpu.ops import sparsecore_dtensor
+
+    sparsecore_dtensor.register(lib)

@@ -15,20 +15,20 @@ Importing Dynamo costs seconds, so when it is not loaded yet the patch runs righ
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
+import functools
 from typing import Any
 
-_DYNAMO = "torch._dynamo"
+from torch_tpu.runtime.after_import import call_after_import
 
 
 def install(tensor_type: type) -> None:
     """Patch Dynamo for ``tensor_type`` now if it is imported, else as soon as it is."""
-    if _DYNAMO in sys.modules and hasattr(sys.modules[_DYNAMO], "optimize"):
-        _patch(tensor_type)
-    elif not any(isinstance(f, _AfterDynamoImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterDynamoImport(tensor_type))
+    call_after_import("torch._dynamo", "optimize", _patcher(tensor_type))
+
+
+@functools.cache
+def _patcher(tensor_type: type) -> Any:
+    return functools.partial(_patch, tensor_type)
 
 
 def _patch(tensor_type: type) -> None:
@@ -69,26 +69,3 @@ def _patch(tensor_type: type) -> None:
     from torch_tpu.runtime import dynamo_device  # imports Dynamo: only here
 
     dynamo_device.register()
-
-
-class _AfterDynamoImport(importlib.abc.MetaPathFinder):
-    """Finds ``torch._dynamo`` with the normal finder, then runs the patch after its module body."""
-
-    def __init__(self, tensor_type: type) -> None:
-        self._tensor_type = tensor_type
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name != _DYNAMO:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_patch(module: Any) -> None:
-            exec_module(module)
-            _patch(self._tensor_type)
-
-        spec.loader.exec_module = exec_then_patch
-        return spec

@@ -16,8 +16,9 @@ optimizer there; no gradient of the tables ever materialises.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
 from torchrec_tpu.sharding.shards import TableSharding
+from tpu_facts import round_up
 
 
 @dataclass
@@ -67,7 +69,11 @@ class PrefetchedKJT(KeyedJaggedTensor):
 class ShardedSparseCoreEBC(ShardedTables):
     """Pooled lookups of ``features`` (``batch_size`` = this rank's batch) over ``tables``, sharded
     over ``group`` (default: the world; no process group: one rank) as ``sharding`` says; the
-    options (weights, local engine, ``average_over_ranks``) are :class:`ShardedTables`'."""
+    options (weights, local engine, ``average_over_ranks``) are :class:`ShardedTables`'.
+
+    SparseCores split the global batch evenly; a batch that does not divide among them is padded
+    with empty samples (``batch_size`` is then the padded size; the given one is
+    ``requested_batch_size``), as TorchRec, which has no such rule, takes any batch size."""
 
     table_modules = "embedding_bags"
 
@@ -75,7 +81,10 @@ class ShardedSparseCoreEBC(ShardedTables):
         batch_sizes = {f.batch_size for f in self.features}
         if len(batch_sizes) != 1:
             raise ValueError(f"all features need one batch size for a KeyedTensor output, got {sorted(batch_sizes)}")
-        self.batch_size = batch_sizes.pop()
+        self.requested_batch_size = batch_sizes.pop()
+        sparsecores = self.engine.topology.num_sparsecores
+        self.batch_size = round_up(self.requested_batch_size, sparsecores // math.gcd(sparsecores, self.world_size))
+        self.features = [replace(f, batch_size=self.batch_size) for f in self.features]
         dims = [self.tables[f.table].dim for f in self.features]
         self._offsets = dict(zip([f.name for f in self.features], np.cumsum([0] + dims).tolist()))
         # output columns of every rank's served (feature, shard) pairs, in message order
@@ -90,29 +99,38 @@ class ShardedSparseCoreEBC(ShardedTables):
                 for f, _ in self._served[self.rank]]
 
     @staticmethod
-    def specs_of(ebc: EmbeddingBagCollection, batch_size: int,
-                 optimizer: OptimizerSpec) -> tuple[list[TableSpec], list[FeatureSpec]]:
-        """The sparsecore (tables, features) of TorchRec ``ebc`` at ``batch_size`` per rank."""
+    def specs_of(ebc: EmbeddingBagCollection, batch_size: int, optimizer: OptimizerSpec,
+                 partition_limits: Mapping[str, tuple[int, int]] | None = None,
+                 ) -> tuple[list[TableSpec], list[FeatureSpec]]:
+        """The sparsecore (tables, features) of TorchRec ``ebc`` at ``batch_size`` per rank;
+        ``partition_limits``: table -> (max_ids_per_partition, max_unique_ids_per_partition), e.g.
+        from ``SparseCoreEmbeddingConfig`` or FDO stats (default: 256 each)."""
         return specs_from_configs(ebc.embedding_bag_configs(), batch_size, optimizer=optimizer,
-                                  weighted_features=ebc.is_weighted() and _all_features(ebc) or ())
+                                  weighted_features=ebc.is_weighted() and _all_features(ebc) or (),
+                                  partition_limits=partition_limits)
 
     @classmethod
     def from_torchrec(cls, ebc: EmbeddingBagCollection, batch_size: int, sharding: Mapping[str, TableSharding],
                       optimizer: OptimizerSpec, specs: tuple[Sequence[TableSpec], Sequence[FeatureSpec]] | None = None,
+                      partition_limits: Mapping[str, tuple[int, int]] | None = None,
                       **kwargs: Any) -> "ShardedSparseCoreEBC":
         """The same tables as TorchRec ``ebc`` (and its weights unless they are on the meta device);
-        ``specs``: :meth:`specs_of` ``ebc`` (with ``batch_size`` and ``optimizer``) when the caller
-        has them already."""
-        tables, features = specs if specs is not None else ShardedSparseCoreEBC.specs_of(ebc, batch_size, optimizer)
+        ``specs``: :meth:`specs_of` ``ebc`` (with ``batch_size``, ``optimizer`` and
+        ``partition_limits``) when the caller has them already."""
+        if specs is not None and partition_limits is not None:
+            raise ValueError("give partition_limits to specs_of when passing specs, not to from_torchrec")
+        tables, features = specs if specs is not None else ShardedSparseCoreEBC.specs_of(
+            ebc, batch_size, optimizer, partition_limits)
         return cls._from_torchrec_modules(list(tables), list(features), ebc.embedding_bags, sharding, **kwargs)
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of ``kjt``'s samples. Other batch sizes than ``batch_size`` are padded
         (smaller) or, without grad, looked up in chunks (larger); every rank must make the same
         calls, as the dists are collectives."""
-        if kjt.stride() == self.batch_size:
-            ahead = kjt.local if isinstance(kjt, PrefetchedKJT) and kjt.owner is self else None
-            return self.compute_and_output_dist(ahead or self.input_dist(kjt))
+        ahead = kjt.local if isinstance(kjt, PrefetchedKJT) and kjt.owner is self else None
+        if ahead is not None or kjt.stride() == self.batch_size:
+            pooled = self.compute_and_output_dist(ahead or self.input_dist(kjt))
+            return pooled if kjt.stride() == self.batch_size else _first_samples(pooled, kjt.stride())
         if kjt.stride() > self.batch_size and torch.is_grad_enabled():
             raise ValueError(f"a training batch of {kjt.stride()} samples exceeds the EBC's batch_size "
                              f"{self.batch_size} (per rank); evaluate larger batches under torch.no_grad()")
@@ -126,7 +144,11 @@ class ShardedSparseCoreEBC(ShardedTables):
         ``group`` so its collectives never interleave with the step's); ``forward`` of the
         returned KJT starts from the result. Every rank must prefetch the same batches in the
         same order (the dists are collectives); they may be consumed in any order."""
-        return PrefetchedKJT(kjt, self, self.input_dist(kjt, group))
+        if kjt.stride() > self.batch_size:
+            raise ValueError(f"cannot prefetch a batch of {kjt.stride()} samples: over the EBC's batch_size "
+                             f"{self.batch_size} (per rank)")
+        padded, _ = next(fixed_size_chunks(kjt, self.batch_size))
+        return PrefetchedKJT(kjt, self, self.input_dist(padded, group))
 
     def compile(self, kjt: KeyedJaggedTensor) -> None:
         """Compile the local lookup and update programs for batches like ``kjt`` ahead of the
@@ -260,3 +282,7 @@ class _OutputPlacement:
 
 def _all_features(ebc: EmbeddingBagCollection) -> list[str]:
     return [name for config in ebc.embedding_bag_configs() for name in config.feature_names]
+
+
+def _first_samples(pooled: KeyedTensor, samples: int) -> KeyedTensor:
+    return KeyedTensor(keys=pooled.keys(), length_per_key=pooled.length_per_key(), values=pooled.values()[:samples])

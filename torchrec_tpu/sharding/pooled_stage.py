@@ -5,7 +5,8 @@ step program holds the SparseCore lookup and the TensorCore towers together.
 
 Only a one-rank EBC fuses (with several ranks the output dist is a host collective between the
 lookup and the dense step), on a backend that fuses its step (``fuses_step``: the ``xla`` family),
-with every output column served exactly once (a permutation of the local activations).
+with every output column served exactly once (a permutation of the local activations), and a
+batch the SparseCores split without padding.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class PooledLookupStage:
         """The stage of ``ebc``, or None where its step cannot be fused (not a sparsecore EBC, or
         see the module docstring)."""
         if not (isinstance(ebc, ShardedSparseCoreEBC) and ebc._backend is not None and ebc._backend.fuses_step
-                and ebc.world_size == 1 and ebc._placement.permutation and ebc._grad_scale == 1.0):
+                and ebc.world_size == 1 and ebc._placement.permutation and ebc._grad_scale == 1.0
+                and ebc.batch_size == ebc.requested_batch_size):
             return None
         return PooledLookupStage(ebc, feature_order)
 

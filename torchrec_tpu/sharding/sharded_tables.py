@@ -22,7 +22,7 @@ from sparsecore.backends.base import Backend
 from sparsecore.module import fused_lookup
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.stacking import plan_stacking
-from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards
+from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards, row_slot_size
 from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
@@ -223,7 +223,8 @@ class ShardedTables(nn.Module):
                 shard = next(s for s in self.shards[table] if s.rank == rank)
                 if key not in out:
                     spec = self.tables[table]
-                    out[key] = torch.zeros((spec.vocab_size,) if piece.dim() == 1 else (spec.vocab_size, spec.dim))
+                    out[key] = torch.zeros((row_slot_size(spec, self.shards[table]),) if piece.dim() == 1
+                                           else (spec.vocab_size, spec.dim))
                 _place(out[key], shard, piece)
         return out
 
@@ -239,8 +240,8 @@ def concat(arrays: Sequence[np.ndarray], dtype: Any) -> torch.Tensor:
 
 
 def _place(full: torch.Tensor, shard: Shard, piece: torch.Tensor) -> None:
-    rows = full[shard.row_offset::shard.row_stride]
+    rows = shard.rows_of(full)
     if full.dim() == 1:
-        rows[: shard.rows] = piece
+        rows[:] = piece
     else:
-        rows[: shard.rows, shard.col_offset:shard.col_offset + shard.cols] = piece
+        rows[:, shard.col_offset:shard.col_offset + shard.cols] = piece

@@ -5,7 +5,9 @@ Sharding types (``tpu_facts.ShardingKind``, TorchRec's names; the planner's too)
 - ``table_wise``: the whole table on one rank.
 - ``row_wise``: rows mod-sharded over all ranks, as SparseCore mod-shards over its cores: id ``i``
   lives on rank ``i mod W`` as local row ``i div W``.
-- ``column_wise``: column blocks on several ranks (each block is a table-wise table of its own).
+- ``column_wise``: column blocks on several ranks (each block is a table-wise table of its own,
+  with its own optimizer state: a row-wise slot, e.g. row-wise Adagrad's, is per block, as in
+  TorchRec, so the full row slot of a table in c blocks has ``c * vocab`` entries, block-major).
 - ``data_parallel``: a full replica on every rank; every replica applies the same fused update
   on the global batch, so the replicas stay equal without an all-reduce of the tables.
 """
@@ -56,9 +58,21 @@ class Shard:
         folded into per-id gains before the input dist, as the SparseCore host does)."""
         return replace(spec, vocab_size=self.rows, dim=self.cols, combiner="sum", initializer=None)
 
+    @property
+    def column_block(self) -> int:
+        """Which column block the shard is (0 unless column_wise)."""
+        return self.col_offset // self.cols if self.kind == "column_wise" else 0
+
+    def rows_of(self, full: torch.Tensor) -> torch.Tensor:
+        """A view of this shard's rows (all columns) of a full [vocab, dim] tensor, or of its
+        entries of a full row slot (the shard's column block of it)."""
+        if full.dim() == 1:
+            full = full[self.column_block * self.rows:]
+        return full[self.row_offset::self.row_stride][: self.rows]
+
     def slice(self, full: torch.Tensor) -> torch.Tensor:
-        """This shard's part of a full [vocab, dim] (or [vocab] row-slot) tensor."""
-        rows = full[self.row_offset::self.row_stride][: self.rows]
+        """This shard's part of a full [vocab, dim] (or row-slot, :func:`row_slot_size`) tensor."""
+        rows = self.rows_of(full)
         return (rows if full.dim() == 1 else rows[:, self.col_offset:self.col_offset + self.cols]).contiguous()
 
     def owns(self, ids: np.ndarray) -> np.ndarray:
@@ -69,6 +83,11 @@ class Shard:
 
     def local_rows(self, ids: np.ndarray) -> np.ndarray:
         return ids // self.row_stride if self.kind == "row_wise" else ids
+
+
+def row_slot_size(table: TableSpec, shards: Sequence[Shard]) -> int:
+    """Entries of a full row slot of ``table``: one per row, per column block."""
+    return table.vocab_size * (table.dim // shards[0].cols if shards[0].kind == "column_wise" else 1)
 
 
 def make_shards(tables: Sequence[TableSpec], sharding: Mapping[str, TableSharding],
@@ -109,9 +128,6 @@ def _table_shards(table: TableSpec, how: TableSharding, world_size: int) -> list
 def _column_shards(table: TableSpec, how: TableSharding, where: str, full: dict) -> list[Shard]:
     if len(set(how.ranks)) != len(how.ranks) or len(how.ranks) < 1:
         raise ValueError(f"{where}: needs distinct ranks, got {how.ranks}")
-    if table.optimizer.row_slots:
-        raise ValueError(f"{where}: {table.optimizer.name} keeps one slot per whole row, which column "
-                         "blocks cannot share; use an element-wise optimizer or another sharding")
     if table.dim % len(how.ranks):
         raise ValueError(f"{where}: dim {table.dim} does not split evenly over {len(how.ranks)} ranks")
     cols = table.dim // len(how.ranks)

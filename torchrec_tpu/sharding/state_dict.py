@@ -5,7 +5,8 @@ Keys (under the module's prefix), named like the tables of TorchRec's EBC (``emb
 or EC (``embeddings``), the ``container``:
 
 - ``<container>.<table>.weight``: [vocab, dim]
-- ``optimizer_slots.<table>.<slot>``: [vocab, dim], or [vocab] for a row slot
+- ``optimizer_slots.<table>.<slot>``: [vocab, dim], or [vocab] for a row slot ([c * vocab] for a
+  table in c column blocks: each block keeps its own, as TorchRec's column-wise sharding does)
 - ``optimizer_step_count``: fused updates applied so far (0-d int64, the same on every rank)
 
 Each table tensor has its full logical shape: a ShardedTensor whose shards are the boxes the
@@ -36,7 +37,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensor
 
 from sparsecore.specs import TableSpec
 from torchrec_tpu.sharding.collectives import all_to_all
-from torchrec_tpu.sharding.shards import Shard
+from torchrec_tpu.sharding.shards import Shard, row_slot_size
 
 STEP_COUNT = "optimizer_step_count"
 
@@ -131,7 +132,7 @@ def _boxes(spec: TableSpec, shards: Sequence[Shard], row_slot: bool,
         bounds = _RowBlocks.bounds(spec.vocab_size, where.world_size)
         rows = [(r, bounds[r], bounds[r + 1] - bounds[r]) for r in range(where.world_size)]
         return [(r, [lo] if row_slot else [lo, 0], [n] if row_slot else [n, spec.dim]) for r, lo, n in rows]
-    return [(s.rank, [0] if row_slot else [0, s.col_offset],
+    return [(s.rank, [s.column_block * spec.vocab_size] if row_slot else [0, s.col_offset],
              [spec.vocab_size] if row_slot else [spec.vocab_size, s.cols])
             for s in shards]
 
@@ -141,7 +142,7 @@ def _sharded(spec: TableSpec, shards: Sequence[Shard], piece: torch.Tensor | Non
     boxes = _boxes(spec, shards, row_slot, where)
     metas = [ShardMetadata(offsets, sizes, f"rank:{_global_rank(r, where)}/cpu") for r, offsets, sizes in boxes]
     local = [TensorShard(piece.contiguous(), meta) for (r, _, _), meta in zip(boxes, metas) if r == where.rank]
-    size = torch.Size([spec.vocab_size] if row_slot else [spec.vocab_size, spec.dim])
+    size = torch.Size([row_slot_size(spec, shards)] if row_slot else [spec.vocab_size, spec.dim])
     properties = TensorProperties(dtype=torch.float32, layout=torch.strided, requires_grad=False,
                                   memory_format=torch.contiguous_format, pin_memory=False)
     return ShardedTensor._init_from_local_shards_and_global_metadata(

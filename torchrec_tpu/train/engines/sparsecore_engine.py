@@ -18,10 +18,9 @@ from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
 from sparsecore.limits import PartitionOverflowError
-from sparsecore.stacking import BatchSizeError
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
-from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, TrainConfig
+from torchrec_tpu.train.config import EngineConfig, OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.engines.dense_placement import (
     DenseDDP,
@@ -57,14 +56,10 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     optimizer = sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)
     specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer)  # the tables' specs, once
     placement = resolve_sharding(options.plan, *specs, env.world_size, batch_size)
-    try:
-        model.set_submodule(EBC_PATH, ShardedSparseCoreEBC.from_torchrec(
-            tables_ebc, local_batch, placement.sharding, optimizer, specs=specs, topology=placement.rank_topology,
-            seed=seed, average_over_ranks=True,
-        ))
-    except BatchSizeError as err:
-        raise ConfigError(f"--batch-size={batch_size} ({local_batch} per rank on {env.world_size} rank(s)) "
-                          f"does not fit the sparsecore engine: {err}") from None
+    model.set_submodule(EBC_PATH, ShardedSparseCoreEBC.from_torchrec(
+        tables_ebc, local_batch, placement.sharding, optimizer, specs=specs, topology=placement.rank_topology,
+        seed=seed, average_over_ranks=True,
+    ))
     place_dense(model, dense_device)
     ebc_params = [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)]
     return parallelize_dense(model, env, dense_device, options.dense_parallel, ebc_params)
