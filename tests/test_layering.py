@@ -54,7 +54,8 @@ ROOM_ALLOWED = {
 }
 # Lazy imports (inside a function) across the rules, each named with its reason.
 LAZY_EXCEPTIONS = {
-    # torch.tpu.topology_aware_mesh forwards to the mesh builder the first time it is called
+    # torch.tpu.topology_aware_mesh forwards to the mesh builder the first time it is called;
+    # torch.tpu.distributed is torch_tpu.distributed.device_mesh, imported on first access
     ("runtime", "torch_tpu.runtime.device", "torch_tpu.distributed"),
 }
 

@@ -56,7 +56,9 @@ def test_compile_uses_the_same_table():
     from torch._decomp import core_aten_decompositions
 
     table = decompositions.compile_table()
-    assert set(core_aten_decompositions()) <= set(table)
+    # every core-ATen decomposition but detach's, which graphs keep whole (lowered; its alias
+    # decomposition made torch.ops.higher_order.scan reject autograd bodies)
+    assert set(core_aten_decompositions()) - set(table) == {torch.ops.aten.detach.default}
     for op, fn in registry.composites().items():  # torch_tpu's composites, where nothing lowers the op
         assert torch_tpu.get_lowering(op) is not None or table[op] is fn
 

@@ -62,7 +62,8 @@ def _graph_compiler(kind: str):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
         with unset_fake_temporarily():  # graph constants are real tensors: read their values
             compiled = CompiledGraph(gm, example_inputs, kind)
-        structure = hashlib.sha256(gm.code.encode()).hexdigest()
+        # a graph compiled again for another matmul precision (Dynamo guards torch's) is no shape recompile
+        structure = hashlib.sha256(f"{gm.code}\0{compiled.precision}".encode()).hexdigest()
         keys = _seen_structures.setdefault(structure, set())
         if keys and compiled.key not in keys:
             _stats.recompiles += 1

@@ -1,7 +1,10 @@
 """Translate a core-ATen FX graph into one pure JAX function through the shared op registry.
 
 Every ``call_function`` node must be an aten ``OpOverload`` with a lowering in
-``torch_tpu.ops.registry`` (or ``operator.getitem`` on a multi-output node), except
+``torch_tpu.ops.registry`` (or ``operator.getitem`` on a multi-output node), or a higher-order op
+lowered here: ``torch.ops.higher_order.scan`` becomes one ``jax.lax.scan`` (an XLA while loop whose
+body is the combine graph, translated once: the program does not grow with the sequence length;
+AOTAutograd's backward of a scan is a reversed scan, lowered the same way). The exception is
 ``aten.copy_`` into a graph input: AOTAutograd keeps a backward's in-place updates of its inputs
 (a fused optimizer writing its table) as such copies; the function returns each updated input's
 new value after the graph's outputs (:func:`mutated_inputs` names them). Random lowerings draw
@@ -69,12 +72,53 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> list[int]:
     return [placeholders.index(p) for p in updated]
 
 
+def _scan(combine: Callable[..., tuple], init: list, xs: list, additional_inputs: tuple) -> list:
+    """``torch.ops.higher_order.scan`` (``xs`` already scanned along dim 0, forward): one
+    ``lax.scan`` whose body runs ``combine(*carry, *x_slices, *additional_inputs)`` -> next carry
+    and this step's outputs; returns the final carry then the stacked outputs."""
+    num_carry = len(init)
+
+    def step(carry: tuple, x: tuple) -> tuple[tuple, tuple]:
+        out = combine(*carry, *x, *additional_inputs)
+        return tuple(out[:num_carry]), tuple(out[num_carry:])
+
+    carry, ys = jax.lax.scan(step, tuple(init), tuple(xs))
+    return [*carry, *ys]
+
+
+_HIGHER_ORDER: dict[Any, Callable[..., Any]] = {torch.ops.higher_order.scan: _scan}
+
+
+def _subgraphs(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.GraphModule]:
+    """The graph modules a higher-order op node takes (its ``get_attr`` arguments)."""
+    return [operator.attrgetter(a.target)(gm) for a in node.args
+            if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
+
+
 def graph_lowerings(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, Lowering]:
-    """The lowering of every op node, raising one error that names all unlowered ops."""
+    """The lowering of every op node, raising one error that names all unlowered ops (those in the
+    bodies of higher-order ops too)."""
     found: dict[torch.fx.Node, Lowering] = {}
     missing: set[str] = set()
+    _collect_lowerings(gm, found, missing)
+    if missing:
+        raise UnloweredOpError(
+            "torch.compile(backend='tpu'): no JAX lowering for " + ", ".join(sorted(missing))
+            + " (add it to the torch_tpu registry)"
+        )
+    return found
+
+
+def _collect_lowerings(gm: torch.fx.GraphModule, found: dict[torch.fx.Node, Lowering], missing: set[str]) -> None:
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem or _is_input_update(node):
+            continue
+        if node.target in _HIGHER_ORDER:
+            for sub in _subgraphs(gm, node):
+                inner: dict[torch.fx.Node, Lowering] = {}
+                _collect_lowerings(sub, inner, missing)
+                if any(lowering.needs_key for lowering in inner.values()):
+                    missing.add(f"random ops inside {node.target}")
             continue
         lowering = get_lowering(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
         if lowering is None:
@@ -84,12 +128,6 @@ def graph_lowerings(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, Lowering]:
             missing.add(f"{node.target} (output shape depends on values)")
             continue
         found[node] = lowering
-    if missing:
-        raise UnloweredOpError(
-            "torch.compile(backend='tpu'): no JAX lowering for " + ", ".join(sorted(missing))
-            + " (add it to the torch_tpu registry)"
-        )
-    return found
 
 
 def needs_random_key(gm: torch.fx.GraphModule) -> bool:
@@ -102,7 +140,7 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
     lowerings = graph_lowerings(gm)
     constants = {
         node: _constant(gm, node.target) for node in gm.graph.nodes if node.op == "get_attr"
-    }
+    }  # a higher-order op's body: its JAX function
     random_nodes = [node for node, lowering in lowerings.items() if lowering.needs_key]
     nodes = list(gm.graph.nodes)
 
@@ -128,6 +166,10 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
                     dst, src = args[0], args[1]
                     env[node] = jax.numpy.broadcast_to(src, dst.shape).astype(dst.dtype)
                     updates.append(env[node])
+                    continue
+                if node.target in _HIGHER_ORDER:
+                    env[node] = _HIGHER_ORDER[node.target](*args, **kwargs)
+                    check_against_meta(node, env[node])
                     continue
                 lowering = lowerings[node]
                 if lowering.needs_key:
@@ -156,8 +198,10 @@ def _without_writes(node: torch.fx.Node, lowering: Lowering, out: tuple) -> Any:
     return out[0] if n == 1 else tuple(out[:n])
 
 
-def _constant(gm: torch.fx.GraphModule, target: str) -> jax.Array:
+def _constant(gm: torch.fx.GraphModule, target: str) -> Any:
     value = operator.attrgetter(target)(gm)
+    if isinstance(value, torch.fx.GraphModule):  # the body of a higher-order op
+        return to_jax_function(value)
     if not isinstance(value, torch.Tensor):
         raise UnloweredOpError(f"graph attribute {target!r} is a {type(value).__name__}, not a tensor")
     return _tensor_to_jax(value)

@@ -13,6 +13,7 @@ AOTAutograd leaves a backward's updates) get their new values written back after
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from torch_tpu.compile import fx_to_jax
 from torch_tpu.compile.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
 from torch_tpu.ops.registry import get_lowering, lowered_ops
 from torch_tpu.runtime import persistent_cache as cache
+from torch_tpu.runtime import precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.dtypes import to_jax_dtype
@@ -93,19 +95,33 @@ def _with_static(fn: Any, specs: Sequence[Spec]) -> Any:
     return run
 
 
-def translation_key(gm: torch.fx.GraphModule, specs: Sequence[jax.ShapeDtypeStruct]) -> str:
+def translation_key(gm: torch.fx.GraphModule, specs: Sequence[jax.ShapeDtypeStruct],
+                    matmul_precision: str | None = None) -> str:
+    """The cache key of a graph's translation: versions, lowerings, the graph, its input specs and
+    constants, and the matmul precision its dots are lowered with (default: the current one)."""
     h = hashlib.sha256()
     h.update(jax.__version__.encode())
     h.update(torch.__version__.encode())
     h.update(registry_fingerprint().encode())
-    h.update(gm.code.encode())
+    h.update(f"precision={matmul_precision or precision.current_name()};".encode())
     for spec in specs:
         h.update((f"{spec.shape}{spec.dtype};" if isinstance(spec, jax.ShapeDtypeStruct)
                   else f"{type(spec).__name__}={spec!r};").encode())
+    _graph_digest(h, gm)
+    return h.hexdigest()
+
+
+def _graph_digest(h: Any, gm: torch.fx.GraphModule) -> None:
+    """The graph's code and constants into ``h``; a higher-order op's body (a graph attribute) the same way."""
+    h.update(gm.code.encode())
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            h.update(tensor_digest(getattr(gm, node.target)))
-    return h.hexdigest()
+            value = operator.attrgetter(node.target)(gm)
+            if isinstance(value, torch.fx.GraphModule):
+                h.update(f"graph {node.target}:".encode())
+                _graph_digest(h, value)
+            else:
+                h.update(tensor_digest(value))
 
 
 def tensor_digest(t: torch.Tensor) -> bytes:
@@ -139,21 +155,34 @@ def key_data_shape() -> tuple[int, ...]:
 
 
 class CompiledGraph:
-    """A graph compiled to one XLA program; call with the graph's tensor inputs ."""
+    """A graph compiled to one XLA program per matmul precision (``torch.tpu.precision``: the
+    program of the precision current at call time runs; a new one is translated on first use).
+    Call with the graph's tensor inputs."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> None:
-        specs = input_specs(example_inputs)
+        self._gm, self._specs = gm, input_specs(example_inputs)
         self.kind = kind
         self._boxed_call = True  # an instance attribute: Dynamo's wrappers copy __dict__, not the class
-        self.key = translation_key(gm, specs)
-        self.exported = _translate(gm, specs, self.key)
-        self.random = len(self.exported.in_avals) > sum(isinstance(s, jax.ShapeDtypeStruct) for s in specs)
         self._on_cpu = _cpu_outputs(gm)
         self._mutated = mutated_inputs(gm)
         self._passthrough = _input_outputs(gm)
-        self._run = jax.jit(self.exported.call)
+        self._programs: dict[str, tuple[str, Any, Any]] = {}  # precision -> (key, exported, jitted call)
+        precision.sync()
+        self._use(precision.current_name())
+        self.random = len(self.exported.in_avals) > sum(isinstance(s, jax.ShapeDtypeStruct) for s in self._specs)
+
+    def _use(self, matmul_precision: str) -> None:
+        """Make the program for ``matmul_precision`` the one :meth:`__call__` runs (translated now
+        when this graph has none for it yet)."""
+        program = self._programs.get(matmul_precision)
+        new = program is None
+        if new:
+            key = translation_key(self._gm, self._specs, matmul_precision)
+            exported = _translate(self._gm, self._specs, key)
+            program = self._programs[matmul_precision] = (key, exported, jax.jit(exported.call))
+        self.precision, (self.key, self.exported, self._run) = matmul_precision, program
         dump_dir = os.environ.get("TORCH_TPU_DUMP_HLO")
-        if dump_dir:
+        if new and dump_dir:
             self.dump(dump_dir)
 
     def stablehlo(self) -> str:
@@ -168,6 +197,10 @@ class CompiledGraph:
         return path
 
     def __call__(self, args: list[Any]) -> list[Any]:
+        precision.sync()
+        matmul_precision = precision.current_name()
+        if matmul_precision != self.precision:
+            self._use(matmul_precision)
         on_tpu = any(type(a) is TpuTensor for a in args)
         inputs = [to_jax(a) if type(a) is TpuTensor else cpu_to_jax(a) for a in args if isinstance(a, torch.Tensor)]
         updated = [args[i] for i in self._mutated]

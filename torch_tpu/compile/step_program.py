@@ -46,7 +46,7 @@ from torch_tpu.compile.step_trace import (
     trace_step,
     unchanged_outputs,
 )
-from torch_tpu.runtime import persistent_cache
+from torch_tpu.runtime import persistent_cache, precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax, jnp
 from torch_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
@@ -268,7 +268,7 @@ class TrainStep:
             others=tuple(TensorSpec.of(t) for _, t in self._others),
             state=tuple(state), static_state=tuple(static_state), group_tensors=tuple(group_tensors),
             hyper=tuple(hyper), batch_leaves=tuple(batch_leaves), batch_tree=tree,
-            training=self.model.training,
+            training=self.model.training, matmul_precision=precision.current_name(),
         )
         return _Call(signature, state_tensors + group_values, batch_tensors, targets, stage)
 
@@ -313,6 +313,7 @@ class TrainStep:
         return [_committed(a) for a in arrays]
 
     def __call__(self, *batch: Any) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        precision.sync()
         replay = self._replay
         outputs = replay.run(self, batch) if replay is not None else None
         if outputs is None:  # first call, or something changed since the last one
@@ -392,6 +393,7 @@ class _Replay:
                  groups: list[dict], training: bool, stage: _StageSlot | None) -> None:
         self.program, self.tensors, self.fixed, self.batch_key = program, tensors, fixed, batch_key
         self.training, self.stage = training, stage
+        self.matmul_precision = precision.current_name()
         self.arrays = list(map(_box_array, tensors))
         self.rebinds = [(i, j) for i, j in enumerate(next_output) if j is not None]
         self.boxes = [t._box for t in tensors]
@@ -438,6 +440,7 @@ class _Replay:
         optimizer = step.optimizer
         state, groups = optimizer.state, optimizer.param_groups
         return (_batch_key(batch) == self.batch_key and step.model.training == self.training
+                and precision.current_name() == self.matmul_precision
                 and state is self.state and len(state) == self.num_states and len(groups) == len(self.groups)
                 and all(map(operator.is_, map(_box_array, self.tensors), self.arrays))
                 and all(map(operator.is_, map(_box, self.tensors), self.boxes))

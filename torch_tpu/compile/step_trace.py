@@ -65,6 +65,7 @@ class StepSignature(NamedTuple):
     batch_leaves: tuple[Any, ...]  # per leaf of the flattened batch: its TensorSpec, or the value
     batch_tree: Any  # the batch's pytree spec
     training: bool
+    matmul_precision: str = "highest"  # torch_tpu.runtime.precision.current_name() when traced
 
 
 @dataclasses.dataclass

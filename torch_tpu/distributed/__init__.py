@@ -33,7 +33,11 @@ ranks without a shard included (:mod:`torch_tpu.distributed.sharded_tensor`).
 Functional collectives (``_c10d_functional::*``, used by DTensor ``redistribute`` and
 ``full_tensor``) on tpu tensors run through the core's CPU fallback, which waits for each result
 before copying it to the device. ``torch.tpu.topology_aware_mesh`` aliases
-:func:`topology_aware_mesh`.
+:func:`topology_aware_mesh`, which assumes ranks follow the device enumeration order.
+``torch.tpu.distributed.topology_aware_mesh(device_type, mesh_shape, *, topology=...,
+dcn_mesh_shape=...)`` is TorchTPU's API (:mod:`torch_tpu.distributed.device_mesh`): the same
+placement, computed from the device coordinates every rank reports (all-gathered), returned as the
+rank tensor ``DeviceMesh(device_type, mesh=...)`` takes.
 """
 
 from torch_tpu.distributed import sharded_tensor

@@ -19,6 +19,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -198,3 +199,90 @@ def _hybrid_grid(slice_grid: np.ndarray, dcn: list[int], per_slice: int) -> np.n
     interleave = [i for d in range(ndim) for i in (d, ndim + d)]
     sizes = [dcn[d] * slice_grid.shape[d] for d in range(ndim)]
     return full.transpose(interleave).reshape(sizes)
+
+
+# --- ranks placed by the coordinates they report ------------------------------------------------
+
+
+class DeviceCoords(NamedTuple):
+    """Where one rank's device sits: torus ``coords`` (x, y[, z]), the core on its chip, its slice."""
+
+    coords: tuple[int, ...]
+    core_on_chip: int = 0
+    slice_index: int = 0
+
+
+def device_index(device: DeviceCoords, topology: Slice) -> int:
+    """The device's place in the enumeration order of the module docstring (the index
+    :func:`topology_aware_mesh`'s layouts hold). Coordinates past the torus' dims must be 0 (JAX
+    reports (x, y, 0) on 2-D tori)."""
+    dims = len(topology.shape)
+    coords = tuple(device.coords)
+    if len(coords) < dims or any(coords[dims:]):
+        raise ValueError(f"device {device} does not fit a {topology.shape_str} torus")
+    place = {"core": device.core_on_chip, **dict(zip(("x", "y", "z"), coords))}
+    axes = dict(topology.axes)
+    if "core" not in axes and device.core_on_chip:
+        raise ValueError(f"device {device}: a {topology.chip.name} chip has one device (core 0)")
+    index = 0
+    for axis, size in reversed(topology.axes):  # slowest first
+        if not 0 <= place[axis] < size:
+            raise ValueError(f"device {device} is outside the {topology.shape_str} {topology.chip.name} slice "
+                             f"({axis} has {size})")
+        index = index * size + place[axis]
+    if not 0 <= device.slice_index < topology.num_slices:
+        raise ValueError(f"device {device} is in slice {device.slice_index}, but there are {topology.num_slices}")
+    return device.slice_index * topology.devices_per_slice + index
+
+
+def enumerated_device(index: int, topology: Slice) -> DeviceCoords:
+    """Inverse of :func:`device_index`: the device at ``index`` of the enumeration order."""
+    slice_index, local = divmod(index, topology.devices_per_slice)
+    place = {}
+    for axis, size in topology.axes:  # fastest first
+        local, place[axis] = divmod(local, size)
+    coords = tuple(place[a] for a in ("x", "y", "z") if a in place)
+    return DeviceCoords(coords, place.get("core", 0), slice_index)
+
+
+def ranks_by_coordinates(
+    mesh_shape: Sequence[int],
+    devices: Sequence[DeviceCoords],
+    topology: Slice,
+    *,
+    kind: str = "single_slice",
+    dcn_mesh_shape: Sequence[int] | None = None,
+) -> np.ndarray:
+    """The rank layout of :func:`topology_aware_mesh` for ranks whose devices are ``devices`` (one
+    per rank, in rank order), whatever order the launcher numbered them in.
+
+    ``mesh_shape`` is per slice, outer to inner (innermost communicates most). ``kind``
+    "single_slice" lays it on one slice; "multi_slice" multiplies each dim by ``dcn_mesh_shape``
+    (slices, over DCN), giving a mesh of shape ``dcn_mesh_shape * mesh_shape`` elementwise."""
+    shape = tuple(int(n) for n in mesh_shape)
+    names = [f"dim{i}" for i in range(len(shape))]
+    if kind == "single_slice":
+        if dcn_mesh_shape is not None or topology.num_slices != 1:
+            raise ValueError("topology='single_slice' takes no dcn_mesh_shape and one slice; use 'multi_slice'")
+        dcn = None
+    elif kind == "multi_slice":
+        if dcn_mesh_shape is None or len(dcn_mesh_shape) != len(shape):
+            raise ValueError(f"topology='multi_slice' needs a dcn_mesh_shape of {len(shape)} dims, "
+                             f"got {dcn_mesh_shape}")
+        dcn = dict(zip(names, (int(n) for n in dcn_mesh_shape)))
+    else:
+        raise ValueError(f"unknown topology {kind!r}: expected 'single_slice' or 'multi_slice'")
+    if len(devices) != topology.num_devices:
+        raise ValueError(f"{len(devices)} ranks reported devices, but the {topology.name} topology has "
+                         f"{topology.num_devices}")
+    layout = topology_aware_mesh(list(zip(names, shape)), dcn_mesh_dims=dcn, topology=topology)
+    indices = np.array([device_index(d, topology) for d in devices], dtype=np.int64)
+    first: dict[int, int] = {}
+    for rank, index in enumerate(indices.tolist()):
+        other = first.setdefault(index, rank)
+        if other != rank:
+            raise ValueError(f"ranks {other} and {rank} report the same device {devices[rank]}: "
+                             "one process per device")
+    rank_of_device = np.empty(len(indices), dtype=np.int64)
+    rank_of_device[indices] = np.arange(len(indices), dtype=np.int64)
+    return rank_of_device[layout.ranks]

@@ -21,3 +21,14 @@ def register() -> None:
     modes.register_executor(modes.EagerMode.STRICT, lazy.materializing(modes.run_strict))
     modes.register_executor(modes.EagerMode.DEBUG, lazy.materializing(modes.run_debug))
     sparse.register()  # sparse COO tensors on tpu (sparse embedding gradients)
+    _register_higher_order_ops(tensor.TpuTensor)
+
+
+def _register_higher_order_ops(tensor_type: type) -> None:
+    """Eager ``torch.ops.higher_order.scan`` on tpu tensors: torch's dense implementation (a loop of
+    eager ops, as on CPU and CUDA); compiled graphs lower it to one ``lax.scan`` instead
+    (``torch_tpu.compile.fx_to_jax``). Without a rule torch raises "no rule registered for HOP scan"."""
+    from torch._higher_order_ops.scan import scan_op, scan_op_dense
+
+    if tensor_type not in scan_op.python_key_table:
+        scan_op.py_impl(tensor_type)(scan_op_dense)

@@ -54,6 +54,7 @@ from torch_tpu.eager.views import (
 from torch_tpu.ops import decompositions, metadata_ops
 from torch_tpu.ops.kernels import _copy_, _copy_from, _local_scalar_dense
 from torch_tpu.runtime import device as tpu_device
+from torch_tpu.runtime import precision
 from torch_tpu.runtime._jax import ARRAY_TYPE
 from torch_tpu.runtime.tensor import from_jax
 
@@ -65,9 +66,11 @@ _STRICT = modes.EagerMode.STRICT
 _MODE = modes._current  # [the eager mode]
 _COUNTS = fallback._lowered_counts
 _LAST_OUTPUT = tpu_device._last_output
+_SYNC_PRECISION = precision.sync
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    _SYNC_PRECISION()  # a new torch.set_float32_matmul_precision reaches JAX before the op traces
     if _MODE[0] is _STRICT and op_jit._config["enabled"]:
         found = _fast_signature(func, args, kwargs)
         if found is not None:

@@ -97,6 +97,10 @@ def compile_table() -> dict[Any, Decomposition]:
     from torch._decomp import core_aten_decompositions, decomposition_table
 
     table = dict(core_aten_decompositions().items())
+    # detach stays whole (lowered: an identity): decomposed it becomes alias_copy -> alias, a view,
+    # and torch.ops.higher_order.scan then rejects the autograd body (the saved detached
+    # activation "might be aliasing the input or the output")
+    table.pop(torch.ops.aten.detach.default, None)
     aten_level = {op: fn for op, fn in decomposition_table.items()
                   if not fn.__module__.startswith("torch._refs")}  # refs emit prims, which have no lowerings
     table.update({op: fn for op, fn in {**aten_level, **composites()}.items()

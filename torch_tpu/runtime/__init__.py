@@ -2,7 +2,8 @@
 
 The PrivateUse1 backend and ``torch.tpu`` (``device``), :class:`TpuTensor` over storage boxes holding
 JAX arrays (``tensor``, ``storage``, ``dtype_views``, ``memory_format``), dtypes, random keys,
-serialization, autocast, ``Module.to`` (``module_conversion``), Dynamo's view of the device
+serialization, autocast, the matmul precision (``precision``), device traces in torch.profiler
+(``profiler``), ``Module.to`` (``module_conversion``), Dynamo's view of the device
 (``dynamo_device``, ``dynamo_hooks``), backward error reporting, the persistent compile cache's
 controls and the JAX import shim (``_jax``).
 
@@ -17,7 +18,16 @@ def register() -> None:
 
     device.register()  # first: the tensor model reads the backend's name when it is imported
 
-    from torch_tpu.runtime import autocast, backward_errors, dynamo_hooks, module_conversion, serialization, storage
+    from torch_tpu.runtime import (
+        autocast,
+        backward_errors,
+        dynamo_hooks,
+        module_conversion,
+        precision,
+        profiler,
+        serialization,
+        storage,
+    )
     from torch_tpu.runtime.tensor import TpuTensor
 
     backward_errors.install()  # errors raised in backward hooks reach backward()
@@ -26,3 +36,5 @@ def register() -> None:
     storage.register()  # storage.tpu()
     autocast.register()  # torch.autocast("tpu")
     module_conversion.install()  # Module.to("tpu") keeps Parameter objects (weight ties)
+    profiler.install()  # torch.profiler with ProfilerActivity.PrivateUse1 records the device (jax.profiler)
+    precision.sync()  # JAX's matmul precision follows torch.set_float32_matmul_precision / torch.tpu's

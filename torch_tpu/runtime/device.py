@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from torch_tpu.runtime import precision as tpu_precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
+from torch_tpu.runtime.dtypes import FLOAT8_DTYPES
 
 DEVICE_NAME = "tpu"
 _registered = False
@@ -111,6 +113,38 @@ def get_device_name(device: int | str | torch.device | None = None) -> str:
     return f"{d.platform.upper()} {d.device_kind}"
 
 
+# Launchers and tests that know where a process' device sits better than the runtime does (XLA:CPU
+# reports no torus coordinates) set these; torch.tpu.distributed.topology_aware_mesh reads them
+# through get_local_device_attributes().
+COORDS_ENV = "TORCH_TPU_DEVICE_COORDS"  # "x,y,z" (or "x,y")
+CORE_ENV = "TORCH_TPU_CORE_ON_CHIP"
+SLICE_ENV = "TORCH_TPU_SLICE_INDEX"
+
+
+def get_local_device_attributes() -> dict[str, Any]:
+    """This process' device as TorchTPU reports it: ``id``, ``process_index``, ``device_kind``,
+    ``platform``, and where the runtime knows them (TPU) ``coords`` (torus x, y, z),
+    ``core_on_chip`` and ``slice_index``. ``TORCH_TPU_DEVICE_COORDS`` / ``TORCH_TPU_CORE_ON_CHIP`` /
+    ``TORCH_TPU_SLICE_INDEX`` override the last three (set ``coords`` where the runtime has none)."""
+    d = _jax_device()
+    attrs: dict[str, Any] = {"id": d.id, "process_index": d.process_index, "device_kind": d.device_kind,
+                             "platform": d.platform}
+    for name in ("coords", "core_on_chip", "slice_index"):
+        value = getattr(d, name, None)
+        if value is not None:
+            attrs[name] = tuple(value) if name == "coords" else int(value)
+    for env, name in ((COORDS_ENV, "coords"), (CORE_ENV, "core_on_chip"), (SLICE_ENV, "slice_index")):
+        text = os.environ.get(env, "").strip()
+        if not text:
+            continue
+        try:
+            attrs[name] = tuple(int(v) for v in text.split(",")) if name == "coords" else int(text)
+        except ValueError:
+            wanted = "comma-separated integers" if name == "coords" else "an integer"
+            raise ValueError(f"{env}={text!r}: expected {wanted}") from None
+    return attrs
+
+
 @dataclass(frozen=True)
 class TpuDeviceProperties:
     name: str
@@ -142,7 +176,12 @@ def get_device_properties(device: int | str | torch.device | None = None) -> Tpu
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    return [torch.bfloat16, torch.float16]
+    """The dtypes ``torch.autocast("tpu", dtype=...)`` accepts: bfloat16 (the default), float16, and
+    the float8 value formats the device holds (``torch_tpu.runtime.dtypes.FLOAT8_DTYPES``, less
+    ``float8_e8m0fnu``: exponent-only block scales, not a compute type; XLA upcasts float8 math
+    where the chip has no native unit)."""
+    scales = getattr(torch, "float8_e8m0fnu", None)
+    return [torch.bfloat16, torch.float16, *(d for d in FLOAT8_DTYPES if d is not scales)]
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
@@ -320,6 +359,14 @@ def device(device: int | str | torch.device | None) -> Iterator[None]:
     yield
 
 
+# --- matmul precision (torch_tpu.runtime.precision) -----------------------------------------
+
+Precision = tpu_precision.Precision
+precision = tpu_precision.precision
+set_matmul_precision = tpu_precision.set_matmul_precision
+get_matmul_precision = tpu_precision.get_matmul_precision
+
+
 # --- random ----------------------------------------------------------------------------------
 
 manual_seed = tpu_random.manual_seed
@@ -357,6 +404,16 @@ def topology_aware_mesh(*args: Any, **kwargs: Any) -> Any:
     from torch_tpu.distributed import topology_aware_mesh as impl  # the package imports this module
 
     return impl(*args, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    """``torch.tpu.distributed``: TorchTPU's mesh API (:mod:`torch_tpu.distributed.device_mesh`),
+    imported on first use (the package imports this module)."""
+    if name == "distributed":
+        from torch_tpu.distributed import device_mesh
+
+        return device_mesh
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register() -> None:

@@ -25,6 +25,14 @@ _TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.complex64: np.dtype(np.complex64),
     torch.complex128: np.dtype(np.complex128),
 }
+# float8 formats torch and JAX (ml_dtypes) both have; torch's names, JAX's encodings
+FLOAT8_DTYPES: tuple[torch.dtype, ...] = tuple(
+    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                                      "float8_e8m0fnu")
+    if hasattr(torch, name) and hasattr(ml_dtypes, name)
+)
+_TORCH_TO_JAX.update({d: np.dtype(getattr(ml_dtypes, str(d).removeprefix("torch."))) for d in FLOAT8_DTYPES})
+FLOAT8_NUMPY = frozenset(_TORCH_TO_JAX[dtype] for dtype in FLOAT8_DTYPES)
 _JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in _TORCH_TO_JAX.items()}
 
 

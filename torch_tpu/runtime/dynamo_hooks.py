@@ -48,6 +48,14 @@ def _patch(tensor_type: type) -> None:
 
     _wrap._tpu_tensor_as_plain = True
     builder.VariableBuilder._wrap = _wrap
+    # ... and as a plain TensorVariable, not a __torch_function__ subclass (TpuTensor disables
+    # __torch_function__): higher-order ops (torch.ops.higher_order.scan ...) take only plain ones
+    infer_subclass_type = builder.infer_subclass_type
+
+    def _infer_subclass_type(value: Any) -> Any:
+        return None if type(value) is tensor_type else infer_subclass_type(value)
+
+    builder.infer_subclass_type = _infer_subclass_type
 
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch._subclasses.functional_tensor import FunctionalTensorMode

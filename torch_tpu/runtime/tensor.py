@@ -23,7 +23,7 @@ import torch
 
 from torch_tpu.runtime import backward_errors, dtype_views
 from torch_tpu.runtime._jax import ARRAY_TYPE, jax, jnp
-from torch_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
+from torch_tpu.runtime.dtypes import FLOAT8_NUMPY, to_jax_dtype, to_torch_dtype
 
 DEVICE_NAME = "tpu"
 # One device per process; index 0 is required (index -1 breaks backward, >= 1 asserts).
@@ -556,6 +556,8 @@ def array_to_cpu(array: jax.Array) -> torch.Tensor:
     arr = np.array(array, copy=True)
     if arr.dtype == jnp.bfloat16:
         return torch.from_numpy(arr.view(np.uint16)).view(torch.bfloat16)
+    if arr.dtype in FLOAT8_NUMPY:  # ml_dtypes' float8 formats, which torch.from_numpy does not take
+        return torch.from_numpy(arr.view(np.uint8)).view(to_torch_dtype(arr.dtype))
     return torch.from_numpy(arr) if arr.ndim else torch.from_numpy(arr.reshape(1)).reshape(())
 
 

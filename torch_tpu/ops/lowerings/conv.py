@@ -49,7 +49,7 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
         return jax.lax.conv_general_dilated(
             input, weight, window_strides=stride, padding=[(p, p) for p in padding],
             rhs_dilation=dilation, feature_group_count=groups, dimension_numbers=numbers,
-            precision=jax.lax.Precision.HIGHEST, preferred_element_type=accumulate,
+            preferred_element_type=accumulate,  # precision: the device's (torch.tpu.precision)
         )
     output_padding = expand(output_padding)
     kernel = weight.shape[2:]
@@ -57,7 +57,7 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
     return jax.lax.conv_general_dilated(
         input, _transposed_kernel(weight, groups), window_strides=[1] * spatial, padding=pads,
         lhs_dilation=stride, rhs_dilation=dilation, feature_group_count=groups, dimension_numbers=numbers,
-        precision=jax.lax.Precision.HIGHEST, preferred_element_type=accumulate,
+        preferred_element_type=accumulate,
     )
 
 

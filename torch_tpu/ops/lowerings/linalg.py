@@ -1,4 +1,7 @@
-"""Matrix-product lowerings. Float32 uses HIGHEST precision so TPU results match CPU fp32."""
+"""Matrix-product lowerings. Their dots take the device's matmul precision (``torch.tpu.precision``,
+``torch.set_float32_matmul_precision``: HIGHEST by default, so TPU float32 results match CPU fp32):
+no precision is pinned here, JAX's ``default_matmul_precision`` (set by
+``torch_tpu.runtime.precision``) applies when the op is traced."""
 
 from __future__ import annotations
 
@@ -6,10 +9,9 @@ import torch
 
 from torch_tpu.ops.lowerings._common import cast, is_one
 from torch_tpu.ops.registry import register_lowering
-from torch_tpu.runtime._jax import jax, jnp
+from torch_tpu.runtime._jax import jnp
 
 aten = torch.ops.aten
-HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _same_dtype(op: str, a, b) -> None:
@@ -23,7 +25,7 @@ def _check_rank(op: str, x, rank: int) -> None:
 
 
 def _matmul(a, b):
-    return jnp.matmul(a, b, precision=HIGHEST)
+    return jnp.matmul(a, b)
 
 
 def _checked_matmul(name: str, ranks: tuple[int, int]):
@@ -42,7 +44,7 @@ mv = register_lowering(aten.mv.default)(_checked_matmul("mv", (2, 1)))
 @register_lowering(aten.dot.default)
 def dot(self, tensor):
     _check_rank("dot", self, 1), _check_rank("dot", tensor, 1), _same_dtype("dot", self, tensor)
-    return jnp.dot(self, tensor, precision=HIGHEST)
+    return jnp.dot(self, tensor)
 
 
 def _beta_alpha(input, product, beta, alpha):
@@ -85,5 +87,5 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     specs = [spec(expand1), spec(expand2), spec(expand3)]
     kept = [d for d in range(total) if d not in sumdim]
     present = [d for d in kept if any(letters[d] in s for s in specs)]
-    out = jnp.einsum(f"{','.join(specs)}->{''.join(letters[d] for d in present)}", i1, i2, i3, precision=HIGHEST)
+    out = jnp.einsum(f"{','.join(specs)}->{''.join(letters[d] for d in present)}", i1, i2, i3)
     return jnp.expand_dims(out, [i for i, d in enumerate(kept) if d not in present])

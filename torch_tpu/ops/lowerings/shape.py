@@ -87,7 +87,7 @@ def alias(self):
     return self
 
 
-@register_lowering(aten.clone.default)
+@register_lowering(aten.clone.default, aten.detach_copy.default)
 def clone(self, *, memory_format=None):
     return self  # arrays are immutable: sharing the value is a copy
 
