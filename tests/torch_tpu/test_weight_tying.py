@@ -175,3 +175,25 @@ def test_two_tower_model_sharing_an_item_table_trains_as_on_cpu():
     model = TwoTower().to("tpu")
     assert model.user_tower["history"].weight is model.item_tower["table"].weight
     assert len(list(model.parameters())) == len(list(TwoTower().parameters()))
+
+
+@pytest.mark.parametrize("cls, args, shape", [
+    (torch.nn.LazyLinear, (3,), (2, 5)), (torch.nn.LazyConv1d, (3, 2), (2, 4, 3)),
+    (torch.nn.LazyBatchNorm1d, (), (4, 5)),
+])
+def test_lazy_modules_moved_to_tpu_initialise_there_like_cpu(cls, args, shape):
+    """A lazy module's uninitialised tensors stay lazy through .to("tpu") (they cannot become tpu
+    tensors while empty), materialise on the first forward from the same RNG draws as on CPU,
+    and land on the device with the module's other tensors."""
+    x = torch.randn(shape)
+    on_cpu, on_tpu = cls(*args), cls(*args).to("tpu")
+    torch.manual_seed(1)
+    expected = on_cpu(x)
+    torch.manual_seed(1)
+    actual = on_tpu(x.to("tpu"))
+    torch.testing.assert_close(actual.cpu(), expected)
+    assert {t.device.type for t in (*on_tpu.parameters(), *on_tpu.buffers())} == {"tpu"}
+    actual.sum().backward()
+    expected.sum().backward()
+    for p, q in zip(on_tpu.parameters(), on_cpu.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad)

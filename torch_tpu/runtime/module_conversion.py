@@ -8,6 +8,11 @@ weight ties, ``p is q`` identity and optimizers built before the move. For a mod
 parameters cross between CPU and tpu, ``_apply`` runs with torch's swap semantics
 (``torch.__future__.set_swap_module_params_on_conversion``), which keep the Parameter object and
 swap its contents. Other conversions are left to torch as they are.
+
+A lazy module's ``UninitializedParameter`` / ``UninitializedBuffer`` cannot become a tpu tensor
+and stay lazy (the tpu tensor is a wrapper subclass, which they cannot wrap): such a tensor stays
+on the host, uninitialised, and the conversion is applied to the module again right after its
+first forward materialises it (a forward pre-hook that runs after the lazy module's own).
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from torch_tpu.runtime.tensor import TpuTensor
 
 _module_apply = torch.nn.Module._apply
+_PENDING = "_torch_tpu_conversions_after_initialization"
 
 
 def _crosses_host_and_tpu(before: torch.Tensor, after: torch.Tensor) -> bool:
@@ -33,6 +40,45 @@ def _apply(self: torch.nn.Module, fn: Callable[[torch.Tensor], Any], recurse: bo
     if recurse:
         for module in self.children():
             module._apply(fn)
+    lazy = [(store, name, t) for store in (self._parameters, self._buffers) for name, t in store.items()
+            if is_lazy(t) and _moves_to_tpu(t, fn)]
+    if not lazy:
+        return _apply_own(self, fn)
+    for store, name, _ in lazy:
+        del store[name]
+    try:
+        _apply_own(self, fn)
+    finally:
+        for store, name, t in lazy:
+            store[name] = t
+    _convert_after_initialization(self, fn)
+    return self
+
+
+def _moves_to_tpu(lazy: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> bool:
+    """Whether ``fn`` takes a lazy tensor's host storage to tpu (probed on a plain empty tensor:
+    the lazy ones refuse to become a tpu tensor)."""
+    probe = torch.empty(0, dtype=lazy.dtype, device=lazy.device)
+    with torch.no_grad():
+        return _crosses_host_and_tpu(probe, fn(probe))
+
+
+def _convert_after_initialization(module: torch.nn.Module, fn: Callable[[torch.Tensor], Any]) -> None:
+    pending = module.__dict__.setdefault(_PENDING, [])
+    if not pending:
+        def convert(mod: torch.nn.Module, args: Any) -> None:
+            if any(is_lazy(t) for t in (*mod._parameters.values(), *mod._buffers.values())):
+                return
+            handle.remove()
+            for conversion in mod.__dict__.pop(_PENDING):
+                _apply(mod, conversion, recurse=False)
+
+        handle = module.register_forward_pre_hook(convert)
+    pending.append(fn)
+
+
+def _apply_own(self: torch.nn.Module, fn: Callable[[torch.Tensor], Any]) -> torch.nn.Module:
+    """``_apply`` of the module's own parameters and buffers."""
     params = [p for p in self._parameters.values() if p is not None]
     if not params or torch.__future__.get_swap_module_params_on_conversion() \
             or torch.__future__.get_overwrite_module_params_on_conversion():
