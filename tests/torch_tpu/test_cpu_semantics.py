@@ -243,3 +243,26 @@ def test_resize_as_takes_cpus_layout(memory_format):
         expected = torch.empty(0).resize_as_(template, memory_format=memory_format)
         got = torch.empty(0, device="tpu").resize_as_(template.to("tpu"), memory_format=memory_format)
         assert got.shape == expected.shape and got.stride() == expected.stride()
+
+
+def test_cross_entropy_with_every_target_ignored_has_zero_gradient_as_cpu():
+    logits = torch.randn(2, 3)
+    target = torch.tensor([-100, -100])
+    grads = []
+    for device in ("cpu", "tpu"):
+        x = logits.clone().to(device).requires_grad_()
+        torch.nn.functional.cross_entropy(x, target.to(device)).backward()
+        grads.append(x.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])  # zeros, not 0 * (1 / 0) = nan
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 4)])
+def test_multilabel_margin_loss_as_cpu(shape):
+    """torch's decomposition differs from CPU (values after a -1 target, a 1-D input's shape)."""
+    x = torch.randn(shape)
+    y = torch.tensor([3, 0, -1, 1] if len(shape) == 1 else [[3, 0, -1, 1], [1, -1, 0, 0]])
+    for reduction in ("none", "mean"):
+        expected = torch.nn.functional.multilabel_margin_loss(x, y, reduction=reduction)
+        actual = torch.nn.functional.multilabel_margin_loss(x.to("tpu"), y.to("tpu"), reduction=reduction)
+        assert actual.shape == expected.shape
+        torch.testing.assert_close(actual.cpu(), expected)

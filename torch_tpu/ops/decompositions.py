@@ -33,12 +33,18 @@ from torch_tpu.ops.registry import composites, get_composite, get_lowering
 aten = torch.ops.aten
 Decomposition = Callable[..., Any]
 
+# Ops whose PyTorch decomposition computes something else than CPU: eager falls back to the CPU
+# kernel, compiled graphs holding them fail as unlowered (listed in the README).
+_DIFFERS_FROM_CPU: frozenset[Any] = frozenset({
+    # other values than CPU for targets after a -1, and shape [1] for a 1-D input's unreduced loss
+    aten.multilabel_margin_loss_forward.default,
+})
 # Ops never decomposed: eager dispatch has dedicated handlers for them (devices, aliasing).
 _NOT_DECOMPOSED: frozenset[Any] = frozenset({
     aten._to_copy.default,  # dedicated handler (devices)
     aten.lift_fresh.default,
     aten.detach.default,
-})
+}) | _DIFFERS_FROM_CPU
 
 # Collectives keep their own path (the CPU fallback over the process group): their backend-agnostic
 # kernels register in-flight work by the output's storage, which ``wait_tensor`` cannot find again
@@ -105,4 +111,6 @@ def compile_table() -> dict[Any, Decomposition]:
                   if not fn.__module__.startswith("torch._refs")}  # refs emit prims, which have no lowerings
     table.update({op: fn for op, fn in {**aten_level, **composites()}.items()
                   if isinstance(op, torch._ops.OpOverload) and not _mutates(op) and get_lowering(op) is None})
+    for op in _DIFFERS_FROM_CPU:
+        table.pop(op, None)
     return table

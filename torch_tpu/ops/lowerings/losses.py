@@ -81,12 +81,12 @@ def _nll_picked(self, target, weight, ignore_index):
     w = jnp.ones((x.shape[1],), x.dtype) if weight is None else weight
     w_t = jnp.where(valid, w[safe_t], 0).astype(x.dtype)
     picked = jnp.take_along_axis(x, safe_t[:, None], axis=1)[:, 0]
-    return batched, picked, w_t, safe_t
+    return batched, picked, w_t, safe_t, valid
 
 
 @register_lowering(aten.nll_loss_forward.default)
 def nll_loss_forward(self, target, weight, reduction, ignore_index):
-    batched, picked, w_t, _ = _nll_picked(self, target, weight, ignore_index)
+    batched, picked, w_t, _, _ = _nll_picked(self, target, weight, ignore_index)
     losses = -picked * w_t
     total_weight = jnp.sum(w_t)
     if reduction == NONE:
@@ -98,13 +98,13 @@ def nll_loss_forward(self, target, weight, reduction, ignore_index):
 
 @register_lowering(aten.nll_loss_backward.default)
 def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
-    batched, _, w_t, safe_t = _nll_picked(self, target, weight, ignore_index)
+    batched, _, w_t, safe_t, valid = _nll_picked(self, target, weight, ignore_index)
     if reduction == NONE:
         scale = (grad_output if batched else grad_output[None]) * w_t
     elif reduction == SUM:
         scale = grad_output * w_t
-    else:
-        scale = grad_output * w_t / total_weight
+    else:  # ignored targets get no gradient, even when every target is ignored (total weight 0)
+        scale = jnp.where(valid, grad_output * w_t / total_weight, 0)
     x = self if batched else self[None]
     grad = jnp.zeros_like(x).at[jnp.arange(x.shape[0]), safe_t].set(-scale.astype(x.dtype))
     return grad if batched else grad[0]
