@@ -268,9 +268,32 @@ def _indexed_dims(spec, args):
     return [(d, i) for d, i in pairs if d < max(data.ndim, 1)]  # too many indices: the lowering says so
 
 
+def _check_offsets(args) -> None:
+    """CPU's checks of ``embedding_bag`` offsets (1-D indices): they start at 0, never decrease and
+    end within the indices (without them the segments silently take other rows)."""
+    indices, offsets = args[1], args[2]
+    if indices.ndim != 1 or offsets.ndim != 1 or not offsets.size:
+        return
+    first, last, falls = jax.device_get((offsets[0], offsets[-1], jnp.any(offsets[1:] < offsets[:-1])))
+    if first != 0:
+        raise RuntimeError(f"offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from "
+                           f"position 0. However, got {int(first)}")
+    if last > indices.shape[0]:
+        raise RuntimeError(f"offsets[-1] can not be greater than input's length {indices.shape[0]} but got "
+                           f"offsets[-1] of {int(last)}")
+    if falls:
+        raise RuntimeError("embedding_bag: offsets must be non-decreasing (CPU torch rejects them)")
+
+
+_VALUE_CHECKS = {"aten::_embedding_bag": _check_offsets, "aten::_embedding_bag_forward_only": _check_offsets}
+
+
 def check_bounds(op, args) -> None:
     """Raise the exception CPU torch raises for ``op`` when one of its index arguments (JAX
     arrays, as a lowering gets them) is out of range for the dim it indexes."""
+    values = _VALUE_CHECKS.get(op._schema.name)
+    if values is not None and len(args) > 2:
+        values(args)
     spec = _INDEX_BOUNDS.get(op._schema.name)
     if spec is None or len(args) <= spec.index:
         return
