@@ -80,6 +80,8 @@ _BOUNDS = {
     "scatter_reduce": lambda x, i: x.clone().scatter_reduce_(0, i[None], x[:1], "amax"),
     "index_add": lambda x, i: x.clone().index_add_(0, i, x[:2]),
     "index_fill": lambda x, i: x.clone().index_fill_(0, i, 1.0),
+    "index_copy": lambda x, i: x.clone().index_copy_(0, i, x[:2]),
+    "one_hot": lambda x, i: F.one_hot(i, 4),
     "embedding": lambda x, i: F.embedding(i, x),
     "embedding_bag": lambda x, i: F.embedding_bag(i, x, torch.zeros(1, dtype=torch.long, device=x.device)),
     "take": lambda x, i: x.take(i * 3),
@@ -243,3 +245,8 @@ def test_resize_as_takes_cpus_layout(memory_format):
         expected = torch.empty(0).resize_as_(template, memory_format=memory_format)
         got = torch.empty(0, device="tpu").resize_as_(template.to("tpu"), memory_format=memory_format)
         assert got.shape == expected.shape and got.stride() == expected.stride()
+
+
+def test_index_add_of_a_vector_raises_cpus_index_error():
+    # CPU's 1-D index_add raises IndexError ("index out of range in self"), its N-D one RuntimeError
+    _same_outcome(lambda x, i: x.clone().index_add_(0, i, x[:2]), torch.arange(4.0), torch.tensor([0, 4]))
