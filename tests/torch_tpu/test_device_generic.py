@@ -247,5 +247,17 @@ class TestViewsIndexingShapes(TestCase):
         torch.sort(x.to(device), out=(values, indices))
         self.assertEqual(indices.cpu(), torch.sort(x).indices)
 
+    def test_randperm_on_the_device(self, device):
+        # it recursed (randperm -> randperm.out -> randperm ...) before it had a lowering
+        for dtype in (torch.int64, torch.float32):
+            perm = torch.randperm(7, dtype=dtype, device=device)
+            self.assertEqual(perm.dtype, dtype)
+            self.assertEqual(perm.cpu().sort().values, torch.arange(7, dtype=dtype))
+        self.assertEqual(torch.randperm(0, device=device).shape, (0,))
+
+    def test_index_fill_refuses_a_complex_value_for_bool(self, device):
+        self.assert_raises_like_cpu(lambda x, i: x.index_fill_(0, i, 1 + 1j), torch.zeros(3, dtype=torch.bool),
+                                    torch.tensor([0]))
+
 
 instantiate_device_type_tests(TestViewsIndexingShapes, globals(), only_for="privateuse1")

@@ -5,6 +5,7 @@ where CPU raises.
 
 * ``index_copy`` (composite): indices in ``[0, size)``; PyTorch's decomposition goes through
   ``index_put``, which would accept ``-1`` and count it from the end;
+* ``index_fill``: a complex value for a non-complex tensor is refused (a bool one took it);
 * ``one_hot`` (AutogradPrivateUse1 kernel): class values in ``[0, num_classes)``. The op is
   CompositeImplicitAutograd and takes torch's functional path (``eq`` with an ``arange``, no checks)
   for tensors with a Python key, so it is intercepted above autograd.
@@ -42,6 +43,16 @@ def index_copy(self, dim, index, source):
     from torch._decomp import decomposition_table
 
     return decomposition_table[aten.index_copy.default](self, dim, index, source)
+
+
+@register_composite(aten.index_fill.int_Scalar)
+def index_fill(self, dim, index, value):
+    """CPU refuses a complex value for a non-complex tensor; the decomposition let a bool one take it."""
+    if isinstance(value, complex) and not self.is_complex():
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[aten.index_fill.int_Scalar](self, dim, index, value)
 
 
 def _one_hot(self: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
