@@ -80,6 +80,8 @@ _BOUNDS = {
     "scatter_reduce": lambda x, i: x.clone().scatter_reduce_(0, i[None], x[:1], "amax"),
     "index_add": lambda x, i: x.clone().index_add_(0, i, x[:2]),
     "index_fill": lambda x, i: x.clone().index_fill_(0, i, 1.0),
+    "index_copy": lambda x, i: x.clone().index_copy_(0, i, x[:2]),
+    "one_hot": lambda x, i: F.one_hot(i, 4),
     "embedding": lambda x, i: F.embedding(i, x),
     "embedding_bag": lambda x, i: F.embedding_bag(i, x, torch.zeros(1, dtype=torch.long, device=x.device)),
     "take": lambda x, i: x.take(i * 3),
@@ -266,3 +268,8 @@ def test_multilabel_margin_loss_as_cpu(shape):
         actual = torch.nn.functional.multilabel_margin_loss(x.to("tpu"), y.to("tpu"), reduction=reduction)
         assert actual.shape == expected.shape
         torch.testing.assert_close(actual.cpu(), expected)
+
+
+def test_index_add_of_a_vector_raises_cpus_index_error():
+    # CPU's 1-D index_add raises IndexError ("index out of range in self"), its N-D one RuntimeError
+    _same_outcome(lambda x, i: x.clone().index_add_(0, i, x[:2]), torch.arange(4.0), torch.tensor([0, 4]))

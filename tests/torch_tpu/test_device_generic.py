@@ -178,5 +178,86 @@ class TestViewsIndexingShapes(TestCase):
             F.embedding_bag(ids.to(device), weight.to(device), offsets.to(device), mode="sum",
                             per_sample_weights=psw[:3].to(device))
 
+    # --- value checks and layouts PyTorch's own device tests found (issue 30) ---------------------
+
+    def assert_raises_like_cpu(self, fn, *host):
+        """``fn`` raises on CPU; the same exception type (and message) on the device."""
+        try:
+            fn(*host)
+        except Exception as error:  # noqa: BLE001
+            with self.assertRaisesRegex(type(error), str(error).splitlines()[0][:40].replace("(", r"\(")
+                                        .replace(")", r"\)").replace("[", r"\[")):
+                got = fn(*(h.to(self.device_type) for h in host))
+                got.cpu()
+            return
+        raise AssertionError("expected CPU to raise")
+
+    def test_index_copy_rejects_negative_and_large_indices(self, device):
+        dest, src = torch.zeros(3, 5), torch.ones(3, 8)
+        for bad in (-1, 5, -6):
+            index = torch.full((8,), bad)
+            self.assert_raises_like_cpu(lambda d, i, s: d.index_copy_(1, i, s), dest, index, src)
+            self.assert_raises_like_cpu(lambda d, i, s: torch.index_copy(d, 1, i, s), dest, index, src)
+        index = torch.tensor([4, 0, 2])
+        self.assert_like_cpu(lambda d, i, s: d.index_copy(1, i, s), dest, index, src[:, :3])
+
+    def test_one_hot_checks_class_values(self, device):
+        for classes, num in (([0, 3], 3), ([0, -1], 3), ([2, -4], -1)):
+            self.assert_raises_like_cpu(lambda c: F.one_hot(c, num), torch.tensor(classes))
+        self.assert_like_cpu(lambda c: F.one_hot(c, 4), torch.tensor([[0, 3], [1, 1]]))
+        self.assert_like_cpu(lambda c: F.one_hot(c), torch.tensor([2, 0]))
+
+    def test_embedding_bag_offsets_are_checked(self, device):
+        weight, ids = torch.randn(10, 3), torch.tensor([1, 2, 3, 4])
+        for offsets in ([1, 2], [0, 5], [0, 3, 1]):
+            with self.assertRaises(RuntimeError):
+                F.embedding_bag(ids, weight, torch.tensor(offsets))
+            with self.assertRaises(RuntimeError):
+                F.embedding_bag(ids.to(device), weight.to(device), torch.tensor(offsets, device=device)).cpu()
+        self.assert_raises_like_cpu(lambda i, w, o: F.embedding_bag(i, w, o, include_last_offset=True),
+                                    ids, weight, torch.tensor([0, 2, 6]))
+
+    def test_embedding_bag_include_last_offset_short_of_the_indices(self, device):
+        # the last offset ends the last bag's sum; CPU's mean divides by the entries to the end of
+        # the indices and its max takes them too: the same values here
+        weight, ids, offsets = torch.randn(10, 3), torch.tensor([1, 2, 3, 7]), torch.tensor([0, 1, 2])
+        for mode in ("sum", "mean", "max"):
+            self.assert_like_cpu(lambda i, w, o: F.embedding_bag(i, w, o, mode=mode, include_last_offset=True),
+                                 ids, weight, offsets, strides=False)
+
+    def test_nonzero_and_argwhere_strides_are_cpus(self, device):
+        host = _tensor((2, 3, 4), torch.float32) > 0
+        self.assert_like_cpu(torch.nonzero, host)
+        self.assert_like_cpu(torch.argwhere, host.float())
+        self.assert_like_cpu(torch.nonzero, torch.zeros(3, 4))  # no hits: strides (1, 0)
+        self.assert_like_cpu(torch.nonzero, torch.tensor(2.0))
+
+    def test_out_dtypes_meta_kernels_accept_are_refused_as_on_cpu(self, device):
+        x = torch.randn(4, 5)
+        calls = [
+            lambda x: torch.sort(x, out=(torch.empty_like(x), torch.empty_like(x))),
+            lambda x: torch.sort(x, out=(torch.empty_like(x), torch.empty_like(x, dtype=torch.int32))),
+            lambda x: torch.kthvalue(x, 2, out=(torch.empty(4, device=x.device), torch.empty(4, device=x.device))),
+            lambda x: torch.median(x, 1, out=(torch.empty(4, device=x.device), torch.empty(4, device=x.device))),
+            lambda x: torch.cummax(x, 1, out=(torch.empty_like(x), torch.empty_like(x))),
+        ]
+        for call in calls:
+            self.assert_raises_like_cpu(call, x)
+        values, indices = torch.empty(0, device=device), torch.empty(0, dtype=torch.long, device=device)
+        torch.sort(x.to(device), out=(values, indices))
+        self.assertEqual(indices.cpu(), torch.sort(x).indices)
+
+    def test_randperm_on_the_device(self, device):
+        # it recursed (randperm -> randperm.out -> randperm ...) before it had a lowering
+        for dtype in (torch.int64, torch.float32):
+            perm = torch.randperm(7, dtype=dtype, device=device)
+            self.assertEqual(perm.dtype, dtype)
+            self.assertEqual(perm.cpu().sort().values, torch.arange(7, dtype=dtype))
+        self.assertEqual(torch.randperm(0, device=device).shape, (0,))
+
+    def test_index_fill_refuses_a_complex_value_for_bool(self, device):
+        self.assert_raises_like_cpu(lambda x, i: x.index_fill_(0, i, 1 + 1j), torch.zeros(3, dtype=torch.bool),
+                                    torch.tensor([0]))
+
 
 instantiate_device_type_tests(TestViewsIndexingShapes, globals(), only_for="privateuse1")

@@ -54,9 +54,9 @@ from torch_tpu.eager.views import (
 from torch_tpu.ops import decompositions, metadata_ops
 from torch_tpu.ops.kernels import _copy_, _copy_from, _local_scalar_dense
 from torch_tpu.runtime import device as tpu_device
-from torch_tpu.runtime import precision
+from torch_tpu.runtime import memory_format, precision
 from torch_tpu.runtime._jax import ARRAY_TYPE
-from torch_tpu.runtime.tensor import from_jax
+from torch_tpu.runtime.tensor import from_jax, to_jax
 
 aten = torch.ops.aten
 Handler = Callable[[Any, tuple, dict], Any]
@@ -127,6 +127,15 @@ _SPECIAL: dict[Any, Handler] = {
     aten.expand.default: _fast_view(_layout_expand),
     **metadata_ops.HANDLERS,
 }
+
+
+def _column_major(handler: Handler) -> Handler:
+    """``nonzero``'s result laid out as CPU lays it out: ``[n, ndim]`` with strides ``(1, n)``."""
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        out = handler(func, args, kwargs)
+        return memory_format.laid_out(to_jax(out), (1, out.shape[0]), out.dtype)
+
+    return run
 
 
 # --- handler selection -----------------------------------------------------------------------
@@ -215,6 +224,8 @@ def _make_handler(func: Any) -> Handler:
     if lowering is not None:
         if func in _LIKE_FACTORIES:
             return _like_handler(_lowered_handler(lowering))
+        if func is aten.nonzero.default:
+            return _column_major(_lowered_handler(lowering))
         return _lowered_handler(lowering)
     decomposition = decompositions.decomposition(func)
     return decomposed_handler(func, decomposition) if decomposition is not None else _fallback_handler

@@ -59,8 +59,9 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM, 
     bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
     bag = _offset2bag(indices, offsets, bags)
     keep = _keep(indices, padding_idx)
-    if include_last_offset:  # the final offset ends the last bag
-        keep = keep & (jnp.arange(indices.shape[0]) < offsets[bags])
+    summed = keep
+    if include_last_offset:  # the final offset ends the last bag's sum; CPU's mean divisor and max do not stop there
+        summed = keep & (jnp.arange(indices.shape[0]) < offsets[bags])
     rows = upcast(jnp.take(weight, indices, axis=0))
     if per_sample_weights is not None:
         rows = rows * upcast(per_sample_weights)[:, None]
@@ -77,7 +78,7 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM, 
         first = jax.ops.segment_min(position, bag, num_segments=bags)
         max_indices = jnp.where(filled, indices.astype(jnp.int64)[jnp.clip(first, 0, max(indices.shape[0] - 1, 0))], 0)
         return out.astype(weight.dtype), bag, bag_size, max_indices
-    total = jax.ops.segment_sum(jnp.where(keep[:, None], rows, 0), bag, num_segments=bags)
+    total = jax.ops.segment_sum(jnp.where(summed[:, None], rows, 0), bag, num_segments=bags)
     if mode == MEAN:
         total = total / jnp.maximum(counts, 1)[:, None]
     return total.astype(weight.dtype), bag, bag_size, jnp.zeros((0,), jnp.int64)

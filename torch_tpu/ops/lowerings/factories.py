@@ -195,3 +195,12 @@ def random_default(self, *, generator=None, key):
     if jnp.issubdtype(self.dtype, jnp.floating):  # integers in [0, 2^mantissa] (torch's rule)
         return random_from(self, 0, 2 ** (jnp.finfo(self.dtype).nmant + 1) + 1, key=key)
     return random_from(self, 0, int(jnp.iinfo(self.dtype).max) + 1, key=key)
+
+
+@register_lowering(aten.randperm.default, aten.randperm.generator, needs_key=True)
+def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+    """Without a lowering, randperm's backend-agnostic kernel calls ``randperm.out``, whose functional
+    sibling is randperm again: the device recursed."""
+    if n < 0:
+        raise ValueError(f"n must be non-negative, got{n}")
+    return jax.random.permutation(key, int(n)).astype(jdtype(dtype or torch.int64))

@@ -231,21 +231,28 @@ class _IndexBounds(NamedTuple):
     dim: int | None  # position of the dim argument; None: the list's own dims (index), or dim 0
     negative: bool  # whether -size <= index < 0 counts from the end
     error: type[Exception]
+    words: str = "index {bad} is out of bounds for dimension {dim} with size {size}"  # CPU's message
+    vector: tuple[type[Exception], str] | None = None  # CPU's (error, message) when the data is 0-/1-D
+
+
+_OUT_OF_SELF = "index out of range in self (index {bad} is out of bounds for dimension {dim} with size {size})"
+_BAG = ("embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be {bad} (a value of input "
+        "not in the valid range [0, {size}))")
 
 
 _INDEX_BOUNDS = {
     "aten::index": _IndexBounds(0, 1, None, True, IndexError),
     "aten::index_put": _IndexBounds(0, 1, None, True, IndexError),
     "aten::_index_put_impl": _IndexBounds(0, 1, None, True, IndexError),
-    "aten::index_select": _IndexBounds(0, 2, 1, False, IndexError),
-    "aten::embedding": _IndexBounds(0, 1, None, False, IndexError),
-    "aten::_embedding_bag": _IndexBounds(0, 1, None, False, RuntimeError),
-    "aten::_embedding_bag_forward_only": _IndexBounds(0, 1, None, False, RuntimeError),
+    "aten::index_select": _IndexBounds(0, 2, 1, False, IndexError, _OUT_OF_SELF),
+    "aten::embedding": _IndexBounds(0, 1, None, False, IndexError, _OUT_OF_SELF),
+    "aten::_embedding_bag": _IndexBounds(0, 1, None, False, RuntimeError, _BAG),
+    "aten::_embedding_bag_forward_only": _IndexBounds(0, 1, None, False, RuntimeError, _BAG),
     "aten::gather": _IndexBounds(0, 2, 1, False, RuntimeError),
     "aten::scatter": _IndexBounds(0, 2, 1, False, RuntimeError),
     "aten::scatter_add": _IndexBounds(0, 2, 1, False, RuntimeError),
     "aten::scatter_reduce": _IndexBounds(0, 2, 1, False, RuntimeError),
-    "aten::index_add": _IndexBounds(0, 2, 1, False, RuntimeError),
+    "aten::index_add": _IndexBounds(0, 2, 1, False, RuntimeError, vector=(IndexError, _OUT_OF_SELF)),
 }
 
 
@@ -268,9 +275,32 @@ def _indexed_dims(spec, args):
     return [(d, i) for d, i in pairs if d < max(data.ndim, 1)]  # too many indices: the lowering says so
 
 
+def _check_offsets(args) -> None:
+    """CPU's checks of ``embedding_bag`` offsets (1-D indices): they start at 0, never decrease and
+    end within the indices (without them the segments silently take other rows)."""
+    indices, offsets = args[1], args[2]
+    if indices.ndim != 1 or offsets.ndim != 1 or not offsets.size:
+        return
+    first, last, falls = jax.device_get((offsets[0], offsets[-1], jnp.any(offsets[1:] < offsets[:-1])))
+    if first != 0:
+        raise RuntimeError(f"offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from "
+                           f"position 0. However, got {int(first)}")
+    if last > indices.shape[0]:
+        raise RuntimeError(f"offsets[-1] can not be greater than input's length {indices.shape[0]} but got "
+                           f"offsets[-1] of {int(last)}")
+    if falls:
+        raise RuntimeError("embedding_bag: offsets must be non-decreasing (CPU torch rejects them)")
+
+
+_VALUE_CHECKS = {"aten::_embedding_bag": _check_offsets, "aten::_embedding_bag_forward_only": _check_offsets}
+
+
 def check_bounds(op, args) -> None:
     """Raise the exception CPU torch raises for ``op`` when one of its index arguments (JAX
     arrays, as a lowering gets them) is out of range for the dim it indexes."""
+    values = _VALUE_CHECKS.get(op._schema.name)
+    if values is not None and len(args) > 2:
+        values(args)
     spec = _INDEX_BOUNDS.get(op._schema.name)
     if spec is None or len(args) <= spec.index:
         return
@@ -284,4 +314,7 @@ def check_bounds(op, args) -> None:
         low = -size if spec.negative else 0
         if lo < low or hi >= size:
             bad = int(lo if lo < low else hi)
-            raise spec.error(f"{op}: index {bad} is out of bounds for dimension {dim} with size {size}")
+            if not size:  # CPU's words for an empty dim
+                raise spec.error(f"{op}: index is out of bounds for dimension with size 0")
+            error, words = spec.vector if spec.vector and args[spec.data].ndim <= 1 else (spec.error, spec.words)
+            raise error(f"{op}: " + words.format(bad=bad, dim=dim, size=size))
