@@ -20,6 +20,7 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from torch_tpu.compile.collectives import SegmentedGraph, has_collectives
 from torch_tpu.compile.graph import CompiledGraph
 from torch_tpu.compile.specialize import SpecializedGraph, is_symbolic
 from torch_tpu.ops import decompositions
@@ -59,7 +60,9 @@ def compiled_graphs() -> list[CompiledGraph]:
 
 
 def _graph_compiler(kind: str):
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph | SegmentedGraph:
+        if has_collectives(gm):
+            return _segmented(gm, kind)
         with unset_fake_temporarily():  # graph constants are real tensors: read their values
             compiled = CompiledGraph(gm, example_inputs, kind)
         # a graph compiled again for another matmul precision (Dynamo guards torch's) is no shape recompile
@@ -78,6 +81,20 @@ def _graph_compiler(kind: str):
         return compiled
 
     return compile_graph
+
+
+def _segmented(gm: torch.fx.GraphModule, kind: str) -> SegmentedGraph:
+    """A graph with ``_c10d_functional`` collectives: one program per run of ops between them."""
+
+    def compile_segment(sub: torch.fx.GraphModule, example_inputs: list[Any]) -> CompiledGraph:
+        with unset_fake_temporarily():
+            compiled = CompiledGraph(sub, example_inputs, kind)
+        _compiled.append(compiled)
+        return compiled
+
+    segmented = SegmentedGraph(gm, kind, compile_segment)
+    _stats.graphs += 1
+    return segmented
 
 
 def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
