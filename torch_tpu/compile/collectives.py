@@ -90,10 +90,10 @@ def run_collective(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[
             dist.broadcast(out, group=pg, group_src=int(b["src"]))
         elif name == "all_gather_into_tensor":
             out = x.new_empty((x.shape[0] * int(b["group_size"]), *rest))
-            dist.all_gather_into_tensor(out, x, group=pg)
+            dist.all_gather_single(out, x, group=pg)
         elif name == "reduce_scatter_tensor":
             out = x.new_empty((x.shape[0] // int(b["group_size"]), *rest))
-            dist.reduce_scatter_tensor(out, x, op=_reduce_op(b["reduce_op"]), group=pg)
+            dist.reduce_scatter_single(out, x, op=_reduce_op(b["reduce_op"]), group=pg)
         else:
             out_splits = [int(s) for s in b["output_split_sizes"]] or None
             in_splits = [int(s) for s in b["input_split_sizes"]] or None
@@ -126,7 +126,8 @@ def collective_sequence(gm: torch.fx.GraphModule) -> list[str]:
     for node in gm.graph.nodes:
         if is_collective(node) and node.target._schema.name != "_c10d_functional::wait_tensor":
             bound = _bind(node.target, node.args, node.kwargs)
-            seq.append(f"{node.target._schema.name}(" + ", ".join(f"{k}={_describe(v)}" for k, v in bound.items()) + ")")
+            described = ", ".join(f"{k}={_describe(v)}" for k, v in bound.items())
+            seq.append(f"{node.target._schema.name}({described})")
     return seq
 
 
@@ -145,12 +146,12 @@ def _all_gather_bytes(payload: bytes, pg: dist.ProcessGroup) -> list[bytes]:
     n = dist.get_world_size(pg)
     length = torch.tensor([len(payload)], dtype=torch.int64)
     lengths = torch.empty(n, dtype=torch.int64)
-    dist.all_gather_into_tensor(lengths, length, group=pg)
+    dist.all_gather_single(lengths, length, group=pg)
     width = int(lengths.max())
     mine = torch.zeros(width, dtype=torch.uint8)
     mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else mine[:0]
     every = torch.empty(n * width, dtype=torch.uint8)
-    dist.all_gather_into_tensor(every, mine, group=pg)
+    dist.all_gather_single(every, mine, group=pg)
     return [bytes(every[r * width: r * width + int(lengths[r])].tolist()) for r in range(n)]
 
 
