@@ -12,6 +12,8 @@ table by hand where the package is not installed (this import calls it).
 from torch_tpu.compile import backend as _backend
 from torch_tpu.compile.backend import compile_stats, compiled_graphs, reset_compile_stats
 from torch_tpu.compile.buckets import BucketPolicy, BucketStats, bucketed
+from torch_tpu.compile.collectives import CollectiveMismatchError
+from torch_tpu.compile.fused_collectives import fuse_collectives
 from torch_tpu.compile.input_stage import InputStage, StageInput
 from torch_tpu.compile.step_program import TrainStep, TrainStepStats, train_step
 from torch_tpu.eager.lazy import DeferStats, LazyArray, defer_stats, flush, reset_defer_stats
@@ -22,6 +24,7 @@ _backend.register()
 __all__ = [
     "BucketPolicy",
     "BucketStats",
+    "CollectiveMismatchError",
     "DeferStats",
     "InputStage",
     "LazyArray",
@@ -30,6 +33,7 @@ __all__ = [
     "TrainStepStats",
     "bucketed",
     "defer_stats",
+    "fuse_collectives",
     "flush",
     "reset_defer_stats",
     "train_step",

@@ -180,8 +180,10 @@ def check_same_collectives(gm: torch.fx.GraphModule, kind: str) -> str:
 
 
 class _Segment:
-    def __init__(self, gm: torch.fx.GraphModule, nodes: list[torch.fx.Node], used_later: set[torch.fx.Node],
-                 compile_graph: Callable[[torch.fx.GraphModule, list[Any]], Any]) -> None:
+    """A run of ops between collectives, as its own graph: inputs (nodes defined before it) and the
+    outputs later steps or the graph's output use."""
+
+    def __init__(self, gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> None:
         inside = set(nodes)
         self.inputs: list[torch.fx.Node] = []
         attrs: list[torch.fx.Node] = []
@@ -190,7 +192,8 @@ class _Segment:
                 if a in inside or a in self.inputs or a in attrs:
                     continue
                 (attrs if a.op == "get_attr" else self.inputs).append(a)
-        self.outputs = [n for n in nodes if n in used_later]
+        # users come after their producers: a user outside the run is a later one
+        self.outputs = [n for n in nodes if any(u not in inside for u in n.users)]
         g = torch.fx.Graph()
         env: dict[torch.fx.Node, torch.fx.Node] = {}
         for a in self.inputs:
@@ -203,11 +206,32 @@ class _Segment:
             env[n] = g.node_copy(n, lambda x: env[x])
         g.output(tuple(env[n] for n in self.outputs))
         self.gm = torch.fx.GraphModule(gm, g)
-        self.compiled = compile_graph(self.gm, [a.meta.get("val") for a in self.inputs])
+        self.compiled: Any = None
+
+    def example_inputs(self) -> list[Any]:
+        return [a.meta.get("val") for a in self.inputs]
 
     def __call__(self, env: dict[torch.fx.Node, Any]) -> None:
         outs = self.compiled([env[a] for a in self.inputs])
         env.update(zip(self.outputs, outs))
+
+
+def plan_steps(gm: torch.fx.GraphModule) -> list[_Segment | torch.fx.Node]:
+    """The graph in order as segments (runs of ops between collectives) and eager nodes
+    (collectives, waits, items of a collective's result list)."""
+    eager: set[torch.fx.Node] = set()
+    plan: list[Any] = []
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output", "get_attr"):
+            continue
+        if _eager(n, eager):
+            eager.add(n)
+            plan.append(n)
+        elif plan and isinstance(plan[-1], list):
+            plan[-1].append(n)
+        else:
+            plan.append([n])
+    return [_Segment(gm, step) if isinstance(step, list) else step for step in plan]
 
 
 class SegmentedGraph:
@@ -215,33 +239,17 @@ class SegmentedGraph:
     Boxed calling convention, as :class:`~torch_tpu.compile.graph.CompiledGraph`."""
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str,
-                 compile_graph: Callable[[torch.fx.GraphModule, list[Any]], Any]) -> None:
+                 compile_graph: Callable[[torch.fx.GraphModule, list[Any]], Any],
+                 steps: list[_Segment | torch.fx.Node] | None = None) -> None:
         self.kind = kind
         self._gm = gm
         self._boxed_call = True
-        nodes = list(gm.graph.nodes)
-        self._placeholders = [n for n in nodes if n.op == "placeholder"]
-        self._output = next(n for n in reversed(nodes) if n.op == "output")
-        eager: set[torch.fx.Node] = set()
-        plan: list[Any] = []  # lists of nodes (segments) and single eager nodes, in graph order
-        for n in nodes:
-            if n.op in ("placeholder", "output", "get_attr"):
-                continue
-            if _eager(n, eager):
-                eager.add(n)
-                plan.append(n)
-            elif plan and isinstance(plan[-1], list):
-                plan[-1].append(n)
-            else:
-                plan.append([n])
-        self.steps: list[Any] = []
-        for step in plan:
-            if isinstance(step, list):
-                inside = set(step)  # users come after their producers: any user outside is later
-                used_later = {n for n in step if any(u not in inside for u in n.users)}
-                self.steps.append(_Segment(gm, step, used_later, compile_graph))
-            else:
-                self.steps.append(step)
+        self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        self.steps = plan_steps(gm) if steps is None else steps
+        for step in self.steps:
+            if isinstance(step, _Segment):
+                step.compiled = compile_graph(step.gm, step.example_inputs())
         self.segments = [s.compiled for s in self.steps if isinstance(s, _Segment)]
         self.collectives = collective_sequence(gm)
         self.digest: str | None = None
