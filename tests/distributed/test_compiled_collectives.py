@@ -5,7 +5,9 @@ One spawned job runs every check: ``dist.all_reduce`` and the functional collect
 compiled function equal eager; a backward through ``all_gather_tensor_autograd`` (a
 reduce-scatter in the compiled backward graph) equals eager's gradients; and ranks that compiled
 different collectives both fail with :class:`CollectiveMismatchError` naming both sequences,
-well within the group timeout, instead of deadlocking.
+well within the group timeout, instead of deadlocking. Under ``fuse_collectives()`` the same
+functions (and the backward) compile to ONE program each with the collectives inside, equal to
+eager; a graph the mode cannot express (a PRODUCT all_reduce) falls back to the split graph.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
     import torch.distributed._functional_collectives as fc
 
     import torch_tpu.compile as tpu_compile
-    from torch_tpu.compile.collectives import CollectiveMismatchError, SegmentedGraph
+    from torch_tpu.compile.collectives import CollectiveMismatchError
+    from torch_tpu.compile.fused_collectives import FusedGraph
 
     world = dist.group.WORLD
     results: dict = {"transport": tpu_dist.active_transport()}
@@ -72,6 +75,31 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
             "on_tpu": [t.device.type for t in (got if isinstance(got, tuple) else (got,))],
         }
 
+    def product(x: torch.Tensor) -> torch.Tensor:
+        return fc.all_reduce(x + 1, "product", world) * 2
+
+    for name, fn in [("inplace", inplace), ("functional", functional), ("product", product)]:
+        torch._dynamo.reset()
+        tpu_compile.reset_compile_stats()
+        with tpu_compile.fuse_collectives():
+            got = torch.compile(fn, backend="tpu")(x)
+        again = torch.compile(fn, backend="tpu")(x + 1)  # outside the context: the fused graph stays
+        programs = tpu_compile.compiled_graphs()
+        results[f"fused_{name}"] = {
+            "got": _cpu(got), "ref": _cpu(fn(x)), "again": _cpu(again), "again_ref": _cpu(fn(x + 1)),
+            "fused": [isinstance(p, FusedGraph) for p in programs],
+            "hlo_collectives": sum(p.stablehlo().count("stablehlo.all_") for p in programs),
+        }
+
+    torch._dynamo.reset()
+    tpu_compile.reset_compile_stats()
+    w = torch.tensor([1.0, -2.0], device="tpu", requires_grad=True)
+    with tpu_compile.fuse_collectives():  # the backward graph compiles at the first backward
+        loss = torch.compile(loss_fn, backend="tpu")(x, w)
+        loss.backward()
+    results["fused_backward"] = {"loss": _cpu(loss), "grad": _cpu(w.grad),
+                                 "fused": [isinstance(p, FusedGraph) for p in tpu_compile.compiled_graphs()]}
+
     torch._dynamo.reset()
     w = torch.tensor([1.0, -2.0], device="tpu", requires_grad=True)
     loss = torch.compile(loss_fn, backend="tpu")(x, w)
@@ -96,7 +124,6 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
     except CollectiveMismatchError as e:
         results["mismatch"] = str(e)
     results["mismatch_s"] = time.monotonic() - start
-    results["segmented_type"] = SegmentedGraph.__name__
     dist.barrier()  # the group is still usable after the check failed
     dist.destroy_process_group()
     return results
@@ -151,3 +178,28 @@ def test_ranks_with_different_collectives_both_fail_clearly(ranks: list[dict]) -
         assert "_c10d_functional::all_reduce" in msg and "_c10d_functional::all_gather_into_tensor" in msg
         assert msg.count("digest") >= 2
         assert r["mismatch_s"] < TIMEOUT_S
+
+
+def test_fused_collectives_are_one_program_equal_to_eager(ranks: list[dict]) -> None:
+    for r in ranks:
+        for name in ("inplace", "functional"):
+            got = r[f"fused_{name}"]
+            _same(got["got"], got["ref"])
+            _same(got["again"], got["again_ref"])
+            assert got["fused"] == [True], name  # one program, no segments
+            assert got["hlo_collectives"] >= 1, name  # the collectives are in the program
+
+
+def test_fused_backward_equals_eager(ranks: list[dict]) -> None:
+    for r in ranks:
+        f, ref = r["fused_backward"], r["backward"]
+        assert f["fused"] == [True, True]  # forward (all_gather) and backward (reduce_scatter)
+        _same(f["loss"], ref["loss_ref"])
+        _same(f["grad"], ref["grad_ref"])
+
+
+def test_unfusable_graph_falls_back_to_the_split_graph(ranks: list[dict]) -> None:
+    for r in ranks:
+        got = r["fused_product"]
+        _same(got["got"], got["ref"])
+        assert got["fused"] == [False, False]  # x + 1 | all_reduce(product) | * 2

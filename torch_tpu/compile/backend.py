@@ -40,7 +40,7 @@ class CompileStats:
 
 _stats = CompileStats()
 _seen_structures: dict[str, set[str]] = {}  # graph code digest -> translation keys compiled for it
-_compiled: list[CompiledGraph] = []
+_compiled: list[CompiledGraph | FusedGraph] = []
 
 
 def compile_stats() -> CompileStats:
@@ -55,8 +55,9 @@ def reset_compile_stats() -> None:
     _compiled.clear()
 
 
-def compiled_graphs() -> list[CompiledGraph]:
-    """Every graph compiled since the last reset, oldest first (their ``stablehlo()`` is the program)."""
+def compiled_graphs() -> list[CompiledGraph | FusedGraph]:
+    """Every program compiled since the last reset, oldest first (their ``stablehlo()`` is the
+    program): a graph split at its collectives contributes one per segment."""
     return list(_compiled)
 
 
@@ -95,6 +96,7 @@ def _with_collectives(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             with unset_fake_temporarily():
                 fused = FusedGraph(gm, kind, steps, list(example_inputs))
             _stats.graphs += 1
+            _compiled.append(fused)
             return fused
         except NotFusable as e:
             _log.warning("torch_tpu.compile.fuse_collectives: the %s graph runs split at its collectives: %s",

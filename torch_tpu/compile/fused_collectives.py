@@ -41,6 +41,7 @@ from torch_tpu.compile.collectives import (
 )
 from torch_tpu.compile.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
 from torch_tpu.runtime._jax import jax
+from torch_tpu.runtime.dtypes import to_jax_dtype
 from torch_tpu.runtime.tensor import TpuTensor, from_jax, to_jax
 
 AXIS = "ranks"
@@ -181,8 +182,14 @@ class FusedGraph:
         self._sharding = NamedSharding(self._mesh, spec)
         self._local = next(d for d in self._mesh.devices.flat if d.process_index == jax.process_index())
         self._run = jax.jit(jax.shard_map(body, mesh=self._mesh, in_specs=spec, out_specs=spec))
+        self._avals = [jax.ShapeDtypeStruct((n, *x.shape), to_jax_dtype(x.dtype), sharding=self._sharding)
+                       for x in example_inputs]
         self.collectives = collective_sequence(gm)
         self.digest: str | None = None
+
+    def stablehlo(self) -> str:
+        """The program as StableHLO text (MLIR): the collectives are in it."""
+        return self._run.lower(*self._avals).as_text()
 
     def _global(self, t: torch.Tensor) -> jax.Array:
         local = jax.device_put(to_jax(t)[None], self._local)
