@@ -1,7 +1,8 @@
 """Collectives inside ``torch.compile(backend="tpu")`` graphs, on 2 loopback ranks (XLA transport).
 
 One spawned job runs every check: ``dist.all_reduce`` and the functional collectives
-(``all_reduce``, ``all_gather_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``) in a
+(``all_reduce``, ``all_gather_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``,
+``broadcast``) in a
 compiled function equal eager; a backward through ``all_gather_tensor_autograd`` (a
 reduce-scatter in the compiled backward graph) equals eager's gradients; and ranks that compiled
 different collectives both fail with :class:`CollectiveMismatchError` naming both sequences,
@@ -57,7 +58,7 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
         g = fc.all_gather_tensor(y.sin(), 0, world)
         r = fc.reduce_scatter_tensor(g * 3, "sum", 0, world)
         a = fc.all_to_all_single(r.reshape(-1) + 1, None, None, world)
-        return a.cos(), g
+        return fc.broadcast(a.cos(), 1, world), g
 
     def loss_fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         y = fc.all_gather_tensor_autograd(x * w, 0, world)
@@ -161,7 +162,8 @@ def test_functional_collectives_in_a_compiled_function_equal_eager(ranks: list[d
         _same(got["got"], got["ref"])
         _same(got["again"], got["again_ref"])
         assert got["on_tpu"] == ["tpu", "tpu"]
-        assert got["segments"] == 5  # compute between and around the four collectives
+        assert got["segments"] == 5  # compute between the five collectives
+    _same(ranks[0]["functional"]["got"][0], ranks[1]["functional"]["got"][0])  # rank 1's, broadcast
 
 
 def test_backward_through_a_compiled_collective_equals_eager(ranks: list[dict]) -> None:
