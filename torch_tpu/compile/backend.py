@@ -20,6 +20,8 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from torch_tpu.compile.collectives import SegmentedGraph, has_collectives, plan_steps
+from torch_tpu.compile.fused_collectives import FusedGraph, NotFusable, fusing
 from torch_tpu.compile.graph import CompiledGraph
 from torch_tpu.compile.specialize import SpecializedGraph, is_symbolic
 from torch_tpu.ops import decompositions
@@ -38,7 +40,7 @@ class CompileStats:
 
 _stats = CompileStats()
 _seen_structures: dict[str, set[str]] = {}  # graph code digest -> translation keys compiled for it
-_compiled: list[CompiledGraph] = []
+_compiled: list[CompiledGraph | FusedGraph] = []
 
 
 def compile_stats() -> CompileStats:
@@ -53,13 +55,16 @@ def reset_compile_stats() -> None:
     _compiled.clear()
 
 
-def compiled_graphs() -> list[CompiledGraph]:
-    """Every graph compiled since the last reset, oldest first (their ``stablehlo()`` is the program)."""
+def compiled_graphs() -> list[CompiledGraph | FusedGraph]:
+    """Every program compiled since the last reset, oldest first (their ``stablehlo()`` is the
+    program): a graph split at its collectives contributes one per segment."""
     return list(_compiled)
 
 
 def _graph_compiler(kind: str):
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph | SegmentedGraph:
+        if has_collectives(gm):
+            return _with_collectives(gm, example_inputs, kind)
         with unset_fake_temporarily():  # graph constants are real tensors: read their values
             compiled = CompiledGraph(gm, example_inputs, kind)
         # a graph compiled again for another matmul precision (Dynamo guards torch's) is no shape recompile
@@ -78,6 +83,34 @@ def _graph_compiler(kind: str):
         return compiled
 
     return compile_graph
+
+
+def _with_collectives(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                      kind: str) -> SegmentedGraph | FusedGraph:
+    """A graph with ``_c10d_functional`` collectives: one program per run of ops between them, the
+    collectives run by the process group between them; inside ``fuse_collectives()`` one program
+    with the collectives in it, where the graph allows."""
+    steps = plan_steps(gm)
+    if fusing():
+        try:
+            with unset_fake_temporarily():
+                fused = FusedGraph(gm, kind, steps, list(example_inputs))
+            _stats.graphs += 1
+            _compiled.append(fused)
+            return fused
+        except NotFusable as e:
+            _log.warning("torch_tpu.compile.fuse_collectives: the %s graph runs split at its collectives: %s",
+                         kind, e)
+
+    def compile_segment(sub: torch.fx.GraphModule, example_inputs: list[Any]) -> CompiledGraph:
+        with unset_fake_temporarily():
+            compiled = CompiledGraph(sub, example_inputs, kind)
+        _compiled.append(compiled)
+        return compiled
+
+    segmented = SegmentedGraph(gm, kind, compile_segment, steps)
+    _stats.graphs += 1
+    return segmented
 
 
 def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:

@@ -32,7 +32,9 @@ ranks without a shard included (:mod:`torch_tpu.distributed.sharded_tensor`).
 
 Functional collectives (``_c10d_functional::*``, used by DTensor ``redistribute`` and
 ``full_tensor``) on tpu tensors run through the core's CPU fallback, which waits for each result
-before copying it to the device. ``torch.tpu.topology_aware_mesh`` aliases
+before copying it to the device; inside ``torch.compile(backend="tpu")`` graphs they run through
+this package's collectives between compiled segments (or inside the program, under
+``torch_tpu.compile.fuse_collectives()``). ``torch.tpu.topology_aware_mesh`` aliases
 :func:`topology_aware_mesh`, which assumes ranks follow the device enumeration order.
 ``torch.tpu.distributed.topology_aware_mesh(device_type, mesh_shape, *, topology=...,
 dcn_mesh_shape=...)`` is TorchTPU's API (:mod:`torch_tpu.distributed.device_mesh`): the same
