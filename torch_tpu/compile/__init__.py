@@ -12,7 +12,6 @@ table by hand where the package is not installed (this import calls it).
 from torch_tpu.compile import backend as _backend
 from torch_tpu.compile.backend import compile_stats, compiled_graphs, reset_compile_stats
 from torch_tpu.compile.buckets import BucketPolicy, BucketStats, bucketed
-from torch_tpu.compile.input_stage import InputStage, StageInput
 from torch_tpu.compile.step_program import TrainStep, TrainStepStats, train_step
 from torch_tpu.eager.lazy import DeferStats, LazyArray, defer_stats, flush, reset_defer_stats
 from torch_tpu.runtime.persistent_cache import cache_dir, cache_stats, configure_cache, reset_cache_stats
@@ -23,9 +22,7 @@ __all__ = [
     "BucketPolicy",
     "BucketStats",
     "DeferStats",
-    "InputStage",
     "LazyArray",
-    "StageInput",
     "TrainStep",
     "TrainStepStats",
     "bucketed",
