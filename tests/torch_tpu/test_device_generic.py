@@ -209,9 +209,12 @@ class TestViewsIndexingShapes(TestCase):
 
     def test_embedding_bag_offsets_are_checked(self, device):
         weight, ids = torch.randn(10, 3), torch.tensor([1, 2, 3, 4])
+        # CPU checks the first and last offset everywhere; whether it catches decreasing offsets
+        # depends on which kernel the host CPU gets, the tpu device always refuses them
         for offsets in ([1, 2], [0, 5], [0, 3, 1]):
-            with self.assertRaises(RuntimeError):
-                F.embedding_bag(ids, weight, torch.tensor(offsets))
+            if offsets != [0, 3, 1]:
+                with self.assertRaises(RuntimeError):
+                    F.embedding_bag(ids, weight, torch.tensor(offsets))
             with self.assertRaises(RuntimeError):
                 F.embedding_bag(ids.to(device), weight.to(device), torch.tensor(offsets, device=device)).cpu()
         self.assert_raises_like_cpu(lambda i, w, o: F.embedding_bag(i, w, o, include_last_offset=True),
