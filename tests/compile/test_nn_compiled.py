@@ -145,3 +145,81 @@ def test_fractional_max_pool3d_trains_compiled_with_its_own_random_windows(stric
     flat = x.detach().cpu().reshape(2, 2, -1)
     torch.testing.assert_close(out.detach().cpu().reshape(2, 2, -1), flat.gather(-1, indices.cpu().reshape(2, 2, -1)))
     assert x.grad.cpu().sum().item() == out.numel()
+
+
+MULTILABEL = [  # input, target: targets end at the first -1; duplicates count twice, as on CPU
+    (torch.randn(3, 5, generator=torch.Generator().manual_seed(0)),
+     torch.tensor([[3, 0, -1, 1, 4], [1, 1, 2, -1, 0], [4, 3, 2, 1, 0]])),
+    (torch.randn(5, generator=torch.Generator().manual_seed(1)), torch.tensor([2, -1, 0, 3, 3])),
+    (torch.randn((), generator=torch.Generator().manual_seed(2)), torch.tensor(0)),
+]
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("case", range(len(MULTILABEL)), ids=["2d", "1d", "0d"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_multilabel_margin_loss_matches_cpu(compiled, case, reduction):
+    """PyTorch's decomposition (compiled tracing runs it as the op's Python autograd kernel) counted
+    the target positions after a -1 and gave a 1-D input's unreduced loss shape [1]: torch_tpu's
+    composite is CPU's kernel, eager and compiled."""
+    x, target = MULTILABEL[case]
+
+    def loss(x, target):
+        return F.multilabel_margin_loss(x, target, reduction=reduction)
+
+    cpu_x, tpu_x = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    run = torch.compile(loss, backend="tpu", dynamic=False, fullgraph=True) if compiled else loss
+    expected, actual = loss(cpu_x, target), run(tpu_x, target.to("tpu"))
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual.detach().cpu(), expected.detach(), **TOL)
+    expected.sum().backward()
+    actual.sum().backward()
+    torch.testing.assert_close(tpu_x.grad.cpu(), cpu_x.grad, **TOL)
+
+
+@torch.library.custom_op("torch_tpu_test::chunked_double", mutates_args=())
+def _chunked_double(x: torch.Tensor) -> torch.Tensor:
+    """A custom op whose kernel writes into slices of a buffer, as PyTorch's chunked ones do."""
+    out = torch.empty_like(x)
+    for start in range(0, x.shape[0], 2):
+        out[start:start + 2].copy_(x[start:start + 2]).mul_(2)
+    return out
+
+
+_chunked_double.register_fake(lambda x: torch.empty_like(x))
+_chunked_double.register_autograd(lambda ctx, grad: grad * 2)
+
+
+def test_custom_op_decomposes_into_its_kernel_compiled(strict):
+    """A custom op without a lowering runs its backend-agnostic kernel in compiled graphs (as eager
+    does), functionalized: it used to fail as unlowered, and in-place writes failed AOTAutograd."""
+    x = torch.randn(5, 3)
+    tpu_x = x.to("tpu").requires_grad_()
+    compiled = torch.compile(lambda x: _chunked_double(x).sin(), backend="tpu", dynamic=False, fullgraph=True)
+    out = compiled(tpu_x)
+    out.sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), (2 * x).sin(), **TOL)
+    torch.testing.assert_close(tpu_x.grad.cpu(), 2 * (2 * x).cos(), **TOL)
+
+
+@pytest.mark.skipif(not hasattr(torch.nn, "LinearCrossEntropyLoss"), reason="torch without LinearCrossEntropyLoss")
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_chunked_linear_cross_entropy_compiled_matches_cpu(reduction):
+    """Chunked ``nn.LinearCrossEntropyLoss`` calls the custom ops ``torch_nn::_linear_cross_entropy_*``."""
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+    torch.manual_seed(0)
+    options = LinearCrossEntropyOptions(chunking_method="aspect_ratio:4")
+    cpu = torch.nn.LinearCrossEntropyLoss(5, 4, reduction=reduction, weight=torch.rand(4) + 0.5, options=options)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x, target = torch.randn(8, 5), torch.randint(0, 4, (8,))
+    cpu_x, tpu_x = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    expected = cpu(cpu_x, target)
+    actual = torch.compile(tpu, backend="tpu", dynamic=False)(tpu_x, target.to("tpu"))  # (it warns: no fullgraph)
+    cotangent = torch.randn(expected.shape)
+    expected.backward(cotangent)
+    actual.backward(cotangent.to("tpu"))
+    torch.testing.assert_close(actual.detach().cpu(), expected.detach(), **TOL)
+    torch.testing.assert_close(tpu_x.grad.cpu(), cpu_x.grad, **TOL)
+    for t, c in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(t.grad.cpu(), c.grad, **TOL)

@@ -44,10 +44,19 @@ def _name(info) -> str:
 MODULES = sorted((m for m in module_db if m.name not in _RANDOM), key=lambda m: m.name)
 
 
-def _to_tpu(x):
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("tpu").requires_grad_(x.requires_grad)
-    return x
+def _to_tpu(tree):
+    """``tree`` with its tensors copied to tpu; a tensor passed twice (KLDivLoss's scalar samples pass
+    one tensor as input and target) stays one tensor, so its gradient sums both uses as on CPU."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def copy_one(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        if id(x) not in copies:
+            copies[id(x)] = x.detach().to("tpu").requires_grad_(x.requires_grad)
+        return copies[id(x)]
+
+    return pytree.tree_map(copy_one, tree)
 
 
 def _run(module, args, kwargs):
@@ -88,7 +97,7 @@ def _check(info, compiled: bool, max_samples):
         args, kwargs = sample.forward_input.args, sample.forward_input.kwargs
         torch.manual_seed(1)  # a lazy module draws its initial weights on its first forward: the same draws
         expected = _run(cpu, args, kwargs)
-        tpu_args, tpu_kwargs = pytree.tree_map(_to_tpu, (args, kwargs))
+        tpu_args, tpu_kwargs = _to_tpu((args, kwargs))
         if compiled:
             torch._dynamo.reset()
             tpu = torch.compile(tpu, backend="tpu", dynamic=False)

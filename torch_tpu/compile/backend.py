@@ -125,7 +125,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         fw_compiler=_graph_compiler("forward"),
         bw_compiler=_graph_compiler("backward"),
         inference_compiler=_graph_compiler("inference"),
-        decompositions=decompositions.compile_table(),
+        decompositions=decompositions.compile_table(gm.graph),
     )(gm, example_inputs)
 
 

@@ -2,6 +2,7 @@
 
 * ``lowerings/``: JAX lowerings (``register_lowering``), for eager and graph executors alike;
 * ``attention``, ``transformer``: composites of lowered ops (``register_composite``);
+* ``corrected``: composites of ops whose PyTorch decomposition differs from CPU (``multilabel_margin_loss_forward``);
 * ``checked``: the value checks CPU makes where the tpu path runs a decomposition (``index_copy``, ``one_hot``);
 * ``decompositions``: the decomposition tier's table (PyTorch's decompositions plus the composites);
 * ``metadata_ops``: metadata-only ops (``resize_``, ``set_``, ``as_strided_`` ...) on the tensor model;
@@ -15,8 +16,9 @@ Imports only ``torch_tpu.runtime``. :func:`register` is called once by ``import 
 
 def register() -> None:
     """Fill the registry (every lowering and composite) and install the PrivateUse1 kernels."""
-    from torch_tpu.ops import attention, checked, kernels, lowerings, sparsecore, transformer  # noqa: F401  (their decorators fill the registry)
+    from torch_tpu.ops import attention, checked, corrected, kernels, lowerings, sparsecore, transformer  # noqa: F401  (their decorators fill the registry)
 
     kernels.register()
     checked.register()
+    corrected.register()
     sparsecore.register()

@@ -35,10 +35,8 @@ Decomposition = Callable[..., Any]
 
 # Ops whose PyTorch decomposition computes something else than CPU: eager falls back to the CPU
 # kernel, compiled graphs holding them fail as unlowered (listed in the README).
-_DIFFERS_FROM_CPU: frozenset[Any] = frozenset({
-    # other values than CPU for targets after a -1, and shape [1] for a 1-D input's unreduced loss
-    aten.multilabel_margin_loss_forward.default,
-})
+# (multilabel_margin_loss_forward's was: torch_tpu.ops.corrected has CPU's composite.)
+_DIFFERS_FROM_CPU: frozenset[Any] = frozenset()
 # Ops never decomposed: eager dispatch has dedicated handlers for them (devices, aliasing).
 _NOT_DECOMPOSED: frozenset[Any] = frozenset({
     aten._to_copy.default,  # dedicated handler (devices)
@@ -96,10 +94,12 @@ def decomposition(op: Any) -> Decomposition | None:
     return fn
 
 
-def compile_table() -> dict[Any, Decomposition]:
+def compile_table(graph: torch.fx.Graph | None = None) -> dict[Any, Decomposition]:
     """AOTAutograd's decompositions for ``torch.compile(backend="tpu")``: the core-ATen table, and for
     functional ops without a lowering the rest of ``torch._decomp``'s ATen-level table
-    (``slice_scatter`` ...) and the registered composites (lowered ops stay whole in graphs)."""
+    (``slice_scatter`` ...) and the registered composites (lowered ops stay whole in graphs). The
+    custom ops (``torch.library.custom_op`` ...) that ``graph`` (Dynamo's) calls decompose as eager
+    decomposes them: into their backend-agnostic kernel, e.g. ``torch_nn::_linear_cross_entropy_*``."""
     from torch._decomp import core_aten_decompositions, decomposition_table
 
     table = dict(core_aten_decompositions().items())
@@ -113,4 +113,31 @@ def compile_table() -> dict[Any, Decomposition]:
                   if isinstance(op, torch._ops.OpOverload) and not _mutates(op) and get_lowering(op) is None})
     for op in _DIFFERS_FROM_CPU:
         table.pop(op, None)
+    for op in _custom_ops(graph) if graph is not None else ():
+        fn = decomposition(op)
+        if fn is not None and get_lowering(op) is None:
+            table.setdefault(op, _functionalized(fn))
     return table
+
+
+def _functionalized(fn: Decomposition) -> Decomposition:
+    """``fn`` with its in-place ops and views made functional: AOTAutograd runs a decomposition below
+    its functionalization, and a custom op's kernel may write into views (the chunked
+    linear-cross-entropy kernel accumulates into slices)."""
+    def functional(*args: Any, **kwargs: Any) -> Any:
+        from torch._functorch._aot_autograd.functional_utils import from_fun, to_fun
+        from torch._subclasses.functional_tensor import FunctionalTensorMode
+        from torch.utils import _pytree as pytree
+
+        with FunctionalTensorMode():
+            args, kwargs = pytree.tree_map_only(torch.Tensor, to_fun, (args, kwargs))
+            out = fn(*args, **kwargs)
+        return pytree.tree_map_only(torch.Tensor, from_fun, out)
+
+    return functional
+
+
+def _custom_ops(graph: torch.fx.Graph) -> set[Any]:
+    """The ops outside ATen and prims that ``graph`` calls."""
+    return {node.target for node in graph.nodes if node.op == "call_function"
+            and isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in ("aten", "prims")}
