@@ -228,6 +228,27 @@ class TestViewsIndexingShapes(TestCase):
             self.assert_like_cpu(lambda i, w, o: F.embedding_bag(i, w, o, mode=mode, include_last_offset=True),
                                  ids, weight, offsets, strides=False)
 
+    def test_embedding_bag_with_every_bag_empty(self, device):
+        # no indices at all: zeros (max mode gathered its argmax from the empty indices and failed)
+        weight, ids = torch.randn(5, 3), torch.tensor([], dtype=torch.long)
+        for mode, psw, last in (("sum", False, False), ("sum", True, True), ("mean", False, True),
+                                ("max", False, False), ("max", False, True)):
+            offsets = torch.zeros(4 if last else 3, dtype=torch.long)
+            kwargs = {"per_sample_weights": torch.tensor([])} if psw else {}
+            for compiled in (False, True):
+                def bag(i, w, o, *p, mode=mode, last=last):
+                    return F.embedding_bag(i, w, o, mode=mode, include_last_offset=last,
+                                           per_sample_weights=p[0] if p else None)
+                fn = torch.compile(bag, backend="tpu", fullgraph=True) if compiled else bag
+                host = (ids, weight.clone().requires_grad_(), offsets, *kwargs.values())
+                dev = (ids.to(device), weight.to(device).requires_grad_(), offsets.to(device),
+                       *(v.to(device) for v in kwargs.values()))
+                expected, got = bag(*host), fn(*dev)
+                self.assertEqual(got.cpu(), expected)
+                expected.sum().backward()
+                got.sum().backward()
+                self.assertEqual(dev[1].grad.cpu(), host[1].grad)
+
     def test_nonzero_and_argwhere_strides_are_cpus(self, device):
         host = _tensor((2, 3, 4), torch.float32) > 0
         self.assert_like_cpu(torch.nonzero, host)
