@@ -5,6 +5,8 @@ first so that ``common_device_type`` sees the renamed backend."""
 
 from __future__ import annotations
 
+import warnings
+
 # isort: off
 import torch_tpu  # noqa: F401  (before common_device_type)
 import torch
@@ -119,6 +121,20 @@ class TestViewsIndexingShapes(TestCase):
         with self.assertWarnsRegex(UserWarning, "uint8"):
             got = x.to(device)[mask.to(device)]
         self.assertEqual(got.cpu(), x[mask.bool()])
+
+    def test_uint8_masks_warn_once_each_on_every_call(self, device):
+        # the lowering runs once per trace: a warning from it came 0..n times per call
+        host = torch.randn(5, 7, 3)
+        masks = (torch.tensor([1, 0, 1, 1, 0], dtype=torch.uint8), torch.tensor([1, 1, 1], dtype=torch.uint8))
+        for x, (m1, m2) in ((host, masks), (host.to(device), [m.to(device) for m in masks])) * 2:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.assertEqual(x[m1, :, m2].shape, (3, 7))
+                x.clone()[m1, :, m2] = torch.ones(3, 7, device=x.device)
+            self.assertEqual(len(caught), 4)
+
+    def test_index_with_no_indices_raises(self, device):
+        self.assert_raises_like_cpu(lambda t: torch.ops.aten.index.Tensor(t, []), torch.tensor([1.0]))
 
     def test_out_of_range_indices_raise(self, device):
         x = torch.randn(4, 3, device=device)
