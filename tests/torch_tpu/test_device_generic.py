@@ -5,6 +5,8 @@ first so that ``common_device_type`` sees the renamed backend."""
 
 from __future__ import annotations
 
+import warnings
+
 # isort: off
 import torch_tpu  # noqa: F401  (before common_device_type)
 import torch
@@ -120,6 +122,20 @@ class TestViewsIndexingShapes(TestCase):
             got = x.to(device)[mask.to(device)]
         self.assertEqual(got.cpu(), x[mask.bool()])
 
+    def test_uint8_masks_warn_once_each_on_every_call(self, device):
+        # the lowering runs once per trace: a warning from it came 0..n times per call
+        host = torch.randn(5, 7, 3)
+        masks = (torch.tensor([1, 0, 1, 1, 0], dtype=torch.uint8), torch.tensor([1, 1, 1], dtype=torch.uint8))
+        for x, (m1, m2) in ((host, masks), (host.to(device), [m.to(device) for m in masks])) * 2:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.assertEqual(x[m1, :, m2].shape, (3, 7))
+                x.clone()[m1, :, m2] = torch.ones(3, 7, device=x.device)
+            self.assertEqual(len(caught), 4)
+
+    def test_index_with_no_indices_raises(self, device):
+        self.assert_raises_like_cpu(lambda t: torch.ops.aten.index.Tensor(t, []), torch.tensor([1.0]))
+
     def test_out_of_range_indices_raise(self, device):
         x = torch.randn(4, 3, device=device)
         bad = torch.tensor([4], device=device)
@@ -227,6 +243,27 @@ class TestViewsIndexingShapes(TestCase):
         for mode in ("sum", "mean", "max"):
             self.assert_like_cpu(lambda i, w, o: F.embedding_bag(i, w, o, mode=mode, include_last_offset=True),
                                  ids, weight, offsets, strides=False)
+
+    def test_embedding_bag_with_every_bag_empty(self, device):
+        # no indices at all: zeros (max mode gathered its argmax from the empty indices and failed)
+        weight, ids = torch.randn(5, 3), torch.tensor([], dtype=torch.long)
+        for mode, psw, last in (("sum", False, False), ("sum", True, True), ("mean", False, True),
+                                ("max", False, False), ("max", False, True)):
+            offsets = torch.zeros(4 if last else 3, dtype=torch.long)
+            kwargs = {"per_sample_weights": torch.tensor([])} if psw else {}
+            for compiled in (False, True):
+                def bag(i, w, o, *p, mode=mode, last=last):
+                    return F.embedding_bag(i, w, o, mode=mode, include_last_offset=last,
+                                           per_sample_weights=p[0] if p else None)
+                fn = torch.compile(bag, backend="tpu", fullgraph=True) if compiled else bag
+                host = (ids, weight.clone().requires_grad_(), offsets, *kwargs.values())
+                dev = (ids.to(device), weight.to(device).requires_grad_(), offsets.to(device),
+                       *(v.to(device) for v in kwargs.values()))
+                expected, got = bag(*host), fn(*dev)
+                self.assertEqual(got.cpu(), expected)
+                expected.sum().backward()
+                got.sum().backward()
+                self.assertEqual(dev[1].grad.cpu(), host[1].grad)
 
     def test_nonzero_and_argwhere_strides_are_cpus(self, device):
         host = _tensor((2, 3, 4), torch.float32) > 0

@@ -76,7 +76,10 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM, 
         hit = keep[:, None] & (masked == top[bag])
         position = jnp.where(hit, jnp.arange(indices.shape[0])[:, None], indices.shape[0])
         first = jax.ops.segment_min(position, bag, num_segments=bags)
-        max_indices = jnp.where(filled, indices.astype(jnp.int64)[jnp.clip(first, 0, max(indices.shape[0] - 1, 0))], 0)
+        if indices.shape[0] == 0:  # every bag empty: nothing to gather from
+            max_indices = jnp.zeros(top.shape, jnp.int64)
+        else:
+            max_indices = jnp.where(filled, indices.astype(jnp.int64)[jnp.clip(first, 0, indices.shape[0] - 1)], 0)
         return out.astype(weight.dtype), bag, bag_size, max_indices
     total = jax.ops.segment_sum(jnp.where(summed[:, None], rows, 0), bag, num_segments=bags)
     if mode == MEAN:

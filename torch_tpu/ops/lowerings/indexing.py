@@ -21,15 +21,15 @@ def _is_mask(index):
 
 
 def _index_tuple(indices):
-    """Advanced indices as a JAX index: None as a full slice, uint8 masks as boolean ones."""
-    if any(i is not None and i.dtype == np.uint8 for i in indices):
-        warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.",
-                      UserWarning, stacklevel=2)
+    """Advanced indices as a JAX index: None as a full slice, uint8 masks as boolean ones (eager
+    dispatch gives torch's deprecation warnings, ``check_bounds``: a lowering runs once per trace)."""
     return tuple(slice(None) if i is None else i != 0 if i.dtype == np.uint8 else i for i in indices)
 
 
 @register_lowering(aten.index.Tensor)
 def index(self, indices):
+    if not indices:  # the ValueError becomes CPU's IndexError (dispatch)
+        raise ValueError("at least one index must be provided")
     # Boolean-mask indices give value-dependent shapes: fine eagerly, not under jax.jit.
     return self[_index_tuple(indices)]
 
@@ -295,9 +295,16 @@ def _check_offsets(args) -> None:
 _VALUE_CHECKS = {"aten::_embedding_bag": _check_offsets, "aten::_embedding_bag_forward_only": _check_offsets}
 
 
+_MASKED = frozenset({"aten::index", "aten::index_put", "aten::_index_put_impl"})
+
+
 def check_bounds(op, args) -> None:
     """Raise the exception CPU torch raises for ``op`` when one of its index arguments (JAX
     arrays, as a lowering gets them) is out of range for the dim it indexes."""
+    if op._schema.name in _MASKED and len(args) > 1:  # CPU warns once per uint8 mask, every call
+        for _ in range(sum(getattr(i, "dtype", None) == np.uint8 for i in args[1])):
+            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.",
+                          UserWarning, stacklevel=2)
     values = _VALUE_CHECKS.get(op._schema.name)
     if values is not None and len(args) > 2:
         values(args)
