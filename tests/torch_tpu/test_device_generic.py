@@ -265,6 +265,17 @@ class TestViewsIndexingShapes(TestCase):
                 got.sum().backward()
                 self.assertEqual(dev[1].grad.cpu(), host[1].grad)
 
+    def test_compiled_functions_creating_empty_and_one_element_tensors(self, device):
+        # Dynamo lifts them as constants of stride 0, which the graph's cache key failed to hash
+        # (T5's attention creates torch.tensor([]) this way)
+        def fn(x):
+            empty = torch.tensor([], dtype=x.dtype, device=x.device)
+            one = torch.tensor([2.0], dtype=x.dtype, device=x.device)
+            return torch.cat([empty, x.reshape(-1)]) * one
+
+        host = torch.randn(3, 2)
+        self.assertEqual(torch.compile(fn, backend="tpu")(host.to(device)).cpu(), fn(host))
+
     def test_nonzero_and_argwhere_strides_are_cpus(self, device):
         host = _tensor((2, 3, 4), torch.float32) > 0
         self.assert_like_cpu(torch.nonzero, host)
