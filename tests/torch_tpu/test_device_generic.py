@@ -236,6 +236,13 @@ class TestViewsIndexingShapes(TestCase):
         self.assert_raises_like_cpu(lambda i, w, o: F.embedding_bag(i, w, o, include_last_offset=True),
                                     ids, weight, torch.tensor([0, 2, 6]))
 
+    def test_embedding_bag_ranks_are_checked_before_index_values(self, device):
+        # index 2 is out of range for a [2, 2, 2] weight: CPU names the weight's rank first
+        for bag in (lambda w, i, o: torch.embedding_bag(w, i, o), torch._embedding_bag_forward_only):
+            self.assert_raises_like_cpu(bag, torch.zeros(2, 2, 2), torch.tensor([2, 2]), torch.tensor([0, 0]))
+            self.assert_raises_like_cpu(bag, torch.zeros(2, 2), torch.tensor([2, 2]), torch.zeros(1, 2).long())
+            self.assert_raises_like_cpu(bag, torch.zeros(2, 2), torch.full((1, 1, 2), 2), torch.tensor([0]))
+
     def test_embedding_bag_include_last_offset_short_of_the_indices(self, device):
         # the last offset ends the last bag's sum; CPU's mean divides by the entries to the end of
         # the indices and its max takes them too: the same values here
