@@ -53,6 +53,21 @@ class TestViewsIndexingShapes(TestCase):
             self.assertEqual(v.stride(), view(host).stride())
             self.assertEqual(v.cpu(), view(host))
 
+    def test_expand_strides_of_new_size_one_dims_are_cpus(self, device):
+        # CPU gives a new leading dim of size 1 the stride of a dim above the next one, not 0,
+        # and a 0-d tensor's expansion strides 0 throughout
+        sizes = ((), (1,), (2,), (1, 1), (3, 1), (3, 2), (4, 1, 1), (4, 3, 2))
+        for i, source in enumerate(sizes):
+            for target in sizes[i + 1:]:
+                host = _tensor(source, torch.float32)
+                try:
+                    expected = torch.broadcast_to(host, target)
+                except RuntimeError:
+                    continue
+                got = torch.broadcast_to(host.to(device), target)
+                self.assertEqual((got.shape, got.stride()), (expected.shape, expected.stride()))
+                self.assertEqual(got.cpu(), expected)
+
     def test_writes_through_views_reach_the_base(self, device):
         host = torch.zeros(3, 4)
         x = host.to(device)
