@@ -53,6 +53,21 @@ class TestViewsIndexingShapes(TestCase):
             self.assertEqual(v.stride(), view(host).stride())
             self.assertEqual(v.cpu(), view(host))
 
+    def test_expand_strides_of_new_size_one_dims_are_cpus(self, device):
+        # CPU gives a new leading dim of size 1 the stride of a dim above the next one, not 0,
+        # and a 0-d tensor's expansion strides 0 throughout
+        sizes = ((), (1,), (2,), (1, 1), (3, 1), (3, 2), (4, 1, 1), (4, 3, 2))
+        for i, source in enumerate(sizes):
+            for target in sizes[i + 1:]:
+                host = _tensor(source, torch.float32)
+                try:
+                    expected = torch.broadcast_to(host, target)
+                except RuntimeError:
+                    continue
+                got = torch.broadcast_to(host.to(device), target)
+                self.assertEqual((got.shape, got.stride()), (expected.shape, expected.stride()))
+                self.assertEqual(got.cpu(), expected)
+
     def test_writes_through_views_reach_the_base(self, device):
         host = torch.zeros(3, 4)
         x = host.to(device)
@@ -236,6 +251,13 @@ class TestViewsIndexingShapes(TestCase):
         self.assert_raises_like_cpu(lambda i, w, o: F.embedding_bag(i, w, o, include_last_offset=True),
                                     ids, weight, torch.tensor([0, 2, 6]))
 
+    def test_embedding_bag_ranks_are_checked_before_index_values(self, device):
+        # index 2 is out of range for a [2, 2, 2] weight: CPU names the weight's rank first
+        for bag in (lambda w, i, o: torch.embedding_bag(w, i, o), torch._embedding_bag_forward_only):
+            self.assert_raises_like_cpu(bag, torch.zeros(2, 2, 2), torch.tensor([2, 2]), torch.tensor([0, 0]))
+            self.assert_raises_like_cpu(bag, torch.zeros(2, 2), torch.tensor([2, 2]), torch.zeros(1, 2).long())
+            self.assert_raises_like_cpu(bag, torch.zeros(2, 2), torch.full((1, 1, 2), 2), torch.tensor([0]))
+
     def test_embedding_bag_include_last_offset_short_of_the_indices(self, device):
         # the last offset ends the last bag's sum; CPU's mean divides by the entries to the end of
         # the indices and its max takes them too: the same values here
@@ -264,6 +286,17 @@ class TestViewsIndexingShapes(TestCase):
                 expected.sum().backward()
                 got.sum().backward()
                 self.assertEqual(dev[1].grad.cpu(), host[1].grad)
+
+    def test_compiled_functions_creating_empty_and_one_element_tensors(self, device):
+        # Dynamo lifts them as constants of stride 0, which the graph's cache key failed to hash
+        # (T5's attention creates torch.tensor([]) this way)
+        def fn(x):
+            empty = torch.tensor([], dtype=x.dtype, device=x.device)
+            one = torch.tensor([2.0], dtype=x.dtype, device=x.device)
+            return torch.cat([empty, x.reshape(-1)]) * one
+
+        host = torch.randn(3, 2)
+        self.assertEqual(torch.compile(fn, backend="tpu")(host.to(device)).cpu(), fn(host))
 
     def test_nonzero_and_argwhere_strides_are_cpus(self, device):
         host = _tensor((2, 3, 4), torch.float32) > 0

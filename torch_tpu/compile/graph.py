@@ -126,7 +126,9 @@ def _graph_digest(h: Any, gm: torch.fx.GraphModule) -> None:
 
 def tensor_digest(t: torch.Tensor) -> bytes:
     cpu = to_cpu(t) if type(t) is TpuTensor else t.detach().cpu()
-    raw = cpu.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    # a fresh contiguous copy: contiguous() keeps the stride 0 of an empty or one-element tensor
+    # (an expanded or lifted constant), which view(uint8) refuses
+    raw = cpu.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8).numpy().tobytes()
     return hashlib.sha256(raw).digest() + str(cpu.dtype).encode() + str(tuple(cpu.shape)).encode()
 
 

@@ -140,21 +140,26 @@ def _layout_slice(size, stride, offset, dim=0, start=None, end=None, step=1):
 
 
 def _layout_expand(size, stride, offset, shape, implicit=False):
+    """CPU's ``inferExpandGeometry``: a new leading dim of size 1 gets the stride of a contiguous
+    dim above the next one (not 0), an expanded dim stride 0; a 0-d tensor strides 0 throughout."""
     lead = len(shape) - len(size)
     if lead < 0:
         return None
-    new_size, new_stride = [], []
-    for i, s in enumerate(shape):
+    if not size:
+        return None if any(s < 0 for s in shape) else (list(shape), [0] * len(shape), offset)
+    new_size, new_stride = [0] * len(shape), [0] * len(shape)
+    for i in reversed(range(len(shape))):
+        s = shape[i]
         if i < lead:
             if s < 0:
                 return None
-            new_size.append(s), new_stride.append(0)
-            continue
-        old = size[i - lead]
+            old, old_stride = 1, new_size[i + 1] * new_stride[i + 1]
+        else:
+            old, old_stride = size[i - lead], stride[i - lead]
         if s == -1 or s == old:
-            new_size.append(old), new_stride.append(stride[i - lead])
+            new_size[i], new_stride[i] = old, old_stride
         elif old == 1:
-            new_size.append(s), new_stride.append(0)
+            new_size[i], new_stride[i] = s, 0
         else:
             return None
     return new_size, new_stride, offset

@@ -276,9 +276,16 @@ def _indexed_dims(spec, args):
 
 
 def _check_offsets(args) -> None:
-    """CPU's checks of ``embedding_bag`` offsets (1-D indices): they start at 0, never decrease and
-    end within the indices (without them the segments silently take other rows)."""
-    indices, offsets = args[1], args[2]
+    """CPU's checks of ``embedding_bag``: the ranks of its tensors, then the offsets (1-D indices):
+    they start at 0, never decrease and end within the indices (without them the segments silently take other rows)."""
+    weight, indices, offsets = args[0], args[1], args[2]
+    # CPU checks the ranks before any index value (ahead of the bounds check)
+    if indices.ndim not in (1, 2):
+        raise RuntimeError(f"input has to be a 1D or 2D Tensor, but got Tensor of dimension {indices.ndim}")
+    if offsets.ndim != 1:
+        raise RuntimeError(f"offsets has to be a 1D Tensor, but got Tensor of dimension {offsets.ndim}")
+    if weight.ndim != 2:
+        raise RuntimeError(f"weight has to be a 2D Tensor, but got Tensor of dimension {weight.ndim}")
     if indices.ndim != 1 or offsets.ndim != 1 or not offsets.size:
         return
     first, last, falls = jax.device_get((offsets[0], offsets[-1], jnp.any(offsets[1:] < offsets[:-1])))
