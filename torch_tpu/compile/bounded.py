@@ -69,12 +69,12 @@ class BoundedGraph:
         output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
         self._outputs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
         self._symbols = sorted({s for x in example_inputs for s in _free_symbols(x)}, key=str)
-        self._hints = _hints(example_inputs, self._symbols)
+        self._shape_env = _shape_env(example_inputs)
         self._bounds: dict[sympy.Symbol, int] = {}
         self._programs: dict[tuple, _Program] = {}
         self.exact_reason: str | None = None
         try:  # decided once, from the graph: bounded, or one program per concrete size
-            rewrite(gm, {s: self._hints[s] for s in self._symbols}, masked=True)
+            rewrite(gm, _hints(self._shape_env, self._symbols), masked=True)
         except NotBoundable as e:
             self._fall_back(str(e))
 
@@ -123,7 +123,7 @@ class BoundedGraph:
         return self._finish(program.run(inputs), values, args)
 
     def _first_bound(self, symbol: sympy.Symbol, size: int) -> int:
-        upper = _shape_env_upper(self._placeholders, symbol)
+        upper = _shape_env_upper(self._shape_env, symbol)
         return upper if upper is not None and size <= upper else 2 * size
 
     def _build(self, bounds: dict[sympy.Symbol, int], masked: bool) -> _Program:
@@ -178,29 +178,31 @@ def _free_symbols(x: Any) -> set[sympy.Symbol]:
     return set()
 
 
-def _hints(example_inputs: Sequence[Any], symbols: list[sympy.Symbol]) -> dict[sympy.Symbol, int]:
-    """Each symbol's example value (the shape environment's hint), for the up-front rewrite check."""
+def _shape_env(example_inputs: Sequence[Any]) -> Any:
+    """The shape environment of the graph's symbolic sizes (None when none is symbolic)."""
     for x in example_inputs:
-        sym = x if isinstance(x, torch.SymInt) else next(
-            (s for s in getattr(x, "shape", ()) if isinstance(s, torch.SymInt)), None)
-        if sym is not None:
-            env = sym.node.shape_env
-            known = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
-            return {s: int(known.get(s, 2)) for s in symbols}
-    return {s: 2 for s in symbols}
-
-
-def _shape_env_upper(placeholders: list[torch.fx.Node], symbol: sympy.Symbol) -> int | None:
-    for node in placeholders:
-        val = node.meta.get("val")
-        sizes = [val] if isinstance(val, torch.SymInt) else [
-            s for s in getattr(val, "shape", ()) if isinstance(s, torch.SymInt)]
-        for s in sizes:
-            value_range = s.node.shape_env.var_to_range.get(symbol)
-            if value_range is not None:
-                upper = value_range.upper
-                return int(upper) if upper.is_finite and upper < BOUND_LIMIT else None
+        sizes = [x] if isinstance(x, torch.SymInt) else [
+            s for s in getattr(x, "shape", ()) if isinstance(s, torch.SymInt)]
+        if sizes:
+            return sizes[0].node.shape_env
     return None
+
+
+def _hints(env: Any, symbols: list[sympy.Symbol]) -> dict[sympy.Symbol, int]:
+    """Each symbol's example value (the shape environment's hint), for the up-front rewrite check."""
+    if env is None:
+        return {s: 2 for s in symbols}
+    known = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
+    return {s: int(known.get(s, 2)) for s in symbols}
+
+
+def _shape_env_upper(env: Any, symbol: sympy.Symbol) -> int | None:
+    """The shape environment's finite upper bound of ``symbol`` (``mark_dynamic``'s ``max``)."""
+    value_range = env.var_to_range.get(symbol) if env is not None else None
+    if value_range is None:
+        return None
+    upper = value_range.upper
+    return int(upper) if upper.is_finite and upper < BOUND_LIMIT else None
 
 
 def _pad(x: Any, node: torch.fx.Node, bounds: dict[sympy.Symbol, int]) -> Any:

@@ -289,7 +289,7 @@ class _Rewriter:
                 continue
             if node.op == "output":
                 outs = torch.fx.node.map_arg(node.args[0], self._output_value)
-                self.graph.output(pytree_map_sizes(outs))
+                self.graph.output(_without_sizes(outs))
                 continue
             if node.op == "get_attr":
                 self.env[node] = self._copy(node)
@@ -354,7 +354,7 @@ class _Rewriter:
         return new
 
 
-def pytree_map_sizes(outs: Any) -> Any:
+def _without_sizes(outs: Any) -> Any:
     """Graph outputs with sizes replaced by None (the caller computes them on the host)."""
     return torch.utils._pytree.tree_map(lambda v: None if isinstance(v, _Size) else v, outs)
 
