@@ -160,3 +160,30 @@ def ftrl(table, accumulator, linear, grad, touched, learning_rate, learning_rate
     new = numerator / ((p_new + jnp.float32(beta)) / learning_rate + 2.0 * l2)
     return (_keep_untouched(touched, new, table), _keep_untouched(touched, acc, accumulator),
             _keep_untouched(touched, lin, linear))
+
+
+def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains, embedding_table, slots,
+                 activations_grad, hypers, devices: int = 1, device_index: int = 0):
+    """The fused backward + ``optimizer`` update (one of the rules above, by name) on the rows the
+    batch touches only: per touched row, g = the sum of gain * activation gradient over its
+    entries (in buffer order, as :func:`table_grad` sums), then the rule on those rows and their
+    slots, scattered back. The work is O(entries * dim), not O(vocab * dim) as a dense gradient;
+    the result equals ``rule(table, *slots, *table_grad(...), *hypers)``. Returns the new table
+    (and slots)."""
+    batch_size = activations_grad.shape[0]
+    vocab = embedding_table.shape[0]
+    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, vocab, batch_size, devices,
+                                 device_index)
+    entries = phys.shape[0]
+    # touched rows ascending; padding entries (row ``vocab``) and unused slots read/write row vocab: dropped
+    unique, inverse = jnp.unique(phys, return_inverse=True, size=entries, fill_value=vocab)
+    inverse = inverse.reshape(-1)
+    values = activations_grad.astype(jnp.float32).at[rows].get(mode="fill", fill_value=0.0)
+    grad = jax.ops.segment_sum(gain[:, None] * values, inverse, num_segments=entries)
+    touched = unique < vocab
+    old = [embedding_table, *slots]
+    gathered = [t.at[unique].get(mode="fill", fill_value=0.0) for t in old]
+    new = globals()[optimizer](gathered[0], *gathered[1:], grad, touched, *hypers)
+    new = new if isinstance(new, tuple) else (new,)
+    out = tuple(t.at[unique].set(n.astype(t.dtype), mode="drop") for t, n in zip(old, new))
+    return out if len(out) > 1 else out[0]

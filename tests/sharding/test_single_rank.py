@@ -30,7 +30,8 @@ def sharded(optimizer: str, backend: str = "xla") -> ShardedSparseCoreEBC:
 
 
 @pytest.mark.parametrize("optimizer,backend", [("sgd", "xla"), ("adagrad", "xla"), ("rowwise_adagrad", "xla"),
-                                               ("adagrad", "fbgemm")])
+                                               ("adagrad", "fbgemm"), ("sgd", "ops"), ("adagrad", "ops"),
+                                               ("rowwise_adagrad", "ops")])
 def test_trains_like_stock_torchrec(optimizer, backend):
     expected_outputs, expected_weights = train_reference(optimizer, STEPS, BATCH)
     ebc = sharded(optimizer, backend)

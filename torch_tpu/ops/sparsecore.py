@@ -138,8 +138,7 @@ def _fused(optimizer: str, prefix: str = ""):
                                             a["computation_name"] or f"{optimizer}_optimizer_update")
         from sparsecore import csr_math
 
-        g, touched = csr_math.table_grad(*csr, table, grad, *sharding)
-        return getattr(csr_math, optimizer)(table, *table_slots, g, touched, *hypers)
+        return csr_math.fused_update(optimizer, *csr, table, table_slots, grad, hypers, *sharding)
 
     return lowering
 

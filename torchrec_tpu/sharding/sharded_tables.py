@@ -26,11 +26,13 @@ from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards, row_
 from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
+OPS = "ops"  # the local engine on TorchTPU's tpu:: SparseCore ops (torchrec_tpu.sharding.ops_backend)
 
 
 @dataclass(frozen=True)
 class LocalEngine:
-    """How each rank runs its shards: one sparsecore ``backend`` laid out for ``topology`` (the
+    """How each rank runs its shards: one sparsecore ``backend`` (``sparsecore.backends.BACKENDS``, or
+    ``"ops"``: the tpu:: SparseCore ops on the tpu device) laid out for ``topology`` (the
     devices one rank spans), initialised from ``seed`` where no weights are given, checking ids
     by ``id_policy``; ``options`` go to the backend."""
 
@@ -44,6 +46,10 @@ class LocalEngine:
              weights: Mapping[str, torch.Tensor] | None) -> Backend:
         """The backend of ``tables`` (this rank's shards) looked up by ``features``."""
         plan = plan_stacking(list(tables), list(features), self.topology).with_table_limits()
+        if self.backend == OPS:  # TorchTPU's SparseCore ops on the tpu device (imports torch_tpu)
+            from torchrec_tpu.sharding.ops_backend import OpsBackend
+
+            return OpsBackend(plan, weights, self.seed, **self.options)
         return make_backend(self.backend, plan, weights, self.seed, **self.options)
 
 

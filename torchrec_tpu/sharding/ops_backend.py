@@ -1,0 +1,289 @@
+"""``ops`` backend: a rank's stacked tables on the tpu device, looked up and updated by TorchTPU's
+SparseCore ops (``torch.ops.tpu.sparse_dense_matmul`` and the fused
+``sparse_dense_matmul_grad_with_<optimizer>``, :mod:`torch_tpu.ops.sparsecore`).
+
+:class:`StackedState` (an ``nn.Module``) holds every stack's table and optimizer slots as tpu
+buffers (``table_<i>``, ``<slot>_<i>``), its hyperparameters and the index tensors that place the
+stacks' chunk-major activations into per-feature outputs. ``prepare`` builds the CSR buffers of a
+received batch on the host (``sparsecore.preprocess_inputs``); the lookup calls the lookup op per
+stack, the update the fused op per stack, whose new table and slots replace the buffers. The same
+module runs the lookup and, in backward, the update inside a traced step program
+(:meth:`StackedState.lookup_with_update`: the step function calls the ops itself, e.g. under
+``torch_tpu.compile.train_step``); the buffers' new values are then outputs of that program.
+
+The buffers are not part of a module's ``state_dict``: the sharded modules save the logical
+tables and slots (``table_weights`` / ``optimizer_slots``), as every backend's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torch_tpu  # noqa: F401  (registers the tpu device and the tpu:: SparseCore ops)
+from sparsecore import optimizers as opt
+from sparsecore.backends.base import Backend, check_grads
+from sparsecore.limits import OVERFLOW_POLICIES, StackStats
+from sparsecore.preprocess import preprocess_inputs
+from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
+from sparsecore.validation import FeatureInput
+
+DEVICE = torch.device("tpu", 0)
+CSR_FIELDS = ("row_pointers", "embedding_ids", "sample_ids", "gains")
+
+
+@dataclass(frozen=True)
+class PreparedCSR:
+    """A batch's CSR buffers, four host tensors per stack in plan order, and its partition stats."""
+
+    csr: tuple[torch.Tensor, ...]
+    stats: dict[str, StackStats]
+
+
+def _chunk_major_rows(stack: StackedTable, chunks: int, j: int) -> np.ndarray:
+    """Row of the stack's chunk-major activations holding each sample of its j-th feature."""
+    fp = stack.features[j]
+    samples_per_chunk = stack.total_sample_count // chunks
+    per_chunk = fp.batch_size // chunks
+    i = np.arange(fp.batch_size)
+    return (i // per_chunk) * samples_per_chunk + fp.sample_offset // chunks + i % per_chunk
+
+
+def _check_optimizer(stack: StackedTable) -> None:
+    if isinstance(stack.optimizer, opt.RowWiseAdagrad) and any(t.dim != stack.dim for t in stack.tables):
+        # the op averages g^2 over the stack's (padded) dim, the spec over each table's own dim
+        raise ValueError(f"stack {stack.name!r}: row-wise Adagrad on tables of dims "
+                         f"{sorted({t.dim for t in stack.tables})} padded to {stack.dim}: the ops backend "
+                         "averages over the padded dim; use the xla backend")
+    if stack.optimizer.name not in ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"):
+        raise ValueError(f"the ops backend has no fused op for optimizer {stack.optimizer.name!r}")
+
+
+class StackedState(nn.Module):
+    """Every stack of ``plan`` as tpu buffers, and the lookup / fused update over them."""
+
+    def __init__(self, plan: StackingPlan) -> None:
+        super().__init__()
+        self.plan = plan
+        chunks = plan.topology.num_sparsecores
+        self.uniform = len({f.batch_size for f in plan.features}) == 1
+        where = {fp.feature: (s, j) for s, st in enumerate(plan.stacks) for j, fp in enumerate(st.features)}
+        self._where = [where[f.name] for f in plan.features]
+        self._dims = [plan.tables[f.table].dim for f in plan.features]
+        self._identity: list[bool] = []
+        for i, st in enumerate(plan.stacks):
+            _check_optimizer(st)
+            self.register_buffer(f"table_{i}", torch.zeros(st.vocab_size, st.dim, device=DEVICE), persistent=False)
+            for slot in st.optimizer.slot_names:
+                shape = (st.vocab_size,) if slot in st.optimizer.row_slots else (st.vocab_size, st.dim)
+                self.register_buffer(f"{slot}_{i}", torch.zeros(shape, device=DEVICE), persistent=False)
+            self.register_buffer(f"lr_{i}", torch.tensor(float(st.optimizer.learning_rate), device=DEVICE),
+                                 persistent=False)
+            if isinstance(st.optimizer, opt.Adagrad):  # (and row-wise)
+                self.register_buffer(f"eps_{i}", torch.tensor(float(st.optimizer.eps), device=DEVICE),
+                                     persistent=False)
+            # feature-major order of the chunk-major activation rows (feature j's samples contiguous)
+            perm = np.concatenate([_chunk_major_rows(st, chunks, j) for j in range(len(st.features))])
+            identity = bool(np.array_equal(perm, np.arange(perm.size)))
+            self._identity.append(identity)
+            if not identity:
+                self.register_buffer(f"perm_{i}", torch.from_numpy(perm).to(DEVICE), persistent=False)
+                self.register_buffer(f"inverse_{i}", torch.from_numpy(np.argsort(perm)).to(DEVICE),
+                                     persistent=False)
+
+    # -- the tensors ---------------------------------------------------------------------------
+
+    def step_tensors(self) -> list[list[torch.Tensor]]:
+        """Per stack: its table then its slots in the fused op's order."""
+        return [[getattr(self, f"table_{i}"), *(getattr(self, f"{s}_{i}") for s in st.optimizer.slot_names)]
+                for i, st in enumerate(self.plan.stacks)]
+
+    def set_step_tensors(self, i: int, values: Sequence[torch.Tensor]) -> None:
+        """Rebind stack ``i``'s table and slots to ``values`` (no copy)."""
+        names = ["table", *self.plan.stacks[i].optimizer.slot_names]
+        for name, value in zip(names, values):
+            setattr(self, f"{name}_{i}", value)
+
+    # -- lookup -----------------------------------------------------------------------------------
+
+    def activations(self, csr: Sequence[torch.Tensor], tables: Sequence[torch.Tensor] | None = None,
+                    ) -> torch.Tensor | list[torch.Tensor]:
+        """Every feature's pooled activations from the stacks' CSR buffers: [batch, sum of dims] in
+        plan feature order when all features share one batch size, else a list per feature."""
+        tables = tables if tables is not None else [t[0] for t in self.step_tensors()]
+        per_stack = []
+        for i, (st, table) in enumerate(zip(self.plan.stacks, tables)):
+            act = torch.ops.tpu.sparse_dense_matmul(*csr[4 * i:4 * i + 4], table, st.total_sample_count,
+                                                    st.max_ids_per_partition, st.max_unique_ids_per_partition)
+            rows = act if self._identity[i] else act.index_select(0, getattr(self, f"perm_{i}"))
+            per_stack.append(rows.split([fp.batch_size for fp in st.features]))
+        features = [per_stack[s][j][:, :dim] for (s, j), dim in zip(self._where, self._dims)]
+        return torch.cat(features, dim=1) if self.uniform else features
+
+    def _activation_grads(self, grad: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Every stack's chunk-major activation gradient from the gradient of :meth:`activations`."""
+        grads = grad.split(self._dims, dim=1) if self.uniform else list(grad)
+        blocks: list[list[Any]] = [[None] * len(st.features) for st in self.plan.stacks]
+        for (s, j), dim, g in zip(self._where, self._dims, grads):
+            width = self.plan.stacks[s].dim
+            blocks[s][j] = g if dim == width else F.pad(g, (0, width - dim))
+        out = []
+        for i, stack_blocks in enumerate(blocks):
+            rows = torch.cat(stack_blocks) if len(stack_blocks) > 1 else stack_blocks[0]
+            out.append(rows if self._identity[i] else rows.index_select(0, getattr(self, f"inverse_{i}")))
+        return out
+
+    # -- fused update -----------------------------------------------------------------------------
+
+    def updated(self, csr: Sequence[torch.Tensor], grad: torch.Tensor | Sequence[torch.Tensor], step: int | None,
+                tensors: Sequence[Sequence[torch.Tensor]] | None = None) -> list[tuple[torch.Tensor, ...]]:
+        """Per stack, the new (table, *slots) after the fused update with the activations'
+        ``grad`` (``step``: the update's number from 1, which Adam needs; None inside a program)."""
+        tensors = tensors if tensors is not None else self.step_tensors()
+        out = []
+        for i, (st, grad_i, current) in enumerate(zip(self.plan.stacks, self._activation_grads(grad), tensors)):
+            limits = (st.total_sample_count, st.max_ids_per_partition, st.max_unique_ids_per_partition)
+            op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{st.optimizer.name}")
+            new = op(*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step), *limits)
+            out.append(new if isinstance(new, tuple) else (new,))
+        return out
+
+    def _hypers(self, i: int, stack: StackedTable, step: int | None) -> list[Any]:
+        spec = stack.optimizer
+        lr = getattr(self, f"lr_{i}")
+        if isinstance(spec, opt.Adagrad):  # (and row-wise)
+            return [lr, getattr(self, f"eps_{i}")]
+        if isinstance(spec, opt.Adam):
+            if step is None:
+                raise ValueError("Adam's bias corrections need the step number on the host; the ops backend "
+                                 "does not trace it into a step program")
+            c1 = 1.0 - spec.beta_1 ** step
+            c2 = math.sqrt(1.0 - spec.beta_2 ** step)
+            alpha = torch.tensor(spec.learning_rate * c2 / c1, dtype=torch.float32).to(lr.device)
+            return [alpha, spec.beta_1, spec.beta_2, spec.epsilon * c2]
+        if isinstance(spec, opt.FTRL):
+            return [lr, spec.learning_rate_power, spec.l1_regularization_strength, spec.l2_regularization_strength,
+                    spec.beta]
+        return [lr]
+
+    def traceable(self) -> bool:
+        """Whether the update runs inside a step program (no host value per step)."""
+        return not any(isinstance(st.optimizer, opt.Adam) for st in self.plan.stacks)
+
+    def lookup_with_update(self, anchor: torch.Tensor, csr: Sequence[torch.Tensor]) -> torch.Tensor:
+        """:meth:`activations` (uniform batch) whose backward applies the fused update to this
+        module's buffers (``anchor``: a tensor requiring grad, so that autograd runs it)."""
+        return _LookupWithUpdate.apply(anchor, self, *csr)
+
+
+class _LookupWithUpdate(torch.autograd.Function):
+    """Forward: the lookup; backward: the fused update of the tensors the forward read (under a
+    trace those are the program's inputs, so their new values become its outputs)."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, state: StackedState, *csr: torch.Tensor) -> torch.Tensor:
+        ctx.state, ctx.csr = state, csr
+        ctx.tensors = state.step_tensors()
+        ctx.anchor_shape = anchor.shape
+        return state.activations(csr, [t[0] for t in ctx.tensors])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        for current, new in zip(ctx.tensors, ctx.state.updated(ctx.csr, grad, None, ctx.tensors)):
+            for target, value in zip(current, new):
+                target.copy_(value)
+        return (None, None, *(None for _ in ctx.csr))
+
+
+class OpsBackend(Backend):
+    """The stacks of ``plan`` on the tpu device, run by the ``tpu::`` SparseCore ops."""
+
+    name = "ops"
+
+    def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
+                 overflow: str = "error"):
+        super().__init__(plan)
+        if overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+        self.overflow = overflow
+        self.state = StackedState(plan)
+        self._load_initial(weights, seed)
+
+    def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        with torch.no_grad():
+            for i, st in enumerate(self.plan.stacks):
+                values = [stack_rows(st, {t.table: weights[t.table].float() for t in st.tables})]
+                values += [stack_rows(st, {t.table: slots[t.table][slot].float() for t in st.tables})
+                           for slot in st.optimizer.slot_names]
+                for target, value in zip(self.state.step_tensors()[i], values):
+                    target.copy_(value.to(DEVICE))
+
+    def prepare(self, inputs: Mapping[str, FeatureInput]) -> PreparedCSR:
+        batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
+        csr = tuple(torch.from_numpy(getattr(batch.stacks[st.name], field))
+                    for st in self.plan.stacks for field in CSR_FIELDS)
+        return PreparedCSR(csr, batch.stats)
+
+    def _prepared(self, prepared: Any) -> PreparedCSR:
+        return prepared if isinstance(prepared, PreparedCSR) else self.prepare(prepared)
+
+    def count_step(self, prepared: PreparedCSR) -> None:
+        """Count an update that a step program runs (its stats become the last ones)."""
+        self.steps += 1
+        self.last_stats = prepared.stats
+
+    def lookup(self, prepared: Any) -> tuple[torch.Tensor, PreparedCSR]:
+        if not self.state.uniform:
+            raise ValueError("lookup() needs one batch size for all features; use forward()")
+        prepared = self._prepared(prepared)
+        self.last_stats = prepared.stats
+        with torch.no_grad():
+            out = self.state.activations([t.to(DEVICE) for t in prepared.csr])
+        return out.cpu(), prepared
+
+    def update(self, context: PreparedCSR, grad: torch.Tensor) -> None:
+        self._apply(context, grad.to(DEVICE))
+
+    def _apply(self, context: PreparedCSR, grad: torch.Tensor | list[torch.Tensor]) -> None:
+        self.steps += 1
+        with torch.no_grad():
+            new = self.state.updated([t.to(DEVICE) for t in context.csr], grad, self.steps)
+        for i, values in enumerate(new):
+            self.state.set_step_tensors(i, values)
+
+    def forward(self, inputs: Mapping[str, FeatureInput]) -> tuple[dict[str, torch.Tensor], PreparedCSR]:
+        prepared = self._prepared(inputs)
+        self.last_stats = prepared.stats
+        with torch.no_grad():
+            out = self.state.activations([t.to(DEVICE) for t in prepared.csr])
+        names = [f.name for f in self.plan.features]
+        if self.state.uniform:
+            return dict(zip(names, out.cpu().split([self.plan.tables[f.table].dim for f in self.plan.features],
+                                                   dim=1))), prepared
+        return {name: a.cpu() for name, a in zip(names, out)}, prepared
+
+    def backward(self, context: PreparedCSR, grads: Mapping[str, torch.Tensor]) -> None:
+        check_grads(self.plan, grads)
+        ordered = [grads[f.name].float().to(DEVICE) for f in self.plan.features]
+        self._apply(context, torch.cat(ordered, dim=1) if self.state.uniform else ordered)
+
+    def table_weights(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for st, tensors in zip(self.plan.stacks, self.state.step_tensors()):
+            out.update(unstack_rows(st, tensors[0].cpu()))
+        return out
+
+    def optimizer_slots(self) -> dict[str, dict[str, torch.Tensor]]:
+        out: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self.plan.tables}
+        for st, tensors in zip(self.plan.stacks, self.state.step_tensors()):
+            for slot, values in zip(st.optimizer.slot_names, tensors[1:]):
+                for table, tensor in unstack_rows(st, values.cpu()).items():
+                    out[table][slot] = tensor
+        return out
