@@ -100,9 +100,15 @@ class StackedState(nn.Module):
 
     # -- the tensors ---------------------------------------------------------------------------
 
-    def step_tensors(self) -> list[list[torch.Tensor]]:
-        """Per stack: its table then its slots in the fused op's order."""
-        return [[getattr(self, f"table_{i}"), *(getattr(self, f"{s}_{i}") for s in st.optimizer.slot_names)]
+    def buffers_now(self) -> dict[str, torch.Tensor]:
+        """The buffers by name as they are now (under a trace: the program's inputs; a traced
+        backward runs after the trace rebinds them, so it takes them from its forward)."""
+        return dict(self.named_buffers())
+
+    def step_tensors(self, buffers: Mapping[str, torch.Tensor] | None = None) -> list[list[torch.Tensor]]:
+        """Per stack: its table then its slots in the fused op's order (of ``buffers``, default now's)."""
+        b = buffers if buffers is not None else self.buffers_now()
+        return [[b[f"table_{i}"], *(b[f"{s}_{i}"] for s in st.optimizer.slot_names)]
                 for i, st in enumerate(self.plan.stacks)]
 
     def set_step_tensors(self, i: int, values: Sequence[torch.Tensor]) -> None:
@@ -113,21 +119,23 @@ class StackedState(nn.Module):
 
     # -- lookup -----------------------------------------------------------------------------------
 
-    def activations(self, csr: Sequence[torch.Tensor], tables: Sequence[torch.Tensor] | None = None,
+    def activations(self, csr: Sequence[torch.Tensor], buffers: Mapping[str, torch.Tensor] | None = None,
                     ) -> torch.Tensor | list[torch.Tensor]:
         """Every feature's pooled activations from the stacks' CSR buffers: [batch, sum of dims] in
         plan feature order when all features share one batch size, else a list per feature."""
-        tables = tables if tables is not None else [t[0] for t in self.step_tensors()]
+        b = buffers if buffers is not None else self.buffers_now()
+        tables = [t[0] for t in self.step_tensors(b)]
         per_stack = []
         for i, (st, table) in enumerate(zip(self.plan.stacks, tables)):
             act = torch.ops.tpu.sparse_dense_matmul(*csr[4 * i:4 * i + 4], table, st.total_sample_count,
                                                     st.max_ids_per_partition, st.max_unique_ids_per_partition)
-            rows = act if self._identity[i] else act.index_select(0, getattr(self, f"perm_{i}"))
+            rows = act if self._identity[i] else act.index_select(0, b[f"perm_{i}"])
             per_stack.append(rows.split([fp.batch_size for fp in st.features]))
         features = [per_stack[s][j][:, :dim] for (s, j), dim in zip(self._where, self._dims)]
         return torch.cat(features, dim=1) if self.uniform else features
 
-    def _activation_grads(self, grad: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def _activation_grads(self, grad: torch.Tensor | Sequence[torch.Tensor],
+                          b: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """Every stack's chunk-major activation gradient from the gradient of :meth:`activations`."""
         grads = grad.split(self._dims, dim=1) if self.uniform else list(grad)
         blocks: list[list[Any]] = [[None] * len(st.features) for st in self.plan.stacks]
@@ -137,29 +145,30 @@ class StackedState(nn.Module):
         out = []
         for i, stack_blocks in enumerate(blocks):
             rows = torch.cat(stack_blocks) if len(stack_blocks) > 1 else stack_blocks[0]
-            out.append(rows if self._identity[i] else rows.index_select(0, getattr(self, f"inverse_{i}")))
+            out.append(rows if self._identity[i] else rows.index_select(0, b[f"inverse_{i}"]))
         return out
 
     # -- fused update -----------------------------------------------------------------------------
 
     def updated(self, csr: Sequence[torch.Tensor], grad: torch.Tensor | Sequence[torch.Tensor], step: int | None,
-                tensors: Sequence[Sequence[torch.Tensor]] | None = None) -> list[tuple[torch.Tensor, ...]]:
+                buffers: Mapping[str, torch.Tensor] | None = None) -> list[tuple[torch.Tensor, ...]]:
         """Per stack, the new (table, *slots) after the fused update with the activations'
         ``grad`` (``step``: the update's number from 1, which Adam needs; None inside a program)."""
-        tensors = tensors if tensors is not None else self.step_tensors()
+        b = buffers if buffers is not None else self.buffers_now()
         out = []
-        for i, (st, grad_i, current) in enumerate(zip(self.plan.stacks, self._activation_grads(grad), tensors)):
+        for i, (st, grad_i, current) in enumerate(zip(self.plan.stacks, self._activation_grads(grad, b),
+                                                      self.step_tensors(b))):
             limits = (st.total_sample_count, st.max_ids_per_partition, st.max_unique_ids_per_partition)
             op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{st.optimizer.name}")
-            new = op(*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step), *limits)
+            new = op(*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b), *limits)
             out.append(new if isinstance(new, tuple) else (new,))
         return out
 
-    def _hypers(self, i: int, stack: StackedTable, step: int | None) -> list[Any]:
+    def _hypers(self, i: int, stack: StackedTable, step: int | None, b: Mapping[str, torch.Tensor]) -> list[Any]:
         spec = stack.optimizer
-        lr = getattr(self, f"lr_{i}")
+        lr = b[f"lr_{i}"]
         if isinstance(spec, opt.Adagrad):  # (and row-wise)
-            return [lr, getattr(self, f"eps_{i}")]
+            return [lr, b[f"eps_{i}"]]
         if isinstance(spec, opt.Adam):
             if step is None:
                 raise ValueError("Adam's bias corrections need the step number on the host; the ops backend "
@@ -190,13 +199,13 @@ class _LookupWithUpdate(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, anchor: torch.Tensor, state: StackedState, *csr: torch.Tensor) -> torch.Tensor:
         ctx.state, ctx.csr = state, csr
-        ctx.tensors = state.step_tensors()
-        ctx.anchor_shape = anchor.shape
-        return state.activations(csr, [t[0] for t in ctx.tensors])
+        ctx.buffers = state.buffers_now()
+        return state.activations(csr, ctx.buffers)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        for current, new in zip(ctx.tensors, ctx.state.updated(ctx.csr, grad, None, ctx.tensors)):
+        tensors = ctx.state.step_tensors(ctx.buffers)
+        for current, new in zip(tensors, ctx.state.updated(ctx.csr, grad, None, ctx.buffers)):
             for target, value in zip(current, new):
                 target.copy_(value)
         return (None, None, *(None for _ in ctx.csr))
