@@ -12,9 +12,11 @@ from .reference import train_reference
 LOCAL_BATCH, STEPS = 8, 3
 
 
-@pytest.fixture(scope="module")
-def two_rank_results():
-    return launch_local(train_sharded, 2, list(LAYOUTS), STEPS, LOCAL_BATCH, timeout_s=120)
+@pytest.fixture(scope="module", params=["xla", pytest.param("ops", marks=pytest.mark.slow)])
+def two_rank_results(request):
+    """Every layout trained on two ranks, each rank's shards on the local backend ``request.param``
+    (``ops``: the tpu:: SparseCore ops on each rank's tpu device)."""
+    return launch_local(train_sharded, 2, list(LAYOUTS), STEPS, LOCAL_BATCH, request.param, timeout_s=300)
 
 
 @pytest.mark.multiprocess
