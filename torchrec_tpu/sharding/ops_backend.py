@@ -5,7 +5,11 @@ SparseCore ops (``torch.ops.tpu.sparse_dense_matmul`` and the fused
 :class:`StackedState` (an ``nn.Module``) holds every stack's table and optimizer slots as tpu
 buffers (``table_<i>``, ``<slot>_<i>``), its hyperparameters and the index tensors that place the
 stacks' chunk-major activations into per-feature outputs. ``prepare`` builds the CSR buffers of a
-received batch on the host (``sparsecore.preprocess_inputs``); the lookup calls the lookup op per
+received batch on the host (``sparsecore.preprocess_inputs``) and cuts each stack's to the batch's
+need (:func:`fit_csr`: the partition limit rounded down to a power-of-two bucket that still holds
+the batch's largest partition, so the ops run over the real entries plus little padding, and only a
+few buffer sizes, hence programs, occur); the ops read that bucket's limits from the buffers'
+size (:func:`csr_limits`). The lookup calls the lookup op per
 stack, the update the fused op per stack, whose new table and slots replace the buffers. The same
 module runs the lookup and, in backward, the update inside a traced step program
 (:meth:`StackedState.lookup_with_update`: the step function calls the ops itself, e.g. under
@@ -30,10 +34,12 @@ from torch import nn
 import torch_tpu  # noqa: F401  (registers the tpu device and the tpu:: SparseCore ops)
 from sparsecore import optimizers as opt
 from sparsecore.backends.base import Backend, check_grads
+from sparsecore.csr_format import round_up_array, row_pointers_per_sc
 from sparsecore.limits import OVERFLOW_POLICIES, StackStats
 from sparsecore.preprocess import preprocess_inputs
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput
+from tpu_facts import ALIGNMENT
 
 DEVICE = torch.device("tpu", 0)
 CSR_FIELDS = ("row_pointers", "embedding_ids", "sample_ids", "gains")
@@ -45,6 +51,40 @@ class PreparedCSR:
 
     csr: tuple[torch.Tensor, ...]
     stats: dict[str, StackStats]
+
+
+def bucket_limit(needed: int, limit: int) -> int:
+    """The ids-per-partition limit a batch whose largest partition holds ``needed`` ids is laid
+    out for: the smallest power of two >= max(``needed``, 8), or the configured ``limit`` itself
+    where that is not smaller."""
+    bucket = 1 << max(int(needed) - 1, ALIGNMENT - 1).bit_length()
+    return bucket if bucket < limit else limit
+
+
+def fit_csr(stack: StackedTable, chunks: int, row_pointers: np.ndarray, *buffers: np.ndarray,
+            ) -> tuple[np.ndarray, ...]:
+    """``stack``'s CSR buffers (of ``chunks`` source SparseCores, laid out for its configured
+    limit) laid out for :func:`bucket_limit` of their largest partition instead: each source
+    region keeps its first ``bucket * N`` positions, which hold all its entries (partitions
+    padded to 8 each hold at most the bucket). Byte for byte the buffers preprocessing with that
+    limit builds; the row pointers do not change."""
+    n = stack.num_sparsecores
+    ends = row_pointers.reshape(chunks, row_pointers_per_sc(stack))[:, :n].astype(np.int64)
+    starts = np.zeros_like(ends)
+    starts[:, 1:] = round_up_array(ends[:, :-1], ALIGNMENT)
+    limit = bucket_limit(int((ends - starts).max(initial=0)), stack.max_ids_per_partition)
+    if limit == stack.max_ids_per_partition:
+        return (row_pointers, *buffers)
+    return (row_pointers, *(b.reshape(chunks, -1)[:, :limit * n].reshape(-1) for b in buffers))
+
+
+def csr_limits(stack: StackedTable, chunks: int, embedding_ids: torch.Tensor) -> tuple[int, int]:
+    """(max ids, max unique ids) per partition of ``stack``'s CSR buffers from their size (see
+    :func:`fit_csr`): the configured limits for full-size buffers, else the bucket."""
+    limit = min(stack.max_ids_per_partition, embedding_ids.shape[0] // (chunks * stack.num_sparsecores))
+    if limit == stack.max_ids_per_partition:
+        return limit, stack.max_unique_ids_per_partition
+    return limit, min(limit, stack.max_unique_ids_per_partition)
 
 
 def _chunk_major_rows(stack: StackedTable, chunks: int, j: int) -> np.ndarray:
@@ -73,6 +113,7 @@ class StackedState(nn.Module):
         super().__init__()
         self.plan = plan
         chunks = plan.topology.num_sparsecores
+        self.chunks = chunks
         self.uniform = len({f.batch_size for f in plan.features}) == 1
         where = {fp.feature: (s, j) for s, st in enumerate(plan.stacks) for j, fp in enumerate(st.features)}
         self._where = [where[f.name] for f in plan.features]
@@ -128,7 +169,7 @@ class StackedState(nn.Module):
         per_stack = []
         for i, (st, table) in enumerate(zip(self.plan.stacks, tables)):
             act = torch.ops.tpu.sparse_dense_matmul(*csr[4 * i:4 * i + 4], table, st.total_sample_count,
-                                                    st.max_ids_per_partition, st.max_unique_ids_per_partition)
+                                                    *csr_limits(st, self.chunks, csr[4 * i + 1]))
             rows = act if self._identity[i] else act.index_select(0, b[f"perm_{i}"])
             per_stack.append(rows.split([fp.batch_size for fp in st.features]))
         features = [per_stack[s][j][:, :dim] for (s, j), dim in zip(self._where, self._dims)]
@@ -158,7 +199,7 @@ class StackedState(nn.Module):
         out = []
         for i, (st, grad_i, current) in enumerate(zip(self.plan.stacks, self._activation_grads(grad, b),
                                                       self.step_tensors(b))):
-            limits = (st.total_sample_count, st.max_ids_per_partition, st.max_unique_ids_per_partition)
+            limits = (st.total_sample_count, *csr_limits(st, self.chunks, csr[4 * i + 1]))
             op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{st.optimizer.name}")
             new = op(*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b), *limits)
             out.append(new if isinstance(new, tuple) else (new,))
@@ -236,8 +277,9 @@ class OpsBackend(Backend):
 
     def prepare(self, inputs: Mapping[str, FeatureInput]) -> PreparedCSR:
         batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
-        csr = tuple(torch.from_numpy(getattr(batch.stacks[st.name], field))
-                    for st in self.plan.stacks for field in CSR_FIELDS)
+        chunks = self.state.chunks
+        csr = tuple(torch.from_numpy(np.ascontiguousarray(a)) for st in self.plan.stacks
+                    for a in fit_csr(st, chunks, *(getattr(batch.stacks[st.name], f) for f in CSR_FIELDS)))
         return PreparedCSR(csr, batch.stats)
 
     def _prepared(self, prepared: Any) -> PreparedCSR:
