@@ -69,8 +69,8 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch
     with process_group() as env:
         device = dense_device(device_name)
         torch.manual_seed(0)  # the dense towers' init
-        net = build_sparsecore_model(spec(model), env, device, OPTIM, EngineConfig(dense_parallel=parallel),
-                                     GLOBAL_BATCH, seed=0)
+        engine = EngineConfig(dense_parallel=parallel, sparse_backend="ops")  # the backend a step calls itself
+        net = build_sparsecore_model(spec(model), env, device, OPTIM, engine, GLOBAL_BATCH, seed=0)
         optimizer = build_dense_optimizer(net, OPTIM)
         initial = _host_state(net)
         losses = []
