@@ -32,7 +32,7 @@ from sparsecore.backends.xla_inputs import SlotForward, StackEntries, stack_entr
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.backends.xla_optimizers import apply_update
 from sparsecore.csr_format import RowOrderedEntries, StackCSR
-from sparsecore.limits import OVERFLOW_POLICIES, StackStats
+from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.preprocess import csr_entries, preprocess_row_ordered
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput
@@ -97,9 +97,7 @@ class XlaBackend(Backend):
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
                  overflow: str = "error"):
         super().__init__(plan)
-        if overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
-        self.overflow = overflow
+        self.overflow = check_overflow_policy(overflow)
         self._layout = ActivationLayout(plan, plan.topology.num_sparsecores)
         self._rows = [self._layout.activation_rows(st) for st in plan.stacks]
         self._tables: dict[str, jax.Array] = {}

@@ -34,8 +34,9 @@ from torch import nn
 import torch_tpu  # noqa: F401  (registers the tpu device and the tpu:: SparseCore ops)
 from sparsecore import optimizers as opt
 from sparsecore.backends.base import Backend, check_grads
+from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.csr_format import round_up_array, row_pointers_per_sc
-from sparsecore.limits import OVERFLOW_POLICIES, StackStats
+from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.preprocess import preprocess_inputs
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput
@@ -87,15 +88,6 @@ def csr_limits(stack: StackedTable, chunks: int, embedding_ids: torch.Tensor) ->
     return limit, min(limit, stack.max_unique_ids_per_partition)
 
 
-def _chunk_major_rows(stack: StackedTable, chunks: int, j: int) -> np.ndarray:
-    """Row of the stack's chunk-major activations holding each sample of its j-th feature."""
-    fp = stack.features[j]
-    samples_per_chunk = stack.total_sample_count // chunks
-    per_chunk = fp.batch_size // chunks
-    i = np.arange(fp.batch_size)
-    return (i // per_chunk) * samples_per_chunk + fp.sample_offset // chunks + i % per_chunk
-
-
 def _check_optimizer(stack: StackedTable) -> None:
     if isinstance(stack.optimizer, opt.RowWiseAdagrad) and any(t.dim != stack.dim for t in stack.tables):
         # the op averages g^2 over the stack's (padded) dim, the spec over each table's own dim
@@ -119,6 +111,8 @@ class StackedState(nn.Module):
         self._where = [where[f.name] for f in plan.features]
         self._dims = [plan.tables[f.table].dim for f in plan.features]
         self._identity: list[bool] = []
+        layout = ActivationLayout(plan, chunks)  # where each feature's rows sit in the chunk-major activations
+        plan_index = {where: k for k, where in enumerate(self._where)}
         for i, st in enumerate(plan.stacks):
             _check_optimizer(st)
             self.register_buffer(f"table_{i}", torch.zeros(st.vocab_size, st.dim, device=DEVICE), persistent=False)
@@ -130,14 +124,30 @@ class StackedState(nn.Module):
             if isinstance(st.optimizer, opt.Adagrad):  # (and row-wise)
                 self.register_buffer(f"eps_{i}", torch.tensor(float(st.optimizer.eps), device=DEVICE),
                                      persistent=False)
-            # feature-major order of the chunk-major activation rows (feature j's samples contiguous)
-            perm = np.concatenate([_chunk_major_rows(st, chunks, j) for j in range(len(st.features))])
-            identity = bool(np.array_equal(perm, np.arange(perm.size)))
+            # one batch size: sample-major rows (sample i's features side by side: [b, F * dim] is a
+            # reshape); else feature-major (feature j's samples contiguous: a split per feature)
+            order = np.argsort(layout.activation_rows(st)) if self.uniform else np.concatenate(
+                [layout.rows[plan_index[(i, j)]] for j in range(len(st.features))])
+            identity = bool(np.array_equal(order, np.arange(order.size)))
             self._identity.append(identity)
             if not identity:
-                self.register_buffer(f"perm_{i}", torch.from_numpy(perm).to(DEVICE), persistent=False)
-                self.register_buffer(f"inverse_{i}", torch.from_numpy(np.argsort(perm)).to(DEVICE),
+                self.register_buffer(f"perm_{i}", torch.from_numpy(order).to(DEVICE), persistent=False)
+                self.register_buffer(f"inverse_{i}", torch.from_numpy(np.argsort(order)).to(DEVICE),
                                      persistent=False)
+        self._columns = None
+        if self.uniform:
+            # the stacks' [b, F * dim] blocks side by side; plan feature f is columns
+            # offset(stack) + j * stack dim + [0, dim) of them
+            starts = np.cumsum([0] + [len(st.features) * st.dim for st in plan.stacks])
+            self._width = int(starts[-1])
+            columns = np.concatenate([starts[s] + j * plan.stacks[s].dim + np.arange(dim)
+                                      for (s, j), dim in zip(self._where, self._dims)])
+            if not np.array_equal(columns, np.arange(self._width)):
+                self._columns = "permutation" if columns.size == self._width else "subset"
+                self.register_buffer("columns", torch.from_numpy(columns).to(DEVICE), persistent=False)
+                if self._columns == "permutation":
+                    self.register_buffer("columns_inverse", torch.from_numpy(np.argsort(columns)).to(DEVICE),
+                                         persistent=False)
 
     # -- the tensors ---------------------------------------------------------------------------
 
@@ -170,24 +180,33 @@ class StackedState(nn.Module):
         for i, (st, table) in enumerate(zip(self.plan.stacks, tables)):
             act = torch.ops.tpu.sparse_dense_matmul(*csr[4 * i:4 * i + 4], table, st.total_sample_count,
                                                     *csr_limits(st, self.chunks, csr[4 * i + 1]))
-            rows = act if self._identity[i] else act.index_select(0, b[f"perm_{i}"])
-            per_stack.append(rows.split([fp.batch_size for fp in st.features]))
-        features = [per_stack[s][j][:, :dim] for (s, j), dim in zip(self._where, self._dims)]
-        return torch.cat(features, dim=1) if self.uniform else features
+            per_stack.append(act if self._identity[i] else act.index_select(0, b[f"perm_{i}"]))
+        if not self.uniform:
+            split = [rows.split([fp.batch_size for fp in st.features]) for st, rows in zip(self.plan.stacks, per_stack)]
+            return [split[s][j][:, :dim] for (s, j), dim in zip(self._where, self._dims)]
+        batch = self.plan.features[0].batch_size
+        blocks = [rows.reshape(batch, -1) for rows in per_stack]
+        wide = torch.cat(blocks, dim=1) if len(blocks) > 1 else blocks[0]
+        return wide if self._columns is None else wide.index_select(1, b["columns"])
 
     def _activation_grads(self, grad: torch.Tensor | Sequence[torch.Tensor],
                           b: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """Every stack's chunk-major activation gradient from the gradient of :meth:`activations`."""
-        grads = grad.split(self._dims, dim=1) if self.uniform else list(grad)
-        blocks: list[list[Any]] = [[None] * len(st.features) for st in self.plan.stacks]
-        for (s, j), dim, g in zip(self._where, self._dims, grads):
-            width = self.plan.stacks[s].dim
-            blocks[s][j] = g if dim == width else F.pad(g, (0, width - dim))
-        out = []
-        for i, stack_blocks in enumerate(blocks):
-            rows = torch.cat(stack_blocks) if len(stack_blocks) > 1 else stack_blocks[0]
-            out.append(rows if self._identity[i] else rows.index_select(0, b[f"inverse_{i}"]))
-        return out
+        stacks = self.plan.stacks
+        if self.uniform:
+            if self._columns == "permutation":
+                grad = grad.index_select(1, b["columns_inverse"])
+            elif self._columns == "subset":  # padded dims (and their gradient 0) between the columns
+                grad = grad.new_zeros((grad.shape[0], self._width)).index_copy(1, b["columns"], grad)
+            parts = grad.split([len(st.features) * st.dim for st in stacks], dim=1) if len(stacks) > 1 else [grad]
+            rows = [part.reshape(-1, st.dim) for st, part in zip(stacks, parts)]
+        else:
+            blocks: list[list[Any]] = [[None] * len(st.features) for st in stacks]
+            for (s, j), dim, g in zip(self._where, self._dims, grad):
+                width = stacks[s].dim
+                blocks[s][j] = g if dim == width else F.pad(g, (0, width - dim))
+            rows = [torch.cat(stack_blocks) if len(stack_blocks) > 1 else stack_blocks[0] for stack_blocks in blocks]
+        return [r if self._identity[i] else r.index_select(0, b[f"inverse_{i}"]) for i, r in enumerate(rows)]
 
     # -- fused update -----------------------------------------------------------------------------
 
@@ -260,9 +279,7 @@ class OpsBackend(Backend):
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
                  overflow: str = "error"):
         super().__init__(plan)
-        if overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
-        self.overflow = overflow
+        self.overflow = check_overflow_policy(overflow)
         self.state = StackedState(plan)
         self._load_initial(weights, seed)
 
