@@ -264,8 +264,7 @@ class TrainStep:
         model_tensors = [*self._params, *(t for _, t in self._others)]
         arrays = [to_jax(t) for t in model_tensors]
         arrays += [_device_array(t) for t in state_and_groups]
-        arrays += [_device_array(t) for t in batch_tensors]
-        return [_committed(a) for a in arrays]
+        return [_committed(a) for a in arrays] + [_batch_array(t) for t in batch_tensors]
 
     def __call__(self, *batch: Any) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         precision.sync()
@@ -406,8 +405,7 @@ class _Replay:
         """The program's outputs, stored into the model and optimizer; None when not valid."""
         if not self._valid(step, batch):
             return None
-        batch_arrays = [_device_array(t) for t in batch]
-        inputs = [*self.arrays, *self.fixed, *map(_committed, batch_arrays)]
+        inputs = [*self.arrays, *self.fixed, *map(_batch_array, batch)]
         _copy_shared(inputs, self.program.donated, owners=2)  # the storage box and self.arrays
         outputs = self.program.run(inputs)  # compiled by the call this replays: no cache context
         arrays, boxes = self.arrays, self.boxes
@@ -446,6 +444,20 @@ def _device_array(t: torch.Tensor | float) -> jax.Array:
     if type(t) is TpuTensor:
         return to_jax(t)
     return _scalar_array(t) if isinstance(t, float) else cpu_to_jax(t)
+
+
+# dtypes a CPU tensor's numpy view has (bfloat16 and the float8 formats have none)
+_NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128})
+
+
+def _batch_array(t: torch.Tensor | float) -> jax.Array | np.ndarray:
+    """A batch argument as the program takes it: a CPU tensor as a private numpy copy, which the
+    jitted call transfers itself (a few microseconds; an eager device copy per tensor costs
+    hundreds), other dtypes and tpu tensors as committed device arrays."""
+    if type(t) is torch.Tensor and t.dtype in _NUMPY_DTYPES and not t.is_quantized:
+        return t.detach().resolve_conj().resolve_neg().contiguous().clone().numpy()
+    return _committed(_device_array(t))
 
 
 @functools.lru_cache(maxsize=256)
