@@ -1,13 +1,15 @@
-"""Dynamic dims never fail under torch.compile(backend="tpu"): one program per concrete shape."""
+"""Dynamic dims under torch.compile(backend="tpu"): sizes up to a bound share one padded program
+with exact results (torch_tpu.compile.bounded); graphs it cannot bound run one program per size."""
 
 import copy
 import logging
 
+import pytest
 import torch
 from torch import nn
 
-from tests.compile.models import mlp
-from torch_tpu.compile import specialize
+from tests.compile.models import DLRMDense, mlp
+from torch_tpu.compile import backend, bounded, specialize
 
 
 def _fwd_bwd(model, x):
@@ -37,7 +39,132 @@ def test_two_different_sequentials_in_one_process():
             _check_like_cpu(cpu, tpu, x, fn)
 
 
-def test_marked_dynamic_dim_specializes_per_shape_and_warns(caplog, monkeypatch):
+def _train_like_cpu(cpu_model, sizes, make_inputs, dynamic=True, mark=()):
+    """Forward + backward of ``cpu_model`` and of its tpu copy compiled, for each size: loss and
+    parameter gradients equal."""
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    compiled = torch.compile(tpu_model, backend="tpu", dynamic=dynamic)
+    for size in sizes:
+        inputs = make_inputs(size)
+        expected = cpu_model(*inputs)
+        expected.backward()
+        on_tpu = [t.to("tpu") for t in inputs]
+        for i, dim in mark:
+            torch._dynamo.mark_dynamic(on_tpu[i], dim)
+        actual = compiled(*on_tpu)
+        actual.backward()
+        torch.testing.assert_close(actual.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-6)
+        for (name, p), q in zip(cpu_model.named_parameters(), tpu_model.parameters()):
+            torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+            p.grad, q.grad = None, None
+
+
+class _Classifier(nn.Module):
+    """Embedding, layer norm over features, mean over a dynamic sequence, cross entropy."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.norm, self.head = nn.Embedding(20, 6), nn.LayerNorm(6), nn.Linear(6, 5)
+
+    def forward(self, ids, labels):
+        return nn.functional.cross_entropy(self.head(self.norm(self.emb(ids)).mean(1)), labels)
+
+
+class _Attention(nn.Module):
+    """Softmax attention over a dynamic sequence length (and batch): dims flattened for the
+    projections, a softmax and a contraction over the padded length."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x, target):
+        weights = torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2) / 8 ** 0.5, dim=-1)
+        return ((weights @ x).sum(1) - target).square().mean()
+
+
+class _Extremes(nn.Module):
+    """Reductions that zero padding alone would get wrong: a max of negatives, a sum of exp, a mean."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.lin(x) - 10
+        return y.amax(0).sum() + y.exp().sum() + y.mean() + x.shape[0] * y.logsumexp(0).sum()
+
+
+BATCHES = (5, 7, 9, 6, 10, 8)  # the first size bounds at 10: one program each for forward and backward
+
+
+@pytest.mark.parametrize("case", ["mlp_bce", "dlrm_dense", "classifier", "attention", "extremes"])
+def test_dynamic_sizes_share_one_bounded_program_and_equal_cpu(case):
+    torch.manual_seed(3)
+    bounded.reset_bounded_stats()
+    if case == "mlp_bce":
+        model = _Loss(mlp([4, 8, 1]), lambda out, y: nn.functional.binary_cross_entropy_with_logits(out.squeeze(1), y))
+        _train_like_cpu(model, BATCHES, lambda b: (torch.randn(b, 4), torch.rand(b)))
+    elif case == "dlrm_dense":  # the batch dim marked dynamic, as an eval/infer loop over a last short batch
+        model = _Loss(DLRMDense(), nn.functional.binary_cross_entropy_with_logits)
+        _train_like_cpu(model, BATCHES, lambda b: (torch.randn(b, 13), torch.randn(b, 4, 16), torch.rand(b)),
+                        dynamic=None, mark=[(0, 0), (1, 0), (2, 0)])
+    elif case == "classifier":
+        _train_like_cpu(_Classifier(), BATCHES, lambda b: (torch.randint(0, 20, (b, 3)), torch.randint(0, 5, (b,))))
+    elif case == "attention":
+        _train_like_cpu(_Attention(), BATCHES, lambda n: (torch.randn(2, n, 8), torch.randn(2, 8)))
+    else:
+        _train_like_cpu(_Extremes(), BATCHES, lambda b: (torch.randn(b, 3),))
+    stats = bounded.bounded_stats()
+    assert (stats.bounded_programs, stats.exact_programs) == (2, 0), stats
+
+
+class _Loss(nn.Module):
+    def __init__(self, model, loss):
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(self, *inputs):
+        return self.loss(self.model(*inputs[:-1]), inputs[-1])
+
+
+def test_a_size_past_the_bound_doubles_it_and_the_shape_env_bound_is_used():
+    torch.manual_seed(4)
+    bounded.reset_bounded_stats()
+    model = _Loss(mlp([4, 8, 1]), lambda out, y: (out.squeeze(1) - y).square().mean())
+    _train_like_cpu(model, (3, 5, 6, 13, 2), lambda b: (torch.randn(b, 4), torch.randn(b)))
+    assert bounded.bounded_stats().bounded_programs == 4  # bounds 6, then 13 (past 12): forward and backward
+
+    torch._dynamo.reset()
+    bounded.reset_bounded_stats()
+    linear = nn.Linear(4, 2).to("tpu")
+    fn = torch.compile(linear, backend="tpu")
+    with torch.no_grad():
+        for b in (3, 40, 64, 17):
+            x = torch.randn(b, 4)
+            xt = x.to("tpu")
+            torch._dynamo.mark_dynamic(xt, 0, min=2, max=64)
+            torch.testing.assert_close(fn(xt).cpu(), nn.functional.linear(x, linear.weight.cpu(), linear.bias.cpu()),
+                                       rtol=1e-5, atol=1e-6)
+    assert bounded.bounded_stats().bounded_programs == 1  # bound 64 from mark_dynamic's max
+
+
+def test_a_graph_the_rewrite_cannot_bound_runs_one_exact_program_per_size(caplog):
+    """Training-mode batch norm reduces over the batch with its own count: no padded program."""
+    torch.manual_seed(5)
+    bounded.reset_bounded_stats()
+    model = _Loss(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), lambda out, y: (out.sum(1) - y).square().mean())
+    with caplog.at_level(logging.INFO, logger=bounded.__name__):
+        _train_like_cpu(model, (5, 7, 5), lambda b: (torch.randn(b, 4), torch.randn(b)))
+    assert bounded.bounded_stats().exact_programs == 4  # sizes 5 and 7, forward and backward
+    assert any("batch_norm" in r.getMessage() for r in caplog.records), caplog.records
+
+
+def test_a_failing_symbolic_trace_falls_back_to_one_trace_per_shape(caplog, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("symbolic trace refused for the test")
+
+    monkeypatch.setattr(backend, "BoundedGraph", refuse)
     monkeypatch.setattr(specialize, "WARN_AFTER", 2)
     specialize.reset_specializations()
     torch.manual_seed(1)

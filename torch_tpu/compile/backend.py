@@ -2,9 +2,9 @@
 
 AOTAutograd splits training graphs into a forward and a backward graph; each becomes one
 :class:`~torch_tpu.compile.graph.CompiledGraph` (one ``jax.jit`` program). Graphs with dynamic
-dims (Dynamo's automatic dynamic shapes, ``mark_dynamic``, ``dynamic=True``) are specialized per
-concrete shape at call time (:mod:`torch_tpu.compile.specialize`); use
-:func:`torch_tpu.compile.bucketed` to bound the number of distinct shapes.
+dims (Dynamo's automatic dynamic shapes, ``mark_dynamic``, ``dynamic=True``) run padded to an upper
+bound of each size, one program for a range of sizes (:mod:`torch_tpu.compile.bounded`); a graph
+whose symbolic trace fails is traced per concrete shape (:mod:`torch_tpu.compile.specialize`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from torch_tpu.compile.bounded import BoundedGraph
 from torch_tpu.compile.collectives import SegmentedGraph, has_collectives, plan_steps
 from torch_tpu.compile.fused_collectives import FusedGraph, NotFusable, fusing
 from torch_tpu.compile.graph import CompiledGraph
@@ -62,7 +63,13 @@ def compiled_graphs() -> list[CompiledGraph | FusedGraph]:
 
 
 def _graph_compiler(kind: str):
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph | SegmentedGraph:
+    def compile_graph(gm: torch.fx.GraphModule,
+                      example_inputs: Sequence[Any]) -> CompiledGraph | SegmentedGraph | BoundedGraph:
+        if is_symbolic(example_inputs):
+            return BoundedGraph(gm, example_inputs, kind, compile_static)
+        return compile_static(gm, example_inputs)
+
+    def compile_static(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph | SegmentedGraph:
         if has_collectives(gm):
             return _with_collectives(gm, example_inputs, kind)
         with unset_fake_temporarily():  # graph constants are real tensors: read their values
@@ -126,7 +133,14 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     """The Dynamo backend "tpu": FX graphs of tpu tensors -> compiled JAX programs."""
     torch.autograd.set_multithreading_enabled(False)  # device backward on a worker thread aborts under jax
     if is_symbolic(example_inputs):
-        return SpecializedGraph(gm, example_inputs, _aot)
+        try:
+            return _aot(gm, example_inputs)  # its graphs are BoundedGraphs
+        except torch._dynamo.exc.RestartAnalysis:
+            raise  # Dynamo's own control flow (it retraces with a float specialized)
+        except Exception as e:  # noqa: BLE001 - any failure of the symbolic trace: trace per concrete shape
+            _log.info("torch_tpu.compile: tracing with symbolic sizes failed (%s: %s); one trace per shape",
+                      type(e).__name__, e)
+            return SpecializedGraph(gm, example_inputs, _aot)
     return _aot(gm, example_inputs)
 
 

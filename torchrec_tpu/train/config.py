@@ -133,9 +133,9 @@ class EngineConfig:
     dense_parallel: str = _opt("ddp", "how the dense towers are synced over ranks, --engine sparsecore only: "
                                       "replicated (DDP) or sharded per tower (FSDP2 fully_shard, for large towers)",
                                choices=DENSE_PARALLELS)
-    num_threads: int = _opt(1, "CPU threads per process for torch/FBGEMM kernels (0: torch's default, one per "
-                               "core); 1 keeps small models fast on a busy machine, where spinning threads compete "
-                               "for cores")
+    num_threads: int = _opt(1, "CPU threads per process for torch/FBGEMM kernels (0: one per CPU the rank may "
+                               "run on; never more than those); 1 keeps small models fast on a busy machine, where "
+                               "spinning threads compete for cores")
     bind_cpus: bool = _opt(True, "with several ranks on one host (torchrun), bind each rank to its own block of "
                                  "the host's CPUs, so the ranks' thread pools (torch, XLA:CPU) do not compete")
     collective_timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before every rank "

@@ -87,6 +87,14 @@ def new_group(env: DistEnv) -> dist.ProcessGroup:
     return dist.new_group(timeout=env.timeout, pg_options=tpu_dist.TransportOptions("gloo"))
 
 
+def threads_for_this_rank(requested: int) -> int:
+    """CPU threads for this process's torch pools: ``requested`` (0: one per CPU), never more than
+    the CPUs the process may run on (its block once bound): threads beyond the cores spin against
+    each other (2 ranks x 2 threads on 2 cores collapsed both engines ~16x at the anchor config)."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return available if requested <= 0 else min(requested, available)
+
+
 def bind_to_local_cpus(local_rank: int, local_world_size: int) -> set[int] | None:
     """Bind this process to block ``local_rank`` of ``local_world_size`` equal contiguous blocks of
     the CPUs it may run on; the block, or None (one rank, fewer CPUs than ranks, or no affinity

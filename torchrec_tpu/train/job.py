@@ -28,7 +28,7 @@ from torchrec_tpu.train.checkpoint.store import (
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.config_agreement import agree_on_config
 from torchrec_tpu.train.data import TrainData, open_data
-from torchrec_tpu.train.distributed import DistEnv, describe_transport, process_group
+from torchrec_tpu.train.distributed import DistEnv, describe_transport, process_group, threads_for_this_rank
 from torchrec_tpu.train.engines import Engine, engine_for
 from torchrec_tpu.train.learning_rate import LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
@@ -120,8 +120,11 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
             dirs: RunDirs) -> JobSummary:
     log_dir, checkpoint_root = dirs.log_dir, dirs.checkpoint_root
     torch.manual_seed(config.loop.seed)
-    if config.engine.num_threads:
-        torch.set_num_threads(config.engine.num_threads)
+    threads = threads_for_this_rank(config.engine.num_threads)
+    if threads != config.engine.num_threads and config.engine.num_threads and env.is_primary:
+        _log.info("torchrec-tpu train: %d CPU threads per rank instead of --num-threads %d (the CPUs each "
+                  "rank may run on)", threads, config.engine.num_threads)
+    torch.set_num_threads(threads)
     with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
         log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))

@@ -43,7 +43,7 @@ def mul(self, other):
     return a * b
 
 
-@register_lowering(aten.div.Tensor, aten.div.Scalar)
+@register_lowering(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, aten.true_divide.Scalar)
 def div(self, other):
     a, b = floated(self, other)
     return a / b

@@ -6,6 +6,8 @@
 * ``aten._to_copy`` / ``aten.lift_fresh_copy``: dtype casts and constants lifted into graphs
   (inside one program every value is on the device, so ``device=`` is ignored). ``graph_only``:
   eager dispatch keeps its dedicated handlers for both (devices, memory formats).
+* ``prims.convert_element_type``: the cast PyTorch's scalar tensorification puts into graphs with
+  symbolic sizes.
 * ``aten._foreach_pow.ScalarAndTensor``: ``beta ** steps`` of the capturable Adam/AdamW update.
 """
 
@@ -35,6 +37,11 @@ def _fma(a, b, c):
 @register_lowering(aten._to_copy.default, graph_only=True)
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     return self.astype(jdtype(dtype, self.dtype))
+
+
+@register_lowering(torch.ops.prims.convert_element_type.default, graph_only=True)
+def _convert_element_type(a, dtype):
+    return a.astype(jdtype(dtype, a.dtype))  # tensorified size arithmetic (``2.0 / batch``) casts with it
 
 
 @register_lowering(aten.lift_fresh_copy.default, graph_only=True)

@@ -1,0 +1,215 @@
+"""Bounded dynamic shapes: one XLA program serves every size of a dynamic dim up to a bound.
+
+XLA programs have static shapes. A forward, backward or inference graph that AOTAutograd traced
+with symbolic sizes (``torch.compile(..., dynamic=True)``, ``torch._dynamo.mark_dynamic``, Dynamo's
+automatic dynamic shapes) is compiled at an upper bound of every size symbol
+(:mod:`torch_tpu.compile.padded_rewrite`): its inputs are zero-padded to the bounds, the true
+sizes enter the program as numbers, the program masks the padding wherever positions mix, and
+outputs are sliced back to the true sizes, so results are exact. A bound is the shape
+environment's upper bound of the symbol when it has a finite one (``mark_dynamic(x, 0, max=...)``),
+else twice the first size seen; a larger size doubles it (one more program).
+
+A graph with an op the rewrite cannot keep exact is compiled once per concrete size instead (the
+reason is logged once); :func:`bounded_stats` counts both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from torch_tpu.compile.fx_to_jax import LoweringShapeError
+from torch_tpu.compile.padded_rewrite import NotBoundable, StaticGraph, evaluate, rewrite, size_exprs
+
+_log = logging.getLogger(__name__)
+BOUND_LIMIT = 1 << 31  # a shape environment's upper bound above this is no bound
+
+
+@dataclasses.dataclass
+class BoundedStats:
+    bounded_programs: int = 0  # programs compiled at bounds
+    exact_programs: int = 0  # programs compiled for one concrete size (graphs the rewrite cannot bound)
+
+
+_stats = BoundedStats()
+
+
+def bounded_stats() -> BoundedStats:
+    return dataclasses.replace(_stats)
+
+
+def reset_bounded_stats() -> None:
+    _stats.bounded_programs = _stats.exact_programs = 0
+
+
+CompileStatic = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[[list[Any]], list[Any]]]
+
+
+class _Program:
+    """One static program of a symbolic graph and how to call it with true-size arguments."""
+
+    def __init__(self, static: StaticGraph, compiled: Callable[[list[Any]], list[Any]]) -> None:
+        self.symbols, self.run = static.symbols, compiled
+
+
+class BoundedGraph:
+    """A graph with symbolic sizes, called like a compiled graph (boxed: one list of arguments)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
+                 compile_static: CompileStatic) -> None:
+        self.gm, self.kind, self._compile_static = gm, kind, compile_static
+        self._boxed_call = True
+        self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        self._outputs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+        self._symbols = sorted({s for x in example_inputs for s in _free_symbols(x)}, key=str)
+        self._hints = _hints(example_inputs, self._symbols)
+        self._bounds: dict[sympy.Symbol, int] = {}
+        self._programs: dict[tuple, _Program] = {}
+        self.exact_reason: str | None = None
+        try:  # decided once, from the graph: bounded, or one program per concrete size
+            rewrite(gm, {s: self._hints[s] for s in self._symbols}, masked=True)
+        except NotBoundable as e:
+            self._fall_back(str(e))
+
+    @property
+    def programs(self) -> int:
+        return len(self._programs)
+
+    def _fall_back(self, reason: str) -> None:
+        self.exact_reason = reason
+        _log.info("torch_tpu.compile: the %s graph with dynamic sizes runs one program per size: %s",
+                  self.kind, reason)
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        values = self._true_sizes(args)
+        if self.exact_reason is None:
+            try:
+                return self._call_bounded(args, values)
+            except (NotBoundable, LoweringShapeError) as e:
+                self._fall_back(str(e))
+        key = ("exact", *(values[s] for s in self._symbols))
+        program = self._programs.get(key)
+        if program is None:
+            program = self._programs[key] = self._build(values, masked=False)
+            _stats.exact_programs += 1
+        return self._finish(program.run(self._tensor_args(args)), values, args)
+
+    def _tensor_args(self, args: list[Any], bounds: dict[sympy.Symbol, int] | None = None) -> list[Any]:
+        """The static program's arguments: the graph's, without its size arguments, padded to ``bounds``."""
+        return [_pad(a, n, bounds) if bounds else a for a, n in zip(args, self._placeholders)
+                if not isinstance(n.meta.get("val"), torch.SymInt)]
+
+    def _call_bounded(self, args: list[Any], values: dict[sympy.Symbol, int]) -> list[Any]:
+        for s in self._symbols:
+            if s not in self._bounds:
+                self._bounds[s] = self._first_bound(s, values[s])
+            elif values[s] > self._bounds[s]:
+                self._bounds[s] = max(values[s], 2 * self._bounds[s])
+        key = ("bounded", *(self._bounds[s] for s in self._symbols))
+        program = self._programs.get(key)
+        if program is None:
+            program = self._build(dict(self._bounds), masked=True)
+            self._programs[key] = program
+            _stats.bounded_programs += 1
+        inputs = self._tensor_args(args, self._bounds)
+        inputs += [torch.tensor(values[s], dtype=torch.int64) for s in program.symbols]
+        return self._finish(program.run(inputs), values, args)
+
+    def _first_bound(self, symbol: sympy.Symbol, size: int) -> int:
+        upper = _shape_env_upper(self._placeholders, symbol)
+        return upper if upper is not None and size <= upper else 2 * size
+
+    def _build(self, bounds: dict[sympy.Symbol, int], masked: bool) -> _Program:
+        static = rewrite(self.gm, bounds, masked)
+        example = [n.meta["val"] for n in static.gm.graph.nodes if n.op == "placeholder"]
+        return _Program(static, self._compile_static(static.gm, example))
+
+    def _finish(self, outputs: list[Any], values: dict[sympy.Symbol, int], args: list[Any]) -> list[Any]:
+        """Outputs sliced to the true sizes; sizes the graph returns, computed here; a graph input
+        returned as an output is the caller's tensor. Empties ``args`` (the boxed convention)."""
+        results = []
+        for node, out in zip(self._outputs, outputs):
+            val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+            if isinstance(node, torch.fx.Node) and node.op == "placeholder":
+                results.append(args[self._placeholders.index(node)])
+            elif isinstance(val, torch.SymInt):
+                results.append(evaluate(val.node.expr, values))
+            elif isinstance(val, torch.Tensor) and isinstance(out, torch.Tensor):
+                for d, e in enumerate(size_exprs(val)):
+                    if e.free_symbols and out.shape[d] != evaluate(e, values):
+                        out = out.narrow(d, 0, evaluate(e, values))
+                results.append(out)
+            else:
+                results.append(out)
+        args.clear()
+        return results
+
+    def _true_sizes(self, args: list[Any]) -> dict[sympy.Symbol, int]:
+        values: dict[sympy.Symbol, int] = {}
+        for node, a in zip(self._placeholders, args):
+            val = node.meta.get("val")
+            if isinstance(val, torch.SymInt) and isinstance(val.node.expr, sympy.Symbol):
+                values[val.node.expr] = int(a)
+            elif isinstance(val, torch.Tensor) and isinstance(a, torch.Tensor):
+                for d, e in enumerate(size_exprs(val)):
+                    if isinstance(e, sympy.Symbol):
+                        values[e] = int(a.shape[d])
+        missing = [s for s in self._symbols if s not in values]
+        if missing:
+            raise RuntimeError(
+                f"torch.compile(backend='tpu'): the {self.kind} graph's sizes {missing} are not the size of any "
+                "input dim; it cannot be run with bounded shapes"
+            )
+        return values
+
+
+def _free_symbols(x: Any) -> set[sympy.Symbol]:
+    if isinstance(x, torch.SymInt):
+        return set(x.node.expr.free_symbols)
+    if isinstance(x, torch.Tensor):
+        return {s for e in size_exprs(x) for s in e.free_symbols}
+    return set()
+
+
+def _hints(example_inputs: Sequence[Any], symbols: list[sympy.Symbol]) -> dict[sympy.Symbol, int]:
+    """Each symbol's example value (the shape environment's hint), for the up-front rewrite check."""
+    for x in example_inputs:
+        sym = x if isinstance(x, torch.SymInt) else next(
+            (s for s in getattr(x, "shape", ()) if isinstance(s, torch.SymInt)), None)
+        if sym is not None:
+            env = sym.node.shape_env
+            known = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
+            return {s: int(known.get(s, 2)) for s in symbols}
+    return {s: 2 for s in symbols}
+
+
+def _shape_env_upper(placeholders: list[torch.fx.Node], symbol: sympy.Symbol) -> int | None:
+    for node in placeholders:
+        val = node.meta.get("val")
+        sizes = [val] if isinstance(val, torch.SymInt) else [
+            s for s in getattr(val, "shape", ()) if isinstance(s, torch.SymInt)]
+        for s in sizes:
+            value_range = s.node.shape_env.var_to_range.get(symbol)
+            if value_range is not None:
+                upper = value_range.upper
+                return int(upper) if upper.is_finite and upper < BOUND_LIMIT else None
+    return None
+
+
+def _pad(x: Any, node: torch.fx.Node, bounds: dict[sympy.Symbol, int]) -> Any:
+    """``x`` zero-padded at the end of every dim of dynamic size to its bound."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(x, torch.Tensor):
+        return x
+    widths = []
+    for d in reversed(range(x.dim())):
+        e = size_exprs(val)[d]
+        widths += [0, evaluate(e, bounds) - x.shape[d] if e.free_symbols else 0]
+    return torch.constant_pad_nd(x, widths) if any(widths) else x
