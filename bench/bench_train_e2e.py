@@ -46,7 +46,7 @@ PRESETS: dict[str, dict[str, object]] = {
                    over_arch="512,512,256,1", threads=2),
 }
 MODEL_FLAGS = ("batch_size", "embedding_dim", "dense_arch", "over_arch", "threads", "num_embeddings", "steps",
-               "model", "dense_device")
+               "model", "dense_device", "sparse_backend")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -60,6 +60,7 @@ def worker(args: argparse.Namespace) -> None:
         over_arch=args.over_arch, batch_size=args.batch_size, eval_batch_size=args.batch_size, epochs=1,
         max_steps=args.steps, num_threads=args.threads, progress=False, log_every=LOG_EVERY,
         **({"dense_device": args.dense_device} if args.engine == "sparsecore" and args.dense_device else {}),
+        **({"sparse_backend": args.sparse_backend} if args.engine == "sparsecore" and args.sparse_backend else {}),
     )
     summary = run_job(config)
     if summary.primary:
@@ -165,6 +166,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="dlrm", choices=("dlrm", "dlrm_dcn"))
     parser.add_argument("--dense-device", default="", choices=("", "auto", "cpu", "tpu"),
                         help="the sparsecore engine's --dense-device (default: the job's, auto)")
+    parser.add_argument("--sparse-backend", default="", choices=("", "xla", "ops"),
+                        help="the sparsecore engine's --sparse-backend (default: the job's)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per engine and world (default: 3)")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2], help="world sizes (default: 1 2)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

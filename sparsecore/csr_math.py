@@ -82,7 +82,10 @@ def decode(row_pointers, embedding_ids, sample_ids, gains, table_rows: int, batc
     phys = jnp.where(valid, partition * (table_rows // local) + ids, table_rows)
     activation_row = jnp.where(valid, source * (batch_size // n) + samples, batch_size)
     gain = jnp.where(valid, gains.reshape(n, region), jnp.float32(0))
-    return phys.reshape(-1), activation_row.reshape(-1), gain.reshape(-1), valid.reshape(-1)
+    # computed once: XLA would otherwise fuse this arithmetic into every consumer, e.g. recompute
+    # a position's partition for each of the dim elements a row gather reads
+    return jax.lax.optimization_barrier((phys.reshape(-1), activation_row.reshape(-1), gain.reshape(-1),
+                                         valid.reshape(-1)))
 
 
 def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table, batch_size: int,
@@ -160,3 +163,61 @@ def ftrl(table, accumulator, linear, grad, touched, learning_rate, learning_rate
     new = numerator / ((p_new + jnp.float32(beta)) / learning_rate + 2.0 * l2)
     return (_keep_untouched(touched, new, table), _keep_untouched(touched, acc, accumulator),
             _keep_untouched(touched, lin, linear))
+
+
+def _touched_rows(phys, vocab: int):
+    """The rows ``phys`` (one per buffer position; ``vocab``: padding) touch, deduplicated without
+    a comparator sort: one sort of single integer keys row * E + position (XLA:CPU sorts a lone
+    integer array several times faster than the (row, position) pair ``jnp.unique`` sorts).
+    Returns (order: the positions by (row, position), segment: each sorted position's touched
+    row index, unique [E]: the touched rows ascending then distinct out-of-range rows)."""
+    entries = phys.shape[0]
+    position = jnp.arange(entries, dtype=jnp.int32)
+    if (vocab + 1) * entries < 2**31:
+        dtype = jnp.int32
+    elif jax.config.jax_enable_x64:
+        dtype = jnp.int64
+    else:
+        return None
+    keys = jnp.sort(phys.astype(dtype) * entries + position.astype(dtype))
+    row = (keys // entries).astype(jnp.int32)
+    order = (keys % entries).astype(jnp.int32)
+    first = jnp.concatenate([jnp.ones((1,), bool), row[1:] != row[:-1]])
+    segment = jnp.cumsum(first.astype(jnp.int32)) - 1
+    # every position of one segment writes the same row; padding's segment an out-of-range one
+    unique = (vocab + position).at[segment].set(jnp.where(row < vocab, row, vocab + segment))
+    return order, segment, unique
+
+
+def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains, embedding_table, slots,
+                 activations_grad, hypers, devices: int = 1, device_index: int = 0):
+    """The fused backward + ``optimizer`` update (one of the rules above, by name) on the rows the
+    batch touches only: per touched row, g = the sum of gain * activation gradient over its
+    entries (in buffer order, as :func:`table_grad` sums), then the rule on those rows and their
+    slots, scattered back. The work is O(entries * dim), not O(vocab * dim) as a dense gradient;
+    the result equals ``rule(table, *slots, *table_grad(...), *hypers)``. Returns the new table
+    (and slots)."""
+    batch_size = activations_grad.shape[0]
+    vocab = embedding_table.shape[0]
+    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, vocab, batch_size, devices,
+                                 device_index)
+    entries = phys.shape[0]
+    contributions = gain[:, None] * activations_grad.astype(jnp.float32).at[rows].get(mode="fill", fill_value=0.0)
+    dedup = _touched_rows(phys, vocab)
+    hints = {}
+    if dedup is None:  # (row + 1) * entries needs 64-bit keys and x64 is off: jnp.unique's pair sort
+        # touched rows ascending; padding entries (row ``vocab``) and unused slots read/write row vocab: dropped
+        unique, inverse = jnp.unique(phys, return_inverse=True, size=entries, fill_value=vocab)
+        grad = jax.ops.segment_sum(contributions, inverse.reshape(-1), num_segments=entries)
+    else:
+        order, segment, unique = dedup
+        # each row's entries in buffer order, as table_grad sums them
+        grad = jax.ops.segment_sum(contributions[order], segment, num_segments=entries, indices_are_sorted=True)
+        hints = dict(indices_are_sorted=True, unique_indices=True)
+    touched = unique < vocab
+    old = [embedding_table, *slots]
+    gathered = [t.at[unique].get(mode="fill", fill_value=0.0, **hints) for t in old]
+    new = globals()[optimizer](gathered[0], *gathered[1:], grad, touched, *hypers)
+    new = new if isinstance(new, tuple) else (new,)
+    out = tuple(t.at[unique].set(n.astype(t.dtype), mode="drop", **hints) for t, n in zip(old, new))
+    return out if len(out) > 1 else out[0]

@@ -16,6 +16,13 @@ import numpy as np
 OVERFLOW_POLICIES = ("error", "drop")
 
 
+def check_overflow_policy(overflow: str) -> str:
+    """``overflow`` if it is one of :data:`OVERFLOW_POLICIES`, else ValueError."""
+    if overflow not in OVERFLOW_POLICIES:
+        raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+    return overflow
+
+
 class PartitionOverflowError(ValueError):
     """A partition got more (unique) ids than its limit under the "error" policy. ``overflow``
     says which partition got how many; the message adds how this library's callers fix it (an

@@ -43,7 +43,7 @@ from sparsecore.csr_format import (
     round_up_array,
     row_pointers_per_sc,
 )
-from sparsecore.limits import OVERFLOW_POLICIES, StackStats
+from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput, feature_inputs
 from tpu_facts import ALIGNMENT as ALIGN
@@ -112,8 +112,7 @@ def preprocess_row_ordered(
 
 def _use_compiled(engine: str, overflow: str) -> bool:
     """Whether ``engine`` means the compiled path here (checks both arguments)."""
-    if overflow not in OVERFLOW_POLICIES:
-        raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+    check_overflow_policy(overflow)
     if engine not in ENGINES:
         raise ValueError(f"preprocessing engine must be one of {ENGINES}, got {engine!r}")
     if engine == "compiled":

@@ -21,14 +21,13 @@ class Backend(ABC):
     - ``forward`` returns per-feature pooled activations [batch, table dim] plus an opaque context;
       ``backward`` takes the gradients of those activations and updates every touched row once;
     - ``prepare`` (host work ahead of the step, e.g. on a prefetch thread), ``compile``, ``lookup``
-      (all features side by side) and ``update`` (its gradient): the same step, split for a pipeline;
-    - ``step_state`` / ``set_step_state`` / ``fused_step_inputs`` / ``fused_lookup`` /
-      ``fused_update``: the lookup and update as traceable JAX functions, for a caller fusing them
-      into a larger program; a backend whose :attr:`fuses_step` is False cannot (they raise).
+      (all features side by side) and ``update`` (its gradient): the same step, split for a pipeline.
+
+    A step program that traces the lookup and update itself calls the tpu device's SparseCore ops
+    (``torch.ops.tpu.sparse_dense_matmul*``) on tpu tables instead: ``torchrec_tpu.sharding.ops_backend``.
     """
 
     name: ClassVar[str]
-    fuses_step: ClassVar[bool] = False  # the fused_* verbs work (JAX programs a caller can trace)
 
     def __init__(self, plan: StackingPlan):
         self.plan = plan
@@ -84,33 +83,6 @@ class Backend(ABC):
         """``backward`` for the gradient of ``lookup``'s output."""
         dims = [self.plan.tables[f.table].dim for f in self.plan.features]
         self.backward(context, dict(zip((f.name for f in self.plan.features), torch.split(grad, dims, dim=1))))
-
-    # -- the step phases as JAX functions, for a caller fusing them into a larger program --
-
-    def step_state(self) -> Any:
-        """(tables, optimizer slots) per stack in plan order: what the update program replaces."""
-        raise self._cannot_fuse()
-
-    def set_step_state(self, state: Any) -> None:
-        """Take (tables, slots) an update program returned."""
-        raise self._cannot_fuse()
-
-    def fused_step_inputs(self, prepared: Any) -> Any:
-        """Count one update and return what :meth:`fused_lookup` and :meth:`fused_update` take for
-        ``prepared``'s batch."""
-        raise self._cannot_fuse()
-
-    def fused_lookup(self, state: Any, inputs: Any) -> Any:
-        """The lookup program's body (traceable): activations [samples, columns]."""
-        raise self._cannot_fuse()
-
-    def fused_update(self, state: Any, inputs: Any, grad: Any) -> Any:
-        """The update program's body (traceable): the new (tables, slots) from the activations' ``grad``."""
-        raise self._cannot_fuse()
-
-    def _cannot_fuse(self) -> NotImplementedError:
-        return NotImplementedError(f"the {self.name!r} backend runs its own programs; it cannot fuse its step "
-                                   "into a caller's (fuses_step is False)")
 
     @abstractmethod
     def table_weights(self) -> dict[str, torch.Tensor]:

@@ -32,7 +32,7 @@ from sparsecore.backends.xla_inputs import SlotForward, StackEntries, stack_entr
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.backends.xla_optimizers import apply_update
 from sparsecore.csr_format import RowOrderedEntries, StackCSR
-from sparsecore.limits import OVERFLOW_POLICIES, StackStats
+from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.preprocess import csr_entries, preprocess_row_ordered
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput
@@ -92,14 +92,11 @@ class XlaBackend(Backend):
     """Stacked tables as JAX arrays in the physical (mod-sharded) layout."""
 
     name = "xla"
-    fuses_step = True
 
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
                  overflow: str = "error"):
         super().__init__(plan)
-        if overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
-        self.overflow = overflow
+        self.overflow = check_overflow_policy(overflow)
         self._layout = ActivationLayout(plan, plan.topology.num_sparsecores)
         self._rows = [self._layout.activation_rows(st) for st in plan.stacks]
         self._tables: dict[str, jax.Array] = {}
@@ -204,37 +201,17 @@ class XlaBackend(Backend):
         self.steps += 1
         if isinstance(grad, torch.Tensor):
             grad = jax.dlpack.from_dlpack(grad.detach().contiguous())  # no copy (64-byte aligned)
-        self.set_step_state(self._compiled(context)[1](*self.step_state(), self._row_dims, np.int32(self.steps), grad,
-                                                       context.arrays))
+        self._set_state(self._compiled(context)[1](*self._state(), self._row_dims, np.int32(self.steps), grad,
+                                                  context.arrays))
 
-    # -- the step phases as JAX functions (Backend's fused verbs) --
-
-    def step_state(self) -> tuple[tuple[jax.Array, ...], tuple[dict[str, jax.Array], ...]]:
+    def _state(self) -> tuple[tuple[jax.Array, ...], tuple[dict[str, jax.Array], ...]]:
         """(tables, optimizer slots) per stack in plan order: what the update program replaces."""
         return self._table_tuple(), self._slot_tuple()
 
-    def set_step_state(self, state: tuple[tuple[jax.Array, ...], tuple[dict[str, jax.Array], ...]]) -> None:
+    def _set_state(self, state: tuple[tuple[jax.Array, ...], tuple[dict[str, jax.Array], ...]]) -> None:
         """Take (tables, slots) an update program returned."""
         for st, table, table_slots in zip(self.plan.stacks, *state):
             self._tables[st.name], self._slots[st.name] = table, table_slots
-
-    def fused_step_inputs(self, prepared: PreparedLookup) -> tuple[Any, np.int32, tuple[jax.Array, ...]]:
-        """Count one update and return what :meth:`fused_lookup` and :meth:`fused_update` take
-        for ``prepared``'s batch: its arrays, the update's step number, the rows' logical dims."""
-        if not self._layout.uniform:
-            raise ValueError("a fused step needs one batch size for all features")
-        self.steps += 1
-        self.last_stats = prepared.stats
-        return prepared.arrays, np.int32(self.steps), self._row_dims
-
-    def fused_lookup(self, state: Any, inputs: Any) -> jax.Array:
-        """The lookup program's body (traceable): activations [samples, columns]."""
-        return self._lookup_program(state[0], inputs[0])
-
-    def fused_update(self, state: Any, inputs: Any, grad: jax.Array) -> Any:
-        """The update program's body (traceable): the new (tables, slots) from the activations' ``grad``."""
-        arrays, step, row_dims = inputs
-        return self._update_program(state[0], state[1], row_dims, step, grad, arrays)
 
     def forward(self, inputs: Mapping[str, FeatureInput]) -> tuple[dict[str, torch.Tensor], PreparedLookup]:
         out, prepared = self._run_lookup(inputs)

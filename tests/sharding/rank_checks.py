@@ -47,13 +47,16 @@ def tpu_dist_group(rank: int, world_size: int, store, timeout) -> Iterator[None]
         dist.destroy_process_group()
 
 
-def train_sharded(rank: int, world_size: int, store, timeout, layouts: list[str], steps: int, local_batch: int):
-    """Per layout: this rank's pooled outputs per step and the final unsharded weights."""
+def train_sharded(rank: int, world_size: int, store, timeout, layouts: list[str], steps: int, local_batch: int,
+                  backend: str = "xla"):
+    """Per layout: this rank's pooled outputs per step and the final unsharded weights (each rank's
+    shards on the local ``backend``)."""
     with tpu_dist_group(rank, world_size, store, timeout):
         results = {}
         for layout in layouts:
             optimizer, plan = LAYOUTS[layout]
-            ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), local_batch, plan, OPTIMIZERS[optimizer][0])
+            ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), local_batch, plan, OPTIMIZERS[optimizer][0],
+                                                     backend=backend)
             outputs = train_steps(ebc, rank, world_size, steps, local_batch)
             results[layout] = (outputs, ebc.unsharded_weights(), ebc.unsharded_slots())
         return results

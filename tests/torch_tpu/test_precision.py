@@ -53,8 +53,7 @@ def test_the_setting_follows_torch_then_the_setter_then_the_block():
 
 
 def _eager_matmul(ta, tb):
-    for _ in range(2):  # op_jit compiles a signature on its second sight
-        out = ta @ tb
+    out = ta @ tb  # op_jit compiles a signature on its first call
     program = op_jit.last_program()
     assert program is not None
     return out, program.lower(torch_tpu.to_jax(ta), torch_tpu.to_jax(tb)).as_text()
@@ -62,12 +61,16 @@ def _eager_matmul(ta, tb):
 
 @pytest.mark.parametrize("torch_name,expected", [("highest", "HIGHEST"), ("high", "HIGH"), ("medium", "DEFAULT")])
 def test_eager_matmul_lowers_with_torchs_float32_precision(torch_name, expected):
-    a, b = torch.randn(32, 24), torch.randn(24, 16)
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(32, 24, generator=gen), torch.randn(24, 16, generator=gen)
     torch.set_float32_matmul_precision(torch_name)
     out, text = _eager_matmul(a.to("tpu"), b.to("tpu"))
     assert dot_precisions(text) == [expected]
-    tolerance = TOLERANCE[Precision[expected]]
-    torch.testing.assert_close(out.cpu(), a @ b, rtol=tolerance, atol=tolerance)
+    # each product's relative error is bounded, so the sum's error is bounded by the sum of |products|
+    # (a bound relative to the result itself fails wherever the products cancel)
+    bound = TOLERANCE[Precision[expected]] * (a.abs() @ b.abs())
+    error = (out.cpu() - a @ b).abs()
+    assert (error <= bound).all(), f"largest error over bound: {(error / bound).max():.3g}"
 
 
 def test_precision_block_changes_the_eager_program_and_restores_it():

@@ -187,6 +187,24 @@ def test_fused_adam_equals_torch_adam_over_two_steps(case: Case, device: str) ->
     torch.testing.assert_close(case.logical(v), state["exp_avg_sq"], rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_an_eager_update_gives_the_same_bits_on_every_call(case: Case, optimizer: str) -> None:
+    """A resumed training run repeats the uninterrupted run's updates bit for bit only if an eager
+    op's first call computes exactly as its later ones (the per-op jit once ran the first call op by
+    op and later ones as one program, where XLA contracts multiply-adds into FMAs)."""
+    op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{optimizer}")
+    slots = [torch.full_like(case.table, 0.1)] if optimizer == "adagrad" else []
+    hypers = [torch.tensor(0.1)] + ([torch.tensor(1e-8)] if optimizer == "adagrad" else [])
+    calls = []
+    for _ in range(3):
+        outs = op(*case.on("tpu"), case.table.to("tpu"), *[s.to("tpu") for s in slots], case.grad.to("tpu"),
+                  *[h.to("tpu") for h in hypers], *case.limits)
+        calls.append([t.cpu() for t in ([outs] if isinstance(outs, torch.Tensor) else outs)])
+    for later in calls[1:]:
+        for first, again in zip(calls[0], later):
+            assert torch.equal(first, again)
+
+
 def test_our_further_optimizers_agree_between_cpu_and_tpu(case: Case) -> None:
     acc_row = torch.full((case.table.shape[0],), 0.1)
     acc, lin = torch.full_like(case.table, 0.1), torch.zeros_like(case.table)
@@ -259,3 +277,41 @@ def test_tpu_lowering_emits_the_sparsecore_custom_calls(case: Case, monkeypatch)
         text = jax.jit(call).trace(*tensors).lower(lowering_platforms=("tpu",)).as_text()
         assert "SparseDenseMatmulGradOpWithOptimizerUpdate" in text, name
         assert f"{name}_t" in text
+
+
+@pytest.mark.parametrize("pad_rows", [0, 1 << 21])
+def test_fused_update_dedup_paths_agree_exactly(case: Case, pad_rows: int, monkeypatch) -> None:
+    """The fused update deduplicates touched rows with one sort of row * entries + position keys
+    (int32 where they fit, else int64: ``pad_rows`` grows the table past int32 keys) or, without
+    64-bit keys, jnp.unique: all three give the same bits, equal to the dense-gradient rule."""
+    import jax
+    import jax.numpy as jnp
+
+    from sparsecore import csr_math
+
+    csr = [jnp.asarray(t.numpy()) for t in case.csr]
+    table = jnp.concatenate([jnp.asarray(case.table.numpy()), jnp.ones((pad_rows, DIM), jnp.float32)])
+    acc = jnp.full(table.shape, 0.1, jnp.float32)
+    grad, hypers = jnp.asarray(case.grad.numpy()), [jnp.float32(0.1), jnp.float32(1e-6)]
+    entries = csr[1].shape[0]
+    assert ((table.shape[0] + 1) * entries >= 2**31) == bool(pad_rows)
+    fused = csr_math.fused_update("adagrad", *csr, table, [acc], grad, hypers)
+    dense_grad, touched = csr_math.table_grad(*csr, table, grad)
+    reference = csr_math.adagrad(table, acc, dense_grad, touched, *hypers)
+    monkeypatch.setattr(csr_math, "_touched_rows", lambda phys, vocab: None)  # the jnp.unique path
+    unique_path = csr_math.fused_update("adagrad", *csr, table, [acc], grad, hypers)
+    for a, b, c in zip(fused, unique_path, reference):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+    assert jax.config.jax_enable_x64  # (torch_tpu turns it on: the int64 keys exist)
+
+
+def test_compile_cache_key_covers_the_ops_math() -> None:
+    """A stored step or graph program holding these ops is keyed by their math's source too (the
+    lowering in torch_tpu calls into sparsecore.csr_math)."""
+    from pathlib import Path
+
+    from sparsecore import csr_math
+    from torch_tpu.compile.graph import lowering_files
+
+    assert Path(csr_math.__file__).resolve() in {p.resolve() for p in lowering_files()}

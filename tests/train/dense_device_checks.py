@@ -69,8 +69,8 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch
     with process_group() as env:
         device = dense_device(device_name)
         torch.manual_seed(0)  # the dense towers' init
-        net = build_sparsecore_model(spec(model), env, device, OPTIM, EngineConfig(dense_parallel=parallel),
-                                     GLOBAL_BATCH, seed=0)
+        engine = EngineConfig(dense_parallel=parallel, sparse_backend="ops")  # the backend a step calls itself
+        net = build_sparsecore_model(spec(model), env, device, OPTIM, engine, GLOBAL_BATCH, seed=0)
         optimizer = build_dense_optimizer(net, OPTIM)
         initial = _host_state(net)
         losses = []
@@ -91,8 +91,15 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch
                 "eager_auc": eager.auc, "eager_eval_loss": eager.loss,
                 "compiled_eval": isinstance(forward, CompiledDenseEval),
                 "state": _host_state(net), "devices": {p.device.type for p in net.parameters() if p.numel()},
-                "compiled_steps": step_fn.step.stats.calls if isinstance(step_fn, CompiledDenseStep) else 0,
-                "fused_steps": step_fn.step.stats.staged_calls if isinstance(step_fn, CompiledDenseStep) else 0}
+                "compiled_steps": _calls(step_fn, "step") + _calls(step_fn, "fused_step"),
+                "fused_steps": _calls(step_fn, "fused_step")}
+
+
+def _calls(step_fn: object, program: str) -> int:
+    """Steps the compiled dense step ran as ``program`` (``step``: towers only; ``fused_step``:
+    lookup, towers and embedding update)."""
+    step = getattr(step_fn, program, None) if isinstance(step_fn, CompiledDenseStep) else None
+    return step.stats.calls if step is not None else 0
 
 
 def _host_state(net: torch.nn.Module) -> dict[str, torch.Tensor]:

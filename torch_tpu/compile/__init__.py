@@ -1,5 +1,5 @@
 """Graph mode for torch_tpu: ``torch.compile(backend="tpu")``, ``train_step`` (a whole training step
-as one program, optionally with a JAX input stage such as an embedding lookup fused in), shape
+as one program, with any tpu:: op the step calls, e.g. the SparseCore lookup and fused update), shape
 buckets, and the controls of the persistent compile cache and of the ``defer_and_fuse`` eager mode
 (re-exported from ``torch_tpu.runtime`` and ``torch_tpu.eager``).
 
@@ -28,7 +28,6 @@ from torch_tpu.compile.backend import compile_stats, compiled_graphs, reset_comp
 from torch_tpu.compile.buckets import BucketPolicy, BucketStats, bucketed
 from torch_tpu.compile.collectives import CollectiveMismatchError
 from torch_tpu.compile.fused_collectives import fuse_collectives
-from torch_tpu.compile.input_stage import InputStage, StageInput
 from torch_tpu.compile.step_program import TrainStep, TrainStepStats, train_step
 from torch_tpu.eager.lazy import DeferStats, LazyArray, defer_stats, flush, reset_defer_stats
 from torch_tpu.runtime.persistent_cache import cache_dir, cache_stats, configure_cache, reset_cache_stats
@@ -40,9 +39,7 @@ __all__ = [
     "BucketStats",
     "CollectiveMismatchError",
     "DeferStats",
-    "InputStage",
     "LazyArray",
-    "StageInput",
     "TrainStep",
     "TrainStepStats",
     "bucketed",

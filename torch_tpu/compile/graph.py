@@ -13,6 +13,7 @@ AOTAutograd leaves a backward's updates) get their new values written back after
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import operator
 import os
 from collections.abc import Sequence
@@ -38,23 +39,42 @@ _registry_digest: list[str] = []
 
 
 def registry_fingerprint() -> str:
-    """The lowered op names and the source of every file defining a lowering or the translation:
-    a changed lowering must never reuse a stored translation."""
+    """The lowered op names and the source of every file of :func:`lowering_files`: a changed
+    lowering must never reuse a stored translation."""
     if not _registry_digest:
         h = hashlib.sha256()
-        files = {Path(fx_to_jax.__file__)}
         for op in sorted(lowered_ops(), key=str):
             h.update(str(op).encode())
-            code = getattr(get_lowering(op).fn, "__code__", None)
-            if code is not None:
-                files.add(Path(code.co_filename))
-        for path in sorted(files):
+        for path in sorted(lowering_files()):
             try:
                 h.update(path.read_bytes())
             except OSError:
                 h.update(str(path).encode())
         _registry_digest.append(h.hexdigest()[:16])
     return _registry_digest[0]
+
+
+def lowering_files() -> set[Path]:
+    """The translation's source, every file defining a lowering, and the modules a lowering names
+    in its ``lowering_sources`` (those it computes in, e.g. the SparseCore ops' ``sparsecore.csr_math``)."""
+    files = {Path(fx_to_jax.__file__)}
+    for op in lowered_ops():
+        fn = get_lowering(op).fn
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            files.add(Path(code.co_filename))
+        files.update(_module_file(name) for name in getattr(fn, "lowering_sources", ()))
+    return files
+
+
+def _module_file(name: str) -> Path:
+    """The source file of module ``name`` (dotted, a ``.py`` file of a package found on the path),
+    found without importing it; a path that does not exist when it is nowhere (hashed as a name)."""
+    top, _, rest = name.partition(".")
+    spec = importlib.util.find_spec(top)  # a top-level name: found, not imported
+    if spec is None or not rest:
+        return Path(spec.origin if spec is not None and spec.origin else name)
+    return Path(list(spec.submodule_search_locations or ["."])[0], *rest.split(".")).with_suffix(".py")
 
 
 Spec = jax.ShapeDtypeStruct | int | float | bool

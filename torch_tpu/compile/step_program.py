@@ -37,7 +37,6 @@ from torch.utils import _pytree as pytree
 from torch_tpu.compile import graph as compiled_graph
 from torch_tpu.compile import step_cache
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
-from torch_tpu.compile.input_stage import StageInput, fused_program, output_shape
 from torch_tpu.compile.step_trace import (
     LossFn,
     StepGraph,
@@ -50,7 +49,7 @@ from torch_tpu.runtime import persistent_cache, precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax, jnp
 from torch_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
-from torch_tpu.runtime.tensor import TpuTensor, _contiguous_strides, cpu_to_jax, from_jax, to_jax, write
+from torch_tpu.runtime.tensor import TpuTensor, cpu_to_jax, from_jax, to_jax, write
 
 _log = logging.getLogger(__name__)
 # float settings passed to the program as values, not baked in: schedules change them every step
@@ -64,7 +63,6 @@ class TrainStepStats:
 
     compiles: int = 0  # programs traced and jitted (one per call signature)
     calls: int = 0  # steps run (one program execution each)
-    staged_calls: int = 0  # of them, steps with an input stage fused in (a StageInput argument)
 
 
 class _Program:
@@ -86,27 +84,10 @@ class _Program:
         )
         self.fn = exported.call if exported is not None else fn
         self.jitted = jax.jit(self.fn, donate_argnums=self.donated)
-        self.fused: dict[tuple, Any] = {}  # (stage, its input position) -> the program fused with it
 
-    def run(self, inputs: list[jax.Array], stage: _StageSlot | None, batch: tuple[Any, ...]) -> Sequence[jax.Array]:
-        """The program's outputs for ``inputs``; with ``stage``, the batch argument it names is
-        computed (and its gradient consumed) by its input stage inside the same program."""
-        if stage is None:
-            return self.jitted(*inputs)
-        value: StageInput = batch[stage.argument]
-        outputs, state = self._fused(value, stage)(jax.tree.map(_committed, value.stage.state()), value.inputs,
-                                                   *inputs)
-        value.stage.set_state(state)
-        return outputs
-
-    def _fused(self, value: StageInput, stage: _StageSlot) -> Any:
-        """The program with ``value``'s stage fused in at ``stage`` (built once per stage and position)."""
-        key = (value.stage, stage.position)
-        fused = self.fused.get(key)
-        if fused is None:
-            fused = self.fused[key] = fused_program(value.stage, self.fn, stage.position, stage.grad_output,
-                                                    self.donated)
-        return fused
+    def run(self, inputs: list[jax.Array]) -> Sequence[jax.Array]:
+        """The program's outputs for ``inputs``."""
+        return self.jitted(*inputs)
 
     @staticmethod
     def traced(graph: StepGraph) -> _Program:
@@ -139,11 +120,8 @@ class _Program:
             return ("other", i - n_params)
         return ("state", state_keys[i - n_params - n_others])
 
-    def lowered_text(self, inputs: Sequence[jax.Array], stage: _StageSlot | None, batch: tuple[Any, ...]) -> str:
-        if stage is None:
-            return self.jitted.lower(*inputs).as_text()
-        value: StageInput = batch[stage.argument]
-        return self._fused(value, stage).lower(value.stage.state(), value.inputs, *inputs).as_text()
+    def lowered_text(self, inputs: Sequence[jax.Array]) -> str:
+        return self.jitted.lower(*inputs).as_text()
 
 
 def _input_avals(signature: StepSignature, random: bool) -> list[jax.ShapeDtypeStruct]:
@@ -157,21 +135,11 @@ def _input_avals(signature: StepSignature, random: bool) -> list[jax.ShapeDtypeS
     return avals
 
 
-class _StageSlot(NamedTuple):
-    """Where a :class:`StageInput` sits: its batch argument, its input position in the program
-    and the program output holding its gradient."""
-
-    argument: int
-    position: int
-    grad_output: int
-
-
 class _Call(NamedTuple):
     signature: StepSignature
     state_and_groups: list[torch.Tensor | float]  # input values after the model's tensors
-    batch_tensors: list[torch.Tensor]  # every tensor leaf but a StageInput's
+    batch_tensors: list[torch.Tensor]  # every tensor leaf
     state_targets: dict[tuple[int, str], torch.Tensor]  # the state tensors the program replaces
-    stage: _StageSlot | None
 
 
 class TrainStep:
@@ -217,7 +185,7 @@ class TrainStep:
     def _signature(self, batch: tuple[Any, ...]) -> _Call:
         """The call's signature and tensors."""
         for i in self.input_grads:
-            if i >= len(batch) or not isinstance(batch[i], (torch.Tensor, StageInput)):
+            if i >= len(batch) or not isinstance(batch[i], torch.Tensor):
                 raise ValueError(f"train_step: input_grads names batch argument {i}, which is "
                                  f"{'missing' if i >= len(batch) else type(batch[i]).__name__}, not a tensor")
         index = self._index
@@ -251,16 +219,11 @@ class TrainStep:
             hyper.append(tuple(settings))
         leaves, tree = pytree.tree_flatten(batch)
         grad_leaves = {id(batch[i]) for i in self.input_grads}
-        batch_leaves, batch_tensors, stage = [], [], None
+        batch_leaves, batch_tensors = [], []
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
                 batch_leaves.append(TensorSpec.of(leaf, requires_grad=id(leaf) in grad_leaves))
                 batch_tensors.append(leaf)
-            elif isinstance(leaf, StageInput):
-                stage = self._stage_slot(batch, leaf, len(self._params) + len(self._others) + len(state_tensors)
-                                         + len(group_values) + len(batch_tensors), stage)
-                shape, dtype = output_shape(leaf)
-                batch_leaves.append(TensorSpec(shape, _contiguous_strides(shape), dtype, requires_grad=True))
             else:
                 batch_leaves.append(leaf if _hashable(leaf) else repr(leaf))
         signature = StepSignature(
@@ -270,15 +233,7 @@ class TrainStep:
             hyper=tuple(hyper), batch_leaves=tuple(batch_leaves), batch_tree=tree,
             training=self.model.training, matmul_precision=precision.current_name(),
         )
-        return _Call(signature, state_tensors + group_values, batch_tensors, targets, stage)
-
-    def _stage_slot(self, batch: tuple[Any, ...], value: StageInput, position: int,
-                    earlier: _StageSlot | None) -> _StageSlot:
-        argument = next((i for i, b in enumerate(batch) if b is value), None)
-        if earlier is not None or argument is None or argument not in self.input_grads:
-            raise ValueError("train_step: a StageInput must be one top-level batch argument named in input_grads "
-                             "(its stage consumes the gradient); at most one per call")
-        return _StageSlot(argument, position, 1 + self.input_grads.index(argument))
+        return _Call(signature, state_tensors + group_values, batch_tensors, targets)
 
     def _program(self, signature: StepSignature) -> _Program:
         program = self._programs.get(signature)
@@ -309,8 +264,7 @@ class TrainStep:
         model_tensors = [*self._params, *(t for _, t in self._others)]
         arrays = [to_jax(t) for t in model_tensors]
         arrays += [_device_array(t) for t in state_and_groups]
-        arrays += [_device_array(t) for t in batch_tensors]
-        return [_committed(a) for a in arrays]
+        return [_committed(a) for a in arrays] + [_batch_array(t) for t in batch_tensors]
 
     def __call__(self, *batch: Any) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         precision.sync()
@@ -326,11 +280,10 @@ class TrainStep:
             if program.random:
                 inputs.append(jax.random.key_data(tpu_random.next_key()))
             with persistent_cache.persistent():
-                outputs = program.run(inputs, call.stage, batch)
+                outputs = program.run(inputs)
             self._store(program, outputs, call.state_targets)
             self._replay = _Replay.after(self, program, call, batch, inputs)
         self.stats.calls += 1
-        self.stats.staged_calls += any(type(b) is StageInput for b in batch)
         loss = from_jax(outputs[0])
         if not self.input_grads:
             return loss
@@ -362,7 +315,7 @@ class TrainStep:
         inputs = self._inputs(call.state_and_groups, call.batch_tensors)
         if program.random:
             inputs.append(jax.random.key_data(tpu_random.next_key()))
-        return program.lowered_text(inputs, call.stage, batch)
+        return program.lowered_text(inputs)
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None = None, *,
@@ -374,10 +327,9 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     ``optimizer.step()`` and returns the loss as a tpu tensor without waiting for it. With
     ``input_grads`` (positions of tensor arguments in ``batch``) it returns
     ``(loss, gradients of those arguments)``, for a caller that continues backward outside the
-    step (e.g. into embedding tables). The argument at such a position may instead be a
-    :class:`~torch_tpu.compile.input_stage.StageInput`: its stage computes the value and consumes
-    the gradient inside the same program (e.g. an embedding lookup and its fused update). The
-    model must be on the tpu device; ``.grad`` of its parameters is not filled in."""
+    step (e.g. into embedding tables; or a model whose autograd functions update its buffers in
+    backward, such as a fused embedding update, reached through such an argument). The model
+    must be on the tpu device; ``.grad`` of its parameters is not filled in."""
     return TrainStep(model, optimizer, loss_fn, input_grads)
 
 
@@ -390,9 +342,9 @@ class _Replay:
 
     def __init__(self, program: _Program, tensors: list[TpuTensor], next_output: list[int | None],
                  fixed: list[jax.Array], batch_key: tuple, state: dict, entry_params: list[torch.Tensor],
-                 groups: list[dict], training: bool, stage: _StageSlot | None) -> None:
+                 groups: list[dict], training: bool) -> None:
         self.program, self.tensors, self.fixed, self.batch_key = program, tensors, fixed, batch_key
-        self.training, self.stage = training, stage
+        self.training = training
         self.matmul_precision = precision.current_name()
         self.arrays = list(map(_box_array, tensors))
         self.rebinds = [(i, j) for i, j in enumerate(next_output) if j is not None]
@@ -434,7 +386,7 @@ class _Replay:
         fixed = inputs[len(tensors):len(inputs) - len(call.batch_tensors)]  # tensor settings (lr) as passed
         entry_params = [p for p in state if id(p) in step._index]
         return _Replay(program, tensors, [updated.get(s) for s in slots], fixed, batch_key, state, entry_params,
-                       step.optimizer.param_groups, step.model.training, call.stage)
+                       step.optimizer.param_groups, step.model.training)
 
     def _valid(self, step: TrainStep, batch: tuple[Any, ...]) -> bool:
         optimizer = step.optimizer
@@ -453,10 +405,9 @@ class _Replay:
         """The program's outputs, stored into the model and optimizer; None when not valid."""
         if not self._valid(step, batch):
             return None
-        batch_arrays = [_device_array(t) for t in batch if type(t) is not StageInput]
-        inputs = [*self.arrays, *self.fixed, *map(_committed, batch_arrays)]
+        inputs = [*self.arrays, *self.fixed, *map(_batch_array, batch)]
         _copy_shared(inputs, self.program.donated, owners=2)  # the storage box and self.arrays
-        outputs = self.program.run(inputs, self.stage, batch)  # compiled by the call this replays: no cache context
+        outputs = self.program.run(inputs)  # compiled by the call this replays: no cache context
         arrays, boxes = self.arrays, self.boxes
         for i, j in self.rebinds:
             boxes[i].array = arrays[i] = outputs[j]
@@ -468,11 +419,10 @@ _box_array = operator.attrgetter("_box.array")
 
 
 def _batch_key(batch: tuple[Any, ...]) -> tuple | None:
-    """Shapes and dtypes of a batch of tensors and stage inputs (None: other leaves, not replayed)."""
-    if not all(isinstance(t, (torch.Tensor, StageInput)) for t in batch):
+    """Shapes and dtypes of a batch of tensors (None: other leaves, not replayed)."""
+    if not all(isinstance(t, torch.Tensor) for t in batch):
         return None
-    return tuple((StageInput, t.cache_key()) if type(t) is StageInput else (type(t), t.shape, t.dtype, t.requires_grad)
-                 for t in batch)
+    return tuple((type(t), t.shape, t.dtype, t.requires_grad) for t in batch)
 
 
 def _rebind(t: TpuTensor, value: jax.Array) -> None:
@@ -494,6 +444,20 @@ def _device_array(t: torch.Tensor | float) -> jax.Array:
     if type(t) is TpuTensor:
         return to_jax(t)
     return _scalar_array(t) if isinstance(t, float) else cpu_to_jax(t)
+
+
+# dtypes a CPU tensor's numpy view has (bfloat16 and the float8 formats have none)
+_NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128})
+
+
+def _batch_array(t: torch.Tensor | float) -> jax.Array | np.ndarray:
+    """A batch argument as the program takes it: a CPU tensor as a private numpy copy, which the
+    jitted call transfers itself (a few microseconds; an eager device copy per tensor costs
+    hundreds), other dtypes and tpu tensors as committed device arrays."""
+    if type(t) is torch.Tensor and t.dtype in _NUMPY_DTYPES and not t.is_quantized:
+        return t.detach().resolve_conj().resolve_neg().contiguous().clone().numpy()
+    return _committed(_device_array(t))
 
 
 @functools.lru_cache(maxsize=256)

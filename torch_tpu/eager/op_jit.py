@@ -4,8 +4,10 @@ Calling a lowering directly runs each of its jnp calls as a separate small XLA d
 cache instead runs a lowering as one ``jax.jit`` program, keyed by the op overload, the argument
 structure, every input's aval (shape, dtype, weak type) and the values of all non-tensor arguments.
 
-* A key is compiled on its second sight; the first call runs the plain lowering, so one-off
-  signatures never pay for a compile.
+* A key is compiled on its first sight, so every call of a signature runs the same program: the
+  plain lowering (op by op) and a jitted program can round differently (XLA contracts a multiply
+  and an add into one FMA inside a program), and an op must give the same bits on each call (a
+  resumed training run repeats the uninterrupted run's updates bit for bit).
 * Float arguments that keep changing (a learning rate, Adam's bias corrections) would compile a
   program per value: once a call site has seen more than ``PROMOTE_AFTER`` distinct float values,
   its floats become traced inputs of one program, provided tracing them gives the same output
@@ -38,7 +40,7 @@ from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime._jax import ARRAY_TYPE, jax
 
 PROMOTE_AFTER = 3
-_SIGHTINGS_MAX = 8192
+_FLOAT_SITES_MAX = 8192
 _ARRAY = ARRAY_TYPE
 _PLAIN = object()  # program slot of a signature that does not trace: run the lowering itself
 _TRACED = "traced floats"  # float-values part of the key once a site's floats are traced inputs
@@ -52,7 +54,7 @@ class OpJitStats:
     """Counters since the last :func:`reset_stats` (a call is either a hit or a miss)."""
 
     hits: int = 0  # calls served by a compiled program
-    misses: int = 0  # calls that ran the plain lowering (first sight, untraceable, uncacheable)
+    misses: int = 0  # calls that ran the plain lowering (untraceable, uncacheable)
     compiles: int = 0  # programs built
     evictions: int = 0  # programs dropped by the size cap
     promotions: int = 0  # call sites whose float arguments became traced inputs
@@ -68,7 +70,6 @@ def _env_enabled() -> bool:
 
 _config = {"enabled": _env_enabled(), "max_entries": int(os.environ.get("TORCH_TPU_OP_JIT_MAX", "1024"))}
 _programs: OrderedDict[tuple, Any] = OrderedDict()  # (site, float key) -> jitted program (LRU)
-_sightings: dict[tuple, None] = {}  # keys seen once, not compiled yet (cleared when too many)
 _float_values: dict[tuple, set | None] = {}  # site -> distinct float keys seen (None: keep constant)
 _promoted: set[tuple] = set()  # sites whose floats are traced inputs
 _last = threading.local()  # .program: what the thread's last call ran (see last_program)
@@ -110,10 +111,9 @@ def size() -> int:
 
 
 def clear() -> None:
-    """Forget every program and sighting (after lowerings changed)."""
+    """Forget every program and float-value record (after lowerings changed)."""
     fast.clear()
     _programs.clear()
-    _sightings.clear()
     _float_values.clear()
     _promoted.clear()
 
@@ -182,15 +182,9 @@ def call(lowering: Lowering, args: Any, kwargs: dict) -> Any:
         program = _promote(lowering, treedef, leaves, site)
         if program is not None:
             return _store_and_run(site, _TRACED, program, arrays + floats, args, kwargs, lowering)
-    if _sightings.pop(key, False) is None:
-        program = _jitted(lowering, treedef, leaves, traced_floats=False)
-        _stats.compiles += 1
-        return _store_and_run(site, key[1], program, arrays, args, kwargs, lowering)
-    _sightings[key] = None
-    if len(_sightings) > _SIGHTINGS_MAX:
-        _sightings.clear()
-    _stats.misses += 1
-    return lowering.fn(*args, **kwargs)
+    program = _jitted(lowering, treedef, leaves, traced_floats=False)
+    _stats.compiles += 1
+    return _store_and_run(site, key[1], program, arrays, args, kwargs, lowering)
 
 
 def _float_key(floats: list[float]) -> tuple:
@@ -202,7 +196,7 @@ def _float_key(floats: list[float]) -> tuple:
 
 def _note_float_values(site: tuple, fkey: tuple) -> bool:
     """Record a float key for ``site``; True when the site now has too many to compile each."""
-    if len(_float_values) > _SIGHTINGS_MAX:
+    if len(_float_values) > _FLOAT_SITES_MAX:
         _float_values.clear()
     seen = _float_values.setdefault(site, set())
     if seen is None:

@@ -72,6 +72,8 @@ SHARDED_SCHEMAS = {SHARDED + name: schema.replace(") ->", f", {_SHARDING}) ->", 
 SLOTS = {"sgd": (), "adagrad": ("accumulator",), "adam": ("momentum", "velocity"),
          "rowwise_adagrad": ("accumulator",), "ftrl": ("accumulator", "linear")}
 _libs: list[torch.library.Library] = []
+# the modules the lowerings compute in (the compile cache's key covers their source)
+LOWERING_SOURCES = ("sparsecore.csr_math", "sparsecore.csr_kernels", "sparsecore.csr_format")
 
 
 def _overload(name: str) -> torch._ops.OpOverload:
@@ -138,8 +140,7 @@ def _fused(optimizer: str, prefix: str = ""):
                                             a["computation_name"] or f"{optimizer}_optimizer_update")
         from sparsecore import csr_math
 
-        g, touched = csr_math.table_grad(*csr, table, grad, *sharding)
-        return getattr(csr_math, optimizer)(table, *table_slots, g, touched, *hypers)
+        return csr_math.fused_update(optimizer, *csr, table, table_slots, grad, hypers, *sharding)
 
     return lowering
 
@@ -223,6 +224,8 @@ def register() -> None:
         for name, (lowering, fake) in kernels.items():
             lib.impl(prefix + name, _on_host(lowering), "CPU")
             torch.library.register_fake(f"{NAMESPACE}::{prefix}{name}", fake, lib=lib)
+            # the math lives in sparsecore: a changed csr_math must not reuse a stored program
+            lowering.lowering_sources = LOWERING_SOURCES
             register_lowering(_overload(prefix + name))(lowering)
     torch.library.register_autograd(f"{NAMESPACE}::sparse_dense_matmul", _lookup_backward,
                                     setup_context=_setup_context, lib=lib)

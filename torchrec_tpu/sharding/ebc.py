@@ -93,6 +93,22 @@ class ShardedSparseCoreEBC(ShardedTables):
              for f, s in pairs] or [np.zeros(0, dtype=np.int64)])) for pairs in self._served]
         self._placement = _OutputPlacement(self._served, self._columns, self.rank, sum(dims))
 
+    def activation_columns(self, feature_order: Sequence[str]) -> np.ndarray | None:
+        """The columns of this rank's local activations that hold the output of ``feature_order``'s
+        features, each feature's ``dim`` columns in that order; None unless this rank alone serves
+        every output column exactly once (one rank, no row-wise partial sums to add)."""
+        unknown = sorted(set(feature_order) - set(self._offsets))
+        if unknown:
+            raise ValueError(f"features {unknown} are not among this EBC's features {sorted(self._offsets)}")
+        placement = self._placement
+        if self.world_size != 1 or not placement.permutation:
+            return None
+        dims = {f.name: self.tables[f.table].dim for f in self.features}
+        wanted = np.concatenate([np.arange(self._offsets[name], self._offsets[name] + dims[name])
+                                 for name in feature_order])
+        order = np.arange(placement.width) if placement.identity else placement.order.numpy()
+        return order[wanted]
+
     def _local_features(self) -> list[FeatureSpec]:
         """Each served feature over the global batch, weighted (the gains carry the combiner)."""
         return [FeatureSpec(f.name, f.table, self.batch_size * self.world_size, weighted=True)

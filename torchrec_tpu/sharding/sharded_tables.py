@@ -26,11 +26,13 @@ from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards, row_
 from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
+OPS = "ops"  # the local engine on TorchTPU's tpu:: SparseCore ops (torchrec_tpu.sharding.ops_backend)
 
 
 @dataclass(frozen=True)
 class LocalEngine:
-    """How each rank runs its shards: one sparsecore ``backend`` laid out for ``topology`` (the
+    """How each rank runs its shards: one sparsecore ``backend`` (``sparsecore.backends.BACKENDS``, or
+    ``"ops"``: the tpu:: SparseCore ops on the tpu device) laid out for ``topology`` (the
     devices one rank spans), initialised from ``seed`` where no weights are given, checking ids
     by ``id_policy``; ``options`` go to the backend."""
 
@@ -44,6 +46,10 @@ class LocalEngine:
              weights: Mapping[str, torch.Tensor] | None) -> Backend:
         """The backend of ``tables`` (this rank's shards) looked up by ``features``."""
         plan = plan_stacking(list(tables), list(features), self.topology).with_table_limits()
+        if self.backend == OPS:  # TorchTPU's SparseCore ops on the tpu device (imports torch_tpu)
+            from torchrec_tpu.sharding.ops_backend import OpsBackend
+
+            return OpsBackend(plan, weights, self.seed, **self.options)
         return make_backend(self.backend, plan, weights, self.seed, **self.options)
 
 
@@ -98,6 +104,18 @@ class ShardedTables(nn.Module):
         self._anchor = nn.Parameter(torch.empty(0), requires_grad=True)  # makes autograd call backward
         self._configure()
         self._backend: Backend | None = self._initial_backend(weights)
+
+    @property
+    def local_backend(self) -> Backend | None:
+        """This rank's backend: its tables and slots and the lookups and fused updates on them
+        (None: the rank holds no table)."""
+        return self._backend
+
+    @property
+    def gradient_scale(self) -> float:
+        """The factor each fused update applies to its gradient (1 / world size when averaging
+        over ranks, else 1)."""
+        return self._grad_scale
 
     def _configure(self) -> None:
         """Subclass state the local backend's features depend on (runs before it is built)."""

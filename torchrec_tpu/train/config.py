@@ -124,6 +124,13 @@ class EngineConfig:
                 "is XLA:CPU, the towers are small (dispatch-bound: one program wins; large towers are "
                 "matmul-bound, where CPU torch's kernels beat XLA:CPU's), else cpu (README, 'torchrec-tpu train')",
         choices=DENSE_DEVICES)
+    sparse_backend: str = _opt(
+        "ops", "the sparsecore engine's local embedding backend, --engine sparsecore only. ops: TorchTPU's tpu:: "
+               "SparseCore ops on tpu tables (at one rank with tpu towers the traced step calls them itself: "
+               "lookup, towers and fused update in one program), each batch's CSR buffers cut to a power-of-two "
+               "bucket of its largest partition; xla: the sparsecore xla backend's own XLA programs, run beside "
+               "the step (e.g. row-wise Adagrad on tables whose dim is not a multiple of 8, which ops refuses)",
+        choices=("xla", "ops"))
     dense_parallel: str = _opt("ddp", "how the dense towers are synced over ranks, --engine sparsecore only: "
                                       "replicated (DDP) or sharded per tower (FSDP2 fully_shard, for large towers)",
                                choices=DENSE_PARALLELS)
@@ -250,11 +257,11 @@ class TrainConfig:
                 raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} is not one of {list(choices)}")
         engine, data, optim = self.engine, self.data, self.optim
         kind = ENGINES[engine.kind]
-        for name, default in (("dense_device", "auto"), ("dense_parallel", "ddp")):
+        for name, default in (("dense_device", "auto"), ("dense_parallel", "ddp"), ("sparse_backend", "ops")):
             if not kind.places_dense and self.option(name) not in (default, "cpu"):
                 raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} needs --engine "
                                   f"{_engines_that('places_dense')} (the {kind.name} engine keeps its dense part "
-                                  "on cpu in DDP)")
+                                  "on cpu in DDP and has no sparse backend choice)")
         dense, over = self.model.dense_layers, self.model.over_layers
         if dense[-1] != self.model.embedding_dim:
             raise ConfigError(

@@ -5,9 +5,10 @@ interaction (dot or DCN), over arch and the BCE loss, from (dense features, pool
 labels). It shares the DLRM's own parameter objects, so the optimizer, checkpoints and
 evaluation see one model. :class:`CompiledDenseStep` runs it with the dense optimizer's update as
 one program (``torch_tpu.compile.train_step``); a batch whose input dist ran ahead (the
-prefetch pipeline) also has its embedding lookup and fused sparse update inside that program
-(:mod:`torchrec_tpu.sharding.pooled_stage`), else the pooled embeddings' gradient goes back into
-the sparsecore EBC's own fused update. :func:`eval_forward` runs evaluation's towers as one
+prefetch pipeline) for an EBC on the ``ops`` backend also has its embedding lookup and fused
+sparse update inside that program: the traced step calls the ``tpu::`` SparseCore ops itself
+(:class:`DLRMLookupLoss`, :mod:`torchrec_tpu.sharding.step_lookup`); else the pooled embeddings'
+gradient goes back into the sparsecore EBC's own fused update. :func:`eval_forward` runs evaluation's towers as one
 compiled program too.
 """
 
@@ -44,6 +45,20 @@ class DLRMDenseLoss(nn.Module):
         return self.over_arch(self.inter_arch(dense_features=embedded, sparse_features=pooled)).squeeze(-1)
 
 
+class DLRMLookupLoss(nn.Module):
+    """``(dense_features, labels, anchor, *csr) -> loss``: the embedding lookup (``lookup``, a
+    :class:`~torchrec_tpu.sharding.step_lookup.PooledLookup`, whose backward updates the tables)
+    feeding ``dense``."""
+
+    def __init__(self, dense: DLRMDenseLoss, lookup: nn.Module) -> None:
+        super().__init__()
+        self.dense, self.lookup = dense, lookup
+
+    def forward(self, dense_features: torch.Tensor, labels: torch.Tensor, anchor: torch.Tensor,
+                *csr: torch.Tensor) -> torch.Tensor:
+        return self.dense(dense_features, self.lookup(anchor, *csr), labels)
+
+
 class CompiledDenseStep:
     """A ``run_training`` step function. A prefetched batch of a one-rank sparsecore EBC: lookup,
     dense step and sparse update as one tpu program. Otherwise: the sparse arch (host, sparsecore
@@ -56,21 +71,23 @@ class CompiledDenseStep:
 
     def __init__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer) -> None:
         import torch_tpu.compile as tc
-        from torchrec_tpu.sharding.pooled_stage import PooledLookupStage  # imports torch_tpu
+        from torchrec_tpu.sharding.step_lookup import PooledLookup  # imports torch_tpu
 
         self.dense = DLRMDenseLoss(model)
         inner = getattr(optimizer, "_optimizer", optimizer)  # KeyedOptimizerWrapper steps its inner one
         self.step = tc.train_step(self.dense, inner, input_grads=(1,))
         sparse_arch = model.model.sparse_arch
         self.ebc = sparse_arch.embedding_bag_collection
-        self.stage = PooledLookupStage.of(self.ebc, sparse_arch.sparse_feature_names)
+        self.lookup = PooledLookup.of(self.ebc, sparse_arch.sparse_feature_names)
+        self.fused_step = None if self.lookup is None else tc.train_step(DLRMLookupLoss(self.dense, self.lookup),
+                                                                           inner, input_grads=(2,))
 
     def __call__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
         kjt = batch.sparse_features
-        if self.stage is not None and isinstance(kjt, PrefetchedKJT) and kjt.owner is self.ebc:
-            pooled = self.stage.input(kjt.local)
-            if pooled is not None:
-                loss, _ = self.step(batch.dense_features, pooled, batch.labels)
+        if self.fused_step is not None and isinstance(kjt, PrefetchedKJT) and kjt.owner is self.ebc:
+            inputs = self.lookup.step_inputs(kjt.local)
+            if inputs is not None:
+                loss, _ = self.fused_step(batch.dense_features, batch.labels, *inputs)
                 return loss
         # the host tensors go into the program as they are (one copy each, no eager tpu ops)
         pooled = _host_pooled(model, batch)

@@ -43,7 +43,7 @@ PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
 def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.device, optim: OptimConfig,
                            options: EngineConfig, batch_size: int, seed: int) -> nn.Module:
-    """DLRMTrain whose embeddings are sharded over the world on sparsecore (xla backend) as
+    """DLRMTrain whose embeddings are sharded over the world on sparsecore (``options.sparse_backend``) as
     ``options.plan`` says (see :func:`~torchrec_tpu.train.engines.plan_loading.resolve_sharding`),
     trained by ``optim``'s sparse optimizer, and whose dense towers run on ``dense_device``, synced
     by ``options.dense_parallel``; ``batch_size`` the global batch, ``seed`` the tables' initialisation.
@@ -58,7 +58,7 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     placement = resolve_sharding(options.plan, *specs, env.world_size, batch_size)
     model.set_submodule(EBC_PATH, ShardedSparseCoreEBC.from_torchrec(
         tables_ebc, local_batch, placement.sharding, optimizer, specs=specs, topology=placement.rank_topology,
-        seed=seed, average_over_ranks=True,
+        seed=seed, average_over_ranks=True, backend=options.sparse_backend,
     ))
     place_dense(model, dense_device)
     ebc_params = [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)]
@@ -104,7 +104,7 @@ def build_dense_optimizer(model: nn.Module, optim: OptimConfig) -> KeyedOptimize
 
 @dataclass(frozen=True)
 class SparseCoreEngine:
-    """The :class:`~torchrec_tpu.train.engines.Engine` of our sparsecore EBC (xla backend), sharded
+    """The :class:`~torchrec_tpu.train.engines.Engine` of our sparsecore EBC (``options.sparse_backend``), sharded
     as ``options.plan`` says, dense towers on ``options.dense_device`` synced by
     ``options.dense_parallel``; ``optim``'s optimizers, ``batch_size`` the global batch, ``seed``
     the tables' initialisation."""

@@ -1,6 +1,6 @@
-"""The sparsecore EBC's lookup and fused update as an input stage of a compiled training step
-(one XLA program per step) trains like stock TorchRec + dense torch optimizers on the host, and
-exactly like the EBC's own (unfused) lookup and update."""
+"""The sparsecore EBC's lookup on the tpu:: ops called by a traced training step (one XLA program
+per step: lookup, dense step, fused embedding update) trains like stock TorchRec + dense torch
+optimizers on the host, and like the EBC's own (unfused) lookup and update on the same ops."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torchrec_tpu.sharding import ShardedSparseCoreEBC, TableSharding
 
 torch_tpu = pytest.importorskip("torch_tpu")
 import torch_tpu.compile as tc  # noqa: E402
-from torchrec_tpu.sharding.pooled_stage import PooledLookupStage  # noqa: E402
+from torchrec_tpu.sharding.step_lookup import PooledLookup  # noqa: E402
 
 DIM, BATCH, STEPS = 8, 16, 3
 CONFIGS = [
@@ -90,22 +90,39 @@ def train_reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, t
         {n: p.detach().clone() for n, p in dense.named_parameters()}
 
 
-def sparsecore_ebc(sharding: str) -> ShardedSparseCoreEBC:
+def sparsecore_ebc(sharding: str, backend: str = "ops") -> ShardedSparseCoreEBC:
     return ShardedSparseCoreEBC.from_torchrec(stock_ebc(), BATCH, SHARDINGS[sharding],
-                                              Adagrad(LR_TABLES, initial_accumulator_value=0.0, eps=1e-8))
+                                              Adagrad(LR_TABLES, initial_accumulator_value=0.0, eps=1e-8),
+                                              backend=backend)
+
+
+class LookupLoss(nn.Module):
+    """loss(x, y, anchor, *csr): the EBC's lookup inside the step feeding ``DenseLoss``."""
+
+    def __init__(self, dense: DenseLoss, lookup: PooledLookup) -> None:
+        super().__init__()
+        self.dense, self.lookup = dense, lookup
+
+    def forward(self, x, y, anchor, *csr):
+        return self.dense(x, self.lookup(anchor, *csr), y)
+
+
+
+def fused_step(ebc: ShardedSparseCoreEBC, dense: DenseLoss) -> tuple[PooledLookup, tc.TrainStep]:
+    lookup = PooledLookup.of(ebc, SPARSE_ARCH_ORDER)
+    assert lookup is not None
+    return lookup, tc.train_step(LookupLoss(dense, lookup), torch.optim.SGD(dense.parameters(), lr=LR_DENSE),
+                                 input_grads=(2,))
 
 
 def train_fused(sharding: str) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor], tc.TrainStep]:
-    """The EBC as the input stage of one compiled step per batch, dense model on tpu."""
+    """The EBC's lookup and update inside one compiled step per batch, dense model on tpu."""
     ebc, dense = sparsecore_ebc(sharding), DenseLoss().to("tpu")
-    stage = PooledLookupStage.of(ebc, SPARSE_ARCH_ORDER)
-    assert stage is not None
-    step = tc.train_step(dense, torch.optim.SGD(dense.parameters(), lr=LR_DENSE), input_grads=(1,))
+    lookup, step = fused_step(ebc, dense)
     losses = []
     for i in range(STEPS):
         x, kjt, y = batch(i)
-        pooled = stage.input(ebc.prefetch(kjt).local)
-        loss, _ = step(x, pooled, y)
+        loss, _ = step(x, y, *lookup.step_inputs(ebc.prefetch(kjt).local))
         losses.append(loss.item())
     assert ebc.steps == STEPS and ebc._backend.steps == STEPS
     return losses, ebc.unsharded_weights(), {n: p.cpu() for n, p in dense.named_parameters()}, step
@@ -126,8 +143,8 @@ def test_fused_step_trains_like_stock_torchrec(sharding: str) -> None:
 
 
 def test_fused_step_equals_the_ebc_own_lookup_and_update() -> None:
-    """Same lookup and update code as the EBC's eager path: the same numbers up to float32
-    rounding (inside one program XLA fuses the update's sums with the dense backward)."""
+    """The same ops as the EBC's eager path (lookup op, then the fused op from the pooled
+    gradient): the same numbers up to float32 rounding."""
     ebc, dense = sparsecore_ebc("mixed"), DenseLoss().to("tpu")
     step = tc.train_step(dense, torch.optim.SGD(dense.parameters(), lr=LR_DENSE), input_grads=(1,))
     for i in range(STEPS):
@@ -142,52 +159,26 @@ def test_fused_step_equals_the_ebc_own_lookup_and_update() -> None:
         torch.testing.assert_close(fused_dense[name], value.cpu(), rtol=0, atol=1e-6, msg=name)
 
 
-def test_a_new_id_layout_compiles_one_more_fused_program() -> None:
-    ebc, dense = sparsecore_ebc("table_wise"), DenseLoss().to("tpu")
-    stage = PooledLookupStage.of(ebc, SPARSE_ARCH_ORDER)
-    step = tc.train_step(dense, torch.optim.SGD(dense.parameters(), lr=LR_DENSE), input_grads=(1,))
-    x, kjt, y = batch(0)
-    hot = KeyedJaggedTensor(keys=FEATURES, values=torch.arange(4 * 30 * BATCH) % 9,  # far more ids: larger buckets
-                            lengths=torch.full((len(FEATURES) * BATCH,), 30))
-    inputs = [stage.input(ebc.prefetch(k).local) for k in (kjt, kjt, hot)]
-    assert inputs[0].key == inputs[1].key != inputs[2].key
-    for pooled in inputs:
-        step(x, pooled, y)
-    program = next(iter(step._programs.values()))
-    assert step.stats.compiles == 1 and len(program.fused) == 1  # one dense program, one fused jit
-    (fused,) = program.fused.values()
-    assert fused._cache_size() == 2  # a fused program per id layout
-
-
-def test_stage_inputs_need_their_gradient() -> None:
-    ebc, dense = sparsecore_ebc("table_wise"), DenseLoss().to("tpu")
-    stage = PooledLookupStage.of(ebc, SPARSE_ARCH_ORDER)
-    step = tc.train_step(dense, torch.optim.SGD(dense.parameters(), lr=LR_DENSE))
-    x, kjt, y = batch(0)
-    with pytest.raises(ValueError, match="StageInput must be one top-level batch argument named in input_grads"):
-        step(x, stage.input(ebc.prefetch(kjt).local), y)
-
-
-def test_only_one_rank_ebcs_with_one_dim_fuse() -> None:
-    assert PooledLookupStage.of(nn.Linear(2, 2), FEATURES) is None
+def test_only_one_rank_ops_ebcs_with_one_dim_fuse() -> None:
+    assert PooledLookup.of(nn.Linear(2, 2), FEATURES) is None
+    assert PooledLookup.of(sparsecore_ebc("table_wise", backend="xla"), SPARSE_ARCH_ORDER) is None
     mixed = ShardedSparseCoreEBC.from_torchrec(
         EmbeddingBagCollection(tables=[CONFIGS[0], EmbeddingBagConfig(
             num_embeddings=5, embedding_dim=4, name="t_narrow", feature_names=["narrow"])], device="cpu"),
         BATCH, {"t_user": TableSharding("table_wise", (0,)), "t_narrow": TableSharding("table_wise", (0,))},
-        Adagrad(0.1))
+        Adagrad(0.1), backend="ops")
     with pytest.raises(ValueError, match="needs one dim for all features"):
-        PooledLookupStage.of(mixed, ["user", "narrow"])
+        PooledLookup.of(mixed, ["user", "narrow"])
 
 
 def test_lookup_dense_step_and_update_are_one_program() -> None:
     ebc, dense = sparsecore_ebc("table_wise"), DenseLoss().to("tpu")
-    stage = PooledLookupStage.of(ebc, SPARSE_ARCH_ORDER)
-    step = tc.train_step(dense, torch.optim.SGD(dense.parameters(), lr=LR_DENSE), input_grads=(1,))
+    lookup, step = fused_step(ebc, dense)
     x, kjt, y = batch(0)
-    text = step.hlo_text(x, stage.input(ebc.prefetch(kjt).local), y)
+    text = step.hlo_text(x, y, *lookup.step_inputs(ebc.prefetch(kjt).local))
     main = text[text.index("func.func public @main"):]
     main = main[:main.index("\n")]
-    # the stage's state (tables, Adagrad accumulators) and the dense parameters are donated: updated in place
+    # the tables, Adagrad accumulators and the dense parameters are donated: updated in place
     assert main.count("tf.aliasing_output") == 2 * len(ebc._backend.plan.stacks) + 3
     assert text.count("func.func public") == 1
     assert "stablehlo.gather" in text and "stablehlo.scatter" in text  # lookup, fused update

@@ -1,0 +1,105 @@
+"""The ops backend cuts each batch's CSR buffers to a power-of-two bucket of its largest partition:
+the cut buffers are byte for byte what preprocessing with that limit builds, and the lookup and
+fused update on them equal those on the full-size buffers exactly."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from sparsecore import Adagrad
+from sparsecore.preprocess import preprocess_inputs
+from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
+from sparsecore.stacking import plan_stacking
+from sparsecore.validation import feature_inputs
+
+pytest.importorskip("torch_tpu")
+from torchrec_tpu.sharding.ops_backend import (  # noqa: E402
+    CSR_FIELDS,
+    OpsBackend,
+    PreparedCSR,
+    bucket_limit,
+    csr_limits,
+    fit_csr,
+)
+
+LIMIT = 200  # not a power of two: a bucket never exceeds it
+
+
+def _plan(topology: SparseCoreTopology, batch: int):
+    adagrad = Adagrad(learning_rate=0.1)
+    tables = [TableSpec("t0", 300, 8, "sum", adagrad, max_ids_per_partition=LIMIT, max_unique_ids_per_partition=LIMIT),
+              TableSpec("t1", 50, 8, "mean", adagrad, max_ids_per_partition=LIMIT,
+                        max_unique_ids_per_partition=LIMIT)]
+    features = [FeatureSpec("a", "t0", batch), FeatureSpec("b", "t0", batch), FeatureSpec("c", "t1", batch)]
+    limits = dict(stack_to_max_ids_per_partition=lambda name, samples: LIMIT,
+                  stack_to_max_unique_ids_per_partition=lambda name, samples: LIMIT // 2)
+    return plan_stacking(tables, features, topology, **limits)
+
+
+def _inputs(plan, step: int, most: int):
+    rng = np.random.default_rng(step)
+    lengths = [rng.integers(0, most + 1, size=f.batch_size) for f in plan.features]
+    values = [rng.integers(0, plan.tables[f.table].vocab_size, size=int(n.sum())) for f, n in zip(plan.features,
+                                                                                                  lengths)]
+    kjt = KeyedJaggedTensor(keys=[f.name for f in plan.features], values=torch.from_numpy(np.concatenate(values)),
+                            lengths=torch.from_numpy(np.concatenate(lengths)).int())
+    return feature_inputs(kjt, plan.features, plan.tables, "error")
+
+
+def test_bucket_limit():
+    assert [bucket_limit(k, 200) for k in (0, 1, 8, 9, 16, 17, 128, 129, 200, 250)] == \
+        [8, 8, 8, 16, 16, 32, 128, 200, 200, 200]
+    assert bucket_limit(3, 4) == 4 and bucket_limit(0, 8) == 8
+
+
+@pytest.mark.parametrize("generation,chips", [("v5p", 1), ("v5p", 2)])
+@pytest.mark.parametrize("most", [1, 6, 40])
+def test_cut_buffers_are_what_preprocessing_with_the_bucket_builds(generation, chips, most):
+    topology = SparseCoreTopology(generation, chips)
+    plan = _plan(topology, 8 * topology.num_sparsecores)
+    chunks = topology.num_sparsecores
+    for step in range(3):
+        inputs = _inputs(plan, step, most)
+        full = preprocess_inputs(inputs, plan)
+        for stack in plan.stacks:
+            cut = fit_csr(stack, chunks, *(getattr(full.stacks[stack.name], f) for f in CSR_FIELDS))
+            limit, unique = csr_limits(stack, chunks, torch.from_numpy(np.ascontiguousarray(cut[1])))
+            assert limit == bucket_limit(int(full.stacks[stack.name].stats.max_ids_per_partition.max()), LIMIT)
+            assert unique == min(limit, stack.max_unique_ids_per_partition)
+            bucketed = replace(plan, stacks=tuple(replace(st, max_ids_per_partition=limit) if st is stack else st
+                                                  for st in plan.stacks))
+            expected = preprocess_inputs(inputs, bucketed).stacks[stack.name]
+            for field, got in zip(CSR_FIELDS, cut):
+                want = getattr(expected, field)
+                assert got.dtype == want.dtype and np.ascontiguousarray(got).tobytes() == want.tobytes(), field
+
+
+def test_lookup_and_update_on_cut_buffers_equal_full_ones():
+    topology = SparseCoreTopology("v5p", 1)
+    plan = _plan(topology, 32)
+    cut, full = OpsBackend(plan, seed=3), OpsBackend(plan, seed=3)
+    for step in range(3):
+        inputs = _inputs(plan, step, 3)
+        batch = preprocess_inputs(inputs, plan)
+        whole = PreparedCSR(tuple(torch.from_numpy(getattr(batch.stacks[st.name], f))
+                                  for st in plan.stacks for f in CSR_FIELDS), batch.stats)
+        prepared = cut.prepare(inputs)
+        assert sum(t.numel() for t in prepared.csr) < sum(t.numel() for t in whole.csr)
+        got, _ = cut.forward(prepared)
+        want, _ = full.forward(whole)
+        grads = {}
+        for name, value in want.items():
+            torch.testing.assert_close(got[name], value, rtol=0, atol=0)
+            grads[name] = torch.from_numpy(np.random.default_rng(step).normal(size=value.shape).astype(np.float32))
+        cut.backward(prepared, grads)
+        full.backward(whole, grads)
+    for name, value in full.table_weights().items():
+        torch.testing.assert_close(cut.table_weights()[name], value, rtol=0, atol=0)
+    for name, slots in full.optimizer_slots().items():
+        for slot, value in slots.items():
+            torch.testing.assert_close(cut.optimizer_slots()[name][slot], value, rtol=0, atol=0)

@@ -1,0 +1,357 @@
+"""``ops`` backend: a rank's stacked tables on the tpu device, looked up and updated by TorchTPU's
+SparseCore ops (``torch.ops.tpu.sparse_dense_matmul`` and the fused
+``sparse_dense_matmul_grad_with_<optimizer>``, :mod:`torch_tpu.ops.sparsecore`).
+
+:class:`StackedState` (an ``nn.Module``) holds every stack's table and optimizer slots as tpu
+buffers (``table_<i>``, ``<slot>_<i>``), its hyperparameters and the index tensors that place the
+stacks' chunk-major activations into per-feature outputs. ``prepare`` builds the CSR buffers of a
+received batch on the host (``sparsecore.preprocess_inputs``) and cuts each stack's to the batch's
+need (:func:`fit_csr`: the partition limit rounded down to a power-of-two bucket that still holds
+the batch's largest partition, so the ops run over the real entries plus little padding, and only a
+few buffer sizes, hence programs, occur); the ops read that bucket's limits from the buffers'
+size (:func:`csr_limits`). The lookup calls the lookup op per
+stack, the update the fused op per stack, whose new table and slots replace the buffers. The same
+module runs the lookup and, in backward, the update inside a traced step program
+(:meth:`StackedState.lookup_with_update`: the step function calls the ops itself, e.g. under
+``torch_tpu.compile.train_step``); the buffers' new values are then outputs of that program.
+
+The buffers are not part of a module's ``state_dict``: the sharded modules save the logical
+tables and slots (``table_weights`` / ``optimizer_slots``), as every backend's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torch_tpu  # noqa: F401  (registers the tpu device and the tpu:: SparseCore ops)
+from sparsecore import optimizers as opt
+from sparsecore.backends.base import Backend, check_grads
+from sparsecore.backends.xla_layout import ActivationLayout
+from sparsecore.csr_format import round_up_array, row_pointers_per_sc
+from sparsecore.limits import StackStats, check_overflow_policy
+from sparsecore.preprocess import preprocess_inputs
+from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
+from sparsecore.validation import FeatureInput
+from tpu_facts import ALIGNMENT
+
+DEVICE = torch.device("tpu", 0)
+CSR_FIELDS = ("row_pointers", "embedding_ids", "sample_ids", "gains")
+
+
+@dataclass(frozen=True)
+class PreparedCSR:
+    """A batch's CSR buffers, four host tensors per stack in plan order, and its partition stats."""
+
+    csr: tuple[torch.Tensor, ...]
+    stats: dict[str, StackStats]
+
+
+def bucket_limit(needed: int, limit: int) -> int:
+    """The ids-per-partition limit a batch whose largest partition holds ``needed`` ids is laid
+    out for: the smallest power of two >= max(``needed``, 8), or the configured ``limit`` itself
+    where that is not smaller."""
+    bucket = 1 << max(int(needed) - 1, ALIGNMENT - 1).bit_length()
+    return bucket if bucket < limit else limit
+
+
+def fit_csr(stack: StackedTable, chunks: int, row_pointers: np.ndarray, *buffers: np.ndarray,
+            ) -> tuple[np.ndarray, ...]:
+    """``stack``'s CSR buffers (of ``chunks`` source SparseCores, laid out for its configured
+    limit) laid out for :func:`bucket_limit` of their largest partition instead: each source
+    region keeps its first ``bucket * N`` positions, which hold all its entries (partitions
+    padded to 8 each hold at most the bucket). Byte for byte the buffers preprocessing with that
+    limit builds; the row pointers do not change."""
+    n = stack.num_sparsecores
+    ends = row_pointers.reshape(chunks, row_pointers_per_sc(stack))[:, :n].astype(np.int64)
+    starts = np.zeros_like(ends)
+    starts[:, 1:] = round_up_array(ends[:, :-1], ALIGNMENT)
+    limit = bucket_limit(int((ends - starts).max(initial=0)), stack.max_ids_per_partition)
+    if limit == stack.max_ids_per_partition:
+        return (row_pointers, *buffers)
+    return (row_pointers, *(b.reshape(chunks, -1)[:, :limit * n].reshape(-1) for b in buffers))
+
+
+def csr_limits(stack: StackedTable, chunks: int, embedding_ids: torch.Tensor) -> tuple[int, int]:
+    """(max ids, max unique ids) per partition of ``stack``'s CSR buffers from their size (see
+    :func:`fit_csr`): the configured limits for full-size buffers, else the bucket."""
+    limit = min(stack.max_ids_per_partition, embedding_ids.shape[0] // (chunks * stack.num_sparsecores))
+    if limit == stack.max_ids_per_partition:
+        return limit, stack.max_unique_ids_per_partition
+    return limit, min(limit, stack.max_unique_ids_per_partition)
+
+
+def _check_optimizer(stack: StackedTable) -> None:
+    if isinstance(stack.optimizer, opt.RowWiseAdagrad) and any(t.dim != stack.dim for t in stack.tables):
+        # the op averages g^2 over the stack's (padded) dim, the spec over each table's own dim
+        raise ValueError(f"stack {stack.name!r}: row-wise Adagrad on tables of dims "
+                         f"{sorted({t.dim for t in stack.tables})} padded to {stack.dim}: the ops backend "
+                         "averages over the padded dim; use the xla backend")
+    if stack.optimizer.name not in ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"):
+        raise ValueError(f"the ops backend has no fused op for optimizer {stack.optimizer.name!r}")
+
+
+class StackedState(nn.Module):
+    """Every stack of ``plan`` as tpu buffers, and the lookup / fused update over them."""
+
+    def __init__(self, plan: StackingPlan) -> None:
+        super().__init__()
+        self.plan = plan
+        chunks = plan.topology.num_sparsecores
+        self.chunks = chunks
+        self.uniform = len({f.batch_size for f in plan.features}) == 1
+        where = {fp.feature: (s, j) for s, st in enumerate(plan.stacks) for j, fp in enumerate(st.features)}
+        self._where = [where[f.name] for f in plan.features]
+        self._dims = [plan.tables[f.table].dim for f in plan.features]
+        self._identity: list[bool] = []
+        layout = ActivationLayout(plan, chunks)  # where each feature's rows sit in the chunk-major activations
+        plan_index = {where: k for k, where in enumerate(self._where)}
+        for i, st in enumerate(plan.stacks):
+            _check_optimizer(st)
+            self.register_buffer(f"table_{i}", torch.zeros(st.vocab_size, st.dim, device=DEVICE), persistent=False)
+            for slot in st.optimizer.slot_names:
+                shape = (st.vocab_size,) if slot in st.optimizer.row_slots else (st.vocab_size, st.dim)
+                self.register_buffer(f"{slot}_{i}", torch.zeros(shape, device=DEVICE), persistent=False)
+            self.register_buffer(f"lr_{i}", torch.tensor(float(st.optimizer.learning_rate), device=DEVICE),
+                                 persistent=False)
+            if isinstance(st.optimizer, opt.Adagrad):  # (and row-wise)
+                self.register_buffer(f"eps_{i}", torch.tensor(float(st.optimizer.eps), device=DEVICE),
+                                     persistent=False)
+            # one batch size: sample-major rows (sample i's features side by side: [b, F * dim] is a
+            # reshape); else feature-major (feature j's samples contiguous: a split per feature)
+            order = np.argsort(layout.activation_rows(st)) if self.uniform else np.concatenate(
+                [layout.rows[plan_index[(i, j)]] for j in range(len(st.features))])
+            identity = bool(np.array_equal(order, np.arange(order.size)))
+            self._identity.append(identity)
+            if not identity:
+                self.register_buffer(f"perm_{i}", torch.from_numpy(order).to(DEVICE), persistent=False)
+                self.register_buffer(f"inverse_{i}", torch.from_numpy(np.argsort(order)).to(DEVICE),
+                                     persistent=False)
+        self._columns = None
+        if self.uniform:
+            # the stacks' [b, F * dim] blocks side by side; plan feature f is columns
+            # offset(stack) + j * stack dim + [0, dim) of them
+            starts = np.cumsum([0] + [len(st.features) * st.dim for st in plan.stacks])
+            self._width = int(starts[-1])
+            columns = np.concatenate([starts[s] + j * plan.stacks[s].dim + np.arange(dim)
+                                      for (s, j), dim in zip(self._where, self._dims)])
+            if not np.array_equal(columns, np.arange(self._width)):
+                self._columns = "permutation" if columns.size == self._width else "subset"
+                self.register_buffer("columns", torch.from_numpy(columns).to(DEVICE), persistent=False)
+                if self._columns == "permutation":
+                    self.register_buffer("columns_inverse", torch.from_numpy(np.argsort(columns)).to(DEVICE),
+                                         persistent=False)
+
+    # -- the tensors ---------------------------------------------------------------------------
+
+    def buffers_now(self) -> dict[str, torch.Tensor]:
+        """The buffers by name as they are now (under a trace: the program's inputs; a traced
+        backward runs after the trace rebinds them, so it takes them from its forward)."""
+        return dict(self.named_buffers())
+
+    def step_tensors(self, buffers: Mapping[str, torch.Tensor] | None = None) -> list[list[torch.Tensor]]:
+        """Per stack: its table then its slots in the fused op's order (of ``buffers``, default now's)."""
+        b = buffers if buffers is not None else self.buffers_now()
+        return [[b[f"table_{i}"], *(b[f"{s}_{i}"] for s in st.optimizer.slot_names)]
+                for i, st in enumerate(self.plan.stacks)]
+
+    def set_step_tensors(self, i: int, values: Sequence[torch.Tensor]) -> None:
+        """Rebind stack ``i``'s table and slots to ``values`` (no copy)."""
+        names = ["table", *self.plan.stacks[i].optimizer.slot_names]
+        for name, value in zip(names, values):
+            setattr(self, f"{name}_{i}", value)
+
+    # -- lookup -----------------------------------------------------------------------------------
+
+    def activations(self, csr: Sequence[torch.Tensor], buffers: Mapping[str, torch.Tensor] | None = None,
+                    ) -> torch.Tensor | list[torch.Tensor]:
+        """Every feature's pooled activations from the stacks' CSR buffers: [batch, sum of dims] in
+        plan feature order when all features share one batch size, else a list per feature."""
+        b = buffers if buffers is not None else self.buffers_now()
+        tables = [t[0] for t in self.step_tensors(b)]
+        per_stack = []
+        for i, (st, table) in enumerate(zip(self.plan.stacks, tables)):
+            act = torch.ops.tpu.sparse_dense_matmul(*csr[4 * i:4 * i + 4], table, st.total_sample_count,
+                                                    *csr_limits(st, self.chunks, csr[4 * i + 1]))
+            per_stack.append(act if self._identity[i] else act.index_select(0, b[f"perm_{i}"]))
+        if not self.uniform:
+            split = [rows.split([fp.batch_size for fp in st.features]) for st, rows in zip(self.plan.stacks, per_stack)]
+            return [split[s][j][:, :dim] for (s, j), dim in zip(self._where, self._dims)]
+        batch = self.plan.features[0].batch_size
+        blocks = [rows.reshape(batch, -1) for rows in per_stack]
+        wide = torch.cat(blocks, dim=1) if len(blocks) > 1 else blocks[0]
+        return wide if self._columns is None else wide.index_select(1, b["columns"])
+
+    def _activation_grads(self, grad: torch.Tensor | Sequence[torch.Tensor],
+                          b: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Every stack's chunk-major activation gradient from the gradient of :meth:`activations`."""
+        stacks = self.plan.stacks
+        if self.uniform:
+            if self._columns == "permutation":
+                grad = grad.index_select(1, b["columns_inverse"])
+            elif self._columns == "subset":  # padded dims (and their gradient 0) between the columns
+                grad = grad.new_zeros((grad.shape[0], self._width)).index_copy(1, b["columns"], grad)
+            parts = grad.split([len(st.features) * st.dim for st in stacks], dim=1) if len(stacks) > 1 else [grad]
+            rows = [part.reshape(-1, st.dim) for st, part in zip(stacks, parts)]
+        else:
+            blocks: list[list[Any]] = [[None] * len(st.features) for st in stacks]
+            for (s, j), dim, g in zip(self._where, self._dims, grad):
+                width = stacks[s].dim
+                blocks[s][j] = g if dim == width else F.pad(g, (0, width - dim))
+            rows = [torch.cat(stack_blocks) if len(stack_blocks) > 1 else stack_blocks[0] for stack_blocks in blocks]
+        return [r if self._identity[i] else r.index_select(0, b[f"inverse_{i}"]) for i, r in enumerate(rows)]
+
+    # -- fused update -----------------------------------------------------------------------------
+
+    def updated(self, csr: Sequence[torch.Tensor], grad: torch.Tensor | Sequence[torch.Tensor], step: int | None,
+                buffers: Mapping[str, torch.Tensor] | None = None) -> list[tuple[torch.Tensor, ...]]:
+        """Per stack, the new (table, *slots) after the fused update with the activations'
+        ``grad`` (``step``: the update's number from 1, which Adam needs; None inside a program)."""
+        b = buffers if buffers is not None else self.buffers_now()
+        out = []
+        for i, (st, grad_i, current) in enumerate(zip(self.plan.stacks, self._activation_grads(grad, b),
+                                                      self.step_tensors(b))):
+            limits = (st.total_sample_count, *csr_limits(st, self.chunks, csr[4 * i + 1]))
+            op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{st.optimizer.name}")
+            new = op(*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b), *limits)
+            out.append(new if isinstance(new, tuple) else (new,))
+        return out
+
+    def _hypers(self, i: int, stack: StackedTable, step: int | None, b: Mapping[str, torch.Tensor]) -> list[Any]:
+        spec = stack.optimizer
+        lr = b[f"lr_{i}"]
+        if isinstance(spec, opt.Adagrad):  # (and row-wise)
+            return [lr, b[f"eps_{i}"]]
+        if isinstance(spec, opt.Adam):
+            if step is None:
+                raise ValueError("Adam's bias corrections need the step number on the host; the ops backend "
+                                 "does not trace it into a step program")
+            c1 = 1.0 - spec.beta_1 ** step
+            c2 = math.sqrt(1.0 - spec.beta_2 ** step)
+            alpha = torch.tensor(spec.learning_rate * c2 / c1, dtype=torch.float32).to(lr.device)
+            return [alpha, spec.beta_1, spec.beta_2, spec.epsilon * c2]
+        if isinstance(spec, opt.FTRL):
+            return [lr, spec.learning_rate_power, spec.l1_regularization_strength, spec.l2_regularization_strength,
+                    spec.beta]
+        return [lr]
+
+    def traceable(self) -> bool:
+        """Whether the update runs inside a step program (no host value per step)."""
+        return not any(isinstance(st.optimizer, opt.Adam) for st in self.plan.stacks)
+
+    def lookup_with_update(self, anchor: torch.Tensor, csr: Sequence[torch.Tensor]) -> torch.Tensor:
+        """:meth:`activations` (uniform batch) whose backward applies the fused update to this
+        module's buffers (``anchor``: a tensor requiring grad, so that autograd runs it)."""
+        return _LookupWithUpdate.apply(anchor, self, *csr)
+
+
+class _LookupWithUpdate(torch.autograd.Function):
+    """Forward: the lookup; backward: the fused update of the tensors the forward read (under a
+    trace those are the program's inputs, so their new values become its outputs)."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, state: StackedState, *csr: torch.Tensor) -> torch.Tensor:
+        ctx.state, ctx.csr = state, csr
+        ctx.buffers = state.buffers_now()
+        return state.activations(csr, ctx.buffers)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        tensors = ctx.state.step_tensors(ctx.buffers)
+        for current, new in zip(tensors, ctx.state.updated(ctx.csr, grad, None, ctx.buffers)):
+            for target, value in zip(current, new):
+                target.copy_(value)
+        return (None, None, *(None for _ in ctx.csr))
+
+
+class OpsBackend(Backend):
+    """The stacks of ``plan`` on the tpu device, run by the ``tpu::`` SparseCore ops."""
+
+    name = "ops"
+
+    def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
+                 overflow: str = "error"):
+        super().__init__(plan)
+        self.overflow = check_overflow_policy(overflow)
+        self.state = StackedState(plan)
+        self._load_initial(weights, seed)
+
+    def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        with torch.no_grad():
+            for i, st in enumerate(self.plan.stacks):
+                values = [stack_rows(st, {t.table: weights[t.table].float() for t in st.tables})]
+                values += [stack_rows(st, {t.table: slots[t.table][slot].float() for t in st.tables})
+                           for slot in st.optimizer.slot_names]
+                for target, value in zip(self.state.step_tensors()[i], values):
+                    target.copy_(value.to(DEVICE))
+
+    def prepare(self, inputs: Mapping[str, FeatureInput]) -> PreparedCSR:
+        batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
+        chunks = self.state.chunks
+        csr = tuple(torch.from_numpy(np.ascontiguousarray(a)) for st in self.plan.stacks
+                    for a in fit_csr(st, chunks, *(getattr(batch.stacks[st.name], f) for f in CSR_FIELDS)))
+        return PreparedCSR(csr, batch.stats)
+
+    def _prepared(self, prepared: Any) -> PreparedCSR:
+        return prepared if isinstance(prepared, PreparedCSR) else self.prepare(prepared)
+
+    def count_step(self, prepared: PreparedCSR) -> None:
+        """Count an update that a step program runs (its stats become the last ones)."""
+        self.steps += 1
+        self.last_stats = prepared.stats
+
+    def lookup(self, prepared: Any) -> tuple[torch.Tensor, PreparedCSR]:
+        if not self.state.uniform:
+            raise ValueError("lookup() needs one batch size for all features; use forward()")
+        prepared = self._prepared(prepared)
+        self.last_stats = prepared.stats
+        with torch.no_grad():
+            out = self.state.activations([t.to(DEVICE) for t in prepared.csr])
+        return out.cpu(), prepared
+
+    def update(self, context: PreparedCSR, grad: torch.Tensor) -> None:
+        self._apply(context, grad.to(DEVICE))
+
+    def _apply(self, context: PreparedCSR, grad: torch.Tensor | list[torch.Tensor]) -> None:
+        self.steps += 1
+        with torch.no_grad():
+            new = self.state.updated([t.to(DEVICE) for t in context.csr], grad, self.steps)
+        for i, values in enumerate(new):
+            self.state.set_step_tensors(i, values)
+
+    def forward(self, inputs: Mapping[str, FeatureInput]) -> tuple[dict[str, torch.Tensor], PreparedCSR]:
+        prepared = self._prepared(inputs)
+        self.last_stats = prepared.stats
+        with torch.no_grad():
+            out = self.state.activations([t.to(DEVICE) for t in prepared.csr])
+        names = [f.name for f in self.plan.features]
+        if self.state.uniform:
+            return dict(zip(names, out.cpu().split([self.plan.tables[f.table].dim for f in self.plan.features],
+                                                   dim=1))), prepared
+        return {name: a.cpu() for name, a in zip(names, out)}, prepared
+
+    def backward(self, context: PreparedCSR, grads: Mapping[str, torch.Tensor]) -> None:
+        check_grads(self.plan, grads)
+        ordered = [grads[f.name].float().to(DEVICE) for f in self.plan.features]
+        self._apply(context, torch.cat(ordered, dim=1) if self.state.uniform else ordered)
+
+    def table_weights(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for st, tensors in zip(self.plan.stacks, self.state.step_tensors()):
+            out.update(unstack_rows(st, tensors[0].cpu()))
+        return out
+
+    def optimizer_slots(self) -> dict[str, dict[str, torch.Tensor]]:
+        out: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self.plan.tables}
+        for st, tensors in zip(self.plan.stacks, self.state.step_tensors()):
+            for slot, values in zip(st.optimizer.slot_names, tensors[1:]):
+                for table, tensor in unstack_rows(st, values.cpu()).items():
+                    out[table][slot] = tensor
+        return out
