@@ -149,6 +149,28 @@ def test_a_size_past_the_bound_doubles_it_and_the_shape_env_bound_is_used():
     assert bounded.bounded_stats().bounded_programs == 1  # bound 64 from mark_dynamic's max
 
 
+def test_outputs_viewing_an_intermediate_are_cpus_views():
+    """AOTAutograd rebuilds an output that views an intermediate from that intermediate (another
+    output of the program) by the view's own size, stride and offset when the view has symbolic
+    sizes: outputs come back as CPU's views, over the intermediate at its true (unpadded) size."""
+    torch._dynamo.reset()
+    bounded.reset_bounded_stats()
+
+    def heads(x):  # x: [rows, n]; the outputs are views of the intermediate x * 2, one with symbolic sizes
+        doubled = x * 2
+        return doubled[:, :2], doubled.t()[1:], doubled.view(1, 3, x.shape[1])[:, 1:]
+
+    fn = torch.compile(heads, backend="tpu")
+    for n in (5, 7, 4):
+        x = torch.arange(3.0 * n).reshape(3, n).requires_grad_()  # outputs of an autograd graph
+        xt = x.detach().to("tpu").requires_grad_()
+        torch._dynamo.mark_dynamic(xt, 1)
+        for got, want in zip(fn(xt), heads(x)):
+            assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
+            torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=0, atol=0)
+    assert bounded.bounded_stats().bounded_programs >= 1
+
+
 def test_a_graph_the_rewrite_cannot_bound_runs_one_exact_program_per_size(caplog):
     """Training-mode batch norm reduces over the batch with its own count: no padded program."""
     torch.manual_seed(5)

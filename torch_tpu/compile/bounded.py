@@ -23,6 +23,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from torch_tpu.compile.fx_to_jax import LoweringShapeError
 from torch_tpu.compile.padded_rewrite import NotBoundable, StaticGraph, evaluate, rewrite, size_exprs
@@ -68,6 +69,7 @@ class BoundedGraph:
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
         self._outputs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+        self._view_bases = _view_bases(self._placeholders, self._outputs)
         self._symbols = sorted({s for x in example_inputs for s in _free_symbols(x)}, key=str)
         self._shape_env = _shape_env(example_inputs)
         self._bounds: dict[sympy.Symbol, int] = {}
@@ -142,12 +144,21 @@ class BoundedGraph:
             elif isinstance(val, torch.SymInt):
                 results.append(evaluate(val.node.expr, values))
             elif isinstance(val, torch.Tensor) and isinstance(out, torch.Tensor):
+                sliced = out
                 for d, e in enumerate(size_exprs(val)):
                     if e.free_symbols and out.shape[d] != evaluate(e, values):
-                        out = out.narrow(d, 0, evaluate(e, values))
-                results.append(out)
+                        sliced = sliced.narrow(d, 0, evaluate(e, values))
+                results.append(out if sliced is out else sliced.contiguous())
             else:
                 results.append(out)
+        # AOTAutograd rebuilds an output that views an input or another output by the output's own
+        # size, stride and offset when its views have symbolic sizes: give it the traced layout
+        # over the real base (a program's outputs are fresh contiguous arrays)
+        for i, (kind, j) in self._view_bases.items():
+            base = args[j] if kind == "input" else results[j]
+            val = self._outputs[i].meta["val"]
+            layout = [[evaluate(_expr(x), values) for x in xs] for xs in (val.shape, val.stride())]
+            results[i] = base.as_strided(*layout, evaluate(_expr(val.storage_offset()), values))
         args.clear()
         return results
 
@@ -168,6 +179,35 @@ class BoundedGraph:
                 "input dim; it cannot be run with bounded shapes"
             )
         return values
+
+
+def _expr(x: Any) -> sympy.Expr:
+    return x.node.expr if isinstance(x, torch.SymInt) else sympy.Integer(x)
+
+
+def _view_bases(placeholders: list[torch.fx.Node], outputs: list[Any]) -> dict[int, tuple[str, int]]:
+    """Output position -> ("input" | "output", position) of the tensor whose storage the output
+    views, for outputs that view a graph input or (the whole storage of) another output."""
+    def storage(node: Any) -> Any:
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or val.layout != torch.strided:
+            return None
+        return StorageWeakRef(val.untyped_storage())
+
+    bases: dict[Any, tuple[str, int]] = {}
+    for j, node in enumerate(placeholders):
+        if (key := storage(node)) is not None:
+            bases.setdefault(key, ("input", j))
+    for j, node in enumerate(outputs):
+        key, val = storage(node), getattr(node, "meta", {}).get("val")
+        if key is not None and node.op != "placeholder" and val.storage_offset() == 0 and val.is_contiguous():
+            bases.setdefault(key, ("output", j))
+    views = {}
+    for i, node in enumerate(outputs):
+        base = bases.get(storage(node))
+        if base is not None and node.op != "placeholder" and base != ("output", i):
+            views[i] = base
+    return views
 
 
 def _free_symbols(x: Any) -> set[sympy.Symbol]:
