@@ -147,6 +147,18 @@ def test_size_cap_evicts_least_recently_used():
     assert op_jit.stats().compiles == 4
 
 
+def test_an_evicted_traced_floats_program_still_takes_each_calls_floats():
+    x, y = torch.randn(5, 4), torch.randn(5, 4)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    for alpha in (0.1, 0.2, 0.3, 0.4):  # the 4th distinct value makes alpha a traced input
+        torch.add(xt, yt, alpha=alpha)
+    assert op_jit.stats().promotions == 1
+    op_jit.set_max_entries(1)
+    (xt * 2).cpu()  # evicts the traced program
+    for alpha in (0.5, 2.0, -3.0):  # rebuilt on the first of these: each call's alpha counts
+        torch.testing.assert_close(torch.add(xt, yt, alpha=alpha).cpu(), torch.add(x, y, alpha=alpha))
+
+
 def test_env_switch_turns_the_cache_off(monkeypatch):
     monkeypatch.setenv("TORCH_TPU_OP_JIT", "0")
     importlib.reload(op_jit)

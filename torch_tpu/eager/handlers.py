@@ -37,7 +37,7 @@ _MODE = modes._current  # [the eager mode]
 # The fast path (op_jit.fast): (op, each argument's shape and dtype or value) -> the op_jit
 # program that ran the op's lowering for such a call, called with the tensor arguments' arrays
 # directly (JAX's C++ jit dispatch). Filled by the lowered handler once op_jit compiled a program
-# for the signature (so op_jit's compile-on-second-sight policy and size cap hold). Calls whose
+# for the signature (so op_jit's size cap holds). Calls whose
 # tensors are plain tpu tensors take it; in-place ops among them
 # (_FAST_INPLACE) whose program's output has the target's shape and dtype store it whole.
 _FAST_INPLACE: set[Any] = set()

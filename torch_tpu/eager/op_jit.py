@@ -178,7 +178,11 @@ def call(lowering: Lowering, args: Any, kwargs: dict) -> Any:
             return program(*arrays, *floats)
         _last.program = program
         return program(*arrays)
-    if floats and not traced and _note_float_values(site, key[1]):
+    if traced:  # the site's traced-floats program was evicted: build it again (not one over these values)
+        program = _jitted(lowering, treedef, leaves, traced_floats=True)
+        _stats.compiles += 1
+        return _store_and_run(site, _TRACED, program, arrays + floats, args, kwargs, lowering)
+    if floats and _note_float_values(site, key[1]):
         program = _promote(lowering, treedef, leaves, site)
         if program is not None:
             return _store_and_run(site, _TRACED, program, arrays + floats, args, kwargs, lowering)
