@@ -21,6 +21,10 @@ import torch_tpu.compile as tc
 from torch_tpu.compile.fx_to_jax import UnloweredOpError
 
 TOL = dict(rtol=1e-4, atol=1e-5)
+# A whole encoder-decoder's gradients sum float32 terms through a dozen layers in XLA's order, not
+# CPU's: against a float64 run both are off by up to ~1e-5 (measured), so tpu and CPU can differ by
+# twice that; PyTorch's own tolerance for its Transformer layers (TransformerEncoderLayer's override)
+_DEEP_TOL = {"nn.Transformer": dict(rtol=1e-4, atol=1e-4)}
 # Modules whose outputs are random by design: the device generator's stream differs from CPU's.
 _RANDOM = {"nn.Dropout", "nn.Dropout1d", "nn.Dropout2d", "nn.Dropout3d", "nn.AlphaDropout",
            "nn.FeatureAlphaDropout", "nn.RReLU", "nn.FractionalMaxPool2d", "nn.FractionalMaxPool3d"}
@@ -74,12 +78,12 @@ def _run(module, args, kwargs):
     return pytree.tree_leaves(out), grads
 
 
-def _compare(actual, expected, what):
+def _compare(actual, expected, what, tol):
     for a, e in zip(actual, expected):
         if isinstance(e, torch.Tensor):
             assert isinstance(a, torch.Tensor) and a.device.type == "tpu", what
             torch.testing.assert_close(a.detach().cpu(), e.detach(), equal_nan=True, msg=lambda m: f"{what}: {m}",
-                                       **TOL)
+                                       **tol)
         elif e is not None:
             assert a == e, what
 
@@ -111,8 +115,9 @@ def _check(info, compiled: bool, max_samples):
                 raise
             continue
         what = f"{info.name} {'compiled' if compiled else 'eager'} {sample.desc or ''}"
-        _compare(actual[0], expected[0], f"{what} forward")
-        _compare(actual[1], expected[1], f"{what} gradients")
+        tol = _DEEP_TOL.get(info.name, TOL)
+        _compare(actual[0], expected[0], f"{what} forward", tol)
+        _compare(actual[1], expected[1], f"{what} gradients", tol)
         checked += 1
     return checked
 
