@@ -166,7 +166,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="dlrm", choices=("dlrm", "dlrm_dcn"))
     parser.add_argument("--dense-device", default="", choices=("", "auto", "cpu", "tpu"),
                         help="the sparsecore engine's --dense-device (default: the job's, auto)")
-    parser.add_argument("--sparse-backend", default="", choices=("", "xla", "ops"),
+    parser.add_argument("--sparse-backend", default="", choices=("", "auto", "xla", "ops"),
                         help="the sparsecore engine's --sparse-backend (default: the job's)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per engine and world (default: 3)")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2], help="world sizes (default: 1 2)")

@@ -40,6 +40,7 @@ from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.preprocess import preprocess_inputs
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput
+from torchrec_tpu.sharding.sharded_tables import traceable_update
 from tpu_facts import ALIGNMENT
 
 DEVICE = torch.device("tpu", 0)
@@ -244,7 +245,7 @@ class StackedState(nn.Module):
 
     def traceable(self) -> bool:
         """Whether the update runs inside a step program (no host value per step)."""
-        return not any(isinstance(st.optimizer, opt.Adam) for st in self.plan.stacks)
+        return all(traceable_update(st.optimizer) for st in self.plan.stacks)
 
     def lookup_with_update(self, anchor: torch.Tensor, csr: Sequence[torch.Tensor]) -> torch.Tensor:
         """:meth:`activations` (uniform batch) whose backward applies the fused update to this

@@ -20,6 +20,7 @@ from torch import nn
 from sparsecore.backends import make_backend
 from sparsecore.backends.base import Backend
 from sparsecore.module import fused_lookup
+from sparsecore.optimizers import Adam, OptimizerSpec
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.stacking import plan_stacking
 from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards, row_slot_size
@@ -27,6 +28,13 @@ from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_stat
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
 OPS = "ops"  # the local engine on TorchTPU's tpu:: SparseCore ops (torchrec_tpu.sharding.ops_backend)
+XLA = "xla"  # the sparsecore xla backend (sparsecore.backends.xla)
+
+
+def traceable_update(optimizer: OptimizerSpec) -> bool:
+    """Whether the ops backend's fused update with ``optimizer`` needs no host value per step
+    (Adam's bias corrections do), so that a traced step program can run it."""
+    return not isinstance(optimizer, Adam)
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,7 @@ class LocalEngine:
     by ``id_policy``; ``options`` go to the backend."""
 
     topology: SparseCoreTopology = SparseCoreTopology()
-    backend: str = "xla"
+    backend: str = XLA
     seed: int = 0
     id_policy: str = "error"
     options: Mapping[str, Any] = field(default_factory=dict)

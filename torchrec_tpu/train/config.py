@@ -27,6 +27,7 @@ from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIM
 MODELS = ("dlrm", "dlrm_dcn")
 DENSE_DEVICES = ("auto", "cpu", "tpu")
 DENSE_PARALLELS = ("ddp", "fsdp2")
+SPARSE_BACKENDS = ("auto", "ops", "xla")
 
 
 class ConfigError(ValueError):
@@ -125,12 +126,15 @@ class EngineConfig:
                 "matmul-bound, where CPU torch's kernels beat XLA:CPU's), else cpu (README, 'torchrec-tpu train')",
         choices=DENSE_DEVICES)
     sparse_backend: str = _opt(
-        "ops", "the sparsecore engine's local embedding backend, --engine sparsecore only. ops: TorchTPU's tpu:: "
-               "SparseCore ops on tpu tables (at one rank with tpu towers the traced step calls them itself: "
-               "lookup, towers and fused update in one program), each batch's CSR buffers cut to a power-of-two "
-               "bucket of its largest partition; xla: the sparsecore xla backend's own XLA programs, run beside "
-               "the step (e.g. row-wise Adagrad on tables whose dim is not a multiple of 8, which ops refuses)",
-        choices=("xla", "ops"))
+        "auto", "the sparsecore engine's local embedding backend, --engine sparsecore only. ops: TorchTPU's tpu:: "
+                "SparseCore ops on tpu tables (where the step is one program, it calls them itself: lookup, "
+                "towers and fused update in one program), each batch's CSR buffers cut to a power-of-two bucket "
+                "of its largest partition; xla: the sparsecore xla backend's own XLA programs, run beside the "
+                "step, updating the tables in place (e.g. row-wise Adagrad on tables whose dim is not a multiple "
+                "of 8, which ops refuses). auto: ops where the step is one program (one rank, tpu towers, an "
+                "optimizer without a host value per step, i.e. not Adam), else xla: run eagerly, each ops "
+                "update writes whole new tables (README, 'torchrec-tpu train')",
+        choices=SPARSE_BACKENDS)
     dense_parallel: str = _opt("ddp", "how the dense towers are synced over ranks, --engine sparsecore only: "
                                       "replicated (DDP) or sharded per tower (FSDP2 fully_shard, for large towers)",
                                choices=DENSE_PARALLELS)
@@ -257,7 +261,7 @@ class TrainConfig:
                 raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} is not one of {list(choices)}")
         engine, data, optim = self.engine, self.data, self.optim
         kind = ENGINES[engine.kind]
-        for name, default in (("dense_device", "auto"), ("dense_parallel", "ddp"), ("sparse_backend", "ops")):
+        for name, default in (("dense_device", "auto"), ("dense_parallel", "ddp"), ("sparse_backend", "auto")):
             if not kind.places_dense and self.option(name) not in (default, "cpu"):
                 raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} needs --engine "
                                   f"{_engines_that('places_dense')} (the {kind.name} engine keeps its dense part "

@@ -128,7 +128,8 @@ def _host_pooled(model: DLRMTrain, batch: Batch) -> torch.Tensor:
         return model.model.sparse_arch(batch.sparse_features)
 
 
-def _one_program(dense_device: torch.device, world_size: int, dense_parallel: str) -> bool:
+def one_step_program(dense_device: torch.device, world_size: int, dense_parallel: str) -> bool:
+    """Whether the step runs as one compiled program (towers, dense optimizer, embedding lookup and update)."""
     # plain tpu tensors in one process (``ddp`` does not wrap one rank); several ranks sync the
     # towers' gradients with DDP hooks, FSDP2 shards them as DTensors: both run eagerly
     return dense_device.type == "tpu" and world_size == 1 and dense_parallel == "ddp"
@@ -138,7 +139,7 @@ def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, dense_devi
                   world_size: int, dense_parallel: str = "ddp") -> StepFn:
     """The sparsecore engine's training step: the compiled dense step with its towers on tpu in
     one process; else the eager :func:`~torchrec_tpu.train.loop.train_step`."""
-    if _one_program(dense_device, world_size, dense_parallel):
+    if one_step_program(dense_device, world_size, dense_parallel):
         return CompiledDenseStep(model, optimizer)
     return train_step
 
@@ -147,6 +148,6 @@ def eval_forward(model: nn.Module, dense_device: torch.device, world_size: int,
                  dense_parallel: str = "ddp") -> EvalForward:
     """The evaluation forward of a job: compiled towers where the step is compiled; else the
     model's own forward."""
-    if _one_program(dense_device, world_size, dense_parallel):
+    if one_step_program(dense_device, world_size, dense_parallel):
         return CompiledDenseEval(model)  # type: ignore[arg-type]
     return model_outputs

@@ -18,8 +18,10 @@ from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
 from sparsecore.limits import PartitionOverflowError
+from sparsecore.optimizers import OptimizerSpec
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
+from torchrec_tpu.sharding.sharded_tables import OPS, XLA, traceable_update
 from torchrec_tpu.train.config import EngineConfig, OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.engines.dense_placement import (
@@ -29,7 +31,7 @@ from torchrec_tpu.train.engines.dense_placement import (
     place_dense,
     resolve_dense_device,
 )
-from torchrec_tpu.train.engines.dense_step import eval_forward, step_function
+from torchrec_tpu.train.engines.dense_step import eval_forward, one_step_program, step_function
 from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
 from torchrec_tpu.train.engines.plan_loading import resolve_sharding
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
@@ -39,6 +41,17 @@ from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 
 PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
+
+
+def resolve_sparse_backend(choice: str, optimizer: OptimizerSpec, dense_device: torch.device, world_size: int,
+                           dense_parallel: str) -> str:
+    """The local backend ``--sparse-backend choice`` means: ``auto`` is ``ops`` where the training
+    step is one program that calls the ops itself, else ``xla`` (an eager ops update writes whole
+    new tables, the xla backend's program updates them in place)."""
+    if choice != "auto":
+        return choice
+    one_program = one_step_program(dense_device, world_size, dense_parallel) and traceable_update(optimizer)
+    return OPS if one_program else XLA
 
 
 def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.device, optim: OptimConfig,
@@ -58,7 +71,9 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     placement = resolve_sharding(options.plan, *specs, env.world_size, batch_size)
     model.set_submodule(EBC_PATH, ShardedSparseCoreEBC.from_torchrec(
         tables_ebc, local_batch, placement.sharding, optimizer, specs=specs, topology=placement.rank_topology,
-        seed=seed, average_over_ranks=True, backend=options.sparse_backend,
+        seed=seed, average_over_ranks=True,
+        backend=resolve_sparse_backend(options.sparse_backend, optimizer, dense_device, env.world_size,
+                                       options.dense_parallel),
     ))
     place_dense(model, dense_device)
     ebc_params = [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)]
