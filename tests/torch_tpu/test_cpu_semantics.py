@@ -273,3 +273,13 @@ def test_multilabel_margin_loss_as_cpu(shape):
 def test_index_add_of_a_vector_raises_cpus_index_error():
     # CPU's 1-D index_add raises IndexError ("index out of range in self"), its N-D one RuntimeError
     _same_outcome(lambda x, i: x.clone().index_add_(0, i, x[:2]), torch.arange(4.0), torch.tensor([0, 4]))
+
+
+def test_a_reused_index_is_checked_against_every_tensor_it_indexes():
+    # an index's extremes are read from the device once per array; each call compares them with
+    # the size of the tensor it indexes
+    index = torch.tensor([0, 3]).to("tpu")
+    for _ in range(2):
+        torch.testing.assert_close(torch.arange(5.0).to("tpu").index_select(0, index).cpu(), torch.tensor([0.0, 3.0]))
+        with pytest.raises(IndexError, match="out of range"):
+            torch.arange(3.0).to("tpu").index_select(0, index)

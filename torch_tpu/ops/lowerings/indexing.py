@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 
 from torch_tpu.ops.lowerings._common import cast, is_one, wrap_dim
 from torch_tpu.ops.registry import register_lowering
-from torch_tpu.runtime._jax import jax, jnp
+from torch_tpu.runtime._jax import ARRAY_TYPE, jax, jnp
 
 aten = torch.ops.aten
 
@@ -305,6 +306,24 @@ _VALUE_CHECKS = {"aten::_embedding_bag": _check_offsets, "aten::_embedding_bag_f
 _MASKED = frozenset({"aten::index", "aten::index_put", "aten::_index_put_impl"})
 
 
+# (min, max) of index arrays read before, by id: a JAX array never changes, and an index reused
+# every call (a module's permutation buffer) would otherwise cost a device-to-host read per call
+_EXTREMES: dict[int, tuple[int, int]] = {}
+
+
+def _extremes(index) -> tuple[int, int]:
+    """``index``'s smallest and largest value (read once per concrete array)."""
+    key = id(index)
+    found = _EXTREMES.get(key)
+    if found is not None:
+        return found
+    found = tuple(jax.device_get((index.min(), index.max())))  # methods: defer_and_fuse arrays too
+    if type(index) is ARRAY_TYPE:
+        _EXTREMES[key] = found
+        weakref.finalize(index, _EXTREMES.pop, key, None)
+    return found
+
+
 def check_bounds(op, args) -> None:
     """Raise the exception CPU torch raises for ``op`` when one of its index arguments (JAX
     arrays, as a lowering gets them) is out of range for the dim it indexes."""
@@ -321,7 +340,7 @@ def check_bounds(op, args) -> None:
     pairs = [(d, i) for d, i in _indexed_dims(spec, args) if i.size]
     if not pairs:
         return
-    extremes = jax.device_get([(i.min(), i.max()) for _, i in pairs])  # methods: defer_and_fuse arrays too
+    extremes = [_extremes(i) for _, i in pairs]
     shape = args[spec.data].shape or (1,)
     for (dim, _), (lo, hi) in zip(pairs, extremes):
         size = shape[dim]
