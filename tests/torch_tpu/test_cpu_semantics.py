@@ -283,3 +283,10 @@ def test_a_reused_index_is_checked_against_every_tensor_it_indexes():
         torch.testing.assert_close(torch.arange(5.0).to("tpu").index_select(0, index).cpu(), torch.tensor([0.0, 3.0]))
         with pytest.raises(IndexError, match="out of range"):
             torch.arange(3.0).to("tpu").index_select(0, index)
+
+
+def test_group_norm_of_an_empty_batch_is_empty_as_on_cpu():
+    x = torch.randn(0, 6, 3)
+    for out, want in zip(torch.native_group_norm(x.to("tpu"), None, None, 0, 6, 3, 3, 1e-5),
+                         torch.native_group_norm(x, None, None, 0, 6, 3, 3, 1e-5)):
+        assert out.shape == want.shape and out.device.type == "tpu"

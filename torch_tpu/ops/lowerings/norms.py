@@ -54,11 +54,11 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
 @register_lowering(aten.native_group_norm.default)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     """Stats per (sample, group) over the group's channels and positions; the affine per channel."""
-    x = upcast(input).reshape(N, group, -1)
+    x = upcast(input).reshape(N, group, C // group * HxW)  # (no -1: a batch may be empty)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
     rstd = jax.lax.rsqrt(var + eps)
-    out = ((x - mean) * rstd).reshape(N, C, -1)
+    out = ((x - mean) * rstd).reshape(N, C, HxW)
     if weight is not None:
         out = out * upcast(weight)[:, None]
     if bias is not None:
