@@ -30,7 +30,8 @@ class PooledLookup(nn.Module):
     :meth:`of`; :meth:`step_inputs` gives its arguments for a batch (the EBC itself is not an
     attribute: a step program's cache key describes the module)."""
 
-    def __init__(self, ebc: ShardedSparseCoreEBC, backend: OpsBackend, feature_order: Sequence[str]) -> None:
+    def __init__(self, ebc: ShardedSparseCoreEBC, backend: OpsBackend, feature_order: Sequence[str],
+                 columns: np.ndarray) -> None:
         super().__init__()
         self.state = backend.state
         dims = {f.name: ebc.tables[f.table].dim for f in ebc.features}
@@ -38,7 +39,6 @@ class PooledLookup(nn.Module):
             raise ValueError(f"a pooled [batch, features, dim] output needs one dim for all features in the EBC's "
                              f"features, got dims {dims} for order {list(feature_order)}")
         self.shape = (ebc.batch_size, len(feature_order), dims[feature_order[0]])
-        columns = ebc.activation_columns(feature_order)
         self.identity = bool(np.array_equal(columns, np.arange(columns.size)))
         if not self.identity:
             self.register_buffer("columns", torch.from_numpy(columns).to(DEVICE), persistent=False)
@@ -51,10 +51,10 @@ class PooledLookup(nn.Module):
             return None
         backend = ebc.local_backend
         if not (isinstance(backend, OpsBackend) and backend.state.traceable() and backend.state.uniform
-                and ebc.gradient_scale == 1.0 and ebc.batch_size == ebc.requested_batch_size
-                and ebc.activation_columns(feature_order) is not None):
+                and ebc.gradient_scale == 1.0 and ebc.batch_size == ebc.requested_batch_size):
             return None
-        return PooledLookup(ebc, backend, feature_order)
+        columns = ebc.activation_columns(feature_order)  # where in the activations each pooled column is
+        return None if columns is None else PooledLookup(ebc, backend, feature_order, columns)
 
     def step_inputs(self, batch: LocalBatch) -> tuple[torch.Tensor, ...] | None:
         """The step arguments standing for ``batch``'s pooled embeddings, ``(anchor, *csr)`` (one
