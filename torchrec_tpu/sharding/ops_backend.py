@@ -308,13 +308,17 @@ class OpsBackend(Backend):
         self.steps += 1
         self.last_stats = prepared.stats
 
+    def _activations(self, inputs: Any) -> tuple[torch.Tensor | list[torch.Tensor], PreparedCSR]:
+        """:meth:`StackedState.activations` of a batch (prepared here if it is not yet), on tpu."""
+        prepared = self._prepared(inputs)
+        self.last_stats = prepared.stats
+        with torch.no_grad():
+            return self.state.activations([t.to(DEVICE) for t in prepared.csr]), prepared
+
     def lookup(self, prepared: Any) -> tuple[torch.Tensor, PreparedCSR]:
         if not self.state.uniform:
             raise ValueError("lookup() needs one batch size for all features; use forward()")
-        prepared = self._prepared(prepared)
-        self.last_stats = prepared.stats
-        with torch.no_grad():
-            out = self.state.activations([t.to(DEVICE) for t in prepared.csr])
+        out, prepared = self._activations(prepared)
         return out.cpu(), prepared
 
     def update(self, context: PreparedCSR, grad: torch.Tensor) -> None:
@@ -328,10 +332,7 @@ class OpsBackend(Backend):
             self.state.set_step_tensors(i, values)
 
     def forward(self, inputs: Mapping[str, FeatureInput]) -> tuple[dict[str, torch.Tensor], PreparedCSR]:
-        prepared = self._prepared(inputs)
-        self.last_stats = prepared.stats
-        with torch.no_grad():
-            out = self.state.activations([t.to(DEVICE) for t in prepared.csr])
+        out, prepared = self._activations(inputs)
         names = [f.name for f in self.plan.features]
         if self.state.uniform:
             return dict(zip(names, out.cpu().split([self.plan.tables[f.table].dim for f in self.plan.features],
