@@ -189,21 +189,37 @@ def _touched_rows(phys, vocab: int):
     return order, segment, unique
 
 
+def touched_rows(row_pointers, embedding_ids, sample_ids, gains, table_rows: int, batch_size: int, devices: int = 1,
+                 device_index: int = 0):
+    """The deduplication :func:`fused_update` does for these buffers, as one ``[3, entries]`` int32
+    array (order, segment, unique: see :func:`_touched_rows`), to compute ahead of the update (e.g.
+    on the host while the previous step runs) and hand to it; None where the keys need 64 bits
+    and x64 is off (the update then deduplicates itself)."""
+    phys, _, _, _ = decode(row_pointers, embedding_ids, sample_ids, gains, table_rows, batch_size, devices,
+                           device_index)
+    dedup = _touched_rows(phys, table_rows)
+    return None if dedup is None else jnp.stack(dedup).astype(jnp.int32)
+
+
 def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains, embedding_table, slots,
-                 activations_grad, hypers, devices: int = 1, device_index: int = 0):
+                 activations_grad, hypers, devices: int = 1, device_index: int = 0, touched=None):
     """The fused backward + ``optimizer`` update (one of the rules above, by name) on the rows the
     batch touches only: per touched row, g = the sum of gain * activation gradient over its
     entries (in buffer order, as :func:`table_grad` sums), then the rule on those rows and their
     slots, scattered back. The work is O(entries * dim), not O(vocab * dim) as a dense gradient;
-    the result equals ``rule(table, *slots, *table_grad(...), *hypers)``. Returns the new table
-    (and slots)."""
+    the result equals ``rule(table, *slots, *table_grad(...), *hypers)``. ``touched``: the
+    :func:`touched_rows` of the same buffers and table, computed ahead (else deduplicated here).
+    Returns the new table (and slots)."""
     batch_size = activations_grad.shape[0]
     vocab = embedding_table.shape[0]
     phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, vocab, batch_size, devices,
                                  device_index)
     entries = phys.shape[0]
     contributions = gain[:, None] * activations_grad.astype(jnp.float32).at[rows].get(mode="fill", fill_value=0.0)
-    dedup = _touched_rows(phys, vocab)
+    if touched is not None and touched.shape != (3, entries):
+        raise ValueError(f"touched_rows must be [3, {entries}] (touched_rows() of these buffers), got "
+                         f"{list(touched.shape)}")
+    dedup = _touched_rows(phys, vocab) if touched is None else (touched[0], touched[1], touched[2])
     hints = {}
     if dedup is None:  # (row + 1) * entries needs 64-bit keys and x64 is off: jnp.unique's pair sort
         # touched rows ascending; padding entries (row ``vocab``) and unused slots read/write row vocab: dropped

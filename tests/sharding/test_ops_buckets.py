@@ -1,6 +1,7 @@
 """The ops backend cuts each batch's CSR buffers to a power-of-two bucket of its largest partition:
 the cut buffers are byte for byte what preprocessing with that limit builds, and the lookup and
-fused update on them equal those on the full-size buffers exactly."""
+fused update on them (with the update's deduplication done at prepare time) equal those on the
+full-size buffers exactly."""
 
 from __future__ import annotations
 
@@ -88,8 +89,11 @@ def test_lookup_and_update_on_cut_buffers_equal_full_ones():
         batch = preprocess_inputs(inputs, plan)
         whole = PreparedCSR(tuple(torch.from_numpy(getattr(batch.stacks[st.name], f))
                                   for st in plan.stacks for f in CSR_FIELDS), batch.stats)
-        prepared = cut.prepare(inputs)
+        prepared = cut.prepare(inputs)  # with grad: its update's deduplication done here, on the host
         assert sum(t.numel() for t in prepared.csr) < sum(t.numel() for t in whole.csr)
+        assert len(prepared.touched) == len(plan.stacks) and not whole.touched
+        with torch.no_grad():  # (evaluation: no update follows)
+            assert not cut.prepare(inputs).touched
         got, _ = cut.forward(prepared)
         want, _ = full.forward(whole)
         grads = {}

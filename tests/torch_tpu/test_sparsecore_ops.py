@@ -78,8 +78,10 @@ def test_schemas_are_torchtpus() -> None:
     adam = torch.ops.tpu.sparse_dense_matmul_grad_with_adam.default._schema
     assert [a.name for a in adam.arguments][5:] == [
         "momentum", "velocity", "activations_grad", "alpha_t", "beta_1", "beta_2", "epsilon", "device_batch_size",
-        "max_ids_per_partition", "max_unique_ids_per_partition", "computation_name"]
+        "max_ids_per_partition", "max_unique_ids_per_partition", "computation_name", "touched_rows"]
     assert len(adam.returns) == 3
+    extra = adam.arguments[-1]  # ours, optional: every TorchTPU call binds the same way
+    assert extra.has_default_value() and extra.default_value is None
 
 
 def test_lookup_on_cpu_equals_embedding_bag_and_the_xla_backend(case: Case) -> None:
@@ -304,6 +306,25 @@ def test_fused_update_dedup_paths_agree_exactly(case: Case, pad_rows: int, monke
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
     assert jax.config.jax_enable_x64  # (torch_tpu turns it on: the int64 keys exist)
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_touched_rows_computed_ahead_give_the_same_bits(case: Case, device: str) -> None:
+    """``touched_rows`` (the deduplication done on the host ahead of the step) changes nothing in
+    the result of a fused update; one of the wrong size is refused."""
+    from torch_tpu.ops.sparsecore import touched_rows_ahead
+
+    touched = touched_rows_ahead(*case.csr, case.table.shape[0], BATCH)
+    assert touched is not None and touched.dtype == torch.int32 and touched.shape == (3, case.csr[1].shape[0])
+    acc = case.stacked(torch.full((VOCAB, DIM), 0.1), fill=0.1)
+    args = (*case.on(device), case.table.to(device), acc.to(device), case.grad.to(device),
+            torch.tensor(0.1).to(device), torch.tensor(1e-6).to(device), *case.limits)
+    plain = torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*args)
+    ahead = torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*args, touched_rows=touched.to(device))
+    for a, b in zip(plain, ahead):
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="touched_rows must be"):
+        torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*args, touched_rows=touched[:, :8].to(device))
 
 
 def test_compile_cache_key_covers_the_ops_math() -> None:

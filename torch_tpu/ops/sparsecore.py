@@ -6,7 +6,9 @@
 * ``tpu::sparse_dense_matmul_grad_with_{sgd,adagrad,adam}``: the fused backward + optimizer
   update a fused-optimizer module calls in backward, returning the new table (and slots);
   beyond TorchTPU's three: ``_with_rowwise_adagrad`` and ``_with_ftrl`` (lazy Adam is ``_with_adam``:
-  only touched rows move).
+  only touched rows move). Beyond TorchTPU's schema they take an optional ``touched_rows``: the
+  buffers' deduplication computed ahead (:func:`touched_rows_ahead`, e.g. on a prefetch thread
+  while the previous step runs), which the XLA formulation would otherwise sort for on the device.
 
 Each op has a fake kernel, a CPU kernel (torch, the reference) and a tpu lowering in the op
 registry, so it runs eagerly on tpu tensors and inside ``torch.compile(backend="tpu")`` graphs.
@@ -31,6 +33,7 @@ The public schemas stay TorchTPU's.
 from __future__ import annotations
 
 import contextvars
+import functools
 from typing import Any
 
 import numpy as np
@@ -42,7 +45,9 @@ from torch_tpu.runtime._jax import jax
 NAMESPACE = "tpu"
 _CSR = "Tensor row_pointers, Tensor embedding_ids, Tensor sample_ids, Tensor gains, Tensor embedding_table"
 _LIMITS = "int device_batch_size, int max_ids_per_partition, int max_unique_ids_per_partition"
-_NAME = 'str computation_name=""'
+# beyond TorchTPU's schema: csr_math.touched_rows of the buffers computed ahead (off TPU the lowering
+# then skips its sort; a SparseCore deduplicates in hardware and ignores it)
+_NAME = 'str computation_name="", Tensor? touched_rows=None'
 SCHEMAS = {
     "sparse_dense_matmul": f"({_CSR}, {_LIMITS}) -> Tensor",
     "sparse_dense_matmul_grad": f"({_CSR}, Tensor activations_grad, {_LIMITS}) -> Tensor",
@@ -140,12 +145,34 @@ def _fused(optimizer: str, prefix: str = ""):
                                             a["computation_name"] or f"{optimizer}_optimizer_update")
         from sparsecore import csr_math
 
-        return csr_math.fused_update(optimizer, *csr, table, table_slots, grad, hypers, *sharding)
+        return csr_math.fused_update(optimizer, *csr, table, table_slots, grad, hypers, *sharding,
+                                     touched=a["touched_rows"])
 
     return lowering
 
 
 _HYPERS = {"sgd": 1, "adagrad": 2, "adam": 4, "rowwise_adagrad": 2, "ftrl": 5}
+
+
+def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor,
+                      gains: torch.Tensor, table_rows: int, device_batch_size: int) -> torch.Tensor | None:
+    """The ``touched_rows`` argument of the fused ops for one device's host CSR buffers and a table of
+    ``table_rows`` rows: computed now on the host CPU (a host tensor), or None where the ops would
+    not use it (on a TPU, whose SparseCores deduplicate ids themselves, or when the sort keys need
+    64 bits and x64 is off)."""
+    if _on_tpu_platform():
+        return None
+    cpu = jax.devices("cpu")[0]
+    buffers = [jax.device_put(t.numpy(), cpu) for t in (row_pointers, embedding_ids, sample_ids, gains)]
+    out = _touched_rows_program(table_rows, device_batch_size)(*buffers)
+    return None if out is None else torch.from_numpy(np.array(out))
+
+
+@functools.cache
+def _touched_rows_program(table_rows: int, batch_size: int):
+    from sparsecore import csr_math
+
+    return jax.jit(functools.partial(csr_math.touched_rows, table_rows=table_rows, batch_size=batch_size))
 
 
 # --- the CPU kernels: the same XLA formulation, run by JAX on the host ---------------------------------

@@ -95,6 +95,8 @@ def _sharded_call(name: str, a: dict[str, Any]) -> Any:
     if "activations_grad" in a:
         local["activations_grad"] = _all_gather(local["activations_grad"].contiguous(), mesh)
     local["device_batch_size"] = devices * a["device_batch_size"]
+    if "touched_rows" in local:  # computed for this device's buffers, not the gathered ones
+        local["touched_rows"] = None
     out = getattr(torch.ops.tpu, ops.SHARDED + name)(**local, devices=devices, device_index=device_index)
     if name == "sparse_dense_matmul":
         return _reduce_scatter(out, mesh)

@@ -40,6 +40,7 @@ from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.preprocess import preprocess_inputs
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput
+from torch_tpu.ops.sparsecore import touched_rows_ahead
 from torchrec_tpu.sharding.sharded_tables import traceable_update
 from tpu_facts import ALIGNMENT
 
@@ -49,10 +50,18 @@ CSR_FIELDS = ("row_pointers", "embedding_ids", "sample_ids", "gains")
 
 @dataclass(frozen=True)
 class PreparedCSR:
-    """A batch's CSR buffers, four host tensors per stack in plan order, and its partition stats."""
+    """A batch's CSR buffers, four host tensors per stack in plan order, and its partition stats;
+    ``touched``: per stack, the fused update's ``touched_rows`` computed with the buffers (empty
+    when not: on a TPU, or for a batch prepared without grad, which no update follows)."""
 
     csr: tuple[torch.Tensor, ...]
     stats: dict[str, StackStats]
+    touched: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def arguments(self) -> tuple[torch.Tensor, ...]:
+        """The tensors :meth:`StackedState.lookup_with_update` takes for this batch."""
+        return (*self.csr, *self.touched)
 
 
 def bucket_limit(needed: int, limit: int) -> int:
@@ -212,16 +221,19 @@ class StackedState(nn.Module):
     # -- fused update -----------------------------------------------------------------------------
 
     def updated(self, csr: Sequence[torch.Tensor], grad: torch.Tensor | Sequence[torch.Tensor], step: int | None,
-                buffers: Mapping[str, torch.Tensor] | None = None) -> list[tuple[torch.Tensor, ...]]:
+                buffers: Mapping[str, torch.Tensor] | None = None, touched: Sequence[torch.Tensor] = (),
+                ) -> list[tuple[torch.Tensor, ...]]:
         """Per stack, the new (table, *slots) after the fused update with the activations'
-        ``grad`` (``step``: the update's number from 1, which Adam needs; None inside a program)."""
+        ``grad`` (``step``: the update's number from 1, which Adam needs; None inside a program;
+        ``touched``: :attr:`PreparedCSR.touched` of ``csr``)."""
         b = buffers if buffers is not None else self.buffers_now()
         out = []
         for i, (st, grad_i, current) in enumerate(zip(self.plan.stacks, self._activation_grads(grad, b),
                                                       self.step_tensors(b))):
             limits = (st.total_sample_count, *csr_limits(st, self.chunks, csr[4 * i + 1]))
             op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{st.optimizer.name}")
-            new = op(*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b), *limits)
+            new = op(*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b), *limits,
+                     touched_rows=touched[i] if touched else None)
             out.append(new if isinstance(new, tuple) else (new,))
         return out
 
@@ -247,10 +259,11 @@ class StackedState(nn.Module):
         """Whether the update runs inside a step program (no host value per step)."""
         return all(traceable_update(st.optimizer) for st in self.plan.stacks)
 
-    def lookup_with_update(self, anchor: torch.Tensor, csr: Sequence[torch.Tensor]) -> torch.Tensor:
-        """:meth:`activations` (uniform batch) whose backward applies the fused update to this
-        module's buffers (``anchor``: a tensor requiring grad, so that autograd runs it)."""
-        return _LookupWithUpdate.apply(anchor, self, *csr)
+    def lookup_with_update(self, anchor: torch.Tensor, arguments: Sequence[torch.Tensor]) -> torch.Tensor:
+        """:meth:`activations` (uniform batch) of a batch's :attr:`PreparedCSR.arguments` whose
+        backward applies the fused update to this module's buffers (``anchor``: a tensor requiring
+        grad, so that autograd runs it)."""
+        return _LookupWithUpdate.apply(anchor, self, *arguments)
 
 
 class _LookupWithUpdate(torch.autograd.Function):
@@ -258,18 +271,19 @@ class _LookupWithUpdate(torch.autograd.Function):
     trace those are the program's inputs, so their new values become its outputs)."""
 
     @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, state: StackedState, *csr: torch.Tensor) -> torch.Tensor:
-        ctx.state, ctx.csr = state, csr
+    def forward(ctx: Any, anchor: torch.Tensor, state: StackedState, *arguments: torch.Tensor) -> torch.Tensor:
+        n = len(CSR_FIELDS) * len(state.plan.stacks)
+        ctx.state, ctx.csr, ctx.touched = state, arguments[:n], arguments[n:]
         ctx.buffers = state.buffers_now()
-        return state.activations(csr, ctx.buffers)
+        return state.activations(ctx.csr, ctx.buffers)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         tensors = ctx.state.step_tensors(ctx.buffers)
-        for current, new in zip(tensors, ctx.state.updated(ctx.csr, grad, None, ctx.buffers)):
+        for current, new in zip(tensors, ctx.state.updated(ctx.csr, grad, None, ctx.buffers, ctx.touched)):
             for target, value in zip(current, new):
                 target.copy_(value)
-        return (None, None, *(None for _ in ctx.csr))
+        return (None, None, *(None for _ in (*ctx.csr, *ctx.touched)))
 
 
 class OpsBackend(Backend):
@@ -298,7 +312,14 @@ class OpsBackend(Backend):
         chunks = self.state.chunks
         csr = tuple(torch.from_numpy(np.ascontiguousarray(a)) for st in self.plan.stacks
                     for a in fit_csr(st, chunks, *(getattr(batch.stacks[st.name], f) for f in CSR_FIELDS)))
-        return PreparedCSR(csr, batch.stats)
+        return PreparedCSR(csr, batch.stats, self._touched(csr) if torch.is_grad_enabled() else ())
+
+    def _touched(self, csr: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """Per stack, the fused update's deduplication of ``csr``, done here on the host (ahead of
+        the step); () where the ops take none."""
+        touched = [touched_rows_ahead(*csr[4 * i:4 * i + 4], st.vocab_size, st.total_sample_count)
+                   for i, st in enumerate(self.plan.stacks)]
+        return () if any(t is None for t in touched) else tuple(touched)
 
     def _prepared(self, prepared: Any) -> PreparedCSR:
         return prepared if isinstance(prepared, PreparedCSR) else self.prepare(prepared)
@@ -327,7 +348,8 @@ class OpsBackend(Backend):
     def _apply(self, context: PreparedCSR, grad: torch.Tensor | list[torch.Tensor]) -> None:
         self.steps += 1
         with torch.no_grad():
-            new = self.state.updated([t.to(DEVICE) for t in context.csr], grad, self.steps)
+            new = self.state.updated([t.to(DEVICE) for t in context.csr], grad, self.steps,
+                                     touched=[t.to(DEVICE) for t in context.touched])
         for i, values in enumerate(new):
             self.state.set_step_tensors(i, values)
 

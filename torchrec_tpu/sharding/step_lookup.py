@@ -57,12 +57,12 @@ class PooledLookup(nn.Module):
         return None if columns is None else PooledLookup(ebc, backend, feature_order, columns)
 
     def step_inputs(self, batch: LocalBatch) -> tuple[torch.Tensor, ...] | None:
-        """The step arguments standing for ``batch``'s pooled embeddings, ``(anchor, *csr)`` (one
+        """The step arguments standing for ``batch``'s pooled embeddings, ``(anchor, *arguments)`` (one
         fused update is counted), or None when ``batch`` was not prepared for this backend."""
         return self._step_inputs(batch)
 
-    def forward(self, anchor: torch.Tensor, *csr: Any) -> torch.Tensor:
-        activations = self.state.lookup_with_update(anchor, csr)
+    def forward(self, anchor: torch.Tensor, *arguments: Any) -> torch.Tensor:
+        activations = self.state.lookup_with_update(anchor, arguments)
         if not self.identity:
             activations = activations.index_select(1, self.columns)
         return activations.reshape(self.shape)
@@ -85,4 +85,4 @@ class _StepInputs:
             return None
         self.ebc.steps += 1
         self.backend.count_step(prepared)
-        return (self.anchor, *prepared.csr)
+        return (self.anchor, *prepared.arguments)

@@ -46,7 +46,7 @@ class DLRMDenseLoss(nn.Module):
 
 
 class DLRMLookupLoss(nn.Module):
-    """``(dense_features, labels, anchor, *csr) -> loss``: the embedding lookup (``lookup``, a
+    """``(dense_features, labels, anchor, *arguments) -> loss``: the embedding lookup (``lookup``, a
     :class:`~torchrec_tpu.sharding.step_lookup.PooledLookup`, whose backward updates the tables)
     feeding ``dense``."""
 
@@ -55,8 +55,8 @@ class DLRMLookupLoss(nn.Module):
         self.dense, self.lookup = dense, lookup
 
     def forward(self, dense_features: torch.Tensor, labels: torch.Tensor, anchor: torch.Tensor,
-                *csr: torch.Tensor) -> torch.Tensor:
-        return self.dense(dense_features, self.lookup(anchor, *csr), labels)
+                *arguments: torch.Tensor) -> torch.Tensor:
+        return self.dense(dense_features, self.lookup(anchor, *arguments), labels)
 
 
 class CompiledDenseStep:
