@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from sparsecore.backends.xla_inputs import bucket
 from tpu_facts import ALIGNMENT
 
 
@@ -89,12 +91,19 @@ def decode(row_pointers, embedding_ids, sample_ids, gains, table_rows: int, batc
 
 
 def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table, batch_size: int,
-                        devices: int = 1, device_index: int = 0):
+                        devices: int = 1, device_index: int = 0, touched=None):
     """Activations [batch_size, dim]: per activation row, the sum of gain * table row (over the
-    table's own rows: a partial sum when ``devices`` > 1)."""
+    table's own rows: a partial sum when ``devices`` > 1). With ``touched`` (:func:`touched_rows`
+    of the same buffers) each touched row is read once (the same values, the same sums)."""
     phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0], batch_size,
                                  devices, device_index)
-    values = embedding_table.at[phys].get(mode="fill", fill_value=0.0)
+    if touched is None:
+        values = embedding_table.at[phys].get(mode="fill", fill_value=0.0)
+    else:
+        order, segment, unique = split_touched(touched, phys.shape[0])
+        once = embedding_table.at[unique].get(mode="fill", fill_value=0.0, indices_are_sorted=True,
+                                              unique_indices=True)
+        values = once.at[jnp.zeros_like(segment).at[order].set(segment, unique_indices=True)].get()
     return jax.ops.segment_sum(gain[:, None] * values, rows, num_segments=batch_size).astype(embedding_table.dtype)
 
 
@@ -191,14 +200,30 @@ def _touched_rows(phys, vocab: int):
 
 def touched_rows(row_pointers, embedding_ids, sample_ids, gains, table_rows: int, batch_size: int, devices: int = 1,
                  device_index: int = 0):
-    """The deduplication :func:`fused_update` does for these buffers, as one ``[3, entries]`` int32
-    array (order, segment, unique: see :func:`_touched_rows`), to compute ahead of the update (e.g.
-    on the host while the previous step runs) and hand to it; None where the keys need 64 bits
-    and x64 is off (the update then deduplicates itself)."""
+    """The deduplication :func:`fused_update` does for these buffers, to compute ahead (e.g. on the
+    host while the previous step runs) and hand to it and to the lookup: one int32 vector, order
+    [E], segment [E] and unique [E] (:func:`_touched_rows`) end to end; None where the keys need
+    64 bits and x64 is off (the update then deduplicates itself). :func:`fit_touched` cuts it."""
     phys, _, _, _ = decode(row_pointers, embedding_ids, sample_ids, gains, table_rows, batch_size, devices,
                            device_index)
     dedup = _touched_rows(phys, table_rows)
-    return None if dedup is None else jnp.stack(dedup).astype(jnp.int32)
+    return None if dedup is None else jnp.concatenate(dedup).astype(jnp.int32)
+
+
+def fit_touched(touched: np.ndarray, entries: int) -> np.ndarray:
+    """:func:`touched_rows` (a host array) with ``unique`` cut to a bucket of the segments the
+    entries use (the rest are distinct out-of-range rows): the update and the lookup then read
+    and write that many table rows instead of one per buffer entry."""
+    used = int(touched[2 * entries - 1]) + 1  # the last sorted position's segment
+    return touched[:2 * entries + min(entries, bucket(used))]
+
+
+def split_touched(touched, entries: int):
+    """(order [E], segment [E], unique [U]) of a :func:`touched_rows` vector (cut or not)."""
+    if touched.ndim != 1 or not 2 * entries < touched.shape[0] <= 3 * entries:
+        raise ValueError(f"touched_rows must be a vector of order, segment ({entries} each) and 1 to {entries} "
+                         f"unique rows (touched_rows() of these buffers), got shape {list(touched.shape)}")
+    return touched[:entries], touched[entries:2 * entries], touched[2 * entries:]
 
 
 def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains, embedding_table, slots,
@@ -216,10 +241,7 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
                                  device_index)
     entries = phys.shape[0]
     contributions = gain[:, None] * activations_grad.astype(jnp.float32).at[rows].get(mode="fill", fill_value=0.0)
-    if touched is not None and touched.shape != (3, entries):
-        raise ValueError(f"touched_rows must be [3, {entries}] (touched_rows() of these buffers), got "
-                         f"{list(touched.shape)}")
-    dedup = _touched_rows(phys, vocab) if touched is None else (touched[0], touched[1], touched[2])
+    dedup = _touched_rows(phys, vocab) if touched is None else split_touched(touched, entries)
     hints = {}
     if dedup is None:  # (row + 1) * entries needs 64-bit keys and x64 is off: jnp.unique's pair sort
         # touched rows ascending; padding entries (row ``vocab``) and unused slots read/write row vocab: dropped
@@ -228,7 +250,8 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
     else:
         order, segment, unique = dedup
         # each row's entries in buffer order, as table_grad sums them
-        grad = jax.ops.segment_sum(contributions[order], segment, num_segments=entries, indices_are_sorted=True)
+        grad = jax.ops.segment_sum(contributions[order], segment, num_segments=unique.shape[0],
+                                   indices_are_sorted=True)
         hints = dict(indices_are_sorted=True, unique_indices=True)
     touched = unique < vocab
     old = [embedding_table, *slots]

@@ -74,7 +74,7 @@ def test_schemas_are_torchtpus() -> None:
     schema = str(torch.ops.tpu.sparse_dense_matmul.default._schema)
     assert schema == ("tpu::sparse_dense_matmul(Tensor row_pointers, Tensor embedding_ids, Tensor sample_ids, "
                       "Tensor gains, Tensor embedding_table, int device_batch_size, int max_ids_per_partition, "
-                      "int max_unique_ids_per_partition) -> Tensor")
+                      "int max_unique_ids_per_partition, Tensor? touched_rows=None) -> Tensor")
     adam = torch.ops.tpu.sparse_dense_matmul_grad_with_adam.default._schema
     assert [a.name for a in adam.arguments][5:] == [
         "momentum", "velocity", "activations_grad", "alpha_t", "beta_1", "beta_2", "epsilon", "device_batch_size",
@@ -310,21 +310,27 @@ def test_fused_update_dedup_paths_agree_exactly(case: Case, pad_rows: int, monke
 
 @pytest.mark.parametrize("device", ["cpu", "tpu"])
 def test_touched_rows_computed_ahead_give_the_same_bits(case: Case, device: str) -> None:
-    """``touched_rows`` (the deduplication done on the host ahead of the step) changes nothing in
-    the result of a fused update; one of the wrong size is refused."""
+    """``touched_rows`` (the deduplication done on the host ahead of the step, its unique rows cut
+    to a bucket) changes nothing in the results of the lookup and a fused update; one of the wrong
+    size is refused."""
     from torch_tpu.ops.sparsecore import touched_rows_ahead
 
     touched = touched_rows_ahead(*case.csr, case.table.shape[0], BATCH)
-    assert touched is not None and touched.dtype == torch.int32 and touched.shape == (3, case.csr[1].shape[0])
+    entries = case.csr[1].shape[0]
+    assert touched is not None and touched.dtype == torch.int32 and 2 * entries < touched.shape[0] < 3 * entries
+    csr, table = case.on(device), case.table.to(device)
+    torch.testing.assert_close(  # the lookup reads each row once
+        torch.ops.tpu.sparse_dense_matmul(*csr, table, *case.limits, touched_rows=touched.to(device)).cpu(),
+        torch.ops.tpu.sparse_dense_matmul(*csr, table, *case.limits).cpu(), rtol=0, atol=0)
     acc = case.stacked(torch.full((VOCAB, DIM), 0.1), fill=0.1)
-    args = (*case.on(device), case.table.to(device), acc.to(device), case.grad.to(device),
-            torch.tensor(0.1).to(device), torch.tensor(1e-6).to(device), *case.limits)
+    args = (*csr, table, acc.to(device), case.grad.to(device), torch.tensor(0.1).to(device),
+            torch.tensor(1e-6).to(device), *case.limits)
     plain = torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*args)
     ahead = torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*args, touched_rows=touched.to(device))
     for a, b in zip(plain, ahead):
         torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0)
     with pytest.raises(ValueError, match="touched_rows must be"):
-        torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*args, touched_rows=touched[:, :8].to(device))
+        torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*args, touched_rows=touched[:2 * entries].to(device))
 
 
 def test_compile_cache_key_covers_the_ops_math() -> None:

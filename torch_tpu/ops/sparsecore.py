@@ -6,9 +6,12 @@
 * ``tpu::sparse_dense_matmul_grad_with_{sgd,adagrad,adam}``: the fused backward + optimizer
   update a fused-optimizer module calls in backward, returning the new table (and slots);
   beyond TorchTPU's three: ``_with_rowwise_adagrad`` and ``_with_ftrl`` (lazy Adam is ``_with_adam``:
-  only touched rows move). Beyond TorchTPU's schema they take an optional ``touched_rows``: the
-  buffers' deduplication computed ahead (:func:`touched_rows_ahead`, e.g. on a prefetch thread
-  while the previous step runs), which the XLA formulation would otherwise sort for on the device.
+  only touched rows move).
+
+Beyond TorchTPU's schemas the lookup and the fused ops take an optional ``touched_rows``: the
+buffers' deduplication computed ahead (:func:`touched_rows_ahead`, e.g. on a prefetch thread while
+the previous step runs). With it the XLA formulation neither sorts on the device nor reads a row
+twice (same results, bit for bit); on a TPU it is ignored.
 
 Each op has a fake kernel, a CPU kernel (torch, the reference) and a tpu lowering in the op
 registry, so it runs eagerly on tpu tensors and inside ``torch.compile(backend="tpu")`` graphs.
@@ -45,11 +48,12 @@ from torch_tpu.runtime._jax import jax
 NAMESPACE = "tpu"
 _CSR = "Tensor row_pointers, Tensor embedding_ids, Tensor sample_ids, Tensor gains, Tensor embedding_table"
 _LIMITS = "int device_batch_size, int max_ids_per_partition, int max_unique_ids_per_partition"
-# beyond TorchTPU's schema: csr_math.touched_rows of the buffers computed ahead (off TPU the lowering
-# then skips its sort; a SparseCore deduplicates in hardware and ignores it)
-_NAME = 'str computation_name="", Tensor? touched_rows=None'
+# beyond TorchTPU's schemas: csr_math.touched_rows of the buffers computed ahead (off TPU the lowerings
+# then neither sort nor read a row twice; a SparseCore deduplicates in hardware and ignores it)
+_AHEAD = "Tensor? touched_rows=None"
+_NAME = f'str computation_name="", {_AHEAD}'
 SCHEMAS = {
-    "sparse_dense_matmul": f"({_CSR}, {_LIMITS}) -> Tensor",
+    "sparse_dense_matmul": f"({_CSR}, {_LIMITS}, {_AHEAD}) -> Tensor",
     "sparse_dense_matmul_grad": f"({_CSR}, Tensor activations_grad, {_LIMITS}) -> Tensor",
     "sparse_dense_matmul_grad_with_sgd":
         f"({_CSR}, Tensor activations_grad, Tensor learning_rate, {_LIMITS}, {_NAME}) -> Tensor",
@@ -93,7 +97,7 @@ def _on_tpu_platform() -> bool:
 
 
 def _lookup(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size,
-            max_ids_per_partition, max_unique_ids_per_partition, devices=1, device_index=0):
+            max_ids_per_partition, max_unique_ids_per_partition, touched_rows=None, devices=1, device_index=0):
     if _on_tpu_platform() and devices == 1:
         from sparsecore import csr_kernels
 
@@ -103,7 +107,7 @@ def _lookup(row_pointers, embedding_ids, sample_ids, gains, embedding_table, dev
     from sparsecore import csr_math
 
     return csr_math.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table,
-                                        device_batch_size, devices, device_index)
+                                        device_batch_size, devices, device_index, touched_rows)
 
 
 def _lookup_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad,
@@ -156,7 +160,7 @@ _HYPERS = {"sgd": 1, "adagrad": 2, "adam": 4, "rowwise_adagrad": 2, "ftrl": 5}
 
 def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor,
                       gains: torch.Tensor, table_rows: int, device_batch_size: int) -> torch.Tensor | None:
-    """The ``touched_rows`` argument of the fused ops for one device's host CSR buffers and a table of
+    """The ``touched_rows`` argument of the ops for one device's host CSR buffers and a table of
     ``table_rows`` rows: computed now on the host CPU (a host tensor), or None where the ops would
     not use it (on a TPU, whose SparseCores deduplicate ids themselves, or when the sort keys need
     64 bits and x64 is off)."""
@@ -165,7 +169,11 @@ def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, 
     cpu = jax.devices("cpu")[0]
     buffers = [jax.device_put(t.numpy(), cpu) for t in (row_pointers, embedding_ids, sample_ids, gains)]
     out = _touched_rows_program(table_rows, device_batch_size)(*buffers)
-    return None if out is None else torch.from_numpy(np.array(out))
+    if out is None:
+        return None
+    from sparsecore import csr_math
+
+    return torch.from_numpy(np.array(csr_math.fit_touched(np.asarray(out), embedding_ids.shape[0])))
 
 
 @functools.cache
@@ -226,13 +234,14 @@ def _fused_fake(optimizer: str, prefix: str = ""):
 def _setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
     ctx.save_for_backward(*inputs[:5])
     ctx.limits = inputs[5:8]
+    ctx.num_inputs = len(inputs)
 
 
 def _lookup_backward(ctx: Any, grad: torch.Tensor) -> tuple:
     row_pointers, embedding_ids, sample_ids, gains, embedding_table = ctx.saved_tensors
     table_grad = torch.ops.tpu.sparse_dense_matmul_grad(row_pointers, embedding_ids, sample_ids, gains,
                                                         embedding_table, grad.contiguous(), *ctx.limits)
-    return None, None, None, None, table_grad, None, None, None
+    return (None, None, None, None, table_grad, *(None for _ in range(ctx.num_inputs - 5)))
 
 
 def register() -> None:

@@ -181,15 +181,17 @@ class StackedState(nn.Module):
     # -- lookup -----------------------------------------------------------------------------------
 
     def activations(self, csr: Sequence[torch.Tensor], buffers: Mapping[str, torch.Tensor] | None = None,
-                    ) -> torch.Tensor | list[torch.Tensor]:
+                    touched: Sequence[torch.Tensor] = ()) -> torch.Tensor | list[torch.Tensor]:
         """Every feature's pooled activations from the stacks' CSR buffers: [batch, sum of dims] in
-        plan feature order when all features share one batch size, else a list per feature."""
+        plan feature order when all features share one batch size, else a list per feature
+        (``touched``: :attr:`PreparedCSR.touched` of ``csr``)."""
         b = buffers if buffers is not None else self.buffers_now()
         tables = [t[0] for t in self.step_tensors(b)]
         per_stack = []
         for i, (st, table) in enumerate(zip(self.plan.stacks, tables)):
             act = torch.ops.tpu.sparse_dense_matmul(*csr[4 * i:4 * i + 4], table, st.total_sample_count,
-                                                    *csr_limits(st, self.chunks, csr[4 * i + 1]))
+                                                    *csr_limits(st, self.chunks, csr[4 * i + 1]),
+                                                    touched_rows=touched[i] if touched else None)
             per_stack.append(act if self._identity[i] else act.index_select(0, b[f"perm_{i}"]))
         if not self.uniform:
             split = [rows.split([fp.batch_size for fp in st.features]) for st, rows in zip(self.plan.stacks, per_stack)]
@@ -275,7 +277,7 @@ class _LookupWithUpdate(torch.autograd.Function):
         n = len(CSR_FIELDS) * len(state.plan.stacks)
         ctx.state, ctx.csr, ctx.touched = state, arguments[:n], arguments[n:]
         ctx.buffers = state.buffers_now()
-        return state.activations(ctx.csr, ctx.buffers)
+        return state.activations(ctx.csr, ctx.buffers, ctx.touched)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
