@@ -11,7 +11,8 @@
 Beyond TorchTPU's schemas the lookup and the fused ops take an optional ``touched_rows``: the
 buffers' deduplication computed ahead (:func:`touched_rows_ahead`, e.g. on a prefetch thread while
 the previous step runs). With it the XLA formulation neither sorts on the device nor reads a row
-twice (same results, bit for bit); on a TPU it is ignored.
+twice (same results, bit for bit); on a TPU it is ignored. It is a promise about the buffers
+passed with it: its shape is checked, its values are not (others give undefined results).
 
 Each op has a fake kernel, a CPU kernel (torch, the reference) and a tpu lowering in the op
 registry, so it runs eagerly on tpu tensors and inside ``torch.compile(backend="tpu")`` graphs.
