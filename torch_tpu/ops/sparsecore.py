@@ -167,7 +167,7 @@ def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, 
     64 bits and x64 is off)."""
     if _on_tpu_platform():
         return None
-    cpu = jax.devices("cpu")[0]
+    cpu = jax.local_devices(backend="cpu")[0]  # (this process's: a distributed client lists every process's)
     buffers = [jax.device_put(t.numpy(), cpu) for t in (row_pointers, embedding_ids, sample_ids, gains)]
     out = _touched_rows_program(table_rows, device_batch_size)(*buffers)
     if out is None:
@@ -194,7 +194,7 @@ def _on_host(lowering):
     SparseCore primitives, even on a TPU host)."""
 
     def kernel(*args, **kwargs):
-        cpu = jax.devices("cpu")[0]
+        cpu = jax.local_devices(backend="cpu")[0]  # (this process's: a distributed client lists every process's)
 
         def to_jax(x):
             return jax.device_put(x.detach().numpy(), cpu) if isinstance(x, torch.Tensor) else x
