@@ -45,6 +45,7 @@ import torch
 
 from torch_tpu.ops.registry import register_lowering
 from torch_tpu.runtime._jax import jax
+from torch_tpu.runtime.persistent_cache import persistent
 
 NAMESPACE = "tpu"
 _CSR = "Tensor row_pointers, Tensor embedding_ids, Tensor sample_ids, Tensor gains, Tensor embedding_table"
@@ -169,7 +170,8 @@ def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, 
         return None
     cpu = jax.local_devices(backend="cpu")[0]  # (this process's: a distributed client lists every process's)
     buffers = [jax.device_put(t.numpy(), cpu) for t in (row_pointers, embedding_ids, sample_ids, gains)]
-    out = _touched_rows_program(table_rows, device_batch_size)(*buffers)
+    with persistent():  # a whole program, compiled once per buffer size: kept across runs
+        out = _touched_rows_program(table_rows, device_batch_size)(*buffers)
     if out is None:
         return None
     from sparsecore import csr_math

@@ -109,7 +109,8 @@ def _check_optimizer(stack: StackedTable) -> None:
 
 
 class StackedState(nn.Module):
-    """Every stack of ``plan`` as tpu buffers, and the lookup / fused update over them."""
+    """Every stack of ``plan`` as tpu buffers (uninitialised: the backend loads them), and the
+    lookup / fused update over them."""
 
     def __init__(self, plan: StackingPlan) -> None:
         super().__init__()
@@ -125,10 +126,10 @@ class StackedState(nn.Module):
         plan_index = {where: k for k, where in enumerate(self._where)}
         for i, st in enumerate(plan.stacks):
             _check_optimizer(st)
-            self.register_buffer(f"table_{i}", torch.zeros(st.vocab_size, st.dim, device=DEVICE), persistent=False)
+            self.register_buffer(f"table_{i}", torch.empty(st.vocab_size, st.dim, device=DEVICE), persistent=False)
             for slot in st.optimizer.slot_names:
                 shape = (st.vocab_size,) if slot in st.optimizer.row_slots else (st.vocab_size, st.dim)
-                self.register_buffer(f"{slot}_{i}", torch.zeros(shape, device=DEVICE), persistent=False)
+                self.register_buffer(f"{slot}_{i}", torch.empty(shape, device=DEVICE), persistent=False)
             self.register_buffer(f"lr_{i}", torch.tensor(float(st.optimizer.learning_rate), device=DEVICE),
                                  persistent=False)
             if isinstance(st.optimizer, opt.Adagrad):  # (and row-wise)
