@@ -81,15 +81,16 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch
                 ebc = next(m for m in net.modules() if isinstance(m, ShardedSparseCoreEBC))
                 batch = Batch(batch.dense_features, ebc.prefetch(batch.sparse_features), batch.labels)
             losses.append(float(step_fn(net, optimizer, batch)))
-        # a smaller last batch, as an evaluation split's
-        held_out = [rank_slice(global_batch(STEPS + i, size), env.rank, env.world_size)
-                    for i, size in enumerate((GLOBAL_BATCH, GLOBAL_BATCH, GLOBAL_BATCH // 2))]
+        # a larger batch than training's (as the job's evaluation batches) and a smaller last one
+        sizes = (GLOBAL_BATCH, 2 * GLOBAL_BATCH + GLOBAL_BATCH // 2, GLOBAL_BATCH // 2)
+        held_out = [rank_slice(global_batch(STEPS + i, size), env.rank, env.world_size) for i, size in enumerate(sizes)]
         forward = eval_forward(net, device, env.world_size, parallel)  # as the job does
         result = evaluate(net, held_out, torch.device("cpu"), forward)
         eager = evaluate(net, held_out, torch.device("cpu"))
         return {"losses": losses, "auc": result.auc, "eval_loss": result.loss, "initial": initial,
                 "eager_auc": eager.auc, "eager_eval_loss": eager.loss,
                 "compiled_eval": isinstance(forward, CompiledDenseEval),
+                "one_program_eval": getattr(forward, "one_program_batches", 0),
                 "state": _host_state(net), "devices": {p.device.type for p in net.parameters() if p.numel()},
                 "compiled_steps": _calls(step_fn, "step") + _calls(step_fn, "fused_step"),
                 "fused_steps": _calls(step_fn, "fused_step")}

@@ -32,6 +32,7 @@ def test_dense_on_tpu_trains_like_dense_on_cpu(model: str, prefetch: bool) -> No
     assert got["compiled_steps"] == STEPS and reference["compiled_steps"] == 0  # one tpu program per step
     assert got["fused_steps"] == (STEPS if prefetch else 0)
     assert got["compiled_eval"] and not reference["compiled_eval"]  # towers as one program
+    assert got["one_program_eval"] == 3  # with the embedding lookup (the ops backend at one rank)
     assert len(got["losses"]) == STEPS
     torch.testing.assert_close(got["losses"], reference["losses"], rtol=0, atol=1e-5)
     assert set(got["state"]) == set(reference["state"])

@@ -61,8 +61,20 @@ class PooledLookup(nn.Module):
         fused update is counted), or None when ``batch`` was not prepared for this backend."""
         return self._step_inputs(batch)
 
+    def eval_inputs(self, batch: LocalBatch) -> tuple[torch.Tensor, ...] | None:
+        """:meth:`pooled`'s arguments for ``batch`` (host tensors), or None when ``batch`` was not
+        prepared for this backend."""
+        return batch.prepared.csr if isinstance(batch.prepared, PreparedCSR) else None
+
     def forward(self, anchor: torch.Tensor, *arguments: Any) -> torch.Tensor:
-        activations = self.state.lookup_with_update(anchor, arguments)
+        return self._arranged(self.state.lookup_with_update(anchor, arguments))
+
+    def pooled(self, *csr: torch.Tensor) -> torch.Tensor:
+        """The pooled embeddings of a batch's CSR buffers (:attr:`PreparedCSR.csr`, tpu tensors),
+        with no update: evaluation's lookup, which a compiled program can trace."""
+        return self._arranged(self.state.activations(csr))
+
+    def _arranged(self, activations: torch.Tensor) -> torch.Tensor:
         if not self.identity:
             activations = activations.index_select(1, self.columns)
         return activations.reshape(self.shape)

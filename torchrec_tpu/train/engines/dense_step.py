@@ -19,6 +19,7 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
+from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.ebc import PrefetchedKJT
 from torchrec_tpu.train.engines.dense_placement import dense_device_of, pooled_on_host
 from torchrec_tpu.train.loop import StepFn, train_step
@@ -100,26 +101,61 @@ class CompiledDenseStep:
 
 
 class CompiledDenseEval:
-    """An ``evaluate`` forward of the sparsecore DLRM with its towers on tpu: the sparse arch on
-    the host, then the towers as one program (``torch.compile``, backend ``tpu``) instead of one
-    dispatch, and a first-sight compile, per op. A batch smaller than the largest so far (an
-    evaluation split's last) is zero-padded to it, so one program serves the whole split."""
+    """An ``evaluate`` forward of the sparsecore DLRM with its towers on tpu, as one program
+    (``torch.compile``, backend ``tpu``) instead of one dispatch, and a first-sight compile, per
+    op. For a one-rank EBC on the ``ops`` backend the program looks the embeddings up too, from the
+    batch's CSR buffers (:meth:`~torchrec_tpu.sharding.step_lookup.PooledLookup.pooled`), in
+    chunks of the EBC's batch size (the last zero-padded); otherwise the sparse arch runs on the host first and a
+    batch smaller than the largest so far (an evaluation split's last) is zero-padded to it. Either
+    way one program serves the whole split."""
 
     def __init__(self, model: DLRMTrain) -> None:
         import torch_tpu.compile  # noqa: F401  (registers the "tpu" backend)
+        from torchrec_tpu.sharding.step_lookup import PooledLookup  # imports torch_tpu
 
         self.device = dense_device_of(model)
-        self.logits = torch.compile(DLRMDenseLoss(model).logits, backend="tpu", dynamic=False)
+        self.dense = DLRMDenseLoss(model)
+        self.logits = torch.compile(self.dense.logits, backend="tpu", dynamic=False)
         self.rows = 0
+        sparse_arch = model.model.sparse_arch
+        self.ebc = sparse_arch.embedding_bag_collection
+        self.lookup = PooledLookup.of(self.ebc, sparse_arch.sparse_feature_names)
+        self.lookup_logits = None if self.lookup is None else torch.compile(self._lookup_logits, backend="tpu",
+                                                                            dynamic=False)
+        self.one_program_batches = 0  # batches evaluated with the lookup inside the program
+
+    def _lookup_logits(self, dense_features: torch.Tensor, *csr: torch.Tensor) -> torch.Tensor:
+        pooled = self.lookup.pooled(*(t.to(self.device) for t in csr))  # type: ignore[union-attr]
+        return self.dense.logits(dense_features.to(self.device), pooled)
 
     def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         from torch_tpu.compile.buckets import pad_dim
 
-        pooled = _host_pooled(model, batch)
+        if self.lookup_logits is not None:
+            logits = self._looked_up(batch)
+            if logits is not None:
+                self.one_program_batches += 1
+                return logits
         rows = batch.labels.shape[0]
+        pooled = _host_pooled(model, batch)
         self.rows = max(self.rows, rows)
         return self.logits(pad_dim(batch.dense_features, 0, self.rows).to(self.device),
                            pad_dim(pooled, 0, self.rows).to(self.device)).cpu()[:rows]
+
+    def _looked_up(self, batch: Batch) -> torch.Tensor | None:
+        """``batch``'s logits, each chunk of the EBC's batch size (the last zero-padded) one run of
+        the lookup-and-towers program; None when the EBC's input dist prepared no CSR buffers."""
+        from torch_tpu.compile.buckets import pad_dim
+
+        size, parts, first = self.ebc.batch_size, [], 0
+        for chunk, real in fixed_size_chunks(batch.sparse_features, size):
+            csr = self.lookup.eval_inputs(self.ebc.input_dist(chunk))  # type: ignore[union-attr]
+            if csr is None:
+                return None
+            dense = pad_dim(batch.dense_features[first:first + real], 0, size)
+            parts.append(self.lookup_logits(dense, *csr).cpu()[:real])  # type: ignore[misc]
+            first += real
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def _host_pooled(model: DLRMTrain, batch: Batch) -> torch.Tensor:
