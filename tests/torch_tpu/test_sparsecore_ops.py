@@ -318,6 +318,13 @@ def test_touched_rows_computed_ahead_give_the_same_bits(case: Case, device: str)
     touched = touched_rows_ahead(*case.csr, case.table.shape[0], BATCH)
     entries = case.csr[1].shape[0]
     assert touched is not None and touched.dtype == torch.int32 and 2 * entries < touched.shape[0] < 3 * entries
+    import jax.numpy as jnp
+
+    from sparsecore import csr_math
+
+    phys = csr_math.decode(*(jnp.asarray(t.numpy()) for t in case.csr), case.table.shape[0], BATCH)[0]
+    in_program = np.asarray(csr_math.touched_rows(phys, case.table.shape[0]))  # numpy on the host == jnp
+    np.testing.assert_array_equal(touched.numpy(), csr_math.fit_touched(in_program, entries))
     csr, table = case.on(device), case.table.to(device)
     torch.testing.assert_close(  # the lookup reads each row once
         torch.ops.tpu.sparse_dense_matmul(*csr, table, *case.limits, touched_rows=touched.to(device)).cpu(),

@@ -37,7 +37,6 @@ The public schemas stay TorchTPU's.
 from __future__ import annotations
 
 import contextvars
-import functools
 from typing import Any
 
 import numpy as np
@@ -45,7 +44,6 @@ import torch
 
 from torch_tpu.ops.registry import register_lowering
 from torch_tpu.runtime._jax import jax
-from torch_tpu.runtime.persistent_cache import persistent
 
 NAMESPACE = "tpu"
 _CSR = "Tensor row_pointers, Tensor embedding_ids, Tensor sample_ids, Tensor gains, Tensor embedding_table"
@@ -163,27 +161,16 @@ _HYPERS = {"sgd": 1, "adagrad": 2, "adam": 4, "rowwise_adagrad": 2, "ftrl": 5}
 def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor,
                       gains: torch.Tensor, table_rows: int, device_batch_size: int) -> torch.Tensor | None:
     """The ``touched_rows`` argument of the ops for one device's host CSR buffers and a table of
-    ``table_rows`` rows: computed now on the host CPU (a host tensor), or None where the ops would
-    not use it (on a TPU, whose SparseCores deduplicate ids themselves, or when the sort keys need
-    64 bits and x64 is off)."""
+    ``table_rows`` rows, computed now on the host with numpy (a host tensor; no JAX program, no
+    device); None on a TPU, whose SparseCores deduplicate ids themselves."""
     if _on_tpu_platform():
         return None
-    cpu = jax.local_devices(backend="cpu")[0]  # (this process's: a distributed client lists every process's)
-    buffers = [jax.device_put(t.numpy(), cpu) for t in (row_pointers, embedding_ids, sample_ids, gains)]
-    with persistent():  # a whole program, compiled once per buffer size: kept across runs
-        out = _touched_rows_program(table_rows, device_batch_size)(*buffers)
-    if out is None:
-        return None
     from sparsecore import csr_math
 
-    return torch.from_numpy(np.array(csr_math.fit_touched(np.asarray(out), embedding_ids.shape[0])))
-
-
-@functools.cache
-def _touched_rows_program(table_rows: int, batch_size: int):
-    from sparsecore import csr_math
-
-    return jax.jit(functools.partial(csr_math.touched_rows, table_rows=table_rows, batch_size=batch_size))
+    buffers = [t.numpy() for t in (row_pointers, embedding_ids, sample_ids, gains)]
+    phys = csr_math.decode(*buffers, table_rows, device_batch_size, xp=np)[0]
+    touched = csr_math.touched_rows(phys, table_rows, xp=np)  # numpy: ~4x XLA:CPU's sort
+    return torch.from_numpy(csr_math.fit_touched(touched, embedding_ids.shape[0]))
 
 
 # --- the CPU kernels: the same XLA formulation, run by JAX on the host ---------------------------------
