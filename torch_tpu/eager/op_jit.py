@@ -73,9 +73,10 @@ _programs: OrderedDict[tuple, Any] = OrderedDict()  # (site, float key) -> jitte
 _float_values: dict[tuple, set | None] = {}  # site -> distinct float keys seen (None: keep constant)
 _promoted: set[tuple] = set()  # sites whose floats are traced inputs
 _last = threading.local()  # .program: what the thread's last call ran (see last_program)
-# the dispatcher's fast path (torch_tpu.eager.dispatch): its call signature -> a program of _programs;
-# emptied whenever programs are evicted or cleared, so it never holds one the cap dropped
-fast: dict[tuple, Any] = {}
+# the dispatcher's fast path (torch_tpu.eager.dispatch): its call signature -> (op, a program of
+# _programs, op name, in place) (see torch_tpu.eager.handlers); emptied whenever programs are evicted
+# or cleared, so it never holds one the cap dropped
+fast: dict[tuple, tuple] = {}
 
 
 def stats() -> OpJitStats:
