@@ -14,9 +14,10 @@ structure, every input's aval (shape, dtype, weak type) and the values of all no
   shapes and dtypes as the constant values (torch's promotion of Python scalars is kept).
 * At most ``TORCH_TPU_OP_JIT_MAX`` programs (default 1024) are kept, least recently used first out.
 * Once a signature has its program, the dispatcher (``torch_tpu.eager.dispatch``) finds it by the torch
-  call itself (``fast``: op, argument shapes/dtypes or values) and calls it with the tensors'
+  call itself (``fast``: op, argument avals or values) and calls it with the tensors'
   arrays, skipping the handler, the unwrapping, this module's key building and the executor
-  seam: about 2.8x -> 1.7-2.3x a raw ``jax.jit`` call for small ops (bench/bench_torch_tpu_ops.py).
+  seam: about 2.8x -> 2.25-2.3x a raw ``jax.jit`` call for small ops, where a no-op
+  ``__torch_dispatch__`` running the jitted op costs 1.9x (bench/bench_torch_tpu_ops.py).
 * ``TORCH_TPU_OP_JIT=0`` switches the cache off (every op runs its plain lowering);
   :func:`set_enabled` does the same at run time.
 
