@@ -227,7 +227,7 @@ def test_fast_path_keeps_every_argument_apart():
             got, want = (flags.to("tpu") + other).cpu(), flags + other
             assert got.dtype == want.dtype and torch.equal(got, want)
         torch.testing.assert_close(xt.relu().cpu(), x.relu())
-    fast = {key[0].__name__ for key in op_jit.fast}
+    fast = {entry[0].__name__ for entry in op_jit.fast.values()}
     assert {"mul.Tensor", "sum.dim_IntList", "add.Tensor", "relu.default"} <= fast
     before = op_jit.stats()
     torch.testing.assert_close((xt * 2.5).relu().cpu(), (x * 2.5).relu())  # a new scale: compiled
@@ -252,7 +252,7 @@ def test_fast_in_place_ops_update_the_target_and_its_views():
         x.add_(y).mul_(0.5)
         torch.testing.assert_close(xt.cpu(), x)
         torch.testing.assert_close(row_t.cpu(), row)
-    assert {"add_.Tensor", "mul_.Tensor"} <= {key[0].__name__ for key in op_jit.fast}
+    assert {"add_.Tensor", "mul_.Tensor"} <= {entry[0].__name__ for entry in op_jit.fast.values()}
     wide = torch.ones(3, 4, dtype=torch.float64)
     for _ in range(3):  # a float64 operand: the result is cast into the float32 target, not stored whole
         xt.add_(wide.to("tpu"))
@@ -264,7 +264,7 @@ def test_fast_in_place_ops_update_the_target_and_its_views():
 
 def _fast_keyword_ops() -> set[str]:
     """Ops with a fast-path program for a call with keyword arguments (keys hold their names)."""
-    return {key[0].__name__ for key in op_jit.fast if any(type(k) is str for k in key)}
+    return {entry[0].__name__ for key, entry in op_jit.fast.items() if any(type(k) is str for k in key)}
 
 
 KEYWORD_CALLS = {  # name: (op on (x, y), writes into x, the overload the fast path serves or None)

@@ -21,7 +21,6 @@ import torch
 
 from torch_tpu.eager import fallback, modes, op_jit, sparse
 from torch_tpu.eager.handlers import (
-    _FAST_INPLACE,
     _LIKE_FACTORIES,
     _clone,
     _equal,
@@ -54,9 +53,10 @@ from torch_tpu.eager.views import (
 from torch_tpu.ops import decompositions, metadata_ops
 from torch_tpu.ops.kernels import _copy_, _copy_from, _local_scalar_dense
 from torch_tpu.runtime import device as tpu_device
-from torch_tpu.runtime import memory_format, precision
+from torch_tpu.runtime import dtypes, memory_format, precision
+from torch_tpu.runtime import tensor as tpu_tensor
 from torch_tpu.runtime._jax import ARRAY_TYPE
-from torch_tpu.runtime.tensor import from_jax, to_jax
+from torch_tpu.runtime.tensor import to_jax
 
 aten = torch.ops.aten
 Handler = Callable[[Any, tuple, dict], Any]
@@ -66,30 +66,47 @@ _STRICT = modes.EagerMode.STRICT
 _MODE = modes._current  # [the eager mode]
 _COUNTS = fallback._lowered_counts
 _LAST_OUTPUT = tpu_device._last_output
+_FAST = op_jit.fast
+_OP_JIT = op_jit._config
+_STATS = op_jit._stats
+_TORCH_PRECISION = precision._torch_precision
+_SEEN_PRECISION = precision._seen_torch
 _SYNC_PRECISION = precision.sync
+_TORCH_DTYPES = dtypes._JAX_TO_TORCH
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+_DEVICE = tpu_tensor.DEVICE
+_TpuTensor = tpu_tensor.TpuTensor
+_StorageBox = tpu_tensor.StorageBox
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    _SYNC_PRECISION()  # a new torch.set_float32_matmul_precision reaches JAX before the op traces
-    if _MODE[0] is _STRICT and op_jit._config["enabled"]:
+    if _TORCH_PRECISION() != _SEEN_PRECISION[0]:  # torch.set_float32_matmul_precision reaches JAX
+        _SYNC_PRECISION()  # before the op traces (and the program cache keys on it)
+    if _MODE[0] is _STRICT and _OP_JIT["enabled"]:
         found = _fast_signature(func, args, kwargs)
         if found is not None:
-            program = op_jit.fast.get(found[0])
-            if program is not None:
+            entry = _FAST.get(found[0])
+            if entry is not None and entry[0] is func:  # (func, program, name, in place)
                 try:
-                    out = program(*found[1])
+                    out = entry[1](*found[1])
                 except Exception:  # noqa: BLE001  (what the lowering rejects: the full path raises torch's error)
-                    op_jit.fast.pop(found[0], None)
+                    _FAST.pop(found[0], None)
                 else:
-                    _COUNTS[func.__name__] += 1
-                    op_jit._stats.hits += 1
-                    if func in _FAST_INPLACE:  # op_(target, ...): the target's full array is replaced
+                    _COUNTS[entry[2]] += 1
+                    _STATS.hits += 1
+                    if entry[3]:  # op_(target, ...): the target's full array is replaced
                         target = args[0]
                         target._box.array = _LAST_OUTPUT[0] = out
                         return target
-                    if type(out) is _ARRAY:
-                        _LAST_OUTPUT[0] = out
-                        return from_jax(out)
+                    if type(out) is _ARRAY:  # from_jax, inlined
+                        aval = out.aval
+                        dtype = _TORCH_DTYPES.get(aval.dtype)
+                        if dtype is not None:
+                            _LAST_OUTPUT[0] = out
+                            t = _make_wrapper(_TpuTensor, aval.shape, dtype=dtype, device=_DEVICE)
+                            t._box = _StorageBox(out)
+                            t._full = True
+                            return t
                     return _wrap(out)
     handler = _HANDLERS.get(func)
     if handler is None:

@@ -34,13 +34,12 @@ Handler = Callable[[Any, tuple, dict], Any]
 _ARRAY = ARRAY_TYPE
 _STRICT = modes.EagerMode.STRICT
 _MODE = modes._current  # [the eager mode]
-# The fast path (op_jit.fast): (op, each argument's shape and dtype or value) -> the op_jit
-# program that ran the op's lowering for such a call, called with the tensor arguments' arrays
-# directly (JAX's C++ jit dispatch). Filled by the lowered handler once op_jit compiled a program
-# for the signature (so op_jit's size cap holds). Calls whose
-# tensors are plain tpu tensors take it; in-place ops among them
-# (_FAST_INPLACE) whose program's output has the target's shape and dtype store it whole.
-_FAST_INPLACE: set[Any] = set()
+# The fast path (op_jit.fast): (id of the op, each tensor argument's aval or other argument's value) -> the
+# entry (op, op_jit program, op name, in place) whose program ran the op's lowering for such a call;
+# dispatch calls it with the tensor arguments' arrays directly (JAX's C++ jit dispatch). Filled by
+# the lowered handler once op_jit compiled a program for the signature (so op_jit's size cap holds).
+# Calls whose tensors are plain tpu tensors take it; an in-place op's entry (its program's output
+# has the target's shape and dtype) stores that output whole into the target.
 _KWARGS = object()  # where a fast key's keyword arguments start
 
 
@@ -53,8 +52,10 @@ def eager_lowering(op: Any) -> Lowering | None:
 def _fast_signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
     """(fast key, the tensor arguments' arrays), or None when the call cannot take the fast path
     (a view, a CPU or lazy tensor, a tensor list, an argument of another kind). Keyword arguments
-    follow the positional ones by name, sorted: the order op_jit's program takes their arrays in."""
-    key: list[Any] = [func]
+    follow the positional ones by name, sorted: the order op_jit's program takes their arrays in.
+    The key starts with ``id(func)`` (an OpOverload hashes in Python); the entry holds ``func``
+    itself, which dispatch compares."""
+    key: list[Any] = [id(func)]
     arrays = []
     values = args if not kwargs else (*args, _KWARGS, *(x for item in sorted(kwargs.items()) for x in item))
     for a in values:
@@ -63,11 +64,11 @@ def _fast_signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] 
             array = a._box.array
             if type(array) is not _ARRAY or not a._full:
                 return None
-            aval = array.aval
+            aval = array.aval  # shape, dtype, weak type; interned, hashed and compared in C++
             if aval.shape != a.shape:
                 return None
             arrays.append(array)
-            key.append((aval.shape, aval.dtype))
+            key.append(aval)
         elif kind is float:
             key.append(a if a else (float, math.copysign(1.0, a)))  # 0.0 == -0.0, but 1/x differs
         elif kind is int or kind is bool:
@@ -84,15 +85,14 @@ def _fast_signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] 
     return tuple(key), arrays
 
 
-def _note_fast(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> None:
+def _note_fast(func: Any, lowering: Lowering, args: tuple, kwargs: dict, inplace: bool = False) -> None:
     """After the lowered handler ran ``func``: give the call's signature its op_jit program."""
     program = op_jit.last_program()
     if program is None or lowering.needs_key or _MODE[0] is not _STRICT or indexing.has_bounds_check(lowering.op):
         return
     found = _fast_signature(func, args, kwargs)
     if found is not None:
-        op_jit.fast[found[0]] = program
-
+        op_jit.fast[found[0]] = (func, program, func.__name__, inplace)
 
 
 # --- argument conversion ---------------------------------------------------------------------
@@ -281,8 +281,7 @@ def _inplace_handler(compute: Compute, lowering: Lowering | None = None) -> Hand
             and out.dtype == to_jax_dtype(target.dtype)
         _store(target, out)
         if exact and lowering is not None:  # later calls store the program's output as it is
-            _note_fast(func, lowering, args, kwargs)
-            _FAST_INPLACE.add(func)
+            _note_fast(func, lowering, args, kwargs, inplace=True)
         return target
 
     return run

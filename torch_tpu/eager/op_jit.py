@@ -14,9 +14,10 @@ structure, every input's aval (shape, dtype, weak type) and the values of all no
   shapes and dtypes as the constant values (torch's promotion of Python scalars is kept).
 * At most ``TORCH_TPU_OP_JIT_MAX`` programs (default 1024) are kept, least recently used first out.
 * Once a signature has its program, the dispatcher (``torch_tpu.eager.dispatch``) finds it by the torch
-  call itself (``fast``: op, argument shapes/dtypes or values) and calls it with the tensors'
+  call itself (``fast``: op, argument avals or values) and calls it with the tensors'
   arrays, skipping the handler, the unwrapping, this module's key building and the executor
-  seam: about 2.8x -> 1.7-2.3x a raw ``jax.jit`` call for small ops (bench/bench_torch_tpu_ops.py).
+  seam: about 2.8x -> 2.25-2.3x a raw ``jax.jit`` call for small ops, where a no-op
+  ``__torch_dispatch__`` running the jitted op costs 1.9x (bench/bench_torch_tpu_ops.py).
 * ``TORCH_TPU_OP_JIT=0`` switches the cache off (every op runs its plain lowering);
   :func:`set_enabled` does the same at run time.
 
@@ -73,9 +74,10 @@ _programs: OrderedDict[tuple, Any] = OrderedDict()  # (site, float key) -> jitte
 _float_values: dict[tuple, set | None] = {}  # site -> distinct float keys seen (None: keep constant)
 _promoted: set[tuple] = set()  # sites whose floats are traced inputs
 _last = threading.local()  # .program: what the thread's last call ran (see last_program)
-# the dispatcher's fast path (torch_tpu.eager.dispatch): its call signature -> a program of _programs;
-# emptied whenever programs are evicted or cleared, so it never holds one the cap dropped
-fast: dict[tuple, Any] = {}
+# the dispatcher's fast path (torch_tpu.eager.dispatch): its call signature -> (op, a program of
+# _programs, op name, in place) (see torch_tpu.eager.handlers); emptied whenever programs are evicted
+# or cleared, so it never holds one the cap dropped
+fast: dict[tuple, tuple] = {}
 
 
 def stats() -> OpJitStats:
