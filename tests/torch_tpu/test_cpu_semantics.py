@@ -307,3 +307,6 @@ def test_linspace_has_cpus_exact_values(dtype):
         expected = torch.linspace(start, end, steps, dtype=dtype)
         got = torch.linspace(start, end, steps, dtype=dtype, device="tpu").cpu()
         assert torch.equal(got, expected), (start, end, steps, dtype)
+    end = torch.tensor(-3)  # 0-d tensor bounds (linspace.Scalar_Tensor) are read as CPU reads them
+    got = torch.linspace(4.300000190734863, end.to("tpu"), 50, dtype=dtype, device="tpu").cpu()
+    assert torch.equal(got, torch.linspace(4.300000190734863, end, 50, dtype=dtype))

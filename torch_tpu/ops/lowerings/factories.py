@@ -218,6 +218,17 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
     return values.astype(out)
 
 
+@register_lowering(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor)
+def linspace_tensor_bounds(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """0-d tensor bounds, as CPU reads them (``item()``) into ``linspace.default``; PyTorch's
+    decomposition of these overloads interpolates in floating point (integer results off by one)."""
+    for name, bound in (("start", start), ("end", end)):
+        if getattr(bound, "ndim", 0) != 0:
+            raise RuntimeError(f"linspace only supports 0-dimensional start and end tensors, but got {name} "
+                               f"with {bound.ndim} dimension(s).")
+    return linspace(start, end, steps, dtype=dtype)
+
+
 # --- random ----------------------------------------------------------------------------------
 
 
