@@ -27,6 +27,35 @@ from torch_tpu.runtime.dtypes import to_jax_dtype
 from torch_tpu.runtime.tensor import TpuTensor, cpu_to_jax, to_jax
 
 
+def _traced_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
+    """The node's output shape as the graph was traced, when every size is a number (a data-dependent
+    size that tracing equated with a number, e.g. a mask's count with the rows of ``values``, counts)."""
+    shape = getattr(node.meta.get("val"), "shape", None)
+    if shape is None:
+        return None
+    sizes = [s if isinstance(s, int) else s.node.maybe_as_int() for s in shape]
+    return None if any(s is None for s in sizes) else tuple(sizes)
+
+
+def _has_mask(node: torch.fx.Node) -> bool:
+    indices = node.args[1] if len(node.args) > 1 else ()
+    return any(getattr(getattr(i, "meta", {}).get("val"), "dtype", None) in (torch.bool, torch.uint8)
+               for i in indices if isinstance(i, torch.fx.Node))
+
+
+def _index_in_graph(node: torch.fx.Node, self: Any, indices: list) -> Any:
+    from torch_tpu.ops.lowerings.indexing import index_traced_as
+
+    return index_traced_as(self, indices, _traced_shape(node))
+
+
+# Ops whose output shape depends on values in general: (whether this node's does, its lowering by the
+# node). A graph may have traced one to static sizes (node.meta["val"]), which the lowering then takes.
+_BY_NODE: dict[Any, tuple[Callable[[torch.fx.Node], bool], Callable[..., Any]]] = {
+    torch.ops.aten.index.Tensor: (lambda node: _has_mask(node) and _traced_shape(node) is None, _index_in_graph),
+}
+
+
 class UnloweredOpError(NotImplementedError):
     """A graph uses ops the registry cannot lower."""
 
@@ -124,7 +153,7 @@ def _collect_lowerings(gm: torch.fx.GraphModule, found: dict[torch.fx.Node, Lowe
         if lowering is None:
             missing.add(str(node.target))
             continue
-        if not lowering.static_shape:
+        if not lowering.static_shape or (node.target in _BY_NODE and _BY_NODE[node.target][0](node)):
             missing.add(f"{node.target} (output shape depends on values)")
             continue
         found[node] = lowering
@@ -174,7 +203,10 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
                 lowering = lowerings[node]
                 if lowering.needs_key:
                     kwargs = {**kwargs, "key": keys[node]}
-                env[node] = lowering.fn(*args, **kwargs)
+                if node.target in _BY_NODE:
+                    env[node] = _BY_NODE[node.target][1](node, *args, **kwargs)
+                else:
+                    env[node] = lowering.fn(*args, **kwargs)
                 if lowering.writes:
                     env[node] = _without_writes(node, lowering, env[node])
                 check_against_meta(node, env[node])
