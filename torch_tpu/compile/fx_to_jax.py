@@ -49,10 +49,20 @@ def _index_in_graph(node: torch.fx.Node, self: Any, indices: list) -> Any:
     return index_traced_as(self, indices, _traced_shape(node))
 
 
-# Ops whose output shape depends on values in general: (whether this node's does, its lowering by the
-# node). A graph may have traced one to static sizes (node.meta["val"]), which the lowering then takes.
-_BY_NODE: dict[Any, tuple[Callable[[torch.fx.Node], bool], Callable[..., Any]]] = {
-    torch.ops.aten.index.Tensor: (lambda node: _has_mask(node) and _traced_shape(node) is None, _index_in_graph),
+def _index_refused(node: torch.fx.Node) -> str | None:
+    return "output shape depends on values" if _has_mask(node) and _traced_shape(node) is None else None
+
+
+def _polygamma_refused(node: torch.fx.Node) -> str | None:
+    return f"order n={node.args[0]}: only n <= 1 is lowered" if node.args[0] > 1 else None
+
+
+# Ops lowered in graphs for some of their nodes only: (why this node is not, or None; its lowering by
+# the node, or None for the registry's). aten.index.Tensor: a boolean mask's output shape depends on
+# values, unless the graph traced it to static sizes (node.meta["val"]), which the lowering then takes.
+_BY_NODE: dict[Any, tuple[Callable[[torch.fx.Node], str | None], Callable[..., Any] | None]] = {
+    torch.ops.aten.index.Tensor: (_index_refused, _index_in_graph),
+    torch.ops.aten.polygamma.default: (_polygamma_refused, None),
 }
 
 
@@ -153,8 +163,12 @@ def _collect_lowerings(gm: torch.fx.GraphModule, found: dict[torch.fx.Node, Lowe
         if lowering is None:
             missing.add(str(node.target))
             continue
-        if not lowering.static_shape or (node.target in _BY_NODE and _BY_NODE[node.target][0](node)):
+        if not lowering.static_shape:
             missing.add(f"{node.target} (output shape depends on values)")
+            continue
+        refused = _BY_NODE[node.target][0](node) if node.target in _BY_NODE else None
+        if refused:
+            missing.add(f"{node.target} ({refused})")
             continue
         found[node] = lowering
 
@@ -203,7 +217,7 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
                 lowering = lowerings[node]
                 if lowering.needs_key:
                     kwargs = {**kwargs, "key": keys[node]}
-                if node.target in _BY_NODE:
+                if _BY_NODE.get(node.target, (None, None))[1] is not None:
                     env[node] = _BY_NODE[node.target][1](node, *args, **kwargs)
                 else:
                     env[node] = lowering.fn(*args, **kwargs)
