@@ -290,3 +290,23 @@ def test_group_norm_of_an_empty_batch_is_empty_as_on_cpu():
     for out, want in zip(torch.native_group_norm(x.to("tpu"), None, None, 0, 6, 3, 3, 1e-5),
                          torch.native_group_norm(x, None, None, 0, 6, 3, 3, 1e-5)):
         assert out.shape == want.shape and out.device.type == "tpu"
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() == "DEFAULT",
+                    reason="CPU's linspace rounds without FMA in its DEFAULT kernels; the lowering follows FMA builds")
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.float32, torch.float64, torch.bfloat16])
+def test_linspace_has_cpus_exact_values(dtype):
+    """Every element equal to CPU's (integers truncate CPU's float64 interpolation), with the floats
+    as constants of a program (first calls) and as its traced inputs (after op_jit promotes them)."""
+    import random
+
+    rng = random.Random(0)
+    cases = [(4.300000190734863, -3, 50), (81, -47, 7), (0.5, 99.25, 51), (7, 7, 1), (3, 9, 0)]
+    cases += [(rng.uniform(0, 100), rng.uniform(0, 100), rng.choice([7, 49, 50, 257])) for _ in range(8)]
+    for start, end, steps in cases:
+        expected = torch.linspace(start, end, steps, dtype=dtype)
+        got = torch.linspace(start, end, steps, dtype=dtype, device="tpu").cpu()
+        assert torch.equal(got, expected), (start, end, steps, dtype)
+    end = torch.tensor(-3)  # 0-d tensor bounds (linspace.Scalar_Tensor) are read as CPU reads them
+    got = torch.linspace(4.300000190734863, end.to("tpu"), 50, dtype=dtype, device="tpu").cpu()
+    assert torch.equal(got, torch.linspace(4.300000190734863, end, 50, dtype=dtype))

@@ -60,9 +60,23 @@ OPINFOS = sorted(
 # values must match, the indices must point at those values; name -> where the dim argument sits.
 _TIE_INDEX_DIM = {"sort": (0, "dim"), "topk": (1, "dim")}
 # OpInfos whose CPU kernel is less precise than the lowering: expected values come from the op run
-# in float64, rounded to the dtypes the CPU op returns.
+# in float64, rounded to the dtypes the CPU op returns; name -> (the dtypes so checked, None for all
+# but float64; the reason).
+_BF16_FARTHER = ("CPU's bfloat16 kernel is about twice as far from the float64 result as the lowering"
+                 " (float32 accumulation, one rounding) and outside the bfloat16 tolerance of it")
 _FLOAT64_REFERENCE = {
-    "native_layer_norm": "CPU's float32 backward cancels catastrophically when the variance is ~0",
+    "native_layer_norm": (None, "CPU's float32 backward cancels catastrophically when the variance is ~0"),
+    "nn.functional.conv_transpose2d": ((torch.bfloat16,), _BF16_FARTHER),
+    "nn.functional.conv_transpose3d": ((torch.bfloat16,), _BF16_FARTHER),
+    "nn.functional.instance_norm": ((torch.bfloat16,), _BF16_FARTHER),
+}
+# Tolerances wider than TOLERANCE for one OpInfo and dtype, each within what PyTorch's own OpInfo
+# allows the op on CUDA (common_methods_invocations' toleranceOverride).
+_OP_TOLERANCE = {
+    # a gradient element near 0.0084 summed from terms near 240: CPU and the lowering both land
+    # 3.4e-5 from the float64 value, on either side (float32 reassociation); PyTorch allows the op
+    # atol 1e-4 to 2e-4 in float32 on CUDA
+    ("nn.functional.conv_transpose3d", torch.float32): dict(rtol=1e-4, atol=1e-4),
 }
 # Batch norm ops whose eval-mode save_mean/save_invstd follow CUDA and the meta kernels (running_mean,
 # 1/sqrt(running_var + eps)) where CPU returns empty tensors: checked against those hand values.
@@ -80,11 +94,13 @@ def _to_tpu(x):
     return x
 
 
-def _compare(actual, expected, dtype, what):
+def _compare(actual, expected, dtype, what, name=None):
+    """``name``: the OpInfo's, for its entries in ``_OP_TOLERANCE``."""
     for a, e in zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected)):
         if isinstance(e, torch.Tensor):
             # bf16 inputs keep bf16 tolerance even for float32 outputs; otherwise the output's dtype rules
             tol = TOLERANCE.get(torch.bfloat16 if dtype == torch.bfloat16 else e.dtype, dict(rtol=0, atol=0))
+            tol = _OP_TOLERANCE.get((name, e.dtype), tol)
             assert isinstance(a, torch.Tensor) and a.device.type == "tpu", what
             torch.testing.assert_close(a.cpu(), e, equal_nan=True,
                                        msg=lambda m: f"{what}: {m}", **tol)
@@ -119,7 +135,8 @@ def _check_sample(opinfo, sample, dtype, grad, tpu_op=None):
     if not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(args)):
         return  # factory samples build CPU tensors; factories are tested in test_tensor_model
     expected = opinfo.op(*args, **kwargs)
-    in_float64 = opinfo.name in _FLOAT64_REFERENCE and dtype != torch.float64
+    dtypes, _ = _FLOAT64_REFERENCE.get(opinfo.name, ((), ""))
+    in_float64 = dtype != torch.float64 and (dtypes is None or dtype in dtypes)
     if in_float64:
         args, kwargs = pytree.tree_map(_float64, (args, kwargs))
         precise = opinfo.op(*args, **kwargs)
@@ -137,7 +154,7 @@ def _check_sample(opinfo, sample, dtype, grad, tpu_op=None):
     if opinfo.name in _TIE_INDEX_DIM and not sample.kwargs.get("stable", False):
         _check_tie_indices(opinfo.name, sample, actual, compared)
         actual, compared = actual[0], compared[0]
-    _compare(actual, compared, dtype, f"{opinfo.name} forward {sample}")
+    _compare(actual, compared, dtype, f"{opinfo.name} forward {sample}", opinfo.name)
     if not grad:
         return
     outs = [o for o in pytree.tree_leaves(expected) if isinstance(o, torch.Tensor) and o.requires_grad]
@@ -154,7 +171,7 @@ def _check_sample(opinfo, sample, dtype, grad, tpu_op=None):
     for a, e, t in zip(actual_grads, expected_grads, tpu_inputs):
         if e is None:
             continue
-        _compare(a, e.to(t.dtype) if in_float64 else e, dtype, f"{opinfo.name} gradient {sample}")
+        _compare(a, e.to(t.dtype) if in_float64 else e, dtype, f"{opinfo.name} gradient {sample}", opinfo.name)
 
 
 def _run(opinfo, dtype, max_samples):

@@ -27,6 +27,45 @@ from torch_tpu.runtime.dtypes import to_jax_dtype
 from torch_tpu.runtime.tensor import TpuTensor, cpu_to_jax, to_jax
 
 
+def _traced_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
+    """The node's output shape as the graph was traced, when every size is a number (a data-dependent
+    size that tracing equated with a number, e.g. a mask's count with the rows of ``values``, counts)."""
+    shape = getattr(node.meta.get("val"), "shape", None)
+    if shape is None:
+        return None
+    sizes = [s if isinstance(s, int) else s.node.maybe_as_int() for s in shape]
+    return None if any(s is None for s in sizes) else tuple(sizes)
+
+
+def _has_mask(node: torch.fx.Node) -> bool:
+    indices = node.args[1] if len(node.args) > 1 else ()
+    return any(getattr(getattr(i, "meta", {}).get("val"), "dtype", None) in (torch.bool, torch.uint8)
+               for i in indices if isinstance(i, torch.fx.Node))
+
+
+def _index_in_graph(node: torch.fx.Node, self: Any, indices: list) -> Any:
+    from torch_tpu.ops.lowerings.indexing import index_traced_as
+
+    return index_traced_as(self, indices, _traced_shape(node))
+
+
+def _index_refused(node: torch.fx.Node) -> str | None:
+    return "output shape depends on values" if _has_mask(node) and _traced_shape(node) is None else None
+
+
+def _polygamma_refused(node: torch.fx.Node) -> str | None:
+    return f"order n={node.args[0]}: only n <= 1 is lowered" if node.args[0] > 1 else None
+
+
+# Ops lowered in graphs for some of their nodes only: (why this node is not, or None; its lowering by
+# the node, or None for the registry's). aten.index.Tensor: a boolean mask's output shape depends on
+# values, unless the graph traced it to static sizes (node.meta["val"]), which the lowering then takes.
+_BY_NODE: dict[Any, tuple[Callable[[torch.fx.Node], str | None], Callable[..., Any] | None]] = {
+    torch.ops.aten.index.Tensor: (_index_refused, _index_in_graph),
+    torch.ops.aten.polygamma.default: (_polygamma_refused, None),
+}
+
+
 class UnloweredOpError(NotImplementedError):
     """A graph uses ops the registry cannot lower."""
 
@@ -127,6 +166,10 @@ def _collect_lowerings(gm: torch.fx.GraphModule, found: dict[torch.fx.Node, Lowe
         if not lowering.static_shape:
             missing.add(f"{node.target} (output shape depends on values)")
             continue
+        refused = _BY_NODE[node.target][0](node) if node.target in _BY_NODE else None
+        if refused:
+            missing.add(f"{node.target} ({refused})")
+            continue
         found[node] = lowering
 
 
@@ -174,7 +217,10 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
                 lowering = lowerings[node]
                 if lowering.needs_key:
                     kwargs = {**kwargs, "key": keys[node]}
-                env[node] = lowering.fn(*args, **kwargs)
+                if _BY_NODE.get(node.target, (None, None))[1] is not None:
+                    env[node] = _BY_NODE[node.target][1](node, *args, **kwargs)
+                else:
+                    env[node] = lowering.fn(*args, **kwargs)
                 if lowering.writes:
                     env[node] = _without_writes(node, lowering, env[node])
                 check_against_meta(node, env[node])

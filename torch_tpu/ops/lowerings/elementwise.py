@@ -167,6 +167,34 @@ for _name, _fn in [
     register_lowering(getattr(aten, _name).default)(_float_unary(_fn))
 
 
+def _trigamma(x):
+    """CPU's calc_trigamma (ATen's Math.h): the reflection formula below 0.5, six recurrence steps,
+    then the asymptotic series (``jax.scipy.special.polygamma(1, x)`` is wrong for x < 0)."""
+    reflect = x < 0.5
+    sin_pi_x = jnp.sin(np.pi * x)
+    result = jnp.where(reflect, -(np.pi * np.pi) / (sin_pi_x * sin_pi_x), 0)
+    x = jnp.where(reflect, 1 - x, x)
+    for _ in range(6):
+        result = result + 1 / (x * x)
+        x = x + 1
+    ixx = 1 / (x * x)
+    result = result + (1 + 1 / (2 * x) + ixx * (1 / 6 - ixx * (1 / 30 - ixx * (1 / 42)))) / x
+    return jnp.where(reflect, -result, result)
+
+
+@register_lowering(aten.polygamma.default, graph_only=True)
+def polygamma(n, self):
+    """Orders 0 (digamma) and 1 (trigamma, digamma's derivative), for graphs: torch.compile's fx_to_jax
+    refuses higher orders (CPU sums a Hurwitz zeta series that JAX's zeta does not follow for x < 0),
+    and eager dispatch keeps its CPU-exact path for every order."""
+    x = cast(self, float_dtype(self))
+    if n == 0:
+        return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), _special.digamma(x))
+    if n == 1:
+        return _trigamma(x)
+    raise ValueError(f"polygamma of order {n} has no lowering")
+
+
 def _integral_identity(jfn):
     def lowering(self):
         return self if not jnp.issubdtype(self.dtype, jnp.inexact) else jfn(self)

@@ -133,9 +133,100 @@ def tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pi
     return _tri_indices(np.tril_indices, row, col, offset, dtype)
 
 
+def _two_sum(a, b):
+    """``a + b`` rounded and its exact rounding error (Knuth's TwoSum: additions only)."""
+    total = a + b
+    b_part = total - a
+    return total, (a - (total - b_part)) + (b - b_part)
+
+
+def _sum_rounded_to_odd(a, b):
+    """``a + b`` rounded to odd: an inexact sum takes the neighbour whose last mantissa bit is 1."""
+    total, error = _two_sum(a, b)
+    bits = jax.lax.bitcast_convert_type(total, jnp.int64)
+    nudge = (error != 0) & ((bits & 1) == 0)
+    return jnp.where(nudge, jnp.nextafter(total, jnp.where(error > 0, jnp.inf, -jnp.inf)), total)
+
+
+def _fma_index(a, index, c, dtype):
+    """``a * index + c`` rounded once to ``dtype`` (float32 or float64), as one fused multiply-add;
+    ``a`` and ``c`` are scalars, ``index`` whole numbers (below 2**26 for float64). JAX reaches no FMA
+    instruction, and XLA contracts a product and a sum inside a program only sometimes, so this
+    never rounds a product: float64 splits ``a`` into 26 and 27 significant bits whose products with
+    ``index`` are exact, adds them exactly (TwoSum), then adds ``c`` as Boldo and Melquiond's
+    emulated FMA does (exact sum, low parts added rounded to odd, one rounding to nearest);
+    float32's product is exact in float64, ``c`` is added rounded to odd, then rounded to float32."""
+    # constant inputs would be folded at compile time, where XLA's evaluator loses TwoSum's error term
+    a, index, c = jax.lax.optimization_barrier((a, index.astype(jnp.float64), c))
+    if dtype == jnp.float32:
+        return _sum_rounded_to_odd(a.astype(jnp.float64) * index, c.astype(jnp.float64)).astype(dtype)
+    high = jax.lax.bitcast_convert_type(
+        jax.lax.bitcast_convert_type(a, jnp.int64) & jnp.int64(~((1 << 27) - 1)), jnp.float64)
+    product, product_low = _two_sum(high * index, (a - high) * index)
+    total, total_low = _two_sum(c, product)
+    fused = total + _sum_rounded_to_odd(total_low, product_low)
+    return jnp.where(jnp.isfinite(fused), fused, a * index + c)  # inf/nan endpoints: no split
+
+
+def _divisor(value, dtype):
+    """``value`` to divide by as CPU does: XLA rewrites a division by a constant into a multiplication
+    by its rounded reciprocal (49 steps: x * 0.0204081628 instead of x / 49), which the barrier
+    stops."""
+    return jax.lax.optimization_barrier(jnp.asarray(value, dtype))
+
+
 @register_lowering(aten.linspace.default)
 def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.linspace(start, end, steps, dtype=jdtype(dtype))
+    """CPU's kernel (ATen's linspace_kernel) step by step, so integer results are CPU's exactly:
+    ``start`` and ``end`` are first cast to the result dtype (an integer one truncates 4.3 to 4), the
+    step is ``(end - start) / (steps - 1)`` in that dtype (float64 for integer dtypes), the first half
+    of the elements count up from ``start`` and the rest down from ``end``, and each element is cast
+    to the dtype (truncating toward zero). ``jnp.linspace`` interpolates before casting: 4.3 -> -3
+    in 50 int64 steps differed from CPU in 7 elements.
+
+    ``start + step * i`` is one fused multiply-add in CPU builds with FMA (ATen's AVX2/AVX512 kernels
+    and aarch64): 81 -> -47 in 7 int64 steps is 16 at index 3 there (16.999999999999996 before the
+    cast) but 17 under ATEN_CPU_CAPABILITY=default. The lowering follows the FMA builds. bfloat16 and
+    float16 round every operation to the dtype, as c10's BFloat16/Half arithmetic does."""
+    out = jdtype(dtype)
+    if jnp.issubdtype(out, jnp.complexfloating):
+        return jnp.linspace(start, end, steps, dtype=out)
+    first, last = jnp.asarray(start).astype(out), jnp.asarray(end).astype(out)
+    if steps <= 1:
+        return jnp.full((steps,), first, out)
+    index = jnp.arange(steps)
+    up, down = index, steps - 1 - index
+    if out in (jnp.bfloat16, jnp.float16):
+        exponent, mantissa = (8, 7) if out == jnp.bfloat16 else (5, 10)
+
+        def rounded(x):
+            return jax.lax.reduce_precision(x, exponent_bits=exponent, mantissa_bits=mantissa)
+
+        first, last = first.astype(jnp.float32), last.astype(jnp.float32)
+        step = rounded(rounded(last - first) / _divisor(rounded(jnp.float32(steps - 1)), jnp.float32))
+        values = jnp.where(index < steps // 2,
+                           rounded(first + rounded(step * rounded(up.astype(jnp.float32)))),
+                           rounded(last - rounded(step * rounded(down.astype(jnp.float32)))))
+        return values.astype(out)
+    step_dtype = jnp.float64 if jnp.issubdtype(out, jnp.integer) else out
+    first, last = first.astype(step_dtype), last.astype(step_dtype)
+    step = (last - first) / _divisor(steps - 1, step_dtype)
+    # the index as the kernel converts it (float32 rounds indices past 2**24)
+    up, down = up.astype(step_dtype), down.astype(step_dtype)
+    values = jnp.where(index < steps // 2, _fma_index(step, up, first, step_dtype),
+                       _fma_index(-step, down, last, step_dtype))
+    return values.astype(out)
+
+
+@register_lowering(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor)
+def linspace_tensor_bounds(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """0-d tensor bounds, as CPU reads them (``item()``) into ``linspace.default``; PyTorch's
+    decomposition of these overloads interpolates in floating point (integer results off by one)."""
+    for name, bound in (("start", start), ("end", end)):
+        if getattr(bound, "ndim", 0) != 0:
+            raise RuntimeError(f"linspace only supports 0-dimensional start and end tensors, but got {name} "
+                               f"with {bound.ndim} dimension(s).")
+    return linspace(start, end, steps, dtype=dtype)
 
 
 # --- random ----------------------------------------------------------------------------------

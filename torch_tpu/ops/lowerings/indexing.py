@@ -35,6 +35,19 @@ def index(self, indices):
     return self[_index_tuple(indices)]
 
 
+def index_traced_as(self, indices, shape):
+    """``aten.index.Tensor`` in a compiled graph whose output ``shape`` PyTorch resolved while tracing
+    although it holds boolean masks (``index_put``'s backward indexes the gradient by the mask: as
+    many rows as ``values`` had). Under jit a mask cannot select by value: it becomes that many
+    coordinates of its set elements."""
+    indices = _index_tuple(indices)
+    if not any(_is_mask(i) for i in indices):
+        return self[indices]
+    probe = [jax.eval_shape(lambda s, n=n: s[_mask_coords(s, indices, n)], self).shape for n in (1, 2)]
+    masked_dim = next(d for d, (a, b) in enumerate(zip(*probe)) if a != b)
+    return self[_mask_coords(self, indices, shape[masked_dim])]
+
+
 # JAX scatters have no bool arithmetic; on 0/1 bytes, torch's bool sum is max (or), product min (and)
 _BOOL_MODES = {"set": "set", "add": "max", "multiply": "min", "max": "max", "min": "min"}
 
