@@ -105,9 +105,9 @@ class CompiledDenseEval:
     (``torch.compile``, backend ``tpu``) instead of one dispatch, and a first-sight compile, per
     op. For a one-rank EBC on the ``ops`` backend the program looks the embeddings up too, from the
     batch's CSR buffers (:meth:`~torchrec_tpu.sharding.step_lookup.PooledLookup.pooled`), in
-    chunks of the EBC's batch size (the last zero-padded); otherwise the sparse arch runs on the host first and a
-    batch smaller than the largest so far (an evaluation split's last) is zero-padded to it. Either
-    way one program serves the whole split."""
+    chunks of the EBC's batch size (the last zero-padded); otherwise the sparse arch runs on the
+    host first and a batch smaller than the largest so far (an evaluation split's last) is
+    zero-padded to it. Either way one program serves the whole split."""
 
     def __init__(self, model: DLRMTrain) -> None:
         import torch_tpu.compile  # noqa: F401  (registers the "tpu" backend)
