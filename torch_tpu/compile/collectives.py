@@ -155,10 +155,11 @@ def _all_gather_bytes(payload: bytes, pg: dist.ProcessGroup) -> list[bytes]:
     return [bytes(every[r * width: r * width + int(lengths[r])].tolist()) for r in range(n)]
 
 
-def check_same_collectives(gm: torch.fx.GraphModule, kind: str) -> str:
+def check_same_collectives(gm: torch.fx.GraphModule, kind: str, inputs: Sequence[str] = ()) -> str:
     """Raise :class:`CollectiveMismatchError` unless every rank of each group the graph uses runs
-    the same collective sequence; returns this rank's digest."""
-    seq = collective_sequence(gm)
+    the same collective sequence (and, for an SPMD program, the same ``inputs``: one line per
+    input); returns this rank's digest."""
+    seq = [*(f"input {line}" for line in inputs), *collective_sequence(gm)]
     text = "\n".join(seq)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     for name in _groups(gm):
@@ -169,12 +170,13 @@ def check_same_collectives(gm: torch.fx.GraphModule, kind: str) -> str:
             other_digest, _, other_text = payload.decode().partition("\n")
             if other_digest != digest:
                 raise CollectiveMismatchError(
-                    f"torch.compile(backend='tpu'): the compiled {kind} graph's collectives differ between "
+                    f"torch_tpu: the compiled {kind} graph's collectives or inputs differ between "
                     f"ranks of group {name!r}: rank {me} (digest {digest}) runs\n  "
                     + "\n  ".join(seq or ["(none)"])
                     + f"\nbut rank {r} (digest {other_digest}) runs\n  "
                     + "\n  ".join(other_text.split("\n") if other_text else ["(none)"])
-                    + "\nEvery rank must compile the same collectives in the same order."
+                    + "\nEvery rank must compile the same collectives in the same order (and an SPMD program "
+                    "the same inputs)."
                 )
     return digest
 

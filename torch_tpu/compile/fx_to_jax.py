@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from torch_tpu.compile.collectives import is_collective
 from torch_tpu.ops.registry import Lowering, get_lowering
 from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.dtypes import to_jax_dtype
@@ -150,7 +151,8 @@ def graph_lowerings(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, Lowering]:
 
 def _collect_lowerings(gm: torch.fx.GraphModule, found: dict[torch.fx.Node, Lowering], missing: set[str]) -> None:
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is operator.getitem or _is_input_update(node):
+        if (node.op != "call_function" or node.target is operator.getitem or _is_input_update(node)
+                or is_collective(node)):  # (lowered by the SPMD program that runs the graph)
             continue
         if node.target in _HIGHER_ORDER:
             for sub in _subgraphs(gm, node):
@@ -177,10 +179,18 @@ def needs_random_key(gm: torch.fx.GraphModule) -> bool:
     return any(lowering.needs_key for lowering in graph_lowerings(gm).values())
 
 
-def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
+def to_jax_function(gm: torch.fx.GraphModule,
+                    collectives: Callable[[torch.fx.Node], Callable[[Any], Any]] | None = None,
+                    ) -> Callable[..., tuple]:
     """``fn(*graph_inputs[, key_data]) -> (*outputs, *new values of the mutated inputs)`` over JAX
-    arrays, for ``jax.jit``."""
+    arrays, for ``jax.jit``. ``collectives(node)`` lowers each collective node to ``fn(input)``
+    (an SPMD program's, e.g. inside ``shard_map``); without it a graph may hold none."""
     lowerings = graph_lowerings(gm)
+    collective_nodes = [node for node in gm.graph.nodes if is_collective(node)]
+    if collective_nodes and collectives is None:
+        raise UnloweredOpError(f"{collective_nodes[0].target}: a collective in a graph compiled as a one-device "
+                               "program (split the graph at its collectives, or compile it as an SPMD program)")
+    lowered_collectives = {node: collectives(node) for node in collective_nodes} if collectives else {}
     constants = {
         node: _constant(gm, node.target) for node in gm.graph.nodes if node.op == "get_attr"
     }  # a higher-order op's body: its JAX function
@@ -204,6 +214,9 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., tuple]:
                 args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
                 if node.target is operator.getitem:
                     env[node] = operator.getitem(*args)
+                    continue
+                if node in lowered_collectives:
+                    env[node] = lowered_collectives[node](args[0])
                     continue
                 if _is_input_update(node):
                     dst, src = args[0], args[1]

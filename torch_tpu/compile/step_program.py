@@ -31,12 +31,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
 from torch_tpu.compile import graph as compiled_graph
 from torch_tpu.compile import step_cache
+from torch_tpu.compile.collectives import check_same_collectives
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
+from torch_tpu.compile.spmd import SpmdProgram, collective_lowering, describe_inputs
 from torch_tpu.compile.step_trace import (
     LossFn,
     StepGraph,
@@ -71,7 +74,8 @@ class _Program:
     ``unchanged`` (per update: the program returns the input itself)."""
 
     def __init__(self, signature: StepSignature, updates: list[tuple[str, Any]], num_input_grads: int,
-                 unchanged: list[bool], random: bool, exported: Any, fn: Any = None) -> None:
+                 unchanged: list[bool], random: bool, exported: Any, fn: Any = None,
+                 group: dist.ProcessGroup | None = None) -> None:
         self.signature, self.updates, self.num_input_grads = signature, updates, num_input_grads
         self.unchanged, self.random, self.exported = unchanged, random, exported
         n_donated = len(signature.params) + len(signature.others) + len(signature.state)
@@ -83,17 +87,27 @@ class _Program:
             if self._input_slot(i, len(signature.params), len(signature.others), state_keys) in changed
         )
         self.fn = exported.call if exported is not None else fn
-        self.jitted = jax.jit(self.fn, donate_argnums=self.donated)
+        # over a group: SPMD, every rank its own batch, the collectives inside
+        self.spmd = None if group is None else SpmdProgram(self.fn, group, _input_avals(signature, random),
+                                                           self.donated)
+        self.jitted = jax.jit(self.fn, donate_argnums=self.donated) if group is None else None
 
     def run(self, inputs: list[jax.Array]) -> Sequence[jax.Array]:
         """The program's outputs for ``inputs``."""
-        return self.jitted(*inputs)
+        return self.jitted(*inputs) if self.spmd is None else self.spmd.run(inputs)
 
     @staticmethod
-    def traced(graph: StepGraph) -> _Program:
-        """The program of a freshly traced step, exported (to be stored) where JAX can serialize it."""
-        fn = to_jax_function(graph.graph)
+    def traced(graph: StepGraph, group: dist.ProcessGroup | None = None) -> _Program:
+        """The program of a freshly traced step, exported (to be stored) where JAX can serialize it;
+        over ``group`` an SPMD program (not stored), checked to be the same on every rank."""
         random = needs_random_key(graph.graph)
+        if group is not None:
+            fn = to_jax_function(graph.graph, collective_lowering(group))
+            check_same_collectives(graph.graph, "train step",
+                                   describe_inputs(_input_avals(graph.signature, random)))
+            return _Program(graph.signature, list(graph.updates), graph.num_input_grads, unchanged_outputs(graph),
+                            random, None, fn, group)
+        fn = to_jax_function(graph.graph)
         try:
             exported = jax.export.export(jax.jit(fn))(*_input_avals(graph.signature, random))
         except Exception as error:  # noqa: BLE001  (e.g. a custom call without a stable ABI: run it unstored)
@@ -121,7 +135,7 @@ class _Program:
         return ("state", state_keys[i - n_params - n_others])
 
     def lowered_text(self, inputs: Sequence[jax.Array]) -> str:
-        return self.jitted.lower(*inputs).as_text()
+        return self.jitted.lower(*inputs).as_text() if self.spmd is None else self.spmd.lowered_text()
 
 
 def _input_avals(signature: StepSignature, random: bool) -> list[jax.ShapeDtypeStruct]:
@@ -146,11 +160,12 @@ class TrainStep:
     """A compiled training step; call it with a batch (see :func:`train_step`)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None,
-                 input_grads: Sequence[int]) -> None:
+                 input_grads: Sequence[int], group: dist.ProcessGroup | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.input_grads = tuple(input_grads)
+        self.group = group if group is not None and dist.get_world_size(group) > 1 else None
         self.stats = TrainStepStats()
         self._programs: dict[StepSignature, _Program] = {}
         self._replay: _Replay | None = None
@@ -242,20 +257,27 @@ class TrainStep:
                 _log.info("train_step: compiling step program %d (new batch shapes, optimizer "
                           "settings or state layout)", len(self._programs) + 1)
             other_names = [n for n, _ in self._others]
-            key = step_cache.step_key(self.model, self.optimizer, self.loss_fn, self._param_names, other_names,
-                                      signature, self.input_grads)
+            key = None if self.group is not None else step_cache.step_key(
+                self.model, self.optimizer, self.loss_fn, self._param_names, other_names, signature, self.input_grads)
             stored = step_cache.load(key) if key is not None else None
             if stored is not None:
                 program = _Program.loaded(signature, *stored)
             else:
-                program = _Program.traced(trace_step(self.model, self.optimizer, self.loss_fn, self._param_names,
-                                                     other_names, signature, self.input_grads))
+                graph = trace_step(self.model, self.optimizer, self.loss_fn, self._param_names, other_names,
+                                   signature, self.input_grads, None if self.group is None else self._averaged)
+                program = _Program.traced(graph, self.group)
                 if key is not None and program.exported is not None:
                     step_cache.store(key, program.exported, program.meta())
                     persistent_cache._stats.step_misses += 1
             self._programs[signature] = program
             self.stats.compiles += 1
         return program
+
+    def _averaged(self, grads: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """``grads`` averaged over the ranks of the step's group, as DDP does (traced: in the program)."""
+        import torch.distributed._functional_collectives as fc
+
+        return [None if g is None else fc.all_reduce(g, "avg", self.group) for g in grads]
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -319,7 +341,7 @@ class TrainStep:
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None = None, *,
-               input_grads: Sequence[int] = ()) -> TrainStep:
+               input_grads: Sequence[int] = (), group: dist.ProcessGroup | None = None) -> TrainStep:
     """Compile ``model``'s training step with ``optimizer`` into one XLA program per batch signature.
 
     ``loss_fn(model, *batch) -> scalar loss``; None: ``model(*batch)`` returns the loss (or
@@ -329,8 +351,16 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     ``(loss, gradients of those arguments)``, for a caller that continues backward outside the
     step (e.g. into embedding tables; or a model whose autograd functions update its buffers in
     backward, such as a fused embedding update, reached through such an argument). The model
-    must be on the tpu device; ``.grad`` of its parameters is not filled in."""
-    return TrainStep(model, optimizer, loss_fn, input_grads)
+    must be on the tpu device; ``.grad`` of its parameters is not filled in.
+
+    ``group`` (a ``tpu_dist`` process group of several ranks on the XLA transport): data parallel
+    over its ranks, each stepping on its own batch with the same program (SPMD,
+    :mod:`torch_tpu.compile.spmd`): the gradients are averaged over the ranks inside it (as DDP),
+    and functional collectives the model calls (``torch.distributed._functional_collectives``,
+    e.g. an embedding all-to-all) are XLA collectives in it. Every rank must call the step with
+    batches of the same shapes; ranks whose programs differ fail with ``CollectiveMismatchError``
+    when it is compiled."""
+    return TrainStep(model, optimizer, loss_fn, input_grads, group)
 
 
 class _Replay:

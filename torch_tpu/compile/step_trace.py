@@ -36,6 +36,9 @@ _SIDE_EFFECT_ONLY = {
 }
 
 
+SyncGrads = Callable[[list[torch.Tensor | None]], list[torch.Tensor | None]]
+
+
 class TensorSpec(NamedTuple):  # a NamedTuple: built and hashed for every input on every call
     shape: tuple[int, ...]
     stride: tuple[int, ...]
@@ -139,9 +142,11 @@ def _model_output_loss(output: Any) -> torch.Tensor:
 
 def trace_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None,
                param_names: Sequence[str], other_names: Sequence[str], signature: StepSignature,
-               input_grads: Sequence[int]) -> StepGraph:
+               input_grads: Sequence[int], sync_grads: SyncGrads | None = None) -> StepGraph:
     """Trace ``signature``'s step; ``param_names``/``other_names`` name the model's tensors in
-    input order (``param_names`` may contain None for optimizer params outside the model)."""
+    input order (``param_names`` may contain None for optimizer params outside the model);
+    ``sync_grads`` maps the trainable parameters' gradients to those the optimizer applies (e.g.
+    averaged over ranks by collectives the program runs)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)  # constants made during the trace stay real
     batch_specs = [s for s in signature.batch_leaves if isinstance(s, TensorSpec)]
     flat_specs = [*signature.params, *signature.others, *(s for _, s in signature.state),
@@ -171,6 +176,8 @@ def trace_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         wanted = [p for p in params if p.requires_grad] + [batch[i] for i in input_grads]
         grads = torch.autograd.grad(loss.reshape(()), wanted, allow_unused=True)
         trainable = [p for p in params if p.requires_grad]
+        if sync_grads is not None:
+            grads = (*sync_grads(list(grads[:len(trainable)])), *grads[len(trainable):])
         for p, g in zip(trainable, grads):
             p.grad = g
         with _optimizer_swapped(optimizer, params, state, dict(zip(

@@ -1,0 +1,129 @@
+"""``torch_tpu.compile.train_step(..., group=...)`` on 2 loopback ranks (XLA transport): one SPMD
+program per step with the gradient average and the model's all-to-all inside.
+
+Reference: the same model stepped eagerly on CPU by each rank with DDP's rule by hand (the
+gradients of every rank's batch averaged), and ``all_to_all_single_autograd`` run eagerly over
+the gloo-backed default group. Also: the program holds the collectives (StableHLO), and ranks
+whose step programs differ (other batch shapes) both fail clearly, well within the timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tests.distributed.device import tpu_ready
+from torch_tpu.distributed.local_launch import launch_local
+
+pytestmark = [pytest.mark.multiprocess]
+
+TIMEOUT_S = 60.0
+WORLD = 2
+
+
+class Exchanging(nn.Module):
+    """A linear layer, then every rank's rows exchanged with all-to-all, then a loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 6)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+        h = self.linear(x)
+        if group is not None:
+            import torch.distributed._functional_collectives as fc
+
+            h = fc.all_to_all_single_autograd(h, None, None, group)
+        return ((h.tanh() - y) ** 2).mean()
+
+
+def _batch(rank: int, step: int, rows: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(rows, 4, generator=g), torch.randn(rows, 6, generator=g)
+
+
+def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -> dict:
+    import torch_tpu.distributed as tpu_dist
+
+    os.environ[tpu_dist.backend.TRANSPORT_ENV] = "xla"
+    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=size, timeout=timeout)
+    import torch_tpu.compile as tc
+    from torch_tpu.compile.collectives import CollectiveMismatchError
+
+    world = dist.group.WORLD
+    results: dict = {}
+    torch.manual_seed(0)
+    model = Exchanging()
+    reference = Exchanging()
+    reference.load_state_dict(model.state_dict())
+    model.to("tpu")
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    ref_optimizer = torch.optim.Adagrad(reference.parameters(), lr=0.1)
+    step = tc.train_step(model, optimizer, lambda m, x, y: m(x, y, world), group=world)
+    losses, ref_losses = [], []
+    for i in range(3):
+        x, y = _batch(rank, i)
+        losses.append(float(step(x.to("tpu"), y.to("tpu"))))
+        ref_loss = reference(x, y, world)  # eager all-to-all over the default group
+        ref_loss.backward()
+        for p in reference.parameters():  # DDP's rule: the ranks' gradients averaged
+            dist.all_reduce(p.grad)
+            p.grad /= size
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+        ref_losses.append(ref_loss.item())
+    results["losses"], results["ref_losses"] = losses, ref_losses
+    results["params"] = {n: p.detach().cpu() for n, p in model.named_parameters()}
+    results["ref_params"] = {n: p.detach() for n, p in reference.named_parameters()}
+    results["programs"] = step.stats.compiles
+    x, y = _batch(rank, 0)
+    results["hlo"] = step.hlo_text(x.to("tpu"), y.to("tpu"))
+
+    # a new step whose first batch has another shape on rank 1: both ranks fail naming both
+    # programs' inputs, instead of running programs whose collectives do not match
+    step = tc.train_step(model, optimizer, lambda m, x, y: m(x, y, world), group=world)
+    x, y = _batch(rank, 9, rows=4 if rank == 0 else 8)
+    start = time.monotonic()
+    try:
+        step(x.to("tpu"), y.to("tpu"))
+        results["mismatch"] = "no error"
+    except CollectiveMismatchError as e:
+        results["mismatch"] = str(e)
+    results["mismatch_s"] = time.monotonic() - start
+    dist.barrier()
+    dist.destroy_process_group()
+    return results
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[dict]:
+    if not tpu_ready():
+        pytest.skip("torch_tpu core has not registered the tpu device yet")
+    return launch_local(_job, WORLD, timeout_s=TIMEOUT_S)
+
+
+def test_spmd_step_equals_eager_data_parallel_training(ranks: list[dict]) -> None:
+    for r in ranks:
+        torch.testing.assert_close(r["losses"], r["ref_losses"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(r["params"], r["ref_params"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ranks[0]["params"], ranks[1]["params"], rtol=0, atol=0)
+
+
+def test_one_program_holds_the_collectives(ranks: list[dict]) -> None:
+    # Adagrad's state exists from the start: one program for all three steps
+    assert [r["programs"] for r in ranks] == [1, 1]
+    hlo = ranks[0]["hlo"]
+    assert "all_to_all" in hlo and "all_reduce" in hlo
+
+
+def test_ranks_with_different_programs_fail_clearly(ranks: list[dict]) -> None:
+    for r in ranks:
+        assert "inputs differ between ranks" in r["mismatch"], r["mismatch"]
+        assert "f32[8, 4]" in r["mismatch"] or "float32[8, 4]" in r["mismatch"]
+        assert r["mismatch_s"] < TIMEOUT_S / 2
