@@ -214,12 +214,18 @@ def touched_rows(phys, table_rows: int, xp=jnp):
     return None if dedup is None else xp.concatenate(dedup).astype(xp.int32)
 
 
-def fit_touched(touched: np.ndarray, entries: int) -> np.ndarray:
-    """:func:`touched_rows` (a host array) with ``unique`` cut to a bucket of the segments the
-    entries use (the rest are distinct out-of-range rows): the update and the lookup then read
-    and write that many table rows instead of one per buffer entry."""
+def fit_touched(touched: np.ndarray, entries: int, unique: int | None = None) -> np.ndarray:
+    """:func:`touched_rows` (a host array) with ``unique`` cut to ``unique`` rows (default
+    :func:`touched_unique`; at least that many): the update and the lookup then read and write
+    that many table rows instead of one per buffer entry."""
+    return touched[:2 * entries + (touched_unique(touched, entries) if unique is None else unique)]
+
+
+def touched_unique(touched: np.ndarray, entries: int) -> int:
+    """The unique rows :func:`fit_touched` keeps: a bucket of the segments the entries use (the
+    rest are distinct out-of-range rows)."""
     used = int(touched[2 * entries - 1]) + 1  # the last sorted position's segment
-    return touched[:2 * entries + min(entries, bucket(used))]
+    return min(entries, bucket(used))
 
 
 def split_touched(touched, entries: int):

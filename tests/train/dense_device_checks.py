@@ -121,13 +121,13 @@ def _full(value: torch.Tensor) -> torch.Tensor:
 
 
 def rank_body(rank: int, world: int, store: dist.Store, timeout: datetime.timedelta, device_name: str,
-              parallel: str, model: str) -> dict:
+              parallel: str, model: str, prefetch: bool = False) -> dict:
     """``launch_local`` entry: join a tpu_dist world over ``store`` (before the device is used,
     so its tpu tensors get the XLA transport) and train; the result names the transport."""
     import torch_tpu.distributed as tpu_dist
 
     dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
-        return {**train(device_name, parallel, model), "transport": tpu_dist.active_transport()}
+        return {**train(device_name, parallel, model, prefetch), "transport": tpu_dist.active_transport()}
     finally:
         dist.destroy_process_group()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.train.dense_device_checks import rank_body, train
+from tests.train.dense_device_checks import STEPS, rank_body, train
 from torch_tpu.distributed.local_launch import launch_local
 
 MODEL = "dlrm_dcn"  # the cross net has parameters of its own: three towers to sync or shard
@@ -21,10 +21,14 @@ def one_rank() -> dict:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-def test_two_ranks_on_tpu_equal_one_rank(parallel: str, one_rank: dict) -> None:
-    ranks = launch_local(rank_body, 2, "tpu", parallel, MODEL, timeout_s=300.0)
+@pytest.mark.parametrize("parallel, prefetch", [("ddp", False), ("ddp", True), ("fsdp2", False)])
+def test_two_ranks_on_tpu_equal_one_rank(parallel: str, prefetch: bool, one_rank: dict) -> None:
+    ranks = launch_local(rank_body, 2, "tpu", parallel, MODEL, prefetch, timeout_s=300.0)
     for got in ranks:
+        # ddp: one SPMD program per step on each rank; with the input dist run ahead it holds the
+        # lookup, the embedding all-to-alls and the fused update too
+        assert got["compiled_steps"] == (STEPS if parallel == "ddp" else 0)
+        assert got["fused_steps"] == (STEPS if prefetch else 0)
         assert got["devices"] == {"tpu"} and got["transport"] == "xla"
         # each rank's loss is the mean over its half of the batch: their mean is the global loss
         torch.testing.assert_close([sum(pair) / 2 for pair in zip(*(r["losses"] for r in ranks))],

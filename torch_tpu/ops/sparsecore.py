@@ -159,10 +159,12 @@ _HYPERS = {"sgd": 1, "adagrad": 2, "adam": 4, "rowwise_adagrad": 2, "ftrl": 5}
 
 
 def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor,
-                      gains: torch.Tensor, table_rows: int, device_batch_size: int) -> torch.Tensor | None:
+                      gains: torch.Tensor, table_rows: int, device_batch_size: int, fit: bool = True,
+                      ) -> torch.Tensor | None:
     """The ``touched_rows`` argument of the ops for one device's host CSR buffers and a table of
     ``table_rows`` rows, computed now on the host with numpy (a host tensor; no JAX program, no
-    device); None on a TPU, whose SparseCores deduplicate ids themselves."""
+    device); None on a TPU, whose SparseCores deduplicate ids themselves. ``fit``: its unique rows
+    cut to the bucket the batch needs (``sparsecore.csr_math.fit_touched``); else all of them."""
     if _on_tpu_platform():
         return None
     from sparsecore import csr_math
@@ -170,7 +172,7 @@ def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, 
     buffers = [t.numpy() for t in (row_pointers, embedding_ids, sample_ids, gains)]
     phys = csr_math.decode(*buffers, table_rows, device_batch_size, xp=np)[0]
     touched = csr_math.touched_rows(phys, table_rows, xp=np)  # numpy: ~4x XLA:CPU's sort
-    return torch.from_numpy(csr_math.fit_touched(touched, embedding_ids.shape[0]))
+    return torch.from_numpy(csr_math.fit_touched(touched, embedding_ids.shape[0]) if fit else touched)
 
 
 # --- the CPU kernels: the same XLA formulation, run by JAX on the host ---------------------------------

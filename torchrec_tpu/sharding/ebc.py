@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -109,10 +110,41 @@ class ShardedSparseCoreEBC(ShardedTables):
         order = np.arange(placement.width) if placement.identity else placement.order.numpy()
         return order[wanted]
 
-    def _local_features(self) -> list[FeatureSpec]:
+    def exchange_columns(self, feature_order: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """How one all-to-all of every rank's padded activations ([batch, ``width``] from each
+        source rank, sources side by side) becomes this rank's pooled output in ``feature_order``:
+        ``(targets, sources, width)``; received column j adds into output column ``targets[j]``
+        (the output width: dropped) and takes the gradient of output column ``sources[j]`` (the
+        output width: none). None unless the ranks are uniform (``uniform_ranks``)."""
+        if not self.uniform_ranks:
+            return None
+        dims = {f.name: self.tables[f.table].dim for f in self.features}
+        order = np.concatenate([np.arange(self._offsets[name], self._offsets[name] + dims[name])
+                                for name in feature_order])
+        total = order.size
+        position = np.full(sum(dims.values()), total)
+        position[order] = np.arange(total)
+        width = self.padded_width
+        targets, sources = np.full(self.world_size * width, total), np.full(self.world_size * width, total)
+        for source, (pairs, columns) in enumerate(zip(self._served, self._columns)):
+            at = position[columns.numpy()]
+            replica = np.concatenate([np.full(s.cols, s.kind == "data_parallel" and source != self.rank)
+                                      for _, s in pairs] or [np.zeros(0, dtype=bool)])
+            targets[source * width:source * width + at.size] = np.where(replica, total, at)
+            sources[source * width:source * width + at.size] = at
+        return targets, sources, width
+
+    @property
+    def padded_width(self) -> int:
+        """Columns of each rank's local activations, its pads' included (the same on every rank
+        when ``uniform_ranks``)."""
+        plan = self._backend.plan if self._backend is not None else None
+        return 0 if plan is None else sum(plan.tables[f.table].dim for f in plan.features)
+
+    def _local_features(self, rank: int) -> list[FeatureSpec]:
         """Each served feature over the global batch, weighted (the gains carry the combiner)."""
         return [FeatureSpec(f.name, f.table, self.batch_size * self.world_size, weighted=True)
-                for f, _ in self._served[self.rank]]
+                for f, _ in self._served[rank]]
 
     @staticmethod
     def specs_of(ebc: EmbeddingBagCollection, batch_size: int, optimizer: OptimizerSpec,
@@ -209,7 +241,12 @@ class ShardedSparseCoreEBC(ShardedTables):
         recv_ids = all_to_all(concat(ids, np.int64), id_counts, recv_counts, group).numpy()
         recv_gains = all_to_all(concat(gains, np.float32), id_counts, recv_counts, group).numpy()
         received = self._assemble_inputs(per_source, recv_ids, recv_gains)
-        return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
+        if not self.uniform_ranks:
+            return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
+        samples = self.batch_size * self.world_size
+        pads = {f.name: FeatureInput(np.zeros(0, np.int64), np.zeros(samples, np.int64), np.zeros(0, np.float32))
+                for f in self.padding.features}
+        return LocalBatch(received, self._backend.prepare({**received, **pads}, agree=partial(_max_over, group=group)))
 
     def _assemble_inputs(self, per_source: np.ndarray, ids: np.ndarray, gains: np.ndarray) -> dict[str, FeatureInput]:
         """Per served feature: the global batch, source ranks' samples in rank order."""
@@ -237,7 +274,10 @@ class ShardedSparseCoreEBC(ShardedTables):
         """The local shards' outputs for the global batch, [world * batch, served columns]."""
         if self._backend is None:
             return torch.zeros(self.world_size * self.batch_size, 0), None
-        return self._backend.lookup(batch.prepared if batch.prepared is not None else batch.inputs)
+        activations, context = self._backend.lookup(batch.prepared if batch.prepared is not None else batch.inputs)
+        if self.padding:
+            activations = activations[:, :len(self._columns[self.rank])].contiguous()  # the pads' columns last
+        return activations, context
 
     def _output_dist(self, activations: torch.Tensor) -> torch.Tensor:
         """Each rank's rows of every shard's output, placed into this rank's [batch, dims] output."""
@@ -258,7 +298,10 @@ class ShardedSparseCoreEBC(ShardedTables):
             send = torch.cat([grad.index_select(1, columns).reshape(-1) for columns in self._columns])
             recv = all_to_all(send, [b * w for w in widths], [b * widths[self.rank]] * self.world_size, self.group)
         if self._backend is not None:
-            self._backend.update(context, recv.view(self.world_size * b, widths[self.rank]))
+            grad = recv.view(self.world_size * b, widths[self.rank])
+            if self.padding:
+                grad = torch.nn.functional.pad(grad, (0, self.padded_width - widths[self.rank]))
+            self._backend.update(context, grad)
 
     def to_torchrec(self) -> EmbeddingBagCollection:
         """A plain CPU TorchRec EBC holding the current tables, for serving (a collective)."""
@@ -294,6 +337,13 @@ class _OutputPlacement:
             return received.index_select(1, self.order)
         out = received.new_zeros(received.shape[0], self.width + 1).index_add_(1, self.targets, received)
         return out[:, : self.width].contiguous()
+
+
+def _max_over(sizes: list[int], group: dist.ProcessGroup | None) -> list[int]:
+    """Each of ``sizes``' maximum over the ranks of ``group`` (a collective)."""
+    values = torch.tensor(sizes, dtype=torch.int64)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+    return values.tolist()
 
 
 def _all_features(ebc: EmbeddingBagCollection) -> list[str]:

@@ -91,19 +91,19 @@ class ShardedSparseCoreEC(ShardedTables):
         kwargs.setdefault("need_indices", ec.need_indices())
         return cls._from_torchrec_modules(tables, features, ec.embeddings, sharding, **kwargs)
 
-    def _local_features(self) -> list[FeatureSpec]:
+    def _local_features(self, rank: int) -> list[FeatureSpec]:
         """Each served feature as a batch of ``capacity`` one-id samples."""
-        return [FeatureSpec(f.name, f.table, self._capacity[f.name], weighted=True) for f, _ in self._served[self.rank]]
+        return [FeatureSpec(f.name, f.table, self._capacity[f.name], weighted=True) for f, _ in self._served[rank]]
 
-    def _local_tables(self) -> dict[str, TableSpec]:
+    def _local_tables(self, rank: int) -> dict[str, TableSpec]:
         """The served shards with partition limits no batch can exceed: all ids of one source
         SparseCore's samples may go to one partition."""
         n = self.engine.topology.num_sparsecores
         per_chunk: dict[str, int] = {}
-        for f, _ in self._served[self.rank]:
+        for f, _ in self._served[rank]:
             per_chunk[f.table] = per_chunk.get(f.table, 0) + self._capacity[f.name] // n
         specs = {}
-        for f, shard in self._served[self.rank]:
+        for f, shard in self._served[rank]:
             spec = shard.local_spec(self.tables[f.table])
             limit = max(spec.max_ids_per_partition, per_chunk[f.table])
             specs[f.table] = replace(spec, max_ids_per_partition=limit, max_unique_ids_per_partition=limit)
@@ -201,7 +201,8 @@ class ShardedSparseCoreEC(ShardedTables):
                                                 rows[name]), n)
         old = self._backend
         weights = old.table_weights()
-        self._backend = self.engine.make(list(self._local_tables().values()), self._local_features(), weights)
+        self._backend = self.engine.make(list(self._local_tables(self.rank).values()), self._local_features(self.rank),
+                                         weights)
         self._backend.load_state(weights, old.optimizer_slots(), old.steps)
 
     def _served_sizes(self, batch: SequenceBatch) -> list[int]:

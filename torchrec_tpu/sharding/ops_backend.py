@@ -22,7 +22,7 @@ tables and slots (``table_weights`` / ``optimizer_slots``), as every backend's.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_tpu  # noqa: F401  (registers the tpu device and the tpu:: SparseCore ops)
+from sparsecore import csr_math
 from sparsecore import optimizers as opt
 from sparsecore.backends.base import Backend, check_grads
 from sparsecore.backends.xla_layout import ActivationLayout
@@ -45,6 +46,7 @@ from torchrec_tpu.sharding.sharded_tables import traceable_update
 from tpu_facts import ALIGNMENT
 
 DEVICE = torch.device("tpu", 0)
+Agree = Callable[[list[int]], list[int]]  # this rank's buffer sizes -> the sizes every rank uses
 CSR_FIELDS = ("row_pointers", "embedding_ids", "sample_ids", "gains")
 
 
@@ -72,18 +74,25 @@ def bucket_limit(needed: int, limit: int) -> int:
     return bucket if bucket < limit else limit
 
 
-def fit_csr(stack: StackedTable, chunks: int, row_pointers: np.ndarray, *buffers: np.ndarray,
-            ) -> tuple[np.ndarray, ...]:
-    """``stack``'s CSR buffers (of ``chunks`` source SparseCores, laid out for its configured
-    limit) laid out for :func:`bucket_limit` of their largest partition instead: each source
-    region keeps its first ``bucket * N`` positions, which hold all its entries (partitions
-    padded to 8 each hold at most the bucket). Byte for byte the buffers preprocessing with that
-    limit builds; the row pointers do not change."""
+def csr_bucket(stack: StackedTable, chunks: int, row_pointers: np.ndarray) -> int:
+    """The ids-per-partition limit :func:`fit_csr` lays ``stack``'s buffers out for: the
+    :func:`bucket_limit` of their largest partition."""
     n = stack.num_sparsecores
     ends = row_pointers.reshape(chunks, row_pointers_per_sc(stack))[:, :n].astype(np.int64)
     starts = np.zeros_like(ends)
     starts[:, 1:] = round_up_array(ends[:, :-1], ALIGNMENT)
-    limit = bucket_limit(int((ends - starts).max(initial=0)), stack.max_ids_per_partition)
+    return bucket_limit(int((ends - starts).max(initial=0)), stack.max_ids_per_partition)
+
+
+def fit_csr(stack: StackedTable, chunks: int, row_pointers: np.ndarray, *buffers: np.ndarray,
+            limit: int | None = None) -> tuple[np.ndarray, ...]:
+    """``stack``'s CSR buffers (of ``chunks`` source SparseCores, laid out for its configured
+    limit) laid out for ``limit`` (default :func:`csr_bucket`; at least that) instead: each
+    source region keeps its first ``limit * N`` positions, which hold all its entries (partitions
+    padded to 8 each hold at most the bucket). Byte for byte the buffers preprocessing with that
+    limit builds; the row pointers do not change."""
+    n = stack.num_sparsecores
+    limit = csr_bucket(stack, chunks, row_pointers) if limit is None else limit
     if limit == stack.max_ids_per_partition:
         return (row_pointers, *buffers)
     return (row_pointers, *(b.reshape(chunks, -1)[:, :limit * n].reshape(-1) for b in buffers))
@@ -110,9 +119,11 @@ def _check_optimizer(stack: StackedTable) -> None:
 
 class StackedState(nn.Module):
     """Every stack of ``plan`` as tpu buffers (uninitialised: the backend loads them), and the
-    lookup / fused update over them."""
+    lookup / fused update over them. ``fixed_layout``: the activations are permuted by index
+    buffers even where the permutation is the identity, so that plans of the same shapes give
+    programs of the same inputs (ranks running one SPMD program)."""
 
-    def __init__(self, plan: StackingPlan) -> None:
+    def __init__(self, plan: StackingPlan, fixed_layout: bool = False) -> None:
         super().__init__()
         self.plan = plan
         chunks = plan.topology.num_sparsecores
@@ -139,7 +150,7 @@ class StackedState(nn.Module):
             # reshape); else feature-major (feature j's samples contiguous: a split per feature)
             order = np.argsort(layout.activation_rows(st)) if self.uniform else np.concatenate(
                 [layout.rows[plan_index[(i, j)]] for j in range(len(st.features))])
-            identity = bool(np.array_equal(order, np.arange(order.size)))
+            identity = not fixed_layout and bool(np.array_equal(order, np.arange(order.size)))
             self._identity.append(identity)
             if not identity:
                 self.register_buffer(f"perm_{i}", torch.from_numpy(order).to(DEVICE), persistent=False)
@@ -153,7 +164,7 @@ class StackedState(nn.Module):
             self._width = int(starts[-1])
             columns = np.concatenate([starts[s] + j * plan.stacks[s].dim + np.arange(dim)
                                       for (s, j), dim in zip(self._where, self._dims)])
-            if not np.array_equal(columns, np.arange(self._width)):
+            if fixed_layout or not np.array_equal(columns, np.arange(self._width)):
                 self._columns = "permutation" if columns.size == self._width else "subset"
                 self.register_buffer("columns", torch.from_numpy(columns).to(DEVICE), persistent=False)
                 if self._columns == "permutation":
@@ -295,10 +306,10 @@ class OpsBackend(Backend):
     name = "ops"
 
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
-                 overflow: str = "error"):
+                 overflow: str = "error", fixed_layout: bool = False):
         super().__init__(plan)
         self.overflow = check_overflow_policy(overflow)
-        self.state = StackedState(plan)
+        self.state = StackedState(plan, fixed_layout)
         self._load_initial(weights, seed)
 
     def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
@@ -310,19 +321,33 @@ class OpsBackend(Backend):
                 for target, value in zip(self.state.step_tensors()[i], values):
                     target.copy_(value.to(DEVICE))
 
-    def prepare(self, inputs: Mapping[str, FeatureInput]) -> PreparedCSR:
+    def prepare(self, inputs: Mapping[str, FeatureInput], agree: Agree | None = None) -> PreparedCSR:
+        """The CSR buffers of ``inputs``, cut to the sizes the batch needs. ``agree`` maps this
+        rank's sizes (ints) to those every rank uses (their maximum: ranks running one SPMD
+        program need buffers of one size)."""
         batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
         chunks = self.state.chunks
-        csr = tuple(torch.from_numpy(np.ascontiguousarray(a)) for st in self.plan.stacks
-                    for a in fit_csr(st, chunks, *(getattr(batch.stacks[st.name], f) for f in CSR_FIELDS)))
-        return PreparedCSR(csr, batch.stats, self._touched(csr) if torch.is_grad_enabled() else ())
+        full = [[getattr(batch.stacks[st.name], f) for f in CSR_FIELDS] for st in self.plan.stacks]
+        limits = [csr_bucket(st, chunks, buffers[0]) for st, buffers in zip(self.plan.stacks, full)]
+        if agree is not None:
+            limits = agree(limits)
+        csr = tuple(torch.from_numpy(np.ascontiguousarray(a))
+                    for st, buffers, limit in zip(self.plan.stacks, full, limits)
+                    for a in fit_csr(st, chunks, *buffers, limit=limit))
+        return PreparedCSR(csr, batch.stats, self._touched(csr, agree) if torch.is_grad_enabled() else ())
 
-    def _touched(self, csr: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    def _touched(self, csr: tuple[torch.Tensor, ...], agree: Agree | None) -> tuple[torch.Tensor, ...]:
         """Per stack, the fused update's deduplication of ``csr``, done here on the host (ahead of
         the step); () where the ops take none."""
-        touched = [touched_rows_ahead(*csr[4 * i:4 * i + 4], st.vocab_size, st.total_sample_count)
+        touched = [touched_rows_ahead(*csr[4 * i:4 * i + 4], st.vocab_size, st.total_sample_count, fit=False)
                    for i, st in enumerate(self.plan.stacks)]
-        return () if any(t is None for t in touched) else tuple(touched)
+        if any(t is None for t in touched):
+            return ()
+        entries = [csr[4 * i + 1].shape[0] for i in range(len(touched))]
+        unique = [csr_math.touched_unique(t.numpy(), e) for t, e in zip(touched, entries)]
+        if agree is not None:
+            unique = agree(unique)
+        return tuple(t[:2 * e + u] for t, e, u in zip(touched, entries, unique))
 
     def _prepared(self, prepared: Any) -> PreparedCSR:
         return prepared if isinstance(prepared, PreparedCSR) else self.prepare(prepared)

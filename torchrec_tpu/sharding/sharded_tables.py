@@ -18,13 +18,14 @@ import torch.distributed as dist
 from torch import nn
 
 from sparsecore.backends import make_backend
-from sparsecore.backends.base import Backend
+from sparsecore.backends.base import Backend, initial_slots
 from sparsecore.module import fused_lookup
 from sparsecore.optimizers import Adam, OptimizerSpec
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.stacking import plan_stacking
 from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards, row_slot_size
 from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys
+from torchrec_tpu.sharding.uniform_ranks import RankPadding, is_pad, uniform_padding
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
 OPS = "ops"  # the local engine on TorchTPU's tpu:: SparseCore ops (torchrec_tpu.sharding.ops_backend)
@@ -71,9 +72,12 @@ class ShardedTables(nn.Module):
     ``average_over_ranks`` divides the table gradients by the world size, as DDP averages the
     dense ones: with a per-rank mean loss, W ranks then train like one rank on the global batch.
 
+    ``uniform_ranks``: every rank's local backend gets stacks of the same shapes (padded,
+    :mod:`~torchrec_tpu.sharding.uniform_ranks`), as one SPMD step program over the ranks needs.
+
     Subclasses implement ``_configure()`` (what the local backend's features depend on, before it
-    is built), ``_local_features()`` (and ``_local_tables()`` when the shards' own specs do not
-    do), ``_lookup(batch) -> (activations, context)``, ``_output_dist(activations)`` (or
+    is built), ``_local_features(rank)`` (and ``_local_tables(rank)`` when the shards' own specs do
+    not do), ``_lookup(batch) -> (activations, context)``, ``_output_dist(activations)`` (or
     ``_lookup_and_output_dist`` as a whole) and ``_update(context, output_grad)``, and name the
     TorchRec module holding per-table modules (``table_modules``: the state dict's
     ``<table_modules>.<table>.weight`` keys).
@@ -94,6 +98,7 @@ class ShardedTables(nn.Module):
         seed: int = 0,
         id_policy: str = "error",
         average_over_ranks: bool = False,
+        uniform_ranks: bool = False,
         **backend_options: Any,
     ):
         super().__init__()
@@ -107,10 +112,16 @@ class ShardedTables(nn.Module):
         self.shards = make_shards(tables, sharding, self.world_size)
         self._served: Served = [[(f, s) for f in self.features for s in self.shards[f.table] if s.rank == r]
                                 for r in range(self.world_size)]
-        self.engine = LocalEngine(topology, backend, seed, id_policy, dict(backend_options))
+        self.uniform_ranks = uniform_ranks and self.world_size > 1
+        if self.uniform_ranks and backend != OPS:
+            raise ValueError(f"uniform_ranks needs the {OPS!r} backend, not {backend!r}")
+        # (uniform ranks: every rank's program has the same layout buffers)
+        options = {**backend_options, "fixed_layout": True} if self.uniform_ranks else dict(backend_options)
+        self.engine = LocalEngine(topology, backend, seed, id_policy, options)
         self.steps = 0  # fused updates applied (counted on every rank, with or without local shards)
         self._anchor = nn.Parameter(torch.empty(0), requires_grad=True)  # makes autograd call backward
         self._configure()
+        self.padding = self._uniform_padding() if self.uniform_ranks else RankPadding()
         self._backend: Backend | None = self._initial_backend(weights)
 
     @property
@@ -128,24 +139,46 @@ class ShardedTables(nn.Module):
     def _configure(self) -> None:
         """Subclass state the local backend's features depend on (runs before it is built)."""
 
-    def _local_features(self) -> list[FeatureSpec]:
-        """The features of this rank's backend (its served shards' inputs)."""
+    def _local_features(self, rank: int) -> list[FeatureSpec]:
+        """The features of ``rank``'s backend (its served shards' inputs)."""
         raise NotImplementedError
 
-    def _local_tables(self) -> dict[str, TableSpec]:
-        """The table specs of this rank's backend: its shards'."""
-        return {s.table: s.local_spec(self.tables[s.table]) for _, s in self._served[self.rank]}
+    def _local_tables(self, rank: int) -> dict[str, TableSpec]:
+        """The table specs of ``rank``'s backend: its shards'."""
+        return {s.table: s.local_spec(self.tables[s.table]) for _, s in self._served[rank]}
+
+    def _uniform_padding(self) -> RankPadding:
+        """This rank's pads (every rank's are computed alike, from the plan alone)."""
+        ranks = range(self.world_size)
+        pads = uniform_padding([list(self._local_tables(r).values()) for r in ranks],
+                               [self._local_features(r) for r in ranks], self.engine.topology)
+        return pads[self.rank]
 
     def _initial_backend(self, weights: Mapping[str, torch.Tensor] | None) -> Backend | None:
         """The backend over this rank's shards (None if it serves none), from the full logical
-        ``weights`` (default: each table's ``init_weights(seed)``)."""
+        ``weights`` (default: each table's ``init_weights(seed)``), and its pads."""
         mine = {s.table: s for _, s in self._served[self.rank]}
-        if not mine:
+        if not mine and not self.padding:
             return None
         full = weights if weights is not None else {name: self.tables[name].init_weights(self.engine.seed)
                                                     for name in mine}
-        return self.engine.make(list(self._local_tables().values()), self._local_features(),
-                                {name: s.slice(full[name]) for name, s in mine.items()})
+        local = {name: s.slice(full[name]) for name, s in mine.items()}
+        local.update(self._pad_weights())
+        return self.engine.make([*self._local_tables(self.rank).values(), *self.padding.tables],
+                                [*self._local_features(self.rank), *self.padding.features], local)
+
+    def _pad_weights(self) -> dict[str, torch.Tensor]:
+        return {t.name: torch.zeros(t.vocab_size, t.dim) for t in self.padding.tables}
+
+    def _backend_weights(self) -> dict[str, torch.Tensor]:
+        """This rank's shards of the tables (no pads)."""
+        weights = self._backend.table_weights() if self._backend else {}
+        return {name: w for name, w in weights.items() if not is_pad(name)}
+
+    def _backend_slots(self) -> dict[str, dict[str, torch.Tensor]]:
+        """This rank's shards of the optimizer slots (no pads)."""
+        slots = self._backend.optimizer_slots() if self._backend else {}
+        return {name: s for name, s in slots.items() if not is_pad(name)}
 
     @classmethod
     def _from_torchrec_modules(cls, tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
@@ -178,12 +211,11 @@ class ShardedTables(nn.Module):
 
     def unsharded_weights(self) -> dict[str, torch.Tensor]:
         """Full [vocab, dim] weights of every table, on every rank (a collective; copies)."""
-        return self._gather(lambda backend: backend.table_weights())
+        return self._gather(lambda _: self._backend_weights())
 
     def unsharded_slots(self) -> dict[str, dict[str, torch.Tensor]]:
         """Full optimizer slots of every table by slot name, on every rank (a collective)."""
-        slots = self._gather(lambda backend: {(t, k): v for t, d in backend.optimizer_slots().items()
-                                              for k, v in d.items()})
+        slots = self._gather(lambda _: {(t, k): v for t, d in self._backend_slots().items() for k, v in d.items()})
         out: dict[str, dict[str, torch.Tensor]] = {}
         for (table, slot), value in slots.items():
             out.setdefault(table, {})[slot] = value
@@ -194,8 +226,7 @@ class ShardedTables(nn.Module):
         ``<table_modules>.<table>.weight``, ``optimizer_slots.<table>.<slot>``; see
         ``state_dict.py``). A collective: ``state_dict()`` must run on every rank."""
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        weights = self._backend.table_weights() if self._backend else {}
-        slots = self._backend.optimizer_slots() if self._backend else {}
+        weights, slots = self._backend_weights(), self._backend_slots()
         state = checkpoint_state(self.table_modules, self.tables, self.shards, weights, slots, self.steps,
                                  self._where())
         destination.update({prefix + key: value for key, value in state.items()})
@@ -215,7 +246,9 @@ class ShardedTables(nn.Module):
         weights, slots, self.steps = local_state(self.table_modules, self.tables, self.shards,
                                                  {key[len(prefix):]: state_dict[key] for key in keys}, self._where())
         if self._backend is not None:
-            self._backend.load_state(weights, slots, self.steps)
+            pads = self._pad_weights()
+            pad_slots = {name: s for name, s in initial_slots(self._backend.plan).items() if name in pads}
+            self._backend.load_state({**weights, **pads}, {**slots, **pad_slots}, self.steps)
 
     def _where(self) -> Group:
         return Group(self.rank, self.world_size, self.group)

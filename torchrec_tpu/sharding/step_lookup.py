@@ -4,10 +4,17 @@ the fused ``sparse_dense_matmul_grad_with_<optimizer>``, so a step function trac
 (``torch_tpu.compile.train_step``) runs lookup, dense step and embedding update as ONE program,
 with the tables' new values among its outputs.
 
-Only a one-rank EBC runs this way (with several ranks the output dist is a host collective between
-the lookup and the dense step), on the ``ops`` backend with an optimizer that needs no host value
-per step (not Adam), with every output column served exactly once, no gradient averaging and a
-batch the SparseCores split without padding.
+With several ranks (an EBC built with ``uniform_ranks``: every rank's stacks of one shape) the
+output dist is in the program too: one all-to-all of the padded activations (a
+``_c10d_functional`` collective, an XLA all-to-all inside an SPMD step,
+``torch_tpu.compile.train_step(..., group=...)``), then the received columns added into place
+(row-wise partial sums; other ranks' data-parallel replicas and pads dropped). Its backward sends
+every shard the gradient of its columns (replicas too, which keeps them equal) through the
+reverse all-to-all into the fused update.
+
+Either way it needs the ``ops`` backend with an optimizer that needs no host value per step (not
+Adam) and a batch the SparseCores split without padding; one rank also every output column served
+exactly once and no gradient averaging.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from torchrec_tpu.sharding.ebc import LocalBatch, ShardedSparseCoreEBC
@@ -31,7 +39,7 @@ class PooledLookup(nn.Module):
     attribute: a step program's cache key describes the module)."""
 
     def __init__(self, ebc: ShardedSparseCoreEBC, backend: OpsBackend, feature_order: Sequence[str],
-                 columns: np.ndarray) -> None:
+                 columns: np.ndarray | None) -> None:
         super().__init__()
         self.state = backend.state
         dims = {f.name: ebc.tables[f.table].dim for f in ebc.features}
@@ -39,7 +47,8 @@ class PooledLookup(nn.Module):
             raise ValueError(f"a pooled [batch, features, dim] output needs one dim for all features in the EBC's "
                              f"features, got dims {dims} for order {list(feature_order)}")
         self.shape = (ebc.batch_size, len(feature_order), dims[feature_order[0]])
-        self.identity = bool(np.array_equal(columns, np.arange(columns.size)))
+        self.exchange = None if columns is not None else _Exchange(ebc, feature_order)
+        self.identity = columns is None or bool(np.array_equal(columns, np.arange(columns.size)))
         if not self.identity:
             self.register_buffer("columns", torch.from_numpy(columns).to(DEVICE), persistent=False)
         self._step_inputs = _StepInputs(ebc, backend)
@@ -51,10 +60,14 @@ class PooledLookup(nn.Module):
             return None
         backend = ebc.local_backend
         if not (isinstance(backend, OpsBackend) and backend.state.traceable() and backend.state.uniform
-                and ebc.gradient_scale == 1.0 and ebc.batch_size == ebc.requested_batch_size):
+                and ebc.batch_size == ebc.requested_batch_size):
             return None
+        if ebc.world_size > 1:
+            return PooledLookup(ebc, backend, feature_order, None) if ebc.uniform_ranks else None
         columns = ebc.activation_columns(feature_order)  # where in the activations each pooled column is
-        return None if columns is None else PooledLookup(ebc, backend, feature_order, columns)
+        if columns is None or ebc.gradient_scale != 1.0:
+            return None
+        return PooledLookup(ebc, backend, feature_order, columns)
 
     def step_inputs(self, batch: LocalBatch) -> tuple[torch.Tensor, ...] | None:
         """The step arguments standing for ``batch``'s pooled embeddings, ``(anchor, *arguments)`` (one
@@ -67,7 +80,10 @@ class PooledLookup(nn.Module):
         return batch.prepared.csr if isinstance(batch.prepared, PreparedCSR) else None
 
     def forward(self, anchor: torch.Tensor, *arguments: Any) -> torch.Tensor:
-        return self._arranged(self.state.lookup_with_update(anchor, arguments))
+        activations = self.state.lookup_with_update(anchor, arguments)
+        if self.exchange is not None:
+            return self.exchange(activations).reshape(self.shape)
+        return self._arranged(activations)
 
     def pooled(self, *csr: torch.Tensor) -> torch.Tensor:
         """The pooled embeddings of a batch's CSR buffers (:attr:`PreparedCSR.csr`, tpu tensors),
@@ -78,6 +94,49 @@ class PooledLookup(nn.Module):
         if not self.identity:
             activations = activations.index_select(1, self.columns)
         return activations.reshape(self.shape)
+
+
+class _Exchange(nn.Module):
+    """The output dist of every rank's padded activations ([ranks * batch, width], rows by
+    destination rank) inside a traced step, into this rank's pooled [batch, columns in the
+    feature order] (:meth:`ShardedSparseCoreEBC.exchange_columns`); backward scales the gradient
+    by the EBC's ``gradient_scale``."""
+
+    def __init__(self, ebc: ShardedSparseCoreEBC, feature_order: Sequence[str]) -> None:
+        super().__init__()
+        targets, sources, self.width = ebc.exchange_columns(feature_order)  # type: ignore[misc]
+        self.ranks, self.batch, self.scale = ebc.world_size, ebc.batch_size, ebc.gradient_scale
+        self.columns = len(feature_order) * ebc.tables[ebc.features[0].table].dim
+        self.group_name = (ebc.group or dist.group.WORLD).group_name
+        self.register_buffer("targets", torch.from_numpy(targets).to(DEVICE), persistent=False)
+        self.register_buffer("sources", torch.from_numpy(sources).to(DEVICE), persistent=False)
+
+    def forward(self, activations: torch.Tensor) -> torch.Tensor:
+        import torch.distributed._functional_collectives as fc
+
+        received = fc.all_to_all_single_autograd(activations, None, None, self.group_name)
+        wide = received.view(self.ranks, self.batch, self.width).permute(1, 0, 2).reshape(self.batch, -1)
+        return _Placed.apply(wide, self.targets, self.sources, self.columns, self.scale)
+
+
+class _Placed(torch.autograd.Function):
+    """Forward: received columns added into output columns ``targets`` (``columns``: dropped);
+    backward: each received column gets output column ``sources``' gradient times ``scale``."""
+
+    @staticmethod
+    def forward(ctx: Any, wide: torch.Tensor, targets: torch.Tensor, sources: torch.Tensor, columns: int,
+                scale: float) -> torch.Tensor:
+        ctx.save_for_backward(sources)
+        ctx.scale = scale
+        out = wide.new_zeros(wide.shape[0], columns + 1).index_add(1, targets, wide)
+        return out[:, :columns]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        (sources,) = ctx.saved_tensors
+        extended = torch.cat([grad, grad.new_zeros(grad.shape[0], 1)], dim=1)
+        wide_grad = extended.index_select(1, sources)
+        return (wide_grad * ctx.scale if ctx.scale != 1.0 else wide_grad), None, None, None, None
 
 
 class _StepInputs:

@@ -50,14 +50,26 @@ def dense_device(name: str) -> torch.device:
     raise ValueError(f"dense device {name!r} is not one of ['cpu', 'tpu']")
 
 
+def spmd_world(world_size: int) -> bool:
+    """Whether the world's ranks can run one SPMD program with collectives inside (one rank, or a
+    ``tpu_dist`` world on the XLA transport: multi-controller JAX)."""
+    if world_size == 1:
+        return True
+    if not dist.is_initialized() or dist.get_backend() != "tpu_dist":
+        return False
+    import torch_tpu.distributed as tpu_dist
+
+    return tpu_dist.active_transport() == "xla"
+
+
 def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_parallel: str) -> torch.device:
     """The sparsecore engine's dense device for ``--dense-device choice``. ``auto``: tpu where the
-    step compiles into one program (one rank, ddp) and either the tpu device is an accelerator or
-    the towers are small enough (:data:`XLA_CPU_TOWER_MACS`) that per-op dispatch, which that
-    program removes, bounds their step on XLA:CPU; else cpu."""
+    step compiles into one program per rank (ddp, :func:`spmd_world`) and either the tpu device is
+    an accelerator or the towers are small enough (:data:`XLA_CPU_TOWER_MACS`) that per-op
+    dispatch, which that program removes, bounds their step on XLA:CPU; else cpu."""
     if choice != "auto":
         return dense_device(choice)
-    if world_size != 1 or dense_parallel != "ddp":
+    if dense_parallel != "ddp" or not spmd_world(world_size):
         return dense_device("cpu")
     import jax
 

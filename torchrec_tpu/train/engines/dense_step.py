@@ -15,13 +15,14 @@ compiled program too.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.ebc import PrefetchedKJT
-from torchrec_tpu.train.engines.dense_placement import dense_device_of, pooled_on_host
+from torchrec_tpu.train.engines.dense_placement import dense_device_of, pooled_on_host, spmd_world
 from torchrec_tpu.train.loop import StepFn, train_step
 from torchrec_tpu.train.metrics import EvalForward, model_outputs
 
@@ -61,29 +62,38 @@ class DLRMLookupLoss(nn.Module):
 
 
 class CompiledDenseStep:
-    """A ``run_training`` step function. A prefetched batch of a one-rank sparsecore EBC: lookup,
-    dense step and sparse update as one tpu program. Otherwise: the sparse arch (host, sparsecore
-    EBC) forward, the dense step as one tpu program, then the EBC's fused backward from the pooled
-    embeddings' gradient.
+    """A ``run_training`` step function. A prefetched batch of a sparsecore EBC on the ``ops``
+    backend (one rank, or ranks of uniform stacks): lookup, output dist, dense step and sparse
+    update as one tpu program per rank. Otherwise: the sparse arch (host, sparsecore EBC) forward,
+    the dense step as one tpu program, then the EBC's fused backward from the pooled embeddings'
+    gradient.
 
-    ``model`` is the sparsecore engine's ``DLRMTrain`` with its towers on tpu
+    ``model`` is the sparsecore engine's ``DLRMTrain`` (DDP-wrapped or not) with its towers on tpu
     (:func:`~torchrec_tpu.train.engines.dense_placement.place_dense`); ``optimizer`` the dense optimizer
-    (a ``KeyedOptimizerWrapper`` or a plain torch optimizer) over the towers' parameters."""
+    (a ``KeyedOptimizerWrapper`` or a plain torch optimizer) over the towers' parameters; ``group``
+    (several ranks): each program is SPMD over it, the towers' gradients averaged inside (as DDP)."""
 
-    def __init__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 group: dist.ProcessGroup | None = None) -> None:
         import torch_tpu.compile as tc
         from torchrec_tpu.sharding.step_lookup import PooledLookup  # imports torch_tpu
 
-        self.dense = DLRMDenseLoss(model)
+        self.model: DLRMTrain = getattr(model, "module", model)
+        self.dense = DLRMDenseLoss(self.model)
         inner = getattr(optimizer, "_optimizer", optimizer)  # KeyedOptimizerWrapper steps its inner one
-        self.step = tc.train_step(self.dense, inner, input_grads=(1,))
-        sparse_arch = model.model.sparse_arch
+        self.step = tc.train_step(self.dense, inner, input_grads=(1,), group=group)
+        sparse_arch = self.model.model.sparse_arch
         self.ebc = sparse_arch.embedding_bag_collection
         self.lookup = PooledLookup.of(self.ebc, sparse_arch.sparse_feature_names)
         self.fused_step = None if self.lookup is None else tc.train_step(DLRMLookupLoss(self.dense, self.lookup),
-                                                                           inner, input_grads=(2,))
+                                                                           inner, input_grads=(2,), group=group)
 
-    def __call__(self, model: DLRMTrain, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
+    @property
+    def programs(self) -> int:
+        """Programs compiled so far (both steps)."""
+        return self.step.stats.compiles + (self.fused_step.stats.compiles if self.fused_step else 0)
+
+    def __call__(self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
         kjt = batch.sparse_features
         if self.fused_step is not None and isinstance(kjt, PrefetchedKJT) and kjt.owner is self.ebc:
             inputs = self.lookup.step_inputs(kjt.local)
@@ -91,7 +101,7 @@ class CompiledDenseStep:
                 loss, _ = self.fused_step(batch.dense_features, batch.labels, *inputs)
                 return loss
         # the host tensors go into the program as they are (one copy each, no eager tpu ops)
-        pooled = _host_pooled(model, batch)
+        pooled = _host_pooled(self.model, batch)
         loss, (pooled_grad,) = self.step(batch.dense_features, pooled.detach(), batch.labels)
         # into the fused sparse update; on this thread (autograd's device threads lack the tpu
         # device when a CPU backward ran before torch_tpu was imported)
@@ -165,25 +175,27 @@ def _host_pooled(model: DLRMTrain, batch: Batch) -> torch.Tensor:
 
 
 def one_step_program(dense_device: torch.device, world_size: int, dense_parallel: str) -> bool:
-    """Whether the step runs as one compiled program (towers, dense optimizer, embedding lookup and update)."""
-    # plain tpu tensors in one process (``ddp`` does not wrap one rank); several ranks sync the
-    # towers' gradients with DDP hooks, FSDP2 shards them as DTensors: both run eagerly
-    return dense_device.type == "tpu" and world_size == 1 and dense_parallel == "ddp"
+    """Whether the step runs as one compiled program per rank (towers, dense optimizer, embedding
+    lookup and update; with several ranks SPMD over the world, which needs multi-controller JAX:
+    tpu_dist's XLA transport)."""
+    # the towers' parameters are plain tpu tensors with ``ddp`` (DDP's own hooks never run: the
+    # program averages the gradients itself); FSDP2 shards them as DTensors, which run eagerly
+    return dense_device.type == "tpu" and dense_parallel == "ddp" and spmd_world(world_size)
 
 
 def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, dense_device: torch.device,
                   world_size: int, dense_parallel: str = "ddp") -> StepFn:
-    """The sparsecore engine's training step: the compiled dense step with its towers on tpu in
-    one process; else the eager :func:`~torchrec_tpu.train.loop.train_step`."""
+    """The sparsecore engine's training step: the compiled dense step with its towers on tpu
+    (:func:`one_step_program`); else the eager :func:`~torchrec_tpu.train.loop.train_step`."""
     if one_step_program(dense_device, world_size, dense_parallel):
-        return CompiledDenseStep(model, optimizer)
+        return CompiledDenseStep(model, optimizer, dist.group.WORLD if world_size > 1 else None)
     return train_step
 
 
 def eval_forward(model: nn.Module, dense_device: torch.device, world_size: int,
                  dense_parallel: str = "ddp") -> EvalForward:
-    """The evaluation forward of a job: compiled towers where the step is compiled; else the
-    model's own forward."""
-    if one_step_program(dense_device, world_size, dense_parallel):
+    """The evaluation forward of a job: compiled towers where the step is compiled in one
+    process; else the model's own forward."""
+    if world_size == 1 and one_step_program(dense_device, world_size, dense_parallel):
         return CompiledDenseEval(model)  # type: ignore[arg-type]
     return model_outputs

@@ -8,12 +8,14 @@ same shape of state.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import nn
+from torchrec import EmbeddingBagCollection
 from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
@@ -22,6 +24,7 @@ from sparsecore.optimizers import OptimizerSpec
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.sharding.sharded_tables import OPS, XLA, traceable_update
+from torchrec_tpu.sharding.uniform_ranks import UniformityError
 from torchrec_tpu.train.config import EngineConfig, OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.engines.dense_placement import (
@@ -33,13 +36,14 @@ from torchrec_tpu.train.engines.dense_placement import (
 )
 from torchrec_tpu.train.engines.dense_step import eval_forward, one_step_program, step_function
 from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
-from torchrec_tpu.train.engines.plan_loading import resolve_sharding
+from torchrec_tpu.train.engines.plan_loading import Placement, resolve_sharding
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
 from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 
+_log = logging.getLogger(__name__)
 PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
 
@@ -69,15 +73,35 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     optimizer = sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)
     specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer)  # the tables' specs, once
     placement = resolve_sharding(options.plan, *specs, env.world_size, batch_size)
-    model.set_submodule(EBC_PATH, ShardedSparseCoreEBC.from_torchrec(
-        tables_ebc, local_batch, placement.sharding, optimizer, specs=specs, topology=placement.rank_topology,
-        seed=seed, average_over_ranks=True,
-        backend=resolve_sparse_backend(options.sparse_backend, optimizer, dense_device, env.world_size,
-                                       options.dense_parallel),
-    ))
+    backend = resolve_sparse_backend(options.sparse_backend, optimizer, dense_device, env.world_size,
+                                     options.dense_parallel)
+    # several ranks in one step program (SPMD) need every rank's stacks of one shape
+    uniform = (env.world_size > 1 and backend == OPS
+               and one_step_program(dense_device, env.world_size, options.dense_parallel))
+    model.set_submodule(EBC_PATH, _sparsecore_ebc(tables_ebc, local_batch, placement, optimizer, specs, seed,
+                                                  backend, uniform))
     place_dense(model, dense_device)
     ebc_params = [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)]
     return parallelize_dense(model, env, dense_device, options.dense_parallel, ebc_params)
+
+
+def _sparsecore_ebc(tables_ebc: EmbeddingBagCollection, local_batch: int, placement: Placement,
+                    optimizer: OptimizerSpec, specs: tuple, seed: int, backend: str,
+                    uniform: bool) -> ShardedSparseCoreEBC:
+    """The sharded EBC; ``uniform`` ranks where the plan can be padded to them (else it says why
+    and the step's lookup runs outside the step program)."""
+    def build(uniform_ranks: bool) -> ShardedSparseCoreEBC:
+        return ShardedSparseCoreEBC.from_torchrec(
+            tables_ebc, local_batch, placement.sharding, optimizer, specs=specs, topology=placement.rank_topology,
+            seed=seed, average_over_ranks=True, backend=backend, uniform_ranks=uniform_ranks)
+
+    if uniform:
+        try:
+            return build(True)
+        except UniformityError as error:
+            _log.warning("the embedding lookup runs outside the step program: the ranks' stacks cannot be "
+                         "padded to one shape (%s)", error)
+    return build(False)
 
 
 def unwrap_dense(model: nn.Module) -> nn.Module:
@@ -136,7 +160,7 @@ class SparseCoreEngine:
 
     @property
     def needs_device_tensors(self) -> bool:
-        return self.options.dense_device == "tpu"
+        return self.options.dense_device in ("tpu", "auto")  # (auto: tpu where the XLA transport is had)
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
         """(The batches stay on the host, ``device``; the towers go to the dense device.)"""
