@@ -274,10 +274,17 @@ class TrainStep:
         return program
 
     def _averaged(self, grads: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """``grads`` averaged over the ranks of the step's group, as DDP does (traced: in the program)."""
+        """``grads`` averaged over the ranks of the step's group, as DDP does (traced: in the
+        program), as one all-reduce per dtype (as DDP's buckets: each collective costs a round trip)."""
         import torch.distributed._functional_collectives as fc
 
-        return [None if g is None else fc.all_reduce(g, "avg", self.group) for g in grads]
+        out = list(grads)
+        for dtype in dict.fromkeys(g.dtype for g in grads if g is not None):
+            which = [i for i, g in enumerate(grads) if g is not None and g.dtype == dtype]
+            flat = fc.all_reduce(torch.cat([grads[i].reshape(-1) for i in which]), "avg", self.group)
+            for i, piece in zip(which, flat.split([grads[i].numel() for i in which])):
+                out[i] = piece.view(grads[i].shape)
+        return out
 
     # -- running ---------------------------------------------------------------------------------
 

@@ -65,16 +65,21 @@ def spmd_world(world_size: int) -> bool:
 def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_parallel: str) -> torch.device:
     """The sparsecore engine's dense device for ``--dense-device choice``. ``auto``: tpu where the
     step compiles into one program per rank (ddp, :func:`spmd_world`) and either the tpu device is
-    an accelerator or the towers are small enough (:data:`XLA_CPU_TOWER_MACS`) that per-op
-    dispatch, which that program removes, bounds their step on XLA:CPU; else cpu."""
+    an accelerator or, on XLA:CPU in one process, the towers are small enough
+    (:data:`XLA_CPU_TOWER_MACS`) that per-op dispatch, which that program removes, bounds their
+    step; else cpu. (Several XLA:CPU processes on one host: their SPMD step, whose collectives
+    are gloo's inside XLA, measured 0.7x the eager cpu towers' with host all-to-alls, 2 ranks on 2
+    cores, bench_train_e2e 2026-12-05.)"""
     if choice != "auto":
         return dense_device(choice)
     if dense_parallel != "ddp" or not spmd_world(world_size):
         return dense_device("cpu")
     import jax
 
-    on_accelerator = jax.devices()[0].platform != "cpu"
-    return dense_device("tpu" if on_accelerator or tower_macs_per_sample(spec) <= XLA_CPU_TOWER_MACS else "cpu")
+    if jax.devices()[0].platform != "cpu":
+        return dense_device("tpu")
+    small = tower_macs_per_sample(spec) <= XLA_CPU_TOWER_MACS
+    return dense_device("tpu" if world_size == 1 and small else "cpu")
 
 
 def tower_macs_per_sample(spec: ModelSpec) -> int:
