@@ -50,6 +50,13 @@ def dense_device(name: str) -> torch.device:
     raise ValueError(f"dense device {name!r} is not one of ['cpu', 'tpu']")
 
 
+def tpu_installed() -> bool:
+    """Whether JAX can find a TPU runtime here (``libtpu``), asked without starting JAX."""
+    import importlib.util
+
+    return importlib.util.find_spec("libtpu") is not None
+
+
 def spmd_world(world_size: int) -> bool:
     """Whether the world's ranks can run one SPMD program with collectives inside (one rank, or a
     ``tpu_dist`` world on the XLA transport: multi-controller JAX)."""

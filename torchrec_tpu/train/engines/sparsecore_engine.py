@@ -33,6 +33,7 @@ from torchrec_tpu.train.engines.dense_placement import (
     parallelize_dense,
     place_dense,
     resolve_dense_device,
+    tpu_installed,
 )
 from torchrec_tpu.train.engines.dense_step import eval_forward, one_step_program, step_function
 from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
@@ -160,7 +161,8 @@ class SparseCoreEngine:
 
     @property
     def needs_device_tensors(self) -> bool:
-        return self.options.dense_device in ("tpu", "auto")  # (auto: tpu where the XLA transport is had)
+        # (auto picks tpu at several ranks only on an accelerator, asked before JAX starts)
+        return self.options.dense_device == "tpu" or (self.options.dense_device == "auto" and tpu_installed())
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
         """(The batches stay on the host, ``device``; the towers go to the dense device.)"""
