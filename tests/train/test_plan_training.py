@@ -26,7 +26,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from tests.train.conftest import TINY_OPTIONS, as_flags, flat_checkpoint, tiny_config
-from tests.train.test_multiprocess import WORLD, launch_cli_ranks
+from tests.train.test_multiprocess import WORLD, launch_cli_ranks, start_cli_ranks, wait_cli_ranks
 from tests.train.test_sparsecore_engine import TABLES
 from torchrec_tpu.planner.partitioner import plan_tables
 from torchrec_tpu.planner.plan import Plan
@@ -182,3 +182,28 @@ def test_two_ranks_with_a_mixed_plan_equal_one_rank_and_stock_torchrec(tiny_data
     expected = train_stock_torchrec(config, global_batches(config, WORLD), initial)
     assert_tables_close(one_rank, expected, initial["tables"], optimizer)
     assert_tables_close(two_ranks, expected, initial["tables"], optimizer)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_running_one_step_program_with_a_mixed_plan_equal_eager_and_stock_torchrec(
+        tiny_dataset: Path, tmp_path: Path, world: int) -> None:
+    """Each rank's step is ONE compiled program (lookup, embedding all-to-alls, towers, gradient
+    average, fused update) over tables padded to one shape per rank: the tables equal the eager
+    1-rank engine's and stock TorchRec's on the same global batches."""
+    options = {**OPTIONS, "dense_device": "tpu", "sparse_backend": "ops"}
+    config = tiny_config(tiny_dataset, tmp_path / "logs", **options)
+    plan = write_plan(config, world, MIXED, tmp_path / "plan.json")
+    assert {t.name: t.sharding_type for t in plan.tables if t.name in MIXED} == MIXED
+    argv = ["train", "--plan", str(tmp_path / "plan.json"), "--data", str(tiny_dataset),
+            "--log-dir", str(tmp_path / "logs"), *as_flags(options)]
+    out0, *_ = wait_cli_ranks(start_cli_ranks(argv, tmp_path, world=world), timeout=600)
+    assert f"training step: one compiled program per rank (SPMD over {world} ranks)" in out0
+    assert f"steps           {STEPS} " in out0
+    ranks = checkpoint_tables(resolve_checkpoint(tmp_path / "logs" / "checkpoint"), tmp_path / "ckpt.pt")
+
+    initial, one_rank = train_in_process(config, global_batches(config, world), "auto")
+    expected = train_stock_torchrec(config, global_batches(config, world), initial)
+    assert_tables_close(one_rank, expected, initial["tables"])
+    assert_tables_close(ranks, expected, initial["tables"])

@@ -14,6 +14,8 @@ compiled program too.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -25,6 +27,8 @@ from torchrec_tpu.sharding.ebc import PrefetchedKJT
 from torchrec_tpu.train.engines.dense_placement import dense_device_of, pooled_on_host, spmd_world
 from torchrec_tpu.train.loop import StepFn, train_step
 from torchrec_tpu.train.metrics import EvalForward, model_outputs
+
+_log = logging.getLogger(__name__)
 
 
 class DLRMDenseLoss(nn.Module):
@@ -87,6 +91,13 @@ class CompiledDenseStep:
         self.lookup = PooledLookup.of(self.ebc, sparse_arch.sparse_feature_names)
         self.fused_step = None if self.lookup is None else tc.train_step(DLRMLookupLoss(self.dense, self.lookup),
                                                                            inner, input_grads=(2,), group=group)
+        ranks = "" if group is None else f" per rank (SPMD over {dist.get_world_size(group)} ranks)"
+        _log.info("training step: %s", f"one compiled program{ranks}: embedding lookup, "
+                  f"{'all-to-alls, ' if group is not None else ''}towers, dense update and fused embedding update"
+                  if self.fused_step is not None else
+                  f"the towers and dense update as one compiled program{ranks}; the embedding lookup and update "
+                  "run outside it (the EBC is not on the ops backend with a traceable optimizer, or its ranks' "
+                  "tables are not of one shape)")
 
     @property
     def programs(self) -> int:
