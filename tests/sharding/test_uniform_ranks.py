@@ -48,13 +48,13 @@ def test_ranks_of_one_shape_get_no_pads() -> None:
     assert not any(uniform_padding(tables, features, TOPOLOGY))
 
 
-def test_optimizers_stack_apart_and_pad_apart() -> None:
-    tables = [[TableSpec("a", 64, 16, optimizer=SGD(learning_rate=0.1))], [TableSpec("b", 64, 16, optimizer=Adagrad(learning_rate=0.1))]]
-    features = [_features("a"), _features("b")]
-    pads = uniform_padding(tables, features, TOPOLOGY)
-    assert [t.optimizer for t in pads[0].tables] == [Adagrad(learning_rate=0.1)]
-    assert [t.optimizer for t in pads[1].tables] == [SGD(learning_rate=0.1)]
-    assert _stacks(tables[0], features[0], pads[0]) == _stacks(tables[1], features[1], pads[1])
+def test_stacks_in_another_order_on_each_rank_are_refused_naming_both() -> None:
+    # a stack's place follows its first feature's name, which a pad feature can take: the two
+    # ranks' (sgd, adagrad) stacks come out in opposite orders
+    tables = [[TableSpec("a", 64, 16, optimizer=SGD(learning_rate=0.1))],
+              [TableSpec("b", 64, 16, optimizer=Adagrad(learning_rate=0.1))]]
+    with pytest.raises(UniformityError, match="rank 0's stacks are dim 16 adagrad .* rank 1's are dim 16 sgd"):
+        uniform_padding(tables, [_features("a"), _features("b")], TOPOLOGY)
 
 
 def test_dims_off_the_alignment_are_refused_with_the_reason() -> None:
