@@ -62,10 +62,43 @@ def worker(args: argparse.Namespace) -> None:
         **({"dense_device": args.dense_device} if args.engine == "sparsecore" and args.dense_device else {}),
         **({"sparse_backend": args.sparse_backend} if args.engine == "sparsecore" and args.sparse_backend else {}),
     )
+    programs = _count_programs()
     summary = run_job(config)
     if summary.primary:
         print(json.dumps({"whole": summary.result.samples_per_sec, "steady": steady_rate(Path(args.log_dir)),
-                          "steps": summary.result.steps}))
+                          "steps": summary.result.steps,
+                          "programs": statistics.median(programs[1:] or programs or [0])}))
+
+
+def _count_programs() -> list[int]:
+    """Make every engine's step function record the tpu programs each step dispatches (eager ops'
+    programs and step programs) into the returned list."""
+    from torchrec_tpu.train.engines import ENGINES
+
+    counts: list[int] = []
+    for engine in {kind.load() for kind in ENGINES.values()}:
+        original = engine.step_function
+
+        def step_function(self, model, optimizer, env, original=original):
+            step = original(self, model, optimizer, env)
+
+            def counted(model, optimizer, batch):
+                before = _programs_so_far()
+                loss = step(model, optimizer, batch)
+                counts.append(_programs_so_far() - before)
+                return loss
+
+            return counted
+
+        engine.step_function = step_function
+    return counts
+
+
+def _programs_so_far() -> int:
+    """tpu programs this process dispatched: eager ops' and step programs (0 before torch_tpu loads)."""
+    op_jit, step_program = (sys.modules.get(f"torch_tpu.{m}") for m in ("eager.op_jit", "compile.step_program"))
+    eager = op_jit.stats().hits + op_jit.stats().misses if op_jit else 0
+    return eager + (step_program.programs_run() if step_program else 0)
 
 
 def steady_rate(log_dir: Path) -> float:
@@ -216,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                       f"{medians['sparsecore']:>8,.0f} samples/s   "
                       f"sparsecore/torchrec {statistics.median(ratios):.2f}x "
                       f"(runs: {', '.join(f'{r:.2f}' for r in ratios)}; load {os.getloadavg()[0]:.2f})")
+            print(f"  world {world} tpu programs dispatched per step and rank (median): sparsecore "
+                  f"{statistics.median(r['programs'] for r in results['sparsecore']):g}, torchrec "
+                  f"{statistics.median(r['programs'] for r in results['torchrec']):g} (it runs on the CPU)")
 
 
 if __name__ == "__main__":

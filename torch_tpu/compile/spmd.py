@@ -3,9 +3,11 @@
 The program is a JAX function of each rank's LOCAL arrays whose collectives are the XLA
 collectives over the mesh axis (:data:`AXIS`): it runs as a ``shard_map`` over the group's
 devices, one per process (multi-controller JAX: tpu_dist's XLA transport; ICI on a TPU slice,
-gloo inside XLA:CPU here). A rank passes its local arrays and gets its local outputs back; each
-local array of rank ``r`` is block ``r`` of a global array (dimension 0 stacked over the ranks; a
-scalar becomes a block of one), built and taken apart without copies.
+gloo inside XLA:CPU here). A rank passes its local arrays and gets its local outputs back, with no
+copies and no reshapes: each argument and result is declared replicated over the mesh, and each
+process supplies (and reads back) its own device's buffer, so the body sees every rank's own
+values. Replication is never checked or exploited (``check_vma=False``): JAX inserts no
+collective of its own and the program's collectives are the ones the function calls.
 
 Every rank must run the same program: the same function on inputs of the same shapes. The
 caller checks that where a program is built (``check_same_collectives`` with the inputs'
@@ -21,7 +23,7 @@ import numpy as np
 import torch.distributed as dist
 from jax.sharding import NamedSharding, PartitionSpec
 
-from torch_tpu.compile.fused_collectives import AXIS, _lower, _mesh
+from torch_tpu.compile.fused_collectives import _lower, _mesh
 from torch_tpu.runtime._jax import jax
 
 
@@ -43,38 +45,22 @@ class SpmdProgram:
     def __init__(self, fn: Callable[..., tuple], group: dist.ProcessGroup, avals: Sequence[Any],
                  donated: Sequence[int]) -> None:
         self.mesh = _mesh(group)
-        n = self.mesh.size
         self._local = next(d for d in self.mesh.devices.flat if d.process_index == jax.process_index())
-        self._sharding = NamedSharding(self.mesh, PartitionSpec(AXIS))
-        self._scalar_in = [len(a.shape) == 0 for a in avals]
-        self._global_shapes = [(n,) if len(a.shape) == 0 else (n * a.shape[0], *a.shape[1:]) for a in avals]
-        scalar_in = self._scalar_in
-        self._scalar_out: list[bool] = []
-
-        def body(*blocks: jax.Array) -> tuple:
-            outs = fn(*[b.reshape(()) if s else b for b, s in zip(blocks, scalar_in)])
-            self._scalar_out[:] = [o.ndim == 0 for o in outs]  # (known once traced)
-            return tuple(o.reshape(1) if o.ndim == 0 else o for o in outs)
-
-        spec = PartitionSpec(AXIS)
-        spmd = jax.shard_map(body, mesh=self.mesh, in_specs=spec, out_specs=spec, check_vma=False)
+        self._sharding = NamedSharding(self.mesh, PartitionSpec())
+        spec = PartitionSpec()
+        spmd = jax.shard_map(lambda *xs: tuple(fn(*xs)), mesh=self.mesh, in_specs=spec, out_specs=spec,
+                             check_vma=False)
         self.jitted = jax.jit(spmd, donate_argnums=tuple(donated))
-        self._avals = [jax.ShapeDtypeStruct(shape, a.dtype, sharding=self._sharding)
-                       for shape, a in zip(self._global_shapes, avals)]
-        jax.eval_shape(spmd, *self._avals)  # traces the body: which outputs are scalars
+        self._avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding) for a in avals]
 
-    def _global(self, i: int, local: Any) -> jax.Array:
+    def _global(self, local: Any) -> jax.Array:
         if isinstance(local, np.ndarray) or local.devices() != {self._local}:
             local = jax.device_put(local, self._local)
-        if self._scalar_in[i]:
-            local = local.reshape(1)
-        return jax.make_array_from_single_device_arrays(self._global_shapes[i], self._sharding, [local])
+        return jax.make_array_from_single_device_arrays(local.shape, self._sharding, [local])
 
     def run(self, inputs: Sequence[Any]) -> list[jax.Array]:
         """This rank's outputs for its ``inputs`` (every rank calls it: the program's collectives)."""
-        outs = self.jitted(*map(self._global, range(len(inputs)), inputs))
-        return [o.addressable_data(0).reshape(()) if s else o.addressable_data(0)
-                for o, s in zip(outs, self._scalar_out)]
+        return [o.addressable_data(0) for o in self.jitted(*map(self._global, inputs))]
 
     def lowered_text(self) -> str:
         """The program as StableHLO text (its collectives and the donated buffers' aliasing in it)."""

@@ -58,6 +58,12 @@ _log = logging.getLogger(__name__)
 # float settings passed to the program as values, not baked in: schedules change them every step
 _LIFTED = frozenset({"lr"})
 _SCALAR = TensorSpec((), (), torch.float32)
+_runs = [0]  # step programs run in this process, every TrainStep's
+
+
+def programs_run() -> int:
+    """Step programs run in this process so far (all :class:`TrainStep` objects together)."""
+    return _runs[0]
 
 
 @dataclasses.dataclass
@@ -313,6 +319,7 @@ class TrainStep:
             self._store(program, outputs, call.state_targets)
             self._replay = _Replay.after(self, program, call, batch, inputs)
         self.stats.calls += 1
+        _runs[0] += 1
         loss = from_jax(outputs[0])
         if not self.input_grads:
             return loss
