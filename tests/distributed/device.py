@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Callable
+from typing import Any
 
+import pytest
 import torch
 
 
@@ -27,3 +31,25 @@ def prepare_device(device: str) -> None:
 
 
 DEVICES = ["cpu", "tpu"]
+
+
+def launch_on_tpu(job: Callable[..., Any], world: int, timeout_s: float) -> list[Any]:
+    """``launch_local(job, world)``'s results; skips where the tpu device is not registered yet."""
+    from torch_tpu.distributed.local_launch import launch_local
+
+    if not tpu_ready():
+        pytest.skip("torch_tpu core has not registered the tpu device yet")
+    return launch_local(job, world, timeout_s=timeout_s)
+
+
+def mismatch_outcome(call: Callable[[], object]) -> tuple[str, float]:
+    """(``CollectiveMismatchError``'s message, or "no error"; seconds until it came) of ``call``."""
+    from torch_tpu.compile.collectives import CollectiveMismatchError
+
+    start = time.monotonic()
+    try:
+        call()
+        message = "no error"
+    except CollectiveMismatchError as e:
+        message = str(e)
+    return message, time.monotonic() - start

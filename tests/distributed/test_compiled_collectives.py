@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import datetime
 import os
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed.device import tpu_ready
-from torch_tpu.distributed.local_launch import launch_local
+from tests.distributed.device import launch_on_tpu, mismatch_outcome
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -42,7 +40,6 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
     import torch.distributed._functional_collectives as fc
 
     import torch_tpu.compile as tpu_compile
-    from torch_tpu.compile.collectives import CollectiveMismatchError
     from torch_tpu.compile.fused_collectives import FusedGraph
 
     world = dist.group.WORLD
@@ -118,13 +115,7 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
         return fc.all_gather_tensor(x + 1, 0, world)
 
     torch._dynamo.reset()
-    start = time.monotonic()
-    try:
-        torch.compile(differs, backend="tpu")(x)
-        results["mismatch"] = "no error"
-    except CollectiveMismatchError as e:
-        results["mismatch"] = str(e)
-    results["mismatch_s"] = time.monotonic() - start
+    results["mismatch"], results["mismatch_s"] = mismatch_outcome(lambda: torch.compile(differs, backend="tpu")(x))
     dist.barrier()  # the group is still usable after the check failed
     dist.destroy_process_group()
     return results
@@ -132,9 +123,7 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
-    if not tpu_ready():
-        pytest.skip("torch_tpu core has not registered the tpu device yet")
-    return launch_local(_job, 2, timeout_s=TIMEOUT_S)
+    return launch_on_tpu(_job, 2, TIMEOUT_S)
 
 
 def _same(got: object, ref: object) -> None:
