@@ -200,6 +200,10 @@ def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, dense_devi
     (:func:`one_step_program`); else the eager :func:`~torchrec_tpu.train.loop.train_step`."""
     if one_step_program(dense_device, world_size, dense_parallel):
         return CompiledDenseStep(model, optimizer, dist.group.WORLD if world_size > 1 else None)
+    if dense_device.type == "tpu":
+        why = ("FSDP2's DTensor parameters do not trace into one step program; ddp's do" if dense_parallel != "ddp"
+               else "the ranks do not run the tpu_dist XLA transport, which one SPMD step program needs")
+        _log.info("training step: eager on tpu, one program per op (%s)", why)
     return train_step
 
 
