@@ -29,6 +29,7 @@ def test_two_ranks_on_tpu_equal_one_rank(parallel: str, prefetch: bool, one_rank
         # lookup, the embedding all-to-alls and the fused update too
         assert got["compiled_steps"] == (STEPS if parallel == "ddp" else 0)
         assert got["fused_steps"] == (STEPS if prefetch else 0)
+        assert got["compiled_eval"] == (parallel == "ddp")  # the towers one program per rank
         assert got["devices"] == {"tpu"} and got["transport"] == "xla"
         # each rank's loss is the mean over its half of the batch: their mean is the global loss
         torch.testing.assert_close([sum(pair) / 2 for pair in zip(*(r["losses"] for r in ranks))],

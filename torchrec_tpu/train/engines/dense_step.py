@@ -126,21 +126,24 @@ class CompiledDenseEval:
     (``torch.compile``, backend ``tpu``) instead of one dispatch, and a first-sight compile, per
     op. For a one-rank EBC on the ``ops`` backend the program looks the embeddings up too, from the
     batch's CSR buffers (:meth:`~torchrec_tpu.sharding.step_lookup.PooledLookup.pooled`), in
-    chunks of the EBC's batch size (the last zero-padded); otherwise the sparse arch runs on the
-    host first and a batch smaller than the largest so far (an evaluation split's last) is
-    zero-padded to it. Either way one program serves the whole split."""
+    chunks of the EBC's batch size (the last zero-padded); otherwise (e.g. several ranks, whose
+    output dist runs on the host) the sparse arch runs on the host first and a batch smaller than
+    the largest so far (an evaluation split's last) is zero-padded to it. Either way one program
+    serves the whole split. ``model``: DDP-wrapped or not."""
 
-    def __init__(self, model: DLRMTrain) -> None:
+    def __init__(self, model: nn.Module) -> None:
         import torch_tpu.compile  # noqa: F401  (registers the "tpu" backend)
         from torchrec_tpu.sharding.step_lookup import PooledLookup  # imports torch_tpu
 
-        self.device = dense_device_of(model)
-        self.dense = DLRMDenseLoss(model)
+        self.model: DLRMTrain = getattr(model, "module", model)
+        self.device = dense_device_of(self.model)
+        self.dense = DLRMDenseLoss(self.model)
         self.logits = torch.compile(self.dense.logits, backend="tpu", dynamic=False)
         self.rows = 0
-        sparse_arch = model.model.sparse_arch
+        sparse_arch = self.model.model.sparse_arch
         self.ebc = sparse_arch.embedding_bag_collection
-        self.lookup = PooledLookup.of(self.ebc, sparse_arch.sparse_feature_names)
+        lookup = PooledLookup.of(self.ebc, sparse_arch.sparse_feature_names)
+        self.lookup = lookup if lookup is not None and lookup.exchange is None else None
         self.lookup_logits = None if self.lookup is None else torch.compile(self._lookup_logits, backend="tpu",
                                                                             dynamic=False)
         self.one_program_batches = 0  # batches evaluated with the lookup inside the program
@@ -158,7 +161,7 @@ class CompiledDenseEval:
                 self.one_program_batches += 1
                 return logits
         rows = batch.labels.shape[0]
-        pooled = _host_pooled(model, batch)
+        pooled = _host_pooled(self.model, batch)
         self.rows = max(self.rows, rows)
         return self.logits(pad_dim(batch.dense_features, 0, self.rows).to(self.device),
                            pad_dim(pooled, 0, self.rows).to(self.device)).cpu()[:rows]
@@ -209,8 +212,8 @@ def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, dense_devi
 
 def eval_forward(model: nn.Module, dense_device: torch.device, world_size: int,
                  dense_parallel: str = "ddp") -> EvalForward:
-    """The evaluation forward of a job: compiled towers where the step is compiled in one
-    process; else the model's own forward."""
-    if world_size == 1 and one_step_program(dense_device, world_size, dense_parallel):
-        return CompiledDenseEval(model)  # type: ignore[arg-type]
+    """The evaluation forward of a job: compiled towers where the step is compiled; else the
+    model's own forward."""
+    if one_step_program(dense_device, world_size, dense_parallel):
+        return CompiledDenseEval(model)
     return model_outputs
