@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from sparsecore.limits import StackStats
+from sparsecore.specs import TableSpec
 from sparsecore.stacking import StackingPlan
 from sparsecore.validation import FeatureInput
 
@@ -95,14 +96,14 @@ class Backend(ABC):
 
 def initial_slots(plan: StackingPlan) -> dict[str, dict[str, torch.Tensor]]:
     """Every table's slots filled with the optimizer's initial values."""
-    out = {}
-    for name, spec in plan.tables.items():
-        out[name] = {
-            slot: torch.full((spec.vocab_size,) if slot in spec.optimizer.row_slots else (spec.vocab_size, spec.dim),
+    return {name: initial_table_slots(spec) for name, spec in plan.tables.items()}
+
+
+def initial_table_slots(spec: TableSpec) -> dict[str, torch.Tensor]:
+    """One table's slots filled with its optimizer's initial values."""
+    return {slot: torch.full((spec.vocab_size,) if slot in spec.optimizer.row_slots else (spec.vocab_size, spec.dim),
                              value, dtype=torch.float32)
-            for slot, value in spec.optimizer.slot_initial_values().items()
-        }
-    return out
+            for slot, value in spec.optimizer.slot_initial_values().items()}
 
 
 def check_state(plan: StackingPlan, weights: Mapping[str, torch.Tensor],

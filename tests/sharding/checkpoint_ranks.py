@@ -12,10 +12,14 @@ from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from .rank_checks import LAYOUTS, tpu_dist_group, train_steps
 from .reference import OPTIMIZERS, reference_ebc
 
+UNIFORM = "+uniform"  # a layout's suffix: on the ops backend, every rank's tables padded to one shape
+
 
 def _ebc(layout: str, local_batch: int, seed: int) -> ShardedSparseCoreEBC:
-    optimizer, plan = LAYOUTS[layout]
-    return ShardedSparseCoreEBC.from_torchrec(reference_ebc(seed), local_batch, plan, OPTIMIZERS[optimizer][0])
+    optimizer, plan = LAYOUTS[layout.removesuffix(UNIFORM)]
+    options = {"backend": "ops", "uniform_ranks": True} if layout.endswith(UNIFORM) else {}
+    return ShardedSparseCoreEBC.from_torchrec(reference_ebc(seed), local_batch, plan, OPTIMIZERS[optimizer][0],
+                                              **options)
 
 
 def _state(ebc: ShardedSparseCoreEBC):

@@ -12,18 +12,20 @@ import torch.distributed.checkpoint as dcp
 
 from torch_tpu.distributed import launch_local
 
-from .checkpoint_ranks import load_into_fresh, save_after_training
+from .checkpoint_ranks import UNIFORM, load_into_fresh, save_after_training
 from .rank_checks import LAYOUTS
 from .reference import CONFIGS, reference_ebc
 
 WORLD, LOCAL_BATCH, STEPS = 2, 8, 3
+# every layout, and table-wise with each rank's tables padded to one shape (pads are never saved)
+SAVED = [*LAYOUTS, "table_wise" + UNIFORM]
 pytestmark = pytest.mark.slow  # two 2-rank launches, each compiling every layout's lookups: > 30 s
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory):
     directory = tmp_path_factory.mktemp("sharded_checkpoints")
-    results = launch_local(save_after_training, WORLD, str(directory), list(LAYOUTS), STEPS, LOCAL_BATCH,
+    results = launch_local(save_after_training, WORLD, str(directory), SAVED, STEPS, LOCAL_BATCH,
                            timeout_s=120)
     return directory, results
 
@@ -61,16 +63,19 @@ def test_each_rank_writes_only_the_pieces_it_holds(saved) -> None:
     # table-wise: the owner alone; data-parallel replicas: written once
     assert _chunks(directory / "table_wise", "ebc.embedding_bags.t_item.weight") == {(0, 0): ((30, 16), rank_file[1])}
     assert len(_chunks(directory / "data_parallel", "ebc.embedding_bags.t_user.weight")) == 1
+    # padded ranks (ops backend) trained the tables as the unpadded ones (xla backend)
+    torch.testing.assert_close(results[0]["table_wise" + UNIFORM][0], results[0]["table_wise"][0],
+                               rtol=1e-5, atol=1e-6)
     # both ranks reassembled the same trained state
-    for layout in LAYOUTS:
+    for layout in SAVED:
         _equal(results[1][layout], results[0][layout])
 
 
 @pytest.mark.multiprocess
 def test_fresh_ranks_load_tables_slots_and_step_count(saved) -> None:
     directory, saved_results = saved
-    loaded = launch_local(load_into_fresh, WORLD, str(directory), list(LAYOUTS), LOCAL_BATCH, timeout_s=120)
-    for layout in LAYOUTS:
+    loaded = launch_local(load_into_fresh, WORLD, str(directory), SAVED, LOCAL_BATCH, timeout_s=120)
+    for layout in SAVED:
         expected = saved_results[0][layout]
         for rank in range(WORLD):
             before, after, unsharded = loaded[rank][layout]
@@ -82,7 +87,7 @@ def test_fresh_ranks_load_tables_slots_and_step_count(saved) -> None:
 
 def test_a_plain_torchrec_ebc_loads_the_full_tables(saved) -> None:
     directory, results = saved
-    for layout in LAYOUTS:
+    for layout in SAVED:
         plain = reference_ebc(seed=2)
         state = {"ebc": {f"embedding_bags.{c.name}.weight": plain.embedding_bags[c.name].weight for c in CONFIGS}}
         with torch.no_grad():

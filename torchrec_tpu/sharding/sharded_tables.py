@@ -8,7 +8,7 @@ the module state (each rank's pieces of the full tables, see ``state_dict.py``),
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from sparsecore.backends import make_backend
-from sparsecore.backends.base import Backend, initial_slots
+from sparsecore.backends.base import Backend, initial_table_slots
 from sparsecore.module import fused_lookup
 from sparsecore.optimizers import Adam, OptimizerSpec
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
@@ -211,11 +211,11 @@ class ShardedTables(nn.Module):
 
     def unsharded_weights(self) -> dict[str, torch.Tensor]:
         """Full [vocab, dim] weights of every table, on every rank (a collective; copies)."""
-        return self._gather(lambda _: self._backend_weights())
+        return self._gather(self._backend_weights())
 
     def unsharded_slots(self) -> dict[str, dict[str, torch.Tensor]]:
         """Full optimizer slots of every table by slot name, on every rank (a collective)."""
-        slots = self._gather(lambda _: {(t, k): v for t, d in self._backend_slots().items() for k, v in d.items()})
+        slots = self._gather({(t, k): v for t, d in self._backend_slots().items() for k, v in d.items()})
         out: dict[str, dict[str, torch.Tensor]] = {}
         for (table, slot), value in slots.items():
             out.setdefault(table, {})[slot] = value
@@ -246,9 +246,8 @@ class ShardedTables(nn.Module):
         weights, slots, self.steps = local_state(self.table_modules, self.tables, self.shards,
                                                  {key[len(prefix):]: state_dict[key] for key in keys}, self._where())
         if self._backend is not None:
-            pads = self._pad_weights()
-            pad_slots = {name: s for name, s in initial_slots(self._backend.plan).items() if name in pads}
-            self._backend.load_state({**weights, **pads}, {**slots, **pad_slots}, self.steps)
+            pad_slots = {t.name: initial_table_slots(t) for t in self.padding.tables}
+            self._backend.load_state({**weights, **self._pad_weights()}, {**slots, **pad_slots}, self.steps)
 
     def _where(self) -> Group:
         return Group(self.rank, self.world_size, self.group)
@@ -267,10 +266,9 @@ class ShardedTables(nn.Module):
             i += len(served)
         return out
 
-    def _gather(self, read: Callable[[Backend], dict[Any, torch.Tensor]]) -> dict[Any, torch.Tensor]:
-        """Every rank's ``read(backend)`` pieces (keyed by table, or by (table, slot)), placed
-        into full tables."""
-        local = read(self._backend) if self._backend else {}
+    def _gather(self, local: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
+        """Every rank's ``local`` pieces (keyed by table, or by (table, slot)), placed into full
+        tables (a collective)."""
         everyone = [local]
         if self.world_size > 1:
             everyone = [None] * self.world_size
