@@ -218,11 +218,11 @@ def run_training(
 
 
 def _read_losses(pending: list[tuple[int, int, torch.Tensor]]) -> list[float]:
-    """The losses of ``pending`` steps as floats, in one read (it waits for the steps to finish), and
-    ``pending`` emptied. A NaN stops training: within ``log_every`` steps of the step it shows in."""
-    if not pending:
-        return []
-    values = torch.stack([loss.reshape(()) for _, _, loss in pending]).tolist()
+    """The losses of ``pending`` steps as floats (it waits for the steps to finish), and ``pending``
+    emptied. A NaN stops training: within ``log_every`` steps of the step it shows in."""
+    # read one by one: a device stack would compile a program per count of pending losses (tens of
+    # ms each on the first window, the last one's and a resumed run's), a read costs microseconds
+    values = [float(loss) for _, _, loss in pending]
     for (step, epoch, _), value in zip(pending, values):
         if value != value:
             raise FloatingPointError(f"training loss is NaN at step {step} (epoch {epoch})")
