@@ -347,7 +347,8 @@ class OpsBackend(Backend):
         unique = [csr_math.touched_unique(t.numpy(), e) for t, e in zip(touched, entries)]
         if agree is not None:
             unique = agree(unique)
-        return tuple(t[:2 * e + u] for t, e, u in zip(touched, entries, unique))
+        return tuple(torch.from_numpy(csr_math.fit_touched(t.numpy(), e, u))
+                     for t, e, u in zip(touched, entries, unique))
 
     def _prepared(self, prepared: Any) -> PreparedCSR:
         return prepared if isinstance(prepared, PreparedCSR) else self.prepare(prepared)

@@ -99,11 +99,6 @@ class CompiledDenseStep:
                   "run outside it (the EBC is not on the ops backend with a traceable optimizer, or its ranks' "
                   "tables are not of one shape)")
 
-    @property
-    def programs(self) -> int:
-        """Programs compiled so far (both steps)."""
-        return self.step.stats.compiles + (self.fused_step.stats.compiles if self.fused_step else 0)
-
     def __call__(self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
         kjt = batch.sparse_features
         if self.fused_step is not None and isinstance(kjt, PrefetchedKJT) and kjt.owner is self.ebc:
