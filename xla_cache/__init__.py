@@ -11,8 +11,9 @@ Layout, one level per subdirectory of :func:`cache_dir`:
 
 * ``executables/``: JAX's persistent cache of compiled XLA executables (``jax_compilation_cache_dir``
   with JAX's LRU bookkeeping; the older uncapped ``xla/`` is no longer used).
-* other levels (``fx/``, ``steps/``: torch_tpu's translated graphs and traced training steps) hold
-  one ``<key>.jaxexport`` file per entry, written and trimmed by :func:`store`, read by :func:`load`.
+* other levels (``fx/``, ``steps/``: torch_tpu's translated graphs and traced training steps;
+  ``compiled/``: their executables, serialized) hold one ``<key>.jaxexport`` file per entry,
+  written and trimmed by :func:`store`, read by :func:`load`.
 
 A corrupt entry (truncated by a full disk or a killed writer, damaged) is removed with a warning
 naming it when it is read, and the program is compiled again: :func:`load` decodes through the
@@ -52,6 +53,7 @@ _state: dict[str, Path | None] = {"dir": None}
 _max_bytes = [DEFAULT_MAX_MB << 20]
 _local = threading.local()
 _installed = [False]
+_bypass_lock = threading.Lock()
 # JAX executable cache events of programs compiled inside persistent() (hits, misses)
 xla_counts = {"hits": 0, "misses": 0}
 
@@ -115,6 +117,26 @@ def persistent() -> Iterator[None]:
             yield
     finally:
         _local.depth = depth
+
+
+@contextlib.contextmanager
+def jax_cache_bypassed() -> Iterator[None]:
+    """JAX's executable cache neither read nor written by the compiles inside (process-wide: a
+    compile on another thread meanwhile is not cached either). For programs stored serialized in
+    a level of their own: an executable JAX loaded from its cache serializes without its code
+    (XLA:CPU, jaxlib 0.10: the copy fails at run time with "Function ... not found")."""
+    import jax
+    from jax._src import compilation_cache
+
+    with _bypass_lock:
+        enabled = jax.config.jax_enable_compilation_cache
+        jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()  # JAX reads the setting once: make the change take effect
+        try:
+            yield
+        finally:
+            jax.config.update("jax_enable_compilation_cache", enabled)
+            compilation_cache.reset_cache()
 
 
 def load(level: str, key: str, decode: Callable[[bytes], T]) -> T | None:

@@ -26,8 +26,8 @@ def _entries(directory: Path) -> list[Path]:
     return [p for p in directory.iterdir() if not p.name.startswith(".")]  # not JAX's .lockfile
 
 
-def _python(code: str, env: dict[str, str]) -> str:
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+def _python(code: str, env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO), **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()[-1]
@@ -66,7 +66,7 @@ def test_eager_ops_stay_out_whole_programs_go_in(tmp_path):
         tc.reset_cache_stats()
         step(x).cpu()
         assert tc.cache_stats().xla_misses == 1
-        assert _entries(tmp_path / "executables")
+        assert _entries(tmp_path / "compiled")  # the step's executable, serialized
     finally:
         tc.configure_cache(previous)
 
@@ -94,16 +94,20 @@ def test_bad_size_cap_is_named(monkeypatch):
 
 
 _CHILD = """
-import dataclasses, json, time, torch, torch_tpu.compile as tc
+import dataclasses, json, sys, time, jax, torch, torch_tpu.compile as tc
 from tests.compile.models import mlp
+lowered = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, *_, **__: lowered.append(__.get("fun_name")) if event == "/jax/core/compile/jaxpr_to_mlir_module_duration" else None)
 torch.manual_seed(0)
 model = mlp([16, 64, 64, 1]).to("tpu")
 step = tc.train_step(model, torch.optim.Adagrad(model.parameters(), lr=0.1), lambda m, a: m(a).square().mean())
 x = torch.ones(32, 16, device="tpu")
 start = time.perf_counter()
 loss = float(step(x))
-print(json.dumps({"first_step_s": time.perf_counter() - start, "loss": loss,
-                  "cache": dataclasses.asdict(tc.cache_stats())}))
+losses = [loss] + [float(step(x)) for _ in range(2)]
+print(json.dumps({"first_step_s": time.perf_counter() - start, "losses": losses, "lowered": lowered,
+                  "scipy": "scipy" in sys.modules, "cache": dataclasses.asdict(tc.cache_stats())}))
 """
 
 
@@ -114,8 +118,33 @@ def test_second_process_first_step_hits_the_cache(tmp_path):
     second = json.loads(_python(_CHILD, env))
     assert first["cache"]["xla_misses"] == 1 and first["cache"]["xla_hits"] == 0
     assert first["cache"]["step_misses"] == 1 and first["cache"]["step_disk_hits"] == 0
-    # neither traced nor compiled again: the stored step program and its executable
+    # neither traced, lowered nor compiled again: the stored step program and its executable
+    # (lowering an exported program would also import SciPy for JAX's LAPACK handlers)
     assert second["cache"]["step_disk_hits"] == 1 and second["cache"]["step_misses"] == 0
     assert second["cache"]["xla_hits"] == 1 and second["cache"]["xla_misses"] == 0
-    assert second["loss"] == first["loss"]
-    assert len(_entries(tmp_path / "steps")) == 1
+    assert "jit(call)" in first["lowered"] and "jit(call)" not in second["lowered"]  # the stored program's call
+    assert not second["scipy"]
+    assert second["losses"] == first["losses"]  # the loaded executable updates the weights it donates
+    assert len(_entries(tmp_path / "steps")) == 1 and len(_entries(tmp_path / "compiled")) == 1
+
+
+_JAX_CHILD = """
+import sys, jax, jax.numpy as jnp, xla_cache
+from torch_tpu.compile.executables import CompiledProgram
+xla_cache.install()
+key = sys.argv[1] if len(sys.argv) > 1 else None
+program = CompiledProgram(lambda x, y: (jnp.tanh(x @ y) + 1) / (x.sum() + 2), key=key)
+print(float(program(jnp.ones((16, 16)), jnp.full((16, 16), 0.5)).sum()))
+"""
+
+
+@pytest.mark.multiprocess
+def test_an_executable_jax_already_cached_is_stored_whole(tmp_path):
+    """A program JAX's cache holds (compiled before it had a key, or by an older version) is
+    compiled afresh for the serialized level: one JAX loaded serializes without its code."""
+    env = {"TORCH_TPU_COMPILE_CACHE": str(tmp_path)}
+    expected = _python(_JAX_CHILD, env)  # no key: JAX's cache only
+    assert _entries(tmp_path / "executables") and not (tmp_path / "compiled").exists()
+    for _ in range(2):  # stores the serialized executable, then runs the one loaded from it
+        assert _python(_JAX_CHILD, env, "a-program") == expected
+    assert len(_entries(tmp_path / "compiled")) == 1

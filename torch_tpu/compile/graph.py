@@ -25,7 +25,9 @@ import torch
 import torch.fx
 
 from torch_tpu.compile import fx_to_jax
+from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
+from torch_tpu.compile.sources import file_identity
 from torch_tpu.ops.registry import get_lowering, lowered_ops
 from torch_tpu.runtime import persistent_cache as cache
 from torch_tpu.runtime import precision
@@ -39,17 +41,14 @@ _registry_digest: list[str] = []
 
 
 def registry_fingerprint() -> str:
-    """The lowered op names and the source of every file of :func:`lowering_files`: a changed
-    lowering must never reuse a stored translation."""
+    """The lowered op names and every file of :func:`lowering_files` (its identity,
+    :mod:`torch_tpu.compile.sources`): a changed lowering must never reuse a stored translation."""
     if not _registry_digest:
         h = hashlib.sha256()
         for op in sorted(lowered_ops(), key=str):
             h.update(str(op).encode())
         for path in sorted(lowering_files()):
-            try:
-                h.update(path.read_bytes())
-            except OSError:
-                h.update(str(path).encode())
+            h.update(f"{path}={file_identity(path)};".encode())
         _registry_digest.append(h.hexdigest()[:16])
     return _registry_digest[0]
 
@@ -201,7 +200,7 @@ class CompiledGraph:
         if new:
             key = translation_key(self._gm, self._specs, matmul_precision)
             exported = _translate(self._gm, self._specs, key)
-            program = self._programs[matmul_precision] = (key, exported, jax.jit(exported.call))
+            program = self._programs[matmul_precision] = (key, exported, CompiledProgram(exported.call, key=key))
         self.precision, (self.key, self.exported, self._run) = matmul_precision, program
         dump_dir = os.environ.get("TORCH_TPU_DUMP_HLO")
         if new and dump_dir:

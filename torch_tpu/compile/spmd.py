@@ -23,6 +23,7 @@ import numpy as np
 import torch.distributed as dist
 from jax.sharding import NamedSharding, PartitionSpec
 
+from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fused_collectives import _lower, _mesh
 from torch_tpu.runtime._jax import jax
 
@@ -39,29 +40,28 @@ def describe_inputs(avals: Sequence[Any]) -> list[str]:
 
 
 class SpmdProgram:
-    """``fn`` (of local arrays shaped as ``avals``) as one program over ``group``'s ranks, with
-    inputs ``donated`` (positions) updated in place. :meth:`run` takes and returns local arrays."""
+    """``fn`` (of local arrays) as one program over ``group``'s ranks, with inputs ``donated``
+    (positions) updated in place. A call takes and returns local arrays."""
 
-    def __init__(self, fn: Callable[..., tuple], group: dist.ProcessGroup, avals: Sequence[Any],
-                 donated: Sequence[int]) -> None:
+    def __init__(self, fn: Callable[..., tuple], group: dist.ProcessGroup, donated: Sequence[int]) -> None:
         self.mesh = _mesh(group)
         self._local = next(d for d in self.mesh.devices.flat if d.process_index == jax.process_index())
         self._sharding = NamedSharding(self.mesh, PartitionSpec())
         spec = PartitionSpec()
         spmd = jax.shard_map(lambda *xs: tuple(fn(*xs)), mesh=self.mesh, in_specs=spec, out_specs=spec,
                              check_vma=False)
-        self.jitted = jax.jit(spmd, donate_argnums=tuple(donated))
-        self._avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding) for a in avals]
+        self._program = CompiledProgram(spmd, donated)
 
     def _global(self, local: Any) -> jax.Array:
         if isinstance(local, np.ndarray) or local.devices() != {self._local}:
             local = jax.device_put(local, self._local)
         return jax.make_array_from_single_device_arrays(local.shape, self._sharding, [local])
 
-    def run(self, inputs: Sequence[Any]) -> list[jax.Array]:
+    def __call__(self, *inputs: Any) -> list[jax.Array]:
         """This rank's outputs for its ``inputs`` (every rank calls it: the program's collectives)."""
-        return [o.addressable_data(0) for o in self.jitted(*map(self._global, inputs))]
+        return [o.addressable_data(0) for o in self._program(*map(self._global, inputs))]
 
-    def lowered_text(self) -> str:
-        """The program as StableHLO text (its collectives and the donated buffers' aliasing in it)."""
-        return self.jitted.lower(*self._avals).as_text()
+    def lowered_text(self, *inputs: Any) -> str:
+        """The program for ``inputs`` as StableHLO text (its collectives and the donated buffers'
+        aliasing in it)."""
+        return self._program.lowered_text(*map(self._global, inputs))

@@ -7,7 +7,8 @@ with what its outputs update, and its XLA executable comes from the executable c
 The key covers everything the trace reads besides tensor values: the call's
 :class:`~torch_tpu.compile.step_trace.StepSignature` (shapes, dtypes, optimizer settings and
 state layout, batch structure), the model's tensor names, every submodule's class (the code of
-each class in its MRO and the source file defining it) and non-tensor attributes (tensor
+each class in its MRO and the source file defining it; files by size and modification time,
+:mod:`torch_tpu.compile.sources`) and non-tensor attributes (tensor
 attributes by content), the loss function's code, closure and defaults, the optimizer's class,
 the source of each top-level package defining one of those classes or the loss function (every
 ``.py`` file under it; an installed package by its version), torch_tpu's own source, and the
@@ -35,30 +36,17 @@ from torch import nn
 
 import xla_cache
 from torch_tpu.compile import graph as compiled_graph
+from torch_tpu.compile.sources import file_identity, tree_identity
 from torch_tpu.compile.step_trace import LossFn, StepSignature
 from torch_tpu.runtime import persistent_cache
 from torch_tpu.runtime._jax import jax
 
-_file_digests: dict[tuple[str, float], str] = {}
 _class_digests: dict[type, str] = {}
 _package_digests: dict[str, str] = {}  # per step_key call: files may change between compiles
 _INSTALLED = tuple({Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
                    | {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()})
 # module bookkeeping that never changes a trace (hook dicts are checked apart)
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
-
-
-def _file_digest(path: str | None) -> str:
-    if not path:
-        return ""
-    try:
-        mtime = Path(path).stat().st_mtime
-    except OSError:
-        return f"missing:{path}"
-    digest = _file_digests.get((path, mtime))
-    if digest is None:
-        digest = _file_digests[(path, mtime)] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    return digest
 
 
 def _package_digest(module_name: str) -> str:
@@ -74,13 +62,10 @@ def _package_digest(module_name: str) -> str:
     if any(root.is_relative_to(installed) for installed in _INSTALLED):
         return f"{top}:{getattr(module, '__version__', '')}"
     if root.name != "__init__.py":  # a single-file module, e.g. the script being run
-        return f"{top}:{_file_digest(str(root))}"
+        return f"{top}:{file_identity(root)}"
     digest = _package_digests.get(top)
     if digest is None:
-        h = hashlib.sha256()
-        for file in sorted(root.parent.rglob("*.py")):
-            h.update(f"{file.relative_to(root.parent)}={_file_digest(str(file))};".encode())
-        digest = _package_digests[top] = h.hexdigest()
+        digest = _package_digests[top] = tree_identity(root.parent)
     return f"{top}:{digest}"
 
 
@@ -97,7 +82,7 @@ def _class_digest(cls: type) -> str:
             if base is object:
                 continue
             h.update(f"{base.__module__}.{base.__qualname__}".encode())
-            h.update(_file_digest(_source_file(base)).encode())
+            h.update(file_identity(_source_file(base)).encode())
             for name, value in sorted(vars(base).items()):
                 target = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
                 target = target.fget if isinstance(target, property) else target

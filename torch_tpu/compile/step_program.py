@@ -38,6 +38,7 @@ from torch.utils import _pytree as pytree
 from torch_tpu.compile import graph as compiled_graph
 from torch_tpu.compile import step_cache
 from torch_tpu.compile.collectives import check_same_collectives
+from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
 from torch_tpu.compile.spmd import SpmdProgram, collective_lowering, describe_inputs
 from torch_tpu.compile.step_trace import (
@@ -81,7 +82,7 @@ class _Program:
 
     def __init__(self, signature: StepSignature, updates: list[tuple[str, Any]], num_input_grads: int,
                  unchanged: list[bool], random: bool, exported: Any, fn: Any = None,
-                 group: dist.ProcessGroup | None = None) -> None:
+                 group: dist.ProcessGroup | None = None, key: str | None = None) -> None:
         self.signature, self.updates, self.num_input_grads = signature, updates, num_input_grads
         self.unchanged, self.random, self.exported = unchanged, random, exported
         n_donated = len(signature.params) + len(signature.others) + len(signature.state)
@@ -92,20 +93,20 @@ class _Program:
             i for i in range(n_donated)
             if self._input_slot(i, len(signature.params), len(signature.others), state_keys) in changed
         )
-        self.fn = exported.call if exported is not None else fn
-        # over a group: SPMD, every rank its own batch, the collectives inside
-        self.spmd = None if group is None else SpmdProgram(self.fn, group, _input_avals(signature, random),
-                                                           self.donated)
-        self.jitted = jax.jit(self.fn, donate_argnums=self.donated) if group is None else None
+        fn = exported.call if exported is not None else fn
+        # over a group: SPMD, every rank its own batch, the collectives inside; else its executable
+        # stored with the program (under the program's ``key``)
+        self.runner = (CompiledProgram(fn, self.donated, key if exported is not None else None) if group is None
+                       else SpmdProgram(fn, group, self.donated))
 
     def run(self, inputs: list[jax.Array]) -> Sequence[jax.Array]:
         """The program's outputs for ``inputs``."""
-        return self.jitted(*inputs) if self.spmd is None else self.spmd.run(inputs)
+        return self.runner(*inputs)
 
     @staticmethod
-    def traced(graph: StepGraph, group: dist.ProcessGroup | None = None) -> _Program:
-        """The program of a freshly traced step, exported (to be stored) where JAX can serialize it;
-        over ``group`` an SPMD program (not stored), checked to be the same on every rank."""
+    def traced(graph: StepGraph, group: dist.ProcessGroup | None = None, key: str | None = None) -> _Program:
+        """The program of a freshly traced step, exported (to be stored under ``key``) where JAX can
+        serialize it; over ``group`` an SPMD program (not stored), checked to be the same on every rank."""
         random = needs_random_key(graph.graph)
         if group is not None:
             fn = to_jax_function(graph.graph, collective_lowering(group))
@@ -120,13 +121,14 @@ class _Program:
             _log.info("train_step: the step program is not serializable (%s); it is not cached on disk", error)
             exported = None
         return _Program(graph.signature, list(graph.updates), graph.num_input_grads, unchanged_outputs(graph),
-                        random, exported, fn)
+                        random, exported, fn, key=key)
 
     @staticmethod
-    def loaded(signature: StepSignature, exported: Any, meta: dict[str, Any]) -> _Program:
-        """The program stored by :meth:`meta` with ``exported``."""
+    def loaded(signature: StepSignature, key: str, exported: Any, meta: dict[str, Any]) -> _Program:
+        """The program stored under ``key`` by :meth:`meta` with ``exported``."""
         updates = [(kind, tuple(where) if kind == "state" else where) for kind, where in meta["updates"]]
-        return _Program(signature, updates, meta["num_input_grads"], meta["unchanged"], meta["random"], exported)
+        return _Program(signature, updates, meta["num_input_grads"], meta["unchanged"], meta["random"], exported,
+                        key=key)
 
     def meta(self) -> dict[str, Any]:
         return {"updates": self.updates, "num_input_grads": self.num_input_grads, "unchanged": self.unchanged,
@@ -141,7 +143,7 @@ class _Program:
         return ("state", state_keys[i - n_params - n_others])
 
     def lowered_text(self, inputs: Sequence[jax.Array]) -> str:
-        return self.jitted.lower(*inputs).as_text() if self.spmd is None else self.spmd.lowered_text()
+        return self.runner.lowered_text(*inputs)
 
 
 def _input_avals(signature: StepSignature, random: bool) -> list[jax.ShapeDtypeStruct]:
@@ -267,11 +269,11 @@ class TrainStep:
                 self.model, self.optimizer, self.loss_fn, self._param_names, other_names, signature, self.input_grads)
             stored = step_cache.load(key) if key is not None else None
             if stored is not None:
-                program = _Program.loaded(signature, *stored)
+                program = _Program.loaded(signature, key, *stored)
             else:
                 graph = trace_step(self.model, self.optimizer, self.loss_fn, self._param_names, other_names,
                                    signature, self.input_grads, None if self.group is None else self._averaged)
-                program = _Program.traced(graph, self.group)
+                program = _Program.traced(graph, self.group, key)
                 if key is not None and program.exported is not None:
                     step_cache.store(key, program.exported, program.meta())
                     persistent_cache._stats.step_misses += 1

@@ -5,6 +5,9 @@
   constants and the lowering registry. A hit skips the FX -> JAX translation and the trace.
 * ``<dir>/steps/<key>.jaxexport``: a traced ``torch_tpu.compile.train_step`` program
   (:mod:`torch_tpu.compile.step_cache`). A hit skips tracing the step.
+* ``<dir>/compiled/<key>.jaxexport``: the compiled executable of one of them, serialized, keyed
+  by its program's key, the backend, the device and the input types
+  (:mod:`torch_tpu.compile.executables`). A hit skips lowering and compiling.
 * ``<dir>/executables``: the compiled XLA executables of all of them (JAX's cache).
 
 ``import torch_tpu`` applies the default location (:func:`xla_cache.default_cache_dir`); the
@@ -22,6 +25,7 @@ from xla_cache import cache_dir, persistent
 
 FX_LEVEL = "fx"
 STEP_LEVEL = "steps"
+COMPILED_LEVEL = "compiled"  # whole programs' executables, serialized (torch_tpu.compile.executables)
 
 
 @dataclasses.dataclass
@@ -34,7 +38,7 @@ class CacheStats:
     fx_misses: int = 0  # graph translated and traced
     step_disk_hits: int = 0  # train_step program loaded from the persistent cache (no trace)
     step_misses: int = 0  # train_step traced (and stored)
-    xla_hits: int = 0  # JAX executable loaded from the persistent cache
+    xla_hits: int = 0  # executable loaded from the persistent cache (JAX's, or a serialized whole program)
     xla_misses: int = 0  # JAX executable compiled (and stored)
 
 

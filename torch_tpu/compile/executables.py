@@ -1,0 +1,108 @@
+"""Whole programs as compiled XLA executables, stored serialized in the persistent cache.
+
+A second process running a stored program (a ``train_step``, a ``torch.compile`` graph) would
+otherwise lower the stored ``jax.export`` program to MLIR again only to find its executable in
+JAX's cache, and lowering an exported program initialises JAX's CPU LAPACK handlers, which
+imports SciPy: 150-250 ms of the first training step. Loading the serialized executable (level
+``compiled``, :func:`jax.experimental.serialize_executable.serialize`) skips all of it. A
+compiled executable is also cheaper to call than ``jax.jit``'s dispatch, which checks and hashes
+the arguments on every call.
+
+An executable is specific to the backend, the device and the input types it was compiled for:
+its key adds them to the program's key. Only single-device programs are stored. Inputs of other
+types than the first call's (a graph traced with dynamic shapes) run through ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+import platform
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jaxlib
+
+import xla_cache
+from torch_tpu.runtime import persistent_cache
+from torch_tpu.runtime._jax import jax
+
+_log = logging.getLogger(__name__)
+
+
+class CompiledProgram:
+    """``jax.jit(fn, donate_argnums=donated)``, compiled for the first call's inputs and called as
+    that executable from then on; with a ``key`` (the program's persistent-cache key) the
+    executable is loaded from, or stored into, the cache."""
+
+    def __init__(self, fn: Callable[..., Any], donated: Sequence[int] = (), key: str | None = None) -> None:
+        self.jitted = jax.jit(fn, donate_argnums=tuple(donated))
+        self._key = key
+        self._compiled: Any = None
+
+    def __call__(self, *inputs: Any) -> Any:
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = self._compile(inputs)
+        try:
+            return compiled(*inputs)
+        except (TypeError, ValueError):  # other shapes, dtypes or placements than the first call's
+            return self.jitted(*inputs)
+
+    def lowered_text(self, *inputs: Any) -> str:
+        """The program for ``inputs`` as StableHLO text."""
+        return self.jitted.lower(*inputs).as_text()
+
+    def _compile(self, inputs: Sequence[Any]) -> Any:
+        key = None if self._key is None else executable_key(self._key, inputs)
+        if key is not None:
+            loaded = xla_cache.load(persistent_cache.COMPILED_LEVEL, key, _load)
+            if loaded is not None:
+                xla_cache.xla_counts["hits"] += 1
+                return loaded
+        if key is None:
+            with persistent_cache.persistent():
+                return self.jitted.lower(*inputs).compile()
+        with xla_cache.jax_cache_bypassed():  # compiled here, not loaded from JAX's cache: it serializes whole
+            compiled = self.jitted.lower(*inputs).compile()
+        xla_cache.xla_counts["misses"] += 1
+        _store(key, compiled)
+        return compiled
+
+
+def executable_key(program_key: str, inputs: Sequence[Any]) -> str:
+    """The cache key of ``program_key``'s executable for ``inputs`` on this backend."""
+    device = jax.devices()[0]
+    h = hashlib.sha256(program_key.encode())
+    h.update(f"|{jax.__version__}|{jaxlib.__version__}|{platform.machine()}|{device.client.platform}|"
+             f"{device.client.platform_version}|{device.device_kind}|{jax.config.jax_default_device}".encode())
+    for x in inputs:
+        aval = jax.typeof(x)
+        sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
+        h.update(f"|{aval.str_short()}:{aval.weak_type}:{sharding}".encode())
+    return h.hexdigest()
+
+
+def _store(key: str, compiled: Any) -> None:
+    from jax.experimental import serialize_executable
+
+    devices = {d for s in jax.tree.leaves(compiled.input_shardings) for d in s.device_set}
+    if len(devices) != 1:
+        return  # a multi-device program: its device order is not recorded here
+    try:
+        payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+    except (ValueError, NotImplementedError) as error:  # a backend or program that cannot be serialized
+        _log.info("the compiled program is not stored (%s)", error)
+        return
+    xla_cache.store(persistent_cache.COMPILED_LEVEL, key,
+                    pickle.dumps((payload, in_tree, out_tree, devices.pop().id)))
+
+
+def _load(blob: bytes) -> Any:
+    from jax.experimental import serialize_executable
+
+    payload, in_tree, out_tree, device_id = pickle.loads(blob)
+    device = next(d for d in jax.devices() if d.id == device_id)
+    return serialize_executable.deserialize_and_load(payload, in_tree, out_tree, backend=device.client,
+                                                     execution_devices=[device])
