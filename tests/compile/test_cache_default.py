@@ -96,9 +96,11 @@ def test_bad_size_cap_is_named(monkeypatch):
 _CHILD = """
 import dataclasses, json, sys, time, jax, torch, torch_tpu.compile as tc
 from tests.compile.models import mlp
-lowered = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, *_, **__: lowered.append(__.get("fun_name")) if event == "/jax/core/compile/jaxpr_to_mlir_module_duration" else None)
+lowered = []  # the programs lowered to MLIR
+def on_event(event, _duration, fun_name=None, **_):
+    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+        lowered.append(fun_name)
+jax.monitoring.register_event_duration_secs_listener(on_event)
 torch.manual_seed(0)
 model = mlp([16, 64, 64, 1]).to("tpu")
 step = tc.train_step(model, torch.optim.Adagrad(model.parameters(), lr=0.1), lambda m, a: m(a).square().mean())

@@ -9,7 +9,8 @@ compiled executable is also cheaper to call than ``jax.jit``'s dispatch, which c
 the arguments on every call.
 
 An executable is specific to the backend, the device and the input types it was compiled for:
-its key adds them to the program's key. Only single-device programs are stored. Inputs of other
+its key adds them to the program's key. Only single-device programs are stored (JAX's cache keeps
+the others). Inputs of other
 types than the first call's (a graph traced with dynamic shapes) run through ``jax.jit``.
 """
 
@@ -55,7 +56,7 @@ class CompiledProgram:
         return self.jitted.lower(*inputs).as_text()
 
     def _compile(self, inputs: Sequence[Any]) -> Any:
-        key = None if self._key is None else executable_key(self._key, inputs)
+        key = None if self._key is None or _several_devices(inputs) else executable_key(self._key, inputs)
         if key is not None:
             loaded = xla_cache.load(persistent_cache.COMPILED_LEVEL, key, _load)
             if loaded is not None:
@@ -84,12 +85,18 @@ def executable_key(program_key: str, inputs: Sequence[Any]) -> str:
     return h.hexdigest()
 
 
+def _several_devices(inputs: Sequence[Any]) -> bool:
+    """Whether the program for ``inputs`` spans several devices (JAX's cache keeps those: the
+    order of their devices is not recorded here)."""
+    return any(isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 for x in inputs)
+
+
 def _store(key: str, compiled: Any) -> None:
     from jax.experimental import serialize_executable
 
     devices = {d for s in jax.tree.leaves(compiled.input_shardings) for d in s.device_set}
     if len(devices) != 1:
-        return  # a multi-device program: its device order is not recorded here
+        return
     try:
         payload, in_tree, out_tree = serialize_executable.serialize(compiled)
     except (ValueError, NotImplementedError) as error:  # a backend or program that cannot be serialized
