@@ -1,6 +1,7 @@
 """Does host preprocessing hide behind the training step? The sparsecore DLRM train step (world 1,
-``build_sparsecore_model`` as ``torchrec-tpu train --engine sparsecore`` builds it) timed three ways
-on the same in-memory batches:
+the model, optimizer and step function as ``torchrec-tpu train --engine sparsecore`` builds them:
+with ``--dense-device auto`` on a CPU-only host the one-program step for small towers, CPU towers
+for large ones) timed three ways on the same in-memory batches:
 
 - precomputed: every batch's input dist (validation, preprocessing, device inputs) done before the
   clock starts; the steps alone;
@@ -10,8 +11,9 @@ on the same in-memory batches:
 
 Each preprocessing engine (compiled C++ and numpy) runs in a fresh process with one model; the
 three modes alternate over ``--rounds`` rounds (the order rotating each round); a mode's number is
-the median of its steps over all rounds, with their quartiles (a pipelined step includes waiting
-for its batch); ``input_dist`` and ``python`` are medians (and ranges) over the rounds. ``hidden``
+the median over the rounds of its mean step time (the round's wall time, waiting for its batches
+and its last step, over its steps), with the range; ``input_dist`` and ``python`` are medians (and
+ranges) over the rounds. ``hidden``
 is the share of the inline input dist cost that the pipeline hides, 1 - (pipelined - precomputed)
 / (inline - precomputed), from the medians (shown when inline is the slower). ``python`` is how
 much pure-Python work the main thread gets done while another thread runs input dists back to
@@ -74,14 +76,14 @@ def worker(args: argparse.Namespace) -> None:
     from torchrec_tpu.pipeline import PrefetchedBatches
     from torchrec_tpu.train.config import EngineConfig, OptimConfig
     from torchrec_tpu.train.distributed import process_group
-    from torchrec_tpu.train.engines.sparsecore_engine import build_dense_optimizer, build_sparsecore_model, unwrap_dense
-    from torchrec_tpu.train.loop import train_step
+    from torchrec_tpu.train.engines.sparsecore_engine import SparseCoreEngine, unwrap_dense
     from torchrec_tpu.train.model import ModelSpec, ebc_of
 
     torch.set_num_threads(args.threads)
     names = tuple(f"cat_{i}" for i in range(args.features))
     spec = ModelSpec(feature_names=names, table_sizes=(args.rows,) * args.features, embedding_dim=args.dim,
-                     dense_in_features=13, dense_layers=(512, 256, args.dim), over_layers=(512, 512, 256, 1))
+                     dense_in_features=13, dense_layers=_layers(args.dense_arch) + (args.dim,),
+                     over_layers=_layers(args.over_arch) + (1,))
     rng = np.random.default_rng(0)
 
     def batch() -> Batch:
@@ -94,28 +96,29 @@ def worker(args: argparse.Namespace) -> None:
     batches = [batch() for _ in range(args.warmup + args.steps)]
     timed = batches[args.warmup:]
     optim = OptimConfig(sparse_optimizer="adagrad", sparse_lr=0.005, dense_optimizer="adagrad", dense_lr=0.005)
-    with process_group() as env:
-        model = build_sparsecore_model(spec, env, torch.device("cpu"), optim, EngineConfig(), args.batch, seed=0)
-        optimizer = build_dense_optimizer(model, optim)
+    engine = SparseCoreEngine(optim, EngineConfig(dense_device=args.dense_device), args.batch, seed=0)
+    with process_group(device_tensors=engine.needs_device_tensors) as env:
+        model = engine.build_model(spec, env, torch.device("cpu"))
+        optimizer = engine.build_optimizer(model)
+        step = engine.step_function(model, optimizer, env)
         ebc = ebc_of(unwrap_dense(model))
         for b in batches:  # every batch's programs compiled before the clock starts
             ebc.compile(b.sparse_features)
-        for b in batches[: args.warmup]:
-            train_step(model, optimizer, b)
+        for b in PrefetchedBatches(batches[: args.warmup], ebc, torch.device("cpu"), depth=2):
+            loss = step(model, optimizer, b)
+        float(loss)  # the steps dispatch asynchronously: wait for them
 
-        def steps(mode: str) -> list[float]:
+        def steps(mode: str) -> float:
             source = timed
             if mode == "precomputed":
                 source = [dataclasses.replace(b, sparse_features=ebc.prefetch(b.sparse_features)) for b in timed]
             elif mode == "pipelined":
                 source = PrefetchedBatches(timed, ebc, torch.device("cpu"), depth=2)
-            times, last = [], time.perf_counter()
-            for b in source:  # a step's time includes waiting for its batch
-                train_step(model, optimizer, b)
-                now = time.perf_counter()
-                times.append(now - last)
-                last = now
-            return times
+            start, loss = time.perf_counter(), None
+            for b in source:  # includes waiting for each batch
+                loss = step(model, optimizer, b)
+            float(loss)  # steps dispatch asynchronously: the round ends when its last step is done
+            return (time.perf_counter() - start) / len(timed)
 
         def input_dists() -> float:
             start = time.perf_counter()
@@ -133,32 +136,30 @@ def worker(args: argparse.Namespace) -> None:
         out: dict[str, list[float]] = {m: [] for m in (*args.modes, "input_dist", "python")}
         for r in range(args.rounds):
             for mode in args.modes[r % len(args.modes):] + args.modes[: r % len(args.modes)]:
-                out[mode].extend(steps(mode))
+                out[mode].append(steps(mode))
             out["input_dist"].append(input_dists())
             out["python"].append(gil_probe(input_dists_until))
     print(json.dumps(out))
 
 
+def _layers(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
 def summary(times: dict[str, list[float]], modes: list[str]) -> str:
-    """One line: every mode's median ms (quartiles; input_dist: range), ratios to precomputed, the
-    hidden share."""
+    """One line: every mode's median ms (range), ratios to precomputed, the hidden share."""
     med = {m: statistics.median(v) for m, v in times.items()}
     base = med.get("precomputed")
     cells = []
     for m in (*modes, "input_dist"):
         if m in med:
             ratio = f" = {med[m] / base:.2f}x" if base and m != "precomputed" else ""
-            low, high = (min(times[m]), max(times[m])) if m == "input_dist" else _quartiles(times[m])
+            low, high = min(times[m]), max(times[m])
             cells.append(f"{m} {med[m] * 1e3:.1f} ms ({low * 1e3:.1f}-{high * 1e3:.1f}){ratio}")
     if {"precomputed", "pipelined", "inline"} <= med.keys() and med["inline"] > base:
         cells.append(f"hidden {1 - (med['pipelined'] - base) / (med['inline'] - base):.0%}")
     cells.append(f"python {med['python']:.2f} ({min(times['python']):.2f}-{max(times['python']):.2f})")
     return "   ".join(cells)
-
-
-def _quartiles(values: list[float]) -> tuple[float, float]:
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return q[0], q[2]
 
 
 def main() -> None:
@@ -172,6 +173,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds of all modes (default 5)")
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--dense-arch", default="512,256", help="bottom MLP before its last layer (of --dim)")
+    parser.add_argument("--over-arch", default="512,512,256", help="top MLP before its last layer (of 1)")
+    parser.add_argument("--dense-device", default="auto", choices=("auto", "cpu", "tpu"),
+                        help="the job's --dense-device (default auto)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

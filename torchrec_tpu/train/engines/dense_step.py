@@ -66,11 +66,11 @@ class DLRMLookupLoss(nn.Module):
 
 
 class CompiledDenseStep:
-    """A ``run_training`` step function. A prefetched batch of a sparsecore EBC on the ``ops``
-    backend (one rank, or ranks of uniform stacks): lookup, output dist, dense step and sparse
-    update as one tpu program per rank. Otherwise: the sparse arch (host, sparsecore EBC) forward,
-    the dense step as one tpu program, then the EBC's fused backward from the pooled embeddings'
-    gradient.
+    """A ``run_training`` step function. A full batch of a sparsecore EBC on the ``ops`` backend
+    (one rank, or ranks of uniform stacks), its input dist prefetched or run first: lookup, output
+    dist, dense step and sparse update as one tpu program per rank. Otherwise: the sparse arch
+    (host, sparsecore EBC) forward, the dense step as one tpu program, then the EBC's fused
+    backward from the pooled embeddings' gradient.
 
     ``model`` is the sparsecore engine's ``DLRMTrain`` (DDP-wrapped or not) with its towers on tpu
     (:func:`~torchrec_tpu.train.engines.dense_placement.place_dense`); ``optimizer`` the dense optimizer
@@ -101,6 +101,8 @@ class CompiledDenseStep:
 
     def __call__(self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
         kjt = batch.sparse_features
+        if self.fused_step is not None and not isinstance(kjt, PrefetchedKJT) and kjt.stride() == self.ebc.batch_size:
+            kjt = self.ebc.prefetch(kjt)  # no prefetch thread (the profiler's run): the input dist here
         if self.fused_step is not None and isinstance(kjt, PrefetchedKJT) and kjt.owner is self.ebc:
             inputs = self.lookup.step_inputs(kjt.local)
             if inputs is not None:
