@@ -108,17 +108,17 @@ def worker(args: argparse.Namespace) -> None:
             loss = step(model, optimizer, b)
         float(loss)  # the steps dispatch asynchronously: wait for them
 
-        def steps(mode: str) -> float:
+        def steps(mode: str) -> tuple[float, float]:
             source = timed
             if mode == "precomputed":
                 source = [dataclasses.replace(b, sparse_features=ebc.prefetch(b.sparse_features)) for b in timed]
             elif mode == "pipelined":
                 source = PrefetchedBatches(timed, ebc, torch.device("cpu"), depth=2)
-            start, loss = time.perf_counter(), None
+            start, cpu, loss = time.perf_counter(), time.process_time(), None
             for b in source:  # includes waiting for each batch
                 loss = step(model, optimizer, b)
             float(loss)  # steps dispatch asynchronously: the round ends when its last step is done
-            return (time.perf_counter() - start) / len(timed)
+            return (time.perf_counter() - start) / len(timed), (time.process_time() - cpu) / len(timed)
 
         def input_dists() -> float:
             start = time.perf_counter()
@@ -133,10 +133,13 @@ def worker(args: argparse.Namespace) -> None:
                     if stop.is_set():
                         return
 
-        out: dict[str, list[float]] = {m: [] for m in (*args.modes, "input_dist", "python")}
+        out: dict[str, list[float]] = {m: [] for m in (*args.modes, *(f"{m} cpu" for m in args.modes),
+                                                       "input_dist", "python")}
         for r in range(args.rounds):
             for mode in args.modes[r % len(args.modes):] + args.modes[: r % len(args.modes)]:
-                out[mode].append(steps(mode))
+                wall, cpu = steps(mode)
+                out[mode].append(wall)
+                out[f"{mode} cpu"].append(cpu)
             out["input_dist"].append(input_dists())
             out["python"].append(gil_probe(input_dists_until))
     print(json.dumps(out))
@@ -155,7 +158,8 @@ def summary(times: dict[str, list[float]], modes: list[str]) -> str:
         if m in med:
             ratio = f" = {med[m] / base:.2f}x" if base and m != "precomputed" else ""
             low, high = min(times[m]), max(times[m])
-            cells.append(f"{m} {med[m] * 1e3:.1f} ms ({low * 1e3:.1f}-{high * 1e3:.1f}){ratio}")
+            cores = f", {med[f'{m} cpu'] / med[m]:.1f} cores" if f"{m} cpu" in med else ""
+            cells.append(f"{m} {med[m] * 1e3:.1f} ms ({low * 1e3:.1f}-{high * 1e3:.1f}{cores}){ratio}")
     if {"precomputed", "pipelined", "inline"} <= med.keys() and med["inline"] > base:
         cells.append(f"hidden {1 - (med['pipelined'] - base) / (med['inline'] - base):.0%}")
     cells.append(f"python {med['python']:.2f} ({min(times['python']):.2f}-{max(times['python']):.2f})")
