@@ -62,14 +62,16 @@ def rank_slice(batch: Batch, rank: int, world: int) -> Batch:
     return Batch(dense_features=batch.dense_features[lo:hi], sparse_features=sliced, labels=batch.labels[lo:hi])
 
 
-def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch: bool = False) -> dict:
+def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch: bool = False,
+          sparse_backend: str = "ops") -> dict:
     """Train STEPS steps in the current process group (or a fresh world of 1); returns per-step
     losses, the held-out evaluation and every parameter / table on the host (full, unsharded).
-    ``prefetch``: each batch's input dist runs ahead, as in the job's pipeline."""
+    ``prefetch``: each batch's input dist runs ahead, as in the job's pipeline (else in the step);
+    ``sparse_backend``: the EBC's (``ops``: the one a step program calls itself)."""
     with process_group() as env:
         device = dense_device(device_name)
         torch.manual_seed(0)  # the dense towers' init
-        engine = EngineConfig(dense_parallel=parallel, sparse_backend="ops")  # the backend a step calls itself
+        engine = EngineConfig(dense_parallel=parallel, sparse_backend=sparse_backend)
         net = build_sparsecore_model(spec(model), env, device, OPTIM, engine, GLOBAL_BATCH, seed=0)
         optimizer = build_dense_optimizer(net, OPTIM)
         initial = _host_state(net)

@@ -18,21 +18,23 @@ from torchrec_tpu.train.job import run_job
 from torchrec_tpu.train.model import ModelSpec
 
 
-@pytest.mark.parametrize("model,prefetch", [("dlrm", False), ("dlrm", True),
-                                           pytest.param("dlrm_dcn", True, marks=pytest.mark.slow)])
-def test_dense_on_tpu_trains_like_dense_on_cpu(model: str, prefetch: bool) -> None:
-    """With the input dist run ahead (``prefetch``, as the job's pipeline does) the embedding
-    lookup and update join the dense step's program; else the EBC runs them on its own."""
+@pytest.mark.parametrize("model,prefetch,backend", [("dlrm", False, "ops"), ("dlrm", True, "ops"),
+                                                   ("dlrm", True, "xla"),
+                                                   pytest.param("dlrm_dcn", True, "ops", marks=pytest.mark.slow)])
+def test_dense_on_tpu_trains_like_dense_on_cpu(model: str, prefetch: bool, backend: str) -> None:
+    """On the ``ops`` backend the embedding lookup and update join the dense step's program, the
+    input dist run ahead (``prefetch``, as the job's pipeline does) or first, in the step; on the
+    ``xla`` backend the EBC runs them on its own, around the towers' program."""
     import torch_tpu
 
     reference = train("cpu", model=model)
     with torch_tpu.no_fallback():
-        got = train("tpu", model=model, prefetch=prefetch)
+        got = train("tpu", model=model, prefetch=prefetch, sparse_backend=backend)
     assert got["devices"] == {"tpu"} and reference["devices"] == {"cpu"}
     assert got["compiled_steps"] == STEPS and reference["compiled_steps"] == 0  # one tpu program per step
-    assert got["fused_steps"] == (STEPS if prefetch else 0)
+    assert got["fused_steps"] == (STEPS if backend == "ops" else 0)
     assert got["compiled_eval"] and not reference["compiled_eval"]  # towers as one program
-    assert got["one_program_eval"] == 3  # with the embedding lookup (the ops backend at one rank)
+    assert got["one_program_eval"] == (3 if backend == "ops" else 0)  # with the embedding lookup (ops, one rank)
     assert len(got["losses"]) == STEPS
     torch.testing.assert_close(got["losses"], reference["losses"], rtol=0, atol=1e-5)
     assert set(got["state"]) == set(reference["state"])
