@@ -1,9 +1,10 @@
-"""Source files in persistent-cache keys, by identity: size and modification time.
+"""Source files in persistent-cache keys, by identity: inode, size, modification and change times.
 
 A key must change whenever a source file the program came from does; reading and hashing every
-file of a package cost 40-50 ms of each new process's first step. A file's size and modification
-time (nanoseconds) change with its content, the rule Python's own bytecode cache relies on; a
-copy or checkout elsewhere gets new times, so its keys differ: a miss, never a stale program.
+file of a package cost 40-50 ms of each new process's first step. Writing a file sets its
+modification and change times (the change time also when a tool sets the modification time back,
+as ``cp -p`` or ``tar`` do), as make and Python's own bytecode cache rely on; a copy or checkout
+elsewhere gets new ones, so its keys differ: a miss, never a stale program.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import os
 
 
 def file_identity(path: str | os.PathLike | None) -> str:
-    """``path``'s size and modification time (a missing file: its name)."""
+    """``path``'s inode, size, modification and change times (a missing file: its name)."""
     if not path:
         return ""
     try:
         st = os.stat(path)
     except OSError:
         return f"missing:{path}"
-    return f"{st.st_size}:{st.st_mtime_ns}"
+    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
 def tree_identity(root: str | os.PathLike) -> str:

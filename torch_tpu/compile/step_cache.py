@@ -7,7 +7,7 @@ with what its outputs update, and its XLA executable comes from the executable c
 The key covers everything the trace reads besides tensor values: the call's
 :class:`~torch_tpu.compile.step_trace.StepSignature` (shapes, dtypes, optimizer settings and
 state layout, batch structure), the model's tensor names, every submodule's class (the code of
-each class in its MRO and the source file defining it; files by size and modification time,
+each class in its MRO and the source file defining it; files by their identity,
 :mod:`torch_tpu.compile.sources`) and non-tensor attributes (tensor
 attributes by content), the loss function's code, closure and defaults, the optimizer's class,
 the source of each top-level package defining one of those classes or the loss function (every
