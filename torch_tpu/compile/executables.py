@@ -56,7 +56,7 @@ class CompiledProgram:
         return self.jitted.lower(*inputs).as_text()
 
     def _compile(self, inputs: Sequence[Any]) -> Any:
-        key = None if self._key is None or _several_devices(inputs) else executable_key(self._key, inputs)
+        key = None if self._key is None or not _storable(inputs) else executable_key(self._key, inputs)
         if key is not None:
             loaded = xla_cache.load(persistent_cache.COMPILED_LEVEL, key, _load)
             if loaded is not None:
@@ -85,10 +85,12 @@ def executable_key(program_key: str, inputs: Sequence[Any]) -> str:
     return h.hexdigest()
 
 
-def _several_devices(inputs: Sequence[Any]) -> bool:
-    """Whether the program for ``inputs`` spans several devices (JAX's cache keeps those: the
-    order of their devices is not recorded here)."""
-    return any(isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 for x in inputs)
+def _storable(inputs: Sequence[Any]) -> bool:
+    """Whether the program for ``inputs`` is stored here: on one device (the order of several is
+    not recorded here) of a backend that serializes executables (else JAX's cache keeps it)."""
+    client = jax.devices()[0].client
+    return (getattr(client, "supports_executable_serialization", True)
+            and not any(isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 for x in inputs))
 
 
 def _store(key: str, compiled: Any) -> None:
