@@ -86,10 +86,11 @@ def executable_key(program_key: str, inputs: Sequence[Any]) -> str:
 
 
 def _storable(inputs: Sequence[Any]) -> bool:
-    """Whether the program for ``inputs`` is stored here: on one device (the order of several is
-    not recorded here) of a backend that serializes executables (else JAX's cache keeps it)."""
+    """Whether the program for ``inputs`` is stored here: the cache is on, the program on one
+    device (the order of several is not recorded here) of a backend that serializes executables
+    (else JAX's cache keeps it)."""
     client = jax.devices()[0].client
-    return (getattr(client, "supports_executable_serialization", True)
+    return (xla_cache.cache_dir() is not None and getattr(client, "supports_executable_serialization", True)
             and not any(isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 for x in inputs))
 
 
