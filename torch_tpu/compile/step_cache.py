@@ -2,7 +2,8 @@
 
 Tracing a step (``make_fx`` twice, then the FX -> JAX translation) takes 1-2 s; a second process
 training the same model skips it: the step's program is stored as a serialized ``jax.export``
-with what its outputs update, and its XLA executable comes from the executable cache.
+with what its outputs update, and its XLA executable is stored serialized beside it
+(:mod:`torch_tpu.compile.executables`).
 
 The key covers everything the trace reads besides tensor values: the call's
 :class:`~torch_tpu.compile.step_trace.StepSignature` (shapes, dtypes, optimizer settings and
