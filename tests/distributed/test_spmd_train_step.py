@@ -9,8 +9,10 @@ whose step programs differ (other batch shapes) both fail clearly, well within t
 
 from __future__ import annotations
 
+import copy
 import datetime
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,6 +84,24 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
     x, y = _batch(rank, 0)
     results["hlo"] = step.hlo_text(x.to("tpu"), y.to("tpu"))
 
+    # a second step over copies of the model and optimizer, from a fresh cache: the first traces
+    # and stores its program, the second loads it (no trace); both train as the first step did
+    state = ({n: p.detach().cpu() for n, p in model.named_parameters()}, copy.deepcopy(optimizer.state_dict()))
+    tc.configure_cache(Path(os.environ["SPMD_TEST_CACHE"]) / f"rank{rank}")
+    again = []
+    for _ in range(2):
+        twin = Exchanging()
+        twin.load_state_dict(state[0])
+        twin.to("tpu")
+        twin_optimizer = torch.optim.Adagrad(twin.parameters(), lr=0.1)
+        twin_optimizer.load_state_dict(copy.deepcopy(state[1]))
+        tc.reset_cache_stats()
+        twin_step = tc.train_step(twin, twin_optimizer, lambda m, x, y: m(x, y, world), group=world)
+        x, y = _batch(rank, 3)
+        again.append((float(twin_step(x.to("tpu"), y.to("tpu"))), tc.cache_stats().step_misses,
+                      tc.cache_stats().step_disk_hits))
+    results["again"] = again
+
     # a new step whose first batch has another shape on rank 1: both ranks fail naming both
     # programs' inputs, instead of running programs whose collectives do not match
     step = tc.train_step(model, optimizer, lambda m, x, y: m(x, y, world), group=world)
@@ -93,8 +113,12 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
 
 
 @pytest.fixture(scope="module")
-def ranks() -> list[dict]:
-    return launch_on_tpu(_job, WORLD, TIMEOUT_S)
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    os.environ["SPMD_TEST_CACHE"] = str(tmp_path_factory.mktemp("spmd_cache"))
+    try:
+        return launch_on_tpu(_job, WORLD, TIMEOUT_S)
+    finally:
+        del os.environ["SPMD_TEST_CACHE"]
 
 
 def test_spmd_step_equals_eager_data_parallel_training(ranks: list[dict]) -> None:
@@ -109,6 +133,13 @@ def test_one_program_holds_the_collectives(ranks: list[dict]) -> None:
     assert [r["programs"] for r in ranks] == [1, 1]
     hlo = ranks[0]["hlo"]
     assert "all_to_all" in hlo and "all_reduce" in hlo
+
+
+def test_a_stored_spmd_program_is_loaded_and_trains_the_same(ranks: list[dict]) -> None:
+    for r in ranks:
+        (first_loss, first_misses, first_hits), (second_loss, second_misses, second_hits) = r["again"]
+        assert (first_misses, first_hits) == (1, 0) and (second_misses, second_hits) == (0, 1)
+        assert second_loss == first_loss
 
 
 def test_ranks_with_different_programs_fail_clearly(ranks: list[dict]) -> None:

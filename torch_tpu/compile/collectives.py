@@ -159,11 +159,27 @@ def check_same_collectives(gm: torch.fx.GraphModule, kind: str, inputs: Sequence
     """Raise :class:`CollectiveMismatchError` unless every rank of each group the graph uses runs
     the same collective sequence (and, for an SPMD program, the same ``inputs``: one line per
     input); returns this rank's digest."""
-    seq = [*(f"input {line}" for line in inputs), *collective_sequence(gm)]
+    return check_same_program(program_lines(gm, inputs), kind, _groups(gm))
+
+
+def program_lines(gm: torch.fx.GraphModule, inputs: Sequence[str] = ()) -> list[str]:
+    """What ranks running ``gm`` must agree on: its ``inputs`` (one line each) and collectives."""
+    return [*(f"input {line}" for line in inputs), *collective_sequence(gm)]
+
+
+def on_every_rank(flag: bool, group: dist.ProcessGroup) -> bool:
+    """Whether ``flag`` holds on every rank of ``group`` (a collective: call on every rank)."""
+    return all(payload == b"1" for payload in _all_gather_bytes(b"1" if flag else b"0", group))
+
+
+def check_same_program(seq: Sequence[str], kind: str, groups: Sequence[Any]) -> str:
+    """:func:`check_same_collectives` for a program described by ``seq`` (:func:`program_lines`,
+    e.g. stored with it) over ``groups`` (process groups or their names)."""
     text = "\n".join(seq)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    for name in _groups(gm):
+    for name in groups:
         pg = _group(name)
+        name = name if isinstance(name, str) else pg.group_name
         theirs = _all_gather_bytes(f"{digest}\n{text}".encode(), pg)
         me = dist.get_rank(pg)
         for r, payload in enumerate(theirs):

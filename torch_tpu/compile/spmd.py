@@ -41,16 +41,26 @@ def describe_inputs(avals: Sequence[Any]) -> list[str]:
 
 class SpmdProgram:
     """``fn`` (of local arrays) as one program over ``group``'s ranks, with inputs ``donated``
-    (positions) updated in place. A call takes and returns local arrays."""
+    (positions) updated in place; or ``exported``, such a program as :meth:`export` gave it. A
+    call takes and returns local arrays."""
 
-    def __init__(self, fn: Callable[..., tuple], group: dist.ProcessGroup, donated: Sequence[int]) -> None:
+    def __init__(self, fn: Callable[..., tuple] | None, group: dist.ProcessGroup, donated: Sequence[int],
+                 exported: Any = None) -> None:
         self.mesh = _mesh(group)
         self._local = next(d for d in self.mesh.devices.flat if d.process_index == jax.process_index())
         self._sharding = NamedSharding(self.mesh, PartitionSpec())
-        spec = PartitionSpec()
-        spmd = jax.shard_map(lambda *xs: tuple(fn(*xs)), mesh=self.mesh, in_specs=spec, out_specs=spec,
-                             check_vma=False)
-        self._program = CompiledProgram(spmd, donated)
+        if exported is not None:
+            self._spmd = exported.call
+        else:
+            self._spmd = jax.shard_map(lambda *xs: tuple(fn(*xs)), mesh=self.mesh, in_specs=PartitionSpec(),
+                                       out_specs=PartitionSpec(), check_vma=False)
+        self._program = CompiledProgram(self._spmd, donated)
+
+    def export(self, avals: Sequence[Any]) -> Any:
+        """The program for local inputs shaped as ``avals``, as a ``jax.export`` over the group's
+        devices (to store: :meth:`__init__` runs it again)."""
+        return jax.export.export(jax.jit(self._spmd))(
+            *(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding) for a in avals))
 
     def _global(self, local: Any) -> jax.Array:
         if isinstance(local, np.ndarray) or local.devices() != {self._local}:

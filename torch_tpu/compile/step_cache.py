@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import xla_cache
@@ -114,6 +115,8 @@ def _describe(value: Any, depth: int = 0) -> str:
         return "{" + ",".join(f"{_describe(k, depth + 1)}:{_describe(v, depth + 1)}" for k, v in value.items()) + "}"
     if isinstance(value, torch.Tensor):
         return compiled_graph.tensor_digest(value).hex()
+    if isinstance(value, dist.ProcessGroup):  # its ranks, in this process's world
+        return f"group:{dist.get_world_size()}:{dist.get_process_group_ranks(value)}"
     if isinstance(value, types.FunctionType):
         cells = _cell_values(value)
         return (f"fn:{value.__module__}.{value.__qualname__}:{_code_digest(value)}:"
@@ -168,8 +171,9 @@ def _hooks(optimizer: torch.optim.Optimizer) -> bool:
 
 def step_key(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None,
              param_names: Sequence[str], other_names: Sequence[str], signature: StepSignature,
-             input_grads: Sequence[int]) -> str | None:
-    """The cache key of the step ``signature`` traces, or None when it cannot be cached."""
+             input_grads: Sequence[int], group: dist.ProcessGroup | None = None) -> str | None:
+    """The cache key of the step ``signature`` traces (an SPMD step over ``group``'s ranks), or
+    None when it cannot be cached."""
     if xla_cache.cache_dir() is None or _hooks(optimizer) or any(_has_hooks(m) for m in model.modules()):
         return None
     _package_digests.clear()
@@ -178,7 +182,7 @@ def step_key(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn
     h = hashlib.sha256()
     for part in (jax.__version__, torch.__version__, compiled_graph.registry_fingerprint(),
                  torch.get_default_dtype(), repr(signature), list(param_names), list(other_names),
-                 list(input_grads), _module_digest(model), _describe(loss_fn),
+                 list(input_grads), _describe(group), _module_digest(model), _describe(loss_fn),
                  _class_digest(type(optimizer)), sorted({_package_digest(p) for p in packages})):
         h.update(repr(part).encode())
         h.update(b"\0")

@@ -26,7 +26,7 @@ import functools
 import logging
 import operator
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 
 from torch_tpu.compile import graph as compiled_graph
 from torch_tpu.compile import step_cache
-from torch_tpu.compile.collectives import check_same_collectives
+from torch_tpu.compile.collectives import check_same_collectives, check_same_program, on_every_rank, program_lines
 from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
 from torch_tpu.compile.spmd import SpmdProgram, collective_lowering, describe_inputs
@@ -93,11 +93,14 @@ class _Program:
             i for i in range(n_donated)
             if self._input_slot(i, len(signature.params), len(signature.others), state_keys) in changed
         )
-        fn = exported.call if exported is not None else fn
+        self.collectives: list[str] = []  # over a group: what its ranks agreed on (program_lines)
         # over a group: SPMD, every rank its own batch, the collectives inside; else its executable
         # stored with the program (under the program's ``key``)
-        self.runner = (CompiledProgram(fn, self.donated, key if exported is not None else None) if group is None
-                       else SpmdProgram(fn, group, self.donated))
+        if group is not None:
+            self.runner: CompiledProgram | SpmdProgram = SpmdProgram(fn, group, self.donated, exported)
+        else:
+            self.runner = CompiledProgram(exported.call if exported is not None else fn, self.donated,
+                                          key if exported is not None else None)
 
     def run(self, inputs: list[jax.Array]) -> Sequence[jax.Array]:
         """The program's outputs for ``inputs``."""
@@ -106,33 +109,36 @@ class _Program:
     @staticmethod
     def traced(graph: StepGraph, group: dist.ProcessGroup | None = None, key: str | None = None) -> _Program:
         """The program of a freshly traced step, exported (to be stored under ``key``) where JAX can
-        serialize it; over ``group`` an SPMD program (not stored), checked to be the same on every rank."""
+        serialize it; over ``group`` an SPMD program, checked to be the same on every rank."""
         random = needs_random_key(graph.graph)
-        if group is not None:
-            fn = to_jax_function(graph.graph, collective_lowering(group))
-            check_same_collectives(graph.graph, "train step",
-                                   describe_inputs(_input_avals(graph.signature, random)))
-            return _Program(graph.signature, list(graph.updates), graph.num_input_grads, unchanged_outputs(graph),
-                            random, None, fn, group)
-        fn = to_jax_function(graph.graph)
-        try:
-            exported = jax.export.export(jax.jit(fn))(*_input_avals(graph.signature, random))
-        except Exception as error:  # noqa: BLE001  (e.g. a custom call without a stable ABI: run it unstored)
-            _log.info("train_step: the step program is not serializable (%s); it is not cached on disk", error)
-            exported = None
-        return _Program(graph.signature, list(graph.updates), graph.num_input_grads, unchanged_outputs(graph),
-                        random, exported, fn, key=key)
+        avals = _input_avals(graph.signature, random)
+        parts = (graph.signature, list(graph.updates), graph.num_input_grads, unchanged_outputs(graph), random)
+        if group is None:
+            fn = to_jax_function(graph.graph)
+            return _Program(*parts, _exported(lambda: jax.export.export(jax.jit(fn))(*avals)), fn, key=key)
+        inputs = describe_inputs(avals)
+        check_same_collectives(graph.graph, "train step", inputs)
+        program = _Program(*parts, None, to_jax_function(graph.graph, collective_lowering(group)), group)
+        program.collectives = program_lines(graph.graph, inputs)
+        program.exported = _exported(lambda: program.runner.export(avals))
+        return program
 
     @staticmethod
-    def loaded(signature: StepSignature, key: str, exported: Any, meta: dict[str, Any]) -> _Program:
-        """The program stored under ``key`` by :meth:`meta` with ``exported``."""
+    def loaded(signature: StepSignature, key: str, exported: Any, meta: dict[str, Any],
+               group: dist.ProcessGroup | None = None) -> _Program:
+        """The program stored under ``key`` by :meth:`meta` with ``exported``; over ``group`` its
+        ranks first agree that they all loaded the same program."""
+        if group is not None:
+            check_same_program(meta["collectives"], "train step", [group])
         updates = [(kind, tuple(where) if kind == "state" else where) for kind, where in meta["updates"]]
-        return _Program(signature, updates, meta["num_input_grads"], meta["unchanged"], meta["random"], exported,
-                        key=key)
+        program = _Program(signature, updates, meta["num_input_grads"], meta["unchanged"], meta["random"], exported,
+                           group=group, key=key)
+        program.collectives = meta["collectives"]
+        return program
 
     def meta(self) -> dict[str, Any]:
         return {"updates": self.updates, "num_input_grads": self.num_input_grads, "unchanged": self.unchanged,
-                "random": self.random}
+                "random": self.random, "collectives": self.collectives}
 
     @staticmethod
     def _input_slot(i: int, n_params: int, n_others: int, state_keys: list) -> tuple[str, Any]:
@@ -144,6 +150,16 @@ class _Program:
 
     def lowered_text(self, inputs: Sequence[jax.Array]) -> str:
         return self.runner.lowered_text(*inputs)
+
+
+def _exported(export: Callable[[], Any]) -> Any:
+    """``export()``: the program as a ``jax.export``; None where JAX cannot serialize it (e.g. a
+    custom call without a stable ABI): it then runs unstored."""
+    try:
+        return export()
+    except Exception as error:  # noqa: BLE001
+        _log.info("train_step: the step program is not serializable (%s); it is not cached on disk", error)
+        return None
 
 
 def _input_avals(signature: StepSignature, random: bool) -> list[jax.ShapeDtypeStruct]:
@@ -265,11 +281,13 @@ class TrainStep:
                 _log.info("train_step: compiling step program %d (new batch shapes, optimizer "
                           "settings or state layout)", len(self._programs) + 1)
             other_names = [n for n, _ in self._others]
-            key = None if self.group is not None else step_cache.step_key(
-                self.model, self.optimizer, self.loss_fn, self._param_names, other_names, signature, self.input_grads)
+            key = step_cache.step_key(self.model, self.optimizer, self.loss_fn, self._param_names, other_names,
+                                      signature, self.input_grads, self.group)
             stored = step_cache.load(key) if key is not None else None
+            if self.group is not None and not on_every_rank(stored is not None, self.group):
+                stored = None  # every rank traces (and agrees) if one has no stored program
             if stored is not None:
-                program = _Program.loaded(signature, key, *stored)
+                program = _Program.loaded(signature, key, *stored, self.group)
             else:
                 graph = trace_step(self.model, self.optimizer, self.loss_fn, self._param_names, other_names,
                                    signature, self.input_grads, None if self.group is None else self._averaged)
