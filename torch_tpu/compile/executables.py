@@ -72,11 +72,13 @@ class CompiledProgram:
 
 
 def executable_key(program_key: str, inputs: Sequence[Any]) -> str:
-    """The cache key of ``program_key``'s executable for ``inputs`` on this backend."""
-    device = jax.devices()[0]
+    """The cache key of ``program_key``'s executable for ``inputs`` on this backend, in this
+    process (several share a cache: each runs on its own devices)."""
+    device = jax.local_devices()[0]  # where uncommitted inputs go
     h = hashlib.sha256(program_key.encode())
     h.update(f"|{jax.__version__}|{jaxlib.__version__}|{platform.machine()}|{device.client.platform}|"
-             f"{device.client.platform_version}|{device.device_kind}|{jax.config.jax_default_device}".encode())
+             f"{device.client.platform_version}|{device.device_kind}|{jax.config.jax_default_device}|"
+             f"{jax.process_index()}|{device.id}".encode())
     for x in inputs:
         aval = jax.typeof(x)
         sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
@@ -88,7 +90,7 @@ def _storable(inputs: Sequence[Any]) -> bool:
     """Whether the program for ``inputs`` is stored here: the cache is on, the program on one
     device (the order of several is not recorded here) of a backend that serializes executables
     (else JAX's cache keeps it)."""
-    client = jax.devices()[0].client
+    client = jax.local_devices()[0].client
     return (xla_cache.cache_dir() is not None and getattr(client, "supports_executable_serialization", True)
             and not any(isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 for x in inputs))
 
@@ -112,6 +114,6 @@ def _load(blob: bytes) -> Any:
     from jax.experimental import serialize_executable
 
     payload, in_tree, out_tree, device_id = pickle.loads(blob)
-    device = next(d for d in jax.devices() if d.id == device_id)
+    device = next(d for d in jax.local_devices() if d.id == device_id)
     return serialize_executable.deserialize_and_load(payload, in_tree, out_tree, backend=device.client,
                                                      execution_devices=[device])
