@@ -131,7 +131,8 @@ def collective_sequence(gm: torch.fx.GraphModule) -> list[str]:
     return seq
 
 
-def _groups(gm: torch.fx.GraphModule) -> list[Any]:
+def collective_groups(gm: torch.fx.GraphModule) -> list[Any]:
+    """The process groups (by name) of the graph's collectives, in order of first use."""
     names: list[Any] = []
     for node in gm.graph.nodes:
         if is_collective(node):
@@ -159,7 +160,7 @@ def check_same_collectives(gm: torch.fx.GraphModule, kind: str, inputs: Sequence
     """Raise :class:`CollectiveMismatchError` unless every rank of each group the graph uses runs
     the same collective sequence (and, for an SPMD program, the same ``inputs``: one line per
     input); returns this rank's digest."""
-    return check_same_program(program_lines(gm, inputs), kind, _groups(gm))
+    return check_same_program(program_lines(gm, inputs), kind, collective_groups(gm))
 
 
 def program_lines(gm: torch.fx.GraphModule, inputs: Sequence[str] = ()) -> list[str]:

@@ -55,15 +55,14 @@ class CompiledProgram:
         return self.jitted.lower(*inputs).as_text()
 
     def _compile(self, inputs: Sequence[Any]) -> Any:
-        key = None if self._key is None or not _storable(inputs) else executable_key(self._key, inputs)
-        if key is not None:
-            loaded = xla_cache.load(persistent_cache.COMPILED_LEVEL, key, _load)
-            if loaded is not None:
-                xla_cache.xla_counts["hits"] += 1
-                return loaded
-        if key is None:
+        if self._key is None or not _storable(inputs):
             with persistent_cache.persistent():
                 return self.jitted.lower(*inputs).compile()
+        key = executable_key(self._key, inputs)
+        loaded = xla_cache.load(persistent_cache.COMPILED_LEVEL, key, _load)
+        if loaded is not None:
+            xla_cache.xla_counts["hits"] += 1
+            return loaded
         with xla_cache.jax_cache_bypassed():  # compiled here, not loaded from JAX's cache: it serializes whole
             compiled = self.jitted.lower(*inputs).compile()
         xla_cache.xla_counts["misses"] += 1

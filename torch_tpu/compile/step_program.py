@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 
 from torch_tpu.compile import graph as compiled_graph
 from torch_tpu.compile import step_cache
-from torch_tpu.compile.collectives import check_same_collectives, check_same_program, on_every_rank, program_lines
+from torch_tpu.compile.collectives import check_same_program, collective_groups, on_every_rank, program_lines
 from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
 from torch_tpu.compile.spmd import SpmdProgram, collective_lowering, describe_inputs
@@ -116,10 +116,10 @@ class _Program:
         if group is None:
             fn = to_jax_function(graph.graph)
             return _Program(*parts, _exported(lambda: jax.export.export(jax.jit(fn))(*avals)), fn, key=key)
-        inputs = describe_inputs(avals)
-        check_same_collectives(graph.graph, "train step", inputs)
+        lines = program_lines(graph.graph, describe_inputs(avals))
+        check_same_program(lines, "train step", collective_groups(graph.graph))
         program = _Program(*parts, None, to_jax_function(graph.graph, collective_lowering(group)), group)
-        program.collectives = program_lines(graph.graph, inputs)
+        program.collectives = lines
         program.exported = _exported(lambda: program.runner.export(avals))
         return program
 
