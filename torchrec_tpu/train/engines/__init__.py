@@ -101,6 +101,14 @@ ENGINES: dict[str, EngineKind] = {e.name: e for e in (
 )}
 
 
+EAGER_STEP = "eager train_step (forward, backward and optimizer step op by op)"
+
+
+def step_program_name(step_fn: StepFn) -> str:
+    """What runs a step of ``step_fn``: its ``program_name`` (a compiled step's), else the eager step."""
+    return getattr(step_fn, "program_name", EAGER_STEP)
+
+
 def engine_for(config: TrainConfig) -> Engine:
     """The engine ``config.engine.kind`` names, given its config groups."""
     return ENGINES[config.engine.kind].load().from_config(config)
