@@ -62,3 +62,24 @@ logging.getLogger("torchrec_tpu.train.loop").info("step 1/1")
     text = done.stdout + done.stderr
     assert_quiet(text)
     assert text.count("step 1/1") == 1, text
+
+
+def test_a_job_started_from_python_sets_up_the_logging(tmp_path: Path) -> None:
+    """``run_job`` called from Python (no CLI) quiets the same noise: torch.fx's is_fx_tracing
+    warning, which TorchRec's modules trigger, stays out once a job has started."""
+    script = """
+import sys
+from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.job import run_job
+try:
+    run_job(TrainConfig.from_options(data=sys.argv[1], log_dir=sys.argv[2]))  # no Parquet there: fails at once
+except FileNotFoundError:
+    pass
+import torch.fx._symbolic_trace as st
+st.is_fx_tracing()
+"""
+    (tmp_path / "empty").mkdir()
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "empty"), str(tmp_path / "run")],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_quiet(done.stdout + done.stderr)

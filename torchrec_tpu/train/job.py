@@ -15,6 +15,7 @@ from torchrec.datasets.utils import Batch
 
 from pipelines.arrow_batch import empty_batch
 from pipelines.bad_values import BadValueCounts
+from torchrec_tpu.log_setup import configure_logging
 from torchrec_tpu.train.checkpoint.dirs import new_run_id
 from torchrec_tpu.train.checkpoint.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.checkpoint.run_dirs import RunDirs, claim_run_dirs
@@ -101,6 +102,7 @@ class JobHooks:
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
             hooks: JobHooks = JobHooks()) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
+    configure_logging("train")  # the CLI's logging for Python callers too (a second call changes nothing)
     engine = engine_for(config)
     with process_group(config.engine.collective_timeout, engine.needs_device_tensors, config.engine.bind_cpus) as env, \
             collectives("the collectives of setting up or finishing the run (model sharding, DDP "
@@ -113,7 +115,13 @@ def _run(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device
     if env.world_size > 1 and env.is_primary:
         _log.info("torchrec-tpu train: %s", describe_transport(env))
     with contextlib.ExitStack() as held:  # the primary's locks on the run's directories
-        return _run_in(config, engine, env, device, hooks, _on_primary(lambda: claim_run_dirs(config, held), env))
+        dirs = _on_primary(lambda: claim_run_dirs(config, held), env)
+        try:
+            return _run_in(config, engine, env, device, hooks, dirs)
+        except _AGREED_ERRORS:  # failed on its config (options, files, checkpoint)
+            if env.is_primary:
+                dirs.remove_created()
+            raise
 
 
 def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device, hooks: JobHooks,
