@@ -34,7 +34,7 @@ def test_redirected_train_log_is_plain(tmp_path: Path, capsys) -> None:
              data, progress=False)
     rc = main(["train", "--data", str(data), "--num-embeddings", "100", "--embedding-dim", "8", "--dense-arch",
                "16,8", "--over-arch", "8,1", "--batch-size", "64", "--max-steps", "6", "--log-every", "3",
-               "--log-dir", str(tmp_path / "run")])
+               "--eval-every", "3", "--print-sharding-plan", "--log-dir", str(tmp_path / "run")])
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert rc == 0, text[-4000:]
@@ -42,6 +42,12 @@ def test_redirected_train_log_is_plain(tmp_path: Path, capsys) -> None:
     steps = [line for line in captured.out.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in steps] == ["3/6", "6/6"], text
     assert "loss" in steps[0] and "samples/s" in steps[0]
+    lines = captured.out.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("eval step")] == ["eval step 3", "eval step 6"]
+    assert any(line.startswith("checkpoint step 6: ") for line in lines), text
+    # --print-sharding-plan: each of the 26 tables, whole on the one rank
+    plan = [line for line in lines if line.startswith("  t_C")]
+    assert len(plan) == 26 and all("table_wise" in line and "rank 0 (100 rows, cols 0-7)" in line for line in plan)
 
 
 def test_library_noise_is_silenced_even_with_root_logging_at_info() -> None:

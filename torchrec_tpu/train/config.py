@@ -144,6 +144,9 @@ class EngineConfig:
                                "spinning threads compete for cores")
     bind_cpus: bool = _opt(True, "with several ranks on one host (torchrun), bind each rank to its own block of "
                                  "the host's CPUs, so the ranks' thread pools (torch, XLA:CPU) do not compete")
+    print_sharding_plan: bool = _opt(False, "print where each embedding table went (sharding type, ranks, rows "
+                                            "and columns of each shard) once the model is sharded (TorchRec "
+                                            "dlrm_main's --print_sharding_plan)")
     collective_timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before every rank "
                                             "fails (a stalled or dead rank), all process groups", metavar="SECONDS")
 

@@ -74,6 +74,10 @@ class Engine(Protocol):
         """The per-step learning rates of ``policy`` over this engine's optimizers."""
         ...
 
+    def sharding_plan(self, model: nn.Module) -> str:
+        """Where each table of ``model`` went (``--print-sharding-plan``), as lines of text."""
+        ...
+
 
 @dataclass(frozen=True)
 class EngineKind:
