@@ -71,7 +71,7 @@ def profile_training(
         reader = PhasedParquetReader(
             train.files, train.batch_size, train.table_sizes, train.schema,
             rank=env.rank, world_size=env.world_size, drop_last=env.world_size > 1,
-            prefetch_row_groups=0,
+            prefetch_row_groups=0, rows=train.rows,
         )
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         engine = engine_for(config)
