@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_tpu.eager import fallback, modes, op_jit
+from torch_tpu.eager import fallback, modes, op_jit, zero_division
 from torch_tpu.eager.views import _same_view_handler
 from torch_tpu.ops import decompositions, metadata_ops
 from torch_tpu.ops.lowerings import indexing
@@ -146,6 +146,7 @@ def _unwrap_args(op: Any, args: tuple) -> list:
 
 
 def _execute(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
+    zero_division.check(lowering.op, args, kwargs, read_device=_MODE[0] is modes.EagerMode.DEBUG)
     jargs = _unwrap_args(lowering.op, args)
     indexing.check_bounds(lowering.op, jargs)
     jkwargs = {k: _unwrap(v) for k, v in kwargs.items()} if kwargs else {}
