@@ -42,6 +42,7 @@ from sparsecore.preprocess import preprocess_inputs
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 from torch_tpu.ops.sparsecore import touched_rows_ahead
+from torch_tpu.ops.sparsecore_checks import preprocessed
 from torch_tpu.runtime.tensor import write
 from torchrec_tpu.sharding.sharded_tables import traceable_update
 from torchrec_tpu.sharding.stacked_arrays import stacked_array, table_rows
@@ -219,9 +220,10 @@ class StackedState(nn.Module):
         tables = [t[0] for t in self.step_tensors(b)]
         per_stack = []
         for i, (st, table) in enumerate(zip(self.plan.stacks, tables)):
-            act = torch.ops.tpu.sparse_dense_matmul(*csr[4 * i:4 * i + 4], table, st.total_sample_count,
-                                                    *csr_limits(st, self.chunks, csr[4 * i + 1]),
-                                                    touched_rows=touched[i] if touched else None)
+            with preprocessed():  # this backend's own CSR buffers: valid by construction
+                act = torch.ops.tpu.sparse_dense_matmul(*csr[4 * i:4 * i + 4], table, st.total_sample_count,
+                                                        *csr_limits(st, self.chunks, csr[4 * i + 1]),
+                                                        touched_rows=touched[i] if touched else None)
             per_stack.append(act if self._identity[i] else act.index_select(0, b[f"perm_{i}"]))
         if not self.uniform:
             split = [rows.split([fp.batch_size for fp in st.features]) for st, rows in zip(self.plan.stacks, per_stack)]
@@ -264,8 +266,9 @@ class StackedState(nn.Module):
                                                       self.step_tensors(b))):
             limits = (st.total_sample_count, *csr_limits(st, self.chunks, csr[4 * i + 1]))
             op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{st.optimizer.name}")
-            new = op(*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b), *limits,
-                     touched_rows=touched[i] if touched else None)
+            with preprocessed():
+                new = op(*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b),
+                         *limits, touched_rows=touched[i] if touched else None)
             out.append(new if isinstance(new, tuple) else (new,))
         return out
 
