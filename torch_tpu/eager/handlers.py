@@ -88,7 +88,8 @@ def _fast_signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] 
 def _note_fast(func: Any, lowering: Lowering, args: tuple, kwargs: dict, inplace: bool = False) -> None:
     """After the lowered handler ran ``func``: give the call's signature its op_jit program."""
     program = op_jit.last_program()
-    if program is None or lowering.needs_key or _MODE[0] is not _STRICT or indexing.has_bounds_check(lowering.op):
+    if (program is None or lowering.needs_key or _MODE[0] is not _STRICT or lowering.check is not None
+            or indexing.has_bounds_check(lowering.op)):
         return
     found = _fast_signature(func, args, kwargs)
     if found is not None:
@@ -149,6 +150,8 @@ def _execute(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
     jargs = _unwrap_args(lowering.op, args)
     indexing.check_bounds(lowering.op, jargs)
     jkwargs = {k: _unwrap(v) for k, v in kwargs.items()} if kwargs else {}
+    if lowering.check is not None:
+        lowering.check(jargs, jkwargs)
     if lowering.needs_key:
         jkwargs["key"] = tpu_random.next_key()
     try:
