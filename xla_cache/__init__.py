@@ -15,9 +15,27 @@ Layout, one level per subdirectory of :func:`cache_dir`:
   ``compiled/``: their executables, serialized) hold one ``<key>.jaxexport`` file per entry,
   written and trimmed by :func:`store`, read by :func:`load`.
 
-A corrupt entry (truncated by a full disk or a killed writer, damaged) is removed with a warning
-naming it when it is read, and the program is compiled again: :func:`load` decodes through the
-caller's decoder, and JAX's executables are checked when read (:func:`_tolerant_lru_cache`).
+Trust: what the cache holds runs as code (a compiled XLA executable is native code), so, as ssh's
+StrictModes and pip's and Inductor's per-user caches do, the directory and each level directory
+are used only when they are real directories owned by the current user, writable by that user and
+by no group or other user, and no directory above lets another user rename them away
+(:mod:`xla_cache.trust`; this module creates them ``0700``). A directory that fails (another
+owner, group/world-writable, read-only, a regular file in its place, an unwritable parent), or a
+write that fails later (a full disk), turns the persistent cache off for the process, JAX's
+included, with one warning line naming the directory, why, and how to fix it; the job runs
+uncached. Nothing in the cache is a pickle: every entry of every level, JAX's ``executables/``
+included, is a plain header (magic, format version, the full key it was stored under, payload
+length, sha256 of the payload) and the raw payload (:mod:`xla_cache.entries`); ``compiled/``
+holds executables in a plain encoding (``torch_tpu.compile.executable_codec``).
+
+On load an entry must be a regular file inside its level (no symbolic link, FIFO, device;
+opened without following links or blocking), no bigger than the level's cap, and match its
+header: magic, version, the key asked for (an entry copied over another key's name is refused,
+JAX's file-name keyed entries too: :mod:`xla_cache.jax_lru`), length and digest. Anything else,
+and an entry the caller's decoder refuses (a damaged program), is a miss: the file is removed with
+one warning naming it and the program is compiled again and stored anew. Within a trusted
+directory only this user (or root) can write entries; the checks turn their accidents (damage,
+truncation, a misplaced copy, a special file) into misses, never a wrong program or a hang.
 
 What goes in: whole programs, compiled inside :func:`persistent` (torch_tpu's compiled graphs and
 training steps, the sparsecore engine's lookup/update programs); outside it only programs that
