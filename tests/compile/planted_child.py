@@ -8,13 +8,34 @@ activation, inference on a fixed input (one FX graph: entries in ``fx/`` and ``c
 
 import dataclasses
 import json
+import os
+import pickle
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
 import torch_tpu.compile as tc
 from tests.compile.models import mlp
+
+
+class _Plant:
+    """Unpickling it creates the directory ``marker``: proof that planted code ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (str(self.marker),)
+
+
+def planted_pickle(marker: Path) -> bytes:
+    """A pickle that creates ``marker`` when loaded (checked live on a probe path beside it)."""
+    probe = marker.with_name(marker.name + "-probe")
+    pickle.loads(pickle.dumps(_Plant(probe)))
+    assert probe.is_dir()
+    return pickle.dumps(_Plant(marker))
 
 
 def activation_model(name: str) -> nn.Module:

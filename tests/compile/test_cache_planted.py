@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -21,31 +20,13 @@ import torch
 
 import torch_tpu.compile as tc
 import xla_cache
-from tests.compile.planted_child import activation_model, compile_inputs, step_losses
+from tests.compile.planted_child import activation_model, compile_inputs, planted_pickle, step_losses
 from torch_tpu.compile import graph
 from xla_cache import entries
 
 REPO = Path(__file__).resolve().parents[2]
 LEVELS = ("compiled", "fx", "steps")
 OTHER_UID = 4321
-
-
-class _Plant:
-    """Unpickling it creates the directory ``marker``: proof that planted code ran."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.mkdir, (str(self.marker),)
-
-
-def _planted_pickle(marker: Path) -> bytes:
-    blob = pickle.dumps(_Plant(marker))
-    probe = marker.with_name(marker.name + "-probe")
-    pickle.loads(pickle.dumps(_Plant(probe)))  # the plant is live: unpickling it runs code
-    assert probe.is_dir()
-    return blob
 
 
 def _files(cache: Path) -> dict[str, set[Path]]:
@@ -56,7 +37,7 @@ def _plant_everywhere(cache: Path, marker: Path) -> list[Path]:
     """A pickle over every entry: bare (as the old format read ``compiled/``), and over every
     other ``compiled/`` entry behind a valid header for the entry's own key (what a writer who
     knows the format would plant)."""
-    blob = _planted_pickle(marker)
+    blob = planted_pickle(marker)
     planted = []
     for level, paths in _files(cache).items():
         for i, path in enumerate(sorted(paths)):
@@ -194,7 +175,7 @@ def test_an_untrusted_directory_is_not_used(case: str, tmp_path: Path, caplog: p
         _compiled_output("relu")
         shutil.copytree(good, directory, symlinks=True)
         marker = tmp_path / "planted-code-ran"
-        blob = _planted_pickle(marker)
+        blob = planted_pickle(marker)
         for path in _files(directory)["compiled"]:  # as the old format was read: a bare pickle
             path.write_bytes(blob)
         make_untrusted(directory)
@@ -236,13 +217,14 @@ def _child(cache: Path, *args: str) -> tuple[dict, list[str]]:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # three fresh processes (~70 s on 2 busy cores)
 def test_torch_compile_job_with_planted_entries(tmp_path: Path) -> None:
     """A real ``torch.compile(backend="tpu")`` job: bare pickles over its entries never run; a
     foreign-owned cache gives one warning line and the job runs uncached."""
     cache, marker = tmp_path / "cache", tmp_path / "planted-code-ran"
     expected = _reference("sigmoid").tolist()
     first, _ = _child(cache, "compile", "sigmoid")
-    blob = _planted_pickle(marker)
+    blob = planted_pickle(marker)
     for path in (*_files(cache)["compiled"], *_files(cache)["fx"]):
         path.write_bytes(blob)
     second, warned = _child(cache, "compile", "sigmoid")
