@@ -8,7 +8,10 @@ atomically. When no compiler is found or the build fails, ``extension()`` warns 
 None, and preprocessing falls back to the numpy path (``sparsecore.preprocess``).
 
 Environment: ``TORCHREC_TPU_NATIVE=0`` disables the extension; ``TORCHREC_TPU_NATIVE_CACHE`` sets
-the cache folder (default ``$XDG_CACHE_HOME/torchrec-tpu/native``, else ``~/.cache/...``).
+the cache folder (default ``$XDG_CACHE_HOME/torchrec-tpu/native``, else ``~/.cache/...``). The
+built module runs as code, so the folder is used only when this user owns it and no one else can
+write to it (:mod:`xla_cache.trust`; created ``0700``), else a per-user folder in the temp folder
+under the same rule, else the extension is unavailable (numpy path, one warning naming why).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
+import stat
 import subprocess
 import sysconfig
 import tempfile
@@ -27,6 +31,8 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+
+from xla_cache import trust
 
 SOURCE = Path(__file__).with_name("csrc") / "preprocess.cc"
 MODULE = "_sparsecore_native"
@@ -85,14 +91,16 @@ def _build_and_load() -> ModuleType:
 def build_library(source: Path, name: str, flags: Sequence[str], suffix: str) -> Path:
     """The shared library built from ``source`` with ``flags`` by the system C++ compiler: compiled
     into the cache once per (source, flags, compiler, suffix), concurrent builders serialised, and
-    its path returned. Raises NativeUnavailable saying why when no compiler is there or the build
-    fails."""
+    its path returned, checked by the trust policy (:func:`_check_module`: it is loaded as code).
+    Raises NativeUnavailable saying why when no compiler is there, the build fails or the built
+    file is not trusted."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
         raise NativeUnavailable(f"no C++ compiler {os.environ.get('CXX', 'g++')!r} on PATH")
     path = _cache_dir() / f"{name}-{_build_key(source, flags, compiler, suffix)}{suffix}"
-    if not path.exists():
+    if not os.path.lexists(path):
         _build(compiler, source, flags, path)
+    _check_module(path)
     return path
 
 
@@ -103,26 +111,38 @@ def _build_key(source: Path, flags: Sequence[str], compiler: str, suffix: str) -
 
 
 def _cache_dir() -> Path:
+    """The build cache: the configured (or default) folder, else a per-user one under the temp
+    folder, whichever the trust policy admits (:mod:`xla_cache.trust`: the module built there is
+    loaded as code)."""
     configured = os.environ.get("TORCHREC_TPU_NATIVE_CACHE")
     if configured:
         base = Path(configured)
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torchrec-tpu" / "native"
+    reasons = []
+    for candidate in (base, Path(tempfile.gettempdir()) / f"torchrec-tpu-native-{os.getuid()}"):
+        try:
+            return trust.private_dir(candidate)
+        except trust.Untrusted as error:
+            reasons.append(str(error))
+    raise NativeUnavailable(f"no trusted build cache ({'; '.join(reasons)})")
+
+
+def _check_module(path: Path) -> None:
+    """Refuse a built module that is not a regular file of this user's, writable by no one else."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NativeUnavailable(f"{path} is not a regular file: remove it")
     try:
-        base.mkdir(parents=True, exist_ok=True)
-        if os.access(base, os.W_OK):
-            return base
-    except OSError:
-        pass
-    fallback = Path(tempfile.gettempdir()) / f"torchrec-tpu-native-{os.getuid()}"
-    fallback.mkdir(exist_ok=True)
-    return fallback
+        trust.check_owned(path, st, f"remove {path}")
+    except trust.Untrusted as error:
+        raise NativeUnavailable(str(error)) from None
 
 
 def _build(compiler: str, source: Path, flags: Sequence[str], path: Path) -> None:
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same module
-        if path.exists():
+        if os.path.lexists(path):
             return
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         command = [compiler, *flags, str(source), "-o", str(tmp)]
