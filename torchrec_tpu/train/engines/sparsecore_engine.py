@@ -180,7 +180,9 @@ class SparseCoreEngine:
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
         """(The batches stay on the host, ``device``; the towers go to the dense device.)"""
-        device = resolve_dense_device(self.options.dense_device, spec, env.world_size, self.options.dense_parallel)
+        device = resolve_dense_device(self.options.dense_device, spec, env.world_size, self.options.dense_parallel,
+                                      self.batch_size // env.world_size,
+                                      dense_optimizer(self.optim.dense_optimizer).torch_class())
         return build_sparsecore_model(spec, env, device, self.optim, self.options, self.batch_size, self.seed)
 
     def build_optimizer(self, model: nn.Module) -> KeyedOptimizerWrapper:
