@@ -79,7 +79,7 @@ def test_auto_dense_device_follows_the_structure_then_the_measurement() -> None:
     assert resolve_dense_device("cpu", SMALL, 1, "ddp", 64).type == "cpu"
     assert len(list(_placement_entries())) == before  # none of these measured
     picked = resolve_dense_device("auto", SMALL, 1, "ddp", 64)
-    stored = dense_calibration._key(SMALL, 64, torch.optim.Adagrad)
+    stored = dense_calibration._key(SMALL, 64, torch.optim.Adagrad, "fp32")
     entry = dense_calibration.xla_cache.load(dense_calibration.LEVEL, stored, lambda blob: blob)
     assert entry is not None and f'"device": "{picked.type}"'.encode() in entry
     TrainConfig.from_options(engine="torchrec", dense_device="cpu").validate()  # where it runs anyway

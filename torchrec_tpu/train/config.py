@@ -23,6 +23,7 @@ from pipelines.bad_value_policies import POLICIES as BAD_VALUE_POLICIES
 from torchrec_tpu.suggest import close_match, did_you_mean
 from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
+from torchrec_tpu.train.precision import PRECISIONS
 
 # The option vocabularies that are defined here (the others come from their registries above).
 MODELS = ("dlrm", "dlrm_dcn")
@@ -153,7 +154,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """The fused embedding optimizer, the dense one, the learning-rate schedule."""
+    """The fused embedding optimizer, the dense one, the learning-rate schedule, the towers' precision."""
 
     sparse_optimizer: str = _opt("adagrad", "fused embedding optimizer (runs inside backward)",
                                  choices=tuple(SPARSE_OPTIMIZERS))
@@ -164,6 +165,9 @@ class OptimConfig:
                                    "TorchRec dlrm_main / MLPerf DLRM; 0: none)")
     lr_decay_start: int = _opt(0, "step where the quadratic learning-rate decay starts")
     lr_decay_steps: int = _opt(0, "steps of the quadratic decay to 1e-7 (0: no decay)")
+    precision: str = _opt("fp32", "the dense towers' matmuls: fp32, or bf16 as TPUs train (autocast on the towers' "
+                                  "device, both engines; parameters, optimizer state and accumulation stay fp32)",
+                          choices=PRECISIONS)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,12 @@ to the TPU device changes what is passed in, not this file.
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, ContextManager, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -23,6 +25,7 @@ from torchrec.datasets.utils import Batch
 from pipelines.progress import progress_bar
 from pipelines.streams import batches_from_row
 from torchrec_tpu.train.metrics import EvalForward, EvalResult, evaluate, model_outputs
+from torchrec_tpu.train.precision import autocast
 from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
 
@@ -78,17 +81,28 @@ CheckpointFn = Callable[[int, LoopPosition], object]  # (global step, position a
 LearningRatesFn = Callable[[int], dict[str, float]]  # 1-based step -> scalars (rates applied)
 
 
-def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch) -> torch.Tensor:
+def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
+               forward_context: Callable[[], ContextManager] = contextlib.nullcontext) -> torch.Tensor:
     """One forward/backward/update, op by op. Fused embedding optimizers update the tables in
-    backward; ``optimizer.step()`` updates the dense parameters. (The profiler's phase ranges cost
+    backward; ``optimizer.step()`` updates the dense parameters. The forward runs inside
+    ``forward_context()`` (``--precision bf16``: autocast). (The profiler's phase ranges cost
     about a microsecond each when no profiler runs.)"""
     optimizer.zero_grad()
-    loss, _ = model(batch)
+    with forward_context():
+        loss, _ = model(batch)
     with record_function(DENSE_BWD):
         loss.backward()
     with record_function(OPTIMIZER):
         optimizer.step()
     return loss.detach()
+
+
+def eager_train_step(device_type: str, precision: str) -> StepFn:
+    """:func:`train_step` with the forward at ``precision`` (``--precision``) for towers on
+    ``device_type``."""
+    if precision == "fp32":
+        return train_step
+    return functools.partial(train_step, forward_context=lambda: autocast(device_type, precision))
 
 
 def _batches(train: Iterable[Batch], options: LoopOptions) -> Iterator[tuple[LoopPosition, Batch]]:

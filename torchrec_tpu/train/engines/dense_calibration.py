@@ -47,14 +47,16 @@ class PlacementTiming:
         return "tpu" if self.tpu_ms < self.cpu_ms else "cpu"
 
 
-def measured_dense_device(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer]) -> str:
+def measured_dense_device(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer],
+                          precision: str = "fp32") -> str:
     """"cpu" or "tpu": where ``spec``'s towers train faster at ``batch_size`` samples per step with
-    ``optimizer``, on this host (stored verdict, else :func:`time_placements`, then stored)."""
-    key = _key(spec, batch_size, optimizer)
+    ``optimizer`` at ``precision``, on this host (stored verdict, else :func:`time_placements`,
+    then stored)."""
+    key = _key(spec, batch_size, optimizer, precision)
     stored = xla_cache.load(LEVEL, key, lambda blob: json.loads(blob.decode()))
     if stored is not None:
         return str(stored["device"])
-    timing = time_placements(spec, batch_size, optimizer)
+    timing = time_placements(spec, batch_size, optimizer, precision)
     _log.info("--dense-device auto: towers' step %.1f ms in CPU eager torch, %.1f ms as one tpu program (XLA:CPU); "
               "picked %s", timing.cpu_ms, timing.tpu_ms, timing.device)
     xla_cache.store(LEVEL, key, json.dumps({"device": timing.device, "cpu_ms": timing.cpu_ms,
@@ -62,7 +64,8 @@ def measured_dense_device(spec: ModelSpec, batch_size: int, optimizer: type[torc
     return timing.device
 
 
-def time_placements(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer]) -> PlacementTiming:
+def time_placements(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer],
+                    precision: str = "fp32") -> PlacementTiming:
     """Both placements' median ms per step of the towers (random batches), rounds interleaved so
     that load on a shared host hits both alike."""
     import torch_tpu.compile as tc
@@ -71,7 +74,7 @@ def time_placements(spec: ModelSpec, batch_size: int, optimizer: type[torch.opti
     tiny = dataclasses.replace(spec, table_sizes=(1,) * len(spec.feature_names))  # the tables stay out
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        cpu_model = DLRMDenseLoss(build_dlrm(tiny, dense_device=torch.device("cpu")))
+        cpu_model = DLRMDenseLoss(build_dlrm(tiny, dense_device=torch.device("cpu")), precision)
         batches = [(torch.randn(batch_size, spec.dense_in_features),
                     torch.randn(batch_size, len(spec.feature_names), spec.embedding_dim),
                     torch.randint(0, 2, (batch_size,)).float()) for _ in range(2)]
@@ -103,17 +106,17 @@ def time_placements(spec: ModelSpec, batch_size: int, optimizer: type[torch.opti
     return PlacementTiming(statistics.median(times["cpu"]), statistics.median(times["tpu"]))
 
 
-def _key(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer]) -> str:
-    """Everything the verdict depends on: the towers, batch, optimizer, torch threads, this host's
-    CPU and core count, the library versions and the device's kernels."""
+def _key(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer], precision: str) -> str:
+    """Everything the verdict depends on: the towers, batch, optimizer, precision, torch threads,
+    this host's CPU and core count, the library versions and the device's kernels."""
     import jax
 
     from torch_tpu.ops import batched_matmul
 
     towers = (len(spec.feature_names), spec.embedding_dim, spec.dense_in_features, spec.dense_layers,
               spec.over_layers, spec.dcn_num_layers, spec.dcn_low_rank_dim)
-    parts = (towers, batch_size, optimizer.__qualname__, torch.get_num_threads(), os.cpu_count(), _cpu_model(),
-             platform.machine(), torch.__version__, jax.__version__, batched_matmul.fingerprint())
+    parts = (towers, batch_size, optimizer.__qualname__, precision, torch.get_num_threads(), os.cpu_count(),
+             _cpu_model(), platform.machine(), torch.__version__, jax.__version__, batched_matmul.fingerprint())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 

@@ -182,7 +182,7 @@ class SparseCoreEngine:
         """(The batches stay on the host, ``device``; the towers go to the dense device.)"""
         device = resolve_dense_device(self.options.dense_device, spec, env.world_size, self.options.dense_parallel,
                                       self.batch_size // env.world_size,
-                                      dense_optimizer(self.optim.dense_optimizer).torch_class())
+                                      dense_optimizer(self.optim.dense_optimizer).torch_class(), self.optim.precision)
         return build_sparsecore_model(spec, env, device, self.optim, self.options, self.batch_size, self.seed)
 
     def build_optimizer(self, model: nn.Module) -> KeyedOptimizerWrapper:
@@ -197,7 +197,8 @@ class SparseCoreEngine:
         return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
 
     def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
-        return step_function(model, optimizer, dense_device_of(model), env.world_size, self.options.dense_parallel)
+        return step_function(model, optimizer, dense_device_of(model), env.world_size, self.options.dense_parallel,
+                             self.optim.precision)
 
     def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
         return eval_forward(model, dense_device_of(model), env.world_size, self.options.dense_parallel)

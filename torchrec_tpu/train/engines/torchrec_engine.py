@@ -28,7 +28,7 @@ from torchrec_tpu.train.config import OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
-from torchrec_tpu.train.loop import StepFn, train_step
+from torchrec_tpu.train.loop import StepFn, eager_train_step
 from torchrec_tpu.train.metrics import EvalForward, model_outputs
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.rank_agreement import AgreedBatches
@@ -98,7 +98,7 @@ class TorchRecEngine:
         return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
 
     def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
-        return train_step
+        return eager_train_step("cpu", self.optim.precision)  # --precision bf16: CPU torch's bf16 autocast
 
     def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
         return model_outputs
