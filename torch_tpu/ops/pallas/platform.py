@@ -69,3 +69,8 @@ def traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Let Dynamo trace into a kernel's Python entry point (torch_tpu/ is a Dynamo skip directory, so
     calling it would otherwise break the graph before the custom op)."""
     return torch._dynamo.dont_skip_tracing(fn)
+
+
+class KernelUnavailable(RuntimeError):
+    """A Pallas kernel this platform cannot run: a SparseCore kernel off TPU (JAX's Pallas
+    interpret mode has no SparseCore). Eager dispatch then runs the calling op's CPU kernel."""
