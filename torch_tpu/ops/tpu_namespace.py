@@ -7,13 +7,22 @@ buffers (``sparsecore.csr_format``) and run ``torch.ops.tpu.sparse_dense_matmul*
 stacked lookup's activations into per-feature tensors. Hyperparameters may be Python floats or
 tensors, as TorchTPU's Python API takes them. ``import torch_tpu`` installs this module as
 ``torch.tpu.ops``.
+
+Several devices: as a SparseCore reaches every device's table over the interconnect, with
+torch.distributed initialized over W > 1 ranks (one device each) the ops span the world: each rank
+passes its local ``Shard(0)`` block of the table (and slots) and its own device's buffers, built
+for W devices, and gets its own samples' activations / its new local blocks (the ops' DTensor rules,
+``torch_tpu.ops.sparsecore_dtensor``, run the collectives).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
 
 EMULATED_SPARSECORES_ENV = "TORCH_TPU_SPARSECORES_PER_DEVICE"
 # SparseCores per device of a device without any (XLA:CPU): v6e's and TPU7x's count, and what
@@ -30,6 +39,30 @@ __all__ = [
 ]
 
 
+@functools.cache
+def _world_mesh(group: dist.ProcessGroup) -> dist.device_mesh.DeviceMesh:
+    return dist.device_mesh.DeviceMesh.from_group(group, "tpu")
+
+
+def _spanning(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The local table blocks as ``Shard(0)`` DTensors over the world's devices (unchanged in a
+    single process or when already DTensors)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return tensors
+    mesh = _world_mesh(dist.group.WORLD)
+    return tuple(t if isinstance(t, DTensor) else DTensor.from_local(t, mesh, [Shard(0)], run_check=False)
+                 for t in tensors)
+
+
+def _local(out: torch.Tensor | tuple[torch.Tensor, ...], given: torch.Tensor) -> torch.Tensor | tuple:
+    """``out`` as the caller gave the table: local blocks for local blocks."""
+    if isinstance(given, DTensor):
+        return out
+    if isinstance(out, tuple):
+        return tuple(o.to_local() if isinstance(o, DTensor) else o for o in out)
+    return out.to_local() if isinstance(out, DTensor) else out
+
+
 def _hyper(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A hyperparameter as the 0-d float32 tensor on ``like``'s device the ops take."""
     if isinstance(value, torch.Tensor):
@@ -42,7 +75,8 @@ def sparse_dense_matmul(row_pointers: torch.Tensor, embedding_ids: torch.Tensor,
                         max_ids_per_partition: int = 256, max_unique_ids_per_partition: int = 256) -> torch.Tensor:
     """The pooled lookup ``[device_batch_size, dim]`` of one device's buffers (differentiable in
     ``embedding_table``)."""
-    return torch.ops.tpu.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table,
+    (table,) = _spanning((embedding_table,))
+    return torch.ops.tpu.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, table,
                                              device_batch_size, max_ids_per_partition, max_unique_ids_per_partition)
 
 
@@ -52,10 +86,11 @@ def sparse_dense_matmul_grad_with_sgd(
         device_batch_size: int, max_ids_per_partition: int = 256, max_unique_ids_per_partition: int = 256,
         computation_name: str = "") -> torch.Tensor:
     """The table after one SGD step on the rows the buffers touch."""
-    return torch.ops.tpu.sparse_dense_matmul_grad_with_sgd(
-        row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad,
+    (table,) = _spanning((embedding_table,))
+    return _local(torch.ops.tpu.sparse_dense_matmul_grad_with_sgd(
+        row_pointers, embedding_ids, sample_ids, gains, table, activations_grad,
         _hyper(learning_rate, embedding_table), device_batch_size, max_ids_per_partition,
-        max_unique_ids_per_partition, computation_name)
+        max_unique_ids_per_partition, computation_name), embedding_table)
 
 
 def sparse_dense_matmul_grad_with_adagrad(
@@ -65,10 +100,11 @@ def sparse_dense_matmul_grad_with_adagrad(
         max_ids_per_partition: int = 256, max_unique_ids_per_partition: int = 256, computation_name: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The table and accumulator after one Adagrad step on the touched rows."""
-    return torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(
-        row_pointers, embedding_ids, sample_ids, gains, embedding_table, accumulator, activations_grad,
+    table, acc = _spanning((embedding_table, accumulator))
+    return _local(torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(
+        row_pointers, embedding_ids, sample_ids, gains, table, acc, activations_grad,
         _hyper(learning_rate, embedding_table), _hyper(epsilon, embedding_table), device_batch_size,
-        max_ids_per_partition, max_unique_ids_per_partition, computation_name)
+        max_ids_per_partition, max_unique_ids_per_partition, computation_name), embedding_table)
 
 
 def sparse_dense_matmul_grad_with_adam(
@@ -80,10 +116,11 @@ def sparse_dense_matmul_grad_with_adam(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The table, momentum and velocity after one lazy Adam step on the touched rows: ``alpha_t``
     is the step size as given (the caller folds in any bias correction)."""
-    return torch.ops.tpu.sparse_dense_matmul_grad_with_adam(
-        row_pointers, embedding_ids, sample_ids, gains, embedding_table, momentum, velocity, activations_grad,
+    table, m, v = _spanning((embedding_table, momentum, velocity))
+    return _local(torch.ops.tpu.sparse_dense_matmul_grad_with_adam(
+        row_pointers, embedding_ids, sample_ids, gains, table, m, v, activations_grad,
         _hyper(alpha_t, embedding_table), float(beta_1), float(beta_2), float(epsilon), device_batch_size,
-        max_ids_per_partition, max_unique_ids_per_partition, computation_name)
+        max_ids_per_partition, max_unique_ids_per_partition, computation_name), embedding_table)
 
 
 def sparsecores_per_device() -> int:
