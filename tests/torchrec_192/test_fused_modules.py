@@ -6,9 +6,12 @@ learning-rate path; the stacking and sharding functions against MOD sharding by 
 
 from __future__ import annotations
 
+# isort: off
+import torch_tpu  # TorchTPU's environment (torch.tpu.ops, the preprocessing backend) before TorchRec's TPU module
+# isort: on
+
 import pytest
 import torch
-import torch_tpu
 from torchrec.experimental.torch_tpu import (
     KeyedSparseCorePreprocessedInput,
     SparseCoreEmbeddingConfig,

@@ -6,10 +6,14 @@ one-device fused module (re-sharded)."""
 
 from __future__ import annotations
 
+# isort: off
+import torch_tpu  # TorchTPU's environment (torch.tpu.ops, the preprocessing backend) before TorchRec's TPU module
+# isort: on
+
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-import torch_tpu
+from torchrec.datasets.utils import Batch
 from torchrec.experimental.torch_tpu import (
     SparseCoreBatch,
     SparseCoreDataLoader,
@@ -17,7 +21,6 @@ from torchrec.experimental.torch_tpu import (
     SparseCoreInputPreprocessor,
     SparseCoreLoadPlanner,
 )
-from torchrec.datasets.utils import Batch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from tests.torchrec_192.pipeline_checks import (
@@ -50,7 +53,9 @@ def _check_checkpoint(checkpoint_dir: str, tables: dict) -> None:
     one = SparseCoreFusedEmbeddingBagCollection(tables=sc_tables(bag_configs(), {"ta": "s", "tc": "s"}),
                                                 optimizer_type=torch.optim.SGD, optimizer_kwargs={"lr": LR},
                                                 batch_size=BATCH)
-    dcp.load(one.state_dict(), checkpoint_id=checkpoint_dir, planner=SparseCoreLoadPlanner(num_sc_per_device=2))
+    # the target's own stacking (its shard rotations and padding depend on its SparseCore count)
+    dcp.load(one.state_dict(), checkpoint_id=checkpoint_dir,
+             planner=SparseCoreLoadPlanner(num_sc_per_device=2, stacked_configs=one.stacked_configs))
     for name, value in logical_tables(one).items():
         torch.testing.assert_close(value, tables[name], rtol=0, atol=0, msg=name)
 
