@@ -86,3 +86,13 @@ def test_tpu_embedding_unfused_gathers_and_differentiates_like_embedding(kernels
     expected.backward(seed)
     torch.testing.assert_close(module.weight.grad.cpu(), reference.grad, rtol=1e-6, atol=1e-6)
     assert module.split_embedding_weights()[0] is module.weight
+
+
+def test_retired_copy_re_exports_torchrecs_names() -> None:
+    import torchrec_tpu.experimental as retired
+
+    assert sorted(retired.__all__) == sorted(trt.__all__)
+    for name in trt.__all__:
+        assert getattr(retired, name) is getattr(trt, name), name
+    with pytest.raises(AttributeError, match=r"has no attribute 'SparseCoreFusedEBC'; it re-exports"):
+        _ = retired.SparseCoreFusedEBC

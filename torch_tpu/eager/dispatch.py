@@ -214,13 +214,16 @@ def _functional_sibling(func: Any) -> Any:
 
 
 _PRIVATEUSE1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+# PyTorch's own ops keep their paths (lowerings, decompositions, the CPU fallback): their generic
+# PrivateUse1 kernels (fsdp's copy-ins, collectives) are not a device implementation
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "fsdp"}) | decompositions.COLLECTIVE_NAMESPACES
 
 
 def _has_library_kernel(func: Any) -> bool:
     """A non-aten op with a kernel for tpu tensors from its library: registered for the "TPU"
     (PrivateUse1) key (TorchRec's Pallas kernels, its fbgemm routing), or a ``torch.library.custom_op``
     (its Python function serves every device): the op's device implementation."""
-    if func.namespace == "aten":
+    if func.namespace in _TORCH_NAMESPACES:
         return False
     return (torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "PrivateUse1")
             or func.name() in _custom_ops.OPDEFS)
