@@ -90,7 +90,7 @@ def initial_state() -> dict[str, torch.Tensor]:
 def _train(rank: int, world: int) -> tuple[list[float], dict[str, Any]]:
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
     from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
     from torchrec.experimental.torch_tpu.pallas import dispatcher, impl  # noqa: F401  (TorchRec's TPU kernels)
@@ -103,8 +103,11 @@ def _train(rank: int, world: int) -> tuple[list[float], dict[str, Any]]:
                                                 compute_kernel=EmbeddingComputeKernel.UNFUSED_TPU.value)
                             for t in _tables()},
         sharder=EmbeddingBagCollectionSharder(), local_size=1, world_size=world, device_type="tpu")})
+    # DMP's default DDP wrapper uses a static graph, whose C++ reducer asks PrivateUse1 for a pinned-memory
+    # allocator: torch 2.13 lets a Python backend register no such hook, so the dense part is plain DDP
     dmp = DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=device,
-                                   plan=plan, sharders=[EmbeddingBagCollectionSharder()])
+                                   plan=plan, sharders=[EmbeddingBagCollectionSharder()],
+                                   data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=False))
     _load_full_state(dmp.state_dict(), initial_state())
     optimizer = torch.optim.Adagrad(dmp.parameters(), lr=LR)
     losses = []
