@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch._library import custom_ops as _custom_ops
 
-from torch_tpu.eager import fallback, modes, op_jit, sparse
+from torch_tpu.eager import collectives, fallback, modes, op_jit, sparse
 from torch_tpu.eager.handlers import (
     _LIKE_FACTORIES,
     _clone,
@@ -243,6 +243,8 @@ def _make_handler(func: Any) -> Handler:
     special = _SPECIAL.get(func)
     if special is not None:
         return special
+    if collectives.is_collective(func):
+        return collectives.run_collective
     schema = func._schema
     if decompositions.is_composite(func) and (_is_view(schema) or eager_lowering(func) is None):
         return decomposed_handler(func, func.decompose)

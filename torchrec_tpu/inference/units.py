@@ -20,7 +20,7 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.parquet_reader import check_column_types, list_parquet_files, open_parquet
+from pipelines.parquet_files import check_column_types, list_parquet_files, open_parquet
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.input_identity import METADATA_KEY, input_identity, recorded_identity
 
