@@ -26,6 +26,7 @@ from torch_tpu import ops as _ops  # noqa: E402
 _ops.register()  # every lowering and composite into the registry; the PrivateUse1 kernels
 _eager.register()  # __torch_dispatch__ -> eager dispatch; the strict/debug/defer_and_fuse executors
 
+from torch_tpu import distributed as _distributed  # noqa: E402, F401  (tpu_dist: TorchTPU's import registers it)
 from torch_tpu._internal import torchrec_native as _torchrec_native  # noqa: E402
 from torch_tpu.ops import tpu_namespace as _tpu_namespace  # noqa: E402
 from torch_tpu.runtime import device as _device  # noqa: E402

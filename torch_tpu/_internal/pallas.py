@@ -5,7 +5,7 @@
 ``name`` through :func:`torch_tpu.ops.pallas.jax_op` and returns the op: called with tpu tensors it
 runs ``fn`` on the device (eager or inside ``torch.compile(backend="tpu")``). Off TPU, Pallas
 kernels in ``fn`` run in Pallas' TPU interpret mode; a SparseCore kernel, which interpret mode
-cannot run, raises :class:`~torch_tpu.ops.pallas.platform.KernelUnavailable`, on which eager
+cannot run, raises :class:`~torch_tpu.eager.fallback.KernelUnavailable`, on which eager
 dispatch runs the calling op's CPU kernel (counted in ``torch_tpu.fallback_counts()``).
 """
 
@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from jax.experimental.pallas import tpu as pltpu
 
+from torch_tpu.eager.fallback import KernelUnavailable
 from torch_tpu.ops.pallas.op import jax_op as _register
-from torch_tpu.ops.pallas.platform import KernelUnavailable, interpret
+from torch_tpu.ops.pallas.platform import interpret
 from torch_tpu.runtime._jax import jax
 
 __all__ = ["KernelUnavailable", "jax_op"]

@@ -54,7 +54,6 @@ from torch_tpu.eager.views import (
 )
 from torch_tpu.ops import decompositions, metadata_ops
 from torch_tpu.ops.kernels import _copy_, _copy_from, _local_scalar_dense
-from torch_tpu.ops.pallas.platform import KernelUnavailable
 from torch_tpu.runtime import device as tpu_device
 from torch_tpu.runtime import dtypes, memory_format, precision
 from torch_tpu.runtime import tensor as tpu_tensor
@@ -234,7 +233,7 @@ def _library_kernel_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     platform (a SparseCore kernel off TPU), the op's CPU kernel, counted as a fallback, from then on."""
     try:
         return func.redispatch(_PRIVATEUSE1, *args, **kwargs)
-    except KernelUnavailable:
+    except fallback.KernelUnavailable:
         _HANDLERS[func] = _fallback_handler
         return _fallback_handler(func, args, kwargs)
 

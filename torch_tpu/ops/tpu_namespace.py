@@ -22,7 +22,6 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Shard
 
 EMULATED_SPARSECORES_ENV = "TORCH_TPU_SPARSECORES_PER_DEVICE"
 # SparseCores per device of a device without any (XLA:CPU): v6e's and TPU7x's count, and what
@@ -49,6 +48,8 @@ def _spanning(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     single process or when already DTensors)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return tensors
+    from torch.distributed.tensor import DTensor, Shard  # (imports torch._dynamo: only when spanning)
+
     mesh = _world_mesh(dist.group.WORLD)
     return tuple(t if isinstance(t, DTensor) else DTensor.from_local(t, mesh, [Shard(0)], run_check=False)
                  for t in tensors)
@@ -56,11 +57,9 @@ def _spanning(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
 
 def _local(out: torch.Tensor | tuple[torch.Tensor, ...], given: torch.Tensor) -> torch.Tensor | tuple:
     """``out`` as the caller gave the table: local blocks for local blocks."""
-    if isinstance(given, DTensor):
-        return out
-    if isinstance(out, tuple):
-        return tuple(o.to_local() if isinstance(o, DTensor) else o for o in out)
-    return out.to_local() if isinstance(out, DTensor) else out
+    if not hasattr(out if not isinstance(out, tuple) else out[0], "to_local") or hasattr(given, "to_local"):
+        return out  # no DTensor came back, or the caller passed DTensors
+    return tuple(o.to_local() for o in out) if isinstance(out, tuple) else out.to_local()
 
 
 def _hyper(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -70,7 +70,3 @@ def traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
     calling it would otherwise break the graph before the custom op)."""
     return torch._dynamo.dont_skip_tracing(fn)
 
-
-class KernelUnavailable(RuntimeError):
-    """A Pallas kernel this platform cannot run: a SparseCore kernel off TPU (JAX's Pallas
-    interpret mode has no SparseCore). Eager dispatch then runs the calling op's CPU kernel."""
