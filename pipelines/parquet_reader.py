@@ -62,9 +62,11 @@ class ParquetDataError(ValueError):
 
 
 def open_parquet(path: Path) -> pq.ParquetFile:
-    """``pq.ParquetFile(path)``; a file that is not readable Parquet raises ParquetDataError."""
+    """``pq.ParquetFile(path)`` verifying the pages' checksums where the file has them (a damaged
+    page then fails :func:`read_row_group`); a file that is not readable Parquet raises
+    ParquetDataError."""
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path, page_checksum_verification=True)
     except (pa.ArrowException, OSError) as error:
         raise ParquetDataError(f"{path}: not a readable Parquet file ({error})") from None
 
