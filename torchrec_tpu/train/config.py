@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipelines.bad_value_policies import POLICIES as BAD_VALUE_POLICIES
+from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 
@@ -420,8 +421,6 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping of option -> value; keys may use dashes or underscores."""
-    from torchrec_tpu.structured_files import read_structured
-
     if not path.is_file():
         raise ConfigError(f"--config={str(path)!r}: no such file")
     try:
@@ -442,7 +441,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
             continue
         if name not in names:
             raise ConfigError(
-                f"--config={str(path)!r}: unknown option {key!r}; known: "
+                f"--config={str(path)!r}: unknown option {brief(key)}; known: "
                 + ", ".join(sorted(n.replace("_", "-") for n in names))
             )
         values[name] = _coerce(name, names[name], value, path)
@@ -460,6 +459,6 @@ def _coerce(name: str, f: dataclasses.Field, value: Any, path: Path) -> Any:
     wrong_type = expected is not None and not isinstance(value, expected)
     if wrong_type or (expected is int and isinstance(value, bool)):
         raise ConfigError(
-            f"--config={str(path)!r}: {name.replace('_', '-')}={value!r} must be {f.type}"
+            f"--config={str(path)!r}: {name.replace('_', '-')}={brief(value)} must be {f.type}"
         )
     return value
