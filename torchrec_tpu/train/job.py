@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -102,10 +103,11 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
             hooks: JobHooks = JobHooks()) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
     engine = engine_for(config)
-    with process_group(config.engine.collective_timeout, engine.needs_device_tensors, config.engine.bind_cpus) as env, \
+    agree = functools.partial(agree_on_config, config, timeout_s=config.engine.collective_timeout)
+    with process_group(config.engine.collective_timeout, engine.needs_device_tensors, config.engine.bind_cpus,
+                       agree) as env, \
             collectives("the collectives of setting up or finishing the run (model sharding, DDP "
                         "init, broadcasts, the final checkpoint)"):
-        agree_on_config(config, env)
         return _run(config, engine, env, device, hooks)
 
 
