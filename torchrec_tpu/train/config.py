@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -248,10 +249,10 @@ class TrainConfig:
                      "keep_checkpoints"):
             _require(name, self.option(name), lambda v: v >= 1, "must be >= 1")
         for name in ("max_steps", "eval_every", "checkpoint_every", "num_threads", "lr_warmup_steps",
-                     "lr_decay_start", "lr_decay_steps", "limit_train_batches", "limit_val_batches"):
+                     "lr_decay_start", "lr_decay_steps", "limit_train_batches", "limit_val_batches", "seed"):
             _require(name, self.option(name), lambda v: v >= 0, "must be >= 0")
         for name in ("sparse_lr", "dense_lr", "collective_timeout"):
-            _require(name, self.option(name), lambda v: v > 0, "must be > 0")
+            _require(name, self.option(name), lambda v: 0 < v < math.inf, "must be > 0 and finite")
         _require("target_auc", self.loop.target_auc, lambda v: 0 <= v < 1, "must be in [0, 1)")
         if self.loop.target_auc and not self.loop.eval_every:
             raise ConfigError(f"--target-auc={self.loop.target_auc} needs --eval-every N: the target is checked "
