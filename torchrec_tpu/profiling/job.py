@@ -19,6 +19,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from pipelines.progress import progress_bar
+from sparsecore.limits import PartitionOverflowError
 from torchrec_tpu.profiling.phases import DENSE_BWD, OPTIMIZER, PREPROCESS, PhasedParquetReader, phase_ranges
 from torchrec_tpu.profiling.summary import format_summary
 from torchrec_tpu.profiling.trace import TraceFiles, profiling, traced_step
@@ -26,6 +27,7 @@ from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.engines import engine_for
+from torchrec_tpu.train.engines.sparsecore_engine import overflow_with_flags
 from torchrec_tpu.train.job import model_spec
 from torchrec_tpu.train.streams import training_streams
 
@@ -79,7 +81,10 @@ def profile_training(
             batch = next(batches)
             with record_function(PREPROCESS):
                 batch = batch.to(device)
-            loss, _ = model(batch)
+            try:
+                loss, _ = model(batch)
+            except PartitionOverflowError as error:  # no prefetch thread here to say it in flags
+                raise overflow_with_flags(config.data.batch_size, error) from None
             with record_function(DENSE_BWD):
                 loss.backward()
             with record_function(OPTIMIZER):
