@@ -6,7 +6,6 @@ checksums (a damaged data page mostly fails decompression anyway)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.convert import convert_to_parquet
-from pipelines.parquet_reader import ParquetBatchReader, ParquetDataError, open_parquet, read_row_group
+from pipelines.parquet_reader import ParquetBatchReader, ParquetDataError, read_row_group
 from tests.faults.checkpoint_helpers import shared_run
 from tests.faults.conftest import TRAIN_FLAGS
 from tests.faults.helpers import assert_clean_error, run_cli, write_sample_tsv
@@ -105,13 +104,12 @@ def test_files_without_checksums_still_read(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_infer_refuses_a_damaged_page(tmp_path_factory, tmp_path):
-    data, root = shared_run(tmp_path_factory)
-    copy = tmp_path / "data"
-    shutil.copytree(data, copy)
-    part = copy / "part-00001.parquet"
+def test_infer_refuses_a_damaged_page(tmp_path_factory, tmp_path, capsys):
+    _, root = shared_run(tmp_path_factory)  # a checkpoint of tables of 100 rows: ids are hashed into them
+    data = _generated(tmp_path, capsys)
+    part = data / "part-00001.parquet"
     flip_page_bytes(part, "C1")
-    result = run_cli("infer", "--data", str(copy), "--checkpoint", str(root), "--output", str(tmp_path / "out"),
+    result = run_cli("infer", "--data", str(data), "--checkpoint", str(root), "--output", str(tmp_path / "out"),
                      "--no-progress")
     line = assert_clean_error(result.returncode, result.stderr, str(part), "row group 0")
     assert "checksum" in line, line
