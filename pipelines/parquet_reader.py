@@ -138,7 +138,8 @@ class ParquetBatchReader(BatchStream):
 
     ``rank`` / ``world_size`` default to those of the initialized ``torch.distributed`` default
     group (else a single rank). ``prefetch_row_groups`` row groups are decoded ahead on a
-    background thread (0: none).
+    background thread (0: none). ``rows``: read only rows ``[lo, hi)`` of the files' global row
+    sequence, sharded over the ranks as all rows are otherwise (None: every row).
     """
 
     def __init__(
@@ -152,6 +153,7 @@ class ParquetBatchReader(BatchStream):
         drop_last: bool = False,
         prefetch_row_groups: int = 2,
         bad_values: str = "error",
+        rows: tuple[int, int] | None = None,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
@@ -166,13 +168,18 @@ class ParquetBatchReader(BatchStream):
         self.schema = schema
         self.prefetch_row_groups = prefetch_row_groups
         self.row_groups = self._index_row_groups()
-        self.num_rows = sum(group.num_rows for group in self.row_groups)
+        total = sum(group.num_rows for group in self.row_groups)
+        first, end = rows if rows is not None else (0, total)
+        if not 0 <= first <= end <= total:
+            raise ValueError(f"rows {rows} are not within the {total} rows of {[str(f) for f in self.files]}")
+        self.num_rows = end - first
+        self.rows = rows
         rank, world_size = _resolve_rank(rank, world_size)
         start, stop = shard_range(self.num_rows, rank, world_size)
         if drop_last:
             stop = start + (self.num_rows // world_size) // batch_size * batch_size
         self.rows_dropped = shard_range(self.num_rows, rank, world_size)[1] - stop
-        self.start, self.stop = start, stop
+        self.start, self.stop = first + start, first + stop
 
     def _index_row_groups(self) -> list[RowGroup]:
         groups: list[RowGroup] = []

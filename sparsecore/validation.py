@@ -27,6 +27,33 @@ class FeatureInput:
     lengths: np.ndarray
     weights: np.ndarray
 
+    def __post_init__(self) -> None:
+        # both preprocessing engines would truncate float ids (1.5 -> 1): only integers get this far
+        if not np.issubdtype(self.ids.dtype, np.integer):
+            raise ValueError(f"FeatureInput ids must be an integer array, got dtype {self.ids.dtype} "
+                             "(sparsecore.validation.integer_ids converts integral float ids)")
+
+
+# floats represent every integer exactly below this
+_EXACT_FLOAT_INTEGERS = 2**53
+
+
+def integer_ids(values: np.ndarray, where: str) -> np.ndarray:
+    """``values`` as integer ids: integer arrays as they are, float arrays whose every value is an
+    integer (finite, below 2^53) as int64; anything else raises one ValueError naming ``where``,
+    the first bad value and its position (a cast would truncate 1.5 to 1)."""
+    if np.issubdtype(values.dtype, np.integer):
+        return values
+    if not np.issubdtype(values.dtype, np.floating):
+        raise ValueError(f"{where}: ids must be integers, got dtype {values.dtype}")
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values) | (values != np.round(values)) | (np.abs(values) >= _EXACT_FLOAT_INTEGERS)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{where}: ids must be integers, got {values[i].item()!r} at position {i} "
+                         f"(dtype {values.dtype}; {int(bad.sum())} non-integral ids)")
+    return values.astype(np.int64)
+
 
 def feature_inputs(
     kjt: KeyedJaggedTensor,
@@ -51,8 +78,7 @@ def feature_inputs(
     weights = None if weights_t is None else _numpy(weights_t, "weights").astype(np.float32, copy=False)
     if values.ndim != 1 or lengths.ndim != 1:
         raise ValueError(f"KJT values and lengths must be 1-D, got shapes {values.shape} and {lengths.shape}")
-    if not np.issubdtype(values.dtype, np.integer):
-        raise ValueError(f"KJT values must be integer ids, got dtype {values.dtype}")
+    values = integer_ids(values, "KJT values")
     if lengths.size and lengths.min() < 0:
         raise ValueError(f"KJT lengths must be >= 0, found {int(lengths.min())}")
     if int(lengths.sum()) != values.size:

@@ -67,6 +67,28 @@ def test_progress_switch_is_spelled_the_same_everywhere():
     assert set(spellings.values()) == {("--progress", "--no-progress")}, spellings
 
 
+@pytest.mark.parametrize("argv,hint", [
+    (["train", "--batch_size", "64"], "unrecognized arguments: --batch_size 64 (did you mean --batch-size?)"),
+    (["train", "--num_embeddings_per_feature=5,5"], "(did you mean --num-embeddings-per-feature?)"),
+    (["train", "--embeding-dim", "8", "--learning_rate", "0.1"],
+     "(did you mean --embedding-dim for --embeding-dim, --learning-rate for --learning_rate?)"),
+    (["infer", "--data", "d", "--checkpoint", "c", "--output", "o", "--batchsize", "8"],
+     "(did you mean --batch-size?)"),
+])
+def test_unknown_flag_gets_the_closest_flag(argv, hint, capsys):
+    """TorchRec's underscore spellings and typos: the flag meant, from the subcommand's own flags."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert hint in capsys.readouterr().err
+
+
+def test_unknown_flag_far_from_any_gets_no_guess(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--zzzz"])
+    assert "did you mean" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,usage", [
     (["plan", "--tables", "t.yaml", "--no-such-flag"], "usage: torchrec-tpu plan"),
     (["train", "--no-such-flag"], "usage: torchrec-tpu train"),

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from torchrec_tpu import __version__
 from torchrec_tpu.cli_help import DefaultsOnceFormatter
+from torchrec_tpu.suggest import close_match
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -52,6 +53,15 @@ def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     return parser
 
 
+def _suggestions(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """`` (did you mean --batch-size?)`` for each unknown flag close to one of ``parser``'s."""
+    known = [flag for action in parser._actions for flag in action.option_strings]
+    flags = [a.split("=", 1)[0] for a in unknown if a.startswith("--")]
+    matches = [(flag, close_match(flag, known)) for flag in flags]
+    hints = [f"{match} for {flag}" if len(flags) > 1 else match for flag, match in matches if match]
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; any exception it lets through becomes one ``torchrec-tpu CMD: error:`` line,
     rc 2 for a user error and 1 otherwise (:func:`torchrec_tpu.errors.report_failure`), Ctrl-C rc 130."""
@@ -64,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(command if command in SUBCOMMANDS else None)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # reported with the usage of the (sub)command they were given to
-        _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+        chosen = _chosen_parser(parser, args)
+        chosen.error(f"unrecognized arguments: {' '.join(unknown)}{_suggestions(chosen, unknown)}")
     label = _chosen_parser(parser, args).prog.removeprefix("torchrec-tpu ")  # "data convert", say
     from torchrec_tpu.log_setup import configure_logging
 

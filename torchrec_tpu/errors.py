@@ -1,6 +1,6 @@
 """How the ``torchrec-tpu`` CLI reports a failure: one ``torchrec-tpu CMD: error:`` line on stderr, rc 2
-for a user error (rc 1 otherwise), and the full traceback in a log file (its path on the next line)
-instead of on the terminal.
+for a user error (a bad flag, file or value: the line says it all), rc 1 otherwise, with the full
+traceback in a log file (its path on the next line) instead of on the terminal.
 
 Errors raised inside Ray workers arrive wrapped in Ray's exception types, whose text embeds every
 worker traceback; the line shows the original exception's message instead. Exceptions outside the
@@ -89,8 +89,9 @@ def report_user_error(command: str, error: BaseException) -> int:
 
 
 def report_failure(command: str, error: BaseException) -> int:
-    """Print the one-line report of ``error`` (log path below it) and return the exit code: 2 for
-    the user-error families, 1 for collectives that failed and internal errors."""
+    """Print the one-line report of ``error`` and return the exit code: 2 for the user-error
+    families, 1 (the traceback's log path below the line) for collectives that failed and internal
+    errors."""
     cause = root_cause(error)
     message = one_line(cause)
     rc = 1
@@ -102,5 +103,5 @@ def report_failure(command: str, error: BaseException) -> int:
         message = f"internal error ({type(cause).__name__}): {message}"
     else:
         rc = USER_ERROR
-    print_error(command, message, write_log(command, error))
+    print_error(command, message, None if rc == USER_ERROR else write_log(command, error))
     return rc

@@ -1,7 +1,9 @@
 """What the jobs log, and the third-party noise they keep out of it.
 
-:func:`configure_logging` runs once per process: in the CLI before a subcommand starts, and in
-every Ray worker of a job (:func:`worker_setup`, Ray's ``worker_process_setup_hook``). The
+:func:`configure_logging` runs in every process that runs a job: in the CLI before a subcommand
+starts, where a job starts from Python (``run_job``, ``profile_training``, ``run_inference``; a
+second call changes nothing), and in every Ray worker of a job (:func:`worker_setup`, Ray's
+``worker_process_setup_hook``). The
 project's loggers print INFO lines as they are on stdout (progress, where a run resumed) and
 warnings as ``torchrec-tpu CMD: warning: ...`` on stderr. Silenced, as they say the same on every
 run and nothing a user can act on:

@@ -188,3 +188,24 @@ def test_update_preprocessing_parameters_raises_limits_from_fdo(tmp_path):
     assert not pre.update_preprocessing_parameters(same)
     assert dataclasses.asdict(pre.last_stats.table_stats["t"]) == {
         "dropped_count": 0, "observed_max_ids": 300, "observed_max_unique_ids": 300}
+
+
+def test_non_integral_float_ids_are_refused_and_weights_dropped_with_one_warning():
+    import warnings
+
+    pre = SparseCoreInputPreprocessor([_bag("t", ["f"], vocab=64)], batch_size=4)
+    lengths = torch.tensor([2, 1, 0, 1])
+    with pytest.raises(ValueError, match=r"feature 'f' \(table 't'\): ids must be integers, got 1.5 at position 1"):
+        pre(KeyedJaggedTensor(keys=["f"], values=torch.tensor([5.0, 1.5, 4.0, 6.0]), lengths=lengths))
+    plain = pre(KeyedJaggedTensor(keys=["f"], values=torch.tensor([5, 9, 4, 6]), lengths=lengths))
+    weighted = KeyedJaggedTensor(keys=["f"], values=torch.tensor([5, 9, 4, 6]), lengths=lengths,
+                                 weights=torch.tensor([2.0, 3.0, 4.0, 5.0]))
+    with pytest.warns(UserWarning, match="drops the KJT's per-id weights"):
+        first = pre(weighted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pre(weighted)  # once per preprocessor
+    for name, got in first.table_tensors.items():  # as if unweighted: every id counts with weight 1
+        want = plain.table_tensors[name]
+        for field in ("row_pointers", "embedding_ids", "sample_ids", "gains"):
+            torch.testing.assert_close(getattr(got, field), getattr(want, field), equal_nan=True)

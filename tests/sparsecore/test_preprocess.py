@@ -102,3 +102,30 @@ def test_real_criteo_sample_matches_jax_tpu_embedding(criteo_kjt):
 def test_large_topology_matches_jax_tpu_embedding():
     plan = _plan(SparseCoreTopology("v5p", 16), "sqrtn", batch=2048)  # 64 SparseCores
     _assert_same_as_jte(plan, random_kjt(plan, seed=3, max_hot=16, id_range=200))
+
+
+@pytest.mark.parametrize("engine", ["numpy", "compiled"])
+def test_float_ids_must_be_integral(engine):
+    """1.5 used to become id 1; integral float ids give the integer ids' bytes."""
+    plan = plan_stacking([TableSpec("t", 64, 8)], [FeatureSpec("f", "t", 4)], SparseCoreTopology("v5p", 1))
+    lengths = torch.tensor([2, 1, 0, 1])
+    ints = preprocess(KeyedJaggedTensor(keys=["f"], values=torch.tensor([5, 9, 4, 6]), lengths=lengths), plan,
+                      engine=engine).stacks["t"]
+    floats = preprocess(KeyedJaggedTensor(keys=["f"], values=torch.tensor([5.0, 9.0, 4.0, 6.0]), lengths=lengths),
+                        plan, engine=engine).stacks["t"]
+    for a, b in zip((ints.row_pointers, ints.embedding_ids, ints.sample_ids), (floats.row_pointers,
+                                                                                 floats.embedding_ids,
+                                                                                 floats.sample_ids)):
+        np.testing.assert_array_equal(a, b)
+    for bad, shown in ((1.5, "1.5"), (float("nan"), "nan"), (2.0**60, "1.15292")):
+        kjt = KeyedJaggedTensor(keys=["f"], values=torch.tensor([5.0, 9.0, bad, 6.0], dtype=torch.float64),
+                                lengths=lengths)
+        with pytest.raises(ValueError, match=rf"KJT values: ids must be integers, got {shown}.* at position 2"):
+            preprocess(kjt, plan, engine=engine)
+
+
+def test_feature_inputs_of_both_engines_refuse_float_ids():
+    from sparsecore.validation import FeatureInput
+
+    with pytest.raises(ValueError, match="FeatureInput ids must be an integer array, got dtype float64"):
+        FeatureInput(np.array([1.5, 2.0]), np.array([2]), np.ones(2, np.float32))

@@ -96,6 +96,102 @@ def test_out_of_range_indices_raise_as_on_cpu_in_every_mode(name, mode):
             _same_outcome(_BOUNDS[name], _x, torch.tensor([0, bad]))
 
 
+def _masked_put(values, rows=(True, False, True, True), accumulate=False):
+    def put(x):
+        return x.clone().index_put_((torch.tensor(rows, device=x.device),), values.to(x.device), accumulate)
+    return put
+
+
+_MASKED_PUTS = {  # three rows set of [4, 3]
+    "too many rows": _masked_put(torch.ones(4, 3)),
+    "too few rows": _masked_put(torch.ones(2, 3)),
+    "too many rows, accumulate": _masked_put(torch.ones(4, 3), accumulate=True),
+    "no rows": _masked_put(torch.ones(0, 3)),
+    "a 1-D value of the row count": _masked_put(torch.ones(3)),
+    "empty 1-D value": _masked_put(torch.ones(0)),
+    "an extra leading dim": _masked_put(torch.ones(1, 3, 3)),
+    "2-D mask, too many": lambda x: x.clone().index_put_((x > 5,), torch.ones(7, device=x.device)),
+    "columns by a mask": lambda x: x.clone().__setitem__((slice(None), torch.tensor([True, False, True],
+                                                          device=x.device)), torch.ones(4, 3, device=x.device)),
+    "valid, rows": _masked_put(torch.arange(9.0).reshape(3, 3)),
+    "valid, broadcast row": _masked_put(torch.ones(1, 3)),
+    "valid, broadcast column": _masked_put(torch.ones(3, 1), accumulate=True),
+    "valid, 0-d": _masked_put(torch.tensor(2.0)),
+    "valid, no rows set": _masked_put(torch.ones(0, 3), rows=(False,) * 4),
+    "valid, 2-D mask": lambda x: x.clone().index_put_((x > 5,), torch.arange(6.0, device=x.device)),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+@pytest.mark.parametrize("name", sorted(_MASKED_PUTS))
+def test_masked_assignment_values_must_fit_the_mask_as_on_cpu(name, mode):
+    # the lowering took the count from the values: a wrong count wrote a prefix ([1, 2, 3, 3]) or nothing
+    x = torch.arange(12.0).reshape(4, 3)
+    with torch_tpu.eager_mode(mode):
+        try:
+            expected = _MASKED_PUTS[name](x)
+        except RuntimeError as error:
+            assert "shape mismatch" in str(error)
+            with pytest.raises(RuntimeError, match="shape mismatch: value tensor of shape"):
+                _MASKED_PUTS[name](x.to("tpu")).cpu()
+            return
+        torch.testing.assert_close(_MASKED_PUTS[name](x.to("tpu")).cpu(), expected)
+
+
+_INTEGER_DIVISIONS = {
+    "//": lambda a, b: a // b,
+    "div trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "div floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "%": lambda a, b: a % b,
+    "fmod": torch.fmod,
+    "remainder of a number": lambda a, b: torch.remainder(5, b),
+    "floor_divide_": lambda a, b: a.clone().floor_divide_(b),
+    "uint8 //": lambda a, b: a.abs().to(torch.uint8) // b.to(torch.uint8),
+    "true division (valid)": lambda a, b: torch.div(a, b),
+    "float // (valid)": lambda a, b: a.float() // b,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_INTEGER_DIVISIONS))
+def test_integer_division_by_zero_raises_in_debug_mode_as_on_cpu(name):
+    # XLA returns numbers ([5, -5, 0] // 0 gave [-2, -2, -1]); the debug mode reads the divisor
+    fn, a = _INTEGER_DIVISIONS[name], torch.tensor([5, -5, 0])
+    for b in (torch.tensor([0, 1, 2]), torch.tensor([3, 1, 2])):
+        with torch_tpu.eager_mode("debug"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                expected = fn(a, b)
+            except RuntimeError as error:
+                assert str(error) == "ZeroDivisionError"
+                with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+                    fn(a.to("tpu"), b.to("tpu")).cpu()
+                continue
+            if expected.is_floating_point() and not expected.isfinite().all():
+                continue  # the debug mode refuses a new inf/NaN by design
+            torch.testing.assert_close(fn(a.to("tpu"), b.to("tpu")).cpu(), expected)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_integer_division_by_a_zero_number_raises_in_every_mode(mode):
+    a = torch.tensor([5, -5, 0], device="tpu")
+    with torch_tpu.eager_mode(mode):
+        for fn in (lambda: a // 0, lambda: a % 0, lambda: torch.fmod(a, 0), lambda: a // torch.tensor(0),
+                   lambda: torch.div(a, torch.tensor(0), rounding_mode="trunc")):
+            with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+                fn().cpu()
+        # the documented strict-mode policy: a tpu divisor is not read, XLA's numbers come back
+        assert (a // torch.zeros(3, dtype=torch.long, device="tpu")).cpu().tolist() == [-2, -2, -1]
+        torch.testing.assert_close((a // 0.0).cpu(), torch.tensor([5, -5, 0]) // 0.0, equal_nan=True)
+
+
+def test_embedding_weight_must_be_2d_as_on_cpu():
+    for weight in (torch.randn(2, 3, 4), torch.randn(5), torch.tensor(1.0)):
+        with pytest.raises(RuntimeError, match="'weight' must be 2-D"):
+            F.embedding(torch.tensor([0, 1]), weight)
+        with pytest.raises(RuntimeError, match="'weight' must be 2-D"):
+            F.embedding(torch.tensor([0, 1], device="tpu"), weight.to("tpu")).cpu()
+
+
 # --- dims -----------------------------------------------------------------------------------------
 
 _DIMS = {

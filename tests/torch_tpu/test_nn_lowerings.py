@@ -269,3 +269,34 @@ def test_export_ir_batch_norm_ops(strict):
                                    *(a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args))
     for a, e in zip(got, want):
         _assert_close(a, e, "batch_norm_backward")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_fractional_max_pool_unbatched_reads_the_first_batchs_samples(n, compiled, strict):
+    # samples [2, channels, n] for an unbatched input: CPU reads batch 0's (the lowering reshaped all)
+    torch.manual_seed(0)
+    samples, x = torch.rand(2, 4, n, dtype=torch.float64), torch.randn(4, *(7,) * n, dtype=torch.float64)
+    pool = getattr(F, f"fractional_max_pool{n}d")
+
+    def fn(x, s):
+        return pool(x, 2, output_size=(3,) * n, _random_samples=s, return_indices=True)
+
+    run = torch.compile(fn, backend="tpu", fullgraph=True) if compiled else fn
+    x_tpu = x.to("tpu").requires_grad_()
+    values, indices = run(x_tpu, samples.to("tpu"))
+    expected, expected_indices = fn(x.requires_grad_(), samples)
+    _assert_close(values, expected, "values")
+    assert torch.equal(indices.cpu(), expected_indices)
+    values.sum().backward()
+    expected.sum().backward()
+    _assert_close(x_tpu.grad, x.grad, "gradient")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_compiled_circular_padding_forward_and_backward(n, strict):
+    # its backward graph creates its gradient with aten.new_empty_strided, unlowered before
+    torch.manual_seed(0)
+    cpu = getattr(nn, f"CircularPad{n}d")((1, 2) * n)
+    x = torch.randn(2, 3, *(4,) * n)
+    _check_step(cpu, torch.compile(copy.deepcopy(cpu), backend="tpu", fullgraph=True), x)

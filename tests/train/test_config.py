@@ -64,7 +64,9 @@ def test_bad_values_name_the_option_value_and_limit(argv: list[str], message: st
     [
         ("batch_size: 0\n", "--batch-size=0 must be >= 1"),
         ("batch_size: big\n", "batch-size='big' must be int"),
-        ("learning_rates: 0.1\n", "unknown option 'learning_rates'"),
+        ("learning_rates: 0.1\n", "unknown option 'learning_rates' (did you mean learning-rate?)"),
+        ("batch_sise: 4\n", "unknown option 'batch_sise' (did you mean batch-size?)"),
+        ("no_such_thing: 4\n", "unknown option 'no_such_thing'; known: bad-values, batch-size, "),
         ("- 1\n- 2\n", "must hold a mapping"),
         ("sparse_optimizer: lamb\n", "--sparse-optimizer='lamb' is not one of"),
     ],
@@ -75,6 +77,11 @@ def test_bad_yaml_is_reported(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as error:
         _parse(["--config", str(path)])
     assert message in str(error.value)
+
+
+def test_from_options_suggests_the_option_meant() -> None:
+    with pytest.raises(TypeError, match=r"unknown training options \['batch_sise'\] \(did you mean batch_size\?\)"):
+        TrainConfig.from_options(batch_sise=4)
 
 
 def test_cli_reports_a_bad_value_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,7 +34,7 @@ def test_redirected_train_log_is_plain(tmp_path: Path, capsys) -> None:
              data, progress=False)
     rc = main(["train", "--data", str(data), "--num-embeddings", "100", "--embedding-dim", "8", "--dense-arch",
                "16,8", "--over-arch", "8,1", "--batch-size", "64", "--max-steps", "6", "--log-every", "3",
-               "--log-dir", str(tmp_path / "run")])
+               "--eval-every", "3", "--print-sharding-plan", "--log-dir", str(tmp_path / "run")])
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert rc == 0, text[-4000:]
@@ -42,6 +42,12 @@ def test_redirected_train_log_is_plain(tmp_path: Path, capsys) -> None:
     steps = [line for line in captured.out.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in steps] == ["3/6", "6/6"], text
     assert "loss" in steps[0] and "samples/s" in steps[0]
+    lines = captured.out.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("eval step")] == ["eval step 3", "eval step 6"]
+    assert any(line.startswith("checkpoint step 6: ") for line in lines), text
+    # --print-sharding-plan: each of the 26 tables, whole on the one rank
+    plan = [line for line in lines if line.startswith("  t_C")]
+    assert len(plan) == 26 and all("table_wise" in line and "rank 0 (100 rows, cols 0-7)" in line for line in plan)
 
 
 def test_library_noise_is_silenced_even_with_root_logging_at_info() -> None:
@@ -62,3 +68,24 @@ logging.getLogger("torchrec_tpu.train.loop").info("step 1/1")
     text = done.stdout + done.stderr
     assert_quiet(text)
     assert text.count("step 1/1") == 1, text
+
+
+def test_a_job_started_from_python_sets_up_the_logging(tmp_path: Path) -> None:
+    """``run_job`` called from Python (no CLI) quiets the same noise: torch.fx's is_fx_tracing
+    warning, which TorchRec's modules trigger, stays out once a job has started."""
+    script = """
+import sys
+from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.job import run_job
+try:
+    run_job(TrainConfig.from_options(data=sys.argv[1], log_dir=sys.argv[2]))  # no Parquet there: fails at once
+except FileNotFoundError:
+    pass
+import torch.fx._symbolic_trace as st
+st.is_fx_tracing()
+"""
+    (tmp_path / "empty").mkdir()
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "empty"), str(tmp_path / "run")],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_quiet(done.stdout + done.stderr)

@@ -1,5 +1,9 @@
 """One compiled FX graph: translation (cached in memory and on disk), jax.jit, and the torch boundary.
 
+In the ``debug`` eager mode a call first runs the registry's input checks (``register_lowering(...,
+check=)``, e.g. the SparseCore ops' CSR bounds) of every op in the graph whose tensor arguments are
+all graph inputs, on the concrete inputs; other modes run the program unchecked.
+
 A :class:`CompiledGraph` is what the "tpu" backend hands back to AOTAutograd for each forward,
 backward or inference graph. Calls take torch tensors (tpu or CPU), run the single jitted XLA
 program and return each output on the device the graph gives it (its traced fake value's device:
@@ -28,6 +32,7 @@ from torch_tpu.compile import fx_to_jax
 from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
 from torch_tpu.compile.sources import file_identity
+from torch_tpu.eager import modes
 from torch_tpu.ops.registry import get_lowering, lowered_ops
 from torch_tpu.runtime import persistent_cache as cache
 from torch_tpu.runtime import precision
@@ -187,6 +192,7 @@ class CompiledGraph:
         self._on_cpu = _cpu_outputs(gm)
         self._mutated = mutated_inputs(gm)
         self._passthrough = _input_outputs(gm)
+        self._checks = _input_checks(gm)
         self._programs: dict[str, tuple[str, Any, Any]] = {}  # precision -> (key, exported, jitted call)
         precision.sync()
         self._use(precision.current_name())
@@ -222,6 +228,8 @@ class CompiledGraph:
         matmul_precision = precision.current_name()
         if matmul_precision != self.precision:
             self._use(matmul_precision)
+        if self._checks and modes.get_eager_mode() is modes.EagerMode.DEBUG:
+            _run_checks(self._checks, args)
         on_tpu = any(type(a) is TpuTensor for a in args)
         inputs = [to_jax(a) if type(a) is TpuTensor else cpu_to_jax(a) for a in args if isinstance(a, torch.Tensor)]
         updated = [args[i] for i in self._mutated]
@@ -260,6 +268,39 @@ def _input_outputs(gm: torch.fx.GraphModule) -> dict[int, int]:
     values = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
     return {i: placeholders.index(v) for i, v in enumerate(values)
             if isinstance(v, torch.fx.Node) and v.op == "placeholder"}
+
+
+class _GraphInput(int):
+    """A graph input's position, standing for it in a recorded op call."""
+
+
+def _input_checks(gm: torch.fx.GraphModule) -> list[tuple[Any, tuple, dict]]:
+    """(check, args, kwargs) of each op of ``gm`` with an eager input check whose tensor arguments are
+    all graph inputs (a :class:`_GraphInput` each); calls on tensors computed in the graph are not checked."""
+    position = {n: _GraphInput(i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    found = []
+    for node in gm.graph.nodes:
+        lowering = get_lowering(node.target) if node.op == "call_function" else None
+        if lowering is None or lowering.check is None:
+            continue
+        nodes: list[torch.fx.Node] = []
+        torch.fx.node.map_arg((node.args, node.kwargs), nodes.append)
+        if all(n in position for n in nodes):
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), position.__getitem__)
+            found.append((lowering.check, args, kwargs))
+    return found
+
+
+def _run_checks(checks: list[tuple[Any, tuple, dict]], inputs: list[Any]) -> None:
+    """Run each recorded check on the concrete graph ``inputs`` (as JAX arrays)."""
+    def value(x: Any) -> Any:
+        if type(x) is not _GraphInput:
+            return x
+        given = inputs[x]
+        return to_jax(given) if type(given) is TpuTensor else cpu_to_jax(given)
+
+    for check, args, kwargs in checks:
+        check(*torch.utils._pytree.tree_map(value, (args, kwargs)))
 
 
 def _jax_to_cpu(array: jax.Array) -> torch.Tensor:

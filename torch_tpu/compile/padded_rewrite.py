@@ -84,7 +84,8 @@ _LAYOUT = {
     aten.full.default, aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.scalar_tensor.default,
     aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
     aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.new_empty.default,
-    aten.empty_strided.default, aten.arange.default, aten.arange.start, aten.arange.start_step,
+    aten.new_empty_strided.default, aten.empty_strided.default, aten.arange.default, aten.arange.start,
+    aten.arange.start_step,
     aten.embedding.default, aten.gather.default, aten.cumsum.default, aten.cumprod.default,
 }
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
@@ -100,7 +101,8 @@ _SHAPE_ARGS = {
     **{op: {1} for op in _VIEWS}, aten.expand.default: {1}, aten.full.default: {0}, aten.zeros.default: {0},
     aten.ones.default: {0}, aten.empty.memory_format: {0}, aten.empty_strided.default: {0},
     aten.new_zeros.default: {1}, aten.new_ones.default: {1}, aten.new_full.default: {1}, aten.new_empty.default: {1},
-    aten.arange.default: {0}, aten.arange.start: {0, 1}, aten.arange.start_step: {0, 1, 2},
+    aten.new_empty_strided.default: {1, 2}, aten.arange.default: {0}, aten.arange.start: {0, 1},
+    aten.arange.start_step: {0, 1, 2},
     aten.slice.Tensor: {3},
 }
 _NUMBER_TYPES = ("number", "Tensor", "Optional[number]")

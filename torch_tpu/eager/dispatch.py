@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from torch_tpu.eager import fallback, modes, op_jit, sparse
+from torch_tpu.eager import collectives, fallback, modes, op_jit, sparse
 from torch_tpu.eager.handlers import (
     _LIKE_FACTORIES,
     _clone,
@@ -214,6 +214,8 @@ def _make_handler(func: Any) -> Handler:
     special = _SPECIAL.get(func)
     if special is not None:
         return special
+    if collectives.is_collective(func):
+        return collectives.run_collective
     schema = func._schema
     if decompositions.is_composite(func) and (_is_view(schema) or eager_lowering(func) is None):
         return decomposed_handler(func, func.decompose)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_tpu.eager import fallback, modes, op_jit
+from torch_tpu.eager import fallback, modes, op_jit, zero_division
 from torch_tpu.eager.views import _same_view_handler
 from torch_tpu.ops import decompositions, metadata_ops
 from torch_tpu.ops.lowerings import indexing
@@ -88,7 +88,8 @@ def _fast_signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] 
 def _note_fast(func: Any, lowering: Lowering, args: tuple, kwargs: dict, inplace: bool = False) -> None:
     """After the lowered handler ran ``func``: give the call's signature its op_jit program."""
     program = op_jit.last_program()
-    if program is None or lowering.needs_key or _MODE[0] is not _STRICT or indexing.has_bounds_check(lowering.op):
+    if (program is None or lowering.needs_key or _MODE[0] is not _STRICT or lowering.check is not None
+            or indexing.has_bounds_check(lowering.op)):
         return
     found = _fast_signature(func, args, kwargs)
     if found is not None:
@@ -145,9 +146,12 @@ def _unwrap_args(op: Any, args: tuple) -> list:
 
 
 def _execute(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
+    zero_division.check(lowering.op, args, kwargs, read_device=_MODE[0] is modes.EagerMode.DEBUG)
     jargs = _unwrap_args(lowering.op, args)
     indexing.check_bounds(lowering.op, jargs)
     jkwargs = {k: _unwrap(v) for k, v in kwargs.items()} if kwargs else {}
+    if lowering.check is not None:
+        lowering.check(jargs, jkwargs)
     if lowering.needs_key:
         jkwargs["key"] = tpu_random.next_key()
     try:

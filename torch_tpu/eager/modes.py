@@ -4,7 +4,11 @@
 jitted program per op signature, see ``torch_tpu.eager.op_jit``); errors
 inside the device computation surface at the next host read (``.cpu()``, ``.item()``).
 ``debug``: synchronous; after every op waits for the result, raises when a floating output has
-NaN/Inf that its inputs did not have, naming the op. ``defer_and_fuse``: the lazy executor
+NaN/Inf that its inputs did not have, naming the op, and an integer division by a tpu tensor
+holding a zero raises CPU's ``ZeroDivisionError`` (``torch_tpu.eager.zero_division``; the other modes
+return XLA's numbers for it); a ``torch.compile`` graph first runs the input checks of its ops
+(``register_lowering(check=)``, e.g. the SparseCore ops' bounds) on its concrete inputs
+(``torch_tpu.compile.graph``). ``defer_and_fuse``: the lazy executor
 (``torch_tpu.eager.lazy``) that ``import torch_tpu`` registers with :func:`register_executor`.
 Index arguments are checked against their dimension in every mode (``torch_tpu.ops.lowerings.indexing.check_bounds``).
 

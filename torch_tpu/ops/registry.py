@@ -67,6 +67,7 @@ class Lowering:
     static_shape: bool = True  # False: output shape depends on input values
     writes: tuple[str, ...] = ()  # inputs the op updates; fn returns their new values after the outputs
     graph_only: bool = False  # eager dispatch has a dedicated handler; only graph executors use it
+    check: Callable[[tuple, dict], None] | None = None  # eager dispatch's input check (see register_lowering)
 
     @property
     def num_outputs(self) -> int:
@@ -105,13 +106,16 @@ _COMPOSITES: dict[OpOverload, Callable[..., Any]] = {}
 
 def register_lowering(
     *ops: OpOverload, needs_key: bool = False, static_shape: bool = True, writes: tuple[str, ...] = (),
-    graph_only: bool = False,
+    graph_only: bool = False, check: Callable[[tuple, dict], None] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register ``fn`` as the JAX lowering of each of ``ops`` (OpOverloads, e.g. ``aten.add.Tensor``,
     or the name ``"ns::op.overload"`` of an op that some other module defines when it loads);
-    ``writes`` names the inputs the ops update (see the module docstring)."""
+    ``writes`` names the inputs the ops update (see the module docstring); ``check(args, kwargs)``,
+    called by eager dispatch with a call's concrete JAX arrays before it runs, raises on bad input
+    values (such calls skip the per-op fast path)."""
     writes = tuple(writes)
-    flags = {"needs_key": needs_key, "static_shape": static_shape, "writes": writes, "graph_only": graph_only}
+    flags = {"needs_key": needs_key, "static_shape": static_shape, "writes": writes, "graph_only": graph_only,
+             "check": check}
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         for op in ops:
@@ -123,7 +127,7 @@ def register_lowering(
             if op in _TABLE:
                 raise ValueError(f"{op} already has a lowering ({_TABLE[op].fn.__qualname__})")
             _check_writes(op, writes)
-            _TABLE[op] = Lowering(op, fn, needs_key, static_shape, writes, graph_only)
+            _TABLE[op] = Lowering(op, fn, needs_key, static_shape, writes, graph_only, check)
         return fn
 
     return decorate

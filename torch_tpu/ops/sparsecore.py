@@ -14,6 +14,15 @@ the previous step runs). With it the XLA formulation neither sorts on the device
 twice (same results, bit for bit); on a TPU it is ignored. It is a promise about the buffers
 passed with it: its shape is checked, its values are not (others give undefined results).
 
+Inputs are checked (``torch_tpu.ops.sparsecore_checks``): a bad buffer raises one ValueError
+naming the argument, the value and its limit. Eager calls (CPU and tpu, every eager mode) check
+dtypes, shapes and the CSR values (row pointers in their region and non-decreasing, ids below the
+rows of a partition, sample ids below ``device_batch_size / N``; padding positions are not read);
+traces check dtypes and shapes. Inside compiled programs the ``debug`` mode checks the values of
+graph inputs before the program runs; ``strict`` and ``defer_and_fuse`` leave out-of-range values
+undefined, as a TPU does. The engine's own calls, on buffers its host preprocessing built, skip
+the value checks through ``sparsecore_checks.preprocessed()``.
+
 Each op has a fake kernel, a CPU kernel (torch, the reference) and a tpu lowering in the op
 registry, so it runs eagerly on tpu tensors and inside ``torch.compile(backend="tpu")`` graphs.
 The lowering is ``sparsecore.csr_math`` (jnp) off TPU and jax-tpu-embedding's SparseCore
@@ -42,6 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torch_tpu.ops import sparsecore_checks as checks
 from torch_tpu.ops.registry import register_lowering
 from torch_tpu.runtime._jax import jax
 
@@ -128,6 +138,28 @@ def bind_args(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     return bound
 
 
+def check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
+    """Check op ``name``'s bound arguments ``a``: their layout, then (outside
+    ``sparsecore_checks.preprocessed``) the CSR buffers' values, read to numpy with ``read``."""
+    _check_layout(name, a)
+    if not checks.values_trusted():
+        checks.check_values(name, *(read(a[k]) for k in ("row_pointers", "embedding_ids", "sample_ids")),
+                            a["embedding_table"].shape[0], a["device_batch_size"], a.get("devices", 1))
+
+
+def _check_layout(name: str, a: dict[str, Any]) -> None:
+    checks.check_layout(name, a, SLOTS.get(name.rpartition("_with_")[2], ()))
+
+
+def _eager_check(name: str):
+    """The check eager dispatch runs on a call's JAX arrays before its lowering."""
+
+    def check(args: tuple, kwargs: dict) -> None:
+        check_inputs(name, bind_args(name, args, kwargs), np.asarray)
+
+    return check
+
+
 def _fused(optimizer: str, prefix: str = ""):
     """The lowering of ``<prefix>sparse_dense_matmul_grad_with_<optimizer>``."""
     name = f"{prefix}sparse_dense_matmul_grad_with_{optimizer}"
@@ -180,11 +212,12 @@ def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, 
 _ON_HOST = contextvars.ContextVar("sparsecore_ops_on_host", default=False)
 
 
-def _on_host(lowering):
-    """The CPU kernel of an op: its lowering's XLA formulation on the host's CPU device (never the
-    SparseCore primitives, even on a TPU host)."""
+def _on_host(name: str, lowering):
+    """The CPU kernel of op ``name``: its inputs checked, then its lowering's XLA formulation on the
+    host's CPU device (never the SparseCore primitives, even on a TPU host)."""
 
     def kernel(*args, **kwargs):
+        check_inputs(name, bind_args(name, args, kwargs), lambda t: t.detach().numpy())
         cpu = jax.local_devices(backend="cpu")[0]  # (this process's: a distributed client lists every process's)
 
         def to_jax(x):
@@ -223,6 +256,16 @@ def _fused_fake(optimizer: str, prefix: str = ""):
     return fake
 
 
+def _layout_checked(name: str, fake):
+    """The fake kernel ``fake`` of op ``name`` with the layout checks (every trace runs them)."""
+
+    def checked(*args, **kwargs):
+        _check_layout(name, bind_args(name, args, kwargs))
+        return fake(*args, **kwargs)
+
+    return checked
+
+
 def _setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
     ctx.save_for_backward(*inputs[:5])
     ctx.limits = inputs[5:8]
@@ -250,11 +293,12 @@ def register() -> None:
         kernels.update({f"sparse_dense_matmul_grad_with_{o}": (_fused(o, prefix), _fused_fake(o, prefix))
                         for o in SLOTS})
         for name, (lowering, fake) in kernels.items():
-            lib.impl(prefix + name, _on_host(lowering), "CPU")
-            torch.library.register_fake(f"{NAMESPACE}::{prefix}{name}", fake, lib=lib)
+            full = prefix + name
+            lib.impl(full, _on_host(full, lowering), "CPU")
+            torch.library.register_fake(f"{NAMESPACE}::{full}", _layout_checked(full, fake), lib=lib)
             # the math lives in sparsecore: a changed csr_math must not reuse a stored program
             lowering.lowering_sources = LOWERING_SOURCES
-            register_lowering(_overload(prefix + name))(lowering)
+            register_lowering(_overload(full), check=_eager_check(full))(lowering)
     torch.library.register_autograd(f"{NAMESPACE}::sparse_dense_matmul", _lookup_backward,
                                     setup_context=_setup_context, lib=lib)
     from torch_tpu.ops import sparsecore_dtensor

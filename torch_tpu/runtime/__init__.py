@@ -20,6 +20,7 @@ def register() -> None:
 
     from torch_tpu.runtime import (
         autocast,
+        autograd_engine,
         backward_errors,
         dynamo_hooks,
         module_conversion,
@@ -30,6 +31,7 @@ def register() -> None:
     )
     from torch_tpu.runtime.tensor import TpuTensor
 
+    autograd_engine.install()  # tpu backward although a backward ran before the device registered
     backward_errors.install()  # errors raised in backward hooks reach backward()
     dynamo_hooks.install(TpuTensor)  # Dynamo traces tpu tensors (when torch._dynamo is imported)
     serialization.register()  # torch.load(map_location="tpu")

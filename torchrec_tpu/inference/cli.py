@@ -33,7 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Errors (Ray's wrappers of an actor's error included) go to ``torchrec_tpu.cli.main``: one
-    ``torchrec-tpu infer: error:`` line, rc 2 for bad inputs, the traceback in a log file."""
+    ``torchrec-tpu infer: error:`` line, rc 2 for bad inputs, the traceback in a log file
+    otherwise. A missing checkpoint or input is reported before torch and ray are imported."""
+    from pathlib import Path
+
+    from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
+    from torchrec_tpu.train.preflight import check_parquet_input
+
+    resolve_checkpoint(Path(args.checkpoint))  # FileNotFoundError: not a checkpoint
+    check_parquet_input("--data", args.data)
+
     from torchrec_tpu.inference.job import InferenceConfig, run_inference
 
     config = InferenceConfig(

@@ -33,7 +33,7 @@ from pipelines.parquet_reader import open_parquet, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.input_identity import input_identity
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
-from torchrec_tpu.log_setup import WORKER_SETUP
+from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
 
 PREDICTION_COLUMN = "prediction"
 
@@ -202,6 +202,7 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
     """Predict every input row not yet in ``config.output``; returns what this run did."""
     from torchrec_tpu.train.checkpoint.store import open_checkpoint
 
+    configure_logging("infer")
     start = time.perf_counter()
     # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors;
     # verified here, so a corrupt or crafted checkpoint fails before Ray starts

@@ -1,4 +1,8 @@
-"""``torchrec-tpu profile``: the training flags plus ``--steps`` -> a profile log dir and summary."""
+"""``torchrec-tpu profile``: the training flags plus ``--steps`` -> a profile log dir and summary.
+
+The flags that shape the training step are ``train``'s; those that only steer a training run
+(how long, when to evaluate or checkpoint, what to resume: :data:`TRAIN_ONLY`) are not offered.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,17 @@ import sys
 
 from pipelines.flag_numbers import positive_int
 from torchrec_tpu.errors import report_user_error
+from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
+from torchrec_tpu.train.preflight import check_paths
+
+# Options of ``train`` that do not change the profiled step (a --config YAML may still hold them).
+TRAIN_ONLY = frozenset({"epochs", "max_steps", "log_every", "eval_every", "target_auc", "checkpoint_dir",
+                        "checkpoint_every", "keep_checkpoints", "overwrite_checkpoints", "resume"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, skip=TRAIN_ONLY)
     parser.add_argument("--steps", type=positive_int, default=10, help="training steps to trace")
     parser.add_argument("--warmup", type=positive_int, default=2,
                         help="untraced steps first (compilation, lazy init)")
@@ -23,10 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        check_paths(config)  # before the heavy imports below
         from torchrec_tpu.profiling.job import profile_training  # heavy: torch, torchrec, jax
 
         result = profile_training(config, args.steps, args.warmup, args.profile_dir, top=args.top)
-    except (ConfigError, ValueError) as error:
+    except (ConfigError, CheckpointError, ValueError) as error:
         return report_user_error("profile", error)
     print(result.format())
     return 0

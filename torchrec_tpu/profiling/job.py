@@ -1,12 +1,15 @@
 """``torchrec-tpu profile``: N training steps of the training job's model under the profilers.
 
-The model, data and optimizers are set up exactly as ``torchrec-tpu train`` does, for either engine
-(its :class:`~torchrec_tpu.train.engines.Engine` and data modules); warm-up steps run first,
-untraced (they also let TorchRec create its lazy input dists, which the phase hooks then find), then
-``steps`` steps are traced, each marked for both profilers
-(:func:`~torchrec_tpu.profiling.trace.traced_step`). The sparsecore engine's input dist runs inside
-the step here (no prefetch thread: torch.profiler records only the threads it was enabled on), so it
-shows under ``sparse_lookup``.
+The model, data, optimizers and the step itself are set up exactly as ``torchrec-tpu train`` does,
+for either engine (its :class:`~torchrec_tpu.train.engines.Engine` and data modules): the same
+``--dense-device`` / ``--sparse-backend`` resolution and the engine's own step function, so by
+default the one compiled step program ``train`` runs. Warm-up steps run first, untraced (they
+trace and compile that program, and let TorchRec create its lazy input dists, which the phase hooks
+then find), then ``steps`` steps are traced, each marked for both profilers
+(:func:`~torchrec_tpu.profiling.trace.traced_step`) with the step's ``train_step`` range and, inside
+it, a range naming the program (:func:`~torchrec_tpu.train.engines.step_program_name`). The sparsecore
+engine's input dist runs inside the step here (no prefetch thread: torch.profiler records only the
+threads it was enabled on).
 """
 
 from __future__ import annotations
@@ -16,17 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.autograd.profiler import record_function
 
 from pipelines.progress import progress_bar
 from sparsecore.limits import PartitionOverflowError
-from torchrec_tpu.profiling.phases import DENSE_BWD, OPTIMIZER, PREPROCESS, PhasedParquetReader, phase_ranges
+from torchrec_tpu.log_setup import configure_logging
+from torchrec_tpu.profiling.phases import PhasedParquetReader, phase_ranges
 from torchrec_tpu.profiling.summary import format_summary
-from torchrec_tpu.profiling.trace import TraceFiles, profiling, traced_step
+from torchrec_tpu.profiling.trace import TraceFiles, profiling, program_range, traced_step
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
-from torchrec_tpu.train.engines import engine_for
+from torchrec_tpu.train.engines import engine_for, step_program_name
 from torchrec_tpu.train.engines.sparsecore_engine import overflow_with_flags
 from torchrec_tpu.train.job import model_spec
 from torchrec_tpu.train.streams import training_streams
@@ -35,6 +38,7 @@ from torchrec_tpu.train.streams import training_streams
 @dataclass(frozen=True)
 class ProfileResult:
     engine: str
+    program: str  # the step program profiled, as the trace names it
     steps: int
     log_dir: Path
     files: TraceFiles
@@ -44,6 +48,7 @@ class ProfileResult:
         return "\n".join([
             self.summary,
             f"  engine          {self.engine}",
+            f"  step            {self.program}",
             f"  tensorboard     tensorboard --logdir {self.log_dir}  (Profile tab; pip extra 'profile')",
             f"  xprof           xprof server --logdir {self.log_dir} --port 8791",
             f"  chrome trace    {self.files.chrome_trace}",
@@ -56,6 +61,7 @@ def profile_training(
     device: torch.device = torch.device("cpu"), top: int = 10,
 ) -> ProfileResult:
     """Run ``warmup`` + ``steps`` training steps, tracing the last ``steps``."""
+    configure_logging("profile")
     if steps < 1 or warmup < 1:
         raise ValueError(f"need steps >= 1 and warmup >= 1, got steps={steps}, warmup={warmup}")
     if config.data.in_memory_binary_criteo_path is not None:
@@ -67,7 +73,7 @@ def profile_training(
         reader = PhasedParquetReader(
             train.files, train.batch_size, train.table_sizes, train.schema,
             rank=env.rank, world_size=env.world_size, drop_last=env.world_size > 1,
-            prefetch_row_groups=0,
+            prefetch_row_groups=0, rows=train.rows,
         )
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         engine = engine_for(config)
@@ -76,20 +82,16 @@ def profile_training(
         stream, _ = training_streams(config, reader, reader, data.table_sizes, env.world_size, 0)
         stream = engine.wrap_batches(stream, model, env, device, background=False)
         batches = itertools.chain.from_iterable(itertools.repeat(stream))  # epochs as needed
+        step_fn = engine.step_function(model, optimizer, env)  # train's step: compiled where train's is
+        program = step_program_name(step_fn)
 
         def step() -> None:
-            batch = next(batches)
-            with record_function(PREPROCESS):
-                batch = batch.to(device)
-            try:
-                loss, _ = model(batch)
-            except PartitionOverflowError as error:  # no prefetch thread here to say it in flags
-                raise overflow_with_flags(config.data.batch_size, error) from None
-            with record_function(DENSE_BWD):
-                loss.backward()
-            with record_function(OPTIMIZER):
-                optimizer.step()
-                optimizer.zero_grad()
+            batch = next(batches).to(device)
+            with program_range(program):
+                try:
+                    step_fn(model, optimizer, batch)
+                except PartitionOverflowError as error:  # no prefetch thread here to say it in flags
+                    raise overflow_with_flags(config.data.batch_size, error) from None
 
         model.train()
         for _ in range(warmup):
@@ -99,4 +101,5 @@ def profile_training(
             for index in progress_bar(range(steps), desc="profile", unit="step", enabled=progress):
                 with traced_step(index):
                     step()
-    return ProfileResult(config.engine.kind, steps, log_dir, files, format_summary(files.profiler, steps, top))
+    return ProfileResult(config.engine.kind, program, steps, log_dir, files,
+                         format_summary(files.profiler, steps, top))

@@ -3,7 +3,8 @@
 The model is not edited: forward hooks open and close a range around the modules of each phase,
 a DDP comm hook wraps the gradient all-reduce, and :class:`PhasedParquetReader` labels the reader.
 ``dense_bwd`` is the whole ``loss.backward()``: the fused embedding update runs inside it (FBGEMM
-applies the sparse optimizer in backward), so there is no separate sparse-backward range.
+applies the sparse optimizer in backward), so there is no separate sparse-backward range; it and
+``optimizer`` are opened by the eager step itself (:func:`torchrec_tpu.train.loop.train_step`).
 """
 
 
@@ -19,10 +20,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torchrec.datasets.utils import Batch
 
 from pipelines.parquet_reader import ParquetBatchReader
+from torchrec_tpu.train.loop import DENSE_BWD, OPTIMIZER
 
 DATA, PREPROCESS, SPARSE_LOOKUP = "data", "preprocess", "sparse_lookup"
-DENSE_FWD, DENSE_BWD, OPTIMIZER, COLLECTIVES = "dense_fwd", "dense_bwd", "optimizer", "collectives"
-PHASES = (DATA, PREPROCESS, SPARSE_LOOKUP, DENSE_FWD, DENSE_BWD, OPTIMIZER, COLLECTIVES)
+DENSE_FWD, COLLECTIVES, TRAIN_STEP = "dense_fwd", "collectives", "train_step"
+# TRAIN_STEP: the whole step function train runs (one compiled program by default, whose parts
+# then show no ranges of their own); the eager step's parts show as the others
+PHASES = (DATA, PREPROCESS, TRAIN_STEP, SPARSE_LOOKUP, DENSE_FWD, DENSE_BWD, OPTIMIZER, COLLECTIVES)
 
 _DENSE_PARTS = ("dense_arch", "inter_arch", "over_arch")
 

@@ -26,16 +26,24 @@ def phase_times(prof: profile) -> list[OpTime]:
     ]
 
 
+# torch.profiler's names of events that say little, and what they are here
+EVENT_NAMES = {
+    # the dispatch of an op on a tensor subclass: the tpu device's eager ops (JAX per op)
+    "PythonSubclass": "tpu eager ops (torch_tpu __torch_dispatch__ into JAX, one dispatch per op)",
+}
+
+
 def top_ops(prof: profile, limit: int = 10) -> list[OpTime]:
-    """The ``limit`` ops with the most self CPU time (our phase ranges excluded)."""
+    """The ``limit`` ops with the most self CPU time (our phase ranges excluded; the step
+    program's range, ``program: ...``, is the time of the compiled program itself)."""
     events = [e for e in prof.key_averages() if e.key not in PHASES and not e.key.startswith("step")]
     events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-    return [OpTime(e.key, e.count, e.self_cpu_time_total / 1e3) for e in events[:limit]]
+    return [OpTime(EVENT_NAMES.get(e.key, e.key), e.count, e.self_cpu_time_total / 1e3) for e in events[:limit]]
 
 
 def format_summary(prof: profile, steps: int, limit: int = 10) -> str:
     lines = [f"profile of {steps} training steps (host CPU time)", "  phases:"]
     lines += [f"    {p.name:<16}{p.total_ms:>10.2f} ms  {p.calls:>6} calls" for p in phase_times(prof)]
     lines.append(f"  top {limit} ops by self time:")
-    lines += [f"    {o.name[:48]:<48}{o.total_ms:>10.2f} ms  {o.calls:>6} calls" for o in top_ops(prof, limit)]
+    lines += [f"    {o.total_ms:>10.2f} ms  {o.calls:>6} calls  {o.name}" for o in top_ops(prof, limit)]  # names whole
     return "\n".join(lines)

@@ -11,6 +11,7 @@ Layout written under ``log_dir`` (what TensorBoard's profile plugin, XProf, read
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -18,7 +19,11 @@ from typing import Iterator
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
+from torchrec_tpu.profiling.phases import TRAIN_STEP
+
 TORCH_TRACE_NAME = "torch.pt.trace.json"
+# Kineto's log level above its highest (5: the "USDT: profiler_start/stop" lines it prints on stderr)
+KINETO_QUIET = "6"
 STEP_NAME = "train"  # XProf's step marker name (jax.profiler.StepTraceAnnotation)
 
 
@@ -47,12 +52,24 @@ def traced_step(index: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def program_range(program: str) -> Iterator[None]:
+    """The step's ``train_step`` range and, inside it, one naming the program that runs it
+    (``program: <name>``), for both profilers."""
+    import jax
+
+    name = f"program: {program}"
+    with record_function(TRAIN_STEP), record_function(name), jax.profiler.TraceAnnotation(name):
+        yield
+
+
+@contextlib.contextmanager
 def profiling(log_dir: str | Path, with_jax: bool = True) -> Iterator[TraceFiles]:
     """Profile the body; the returned :class:`TraceFiles` is filled in when the body exits."""
     import jax
 
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)  # read as the profiler starts
     before = _profile_runs(log_dir)
     files = TraceFiles()
     with contextlib.ExitStack() as stack:

@@ -12,6 +12,7 @@ import argparse
 from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
+from torchrec_tpu.train.preflight import check_paths
 from torchrec_tpu.train.ray_train import RayOptions
 
 
@@ -52,6 +53,7 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        check_paths(config)  # before the heavy imports below: a missing file fails in well under a second
         if args.ray_workers:
             from torchrec_tpu.train.ray_train import train_on_ray  # heavy: ray.train, torch
 

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from pipelines.bad_value_policies import POLICIES as BAD_VALUE_POLICIES
 from torchrec_tpu.structured_files import brief, read_structured
+from torchrec_tpu.suggest import close_match, did_you_mean
 from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 
@@ -145,6 +146,9 @@ class EngineConfig:
                                "spinning threads compete for cores")
     bind_cpus: bool = _opt(True, "with several ranks on one host (torchrun), bind each rank to its own block of "
                                  "the host's CPUs, so the ranks' thread pools (torch, XLA:CPU) do not compete")
+    print_sharding_plan: bool = _opt(False, "print where each embedding table went (sharding type, ranks, rows "
+                                            "and columns of each shard) once the model is sharded (TorchRec "
+                                            "dlrm_main's --print_sharding_plan)")
     collective_timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before every rank "
                                             "fails (a stalled or dead rank), all process groups", metavar="SECONDS")
 
@@ -222,7 +226,8 @@ class TrainConfig:
         rest at their defaults; TypeError names an unknown option."""
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
-            raise TypeError(f"unknown training options {unknown}")
+            hints = "".join(did_you_mean(name, OPTIONS) for name in unknown)
+            raise TypeError(f"unknown training options {unknown}{hints}")
         groups: dict[str, dict[str, Any]] = {f.name: {} for f in dataclasses.fields(cls)}
         for name, value in options.items():
             group, f = OPTIONS[name]
@@ -363,17 +368,22 @@ _FIELD_TYPES = {"int": int, "float": float, "str": str, "str | None": str}
 _METAVARS = {"int": "N", "float": "X", "str": "TEXT", "str | None": "PATH"}
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig | None = None) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig | None = None,
+                         skip: frozenset[str] = frozenset()) -> None:
     """One flag per option (in an argument group per config group), plus ``--config``. Unset
-    flags stay absent; ``defaults`` (TrainConfig's own if None) is what the help text quotes."""
+    flags stay absent; ``defaults`` (TrainConfig's own if None) is what the help text quotes;
+    options in ``skip`` get no flag (a YAML file may still set them)."""
     parser.add_argument(
         "--config", metavar="FILE.yaml", default=None,
         help="YAML file whose keys mirror these flags; explicit flags override it (default: none)",
     )
     defaults = defaults or TrainConfig()
+    kept = {group for name, (group, _) in OPTIONS.items() if name not in skip}
     sections = {g.name: parser.add_argument_group(f"{g.name} options", g.default_factory.__doc__)  # type: ignore
-                for g in dataclasses.fields(TrainConfig)}
+                for g in dataclasses.fields(TrainConfig) if g.name in kept}
     for name, (group, f) in OPTIONS.items():
+        if name in skip:
+            continue
         section = sections[group]
         default = defaults.option(name)
         help_text = f.metadata["help"]
@@ -441,10 +451,10 @@ def load_yaml(path: Path) -> dict[str, Any]:
             values.update({t: _coerce(t, names[t], value, path) for t in targets})
             continue
         if name not in names:
-            raise ConfigError(
-                f"--config={str(path)!r}: unknown option {brief(key)}; known: "
-                + ", ".join(sorted(n.replace("_", "-") for n in names))
-            )
+            known = sorted(n.replace("_", "-") for n in [*names, *SHORTHANDS])
+            hint = close_match(str(key), known)
+            raise ConfigError(f"--config={str(path)!r}: unknown option {brief(key)}" + (
+                f" (did you mean {hint}?)" if hint else "; known: " + ", ".join(known)))
         values[name] = _coerce(name, names[name], value, path)
     return values
 

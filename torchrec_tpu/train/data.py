@@ -6,7 +6,8 @@ directory for the run), or a directory of Parquet files in the ``pipelines.schem
 The held-out split is the last ``eval_files`` files (by name), so train and eval never share a row.
 Two or more held-out files (or days) are halved as TorchRec's DLRM halves its last day: the first
 half validates (the evaluations during and at the end of training), the second half is the test split
-scored once at the end.
+scored once at the end. A directory with too few files for that (a small TSV converted into one
+file) holds out rows instead: the last :data:`HELD_OUT_FRACTION` of its rows, halved the same way.
 With several ranks, training reads full batches only (lock-step), its remainder left out; the
 held-out reader keeps every row, its batches padded to ``eval_batch_rows`` at evaluation
 (:func:`torchrec_tpu.train.metrics.evaluate`).
@@ -15,6 +16,7 @@ held-out reader keeps every row, its batches padded to ``eval_batch_rows`` at ev
 from __future__ import annotations
 
 import contextlib
+import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +35,9 @@ from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
 
 SAMPLE_ROWS_PER_FILE = 40  # the 200 sample rows become 5 files: 4 to train on, 1 held out
+HELD_OUT_FRACTION = 0.1  # of the rows, held out when there are too few files to hold out --eval-files
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,11 +62,11 @@ class TrainData:
 
     def describe(self) -> str:
         text = (
-            f"{self.source}: {self.train.num_rows} train rows in {len(self.train.files)} files, "
-            f"{self.held_out.num_rows} held-out rows in {len(self.held_out.files)} files"
+            f"{self.source}: {self.train.num_rows} train rows {_in_files(self.train)}, "
+            f"{self.held_out.num_rows} held-out rows {_in_files(self.held_out)}"
         )
         if self.test is not None:
-            text += f" (validation), {self.test.num_rows} test rows in {len(self.test.files)} files"
+            text += f" (validation), {self.test.num_rows} test rows {_in_files(self.test)}"
         if self.rows_dropped:
             text += f" ({self.rows_dropped} training rows left out on this rank to keep ranks in lock-step)"
         return text
@@ -77,14 +81,41 @@ class TrainData:
         return self.train.rows_dropped
 
 
+def _in_files(split: ParquetBatchReader | NpyCriteoReader) -> str:
+    count = len(split.files)
+    if isinstance(split, ParquetBatchReader) and split.rows is not None:
+        return f"(rows {split.rows[0]:,}-{split.rows[1] - 1:,} of {count} file{'s' if count > 1 else ''})"
+    return f"in {count} file{'s' if count > 1 else ''}"
+
+
 def split_files(files: list[Path], eval_files: int, source: Path) -> tuple[list[Path], list[Path]]:
     """(train files, held-out files): the last ``eval_files`` files are held out."""
     if len(files) <= eval_files:
         raise ConfigError(
             f"--data={str(source)!r} has {len(files)} Parquet file(s); holding out "
-            f"--eval-files={eval_files} needs at least {eval_files + 1}"
+            f"--eval-files={eval_files} needs at least {eval_files + 1} (write more, smaller files: "
+            "`torchrec-tpu data convert --rows-per-file N`)"
         )
     return files[:-eval_files], files[-eval_files:]
+
+
+Split = tuple[list[Path], tuple[int, int] | None]  # files, and the rows of them (None: all)
+
+
+def held_out_splits(files: list[Path], total_rows: int, eval_files: int) -> tuple[Split, Split, Split | None]:
+    """(train, validation, test or None) of ``files`` (``total_rows`` rows in all): by files when
+    there are more than ``eval_files``, else by rows (the last :data:`HELD_OUT_FRACTION`)."""
+    if len(files) > eval_files:
+        validation, test = validation_and_test(files[-eval_files:])
+        return (files[:-eval_files], None), (validation, None), ((test, None) if test else None)
+    held = max(eval_files, round(total_rows * HELD_OUT_FRACTION))
+    if total_rows - held < 1:
+        raise ConfigError(f"{total_rows} row(s) are too few to hold out {held} for evaluation and train on the rest")
+    cut = total_rows - held
+    if eval_files < 2:
+        return (files, (0, cut)), (files, (cut, total_rows)), None
+    middle = cut + held - held // 2  # the validation half the larger, as validation_and_test
+    return (files, (0, cut)), (files, (cut, middle)), (files, (middle, total_rows))
 
 
 def validation_and_test(held_out: Sequence[T]) -> tuple[list[T], list[T]]:
@@ -162,20 +193,26 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
         yield _npy_data(config, env, _table_sizes(config)[1])
         return
     with parquet_source(config, env) as (source, table_sizes):
-        train_files, eval_files = split_files(list_parquet_files(source), config.data.eval_files, source)
+        files = list_parquet_files(source)
         lockstep = env.world_size > 1
 
-        def reader(files: list[Path], batch_size: int, drop_last: bool) -> ParquetBatchReader:
+        def reader(split: Split, batch_size: int, drop_last: bool) -> ParquetBatchReader:
             return ParquetBatchReader(
-                files, max(1, batch_size // env.world_size), table_sizes, CRITEO,
+                split[0], max(1, batch_size // env.world_size), table_sizes, CRITEO,
                 rank=env.rank, world_size=env.world_size, drop_last=drop_last,
-                bad_values=config.data.bad_values,
+                bad_values=config.data.bad_values, rows=split[1],
             )
 
-        train = reader(train_files, config.data.batch_size, lockstep)
-        validation, test_files = validation_and_test(eval_files)
+        total_rows = reader((files, None), config.data.batch_size, False).num_rows if \
+            len(files) <= config.data.eval_files else 0
+        train_split, validation, test_split = held_out_splits(files, total_rows, config.data.eval_files)
+        if train_split[1] is not None and env.is_primary:
+            _log.info("--data=%r has %d Parquet file(s), too few to hold out --eval-files=%d: holding out its "
+                      "last %s rows instead (for a split by files: `torchrec-tpu data convert --rows-per-file N`)",
+                      str(source), len(files), config.data.eval_files, f"{total_rows - train_split[1][1]:,}")
+        train = reader(train_split, config.data.batch_size, lockstep)
         held_out = reader(validation, config.data.eval_batch_size, False)
-        test = reader(test_files, config.data.eval_batch_size, False) if test_files else None
+        test = reader(test_split, config.data.eval_batch_size, False) if test_split else None
         if lockstep and len(train) == 0 and train.num_rows >= env.world_size:
             batch = config.data.batch_size
             raise ConfigError(f"--batch-size={batch} ({batch // env.world_size} per rank) "

@@ -16,6 +16,7 @@ from torchrec.datasets.utils import Batch
 
 from pipelines.arrow_batch import empty_batch
 from pipelines.bad_values import BadValueCounts
+from torchrec_tpu.log_setup import configure_logging
 from torchrec_tpu.train.checkpoint.dirs import new_run_id
 from torchrec_tpu.train.checkpoint.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.checkpoint.run_dirs import RunDirs, claim_run_dirs
@@ -42,7 +43,7 @@ from torchrec_tpu.train.streams import evaluation_stream, training_streams
 _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-HPARAM_METRICS = ("eval/auc", "eval/loss", "train/loss")  # scalars the HParams tab shows per run
+HPARAM_METRICS = ("eval/auc", "eval/loss", "eval/accuracy", "train/loss")  # scalars the HParams tab shows per run
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class JobSummary:
     world_size: int
     primary: bool  # whether this process is rank 0
     bad_values: tuple[str, ...] = ()  # the report of --bad-values skip/clamp, all ranks
+    target_auc: float = 0.0  # --target-auc (0: none)
 
     def format(self) -> str:
         r = self.result
@@ -65,12 +67,22 @@ class JobSummary:
             f"  first step      {r.first_step_seconds:.2f} s (input, tracing and compiling; the persistent "
             "compile cache skips the last two from the second run on)",
             f"  train loss      {r.final_train_loss:.4f} (mean of the last steps)",
-            f"  eval AUC        {r.eval.auc:.4f} (loss {r.eval.loss:.4f}, {r.eval.samples:,} samples)",
-            *([f"  test AUC        {r.test.auc:.4f} (loss {r.test.loss:.4f}, {r.test.samples:,} samples)"]
-              if r.test is not None else []),
+            f"  eval AUC        {r.eval.auc:.4f} (loss {r.eval.loss:.4f}, accuracy {r.eval.accuracy:.2f}, "
+            f"{r.eval.samples:,} samples)",
+            *([f"  test AUC        {r.test.auc:.4f} (loss {r.test.loss:.4f}, accuracy {r.test.accuracy:.2f}, "
+               f"{r.test.samples:,} samples)"] if r.test is not None else []),
+            *([self._target_line()] if self.target_auc else []),
             f"  tensorboard     {self.log_dir}",
             f"  checkpoint      {self.checkpoint_dir}",
         ])
+
+
+    def _target_line(self) -> str:
+        r = self.result
+        if r.target_step is not None:
+            return f"  target AUC      {self.target_auc} reached at step {r.target_step}"
+        best = "" if r.best_eval is None else f": best eval AUC {r.best_eval[1].auc:.4f} at step {r.best_eval[0]}"
+        return f"  target AUC      {self.target_auc} MISSED{best}"
 
 
 def model_spec(config: TrainConfig, feature_names: tuple[str, ...], table_sizes: tuple[int, ...],
@@ -102,6 +114,7 @@ class JobHooks:
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
             hooks: JobHooks = JobHooks()) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
+    configure_logging("train")  # the CLI's logging for Python callers too (a second call changes nothing)
     engine = engine_for(config)
     agree = functools.partial(agree_on_config, config, timeout_s=config.engine.collective_timeout)
     with process_group(config.engine.collective_timeout, engine.needs_device_tensors, config.engine.bind_cpus,
@@ -115,7 +128,13 @@ def _run(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device
     if env.world_size > 1 and env.is_primary:
         _log.info("torchrec-tpu train: %s", describe_transport(env))
     with contextlib.ExitStack() as held:  # the primary's locks on the run's directories
-        return _run_in(config, engine, env, device, hooks, _on_primary(lambda: claim_run_dirs(config, held), env))
+        dirs = _on_primary(lambda: claim_run_dirs(config, held), env)
+        try:
+            return _run_in(config, engine, env, device, hooks, dirs)
+        except _AGREED_ERRORS:  # failed on its config (options, files, checkpoint)
+            if env.is_primary:
+                dirs.remove_created()
+            raise
 
 
 def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device, hooks: JobHooks,
@@ -133,6 +152,8 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
         model = engine.build_model(spec, env, device)
+        if config.engine.print_sharding_plan and env.is_primary:
+            _log.info(engine.sharding_plan(model))
         optimizer = engine.build_optimizer(model)
         start_step, start = 0, LoopPosition()
         run_id = point.run_id if point is not None else _on_primary(new_run_id, env)  # whose checkpoints to prune
@@ -146,7 +167,7 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
             epochs=config.loop.epochs, max_steps=config.loop.max_steps, log_every=config.loop.log_every,
             eval_every=config.loop.eval_every, eval_batch_rows=data.eval_batch_rows, target_auc=config.loop.target_auc,
             checkpoint_every=config.checkpoint.checkpoint_every,
-            progress=config.loop.progress and env.is_primary, world_size=env.world_size,
+            progress=config.loop.progress and env.is_primary, primary=env.is_primary, world_size=env.world_size,
             start_step=start_step, start=start,
         )
         train: Any
@@ -180,14 +201,16 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
             metrics={"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,
-                     "eval_loss": result.eval.loss,
+                     "eval_loss": result.eval.loss, "eval_accuracy": result.eval.accuracy,
                      **({"test_auc": result.test.auc, "test_loss": result.test.loss} if result.test else {})},
         )
+        if env.is_primary:
+            _log.info("checkpoint step %d: %s", result.steps, checkpoint_dir)
         if env.is_primary:
             (log_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
         return JobSummary(
             result, data.describe(), log_dir, checkpoint_dir, env.world_size, env.is_primary,
-            tuple(_all_ranks_bad_values(data, env).lines()),
+            tuple(_all_ranks_bad_values(data, env).lines()), config.loop.target_auc,
         )
 
 

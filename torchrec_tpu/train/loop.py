@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
+from torch.autograd.profiler import record_function
 from torch.optim import Optimizer
 from torchrec.datasets.utils import Batch
 
@@ -26,6 +27,7 @@ from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
 
 _log = logging.getLogger(__name__)
+DENSE_BWD, OPTIMIZER = "dense_bwd", "optimizer"  # the eager step's profiler ranges (torchrec_tpu.profiling)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class LoopOptions:
     target_auc: float = 0.0  # stop at the first eval_every evaluation reaching it (0: no target)
     checkpoint_every: int = 0  # 0: no checkpoints during training
     progress: bool = True
+    primary: bool = True  # this rank prints a line per evaluation and checkpoint (the others do not)
     world_size: int = 1  # samples/s counts every rank's batch (ranks step in lock-step)
     start_step: int = 0  # global step to resume from (a checkpoint's "step")
     start: LoopPosition = LoopPosition()  # where in the data that step left off
@@ -62,6 +65,8 @@ class TrainResult:
     position: LoopPosition  # where a run resuming from here continues
     first_step_seconds: float = 0.0  # this run's first step, input included (tracing / compiling happen there)
     test: EvalResult | None = None  # the test split's, scored once at the end (None: no test split)
+    target_step: int | None = None  # the step whose evaluation reached --target-auc (None: not reached, or none)
+    best_eval: tuple[int, EvalResult] | None = None  # (step, evaluation) of the best held-out AUC this run
 
     @property
     def samples_per_sec(self) -> float:
@@ -69,17 +74,20 @@ class TrainResult:
 
 
 StepFn = Callable[[nn.Module, Optimizer, Batch], torch.Tensor]
-CheckpointFn = Callable[[int, LoopPosition], object]  # (global step, position after it)
+CheckpointFn = Callable[[int, LoopPosition], object]  # (global step, position after it) -> where it went
 LearningRatesFn = Callable[[int], dict[str, float]]  # 1-based step -> scalars (rates applied)
 
 
 def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch) -> torch.Tensor:
-    """One forward/backward/update. Fused embedding optimizers update the tables in backward;
-    ``optimizer.step()`` updates the dense parameters."""
+    """One forward/backward/update, op by op. Fused embedding optimizers update the tables in
+    backward; ``optimizer.step()`` updates the dense parameters. (The profiler's phase ranges cost
+    about a microsecond each when no profiler runs.)"""
     optimizer.zero_grad()
     loss, _ = model(batch)
-    loss.backward()
-    optimizer.step()
+    with record_function(DENSE_BWD):
+        loss.backward()
+    with record_function(OPTIMIZER):
+        optimizer.step()
     return loss.detach()
 
 
@@ -148,8 +156,10 @@ def run_training(
     recent_losses: collections.deque[float] = collections.deque(maxlen=options.log_every)
     window_samples, window_start = 0, time.perf_counter()
     bar = progress_bar(total=total, initial=options.start_step, desc="train", unit="step", enabled=options.progress)
+    bar.set_postfix_str("compiling")  # the first step traces and compiles
     loop_start = time.perf_counter()
     first_step_seconds = 0.0
+    evaluations = _Evaluations(options)
     with bar:
         batches = () if _done(step, options) else _batches(train, options)
         for position, batch in batches:
@@ -158,37 +168,40 @@ def run_training(
             with collectives(f"train step {step + 1} (embedding all_to_all, dense gradient all_reduce)"):
                 loss = step_fn(model, optimizer, batch.to(device))
             pending.append((step, epoch, loss.detach()))  # read every log_every steps, not each step
-            if not first_step_seconds:  # waits for the first step only: its time includes compiling
-                window_losses += _read_losses(pending)
-                first_step_seconds = time.perf_counter() - loop_start
             step += 1
             if rates:
                 log.log(step, rates)
             batch_samples = batch.labels.numel() * options.world_size
             samples += batch_samples
             window_samples += batch_samples
+            if not first_step_seconds:  # waits for the first step only: its time includes compiling,
+                window_losses += _read_losses(pending)  # which no samples/s point counts
+                first_step_seconds = time.perf_counter() - loop_start
+                window_samples, window_start = 0, time.perf_counter()
             if step % options.log_every == 0:
                 window_losses += _read_losses(pending)
                 recent_losses.extend(window_losses)
                 elapsed = time.perf_counter() - window_start
                 mean_loss = sum(window_losses) / len(window_losses)
-                rate = window_samples / elapsed if elapsed > 0 else 0.0
-                log.log(step, {"train/loss": mean_loss, "train/samples_per_sec": rate,
-                               "train/epoch": epoch})
-                bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{rate:,.0f}")
+                # a window of the first step alone has no rate: that step compiled
+                rate = window_samples / elapsed if window_samples and elapsed > 0 else None
+                log.log(step, {"train/loss": mean_loss, "train/epoch": epoch,
+                               **({"train/samples_per_sec": rate} if rate is not None else {})})
+                rate_text = "compiling" if rate is None else f"{rate:,.0f} samples/s"
+                bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=rate_text.removesuffix(" samples/s"))
                 if bar.disable and options.progress:  # no bar (not a terminal): one line per --log-every
-                    _log.info("step %d/%d  epoch %d  loss %.4f  %s samples/s", step, total, epoch, mean_loss,
-                              f"{rate:,.0f}")
+                    _log.info("step %d/%d  epoch %d  loss %.4f  %s", step, total, epoch, mean_loss, rate_text)
                 window_losses, window_samples, window_start = [], 0, time.perf_counter()
             bar.update(1)
             if options.eval_every and step % options.eval_every == 0:
                 eval_start = time.perf_counter()
-                result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward, options))
+                result = evaluations.held_out(log, step, _evaluate(model, held_out, device, step, eval_forward,
+                                                                   options))
                 window_start = time.perf_counter()
                 paused_seconds += window_start - eval_start
-                if options.target_auc and result.auc >= options.target_auc:  # the global AUC: every rank stops
-                    if options.progress:  # the primary rank
-                            _log.info("eval AUC %.5f at step %d reached --target-auc %s: stopping", result.auc, step,
+                if evaluations.target_step is not None:  # the global AUC: every rank stops
+                    if options.primary:
+                        _log.info("eval AUC %.5f at step %d reached --target-auc %s: stopping", result.auc, step,
                                   options.target_auc)
                     break
             if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 \
@@ -196,7 +209,9 @@ def run_training(
                 save_start = time.perf_counter()
                 window_losses += _read_losses(pending)  # no checkpoint of a NaN step
                 with collectives(f"the checkpoint save at step {step}"):
-                    checkpoint(step, position)
+                    saved = checkpoint(step, position)
+                if options.primary:
+                    _log.info("checkpoint step %d: %s", step, saved)
                 window_start = time.perf_counter()
                 paused_seconds += window_start - save_start
             if _done(step, options):
@@ -209,12 +224,14 @@ def run_training(
             "or a resumed run already reached --epochs / --max-steps)"
         )
     if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
-        result = _log_eval(log, step, _evaluate(model, held_out, device, step, eval_forward, options))
+        result = evaluations.held_out(log, step, _evaluate(model, held_out, device, step, eval_forward, options))
     test_result = None
     if test is not None:
-        test_result = _log_eval(log, step, _evaluate(model, test, device, step, eval_forward, options), "test")
+        test_result = evaluations.logged(log, step, _evaluate(model, test, device, step, eval_forward, options),
+                                         "test")
     final_loss = sum(recent_losses) / len(recent_losses)
-    return TrainResult(step, samples, train_seconds, final_loss, result, position, first_step_seconds, test_result)
+    return TrainResult(step, samples, train_seconds, final_loss, result, position, first_step_seconds, test_result,
+                       evaluations.target_step, evaluations.best)
 
 
 def _read_losses(pending: list[tuple[int, int, torch.Tensor]]) -> list[float]:
@@ -236,6 +253,26 @@ def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device,
         return evaluate(model, held_out, device, forward, options.eval_batch_rows)
 
 
-def _log_eval(log: ScalarLog, step: int, result: EvalResult, split: str = "eval") -> EvalResult:
-    log.log(step, {f"{split}/auc": result.auc, f"{split}/loss": result.loss})
-    return result
+class _Evaluations:
+    """The run's evaluations: logged (TensorBoard and, on the primary, one console line each), the
+    best held-out one and the step whose evaluation reached ``options.target_auc`` kept."""
+
+    def __init__(self, options: LoopOptions) -> None:
+        self.options = options
+        self.best: tuple[int, EvalResult] | None = None
+        self.target_step: int | None = None
+
+    def logged(self, log: ScalarLog, step: int, result: EvalResult, split: str) -> EvalResult:
+        log.log(step, {f"{split}/auc": result.auc, f"{split}/loss": result.loss, f"{split}/accuracy": result.accuracy})
+        if self.options.primary:
+            _log.info("%s step %d: %s", split, step, result.describe())
+        return result
+
+    def held_out(self, log: ScalarLog, step: int, result: EvalResult) -> EvalResult:
+        """Log an evaluation of the held-out (validation) split and keep score."""
+        self.logged(log, step, result, "eval")
+        if self.best is None or result.auc > self.best[1].auc:
+            self.best = (step, result)
+        if self.options.target_auc and self.target_step is None and result.auc >= self.options.target_auc:
+            self.target_step = step
+        return result

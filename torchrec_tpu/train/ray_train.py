@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from torchrec_tpu.log_setup import WORKER_SETUP
+from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 
 if TYPE_CHECKING:
@@ -240,6 +240,7 @@ def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
     from torchrec_tpu.train.data import parquet_source, split_files
     from torchrec_tpu.train.distributed import DistEnv
 
+    configure_logging("train")
     config = ray_ready_config(config)
     scaling = options.scaling_config()  # bad TPU settings fail before any Ray starts
     with parquet_source(config, DistEnv(rank=0, world_size=1, local_world_size=1)) as (source, table_sizes), \

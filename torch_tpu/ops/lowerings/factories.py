@@ -54,6 +54,17 @@ def new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=No
     return jnp.zeros(tuple(size), jdtype(dtype, self.dtype))
 
 
+# graphs only: arrays have no strides; eager keeps the requested strides (torch_tpu.ops.kernels)
+@register_lowering(aten.new_empty_strided.default, graph_only=True)
+def new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return new_zeros(self, size, dtype=dtype)
+
+
+@register_lowering(aten.empty_strided.default, graph_only=True)
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), jdtype(dtype))
+
+
 @register_lowering(aten.new_ones.default)
 def new_ones(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.ones(tuple(size), jdtype(dtype, self.dtype))

@@ -313,7 +313,50 @@ def _check_offsets(args) -> None:
         raise RuntimeError("embedding_bag: offsets must be non-decreasing (CPU torch rejects them)")
 
 
-_VALUE_CHECKS = {"aten::_embedding_bag": _check_offsets, "aten::_embedding_bag_forward_only": _check_offsets}
+def _check_put_values(args) -> None:
+    """CPU's check that ``index_put``'s values broadcast to the indexed shape, which a boolean mask
+    makes depend on its count of set elements (the lowering takes the count from the values: a
+    wrong count wrote a prefix or nothing)."""
+    data, indices, values = args[0], args[1], args[2]
+    if values.ndim == 0 or not any(_is_mask(i) for i in indices if i is not None):
+        return  # a 0-d value broadcasts anywhere; without masks torch's meta kernel checks
+    coords, slots = [], []
+    for i in indices:
+        if i is None:
+            slots.append(None)
+        elif _is_mask(i):
+            count = int(jax.device_get(i.astype(bool).sum()))
+            coords.extend(jax.ShapeDtypeStruct((count,), np.int64) for _ in range(i.ndim))
+            slots.extend("coord" for _ in range(i.ndim))
+        else:
+            coords.append(jax.ShapeDtypeStruct(i.shape, i.dtype))
+            slots.append("coord")
+
+    def indexed(x, *c):
+        found = iter(c)
+        return x[tuple(slice(None) if slot is None else next(found) for slot in slots)]
+
+    shape = tuple(jax.eval_shape(indexed, jax.ShapeDtypeStruct(data.shape, data.dtype), *coords).shape)
+    try:
+        fits = np.broadcast_shapes(tuple(values.shape), shape) == shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to "
+                           f"indexing result of shape {list(shape)}")
+
+
+def _check_embedding_weight(args) -> None:
+    """CPU checks the weight's rank before the index values (``jnp.take`` accepts any rank)."""
+    if args[0].ndim != 2:
+        raise RuntimeError(f"'weight' must be 2-D, got a weight of shape {list(args[0].shape)}")
+
+
+_VALUE_CHECKS = {
+    "aten::embedding": _check_embedding_weight,
+    "aten::_embedding_bag": _check_offsets, "aten::_embedding_bag_forward_only": _check_offsets,
+    "aten::index_put": _check_put_values, "aten::_index_put_impl": _check_put_values,
+}
 
 
 _MASKED = frozenset({"aten::index", "aten::index_put", "aten::_index_put_impl"})
@@ -345,7 +388,7 @@ def check_bounds(op, args) -> None:
             warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.",
                           UserWarning, stacklevel=2)
     values = _VALUE_CHECKS.get(op._schema.name)
-    if values is not None and len(args) > 2:
+    if values is not None and len(args) > 1:
         values(args)
     spec = _INDEX_BOUNDS.get(op._schema.name)
     if spec is None or len(args) <= spec.index:

@@ -264,7 +264,9 @@ def _fractional_max_pool(n: int, sample_order: tuple[int, ...]):
                 raise ValueError(f"fractional_max_pool{n}d: output size {o} with pool size {k} is too large "
                                  f"for an input of size {length}")
         planes = math.prod(lead)
-        samples = random_samples.reshape(planes, n)
+        # [batch, channels, n] samples; an unbatched input reads the first batch's, as CPU does
+        batch = self.shape[0] if self.ndim == n + 2 else 1
+        samples = random_samples[:batch].reshape(planes, n)
         flat = jnp.zeros((planes,) + (1,) * (2 * n), jnp.int32)
         for d in range(n):  # flat plane index of (plane, output..., slot...)
             positions = _fractional_starts(samples[:, sample_order[d]], sizes[d], out[d], kernel[d])[..., None] \

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from sparsecore.limits import ProposedLimits
 from sparsecore.preprocess import preprocess
 from sparsecore.specs import SparseCoreTopology
 from sparsecore.stacking import StackingPlan, plan_stacking
+from sparsecore.validation import integer_ids
 from torchrec_tpu.experimental.datasets.fdo.csv_file_fdo_client import CSVFileFDOClient
 from torchrec_tpu.experimental.datasets.fdo.fdo_client import (
     FDOClient,
@@ -116,7 +118,8 @@ class SparseCoreInputPreprocessor:
     partition's limits (counted in the stats) instead of raising ``PartitionOverflowError``;
     ``fdo_client``: records every batch's stats; ``fdo_dir``: without a client, a
     :class:`CSVFileFDOClient` there (process id: the torch.distributed rank), seeded with the
-    configured limits.
+    configured limits. Per-id weights of the KJT are dropped (every id counts once, as in TorchRec's
+    TPU module), with a warning on the first weighted batch.
     """
 
     def __init__(
@@ -145,6 +148,7 @@ class SparseCoreInputPreprocessor:
         self._allow_id_dropping = allow_id_dropping
         self._topology = SparseCoreTopology(_generation(num_sc_per_device), global_device_count)
         self._last_stats: KeyedSparseCoreInputStats | None = None
+        self._warned_weights = False
         if fdo_client is None and fdo_dir is not None:
             rank = dist.get_rank() if dist.is_initialized() else 0
             seed = KeyedSparseCoreInputStats({
@@ -229,6 +233,11 @@ class SparseCoreInputPreprocessor:
         """The KJT sparsecore preprocesses (the plan's features, in its order; a sequence feature's
         ids one per sample, padded with empty samples), and per stack of sequence tables the
         features' lengths and id counts."""
+        if features.weights_or_none() is not None and not self._warned_weights:
+            self._warned_weights = True
+            warnings.warn("SparseCoreInputPreprocessor drops the KJT's per-id weights, as TorchRec's TPU module "
+                          "does: every id counts with weight 1 (warned once per preprocessor)", UserWarning,
+                          stacklevel=3)
         given = features.to_dict()
         values, lengths = [], []
         seq_lengths: dict[str, dict[str, torch.Tensor]] = {}
@@ -239,7 +248,8 @@ class SparseCoreInputPreprocessor:
                 raise ValueError(f"the batch has no feature {spec.name!r} (table {table.name!r}); "
                                  f"its keys: {list(features.keys())}")
             jt = given[spec.name]
-            ids = jt.values().to("cpu")
+            ids = torch.from_numpy(integer_ids(jt.values().detach().to("cpu").numpy(),
+                                               f"feature {spec.name!r} (table {table.name!r})"))
             if not table.is_unpooled:
                 values.append(ids)
                 lengths.append(jt.lengths().to("cpu", torch.int64))

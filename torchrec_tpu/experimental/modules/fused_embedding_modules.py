@@ -31,6 +31,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedTensor
 
 import torch_tpu  # noqa: F401  (registers the tpu device and the tpu:: SparseCore ops)
 from sparsecore.stacking import StackedTable, stack_rows, unstack_rows
+from torch_tpu.ops.sparsecore_checks import preprocessed
 from torchrec_tpu.experimental.modules.embedding_configs import (
     SparseCoreEmbeddingConfig,
     StackedSparseCoreEmbeddingConfig,
@@ -67,8 +68,9 @@ class _FusedLookup(torch.autograd.Function):
         if callable(hypers):  # Adam: the step's bias corrections, computed now
             hypers = hypers(table.device)
         op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{ctx.op_name}")
-        out = op(row_pointers, embedding_ids, sample_ids, gains, table, *slots, grad.contiguous(), *hypers,
-                 *ctx.limits, ctx.name)
+        with preprocessed():  # the buffers the forward lookup checked
+            out = op(row_pointers, embedding_ids, sample_ids, gains, table, *slots, grad.contiguous(), *hypers,
+                     *ctx.limits, ctx.name)
         new = out if isinstance(out, tuple) else (out,)
         with torch.no_grad():
             for target, value in zip((table, *slots), new):

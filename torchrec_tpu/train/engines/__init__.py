@@ -74,6 +74,10 @@ class Engine(Protocol):
         """The per-step learning rates of ``policy`` over this engine's optimizers."""
         ...
 
+    def sharding_plan(self, model: nn.Module) -> str:
+        """Where each table of ``model`` went (``--print-sharding-plan``), as lines of text."""
+        ...
+
 
 @dataclass(frozen=True)
 class EngineKind:
@@ -99,6 +103,14 @@ ENGINES: dict[str, EngineKind] = {e.name: e for e in (
                "the sparsecore sharded EBC (sharded as --plan says, dense part in DDP or FSDP2, see "
                "--dense-parallel)", places_dense=True, reads_plan=True, schedules_sparse_lr=False),
 )}
+
+
+EAGER_STEP = "eager train_step (forward, backward and optimizer step op by op)"
+
+
+def step_program_name(step_fn: StepFn) -> str:
+    """What runs a step of ``step_fn``: its ``program_name`` (a compiled step's), else the eager step."""
+    return getattr(step_fn, "program_name", EAGER_STEP)
 
 
 def engine_for(config: TrainConfig) -> Engine:

@@ -92,12 +92,14 @@ class CompiledDenseStep:
         self.fused_step = None if self.lookup is None else tc.train_step(DLRMLookupLoss(self.dense, self.lookup),
                                                                            inner, input_grads=(2,), group=group)
         ranks = "" if group is None else f" per rank (SPMD over {dist.get_world_size(group)} ranks)"
-        _log.info("training step: %s", f"one compiled program{ranks}: embedding lookup, "
-                  f"{'all-to-alls, ' if group is not None else ''}towers, dense update and fused embedding update"
-                  if self.fused_step is not None else
-                  f"the towers and dense update as one compiled program{ranks}; the embedding lookup and update "
-                  "run outside it (the EBC is not on the ops backend with a traceable optimizer, or its ranks' "
-                  "tables are not of one shape)")
+        self.program_name = (f"one compiled program{ranks}: embedding lookup, "
+                             f"{'all-to-alls, ' if group is not None else ''}towers, dense update and fused "
+                             "embedding update" if self.fused_step is not None else
+                             f"the towers and dense update as one compiled program{ranks}; the embedding lookup "
+                             "and update outside it")
+        _log.info("training step: %s%s", self.program_name, "" if self.fused_step is not None else
+                  " (the EBC is not on the ops backend with a traceable optimizer, or its ranks' tables are not "
+                  "of one shape)")
 
     def __call__(self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
         kjt = batch.sparse_features

@@ -105,6 +105,20 @@ def _sparsecore_ebc(tables_ebc: EmbeddingBagCollection, local_batch: int, placem
     return build(False)
 
 
+def sharding_plan_text(ebc: ShardedSparseCoreEBC, plan: str | None) -> str:
+    """One line per table of ``ebc``: rows x dim, sharding type, and each shard's rank, rows and
+    columns; ``plan``: the ``--plan`` it came from."""
+    source = {None: "whole tables balanced over the ranks", "auto": "--plan auto"}.get(plan, f"--plan {plan}")
+    lines = [f"sharding plan ({len(ebc.tables)} tables over {ebc.world_size} rank(s), {source}):"]
+    width = max(len(name) for name in ebc.tables)
+    for name, table in ebc.tables.items():
+        shards = ebc.shards[name]
+        parts = ", ".join(f"rank {s.rank} ({s.rows:,} rows, cols {s.col_offset}-{s.col_offset + s.cols - 1})"
+                          for s in shards)
+        lines.append(f"  {name:<{width}}  {table.vocab_size:>11,} x {table.dim:<4} {shards[0].kind:<13} {parts}")
+    return "\n".join(lines)
+
+
 def unwrap_dense(model: nn.Module) -> nn.Module:
     """The model inside its dense DDP wrapper (``model`` itself when not wrapped)."""
     return model.module if isinstance(model, DenseDDP) else model
@@ -187,6 +201,9 @@ class SparseCoreEngine:
 
     def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
         return eval_forward(model, dense_device_of(model), env.world_size, self.options.dense_parallel)
+
+    def sharding_plan(self, model: nn.Module) -> str:
+        return sharding_plan_text(ebc_of(unwrap_dense(model)), self.options.plan)
 
     def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: torch.optim.Optimizer) -> LearningRates:
         """Over the dense groups; the fused embedding rate is fixed (``policy`` must be constant)."""

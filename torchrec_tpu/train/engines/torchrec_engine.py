@@ -103,6 +103,11 @@ class TorchRecEngine:
     def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
         return model_outputs
 
+    def sharding_plan(self, model: nn.Module) -> str:
+        """TorchRec's own text of the DMP's plan (per module: each table's sharding type, compute
+        kernel and ranks)."""
+        return f"sharding plan (TorchRec planner)\n{model.plan}"
+
     def learning_rates(self, policy: LRPolicy, model: nn.Module, optimizer: torch.optim.Optimizer) -> LearningRates:
         """Over the dense groups and the fused embedding optimizer's (pushed to FBGEMM before each
         backward)."""

@@ -1,0 +1,145 @@
+"""Peak memory and throughput of ``torchrec-tpu train`` as the tables grow: ``--engine sparsecore`` and
+the stock TorchRec DMP engine (``--engine torchrec``) side by side, at two or three table sizes.
+
+The tables are MLPerf DLRM-DCNv2's 26 cardinalities capped at ``--caps`` (``torchrec-tpu data
+generate --max-cardinality``; 100k: 0.92M rows, 1.5M: 10.1M rows, 5M: 29.2M rows), passed per
+feature as ``--num-embeddings-per-feature``. Every run is a fresh child process (``run_job``: one
+rank, reader, steps, evaluation, checkpoint) started through a small watcher process, whose
+``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` after the run exits is the run's peak RSS.
+Per run: peak RSS, that over the table bytes (fp32 weights alone) and over the issue's budget
+``1.3 x (tables + slots) + 2 GB``, and the steady samples/s (the logged windows after the first);
+per size the sparsecore/torchrec ratios. Shared 2-core box: timings are noisy, and a run at 29M
+rows needs ~10 GB free (check ``free -g``).
+
+    .venv/bin/python bench/bench_scale.py [--caps 100000 1500000 5000000] [--steps 30] [--engines ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_train_e2e import steady_rate  # noqa: E402  (bench/ is not a package)
+
+ENGINES = ("torchrec", "sparsecore")
+GB = 1 << 30
+FIXED_SHARE = 2 * GB  # the process's own share in the issue's budget: torch, JAX, the data pipeline
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One training run in this process; prints its steady samples/s as JSON."""
+    from torchrec_tpu.train.config import TrainConfig
+    from torchrec_tpu.train.job import run_job
+
+    config = TrainConfig.from_options(
+        engine=args.engine, data=args.data, log_dir=args.log_dir, eval_files=1, eval_batch_size=args.batch_size,
+        num_embeddings_per_feature=args.sizes, embedding_dim=args.dim, dense_arch=f"64,{args.dim}",
+        batch_size=args.batch_size, epochs=1, max_steps=args.steps, log_every=args.log_every, progress=False,
+        sparse_optimizer=args.optimizer)
+    summary = run_job(config)
+    if summary.primary:
+        print(json.dumps({"steady": steady_rate(Path(args.log_dir)), "steps": summary.result.steps}))
+
+
+def watch(command: list[str]) -> None:
+    """Run ``command`` as this process's only child; print its output's last line and its peak RSS
+    (bytes) as JSON."""
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        sys.stderr.write(done.stderr[-4000:])
+        sys.exit(done.returncode)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["peak_rss"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # (KiB on Linux)
+    print(json.dumps(result))
+
+
+def run(engine: str, data: Path, sizes: str, log_dir: Path, args: argparse.Namespace) -> dict:
+    """One fresh run of ``engine``: its steady samples/s and peak RSS."""
+    cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--data", str(data), "--log-dir", str(log_dir),
+           "--sizes", sizes, "--dim", str(args.dim), "--batch-size", str(args.batch_size), "--steps",
+           str(args.steps), "--log-every", str(args.log_every), "--optimizer", args.optimizer]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, __file__, "--watch", "--", *cmd], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{engine} at {sizes.count(',') + 1} tables failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def slot_bytes_per_row(optimizer: str, dim: int) -> int:
+    """fp32 bytes of the optimizer's slots per table row."""
+    from tpu_facts import OPTIMIZER_SLOTS
+
+    element, row = OPTIMIZER_SLOTS[optimizer]
+    return 4 * (len(element) * dim + len(row))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--caps", type=int, nargs="+", default=[100_000, 1_500_000],
+                        help="max cardinality per table, one table size per cap (default: 100000 1500000; "
+                             "5000000 is MLPerf's 29.2M rows)")
+    parser.add_argument("--rows", type=int, default=131_072, help="synthetic rows per dataset (default: 131072)")
+    parser.add_argument("--dim", type=int, default=32, help="embedding dim (default: 32)")
+    parser.add_argument("--batch-size", type=int, default=2048, help="batch (default: 2048)")
+    parser.add_argument("--steps", type=int, default=30, help="training steps per run (default: 30)")
+    parser.add_argument("--log-every", type=int, default=5, help="steps per logged throughput window (default: 5)")
+    parser.add_argument("--optimizer", default="rowwise_adagrad", help="--sparse-optimizer (default: rowwise_adagrad)")
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES), help="(default: both)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--watch", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--log-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", help=argparse.SUPPRESS)
+    parser.add_argument("command", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if min(args.caps) < 1 or args.rows < args.batch_size or args.steps < 2 * args.log_every:
+        parser.error("--caps >= 1, --rows >= --batch-size and --steps >= 2 x --log-every are required")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.watch:
+        watch(args.command)
+        return
+    if args.worker:
+        worker(args)
+        return
+    from pipelines.synthetic import SyntheticConfig, generate
+
+    print(f"train at scale: dim {args.dim}, batch {args.batch_size}, {args.optimizer}, {args.steps} steps, one rank, "
+          f"fresh process per run; load {os.getloadavg()[0]:.2f}; shared box, noisy")
+    for cap in args.caps:
+        with tempfile.TemporaryDirectory(prefix="bench_scale_") as tmp:
+            config = SyntheticConfig(num_rows=args.rows, rows_per_file=args.rows // 2,
+                                     row_group_size=max(1, args.rows // 8), max_cardinality=cap)
+            generate(config, Path(tmp) / "data", progress=False)
+            rows = sum(config.table_sizes)
+            table_bytes = rows * args.dim * 4
+            budget = 1.3 * (table_bytes + rows * slot_bytes_per_row(args.optimizer, args.dim)) + FIXED_SHARE
+            sizes = ",".join(map(str, config.table_sizes))
+            results = {}
+            for engine in args.engines:
+                r = results[engine] = run(engine, Path(tmp) / "data", sizes, Path(tmp) / engine, args)
+                print(f"  {rows / 1e6:5.1f}M rows ({table_bytes / GB:.2f} GB tables)  {engine:<10}  peak RSS "
+                      f"{r['peak_rss'] / GB:5.2f} GB = {r['peak_rss'] / table_bytes:4.1f}x tables, "
+                      f"{r['peak_rss'] / budget:4.2f}x budget ({budget / GB:.2f} GB)  steady "
+                      f"{r['steady']:>8,.0f} samples/s", flush=True)
+            if len(results) == 2:
+                s, t = results["sparsecore"], results["torchrec"]
+                print(f"  {rows / 1e6:5.1f}M rows  sparsecore/torchrec: samples/s {s['steady'] / t['steady']:.2f}x, "
+                      f"peak RSS {s['peak_rss'] / t['peak_rss']:.2f}x; load {os.getloadavg()[0]:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

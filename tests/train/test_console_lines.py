@@ -1,0 +1,91 @@
+"""What the console says during a run: a line per evaluation (AUC, loss, accuracy) and per
+checkpoint, no samples/s point for the compiling first step, a missed --target-auc in the summary."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.train.test_loop_losses import _batches, _Logistic, _Scripted
+from torchrec_tpu.train.job import JobSummary
+from torchrec_tpu.train.loop import LoopOptions, run_training
+from torchrec_tpu.train.scalars import ScalarLog
+
+
+def _held_out() -> list:
+    """Two batches whose logits under _Logistic are known: dense features (i, -i) per row."""
+    batches = _batches(2)
+    for i, batch in enumerate(batches):
+        batch.dense_features.copy_(torch.tensor([[-2.0, 1.0], [1.0, 0.5], [0.5, 3.0], [3.0, -1.0]]) * (i + 1))
+    return batches
+
+
+def _run(tmp_path: Path, caplog, steps: int = 6, **options):
+    model = _Logistic()
+    saved: list[int] = []
+
+    def checkpoint(step, position):
+        saved.append(step)
+        return tmp_path / f"ckpt-{step}"
+
+    with caplog.at_level(logging.INFO, logger="torchrec_tpu"), ScalarLog(tmp_path / "tb", enabled=True) as log:
+        result = run_training(model, torch.optim.SGD(model.parameters(), lr=0.0), _batches(steps), _held_out(),
+                              torch.device("cpu"), log, LoopOptions(progress=True, **options),
+                              step_fn=_Scripted([0.5] * steps), checkpoint=checkpoint)
+    return model, result, [r.getMessage() for r in caplog.records], saved
+
+
+def _expected(model) -> tuple[float, float, float]:
+    """AUC, mean BCE loss and accuracy at 0.5 of the held-out batches, computed here."""
+    batches = _held_out()
+    with torch.no_grad():
+        logits = torch.cat([model.linear(b.dense_features).squeeze(-1) for b in batches])
+    labels = torch.cat([b.labels for b in batches])
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels).item()
+    accuracy = ((torch.sigmoid(logits) >= 0.5).float() == labels).float().mean().item()
+    positives, negatives = logits[labels == 1], logits[labels == 0]
+    pairs = [(p > n) + 0.5 * (p == n) for p in positives.tolist() for n in negatives.tolist()]  # Mann-Whitney
+    return sum(pairs) / len(pairs), loss, accuracy
+
+
+def test_a_line_per_evaluation_and_checkpoint(tmp_path: Path, caplog) -> None:
+    model, result, lines, saved = _run(tmp_path, caplog, eval_every=2, checkpoint_every=3, log_every=2,
+                                       max_steps=6)
+    auc, loss, accuracy = _expected(model)
+    evals = [line for line in lines if line.startswith("eval step")]
+    assert evals == [f"eval step {s}: AUC {auc:.4f}, loss {loss:.4f}, accuracy {accuracy:.2f}" for s in (2, 4, 6)]
+    assert result.eval.accuracy == pytest.approx(accuracy)
+    assert saved == [3]  # the last step's checkpoint is the caller's
+    assert [line for line in lines if line.startswith("checkpoint")] == [f"checkpoint step 3: {tmp_path / 'ckpt-3'}"]
+
+
+def test_other_ranks_print_no_evaluation_lines(tmp_path: Path, caplog) -> None:
+    _, _, lines, _ = _run(tmp_path, caplog, eval_every=2, checkpoint_every=3, max_steps=6, primary=False)
+    assert not [line for line in lines if line.startswith(("eval step", "checkpoint"))]
+
+
+def test_first_step_has_no_samples_per_sec_point(tmp_path: Path, caplog) -> None:
+    _, result, lines, _ = _run(tmp_path, caplog, log_every=1, max_steps=4)
+    steps = [line for line in lines if line.startswith("step ")]
+    assert steps[0].endswith("compiling") and "samples/s" not in steps[0], steps
+    assert all(line.endswith("samples/s") for line in steps[1:]), steps
+    events = EventAccumulator(str(tmp_path / "tb")).Reload()
+    assert [e.step for e in events.Scalars("train/samples_per_sec")] == [2, 3, 4]
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [4]
+
+
+def test_summary_says_whether_the_target_was_reached(tmp_path: Path, caplog) -> None:
+    _, missed, _, _ = _run(tmp_path, caplog, eval_every=2, max_steps=6, target_auc=0.999)
+    assert missed.steps == 6 and missed.target_step is None and missed.best_eval[0] == 2  # lr 0: AUC never moves
+    text = JobSummary(missed, "data", tmp_path, tmp_path, 1, True, target_auc=0.999).format()
+    assert f"target AUC      0.999 MISSED: best eval AUC {missed.best_eval[1].auc:.4f} at step 2" in text
+    _, reached, _, _ = _run(tmp_path, caplog, eval_every=2, max_steps=6, target_auc=0.1)
+    assert reached.steps == 2 and reached.target_step == 2
+    assert "target AUC      0.1 reached at step 2" in JobSummary(reached, "data", tmp_path, tmp_path, 1, True,
+                                                                 target_auc=0.1).format()
+    assert "target AUC" not in JobSummary(reached, "data", tmp_path, tmp_path, 1, True).format()

@@ -1,0 +1,182 @@
+"""Input checks of the ``tpu::sparse_dense_matmul*`` ops: each bad input raises ONE ValueError that
+names the argument, the bad value and its limit.
+
+* :func:`check_layout`: dtypes (integer buffers, floating gains, table, slots and gradient), ranks,
+  equal buffer lengths, the row-pointer size, the divisions among SparseCores, the shapes of the
+  activation gradient and the slots. Metadata only: the fake kernels run it, so every
+  ``torch.compile`` / ``train_step`` trace checks it too.
+* :func:`check_values`: the CSR buffers' values on the host. Per source SparseCore region, the N
+  used row pointers (partition ends) lie in ``[0, region]`` and do not decrease; in every
+  partition's entries ``[round_up(end[p-1], 8), end[p])`` each embedding id lies in ``[0, rows
+  per partition)`` and each sample id in ``[0, device_batch_size / N)``. Padding positions are
+  not read (jax-tpu-embedding fills them with id 2^31-1 and gain NaN).
+
+Policy. Eager calls check both, in every eager mode: the CPU kernels, and eager dispatch on tpu
+tensors (one device-to-host read of the three integer buffers per call). Inside compiled programs
+values follow TorchTPU's modes: the ``debug`` mode checks the concrete CSR inputs of a compiled
+graph before it runs (``torch_tpu.compile.graph``); in ``strict`` and ``defer_and_fuse``, as on a
+TPU, out-of-range values give undefined results (the XLA formulation reads another row, or
+drops the entry). A CSR buffer computed inside the graph is never value-checked.
+
+The engine's own host preprocessing builds valid buffers by construction: its calls run inside
+:func:`preprocessed`, which skips the value checks (not the layout checks) for the calls of the
+current thread and context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from torch_tpu.runtime._jax import jnp
+from tpu_facts import ALIGNMENT
+
+_CSR_INTS = ("row_pointers", "embedding_ids", "sample_ids")
+# optimizer slots that may be row-wise ([rows]) instead of the table's [rows, dim]
+_ROW_WISE = {("rowwise_adagrad", "accumulator"): "row", ("adam", "velocity"): "either"}
+_PREPROCESSED = contextvars.ContextVar("sparsecore_csr_preprocessed", default=False)
+
+
+@contextlib.contextmanager
+def preprocessed() -> Iterator[None]:
+    """The ops called inside take CSR buffers built by ``sparsecore``'s host preprocessing (valid by
+    construction): their value checks are skipped. Internal: for the engine's own calls."""
+    token = _PREPROCESSED.set(True)
+    try:
+        yield
+    finally:
+        _PREPROCESSED.reset(token)
+
+
+def values_trusted() -> bool:
+    """Whether the current call's CSR values skip their checks (inside :func:`preprocessed`)."""
+    return _PREPROCESSED.get()
+
+
+def public_name(name: str) -> str:
+    """``tpu::<op>`` as users call it (a private ``_sharded_`` twin is named as its public op)."""
+    return "tpu::" + name.removeprefix("_sharded_")
+
+
+def _kind(dtype: Any) -> str:
+    """"int", "float" or the dtype's name, for torch and numpy/JAX dtypes alike."""
+    if isinstance(dtype, torch.dtype):
+        if dtype.is_floating_point:
+            return "float"
+        return str(dtype) if dtype.is_complex or dtype == torch.bool else "int"
+    if jnp.issubdtype(dtype, jnp.floating):
+        return "float"
+    return "int" if jnp.issubdtype(dtype, jnp.integer) else str(dtype)
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in x.shape)
+
+
+def _partitions(op: str, row_pointers_size: int) -> int:
+    """N, the partitions (and source regions) of buffers with ``row_pointers_size`` pointers."""
+    from sparsecore import csr_math
+
+    try:
+        return csr_math.sparsecores_per_device(row_pointers_size)
+    except ValueError as e:
+        raise ValueError(f"{op}: {e}") from None
+
+
+def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -> None:
+    """Raise ValueError when the shapes or dtypes of op ``name``'s arguments ``a`` (by schema name;
+    torch tensors, fake tensors or JAX arrays) do not fit together; ``slots``: the optimizer slots
+    it takes after the table."""
+    op = public_name(name)
+
+    def fail(message: str) -> None:
+        raise ValueError(f"{op}: {message}")
+
+    for key in (*_CSR_INTS, "gains"):
+        want = "float" if key == "gains" else "int"
+        if _kind(a[key].dtype) != want:
+            fail(f"{key} must be a 1-D {'floating' if want == 'float' else 'integer'} tensor, got dtype {a[key].dtype}")
+        if len(a[key].shape) != 1:
+            fail(f"{key} must be 1-D, got shape {list(_shape(a[key]))}")
+    entries = _shape(a["embedding_ids"])[0]
+    for key in ("sample_ids", "gains"):
+        if _shape(a[key])[0] != entries:
+            fail(f"{key} has {_shape(a[key])[0]} entries, embedding_ids {entries}: the COO buffers must have equal "
+                 "lengths")
+    table = a["embedding_table"]
+    if _kind(table.dtype) != "float" or len(table.shape) != 2:
+        fail(f"embedding_table must be a 2-D floating tensor, got dtype {table.dtype} shape {list(_shape(table))}")
+    rows, dim = _shape(table)
+    n = _partitions(op, _shape(a["row_pointers"])[0])
+    devices, device_index = a.get("devices", 1), a.get("device_index", 0)
+    if devices < 1 or n % devices or not 0 <= device_index < devices:
+        fail(f"device_index {device_index} of {devices} devices: needs 0 <= device_index < devices and devices "
+             f"dividing the {n} partitions")
+    local = n // devices
+    batch = a["device_batch_size"]
+    if entries % n:
+        fail(f"embedding_ids has {entries} entries, not a multiple of the {n} SparseCore regions")
+    if batch < 1 or batch % n:
+        fail(f"device_batch_size {batch} must be a positive multiple of the {n} source SparseCores")
+    if rows % local:
+        fail(f"embedding_table has {rows} rows, not a multiple of its {local} partitions")
+    grad = a.get("activations_grad")
+    if grad is not None and (_kind(grad.dtype) != "float" or _shape(grad) != (batch, dim)):
+        fail(f"activations_grad must be a floating [device_batch_size, dim] = [{batch}, {dim}] tensor, got dtype "
+             f"{grad.dtype} shape {list(_shape(grad))}")
+    optimizer = name.rpartition("_with_")[2]
+    for slot in slots:
+        value = a[slot]
+        wise = _ROW_WISE.get((optimizer, slot))
+        allowed = {"row": [(rows,)], "either": [(rows, dim), (rows,)], None: [(rows, dim)]}[wise]
+        if _kind(value.dtype) != "float" or _shape(value) not in allowed:
+            fail(f"{slot} must be a floating tensor of shape {' or '.join(str(list(s)) for s in allowed)} (the "
+                 f"table's), got dtype {value.dtype} shape {list(_shape(value))}")
+
+
+def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray, sample_ids: np.ndarray,
+                 table_rows: int, device_batch_size: int, devices: int = 1) -> None:
+    """Raise ValueError at the first row pointer, embedding id or sample id of op ``name``'s host
+    CSR buffers outside its range (module docstring); the layout is checked already."""
+    op = public_name(name)
+    n = _partitions(op, row_pointers.shape[0])
+    per_region = row_pointers.shape[0] // n
+    region = embedding_ids.shape[0] // n
+    ends = row_pointers.reshape(n, per_region)[:, :n].astype(np.int64)
+    index = np.arange(n)[:, None] * per_region + np.arange(n)[None, :]  # each end's position in row_pointers
+    outside = (ends < 0) | (ends > region)
+    if outside.any():
+        k, p = np.argwhere(outside)[0]
+        raise ValueError(f"{op}: row_pointers[{index[k, p]}] = {ends[k, p]} (end of partition {p} of SparseCore {k}) "
+                         f"is outside [0, {region}], the entries of one SparseCore's region")
+    falls = ends[:, 1:] < ends[:, :-1]
+    if falls.any():
+        k, p = np.argwhere(falls)[0]
+        raise ValueError(f"{op}: row_pointers[{index[k, p + 1]}] = {ends[k, p + 1]} is below row_pointers"
+                         f"[{index[k, p]}] = {ends[k, p]}: partition ends must not decrease within a SparseCore's "
+                         "region")
+    starts = np.zeros_like(ends)
+    starts[:, 1:] = -(-ends[:, :-1] // ALIGNMENT) * ALIGNMENT
+    counts = np.maximum(ends - starts, 0).reshape(-1)
+    first = (np.arange(n)[:, None] * region + starts).reshape(-1)
+    position = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - first, counts)
+    shard_rows = table_rows // (n // devices)
+    samples = device_batch_size // n
+    for key, values, limit, what in (
+        ("embedding_ids", embedding_ids, shard_rows,
+         f"the rows of one partition (embedding_table's {table_rows} rows over {n // devices} partitions)"),
+        ("sample_ids", sample_ids, samples,
+         f"the samples of one source SparseCore (device_batch_size {device_batch_size} over {n})"),
+    ):
+        used = values[position].astype(np.int64)
+        bad = np.flatnonzero((used < 0) | (used >= limit))
+        if bad.size:
+            i = int(position[bad[0]])
+            k, p = divmod(int(np.searchsorted(np.cumsum(counts), bad[0], side="right")), n)
+            raise ValueError(f"{op}: {key}[{i}] = {int(values[i])} (partition {p} of source SparseCore {k}) is "
+                             f"outside [0, {limit}), {what}; {bad.size} entries out of range")

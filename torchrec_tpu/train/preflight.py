@@ -1,0 +1,49 @@
+"""Checks of the paths a job reads, before it imports torch, jax or ray (seconds each): a missing
+file or directory is reported in well under a second, and no run directory is created for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
+from torchrec_tpu.train.config import ConfigError, TrainConfig
+
+PARQUET_SUFFIX = ".parquet"  # pipelines.parquet_writer's (importing it imports pyarrow)
+DATA_SOURCES = ("synthetic", "sample")  # --data values that are not paths (torchrec_tpu.train.data)
+
+
+def check_parquet_input(flag: str, path: str, directory_only: bool = False) -> None:
+    """``path`` is a directory holding ``*.parquet`` files (or, unless ``directory_only``, one
+    Parquet file); ConfigError naming ``flag`` and the path otherwise."""
+    where = Path(path)
+    if where.is_file() and not directory_only:
+        return
+    if not where.exists():
+        raise ConfigError(f"{flag}={path!r}: no such directory")
+    if not where.is_dir():
+        raise ConfigError(f"{flag}={path!r} is a file; give a directory of Parquet files")
+    if not any(where.glob(f"*{PARQUET_SUFFIX}")):
+        raise ConfigError(f"{flag}={path!r} holds no {PARQUET_SUFFIX} files (convert text data with "
+                          "`torchrec-tpu data convert`)")
+
+
+def check_paths(config: TrainConfig) -> None:
+    """The inputs ``config`` names exist (data, npy directory, resume checkpoint, plan file) and
+    its output directories are not files; ConfigError naming the flag and the path."""
+    data = config.data
+    if data.in_memory_binary_criteo_path is not None:
+        if not Path(data.in_memory_binary_criteo_path).is_dir():
+            raise ConfigError(f"--in-memory-binary-criteo-path={data.in_memory_binary_criteo_path!r}: "
+                              "no such directory")
+    elif data.source not in DATA_SOURCES:
+        if not Path(data.source).exists():
+            raise ConfigError(f"--data={data.source!r} is neither 'synthetic', 'sample' nor a directory")
+        check_parquet_input("--data", data.source, directory_only=True)
+    if config.checkpoint.resume is not None:
+        resolve_checkpoint(Path(config.checkpoint.resume))  # FileNotFoundError: not a checkpoint
+    plan = config.engine.plan
+    if plan not in (None, "auto") and not Path(plan).is_file():
+        raise ConfigError(f"--plan={plan!r}: no such file (a plan JSON from `torchrec-tpu plan`, or 'auto')")
+    for flag, path in (("--log-dir", config.loop.log_dir), ("--checkpoint-dir", config.checkpoint.checkpoint_dir)):
+        if path is not None and Path(path).is_file():
+            raise ConfigError(f"{flag}={path!r} is a file; give a directory (it is created if missing)")
