@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.convert import convert_to_parquet
-from pipelines.parquet_reader import ParquetBatchReader, ParquetDataError, read_row_group
+from pipelines.parquet_files import ParquetDataError, read_columns, read_row_group
+from pipelines.parquet_reader import ParquetBatchReader
 from tests.faults.checkpoint_helpers import shared_run
 from tests.faults.conftest import TRAIN_FLAGS
 from tests.faults.helpers import assert_clean_error, run_cli, write_sample_tsv
@@ -86,6 +87,9 @@ def test_damaged_page_of_written_predictions_is_an_error(tmp_path):
     with pytest.raises(ParquetDataError) as raised:
         read_row_group(part, 0, ["prediction"])
     _assert_checksum_error(str(raised.value), part)
+    with pytest.raises(ParquetDataError, match="checksum") as raised:  # as infer's offline AUC reads them
+        read_columns(part, ["prediction"])
+    assert str(raised.value).startswith(f"{part}: ")
 
 
 def test_files_without_checksums_still_read(tmp_path, capsys):

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import pyarrow as pa
 
-from pipelines.parquet_reader import check_column_types, list_parquet_files, open_parquet
+from pipelines.parquet_files import check_column_types, list_parquet_files, open_parquet
 from pipelines.parquet_writer import write_table
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.input_identity import METADATA_KEY, input_identity, recorded_identity
