@@ -8,7 +8,10 @@ atomically. When no compiler is found or the build fails, ``extension()`` warns 
 None, and preprocessing falls back to the numpy path (``sparsecore.preprocess``).
 
 Environment: ``TORCHREC_TPU_NATIVE=0`` disables the extension; ``TORCHREC_TPU_NATIVE_CACHE`` sets
-the cache folder (default ``$XDG_CACHE_HOME/torchrec-tpu/native``, else ``~/.cache/...``).
+the cache folder (default ``$XDG_CACHE_HOME/torchrec-tpu/native``, else ``~/.cache/...``). The
+built module runs as code, so the folder is used only when this user owns it and no one else can
+write to it (:mod:`xla_cache.trust`; created ``0700``), else a per-user folder in the temp folder
+under the same rule, else the extension is unavailable (numpy path, one warning naming why).
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
+import stat
 import subprocess
 import sysconfig
 import tempfile
 import warnings
 from pathlib import Path
 from types import ModuleType
+
+from xla_cache import trust
 
 SOURCE = Path(__file__).with_name("csrc") / "preprocess.cc"
 MODULE = "_sparsecore_native"
@@ -74,8 +80,9 @@ def _build_and_load() -> ModuleType:
     if not (Path(include) / "Python.h").exists():
         raise NativeUnavailable(f"Python headers not found in {include} (install the python3-dev package)")
     path = _cache_dir() / f"{MODULE}-{_build_key(compiler)}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if not path.exists():
+    if not os.path.lexists(path):
         _build(compiler, include, path)
+    _check_module(path)
     loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
     spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
@@ -93,26 +100,38 @@ def _build_key(compiler: str) -> str:
 
 
 def _cache_dir() -> Path:
+    """The build cache: the configured (or default) folder, else a per-user one under the temp
+    folder, whichever the trust policy admits (:mod:`xla_cache.trust`: the module built there is
+    loaded as code)."""
     configured = os.environ.get("TORCHREC_TPU_NATIVE_CACHE")
     if configured:
         base = Path(configured)
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torchrec-tpu" / "native"
+    reasons = []
+    for candidate in (base, Path(tempfile.gettempdir()) / f"torchrec-tpu-native-{os.getuid()}"):
+        try:
+            return trust.private_dir(candidate)
+        except trust.Untrusted as error:
+            reasons.append(str(error))
+    raise NativeUnavailable(f"no trusted build cache ({'; '.join(reasons)})")
+
+
+def _check_module(path: Path) -> None:
+    """Refuse a built module that is not a regular file of this user's, writable by no one else."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NativeUnavailable(f"{path} is not a regular file: remove it")
     try:
-        base.mkdir(parents=True, exist_ok=True)
-        if os.access(base, os.W_OK):
-            return base
-    except OSError:
-        pass
-    fallback = Path(tempfile.gettempdir()) / f"torchrec-tpu-native-{os.getuid()}"
-    fallback.mkdir(exist_ok=True)
-    return fallback
+        trust.check_owned(path, st, f"remove {path}")
+    except trust.Untrusted as error:
+        raise NativeUnavailable(str(error)) from None
 
 
 def _build(compiler: str, include: str, path: Path) -> None:
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same module
-        if path.exists():
+        if os.path.lexists(path):
             return
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         command = [compiler, *FLAGS, f"-I{include}", str(SOURCE), "-o", str(tmp)]
