@@ -160,3 +160,9 @@ def test_touched_rows_must_be_those_of_the_buffers(case: Case, device: str) -> N
     entries = case.csr[1].shape[0]
     with pytest.raises(ValueError, match=r"touched_rows keeps 1 unique rows; these buffers touch \d+"):
         update(touched[:2 * entries + 1])
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+def test_every_eager_mode_checks(case: Case, mode: str) -> None:
+    with torch_tpu.eager_mode(mode), pytest.raises(ValueError, match=r"embedding_ids\[0\] = -7 .*\[0, 64\)"):
+        _lookup(case, "tpu", embedding_ids=_with(case.csr[1], 0, -7)).cpu()
