@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -41,7 +41,8 @@ class Backend(ABC):
         """Load ``weights`` (default: each table's ``init_weights(seed)``) with fresh slots; a
         subclass calls it once its own buffers exist. Nothing keeps the given tensors alive."""
         if weights is None:
-            weights = {name: spec.init_weights(seed) for name, spec in self.plan.tables.items()}
+            weights = TableTensors({name: (spec.vocab_size, spec.dim) for name, spec in self.plan.tables.items()},
+                                   lambda name: self.plan.tables[name].init_weights(seed))
         self.load_state(weights)
 
     def load_state(self, weights: Mapping[str, torch.Tensor],
@@ -93,10 +94,41 @@ class Backend(ABC):
     def optimizer_slots(self) -> dict[str, dict[str, torch.Tensor]]:
         """Current optimizer slots by table and slot name ([vocab, dim], or [vocab] row slots)."""
 
+    def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
+        """One table's current weights (or its optimizer ``slot``), a new host tensor. Here: cut
+        from :meth:`table_weights` / :meth:`optimizer_slots` (which copy every table); a backend
+        that can read one table alone overrides it."""
+        return self.table_weights()[table] if slot is None else self.optimizer_slots()[table][slot]
 
-def initial_slots(plan: StackingPlan) -> dict[str, dict[str, torch.Tensor]]:
-    """Every table's slots filled with the optimizer's initial values."""
-    return {name: initial_table_slots(spec) for name, spec in plan.tables.items()}
+
+class TableTensors(Mapping[str, Any]):
+    """Per-table values made on access, by table name, none kept: a backend loading them one
+    table at a time never holds all of them at once. ``shapes``: the tables, and the shape of each
+    one's value where that is a tensor (what :func:`check_state` checks without making it);
+    ``make(name)``: its value."""
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], make: Callable[[str], Any]) -> None:
+        self.shapes = dict(shapes)
+        self._make = make
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.shapes:
+            raise KeyError(name)
+        return self._make(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.shapes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def initial_slots(plan: StackingPlan) -> TableTensors:
+    """Every table's slots filled with the optimizer's initial values (made per table on access)."""
+    return TableTensors({name: () for name in plan.tables}, lambda name: initial_table_slots(plan.tables[name]))
 
 
 def initial_table_slots(spec: TableSpec) -> dict[str, torch.Tensor]:
@@ -112,9 +144,11 @@ def check_state(plan: StackingPlan, weights: Mapping[str, torch.Tensor],
     for name, spec in plan.tables.items():
         if name not in weights:
             raise KeyError(f"weights missing for table {name!r}")
-        if tuple(weights[name].shape) != (spec.vocab_size, spec.dim):
-            raise ValueError(f"table {name!r}: weights have shape {tuple(weights[name].shape)}, "
-                             f"expected {(spec.vocab_size, spec.dim)}")
+        shape = weights.shapes[name] if isinstance(weights, TableTensors) else tuple(weights[name].shape)
+        if shape != (spec.vocab_size, spec.dim):
+            raise ValueError(f"table {name!r}: weights have shape {shape}, expected {(spec.vocab_size, spec.dim)}")
+        if isinstance(slots, TableTensors):  # (made to the spec's shapes)
+            continue
         for slot in spec.optimizer.slot_names:
             expected = (spec.vocab_size,) if slot in spec.optimizer.row_slots else (spec.vocab_size, spec.dim)
             got = slots.get(name, {}).get(slot)

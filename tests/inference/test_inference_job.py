@@ -154,3 +154,55 @@ def test_missing_key_column_is_named(checkpoint, infer_data, tmp_path: Path) -> 
         run_inference(_config(infer_data, checkpoint, tmp_path / "o", key_columns=("user_id",)))
     with pytest.raises(ValueError, match="collide"):
         _config(infer_data, checkpoint, tmp_path / "o", key_columns=("prediction",))
+
+
+def test_labels_travel_and_score_the_output_and_a_rerun_stays_light(
+    ray_session, checkpoint, infer_data, reference_predictions, tmp_path: Path, capsys
+) -> None:
+    """By default the input's label column is written next to each prediction and the summary
+    holds the output's offline AUC (checked against torchmetrics on the reference predictions);
+    not on a terminal, a line per part; a rerun with nothing to do imports neither Ray nor torch."""
+    from torchmetrics.functional.classification import binary_auroc
+
+    from torchrec_tpu.cli import main
+
+    output = tmp_path / "out"
+    argv = ["infer", "--data", str(infer_data), "--checkpoint", str(checkpoint), "--output", str(output),
+            "--batch-size", "1000"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    parts = [line for line in out.splitlines() if line.startswith("part ")]
+    assert len(parts) == NUM_UNITS and parts[-1].startswith(f"part {NUM_UNITS}/{NUM_UNITS}  {INFER_DATA.num_rows:,}/")
+    table = _predictions_by_row(output)
+    assert table.column_names == ["row_id", "label", "prediction"]
+    labels = pq.read_table(infer_data, columns=["label"]).column("label").to_numpy()
+    np.testing.assert_array_equal(table.column("label").to_numpy(), labels)
+    expected = float(binary_auroc(torch.from_numpy(reference_predictions), torch.from_numpy(labels).int()))
+    auc_line = next(line for line in out.splitlines() if line.startswith("  AUC"))
+    assert auc_line.startswith(f"  AUC             {expected:.4f} (offline")
+    assert f"{INFER_DATA.num_rows:,} rows" in auc_line
+
+    script = ("import sys; from torchrec_tpu.cli import main; rc = main(sys.argv[1:]); "
+              "print(rc, sorted(m for m in ('torch', 'ray') if m in sys.modules))")
+    rerun = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, cwd=REPO_ROOT,
+                           timeout=300)
+    assert rerun.stdout.splitlines()[-1] == "0 []", rerun.stdout + rerun.stderr
+    assert f"0 written, {NUM_UNITS} already done" in rerun.stdout and auc_line in rerun.stdout
+
+
+def test_no_label_leaves_it_out(ray_session, checkpoint, infer_data, tmp_path: Path) -> None:
+    summary = run_inference(_config(infer_data, checkpoint, tmp_path / "o", with_label=False, row_id_column=None))
+    assert summary.auc is None and "AUC" not in summary.format()
+    assert pq.read_schema(tmp_path / "o" / "part-000000.parquet").names == ["prediction"]
+
+
+def test_rank_auc_matches_torchmetrics_with_ties() -> None:
+    from torchmetrics.functional.classification import binary_auroc
+
+    from torchrec_tpu.inference.job import rank_auc
+
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 20, 500).astype(np.float32) / 20  # many ties
+    labels = rng.random(500) < scores
+    assert rank_auc(labels, scores) == pytest.approx(
+        float(binary_auroc(torch.from_numpy(scores), torch.from_numpy(labels).int())), abs=1e-6)

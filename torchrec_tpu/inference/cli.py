@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipelines.cli import positive_int
+from pipelines.flag_numbers import positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rows with a dense value that is infinite or beyond float32 (NaN is "
                              "missing, read as 0): error naming file, row and column (default); "
                              "skip them (no prediction, counted); or clamp to +-3.4e38")
+    parser.add_argument("--label", action=argparse.BooleanOptionalAction, default=True,
+                        help="copy the input's label column into the output next to each prediction when the "
+                             "input has one, and report the output's offline AUC")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                        help="show a tqdm progress bar")
+                        help="show a tqdm progress bar (not on a terminal: a line per part written)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         key_columns=tuple(c for c in args.key_columns.split(",") if c),
         row_id_column=args.row_id_column or None, batch_size=args.batch_size,
         concurrency=args.concurrency, num_cpus=args.num_cpus, progress=args.progress,
-        bad_values=args.bad_values,
+        bad_values=args.bad_values, with_label=args.label,
     )
     summary = run_inference(config)
     print(summary.format())

@@ -4,15 +4,18 @@ A pool of ``concurrency`` Ray actors (:class:`Predictor`, never restarted: a dea
 job, and a rerun resumes it) takes the units (one per input row group, see
 :mod:`torchrec_tpu.inference.units`) as they free up: each loads the checkpoint once, then reads
 its units, predicts in batches and writes one Parquet part per unit. The driver only tracks
-progress; with nothing left to do it starts no Ray at all. Output rows: the requested key
-columns, then the optional row id (the row's global index over the inputs in order), then
-``prediction`` (click probability, float32).
+progress (a bar on a terminal, else a line per part written); with nothing left to do it
+starts no Ray and imports no torch at all. Output rows: the requested key columns, then the
+optional row id (the row's global index over the inputs in order), then the input's label when
+it has one (``with_label``), then ``prediction`` (click probability, float32). With labels, the
+summary scores the whole output offline (ROC AUC of prediction against label).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -26,16 +29,18 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipelines.bad_value_policies import POLICIES
 from pipelines.bad_values import BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
-from pipelines.parquet_reader import open_parquet, read_row_group
+from pipelines.parquet_files import open_parquet, read_columns, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.input_identity import input_identity
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
 
 PREDICTION_COLUMN = "prediction"
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class InferenceConfig:
     num_cpus: int = 2  # of the local Ray instance (when this job starts it)
     progress: bool = True
     bad_values: str = "error"  # dense values beyond float32: error, skip the row, clamp (pipelines.bad_values)
+    with_label: bool = True  # copy the input's label column into the output, when the input has one
     schema: DatasetSchema = field(default=CRITEO)
 
     def __post_init__(self) -> None:
@@ -58,10 +64,16 @@ class InferenceConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.bad_values not in POLICIES:
             raise ValueError(f"--bad-values must be one of {list(POLICIES)}, got {self.bad_values!r}")
-        outputs = [*self.key_columns, self.row_id_column, PREDICTION_COLUMN]
+        outputs = [*self.key_columns, self.row_id_column, self.label_column, PREDICTION_COLUMN]
         named = [c for c in outputs if c]
         if len(set(named)) != len(named):
             raise ValueError(f"output column names collide: {named}")
+
+    @property
+    def label_column(self) -> str | None:
+        """The label column the output gets of its own (``with_label``; not when a key column
+        already copies it), if the input has one."""
+        return self.schema.label if self.with_label and self.schema.label not in self.key_columns else None
 
     @property
     def input_columns(self) -> list[str]:
@@ -77,6 +89,7 @@ class InferenceSummary:
     seconds: float
     output: Path
     bad_values: BadValueCounts = BadValueCounts()  # rows skipped / clamped by --bad-values
+    auc: tuple[float, int] | None = None  # (ROC AUC, labelled rows) of the whole output; None: no labels
 
     @property
     def rows_per_sec(self) -> float:
@@ -89,6 +102,8 @@ class InferenceSummary:
             f"  rows            {self.rows:,} predicted this run, {self.rows_total:,} in the inputs",
             f"  throughput      {self.rows_per_sec:,.0f} rows/s (whole job: planning, model loads, writing)",
             f"  files           {self.parts_written} written, {self.parts_skipped} already done",
+            *([f"  AUC             {self.auc[0]:.4f} (offline: prediction against label, {self.auc[1]:,} rows "
+               "of the output)"] if self.auc is not None else []),
             f"  output          {self.output}",
         ])
 
@@ -101,13 +116,14 @@ def _unit_of(units: dict[str, np.ndarray], i: int) -> Unit:
 class Predictor:
     """One inference actor: the model is loaded once, in ``__init__``."""
 
-    def __init__(self, config: InferenceConfig, threads: int) -> None:
+    def __init__(self, config: InferenceConfig, threads: int, with_label: bool) -> None:
         import torch
 
         from torchrec_tpu.inference.model import load_inference_model
 
         torch.set_num_threads(threads)
         self.config = config
+        self.label = config.label_column if with_label else None  # copied into the output
         self.error: BaseException | None = None
         try:
             self.model = load_inference_model(config.checkpoint, config.schema)
@@ -134,6 +150,8 @@ class Predictor:
         if self.config.row_id_column:
             row_ids = np.arange(unit.first_row, unit.first_row + unit.num_rows, dtype=np.int64)[keep]
             columns[self.config.row_id_column] = pa.array(row_ids)
+        if self.label:
+            columns[self.label] = table.column(self.label)
         columns[PREDICTION_COLUMN] = pa.array(self._predict(table))
         return pa.table(columns)
 
@@ -159,7 +177,8 @@ class Predictor:
             # checked before reading, so a part never records an identity newer than its rows
             if input_identity(unit.path) != unit.input_id:
                 raise ValueError(f"{unit.path} changed while this job ran; rerun it")
-            table = read_row_group(Path(unit.path), unit.row_group, self.config.input_columns)
+            columns = [*self.config.input_columns, *([self.label] if self.label else [])]
+            table = read_row_group(Path(unit.path), unit.row_group, list(dict.fromkeys(columns)))
             if table.num_rows != unit.num_rows:
                 raise ValueError(f"{unit.path} row group {unit.row_group} changed since planning")
             log = BadValueLog()
@@ -200,13 +219,12 @@ def _exit_on_interrupt() -> Iterator[None]:
 
 def run_inference(config: InferenceConfig) -> InferenceSummary:
     """Predict every input row not yet in ``config.output``; returns what this run did."""
-    from torchrec_tpu.train.checkpoint.store import open_checkpoint
+    from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
 
     configure_logging("infer")
     start = time.perf_counter()
-    # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors;
-    # verified here, so a corrupt or crafted checkpoint fails before Ray starts
-    config = dataclasses.replace(config, checkpoint=str(open_checkpoint(Path(config.checkpoint))[0]))
+    # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors
+    config = dataclasses.replace(config, checkpoint=str(resolve_checkpoint(Path(config.checkpoint))))
 
     units = plan_units(config.data, config.input_columns, config.schema)
     output = Path(config.output)
@@ -215,13 +233,14 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
     for path, parts in Counter(unit.path for unit in changed).items():
         print(f"warning: {path} changed since its predictions in {output} were written (size, mtime or "
               f"footer differ): redoing its {parts} part(s)", file=sys.stderr)
+    labelled = bool(units) and config.schema.label in open_parquet(Path(units[0].path)).schema_arrow.names
+    with_label = config.label_column is not None and labelled
+    if todo:  # verified before Ray starts: a corrupt or crafted checkpoint fails here (imports torch)
+        from torchrec_tpu.train.checkpoint.store import open_checkpoint
+
+        open_checkpoint(Path(config.checkpoint))
     with _exit_on_interrupt():
-        return _predict_all(config, units, todo, output, start)
-
-
-def _predict_all(config: InferenceConfig, units: list[Unit], todo: list[Unit], output: Path,
-                 start: float) -> InferenceSummary:
-    rows_done, bad_values = _predict_units(config, todo) if todo else (0, BadValueCounts())  # done: no Ray
+        rows_done, bad_values = _predict_units(config, todo, with_label) if todo else (0, BadValueCounts())
     return InferenceSummary(
         rows=rows_done,
         rows_total=sum(u.num_rows for u in units),
@@ -230,10 +249,45 @@ def _predict_all(config: InferenceConfig, units: list[Unit], todo: list[Unit], o
         seconds=time.perf_counter() - start,
         output=output,
         bad_values=bad_values,
+        auc=offline_auc(output, [u.part_name for u in units], config.schema.label)
+        if config.with_label and labelled else None,
     )
 
 
-def _predict_units(config: InferenceConfig, todo: list[Unit]) -> tuple[int, BadValueCounts]:
+def offline_auc(output: Path, parts: list[str], label: str) -> tuple[float, int] | None:
+    """(ROC AUC of ``prediction`` against ``label``, rows) over the ``parts`` of ``output`` that
+    hold both columns (parts of an earlier run with --no-label do not); None when none does or the
+    labels are all one class."""
+    labels, scores = [], []
+    for name in parts:
+        if label in pq.read_schema(output / name).names:
+            table = read_columns(output / name, [label, PREDICTION_COLUMN])
+            labels.append(table.column(label).to_numpy(zero_copy_only=False))
+            scores.append(table.column(PREDICTION_COLUMN).to_numpy(zero_copy_only=False))
+    if not labels:
+        return None
+    y, p = np.concatenate(labels), np.concatenate(scores)
+    positives = int((y > 0.5).sum())
+    if positives in (0, y.size):
+        return None
+    return rank_auc(y > 0.5, p), int(y.size)
+
+
+def rank_auc(positive: np.ndarray, scores: np.ndarray) -> float:
+    """ROC AUC from ranks (Mann-Whitney U; tied scores get their mean rank)."""
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(scores.size, dtype=np.float64)
+    sorted_scores = scores[order]
+    # mean rank of each run of equal scores
+    starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
+    ends = np.r_[starts[1:], scores.size]
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
+    n_pos = int(positive.sum())
+    n_neg = scores.size - n_pos
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) -> tuple[int, BadValueCounts]:
     """Predict and write ``todo`` on a local Ray instance: rows predicted, bad values met."""
     import ray
     from ray.util import ActorPool
@@ -247,7 +301,9 @@ def _predict_units(config: InferenceConfig, todo: list[Unit]) -> tuple[int, BadV
     ) as bar:
         threads = max(1, config.num_cpus // config.concurrency)
         actor = ray.remote(Predictor).options(num_cpus=min(threads, config.num_cpus), max_restarts=0)
-        pool = ActorPool([actor.remote(config, threads) for _ in range(min(config.concurrency, len(todo)))])
+        pool = ActorPool([actor.remote(config, threads, with_label)
+                          for _ in range(min(config.concurrency, len(todo)))])
+        total_rows, parts_done, started = sum(u.num_rows for u in todo), 0, time.perf_counter()
         units = ({k: np.array([v]) for k, v in vars(u).items()} for u in todo)
         for result in pool.map_unordered(lambda predictor, unit: predictor.predict_units.remote(unit), units):
             row = {k: v[0] for k, v in result.items()}
@@ -257,4 +313,9 @@ def _predict_units(config: InferenceConfig, todo: list[Unit]) -> tuple[int, BadV
             bad_values += BadValueCounts(int(row["skipped"]), int(row["clamped"]),
                                          tuple(t for t in str(row["listed"]).split("\n") if t))
             bar.update(int(row["rows"]))
+            parts_done += 1
+            if bar.disable and config.progress:  # no bar (not a terminal): a line per part, as train's per step
+                rate = rows_done / max(time.perf_counter() - started, 1e-9)
+                _log.info("part %d/%d  %s/%s rows  %s rows/s", parts_done, len(todo), f"{rows_done:,}",
+                          f"{total_rows:,}", f"{rate:,.0f}")
     return rows_done, bad_values

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import torch_tpu  # noqa: F401  (registers the tpu device and the tpu:: SparseCore ops)
+import torch_tpu  # (registers the tpu device and the tpu:: SparseCore ops)
 from sparsecore import csr_math
 from sparsecore import optimizers as opt
 from sparsecore.backends.base import Backend, check_grads
@@ -39,11 +39,13 @@ from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.csr_format import round_up_array, row_pointers_per_sc
 from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.preprocess import preprocess_inputs
-from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
+from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 from torch_tpu.ops.sparsecore import touched_rows_ahead
 from torch_tpu.ops.sparsecore_checks import preprocessed
+from torch_tpu.runtime.tensor import write
 from torchrec_tpu.sharding.sharded_tables import traceable_update
+from torchrec_tpu.sharding.stacked_arrays import stacked_array, table_rows
 from tpu_facts import ALIGNMENT
 
 DEVICE = torch.device("tpu", 0)
@@ -138,10 +140,8 @@ class StackedState(nn.Module):
         plan_index = {where: k for k, where in enumerate(self._where)}
         for i, st in enumerate(plan.stacks):
             _check_optimizer(st)
-            self.register_buffer(f"table_{i}", torch.empty(st.vocab_size, st.dim, device=DEVICE), persistent=False)
-            for slot in st.optimizer.slot_names:
-                shape = (st.vocab_size,) if slot in st.optimizer.row_slots else (st.vocab_size, st.dim)
-                self.register_buffer(f"{slot}_{i}", torch.empty(shape, device=DEVICE), persistent=False)
+            for name in ("table", *st.optimizer.slot_names):  # (allocated by load: each exists once)
+                self.register_buffer(f"{name}_{i}", None, persistent=False)
             self.register_buffer(f"lr_{i}", torch.tensor(float(st.optimizer.learning_rate), device=DEVICE),
                                  persistent=False)
             if isinstance(st.optimizer, opt.Adagrad):  # (and row-wise)
@@ -190,6 +190,24 @@ class StackedState(nn.Module):
         names = ["table", *self.plan.stacks[i].optimizer.slot_names]
         for name, value in zip(names, values):
             setattr(self, f"{name}_{i}", value)
+
+    def load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Every stack's table and slots from per-table host tensors, read one table at a time
+        (``weights`` and ``slots`` may make them on access), built on the device in place
+        (:func:`~torchrec_tpu.sharding.stacked_arrays.stacked_array`); an existing buffer keeps its
+        tensor and takes the new value."""
+        for i, st in enumerate(self.plan.stacks):
+            self._install(i, "table", stacked_array(st, lambda table: weights[table], row_slot=False))
+            for slot in st.optimizer.slot_names:
+                array = stacked_array(st, lambda table: slots[table][slot], slot in st.optimizer.row_slots)
+                self._install(i, slot, array)
+
+    def _install(self, i: int, name: str, array: Any) -> None:
+        current = getattr(self, f"{name}_{i}")
+        if current is None:
+            setattr(self, f"{name}_{i}", torch_tpu.from_jax(array))
+        else:
+            write(current, array)
 
     # -- lookup -----------------------------------------------------------------------------------
 
@@ -316,13 +334,7 @@ class OpsBackend(Backend):
         self._load_initial(weights, seed)
 
     def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
-        with torch.no_grad():
-            for i, st in enumerate(self.plan.stacks):
-                values = [stack_rows(st, {t.table: weights[t.table].float() for t in st.tables})]
-                values += [stack_rows(st, {t.table: slots[t.table][slot].float() for t in st.tables})
-                           for slot in st.optimizer.slot_names]
-                for target, value in zip(self.state.step_tensors()[i], values):
-                    target.copy_(value.to(DEVICE))
+        self.state.load(weights, slots)
 
     def prepare(self, inputs: Mapping[str, FeatureInput], agree: Agree | None = None) -> PreparedCSR:
         """The CSR buffers of ``inputs``, cut to the sizes the batch needs. ``agree`` maps this
@@ -399,15 +411,14 @@ class OpsBackend(Backend):
         self._apply(context, torch.cat(ordered, dim=1) if self.state.uniform else ordered)
 
     def table_weights(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for st, tensors in zip(self.plan.stacks, self.state.step_tensors()):
-            out.update(unstack_rows(st, tensors[0].cpu()))
-        return out
+        return {name: self.table_value(name) for name in self.plan.tables}
 
     def optimizer_slots(self) -> dict[str, dict[str, torch.Tensor]]:
-        out: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self.plan.tables}
-        for st, tensors in zip(self.plan.stacks, self.state.step_tensors()):
-            for slot, values in zip(st.optimizer.slot_names, tensors[1:]):
-                for table, tensor in unstack_rows(st, values.cpu()).items():
-                    out[table][slot] = tensor
-        return out
+        return {name: {slot: self.table_value(name, slot) for slot in spec.optimizer.slot_names}
+                for name, spec in self.plan.tables.items()}
+
+    def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
+        """(Gathers that table's rows alone.)"""
+        i, st = next((i, st) for i, st in enumerate(self.plan.stacks) if any(t.table == table for t in st.tables))
+        index = 0 if slot is None else 1 + st.optimizer.slot_names.index(slot)
+        return table_rows(st, self.state.step_tensors()[i][index], table)

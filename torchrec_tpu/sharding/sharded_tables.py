@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,11 +19,12 @@ import torch.distributed as dist
 from torch import nn
 
 from sparsecore.backends import make_backend
-from sparsecore.backends.base import Backend, initial_table_slots
+from sparsecore.backends.base import Backend, TableTensors, initial_table_slots
 from sparsecore.module import fused_lookup
 from sparsecore.optimizers import Adam, OptimizerSpec
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.stacking import plan_stacking
+from torchrec_tpu.sharding.deferred import DeferredTensor, tables_deferred
 from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards, row_slot_size
 from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys
 from torchrec_tpu.sharding.uniform_ranks import RankPadding, is_pad, uniform_padding
@@ -160,15 +162,22 @@ class ShardedTables(nn.Module):
         mine = {s.table: s for _, s in self._served[self.rank]}
         if not mine and not self.padding:
             return None
-        full = weights if weights is not None else {name: self.tables[name].init_weights(self.engine.seed)
-                                                    for name in mine}
-        local = {name: s.slice(full[name]) for name, s in mine.items()}
-        local.update(self._pad_weights())
-        return self.engine.make([*self._local_tables(self.rank).values(), *self.padding.tables],
-                                [*self._local_features(self.rank), *self.padding.features], local)
+        def full(name: str) -> torch.Tensor:
+            return weights[name] if weights is not None else self.tables[name].init_weights(self.engine.seed)
+
+        local_tables = [*self._local_tables(self.rank).values(), *self.padding.tables]
+        pads = {t.name for t in self.padding.tables}
+        # made per table as the backend loads it: no table is held twice, nor all of them beside the backend
+        local = TableTensors({t.name: (t.vocab_size, t.dim) for t in local_tables},
+                             lambda name: self._pad_weight(name) if name in pads else mine[name].slice(full(name)))
+        return self.engine.make(local_tables, [*self._local_features(self.rank), *self.padding.features], local)
+
+    def _pad_weight(self, name: str) -> torch.Tensor:
+        table = next(t for t in self.padding.tables if t.name == name)
+        return torch.zeros(table.vocab_size, table.dim)
 
     def _pad_weights(self) -> dict[str, torch.Tensor]:
-        return {t.name: torch.zeros(t.vocab_size, t.dim) for t in self.padding.tables}
+        return {t.name: self._pad_weight(t.name) for t in self.padding.tables}
 
     def _backend_weights(self) -> dict[str, torch.Tensor]:
         """This rank's shards of the tables (no pads)."""
@@ -226,10 +235,25 @@ class ShardedTables(nn.Module):
         ``<table_modules>.<table>.weight``, ``optimizer_slots.<table>.<slot>``; see
         ``state_dict.py``). A collective: ``state_dict()`` must run on every rank."""
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        weights, slots = self._backend_weights(), self._backend_slots()
+        if tables_deferred() and self.world_size == 1 and self._backend is not None:
+            weights, slots = self._deferred_state(self._backend)
+        else:
+            weights, slots = self._backend_weights(), self._backend_slots()
         state = checkpoint_state(self.table_modules, self.tables, self.shards, weights, slots, self.steps,
                                  self._where())
         destination.update({prefix + key: value for key, value in state.items()})
+
+    @staticmethod
+    def _deferred_state(backend: Backend) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        """One rank's whole tables and slots as :class:`DeferredTensor` s (each read from the backend
+        when a checkpoint writes it)."""
+        weights, slots = {}, {}
+        for name, spec in backend.plan.tables.items():
+            weights[name] = DeferredTensor((spec.vocab_size, spec.dim), partial(backend.table_value, name))
+            slots[name] = {slot: DeferredTensor((spec.vocab_size,) if slot in spec.optimizer.row_slots else
+                                                (spec.vocab_size, spec.dim), partial(backend.table_value, name, slot))
+                           for slot in spec.optimizer.slot_names}
+        return weights, slots
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:

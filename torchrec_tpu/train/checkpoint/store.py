@@ -29,6 +29,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.optim import Optimizer
 
+from torchrec_tpu.sharding.deferred import deferred_tables
 from torchrec_tpu.train.checkpoint.dirs import (
     META_FILE,
     intact_checkpoint,
@@ -62,12 +63,13 @@ def save_checkpoint(root: Path, model: nn.Module, optimizer: Optimizer, meta: di
     if distributed:
         dist.broadcast_object_list(name, src=0)
     directory = root / name[0]
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    with deferred_tables():  # embedding tables read one at a time as DCP writes them, a file each
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     with guarded_save(directory, state_bytes(state) * world):
         if rank == 0:
             start_version(directory, run_id)
         directory.mkdir(parents=True, exist_ok=True)
-        dcp.save(state, checkpoint_id=str(directory / STATE_DIR))
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(directory / STATE_DIR, single_file_per_rank=False))
         save_rng(rng_file(directory, rank))
         if distributed:
             dist.barrier()

@@ -1,0 +1,82 @@
+"""A stack's table or slot as one device array, filled and read one logical table at a time.
+
+:func:`stacked_array` builds a stack's array from per-table host tensors without ever holding a
+full-stack host copy: the array starts as zeros on the device and each table's rows go in, in
+chunks of about :data:`CHUNK_BYTES`, by a program that donates the array (XLA updates it in place).
+:func:`table_rows` reads one table's rows back to the host (a gather of that table only). So
+loading and saving hold at most one table (plus a chunk) beside the live stacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+import torch_tpu
+from sparsecore.stacking import StackedTable
+from torch_tpu.runtime._jax import jax, jnp
+from torch_tpu.runtime.tensor import array_to_cpu
+
+CHUNK_BYTES = 1 << 26  # host rows per transfer: 64 MiB (a power of two of rows: few program shapes). Above
+# glibc's largest mmap threshold (32 MiB), so each chunk is mapped and unmapped, not kept by malloc
+
+
+def chunk_rows(width: int) -> int:
+    """Rows of ``width`` fp32 values per chunk: a power of two, about :data:`CHUNK_BYTES`."""
+    return 1 << max(0, (CHUNK_BYTES // (4 * max(width, 1))).bit_length() - 1)
+
+
+@lru_cache(maxsize=None)
+def _put_rows(row_slot: bool) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
+    """``(stacked, rows, values) -> stacked`` with ``values`` written at ``rows`` (rows past the
+    end: dropped), in place: the stacked array is donated."""
+    def put(stacked: jax.Array, rows: jax.Array, values: jax.Array) -> jax.Array:
+        if row_slot:
+            return stacked.at[rows].set(values, mode="drop")
+        return stacked.at[rows, :values.shape[1]].set(values, mode="drop")
+
+    return jax.jit(put, donate_argnums=0)
+
+
+@jax.jit
+def _take_rows(stacked: jax.Array, rows: jax.Array) -> jax.Array:
+    return jnp.take(stacked, rows, axis=0)
+
+
+def stacked_array(stack: StackedTable, values_of: Callable[[str], torch.Tensor], row_slot: bool) -> jax.Array:
+    """``stack``'s table (``row_slot``: a row slot, one value per row) as one device array: zeros,
+    then each table's ``values_of(table)`` ([vocab, dim], or [vocab]) at its rows, one table and
+    chunk at a time (as ``sparsecore.stacking.stack_rows`` lays them out, padding 0)."""
+    shape = (stack.vocab_size,) if row_slot else (stack.vocab_size, stack.dim)
+    stacked = jnp.zeros(shape, jnp.float32)
+    put = _put_rows(row_slot)
+    for placement in stack.tables:
+        values = values_of(placement.table)
+        expected = (placement.vocab_size,) if row_slot else (placement.vocab_size, placement.dim)
+        if tuple(values.shape) != expected:
+            raise ValueError(f"table {placement.table!r}: expected a tensor of shape {expected}, "
+                             f"got {tuple(values.shape)}")
+        host = values.detach().float().numpy()
+        rows = stack.physical_rows(placement.table, np.arange(placement.vocab_size)).astype(np.int32)
+        step = chunk_rows(1 if row_slot else placement.dim)
+        for start in range(0, placement.vocab_size, step):
+            at = np.full(step, stack.vocab_size, dtype=np.int32)  # (past the end: dropped)
+            chunk = np.zeros((step, *host.shape[1:]), dtype=np.float32)
+            n = min(step, placement.vocab_size - start)
+            at[:n], chunk[:n] = rows[start:start + n], host[start:start + n]
+            # (waited for: queued programs would each hold their chunk's copy)
+            stacked = put(stacked, jnp.asarray(at), jnp.asarray(chunk)).block_until_ready()
+        del values, host
+    return stacked
+
+
+def table_rows(stack: StackedTable, stacked: torch.Tensor, table: str) -> torch.Tensor:
+    """``table``'s rows of ``stack``'s tpu tensor ``stacked`` (its table or a slot), cut to the
+    table's vocab and dim: a new host tensor; only that table's rows are gathered."""
+    placement = stack.table(table)
+    rows = stack.physical_rows(table, np.arange(placement.vocab_size)).astype(np.int32)
+    values = array_to_cpu(_take_rows(torch_tpu.to_jax(stacked), jnp.asarray(rows)))
+    return values if values.dim() == 1 or placement.dim == stack.dim else values[:, :placement.dim].clone()
