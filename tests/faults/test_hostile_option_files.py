@@ -79,6 +79,17 @@ def test_echoed_values_are_cut(tmp_path):
     assert brief(list(range(10**6))) == "[0, 1, 2, 3, ...]"
 
 
+@pytest.mark.parametrize("content, fragment", [
+    (b"name,rows,dim\n" + b"x" * 200_000 + b",10,8\n", "field larger than field limit"),
+    (b"name,rows,dim\n\xff\xfe,10,8\n", "can't decode byte 0xff"),
+])
+def test_malformed_csv_tables_file(tmp_path, content, fragment):
+    path = tmp_path / "tables.csv"
+    path.write_bytes(content)
+    _, result = _timed_cli("plan", "--tables", str(path))
+    assert_clean_error(result.returncode, result.stderr, str(path), "malformed CSV", fragment)
+
+
 def test_ordinary_aliases_and_nesting_still_load(tmp_path: Path):
     tables = tmp_path / "tables.yaml"
     tables.write_text("defaults: &d {dim: 16, optimizer: adagrad}\n"

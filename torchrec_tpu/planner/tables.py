@@ -150,7 +150,10 @@ def load_tables_file(path: str | Path) -> list[EmbeddingTable]:
     suffix = path.suffix.lower()
     if suffix == ".csv":
         with path.open(newline="") as f:
-            rows: list[Any] = list(csv.DictReader(f))
+            try:
+                rows: list[Any] = list(csv.DictReader(f))
+            except (csv.Error, UnicodeDecodeError) as error:  # a field over csv's size limit, binary bytes
+                raise ValueError(f"{path}: malformed CSV: {error}") from None
     elif suffix in (".yaml", ".yml", ".json"):
         data = read_structured(path)
         rows = data.get("tables") if isinstance(data, dict) else data
