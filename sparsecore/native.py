@@ -28,6 +28,7 @@ import subprocess
 import sysconfig
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -73,16 +74,10 @@ def _load() -> ModuleType | NativeUnavailable:
 def _build_and_load() -> ModuleType:
     if os.environ.get("TORCHREC_TPU_NATIVE", "1") == "0":
         raise NativeUnavailable("the compiled preprocessing is disabled (TORCHREC_TPU_NATIVE=0)")
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
-    if compiler is None:
-        raise NativeUnavailable(f"no C++ compiler {os.environ.get('CXX', 'g++')!r} on PATH")
     include = sysconfig.get_paths()["include"]
     if not (Path(include) / "Python.h").exists():
         raise NativeUnavailable(f"Python headers not found in {include} (install the python3-dev package)")
-    path = _cache_dir() / f"{MODULE}-{_build_key(compiler)}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if not os.path.lexists(path):
-        _build(compiler, include, path)
-    _check_module(path)
+    path = build_library(SOURCE, MODULE, (*FLAGS, f"-I{include}"), sysconfig.get_config_var("EXT_SUFFIX"))
     loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
     spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
@@ -93,9 +88,25 @@ def _build_and_load() -> ModuleType:
     return module
 
 
-def _build_key(compiler: str) -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(repr((FLAGS, compiler, sysconfig.get_config_var("EXT_SUFFIX"))).encode())
+def build_library(source: Path, name: str, flags: Sequence[str], suffix: str) -> Path:
+    """The shared library built from ``source`` with ``flags`` by the system C++ compiler: compiled
+    into the cache once per (source, flags, compiler, suffix), concurrent builders serialised, and
+    its path returned, checked by the trust policy (:func:`_check_module`: it is loaded as code).
+    Raises NativeUnavailable saying why when no compiler is there, the build fails or the built
+    file is not trusted."""
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise NativeUnavailable(f"no C++ compiler {os.environ.get('CXX', 'g++')!r} on PATH")
+    path = _cache_dir() / f"{name}-{_build_key(source, flags, compiler, suffix)}{suffix}"
+    if not os.path.lexists(path):
+        _build(compiler, source, flags, path)
+    _check_module(path)
+    return path
+
+
+def _build_key(source: Path, flags: Sequence[str], compiler: str, suffix: str) -> str:
+    digest = hashlib.sha256(source.read_bytes())
+    digest.update(repr((tuple(flags), compiler, suffix)).encode())
     return digest.hexdigest()[:16]
 
 
@@ -128,20 +139,20 @@ def _check_module(path: Path) -> None:
         raise NativeUnavailable(str(error)) from None
 
 
-def _build(compiler: str, include: str, path: Path) -> None:
+def _build(compiler: str, source: Path, flags: Sequence[str], path: Path) -> None:
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same module
         if os.path.lexists(path):
             return
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        command = [compiler, *FLAGS, f"-I{include}", str(SOURCE), "-o", str(tmp)]
+        command = [compiler, *flags, str(source), "-o", str(tmp)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as error:
-            raise NativeUnavailable(f"building {SOURCE.name} failed: {error}") from error
+            raise NativeUnavailable(f"building {source.name} failed: {error}") from error
         if done.returncode != 0:
             tmp.unlink(missing_ok=True)
-            raise NativeUnavailable(f"building {SOURCE.name} failed ({' '.join(command)}):\n{done.stderr[-2000:]}")
+            raise NativeUnavailable(f"building {source.name} failed ({' '.join(command)}):\n{done.stderr[-2000:]}")
         os.replace(tmp, path)
 
 

@@ -20,12 +20,14 @@ from torchrec_tpu.cli import main
 FLAGS = ["--embedding-dim", "8", "--dense-arch", "16,8", "--over-arch", "8,1", "--no-progress"]
 
 
-def test_batch_over_the_id_limit_names_the_flags(capsys, tmp_path):
+@pytest.mark.parametrize("command", [["train", "--max-steps", "1"], ["profile", "--steps", "1", "--warmup", "1"]])
+def test_batch_over_the_id_limit_names_the_flags(capsys, tmp_path, command):
+    """``profile`` runs the input dist inside its steps (no prefetch thread): the same flags."""
     data = tmp_path / "data"
     generate(SyntheticConfig(num_rows=12_288, seed=5, max_cardinality=100, rows_per_file=4096,
                              row_group_size=4096), data, progress=False)
-    rc = main(["train", "--data", str(data), *FLAGS, "--num-embeddings", "100", "--batch-size", "8192",
-               "--max-steps", "1", "--log-dir", str(tmp_path / "run")])
+    rc = main([*command, "--data", str(data), *FLAGS, "--num-embeddings", "100", "--batch-size", "8192",
+               "--log-dir", str(tmp_path / "run")])
     assert_clean_error(rc, capsys.readouterr().err, "ids > max_ids_per_partition",
                        "lower --batch-size (now 8192) or train on more ranks (torchrun --nproc-per-node)")
 

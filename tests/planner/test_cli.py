@@ -144,8 +144,10 @@ def test_dense_params_price_the_hierarchical_all_reduce(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "hierarchical: ICI within each slice, DCN across 2 slices" in text
     assert f"DCN {dcn * 1e6:,.1f} us" in text and f"ICI {ici * 1e6:,.1f} us" in text
-    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--dense-params", "-1"]) == 2
-    assert "--dense-params -1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--dense-params", "-1"])
+    assert exit_info.value.code == 2
+    assert "argument --dense-params: must be >= 0, got -1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("change, fragment", [

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipelines.cli import positive_int
+from pipelines.flag_numbers import non_negative_int, positive_int
 from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION, MAX_IDS_PER_PARTITION_CEILING
 
 
@@ -24,10 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topology", default="v5p-64",
                         help="slice name (v5p-64 = 32 chips, v6e-64 = 64 chips, tpu7x-64 = 32 chips; v5e and v4 "
                              "slices are known but refused: no SparseCore jax-tpu-embedding drives) or topology file")
-    parser.add_argument("--slices", type=int, default=1, metavar="N",
+    parser.add_argument("--slices", type=positive_int, default=1, metavar="N",
                         help="number of slices joined by DCN (multislice)")
     parser.add_argument("--batch-size", type=positive_int, default=65536, metavar="N", help="global batch size")
-    parser.add_argument("--dense-params", type=int, default=0, metavar="N",
+    parser.add_argument("--dense-params", type=non_negative_int, default=0, metavar="N",
                         help="parameters of the data-parallel dense towers: the plan prices their float32 "
                              "gradient all-reduce, hierarchical with --slices > 1 (ICI within each slice, then "
                              "DCN across slices); it does not move tables (default: 0, not priced)")
@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", type=Path, metavar="PATH",
                         help="write a self-contained HTML report here; with --compare, the comparison here and "
                              "one report per topology next to it (default: not written)")
-    parser.add_argument("--top", type=int, default=20, metavar="N", help="tables to list in the terminal table")
+    parser.add_argument("--top", type=positive_int, default=20, metavar="N",
+                        help="tables to list in the terminal table")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
                         help="show a progress bar while costing tables")
 
@@ -89,8 +90,6 @@ def run(args: argparse.Namespace) -> int:
             tables = [t if t.name in per_table_pf else replace(t, pooling_factor=default_pf) for t in tables]
         names = [n.strip() for n in args.compare.split(",") if n.strip()] or [args.topology]
         topologies = [resolve_topology(n, args.slices) for n in names]
-        if args.dense_params < 0:
-            raise ValueError(f"--dense-params {args.dense_params}: must be >= 0")
     except (ValueError, FileNotFoundError, ImportError, TypeError) as err:
         return report_user_error("plan", err)
 
