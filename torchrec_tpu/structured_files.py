@@ -67,6 +67,9 @@ def _load_yaml(path: Path, text: str) -> Any:
     value is built from it."""
     import yaml
 
+    if yaml.__with_libyaml__:
+        _check_yaml_nesting(path, text)
+
     class BoundedLoader(yaml.SafeLoader):
         depth = 0
 
@@ -90,6 +93,28 @@ def _load_yaml(path: Path, text: str) -> Any:
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def _check_yaml_nesting(path: Path, text: str) -> None:
+    """Refuse nesting deeper than MAX_NESTING from libyaml's events, before the pure-Python
+    loader reads the text: its scanner takes seconds over a few thousand nested ``[`` (each is a
+    possible simple key it re-checks at every token). Other syntax errors are the loader's to
+    report."""
+    import yaml
+
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.CSafeLoader):
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise ValueError(f"{path}: nested deeper than {MAX_NESTING} levels "
+                                     f"(line {event.start_mark.line + 1})")
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                depth -= 1
+    except yaml.YAMLError as error:
+        if "nesting depth" in str(error):  # libyaml's own limit, deeper than ours
+            raise ValueError(f"{path}: nested deeper than {MAX_NESTING} levels") from None
 
 
 def _json_children(value: Any) -> Iterable[Any]:

@@ -36,8 +36,9 @@ def _lookup(case: Case, device: str, **changes: torch.Tensor) -> torch.Tensor:
     buffers = [changes.get(n, t) for n, t in zip(names, case.csr)]
     table = changes.get("embedding_table", case.table)
     batch = changes.get("device_batch_size", BATCH)
-    return torch.ops.tpu.sparse_dense_matmul(*(t.to(device) for t in buffers), table.to(device), batch,
-                                             *case.limits[1:])
+    max_ids = changes.get("max_ids_per_partition", case.limits[1])
+    return torch.ops.tpu.sparse_dense_matmul(*(t.to(device) for t in buffers), table.to(device), batch, max_ids,
+                                             case.limits[2])
 
 
 def _with(t: torch.Tensor, position: int, value: int) -> torch.Tensor:
@@ -72,6 +73,10 @@ def _bad_inputs(case: Case) -> dict[str, tuple[dict, str]]:
         "batch not a multiple of the SparseCores": ({"device_batch_size": 30},
                                                     r"device_batch_size 30 must be a positive multiple of the 4"),
         "row pointers of no SparseCore count": ({"row_pointers": rp[:-1]}, r"row_pointers has 31 entries"),
+        "a partition over max_ids_per_partition": (
+            {"max_ids_per_partition": 1},
+            r"partition \d of source SparseCore \d holds \d+ entries \(row_pointers\[\d+\] = \d+\), more than "
+            r"max_ids_per_partition 1"),
     }
 
 

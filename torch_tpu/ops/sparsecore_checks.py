@@ -8,7 +8,8 @@ names the argument, the bad value and its limit.
 * :func:`check_values`: the CSR buffers' values on the host. Per source SparseCore region, the N
   used row pointers (partition ends) lie in ``[0, region]`` and do not decrease; in every
   partition's entries ``[round_up(end[p-1], 8), end[p])`` each embedding id lies in ``[0, rows
-  per partition)`` and each sample id in ``[0, device_batch_size / N)``. Padding positions are
+  per partition)`` and each sample id in ``[0, device_batch_size / N)``, and no partition holds
+  more than ``max_ids_per_partition`` entries (a SparseCore's static buffer). Padding positions are
   not read (jax-tpu-embedding fills them with id 2^31-1 and gain NaN). A ``touched_rows`` given
   must be ``touched_rows_ahead`` of the same buffers, cut to no fewer unique rows than they touch
   (:func:`check_touched`: recomputed on the host, one sort).
@@ -142,9 +143,10 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
 
 
 def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray, sample_ids: np.ndarray,
-                 table_rows: int, device_batch_size: int, devices: int = 1) -> None:
+                 table_rows: int, device_batch_size: int, max_ids_per_partition: int, devices: int = 1) -> None:
     """Raise ValueError at the first row pointer, embedding id or sample id of op ``name``'s host
-    CSR buffers outside its range (module docstring); the layout is checked already."""
+    CSR buffers outside its range, or partition holding more than ``max_ids_per_partition``
+    entries (module docstring); the layout is checked already."""
     op = public_name(name)
     n = _partitions(op, row_pointers.shape[0])
     per_region = row_pointers.shape[0] // n
@@ -165,6 +167,12 @@ def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray,
     starts = np.zeros_like(ends)
     starts[:, 1:] = -(-ends[:, :-1] // ALIGNMENT) * ALIGNMENT
     counts = np.maximum(ends - starts, 0).reshape(-1)
+    over = np.flatnonzero(counts > max_ids_per_partition)
+    if over.size:
+        k, p = divmod(int(over[0]), n)
+        raise ValueError(f"{op}: partition {p} of source SparseCore {k} holds {int(counts[over[0]])} entries "
+                         f"(row_pointers[{index[k, p]}] = {ends[k, p]}), more than max_ids_per_partition "
+                         f"{max_ids_per_partition}")
     first = (np.arange(n)[:, None] * region + starts).reshape(-1)
     position = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - first, counts)
     shard_rows = table_rows // (n // devices)
