@@ -115,7 +115,7 @@ _PLANTED_MODULE = ('#include <sys/stat.h>\n'
                    '__attribute__((constructor)) static void planted(void) { mkdir("%s", 0700); }\n')
 
 
-@pytest.mark.parametrize("case", ["other owner", "world-writable", "writable module"])
+@pytest.mark.parametrize("case", ["other owner", "world-writable", "writable module", "trusted (control)"])
 def test_the_native_build_cache_never_loads_a_planted_module(case, tmp_path, monkeypatch) -> None:
     """The extension is loaded as code: a module planted where it is looked for never runs."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
@@ -131,7 +131,9 @@ def test_the_native_build_cache_never_loads_a_planted_module(case, tmp_path, mon
     monkeypatch.setenv("TORCHREC_TPU_NATIVE_CACHE", str(configured))
     monkeypatch.setenv("TORCHREC_TPU_NATIVE", "1")
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    name = f"{native.MODULE}-{native._build_key(compiler)}{native.sysconfig.get_config_var('EXT_SUFFIX')}"
+    suffix = native.sysconfig.get_config_var("EXT_SUFFIX")
+    flags = (*native.FLAGS, f"-I{native.sysconfig.get_paths()['include']}")
+    name = f"{native.MODULE}-{native._build_key(native.SOURCE, flags, compiler, suffix)}{suffix}"
     for directory in (configured, fallback):
         directory.mkdir(parents=True, mode=0o700)
         shutil.copy(module, directory / name)
@@ -139,10 +141,11 @@ def test_the_native_build_cache_never_loads_a_planted_module(case, tmp_path, mon
             os.chown(directory, OTHER_UID, OTHER_UID)
         elif case == "world-writable":
             directory.chmod(0o777)
-        else:
+        elif case == "writable module":
             (directory / name).chmod(0o666)
     expected = {"other owner": f"owned by uid {OTHER_UID}", "world-writable": "writable by group or others",
-                "writable module": f"{configured / name} is writable by group or others"}[case]
+                "writable module": f"{configured / name} is writable by group or others",
+                "trusted (control)": f"loading {configured / name} failed"}[case]
     with pytest.raises(native.NativeUnavailable, match=re.escape(expected)):
         native._build_and_load()
-    assert not marker.exists()
+    assert marker.exists() == (case == "trusted (control)")  # the control: planted where it is looked for

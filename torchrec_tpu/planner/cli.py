@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
     compare = len(names) > 1
     results = []
+    id_limit_lines = []  # printed below the tables: one long line per topology
     for name, topology in zip(names, topologies):
         try:
             planned = tables
@@ -102,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
                 limits = auto_id_limits(tables, topology, args.batch_size)
                 planned = with_id_limits(tables, limits)
                 if limits:
-                    print(f"{name}: max_ids_per_partition per table (auto from pooling factor and batch; "
-                          f"--max-ids-per-partition N sets one for all): {describe_id_limits(limits)}")
+                    id_limit_lines.append(f"{name}: max_ids_per_partition per table (auto from pooling factor and "
+                                          f"batch; --max-ids-per-partition N sets one for all): "
+                                          f"{describe_id_limits(limits)}")
             limit = args.max_ids_per_partition or DEFAULT_MAX_IDS_PER_PARTITION
             results.append((name, plan_tables(planned, topology, args.batch_size, limit,
                                               progress=args.progress, dense_params=args.dense_params)))
@@ -112,11 +114,14 @@ def run(args: argparse.Namespace) -> int:
                 return report_user_error("plan", err)
             results.append((name, str(err)))
 
+    pages = {}
     for name, result in results:
         if isinstance(result, str):
             continue
         if not compare:
             print(format_plan(result, args.top))
+            if id_limit_lines:
+                print("\n".join(["", *id_limit_lines]))
         if args.out:
             out = _suffixed(args.out, name) if compare else args.out
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -126,13 +131,16 @@ def run(args: argparse.Namespace) -> int:
             html = _suffixed(args.html, name) if compare else args.html
             html.parent.mkdir(parents=True, exist_ok=True)
             html.write_text(render_html(result, f"torchrec-tpu plan: {len(tables)} tables on {result.topology.name}"))
+            pages[name] = html.name  # written next to the comparison page
             print(f"wrote report {html}")
     if compare:
         print(format_comparison(results))
+        if id_limit_lines:
+            print("\n".join(["", *id_limit_lines]))
         if args.html:
             args.html.parent.mkdir(parents=True, exist_ok=True)
             args.html.write_text(render_comparison_html(results, f"torchrec-tpu plan: {len(tables)} tables on "
-                                                                 f"{', '.join(names)}"))
+                                                                 f"{', '.join(names)}", pages))
             print(f"wrote comparison report {args.html}")
     failed = [name for name, result in results if isinstance(result, str)]
     if failed:

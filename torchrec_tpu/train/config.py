@@ -126,7 +126,7 @@ class EngineConfig:
                 "fused embedding update; several ranks run the towers eagerly. Its first step traces and compiles. "
                 "auto: tpu where the step compiles into one program (one rank, ddp) and, while the tpu device "
                 "is XLA:CPU, the towers are small (dispatch-bound: one program wins; large towers are "
-                "matmul-bound, where CPU torch's kernels beat XLA:CPU's), else cpu (README, 'torchrec-tpu train')",
+                "matmul-bound, where CPU torch's kernels beat XLA:CPU's), else cpu (docs/ARCHITECTURE.md)",
         choices=DENSE_DEVICES)
     sparse_backend: str = _opt(
         "auto", "the sparsecore engine's local embedding backend, --engine sparsecore only. ops: TorchTPU's tpu:: "
@@ -136,7 +136,7 @@ class EngineConfig:
                 "step, updating the tables in place (e.g. row-wise Adagrad on tables whose dim is not a multiple "
                 "of 8, which ops refuses). auto: ops where the step is one program (one rank, tpu towers, an "
                 "optimizer without a host value per step, i.e. not Adam), else xla: run eagerly, each ops "
-                "update writes whole new tables (README, 'torchrec-tpu train')",
+                "update writes whole new tables (docs/ARCHITECTURE.md)",
         choices=SPARSE_BACKENDS)
     dense_parallel: str = _opt("ddp", "how the dense towers are synced over ranks, --engine sparsecore only: "
                                       "replicated (DDP) or sharded per tower (FSDP2 fully_shard, for large towers)",
