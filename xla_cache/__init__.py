@@ -15,9 +15,27 @@ Layout, one level per subdirectory of :func:`cache_dir`:
   ``compiled/``: their executables, serialized) hold one ``<key>.jaxexport`` file per entry,
   written and trimmed by :func:`store`, read by :func:`load`.
 
-A corrupt entry (truncated by a full disk or a killed writer, damaged) is removed with a warning
-naming it when it is read, and the program is compiled again: :func:`load` decodes through the
-caller's decoder, and JAX's executables are checked when read (:func:`_tolerant_lru_cache`).
+Trust: what the cache holds runs as code (a compiled XLA executable is native code), so, as ssh's
+StrictModes and pip's and Inductor's per-user caches do, the directory and each level directory
+are used only when they are real directories owned by the current user, writable by that user and
+by no group or other user, and no directory above lets another user rename them away
+(:mod:`xla_cache.trust`; this module creates them ``0700``). A directory that fails (another
+owner, group/world-writable, read-only, a regular file in its place, an unwritable parent), or a
+write that fails later (a full disk), turns the persistent cache off for the process, JAX's
+included, with one warning line naming the directory, why, and how to fix it; the job runs
+uncached. Nothing in the cache is a pickle: every entry of every level, JAX's ``executables/``
+included, is a plain header (magic, format version, the full key it was stored under, payload
+length, sha256 of the payload) and the raw payload (:mod:`xla_cache.entries`); ``compiled/``
+holds executables in a plain encoding (``torch_tpu.compile.executable_codec``).
+
+On load an entry must be a regular file inside its level (no symbolic link, FIFO, device;
+opened without following links or blocking), no bigger than the level's cap, and match its
+header: magic, version, the key asked for (an entry copied over another key's name is refused,
+JAX's file-name keyed entries too: :mod:`xla_cache.jax_lru`), length and digest. Anything else,
+and an entry the caller's decoder refuses (a damaged program), is a miss: the file is removed with
+one warning naming it and the program is compiled again and stored anew. Within a trusted
+directory only this user (or root) can write entries; the checks turn their accidents (damage,
+truncation, a misplaced copy, a special file) into misses, never a wrong program or a hang.
 
 What goes in: whole programs, compiled inside :func:`persistent` (torch_tpu's compiled graphs and
 training steps, the sparsecore engine's lookup/update programs); outside it only programs that
@@ -35,21 +53,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from xla_cache import entries, jax_lru, trust
+
 _DISABLED = {"0", "off", "false", "none", ""}
 DEFAULT_MAX_MB = 2048
-XLA_LEVEL = "executables"
+XLA_LEVEL = jax_lru.LEVEL
 ENTRY_SUFFIX = ".jaxexport"  # the other levels' entries: serialized jax.export programs
 SLOW_COMPILE_SECS = 1.0  # outside persistent(): only compiles this slow are written
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
 _state: dict[str, Path | None] = {"dir": None}
+_trusted_levels: set[str] = set()  # levels of the current directory the trust policy admitted
+_warned: set[str] = set()  # reasons the cache was turned off, each warned about once
 _max_bytes = [DEFAULT_MAX_MB << 20]
 _local = threading.local()
 _installed = [False]
@@ -86,23 +107,81 @@ def cache_dir() -> Path | None:
 
 def configure(directory: str | os.PathLike | None, max_bytes: int | None = None) -> None:
     """Use ``directory`` for every cache level (each capped at ``max_bytes``, default
-    :func:`default_max_bytes`), or disable persistent caching with None. JAX's executable cache
-    gets the tolerant LRU (see :func:`_tolerant_lru_cache`)."""
+    :func:`default_max_bytes`), or disable persistent caching with None. A directory the trust
+    policy refuses (module docstring) disables it too, with one warning saying why."""
     import jax
     from jax._src import compilation_cache
 
-    path = Path(directory).expanduser() if directory is not None else None
-    if path is not None:
-        (path / XLA_LEVEL).mkdir(parents=True, exist_ok=True)
+    path = _trusted_root(Path(directory).expanduser()) if directory is not None else None
     _state["dir"] = path
+    _trusted_levels.clear()
+    if path is not None:
+        _trusted_levels.add(XLA_LEVEL)
     _max_bytes[0] = default_max_bytes() if max_bytes is None else int(max_bytes)
-    jax.config.update("jax_compilation_cache_dir", str(path / XLA_LEVEL) if path is not None else None)
     jax.config.update("jax_compilation_cache_max_size", _max_bytes[0])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", SLOW_COMPILE_SECS)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     if not getattr(compilation_cache.LRUCache, "tolerant", False):
-        compilation_cache.LRUCache = _tolerant_lru_cache()  # what get_file_cache() builds
+        compilation_cache.LRUCache = jax_lru.tolerant_lru_cache(_on_write_error)  # what get_file_cache() builds
+    _point_jax_at(path)
+
+
+def _point_jax_at(path: Path | None) -> None:
+    import jax
+    from jax._src import compilation_cache
+
+    jax.config.update("jax_compilation_cache_dir", str(path / XLA_LEVEL) if path is not None else None)
     compilation_cache.reset_cache()  # JAX reads the directory once; make the change take effect
+
+
+def _trusted_root(path: Path) -> Path | None:
+    """``path`` resolved, with its ``executables/`` level, when the trust policy admits both."""
+    try:
+        root = trust.private_dir(path)
+        trust.private_dir(root / XLA_LEVEL, follow=False)
+    except trust.Untrusted as error:
+        _warn_off(str(error))
+        return None
+    return root
+
+
+def _warn_off(reason: str) -> None:
+    if reason not in _warned:
+        _warned.add(reason)
+        _log.warning("compile cache off: %s; this job runs without the persistent compile cache "
+                     "(TORCH_TPU_COMPILE_CACHE=<dir> chooses another, =off silences this)", reason)
+
+
+def _disable(reason: str) -> None:
+    """Turn the persistent cache off for the rest of this process, with one warning."""
+    _warn_off(reason)
+    if _state["dir"] is not None:
+        _state["dir"] = None
+        _point_jax_at(None)
+
+
+def _on_write_error(path: Path, error: OSError) -> None:
+    _disable(f"writing {path} failed ({error.strerror or error})")
+
+
+def _level(level: str, create: bool) -> Path | None:
+    """The directory of ``level`` when the trust policy admits it (created ``0700`` when
+    ``create``); None when the cache is off, or ``level`` was never created and not ``create``."""
+    directory = _state["dir"]
+    if directory is None:
+        return None
+    path = directory / level
+    if level in _trusted_levels:
+        return path
+    if not create and not os.path.lexists(path):
+        return None
+    try:
+        trust.private_dir(path, create=create, follow=False)
+    except trust.Untrusted as error:
+        _disable(str(error))
+        return None
+    _trusted_levels.add(level)
+    return path
 
 
 @contextlib.contextmanager
@@ -141,61 +220,57 @@ def jax_cache_bypassed() -> Iterator[None]:
 
 def load(level: str, key: str, decode: Callable[[bytes], T]) -> T | None:
     """The stored entry ``key`` of ``level`` (e.g. ``"fx"``) as ``decode`` reads it, or None:
-    never stored, or corrupt (``decode`` raised): then it is removed with a warning naming it, so
-    the caller compiles the program again and stores it anew."""
-    directory = _state["dir"]
+    never stored, or not a valid entry for ``key`` (:mod:`xla_cache.entries`) or ``decode``
+    raised: then it is removed with a warning naming it, so the caller compiles the program
+    again and stores it anew."""
+    directory = _level(level, create=False)
     if directory is None:
         return None
-    path = directory / level / f"{key}{ENTRY_SUFFIX}"
-    try:
-        blob = path.read_bytes()
-        os.utime(path)  # recently used: the cap removes it last
-    except FileNotFoundError:  # never stored, or another process trimmed it just now
+    path = directory / f"{key}{ENTRY_SUFFIX}"
+    payload = entries.load_checked(path, f"{level}/{key}", _max_bytes[0])
+    if payload is None:
         return None
+    with contextlib.suppress(OSError):  # trimmed meanwhile
+        os.utime(path, follow_symlinks=False)  # recently used: the cap removes it last
     try:
-        return decode(blob)
+        return decode(payload)
     except Exception as error:  # noqa: BLE001  any decoding failure means a damaged entry
-        drop_corrupt(path, error)
+        entries.drop(path, error)
         return None
-
-
-def drop_corrupt(path: Path, error: BaseException, *companions: Path) -> None:
-    """Remove the corrupt cache entry ``path`` (and its ``companions``), warning with its name."""
-    for file in (path, *companions):
-        file.unlink(missing_ok=True)
-    reason = " ".join(str(error).split())[:200] or type(error).__name__
-    _log.warning("compile cache entry %s is corrupt (%s: %s): removed, the program is compiled again",
-                 path, type(error).__name__, reason)
 
 
 def store(level: str, key: str, blob: bytes) -> None:
-    """Write atomically, so a concurrent reader in another process never sees a partial file;
-    then trim the level to its cap, oldest use first."""
-    directory = _state["dir"]
+    """Store ``blob`` as entry ``key`` of ``level``, atomically (a concurrent reader in another
+    process never sees a partial file); then trim the level to its cap, oldest use first. A
+    failed write turns the cache off for this process with one warning."""
+    directory = _level(level, create=True)
     if directory is None:
         return
-    target = directory / level / f"{key}{ENTRY_SUFFIX}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(blob)
-    os.replace(tmp, target)
-    _trim(target.parent, f"*{ENTRY_SUFFIX}", _max_bytes[0])
+    entry = entries.encode(f"{level}/{key}", blob)
+    if len(entry) > _max_bytes[0]:  # bigger than the cap: never kept
+        return
+    target = directory / f"{key}{ENTRY_SUFFIX}"
+    try:
+        entries.write_atomic(target, entry)
+        _trim(directory, f"*{ENTRY_SUFFIX}", _max_bytes[0])
+    except OSError as error:
+        _disable(f"writing {target} failed ({error.strerror or error})")
 
 
 def _trim(directory: Path, pattern: str, max_bytes: int) -> None:
-    entries = []
+    entries_found = []
     for path in directory.glob(pattern):
         try:
-            st = path.stat()
+            st = path.lstat()
         except FileNotFoundError:
             continue  # another process trimmed it
-        entries.append((st.st_mtime, st.st_size, path))
-    total = sum(size for _, size, _ in entries)
-    for _, size, path in sorted(entries):
+        entries_found.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in entries_found)
+    for _, size, path in sorted(entries_found):
         if total <= max_bytes:
             break
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(IsADirectoryError):
+            path.unlink(missing_ok=True)
         total -= size
 
 
@@ -206,62 +281,6 @@ def _on_jax_event(event: str, **_: object) -> None:
         xla_counts["hits"] += 1
     elif event == "/jax/compilation_cache/cache_misses":
         xla_counts["misses"] += 1
-
-
-def _tolerant_lru_cache() -> type:
-    """JAX's LRU cache, made safe against other processes sharing the directory.
-
-    JAX 0.10's eviction reads every entry's ``-atime`` file unguarded: one entry without it (a
-    process killed between writing the two files, another evicting it meanwhile, or a writer
-    without a size cap, which keeps no atimes) makes every later write raise FileNotFoundError
-    (a warning per program, and nothing new is stored). Here a missing atime counts as oldest, a
-    vanished entry is skipped, and a read racing an eviction is a miss. An entry that does not
-    decompress (truncated) is removed with a warning and is a miss: JAX alone would warn on every
-    run and never replace it (``put`` keeps an existing entry)."""
-    from jax._src import compilation_cache, lru_cache
-
-    class TolerantLRUCache(lru_cache.LRUCache):
-        tolerant = True
-
-        def get(self, key: str) -> bytes | None:
-            try:
-                blob = super().get(key)
-            except FileNotFoundError:
-                return None
-            if blob is not None:
-                try:
-                    compilation_cache.decompress_executable(blob)
-                except Exception as error:  # noqa: BLE001  zstd/zlib errors: a damaged entry
-                    drop_corrupt(self.path / f"{key}{lru_cache._CACHE_SUFFIX}", error,
-                                 self.path / f"{key}{lru_cache._ATIME_SUFFIX}")
-                    return None
-            return blob
-
-        def _evict_if_needed(self, *, additional_size: int = 0) -> None:
-            if not self.eviction_enabled:
-                return
-            entries, total = [], 0
-            for cache_path in self.path.glob(f"*{lru_cache._CACHE_SUFFIX}"):
-                key = cache_path.name.removesuffix(lru_cache._CACHE_SUFFIX)
-                try:
-                    stat = cache_path.stat()
-                except FileNotFoundError:
-                    continue
-                size = stat.length if lru_cache.pathlib.epath_installed else stat.st_size  # as JAX reads it
-                try:
-                    atime = int.from_bytes((self.path / f"{key}{lru_cache._ATIME_SUFFIX}").read_bytes(), "little")
-                except FileNotFoundError:
-                    atime = 0
-                entries.append((atime, key, size))
-                total += size
-            for _, key, size in sorted(entries):
-                if total <= self.max_size - additional_size:
-                    break
-                (self.path / f"{key}{lru_cache._CACHE_SUFFIX}").unlink(missing_ok=True)
-                (self.path / f"{key}{lru_cache._ATIME_SUFFIX}").unlink(missing_ok=True)
-                total -= size
-
-    return TolerantLRUCache
 
 
 def install() -> None:

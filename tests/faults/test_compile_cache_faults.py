@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 import xla_cache
+from tests.compile.planted_child import planted_pickle
 from tests.faults.conftest import TRAIN_FLAGS
 from tests.faults.helpers import cli_command, cli_env
 
-LEVELS = ("steps", "fx", "executables")  # traced train steps, FX translations, JAX executables
+LEVELS = ("steps", "fx", "compiled")  # traced train steps, FX translations, their executables
 
 
 def _entries(cache: Path) -> dict[Path, int]:
@@ -63,3 +64,35 @@ def test_train_after_every_cache_entry_was_truncated_recompiles(tiny_dataset: Pa
     again = _entries(cache)  # compiled again and stored whole
     for level in ("steps", "fx"):
         assert any(p.parent.name == level and again[p] > entries[p] // 2 for p in entries if p in again), level
+
+
+@pytest.mark.slow  # three training runs (~25 s each on 2 busy cores)
+def test_train_on_tpu_with_planted_entries_runs_no_code(tiny_dataset: Path, tmp_path: Path) -> None:
+    """``train --dense-device tpu``: a pickle over every entry of ``compiled/``, ``steps/`` and
+    ``fx/`` never runs (each is a miss with one warning) and training is unchanged; in a cache
+    directory owned by another user nothing is read (one warning line)."""
+    cache, marker = tmp_path / "cache", tmp_path / "planted-code-ran"
+    env = {**cli_env(), "TORCH_TPU_COMPILE_CACHE": str(cache)}
+
+    def train(name: str) -> tuple[str, list[str]]:
+        done = subprocess.run(cli_command("train", "--data", str(tiny_dataset), *TRAIN_FLAGS, "--dense-device", "tpu",
+                                          "--log-dir", str(tmp_path / name)),
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        evals = [line for line in done.stdout.splitlines() if "eval AUC" in line]
+        return evals[0], [line for line in done.stderr.splitlines() if "compile cache" in line]
+
+    expected, _ = train("first")
+    planted = [p for level in ("compiled", "steps", "fx") for p in (cache / level).glob("*.jaxexport")]
+    assert {p.parent.name for p in planted} == {"compiled", "steps", "fx"}, planted
+    blob = planted_pickle(marker)
+    for path in planted:
+        path.write_bytes(blob)
+    result, warned = train("second")
+    assert result == expected and not marker.exists()
+    for path in planted:
+        assert sum(str(path) in line for line in warned) == 1, (path, warned)
+    for path in (cache, *cache.rglob("*")):
+        os.lchown(path, 4321, 4321)
+    result, warned = train("third")
+    assert result == expected and len(warned) == 1 and "owned by uid 4321" in warned[0], warned

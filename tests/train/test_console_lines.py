@@ -26,6 +26,9 @@ def _held_out() -> list:
 
 def _run(tmp_path: Path, caplog, steps: int = 6, **options):
     model = _Logistic()
+    with torch.no_grad():  # a fixed model (lr 0 keeps it): held-out AUC 0.75 at every evaluation
+        model.linear.weight.copy_(torch.tensor([[1.0, 0.5]]))
+        model.linear.bias.zero_()
     saved: list[int] = []
 
     def checkpoint(step, position):

@@ -4,7 +4,7 @@ A second process running a stored program (a ``train_step``, a ``torch.compile``
 otherwise lower the stored ``jax.export`` program to MLIR again only to find its executable in
 JAX's cache, and lowering an exported program initialises JAX's CPU LAPACK handlers, which
 imports SciPy: 175 ms of the main job's first step. Loading the serialized executable (level
-``compiled``, :func:`jax.experimental.serialize_executable.serialize`) skips all of it. A
+``compiled``, written without pickle by :mod:`torch_tpu.compile.executable_codec`) skips all of it. A
 compiled executable is also cheaper to call than ``jax.jit``'s dispatch, which checks and hashes
 the arguments on every call.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import pickle
 import platform
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import jaxlib
 
 import xla_cache
+from torch_tpu.compile import executable_codec
 from torch_tpu.runtime import persistent_cache
 from torch_tpu.runtime._jax import jax
 
@@ -59,7 +59,7 @@ class CompiledProgram:
             with persistent_cache.persistent():
                 return self.jitted.lower(*inputs).compile()
         key = executable_key(self._key, inputs)
-        loaded = xla_cache.load(persistent_cache.COMPILED_LEVEL, key, _load)
+        loaded = xla_cache.load(persistent_cache.COMPILED_LEVEL, key, executable_codec.decode)
         if loaded is not None:
             xla_cache.xla_counts["hits"] += 1
             return loaded
@@ -95,24 +95,8 @@ def _storable(inputs: Sequence[Any]) -> bool:
 
 
 def _store(key: str, compiled: Any) -> None:
-    from jax.experimental import serialize_executable
-
-    devices = {d for s in jax.tree.leaves(compiled.input_shardings) for d in s.device_set}
-    if len(devices) != 1:
+    blob = executable_codec.encode(compiled)
+    if blob is None:  # a program the plain encoding does not describe: JAX's cache keeps it
+        _log.info("the compiled program %s is not stored (not a plain single-device program)", key[:16])
         return
-    try:
-        payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-    except (ValueError, NotImplementedError) as error:  # a backend or program that cannot be serialized
-        _log.info("the compiled program is not stored (%s)", error)
-        return
-    xla_cache.store(persistent_cache.COMPILED_LEVEL, key,
-                    pickle.dumps((payload, in_tree, out_tree, devices.pop().id)))
-
-
-def _load(blob: bytes) -> Any:
-    from jax.experimental import serialize_executable
-
-    payload, in_tree, out_tree, device_id = pickle.loads(blob)
-    device = next(d for d in jax.local_devices() if d.id == device_id)
-    return serialize_executable.deserialize_and_load(payload, in_tree, out_tree, backend=device.client,
-                                                     execution_devices=[device])
+    xla_cache.store(persistent_cache.COMPILED_LEVEL, key, blob)

@@ -23,6 +23,7 @@ import numpy as np
 import torch.distributed as dist
 from jax.sharding import NamedSharding, PartitionSpec
 
+from torch_tpu.compile import graph as compiled_graph
 from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fused_collectives import _lower, _mesh
 from torch_tpu.runtime._jax import jax
@@ -59,7 +60,7 @@ class SpmdProgram:
     def export(self, avals: Sequence[Any]) -> Any:
         """The program for local inputs shaped as ``avals``, as a ``jax.export`` over the group's
         devices (to store: :meth:`__init__` runs it again)."""
-        return jax.export.export(jax.jit(self._spmd))(
+        return compiled_graph.export(self._spmd)(
             *(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding) for a in avals))
 
     def _global(self, local: Any) -> jax.Array:

@@ -115,7 +115,7 @@ class _Program:
         parts = (graph.signature, list(graph.updates), graph.num_input_grads, unchanged_outputs(graph), random)
         if group is None:
             fn = to_jax_function(graph.graph)
-            return _Program(*parts, _exported(lambda: jax.export.export(jax.jit(fn))(*avals)), fn, key=key)
+            return _Program(*parts, _exported(lambda: compiled_graph.export(fn)(*avals)), fn, key=key)
         lines = program_lines(graph.graph, describe_inputs(avals))
         check_same_program(lines, "train step", collective_groups(graph.graph))
         program = _Program(*parts, None, to_jax_function(graph.graph, collective_lowering(group)), group)

@@ -11,8 +11,9 @@
 Beyond TorchTPU's schemas the lookup and the fused ops take an optional ``touched_rows``: the
 buffers' deduplication computed ahead (:func:`touched_rows_ahead`, e.g. on a prefetch thread while
 the previous step runs). With it the XLA formulation neither sorts on the device nor reads a row
-twice (same results, bit for bit); on a TPU it is ignored. It is a promise about the buffers
-passed with it: its shape is checked, its values are not (others give undefined results).
+twice (same results, bit for bit); on a TPU it is ignored. It must be computed from the buffers
+passed with it: eager calls check that (recomputing it on the host); inside compiled programs
+other values give undefined results.
 
 Inputs are checked (``torch_tpu.ops.sparsecore_checks``): a bad buffer raises one ValueError
 naming the argument, the value and its limit. Eager calls (CPU and tpu, every eager mode) check
@@ -142,9 +143,14 @@ def check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
     """Check op ``name``'s bound arguments ``a``: their layout, then (outside
     ``sparsecore_checks.preprocessed``) the CSR buffers' values, read to numpy with ``read``."""
     _check_layout(name, a)
-    if not checks.values_trusted():
-        checks.check_values(name, *(read(a[k]) for k in ("row_pointers", "embedding_ids", "sample_ids")),
-                            a["embedding_table"].shape[0], a["device_batch_size"], a.get("devices", 1))
+    if checks.values_trusted():
+        return
+    ints = tuple(read(a[k]) for k in ("row_pointers", "embedding_ids", "sample_ids"))
+    rows, batch = a["embedding_table"].shape[0], a["device_batch_size"]
+    checks.check_values(name, *ints, rows, batch, a["max_ids_per_partition"], a.get("devices", 1))
+    if a.get("touched_rows") is not None:
+        checks.check_touched(name, read(a["touched_rows"]), (*ints, read(a["gains"])), rows, batch,
+                             a.get("devices", 1), a.get("device_index", 0))
 
 
 def _check_layout(name: str, a: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_tpu.ops.batched_matmul import batched_matmul
 from torch_tpu.ops.lowerings._common import cast, is_one
 from torch_tpu.ops.registry import register_lowering
 from torch_tpu.runtime._jax import jnp
@@ -37,7 +38,15 @@ def _checked_matmul(name: str, ranks: tuple[int, int]):
 
 
 mm = register_lowering(aten.mm.default)(_checked_matmul("mm", (2, 2)))
-bmm = register_lowering(aten.bmm.default)(_checked_matmul("bmm", (3, 3)))
+
+
+@register_lowering(aten.bmm.default)
+def bmm(self, mat2):
+    """Batched products through ``batched_matmul``: a fast kernel on XLA:CPU, the plain dot elsewhere."""
+    _check_rank("bmm", self, 3), _check_rank("bmm", mat2, 3), _same_dtype("bmm", self, mat2)
+    return batched_matmul(self, mat2)
+
+
 mv = register_lowering(aten.mv.default)(_checked_matmul("mv", (2, 1)))
 
 

@@ -133,12 +133,14 @@ def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: 
     group = new_group(env) if env.world_size > 1 else None
     if group is not None:
         batches = AgreedBatches(batches, group, env.rank, env.world_size)
-    return PrefetchedBatches(batches, ebc, device, depth, group, partial(_with_flags, ebc.batch_size * env.world_size))
+    return PrefetchedBatches(batches, ebc, device, depth, group,
+                             partial(overflow_with_flags, ebc.batch_size * env.world_size))
 
 
-def _with_flags(batch_size: int, error: Exception) -> Exception:
-    """A SparseCore partition over its id limit, with the fix as flags of ``train``: the ids a
-    partition gets grow with the batch each SparseCore sees."""
+def overflow_with_flags(batch_size: int, error: Exception) -> Exception:
+    """A SparseCore partition over its id limit, with the fix as flags of ``train`` / ``profile``
+    (``batch_size``: the global batch): the ids a partition gets grow with the batch each
+    SparseCore sees. Other errors as they are."""
     if not isinstance(error, PartitionOverflowError):
         return error
     return PartitionOverflowError(error.overflow, f"lower --batch-size (now {batch_size}) or train on more "

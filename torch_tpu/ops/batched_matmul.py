@@ -1,0 +1,130 @@
+"""Batched small matrix products (``aten.bmm``: DLRM's interaction and its gradients) with a fast
+kernel on XLA:CPU.
+
+XLA:CPU runs a dot with a batch of thousands of tiny products (27x64 @ 64x27) at ~12 GFLOP/s, a
+fifth of CPU torch's ``bmm``. On the CPU platform :func:`batched_matmul` lowers such products to an
+XLA FFI custom call (``csrc/batched_matmul.cc``, built on first use with the system C++ compiler
+by ``sparsecore.native.build_library`` and cached); on any other platform (a TPU), and for large
+products, dtypes the kernel lacks, or when no compiler is found (one warning), it is the plain
+dot. The choice is made per platform at lowering (``jax.lax.platform_dependent``), so one traced
+program serves both. Transposed operands are passed as flags, not materialised, and gradients
+(under ``jax.grad``) are the same products with the transposes flipped.
+
+Environment: ``TORCH_TPU_BMM_KERNEL=0`` keeps the plain dot everywhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import warnings
+from pathlib import Path
+
+from torch_tpu.runtime._jax import jax, jnp
+
+SOURCE = Path(__file__).with_name("csrc") / "batched_matmul.cc"
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fvisibility=hidden", "-w")
+_TARGETS = {jnp.dtype(jnp.float32): "TorchTpuBatchedMatmulF32", jnp.dtype(jnp.bfloat16): "TorchTpuBatchedMatmulBF16"}
+# Products with every dim at most this go to the kernel: it keeps one product's operands in L1/L2
+# and beats XLA:CPU there; larger ones are XLA's blocked GEMM's job.
+MAX_DIM = 256
+
+
+def batched_matmul(a: jax.Array, b: jax.Array, trans_a: bool = False, trans_b: bool = False) -> jax.Array:
+    """``op(a) @ op(b)`` over a shared leading batch dim (3-D operands, op transposing the last two
+    dims when its flag is set), accumulated in float32 for bfloat16 operands, in their dtype."""
+    if a.ndim != 3 or b.ndim != 3:
+        raise TypeError(f"batched_matmul: expected 3-D operands, got {a.ndim}-D and {b.ndim}-D")
+    if a.dtype != b.dtype:
+        raise TypeError(f"batched_matmul: expected operands of one dtype, got {a.dtype} and {b.dtype}")
+    m, k = (a.shape[2], a.shape[1]) if trans_a else a.shape[1:]
+    k2, n = (b.shape[2], b.shape[1]) if trans_b else b.shape[1:]
+    if a.shape[0] != b.shape[0] or k != k2:
+        raise ValueError(f"batched_matmul: shapes {a.shape} and {b.shape} do not multiply "
+                         f"(trans_a={trans_a}, trans_b={trans_b})")
+    if not _kernel_applies(a.dtype, m, n, k):
+        return _dot(a, b, trans_a, trans_b)
+    return _product(a, b, trans_a, trans_b)
+
+
+def kernel_available() -> bool:
+    """Whether the CPU kernel is built, loaded and registered with XLA (False: plain dots)."""
+    return _register() is None
+
+
+def export_checks() -> list:
+    """What ``jax.export`` must admit for programs calling the kernel (its custom calls have no
+    compatibility guarantee: stored programs name the kernel in their key, :func:`fingerprint`)."""
+    return [jax.export.DisabledSafetyCheck.custom_call(target) for target in _TARGETS.values()]
+
+
+def fingerprint() -> str:
+    """What a stored program calling the kernel depends on: this module, the kernel's source and
+    whether the kernel is in use (a program lowered with it cannot run where it is unavailable)."""
+    digest = hashlib.sha256(Path(__file__).read_bytes() + SOURCE.read_bytes()).hexdigest()[:16]
+    return f"batched_matmul={kernel_available()}:{digest}"
+
+
+def _kernel_applies(dtype, m: int, n: int, k: int) -> bool:
+    return jnp.dtype(dtype) in _TARGETS and max(m, n, k) <= MAX_DIM and min(m, n) > 0 and kernel_available()
+
+
+def _dot(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
+    a = jnp.swapaxes(a, 1, 2) if trans_a else a
+    b = jnp.swapaxes(b, 1, 2) if trans_b else b
+    if a.dtype == jnp.bfloat16:
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+    return jnp.matmul(a, b)
+
+
+def _ffi(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
+    m = a.shape[2] if trans_a else a.shape[1]
+    n = b.shape[1] if trans_b else b.shape[2]
+    out = jax.ShapeDtypeStruct((a.shape[0], m, n), a.dtype)
+    return jax.ffi.ffi_call(_TARGETS[jnp.dtype(a.dtype)], out)(a, b, trans_a=trans_a, trans_b=trans_b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _product(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
+    return jax.lax.platform_dependent(a, b, cpu=functools.partial(_ffi, trans_a=trans_a, trans_b=trans_b),
+                                      default=functools.partial(_dot, trans_a=trans_a, trans_b=trans_b))
+
+
+def _product_fwd(a, b, trans_a: bool, trans_b: bool):
+    return _product(a, b, trans_a, trans_b), (a, b)
+
+
+def _product_bwd(trans_a: bool, trans_b: bool, residuals, grad):
+    """With C = op(A) op(B): d op(A) = dC op(B)^T and d op(B) = op(A)^T dC, transposed back where
+    the operand was transposed."""
+    a, b = residuals
+    grad_a = batched_matmul(b, grad, trans_b, True) if trans_a else batched_matmul(grad, b, False, not trans_b)
+    grad_b = batched_matmul(grad, a, True, trans_a) if trans_b else batched_matmul(a, grad, not trans_a, False)
+    return grad_a, grad_b
+
+
+_product.defvjp(_product_fwd, _product_bwd)
+
+
+@functools.cache
+def _register() -> Exception | None:
+    """Build, load and register the kernel once per process; the failure (if any) is returned."""
+    import jaxlib
+
+    from sparsecore.native import NativeUnavailable, build_library
+
+    if os.environ.get("TORCH_TPU_BMM_KERNEL", "1") == "0":
+        return NativeUnavailable("disabled (TORCH_TPU_BMM_KERNEL=0)")  # asked for: no warning
+    # The jaxlib version in the flags: its FFI headers are part of what the library was built from.
+    flags = (*FLAGS, f"-I{jax.ffi.include_dir()}", f"-DTORCH_TPU_JAXLIB={jaxlib.__version__}")
+    try:
+        library = ctypes.CDLL(str(build_library(SOURCE, "_torch_tpu_bmm", flags, ".so")))
+        for target in _TARGETS.values():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
+    except (NativeUnavailable, OSError) as error:
+        warnings.warn(f"torch_tpu: the CPU batched-matmul kernel is unavailable, bmm uses XLA's dot: {error}",
+                      RuntimeWarning, stacklevel=2)
+        return error
+    return None
