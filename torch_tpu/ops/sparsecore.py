@@ -18,7 +18,8 @@ other values give undefined results.
 Inputs are checked (``torch_tpu.ops.sparsecore_checks``): a bad buffer raises one ValueError
 naming the argument, the value and its limit. Eager calls (CPU and tpu, every eager mode) check
 dtypes, shapes and the CSR values (row pointers in their region and non-decreasing, ids below the
-rows of a partition, sample ids below ``device_batch_size / N``; padding positions are not read);
+rows of a partition, sample ids below ``device_batch_size / N``, no partition over
+``max_ids_per_partition``, a ``touched_rows`` of the same buffers; padding positions are not read);
 traces check dtypes and shapes. Inside compiled programs the ``debug`` mode checks the values of
 graph inputs before the program runs; ``strict`` and ``defer_and_fuse`` leave out-of-range values
 undefined, as a TPU does. The engine's own calls, on buffers its host preprocessing built, skip
@@ -139,7 +140,7 @@ def bind_args(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     return bound
 
 
-def check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
+def _check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
     """Check op ``name``'s bound arguments ``a``: their layout, then (outside
     ``sparsecore_checks.preprocessed``) the CSR buffers' values, read to numpy with ``read``."""
     _check_layout(name, a)
@@ -161,7 +162,7 @@ def _eager_check(name: str):
     """The check eager dispatch runs on a call's JAX arrays before its lowering."""
 
     def check(args: tuple, kwargs: dict) -> None:
-        check_inputs(name, bind_args(name, args, kwargs), np.asarray)
+        _check_inputs(name, bind_args(name, args, kwargs), np.asarray)
 
     return check
 
@@ -223,7 +224,7 @@ def _on_host(name: str, lowering):
     host's CPU device (never the SparseCore primitives, even on a TPU host)."""
 
     def kernel(*args, **kwargs):
-        check_inputs(name, bind_args(name, args, kwargs), lambda t: t.detach().numpy())
+        _check_inputs(name, bind_args(name, args, kwargs), lambda t: t.detach().numpy())
         cpu = jax.local_devices(backend="cpu")[0]  # (this process's: a distributed client lists every process's)
 
         def to_jax(x):
