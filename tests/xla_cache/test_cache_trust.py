@@ -74,6 +74,30 @@ def test_a_failed_write_turns_the_cache_off_with_one_warning(cache, caplog) -> N
     assert xla_cache.cache_dir() is None and jax.config.jax_compilation_cache_dir is None
 
 
+@pytest.mark.parametrize(("parent_mode", "parent_uid", "reason"), [
+    (0o777, None, "writable by others without the sticky bit"),
+    (0o755, OTHER_UID, f"owned by uid {OTHER_UID}: another user could replace it"),
+    (0o1777, None, None),  # sticky, as /tmp: others cannot rename what is ours
+])
+def test_a_directory_above_that_others_control_is_refused(tmp_path, parent_mode, parent_uid, reason, caplog):
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    parent.chmod(parent_mode)
+    if parent_uid is not None:
+        os.chown(parent, parent_uid, parent_uid)
+    previous, cap = xla_cache.cache_dir(), xla_cache._max_bytes[0]
+    try:
+        with caplog.at_level(logging.WARNING, logger="xla_cache"):
+            xla_cache.configure(parent / "cache")
+        if reason is None:
+            assert xla_cache.cache_dir() == parent / "cache" and not caplog.records
+        else:
+            warned = _warned(caplog, "compile cache off")
+            assert len(warned) == 1 and reason in warned[0] and xla_cache.cache_dir() is None, caplog.text
+    finally:
+        xla_cache.configure(previous, cap)
+
+
 def _plant_copy(source: Path, target: Path) -> None:
     shutil.copy(source, target)
 
