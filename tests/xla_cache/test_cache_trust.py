@@ -54,6 +54,17 @@ def test_a_bad_entry_is_a_miss_removed_with_one_warning(cache, damage, reason, c
     assert len(_warned(caplog, str(path))) == 1 and reason in caplog.text, caplog.text
 
 
+@pytest.mark.parametrize("level", ["compiled", "fx", "steps"])
+def test_an_entry_copied_over_another_keys_name_is_a_miss(cache, level, caplog) -> None:
+    xla_cache.store(level, "a", b"program a")
+    xla_cache.store(level, "b", b"program b")
+    shutil.copy(cache / level / f"a{xla_cache.ENTRY_SUFFIX}", cache / level / f"b{xla_cache.ENTRY_SUFFIX}")
+    with caplog.at_level(logging.WARNING, logger="xla_cache"):
+        assert xla_cache.load(level, "b", bytes) is None
+        assert xla_cache.load(level, "a", bytes) == b"program a"
+    assert len(_warned(caplog, "belongs to another key")) == 1, caplog.text
+
+
 def test_an_entry_over_the_cap_is_a_miss(cache, caplog) -> None:
     path = cache / "steps" / f"big{xla_cache.ENTRY_SUFFIX}"
     path.parent.mkdir(mode=0o700)
