@@ -21,7 +21,6 @@ from torch import nn
 from sparsecore.backends import make_backend
 from sparsecore.backends.base import Backend, TableTensors, initial_table_slots
 from sparsecore.module import fused_lookup
-from sparsecore.optimizers import Adam, OptimizerSpec
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.stacking import plan_stacking
 from torchrec_tpu.sharding.deferred import DeferredTensor, tables_deferred
@@ -32,12 +31,6 @@ from torchrec_tpu.sharding.uniform_ranks import RankPadding, is_pad, uniform_pad
 Served = list[list[tuple[FeatureSpec, Shard]]]
 OPS = "ops"  # the local engine on TorchTPU's tpu:: SparseCore ops (torchrec_tpu.sharding.ops_backend)
 XLA = "xla"  # the sparsecore xla backend (sparsecore.backends.xla)
-
-
-def traceable_update(optimizer: OptimizerSpec) -> bool:
-    """Whether the ops backend's fused update with ``optimizer`` needs no host value per step
-    (Adam's bias corrections do), so that a traced step program can run it."""
-    return not isinstance(optimizer, Adam)
 
 
 @dataclass(frozen=True)
