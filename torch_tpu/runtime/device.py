@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from torch_tpu.runtime import generator as tpu_generator
 from torch_tpu.runtime import precision as tpu_precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
@@ -456,4 +457,5 @@ def register() -> None:
     _KEEPALIVE.extend([_Hooks(), _DeviceGuard()])
     torch._C._acc.register_python_privateuseone_hook(_KEEPALIVE[0])
     torch._C._acc.register_python_privateuseone_device_guard(_KEEPALIVE[1])
+    tpu_generator.install()
     _registered = True
