@@ -13,12 +13,6 @@ import argparse
 
 import torch
 from torchrec.datasets.utils import Batch
-from torchrec.models.dlrm import DLRM, DLRMTrain
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-import torch_tpu  # noqa: F401  (the tpu device, torch.tpu.ops and TorchRec TPU's preprocessing backend)
 from torchrec.experimental.torch_tpu.checkpoint.utils import stack_and_shard_global_tensor
 
 # the README's "after" imports
@@ -26,6 +20,12 @@ from torchrec.experimental.torch_tpu.datasets.dataloader import SparseCoreBatch
 from torchrec.experimental.torch_tpu.datasets.input_preprocessing import SparseCoreInputPreprocessor
 from torchrec.experimental.torch_tpu.modules.embedding_configs import SparseCoreEmbeddingConfig
 from torchrec.experimental.torch_tpu.modules.fused_embedding_modules import SparseCoreFusedEmbeddingBagCollection
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+import torch_tpu  # noqa: F401  (the tpu device, torch.tpu.ops and TorchRec TPU's preprocessing backend)
 
 BATCH_SIZE = 128
 DENSE_IN, DENSE_ARCH, OVER_ARCH = 100, [64, 64], [32, 1]

@@ -40,14 +40,13 @@ def _collectives(rank: int) -> dict[str, object]:
 def _fused_ebc(world: int) -> str:
     """What a 2-rank fused EBC's forward (TorchRec's TPU module) gives on the gloo group: the error,
     or "no error"."""
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
     from torchrec.experimental.torch_tpu import (
         SparseCoreEmbeddingConfig,
         SparseCoreFusedEmbeddingBagCollection,
         SparseCoreInputPreprocessor,
     )
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     tables = [SparseCoreEmbeddingConfig(config=EmbeddingBagConfig(name="t", num_embeddings=64, embedding_dim=8,
                                                                   feature_names=["f"]))]
