@@ -10,16 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def positive_int(text: str) -> int:
-    """An argparse ``type``: an int > 0 (argparse names the flag in its error line)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
+from pipelines.flag_numbers import non_negative_float, non_negative_int, positive_int
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser, rows_per_file: int, row_group_size: int) -> None:
@@ -63,12 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_output_arguments(generate, rows_per_file=1 << 18, row_group_size=1 << 16)
     generate.add_argument("--rows", type=positive_int, default=1_000_000, metavar="N",
                           help="rows to generate")
-    generate.add_argument("--seed", type=int, default=0, metavar="N", help="random seed")
+    generate.add_argument("--seed", type=non_negative_int, default=0, metavar="N", help="random seed")
     generate.add_argument(
         "--max-cardinality", type=positive_int, default=100_000,
         metavar="N", help="cap on each MLPerf DLRM-DCNv2 table size",
     )
-    generate.add_argument("--zipf-exponent", type=float, default=1.05, metavar="X",
+    generate.add_argument("--zipf-exponent", type=non_negative_float, default=1.05, metavar="X",
                           help="Zipf exponent of the id distributions")
     generate.add_argument(
         "--multi-hot", default="", metavar="C1,C2,...",

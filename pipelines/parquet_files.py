@@ -41,9 +41,11 @@ class ParquetDataError(ValueError):
 
 
 def open_parquet(path: Path) -> pq.ParquetFile:
-    """``pq.ParquetFile(path)``; a file that is not readable Parquet raises ParquetDataError."""
+    """``pq.ParquetFile(path)`` verifying the pages' checksums where the file has them (a damaged
+    page then fails :func:`read_row_group`); a file that is not readable Parquet raises
+    ParquetDataError."""
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path, page_checksum_verification=True)
     except (pa.ArrowException, OSError) as error:
         raise ParquetDataError(f"{path}: not a readable Parquet file ({error})") from None
 
@@ -55,6 +57,14 @@ def read_row_group(path: Path, index: int, columns: Sequence[str],
         return (parquet_file or open_parquet(path)).read_row_group(index, columns=list(columns))
     except (pa.ArrowException, OSError) as error:
         raise ParquetDataError(f"{path}: row group {index} is not readable ({error})") from None
+
+
+def read_columns(path: Path, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of every row of ``path``; damaged pages raise ParquetDataError naming the file."""
+    try:
+        return open_parquet(path).read(columns=list(columns))
+    except (pa.ArrowException, OSError) as error:
+        raise ParquetDataError(f"{path}: not readable ({error})") from None
 
 
 def check_column_types(path: Path, arrow_schema: pa.Schema, schema: DatasetSchema,

@@ -4,6 +4,10 @@ smaller). Each file is written under a temporary name and renamed when complete,
 leaves no partial ``.parquet`` file behind; a run that fails with an exception removes its files
 (``.tmp`` part included, also when closing it fails again, as on a full disk). Whole datasets are
 published atomically by :mod:`pipelines.dataset_dir`.
+
+Every Parquet file the project writes carries page checksums (CRC32 of each page) and its readers
+(:func:`pipelines.parquet_reader.open_parquet`) verify them: a damaged page is an error, never
+different ids. Files written elsewhere without checksums still read.
 """
 
 from __future__ import annotations
@@ -16,6 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 PARQUET_SUFFIX = ".parquet"
+
+
+def write_table(table: pa.Table, path: str | Path) -> None:
+    """``pq.write_table`` with page checksums (for single-file outputs such as predictions)."""
+    pq.write_table(table, path, write_page_checksum=True)
 
 
 def written_rows(files: list[Path]) -> int:
@@ -92,7 +101,8 @@ class ParquetShardWriter:
     def _open_file(self) -> None:
         name = f"part-{len(self.files):05d}{PARQUET_SUFFIX}"
         self._temp_path = self.output_dir / f".{name}.tmp"
-        self._writer = pq.ParquetWriter(self._temp_path, self.schema, compression=self.compression)
+        self._writer = pq.ParquetWriter(self._temp_path, self.schema, compression=self.compression,
+                                       write_page_checksum=True)
         self.files.append(self.output_dir / name)
 
     def _finish_file(self) -> None:

@@ -80,8 +80,8 @@ def _build_and_load() -> ModuleType:
     path = build_library(SOURCE, MODULE, (*FLAGS, f"-I{include}"), sysconfig.get_config_var("EXT_SUFFIX"))
     loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
     spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
-    module = importlib.util.module_from_spec(spec)
     try:
+        module = importlib.util.module_from_spec(spec)  # loads the library: a damaged one fails here
         loader.exec_module(module)
     except ImportError as error:
         raise NativeUnavailable(f"loading {path} failed: {error}") from error

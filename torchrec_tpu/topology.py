@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_tpu.file_numbers import file_number
-from torchrec_tpu.structured_files import read_structured
+from torchrec_tpu.structured_files import brief, read_structured
 from tpu_facts import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
 from tpu_facts.slices import Slice, check_mod_sharding
 
@@ -238,7 +238,7 @@ def parse_accelerator_type(name: str, num_slices: int = 1, costs: CostConstants 
 
 def _mapping(data: Any, where: str) -> dict[str, Any]:
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping of keys to values, got {data!r:.80}")
+        raise ValueError(f"{where}: expected a mapping of keys to values, got {brief(data)}")
     return data
 
 
@@ -248,7 +248,7 @@ def _typed_override(cls: type, key: str, value: Any, where: str) -> Any:
     kind = {f.name: f.type for f in fields(cls)}[key]
     if kind in ("bool", bool):
         if not isinstance(value, bool):
-            raise ValueError(f"{where}: expected true or false, got {value!r}")
+            raise ValueError(f"{where}: expected true or false, got {brief(value)}")
         return value
     if kind in ("str", str):
         return str(value)

@@ -244,11 +244,14 @@ def store(level: str, key: str, blob: bytes) -> None:
     process never sees a partial file); then trim the level to its cap, oldest use first. A
     failed write turns the cache off for this process with one warning."""
     directory = _level(level, create=True)
-    if directory is None or len(blob) > _max_bytes[0]:
+    if directory is None:
+        return
+    entry = entries.encode(f"{level}/{key}", blob)
+    if len(entry) > _max_bytes[0]:  # bigger than the cap: never kept
         return
     target = directory / f"{key}{ENTRY_SUFFIX}"
     try:
-        entries.write_atomic(target, entries.encode(f"{level}/{key}", blob))
+        entries.write_atomic(target, entry)
         _trim(directory, f"*{ENTRY_SUFFIX}", _max_bytes[0])
     except OSError as error:
         _disable(f"writing {target} failed ({error.strerror or error})")

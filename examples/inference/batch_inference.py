@@ -52,7 +52,7 @@ def main() -> None:
         for part in sorted((work / "predictions").glob("part-*.parquet"))[:3]:
             part.unlink()  # as if a crash had lost them
         print(run_inference(config).format())  # predicts only the three missing row groups
-    table = pq.read_table(work / "predictions")
+    table = pq.read_table(work / "predictions", page_checksum_verification=True)
     print(table.schema)
     for row in table.sort_by("row_id").slice(0, 5).to_pylist():
         print(row)

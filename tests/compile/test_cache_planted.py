@@ -161,6 +161,7 @@ REFUSED = {  # how a populated cache directory is made untrusted -> what the war
     "world-writable": (lambda p: p.chmod(0o777), "is writable by group or others (mode 0o777)"),
     "group-writable level": (_world_writable_level, "compiled is writable by group or others"),
     "symlinked level": (_symlinked_level, "compiled is a symbolic link"),
+    "world-writable JAX level": (lambda p: (p / "executables").chmod(0o777), "executables is writable by group"),
     "read-only": (lambda p: p.chmod(0o555), "is not writable (mode 0o555"),
 }
 

@@ -1,7 +1,9 @@
 """Ranks launched with different flags (rank 1 `--num-embeddings 500`) are refused at start: every
 rank fails at once with the same line naming each differing option and the ranks' values, before
-any model is built or checkpoint written. Real ranks: two CLI processes joining one process
-group on loopback from the environment torchrun gives its workers."""
+any model is built or checkpoint written, and before any collective: flags that change how the
+ranks join the group (`--dense-device tpu` asks for the XLA transport) hung until the collective
+timeout. Real ranks: two CLI processes joining one process group on loopback from the
+environment torchrun gives its workers."""
 
 from __future__ import annotations
 
@@ -23,10 +25,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ranks_with_different_flags_all_fail_with_one_line_naming_the_options(tiny_dataset, tmp_path):
+@pytest.mark.parametrize("per_rank, expected", [
+    ([["--num-embeddings", "1000"], ["--num-embeddings", "500", "--sparse-lr", "0.5"]],
+     "--num-embeddings is 1000 on rank 0, 500 on rank 1; --sparse-lr is "),
+    ([["--num-embeddings", "100", "--dense-device", "tpu"], ["--num-embeddings", "100", "--dense-device", "cpu"]],
+     "--dense-device is 'tpu' on rank 0, 'cpu' on rank 1 ("),
+])
+def test_ranks_with_different_flags_all_fail_with_one_line_naming_the_options(tiny_dataset, tmp_path, per_rank,
+                                                                              expected):
     port = _free_port()
     flags = [f for f in TRAIN_FLAGS if f not in ("--num-embeddings", "100")]
-    per_rank = [["--num-embeddings", "1000"], ["--num-embeddings", "500", "--sparse-lr", "0.5"]]
     started = time.monotonic()
     ranks = [subprocess.Popen(cli_command("train", "--data", str(tiny_dataset), *flags, "--log-dir",
                                           str(tmp_path / "run"), "--collective-timeout", "120", *extra),
@@ -46,6 +54,5 @@ def test_ranks_with_different_flags_all_fail_with_one_line_naming_the_options(ti
         (line,) = [line for line in stderr.splitlines() if "error:" in line]
         lines.append(line)
     assert lines[0] == lines[1], lines
-    assert ("the ranks were launched with different training options: --num-embeddings is 1000 on rank 0, "
-            "500 on rank 1; --sparse-lr is ") in lines[0], lines[0]
+    assert f"the ranks were launched with different training options: {expected}" in lines[0], lines[0]
     assert not (tmp_path / "run").exists()  # refused before claiming a directory

@@ -100,6 +100,18 @@ def test_another_world_size_is_refused(run_copy, tmp_path: Path, capsys) -> None
     assert "it was written by 2 rank(s), this run has 1" in error, error
 
 
+def test_a_position_past_the_data_says_so(run_copy, tmp_path: Path, capsys) -> None:
+    data, root = run_copy
+    latest = versions(root)[-1]
+    meta = json.loads((latest / "meta.json").read_text())
+    (latest / "meta.json").write_text(json.dumps({**meta, "rank_rows": 5000, "rows": 5000}))
+    reseal(latest)
+    error = _resume_in_process(data, root, tmp_path, capsys)
+    assert (f"checkpoint {latest}: its data position, 5,000 rows into epoch 0 on each rank, is past the training "
+            f"data: --data='{data}' has {TRAIN_ROWS:,} rows to train on, at most {TRAIN_ROWS:,} per rank over 1 "
+            "rank(s)") in error, error
+
+
 def test_a_missing_rng_file_is_an_error(run_copy, tmp_path: Path, capsys) -> None:
     data, root = run_copy
     latest = versions(root)[-1]

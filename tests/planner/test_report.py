@@ -185,3 +185,54 @@ def test_compare_page_without_any_plan_has_no_chart(tmp_path):
 
     page = render_comparison_html([("v5e-16", "no SparseCore"), ("v4-8", "no SparseCore")], "none")
     assert "<svg" not in page and "v5e-16: no SparseCore" in page
+
+
+def test_compare_page_links_each_topologys_report(compared):
+    root = ET.parse(compared / "plan.html").getroot()
+    links = {a.text: a.get("href") for a in root.iter("{http://www.w3.org/1999/xhtml}a")}
+    assert links == {name: f"plan.{name}.html" for name in ("v5p-64", "tpu7x-64", "v6e-256")}  # v6e-16: no plan
+    assert all((compared / href).is_file() for href in links.values())
+
+
+def test_compare_memory_panel_is_not_mostly_empty(compared):
+    """Peak memory far below the usable HBM: the panel's axis ends just above the highest bar, not
+    at 100% (which left most of it blank)."""
+    from torchrec_tpu.planner import charts
+
+    plans = [(name, load_plan(compared / f"plan.{name}.json")) for name in ("v5p-64", "tpu7x-64", "v6e-256")]
+    shares = [100 * p.max_memory_bytes / p.usable_hbm_bytes_per_device for _, p in plans]
+    assert max(shares) < charts.USABLE_LINE_FROM  # the case this checks
+    axes = charts.comparison_figure(plans).axes[2]
+    assert axes.get_ylim()[1] <= max(shares) * 1.2
+    assert not [line for line in axes.get_lines() if list(line.get_ydata()) == [100, 100]]
+
+
+def test_single_report_lists_the_fullest_device(tmp_path):
+    """v5p-64 at the example's batch: the device holding the most HBM is not among the 8 slowest,
+    and both the terminal table and the HTML report list it."""
+    from torchrec_tpu.planner.report import format_plan
+
+    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--batch-size", "65536",
+                 "--out", str(tmp_path / "p.json"), "--html", str(tmp_path / "p.html")]) == 0
+    plan = load_plan(tmp_path / "p.json")
+    fullest = max(plan.devices, key=lambda d: d.memory_bytes)
+    slowest = sorted(plan.devices, key=lambda d: (-d.time_s, d.device))[:8]
+    assert fullest.device not in [d.device for d in slowest]  # the case this checks
+    text = format_plan(plan)
+    assert f"the 8 slowest and the fullest (device {fullest.device}):" in text
+    rows = [line.split() for line in text.splitlines() if line.strip().endswith(" us")]
+    assert [int(r[0]) for r in rows] == [d.device for d in slowest] + [fullest.device]
+    assert f"the 8 slowest and the fullest (device {fullest.device})" in (tmp_path / "p.html").read_text()
+
+
+def test_id_limit_lines_come_below_the_tables(capsys):
+    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--batch-size", "65536"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    limits = [i for i, line in enumerate(lines) if "max_ids_per_partition per table (auto" in line]
+    devices = [i for i, line in enumerate(lines) if line.strip().endswith(" us")]
+    assert limits and devices and min(limits) > max(devices)
+    main(["--tables", str(DLRM_TABLES), "--compare", "v5p-64,tpu7x-64", "--batch-size", "65536"])
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("topology "))
+    limits = [i for i, line in enumerate(lines) if "max_ids_per_partition per table (auto" in line]
+    assert len(limits) == 2 and min(limits) > header + 2

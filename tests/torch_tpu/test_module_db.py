@@ -1,7 +1,7 @@
 """PyTorch's ModuleInfo database (``common_modules.module_db``) on tpu vs CPU torch, float32: each
 sample module built on CPU, copied to tpu, forward and backward (input and parameter gradients)
 eager and under ``torch.compile(backend="tpu")``. Compiled runs may fail only by naming an op that
-the README lists as unlowered in compiled graphs.
+docs/ARCHITECTURE.md lists as unlowered in compiled graphs.
 
 Default run: a representative subset, first sample each; the full sweeps are slow.
 """
@@ -31,11 +31,11 @@ _RANDOM = {"nn.Dropout", "nn.Dropout1d", "nn.Dropout2d", "nn.Dropout3d", "nn.Alp
 # (LSTM, attention and Transformer layers train in test_model_zoo.py)
 REPRESENTATIVE = {"nn.Linear", "nn.Conv2d", "nn.BatchNorm2d", "nn.LayerNorm", "nn.GroupNorm", "nn.Embedding",
                   "nn.Bilinear", "nn.ReplicationPad2d", "nn.GELU"}
-_README = Path(__file__).resolve().parents[2] / "README.md"
+_README = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"
 
 
 def _unlowered_in_readme() -> set[str]:
-    """The op names of the README's "Unlowered in compiled graphs" paragraph."""
+    """The op names of docs/ARCHITECTURE.md's "Unlowered in compiled graphs" paragraph."""
     text = _README.read_text()
     paragraph = text[text.index("Unlowered in compiled graphs"):].split("\n\n", 1)[0]
     return set(re.findall(r"`(aten\.[\w.]+)`", paragraph))

@@ -36,8 +36,9 @@ def _lookup(case: Case, device: str, **changes: torch.Tensor) -> torch.Tensor:
     buffers = [changes.get(n, t) for n, t in zip(names, case.csr)]
     table = changes.get("embedding_table", case.table)
     batch = changes.get("device_batch_size", BATCH)
-    return torch.ops.tpu.sparse_dense_matmul(*(t.to(device) for t in buffers), table.to(device), batch,
-                                             *case.limits[1:])
+    max_ids = changes.get("max_ids_per_partition", case.limits[1])
+    return torch.ops.tpu.sparse_dense_matmul(*(t.to(device) for t in buffers), table.to(device), batch, max_ids,
+                                             case.limits[2])
 
 
 def _with(t: torch.Tensor, position: int, value: int) -> torch.Tensor:
@@ -72,6 +73,10 @@ def _bad_inputs(case: Case) -> dict[str, tuple[dict, str]]:
         "batch not a multiple of the SparseCores": ({"device_batch_size": 30},
                                                     r"device_batch_size 30 must be a positive multiple of the 4"),
         "row pointers of no SparseCore count": ({"row_pointers": rp[:-1]}, r"row_pointers has 31 entries"),
+        "a partition over max_ids_per_partition": (
+            {"max_ids_per_partition": 1},
+            r"partition \d of source SparseCore \d holds \d+ entries \(row_pointers\[\d+\] = \d+\), more than "
+            r"max_ids_per_partition 1"),
     }
 
 
@@ -137,3 +142,32 @@ def test_the_engines_preprocessed_entry_skips_value_checks_only(case: Case, devi
     with pytest.raises(ValueError, match="row_pointers"):
         _lookup(case, device, row_pointers=rp)
     np.testing.assert_array_equal(_lookup(case, device).cpu().numpy(), expected.numpy())
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_touched_rows_must_be_those_of_the_buffers(case: Case, device: str) -> None:
+    from torch_tpu.ops.sparsecore import touched_rows_ahead
+
+    touched = touched_rows_ahead(*case.csr, table_rows=case.table.shape[0], device_batch_size=BATCH)
+    other = Case(seed=11)
+    foreign = touched_rows_ahead(*other.csr, table_rows=case.table.shape[0], device_batch_size=BATCH, fit=False)
+    grad, lr = case.grad.to(device), torch.tensor(0.1).to(device)
+
+    def update(t: torch.Tensor) -> torch.Tensor:
+        return torch.ops.tpu.sparse_dense_matmul_grad_with_sgd(*case.on(device), case.table.to(device), grad, lr,
+                                                               *case.limits, touched_rows=t.to(device))
+
+    expected = torch.ops.tpu.sparse_dense_matmul_grad_with_sgd(*case.csr, case.table, case.grad,
+                                                               torch.tensor(0.1), *case.limits)
+    torch.testing.assert_close(update(touched).cpu(), expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"touched_rows\[\d+\] = \d+, but touched_rows_ahead\(\) of these buffers"):
+        update(foreign)
+    entries = case.csr[1].shape[0]
+    with pytest.raises(ValueError, match=r"touched_rows keeps 1 unique rows; these buffers touch \d+"):
+        update(touched[:2 * entries + 1])
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+def test_every_eager_mode_checks(case: Case, mode: str) -> None:
+    with torch_tpu.eager_mode(mode), pytest.raises(ValueError, match=r"embedding_ids\[0\] = -7 .*\[0, 64\)"):
+        _lookup(case, "tpu", embedding_ids=_with(case.csr[1], 0, -7)).cpu()

@@ -28,8 +28,9 @@ def is_collective(func: Any) -> bool:
 def run_collective(func: Any, args: tuple, kwargs: dict) -> Any:
     """Run the c10d op ``func`` on tpu tensors through its group's tpu backend, or raise naming tpu_dist."""
     group = _process_group(func, args, kwargs)
-    if group is not None and not any(d.type == "tpu" for d in group._device_types):
-        devices = ", ".join(sorted(d.type for d in group._device_types)) or "none"
+    # a group implemented in Python (tpu_dist's own) registers no per-device backends: its kernel decides
+    if group is not None and group._device_types and not any(d.type == "tpu" for d in group._device_types):
+        devices = ", ".join(sorted(d.type for d in group._device_types))
         raise RuntimeError(
             f"{func._schema.name} on tpu tensors: process group {group.group_name!r} "
             f"({group._get_backend_name()}, for {devices} tensors) has no backend for tpu tensors; "

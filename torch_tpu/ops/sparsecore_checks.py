@@ -8,8 +8,11 @@ names the argument, the bad value and its limit.
 * :func:`check_values`: the CSR buffers' values on the host. Per source SparseCore region, the N
   used row pointers (partition ends) lie in ``[0, region]`` and do not decrease; in every
   partition's entries ``[round_up(end[p-1], 8), end[p])`` each embedding id lies in ``[0, rows
-  per partition)`` and each sample id in ``[0, device_batch_size / N)``. Padding positions are
-  not read (jax-tpu-embedding fills them with id 2^31-1 and gain NaN).
+  per partition)`` and each sample id in ``[0, device_batch_size / N)``, and no partition holds
+  more than ``max_ids_per_partition`` entries (a SparseCore's static buffer). Padding positions are
+  not read (jax-tpu-embedding fills them with id 2^31-1 and gain NaN). A ``touched_rows`` given
+  must be ``touched_rows_ahead`` of the same buffers, cut to no fewer unique rows than they touch
+  (:func:`check_touched`: recomputed on the host, one sort).
 
 Policy. Eager calls check both, in every eager mode: the CPU kernels, and eager dispatch on tpu
 tensors (one device-to-host read of the three integer buffers per call). Inside compiled programs
@@ -140,9 +143,10 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
 
 
 def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray, sample_ids: np.ndarray,
-                 table_rows: int, device_batch_size: int, devices: int = 1) -> None:
+                 table_rows: int, device_batch_size: int, max_ids_per_partition: int, devices: int = 1) -> None:
     """Raise ValueError at the first row pointer, embedding id or sample id of op ``name``'s host
-    CSR buffers outside its range (module docstring); the layout is checked already."""
+    CSR buffers outside its range, or partition holding more than ``max_ids_per_partition``
+    entries (module docstring); the layout is checked already."""
     op = public_name(name)
     n = _partitions(op, row_pointers.shape[0])
     per_region = row_pointers.shape[0] // n
@@ -163,6 +167,12 @@ def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray,
     starts = np.zeros_like(ends)
     starts[:, 1:] = -(-ends[:, :-1] // ALIGNMENT) * ALIGNMENT
     counts = np.maximum(ends - starts, 0).reshape(-1)
+    over = np.flatnonzero(counts > max_ids_per_partition)
+    if over.size:
+        k, p = divmod(int(over[0]), n)
+        raise ValueError(f"{op}: partition {p} of source SparseCore {k} holds {int(counts[over[0]])} entries "
+                         f"(row_pointers[{index[k, p]}] = {ends[k, p]}), more than max_ids_per_partition "
+                         f"{max_ids_per_partition}")
     first = (np.arange(n)[:, None] * region + starts).reshape(-1)
     position = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - first, counts)
     shard_rows = table_rows // (n // devices)
@@ -180,3 +190,28 @@ def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray,
             k, p = divmod(int(np.searchsorted(np.cumsum(counts), bad[0], side="right")), n)
             raise ValueError(f"{op}: {key}[{i}] = {int(values[i])} (partition {p} of source SparseCore {k}) is "
                              f"outside [0, {limit}), {what}; {bad.size} entries out of range")
+
+
+def check_touched(name: str, touched: np.ndarray, csr: tuple[np.ndarray, ...], table_rows: int,
+                  device_batch_size: int, devices: int = 1, device_index: int = 0) -> None:
+    """Raise ValueError unless ``touched`` is ``csr_math.touched_rows`` of the host CSR buffers ``csr``
+    (row pointers, embedding ids, sample ids, gains), cut to at least the unique rows they touch."""
+    from sparsecore import csr_math
+
+    op = public_name(name)
+    entries = csr[1].shape[0]
+    try:
+        csr_math.split_touched(touched, entries)
+    except ValueError as e:
+        raise ValueError(f"{op}: {e}") from None
+    phys = csr_math.decode(*csr, table_rows, device_batch_size, devices, device_index, xp=np)[0]
+    expected = csr_math.touched_rows(phys, table_rows, xp=np)
+    used = int(expected[2 * entries - 1]) + 1
+    if touched.shape[0] - 2 * entries < used:
+        raise ValueError(f"{op}: touched_rows keeps {touched.shape[0] - 2 * entries} unique rows; these buffers "
+                         f"touch {used} (touched_rows_ahead() of the same buffers)")
+    differs = np.flatnonzero(touched != expected[:touched.shape[0]])
+    if differs.size:
+        i = int(differs[0])
+        raise ValueError(f"{op}: touched_rows[{i}] = {int(touched[i])}, but touched_rows_ahead() of these buffers "
+                         f"has {int(expected[i])} there: touched_rows must be computed from the same buffers")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipelines.cli import positive_int
+from pipelines.flag_numbers import positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

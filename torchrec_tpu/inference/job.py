@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from pipelines.bad_value_policies import POLICIES
 from pipelines.bad_values import BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
-from pipelines.parquet_files import open_parquet, read_row_group
+from pipelines.parquet_files import open_parquet, read_columns, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.input_identity import input_identity
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
@@ -261,7 +261,7 @@ def offline_auc(output: Path, parts: list[str], label: str) -> tuple[float, int]
     labels, scores = [], []
     for name in parts:
         if label in pq.read_schema(output / name).names:
-            table = pq.read_table(output / name, columns=[label, PREDICTION_COLUMN])
+            table = read_columns(output / name, [label, PREDICTION_COLUMN])
             labels.append(table.column(label).to_numpy(zero_copy_only=False))
             scores.append(table.column(PREDICTION_COLUMN).to_numpy(zero_copy_only=False))
     if not labels:

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipelines.parquet_files import check_column_types, list_parquet_files, open_parquet
+from pipelines.parquet_writer import write_table
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.input_identity import METADATA_KEY, input_identity, recorded_identity
 
@@ -114,5 +114,5 @@ def write_atomically(path: Path, write) -> None:  # write: Callable[[Path], obje
 def write_part(output_dir: Path, unit: Unit, table: pa.Table) -> Path:
     path = output_dir / unit.part_name
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: unit.input_id})
-    write_atomically(path, lambda tmp: pq.write_table(table, tmp))
+    write_atomically(path, lambda tmp: write_table(table, tmp))
     return path

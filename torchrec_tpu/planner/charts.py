@@ -131,6 +131,9 @@ def samples_per_s_per_chip(plan: Plan) -> float:
     return plan.batch_size / plan.step_time_s / plan.topology.num_chips
 
 
+USABLE_LINE_FROM = 70.0  # % of usable HBM from which the comparison's memory panel draws the 100% line
+
+
 def comparison_figure(results: Sequence[tuple[str, Plan | str]]) -> Figure:
     """Each topology's step time (the slowest device: lookup, all-to-all, overheads), throughput per
     chip, peak memory (share of usable HBM) and balance (step time over the lower bound, axis from
@@ -163,9 +166,9 @@ def comparison_figure(results: Sequence[tuple[str, Plan | str]]) -> Figure:
         low, top = 0.0, max(planned, default=0.0) or 1.0
         if unit == "x":  # quality sits near 1: start the axis just below the best, not at 0
             low = max(0.0, min(planned, default=1.0) - 0.05 * max(top - min(planned, default=1.0), 0.2))
-        if unit.startswith("%"):
-            ax.axhline(100, color=LIMIT_COLOR, linestyle="--", linewidth=1.2)
-            top = max(top, 100)
+        if unit.startswith("%") and top >= USABLE_LINE_FROM:  # the limit line where a bar comes near it;
+            ax.axhline(100, color=LIMIT_COLOR, linestyle="--", linewidth=1.2)  # else the axis would be mostly
+            top = max(top, 100)  # empty above bars far below it (the y axis says the share)
         ax.set_ylim(low, low + (top - low) * 1.15)
         for i, p in enumerate(plans):
             if p is None:  # no plan: say so where the bar would be

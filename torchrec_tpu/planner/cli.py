@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipelines.cli import positive_int
+from pipelines.flag_numbers import non_negative_int, positive_int
 from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION, MAX_IDS_PER_PARTITION_CEILING
 
 
@@ -24,10 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topology", default="v5p-64",
                         help="slice name (v5p-64 = 32 chips, v6e-64 = 64 chips, tpu7x-64 = 32 chips; v5e and v4 "
                              "slices are known but refused: no SparseCore jax-tpu-embedding drives) or topology file")
-    parser.add_argument("--slices", type=int, default=1, metavar="N",
+    parser.add_argument("--slices", type=positive_int, default=1, metavar="N",
                         help="number of slices joined by DCN (multislice)")
     parser.add_argument("--batch-size", type=positive_int, default=65536, metavar="N", help="global batch size")
-    parser.add_argument("--dense-params", type=int, default=0, metavar="N",
+    parser.add_argument("--dense-params", type=non_negative_int, default=0, metavar="N",
                         help="parameters of the data-parallel dense towers: the plan prices their float32 "
                              "gradient all-reduce, hierarchical with --slices > 1 (ICI within each slice, then "
                              "DCN across slices); it does not move tables (default: 0, not priced)")
@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", type=Path, metavar="PATH",
                         help="write a self-contained HTML report here; with --compare, the comparison here and "
                              "one report per topology next to it (default: not written)")
-    parser.add_argument("--top", type=int, default=20, metavar="N", help="tables to list in the terminal table")
+    parser.add_argument("--top", type=positive_int, default=20, metavar="N",
+                        help="tables to list in the terminal table")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
                         help="show a progress bar while costing tables")
 
@@ -89,13 +90,12 @@ def run(args: argparse.Namespace) -> int:
             tables = [t if t.name in per_table_pf else replace(t, pooling_factor=default_pf) for t in tables]
         names = [n.strip() for n in args.compare.split(",") if n.strip()] or [args.topology]
         topologies = [resolve_topology(n, args.slices) for n in names]
-        if args.dense_params < 0:
-            raise ValueError(f"--dense-params {args.dense_params}: must be >= 0")
     except (ValueError, FileNotFoundError, ImportError, TypeError) as err:
         return report_user_error("plan", err)
 
     compare = len(names) > 1
     results = []
+    id_limit_lines = []  # printed below the tables: one long line per topology
     for name, topology in zip(names, topologies):
         try:
             planned = tables
@@ -103,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
                 limits = auto_id_limits(tables, topology, args.batch_size)
                 planned = with_id_limits(tables, limits)
                 if limits:
-                    print(f"{name}: max_ids_per_partition per table (auto from pooling factor and batch; "
-                          f"--max-ids-per-partition N sets one for all): {describe_id_limits(limits)}")
+                    id_limit_lines.append(f"{name}: max_ids_per_partition per table (auto from pooling factor and "
+                                          f"batch; --max-ids-per-partition N sets one for all): "
+                                          f"{describe_id_limits(limits)}")
             limit = args.max_ids_per_partition or DEFAULT_MAX_IDS_PER_PARTITION
             results.append((name, plan_tables(planned, topology, args.batch_size, limit,
                                               progress=args.progress, dense_params=args.dense_params)))
@@ -113,11 +114,14 @@ def run(args: argparse.Namespace) -> int:
                 return report_user_error("plan", err)
             results.append((name, str(err)))
 
+    pages = {}
     for name, result in results:
         if isinstance(result, str):
             continue
         if not compare:
             print(format_plan(result, args.top))
+            if id_limit_lines:
+                print("\n".join(["", *id_limit_lines]))
         if args.out:
             out = _suffixed(args.out, name) if compare else args.out
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -127,13 +131,16 @@ def run(args: argparse.Namespace) -> int:
             html = _suffixed(args.html, name) if compare else args.html
             html.parent.mkdir(parents=True, exist_ok=True)
             html.write_text(render_html(result, f"torchrec-tpu plan: {len(tables)} tables on {result.topology.name}"))
+            pages[name] = html.name  # written next to the comparison page
             print(f"wrote report {html}")
     if compare:
         print(format_comparison(results))
+        if id_limit_lines:
+            print("\n".join(["", *id_limit_lines]))
         if args.html:
             args.html.parent.mkdir(parents=True, exist_ok=True)
             args.html.write_text(render_comparison_html(results, f"torchrec-tpu plan: {len(tables)} tables on "
-                                                                 f"{', '.join(names)}"))
+                                                                 f"{', '.join(names)}", pages))
             print(f"wrote comparison report {args.html}")
     failed = [name for name, result in results if isinstance(result, str)]
     if failed:

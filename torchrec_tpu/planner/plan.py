@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from torchrec_tpu.planner.plan_checks import check_plan
-from torchrec_tpu.structured_files import read_structured
+from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.topology import CostConstants, TPUTopology
 from tpu_facts import Slice
 
@@ -153,11 +153,11 @@ def check_plan_json(data: Any) -> None:
     import jsonschema
 
     if isinstance(data, dict) and data.get("format") != PLAN_FORMAT:  # another file altogether
-        raise ValueError(f"not a {PLAN_FORMAT} plan (format={data.get('format')!r})")
+        raise ValueError(f"not a {PLAN_FORMAT} plan (format={brief(data.get('format'))})")
     error = jsonschema.exceptions.best_match(_schema_validator().iter_errors(data))
     if error is not None:
         where = _json_location(data, error.absolute_path)
-        raise ValueError(f"not a valid {PLAN_FORMAT} plan: {error.message} (at {where})")
+        raise ValueError(f"not a valid {PLAN_FORMAT} plan: {error.message:.200} (at {where})")
 
 
 def _json_location(data: Any, path: Iterable[str | int]) -> str:
@@ -168,7 +168,7 @@ def _json_location(data: Any, path: Iterable[str | int]) -> str:
         if isinstance(key, int):
             where += f"[{key}]"
             if isinstance(node, dict) and "name" in node:  # "tables" -> table 'name'
-                where += f" ({list_name.removesuffix('s')} {node['name']!r})"
+                where += f" ({list_name.removesuffix('s')} {brief(node['name'])})"
         else:
             where, list_name = f"{where}.{key}", key
     return where or "the top level"

@@ -4,7 +4,7 @@ charts as inline SVG, :mod:`torchrec_tpu.planner.charts`)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 
 from torchrec_tpu.planner.plan import GRADIENT_BYTES, Plan
@@ -95,10 +95,13 @@ def _device_lines(plan: Plan) -> list[str]:
     if len(devices) > ALL_DEVICES_UP_TO:
         times = sorted(d.time_s for d in devices)
         memory = sorted(d.memory_bytes for d in devices)
+        fullest = max(devices, key=lambda d: (d.memory_bytes, -d.device))
+        listed = devices[:SLOWEST_DEVICES]
+        also = "" if fullest in listed else f" and the fullest (device {fullest.device})"
         lines += [f"devices    {len(devices)}: step time {_us(times[0])} min, {_us(times[len(times) // 2])} median, "
                   f"{_us(times[-1])} max; memory {_gib(memory[0])} min, {_gib(memory[-1])} max "
-                  f"({100 * memory[-1] / usable:.0f}% of usable); the {SLOWEST_DEVICES} slowest:"]
-        devices = devices[:SLOWEST_DEVICES]
+                  f"({100 * memory[-1] / usable:.0f}% of usable); the {SLOWEST_DEVICES} slowest{also}:"]
+        devices = listed if fullest in listed else [*listed, fullest]
     lines.append(f"{'device':>6} {'chip':>5} {'memory':>10} {'usable':>7} {'in MB':>9} {'out MB':>9} {'lookup':>12} "
                  f"{'comm':>12} {'other':>12} {'total':>12}")
     for d in devices:
@@ -169,9 +172,10 @@ def _summary(plan: Plan) -> list[str]:
 
 
 def render_html(plan: Plan, title: str = "torchrec-tpu sharding plan") -> str:
-    """A self-contained XHTML page (no external assets, no scripts): summary and warnings,
-    matplotlib charts of per-device HBM and step time (with the usable HBM and the lower bound),
-    the table x device placement heatmap, and every table's placement."""
+    """A self-contained XHTML page (no external assets, no scripts): summary and warnings, the
+    devices (all, or the slowest and the fullest), matplotlib charts of per-device HBM and step time
+    (with the usable HBM and the lower bound), the table x device placement heatmap, and every
+    table's placement."""
     from torchrec_tpu.planner import charts
 
     rows = []
@@ -183,6 +187,7 @@ def render_html(plan: Plan, title: str = "torchrec-tpu sharding plan") -> str:
     body = [
         f"<h1>{escape(title)}</h1>",
         *_summary(plan),
+        "<pre>" + escape("\n".join(_device_lines(plan)).strip()) + "</pre>",
         charts.to_svg(charts.memory_figure(plan), "memory"),
         charts.to_svg(charts.step_time_figure(plan), "step_time"),
         charts.to_svg(charts.placement_figure(plan), "placement"),
@@ -195,13 +200,18 @@ def render_html(plan: Plan, title: str = "torchrec-tpu sharding plan") -> str:
     return _page(title, body)
 
 
-def render_comparison_html(results: Sequence[tuple[str, Plan | str]], title: str) -> str:
-    """The ``--compare`` page: the comparison chart (when any topology has a plan), the comparison
-    table, and why a topology has no plan."""
+def render_comparison_html(results: Sequence[tuple[str, Plan | str]], title: str,
+                           pages: Mapping[str, str] | None = None) -> str:
+    """The ``--compare`` page: links to each topology's own report (``pages``: topology -> its
+    page, relative to this one), the comparison chart (when any topology has a plan), the
+    comparison table, and why a topology has no plan."""
     from torchrec_tpu.planner import charts
 
     failures = [f"<li>{escape(name)}: {escape(r)}</li>" for name, r in results if isinstance(r, str)]
     body = [f"<h1>{escape(title)}</h1>"]
+    if pages:
+        body += ['<p class="pages">Each topology\'s report: ',
+                 ", ".join(f'<a href="{escape(href)}">{escape(name)}</a>' for name, href in pages.items()), "</p>"]
     if len(failures) < len(results):  # no chart of nothing when no topology has a plan
         body.append(charts.to_svg(charts.comparison_figure(results), "comparison"))
     body.append("<pre>" + escape(format_comparison(results)) + "</pre>")

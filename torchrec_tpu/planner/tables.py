@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_tpu.file_numbers import file_number
-from torchrec_tpu.structured_files import read_structured
+from torchrec_tpu.structured_files import brief, read_structured
 from tpu_facts import COMBINERS, OPTIMIZER_SLOTS
 from tpu_facts import MAX_VOCAB as MAX_ROWS
 
@@ -36,26 +36,26 @@ class EmbeddingTable:
     max_ids_per_partition: int | None = None  # None: the planner-wide limit
 
     def __post_init__(self) -> None:
-        where = f"table {self.name!r}"
+        where = f"table {brief(self.name)}"
         if not self.name or not isinstance(self.name, str):
-            raise ValueError(f"table name must be a non-empty string, got {self.name!r}")
+            raise ValueError(f"table name must be a non-empty string, got {brief(self.name)}")
         if not isinstance(self.rows, int) or not 1 <= self.rows <= MAX_ROWS:
-            raise ValueError(f"{where}: rows must be an int in [1, {MAX_ROWS}], got {self.rows!r}")
+            raise ValueError(f"{where}: rows must be an int in [1, {MAX_ROWS}], got {brief(self.rows)}")
         if not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"{where}: dim must be a positive int, got {self.dim!r}")
+            raise ValueError(f"{where}: dim must be a positive int, got {brief(self.dim)}")
         if not (isinstance(self.pooling_factor, (int, float)) and math.isfinite(self.pooling_factor)
                 and self.pooling_factor > 0):
-            raise ValueError(f"{where}: pooling_factor must be a positive number, got {self.pooling_factor!r}")
+            raise ValueError(f"{where}: pooling_factor must be a positive number, got {brief(self.pooling_factor)}")
         if self.optimizer not in OPTIMIZER_SLOTS:
-            raise ValueError(f"{where}: optimizer {self.optimizer!r} unknown; known: {sorted(OPTIMIZER_SLOTS)}")
+            raise ValueError(f"{where}: optimizer {brief(self.optimizer)} unknown; known: {sorted(OPTIMIZER_SLOTS)}")
         if not isinstance(self.num_features, int) or self.num_features < 1:
-            raise ValueError(f"{where}: num_features must be a positive int, got {self.num_features!r}")
+            raise ValueError(f"{where}: num_features must be a positive int, got {brief(self.num_features)}")
         if self.combiner not in COMBINERS:
-            raise ValueError(f"{where}: combiner must be one of {COMBINERS}, got {self.combiner!r}")
+            raise ValueError(f"{where}: combiner must be one of {COMBINERS}, got {brief(self.combiner)}")
         if self.max_ids_per_partition is not None and (
                 not isinstance(self.max_ids_per_partition, int) or self.max_ids_per_partition < 1):
             raise ValueError(f"{where}: max_ids_per_partition must be a positive int, "
-                             f"got {self.max_ids_per_partition!r}")
+                             f"got {brief(self.max_ids_per_partition)}")
 
     @property
     def ids_per_sample(self) -> float:
@@ -73,7 +73,7 @@ def table_from_mapping(raw: Any, where: str = "table") -> EmbeddingTable:
     Errors name ``where``, the table and the key."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}: expected a mapping of table fields (name, rows, dim, ...), "
-                         f"got {raw!r:.80}")
+                         f"got {brief(raw)}")
     data = {_ALIASES.get(k, k): v for k, v in raw.items() if v not in (None, "")}
     known = {f.name for f in fields(EmbeddingTable)}
     unknown = sorted(set(data) - known)
@@ -82,7 +82,7 @@ def table_from_mapping(raw: Any, where: str = "table") -> EmbeddingTable:
     missing = [k for k in ("name", "rows", "dim") if k not in data]
     if missing:
         raise ValueError(f"{where}: missing required keys {missing}")
-    where = f"{where} ({data['name']!r})"
+    where = f"{where} ({brief(data['name'])})"
     typed = {k: file_number(v, f"{where}: {k}", **_NUMBER_FIELDS[k]) if k in _NUMBER_FIELDS else str(v)
              for k, v in data.items()}
     if "optimizer" in typed:
@@ -150,7 +150,10 @@ def load_tables_file(path: str | Path) -> list[EmbeddingTable]:
     suffix = path.suffix.lower()
     if suffix == ".csv":
         with path.open(newline="") as f:
-            rows: list[Any] = list(csv.DictReader(f))
+            try:
+                rows: list[Any] = list(csv.DictReader(f))
+            except (csv.Error, UnicodeDecodeError) as error:  # a field over csv's size limit, binary bytes
+                raise ValueError(f"{path}: malformed CSV: {error}") from None
     elif suffix in (".yaml", ".yml", ".json"):
         data = read_structured(path)
         rows = data.get("tables") if isinstance(data, dict) else data

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipelines.cli import positive_int
+from pipelines.flag_numbers import positive_int
 from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="untraced steps first (compilation, lazy init)")
     parser.add_argument("--profile-dir", default=None, metavar="PATH",
                         help="TensorBoard log dir of the profile (default: <log-dir>/profile)")
-    parser.add_argument("--top", type=int, default=10, help="ops listed in the summary")
+    parser.add_argument("--top", type=positive_int, default=10, help="ops listed in the summary")
 
 
 def run(args: argparse.Namespace) -> int:

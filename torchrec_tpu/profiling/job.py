@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from pipelines.progress import progress_bar
+from sparsecore.limits import PartitionOverflowError
 from torchrec_tpu.log_setup import configure_logging
 from torchrec_tpu.profiling.phases import PhasedParquetReader, phase_ranges
 from torchrec_tpu.profiling.summary import format_summary
@@ -29,6 +30,7 @@ from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.engines import engine_for, step_program_name
+from torchrec_tpu.train.engines.sparsecore_engine import overflow_with_flags
 from torchrec_tpu.train.job import model_spec
 from torchrec_tpu.train.streams import training_streams
 
@@ -86,7 +88,10 @@ def profile_training(
         def step() -> None:
             batch = next(batches).to(device)
             with program_range(program):
-                step_fn(model, optimizer, batch)
+                try:
+                    step_fn(model, optimizer, batch)
+                except PartitionOverflowError as error:  # no prefetch thread here to say it in flags
+                    raise overflow_with_flags(config.data.batch_size, error) from None
 
         model.train()
         for _ in range(warmup):

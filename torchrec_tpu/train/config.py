@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from pipelines.bad_value_policies import POLICIES as BAD_VALUE_POLICIES
+from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.suggest import close_match, did_you_mean
 from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
@@ -125,7 +127,7 @@ class EngineConfig:
                 "fused embedding update; several ranks run the towers eagerly. Its first step traces and compiles. "
                 "auto: tpu where the step compiles into one program (one rank, ddp) and, while the tpu device "
                 "is XLA:CPU, the towers are small (dispatch-bound: one program wins; large towers are "
-                "matmul-bound, where CPU torch's kernels beat XLA:CPU's), else cpu (README, 'torchrec-tpu train')",
+                "matmul-bound, where CPU torch's kernels beat XLA:CPU's), else cpu (docs/ARCHITECTURE.md)",
         choices=DENSE_DEVICES)
     sparse_backend: str = _opt(
         "auto", "the sparsecore engine's local embedding backend, --engine sparsecore only. ops: TorchTPU's tpu:: "
@@ -135,7 +137,7 @@ class EngineConfig:
                 "step, updating the tables in place (e.g. row-wise Adagrad on tables whose dim is not a multiple "
                 "of 8, which ops refuses). auto: ops where the step is one program (one rank, tpu towers, an "
                 "optimizer without a host value per step, i.e. not Adam), else xla: run eagerly, each ops "
-                "update writes whole new tables (README, 'torchrec-tpu train')",
+                "update writes whole new tables (docs/ARCHITECTURE.md)",
         choices=SPARSE_BACKENDS)
     dense_parallel: str = _opt("ddp", "how the dense towers are synced over ranks, --engine sparsecore only: "
                                       "replicated (DDP) or sharded per tower (FSDP2 fully_shard, for large towers)",
@@ -256,10 +258,10 @@ class TrainConfig:
                      "keep_checkpoints"):
             _require(name, self.option(name), lambda v: v >= 1, "must be >= 1")
         for name in ("max_steps", "eval_every", "checkpoint_every", "num_threads", "lr_warmup_steps",
-                     "lr_decay_start", "lr_decay_steps", "limit_train_batches", "limit_val_batches"):
+                     "lr_decay_start", "lr_decay_steps", "limit_train_batches", "limit_val_batches", "seed"):
             _require(name, self.option(name), lambda v: v >= 0, "must be >= 0")
         for name in ("sparse_lr", "dense_lr", "collective_timeout"):
-            _require(name, self.option(name), lambda v: v > 0, "must be > 0")
+            _require(name, self.option(name), lambda v: 0 < v < math.inf, "must be > 0 and finite")
         _require("target_auc", self.loop.target_auc, lambda v: 0 <= v < 1, "must be in [0, 1)")
         if self.loop.target_auc and not self.loop.eval_every:
             raise ConfigError(f"--target-auc={self.loop.target_auc} needs --eval-every N: the target is checked "
@@ -434,8 +436,6 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping of option -> value; keys may use dashes or underscores."""
-    from torchrec_tpu.structured_files import read_structured
-
     if not path.is_file():
         raise ConfigError(f"--config={str(path)!r}: no such file")
     try:
@@ -457,7 +457,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
         if name not in names:
             known = sorted(n.replace("_", "-") for n in [*names, *SHORTHANDS])
             hint = close_match(str(key), known)
-            raise ConfigError(f"--config={str(path)!r}: unknown option {key!r}" + (
+            raise ConfigError(f"--config={str(path)!r}: unknown option {brief(key)}" + (
                 f" (did you mean {hint}?)" if hint else "; known: " + ", ".join(known)))
         values[name] = _coerce(name, names[name], value, path)
     return values
@@ -474,6 +474,6 @@ def _coerce(name: str, f: dataclasses.Field, value: Any, path: Path) -> Any:
     wrong_type = expected is not None and not isinstance(value, expected)
     if wrong_type or (expected is int and isinstance(value, bool)):
         raise ConfigError(
-            f"--config={str(path)!r}: {name.replace('_', '-')}={value!r} must be {f.type}"
+            f"--config={str(path)!r}: {name.replace('_', '-')}={brief(value)} must be {f.type}"
         )
     return value

@@ -28,7 +28,7 @@ import contextlib
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch.distributed as dist
 
@@ -110,9 +110,15 @@ def bind_to_local_cpus(local_rank: int, local_world_size: int) -> set[int] | Non
     return block
 
 
+# Called with the rendezvous store, the rank and the world size on every rank of a world of
+# several, before the group forms (no collective has run).
+Agreement = Callable[[dist.Store, int, int], None]
+
+
 @contextlib.contextmanager
 def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
-                  device_tensors: bool = False, bind_cpus: bool = False) -> Iterator[DistEnv]:
+                  device_tensors: bool = False, bind_cpus: bool = False,
+                  agree: Agreement | None = None) -> Iterator[DistEnv]:
     """Join the default ``tpu_dist`` process group for the duration of a run.
 
     Reuses one that already exists (the caller owns it), joins torchrun's world when its
@@ -120,9 +126,12 @@ def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
     plain run needs no port. ``device_tensors``: the run has tpu tensors to move (the XLA
     transport is wanted; call this before the first device use so the group can join JAX).
     ``bind_cpus``: under torchrun, bind this rank to its block of the host's CPUs
-    (:func:`bind_to_local_cpus`; call this before the first thread pool starts).
+    (:func:`bind_to_local_cpus`; call this before the first thread pool starts). ``agree``: the
+    ranks' check that they run the same thing, before the transports they chose meet.
     """
     if dist.is_initialized():
+        if agree is not None and dist.get_world_size() > 1:
+            agree(dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size())
         yield current_env(collective_timeout_s)
         return
     timeout = datetime.timedelta(seconds=collective_timeout_s)
@@ -132,9 +141,14 @@ def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         die_with_parent()
         if bind_cpus and "LOCAL_RANK" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
             bind_to_local_cpus(int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]))
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        store.set_timeout(timeout)
+        if agree is not None and world_size > 1:
+            agree(store, rank, world_size)
         transport = os.environ.get(tpu_dist.backend.TRANSPORT_ENV) or ("auto" if device_tensors else "gloo")
-        dist.init_process_group(tpu_dist.BACKEND_NAME, init_method="env://", timeout=timeout,
-                                pg_options=tpu_dist.TransportOptions(transport))
+        # the prefix init_process_group gives a store it makes itself
+        dist.init_process_group(tpu_dist.BACKEND_NAME, store=dist.PrefixStore("default_pg", store), rank=rank,
+                                world_size=world_size, timeout=timeout, pg_options=tpu_dist.TransportOptions(transport))
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     env = current_env(collective_timeout_s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -115,10 +116,11 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
     configure_logging("train")  # the CLI's logging for Python callers too (a second call changes nothing)
     engine = engine_for(config)
-    with process_group(config.engine.collective_timeout, engine.needs_device_tensors, config.engine.bind_cpus) as env, \
+    agree = functools.partial(agree_on_config, config, timeout_s=config.engine.collective_timeout)
+    with process_group(config.engine.collective_timeout, engine.needs_device_tensors, config.engine.bind_cpus,
+                       agree) as env, \
             collectives("the collectives of setting up or finishing the run (model sharding, DDP "
                         "init, broadcasts, the final checkpoint)"):
-        agree_on_config(config, env)
         return _run(config, engine, env, device, hooks)
 
 

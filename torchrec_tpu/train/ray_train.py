@@ -77,8 +77,10 @@ class RayOptions:
             raise ConfigError(f"--ray-workers={self.workers} must be >= 1")
         if self.max_failures < -1:
             raise ConfigError(f"--ray-max-failures={self.max_failures} must be >= 0 (or -1: retry forever)")
-        if self.cpus_per_worker <= 0:
-            raise ConfigError(f"--ray-cpus-per-worker={self.cpus_per_worker} must be > 0")
+        if not 0 < self.cpus_per_worker < math.inf:
+            raise ConfigError(f"--ray-cpus-per-worker={self.cpus_per_worker} must be > 0 and finite")
+        if self.tpus_per_worker < 1:
+            raise ConfigError(f"--ray-tpus-per-worker={self.tpus_per_worker} must be >= 1")
         if self.use_tpu and self.workers > 1 and not (self.topology and self.accelerator_type):
             raise ConfigError("Ray Train on TPUs with several workers needs the slice's topology and "
                               "accelerator type (e.g. topology='4x4', accelerator_type='TPU-V6E')")

@@ -82,4 +82,9 @@ def resume_point(directory: Path, meta: dict[str, Any], config: TrainConfig, wor
         raise CheckpointError(f"checkpoint {directory}: meta.json has no valid data position ({error})") from None
     if min(step, epoch, rows) < 0:
         raise CheckpointError(f"checkpoint {directory}: meta.json has a negative step or position")
+    most = -(-train_rows // world_size)  # the largest rank's rows: ranks differ by at most one
+    if rows > most:
+        raise CheckpointError(f"checkpoint {directory}: its data position, {rows:,} rows into epoch {epoch} on each "
+                              f"rank, is past the training data: --data={config.data.source!r} has {train_rows:,} "
+                              f"rows to train on, at most {most:,} per rank over {world_size} rank(s)")
     return ResumePoint(directory, step, LoopPosition(epoch, rows), world_size, run_id_of(directory) or new_run_id())
