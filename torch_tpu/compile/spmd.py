@@ -42,11 +42,12 @@ def describe_inputs(avals: Sequence[Any]) -> list[str]:
 
 class SpmdProgram:
     """``fn`` (of local arrays) as one program over ``group``'s ranks, with inputs ``donated``
-    (positions) updated in place; or ``exported``, such a program as :meth:`export` gave it. A
-    call takes and returns local arrays."""
+    (positions) updated in place; or ``exported``, such a program as :meth:`export` gave it, whose
+    executable (this rank's) is stored under the program's ``key``. A call takes and returns local
+    arrays."""
 
     def __init__(self, fn: Callable[..., tuple] | None, group: dist.ProcessGroup, donated: Sequence[int],
-                 exported: Any = None) -> None:
+                 exported: Any = None, key: str | None = None) -> None:
         self.mesh = _mesh(group)
         self._local = next(d for d in self.mesh.devices.flat if d.process_index == jax.process_index())
         self._sharding = NamedSharding(self.mesh, PartitionSpec())
@@ -55,7 +56,7 @@ class SpmdProgram:
         else:
             self._spmd = jax.shard_map(lambda *xs: tuple(fn(*xs)), mesh=self.mesh, in_specs=PartitionSpec(),
                                        out_specs=PartitionSpec(), check_vma=False)
-        self._program = CompiledProgram(self._spmd, donated)
+        self._program = CompiledProgram(self._spmd, donated, key if exported is not None else None)
 
     def export(self, avals: Sequence[Any]) -> Any:
         """The program for local inputs shaped as ``avals``, as a ``jax.export`` over the group's

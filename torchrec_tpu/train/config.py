@@ -25,10 +25,10 @@ from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.suggest import close_match, did_you_mean
 from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
-from torchrec_tpu.train.precision import PRECISIONS
 
 # The option vocabularies that are defined here (the others come from their registries above).
 MODELS = ("dlrm", "dlrm_dcn")
+PRECISIONS = ("fp32", "bf16")  # --precision: the towers' matmuls (engines.precision)
 DENSE_DEVICES = ("auto", "cpu", "tpu")
 DENSE_PARALLELS = ("ddp", "fsdp2")
 SPARSE_BACKENDS = ("auto", "ops", "xla")

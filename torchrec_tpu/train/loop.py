@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ from torchrec.datasets.utils import Batch
 from pipelines.progress import progress_bar
 from pipelines.streams import batches_from_row
 from torchrec_tpu.train.metrics import EvalForward, EvalResult, evaluate, model_outputs
-from torchrec_tpu.train.precision import autocast
 from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
 
@@ -95,14 +93,6 @@ def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
     with record_function(OPTIMIZER):
         optimizer.step()
     return loss.detach()
-
-
-def eager_train_step(device_type: str, precision: str) -> StepFn:
-    """:func:`train_step` with the forward at ``precision`` (``--precision``) for towers on
-    ``device_type``."""
-    if precision == "fp32":
-        return train_step
-    return functools.partial(train_step, forward_context=lambda: autocast(device_type, precision))
 
 
 def _batches(train: Iterable[Batch], options: LoopOptions) -> Iterator[tuple[LoopPosition, Batch]]:

@@ -25,9 +25,9 @@ from torchrec.models.dlrm import DLRMTrain
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.ebc import PrefetchedKJT
 from torchrec_tpu.train.engines.dense_placement import dense_device_of, pooled_on_host, spmd_world
-from torchrec_tpu.train.loop import StepFn, eager_train_step
-from torchrec_tpu.train.metrics import EvalForward, model_outputs
-from torchrec_tpu.train.precision import autocast
+from torchrec_tpu.train.engines.precision import autocast, eager_eval_forward, eager_train_step
+from torchrec_tpu.train.loop import StepFn
+from torchrec_tpu.train.metrics import EvalForward
 
 _log = logging.getLogger(__name__)
 
@@ -135,13 +135,13 @@ class CompiledDenseEval:
     the largest so far (an evaluation split's last) is zero-padded to it. Either way one program
     serves the whole split. ``model``: DDP-wrapped or not."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, precision: str = "fp32") -> None:
         import torch_tpu.compile  # noqa: F401  (registers the "tpu" backend)
         from torchrec_tpu.sharding.step_lookup import PooledLookup  # imports torch_tpu
 
         self.model: DLRMTrain = getattr(model, "module", model)
         self.device = dense_device_of(self.model)
-        self.dense = DLRMDenseLoss(self.model)
+        self.dense = DLRMDenseLoss(self.model, precision)
         self.logits = torch.compile(self.dense.logits, backend="tpu", dynamic=False)
         self.rows = 0
         sparse_arch = self.model.model.sparse_arch
@@ -216,9 +216,9 @@ def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, dense_devi
 
 
 def eval_forward(model: nn.Module, dense_device: torch.device, world_size: int,
-                 dense_parallel: str = "ddp") -> EvalForward:
-    """The evaluation forward of a job: compiled towers where the step is compiled; else the
-    model's own forward."""
+                 dense_parallel: str = "ddp", precision: str = "fp32") -> EvalForward:
+    """The evaluation forward of a job, the towers at ``precision`` as in training: compiled
+    towers where the step is compiled; else the model's own forward."""
     if one_step_program(dense_device, world_size, dense_parallel):
-        return CompiledDenseEval(model)
-    return model_outputs
+        return CompiledDenseEval(model, precision)
+    return eager_eval_forward(dense_device.type, precision)

@@ -204,7 +204,8 @@ class SparseCoreEngine:
                              self.optim.precision)
 
     def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
-        return eval_forward(model, dense_device_of(model), env.world_size, self.options.dense_parallel)
+        return eval_forward(model, dense_device_of(model), env.world_size, self.options.dense_parallel,
+                            self.optim.precision)
 
     def sharding_plan(self, model: nn.Module) -> str:
         return sharding_plan_text(ebc_of(unwrap_dense(model)), self.options.plan)
