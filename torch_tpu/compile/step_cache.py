@@ -193,7 +193,7 @@ def load(key: str) -> tuple[Any, dict[str, Any]] | None:
     """(the ``jax.export.Exported`` step, its metadata) stored under ``key``, or None."""
     stored = xla_cache.load(persistent_cache.STEP_LEVEL, key, _decode)  # a corrupt entry: None
     if stored is not None:
-        persistent_cache._stats.step_disk_hits += 1
+        persistent_cache.counters.step_disk_hits += 1
     return stored
 
 
