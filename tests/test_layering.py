@@ -222,3 +222,17 @@ def test_no_module_reads_a_tpu_tensors_storage_through_a_private_attribute() -> 
     offenders = [str(p.relative_to(REPO_ROOT)) for package in PACKAGES
                  for p in sorted((REPO_ROOT / package).rglob("*.py")) if re.search(r"\._box\b", p.read_text())]
     assert not offenders, offenders
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in helper modules (conftest.py, ``*_cases.py``, ...), not in test files."""
+    offenders = []
+    for path in sorted((REPO_ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module.rsplit(".", 1)[-1].startswith("test_"):
+                    offenders.append(f"{path.relative_to(REPO_ROOT)} imports {node.module}")
+            elif isinstance(node, ast.Import):
+                offenders += [f"{path.relative_to(REPO_ROOT)} imports {a.name}" for a in node.names
+                              if a.name.startswith("tests.") and a.name.rsplit(".", 1)[-1].startswith("test_")]
+    assert not offenders, "\n".join(offenders)
