@@ -236,3 +236,21 @@ def test_no_test_module_imports_another() -> None:
                 offenders += [f"{path.relative_to(REPO_ROOT)} imports {a.name}" for a in node.names
                               if a.name.startswith("tests.") and a.name.rsplit(".", 1)[-1].startswith("test_")]
     assert not offenders, "\n".join(offenders)
+
+
+def test_no_submodule_imports_from_its_package_init_while_the_init_imports_it() -> None:
+    """``pkg/__init__.py`` importing ``pkg.mod`` while ``mod`` does ``from pkg import x``: a circle
+    through a half-initialised package (import ``pkg.x`` by its full name instead)."""
+    modules = _project_modules()
+    offenders = []
+    for package, init in modules.items():
+        if init.name != "__init__.py":
+            continue
+        for child in sorted(_imports(init, modules, module_level=True)):
+            if not child.startswith(f"{package}.") or child not in modules:
+                continue
+            tree = ast.parse(modules[child].read_text(), filename=str(modules[child]))
+            if any(isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == package
+                   for node in _module_level(tree.body)):
+                offenders.append(f"{package} <-> {child}")
+    assert not offenders, "\n".join(offenders)

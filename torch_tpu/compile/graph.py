@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.fx
 
-from torch_tpu.compile import fx_to_jax
+import torch_tpu.compile.fx_to_jax as fx_to_jax
 from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
 from torch_tpu.compile.sources import file_identity

@@ -23,7 +23,7 @@ import numpy as np
 import torch.distributed as dist
 from jax.sharding import NamedSharding, PartitionSpec
 
-from torch_tpu.compile import graph as compiled_graph
+import torch_tpu.compile.graph as compiled_graph
 from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fused_collectives import group_mesh, lower_collective
 from torch_tpu.runtime._jax import jax

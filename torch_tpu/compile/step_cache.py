@@ -36,8 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import torch_tpu.compile.graph as compiled_graph
 import xla_cache
-from torch_tpu.compile import graph as compiled_graph
 from torch_tpu.compile.sources import file_identity, tree_identity
 from torch_tpu.compile.step_trace import LossFn, StepSignature
 from torch_tpu.runtime import persistent_cache

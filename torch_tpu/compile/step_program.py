@@ -35,8 +35,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from torch_tpu.compile import graph as compiled_graph
-from torch_tpu.compile import step_cache
+import torch_tpu.compile.graph as compiled_graph
+import torch_tpu.compile.step_cache as step_cache
 from torch_tpu.compile.collectives import check_same_program, collective_groups, on_every_rank, program_lines
 from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
