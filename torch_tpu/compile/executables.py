@@ -26,8 +26,8 @@ from typing import Any
 
 import jaxlib
 
+import torch_tpu.compile.executable_codec as executable_codec
 import xla_cache
-from torch_tpu.compile import executable_codec
 from torch_tpu.runtime import persistent_cache
 from torch_tpu.runtime._jax import jax
 

@@ -23,16 +23,16 @@ import numpy as np
 import torch.distributed as dist
 from jax.sharding import NamedSharding, PartitionSpec
 
-from torch_tpu.compile import graph as compiled_graph
+import torch_tpu.compile.graph as compiled_graph
 from torch_tpu.compile.executables import CompiledProgram
-from torch_tpu.compile.fused_collectives import _lower, _mesh
+from torch_tpu.compile.fused_collectives import group_mesh, lower_collective
 from torch_tpu.runtime._jax import jax
 
 
 def collective_lowering(group: dist.ProcessGroup) -> Callable[[Any], Callable[[Any], Any]]:
     """``to_jax_function``'s ``collectives`` for a program run over ``group``'s ranks."""
     n = dist.get_world_size(group)
-    return lambda node: _lower(node, n)
+    return lambda node: lower_collective(node, n)
 
 
 def describe_inputs(avals: Sequence[Any]) -> list[str]:
@@ -48,7 +48,7 @@ class SpmdProgram:
 
     def __init__(self, fn: Callable[..., tuple] | None, group: dist.ProcessGroup, donated: Sequence[int],
                  exported: Any = None, key: str | None = None) -> None:
-        self.mesh = _mesh(group)
+        self.mesh = group_mesh(group)
         self._local = next(d for d in self.mesh.devices.flat if d.process_index == jax.process_index())
         self._sharding = NamedSharding(self.mesh, PartitionSpec())
         if exported is not None:

@@ -35,8 +35,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from torch_tpu.compile import graph as compiled_graph
-from torch_tpu.compile import step_cache
+import torch_tpu.compile.graph as compiled_graph
+import torch_tpu.compile.step_cache as step_cache
 from torch_tpu.compile.collectives import check_same_program, collective_groups, on_every_rank, program_lines
 from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
@@ -296,7 +296,7 @@ class TrainStep:
                 program = _Program.traced(graph, self.group, key)
                 if key is not None and program.exported is not None:
                     step_cache.store(key, program.exported, program.meta())
-                    persistent_cache._stats.step_misses += 1
+                    persistent_cache.counters.step_misses += 1
             self._programs[signature] = program
             self.stats.compiles += 1
         return program
@@ -414,7 +414,7 @@ class _Replay:
         self.matmul_precision = precision.current_name()
         self.arrays = list(map(_box_array, tensors))
         self.rebinds = [(i, j) for i, j in enumerate(next_output) if j is not None]
-        self.boxes = [t._box for t in tensors]
+        self.boxes = [t.storage_box for t in tensors]
         # what the optimizer held: its state dict's entries (load_state_dict replaces them), their
         # values (an eager step() may assign new tensors), the param groups and their settings
         self.state, self.num_states = state, len(state)
@@ -447,7 +447,7 @@ class _Replay:
                    *(state[step._params[i]][key] for i, key in state_keys)]
         slots = [*(("param", i) for i in range(len(step._params))),
                  *(("other", i) for i in range(len(step._others))), *(("state", w) for w in state_keys)]
-        if not all(type(t) is TpuTensor and t._full and t._box.array.shape == t.shape for t in tensors):
+        if not all(type(t) is TpuTensor and t._full and t.storage_box.array.shape == t.shape for t in tensors):
             return None
         fixed = inputs[len(tensors):len(inputs) - len(call.batch_tensors)]  # tensor settings (lr) as passed
         entry_params = [p for p in state if id(p) in step._index]
@@ -480,8 +480,8 @@ class _Replay:
         return outputs
 
 
-_box = operator.attrgetter("_box")
-_box_array = operator.attrgetter("_box.array")
+_box = operator.attrgetter("storage_box")
+_box_array = operator.attrgetter("storage_box.array")
 
 
 def _batch_key(batch: tuple[Any, ...]) -> tuple | None:
@@ -493,7 +493,7 @@ def _batch_key(batch: tuple[Any, ...]) -> tuple | None:
 
 def _rebind(t: TpuTensor, value: jax.Array) -> None:
     """Make ``t`` hold ``value`` (a program output of its shape and dtype)."""
-    box = t._box
+    box = t.storage_box
     if t._full and box.array.shape == value.shape:
         box.array = value  # the common case, without write()'s size checks
     else:

@@ -70,7 +70,7 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
     same model on cpu and tpu."""
     model = build_dlrm(spec, dense_device=torch.device("cpu"))
-    local_batch = max(1, batch_size // env.world_size)
+    local_batch = env.per_rank(batch_size)
     tables_ebc = ebc_of(model)
     optimizer = sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)
     specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer)  # the tables' specs, once

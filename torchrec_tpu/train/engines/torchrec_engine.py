@@ -54,7 +54,7 @@ def shard_model(model: nn.Module, env: DistEnv, device: torch.device, optim: Opt
     )
     planner = EmbeddingShardingPlanner(
         topology=topology,
-        batch_size=max(1, batch_size // env.world_size),
+        batch_size=env.per_rank(batch_size),
         storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVED_FRACTION),
     )
     plan = planner.collective_plan(model, pg=dist.GroupMember.WORLD)
