@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed.device import launch_on_tpu
-from tests.distributed.test_spmd_train_step import Exchanging, _batch
+from tests.distributed.exchanging import Exchanging, batch
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -39,7 +39,7 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta, c
     torch.manual_seed(0)
     model = Exchanging().to("tpu")
     optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1)
-    batches = [tuple(t.to("tpu") for t in _batch(rank, i)) for i in range(STEPS)]
+    batches = [tuple(t.to("tpu") for t in batch(rank, i)) for i in range(STEPS)]
     before = xla_cache.compiles()
     step = tc.train_step(model, optimizer, lambda m, x, y: m(x, y, world), group=world)
     losses = [float(step(*batch)) for batch in batches]
