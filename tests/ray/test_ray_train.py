@@ -28,8 +28,8 @@ import pytest
 import torch
 
 from pipelines.synthetic import SyntheticConfig, generate
+from tests.train.cli_ranks import CLI, start_cli_ranks, wait_cli_ranks
 from tests.train.conftest import REPO_ROOT, TINY_OPTIONS, as_flags, flat_checkpoint
-from tests.train.test_multiprocess import CLI, start_cli_ranks, wait_cli_ranks
 from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
 from torchrec_tpu.train.checkpoint.store import open_checkpoint
 

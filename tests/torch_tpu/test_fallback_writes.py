@@ -51,17 +51,17 @@ def test_unannotated_custom_op_mutation_written_back():
 def test_unchanged_inputs_are_not_rewritten():
     """Read-only inputs keep their storage value object: nothing is copied back needlessly."""
     x, y = torch.randn(4, 4).to("tpu"), torch.randn(4).to("tpu")
-    before = (x._box.array, y._box.array)
+    before = (x.storage_box.array, y.storage_box.array)
     out = fallback.run_on_cpu(aten.add.Tensor, (x, y), {})
-    assert (x._box.array, y._box.array) == before
+    assert (x.storage_box.array, y.storage_box.array) == before
     torch.testing.assert_close(out.cpu(), x.cpu() + y.cpu())
 
 
 def test_nan_inputs_unchanged_are_not_rewritten():
     x = torch.tensor([float("nan"), 1.0]).to("tpu")
-    before = x._box.array
+    before = x.storage_box.array
     fallback.run_on_cpu(aten.isnan.default, (x,), {})
-    assert x._box.array is before
+    assert x.storage_box.array is before
 
 
 def test_embedding_max_norm_renorms_tpu_weight():

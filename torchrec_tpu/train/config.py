@@ -28,6 +28,7 @@ from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIM
 
 # The option vocabularies that are defined here (the others come from their registries above).
 MODELS = ("dlrm", "dlrm_dcn")
+PRECISIONS = ("fp32", "bf16")  # --precision: the towers' matmuls (engines.precision)
 DENSE_DEVICES = ("auto", "cpu", "tpu")
 DENSE_PARALLELS = ("ddp", "fsdp2")
 SPARSE_BACKENDS = ("auto", "ops", "xla")
@@ -155,7 +156,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """The fused embedding optimizer, the dense one, the learning-rate schedule."""
+    """The fused embedding optimizer, the dense one, the learning-rate schedule, the towers' precision."""
 
     sparse_optimizer: str = _opt("adagrad", "fused embedding optimizer (runs inside backward)",
                                  choices=tuple(SPARSE_OPTIMIZERS))
@@ -166,6 +167,9 @@ class OptimConfig:
                                    "TorchRec dlrm_main / MLPerf DLRM; 0: none)")
     lr_decay_start: int = _opt(0, "step where the quadratic learning-rate decay starts")
     lr_decay_steps: int = _opt(0, "steps of the quadratic decay to 1e-7 (0: no decay)")
+    precision: str = _opt("fp32", "the dense towers' matmuls: fp32, or bf16 as TPUs train (autocast on the towers' "
+                                  "device, both engines; parameters, optimizer state and accumulation stay fp32)",
+                          choices=PRECISIONS)
 
 
 @dataclass(frozen=True)
