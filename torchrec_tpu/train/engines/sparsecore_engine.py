@@ -52,8 +52,8 @@ PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 def resolve_sparse_backend(choice: str, optimizer: OptimizerSpec, dense_device: torch.device, world_size: int,
                            dense_parallel: str) -> str:
     """The local backend ``--sparse-backend choice`` means: ``auto`` is ``ops`` where the training
-    step is one program that calls the ops itself, else ``xla`` (an eager ops update writes whole
-    new tables, the xla backend's program updates them in place)."""
+    step is one program that calls the ops itself, else ``xla`` (one program per step phase for
+    all stacks, where the eager ops run one per stack)."""
     if choice != "auto":
         return choice
     one_program = one_step_program(dense_device, world_size, dense_parallel) and rule_of(optimizer).in_step
