@@ -17,13 +17,16 @@ run and nothing a user can act on:
 * JAX's "Unable to initialize backend 'tpu': ... libtpu.so not found" on a host without a TPU and
   its compilation cache's "Resetting cache at <empty>.";
 * Ray's colour codes around the lines its workers print, when stdout is not a terminal
-  (``RAY_COLOR_PREFIX=0``, read by the Ray driver), and Ray Data's execution plans
-  (``RAY_DATA_LOG_LEVEL=WARNING``; Ray Train's worker-group and reporting lines: its
-  ``LoggingConfig``, :mod:`torchrec_tpu.train.ray_train`).
+  (``RAY_COLOR_PREFIX=0``, read by the Ray driver), Ray Data's execution plans
+  (``RAY_DATA_LOG_LEVEL=WARNING``) and its "Progress bars disabled" note, the errors Ray's C++
+  core recovers from itself (``RAY_BACKEND_LOG_LEVEL=fatal``), Ray Train's autoscaling-request
+  tracebacks on a busy machine, its per-report ``TrainingReport(...)`` lines and its
+  worker-group lines (its ``LoggingConfig``, :mod:`torchrec_tpu.train.ray_train`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -36,7 +39,14 @@ QUIET_LOGGERS = {
     "jax._src.xla_bridge": logging.WARNING,
     "jax._src.compilation_cache": logging.WARNING,  # "Resetting cache at <empty>."
     "torchrec": logging.WARNING,  # the engine=torchrec planner's stats table, lookup and DMP details
+    # Ray Train's autoscaling client: a warning with a 17-line traceback whenever a resource request
+    # times out on a busy machine ("safe to ignore"), and Ray Data's "Progress bars disabled" note
+    "ray.train.v2._internal.execution.scaling_policy": logging.ERROR,
+    "ray.data._internal.progress": logging.ERROR,
 }
+# Ray Train's per-report INFO line ("Reporting training result 1: TrainingReport(...)"): its logger
+# is named by its file's path, found without importing it
+RAY_TRAIN_REPORTS = "ray.train.v2._internal.execution.context"
 # Ray workers log INFO through the root logger: the libraries' details stay out of the job's output.
 WORKER_QUIET_LOGGERS = {name: logging.WARNING for name in ("torch_tpu", "sparsecore", "xla_cache")}
 
@@ -99,6 +109,9 @@ def configure_logging(command: str = "") -> None:
     if not sys.stdout.isatty():
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")  # read by Ray Data in the Ray processes started later
+    # Ray's C++ core logs errors it recovers from itself (an actor's restartable arguments); read
+    # at ray.init by the processes it starts: failures still arrive as exceptions
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     info = _StdStream("stdout")
     info.addFilter(_Below(logging.WARNING))
     info.setFormatter(logging.Formatter("%(message)s"))
@@ -124,4 +137,7 @@ def worker_setup() -> None:
     configure_logging()
     for name, level in WORKER_QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+    reports = importlib.util.find_spec(RAY_TRAIN_REPORTS)
+    if reports is not None and reports.origin:
+        logging.getLogger(reports.origin).setLevel(logging.WARNING)
     pin_ray_address()

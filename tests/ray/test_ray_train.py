@@ -54,15 +54,17 @@ def _argv(data: Path, run: Path) -> list[str]:
 
 
 def _start_ray_cli(data: Path, run: Path) -> tuple[subprocess.Popen, Path]:
+    """The Ray run started in ``run`` with the directories given relative to it, as a user would."""
     run.mkdir(parents=True, exist_ok=True)
     out = run / "driver.out"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
     # Ray Train's controller takes in reported checkpoints when it polls the workers (every 2 s
     # by default); polled often, a kill soon after a report still finds the checkpoint registered
     env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(POLL_S)
     with open(out, "w") as stream:
-        proc = subprocess.Popen([sys.executable, "-c", CLI, *_argv(data, run), *RAY_FLAGS], env=env, stdout=stream,
-                                stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        proc = subprocess.Popen([sys.executable, "-c", CLI, *_argv(data, Path(".")), *RAY_FLAGS], env=env,
+                                stdout=stream, stderr=subprocess.STDOUT, cwd=run)
     return proc, out
 
 
@@ -114,9 +116,32 @@ def test_ray_train_equals_torchrun(ray_run, torchrun_run, tmp_path: Path) -> Non
     _assert_same_state(flat_checkpoint(ray_final, tmp_path / "ray.pt"),
                        flat_checkpoint(torchrun_final, tmp_path / "torchrun.pt"))
     # the checkpoint Ray holds is a copy of ours, intact by its own manifest
-    reported = Path(re.search(r"ray checkpoint +(\S+)", ray_out).group(1))  # type: ignore[union-attr]
+    run = ray_final.parent.parent  # the driver's directory: the summary's paths are relative to it
+    reported = run / re.search(r"ray checkpoint +(\S+)", ray_out).group(1)  # type: ignore[union-attr]
     assert reported.name == ray_final.name and reported != ray_final
     assert open_checkpoint(reported)[0] == reported
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_ray_driver_output_is_quiet_with_paths_as_given(ray_run) -> None:
+    """As quiet as a local run: none of Ray's recovered-from tracebacks, C++ error lines, notes or
+    TrainingReport reprs; the summary's paths and TensorBoard's HParams as the user gave them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    text, final = ray_run
+    for noise in ("Traceback", "GetTimeoutError", "core_worker.cc", "TrainingReport(", "Progress bars disabled",
+                  "Reporting training result"):
+        assert noise not in text, (noise, text[-4000:])
+    assert "\n  tensorboard     logs\n" in text and f"\n  checkpoint      checkpoints/{final.name}\n" in text
+    assert f"\n  ray checkpoint  logs/ray/train/{final.name}" in text
+    events = EventAccumulator(str(final.parent.parent / "logs"))
+    events.Reload()
+    start = metadata.parse_session_start_info_plugin_data(
+        events.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_START_INFO_TAG])
+    assert start.hparams["checkpoint_dir"].string_value == "checkpoints"
+    assert start.hparams["log_dir"].string_value == "logs"
 
 
 def _descendants(root: int) -> list[int]:

@@ -39,6 +39,7 @@ Ray process, when the driver exits (:func:`pipelines.ray_data.local_ray`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -173,6 +174,7 @@ def train_worker(params: dict[str, Any]) -> str | None:
     from torchrec_tpu.train.job import JobHooks, run_job
 
     config: TrainConfig = params["config"]
+    cwd = Path(params["cwd"])
     world = ray.train.get_context().get_world_size()
     per_rank = max(1, config.data.batch_size // world)
     # equal splits: N // world rows each, in full batches (fewer if --bad-values skip drops rows)
@@ -182,8 +184,22 @@ def train_worker(params: dict[str, Any]) -> str | None:
     with restored.as_directory() if restored else contextlib.nullcontext() as directory:
         if directory is not None:
             config = config.with_options(resume=directory)
-        summary = run_job(config, hooks=JobHooks(train_batches=stream, checkpointed=_report))
-    return summary.format() if summary.primary else None
+        summary = run_job(config, hooks=JobHooks(train_batches=stream, checkpointed=_report,
+                                                 hparams=params["given"]))
+    if not summary.primary:
+        return None
+    # the paths as the driver's user gave them (the workers had them made absolute)
+    return dataclasses.replace(summary, log_dir=as_given(summary.log_dir, cwd),
+                               checkpoint_dir=as_given(summary.checkpoint_dir, cwd),
+                               data=summary.data.replace(f"{cwd}{os.sep}", "")).format()
+
+
+def as_given(path: Path, cwd: Path | None = None) -> Path:
+    """``path`` relative to ``cwd`` (the current directory by default) when under it, else as it is."""
+    try:
+        return path.relative_to(cwd or Path.cwd())
+    except ValueError:
+        return path
 
 
 def ray_ready_config(config: TrainConfig) -> TrainConfig:
@@ -241,6 +257,7 @@ def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
     from torchrec_tpu.train.distributed import DistEnv
 
     configure_logging("train")
+    given = config.to_dict()  # TensorBoard's HParams show the options as given, not as made absolute
     config = ray_ready_config(config)
     scaling = options.scaling_config()  # bad TPU settings fail before any Ray starts
     with parquet_source(config, DistEnv(rank=0, world_size=1, local_world_size=1)) as (source, table_sizes), \
@@ -253,7 +270,8 @@ def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
         dataset.context.enable_progress_bars = False  # the workers' output is the job's
         storage = options.storage_path or str(Path(str(config.loop.log_dir)) / "ray")
         trainer = TorchTrainer(
-            train_worker, train_loop_config={"config": config, "train_rows": sum(g.num_rows for g in groups)},
+            train_worker, train_loop_config={"config": config, "train_rows": sum(g.num_rows for g in groups),
+                                             "given": given, "cwd": os.getcwd()},
             torch_config=_backend_config(),
             scaling_config=scaling, datasets={DATASET: dataset},
             dataset_config=ray.train.DataConfig(
