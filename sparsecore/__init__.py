@@ -1,10 +1,7 @@
 """SparseCore embedding engine: specs, stacking, host preprocessing, lookups with fused updates.
 
-Typical use::
-
-    from sparsecore import FeatureSpec, SparseCoreEmbeddingBagCollection, SparseCoreTopology, TableSpec
-    ebc = SparseCoreEmbeddingBagCollection(tables, features, SparseCoreTopology("v5p", 4), backend="xla")
-    pooled = ebc(kjt)            # KeyedTensor; loss.backward() applies the fused optimizer update
+The nn.Module over these tables is ``torchrec_tpu.sharding.ShardedSparseCoreEBC`` (one rank or
+many; ``loss.backward()`` applies the fused optimizer update).
 
 Backends (``sparsecore.backends``): ``xla`` (pure JAX, the reference semantics), ``fbgemm``
 (FBGEMM TBE on the host), ``tpu`` (jax-tpu-embedding's SparseCore kernels).
@@ -12,7 +9,6 @@ Backends (``sparsecore.backends``): ``xla`` (pure JAX, the reference semantics),
 
 from sparsecore.csr_format import StackCSR
 from sparsecore.limits import FdoRecorder, PartitionOverflowError, StackStats
-from sparsecore.module import SparseCoreEmbeddingBagCollection
 from sparsecore.optimizers import FTRL, SGD, Adagrad, Adam, OptimizerSpec, RowWiseAdagrad
 from sparsecore.preprocess import PreprocessedBatch, preprocess
 from sparsecore.specs import FeatureSpec, Initializer, SparseCoreTopology, TableSpec
@@ -20,6 +16,6 @@ from sparsecore.stacking import StackingPlan, plan_stacking
 
 __all__ = [
     "FTRL", "SGD", "Adagrad", "Adam", "FdoRecorder", "FeatureSpec", "Initializer", "OptimizerSpec",
-    "PartitionOverflowError", "PreprocessedBatch", "RowWiseAdagrad", "SparseCoreEmbeddingBagCollection",
-    "SparseCoreTopology", "StackCSR", "StackStats", "StackingPlan", "TableSpec", "plan_stacking", "preprocess",
+    "PartitionOverflowError", "PreprocessedBatch", "RowWiseAdagrad", "SparseCoreTopology", "StackCSR", "StackStats",
+    "StackingPlan", "TableSpec", "plan_stacking", "preprocess",
 ]

@@ -13,28 +13,19 @@ import numpy as np
 from jax_tpu_embedding.sparsecore.lib.nn import embedding, embedding_spec
 
 from sparsecore import optimizers
+from sparsecore.optimizer_rules import rule_of
 from sparsecore.stacking import StackingPlan
 from sparsecore.validation import FeatureInput
 
 
 def jte_optimizer(spec: optimizers.OptimizerSpec) -> embedding_spec.OptimizerSpec:
     """The jax-tpu-embedding optimizer spec with the same update rule, or a clear error."""
-    if isinstance(spec, optimizers.RowWiseAdagrad):
-        raise ValueError("jax-tpu-embedding has no row-wise Adagrad SparseCore kernel; use the xla or fbgemm backend")
-    if isinstance(spec, optimizers.Adagrad):
-        if spec.eps != 0.0:
-            raise ValueError(f"the SparseCore Adagrad kernel has no epsilon; got eps={spec.eps}")
-        return embedding_spec.AdagradOptimizerSpec(spec.learning_rate, spec.initial_accumulator_value)
-    if isinstance(spec, optimizers.Adam):
-        return embedding_spec.AdamOptimizerSpec(spec.learning_rate, spec.beta_1, spec.beta_2, spec.epsilon)
-    if isinstance(spec, optimizers.FTRL):
-        return embedding_spec.FTRLOptimizerSpec(
-            spec.learning_rate, spec.learning_rate_power, spec.l1_regularization_strength,
-            spec.l2_regularization_strength, spec.beta, spec.initial_accumulator_value, spec.initial_linear_value,
-        )
-    if isinstance(spec, optimizers.SGD):
-        return embedding_spec.SGDOptimizerSpec(spec.learning_rate)
-    raise ValueError(f"no jax-tpu-embedding optimizer for {type(spec).__name__}")
+    jte = rule_of(spec).jte
+    if jte is None:
+        raise ValueError(f"jax-tpu-embedding has no {type(spec).__name__} SparseCore kernel; use the xla or fbgemm "
+                         "backend")
+    name, arguments = jte(spec)
+    return getattr(embedding_spec, name)(*arguments)
 
 
 def jte_feature_specs(plan: StackingPlan) -> dict[str, embedding_spec.FeatureSpec]:

@@ -7,7 +7,9 @@ The package is built of rooms (docs/ARCHITECTURE.md, "torch_tpu rooms"): ``runti
 tensor model), ``ops`` (the op registry: lowerings and composites, torch.library kernels, Pallas),
 ``eager`` (dispatch, executors, fallback), ``compile`` (graph capture, ``train_step``) and
 ``distributed``. Every registration happens here, once, through the rooms' ``register()``
-functions: importing any submodule later changes nothing by itself.
+functions: importing any submodule later changes nothing by itself. ``_internal`` holds TorchTPU's
+entry points for libraries written against it (``torch.tpu.ops``, ``torch_tpu._internal.pallas``,
+TorchRec TPU's native preprocessing module).
 """
 
 from torch_tpu import runtime as _runtime
@@ -23,6 +25,14 @@ from torch_tpu import ops as _ops  # noqa: E402
 
 _ops.register()  # every lowering and composite into the registry; the PrivateUse1 kernels
 _eager.register()  # __torch_dispatch__ -> eager dispatch; the strict/debug/defer_and_fuse executors
+
+from torch_tpu import distributed as _distributed  # noqa: E402, F401  (tpu_dist: TorchTPU's import registers it)
+from torch_tpu._internal import torchrec_native as _torchrec_native  # noqa: E402
+from torch_tpu.ops import tpu_namespace as _tpu_namespace  # noqa: E402
+from torch_tpu.runtime import device as _device  # noqa: E402
+
+_device.ops = _tpu_namespace  # torch.tpu.ops: TorchTPU's Python op namespace
+_torchrec_native.install()  # TorchRec TPU's native preprocessing module (torch_tpu/_internal)
 
 from torch_tpu.eager.dispatch import clear_handler_cache  # noqa: E402
 from torch_tpu.eager.fallback import (  # noqa: E402

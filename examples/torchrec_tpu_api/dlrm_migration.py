@@ -1,4 +1,5 @@
-"""TorchRec TPU's README migration, with the ``torchrec_tpu.experimental`` prefix: the same DLRM
+"""TorchRec TPU's README migration, TorchRec 1.9.2's ``torchrec.experimental.torch_tpu`` on the tpu
+device of ``torch_tpu``: the same DLRM
 trained "before" (stock TorchRec ``EmbeddingBagCollection`` on CPU, one SGD over every parameter)
 and "after" (``SparseCoreFusedEmbeddingBagCollection`` on the tpu device, its SGD fused into
 ``loss.backward()``, a dense-only SGD). Started from the same weights, both give the same losses.
@@ -12,16 +13,19 @@ import argparse
 
 import torch
 from torchrec.datasets.utils import Batch
+from torchrec.experimental.torch_tpu.checkpoint.utils import stack_and_shard_global_tensor
+
+# the README's "after" imports
+from torchrec.experimental.torch_tpu.datasets.dataloader import SparseCoreBatch
+from torchrec.experimental.torch_tpu.datasets.input_preprocessing import SparseCoreInputPreprocessor
+from torchrec.experimental.torch_tpu.modules.embedding_configs import SparseCoreEmbeddingConfig
+from torchrec.experimental.torch_tpu.modules.fused_embedding_modules import SparseCoreFusedEmbeddingBagCollection
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-# the README's "after" imports, torchrec.experimental.torch_tpu -> torchrec_tpu.experimental
-from torchrec_tpu.experimental.datasets.dataloader import SparseCoreBatch
-from torchrec_tpu.experimental.datasets.input_preprocessing import SparseCoreInputPreprocessor
-from torchrec_tpu.experimental.modules.embedding_configs import SparseCoreEmbeddingConfig
-from torchrec_tpu.experimental.modules.fused_embedding_modules import SparseCoreFusedEmbeddingBagCollection
+import torch_tpu  # noqa: F401  (the tpu device, torch.tpu.ops and TorchRec TPU's preprocessing backend)
 
 BATCH_SIZE = 128
 DENSE_IN, DENSE_ARCH, OVER_ARCH = 100, [64, 64], [32, 1]
@@ -101,13 +105,15 @@ def after(batches: list[Batch], initial: dict[str, torch.Tensor] | None = None,
 
 def copy_initial_weights(train_model: DLRMTrain, ebc: SparseCoreFusedEmbeddingBagCollection,
                          initial: dict[str, torch.Tensor]) -> None:
-    """Load the stock model's ``initial`` state: dense weights by name, the table through the fused
-    EBC's logical-table setter."""
+    """Load the stock model's ``initial`` state: dense weights by name, the table MOD-sharded over the
+    SparseCores with TorchRec TPU's checkpoint utils (its ``set_unstacked_table_weights`` takes
+    tables already in sharded row order)."""
     prefix = "model.sparse_arch.embedding_bag_collection.embedding_bags."
     tables = {k[len(prefix):].removesuffix(".weight"): v for k, v in initial.items() if k.startswith(prefix)}
-    ebc.set_unstacked_table_weights(tables)
     own = train_model.state_dict()
     with torch.no_grad():
+        for config in ebc.stacked_configs:
+            ebc.table_weights[config.stack_name].copy_(stack_and_shard_global_tensor(tables, config, 2).to("tpu"))
         for name, value in initial.items():
             if not name.startswith(prefix):
                 own[name].copy_(value.to(own[name].device))

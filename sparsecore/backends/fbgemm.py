@@ -24,6 +24,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 
 from sparsecore import optimizers as opt
 from sparsecore.backends.base import Backend, check_grads
+from sparsecore.optimizer_rules import rule_of
 from sparsecore.preprocess import combined_gains
 from sparsecore.stacking import StackingPlan
 from sparsecore.validation import FeatureInput
@@ -32,15 +33,13 @@ TBE_ALIGN = 4  # FBGEMM TBE rows are a multiple of 4 floats
 
 
 def _tbe_optimizer(spec: opt.OptimizerSpec) -> tuple[EmbOptimType, float]:
-    if isinstance(spec, opt.RowWiseAdagrad):
-        return EmbOptimType.EXACT_ROWWISE_ADAGRAD, spec.eps
-    if isinstance(spec, opt.Adagrad):
-        return EmbOptimType.EXACT_ADAGRAD, spec.eps
-    if type(spec) is opt.SGD:
-        return EmbOptimType.EXACT_SGD, 0.0
-    raise ValueError(
-        f"FBGEMM's CPU TBE has no fused {spec.name} kernel; use the xla backend for {type(spec).__name__}"
-    )
+    tbe = rule_of(spec).tbe
+    if tbe is None:
+        raise ValueError(
+            f"FBGEMM's CPU TBE has no fused {spec.name} kernel; use the xla backend for {type(spec).__name__}"
+        )
+    kind, eps = tbe(spec)
+    return EmbOptimType[kind], eps
 
 
 class FbgemmBackend(Backend):
@@ -63,7 +62,7 @@ class FbgemmBackend(Backend):
         self._table_names = list(plan.tables)
         self._dims = [plan.tables[n].dim for n in self._table_names]
         padded = [-(-d // TBE_ALIGN) * TBE_ALIGN for d in self._dims]
-        if isinstance(self.optimizer, opt.RowWiseAdagrad) and padded != self._dims:
+        if self.optimizer.row_slots and padded != self._dims:  # (its row slot averages over the padded dim)
             odd = [n for n, d in zip(self._table_names, self._dims) if d % TBE_ALIGN]
             raise ValueError(f"row-wise Adagrad on the fbgemm backend needs dims that are multiples of "
                              f"{TBE_ALIGN}; tables {odd} are not (use the xla backend)")

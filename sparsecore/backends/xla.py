@@ -30,9 +30,9 @@ import xla_cache
 from sparsecore.backends.base import Backend, check_grads
 from sparsecore.backends.xla_inputs import SlotForward, StackEntries, stack_entries, stack_input
 from sparsecore.backends.xla_layout import ActivationLayout
-from sparsecore.backends.xla_optimizers import apply_update
 from sparsecore.csr_format import RowOrderedEntries, StackCSR
 from sparsecore.limits import StackStats, check_overflow_policy
+from sparsecore.optimizer_rules import apply_update
 from sparsecore.preprocess import csr_entries, preprocess_row_ordered
 from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
 from sparsecore.validation import FeatureInput

@@ -38,20 +38,21 @@ def _collectives(rank: int) -> dict[str, object]:
 
 
 def _fused_ebc(world: int) -> str:
-    """What a 2-rank fused EBC's forward gives on the gloo group: the error, or "no error"."""
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    from torchrec_tpu.experimental import (
+    """What a 2-rank fused EBC's forward (TorchRec's TPU module) gives on the gloo group: the error,
+    or "no error"."""
+    from torchrec.experimental.torch_tpu import (
         SparseCoreEmbeddingConfig,
         SparseCoreFusedEmbeddingBagCollection,
         SparseCoreInputPreprocessor,
     )
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    tables = [SparseCoreEmbeddingConfig(EmbeddingBagConfig(name="t", num_embeddings=64, embedding_dim=8,
-                                                           feature_names=["f"]))]
+    tables = [SparseCoreEmbeddingConfig(config=EmbeddingBagConfig(name="t", num_embeddings=64, embedding_dim=8,
+                                                                  feature_names=["f"]))]
     try:
-        fused = SparseCoreFusedEmbeddingBagCollection(tables, torch.optim.SGD, {"lr": 0.1}, batch_size=BATCH,
+        fused = SparseCoreFusedEmbeddingBagCollection(tables=tables, optimizer_type=torch.optim.SGD,
+                                                      optimizer_kwargs={"lr": 0.1}, batch_size=BATCH,
                                                       global_device_count=world)
         kjt = KeyedJaggedTensor(keys=["f"], values=torch.arange(BATCH), lengths=torch.ones(BATCH, dtype=torch.long))
         preprocessor = SparseCoreInputPreprocessor(tables, batch_size=BATCH, global_device_count=world)

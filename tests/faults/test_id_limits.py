@@ -32,6 +32,21 @@ def test_batch_over_the_id_limit_names_the_flags(capsys, tmp_path, command):
                        "lower --batch-size (now 8192) or train on more ranks (torchrun --nproc-per-node)")
 
 
+def test_plan_auto_sizes_the_id_limits_for_the_batch(capsys, tiny_dataset, tmp_path):
+    """--plan auto plans with per-table limits from the batch (as `plan` does, at most the
+    hardware's 4096): batch 8192 on one rank needs 512 ids per partition and trains; beyond the
+    hardware the advice is train's flags, not the planner's."""
+    common = ["train", "--data", str(tiny_dataset), *FLAGS, "--num-embeddings", "100", "--plan", "auto",
+              "--max-steps", "1"]
+    rc = main([*common, "--batch-size", "8192", "--log-dir", str(tmp_path / "run")])
+    assert rc == 0, capsys.readouterr().err
+    capsys.readouterr()
+    rc = main([*common, "--batch-size", "4000000", "--log-dir", str(tmp_path / "run2")])
+    line = assert_clean_error(rc, capsys.readouterr().err, "row_wise needs 250000 ids per SparseCore partition",
+                              "lower --batch-size (now 4000000) or train on more ranks (torchrun --nproc-per-node)")
+    assert "max-ids-per-partition" not in line and "max_ids_per_partition" not in line, line
+
+
 def _many_ids_in_one_partition(data: Path, column: str, count: int) -> None:
     """``column`` as multi-hot lists of ``count`` distinct ids that are equal mod 64, in every
     file: a sample's ids all land in one partition of the rank that owns the table."""

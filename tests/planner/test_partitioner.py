@@ -104,6 +104,17 @@ def test_memory_fits_only_beyond_the_id_limit():
         plan_tables([hot], parse_accelerator_type("v6e-8"), 8192)
 
 
+def test_id_limit_advice_stays_within_the_hardware():
+    """Raising the limit is advice only up to the hardware's ceiling (4096 ids per partition)."""
+    hot = EmbeddingTable("hot", 40_000_000, 128, pooling_factor=100.0, optimizer="adagrad")
+    with pytest.raises(PlanningError) as raised:
+        plan_tables([hot], parse_accelerator_type("v6e-8"), 8192)
+    assert "raise --max-ids-per-partition (or the table's max_ids_per_partition) to >= 3200" in str(raised.value)
+    with pytest.raises(PlanningError) as raised:
+        plan_tables([hot], parse_accelerator_type("v6e-8"), 65536)  # 25600 ids per partition
+    assert str(raised.value).endswith("(id limit 256); lower --batch-size or use more chips"), raised.value
+
+
 def test_unsupported_constraint():
     with pytest.raises(PlanningError, match="none of which"):
         plan_tables([EmbeddingTable("t", 10, 8)], V5P_8, 64, constraints={"t": ["table_row_wise"]})

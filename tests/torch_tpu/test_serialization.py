@@ -45,6 +45,32 @@ def test_views_of_one_storage_load_as_views() -> None:
     assert loaded["tail"].cpu().tolist()[:3] == [103.0, 104.0, 105.0]
 
 
+@pytest.mark.parametrize("load", [{}, {"weights_only": True}, {"map_location": "cpu"}],
+                         ids=["tpu", "weights_only", "to_cpu"])
+def test_tpu_views_saved_together_load_as_views_as_on_cpu(load: dict) -> None:
+    # each tpu tensor was saved as a copy of its own values: the loaded view no longer aliased its base
+    results = []
+    for device in ("cpu", "tpu"):
+        base = torch.arange(12.0, device=device)
+        loaded = _round_trip({"base": base, "head": base[2:8].view(2, 3), "t": base.view(3, 4).t()}, **load)
+        loaded["head"].mul_(-1)
+        loaded["t"][1, 0] = 100.0
+        assert loaded["t"].stride() == (1, 4) and loaded["head"].storage_offset() == 2
+        results.append(loaded["base"].cpu())
+        assert loaded["base"].device.type == load.get("map_location", device)
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
+
+
+def test_a_storage_is_written_once_however_many_views_save_it() -> None:
+    base = torch.zeros(100_000, device="tpu")
+    sizes = []
+    for obj in (base, [base, base[10:], base.view(100, 1000).t(), base[::2]]):
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        sizes.append(len(buffer.getvalue()))
+    assert sizes[1] < sizes[0] + 10_000  # one 400 kB storage, not four
+
+
 def test_module_state_and_parameters_load_onto_tpu() -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
     model(torch.randn(5, 4))  # non-trivial running stats

@@ -54,6 +54,17 @@ def test_a_bad_entry_is_a_miss_removed_with_one_warning(cache, damage, reason, c
     assert len(_warned(caplog, str(path))) == 1 and reason in caplog.text, caplog.text
 
 
+@pytest.mark.parametrize("level", ["compiled", "fx", "steps"])
+def test_an_entry_copied_over_another_keys_name_is_a_miss(cache, level, caplog) -> None:
+    xla_cache.store(level, "a", b"program a")
+    xla_cache.store(level, "b", b"program b")
+    shutil.copy(cache / level / f"a{xla_cache.ENTRY_SUFFIX}", cache / level / f"b{xla_cache.ENTRY_SUFFIX}")
+    with caplog.at_level(logging.WARNING, logger="xla_cache"):
+        assert xla_cache.load(level, "b", bytes) is None
+        assert xla_cache.load(level, "a", bytes) == b"program a"
+    assert len(_warned(caplog, "belongs to another key")) == 1, caplog.text
+
+
 def test_an_entry_over_the_cap_is_a_miss(cache, caplog) -> None:
     path = cache / "steps" / f"big{xla_cache.ENTRY_SUFFIX}"
     path.parent.mkdir(mode=0o700)
@@ -72,6 +83,30 @@ def test_a_failed_write_turns_the_cache_off_with_one_warning(cache, caplog) -> N
             xla_cache.store("fx", "k", b"payload")
     assert len(_warned(caplog, "compile cache off: writing")) == 1, caplog.text
     assert xla_cache.cache_dir() is None and jax.config.jax_compilation_cache_dir is None
+
+
+@pytest.mark.parametrize(("parent_mode", "parent_uid", "reason"), [
+    (0o777, None, "writable by others without the sticky bit"),
+    (0o755, OTHER_UID, f"owned by uid {OTHER_UID}: another user could replace it"),
+    (0o1777, None, None),  # sticky, as /tmp: others cannot rename what is ours
+])
+def test_a_directory_above_that_others_control_is_refused(tmp_path, parent_mode, parent_uid, reason, caplog):
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    parent.chmod(parent_mode)
+    if parent_uid is not None:
+        os.chown(parent, parent_uid, parent_uid)
+    previous, cap = xla_cache.cache_dir(), xla_cache._max_bytes[0]
+    try:
+        with caplog.at_level(logging.WARNING, logger="xla_cache"):
+            xla_cache.configure(parent / "cache")
+        if reason is None:
+            assert xla_cache.cache_dir() == parent / "cache" and not caplog.records
+        else:
+            warned = _warned(caplog, "compile cache off")
+            assert len(warned) == 1 and reason in warned[0] and xla_cache.cache_dir() is None, caplog.text
+    finally:
+        xla_cache.configure(previous, cap)
 
 
 def _plant_copy(source: Path, target: Path) -> None:

@@ -5,6 +5,7 @@ view op -> alias the input's storage box with metadata computed on meta tensors;
 in-place / out= op -> run the functional sibling's lowering and write into the target(s);
 lowered op -> unwrap to JAX arrays, run through the current mode's executor, wrap;
 op with a decomposition -> run it on the tpu tensors (``torch_tpu.ops.decompositions``, counted);
+op a library registered a tpu kernel for (``torch.library`` "TPU" key) -> that kernel;
 anything else -> CPU fallback (counted). A few ops that cross devices or return Python values
 (``copy_``, ``_to_copy``, ``_local_scalar_dense`` ...) have dedicated handlers.
 
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._library import custom_ops as _custom_ops
 
 from torch_tpu.eager import collectives, fallback, modes, op_jit, sparse
 from torch_tpu.eager.handlers import (
@@ -210,6 +212,32 @@ def _functional_sibling(func: Any) -> Any:
     return _sibling_by_signature(packet, schema)
 
 
+_PRIVATEUSE1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+# PyTorch's own ops keep their paths (lowerings, decompositions, the CPU fallback): their generic
+# PrivateUse1 kernels (fsdp's copy-ins, collectives) are not a device implementation
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "fsdp"}) | decompositions.COLLECTIVE_NAMESPACES
+
+
+def _has_library_kernel(func: Any) -> bool:
+    """A non-aten op with a kernel for tpu tensors from its library: registered for the "TPU"
+    (PrivateUse1) key (TorchRec's Pallas kernels, its fbgemm routing), or a ``torch.library.custom_op``
+    (its Python function serves every device): the op's device implementation."""
+    if func.namespace in _TORCH_NAMESPACES:
+        return False
+    return (torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "PrivateUse1")
+            or func.name() in _custom_ops.OPDEFS)
+
+
+def _library_kernel_handler(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run the library's tpu kernel on the tpu tensors; where its Pallas kernel cannot run on this
+    platform (a SparseCore kernel off TPU), the op's CPU kernel, counted as a fallback, from then on."""
+    try:
+        return func.redispatch(_PRIVATEUSE1, *args, **kwargs)
+    except fallback.KernelUnavailable:
+        _HANDLERS[func] = _fallback_handler
+        return _fallback_handler(func, args, kwargs)
+
+
 def _make_handler(func: Any) -> Handler:
     special = _SPECIAL.get(func)
     if special is not None:
@@ -224,6 +252,8 @@ def _make_handler(func: Any) -> Handler:
     own = eager_lowering(func)
     if own is not None and own.writes:  # updates inputs through its lowering's ``writes``
         return _lowered_handler(own)
+    if own is None and _has_library_kernel(func):
+        return _library_kernel_handler
     write_args = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     if write_args:
         sibling = _functional_sibling(func)

@@ -33,6 +33,11 @@ _decomposed_counts: Counter[str] = Counter()
 _allowed = [os.environ.get("TORCH_TPU_NO_FALLBACK", "0") != "1"]
 
 
+class KernelUnavailable(RuntimeError):
+    """A kernel this platform cannot run (a Pallas SparseCore kernel off TPU: JAX's Pallas interpret
+    mode has no SparseCore). Eager dispatch then runs the calling op's CPU kernel, counted here."""
+
+
 class TpuFallbackError(RuntimeError):
     """An op without a TPU lowering ran while CPU fallback is disabled."""
 

@@ -22,6 +22,7 @@ from torch_tpu.ops import decompositions, metadata_ops
 from torch_tpu.ops.lowerings import indexing
 from torch_tpu.ops.registry import Lowering, get_lowering
 from torch_tpu.runtime import device as tpu_device
+from torch_tpu.runtime import generator as tpu_generator
 from torch_tpu.runtime import memory_format as formats
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime import tensor as tensor_mod
@@ -153,7 +154,8 @@ def _execute(func: Any, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
     if lowering.check is not None:
         lowering.check(jargs, jkwargs)
     if lowering.needs_key:
-        jkwargs["key"] = tpu_random.next_key()
+        generator = kwargs.get("generator")
+        jkwargs["key"] = tpu_random.next_key() if generator is None else tpu_generator.key_from(generator)
     try:
         out = modes.current_executor()(lowering, jargs, jkwargs)
     except (TypeError, ValueError) as e:

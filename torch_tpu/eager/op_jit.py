@@ -213,10 +213,13 @@ def _note_float_values(site: tuple, fkey: tuple) -> bool:
 
 def _jitted(lowering: Lowering, treedef: Any, leaves: list, traced_floats: bool) -> Any:
     """A jitted program over the array leaves (and the float leaves when ``traced_floats``)."""
-    template = list(leaves)
     slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
     if traced_floats:
         slots += [i for i, leaf in enumerate(leaves) if type(leaf) is float]
+    # the slots' leaves left out: a cached program must not keep its first call's arrays alive
+    template = list(leaves)
+    for i in slots:
+        template[i] = None
     fn = lowering.fn
 
     def program(*inputs: Any) -> Any:

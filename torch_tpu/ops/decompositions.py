@@ -47,7 +47,7 @@ _NOT_DECOMPOSED: frozenset[Any] = frozenset({
 # Collectives keep their own path (the CPU fallback over the process group): their backend-agnostic
 # kernels register in-flight work by the output's storage, which ``wait_tensor`` cannot find again
 # on a tpu tensor, so the result would be read before the collective wrote it.
-_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor"})
+COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor"})
 
 _EXPLICIT = torch._C.DispatchKey.CompositeExplicitAutograd
 _table: dict[Any, Decomposition] | None = None
@@ -80,7 +80,7 @@ def decomposition(op: Any) -> Decomposition | None:
     if _table is None:
         _table = _build()
     if (op in _NOT_DECOMPOSED or not isinstance(op, torch._ops.OpOverload) or _mutates(op)
-            or op.namespace in _COLLECTIVE_NAMESPACES):
+            or op.namespace in COLLECTIVE_NAMESPACES):
         return None
     composite = get_composite(op)
     if composite is not None:

@@ -142,6 +142,7 @@ def register() -> None:
     lib.impl("_local_scalar_dense", lambda t: _local_scalar_dense(None, (t,), {}), "PrivateUse1")
     # torch has no fake kernel for it (the 2d one has): compiled FractionalMaxPool3d training traces it
     lib.impl("fractional_max_pool3d_backward", fractional_max_pool3d_backward_meta, "Meta")
-    for name in ("triu_indices", "tril_indices"):
+    # ones/zeros/full build their array at once: torch's composite (empty, then fill_) held two
+    for name in ("triu_indices", "tril_indices", "ones", "zeros", "full"):
         lib.impl(name, lowered_factory(getattr(torch.ops.aten, name).default), "PrivateUse1")
     _libs.append(lib)

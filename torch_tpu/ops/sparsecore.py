@@ -18,7 +18,8 @@ other values give undefined results.
 Inputs are checked (``torch_tpu.ops.sparsecore_checks``): a bad buffer raises one ValueError
 naming the argument, the value and its limit. Eager calls (CPU and tpu, every eager mode) check
 dtypes, shapes and the CSR values (row pointers in their region and non-decreasing, ids below the
-rows of a partition, sample ids below ``device_batch_size / N``; padding positions are not read);
+rows of a partition, sample ids below ``device_batch_size / N``, no partition over
+``max_ids_per_partition``, a ``touched_rows`` of the same buffers; padding positions are not read);
 traces check dtypes and shapes. Inside compiled programs the ``debug`` mode checks the values of
 graph inputs before the program runs; ``strict`` and ``defer_and_fuse`` leave out-of-range values
 undefined, as a TPU does. The engine's own calls, on buffers its host preprocessing built, skip
@@ -47,6 +48,7 @@ The public schemas stay TorchTPU's.
 from __future__ import annotations
 
 import contextvars
+import functools
 from typing import Any
 
 import numpy as np
@@ -88,9 +90,9 @@ SCHEMAS = {
 SHARDED = "_sharded_"
 _SHARDING = "int devices=1, int device_index=0"
 SHARDED_SCHEMAS = {SHARDED + name: schema.replace(") ->", f", {_SHARDING}) ->", 1) for name, schema in SCHEMAS.items()}
-# the slot tensors each fused op takes after the table (and returns after it)
-SLOTS = {"sgd": (), "adagrad": ("accumulator",), "adam": ("momentum", "velocity"),
-         "rowwise_adagrad": ("accumulator",), "ftrl": ("accumulator", "linear")}
+FUSED = "sparse_dense_matmul_grad_with_"
+# the optimizers with a fused op (sparsecore.optimizer_rules holds the rest of each one's record)
+OPTIMIZERS = tuple(name.removeprefix(FUSED) for name in SCHEMAS if name.startswith(FUSED))
 _libs: list[torch.library.Library] = []
 # the modules the lowerings compute in (the compile cache's key covers their source)
 LOWERING_SOURCES = ("sparsecore.csr_math", "sparsecore.csr_kernels", "sparsecore.csr_format")
@@ -98,6 +100,18 @@ LOWERING_SOURCES = ("sparsecore.csr_math", "sparsecore.csr_kernels", "sparsecore
 
 def _overload(name: str) -> torch._ops.OpOverload:
     return getattr(torch.ops.tpu, name).default
+
+
+@functools.cache
+def fused_arguments(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(slots, hyperparameters) of the registered ``tpu::`` op ``name``: the argument names its
+    schema has between the table and the gradient (the slots it takes and returns after the
+    table), and between the gradient and the limits; both empty for an op without them."""
+    names = [a.name for a in _overload(name)._schema.arguments]
+    if "activations_grad" not in names:
+        return (), ()
+    table, grad, limits = (names.index(k) for k in ("embedding_table", "activations_grad", "device_batch_size"))
+    return tuple(names[table + 1:grad]), tuple(names[grad + 1:limits])
 
 
 # --- the math on the tpu device: jnp off TPU, SparseCore primitives on TPU -----------------------
@@ -139,7 +153,7 @@ def bind_args(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     return bound
 
 
-def check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
+def _check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
     """Check op ``name``'s bound arguments ``a``: their layout, then (outside
     ``sparsecore_checks.preprocessed``) the CSR buffers' values, read to numpy with ``read``."""
     _check_layout(name, a)
@@ -154,29 +168,27 @@ def check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
 
 
 def _check_layout(name: str, a: dict[str, Any]) -> None:
-    checks.check_layout(name, a, SLOTS.get(name.rpartition("_with_")[2], ()))
+    checks.check_layout(name, a, fused_arguments(name)[0])
 
 
 def _eager_check(name: str):
     """The check eager dispatch runs on a call's JAX arrays before its lowering."""
 
     def check(args: tuple, kwargs: dict) -> None:
-        check_inputs(name, bind_args(name, args, kwargs), np.asarray)
+        _check_inputs(name, bind_args(name, args, kwargs), np.asarray)
 
     return check
 
 
 def _fused(optimizer: str, prefix: str = ""):
     """The lowering of ``<prefix>sparse_dense_matmul_grad_with_<optimizer>``."""
-    name = f"{prefix}sparse_dense_matmul_grad_with_{optimizer}"
-    slots = SLOTS[optimizer]
+    name = f"{prefix}{FUSED}{optimizer}"
+    slots, hyper_names = fused_arguments(name)
 
     def lowering(*args, **kwargs):
         a = bind_args(name, args, kwargs)
         csr = tuple(a[k] for k in ("row_pointers", "embedding_ids", "sample_ids", "gains"))
-        names = [x.name for x in _overload(name)._schema.arguments]
-        first = names.index("activations_grad") + 1
-        hypers = [a[k] for k in names[first:first + _HYPERS[optimizer]]]
+        hypers = [a[k] for k in hyper_names]
         table, table_slots, grad = a["embedding_table"], [a[k] for k in slots], a["activations_grad"]
         sharding = (a.get("devices", 1), a.get("device_index", 0))
         if _on_tpu_platform() and sharding[0] == 1:
@@ -193,7 +205,6 @@ def _fused(optimizer: str, prefix: str = ""):
     return lowering
 
 
-_HYPERS = {"sgd": 1, "adagrad": 2, "adam": 4, "rowwise_adagrad": 2, "ftrl": 5}
 
 
 def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor,
@@ -223,7 +234,7 @@ def _on_host(name: str, lowering):
     host's CPU device (never the SparseCore primitives, even on a TPU host)."""
 
     def kernel(*args, **kwargs):
-        check_inputs(name, bind_args(name, args, kwargs), lambda t: t.detach().numpy())
+        _check_inputs(name, bind_args(name, args, kwargs), lambda t: t.detach().numpy())
         cpu = jax.local_devices(backend="cpu")[0]  # (this process's: a distributed client lists every process's)
 
         def to_jax(x):
@@ -252,10 +263,11 @@ def _lookup_grad_fake(row_pointers, embedding_ids, sample_ids, gains, embedding_
 
 
 def _fused_fake(optimizer: str, prefix: str = ""):
-    slots = SLOTS[optimizer]
+    name = f"{prefix}{FUSED}{optimizer}"
+    slots = fused_arguments(name)[0]
 
     def fake(*args, **kwargs):
-        a = bind_args(f"{prefix}sparse_dense_matmul_grad_with_{optimizer}", args, kwargs)
+        a = bind_args(name, args, kwargs)
         out = (torch.empty_like(a["embedding_table"]), *(torch.empty_like(a[s]) for s in slots))
         return out if len(out) > 1 else out[0]
 
@@ -296,8 +308,7 @@ def register() -> None:
     for prefix in ("", SHARDED):
         kernels = {"sparse_dense_matmul": (_lookup, _lookup_fake),
                    "sparse_dense_matmul_grad": (_lookup_grad, _lookup_grad_fake)}
-        kernels.update({f"sparse_dense_matmul_grad_with_{o}": (_fused(o, prefix), _fused_fake(o, prefix))
-                        for o in SLOTS})
+        kernels.update({f"{FUSED}{o}": (_fused(o, prefix), _fused_fake(o, prefix)) for o in OPTIMIZERS})
         for name, (lowering, fake) in kernels.items():
             full = prefix + name
             lib.impl(full, _on_host(full, lowering), "CPU")

@@ -79,7 +79,7 @@ def _sharded_call(name: str, a: dict[str, Any]) -> Any:
         raise TypeError(f"tpu::{name}: {bad} are DTensors but embedding_table is not; only the table and its "
                         "optimizer slots may be DTensors (sharded Shard(0) on a 1-D mesh)")
     mesh = table.device_mesh
-    slots = ops.SLOTS.get(name.removeprefix("sparse_dense_matmul_grad_with_"), ())
+    slots = ops.fused_arguments(name)[0]
     for key in ("embedding_table", *slots):
         _check_row_sharded(name, key, a[key], mesh)
     _graph_break_under_dynamo(name)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from torch_tpu.runtime import generator as tpu_generator
 from torch_tpu.runtime import precision as tpu_precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
@@ -107,6 +108,22 @@ def synchronize(device: int | str | torch.device | None = None) -> None:
         last.block_until_ready()
 
 
+_torch_accelerator_synchronize = torch.accelerator.synchronize
+
+
+def _accelerator_synchronize(device: int | str | torch.device | None = None) -> None:
+    """``torch.accelerator.synchronize`` reaching :func:`synchronize` for the tpu device (PyTorch's
+    C++ path asks the device guard, which a Python backend cannot implement for this call)."""
+    kind = torch.device(device).type if isinstance(device, (str, torch.device)) else None
+    if kind is None:
+        current = torch.accelerator.current_accelerator()
+        kind = current.type if current is not None else None
+    if kind == DEVICE_NAME:
+        synchronize(device if isinstance(device, (str, torch.device)) else None)
+    else:
+        _torch_accelerator_synchronize(device)
+
+
 def get_device_name(device: int | str | torch.device | None = None) -> str:
     _check_index(device)
     d = _jax_device()
@@ -153,6 +170,7 @@ class TpuDeviceProperties:
     total_memory: int  # bytes; 0 when the backend does not report it (XLA:CPU)
     sparsecores: int  # 0 when the chip is not in tpu_facts' chip catalog (or not a TPU)
     tensorcores: int
+    sparsecores_per_device: int = 0  # of this JAX device (a chip may show up as several)
 
 
 def get_device_properties(device: int | str | torch.device | None = None) -> TpuDeviceProperties:
@@ -172,6 +190,7 @@ def get_device_properties(device: int | str | torch.device | None = None) -> Tpu
         total_memory=int(total),
         sparsecores=chip.sparsecores_per_chip if chip else 0,
         tensorcores=chip.tensorcores_per_chip if chip else 0,
+        sparsecores_per_device=chip.sparsecores_per_device if chip else 0,
     )
 
 
@@ -433,8 +452,10 @@ def register() -> None:
         torch.utils.rename_privateuse1_backend(DEVICE_NAME)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)  # storage.tpu(): see storage.py
     torch._register_device_module(DEVICE_NAME, sys.modules[__name__])
+    torch.accelerator.synchronize = _accelerator_synchronize
     # Kept alive here: the C++ side holds raw references.
     _KEEPALIVE.extend([_Hooks(), _DeviceGuard()])
     torch._C._acc.register_python_privateuseone_hook(_KEEPALIVE[0])
     torch._C._acc.register_python_privateuseone_device_guard(_KEEPALIVE[1])
+    tpu_generator.install()
     _registered = True

@@ -5,10 +5,14 @@
   constants and the lowering registry. A hit skips the FX -> JAX translation and the trace.
 * ``<dir>/steps/<key>.jaxexport``: a traced ``torch_tpu.compile.train_step`` program
   (:mod:`torch_tpu.compile.step_cache`). A hit skips tracing the step.
-* ``<dir>/compiled/<key>.jaxexport``: the compiled executable of one of them, serialized, keyed
-  by its program's key, the backend, the device and the input types
-  (:mod:`torch_tpu.compile.executables`). A hit skips lowering and compiling.
+* ``<dir>/compiled/<key>.jaxexport``: the compiled executable of one of them, serialized without
+  pickle (:mod:`torch_tpu.compile.executable_codec`), keyed by its program's key, the backend, the
+  device and the input types (:mod:`torch_tpu.compile.executables`). A hit skips lowering and
+  compiling.
 * ``<dir>/executables``: the compiled XLA executables of all of them (JAX's cache).
+
+Every entry carries its key and a digest, checked when read, and the directory is used only when
+it is this user's own (the trust policy of :mod:`xla_cache`).
 
 ``import torch_tpu`` applies the default location (:func:`xla_cache.default_cache_dir`); the
 eager device's per-op programs stay in memory. :func:`configure_cache` moves or disables it.

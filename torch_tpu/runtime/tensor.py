@@ -12,8 +12,10 @@ dispatch); other views gather from the flat array with cached index vectors.
 
 from __future__ import annotations
 
+import collections
 import copy
 import math
+import weakref
 from collections.abc import Callable
 from functools import lru_cache, partial
 from typing import Any
@@ -52,11 +54,21 @@ class StorageBox:
     write left (usually the shape of the tensor using it), so that tensor reads it without reshape.
     """
 
-    __slots__ = ("array", "_ptr", "__weakref__")
+    __slots__ = ("array", "_ptr", "_storage", "__weakref__")
 
     def __init__(self, array: jax.Array) -> None:
         self.array = array
         self._ptr = 0
+        self._storage: weakref.ref | None = None
+
+    def storage(self) -> TpuUntypedStorage:
+        """The box's storage object, the same one while anything holds it: ``torch.save`` tells
+        storages apart by their C++ storage, so views saved together load as views of one storage."""
+        found = self._storage() if self._storage is not None else None
+        if found is None:
+            found = TpuUntypedStorage(self)
+            self._storage = weakref.ref(found)
+        return found
 
     @property
     def ptr(self) -> int:
@@ -106,6 +118,10 @@ class TpuUntypedStorage(torch.UntypedStorage):
     def cpu(self) -> torch.UntypedStorage:
         """A CPU copy of the storage's bytes."""
         return array_to_cpu(self._box.array.reshape(-1)).untyped_storage()
+
+    def _write_file(self, *args: Any) -> None:
+        """The bytes into a legacy-format file (``pickle`` of a tpu tensor goes through it)."""
+        self.cpu()._write_file(*args)
 
     def clone(self) -> TpuUntypedStorage:
         return TpuUntypedStorage(StorageBox(self._box.array))  # jax arrays are immutable
@@ -200,7 +216,7 @@ class TpuTensor(torch.Tensor):
         return super().register_post_accumulate_grad_hook(backward_errors.guard_hook(hook))
 
     def untyped_storage(self) -> TpuUntypedStorage:  # type: ignore[override]
-        return TpuUntypedStorage(self._box)
+        return self._box.storage()
 
     def set_(self, source: Any = None, storage_offset: int = 0, size: Any = None, stride: Any = None) -> TpuTensor:  # type: ignore[override]
         """``torch.Tensor.set_``, also from a tpu storage (``t.untyped_storage()``) and with a layout:
@@ -251,9 +267,12 @@ class TpuTensor(torch.Tensor):
         return new
 
     def __reduce_ex__(self, protocol: int):
-        # torch's rebuild for storage-less devices: it applies torch.load's map_location
-        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                (to_cpu(self.detach()), self.dtype, str(self.device), self.requires_grad))
+        # as torch saves a CPU tensor: its storage (written once however many tensors view it, its
+        # location tag "tpu:0" honouring torch.load's map_location) and the view's layout
+        storage = torch.storage.TypedStorage(wrap_storage=self.untyped_storage(), dtype=self.dtype, _internal=True)
+        return (torch._utils._rebuild_tensor_v2,
+                (storage, self.storage_offset(), tuple(self.size()), self.stride(), self.requires_grad,
+                 collections.OrderedDict()))
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: Any = None) -> TpuTensor:
         """AOTAutograd's hook for a subclass tangent: a TpuTensor already is a plain tpu tensor."""

@@ -14,11 +14,27 @@ from typing import Any
 from torchrec_tpu.planner.cost_model import OptionBuilder, ShardingOption
 from torchrec_tpu.planner.tables import EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
-from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION, GIB, ShardingKind
+from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION, GIB, MAX_IDS_PER_PARTITION_CEILING, ShardingKind
 
 
 class PlanningError(ValueError):
     """The tables cannot be planned on this topology (names the table and the shortfall)."""
+
+
+class IdLimitError(PlanningError):
+    """Every sharding of a table that fits in HBM sends a SparseCore partition more ids per step
+    than the id limit. ``problem`` says so; the message adds ``fix``, the flags of ``plan`` by
+    default (``train --plan auto`` words it in its own flags). ``needed``: the smallest limit
+    that would do."""
+
+    def __init__(self, problem: str, needed: int, fix: str | None = None) -> None:
+        self.problem, self.needed = problem, needed
+        if fix is None:
+            fix = "lower --batch-size or use more chips"
+            if needed <= MAX_IDS_PER_PARTITION_CEILING:
+                fix = (f"raise --max-ids-per-partition (or the table's max_ids_per_partition) to >= {needed}, "
+                       + fix)
+        super().__init__(f"{problem}; {fix}")
 
 
 def allowed_kinds(constraints: Mapping[str, Any] | None, table: str) -> set[ShardingKind] | None:
@@ -64,12 +80,10 @@ class TableOptions:
         lean = min(options, key=self.peak_memory)
         if self.fits_alone(lean):
             unlock = min((o for o in options if self.fits_alone(o)), key=lambda o: o.ids_per_partition)
-            raise PlanningError(
+            raise IdLimitError(
                 f"table {table.name!r}: every sharding that fits in HBM exceeds the id limit; {unlock.kind.value} "
-                f"needs {unlock.ids_per_partition:.0f} ids per SparseCore partition per step (id limit {limit}); "
-                f"raise --max-ids-per-partition (or the table's max_ids_per_partition) to >= "
-                f"{math.ceil(unlock.ids_per_partition)}, lower --batch-size or use more chips"
-            )
+                f"needs {unlock.ids_per_partition:.0f} ids per SparseCore partition per step (id limit {limit})",
+                math.ceil(unlock.ids_per_partition))
         need = self.peak_memory(lean)
         raise PlanningError(
             f"table {table.name!r} ({table.rows} rows x {table.dim}, {table.optimizer}) does not fit: it needs "

@@ -21,7 +21,6 @@ tables and slots (``table_weights`` / ``optimizer_slots``), as every backend's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,18 +32,17 @@ from torch import nn
 
 import torch_tpu  # (registers the tpu device and the tpu:: SparseCore ops)
 from sparsecore import csr_math
-from sparsecore import optimizers as opt
 from sparsecore.backends.base import Backend, check_grads
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.csr_format import round_up_array, row_pointers_per_sc
 from sparsecore.limits import StackStats, check_overflow_policy
+from sparsecore.optimizer_rules import OptimizerRule, rule_of
 from sparsecore.preprocess import preprocess_inputs
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 from torch_tpu.ops.sparsecore import touched_rows_ahead
 from torch_tpu.ops.sparsecore_checks import preprocessed
 from torch_tpu.runtime.tensor import write
-from torchrec_tpu.sharding.sharded_tables import traceable_update
 from torchrec_tpu.sharding.stacked_arrays import stacked_array, table_rows
 from tpu_facts import ALIGNMENT
 
@@ -110,14 +108,21 @@ def csr_limits(stack: StackedTable, chunks: int, embedding_ids: torch.Tensor) ->
     return limit, min(limit, stack.max_unique_ids_per_partition)
 
 
-def _check_optimizer(stack: StackedTable) -> None:
-    if isinstance(stack.optimizer, opt.RowWiseAdagrad) and any(t.dim != stack.dim for t in stack.tables):
+def _fused_op(stack: StackedTable) -> tuple[OptimizerRule, list[bool]]:
+    """The rule of ``stack``'s optimizer, and which of its op's hyperparameters are tensors (the
+    op's schema says); ValueError where the ops backend cannot run it."""
+    rule = rule_of(stack.optimizer)
+    if stack.optimizer.row_slots and any(t.dim != stack.dim for t in stack.tables):
         # the op averages g^2 over the stack's (padded) dim, the spec over each table's own dim
-        raise ValueError(f"stack {stack.name!r}: row-wise Adagrad on tables of dims "
+        raise ValueError(f"stack {stack.name!r}: {stack.optimizer.name} on tables of dims "
                          f"{sorted({t.dim for t in stack.tables})} padded to {stack.dim}: the ops backend "
                          "averages over the padded dim; use the xla backend")
-    if stack.optimizer.name not in ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"):
+    if not hasattr(torch.ops.tpu, rule.op_name):
         raise ValueError(f"the ops backend has no fused op for optimizer {stack.optimizer.name!r}")
+    arguments = getattr(torch.ops.tpu, rule.op_name).default._schema.arguments
+    names = [a.name for a in arguments]
+    hypers = arguments[names.index("activations_grad") + 1:names.index("device_batch_size")]
+    return rule, [isinstance(a.type, torch.TensorType) for a in hypers]
 
 
 class StackedState(nn.Module):
@@ -136,17 +141,19 @@ class StackedState(nn.Module):
         self._where = [where[f.name] for f in plan.features]
         self._dims = [plan.tables[f.table].dim for f in plan.features]
         self._identity: list[bool] = []
+        self._tensor_hypers: list[list[bool]] = []  # per stack: which of its op's hyperparameters are tensors
         layout = ActivationLayout(plan, chunks)  # where each feature's rows sit in the chunk-major activations
         plan_index = {where: k for k, where in enumerate(self._where)}
         for i, st in enumerate(plan.stacks):
-            _check_optimizer(st)
+            rule, tensor_hypers = _fused_op(st)
+            self._tensor_hypers.append(tensor_hypers)
             for name in ("table", *st.optimizer.slot_names):  # (allocated by load: each exists once)
                 self.register_buffer(f"{name}_{i}", None, persistent=False)
-            self.register_buffer(f"lr_{i}", torch.tensor(float(st.optimizer.learning_rate), device=DEVICE),
-                                 persistent=False)
-            if isinstance(st.optimizer, opt.Adagrad):  # (and row-wise)
-                self.register_buffer(f"eps_{i}", torch.tensor(float(st.optimizer.eps), device=DEVICE),
-                                     persistent=False)
+            if rule.in_step:  # fixed: the tensor ones are buffers (inputs of a step program)
+                for k, (value, tensor) in enumerate(zip(rule.op_hypers(st.optimizer, None), tensor_hypers)):
+                    if tensor:
+                        self.register_buffer(f"hyper{k}_{i}", torch.tensor(float(value), device=DEVICE),
+                                             persistent=False)
             # one batch size: sample-major rows (sample i's features side by side: [b, F * dim] is a
             # reshape); else feature-major (feature j's samples contiguous: a split per feature)
             order = np.argsort(layout.activation_rows(st)) if self.uniform else np.concatenate(
@@ -265,7 +272,7 @@ class StackedState(nn.Module):
         for i, (st, grad_i, current) in enumerate(zip(self.plan.stacks, self._activation_grads(grad, b),
                                                       self.step_tensors(b))):
             limits = (st.total_sample_count, *csr_limits(st, self.chunks, csr[4 * i + 1]))
-            op = getattr(torch.ops.tpu, f"sparse_dense_matmul_grad_with_{st.optimizer.name}")
+            op = getattr(torch.ops.tpu, rule_of(st.optimizer).op_name)
             with preprocessed():
                 new = op(*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b),
                          *limits, touched_rows=touched[i] if touched else None)
@@ -273,26 +280,19 @@ class StackedState(nn.Module):
         return out
 
     def _hypers(self, i: int, stack: StackedTable, step: int | None, b: Mapping[str, torch.Tensor]) -> list[Any]:
-        spec = stack.optimizer
-        lr = b[f"lr_{i}"]
-        if isinstance(spec, opt.Adagrad):  # (and row-wise)
-            return [lr, b[f"eps_{i}"]]
-        if isinstance(spec, opt.Adam):
-            if step is None:
-                raise ValueError("Adam's bias corrections need the step number on the host; the ops backend "
-                                 "does not trace it into a step program")
-            c1 = 1.0 - spec.beta_1 ** step
-            c2 = math.sqrt(1.0 - spec.beta_2 ** step)
-            alpha = torch.tensor(spec.learning_rate * c2 / c1, dtype=torch.float32).to(lr.device)
-            return [alpha, spec.beta_1, spec.beta_2, spec.epsilon * c2]
-        if isinstance(spec, opt.FTRL):
-            return [lr, spec.learning_rate_power, spec.l1_regularization_strength, spec.l2_regularization_strength,
-                    spec.beta]
-        return [lr]
+        """Stack ``i``'s fused op's hyperparameters (its optimizer rule's; the fixed tensor ones
+        are buffers, the others made for ``step``)."""
+        rule = rule_of(stack.optimizer)
+        values = rule.op_hypers(stack.optimizer, None if rule.in_step else step)
+        if rule.in_step:
+            return [b[f"hyper{k}_{i}"] if tensor else value
+                    for k, (value, tensor) in enumerate(zip(values, self._tensor_hypers[i]))]
+        return [torch.tensor(float(value), device=DEVICE) if tensor else value
+                for value, tensor in zip(values, self._tensor_hypers[i])]
 
     def traceable(self) -> bool:
         """Whether the update runs inside a step program (no host value per step)."""
-        return all(traceable_update(st.optimizer) for st in self.plan.stacks)
+        return all(rule_of(st.optimizer).in_step for st in self.plan.stacks)
 
     def lookup_with_update(self, anchor: torch.Tensor, arguments: Sequence[torch.Tensor]) -> torch.Tensor:
         """:meth:`activations` (uniform batch) of a batch's :attr:`PreparedCSR.arguments` whose

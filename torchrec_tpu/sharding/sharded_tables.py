@@ -8,7 +8,7 @@ the module state (each rank's pieces of the full tables, see ``state_dict.py``),
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar
@@ -20,8 +20,6 @@ from torch import nn
 
 from sparsecore.backends import make_backend
 from sparsecore.backends.base import Backend, TableTensors, initial_table_slots
-from sparsecore.module import fused_lookup
-from sparsecore.optimizers import Adam, OptimizerSpec
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.stacking import plan_stacking
 from torchrec_tpu.sharding.deferred import DeferredTensor, tables_deferred
@@ -32,12 +30,6 @@ from torchrec_tpu.sharding.uniform_ranks import RankPadding, is_pad, uniform_pad
 Served = list[list[tuple[FeatureSpec, Shard]]]
 OPS = "ops"  # the local engine on TorchTPU's tpu:: SparseCore ops (torchrec_tpu.sharding.ops_backend)
 XLA = "xla"  # the sparsecore xla backend (sparsecore.backends.xla)
-
-
-def traceable_update(optimizer: OptimizerSpec) -> bool:
-    """Whether the ops backend's fused update with ``optimizer`` needs no host value per step
-    (Adam's bias corrections do), so that a traced step program can run it."""
-    return not isinstance(optimizer, Adam)
 
 
 @dataclass(frozen=True)
@@ -308,6 +300,32 @@ class ShardedTables(nn.Module):
                                            else (spec.vocab_size, spec.dim))
                 _place(out[key], shard, piece)
         return out
+
+
+class _FusedLookup(torch.autograd.Function):
+    """Forward: ``lookup() -> (output, context)``. Backward: ``update(context, output_grad)``, the
+    fused optimizer update; no gradient is returned for the tables themselves (they are updated
+    in place, as on the SparseCores)."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, lookup: Callable[[], tuple[torch.Tensor, Any]],
+                update: Callable[[Any, torch.Tensor], None]) -> torch.Tensor:
+        output, ctx.context = lookup()
+        ctx.update = update
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        ctx.update(ctx.context, grad)
+        return None, None, None
+
+
+def fused_lookup(anchor: torch.Tensor, lookup: Callable[[], tuple[torch.Tensor, Any]],
+                 update: Callable[[Any, torch.Tensor], None]) -> torch.Tensor:
+    """``lookup()``'s output; when autograd reaches it in backward, ``update(context, grad)`` runs.
+    ``anchor`` is an empty parameter requiring grad: autograd only calls a Function's backward if
+    an input requires grad (it never receives a gradient)."""
+    return _FusedLookup.apply(anchor, lookup, update)
 
 
 def torchrec_weights(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:

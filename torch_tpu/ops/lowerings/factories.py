@@ -21,6 +21,8 @@ def _fill_dtype(value, dtype):
         return jnp.bool_
     if isinstance(value, int):
         return jnp.int64
+    if isinstance(value, complex):
+        return jnp.complex128 if torch.get_default_dtype() == torch.float64 else jnp.complex64
     return jdtype(None)
 
 

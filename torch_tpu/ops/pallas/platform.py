@@ -69,3 +69,4 @@ def traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Let Dynamo trace into a kernel's Python entry point (torch_tpu/ is a Dynamo skip directory, so
     calling it would otherwise break the graph before the custom op)."""
     return torch._dynamo.dont_skip_tracing(fn)
+

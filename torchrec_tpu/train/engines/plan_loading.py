@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
@@ -63,13 +63,22 @@ def plan_for_world(tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
                    batch_size: int) -> Plan:
     """Plan ``tables`` for ``world_size`` ranks (a v5p 1x1xW line: one device per rank); ``features``
     say how many features look each table up (its lookups per sample) and their valency."""
+    from torchrec_tpu.planner.id_limits import auto_id_limits, with_id_limits
+    from torchrec_tpu.planner.options import IdLimitError
     from torchrec_tpu.planner.partitioner import PlanningError, plan_tables
     from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
     from torchrec_tpu.topology import parse_accelerator_type
 
     try:
         topology = parse_accelerator_type(f"v5p-1x1x{world_size}")
-        return plan_tables(tables_from_sparsecore_specs(tables, features), topology, batch_size)
+        # the specs' limits are the library default (train has no flag for them): per table from
+        # its pooling factor and the batch instead, as `torchrec-tpu plan` sets them
+        planned = [replace(t, max_ids_per_partition=None) for t in tables_from_sparsecore_specs(tables, features)]
+        planned = with_id_limits(planned, auto_id_limits(planned, topology, batch_size))
+        return plan_tables(planned, topology, batch_size)
+    except IdLimitError as err:  # in train's flags: the planner's own are plan's
+        raise PlanLoadError(f"--plan=auto on {world_size} rank(s): {err.problem}; lower --batch-size (now "
+                            f"{batch_size}) or train on more ranks (torchrun --nproc-per-node)") from None
     except (PlanningError, ValueError) as err:
         raise PlanLoadError(f"--plan=auto on {world_size} rank(s): {err}") from None
 

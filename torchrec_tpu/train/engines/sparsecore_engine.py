@@ -20,10 +20,11 @@ from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
 from sparsecore.limits import PartitionOverflowError
+from sparsecore.optimizer_rules import rule_of
 from sparsecore.optimizers import OptimizerSpec
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
-from torchrec_tpu.sharding.sharded_tables import OPS, XLA, traceable_update
+from torchrec_tpu.sharding.sharded_tables import OPS, XLA
 from torchrec_tpu.sharding.uniform_ranks import UniformityError
 from torchrec_tpu.train.config import EngineConfig, OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, new_group
@@ -55,7 +56,7 @@ def resolve_sparse_backend(choice: str, optimizer: OptimizerSpec, dense_device: 
     new tables, the xla backend's program updates them in place)."""
     if choice != "auto":
         return choice
-    one_program = one_step_program(dense_device, world_size, dense_parallel) and traceable_update(optimizer)
+    one_program = one_step_program(dense_device, world_size, dense_parallel) and rule_of(optimizer).in_step
     return OPS if one_program else XLA
 
 

@@ -1,0 +1,172 @@
+"""``torch.tpu.ops``: TorchTPU's Python op namespace, over this project's ``torch.ops.tpu`` ops.
+
+Libraries written for TorchTPU call these (TorchRec 1.9's ``torchrec.experimental.torch_tpu``
+does): the SparseCore lookup and fused optimizer updates take one stacked table's CSR-wrapped COO
+buffers (``sparsecore.csr_format``) and run ``torch.ops.tpu.sparse_dense_matmul*``
+(``torch_tpu.ops.sparsecore``, the math); ``sparse_dense_matmul_activation_unstack`` splits a
+stacked lookup's activations into per-feature tensors. Hyperparameters may be Python floats or
+tensors, as TorchTPU's Python API takes them. ``import torch_tpu`` installs this module as
+``torch.tpu.ops``.
+
+Several devices: as a SparseCore reaches every device's table over the interconnect, with
+torch.distributed initialized over W > 1 ranks (one device each) the ops span the world: each rank
+passes its local ``Shard(0)`` block of the table (and slots) and its own device's buffers, built
+for W devices, and gets its own samples' activations / its new local blocks (the ops' DTensor rules,
+``torch_tpu.ops.sparsecore_dtensor``, run the collectives).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.distributed as dist
+
+EMULATED_SPARSECORES_ENV = "TORCH_TPU_SPARSECORES_PER_DEVICE"
+# SparseCores per device of a device without any (XLA:CPU): v6e's and TPU7x's count, and what
+# TorchRec's SparseCore modules assume by default (num_sc_per_device=2)
+EMULATED_SPARSECORES_PER_DEVICE = 2
+
+__all__ = [
+    "sparse_dense_matmul",
+    "sparse_dense_matmul_activation_unstack",
+    "sparse_dense_matmul_grad_with_adagrad",
+    "sparse_dense_matmul_grad_with_adam",
+    "sparse_dense_matmul_grad_with_sgd",
+    "sparsecores_per_device",
+]
+
+
+@functools.cache
+def _world_mesh(group: dist.ProcessGroup) -> dist.device_mesh.DeviceMesh:
+    return dist.device_mesh.DeviceMesh.from_group(group, "tpu")
+
+
+def _spanning(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The local table blocks as ``Shard(0)`` DTensors over the world's devices (unchanged in a
+    single process or when already DTensors)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return tensors
+    from torch.distributed.tensor import DTensor, Shard  # (imports torch._dynamo: only when spanning)
+
+    mesh = _world_mesh(dist.group.WORLD)
+    return tuple(t if isinstance(t, DTensor) else DTensor.from_local(t, mesh, [Shard(0)], run_check=False)
+                 for t in tensors)
+
+
+def _local(out: torch.Tensor | tuple[torch.Tensor, ...], given: torch.Tensor) -> torch.Tensor | tuple:
+    """``out`` as the caller gave the table: local blocks for local blocks."""
+    if not hasattr(out if not isinstance(out, tuple) else out[0], "to_local") or hasattr(given, "to_local"):
+        return out  # no DTensor came back, or the caller passed DTensors
+    return tuple(o.to_local() for o in out) if isinstance(out, tuple) else out.to_local()
+
+
+def _hyper(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A hyperparameter as the 0-d float32 tensor on ``like``'s device the ops take."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.tensor(float(value), dtype=torch.float32, device=like.device)
+
+
+def sparse_dense_matmul(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor,
+                        gains: torch.Tensor, embedding_table: torch.Tensor, device_batch_size: int,
+                        max_ids_per_partition: int = 256, max_unique_ids_per_partition: int = 256) -> torch.Tensor:
+    """The pooled lookup ``[device_batch_size, dim]`` of one device's buffers (differentiable in
+    ``embedding_table``)."""
+    (table,) = _spanning((embedding_table,))
+    return torch.ops.tpu.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, table,
+                                             device_batch_size, max_ids_per_partition, max_unique_ids_per_partition)
+
+
+def sparse_dense_matmul_grad_with_sgd(
+        row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor, gains: torch.Tensor,
+        embedding_table: torch.Tensor, activations_grad: torch.Tensor, learning_rate: float | torch.Tensor, *,
+        device_batch_size: int, max_ids_per_partition: int = 256, max_unique_ids_per_partition: int = 256,
+        computation_name: str = "") -> torch.Tensor:
+    """The table after one SGD step on the rows the buffers touch."""
+    (table,) = _spanning((embedding_table,))
+    return _local(torch.ops.tpu.sparse_dense_matmul_grad_with_sgd(
+        row_pointers, embedding_ids, sample_ids, gains, table, activations_grad,
+        _hyper(learning_rate, embedding_table), device_batch_size, max_ids_per_partition,
+        max_unique_ids_per_partition, computation_name), embedding_table)
+
+
+def sparse_dense_matmul_grad_with_adagrad(
+        row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor, gains: torch.Tensor,
+        embedding_table: torch.Tensor, accumulator: torch.Tensor, activations_grad: torch.Tensor,
+        learning_rate: float | torch.Tensor, epsilon: float | torch.Tensor, *, device_batch_size: int,
+        max_ids_per_partition: int = 256, max_unique_ids_per_partition: int = 256, computation_name: str = "",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table and accumulator after one Adagrad step on the touched rows."""
+    table, acc = _spanning((embedding_table, accumulator))
+    return _local(torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(
+        row_pointers, embedding_ids, sample_ids, gains, table, acc, activations_grad,
+        _hyper(learning_rate, embedding_table), _hyper(epsilon, embedding_table), device_batch_size,
+        max_ids_per_partition, max_unique_ids_per_partition, computation_name), embedding_table)
+
+
+def sparse_dense_matmul_grad_with_adam(
+        row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor, gains: torch.Tensor,
+        embedding_table: torch.Tensor, momentum: torch.Tensor, velocity: torch.Tensor,
+        activations_grad: torch.Tensor, alpha_t: float | torch.Tensor, beta_1: float, beta_2: float,
+        epsilon: float, *, device_batch_size: int, max_ids_per_partition: int = 256,
+        max_unique_ids_per_partition: int = 256, computation_name: str = "",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The table, momentum and velocity after one lazy Adam step on the touched rows: ``alpha_t``
+    is the step size as given (the caller folds in any bias correction)."""
+    table, m, v = _spanning((embedding_table, momentum, velocity))
+    return _local(torch.ops.tpu.sparse_dense_matmul_grad_with_adam(
+        row_pointers, embedding_ids, sample_ids, gains, table, m, v, activations_grad,
+        _hyper(alpha_t, embedding_table), float(beta_1), float(beta_2), float(epsilon), device_batch_size,
+        max_ids_per_partition, max_unique_ids_per_partition, computation_name), embedding_table)
+
+
+def sparsecores_per_device() -> int:
+    """SparseCores per device of this process's tpu device; on a device without any (XLA:CPU),
+    ``$TORCH_TPU_SPARSECORES_PER_DEVICE`` or 2."""
+    from torch_tpu.runtime.device import get_device_properties
+
+    own = get_device_properties().sparsecores_per_device
+    if own:
+        return own
+    text = os.environ.get(EMULATED_SPARSECORES_ENV, "").strip()
+    if not text:
+        return EMULATED_SPARSECORES_PER_DEVICE
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{EMULATED_SPARSECORES_ENV}={text!r}: expected a positive integer")
+    return int(text)
+
+
+def sparse_dense_matmul_activation_unstack(stacked_activations: torch.Tensor, per_feature_batch_sizes: list[int],
+                                           per_feature_dims: list[int], *, num_sc_per_device: int | None = None,
+                                           ) -> list[torch.Tensor]:
+    """Split a stacked table's lookup ``[sum(batch sizes), padded dim]`` into one
+    ``[batch_size_i, dim_i]`` tensor per feature. The rows are SparseCore-major (each of the
+    device's S SparseCores holds its share of every feature's samples, feature after feature);
+    S defaults to :func:`sparsecores_per_device`. Differentiable."""
+    s = sparsecores_per_device() if num_sc_per_device is None else num_sc_per_device
+    _check_unstack(stacked_activations, per_feature_batch_sizes, per_feature_dims, s)
+    batch = per_feature_batch_sizes[0]
+    rows = (stacked_activations.reshape(s, len(per_feature_dims), batch // s, stacked_activations.shape[1])
+            .transpose(0, 1).reshape(len(per_feature_dims), batch, stacked_activations.shape[1]))
+    return [rows[i, :, :dim] for i, dim in enumerate(per_feature_dims)]
+
+
+def _check_unstack(stacked: torch.Tensor, batch_sizes: list[int], dims: list[int], s: int) -> None:
+    if stacked.dim() != 2:
+        raise ValueError(f"sparse_dense_matmul_activation_unstack: stacked_activations must be 2-D, got shape "
+                         f"{tuple(stacked.shape)}")
+    if not batch_sizes or len(batch_sizes) != len(dims):
+        raise ValueError(f"sparse_dense_matmul_activation_unstack: per_feature_batch_sizes ({len(batch_sizes)}) and "
+                         f"per_feature_dims ({len(dims)}) must name the same, at least one, features")
+    for i, (b, d) in enumerate(zip(batch_sizes, dims)):
+        if b < 1 or d < 1:
+            raise ValueError(f"sparse_dense_matmul_activation_unstack: feature {i} has batch size {b} and dim {d}; "
+                             f"both must be positive")
+    if len(set(batch_sizes)) != 1 or batch_sizes[0] % s:
+        raise ValueError(f"sparse_dense_matmul_activation_unstack: per_feature_batch_sizes {batch_sizes} must be "
+                         f"equal and divisible by the {s} SparseCores per device")
+    if sum(batch_sizes) != stacked.shape[0] or max(dims) > stacked.shape[1]:
+        raise ValueError(f"sparse_dense_matmul_activation_unstack: stacked_activations {tuple(stacked.shape)} does "
+                         f"not hold {sum(batch_sizes)} rows of width >= {max(dims)}")

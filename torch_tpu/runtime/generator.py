@@ -1,0 +1,80 @@
+"""``torch.Generator(device="tpu")``: explicit generators for the device's random ops.
+
+PyTorch builds a PrivateUse1 generator only through a C++ hook (``getNewGenerator``), which a
+Python backend cannot register. :func:`install` therefore makes ``torch.Generator`` a thin
+subclass of torch's C generator type whose constructor returns a :class:`TpuGenerator` for a tpu
+device and torch's own generator otherwise (``isinstance(g, torch.Generator)`` holds for both).
+A tpu generator keeps its state in a CPU Mersenne-Twister generator: ``manual_seed``, ``seed``,
+``initial_seed``, ``get_state`` and ``set_state`` are torch's, reproducible as on CPU.
+
+A random op on tpu given ``generator=`` draws its JAX PRNG key from that generator (64 bits per
+op, :func:`key_from`) instead of the device's global key: the same seed gives the same values.
+The dispatcher sees torch's C generator behind the Python object, so a CPU generator given to a
+tpu op is used the same way (CUDA refuses it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch_tpu.runtime._jax import jax
+
+_C_GENERATOR = torch._C.Generator
+
+
+def _is_tpu(device: Any) -> bool:
+    if device is None:
+        return False
+    return torch.device(device).type == "tpu"
+
+
+class TpuGenerator(_C_GENERATOR):
+    """A generator whose ``device`` is ``tpu:0``; its state is a CPU generator's."""
+
+    def __new__(cls, device: Any = "tpu") -> TpuGenerator:
+        index = torch.device(device).index
+        if index not in (None, 0):
+            raise RuntimeError(f"tpu generator for device index {index}: this process drives one device (tpu:0)")
+        return _C_GENERATOR.__new__(cls, "cpu")
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("tpu", 0)
+
+    def __repr__(self) -> str:
+        return "<torch_tpu TpuGenerator on tpu:0>"
+
+
+class _GeneratorType(type(_C_GENERATOR)):
+    """``torch.Generator``'s type: every torch generator is an instance, as before :func:`install`."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _C_GENERATOR)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, _C_GENERATOR)
+
+
+class Generator(_C_GENERATOR, metaclass=_GeneratorType):
+    """``torch.Generator(device=None)``: a :class:`TpuGenerator` for a tpu device, torch's own
+    generator otherwise."""
+
+    def __new__(cls, device: Any = None) -> Any:
+        if _is_tpu(device):
+            return TpuGenerator(device)
+        return _C_GENERATOR() if device is None else _C_GENERATOR(device)
+
+
+def install() -> None:
+    """Make ``torch.Generator(device="tpu")`` build a :class:`TpuGenerator` (idempotent)."""
+    torch.Generator = Generator
+
+
+def key_from(generator: Any) -> jax.Array:
+    """A JAX PRNG key drawn from ``generator``'s stream (advancing it by one 64-bit draw)."""
+    if generator.device.type != "cpu":
+        raise RuntimeError(f"Expected a 'tpu' or 'cpu' device type for generator but found '{generator.device.type}'")
+    bits = torch.empty((), dtype=torch.int64).random_(generator=generator)
+    return jax.random.key(int(bits) & 0xFFFFFFFFFFFFFFFF)

@@ -1,1 +1,0 @@
-"""FDO stats and clients (``torchrec.experimental.torch_tpu.datasets.fdo``)."""
