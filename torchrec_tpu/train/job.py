@@ -109,8 +109,6 @@ class JobHooks:
     train_batches: Iterable[Batch] | None = None
     # called on every rank after each checkpoint: (version directory, scalars of that step)
     checkpointed: Callable[[Path, dict[str, float]], None] | None = None
-    # the options as the user gave them, for TensorBoard's HParams (None: the config's own)
-    hparams: dict[str, Any] | None = None
 
 
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
@@ -149,7 +147,7 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
                   "rank may run on)", threads, config.engine.num_threads)
     torch.set_num_threads(threads)
     with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
-        log.log_hparams(config.to_dict() if hooks.hparams is None else hooks.hparams, HPARAM_METRICS)
+        log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None

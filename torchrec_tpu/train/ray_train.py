@@ -28,18 +28,20 @@ N Ray Train workers (``ray.train.torch.TorchTrainer``):
   ``--resume``): model, optimizer, RNG and data position, so the run finishes as an uninterrupted
   one would.
 
-Paths (``--data``, ``--log-dir``, ``--checkpoint-dir``, ``--resume``, the cache) are resolved on
-the driver (Ray Train runs workers in a directory of its own); on a multi-node cluster they, and the
-Ray storage path, must be on storage every node reaches (NFS, GCS FUSE), as with torchrun on
-several hosts. Without ``address`` the run gets a private local Ray instance (``--ray-workers``
-CPUs for the workers plus one for Ray Data, a 300 MB object store) that is shut down, with every
-Ray process, when the driver exits (:func:`pipelines.ray_data.local_ray`).
+Paths (``--data``, ``--log-dir``, ``--checkpoint-dir``, ``--resume``, the cache) are read from the
+driver's directory: a worker whose host has that directory runs in it with the options as given
+(Ray Train starts workers in a directory of its own), so its lines, summary and TensorBoard
+HParams name them as a local run does; elsewhere it runs on the paths made absolute by the driver.
+On a multi-node cluster they, and the Ray storage path, must be on storage every node reaches
+(NFS, GCS FUSE), as with torchrun on several hosts. Without ``address`` the run gets a private
+local Ray instance (``--ray-workers`` CPUs for the workers plus one for Ray Data, a 300 MB object
+store) that is shut down, with every Ray process, when the driver exits
+(:func:`pipelines.ray_data.local_ray`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -160,8 +162,8 @@ def _report(directory: Path, scalars: dict[str, float]) -> None:
     import ray.train
 
     primary = ray.train.get_context().get_world_rank() == 0
-    ray.train.report(scalars, checkpoint=ray.train.Checkpoint.from_directory(str(directory)) if primary else None,
-                     checkpoint_dir_name=directory.name)
+    checkpoint = ray.train.Checkpoint.from_directory(str(directory.absolute())) if primary else None
+    ray.train.report(scalars, checkpoint=checkpoint, checkpoint_dir_name=directory.name)
 
 
 def train_worker(params: dict[str, Any]) -> str | None:
@@ -173,8 +175,7 @@ def train_worker(params: dict[str, Any]) -> str | None:
     from pipelines.ray_data import RayBatchStream
     from torchrec_tpu.train.job import JobHooks, run_job
 
-    config: TrainConfig = params["config"]
-    cwd = Path(params["cwd"])
+    config = _worker_config(params)
     world = ray.train.get_context().get_world_size()
     per_rank = max(1, config.data.batch_size // world)
     # equal splits: N // world rows each, in full batches (fewer if --bad-values skip drops rows)
@@ -184,20 +185,23 @@ def train_worker(params: dict[str, Any]) -> str | None:
     with restored.as_directory() if restored else contextlib.nullcontext() as directory:
         if directory is not None:
             config = config.with_options(resume=directory)
-        summary = run_job(config, hooks=JobHooks(train_batches=stream, checkpointed=_report,
-                                                 hparams=params["given"]))
-    if not summary.primary:
-        return None
-    # the paths as the driver's user gave them (the workers had them made absolute)
-    return dataclasses.replace(summary, log_dir=as_given(summary.log_dir, cwd),
-                               checkpoint_dir=as_given(summary.checkpoint_dir, cwd),
-                               data=summary.data.replace(f"{cwd}{os.sep}", "")).format()
+        summary = run_job(config, hooks=JobHooks(train_batches=stream, checkpointed=_report))
+    return summary.format() if summary.primary else None
 
 
-def as_given(path: Path, cwd: Path | None = None) -> Path:
-    """``path`` relative to ``cwd`` (the current directory by default) when under it, else as it is."""
+def _worker_config(params: dict[str, Any]) -> TrainConfig:
+    """The options as given, with this worker moved to the driver's directory, when its host has
+    that directory; else the driver's config with every path absolute."""
+    if not Path(params["cwd"]).is_dir():
+        return params["config"]
+    os.chdir(params["cwd"])
+    return params["given"]
+
+
+def as_given(path: Path) -> Path:
+    """``path`` relative to the current directory when under it, else as it is."""
     try:
-        return path.relative_to(cwd or Path.cwd())
+        return path.relative_to(Path.cwd())
     except ValueError:
         return path
 
@@ -221,6 +225,12 @@ def ray_ready_config(config: TrainConfig) -> TrainConfig:
     return config.with_options(log_dir=str(config.loop.resolved_log_dir().absolute()), **paths)
 
 
+# A private one-node instance has no node that can be drained or preempted: Ray Train's preemption
+# watcher (an actor polling the drain state; its creation logs a C++ error about restartable
+# constructor arguments) has nothing to watch there
+PRIVATE_RAY_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+
+
 @contextlib.contextmanager
 def ray_cluster(options: RayOptions) -> Iterator[None]:
     """The cluster at ``options.address``, or a private local one sized for the workers and Ray
@@ -231,7 +241,7 @@ def ray_cluster(options: RayOptions) -> Iterator[None]:
 
     if options.address is None or ray.is_initialized():
         cpus = math.ceil(options.workers * options.cpus_per_worker) + DATA_CPUS
-        with local_ray(num_cpus=cpus, log_to_driver=True, worker_setup=WORKER_SETUP):
+        with local_ray(num_cpus=cpus, log_to_driver=True, worker_setup=WORKER_SETUP, env_vars=PRIVATE_RAY_ENV):
             yield
         return
     ray.init(address=options.address, log_to_driver=True, logging_level=logging.ERROR,
@@ -257,13 +267,14 @@ def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
     from torchrec_tpu.train.distributed import DistEnv
 
     configure_logging("train")
-    given = config.to_dict()  # TensorBoard's HParams show the options as given, not as made absolute
-    config = ray_ready_config(config)
+    # the log directory fixed now: a restarted worker group writes where the first one did
+    given = config.with_options(log_dir=str(config.loop.resolved_log_dir()))
+    config = ray_ready_config(given)
     scaling = options.scaling_config()  # bad TPU settings fail before any Ray starts
     with parquet_source(config, DistEnv(rank=0, world_size=1, local_world_size=1)) as (source, table_sizes), \
             ray_cluster(options):
         if config.data.source == "sample":  # converted into a directory for this run: the workers read it
-            config = config.with_options(data=str(source))
+            config, given = config.with_options(data=str(source)), given.with_options(data=str(source))
         train_files, _ = split_files(list_parquet_files(source), config.data.eval_files, source)
         groups = row_groups(train_files, CRITEO)
         dataset = preprocessed_dataset(train_files, table_sizes, CRITEO, config.data.bad_values)
