@@ -28,8 +28,8 @@ import pytest
 import torch
 
 from pipelines.synthetic import SyntheticConfig, generate
+from tests.train.cli_ranks import CLI, start_cli_ranks, wait_cli_ranks
 from tests.train.conftest import REPO_ROOT, TINY_OPTIONS, as_flags, flat_checkpoint
-from tests.train.test_multiprocess import CLI, start_cli_ranks, wait_cli_ranks
 from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
 from torchrec_tpu.train.checkpoint.store import open_checkpoint
 
@@ -229,14 +229,13 @@ def test_sigkill_of_a_ray_worker_restarts_from_the_last_checkpoint(dataset: Path
     (["--ray-workers", "2", "--ray-tpu-topology", "4x4"], "needs the slice's topology and accelerator type"),
     (["--ray-workers", "2", "--ray-tpu-type", "TPU-V6E"], "--ray-tpu-type needs --ray-tpu-topology"),
     (["--ray-workers", "2", "--shuffle-batches"], "--shuffle-batches shuffles a reader's batches in memory"),
-    # a directory that exists: a missing one fails earlier, on its path (preflight)
-    (["--ray-workers", "2", "--in-memory-binary-criteo-path", "{tmp}"], "convert it to Parquet"),
+    (["--ray-workers", "2", "--in-memory-binary-criteo-path", "{tmp_path}"], "convert it to Parquet"),
 ])
 def test_bad_ray_flags_fail_before_ray_starts(flags: list[str], message: str, capsys: pytest.CaptureFixture[str],
                                                tmp_path: Path) -> None:
     from torchrec_tpu import cli
 
-    flags = [flag.replace("{tmp}", str(tmp_path)) for flag in flags]
+    flags = [flag.format(tmp_path=tmp_path) for flag in flags]  # an existing directory: the flag itself is wrong
     assert cli.main(["train", "--log-dir", str(tmp_path), *flags]) == 2
     assert message in capsys.readouterr().err
 

@@ -10,16 +10,8 @@ from pathlib import Path
 
 from pipelines.synthetic import SyntheticConfig, generate
 from tests.train.conftest import REPO_ROOT
+from tests.train.quiet import assert_quiet
 from torchrec_tpu.cli import main
-
-NOISE = ("is_fx_tracing", "Successfully loaded", ".so'", "libtpu.so", "broadcast_buffers", "FutureWarning",
-         "Resetting cache", "\x1b[", "\r")
-
-
-def assert_quiet(text: str) -> None:
-    """None of the silenced lines, no ANSI colours, no carriage-return redraws."""
-    found = [n for n in NOISE if n in text]
-    assert not found, f"{found} in:\n{text[-4000:]}"
 
 
 def _env() -> dict[str, str]:

@@ -58,6 +58,15 @@ class DistEnv:
     def is_primary(self) -> bool:
         return self.rank == 0
 
+    def per_rank(self, global_batch: int) -> int:
+        """Each rank's share of a global batch (:func:`per_rank_batch`)."""
+        return per_rank_batch(global_batch, self.world_size)
+
+
+def per_rank_batch(global_batch: int, world_size: int) -> int:
+    """Each of ``world_size`` ranks' share of a global batch of ``global_batch`` samples (at least 1)."""
+    return max(1, global_batch // world_size)
+
 
 def current_env(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> DistEnv:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))

@@ -9,10 +9,11 @@ to the TPU device changes what is passed in, not this file.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, ContextManager, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -78,12 +79,15 @@ CheckpointFn = Callable[[int, LoopPosition], object]  # (global step, position a
 LearningRatesFn = Callable[[int], dict[str, float]]  # 1-based step -> scalars (rates applied)
 
 
-def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch) -> torch.Tensor:
+def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
+               forward_context: Callable[[], ContextManager] = contextlib.nullcontext) -> torch.Tensor:
     """One forward/backward/update, op by op. Fused embedding optimizers update the tables in
-    backward; ``optimizer.step()`` updates the dense parameters. (The profiler's phase ranges cost
+    backward; ``optimizer.step()`` updates the dense parameters. The forward runs inside
+    ``forward_context()`` (``--precision bf16``: autocast). (The profiler's phase ranges cost
     about a microsecond each when no profiler runs.)"""
     optimizer.zero_grad()
-    loss, _ = model(batch)
+    with forward_context():
+        loss, _ = model(batch)
     with record_function(DENSE_BWD):
         loss.backward()
     with record_function(OPTIMIZER):

@@ -173,11 +173,12 @@ def train_worker(params: dict[str, Any]) -> str | None:
     import torch
 
     from pipelines.ray_data import RayBatchStream
+    from torchrec_tpu.train.distributed import per_rank_batch
     from torchrec_tpu.train.job import JobHooks, run_job
 
     config = _worker_config(params)
     world = ray.train.get_context().get_world_size()
-    per_rank = max(1, config.data.batch_size // world)
+    per_rank = per_rank_batch(config.data.batch_size, world)
     # equal splits: N // world rows each, in full batches (fewer if --bad-values skip drops rows)
     stream = RayBatchStream(ray.train.get_dataset_shard(DATASET), per_rank, device=torch.device("cpu"),
                             drop_last=True, num_batches=params["train_rows"] // world // per_rank)
