@@ -98,7 +98,8 @@ _libs: list[torch.library.Library] = []
 LOWERING_SOURCES = ("sparsecore.csr_math", "sparsecore.csr_kernels", "sparsecore.csr_format")
 
 
-def tpu_overload(name: str) -> torch._ops.OpOverload:
+def overload(name: str) -> torch._ops.OpOverload:
+    """The default overload of ``tpu::<name>``."""
     return getattr(torch.ops.tpu, name).default
 
 
@@ -107,7 +108,7 @@ def fused_arguments(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(slots, hyperparameters) of the registered ``tpu::`` op ``name``: the argument names its
     schema has between the table and the gradient (the slots it takes and returns after the
     table), and between the gradient and the limits; both empty for an op without them."""
-    names = [a.name for a in tpu_overload(name)._schema.arguments]
+    names = [a.name for a in overload(name)._schema.arguments]
     if "activations_grad" not in names:
         return (), ()
     table, grad, limits = (names.index(k) for k in ("embedding_table", "activations_grad", "device_batch_size"))
@@ -146,7 +147,7 @@ def _lookup_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table
 
 def bind_args(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     """The op's arguments by schema name (defaults filled in)."""
-    schema = tpu_overload(name)._schema
+    schema = overload(name)._schema
     bound = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
     bound.update(zip((a.name for a in schema.arguments), args))
     bound.update(kwargs)
@@ -315,7 +316,7 @@ def register() -> None:
             torch.library.register_fake(f"{NAMESPACE}::{full}", _layout_checked(full, fake), lib=lib)
             # the math lives in sparsecore: a changed csr_math must not reuse a stored program
             lowering.lowering_sources = LOWERING_SOURCES
-            register_lowering(tpu_overload(full), check=_eager_check(full))(lowering)
+            register_lowering(overload(full), check=_eager_check(full))(lowering)
     torch.library.register_autograd(f"{NAMESPACE}::sparse_dense_matmul", _lookup_backward,
                                     setup_context=_setup_context, lib=lib)
     from torch_tpu.ops import sparsecore_dtensor

@@ -66,7 +66,7 @@ def _program(name: str, static: tuple[tuple[str, Any], ...], names: tuple[str, .
              donated: int) -> Callable[..., Any]:
     """Op ``name``'s lowering of the arrays ``names`` (positional) and the non-tensor arguments
     ``static``, jitted with the first ``donated`` arrays donated."""
-    lowering = get_lowering(ops.tpu_overload(name)).fn
+    lowering = get_lowering(ops.overload(name)).fn
     settings = dict(static)
 
     def run(*arrays: jax.Array) -> Any:
