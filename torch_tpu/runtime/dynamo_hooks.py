@@ -56,11 +56,10 @@ def _skip_torch_tpu(trace_rules: Any) -> None:
     """Dynamo skips every torch_tpu module but :data:`TRACED_MODULES`: a package holding one is
     skipped module by module (and its ``__init__``), any other package whole."""
     import pkgutil
-
-    import torch_tpu
+    from pathlib import Path
 
     holders = {"torch_tpu", *(prefix for m in TRACED_MODULES for prefix in _parents(m))}
-    for info in pkgutil.walk_packages(torch_tpu.__path__, "torch_tpu."):
+    for info in pkgutil.walk_packages([str(Path(__file__).resolve().parents[1])], "torch_tpu."):
         if info.name not in TRACED_MODULES and info.name not in holders:
             trace_rules.add(info.name)
     for package in holders:
