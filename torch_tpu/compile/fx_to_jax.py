@@ -21,6 +21,12 @@ from typing import Any
 import torch
 import torch.fx
 
+from torch_tpu.compile.auto_functionalized import (
+    NotTraceable,
+    functional_body,
+    is_auto_functionalized,
+    tensor_arguments,
+)
 from torch_tpu.compile.collectives import is_collective
 from torch_tpu.ops.registry import Lowering, get_lowering
 from torch_tpu.runtime._jax import jax
@@ -156,10 +162,15 @@ def _collect_lowerings(gm: torch.fx.GraphModule, found: dict[torch.fx.Node, Lowe
             continue
         if node.target in _HIGHER_ORDER:
             for sub in _subgraphs(gm, node):
-                inner: dict[torch.fx.Node, Lowering] = {}
-                _collect_lowerings(sub, inner, missing)
-                if any(lowering.needs_key for lowering in inner.values()):
-                    missing.add(f"random ops inside {node.target}")
+                _collect_body_lowerings(sub, str(node.target), missing)
+            continue
+        if is_auto_functionalized(node):
+            try:
+                body = functional_body(node)
+            except NotTraceable as e:
+                missing.add(f"{node.target} ({e})")
+                continue
+            _collect_body_lowerings(body, f"{node.target} of {node.args[0]}", missing)
             continue
         lowering = get_lowering(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
         if lowering is None:
@@ -173,6 +184,14 @@ def _collect_lowerings(gm: torch.fx.GraphModule, found: dict[torch.fx.Node, Lowe
             missing.add(f"{node.target} ({refused})")
             continue
         found[node] = lowering
+
+
+def _collect_body_lowerings(body: torch.fx.GraphModule, owner: str, missing: set[str]) -> None:
+    """The unlowered ops of a graph run inside the node ``owner`` names; a body gets no random key."""
+    inner: dict[torch.fx.Node, Lowering] = {}
+    _collect_lowerings(body, inner, missing)
+    if any(lowering.needs_key for lowering in inner.values()):
+        missing.add(f"random ops inside {owner}")
 
 
 def needs_random_key(gm: torch.fx.GraphModule) -> bool:
@@ -195,6 +214,7 @@ def to_jax_function(gm: torch.fx.GraphModule,
         node: _constant(gm, node.target) for node in gm.graph.nodes if node.op == "get_attr"
     }  # a higher-order op's body: its JAX function
     random_nodes = [node for node, lowering in lowerings.items() if lowering.needs_key]
+    bodies = {node: to_jax_function(functional_body(node)) for node in gm.graph.nodes if is_auto_functionalized(node)}
     nodes = list(gm.graph.nodes)
 
     def run(*inputs: Any) -> tuple:
@@ -222,6 +242,10 @@ def to_jax_function(gm: torch.fx.GraphModule,
                     dst, src = args[0], args[1]
                     env[node] = jax.numpy.broadcast_to(src, dst.shape).astype(dst.dtype)
                     updates.append(env[node])
+                    continue
+                if node in bodies:
+                    env[node] = bodies[node](*tensor_arguments(node, kwargs))
+                    check_against_meta(node, env[node])
                     continue
                 if node.target in _HIGHER_ORDER:
                     env[node] = _HIGHER_ORDER[node.target](*args, **kwargs)
