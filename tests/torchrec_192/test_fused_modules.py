@@ -1,6 +1,6 @@
 """TorchRec 1.9.2's own ``SparseCoreFused{EmbeddingBag,Embedding}Collection`` and
 ``SparseCoreInputPreprocessor``, unchanged, on the tpu device (``import torch_tpu``): forward and
-three fused training steps equal stock TorchRec on CPU with TorchRec TPU's optimizer semantics
+three fused training steps, eager and compiled, equal stock TorchRec on CPU with TorchRec TPU's optimizer semantics
 (tests/torchrec_192/reference.py), tables and optimizer slots included; the fused optimizer's
 learning-rate path; the stacking and sharding functions against MOD sharding by hand."""
 
@@ -53,7 +53,7 @@ SLOTS = {"adagrad": [("accumulators", lambda ref, w: ref.optimizer.state[w]["sum
 class Pair:
     """TorchRec's fused module on tpu and the stock CPU module + reference optimizer it must equal."""
 
-    def __init__(self, kind: str, optimizer: str) -> None:
+    def __init__(self, kind: str, optimizer: str, compiled: bool = False) -> None:
         self.configs = bag_configs() if kind == "ebc" else seq_configs()
         stack = {"ta": "s", "tc": "s"} if kind == "ebc" else {}
         self.tables = sc_tables(self.configs, stack, None if kind == "ebc" else MAX_SEQ_LEN)
@@ -70,13 +70,14 @@ class Pair:
         self.preprocessor = SparseCoreInputPreprocessor(tables=self.tables, batch_size=BATCH,
                                                         num_sc_per_device=NUM_SC)
         self.optimizer = optimizer
+        self.forward = torch.compile(self.fused, backend="tpu", fullgraph=True) if compiled else self.fused
 
     def step(self, step: int) -> None:
         ids = ids_per_sample(self.configs, BATCH, seed=step, max_len=MAX_SEQ_LEN)
         batch = self.preprocessor(kjt(ids))
         assert isinstance(batch, KeyedSparseCorePreprocessedInput)
         assert all(isinstance(t, SparseCorePreprocessedInput) for t in batch.table_tensors.values())
-        got = self.fused(batch.to("tpu"))
+        got = self.forward(batch.to("tpu"))
         expected = self.ref.stock(kjt(ids))
         grads = torch.Generator().manual_seed(100 + step)
         # per feature: a JaggedTensor's values (EmbeddingCollection) or a pooled [batch, dim] tensor
@@ -121,6 +122,17 @@ def test_one_fused_sgd_step_equals_torchrec_and_runs_on_the_device() -> None:
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 def test_three_fused_steps_equal_stock_torchrec_with_torchrec_tpus_optimizer(kind: str, optimizer: str) -> None:
     pair = Pair(kind, optimizer)
+    for step in range(3):
+        pair.step(step)
+        pair.check_tables()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_three_compiled_fused_ebc_steps_equal_stock_torchrec(optimizer: str) -> None:
+    """The EBC under torch.compile(backend="tpu", fullgraph=True): its backward graph holds the
+    fused update as AOTAutograd's ``auto_functionalized_v2`` of TorchRec's mutating custom op."""
+    pair = Pair("ebc", optimizer, compiled=True)
     for step in range(3):
         pair.step(step)
         pair.check_tables()

@@ -4,7 +4,9 @@ Every ``call_function`` node must be an aten ``OpOverload`` with a lowering in
 ``torch_tpu.ops.registry`` (or ``operator.getitem`` on a multi-output node), or a higher-order op
 lowered here: ``torch.ops.higher_order.scan`` becomes one ``jax.lax.scan`` (an XLA while loop whose
 body is the combine graph, translated once: the program does not grow with the sequence length;
-AOTAutograd's backward of a scan is a reversed scan, lowered the same way). The exception is
+AOTAutograd's backward of a scan is a reversed scan, lowered the same way), or AOTAutograd's
+``auto_functionalized(_v2)`` of a mutating custom op, which runs the graph of the op's own
+implementation (:mod:`torch_tpu.compile.auto_functionalized`). The exception is
 ``aten.copy_`` into a graph input: AOTAutograd keeps a backward's in-place updates of its inputs
 (a fused optimizer writing its table) as such copies; the function returns each updated input's
 new value after the graph's outputs (:func:`mutated_inputs` names them). Random lowerings draw
