@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Any
 
 import torch.distributed as dist
 
 from torch_tpu.distributed.process_group import BACKEND_NAME, ProcessGroupTPU
 from torch_tpu.distributed.transport import GlooTransport, Transport
+from torch_tpu.runtime import knobs
 
-TRANSPORT_ENV = "TPU_DIST_TRANSPORT"
+TRANSPORT_ENV = knobs.DIST_TRANSPORT.name
 TRANSPORTS = ("auto", "xla", "gloo")
 _log = logging.getLogger("torch_tpu.distributed")
 
@@ -46,7 +46,7 @@ class TransportOptions:
 def _requested(backend_options: Any) -> str:
     if isinstance(backend_options, TransportOptions):
         return backend_options.transport
-    return TransportOptions(os.environ.get(TRANSPORT_ENV, "auto")).transport
+    return TransportOptions(knobs.DIST_TRANSPORT.text()).transport
 
 
 def _gloo(opts: Any, prefix: str) -> GlooTransport:
