@@ -16,7 +16,12 @@ where lookup, dense step and embedding update run as one compiled program) is no
 
 Presets: ``default`` is ``torchrec-tpu train``'s own defaults (dim 16, dense 64-16, over 64-32-1,
 batch 512, 1 thread); ``anchor`` the issue's anchor config (26 tables x 100k x 64, batch 2048,
-dense 512-256-64, over 512-512-256-1, Adagrad, 2 threads). Flags given explicitly override it.
+dense 512-256-64, over 512-512-256-1, Adagrad, 2 threads); ``mlperf`` TorchRec's MLPerf DLRM-v2 TPU benchmark model
+(DLRM_DCN, MLPerf's multi-hot sizes summing to 214, its 26 tables' cardinalities capped at 100k
+rows (MLPerf's five 40M-row tables alone would be 102 GB at dim 128; capped: 0.93M rows, 0.47 GB
+plus Adagrad's state) x 128, dense 512-256-128, over 1024-1024-512-256-1, 3 cross layers of low
+rank 512, Adagrad, batch 1024, 2 threads). Flags given explicitly override it; ``--precision
+bf16`` runs both engines' towers in bf16 autocast.
 
     .venv/bin/python bench/bench_train_e2e.py [--preset anchor] [--rows N] [--batch-size N] [--repeats 3] [--worlds 1 2]
 """
@@ -37,6 +42,12 @@ from typing import Sequence
 
 ENGINES = ("torchrec", "sparsecore")
 NUM_SPARSE, NUM_DENSE = 26, 13  # Criteo's features, as the synthetic data has
+# MLPerf DLRM-DCNv2's (TorchRec's dlrm_main / train_dlrm_mlperf_tpu.py): ids per feature (sum 214), table rows
+MLPERF_MULTI_HOT_SIZES = "3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1"
+MLPERF_CARDINALITIES = (40_000_000, 39_060, 17_295, 7_424, 20_265, 3, 7_122, 1_543, 63, 40_000_000, 3_067_956,
+                        405_282, 10, 2_209, 11_938, 155, 4, 976, 14, 40_000_000, 40_000_000, 40_000_000, 590_152,
+                        12_973, 108, 36)
+MLPERF_ROW_CAP = 100_000  # per table, to fit this 23 GB box shared by several jobs
 LOG_EVERY = 8
 # model/run settings of each preset; None in a flag means "the preset's"
 PRESETS: dict[str, dict[str, object]] = {
@@ -44,9 +55,17 @@ PRESETS: dict[str, dict[str, object]] = {
                     threads=1),
     "anchor": dict(rows=131072, batch_size=2048, embedding_dim=64, dense_arch="512,256,64",
                    over_arch="512,512,256,1", threads=2),
+    "mlperf": dict(rows=32768, batch_size=1024, embedding_dim=128, dense_arch="512,256,128",
+                   over_arch="1024,1024,512,256,1", threads=2, model="dlrm_dcn", dcn_num_layers=3,
+                   dcn_low_rank_dim=512, multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, num_embeddings=MLPERF_ROW_CAP,
+                   num_embeddings_per_feature=",".join(str(min(n, MLPERF_ROW_CAP)) for n in MLPERF_CARDINALITIES)),
 }
+# what a preset leaves unsaid
+COMMON: dict[str, object] = dict(num_embeddings=100_000, model="dlrm", dcn_num_layers=3, dcn_low_rank_dim=16,
+                                 multi_hot_sizes="", num_embeddings_per_feature="")
 MODEL_FLAGS = ("batch_size", "embedding_dim", "dense_arch", "over_arch", "threads", "num_embeddings", "steps",
-               "model", "dense_device", "sparse_backend")
+               "model", "dcn_num_layers", "dcn_low_rank_dim", "multi_hot_sizes", "num_embeddings_per_feature",
+               "precision", "dense_device", "sparse_backend")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -59,6 +78,9 @@ def worker(args: argparse.Namespace) -> None:
         num_embeddings=args.num_embeddings, embedding_dim=args.embedding_dim, dense_arch=args.dense_arch,
         over_arch=args.over_arch, batch_size=args.batch_size, eval_batch_size=args.batch_size, epochs=1,
         max_steps=args.steps, num_threads=args.threads, progress=False, log_every=LOG_EVERY,
+        dcn_num_layers=args.dcn_num_layers, dcn_low_rank_dim=args.dcn_low_rank_dim, precision=args.precision,
+        **({"multi_hot_sizes": args.multi_hot_sizes} if args.multi_hot_sizes else {}),
+        **({"num_embeddings_per_feature": args.num_embeddings_per_feature} if args.num_embeddings_per_feature else {}),
         **({"dense_device": args.dense_device} if args.engine == "sparsecore" and args.dense_device else {}),
         **({"sparse_backend": args.sparse_backend} if args.engine == "sparsecore" and args.sparse_backend else {}),
     )
@@ -140,8 +162,9 @@ def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse
 
 def dense_step_ms(args: argparse.Namespace, batch: int, steps: int = 10) -> float:
     """Median ms of the model's dense half alone at ``batch`` rows (dense towers, interaction or DCN,
-    BCE, backward, Adagrad) on CPU eager torch with the run's threads: TorchRec's dense half (and
-    ours with ``--dense-device cpu``), so it bounds the ratio of such engines (:func:`ratio_cap`)."""
+    BCE, backward, Adagrad) on CPU eager torch with the run's threads and precision: TorchRec's
+    dense half (and ours with ``--dense-device cpu``), so it bounds the ratio of such engines
+    (:func:`ratio_cap`)."""
     import torch
 
     from torchrec_tpu.train.engines.dense_step import DLRMDenseLoss
@@ -153,8 +176,9 @@ def dense_step_ms(args: argparse.Namespace, batch: int, steps: int = 10) -> floa
                      embedding_dim=args.embedding_dim, dense_in_features=NUM_DENSE,
                      dense_layers=tuple(int(x) for x in args.dense_arch.split(",")),
                      over_layers=tuple(int(x) for x in args.over_arch.split(",")),
-                     dcn_num_layers=3 if dcn else 0, dcn_low_rank_dim=16 if dcn else 0)
-    model = DLRMDenseLoss(build_dlrm(spec, dense_device=torch.device("cpu")))
+                     dcn_num_layers=args.dcn_num_layers if dcn else 0,
+                     dcn_low_rank_dim=args.dcn_low_rank_dim if dcn else 0)
+    model = DLRMDenseLoss(build_dlrm(spec, dense_device=torch.device("cpu")), args.precision)
     optimizer = torch.optim.Adagrad(model.parameters(), lr=0.01)
     inputs = (torch.randn(batch, NUM_DENSE), torch.randn(batch, NUM_SPARSE, args.embedding_dim, requires_grad=True),
               torch.randint(0, 2, (batch,)).float())
@@ -195,8 +219,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--over-arch", help="top MLP, ending in 1 (default: the preset's)")
     parser.add_argument("--threads", type=int, help="torch threads per rank (default: the preset's)")
     parser.add_argument("--steps", type=int, default=0, help="stop after N steps (default 0: one epoch)")
-    parser.add_argument("--num-embeddings", type=int, default=100_000, help="rows per table, at most")
-    parser.add_argument("--model", default="dlrm", choices=("dlrm", "dlrm_dcn"))
+    parser.add_argument("--num-embeddings", type=int, help="rows per table, at most (default: the preset's)")
+    parser.add_argument("--model", choices=("dlrm", "dlrm_dcn"), help="(default: the preset's)")
+    parser.add_argument("--dcn-num-layers", type=int, help="DCN cross layers, dlrm_dcn (default: the preset's)")
+    parser.add_argument("--dcn-low-rank-dim", type=int, help="DCN low rank, dlrm_dcn (default: the preset's)")
+    parser.add_argument("--multi-hot-sizes", help="ids per feature, comma-separated (default: the preset's)")
+    parser.add_argument("--num-embeddings-per-feature", help="rows of each table, comma-separated (default: the "
+                        "preset's; else --num-embeddings)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                        help="the towers' matmuls, both engines (default: fp32)")
     parser.add_argument("--dense-device", default="", choices=("", "auto", "cpu", "tpu"),
                         help="the sparsecore engine's --dense-device (default: the job's, auto)")
     parser.add_argument("--sparse-backend", default="", choices=("", "auto", "xla", "ops"),
@@ -208,7 +239,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name, value in PRESETS[args.preset].items():
+    for name, value in {**COMMON, **PRESETS[args.preset]}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     if args.rows < 8 or args.batch_size < 1 or args.steps < 0 or args.repeats < 1 or min(args.worlds) < 1:
@@ -228,9 +259,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         generate(SyntheticConfig(num_rows=args.rows, rows_per_file=args.rows // 4,
                                  row_group_size=max(1, args.rows // 16),
                                  max_cardinality=args.num_embeddings), data, progress=False)
-        print(f"train end to end, preset {args.preset}: {args.model}, 26 tables x {args.num_embeddings} x "
-              f"{args.embedding_dim}, dense {args.dense_arch}, over {args.over_arch}, batch {args.batch_size}, "
-              f"{args.rows} rows, {args.threads} thread(s) per rank, median of {args.repeats} alternating fresh "
+        tables = (f"{len(args.num_embeddings_per_feature.split(','))} tables, "
+                  f"{sum(int(n) for n in args.num_embeddings_per_feature.split(',')):,} rows" if
+                  args.num_embeddings_per_feature else f"26 tables x {args.num_embeddings}")
+        hot = (f", multi-hot {sum(int(n) for n in args.multi_hot_sizes.split(','))} ids per sample"
+               if args.multi_hot_sizes else "")
+        cross = (f", {args.dcn_num_layers} cross layers of rank {args.dcn_low_rank_dim}"
+                 if args.model == "dlrm_dcn" else "")
+        print(f"train end to end, preset {args.preset}, {args.precision}: {args.model}, {tables} x "
+              f"{args.embedding_dim}{hot}, dense {args.dense_arch}, over {args.over_arch}{cross}, "
+              f"batch {args.batch_size}, {args.rows} rows, {args.threads} thread(s) per rank, median of {args.repeats} "
+              f"alternating fresh "
               f"runs; load {os.getloadavg()[0]:.2f}; shared box, noisy")
         for world in args.worlds:
             results: dict[str, list[dict]] = {e: [] for e in ENGINES}

@@ -14,12 +14,14 @@ Each workload runs at every ``--threads`` count of torch CPU threads (default 1 
 its default thread pool throughout (as in bench_dense_device).
 
     .venv/bin/python bench/bench_train_step.py [--workload dlrm,mlp] [--steps 10] [--rounds 5] [--threads 1,2]
+        [--precision fp32|bf16]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import os
 import statistics
 import time
@@ -40,11 +42,11 @@ NUM_SPARSE, DIM, DENSE_IN = 26, 64, 13
 
 # -- workloads: (torch module, loss_fn(model, *batch), torch optimizer factory, batches, jax step) --
 
-def _dlrm_model() -> nn.Module:
+def _dlrm_model(precision: str) -> nn.Module:
     spec = ModelSpec(feature_names=tuple(f"f{i}" for i in range(NUM_SPARSE)), table_sizes=(8,) * NUM_SPARSE,
                      embedding_dim=DIM, dense_in_features=DENSE_IN, dense_layers=(512, 256, DIM),
                      over_layers=(512, 512, 256, 1))
-    return DLRMDenseLoss(build_dlrm(spec, dense_device=torch.device("cpu")))
+    return DLRMDenseLoss(build_dlrm(spec, dense_device=torch.device("cpu")), precision)
 
 
 def _dlrm_batches(batch: int, count: int) -> list[tuple[torch.Tensor, ...]]:
@@ -62,25 +64,30 @@ def _bce(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jnp.mean(jnp.maximum(logits, 0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits))))
 
 
-def _mlp_jax(layers, x: jax.Array, relu_last: bool) -> jax.Array:
+def _matmul(x: jax.Array, y: jax.Array, dtype) -> jax.Array:
+    """``x @ y`` with operands in ``dtype`` (bf16: as autocast) accumulated and returned in fp32."""
+    return jnp.matmul(x.astype(dtype), y.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _mlp_jax(layers, x: jax.Array, relu_last: bool, dtype=jnp.float32) -> jax.Array:
     for i, (w, b) in enumerate(layers):
-        x = x @ w.T + b
+        x = _matmul(x, w.T, dtype) + b
         if relu_last or i < len(layers) - 1:
             x = jax.nn.relu(x)
     return x
 
 
-def _dlrm_jax_loss(params, dense, pooled, labels) -> jax.Array:
+def _dlrm_jax_loss(params, dense, pooled, labels, dtype=jnp.float32) -> jax.Array:
     """TorchRec's DLRM towers: DenseArch (ReLU after every layer), dot InteractionArch,
-    OverArch (MLP with ReLU, then a plain Linear)."""
-    x = _mlp_jax(params["dense"], dense, relu_last=True)
+    OverArch (MLP with ReLU, then a plain Linear); matmul operands in ``dtype``."""
+    x = _mlp_jax(params["dense"], dense, relu_last=True, dtype=dtype)
     combined = jnp.concatenate([x[:, None, :], pooled], axis=1)
-    pairs = combined @ jnp.swapaxes(combined, 1, 2)
+    pairs = _matmul(combined, jnp.swapaxes(combined, 1, 2), dtype)
     rows, cols = np.triu_indices(NUM_SPARSE + 1, k=1)
     z = jnp.concatenate([x, pairs[:, rows, cols]], axis=1)
-    z = _mlp_jax(params["over"][:-1], z, relu_last=True)
+    z = _mlp_jax(params["over"][:-1], z, relu_last=True, dtype=dtype)
     w, b = params["over"][-1]
-    return _bce((z @ w.T + b)[:, 0], labels)
+    return _bce((_matmul(z, w.T, dtype) + b)[:, 0], labels)
 
 
 def _adagrad_jax(loss_fn: Callable, lr: float, eps: float = 1e-10) -> Callable:
@@ -114,11 +121,11 @@ def _adamw_jax(loss_fn: Callable, lr: float, wd: float, b1: float = 0.9, b2: flo
 
 
 class Workload:
-    def __init__(self, name: str, batch: int) -> None:
+    def __init__(self, name: str, batch: int, precision: str = "fp32") -> None:
         torch.manual_seed(0)
         self.name = name
         if name == "dlrm":
-            self.model = _dlrm_model()
+            self.model = _dlrm_model(precision)
             self.loss_fn = lambda m, *b: m(*b)
             self.optimizer = lambda ps: torch.optim.Adagrad(ps, lr=0.01)
             self.batches = _dlrm_batches(batch, 4)
@@ -126,10 +133,13 @@ class Workload:
             n_dense = 3
             self.jax_params = {"dense": layers[:n_dense], "over": layers[n_dense:]}
             self.jax_state = jax.tree.map(jnp.zeros_like, self.jax_params)
-            self.jax_step = _adagrad_jax(_dlrm_jax_loss, 0.01)
+            dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+            self.jax_step = _adagrad_jax(functools.partial(_dlrm_jax_loss, dtype=dtype), 0.01)
             self.describe = (f"DLRM dense step: dense {DENSE_IN}-512-256-{DIM}, {NUM_SPARSE} pooled x {DIM}, "
-                             f"over 512-512-256-1, batch {batch}, Adagrad")
+                             f"over 512-512-256-1, batch {batch}, Adagrad, {precision}")
         elif name == "mlp":
+            if precision != "fp32":
+                raise ValueError(f"--precision {precision} is for the dlrm workload (mlp runs fp32)")
             self.model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
             self.loss_fn = lambda m, x, y: F.binary_cross_entropy_with_logits(m(x).squeeze(-1), y)
             self.optimizer = lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01)
@@ -264,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps per round (default: 10)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per variant (default: 5)")
     parser.add_argument("--threads", default="1,2", help="torch CPU thread counts, comma-separated (default: 1,2)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                        help="dlrm's towers: fp32, or bf16 autocast (cpu, tpu) / bf16 operands (jax) (default: fp32)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.rounds < 1:
         parser.error("--steps and --rounds must be >= 1")
@@ -281,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in names:
         for count in threads:
             torch.set_num_threads(count)
-            workload = Workload(name, batch_of[name])
+            workload = Workload(name, batch_of[name], args.precision if name == "dlrm" else "fp32")
             ms = bench(workload, args.steps, args.rounds)
             cpu, tpu, ref = ms["cpu eager"], ms["tpu train_step"], ms["jax jit"]
             print(f"  ms/step: cpu eager {cpu:.2f} | tpu train_step {tpu:.2f} | jax jit {ref:.2f}  "

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from sparsecore import native
+import sparsecore.native as native
 from sparsecore.csr_format import (
     RowOrderedEntries,
     StackCSR,

@@ -27,3 +27,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid in _MEASURED_SLOW:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(name="strict")
+def strict_fixture():
+    """Zero CPU fallbacks: an unlowered op raises TpuFallbackError; counters must stay empty."""
+    from torch_tpu.eager import fallback
+
+    fallback.reset_metrics()
+    with fallback.no_fallback():
+        yield
+    assert fallback.fallback_counts() == {}

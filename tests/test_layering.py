@@ -4,6 +4,7 @@ below it (every import, lazy ones inside functions too, read from the source wit
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -163,3 +164,93 @@ def test_torch_tpu_module_level_imports_have_no_cycle() -> None:
         if module not in state:
             visit(module, [module])
     assert not cycles, "\n".join(cycles)
+
+
+# --- public seams: no module reaches into another's private names ---------------------------------
+
+# (module, the other module's private name, why it stays private)
+PRIVATE_EXCEPTIONS = {
+    # pickles written by torch.save name this function: a rename would break loading saved files
+    ("torch_tpu.runtime.serialization", "_rebuild_tpu_tensor"),
+}
+
+
+def _project_modules() -> dict[str, Path]:
+    return {_module_name(p): p for package in PACKAGES for p in sorted((REPO_ROOT / package).rglob("*.py"))}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_reaches(path: Path, modules: dict[str, Path]) -> set[str]:
+    """``from other import _name`` and ``other_module._name`` where ``other`` is a project module
+    imported by this file (attributes of objects are not counted: only of imported modules)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    module_aliases: dict[str, str] = {}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module in modules:
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in modules:
+                    module_aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                elif _private(alias.name):
+                    found.add(f"{node.module}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules and alias.asname:
+                    module_aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                and node.value.id in module_aliases):
+            found.add(f"{module_aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    modules = _project_modules()
+    offenders = []
+    for module, path in modules.items():
+        for reach in sorted(_private_reaches(path, modules)):
+            owner, name = reach.rsplit(".", 1)
+            if owner != module and (module, name) not in PRIVATE_EXCEPTIONS:
+                offenders.append(f"{module} uses {reach}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_module_reads_a_tpu_tensors_storage_through_a_private_attribute() -> None:
+    offenders = [str(p.relative_to(REPO_ROOT)) for package in PACKAGES
+                 for p in sorted((REPO_ROOT / package).rglob("*.py")) if re.search(r"\._box\b", p.read_text())]
+    assert not offenders, offenders
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in helper modules (conftest.py, ``*_cases.py``, ...), not in test files."""
+    offenders = []
+    for path in sorted((REPO_ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module.rsplit(".", 1)[-1].startswith("test_"):
+                    offenders.append(f"{path.relative_to(REPO_ROOT)} imports {node.module}")
+            elif isinstance(node, ast.Import):
+                offenders += [f"{path.relative_to(REPO_ROOT)} imports {a.name}" for a in node.names
+                              if a.name.startswith("tests.") and a.name.rsplit(".", 1)[-1].startswith("test_")]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_submodule_imports_from_its_package_init_while_the_init_imports_it() -> None:
+    """``pkg/__init__.py`` importing ``pkg.mod`` while ``mod`` does ``from pkg import x``: a circle
+    through a half-initialised package (import ``pkg.x`` by its full name instead)."""
+    modules = _project_modules()
+    offenders = []
+    for package, init in modules.items():
+        if init.name != "__init__.py":
+            continue
+        for child in sorted(_imports(init, modules, module_level=True)):
+            if not child.startswith(f"{package}.") or child not in modules:
+                continue
+            tree = ast.parse(modules[child].read_text(), filename=str(modules[child]))
+            if any(isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == package
+                   for node in _module_level(tree.body)):
+                offenders.append(f"{package} <-> {child}")
+    assert not offenders, "\n".join(offenders)

@@ -77,6 +77,14 @@ _installed = [False]
 _bypass_lock = threading.Lock()
 # JAX executable cache events of programs compiled inside persistent() (hits, misses)
 xla_counts = {"hits": 0, "misses": 0}
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # each program JAX compiles or loads
+_compiled = [0]  # programs XLA compiled in this process (not loaded from JAX's cache or this one's)
+
+
+def compiles() -> int:
+    """Programs XLA compiled in this process so far (since :func:`install`), every program's: those
+    loaded from a cache (JAX's executables or this package's) are not counted."""
+    return _compiled[0]
 
 
 def default_cache_dir() -> Path | None:
@@ -274,7 +282,14 @@ def _trim(directory: Path, pattern: str, max_bytes: int) -> None:
         total -= size
 
 
+def _on_compile(event: str, _secs: float, **_: object) -> None:
+    if event == BACKEND_COMPILE_EVENT:
+        _compiled[0] += 1
+
+
 def _on_jax_event(event: str, **_: object) -> None:
+    if event == "/jax/compilation_cache/cache_hits":  # inside a BACKEND_COMPILE_EVENT: not compiled
+        _compiled[0] -= 1
     if not getattr(_local, "depth", 0):
         return
     if event == "/jax/compilation_cache/cache_hits":
@@ -291,5 +306,6 @@ def install() -> None:
     import jax
 
     jax.monitoring.register_event_listener(_on_jax_event)
+    jax.monitoring.register_event_duration_secs_listener(_on_compile)
     configure(default_cache_dir())
 

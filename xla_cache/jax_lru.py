@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from xla_cache import entries
+import xla_cache.entries as entries
 
 LEVEL = "executables"
 

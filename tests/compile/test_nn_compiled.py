@@ -11,15 +11,14 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu.compile as tc
-from tests.torch_tpu.test_nn_lowerings import (
+from tests.torch_tpu.nn_cases import (
     CASES,
     TOL,
     SmallCNN,
-    _check_step,
-    _pair,
-    _step,
     check_cnn_trains_like_cpu,
-    strict_fixture,  # noqa: F401  (the ``strict`` fixture)
+    check_step,
+    cpu_and_tpu_pair,
+    forward_backward,
 )
 
 COMPILED = [c for c in CASES if c[0] in {
@@ -35,11 +34,11 @@ MODES = [(*c, True) for c in COMPILED] + [(*c, False) for c in COMPILED if c[0].
 @pytest.mark.parametrize("name,factory,shape,train", MODES,
                          ids=[f"{m[0]}-{'train' if m[3] else 'eval'}" for m in MODES])
 def test_compiled_matches_cpu(name, factory, shape, train, strict):
-    cpu, tpu = _pair(factory)
+    cpu, tpu = cpu_and_tpu_pair(factory)
     cpu.train(train), tpu.train(train)
     compiled = torch.compile(tpu, backend="tpu", dynamic=False, fullgraph=True)
     torch.manual_seed(1)
-    _check_step(cpu, tpu, torch.randn(shape), run=lambda m, x, ct: _step(compiled, x, ct), steps=2)
+    check_step(cpu, tpu, torch.randn(shape), run=lambda m, x, ct: forward_backward(compiled, x, ct), steps=2)
     assert tc.compile_stats().graphs >= 2  # forward and backward ran as compiled programs
 
 
@@ -109,7 +108,7 @@ NEW_LOWERINGS = [  # name, module factory, input shape(s)
 @pytest.mark.parametrize("name,factory,shapes", NEW_LOWERINGS, ids=[c[0] for c in NEW_LOWERINGS])
 def test_new_lowerings_compiled_match_cpu(name, factory, shapes, strict):
     torch.manual_seed(0)
-    cpu, tpu = _pair(factory)
+    cpu, tpu = cpu_and_tpu_pair(factory)
     if hasattr(cpu, "_random_samples"):
         tpu._random_samples = cpu._random_samples.to("tpu")
     compiled = torch.compile(tpu, backend="tpu", dynamic=False, fullgraph=True)

@@ -15,8 +15,7 @@ from torch.utils import _pytree as pytree
 
 import torch_tpu
 import torch_tpu.compile as tc
-from tests.torch_tpu.test_module_db import _unlowered_in_readme
-from tests.torch_tpu.test_opinfo import _LOWERED_AS, OPINFOS, _check_sample, _id
+from tests.torch_tpu.opinfo_cases import LOWERED_AS, OPINFOS, check_sample, opinfo_id, unlowered_in_docs
 from torch_tpu.compile.fx_to_jax import UnloweredOpError
 
 _STATIC = {op._schema.name.split("::")[1] for op in torch_tpu.lowered_ops()
@@ -32,7 +31,7 @@ REPRESENTATIVE = {
 
 def _eager_passes(opinfo, sample, grad: bool) -> bool:
     try:
-        _check_sample(opinfo, sample, torch.float32, grad)
+        check_sample(opinfo, sample, torch.float32, grad)
     except Exception:  # noqa: BLE001 - eager's own failures are test_opinfo's to report
         return False
     return True
@@ -43,7 +42,7 @@ def _compiled_matches(opinfo, sample, grad: bool) -> None:
     torch._dynamo.reset()
     tc.reset_compile_stats()
     compiled = torch.compile(lambda *a, **k: opinfo.op(*a, **k), backend="tpu", dynamic=False, fullgraph=True)
-    _check_sample(opinfo, sample, torch.float32, grad, tpu_op=compiled)
+    check_sample(opinfo, sample, torch.float32, grad, tpu_op=compiled)
     assert tc.compile_stats().graphs >= 1, f"{opinfo.name}: nothing was compiled"
 
 
@@ -52,11 +51,11 @@ def _unlowered_by_design(error: Exception) -> bool:
     if not isinstance(getattr(error, "inner_exception", error), UnloweredOpError):
         return False
     named = set(re.findall(r"aten\.[\w.]+", str(error)))
-    return bool(named) and named <= _unlowered_in_readme()
+    return bool(named) and named <= unlowered_in_docs()
 
 
 def _run(opinfo, max_samples):
-    if _LOWERED_AS.get(opinfo.name, (opinfo.aten_name or opinfo.name).split(".")[-1]) not in _STATIC:
+    if LOWERED_AS.get(opinfo.name, (opinfo.aten_name or opinfo.name).split(".")[-1]) not in _STATIC:
         pytest.skip(f"{opinfo.name}: output shape depends on values (no static program)")
     if torch.float32 not in opinfo.supported_dtypes("cpu"):
         pytest.skip(f"{opinfo.name} does not support float32")
@@ -82,13 +81,13 @@ def _run(opinfo, max_samples):
         pytest.skip(f"{opinfo.name}: no sample passes eagerly")
 
 
-@pytest.mark.parametrize("opinfo", [o for o in OPINFOS if _id(o) in REPRESENTATIVE], ids=_id)
+@pytest.mark.parametrize("opinfo", [o for o in OPINFOS if opinfo_id(o) in REPRESENTATIVE], ids=opinfo_id)
 def test_opinfo_compiled_representative(opinfo):
     _run(opinfo, max_samples=1)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("opinfo", OPINFOS, ids=_id)
+@pytest.mark.parametrize("opinfo", OPINFOS, ids=opinfo_id)
 def test_opinfo_compiled_full_sweep(opinfo):
     _run(opinfo, max_samples=None)
 

@@ -33,13 +33,13 @@ def prepare_device(device: str) -> None:
 DEVICES = ["cpu", "tpu"]
 
 
-def launch_on_tpu(job: Callable[..., Any], world: int, timeout_s: float) -> list[Any]:
-    """``launch_local(job, world)``'s results; skips where the tpu device is not registered yet."""
+def launch_on_tpu(job: Callable[..., Any], world: int, timeout_s: float, *args: Any) -> list[Any]:
+    """``launch_local(job, world, *args)``'s results; skips where the tpu device is not registered yet."""
     from torch_tpu.distributed.local_launch import launch_local
 
     if not tpu_ready():
         pytest.skip("torch_tpu core has not registered the tpu device yet")
-    return launch_local(job, world, timeout_s=timeout_s)
+    return launch_local(job, world, *args, timeout_s=timeout_s)
 
 
 def mismatch_outcome(call: Callable[[], object]) -> tuple[str, float]:

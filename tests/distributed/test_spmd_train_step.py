@@ -17,35 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from tests.distributed.device import launch_on_tpu, mismatch_outcome
+from tests.distributed.exchanging import Exchanging, batch
 
 pytestmark = [pytest.mark.multiprocess]
 
 TIMEOUT_S = 60.0
 WORLD = 2
-
-
-class Exchanging(nn.Module):
-    """A linear layer, then every rank's rows exchanged with all-to-all, then a loss."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 6)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-        h = self.linear(x)
-        if group is not None:
-            import torch.distributed._functional_collectives as fc
-
-            h = fc.all_to_all_single_autograd(h, None, None, group)
-        return ((h.tanh() - y) ** 2).mean()
-
-
-def _batch(rank: int, step: int, rows: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(rows, 4, generator=g), torch.randn(rows, 6, generator=g)
 
 
 def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -> dict:
@@ -67,7 +46,7 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
     step = tc.train_step(model, optimizer, lambda m, x, y: m(x, y, world), group=world)
     losses, ref_losses = [], []
     for i in range(3):
-        x, y = _batch(rank, i)
+        x, y = batch(rank, i)
         losses.append(float(step(x.to("tpu"), y.to("tpu"))))
         ref_loss = reference(x, y, world)  # eager all-to-all over the default group
         ref_loss.backward()
@@ -81,7 +60,7 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
     results["params"] = {n: p.detach().cpu() for n, p in model.named_parameters()}
     results["ref_params"] = {n: p.detach() for n, p in reference.named_parameters()}
     results["programs"] = step.stats.compiles
-    x, y = _batch(rank, 0)
+    x, y = batch(rank, 0)
     results["hlo"] = step.hlo_text(x.to("tpu"), y.to("tpu"))
 
     # a second step over copies of the model and optimizer, from a fresh cache: the first traces
@@ -97,7 +76,7 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
         twin_optimizer.load_state_dict(copy.deepcopy(state[1]))
         tc.reset_cache_stats()
         twin_step = tc.train_step(twin, twin_optimizer, lambda m, x, y: m(x, y, world), group=world)
-        x, y = _batch(rank, 3)
+        x, y = batch(rank, 3)
         again.append((float(twin_step(x.to("tpu"), y.to("tpu"))), tc.cache_stats().step_misses,
                       tc.cache_stats().step_disk_hits))
     results["again"] = again
@@ -105,7 +84,7 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
     # a new step whose first batch has another shape on rank 1: both ranks fail naming both
     # programs' inputs, instead of running programs whose collectives do not match
     step = tc.train_step(model, optimizer, lambda m, x, y: m(x, y, world), group=world)
-    x, y = _batch(rank, 9, rows=4 if rank == 0 else 8)
+    x, y = batch(rank, 9, rows=4 if rank == 0 else 8)
     results["mismatch"], results["mismatch_s"] = mismatch_outcome(lambda: step(x.to("tpu"), y.to("tpu")))
     dist.barrier()
     dist.destroy_process_group()

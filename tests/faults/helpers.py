@@ -50,3 +50,8 @@ def sample_tsv_lines(repeat: int = 1) -> list[str]:
 def write_sample_tsv(path: Path, repeat: int = 1) -> Path:
     path.write_text("\n".join(sample_tsv_lines(repeat)) + "\n")
     return path
+
+
+def torchrun_train(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "-m", "torchrec_tpu.cli", "train", *args]

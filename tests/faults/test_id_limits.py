@@ -13,8 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.synthetic import SyntheticConfig, generate
-from tests.faults.helpers import assert_clean_error, cli_env
-from tests.faults.test_multirank_faults import _torchrun
+from tests.faults.helpers import assert_clean_error, cli_env, torchrun_train
 from torchrec_tpu.cli import main
 
 FLAGS = ["--embedding-dim", "8", "--dense-arch", "16,8", "--over-arch", "8,1", "--no-progress"]
@@ -61,7 +60,7 @@ def _many_ids_in_one_partition(data: Path, column: str, count: int) -> None:
 def test_one_ranks_overflow_fails_every_rank_at_once(tiny_copy, tmp_path):
     _many_ids_in_one_partition(tiny_copy, "C1", 200)
     started = time.monotonic()
-    result = subprocess.run(_torchrun("--data", str(tiny_copy), *FLAGS, "--num-embeddings", "20000",
+    result = subprocess.run(torchrun_train("--data", str(tiny_copy), *FLAGS, "--num-embeddings", "20000",
                                       "--batch-size", "512", "--max-steps", "2", "--log-dir", str(tmp_path / "run"),
                                       "--collective-timeout", "200"),
                             env=cli_env(), capture_output=True, text=True, timeout=400)

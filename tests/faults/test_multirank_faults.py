@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,14 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.faults.conftest import TRAIN_FLAGS
-from tests.faults.helpers import cli_env
+from tests.faults.helpers import cli_env, torchrun_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
-
-def _torchrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "-m", "torchrec_tpu.cli", "train", *args]
 
 
 def _damage(data: Path, kind: str) -> str:
@@ -72,7 +67,7 @@ def test_bad_input_on_one_rank_fails_every_rank_at_once_with_one_message(tiny_co
     expected = _damage(tiny_copy, damage)
     flags = [f for f in TRAIN_FLAGS if f not in ("--max-steps", "2")]
     started = time.monotonic()
-    result = subprocess.run(_torchrun("--data", str(tiny_copy), *flags, "--log-dir", str(tmp_path / "run"),
+    result = subprocess.run(torchrun_train("--data", str(tiny_copy), *flags, "--log-dir", str(tmp_path / "run"),
                                       "--engine", engine, "--collective-timeout", "200"),
                             env=cli_env(), capture_output=True, text=True, timeout=300)
     assert time.monotonic() - started < 150, "failing must not wait for the collective timeout"
@@ -85,7 +80,7 @@ def test_bad_input_on_one_rank_fails_every_rank_at_once_with_one_message(tiny_co
 
 @pytest.mark.parametrize("stalled", [1, 0])  # rank 0 too: the store lives in torchrun, not in it
 def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled):
-    proc = subprocess.Popen(_torchrun("--data", str(tiny_dataset), *TRAIN_FLAGS[:-3], "--no-progress",
+    proc = subprocess.Popen(torchrun_train("--data", str(tiny_dataset), *TRAIN_FLAGS[:-3], "--no-progress",
                                       "--epochs", "100000", "--log-dir", str(tmp_path / "run"),
                                       "--checkpoint-every", "3", "--collective-timeout", "10"),
                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -118,7 +113,7 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled):
 
 
 def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):
-    proc = subprocess.Popen(_torchrun("--data", str(tiny_dataset), *TRAIN_FLAGS[:-3], "--no-progress",
+    proc = subprocess.Popen(torchrun_train("--data", str(tiny_dataset), *TRAIN_FLAGS[:-3], "--no-progress",
                                       "--epochs", "100000", "--log-dir", str(tmp_path / "run")),
                             env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -147,7 +142,7 @@ def test_skipped_rows_on_one_rank_keep_the_ranks_in_step(tiny_copy, tmp_path):
     labels[[3, 4, 90]] = [7.0, -3.0, np.nan]
     pq.write_table(table.set_column(0, "label", pa.array(labels)), part)
     flags = [f for f in TRAIN_FLAGS if f not in ("--max-steps", "2")]
-    result = subprocess.run(_torchrun("--data", str(tiny_copy), *flags, "--log-dir", str(tmp_path / "run"),
+    result = subprocess.run(torchrun_train("--data", str(tiny_copy), *flags, "--log-dir", str(tmp_path / "run"),
                                       "--bad-values", "skip", "--epochs", "2", "--collective-timeout", "60"),
                             env=cli_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -125,7 +125,7 @@ def test_a_missing_rng_file_is_an_error(run_copy, tmp_path: Path, capsys) -> Non
 @pytest.mark.multiprocess
 def test_every_rank_fails_promptly_with_the_same_error(run_copy, tmp_path: Path) -> None:
     """The checkpoint is checked on rank 0 and its verdict broadcast: no rank is left waiting."""
-    from tests.train.test_multiprocess import start_cli_ranks
+    from tests.train.cli_ranks import start_cli_ranks
 
     data, root = run_copy
     ranks = start_cli_ranks(train_args(data, tmp_path / "resumed", "--batch-size", str(BATCH), "--resume",

@@ -14,7 +14,7 @@ import pytest
 
 from pipelines.synthetic import SyntheticConfig, generate
 from tests.train.conftest import REPO_ROOT, TINY_OPTIONS, as_flags
-from tests.train.test_quiet_logs import assert_quiet
+from tests.train.quiet import assert_quiet
 
 # A driver holding a private local Ray instance (its own temp dir, cleaned up when it dies).
 OTHER_INSTANCE = """

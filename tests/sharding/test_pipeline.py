@@ -10,7 +10,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_tpu.pipeline import PrefetchedBatches
 
 from .reference import random_kjt, targets
-from .test_single_rank import BATCH, sharded
+from .single_rank import BATCH, sharded_ebc
 
 
 def batches(count: int) -> list[Batch]:
@@ -28,7 +28,7 @@ def train(ebc, stream) -> list[torch.Tensor]:
 
 
 def test_prefetched_training_equals_plain_and_runs_input_dist_off_thread():
-    plain, piped = sharded("adagrad"), sharded("adagrad")
+    plain, piped = sharded_ebc("adagrad"), sharded_ebc("adagrad")
     threads = []
     original = piped.input_dist
 
@@ -52,7 +52,7 @@ def test_prefetched_training_equals_plain_and_runs_input_dist_off_thread():
 
 
 def test_loader_errors_surface_in_the_consumer_naming_the_feature():
-    ebc = sharded("sgd")
+    ebc = sharded_ebc("sgd")
     good = batches(1)[0]
     kjt = good.sparse_features
     values = kjt.values().clone()
@@ -66,7 +66,7 @@ def test_loader_errors_surface_in_the_consumer_naming_the_feature():
 
 
 def test_stopping_early_ends_the_thread():
-    ebc = sharded("sgd")
+    ebc = sharded_ebc("sgd")
     stream = iter(PrefetchedBatches(batches(6), ebc, torch.device("cpu"), depth=1))
     before = set(threading.enumerate())
     next(stream)
@@ -76,7 +76,7 @@ def test_stopping_early_ends_the_thread():
 
 
 def test_a_prefetched_kjt_hands_its_input_dist_to_its_owner_only():
-    owner, other = sharded("sgd"), sharded("sgd")
+    owner, other = sharded_ebc("sgd"), sharded_ebc("sgd")
     kjt = batches(1)[0].sparse_features
     calls = []
     original = owner.input_dist

@@ -21,13 +21,10 @@ from .reference import (
     train_reference,
     with_last_id,
 )
+from .single_rank import BATCH, sharded_ebc
 
-BATCH, STEPS = 16, 4
+STEPS = 4
 
-
-def sharded(optimizer: str, backend: str = "xla") -> ShardedSparseCoreEBC:
-    plan = {c.name: TableSharding("table_wise", (0,)) for c in CONFIGS}
-    return ShardedSparseCoreEBC.from_torchrec(reference_ebc(), BATCH, plan, OPTIMIZERS[optimizer][0], backend=backend)
 
 
 @pytest.mark.parametrize("optimizer,backend", [("sgd", "xla"), ("adagrad", "xla"), ("rowwise_adagrad", "xla"),
@@ -35,7 +32,7 @@ def sharded(optimizer: str, backend: str = "xla") -> ShardedSparseCoreEBC:
                                                ("rowwise_adagrad", "ops")])
 def test_trains_like_stock_torchrec(optimizer, backend):
     expected_outputs, expected_weights = train_reference(optimizer, STEPS, BATCH)
-    ebc = sharded(optimizer, backend)
+    ebc = sharded_ebc(optimizer, backend)
     for step in range(STEPS):
         pooled = ebc(random_kjt(BATCH, step))
         assert pooled.keys() == ["user", "item", "hist", "small"]
@@ -61,7 +58,7 @@ def test_a_batch_the_sparsecores_cannot_split_is_padded():
 
 
 def test_bad_id_names_the_feature():
-    ebc = sharded("sgd")
+    ebc = sharded_ebc("sgd")
     with pytest.raises(ValueError, match="feature 'small'.*outside \\[0, 9\\)"):
         ebc(with_last_id(random_kjt(BATCH, 0), 9))  # the last id is one of "small" (9 rows)
 
@@ -75,7 +72,7 @@ def test_sharding_errors_name_the_table():
 
 
 def test_other_batch_sizes_are_padded_or_chunked():
-    ebc = sharded("sgd")
+    ebc = sharded_ebc("sgd")
     big = random_kjt(2 * BATCH + 5, seed=7)
     with torch.no_grad():
         expected = reference_ebc()(big).values()
@@ -88,7 +85,7 @@ def test_other_batch_sizes_are_padded_or_chunked():
 
 @pytest.mark.parametrize("backend", ["xla", pytest.param("ops", marks=pytest.mark.slow)])
 def test_state_dict_round_trip_continues_identically(backend):
-    first, second = sharded("adagrad", backend), sharded("adagrad", backend)
+    first, second = sharded_ebc("adagrad", backend), sharded_ebc("adagrad", backend)
     for step in range(2):
         out = first(random_kjt(BATCH, step)).values()
         (0.5 * ((out - targets(BATCH, step)) ** 2).sum()).backward()
@@ -103,7 +100,7 @@ def test_state_dict_round_trip_continues_identically(backend):
 
 
 def test_unshards_into_a_plain_torchrec_ebc():
-    ebc = sharded("adagrad")
+    ebc = sharded_ebc("adagrad")
     for step in range(2):
         out = ebc(random_kjt(BATCH, step)).values()
         (0.5 * ((out - targets(BATCH, step)) ** 2).sum()).backward()

@@ -5,14 +5,13 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from sparsecore.csr_format import row_pointers_per_sc
 from sparsecore.limits import PartitionOverflowError
 from sparsecore.preprocess import PADDING_ID, preprocess
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
-from sparsecore.validation import feature_inputs
 
 from .helpers import random_kjt
+from .jte_check import assert_same_as_jte
 
 
 def _plan(topology, combiner="sum", max_ids=256, batch=32):
@@ -45,34 +44,6 @@ def test_hand_computed_layout():
     np.testing.assert_array_equal(csr.stats.required_buffer_size_per_sc, [8, 8, 0, 8])
 
 
-def _assert_same_as_jte(plan, kjt, overflow="error", engine="auto"):
-    jte_interop = pytest.importorskip("sparsecore.jte_interop", exc_type=ImportError)
-    ours = preprocess(kjt, plan, overflow=overflow, engine=engine)
-    inputs = feature_inputs(kjt, plan.features, plan.tables)
-    pre, stats = jte_interop.jte_preprocess(inputs, plan, allow_id_dropping=overflow == "drop")
-    theirs = pre.sparse_dense_matmul_input
-    chunks = plan.topology.num_devices * plan.topology.sparsecores_per_device
-    for stack in plan.stacks:
-        csr = ours.stacks[stack.name]
-        pointers = np.asarray(theirs.lhs_row_pointers[stack.name])
-        assert pointers.tobytes() == csr.row_pointers.tobytes()
-        region = csr.embedding_ids.size // chunks
-        width = row_pointers_per_sc(stack)
-        for k in range(chunks):
-            used = slice(k * region, k * region + int(pointers[(k + 1) * width - 1]))
-            tail = slice(used.stop, (k + 1) * region)  # jax-tpu-embedding leaves it uninitialised
-            for ours_array, theirs_array in ((csr.embedding_ids, theirs.lhs_embedding_ids),
-                                             (csr.sample_ids, theirs.lhs_sample_ids), (csr.gains, theirs.lhs_gains)):
-                assert ours_array[used].tobytes() == np.asarray(theirs_array[stack.name])[used].tobytes()
-            assert (csr.embedding_ids[tail] == PADDING_ID).all() and np.isnan(csr.gains[tail]).all()
-        np.testing.assert_array_equal(csr.stats.max_ids_per_partition, stats.max_ids_per_partition[stack.name])
-        np.testing.assert_array_equal(csr.stats.max_unique_ids_per_partition,
-                                      stats.max_unique_ids_per_partition[stack.name])
-        np.testing.assert_array_equal(csr.stats.required_buffer_size_per_sc,
-                                      stats.required_buffer_size_per_sc[stack.name])
-        assert csr.stats.dropped_ids == stats.id_drop_counters[stack.name]
-    return ours
-
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 @pytest.mark.parametrize("generation, chips", [("v5p", 1), ("v5p", 2), ("v6e", 4), ("tpu7x", 1)])
@@ -80,7 +51,7 @@ def test_randomized_inputs_match_jax_tpu_embedding(combiner, generation, chips):
     plan = _plan(SparseCoreTopology(generation, chips), combiner, batch=64)
     for seed in range(3):
         # seed 0: wide ids; seeds 1, 2: ids below 20 so one sample often repeats an id 3+ times
-        _assert_same_as_jte(plan, random_kjt(plan, seed, max_hot=12, id_range=None if seed == 0 else 20))
+        assert_same_as_jte(plan, random_kjt(plan, seed, max_hot=12, id_range=None if seed == 0 else 20))
 
 
 @pytest.mark.parametrize("max_ids", [4, 8])
@@ -88,7 +59,7 @@ def test_drop_policy_matches_jax_tpu_embedding(max_ids):
     plan = _plan(SparseCoreTopology("v5p", 2), "mean", max_ids=max_ids, batch=64)
     for seed in range(3):
         kjt = random_kjt(plan, seed, max_hot=10, id_range=None if seed == 0 else 40)
-        ours = _assert_same_as_jte(plan, kjt, overflow="drop")
+        ours = assert_same_as_jte(plan, kjt, overflow="drop")
         assert sum(s.dropped_ids for s in ours.stats.values()) > 0
         with pytest.raises(PartitionOverflowError, match="max_(unique_)?ids_per_partition"):
             preprocess(kjt, plan)
@@ -96,12 +67,12 @@ def test_drop_policy_matches_jax_tpu_embedding(max_ids):
 
 def test_real_criteo_sample_matches_jax_tpu_embedding(criteo_kjt):
     kjt, plan = criteo_kjt
-    _assert_same_as_jte(plan, kjt)
+    assert_same_as_jte(plan, kjt)
 
 
 def test_large_topology_matches_jax_tpu_embedding():
     plan = _plan(SparseCoreTopology("v5p", 16), "sqrtn", batch=2048)  # 64 SparseCores
-    _assert_same_as_jte(plan, random_kjt(plan, seed=3, max_hot=16, id_range=200))
+    assert_same_as_jte(plan, random_kjt(plan, seed=3, max_hot=16, id_range=200))
 
 
 @pytest.mark.parametrize("engine", ["numpy", "compiled"])

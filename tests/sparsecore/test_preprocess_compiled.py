@@ -19,7 +19,7 @@ from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
 
-from .test_preprocess import _assert_same_as_jte
+from .jte_check import assert_same_as_jte
 
 pytestmark = pytest.mark.skipif(native.extension() is None, reason="the compiled extension did not build")
 
@@ -130,7 +130,7 @@ def test_compiled_matches_jax_tpu_embedding(combiner, generation, chips):
     topology = SparseCoreTopology(generation, chips)
     plan = _random_model(rng, topology, 256, combiner)
     for id_range in (None, 30):
-        _assert_same_as_jte(plan, _random_kjt(rng, plan, id_range), engine="compiled")
+        assert_same_as_jte(plan, _random_kjt(rng, plan, id_range), engine="compiled")
 
 
 @pytest.mark.parametrize("max_ids", [8, 16])
@@ -138,7 +138,7 @@ def test_compiled_drop_policy_matches_jax_tpu_embedding(max_ids):
     rng = np.random.default_rng(max_ids)
     plan = _random_model(rng, SparseCoreTopology("v5p", 2), max_ids)
     kjt = _random_kjt(rng, plan, id_range=40)
-    ours = _assert_same_as_jte(plan, kjt, overflow="drop", engine="compiled")
+    ours = assert_same_as_jte(plan, kjt, overflow="drop", engine="compiled")
     assert sum(s.dropped_ids for s in ours.stats.values()) > 0
     with pytest.raises(PartitionOverflowError, match="max_(unique_)?ids_per_partition"):
         preprocess(kjt, plan, engine="compiled")

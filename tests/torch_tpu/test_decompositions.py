@@ -8,7 +8,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 import torch_tpu
-from tests.torch_tpu.test_opinfo import _SKIP, OPINFOS, _check_sample, _id
+from tests.torch_tpu.opinfo_cases import OPINFOS, SKIP, check_sample, opinfo_id
 from torch_tpu.ops import decompositions, registry
 
 aten = torch.ops.aten
@@ -160,8 +160,9 @@ _KNOWN_WRONG = {
     "polar": "gradient differs from CPU",
 }
 DECOMPOSED_OPINFOS = sorted(
-    (o for o in op_db if o not in OPINFOS and _id(o) not in _SKIP and _id(o) not in _NOT_SWEPT and _decomposed(o)),
-    key=_id,
+    (o for o in op_db
+     if o not in OPINFOS and opinfo_id(o) not in SKIP and opinfo_id(o) not in _NOT_SWEPT and _decomposed(o)),
+    key=opinfo_id,
 )
 # Ops the model zoo and common nn code decompose: the default run.
 DEFAULT = {
@@ -174,23 +175,24 @@ DEFAULT = {
 }
 
 
-@pytest.mark.parametrize("opinfo", [o for o in DECOMPOSED_OPINFOS if _id(o) in DEFAULT], ids=_id)
+@pytest.mark.parametrize("opinfo", [o for o in DECOMPOSED_OPINFOS if opinfo_id(o) in DEFAULT], ids=opinfo_id)
 def test_decomposed_opinfo_float32(opinfo):
     torch.manual_seed(0)
     grad = opinfo.supports_autograd
     for sample in list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=grad))[:2]:
-        _check_sample(opinfo, sample, torch.float32, grad)
+        check_sample(opinfo, sample, torch.float32, grad)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("opinfo", [
-    pytest.param(o, marks=pytest.mark.xfail(strict=False, reason=_KNOWN_WRONG[_id(o)])) if _id(o) in _KNOWN_WRONG else o
+    pytest.param(o, marks=pytest.mark.xfail(strict=False, reason=_KNOWN_WRONG[opinfo_id(o)]))
+    if opinfo_id(o) in _KNOWN_WRONG else o
     for o in DECOMPOSED_OPINFOS
-], ids=_id)
+], ids=opinfo_id)
 def test_decomposed_opinfo_full_sweep(opinfo):
     if torch.float32 not in opinfo.supported_dtypes("cpu"):
         pytest.skip(f"{opinfo.name} does not support float32")
     torch.manual_seed(0)
     grad = opinfo.supports_autograd
     for sample in opinfo.sample_inputs("cpu", torch.float32, requires_grad=grad):
-        _check_sample(opinfo, sample, torch.float32, grad)
+        check_sample(opinfo, sample, torch.float32, grad)

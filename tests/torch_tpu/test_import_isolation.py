@@ -52,7 +52,7 @@ def snapshot():
         "fast": dict(op_jit.fast),
         "executors": dict(modes._EXECUTORS),
         "mode": modes.get_eager_mode(),
-        "seam": tensor._dispatch,
+        "seam": tensor.dispatch_target,
     }
 
 for _ in range(2):  # twice: the second run takes op_jit's programs and the fast path

@@ -113,10 +113,11 @@ def test_registered_executor_is_used_per_op():
     saved = modes._EXECUTORS.get(torch_tpu.EagerMode.DEFER_AND_FUSE)
     torch_tpu.register_executor("defer_and_fuse", recording)
     try:
+        x = torch.tensor([1.0, 2.0]).to("tpu")
         with torch_tpu.eager_mode("defer_and_fuse"):
-            out = torch.ones(2, device="tpu") * 3
-        assert seen == ["aten.fill.Scalar", "aten.mul.Tensor"]  # ones() = empty + fill_, then mul
-        assert out.cpu().tolist() == [3.0, 3.0]
+            out = (x + 1) * 3
+        assert seen == ["aten.add.Tensor", "aten.mul.Tensor"]
+        assert out.cpu().tolist() == [6.0, 9.0]
     finally:
         modes._EXECUTORS.pop(torch_tpu.EagerMode.DEFER_AND_FUSE)
         if saved is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from torch.testing._internal.common_modules import module_db
 from torch.utils import _pytree as pytree
 
 import torch_tpu.compile as tc
+from tests.torch_tpu.opinfo_cases import unlowered_in_docs
 from torch_tpu.compile.fx_to_jax import UnloweredOpError
 
 TOL = dict(rtol=1e-4, atol=1e-5)
@@ -31,14 +31,7 @@ _RANDOM = {"nn.Dropout", "nn.Dropout1d", "nn.Dropout2d", "nn.Dropout3d", "nn.Alp
 # (LSTM, attention and Transformer layers train in test_model_zoo.py)
 REPRESENTATIVE = {"nn.Linear", "nn.Conv2d", "nn.BatchNorm2d", "nn.LayerNorm", "nn.GroupNorm", "nn.Embedding",
                   "nn.Bilinear", "nn.ReplicationPad2d", "nn.GELU"}
-_README = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"
 
-
-def _unlowered_in_readme() -> set[str]:
-    """The op names of docs/ARCHITECTURE.md's "Unlowered in compiled graphs" paragraph."""
-    text = _README.read_text()
-    paragraph = text[text.index("Unlowered in compiled graphs"):].split("\n\n", 1)[0]
-    return set(re.findall(r"`(aten\.[\w.]+)`", paragraph))
 
 
 def _name(info) -> str:
@@ -111,7 +104,7 @@ def _check(info, compiled: bool, max_samples):
         except Exception as error:  # noqa: BLE001 - only the README's unlowered ops may fail compiled
             named = set(re.findall(r"aten\.[\w.]+", str(error))) if compiled and isinstance(
                 getattr(error, "inner_exception", error), UnloweredOpError) else set()
-            if not named or not named <= _unlowered_in_readme():
+            if not named or not named <= unlowered_in_docs():
                 raise
             continue
         what = f"{info.name} {'compiled' if compiled else 'eager'} {sample.desc or ''}"

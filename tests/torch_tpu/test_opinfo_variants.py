@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils import _pytree as pytree
 
-from tests.torch_tpu.test_opinfo import OPINFOS, _compare, _id
+from tests.torch_tpu.opinfo_cases import OPINFOS, compare, opinfo_id
 
 _VARIANTS = ("inplace", "method", "out")
 
@@ -74,7 +74,7 @@ def _run(opinfo, variant, max_samples):
             continue
         returned, written, identity = _call(opinfo, variant, sample, "tpu")
         what = f"{opinfo.name} {variant} {sample}"
-        _compare(written, cpu_written, torch.float32, what)
+        compare(written, cpu_written, torch.float32, what)
         for a, e in zip(pytree.tree_leaves(written), pytree.tree_leaves(cpu_written)):
             if isinstance(e, torch.Tensor):
                 assert a.shape == e.shape and a.dtype == e.dtype, f"{what}: {a.shape}/{a.dtype} vs {e.shape}/{e.dtype}"
@@ -85,13 +85,13 @@ def _run(opinfo, variant, max_samples):
 
 
 @pytest.mark.parametrize("variant", _VARIANTS)
-@pytest.mark.parametrize("opinfo", OPINFOS, ids=_id)
+@pytest.mark.parametrize("opinfo", OPINFOS, ids=opinfo_id)
 def test_variant_equals_cpu(opinfo, variant):
     _run(opinfo, variant, max_samples=1)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", _VARIANTS)
-@pytest.mark.parametrize("opinfo", OPINFOS, ids=_id)
+@pytest.mark.parametrize("opinfo", OPINFOS, ids=opinfo_id)
 def test_variant_full_sweep(opinfo, variant):
     _run(opinfo, variant, max_samples=None)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import torch_tpu
-from tests.torch_tpu.test_sparsecore_ops import BATCH, DIM, Case
+from tests.torch_tpu.sparsecore_case import BATCH, DIM, Case
 from torch_tpu.ops.sparsecore_checks import preprocessed
 
 ROWS_PER_PARTITION, SAMPLES_PER_SC, REGION = 64, 8, 1024

@@ -7,6 +7,7 @@ from typing import Any, Iterator
 
 import pytest
 import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from pipelines.sample_data import criteo_sample_csv
@@ -77,3 +78,14 @@ def trained(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
 
     config = tiny_config(tiny_dataset, tmp_path_factory.mktemp("run") / "logs", eval_every=64)
     return config, run_job(config)
+
+
+def whole_tensor(value: torch.Tensor) -> torch.Tensor:
+    """A world-of-1 ShardedTensor is one local shard holding the whole table."""
+    if isinstance(value, ShardedTensor):
+        (shard,) = value.local_shards()
+        return shard.tensor
+    return value
+
+
+SPARSECORE_TABLES = "model.model.sparse_arch.embedding_bag_collection.embedding_bags."

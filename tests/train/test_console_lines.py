@@ -10,22 +10,22 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.train.test_loop_losses import _batches, _Logistic, _Scripted
+from tests.train.scripted_loop import Logistic, ScriptedSteps, constant_batches
 from torchrec_tpu.train.job import JobSummary
 from torchrec_tpu.train.loop import LoopOptions, run_training
 from torchrec_tpu.train.scalars import ScalarLog
 
 
 def _held_out() -> list:
-    """Two batches whose logits under _Logistic are known: dense features (i, -i) per row."""
-    batches = _batches(2)
+    """Two batches whose logits under Logistic are known: dense features (i, -i) per row."""
+    batches = constant_batches(2)
     for i, batch in enumerate(batches):
         batch.dense_features.copy_(torch.tensor([[-2.0, 1.0], [1.0, 0.5], [0.5, 3.0], [3.0, -1.0]]) * (i + 1))
     return batches
 
 
 def _run(tmp_path: Path, caplog, steps: int = 6, **options):
-    model = _Logistic()
+    model = Logistic()
     with torch.no_grad():  # a fixed model (lr 0 keeps it): held-out AUC 0.75 at every evaluation
         model.linear.weight.copy_(torch.tensor([[1.0, 0.5]]))
         model.linear.bias.zero_()
@@ -36,9 +36,9 @@ def _run(tmp_path: Path, caplog, steps: int = 6, **options):
         return tmp_path / f"ckpt-{step}"
 
     with caplog.at_level(logging.INFO, logger="torchrec_tpu"), ScalarLog(tmp_path / "tb", enabled=True) as log:
-        result = run_training(model, torch.optim.SGD(model.parameters(), lr=0.0), _batches(steps), _held_out(),
+        result = run_training(model, torch.optim.SGD(model.parameters(), lr=0.0), constant_batches(steps), _held_out(),
                               torch.device("cpu"), log, LoopOptions(progress=True, **options),
-                              step_fn=_Scripted([0.5] * steps), checkpoint=checkpoint)
+                              step_fn=ScriptedSteps([0.5] * steps), checkpoint=checkpoint)
     return model, result, [r.getMessage() for r in caplog.records], saved
 
 

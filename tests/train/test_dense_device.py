@@ -4,7 +4,6 @@ batches), without any CPU fallback; checkpoints load across placements."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,8 @@ import torch
 from tests.train.conftest import flat_checkpoint, tiny_config
 from tests.train.dense_device_checks import STEPS, train
 from torchrec_tpu.train.config import ConfigError, TrainConfig
-from torchrec_tpu.train.engines.dense_placement import XLA_CPU_TOWER_MACS, resolve_dense_device, tower_macs_per_sample
+from torchrec_tpu.train.engines import dense_calibration
+from torchrec_tpu.train.engines.dense_placement import resolve_dense_device
 from torchrec_tpu.train.job import run_job
 from torchrec_tpu.train.model import ModelSpec
 
@@ -65,24 +65,44 @@ def test_dense_flags_need_the_sparsecore_engine() -> None:
         TrainConfig.from_options(engine="sparsecore", dense_device="gpu")
 
 
-def test_auto_dense_device_is_tpu_where_one_program_wins() -> None:
-    """auto: tpu where the step compiles into one program and, on XLA:CPU, the towers are small
-    (the default model's ~39k multiply-adds per sample; the anchor towers' ~0.8M stay on cpu)."""
-    default = ModelSpec(feature_names=tuple(f"f{i}" for i in range(26)), table_sizes=(10,) * 26, embedding_dim=16,
-                        dense_in_features=13, dense_layers=(64, 16), over_layers=(64, 32, 1))
-    anchor = dataclasses.replace(default, embedding_dim=64, dense_layers=(512, 256, 64),
-                                 over_layers=(512, 512, 256, 1))
-    # by hand: bottom 13*64 + 64*16, dot interaction 27*27*16, over (16 + 27*26/2)*64 + 64*32 + 32*1
-    assert tower_macs_per_sample(default) == 1856 + 11664 + 25568
-    assert tower_macs_per_sample(anchor) == 154112 + 46656 + 605952
-    assert tower_macs_per_sample(default) < XLA_CPU_TOWER_MACS < tower_macs_per_sample(anchor)
-    assert resolve_dense_device("auto", default, 1, "ddp").type == "tpu"
-    assert resolve_dense_device("auto", anchor, 1, "ddp").type == "cpu"  # on this XLA:CPU machine
-    assert resolve_dense_device("auto", default, 2, "ddp").type == "cpu"  # several ranks: towers run eagerly
-    assert resolve_dense_device("auto", default, 1, "fsdp2").type == "cpu"
-    assert resolve_dense_device("tpu", anchor, 2, "ddp").type == "tpu"
-    assert resolve_dense_device("cpu", default, 1, "ddp").type == "cpu"
+SMALL = ModelSpec(feature_names=tuple(f"f{i}" for i in range(4)), table_sizes=(10,) * 4, embedding_dim=8,
+                  dense_in_features=13, dense_layers=(16, 8), over_layers=(16, 1))
+
+
+def test_auto_dense_device_follows_the_structure_then_the_measurement() -> None:
+    """auto: cpu where the step cannot be one program per rank (fsdp2, several XLA:CPU ranks),
+    without timing anything; at one rank on XLA:CPU the faster placement as measured (and stored)."""
+    before = len(list(_placement_entries()))
+    assert resolve_dense_device("auto", SMALL, 2, "ddp", 64).type == "cpu"
+    assert resolve_dense_device("auto", SMALL, 1, "fsdp2", 64).type == "cpu"
+    assert resolve_dense_device("tpu", SMALL, 2, "ddp", 64).type == "tpu"
+    assert resolve_dense_device("cpu", SMALL, 1, "ddp", 64).type == "cpu"
+    assert len(list(_placement_entries())) == before  # none of these measured
+    picked = resolve_dense_device("auto", SMALL, 1, "ddp", 64)
+    stored = dense_calibration._key(SMALL, 64, torch.optim.Adagrad, "fp32")
+    entry = dense_calibration.xla_cache.load(dense_calibration.LEVEL, stored, lambda blob: blob)
+    assert entry is not None and f'"device": "{picked.type}"'.encode() in entry
     TrainConfig.from_options(engine="torchrec", dense_device="cpu").validate()  # where it runs anyway
+
+
+def test_placement_timing_runs_both_towers_and_the_verdict_is_reused(monkeypatch) -> None:
+    timing = dense_calibration.time_placements(SMALL, 32, torch.optim.Adagrad)
+    assert timing.cpu_ms > 0 and timing.tpu_ms > 0
+    assert timing.device == ("tpu" if timing.tpu_ms < timing.cpu_ms else "cpu")
+    assert dense_calibration.PlacementTiming(2.0, 1.0).device == "tpu"
+    assert dense_calibration.PlacementTiming(1.0, 1.0).device == "cpu"
+    first = dense_calibration.measured_dense_device(SMALL, 48, torch.optim.Adagrad)
+    measured = []
+    monkeypatch.setattr(dense_calibration, "time_placements", lambda *args: measured.append(args))
+    assert dense_calibration.measured_dense_device(SMALL, 48, torch.optim.Adagrad) == first
+    assert measured == []  # the stored verdict, not a new measurement
+
+
+def _placement_entries():
+    from xla_cache import cache_dir
+
+    root = cache_dir()
+    return (root / dense_calibration.LEVEL).glob("*") if root is not None else iter(())
 
 
 @pytest.mark.slow

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.train.conftest import tiny_config
+from tests.train.conftest import tiny_config, whole_tensor
 from torchrec_tpu.train.checkpoint.dirs import write_manifest
 from torchrec_tpu.train.checkpoint.rng import load_rng, rng_state, save_rng, set_rng_state
 from torchrec_tpu.train.checkpoint.store import META_FILE, RNG_DIR, STATE_DIR, load_checkpoint
@@ -31,13 +30,6 @@ def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     events.Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
-
-def _dense(value: torch.Tensor) -> torch.Tensor:
-    """A world-of-1 ShardedTensor is one local shard holding the whole table."""
-    if isinstance(value, ShardedTensor):
-        (shard,) = value.local_shards()
-        return shard.tensor
-    return value
 
 
 def test_learns_the_signal(trained) -> None:
@@ -88,7 +80,7 @@ def test_checkpoint_reloads_into_a_fresh_model(trained, tmp_path: Path) -> None:
                             config.data.batch_size)
         optimizer = build_optimizer(model, config.optim)
         table = "model.sparse_arch.embedding_bag_collection.embedding_bags.t_C2.weight"
-        assert not torch.equal(_dense(model.state_dict()[table]), saved["model"][table])
+        assert not torch.equal(whole_tensor(model.state_dict()[table]), saved["model"][table])
 
         meta = load_checkpoint(summary.checkpoint_dir, model, optimizer)
 
@@ -96,10 +88,10 @@ def test_checkpoint_reloads_into_a_fresh_model(trained, tmp_path: Path) -> None:
         state = model.state_dict()
         assert set(state) == set(saved["model"])
         for name, value in state.items():
-            assert torch.equal(_dense(value), saved["model"][name]), name
+            assert torch.equal(whole_tensor(value), saved["model"][name]), name
         fused_state = optimizer.state_dict()["state"][table]
         (accumulator_key,) = [k for k in fused_state if "sum" in k or "momentum" in k]
-        assert torch.equal(_dense(fused_state[accumulator_key]),
+        assert torch.equal(whole_tensor(fused_state[accumulator_key]),
                            saved["optimizer"]["state"][table][accumulator_key])
         # Identical weights give the identical held-out AUC.
         reloaded = evaluate(model, data.held_out, torch.device("cpu"))

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.train.cli_ranks import start_cli_ranks, wait_cli_ranks
 from tests.train.conftest import TINY_OPTIONS, as_flags, flat_checkpoint
-from tests.train.test_multiprocess import start_cli_ranks, wait_cli_ranks
 from torchrec_tpu import cli
 from torchrec_tpu.train.checkpoint.dirs import LATEST, META_FILE, is_checkpoint, resolve_checkpoint
 

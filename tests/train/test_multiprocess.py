@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -18,8 +14,8 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.train.conftest import REPO_ROOT, TINY_OPTIONS, as_flags
-from tests.train.test_job import _dense
+from tests.train.cli_ranks import WORLD, launch_cli_ranks
+from tests.train.conftest import TINY_OPTIONS, as_flags, whole_tensor
 from torchrec_tpu.train.checkpoint.store import STATE_DIR, load_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import TrainData, open_data
@@ -29,53 +25,8 @@ from torchrec_tpu.train.job import model_spec
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import build_dlrm
 
-WORLD = 2
 STEPS = 24  # lock-step and sharding are the point here, not learning (test_job covers that)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-CLI = "import sys; from torchrec_tpu import cli; sys.exit(cli.main(sys.argv[1:]))"
-
-
-def start_cli_ranks(argv: list[str], run_dir: Path, world: int = WORLD,
-                    name: str = "rank") -> list[tuple[subprocess.Popen, Path]]:
-    """Start ``torchrec-tpu <argv>`` as ``world`` fresh processes under torchrun's environment
-    variables; each rank's output goes to ``run_dir/<name><rank>.out``. Not forked: the test
-    process may have JAX running (sparsecore tests), and a forked JAX runtime deadlocks."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    ranks = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        out = run_dir / f"{name}{rank}.out"
-        with open(out, "w") as stream:
-            ranks.append((subprocess.Popen([sys.executable, "-c", CLI, *argv], env=env, stdout=stream,
-                                           stderr=subprocess.STDOUT, cwd=REPO_ROOT), out))
-    return ranks
-
-
-def wait_cli_ranks(ranks: list[tuple[subprocess.Popen, Path]], timeout: float = 300) -> list[str]:
-    """Wait for the ranks of :func:`start_cli_ranks` to succeed; returns each rank's output."""
-    try:
-        codes = [proc.wait(timeout=timeout) for proc, _ in ranks]
-    finally:
-        for proc, _ in ranks:
-            if proc.poll() is None:
-                proc.kill()
-    for rank, (code, (_, out)) in enumerate(zip(codes, ranks)):
-        assert code == 0, f"rank {rank} exited with {code}:\n{out.read_text()[-3000:]}"
-    return [out.read_text() for _, out in ranks]
-
-
-def launch_cli_ranks(argv: list[str], run_dir: Path) -> list[str]:
-    """Run ``torchrec-tpu <argv>`` on WORLD ranks to completion; returns each rank's output."""
-    return wait_cli_ranks(start_cli_ranks(argv, run_dir))
 
 
 HELD_OUT_ROWS = 5001  # 2500 rows on rank 0, 2501 on rank 1: in batches of 500, one batch more
@@ -140,7 +91,7 @@ def test_two_rank_checkpoint_loads_on_one_rank(two_rank_run, tmp_path: Path) -> 
     saved = torch.load(flat, weights_only=False)["model"]
     with one_rank_copy(log_dir) as (model, _):
         for name, value in model.state_dict().items():
-            assert torch.equal(_dense(value), saved[name]), name
+            assert torch.equal(whole_tensor(value), saved[name]), name
 
 
 @pytest.mark.multiprocess

@@ -25,9 +25,8 @@ from torchrec import EmbeddingBagCollection
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from tests.train.conftest import TINY_OPTIONS, as_flags, flat_checkpoint, tiny_config
-from tests.train.test_multiprocess import WORLD, launch_cli_ranks, start_cli_ranks, wait_cli_ranks
-from tests.train.test_sparsecore_engine import TABLES
+from tests.train.cli_ranks import WORLD, launch_cli_ranks, start_cli_ranks, wait_cli_ranks
+from tests.train.conftest import SPARSECORE_TABLES, TINY_OPTIONS, as_flags, flat_checkpoint, tiny_config
 from torchrec_tpu.planner.partitioner import plan_tables
 from torchrec_tpu.planner.plan import Plan
 from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
@@ -131,8 +130,8 @@ def train_stock_torchrec(config: TrainConfig, batches: Iterator[Batch], initial:
 
 
 def checkpoint_tables(checkpoint_dir: Path, tmp: Path) -> dict[str, torch.Tensor]:
-    return {k[len(TABLES):-len(".weight")]: v for k, v in flat_checkpoint(checkpoint_dir, tmp).items()
-            if k.startswith(TABLES) and k.endswith(".weight")}
+    return {k[len(SPARSECORE_TABLES):-len(".weight")]: v for k, v in flat_checkpoint(checkpoint_dir, tmp).items()
+            if k.startswith(SPARSECORE_TABLES) and k.endswith(".weight")}
 
 
 def assert_tables_close(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],

@@ -9,14 +9,12 @@ import pytest
 import torch
 from torchrec.models.dlrm import DLRMTrain
 
-from tests.train.conftest import flat_checkpoint, tiny_config
+from tests.train.conftest import SPARSECORE_TABLES, flat_checkpoint, tiny_config
 from torchrec_tpu.inference.model import load_inference_model
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.job import run_job
 from torchrec_tpu.train.metrics import evaluate
-
-TABLES = "model.model.sparse_arch.embedding_bag_collection.embedding_bags."
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +54,7 @@ def test_resume_reaches_the_uninterrupted_weights(tiny_dataset: Path, tmp_path: 
     expected = flat_checkpoint(full.checkpoint_dir, tmp_path / "full.pt")
     got = flat_checkpoint(resumed.checkpoint_dir, tmp_path / "resumed.pt")
     assert set(got) == set(expected)
-    tables = [k for k in expected if k.startswith(TABLES)]
+    tables = [k for k in expected if k.startswith(SPARSECORE_TABLES)]
     assert len(tables) == 26  # the tables really are in the checkpoint
     for key, value in expected.items():
         if isinstance(value, torch.Tensor):

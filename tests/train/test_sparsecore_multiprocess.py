@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.train.cli_ranks import WORLD, launch_cli_ranks
 from tests.train.conftest import TINY_OPTIONS, as_flags
-from tests.train.test_multiprocess import WORLD, launch_cli_ranks
 from torchrec_tpu.train.checkpoint.store import load_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data

@@ -49,14 +49,14 @@ def _eager(node: torch.fx.Node, eager: set[torch.fx.Node]) -> bool:
             and node.args[0] in eager)
 
 
-def _bind(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+def bind_collective(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     names = [a.name for a in op._schema.arguments]
     bound = dict(zip(names, args))
     bound.update(kwargs)
     return bound
 
 
-def _group(name: Any) -> dist.ProcessGroup:
+def process_group_of(name: Any) -> dist.ProcessGroup:
     if isinstance(name, dist.ProcessGroup):
         return name
     from torch.distributed.distributed_c10d import _resolve_process_group
@@ -74,13 +74,13 @@ def run_collective(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[
     """One ``_c10d_functional`` op on real tensors, through the process group's eager collective;
     the result is complete on return."""
     name = op._schema.name.split("::")[1]
-    b = _bind(op, args, kwargs)
+    b = bind_collective(op, args, kwargs)
     if name == "wait_tensor":
         return b["tensor"]  # every collective here completed before returning its result
     single = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast"}
     if name in single:
         x = b["input"].contiguous()
-        pg = _group(b["group_name"])
+        pg = process_group_of(b["group_name"])
         rest = tuple(x.shape[1:])
         if name == "all_reduce":
             out = x.clone()
@@ -125,7 +125,7 @@ def collective_sequence(gm: torch.fx.GraphModule) -> list[str]:
     seq = []
     for node in gm.graph.nodes:
         if is_collective(node) and node.target._schema.name != "_c10d_functional::wait_tensor":
-            bound = _bind(node.target, node.args, node.kwargs)
+            bound = bind_collective(node.target, node.args, node.kwargs)
             described = ", ".join(f"{k}={_describe(v)}" for k, v in bound.items())
             seq.append(f"{node.target._schema.name}({described})")
     return seq
@@ -136,7 +136,7 @@ def collective_groups(gm: torch.fx.GraphModule) -> list[Any]:
     names: list[Any] = []
     for node in gm.graph.nodes:
         if is_collective(node):
-            g = _bind(node.target, node.args, node.kwargs).get("group_name")
+            g = bind_collective(node.target, node.args, node.kwargs).get("group_name")
             if g is not None and g not in names:
                 names.append(g)
     return names
@@ -179,7 +179,7 @@ def check_same_program(seq: Sequence[str], kind: str, groups: Sequence[Any]) -> 
     text = "\n".join(seq)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     for name in groups:
-        pg = _group(name)
+        pg = process_group_of(name)
         name = name if isinstance(name, str) else pg.group_name
         theirs = _all_gather_bytes(f"{digest}\n{text}".encode(), pg)
         me = dist.get_rank(pg)
@@ -198,7 +198,7 @@ def check_same_program(seq: Sequence[str], kind: str, groups: Sequence[Any]) -> 
     return digest
 
 
-class _Segment:
+class Segment:
     """A run of ops between collectives, as its own graph: inputs (nodes defined before it) and the
     outputs later steps or the graph's output use."""
 
@@ -235,7 +235,7 @@ class _Segment:
         env.update(zip(self.outputs, outs))
 
 
-def plan_steps(gm: torch.fx.GraphModule) -> list[_Segment | torch.fx.Node]:
+def plan_steps(gm: torch.fx.GraphModule) -> list[Segment | torch.fx.Node]:
     """The graph in order as segments (runs of ops between collectives) and eager nodes
     (collectives, waits, items of a collective's result list)."""
     eager: set[torch.fx.Node] = set()
@@ -250,7 +250,7 @@ def plan_steps(gm: torch.fx.GraphModule) -> list[_Segment | torch.fx.Node]:
             plan[-1].append(n)
         else:
             plan.append([n])
-    return [_Segment(gm, step) if isinstance(step, list) else step for step in plan]
+    return [Segment(gm, step) if isinstance(step, list) else step for step in plan]
 
 
 class SegmentedGraph:
@@ -259,7 +259,7 @@ class SegmentedGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str,
                  compile_graph: Callable[[torch.fx.GraphModule, list[Any]], Any],
-                 steps: list[_Segment | torch.fx.Node] | None = None) -> None:
+                 steps: list[Segment | torch.fx.Node] | None = None) -> None:
         self.kind = kind
         self._gm = gm
         self._boxed_call = True
@@ -267,9 +267,9 @@ class SegmentedGraph:
         self._output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
         self.steps = plan_steps(gm) if steps is None else steps
         for step in self.steps:
-            if isinstance(step, _Segment):
+            if isinstance(step, Segment):
                 step.compiled = compile_graph(step.gm, step.example_inputs())
-        self.segments = [s.compiled for s in self.steps if isinstance(s, _Segment)]
+        self.segments = [s.compiled for s in self.steps if isinstance(s, Segment)]
         self.collectives = collective_sequence(gm)
         self.digest: str | None = None
 
@@ -279,7 +279,7 @@ class SegmentedGraph:
         if self.digest is None:
             self.digest = check_same_collectives(self._gm, self.kind)
         for step in self.steps:
-            if isinstance(step, _Segment):
+            if isinstance(step, Segment):
                 step(env)
             elif step.target is operator.getitem:
                 env[step] = env[step.args[0]][step.args[1]]

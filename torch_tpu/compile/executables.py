@@ -8,9 +8,12 @@ imports SciPy: 175 ms of the main job's first step. Loading the serialized execu
 compiled executable is also cheaper to call than ``jax.jit``'s dispatch, which checks and hashes
 the arguments on every call.
 
-An executable is specific to the backend, the device and the input types it was compiled for:
-its key adds them to the program's key. Only single-device programs are stored (JAX's cache keeps
-the others). Inputs of other types than the first call's run through ``jax.jit``.
+An executable is specific to the backend, the devices and the input types it was compiled for:
+its key adds them, and the process, to the program's key. SPMD programs over several processes'
+devices (a multi-controller job: ``torch_tpu.compile.spmd``) are stored too, each process its own
+executable: JAX's cache would not serve them (its key differs per process on XLA:CPU and only
+process 0 writes), so every rank but the first compiled its program again on every run. Inputs of
+other types than the first call's run through ``jax.jit``.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from typing import Any
 
 import jaxlib
 
+import torch_tpu.compile.executable_codec as executable_codec
 import xla_cache
-from torch_tpu.compile import executable_codec
 from torch_tpu.runtime import persistent_cache
 from torch_tpu.runtime._jax import jax
 
@@ -81,22 +84,21 @@ def executable_key(program_key: str, inputs: Sequence[Any]) -> str:
     for x in inputs:
         aval = jax.typeof(x)
         sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
-        h.update(f"|{aval.str_short()}:{aval.weak_type}:{sharding}".encode())
+        devices = [d.id for d in sharding._device_assignment] if sharding is not None else None
+        h.update(f"|{aval.str_short()}:{aval.weak_type}:{sharding}:{devices}".encode())
     return h.hexdigest()
 
 
 def _storable(inputs: Sequence[Any]) -> bool:
-    """Whether the program for ``inputs`` is stored here: the cache is on, the program on one
-    device (the order of several is not recorded here) of a backend that serializes executables
-    (else JAX's cache keeps it)."""
+    """Whether the program for ``inputs`` is stored here: the cache is on and the backend
+    serializes executables (else JAX's cache keeps it)."""
     client = jax.local_devices()[0].client
-    return (xla_cache.cache_dir() is not None and getattr(client, "supports_executable_serialization", True)
-            and not any(isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 for x in inputs))
+    return xla_cache.cache_dir() is not None and getattr(client, "supports_executable_serialization", True)
 
 
 def _store(key: str, compiled: Any) -> None:
     blob = executable_codec.encode(compiled)
     if blob is None:  # a program the plain encoding does not describe: JAX's cache keeps it
-        _log.info("the compiled program %s is not stored (not a plain single-device program)", key[:16])
+        _log.info("the compiled program %s is not stored (not a plain program of one device or mesh)", key[:16])
         return
     xla_cache.store(persistent_cache.COMPILED_LEVEL, key, blob)

@@ -32,12 +32,12 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from torch_tpu.compile.collectives import (
-    _bind,
-    _group,
-    _Segment,
+    Segment,
+    bind_collective,
     check_same_collectives,
     collective_sequence,
     is_collective,
+    process_group_of,
 )
 from torch_tpu.compile.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
 from torch_tpu.runtime._jax import jax
@@ -68,7 +68,7 @@ class NotFusable(Exception):
     """This graph's collectives cannot be lowered into one program (the reason is the message)."""
 
 
-def _mesh(pg: dist.ProcessGroup) -> Mesh:
+def group_mesh(pg: dist.ProcessGroup) -> Mesh:
     ranks = dist.get_process_group_ranks(pg)
     if jax.process_count() != dist.get_world_size():
         raise NotFusable("the processes do not run multi-controller JAX (tpu_dist's XLA transport)")
@@ -100,10 +100,10 @@ def _reduce(x: jax.Array, op: str, n: int) -> jax.Array:
     raise NotFusable(f"reduce op {op!r} has no XLA collective")
 
 
-def _lower(node: torch.fx.Node, n: int) -> Any:
+def lower_collective(node: torch.fx.Node, n: int) -> Any:
     """``fn(input) -> output`` in the shard_map body for one collective node."""
     name = node.target._schema.name.split("::")[1]
-    b = _bind(node.target, node.args, node.kwargs)
+    b = bind_collective(node.target, node.args, node.kwargs)
     if name == "wait_tensor":
         return lambda x: x
     if name == "all_reduce":
@@ -137,30 +137,30 @@ def _lower(node: torch.fx.Node, n: int) -> Any:
 class FusedGraph:
     """A graph with collectives as one shard_map program over the group's devices (boxed call)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, kind: str, steps: list[_Segment | torch.fx.Node],
+    def __init__(self, gm: torch.fx.GraphModule, kind: str, steps: list[Segment | torch.fx.Node],
                  example_inputs: list[Any]) -> None:
         self.kind, self._gm, self._boxed_call = kind, gm, True
         self._placeholders = [p for p in gm.graph.nodes if p.op == "placeholder"]
         self._output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
         if any(not isinstance(x, torch.Tensor) or x.device.type != "tpu" for x in example_inputs):
             raise NotFusable("graph inputs other than tpu tensors")
-        groups = {_bind(n.target, n.args, n.kwargs).get("group_name") for n in steps
+        groups = {bind_collective(n.target, n.args, n.kwargs).get("group_name") for n in steps
                   if isinstance(n, torch.fx.Node) and is_collective(n)} - {None}
         if len(groups) != 1:
             raise NotFusable(f"collectives over {len(groups)} groups")
-        pg = _group(next(iter(groups)))
-        self._mesh = _mesh(pg)
+        pg = process_group_of(next(iter(groups)))
+        self._mesh = group_mesh(pg)
         n = self._mesh.size
         body_steps: list[tuple[Any, ...]] = []
         for step in steps:
-            if isinstance(step, _Segment):
+            if isinstance(step, Segment):
                 if mutated_inputs(step.gm) or needs_random_key(step.gm):
                     raise NotFusable("random ops or in-place input updates")
                 body_steps.append(("segment", step, to_jax_function(step.gm)))
             elif not is_collective(step):
                 raise NotFusable(f"{step.target} of a collective's result list")
             else:
-                body_steps.append(("collective", step, _lower(step, n)))
+                body_steps.append(("collective", step, lower_collective(step, n)))
         # the program returns the graph outputs it computes; inputs passed through stay on the host
         outs = self._output.args[0] if isinstance(self._output.args[0], (list, tuple)) else (self._output.args[0],)
         self._computed = [o for o in dict.fromkeys(outs)

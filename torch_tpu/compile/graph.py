@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.fx
 
-from torch_tpu.compile import fx_to_jax
+import torch_tpu.compile.fx_to_jax as fx_to_jax
 from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
 from torch_tpu.compile.sources import file_identity
@@ -166,18 +166,18 @@ def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key:
     exported = _MEMORY.get(key)
     if exported is not None:
         _MEMORY.move_to_end(key)
-        cache._stats.fx_memory_hits += 1
+        cache.counters.fx_memory_hits += 1
         return exported
     exported = cache.load_translation(key)  # None when never stored or corrupt (then removed)
     if exported is not None:
-        cache._stats.fx_disk_hits += 1
+        cache.counters.fx_disk_hits += 1
     else:
         fn = _with_static(to_jax_function(gm), specs)
         arrays = [s for s in specs if isinstance(s, jax.ShapeDtypeStruct)]
         if needs_random_key(gm):
             arrays.append(jax.ShapeDtypeStruct(key_data_shape(), np.uint32))
         exported = export(fn)(*arrays)
-        cache._stats.fx_misses += 1
+        cache.counters.fx_misses += 1
         cache.store_translation(key, bytes(exported.serialize()))
     _MEMORY[key] = exported
     while len(_MEMORY) > _MEMORY_MAX:

@@ -23,16 +23,16 @@ import numpy as np
 import torch.distributed as dist
 from jax.sharding import NamedSharding, PartitionSpec
 
-from torch_tpu.compile import graph as compiled_graph
+import torch_tpu.compile.graph as compiled_graph
 from torch_tpu.compile.executables import CompiledProgram
-from torch_tpu.compile.fused_collectives import _lower, _mesh
+from torch_tpu.compile.fused_collectives import group_mesh, lower_collective
 from torch_tpu.runtime._jax import jax
 
 
 def collective_lowering(group: dist.ProcessGroup) -> Callable[[Any], Callable[[Any], Any]]:
     """``to_jax_function``'s ``collectives`` for a program run over ``group``'s ranks."""
     n = dist.get_world_size(group)
-    return lambda node: _lower(node, n)
+    return lambda node: lower_collective(node, n)
 
 
 def describe_inputs(avals: Sequence[Any]) -> list[str]:
@@ -42,12 +42,13 @@ def describe_inputs(avals: Sequence[Any]) -> list[str]:
 
 class SpmdProgram:
     """``fn`` (of local arrays) as one program over ``group``'s ranks, with inputs ``donated``
-    (positions) updated in place; or ``exported``, such a program as :meth:`export` gave it. A
-    call takes and returns local arrays."""
+    (positions) updated in place; or ``exported``, such a program as :meth:`export` gave it, whose
+    executable (this rank's) is stored under the program's ``key``. A call takes and returns local
+    arrays."""
 
     def __init__(self, fn: Callable[..., tuple] | None, group: dist.ProcessGroup, donated: Sequence[int],
-                 exported: Any = None) -> None:
-        self.mesh = _mesh(group)
+                 exported: Any = None, key: str | None = None) -> None:
+        self.mesh = group_mesh(group)
         self._local = next(d for d in self.mesh.devices.flat if d.process_index == jax.process_index())
         self._sharding = NamedSharding(self.mesh, PartitionSpec())
         if exported is not None:
@@ -55,7 +56,7 @@ class SpmdProgram:
         else:
             self._spmd = jax.shard_map(lambda *xs: tuple(fn(*xs)), mesh=self.mesh, in_specs=PartitionSpec(),
                                        out_specs=PartitionSpec(), check_vma=False)
-        self._program = CompiledProgram(self._spmd, donated)
+        self._program = CompiledProgram(self._spmd, donated, key if exported is not None else None)
 
     def export(self, avals: Sequence[Any]) -> Any:
         """The program for local inputs shaped as ``avals``, as a ``jax.export`` over the group's

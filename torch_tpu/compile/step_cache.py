@@ -36,8 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import torch_tpu.compile.graph as compiled_graph
 import xla_cache
-from torch_tpu.compile import graph as compiled_graph
 from torch_tpu.compile.sources import file_identity, tree_identity
 from torch_tpu.compile.step_trace import LossFn, StepSignature
 from torch_tpu.runtime import persistent_cache
@@ -193,7 +193,7 @@ def load(key: str) -> tuple[Any, dict[str, Any]] | None:
     """(the ``jax.export.Exported`` step, its metadata) stored under ``key``, or None."""
     stored = xla_cache.load(persistent_cache.STEP_LEVEL, key, _decode)  # a corrupt entry: None
     if stored is not None:
-        persistent_cache._stats.step_disk_hits += 1
+        persistent_cache.counters.step_disk_hits += 1
     return stored
 
 

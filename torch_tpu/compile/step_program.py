@@ -35,8 +35,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from torch_tpu.compile import graph as compiled_graph
-from torch_tpu.compile import step_cache
+import torch_tpu.compile.graph as compiled_graph
+import torch_tpu.compile.step_cache as step_cache
 from torch_tpu.compile.collectives import check_same_program, collective_groups, on_every_rank, program_lines
 from torch_tpu.compile.executables import CompiledProgram
 from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
@@ -51,7 +51,7 @@ from torch_tpu.compile.step_trace import (
 )
 from torch_tpu.runtime import persistent_cache, precision
 from torch_tpu.runtime import random as tpu_random
-from torch_tpu.runtime._jax import jax, jnp
+from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from torch_tpu.runtime.tensor import TpuTensor, cpu_to_jax, from_jax, to_jax, write
 
@@ -94,10 +94,10 @@ class _Program:
             if self._input_slot(i, len(signature.params), len(signature.others), state_keys) in changed
         )
         self.collectives: list[str] = []  # over a group: what its ranks agreed on (program_lines)
-        # over a group: SPMD, every rank its own batch, the collectives inside; else its executable
-        # stored with the program (under the program's ``key``)
+        # over a group: SPMD, every rank its own batch, the collectives inside; either way its
+        # executable (each rank's own) stored with the program (under the program's ``key``)
         if group is not None:
-            self.runner: CompiledProgram | SpmdProgram = SpmdProgram(fn, group, self.donated, exported)
+            self.runner: CompiledProgram | SpmdProgram = SpmdProgram(fn, group, self.donated, exported, key)
         else:
             self.runner = CompiledProgram(exported.call if exported is not None else fn, self.donated,
                                           key if exported is not None else None)
@@ -121,6 +121,8 @@ class _Program:
         program = _Program(*parts, None, to_jax_function(graph.graph, collective_lowering(group)), group)
         program.collectives = lines
         program.exported = _exported(lambda: program.runner.export(avals))
+        if program.exported is not None:  # run as it is stored, so that its executable is stored too
+            program.runner = SpmdProgram(None, group, program.donated, program.exported, key)
         return program
 
     @staticmethod
@@ -294,7 +296,7 @@ class TrainStep:
                 program = _Program.traced(graph, self.group, key)
                 if key is not None and program.exported is not None:
                     step_cache.store(key, program.exported, program.meta())
-                    persistent_cache._stats.step_misses += 1
+                    persistent_cache.counters.step_misses += 1
             self._programs[signature] = program
             self.stats.compiles += 1
         return program
@@ -412,7 +414,7 @@ class _Replay:
         self.matmul_precision = precision.current_name()
         self.arrays = list(map(_box_array, tensors))
         self.rebinds = [(i, j) for i, j in enumerate(next_output) if j is not None]
-        self.boxes = [t._box for t in tensors]
+        self.boxes = [t.storage_box for t in tensors]
         # what the optimizer held: its state dict's entries (load_state_dict replaces them), their
         # values (an eager step() may assign new tensors), the param groups and their settings
         self.state, self.num_states = state, len(state)
@@ -445,7 +447,7 @@ class _Replay:
                    *(state[step._params[i]][key] for i, key in state_keys)]
         slots = [*(("param", i) for i in range(len(step._params))),
                  *(("other", i) for i in range(len(step._others))), *(("state", w) for w in state_keys)]
-        if not all(type(t) is TpuTensor and t._full and t._box.array.shape == t.shape for t in tensors):
+        if not all(type(t) is TpuTensor and t._full and t.storage_box.array.shape == t.shape for t in tensors):
             return None
         fixed = inputs[len(tensors):len(inputs) - len(call.batch_tensors)]  # tensor settings (lr) as passed
         entry_params = [p for p in state if id(p) in step._index]
@@ -478,8 +480,8 @@ class _Replay:
         return outputs
 
 
-_box = operator.attrgetter("_box")
-_box_array = operator.attrgetter("_box.array")
+_box = operator.attrgetter("storage_box")
+_box_array = operator.attrgetter("storage_box.array")
 
 
 def _batch_key(batch: tuple[Any, ...]) -> tuple | None:
@@ -491,7 +493,7 @@ def _batch_key(batch: tuple[Any, ...]) -> tuple | None:
 
 def _rebind(t: TpuTensor, value: jax.Array) -> None:
     """Make ``t`` hold ``value`` (a program output of its shape and dtype)."""
-    box = t._box
+    box = t.storage_box
     if t._full and box.array.shape == value.shape:
         box.array = value  # the common case, without write()'s size checks
     else:
@@ -507,9 +509,16 @@ def _committed(a: jax.Array) -> jax.Array:
 def _device_array(t: torch.Tensor | float) -> jax.Array:
     if type(t) is TpuTensor:
         return to_jax(t)
-    return _scalar_array(t) if isinstance(t, float) else cpu_to_jax(t)
+    if isinstance(t, float):
+        return _scalar_array(t)
+    if t.numel() <= _HOST_PUT_ELEMENTS and t.dtype in _NUMPY_DTYPES and not t.is_quantized:
+        # a CPU optimizer state's step count: put from the host; a device copy would compile a
+        # program per shape, too quick to compile for any cache to keep, so every run compiled it
+        return jax.device_put(t.detach().resolve_conj().resolve_neg().numpy().copy(), jax.local_devices()[0])
+    return cpu_to_jax(t)
 
 
+_HOST_PUT_ELEMENTS = 64
 # dtypes a CPU tensor's numpy view has (bfloat16 and the float8 formats have none)
 _NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
                            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128})
@@ -526,9 +535,9 @@ def _batch_array(t: torch.Tensor | float) -> jax.Array | np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def _scalar_array(value: float) -> jax.Array:
-    """A lifted setting (``lr``) as a committed float32 device scalar, made once per value."""
-    array = jnp.asarray(value, dtype=jnp.float32)
-    return jax.device_put(array, array.sharding)
+    """A lifted setting (``lr``) as a committed float32 device scalar, made once per value (a
+    host value put on the device: no program compiled, as committing a device value would)."""
+    return jax.device_put(np.float32(value), jax.local_devices()[0])
 
 
 def _copy_shared(inputs: list[jax.Array], donated: Sequence[int], owners: int) -> None:

@@ -15,7 +15,7 @@ def register() -> None:
     from torch_tpu.eager import dispatch, lazy, modes, sparse
     from torch_tpu.runtime import tensor
 
-    tensor._dispatch = dispatch.dispatch
+    tensor.dispatch_target = dispatch.dispatch
     modes.register_executor(modes.EagerMode.DEFER_AND_FUSE, lazy.run_deferred)
     # tensors produced under defer_and_fuse stay usable after switching back to another mode
     modes.register_executor(modes.EagerMode.STRICT, lazy.materializing(modes.run_strict))

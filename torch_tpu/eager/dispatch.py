@@ -23,37 +23,37 @@ from torch._library import custom_ops as _custom_ops
 
 from torch_tpu.eager import collectives, fallback, modes, op_jit, sparse
 from torch_tpu.eager.handlers import (
-    _LIKE_FACTORIES,
-    _clone,
-    _equal,
-    _fallback_handler,
-    _fast_signature,
-    _inplace_handler,
-    _lift_fresh,
-    _like_handler,
-    _lowered_handler,
-    _out_handler,
-    _sibling_compute,
-    _to_copy,
-    _wrap,
+    LIKE_FACTORIES,
+    clone_handler,
     decomposed_handler,
     eager_lowering,
+    equal_handler,
+    fallback_handler,
+    fast_signature,
+    inplace_handler,
+    lift_fresh_handler,
+    like_handler,
+    lowered_handler,
+    out_handler,
+    sibling_compute,
+    to_copy_handler,
+    wrap_outputs,
 )
 from torch_tpu.eager.views import (
-    _fast_view,
-    _layout_expand,
-    _layout_permute,
-    _layout_select,
-    _layout_slice,
-    _layout_t,
-    _layout_transpose,
-    _layout_unsqueeze,
-    _layout_view,
-    _same_view_handler,
-    _view_handler,
+    fast_view,
+    layout_expand,
+    layout_permute,
+    layout_select,
+    layout_slice,
+    layout_t,
+    layout_transpose,
+    layout_unsqueeze,
+    layout_view,
+    same_view_handler,
+    view_handler,
 )
 from torch_tpu.ops import decompositions, metadata_ops
-from torch_tpu.ops.kernels import _copy_, _copy_from, _local_scalar_dense
+from torch_tpu.ops.kernels import copy_from_kernel, copy_kernel, local_scalar_dense_kernel
 from torch_tpu.runtime import device as tpu_device
 from torch_tpu.runtime import dtypes, memory_format, precision
 from torch_tpu.runtime import tensor as tpu_tensor
@@ -65,16 +65,16 @@ Handler = Callable[[Any, tuple, dict], Any]
 _HANDLERS: dict[Any, Handler] = {}
 _ARRAY = ARRAY_TYPE
 _STRICT = modes.EagerMode.STRICT
-_MODE = modes._current  # [the eager mode]
-_COUNTS = fallback._lowered_counts
-_LAST_OUTPUT = tpu_device._last_output
+_MODE = modes.current_mode_cell  # [the eager mode]
+_COUNTS = fallback.LOWERED_COUNTS
+_LAST_OUTPUT = tpu_device.last_output
 _FAST = op_jit.fast
-_OP_JIT = op_jit._config
-_STATS = op_jit._stats
-_TORCH_PRECISION = precision._torch_precision
-_SEEN_PRECISION = precision._seen_torch
+_OP_JIT = op_jit.settings
+_STATS = op_jit.counters
+_TORCH_PRECISION = precision.torch_matmul_precision
+_SEEN_PRECISION = precision.seen_torch_setting
 _SYNC_PRECISION = precision.sync
-_TORCH_DTYPES = dtypes._JAX_TO_TORCH
+_TORCH_DTYPES = dtypes.JAX_TO_TORCH
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 _DEVICE = tpu_tensor.DEVICE
 _TpuTensor = tpu_tensor.TpuTensor
@@ -85,7 +85,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     if _TORCH_PRECISION() != _SEEN_PRECISION[0]:  # torch.set_float32_matmul_precision reaches JAX
         _SYNC_PRECISION()  # before the op traces (and the program cache keys on it)
     if _MODE[0] is _STRICT and _OP_JIT["enabled"]:
-        found = _fast_signature(func, args, kwargs)
+        found = fast_signature(func, args, kwargs)
         if found is not None:
             entry = _FAST.get(found[0])
             if entry is not None and entry[0] is func:  # (func, program, name, in place)
@@ -98,7 +98,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                     _STATS.hits += 1
                     if entry[3]:  # op_(target, ...): the target's full array is replaced
                         target = args[0]
-                        target._box.array = _LAST_OUTPUT[0] = out
+                        target.storage_box.array = _LAST_OUTPUT[0] = out
                         return target
                     if type(out) is _ARRAY:  # from_jax, inlined
                         aval = out.aval
@@ -106,10 +106,10 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                         if dtype is not None:
                             _LAST_OUTPUT[0] = out
                             t = _make_wrapper(_TpuTensor, aval.shape, dtype=dtype, device=_DEVICE)
-                            t._box = _StorageBox(out)
+                            t.storage_box = _StorageBox(out)
                             t._full = True
                             return t
-                    return _wrap(out)
+                    return wrap_outputs(out)
     handler = _HANDLERS.get(func)
     if handler is None:
         handler = _HANDLERS[func] = sparse.routed(func, _make_handler(func))
@@ -126,24 +126,24 @@ _SPECIAL: dict[Any, Handler] = {
     aten.is_pinned.default: lambda func, args, kwargs: False,  # pinning is for host memory
     # one in-order stream (torch.tpu.Stream): nothing can reuse the memory before the work is done
     aten.record_stream.default: lambda func, args, kwargs: None,
-    aten.copy_.default: _copy_,
-    aten._copy_from.default: _copy_from,
-    aten._to_copy.default: _to_copy,
-    aten.clone.default: _clone,
-    aten._local_scalar_dense.default: _local_scalar_dense,
-    aten.equal.default: _equal,
-    aten.detach.default: _same_view_handler,
-    aten.alias.default: _same_view_handler,
-    aten.lift_fresh.default: _lift_fresh,
-    aten.lift_fresh_copy.default: _lift_fresh,
-    aten.t.default: _fast_view(_layout_t),
-    aten.transpose.int: _fast_view(_layout_transpose),
-    aten.permute.default: _fast_view(_layout_permute),
-    aten.unsqueeze.default: _fast_view(_layout_unsqueeze),
-    aten.view.default: _fast_view(_layout_view),
-    aten.select.int: _fast_view(_layout_select),
-    aten.slice.Tensor: _fast_view(_layout_slice),
-    aten.expand.default: _fast_view(_layout_expand),
+    aten.copy_.default: copy_kernel,
+    aten._copy_from.default: copy_from_kernel,
+    aten._to_copy.default: to_copy_handler,
+    aten.clone.default: clone_handler,
+    aten._local_scalar_dense.default: local_scalar_dense_kernel,
+    aten.equal.default: equal_handler,
+    aten.detach.default: same_view_handler,
+    aten.alias.default: same_view_handler,
+    aten.lift_fresh.default: lift_fresh_handler,
+    aten.lift_fresh_copy.default: lift_fresh_handler,
+    aten.t.default: fast_view(layout_t),
+    aten.transpose.int: fast_view(layout_transpose),
+    aten.permute.default: fast_view(layout_permute),
+    aten.unsqueeze.default: fast_view(layout_unsqueeze),
+    aten.view.default: fast_view(layout_view),
+    aten.select.int: fast_view(layout_select),
+    aten.slice.Tensor: fast_view(layout_slice),
+    aten.expand.default: fast_view(layout_expand),
     **metadata_ops.HANDLERS,
 }
 
@@ -234,11 +234,27 @@ def _library_kernel_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     try:
         return func.redispatch(_PRIVATEUSE1, *args, **kwargs)
     except fallback.KernelUnavailable:
-        _HANDLERS[func] = _fallback_handler
-        return _fallback_handler(func, args, kwargs)
+        _HANDLERS[func] = fallback_handler
+        return fallback_handler(func, args, kwargs)
+
+
+def _awaiting_library_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A library op without a tpu kernel yet: the CPU fallback until its library registers one
+    (TorchRec's Pallas kernels register when ``pallas/impl.py`` is imported, perhaps after a first call)."""
+    if _has_library_kernel(func):
+        _HANDLERS[func] = _library_kernel_handler
+        return _library_kernel_handler(func, args, kwargs)
+    return fallback_handler(func, args, kwargs)
 
 
 def _make_handler(func: Any) -> Handler:
+    handler = _decide_handler(func)
+    if handler is fallback_handler and func.namespace not in _TORCH_NAMESPACES:
+        return _awaiting_library_kernel
+    return handler
+
+
+def _decide_handler(func: Any) -> Handler:
     special = _SPECIAL.get(func)
     if special is not None:
         return special
@@ -248,10 +264,10 @@ def _make_handler(func: Any) -> Handler:
     if decompositions.is_composite(func) and (_is_view(schema) or eager_lowering(func) is None):
         return decomposed_handler(func, func.decompose)
     if _is_view(schema):
-        return _view_handler
+        return view_handler
     own = eager_lowering(func)
     if own is not None and own.writes:  # updates inputs through its lowering's ``writes``
-        return _lowered_handler(own)
+        return lowered_handler(own)
     if own is None and _has_library_kernel(func):
         return _library_kernel_handler
     write_args = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
@@ -259,24 +275,24 @@ def _make_handler(func: Any) -> Handler:
         sibling = _functional_sibling(func)
         if sibling is not None and _is_view(sibling._schema):
             return metadata_ops.inplace_view_handler(sibling)
-        compute = _sibling_compute(func, sibling) if sibling is not None else None
+        compute = sibling_compute(func, sibling) if sibling is not None else None
         if compute is None:
-            return _fallback_handler
+            return fallback_handler
         if all(a.kwarg_only for a in write_args):
             taken = {a.name for a in sibling._schema.arguments}
             factory_kwargs = [name for name in ("dtype", "device") if name in taken]
-            return _out_handler(compute, [a.name for a in write_args], factory_kwargs)
+            return out_handler(compute, [a.name for a in write_args], factory_kwargs)
         if write_args[0] is schema.arguments[0] and len(write_args) == 1:
-            return _inplace_handler(compute, eager_lowering(sibling))
-        return _fallback_handler
+            return inplace_handler(compute, eager_lowering(sibling))
+        return fallback_handler
     lowering = eager_lowering(func)
     if lowering is not None:
-        if func in _LIKE_FACTORIES:
-            return _like_handler(_lowered_handler(lowering))
+        if func in LIKE_FACTORIES:
+            return like_handler(lowered_handler(lowering))
         if func is aten.nonzero.default:
-            return _column_major(_lowered_handler(lowering))
-        return _lowered_handler(lowering)
+            return _column_major(lowered_handler(lowering))
+        return lowered_handler(lowering)
     decomposition = decompositions.decomposition(func)
-    return decomposed_handler(func, decomposition) if decomposition is not None else _fallback_handler
+    return decomposed_handler(func, decomposition) if decomposition is not None else fallback_handler
 
 

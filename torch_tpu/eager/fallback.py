@@ -28,7 +28,7 @@ from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.tensor import DEVICE, TpuTensor, array_to_cpu, cpu_to_jax, from_cpu, resize, to_jax, write
 
 _fallback_counts: Counter[str] = Counter()
-_lowered_counts: Counter[str] = Counter()
+LOWERED_COUNTS: Counter[str] = Counter()
 _decomposed_counts: Counter[str] = Counter()
 _allowed = [os.environ.get("TORCH_TPU_NO_FALLBACK", "0") != "1"]
 
@@ -63,7 +63,7 @@ def no_fallback() -> Iterator[None]:
 
 
 def count_lowered(op: Any) -> None:
-    _lowered_counts[op.__name__] += 1
+    LOWERED_COUNTS[op.__name__] += 1
 
 
 def count_decomposed(op: Any) -> None:
@@ -77,7 +77,7 @@ def fallback_counts() -> dict[str, int]:
 
 def lowered_counts() -> dict[str, int]:
     """Op name -> number of times it ran through its JAX lowering."""
-    return dict(_lowered_counts)
+    return dict(LOWERED_COUNTS)
 
 
 def decomposed_counts() -> dict[str, int]:
@@ -87,19 +87,19 @@ def decomposed_counts() -> dict[str, int]:
 
 def reset_metrics() -> None:
     _fallback_counts.clear()
-    _lowered_counts.clear()
+    LOWERED_COUNTS.clear()
     _decomposed_counts.clear()
 
 
 def metrics_report() -> str:
     """Human-readable counters of the three tiers (CPU fallback, decomposed, lowered), most
     frequent first. A decomposed op's constituent ops are counted in their own tiers too."""
-    lines = [f"torch_tpu metrics: {sum(_lowered_counts.values())} lowered op calls "
-             f"({len(_lowered_counts)} ops), {sum(_decomposed_counts.values())} decomposed op calls "
+    lines = [f"torch_tpu metrics: {sum(LOWERED_COUNTS.values())} lowered op calls "
+             f"({len(LOWERED_COUNTS)} ops), {sum(_decomposed_counts.values())} decomposed op calls "
              f"({len(_decomposed_counts)} ops), {sum(_fallback_counts.values())} CPU fallbacks "
              f"({len(_fallback_counts)} ops)"]
     for title, counter in (("CPU fallback", _fallback_counts), ("decomposed", _decomposed_counts),
-                           ("lowered", _lowered_counts)):
+                           ("lowered", LOWERED_COUNTS)):
         lines.append(f"{title}:")
         lines.extend(f"  {name}: {n}" for name, n in counter.most_common())
     return "\n".join(lines)

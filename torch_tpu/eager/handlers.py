@@ -17,7 +17,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from torch_tpu.eager import fallback, modes, op_jit, zero_division
-from torch_tpu.eager.views import _same_view_handler
+from torch_tpu.eager.views import same_view_handler
 from torch_tpu.ops import decompositions, metadata_ops
 from torch_tpu.ops.lowerings import indexing
 from torch_tpu.ops.registry import Lowering, get_lowering
@@ -34,7 +34,7 @@ aten = torch.ops.aten
 Handler = Callable[[Any, tuple, dict], Any]
 _ARRAY = ARRAY_TYPE
 _STRICT = modes.EagerMode.STRICT
-_MODE = modes._current  # [the eager mode]
+_MODE = modes.current_mode_cell  # [the eager mode]
 # The fast path (op_jit.fast): (id of the op, each tensor argument's aval or other argument's value) -> the
 # entry (op, op_jit program, op name, in place) whose program ran the op's lowering for such a call;
 # dispatch calls it with the tensor arguments' arrays directly (JAX's C++ jit dispatch). Filled by
@@ -50,7 +50,7 @@ def eager_lowering(op: Any) -> Lowering | None:
     return None if lowering is None or lowering.graph_only else lowering
 
 
-def _fast_signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
+def fast_signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
     """(fast key, the tensor arguments' arrays), or None when the call cannot take the fast path
     (a view, a CPU or lazy tensor, a tensor list, an argument of another kind). Keyword arguments
     follow the positional ones by name, sorted: the order op_jit's program takes their arrays in.
@@ -62,7 +62,7 @@ def _fast_signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] 
     for a in values:
         kind = type(a)
         if kind is TpuTensor:
-            array = a._box.array
+            array = a.storage_box.array
             if type(array) is not _ARRAY or not a._full:
                 return None
             aval = array.aval  # shape, dtype, weak type; interned, hashed and compared in C++
@@ -92,7 +92,7 @@ def _note_fast(func: Any, lowering: Lowering, args: tuple, kwargs: dict, inplace
     if (program is None or lowering.needs_key or _MODE[0] is not _STRICT or lowering.check is not None
             or indexing.has_bounds_check(lowering.op)):
         return
-    found = _fast_signature(func, args, kwargs)
+    found = fast_signature(func, args, kwargs)
     if found is not None:
         op_jit.fast[found[0]] = (func, program, func.__name__, inplace)
 
@@ -123,12 +123,12 @@ def _unwrap(x: Any) -> Any:
     return x
 
 
-def _wrap(out: Any) -> Any:
+def wrap_outputs(out: Any) -> Any:
     if type(out) is _ARRAY:
         tpu_device.note_output(out)
         return from_jax(out)
     if isinstance(out, (tuple, list)):
-        return type(out)(_wrap(o) for o in out)
+        return type(out)(wrap_outputs(o) for o in out)
     if isinstance(out, jax.Array):
         return from_jax(out)
     return out
@@ -198,17 +198,17 @@ def _raise_as_torch(func: Any, args: tuple, kwargs: dict, error: Exception) -> N
 # --- lowered, in-place and out= handlers -----------------------------------------------------
 
 
-def _lowered_handler(lowering: Lowering) -> Handler:
+def lowered_handler(lowering: Lowering) -> Handler:
     if lowering.writes:
         def run_writing(func: Any, args: tuple, kwargs: dict) -> Any:
-            return _wrap(_execute(func, lowering, args, kwargs))
+            return wrap_outputs(_execute(func, lowering, args, kwargs))
 
         return run_writing
 
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         out = _execute(func, lowering, args, kwargs)
         _note_fast(func, lowering, args, kwargs)
-        return _wrap(out)
+        return wrap_outputs(out)
 
     return run
 
@@ -253,7 +253,7 @@ def _store(target: torch.Tensor, value: jax.Array) -> None:
 Compute = Callable[[Any, tuple, dict], Any]  # (op, args, kwargs) -> JAX value(s) of the functional sibling
 
 
-def _sibling_compute(func: Any, sibling: Any) -> Compute | None:
+def sibling_compute(func: Any, sibling: Any) -> Compute | None:
     """How a mutating op computes what it writes: its functional sibling's lowering, or the
     sibling run through dispatch (its decomposition); None when it has neither (or the sibling
     lacks some of the op's arguments, e.g. ``randperm.generator_out`` -> ``randperm``)."""
@@ -273,7 +273,7 @@ def _sibling_compute(func: Any, sibling: Any) -> Compute | None:
     return decomposed
 
 
-def _inplace_handler(compute: Compute, lowering: Lowering | None = None) -> Handler:
+def inplace_handler(compute: Compute, lowering: Lowering | None = None) -> Handler:
     """``op_(target, ...)``: compute the functional sibling (``lowering``, when it has one), store
     into the target."""
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -283,7 +283,7 @@ def _inplace_handler(compute: Compute, lowering: Lowering | None = None) -> Hand
             for t, v in zip(target, out):
                 _store(t, v)
             return None
-        exact = type(out) is _ARRAY and type(target) is TpuTensor and out.shape == target.shape \
+        exact = type(out) is _ARRAY and type(target) is TpuTensor and out.shape == target.shape\
             and out.dtype == to_jax_dtype(target.dtype)
         _store(target, out)
         if exact and lowering is not None:  # later calls store the program's output as it is
@@ -322,7 +322,7 @@ def _check_out_dtypes(func: Any, args: tuple, kwargs: dict) -> None:
     _checked_out_dtypes.add(key)
 
 
-def _out_handler(compute: Compute, out_names: list[str], factory_kwargs: list[str]) -> Handler:
+def out_handler(compute: Compute, out_names: list[str], factory_kwargs: list[str]) -> Handler:
     """``op(..., out=targets)``; ``factory_kwargs`` (``dtype``, ``device``): the functional sibling's
     arguments taken from the first target (a factory's result must be made where it goes)."""
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -378,24 +378,26 @@ def decomposed_handler(op: Any, fn: decompositions.Decomposition) -> Callable[[A
     return run
 
 
-def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
+def lift_fresh_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     """``torch.tensor(data, device="tpu")`` lifts the tpu tensor it made from ``data``. Tracing modes
     (torch.compile's fake, functional and proxy modes) pass tensor subclasses on to their own
     dispatch: under them the data is lifted as the plain CPU tensor it was, then moved to the device
     by a traced copy (the graph of ``torch.tensor(data).to("tpu")``)."""
     if torch._C._len_torch_dispatch_stack():
         return func(to_cpu(args[0])).to(tensor_mod.DEVICE)
-    return _same_view_handler(func, args, kwargs) if func is aten.lift_fresh.default else _clone(func, args, kwargs)
+    if func is aten.lift_fresh.default:
+        return same_view_handler(func, args, kwargs)
+    return clone_handler(func, args, kwargs)
 
 
-def _fallback_handler(func: Any, args: tuple, kwargs: dict) -> Any:
+def fallback_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     return fallback.run_on_cpu(func, args, kwargs)
 
 
 # --- dedicated handlers ----------------------------------------------------------------------
 
 
-def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
+def to_copy_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     x = args[0]
     dtype = kwargs.get("dtype") or x.dtype
     device = kwargs.get("device")
@@ -413,20 +415,20 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     return formats.laid_out(value, strides, dtype)
 
 
-def _clone(func: Any, args: tuple, kwargs: dict) -> Any:
+def clone_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     x = args[0]
     value = to_jax(x)  # arrays are immutable: sharing the value is a copy
     fallback.count_lowered(func)
     strides = formats.copy_strides(x, kwargs.get("memory_format"))
-    return _wrap(value) if strides is None else formats.laid_out(value, strides, x.dtype)
+    return wrap_outputs(value) if strides is None else formats.laid_out(value, strides, x.dtype)
 
 
 # ``*_like(x)`` factories: a new tensor laid out like ``x`` (its memory_format, preserve by default)
-_LIKE_FACTORIES = frozenset({aten.empty_like.default, aten.zeros_like.default, aten.ones_like.default,
+LIKE_FACTORIES = frozenset({aten.empty_like.default, aten.zeros_like.default, aten.ones_like.default,
                              aten.full_like.default})
 
 
-def _like_handler(lowered: Handler) -> Handler:
+def like_handler(lowered: Handler) -> Handler:
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         out = lowered(func, args, kwargs)
         strides = formats.copy_strides(args[0], kwargs.get("memory_format"))
@@ -435,7 +437,7 @@ def _like_handler(lowered: Handler) -> Handler:
     return run
 
 
-def _equal(func: Any, args: tuple, kwargs: dict) -> bool:
+def equal_handler(func: Any, args: tuple, kwargs: dict) -> bool:
     a, b = (_unwrap(x) for x in args[:2])
     return a.shape == b.shape and bool(jnp.array_equal(a, b))
 

@@ -73,7 +73,7 @@ def _parse(mode: str | EagerMode) -> EagerMode:
         raise ValueError(f"unknown torch_tpu eager mode {mode!r}; choose one of: {choices}") from None
 
 
-_current = [_parse(os.environ.get("TORCH_TPU_EAGER_MODE", "strict"))]
+current_mode_cell = [_parse(os.environ.get("TORCH_TPU_EAGER_MODE", "strict"))]
 
 
 def register_executor(mode: str | EagerMode, executor: Executor) -> None:
@@ -82,7 +82,7 @@ def register_executor(mode: str | EagerMode, executor: Executor) -> None:
 
 
 def get_eager_mode() -> EagerMode:
-    return _current[0]
+    return current_mode_cell[0]
 
 
 def set_eager_mode(mode: str | EagerMode) -> None:
@@ -93,23 +93,23 @@ def set_eager_mode(mode: str | EagerMode) -> None:
             f"eager mode {parsed.value!r} has no executor registered (register one with "
             "torch_tpu.register_executor)"
         )
-    _current[0] = parsed
+    current_mode_cell[0] = parsed
 
 
 @contextlib.contextmanager
 def eager_mode(mode: str | EagerMode) -> Iterator[None]:
     """Run the block in ``mode``, restoring the previous mode afterwards."""
-    previous = _current[0]
+    previous = current_mode_cell[0]
     set_eager_mode(mode)
     try:
         yield
     finally:
-        _current[0] = previous
+        current_mode_cell[0] = previous
 
 
 def current_executor() -> Executor:
     """The executor for the op being dispatched now (the per-op seam)."""
     try:
-        return _EXECUTORS[_current[0]]
+        return _EXECUTORS[current_mode_cell[0]]
     except KeyError:
-        raise RuntimeError(f"eager mode {_current[0].value!r} has no executor registered") from None
+        raise RuntimeError(f"eager mode {current_mode_cell[0].value!r} has no executor registered") from None

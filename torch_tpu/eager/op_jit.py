@@ -62,14 +62,14 @@ class OpJitStats:
     untraceable: int = 0  # signatures that failed to trace and run plainly from then on
 
 
-_stats = OpJitStats()
+counters = OpJitStats()
 
 
 def _env_enabled() -> bool:
     return os.environ.get("TORCH_TPU_OP_JIT", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-_config = {"enabled": _env_enabled(), "max_entries": int(os.environ.get("TORCH_TPU_OP_JIT_MAX", "1024"))}
+settings = {"enabled": _env_enabled(), "max_entries": int(os.environ.get("TORCH_TPU_OP_JIT_MAX", "1024"))}
 _programs: OrderedDict[tuple, Any] = OrderedDict()  # (site, float key) -> jitted program (LRU)
 _float_values: dict[tuple, set | None] = {}  # site -> distinct float keys seen (None: keep constant)
 _promoted: set[tuple] = set()  # sites whose floats are traced inputs
@@ -82,28 +82,28 @@ fast: dict[tuple, tuple] = {}
 
 def stats() -> OpJitStats:
     """A snapshot of the cache counters."""
-    return dataclasses.replace(_stats)
+    return dataclasses.replace(counters)
 
 
 def reset_stats() -> None:
     for field in dataclasses.fields(OpJitStats):
-        setattr(_stats, field.name, 0)
+        setattr(counters, field.name, 0)
 
 
 def enabled() -> bool:
-    return _config["enabled"]
+    return settings["enabled"]
 
 
 def set_enabled(flag: bool) -> None:
     """Switch the cache on or off for the process (``TORCH_TPU_OP_JIT`` sets the initial state)."""
-    _config["enabled"] = bool(flag)
+    settings["enabled"] = bool(flag)
 
 
 def set_max_entries(n: int) -> None:
     """Keep at most ``n`` compiled programs (``TORCH_TPU_OP_JIT_MAX``); evicts down to it now."""
     if n < 1:
         raise ValueError(f"op jit cache size must be at least 1, got {n}")
-    _config["max_entries"] = n
+    settings["max_entries"] = n
     _evict()
 
 
@@ -121,14 +121,14 @@ def clear() -> None:
 
 
 def _evict() -> None:
-    if len(_programs) <= _config["max_entries"]:
+    if len(_programs) <= settings["max_entries"]:
         return
-    while len(_programs) > _config["max_entries"]:
+    while len(_programs) > settings["max_entries"]:
         try:
             _programs.popitem(last=False)
         except KeyError:  # emptied by another thread
             break
-        _stats.evictions += 1
+        counters.evictions += 1
     fast.clear()
 
 
@@ -142,7 +142,7 @@ def last_program() -> Any:
 def call(lowering: Lowering, args: Any, kwargs: dict) -> Any:
     """Run ``lowering`` on JAX arguments, through a cached jitted program when one applies."""
     _last.program = None
-    if not _config["enabled"] or not lowering.static_shape:
+    if not settings["enabled"] or not lowering.static_shape:
         return lowering.fn(*args, **kwargs)
     leaves, treedef = _flatten((args, kwargs))
     sig, arrays, floats = [], [], []
@@ -163,7 +163,7 @@ def call(lowering: Lowering, args: Any, kwargs: dict) -> Any:
     try:
         traced = site in _promoted
     except TypeError:  # an unhashable argument: no key
-        _stats.misses += 1
+        counters.misses += 1
         return lowering.fn(*args, **kwargs)
     key = (site, _TRACED if traced else _float_key(floats))
     program = _programs.get(key)
@@ -173,23 +173,23 @@ def call(lowering: Lowering, args: Any, kwargs: dict) -> Any:
         except KeyError:  # evicted meanwhile by another thread (autograd's device thread)
             pass
         if program is _PLAIN:
-            _stats.misses += 1
+            counters.misses += 1
             return lowering.fn(*args, **kwargs)
-        _stats.hits += 1
+        counters.hits += 1
         if traced:
             return program(*arrays, *floats)
         _last.program = program
         return program(*arrays)
     if traced:  # the site's traced-floats program was evicted: build it again (not one over these values)
         program = _jitted(lowering, treedef, leaves, traced_floats=True)
-        _stats.compiles += 1
+        counters.compiles += 1
         return _store_and_run(site, _TRACED, program, arrays + floats, args, kwargs, lowering)
     if floats and _note_float_values(site, key[1]):
         program = _promote(lowering, treedef, leaves, site)
         if program is not None:
             return _store_and_run(site, _TRACED, program, arrays + floats, args, kwargs, lowering)
     program = _jitted(lowering, treedef, leaves, traced_floats=False)
-    _stats.compiles += 1
+    counters.compiles += 1
     return _store_and_run(site, key[1], program, arrays, args, kwargs, lowering)
 
 
@@ -248,8 +248,8 @@ def _promote(lowering: Lowering, treedef: Any, leaves: list, site: tuple) -> Any
         return None
     _float_values.pop(site, None)
     _promoted.add(site)
-    _stats.compiles += 1
-    _stats.promotions += 1
+    counters.compiles += 1
+    counters.promotions += 1
     return traced
 
 
@@ -268,13 +268,13 @@ def _store_and_run(
             _programs[key] = program
             if fkey is not _TRACED:
                 _last.program = program
-            _stats.hits += 1
+            counters.hits += 1
             _evict()
             return out
     except Exception:  # noqa: BLE001 - not traceable (host read, non-array output): run plainly
-        _stats.untraceable += 1
+        counters.untraceable += 1
     _programs[key] = _PLAIN
-    _stats.compiles -= 1
-    _stats.misses += 1
+    counters.compiles -= 1
+    counters.misses += 1
     _evict()
     return lowering.fn(*args, **kwargs)

@@ -16,11 +16,11 @@ from torch_tpu.runtime.tensor import TpuTensor, make_alias, meta_like
 Handler = Callable[[Any, tuple, dict], Any]
 
 
-def _view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
+def view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     source = args[0]
     if type(source) is not TpuTensor:
         return fallback.run_on_cpu(func, args, kwargs)
-    box = source._box
+    box = source.storage_box
 
     def to_meta(x: Any) -> Any:
         return meta_like(x) if isinstance(x, TpuTensor) else x
@@ -38,7 +38,7 @@ def _view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     return pytree.tree_map(to_alias, out)
 
 
-def _fast_view(layout: Callable[..., tuple | None]) -> Handler:
+def fast_view(layout: Callable[..., tuple | None]) -> Handler:
     """A view handler computing (sizes, strides, offset) in Python; meta tensors for the rest."""
 
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -46,13 +46,13 @@ def _fast_view(layout: Callable[..., tuple | None]) -> Handler:
         if type(t) is TpuTensor and not kwargs and t._math_bits is None:
             meta = layout(tuple(t.shape), t.stride(), t.storage_offset(), *args[1:])
             if meta is not None:
-                return make_alias(t._box, meta[0], meta[1], meta[2], t.dtype)
-        return _view_handler(func, args, kwargs)
+                return make_alias(t.storage_box, meta[0], meta[1], meta[2], t.dtype)
+        return view_handler(func, args, kwargs)
 
     return run
 
 
-def _layout_t(size, stride, offset):
+def layout_t(size, stride, offset):
     if len(size) > 2:
         return None  # the meta kernel raises torch's error
     return (size[::-1], stride[::-1], offset) if len(size) == 2 else (size, stride, offset)
@@ -64,7 +64,7 @@ def _in_range(dim: int, n: int) -> bool:
     return -n <= dim < n
 
 
-def _layout_transpose(size, stride, offset, d0, d1):
+def layout_transpose(size, stride, offset, d0, d1):
     n = len(size)
     if not (_in_range(d0, n) and _in_range(d1, n)):
         return None
@@ -75,7 +75,7 @@ def _layout_transpose(size, stride, offset, d0, d1):
     return size, stride, offset
 
 
-def _layout_permute(size, stride, offset, dims):
+def layout_permute(size, stride, offset, dims):
     n = len(size)
     if len(dims) != n or not n or not all(_in_range(d, n) for d in dims):
         return None
@@ -85,7 +85,7 @@ def _layout_permute(size, stride, offset, dims):
     return [size[d] for d in dims], [stride[d] for d in dims], offset
 
 
-def _layout_unsqueeze(size, stride, offset, dim):
+def layout_unsqueeze(size, stride, offset, dim):
     n = len(size)
     if not -n - 1 <= dim <= n:
         return None
@@ -94,8 +94,8 @@ def _layout_unsqueeze(size, stride, offset, dim):
     return size[:dim] + (1,) + size[dim:], stride[:dim] + (new_stride,) + stride[dim:], offset
 
 
-def _layout_view(size, stride, offset, shape):
-    if stride != tensor_mod._contiguous_strides(size):
+def layout_view(size, stride, offset, shape):
+    if stride != tensor_mod.contiguous_strides(size):
         return None
     numel = 1
     for s in size:
@@ -113,10 +113,10 @@ def _layout_view(size, stride, offset, shape):
         prod *= s
     if prod != numel or any(s < 0 for s in shape):
         return None
-    return shape, tensor_mod._contiguous_strides(shape), offset
+    return shape, tensor_mod.contiguous_strides(shape), offset
 
 
-def _layout_select(size, stride, offset, dim, index):
+def layout_select(size, stride, offset, dim, index):
     n = len(size)
     if not _in_range(dim, n):
         return None
@@ -127,7 +127,7 @@ def _layout_select(size, stride, offset, dim, index):
     return size[:dim] + size[dim + 1:], stride[:dim] + stride[dim + 1:], offset + index * stride[dim]
 
 
-def _layout_slice(size, stride, offset, dim=0, start=None, end=None, step=1):
+def layout_slice(size, stride, offset, dim=0, start=None, end=None, step=1):
     n = len(size)
     if not _in_range(dim, n) or step <= 0:
         return None
@@ -139,7 +139,7 @@ def _layout_slice(size, stride, offset, dim=0, start=None, end=None, step=1):
     return new_size, new_stride, offset + (start * stride[dim] if length else 0)
 
 
-def _layout_expand(size, stride, offset, shape, implicit=False):
+def layout_expand(size, stride, offset, shape, implicit=False):
     """CPU's ``inferExpandGeometry``: a new leading dim of size 1 gets the stride of a contiguous
     dim above the next one (not 0), an expanded dim stride 0; a 0-d tensor strides 0 throughout."""
     lead = len(shape) - len(size)
@@ -165,11 +165,11 @@ def _layout_expand(size, stride, offset, shape, implicit=False):
     return new_size, new_stride, offset
 
 
-def _same_view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
+def same_view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     """detach / alias: same metadata over the same box."""
     t = args[0]
     if t._math_bits is not None:
-        return _view_handler(func, args, kwargs)
-    return make_alias(t._box, t.shape, t.stride(), t.storage_offset(), t.dtype)
+        return view_handler(func, args, kwargs)
+    return make_alias(t.storage_box, t.shape, t.stride(), t.storage_offset(), t.dtype)
 
 

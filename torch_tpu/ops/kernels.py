@@ -37,7 +37,7 @@ _libs: list[torch.library.Library] = []  # the registered kernels live as long a
 
 # Copies into tpu tensors and scalar reads, as handlers ``(func, args, kwargs)``: eager dispatch's
 # dedicated handlers of copy_ / _copy_from / _local_scalar_dense, and the kernels below.
-def _copy_(func: Any, args: tuple, kwargs: dict) -> Any:
+def copy_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
     dst, src = args[0], args[1]
     if type(dst) is not TpuTensor:
         dst.copy_(to_cpu(src))
@@ -55,13 +55,13 @@ def _copy_(func: Any, args: tuple, kwargs: dict) -> Any:
     return dst
 
 
-def _copy_from(func: Any, args: tuple, kwargs: dict) -> Any:
+def copy_from_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
     src, dst = args[0], args[1]
-    return _copy_(func, (dst, src), {})
+    return copy_kernel(func, (dst, src), {})
 
 
 
-def _local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
+def local_scalar_dense_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
     value = np.asarray(to_jax(args[0])).reshape(-1)[0]
     if value.dtype == np.bool_:
         return bool(value)
@@ -107,12 +107,12 @@ def efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memory
 
 
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    return _copy_(None, (dst, src), {})
+    return copy_kernel(None, (dst, src), {})
 
 
 def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     resize(dst, tuple(src.shape))
-    return _copy_(None, (dst, src), {})
+    return copy_kernel(None, (dst, src), {})
 
 
 def lowered_factory(op: torch._ops.OpOverload):
@@ -139,7 +139,7 @@ def register() -> None:
     lib.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
     lib.impl("_copy_from", copy_from, "PrivateUse1")
     lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
-    lib.impl("_local_scalar_dense", lambda t: _local_scalar_dense(None, (t,), {}), "PrivateUse1")
+    lib.impl("_local_scalar_dense", lambda t: local_scalar_dense_kernel(None, (t,), {}), "PrivateUse1")
     # torch has no fake kernel for it (the 2d one has): compiled FractionalMaxPool3d training traces it
     lib.impl("fractional_max_pool3d_backward", fractional_max_pool3d_backward_meta, "Meta")
     # ones/zeros/full build their array at once: torch's composite (empty, then fill_) held two

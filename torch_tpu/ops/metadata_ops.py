@@ -89,7 +89,7 @@ def _set_source_tensor(func: Any, args: tuple, kwargs: dict) -> Any:
         raise RuntimeError(
             f"Could not set tensor of type {source.dtype} to a tensor of type {t.dtype}"
         )
-    set_layout(t, source.shape, source.stride(), source.storage_offset(), box=source._box)
+    set_layout(t, source.shape, source.stride(), source.storage_offset(), box=source.storage_box)
     return t
 
 

@@ -23,6 +23,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from torch_tpu.runtime.dynamo_hooks import constant_result
+
 EMULATED_SPARSECORES_ENV = "TORCH_TPU_SPARSECORES_PER_DEVICE"
 # SparseCores per device of a device without any (XLA:CPU): v6e's and TPU7x's count, and what
 # TorchRec's SparseCore modules assume by default (num_sc_per_device=2)
@@ -122,6 +124,7 @@ def sparse_dense_matmul_grad_with_adam(
         max_ids_per_partition, max_unique_ids_per_partition, computation_name), embedding_table)
 
 
+@constant_result  # a fact of the device: a compiled graph holds it as a constant
 def sparsecores_per_device() -> int:
     """SparseCores per device of this process's tpu device; on a device without any (XLA:CPU),
     ``$TORCH_TPU_SPARSECORES_PER_DEVICE`` or 2."""

@@ -42,13 +42,13 @@ class PaddedNested(TpuTensor):
 def _padded_nested(values: TpuTensor, valid: torch.Tensor) -> PaddedNested:
     dense = values * valid.unsqueeze(-1).to(values.dtype)
     out = torch.Tensor._make_wrapper_subclass(PaddedNested, dense.shape, dtype=dense.dtype, device=dense.device)
-    out._box, out._full, out._reinterpreted = dense._box, dense._full, dense._reinterpreted
+    out.storage_box, out._full, out._reinterpreted = dense.storage_box, dense._full, dense._reinterpreted
     out.valid = valid
     return out
 
 
 def _plain(t: PaddedNested) -> TpuTensor:
-    return make_alias(t._box, t.shape, t.stride(), t.storage_offset(), t.dtype)
+    return make_alias(t.storage_box, t.shape, t.stride(), t.storage_offset(), t.dtype)
 
 
 @register_composite(aten._nested_tensor_from_mask.default)

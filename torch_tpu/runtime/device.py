@@ -26,11 +26,11 @@ DEVICE_NAME = "tpu"
 _registered = False
 _KEEPALIVE: list[object] = []
 # The newest array produced by a dispatched op; synchronize() waits on it (ops run in order).
-_last_output: list[jax.Array | None] = [None]
+last_output: list[jax.Array | None] = [None]
 
 
 def note_output(array: jax.Array) -> None:
-    _last_output[0] = array
+    last_output[0] = array
 
 
 def _jax_device() -> jax.Device:
@@ -103,7 +103,7 @@ def set_device(device: int | str | torch.device) -> None:
 def synchronize(device: int | str | torch.device | None = None) -> None:
     """Wait until every op dispatched so far has finished on the device."""
     _check_index(device)
-    last = _last_output[0]
+    last = last_output[0]
     if last is not None:
         last.block_until_ready()
 
@@ -299,7 +299,7 @@ class Stream(torch.Stream):
         synchronize()
 
     def query(self) -> bool:
-        last = _last_output[0]
+        last = last_output[0]
         return last is None or last.is_ready()
 
     def wait_stream(self, stream: Stream) -> None:
@@ -327,7 +327,7 @@ class Event(torch.Event):
         self.enable_timing = enable_timing
 
     def record(self, stream: Stream | None = None) -> None:
-        self._marker = _last_output[0]
+        self._marker = last_output[0]
         self._time = time.perf_counter()
 
     def wait(self, stream: Stream | None = None) -> None:

@@ -33,7 +33,7 @@ FLOAT8_DTYPES: tuple[torch.dtype, ...] = tuple(
 )
 _TORCH_TO_JAX.update({d: np.dtype(getattr(ml_dtypes, str(d).removeprefix("torch."))) for d in FLOAT8_DTYPES})
 FLOAT8_NUMPY = frozenset(_TORCH_TO_JAX[dtype] for dtype in FLOAT8_DTYPES)
-_JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in _TORCH_TO_JAX.items()}
+JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in _TORCH_TO_JAX.items()}
 
 
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
@@ -46,11 +46,11 @@ def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
 
 def to_torch_dtype(dtype) -> torch.dtype:
     """The torch dtype for a JAX/numpy dtype."""
-    found = _JAX_TO_TORCH.get(dtype)  # a numpy dtype (every array's): no conversion
+    found = JAX_TO_TORCH.get(dtype)  # a numpy dtype (every array's): no conversion
     if found is not None:
         return found
     try:
-        return _JAX_TO_TORCH[np.dtype(dtype)]
+        return JAX_TO_TORCH[np.dtype(dtype)]
     except KeyError:
         raise TypeError(f"JAX dtype {dtype} has no torch equivalent") from None
 

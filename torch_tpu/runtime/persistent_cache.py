@@ -46,18 +46,18 @@ class CacheStats:
     xla_misses: int = 0  # JAX executable compiled (and stored)
 
 
-_stats = CacheStats()
+counters = CacheStats()
 
 
 def cache_stats() -> CacheStats:
     """A snapshot of the cache counters."""
-    return dataclasses.replace(_stats, xla_hits=xla_cache.xla_counts["hits"],
+    return dataclasses.replace(counters, xla_hits=xla_cache.xla_counts["hits"],
                                xla_misses=xla_cache.xla_counts["misses"])
 
 
 def reset_cache_stats() -> None:
     for field in dataclasses.fields(CacheStats):
-        setattr(_stats, field.name, 0)
+        setattr(counters, field.name, 0)
     xla_cache.xla_counts.update(hits=0, misses=0)
 
 

@@ -59,11 +59,11 @@ FROM_TORCH = {"highest": Precision.HIGHEST, "high": Precision.HIGH, "medium": Pr
 _ALIASES = {"default": Precision.DEFAULT, "bfloat16": Precision.DEFAULT, "fastest": Precision.DEFAULT,
             "tensorfloat32": Precision.HIGH, "float32": Precision.HIGHEST, **FROM_TORCH}
 
-_torch_precision = torch._C._get_float32_matmul_precision
+torch_matmul_precision = torch._C._get_float32_matmul_precision
 _lock = threading.Lock()
 _stack: list[Precision] = []  # open precision() blocks, innermost last
 _explicit: list[Precision | None] = [None]  # set_matmul_precision's value
-_seen_torch = [""]  # torch's setting when the JAX setting was last decided
+seen_torch_setting = [""]  # torch's setting when the JAX setting was last decided
 _applied = [""]  # the name JAX's default_matmul_precision holds (as set here)
 
 
@@ -81,7 +81,7 @@ def get_matmul_precision() -> Precision:
     if _stack:
         return _stack[-1]
     explicit = _explicit[0]
-    return explicit if explicit is not None else FROM_TORCH.get(_torch_precision(), Precision.HIGHEST)
+    return explicit if explicit is not None else FROM_TORCH.get(torch_matmul_precision(), Precision.HIGHEST)
 
 
 def current_name() -> str:
@@ -114,7 +114,7 @@ def precision(mode: Precision | str) -> Iterator[None]:
 
 
 def _apply() -> None:
-    _seen_torch[0] = _torch_precision()
+    seen_torch_setting[0] = torch_matmul_precision()
     name = current_name()
     if name != _applied[0]:
         jax.config.update("jax_default_matmul_precision", name)
@@ -124,6 +124,6 @@ def _apply() -> None:
 def sync() -> None:
     """Make JAX's precision setting follow this module's, picking up a change of torch's float32
     matmul precision since the last call (cheap when nothing changed)."""
-    if _torch_precision() != _seen_torch[0]:
+    if torch_matmul_precision() != seen_torch_setting[0]:
         with _lock:
             _apply()

@@ -26,7 +26,7 @@ def to_tpu(self: torch.UntypedStorage, device: int | str | torch.device | None =
 def box_of_host_bytes(storage: torch.UntypedStorage, dtype: torch.dtype = torch.uint8) -> tensor_mod.StorageBox:
     """A new storage box holding a host storage's bytes read as ``dtype`` elements."""
     host = torch.empty(0, dtype=torch.uint8).set_(storage).view(dtype)
-    return tensor_mod.from_cpu(host)._box
+    return tensor_mod.from_cpu(host).storage_box
 
 
 def typed_to_tpu(self: torch.TypedStorage, device: int | str | torch.device | None = None,

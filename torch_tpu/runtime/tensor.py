@@ -34,7 +34,7 @@ DEVICE = torch.device(DEVICE_NAME, 0) if torch._C._get_privateuse1_backend_name(
 _ARRAY = ARRAY_TYPE
 
 # Set by torch_tpu.eager.register() (import torch_tpu): eager dispatch, a room this one does not import.
-_dispatch: Callable[..., Any] | None = None
+dispatch_target: Callable[..., Any] | None = None
 
 _PTR_ALIGN = 1 << 12
 _next_ptr = [_PTR_ALIGN]
@@ -100,31 +100,31 @@ class TpuUntypedStorage(torch.UntypedStorage):
         return super().__new__(cls, box.nbytes, device="meta")
 
     def __init__(self, box: StorageBox) -> None:
-        self._box = box
+        self.storage_box = box
 
     @property
     def device(self) -> torch.device:
         return DEVICE
 
     def size(self) -> int:
-        return self._box.nbytes
+        return self.storage_box.nbytes
 
     def nbytes(self) -> int:
-        return self._box.nbytes
+        return self.storage_box.nbytes
 
     def data_ptr(self) -> int:
-        return self._box.ptr
+        return self.storage_box.ptr
 
     def cpu(self) -> torch.UntypedStorage:
         """A CPU copy of the storage's bytes."""
-        return array_to_cpu(self._box.array.reshape(-1)).untyped_storage()
+        return array_to_cpu(self.storage_box.array.reshape(-1)).untyped_storage()
 
     def _write_file(self, *args: Any) -> None:
         """The bytes into a legacy-format file (``pickle`` of a tpu tensor goes through it)."""
         self.cpu()._write_file(*args)
 
     def clone(self) -> TpuUntypedStorage:
-        return TpuUntypedStorage(StorageBox(self._box.array))  # jax arrays are immutable
+        return TpuUntypedStorage(StorageBox(self.storage_box.array))  # jax arrays are immutable
 
     def __deepcopy__(self, memo: dict) -> TpuUntypedStorage:
         return self.clone()
@@ -142,32 +142,32 @@ class TpuUntypedStorage(torch.UntypedStorage):
 
     def resize_(self, nbytes: int) -> TpuUntypedStorage:
         """Free (``resize_(0)``) or (re)allocate the storage; contents are zeroed on growth."""
-        itemsize = self._box.array.dtype.itemsize
+        itemsize = self.storage_box.array.dtype.itemsize
         if nbytes % itemsize:
             raise RuntimeError(
                 f"storage resize_ to {nbytes} bytes is not a multiple of the element size {itemsize}"
             )
         numel = nbytes // itemsize
-        old = self._box.array.reshape(-1)
+        old = self.storage_box.array.reshape(-1)
         if numel == old.size:
             return self
         if numel < old.size:
-            self._box.array = old[:numel]
+            self.storage_box.array = old[:numel]
         else:
-            self._box.array = jnp.concatenate([old, jnp.zeros((numel - old.size,), old.dtype)])
+            self.storage_box.array = jnp.concatenate([old, jnp.zeros((numel - old.size,), old.dtype)])
         return self
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TpuUntypedStorage) and other._box is self._box
+        return isinstance(other, TpuUntypedStorage) and other.storage_box is self.storage_box
 
     def __hash__(self) -> int:
-        return hash(self._box.ptr)
+        return hash(self.storage_box.ptr)
 
 
 class TpuTensor(torch.Tensor):
     """A torch tensor on device "tpu" whose elements live in a JAX array (see module docstring)."""
 
-    _box: StorageBox
+    storage_box: StorageBox
     # contiguous, offset 0, covering the whole storage, storage's dtype: reads box.array directly
     _full: bool
     _reinterpreted = False  # dtype differs from the storage's (a ``view(dtype)``): see dtype_views
@@ -184,7 +184,7 @@ class TpuTensor(torch.Tensor):
             # it unwraps itself and dispatches again, with TpuTensors only
             return NotImplemented
         try:
-            return _dispatch(func, args, kwargs or {})
+            return dispatch_target(func, args, kwargs or {})
         except BaseException as error:
             deferred = backward_errors.defer(func, error)
             if deferred is None:
@@ -205,7 +205,7 @@ class TpuTensor(torch.Tensor):
         # C++ set_data swaps the TensorImpl's metadata but not this object's box: follow it.
         torch.Tensor.data.__set__(self, new)
         if isinstance(new, TpuTensor):
-            self._box, self._full, self._reinterpreted = new._box, new._full, new._reinterpreted
+            self.storage_box, self._full, self._reinterpreted = new.storage_box, new._full, new._reinterpreted
 
     def register_hook(self, hook: Callable[..., Any]) -> Any:
         """As ``torch.Tensor.register_hook``; an exception in the hook reaches ``backward()``
@@ -216,7 +216,7 @@ class TpuTensor(torch.Tensor):
         return super().register_post_accumulate_grad_hook(backward_errors.guard_hook(hook))
 
     def untyped_storage(self) -> TpuUntypedStorage:  # type: ignore[override]
-        return self._box.storage()
+        return self.storage_box.storage()
 
     def set_(self, source: Any = None, storage_offset: int = 0, size: Any = None, stride: Any = None) -> TpuTensor:  # type: ignore[override]
         """``torch.Tensor.set_``, also from a tpu storage (``t.untyped_storage()``) and with a layout:
@@ -227,17 +227,17 @@ class TpuTensor(torch.Tensor):
             source = source.tpu_storage(self.dtype)
         if isinstance(source, TpuUntypedStorage):
             n = source.nbytes() // self.element_size()
-            source = make_alias(source._box, (n,), (1,), 0, self.dtype)
+            source = make_alias(source.storage_box, (n,), (1,), 0, self.dtype)
             size = (n,) if size is None else size
         if source is None:
             return torch.Tensor.set_(self)
         torch.Tensor.set_(self, source)
         if size is None:
             return self
-        return self.as_strided_(size, stride or _contiguous_strides(size), storage_offset)
+        return self.as_strided_(size, stride or contiguous_strides(size), storage_offset)
 
     def data_ptr(self) -> int:
-        return self._box.ptr + self.storage_offset() * self.element_size()
+        return self.storage_box.ptr + self.storage_offset() * self.element_size()
 
     def __format__(self, format_spec: str) -> str:
         # torch formats only plain-Tensor scalars as numbers (printing a sparse tpu tensor needs it)
@@ -256,7 +256,7 @@ class TpuTensor(torch.Tensor):
     def __deepcopy__(self, memo: dict) -> TpuTensor:
         if not self.is_leaf:
             raise RuntimeError("Only Tensors created explicitly by the user support the deepcopy protocol")
-        box = copy.deepcopy(self._box, memo)  # views of one storage stay views of one new storage
+        box = copy.deepcopy(self.storage_box, memo)  # views of one storage stay views of one new storage
         new = make_alias(box, self.shape, self.stride(), self.storage_offset(), self.dtype)
         new.requires_grad_(self.requires_grad)
         if getattr(self, "_is_param", False):
@@ -288,7 +288,7 @@ def _rebuild_tpu_tensor(cpu: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     return torch._utils._rebuild_device_tensor_from_cpu_tensor(cpu, cpu.dtype, str(DEVICE), requires_grad)
 
 
-def _contiguous_strides(size) -> tuple[int, ...]:
+def contiguous_strides(size) -> tuple[int, ...]:
     strides = []
     acc = 1
     for s in reversed(size):
@@ -302,7 +302,7 @@ def make_alias(box: StorageBox, size, stride, offset: int, dtype: torch.dtype) -
     t = torch.Tensor._make_wrapper_subclass(
         TpuTensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE
     )
-    t._box = box
+    t.storage_box = box
     _set_flags(t, tuple(size), tuple(stride), offset)
     return t
 
@@ -322,9 +322,9 @@ _MATH_BITS = {(True, False): jnp.conj, (False, True): jnp.negative,
 
 
 def _set_flags(t: TpuTensor, size: tuple[int, ...], stride: tuple[int, ...], offset: int) -> None:
-    t._reinterpreted = t._box.array.dtype != to_jax_dtype(t.dtype)
-    t._full = (not t._reinterpreted and t._math_bits is None and offset == 0 and math.prod(size) == t._box.array.size
-               and stride == _contiguous_strides(size))
+    t._reinterpreted = t.storage_box.array.dtype != to_jax_dtype(t.dtype)
+    t._full = (not t._reinterpreted and t._math_bits is None and offset == 0
+               and math.prod(size) == t.storage_box.array.size and stride == contiguous_strides(size))
 
 
 # --- metadata changes in place (squeeze_, t_, as_strided_, resize_, set_ ...) ---------------------
@@ -335,7 +335,7 @@ _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 
 def meta_like(t: TpuTensor) -> torch.Tensor:
     """A meta tensor with ``t``'s layout over a meta storage as large as ``t``'s box."""
-    base = torch.empty((t._box.nbytes // t.element_size(),), dtype=t.dtype, device="meta")
+    base = torch.empty((t.storage_box.nbytes // t.element_size(),), dtype=t.dtype, device="meta")
     meta = base.as_strided(t.shape, t.stride(), t.storage_offset())
     if t._math_bits is not None:  # so that views of it get their bits from torch's kernels
         torch._C._set_conj(meta, t.is_conj())
@@ -349,7 +349,7 @@ def set_layout(t: TpuTensor, size, stride, offset: int, box: StorageBox | None =
     torch's own metadata of the wrapper (sizes, strides, offset; what ``t.shape`` reports) changes
     through the CPU kernel of ``set_``, over a data-less storage at least as large as the layout.
     """
-    box = t._box if box is None else box
+    box = t.storage_box if box is None else box
     size, stride = tuple(size), tuple(stride)
     _check_bounds(size, stride, offset, box.nbytes // t.element_size())
     storage = torch.Tensor.untyped_storage(t)
@@ -358,7 +358,7 @@ def set_layout(t: TpuTensor, size, stride, offset: int, box: StorageBox | None =
         holder = torch.Tensor._make_wrapper_subclass(TpuTensor, (needed,), dtype=torch.uint8, device=DEVICE)
         storage = torch.Tensor.untyped_storage(holder)
     _set_storage.redispatch(_CPU_KEYS, t, storage, offset, size, stride)
-    t._box = box
+    t.storage_box = box
     _set_flags(t, size, stride, offset)
 
 
@@ -370,7 +370,7 @@ def resize(t: TpuTensor, size, memory_format: torch.memory_format | None = None)
         return
     stride = torch.empty(size, device="meta", memory_format=memory_format or torch.contiguous_format).stride()
     offset = t.storage_offset()
-    box = t._box
+    box = t.storage_box
     needed = _extent(size, stride, offset) * t.element_size()
     if needed > box.nbytes:
         old = box.array.reshape(-1)
@@ -390,7 +390,7 @@ def _extent(size, stride, offset: int) -> int:
 def from_jax(array: jax.Array) -> TpuTensor:
     """Wrap a JAX array as a new tpu tensor owning a fresh storage (no copy)."""
     t = _make_wrapper(TpuTensor, array.shape, dtype=to_torch_dtype(array.dtype), device=DEVICE)
-    t._box = StorageBox(array)
+    t.storage_box = StorageBox(array)
     t._full = True
     return t
 
@@ -399,7 +399,7 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     """The current value of a tpu tensor (any view) as a JAX array with the tensor's shape."""
     if type(t) is not TpuTensor:
         raise TypeError(f"to_jax expects a tpu tensor, got a tensor on {t.device}")
-    box = t._box
+    box = t.storage_box
     if t._full:
         a = box.array
         shape = t.shape
@@ -422,7 +422,7 @@ def concrete_value(t: TpuTensor) -> jax.Array:
 
 def write(t: TpuTensor, value: jax.Array) -> None:
     """Store ``value`` (same shape and dtype as ``t``) into the elements ``t`` views."""
-    box = t._box
+    box = t.storage_box
     if t._full:
         if value.size == box.array.size:
             box.array = value  # any shape with the storage's numel; keeps this tensor's reads free
@@ -522,7 +522,7 @@ def _reader(shape, stride, offset: int, storage_numel: int) -> Callable[[jax.Arr
     block = _Block(shape, stride, offset, storage_numel)
     if block.ok:
         return jax.jit(block.read)
-    idx = _index_vector(shape, stride, offset, storage_numel)
+    idx = index_vector(shape, stride, offset, storage_numel)
     return lambda a: _gather_jit(a, idx, shape)
 
 
@@ -535,7 +535,7 @@ def _writer(shape, stride, offset: int, storage_numel: int) -> Callable[[jax.Arr
     block = _Block(shape, stride, offset, storage_numel)
     if block.ok and not block.expanded:
         return jax.jit(block.write)
-    idx = _index_vector(shape, stride, offset, storage_numel)
+    idx = index_vector(shape, stride, offset, storage_numel)
     return lambda a, v: _scatter_jit(a, idx, v)
 
 
@@ -551,7 +551,7 @@ def _scatter_jit(array: jax.Array, idx: jax.Array, value: jax.Array) -> jax.Arra
 
 
 @lru_cache(maxsize=4096)
-def _index_vector(shape, stride, offset: int, storage_numel: int) -> jax.Array:
+def index_vector(shape, stride, offset: int, storage_numel: int) -> jax.Array:
     """Flat storage indices of a strided view, in row-major element order (cached per layout)."""
     idx = np.full((), offset, dtype=np.int64)
     for size, st in zip(shape, stride):

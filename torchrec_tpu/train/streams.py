@@ -22,7 +22,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.streams import BatchStream, batches_from_row
-from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.config import TrainConfig, per_rank_batch
 
 OFFSET_ROWS = 100_000  # distinct offset vectors per feature (MLPerf's cache of multi-hot offsets)
 
@@ -116,7 +116,7 @@ def training_streams(config: TrainConfig, train: Iterable[Batch], held_out: Iter
         train = ShuffledBatches(train, config.loop.seed, epoch)
     data = config.data
     if data.limit_train_batches:
-        train = LimitedBatches(train, data.limit_train_batches, max(1, data.batch_size // world_size))
+        train = LimitedBatches(train, data.limit_train_batches, per_rank_batch(data.batch_size, world_size))
     if multi_hot is not None:
         train = MultiHotBatches(train, multi_hot, table_sizes, config.loop.seed)
     return train, evaluation_stream(config, held_out, table_sizes, world_size)
@@ -128,7 +128,7 @@ def evaluation_stream(config: TrainConfig, batches: Iterable[Batch], table_sizes
     multi_hot = config.per_feature("multi_hot_sizes", len(table_sizes))
     data = config.data
     if data.limit_val_batches:
-        batches = LimitedBatches(batches, data.limit_val_batches, max(1, data.eval_batch_size // world_size))
+        batches = LimitedBatches(batches, data.limit_val_batches, per_rank_batch(data.eval_batch_size, world_size))
     if multi_hot is not None:
         batches = MultiHotBatches(batches, multi_hot, table_sizes, config.loop.seed)
     return batches

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from torch_tpu.ops.lowerings import elementwise as ew
-from torch_tpu.ops.lowerings import reductions
+import torch_tpu.ops.lowerings.elementwise as ew
+import torch_tpu.ops.lowerings.reductions as reductions
 from torch_tpu.ops.lowerings._common import cast
 from torch_tpu.ops.registry import get_lowering, register_lowering
 

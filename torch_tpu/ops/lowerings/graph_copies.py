@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_tpu.ops.lowerings import elementwise as ew
+import torch_tpu.ops.lowerings.elementwise as ew
 from torch_tpu.ops.lowerings._common import jdtype, promoted
 from torch_tpu.ops.registry import register_lowering
 from torch_tpu.runtime._jax import jnp

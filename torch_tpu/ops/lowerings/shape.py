@@ -94,9 +94,9 @@ def clone(self, *, memory_format=None):
 
 @register_lowering(aten.as_strided.default)
 def as_strided(self, size, stride, storage_offset=None):
-    from torch_tpu.runtime.tensor import _index_vector
+    from torch_tpu.runtime.tensor import index_vector
 
-    idx = _index_vector(tuple(size), tuple(stride), storage_offset or 0, self.size)
+    idx = index_vector(tuple(size), tuple(stride), storage_offset or 0, self.size)
     return self.reshape(-1)[idx].reshape(tuple(size))
 
 

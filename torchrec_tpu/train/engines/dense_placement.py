@@ -32,10 +32,6 @@ from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.model import ModelSpec
 
 DENSE_TOWERS = ("dense_arch", "inter_arch", "over_arch")
-# ``--dense-device auto`` on XLA:CPU: towers of at most this many multiply-adds per sample go to
-# tpu. Measured (bench_train_e2e, 2026-12-04): the default towers (~39k) train 1.5-1.8x faster as
-# one XLA:CPU program than in CPU eager torch, the anchor towers (~0.8M) 0.9x as fast.
-XLA_CPU_TOWER_MACS = 1 << 18
 _POOLED_ON_HOST = contextvars.ContextVar("pooled_on_host", default=False)
 
 
@@ -69,14 +65,16 @@ def spmd_world(world_size: int) -> bool:
     return tpu_dist.active_transport() == "xla"
 
 
-def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_parallel: str) -> torch.device:
+def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_parallel: str, batch_size: int,
+                         optimizer: type[torch.optim.Optimizer] = torch.optim.Adagrad,
+                         precision: str = "fp32") -> torch.device:
     """The sparsecore engine's dense device for ``--dense-device choice``. ``auto``: tpu where the
     step compiles into one program per rank (ddp, :func:`spmd_world`) and either the tpu device is
-    an accelerator or, on XLA:CPU in one process, the towers are small enough
-    (:data:`XLA_CPU_TOWER_MACS`) that per-op dispatch, which that program removes, bounds their
-    step; else cpu. (Several XLA:CPU processes on one host: their SPMD step, whose collectives
-    are gloo's inside XLA, measured 0.7x the eager cpu towers' with host all-to-alls, 2 ranks on 2
-    cores, bench_train_e2e 2026-12-05.)"""
+    an accelerator or, on XLA:CPU in one process, that program trains the towers faster than CPU
+    eager torch on this host, at ``batch_size`` samples per step with ``optimizer`` and ``precision`` (measured once
+    and stored: :mod:`~torchrec_tpu.train.engines.dense_calibration`); else cpu. (Several XLA:CPU
+    processes on one host: their SPMD step, whose collectives are gloo's inside XLA, measured 0.7x
+    the eager cpu towers' with host all-to-alls, 2 ranks on 2 cores, bench_train_e2e 2026-12-05.)"""
     if choice != "auto":
         return dense_device(choice)
     if dense_parallel != "ddp" or not spmd_world(world_size):
@@ -85,22 +83,11 @@ def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_pa
 
     if jax.devices()[0].platform != "cpu":
         return dense_device("tpu")
-    small = tower_macs_per_sample(spec) <= XLA_CPU_TOWER_MACS
-    return dense_device("tpu" if world_size == 1 and small else "cpu")
+    if world_size > 1:
+        return dense_device("cpu")
+    from torchrec_tpu.train.engines.dense_calibration import measured_dense_device
 
-
-def tower_macs_per_sample(spec: ModelSpec) -> int:
-    """Multiply-adds of the dense towers' forward for one sample: bottom MLP, dot interaction or
-    low-rank cross net, over arch (as TorchRec's DLRM / DLRM_DCN build them)."""
-    features, dim = len(spec.feature_names) + 1, spec.embedding_dim  # the sparse features and the dense one
-    bottom = [spec.dense_in_features, *spec.dense_layers]
-    if spec.dcn_num_layers:
-        interaction = spec.dcn_num_layers * 2 * features * dim * spec.dcn_low_rank_dim
-        over = [features * dim, *spec.over_layers]
-    else:
-        interaction = features * features * dim
-        over = [dim + features * (features - 1) // 2, *spec.over_layers]
-    return interaction + sum(a * b for layers in (bottom, over) for a, b in zip(layers, layers[1:]))
+    return dense_device(measured_dense_device(spec, batch_size, optimizer, precision))
 
 
 def dense_device_of(model: nn.Module) -> torch.device:

@@ -25,17 +25,20 @@ from torchrec.models.dlrm import DLRMTrain
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.ebc import PrefetchedKJT
 from torchrec_tpu.train.engines.dense_placement import dense_device_of, pooled_on_host, spmd_world
-from torchrec_tpu.train.loop import StepFn, train_step
-from torchrec_tpu.train.metrics import EvalForward, model_outputs
+from torchrec_tpu.train.engines.precision import autocast, eager_eval_forward, eager_train_step
+from torchrec_tpu.train.loop import StepFn
+from torchrec_tpu.train.metrics import EvalForward
 
 _log = logging.getLogger(__name__)
 
 
 class DLRMDenseLoss(nn.Module):
-    """``(dense_features [B, dense_in], pooled [B, F, D], labels [B]) -> loss`` of ``train_model``."""
+    """``(dense_features [B, dense_in], pooled [B, F, D], labels [B]) -> loss`` of ``train_model``,
+    the towers' forward at ``precision`` (``--precision``) on their device."""
 
-    def __init__(self, train_model: DLRMTrain) -> None:
+    def __init__(self, train_model: DLRMTrain, precision: str = "fp32") -> None:
         super().__init__()
+        self.precision = precision
         dlrm = train_model.model
         self.dense_arch = dlrm.dense_arch
         self.inter_arch = dlrm.inter_arch
@@ -46,9 +49,11 @@ class DLRMDenseLoss(nn.Module):
         return self.loss_fn(self.logits(dense_features, pooled), labels.float())
 
     def logits(self, dense_features: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        """``[B]`` logits."""
-        embedded = self.dense_arch(dense_features)
-        return self.over_arch(self.inter_arch(dense_features=embedded, sparse_features=pooled)).squeeze(-1)
+        """``[B]`` logits (float32)."""
+        with autocast(dense_features.device.type, self.precision):
+            embedded = self.dense_arch(dense_features)
+            logits = self.over_arch(self.inter_arch(dense_features=embedded, sparse_features=pooled)).squeeze(-1)
+        return logits.float()
 
 
 class DLRMLookupLoss(nn.Module):
@@ -78,12 +83,12 @@ class CompiledDenseStep:
     (several ranks): each program is SPMD over it, the towers' gradients averaged inside (as DDP)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 group: dist.ProcessGroup | None = None) -> None:
+                 group: dist.ProcessGroup | None = None, precision: str = "fp32") -> None:
         import torch_tpu.compile as tc
         from torchrec_tpu.sharding.step_lookup import PooledLookup  # imports torch_tpu
 
         self.model: DLRMTrain = getattr(model, "module", model)
-        self.dense = DLRMDenseLoss(self.model)
+        self.dense = DLRMDenseLoss(self.model, precision)
         inner = getattr(optimizer, "_optimizer", optimizer)  # KeyedOptimizerWrapper steps its inner one
         self.step = tc.train_step(self.dense, inner, input_grads=(1,), group=group)
         sparse_arch = self.model.model.sparse_arch
@@ -130,13 +135,13 @@ class CompiledDenseEval:
     the largest so far (an evaluation split's last) is zero-padded to it. Either way one program
     serves the whole split. ``model``: DDP-wrapped or not."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, precision: str = "fp32") -> None:
         import torch_tpu.compile  # noqa: F401  (registers the "tpu" backend)
         from torchrec_tpu.sharding.step_lookup import PooledLookup  # imports torch_tpu
 
         self.model: DLRMTrain = getattr(model, "module", model)
         self.device = dense_device_of(self.model)
-        self.dense = DLRMDenseLoss(self.model)
+        self.dense = DLRMDenseLoss(self.model, precision)
         self.logits = torch.compile(self.dense.logits, backend="tpu", dynamic=False)
         self.rows = 0
         sparse_arch = self.model.model.sparse_arch
@@ -197,22 +202,23 @@ def one_step_program(dense_device: torch.device, world_size: int, dense_parallel
 
 
 def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, dense_device: torch.device,
-                  world_size: int, dense_parallel: str = "ddp") -> StepFn:
-    """The sparsecore engine's training step: the compiled dense step with its towers on tpu
-    (:func:`one_step_program`); else the eager :func:`~torchrec_tpu.train.loop.train_step`."""
+                  world_size: int, dense_parallel: str = "ddp", precision: str = "fp32") -> StepFn:
+    """The sparsecore engine's training step, the towers' forward at ``precision``: the compiled
+    dense step with its towers on tpu (:func:`one_step_program`); else the eager
+    :func:`~torchrec_tpu.train.loop.train_step`."""
     if one_step_program(dense_device, world_size, dense_parallel):
-        return CompiledDenseStep(model, optimizer, dist.group.WORLD if world_size > 1 else None)
+        return CompiledDenseStep(model, optimizer, dist.group.WORLD if world_size > 1 else None, precision)
     if dense_device.type == "tpu":
         why = ("FSDP2's DTensor parameters do not trace into one step program; ddp's do" if dense_parallel != "ddp"
                else "the ranks do not run the tpu_dist XLA transport, which one SPMD step program needs")
         _log.info("training step: eager on tpu, one program per op (%s)", why)
-    return train_step
+    return eager_train_step(dense_device.type, precision)
 
 
 def eval_forward(model: nn.Module, dense_device: torch.device, world_size: int,
-                 dense_parallel: str = "ddp") -> EvalForward:
-    """The evaluation forward of a job: compiled towers where the step is compiled; else the
-    model's own forward."""
+                 dense_parallel: str = "ddp", precision: str = "fp32") -> EvalForward:
+    """The evaluation forward of a job, the towers at ``precision`` as in training: compiled
+    towers where the step is compiled; else the model's own forward."""
     if one_step_program(dense_device, world_size, dense_parallel):
-        return CompiledDenseEval(model)
-    return model_outputs
+        return CompiledDenseEval(model, precision)
+    return eager_eval_forward(dense_device.type, precision)

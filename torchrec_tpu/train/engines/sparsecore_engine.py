@@ -52,8 +52,8 @@ PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 def resolve_sparse_backend(choice: str, optimizer: OptimizerSpec, dense_device: torch.device, world_size: int,
                            dense_parallel: str) -> str:
     """The local backend ``--sparse-backend choice`` means: ``auto`` is ``ops`` where the training
-    step is one program that calls the ops itself, else ``xla`` (an eager ops update writes whole
-    new tables, the xla backend's program updates them in place)."""
+    step is one program that calls the ops itself, else ``xla`` (one program per step phase for
+    all stacks, where the eager ops run one per stack)."""
     if choice != "auto":
         return choice
     one_program = one_step_program(dense_device, world_size, dense_parallel) and rule_of(optimizer).in_step
@@ -70,7 +70,7 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
     same model on cpu and tpu."""
     model = build_dlrm(spec, dense_device=torch.device("cpu"))
-    local_batch = max(1, batch_size // env.world_size)
+    local_batch = env.per_rank(batch_size)
     tables_ebc = ebc_of(model)
     optimizer = sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)
     specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer)  # the tables' specs, once
@@ -183,7 +183,9 @@ class SparseCoreEngine:
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
         """(The batches stay on the host, ``device``; the towers go to the dense device.)"""
-        device = resolve_dense_device(self.options.dense_device, spec, env.world_size, self.options.dense_parallel)
+        device = resolve_dense_device(self.options.dense_device, spec, env.world_size, self.options.dense_parallel,
+                                      self.batch_size // env.world_size,
+                                      dense_optimizer(self.optim.dense_optimizer).torch_class(), self.optim.precision)
         return build_sparsecore_model(spec, env, device, self.optim, self.options, self.batch_size, self.seed)
 
     def build_optimizer(self, model: nn.Module) -> KeyedOptimizerWrapper:
@@ -198,10 +200,12 @@ class SparseCoreEngine:
         return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
 
     def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
-        return step_function(model, optimizer, dense_device_of(model), env.world_size, self.options.dense_parallel)
+        return step_function(model, optimizer, dense_device_of(model), env.world_size, self.options.dense_parallel,
+                             self.optim.precision)
 
     def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
-        return eval_forward(model, dense_device_of(model), env.world_size, self.options.dense_parallel)
+        return eval_forward(model, dense_device_of(model), env.world_size, self.options.dense_parallel,
+                            self.optim.precision)
 
     def sharding_plan(self, model: nn.Module) -> str:
         return sharding_plan_text(ebc_of(unwrap_dense(model)), self.options.plan)

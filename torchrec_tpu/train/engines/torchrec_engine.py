@@ -27,9 +27,10 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec_tpu.train.config import OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
+from torchrec_tpu.train.engines.precision import eager_eval_forward, eager_train_step
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
-from torchrec_tpu.train.loop import StepFn, train_step
-from torchrec_tpu.train.metrics import EvalForward, model_outputs
+from torchrec_tpu.train.loop import StepFn
+from torchrec_tpu.train.metrics import EvalForward
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
 from torchrec_tpu.train.rank_agreement import AgreedBatches
 
@@ -53,7 +54,7 @@ def shard_model(model: nn.Module, env: DistEnv, device: torch.device, optim: Opt
     )
     planner = EmbeddingShardingPlanner(
         topology=topology,
-        batch_size=max(1, batch_size // env.world_size),
+        batch_size=env.per_rank(batch_size),
         storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVED_FRACTION),
     )
     plan = planner.collective_plan(model, pg=dist.GroupMember.WORLD)
@@ -98,10 +99,10 @@ class TorchRecEngine:
         return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
 
     def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
-        return train_step
+        return eager_train_step("cpu", self.optim.precision)  # --precision bf16: CPU torch's bf16 autocast
 
     def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
-        return model_outputs
+        return eager_eval_forward("cpu", self.optim.precision)
 
     def sharding_plan(self, model: nn.Module) -> str:
         """TorchRec's own text of the DMP's plan (per module: each table's sharding type, compute
