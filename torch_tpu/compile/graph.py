@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import operator
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,10 @@ from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.dtypes import to_jax_dtype
 from torch_tpu.runtime.tensor import TpuTensor, cpu_to_jax, from_jax, to_cpu, to_jax
 
-_MEMORY: dict[str, Any] = {}  # translation key -> jax.export.Exported
+# translation key -> jax.export.Exported, the most recently used (a long-lived process compiling
+# many graphs must not keep every translation)
+_MEMORY: OrderedDict[str, Any] = OrderedDict()
+_MEMORY_MAX = 256
 _registry_digest: list[str] = []
 
 
@@ -161,6 +165,7 @@ def tensor_digest(t: torch.Tensor) -> bytes:
 def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key: str) -> Any:
     exported = _MEMORY.get(key)
     if exported is not None:
+        _MEMORY.move_to_end(key)
         cache.counters.fx_memory_hits += 1
         return exported
     exported = cache.load_translation(key)  # None when never stored or corrupt (then removed)
@@ -175,6 +180,8 @@ def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key:
         cache.counters.fx_misses += 1
         cache.store_translation(key, bytes(exported.serialize()))
     _MEMORY[key] = exported
+    while len(_MEMORY) > _MEMORY_MAX:
+        _MEMORY.popitem(last=False)
     return exported
 
 
