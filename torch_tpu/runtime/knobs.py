@@ -49,6 +49,8 @@ OP_JIT_MAX = Knob("TORCH_TPU_OP_JIT_MAX", "1024", "eager op programs kept, least
 DEFER_MAX_OPS = Knob("TORCH_TPU_DEFER_MAX_OPS", "512", "ops one defer_and_fuse program holds at most")
 SPECIALIZE_WARN = Knob("TORCH_TPU_SPECIALIZE_WARN", "8", "shape specializations of one graph before a warning")
 DUMP_HLO = Knob("TORCH_TPU_DUMP_HLO", None, "a folder where each compiled graph's StableHLO is written")
+JAX_TRACEBACKS = Knob("TORCH_TPU_JAX_TRACEBACKS", "0", "1: JAX keeps native Python tracebacks (debugging; they pin "
+                      "compiled code in memory)")
 BMM_KERNEL = Knob("TORCH_TPU_BMM_KERNEL", "1", "0: batched small matmuls use XLA's dot, not the FFI kernel (CPU)")
 SPARSECORES_PER_DEVICE = Knob("TORCH_TPU_SPARSECORES_PER_DEVICE", None,
                               "SparseCores per device emulated where the device has none (default 2)")
