@@ -12,7 +12,7 @@ loading and saving hold at most one table (plus a chunk) beside the live stacks.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -47,12 +47,22 @@ def _take_rows(stacked: jax.Array, rows: jax.Array) -> jax.Array:
     return jnp.take(stacked, rows, axis=0)
 
 
-def stacked_array(stack: StackedTable, values_of: Callable[[str], torch.Tensor], row_slot: bool) -> jax.Array:
+@partial(jax.jit, donate_argnums=0)
+def _zeroed(stacked: jax.Array) -> jax.Array:
+    return jnp.zeros_like(stacked)
+
+
+def stacked_array(stack: StackedTable, values_of: Callable[[str], torch.Tensor], row_slot: bool,
+                  into: jax.Array | None = None) -> jax.Array:
     """``stack``'s table (``row_slot``: a row slot, one value per row) as one device array: zeros,
     then each table's ``values_of(table)`` ([vocab, dim], or [vocab]) at its rows, one table and
-    chunk at a time (as ``sparsecore.stacking.stack_rows`` lays them out, padding 0)."""
+    chunk at a time (as ``sparsecore.stacking.stack_rows`` lays them out, padding 0). ``into``:
+    the stack's current array, donated (refilled where it is: no second stack during a reload)."""
     shape = (stack.vocab_size,) if row_slot else (stack.vocab_size, stack.dim)
-    stacked = jnp.zeros(shape, jnp.float32)
+    if into is not None and (tuple(into.shape) != shape or into.dtype != jnp.float32):
+        raise ValueError(f"stack {stack.name!r}: cannot refill a {into.dtype} array of shape {tuple(into.shape)}; "
+                         f"it holds float32 {shape}")
+    stacked = jnp.zeros(shape, jnp.float32) if into is None else _zeroed(into)
     put = _put_rows(row_slot)
     for placement in stack.tables:
         values = values_of(placement.table)

@@ -115,13 +115,12 @@ class XlaBackend(Backend):
 
     def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         """Each stack built on the device one table at a time (``weights`` / ``slots`` may make
-        them on access); the previous arrays are dropped first, so each stack exists once."""
+        them on access); a reload refills the arrays where they are, so each stack exists once."""
         for st in self.plan.stacks:
-            self._tables.pop(st.name, None)
-            self._tables[st.name] = stacked_array(st, lambda table: weights[table], row_slot=False)
-            self._slots.pop(st.name, None)
+            self._tables[st.name] = stacked_array(st, lambda table: weights[table], False, self._tables.get(st.name))
+            old = self._slots.get(st.name, {})
             self._slots[st.name] = {slot: stacked_array(st, lambda table: slots[table][slot],
-                                                        slot in st.optimizer.row_slots)
+                                                        slot in st.optimizer.row_slots, old.get(slot))
                                     for slot in st.optimizer.slot_names}
 
     # -- per-stack device work (the tpu backend swaps in the SparseCore kernels) --

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.torch_tpu.test_sparsecore_ops import Case
+from tests.torch_tpu.sparsecore_case import Case
 from torch_tpu.ops.sparsecore_inplace import fused_update_
 from torch_tpu.runtime.tensor import to_jax
 

@@ -18,15 +18,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import os
 from typing import Any
 
 import torch.distributed as dist
 
 from torch_tpu.distributed.process_group import BACKEND_NAME, ProcessGroupTPU
 from torch_tpu.distributed.transport import GlooTransport, Transport
+from torch_tpu.runtime import knobs
 
-TRANSPORT_ENV = "TPU_DIST_TRANSPORT"
+TRANSPORT_ENV = knobs.DIST_TRANSPORT.name
 TRANSPORTS = ("auto", "xla", "gloo")
 _log = logging.getLogger("torch_tpu.distributed")
 
@@ -47,7 +47,7 @@ class TransportOptions:
 def _requested(backend_options: Any) -> str:
     if isinstance(backend_options, TransportOptions):
         return backend_options.transport
-    return TransportOptions(os.environ.get(TRANSPORT_ENV, "auto")).transport
+    return TransportOptions(knobs.DIST_TRANSPORT.text()).transport
 
 
 # c10d names groups by a counter it resets when the default group is destroyed, and a launcher's

@@ -43,7 +43,7 @@ def fused_update_(name: str, *args: Any, **kwargs: Any) -> None:
     arrays.update({k: to_jax(v) if type(v) is TpuTensor else cpu_to_jax(v)
                    for k, v in bound.items() if isinstance(v, torch.Tensor) and k not in written})
     static = tuple(sorted((k, v) for k, v in bound.items() if not isinstance(v, torch.Tensor)))
-    ops._check_inputs(name, {**bound, **arrays}, np.asarray)
+    ops.check_inputs(name, {**bound, **arrays}, np.asarray)
     for key in written:  # shared with another tensor (or an event): that one keeps the old buffer
         if _holders(arrays, key) > 2:
             arrays[key] = jnp.array(arrays[key], copy=True)
@@ -58,7 +58,7 @@ def fused_update_(name: str, *args: Any, **kwargs: Any) -> None:
 def _holders(arrays: dict[str, jax.Array], key: str) -> int:
     """References to ``arrays[key]`` besides the runtime's note of the last output and this
     call's own: the tensor's storage box and ``arrays`` when nothing else shares it."""
-    return sys.getrefcount(arrays[key]) - 1 - (arrays[key] is tpu_device._last_output[0])
+    return sys.getrefcount(arrays[key]) - 1 - (arrays[key] is tpu_device.last_output[0])
 
 
 @lru_cache(maxsize=64)
@@ -66,7 +66,7 @@ def _program(name: str, static: tuple[tuple[str, Any], ...], names: tuple[str, .
              donated: int) -> Callable[..., Any]:
     """Op ``name``'s lowering of the arrays ``names`` (positional) and the non-tensor arguments
     ``static``, jitted with the first ``donated`` arrays donated."""
-    lowering = get_lowering(ops._overload(name)).fn
+    lowering = get_lowering(ops.overload(name)).fn
     settings = dict(static)
 
     def run(*arrays: jax.Array) -> Any:

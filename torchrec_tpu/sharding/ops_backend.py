@@ -200,17 +200,18 @@ class StackedState(nn.Module):
         (:func:`~sparsecore.stacked_arrays.stacked_array`); an existing buffer keeps its
         tensor and takes the new value."""
         for i, st in enumerate(self.plan.stacks):
-            self._install(i, "table", stacked_array(st, lambda table: weights[table], row_slot=False))
+            self._install(i, "table", st, lambda table: weights[table], row_slot=False)
             for slot in st.optimizer.slot_names:
-                array = stacked_array(st, lambda table: slots[table][slot], slot in st.optimizer.row_slots)
-                self._install(i, slot, array)
+                self._install(i, slot, st, lambda table: slots[table][slot], slot in st.optimizer.row_slots)
 
-    def _install(self, i: int, name: str, array: Any) -> None:
+    def _install(self, i: int, name: str, stack: StackedTable, values_of: Callable[[str], torch.Tensor],
+                 row_slot: bool) -> None:
+        """Buffer ``<name>_<i>`` built from ``values_of``; an existing one refilled in place."""
         current = getattr(self, f"{name}_{i}")
         if current is None:
-            setattr(self, f"{name}_{i}", torch_tpu.from_jax(array))
+            setattr(self, f"{name}_{i}", torch_tpu.from_jax(stacked_array(stack, values_of, row_slot)))
         else:
-            write(current, array)
+            write(current, stacked_array(stack, values_of, row_slot, into=torch_tpu.to_jax(current)))
 
     # -- lookup -----------------------------------------------------------------------------------
 
