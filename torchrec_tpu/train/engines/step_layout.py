@@ -34,9 +34,9 @@ class StepLayout:
 
     def describe(self) -> str:
         """One log line."""
-        step = "one compiled program per rank" if self.one_program else "eager"
-        return (f"step layout: dense towers on {self.dense_device.type} ({self.dense_parallel}, {self.precision}), "
-                f"sparse backend {self.sparse_backend}, step {step}, {self.world_size} rank(s)")
+        step = "one compiled program per step and rank" if self.one_program else "an eager step"
+        return (f"training layout: dense towers on {self.dense_device.type} ({self.dense_parallel}, "
+                f"{self.precision}), sparse backend {self.sparse_backend}, {step}, {self.world_size} rank(s)")
 
 
 def one_step_program(dense_device: torch.device, world_size: int, dense_parallel: str) -> bool:
