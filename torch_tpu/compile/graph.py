@@ -36,8 +36,8 @@ from torch_tpu.compile.sources import file_identity
 from torch_tpu.eager import modes
 from torch_tpu.ops import batched_matmul
 from torch_tpu.ops.registry import get_lowering, lowered_ops
+from torch_tpu.runtime import knobs, precision
 from torch_tpu.runtime import persistent_cache as cache
-from torch_tpu.runtime import precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.dtypes import to_jax_dtype
@@ -223,7 +223,7 @@ class CompiledGraph:
             exported = _translate(self._gm, self._specs, key)
             program = self._programs[matmul_precision] = (key, exported, CompiledProgram(exported.call, key=key))
         self.precision, (self.key, self.exported, self._run) = matmul_precision, program
-        dump_dir = os.environ.get("TORCH_TPU_DUMP_HLO")
+        dump_dir = knobs.DUMP_HLO.text()
         if new and dump_dir:
             self.dump(dump_dir)
 

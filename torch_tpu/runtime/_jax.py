@@ -17,14 +17,15 @@ Cannot allocate memory", then a segfault). JAX then records no source lines in i
 messages and HLO metadata.
 """
 
-import os
 
 import jax
 from jax._src.array import ArrayImpl
 from jax._src.lib import _jax
 
+from torch_tpu.runtime import knobs
+
 jax.config.update("jax_enable_x64", True)
-_jax.set_tracebacks_enabled(os.environ.get("TORCH_TPU_JAX_TRACEBACKS") == "1")
+_jax.set_tracebacks_enabled(knobs.JAX_TRACEBACKS.on())
 
 import jax.numpy as jnp  # noqa: E402
 
