@@ -7,9 +7,11 @@ feature as ``--num-embeddings-per-feature``. Every run is a fresh child process 
 rank, reader, steps, evaluation, checkpoint) started through a small watcher process, whose
 ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` after the run exits is the run's peak RSS.
 Per run: peak RSS, that over the table bytes (fp32 weights alone) and over the issue's budget
-``1.3 x (tables + slots) + 2 GB``, and the steady samples/s (the logged windows after the first);
-per size the sparsecore/torchrec ratios. Shared 2-core box: timings are noisy, and a run at 29M
-rows needs ~10 GB free (check ``free -g``).
+``1.3 x (tables + slots) + 2 GB``, the steady samples/s (the logged windows after the first), and
+the wall and process CPU ms per step after the first window (CPU time, every thread's, is the
+figure that survives a loaded box); per size the sparsecore/torchrec ratios, per engine each
+size's step cost over the smallest's (issue 48: within 15% from 1M to 29M rows). Shared 2-core
+box: timings are noisy, and a run at 29M rows needs ~10 GB free (check ``free -g``).
 
     .venv/bin/python bench/bench_scale.py [--caps 100000 1500000 5000000] [--steps 30] [--engines ...]
 """
@@ -23,8 +25,9 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train_e2e import steady_rate  # noqa: E402  (bench/ is not a package)
@@ -34,10 +37,49 @@ GB = 1 << 30
 FIXED_SHARE = 2 * GB  # the process's own share in the issue's budget: torch, JAX, the data pipeline
 
 
+class StepClock:
+    """Wall and process CPU time (every thread's: reader, dispatch, XLA's pool) at each training
+    step's start; over a window of steps both are per-step costs (a CPU second is the same on a
+    quiet box and a loaded one, wall seconds are not)."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[float, float]] = []
+
+    def wrap(self, engine: Any) -> Any:
+        """``engine`` with its step function timed."""
+        clock = self
+
+        class Timed:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(engine, name)
+
+            def step_function(self, *args: Any) -> Any:
+                step = engine.step_function(*args)
+
+                def timed(*step_args: Any) -> Any:
+                    clock.marks.append((time.perf_counter(), time.process_time()))
+                    return step(*step_args)
+
+                return timed
+
+        return Timed()
+
+    def per_step_ms(self, skip: int) -> tuple[float, float]:
+        """(wall, CPU) ms per step from step ``skip`` on (its start to the last step's start)."""
+        (w0, c0), (w1, c1) = self.marks[skip], self.marks[-1]
+        n = len(self.marks) - 1 - skip
+        return 1e3 * (w1 - w0) / n, 1e3 * (c1 - c0) / n
+
+
 def worker(args: argparse.Namespace) -> None:
-    """One training run in this process; prints its steady samples/s as JSON."""
+    """One training run in this process; prints its steady samples/s and per-step costs as JSON."""
+    import torchrec_tpu.train.job as job
     from torchrec_tpu.train.config import TrainConfig
     from torchrec_tpu.train.job import run_job
+
+    clock = StepClock()
+    engine_for = job.engine_for
+    job.engine_for = lambda config: clock.wrap(engine_for(config))
 
     config = TrainConfig.from_options(
         engine=args.engine, data=args.data, log_dir=args.log_dir, eval_files=1, eval_batch_size=args.batch_size,
@@ -46,7 +88,9 @@ def worker(args: argparse.Namespace) -> None:
         sparse_optimizer=args.optimizer)
     summary = run_job(config)
     if summary.primary:
-        print(json.dumps({"steady": steady_rate(Path(args.log_dir)), "steps": summary.result.steps}))
+        wall_ms, cpu_ms = clock.per_step_ms(args.log_every)
+        print(json.dumps({"steady": steady_rate(Path(args.log_dir)), "steps": summary.result.steps,
+                          "wall_ms": wall_ms, "cpu_ms": cpu_ms}))
 
 
 def watch(command: list[str]) -> None:
@@ -119,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     print(f"train at scale: dim {args.dim}, batch {args.batch_size}, {args.optimizer}, {args.steps} steps, one rank, "
           f"fresh process per run; load {os.getloadavg()[0]:.2f}; shared box, noisy")
+    by_size: dict[str, list[tuple[float, dict]]] = {engine: [] for engine in args.engines}
     for cap in args.caps:
         with tempfile.TemporaryDirectory(prefix="bench_scale_") as tmp:
             config = SyntheticConfig(num_rows=args.rows, rows_per_file=args.rows // 2,
@@ -131,14 +176,23 @@ def main(argv: Sequence[str] | None = None) -> None:
             results = {}
             for engine in args.engines:
                 r = results[engine] = run(engine, Path(tmp) / "data", sizes, Path(tmp) / engine, args)
+                by_size[engine].append((rows, r))
                 print(f"  {rows / 1e6:5.1f}M rows ({table_bytes / GB:.2f} GB tables)  {engine:<10}  peak RSS "
                       f"{r['peak_rss'] / GB:5.2f} GB = {r['peak_rss'] / table_bytes:4.1f}x tables, "
                       f"{r['peak_rss'] / budget:4.2f}x budget ({budget / GB:.2f} GB)  steady "
-                      f"{r['steady']:>8,.0f} samples/s", flush=True)
+                      f"{r['steady']:>8,.0f} samples/s, step {r['wall_ms']:5.1f} ms wall {r['cpu_ms']:6.1f} ms CPU",
+                      flush=True)
             if len(results) == 2:
                 s, t = results["sparsecore"], results["torchrec"]
                 print(f"  {rows / 1e6:5.1f}M rows  sparsecore/torchrec: samples/s {s['steady'] / t['steady']:.2f}x, "
-                      f"peak RSS {s['peak_rss'] / t['peak_rss']:.2f}x; load {os.getloadavg()[0]:.2f}", flush=True)
+                      f"CPU/step {t['cpu_ms'] / s['cpu_ms']:.2f}x, peak RSS {s['peak_rss'] / t['peak_rss']:.2f}x; "
+                      f"load {os.getloadavg()[0]:.2f}", flush=True)
+    for engine, runs in by_size.items():
+        if len(runs) > 1:
+            (rows0, first), rest = runs[0], runs[1:]
+            print(f"  {engine}: step cost vs {rows0 / 1e6:.1f}M rows: " + ", ".join(
+                f"{rows / 1e6:.1f}M {r['cpu_ms'] / first['cpu_ms']:.2f}x CPU, {r['wall_ms'] / first['wall_ms']:.2f}x "
+                "wall" for rows, r in rest), flush=True)
 
 
 if __name__ == "__main__":

@@ -104,8 +104,8 @@ def _count_programs() -> list[int]:
     for engine in {kind.load() for kind in ENGINES.values()}:
         original = engine.step_function
 
-        def step_function(self, model, optimizer, env, original=original):
-            step = original(self, model, optimizer, env)
+        def step_function(self, model, optimizer, layout, original=original):
+            step = original(self, model, optimizer, layout)
 
             def counted(model, optimizer, batch):
                 before = _programs_so_far()

@@ -34,7 +34,7 @@ import contextlib
 import importlib.util
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -59,7 +59,7 @@ MODEL_LAYOUT_COLUMNS = ("label", "dense", "lengths", "ids")
 def local_ray(
     num_cpus: int = DEFAULT_NUM_CPUS, object_store_memory: int = DEFAULT_OBJECT_STORE_BYTES,
     log_to_driver: bool = False,
-    worker_setup: str = "pipelines.ray_data.pin_ray_address",
+    worker_setup: str = "pipelines.ray_data.pin_ray_address", env_vars: Mapping[str, str] | None = None,
 ) -> Iterator[None]:
     """A private Ray instance in this process for the ``with`` body, shut down at exit.
 
@@ -70,6 +70,7 @@ def local_ray(
     own logs stay in the session directory while it runs. ``log_to_driver``: the workers' output
     is printed here too (Ray Train's ranks). ``worker_setup``: the import path of Ray's
     ``worker_process_setup_hook``, run in every worker; it must call :func:`pin_ray_address`.
+    ``env_vars``: set in every worker process of the instance.
 
     The instance is pinned as the one this job talks to (``RAY_ADDRESS``, here and in its workers):
     code that looks a Ray instance up by itself, such as Ray Train's placement-group cleaner,
@@ -97,7 +98,7 @@ def local_ray(
             log_to_driver=log_to_driver,
             logging_level=logging.ERROR,
             logging_config=ray.LoggingConfig(log_level="ERROR"),  # the workers' loggers too
-            runtime_env={"worker_process_setup_hook": worker_setup},
+            runtime_env={"worker_process_setup_hook": worker_setup, "env_vars": dict(env_vars or {})},
             _temp_dir=temp_dir,
         )
         try:

@@ -169,6 +169,13 @@ class StackingPlan:
                 return stack
         raise KeyError(f"unknown stack {name!r}; stacks: {[s.name for s in self.stacks]}")
 
+    def stack_of_table(self, table: str) -> tuple[int, StackedTable]:
+        """(index, stack) of the stack holding ``table``."""
+        for i, stack in enumerate(self.stacks):
+            if any(t.table == table for t in stack.tables):
+                return i, stack
+        raise KeyError(f"unknown table {table!r}; tables: {sorted(self.tables)}")
+
 
 def stack_name(table_names: Sequence[str], max_length: int = 50) -> str:
     """Stack name: table names joined by '_', shortened with a hash when long."""

@@ -17,9 +17,10 @@ run and nothing a user can act on:
 * JAX's "Unable to initialize backend 'tpu': ... libtpu.so not found" on a host without a TPU and
   its compilation cache's "Resetting cache at <empty>.";
 * Ray's colour codes around the lines its workers print, when stdout is not a terminal
-  (``RAY_COLOR_PREFIX=0``, read by the Ray driver), and Ray Data's execution plans
-  (``RAY_DATA_LOG_LEVEL=WARNING``; Ray Train's worker-group and reporting lines: its
-  ``LoggingConfig``, :mod:`torchrec_tpu.train.ray_train`).
+  (``RAY_COLOR_PREFIX=0``, read by the Ray driver), Ray Data's execution plans
+  (``RAY_DATA_LOG_LEVEL=WARNING``) and its "Progress bars disabled" note, Ray Train's
+  autoscaling-request tracebacks on a busy machine, its per-report ``TrainingReport(...)`` lines
+  and its worker-group lines (its ``LoggingConfig``, :mod:`torchrec_tpu.train.ray_train`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 
 WORKER_SETUP = "torchrec_tpu.log_setup.worker_setup"  # Ray's worker_process_setup_hook for the jobs
 PROJECT_LOGGERS = ("torchrec_tpu", "pipelines")  # the jobs'; the libraries below them log warnings only
@@ -36,7 +38,15 @@ QUIET_LOGGERS = {
     "jax._src.xla_bridge": logging.WARNING,
     "jax._src.compilation_cache": logging.WARNING,  # "Resetting cache at <empty>."
     "torchrec": logging.WARNING,  # the engine=torchrec planner's stats table, lookup and DMP details
+    "ray.data._internal.progress": logging.ERROR,  # "Progress bars disabled"
 }
+# Ray Train's autoscaling client logs a warning with a 17-line traceback whenever a resource request
+# times out on a busy machine ("safe to ignore"). Its controller's logging setup resets the levels
+# of the loggers below ray.train, so a filter (which it keeps) drops these.
+RAY_TRAIN_AUTOSCALING = "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
+# Ray Train's per-report INFO line ("Reporting training result 1: TrainingReport(...)"): its logger
+# is named by its file's path (below Ray's package directory), found without importing it
+RAY_TRAIN_REPORTS = ("train", "v2", "_internal", "execution", "context.py")
 # Ray workers log INFO through the root logger: the libraries' details stay out of the job's output.
 WORKER_QUIET_LOGGERS = {name: logging.WARNING for name in ("torch_tpu", "sparsecore", "xla_cache")}
 
@@ -55,6 +65,11 @@ class _Below(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno < self.level
+
+
+class _AtLeast(_Below):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not super().filter(record)
 
 
 class _LowerLevelFormatter(logging.Formatter):
@@ -88,6 +103,9 @@ def configure_logging(command: str = "") -> None:
     also reach handlers on the root logger (a library's ``basicConfig``, Ray workers')."""
     for name, level in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+    autoscaling = logging.getLogger(RAY_TRAIN_AUTOSCALING)
+    if not any(isinstance(f, _AtLeast) for f in autoscaling.filters):
+        autoscaling.addFilter(_AtLeast(logging.ERROR))
     root = logging.getLogger()
     if not any(isinstance(f, _DropFbgemmImportLines) for f in root.filters):
         root.addFilter(_DropFbgemmImportLines())
@@ -124,4 +142,7 @@ def worker_setup() -> None:
     configure_logging()
     for name, level in WORKER_QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+    import ray
+
+    logging.getLogger(str(Path(ray.__file__).parent.joinpath(*RAY_TRAIN_REPORTS))).setLevel(logging.WARNING)
     pin_ray_address()

@@ -34,7 +34,8 @@ from sparsecore.csr_format import RowOrderedEntries, StackCSR
 from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import apply_update
 from sparsecore.preprocess import csr_entries, preprocess_row_ordered
-from sparsecore.stacking import StackedTable, StackingPlan, stack_rows, unstack_rows
+from sparsecore.stacked_arrays import stacked_array, table_rows
+from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 
 xla_cache.install()  # the persistent compile cache every job shares (without the tpu device)
@@ -113,12 +114,14 @@ class XlaBackend(Backend):
         self._compile_lock = threading.Lock()
 
     def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Each stack built on the device one table at a time (``weights`` / ``slots`` may make
+        them on access); a reload refills the arrays where they are, so each stack exists once."""
         for st in self.plan.stacks:
-            self._tables[st.name] = to_jax(stack_rows(st, {t.table: weights[t.table].float() for t in st.tables}))
-            self._slots[st.name] = {
-                slot: to_jax(stack_rows(st, {t.table: slots[t.table][slot].float() for t in st.tables}))
-                for slot in st.optimizer.slot_names
-            }
+            self._tables[st.name] = stacked_array(st, lambda table: weights[table], False, self._tables.get(st.name))
+            old = self._slots.get(st.name, {})
+            self._slots[st.name] = {slot: stacked_array(st, lambda table: slots[table][slot],
+                                                        slot in st.optimizer.row_slots, old.get(slot))
+                                    for slot in st.optimizer.slot_names}
 
     # -- per-stack device work (the tpu backend swaps in the SparseCore kernels) --
 
@@ -242,15 +245,14 @@ class XlaBackend(Backend):
         return tuple(self._slots[st.name] for st in self.plan.stacks)
 
     def table_weights(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for stack in self.plan.stacks:
-            out.update(unstack_rows(stack, to_torch(self._tables[stack.name])))
-        return out
+        return {name: self.table_value(name) for name in self.plan.tables}
 
     def optimizer_slots(self) -> dict[str, dict[str, torch.Tensor]]:
-        out: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self.plan.tables}
-        for stack in self.plan.stacks:
-            for slot, values in self._slots[stack.name].items():
-                for table, tensor in unstack_rows(stack, to_torch(values)).items():
-                    out[table][slot] = tensor
-        return out
+        return {name: {slot: self.table_value(name, slot) for slot in spec.optimizer.slot_names}
+                for name, spec in self.plan.tables.items()}
+
+    def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
+        """(Gathers that table's rows alone.)"""
+        _, stack = self.plan.stack_of_table(table)
+        array = self._tables[stack.name] if slot is None else self._slots[stack.name][slot]
+        return table_rows(stack, array, table)

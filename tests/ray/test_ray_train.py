@@ -54,15 +54,18 @@ def _argv(data: Path, run: Path) -> list[str]:
 
 
 def _start_ray_cli(data: Path, run: Path) -> tuple[subprocess.Popen, Path]:
+    """The Ray run started in ``run`` with every path given relative to it, as a user would."""
     run.mkdir(parents=True, exist_ok=True)
+    (run / "data").symlink_to(data)
     out = run / "driver.out"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
     # Ray Train's controller takes in reported checkpoints when it polls the workers (every 2 s
     # by default); polled often, a kill soon after a report still finds the checkpoint registered
     env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(POLL_S)
     with open(out, "w") as stream:
-        proc = subprocess.Popen([sys.executable, "-c", CLI, *_argv(data, run), *RAY_FLAGS], env=env, stdout=stream,
-                                stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        proc = subprocess.Popen([sys.executable, "-c", CLI, *_argv(Path("data"), Path(".")), *RAY_FLAGS], env=env,
+                                stdout=stream, stderr=subprocess.STDOUT, cwd=run)
     return proc, out
 
 
@@ -114,9 +117,43 @@ def test_ray_train_equals_torchrun(ray_run, torchrun_run, tmp_path: Path) -> Non
     _assert_same_state(flat_checkpoint(ray_final, tmp_path / "ray.pt"),
                        flat_checkpoint(torchrun_final, tmp_path / "torchrun.pt"))
     # the checkpoint Ray holds is a copy of ours, intact by its own manifest
-    reported = Path(re.search(r"ray checkpoint +(\S+)", ray_out).group(1))  # type: ignore[union-attr]
+    run = ray_final.parent.parent  # the driver's directory: the summary's paths are relative to it
+    reported = run / re.search(r"ray checkpoint +(\S+)", ray_out).group(1)  # type: ignore[union-attr]
     assert reported.name == ray_final.name and reported != ray_final
     assert open_checkpoint(reported)[0] == reported
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_ray_driver_output_is_quiet_with_paths_as_given(ray_run, torchrun_run, dataset: Path) -> None:
+    """As quiet as the local (torchrun) run of the same options: every kind of line the Ray driver
+    prints is one the local run prints too (no Ray traceback, C++ error line, note or
+    TrainingReport repr), but its ``ray checkpoint`` line; the paths in the lines, the summary and
+    TensorBoard's HParams as the user gave them (relative to the driver's directory)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    (text, final), (local, local_final) = ray_run, torchrun_run
+    # the local run was given absolute paths: as relative ones, they read as the Ray run's
+    local = local.replace(f"{local_final.parent.parent}/", "").replace(str(dataset), "data")
+    assert _line_kinds(text) - _line_kinds(local) == {"  ray checkpoint  #"}, (text, local)
+    saves = re.findall(r"^checkpoint step (\d+): (\S+)$", text, re.MULTILINE)
+    assert [int(step) for step, _ in saves] == list(range(16, STEPS + 1, 16)), text
+    assert all(path.startswith("checkpoints/checkpoint.step-") for _, path in saves), text
+    assert "\n  data            data: " in text and "\n  tensorboard     logs\n" in text
+    assert f"\n  checkpoint      checkpoints/{final.name}\n" in text
+    assert f"\n  ray checkpoint  logs/ray/train/{final.name}" in text
+    events = EventAccumulator(str(final.parent.parent / "logs"))
+    events.Reload()
+    start = metadata.parse_session_start_info_plugin_data(
+        events.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_START_INFO_TAG])
+    assert start.hparams["checkpoint_dir"].string_value == "checkpoints"
+    assert start.hparams["log_dir"].string_value == "logs" and start.hparams["data"].string_value == "data"
+
+
+def _line_kinds(text: str) -> set[str]:
+    """The output's lines with every number and path blanked: the kinds of line it holds."""
+    return {re.sub(r"\S*/\S*|\d[\d,.]*", "#", line) for line in text.splitlines() if line.strip()}
 
 
 def _descendants(root: int) -> list[int]:
@@ -192,12 +229,13 @@ def test_sigkill_of_a_ray_worker_restarts_from_the_last_checkpoint(dataset: Path
     (["--ray-workers", "2", "--ray-tpu-topology", "4x4"], "needs the slice's topology and accelerator type"),
     (["--ray-workers", "2", "--ray-tpu-type", "TPU-V6E"], "--ray-tpu-type needs --ray-tpu-topology"),
     (["--ray-workers", "2", "--shuffle-batches"], "--shuffle-batches shuffles a reader's batches in memory"),
-    (["--ray-workers", "2", "--in-memory-binary-criteo-path", "/nonexistent"], "convert it to Parquet"),
+    (["--ray-workers", "2", "--in-memory-binary-criteo-path", "{tmp_path}"], "convert it to Parquet"),
 ])
 def test_bad_ray_flags_fail_before_ray_starts(flags: list[str], message: str, capsys: pytest.CaptureFixture[str],
                                                tmp_path: Path) -> None:
     from torchrec_tpu import cli
 
+    flags = [flag.format(tmp_path=tmp_path) for flag in flags]  # an existing directory: the flag itself is wrong
     assert cli.main(["train", "--log-dir", str(tmp_path), *flags]) == 2
     assert message in capsys.readouterr().err
 

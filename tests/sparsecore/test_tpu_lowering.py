@@ -31,7 +31,7 @@ def test_programs_lower_to_sparsecore_custom_calls(optimizer, slots):
 
 
 def test_rowwise_adagrad_has_no_sparsecore_kernel():
-    with pytest.raises(ValueError, match="no row-wise Adagrad SparseCore kernel"):
+    with pytest.raises(ValueError, match="no RowWiseAdagrad SparseCore kernel; use the xla or fbgemm backend"):
         lowered_programs(_plan(opt.RowWiseAdagrad(0.1)), "a_b")
 
 

@@ -104,3 +104,19 @@ def test_under_inference_mode():
         expected = torch.ops.tpu_fallback_test.scale_quietly(x, y, 2.0)
     torch.testing.assert_close(out.cpu(), expected)
     torch.testing.assert_close(t_x.cpu(), x)
+
+
+def test_a_tpu_kernel_registered_after_the_first_call_is_used_from_then_on():
+    """TorchRec registers its Pallas kernels when ``pallas/impl.py`` is imported, possibly after its
+    ops ran once on the CPU fallback: the next call runs the library's tpu kernel."""
+    lib = torch.library.Library("tpu_late_kernel_test", "DEF")
+    lib.define("double(Tensor x) -> Tensor")
+    lib.impl("double", lambda x: x * 2, "CPU")
+    x = torch.arange(4.0)
+    fallback.reset_metrics()
+    torch.testing.assert_close(torch.ops.tpu_late_kernel_test.double(x.to("tpu")).cpu(), x * 2)
+    assert fallback.fallback_counts() == {"double.default": 1}
+    lib.impl("double", lambda x: x + x, "PrivateUse1")  # computed on the device, no fallback
+    fallback.reset_metrics()
+    torch.testing.assert_close(torch.ops.tpu_late_kernel_test.double(x.to("tpu")).cpu(), x * 2)
+    assert fallback.fallback_counts() == {}

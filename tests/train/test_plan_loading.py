@@ -11,6 +11,7 @@ import pytest
 from sparsecore import SGD, Adagrad, RowWiseAdagrad
 from sparsecore.specs import FeatureSpec, TableSpec
 from torchrec_tpu import cli
+from torchrec_tpu.planner.id_limits import auto_id_limits, with_id_limits
 from torchrec_tpu.planner.partitioner import plan_tables
 from torchrec_tpu.planner.plan import Plan
 from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
@@ -65,7 +66,12 @@ def test_auto_plans_with_the_features() -> None:
                 *(FeatureSpec(f"f_{t.name}", t.name, 256) for t in TABLES[1:])]
     topology = parse_accelerator_type("v5p-1x1x2")
     with_features = plan_for_world(TABLES, features, 2, 256)
-    assert with_features == plan_tables(tables_from_sparsecore_specs(TABLES, features), topology, 256)
+    # as `torchrec-tpu plan` plans them: each table's id limits from its pooling factor and the batch
+    as_plan_sets_them = [dataclasses.replace(t, max_ids_per_partition=None)
+                         for t in tables_from_sparsecore_specs(TABLES, features)]
+    as_plan_sets_them = with_id_limits(as_plan_sets_them, auto_id_limits(as_plan_sets_them, topology, 256))
+    assert with_features == plan_tables(as_plan_sets_them, topology, 256)
+    assert with_features.table("t_big").max_ids_per_partition != TABLES[0].max_ids_per_partition
     bare = plan_tables(tables_from_sparsecore_specs(TABLES), topology, 256)
     assert with_features.table("t_big").ids_per_partition > bare.table("t_big").ids_per_partition
     # and resolve_sharding("auto") plans with them

@@ -81,3 +81,39 @@ st.is_fx_tracing()
                           capture_output=True, text=True, env=_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_quiet(done.stdout + done.stderr)
+
+
+def test_ray_trains_autoscaling_warnings_stay_out_after_its_own_logging_setup() -> None:
+    """Ray Train's controller sets up ``ray.train`` with ``logging.config`` (which resets the levels
+    of the loggers below it) after the job's worker setup: its autoscaling client's "safe to
+    ignore" warning and traceback still stay out of the job's output; its errors come through."""
+    import logging
+    import logging.config
+
+    from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as client
+
+    from torchrec_tpu.log_setup import configure_logging
+
+    configure_logging()
+    kept: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.append(record.getMessage())
+
+    train = logging.getLogger("ray.train")
+    before = (train.level, train.handlers[:], train.propagate)
+    try:  # the shape of Ray Train's LoggingManager.configure_controller_logger
+        logging.config.dictConfig({
+            "version": 1, "disable_existing_loggers": False, "handlers": {"keep": {"()": Keep}},
+            "loggers": {"ray.train": {"level": "DEBUG", "handlers": ["keep"], "propagate": False}}})
+        try:
+            raise TimeoutError("Get timed out: some object(s) not ready.")
+        except TimeoutError:
+            client.logger.warning("Failed to send resource request for train-1.", exc_info=True)
+        client.logger.error("the coordinator is gone")
+    finally:
+        train.setLevel(before[0])
+        train.handlers[:] = before[1]
+        train.propagate = before[2]
+    assert kept == ["the coordinator is gone"]

@@ -238,7 +238,23 @@ def _library_kernel_handler(func: Any, args: tuple, kwargs: dict) -> Any:
         return fallback_handler(func, args, kwargs)
 
 
+def _awaiting_library_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A library op without a tpu kernel yet: the CPU fallback until its library registers one
+    (TorchRec's Pallas kernels register when ``pallas/impl.py`` is imported, perhaps after a first call)."""
+    if _has_library_kernel(func):
+        _HANDLERS[func] = _library_kernel_handler
+        return _library_kernel_handler(func, args, kwargs)
+    return fallback_handler(func, args, kwargs)
+
+
 def _make_handler(func: Any) -> Handler:
+    handler = _decide_handler(func)
+    if handler is fallback_handler and func.namespace not in _TORCH_NAMESPACES:
+        return _awaiting_library_kernel
+    return handler
+
+
+def _decide_handler(func: Any) -> Handler:
     special = _SPECIAL.get(func)
     if special is not None:
         return special

@@ -98,7 +98,8 @@ _libs: list[torch.library.Library] = []
 LOWERING_SOURCES = ("sparsecore.csr_math", "sparsecore.csr_kernels", "sparsecore.csr_format")
 
 
-def _overload(name: str) -> torch._ops.OpOverload:
+def overload(name: str) -> torch._ops.OpOverload:
+    """The default overload of ``tpu::<name>``."""
     return getattr(torch.ops.tpu, name).default
 
 
@@ -107,7 +108,7 @@ def fused_arguments(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(slots, hyperparameters) of the registered ``tpu::`` op ``name``: the argument names its
     schema has between the table and the gradient (the slots it takes and returns after the
     table), and between the gradient and the limits; both empty for an op without them."""
-    names = [a.name for a in _overload(name)._schema.arguments]
+    names = [a.name for a in overload(name)._schema.arguments]
     if "activations_grad" not in names:
         return (), ()
     table, grad, limits = (names.index(k) for k in ("embedding_table", "activations_grad", "device_batch_size"))
@@ -146,14 +147,14 @@ def _lookup_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table
 
 def bind_args(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     """The op's arguments by schema name (defaults filled in)."""
-    schema = _overload(name)._schema
+    schema = overload(name)._schema
     bound = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
     bound.update(zip((a.name for a in schema.arguments), args))
     bound.update(kwargs)
     return bound
 
 
-def _check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
+def check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
     """Check op ``name``'s bound arguments ``a``: their layout, then (outside
     ``sparsecore_checks.preprocessed``) the CSR buffers' values, read to numpy with ``read``."""
     _check_layout(name, a)
@@ -175,7 +176,7 @@ def _eager_check(name: str):
     """The check eager dispatch runs on a call's JAX arrays before its lowering."""
 
     def check(args: tuple, kwargs: dict) -> None:
-        _check_inputs(name, bind_args(name, args, kwargs), np.asarray)
+        check_inputs(name, bind_args(name, args, kwargs), np.asarray)
 
     return check
 
@@ -234,7 +235,7 @@ def _on_host(name: str, lowering):
     host's CPU device (never the SparseCore primitives, even on a TPU host)."""
 
     def kernel(*args, **kwargs):
-        _check_inputs(name, bind_args(name, args, kwargs), lambda t: t.detach().numpy())
+        check_inputs(name, bind_args(name, args, kwargs), lambda t: t.detach().numpy())
         cpu = jax.local_devices(backend="cpu")[0]  # (this process's: a distributed client lists every process's)
 
         def to_jax(x):
@@ -315,7 +316,7 @@ def register() -> None:
             torch.library.register_fake(f"{NAMESPACE}::{full}", _layout_checked(full, fake), lib=lib)
             # the math lives in sparsecore: a changed csr_math must not reuse a stored program
             lowering.lowering_sources = LOWERING_SOURCES
-            register_lowering(_overload(full), check=_eager_check(full))(lowering)
+            register_lowering(overload(full), check=_eager_check(full))(lowering)
     torch.library.register_autograd(f"{NAMESPACE}::sparse_dense_matmul", _lookup_backward,
                                     setup_context=_setup_context, lib=lib)
     from torch_tpu.ops import sparsecore_dtensor

@@ -10,7 +10,8 @@ need (:func:`fit_csr`: the partition limit rounded down to a power-of-two bucket
 the batch's largest partition, so the ops run over the real entries plus little padding, and only a
 few buffer sizes, hence programs, occur); the ops read that bucket's limits from the buffers'
 size (:func:`csr_limits`). The lookup calls the lookup op per
-stack, the update the fused op per stack, whose new table and slots replace the buffers. The same
+stack, the update the fused op per stack, eagerly in place (the table and slots donated to it:
+:func:`~torch_tpu.ops.sparsecore_inplace.fused_update_`, no second table). The same
 module runs the lookup and, in backward, the update inside a traced step program
 (:meth:`StackedState.lookup_with_update`: the step function calls the ops itself, e.g. under
 ``torch_tpu.compile.train_step``); the buffers' new values are then outputs of that program.
@@ -38,12 +39,13 @@ from sparsecore.csr_format import round_up_array, row_pointers_per_sc
 from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import OptimizerRule, rule_of
 from sparsecore.preprocess import preprocess_inputs
+from sparsecore.stacked_arrays import stacked_array, table_rows
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 from torch_tpu.ops.sparsecore import touched_rows_ahead
 from torch_tpu.ops.sparsecore_checks import preprocessed
+from torch_tpu.ops.sparsecore_inplace import fused_update_
 from torch_tpu.runtime.tensor import write
-from torchrec_tpu.sharding.stacked_arrays import stacked_array, table_rows
 from tpu_facts import ALIGNMENT
 
 DEVICE = torch.device("tpu", 0)
@@ -192,29 +194,24 @@ class StackedState(nn.Module):
         return [[b[f"table_{i}"], *(b[f"{s}_{i}"] for s in st.optimizer.slot_names)]
                 for i, st in enumerate(self.plan.stacks)]
 
-    def set_step_tensors(self, i: int, values: Sequence[torch.Tensor]) -> None:
-        """Rebind stack ``i``'s table and slots to ``values`` (no copy)."""
-        names = ["table", *self.plan.stacks[i].optimizer.slot_names]
-        for name, value in zip(names, values):
-            setattr(self, f"{name}_{i}", value)
-
     def load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         """Every stack's table and slots from per-table host tensors, read one table at a time
         (``weights`` and ``slots`` may make them on access), built on the device in place
-        (:func:`~torchrec_tpu.sharding.stacked_arrays.stacked_array`); an existing buffer keeps its
+        (:func:`~sparsecore.stacked_arrays.stacked_array`); an existing buffer keeps its
         tensor and takes the new value."""
         for i, st in enumerate(self.plan.stacks):
-            self._install(i, "table", stacked_array(st, lambda table: weights[table], row_slot=False))
+            self._install(i, "table", st, lambda table: weights[table], row_slot=False)
             for slot in st.optimizer.slot_names:
-                array = stacked_array(st, lambda table: slots[table][slot], slot in st.optimizer.row_slots)
-                self._install(i, slot, array)
+                self._install(i, slot, st, lambda table: slots[table][slot], slot in st.optimizer.row_slots)
 
-    def _install(self, i: int, name: str, array: Any) -> None:
+    def _install(self, i: int, name: str, stack: StackedTable, values_of: Callable[[str], torch.Tensor],
+                 row_slot: bool) -> None:
+        """Buffer ``<name>_<i>`` built from ``values_of``; an existing one refilled in place."""
         current = getattr(self, f"{name}_{i}")
         if current is None:
-            setattr(self, f"{name}_{i}", torch_tpu.from_jax(array))
+            setattr(self, f"{name}_{i}", torch_tpu.from_jax(stacked_array(stack, values_of, row_slot)))
         else:
-            write(current, array)
+            write(current, stacked_array(stack, values_of, row_slot, into=torch_tpu.to_jax(current)))
 
     # -- lookup -----------------------------------------------------------------------------------
 
@@ -267,17 +264,33 @@ class StackedState(nn.Module):
         """Per stack, the new (table, *slots) after the fused update with the activations'
         ``grad`` (``step``: the update's number from 1, which Adam needs; None inside a program;
         ``touched``: :attr:`PreparedCSR.touched` of ``csr``)."""
-        b = buffers if buffers is not None else self.buffers_now()
         out = []
+        for name, args, kwargs in self._update_calls(csr, grad, step, buffers, touched):
+            with preprocessed():
+                new = getattr(torch.ops.tpu, name)(*args, **kwargs)
+            out.append(new if isinstance(new, tuple) else (new,))
+        return out
+
+    def update_in_place(self, csr: Sequence[torch.Tensor], grad: torch.Tensor | Sequence[torch.Tensor],
+                        step: int, touched: Sequence[torch.Tensor] = ()) -> None:
+        """:meth:`updated` stored into the buffers, each stack's update donating its table and
+        slots (eagerly, no second table: :func:`~torch_tpu.ops.sparsecore_inplace.fused_update_`)."""
+        for name, args, kwargs in self._update_calls(csr, grad, step, touched=touched):
+            with preprocessed():
+                fused_update_(name, *args, **kwargs)
+
+    def _update_calls(self, csr: Sequence[torch.Tensor], grad: torch.Tensor | Sequence[torch.Tensor],
+                      step: int | None, buffers: Mapping[str, torch.Tensor] | None = None,
+                      touched: Sequence[torch.Tensor] = ()) -> list[tuple[str, tuple, dict[str, Any]]]:
+        """Per stack, the fused op's name and arguments (see :meth:`updated`)."""
+        b = buffers if buffers is not None else self.buffers_now()
+        calls = []
         for i, (st, grad_i, current) in enumerate(zip(self.plan.stacks, self._activation_grads(grad, b),
                                                       self.step_tensors(b))):
             limits = (st.total_sample_count, *csr_limits(st, self.chunks, csr[4 * i + 1]))
-            op = getattr(torch.ops.tpu, rule_of(st.optimizer).op_name)
-            with preprocessed():
-                new = op(*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b),
-                         *limits, touched_rows=touched[i] if touched else None)
-            out.append(new if isinstance(new, tuple) else (new,))
-        return out
+            args = (*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b), *limits)
+            calls.append((rule_of(st.optimizer).op_name, args, {"touched_rows": touched[i] if touched else None}))
+        return calls
 
     def _hypers(self, i: int, stack: StackedTable, step: int | None, b: Mapping[str, torch.Tensor]) -> list[Any]:
         """Stack ``i``'s fused op's hyperparameters (its optimizer rule's; the fixed tensor ones
@@ -392,10 +405,8 @@ class OpsBackend(Backend):
     def _apply(self, context: PreparedCSR, grad: torch.Tensor | list[torch.Tensor]) -> None:
         self.steps += 1
         with torch.no_grad():
-            new = self.state.updated([t.to(DEVICE) for t in context.csr], grad, self.steps,
-                                     touched=[t.to(DEVICE) for t in context.touched])
-        for i, values in enumerate(new):
-            self.state.set_step_tensors(i, values)
+            self.state.update_in_place([t.to(DEVICE) for t in context.csr], grad, self.steps,
+                                       touched=[t.to(DEVICE) for t in context.touched])
 
     def forward(self, inputs: Mapping[str, FeatureInput]) -> tuple[dict[str, torch.Tensor], PreparedCSR]:
         out, prepared = self._activations(inputs)
@@ -419,6 +430,6 @@ class OpsBackend(Backend):
 
     def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
         """(Gathers that table's rows alone.)"""
-        i, st = next((i, st) for i, st in enumerate(self.plan.stacks) if any(t.table == table for t in st.tables))
+        i, st = self.plan.stack_of_table(table)
         index = 0 if slot is None else 1 + st.optimizer.slot_names.index(slot)
-        return table_rows(st, self.state.step_tensors()[i][index], table)
+        return table_rows(st, torch_tpu.to_jax(self.state.step_tensors()[i][index]), table)

@@ -24,7 +24,7 @@ from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validat
 from sparsecore.stacking import plan_stacking
 from torchrec_tpu.sharding.deferred import DeferredTensor, tables_deferred
 from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards, row_slot_size
-from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys
+from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys, streamed_local_state
 from torchrec_tpu.sharding.uniform_ranks import RankPadding, is_pad, uniform_padding
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
@@ -259,8 +259,13 @@ class ShardedTables(nn.Module):
             if strict:
                 missing_keys.extend(missing)
             return
-        weights, slots, self.steps = local_state(self.table_modules, self.tables, self.shards,
-                                                 {key[len(prefix):]: state_dict[key] for key in keys}, self._where())
+        state = {key[len(prefix):]: state_dict[key] for key in keys}
+        if self.world_size == 1 and self._backend is not None and not self.padding and any(
+                isinstance(value, DeferredTensor) for value in state.values()):  # read as the backend loads them
+            weights, slots, self.steps = streamed_local_state(self.table_modules, self.tables, self.shards, state)
+            self._backend.load_state(weights, slots, self.steps)
+            return
+        weights, slots, self.steps = local_state(self.table_modules, self.tables, self.shards, state, self._where())
         if self._backend is not None:
             pad_slots = {t.name: initial_table_slots(t) for t in self.padding.tables}
             self._backend.load_state({**weights, **self._pad_weights()}, {**slots, **pad_slots}, self.steps)

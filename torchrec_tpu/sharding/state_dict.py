@@ -35,6 +35,7 @@ from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor import Shard as TensorShard
 from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensorMetadata, TensorProperties
 
+from sparsecore.backends.base import TableTensors
 from sparsecore.specs import TableSpec
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.shards import Shard, row_slot_size
@@ -98,6 +99,24 @@ def local_state(container: str, tables: Mapping[str, TableSpec], shards: Mapping
             if piece is not None:
                 slots.setdefault(name, {})[slot] = piece
     return weights, slots, int(state[STEP_COUNT])
+
+
+def streamed_local_state(container: str, tables: Mapping[str, TableSpec], shards: Mapping[str, Sequence[Shard]],
+                         state: Mapping[str, torch.Tensor]) -> tuple[TableTensors, TableTensors, int]:
+    """:func:`local_state` on one rank whose table and slot tensors are read when asked (e.g.
+    :class:`~torchrec_tpu.sharding.deferred.DeferredTensor` s reading a checkpoint): weights and
+    slots as :class:`~sparsecore.backends.base.TableTensors`, each table's made from ``state`` when
+    a backend loads it, so one table is held at a time."""
+    def weight(name: str) -> torch.Tensor:
+        return _own(shards[name], 0).slice(state[weight_key(container, name)])
+
+    def table_slots(name: str) -> dict[str, torch.Tensor]:
+        return {slot: _own(shards[name], 0).slice(state[slot_key(name, slot)])
+                for slot in tables[name].optimizer.slot_names}
+
+    shapes = {name: (spec.vocab_size, spec.dim) for name, spec in tables.items()}
+    return (TableTensors(shapes, weight), TableTensors({name: () for name in tables}, table_slots),
+            int(state[STEP_COUNT]))
 
 
 def _own(shards: Sequence[Shard], rank: int) -> Shard | None:

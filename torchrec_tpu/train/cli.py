@@ -55,11 +55,11 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         check_paths(config)  # before the heavy imports below: a missing file fails in well under a second
         if args.ray_workers:
-            from torchrec_tpu.train.ray_train import train_on_ray  # heavy: ray.train, torch
+            from torchrec_tpu.train.ray_train import as_given, train_on_ray  # heavy: ray.train, torch
 
             ray_run = train_on_ray(config, ray_options(args))
             print(ray_run.summary)
-            print(f"  ray checkpoint  {ray_run.checkpoint}")
+            print(f"  ray checkpoint  {as_given(ray_run.checkpoint)}")
             return 0
         from torchrec_tpu.train.job import run_job  # heavy: torch, torchrec, fbgemm
 

@@ -18,7 +18,7 @@ import datetime
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, get_args
 
 from pipelines.bad_value_policies import POLICIES as BAD_VALUE_POLICIES
 from torchrec_tpu.structured_files import brief, read_structured
@@ -27,20 +27,23 @@ from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 
 # The option vocabularies that are defined here (the others come from their registries above).
-MODELS = ("dlrm", "dlrm_dcn")
-PRECISIONS = ("fp32", "bf16")  # --precision: the towers' matmuls (engines.precision)
-DENSE_DEVICES = ("auto", "cpu", "tpu")
-DENSE_PARALLELS = ("ddp", "fsdp2")
-SPARSE_BACKENDS = ("auto", "ops", "xla")
+Model = Literal["dlrm", "dlrm_dcn"]
+Precision = Literal["fp32", "bf16"]  # --precision: the towers' matmuls (engines.precision)
+DenseDevice = Literal["auto", "cpu", "tpu"]
+DenseParallel = Literal["ddp", "fsdp2"]
+SparseBackend = Literal["auto", "ops", "xla"]
+MODELS, PRECISIONS, DENSE_DEVICES, DENSE_PARALLELS, SPARSE_BACKENDS = (
+    get_args(Model), get_args(Precision), get_args(DenseDevice), get_args(DenseParallel), get_args(SparseBackend))
 
 
 class ConfigError(ValueError):
     """A training option has a bad value; the message names the option, the value and the limit."""
 
 
-def _opt(default: Any, help_text: str, **extra: Any) -> Any:
-    """A group field that is one option; ``flag``: its option name when not the field's."""
-    return field(default=default, metadata={"help": help_text, **extra})
+def _opt(default: Any, help_text: str, details: str | None = None, **extra: Any) -> Any:
+    """A group field that is one option: ``help_text`` one line for ``--help``, ``details`` the rest
+    (docs/TRAINING_OPTIONS.md); ``flag``: its option name when not the field's."""
+    return field(default=default, metadata={"help": help_text, "details": details or help_text, **extra})
 
 
 # Flags of TorchRec's dlrm_main / MLPerf DLRM that set one or more of our options (also YAML keys).
@@ -51,16 +54,29 @@ SHORTHANDS: dict[str, tuple[tuple[str, ...], type, str]] = {
 }
 
 
+class _Group:
+    """A config group: it checks its own options when built (:meth:`validate`)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad option of this group, its value and the limit."""
+
+
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_Group):
     """The architecture: DLRM kind, tables, towers."""
 
-    kind: str = _opt("dlrm", "model: stock torchrec DLRM or DLRM_DCN", flag="model", choices=MODELS)
-    num_embeddings: int = _opt(100_000, "rows per embedding table, at most (synthetic tables with fewer ids "
-                                        "are smaller); ids are hashed modulo the table size")
+    kind: Model = _opt("dlrm", "model: stock torchrec DLRM or DLRM_DCN", flag="model", choices=MODELS)
+    num_embeddings: int = _opt(
+        100_000, "rows per embedding table, at most; ids are hashed modulo the table size",
+        details="rows per embedding table, at most (synthetic tables with fewer ids are smaller); ids are hashed "
+                "modulo the table size")
     num_embeddings_per_feature: str | None = _opt(
-        None, "rows of each categorical feature's table, comma-separated, one per feature (TorchRec "
-              "dlrm_main's flag; ids are hashed modulo each) (default: --num-embeddings for every table)",
+        None, "rows of each feature's table, comma-separated (default: --num-embeddings for each)",
+        details="rows of each categorical feature's table, comma-separated, one per feature (TorchRec dlrm_main's"
+                " flag; ids are hashed modulo each) (default: --num-embeddings for every table)",
         metavar="N,N,...")
     embedding_dim: int = _opt(16, "embedding dimension of every table")
     dense_arch: str = _opt("64,16", "dense MLP layer sizes; the last must equal --embedding-dim", metavar="SIZES")
@@ -76,86 +92,151 @@ class ModelConfig:
     def over_layers(self) -> list[int]:
         return _layer_sizes("over_arch", self.over_arch)
 
+    def validate(self) -> None:
+        _check_group(self, at_least_1=("num_embeddings", "embedding_dim", "dcn_num_layers", "dcn_low_rank_dim"))
+        if self.num_embeddings_per_feature is not None:
+            _positive_ints("num_embeddings_per_feature", self.num_embeddings_per_feature)
+        if self.dense_layers[-1] != self.embedding_dim:
+            raise ConfigError(f"--dense-arch={self.dense_arch!r} must end in --embedding-dim ({self.embedding_dim}): "
+                              "the dense output is interacted with the embeddings")
+        if self.over_layers[-1] != 1:
+            raise ConfigError(f"--over-arch={self.over_arch!r} must end in 1 (one logit)")
+
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(_Group):
     """Where the rows come from and how they are batched."""
 
-    source: str = _opt("synthetic", "'synthetic' (generated into --cache-dir on first run), 'sample' (the real "
-                                    "200-row Criteo sample, converted on the fly) or a directory of Parquet files",
-                       flag="data", metavar="SOURCE")
+    source: str = _opt(
+        "synthetic", "'synthetic', 'sample' (200 real Criteo rows) or a directory of Parquet files",
+        details="'synthetic' (generated into --cache-dir on first run), 'sample' (the real 200-row Criteo sample,"
+                " converted on the fly) or a directory of Parquet files",
+        flag="data", metavar="SOURCE")
     cache_dir: str | None = _opt(None, "where synthetic data is generated (default: $TORCHREC_TPU_CACHE, else "
                                        "~/.cache/torchrec_tpu)")
     bad_values: str = _opt(
-        "error", "rows whose label is outside [0, 1] (or NaN) or whose dense value is infinite or beyond "
-                 "float32 (NaN dense values are missing, read as 0): error naming file, row and column; "
-                 "skip them (counted); or clamp the values (labels to [0, 1], dense to +-3.4e38; a NaN "
-                 "label's row is skipped)", choices=BAD_VALUE_POLICIES)
-    eval_files: int = _opt(1, "held-out evaluation split: the last N Parquet files (or days); from 2 on, "
-                              "halved into validation and test (test AUC at the end), as TorchRec's DLRM")
+        "error", "rows with a label outside [0, 1] or an infinite dense value: error, skip or clamp",
+        details="rows whose label is outside [0, 1] (or NaN) or whose dense value is infinite or beyond float32 "
+                "(NaN dense values are missing, read as 0): error naming file, row and column; skip them "
+                "(counted); or clamp the values (labels to [0, 1], dense to +-3.4e38; a NaN label's row is "
+                "skipped)",
+        choices=BAD_VALUE_POLICIES)
+    eval_files: int = _opt(
+        1, "hold out the last N Parquet files (or days) for evaluation; from 2 on, validation + test",
+        details="held-out evaluation split: the last N Parquet files (or days); from 2 on, halved into validation"
+                " and test (test AUC at the end), as TorchRec's DLRM")
     in_memory_binary_criteo_path: str | None = _opt(
-        None, "train on TorchRec's preprocessed Criteo instead of --data: a directory of "
-              "day_<d>_{dense,sparse,labels}.npy (torchrec/datasets/scripts/npy_preproc_criteo.py); the last "
-              "--eval-files days are held out (default: use --data)", metavar="DIR")
-    mmap_mode: bool = _opt(False, "with --in-memory-binary-criteo-path: memory-map the npy files instead of "
-                                  "loading them into memory")
+        None, "TorchRec's preprocessed Criteo .npy days to train on (default: use --data)",
+        details="train on TorchRec's preprocessed Criteo instead of --data: a directory of "
+                "day_<d>_{dense,sparse,labels}.npy (torchrec/datasets/scripts/npy_preproc_criteo.py); the last "
+                "--eval-files days are held out (default: use --data)",
+        metavar="DIR")
+    mmap_mode: bool = _opt(
+        False, "with --in-memory-binary-criteo-path: memory-map the .npy files",
+        details="with --in-memory-binary-criteo-path: memory-map the npy files instead of loading them into "
+                "memory")
     multi_hot_sizes: str | None = _opt(
-        None, "MLPerf DLRM-DCNv2 multi-hot: expand each feature's id into this many ids (comma-separated, one "
-              "per feature, or one for all; the first is the id itself, the others fixed random offsets of it) "
-              "(default: one-hot as read)", metavar="K,K,...")
-    batch_size: int = _opt(512, "GLOBAL training batch size: summed over all ranks, each rank trains on "
-                                "batch-size / world-size rows per step")
+        None, "MLPerf DLRM-DCNv2 multi-hot: ids per feature, comma-separated (default: one-hot)",
+        details="MLPerf DLRM-DCNv2 multi-hot: expand each feature's id into this many ids (comma-separated, one "
+                "per feature, or one for all; the first is the id itself, the others fixed random offsets of it) "
+                "(default: one-hot as read)",
+        metavar="K,K,...")
+    batch_size: int = _opt(
+        512, "GLOBAL training batch size, split over the ranks",
+        details="GLOBAL training batch size: summed over all ranks, each rank trains on batch-size / world-size "
+                "rows per step")
     eval_batch_size: int = _opt(2048, "GLOBAL evaluation batch size (split over the ranks)")
-    shuffle_batches: bool = _opt(False, "shuffle the order of the training batches, anew each epoch (seeded by "
-                                        "--seed and the epoch; TorchRec's --shuffle-batches)")
+    shuffle_batches: bool = _opt(
+        False, "shuffle the training batches' order, anew each epoch (TorchRec's --shuffle-batches)",
+        details="shuffle the order of the training batches, anew each epoch (seeded by --seed and the epoch; "
+                "TorchRec's --shuffle-batches)")
     limit_train_batches: int = _opt(0, "train on at most N batches per epoch (0: all)")
     limit_val_batches: int = _opt(0, "evaluate on at most N held-out batches (0: all)")
 
+    def validate(self) -> None:
+        _check_group(self, at_least_1=("batch_size", "eval_batch_size", "eval_files"),
+                     at_least_0=("limit_train_batches", "limit_val_batches"))
+        if self.multi_hot_sizes is not None:
+            _positive_ints("multi_hot_sizes", self.multi_hot_sizes)
+        if self.mmap_mode and self.in_memory_binary_criteo_path is None:
+            raise ConfigError("--mmap-mode needs --in-memory-binary-criteo-path")
+        if self.in_memory_binary_criteo_path is not None and self.bad_values != "error":
+            raise ConfigError(f"--bad-values={self.bad_values!r} does not apply to --in-memory-binary-criteo-path "
+                              "(TorchRec's preprocessed values are used as stored)")
+
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(_Group):
     """Which embedding engine, how it is sharded, where the dense part runs."""
 
-    kind: str = _opt("sparsecore", "embedding engine: " + "; ".join(f"{e.name}: {e.help}" for e in ENGINES.values()),
-                     flag="engine", choices=tuple(ENGINES))
+    kind: str = _opt(
+        "sparsecore", "embedding engine: sparsecore (ours) or torchrec (stock DMP on FBGEMM, the reference)",
+        details="embedding engine: " + "; ".join(f"{e.name}: {e.help}" for e in ENGINES.values()),
+        flag="engine", choices=tuple(ENGINES))
     plan: str | None = _opt(
-        None, "sparsecore engine: a plan JSON from `torchrec-tpu plan` (one device per rank), or 'auto' to plan "
-              "the tables for this world now (default: whole tables balanced over the ranks)", metavar="PATH|auto")
-    dense_device: str = _opt(
-        "auto", "where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only. tpu: with one rank "
-                "(and ddp) each step is ONE compiled program: embedding lookup, towers, dense optimizer and the "
-                "fused embedding update; several ranks run the towers eagerly. Its first step traces and compiles. "
-                "auto: tpu where the step compiles into one program (one rank, ddp) and, while the tpu device "
-                "is XLA:CPU, the towers are small (dispatch-bound: one program wins; large towers are "
+        None, "a `torchrec-tpu plan` JSON, or 'auto' (default: whole tables balanced over the ranks)",
+        details="sparsecore engine: a plan JSON from `torchrec-tpu plan` (one device per rank), or 'auto' to plan"
+                " the tables for this world now (default: whole tables balanced over the ranks)",
+        metavar="PATH|auto")
+    dense_device: DenseDevice = _opt(
+        "auto", "where the dense towers run: tpu (one compiled step program), cpu, or auto",
+        details="where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only. tpu: with one "
+                "rank (and ddp) each step is ONE compiled program: embedding lookup, towers, dense optimizer and "
+                "the fused embedding update; several ranks run the towers eagerly. Its first step traces and "
+                "compiles. auto: tpu where the step compiles into one program (one rank, ddp) and, while the tpu "
+                "device is XLA:CPU, the towers are small (dispatch-bound: one program wins; large towers are "
                 "matmul-bound, where CPU torch's kernels beat XLA:CPU's), else cpu (docs/ARCHITECTURE.md)",
         choices=DENSE_DEVICES)
-    sparse_backend: str = _opt(
-        "auto", "the sparsecore engine's local embedding backend, --engine sparsecore only. ops: TorchTPU's tpu:: "
-                "SparseCore ops on tpu tables (where the step is one program, it calls them itself: lookup, "
+    sparse_backend: SparseBackend = _opt(
+        "auto", "the sparsecore engine's embedding backend: ops (TorchTPU's tpu:: ops), xla, or auto",
+        details="the sparsecore engine's local embedding backend, --engine sparsecore only. ops: TorchTPU's tpu::"
+                " SparseCore ops on tpu tables (where the step is one program, it calls them itself: lookup, "
                 "towers and fused update in one program), each batch's CSR buffers cut to a power-of-two bucket "
                 "of its largest partition; xla: the sparsecore xla backend's own XLA programs, run beside the "
                 "step, updating the tables in place (e.g. row-wise Adagrad on tables whose dim is not a multiple "
                 "of 8, which ops refuses). auto: ops where the step is one program (one rank, tpu towers, an "
-                "optimizer without a host value per step, i.e. not Adam), else xla: run eagerly, each ops "
-                "update writes whole new tables (docs/ARCHITECTURE.md)",
+                "optimizer without a host value per step, i.e. not Adam), else xla: run eagerly, each ops update "
+                "writes whole new tables (docs/ARCHITECTURE.md)",
         choices=SPARSE_BACKENDS)
-    dense_parallel: str = _opt("ddp", "how the dense towers are synced over ranks, --engine sparsecore only: "
-                                      "replicated (DDP) or sharded per tower (FSDP2 fully_shard, for large towers)",
-                               choices=DENSE_PARALLELS)
-    num_threads: int = _opt(1, "CPU threads per process for torch/FBGEMM kernels (0: one per CPU the rank may "
-                               "run on; never more than those); 1 keeps small models fast on a busy machine, where "
-                               "spinning threads compete for cores")
-    bind_cpus: bool = _opt(True, "with several ranks on one host (torchrun), bind each rank to its own block of "
-                                 "the host's CPUs, so the ranks' thread pools (torch, XLA:CPU) do not compete")
-    print_sharding_plan: bool = _opt(False, "print where each embedding table went (sharding type, ranks, rows "
-                                            "and columns of each shard) once the model is sharded (TorchRec "
-                                            "dlrm_main's --print_sharding_plan)")
-    collective_timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before every rank "
-                                            "fails (a stalled or dead rank), all process groups", metavar="SECONDS")
+    dense_parallel: DenseParallel = _opt(
+        "ddp", "how the dense towers sync over ranks: ddp (replicated) or fsdp2 (sharded)",
+        details="how the dense towers are synced over ranks, --engine sparsecore only: replicated (DDP) or "
+                "sharded per tower (FSDP2 fully_shard, for large towers)",
+        choices=DENSE_PARALLELS)
+    num_threads: int = _opt(
+        1, "CPU threads per process for torch/FBGEMM kernels (0: one per CPU the rank may use)",
+        details="CPU threads per process for torch/FBGEMM kernels (0: one per CPU the rank may run on; never more"
+                " than those); 1 keeps small models fast on a busy machine, where spinning threads compete for "
+                "cores")
+    bind_cpus: bool = _opt(
+        True, "with several ranks on one host, bind each rank to its own block of CPUs",
+        details="with several ranks on one host (torchrun), bind each rank to its own block of the host's CPUs, "
+                "so the ranks' thread pools (torch, XLA:CPU) do not compete")
+    print_sharding_plan: bool = _opt(
+        False, "print where each embedding table went once the model is sharded",
+        details="print where each embedding table went (sharding type, ranks, rows and columns of each shard) "
+                "once the model is sharded (TorchRec dlrm_main's --print_sharding_plan)")
+    collective_timeout: float = _opt(
+        300.0, "seconds a collective waits for the other ranks before every rank fails",
+        details="seconds a collective may wait for the other ranks before every rank fails (a stalled or dead "
+                "rank), all process groups",
+        metavar="SECONDS")
+
+    def validate(self) -> None:
+        _check_group(self, at_least_0=("num_threads",), positive=("collective_timeout",))
+        kind = ENGINES[self.kind]
+        for name, default in (("dense_device", "auto"), ("dense_parallel", "ddp"), ("sparse_backend", "auto")):
+            if not kind.places_dense and getattr(self, name) not in (default, "cpu"):
+                raise ConfigError(f"{_as_flag(name)}={getattr(self, name)!r} needs --engine "
+                                  f"{_engines_that('places_dense')} (the {kind.name} engine keeps its dense part "
+                                  "on cpu in DDP and has no sparse backend choice)")
+        if self.plan is not None and not kind.reads_plan:
+            raise ConfigError(f"--plan={self.plan!r} needs --engine {_engines_that('reads_plan')} (the "
+                              f"{kind.name} engine plans with its own planner)")
 
 
 @dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(_Group):
     """The fused embedding optimizer, the dense one, the learning-rate schedule, the towers' precision."""
 
     sparse_optimizer: str = _opt("adagrad", "fused embedding optimizer (runs inside backward)",
@@ -163,35 +244,53 @@ class OptimConfig:
     sparse_lr: float = _opt(0.05, "embedding learning rate")
     dense_optimizer: str = _opt("adagrad", "optimizer of the MLPs", choices=tuple(DENSE_OPTIMIZERS))
     dense_lr: float = _opt(0.05, "dense learning rate")
-    lr_warmup_steps: int = _opt(0, "linear learning-rate warm-up over the first N steps (both optimizers, as "
-                                   "TorchRec dlrm_main / MLPerf DLRM; 0: none)")
+    lr_warmup_steps: int = _opt(
+        0, "linear learning-rate warm-up over the first N steps (0: none)",
+        details="linear learning-rate warm-up over the first N steps (both optimizers, as TorchRec dlrm_main / "
+                "MLPerf DLRM; 0: none)")
     lr_decay_start: int = _opt(0, "step where the quadratic learning-rate decay starts")
     lr_decay_steps: int = _opt(0, "steps of the quadratic decay to 1e-7 (0: no decay)")
-    precision: str = _opt("fp32", "the dense towers' matmuls: fp32, or bf16 as TPUs train (autocast on the towers' "
-                                  "device, both engines; parameters, optimizer state and accumulation stay fp32)",
-                          choices=PRECISIONS)
+    precision: Precision = _opt(
+        "fp32", "the dense towers' matmuls: fp32, or bf16 as TPUs train (fp32 parameters)",
+        details="the dense towers' matmuls: fp32, or bf16 as TPUs train (autocast on the towers' device, both "
+                "engines; parameters, optimizer state and accumulation stay fp32)",
+        choices=PRECISIONS)
+
+    def validate(self) -> None:
+        _check_group(self, at_least_0=("lr_warmup_steps", "lr_decay_start", "lr_decay_steps"),
+                     positive=("sparse_lr", "dense_lr"))
+        if self.lr_decay_steps and self.lr_decay_start < self.lr_warmup_steps:
+            raise ConfigError(f"--lr-decay-start={self.lr_decay_start} must be >= --lr-warmup-steps="
+                              f"{self.lr_warmup_steps} (the warm-up ends before the decay starts)")
 
 
 @dataclass(frozen=True)
-class CheckpointConfig:
+class CheckpointConfig(_Group):
     """Where checkpoints go, how often, how many stay, what to resume."""
 
     checkpoint_dir: str | None = _opt(None, "checkpoint root: versioned checkpoints and a 'latest' link "
                                             "(default: <log-dir>/checkpoint)")
     checkpoint_every: int = _opt(0, "also checkpoint every N steps (0: only at the end)")
-    keep_checkpoints: int = _opt(2, "checkpoints of this run kept in the checkpoint root (its older ones are "
-                                    "deleted; other runs' checkpoints never are)")
-    overwrite_checkpoints: bool = _opt(False, "start a new run in a checkpoint root that holds another run's "
-                                              "checkpoints (refused otherwise): 'latest' moves to this run's, "
-                                              "theirs stay")
+    keep_checkpoints: int = _opt(
+        2, "checkpoints of this run kept in the checkpoint root (older ones deleted)",
+        details="checkpoints of this run kept in the checkpoint root (its older ones are deleted; other runs' "
+                "checkpoints never are)")
+    overwrite_checkpoints: bool = _opt(
+        False, "start a new run in a checkpoint root that holds another run's checkpoints",
+        details="start a new run in a checkpoint root that holds another run's checkpoints (refused otherwise): "
+                "'latest' moves to this run's, theirs stay")
     resume: str | None = _opt(
-        None, "checkpoint to resume from (a checkpoint root: its latest intact one): model, optimizer state, RNG, "
-              "step and data position (in rows: --batch-size may change); tables, dims, optimizers, data and "
-              "world size must match it (default: start from scratch)")
+        None, "checkpoint (or checkpoint root) to resume from (default: start from scratch)",
+        details="checkpoint to resume from (a checkpoint root: its latest intact one): model, optimizer state, "
+                "RNG, step and data position (in rows: --batch-size may change); tables, dims, optimizers, data "
+                "and world size must match it (default: start from scratch)")
+
+    def validate(self) -> None:
+        _check_group(self, at_least_1=("keep_checkpoints",), at_least_0=("checkpoint_every",))
 
 
 @dataclass(frozen=True)
-class LoopConfig:
+class LoopConfig(_Group):
     """How long to train, what to log and evaluate, the seed."""
 
     epochs: int = _opt(1, "passes over the training split")
@@ -200,14 +299,23 @@ class LoopConfig:
     log_dir: str | None = _opt(None, "TensorBoard log directory (default: runs/<UTC timestamp>)")
     log_every: int = _opt(20, "log training scalars every N steps")
     eval_every: int = _opt(0, "also evaluate every N steps (0: only at the end)", aliases=("--validation-freq",))
-    target_auc: float = _opt(0.0, "stop at the first --eval-every evaluation whose AUC reaches this (MLPerf "
-                                  "DLRM-DCNv2's target: 0.80275) (0: no target)")
+    target_auc: float = _opt(
+        0.0, "stop at the first --eval-every evaluation reaching this AUC (0: no target)",
+        details="stop at the first --eval-every evaluation whose AUC reaches this (MLPerf DLRM-DCNv2's target: "
+                "0.80275) (0: no target)")
     progress: bool = _opt(True, "show a tqdm progress bar")
 
     def resolved_log_dir(self) -> Path:
         if self.log_dir:
             return Path(self.log_dir)
         return Path("runs") / datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+    def validate(self) -> None:
+        _check_group(self, at_least_1=("epochs", "log_every"), at_least_0=("max_steps", "eval_every", "seed"))
+        _require("target_auc", self.target_auc, lambda v: 0 <= v < 1, "must be in [0, 1)")
+        if self.target_auc and not self.eval_every:
+            raise ConfigError(f"--target-auc={self.target_auc} needs --eval-every N: the target is checked "
+                              "at each of those evaluations")
 
 
 @dataclass(frozen=True)
@@ -252,54 +360,10 @@ class TrainConfig:
         return TrainConfig.from_options(**{**self.to_dict(), **options})
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the first bad option, its value and the limit."""
-        for name in ("num_embeddings", "embedding_dim", "batch_size", "eval_batch_size", "epochs",
-                     "eval_files", "log_every", "dcn_num_layers", "dcn_low_rank_dim",
-                     "keep_checkpoints"):
-            _require(name, self.option(name), lambda v: v >= 1, "must be >= 1")
-        for name in ("max_steps", "eval_every", "checkpoint_every", "num_threads", "lr_warmup_steps",
-                     "lr_decay_start", "lr_decay_steps", "limit_train_batches", "limit_val_batches", "seed"):
-            _require(name, self.option(name), lambda v: v >= 0, "must be >= 0")
-        for name in ("sparse_lr", "dense_lr", "collective_timeout"):
-            _require(name, self.option(name), lambda v: 0 < v < math.inf, "must be > 0 and finite")
-        _require("target_auc", self.loop.target_auc, lambda v: 0 <= v < 1, "must be in [0, 1)")
-        if self.loop.target_auc and not self.loop.eval_every:
-            raise ConfigError(f"--target-auc={self.loop.target_auc} needs --eval-every N: the target is checked "
-                              "at each of those evaluations")
-        for name, (_, f) in OPTIONS.items():
-            choices = f.metadata.get("choices")
-            if choices and self.option(name) not in choices:
-                raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} is not one of {list(choices)}")
-        engine, data, optim = self.engine, self.data, self.optim
-        kind = ENGINES[engine.kind]
-        for name, default in (("dense_device", "auto"), ("dense_parallel", "ddp"), ("sparse_backend", "auto")):
-            if not kind.places_dense and self.option(name) not in (default, "cpu"):
-                raise ConfigError(f"{_as_flag(name)}={self.option(name)!r} needs --engine "
-                                  f"{_engines_that('places_dense')} (the {kind.name} engine keeps its dense part "
-                                  "on cpu in DDP and has no sparse backend choice)")
-        dense, over = self.model.dense_layers, self.model.over_layers
-        if dense[-1] != self.model.embedding_dim:
-            raise ConfigError(
-                f"--dense-arch={self.model.dense_arch!r} must end in --embedding-dim "
-                f"({self.model.embedding_dim}): the dense output is interacted with the embeddings"
-            )
-        if over[-1] != 1:
-            raise ConfigError(f"--over-arch={self.model.over_arch!r} must end in 1 (one logit)")
-        if engine.plan is not None and not kind.reads_plan:
-            raise ConfigError(f"--plan={engine.plan!r} needs --engine {_engines_that('reads_plan')} (the "
-                              f"{kind.name} engine plans with its own planner)")
-        for name in ("num_embeddings_per_feature", "multi_hot_sizes"):
-            if self.option(name) is not None:
-                _positive_ints(name, self.option(name))
-        if data.mmap_mode and data.in_memory_binary_criteo_path is None:
-            raise ConfigError("--mmap-mode needs --in-memory-binary-criteo-path")
-        if data.in_memory_binary_criteo_path is not None and data.bad_values != "error":
-            raise ConfigError(f"--bad-values={data.bad_values!r} does not apply to --in-memory-binary-criteo-path "
-                              "(TorchRec's preprocessed values are used as stored)")
-        if optim.lr_decay_steps and optim.lr_decay_start < optim.lr_warmup_steps:
-            raise ConfigError(f"--lr-decay-start={optim.lr_decay_start} must be >= --lr-warmup-steps="
-                              f"{optim.lr_warmup_steps} (the warm-up ends before the decay starts)")
-        if (optim.lr_warmup_steps or optim.lr_decay_steps) and not kind.schedules_sparse_lr:
+        """Raise :class:`ConfigError` naming the first bad option, its value and the limit: each group
+        checks its own options when built; these are the checks across groups."""
+        kind = ENGINES[self.engine.kind]
+        if (self.optim.lr_warmup_steps or self.optim.lr_decay_steps) and not kind.schedules_sparse_lr:
             raise ConfigError(f"--lr-warmup-steps/--lr-decay-steps need --engine "
                               f"{_engines_that('schedules_sparse_lr')}: the {kind.name} engine's fused embedding "
                               "optimizer has a fixed learning rate")
@@ -332,6 +396,11 @@ def _group_options() -> dict[str, tuple[str, dataclasses.Field]]:
 OPTIONS: dict[str, tuple[str, dataclasses.Field]] = _group_options()
 
 
+def per_rank_batch(global_batch: int, world_size: int) -> int:
+    """Each of ``world_size`` ranks' share of a global batch of ``global_batch`` samples (at least 1)."""
+    return max(1, global_batch // world_size)
+
+
 def _engines_that(trait: str) -> str:
     """The ``--engine`` values whose :class:`~torchrec_tpu.train.engines.EngineKind` has ``trait``."""
     return "|".join(e.name for e in ENGINES.values() if getattr(e, trait))
@@ -339,6 +408,23 @@ def _engines_that(trait: str) -> str:
 
 def _as_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _check_group(group: Any, at_least_1: tuple[str, ...] = (), at_least_0: tuple[str, ...] = (),
+                 positive: tuple[str, ...] = ()) -> None:
+    """A group's bounds by field name, then every field with ``choices`` in them; ConfigError names
+    the option (its flag), the value and the limit."""
+    for name in at_least_1:
+        _require(name, getattr(group, name), lambda v: v >= 1, "must be >= 1")
+    for name in at_least_0:
+        _require(name, getattr(group, name), lambda v: v >= 0, "must be >= 0")
+    for name in positive:
+        _require(name, getattr(group, name), lambda v: 0 < v < math.inf, "must be > 0 and finite")
+    for f in dataclasses.fields(group):
+        choices = f.metadata.get("choices")
+        value = getattr(group, f.name)
+        if choices and value not in choices:
+            raise ConfigError(f"{_as_flag(f.metadata.get('flag', f.name))}={value!r} is not one of {list(choices)}")
 
 
 def _require(name: str, value: Any, ok: Any, limit: str) -> None:
@@ -403,7 +489,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig 
         choices = f.metadata.get("choices")
         metavar = f.metadata.get("metavar") or (None if choices else _METAVARS[str(f.type)])
         section.add_argument(
-            *flags, dest=name, type=_FIELD_TYPES[str(f.type)],
+            *flags, dest=name, type=str if choices else _FIELD_TYPES[str(f.type)],
             default=argparse.SUPPRESS, choices=choices, metavar=metavar, help=help_text,
         )
     for name, (targets, kind, help_text) in SHORTHANDS.items():

@@ -74,8 +74,9 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device,
         rows = batch.labels.numel()
         batch = padded(batch, batch_rows).to(device)
         logits, labels = forward(model, batch)[:rows], batch.labels[:rows]
-        auroc.update(torch.sigmoid(logits), labels.int())
-        accuracy.update(torch.sigmoid(logits), labels.int())
+        if rows:  # (BinaryAccuracy cannot reshape an empty batch; a rank's last batch may be one)
+            auroc.update(torch.sigmoid(logits), labels.int())
+            accuracy.update(torch.sigmoid(logits), labels.int())
         loss = functional.binary_cross_entropy_with_logits(logits, labels.float(), reduction="sum")
         loss_sum += torch.tensor([loss.item(), rows], dtype=torch.float64)
     if dist.is_initialized():

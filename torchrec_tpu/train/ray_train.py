@@ -28,12 +28,15 @@ N Ray Train workers (``ray.train.torch.TorchTrainer``):
   ``--resume``): model, optimizer, RNG and data position, so the run finishes as an uninterrupted
   one would.
 
-Paths (``--data``, ``--log-dir``, ``--checkpoint-dir``, ``--resume``, the cache) are resolved on
-the driver (Ray Train runs workers in a directory of its own); on a multi-node cluster they, and the
-Ray storage path, must be on storage every node reaches (NFS, GCS FUSE), as with torchrun on
-several hosts. Without ``address`` the run gets a private local Ray instance (``--ray-workers``
-CPUs for the workers plus one for Ray Data, a 300 MB object store) that is shut down, with every
-Ray process, when the driver exits (:func:`pipelines.ray_data.local_ray`).
+Paths (``--data``, ``--log-dir``, ``--checkpoint-dir``, ``--resume``, the cache) are read from the
+driver's directory: a worker whose host has that directory runs in it with the options as given
+(Ray Train starts workers in a directory of its own), so its lines, summary and TensorBoard
+HParams name them as a local run does; elsewhere it runs on the paths made absolute by the driver.
+On a multi-node cluster they, and the Ray storage path, must be on storage every node reaches
+(NFS, GCS FUSE), as with torchrun on several hosts. Without ``address`` the run gets a private
+local Ray instance (``--ray-workers`` CPUs for the workers plus one for Ray Data, a 300 MB object
+store) that is shut down, with every Ray process, when the driver exits
+(:func:`pipelines.ray_data.local_ray`).
 """
 
 from __future__ import annotations
@@ -159,8 +162,8 @@ def _report(directory: Path, scalars: dict[str, float]) -> None:
     import ray.train
 
     primary = ray.train.get_context().get_world_rank() == 0
-    ray.train.report(scalars, checkpoint=ray.train.Checkpoint.from_directory(str(directory)) if primary else None,
-                     checkpoint_dir_name=directory.name)
+    checkpoint = ray.train.Checkpoint.from_directory(str(directory.absolute())) if primary else None
+    ray.train.report(scalars, checkpoint=checkpoint, checkpoint_dir_name=directory.name)
 
 
 def train_worker(params: dict[str, Any]) -> str | None:
@@ -170,10 +173,10 @@ def train_worker(params: dict[str, Any]) -> str | None:
     import torch
 
     from pipelines.ray_data import RayBatchStream
-    from torchrec_tpu.train.distributed import per_rank_batch
+    from torchrec_tpu.train.config import per_rank_batch
     from torchrec_tpu.train.job import JobHooks, run_job
 
-    config: TrainConfig = params["config"]
+    config = _worker_config(params)
     world = ray.train.get_context().get_world_size()
     per_rank = per_rank_batch(config.data.batch_size, world)
     # equal splits: N // world rows each, in full batches (fewer if --bad-values skip drops rows)
@@ -185,6 +188,23 @@ def train_worker(params: dict[str, Any]) -> str | None:
             config = config.with_options(resume=directory)
         summary = run_job(config, hooks=JobHooks(train_batches=stream, checkpointed=_report))
     return summary.format() if summary.primary else None
+
+
+def _worker_config(params: dict[str, Any]) -> TrainConfig:
+    """The options as given, with this worker moved to the driver's directory, when its host has
+    that directory; else the driver's config with every path absolute."""
+    if not Path(params["cwd"]).is_dir():
+        return params["config"]
+    os.chdir(params["cwd"])
+    return params["given"]
+
+
+def as_given(path: Path) -> Path:
+    """``path`` relative to the current directory when under it, else as it is."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def ray_ready_config(config: TrainConfig) -> TrainConfig:
@@ -206,6 +226,12 @@ def ray_ready_config(config: TrainConfig) -> TrainConfig:
     return config.with_options(log_dir=str(config.loop.resolved_log_dir().absolute()), **paths)
 
 
+# A private one-node instance has no node that can be drained or preempted: Ray Train's preemption
+# watcher (an actor polling the drain state; its creation logs a C++ error about restartable
+# constructor arguments) has nothing to watch there
+PRIVATE_RAY_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+
+
 @contextlib.contextmanager
 def ray_cluster(options: RayOptions) -> Iterator[None]:
     """The cluster at ``options.address``, or a private local one sized for the workers and Ray
@@ -216,7 +242,7 @@ def ray_cluster(options: RayOptions) -> Iterator[None]:
 
     if options.address is None or ray.is_initialized():
         cpus = math.ceil(options.workers * options.cpus_per_worker) + DATA_CPUS
-        with local_ray(num_cpus=cpus, log_to_driver=True, worker_setup=WORKER_SETUP):
+        with local_ray(num_cpus=cpus, log_to_driver=True, worker_setup=WORKER_SETUP, env_vars=PRIVATE_RAY_ENV):
             yield
         return
     ray.init(address=options.address, log_to_driver=True, logging_level=logging.ERROR,
@@ -242,19 +268,22 @@ def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
     from torchrec_tpu.train.distributed import DistEnv
 
     configure_logging("train")
-    config = ray_ready_config(config)
+    # the log directory fixed now: a restarted worker group writes where the first one did
+    given = config.with_options(log_dir=str(config.loop.resolved_log_dir()))
+    config = ray_ready_config(given)
     scaling = options.scaling_config()  # bad TPU settings fail before any Ray starts
     with parquet_source(config, DistEnv(rank=0, world_size=1, local_world_size=1)) as (source, table_sizes), \
             ray_cluster(options):
         if config.data.source == "sample":  # converted into a directory for this run: the workers read it
-            config = config.with_options(data=str(source))
+            config, given = config.with_options(data=str(source)), given.with_options(data=str(source))
         train_files, _ = split_files(list_parquet_files(source), config.data.eval_files, source)
         groups = row_groups(train_files, CRITEO)
         dataset = preprocessed_dataset(train_files, table_sizes, CRITEO, config.data.bad_values)
         dataset.context.enable_progress_bars = False  # the workers' output is the job's
         storage = options.storage_path or str(Path(str(config.loop.log_dir)) / "ray")
         trainer = TorchTrainer(
-            train_worker, train_loop_config={"config": config, "train_rows": sum(g.num_rows for g in groups)},
+            train_worker, train_loop_config={"config": config, "train_rows": sum(g.num_rows for g in groups),
+                                             "given": given, "cwd": os.getcwd()},
             torch_config=_backend_config(),
             scaling_config=scaling, datasets={DATASET: dataset},
             dataset_config=ray.train.DataConfig(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import pickle
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -26,6 +27,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
+from torchrec_tpu.sharding.deferred import DeferredTensor
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 
 _METADATA_CLASSES = {name: getattr(dcp_metadata, name)
@@ -129,11 +131,37 @@ def check_shapes(state: dict[str, Any], metadata: Metadata, state_dir: Path) -> 
                 f"meta.json's model needs {expected} (an inconsistent checkpoint: refusing to load it)")
 
 
-def load_state(state: dict[str, Any], state_dir: Path) -> None:
+def load_state(state: dict[str, dict[str, Any]], state_dir: Path) -> None:
     """``dcp.load(state, ...)`` from ``state_dir`` through the safe reader and planner, after
     :func:`check_shapes`. Failures on any rank raise on every rank as one CheckpointError (DCP
-    reports them as a ``CheckpointException``, a BaseException with every rank's traceback)."""
+    reports them as a ``CheckpointException``, a BaseException with every rank's traceback).
+
+    ``state``: state dicts by name (``{"model": ..., "optimizer": ...}``). A
+    :class:`~torchrec_tpu.sharding.deferred.DeferredTensor` in them (a one-rank job's embedding
+    tables, ``deferred_tables``) is not loaded now: it is replaced by one that reads that tensor
+    alone from ``state_dir`` when asked, so whoever takes the tables (the sharded modules' load)
+    holds one table's host copy at a time, not all of them beside the live ones."""
     check_shapes(state, read_state_metadata(state_dir), state_dir)
+    for name, entries in state.items():
+        for key, value in entries.items():
+            if isinstance(value, DeferredTensor):
+                entries[key] = DeferredTensor(tuple(value.shape), partial(_read_one, state_dir, name, key,
+                                                                          tuple(value.shape)))
+    now = {name: {k: v for k, v in entries.items() if not isinstance(v, DeferredTensor)}
+           for name, entries in state.items()}
+    _dcp_load(now, state_dir)
+    for name, entries in now.items():  # (with the values the load put in place of plain ones)
+        state[name].update(entries)
+
+
+def _read_one(state_dir: Path, name: str, key: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """The float32 tensor ``key`` of state dict ``name`` in ``state_dir``, read alone."""
+    value = torch.empty(shape, dtype=torch.float32)
+    _dcp_load({name: {key: value}}, state_dir)
+    return value
+
+
+def _dcp_load(state: dict[str, Any], state_dir: Path) -> None:
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(str(state_dir)), planner=SafeLoadPlanner())
     except CheckpointException as error:

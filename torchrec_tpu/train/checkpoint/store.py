@@ -108,7 +108,8 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: Optimizer, verify: 
     else:
         directory = resolve_checkpoint(path)
         meta = json.loads((directory / META_FILE).read_text())
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    with deferred_tables():  # a one-rank job's tables read and installed one at a time (load_state)
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     load_state(state, directory / STATE_DIR)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

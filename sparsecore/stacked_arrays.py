@@ -1,4 +1,6 @@
-"""A stack's table or slot as one device array, filled and read one logical table at a time.
+"""A stack's table or slot as one JAX array, filled and read one logical table at a time: how
+every backend holding stacks in JAX arrays (``xla``, ``tpu``, and the ``ops`` backend's tpu
+tensors, which share their arrays) loads and reads them.
 
 :func:`stacked_array` builds a stack's array from per-table host tensors without ever holding a
 full-stack host copy: the array starts as zeros on the device and each table's rows go in, in
@@ -10,15 +12,14 @@ loading and saving hold at most one table (plus a chunk) beside the live stacks.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
-import torch_tpu
 from sparsecore.stacking import StackedTable
-from torch_tpu.runtime._jax import jax, jnp
-from torch_tpu.runtime.tensor import array_to_cpu
 
 CHUNK_BYTES = 1 << 26  # host rows per transfer: 64 MiB (a power of two of rows: few program shapes). Above
 # glibc's largest mmap threshold (32 MiB), so each chunk is mapped and unmapped, not kept by malloc
@@ -46,12 +47,22 @@ def _take_rows(stacked: jax.Array, rows: jax.Array) -> jax.Array:
     return jnp.take(stacked, rows, axis=0)
 
 
-def stacked_array(stack: StackedTable, values_of: Callable[[str], torch.Tensor], row_slot: bool) -> jax.Array:
+@partial(jax.jit, donate_argnums=0)
+def _zeroed(stacked: jax.Array) -> jax.Array:
+    return jnp.zeros_like(stacked)
+
+
+def stacked_array(stack: StackedTable, values_of: Callable[[str], torch.Tensor], row_slot: bool,
+                  into: jax.Array | None = None) -> jax.Array:
     """``stack``'s table (``row_slot``: a row slot, one value per row) as one device array: zeros,
     then each table's ``values_of(table)`` ([vocab, dim], or [vocab]) at its rows, one table and
-    chunk at a time (as ``sparsecore.stacking.stack_rows`` lays them out, padding 0)."""
+    chunk at a time (as ``sparsecore.stacking.stack_rows`` lays them out, padding 0). ``into``:
+    the stack's current array, donated (refilled where it is: no second stack during a reload)."""
     shape = (stack.vocab_size,) if row_slot else (stack.vocab_size, stack.dim)
-    stacked = jnp.zeros(shape, jnp.float32)
+    if into is not None and (tuple(into.shape) != shape or into.dtype != jnp.float32):
+        raise ValueError(f"stack {stack.name!r}: cannot refill a {into.dtype} array of shape {tuple(into.shape)}; "
+                         f"it holds float32 {shape}")
+    stacked = jnp.zeros(shape, jnp.float32) if into is None else _zeroed(into)
     put = _put_rows(row_slot)
     for placement in stack.tables:
         values = values_of(placement.table)
@@ -73,10 +84,10 @@ def stacked_array(stack: StackedTable, values_of: Callable[[str], torch.Tensor],
     return stacked
 
 
-def table_rows(stack: StackedTable, stacked: torch.Tensor, table: str) -> torch.Tensor:
-    """``table``'s rows of ``stack``'s tpu tensor ``stacked`` (its table or a slot), cut to the
-    table's vocab and dim: a new host tensor; only that table's rows are gathered."""
+def table_rows(stack: StackedTable, stacked: jax.Array, table: str) -> torch.Tensor:
+    """``table``'s rows of ``stack``'s array ``stacked`` (its table or a slot), cut to the table's
+    vocab and dim: a new host tensor; only that table's rows are gathered."""
     placement = stack.table(table)
     rows = stack.physical_rows(table, np.arange(placement.vocab_size)).astype(np.int32)
-    values = array_to_cpu(_take_rows(torch_tpu.to_jax(stacked), jnp.asarray(rows)))
+    values = torch.from_numpy(np.array(_take_rows(stacked, jnp.asarray(rows)), copy=True))
     return values if values.dim() == 1 or placement.dim == stack.dim else values[:, :placement.dim].clone()
