@@ -13,19 +13,20 @@ import argparse
 
 import torch
 from torchrec.datasets.utils import Batch
-from torchrec.experimental.torch_tpu.checkpoint.utils import stack_and_shard_global_tensor
-
-# the README's "after" imports
-from torchrec.experimental.torch_tpu.datasets.dataloader import SparseCoreBatch
-from torchrec.experimental.torch_tpu.datasets.input_preprocessing import SparseCoreInputPreprocessor
-from torchrec.experimental.torch_tpu.modules.embedding_configs import SparseCoreEmbeddingConfig
-from torchrec.experimental.torch_tpu.modules.fused_embedding_modules import SparseCoreFusedEmbeddingBagCollection
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import torch_tpu  # noqa: F401  (the tpu device, torch.tpu.ops and TorchRec TPU's preprocessing backend)
+
+# isort: split
+# the README's "after" imports (after torch_tpu, which serves their preprocessing backend)
+from torchrec.experimental.torch_tpu.checkpoint.utils import stack_and_shard_global_tensor
+from torchrec.experimental.torch_tpu.datasets.dataloader import SparseCoreBatch
+from torchrec.experimental.torch_tpu.datasets.input_preprocessing import SparseCoreInputPreprocessor
+from torchrec.experimental.torch_tpu.modules.embedding_configs import SparseCoreEmbeddingConfig
+from torchrec.experimental.torch_tpu.modules.fused_embedding_modules import SparseCoreFusedEmbeddingBagCollection
 
 BATCH_SIZE = 128
 DENSE_IN, DENSE_ARCH, OVER_ARCH = 100, [64, 64], [32, 1]

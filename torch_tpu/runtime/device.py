@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from torch_tpu.runtime import generator as tpu_generator
+from torch_tpu.runtime import knobs
 from torch_tpu.runtime import precision as tpu_precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
@@ -133,9 +134,7 @@ def get_device_name(device: int | str | torch.device | None = None) -> str:
 # Launchers and tests that know where a process' device sits better than the runtime does (XLA:CPU
 # reports no torus coordinates) set these; torch.tpu.distributed.topology_aware_mesh reads them
 # through get_local_device_attributes().
-COORDS_ENV = "TORCH_TPU_DEVICE_COORDS"  # "x,y,z" (or "x,y")
-CORE_ENV = "TORCH_TPU_CORE_ON_CHIP"
-SLICE_ENV = "TORCH_TPU_SLICE_INDEX"
+COORDS_ENV, CORE_ENV, SLICE_ENV = knobs.DEVICE_COORDS.name, knobs.CORE_ON_CHIP.name, knobs.SLICE_INDEX.name
 
 
 def get_local_device_attributes() -> dict[str, Any]:
@@ -150,15 +149,16 @@ def get_local_device_attributes() -> dict[str, Any]:
         value = getattr(d, name, None)
         if value is not None:
             attrs[name] = tuple(value) if name == "coords" else int(value)
-    for env, name in ((COORDS_ENV, "coords"), (CORE_ENV, "core_on_chip"), (SLICE_ENV, "slice_index")):
-        text = os.environ.get(env, "").strip()
+    for knob, name in ((knobs.DEVICE_COORDS, "coords"), (knobs.CORE_ON_CHIP, "core_on_chip"),
+                       (knobs.SLICE_INDEX, "slice_index")):
+        text = knob.text()
         if not text:
             continue
         try:
             attrs[name] = tuple(int(v) for v in text.split(",")) if name == "coords" else int(text)
         except ValueError:
             wanted = "comma-separated integers" if name == "coords" else "an integer"
-            raise ValueError(f"{env}={text!r}: expected {wanted}") from None
+            raise ValueError(f"{knob.name}={text!r}: expected {wanted}") from None
     return attrs
 
 

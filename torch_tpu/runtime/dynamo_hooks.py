@@ -16,7 +16,9 @@ Importing Dynamo costs seconds, so when it is not loaded yet the patch runs righ
 from __future__ import annotations
 
 import functools
-from typing import Any
+import importlib.util
+import sys
+from typing import Any, Callable
 
 from torch_tpu.runtime.after_import import call_after_import
 
@@ -24,6 +26,49 @@ from torch_tpu.runtime.after_import import call_after_import
 def install(tensor_type: type) -> None:
     """Patch Dynamo for ``tensor_type`` now if it is imported, else as soon as it is."""
     call_after_import("torch._dynamo", "optimize", _patcher(tensor_type))
+
+
+# torch.tpu.ops' Python functions (TorchTPU's namespace) are user code a compiled model calls
+# (TorchRec's fused modules unstack their lookups with one): Dynamo traces into them
+TRACED_MODULES = frozenset({"torch_tpu.ops.tpu_namespace"})
+
+
+_CONSTANT_RESULTS: list[Callable[..., Any]] = []
+
+
+def constant_result(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Dynamo calls ``fn`` while tracing and takes its result as a constant of the graph
+    (``torch.compiler.assume_constant_result``, without importing Dynamo now)."""
+    _CONSTANT_RESULTS.append(fn)
+    if "torch._dynamo" in sys.modules:
+        _mark_constant_results()
+    return fn
+
+
+def _mark_constant_results() -> None:
+    import torch._dynamo
+
+    for fn in _CONSTANT_RESULTS:
+        torch._dynamo.assume_constant_result(fn)
+
+
+def _skip_torch_tpu(trace_rules: Any) -> None:
+    """Dynamo skips every torch_tpu module but :data:`TRACED_MODULES`: a package holding one is
+    skipped module by module (and its ``__init__``), any other package whole."""
+    import pkgutil
+    from pathlib import Path
+
+    holders = {"torch_tpu", *(prefix for m in TRACED_MODULES for prefix in _parents(m))}
+    for info in pkgutil.walk_packages([str(Path(__file__).resolve().parents[1])], "torch_tpu."):
+        if info.name not in TRACED_MODULES and info.name not in holders:
+            trace_rules.add(info.name)
+    for package in holders:
+        trace_rules.FORCE_SKIP_FILES.add(importlib.util.find_spec(package).origin)
+
+
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 @functools.cache
@@ -38,8 +83,10 @@ def _patch(tensor_type: type) -> None:
     wrap = builder.VariableBuilder._wrap
     if getattr(wrap, "_tpu_tensor_as_plain", False):
         return
-    for package in ("torch_tpu", "jax", "jaxlib"):
+    for package in ("jax", "jaxlib"):
         trace_rules.add(package)
+    _skip_torch_tpu(trace_rules)
+    _mark_constant_results()
 
     def _wrap(self: Any, value: Any) -> Any:
         if type(value) is tensor_type:

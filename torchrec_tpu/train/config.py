@@ -396,6 +396,11 @@ def _group_options() -> dict[str, tuple[str, dataclasses.Field]]:
 OPTIONS: dict[str, tuple[str, dataclasses.Field]] = _group_options()
 
 
+def per_rank_batch(global_batch: int, world_size: int) -> int:
+    """Each of ``world_size`` ranks' share of a global batch of ``global_batch`` samples (at least 1)."""
+    return max(1, global_batch // world_size)
+
+
 def _engines_that(trait: str) -> str:
     """The ``--engine`` values whose :class:`~torchrec_tpu.train.engines.EngineKind` has ``trait``."""
     return "|".join(e.name for e in ENGINES.values() if getattr(e, trait))

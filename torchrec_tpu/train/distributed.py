@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torchrec_tpu.errors import one_line
 from torchrec_tpu.launcher import die_with_parent
 from torchrec_tpu.train import rank_watch
+from torchrec_tpu.train.config import per_rank_batch
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
@@ -61,11 +62,6 @@ class DistEnv:
     def per_rank(self, global_batch: int) -> int:
         """Each rank's share of a global batch (:func:`per_rank_batch`)."""
         return per_rank_batch(global_batch, self.world_size)
-
-
-def per_rank_batch(global_batch: int, world_size: int) -> int:
-    """Each of ``world_size`` ranks' share of a global batch of ``global_batch`` samples (at least 1)."""
-    return max(1, global_batch // world_size)
 
 
 def current_env(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> DistEnv:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Iterable, Iterator
+from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -151,91 +151,114 @@ def run_training(
     runs the model on a held-out batch.
     """
     model.train()
-    step, samples = options.start_step, 0
-    position = options.start
+    step, position = options.start_step, options.start
     total = _total_steps(train, options)
-    paused_seconds = 0.0  # evaluation and checkpoints
-    window_losses: list[float] = []
-    pending: list[tuple[int, int, torch.Tensor]] = []  # (step, epoch, loss) not read back yet
-    recent_losses: collections.deque[float] = collections.deque(maxlen=options.log_every)
-    window_samples, window_start = 0, time.perf_counter()
+    evaluations = _Evaluations(options, log, lambda split, at: _evaluate(model, split, device, at, eval_forward,
+                                                                         options))
     bar = progress_bar(total=total, initial=options.start_step, desc="train", unit="step", enabled=options.progress)
-    bar.set_postfix_str("compiling")  # the first step traces and compiles
-    loop_start = time.perf_counter()
-    first_step_seconds = 0.0
-    evaluations = _Evaluations(options)
+    metrics = _MetricsWindow(log, options, total, bar)
     with bar:
-        batches = () if _done(step, options) else _batches(train, options)
-        for position, batch in batches:
-            epoch = position.epoch
+        for position, batch in () if _done(step, options) else _batches(train, options):
             rates = learning_rates(step + 1) if learning_rates else None
             with collectives(f"train step {step + 1} (embedding all_to_all, dense gradient all_reduce)"):
                 loss = step_fn(model, optimizer, batch.to(device))
-            pending.append((step, epoch, loss.detach()))  # read every log_every steps, not each step
             step += 1
             if rates:
                 log.log(step, rates)
-            batch_samples = batch.labels.numel() * options.world_size
-            samples += batch_samples
-            window_samples += batch_samples
-            if not first_step_seconds:  # waits for the first step only: its time includes compiling,
-                window_losses += _read_losses(pending)  # which no samples/s point counts
-                first_step_seconds = time.perf_counter() - loop_start
-                window_samples, window_start = 0, time.perf_counter()
-            if step % options.log_every == 0:
-                window_losses += _read_losses(pending)
-                recent_losses.extend(window_losses)
-                elapsed = time.perf_counter() - window_start
-                mean_loss = sum(window_losses) / len(window_losses)
-                # a window of the first step alone has no rate: that step compiled
-                rate = window_samples / elapsed if window_samples and elapsed > 0 else None
-                log.log(step, {"train/loss": mean_loss, "train/epoch": epoch,
-                               **({"train/samples_per_sec": rate} if rate is not None else {})})
-                rate_text = "compiling" if rate is None else f"{rate:,.0f} samples/s"
-                bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=rate_text.removesuffix(" samples/s"))
-                if bar.disable and options.progress:  # no bar (not a terminal): one line per --log-every
-                    _log.info("step %d/%d  epoch %d  loss %.4f  %s", step, total, epoch, mean_loss, rate_text)
-                window_losses, window_samples, window_start = [], 0, time.perf_counter()
-            bar.update(1)
-            if options.eval_every and step % options.eval_every == 0:
-                eval_start = time.perf_counter()
-                result = evaluations.held_out(log, step, _evaluate(model, held_out, device, step, eval_forward,
-                                                                   options))
-                window_start = time.perf_counter()
-                paused_seconds += window_start - eval_start
+            metrics.stepped(step, position.epoch, loss, batch.labels.numel() * options.world_size)
+            if evaluations.due(step):
+                with metrics.paused():
+                    evaluations.held_out(held_out, step)
                 if evaluations.target_step is not None:  # the global AUC: every rank stops
-                    if options.primary:
-                        _log.info("eval AUC %.5f at step %d reached --target-auc %s: stopping", result.auc, step,
-                                  options.target_auc)
                     break
-            if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 \
-                    and step != total:
-                save_start = time.perf_counter()
-                window_losses += _read_losses(pending)  # no checkpoint of a NaN step
-                with collectives(f"the checkpoint save at step {step}"):
-                    saved = checkpoint(step, position)
-                if options.primary:
-                    _log.info("checkpoint step %d: %s", step, saved)
-                window_start = time.perf_counter()
-                paused_seconds += window_start - save_start
+            if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 and step != total:
+                with metrics.paused():
+                    _save(checkpoint, step, position, metrics, options)
             if _done(step, options):
                 break
-    train_seconds = time.perf_counter() - loop_start - paused_seconds
-    recent_losses.extend([*window_losses, *_read_losses(pending)])  # the steps since the last log
+    train_seconds = metrics.train_seconds()
     if step == options.start_step:
         raise ValueError(
             f"no batches to train on from step {options.start_step} (the training split is empty, "
             "or a resumed run already reached --epochs / --max-steps)"
         )
-    if not (options.eval_every and step % options.eval_every == 0):  # else just evaluated
-        result = evaluations.held_out(log, step, _evaluate(model, held_out, device, step, eval_forward, options))
-    test_result = None
-    if test is not None:
-        test_result = evaluations.logged(log, step, _evaluate(model, test, device, step, eval_forward, options),
-                                         "test")
-    final_loss = sum(recent_losses) / len(recent_losses)
-    return TrainResult(step, samples, train_seconds, final_loss, result, position, first_step_seconds, test_result,
-                       evaluations.target_step, evaluations.best)
+    result = evaluations.last if evaluations.due(step) else evaluations.held_out(held_out, step)
+    test_result = evaluations.logged(step, evaluations.run(test, step), "test") if test is not None else None
+    return TrainResult(step, metrics.samples, train_seconds, metrics.final_loss(), result, position,
+                       metrics.first_step_seconds, test_result, evaluations.target_step, evaluations.best)
+
+
+def _save(checkpoint: CheckpointFn, step: int, position: LoopPosition, metrics: _MetricsWindow,
+          options: LoopOptions) -> None:
+    metrics.read_pending()  # no checkpoint of a NaN step
+    with collectives(f"the checkpoint save at step {step}"):
+        saved = checkpoint(step, position)
+    if options.primary:
+        _log.info("checkpoint step %d: %s", step, saved)
+
+
+class _MetricsWindow:
+    """The training scalars: step losses read back lazily (every ``log_every`` steps, in one go),
+    samples/s over the steps since the last log (the first step, which compiles, counts in none),
+    and the loop's own time, evaluation and checkpoints excluded (:meth:`paused`)."""
+
+    def __init__(self, log: ScalarLog, options: LoopOptions, total: int | None, bar: Any) -> None:
+        self.log, self.options, self.total, self.bar = log, options, total, bar
+        self.pending: list[tuple[int, int, torch.Tensor]] = []  # (step, epoch, loss) not read back yet
+        self.window_losses: list[float] = []
+        self.recent_losses: collections.deque[float] = collections.deque(maxlen=options.log_every)
+        self.samples = self.window_samples = 0
+        self.first_step_seconds = self.paused_seconds = 0.0
+        self.loop_start = self.window_start = time.perf_counter()
+        bar.set_postfix_str("compiling")  # the first step traces and compiles
+
+    def stepped(self, step: int, epoch: int, loss: torch.Tensor, batch_samples: int) -> None:
+        self.pending.append((step - 1, epoch, loss.detach()))
+        self.samples += batch_samples
+        self.window_samples += batch_samples
+        if not self.first_step_seconds:  # waits for the first step only: its time includes compiling,
+            self.read_pending()  # which no samples/s point counts
+            self.first_step_seconds = time.perf_counter() - self.loop_start
+            self.window_samples, self.window_start = 0, time.perf_counter()
+        if step % self.options.log_every == 0:
+            self._log_window(step, epoch)
+        self.bar.update(1)
+
+    def _log_window(self, step: int, epoch: int) -> None:
+        self.read_pending()
+        self.recent_losses.extend(self.window_losses)
+        elapsed = time.perf_counter() - self.window_start
+        mean_loss = sum(self.window_losses) / len(self.window_losses)
+        # a window of the first step alone has no rate: that step compiled
+        rate = self.window_samples / elapsed if self.window_samples and elapsed > 0 else None
+        self.log.log(step, {"train/loss": mean_loss, "train/epoch": epoch,
+                            **({"train/samples_per_sec": rate} if rate is not None else {})})
+        rate_text = "compiling" if rate is None else f"{rate:,.0f} samples/s"
+        self.bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=rate_text.removesuffix(" samples/s"))
+        if self.bar.disable and self.options.progress:  # no bar (not a terminal): one line per --log-every
+            _log.info("step %d/%d  epoch %d  loss %.4f  %s", step, self.total, epoch, mean_loss, rate_text)
+        self.window_losses, self.window_samples, self.window_start = [], 0, time.perf_counter()
+
+    def read_pending(self) -> None:
+        self.window_losses += _read_losses(self.pending)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside (evaluation, a checkpoint) counts in neither samples/s nor train time."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.window_start = time.perf_counter()
+            self.paused_seconds += self.window_start - start
+
+    def train_seconds(self) -> float:
+        return time.perf_counter() - self.loop_start - self.paused_seconds
+
+    def final_loss(self) -> float:
+        """The mean loss of the last ``log_every`` steps, the steps since the last log included."""
+        self.recent_losses.extend([*self.window_losses, *_read_losses(self.pending)])
+        return sum(self.recent_losses) / len(self.recent_losses)
 
 
 def _read_losses(pending: list[tuple[int, int, torch.Tensor]]) -> list[float]:
@@ -258,25 +281,35 @@ def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device,
 
 
 class _Evaluations:
-    """The run's evaluations: logged (TensorBoard and, on the primary, one console line each), the
-    best held-out one and the step whose evaluation reached ``options.target_auc`` kept."""
+    """The run's evaluations on their ``options.eval_every`` schedule: logged (TensorBoard and, on
+    the primary, one console line each), the latest and best held-out one and the step whose
+    evaluation reached ``options.target_auc`` kept. ``run(split, step)`` evaluates a split."""
 
-    def __init__(self, options: LoopOptions) -> None:
-        self.options = options
+    def __init__(self, options: LoopOptions, log: ScalarLog,
+                 run: Callable[[Iterable[Batch], int], EvalResult]) -> None:
+        self.options, self.log, self.run = options, log, run
+        self.last: EvalResult | None = None
         self.best: tuple[int, EvalResult] | None = None
         self.target_step: int | None = None
 
-    def logged(self, log: ScalarLog, step: int, result: EvalResult, split: str) -> EvalResult:
-        log.log(step, {f"{split}/auc": result.auc, f"{split}/loss": result.loss, f"{split}/accuracy": result.accuracy})
+    def due(self, step: int) -> bool:
+        return bool(self.options.eval_every) and step % self.options.eval_every == 0
+
+    def logged(self, step: int, result: EvalResult, split: str) -> EvalResult:
+        self.log.log(step, {f"{split}/auc": result.auc, f"{split}/loss": result.loss,
+                            f"{split}/accuracy": result.accuracy})
         if self.options.primary:
             _log.info("%s step %d: %s", split, step, result.describe())
         return result
 
-    def held_out(self, log: ScalarLog, step: int, result: EvalResult) -> EvalResult:
-        """Log an evaluation of the held-out (validation) split and keep score."""
-        self.logged(log, step, result, "eval")
+    def held_out(self, held_out: Iterable[Batch], step: int) -> EvalResult:
+        """Evaluate the held-out (validation) split, log it and keep score."""
+        result = self.last = self.logged(step, self.run(held_out, step), "eval")
         if self.best is None or result.auc > self.best[1].auc:
             self.best = (step, result)
         if self.options.target_auc and self.target_step is None and result.auc >= self.options.target_auc:
             self.target_step = step
+            if self.options.primary:
+                _log.info("eval AUC %.5f at step %d reached --target-auc %s: stopping", result.auc, step,
+                          self.options.target_auc)
         return result

@@ -173,7 +173,7 @@ def train_worker(params: dict[str, Any]) -> str | None:
     import torch
 
     from pipelines.ray_data import RayBatchStream
-    from torchrec_tpu.train.distributed import per_rank_batch
+    from torchrec_tpu.train.config import per_rank_batch
     from torchrec_tpu.train.job import JobHooks, run_job
 
     config = _worker_config(params)

@@ -22,8 +22,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.streams import BatchStream, batches_from_row
-from torchrec_tpu.train.config import TrainConfig
-from torchrec_tpu.train.distributed import per_rank_batch
+from torchrec_tpu.train.config import TrainConfig, per_rank_batch
 
 OFFSET_ROWS = 100_000  # distinct offset vectors per feature (MLPerf's cache of multi-hot offsets)
 
