@@ -104,9 +104,17 @@ def set_device(device: int | str | torch.device) -> None:
 def synchronize(device: int | str | torch.device | None = None) -> None:
     """Wait until every op dispatched so far has finished on the device."""
     _check_index(device)
-    last = last_output[0]
-    if last is not None:
-        last.block_until_ready()
+    _wait(last_output[0])
+
+
+def _wait(array: jax.Array | None) -> None:
+    if not _done(array):
+        array.block_until_ready()  # type: ignore[union-attr]
+
+
+def _done(array: jax.Array | None) -> bool:
+    # a donated array was consumed by a later program, which noted its own output
+    return array is None or array.is_deleted() or array.is_ready()
 
 
 _torch_accelerator_synchronize = torch.accelerator.synchronize
@@ -299,8 +307,7 @@ class Stream(torch.Stream):
         synchronize()
 
     def query(self) -> bool:
-        last = last_output[0]
-        return last is None or last.is_ready()
+        return _done(last_output[0])
 
     def wait_stream(self, stream: Stream) -> None:
         pass  # one in-order stream: already ordered
@@ -334,11 +341,10 @@ class Event(torch.Event):
         pass
 
     def query(self) -> bool:
-        return self._marker is None or self._marker.is_ready()
+        return _done(self._marker)
 
     def synchronize(self) -> None:
-        if self._marker is not None:
-            self._marker.block_until_ready()
+        _wait(self._marker)
 
     def elapsed_time(self, end_event: Event) -> float:
         """Milliseconds between the two record() calls (host clock; synchronize both first)."""
