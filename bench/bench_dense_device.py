@@ -42,6 +42,7 @@ from torchrec_tpu.train.distributed import process_group  # noqa: E402
 from torchrec_tpu.train.engines.dense_placement import dense_device  # noqa: E402
 from torchrec_tpu.train.engines.dense_step import step_function  # noqa: E402
 from torchrec_tpu.train.engines.sparsecore_engine import build_dense_optimizer, build_sparsecore_model  # noqa: E402
+from torchrec_tpu.train.engines.step_layout import sparsecore_layout
 from torchrec_tpu.train.loop import train_step  # noqa: E402
 from torchrec_tpu.train.model import ModelSpec, ebc_of  # noqa: E402
 
@@ -65,10 +66,10 @@ def measure(placement: str, spec: ModelSpec, batches, args: argparse.Namespace) 
     with process_group() as env:
         torch.manual_seed(0)
         device = dense_device(device_name)
-        model = build_sparsecore_model(spec, env, device, OPTIM, EngineConfig(), args.batch_size, seed=0)
+        layout = sparsecore_layout(EngineConfig(), OPTIM, env.world_size, device)
+        model = build_sparsecore_model(spec, env, layout, OPTIM, EngineConfig(), args.batch_size, seed=0)
         optimizer = build_dense_optimizer(model, OPTIM)
-        step_fn = train_step if placement == "tpu-eager" else step_function(model, optimizer,
-                                                                              device, env.world_size)
+        step_fn = train_step if placement == "tpu-eager" else step_function(model, optimizer, layout)
         ebc = ebc_of(model)
         batches = [Batch(b.dense_features, ebc.prefetch(b.sparse_features), b.labels) for b in batches]
 

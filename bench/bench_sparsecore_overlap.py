@@ -98,9 +98,10 @@ def worker(args: argparse.Namespace) -> None:
     optim = OptimConfig(sparse_optimizer="adagrad", sparse_lr=0.005, dense_optimizer="adagrad", dense_lr=0.005)
     engine = SparseCoreEngine(optim, EngineConfig(dense_device=args.dense_device), args.batch, seed=0)
     with process_group(device_tensors=engine.needs_device_tensors) as env:
-        model = engine.build_model(spec, env, torch.device("cpu"))
+        layout = engine.step_layout(spec, env)
+        model = engine.build_model(spec, env, torch.device("cpu"), layout)
         optimizer = engine.build_optimizer(model)
-        step = engine.step_function(model, optimizer, env)
+        step = engine.step_function(model, optimizer, layout)
         ebc = ebc_of(unwrap_dense(model))
         for b in batches:  # every batch's programs compiled before the clock starts
             ebc.compile(b.sparse_features)

@@ -47,7 +47,7 @@ def _take_rows(stacked: jax.Array, rows: jax.Array) -> jax.Array:
     return jnp.take(stacked, rows, axis=0)
 
 
-@partial(jax.jit, donate_argnums=0)
+@partial(jax.jit, donate_argnums=0, keep_unused=True)  # (unused, jit would drop the argument and its donation)
 def _zeroed(stacked: jax.Array) -> jax.Array:
     return jnp.zeros_like(stacked)
 

@@ -254,3 +254,17 @@ def test_no_submodule_imports_from_its_package_init_while_the_init_imports_it() 
                    for node in _module_level(tree.body)):
                 offenders.append(f"{package} <-> {child}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_torch_tpu_reads_its_environment_knobs_only_through_runtime_knobs() -> None:
+    """Every TORCH_TPU_* / TPU_DIST_* variable is a ``torch_tpu.runtime.knobs.Knob``: no other module
+    names one as a bare string (the name an ``os.environ`` lookup takes)."""
+    knob = re.compile(r"(TORCH_TPU|TPU_DIST)_[A-Z_]+")
+    offenders = []
+    for module, path in _torch_tpu_modules().items():
+        if module == "torch_tpu.runtime.knobs":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and knob.fullmatch(node.value):
+                offenders.append(f"{module}: {node.value!r}")
+    assert not offenders, "\n".join(offenders)

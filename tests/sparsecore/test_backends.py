@@ -188,3 +188,15 @@ def test_xla_lookup_reads_only_kept_entries_under_the_drop_policy():
     assert 0 < kept <= 4 * n * 8  # every partition within its limit of 8
     got = np.asarray(backend.stack_activations(stack, csr))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_package_above_registers_its_backend_by_name():
+    import torchrec_tpu.sharding  # noqa: F401  (registers "ops")
+    from sparsecore.backends import backend_names, register_backend
+
+    assert {"xla", "fbgemm", "tpu", "ops"} <= set(backend_names())
+    register_backend("ops", "torchrec_tpu.sharding.ops_backend:OpsBackend")  # the same again: accepted
+    with pytest.raises(ValueError, match="backend 'ops' is already torchrec_tpu.sharding.ops_backend:OpsBackend"):
+        register_backend("ops", "elsewhere:Other")
+    backend = make_backend("ops", _plan(OPTIMIZERS["sgd"], "sum"))
+    assert type(backend).__name__ == "OpsBackend" and backend.name == "ops"

@@ -53,3 +53,23 @@ def test_autoload_entry_point_gives_a_working_device():
     off = subprocess.run([sys.executable, "-c", "import torch; print(torch._C._get_privateuse1_backend_name())"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert off.stdout.strip() == "privateuseone", off.stderr
+
+
+def test_synchronize_after_a_program_took_the_last_ops_output():
+    """The last eager op's array donated to a compiled program (a train step's tables and optimizer
+    state): synchronize, events and queries wait for that program, not on the consumed array."""
+    from torch_tpu.compile.executables import CompiledProgram
+    from torch_tpu.runtime import device as tpu_device
+    from torch_tpu.runtime.tensor import to_jax
+
+    tpu = torch.tpu
+    event = tpu.current_stream().record_event()
+    state = torch.arange(1000, device="tpu") * 0.0  # the newest eager output
+    assert tpu_device.last_output[0] is to_jax(state)
+    double = CompiledProgram(lambda a: a * 2 + 1, donated=(0,))
+    out = double(to_jax(state))
+    assert to_jax(state).is_deleted()
+    tpu.synchronize()
+    event.synchronize()
+    assert event.query() and tpu.current_stream().query() and out.is_ready()
+    assert float(out[0]) == 1.0

@@ -2,8 +2,8 @@
 ``torch.tpu.ops`` (activation unstacking against an index-by-index reference, errors), the
 ``pybind_input_preprocessing`` backend served by the import hook (byte-equal to jax-tpu-embedding's
 C++ preprocessing; errors), ``torch_tpu._internal.pallas.jax_op`` running TorchRec's own Pallas
-kernels (TensorCore kernels in interpret mode; SparseCore ones via their op's CPU kernel), and
-``torch.accelerator.synchronize``."""
+kernels (TensorCore kernels in interpret mode; SparseCore ones via their op's CPU kernel),
+``torch.accelerator.synchronize`` and ``torch_tpu._internal.sync.synchronize``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from torchrec.experimental.torch_tpu import SparseCoreInputPreprocessor
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from sparsecore.metadata_backend import SparseCorePreprocessorBackend
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
@@ -115,6 +116,23 @@ def test_torchrec_preprocessing_is_jax_tpu_embeddings_bytes() -> None:
                 assert got.tobytes() == want.tobytes(), (stack.name, name, k)
 
 
+def test_a_kjts_weights_never_reach_torch_tpu() -> None:
+    """Issue 47 asked the fused EBC to warn once when it drops per-sample weights. TorchRec's
+    ``SparseCoreInputPreprocessor`` (its code, run unchanged) hands the backend torch_tpu serves
+    each feature's ids and offsets only, so nothing of ours sees the weights to warn about: a
+    weighted batch preprocesses to the unweighted batch's buffers, gains included."""
+    configs = bag_configs()
+    pre = SparseCoreInputPreprocessor(tables=sc_tables(configs), batch_size=BATCH, num_sc_per_device=4)
+    plain = kjt(ids_per_sample(configs, BATCH, seed=5, max_len=4))
+    weights = torch.rand(plain.values().numel(), generator=torch.Generator().manual_seed(0)) + 0.5
+    weighted = KeyedJaggedTensor(keys=plain.keys(), values=plain.values(), lengths=plain.lengths(), weights=weights)
+    got, want = pre(weighted).table_tensors, pre(plain).table_tensors
+    assert sorted(got) == sorted(want)
+    for stack, buffers in want.items():
+        for name in ("row_pointers", "embedding_ids", "sample_ids", "gains"):  # bytes: unused gains are NaN
+            assert getattr(got[stack], name).numpy().tobytes() == getattr(buffers, name).numpy().tobytes(), name
+
+
 def _metadata(**feature) -> list[dict]:
     f = {"name": "f", "row_offset": 0, "col_offset": 0, "col_shift": 0, "batch_size": 4, "combiner": "sum",
          "max_col_id": 10, **feature}
@@ -180,3 +198,16 @@ def test_accelerator_synchronize_reaches_the_tpu_device() -> None:
     torch.accelerator.synchronize()  # TorchRec's fused modules call it after initialising tables
     torch.accelerator.synchronize("tpu")
     assert x.sum().item() == 8
+
+
+def test_internal_sync_waits_for_the_device_work_dispatched_so_far() -> None:
+    """TorchRec's TPU kernel tests time their kernels between ``sync.synchronize(wait=True)`` calls."""
+    from torch_tpu._internal import sync
+
+    x = torch.randn(1024, 1024, device="tpu")
+    y = x @ x
+    z = y + 1
+    sync.synchronize(wait=True)
+    assert torch.tpu.current_stream().query()  # the device holds no unfinished op
+    sync.synchronize(wait=False)  # returns at once: nothing waits on the host to be flushed
+    assert torch.equal(z.cpu(), y.cpu() + 1)

@@ -2,7 +2,8 @@
 two tpu_dist ranks, on ``DLRM_DCN`` (TorchRec's MLPerf DLRM-v2 TPU benchmark path at small
 cardinalities) equals the same model trained on CPU over the global batch
 (tests/torchrec_192/unfused_dmp_checks.py): every rank's loss per step and the final tables
-(each rank's column block) and dense weights."""
+(each rank's column block) and dense weights. The optimizer covers the UNFUSED_TPU kernels' table
+weights explicitly: TorchRec 1.9.2 leaves them out of ``dmp.parameters()`` (test_unfused_parameters.py)."""
 
 from __future__ import annotations
 
@@ -24,4 +25,7 @@ def test_dmp_unfused_tpu_column_wise_dlrm_dcn_on_two_ranks_equals_cpu() -> None:
         assert state.keys() == ref_state.keys()
         for key, (column, value) in state.items():
             expected = ref_state[key] if column is None else ref_state[key][:, column:column + value.shape[1]]
-            torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {key}")
+            # Adagrad's first step divides by |g|: float32 sums in another order move a table's
+            # smallest-gradient entries by a few 1e-6
+            atol = 2e-5 if column is not None else 1e-6
+            torch.testing.assert_close(value, expected, rtol=1e-5, atol=atol, msg=f"rank {rank} {key}")

@@ -109,7 +109,11 @@ def _train(rank: int, world: int) -> tuple[list[float], dict[str, Any]]:
                                    plan=plan, sharders=[EmbeddingBagCollectionSharder()],
                                    data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=False))
     _load_full_state(dmp.state_dict(), initial_state())
-    optimizer = torch.optim.Adagrad(dmp.parameters(), lr=LR)
+    # TorchRec 1.9.2's UNFUSED_TPU kernels leave their table weights out of dmp.parameters()
+    # (test_unfused_parameters.py): the optimizer takes them as well, as a user's must
+    tables = [p for module in dmp.modules() for lookup in getattr(module, "_lookups", []) for p in lookup.parameters()]
+    assert tables, "no UNFUSED_TPU lookup weights found"
+    optimizer = torch.optim.Adagrad([*dmp.parameters(), *tables], lr=LR)
     losses = []
     mine = slice(rank * BATCH, (rank + 1) * BATCH)
     for x, y, ids in global_batches(world):

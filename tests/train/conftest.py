@@ -14,6 +14,7 @@ from pipelines.sample_data import criteo_sample_csv
 from pipelines.synthetic import SyntheticConfig, generate
 from torchrec_tpu.train.checkpoint.store import STATE_DIR
 from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.engines.step_layout import StepLayout, sparsecore_layout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_CSV = criteo_sample_csv()
@@ -89,3 +90,8 @@ def whole_tensor(value: torch.Tensor) -> torch.Tensor:
 
 
 SPARSECORE_TABLES = "model.model.sparse_arch.embedding_bag_collection.embedding_bags."
+
+
+def cpu_layout(config: TrainConfig, world_size: int) -> StepLayout:
+    """``config``'s sparsecore step layout with the dense towers on the host."""
+    return sparsecore_layout(config.engine, config.optim, world_size, torch.device("cpu"))

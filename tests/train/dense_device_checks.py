@@ -20,6 +20,7 @@ from torchrec_tpu.train.distributed import process_group
 from torchrec_tpu.train.engines.dense_placement import dense_device
 from torchrec_tpu.train.engines.dense_step import CompiledDenseEval, CompiledDenseStep, eval_forward, step_function
 from torchrec_tpu.train.engines.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
+from torchrec_tpu.train.engines.step_layout import sparsecore_layout
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import ModelSpec
 
@@ -72,11 +73,12 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch
         device = dense_device(device_name)
         torch.manual_seed(0)  # the dense towers' init
         engine = EngineConfig(dense_parallel=parallel, sparse_backend=sparse_backend)
-        net = build_sparsecore_model(spec(model), env, device, OPTIM, engine, GLOBAL_BATCH, seed=0)
+        layout = sparsecore_layout(engine, OPTIM, env.world_size, device)
+        net = build_sparsecore_model(spec(model), env, layout, OPTIM, engine, GLOBAL_BATCH, seed=0)
         optimizer = build_dense_optimizer(net, OPTIM)
         initial = _host_state(net)
         losses = []
-        step_fn = step_function(net, optimizer, device, env.world_size, parallel)  # as the job does
+        step_fn = step_function(net, optimizer, layout)  # as the job does
         for step in range(STEPS):
             batch = rank_slice(global_batch(step), env.rank, env.world_size)
             if prefetch:
@@ -86,7 +88,7 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch
         # a larger batch than training's (as the job's evaluation batches) and a smaller last one
         sizes = (GLOBAL_BATCH, 2 * GLOBAL_BATCH + GLOBAL_BATCH // 2, GLOBAL_BATCH // 2)
         held_out = [rank_slice(global_batch(STEPS + i, size), env.rank, env.world_size) for i, size in enumerate(sizes)]
-        forward = eval_forward(net, device, env.world_size, parallel)  # as the job does
+        forward = eval_forward(net, layout)  # as the job does
         result = evaluate(net, held_out, torch.device("cpu"), forward)
         eager = evaluate(net, held_out, torch.device("cpu"))
         return {"losses": losses, "auc": result.auc, "eval_loss": result.loss, "initial": initial,

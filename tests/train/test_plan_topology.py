@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from sparsecore.specs import SparseCoreTopology
-from tests.train.conftest import TINY_OPTIONS, as_flags, tiny_config
+from tests.train.conftest import TINY_OPTIONS, as_flags, cpu_layout, tiny_config
 from torchrec_tpu import cli
 from torchrec_tpu.planner.partitioner import plan_tables
 from torchrec_tpu.planner.plan import load_plan
@@ -30,8 +29,8 @@ def _model_tables(tiny_dataset: Path, tmp_path: Path):
     config = tiny_config(tiny_dataset, tmp_path / "logs", engine="sparsecore")
     with process_group() as env, open_data(config, env) as data:
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim, config.engine, BATCH,
-                                       config.loop.seed)
+        model = build_sparsecore_model(spec, env, cpu_layout(config, env.world_size), config.optim, config.engine,
+                                       BATCH, config.loop.seed)
     ebc = model.model.sparse_arch.embedding_bag_collection
     return config, spec, ebc
 
@@ -52,7 +51,7 @@ def test_a_v6e_plan_lays_the_stacks_out_on_two_sparsecores(tiny_dataset: Path, t
     plan = _save_plan(list(ebc.tables.values()), "v6e-1", tmp_path / "v6e.json")
     assert load_plan(plan).topology.chip.name == "v6e"
     with process_group() as env:
-        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim,
+        model = build_sparsecore_model(spec, env, cpu_layout(config, env.world_size), config.optim,
                                        EngineConfig(plan=str(plan)), BATCH, config.loop.seed)
     stacking = model.model.sparse_arch.embedding_bag_collection._backend.plan
     assert stacking.topology == SparseCoreTopology("v6e", 1)

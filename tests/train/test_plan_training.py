@@ -26,7 +26,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from tests.train.cli_ranks import WORLD, launch_cli_ranks, start_cli_ranks, wait_cli_ranks
-from tests.train.conftest import SPARSECORE_TABLES, TINY_OPTIONS, as_flags, flat_checkpoint, tiny_config
+from tests.train.conftest import SPARSECORE_TABLES, TINY_OPTIONS, as_flags, cpu_layout, flat_checkpoint, tiny_config
 from torchrec_tpu.planner.partitioner import plan_tables
 from torchrec_tpu.planner.plan import Plan
 from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
@@ -56,7 +56,7 @@ MIXED = {"t_C1": "row_wise", "t_C2": "column_wise", "t_C3": "data_parallel", "t_
 
 def write_plan(config: TrainConfig, world_size: int, kinds: Mapping[str, str], path: Path) -> Plan:
     """The planner's plan for the job's tables on ``world_size`` devices, ``kinds`` constrained."""
-    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.optim, config.engine,
+    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), cpu_layout(config, 1), config.optim, config.engine,
                                    config.data.batch_size, config.loop.seed)
     tables = tables_from_sparsecore_specs(_ebc(model).tables.values())
     plan = plan_tables(tables, parse_accelerator_type(f"v5p-1x1x{world_size}"), config.data.batch_size,
@@ -95,7 +95,7 @@ def _concat(kjts) -> KeyedJaggedTensor:
 def train_in_process(config: TrainConfig, batches: Iterator[Batch], plan: str | None) -> tuple[dict, dict]:
     """A 1-rank sparsecore run over ``batches``: (initial state, final tables)."""
     torch.manual_seed(config.loop.seed)
-    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), torch.device("cpu"), config.optim,
+    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), cpu_layout(config, 1), config.optim,
                                    EngineConfig(plan=plan), config.data.batch_size, config.loop.seed)
     initial = {"tables": _ebc(model).unsharded_weights(),
                "dense": {k: v.clone() for k, v in model.state_dict().items() if not k.startswith(EBC_PATH)}}

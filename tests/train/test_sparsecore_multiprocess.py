@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.train.cli_ranks import WORLD, launch_cli_ranks
-from tests.train.conftest import TINY_OPTIONS, as_flags
+from tests.train.conftest import TINY_OPTIONS, as_flags, cpu_layout
 from torchrec_tpu.train.checkpoint.store import load_checkpoint
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
@@ -41,7 +41,7 @@ def test_two_ranks_train_and_the_checkpoint_loads_on_one(two_rank_sparsecore) ->
     config = TrainConfig.from_options(**meta["config"])
     with process_group() as env, open_data(config, env) as data:
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        model = build_sparsecore_model(spec, env, torch.device("cpu"), config.optim, config.engine,
+        model = build_sparsecore_model(spec, env, cpu_layout(config, env.world_size), config.optim, config.engine,
                                        config.data.batch_size, config.loop.seed + 1)
         load_checkpoint(log_dir / "checkpoint", model,
                         build_dense_optimizer(model, config.optim))

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import logging
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +43,10 @@ class CompileStats:
 
 _stats = CompileStats()
 _seen_structures: dict[str, set[str]] = {}  # graph code digest -> translation keys compiled for it
-_compiled: list[CompiledGraph | FusedGraph] = []
+# weak: a graph (and its loaded executables) lives as long as Dynamo's cache holds it, not as long
+# as the process (a process compiling many modules ran out of memory mappings); oldest first
+_compiled: dict[int, weakref.ref] = {}
+_compiled_ids = itertools.count()
 
 
 def compile_stats() -> CompileStats:
@@ -57,9 +62,14 @@ def reset_compile_stats() -> None:
 
 
 def compiled_graphs() -> list[CompiledGraph | FusedGraph]:
-    """Every program compiled since the last reset, oldest first (their ``stablehlo()`` is the
-    program): a graph split at its collectives contributes one per segment."""
-    return list(_compiled)
+    """Every program compiled since the last reset and still in use, oldest first (their
+    ``stablehlo()`` is the program): a graph split at its collectives contributes one per segment."""
+    return [graph for graph in (ref() for ref in list(_compiled.values())) if graph is not None]
+
+
+def _note_compiled(graph: CompiledGraph | FusedGraph) -> None:
+    key = next(_compiled_ids)
+    _compiled[key] = weakref.ref(graph, lambda _, key=key: _compiled.pop(key, None))
 
 
 def _graph_compiler(kind: str):
@@ -86,7 +96,7 @@ def _graph_compiler(kind: str):
             )
         keys.add(compiled.key)
         _stats.graphs += 1
-        _compiled.append(compiled)
+        _note_compiled(compiled)
         return compiled
 
     return compile_graph
@@ -103,7 +113,7 @@ def _with_collectives(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             with unset_fake_temporarily():
                 fused = FusedGraph(gm, kind, steps, list(example_inputs))
             _stats.graphs += 1
-            _compiled.append(fused)
+            _note_compiled(fused)
             return fused
         except NotFusable as e:
             _log.warning("torch_tpu.compile.fuse_collectives: the %s graph runs split at its collectives: %s",
@@ -112,7 +122,7 @@ def _with_collectives(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     def compile_segment(sub: torch.fx.GraphModule, example_inputs: list[Any]) -> CompiledGraph:
         with unset_fake_temporarily():
             compiled = CompiledGraph(sub, example_inputs, kind)
-        _compiled.append(compiled)
+        _note_compiled(compiled)
         return compiled
 
     segmented = SegmentedGraph(gm, kind, compile_segment, steps)

@@ -28,10 +28,18 @@ import jaxlib
 
 import torch_tpu.compile.executable_codec as executable_codec
 import xla_cache
+from torch_tpu.runtime import device as tpu_device
 from torch_tpu.runtime import persistent_cache
 from torch_tpu.runtime._jax import jax
 
 _log = logging.getLogger(__name__)
+
+
+def _note_last(outputs: Any) -> None:
+    """A program's last output is what ``torch.tpu.synchronize()`` waits for next (programs run in order)."""
+    leaves = jax.tree_util.tree_leaves(outputs)
+    if leaves:
+        tpu_device.note_output(leaves[-1])
 
 
 class CompiledProgram:
@@ -49,9 +57,11 @@ class CompiledProgram:
         if compiled is None:
             compiled = self._compiled = self._compile(inputs)
         try:
-            return compiled(*inputs)
+            outputs = compiled(*inputs)
         except (TypeError, ValueError):  # other shapes, dtypes or placements than the first call's
-            return self.jitted(*inputs)
+            outputs = self.jitted(*inputs)
+        _note_last(outputs)
+        return outputs
 
     def lowered_text(self, *inputs: Any) -> str:
         """The program for ``inputs`` as StableHLO text."""

@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import operator
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,14 +36,17 @@ from torch_tpu.compile.sources import file_identity
 from torch_tpu.eager import modes
 from torch_tpu.ops import batched_matmul
 from torch_tpu.ops.registry import get_lowering, lowered_ops
+from torch_tpu.runtime import knobs, precision
 from torch_tpu.runtime import persistent_cache as cache
-from torch_tpu.runtime import precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.dtypes import to_jax_dtype
 from torch_tpu.runtime.tensor import TpuTensor, cpu_to_jax, from_jax, to_cpu, to_jax
 
-_MEMORY: dict[str, Any] = {}  # translation key -> jax.export.Exported
+# translation key -> jax.export.Exported, the most recently used (a long-lived process compiling
+# many graphs must not keep every translation)
+_MEMORY: OrderedDict[str, Any] = OrderedDict()
+_MEMORY_MAX = 256
 _registry_digest: list[str] = []
 
 
@@ -161,6 +165,7 @@ def tensor_digest(t: torch.Tensor) -> bytes:
 def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key: str) -> Any:
     exported = _MEMORY.get(key)
     if exported is not None:
+        _MEMORY.move_to_end(key)
         cache.counters.fx_memory_hits += 1
         return exported
     exported = cache.load_translation(key)  # None when never stored or corrupt (then removed)
@@ -175,6 +180,8 @@ def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key:
         cache.counters.fx_misses += 1
         cache.store_translation(key, bytes(exported.serialize()))
     _MEMORY[key] = exported
+    while len(_MEMORY) > _MEMORY_MAX:
+        _MEMORY.popitem(last=False)
     return exported
 
 
@@ -216,7 +223,7 @@ class CompiledGraph:
             exported = _translate(self._gm, self._specs, key)
             program = self._programs[matmul_precision] = (key, exported, CompiledProgram(exported.call, key=key))
         self.precision, (self.key, self.exported, self._run) = matmul_precision, program
-        dump_dir = os.environ.get("TORCH_TPU_DUMP_HLO")
+        dump_dir = knobs.DUMP_HLO.text()
         if new and dump_dir:
             self.dump(dump_dir)
 

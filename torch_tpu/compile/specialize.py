@@ -13,7 +13,6 @@ with a ``valid`` mask).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,8 +20,10 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from torch_tpu.runtime import knobs
+
 _log = logging.getLogger(__name__)
-WARN_AFTER = int(os.environ.get("TORCH_TPU_SPECIALIZE_WARN", "8"))
+WARN_AFTER = knobs.SPECIALIZE_WARN.integer()
 _counters = {"specializations": 0}
 
 

@@ -15,17 +15,18 @@ beside the host lane (a gloo transport) for cpu tensors; see
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
-import os
 from typing import Any
 
 import torch.distributed as dist
 
 from torch_tpu.distributed.process_group import BACKEND_NAME, ProcessGroupTPU
 from torch_tpu.distributed.transport import GlooTransport, Transport
+from torch_tpu.runtime import knobs
 
-TRANSPORT_ENV = "TPU_DIST_TRANSPORT"
+TRANSPORT_ENV = knobs.DIST_TRANSPORT.name
 TRANSPORTS = ("auto", "xla", "gloo")
 _log = logging.getLogger("torch_tpu.distributed")
 
@@ -46,7 +47,23 @@ class TransportOptions:
 def _requested(backend_options: Any) -> str:
     if isinstance(backend_options, TransportOptions):
         return backend_options.transport
-    return TransportOptions(os.environ.get(TRANSPORT_ENV, "auto")).transport
+    return TransportOptions(knobs.DIST_TRANSPORT.text()).transport
+
+
+# c10d names groups by a counter it resets when the default group is destroyed, and a launcher's
+# store (torchrun's agent store) outlives the groups: a group made again under a name used before
+# must not find the last one's gloo addresses in the store (a peer connecting to a closed port
+# fails, "Connection refused", or waits out the timeout). The ranks of a group create it the same
+# number of times, so a count of the creations in this process tells the rounds apart on all of them.
+_creations: collections.Counter[tuple[str, tuple[int, ...]]] = collections.Counter()
+
+
+def _round(opts: Any) -> str:
+    """``<ranks>/<n>``: the group's ranks and how often this process created the group before."""
+    ranks = tuple(opts.global_ranks_in_group) or tuple(range(opts.group_size))
+    n = _creations[(opts.group_id, ranks)]
+    _creations[(opts.group_id, ranks)] += 1
+    return f"{','.join(map(str, ranks))}/{n}"
 
 
 def _gloo(opts: Any, prefix: str) -> GlooTransport:
@@ -79,11 +96,12 @@ def _ranks_taken(opts: Any) -> bool:
 
 def _create_process_group(opts: Any, backend_options: Any) -> ProcessGroupTPU:
     requested = _requested(backend_options)
-    host = _gloo(opts, "tpu_dist_gloo")
+    round_ = _round(opts)
+    host = _gloo(opts, f"tpu_dist_gloo/{round_}")
     if opts.group_size == 1 and requested != "xla":  # nothing to move: no JAX coordinator
         _log.info("tpu_dist group %s: gloo transport, 1 rank", opts.group_id)
         return ProcessGroupTPU(host, opts.timeout, global_ranks=opts.global_ranks_in_group)
-    device: Transport = _gloo(opts, "tpu_dist_gloo_device")
+    device: Transport = _gloo(opts, f"tpu_dist_gloo_device/{round_}")
     if requested != "gloo" and _ranks_taken(opts):
         _log.info("tpu_dist group %s: gloo transport (another live group over its ranks has the "
                   "XLA transport)", opts.group_id)

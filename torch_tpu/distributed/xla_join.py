@@ -20,12 +20,10 @@ import socket
 import torch.distributed as dist
 from jax._src import xla_bridge
 
+from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import jax
 
 COORDINATOR_KEY = "tpu_dist_xla_coordinator"
-COORDINATOR_HOST_ENV = "TPU_DIST_XLA_COORDINATOR_HOST"
-PORT_OFFSET_ENV = "TPU_DIST_XLA_PORT_OFFSET"
-DEFAULT_PORT_OFFSET = 1
 MIN_JOIN_TIMEOUT = datetime.timedelta(seconds=60)
 
 
@@ -46,7 +44,7 @@ def _free_port() -> int:
 
 
 def _coordinator_host() -> str:
-    return os.environ.get(COORDINATOR_HOST_ENV) or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    return knobs.DIST_COORDINATOR_HOST.text() or os.environ.get("MASTER_ADDR") or "127.0.0.1"
 
 
 def _env_int(name: str) -> int:
@@ -105,7 +103,7 @@ def init_xla_transport(
 
 def _rendezvous(store: dist.Store | None, rank: int, timeout: datetime.timedelta) -> str:
     if store is None:
-        offset = int(os.environ.get(PORT_OFFSET_ENV, DEFAULT_PORT_OFFSET))
+        offset = knobs.DIST_PORT_OFFSET.integer()
         return f"{_coordinator_host()}:{_env_int('MASTER_PORT') + offset}"
     if rank == 0:
         store.set(COORDINATOR_KEY, f"{_coordinator_host()}:{_free_port()}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -24,13 +23,14 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
+from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.tensor import DEVICE, TpuTensor, array_to_cpu, cpu_to_jax, from_cpu, resize, to_jax, write
 
 _fallback_counts: Counter[str] = Counter()
 LOWERED_COUNTS: Counter[str] = Counter()
 _decomposed_counts: Counter[str] = Counter()
-_allowed = [os.environ.get("TORCH_TPU_NO_FALLBACK", "0") != "1"]
+_allowed = [not knobs.NO_FALLBACK.on()]
 
 
 class KernelUnavailable(RuntimeError):

@@ -12,7 +12,6 @@ only results that are still referenced are returned, so dead intermediates never
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import weakref
 from functools import lru_cache
@@ -21,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from torch_tpu.ops.registry import Lowering
+from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import jax
 
-_MAX_OPS = int(os.environ.get("TORCH_TPU_DEFER_MAX_OPS", "512"))
+_MAX_OPS = knobs.DEFER_MAX_OPS.integer()
 
 
 @dataclasses.dataclass

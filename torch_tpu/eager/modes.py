@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch_tpu.eager import op_jit
 from torch_tpu.ops.registry import Lowering
+from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import jax, jnp
 
 
@@ -73,7 +73,7 @@ def _parse(mode: str | EagerMode) -> EagerMode:
         raise ValueError(f"unknown torch_tpu eager mode {mode!r}; choose one of: {choices}") from None
 
 
-current_mode_cell = [_parse(os.environ.get("TORCH_TPU_EAGER_MODE", "strict"))]
+current_mode_cell = [_parse(knobs.EAGER_MODE.text())]
 
 
 def register_executor(mode: str | EagerMode, executor: Executor) -> None:

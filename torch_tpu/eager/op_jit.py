@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 
 from torch_tpu.ops.registry import Lowering
+from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import ARRAY_TYPE, jax
 
 PROMOTE_AFTER = 3
@@ -66,10 +66,10 @@ counters = OpJitStats()
 
 
 def _env_enabled() -> bool:
-    return os.environ.get("TORCH_TPU_OP_JIT", "1").strip().lower() not in ("0", "off", "false", "no")
+    return knobs.OP_JIT.on()
 
 
-settings = {"enabled": _env_enabled(), "max_entries": int(os.environ.get("TORCH_TPU_OP_JIT_MAX", "1024"))}
+settings = {"enabled": _env_enabled(), "max_entries": knobs.OP_JIT_MAX.integer()}
 _programs: OrderedDict[tuple, Any] = OrderedDict()  # (site, float key) -> jitted program (LRU)
 _float_values: dict[tuple, set | None] = {}  # site -> distinct float keys seen (None: keep constant)
 _promoted: set[tuple] = set()  # sites whose floats are traced inputs

@@ -18,10 +18,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
 import warnings
 from pathlib import Path
 
+from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import jax, jnp
 
 SOURCE = Path(__file__).with_name("csrc") / "batched_matmul.cc"
@@ -115,7 +115,7 @@ def _register() -> Exception | None:
 
     from sparsecore.native import NativeUnavailable, build_library
 
-    if os.environ.get("TORCH_TPU_BMM_KERNEL", "1") == "0":
+    if not knobs.BMM_KERNEL.on():
         return NativeUnavailable("disabled (TORCH_TPU_BMM_KERNEL=0)")  # asked for: no warning
     # The jaxlib version in the flags: its FFI headers are part of what the library was built from.
     flags = (*FLAGS, f"-I{jax.ffi.include_dir()}", f"-DTORCH_TPU_JAXLIB={jaxlib.__version__}")

@@ -18,14 +18,14 @@ for W devices, and gets its own samples' activations / its new local blocks (the
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.distributed as dist
 
+from torch_tpu.runtime import knobs
 from torch_tpu.runtime.dynamo_hooks import constant_result
 
-EMULATED_SPARSECORES_ENV = "TORCH_TPU_SPARSECORES_PER_DEVICE"
+EMULATED_SPARSECORES_ENV = knobs.SPARSECORES_PER_DEVICE.name
 # SparseCores per device of a device without any (XLA:CPU): v6e's and TPU7x's count, and what
 # TorchRec's SparseCore modules assume by default (num_sc_per_device=2)
 EMULATED_SPARSECORES_PER_DEVICE = 2
@@ -133,7 +133,7 @@ def sparsecores_per_device() -> int:
     own = get_device_properties().sparsecores_per_device
     if own:
         return own
-    text = os.environ.get(EMULATED_SPARSECORES_ENV, "").strip()
+    text = knobs.SPARSECORES_PER_DEVICE.text() or ""
     if not text:
         return EMULATED_SPARSECORES_PER_DEVICE
     if not text.isdigit() or int(text) < 1:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from torch_tpu.runtime import generator as tpu_generator
+from torch_tpu.runtime import knobs
 from torch_tpu.runtime import precision as tpu_precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
@@ -103,9 +104,17 @@ def set_device(device: int | str | torch.device) -> None:
 def synchronize(device: int | str | torch.device | None = None) -> None:
     """Wait until every op dispatched so far has finished on the device."""
     _check_index(device)
-    last = last_output[0]
-    if last is not None:
-        last.block_until_ready()
+    _wait(last_output[0])
+
+
+def _wait(array: jax.Array | None) -> None:
+    if not _done(array):
+        array.block_until_ready()  # type: ignore[union-attr]
+
+
+def _done(array: jax.Array | None) -> bool:
+    # a donated array was consumed by a later program, which noted its own output
+    return array is None or array.is_deleted() or array.is_ready()
 
 
 _torch_accelerator_synchronize = torch.accelerator.synchronize
@@ -133,9 +142,7 @@ def get_device_name(device: int | str | torch.device | None = None) -> str:
 # Launchers and tests that know where a process' device sits better than the runtime does (XLA:CPU
 # reports no torus coordinates) set these; torch.tpu.distributed.topology_aware_mesh reads them
 # through get_local_device_attributes().
-COORDS_ENV = "TORCH_TPU_DEVICE_COORDS"  # "x,y,z" (or "x,y")
-CORE_ENV = "TORCH_TPU_CORE_ON_CHIP"
-SLICE_ENV = "TORCH_TPU_SLICE_INDEX"
+COORDS_ENV, CORE_ENV, SLICE_ENV = knobs.DEVICE_COORDS.name, knobs.CORE_ON_CHIP.name, knobs.SLICE_INDEX.name
 
 
 def get_local_device_attributes() -> dict[str, Any]:
@@ -150,15 +157,16 @@ def get_local_device_attributes() -> dict[str, Any]:
         value = getattr(d, name, None)
         if value is not None:
             attrs[name] = tuple(value) if name == "coords" else int(value)
-    for env, name in ((COORDS_ENV, "coords"), (CORE_ENV, "core_on_chip"), (SLICE_ENV, "slice_index")):
-        text = os.environ.get(env, "").strip()
+    for knob, name in ((knobs.DEVICE_COORDS, "coords"), (knobs.CORE_ON_CHIP, "core_on_chip"),
+                       (knobs.SLICE_INDEX, "slice_index")):
+        text = knob.text()
         if not text:
             continue
         try:
             attrs[name] = tuple(int(v) for v in text.split(",")) if name == "coords" else int(text)
         except ValueError:
             wanted = "comma-separated integers" if name == "coords" else "an integer"
-            raise ValueError(f"{env}={text!r}: expected {wanted}") from None
+            raise ValueError(f"{knob.name}={text!r}: expected {wanted}") from None
     return attrs
 
 
@@ -299,8 +307,7 @@ class Stream(torch.Stream):
         synchronize()
 
     def query(self) -> bool:
-        last = last_output[0]
-        return last is None or last.is_ready()
+        return _done(last_output[0])
 
     def wait_stream(self, stream: Stream) -> None:
         pass  # one in-order stream: already ordered
@@ -334,11 +341,10 @@ class Event(torch.Event):
         pass
 
     def query(self) -> bool:
-        return self._marker is None or self._marker.is_ready()
+        return _done(self._marker)
 
     def synchronize(self) -> None:
-        if self._marker is not None:
-            self._marker.block_until_ready()
+        _wait(self._marker)
 
     def elapsed_time(self, end_event: Event) -> float:
         """Milliseconds between the two record() calls (host clock; synchronize both first)."""

@@ -15,7 +15,9 @@ Migrating: replace ``torchrec_tpu.experimental`` with ``torchrec.experimental.to
   its first update is ~3.16x ``torch.optim.Adam``'s with default betas;
 - pooled outputs order their keys by stack; ``SparseCoreSavePlanner`` / ``SparseCoreLoadPlanner``
   need ``stacked_configs=`` for stacked tables (unsharding to CPU, loading at another topology);
-- ``SparseCoreTrainPipeline`` keeps the tables it trains (the module's parameters stay as they were).
+- ``SparseCoreTrainPipeline`` keeps the tables it trains (the module's parameters stay as they were);
+- ``SparseCoreInputPreprocessor`` reads each feature's ids and offsets only: a KJT's per-sample
+  weights are ignored, without a warning (they never reach torch_tpu's preprocessing backend).
 """
 
 from typing import Any

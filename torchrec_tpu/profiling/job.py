@@ -77,12 +77,13 @@ def profile_training(
         )
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         engine = engine_for(config)
-        model = engine.build_model(spec, env, device)
+        layout = engine.step_layout(spec, env)
+        model = engine.build_model(spec, env, device, layout)
         optimizer = engine.build_optimizer(model)
         stream, _ = training_streams(config, reader, reader, data.table_sizes, env.world_size, 0)
         stream = engine.wrap_batches(stream, model, env, device, background=False)
         batches = itertools.chain.from_iterable(itertools.repeat(stream))  # epochs as needed
-        step_fn = engine.step_function(model, optimizer, env)  # train's step: compiled where train's is
+        step_fn = engine.step_function(model, optimizer, layout)  # train's step: compiled where train's is
         program = step_program_name(step_fn)
 
         def step() -> None:

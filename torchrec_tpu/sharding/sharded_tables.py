@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sparsecore.backends import make_backend
+from sparsecore.backends import make_backend, register_backend
 from sparsecore.backends.base import Backend, TableTensors, initial_table_slots
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.stacking import plan_stacking
@@ -29,13 +29,14 @@ from torchrec_tpu.sharding.uniform_ranks import RankPadding, is_pad, uniform_pad
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
 OPS = "ops"  # the local engine on TorchTPU's tpu:: SparseCore ops (torchrec_tpu.sharding.ops_backend)
+register_backend(OPS, "torchrec_tpu.sharding.ops_backend:OpsBackend")  # (imports torch_tpu when made)
 XLA = "xla"  # the sparsecore xla backend (sparsecore.backends.xla)
 
 
 @dataclass(frozen=True)
 class LocalEngine:
-    """How each rank runs its shards: one sparsecore ``backend`` (``sparsecore.backends.BACKENDS``, or
-    ``"ops"``: the tpu:: SparseCore ops on the tpu device) laid out for ``topology`` (the
+    """How each rank runs its shards: one sparsecore ``backend`` (``sparsecore.backends.backend_names()``:
+    ``"ops"`` is the tpu:: SparseCore ops on the tpu device) laid out for ``topology`` (the
     devices one rank spans), initialised from ``seed`` where no weights are given, checking ids
     by ``id_policy``; ``options`` go to the backend."""
 
@@ -49,10 +50,6 @@ class LocalEngine:
              weights: Mapping[str, torch.Tensor] | None) -> Backend:
         """The backend of ``tables`` (this rank's shards) looked up by ``features``."""
         plan = plan_stacking(list(tables), list(features), self.topology).with_table_limits()
-        if self.backend == OPS:  # TorchTPU's SparseCore ops on the tpu device (imports torch_tpu)
-            from torchrec_tpu.sharding.ops_backend import OpsBackend
-
-            return OpsBackend(plan, weights, self.seed, **self.options)
         return make_backend(self.backend, plan, weights, self.seed, **self.options)
 
 

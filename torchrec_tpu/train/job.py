@@ -151,7 +151,10 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
-        model = engine.build_model(spec, env, device)
+        layout = engine.step_layout(spec, env)
+        if env.is_primary:
+            _log.info(layout.describe())
+        model = engine.build_model(spec, env, device, layout)
         if config.engine.print_sharding_plan and env.is_primary:
             _log.info(engine.sharding_plan(model))
         optimizer = engine.build_optimizer(model)
@@ -195,9 +198,9 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
 
         policy = LRPolicy(config.optim.lr_warmup_steps, config.optim.lr_decay_start, config.optim.lr_decay_steps)
         result = run_training(model, optimizer, train, held_out, device, log, options,
-                              step_fn=engine.step_function(model, optimizer, env), checkpoint=save,
+                              step_fn=engine.step_function(model, optimizer, layout), checkpoint=save,
                               learning_rates=engine.learning_rates(policy, model, optimizer).at,
-                              eval_forward=engine.eval_forward(model, env), test=test)
+                              eval_forward=engine.eval_forward(model, layout), test=test)
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
             metrics={"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from torchrec_tpu.train.config import TrainConfig
     from torchrec_tpu.train.distributed import DistEnv
+    from torchrec_tpu.train.engines.step_layout import StepLayout
     from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
     from torchrec_tpu.train.loop import StepFn
     from torchrec_tpu.train.metrics import EvalForward
@@ -46,9 +47,14 @@ class Engine(Protocol):
         """Whether the process group must carry tpu tensors (dense towers on the tpu device)."""
         ...
 
-    def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
-        """The ``DLRMTrain`` of ``spec``, sharded over ``env``'s world (a collective); ``device``:
-        where the loop puts the batches."""
+    def step_layout(self, spec: ModelSpec, env: DistEnv) -> StepLayout:
+        """How this job's step is laid out (dense device, sparse backend, one program or not):
+        decided once, before the model is built, and passed to the calls below."""
+        ...
+
+    def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device, layout: StepLayout) -> nn.Module:
+        """The ``DLRMTrain`` of ``spec``, sharded over ``env``'s world (a collective) as ``layout``
+        says; ``device``: where the loop puts the batches."""
         ...
 
     def build_optimizer(self, model: nn.Module) -> Optimizer:
@@ -62,11 +68,11 @@ class Engine(Protocol):
         ``background=False`` keeps all work on the caller's thread (the profiler)."""
         ...
 
-    def step_function(self, model: nn.Module, optimizer: Optimizer, env: DistEnv) -> StepFn:
+    def step_function(self, model: nn.Module, optimizer: Optimizer, layout: StepLayout) -> StepFn:
         """The training step ``run_training`` calls."""
         ...
 
-    def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
+    def eval_forward(self, model: nn.Module, layout: StepLayout) -> EvalForward:
         """How ``run_training`` evaluates ``model`` on a held-out batch."""
         ...
 

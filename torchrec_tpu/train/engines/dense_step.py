@@ -24,8 +24,9 @@ from torchrec.models.dlrm import DLRMTrain
 
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.ebc import PrefetchedKJT
-from torchrec_tpu.train.engines.dense_placement import dense_device_of, pooled_on_host, spmd_world
+from torchrec_tpu.train.engines.dense_placement import dense_device_of, pooled_on_host
 from torchrec_tpu.train.engines.precision import autocast, eager_eval_forward, eager_train_step
+from torchrec_tpu.train.engines.step_layout import StepLayout
 from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
 
@@ -192,33 +193,24 @@ def _host_pooled(model: DLRMTrain, batch: Batch) -> torch.Tensor:
         return model.model.sparse_arch(batch.sparse_features)
 
 
-def one_step_program(dense_device: torch.device, world_size: int, dense_parallel: str) -> bool:
-    """Whether the step runs as one compiled program per rank (towers, dense optimizer, embedding
-    lookup and update; with several ranks SPMD over the world, which needs multi-controller JAX:
-    tpu_dist's XLA transport)."""
-    # the towers' parameters are plain tpu tensors with ``ddp`` (DDP's own hooks never run: the
-    # program averages the gradients itself); FSDP2 shards them as DTensors, which run eagerly
-    return dense_device.type == "tpu" and dense_parallel == "ddp" and spmd_world(world_size)
-
-
-def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, dense_device: torch.device,
-                  world_size: int, dense_parallel: str = "ddp", precision: str = "fp32") -> StepFn:
-    """The sparsecore engine's training step, the towers' forward at ``precision``: the compiled
-    dense step with its towers on tpu (:func:`one_step_program`); else the eager
+def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, layout: StepLayout) -> StepFn:
+    """The sparsecore engine's training step, the towers' forward at ``layout.precision``: the
+    compiled dense step where ``layout`` is one program per rank; else the eager
     :func:`~torchrec_tpu.train.loop.train_step`."""
-    if one_step_program(dense_device, world_size, dense_parallel):
-        return CompiledDenseStep(model, optimizer, dist.group.WORLD if world_size > 1 else None, precision)
-    if dense_device.type == "tpu":
-        why = ("FSDP2's DTensor parameters do not trace into one step program; ddp's do" if dense_parallel != "ddp"
+    if layout.one_program:
+        group = dist.group.WORLD if layout.world_size > 1 else None
+        return CompiledDenseStep(model, optimizer, group, layout.precision)
+    if layout.dense_device.type == "tpu":
+        why = ("FSDP2's DTensor parameters do not trace into one step program; ddp's do"
+               if layout.dense_parallel != "ddp"
                else "the ranks do not run the tpu_dist XLA transport, which one SPMD step program needs")
         _log.info("training step: eager on tpu, one program per op (%s)", why)
-    return eager_train_step(dense_device.type, precision)
+    return eager_train_step(layout.dense_device.type, layout.precision)
 
 
-def eval_forward(model: nn.Module, dense_device: torch.device, world_size: int,
-                 dense_parallel: str = "ddp", precision: str = "fp32") -> EvalForward:
-    """The evaluation forward of a job, the towers at ``precision`` as in training: compiled
-    towers where the step is compiled; else the model's own forward."""
-    if one_step_program(dense_device, world_size, dense_parallel):
-        return CompiledDenseEval(model, precision)
-    return eager_eval_forward(dense_device.type, precision)
+def eval_forward(model: nn.Module, layout: StepLayout) -> EvalForward:
+    """The evaluation forward of a job, the towers at ``layout.precision`` as in training:
+    compiled towers where the step is compiled; else the model's own forward."""
+    if layout.one_program:
+        return CompiledDenseEval(model, layout.precision)
+    return eager_eval_forward(layout.dense_device.type, layout.precision)

@@ -20,25 +20,22 @@ from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
 from sparsecore.limits import PartitionOverflowError
-from sparsecore.optimizer_rules import rule_of
 from sparsecore.optimizers import OptimizerSpec
 from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
-from torchrec_tpu.sharding.sharded_tables import OPS, XLA
 from torchrec_tpu.sharding.uniform_ranks import UniformityError
 from torchrec_tpu.train.config import EngineConfig, OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.engines.dense_placement import (
     DenseDDP,
-    dense_device_of,
     parallelize_dense,
     place_dense,
-    resolve_dense_device,
     tpu_installed,
 )
-from torchrec_tpu.train.engines.dense_step import eval_forward, one_step_program, step_function
+from torchrec_tpu.train.engines.dense_step import eval_forward, step_function
 from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
 from torchrec_tpu.train.engines.plan_loading import Placement, resolve_sharding
+from torchrec_tpu.train.engines.step_layout import StepLayout, resolve_sparsecore_layout
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
@@ -49,23 +46,12 @@ _log = logging.getLogger(__name__)
 PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
 
-def resolve_sparse_backend(choice: str, optimizer: OptimizerSpec, dense_device: torch.device, world_size: int,
-                           dense_parallel: str) -> str:
-    """The local backend ``--sparse-backend choice`` means: ``auto`` is ``ops`` where the training
-    step is one program that calls the ops itself, else ``xla`` (one program per step phase for
-    all stacks, where the eager ops run one per stack)."""
-    if choice != "auto":
-        return choice
-    one_program = one_step_program(dense_device, world_size, dense_parallel) and rule_of(optimizer).in_step
-    return OPS if one_program else XLA
-
-
-def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.device, optim: OptimConfig,
+def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, optim: OptimConfig,
                            options: EngineConfig, batch_size: int, seed: int) -> nn.Module:
-    """DLRMTrain whose embeddings are sharded over the world on sparsecore (``options.sparse_backend``) as
+    """DLRMTrain whose embeddings are sharded over the world on sparsecore (``layout.sparse_backend``) as
     ``options.plan`` says (see :func:`~torchrec_tpu.train.engines.plan_loading.resolve_sharding`),
-    trained by ``optim``'s sparse optimizer, and whose dense towers run on ``dense_device``, synced
-    by ``options.dense_parallel``; ``batch_size`` the global batch, ``seed`` the tables' initialisation.
+    trained by ``optim``'s sparse optimizer, and whose dense towers run on ``layout.dense_device``, synced
+    by ``layout.dense_parallel``; ``batch_size`` the global batch, ``seed`` the tables' initialisation.
 
     The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
     same model on cpu and tpu."""
@@ -75,16 +61,11 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, dense_device: torch.de
     optimizer = sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)
     specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer)  # the tables' specs, once
     placement = resolve_sharding(options.plan, *specs, env.world_size, batch_size)
-    backend = resolve_sparse_backend(options.sparse_backend, optimizer, dense_device, env.world_size,
-                                     options.dense_parallel)
-    # several ranks in one step program (SPMD) need every rank's stacks of one shape
-    uniform = (env.world_size > 1 and backend == OPS
-               and one_step_program(dense_device, env.world_size, options.dense_parallel))
     model.set_submodule(EBC_PATH, _sparsecore_ebc(tables_ebc, local_batch, placement, optimizer, specs, seed,
-                                                  backend, uniform))
-    place_dense(model, dense_device)
+                                                  layout.sparse_backend, layout.uniform_ranks))
+    place_dense(model, layout.dense_device)
     ebc_params = [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)]
-    return parallelize_dense(model, env, dense_device, options.dense_parallel, ebc_params)
+    return parallelize_dense(model, env, layout.dense_device, layout.dense_parallel, ebc_params)
 
 
 def _sparsecore_ebc(tables_ebc: EmbeddingBagCollection, local_batch: int, placement: Placement,
@@ -181,12 +162,12 @@ class SparseCoreEngine:
         # (auto picks tpu at several ranks only on an accelerator, asked before JAX starts)
         return self.options.dense_device == "tpu" or (self.options.dense_device == "auto" and tpu_installed())
 
-    def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
-        """(The batches stay on the host, ``device``; the towers go to the dense device.)"""
-        device = resolve_dense_device(self.options.dense_device, spec, env.world_size, self.options.dense_parallel,
-                                      self.batch_size // env.world_size,
-                                      dense_optimizer(self.optim.dense_optimizer).torch_class(), self.optim.precision)
-        return build_sparsecore_model(spec, env, device, self.optim, self.options, self.batch_size, self.seed)
+    def step_layout(self, spec: ModelSpec, env: DistEnv) -> StepLayout:
+        return resolve_sparsecore_layout(self.options, self.optim, spec, env.world_size, self.batch_size)
+
+    def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device, layout: StepLayout) -> nn.Module:
+        """(The batches stay on the host, ``device``; the towers go to ``layout``'s dense device.)"""
+        return build_sparsecore_model(spec, env, layout, self.optim, self.options, self.batch_size, self.seed)
 
     def build_optimizer(self, model: nn.Module) -> KeyedOptimizerWrapper:
         return build_dense_optimizer(model, self.optim)
@@ -199,13 +180,11 @@ class SparseCoreEngine:
             return pipelined(batches, model, env, device)
         return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
 
-    def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
-        return step_function(model, optimizer, dense_device_of(model), env.world_size, self.options.dense_parallel,
-                             self.optim.precision)
+    def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, layout: StepLayout) -> StepFn:
+        return step_function(model, optimizer, layout)
 
-    def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
-        return eval_forward(model, dense_device_of(model), env.world_size, self.options.dense_parallel,
-                            self.optim.precision)
+    def eval_forward(self, model: nn.Module, layout: StepLayout) -> EvalForward:
+        return eval_forward(model, layout)
 
     def sharding_plan(self, model: nn.Module) -> str:
         return sharding_plan_text(ebc_of(unwrap_dense(model)), self.options.plan)

@@ -28,6 +28,7 @@ from torchrec_tpu.train.config import OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
 from torchrec_tpu.train.engines.precision import eager_eval_forward, eager_train_step
+from torchrec_tpu.train.engines.step_layout import StepLayout, torchrec_layout
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
@@ -87,7 +88,10 @@ class TorchRecEngine:
     def from_config(cls, config: TrainConfig) -> TorchRecEngine:
         return cls(config.optim, config.data.batch_size)
 
-    def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device) -> nn.Module:
+    def step_layout(self, spec: ModelSpec, env: DistEnv) -> StepLayout:
+        return torchrec_layout(self.optim, env.world_size)
+
+    def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device, layout: StepLayout) -> nn.Module:
         return shard_model(build_dlrm(spec, dense_device=device), env, device, self.optim, self.batch_size)
 
     def build_optimizer(self, model: nn.Module) -> CombinedOptimizer:
@@ -98,11 +102,11 @@ class TorchRecEngine:
         """Several ranks agree on every batch (a failing or exhausted reader stops all at once)."""
         return AgreedBatches(batches, None, env.rank, env.world_size) if env.world_size > 1 else batches
 
-    def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> StepFn:
-        return eager_train_step("cpu", self.optim.precision)  # --precision bf16: CPU torch's bf16 autocast
+    def step_function(self, model: nn.Module, optimizer: torch.optim.Optimizer, layout: StepLayout) -> StepFn:
+        return eager_train_step("cpu", layout.precision)  # --precision bf16: CPU torch's bf16 autocast
 
-    def eval_forward(self, model: nn.Module, env: DistEnv) -> EvalForward:
-        return eager_eval_forward("cpu", self.optim.precision)
+    def eval_forward(self, model: nn.Module, layout: StepLayout) -> EvalForward:
+        return eager_eval_forward("cpu", layout.precision)
 
     def sharding_plan(self, model: nn.Module) -> str:
         """TorchRec's own text of the DMP's plan (per module: each table's sharding type, compute

@@ -1,0 +1,65 @@
+"""Every environment knob torch_tpu reads, in one place (as torchax's ``config.py``): its name,
+default and meaning. Code reads a knob through its :class:`Knob` (``knobs.EAGER_MODE.text()``), so
+this list is complete (``tests/test_layering.py`` checks no other module names one).
+
+Read elsewhere, by the packages below torch_tpu: ``TORCH_TPU_COMPILE_CACHE`` and
+``TORCH_TPU_COMPILE_CACHE_MAX_MB`` (the persistent compile cache's folder and size cap, ``xla_cache``);
+``TORCH_TPU_AUTOLOAD=1`` (``import torch`` loads torch_tpu, ``torchrec_tpu._torch_tpu_autoload``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+_OFF = ("0", "off", "false", "no")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One environment variable: ``name``, the ``default`` text when unset (None: no value) and
+    what it does (``doc``)."""
+
+    name: str
+    default: str | None
+    doc: str
+
+    def text(self) -> str | None:
+        """The value, stripped; the default when unset or empty."""
+        value = os.environ.get(self.name, "").strip()
+        return value or self.default
+
+    def on(self) -> bool:
+        """A switch: on unless the value is one of 0/off/false/no (or unset with such a default)."""
+        return (self.text() or "0").lower() not in _OFF
+
+    def integer(self) -> int:
+        """The value as an integer; ValueError naming the variable otherwise."""
+        text = self.text()
+        try:
+            return int(text)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.name}={text!r}: expected an integer") from None
+
+
+EAGER_MODE = Knob("TORCH_TPU_EAGER_MODE", "strict", "eager mode at start: strict, debug or defer_and_fuse")
+NO_FALLBACK = Knob("TORCH_TPU_NO_FALLBACK", "0", "1: an op without a tpu lowering raises instead of running on CPU")
+OP_JIT = Knob("TORCH_TPU_OP_JIT", "1", "0: eager ops run their plain lowering, without the per-signature program cache")
+OP_JIT_MAX = Knob("TORCH_TPU_OP_JIT_MAX", "1024", "eager op programs kept, least recently used out first")
+DEFER_MAX_OPS = Knob("TORCH_TPU_DEFER_MAX_OPS", "512", "ops one defer_and_fuse program holds at most")
+SPECIALIZE_WARN = Knob("TORCH_TPU_SPECIALIZE_WARN", "8", "shape specializations of one graph before a warning")
+DUMP_HLO = Knob("TORCH_TPU_DUMP_HLO", None, "a folder where each compiled graph's StableHLO is written")
+JAX_TRACEBACKS = Knob("TORCH_TPU_JAX_TRACEBACKS", "0", "1: JAX keeps native Python tracebacks (debugging; they pin "
+                      "compiled code in memory)")
+BMM_KERNEL = Knob("TORCH_TPU_BMM_KERNEL", "1", "0: batched small matmuls use XLA's dot, not the FFI kernel (CPU)")
+SPARSECORES_PER_DEVICE = Knob("TORCH_TPU_SPARSECORES_PER_DEVICE", None,
+                              "SparseCores per device emulated where the device has none (default 2)")
+DEVICE_COORDS = Knob("TORCH_TPU_DEVICE_COORDS", None, "this process' device torus coordinates, 'x,y,z'")
+CORE_ON_CHIP = Knob("TORCH_TPU_CORE_ON_CHIP", None, "this process' device core index on its chip")
+SLICE_INDEX = Knob("TORCH_TPU_SLICE_INDEX", None, "this process' slice (multislice)")
+DIST_TRANSPORT = Knob("TPU_DIST_TRANSPORT", "auto", "how tpu_dist moves tpu tensors: auto, xla or gloo")
+DIST_COORDINATOR_HOST = Knob("TPU_DIST_XLA_COORDINATOR_HOST", None,
+                             "host of the multi-controller JAX coordinator (default: MASTER_ADDR)")
+DIST_PORT_OFFSET = Knob("TPU_DIST_XLA_PORT_OFFSET", "1", "the coordinator's port: MASTER_PORT plus this")
+
+KNOBS: tuple[Knob, ...] = tuple(v for v in globals().values() if isinstance(v, Knob))

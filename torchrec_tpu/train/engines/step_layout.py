@@ -1,0 +1,77 @@
+"""How a job's training step is laid out, decided once at its start and passed down (as
+torchtitan's ``ParallelDims``): where the dense towers run and how they sync, which sparse backend
+looks the tables up, whether the whole step is one compiled program per rank, whether the ranks'
+stacks are padded to one shape for it, and the towers' precision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sparsecore.optimizer_rules import rule_of
+from torchrec_tpu.sharding.sharded_tables import OPS, XLA
+from torchrec_tpu.train.config import EngineConfig, OptimConfig, per_rank_batch
+from torchrec_tpu.train.engines.dense_placement import dense_device, resolve_dense_device, spmd_world
+from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
+from torchrec_tpu.train.model import ModelSpec
+
+FBGEMM = "fbgemm"  # the torchrec engine's tables: FBGEMM's fused TBE inside TorchRec's DMP
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """One job's step layout (see the module docstring); ``sparse_backend`` is ``ops`` or ``xla``
+    for the sparsecore engine, ``fbgemm`` for the torchrec engine."""
+
+    dense_device: torch.device
+    dense_parallel: str
+    sparse_backend: str
+    one_program: bool
+    uniform_ranks: bool
+    precision: str
+    world_size: int
+
+    def describe(self) -> str:
+        """One log line."""
+        step = "one compiled program per step and rank" if self.one_program else "an eager step"
+        return (f"training layout: dense towers on {self.dense_device.type} ({self.dense_parallel}, "
+                f"{self.precision}), sparse backend {self.sparse_backend}, {step}, {self.world_size} rank(s)")
+
+
+def one_step_program(dense_device: torch.device, world_size: int, dense_parallel: str) -> bool:
+    """Whether the step runs as one compiled program per rank (towers, dense optimizer, embedding
+    lookup and update; with several ranks SPMD over the world, which needs multi-controller JAX:
+    tpu_dist's XLA transport)."""
+    # the towers' parameters are plain tpu tensors with ``ddp`` (DDP's own hooks never run: the
+    # program averages the gradients itself); FSDP2 shards them as DTensors, which run eagerly
+    return dense_device.type == "tpu" and dense_parallel == "ddp" and spmd_world(world_size)
+
+
+def sparsecore_layout(options: EngineConfig, optim: OptimConfig, world_size: int,
+                      towers_on: torch.device) -> StepLayout:
+    """The sparsecore engine's layout with the dense towers on ``towers_on``: ``--sparse-backend
+    auto`` is ``ops`` where the step is one program that calls the ops itself (an optimizer that
+    runs inside the step), else ``xla``; several ranks in one program need uniform stacks."""
+    one_program = one_step_program(towers_on, world_size, options.dense_parallel)
+    backend = options.sparse_backend
+    if backend == "auto":
+        in_step = rule_of(sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)).in_step
+        backend = OPS if one_program and in_step else XLA
+    return StepLayout(towers_on, options.dense_parallel, backend, one_program,
+                      world_size > 1 and backend == OPS and one_program, optim.precision, world_size)
+
+
+def resolve_sparsecore_layout(options: EngineConfig, optim: OptimConfig, spec: ModelSpec, world_size: int,
+                              batch_size: int) -> StepLayout:
+    """:func:`sparsecore_layout` with the towers where ``--dense-device`` says (``auto`` may measure
+    them on this host, once: :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
+    towers_on = resolve_dense_device(options.dense_device, spec, world_size, options.dense_parallel,
+                                     per_rank_batch(batch_size, world_size),
+                                     dense_optimizer(optim.dense_optimizer).torch_class(), optim.precision)
+    return sparsecore_layout(options, optim, world_size, towers_on)
+
+
+def torchrec_layout(optim: OptimConfig, world_size: int) -> StepLayout:
+    """Stock TorchRec's: towers on the host in DMP's DDP, tables on FBGEMM, an eager step."""
+    return StepLayout(dense_device("cpu"), "ddp", FBGEMM, False, False, optim.precision, world_size)
