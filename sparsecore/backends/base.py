@@ -101,6 +101,22 @@ class Backend(ABC):
         return self.table_weights()[table] if slot is None else self.optimizer_slots()[table][slot]
 
 
+class ReadsTablesAlone(Backend):
+    """A backend that reads one table alone (:meth:`table_value`): every table and slot comes
+    from it, one at a time."""
+
+    def table_weights(self) -> dict[str, torch.Tensor]:
+        return {name: self.table_value(name) for name in self.plan.tables}
+
+    def optimizer_slots(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {name: {slot: self.table_value(name, slot) for slot in spec.optimizer.slot_names}
+                for name, spec in self.plan.tables.items()}
+
+    @abstractmethod
+    def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
+        """One table's current weights (or its optimizer ``slot``), read alone: a new host tensor."""
+
+
 class TableTensors(Mapping[str, Any]):
     """Per-table values made on access, by table name, none kept: a backend loading them one
     table at a time never holds all of them at once. ``shapes``: the tables, and the shape of each

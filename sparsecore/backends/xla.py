@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import xla_cache
-from sparsecore.backends.base import Backend, check_grads
+from sparsecore.backends.base import ReadsTablesAlone, check_grads
 from sparsecore.backends.xla_inputs import SlotForward, StackEntries, stack_entries, stack_input
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.csr_format import RowOrderedEntries, StackCSR
@@ -89,7 +89,7 @@ def update_entries(optimizer, table, slots, row_dims, step, activation_grad: Cal
     return table, {k: slots[k].at[entries.rows].set(new_slots[k], mode="drop", **hints) for k in slots}
 
 
-class XlaBackend(Backend):
+class XlaBackend(ReadsTablesAlone):
     """Stacked tables as JAX arrays in the physical (mod-sharded) layout."""
 
     name = "xla"
@@ -243,13 +243,6 @@ class XlaBackend(Backend):
 
     def _slot_tuple(self) -> tuple[dict[str, jax.Array], ...]:
         return tuple(self._slots[st.name] for st in self.plan.stacks)
-
-    def table_weights(self) -> dict[str, torch.Tensor]:
-        return {name: self.table_value(name) for name in self.plan.tables}
-
-    def optimizer_slots(self) -> dict[str, dict[str, torch.Tensor]]:
-        return {name: {slot: self.table_value(name, slot) for slot in spec.optimizer.slot_names}
-                for name, spec in self.plan.tables.items()}
 
     def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
         """(Gathers that table's rows alone.)"""

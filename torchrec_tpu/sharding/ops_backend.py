@@ -33,7 +33,7 @@ from torch import nn
 
 import torch_tpu  # (registers the tpu device and the tpu:: SparseCore ops)
 from sparsecore import csr_math
-from sparsecore.backends.base import Backend, check_grads
+from sparsecore.backends.base import ReadsTablesAlone, check_grads
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.csr_format import round_up_array, row_pointers_per_sc
 from sparsecore.limits import StackStats, check_overflow_policy
@@ -334,7 +334,7 @@ class _LookupWithUpdate(torch.autograd.Function):
         return (None, None, *(None for _ in (*ctx.csr, *ctx.touched)))
 
 
-class OpsBackend(Backend):
+class OpsBackend(ReadsTablesAlone):
     """The stacks of ``plan`` on the tpu device, run by the ``tpu::`` SparseCore ops."""
 
     name = "ops"
@@ -420,13 +420,6 @@ class OpsBackend(Backend):
         check_grads(self.plan, grads)
         ordered = [grads[f.name].float().to(DEVICE) for f in self.plan.features]
         self._apply(context, torch.cat(ordered, dim=1) if self.state.uniform else ordered)
-
-    def table_weights(self) -> dict[str, torch.Tensor]:
-        return {name: self.table_value(name) for name in self.plan.tables}
-
-    def optimizer_slots(self) -> dict[str, dict[str, torch.Tensor]]:
-        return {name: {slot: self.table_value(name, slot) for slot in spec.optimizer.slot_names}
-                for name, spec in self.plan.tables.items()}
 
     def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
         """(Gathers that table's rows alone.)"""
