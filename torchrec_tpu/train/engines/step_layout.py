@@ -16,7 +16,11 @@ from torchrec_tpu.train.engines.dense_placement import dense_device, resolve_den
 from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
 from torchrec_tpu.train.model import ModelSpec
 
-FBGEMM = "fbgemm"  # the torchrec engine's tables: FBGEMM's fused TBE inside TorchRec's DMP
+FBGEMM = "fbgemm"
+# `--dense-device auto` times the towers at the job's batch up to this many samples per rank: the
+# rate per sample is flat well below it, and a job whose batch cannot fit (it fails on its id limits
+# when the tables are planned, next) must not first allocate that batch's towers to time them
+CALIBRATION_BATCH_CAP = 16384  # the torchrec engine's tables: FBGEMM's fused TBE inside TorchRec's DMP
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ def resolve_sparsecore_layout(options: EngineConfig, optim: OptimConfig, spec: M
     """:func:`sparsecore_layout` with the towers where ``--dense-device`` says (``auto`` may measure
     them on this host, once: :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
     towers_on = resolve_dense_device(options.dense_device, spec, world_size, options.dense_parallel,
-                                     per_rank_batch(batch_size, world_size),
+                                     min(per_rank_batch(batch_size, world_size), CALIBRATION_BATCH_CAP),
                                      dense_optimizer(optim.dense_optimizer).torch_class(), optim.precision)
     return sparsecore_layout(options, optim, world_size, towers_on)
 
