@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import marshal
 import sys
 import sysconfig
 import types
@@ -73,7 +72,27 @@ def _package_digest(module_name: str) -> str:
 
 def _code_digest(fn: Any) -> str:
     code = getattr(fn, "__code__", None)
-    return hashlib.sha256(marshal.dumps(code)).hexdigest() if code is not None else _describe(fn)
+    return hashlib.sha256(_code_text(code).encode()).hexdigest() if code is not None else _describe(fn)
+
+
+def _code_text(code: types.CodeType) -> str:
+    """What marshal writes of ``code``, as text of the code alone: marshal's bytes also depend on
+    each constant's reference count and on which strings are interned, which differ between
+    processes (a step key from them missed the cache in every later job)."""
+    fields = (code.co_qualname, code.co_filename, code.co_firstlineno, code.co_argcount, code.co_posonlyargcount,
+              code.co_kwonlyargcount, code.co_flags, code.co_code, code.co_names, code.co_varnames,
+              code.co_freevars, code.co_cellvars, code.co_linetable, code.co_exceptiontable)
+    return f"{fields!r}:{_const_text(code.co_consts)}"
+
+
+def _const_text(value: Any) -> str:
+    if isinstance(value, types.CodeType):
+        return f"code({_code_text(value)})"
+    if isinstance(value, tuple):
+        return f"({','.join(map(_const_text, value))})"
+    if isinstance(value, frozenset):  # its order follows string hashes, seeded per process
+        return f"frozenset({','.join(sorted(map(_const_text, value)))})"
+    return f"{type(value).__name__}:{value!r}"
 
 
 def _class_digest(cls: type) -> str:
