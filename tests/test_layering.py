@@ -166,6 +166,51 @@ def test_torch_tpu_module_level_imports_have_no_cycle() -> None:
     assert not cycles, "\n".join(cycles)
 
 
+# --- torch_tpu.compile's subpackages (docs/ARCHITECTURE.md, "torch_tpu rooms", compile/) -----------
+
+COMPILE = TORCH_TPU / "compile"
+# subpackage -> the subpackages it may import (every import, lazy ones too)
+COMPILE_ALLOWED = {
+    "program": set(),  # one FX graph as one compiled program: the base
+    "collectives": {"program"},
+    "dynamo": {"program", "collectives"},  # torch.compile(backend="tpu")
+    "step": {"program", "collectives"},  # train_step
+}
+
+
+def _compile_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["torch_tpu", "compile"] and len(parts) > 2 else None
+
+
+def test_compile_holds_only_its_subpackages() -> None:
+    loose = sorted(p.name for p in COMPILE.glob("*.py"))
+    parts = sorted(p.name for p in COMPILE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert loose == ["__init__.py"], loose
+    assert parts == sorted(COMPILE_ALLOWED), parts
+
+
+def test_each_compile_subpackage_imports_only_the_ones_below_it() -> None:
+    """Also: no subpackage imports ``torch_tpu.compile`` itself (the package init imports them all),
+    and a subpackage's ``__init__`` imports nothing (importing one part loads no other)."""
+    modules = _torch_tpu_modules()
+    offenders = []
+    for module, path in modules.items():
+        part = _compile_part(module)
+        if part is None:
+            continue
+        every = _imports(path, modules, module_level=False)
+        if path.name == "__init__.py" and every:
+            offenders.append(f"{module} (a subpackage init) imports {sorted(every)}")
+        for target in sorted(every):
+            other = _compile_part(target)
+            if target == "torch_tpu.compile":
+                offenders.append(f"{module} imports the torch_tpu.compile package itself")
+            elif other is not None and other != part and other not in COMPILE_ALLOWED[part]:
+                offenders.append(f"{module} ({part}) imports {target} ({other})")
+    assert not offenders, "\n".join(offenders)
+
+
 # --- public seams: no module reaches into another's private names ---------------------------------
 
 # (module, the other module's private name, why it stays private)

@@ -6,6 +6,7 @@ not stored."""
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_tpu.compile as tc
+import torch_tpu.compile.step.step_cache as step_cache
 from tests.compile.models import mlp
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -92,6 +94,23 @@ def test_attributes_and_loss_functions_are_part_of_the_key(cache):
     torch.manual_seed(0)
     _train_both(Scaled(2.0), _mse, steps=2)
     assert tc.cache_stats().step_disk_hits == 2
+
+
+def _scaled_mse(model, x, y):
+    return F.mse_loss(model(x).squeeze(-1) * 2.5, y) + sum((0.125, 0.25)) * ("a b" in {"a b", "c d"})
+
+
+def test_a_loss_functions_key_is_the_same_in_every_process():
+    """The key of a function's code depends on the code alone. marshal's bytes (the key before)
+    changed with its constants' reference counts, which differ between processes: a stored step
+    was missed by every later job (Adagrad's ``_init_group`` gave two keys in two ``train`` runs)."""
+    before = step_cache._describe(_scaled_mse)
+    held = _scaled_mse.__code__.co_consts  # one more reference, as another process's imports may hold
+    assert step_cache._describe(_scaled_mse) == before, held
+    code = _scaled_mse.__code__
+    other = types.FunctionType(code.replace(co_consts=tuple(3.5 if c == 2.5 else c for c in code.co_consts)),
+                               globals(), "_scaled_mse")
+    assert step_cache._describe(other) != before  # another constant: another program
 
 
 def test_models_with_forward_hooks_are_not_stored(cache):

@@ -3,13 +3,13 @@
 Tracing a step (``make_fx`` twice, then the FX -> JAX translation) takes 1-2 s; a second process
 training the same model skips it: the step's program is stored as a serialized ``jax.export``
 with what its outputs update, and its XLA executable is stored serialized beside it
-(:mod:`torch_tpu.compile.executables`).
+(:mod:`torch_tpu.compile.program.executables`).
 
 The key covers everything the trace reads besides tensor values: the call's
-:class:`~torch_tpu.compile.step_trace.StepSignature` (shapes, dtypes, optimizer settings and
+:class:`~torch_tpu.compile.step.step_trace.StepSignature` (shapes, dtypes, optimizer settings and
 state layout, batch structure), the model's tensor names, every submodule's class (the code of
 each class in its MRO and the source file defining it; files by their identity,
-:mod:`torch_tpu.compile.sources`) and non-tensor attributes (tensor
+:mod:`torch_tpu.compile.program.sources`) and non-tensor attributes (tensor
 attributes by content), the loss function's code, closure and defaults, the optimizer's class,
 the source of each top-level package defining one of those classes or the loss function (every
 ``.py`` file under it; an installed package by its version), torch_tpu's own source, and the
@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import marshal
 import sys
 import sysconfig
 import types
@@ -36,10 +35,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import torch_tpu.compile.graph as compiled_graph
+import torch_tpu.compile.program.graph as compiled_graph
 import xla_cache
-from torch_tpu.compile.sources import file_identity, tree_identity
-from torch_tpu.compile.step_trace import LossFn, StepSignature
+from torch_tpu.compile.program.sources import file_identity, tree_identity
+from torch_tpu.compile.step.step_trace import LossFn, StepSignature
 from torch_tpu.runtime import persistent_cache
 from torch_tpu.runtime._jax import jax
 
@@ -73,7 +72,27 @@ def _package_digest(module_name: str) -> str:
 
 def _code_digest(fn: Any) -> str:
     code = getattr(fn, "__code__", None)
-    return hashlib.sha256(marshal.dumps(code)).hexdigest() if code is not None else _describe(fn)
+    return hashlib.sha256(_code_text(code).encode()).hexdigest() if code is not None else _describe(fn)
+
+
+def _code_text(code: types.CodeType) -> str:
+    """What marshal writes of ``code``, as text of the code alone: marshal's bytes also depend on
+    each constant's reference count and on which strings are interned, which differ between
+    processes (a step key from them missed the cache in every later job)."""
+    fields = (code.co_qualname, code.co_filename, code.co_firstlineno, code.co_argcount, code.co_posonlyargcount,
+              code.co_kwonlyargcount, code.co_flags, code.co_code, code.co_names, code.co_varnames,
+              code.co_freevars, code.co_cellvars, code.co_linetable, code.co_exceptiontable)
+    return f"{fields!r}:{_const_text(code.co_consts)}"
+
+
+def _const_text(value: Any) -> str:
+    if isinstance(value, types.CodeType):
+        return f"code({_code_text(value)})"
+    if isinstance(value, tuple):
+        return f"({','.join(map(_const_text, value))})"
+    if isinstance(value, frozenset):  # its order follows string hashes, seeded per process
+        return f"frozenset({','.join(sorted(map(_const_text, value)))})"
+    return f"{type(value).__name__}:{value!r}"
 
 
 def _class_digest(cls: type) -> str:
