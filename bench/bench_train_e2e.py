@@ -121,7 +121,7 @@ def _count_programs() -> list[int]:
 
 def _programs_so_far() -> int:
     """tpu programs this process dispatched: eager ops' and step programs (0 before torch_tpu loads)."""
-    op_jit, step_program = (sys.modules.get(f"torch_tpu.{m}") for m in ("eager.op_jit", "compile.step_program"))
+    op_jit, step_program = (sys.modules.get(f"torch_tpu.{m}") for m in ("eager.op_jit", "compile.step.step_program"))
     eager = op_jit.stats().hits + op_jit.stats().misses if op_jit else 0
     return eager + (step_program.programs_run() if step_program else 0)
 

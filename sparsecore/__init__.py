@@ -5,17 +5,35 @@ many; ``loss.backward()`` applies the fused optimizer update).
 
 Backends (``sparsecore.backends``): ``xla`` (pure JAX, the reference semantics), ``fbgemm``
 (FBGEMM TBE on the host), ``tpu`` (jax-tpu-embedding's SparseCore kernels).
+
+The names below are imported on first use, so that a light module (``sparsecore.backends``' names,
+read by the train CLI's ``--help``) can be imported without torch and TorchRec.
 """
 
-from sparsecore.csr_format import StackCSR
-from sparsecore.limits import FdoRecorder, PartitionOverflowError, StackStats
-from sparsecore.optimizers import FTRL, SGD, Adagrad, Adam, OptimizerSpec, RowWiseAdagrad
-from sparsecore.preprocess import PreprocessedBatch, preprocess
-from sparsecore.specs import FeatureSpec, Initializer, SparseCoreTopology, TableSpec
-from sparsecore.stacking import StackingPlan, plan_stacking
+from __future__ import annotations
 
-__all__ = [
-    "FTRL", "SGD", "Adagrad", "Adam", "FdoRecorder", "FeatureSpec", "Initializer", "OptimizerSpec",
-    "PartitionOverflowError", "PreprocessedBatch", "RowWiseAdagrad", "SparseCoreTopology", "StackCSR", "StackStats",
-    "StackingPlan", "TableSpec", "plan_stacking", "preprocess",
-]
+import importlib
+from typing import Any
+
+# exported name -> its module
+_EXPORTS = {
+    "StackCSR": "sparsecore.csr_format",
+    **dict.fromkeys(("FdoRecorder", "PartitionOverflowError", "StackStats"), "sparsecore.limits"),
+    **dict.fromkeys(("FTRL", "SGD", "Adagrad", "Adam", "OptimizerSpec", "RowWiseAdagrad"), "sparsecore.optimizers"),
+    **dict.fromkeys(("PreprocessedBatch", "preprocess"), "sparsecore.preprocess"),
+    **dict.fromkeys(("FeatureSpec", "Initializer", "SparseCoreTopology", "TableSpec"), "sparsecore.specs"),
+    **dict.fromkeys(("StackingPlan", "plan_stacking"), "sparsecore.stacking"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'sparsecore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

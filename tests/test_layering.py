@@ -166,6 +166,51 @@ def test_torch_tpu_module_level_imports_have_no_cycle() -> None:
     assert not cycles, "\n".join(cycles)
 
 
+# --- torch_tpu.compile's subpackages (docs/ARCHITECTURE.md, "torch_tpu rooms", compile/) -----------
+
+COMPILE = TORCH_TPU / "compile"
+# subpackage -> the subpackages it may import (every import, lazy ones too)
+COMPILE_ALLOWED = {
+    "program": set(),  # one FX graph as one compiled program: the base
+    "collectives": {"program"},
+    "dynamo": {"program", "collectives"},  # torch.compile(backend="tpu")
+    "step": {"program", "collectives"},  # train_step
+}
+
+
+def _compile_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["torch_tpu", "compile"] and len(parts) > 2 else None
+
+
+def test_compile_holds_only_its_subpackages() -> None:
+    loose = sorted(p.name for p in COMPILE.glob("*.py"))
+    parts = sorted(p.name for p in COMPILE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert loose == ["__init__.py"], loose
+    assert parts == sorted(COMPILE_ALLOWED), parts
+
+
+def test_each_compile_subpackage_imports_only_the_ones_below_it() -> None:
+    """Also: no subpackage imports ``torch_tpu.compile`` itself (the package init imports them all),
+    and a subpackage's ``__init__`` imports nothing (importing one part loads no other)."""
+    modules = _torch_tpu_modules()
+    offenders = []
+    for module, path in modules.items():
+        part = _compile_part(module)
+        if part is None:
+            continue
+        every = _imports(path, modules, module_level=False)
+        if path.name == "__init__.py" and every:
+            offenders.append(f"{module} (a subpackage init) imports {sorted(every)}")
+        for target in sorted(every):
+            other = _compile_part(target)
+            if target == "torch_tpu.compile":
+                offenders.append(f"{module} imports the torch_tpu.compile package itself")
+            elif other is not None and other != part and other not in COMPILE_ALLOWED[part]:
+                offenders.append(f"{module} ({part}) imports {target} ({other})")
+    assert not offenders, "\n".join(offenders)
+
+
 # --- public seams: no module reaches into another's private names ---------------------------------
 
 # (module, the other module's private name, why it stays private)
@@ -267,4 +312,76 @@ def test_torch_tpu_reads_its_environment_knobs_only_through_runtime_knobs() -> N
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and knob.fullmatch(node.value):
                 offenders.append(f"{module}: {node.value!r}")
+    assert not offenders, "\n".join(offenders)
+
+
+# --- one sparse-backend vocabulary ----------------------------------------------------------------
+
+BACKEND_REGISTRY = "sparsecore.backends"  # sparsecore/backends/__init__.py: BackendName, XLA, OPS, ...
+
+
+def _backend_named(node: ast.AST) -> bool:
+    """A name, attribute, parameter or call whose identifier says it holds a backend."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    ident = getattr(node, "id", None) or getattr(node, "attr", None) or getattr(node, "arg", None) or ""
+    return "backend" in ident.lower()
+
+
+def _call_name(call: ast.Call) -> str:
+    return getattr(call.func, "id", None) or getattr(call.func, "attr", None) or ""
+
+
+def _backend_literals(node: ast.AST | None, names: set[str]) -> list[str]:
+    """The backend names written as string literals in ``node`` (itself, or a tuple/list/set of them)."""
+    if isinstance(node, ast.Constant) and node.value in names:
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [name for element in node.elts for name in _backend_literals(element, names)]
+    return []
+
+
+def _backend_name_literals(tree: ast.AST, names: set[str]) -> list[str]:
+    """Where a backend name is spelled as a literal for a backend: compared with, assigned to,
+    defaulted to or passed as something named *backend* (or to a call named so; not
+    ``torch.compile``'s), bound to an UPPER_CASE constant, or a class's ``name`` attribute."""
+    values: list[ast.AST | None] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(_backend_named(o) for o in operands):
+                values += operands
+        elif isinstance(node, ast.Call) and _call_name(node) != "compile":  # (torch.compile's are Dynamo's)
+            values += [k.value for k in node.keywords if k.arg and "backend" in k.arg.lower()]
+            values += node.args if _backend_named(node) else []
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            positional = [*a.posonlyargs, *a.args]
+            pairs = [*zip(positional[len(positional) - len(a.defaults):], a.defaults),
+                     *zip(a.kwonlyargs, a.kw_defaults)]
+            values += [default for arg, default in pairs if _backend_named(arg)]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                ident = getattr(target, "id", None) or getattr(target, "attr", None) or ""
+                if _backend_named(target) or ident.isupper() or ident == "name":
+                    values.append(node.value)
+    return [f"line {v.lineno}: {name!r}" for v in values for name in _backend_literals(v, names)]
+
+
+def test_sparse_backends_are_named_only_by_their_registry() -> None:
+    """``sparsecore.backends`` defines the backend names (``BackendName``); everything else (the
+    train CLI's choices, the sharded tables, the step layout, the backends' own ``name``) takes
+    them from there, never spelling one as a string where a backend is meant."""
+    from typing import get_args
+
+    from sparsecore.backends import BackendName
+
+    names = set(get_args(BackendName))
+    offenders = []
+    for module, path in _project_modules().items():
+        # (torch_tpu's backends are torch.compile's and torch.distributed's, and its "tpu" a device)
+        if module == BACKEND_REGISTRY or module.split(".")[0] not in ("sparsecore", "torchrec_tpu"):
+            continue
+        offenders += [f"{module} {where}"
+                      for where in _backend_name_literals(ast.parse(path.read_text(), filename=str(path)), names)]
     assert not offenders, "\n".join(offenders)

@@ -26,7 +26,7 @@ included, with one warning line naming the directory, why, and how to fix it; th
 uncached. Nothing in the cache is a pickle: every entry of every level, JAX's ``executables/``
 included, is a plain header (magic, format version, the full key it was stored under, payload
 length, sha256 of the payload) and the raw payload (:mod:`xla_cache.entries`); ``compiled/``
-holds executables in a plain encoding (``torch_tpu.compile.executable_codec``).
+holds executables in a plain encoding (``torch_tpu.compile.program.executable_codec``).
 
 On load an entry must be a regular file inside its level (no symbolic link, FIFO, device;
 opened without following links or blocking), no bigger than the level's cap, and match its

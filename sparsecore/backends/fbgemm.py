@@ -23,6 +23,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 
 from sparsecore import optimizers as opt
+from sparsecore.backends import FBGEMM
 from sparsecore.backends.base import Backend, check_grads
 from sparsecore.optimizer_rules import rule_of
 from sparsecore.preprocess import combined_gains
@@ -45,7 +46,7 @@ def _tbe_optimizer(spec: opt.OptimizerSpec) -> tuple[EmbOptimType, float]:
 class FbgemmBackend(Backend):
     """All tables in one FBGEMM TBE with the plan's (single) optimizer fused into backward."""
 
-    name = "fbgemm"
+    name = FBGEMM
 
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0):
         super().__init__(plan)

@@ -14,6 +14,7 @@ import torch
 from jax.sharding import Mesh, PartitionSpec
 from jax_tpu_embedding.sparsecore.lib.nn import embedding
 
+from sparsecore.backends import TPU
 from sparsecore.backends.xla import XlaBackend
 from sparsecore.csr_format import StackCSR, coo_buffer_size_per_device, row_pointers_per_sc
 from sparsecore.jte_interop import jte_feature_specs, jte_optimizer
@@ -79,7 +80,7 @@ def _shard(fn, mesh: Mesh | None, replicated: tuple[int, ...] = ()):
 class TpuBackend(XlaBackend):
     """SparseCore kernels on the TPUs of ``jax.devices()`` (one JAX device per topology device)."""
 
-    name = "tpu"
+    name = TPU
 
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
                  overflow: str = "error"):

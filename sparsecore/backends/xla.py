@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import xla_cache
+from sparsecore.backends import XLA
 from sparsecore.backends.base import ReadsTablesAlone, check_grads
 from sparsecore.backends.xla_inputs import SlotForward, StackEntries, stack_entries, stack_input
 from sparsecore.backends.xla_layout import ActivationLayout
@@ -92,7 +93,7 @@ def update_entries(optimizer, table, slots, row_dims, step, activation_grad: Cal
 class XlaBackend(ReadsTablesAlone):
     """Stacked tables as JAX arrays in the physical (mod-sharded) layout."""
 
-    name = "xla"
+    name = XLA
 
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
                  overflow: str = "error"):

@@ -132,7 +132,7 @@ def test_second_process_first_step_hits_the_cache(tmp_path):
 
 _JAX_CHILD = """
 import sys, jax, jax.numpy as jnp, xla_cache
-from torch_tpu.compile.executables import CompiledProgram
+from torch_tpu.compile.program.executables import CompiledProgram
 xla_cache.install()
 key = sys.argv[1] if len(sys.argv) > 1 else None
 program = CompiledProgram(lambda x, y: (jnp.tanh(x @ y) + 1) / (x.sum() + 2), key=key)

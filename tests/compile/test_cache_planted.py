@@ -21,7 +21,7 @@ import torch
 import torch_tpu.compile as tc
 import xla_cache
 from tests.compile.planted_child import activation_model, compile_inputs, planted_pickle, step_losses
-from torch_tpu.compile import graph
+from torch_tpu.compile.program import graph
 from xla_cache import entries
 
 REPO = Path(__file__).resolve().parents[2]

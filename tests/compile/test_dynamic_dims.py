@@ -1,5 +1,5 @@
 """Dynamic dims under torch.compile(backend="tpu"): sizes up to a bound share one padded program
-with exact results (torch_tpu.compile.bounded); graphs it cannot bound run one program per size."""
+with exact results (torch_tpu.compile.dynamo.bounded); graphs it cannot bound run one program per size."""
 
 import copy
 import logging
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from tests.compile.models import DLRMDense, mlp
-from torch_tpu.compile import backend, bounded, specialize
+from torch_tpu.compile.dynamo import backend, bounded, specialize
 
 
 def _fwd_bwd(model, x):

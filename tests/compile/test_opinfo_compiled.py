@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 import torch_tpu
 import torch_tpu.compile as tc
 from tests.torch_tpu.opinfo_cases import LOWERED_AS, OPINFOS, check_sample, opinfo_id, unlowered_in_docs
-from torch_tpu.compile.fx_to_jax import UnloweredOpError
+from torch_tpu.compile.program.fx_to_jax import UnloweredOpError
 
 _STATIC = {op._schema.name.split("::")[1] for op in torch_tpu.lowered_ops()
            if torch_tpu.get_lowering(op).static_shape}

@@ -9,7 +9,7 @@ import torch
 from torch._higher_order_ops.scan import scan
 
 import torch_tpu  # noqa: F401
-from torch_tpu.compile import backend
+from torch_tpu.compile.dynamo import backend
 
 
 def rnn(h0: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

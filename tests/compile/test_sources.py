@@ -1,4 +1,4 @@
-"""Cache keys name source files by identity (torch_tpu.compile.sources): any rewrite of a file,
+"""Cache keys name source files by identity (torch_tpu.compile.program.sources): any rewrite of a file,
 even one of the same size whose modification time is set back, changes the identity of the file
 and of the tree holding it; bytecode caches and other files do not count."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from torch_tpu.compile.sources import file_identity, tree_identity
+from torch_tpu.compile.program.sources import file_identity, tree_identity
 
 
 def _rewrite_keeping_size_and_mtime(path, text: str) -> None:

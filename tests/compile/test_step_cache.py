@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_tpu.compile as tc
-import torch_tpu.compile.step_cache as step_cache
+import torch_tpu.compile.step.step_cache as step_cache
 from tests.compile.models import mlp
 
 TOL = dict(rtol=1e-5, atol=1e-5)

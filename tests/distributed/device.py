@@ -44,7 +44,7 @@ def launch_on_tpu(job: Callable[..., Any], world: int, timeout_s: float, *args: 
 
 def mismatch_outcome(call: Callable[[], object]) -> tuple[str, float]:
     """(``CollectiveMismatchError``'s message, or "no error"; seconds until it came) of ``call``."""
-    from torch_tpu.compile.collectives import CollectiveMismatchError
+    from torch_tpu.compile.collectives.collectives import CollectiveMismatchError
 
     start = time.monotonic()
     try:

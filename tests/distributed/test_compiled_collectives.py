@@ -40,7 +40,7 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -
     import torch.distributed._functional_collectives as fc
 
     import torch_tpu.compile as tpu_compile
-    from torch_tpu.compile.fused_collectives import FusedGraph
+    from torch_tpu.compile.collectives.fused_collectives import FusedGraph
 
     world = dist.group.WORLD
     results: dict = {"transport": tpu_dist.active_transport()}

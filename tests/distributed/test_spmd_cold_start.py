@@ -1,5 +1,5 @@
 """A 2-rank job's second run compiles nothing: each rank's SPMD step executable is stored in the
-persistent cache (``torch_tpu.compile.executables``) and loaded by the next run's processes.
+persistent cache (``torch_tpu.compile.program.executables``) and loaded by the next run's processes.
 
 JAX's own cache does not serve these programs: its key differs per process on XLA:CPU and only
 process 0 writes, so before they were stored here rank 1 compiled its step program on every run.

@@ -194,9 +194,23 @@ def test_a_package_above_registers_its_backend_by_name():
     import torchrec_tpu.sharding  # noqa: F401  (registers "ops")
     from sparsecore.backends import backend_names, register_backend
 
-    assert {"xla", "fbgemm", "tpu", "ops"} <= set(backend_names())
+    assert set(backend_names()) == {"xla", "fbgemm", "tpu", "ops"}  # every name of the vocabulary
     register_backend("ops", "torchrec_tpu.sharding.ops_backend:OpsBackend")  # the same again: accepted
     with pytest.raises(ValueError, match="backend 'ops' is already torchrec_tpu.sharding.ops_backend:OpsBackend"):
         register_backend("ops", "elsewhere:Other")
+    with pytest.raises(ValueError, match=r"backend name 'cuda' is not one of \('xla', 'fbgemm', 'tpu', 'ops'\)"):
+        register_backend("cuda", "elsewhere:Other")  # a new name goes into the vocabulary first
     backend = make_backend("ops", _plan(OPTIMIZERS["sgd"], "sum"))
     assert type(backend).__name__ == "OpsBackend" and backend.name == "ops"
+
+
+def test_ops_before_its_package_registers_it_names_that_package():
+    """In a process that has not imported torchrec_tpu.sharding, ``ops`` is a known name whose
+    class is not registered yet: the error says who registers it."""
+    import subprocess
+    import sys
+
+    code = ("from sparsecore.backends import make_backend\n"
+            "try:\n    make_backend('ops', None)\nexcept ValueError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "backend 'ops' is registered by torchrec_tpu.sharding: import it first"

@@ -58,7 +58,7 @@ def test_autoload_entry_point_gives_a_working_device():
 def test_synchronize_after_a_program_took_the_last_ops_output():
     """The last eager op's array donated to a compiled program (a train step's tables and optimizer
     state): synchronize, events and queries wait for that program, not on the consumed array."""
-    from torch_tpu.compile.executables import CompiledProgram
+    from torch_tpu.compile.program.executables import CompiledProgram
     from torch_tpu.runtime import device as tpu_device
     from torch_tpu.runtime.tensor import to_jax
 

@@ -18,7 +18,7 @@ from torch.utils import _pytree as pytree
 
 import torch_tpu.compile as tc
 from tests.torch_tpu.opinfo_cases import unlowered_in_docs
-from torch_tpu.compile.fx_to_jax import UnloweredOpError
+from torch_tpu.compile.program.fx_to_jax import UnloweredOpError
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 # A whole encoder-decoder's gradients sum float32 terms through a dozen layers in XLA's order, not

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
-from torch_tpu.compile import backend, train_step
+from torch_tpu.compile import train_step
+from torch_tpu.compile.dynamo import backend
 from torch_tpu.eager import op_jit
 from torch_tpu.runtime import dtypes
 from torch_tpu.runtime.precision import Precision

@@ -289,6 +289,6 @@ def test_compile_cache_key_covers_the_ops_math() -> None:
     from pathlib import Path
 
     from sparsecore import csr_math
-    from torch_tpu.compile.graph import lowering_files
+    from torch_tpu.compile.program.graph import lowering_files
 
     assert Path(csr_math.__file__).resolve() in {p.resolve() for p in lowering_files()}

@@ -27,7 +27,7 @@ def register() -> None:
 def _register_higher_order_ops(tensor_type: type) -> None:
     """Eager ``torch.ops.higher_order.scan`` on tpu tensors: torch's dense implementation (a loop of
     eager ops, as on CPU and CUDA); compiled graphs lower it to one ``lax.scan`` instead
-    (``torch_tpu.compile.fx_to_jax``). Without a rule torch raises "no rule registered for HOP scan"."""
+    (``torch_tpu.compile.program.fx_to_jax``). Without a rule torch raises "no rule registered for HOP scan"."""
     from torch._higher_order_ops.scan import scan_op, scan_op_dense
 
     if tensor_type not in scan_op.python_key_table:

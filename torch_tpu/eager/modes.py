@@ -8,7 +8,7 @@ NaN/Inf that its inputs did not have, naming the op, and an integer division by 
 holding a zero raises CPU's ``ZeroDivisionError`` (``torch_tpu.eager.zero_division``; the other modes
 return XLA's numbers for it); a ``torch.compile`` graph first runs the input checks of its ops
 (``register_lowering(check=)``, e.g. the SparseCore ops' bounds) on its concrete inputs
-(``torch_tpu.compile.graph``). ``defer_and_fuse``: the lazy executor
+(``torch_tpu.compile.program.graph``). ``defer_and_fuse``: the lazy executor
 (``torch_tpu.eager.lazy``) that ``import torch_tpu`` registers with :func:`register_executor`.
 Index arguments are checked against their dimension in every mode (``torch_tpu.ops.lowerings.indexing.check_bounds``).
 

@@ -17,7 +17,7 @@ names the argument, the bad value and its limit.
 Policy. Eager calls check both, in every eager mode: the CPU kernels, and eager dispatch on tpu
 tensors (one device-to-host read of the three integer buffers per call). Inside compiled programs
 values follow TorchTPU's modes: the ``debug`` mode checks the concrete CSR inputs of a compiled
-graph before it runs (``torch_tpu.compile.graph``); in ``strict`` and ``defer_and_fuse``, as on a
+graph before it runs (``torch_tpu.compile.program.graph``); in ``strict`` and ``defer_and_fuse``, as on a
 TPU, out-of-range values give undefined results (the XLA formulation reads another row, or
 drops the entry). A CSR buffer computed inside the graph is never value-checked.
 

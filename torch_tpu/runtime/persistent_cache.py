@@ -4,10 +4,10 @@
   (``torch.compile(backend="tpu")``), keyed by a hash of the graph code, input shapes/dtypes,
   constants and the lowering registry. A hit skips the FX -> JAX translation and the trace.
 * ``<dir>/steps/<key>.jaxexport``: a traced ``torch_tpu.compile.train_step`` program
-  (:mod:`torch_tpu.compile.step_cache`). A hit skips tracing the step.
+  (:mod:`torch_tpu.compile.step.step_cache`). A hit skips tracing the step.
 * ``<dir>/compiled/<key>.jaxexport``: the compiled executable of one of them, serialized without
-  pickle (:mod:`torch_tpu.compile.executable_codec`), keyed by its program's key, the backend, the
-  device and the input types (:mod:`torch_tpu.compile.executables`). A hit skips lowering and
+  pickle (:mod:`torch_tpu.compile.program.executable_codec`), keyed by its program's key, the backend, the
+  device and the input types (:mod:`torch_tpu.compile.program.executables`). A hit skips lowering and
   compiling.
 * ``<dir>/executables``: the compiled XLA executables of all of them (JAX's cache).
 
@@ -29,7 +29,7 @@ from xla_cache import cache_dir, persistent
 
 FX_LEVEL = "fx"
 STEP_LEVEL = "steps"
-COMPILED_LEVEL = "compiled"  # whole programs' executables, serialized (torch_tpu.compile.executables)
+COMPILED_LEVEL = "compiled"  # whole programs' executables, serialized (torch_tpu.compile.program.executables)
 
 
 @dataclasses.dataclass

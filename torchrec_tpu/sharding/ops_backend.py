@@ -33,6 +33,7 @@ from torch import nn
 
 import torch_tpu  # (registers the tpu device and the tpu:: SparseCore ops)
 from sparsecore import csr_math
+from sparsecore.backends import OPS
 from sparsecore.backends.base import ReadsTablesAlone, check_grads
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.csr_format import round_up_array, row_pointers_per_sc
@@ -337,7 +338,7 @@ class _LookupWithUpdate(torch.autograd.Function):
 class OpsBackend(ReadsTablesAlone):
     """The stacks of ``plan`` on the tpu device, run by the ``tpu::`` SparseCore ops."""
 
-    name = "ops"
+    name = OPS
 
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
                  overflow: str = "error", fixed_layout: bool = False):

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sparsecore.backends import make_backend, register_backend
+from sparsecore.backends import OPS, XLA, BackendName, make_backend, register_backend
 from sparsecore.backends.base import Backend, TableTensors, initial_table_slots
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
 from sparsecore.stacking import plan_stacking
@@ -28,20 +28,18 @@ from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_stat
 from torchrec_tpu.sharding.uniform_ranks import RankPadding, is_pad, uniform_padding
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
-OPS = "ops"  # the local engine on TorchTPU's tpu:: SparseCore ops (torchrec_tpu.sharding.ops_backend)
 register_backend(OPS, "torchrec_tpu.sharding.ops_backend:OpsBackend")  # (imports torch_tpu when made)
-XLA = "xla"  # the sparsecore xla backend (sparsecore.backends.xla)
 
 
 @dataclass(frozen=True)
 class LocalEngine:
-    """How each rank runs its shards: one sparsecore ``backend`` (``sparsecore.backends.backend_names()``:
-    ``"ops"`` is the tpu:: SparseCore ops on the tpu device) laid out for ``topology`` (the
-    devices one rank spans), initialised from ``seed`` where no weights are given, checking ids
+    """How each rank runs its shards: one sparsecore ``backend`` (a name of ``sparsecore.backends.BACKENDS``:
+    ``ops`` is the tpu:: SparseCore ops on the tpu device) laid out for ``topology`` (the devices one
+    rank spans), initialised from ``seed`` where no weights are given, checking ids
     by ``id_policy``; ``options`` go to the backend."""
 
     topology: SparseCoreTopology = SparseCoreTopology()
-    backend: str = XLA
+    backend: BackendName = XLA
     seed: int = 0
     id_policy: str = "error"
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -84,7 +82,7 @@ class ShardedTables(nn.Module):
         *,
         group: dist.ProcessGroup | None = None,
         topology: SparseCoreTopology = SparseCoreTopology(),
-        backend: str = "xla",
+        backend: BackendName = XLA,
         weights: Mapping[str, torch.Tensor] | None = None,
         seed: int = 0,
         id_policy: str = "error",

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
 
 from pipelines.bad_value_policies import POLICIES as BAD_VALUE_POLICIES
+from sparsecore.backends import BackendName
 from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.suggest import close_match, did_you_mean
 from torchrec_tpu.train.engines import ENGINES
@@ -31,7 +32,8 @@ Model = Literal["dlrm", "dlrm_dcn"]
 Precision = Literal["fp32", "bf16"]  # --precision: the towers' matmuls (engines.precision)
 DenseDevice = Literal["auto", "cpu", "tpu"]
 DenseParallel = Literal["ddp", "fsdp2"]
-SparseBackend = Literal["auto", "ops", "xla"]
+# sparsecore.backends' names, and auto: the CLI's choice, resolved to one of them at start (engines.step_layout)
+SparseBackend = Literal["auto", BackendName]
 MODELS, PRECISIONS, DENSE_DEVICES, DENSE_PARALLELS, SPARSE_BACKENDS = (
     get_args(Model), get_args(Precision), get_args(DenseDevice), get_args(DenseParallel), get_args(SparseBackend))
 
@@ -188,15 +190,17 @@ class EngineConfig(_Group):
                 "matmul-bound, where CPU torch's kernels beat XLA:CPU's), else cpu (docs/ARCHITECTURE.md)",
         choices=DENSE_DEVICES)
     sparse_backend: SparseBackend = _opt(
-        "auto", "the sparsecore engine's embedding backend: ops (TorchTPU's tpu:: ops), xla, or auto",
+        "auto", "the sparsecore engine's embedding backend (sparsecore.backends), or auto",
         details="the sparsecore engine's local embedding backend, --engine sparsecore only. ops: TorchTPU's tpu::"
                 " SparseCore ops on tpu tables (where the step is one program, it calls them itself: lookup, "
                 "towers and fused update in one program), each batch's CSR buffers cut to a power-of-two bucket "
                 "of its largest partition; xla: the sparsecore xla backend's own XLA programs, run beside the "
                 "step, updating the tables in place (e.g. row-wise Adagrad on tables whose dim is not a multiple "
-                "of 8, which ops refuses). auto: ops where the step is one program (one rank, tpu towers, an "
-                "optimizer without a host value per step, i.e. not Adam), else xla: run eagerly, each ops update "
-                "writes whole new tables (docs/ARCHITECTURE.md)",
+                "of 8, which ops refuses); fbgemm: FBGEMM's table-batched embedding CPU kernels, beside the step "
+                "(SGD, Adagrad, and row-wise Adagrad on dims that are multiples of 4; no Adam or FTRL); tpu: "
+                "jax-tpu-embedding's SparseCore kernels, which only a TPU host (libtpu) runs. auto: ops where the "
+                "step is one program (one rank, tpu towers, an optimizer without a host value per step, i.e. not "
+                "Adam), else xla: run eagerly, each ops update writes whole new tables (docs/ARCHITECTURE.md)",
         choices=SPARSE_BACKENDS)
     dense_parallel: DenseParallel = _opt(
         "ddp", "how the dense towers sync over ranks: ddp (replicated) or fsdp2 (sharded)",

@@ -158,7 +158,7 @@ class CompiledDenseEval:
         return self.dense.logits(dense_features.to(self.device), pooled)
 
     def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        from torch_tpu.compile.buckets import pad_dim
+        from torch_tpu.compile.dynamo.buckets import pad_dim
 
         if self.lookup_logits is not None:
             logits = self._looked_up(batch)
@@ -174,7 +174,7 @@ class CompiledDenseEval:
     def _looked_up(self, batch: Batch) -> torch.Tensor | None:
         """``batch``'s logits, each chunk of the EBC's batch size (the last zero-padded) one run of
         the lookup-and-towers program; None when the EBC's input dist prepared no CSR buffers."""
-        from torch_tpu.compile.buckets import pad_dim
+        from torch_tpu.compile.dynamo.buckets import pad_dim
 
         size, parts, first = self.ebc.batch_size, [], 0
         for chunk, real in fixed_size_chunks(batch.sparse_features, size):

@@ -9,28 +9,28 @@ from dataclasses import dataclass
 
 import torch
 
+from sparsecore.backends import FBGEMM, OPS, TPU, XLA, BackendName
 from sparsecore.optimizer_rules import rule_of
-from torchrec_tpu.sharding.sharded_tables import OPS, XLA
-from torchrec_tpu.train.config import EngineConfig, OptimConfig, per_rank_batch
-from torchrec_tpu.train.engines.dense_placement import dense_device, resolve_dense_device, spmd_world
+from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, per_rank_batch
+from torchrec_tpu.train.engines.dense_placement import dense_device, resolve_dense_device, spmd_world, tpu_installed
 from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
 from torchrec_tpu.train.model import ModelSpec
 
-FBGEMM = "fbgemm"
 # `--dense-device auto` times the towers at the job's batch up to this many samples per rank: the
 # rate per sample is flat well below it, and a job whose batch cannot fit (it fails on its id limits
 # when the tables are planned, next) must not first allocate that batch's towers to time them
-CALIBRATION_BATCH_CAP = 16384  # the torchrec engine's tables: FBGEMM's fused TBE inside TorchRec's DMP
+CALIBRATION_BATCH_CAP = 16384
 
 
 @dataclass(frozen=True)
 class StepLayout:
-    """One job's step layout (see the module docstring); ``sparse_backend`` is ``ops`` or ``xla``
-    for the sparsecore engine, ``fbgemm`` for the torchrec engine."""
+    """One job's step layout (see the module docstring); ``sparse_backend`` is a name of
+    ``sparsecore.backends.BACKENDS`` (``fbgemm`` for the torchrec engine: FBGEMM's fused TBE inside
+    TorchRec's DMP)."""
 
     dense_device: torch.device
     dense_parallel: str
-    sparse_backend: str
+    sparse_backend: BackendName
     one_program: bool
     uniform_ranks: bool
     precision: str
@@ -56,12 +56,16 @@ def sparsecore_layout(options: EngineConfig, optim: OptimConfig, world_size: int
                       towers_on: torch.device) -> StepLayout:
     """The sparsecore engine's layout with the dense towers on ``towers_on``: ``--sparse-backend
     auto`` is ``ops`` where the step is one program that calls the ops itself (an optimizer that
-    runs inside the step), else ``xla``; several ranks in one program need uniform stacks."""
+    runs inside the step), else ``xla``; several ranks in one program need uniform stacks. ``tpu``
+    needs a TPU host: elsewhere it is refused here, before any table is built."""
     one_program = one_step_program(towers_on, world_size, options.dense_parallel)
     backend = options.sparse_backend
     if backend == "auto":
         in_step = rule_of(sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)).in_step
         backend = OPS if one_program and in_step else XLA
+    if backend == TPU and not tpu_installed():
+        raise ConfigError(f"--sparse-backend={TPU!r} runs jax-tpu-embedding's SparseCore kernels, which only a TPU "
+                          f"host executes (no libtpu here); --sparse-backend={XLA!r} computes the same on any host")
     return StepLayout(towers_on, options.dense_parallel, backend, one_program,
                       world_size > 1 and backend == OPS and one_program, optim.precision, world_size)
 

@@ -3,13 +3,13 @@
 Tracing a step (``make_fx`` twice, then the FX -> JAX translation) takes 1-2 s; a second process
 training the same model skips it: the step's program is stored as a serialized ``jax.export``
 with what its outputs update, and its XLA executable is stored serialized beside it
-(:mod:`torch_tpu.compile.executables`).
+(:mod:`torch_tpu.compile.program.executables`).
 
 The key covers everything the trace reads besides tensor values: the call's
-:class:`~torch_tpu.compile.step_trace.StepSignature` (shapes, dtypes, optimizer settings and
+:class:`~torch_tpu.compile.step.step_trace.StepSignature` (shapes, dtypes, optimizer settings and
 state layout, batch structure), the model's tensor names, every submodule's class (the code of
 each class in its MRO and the source file defining it; files by their identity,
-:mod:`torch_tpu.compile.sources`) and non-tensor attributes (tensor
+:mod:`torch_tpu.compile.program.sources`) and non-tensor attributes (tensor
 attributes by content), the loss function's code, closure and defaults, the optimizer's class,
 the source of each top-level package defining one of those classes or the loss function (every
 ``.py`` file under it; an installed package by its version), torch_tpu's own source, and the
@@ -35,10 +35,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import torch_tpu.compile.graph as compiled_graph
+import torch_tpu.compile.program.graph as compiled_graph
 import xla_cache
-from torch_tpu.compile.sources import file_identity, tree_identity
-from torch_tpu.compile.step_trace import LossFn, StepSignature
+from torch_tpu.compile.program.sources import file_identity, tree_identity
+from torch_tpu.compile.step.step_trace import LossFn, StepSignature
 from torch_tpu.runtime import persistent_cache
 from torch_tpu.runtime._jax import jax
 

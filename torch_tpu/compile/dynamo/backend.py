@@ -1,10 +1,10 @@
 """The ``torch.compile(backend="tpu")`` backend: Dynamo -> AOTAutograd (core ATen) -> registry -> XLA.
 
 AOTAutograd splits training graphs into a forward and a backward graph; each becomes one
-:class:`~torch_tpu.compile.graph.CompiledGraph` (one ``jax.jit`` program). Graphs with dynamic
+:class:`~torch_tpu.compile.program.graph.CompiledGraph` (one ``jax.jit`` program). Graphs with dynamic
 dims (Dynamo's automatic dynamic shapes, ``mark_dynamic``, ``dynamic=True``) run padded to an upper
-bound of each size, one program for a range of sizes (:mod:`torch_tpu.compile.bounded`); a graph
-whose symbolic trace fails is traced per concrete shape (:mod:`torch_tpu.compile.specialize`).
+bound of each size, one program for a range of sizes (:mod:`torch_tpu.compile.dynamo.bounded`); a graph
+whose symbolic trace fails is traced per concrete shape (:mod:`torch_tpu.compile.dynamo.specialize`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from torch_tpu.compile.bounded import BoundedGraph
-from torch_tpu.compile.collectives import SegmentedGraph, has_collectives, plan_steps
-from torch_tpu.compile.fused_collectives import FusedGraph, NotFusable, fusing
-from torch_tpu.compile.graph import CompiledGraph
-from torch_tpu.compile.specialize import SpecializedGraph, is_symbolic
+from torch_tpu.compile.collectives.collectives import SegmentedGraph, has_collectives, plan_steps
+from torch_tpu.compile.collectives.fused_collectives import FusedGraph, NotFusable, fusing
+from torch_tpu.compile.dynamo.bounded import BoundedGraph
+from torch_tpu.compile.dynamo.specialize import SpecializedGraph, is_symbolic
+from torch_tpu.compile.program.graph import CompiledGraph
 from torch_tpu.ops import decompositions
 
 BACKEND_NAME = "tpu"

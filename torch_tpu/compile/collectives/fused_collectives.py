@@ -1,6 +1,6 @@
 """Opt-in: collectives lowered into the compiled program (``with torch_tpu.compile.fuse_collectives():``).
 
-By default a graph with collectives is split at each one (:mod:`torch_tpu.compile.collectives`).
+By default a graph with collectives is split at each one (:mod:`torch_tpu.compile.collectives.collectives`).
 Graphs compiled inside :func:`fuse_collectives` become ONE program instead: a ``shard_map`` over
 the group's devices (the global mesh of the multi-controller JAX runtime, one device per process,
 in group-rank order), in which every segment runs on this rank's block and every collective is
@@ -31,15 +31,14 @@ import torch.fx
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from torch_tpu.compile.collectives import (
+from torch_tpu.compile.collectives.collectives import (
     Segment,
     bind_collective,
     check_same_collectives,
     collective_sequence,
-    is_collective,
     process_group_of,
 )
-from torch_tpu.compile.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
+from torch_tpu.compile.program.fx_to_jax import is_collective, mutated_inputs, needs_random_key, to_jax_function
 from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.dtypes import to_jax_dtype
 from torch_tpu.runtime.tensor import TpuTensor, from_jax, to_jax

@@ -4,7 +4,7 @@ Dynamo turns ``torch.distributed.all_reduce`` (and the functional collectives of
 ``torch.distributed._functional_collectives``) into ``_c10d_functional`` ops, which have no XLA
 lowering here. A graph (forward, backward or inference, after AOTAutograd, so autograd is
 untouched) that holds any becomes a :class:`SegmentedGraph`: the runs of ops between collectives
-are compiled programs (:class:`~torch_tpu.compile.graph.CompiledGraph` each), and every collective
+are compiled programs (:class:`~torch_tpu.compile.program.graph.CompiledGraph` each), and every collective
 runs between them through the process group's eager path (``torch.distributed.all_reduce`` ... on
 the tpu tensors: tpu_dist's XLA transport), waited for at once, so its ``wait_tensor`` is a no-op.
 
@@ -25,16 +25,11 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "_c10d_functional_autograd"})
+from torch_tpu.compile.program.fx_to_jax import is_collective
 
 
 class CollectiveMismatchError(RuntimeError):
     """Ranks run compiled graphs with different collective sequences."""
-
-
-def is_collective(node: torch.fx.Node) -> bool:
-    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-            and node.target.namespace in COLLECTIVE_NAMESPACES)
 
 
 def has_collectives(gm: torch.fx.GraphModule) -> bool:
@@ -255,7 +250,7 @@ def plan_steps(gm: torch.fx.GraphModule) -> list[Segment | torch.fx.Node]:
 
 class SegmentedGraph:
     """A graph with collectives: compiled segments, the collectives run eagerly between them.
-    Boxed calling convention, as :class:`~torch_tpu.compile.graph.CompiledGraph`."""
+    Boxed calling convention, as :class:`~torch_tpu.compile.program.graph.CompiledGraph`."""
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str,
                  compile_graph: Callable[[torch.fx.GraphModule, list[Any]], Any],

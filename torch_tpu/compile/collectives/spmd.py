@@ -23,9 +23,9 @@ import numpy as np
 import torch.distributed as dist
 from jax.sharding import NamedSharding, PartitionSpec
 
-import torch_tpu.compile.graph as compiled_graph
-from torch_tpu.compile.executables import CompiledProgram
-from torch_tpu.compile.fused_collectives import group_mesh, lower_collective
+import torch_tpu.compile.program.graph as compiled_graph
+from torch_tpu.compile.collectives.fused_collectives import group_mesh, lower_collective
+from torch_tpu.compile.program.executables import CompiledProgram
 from torch_tpu.runtime._jax import jax
 
 

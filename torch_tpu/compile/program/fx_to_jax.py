@@ -6,7 +6,7 @@ lowered here: ``torch.ops.higher_order.scan`` becomes one ``jax.lax.scan`` (an X
 body is the combine graph, translated once: the program does not grow with the sequence length;
 AOTAutograd's backward of a scan is a reversed scan, lowered the same way), or AOTAutograd's
 ``auto_functionalized(_v2)`` of a mutating custom op, which runs the graph of the op's own
-implementation (:mod:`torch_tpu.compile.auto_functionalized`). The exception is
+implementation (:mod:`torch_tpu.compile.program.auto_functionalized`). The exception is
 ``aten.copy_`` into a graph input: AOTAutograd keeps a backward's in-place updates of its inputs
 (a fused optimizer writing its table) as such copies; the function returns each updated input's
 new value after the graph's outputs (:func:`mutated_inputs` names them). Random lowerings draw
@@ -23,13 +23,12 @@ from typing import Any
 import torch
 import torch.fx
 
-from torch_tpu.compile.auto_functionalized import (
+from torch_tpu.compile.program.auto_functionalized import (
     NotTraceable,
     functional_body,
     is_auto_functionalized,
     tensor_arguments,
 )
-from torch_tpu.compile.collectives import is_collective
 from torch_tpu.ops.registry import Lowering, get_lowering
 from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.dtypes import to_jax_dtype
@@ -103,6 +102,15 @@ def check_against_meta(node: torch.fx.Node, value: Any) -> None:
                 f"{g.dtype}{list(g.shape)}, but PyTorch's meta kernel gives {e.dtype}{list(e.shape)}; "
                 "a lowering must follow the meta kernel (fix it in the torch_tpu registry)"
             )
+
+
+# collectives are lowered by the SPMD program that runs the graph (``to_jax_function(collectives=)``)
+COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "_c10d_functional_autograd"})
+
+
+def is_collective(node: torch.fx.Node) -> bool:
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and node.target.namespace in COLLECTIVE_NAMESPACES)
 
 
 def _is_input_update(node: torch.fx.Node) -> bool:

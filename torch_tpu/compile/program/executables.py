@@ -4,13 +4,13 @@ A second process running a stored program (a ``train_step``, a ``torch.compile``
 otherwise lower the stored ``jax.export`` program to MLIR again only to find its executable in
 JAX's cache, and lowering an exported program initialises JAX's CPU LAPACK handlers, which
 imports SciPy: 175 ms of the main job's first step. Loading the serialized executable (level
-``compiled``, written without pickle by :mod:`torch_tpu.compile.executable_codec`) skips all of it. A
+``compiled``, written without pickle by :mod:`torch_tpu.compile.program.executable_codec`) skips all of it. A
 compiled executable is also cheaper to call than ``jax.jit``'s dispatch, which checks and hashes
 the arguments on every call.
 
 An executable is specific to the backend, the devices and the input types it was compiled for:
 its key adds them, and the process, to the program's key. SPMD programs over several processes'
-devices (a multi-controller job: ``torch_tpu.compile.spmd``) are stored too, each process its own
+devices (a multi-controller job: ``torch_tpu.compile.collectives.spmd``) are stored too, each process its own
 executable: JAX's cache would not serve them (its key differs per process on XLA:CPU and only
 process 0 writes), so every rank but the first compiled its program again on every run. Inputs of
 other types than the first call's run through ``jax.jit``.
@@ -26,7 +26,7 @@ from typing import Any
 
 import jaxlib
 
-import torch_tpu.compile.executable_codec as executable_codec
+import torch_tpu.compile.program.executable_codec as executable_codec
 import xla_cache
 from torch_tpu.runtime import device as tpu_device
 from torch_tpu.runtime import persistent_cache

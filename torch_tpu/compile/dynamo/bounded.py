@@ -3,7 +3,7 @@
 XLA programs have static shapes. A forward, backward or inference graph that AOTAutograd traced
 with symbolic sizes (``torch.compile(..., dynamic=True)``, ``torch._dynamo.mark_dynamic``, Dynamo's
 automatic dynamic shapes) is compiled at an upper bound of every size symbol
-(:mod:`torch_tpu.compile.padded_rewrite`): its inputs are zero-padded to the bounds, the true
+(:mod:`torch_tpu.compile.dynamo.padded_rewrite`): its inputs are zero-padded to the bounds, the true
 sizes enter the program as numbers, the program masks the padding wherever positions mix, and
 outputs are sliced back to the true sizes, so results are exact. A bound is the shape
 environment's upper bound of the symbol when it has a finite one (``mark_dynamic(x, 0, max=...)``),
@@ -25,8 +25,8 @@ import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from torch_tpu.compile.fx_to_jax import LoweringShapeError
-from torch_tpu.compile.padded_rewrite import NotBoundable, StaticGraph, evaluate, rewrite, size_exprs
+from torch_tpu.compile.dynamo.padded_rewrite import NotBoundable, StaticGraph, evaluate, rewrite, size_exprs
+from torch_tpu.compile.program.fx_to_jax import LoweringShapeError
 
 _log = logging.getLogger(__name__)
 BOUND_LIMIT = 1 << 31  # a shape environment's upper bound above this is no bound

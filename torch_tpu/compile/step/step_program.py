@@ -2,7 +2,7 @@
 
 Forward, backward and the optimizer update (any ``torch.optim`` optimizer that runs under
 ``torch.compile``: SGD, Adagrad, Adam, AdamW ..., foreach or fused) are traced together
-(:mod:`torch_tpu.compile.step_trace`), lowered through the op registry and jitted with the
+(:mod:`torch_tpu.compile.step.step_trace`), lowered through the op registry and jitted with the
 parameters', buffers' and optimizer state's buffers donated: XLA updates them in place
 (input-output aliasing). A call dispatches that one program and returns at once: the loss is a
 tpu tensor that is not read back (``loss.item()`` waits for it), and nothing inside the step
@@ -35,13 +35,18 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
-import torch_tpu.compile.graph as compiled_graph
-import torch_tpu.compile.step_cache as step_cache
-from torch_tpu.compile.collectives import check_same_program, collective_groups, on_every_rank, program_lines
-from torch_tpu.compile.executables import CompiledProgram
-from torch_tpu.compile.fx_to_jax import needs_random_key, to_jax_function
-from torch_tpu.compile.spmd import SpmdProgram, collective_lowering, describe_inputs
-from torch_tpu.compile.step_trace import (
+import torch_tpu.compile.program.graph as compiled_graph
+import torch_tpu.compile.step.step_cache as step_cache
+from torch_tpu.compile.collectives.collectives import (
+    check_same_program,
+    collective_groups,
+    on_every_rank,
+    program_lines,
+)
+from torch_tpu.compile.collectives.spmd import SpmdProgram, collective_lowering, describe_inputs
+from torch_tpu.compile.program.executables import CompiledProgram
+from torch_tpu.compile.program.fx_to_jax import needs_random_key, to_jax_function
+from torch_tpu.compile.step.step_trace import (
     LossFn,
     StepGraph,
     StepSignature,
@@ -391,7 +396,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
 
     ``group`` (a ``tpu_dist`` process group of several ranks on the XLA transport): data parallel
     over its ranks, each stepping on its own batch with the same program (SPMD,
-    :mod:`torch_tpu.compile.spmd`): the gradients are averaged over the ranks inside it (as DDP),
+    :mod:`torch_tpu.compile.collectives.spmd`): the gradients are averaged over the ranks inside it (as DDP),
     and functional collectives the model calls (``torch.distributed._functional_collectives``,
     e.g. an embedding all-to-all) are XLA collectives in it. Every rank must call the step with
     batches of the same shapes; ranks whose programs differ fail with ``CollectiveMismatchError``

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 import torch.fx
 
-import torch_tpu.compile.fx_to_jax as fx_to_jax
-from torch_tpu.compile.executables import CompiledProgram
-from torch_tpu.compile.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
-from torch_tpu.compile.sources import file_identity
+import torch_tpu.compile.program.fx_to_jax as fx_to_jax
+from torch_tpu.compile.program.executables import CompiledProgram
+from torch_tpu.compile.program.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
+from torch_tpu.compile.program.sources import file_identity
 from torch_tpu.eager import modes
 from torch_tpu.ops import batched_matmul
 from torch_tpu.ops.registry import get_lowering, lowered_ops
@@ -52,7 +52,7 @@ _registry_digest: list[str] = []
 
 def registry_fingerprint() -> str:
     """The lowered op names and every file of :func:`lowering_files` (its identity,
-    :mod:`torch_tpu.compile.sources`): a changed lowering must never reuse a stored translation."""
+    :mod:`torch_tpu.compile.program.sources`): a changed lowering must never reuse a stored translation."""
     if not _registry_digest:
         h = hashlib.sha256()
         for op in sorted(lowered_ops(), key=str):
@@ -102,7 +102,7 @@ def input_specs(example_inputs: Sequence[Any]) -> list[Spec]:
             raise TypeError(
                 f"torch.compile(backend='tpu'): graph input {i} is a {type(x).__name__}"
                 f"{' with symbolic sizes' if isinstance(x, torch.Tensor) else ''}; the backend compiles "
-                "static shapes (torch_tpu.compile.specialize builds one program per concrete shape)"
+                "static shapes (torch_tpu.compile.dynamo.specialize builds one program per concrete shape)"
             )
         specs.append(jax.ShapeDtypeStruct(tuple(int(s) for s in x.shape), to_jax_dtype(x.dtype)))
     return specs
