@@ -177,7 +177,7 @@ def test_infer_policies(tmp_path_factory, tmp_path):
     shutil.copytree(data, copy)
     (copy / "_COMPLETE.json").unlink()
     path = _damage(copy, "I2", np.inf, part="part-00000.parquet")
-    predictor = Predictor(InferenceConfig(data=str(copy), checkpoint=str(root), output=""), threads=1)
+    predictor = Predictor(InferenceConfig(data=str(copy), checkpoint=str(root), output=""), threads=1, with_label=False)
     result, written = _predict(predictor, tmp_path / "error", "error")
     error = result["error"][0]
     assert isinstance(error, BadValueError) and f"{path}: row {ROW}, column I2: inf" in str(error)
