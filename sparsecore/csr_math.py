@@ -250,18 +250,22 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
     phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, vocab, batch_size, devices,
                                  device_index)
     entries = phys.shape[0]
-    contributions = gain[:, None] * activations_grad.astype(jnp.float32).at[rows].get(mode="fill", fill_value=0.0)
+    activations_grad = activations_grad.astype(jnp.float32)
     dedup = _touched_rows(phys, vocab) if touched is None else split_touched(touched, entries)
     hints = {}
     if dedup is None:  # (row + 1) * entries needs 64-bit keys and x64 is off: jnp.unique's pair sort
         # touched rows ascending; padding entries (row ``vocab``) and unused slots read/write row vocab: dropped
         unique, inverse = jnp.unique(phys, return_inverse=True, size=entries, fill_value=vocab)
+        contributions = gain[:, None] * activations_grad.at[rows].get(mode="fill", fill_value=0.0)
         grad = jax.ops.segment_sum(contributions, inverse.reshape(-1), num_segments=entries)
     else:
         order, segment, unique = dedup
-        # each row's entries in buffer order, as table_grad sums them
-        grad = jax.ops.segment_sum(contributions[order], segment, num_segments=unique.shape[0],
-                                   indices_are_sorted=True)
+        # each row's entries in buffer order, as table_grad sums them; the sorted entries' rows and
+        # gains are composed first, so that ONE row gather reads the gradient (XLA would otherwise
+        # fuse both gathers' index arithmetic into every element)
+        sorted_rows, sorted_gain = jax.lax.optimization_barrier((rows[order], gain[order]))
+        contributions = sorted_gain[:, None] * activations_grad.at[sorted_rows].get(mode="fill", fill_value=0.0)
+        grad = jax.ops.segment_sum(contributions, segment, num_segments=unique.shape[0], indices_are_sorted=True)
         hints = dict(indices_are_sorted=True, unique_indices=True)
     touched = unique < vocab
     old = [embedding_table, *slots]
