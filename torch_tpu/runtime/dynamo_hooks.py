@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable
 
 from torch_tpu.runtime.after_import import call_after_import
@@ -55,15 +57,24 @@ def _mark_constant_results() -> None:
 def _skip_torch_tpu(trace_rules: Any) -> None:
     """Dynamo skips every torch_tpu module but :data:`TRACED_MODULES`: a package holding one is
     skipped module by module (and its ``__init__``), any other package whole."""
-    import pkgutil
-    from pathlib import Path
-
     holders = {"torch_tpu", *(prefix for m in TRACED_MODULES for prefix in _parents(m))}
-    for info in pkgutil.walk_packages([str(Path(__file__).resolve().parents[1])], "torch_tpu."):
-        if info.name not in TRACED_MODULES and info.name not in holders:
-            trace_rules.add(info.name)
+    for name in _skipped("torch_tpu", Path(__file__).resolve().parents[1], holders):
+        trace_rules.add(name)
     for package in holders:
         trace_rules.FORCE_SKIP_FILES.add(importlib.util.find_spec(package).origin)
+
+
+def _skipped(package: str, directory: Path, holders: set[str]) -> Iterator[str]:
+    """The modules and packages of ``package`` to skip, found on disk: nothing is imported (this runs
+    while torch may be mid-import, when importing ``torch_tpu.compile``, which needs
+    ``torch._inductor``, fails and leaves its submodules half-loaded)."""
+    import pkgutil
+
+    for info in pkgutil.iter_modules([str(directory)], f"{package}."):
+        if info.name in holders:
+            yield from _skipped(info.name, directory / info.name.rpartition(".")[2], holders)
+        elif info.name not in TRACED_MODULES:
+            yield info.name
 
 
 def _parents(module: str) -> list[str]:

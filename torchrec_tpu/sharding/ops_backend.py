@@ -40,7 +40,7 @@ from sparsecore.csr_format import round_up_array, row_pointers_per_sc
 from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import OptimizerRule, rule_of
 from sparsecore.preprocess import preprocess_inputs
-from sparsecore.stacked_arrays import stacked_array, table_rows
+from sparsecore.stacked_arrays import stacked_array, unstack_table
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 from torch_tpu.ops.sparsecore import touched_rows_ahead
@@ -450,4 +450,4 @@ class OpsBackend(ReadsTablesAlone):
         """(Gathers that table's rows alone.)"""
         i, st = self.plan.stack_of_table(table)
         index = 0 if slot is None else 1 + st.optimizer.slot_names.index(slot)
-        return table_rows(st, torch_tpu.to_jax(self.state.step_tensors()[i][index]), table)
+        return unstack_table(st, torch_tpu.to_jax(self.state.step_tensors()[i][index]), table)
