@@ -21,7 +21,7 @@ import platform
 from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import jax
 
-KEPT_BYTES = 1 << 29  # freed memory glibc keeps at the heap's top (512 MiB)
+KEPT_BYTES = 1 << 27  # freed memory glibc keeps at the heap's top (128 MiB)
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # <malloc.h>
 _applied: list[bool] = []
 
