@@ -113,6 +113,28 @@ def test_a_loss_functions_key_is_the_same_in_every_process():
     assert step_cache._describe(other) != before  # another constant: another program
 
 
+def _init_group_a(self, group, params):
+    return [p for p in group["params"] if p.grad is not None]
+
+
+def _init_group_b(self, group, params):
+    return [p for p in group["params"] if p.grad is None]
+
+
+def _optimizer_class(init_group) -> type:
+    return type("Optimizer", (torch.optim.SGD,), {"_init_group": init_group, "__module__": __name__})
+
+
+def test_an_optimizers_key_ignores_dynamos_disable_wrapper():
+    """TorchDynamo wraps every torch optimizer's ``_init_group`` in ``disable`` when a process
+    first uses it: a step keyed before that (``--dense-device auto`` timing the towers first)
+    missed the same step keyed after it in the next job."""
+    plain = step_cache._class_digest(_optimizer_class(_init_group_a))
+    wrapped = step_cache._class_digest(_optimizer_class(torch._dynamo.disable(_init_group_a)))
+    assert wrapped == plain
+    assert step_cache._class_digest(_optimizer_class(_init_group_b)) != plain  # other code: another key
+
+
 def test_models_with_forward_hooks_are_not_stored(cache):
     torch.manual_seed(0)
     model = mlp([6, 16, 1])

@@ -106,11 +106,20 @@ def _class_digest(cls: type) -> str:
             h.update(file_identity(_source_file(base)).encode())
             for name, value in sorted(vars(base).items()):
                 target = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-                target = target.fget if isinstance(target, property) else target
+                target = _dynamo_enabled(target.fget if isinstance(target, property) else target)
                 if isinstance(target, types.FunctionType):
                     h.update(f"{name}:{_code_digest(target)}".encode())
         digest = _class_digests[cls] = h.hexdigest()
     return digest
+
+
+def _dynamo_enabled(fn: Any) -> Any:
+    """``fn`` without TorchDynamo's ``disable`` wrappers, which change nothing outside Dynamo.
+    Dynamo wraps every torch optimizer's ``_init_group`` when it is first used in a process: a
+    class digested before that would key a step apart from the same class digested after."""
+    while getattr(fn, "_torchdynamo_disable", False) and hasattr(fn, "_torchdynamo_orig_callable"):
+        fn = fn._torchdynamo_orig_callable
+    return fn
 
 
 def _source_file(cls: type) -> str | None:
