@@ -7,9 +7,8 @@ import numpy as np
 import torch
 
 from sparsecore import SGD as SGDSpec
-from sparsecore import FeatureSpec, SparseCoreTopology, TableSpec, plan_stacking
+from sparsecore import FeatureSpec, SparseCoreTopology, TableSpec, plan_stacking, preprocess
 from sparsecore.csr_math import decode
-from sparsecore.preprocess import preprocess
 from sparsecore.stacking import stack_rows, unstack_rows
 from tests.sparsecore.helpers import random_kjt
 

@@ -19,8 +19,7 @@ import torch.distributed as dist
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from sparsecore import SGD, FeatureSpec, SparseCoreTopology, TableSpec, plan_stacking
-from sparsecore.preprocess import preprocess
+from sparsecore import SGD, FeatureSpec, SparseCoreTopology, TableSpec, plan_stacking, preprocess
 from sparsecore.stacking import stack_rows
 from tests.sparsecore.helpers import random_kjt
 

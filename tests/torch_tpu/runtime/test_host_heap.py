@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BLOCK = 48 << 20  # above glibc's 32 MiB mmap ceiling
 SCRIPT = f"""
 import ctypes, ctypes.util, resource, torch, torch_tpu
