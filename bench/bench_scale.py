@@ -86,7 +86,7 @@ def worker(args: argparse.Namespace) -> None:
         engine=args.engine, data=args.data, log_dir=args.log_dir, eval_files=1, eval_batch_size=args.batch_size,
         num_embeddings_per_feature=args.sizes, embedding_dim=args.dim, dense_arch=f"64,{args.dim}",
         batch_size=args.batch_size, epochs=1, max_steps=args.steps, log_every=args.log_every, progress=False,
-        sparse_optimizer=args.optimizer)
+        sparse_optimizer=args.optimizer, dense_device=args.dense_device)
     summary = run_job(config)
     if summary.primary:
         wall_ms, cpu_ms = clock.per_step_ms(args.log_every)
@@ -118,7 +118,8 @@ def run(engine: str, data: Path, sizes: str, log_dir: Path, args: argparse.Names
     """One fresh run of ``engine``: its steady samples/s and peak RSS."""
     cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--data", str(data), "--log-dir", str(log_dir),
            "--sizes", sizes, "--dim", str(args.dim), "--batch-size", str(args.batch_size), "--steps",
-           str(args.steps), "--log-every", str(args.log_every), "--optimizer", args.optimizer]
+           str(args.steps), "--log-every", str(args.log_every), "--optimizer", args.optimizer, "--dense-device",
+           args.dense_device]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run([sys.executable, __file__, "--watch", "--world", str(args.world), "--", *cmd], env=env,
                           stdout=subprocess.PIPE,
@@ -148,6 +149,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=5, help="steps per logged throughput window (default: 5)")
     parser.add_argument("--optimizer", default="rowwise_adagrad", help="--sparse-optimizer (default: rowwise_adagrad)")
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES), help="(default: both)")
+    parser.add_argument("--dense-device", choices=("auto", "cpu", "tpu"), default="auto",
+                        help="the sparsecore engine's --dense-device (default: auto)")
     parser.add_argument("--world", type=int, default=1, help="ranks (loopback processes); peak RSS is the largest "
                         "rank's, the budget each rank's even share (default: 1)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
