@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch_tpu  # noqa: E402
 import torch_tpu.compile  # noqa: E402,F401
-from tests.compile.models import DLRMDense  # noqa: E402
+from tests.torch_tpu.compile.models import DLRMDense  # noqa: E402
 
 
 def _ms_per_call(fn: Callable[[], torch.Tensor], steps: int, label: str) -> float:

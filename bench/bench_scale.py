@@ -3,9 +3,10 @@ the stock TorchRec DMP engine (``--engine torchrec``) side by side, at two or th
 
 The tables are MLPerf DLRM-DCNv2's 26 cardinalities capped at ``--caps`` (``torchrec-tpu data
 generate --max-cardinality``; 100k: 0.92M rows, 1.5M: 10.1M rows, 5M: 29.2M rows), passed per
-feature as ``--num-embeddings-per-feature``. Every run is a fresh child process (``run_job``: one
-rank, reader, steps, evaluation, checkpoint) started through a small watcher process, whose
-``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` after the run exits is the run's peak RSS.
+feature as ``--num-embeddings-per-feature``. Every run is fresh child processes (``run_job``: one
+per rank of ``--world``, reader, steps, evaluation, checkpoint) started through a small watcher
+process, whose ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` after the run exits is the largest
+rank's peak RSS (the budget is then each rank's even share of the tables plus the fixed 2 GB).
 Per run: peak RSS, that over the table bytes (fp32 weights alone) and over the issue's budget
 ``1.3 x (tables + slots) + 2 GB``, the steady samples/s (the logged windows after the first), and
 the wall and process CPU ms per step after the first window (CPU time, every thread's, is the
@@ -13,7 +14,7 @@ figure that survives a loaded box); per size the sparsecore/torchrec ratios, per
 size's step cost over the smallest's (issue 48: within 15% from 1M to 29M rows). Shared 2-core
 box: timings are noisy, and a run at 29M rows needs ~10 GB free (check ``free -g``).
 
-    .venv/bin/python bench/bench_scale.py [--caps 100000 1500000 5000000] [--steps 30] [--engines ...]
+    .venv/bin/python bench/bench_scale.py [--caps 100000 1500000 5000000] [--steps 30] [--engines ...] [--world 2]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train_e2e import steady_rate  # noqa: E402  (bench/ is not a package)
+from bench_train_e2e import _free_port, steady_rate  # noqa: E402  (bench/ is not a package)
 
 ENGINES = ("torchrec", "sparsecore")
 GB = 1 << 30
@@ -85,7 +86,7 @@ def worker(args: argparse.Namespace) -> None:
         engine=args.engine, data=args.data, log_dir=args.log_dir, eval_files=1, eval_batch_size=args.batch_size,
         num_embeddings_per_feature=args.sizes, embedding_dim=args.dim, dense_arch=f"64,{args.dim}",
         batch_size=args.batch_size, epochs=1, max_steps=args.steps, log_every=args.log_every, progress=False,
-        sparse_optimizer=args.optimizer)
+        sparse_optimizer=args.optimizer, dense_device=args.dense_device)
     summary = run_job(config)
     if summary.primary:
         wall_ms, cpu_ms = clock.per_step_ms(args.log_every)
@@ -93,15 +94,23 @@ def worker(args: argparse.Namespace) -> None:
                           "wall_ms": wall_ms, "cpu_ms": cpu_ms}))
 
 
-def watch(command: list[str]) -> None:
-    """Run ``command`` as this process's only child; print its output's last line and its peak RSS
-    (bytes) as JSON."""
-    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if done.returncode:
-        sys.stderr.write(done.stderr[-4000:])
-        sys.exit(done.returncode)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["peak_rss"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # (KiB on Linux)
+def watch(command: list[str], world: int) -> None:
+    """Run ``command`` as this process's only children, one per rank of ``world`` (loopback);
+    print rank 0's output's last line and the largest rank's peak RSS (bytes) as JSON."""
+    env = dict(os.environ)
+    if world > 1:
+        env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(_free_port()))
+    procs = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)} if world > 1 else env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    outputs = [p.communicate() for p in procs]
+    for p, (_, err) in zip(procs, outputs):
+        if p.returncode:
+            sys.stderr.write(err[-4000:])
+            sys.exit(p.returncode)
+    result = json.loads(outputs[0][0].strip().splitlines()[-1])
+    # (RUSAGE_CHILDREN: the largest of the waited-for children's peaks; KiB on Linux)
+    result["peak_rss"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     print(json.dumps(result))
 
 
@@ -109,9 +118,11 @@ def run(engine: str, data: Path, sizes: str, log_dir: Path, args: argparse.Names
     """One fresh run of ``engine``: its steady samples/s and peak RSS."""
     cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--data", str(data), "--log-dir", str(log_dir),
            "--sizes", sizes, "--dim", str(args.dim), "--batch-size", str(args.batch_size), "--steps",
-           str(args.steps), "--log-every", str(args.log_every), "--optimizer", args.optimizer]
+           str(args.steps), "--log-every", str(args.log_every), "--optimizer", args.optimizer, "--dense-device",
+           args.dense_device]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, __file__, "--watch", "--", *cmd], env=env, stdout=subprocess.PIPE,
+    done = subprocess.run([sys.executable, __file__, "--watch", "--world", str(args.world), "--", *cmd], env=env,
+                          stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
     if done.returncode:
         raise RuntimeError(f"{engine} at {sizes.count(',') + 1} tables failed:\n{done.stderr[-3000:]}")
@@ -138,6 +149,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=5, help="steps per logged throughput window (default: 5)")
     parser.add_argument("--optimizer", default="rowwise_adagrad", help="--sparse-optimizer (default: rowwise_adagrad)")
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES), help="(default: both)")
+    parser.add_argument("--dense-device", choices=("auto", "cpu", "tpu"), default="auto",
+                        help="the sparsecore engine's --dense-device (default: auto)")
+    parser.add_argument("--world", type=int, default=1, help="ranks (loopback processes); peak RSS is the largest "
+                        "rank's, the budget each rank's even share (default: 1)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--watch", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)
@@ -146,22 +161,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
     parser.add_argument("command", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if min(args.caps) < 1 or args.rows < args.batch_size or args.steps < 2 * args.log_every:
-        parser.error("--caps >= 1, --rows >= --batch-size and --steps >= 2 x --log-every are required")
+    if min(args.caps) < 1 or args.rows < args.batch_size or args.steps < 2 * args.log_every or args.world < 1:
+        parser.error("--caps >= 1, --rows >= --batch-size, --steps >= 2 x --log-every and --world >= 1 are required")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.watch:
-        watch(args.command)
+        watch(args.command, args.world)
         return
     if args.worker:
         worker(args)
         return
     from pipelines.synthetic import SyntheticConfig, generate
 
-    print(f"train at scale: dim {args.dim}, batch {args.batch_size}, {args.optimizer}, {args.steps} steps, one rank, "
+    print(f"train at scale: dim {args.dim}, batch {args.batch_size}, {args.optimizer}, {args.steps} steps, "
+          f"{args.world} rank(s), "
           f"fresh process per run; load {os.getloadavg()[0]:.2f}; shared box, noisy")
     by_size: dict[str, list[tuple[float, dict]]] = {engine: [] for engine in args.engines}
     for cap in args.caps:
@@ -171,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             generate(config, Path(tmp) / "data", progress=False)
             rows = sum(config.table_sizes)
             table_bytes = rows * args.dim * 4
-            budget = 1.3 * (table_bytes + rows * slot_bytes_per_row(args.optimizer, args.dim)) + FIXED_SHARE
+            per_rank = (table_bytes + rows * slot_bytes_per_row(args.optimizer, args.dim)) / args.world
+            budget = 1.3 * per_rank + FIXED_SHARE
             sizes = ",".join(map(str, config.table_sizes))
             results = {}
             for engine in args.engines:

@@ -13,6 +13,8 @@ read by the train CLI's ``--help``) can be imported without torch and TorchRec.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 # exported name -> its module
@@ -37,3 +39,17 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """Importing a submodule binds it on its package: ``sparsecore.preprocess`` (the module) would
+    then shadow the exported function of that name; the export wins, as when the package imported
+    its names eagerly."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == value.__name__:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

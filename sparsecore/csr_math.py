@@ -115,9 +115,9 @@ def table_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, 
     phys, rows, gain, valid = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
                                      batch_size, devices, device_index)
     values = activations_grad.astype(jnp.float32).at[rows].get(mode="fill", fill_value=0.0)
-    vocab = embedding_table.shape[0]
-    grad = jax.ops.segment_sum(gain[:, None] * values, phys, num_segments=vocab)
-    touched = jax.ops.segment_sum(valid.astype(jnp.int32), phys, num_segments=vocab) > 0
+    table_rows = embedding_table.shape[0]
+    grad = jax.ops.segment_sum(gain[:, None] * values, phys, num_segments=table_rows)
+    touched = jax.ops.segment_sum(valid.astype(jnp.int32), phys, num_segments=table_rows) > 0
     return grad, touched
 
 
@@ -174,8 +174,8 @@ def ftrl(table, accumulator, linear, grad, touched, learning_rate, learning_rate
             _keep_untouched(touched, lin, linear))
 
 
-def _touched_rows(phys, vocab: int, xp=jnp):
-    """The rows ``phys`` (one per buffer position; ``vocab``: padding) touch, deduplicated without
+def _touched_rows(phys, table_rows: int, xp=jnp):
+    """The rows ``phys`` (one per buffer position; ``table_rows``: padding) touch, deduplicated without
     a comparator sort: one sort of single integer keys row * E + position (XLA:CPU sorts a lone
     integer array several times faster than the (row, position) pair ``jnp.unique`` sorts).
     Returns (order: the positions by (row, position), segment: each sorted position's touched
@@ -183,7 +183,7 @@ def _touched_rows(phys, vocab: int, xp=jnp):
     ``jnp`` (in a program) or ``np`` (on the host, where numpy sorts ~4x faster than XLA:CPU)."""
     entries = phys.shape[0]
     position = xp.arange(entries, dtype=xp.int32)
-    if (vocab + 1) * entries < 2**31:
+    if (table_rows + 1) * entries < 2**31:
         dtype = xp.int32
     elif xp is np or jax.config.jax_enable_x64:
         dtype = xp.int64
@@ -195,12 +195,12 @@ def _touched_rows(phys, vocab: int, xp=jnp):
     first = xp.concatenate([xp.ones((1,), bool), row[1:] != row[:-1]])
     segment = xp.cumsum(first, dtype=xp.int32) - 1
     # every position of one segment writes the same row; padding's segment an out-of-range one
-    rows = xp.where(row < vocab, row, vocab + segment)
+    rows = xp.where(row < table_rows, row, table_rows + segment)
     if xp is np:
-        unique = vocab + position
+        unique = table_rows + position
         unique[segment] = rows
     else:
-        unique = (vocab + position).at[segment].set(rows)
+        unique = (table_rows + position).at[segment].set(rows)
     return order, segment, unique
 
 
@@ -241,29 +241,34 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
     """The fused backward + ``optimizer`` update (one of the rules above, by name) on the rows the
     batch touches only: per touched row, g = the sum of gain * activation gradient over its
     entries (in buffer order, as :func:`table_grad` sums), then the rule on those rows and their
-    slots, scattered back. The work is O(entries * dim), not O(vocab * dim) as a dense gradient;
+    slots, scattered back. The work is O(entries * dim), not O(table rows * dim) as a dense gradient;
     the result equals ``rule(table, *slots, *table_grad(...), *hypers)``. ``touched``: the
     :func:`touched_rows` of the same buffers and table, computed ahead (else deduplicated here).
     Returns the new table (and slots)."""
     batch_size = activations_grad.shape[0]
-    vocab = embedding_table.shape[0]
-    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, vocab, batch_size, devices,
+    table_rows = embedding_table.shape[0]
+    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, table_rows, batch_size, devices,
                                  device_index)
     entries = phys.shape[0]
-    contributions = gain[:, None] * activations_grad.astype(jnp.float32).at[rows].get(mode="fill", fill_value=0.0)
-    dedup = _touched_rows(phys, vocab) if touched is None else split_touched(touched, entries)
+    activations_grad = activations_grad.astype(jnp.float32)
+    dedup = _touched_rows(phys, table_rows) if touched is None else split_touched(touched, entries)
     hints = {}
     if dedup is None:  # (row + 1) * entries needs 64-bit keys and x64 is off: jnp.unique's pair sort
-        # touched rows ascending; padding entries (row ``vocab``) and unused slots read/write row vocab: dropped
-        unique, inverse = jnp.unique(phys, return_inverse=True, size=entries, fill_value=vocab)
+        # touched rows ascending; padding entries (row ``table_rows``) and unused slots read/write that
+        # row: dropped
+        unique, inverse = jnp.unique(phys, return_inverse=True, size=entries, fill_value=table_rows)
+        contributions = gain[:, None] * activations_grad.at[rows].get(mode="fill", fill_value=0.0)
         grad = jax.ops.segment_sum(contributions, inverse.reshape(-1), num_segments=entries)
     else:
         order, segment, unique = dedup
-        # each row's entries in buffer order, as table_grad sums them
-        grad = jax.ops.segment_sum(contributions[order], segment, num_segments=unique.shape[0],
-                                   indices_are_sorted=True)
+        # each row's entries in buffer order, as table_grad sums them; the sorted entries' rows and
+        # gains are composed first, so that ONE row gather reads the gradient (XLA would otherwise
+        # fuse both gathers' index arithmetic into every element)
+        sorted_rows, sorted_gain = jax.lax.optimization_barrier((rows[order], gain[order]))
+        contributions = sorted_gain[:, None] * activations_grad.at[sorted_rows].get(mode="fill", fill_value=0.0)
+        grad = jax.ops.segment_sum(contributions, segment, num_segments=unique.shape[0], indices_are_sorted=True)
         hints = dict(indices_are_sorted=True, unique_indices=True)
-    touched = unique < vocab
+    touched = unique < table_rows
     old = [embedding_table, *slots]
     gathered = [t.at[unique].get(mode="fill", fill_value=0.0, **hints) for t in old]
     new = globals()[optimizer](gathered[0], *gathered[1:], grad, touched, *hypers)

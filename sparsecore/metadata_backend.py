@@ -63,14 +63,14 @@ def _stack(meta: Mapping[str, Any], local: int, total: int, n: int) -> StackedTa
     name = meta["name"]
     if not meta["features"]:
         raise ValueError(f"stack {name!r} has no features")
-    features, combiners, vocab_by_offset = [], set(), {}
+    features, combiners, table_rows_by_offset = [], set(), {}
     for f in sorted(meta["features"], key=lambda f: f["row_offset"]):
         _require(f, _FEATURE_KEYS, f"feature metadata of stack {name!r}")
         if f["combiner"] not in COMBINERS:
             raise ValueError(f"feature {f['name']!r}: combiner {f['combiner']!r} is not one of {list(COMBINERS)}")
         combiners.add(f["combiner"])
-        vocab = f.get("max_col_id", 2**31 - 1)
-        vocab_by_offset[f["col_offset"]] = max(vocab_by_offset.get(f["col_offset"], 0), vocab)
+        table_rows = f.get("max_col_id", 2**31 - 1)
+        table_rows_by_offset[f["col_offset"]] = max(table_rows_by_offset.get(f["col_offset"], 0), table_rows)
         batch = _positive_int(f["batch_size"], f"feature {f['name']!r} batch_size")
         if batch % (n // total * local):
             raise ValueError(f"feature {f['name']!r}: batch_size {batch} does not split over this process's "
@@ -80,14 +80,14 @@ def _stack(meta: Mapping[str, Any], local: int, total: int, n: int) -> StackedTa
     if len(combiners) > 1:
         raise ValueError(f"stack {name!r} mixes combiners {sorted(combiners)}; a stack has one combiner")
     tables, end = [], 0
-    for offset in sorted(vocab_by_offset):
+    for offset in sorted(table_rows_by_offset):
         if offset % n or offset < end:
             raise ValueError(f"stack {name!r}: col_offset {offset} is not a multiple of {n} SparseCores past the "
                              f"previous table's rows (ending at {end})")
-        padded = round_up(vocab_by_offset[offset], ALIGNMENT * n)
+        padded = round_up(table_rows_by_offset[offset], ALIGNMENT * n)
         if offset > end:  # rows before this table (unused by these features)
             tables.append(TablePlacement(f"{name}@gap{end}", offset - end, 0, offset - end, end // n, 0))
-        tables.append(TablePlacement(f"{name}@{offset}", vocab_by_offset[offset], 0, padded, offset // n, 0))
+        tables.append(TablePlacement(f"{name}@{offset}", table_rows_by_offset[offset], 0, padded, offset // n, 0))
         end = offset + padded
     return StackedTable(name, 0, SGD(), combiners.pop(), n, tuple(tables), tuple(features),
                         _positive_int(meta["max_ids_per_partition"], f"stack {name!r} max_ids_per_partition"),
@@ -95,7 +95,7 @@ def _stack(meta: Mapping[str, Any], local: int, total: int, n: int) -> StackedTa
                                       f"stack {name!r} max_unique_ids_per_partition"))
 
 
-def _feature_input(feature: FeaturePlacement, vocab: int, indices: torch.Tensor, offsets: torch.Tensor,
+def _feature_input(feature: FeaturePlacement, table_rows: int, indices: torch.Tensor, offsets: torch.Tensor,
                    ) -> FeatureInput:
     """A feature's ids and lengths from its (int32) ragged indices and offsets, checked."""
     for t, what in ((indices, "indices"), (offsets, "offsets")):
@@ -111,9 +111,9 @@ def _feature_input(feature: FeaturePlacement, vocab: int, indices: torch.Tensor,
         raise ValueError(f"feature {feature.feature!r}: offsets must rise from 0 to at most {indices.numel()} ids, "
                          f"got first {offs[0]}, last {offs[-1]}")
     ids = indices.cpu().numpy()[: offs[-1]].astype(np.int64)
-    bad = ids[(ids < 0) | (ids >= vocab)]
+    bad = ids[(ids < 0) | (ids >= table_rows)]
     if bad.size:
-        raise ValueError(f"feature {feature.feature!r}: id {int(bad[0])} is outside the table's rows [0, {vocab})")
+        raise ValueError(f"feature {feature.feature!r}: id {int(bad[0])} is outside the table's rows [0, {table_rows})")
     return FeatureInput(ids, lengths, np.ones(ids.size, dtype=np.float32))
 
 
@@ -136,7 +136,8 @@ class SparseCorePreprocessorBackend:
         if not tables_metadata:
             raise ValueError("tables_metadata is empty: give at least one stacked table")
         stacks = tuple(_stack(meta, local, total, n) for meta in tables_metadata)
-        self._vocab = {f["name"]: f.get("max_col_id", 2**31 - 1) for meta in tables_metadata for f in meta["features"]}
+        self._table_rows = {f["name"]: f.get("max_col_id", 2**31 - 1)
+                            for meta in tables_metadata for f in meta["features"]}
         self._plan = StackingPlan(SparseCoreTopology(generation, local), {}, (), stacks)
         self._overflow = "drop" if allow_id_dropping else "error"
 
@@ -156,7 +157,7 @@ class SparseCorePreprocessorBackend:
                 raise ValueError(f"stack {stack.name!r} has {len(stack.features)} features; got {len(indices)} "
                                  f"indices and {len(offsets)} offsets tensors")
             for feature, ids, offs in zip(stack.features, indices, offsets):
-                inputs[feature.feature] = _feature_input(feature, self._vocab[feature.feature], ids, offs)
+                inputs[feature.feature] = _feature_input(feature, self._table_rows[feature.feature], ids, offs)
         batch = preprocess_inputs(inputs, self._plan, overflow=self._overflow)
         out = {}
         for name, csr in batch.stacks.items():

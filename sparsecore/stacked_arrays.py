@@ -5,7 +5,7 @@ tensors, which share their arrays) loads and reads them.
 :func:`stacked_array` builds a stack's array from per-table host tensors without ever holding a
 full-stack host copy: the array starts as zeros on the device and each table's rows go in, in
 chunks of about :data:`CHUNK_BYTES`, by a program that donates the array (XLA updates it in place).
-:func:`table_rows` reads one table's rows back to the host (a gather of that table only). So
+:func:`unstack_table` reads one table's rows back to the host (a gather of that table only). So
 loading and saving hold at most one table (plus a chunk) beside the live stacks.
 """
 
@@ -84,7 +84,7 @@ def stacked_array(stack: StackedTable, values_of: Callable[[str], torch.Tensor],
     return stacked
 
 
-def table_rows(stack: StackedTable, stacked: jax.Array, table: str) -> torch.Tensor:
+def unstack_table(stack: StackedTable, stacked: jax.Array, table: str) -> torch.Tensor:
     """``table``'s rows of ``stack``'s array ``stacked`` (its table or a slot), cut to the table's
     vocab and dim: a new host tensor; only that table's rows are gathered."""
     placement = stack.table(table)

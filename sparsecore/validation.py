@@ -124,8 +124,8 @@ def _valid_batch(features: list[FeatureSpec], tables: Mapping[str, TableSpec], v
         return None
     ids = values.astype(np.int64, copy=False)
     counts = np.diff(value_ends, prepend=0)
-    vocab = np.repeat(np.array([tables[f.table].vocab_size for f in features], dtype=np.int64), counts)
-    if ids.size and ((ids < 0) | (ids >= vocab)).any():
+    table_rows = np.repeat(np.array([tables[f.table].vocab_size for f in features], dtype=np.int64), counts)
+    if ids.size and ((ids < 0) | (ids >= table_rows)).any():
         return None
     starts = value_ends - counts
     return {f.name: FeatureInput(ids[a:b], lengths[i], weights[a:b])
@@ -167,13 +167,13 @@ def _check_feature(
     return FeatureInput(ids, lengths, weights)
 
 
-def _apply_id_policy(ids: np.ndarray, vocab: int, policy: str, where: str, low: int, high: int) -> np.ndarray:
+def _apply_id_policy(ids: np.ndarray, table_rows: int, policy: str, where: str, low: int, high: int) -> np.ndarray:
     if policy == "hash":
-        return np.mod(ids, vocab)
+        return np.mod(ids, table_rows)
     if policy == "clip":
-        return np.clip(ids, 0, vocab - 1)
-    bad = ids[(ids < 0) | (ids >= vocab)]
+        return np.clip(ids, 0, table_rows - 1)
+    bad = ids[(ids < 0) | (ids >= table_rows)]
     raise ValueError(
-        f"{where}: {bad.size} ids outside [0, {vocab}) (min {low}, max {high}, first bad {int(bad[0])}); "
+        f"{where}: {bad.size} ids outside [0, {table_rows}) (min {low}, max {high}, first bad {int(bad[0])}); "
         "pass id_policy='hash' or 'clip' to map them into range"
     )

@@ -166,6 +166,14 @@ def test_torch_tpu_module_level_imports_have_no_cycle() -> None:
     assert not cycles, "\n".join(cycles)
 
 
+def test_torch_tpu_tests_mirror_its_rooms() -> None:
+    """tests/torch_tpu/<room>/ tests each room; at its top only whole-device tests and shared helpers."""
+    tests = REPO_ROOT / "tests" / "torch_tpu"
+    folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert folders == sorted(ROOMS), folders
+    assert len(list(tests.glob("test_*.py"))) <= 4, sorted(p.name for p in tests.glob("test_*.py"))
+
+
 # --- torch_tpu.compile's subpackages (docs/ARCHITECTURE.md, "torch_tpu rooms", compile/) -----------
 
 COMPILE = TORCH_TPU / "compile"

@@ -35,7 +35,7 @@ from sparsecore.csr_format import RowOrderedEntries, StackCSR
 from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import apply_update
 from sparsecore.preprocess import csr_entries, preprocess_row_ordered
-from sparsecore.stacked_arrays import stacked_array, table_rows
+from sparsecore.stacked_arrays import stacked_array, unstack_table
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 
@@ -249,4 +249,4 @@ class XlaBackend(ReadsTablesAlone):
         """(Gathers that table's rows alone.)"""
         _, stack = self.plan.stack_of_table(table)
         array = self._tables[stack.name] if slot is None else self._slots[stack.name][slot]
-        return table_rows(stack, array, table)
+        return unstack_table(stack, array, table)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import xla_cache
-from tests.compile.planted_child import planted_pickle
 from tests.faults.conftest import TRAIN_FLAGS
 from tests.faults.helpers import cli_command, cli_env
+from tests.torch_tpu.compile.planted_child import planted_pickle
 
 # traced train steps, FX translations, their executables, --dense-device auto verdicts
 LEVELS = ("steps", "fx", "compiled", "placements")

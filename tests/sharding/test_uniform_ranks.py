@@ -68,3 +68,24 @@ def test_features_of_several_batch_sizes_are_refused() -> None:
     features = [_features("a"), [FeatureSpec("b_f", "b", 2 * BATCH, weighted=True)]]
     with pytest.raises(UniformityError, match="batch sizes"):
         uniform_padding(tables, features, TOPOLOGY)
+
+
+def test_every_rank_lays_its_stacks_out_with_the_largest_summed_id_limits() -> None:
+    """A stack's limits sum its tables' (``with_table_limits``): with different tables on each rank
+    they differed, so ranks laid their CSR buffers out differently and their SPMD step programs
+    did not match (``--dense-device tpu`` at two ranks failed on its first step)."""
+    from torchrec_tpu.sharding.uniform_ranks import local_plan
+
+    rows = 8 * TOPOLOGY.num_sparsecores
+    tables = [[TableSpec("a", rows, 16, max_ids_per_partition=64, max_unique_ids_per_partition=32),
+               TableSpec("b", rows, 16, max_ids_per_partition=64, max_unique_ids_per_partition=32)],
+              [TableSpec("c", rows, 16, max_ids_per_partition=512, max_unique_ids_per_partition=16),
+               TableSpec("d", rows, 16, max_ids_per_partition=8, max_unique_ids_per_partition=8)]]
+    features = [_features("a", "b"), _features("c", "d")]
+    own = [plan_stacking([*t], [*f], TOPOLOGY).with_table_limits().stacks[0] for t, f in zip(tables, features)]
+    assert (own[0].max_ids_per_partition, own[1].max_ids_per_partition) == (128, 520)  # what differed
+    pads = uniform_padding(tables, features, TOPOLOGY)
+    plans = [local_plan([*t, *p.tables], [*f, *p.features], TOPOLOGY, p.stack_limits)
+             for t, f, p in zip(tables, features, pads)]
+    assert [stack_signature(st) for st in plans[0].stacks] == [stack_signature(st) for st in plans[1].stacks]
+    assert [(st.max_ids_per_partition, st.max_unique_ids_per_partition) for st in plans[0].stacks] == [(520, 64)]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
-from sparsecore.stacked_arrays import stacked_array, table_rows
+from sparsecore.stacked_arrays import stacked_array, unstack_table
 from sparsecore.stacking import plan_stacking, stack_rows
 
 
@@ -28,7 +28,7 @@ def test_a_refill_writes_the_new_tables_where_the_stack_is():
     again = stacked_array(stack, _weights(1).__getitem__, row_slot=False, into=first)
     assert again.unsafe_buffer_pointer() == where and first.is_deleted()  # no second stack
     np.testing.assert_array_equal(np.asarray(again), stack_rows(stack, _weights(1)).numpy())
-    assert torch.equal(table_rows(stack, again, "b"), _weights(1)["b"])
+    assert torch.equal(unstack_table(stack, again, "b"), _weights(1)["b"])
 
 
 def test_a_refill_refuses_an_array_of_another_shape():

@@ -25,8 +25,8 @@ SKIP = {
     "nn.functional.dropout3d": "random", "empty": "uninitialised", "empty_like": "uninitialised",
     "new_empty": "uninitialised", "empty_strided": "uninitialised", "new_empty_strided": "uninitialised",
     "empty_permuted": "uninitialised", "sparse.mm.reduce": "sparse layout",
-    "nn.functional.fractional_max_pool2d": "random windows (tests/compile/test_nn_compiled.py fixes them)",
-    "nn.functional.fractional_max_pool3d": "random windows (tests/compile/test_nn_compiled.py fixes them)",
+    "nn.functional.fractional_max_pool2d": "random windows (tests/torch_tpu/compile/test_nn_compiled.py fixes them)",
+    "nn.functional.fractional_max_pool3d": "random windows (tests/torch_tpu/compile/test_nn_compiled.py fixes them)",
     "as_strided": "storage-relative; .to() compacts a CPU view (as on CUDA)",
     "as_strided.partial_views": "storage-relative; .to() compacts a CPU view (as on CUDA)",
 }

@@ -161,10 +161,10 @@ def check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
     if checks.values_trusted():
         return
     ints = tuple(read(a[k]) for k in ("row_pointers", "embedding_ids", "sample_ids"))
-    rows, batch = a["embedding_table"].shape[0], a["device_batch_size"]
-    checks.check_values(name, *ints, rows, batch, a["max_ids_per_partition"], a.get("devices", 1))
+    table_rows, batch = a["embedding_table"].shape[0], a["device_batch_size"]
+    checks.check_values(name, *ints, table_rows, batch, a["max_ids_per_partition"], a.get("devices", 1))
     if a.get("touched_rows") is not None:
-        checks.check_touched(name, read(a["touched_rows"]), (*ints, read(a["gains"])), rows, batch,
+        checks.check_touched(name, read(a["touched_rows"]), (*ints, read(a["gains"])), table_rows, batch,
                              a.get("devices", 1), a.get("device_index", 0))
 
 

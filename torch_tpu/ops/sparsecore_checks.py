@@ -114,7 +114,7 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
     table = a["embedding_table"]
     if _kind(table.dtype) != "float" or len(table.shape) != 2:
         fail(f"embedding_table must be a 2-D floating tensor, got dtype {table.dtype} shape {list(_shape(table))}")
-    rows, dim = _shape(table)
+    table_rows, dim = _shape(table)
     n = _partitions(op, _shape(a["row_pointers"])[0])
     devices, device_index = a.get("devices", 1), a.get("device_index", 0)
     if devices < 1 or n % devices or not 0 <= device_index < devices:
@@ -126,8 +126,8 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
         fail(f"embedding_ids has {entries} entries, not a multiple of the {n} SparseCore regions")
     if batch < 1 or batch % n:
         fail(f"device_batch_size {batch} must be a positive multiple of the {n} source SparseCores")
-    if rows % local:
-        fail(f"embedding_table has {rows} rows, not a multiple of its {local} partitions")
+    if table_rows % local:
+        fail(f"embedding_table has {table_rows} rows, not a multiple of its {local} partitions")
     grad = a.get("activations_grad")
     if grad is not None and (_kind(grad.dtype) != "float" or _shape(grad) != (batch, dim)):
         fail(f"activations_grad must be a floating [device_batch_size, dim] = [{batch}, {dim}] tensor, got dtype "
@@ -136,7 +136,8 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
     for slot in slots:
         value = a[slot]
         wise = _ROW_WISE.get((optimizer, slot))
-        allowed = {"row": [(rows,)], "either": [(rows, dim), (rows,)], None: [(rows, dim)]}[wise]
+        full, row = (table_rows, dim), (table_rows,)
+        allowed = {"row": [row], "either": [full, row], None: [full]}[wise]
         if _kind(value.dtype) != "float" or _shape(value) not in allowed:
             fail(f"{slot} must be a floating tensor of shape {' or '.join(str(list(s)) for s in allowed)} (the "
                  f"table's), got dtype {value.dtype} shape {list(_shape(value))}")

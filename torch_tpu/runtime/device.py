@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from torch_tpu.runtime import generator as tpu_generator
-from torch_tpu.runtime import knobs
+from torch_tpu.runtime import host_heap, knobs
 from torch_tpu.runtime import precision as tpu_precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
@@ -287,6 +287,7 @@ def memory_stats(device: int | str | torch.device | None = None) -> dict[str, in
 
 def empty_cache() -> None:
     gc.collect()
+    host_heap.release()
 
 
 # --- streams and events (JAX orders work per device; one stream, events wait for it) ----------

@@ -51,6 +51,8 @@ SPECIALIZE_WARN = Knob("TORCH_TPU_SPECIALIZE_WARN", "8", "shape specializations 
 DUMP_HLO = Knob("TORCH_TPU_DUMP_HLO", None, "a folder where each compiled graph's StableHLO is written")
 JAX_TRACEBACKS = Knob("TORCH_TPU_JAX_TRACEBACKS", "0", "1: JAX keeps native Python tracebacks (debugging; they pin "
                       "compiled code in memory)")
+HOST_HEAP = Knob("TORCH_TPU_HOST_HEAP", "1", "0: on XLA:CPU, malloc unmaps large freed blocks as usual instead of "
+                  "keeping them for the next program run")
 BMM_KERNEL = Knob("TORCH_TPU_BMM_KERNEL", "1", "0: batched small matmuls use XLA's dot, not the FFI kernel (CPU)")
 SPARSECORES_PER_DEVICE = Knob("TORCH_TPU_SPARSECORES_PER_DEVICE", None,
                               "SparseCores per device emulated where the device has none (default 2)")

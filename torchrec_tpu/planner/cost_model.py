@@ -164,16 +164,16 @@ class OptionBuilder:
 
     def row_wise(self, t: EmbeddingTable) -> ShardingOption:
         dp = round_up(t.dim, ALIGNMENT)
-        rows = round_up(t.rows, ALIGNMENT * self.n) // self.d
+        shard_rows = round_up(t.rows, ALIGNMENT * self.n) // self.d
         ids = self._ids_per_device(t)
         partials = min(t.pooling_factor, self.n)
         sent = (1 - 1 / self.d) * (CSR_BYTES_PER_ID * ids
                                    + 2 * self.local_batch * t.num_features * partials * ACTIVATION_BYTES * dp)
-        uniform = Load(hbm_bytes=rows * row_bytes(t, dp), buffer_bytes=sent + self._output_buffers(t, dp),
+        uniform = Load(hbm_bytes=shard_rows * row_bytes(t, dp), buffer_bytes=sent + self._output_buffers(t, dp),
                        lookup_s=self._lookup_seconds(t, ids, dp), comm_s=sent * self.t_u,
                        input_bytes=CSR_BYTES_PER_ID * ids,
                        output_bytes=self.local_batch * t.num_features * partials * ACTIVATION_BYTES * dp)
-        return ShardingOption(t, ShardingKind.ROW_WISE, uniform, (), rows, dp, self._partition_ids(t, self.n))
+        return ShardingOption(t, ShardingKind.ROW_WISE, uniform, (), shard_rows, dp, self._partition_ids(t, self.n))
 
     def column_wise(self, t: EmbeddingTable, num_shards: int) -> ShardingOption:
         """``num_shards`` equal blocks of the padded dim; ``num_shards`` == 1 is table-wise."""
@@ -185,7 +185,7 @@ class OptionBuilder:
 
     def column_blocks(self, t: EmbeddingTable, widths: list[int]) -> ShardingOption:
         """Column blocks of the given widths (each padded to 8), each on one device."""
-        rows = round_up(t.rows, ALIGNMENT * self.s)
+        shard_rows = round_up(t.rows, ALIGNMENT * self.s)
         ids = self._ids_per_device(t)
         shards, uniform, offset = [], Load(), 0
         for raw in widths:
@@ -193,10 +193,10 @@ class OptionBuilder:
             act = self.local_batch * t.num_features * ACTIVATION_BYTES * width
             per_device = CSR_BYTES_PER_ID * ids + 2 * act
             owner_bytes = (self.d - 1) * (CSR_BYTES_PER_ID * ids + act)
-            owner = Load(hbm_bytes=rows * row_bytes(t, width), buffer_bytes=owner_bytes,
+            owner = Load(hbm_bytes=shard_rows * row_bytes(t, width), buffer_bytes=owner_bytes,
                          lookup_s=self._lookup_seconds(t, ids * self.d, width), comm_s=owner_bytes * self.t_h,
                          input_bytes=CSR_BYTES_PER_ID * ids * self.d, output_bytes=act * self.d)
-            shards.append(ShardCost(offset, width, rows, owner))
+            shards.append(ShardCost(offset, width, shard_rows, owner))
             uniform = uniform + Load(buffer_bytes=per_device + self._output_buffers(t, width),
                                      comm_s=per_device * self.t_u if self.d > 1 else 0.0)
             offset += width
@@ -205,14 +205,15 @@ class OptionBuilder:
 
     def data_parallel(self, t: EmbeddingTable) -> ShardingOption:
         dp = round_up(t.dim, ALIGNMENT)
-        rows = round_up(t.rows, ALIGNMENT * self.s)
+        shard_rows = round_up(t.rows, ALIGNMENT * self.s)
         ids = self._ids_per_device(t)
         act = self.local_batch * t.num_features * ACTIVATION_BYTES * dp
         sent = (self.d - 1) * (CSR_BYTES_PER_ID * ids + 2 * act)
-        uniform = Load(hbm_bytes=rows * row_bytes(t, dp), buffer_bytes=sent + self._output_buffers(t, dp),
+        uniform = Load(hbm_bytes=shard_rows * row_bytes(t, dp), buffer_bytes=sent + self._output_buffers(t, dp),
                        lookup_s=self._lookup_seconds(t, ids * self.d, dp), comm_s=sent * self.t_u,
                        input_bytes=CSR_BYTES_PER_ID * ids * self.d, output_bytes=act * self.d)
-        return ShardingOption(t, ShardingKind.DATA_PARALLEL, uniform, (), rows, dp, self._partition_ids(t, self.s))
+        return ShardingOption(t, ShardingKind.DATA_PARALLEL, uniform, (), shard_rows, dp,
+                              self._partition_ids(t, self.s))
 
     def column_split_counts(self, t: EmbeddingTable) -> list[int]:
         """Column-wise shard counts: powers of two up to D whose blocks are multiples of 8."""

@@ -104,7 +104,7 @@ def tables_from_configs(configs: Iterable[Any], pooling_factors: Mapping[str, fl
             out.append(cfg)
             continue
         if hasattr(cfg, "num_embeddings"):  # torchrec EmbeddingBagConfig
-            name, rows, dim = cfg.name, cfg.num_embeddings, cfg.embedding_dim
+            name, table_rows, dim = cfg.name, cfg.num_embeddings, cfg.embedding_dim
             features = max(1, len(getattr(cfg, "feature_names", []) or []))
             combiner = str(getattr(cfg, "pooling", "sum")).split(".")[-1].lower()
             opt = optimizer
@@ -114,7 +114,8 @@ def tables_from_configs(configs: Iterable[Any], pooling_factors: Mapping[str, fl
         else:
             raise TypeError(f"cannot plan a {type(cfg).__name__}: expected EmbeddingBagConfig, TableSpec or "
                             "EmbeddingTable")
-        out.append(EmbeddingTable(name, rows, dim, float(pooling_factors.get(name, 1.0)), opt, features, combiner))
+        out.append(EmbeddingTable(name, table_rows, dim, float(pooling_factors.get(name, 1.0)), opt, features,
+                                  combiner))
     return out
 
 

@@ -40,7 +40,7 @@ from sparsecore.csr_format import round_up_array, row_pointers_per_sc
 from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import OptimizerRule, rule_of
 from sparsecore.preprocess import preprocess_inputs
-from sparsecore.stacked_arrays import stacked_array, table_rows
+from sparsecore.stacked_arrays import stacked_array, unstack_table
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 from torch_tpu.ops.sparsecore import touched_rows_ahead
@@ -157,6 +157,8 @@ class StackedState(nn.Module):
                     if tensor:
                         self.register_buffer(f"hyper{k}_{i}", torch.tensor(float(value), device=DEVICE),
                                              persistent=False)
+            if layout.row_view:
+                continue
             # one batch size: sample-major rows (sample i's features side by side: [b, F * dim] is a
             # reshape); else feature-major (feature j's samples contiguous: a split per feature)
             order = np.argsort(layout.activation_rows(st)) if self.uniform else np.concatenate(
@@ -167,8 +169,23 @@ class StackedState(nn.Module):
                 self.register_buffer(f"perm_{i}", torch.from_numpy(order).to(DEVICE), persistent=False)
                 self.register_buffer(f"inverse_{i}", torch.from_numpy(np.argsort(order)).to(DEVICE),
                                      persistent=False)
+        self._row_view = layout.row_view
         self._columns = None
-        if self.uniform:
+        if self._row_view:
+            # every output row is one stack activation row: ONE row gather places them all (a
+            # per-stack row permutation then a column permutation of [b, F * dim] cost two
+            # gathers, the second strided, which XLA:CPU runs element by element)
+            sizes = [st.total_sample_count for st in plan.stacks]
+            source = np.empty(sum(sizes), dtype=np.int64)
+            for i, (st, start) in enumerate(zip(plan.stacks, np.cumsum([0] + sizes[:-1]))):
+                chunk_major = layout.activation_rows(st)
+                source[np.asarray(layout.output_rows(i, chunk_major))] = start + np.arange(chunk_major.size)
+            self._stack_rows = sizes
+            if fixed_layout or not np.array_equal(source, np.arange(source.size)):
+                self.register_buffer("rows", torch.from_numpy(source).to(DEVICE), persistent=False)
+                self.register_buffer("rows_inverse", torch.from_numpy(np.argsort(source)).to(DEVICE),
+                                     persistent=False)
+        elif self.uniform:
             # the stacks' [b, F * dim] blocks side by side; plan feature f is columns
             # offset(stack) + j * stack dim + [0, dim) of them
             starts = np.cumsum([0] + [len(st.features) * st.dim for st in plan.stacks])
@@ -229,11 +246,14 @@ class StackedState(nn.Module):
                 act = torch.ops.tpu.sparse_dense_matmul(*csr[4 * i:4 * i + 4], table, st.total_sample_count,
                                                         *csr_limits(st, self.chunks, csr[4 * i + 1]),
                                                         touched_rows=touched[i] if touched else None)
-            per_stack.append(act if self._identity[i] else act.index_select(0, b[f"perm_{i}"]))
+            per_stack.append(act if self._row_view or self._identity[i] else act.index_select(0, b[f"perm_{i}"]))
+        batch = self.plan.features[0].batch_size
+        if self._row_view:
+            rows = torch.cat(per_stack) if len(per_stack) > 1 else per_stack[0]
+            return (rows.index_select(0, b["rows"]) if "rows" in b else rows).reshape(batch, -1)
         if not self.uniform:
             split = [rows.split([fp.batch_size for fp in st.features]) for st, rows in zip(self.plan.stacks, per_stack)]
             return [split[s][j][:, :dim] for (s, j), dim in zip(self._where, self._dims)]
-        batch = self.plan.features[0].batch_size
         blocks = [rows.reshape(batch, -1) for rows in per_stack]
         wide = torch.cat(blocks, dim=1) if len(blocks) > 1 else blocks[0]
         return wide if self._columns is None else wide.index_select(1, b["columns"])
@@ -242,6 +262,10 @@ class StackedState(nn.Module):
                           b: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """Every stack's chunk-major activation gradient from the gradient of :meth:`activations`."""
         stacks = self.plan.stacks
+        if self._row_view:
+            rows = grad.reshape(-1, stacks[0].dim)
+            rows = rows.index_select(0, b["rows_inverse"]) if "rows_inverse" in b else rows
+            return list(rows.split(self._stack_rows)) if len(stacks) > 1 else [rows]
         if self.uniform:
             if self._columns == "permutation":
                 grad = grad.index_select(1, b["columns_inverse"])
@@ -426,4 +450,4 @@ class OpsBackend(ReadsTablesAlone):
         """(Gathers that table's rows alone.)"""
         i, st = self.plan.stack_of_table(table)
         index = 0 if slot is None else 1 + st.optimizer.slot_names.index(slot)
-        return table_rows(st, torch_tpu.to_jax(self.state.step_tensors()[i][index]), table)
+        return unstack_table(st, torch_tpu.to_jax(self.state.step_tensors()[i][index]), table)

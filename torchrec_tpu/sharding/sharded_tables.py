@@ -21,11 +21,10 @@ from torch import nn
 from sparsecore.backends import OPS, XLA, BackendName, make_backend, register_backend
 from sparsecore.backends.base import Backend, TableTensors, initial_table_slots
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
-from sparsecore.stacking import plan_stacking
 from torchrec_tpu.sharding.deferred import DeferredTensor, tables_deferred
 from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards, row_slot_size
 from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys, streamed_local_state
-from torchrec_tpu.sharding.uniform_ranks import RankPadding, is_pad, uniform_padding
+from torchrec_tpu.sharding.uniform_ranks import RankPadding, is_pad, local_plan, uniform_padding
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
 register_backend(OPS, "torchrec_tpu.sharding.ops_backend:OpsBackend")  # (imports torch_tpu when made)
@@ -45,9 +44,10 @@ class LocalEngine:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def make(self, tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
-             weights: Mapping[str, torch.Tensor] | None) -> Backend:
-        """The backend of ``tables`` (this rank's shards) looked up by ``features``."""
-        plan = plan_stacking(list(tables), list(features), self.topology).with_table_limits()
+             weights: Mapping[str, torch.Tensor] | None, stack_limits: Sequence[tuple[int, int]] = ()) -> Backend:
+        """The backend of ``tables`` (this rank's shards) looked up by ``features`` (its stacks'
+        partition limits ``stack_limits`` where given: :class:`RankPadding`)."""
+        plan = local_plan(tables, features, self.topology, stack_limits)
         return make_backend(self.backend, plan, weights, self.seed, **self.options)
 
 
@@ -157,7 +157,8 @@ class ShardedTables(nn.Module):
         # made per table as the backend loads it: no table is held twice, nor all of them beside the backend
         local = TableTensors({t.name: (t.vocab_size, t.dim) for t in local_tables},
                              lambda name: self._pad_weight(name) if name in pads else mine[name].slice(full(name)))
-        return self.engine.make(local_tables, [*self._local_features(self.rank), *self.padding.features], local)
+        return self.engine.make(local_tables, [*self._local_features(self.rank), *self.padding.features], local,
+                                self.padding.stack_limits)
 
     def _pad_weight(self, name: str) -> torch.Tensor:
         table = next(t for t in self.padding.tables if t.name == name)

@@ -177,14 +177,14 @@ class _RowBlocks:
     the checkpoint, the contiguous block ``[bounds[r], bounds[r + 1])``."""
 
     @staticmethod
-    def bounds(vocab: int, world_size: int) -> list[int]:
-        return [r * vocab // world_size for r in range(world_size + 1)]
+    def bounds(table_rows: int, world_size: int) -> list[int]:
+        return [r * table_rows // world_size for r in range(world_size + 1)]
 
-    def __init__(self, vocab: int, where: Group):
+    def __init__(self, table_rows: int, where: Group):
         w, rank = where.world_size, where.rank
         self.group = where.group
-        bounds = self.bounds(vocab, w)
-        mine = np.arange(rank, vocab, w)  # global rows this rank holds, in local order
+        bounds = self.bounds(table_rows, w)
+        mine = np.arange(rank, table_rows, w)  # global rows this rank holds, in local order
         self.sent_to = np.bincount(np.searchsorted(bounds, mine, side="right") - 1, minlength=w).tolist()
         lo, hi = bounds[rank], bounds[rank + 1]
         from_each = [np.arange(lo + (source - lo) % w, hi, w) for source in range(w)]  # rows of my block by holder

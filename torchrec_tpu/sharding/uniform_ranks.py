@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from sparsecore.limits import ProposedLimits
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
-from sparsecore.stacking import StackedTable, plan_stacking
+from sparsecore.stacking import StackedTable, StackingPlan, plan_stacking
 from tpu_facts import ALIGNMENT, round_up
 
 PAD_PREFIX = "__uniform_pad"
@@ -31,10 +32,13 @@ class UniformityError(ValueError):
 
 @dataclass(frozen=True)
 class RankPadding:
-    """What one rank adds to its local tables and features."""
+    """What one rank adds to its local tables and features, and the partition limits (max ids,
+    max unique ids) of its stacks in plan order: every rank's largest, so that every rank lays
+    its CSR buffers out alike (empty: each stack its own)."""
 
     tables: tuple[TableSpec, ...] = ()
     features: tuple[FeatureSpec, ...] = ()
+    stack_limits: tuple[tuple[int, int], ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.tables or self.features)
@@ -85,8 +89,26 @@ def uniform_padding(tables: Sequence[Sequence[TableSpec]], features: Sequence[Se
             pad_features += [FeatureSpec(f"{PAD_PREFIX}_feature_{i}_{j}", host, batch_size, weighted=True)
                              for j in range(most_features[k] - count[r][k])]
         pads.append(RankPadding(tuple(pad_tables), tuple(pad_features)))
+    plans = [local_plan([*t, *p.tables], [*f, *p.features], topology) for t, f, p in zip(tables, features, pads)]
+    if len({len(plan.stacks) for plan in plans}) == 1:
+        # a stack's limits sum its tables' (``with_table_limits``), which differ between ranks
+        limits = tuple((max(plan.stacks[i].max_ids_per_partition for plan in plans),
+                        max(plan.stacks[i].max_unique_ids_per_partition for plan in plans))
+                       for i in range(len(plans[0].stacks)))
+        pads = [replace(pad, stack_limits=limits) for pad in pads]
     _check_same_stacks(tables, features, pads, topology)
     return pads
+
+
+def local_plan(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], topology: SparseCoreTopology,
+               stack_limits: Sequence[tuple[int, int]] = ()) -> StackingPlan:
+    """The stacking plan of one rank's backend: each multi-table stack limited by the sum of its
+    tables' limits, or by ``stack_limits`` (per stack in plan order) where given."""
+    plan = plan_stacking(list(tables), list(features), topology).with_table_limits()
+    if not stack_limits:
+        return plan
+    return plan.with_limits({st.name: ProposedLimits(ids, unique, 0)
+                             for st, (ids, unique) in zip(plan.stacks, stack_limits, strict=True)})
 
 
 def stack_signature(stack: StackedTable) -> tuple:
@@ -100,7 +122,7 @@ def _check_same_stacks(tables: Sequence[Sequence[TableSpec]], features: Sequence
                        pads: Sequence[RankPadding], topology: SparseCoreTopology) -> None:
     signatures = []
     for rank_tables, rank_features, pad in zip(tables, features, pads):
-        plan = plan_stacking([*rank_tables, *pad.tables], [*rank_features, *pad.features], topology)
+        plan = local_plan([*rank_tables, *pad.tables], [*rank_features, *pad.features], topology, pad.stack_limits)
         width = sum(plan.tables[f.table].dim for f in plan.features)  # the local activations' columns
         signatures.append([stack_signature(st) for st in plan.stacks] + [("width", width)])
         if width != sum(len(st.features) * st.dim for st in plan.stacks):

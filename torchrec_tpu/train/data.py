@@ -132,7 +132,7 @@ def _synthetic(config: TrainConfig, env: DistEnv) -> tuple[Path, tuple[int, ...]
     if dist.is_initialized():
         dist.barrier()
     path = default_dataset(config.data.cache_dir, synthetic, progress=False)
-    return path, tuple(min(rows, config.model.num_embeddings) for rows in synthetic.table_sizes)
+    return path, tuple(min(table_rows, config.model.num_embeddings) for table_rows in synthetic.table_sizes)
 
 
 def _npy_data(config: TrainConfig, env: DistEnv, table_sizes: tuple[int, ...]) -> TrainData:

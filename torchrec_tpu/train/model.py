@@ -80,10 +80,10 @@ def table_configs(spec: ModelSpec) -> list[EmbeddingBagConfig]:
         EmbeddingBagConfig(
             name=table_name(feature),
             embedding_dim=spec.embedding_dim,
-            num_embeddings=rows,
+            num_embeddings=table_rows,
             feature_names=[feature],
         )
-        for feature, rows in zip(spec.feature_names, spec.table_sizes)
+        for feature, table_rows in zip(spec.feature_names, spec.table_sizes)
     ]
 
 

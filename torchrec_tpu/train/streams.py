@@ -7,8 +7,8 @@ Each wrapper is as long as what it yields and has ``iter_from_row(row)``, so the
   by (seed, epoch); each pass over it is the next epoch.
 - :class:`LimitedBatches` (``--limit-train-batches`` / ``--limit-val-batches``): the first N.
 - :class:`MultiHotBatches` (``--multi-hot-sizes``): MLPerf DLRM-DCNv2's synthetic multi-hot,
-  each id ``x`` of a feature with size k becoming ``(x + offset[x mod C][j]) mod rows`` for
-  j < k, offset[.][0] = 0 (the id itself), other offsets fixed uniform random draws.
+  each id ``x`` of a feature with size k becoming ``(x + offset[x mod C][j]) mod table_rows`` (the
+  table's rows) for j < k, offset[.][0] = 0 (the id itself), other offsets fixed uniform random draws.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ class MultiHotBatches(BatchStream):
         rng = np.random.default_rng([seed, 0x4D48])
         self.batches, self.sizes, self.table_sizes = batches, tuple(sizes), tuple(table_sizes)
         self.offsets = []
-        for size, rows in zip(sizes, table_sizes):
-            offsets = rng.integers(0, rows, size=(min(OFFSET_ROWS, rows), size), dtype=np.int64)
+        for size, table_rows in zip(sizes, table_sizes):
+            offsets = rng.integers(0, table_rows, size=(min(OFFSET_ROWS, table_rows), size), dtype=np.int64)
             offsets[:, 0] = 0
             self.offsets.append(offsets)
 
@@ -97,10 +97,10 @@ class MultiHotBatches(BatchStream):
     def expand(self, batch: Batch) -> Batch:
         kjt = batch.sparse_features
         values, lengths = [], []
-        for key, size, rows, offsets in zip(kjt.keys(), self.sizes, self.table_sizes, self.offsets):
+        for key, size, table_rows, offsets in zip(kjt.keys(), self.sizes, self.table_sizes, self.offsets):
             jagged = kjt[key]
             ids = jagged.values().numpy().astype(np.int64)
-            expanded = (ids[:, None] + offsets[ids % len(offsets)]) % rows
+            expanded = (ids[:, None] + offsets[ids % len(offsets)]) % table_rows
             values.append(expanded.reshape(-1))
             lengths.append(jagged.lengths().numpy().astype(np.int32) * size)
         sparse = KeyedJaggedTensor(keys=kjt.keys(), values=torch.from_numpy(np.concatenate(values)),
