@@ -228,17 +228,17 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
 
     units = plan_units(config.data, config.input_columns, config.schema)
     output = Path(config.output)
-    claim_output_dir(output, units, Path(config.checkpoint))
     todo, changed = pending_units(output, units)
+    if todo:  # verified before the output is claimed and Ray starts: a corrupt or crafted checkpoint fails here
+        from torchrec_tpu.train.checkpoint.store import open_checkpoint
+
+        open_checkpoint(Path(config.checkpoint))
+    claim_output_dir(output, units, Path(config.checkpoint))
     for path, parts in Counter(unit.path for unit in changed).items():
         print(f"warning: {path} changed since its predictions in {output} were written (size, mtime or "
               f"footer differ): redoing its {parts} part(s)", file=sys.stderr)
     labelled = bool(units) and config.schema.label in open_parquet(Path(units[0].path)).schema_arrow.names
     with_label = config.label_column is not None and labelled
-    if todo:  # verified before Ray starts: a corrupt or crafted checkpoint fails here (imports torch)
-        from torchrec_tpu.train.checkpoint.store import open_checkpoint
-
-        open_checkpoint(Path(config.checkpoint))
     with _exit_on_interrupt():
         rows_done, bad_values = _predict_units(config, todo, with_label) if todo else (0, BadValueCounts())
     return InferenceSummary(
