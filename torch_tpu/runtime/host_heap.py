@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import platform
 
 from torch_tpu.runtime import knobs
@@ -26,6 +27,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # <malloc.h>
 _applied: list[bool] = []
 
 
+@functools.cache  # (find_library runs ldconfig: once, not at every empty_cache())
 def _glibc() -> ctypes.CDLL | None:
     if platform.libc_ver()[0] != "glibc":
         return None
