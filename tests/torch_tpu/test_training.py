@@ -11,6 +11,7 @@ from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
 from torchrec.modules.crossnet import LowRankCrossNet
 
 import torch_tpu
+from tests.torch_tpu.torchrec_dlrm_case import DlrmBatch, one_table_per_feature
 
 B, D, F, DENSE_IN = 16, 8, 3, 13
 
@@ -127,28 +128,19 @@ def test_state_dict_save_load_weights_only(tmp_path) -> None:
 def test_torchrec_dlrm_dcn_with_embedding_bags_trains_on_tpu_without_fallback() -> None:
     """The whole torchrec DLRM_DCN (EmbeddingBagCollection, KJT input included) on tpu: one Adagrad step."""
     from torchrec.models.dlrm import DLRM_DCN
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    keys = [f"f{i}" for i in range(F)]
-    tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=D, num_embeddings=20, feature_names=[k])
-              for i, k in enumerate(keys)]
+    keys, tables = one_table_per_feature(F, D)
     torch.manual_seed(0)
     cpu_model = DLRM_DCN(embedding_bag_collection=EmbeddingBagCollection(tables=tables),
                          dense_in_features=DENSE_IN, dense_arch_layer_sizes=[16, D], over_arch_layer_sizes=[16, 1],
                          dcn_num_layers=2, dcn_low_rank_dim=4)
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.randint(0, 4, (F * B,), generator=g)  # empty bags included
-    values = torch.randint(0, 20, (int(lengths.sum()),), generator=g)
-    dense, labels = torch.randn(B, DENSE_IN, generator=g), torch.randint(0, 2, (B,), generator=g).float()
+    batch = DlrmBatch.random(keys, B, DENSE_IN)
 
     def step(model, device):
         opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
-        kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values.to(device), lengths=lengths.to(device))
-        logits = model(dense.to(device), kjt).squeeze(-1)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels.to(device))
+        loss = batch.loss(model, device)
         opt.zero_grad()
         loss.backward()
         opt.step()

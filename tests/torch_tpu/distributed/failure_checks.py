@@ -33,13 +33,18 @@ def _attempt(collective: str) -> dict:
     return {"error": None, "seconds": time.monotonic() - start}
 
 
-def dead_peer(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -> dict:
-    """Rank 1 dies after a first collective; rank 0 then runs two more."""
+def _join(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -> None:
+    """This rank in the default tpu_dist group (gloo transport), past a first barrier."""
     prepare_device("cpu")
     dist.init_process_group(
         "tpu_dist", store=store, rank=rank, world_size=size, timeout=timeout, pg_options=GLOO
     )
     dist.barrier()
+
+
+def dead_peer(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -> dict:
+    """Rank 1 dies after a first collective; rank 0 then runs two more."""
+    _join(rank, size, store, timeout)
     if rank == 1:
         os._exit(DEAD_EXIT_CODE)
     first = _attempt("allreduce")
@@ -49,11 +54,7 @@ def dead_peer(rank: int, size: int, store: dist.Store, timeout: datetime.timedel
 
 def stalled_peer(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -> dict:
     """Rank 1 stays alive but never joins the collective; rank 0 must time out."""
-    prepare_device("cpu")
-    dist.init_process_group(
-        "tpu_dist", store=store, rank=rank, world_size=size, timeout=timeout, pg_options=GLOO
-    )
-    dist.barrier()
+    _join(rank, size, store, timeout)
     if rank == 1:
         store.wait(["rank0_done"], datetime.timedelta(seconds=120))
         return {}
