@@ -140,14 +140,15 @@ def jagged_batch(kjt: KeyedJaggedTensor, features: Sequence[str], batch_sizes: M
     unknown key, a feature's sample count, a negative length (feature, sample, value), lengths that
     do not sum to the values (feature, sum, value count), weights of another shape."""
     keys = list(kjt.keys())
-    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    repeated = sorted({k for k in keys if keys.count(k) > 1}) if len(set(keys)) != len(keys) else []
     if repeated:
         raise ValueError(f"KJT keys {repeated} appear more than once in {keys}")
     missing = [f for f in features if f not in keys]
     if missing:
         raise ValueError(f"the KJT has no feature {missing[0]!r}" + (f" (nor {missing[1:]})" if missing[1:] else "")
                          + f"; its features are {keys}")
-    unknown = [k for k in keys if k not in set(features)]
+    wanted = set(features)
+    unknown = [k for k in keys if k not in wanted]
     if unknown and not other_keys:
         raise ValueError(f"KJT keys {unknown} are not features of these tables (features: {list(features)})")
     if kjt.variable_stride_per_key():
