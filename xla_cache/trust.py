@@ -36,9 +36,11 @@ class Directory:
         self.fd = fd
         self.path = path
 
-    def __del__(self, _close=os.close) -> None:
-        with contextlib.suppress(OSError):
+    def __del__(self, _close=os.close) -> None:  # os.close bound: at exit the module may be gone
+        try:
             _close(self.fd)
+        except OSError:
+            pass
 
     def subdir(self, name: str, *, create: bool) -> Directory | None:
         """The trusted subdirectory ``name`` (created ``0700`` when missing and ``create``; else
