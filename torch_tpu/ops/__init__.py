@@ -8,7 +8,8 @@
 * ``metadata_ops``: metadata-only ops (``resize_``, ``set_``, ``as_strided_`` ...) on the tensor model;
 * ``kernels``: the PrivateUse1 ``torch.library`` kernels (factories, copies across devices);
 * ``sparsecore``: the SparseCore ops ``tpu::sparse_dense_matmul*`` (TorchTPU's names; math in ``sparsecore``);
-* ``pallas/``: Pallas kernels as torch custom ops (``jax_op``).
+* ``pallas/``: Pallas kernels as torch custom ops (``jax_op``);
+* ``hstu/``: HSTU's jagged attention (XLA path and Pallas kernel), a ``jax_op``.
 
 Imports only ``torch_tpu.runtime``. :func:`register` is called once by ``import torch_tpu``.
 """

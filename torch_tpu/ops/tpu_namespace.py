@@ -22,6 +22,7 @@ import functools
 import torch
 import torch.distributed as dist
 
+from torch_tpu.ops.jagged import align_jagged_to_multiple, strip_jagged_padding
 from torch_tpu.runtime import knobs
 from torch_tpu.runtime.dynamo_hooks import constant_result
 
@@ -31,12 +32,14 @@ EMULATED_SPARSECORES_ENV = knobs.SPARSECORES_PER_DEVICE.name
 EMULATED_SPARSECORES_PER_DEVICE = 2
 
 __all__ = [
+    "align_jagged_to_multiple",
     "sparse_dense_matmul",
     "sparse_dense_matmul_activation_unstack",
     "sparse_dense_matmul_grad_with_adagrad",
     "sparse_dense_matmul_grad_with_adam",
     "sparse_dense_matmul_grad_with_sgd",
     "sparsecores_per_device",
+    "strip_jagged_padding",
 ]
 
 
