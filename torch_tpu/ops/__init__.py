@@ -12,7 +12,8 @@
   per-table preprocessing ops;
 * ``torchtpu_ops``, ``torchtpu_collectives``: TorchTPU's other raw ``tpu::`` ops (pooling, ragged dot,
   collectives ...); ``tpu_namespace`` (+ ``tpu_namespace_ops``, ``jagged``): ``torch.tpu.ops``;
-* ``pallas/``: Pallas kernels as torch custom ops (``jax_op``).
+* ``pallas/``: Pallas kernels as torch custom ops (``jax_op``);
+* ``hstu/``: HSTU's jagged attention (XLA path and Pallas kernel), a ``jax_op``.
 
 Imports only ``torch_tpu.runtime``. :func:`register` is called once by ``import torch_tpu``.
 """
