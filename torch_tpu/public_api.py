@@ -27,6 +27,7 @@ docs/TORCHTPU_API.md says which names are full implementations and which are XLA
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import sys
 import types
@@ -36,8 +37,6 @@ from typing import Any
 
 import torch
 
-from torch_tpu._internal import pallas as _pallas
-from torch_tpu.compile.step import functional_optimizers, single_trace
 from torch_tpu.distributed import device_mesh, torchtpu_launch
 from torch_tpu.eager import modes
 from torch_tpu.ops import tpu_namespace
@@ -91,15 +90,36 @@ class _DistributedModule(types.ModuleType):
         torchtpu_launch.set_window_setting("window_stripe_chunk_mb", value)
 
 
+class _LazyModule(types.ModuleType):
+    """A submodule whose names (``"module:attribute"`` targets) are imported on first use:
+    ``torch_tpu.compile`` and Pallas are not imported by ``import torch_tpu``."""
+
+    def __getattr__(self, name: str) -> Any:
+        target = self.__dict__.get("_targets", {}).get(name)
+        if target is None:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        module, _, attr = target.partition(":")
+        value = getattr(importlib.import_module(module), attr)
+        setattr(self, name, value)
+        return value
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self.__dict__.get("_targets", {})})
+
+
+_OPTIMIZERS = "torch_tpu.compile.step.functional_optimizers"
+_LAZY: dict[str, dict[str, str]] = {
+    "optimizers": {"AdamW": f"{_OPTIMIZERS}:AdamW", "Muon": f"{_OPTIMIZERS}:Muon",
+                   "Optimizer": f"{_OPTIMIZERS}:Optimizer", "Sgd": f"{_OPTIMIZERS}:Sgd",
+                   "SingleTraceTrainer": "torch_tpu.compile.step.single_trace:SingleTraceTrainer"},
+    "pallas": {"get_pallas_mesh": "torch_tpu._internal.pallas:get_pallas_mesh",
+               "jax_op": "torch_tpu._internal.pallas:jax_op"},
+}
 _SUBMODULES: dict[str, tuple[type[types.ModuleType], dict[str, Any]]] = {
     "compiler": (types.ModuleType, {"custom_compiler_options": compiler_options.custom_compiler_options}),
     "distributed": (_DistributedModule, {"set_tpu_launch_env": torchtpu_launch.set_tpu_launch_env,
                                          "spmd_safe": torchtpu_launch.spmd_safe,
                                          "topology_aware_mesh": device_mesh.torchtpu_topology_aware_mesh}),
-    "optimizers": (types.ModuleType, {"AdamW": functional_optimizers.AdamW, "Muon": functional_optimizers.Muon,
-                                      "Optimizer": functional_optimizers.Optimizer, "Sgd": functional_optimizers.Sgd,
-                                      "SingleTraceTrainer": single_trace.SingleTraceTrainer}),
-    "pallas": (types.ModuleType, {"get_pallas_mesh": _pallas.get_pallas_mesh, "jax_op": _pallas.jax_op}),
     "profiler": (types.ModuleType, {"TpuProfilerConfig": profiler.TpuProfilerConfig}),
 }
 
@@ -149,9 +169,10 @@ def install() -> None:
     tpu.EagerMode = modes.EagerMode
     tpu.set_eager_mode = modes.eager_mode  # TorchTPU's set_eager_mode(mode) is a context manager
     tpu.ops = sys.modules["torch.tpu.ops"] = tpu_namespace
-    for name, (kind, names) in _SUBMODULES.items():
+    submodules = {**_SUBMODULES, **{name: (_LazyModule, {"_targets": targets}) for name, targets in _LAZY.items()}}
+    for name, (kind, names) in submodules.items():
         module = kind(f"torch.tpu.{name}", f"TorchTPU's torch.tpu.{name} (torch_tpu.public_api).")
         module.__dict__.update(names)
-        module.__all__ = sorted(names)
+        module.__all__ = sorted(names.get("_targets", names))
         sys.modules[module.__name__] = module
         setattr(tpu, name, module)
