@@ -203,7 +203,8 @@ class Muon(Optimizer):
     def update(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
         m = state["m"].to(grad.dtype).lerp(grad, 1 - self._momentum)
         direction = grad.lerp(m, self._momentum) if self._nesterov else m
-        direction = _muon._zeropower_via_newtonschulz(direction, self._ns_coefficients, self._ns_steps, self._eps)
+        direction = _muon._zeropower_via_newtonschulz(direction, self._ns_coefficients, self._ns_steps,
+                                                      self._eps).to(param.dtype)  # (computed in bfloat16)
         lr = _muon._adjust_lr(self._lr, self._adjust_lr_fn, param.shape)
         param.copy_(param * (1 - self._lr * self._weight_decay) - lr * direction)
         state["m"].copy_(m)
