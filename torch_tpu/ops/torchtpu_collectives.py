@@ -9,8 +9,9 @@ on tpu tensors, gloo on CPU ones), groups named by ``ProcessGroup.group_name``.
   to rank ``j``, which writes it into its copy of ``output`` at row ``output_offsets[j]`` (the
   offset the sender names). Eager only: the sizes are read to the host and the rows exchanged with
   one ``all_to_all_single``; differentiable in ``operand`` (the backward sends the gradient rows back).
-* ``_send`` / ``_recv``: point-to-point over the default group; each returns one boxed
-  ``Work`` (``torch._C._distributed_c10d.Work.unbox``) that waits for every tensor.
+* ``_send`` / ``_recv``: point-to-point over the default group; each completes the transfer before
+  it returns (TorchTPU's may still be in flight) and returns a boxed, completed ``Work``
+  (``torch._C._distributed_c10d.Work.unbox``).
 """
 
 from __future__ import annotations
@@ -95,11 +96,8 @@ class _RaggedAllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         in_off, send, their_off, recv = ctx.plan
-        # each received row's gradient goes back to the row it came from
-        mine = torch.tensor(in_off, dtype=torch.int64, device=grad.device)
-        theirs = torch.empty_like(mine)
-        dist.all_to_all_single(theirs, mine, group=ctx.group)  # where my senders read the rows they sent me
-        back = (their_off, recv, [int(v) for v in theirs.cpu().tolist()], send)
+        # each received row's gradient goes back to the row it was sent from
+        back = (their_off, recv, in_off, send)
         zeros = grad.new_zeros(ctx.shape)
         return _exchange(grad, zeros, back, ctx.group), None, None, None
 
@@ -144,8 +142,10 @@ def _p2p(send: bool):
             raise RuntimeError(f"tpu::_{'send' if send else 'recv'}: torch.distributed is not initialized "
                                "(init_process_group first)")
         ops = [dist.P2POp(dist.isend if send else dist.irecv, t, peer, tag=tag) for t in tensors]
-        works = dist.batch_isend_irecv(ops) if ops else []
-        done = torch.futures.collect_all([w.get_future() for w in works])
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            work.wait()  # (gloo's point-to-point works have no futures to chain)
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(list(tensors))
         return torch._C._distributed_c10d._create_work_from_future(done).boxed()
 
     return kernel
