@@ -30,12 +30,12 @@ def test_ragged_dot_equals_a_loop_of_matmuls_with_its_gradients(device: str) -> 
     grad = _rand(7, 5, seed=2)
     want.backward(grad)
 
-    l, r = lhs.to(device).requires_grad_(True), rhs.to(device).requires_grad_(True)
-    got = ops.ragged_dot(l, r, sizes.to(device))
+    left, right = lhs.to(device).requires_grad_(True), rhs.to(device).requires_grad_(True)
+    got = ops.ragged_dot(left, right, sizes.to(device))
     got.backward(grad.to(device))
     torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(l.grad.cpu(), l_ref.grad, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(r.grad.cpu(), r_ref.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(left.grad.cpu(), l_ref.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(right.grad.cpu(), r_ref.grad, rtol=1e-5, atol=1e-5)
     weight_grad = ops.ragged_dot_weight_grad(lhs.to(device), grad.to(device), sizes.to(device))
     torch.testing.assert_close(weight_grad.cpu(), r_ref.grad, rtol=1e-5, atol=1e-5)
     out = torch.empty(7, 5, device=device)
@@ -120,7 +120,8 @@ def test_splash_sdpa_is_exact_attention(device: str) -> None:
     q, k, v = _rand(1, 4, 6, 8), _rand(1, 2, 6, 8, seed=1), _rand(1, 2, 6, 8, seed=2)
     kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
     i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
-    for kwargs, mask in (({}, j <= i), ({"is_causal": False}, None), ({"local_window_size": 2}, (j <= i) & (j >= i - 2))):
+    cases = (({}, j <= i), ({"is_causal": False}, None), ({"local_window_size": 2}, (j <= i) & (j >= i - 2)))
+    for kwargs, mask in cases:
         got = ops.splash_sdpa(q.to(device), k.to(device), v.to(device), enable_gqa=True, **kwargs)
         torch.testing.assert_close(got.cpu(), _attention(q, kk, vv, mask, 1 / math.sqrt(8)), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match=r"enable_gqa \(False\) does not match inputs"):
