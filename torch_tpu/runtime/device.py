@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from torch_tpu.runtime import generator as tpu_generator
-from torch_tpu.runtime import host_heap, knobs
+from torch_tpu.runtime import host_heap, host_hooks, knobs
 from torch_tpu.runtime import precision as tpu_precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
@@ -514,7 +514,8 @@ def register() -> None:
     torch.accelerator.synchronize = _accelerator_synchronize
     # Kept alive here: the C++ side holds raw references.
     _KEEPALIVE.extend([_Hooks(), _DeviceGuard()])
-    torch._C._acc.register_python_privateuseone_hook(_KEEPALIVE[0])
+    if not host_hooks.register():  # the C++ hooks: pinned host memory (DDP's static graph)
+        torch._C._acc.register_python_privateuseone_hook(_KEEPALIVE[0])
     torch._C._acc.register_python_privateuseone_device_guard(_KEEPALIVE[1])
     tpu_generator.install()
     _registered = True
