@@ -147,9 +147,9 @@ def test_preprocessing_backend_errors_name_the_bad_value() -> None:
     assert sorted(backend.preprocess({"t": [ids]}, {"t": [offsets]})["t"]) == [
         "dropped_count", "embedding_ids", "gains", "observed_max_ids", "observed_max_unique_ids", "row_pointers",
         "sample_ids"]
-    with pytest.raises(ValueError, match=r"feature 'f': id 12 is outside the table's rows \[0, 10\)"):
+    with pytest.raises(ValueError, match=r"feature 'f': id 12 is outside the table's 10 rows \[0, 10\)"):
         backend.preprocess({"t": [torch.tensor([1, 12, 3], dtype=torch.int32)]}, {"t": [offsets]})
-    with pytest.raises(ValueError, match=r"feature 'f': offsets has 3 entries, expected batch_size \+ 1 = 5"):
+    with pytest.raises(ValueError, match=r"feature 'f': offsets for 2 samples, expected 4 \(batch_size\)"):
         backend.preprocess({"t": [ids]}, {"t": [offsets[:3]]})
     with pytest.raises(ValueError, match=r"feature 'f': indices must be a 1-D int32 tensor, got torch.int64"):
         backend.preprocess({"t": [ids.long()]}, {"t": [offsets]})
