@@ -27,7 +27,8 @@ def _flags() -> tuple[str, ...]:
     root = Path(torch.__file__).parent
     lib = root / "lib"
     return ("-O2", "-std=c++20", "-shared", "-fPIC", "-w", f"-I{root / 'include'}",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-DTORCH_TPU_TORCH={torch.__version__}",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            f"-DTORCH_TPU_TORCH={torch.__version__}",
             f"-L{lib}", "-Wl,--no-as-needed", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}")
 
 
