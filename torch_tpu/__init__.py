@@ -33,11 +33,10 @@ _ops.register()  # every lowering and composite into the registry; the PrivateUs
 _eager.register()  # __torch_dispatch__ -> eager dispatch; the strict/debug/defer_and_fuse executors
 
 from torch_tpu import distributed as _distributed  # noqa: E402, F401  (tpu_dist: TorchTPU's import registers it)
+from torch_tpu import public_api as _public_api  # noqa: E402
 from torch_tpu._internal import torchrec_native as _torchrec_native  # noqa: E402
-from torch_tpu.ops import tpu_namespace as _tpu_namespace  # noqa: E402
-from torch_tpu.runtime import device as _device  # noqa: E402
 
-_device.ops = _tpu_namespace  # torch.tpu.ops: TorchTPU's Python op namespace
+_public_api.install()  # TorchTPU's torch.tpu names and submodules (torch.tpu.ops, .optimizers, ...)
 _torchrec_native.install()  # TorchRec TPU's native preprocessing module (torch_tpu/_internal)
 
 from torch_tpu.eager.dispatch import clear_handler_cache  # noqa: E402

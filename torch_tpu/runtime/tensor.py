@@ -596,6 +596,8 @@ def cpu_to_jax(t: torch.Tensor) -> jax.Array:
             "integer representation (int_repr()) with its scale and zero point on tpu"
         )
     t = t.detach().resolve_conj().resolve_neg().contiguous()
+    if t.is_pinned():  # DLPack names pinned memory CUDA host memory, which JAX reads only with CUDA
+        t = t.clone()
     return jnp.array(jax.dlpack.from_dlpack(t), copy=True)
 
 
