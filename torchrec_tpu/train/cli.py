@@ -51,9 +51,22 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
                       accelerator_type=args.ray_tpu_type, tpus_per_worker=args.ray_tpus_per_worker)
 
 
+def _run_hstu(config, args: argparse.Namespace) -> int:
+    if args.ray_workers:
+        raise ConfigError(f"--model {config.model.kind} trains under torchrun, not Ray Train (--ray-workers)")
+    from torchrec_tpu.hstu.train import run_hstu  # heavy: torch, torchrec, torch_tpu
+
+    summary = run_hstu(config)
+    if summary.primary:
+        print(summary.format())
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        if config.model.kind in ("hstu", "dlrmv4"):
+            return _run_hstu(config, args)
         # the world is known before anything starts: torchrun's environment, or the Ray workers
         check_batch_split(config.data, args.ray_workers or int(os.environ.get("WORLD_SIZE", "1")))
         check_paths(config)  # before the heavy imports below: a missing file fails in well under a second

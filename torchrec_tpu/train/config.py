@@ -28,7 +28,7 @@ from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 
 # The option vocabularies that are defined here (the others come from their registries above).
-Model = Literal["dlrm", "dlrm_dcn"]
+Model = Literal["dlrm", "dlrm_dcn", "hstu", "dlrmv4"]  # hstu, dlrmv4: torchrec_tpu.hstu.train
 Precision = Literal["fp32", "bf16"]  # --precision: the towers' matmuls (engines.precision)
 DenseDevice = Literal["auto", "cpu", "tpu"]
 DenseParallel = Literal["ddp", "fsdp2"]
@@ -70,7 +70,8 @@ class _Group:
 class ModelConfig(_Group):
     """The architecture: DLRM kind, tables, towers."""
 
-    kind: Model = _opt("dlrm", "model: stock torchrec DLRM or DLRM_DCN", flag="model", choices=MODELS)
+    kind: Model = _opt("dlrm", "model: stock torchrec DLRM or DLRM_DCN; HSTU (generative recommender) or its "
+                               "MLPerf DLRMv4 shape", flag="model", choices=MODELS)
     num_embeddings: int = _opt(
         100_000, "rows per embedding table, at most; ids are hashed modulo the table size",
         details="rows per embedding table, at most (synthetic tables with fewer ids are smaller); ids are hashed "
