@@ -10,8 +10,8 @@ import pytest
 from tests.torch_tpu.distributed.device import tpu_ready
 from tests.torch_tpu.distributed.failure_checks import (
     DEAD_EXIT_CODE,
-    dead_peer,
     ddp_stalled_peer,
+    dead_peer,
     stalled_peer,
     xla_dead_peer,
     xla_stalled_peer,
