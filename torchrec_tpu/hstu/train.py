@@ -25,6 +25,7 @@ from torchmetrics.classification import BinaryAUROC
 from pipelines.sequences import read_meta, read_movielens, synthetic_events, window_path, write_sequences
 from pipelines.sequences.reader import SequenceBatch, SequenceReader
 from pipelines.synthetic import cache_root
+from sparsecore.backends import XLA
 from torchrec_tpu.hstu.config import HSTUConfig, preset
 from torchrec_tpu.hstu.model import HSTU, table_configs
 from torchrec_tpu.hstu.sharded import sharded_embeddings
@@ -108,7 +109,7 @@ def _dense_device(config: TrainConfig) -> torch.device:
     if choice != "auto":
         return torch.device(choice)
     from torch_tpu.runtime._jax import jax
-    return torch.device("tpu" if jax.default_backend() == "tpu" else "cpu")
+    return torch.device("tpu" if jax.devices()[0].platform == "tpu" else "cpu")
 
 
 def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tuple[HSTU, HSTUConfig]:
@@ -121,7 +122,7 @@ def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tupl
         backend = config.engine.sparse_backend
         embeddings = sharded_embeddings(
             hstu_config, optimizer=_sparse_spec(config), batch_size=env.per_rank(config.data.batch_size),
-            backend="xla" if backend == "auto" else backend, seed=config.loop.seed, average_over_ranks=True,
+            backend=XLA if backend == "auto" else backend, seed=config.loop.seed, average_over_ranks=True,
             ec=_seeded_ec(hstu_config, config.loop.seed))
     return HSTU(hstu_config, embeddings, dense_device=device), hstu_config
 
