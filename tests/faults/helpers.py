@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -72,7 +73,13 @@ def communicate_or_dump(proc: subprocess.Popen, timeout: float) -> tuple[str, st
     try:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        dump_stacks_and_kill(children(proc.pid))
-        proc.kill()
-        _, stderr = proc.communicate()
-        pytest.fail(f"still running after {timeout:g} s; stderr, the ranks' stacks included:\n{stderr[-TAIL:]}")
+        fail_with_stacks(proc, f"still running after {timeout:g} s")
+
+
+def fail_with_stacks(proc: subprocess.Popen, why: str) -> NoReturn:
+    """Fail the test with ``why`` and the stderr of launcher ``proc`` (text pipes), once its ranks
+    have printed their Python stacks (SIGUSR1) there and it is killed."""
+    dump_stacks_and_kill(children(proc.pid))
+    proc.kill()
+    _, stderr = proc.communicate()
+    pytest.fail(f"{why}; stderr, the ranks' stacks included:\n{stderr[-TAIL:]}")

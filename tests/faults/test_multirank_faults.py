@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.faults.conftest import TRAIN_FLAGS
-from tests.faults.helpers import children, cli_env, communicate_or_dump, torchrun_train
+from tests.faults.helpers import children, cli_env, communicate_or_dump, fail_with_stacks, torchrun_train
 from tests.train.cli_ranks import TAIL, finish_cli_ranks, start_cli_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -89,7 +89,8 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled):
         latest = tmp_path / "run" / "checkpoint" / "latest"
         while not latest.exists() and time.monotonic() < deadline + 120 and proc.poll() is None:
             time.sleep(0.2)  # the first checkpoint (step 3): both ranks are training
-        assert latest.exists(), "training never reached step 3"
+        if not latest.exists():
+            fail_with_stacks(proc, "training never reached step 3")
         stopped = {_rank_of(pid): pid for pid in ranks}[stalled]
         os.kill(stopped, signal.SIGSTOP)
         stopped_at = time.monotonic()
