@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import quiet_box
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train_e2e import _free_port, steady_rate  # noqa: E402  (bench/ is not a package)
 
@@ -213,4 +215,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import quiet_box
+
 ENGINES = ("torchrec", "sparsecore")
 NUM_SPARSE, NUM_DENSE = 26, 13  # Criteo's features, as the synthetic data has
 # MLPerf DLRM-DCNv2's (TorchRec's dlrm_main / train_dlrm_mlperf_tpu.py): ids per feature (sum 214), table rows
@@ -297,4 +299,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)
