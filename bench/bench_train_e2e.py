@@ -42,6 +42,8 @@ from typing import Sequence
 
 import quiet_box
 
+from torchrec_tpu.launcher import xla_cpu_malloc_env
+
 ENGINES = ("torchrec", "sparsecore")
 NUM_SPARSE, NUM_DENSE = 26, 13  # Criteo's features, as the synthetic data has
 # MLPerf DLRM-DCNv2's (TorchRec's dlrm_main / train_dlrm_mlperf_tpu.py): ids per feature (sum 214), table rows
@@ -152,6 +154,8 @@ def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse
     cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--data", str(data), "--log-dir", str(log_dir)]
     cmd += [arg for name in MODEL_FLAGS for arg in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    if engine == "sparsecore":  # as `torchrec-tpu train` starts its processes (stock TorchRec's run as they are)
+        env.update(xla_cpu_malloc_env())
     if world > 1:
         env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()))

@@ -65,6 +65,7 @@ def _suggestions(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; any exception it lets through becomes one ``torchrec-tpu CMD: error:`` line,
     rc 2 for a user error and 1 otherwise (:func:`torchrec_tpu.errors.report_failure`), Ctrl-C rc 130."""
+    argv_given = argv
     argv = list(sys.argv[1:] if argv is None else argv)
     from torchrec_tpu.launcher import die_with_parent, under_torchrun
 
@@ -80,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torchrec_tpu.log_setup import configure_logging
 
     configure_logging(label)
+    args._restartable = argv_given is None  # a real command line: it may exec itself again
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from torchrec_tpu.errors import report_user_error
+from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
 from torchrec_tpu.train.preflight import check_paths
@@ -53,6 +54,8 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        if getattr(args, "_restartable", False) and config.engine.kind == "sparsecore":
+            restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
         check_paths(config)  # before the heavy imports below: a missing file fails in well under a second
         if args.ray_workers:
             from torchrec_tpu.train.ray_train import as_given, train_on_ray  # heavy: ray.train, torch
