@@ -153,9 +153,7 @@ def run(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Names
 def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--data", str(data), "--log-dir", str(log_dir)]
     cmd += [arg for name in MODEL_FLAGS for arg in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    if engine == "sparsecore":  # as `torchrec-tpu train` starts its processes (stock TorchRec's run as they are)
-        env.update(xla_cpu_malloc_env())
+    env = engine_env(engine)
     if world > 1:
         env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()))
@@ -167,6 +165,13 @@ def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse
         if p.returncode:
             raise RuntimeError(f"{engine} world {world} failed:\n{err[-3000:]}")
     return json.loads(outputs[0][0].strip().splitlines()[-1])
+
+
+def engine_env(engine: str) -> dict[str, str]:
+    """The environment of a worker of ``engine``: as ``torchrec-tpu train`` starts its processes
+    (the sparsecore engine's with glibc's malloc set up for XLA:CPU; stock TorchRec's as they are)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return {**env, **xla_cpu_malloc_env()} if engine == "sparsecore" else env
 
 
 def dense_step_ms(args: argparse.Namespace, batch: int, steps: int = 10) -> float:
