@@ -1,4 +1,5 @@
-"""``torchrec-tpu data``: prepare datasets (``convert`` text logs to Parquet, ``generate`` synthetic).
+"""``torchrec-tpu data``: prepare datasets (``convert`` text logs to Parquet, ``generate`` synthetic,
+``sequences``: HSTU sequence Parquet in time windows).
 
 Follows the CLI contract: ``add_arguments(parser)`` and ``run(args) -> int``; pyarrow, numpy and
 the rest are imported inside ``run`` so ``--help`` stays fast. Errors propagate to
@@ -73,6 +74,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+    sequences = commands.add_parser(
+        "sequences", formatter_class=parser.formatter_class,
+        help="write HSTU sequence Parquet in time windows from MovieLens, Yambda or synthetic events",
+        description="Write a sequence dataset (one Parquet file per time window, meta.json) for "
+                    "`torchrec-tpu train --model hstu`: train on window T, evaluate on T + 1.",
+    )
+    sequences.add_argument("source", choices=("movielens", "yambda", "synthetic", "movielens-sample"),
+                           help="movielens: ml-1m ratings.dat or ml-20m ratings.csv; yambda: its Parquet "
+                                "(file or directory); synthetic: generated; movielens-sample: the bundled "
+                                "200 real rows")
+    sequences.add_argument("input", nargs="?", type=Path, default=None,
+                           help="the source file or directory (movielens, yambda)")
+    sequences.add_argument("--output", "-o", type=Path, required=True, help="empty output directory")
+    sequences.add_argument("--windows", type=positive_int, default=4, metavar="N",
+                           help="time windows of equal event counts")
+    sequences.add_argument("--max-history", type=positive_int, default=200, metavar="N",
+                           help="history events kept before each row's candidates")
+    sequences.add_argument("--candidates", type=positive_int, default=4, metavar="N",
+                           help="candidates per row (a user's next events in the window)")
+    sequences.add_argument("--users", type=positive_int, default=2000, metavar="N", help="synthetic: users")
+    sequences.add_argument("--items", type=positive_int, default=1000, metavar="N", help="synthetic: items")
+    sequences.add_argument("--events-per-user", type=positive_int, default=60, metavar="N",
+                           help="synthetic: mean events per user")
+    sequences.add_argument("--seed", type=non_negative_int, default=0, metavar="N", help="synthetic: random seed")
+
+
 def _multi_hot_sizes(text: str, count: int) -> tuple[int, ...]:
     if not text:
         return ()
@@ -137,5 +164,28 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sequences(args: argparse.Namespace) -> int:
+    from pipelines.sequences import read_movielens, read_yambda, synthetic_events, write_sequences
+
+    needs_input = args.source in ("movielens", "yambda")
+    if needs_input != (args.input is not None):
+        raise ValueError(f"data sequences {args.source}: " + ("name the input file or directory" if needs_input
+                                                              else f"takes no input (got {args.input})"))
+    if args.source == "synthetic":
+        events = synthetic_events(args.users, args.items, args.events_per_user, args.seed)
+    elif args.source == "movielens-sample":
+        from pipelines.sample_data import movielens_sample_csv
+
+        events = read_movielens(movielens_sample_csv())
+    else:
+        events = (read_movielens if args.source == "movielens" else read_yambda)(args.input)
+    meta = write_sequences(events, args.output, windows=args.windows, max_history=args.max_history,
+                           candidates=args.candidates)
+    print(f"wrote {sum(meta.rows)} rows of {len(events)} {meta.source} events to {args.output}: "
+          f"{meta.windows} windows ({', '.join(map(str, meta.rows))} rows), tasks {', '.join(meta.tasks)}, "
+          f"{meta.item_rows} item rows")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    return {"convert": _convert, "generate": _generate}[args.data_command](args)
+    return {"convert": _convert, "generate": _generate, "sequences": _sequences}[args.data_command](args)

@@ -29,6 +29,7 @@ from torchrec.datasets.utils import Batch
 from pipelines.arrow_batch import TableSizes, batch_from_arrow, table_sizes_for
 from pipelines.bad_value_policies import POLICIES
 from pipelines.bad_values import BadValueLog, Source, apply_policy, kept_rows
+from pipelines.parquet_checksums import note_unverifiable
 from pipelines.parquet_files import (  # noqa: F401  (re-exported: the readers' file helpers)
     ParquetDataError,
     check_column_types,
@@ -110,6 +111,8 @@ class ParquetBatchReader(BatchStream):
         self.num_rows = end - first
         self.rows = rows
         rank, world_size = _resolve_rank(rank, world_size)
+        if rank == 0:  # one rank says which files cannot be verified
+            note_unverifiable(self.files)
         start, stop = shard_range(self.num_rows, rank, world_size)
         if drop_last:
             stop = start + (self.num_rows // world_size) // batch_size * batch_size

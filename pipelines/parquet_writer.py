@@ -7,7 +7,8 @@ published atomically by :mod:`pipelines.dataset_dir`.
 
 Every Parquet file the project writes carries page checksums (CRC32 of each page) and its readers
 (:func:`pipelines.parquet_reader.open_parquet`) verify them: a damaged page is an error, never
-different ids. Files written elsewhere without checksums still read.
+different ids. Files written elsewhere without checksums still read, and a job names them once
+(:mod:`pipelines.parquet_checksums`).
 """
 
 from __future__ import annotations

@@ -6,11 +6,21 @@ from importlib import resources
 from pathlib import Path
 
 CRITEO_SAMPLE_ROWS = 200
+MOVIELENS_SAMPLE_ROWS = 200
+
+
+def _bundled(name: str, what: str) -> Path:
+    path = Path(str(resources.files("pipelines") / "data" / name))
+    if not path.is_file():
+        raise FileNotFoundError(f"the bundled {what} sample is missing from the installed package: {path}")
+    return path
 
 
 def criteo_sample_csv() -> Path:
     """Path of the bundled 200-row real Criteo sample (CSV with a header row)."""
-    path = Path(str(resources.files("pipelines") / "data" / "criteo_sample.csv"))
-    if not path.is_file():
-        raise FileNotFoundError(f"the bundled Criteo sample is missing from the installed package: {path}")
-    return path
+    return _bundled("criteo_sample.csv", "Criteo")
+
+
+def movielens_sample_csv() -> Path:
+    """Path of the bundled 200-row real MovieLens-1M ratings sample (CSV with a header row)."""
+    return _bundled("movielens_sample.csv", "MovieLens")

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sparsecore.input_checks import check_table_names, checked_ids, positive_int
 from sparsecore.optimizers import SGD
 from sparsecore.preprocess import preprocess_inputs
 from sparsecore.specs import SparseCoreTopology
@@ -51,12 +52,6 @@ def _require(mapping: Mapping[str, Any], keys: Sequence[str], what: str) -> None
         raise ValueError(f"{what} lacks {missing}; it has {sorted(mapping)}")
 
 
-def _positive_int(value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
-    return value
-
-
 def _stack(meta: Mapping[str, Any], local: int, total: int, n: int) -> StackedTable:
     """One stack's placement, with feature batches and offsets as this process's share."""
     _require(meta, _TABLE_KEYS, f"stack metadata {meta.get('name', '?')!r}")
@@ -71,7 +66,7 @@ def _stack(meta: Mapping[str, Any], local: int, total: int, n: int) -> StackedTa
         combiners.add(f["combiner"])
         table_rows = f.get("max_col_id", 2**31 - 1)
         table_rows_by_offset[f["col_offset"]] = max(table_rows_by_offset.get(f["col_offset"], 0), table_rows)
-        batch = _positive_int(f["batch_size"], f"feature {f['name']!r} batch_size")
+        batch = positive_int(f["batch_size"], f"feature {f['name']!r} batch_size")
         if batch % (n // total * local):
             raise ValueError(f"feature {f['name']!r}: batch_size {batch} does not split over this process's "
                              f"{n // total * local} SparseCores")
@@ -90,8 +85,8 @@ def _stack(meta: Mapping[str, Any], local: int, total: int, n: int) -> StackedTa
         tables.append(TablePlacement(f"{name}@{offset}", table_rows_by_offset[offset], 0, padded, offset // n, 0))
         end = offset + padded
     return StackedTable(name, 0, SGD(), combiners.pop(), n, tuple(tables), tuple(features),
-                        _positive_int(meta["max_ids_per_partition"], f"stack {name!r} max_ids_per_partition"),
-                        _positive_int(meta["max_unique_ids_per_partition"],
+                        positive_int(meta["max_ids_per_partition"], f"stack {name!r} max_ids_per_partition"),
+                        positive_int(meta["max_unique_ids_per_partition"],
                                       f"stack {name!r} max_unique_ids_per_partition"))
 
 
@@ -102,18 +97,20 @@ def _feature_input(feature: FeaturePlacement, table_rows: int, indices: torch.Te
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
             raise ValueError(f"feature {feature.feature!r}: {what} must be a 1-D int32 tensor, got "
                              f"{getattr(t, 'dtype', type(t).__name__)} of shape {tuple(getattr(t, 'shape', ()))}")
+    where = f"feature {feature.feature!r}"
     offs = offsets.cpu().numpy().astype(np.int64)
     if offs.size != feature.batch_size + 1:
-        raise ValueError(f"feature {feature.feature!r}: offsets has {offs.size} entries, expected batch_size + 1 = "
-                         f"{feature.batch_size + 1}")
+        raise ValueError(f"{where}: offsets for {offs.size - 1} samples, expected {feature.batch_size} (batch_size)")
+    if offs[0] != 0:
+        raise ValueError(f"{where}: offsets must start at 0, got {offs[0]}")
     lengths = np.diff(offs)
-    if offs[0] != 0 or (lengths < 0).any() or offs[-1] > indices.numel():
-        raise ValueError(f"feature {feature.feature!r}: offsets must rise from 0 to at most {indices.numel()} ids, "
-                         f"got first {offs[0]}, last {offs[-1]}")
-    ids = indices.cpu().numpy()[: offs[-1]].astype(np.int64)
-    bad = ids[(ids < 0) | (ids >= table_rows)]
-    if bad.size:
-        raise ValueError(f"feature {feature.feature!r}: id {int(bad[0])} is outside the table's rows [0, {table_rows})")
+    if (lengths < 0).any():
+        sample = int(np.flatnonzero(lengths < 0)[0])
+        raise ValueError(f"{where}: sample {sample} has length {int(lengths[sample])}; a length counts the sample's "
+                         "ids (>= 0)")
+    if offs[-1] > indices.numel():
+        raise ValueError(f"{where}: lengths sum to {offs[-1]} but there are {indices.numel()} indices")
+    ids = checked_ids(indices.cpu().numpy()[: offs[-1]], table_rows, where)
     return FeatureInput(ids, lengths, np.ones(ids.size, dtype=np.float32))
 
 
@@ -126,17 +123,21 @@ class SparseCorePreprocessorBackend:
 
     def __init__(self, tables_metadata: Sequence[Mapping[str, Any]], batch_size: int, local_device_count: int,
                  global_device_count: int, num_sc_per_device: int, allow_id_dropping: bool = False) -> None:
-        self.batch_size = _positive_int(batch_size, "batch_size")
-        local = _positive_int(local_device_count, "local_device_count")
-        total = _positive_int(global_device_count, "global_device_count")
+        self.batch_size = positive_int(batch_size, "batch_size")
+        local = positive_int(local_device_count, "local_device_count")
+        total = positive_int(global_device_count, "global_device_count")
         if local > total:
             raise ValueError(f"local_device_count {local} exceeds global_device_count {total}")
         generation = generation_for(num_sc_per_device)
         n = SparseCoreTopology(generation, total).num_sparsecores  # checks N is a power of two
         if not tables_metadata:
             raise ValueError("tables_metadata is empty: give at least one stacked table")
+        for meta in tables_metadata:
+            _require(meta, _TABLE_KEYS, f"stack metadata {meta.get('name', '?')!r}")
+        check_table_names(((meta["name"], [f.get("name") for f in meta["features"]]) for meta in tables_metadata),
+                          "stack")
         stacks = tuple(_stack(meta, local, total, n) for meta in tables_metadata)
-        self._table_rows = {f["name"]: f.get("max_col_id", 2**31 - 1)
+        self._table_rows = {f["name"]: positive_int(f.get("max_col_id", 2**31 - 1), f"feature {f['name']!r} max_col_id")
                             for meta in tables_metadata for f in meta["features"]}
         self._plan = StackingPlan(SparseCoreTopology(generation, local), {}, (), stacks)
         self._overflow = "drop" if allow_id_dropping else "error"

@@ -43,6 +43,7 @@ from sparsecore.csr_format import (
     round_up_array,
     row_pointers_per_sc,
 )
+from sparsecore.input_checks import check_id_range
 from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput, feature_inputs
@@ -79,8 +80,11 @@ def preprocess_inputs(
     engine: str = "auto",
 ) -> PreprocessedBatch:
     """Build the CSR buffers from already validated per-feature inputs on ``threads`` threads
-    (default: the CPUs; numpy: one per stack, its sorts release the GIL)."""
-    if _use_compiled(engine, overflow):
+    (default: the CPUs; numpy: one per stack, its sorts release the GIL). Ids outside their
+    table's rows raise (:func:`check_table_ids`)."""
+    compiled = _use_compiled(engine, overflow)
+    check_table_ids(inputs, plan)
+    if compiled:
         from sparsecore.preprocess_native import preprocess_compiled
 
         return PreprocessedBatch(preprocess_compiled(inputs, plan, overflow, threads, row_ordered=False))
@@ -102,12 +106,29 @@ def preprocess_row_ordered(
 ) -> dict[str, RowOrderedEntries]:
     """The entries ``preprocess_inputs`` would lay out into CSR buffers, per stack, in row order
     (numpy: one sort; the CSR buffers are only built when a partition is over its limit)."""
-    if _use_compiled(engine, overflow):
+    compiled = _use_compiled(engine, overflow)
+    check_table_ids(inputs, plan)
+    if compiled:
         from sparsecore.preprocess_native import preprocess_compiled
 
         return preprocess_compiled(inputs, plan, overflow, threads, row_ordered=True)
     devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
     return {stack.name: _row_ordered_stack(stack, inputs, devices, s, overflow) for stack in plan.stacks}
+
+
+def check_table_ids(inputs: Mapping[str, FeatureInput], plan: StackingPlan) -> None:
+    """ValueError naming the feature, the id and the table's rows when an id of ``inputs`` lies
+    outside its table in ``plan``: both engines would place it in another table's rows of the
+    stack, or wrap it in the int32 buffers."""
+    for stack in plan.stacks:
+        rows = {t.table: t.vocab_size for t in stack.tables}
+        for fp in stack.features:
+            if fp.feature not in inputs:
+                raise ValueError(f"no input for feature {fp.feature!r} of stack {stack.name!r}; inputs have "
+                                 f"{sorted(inputs)}")
+            ids = inputs[fp.feature].ids
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= rows[fp.table]):
+                check_id_range(ids, rows[fp.table], f"feature {fp.feature!r} (table {fp.table!r})")
 
 
 def _use_compiled(engine: str, overflow: str) -> bool:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from sparsecore.input_checks import check_table_names, positive_int
 from sparsecore.optimizers import SGD, OptimizerSpec
 from tpu_facts import (
     COMBINERS,
@@ -93,8 +94,7 @@ class TableSpec:
         if not isinstance(self.optimizer, OptimizerSpec):
             raise TypeError(f"{where}: optimizer must be an OptimizerSpec, got {type(self.optimizer).__name__}")
         for key in ("max_ids_per_partition", "max_unique_ids_per_partition"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{where}: {key} must be >= 1, got {getattr(self, key)}")
+            positive_int(getattr(self, key), f"{where}: {key}")
         if self.max_unique_ids_per_partition > self.max_ids_per_partition:
             raise ValueError(
                 f"{where}: max_unique_ids_per_partition ({self.max_unique_ids_per_partition}) "
@@ -185,12 +185,14 @@ class SparseCoreTopology(DeviceCounts):
 
 def validate_specs(tables: Sequence[TableSpec], features: Sequence[FeatureSpec]) -> dict[str, TableSpec]:
     """Check names are unique and every feature names a known table; returns tables by name."""
-    by_name: dict[str, TableSpec] = {}
-    for table in tables:
-        if table.name in by_name:
-            raise ValueError(f"duplicate table name {table.name!r}")
-        by_name[table.name] = table
-    _require_unique((f.name for f in features), "feature")
+    by_name = {table.name: table for table in tables}
+    check_table_names((t.name, []) for t in tables)
+    tables_of: dict[str, str] = {}
+    for feature in features:
+        if feature.name in tables_of:
+            raise ValueError(f"duplicate feature name {feature.name!r} (tables {tables_of[feature.name]!r} and "
+                             f"{feature.table!r}): a feature looks up one table")
+        tables_of[feature.name] = feature.table
     for feature in features:
         if feature.table not in by_name:
             raise ValueError(
@@ -201,11 +203,3 @@ def validate_specs(tables: Sequence[TableSpec], features: Sequence[FeatureSpec])
     if unused:
         raise ValueError(f"tables {unused} are not looked up by any feature")
     return by_name
-
-
-def _require_unique(names: Iterable[str], what: str) -> None:
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise ValueError(f"duplicate {what} name {name!r}")
-        seen.add(name)

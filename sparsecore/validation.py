@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from sparsecore.input_checks import check_id_range, integral_ids, jagged_batch
 from sparsecore.specs import FeatureSpec, TableSpec
 
 ID_POLICIES = ("error", "hash", "clip")
@@ -31,28 +31,7 @@ class FeatureInput:
         # both preprocessing engines would truncate float ids (1.5 -> 1): only integers get this far
         if not np.issubdtype(self.ids.dtype, np.integer):
             raise ValueError(f"FeatureInput ids must be an integer array, got dtype {self.ids.dtype} "
-                             "(sparsecore.validation.integer_ids converts integral float ids)")
-
-
-# floats represent every integer exactly below this
-_EXACT_FLOAT_INTEGERS = 2**53
-
-
-def integer_ids(values: np.ndarray, where: str) -> np.ndarray:
-    """``values`` as integer ids: integer arrays as they are, float arrays whose every value is an
-    integer (finite, below 2^53) as int64; anything else raises one ValueError naming ``where``,
-    the first bad value and its position (a cast would truncate 1.5 to 1)."""
-    if np.issubdtype(values.dtype, np.integer):
-        return values
-    if not np.issubdtype(values.dtype, np.floating):
-        raise ValueError(f"{where}: ids must be integers, got dtype {values.dtype}")
-    with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(values) | (values != np.round(values)) | (np.abs(values) >= _EXACT_FLOAT_INTEGERS)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{where}: ids must be integers, got {values[i].item()!r} at position {i} "
-                         f"(dtype {values.dtype}; {int(bad.sum())} non-integral ids)")
-    return values.astype(np.int64)
+                             "(sparsecore.input_checks.checked_ids converts integral float ids)")
 
 
 def feature_inputs(
@@ -64,46 +43,28 @@ def feature_inputs(
     """Split and check a KJT against the feature specs; returns inputs by feature name."""
     if id_policy not in ID_POLICIES:
         raise ValueError(f"id_policy must be one of {ID_POLICIES}, got {id_policy!r}")
-    keys = list(kjt.keys())
-    expected = [f.name for f in features]
-    if sorted(keys) != sorted(expected) or len(set(keys)) != len(keys):
-        unknown = sorted(set(keys) - set(expected))
-        missing = sorted(set(expected) - set(keys))
-        raise ValueError(f"KJT keys {keys} do not match the features: unknown {unknown}, missing {missing}")
-    if kjt.variable_stride_per_key():
-        raise ValueError("variable-batch KJTs (stride per key) are not supported")
-    values = _numpy(kjt.values(), "values")
-    lengths = _numpy(kjt.lengths(), "lengths").astype(np.int64, copy=False)
-    weights_t = kjt.weights_or_none()
-    weights = None if weights_t is None else _numpy(weights_t, "weights").astype(np.float32, copy=False)
-    if values.ndim != 1 or lengths.ndim != 1:
-        raise ValueError(f"KJT values and lengths must be 1-D, got shapes {values.shape} and {lengths.shape}")
-    values = integer_ids(values, "KJT values")
-    if lengths.size and lengths.min() < 0:
-        raise ValueError(f"KJT lengths must be >= 0, found {int(lengths.min())}")
-    if int(lengths.sum()) != values.size:
-        raise ValueError(f"KJT lengths sum to {int(lengths.sum())} but there are {values.size} values")
-    if weights is not None and weights.shape != values.shape:
-        raise ValueError(f"KJT weights shape {weights.shape} does not match values shape {values.shape}")
-    stride = kjt.stride()
-    if lengths.size != stride * len(keys):
-        raise ValueError(f"KJT has {lengths.size} lengths for {len(keys)} keys x batch {stride}")
     by_name = {f.name: f for f in features}
-    value_ends = np.cumsum(lengths.reshape(len(keys), stride).sum(axis=1))
-    fast = _valid_batch([by_name[k] for k in keys], tables, values, lengths.reshape(len(keys), stride), weights,
-                        value_ends)
+    batch = jagged_batch(kjt, list(by_name), {f.name: f.batch_size for f in features})
+    keys = batch.keys
+    values = batch.values
+    if not np.issubdtype(values.dtype, np.signedinteger):  # floats (1.5?) or unsigned ids: per feature
+        values = np.concatenate([
+            integral_ids(batch.feature(key)[0], tables[by_name[key].table].vocab_size, _where(by_name[key]))
+            for key in keys]) if keys else values.astype(np.int64)
+    fast = _valid_batch([by_name[k] for k in keys], tables, values, batch.lengths, batch.weights, batch.value_ends)
     if fast is not None:
         return fast
     out = {}
     for i, key in enumerate(keys):
-        start = 0 if i == 0 else int(value_ends[i - 1])
-        stop = int(value_ends[i])
-        feature_weights = None if weights is None else weights[start:stop]
-        out[key] = _check_feature(
-            by_name[key], tables[by_name[key].table], values[start:stop],
-            lengths[i * stride:(i + 1) * stride], feature_weights, id_policy,
-        )
+        start, stop = batch.span(key)
+        feature_weights = None if batch.weights is None else batch.weights[start:stop]
+        out[key] = _check_feature(by_name[key], tables[by_name[key].table], values[start:stop], batch.lengths[i],
+                                  feature_weights, id_policy)
     return out
+
+
+def _where(feature: FeatureSpec) -> str:
+    return f"feature {feature.name!r} (table {feature.table!r})"
 
 
 def _valid_batch(features: list[FeatureSpec], tables: Mapping[str, TableSpec], values: np.ndarray,
@@ -114,7 +75,7 @@ def _valid_batch(features: list[FeatureSpec], tables: Mapping[str, TableSpec], v
     id policy)."""
     stride = lengths.shape[1]
     limits = np.array([f.max_ids_per_sample or 0 for f in features])
-    if any(f.batch_size != stride for f in features) or (weights is None and any(f.weighted for f in features)):
+    if weights is None and any(f.weighted for f in features):
         return None
     if stride and ((limits > 0) & (lengths.max(axis=1) > limits)).any():
         return None
@@ -132,12 +93,6 @@ def _valid_batch(features: list[FeatureSpec], tables: Mapping[str, TableSpec], v
             for i, (f, a, b) in enumerate(zip(features, starts.tolist(), value_ends.tolist()))}
 
 
-def _numpy(tensor: torch.Tensor, what: str) -> np.ndarray:
-    if tensor.device.type != "cpu":
-        raise ValueError(f"KJT {what} must be on the host (cpu) for preprocessing, got {tensor.device}")
-    return tensor.detach().numpy()
-
-
 def _check_feature(
     feature: FeatureSpec,
     table: TableSpec,
@@ -146,9 +101,7 @@ def _check_feature(
     weights: np.ndarray | None,
     id_policy: str,
 ) -> FeatureInput:
-    where = f"feature {feature.name!r} (table {table.name!r})"
-    if lengths.size != feature.batch_size:
-        raise ValueError(f"{where}: batch size {lengths.size} != spec batch_size {feature.batch_size}")
+    where = _where(feature)
     if feature.max_ids_per_sample is not None and lengths.size and lengths.max() > feature.max_ids_per_sample:
         raise ValueError(
             f"{where}: a sample has {int(lengths.max())} ids, above max_ids_per_sample {feature.max_ids_per_sample}"
@@ -159,21 +112,15 @@ def _check_feature(
         weights = np.ones(ids.size, dtype=np.float32)
     elif not np.isfinite(weights).all():
         raise ValueError(f"{where}: weights contain NaN or inf")
-    ids = ids.astype(np.int64, copy=False)
-    if ids.size:
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= table.vocab_size:
-            ids = _apply_id_policy(ids, table.vocab_size, id_policy, where, low, high)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= table.vocab_size):
+        ids = _apply_id_policy(ids, table.vocab_size, id_policy, where)
     return FeatureInput(ids, lengths, weights)
 
 
-def _apply_id_policy(ids: np.ndarray, table_rows: int, policy: str, where: str, low: int, high: int) -> np.ndarray:
+def _apply_id_policy(ids: np.ndarray, table_rows: int, policy: str, where: str) -> np.ndarray:
     if policy == "hash":
         return np.mod(ids, table_rows)
     if policy == "clip":
         return np.clip(ids, 0, table_rows - 1)
-    bad = ids[(ids < 0) | (ids >= table_rows)]
-    raise ValueError(
-        f"{where}: {bad.size} ids outside [0, {table_rows}) (min {low}, max {high}, first bad {int(bad[0])}); "
-        "pass id_policy='hash' or 'clip' to map them into range"
-    )
+    check_id_range(ids, table_rows, where, hint="; pass id_policy='hash' or 'clip' to map them into range")
+    return ids

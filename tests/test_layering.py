@@ -119,7 +119,8 @@ def test_torch_tpu_has_only_rooms_and_few_loose_modules() -> None:
     rooms = sorted(p.name for p in TORCH_TPU.iterdir()
                    if p.is_dir() and (p / "__init__.py").exists() and p.name != ENTRY_POINTS)
     assert rooms == sorted(ROOMS), rooms
-    assert len(list((TORCH_TPU / ENTRY_POINTS).glob("*.py"))) <= 4
+    # TorchTPU's own module names libraries import (pallas, sync, profiler), TorchRec's import hook
+    assert len(list((TORCH_TPU / ENTRY_POINTS).glob("*.py"))) <= 5
     assert len(loose) <= 6, loose
 
 
@@ -171,7 +172,7 @@ def test_torch_tpu_tests_mirror_its_rooms() -> None:
     tests = REPO_ROOT / "tests" / "torch_tpu"
     folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").exists())
     assert folders == sorted(ROOMS), folders
-    assert len(list(tests.glob("test_*.py"))) <= 4, sorted(p.name for p in tests.glob("test_*.py"))
+    assert len(list(tests.glob("test_*.py"))) <= 5, sorted(p.name for p in tests.glob("test_*.py"))
 
 
 # --- torch_tpu.compile's subpackages (docs/ARCHITECTURE.md, "torch_tpu rooms", compile/) -----------

@@ -18,7 +18,13 @@ _runtime.register()  # the device, torch.tpu, tensor hooks, storage, serializati
 
 import xla_cache as _xla_cache  # noqa: E402
 
-_xla_cache.install()  # the shared persistent compile cache, on by default
+try:
+    _xla_cache.install()  # the shared persistent compile cache, on by default
+except _xla_cache.ConfigError as _error:  # a bad TORCH_TPU_COMPILE_CACHE_MAX_MB: one line, as the CLI's flags
+    import sys as _sys
+
+    print(f"torch_tpu: error: {_error}", file=_sys.stderr)
+    raise SystemExit(2) from None
 
 from torch_tpu import eager as _eager  # noqa: E402
 from torch_tpu import ops as _ops  # noqa: E402
@@ -27,11 +33,10 @@ _ops.register()  # every lowering and composite into the registry; the PrivateUs
 _eager.register()  # __torch_dispatch__ -> eager dispatch; the strict/debug/defer_and_fuse executors
 
 from torch_tpu import distributed as _distributed  # noqa: E402, F401  (tpu_dist: TorchTPU's import registers it)
+from torch_tpu import public_api as _public_api  # noqa: E402
 from torch_tpu._internal import torchrec_native as _torchrec_native  # noqa: E402
-from torch_tpu.ops import tpu_namespace as _tpu_namespace  # noqa: E402
-from torch_tpu.runtime import device as _device  # noqa: E402
 
-_device.ops = _tpu_namespace  # torch.tpu.ops: TorchTPU's Python op namespace
+_public_api.install()  # TorchTPU's torch.tpu names and submodules (torch.tpu.ops, .optimizers, ...)
 _torchrec_native.install()  # TorchRec TPU's native preprocessing module (torch_tpu/_internal)
 
 from torch_tpu.eager.dispatch import clear_handler_cache  # noqa: E402

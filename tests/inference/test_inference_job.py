@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from pipelines.bad_values import BadValueLog
 from pipelines.parquet_reader import ParquetBatchReader
 from tests.inference.conftest import INFER_DATA
 from torchrec_tpu.inference.job import InferenceConfig, run_inference
@@ -194,6 +195,48 @@ def test_no_label_leaves_it_out(ray_session, checkpoint, infer_data, tmp_path: P
     summary = run_inference(_config(infer_data, checkpoint, tmp_path / "o", with_label=False, row_id_column=None))
     assert summary.auc is None and "AUC" not in summary.format()
     assert pq.read_schema(tmp_path / "o" / "part-000000.parquet").names == ["prediction"]
+
+
+def _bad_labels(infer_data: Path, target: Path) -> Path:
+    """The first 500 input rows with labels 7 (row 3) and -1 (row 10), written without checksums
+    as another tool would; returns its directory."""
+    table = pq.read_table(sorted(infer_data.glob("*.parquet"))[0]).slice(0, 500)
+    labels = table.column("label").to_numpy().astype(np.int8)
+    labels[3], labels[10] = 7, -1
+    table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels))
+    target.mkdir()
+    pq.write_table(table, target / "part-00000.parquet")
+    return target
+
+
+def test_bad_labels_follow_trains_policy(ray_session, checkpoint, infer_data, tmp_path: Path) -> None:
+    """``infer`` used to score labels 7 and -1 silently; it now applies train's label check (same
+    code, same flags, same words): error names the file, row and value as train's reader does, skip
+    drops the rows, clamp clamps them; --no-label reads no label and refuses nothing."""
+    from pipelines.bad_values import BadValueError
+    from torchrec_tpu.inference.job import Predictor
+    from torchrec_tpu.inference.units import plan_units
+
+    data = _bad_labels(infer_data, tmp_path / "data")
+    with pytest.raises(BadValueError) as train_error:
+        list(ParquetBatchReader(data, 100, (400,) * 26))
+    assert "row 3, column label: 7.0 is not a label in [0, 1]" in str(train_error.value)
+    with pytest.raises(BadValueError) as infer_error:
+        run_inference(_config(data, checkpoint, tmp_path / "o"))
+    assert str(infer_error.value) == str(train_error.value)
+
+    unit = plan_units(data, ["label"])[0]
+    table = pq.read_table(data / "part-00000.parquet")
+    for policy, rows, label_3, label_10 in (("skip", 498, None, None), ("clamp", 500, 1, 0)):
+        config = _config(data, checkpoint, tmp_path / policy, bad_values=policy)
+        log = BadValueLog()
+        out = Predictor(config, 1, with_label=True)._output(unit, table, log)
+        assert out.num_rows == rows
+        by_row = dict(zip(out.column("row_id").to_pylist(), out.column("label").to_pylist()))
+        assert by_row.get(3) == label_3 and by_row.get(10) == label_10
+        assert (log.counts().skipped, log.counts().clamped) == ((2, 0) if policy == "skip" else (0, 2))
+    unlabelled = Predictor(_config(data, checkpoint, tmp_path / "n", with_label=False), 1, with_label=False)
+    assert unlabelled._output(unit, table.drop_columns(["label"]), BadValueLog()).num_rows == 500
 
 
 def test_rank_auc_matches_torchmetrics_with_ties() -> None:

@@ -53,9 +53,11 @@ def test_lookup_buffers_grow_mid_training_keeping_tables_and_slots():
 def test_bad_input_names_the_feature():
     ec = sharded("sgd")
     kjt = random_kjt(BATCH, 0)
-    with pytest.raises(ValueError, match=r"feature 'small'.*outside \[0, 9\).*first bad 9"):
+    with pytest.raises(ValueError, match=r"feature 'small' \(table 't_small'\): id 9 is outside the table's 9 rows "
+                                         r"\[0, 9\)"):
         ec(with_last_id(kjt, 9))  # the last id is one of "small" (9 rows)
-    with pytest.raises(ValueError, match=r"unknown \['clicks'\], missing \['small'\]"):
+    with pytest.raises(ValueError, match=r"the KJT has no feature 'small'; its features are \['user', 'item', 'hist', "
+                                         r"'clicks'\]"):
         ec(KeyedJaggedTensor(keys=["user", "item", "hist", "clicks"], values=kjt.values(), lengths=kjt.lengths()))
 
 

@@ -59,7 +59,7 @@ def test_a_batch_the_sparsecores_cannot_split_is_padded():
 
 def test_bad_id_names_the_feature():
     ebc = sharded_ebc("sgd")
-    with pytest.raises(ValueError, match="feature 'small'.*outside \\[0, 9\\)"):
+    with pytest.raises(ValueError, match=r"feature 'small' \(table 't_small'\): id 9 is outside the table's 9 rows"):
         ebc(with_last_id(random_kjt(BATCH, 0), 9))  # the last id is one of "small" (9 rows)
 
 

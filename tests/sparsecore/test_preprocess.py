@@ -88,10 +88,12 @@ def test_float_ids_must_be_integral(engine):
                                                                                  floats.embedding_ids,
                                                                                  floats.sample_ids)):
         np.testing.assert_array_equal(a, b)
-    for bad, shown in ((1.5, "1.5"), (float("nan"), "nan"), (2.0**60, "1.15292")):
+    for bad, problem in ((1.5, "1.5 is not an integer"), (float("nan"), "nan is not an integer"),
+                         (float("inf"), "inf is not an integer"), (2.0**60, "1.15292.* is outside"),
+                         (64.0, "64 is outside"), (-1.0, "-1 is outside")):
         kjt = KeyedJaggedTensor(keys=["f"], values=torch.tensor([5.0, 9.0, bad, 6.0], dtype=torch.float64),
                                 lengths=lengths)
-        with pytest.raises(ValueError, match=rf"KJT values: ids must be integers, got {shown}.* at position 2"):
+        with pytest.raises(ValueError, match=rf"feature 'f' \(table 't'\): id {problem}(?=.*position 2)(?=.*64 rows)"):
             preprocess(kjt, plan, engine=engine)
 
 

@@ -40,14 +40,15 @@ def test_torch_tpu_installs_torchtpus_op_namespace() -> None:
 
 
 @pytest.mark.parametrize("num_sc", [2, 4])
-def test_activation_unstack_equals_sparsecore_major_rows_and_is_differentiable(num_sc: int) -> None:
-    """Row ``sc * F * B/S + f * B/S + j`` of the stack is sample ``sc * B/S + j`` of feature ``f``."""
+def test_activation_unstack_equals_sparsecore_major_rows_and_is_differentiable(num_sc: int, monkeypatch) -> None:
+    """Row ``sc * F * B/S + f * B/S + j`` of the stack is sample ``sc * B/S + j`` of feature ``f``
+    (S from ``TORCH_TPU_SPARSECORES_PER_DEVICE``, as on a device without SparseCores)."""
+    monkeypatch.setenv("TORCH_TPU_SPARSECORES_PER_DEVICE", str(num_sc))
     batch, dims, width = 8, [3, 8, 5], 8
     g = torch.Generator().manual_seed(0)
     stacked = torch.randn(batch * len(dims), width, generator=g)
     x = stacked.to("tpu").requires_grad_(True)
-    got = torch.tpu.ops.sparse_dense_matmul_activation_unstack(x, [batch] * len(dims), dims,
-                                                               num_sc_per_device=num_sc)
+    got = torch.tpu.ops.sparse_dense_matmul_activation_unstack(x, [batch] * len(dims), dims)
     per_sc = batch // num_sc
     for f, dim in enumerate(dims):
         expected = torch.stack([stacked[(b // per_sc) * len(dims) * per_sc + f * per_sc + b % per_sc, :dim]
@@ -146,9 +147,9 @@ def test_preprocessing_backend_errors_name_the_bad_value() -> None:
     assert sorted(backend.preprocess({"t": [ids]}, {"t": [offsets]})["t"]) == [
         "dropped_count", "embedding_ids", "gains", "observed_max_ids", "observed_max_unique_ids", "row_pointers",
         "sample_ids"]
-    with pytest.raises(ValueError, match=r"feature 'f': id 12 is outside the table's rows \[0, 10\)"):
+    with pytest.raises(ValueError, match=r"feature 'f': id 12 is outside the table's 10 rows \[0, 10\)"):
         backend.preprocess({"t": [torch.tensor([1, 12, 3], dtype=torch.int32)]}, {"t": [offsets]})
-    with pytest.raises(ValueError, match=r"feature 'f': offsets has 3 entries, expected batch_size \+ 1 = 5"):
+    with pytest.raises(ValueError, match=r"feature 'f': offsets for 2 samples, expected 4 \(batch_size\)"):
         backend.preprocess({"t": [ids]}, {"t": [offsets[:3]]})
     with pytest.raises(ValueError, match=r"feature 'f': indices must be a 1-D int32 tensor, got torch.int64"):
         backend.preprocess({"t": [ids.long()]}, {"t": [offsets]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,23 @@ def test_cli_reports_a_bad_value_and_exits_2(capsys: pytest.CaptureFixture[str])
     assert cli.main(["train", "--embedding-dim", "8"]) == 2  # default dense arch ends in 16
     err = capsys.readouterr().err
     assert "torchrec-tpu train: error: --dense-arch='64,16' must end in --embedding-dim (8)" in err
+
+
+@pytest.mark.parametrize("argv, world, message", [
+    (["--batch-size", "511"], "2", "--batch-size=511 does not split over 2 ranks .*; nearest valid: 510 and 512"),
+    (["--eval-batch-size", "2049"], "2", "--eval-batch-size=2049 does not split over 2 ranks .*: 2048 and 2050"),
+    (["--batch-size", "1"], "2", "--batch-size=1 does not split over 2 ranks .*; nearest valid: 2$"),
+    (["--batch-size", "12", "--ray-workers", "8"], "1", "--batch-size=12 does not split over 8 ranks .*: 8 and 16"),
+])
+def test_a_global_batch_the_ranks_do_not_divide_is_refused_before_training(
+        argv: list[str], world: str, message: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--batch-size 511`` on 2 ranks used to train 510 a step (rc 0, 511 in the HParams)."""
+    monkeypatch.setenv("WORLD_SIZE", world)
+    assert cli.main(["train", *argv]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("torchrec-tpu train: error: "), lines
+    assert re.search(message, lines[0]), lines[0]
 
 
 def test_cli_rejects_an_unknown_choice(capsys: pytest.CaptureFixture[str]) -> None:

@@ -31,9 +31,15 @@ from torch_tpu.runtime._jax import jax, jnp
 
 
 class EagerMode(enum.Enum):
+    """The eager modes; TorchTPU's names are aliases: ``DEFER_NEVER`` (each op dispatched at once,
+    asynchronously) is ``STRICT``, ``DEFER_NEVER_AND_LAUNCH_BLOCKING`` (each op waited for) is
+    ``DEBUG``, ``DEFER_AND_FUSE`` is the same."""
+
     STRICT = "strict"
     DEBUG = "debug"
     DEFER_AND_FUSE = "defer_and_fuse"
+    DEFER_NEVER = "strict"
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "debug"
 
     __hash__ = object.__hash__  # members are singletons; Enum's own hash runs Python code per op
 

@@ -7,8 +7,13 @@
 * ``decompositions``: the decomposition tier's table (PyTorch's decompositions plus the composites);
 * ``metadata_ops``: metadata-only ops (``resize_``, ``set_``, ``as_strided_`` ...) on the tensor model;
 * ``kernels``: the PrivateUse1 ``torch.library`` kernels (factories, copies across devices);
-* ``sparsecore``: the SparseCore ops ``tpu::sparse_dense_matmul*`` (TorchTPU's names; math in ``sparsecore``);
-* ``pallas/``: Pallas kernels as torch custom ops (``jax_op``).
+* ``sparsecore``: the SparseCore ops ``tpu::sparse_dense_matmul*`` (math in ``sparsecore``);
+  ``sparsecore_torchtpu``: TorchTPU's exact schemas ``tpu::_sparse_dense_matmul*`` over them, and the
+  per-table preprocessing ops;
+* ``torchtpu_ops``, ``torchtpu_collectives``: TorchTPU's other raw ``tpu::`` ops (pooling, ragged dot,
+  collectives ...); ``tpu_namespace`` (+ ``tpu_namespace_ops``, ``jagged``): ``torch.tpu.ops``;
+* ``pallas/``: Pallas kernels as torch custom ops (``jax_op``);
+* ``hstu/``: HSTU's jagged attention (XLA path and Pallas kernel), a ``jax_op``.
 
 Imports only ``torch_tpu.runtime``. :func:`register` is called once by ``import torch_tpu``.
 """
@@ -16,9 +21,23 @@ Imports only ``torch_tpu.runtime``. :func:`register` is called once by ``import 
 
 def register() -> None:
     """Fill the registry (every lowering and composite) and install the PrivateUse1 kernels."""
-    from torch_tpu.ops import attention, checked, corrected, kernels, lowerings, sparsecore, transformer  # noqa: F401  (their decorators fill the registry)
+    from torch_tpu.ops import (  # noqa: F401  (their decorators fill the registry)
+        attention,
+        checked,
+        corrected,
+        kernels,
+        lowerings,
+        sparsecore,
+        sparsecore_torchtpu,
+        torchtpu_collectives,
+        torchtpu_ops,
+        transformer,
+    )
 
     kernels.register()
     checked.register()
     corrected.register()
     sparsecore.register()
+    sparsecore_torchtpu.register()  # TorchTPU's schemas over the SparseCore ops above
+    torchtpu_ops.register()
+    torchtpu_collectives.register()

@@ -22,6 +22,9 @@ import functools
 import torch
 import torch.distributed as dist
 
+from torch_tpu.ops import tpu_namespace_ops
+from torch_tpu.ops.jagged import align_jagged_to_multiple, strip_jagged_padding
+from torch_tpu.ops.tpu_namespace_ops import *  # noqa: F403  (torch.tpu.ops' other functions)
 from torch_tpu.runtime import knobs
 from torch_tpu.runtime.dynamo_hooks import constant_result
 
@@ -31,12 +34,16 @@ EMULATED_SPARSECORES_ENV = knobs.SPARSECORES_PER_DEVICE.name
 EMULATED_SPARSECORES_PER_DEVICE = 2
 
 __all__ = [
+    "align_jagged_to_multiple",
     "sparse_dense_matmul",
     "sparse_dense_matmul_activation_unstack",
     "sparse_dense_matmul_grad_with_adagrad",
     "sparse_dense_matmul_grad_with_adam",
     "sparse_dense_matmul_grad_with_sgd",
+    "sparse_dense_matmul_gradient_stack",
     "sparsecores_per_device",
+    "strip_jagged_padding",
+    *tpu_namespace_ops.__all__,
 ]
 
 
@@ -73,22 +80,22 @@ def _hyper(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def sparse_dense_matmul(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor,
                         gains: torch.Tensor, embedding_table: torch.Tensor, device_batch_size: int,
-                        max_ids_per_partition: int = 256, max_unique_ids_per_partition: int = 256) -> torch.Tensor:
+                        max_ids_per_partition: int, max_unique_ids_per_partition: int) -> torch.Tensor:
     """The pooled lookup ``[device_batch_size, dim]`` of one device's buffers (differentiable in
     ``embedding_table``)."""
     (table,) = _spanning((embedding_table,))
-    return torch.ops.tpu.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, table,
-                                             device_batch_size, max_ids_per_partition, max_unique_ids_per_partition)
+    return torch.ops.tpu._sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, table,
+                                              device_batch_size, max_ids_per_partition, max_unique_ids_per_partition)
 
 
 def sparse_dense_matmul_grad_with_sgd(
         row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor, gains: torch.Tensor,
-        embedding_table: torch.Tensor, activations_grad: torch.Tensor, learning_rate: float | torch.Tensor, *,
-        device_batch_size: int, max_ids_per_partition: int = 256, max_unique_ids_per_partition: int = 256,
-        computation_name: str = "") -> torch.Tensor:
+        embedding_table: torch.Tensor, activations_grad: torch.Tensor, learning_rate: float | torch.Tensor,
+        device_batch_size: int, max_ids_per_partition: int, max_unique_ids_per_partition: int,
+        computation_name: str) -> torch.Tensor:
     """The table after one SGD step on the rows the buffers touch."""
     (table,) = _spanning((embedding_table,))
-    return _local(torch.ops.tpu.sparse_dense_matmul_grad_with_sgd(
+    return _local(torch.ops.tpu._sparse_dense_matmul_grad_with_sgd(
         row_pointers, embedding_ids, sample_ids, gains, table, activations_grad,
         _hyper(learning_rate, embedding_table), device_batch_size, max_ids_per_partition,
         max_unique_ids_per_partition, computation_name), embedding_table)
@@ -97,14 +104,14 @@ def sparse_dense_matmul_grad_with_sgd(
 def sparse_dense_matmul_grad_with_adagrad(
         row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor, gains: torch.Tensor,
         embedding_table: torch.Tensor, accumulator: torch.Tensor, activations_grad: torch.Tensor,
-        learning_rate: float | torch.Tensor, epsilon: float | torch.Tensor, *, device_batch_size: int,
-        max_ids_per_partition: int = 256, max_unique_ids_per_partition: int = 256, computation_name: str = "",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The table and accumulator after one Adagrad step on the touched rows."""
+        learning_rate: float | torch.Tensor, epsilon: float, device_batch_size: int, max_ids_per_partition: int,
+        max_unique_ids_per_partition: int, computation_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table and accumulator after one Adagrad step on the touched rows; the accumulator is
+    the table's shape or row-wise (``[rows]``: one value per row, the mean of its squared gradients)."""
     table, acc = _spanning((embedding_table, accumulator))
-    return _local(torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(
+    return _local(torch.ops.tpu._sparse_dense_matmul_grad_with_adagrad(
         row_pointers, embedding_ids, sample_ids, gains, table, acc, activations_grad,
-        _hyper(learning_rate, embedding_table), _hyper(epsilon, embedding_table), device_batch_size,
+        _hyper(learning_rate, embedding_table), float(epsilon), device_batch_size,
         max_ids_per_partition, max_unique_ids_per_partition, computation_name), embedding_table)
 
 
@@ -112,13 +119,12 @@ def sparse_dense_matmul_grad_with_adam(
         row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor, gains: torch.Tensor,
         embedding_table: torch.Tensor, momentum: torch.Tensor, velocity: torch.Tensor,
         activations_grad: torch.Tensor, alpha_t: float | torch.Tensor, beta_1: float, beta_2: float,
-        epsilon: float, *, device_batch_size: int, max_ids_per_partition: int = 256,
-        max_unique_ids_per_partition: int = 256, computation_name: str = "",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        epsilon: float, device_batch_size: int, max_ids_per_partition: int, max_unique_ids_per_partition: int,
+        computation_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The table, momentum and velocity after one lazy Adam step on the touched rows: ``alpha_t``
     is the step size as given (the caller folds in any bias correction)."""
     table, m, v = _spanning((embedding_table, momentum, velocity))
-    return _local(torch.ops.tpu.sparse_dense_matmul_grad_with_adam(
+    return _local(torch.ops.tpu._sparse_dense_matmul_grad_with_adam(
         row_pointers, embedding_ids, sample_ids, gains, table, m, v, activations_grad,
         _hyper(alpha_t, embedding_table), float(beta_1), float(beta_2), float(epsilon), device_batch_size,
         max_ids_per_partition, max_unique_ids_per_partition, computation_name), embedding_table)
@@ -142,34 +148,19 @@ def sparsecores_per_device() -> int:
 
 
 def sparse_dense_matmul_activation_unstack(stacked_activations: torch.Tensor, per_feature_batch_sizes: list[int],
-                                           per_feature_dims: list[int], *, num_sc_per_device: int | None = None,
-                                           ) -> list[torch.Tensor]:
+                                           per_feature_dims: list[int]) -> list[torch.Tensor]:
     """Split a stacked table's lookup ``[sum(batch sizes), padded dim]`` into one
     ``[batch_size_i, dim_i]`` tensor per feature. The rows are SparseCore-major (each of the
-    device's S SparseCores holds its share of every feature's samples, feature after feature);
-    S defaults to :func:`sparsecores_per_device`. Differentiable."""
-    s = sparsecores_per_device() if num_sc_per_device is None else num_sc_per_device
-    _check_unstack(stacked_activations, per_feature_batch_sizes, per_feature_dims, s)
-    batch = per_feature_batch_sizes[0]
-    rows = (stacked_activations.reshape(s, len(per_feature_dims), batch // s, stacked_activations.shape[1])
-            .transpose(0, 1).reshape(len(per_feature_dims), batch, stacked_activations.shape[1]))
-    return [rows[i, :, :dim] for i, dim in enumerate(per_feature_dims)]
+    device's S SparseCores holds its share of every feature's samples, feature after feature), S
+    being :func:`sparsecores_per_device`. Differentiable (its backward is
+    :func:`sparse_dense_matmul_gradient_stack`)."""
+    return torch.ops.tpu._sparse_dense_matmul_activation_unstack(stacked_activations, per_feature_batch_sizes,
+                                                                 per_feature_dims)
 
 
-def _check_unstack(stacked: torch.Tensor, batch_sizes: list[int], dims: list[int], s: int) -> None:
-    if stacked.dim() != 2:
-        raise ValueError(f"sparse_dense_matmul_activation_unstack: stacked_activations must be 2-D, got shape "
-                         f"{tuple(stacked.shape)}")
-    if not batch_sizes or len(batch_sizes) != len(dims):
-        raise ValueError(f"sparse_dense_matmul_activation_unstack: per_feature_batch_sizes ({len(batch_sizes)}) and "
-                         f"per_feature_dims ({len(dims)}) must name the same, at least one, features")
-    for i, (b, d) in enumerate(zip(batch_sizes, dims)):
-        if b < 1 or d < 1:
-            raise ValueError(f"sparse_dense_matmul_activation_unstack: feature {i} has batch size {b} and dim {d}; "
-                             f"both must be positive")
-    if len(set(batch_sizes)) != 1 or batch_sizes[0] % s:
-        raise ValueError(f"sparse_dense_matmul_activation_unstack: per_feature_batch_sizes {batch_sizes} must be "
-                         f"equal and divisible by the {s} SparseCores per device")
-    if sum(batch_sizes) != stacked.shape[0] or max(dims) > stacked.shape[1]:
-        raise ValueError(f"sparse_dense_matmul_activation_unstack: stacked_activations {tuple(stacked.shape)} does "
-                         f"not hold {sum(batch_sizes)} rows of width >= {max(dims)}")
+def sparse_dense_matmul_gradient_stack(unstacked_gradients: list[torch.Tensor], stacked_batch_size: int,
+                                       stacked_feature_dim: int) -> torch.Tensor:
+    """The per-feature gradients stacked back into the ``[stacked_batch_size, stacked_feature_dim]``
+    SparseCore-major layout (the inverse of :func:`sparse_dense_matmul_activation_unstack`)."""
+    return torch.ops.tpu._sparse_dense_matmul_gradient_stack(unstacked_gradients, stacked_batch_size,
+                                                             stacked_feature_dim)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from torch_tpu.runtime import generator as tpu_generator
-from torch_tpu.runtime import host_heap, knobs
+from torch_tpu.runtime import host_heap, host_hooks, knobs
 from torch_tpu.runtime import precision as tpu_precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
@@ -297,11 +297,12 @@ class Stream(torch.Stream):
     """The device's single in-order stream (JAX dispatches asynchronously, in order): a
     ``torch.Stream`` (stream id 0, what ``torch.accelerator.current_stream()`` gives)."""
 
-    def __new__(cls, device: int | str | torch.device | None = None, priority: int = 0) -> Stream:
+    def __new__(cls, device: int | str | torch.device | None = None, priority: int = 0, **kwargs: Any) -> Stream:
         _check_index(device)
         return super().__new__(cls, device=torch.device(DEVICE_NAME, 0), priority=priority)
 
-    def __init__(self, device: int | str | torch.device | None = None, priority: int = 0) -> None:
+    def __init__(self, device: int | str | torch.device | None = None, priority: int = 0, **kwargs: Any) -> None:
+        """``kwargs`` (TorchTPU's ``stream_id`` ...) name the one stream there is: accepted, unused."""
         self.priority = priority
 
     def synchronize(self) -> None:
@@ -325,11 +326,16 @@ class Stream(torch.Stream):
 class Event(torch.Event):
     """Marks the point in the stream's work at record time; ``synchronize`` waits for it."""
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Event:
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                external: bool = False, device: int | str | torch.device | None = None) -> Event:
+        _check_index(device)
         return super().__new__(cls, device=torch.device(DEVICE_NAME, 0), enable_timing=enable_timing,
                                blocking=blocking, interprocess=interprocess)
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 external: bool = False, device: int | str | torch.device | None = None) -> None:
+        """``external`` (an event another process records, TorchTPU's flag) changes nothing here:
+        one process drives the device and its work is in order."""
         self._marker: jax.Array | None = None
         self._time: float | None = None
         self.enable_timing = enable_timing
@@ -385,6 +391,15 @@ def device(device: int | str | torch.device | None) -> Iterator[None]:
     yield
 
 
+@contextlib.contextmanager
+def device_of(obj: Any) -> Iterator[None]:
+    """``with torch.tpu.device_of(tensor):`` the block on ``obj``'s device (``torch.cuda.device_of``):
+    a tpu tensor's is tpu:0, this process's one device; anything else leaves it as it is."""
+    if isinstance(obj, torch.Tensor) and obj.device.type == DEVICE_NAME:
+        _check_index(obj.device)
+    yield
+
+
 # --- matmul precision (torch_tpu.runtime.precision) -----------------------------------------
 
 Precision = tpu_precision.Precision
@@ -400,8 +415,51 @@ manual_seed_all = tpu_random.manual_seed
 seed = tpu_random.seed
 seed_all = tpu_random.seed
 initial_seed = tpu_random.initial_seed
-get_rng_state = tpu_random.get_rng_state
-set_rng_state = tpu_random.set_rng_state
+
+
+def get_rng_state(device: int | str | torch.device = "tpu") -> torch.Tensor:
+    """The device's random state (a uint8 CPU tensor)."""
+    _check_index(device)
+    return tpu_random.get_rng_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: int | str | torch.device = "tpu") -> None:
+    """Restore a state :func:`get_rng_state` returned."""
+    _check_index(device)
+    tpu_random.set_rng_state(new_state)
+
+
+class _DefaultGenerator(tpu_generator.TpuGenerator):
+    """``torch.tpu.default_generators[0]``: the device's global random state (what ops without
+    ``generator=`` draw from) as a ``torch.Generator``."""
+
+    def manual_seed(self, seed: int) -> _DefaultGenerator:
+        tpu_random.manual_seed(seed)
+        super().manual_seed(seed)
+        return self
+
+    def seed(self) -> int:
+        tpu_random.seed()
+        return self.initial_seed()
+
+    def initial_seed(self) -> int:
+        return tpu_random.initial_seed()
+
+    def get_state(self) -> torch.Tensor:
+        return tpu_random.get_rng_state()
+
+    def set_state(self, new_state: torch.Tensor) -> _DefaultGenerator:
+        tpu_random.set_rng_state(new_state)
+        return self
+
+
+_default_generators: list[tuple[torch.Generator, ...]] = []
+
+
+def get_default_generators() -> tuple[torch.Generator, ...]:
+    if not _default_generators:
+        _default_generators.append((_DefaultGenerator(),))
+    return _default_generators[0]
 get_rng_state_all = tpu_random.get_rng_state_all
 set_rng_state_all = tpu_random.set_rng_state_all
 
@@ -425,21 +483,15 @@ class _DeviceGuard(torch._C._acc.DeviceGuard):
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
-def topology_aware_mesh(*args: Any, **kwargs: Any) -> Any:
-    """``torch.tpu.topology_aware_mesh``: see :func:`torch_tpu.distributed.topology_aware_mesh`."""
-    from torch_tpu.distributed import topology_aware_mesh as impl  # the package imports this module
+def topology_aware_mesh(mesh_shape: tuple[int, ...], *, dcn_mesh_shape: tuple[int, ...] | None = None,
+                        allow_split_physical_axes: bool = False, contiguous_submeshes: bool = False) -> torch.Tensor:
+    """``torch.tpu.topology_aware_mesh`` (TorchTPU's deprecated alias of
+    ``torch.tpu.distributed.topology_aware_mesh``): see
+    :func:`torch_tpu.distributed.device_mesh.torchtpu_topology_aware_mesh`."""
+    from torch_tpu.distributed.device_mesh import torchtpu_topology_aware_mesh as impl  # (the package imports this)
 
-    return impl(*args, **kwargs)
-
-
-def __getattr__(name: str) -> Any:
-    """``torch.tpu.distributed``: TorchTPU's mesh API (:mod:`torch_tpu.distributed.device_mesh`),
-    imported on first use (the package imports this module)."""
-    if name == "distributed":
-        from torch_tpu.distributed import device_mesh
-
-        return device_mesh
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return impl(mesh_shape, dcn_mesh_shape=dcn_mesh_shape, allow_split_physical_axes=allow_split_physical_axes,
+                contiguous_submeshes=contiguous_submeshes)
 
 
 def register() -> None:
@@ -462,7 +514,8 @@ def register() -> None:
     torch.accelerator.synchronize = _accelerator_synchronize
     # Kept alive here: the C++ side holds raw references.
     _KEEPALIVE.extend([_Hooks(), _DeviceGuard()])
-    torch._C._acc.register_python_privateuseone_hook(_KEEPALIVE[0])
+    if not host_hooks.register():  # the C++ hooks: pinned host memory (DDP's static graph)
+        torch._C._acc.register_python_privateuseone_hook(_KEEPALIVE[0])
     torch._C._acc.register_python_privateuseone_device_guard(_KEEPALIVE[1])
     tpu_generator.install()
     _registered = True

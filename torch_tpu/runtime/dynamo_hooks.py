@@ -31,8 +31,9 @@ def install(tensor_type: type) -> None:
 
 
 # torch.tpu.ops' Python functions (TorchTPU's namespace) are user code a compiled model calls
-# (TorchRec's fused modules unstack their lookups with one): Dynamo traces into them
-TRACED_MODULES = frozenset({"torch_tpu.ops.tpu_namespace"})
+# (TorchRec's fused modules unstack their lookups with one; HSTU pads its jagged batches): Dynamo
+# traces into them
+TRACED_MODULES = frozenset({"torch_tpu.ops.tpu_namespace", "torch_tpu.ops.tpu_namespace_ops", "torch_tpu.ops.jagged"})
 
 
 _CONSTANT_RESULTS: list[Callable[..., Any]] = []

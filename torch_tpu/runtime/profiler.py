@@ -58,10 +58,55 @@ def _wants_device(prof: _KinetoProfile) -> bool:
     return ProfilerActivity.PrivateUse1 in (prof.activities or ())
 
 
+class TpuProfilerConfig(torch.profiler._ExperimentalConfig):
+    """``torch.profiler.profile(experimental_config=TpuProfilerConfig(...))``: the device trace's
+    options (``torch.tpu.profiler.TpuProfilerConfig``, TorchTPU's name and XLA's defaults).
+    ``host_tracer_level`` (0-3) and ``python_tracer_level`` (0/1) go to jax.profiler;
+    ``device_tracer_level=0`` records no device trace; ``run_dir`` also gets each window's XSpace as
+    ``<run_dir>/plugins/profile/<time>/<host>[_<worker_rank>].xplane.pb``;
+    ``experimental_options`` are the profiler's advanced configuration (int, bool or str values;
+    ``check_experimental_options`` checks that)."""
+
+    def __init__(self, *, host_tracer_level: int = 2, device_tracer_level: int = 1, python_tracer_level: int = 0,
+                 run_dir: os.PathLike[str] | str | None = None, worker_rank: str | None = None,
+                 experimental_options: dict[str, int | bool | str] | None = None,
+                 check_experimental_options: bool = True) -> None:
+        super().__init__()
+        for name, value, top in (("host_tracer_level", host_tracer_level, 3),
+                                 ("device_tracer_level", device_tracer_level, 1),
+                                 ("python_tracer_level", python_tracer_level, 1)):
+            if not isinstance(value, int) or not 0 <= value <= top:
+                raise ValueError(f"TpuProfilerConfig: {name} must be an int in [0, {top}], got {value!r}")
+        if worker_rank is not None and (not isinstance(worker_rank, str) or "/" in worker_rank or "\\" in worker_rank):
+            raise ValueError(f"TpuProfilerConfig: worker_rank must be a string without path separators, "
+                             f"got {worker_rank!r}")
+        options = dict(experimental_options or {})
+        if check_experimental_options:
+            for key, value in options.items():
+                if not isinstance(key, str) or ":" in key or "," in key or not isinstance(value, (int, bool, str)):
+                    raise ValueError(f"TpuProfilerConfig: experimental option {key!r}: {value!r} must be a key "
+                                     "without ':' or ',' and an int, bool or str value")
+        self.host_tracer_level, self.device_tracer_level = host_tracer_level, device_tracer_level
+        self.python_tracer_level, self.run_dir, self.worker_rank = python_tracer_level, run_dir, worker_rank
+        self.experimental_options = options
+
+
+def _config(prof: _KinetoProfile) -> TpuProfilerConfig | None:
+    config = getattr(prof, "experimental_config", None)
+    return config if isinstance(config, TpuProfilerConfig) else None
+
+
 def _start(prof: _KinetoProfile) -> None:
     state = getattr(prof, _STATE, None) or {"events": [], "xspace": None, "dir": None}
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 0  # torch records the Python side
+    config = _config(prof)
+    if config is not None:
+        if not config.device_tracer_level:
+            return
+        options.host_tracer_level, options.python_tracer_level = config.host_tracer_level, config.python_tracer_level
+        if config.experimental_options:
+            options.advanced_configuration = config.experimental_options
     trace_dir = tempfile.mkdtemp(prefix="torch_tpu_trace_")
     try:
         jax.profiler.start_trace(trace_dir, profiler_options=options)
@@ -86,6 +131,12 @@ def _stop(prof: _KinetoProfile) -> None:
             shutil.rmtree(state["xspace"].parent.parent.parent.parent, ignore_errors=True)
         state["xspace"] = found[-1]
         state["events"] = device_events(found[-1])
+        config = _config(prof)
+        if config is not None and config.run_dir is not None:
+            run = Path(config.run_dir) / "plugins" / "profile" / time.strftime("%Y_%m_%d_%H_%M_%S")
+            run.mkdir(parents=True, exist_ok=True)
+            host = socket.gethostname() + (f"_{config.worker_rank}" if config.worker_rank else "")
+            shutil.copyfile(found[-1], run / f"{host}.xplane.pb")
     else:
         shutil.rmtree(state["dir"], ignore_errors=True)
     state["dir"] = None

@@ -267,6 +267,8 @@ class TpuTensor(torch.Tensor):
         return new
 
     def __reduce_ex__(self, protocol: int):
+        if self.__dict__.get("_is_param"):  # an nn.Parameter: loads as one, as torch saves a CPU Parameter
+            return (torch._utils._rebuild_parameter, (self.detach(), self.requires_grad, collections.OrderedDict()))
         # as torch saves a CPU tensor: its storage (written once however many tensors view it, its
         # location tag "tpu:0" honouring torch.load's map_location) and the view's layout
         storage = torch.storage.TypedStorage(wrap_storage=self.untyped_storage(), dtype=self.dtype, _internal=True)
@@ -593,6 +595,8 @@ def cpu_to_jax(t: torch.Tensor) -> jax.Array:
             "integer representation (int_repr()) with its scale and zero point on tpu"
         )
     t = t.detach().resolve_conj().resolve_neg().contiguous()
+    if t.is_pinned():  # DLPack names pinned memory CUDA host memory, which JAX reads only with CUDA
+        t = t.clone()
     return jnp.array(jax.dlpack.from_dlpack(t), copy=True)
 
 

@@ -25,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-cpus", type=positive_int, default=2, help="CPUs of the local Ray instance")
     parser.add_argument("--bad-values", choices=("error", "skip", "clamp"), default="error",
                         help="rows with a dense value that is infinite or beyond float32 (NaN is "
-                             "missing, read as 0): error naming file, row and column (default); "
-                             "skip them (no prediction, counted); or clamp to +-3.4e38")
+                             "missing, read as 0), or, with --label, a label outside [0, 1], as train: "
+                             "error naming file, row and column (default); skip them (no prediction, "
+                             "counted); or clamp into range")
     parser.add_argument("--label", action=argparse.BooleanOptionalAction, default=True,
                         help="copy the input's label column into the output next to each prediction when the "
                              "input has one, and report the output's offline AUC")

@@ -54,7 +54,7 @@ class InferenceConfig:
     concurrency: int = 1  # predictor actors, each loading the model once
     num_cpus: int = 2  # of the local Ray instance (when this job starts it)
     progress: bool = True
-    bad_values: str = "error"  # dense values beyond float32: error, skip the row, clamp (pipelines.bad_values)
+    bad_values: str = "error"  # bad dense values and read labels: error, skip the row, clamp (pipelines.bad_values)
     with_label: bool = True  # copy the input's label column into the output, when the input has one
     schema: DatasetSchema = field(default=CRITEO)
 
@@ -144,8 +144,10 @@ class Predictor:
     def _output(self, unit: Unit, table: pa.Table, log: BadValueLog) -> pa.Table:
         """Key columns, row ids and predictions of the unit's rows that pass --bad-values."""
         schema, policy = self.config.schema, self.config.bad_values
-        keep = kept_rows(table, schema, policy, label=False)
-        table = apply_policy(table, schema, policy, Source(unit.path, _file_row(unit)), log, label=False)
+        # a label read for the AUC follows train's label policy (7 or -1 is not a label)
+        labelled = self.label is not None
+        keep = kept_rows(table, schema, policy, label=labelled)
+        table = apply_policy(table, schema, policy, Source(unit.path, _file_row(unit)), log, label=labelled)
         columns = {name: table.column(name) for name in self.config.key_columns}
         if self.config.row_id_column:
             row_ids = np.arange(unit.first_row, unit.first_row + unit.num_rows, dtype=np.int64)[keep]

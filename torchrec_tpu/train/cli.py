@@ -8,11 +8,12 @@ the driver launches N Ray Train workers that do the same (:mod:`torchrec_tpu.tra
 from __future__ import annotations
 
 import argparse
+import os
 
 from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
-from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
+from torchrec_tpu.train.config import ConfigError, add_config_arguments, check_batch_split, config_from_args
 from torchrec_tpu.train.preflight import check_paths
 from torchrec_tpu.train.ray_train import RayOptions
 
@@ -51,11 +52,26 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
                       accelerator_type=args.ray_tpu_type, tpus_per_worker=args.ray_tpus_per_worker)
 
 
+def _run_hstu(config, args: argparse.Namespace) -> int:
+    if args.ray_workers:
+        raise ConfigError(f"--model {config.model.kind} trains under torchrun, not Ray Train (--ray-workers)")
+    from torchrec_tpu.hstu.train import run_hstu  # heavy: torch, torchrec, torch_tpu
+
+    summary = run_hstu(config)
+    if summary.primary:
+        print(summary.format())
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         if getattr(args, "_restartable", False) and config.engine.kind == "sparsecore":
             restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
+        if config.model.kind in ("hstu", "dlrmv4"):
+            return _run_hstu(config, args)
+        # the world is known before anything starts: torchrun's environment, or the Ray workers
+        check_batch_split(config.data, args.ray_workers or int(os.environ.get("WORLD_SIZE", "1")))
         check_paths(config)  # before the heavy imports below: a missing file fails in well under a second
         if args.ray_workers:
             from torchrec_tpu.train.ray_train import as_given, train_on_ray  # heavy: ray.train, torch

@@ -28,7 +28,7 @@ from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 
 # The option vocabularies that are defined here (the others come from their registries above).
-Model = Literal["dlrm", "dlrm_dcn"]
+Model = Literal["dlrm", "dlrm_dcn", "hstu", "dlrmv4"]  # hstu, dlrmv4: torchrec_tpu.hstu.train
 Precision = Literal["fp32", "bf16"]  # --precision: the towers' matmuls (engines.precision)
 DenseDevice = Literal["auto", "cpu", "tpu"]
 DenseParallel = Literal["ddp", "fsdp2"]
@@ -70,7 +70,8 @@ class _Group:
 class ModelConfig(_Group):
     """The architecture: DLRM kind, tables, towers."""
 
-    kind: Model = _opt("dlrm", "model: stock torchrec DLRM or DLRM_DCN", flag="model", choices=MODELS)
+    kind: Model = _opt("dlrm", "model: stock torchrec DLRM or DLRM_DCN; HSTU (generative recommender) or its "
+                               "MLPerf DLRMv4 shape", flag="model", choices=MODELS)
     num_embeddings: int = _opt(
         100_000, "rows per embedding table, at most; ids are hashed modulo the table size",
         details="rows per embedding table, at most (synthetic tables with fewer ids are smaller); ids are hashed "
@@ -401,8 +402,24 @@ OPTIONS: dict[str, tuple[str, dataclasses.Field]] = _group_options()
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
-    """Each of ``world_size`` ranks' share of a global batch of ``global_batch`` samples (at least 1)."""
-    return max(1, global_batch // world_size)
+    """Each of ``world_size`` ranks' share of a global batch of ``global_batch`` samples (a
+    multiple of ``world_size``: :func:`check_batch_split`)."""
+    if global_batch % world_size:
+        raise ValueError(f"a global batch of {global_batch} does not split over {world_size} ranks")
+    return global_batch // world_size
+
+
+def check_batch_split(data: DataConfig, world_size: int) -> None:
+    """ConfigError naming the flag, its value, the world size and the nearest valid sizes when
+    ``--batch-size`` or ``--eval-batch-size`` (global, split evenly over the ranks) is not a
+    multiple of ``world_size``."""
+    for name in ("batch_size", "eval_batch_size"):
+        value = getattr(data, name)
+        if value % world_size:
+            lower = value // world_size * world_size
+            nearest = " and ".join(str(v) for v in (lower, lower + world_size) if v > 0)
+            raise ConfigError(f"{_as_flag(name)}={value} does not split over {world_size} ranks (each takes an equal "
+                              f"share of the global batch); nearest valid: {nearest}")
 
 
 def _engines_that(trait: str) -> str:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from pipelines.bad_values import BadValueCounts
 from pipelines.convert import convert_to_parquet
 from pipelines.npy_criteo import NpyCriteoReader, npy_days
+from pipelines.parquet_checksums import note_unverifiable
 from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
 from pipelines.sample_data import criteo_sample_csv
 from pipelines.schema import CRITEO, DatasetSchema
@@ -194,6 +195,8 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
         return
     with parquet_source(config, env) as (source, table_sizes):
         files = list_parquet_files(source)
+        if env.is_primary:  # one line for all splits (the readers skip the files noted here)
+            note_unverifiable(files)
         lockstep = env.world_size > 1
 
         def reader(split: Split, batch_size: int, drop_last: bool) -> ParquetBatchReader:

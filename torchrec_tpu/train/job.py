@@ -27,7 +27,7 @@ from torchrec_tpu.train.checkpoint.store import (
     restore_rng,
     save_checkpoint,
 )
-from torchrec_tpu.train.config import ConfigError, TrainConfig
+from torchrec_tpu.train.config import ConfigError, TrainConfig, check_batch_split
 from torchrec_tpu.train.config_agreement import agree_on_config
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, describe_transport, process_group, threads_for_this_rank
@@ -125,6 +125,7 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
 
 
 def _run(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device, hooks: JobHooks) -> JobSummary:
+    check_batch_split(config.data, env.world_size)  # the CLI checked already; Python callers and Ray workers here
     if env.world_size > 1 and env.is_primary:
         _log.info("torchrec-tpu train: %s", describe_transport(env))
     with contextlib.ExitStack() as held:  # the primary's locks on the run's directories

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import torch_tpu  # noqa: F401  (torch.tpu)
-from torch_tpu.distributed import launch_local, topology_aware_mesh
+from torch_tpu.distributed import device_mesh, launch_local, topology_aware_mesh
 from torch_tpu.distributed.mesh import DeviceCoords, device_index, enumerated_device, ranks_by_coordinates
 from torch_tpu.runtime import device as tpu_device
 from tpu_facts import Slice, chip_generation
@@ -100,7 +100,7 @@ def _two_ranks(rank: int, size: int, store: dist.Store, timeout: datetime.timede
     # the launcher numbered the ranks against the devices: rank 0 drives chip x=1, rank 1 chip x=0
     os.environ[tpu_device.COORDS_ENV] = f"{1 - rank},0,0"
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timeout)
-    ranks = torch.tpu.distributed.topology_aware_mesh("cpu", (2,), slice_topology=Slice(V6E, (2, 1)))
+    ranks = device_mesh.topology_aware_mesh("cpu", (2,), slice_topology=Slice(V6E, (2, 1)))
     mesh = DeviceMesh("cpu", mesh=ranks, mesh_dim_names=("dp",))
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total, group=mesh.get_group("dp"))

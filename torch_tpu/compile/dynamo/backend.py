@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -139,8 +139,37 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     )(gm, example_inputs)
 
 
-def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-    """The Dynamo backend "tpu": FX graphs of tpu tensors -> compiled JAX programs."""
+_MAX_DYNAMIC_BUCKETS = 8
+# TorchTPU's torch.compile(backend="tpu", options={...}) keys -> the check of the value
+_OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "async_compile": (lambda v: isinstance(v, bool), "a bool"),
+    "num_dynamic_buckets": (lambda v: v is None or (type(v) is int and 1 <= v <= _MAX_DYNAMIC_BUCKETS),
+                            f"an integer between 1 and {_MAX_DYNAMIC_BUCKETS}"),
+    "bucket_size": (lambda v: v is None or (type(v) is int and v > 0), "a positive integer"),
+    "serializable": (lambda v: isinstance(v, bool), "a bool"),
+    "debug_callback": (lambda v: v is None or callable(v), "callable"),
+    "custom_module_name": (lambda v: v is None or isinstance(v, str), "a str"),
+    "name": (lambda v: v is None or isinstance(v, str), "a str"),
+}
+
+
+def check_options(options: dict[str, Any] | None) -> None:
+    """TorchTPU's backend options, checked. The programs are the same with any of them: dynamic
+    sizes get this backend's own bounds (``num_dynamic_buckets`` / ``bucket_size`` are TorchTPU's
+    bucket layout), compilation is synchronous (``async_compile``), programs go to the persistent
+    cache either way (``serializable``), and ``debug_callback`` / names are not used."""
+    for key, value in (options or {}).items():
+        if key not in _OPTIONS:
+            raise ValueError(f"torch.compile(backend='tpu'): unknown option {key!r}; known: {sorted(_OPTIONS)}")
+        ok, wanted = _OPTIONS[key]
+        if not ok(value):
+            raise ValueError(f"torch.compile(backend='tpu'): option {key!r} must be {wanted}, got {value!r}")
+
+
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None) -> Any:
+    """The Dynamo backend "tpu": FX graphs of tpu tensors -> compiled JAX programs. ``options``:
+    ``torch.compile(backend="tpu", options={...})``, TorchTPU's keys (:func:`check_options`)."""
+    check_options(options)
     torch.autograd.set_multithreading_enabled(False)  # device backward on a worker thread aborts under jax
     if is_symbolic(example_inputs):
         try:

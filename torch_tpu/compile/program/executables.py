@@ -28,8 +28,8 @@ import jaxlib
 
 import torch_tpu.compile.program.executable_codec as executable_codec
 import xla_cache
+from torch_tpu.runtime import compiler_options, persistent_cache
 from torch_tpu.runtime import device as tpu_device
-from torch_tpu.runtime import persistent_cache
 from torch_tpu.runtime._jax import jax
 
 _log = logging.getLogger(__name__)
@@ -50,12 +50,13 @@ class CompiledProgram:
     def __init__(self, fn: Callable[..., Any], donated: Sequence[int] = (), key: str | None = None) -> None:
         self.jitted = jax.jit(fn, donate_argnums=tuple(donated))
         self._key = key
-        self._compiled: Any = None
+        self._compiled: dict[tuple, Any] = {}  # by the compiler options in force (runtime.compiler_options)
 
     def __call__(self, *inputs: Any) -> Any:
-        compiled = self._compiled
+        options = compiler_options.key()
+        compiled = self._compiled.get(options)
         if compiled is None:
-            compiled = self._compiled = self._compile(inputs)
+            compiled = self._compiled[options] = self._compile(inputs, options)
         try:
             outputs = compiled(*inputs)
         except (TypeError, ValueError):  # other shapes, dtypes or placements than the first call's
@@ -67,17 +68,18 @@ class CompiledProgram:
         """The program for ``inputs`` as StableHLO text."""
         return self.jitted.lower(*inputs).as_text()
 
-    def _compile(self, inputs: Sequence[Any]) -> Any:
+    def _compile(self, inputs: Sequence[Any], options: tuple) -> Any:
+        jax_options = compiler_options.for_jax(options)
         if self._key is None or not _storable(inputs):
             with persistent_cache.persistent():
-                return self.jitted.lower(*inputs).compile()
-        key = executable_key(self._key, inputs)
+                return self.jitted.lower(*inputs).compile(compiler_options=jax_options)
+        key = executable_key(self._key + (f"|options={options}" if options else ""), inputs)
         loaded = xla_cache.load(persistent_cache.COMPILED_LEVEL, key, executable_codec.decode)
         if loaded is not None:
             xla_cache.xla_counts["hits"] += 1
             return loaded
         with xla_cache.jax_cache_bypassed():  # compiled here, not loaded from JAX's cache: it serializes whole
-            compiled = self.jitted.lower(*inputs).compile()
+            compiled = self.jitted.lower(*inputs).compile(compiler_options=jax_options)
         xla_cache.xla_counts["misses"] += 1
         _store(key, compiled)
         return compiled

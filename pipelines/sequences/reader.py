@@ -1,0 +1,110 @@
+"""Batches of a sequence window file (:mod:`.layout`) as HSTU reads them: a KeyedJaggedTensor of
+the history and candidates (keys ``item, action, timestamp, candidate_item, candidate_timestamp``)
+and the candidates' labels ``[candidates, tasks]`` (float32).
+
+Histories keep their latest ``max_history`` events; item ids at or above ``item_rows`` are hashed
+into the table (``id mod item_rows``, as a capped table takes them; the default, the dataset's own
+``item_rows``, hashes nothing). Rows are split over ranks in contiguous blocks of whole batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from pipelines.sequences.layout import LABEL_PREFIX, LIST_COLUMNS
+
+FEATURE_KEYS = LIST_COLUMNS  # the KJT's keys, in order
+_HISTORY = ("item", "action", "timestamp")
+
+
+@dataclass(frozen=True)
+class SequenceBatch:
+    """One batch: ``features`` (KJT, stride = users) and ``labels [candidates, tasks]``."""
+
+    features: KeyedJaggedTensor
+    labels: torch.Tensor
+
+    @property
+    def users(self) -> int:
+        return self.features.stride()
+
+
+def _lists(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets [rows + 1], flat values) of a list column."""
+    array = column.combine_chunks()
+    offsets = array.offsets.to_numpy().astype(np.int64)
+    values = array.flatten().to_numpy(zero_copy_only=False)
+    return offsets - offsets[0], values
+
+
+def _keep_last(offsets: np.ndarray, values: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.minimum(np.diff(offsets), keep)
+    starts = offsets[1:] - lengths
+    index = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
+    return lengths, values[index]
+
+
+class SequenceReader:
+    """Batches of ``batch_size`` rows of ``path`` (one window file) for rank ``rank`` of
+    ``world_size``, tasks ``tasks`` (default: every ``label_*`` column, in file order),
+    reshuffled per pass when ``shuffle_seed`` is given (pass ``epoch`` to :meth:`batches`)."""
+
+    def __init__(self, path: Path, batch_size: int, *, max_history: int, item_rows: int | None = None,
+                 tasks: Sequence[str] | None = None, shuffle_seed: int | None = None, rank: int = 0,
+                 world_size: int = 1):
+        if batch_size < 1 or max_history < 0:
+            raise ValueError(f"SequenceReader: batch_size={batch_size} (>= 1), max_history={max_history} (>= 0)")
+        self.table = pq.read_table(path)
+        names = self.table.column_names
+        missing = [c for c in LIST_COLUMNS if c not in names]
+        if missing:
+            raise ValueError(f"{path}: not a sequence window file; columns missing: {missing}")
+        present = [c[len(LABEL_PREFIX):] for c in names if c.startswith(LABEL_PREFIX)]
+        self.tasks = tuple(tasks) if tasks is not None else tuple(present)
+        unknown = [t for t in self.tasks if t not in present]
+        if unknown or not self.tasks:
+            raise ValueError(f"{path}: tasks {unknown or '(none)'} not among the file's labels {present}")
+        self.path, self.batch_size, self.max_history = Path(path), batch_size, max_history
+        self.item_rows, self.shuffle_seed = item_rows, shuffle_seed
+        per_rank = self.table.num_rows // world_size
+        self.rows = np.arange(rank * per_rank, (rank + 1) * per_rank)
+
+    def __len__(self) -> int:
+        return -(-self.rows.size // self.batch_size)
+
+    def batches(self, epoch: int = 0) -> Iterator[SequenceBatch]:
+        rows = self.rows
+        if self.shuffle_seed is not None:
+            rows = np.random.default_rng([self.shuffle_seed, epoch]).permutation(rows)
+        for start in range(0, rows.size, self.batch_size):
+            yield self.batch(rows[start:start + self.batch_size])
+
+    def __iter__(self) -> Iterator[SequenceBatch]:
+        return self.batches()
+
+    def batch(self, rows: np.ndarray) -> SequenceBatch:
+        """The batch of file rows ``rows``."""
+        part = self.table.take(pa.array(rows))
+        lengths, values = [], []
+        for key in FEATURE_KEYS:
+            offsets, flat = _lists(part.column(key))
+            if key in _HISTORY:
+                length, flat = _keep_last(offsets, flat, self.max_history)
+            else:
+                length = np.diff(offsets)
+            if key in ("item", "candidate_item") and self.item_rows is not None:
+                flat = flat % self.item_rows
+            lengths.append(length)
+            values.append(flat.astype(np.int64))
+        kjt = KeyedJaggedTensor(keys=list(FEATURE_KEYS), values=torch.from_numpy(np.concatenate(values)),
+                                lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int64)))
+        labels = np.stack([_lists(part.column(LABEL_PREFIX + t))[1] for t in self.tasks], axis=1)
+        return SequenceBatch(kjt, torch.from_numpy(labels.astype(np.float32)))

@@ -1,0 +1,94 @@
+"""torch.tpu.optimizers: SingleTraceTrainer's compiled steps equal an eager loop of the same
+functional optimizer on CPU (torch.func gradients), and the functional optimizers equal
+torch.optim's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+import torch_tpu  # noqa: F401
+
+optimizers = torch.tpu.optimizers
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+
+
+def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 4, generator=g), torch.randn(8, 2, generator=g)) for _ in range(n)]
+
+
+def _eager_losses(model: torch.nn.Module, opt: optimizers.Optimizer, batches) -> tuple[list[float], dict]:
+    group = opt.init_param_group(model)
+    losses = []
+    for x, y in batches:
+        params = {k: v.detach().requires_grad_(True) for k, v in group.params.items()}
+        loss = F.mse_loss(functional_call(model, params, (x,)), y)
+        grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
+        opt.step(group, grads)
+        losses.append(loss.item())
+    return losses, group.params
+
+
+@pytest.mark.parametrize("make", [lambda: optimizers.AdamW(lr=1e-2, weight_decay=0.1),
+                                  lambda: optimizers.AdamW(lr=1e-2, use_bfloat16_moments=False),
+                                  lambda: optimizers.Sgd(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)],
+                         ids=["adamw_bf16_moments", "adamw", "sgd_nesterov"])
+def test_trainer_equals_an_eager_loop(make) -> None:
+    batches = _batches(3)
+    cpu = _model()
+    want_losses, want_params = _eager_losses(copy.deepcopy(cpu), make(), batches)
+    trainer = optimizers.SingleTraceTrainer(cpu.to("tpu"), optimizer=make())
+    step = trainer.make_compiled_train_step(batches[0][0].to("tpu"), batches[0][1].to("tpu"))
+    losses = [step(x.to("tpu"), y.to("tpu")).item() for x, y in batches]
+    torch.testing.assert_close(losses, want_losses, rtol=1e-5, atol=1e-6)
+    for name, p in trainer.params.items():
+        torch.testing.assert_close(p.detach().cpu(), want_params[name], rtol=1e-5, atol=1e-6)
+    group = trainer.param_group
+    assert sorted(group.params) == sorted(want_params) and set(group.opt_steps.values()) != set()
+    assert all(s.item() == 3 for s in group.opt_steps.values())
+
+
+def test_trainer_without_an_optimizer_leaves_the_gradients() -> None:
+    x, y = _batches(1)[0]
+    cpu = _model()
+    want = torch.autograd.grad(F.mse_loss(cpu(x), y), list(cpu.parameters()))
+    model = copy.deepcopy(cpu).to("tpu")
+    step = optimizers.SingleTraceTrainer(model).make_compiled_train_step(x.to("tpu"), y.to("tpu"))
+    step(x.to("tpu"), y.to("tpu"))
+    for p, g in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad.cpu(), g, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model[0].weight.detach().cpu(), cpu[0].weight.detach())  # unchanged
+
+
+def test_functional_optimizers_equal_torch_optim() -> None:
+    for ours, theirs in ((optimizers.AdamW(lr=1e-2, weight_decay=0.1, use_bfloat16_moments=False),
+                          lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)),
+                         (optimizers.Sgd(lr=0.1, momentum=0.9, dampening=0.1),
+                          lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.1)),
+                         (optimizers.Muon(lr=1e-2), lambda ps: torch.optim.Muon(ps, lr=1e-2))):
+        w = torch.randn(3, 4, generator=torch.Generator().manual_seed(2))
+        ref = w.clone().requires_grad_(True)
+        opt = theirs([ref])
+        group = ours.init_param_group({"w": w.clone()})
+        for seed in range(3):
+            grad = torch.randn(3, 4, generator=torch.Generator().manual_seed(10 + seed))
+            ref.grad = grad.clone()
+            opt.step()
+            ours.step(group, {"w": grad})
+        torch.testing.assert_close(group.params["w"], ref.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_optimizer_and_muon_vector_are_refused() -> None:
+    with pytest.raises(TypeError, match="torch.tpu.optimizers optimizer"):
+        optimizers.SingleTraceTrainer(_model(), optimizer=torch.optim.SGD([torch.zeros(1)], lr=0.1))
+    with pytest.raises(ValueError, match="parameters must be 2-D matrices"):
+        optimizers.Muon().init_param_group({"b": torch.zeros(3)})

@@ -1,0 +1,140 @@
+"""HSTU jagged attention as a torch operator on the tpu device (eager and ``torch.compile``).
+
+Jagged input: ``q, k [T, H, Dqk]`` and ``v [T, H, Dv]`` hold the events of B sequences back to
+back, sequence ``b`` being rows ``offsets[b]:offsets[b + 1]``; rows past ``offsets[-1]`` (``T``
+padded to a shape bucket) belong to no sequence and come out zero. Inside the op the batch is padded to
+``[B, H, L, D]`` with ``L = max_len`` rounded up to the tile size (``max_len`` is the compiled
+shape's bound: a length bucket), attended by :mod:`.padded` and gathered back to ``[T, H, Dv]``.
+The attention itself (``.tiles``) never forms an ``[L, L]`` score matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_tpu.ops.hstu.padded import KERNELS, padded_attention
+from torch_tpu.ops.pallas.op import jax_op
+from torch_tpu.ops.pallas.platform import traceable
+from torch_tpu.runtime._jax import jax, jnp
+
+MAX_BLOCK = 128
+_INT32_MAX = 2**31 - 1
+
+
+def tile_size(max_len: int) -> int:
+    """Tile edge for sequences padded to ``max_len``: 128, or ``max_len`` rounded up to 8 when shorter."""
+    return MAX_BLOCK if max_len >= MAX_BLOCK else max(8, -(-max_len // 8) * 8)
+
+
+def _pad(values: jax.Array, offsets: jax.Array, seq: int) -> tuple[jax.Array, jax.Array]:
+    """``values [T, ...]`` -> ``[B, seq, ...]`` (zeros past each length) and the in-sequence mask."""
+    lengths = offsets[1:] - offsets[:-1]
+    positions = jnp.arange(seq, dtype=jnp.int32)
+    index = jnp.clip(offsets[:-1, None] + positions[None, :], 0, values.shape[0] - 1)
+    inside = positions[None, :] < lengths[:, None]
+    mask = inside.reshape(inside.shape + (1,) * (values.ndim - 1))
+    return jnp.where(mask, values[index], jnp.zeros((), values.dtype)), inside
+
+
+def _unpad(padded: jax.Array, offsets: jax.Array, total: int) -> jax.Array:
+    """``[B, seq, ...]`` -> ``[total, ...]``: row ``t`` is its sequence's position ``t - offsets[b]``;
+    rows past ``offsets[-1]`` (padding to a shape bucket) are zeros."""
+    rows = jnp.arange(total, dtype=jnp.int32)
+    segment = jnp.minimum(jnp.searchsorted(offsets[1:], rows, side="right"), offsets.shape[0] - 2)
+    out = padded[segment, jnp.clip(rows - offsets[segment], 0, padded.shape[1] - 1)]
+    inside = (rows < offsets[-1]).reshape((total,) + (1,) * (out.ndim - 1))
+    return jnp.where(inside, out, jnp.zeros((), out.dtype))
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
+               num_targets: torch.Tensor, pos_weights: torch.Tensor, time_weights: torch.Tensor, max_len: int,
+               max_seq_len: int, alpha: float, kernel: str) -> torch.Tensor:
+    total, heads, dv = v.shape
+    if total == 0:
+        return jnp.zeros(v.shape, v.dtype)
+    offsets = offsets.astype(jnp.int32)
+    block = tile_size(max_len)
+    seq = -(-max_len // block) * block
+    qp, kp, vp = (jnp.swapaxes(_pad(x, offsets, seq)[0], 1, 2) for x in (q, k, v))
+    ts, _ = _pad(timestamps.astype(jnp.int32), offsets, seq)
+    lengths = offsets[1:] - offsets[:-1]
+    history = lengths - num_targets.astype(jnp.int32)
+    out = padded_attention(qp, kp, vp, lengths, history, ts, pos_weights, time_weights, block, float(alpha),
+                           1.0 / max_seq_len, kernel)
+    return _unpad(jnp.swapaxes(out, 1, 2), offsets, total)
+
+
+def _attention_backward(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, max_len,
+                        max_seq_len, alpha, kernel, grad):
+    def differentiable(q, k, v, pos_weights, time_weights):
+        return _attention(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, max_len,
+                          max_seq_len, alpha, kernel)
+
+    _, vjp = jax.vjp(differentiable, q, k, v, pos_weights, time_weights)
+    return vjp(grad.astype(v.dtype))
+
+
+_jagged_attention = jax_op("torch_tpu_pallas::hstu_jagged_attention", _attention, backward=_attention_backward,
+                           differentiable=["q", "k", "v", "pos_weights", "time_weights"])
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
+           num_targets: torch.Tensor, pos_weights: torch.Tensor, time_weights: torch.Tensor, kernel: str,
+           max_seq_len: int) -> None:
+    name = "jagged_hstu_attention"
+    if q.dim() != 3 or q.shape != k.shape or v.dim() != 3 or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"{name}: q and k must be [T, H, Dqk] and v [T, H, Dv]; got q {list(q.shape)}, "
+                         f"k {list(k.shape)}, v {list(v.shape)}")
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"{name}: {label} is {t.dtype}; expected torch.float32 or torch.bfloat16")
+    if offsets.dim() != 1 or offsets.shape[0] < 1:
+        raise ValueError(f"{name}: offsets must be 1-D [B + 1], got {list(offsets.shape)}")
+    if timestamps.shape != q.shape[:1]:
+        raise ValueError(f"{name}: timestamps must be [T] = [{q.shape[0]}], got {list(timestamps.shape)}")
+    if num_targets.shape != (offsets.shape[0] - 1,):
+        raise ValueError(f"{name}: num_targets must be [B] = [{offsets.shape[0] - 1}], got {list(num_targets.shape)}")
+    for label, t in (("pos_weights", pos_weights), ("time_weights", time_weights)):
+        if t.dim() != 1 or t.shape[0] < 1:
+            raise ValueError(f"{name}: {label} must be a non-empty 1-D table, got {list(t.shape)}")
+    if kernel not in KERNELS:
+        raise ValueError(f"{name}: kernel={kernel!r}; expected one of {list(KERNELS)}")
+    if max_seq_len < 1:
+        raise ValueError(f"{name}: max_seq_len={max_seq_len}; it must be >= 1")
+
+
+def _check_lengths(offsets: torch.Tensor, num_targets: torch.Tensor, max_len: int) -> None:
+    """Eager only (one host read): every sequence fits ``max_len`` and holds its candidates."""
+    lengths = (offsets[1:] - offsets[:-1]).cpu()
+    if lengths.numel() and int(lengths.max()) > max_len:
+        raise ValueError(f"jagged_hstu_attention: a sequence has {int(lengths.max())} events, above "
+                         f"max_len={max_len}; pass a larger max_len (bucket)")
+    if bool(((num_targets.cpu() < 0) | (num_targets.cpu() > lengths)).any()):
+        raise ValueError("jagged_hstu_attention: num_targets must lie in [0, the sequence's length]")
+
+
+@traceable
+def jagged_hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                          timestamps: torch.Tensor, pos_weights: torch.Tensor, time_weights: torch.Tensor, *,
+                          max_len: int, max_seq_len: int, alpha: float, num_targets: torch.Tensor | None = None,
+                          kernel: str = "xla") -> torch.Tensor:
+    """HSTU attention of jagged tpu tensors (``tiles``' equations): ``[T, H, Dv]``.
+
+    ``offsets [B + 1]`` delimit the sequences; ``timestamps [T]`` (integer seconds) give the
+    time-gap biases; ``num_targets [B]`` (default none) counts each sequence's trailing candidates,
+    which attend to the history and themselves only. ``max_len`` bounds every length (the compiled
+    shape: pass a bucket); ``max_seq_len`` is the normalizer N; ``alpha`` scales ``q k``.
+    ``kernel``: ``"xla"`` (every platform) or ``"pallas"`` (interpret mode off TPU).
+    Differentiable in q, k, v and both bias tables."""
+    if num_targets is None:
+        num_targets = torch.zeros(offsets.shape[0] - 1, dtype=torch.int32, device=offsets.device)
+    _check(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, kernel, max_seq_len)
+    if max_len < 1:
+        raise ValueError(f"jagged_hstu_attention: max_len={max_len}; it must be >= 1")
+    if not torch.compiler.is_compiling():
+        _check_lengths(offsets, num_targets, max_len)
+    if timestamps.numel():  # gaps only: int32 seconds from the batch's first event (68 years of range)
+        timestamps = (timestamps - timestamps.min()).clamp(max=_INT32_MAX)
+    return _jagged_attention(q, k, v, offsets.to(torch.int32), timestamps.to(torch.int32),
+                             num_targets.to(torch.int32), pos_weights, time_weights, max_len, max_seq_len,
+                             float(alpha), kernel)

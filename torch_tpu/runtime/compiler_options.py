@@ -1,0 +1,90 @@
+"""XLA compiler options for the programs compiled next: ``torch.tpu.compiler.custom_compiler_options``
+and ``torch.tpu.allow_excess_precision`` (TorchTPU's names).
+
+Options are XLA's (``DebugOptions`` fields such as ``xla_cpu_enable_fast_math``, or
+``exec_time_optimization_effort``), values given as strings as TorchTPU takes them ("true",
+"3", "0.5"); the special keys ``xla_optimization_level`` / ``xla_memory_fitting_level`` take
+``'O0'..'O3'`` (XLA's ``EffortLevel``). Nested blocks merge, the inner value winning.
+
+They apply to the whole programs the compile room builds while they are set (``torch.compile``
+graphs, ``train_step``; ``torch_tpu.compile.program.executables``, keyed into their caches); eager
+ops' per-op programs keep XLA's defaults. An unknown option fails when the next program compiles,
+with XLA's error naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator, Mapping
+
+_EFFORT = {"O0": 9, "O1": 10, "O2": 20, "O3": 30}  # xla.proto EffortLevel
+_SPECIAL = {"xla_optimization_level": "optimization_level", "xla_memory_fitting_level": "memory_fitting_level"}
+_scoped: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar("tpu_compiler_options",
+                                                                                     default=())
+_EXCESS = "xla_allow_excess_precision"
+_process: dict[str, str] = {}
+
+
+def _value(key: str, text: str) -> bool | int | float | str:
+    if key in _SPECIAL:
+        if text not in _EFFORT:
+            raise ValueError(f"custom_compiler_options: {key} must be one of {list(_EFFORT)}, got {text!r}")
+        return _EFFORT[text]
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+@contextlib.contextmanager
+def custom_compiler_options(options: dict[str, str]) -> Iterator[None]:
+    """Programs compiled inside the block get ``options`` (module docstring)."""
+    if not isinstance(options, Mapping):
+        raise TypeError(f"custom_compiler_options: options must be a dict of str to str, got {type(options).__name__}")
+    for key, value in options.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"custom_compiler_options: options must map str to str, got {key!r}: {value!r}")
+        _value(key, value)  # checks the special keys now
+    merged = dict(_scoped.get())
+    merged.update(options)
+    token = _scoped.set(tuple(sorted(merged.items())))
+    try:
+        yield
+    finally:
+        _scoped.reset(token)
+
+
+def key() -> tuple[tuple[str, str], ...]:
+    """The options in force now, as given (cheap: a program's executables are keyed by it)."""
+    scoped = _scoped.get()
+    return (*sorted(_process.items()), *scoped) if _process else scoped
+
+
+def for_jax(options: tuple[tuple[str, str], ...]) -> dict[str, bool | int | float | str] | None:
+    """``options`` (a :func:`key`) as ``jax``'s ``Lowered.compile(compiler_options=)`` takes them."""
+    return {_SPECIAL.get(k, k): _value(k, v) for k, v in dict(options).items()} or None
+
+
+def allow_excess_precision() -> bool:
+    """Whether XLA may keep values in more precision than their type (e.g. bf16 math in f32): the
+    value set, else ``--xla_allow_excess_precision`` in ``XLA_FLAGS``, else False."""
+    if _EXCESS in _process:
+        return _process[_EXCESS] == "true"
+    for flag in os.environ.get("XLA_FLAGS", "").split():
+        name, _, value = flag.lstrip("-").partition("=")
+        if name == _EXCESS:
+            return value.lower() in ("", "true", "1")
+    return False
+
+
+def set_allow_excess_precision(value: bool) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"allow_excess_precision must be True or False, got {value!r}")
+    _process[_EXCESS] = "true" if value else "false"

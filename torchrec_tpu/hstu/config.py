@@ -1,0 +1,75 @@
+"""HSTU's architecture (:class:`HSTUConfig`) and its presets.
+
+``hstu``: fits this box and trains in minutes. ``dlrmv4``: MLPerf Training's DLRMv4 shape (3 STU
+layers, 4 heads, query/key and value dims 128, embedding dim 512, bf16), with the sequence length and
+the item table capped so that training fits a 24 GB machine (MLPerf: 4,096 events, tables up to
+100M rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Mapping
+
+from torch_tpu.ops.hstu.padded import KERNELS
+
+
+@dataclass(frozen=True)
+class HSTUConfig:
+    """Tables, STU stack and heads. ``max_seq_len`` bounds history + candidates (the attention's
+    N); longer histories keep their latest events. ``tasks`` name the heads' outputs (one logit each)."""
+
+    item_rows: int
+    action_rows: int
+    dim: int = 64
+    layers: int = 2
+    heads: int = 2
+    qk_dim: int = 32
+    v_dim: int = 32
+    max_seq_len: int = 256
+    time_buckets: int = 128
+    tasks: tuple[str, ...] = ("positive",)
+    head_hidden: int = 64
+    kernel: str = "xla"
+
+    def __post_init__(self) -> None:
+        for name in ("item_rows", "action_rows", "dim", "layers", "heads", "qk_dim", "v_dim", "max_seq_len",
+                     "time_buckets", "head_hidden"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"HSTUConfig.{name}={value!r}: it must be a positive integer")
+        if not self.tasks:
+            raise ValueError("HSTUConfig.tasks is empty: name at least one task")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"HSTUConfig.kernel={self.kernel!r}; expected one of {list(KERNELS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (a checkpoint's model record)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, saved: Mapping[str, Any]) -> "HSTUConfig":
+        """The inverse of :meth:`to_dict`; ValueError naming what is missing or malformed."""
+        try:
+            values = dict(saved)
+            values["tasks"] = tuple(str(t) for t in values.get("tasks", ("positive",)))
+            return cls(**values)
+        except TypeError as error:
+            raise ValueError(f"not an HSTU config ({error})") from None
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "hstu": {},
+    "dlrmv4": {"dim": 512, "layers": 3, "heads": 4, "qk_dim": 128, "v_dim": 128, "max_seq_len": 1024,
+               "head_hidden": 512},
+}
+DLRMV4_MAX_ITEM_ROWS = 2_000_000  # 2M x 512 float32 = 4 GB of table (+ row-wise slots) on a 24 GB box
+
+
+def preset(name: str, item_rows: int, action_rows: int, **overrides: Any) -> HSTUConfig:
+    """The preset ``name`` for a dataset of ``item_rows`` items and ``action_rows`` action codes."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown HSTU preset {name!r}; choose one of {sorted(PRESETS)}")
+    if name == "dlrmv4":
+        item_rows = min(item_rows, DLRMV4_MAX_ITEM_ROWS)
+    return replace(HSTUConfig(item_rows=item_rows, action_rows=action_rows, **PRESETS[name]), **overrides)

@@ -1,0 +1,286 @@
+"""``torchrec-tpu train --model hstu|dlrmv4``: HSTU trained on a sequence dataset's window T and
+evaluated on window T + 1 (MLPerf DLRMv4's protocol), with the train command's common options.
+
+Tables: the sharded SparseCore EmbeddingCollection with fused row-wise Adagrad (``--engine
+sparsecore``, the default) or stock TorchRec's with TorchRec's RowWiseAdagrad (``--engine
+torchrec``, the reference); the STU stack and heads: Adam at ``--dense-lr`` (HSTU's default 1e-3
+where the flag keeps DLRM's default), on ``--dense-device`` (``auto``: tpu), DDP over the ranks.
+Data (``--data``): ``synthetic`` (generated once into the cache), ``sample`` (the bundled real
+MovieLens rows) or a directory written by ``torchrec-tpu data sequences``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional
+from torchmetrics.classification import BinaryAUROC
+
+from pipelines.sequences import read_meta, read_movielens, synthetic_events, window_path, write_sequences
+from pipelines.sequences.reader import SequenceBatch, SequenceReader
+from pipelines.synthetic import cache_root
+from sparsecore.backends import XLA
+from torchrec_tpu.hstu.config import HSTUConfig, preset
+from torchrec_tpu.hstu.model import HSTU, table_configs
+from torchrec_tpu.hstu.sharded import sharded_embeddings
+from torchrec_tpu.train.config import ConfigError, TrainConfig
+from torchrec_tpu.train.distributed import DistEnv, process_group
+from torchrec_tpu.train.engines.precision import autocast
+from torchrec_tpu.train.scalars import ScalarLog
+
+HSTU_MODELS = ("hstu", "dlrmv4")
+# HSTU's own defaults, used where the option is left at the train command's (DLRM's) default
+HSTU_DEFAULTS = {"batch_size": 128, "dense_lr": 3e-3, "epochs": 2}
+SYNTHETIC = {"users": 3000, "items": 1000, "events_per_user": 40, "seed": 1}
+WINDOWS, CANDIDATES, MAX_HISTORY = 4, 4, 60
+# the train options HSTU does not read: set to anything but their default, they are refused
+DLRM_ONLY = ("num_embeddings", "num_embeddings_per_feature", "embedding_dim", "dense_arch", "over_arch",
+             "dcn_num_layers", "dcn_low_rank_dim", "bad_values", "eval_files", "in_memory_binary_criteo_path",
+             "mmap_mode", "multi_hot_sizes", "plan", "dense_parallel", "sparse_optimizer", "dense_optimizer",
+             "lr_warmup_steps", "lr_decay_start", "lr_decay_steps", "target_auc", "shuffle_batches")
+
+
+def check_options(config: TrainConfig) -> None:
+    """ConfigError naming every DLRM-only option that was set."""
+    given, default = config.to_dict(), TrainConfig().to_dict()
+    used = [name for name in DLRM_ONLY if given.get(name) != default.get(name)]
+    if used:
+        flags = ", ".join("--" + n.replace("_", "-") for n in used)
+        raise ConfigError(f"--model {config.model.kind} does not use {flags} (DLRM options; HSTU's shape comes "
+                          f"from its preset, its data from a sequence dataset)")
+
+
+def dataset_dir(config: TrainConfig, env: DistEnv) -> Path:
+    """The sequence dataset ``--data`` names, generated into the cache on first use (rank 0)."""
+    source = config.data.source
+    if source not in ("synthetic", "sample"):
+        return Path(source)
+    name = "hstu-synthetic-v2-" + "-".join(f"{v}" for v in SYNTHETIC.values()) if source == "synthetic" \
+        else "hstu-movielens-sample"
+    path = cache_root(config.data.cache_dir) / name
+    if env.is_primary and not (path / "meta.json").exists():
+        if source == "synthetic":
+            events = synthetic_events(**SYNTHETIC)
+        else:
+            from pipelines.sample_data import movielens_sample_csv
+            events = read_movielens(movielens_sample_csv())
+        staging = path.with_name(path.name + f".partial-{time.time_ns()}")
+        write_sequences(events, staging, windows=WINDOWS if source == "synthetic" else 2,
+                        max_history=MAX_HISTORY, candidates=CANDIDATES)
+        staging.rename(path)
+    if dist.is_initialized():
+        dist.barrier()
+    return path
+
+
+@dataclass(frozen=True)
+class HSTUSummary:
+    """What a run reports: the eval AUC per task, steps, time."""
+
+    primary: bool
+    auc: dict[str, float]
+    loss: float
+    steps: int
+    seconds: float
+    eval_rows: int
+    log_dir: Path
+    checkpoint: Path | None
+
+    def format(self) -> str:
+        aucs = ", ".join(f"{task} {auc:.4f}" for task, auc in self.auc.items())
+        lines = [f"HSTU: {self.steps} steps in {self.seconds:.0f} s",
+                 f"  AUC (window T+1, {self.eval_rows} candidates): {aucs}; loss {self.loss:.4f}",
+                 f"  TensorBoard     {self.log_dir}"]
+        if self.checkpoint:
+            lines.append(f"  checkpoint      {self.checkpoint}")
+        return "\n".join(lines)
+
+
+def _dense_device(config: TrainConfig) -> torch.device:
+    """``--dense-device``; ``auto``: tpu on a TPU, else cpu (on XLA:CPU, CPU torch's kernels run the
+    stack faster than the tpu device's eager programs, compiled anew for each batch's shapes)."""
+    choice = config.engine.dense_device
+    if choice != "auto":
+        return torch.device(choice)
+    from torch_tpu.runtime._jax import jax
+    return torch.device("tpu" if jax.devices()[0].platform == "tpu" else "cpu")
+
+
+def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tuple[HSTU, HSTUConfig]:
+    """The model of ``--model``'s preset for the dataset ``meta``, its tables on ``--engine``."""
+    hstu_config = preset(config.model.kind, meta.item_rows, meta.action_rows, tasks=tuple(meta.tasks))
+    torch.manual_seed(config.loop.seed)
+    if config.engine.kind == "torchrec":
+        embeddings = None
+    else:
+        backend = config.engine.sparse_backend
+        embeddings = sharded_embeddings(
+            hstu_config, optimizer=_sparse_spec(config), batch_size=env.per_rank(config.data.batch_size),
+            backend=XLA if backend == "auto" else backend, seed=config.loop.seed, average_over_ranks=True,
+            ec=_seeded_ec(hstu_config, config.loop.seed))
+    return HSTU(hstu_config, embeddings, dense_device=device), hstu_config
+
+
+def _seeded_ec(hstu_config: HSTUConfig, seed: int):
+    from torchrec import EmbeddingCollection
+    torch.manual_seed(seed)
+    return EmbeddingCollection(tables=table_configs(hstu_config), device=torch.device("cpu"))
+
+
+def _sparse_spec(config: TrainConfig):
+    from sparsecore.optimizers import RowWiseAdagrad
+    return RowWiseAdagrad(config.optim.sparse_lr)
+
+
+def with_hstu_defaults(config: TrainConfig) -> TrainConfig:
+    """``config`` with :data:`HSTU_DEFAULTS` for the options left at the train command's defaults."""
+    given, default = config.to_dict(), TrainConfig().to_dict()
+    return TrainConfig.from_options(**{**given, **{k: v for k, v in HSTU_DEFAULTS.items() if given[k] == default[k]}})
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return functional.binary_cross_entropy_with_logits(logits.float(), labels.to(logits.device))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, reader: SequenceReader, device: torch.device, precision: str,
+             limit: int = 0) -> tuple[dict[str, float], float, int]:
+    """AUC per task (over every rank's candidates), mean loss and candidate count of ``reader``."""
+    model.eval()
+    aucs = [BinaryAUROC() for _ in reader.tasks]
+    total = torch.zeros(2, dtype=torch.float64)
+    for i, batch in enumerate(reader):
+        if limit and i >= limit:
+            break
+        with autocast(device.type, precision):
+            logits = model(batch.features).float().cpu()
+        for t, auc in enumerate(aucs):
+            auc.update(torch.sigmoid(logits[:, t]), batch.labels[:, t].int())
+        total += torch.tensor([functional.binary_cross_entropy_with_logits(logits, batch.labels, reduction="sum")
+                               .item() / len(reader.tasks), batch.labels.shape[0]], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    model.train()
+    rows = int(total[1])
+    if rows == 0:
+        raise ValueError("evaluation window is empty: no candidates to compute AUC on")
+    return {task: float(auc.compute()) for task, auc in zip(reader.tasks, aucs)}, float(total[0] / rows), rows
+
+
+def _checkpoint(root: Path, step: int, env: DistEnv, model: nn.Module, adam: torch.optim.Optimizer,
+                extra: dict) -> Path:
+    path = root / f"step-{step:08d}"
+    path.mkdir(parents=True, exist_ok=True)
+    state = {"model": model.state_dict(), "adam": adam.state_dict(), **extra}
+    torch.save(state, path / f"rank-{env.rank:03d}.pt")
+    if env.is_primary:
+        (path / "meta.json").write_text(json.dumps({"step": step, "world_size": env.world_size, **{
+            k: v for k, v in extra.items() if k != "sparse_state"}}, indent=1))
+    if dist.is_initialized():
+        dist.barrier()
+    return path
+
+
+def _latest(root: Path) -> Path | None:
+    found = sorted(p for p in root.glob("step-*") if (p / "meta.json").exists())
+    return found[-1] if found else None
+
+
+def run_hstu(config: TrainConfig) -> HSTUSummary:
+    """Train and evaluate HSTU as ``config`` says (module docstring)."""
+    check_options(config)
+    config = with_hstu_defaults(config)
+    device = _dense_device(config)
+    with process_group(config.engine.collective_timeout, device_tensors=device.type == "tpu") as env:
+        directory = dataset_dir(config, env)
+        meta = read_meta(directory)
+        if meta.windows < 2:
+            raise ConfigError(f"--data {directory}: {meta.windows} time window; training on T and evaluating on "
+                              "T + 1 needs at least 2 (`torchrec-tpu data sequences --windows`)")
+        model, hstu_config = build(config, meta, env, device)
+        history = min(meta.max_history, hstu_config.max_seq_len - meta.candidates)
+        per_rank = env.per_rank(config.data.batch_size)
+        train = SequenceReader(window_path(directory, meta.windows - 2), per_rank, max_history=history,
+                               item_rows=hstu_config.item_rows, shuffle_seed=config.loop.seed, rank=env.rank,
+                               world_size=env.world_size)
+        held_out = SequenceReader(window_path(directory, meta.windows - 1), env.per_rank(config.data.eval_batch_size),
+                                  max_history=history, item_rows=hstu_config.item_rows, rank=env.rank,
+                                  world_size=env.world_size)
+        dense = [p for name, p in model.named_parameters() if not name.startswith("embeddings.")]
+        if env.world_size > 1:
+            for p in dense:  # every rank starts from rank 0's dense weights
+                dist.broadcast(p.data, 0)
+        adam = torch.optim.Adam(dense, lr=config.optim.dense_lr)
+        sparse_opt = None
+        if config.engine.kind == "torchrec":
+            from torchrec.optim import RowWiseAdagrad
+            sparse_opt = RowWiseAdagrad(list(model.embeddings.parameters()), lr=config.optim.sparse_lr)
+        step, start_epoch, skip = 0, 0, 0
+        root = Path(config.checkpoint.checkpoint_dir) if config.checkpoint.checkpoint_dir else None
+        if config.checkpoint.resume:
+            resume = Path(config.checkpoint.resume)
+            resume = _latest(resume) or resume
+            state = torch.load(resume / f"rank-{env.rank:03d}.pt", weights_only=False)
+            model.load_state_dict(state["model"])
+            adam.load_state_dict(state["adam"])
+            step, start_epoch, skip = state["step"], state["epoch"], state["batch"]
+        log_dir = Path(config.loop.log_dir) if config.loop.log_dir else Path("runs") / time.strftime(
+            "%Y%m%d-%H%M%S", time.gmtime())
+        started = time.perf_counter()
+        limit = config.data.limit_train_batches
+        position = {"step": step, "epoch": start_epoch, "batch": skip}
+        with ScalarLog(log_dir, env.is_primary) as scalars:
+            for epoch in range(start_epoch, config.loop.epochs):
+                for index, batch in enumerate(train.batches(epoch)):
+                    if (limit and index >= limit) or _done(config, step):
+                        break
+                    if epoch == start_epoch and index < skip:
+                        continue
+                    loss = _train_step(model, batch, adam, sparse_opt, device, config.optim.precision, dense,
+                                       env.world_size)
+                    step += 1
+                    position = {"step": step, "epoch": epoch, "batch": index + 1}
+                    if step % config.loop.log_every == 0:
+                        scalars.log(step, {"train/loss": loss})
+                    if root and config.checkpoint.checkpoint_every and step % config.checkpoint.checkpoint_every == 0:
+                        _checkpoint(root, step, env, model, adam, position)
+                if _done(config, step):
+                    break
+                position = {"step": step, "epoch": epoch + 1, "batch": 0}
+            auc, eval_loss, rows = evaluate(model, held_out, device, config.optim.precision,
+                                            config.data.limit_val_batches)
+            scalars.log(step, {"eval/loss": eval_loss, **{f"eval/auc/{t}": a for t, a in auc.items()}})
+        saved = _checkpoint(root, step, env, model, adam, {**position, "hstu": hstu_config.to_dict()}) if root else None
+        return HSTUSummary(env.is_primary, auc, eval_loss, step, time.perf_counter() - started, rows, log_dir, saved)
+
+
+def _done(config: TrainConfig, step: int) -> bool:
+    return bool(config.loop.max_steps) and step >= config.loop.max_steps
+
+
+def _train_step(model: HSTU, batch: SequenceBatch, adam: torch.optim.Optimizer, sparse_opt, device: torch.device,
+                precision: str, dense: list[nn.Parameter], world_size: int) -> float:
+    with autocast(device.type, precision):
+        logits = model(batch.features)
+    loss = _loss(logits, batch.labels)
+    adam.zero_grad()
+    if sparse_opt is not None:
+        sparse_opt.zero_grad()
+    loss.backward()
+    if world_size > 1:
+        for p in dense:
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= world_size
+    adam.step()
+    if sparse_opt is not None:
+        sparse_opt.step()
+    return float(loss.detach().cpu())
+
+
