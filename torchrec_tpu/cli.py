@@ -56,7 +56,7 @@ def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 def _suggestions(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
     """`` (did you mean --batch-size?)`` for each unknown flag close to one of ``parser``'s."""
-    known = [flag for action in parser._actions for flag in action.option_strings]
+    known = [flag for action in parser._actions if action.help != argparse.SUPPRESS for flag in action.option_strings]
     flags = [a.split("=", 1)[0] for a in unknown if a.startswith("--")]
     matches = [(flag, close_match(flag, known)) for flag in flags]
     hints = [f"{match} for {flag}" if len(flags) > 1 else match for flag, match in matches if match]
