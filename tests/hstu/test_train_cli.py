@@ -52,3 +52,19 @@ def test_train_prints_auc_writes_tensorboard_and_checkpoint_then_resumes(tmp_pat
 def test_bf16_run_trains(tmp_path, capsys):
     assert _train(tmp_path, _dataset(tmp_path), "--max-steps", "2", "--precision", "bf16") == 0
     assert "AUC (window T+1" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_dense_part_on_the_tpu_device_trains(tmp_path, capsys):
+    data = _dataset(tmp_path)
+    assert main(["train", "--model", "hstu", "--data", str(data), "--batch-size", "16", "--max-steps", "2",
+                 "--dense-device", "tpu", "--log-dir", str(tmp_path / "tb"), "--no-progress"]) == 0
+    assert "AUC (window T+1" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_default_run_learns(tmp_path, capsys):
+    assert main(["train", "--model", "hstu", "--cache-dir", str(tmp_path / "cache"), "--log-dir",
+                 str(tmp_path / "tb"), "--no-progress"]) == 0
+    auc = float(re.search(r"positive (0\.\d+)", capsys.readouterr().out).group(1))
+    assert auc > 0.6, auc
