@@ -43,7 +43,7 @@ def test_train_prints_auc_writes_tensorboard_and_checkpoint_then_resumes(tmp_pat
     assert re.search(r"HSTU: 3 steps in \d+ s\n  AUC \(window T\+1, \d+ candidates\): positive 0\.\d{4}", out), out
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     saved = tmp_path / "ckpt" / "step-00000003"
-    assert (saved / "meta.json").is_file() and (saved / "rank-000.pt").is_file()
+    assert {p.name for p in saved.iterdir()} == {"meta.json", "dense-rank-000.pt", "tables-rank-000.pt"}
     assert _train(tmp_path, data, "--max-steps", "5", "--resume", str(tmp_path / "ckpt")) == 0
     assert "HSTU: 5 steps" in capsys.readouterr().out  # 2 more steps after the 3 resumed
 
@@ -68,3 +68,25 @@ def test_the_default_run_learns(tmp_path, capsys):
                  str(tmp_path / "tb"), "--no-progress"]) == 0
     auc = float(re.search(r"positive (0\.\d+)", capsys.readouterr().out).group(1))
     assert auc > 0.6, auc
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_ranks_train_one_model(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    data = _dataset(tmp_path)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+                          "torchrec_tpu.cli", "train", "--model", "hstu", "--data", str(data), "--batch-size", "32",
+                          "--max-steps", "3", "--dense-device", "cpu", "--log-dir", str(tmp_path / "tb"),
+                          "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"HSTU: 3 steps .*\n  AUC \(window T\+1, \d+ candidates\)", run.stdout), run.stdout
+    saved = tmp_path / "ckpt" / "step-00000003"
+    ranks = [torch.load(saved / f"dense-rank-00{r}.pt", weights_only=False)["model"] for r in range(2)]
+    dense = [k for k in ranks[0] if k.startswith(("stack.", "heads."))]
+    assert dense and all(torch.equal(ranks[0][k], ranks[1][k]) for k in dense)  # gradients averaged over ranks
