@@ -49,6 +49,22 @@ def test_train_prints_auc_writes_tensorboard_and_checkpoint_then_resumes(tmp_pat
 
 
 @pytest.mark.slow
+def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
+    import torch
+
+    data = _dataset(tmp_path)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert _train(straight, data, "--max-steps", "4") == 0
+    assert _train(split, data, "--max-steps", "2") == 0
+    assert _train(split, data, "--max-steps", "4", "--resume", str(split / "ckpt")) == 0
+    a, b = (torch.load(d / "ckpt" / "step-00000004" / "dense-rank-000.pt", weights_only=False)
+            for d in (straight, split))
+    assert (a["epoch"], a["batch"]) == (b["epoch"], b["batch"])
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.slow
 def test_bf16_run_trains(tmp_path, capsys):
     assert _train(tmp_path, _dataset(tmp_path), "--max-steps", "2", "--precision", "bf16") == 0
     assert "AUC (window T+1" in capsys.readouterr().out
