@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import queue
 import threading
 from typing import Iterable, Iterator, Protocol, TypeVar, runtime_checkable
@@ -19,6 +21,13 @@ from torchrec.datasets.utils import Batch
 
 T = TypeVar("T")
 _DONE = object()
+_abandoning = threading.local()
+
+
+class _Bound:
+    """How many items a :func:`prefetched` producer may start (no limit until its consumer stops)."""
+
+    items: float = math.inf
 
 
 @runtime_checkable
@@ -37,20 +46,41 @@ class BatchStream(Protocol):
         ...
 
 
-def prefetched(items: Iterator[T], depth: int) -> Iterator[T]:
+@contextlib.contextmanager
+def abandoning() -> Iterator[None]:
+    """Lock-step streams (:func:`prefetched` with ``lockstep``) closed inside stop their producer
+    after the item in hand: the consumer failed, and the other ranks may never join the
+    collectives of the items a lock-step close would still produce. Use around ``close()``."""
+    _abandoning.active = True
+    try:
+        yield
+    finally:
+        _abandoning.active = False
+
+
+def prefetched(items: Iterator[T], depth: int, lockstep: bool = False) -> Iterator[T]:
     """``items`` produced by a background thread up to ``depth`` ahead (Parquet decoding releases
-    the GIL, so it overlaps the conversion to tensors). Exceptions surface in the consumer."""
+    the GIL, so it overlaps the conversion to tensors). Exceptions surface in the consumer.
+
+    ``lockstep``: producing an item runs collectives with other processes that take as many
+    items (the ranks' input dists). How far a producer has got when its consumer stops early
+    differs between ranks, so a closed stream (outside :func:`abandoning`) has its producer finish
+    exactly ``depth + 1`` items past the last one taken, the most any producer can have started:
+    the same on every rank, so none waits in a collective another rank's producer never joins."""
     if depth <= 0:
         yield from items
         return
     slots: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+    bound = _Bound()
 
     def produce() -> None:
+        started = 0
         try:
-            for item in items:
-                if stop.is_set():
-                    return
+            while started < bound.items:
+                started += 1
+                item = next(items, _DONE)
+                if item is _DONE:
+                    break
                 slots.put(item)
             slots.put(_DONE)
         except BaseException as error:  # handed to the consumer, which re-raises it
@@ -58,13 +88,16 @@ def prefetched(items: Iterator[T], depth: int) -> Iterator[T]:
 
     worker = threading.Thread(target=produce, name="prefetch", daemon=True)
     worker.start()
+    taken = 0
     try:
         while (item := slots.get()) is not _DONE:
             if isinstance(item, BaseException):
                 raise item
+            taken += 1
             yield item
     finally:
-        stop.set()
+        in_step = lockstep and not getattr(_abandoning, "active", False)
+        bound.items = taken + depth + 1 if in_step else 0
         while worker.is_alive():  # unblock a producer waiting on a full queue
             try:
                 slots.get(timeout=0.01)

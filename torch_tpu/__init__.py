@@ -18,7 +18,13 @@ _runtime.register()  # the device, torch.tpu, tensor hooks, storage, serializati
 
 import xla_cache as _xla_cache  # noqa: E402
 
-_xla_cache.install()  # the shared persistent compile cache, on by default
+try:
+    _xla_cache.install()  # the shared persistent compile cache, on by default
+except _xla_cache.ConfigError as _error:  # a bad TORCH_TPU_COMPILE_CACHE_MAX_MB: one line, as the CLI's flags
+    import sys as _sys
+
+    print(f"torch_tpu: error: {_error}", file=_sys.stderr)
+    raise SystemExit(2) from None
 
 from torch_tpu import eager as _eager  # noqa: E402
 from torch_tpu import ops as _ops  # noqa: E402

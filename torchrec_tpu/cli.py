@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+import threading
 from typing import Sequence
 
 from torchrec_tpu import __version__
@@ -65,12 +66,16 @@ def _suggestions(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; any exception it lets through becomes one ``torchrec-tpu CMD: error:`` line,
     rc 2 for a user error and 1 otherwise (:func:`torchrec_tpu.errors.report_failure`), Ctrl-C rc 130."""
+    argv_given = argv
     argv = list(sys.argv[1:] if argv is None else argv)
-    from torchrec_tpu.launcher import die_with_parent, under_torchrun
+    from torchrec_tpu import launcher
 
-    if under_torchrun():  # before the slow imports: a rank never outlives its launcher
-        die_with_parent()
     command = next((a for a in argv if not a.startswith("-")), None)
+    # before the slow imports: a rank never outlives its launcher and always stops on SIGTERM
+    if launcher.under_torchrun():
+        launcher.die_with_parent()
+    if launcher.is_rank() and threading.current_thread() is threading.main_thread():
+        launcher.prepare_rank(f"torchrec-tpu {command or ''}".strip())
     parser = build_parser(command if command in SUBCOMMANDS else None)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # reported with the usage of the (sub)command they were given to
@@ -80,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torchrec_tpu.log_setup import configure_logging
 
     configure_logging(label)
+    args._restartable = argv_given is None  # a real command line: it may exec itself again
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
@@ -89,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from torchrec_tpu.errors import report_failure
 
         rc = report_failure(label, error)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if launcher.is_rank():
             # A failed rank leaves now: tearing down while background threads still sit in
             # collectives with peers that are gone aborts the process (SIGABRT, rc 134).
             sys.stdout.flush()

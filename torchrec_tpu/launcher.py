@@ -1,20 +1,38 @@
-"""A rank started by torchrun dies with it: ``PR_SET_PDEATHSIG`` asks the kernel for SIGTERM when
-the launcher exits. Standard library only, so the CLI sets it before its slow imports (a launcher
-killed during them would otherwise leave the rank running with init as its parent).
+"""How a rank process (one of several, under torchrun or a like launcher) meets signals. Standard
+library only, so the CLI sets all of it before its slow imports:
+
+- it dies with its launcher: ``PR_SET_PDEATHSIG`` asks the kernel for SIGTERM when torchrun
+  exits (a launcher killed during the imports would otherwise leave the rank running with init
+  as its parent);
+- SIGTERM (torchrun stopping the job, the dead launcher) ends it at once with one line, wherever
+  it is: waiting for the other ranks in the rendezvous, compiling or training. Python runs its
+  signal handlers only between bytecodes of the main thread, and the main thread may sit for
+  minutes in one C++ call (a store wait), so a thread woken through the signal wakeup fd leaves;
+- a fatal signal (SIGSEGV, SIGABRT, ...) prints every thread's Python stack before the process
+  dies, and SIGUSR1 prints them without stopping it (``kill -USR1 PID``: where is a hung rank?).
 """
 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
+import sys
+import threading
 
 _PR_SET_PDEATHSIG = 1
 _launcher: int | None = None  # the parent pid seen by the first call
+SIGTERM_EXIT = 128 + signal.SIGTERM
 
 
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def is_rank() -> bool:
+    """This process is one rank of several (torchrun's WORLD_SIZE)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def die_with_parent() -> None:
@@ -30,3 +48,59 @@ def die_with_parent() -> None:
             return
     if os.getppid() != _launcher:  # the launcher died before (or while) the signal was set
         os._exit(1)
+
+
+def prepare_rank(prog: str) -> None:
+    """Stack dumps on fatal signals and SIGUSR1, and SIGTERM ending the process with the line
+    ``<prog>: stopped by SIGTERM (rank R of N)``, exit status 143. Call from the main thread."""
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    line = (f"{prog}: stopped by SIGTERM (rank {os.environ.get('RANK', '?')} of "
+            f"{os.environ.get('WORLD_SIZE', '?')})\n").encode()
+
+    leaving = threading.Lock()
+
+    def leave(*_: object) -> None:  # from the handler or the watch, whichever runs first
+        if leaving.acquire(blocking=False):
+            os.write(sys.stderr.fileno(), line)  # no buffered stream: another thread may hold its lock
+            os._exit(SIGTERM_EXIT)
+
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)  # the C-level handler writes each Python-handled signal here
+    signal.signal(signal.SIGTERM, leave)
+
+    def watch() -> None:
+        while True:
+            if signal.SIGTERM in os.read(wake_read, 64):
+                leave()
+
+    threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()
+
+
+# glibc's malloc as torch_tpu.runtime.host_heap sets it on XLA:CPU (one arena, no mmap'd blocks, 1 GiB
+# of freed memory kept), here from the process's first allocation: set later, the arenas that
+# libraries' threads took at import (pyarrow's) stay, and XLA's workers share them
+XLA_CPU_MALLOC = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824"
+
+
+def xla_cpu_malloc_env() -> dict[str, str]:
+    """The environment a process that runs XLA:CPU programs starts with (empty where the device
+    is a TPU, libc is not glibc, or ``TORCH_TPU_HOST_HEAP=0``)."""
+    import importlib.util
+    import platform
+
+    if (os.environ.get("TORCH_TPU_HOST_HEAP", "1") == "0" or platform.libc_ver()[0] != "glibc"
+            or importlib.util.find_spec("libtpu") is not None):
+        return {}
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return {"GLIBC_TUNABLES": f"{tunables}:{XLA_CPU_MALLOC}" if tunables else XLA_CPU_MALLOC}
+
+
+def restart_with_xla_cpu_malloc() -> None:
+    """Run this command again in this process (``exec``) with :func:`xla_cpu_malloc_env`, once."""
+    env = xla_cpu_malloc_env()
+    if env and XLA_CPU_MALLOC not in os.environ.get("GLIBC_TUNABLES", ""):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **env})

@@ -18,18 +18,25 @@ Layout, one level per subdirectory of :func:`cache_dir`:
 Trust: what the cache holds runs as code (a compiled XLA executable is native code), so, as ssh's
 StrictModes and pip's and Inductor's per-user caches do, the directory and each level directory
 are used only when they are real directories owned by the current user, writable by that user and
-by no group or other user, and no directory above lets another user rename them away
-(:mod:`xla_cache.trust`; this module creates them ``0700``). A directory that fails (another
-owner, group/world-writable, read-only, a regular file in its place, an unwritable parent), or a
-write that fails later (a full disk), turns the persistent cache off for the process, JAX's
-included, with one warning line naming the directory, why, and how to fix it; the job runs
-uncached. Nothing in the cache is a pickle: every entry of every level, JAX's ``executables/``
+by no group or other user, and no directory above lets another user rename them away: each is
+owned by root or the user and writable by no one else unless sticky (:mod:`xla_cache.trust`; this
+module creates them ``0700``). The directory is opened once, when configured, walking its path
+without following links, and each level once, relative to it; every entry is then read, written,
+listed and evicted relative to those descriptors, JAX's ``executables/`` included (JAX's cache is
+this package's class, :mod:`xla_cache.jax_lru`), so a directory renamed away and replaced after
+the check is never followed: the job keeps using the directory it checked. A directory that fails
+(another owner, group/world-writable, read-only, a regular file in its place, an unwritable or
+shared parent), or a write that fails later (a full disk), turns the persistent cache off for the
+process, JAX's included, with one warning line naming the directory, why, and how to fix it; the
+job runs uncached. Nothing in the cache is a pickle: every entry of every level, JAX's ``executables/``
 included, is a plain header (magic, format version, the full key it was stored under, payload
 length, sha256 of the payload) and the raw payload (:mod:`xla_cache.entries`); ``compiled/``
 holds executables in a plain encoding (``torch_tpu.compile.program.executable_codec``).
 
 On load an entry must be a regular file inside its level (no symbolic link, FIFO, device;
-opened without following links or blocking), no bigger than the level's cap, and match its
+opened without following links or blocking) of this user's alone (owned by the user, writable by
+no one else, no second hard link: else a miss, removed, with one warning per process), no bigger
+than the level's cap, and match its
 header: magic, version, the key asked for (an entry copied over another key's name is refused,
 JAX's file-name keyed entries too: :mod:`xla_cache.jax_lru`), length and digest. Anything else,
 and an entry the caller's decoder refuses (a damaged program), is a miss: the file is removed with
@@ -44,8 +51,8 @@ eager programs compile in milliseconds and stay in memory, so they never crowd t
 
 Location: ``TORCH_TPU_COMPILE_CACHE`` (a directory, or ``0``/``off`` to disable), else
 ``$XDG_CACHE_HOME/torch_tpu/compile`` (``~/.cache/...``); change it with :func:`configure`.
-Size: each level is capped at ``TORCH_TPU_COMPILE_CACHE_MAX_MB`` (default 2048 MB); the least
-recently used entries go first.
+Size: each level is capped at ``TORCH_TPU_COMPILE_CACHE_MAX_MB`` (a whole number of megabytes >= 1,
+default 2048; another value is a :class:`ConfigError`); the least recently used entries go first.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from xla_cache import entries, jax_lru, trust
+from xla_cache.trust import Directory
 
 _DISABLED = {"0", "off", "false", "none", ""}
 DEFAULT_MAX_MB = 2048
@@ -68,8 +76,8 @@ SLOW_COMPILE_SECS = 1.0  # outside persistent(): only compiles this slow are wri
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
-_state: dict[str, Path | None] = {"dir": None}
-_trusted_levels: set[str] = set()  # levels of the current directory the trust policy admitted
+_root: list[Directory | None] = [None]  # the open cache directory (None: caching is off)
+_levels: dict[str, Directory] = {}  # its levels the trust policy admitted, open
 _warned: set[str] = set()  # reasons the cache was turned off, each warned about once
 _max_bytes = [DEFAULT_MAX_MB << 20]
 _local = threading.local()
@@ -96,21 +104,29 @@ def default_cache_dir() -> Path | None:
     return Path(base) / "torch_tpu" / "compile"
 
 
+class ConfigError(ValueError):
+    """An environment variable of the cache holds a value it does not take; ``str()`` names the
+    variable, the value and what is allowed."""
+
+
 def default_max_bytes() -> int:
-    """The size cap per cache level from ``TORCH_TPU_COMPILE_CACHE_MAX_MB``."""
-    raw = os.environ.get("TORCH_TPU_COMPILE_CACHE_MAX_MB", str(DEFAULT_MAX_MB))
+    """The size cap per cache level from ``TORCH_TPU_COMPILE_CACHE_MAX_MB`` (:class:`ConfigError`
+    when it is not a whole number >= 1)."""
+    raw = os.environ.get("TORCH_TPU_COMPILE_CACHE_MAX_MB", "").strip() or str(DEFAULT_MAX_MB)  # empty: unset
     try:
         mb = int(raw)
     except ValueError:
-        raise ValueError(f"TORCH_TPU_COMPILE_CACHE_MAX_MB={raw!r} is not a whole number of megabytes") from None
+        mb = 0
     if mb < 1:
-        raise ValueError(f"TORCH_TPU_COMPILE_CACHE_MAX_MB={mb} must be >= 1 (disable with TORCH_TPU_COMPILE_CACHE=off)")
+        raise ConfigError(f"TORCH_TPU_COMPILE_CACHE_MAX_MB={raw!r} is not a whole number of megabytes >= 1 "
+                          f"(the default is {DEFAULT_MAX_MB}; TORCH_TPU_COMPILE_CACHE=off disables the cache)")
     return mb << 20
 
 
 def cache_dir() -> Path | None:
-    """The active cache directory (None: persistent caching is off)."""
-    return _state["dir"]
+    """The active cache directory, as it was when configured (None: persistent caching is off)."""
+    root = _root[0]
+    return None if root is None else root.path
 
 
 def configure(directory: str | os.PathLike | None, max_bytes: int | None = None) -> None:
@@ -120,18 +136,17 @@ def configure(directory: str | os.PathLike | None, max_bytes: int | None = None)
     import jax
     from jax._src import compilation_cache
 
-    path = _trusted_root(Path(directory).expanduser()) if directory is not None else None
-    _state["dir"] = path
-    _trusted_levels.clear()
-    if path is not None:
-        _trusted_levels.add(XLA_LEVEL)
     _max_bytes[0] = default_max_bytes() if max_bytes is None else int(max_bytes)
+    _levels.clear()
+    _root[0] = _open_trusted(Path(directory).expanduser()) if directory is not None else None
+    entries.reset_warnings()
     jax.config.update("jax_compilation_cache_max_size", _max_bytes[0])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", SLOW_COMPILE_SECS)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    if not getattr(compilation_cache.LRUCache, "tolerant", False):
-        compilation_cache.LRUCache = jax_lru.tolerant_lru_cache(_on_write_error)  # what get_file_cache() builds
-    _point_jax_at(path)
+    jax.config.update("jax_persistent_cache_enable_xla_caches", "none")  # XLA's own caches would go by path
+    if not getattr(compilation_cache.LRUCache, "checked", False):
+        compilation_cache.LRUCache = jax_lru.checked_cache(_jax_directory, _on_write_error)  # get_file_cache()'s
+    _point_jax_at(cache_dir())
 
 
 def _point_jax_at(path: Path | None) -> None:
@@ -142,15 +157,31 @@ def _point_jax_at(path: Path | None) -> None:
     compilation_cache.reset_cache()  # JAX reads the directory once; make the change take effect
 
 
-def _trusted_root(path: Path) -> Path | None:
-    """``path`` resolved, with its ``executables/`` level, when the trust policy admits both."""
+def _open_trusted(path: Path) -> Directory | None:
+    """``path`` opened, with its ``executables/`` level, when the trust policy admits both."""
     try:
-        root = trust.private_dir(path)
-        trust.private_dir(root / XLA_LEVEL, follow=False)
+        root = trust.open_dir(path)
+        executables = root.subdir(XLA_LEVEL, create=True)
     except trust.Untrusted as error:
         _warn_off(str(error))
         return None
+    assert executables is not None  # created when missing
+    _levels[XLA_LEVEL] = executables
     return root
+
+
+def _jax_directory(path: str) -> Directory | None:
+    """The open directory JAX's cache at ``path`` uses: the ``executables/`` level opened when the
+    cache was configured, or (``jax_compilation_cache_dir`` set to another path directly) ``path``
+    opened under the same policy; None when refused."""
+    level = _levels.get(XLA_LEVEL)
+    if level is not None and str(level.path) == path:
+        return level
+    try:
+        return trust.open_dir(Path(path))
+    except trust.Untrusted as error:
+        _warn_off(str(error))
+        return None
 
 
 def _warn_off(reason: str) -> None:
@@ -163,8 +194,9 @@ def _warn_off(reason: str) -> None:
 def _disable(reason: str) -> None:
     """Turn the persistent cache off for the rest of this process, with one warning."""
     _warn_off(reason)
-    if _state["dir"] is not None:
-        _state["dir"] = None
+    if _root[0] is not None:
+        _root[0] = None
+        _levels.clear()
         _point_jax_at(None)
 
 
@@ -172,24 +204,22 @@ def _on_write_error(path: Path, error: OSError) -> None:
     _disable(f"writing {path} failed ({error.strerror or error})")
 
 
-def _level(level: str, create: bool) -> Path | None:
-    """The directory of ``level`` when the trust policy admits it (created ``0700`` when
+def _level(level: str, create: bool) -> Directory | None:
+    """The open directory of ``level`` when the trust policy admits it (created ``0700`` when
     ``create``); None when the cache is off, or ``level`` was never created and not ``create``."""
-    directory = _state["dir"]
-    if directory is None:
+    root = _root[0]
+    if root is None:
         return None
-    path = directory / level
-    if level in _trusted_levels:
-        return path
-    if not create and not os.path.lexists(path):
-        return None
+    if level in _levels:
+        return _levels[level]
     try:
-        trust.private_dir(path, create=create, follow=False)
+        directory = root.subdir(level, create=create)
     except trust.Untrusted as error:
         _disable(str(error))
         return None
-    _trusted_levels.add(level)
-    return path
+    if directory is not None:
+        _levels[level] = directory
+    return directory
 
 
 @contextlib.contextmanager
@@ -234,16 +264,16 @@ def load(level: str, key: str, decode: Callable[[bytes], T]) -> T | None:
     directory = _level(level, create=False)
     if directory is None:
         return None
-    path = directory / f"{key}{ENTRY_SUFFIX}"
-    payload = entries.load_checked(path, f"{level}/{key}", _max_bytes[0])
+    name = f"{key}{ENTRY_SUFFIX}"
+    payload = entries.load_checked(directory, name, f"{level}/{key}", _max_bytes[0])
     if payload is None:
         return None
     with contextlib.suppress(OSError):  # trimmed meanwhile
-        os.utime(path, follow_symlinks=False)  # recently used: the cap removes it last
+        os.utime(name, dir_fd=directory.fd, follow_symlinks=False)  # recently used: the cap removes it last
     try:
         return decode(payload)
     except Exception as error:  # noqa: BLE001  any decoding failure means a damaged entry
-        entries.drop(path, error)
+        entries.drop(directory, name, error)
         return None
 
 
@@ -257,28 +287,23 @@ def store(level: str, key: str, blob: bytes) -> None:
     entry = entries.encode(f"{level}/{key}", blob)
     if len(entry) > _max_bytes[0]:  # bigger than the cap: never kept
         return
-    target = directory / f"{key}{ENTRY_SUFFIX}"
+    name = f"{key}{ENTRY_SUFFIX}"
     try:
-        entries.write_atomic(target, entry)
-        _trim(directory, f"*{ENTRY_SUFFIX}", _max_bytes[0])
+        entries.write_atomic(directory, name, entry)
+        _trim(directory, ENTRY_SUFFIX, _max_bytes[0])
     except OSError as error:
-        _disable(f"writing {target} failed ({error.strerror or error})")
+        _disable(f"writing {directory.path / name} failed ({error.strerror or error})")
 
 
-def _trim(directory: Path, pattern: str, max_bytes: int) -> None:
-    entries_found = []
-    for path in directory.glob(pattern):
-        try:
-            st = path.lstat()
-        except FileNotFoundError:
-            continue  # another process trimmed it
-        entries_found.append((st.st_mtime, st.st_size, path))
-    total = sum(size for _, size, _ in entries_found)
-    for _, size, path in sorted(entries_found):
+def _trim(directory: Directory, suffix: str, max_bytes: int) -> None:
+    """Remove the least recently used entries of ``directory`` until they fit ``max_bytes``."""
+    found = sorted((st.st_mtime, st.st_size, name) for name, st in entries.listing(directory, suffix))
+    total = sum(size for _, size, _ in found)
+    for _, size, name in found:
         if total <= max_bytes:
             break
-        with contextlib.suppress(IsADirectoryError):
-            path.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):  # trimmed by another process
+            os.unlink(name, dir_fd=directory.fd)
         total -= size
 
 

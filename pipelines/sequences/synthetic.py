@@ -2,7 +2,7 @@
 
 Items have a latent vector and a popularity; users a latent taste. A user's events come in time
 order; each picks an item (popular ones more often) and is positive with probability
-``sigmoid(taste . item / sqrt(dim) * 2 + popularity)``: the item's table row learns the
+``sigmoid(2 taste . item / sqrt(dim) + 1.5 popularity)``: the item's table row learns the
 popularity, the history's positive items carry the taste. Action code 1: positive, 0: negative.
 """
 
@@ -29,7 +29,7 @@ def synthetic_events(users: int = 2000, items: int = 1000, events_per_user: int 
     user = np.repeat(np.arange(users, dtype=np.int64), counts)
     item = rng.choice(items, size=user.size, p=pick).astype(np.int64)
     taste = rng.standard_normal((users, LATENT_DIM))[user]
-    logit = 2.0 * np.einsum("nd,nd->n", taste, item_vec[item]) / np.sqrt(LATENT_DIM) + popularity[item]
+    logit = 2.0 * np.einsum("nd,nd->n", taste, item_vec[item]) / np.sqrt(LATENT_DIM) + 1.5 * popularity[item]
     positive = (rng.random(user.size) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int64)
     start = rng.integers(1_600_000_000, 1_600_000_000 + 86_400 * 30, users)
     gaps = rng.exponential(3600.0, user.size).astype(np.int64) + 1

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipelines.sample_data import criteo_sample_csv
+from tests.train.cli_ranks import TAIL, dump_stacks_and_kill
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,3 +58,21 @@ def write_sample_tsv(path: Path, repeat: int = 1) -> Path:
 def torchrun_train(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "-m", "torchrec_tpu.cli", "train", *args]
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def communicate_or_dump(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """``proc.communicate()`` of a launcher (torchrun) run with text pipes; past ``timeout``
+    seconds its ranks are asked for their Python stacks (SIGUSR1), killed with it, and the test
+    fails showing its stderr, where the stacks went."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        dump_stacks_and_kill(children(proc.pid))
+        proc.kill()
+        _, stderr = proc.communicate()
+        pytest.fail(f"still running after {timeout:g} s; stderr, the ranks' stacks included:\n{stderr[-TAIL:]}")

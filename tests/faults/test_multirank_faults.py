@@ -1,6 +1,6 @@
 """Multi-rank failures under torchrun (real processes): bad input on one rank fails every rank at
 once with the same line, a stalled rank times out the others with a line naming the collective and
-the rank (--collective-timeout), and ranks die with their launcher. Slow: each case starts two
+the rank (--collective-timeout), and ranks die with their launcher and stop on SIGTERM. Slow: each case starts two
 training processes."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.faults.conftest import TRAIN_FLAGS
-from tests.faults.helpers import cli_env, torchrun_train
+from tests.faults.helpers import children, cli_env, communicate_or_dump, torchrun_train
+from tests.train.cli_ranks import TAIL, finish_cli_ranks, start_cli_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -40,11 +41,6 @@ def _damage(data: Path, kind: str) -> str:
             ids[70] = [1, None]
         pq.write_table(t.set_column(t.schema.get_field_index("C3"), "C3", pa.array(ids, pa.list_(pa.int64()))), path)
     return f"rank 1: {part}: row 70, column C3: a null id inside a multi-hot list"
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
 
 
 def _rank_of(pid: int) -> int:
@@ -86,9 +82,9 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled):
                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
+        while len(children(proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        ranks = sorted(_children(proc.pid))
+        ranks = sorted(children(proc.pid))
         assert len(ranks) == 2
         latest = tmp_path / "run" / "checkpoint" / "latest"
         while not latest.exists() and time.monotonic() < deadline + 120 and proc.poll() is None:
@@ -97,15 +93,15 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled):
         stopped = {_rank_of(pid): pid for pid in ranks}[stalled]
         os.kill(stopped, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        _, stderr = proc.communicate(timeout=180)
+        _, stderr = communicate_or_dump(proc, 180)
         assert time.monotonic() - stopped_at < 120, "the survivor must fail after about the timeout"
     finally:
-        for pid in _children(proc.pid):
+        for pid in children(proc.pid):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
     assert proc.returncode != 0
     errors = [line for line in stderr.splitlines() if "torchrec-tpu train: error:" in line]
-    assert len(errors) == 1, stderr[-3000:]  # the survivor's; the stopped rank says nothing
+    assert len(errors) == 1, stderr[-TAIL:]  # the survivor's; the stopped rank says nothing
     assert f"timed out after 10 s on rank {1 - stalled}: rank {stalled} is not responding" in errors[0], errors
     assert errors[0].split("error: ")[1].startswith(
         ("train step", "the agreement", "the sparse input", "the check after a sparse input dist",
@@ -117,9 +113,9 @@ def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):
                                       "--epochs", "100000", "--log-dir", str(tmp_path / "run")),
                             env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
+    while len(children(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    ranks = _children(proc.pid)
+    ranks = children(proc.pid)
     assert len(ranks) == 2
     time.sleep(20)  # well into startup or training (PR_SET_PDEATHSIG is set first thing)
     proc.send_signal(signal.SIGKILL)
@@ -131,6 +127,33 @@ def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):
     for pid in orphans:
         os.kill(pid, signal.SIGKILL)
     assert not orphans, f"ranks {orphans} outlived their launcher"
+
+
+def test_a_rank_waiting_for_its_peers_stops_on_sigterm(tiny_dataset, tmp_path):
+    """Only rank 0 of 2 starts, so it waits for rank 1 inside a C++ store wait, where Python runs
+    no signal handler: SIGUSR1 prints where it waits, and SIGTERM (torchrun stopping a job that
+    failed to start) still ends it within seconds, with one line."""
+    argv = ["train", "--data", str(tiny_dataset), *TRAIN_FLAGS, "--log-dir", str(tmp_path / "run")]
+    ranks = start_cli_ranks(argv, tmp_path / "ranks", only=[0])
+    (proc, out), = ranks
+    unjoined = ranks.store.num_keys()
+    deadline = time.monotonic() + 180
+    while ranks.store.num_keys() == unjoined and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # until rank 0 has posted to the store: it has joined and waits for rank 1
+    assert proc.poll() is None and ranks.store.num_keys() > unjoined, out.read_text()[-TAIL:]
+    proc.send_signal(signal.SIGUSR1)  # where is it? every thread's stack, and it runs on
+    deadline = time.monotonic() + 30
+    while "most recent call first" not in out.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "agree_on_config" in out.read_text() and proc.poll() is None, out.read_text()[-TAIL:]
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    (rc,) = finish_cli_ranks(ranks, timeout=30)
+    assert time.monotonic() - sent < 10, "SIGTERM must end a rank at once"
+    output = out.read_text()
+    assert rc == 128 + signal.SIGTERM, output[-TAIL:]
+    assert "torchrec-tpu train: stopped by SIGTERM (rank 0 of 2)" in output.splitlines(), output[-TAIL:]
+    assert "Traceback" not in output, output[-TAIL:]
 
 
 def test_skipped_rows_on_one_rank_keep_the_ranks_in_step(tiny_copy, tmp_path):

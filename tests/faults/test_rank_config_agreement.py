@@ -7,22 +7,14 @@ environment torchrun gives its workers."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import time
 
 import pytest
 
 from tests.faults.conftest import TRAIN_FLAGS
-from tests.faults.helpers import cli_command, cli_env
+from tests.train.cli_ranks import TAIL, finish_cli_ranks, start_cli_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]  # two ranks start (~30 s on 2 busy cores)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("per_rank, expected", [
@@ -33,25 +25,16 @@ def _free_port() -> int:
 ])
 def test_ranks_with_different_flags_all_fail_with_one_line_naming_the_options(tiny_dataset, tmp_path, per_rank,
                                                                               expected):
-    port = _free_port()
     flags = [f for f in TRAIN_FLAGS if f not in ("--num-embeddings", "100")]
     started = time.monotonic()
-    ranks = [subprocess.Popen(cli_command("train", "--data", str(tiny_dataset), *flags, "--log-dir",
-                                          str(tmp_path / "run"), "--collective-timeout", "120", *extra),
-                              env={**cli_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                                   "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank, extra in enumerate(per_rank)]
-    try:
-        results = [(proc.wait(timeout=240), proc.stderr.read()) for proc in ranks]
-    finally:
-        for proc in ranks:
-            proc.kill()
+    ranks = start_cli_ranks(["train", "--data", str(tiny_dataset), *flags, "--log-dir", str(tmp_path / "run"),
+                             "--collective-timeout", "120"], tmp_path / "ranks", per_rank=per_rank)
+    results = [(rc, out.read_text()) for rc, (_, out) in zip(finish_cli_ranks(ranks, timeout=240), ranks)]
     assert time.monotonic() - started < 100, "refusing must not wait for the collective timeout"
     lines = []
-    for rc, stderr in results:
-        assert rc == 2 and "Traceback" not in stderr, stderr[-3000:]
-        (line,) = [line for line in stderr.splitlines() if "error:" in line]
+    for rc, output in results:
+        assert rc == 2 and "Traceback" not in output, output[-TAIL:]
+        (line,) = [line for line in output.splitlines() if "error:" in line]
         lines.append(line)
     assert lines[0] == lines[1], lines
     assert f"the ranks were launched with different training options: {expected}" in lines[0], lines[0]

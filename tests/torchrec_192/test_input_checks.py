@@ -110,3 +110,15 @@ def test_duplicate_tables_and_shared_features_are_refused() -> None:
     with pytest.raises(ValueError, match=r"feature 'h' is listed by tables 'a' and 'b'"):
         SparseCoreFusedEmbeddingCollection(tables=seq, optimizer_type=torch.optim.SGD, optimizer_kwargs={"lr": 0.1},
                                            batch_size=BATCH)
+
+
+def test_auto_stacking_and_explicit_stacking_check_the_tables_first() -> None:
+    from torchrec.experimental.torch_tpu import auto_stack_tables, stack_tables
+
+    with pytest.raises(ValueError, match=r"table 't': embedding_dim must be a positive integer, got -4"):
+        SparseCoreInputPreprocessor(tables=_tables(embedding_dim=-4), batch_size=BATCH, auto_stack=True)
+    with pytest.raises(ValueError, match=r"table 't': embedding_dim must be a positive integer, got -4"):
+        auto_stack_tables(_tables(embedding_dim=-4), global_device_count=1, num_sc_per_device=2, batch_size=BATCH)
+    with pytest.raises(ValueError, match=r"duplicate table name 't'"):
+        stack_tables(_tables({"name": "t", "num_embeddings": 10, "embedding_dim": 8, "feature_names": ["g"]}),
+                     ["t"])

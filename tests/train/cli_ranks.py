@@ -1,55 +1,113 @@
-"""Run the ``torchrec-tpu`` CLI as several ranks on loopback under torchrun's environment variables."""
+"""Run the ``torchrec-tpu`` CLI as several ranks on loopback under torchrun's environment variables.
+
+As torchrun does, the launcher (this process) hosts the rendezvous store on a port the kernel
+picked and keeps open (``TORCHELASTIC_USE_AGENT_STORE``: every rank is its client), so jobs
+started at once never meet on one port. A rank still running at the deadline is asked for its
+Python stacks (SIGUSR1, :func:`torchrec_tpu.launcher.prepare_rank`) before it is killed, and the
+failure shows each rank's output with them.
+"""
 
 from __future__ import annotations
 
+import datetime
 import os
-import socket
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
+import torch.distributed as dist
 
 from tests.train.conftest import REPO_ROOT
 
 WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+STACKS_WAIT_S = 3.0  # for a rank to write its stacks after SIGUSR1
+TAIL = 8000
 
 CLI = "import sys; from torchrec_tpu import cli; sys.exit(cli.main(sys.argv[1:]))"
 
 
-def start_cli_ranks(argv: list[str], run_dir: Path, world: int = WORLD,
-                    name: str = "rank") -> list[tuple[subprocess.Popen, Path]]:
-    """Start ``torchrec-tpu <argv>`` as ``world`` fresh processes under torchrun's environment
-    variables; each rank's output goes to ``run_dir/<name><rank>.out``. Not forked: the test
-    process may have JAX running (sparsecore tests), and a forked JAX runtime deadlocks."""
+class CliRanks(list):
+    """The ranks of one job as ``(process, output file)`` pairs, and the store they meet in."""
+
+    def __init__(self, ranks: list[tuple[subprocess.Popen, Path]], store: dist.TCPStore) -> None:
+        super().__init__(ranks)
+        self.store = store
+
+
+def launcher_store(world: int) -> dist.TCPStore:
+    """A rendezvous store hosted here on a port the kernel picked (held open until it is dropped)."""
+    return dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=300))
+
+
+def rank_env(rank: int, world: int, store: dist.TCPStore) -> dict[str, str]:
+    """torchrun's environment for ``rank`` of ``world``, joining ``store`` as a client."""
+    return {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
+def start_cli_ranks(argv: list[str], run_dir: Path, world: int = WORLD, name: str = "rank",
+                    per_rank: list[list[str]] | None = None, only: list[int] | None = None) -> CliRanks:
+    """Start ``torchrec-tpu <argv> <per_rank[rank]>`` as ``world`` fresh processes (only the
+    ranks in ``only``, when given); each rank's output goes to ``run_dir/<name><rank>.out``. Not
+    forked: the test process may have JAX running (sparsecore tests), and a forked JAX runtime
+    deadlocks."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    store = launcher_store(world)
     ranks = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for rank in range(world) if only is None else only:
         out = run_dir / f"{name}{rank}.out"
+        extra = per_rank[rank] if per_rank else []
         with open(out, "w") as stream:
-            ranks.append((subprocess.Popen([sys.executable, "-c", CLI, *argv], env=env, stdout=stream,
-                                           stderr=subprocess.STDOUT, cwd=REPO_ROOT), out))
-    return ranks
+            ranks.append((subprocess.Popen([sys.executable, "-c", CLI, *argv, *extra], env=rank_env(rank, world, store),
+                                           stdout=stream, stderr=subprocess.STDOUT, cwd=REPO_ROOT), out))
+    return CliRanks(ranks, store)
+
+
+def dump_stacks_and_kill(pids: list[int]) -> None:
+    """Ask each live process for its Python stacks (SIGUSR1), give them time to write, kill them."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(STACKS_WAIT_S)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def finish_cli_ranks(ranks: list[tuple[subprocess.Popen, Path]], timeout: float = 300) -> list[int | None]:
+    """Each rank's exit status; ranks still running after ``timeout`` seconds fail the test with
+    every rank's output, stacks of the hung ones included."""
+    deadline = time.monotonic() + timeout
+    for proc, _ in ranks:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            break
+    hung = [rank for rank, (proc, _) in enumerate(ranks) if proc.poll() is None]
+    if hung:
+        dump_stacks_and_kill([ranks[rank][0].pid for rank in hung])
+        for proc, _ in ranks:
+            proc.wait()
+        outs = "\n".join(f"--- rank {rank} ({'hung' if rank in hung else f'exit {proc.returncode}'}):\n"
+                         f"{out.read_text()[-TAIL:]}" for rank, (proc, out) in enumerate(ranks))
+        pytest.fail(f"ranks {hung} still running after {timeout:g} s (stacks below, from SIGUSR1):\n{outs}")
+    return [proc.returncode for proc, _ in ranks]
 
 
 def wait_cli_ranks(ranks: list[tuple[subprocess.Popen, Path]], timeout: float = 300) -> list[str]:
     """Wait for the ranks of :func:`start_cli_ranks` to succeed; returns each rank's output."""
-    try:
-        codes = [proc.wait(timeout=timeout) for proc, _ in ranks]
-    finally:
-        for proc, _ in ranks:
-            if proc.poll() is None:
-                proc.kill()
+    codes = finish_cli_ranks(ranks, timeout)
     for rank, (code, (_, out)) in enumerate(zip(codes, ranks)):
-        assert code == 0, f"rank {rank} exited with {code}:\n{out.read_text()[-3000:]}"
+        assert code == 0, f"rank {rank} exited with {code}:\n{out.read_text()[-TAIL:]}"
     return [out.read_text() for _, out in ranks]
 
 

@@ -85,17 +85,20 @@ def test_a_failed_write_turns_the_cache_off_with_one_warning(cache, caplog) -> N
     assert xla_cache.cache_dir() is None and jax.config.jax_compilation_cache_dir is None
 
 
-@pytest.mark.parametrize(("parent_mode", "parent_uid", "reason"), [
+@pytest.mark.parametrize(("parent_mode", "parent_owner", "reason"), [
     (0o777, None, "writable by others without the sticky bit"),
-    (0o755, OTHER_UID, f"owned by uid {OTHER_UID}: another user could replace it"),
+    (0o755, (OTHER_UID, OTHER_UID), f"owned by uid {OTHER_UID}: another user could replace it"),
+    # root's, shared with another group (a member renames the cache away and plants their own)
+    (0o770, (0, OTHER_UID), f"writable by group gid {OTHER_UID} without the sticky bit (mode 0o770)"),
     (0o1777, None, None),  # sticky, as /tmp: others cannot rename what is ours
+    (0o1770, (0, OTHER_UID), None),
 ])
-def test_a_directory_above_that_others_control_is_refused(tmp_path, parent_mode, parent_uid, reason, caplog):
+def test_a_directory_above_that_others_control_is_refused(tmp_path, parent_mode, parent_owner, reason, caplog):
     parent = tmp_path / "shared"
     parent.mkdir()
     parent.chmod(parent_mode)
-    if parent_uid is not None:
-        os.chown(parent, parent_uid, parent_uid)
+    if parent_owner is not None:
+        os.chown(parent, *parent_owner)
     previous, cap = xla_cache.cache_dir(), xla_cache._max_bytes[0]
     try:
         with caplog.at_level(logging.WARNING, logger="xla_cache"):
@@ -128,7 +131,7 @@ def _plant_dev_zero(_source: Path, target: Path) -> None:
 def test_jax_executables_are_tied_to_their_key(cache, plant, caplog) -> None:
     """JAX names an executable's file by its key; sin's entry under cos's name is not cos."""
     level = cache / xla_cache.XLA_LEVEL
-    x = jnp.linspace(0.0, 1.0, 8)
+    x = np.linspace(0.0, 1.0, 8, dtype=np.float32)  # not a program: under load its compile could pass 1 s and be stored
 
     def run(fn):
         jax.clear_caches()  # compiled afresh: read from (or written to) the persistent cache
@@ -143,7 +146,7 @@ def test_jax_executables_are_tied_to_their_key(cache, plant, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="xla_cache"):
         np.testing.assert_allclose(run(jnp.cos), np.cos(np.asarray(x)), rtol=1e-6)
     assert len(_warned(caplog, str(cos_entry))) == 1, caplog.text
-    assert entries.read_entry(cos_entry, 1 << 20)[:8] == entries.MAGIC  # compiled and stored anew
+    assert not cos_entry.is_symlink() and cos_entry.read_bytes()[:8] == entries.MAGIC  # compiled and stored anew
 
 
 _PLANTED_MODULE = ('#include <sys/stat.h>\n'

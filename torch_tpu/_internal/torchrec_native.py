@@ -11,9 +11,10 @@ the buffers jax-tpu-embedding's C++ builds). A real extension found on the path 
 
 Checks (:mod:`sparsecore.torchrec_tpu_checks`): TorchRec narrows ids to int32 and splits the KJT by
 feature before the backend sees them, and it never checks its table configs. So, as its modules
-load (or at once, when already loaded), ``prepare_tables_for_stacking`` -- which every fused
-collection and the preprocessor call on their tables first -- and ``SparseCoreInputPreprocessor.
-__call__`` are wrapped: the tables and the KJT are checked, then TorchRec's function runs as is.
+load (or at once, when already loaded), its stacking functions (``prepare_tables_for_stacking``,
+which every fused collection and the preprocessor call on their tables first, ``stack_tables``,
+``auto_stack_tables``) and ``SparseCoreInputPreprocessor.__call__`` are wrapped: the tables and
+the KJT are checked, then TorchRec's function runs as is.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ PREPROCESSING_MODULE = "torchrec.experimental.torch_tpu.datasets.pybind_input_pr
 STACKING_MODULE = "torchrec.experimental.torch_tpu.modules.table_stacking"
 PREPROCESSOR_MODULE = "torchrec.experimental.torch_tpu.datasets.input_preprocessing"
 _CHECKED = "__torch_tpu_checked__"  # marks a function wrapped here
+# TorchRec's functions taking the table configs first (the fused collections and the preprocessor
+# stack their tables through them before anything else)
+_STACKING_FUNCTIONS = ("stack_tables", "auto_stack_tables", "prepare_tables_for_stacking")
 
 
 class _Loader(importlib.abc.Loader):
@@ -81,8 +85,9 @@ def _check_batch(preprocessor: Any, features: Any) -> None:
 
 def _guard(module: ModuleType) -> None:
     """Wrap the functions of TorchRec module ``module`` that take the checked inputs."""
-    if module.__name__ == STACKING_MODULE or module.__name__ == PREPROCESSOR_MODULE:
-        module.prepare_tables_for_stacking = _checked(module.prepare_tables_for_stacking, _check_tables)
+    for name in _STACKING_FUNCTIONS:
+        if hasattr(module, name):
+            setattr(module, name, _checked(getattr(module, name), _check_tables))
     if module.__name__ == PREPROCESSOR_MODULE:
         cls = module.SparseCoreInputPreprocessor
         cls.__call__ = _checked(cls.__call__, _check_batch)

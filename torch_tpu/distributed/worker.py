@@ -40,6 +40,7 @@ class FutureWork(dist.Work):
         super().__init__()
         self._future = future
         self._collective = collective
+        self._c10d_future: torch.futures.Future | None = None
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if timeout and timeout.total_seconds() > 0 and not self._done_within(timeout):
@@ -56,7 +57,15 @@ class FutureWork(dist.Work):
         return done.wait(timeout.total_seconds())
 
     def get_future(self) -> torch.futures.Future:
-        return self._future
+        """The collective's future as C++ reads it (DDP's reducer): a failure is a C++ error.
+
+        ``Future.set_exception`` stores the error as the future's *value* (Python unwraps it on
+        ``wait``); C++ sees a success holding an exception object, and DDP's reducer took it for
+        its tensor list and crashed (SIGSEGV). The future chained by ``then`` fails in C++.
+        """
+        if self._c10d_future is None:
+            self._c10d_future = self._future.then(_value)
+        return self._c10d_future
 
     def is_completed(self) -> bool:
         return self._future.done()
@@ -72,6 +81,10 @@ class FutureWork(dist.Work):
 
     def result(self) -> Any:
         return self._future.wait()
+
+
+def _value(future: torch.futures.Future) -> Any:
+    return future.value()  # raises the collective's error
 
 
 class Failure:

@@ -93,6 +93,9 @@ def init_xla_transport(
         coordinator_address = _rendezvous(store, rank, timeout)
     if jax.config.jax_cpu_collectives_implementation is None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # JAX's preemption service catches SIGTERM in C++ (only noting it for sync points this project
+    # never uses): a joined process would then outlive torchrun's stop signal and PR_SET_PDEATHSIG.
+    jax.config.update("jax_enable_preemption_service", False)
     jax.distributed.initialize(
         coordinator_address,
         num_processes=world_size,

@@ -56,6 +56,7 @@ from torch_tpu.ops import decompositions, metadata_ops
 from torch_tpu.ops.kernels import copy_from_kernel, copy_kernel, local_scalar_dense_kernel
 from torch_tpu.runtime import device as tpu_device
 from torch_tpu.runtime import dtypes, memory_format, precision
+from torch_tpu.runtime import generator as tpu_generator
 from torch_tpu.runtime import tensor as tpu_tensor
 from torch_tpu.runtime._jax import ARRAY_TYPE
 from torch_tpu.runtime.tensor import to_jax
@@ -112,7 +113,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                     return wrap_outputs(out)
     handler = _HANDLERS.get(func)
     if handler is None:
-        handler = _HANDLERS[func] = sparse.routed(func, _make_handler(func))
+        handler = _HANDLERS[func] = sparse.routed(func, tpu_generator.checked(func, _make_handler(func)))
     return handler(func, args, kwargs)
 
 

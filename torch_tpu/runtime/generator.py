@@ -9,12 +9,15 @@ A tpu generator keeps its state in a CPU Mersenne-Twister generator: ``manual_se
 
 A random op on tpu given ``generator=`` draws its JAX PRNG key from that generator (64 bits per
 op, :func:`key_from`) instead of the device's global key: the same seed gives the same values.
-The dispatcher sees torch's C generator behind the Python object, so a CPU generator given to a
-tpu op is used the same way (CUDA refuses it).
+The dispatcher hands an op a new Python object for torch's C generator behind the one given, so a
+tpu generator is told from a CPU one by that C generator (``_cdata``, :data:`_TPU_GENERATORS`):
+an op given a CPU generator raises as CUDA's ops do (:func:`checked`).
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,6 +25,9 @@ import torch
 from torch_tpu.runtime._jax import jax
 
 _C_GENERATOR = torch._C.Generator
+_GENERATOR_TYPES = ("Generator", "Optional[Generator]")  # as an op schema's argument types print
+# the live tpu generators by their C generator's address (an address freed is forgotten with its generator)
+_TPU_GENERATORS: weakref.WeakValueDictionary[int, TpuGenerator] = weakref.WeakValueDictionary()
 
 
 def _is_tpu(device: Any) -> bool:
@@ -37,7 +43,9 @@ class TpuGenerator(_C_GENERATOR):
         index = torch.device(device).index
         if index not in (None, 0):
             raise RuntimeError(f"tpu generator for device index {index}: this process drives one device (tpu:0)")
-        return _C_GENERATOR.__new__(cls, "cpu")
+        generator = _C_GENERATOR.__new__(cls, "cpu")
+        _TPU_GENERATORS[generator._cdata] = generator
+        return generator
 
     @property
     def device(self) -> torch.device:
@@ -72,9 +80,27 @@ def install() -> None:
     torch.Generator = Generator
 
 
+def checked(op: Any, handler: Callable[[Any, tuple, dict], Any]) -> Callable[[Any, tuple, dict], Any]:
+    """``handler`` of the aten op ``op`` on tpu tensors, refusing a generator that is not a tpu
+    generator as CUDA's ops refuse one that is not CUDA's (``handler`` itself for an op that
+    takes no generator)."""
+    where = [(i, a.name) for i, a in enumerate(op._schema.arguments) if str(a.type) in _GENERATOR_TYPES]
+    if not where:
+        return handler
+
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        for index, name in where:
+            generator = args[index] if index < len(args) else kwargs.get(name)
+            if generator is not None and generator._cdata not in _TPU_GENERATORS:
+                raise RuntimeError(f"Expected a 'tpu' device type for generator but found "
+                                   f"'{generator.device.type}' ({func}: pass torch.Generator(device='tpu'))")
+        return handler(func, args, kwargs)
+
+    return run
+
+
 def key_from(generator: Any) -> jax.Array:
-    """A JAX PRNG key drawn from ``generator``'s stream (advancing it by one 64-bit draw)."""
-    if generator.device.type != "cpu":
-        raise RuntimeError(f"Expected a 'tpu' or 'cpu' device type for generator but found '{generator.device.type}'")
+    """A JAX PRNG key drawn from the tpu generator ``generator``'s stream (advancing it by one
+    64-bit draw)."""
     bits = torch.empty((), dtype=torch.int64).random_(generator=generator)
     return jax.random.key(int(bits) & 0xFFFFFFFFFFFFFFFF)

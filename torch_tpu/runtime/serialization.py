@@ -3,7 +3,9 @@
 Saving: a tpu tensor pickles as its CPU value plus its device, rebuilt by torch's own
 ``_rebuild_device_tensor_from_cpu_tensor`` (as torch does for other storage-less devices), which
 maps the device through ``torch.load``'s ``map_location``: ``map_location="cpu"`` gives CPU
-tensors on a machine without the device.
+tensors on a machine without the device. A tpu ``nn.Parameter`` pickles as torch pickles a CPU
+one (``_rebuild_parameter`` over its data), so it loads as a Parameter with its
+``requires_grad``, in a state dict or a whole module (``TpuTensor.__reduce_ex__``).
 
 Loading onto the device: torch restores a saved storage to a PrivateUse1 location by allocating a
 storage there (``UntypedStorage(n, device="tpu")``), which needs a C++ allocator a Python device

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_tpu.runtime import backward_errors, dtype_views, host_heap
+from torch_tpu.runtime import backward_errors, dtype_views
 from torch_tpu.runtime._jax import ARRAY_TYPE, jax, jnp
 from torch_tpu.runtime.dtypes import FLOAT8_NUMPY, to_jax_dtype, to_torch_dtype
 
@@ -57,7 +57,6 @@ class StorageBox:
     __slots__ = ("array", "_ptr", "_storage", "__weakref__")
 
     def __init__(self, array: jax.Array) -> None:
-        host_heap.note_array(array)
         self.array = array
         self._ptr = 0
         self._storage: weakref.ref | None = None
@@ -268,6 +267,8 @@ class TpuTensor(torch.Tensor):
         return new
 
     def __reduce_ex__(self, protocol: int):
+        if self.__dict__.get("_is_param"):  # an nn.Parameter: loads as one, as torch saves a CPU Parameter
+            return (torch._utils._rebuild_parameter, (self.detach(), self.requires_grad, collections.OrderedDict()))
         # as torch saves a CPU tensor: its storage (written once however many tensors view it, its
         # location tag "tpu:0" honouring torch.load's map_location) and the view's layout
         storage = torch.storage.TypedStorage(wrap_storage=self.untyped_storage(), dtype=self.dtype, _internal=True)

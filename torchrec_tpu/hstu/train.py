@@ -25,6 +25,7 @@ from torchmetrics.classification import BinaryAUROC
 from pipelines.sequences import read_meta, read_movielens, synthetic_events, window_path, write_sequences
 from pipelines.sequences.reader import SequenceBatch, SequenceReader
 from pipelines.synthetic import cache_root
+from sparsecore.backends import XLA
 from torchrec_tpu.hstu.config import HSTUConfig, preset
 from torchrec_tpu.hstu.model import HSTU, table_configs
 from torchrec_tpu.hstu.sharded import sharded_embeddings
@@ -34,8 +35,9 @@ from torchrec_tpu.train.engines.precision import autocast
 from torchrec_tpu.train.scalars import ScalarLog
 
 HSTU_MODELS = ("hstu", "dlrmv4")
-HSTU_DENSE_LR = 1e-3
-SYNTHETIC = {"users": 3000, "items": 1000, "events_per_user": 40, "seed": 0}
+# HSTU's own defaults, used where the option is left at the train command's (DLRM's) default
+HSTU_DEFAULTS = {"batch_size": 128, "dense_lr": 3e-3, "epochs": 2}
+SYNTHETIC = {"users": 3000, "items": 1000, "events_per_user": 40, "seed": 1}
 WINDOWS, CANDIDATES, MAX_HISTORY = 4, 4, 60
 # the train options HSTU does not read: set to anything but their default, they are refused
 DLRM_ONLY = ("num_embeddings", "num_embeddings_per_feature", "embedding_dim", "dense_arch", "over_arch",
@@ -59,7 +61,7 @@ def dataset_dir(config: TrainConfig, env: DistEnv) -> Path:
     source = config.data.source
     if source not in ("synthetic", "sample"):
         return Path(source)
-    name = "hstu-synthetic-" + "-".join(f"{v}" for v in SYNTHETIC.values()) if source == "synthetic" \
+    name = "hstu-synthetic-v2-" + "-".join(f"{v}" for v in SYNTHETIC.values()) if source == "synthetic" \
         else "hstu-movielens-sample"
     path = cache_root(config.data.cache_dir) / name
     if env.is_primary and not (path / "meta.json").exists():
@@ -101,8 +103,13 @@ class HSTUSummary:
 
 
 def _dense_device(config: TrainConfig) -> torch.device:
+    """``--dense-device``; ``auto``: tpu on a TPU, else cpu (on XLA:CPU, CPU torch's kernels run the
+    stack faster than the tpu device's eager programs, compiled anew for each batch's shapes)."""
     choice = config.engine.dense_device
-    return torch.device("tpu" if choice == "auto" else choice)
+    if choice != "auto":
+        return torch.device(choice)
+    from torch_tpu.runtime._jax import jax
+    return torch.device("tpu" if jax.devices()[0].platform == "tpu" else "cpu")
 
 
 def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tuple[HSTU, HSTUConfig]:
@@ -115,7 +122,7 @@ def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tupl
         backend = config.engine.sparse_backend
         embeddings = sharded_embeddings(
             hstu_config, optimizer=_sparse_spec(config), batch_size=env.per_rank(config.data.batch_size),
-            backend="xla" if backend == "auto" else backend, seed=config.loop.seed, average_over_ranks=True,
+            backend=XLA if backend == "auto" else backend, seed=config.loop.seed, average_over_ranks=True,
             ec=_seeded_ec(hstu_config, config.loop.seed))
     return HSTU(hstu_config, embeddings, dense_device=device), hstu_config
 
@@ -131,8 +138,10 @@ def _sparse_spec(config: TrainConfig):
     return RowWiseAdagrad(config.optim.sparse_lr)
 
 
-def _dense_lr(config: TrainConfig) -> float:
-    return HSTU_DENSE_LR if config.optim.dense_lr == TrainConfig().optim.dense_lr else config.optim.dense_lr
+def with_hstu_defaults(config: TrainConfig) -> TrainConfig:
+    """``config`` with :data:`HSTU_DEFAULTS` for the options left at the train command's defaults."""
+    given, default = config.to_dict(), TrainConfig().to_dict()
+    return TrainConfig.from_options(**{**given, **{k: v for k, v in HSTU_DEFAULTS.items() if given[k] == default[k]}})
 
 
 def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -164,15 +173,21 @@ def evaluate(model: nn.Module, reader: SequenceReader, device: torch.device, pre
     return {task: float(auc.compute()) for task, auc in zip(reader.tasks, aucs)}, float(total[0] / rows), rows
 
 
+TABLES_PREFIX = "embeddings."
+
+
 def _checkpoint(root: Path, step: int, env: DistEnv, model: nn.Module, adam: torch.optim.Optimizer,
                 extra: dict) -> Path:
+    """``step-N/``: per rank, ``dense-rank-R.pt`` (stack and heads, Adam, position: plain tensors)
+    and ``tables-rank-R.pt`` (this rank's table shards and optimizer slots); ``meta.json``."""
     path = root / f"step-{step:08d}"
     path.mkdir(parents=True, exist_ok=True)
-    state = {"model": model.state_dict(), "adam": adam.state_dict(), **extra}
-    torch.save(state, path / f"rank-{env.rank:03d}.pt")
+    state = model.state_dict()
+    dense = {k: v for k, v in state.items() if not k.startswith(TABLES_PREFIX)}
+    torch.save({"model": dense, "adam": adam.state_dict(), **extra}, path / f"dense-rank-{env.rank:03d}.pt")
+    torch.save({k: v for k, v in state.items() if k not in dense}, path / f"tables-rank-{env.rank:03d}.pt")
     if env.is_primary:
-        (path / "meta.json").write_text(json.dumps({"step": step, "world_size": env.world_size, **{
-            k: v for k, v in extra.items() if k != "sparse_state"}}, indent=1))
+        (path / "meta.json").write_text(json.dumps({"world_size": env.world_size, **extra}, indent=1))
     if dist.is_initialized():
         dist.barrier()
     return path
@@ -186,6 +201,7 @@ def _latest(root: Path) -> Path | None:
 def run_hstu(config: TrainConfig) -> HSTUSummary:
     """Train and evaluate HSTU as ``config`` says (module docstring)."""
     check_options(config)
+    config = with_hstu_defaults(config)
     device = _dense_device(config)
     with process_group(config.engine.collective_timeout, device_tensors=device.type == "tpu") as env:
         directory = dataset_dir(config, env)
@@ -206,7 +222,7 @@ def run_hstu(config: TrainConfig) -> HSTUSummary:
         if env.world_size > 1:
             for p in dense:  # every rank starts from rank 0's dense weights
                 dist.broadcast(p.data, 0)
-        adam = torch.optim.Adam(dense, lr=_dense_lr(config))
+        adam = torch.optim.Adam(dense, lr=config.optim.dense_lr)
         sparse_opt = None
         if config.engine.kind == "torchrec":
             from torchrec.optim import RowWiseAdagrad
@@ -216,8 +232,9 @@ def run_hstu(config: TrainConfig) -> HSTUSummary:
         if config.checkpoint.resume:
             resume = Path(config.checkpoint.resume)
             resume = _latest(resume) or resume
-            state = torch.load(resume / f"rank-{env.rank:03d}.pt", weights_only=False)
-            model.load_state_dict(state["model"])
+            state = torch.load(resume / f"dense-rank-{env.rank:03d}.pt", weights_only=False)
+            tables = torch.load(resume / f"tables-rank-{env.rank:03d}.pt", weights_only=False)
+            model.load_state_dict({**state["model"], **tables})
             adam.load_state_dict(state["adam"])
             step, start_epoch, skip = state["step"], state["epoch"], state["batch"]
         log_dir = Path(config.loop.log_dir) if config.loop.log_dir else Path("runs") / time.strftime(

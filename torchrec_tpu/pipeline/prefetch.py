@@ -52,7 +52,7 @@ class PrefetchedBatches(BatchStream):
     def iter_from_row(self, row: int) -> Iterator[Batch]:
         """The batches from row ``row`` on (seeking the loader when it can); the rows before are
         never input-dist'ed."""
-        return prefetched(self._prepared(row), self.depth)
+        return prefetched(self._prepared(row), self.depth, lockstep=self.group is not None)
 
     def _prepared(self, row: int) -> Iterator[Batch]:
         """Runs on the prefetch thread: read, move to the device, input dist. With several ranks,

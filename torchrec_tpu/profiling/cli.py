@@ -11,6 +11,7 @@ import sys
 
 from pipelines.flag_numbers import positive_int
 from torchrec_tpu.errors import report_user_error
+from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
 from torchrec_tpu.train.preflight import check_paths
@@ -33,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        if getattr(args, "_restartable", False) and config.engine.kind == "sparsecore":
+            restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
         check_paths(config)  # before the heavy imports below
         from torchrec_tpu.profiling.job import profile_training  # heavy: torch, torchrec, jax
 

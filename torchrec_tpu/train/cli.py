@@ -11,6 +11,7 @@ import argparse
 import os
 
 from torchrec_tpu.errors import report_user_error
+from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, check_batch_split, config_from_args
 from torchrec_tpu.train.preflight import check_paths
@@ -65,6 +66,8 @@ def _run_hstu(config, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        if getattr(args, "_restartable", False) and config.engine.kind == "sparsecore":
+            restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
         if config.model.kind in ("hstu", "dlrmv4"):
             return _run_hstu(config, args)
         # the world is known before anything starts: torchrun's environment, or the Ray workers

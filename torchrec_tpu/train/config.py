@@ -201,7 +201,7 @@ class EngineConfig(_Group):
                 "(SGD, Adagrad, and row-wise Adagrad on dims that are multiples of 4; no Adam or FTRL); tpu: "
                 "jax-tpu-embedding's SparseCore kernels, which only a TPU host (libtpu) runs. auto: ops where the "
                 "step is one program (one rank, tpu towers, an optimizer without a host value per step, i.e. not "
-                "Adam), else xla: run eagerly, each ops update writes whole new tables (docs/ARCHITECTURE.md)",
+                "Adam), else xla (the eager step runs the xla backend's programs beside it)",
         choices=SPARSE_BACKENDS)
     dense_parallel: DenseParallel = _opt(
         "ddp", "how the dense towers sync over ranks: ddp (replicated) or fsdp2 (sharded)",

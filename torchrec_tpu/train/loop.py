@@ -22,7 +22,7 @@ from torch.optim import Optimizer
 from torchrec.datasets.utils import Batch
 
 from pipelines.progress import progress_bar
-from pipelines.streams import batches_from_row
+from pipelines.streams import abandoning, batches_from_row
 from torchrec_tpu.train.metrics import EvalForward, EvalResult, evaluate, model_outputs
 from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
@@ -157,8 +157,9 @@ def run_training(
                                                                          options))
     bar = progress_bar(total=total, initial=options.start_step, desc="train", unit="step", enabled=options.progress)
     metrics = _MetricsWindow(log, options, total, bar)
-    with bar:
-        for position, batch in () if _done(step, options) else _batches(train, options):
+    stream = iter(()) if _done(step, options) else _batches(train, options)
+    with bar, _closed(stream):
+        for position, batch in stream:
             rates = learning_rates(step + 1) if learning_rates else None
             with collectives(f"train step {step + 1} (embedding all_to_all, dense gradient all_reduce)"):
                 loss = step_fn(model, optimizer, batch.to(device))
@@ -186,6 +187,25 @@ def run_training(
     test_result = evaluations.logged(step, evaluations.run(test, step), "test") if test is not None else None
     return TrainResult(step, metrics.samples, train_seconds, metrics.final_loss(), result, position,
                        metrics.first_step_seconds, test_result, evaluations.target_step, evaluations.best)
+
+
+@contextlib.contextmanager
+def _closed(stream: Iterator[Any]) -> Iterator[None]:
+    """``stream`` closed on leaving: in lock-step (every rank stops its prefetching at the same
+    batch) when the loop ends, abandoned when it fails (:func:`pipelines.streams.abandoning`)."""
+    try:
+        yield
+    except BaseException:
+        with abandoning():
+            _close(stream)
+        raise
+    _close(stream)
+
+
+def _close(stream: Iterator[Any]) -> None:
+    close = getattr(stream, "close", None)
+    if close is not None:
+        close()
 
 
 def _save(checkpoint: CheckpointFn, step: int, position: LoopPosition, metrics: _MetricsWindow,

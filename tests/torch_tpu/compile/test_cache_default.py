@@ -84,13 +84,22 @@ def test_translation_level_stays_under_its_cap(tmp_path):
         tc.configure_cache(previous)
 
 
-def test_bad_size_cap_is_named(monkeypatch):
-    monkeypatch.setenv("TORCH_TPU_COMPILE_CACHE_MAX_MB", "lots")
-    with pytest.raises(ValueError, match="TORCH_TPU_COMPILE_CACHE_MAX_MB='lots' is not a whole number"):
+@pytest.mark.parametrize("value", ["lots", "0", "-3", "1.5"])
+def test_bad_size_cap_is_named(monkeypatch, value):
+    monkeypatch.setenv("TORCH_TPU_COMPILE_CACHE_MAX_MB", value)
+    with pytest.raises(xla_cache.ConfigError, match=f"TORCH_TPU_COMPILE_CACHE_MAX_MB={value!r} is not a whole number "
+                                                    "of megabytes >= 1"):
         xla_cache.default_max_bytes()
-    monkeypatch.setenv("TORCH_TPU_COMPILE_CACHE_MAX_MB", "0")
-    with pytest.raises(ValueError, match="must be >= 1"):
-        xla_cache.default_max_bytes()
+
+
+def test_bad_size_cap_stops_the_import_with_one_line():
+    """``import torch_tpu`` gave a raw traceback; now one line, rc 2, as the CLI's flags."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_TPU_COMPILE_CACHE_MAX_MB": "0"}
+    proc = subprocess.run([sys.executable, "-c", "import torch_tpu"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "torch_tpu: error: TORCH_TPU_COMPILE_CACHE_MAX_MB='0' is not a whole number of megabytes >= 1 "
+        "(the default is 2048; TORCH_TPU_COMPILE_CACHE=off disables the cache)"], proc.stderr[-3000:]
 
 
 _CHILD = """

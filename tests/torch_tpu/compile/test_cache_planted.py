@@ -85,7 +85,7 @@ def test_planted_pickles_never_run(cache: Path, tmp_path: Path, caplog: pytest.L
     assert not marker.exists()
     for path in planted:
         assert len(_warned(caplog, str(path))) == 1, (path, caplog.text)
-        assert entries.read_entry(path, 1 << 30)[:8] == entries.MAGIC  # compiled and stored anew
+        assert not path.is_symlink() and path.read_bytes()[:8] == entries.MAGIC  # compiled and stored anew
 
 
 @pytest.mark.parametrize("level", ["compiled", "fx"])
@@ -102,6 +102,31 @@ def test_an_entry_copied_over_another_keys_name_is_a_miss(cache: Path, level: st
     with caplog.at_level(logging.WARNING, logger="xla_cache"):
         torch.testing.assert_close(_compiled_output("sigmoid"), _reference("sigmoid"))
     assert len(_warned(caplog, f"{target} is corrupt (BadEntry: it belongs to another key")) == 1, caplog.text
+
+
+def test_a_cache_swapped_after_the_check_is_never_followed(cache: Path, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The cache directory renamed away under the running job and another put in its place, with
+    relu's translation and executable behind valid headers for sigmoid's keys: never read."""
+    _compiled_output("relu")
+    relu = _files(cache)
+    _compiled_output("sigmoid")
+    sigmoid = {level: paths - relu[level] for level, paths in _files(cache).items()}
+    forged = {}
+    for level in ("compiled", "fx"):
+        (source,), (target,) = relu[level], sigmoid[level]
+        payload = entries.decode(f"{level}/{source.name.removesuffix(xla_cache.ENTRY_SUFFIX)}", source.read_bytes())
+        forged[target.relative_to(cache)] = entries.encode(
+            f"{level}/{target.name.removesuffix(xla_cache.ENTRY_SUFFIX)}", payload)
+    cache.rename(tmp_path / "checked")
+    for relative, blob in forged.items():
+        (cache / relative).parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        (cache / relative).write_bytes(blob)
+        (cache / relative).chmod(0o600)
+    with caplog.at_level(logging.WARNING, logger="xla_cache"):
+        torch.testing.assert_close(_compiled_output("sigmoid"), _reference("sigmoid"))  # relu's before
+    assert not _warned(caplog, ""), caplog.text
+    assert {p.relative_to(cache) for p in cache.rglob("*") if p.is_file()} == set(forged)  # nothing read or written
 
 
 @pytest.mark.timeout(60)  # a FIFO read blocks forever, /dev/zero reads until memory runs out

@@ -63,6 +63,24 @@ def stalled_peer(rank: int, size: int, store: dist.Store, timeout: datetime.time
     return result
 
 
+def ddp_stalled_peer(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -> dict:
+    """DDP over the group: rank 1 never runs the backward, so rank 0's gradient all_reduce times
+    out inside DDP's reducer, which reads the failed collective's future from C++."""
+    _join(rank, size, store, timeout)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    if rank == 1:
+        store.wait(["rank0_done"], datetime.timedelta(seconds=60))
+        return {}
+    start = time.monotonic()
+    try:
+        model(torch.ones(2, 4)).sum().backward()
+        result = {"error": None}
+    except Exception as exc:  # the error under test
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    store.set("rank0_done", "1")
+    return {**result, "seconds": time.monotonic() - start}
+
+
 def _xla_world(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta) -> None:
     import torch_tpu.distributed as tpu_dist
 

@@ -10,6 +10,7 @@ import pytest
 from tests.torch_tpu.distributed.device import tpu_ready
 from tests.torch_tpu.distributed.failure_checks import (
     DEAD_EXIT_CODE,
+    ddp_stalled_peer,
     dead_peer,
     stalled_peer,
     xla_dead_peer,
@@ -42,6 +43,16 @@ def test_stalled_peer_times_out() -> None:
     assert "tpu_dist allreduce failed" in survivor["error"]
     assert f"timeout {TIMEOUT_S:g}s" in survivor["error"]
     assert TIMEOUT_S * 0.5 <= survivor["seconds"] < HANG_BOUND_S
+
+
+def test_ddp_backward_with_a_stalled_peer_raises() -> None:
+    """DDP's reducer reads the all_reduce's future in C++: a failed collective must fail it there
+    (a future holding the error as its value crashed the survivor with SIGSEGV)."""
+    survivor, _ = launch_local(ddp_stalled_peer, 2, timeout_s=TIMEOUT_S)
+    assert survivor["error"] is not None, "DDP backward with a stalled peer returned normally"
+    assert "tpu_dist allreduce failed" in survivor["error"], survivor["error"]
+    assert f"timeout {TIMEOUT_S:g}s" in survivor["error"], survivor["error"]
+    assert survivor["seconds"] < HANG_BOUND_S
 
 
 def _xla_survivor(fn: object, tmp_path: pathlib.Path, expect_exit: dict[int, int]) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -82,3 +83,21 @@ def test_missing_torchrun_environment_is_named(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(ValueError, match="RANK is not set"):
         tpu_dist.init_xla_transport()
+
+
+def test_a_joined_process_still_dies_by_sigterm() -> None:
+    """torchrun stops a job (and PR_SET_PDEATHSIG ends an orphan) with SIGTERM: joining JAX must
+    not take it over (its preemption service catches it in C++ and the process runs on)."""
+    code = (
+        "import os, signal, socket, time\n"
+        "import torch_tpu.distributed as tpu_dist\n"
+        "with socket.socket() as s:\n"
+        "    s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]\n"
+        "tpu_dist.init_xla_transport(rank=0, world_size=1, coordinator_address=f'127.0.0.1:{port}')\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(30)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stderr[-3000:])

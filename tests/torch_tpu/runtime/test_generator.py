@@ -86,3 +86,31 @@ def test_cpu_generators_keep_working():
     expected = torch.randn(3, generator=torch.Generator().manual_seed(0))
     assert torch.equal(torch.randn(3, generator=g), expected)
     assert pickle.loads(pickle.dumps(g)).initial_seed() == 0
+
+
+_RANDOM_OPS = {
+    "randn": lambda g: torch.randn(3, generator=g, device="tpu"),
+    "rand": lambda g: torch.rand(3, generator=g, device="tpu"),
+    "randint": lambda g: torch.randint(0, 10, (5,), generator=g, device="tpu"),
+    "randperm": lambda g: torch.randperm(6, generator=g, device="tpu"),
+    "normal_": lambda g: torch.empty(3, device="tpu").normal_(generator=g),
+    "normal": lambda g: torch.normal(torch.zeros(3, device="tpu"), torch.ones(3, device="tpu"), generator=g),
+    "uniform_": lambda g: torch.empty(3, device="tpu").uniform_(generator=g),
+    "exponential_": lambda g: torch.empty(3, device="tpu").exponential_(generator=g),
+    "random_": lambda g: torch.empty(3, device="tpu").random_(generator=g),
+    "bernoulli": lambda g: torch.bernoulli(torch.full((4,), 0.5, device="tpu"), generator=g),
+    "bernoulli_": lambda g: torch.empty(4, device="tpu").bernoulli_(0.5, generator=g),
+    "multinomial": lambda g: torch.multinomial(torch.ones(4, device="tpu"), 2, generator=g),
+    "poisson": lambda g: torch.poisson(torch.ones(3, device="tpu"), generator=g),  # generator positional in aten
+    "init.trunc_normal_": lambda g: nn.init.trunc_normal_(torch.empty(3, device="tpu"), generator=g),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_RANDOM_OPS))
+def test_a_cpu_generator_is_refused_as_cuda_refuses_it(op):
+    # it was used: CUDA raises "Expected a 'cuda' device type for generator but found 'cpu'"
+    make = _RANDOM_OPS[op]
+    with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
+        make(torch.Generator().manual_seed(0))
+    draws = [make(torch.Generator(device="tpu").manual_seed(4)).cpu() for _ in range(2)]
+    assert draws[0].device.type == "cpu" and torch.equal(*draws)  # a tpu generator: reproducible

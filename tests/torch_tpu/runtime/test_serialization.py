@@ -82,6 +82,45 @@ def test_module_state_and_parameters_load_onto_tpu() -> None:
     assert isinstance(param, nn.Parameter) and param.requires_grad and param.device.type == "tpu"
 
 
+def _tied_model(device: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 3))
+    model[2].weight = model[0].weight
+    model[2].bias.requires_grad_(False)
+    return model.to(device)
+
+
+def _described(tensors: dict[str, torch.Tensor]) -> list[tuple]:
+    return [(name, isinstance(t, nn.Parameter), t.requires_grad, t.detach().cpu().tolist())
+            for name, t in tensors.items()]
+
+
+@pytest.mark.parametrize("load", [{}, {"weights_only": True}, {"map_location": "cpu"}],
+                         ids=["tpu", "weights_only", "to_cpu"])
+def test_parameters_load_as_parameters_as_on_cpu(load: dict) -> None:
+    # a tpu Parameter came back a plain tensor (CPU keeps Parameter and requires_grad)
+    described = {}
+    for device in ("cpu", "tpu"):
+        loaded = _round_trip(_tied_model(device).state_dict(keep_vars=True), **load)
+        assert {t.device.type for t in loaded.values()} == {load.get("map_location", device)}
+        described[device] = _described(loaded)
+    assert described["tpu"] == described["cpu"]
+    assert [d[1:3] for d in described["cpu"]] == [(True, True)] * 3 + [(True, False)]
+
+
+def test_a_saved_module_keeps_its_parameters_as_on_cpu() -> None:
+    described, grads = {}, {}
+    for device in ("cpu", "tpu"):
+        loaded = _round_trip(_tied_model(device), weights_only=False)
+        assert loaded[2].weight is loaded[0].weight  # the tie is kept
+        loaded(torch.linspace(-1, 1, 6).reshape(2, 3).to(device)).sum().backward()
+        described[device] = _described(dict(loaded.named_parameters()))
+        grads[device] = [p.grad.cpu() for p in loaded.parameters() if p.requires_grad]
+    assert described["tpu"] == described["cpu"]
+    assert [d[1:3] for d in described["cpu"]] == [(True, True), (True, True), (True, False)]
+    torch.testing.assert_close(grads["tpu"], grads["cpu"])
+
+
 def test_tpu_checkpoint_maps_to_cpu() -> None:
     value = torch.randn(3, 2)
     saved = {"x": value.to("tpu").requires_grad_(), "y": value.to("tpu")}

@@ -1,0 +1,156 @@
+"""HSTU: plain PyTorch eager on CPU vs the project's stack, back to back.
+
+Plain: the model with stock TorchRec's EmbeddingCollection and the padded ``[B, H, L, L]``
+attention (as generative-recommenders' PyTorch kernels run), all on the CPU. Stack: the same model
+(same weights) with its tables on the sharded SparseCore EmbeddingCollection and the STU stack on
+the tpu device, attention by the jagged op (no ``[L, L]`` tensor). Printed: steady training
+samples/s of each and the ratio; the attention op alone (forward + backward) of each and the
+ratio; peak RSS of one attention forward + backward at each ``--rss-lengths`` (each in a fresh
+process). Run it on a quiet machine for figures.
+Usage: .venv/bin/python bench/bench_hstu.py [--steps 20] [--batch 16] [--seq-len 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+import torch_tpu  # noqa: F401  (the tpu device)
+from torch_tpu.ops.hstu import jagged_hstu_attention
+from torch_tpu.runtime.tensor import to_jax
+from torchrec_tpu.hstu import HSTU, HSTUConfig, sharded_embeddings
+from torchrec_tpu.hstu.attention import padded_attention
+from torchrec_tpu.hstu.model import FEATURE_KEYS
+
+HEADS, QK, DV = 2, 32, 32
+
+
+def _batch(users: int, history: int, candidates: int, items: int, seed: int) -> tuple[KeyedJaggedTensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    hist = torch.randint(history // 2, history + 1, (users,), generator=gen)
+    cand = torch.full((users,), candidates)
+    n, c = int(hist.sum()), int(cand.sum())
+    values = {"item": torch.randint(0, items, (n,), generator=gen), "action": torch.randint(0, 2, (n,), generator=gen),
+              "timestamp": torch.randint(0, 60, (n,), generator=gen).cumsum(0),
+              "candidate_item": torch.randint(0, items, (c,), generator=gen),
+              "candidate_timestamp": torch.full((c,), 10**6)}
+    lengths = {"item": hist, "action": hist, "timestamp": hist, "candidate_item": cand, "candidate_timestamp": cand}
+    kjt = KeyedJaggedTensor(keys=list(FEATURE_KEYS), values=torch.cat([values[k] for k in FEATURE_KEYS]),
+                            lengths=torch.cat([lengths[k] for k in FEATURE_KEYS]))
+    return kjt, torch.randint(0, 2, (c, 1), generator=gen).float()
+
+
+def _samples_per_s(model: HSTU, batches, steps: int, warmup: int) -> float:
+    dense = [p for n, p in model.named_parameters() if not n.startswith("embeddings.")]
+    adam = torch.optim.Adam(dense, lr=1e-3)
+    sparse = None if not list(model.embeddings.parameters()) else torch.optim.Adagrad(model.embeddings.parameters())
+    start, seen = 0.0, 0
+    for step in range(warmup + steps):
+        if step == warmup:
+            start, seen = time.perf_counter(), 0
+        kjt, labels = batches[step % len(batches)]
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(kjt), labels.to(model.dense_device))
+        adam.zero_grad()
+        if sparse is not None:
+            sparse.zero_grad()
+        loss.backward()
+        adam.step()
+        if sparse is not None:
+            sparse.step()
+        float(loss.detach().cpu())  # wait for the device
+        seen += kjt.stride()
+    return seen / (time.perf_counter() - start)
+
+
+def _attention_inputs(users: int, seq: int, device: str, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    offsets = torch.arange(users + 1) * seq
+    total = users * seq
+    q, k = (torch.randn(total, HEADS, QK, generator=gen).to(device).requires_grad_() for _ in range(2))
+    v = torch.randn(total, HEADS, DV, generator=gen).to(device).requires_grad_()
+    ts = torch.randint(0, 60, (total,), generator=gen).cumsum(0).to(device)
+    targets = torch.zeros(users, dtype=torch.int64).to(device)
+    pos, tw = torch.zeros(seq).to(device).requires_grad_(), torch.zeros(129).to(device).requires_grad_()
+    return q, k, v, offsets.to(device), ts, targets, pos, tw
+
+
+def _attention_step(plain: bool, inputs, seq: int) -> None:
+    q, k, v, offsets, ts, targets, pos, tw = inputs
+    if plain:
+        out = padded_attention(q, k, v, offsets, ts, targets, pos, tw, max_len=seq, max_seq_len=seq, alpha=QK ** -0.5)
+    else:
+        out = jagged_hstu_attention(q, k, v, offsets, ts, pos, tw, max_len=seq, max_seq_len=seq, alpha=QK ** -0.5,
+                                    num_targets=targets)
+    out.sum().backward()
+    if not plain:
+        to_jax(q.grad).block_until_ready()
+
+
+def _attention_per_s(plain: bool, users: int, seq: int, steps: int, warmup: int) -> float:
+    inputs = _attention_inputs(users, seq, "cpu" if plain else "tpu")
+    for _ in range(warmup):
+        _attention_step(plain, inputs, seq)
+    start = time.perf_counter()
+    for _ in range(steps):
+        _attention_step(plain, inputs, seq)
+    return steps / (time.perf_counter() - start)
+
+
+def _rss_child(plain: bool, users: int, seq: int) -> None:
+    _attention_step(plain, _attention_inputs(users, seq, "cpu" if plain else "tpu"), seq)
+    print(json.dumps({"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def _peak_rss(plain: bool, users: int, seq: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--rss-child", str(seq), "--users", str(users)]
+                         + (["--plain"] if plain else []), capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mib"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="timed steps (after --warmup)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16, help="users per training batch")
+    parser.add_argument("--seq-len", type=int, default=256, help="history + candidates per user (training)")
+    parser.add_argument("--items", type=int, default=10_000)
+    parser.add_argument("--rss-lengths", default="1024,4096", help="sequence lengths of the peak RSS runs")
+    parser.add_argument("--users", type=int, default=2, help="sequences per attention / RSS run")
+    parser.add_argument("--rss-child", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rss_child:
+        _rss_child(args.plain, args.users, args.rss_child)
+        return
+    candidates = 4
+    config = HSTUConfig(item_rows=args.items, action_rows=2, dim=64, heads=HEADS, qk_dim=QK, v_dim=DV,
+                        max_seq_len=args.seq_len)
+    batches = [_batch(args.batch, args.seq_len - candidates, candidates, args.items, seed) for seed in range(4)]
+    torch.manual_seed(0)
+    plain = HSTU(config)
+    stack = HSTU(config, embeddings=sharded_embeddings(config, ec=plain.embeddings, batch_size=args.batch),
+                 dense_device="tpu")
+    stack.stack.load_state_dict(plain.stack.state_dict())
+    stack.heads.load_state_dict(plain.heads.state_dict())
+    plain_rate = _samples_per_s(plain, batches, args.steps, args.warmup)
+    stack_rate = _samples_per_s(stack, batches, args.steps, args.warmup)
+    print(f"train step (batch {args.batch}, seq {args.seq_len}): plain PyTorch CPU {plain_rate:.1f} samples/s, "
+          f"stack {stack_rate:.1f} samples/s, ratio {stack_rate / plain_rate:.2f}x")
+    plain_op = _attention_per_s(True, args.users, args.seq_len, args.steps, args.warmup)
+    stack_op = _attention_per_s(False, args.users, args.seq_len, args.steps, args.warmup)
+    print(f"attention fwd+bwd ({args.users} x {args.seq_len}): plain {plain_op:.2f}/s, jagged op {stack_op:.2f}/s, "
+          f"ratio {stack_op / plain_op:.2f}x")
+    for seq in (int(x) for x in args.rss_lengths.split(",") if x):
+        print(f"peak RSS, attention fwd+bwd ({args.users} x {seq}): plain {_peak_rss(True, args.users, seq):.0f} MiB, "
+              f"jagged op {_peak_rss(False, args.users, seq):.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
