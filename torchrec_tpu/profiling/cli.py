@@ -7,6 +7,7 @@ The flags that shape the training step are ``train``'s; those that only steer a 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pipelines.flag_numbers import positive_int
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         if getattr(args, "_restartable", False) and config.engine.kind == "sparsecore":
             restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
-        check_paths(config)  # before the heavy imports below
+        check_paths(config, int(os.environ.get("WORLD_SIZE", "1")))  # before the heavy imports below
         from torchrec_tpu.profiling.job import profile_training  # heavy: torch, torchrec, jax
 
         result = profile_training(config, args.steps, args.warmup, args.profile_dir, top=args.top)

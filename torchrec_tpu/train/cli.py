@@ -71,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
         if config.model.kind in ("hstu", "dlrmv4"):
             return _run_hstu(config, args)
         # the world is known before anything starts: torchrun's environment, or the Ray workers
-        check_batch_split(config.data, args.ray_workers or int(os.environ.get("WORLD_SIZE", "1")))
-        check_paths(config)  # before the heavy imports below: a missing file fails in well under a second
+        world_size = args.ray_workers or int(os.environ.get("WORLD_SIZE", "1"))
+        check_batch_split(config.data, world_size)
+        check_paths(config, world_size)  # before the heavy imports below: a bad file fails in well under a second
         if args.ray_workers:
             from torchrec_tpu.train.ray_train import as_given, train_on_ray  # heavy: ray.train, torch
 
