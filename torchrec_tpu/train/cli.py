@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from pipelines.flag_numbers import non_negative_int
 from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
@@ -21,7 +22,7 @@ from torchrec_tpu.train.ray_train import RayOptions
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     ray = parser.add_argument_group("Ray Train (launch options, not saved in checkpoints)")
-    ray.add_argument("--ray-workers", type=int, default=0, metavar="N",
+    ray.add_argument("--ray-workers", type=non_negative_int, default=0, metavar="N",
                      help="train on N Ray Train workers (ranks), each fed by a streaming_split of one Ray Data "
                           "stream, checkpoints reported to Ray, restarts from the last one (default: 0, no Ray)")
     ray.add_argument("--ray-max-failures", type=int, default=3, metavar="N",
