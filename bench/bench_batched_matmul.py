@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
+import quiet_box
 import torch
 
 from torch_tpu.ops.batched_matmul import batched_matmul, kernel_available
@@ -91,4 +92,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

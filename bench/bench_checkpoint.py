@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import quiet_box
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -135,4 +136,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

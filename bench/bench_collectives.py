@@ -23,6 +23,7 @@ import datetime
 import time
 from collections.abc import Callable
 
+import quiet_box
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -140,4 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import quiet_box
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -102,4 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

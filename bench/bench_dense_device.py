@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import quiet_box
 import torch
 from torchrec.datasets.utils import Batch
 
@@ -130,4 +131,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -22,6 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+import quiet_box
+
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {
     "cli": [],
@@ -69,4 +71,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

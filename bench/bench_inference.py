@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import quiet_box
+
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.ray_data import local_ray
 from pipelines.synthetic import SyntheticConfig, generate
@@ -70,4 +72,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

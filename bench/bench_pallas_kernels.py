@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import quiet_box
 import torch
 import torch.nn.functional as F
 
@@ -80,4 +81,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

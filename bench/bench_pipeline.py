@@ -24,6 +24,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+import quiet_box
 
 from pipelines.convert import convert_to_parquet
 from pipelines.parquet_reader import ParquetBatchReader
@@ -118,4 +119,4 @@ def main() -> None:
     print(f"  ratio (convert / raw parse): {csv_ours / csv_reference:.2f}")
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

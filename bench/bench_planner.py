@@ -18,6 +18,8 @@ import random
 import time
 import warnings
 
+import quiet_box
+
 from torchrec_tpu.planner.partitioner import Partitioner
 from torchrec_tpu.planner.tables import EmbeddingTable
 from torchrec_tpu.topology import parse_accelerator_type
@@ -85,4 +87,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

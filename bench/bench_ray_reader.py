@@ -15,6 +15,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
+import quiet_box
 import torch
 from bench_pipeline import best_rates  # this folder is on sys.path when run as a script
 
@@ -52,4 +53,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -30,8 +30,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import quiet_box
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train_e2e import _free_port, steady_rate  # noqa: E402  (bench/ is not a package)
+from bench_train_e2e import _free_port, engine_env, steady_rate  # noqa: E402  (bench/ is not a package)
 
 ENGINES = ("torchrec", "sparsecore")
 GB = 1 << 30
@@ -120,10 +122,8 @@ def run(engine: str, data: Path, sizes: str, log_dir: Path, args: argparse.Names
            "--sizes", sizes, "--dim", str(args.dim), "--batch-size", str(args.batch_size), "--steps",
            str(args.steps), "--log-every", str(args.log_every), "--optimizer", args.optimizer, "--dense-device",
            args.dense_device]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, __file__, "--watch", "--world", str(args.world), "--", *cmd], env=env,
-                          stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+    done = subprocess.run([sys.executable, __file__, "--watch", "--world", str(args.world), "--", *cmd],
+                          env=engine_env(engine), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if done.returncode:
         raise RuntimeError(f"{engine} at {sizes.count(',') + 1} tables failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -213,4 +213,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import quiet_box
 import torch
 from torchrec import EmbeddingCollection, EmbeddingConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -83,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

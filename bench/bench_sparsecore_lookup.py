@@ -14,6 +14,7 @@ import argparse
 import time
 
 import numpy as np
+import quiet_box
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
@@ -100,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

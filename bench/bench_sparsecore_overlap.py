@@ -38,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 
+import quiet_box
+
 MODES = ("precomputed", "pipelined", "inline")
 PROBE_SECONDS = 0.5
 
@@ -207,4 +209,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -19,6 +19,7 @@ import os
 import time
 
 import numpy as np
+import quiet_box
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -120,4 +121,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -13,6 +13,7 @@ import argparse
 import copy
 import time
 
+import quiet_box
 import torch
 from tqdm import tqdm
 
@@ -66,4 +67,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import quiet_box
 import torch
 
 import torch_tpu
@@ -167,4 +168,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -20,6 +20,7 @@ import itertools
 import time
 from typing import Callable, Sequence
 
+import quiet_box
 import torch
 from torchrec.datasets.random import RandomRecDataset
 from torchrec.datasets.utils import Batch
@@ -125,4 +126,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

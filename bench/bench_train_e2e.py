@@ -40,6 +40,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import quiet_box
+
+from torchrec_tpu.launcher import xla_cpu_malloc_env
+
 ENGINES = ("torchrec", "sparsecore")
 NUM_SPARSE, NUM_DENSE = 26, 13  # Criteo's features, as the synthetic data has
 # MLPerf DLRM-DCNv2's (TorchRec's dlrm_main / train_dlrm_mlperf_tpu.py): ids per feature (sum 214), table rows
@@ -149,7 +153,7 @@ def run(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Names
 def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--data", str(data), "--log-dir", str(log_dir)]
     cmd += [arg for name in MODEL_FLAGS for arg in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = engine_env(engine)
     if world > 1:
         env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()))
@@ -161,6 +165,13 @@ def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse
         if p.returncode:
             raise RuntimeError(f"{engine} world {world} failed:\n{err[-3000:]}")
     return json.loads(outputs[0][0].strip().splitlines()[-1])
+
+
+def engine_env(engine: str) -> dict[str, str]:
+    """The environment of a worker of ``engine``: as ``torchrec-tpu train`` starts its processes
+    (the sparsecore engine's with glibc's malloc set up for XLA:CPU; stock TorchRec's as they are)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return {**env, **xla_cpu_malloc_env()} if engine == "sparsecore" else env
 
 
 def dense_step_ms(args: argparse.Namespace, batch: int, steps: int = 10) -> float:
@@ -297,4 +308,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import quiet_box
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -305,4 +306,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

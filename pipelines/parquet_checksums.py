@@ -22,6 +22,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 _log = logging.getLogger(__name__)
@@ -94,6 +95,15 @@ def has_page_checksums(path: Path, metadata: pq.FileMetaData | None = None) -> b
     return True
 
 
+def _readable_without_checksums(path: Path) -> bool:
+    """Whether ``path`` is a Parquet file whose pages carry no checksums; a file that is not
+    readable Parquet is not noted (the reader that opens it names the damage)."""
+    try:
+        return not has_page_checksums(path)
+    except (pa.ArrowException, OSError, ValueError):
+        return False
+
+
 def note_unverifiable(files: Sequence[Path]) -> list[Path]:
     """The files among ``files`` without page checksums, logged as ONE warning (their count and
     the first few names); files this process checked before are skipped, so a job's readers of the
@@ -101,7 +111,7 @@ def note_unverifiable(files: Sequence[Path]) -> list[Path]:
     with _lock:
         fresh = [p for p in files if str(Path(p).resolve()) not in _noted]
         _noted.update(str(Path(p).resolve()) for p in fresh)
-    missing = [Path(p) for p in fresh if not has_page_checksums(Path(p))]
+    missing = [Path(p) for p in fresh if _readable_without_checksums(Path(p))]
     if missing:
         names = ", ".join(str(p) for p in missing[:LISTED])
         more = f" and {len(missing) - LISTED} more" if len(missing) > LISTED else ""

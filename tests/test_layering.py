@@ -55,8 +55,7 @@ ROOM_ALLOWED = {
 }
 # Lazy imports (inside a function) across the rules, each named with its reason.
 LAZY_EXCEPTIONS = {
-    # torch.tpu.topology_aware_mesh forwards to the mesh builder the first time it is called;
-    # torch.tpu.distributed is torch_tpu.distributed.device_mesh, imported on first access
+    # torch.tpu.topology_aware_mesh forwards to the mesh builder the first time it is called
     ("runtime", "torch_tpu.runtime.device", "torch_tpu.distributed"),
 }
 

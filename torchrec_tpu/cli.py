@@ -56,7 +56,7 @@ def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 def _suggestions(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
     """`` (did you mean --batch-size?)`` for each unknown flag close to one of ``parser``'s."""
-    known = [flag for action in parser._actions for flag in action.option_strings]
+    known = [flag for action in parser._actions if action.help != argparse.SUPPRESS for flag in action.option_strings]
     flags = [a.split("=", 1)[0] for a in unknown if a.startswith("--")]
     matches = [(flag, close_match(flag, known)) for flag in flags]
     hints = [f"{match} for {flag}" if len(flags) > 1 else match for flag, match in matches if match]
@@ -66,6 +66,7 @@ def _suggestions(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; any exception it lets through becomes one ``torchrec-tpu CMD: error:`` line,
     rc 2 for a user error and 1 otherwise (:func:`torchrec_tpu.errors.report_failure`), Ctrl-C rc 130."""
+    argv_given = argv
     argv = list(sys.argv[1:] if argv is None else argv)
     from torchrec_tpu import launcher
 
@@ -84,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torchrec_tpu.log_setup import configure_logging
 
     configure_logging(label)
+    args._restartable = argv_given is None  # a real command line: it may exec itself again
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

@@ -76,3 +76,31 @@ def prepare_rank(prog: str) -> None:
                 leave()
 
     threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()
+
+
+# glibc's malloc as torch_tpu.runtime.host_heap sets it on XLA:CPU (one arena, no mmap'd blocks, 1 GiB
+# of freed memory kept), here from the process's first allocation: set later, the arenas that
+# libraries' threads took at import (pyarrow's) stay, and XLA's workers share them
+XLA_CPU_MALLOC = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824"
+
+
+def xla_cpu_malloc_env() -> dict[str, str]:
+    """The environment a process that runs XLA:CPU programs starts with (empty where the device
+    is a TPU, libc is not glibc, or ``TORCH_TPU_HOST_HEAP=0``)."""
+    import importlib.util
+    import platform
+
+    if (os.environ.get("TORCH_TPU_HOST_HEAP", "1") == "0" or platform.libc_ver()[0] != "glibc"
+            or importlib.util.find_spec("libtpu") is not None):
+        return {}
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return {"GLIBC_TUNABLES": f"{tunables}:{XLA_CPU_MALLOC}" if tunables else XLA_CPU_MALLOC}
+
+
+def restart_with_xla_cpu_malloc() -> None:
+    """Run this command again in this process (``exec``) with :func:`xla_cpu_malloc_env`, once."""
+    env = xla_cpu_malloc_env()
+    if env and XLA_CPU_MALLOC not in os.environ.get("GLIBC_TUNABLES", ""):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **env})

@@ -43,9 +43,25 @@ def test_train_prints_auc_writes_tensorboard_and_checkpoint_then_resumes(tmp_pat
     assert re.search(r"HSTU: 3 steps in \d+ s\n  AUC \(window T\+1, \d+ candidates\): positive 0\.\d{4}", out), out
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     saved = tmp_path / "ckpt" / "step-00000003"
-    assert (saved / "meta.json").is_file() and (saved / "rank-000.pt").is_file()
+    assert {p.name for p in saved.iterdir()} == {"meta.json", "dense-rank-000.pt", "tables-rank-000.pt"}
     assert _train(tmp_path, data, "--max-steps", "5", "--resume", str(tmp_path / "ckpt")) == 0
     assert "HSTU: 5 steps" in capsys.readouterr().out  # 2 more steps after the 3 resumed
+
+
+@pytest.mark.slow
+def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
+    import torch
+
+    data = _dataset(tmp_path)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert _train(straight, data, "--max-steps", "4") == 0
+    assert _train(split, data, "--max-steps", "2") == 0
+    assert _train(split, data, "--max-steps", "4", "--resume", str(split / "ckpt")) == 0
+    a, b = (torch.load(d / "ckpt" / "step-00000004" / "dense-rank-000.pt", weights_only=False)
+            for d in (straight, split))
+    assert (a["epoch"], a["batch"]) == (b["epoch"], b["batch"])
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
 
 
 @pytest.mark.slow
@@ -68,3 +84,25 @@ def test_the_default_run_learns(tmp_path, capsys):
                  str(tmp_path / "tb"), "--no-progress"]) == 0
     auc = float(re.search(r"positive (0\.\d+)", capsys.readouterr().out).group(1))
     assert auc > 0.6, auc
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_ranks_train_one_model(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    data = _dataset(tmp_path)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+                          "torchrec_tpu.cli", "train", "--model", "hstu", "--data", str(data), "--batch-size", "32",
+                          "--max-steps", "3", "--dense-device", "cpu", "--log-dir", str(tmp_path / "tb"),
+                          "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"HSTU: 3 steps .*\n  AUC \(window T\+1, \d+ candidates\)", run.stdout), run.stdout
+    saved = tmp_path / "ckpt" / "step-00000003"
+    ranks = [torch.load(saved / f"dense-rank-00{r}.pt", weights_only=False)["model"] for r in range(2)]
+    dense = [k for k in ranks[0] if k.startswith(("stack.", "heads."))]
+    assert dense and all(torch.equal(ranks[0][k], ranks[1][k]) for k in dense)  # gradients averaged over ranks

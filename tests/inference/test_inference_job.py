@@ -197,6 +197,15 @@ def test_no_label_leaves_it_out(ray_session, checkpoint, infer_data, tmp_path: P
     assert pq.read_schema(tmp_path / "o" / "part-000000.parquet").names == ["prediction"]
 
 
+def _wait_for_free_cpus(timeout: float = 60) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]:
+        assert time.monotonic() < deadline, f"Ray CPUs still held: {ray.available_resources()}"
+        time.sleep(0.2)
+
+
 def _bad_labels(infer_data: Path, target: Path) -> Path:
     """The first 500 input rows with labels 7 (row 3) and -1 (row 10), written without checksums
     as another tool would; returns its directory."""
@@ -224,6 +233,7 @@ def test_bad_labels_follow_trains_policy(ray_session, checkpoint, infer_data, tm
     with pytest.raises(BadValueError) as infer_error:
         run_inference(_config(data, checkpoint, tmp_path / "o"))
     assert str(infer_error.value) == str(train_error.value)
+    _wait_for_free_cpus()  # the failed job's actors are gone though its traceback is still referenced
 
     unit = plan_units(data, ["label"])[0]
     table = pq.read_table(data / "part-00000.parquet")

@@ -93,6 +93,8 @@ def test_readers_say_once_which_files_cannot_be_verified(tmp_path: Path, caplog:
     assert all(str(p) in line for p in stripped[:LISTED]) and str(stripped[LISTED]) not in line
     assert " and 1 more" in line
     assert note_unverifiable(sorted(data.glob("*.parquet"))) == []  # noted already
+    (tmp_path / "corrupt.parquet").write_bytes(b"PAR1" + bytes(300) + b"PAR1")
+    assert note_unverifiable([tmp_path / "corrupt.parquet"]) == []  # its reader names the damage
 
 
 def test_train_and_infer_say_it_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

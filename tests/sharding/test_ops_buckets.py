@@ -84,8 +84,8 @@ def test_lookup_and_update_on_cut_buffers_equal_full_ones():
     topology = SparseCoreTopology("v5p", 1)
     plan = _plan(topology, 32)
     cut, full = OpsBackend(plan, seed=3), OpsBackend(plan, seed=3)
-    for step in range(3):
-        inputs = _inputs(plan, step, 3)
+    for step, most in enumerate((6, 1, 3)):  # the second batch's update is sized for the first's
+        inputs = _inputs(plan, step, most)
         batch = preprocess_inputs(inputs, plan)
         whole = PreparedCSR(tuple(torch.from_numpy(getattr(batch.stacks[st.name], f))
                                   for st in plan.stacks for f in CSR_FIELDS), batch.stats)
@@ -107,3 +107,14 @@ def test_lookup_and_update_on_cut_buffers_equal_full_ones():
     for name, slots in full.optimizer_slots().items():
         for slot, value in slots.items():
             torch.testing.assert_close(cut.optimizer_slots()[name][slot], value, rtol=0, atol=0)
+
+
+def test_update_sizes_never_shrink():
+    """The CSR buffers and the rows an update is sized for (the touched vector's length) only grow:
+    batches whose counts straddle a bucket would otherwise alternate between two step programs."""
+    topology = SparseCoreTopology("v5p", 1)
+    plan = _plan(topology, 32)
+    backend = OpsBackend(plan, seed=0)
+    prepared = [backend.prepare(_inputs(plan, step, most)) for step, most in enumerate((1, 40, 1, 6))]
+    sizes = [[t.numel() for t in (*p.csr, *p.touched)] for p in prepared]
+    assert sizes[1] > sizes[0] and sizes[2] == sizes[1] and sizes[3] == sizes[1], sizes

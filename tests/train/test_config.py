@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -97,13 +98,16 @@ def test_cli_reports_a_bad_value_and_exits_2(capsys: pytest.CaptureFixture[str])
     (["--batch-size", "1"], "2", "--batch-size=1 does not split over 2 ranks .*; nearest valid: 2$"),
     (["--batch-size", "12", "--ray-workers", "8"], "1", "--batch-size=12 does not split over 8 ranks .*: 8 and 16"),
 ])
-def test_a_global_batch_the_ranks_do_not_divide_is_refused_before_training(
-        argv: list[str], world: str, message: str, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
-    """``--batch-size 511`` on 2 ranks used to train 510 a step (rc 0, 511 in the HParams)."""
-    monkeypatch.setenv("WORLD_SIZE", world)
-    assert cli.main(["train", *argv]) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
+def test_a_global_batch_the_ranks_do_not_divide_is_refused_before_training(argv: list[str], world: str,
+                                                                         message: str) -> None:
+    """``--batch-size 511`` on 2 ranks used to train 510 a step (rc 0, 511 in the HParams). Run as a
+    torchrun rank would be (its environment), failing before any rendezvous."""
+    env = {**os.environ, "WORLD_SIZE": world, "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": world,
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    done = subprocess.run([sys.executable, "-c", "import sys; from torchrec_tpu import cli; sys.exit(cli.main())",
+                           "train", *argv], env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("torchrec-tpu train: error: "), lines
     assert re.search(message, lines[0]), lines[0]
 

@@ -131,7 +131,7 @@ def _plant_dev_zero(_source: Path, target: Path) -> None:
 def test_jax_executables_are_tied_to_their_key(cache, plant, caplog) -> None:
     """JAX names an executable's file by its key; sin's entry under cos's name is not cos."""
     level = cache / xla_cache.XLA_LEVEL
-    x = jnp.linspace(0.0, 1.0, 8)
+    x = np.linspace(0.0, 1.0, 8, dtype=np.float32)  # not a program: under load its compile could pass 1 s and be stored
 
     def run(fn):
         jax.clear_caches()  # compiled afresh: read from (or written to) the persistent cache

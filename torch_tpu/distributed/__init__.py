@@ -34,12 +34,14 @@ Functional collectives (``_c10d_functional::*``, used by DTensor ``redistribute`
 ``full_tensor``) on tpu tensors run through the core's CPU fallback, which waits for each result
 before copying it to the device; inside ``torch.compile(backend="tpu")`` graphs they run through
 this package's collectives between compiled segments (or inside the program, under
-``torch_tpu.compile.fuse_collectives()``). ``torch.tpu.topology_aware_mesh`` aliases
-:func:`topology_aware_mesh`, which assumes ranks follow the device enumeration order.
-``torch.tpu.distributed.topology_aware_mesh(device_type, mesh_shape, *, topology=...,
-dcn_mesh_shape=...)`` is TorchTPU's API (:mod:`torch_tpu.distributed.device_mesh`): the same
-placement, computed from the device coordinates every rank reports (all-gathered), returned as the
-rank tensor ``DeviceMesh(device_type, mesh=...)`` takes.
+``torch_tpu.compile.fuse_collectives()``). :func:`topology_aware_mesh` (named dims, a
+``MeshLayout``) assumes ranks follow the device enumeration order;
+:func:`torch_tpu.distributed.device_mesh.topology_aware_mesh` computes the same placement from the
+device coordinates every rank reports (all-gathered) and returns the rank tensor
+``DeviceMesh(device_type, mesh=...)`` takes; TorchTPU's signature of it,
+``torch.tpu.distributed.topology_aware_mesh(mesh_shape, *, dcn_mesh_shape=None, ...)`` (also
+``torch.tpu.topology_aware_mesh``), is ``device_mesh.torchtpu_topology_aware_mesh``.
+``torch.tpu.distributed``'s other TorchTPU names are :mod:`torch_tpu.distributed.torchtpu_launch`.
 """
 
 from torch_tpu.distributed import sharded_tensor

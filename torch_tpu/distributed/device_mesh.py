@@ -1,4 +1,4 @@
-"""``torch.tpu.distributed.topology_aware_mesh``: TorchTPU's mesh API, a rank tensor for ``DeviceMesh``.
+"""Topology-aware meshes: a rank tensor for ``DeviceMesh`` (``torch.tpu.distributed.topology_aware_mesh``).
 
 Launchers number ranks without looking at the chips (torchrun, a job scheduler), so rank order
 need not follow the runtime's device enumeration. Here every rank reports where its device sits
@@ -7,11 +7,12 @@ all-gathered over the process group, and the layout of :func:`torch_tpu.distribu
 (the same placement: inner dims on whole physical axes, slices outermost) is translated from
 devices to the ranks that drive them::
 
-    import torch, torch_tpu, torch_tpu.distributed
+    import torch, torch_tpu
+    from torch_tpu.distributed import device_mesh
     from torch.distributed.device_mesh import DeviceMesh
 
     dist.init_process_group("tpu_dist")
-    ranks = torch.tpu.distributed.topology_aware_mesh("tpu", (4, 4))  # dp=4, tp=4
+    ranks = device_mesh.topology_aware_mesh("tpu", (4, 4))  # dp=4, tp=4
     mesh = DeviceMesh("tpu", mesh=ranks, mesh_dim_names=("dp", "tp"))
 
 Every rank gets the same tensor (all derive it from the same gathered reports). Where the runtime
@@ -81,7 +82,7 @@ def topology_aware_mesh(
     Needs an initialized process group spanning every device.
     """
     if not dist.is_initialized():
-        raise RuntimeError("torch.tpu.distributed.topology_aware_mesh needs an initialized process group "
+        raise RuntimeError("topology_aware_mesh needs an initialized process group "
                            "(torch.distributed.init_process_group)")
     if not isinstance(device_type, str):
         raise TypeError(f"device_type must be a device type name such as 'tpu', got {device_type!r}")

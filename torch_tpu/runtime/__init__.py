@@ -14,8 +14,9 @@ module here registers nothing: :func:`register`, called once by ``import torch_t
 
 def register() -> None:
     """Register the device, the tensor model's hooks, storage, serialization, autocast and Module.to."""
-    from torch_tpu.runtime import device
+    from torch_tpu.runtime import device, host_heap
 
+    host_heap.keep_freed_memory()  # before XLA's threads first allocate
     device.register()  # first: the tensor model reads the backend's name when it is imported
 
     from torch_tpu.runtime import (

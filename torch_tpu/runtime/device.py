@@ -460,6 +460,8 @@ def get_default_generators() -> tuple[torch.Generator, ...]:
     if not _default_generators:
         _default_generators.append((_DefaultGenerator(),))
     return _default_generators[0]
+
+
 get_rng_state_all = tpu_random.get_rng_state_all
 set_rng_state_all = tpu_random.set_rng_state_all
 

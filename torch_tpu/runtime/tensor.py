@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_tpu.runtime import backward_errors, dtype_views, host_heap
+from torch_tpu.runtime import backward_errors, dtype_views
 from torch_tpu.runtime._jax import ARRAY_TYPE, jax, jnp
 from torch_tpu.runtime.dtypes import FLOAT8_NUMPY, to_jax_dtype, to_torch_dtype
 
@@ -57,7 +57,6 @@ class StorageBox:
     __slots__ = ("array", "_ptr", "_storage", "__weakref__")
 
     def __init__(self, array: jax.Array) -> None:
-        host_heap.note_array(array)
         self.array = array
         self._ptr = 0
         self._storage: weakref.ref | None = None

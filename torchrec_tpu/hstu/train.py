@@ -173,15 +173,21 @@ def evaluate(model: nn.Module, reader: SequenceReader, device: torch.device, pre
     return {task: float(auc.compute()) for task, auc in zip(reader.tasks, aucs)}, float(total[0] / rows), rows
 
 
+TABLES_PREFIX = "embeddings."
+
+
 def _checkpoint(root: Path, step: int, env: DistEnv, model: nn.Module, adam: torch.optim.Optimizer,
                 extra: dict) -> Path:
+    """``step-N/``: per rank, ``dense-rank-R.pt`` (stack and heads, Adam, position: plain tensors)
+    and ``tables-rank-R.pt`` (this rank's table shards and optimizer slots); ``meta.json``."""
     path = root / f"step-{step:08d}"
     path.mkdir(parents=True, exist_ok=True)
-    state = {"model": model.state_dict(), "adam": adam.state_dict(), **extra}
-    torch.save(state, path / f"rank-{env.rank:03d}.pt")
+    state = model.state_dict()
+    dense = {k: v for k, v in state.items() if not k.startswith(TABLES_PREFIX)}
+    torch.save({"model": dense, "adam": adam.state_dict(), **extra}, path / f"dense-rank-{env.rank:03d}.pt")
+    torch.save({k: v for k, v in state.items() if k not in dense}, path / f"tables-rank-{env.rank:03d}.pt")
     if env.is_primary:
-        (path / "meta.json").write_text(json.dumps({"step": step, "world_size": env.world_size, **{
-            k: v for k, v in extra.items() if k != "sparse_state"}}, indent=1))
+        (path / "meta.json").write_text(json.dumps({"world_size": env.world_size, **extra}, indent=1))
     if dist.is_initialized():
         dist.barrier()
     return path
@@ -226,8 +232,9 @@ def run_hstu(config: TrainConfig) -> HSTUSummary:
         if config.checkpoint.resume:
             resume = Path(config.checkpoint.resume)
             resume = _latest(resume) or resume
-            state = torch.load(resume / f"rank-{env.rank:03d}.pt", weights_only=False)
-            model.load_state_dict(state["model"])
+            state = torch.load(resume / f"dense-rank-{env.rank:03d}.pt", weights_only=False)
+            tables = torch.load(resume / f"tables-rank-{env.rank:03d}.pt", weights_only=False)
+            model.load_state_dict({**state["model"], **tables})
             adam.load_state_dict(state["adam"])
             step, start_epoch, skip = state["step"], state["epoch"], state["batch"]
         log_dir = Path(config.loop.log_dir) if config.loop.log_dir else Path("runs") / time.strftime(

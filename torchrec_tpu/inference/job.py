@@ -303,21 +303,25 @@ def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) 
     ) as bar:
         threads = max(1, config.num_cpus // config.concurrency)
         actor = ray.remote(Predictor).options(num_cpus=min(threads, config.num_cpus), max_restarts=0)
-        pool = ActorPool([actor.remote(config, threads, with_label)
-                          for _ in range(min(config.concurrency, len(todo)))])
-        total_rows, parts_done, started = sum(u.num_rows for u in todo), 0, time.perf_counter()
-        units = ({k: np.array([v]) for k, v in vars(u).items()} for u in todo)
-        for result in pool.map_unordered(lambda predictor, unit: predictor.predict_units.remote(unit), units):
-            row = {k: v[0] for k, v in result.items()}
-            if row["error"] is not None:
-                raise row["error"]
-            rows_done += int(row["rows"])
-            bad_values += BadValueCounts(int(row["skipped"]), int(row["clamped"]),
-                                         tuple(t for t in str(row["listed"]).split("\n") if t))
-            bar.update(int(row["rows"]))
-            parts_done += 1
-            if bar.disable and config.progress:  # no bar (not a terminal): a line per part, as train's per step
-                rate = rows_done / max(time.perf_counter() - started, 1e-9)
-                _log.info("part %d/%d  %s/%s rows  %s rows/s", parts_done, len(todo), f"{rows_done:,}",
-                          f"{total_rows:,}", f"{rate:,.0f}")
+        actors = [actor.remote(config, threads, with_label) for _ in range(min(config.concurrency, len(todo)))]
+        try:
+            pool = ActorPool(actors)
+            total_rows, parts_done, started = sum(u.num_rows for u in todo), 0, time.perf_counter()
+            units = ({k: np.array([v]) for k, v in vars(u).items()} for u in todo)
+            for result in pool.map_unordered(lambda predictor, unit: predictor.predict_units.remote(unit), units):
+                row = {k: v[0] for k, v in result.items()}
+                if row["error"] is not None:
+                    raise row["error"]
+                rows_done += int(row["rows"])
+                bad_values += BadValueCounts(int(row["skipped"]), int(row["clamped"]),
+                                             tuple(t for t in str(row["listed"]).split("\n") if t))
+                bar.update(int(row["rows"]))
+                parts_done += 1
+                if bar.disable and config.progress:  # no bar (not a terminal): a line per part, as train's per step
+                    rate = rows_done / max(time.perf_counter() - started, 1e-9)
+                    _log.info("part %d/%d  %s/%s rows  %s rows/s", parts_done, len(todo), f"{rows_done:,}",
+                              f"{total_rows:,}", f"{rate:,.0f}")
+        finally:  # a failed job's actors (which its traceback keeps referenced) free their CPUs in a shared Ray
+            for predictor in actors:
+                ray.kill(predictor)
     return rows_done, bad_values

@@ -7,10 +7,12 @@ The flags that shape the training step are ``train``'s; those that only steer a 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pipelines.flag_numbers import positive_int
 from torchrec_tpu.errors import report_user_error
+from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
 from torchrec_tpu.train.preflight import check_paths
@@ -33,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
-        check_paths(config)  # before the heavy imports below
+        if getattr(args, "_restartable", False) and config.engine.kind == "sparsecore":
+            restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
+        check_paths(config, int(os.environ.get("WORLD_SIZE", "1")))  # before the heavy imports below
         from torchrec_tpu.profiling.job import profile_training  # heavy: torch, torchrec, jax
 
         result = profile_training(config, args.steps, args.warmup, args.profile_dir, top=args.top)

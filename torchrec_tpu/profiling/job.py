@@ -28,10 +28,10 @@ from torchrec_tpu.profiling.summary import format_summary
 from torchrec_tpu.profiling.trace import TraceFiles, profiling, program_range, traced_step
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
-from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.engines import engine_for, step_program_name
 from torchrec_tpu.train.engines.sparsecore_engine import overflow_with_flags
-from torchrec_tpu.train.job import model_spec
+from torchrec_tpu.train.job import decide_layout, model_spec, use_rank_threads
 from torchrec_tpu.train.streams import training_streams
 
 
@@ -68,7 +68,14 @@ def profile_training(
         raise ValueError("profile reads Parquet (--data); --in-memory-binary-criteo-path is for train")
     log_dir = Path(log_dir) if log_dir else config.loop.resolved_log_dir() / "profile"
     torch.manual_seed(config.loop.seed)
-    with process_group() as env, open_data(config, env) as data:
+    with process_group() as env:
+        use_rank_threads(config, env, "profile")  # as train: --dense-device auto's measurement depends on them
+        return _profile_in(config, env, steps, warmup, log_dir, device, top)
+
+
+def _profile_in(config: TrainConfig, env: DistEnv, steps: int, warmup: int, log_dir: Path, device: torch.device,
+                top: int) -> ProfileResult:
+    with open_data(config, env) as data:
         train = data.train
         reader = PhasedParquetReader(
             train.files, train.batch_size, train.table_sizes, train.schema,
@@ -77,7 +84,7 @@ def profile_training(
         )
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         engine = engine_for(config)
-        layout = engine.step_layout(spec, env)
+        layout = decide_layout(engine, spec, env)  # train's decision, logged as train logs it
         model = engine.build_model(spec, env, device, layout)
         optimizer = engine.build_optimizer(model)
         stream, _ = training_streams(config, reader, reader, data.table_sizes, env.world_size, 0)

@@ -369,6 +369,11 @@ class OpsBackend(ReadsTablesAlone):
         super().__init__(plan)
         self.overflow = check_overflow_policy(overflow)
         self.state = StackedState(plan, fixed_layout)
+        # per stack, the largest CSR bucket and unique-row count a batch has been sized for: later
+        # batches take at least those, or batches whose counts straddle a bucket boundary would
+        # alternate between two step programs
+        self._limit_floor = [0] * len(plan.stacks)
+        self._unique_floor = [0] * len(plan.stacks)
         self._load_initial(weights, seed)
 
     def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
@@ -381,9 +386,11 @@ class OpsBackend(ReadsTablesAlone):
         batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
         chunks = self.state.chunks
         full = [[getattr(batch.stacks[st.name], f) for f in CSR_FIELDS] for st in self.plan.stacks]
-        limits = [csr_bucket(st, chunks, buffers[0]) for st, buffers in zip(self.plan.stacks, full)]
+        limits = [max(floor, csr_bucket(st, chunks, buffers[0]))
+                  for st, buffers, floor in zip(self.plan.stacks, full, self._limit_floor)]
         if agree is not None:
             limits = agree(limits)
+        self._limit_floor = limits
         csr = tuple(torch.from_numpy(np.ascontiguousarray(a))
                     for st, buffers, limit in zip(self.plan.stacks, full, limits)
                     for a in fit_csr(st, chunks, *buffers, limit=limit))
@@ -397,9 +404,11 @@ class OpsBackend(ReadsTablesAlone):
         if any(t is None for t in touched):
             return ()
         entries = [csr[4 * i + 1].shape[0] for i in range(len(touched))]
-        unique = [csr_math.touched_unique(t.numpy(), e) for t, e in zip(touched, entries)]
+        unique = [min(e, max(floor, csr_math.touched_unique(t.numpy(), e)))
+                  for t, e, floor in zip(touched, entries, self._unique_floor)]
         if agree is not None:
             unique = agree(unique)
+        self._unique_floor = unique
         return tuple(torch.from_numpy(csr_math.fit_touched(t.numpy(), e, u))
                      for t, e, u in zip(touched, entries, unique))
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from pipelines.flag_numbers import non_negative_int
 from torchrec_tpu.errors import report_user_error
+from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, check_batch_split, config_from_args
 from torchrec_tpu.train.preflight import check_paths
@@ -20,7 +22,7 @@ from torchrec_tpu.train.ray_train import RayOptions
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     ray = parser.add_argument_group("Ray Train (launch options, not saved in checkpoints)")
-    ray.add_argument("--ray-workers", type=int, default=0, metavar="N",
+    ray.add_argument("--ray-workers", type=non_negative_int, default=0, metavar="N",
                      help="train on N Ray Train workers (ranks), each fed by a streaming_split of one Ray Data "
                           "stream, checkpoints reported to Ray, restarts from the last one (default: 0, no Ray)")
     ray.add_argument("--ray-max-failures", type=int, default=3, metavar="N",
@@ -65,11 +67,14 @@ def _run_hstu(config, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        if getattr(args, "_restartable", False) and config.engine.kind == "sparsecore":
+            restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
         if config.model.kind in ("hstu", "dlrmv4"):
             return _run_hstu(config, args)
         # the world is known before anything starts: torchrun's environment, or the Ray workers
-        check_batch_split(config.data, args.ray_workers or int(os.environ.get("WORLD_SIZE", "1")))
-        check_paths(config)  # before the heavy imports below: a missing file fails in well under a second
+        world_size = args.ray_workers or int(os.environ.get("WORLD_SIZE", "1"))
+        check_batch_split(config.data, world_size)
+        check_paths(config, world_size)  # before the heavy imports below: a bad file fails in well under a second
         if args.ray_workers:
             from torchrec_tpu.train.ray_train import as_given, train_on_ray  # heavy: ray.train, torch
 

@@ -24,6 +24,7 @@ from pipelines.bad_value_policies import POLICIES as BAD_VALUE_POLICIES
 from sparsecore.backends import BackendName
 from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.suggest import close_match, did_you_mean
+from torchrec_tpu.train.dlrm_main_flags import add_dlrm_main_flags
 from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 
@@ -201,7 +202,7 @@ class EngineConfig(_Group):
                 "(SGD, Adagrad, and row-wise Adagrad on dims that are multiples of 4; no Adam or FTRL); tpu: "
                 "jax-tpu-embedding's SparseCore kernels, which only a TPU host (libtpu) runs. auto: ops where the "
                 "step is one program (one rank, tpu towers, an optimizer without a host value per step, i.e. not "
-                "Adam), else xla: run eagerly, each ops update writes whole new tables (docs/ARCHITECTURE.md)",
+                "Adam), else xla (the eager step runs the xla backend's programs beside it)",
         choices=SPARSE_BACKENDS)
     dense_parallel: DenseParallel = _opt(
         "ddp", "how the dense towers sync over ranks: ddp (replicated) or fsdp2 (sharded)",
@@ -481,7 +482,8 @@ _METAVARS = {"int": "N", "float": "X", "str": "TEXT", "str | None": "PATH"}
 
 def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig | None = None,
                          skip: frozenset[str] = frozenset()) -> None:
-    """One flag per option (in an argument group per config group), plus ``--config``. Unset
+    """One flag per option (in an argument group per config group), plus ``--config`` and TorchRec
+    dlrm_main's flags (:mod:`~torchrec_tpu.train.dlrm_main_flags`). Unset
     flags stay absent; ``defaults`` (TrainConfig's own if None) is what the help text quotes;
     options in ``skip`` get no flag (a YAML file may still set them)."""
     parser.add_argument(
@@ -517,6 +519,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig 
         sections[OPTIONS[targets[0]][0]].add_argument(
             _as_flag(name), dest=targets[0], type=kind, action=_SetAll, targets=targets,
             default=argparse.SUPPRESS, metavar=_METAVARS[kind.__name__], help=help_text)
+    add_dlrm_main_flags(parser)
 
 
 class _SetAll(argparse.Action):

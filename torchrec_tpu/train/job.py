@@ -32,6 +32,7 @@ from torchrec_tpu.train.config_agreement import agree_on_config
 from torchrec_tpu.train.data import TrainData, open_data
 from torchrec_tpu.train.distributed import DistEnv, describe_transport, process_group, threads_for_this_rank
 from torchrec_tpu.train.engines import Engine, engine_for
+from torchrec_tpu.train.engines.step_layout import StepLayout
 from torchrec_tpu.train.learning_rate import LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.model import ModelSpec
@@ -111,6 +112,25 @@ class JobHooks:
     checkpointed: Callable[[Path, dict[str, float]], None] | None = None
 
 
+def use_rank_threads(config: TrainConfig, env: DistEnv, job: str) -> None:
+    """Set this rank's torch CPU threads as ``--num-threads`` asks (within the CPUs it may run on):
+    before anything is timed or built, as ``--dense-device auto``'s measurement depends on them."""
+    threads = threads_for_this_rank(config.engine.num_threads)
+    if threads != config.engine.num_threads and config.engine.num_threads and env.is_primary:
+        _log.info("torchrec-tpu %s: %d CPU threads per rank instead of --num-threads %d (the CPUs each "
+                  "rank may run on)", job, threads, config.engine.num_threads)
+    torch.set_num_threads(threads)
+
+
+def decide_layout(engine: Engine, spec: ModelSpec, env: DistEnv) -> StepLayout:
+    """The job's step layout (:meth:`Engine.step_layout`), logged in one ``training layout:`` line;
+    ``train`` and ``profile`` both decide it here, so they run the same step."""
+    layout = engine.step_layout(spec, env)
+    if env.is_primary:
+        _log.info(layout.describe())
+    return layout
+
+
 def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
             hooks: JobHooks = JobHooks()) -> JobSummary:
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
@@ -142,19 +162,13 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
             dirs: RunDirs) -> JobSummary:
     log_dir, checkpoint_root = dirs.log_dir, dirs.checkpoint_root
     torch.manual_seed(config.loop.seed)
-    threads = threads_for_this_rank(config.engine.num_threads)
-    if threads != config.engine.num_threads and config.engine.num_threads and env.is_primary:
-        _log.info("torchrec-tpu train: %d CPU threads per rank instead of --num-threads %d (the CPUs each "
-                  "rank may run on)", threads, config.engine.num_threads)
-    torch.set_num_threads(threads)
+    use_rank_threads(config, env, "train")
     with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
         log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
-        layout = engine.step_layout(spec, env)
-        if env.is_primary:
-            _log.info(layout.describe())
+        layout = decide_layout(engine, spec, env)
         model = engine.build_model(spec, env, device, layout)
         if config.engine.print_sharding_plan and env.is_primary:
             _log.info(engine.sharding_plan(model))

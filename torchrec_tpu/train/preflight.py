@@ -1,5 +1,6 @@
-"""Checks of the paths a job reads, before it imports torch, jax or ray (seconds each): a missing
-file or directory is reported in well under a second, and no run directory is created for it."""
+"""Checks of the paths (and the ``--plan`` file) a job reads, before it imports torch, jax or ray
+(seconds each): a missing or bad file is reported in well under a second, and no run directory is
+created for it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
 from torchrec_tpu.train.config import ConfigError, TrainConfig
+from torchrec_tpu.train.plan_file import check_plan_dim, check_plan_world, read_plan
 
 PARQUET_SUFFIX = ".parquet"  # pipelines.parquet_writer's (importing it imports pyarrow)
 DATA_SOURCES = ("synthetic", "sample")  # --data values that are not paths (torchrec_tpu.train.data)
@@ -27,9 +29,10 @@ def check_parquet_input(flag: str, path: str, directory_only: bool = False) -> N
                           "`torchrec-tpu data convert`)")
 
 
-def check_paths(config: TrainConfig) -> None:
-    """The inputs ``config`` names exist (data, npy directory, resume checkpoint, plan file) and
-    its output directories are not files; ConfigError naming the flag and the path."""
+def check_paths(config: TrainConfig, world_size: int = 1) -> None:
+    """The inputs ``config`` names exist (data, npy directory, resume checkpoint) and its output
+    directories are not files; a ``--plan`` file is a plan for ``world_size`` ranks and the model's
+    embedding dim. ConfigError naming the flag and the path."""
     data = config.data
     if data.in_memory_binary_criteo_path is not None:
         if not Path(data.in_memory_binary_criteo_path).is_dir():
@@ -42,8 +45,13 @@ def check_paths(config: TrainConfig) -> None:
     if config.checkpoint.resume is not None:
         resolve_checkpoint(Path(config.checkpoint.resume))  # FileNotFoundError: not a checkpoint
     plan = config.engine.plan
-    if plan not in (None, "auto") and not Path(plan).is_file():
-        raise ConfigError(f"--plan={plan!r}: no such file (a plan JSON from `torchrec-tpu plan`, or 'auto')")
+    if plan not in (None, "auto"):
+        if not Path(plan).is_file():
+            raise ConfigError(f"--plan={plan!r}: no such file (a plan JSON from `torchrec-tpu plan`, or 'auto')")
+        loaded, source = read_plan(plan), f"--plan={plan!r}"
+        check_plan_world(loaded, world_size, source)
+        if config.model.kind in ("dlrm", "dlrm_dcn"):  # every table has --embedding-dim columns
+            check_plan_dim(loaded, config.model.embedding_dim, source)
     for flag, path in (("--log-dir", config.loop.log_dir), ("--checkpoint-dir", config.checkpoint.checkpoint_dir)):
         if path is not None and Path(path).is_file():
             raise ConfigError(f"{flag}={path!r} is a file; give a directory (it is created if missing)")

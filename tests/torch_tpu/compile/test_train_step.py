@@ -184,6 +184,24 @@ def test_new_batch_shape_compiles_a_new_program_once():
     assert step.stats.compiles == 2 and step.stats.calls == 5
 
 
+def test_alternating_batch_shapes_update_in_place():
+    """A batch of another shape than the last runs its own program, not the last one's replay; the
+    replay it drops must not keep the donated buffers alive (each would be copied first: a whole
+    embedding table per step)."""
+    torch.manual_seed(0)
+    model = mlp([12, 64, 1]).to("tpu")
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    step = tc.train_step(model, opt, _bce)
+    shapes = (16, 4, 16, 4, 16)
+    step(torch.randn(shapes[0], 12, device="tpu"), torch.ones(shapes[0], device="tpu"))
+    weight = model[0].weight
+    for batch in shapes[1:]:
+        before = to_jax(weight).unsafe_buffer_pointer()
+        step(torch.randn(batch, 12, device="tpu"), torch.ones(batch, device="tpu"))
+        assert to_jax(weight).unsafe_buffer_pointer() == before, f"batch {batch}: the weight was copied"
+    assert step.stats.compiles == 2 and step.stats.calls == len(shapes)
+
+
 def test_learning_rate_changes_without_recompiling():
     torch.manual_seed(0)
     cpu = mlp([12, 8, 1])

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from tests.torch_tpu.distributed.device import prepare_device
 from torch_tpu.distributed import launch_local
+from torch_tpu.runtime import knobs
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 WORLD = 2
@@ -41,7 +42,7 @@ def _expected(rank: int) -> torch.Tensor:
 
 
 def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta, device: str) -> dict:
-    os.environ.setdefault("TORCH_TPU_DIST_TRANSPORT", "gloo")
+    os.environ.setdefault(knobs.DIST_TRANSPORT.name, "gloo")  # tpu tensors over gloo's transport
     prepare_device(device)
     import torch_tpu  # noqa: F401
 

@@ -12,34 +12,45 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = 48 << 20  # above glibc's 32 MiB mmap ceiling
-SCRIPT = f"""
-import ctypes, ctypes.util, resource, torch, torch_tpu
+SCRIPT = """
+import ctypes, ctypes.util, resource, sys, threading, torch, torch_tpu
 torch.ones(1, device="tpu")  # the device's first storage
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
+size = int(sys.argv[1])
 faults = []
-for i in range(4):
+
+def one_block():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    block = libc.malloc({BLOCK})
-    ctypes.memset(block, 1, {BLOCK})
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
     libc.free(block)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+for i in range(4):
+    if sys.argv[2] == "thread":  # a thread of its own each time, as XLA's workers allocate
+        worker = threading.Thread(target=one_block)
+        worker.start()
+        worker.join()
+    else:
+        one_block()
 torch.tpu.empty_cache()  # hands the kept block back
 print(max(faults[1:]))
 """
 
 
-def faults_per_block(heap: str) -> int:
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "TORCH_TPU_HOST_HEAP": heap, "PYTHONPATH": str(ROOT)})
+def faults_per_block(heap: str, size: int, where: str) -> int:
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(size), where], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "TORCH_TPU_HOST_HEAP": heap, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
     return int(done.stdout.split()[-1])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
-def test_a_freed_large_block_is_reused_not_mapped_afresh():
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_a_freed_large_block_is_reused_not_mapped_afresh(where):
     pages = BLOCK // os.sysconf("SC_PAGE_SIZE")
-    unmapped, kept = faults_per_block("0"), faults_per_block("1")
+    unmapped, kept = faults_per_block("0", BLOCK, where), faults_per_block("1", BLOCK, where)
     assert unmapped > pages // 2  # as malloc does by default: every block faulted in afresh
     assert kept < pages // 50, (kept, unmapped)

@@ -330,10 +330,11 @@ class TrainStep:
 
     def __call__(self, *batch: Any) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         precision.sync()
-        replay = self._replay
-        outputs = replay.run(self, batch) if replay is not None else None
+        outputs = self._replay.run(self, batch) if self._replay is not None else None
         if outputs is None:  # first call, or something changed since the last one
-            self._replay = None  # drops its references to the arrays about to be donated
+            # the last replay holds the arrays about to be donated: with it alive, each donated
+            # input (the embedding tables) would be copied first
+            self._replay = None
             call = self._signature(batch)
             program = self._program(call.signature)
             inputs = self._inputs(call.state_and_groups, call.batch_tensors)

@@ -15,18 +15,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
-from torchrec_tpu.planner.plan import Plan, TablePlan, load_plan
+from torchrec_tpu.planner.plan import Plan, TablePlan
 from torchrec_tpu.sharding.shards import SHARDING_TYPES, TableSharding, balanced_table_wise, make_shards
-from torchrec_tpu.train.config import ConfigError
+from torchrec_tpu.train.plan_file import PlanLoadError, check_plan_world, read_plan
 
 AUTO = "auto"
-
-
-class PlanLoadError(ConfigError):
-    """The plan cannot shard this model on this world; the message names the table and value."""
 
 
 @dataclass(frozen=True)
@@ -47,16 +42,6 @@ def resolve_sharding(plan: str | None, tables: Sequence[TableSpec], features: Se
     loaded = plan_for_world(tables, features, world_size, batch_size) if plan == AUTO else read_plan(plan)
     sharding = sharding_from_plan(loaded, tables, world_size, source)
     return Placement(sharding, SparseCoreTopology.for_rank(loaded.topology, world_size))
-
-
-def read_plan(path: str) -> Plan:
-    """The plan JSON at ``path``; PlanLoadError if it is missing or not a plan."""
-    if not Path(path).is_file():
-        raise PlanLoadError(f"--plan={path!r}: no such file (write one with `torchrec-tpu plan --out`)")
-    try:
-        return load_plan(path)
-    except ValueError as err:  # includes JSONDecodeError
-        raise PlanLoadError(f"--plan={path!r}: {err}") from None
 
 
 def plan_for_world(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], world_size: int,
@@ -87,10 +72,7 @@ def sharding_from_plan(plan: Plan, tables: Sequence[TableSpec], world_size: int,
                        source: str = "plan") -> dict[str, TableSharding]:
     """Each table's :class:`TableSharding` from ``plan`` (device d = rank d), checked against the
     model's ``tables`` and the world; PlanLoadError names the table and the value."""
-    if len(plan.devices) != world_size:
-        raise PlanLoadError(f"{source} was made for {len(plan.devices)} device(s) "
-                            f"({plan.topology.name}) but training runs on {world_size} rank(s); "
-                            f"plan for a topology with {world_size} device(s) or use --plan=auto")
+    check_plan_world(plan, world_size, source)
     planned = {t.name: t for t in plan.tables}
     model = {t.name: t for t in tables}
     unknown, missing = sorted(set(planned) - set(model)), sorted(set(model) - set(planned))
