@@ -132,3 +132,7 @@ def register() -> None:
     for name, schema in SCHEMAS.items():
         lib.define(name + schema)
         lib.impl(name, kernels[name], "CompositeImplicitAutograd")
+    from torch_tpu.ops import sparsecore_dtensor
+
+    sparsecore_dtensor.register_composites(lib, {name: kernel for name, kernel in kernels.items()
+                                                 if name.startswith("_sparse_dense_matmul")})

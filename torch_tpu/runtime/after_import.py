@@ -14,19 +14,27 @@ from typing import Any
 
 def call_after_import(name: str, ready: str, fn: Callable[[], None]) -> None:
     """Call ``fn()`` now if module ``name`` is imported (it has the attribute ``ready``), else once
-    right after it is (at most one pending call per (name, fn))."""
+    right after it is (at most one pending call per (name, fn); several functions per module run in
+    the order given)."""
     module = sys.modules.get(name)
     if module is not None and hasattr(module, ready):
         fn()
-    elif not any(isinstance(f, _AfterImport) and (f.name, f.fn) == (name, fn) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, fn))
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name), None)
+    if finder is None:
+        finder = _AfterImport(name)
+        sys.meta_path.insert(0, finder)
+    if fn not in finder.fns:
+        finder.fns.append(fn)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds module ``name`` with the normal finder, then calls ``fn`` after its module body."""
+    """Finds module ``name`` with the normal finder, then calls each of ``fns`` after its module
+    body (one finder per module: the import system asks only the first finder that answers)."""
 
-    def __init__(self, name: str, fn: Callable[[], None]) -> None:
-        self.name, self.fn = name, fn
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.fns: list[Callable[[], None]] = []
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if name != self.name:
@@ -39,7 +47,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_then_call(module: Any) -> None:
             exec_module(module)
-            self.fn()
+            for fn in self.fns:
+                fn()
 
         spec.loader.exec_module = exec_then_call
         return spec
