@@ -53,8 +53,9 @@ def die_with_parent() -> None:
 def prepare_rank(prog: str) -> None:
     """Stack dumps on fatal signals and SIGUSR1, and SIGTERM ending the process with the line
     ``<prog>: stopped by SIGTERM (rank R of N)``, exit status 143. Call from the main thread."""
-    faulthandler.enable(all_threads=True)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    err = 2  # the process's stderr, not sys.stderr: a caller may have swapped that for an object without a file
+    faulthandler.enable(file=err, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
     line = (f"{prog}: stopped by SIGTERM (rank {os.environ.get('RANK', '?')} of "
             f"{os.environ.get('WORLD_SIZE', '?')})\n").encode()
 
@@ -62,7 +63,7 @@ def prepare_rank(prog: str) -> None:
 
     def leave(*_: object) -> None:  # from the handler or the watch, whichever runs first
         if leaving.acquire(blocking=False):
-            os.write(sys.stderr.fileno(), line)  # no buffered stream: another thread may hold its lock
+            os.write(err, line)  # no buffered stream: another thread may hold its lock
             os._exit(SIGTERM_EXIT)
 
     wake_read, wake_write = os.pipe()
