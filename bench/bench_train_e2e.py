@@ -43,6 +43,7 @@ from typing import Sequence
 import quiet_box
 
 from torchrec_tpu.launcher import xla_cpu_malloc_env
+from torchrec_tpu.train.engines import ENGINES as TRAIN_ENGINES
 
 ENGINES = ("torchrec", "sparsecore")
 NUM_SPARSE, NUM_DENSE = 26, 13  # Criteo's features, as the synthetic data has
@@ -171,7 +172,7 @@ def engine_env(engine: str) -> dict[str, str]:
     """The environment of a worker of ``engine``: as ``torchrec-tpu train`` starts its processes
     (the sparsecore engine's with glibc's malloc set up for XLA:CPU; stock TorchRec's as they are)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return {**env, **xla_cpu_malloc_env()} if engine == "sparsecore" else env
+    return {**env, **xla_cpu_malloc_env()} if TRAIN_ENGINES[engine].runs_xla_cpu else env
 
 
 def dense_step_ms(args: argparse.Namespace, batch: int, steps: int = 10) -> float:

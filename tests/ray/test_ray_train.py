@@ -224,7 +224,6 @@ def test_sigkill_of_a_ray_worker_restarts_from_the_last_checkpoint(dataset: Path
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--ray-workers", "-1"], "--ray-workers=-1 must be >= 1"),
     (["--ray-workers", "2", "--ray-cpus-per-worker", "0"], "--ray-cpus-per-worker=0.0 must be > 0"),
     (["--ray-workers", "2", "--ray-tpu-topology", "4x4"], "needs the slice's topology and accelerator type"),
     (["--ray-workers", "2", "--ray-tpu-type", "TPU-V6E"], "--ray-tpu-type needs --ray-tpu-topology"),

@@ -85,10 +85,10 @@ def test_one_optimizer_vocabulary_for_both_engines() -> None:
 
 # docs/ARCHITECTURE.md, "Training rooms": what each room may import from the rest of train/
 ROOM_IMPORTS = {
-    "engines": {"config", "model", "loop", "metrics", "learning_rate", "distributed", "rank_agreement"},
+    "engines": {"config", "model", "loop", "metrics", "learning_rate", "distributed", "rank_agreement", "plan_file"},
     "checkpoint": {"config", "loop"},
     "streams": {"config"},
-    "config": {"engines"},
+    "config": {"engines", "dlrm_main_flags"},
 }
 
 

@@ -15,6 +15,7 @@ from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
+from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.preflight import check_paths
 
 # Options of ``train`` that do not change the profiled step (a --config YAML may still hold them).
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
-        if getattr(args, "_restartable", False) and config.engine.kind == "sparsecore":
+        if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
         check_paths(config, int(os.environ.get("WORLD_SIZE", "1")))  # before the heavy imports below
         from torchrec_tpu.profiling.job import profile_training  # heavy: torch, torchrec, jax

@@ -15,6 +15,7 @@ from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, check_batch_split, config_from_args
+from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.preflight import check_paths
 from torchrec_tpu.train.ray_train import RayOptions
 
@@ -67,7 +68,7 @@ def _run_hstu(config, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
-        if getattr(args, "_restartable", False) and config.engine.kind == "sparsecore":
+        if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
         if config.model.kind in ("hstu", "dlrmv4"):
             return _run_hstu(config, args)
