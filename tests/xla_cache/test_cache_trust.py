@@ -27,14 +27,6 @@ def _warned(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "xla_cache" and text in r.getMessage()]
 
 
-@pytest.fixture
-def cache(tmp_path: Path):
-    previous, cap = xla_cache.cache_dir(), xla_cache._max_bytes[0]
-    xla_cache.configure(tmp_path / "cache", max_bytes=1 << 20)
-    yield tmp_path / "cache"
-    xla_cache.configure(previous, cap)
-
-
 @pytest.mark.parametrize(("damage", "reason"), [
     (lambda blob: b"\x80\x04" + blob[2:], "wrong magic bytes"),
     (lambda blob: blob[:8] + (9).to_bytes(4, "little") + blob[12:], "format version 9"),

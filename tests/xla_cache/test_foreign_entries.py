@@ -34,14 +34,6 @@ def _relu(x: jax.Array) -> jax.Array:
 SIGMOID = 1 / (1 + np.exp(-X))
 
 
-@pytest.fixture
-def cache(tmp_path: Path):
-    previous, cap = xla_cache.cache_dir(), xla_cache._max_bytes[0]
-    xla_cache.configure(tmp_path / "cache", max_bytes=1 << 20)
-    yield tmp_path / "cache"
-    xla_cache.configure(previous, cap)
-
-
 def _run(fn: Callable[[jax.Array], jax.Array]) -> np.ndarray:
     jax.clear_caches()  # compiled afresh: read from (or written to) the persistent cache
     with xla_cache.persistent():
