@@ -25,8 +25,8 @@ from sparsecore.backends import BackendName
 from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.suggest import close_match, did_you_mean
 from torchrec_tpu.train.dlrm_main_flags import add_dlrm_main_flags
-from torchrec_tpu.train.engines import ENGINES
-from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
+from torchrec_tpu.train.engine_kinds import ENGINES
+from torchrec_tpu.train.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 
 # The option vocabularies that are defined here (the others come from their registries above).
 Model = Literal["dlrm", "dlrm_dcn", "hstu", "dlrmv4"]  # hstu, dlrmv4: torchrec_tpu.hstu.train
@@ -417,7 +417,7 @@ def check_batch_split(data: DataConfig, world_size: int) -> None:
 
 
 def _engines_that(trait: str) -> str:
-    """The ``--engine`` values whose :class:`~torchrec_tpu.train.engines.EngineKind` has ``trait``."""
+    """The ``--engine`` values whose :class:`~torchrec_tpu.train.engine_kinds.EngineKind` has ``trait``."""
     return "|".join(e.name for e in ENGINES.values() if getattr(e, trait))
 
 
