@@ -33,9 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsecore.backends.xla_inputs import bucket
 from sparsecore.optimizer_rules import rule_named
-from tpu_facts import ALIGNMENT
+from tpu_facts import ALIGNMENT, quarter_bucket
 
 
 def sparsecores_per_device(row_pointers_size: int, devices: int = 1) -> int:
@@ -174,7 +173,7 @@ def touched_unique(touched: np.ndarray, entries: int) -> int:
     """The unique rows :func:`fit_touched` keeps: a bucket of the segments the entries use (the
     rest are distinct out-of-range rows)."""
     used = int(touched[2 * entries - 1]) + 1  # the last sorted position's segment
-    return min(entries, bucket(used))
+    return min(entries, quarter_bucket(used))
 
 
 def split_touched(touched, entries: int):

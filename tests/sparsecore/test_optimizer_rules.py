@@ -10,7 +10,7 @@ import torch
 import torch_tpu  # noqa: F401  (defines the tpu:: SparseCore ops)
 from sparsecore import optimizers as opt
 from sparsecore.backends import make_backend
-from sparsecore.optimizer_rules import RULES, OptimizerRule, register, rule_of, rule_named, unregister
+from sparsecore.optimizer_rules import RULES, OptimizerRule, register, rule_named, rule_of, unregister
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
