@@ -14,7 +14,13 @@ from pipelines.flag_numbers import non_negative_int
 from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
-from torchrec_tpu.train.config import ConfigError, add_config_arguments, check_batch_split, config_from_args
+from torchrec_tpu.train.config import (
+    HSTU_MODELS,
+    ConfigError,
+    add_config_arguments,
+    check_batch_split,
+    config_from_args,
+)
 from torchrec_tpu.train.engines import ENGINES
 from torchrec_tpu.train.preflight import check_paths
 from torchrec_tpu.train.ray_train import RayOptions
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
-        if config.model.kind in ("hstu", "dlrmv4"):
+        if config.model.kind in HSTU_MODELS:
             return _run_hstu(config, args)
         # the world is known before anything starts: torchrun's environment, or the Ray workers
         world_size = args.ray_workers or int(os.environ.get("WORLD_SIZE", "1"))
