@@ -21,7 +21,7 @@ from torchrec_tpu.train.config import (
     check_batch_split,
     config_from_args,
 )
-from torchrec_tpu.train.engines import ENGINES
+from torchrec_tpu.train.engine_kinds import ENGINES
 from torchrec_tpu.train.preflight import check_paths
 from torchrec_tpu.train.ray_train import RayOptions
 
