@@ -18,11 +18,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from pipelines.sequences.layout import LABEL_PREFIX, LIST_COLUMNS
+from pipelines.sequences.layout import LABEL_PREFIX, LIST_COLUMNS, PREDICTION_PREFIX
 from pipelines.sequences.reader import sequence_batch
 from torchrec_tpu.hstu.config import HSTUConfig
 from torchrec_tpu.hstu.model import HSTU
-from torchrec_tpu.inference.job import PREDICTION_PREFIX
 from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, dense_file, find_hstu_checkpoint, hstu_meta, tables_file
 
 CANDIDATE_COLUMNS = ("candidate", "candidate_item")  # the candidate's position in its row, its item id

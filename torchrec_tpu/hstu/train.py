@@ -33,7 +33,6 @@ from sparsecore.backends import XLA
 from torchrec_tpu.hstu.config import HSTUConfig, preset
 from torchrec_tpu.hstu.model import HSTU, table_configs
 from torchrec_tpu.hstu.sharded import sharded_embeddings
-from torchrec_tpu.profiling.phases import COLLECTIVES
 from torchrec_tpu.train.checkpoint.hstu_files import (
     HSTU_META,
     META_FILE,
@@ -44,7 +43,7 @@ from torchrec_tpu.train.checkpoint.hstu_files import (
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.engines.precision import autocast
-from torchrec_tpu.train.loop import DENSE_BWD, OPTIMIZER
+from torchrec_tpu.train.loop import COLLECTIVES, DENSE_BWD, OPTIMIZER
 from torchrec_tpu.train.scalars import ScalarLog
 
 _log = logging.getLogger(__name__)

@@ -35,14 +35,13 @@ from pipelines.bad_value_policies import POLICIES
 from pipelines.bad_values import BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
 from pipelines.parquet_files import open_parquet, read_columns, read_row_group
 from pipelines.schema import CRITEO, DatasetSchema
-from pipelines.sequences.layout import LABEL_PREFIX, LIST_COLUMNS
+from pipelines.sequences.layout import LABEL_PREFIX, LIST_COLUMNS, PREDICTION_PREFIX
 from torchrec_tpu.inference.input_identity import input_identity
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
 from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, hstu_meta
 
 PREDICTION_COLUMN = "prediction"
-PREDICTION_PREFIX = PREDICTION_COLUMN + "_"  # HSTU's prediction_<task> columns, one per task
 DLRM, HSTU = "dlrm", "hstu"  # InferenceConfig.model: what the checkpoint holds
 MODELS = (DLRM, HSTU)
 _log = logging.getLogger(__name__)

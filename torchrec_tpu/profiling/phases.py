@@ -20,10 +20,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torchrec.datasets.utils import Batch
 
 from pipelines.parquet_reader import ParquetBatchReader
-from torchrec_tpu.train.loop import DENSE_BWD, OPTIMIZER
+from torchrec_tpu.train.loop import COLLECTIVES, DENSE_BWD, OPTIMIZER
 
 DATA, PREPROCESS, SPARSE_LOOKUP = "data", "preprocess", "sparse_lookup"
-DENSE_FWD, COLLECTIVES, TRAIN_STEP = "dense_fwd", "collectives", "train_step"
+DENSE_FWD, TRAIN_STEP = "dense_fwd", "train_step"
 # TRAIN_STEP: the whole step function train runs (one compiled program by default, whose parts
 # then show no ranges of their own); the eager step's parts show as the others
 PHASES = (DATA, PREPROCESS, TRAIN_STEP, SPARSE_LOOKUP, DENSE_FWD, DENSE_BWD, OPTIMIZER, COLLECTIVES)
