@@ -376,6 +376,27 @@ def test_no_module_reads_a_tpu_tensors_storage_through_a_private_attribute() -> 
     assert not offenders, offenders
 
 
+# A TpuTensor's layout over its storage: the other rooms read it, only the runtime sets it
+# (``torch_tpu.runtime.tensor``: make_alias, set_layout, share_storage, wrap_owned, ...).
+LAYOUT_ATTRIBUTES = {"storage_box", "whole_storage", "dtype_view", "math_bits"}
+RETIRED_LAYOUT_ATTRIBUTES = {"_full", "_reinterpreted", "_math_bits"}
+
+
+def test_only_the_runtime_sets_a_tpu_tensors_layout() -> None:
+    offenders = []
+    for module, path in _project_modules().items():
+        if module.startswith("torch_tpu.runtime."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            if node.attr in RETIRED_LAYOUT_ATTRIBUTES:
+                offenders.append(f"{module}:{node.lineno} uses .{node.attr}")
+            elif node.attr in LAYOUT_ATTRIBUTES and isinstance(node.ctx, (ast.Store, ast.Del)):
+                offenders.append(f"{module}:{node.lineno} sets .{node.attr}")
+    assert not offenders, "\n".join(offenders)
+
+
 def test_no_test_module_imports_another() -> None:
     """What tests share lives in helper modules (conftest.py, ``*_cases.py``, ...), not in test files."""
     offenders = []
