@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tpu_facts", "xla_cache", "pipelines", "torch_tpu", "sparsecore", "torchrec_tpu")
-# package -> the project packages it may import (ARCHITECTURE.md, "depends on")
+# package -> the project packages it may import (docs/ARCHITECTURE.md, "may import")
 ALLOWED = {
     "tpu_facts": set(),
     "xla_cache": {"tpu_facts"},  # its knobs
@@ -141,7 +141,7 @@ def test_torchrec_tpu_subpackages_import_only_the_ones_below_them() -> None:
     assert not offenders, "\n".join(offenders)
 
 
-# --- torch_tpu's rooms (docs/ARCHITECTURE.md, "torch_tpu rooms") ---------------------------------
+# --- torch_tpu's rooms (docs/architecture/torch_tpu.md, "The rooms") ----------------------------
 
 TORCH_TPU = REPO_ROOT / "torch_tpu"
 ROOMS = ("runtime", "ops", "eager", "compile", "distributed")
@@ -274,7 +274,7 @@ def test_torch_tpu_tests_mirror_its_rooms() -> None:
     assert len(list(tests.glob("test_*.py"))) <= 5, sorted(p.name for p in tests.glob("test_*.py"))
 
 
-# --- torch_tpu.compile's subpackages (docs/ARCHITECTURE.md, "torch_tpu rooms", compile/) -----------
+# --- torch_tpu.compile's subpackages (docs/architecture/torch_tpu.md, "The rooms", compile/) -------
 
 COMPILE = TORCH_TPU / "compile"
 # subpackage -> the subpackages it may import (every import, lazy ones too)

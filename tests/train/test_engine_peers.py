@@ -84,7 +84,7 @@ def test_one_optimizer_vocabulary_for_both_engines() -> None:
     assert DENSE_OPTIMIZERS["adam"].torch_class() is torch.optim.Adam
 
 
-# docs/ARCHITECTURE.md, "Training rooms": what each room may import from the rest of train/
+# docs/architecture/training.md, "Training rooms": what each room may import from the rest of train/
 ROOM_IMPORTS = {
     "engines": {"config", "model", "loop", "metrics", "learning_rate", "distributed", "plan_file", "engine_kinds",
                 "optimizers"},

@@ -1,7 +1,7 @@
 """``torchrec-tpu train``: stock TorchRec DLRM / DLRM_DCN trained end to end, its tables on the
 sparsecore engine (default) or on stock TorchRec DMP + FBGEMM (``--engine torchrec``).
 
-Rooms (docs/ARCHITECTURE.md, "Training rooms"): ``config`` (options, over the leaves
+Rooms (docs/architecture/training.md, "Training rooms"): ``config`` (options, over the leaves
 ``engine_kinds``: the engine registry, and ``optimizers``: the optimizer vocabulary), ``engines/``
 (the engine interface, ``sparsecore_engine``: sharded sparsecore EBC + dense DDP/FSDP2,
 ``torchrec_engine``: DMP + fused optimizer, ``dense_placement`` / ``dense_step``

@@ -187,25 +187,27 @@ class EngineConfig(_Group):
         metavar="PATH|auto")
     dense_device: DenseDevice = _opt(
         "auto", "where the dense towers run: tpu (one compiled step program), cpu, or auto. The towers are the "
-                "MLPs, interaction and DCN; --engine sparsecore only. tpu: with one rank (and ddp) each step is "
-                "ONE compiled program: embedding lookup, towers, dense optimizer and the fused embedding update; "
-                "several ranks run the towers eagerly. Its first step traces and compiles. auto: tpu where the "
-                "step compiles into one program (one rank, ddp) and, while the tpu device is XLA:CPU, the towers "
-                "are small (dispatch-bound: one program wins; large towers are matmul-bound, where CPU torch's "
-                "kernels beat XLA:CPU's), else cpu (docs/ARCHITECTURE.md).",
+                "MLPs, interaction and DCN; --engine sparsecore only. tpu: with ddp each step is ONE compiled "
+                "program per rank: embedding lookup, towers, dense optimizer and the fused embedding update "
+                "(several ranks: one SPMD program, over tpu_dist's XLA transport; without it, or with fsdp2, "
+                "the towers run eagerly). Its first step traces and compiles. auto: tpu where the step compiles "
+                "into one program and the tpu device is a TPU, or, on XLA:CPU in one process, where that program "
+                "trains the towers faster than CPU eager torch (measured once on this host and stored), else "
+                "cpu (docs/architecture/training_step.md).",
         choices=DENSE_DEVICES)
     sparse_backend: SparseBackend = _opt(
         "auto", "the sparsecore engine's embedding backend (sparsecore.backends), or auto. The rank's local "
                 "backend, --engine sparsecore only. ops: TorchTPU's tpu:: SparseCore ops on tpu tables (where "
-                "the step is one program, it calls them itself: lookup, towers and fused update in one program), "
-                "each batch's CSR buffers cut to a power-of-two bucket of its largest partition; xla: the "
-                "sparsecore xla backend's own XLA programs, run beside the step, updating the tables in place "
-                "(e.g. row-wise Adagrad on tables whose dim is not a multiple of 8, which ops refuses); fbgemm: "
-                "FBGEMM's table-batched embedding CPU kernels, beside the step (SGD, Adagrad, and row-wise "
-                "Adagrad on dims that are multiples of 4; no Adam or FTRL); tpu: jax-tpu-embedding's SparseCore "
-                "kernels, which only a TPU host (libtpu) runs. auto: ops where the step is one program (one "
-                "rank, tpu towers, an optimizer without a host value per step, i.e. not Adam), else xla (the "
-                "eager step runs the xla backend's programs beside it).",
+                "the step is one program, it calls them itself: lookup, towers and fused update in one program; "
+                "in an eager step each update writes only the batch's rows, in place), each batch's CSR buffers "
+                "cut to a power-of-two bucket of its largest partition; xla: the sparsecore xla backend's own "
+                "XLA programs, run beside the step, updating the tables in place (e.g. row-wise Adagrad on "
+                "tables whose dim is not a multiple of 8, which ops refuses); fbgemm: FBGEMM's table-batched "
+                "embedding CPU kernels, beside the step (SGD, Adagrad, and row-wise Adagrad on dims that are "
+                "multiples of 4; no Adam or FTRL); tpu: jax-tpu-embedding's SparseCore kernels, which only a "
+                "TPU host (libtpu) runs. auto: ops where the step is one program and the optimizer runs inside "
+                "it (not Adam, whose update takes a host value per step), else xla (the eager step runs the xla "
+                "backend's programs beside it).",
         choices=SPARSE_BACKENDS)
     dense_parallel: DenseParallel = _opt(
         "ddp", "how the dense towers sync over ranks: ddp (replicated) or fsdp2 (sharded). --engine sparsecore "
