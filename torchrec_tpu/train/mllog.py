@@ -23,8 +23,8 @@ from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog.mllog import MLLogger
 
 from torchrec_tpu.train.config import TrainConfig
-from torchrec_tpu.train.engines.optimizers import ADAGRAD_EPS
 from torchrec_tpu.train.metrics import EvalResult
+from torchrec_tpu.train.optimizers import ADAGRAD_EPS
 from torchrec_tpu.train.run_events import RunEvents
 
 _ADAGRADS = ("adagrad", "rowwise_adagrad")
