@@ -1,7 +1,8 @@
 """HSTU: plain PyTorch eager on CPU vs the project's stack, back to back.
 
 Plain: the model with stock TorchRec's EmbeddingCollection and the padded ``[B, H, L, L]``
-attention (as generative-recommenders' PyTorch kernels run), all on the CPU. Stack: the same model
+attention at every length (kernel ``padded``, as generative-recommenders' PyTorch kernels run), all
+on the CPU. Stack: the same model
 (same weights) with its tables on the sharded SparseCore EmbeddingCollection and the STU stack on
 the tpu device, attention by the jagged op (no ``[L, L]`` tensor). Printed: steady training
 samples/s of each and the ratio; the attention op alone (forward + backward) of each and the
@@ -16,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import quiet_box
 import torch
@@ -29,7 +31,7 @@ import torch_tpu  # noqa: F401  (the tpu device)
 from torch_tpu.ops.hstu import jagged_hstu_attention
 from torch_tpu.runtime.tensor import to_jax
 from torchrec_tpu.hstu import HSTU, HSTUConfig, sharded_embeddings
-from torchrec_tpu.hstu.attention import padded_attention
+from torchrec_tpu.hstu.attention import PADDED, padded_attention
 from torchrec_tpu.hstu.model import FEATURE_KEYS
 
 HEADS, QK, DV = 2, 32, 32
@@ -107,7 +109,12 @@ def _attention_per_s(plain: bool, users: int, seq: int, steps: int, warmup: int)
 
 
 def _max_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS: VmHWM, which starts afresh at exec (getrusage's ru_maxrss would carry
+    the parent's RSS at fork over the exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _rss_child(plain: bool, users: int, seq: int) -> None:
@@ -152,12 +159,12 @@ def _timings(args: argparse.Namespace) -> None:
     """The training-step and attention-op lines."""
     candidates = 4
     config = HSTUConfig(item_rows=args.items, action_rows=2, dim=64, heads=HEADS, qk_dim=QK, v_dim=DV,
-                        max_seq_len=args.seq_len)
+                        max_seq_len=args.seq_len, kernel=PADDED)
     batches = [_batch(args.batch, args.seq_len - candidates, candidates, args.items, seed) for seed in range(4)]
     torch.manual_seed(0)
     plain = HSTU(config)
-    stack = HSTU(config, embeddings=sharded_embeddings(config, ec=plain.embeddings, batch_size=args.batch),
-                 dense_device="tpu")
+    stack = HSTU(replace(config, kernel="xla"), dense_device="tpu",
+                 embeddings=sharded_embeddings(config, ec=plain.embeddings, batch_size=args.batch))
     stack.stack.load_state_dict(plain.stack.state_dict())
     stack.heads.load_state_dict(plain.heads.state_dict())
     plain_rate = _samples_per_s(plain, batches, args.steps, args.warmup)
