@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    cli = argparse.ArgumentParser(prog="torchrec-tpu infer")
-    add_arguments(cli)
-    sys.exit(run(cli.parse_args()))
+if __name__ == "__main__":  # as ``torchrec-tpu infer``: the one entry point reports the errors
+    from torchrec_tpu.cli import main
+
+    sys.exit(main(["infer", *sys.argv[1:]]))
