@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="copy the input's label column into the output next to each prediction when the "
                              "input has one, and report the output's offline AUC")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                        help="show a tqdm progress bar (not on a terminal: a line per part written)")
+                        help="show a tqdm progress bar (not on a terminal: a progress line at least every 30 s)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence, TypeVar
+from typing import Any, Iterator, Sequence, TypeVar
 
 import torch.distributed as dist
 
@@ -28,6 +28,7 @@ from pipelines.bad_values import BadValueCounts
 from pipelines.convert import convert_to_parquet
 from pipelines.npy_criteo import NpyCriteoReader, npy_days
 from pipelines.parquet_checksums import note_unverifiable
+from pipelines.parquet_files import footer_sha256
 from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
 from pipelines.sample_data import criteo_sample_csv
 from pipelines.schema import CRITEO, DatasetSchema
@@ -72,6 +73,16 @@ class TrainData:
             text += f" ({self.rows_dropped} training rows left out on this rank to keep ranks in lock-step)"
         return text
 
+    def split_record(self) -> dict[str, list[dict[str, Any]]]:
+        """What a checkpoint records of the run's data, for ``infer`` to tell which of its inputs
+        the model trained on: per split (``train``, ``held_out``, ``test``), each file's name,
+        content identity (Parquet footer hash) and the rows of it the split holds. Empty for the
+        npy days (not Parquet)."""
+        if not isinstance(self.train, ParquetBatchReader):
+            return {}
+        splits = {"train": self.train, "held_out": self.held_out, "test": self.test}
+        return {name: rows_by_file(reader) for name, reader in splits.items() if isinstance(reader, ParquetBatchReader)}
+
     def bad_values(self) -> BadValueCounts:
         """Rows this rank's readers skipped or clamped so far (``--bad-values``), every split."""
         return sum((split.bad_value_log.counts() for split in self._evaluated()), self.train.bad_value_log.counts())
@@ -87,6 +98,22 @@ def _in_files(split: ParquetBatchReader | NpyCriteoReader) -> str:
     if isinstance(split, ParquetBatchReader) and split.rows is not None:
         return f"(rows {split.rows[0]:,}-{split.rows[1] - 1:,} of {count} file{'s' if count > 1 else ''})"
     return f"in {count} file{'s' if count > 1 else ''}"
+
+
+def rows_by_file(reader: ParquetBatchReader) -> list[dict[str, Any]]:
+    """``{"name", "footer_sha256", "rows": [first, end)}`` (rows within the file) of each file of
+    ``reader``'s split (all ranks' rows) that holds some of its rows."""
+    extent: dict[Path, list[int]] = {}  # file -> [first global row, rows]
+    for group in reader.row_groups:
+        extent.setdefault(group.path, [group.first_row, 0])[1] += group.num_rows
+    low, high = reader.rows if reader.rows is not None else (0, sum(rows for _, rows in extent.values()))
+    record = []
+    for path, (first, count) in extent.items():
+        start, end = max(low, first) - first, min(high, first + count) - first
+        if start < end:
+            with open(path, "rb") as file:
+                record.append({"name": path.name, "footer_sha256": footer_sha256(file), "rows": [start, end]})
+    return record
 
 
 def split_files(files: list[Path], eval_files: int, source: Path) -> tuple[list[Path], list[Path]]:

@@ -200,9 +200,11 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
                 for split in (held_out, test))
         train = engine.wrap_batches(train, model, env, device)
 
+        data_split = data.split_record() if env.is_primary else {}  # infer checks its inputs against it
+
         def save(step: int, position: LoopPosition, **extra: object) -> Path:
             info = {"step": step, **position_meta(position, env.world_size), "model": spec.to_dict(),
-                    "config": config.to_dict(),
+                    "config": config.to_dict(), "data_split": data_split,
                     "table_sizes": list(data.table_sizes), "train_rows": data.train.num_rows, **extra,
                     "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
             directory = save_checkpoint(checkpoint_root, model, optimizer, info, run_id,
