@@ -70,6 +70,10 @@ class ProgressLine:
         """Whether ``interval`` seconds have passed since the last line (or the start)."""
         return time.perf_counter() - self.last >= self.interval
 
+    def mark(self) -> None:
+        """Count a line the caller logged itself (of its own form) as the last line."""
+        self.last = time.perf_counter()
+
     def update(self, done: int, fraction: float | None = None) -> None:
         """Emit :meth:`line` for ``done`` rows when one is :meth:`due`."""
         if self.due():
@@ -77,7 +81,7 @@ class ProgressLine:
 
     def line(self, done: int, fraction: float | None = None) -> str:
         """The progress line for ``done`` rows (``fraction`` of the work, when there is no total)."""
-        self.last = time.perf_counter()
+        self.mark()
         elapsed = self.last - self.start
         if self.total:
             fraction = done / self.total

@@ -53,6 +53,7 @@ class TrainData:
     held_out: ParquetBatchReader | NpyCriteoReader  # validation, when there is a test split
     world_size: int
     test: ParquetBatchReader | NpyCriteoReader | None = None
+    given: str = ""  # --data as the user typed it ('sample' for its temporary copy); "": source
 
     @property
     def eval_batch_rows(self) -> int:
@@ -64,7 +65,7 @@ class TrainData:
 
     def describe(self) -> str:
         text = (
-            f"{self.source}: {self.train.num_rows} train rows {_in_files(self.train)}, "
+            f"{self.given or self.source}: {self.train.num_rows} train rows {_in_files(self.train)}, "
             f"{self.held_out.num_rows} held-out rows {_in_files(self.held_out)}"
         )
         if self.test is not None:
@@ -239,7 +240,7 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
         if train_split[1] is not None and env.is_primary:
             _log.info("--data=%r has %d Parquet file(s), too few to hold out --eval-files=%d: holding out its "
                       "last %s rows instead (for a split by files: `torchrec-tpu data convert --rows-per-file N`)",
-                      str(source), len(files), config.data.eval_files, f"{total_rows - train_split[1][1]:,}")
+                      config.data.source, len(files), config.data.eval_files, f"{total_rows - train_split[1][1]:,}")
         train = reader(train_split, config.data.batch_size, lockstep)
         held_out = reader(validation, config.data.eval_batch_size, False)
         test = reader(test_split, config.data.eval_batch_size, False) if test_split else None
@@ -247,10 +248,11 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
             batch = config.data.batch_size
             raise ConfigError(f"--batch-size={batch} ({batch // env.world_size} per rank) "
                               f"exceeds each rank's {train.num_rows // env.world_size} training rows of "
-                              f"--data={str(source)!r}; {env.world_size} ranks train in lock-step on full batches")
+                              f"--data={config.data.source!r}; {env.world_size} ranks train in lock-step on "
+                              "full batches")
         for split, split_reader in (("training", train), ("held-out", held_out), ("test", test)):
             if split_reader is not None and split_reader.num_rows == 0:
-                raise ConfigError(f"--data={str(source)!r}: the {split} files "
+                raise ConfigError(f"--data={config.data.source!r}: the {split} files "
                                   f"{[f.name for f in split_reader.files]} hold no rows")
         yield TrainData(source=source, schema=CRITEO, table_sizes=table_sizes, train=train,
-                        held_out=held_out, world_size=env.world_size, test=test)
+                        held_out=held_out, world_size=env.world_size, test=test, given=config.data.source)

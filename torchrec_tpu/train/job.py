@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
@@ -64,7 +65,7 @@ class JobSummary:
             "training finished",
             f"  data            {self.data}",
             f"  steps           {r.steps} ({r.samples:,} samples this run, {self.world_size} rank(s))",
-            f"  throughput      {r.samples_per_sec:,.0f} samples/s (input + train steps, eval excluded)",
+            f"  throughput      {self._throughput()}",
             f"  first step      {r.first_step_seconds:.2f} s (input, tracing and compiling; the persistent "
             "compile cache skips the last two from the second run on)",
             f"  train loss      {r.final_train_loss:.4f} (mean of the last steps)",
@@ -77,6 +78,16 @@ class JobSummary:
             f"  checkpoint      {self.checkpoint_dir}",
         ])
 
+
+    def _throughput(self) -> str:
+        """Steady (after the compiling first step) and whole-run samples/s: on a short run the
+        first step dominates the whole-run figure."""
+        r = self.result
+        whole = f"{r.samples_per_sec:,.0f} samples/s whole run (input + train steps, eval excluded)"
+        steady = r.steady_samples_per_sec
+        if steady is None:
+            return f"{whole}; one step, no steady figure"
+        return f"{steady:,.0f} samples/s steady (after the first step), {whole}"
 
     def _target_line(self) -> str:
         r = self.result
@@ -169,6 +180,7 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
         layout = decide_layout(engine, spec, env)
+        built = time.perf_counter()
         model = engine.build_model(spec, env, device, layout)
         if config.engine.print_sharding_plan and env.is_primary:
             _log.info(engine.sharding_plan(model))
@@ -181,6 +193,9 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
             start_step, start = point.step, point.position
             if env.is_primary:
                 _log.info(point.describe())
+        if env.is_primary:
+            _log.info("model %s in %.1f s; the first training step compiles",
+                      "built and restored" if point else "built", time.perf_counter() - built)
         options = LoopOptions(
             epochs=config.loop.epochs, max_steps=config.loop.max_steps, log_every=config.loop.log_every,
             eval_every=config.loop.eval_every, eval_batch_rows=data.eval_batch_rows, target_auc=config.loop.target_auc,
