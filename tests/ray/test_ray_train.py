@@ -63,9 +63,10 @@ def _start_ray_cli(data: Path, run: Path) -> tuple[subprocess.Popen, Path]:
     # Ray Train's controller takes in reported checkpoints when it polls the workers (every 2 s
     # by default); polled often, a kill soon after a report still finds the checkpoint registered
     env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(POLL_S)
+    env["TORCHREC_TPU_PROGRESS_SECONDS"] = "0"  # a progress line at every step between --log-every lines
     with open(out, "w") as stream:
-        proc = subprocess.Popen([sys.executable, "-c", CLI, *_argv(Path("data"), Path(".")), *RAY_FLAGS], env=env,
-                                stdout=stream, stderr=subprocess.STDOUT, cwd=run)
+        proc = subprocess.Popen([sys.executable, "-c", CLI, *_argv(Path("data"), Path(".")), *RAY_FLAGS,
+                                 "--progress"], env=env, stdout=stream, stderr=subprocess.STDOUT, cwd=run)
     return proc, out
 
 
@@ -137,6 +138,11 @@ def test_ray_driver_output_is_quiet_with_paths_as_given(ray_run, torchrun_run, d
     (text, final), (local, local_final) = ray_run, torchrun_run
     # the local run was given absolute paths: as relative ones, they read as the Ray run's
     local = local.replace(f"{local_final.parent.parent}/", "").replace(str(dataset), "data")
+    # the progress lines (--progress here only): every step, the --log-every ones with the loss
+    progress = re.findall(r"^step (\d+)/\d+  epoch \d  ([\d,]+ samples/s  ETA \S+|compiling)$", text, re.MULTILINE)
+    assert len(progress) >= STEPS * 7 // 8 - 1 and all(int(step) % 8 for step, _ in progress), text
+    assert re.search(r"^step 16/\d+  epoch 0  loss [\d.]+  [\d,]+ samples/s  ETA \S+$", text, re.MULTILINE), text
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("step "))
     assert _line_kinds(text) - _line_kinds(local) == {
         "  ray checkpoint  #", "train: starting Ray (# CPUs) for # Ray Train worker(s)",
         "train: Ray started; starting # Ray Train worker(s) (each builds the model, then the first step compiles)",

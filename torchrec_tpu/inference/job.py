@@ -8,7 +8,9 @@ progress (a bar on a terminal, else a line at least every 30 s); with nothing le
 starts no Ray and imports no torch at all. Output rows: the requested key columns, then the
 optional row id (the row's global index over the inputs in order), then the input's label when
 it has one (``with_label``), then ``prediction`` (click probability, float32). With labels, the
-summary scores the whole output offline (ROC AUC of prediction against label).
+summary scores the whole output offline (ROC AUC of prediction against label) and says which
+input rows it covers; inputs the checkpoint trained on get a warning first
+(:mod:`torchrec_tpu.inference.scored_rows`).
 """
 
 from __future__ import annotations
