@@ -43,7 +43,7 @@ from typing import Sequence
 import quiet_box
 
 from torchrec_tpu.launcher import xla_cpu_malloc_env
-from torchrec_tpu.train.engines import ENGINES as TRAIN_ENGINES
+from torchrec_tpu.train.engine_kinds import ENGINES as TRAIN_ENGINES
 
 ENGINES = ("torchrec", "sparsecore")
 NUM_SPARSE, NUM_DENSE = 26, 13  # Criteo's features, as the synthetic data has
@@ -103,7 +103,7 @@ def worker(args: argparse.Namespace) -> None:
 def _count_programs() -> list[int]:
     """Make every engine's step function record the tpu programs each step dispatches (eager ops'
     programs and step programs) into the returned list."""
-    from torchrec_tpu.train.engines import ENGINES
+    from torchrec_tpu.train.engine_kinds import ENGINES
 
     counts: list[int] = []
     for engine in {kind.load() for kind in ENGINES.values()}:

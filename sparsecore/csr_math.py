@@ -22,8 +22,9 @@ The sums run in the order the entries sit in the buffers, which for every activa
 every table row) is the order the ``xla`` backend sums in (by physical row, then source SparseCore,
 then sample): on one device the lookup is bit-identical to ``XlaBackend.stack_activations``.
 
-The updates are jax-tpu-embedding's SparseCore update rules (``sparse_dense_matmul_grad_with_*``),
-applied to the rows the batch touches; untouched rows (and their slots) stay as they are.
+The updates are the optimizer rules' (``sparsecore.optimizer_rules``: jax-tpu-embedding's SparseCore
+update rules, ``sparse_dense_matmul_grad_with_*``), applied to the rows the batch touches; untouched
+rows (and their slots) stay as they are.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsecore.backends.xla_inputs import bucket
-from tpu_facts import ALIGNMENT
+from sparsecore.optimizer_rules import rule_named
+from tpu_facts import ALIGNMENT, quarter_bucket
 
 
 def sparsecores_per_device(row_pointers_size: int, devices: int = 1) -> int:
@@ -121,59 +122,6 @@ def table_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, 
     return grad, touched
 
 
-def _keep_untouched(touched, new, old):
-    mask = touched.reshape((-1,) + (1,) * (old.ndim - 1))
-    return jnp.where(mask, new, old).astype(old.dtype)
-
-
-def sgd(table, grad, touched, learning_rate):
-    return _keep_untouched(touched, table - learning_rate * grad, table)
-
-
-def adagrad(table, accumulator, grad, touched, learning_rate, epsilon):
-    acc = accumulator + grad * grad
-    new = table - learning_rate * grad / (jnp.sqrt(acc) + epsilon)
-    return _keep_untouched(touched, new, table), _keep_untouched(touched, acc, accumulator)
-
-
-def rowwise_adagrad(table, accumulator, grad, touched, learning_rate, epsilon):
-    """``accumulator`` [V]: acc += mean over the row of g^2."""
-    acc = accumulator + jnp.sum(grad * grad, axis=1) / grad.shape[1]
-    new = table - learning_rate * grad / (jnp.sqrt(acc)[:, None] + epsilon)
-    return _keep_untouched(touched, new, table), _keep_untouched(touched, acc, accumulator)
-
-
-def adam(table, momentum, velocity, grad, touched, alpha_t, beta_1, beta_2, epsilon):
-    """jax-tpu-embedding's form: m += (1 - b1)(g - m); v += (1 - b2)(g^2 - v);
-    w -= alpha_t m / (sqrt(v) + epsilon). ``velocity`` [V] is row-wise (mean over the row).
-    1 - b is taken in double, then rounded (as torch.optim.Adam's python-float betas are)."""
-    c1, c2 = jnp.float32(1.0 - float(beta_1)), jnp.float32(1.0 - float(beta_2))
-    m = momentum + c1 * (grad - momentum)
-    if velocity.ndim == 1:
-        v_full = velocity[:, None] + c2 * (grad * grad - velocity[:, None])
-        v = jnp.sum(v_full / grad.shape[1], axis=1)
-        denom = jnp.sqrt(v)[:, None] + jnp.float32(epsilon)
-    else:
-        v = velocity + c2 * (grad * grad - velocity)
-        denom = jnp.sqrt(v) + jnp.float32(epsilon)
-    new = table - alpha_t * m / denom
-    return (_keep_untouched(touched, new, table), _keep_untouched(touched, m, momentum),
-            _keep_untouched(touched, v, velocity))
-
-
-def ftrl(table, accumulator, linear, grad, touched, learning_rate, learning_rate_power, l1, l2, beta):
-    """FTRL-proximal as ``sparsecore.optimizers.FTRL`` (the ``xla`` backend's rule)."""
-    k = -jnp.float32(learning_rate_power)
-    acc = accumulator + grad * grad
-    p_new = acc**k
-    lin = linear + grad - (p_new - accumulator**k) / learning_rate * table
-    l1, l2 = jnp.float32(l1), jnp.float32(l2)
-    numerator = jnp.clip(lin, -l1, l1) - lin
-    new = numerator / ((p_new + jnp.float32(beta)) / learning_rate + 2.0 * l2)
-    return (_keep_untouched(touched, new, table), _keep_untouched(touched, acc, accumulator),
-            _keep_untouched(touched, lin, linear))
-
-
 def _touched_rows(phys, table_rows: int, xp=jnp):
     """The rows ``phys`` (one per buffer position; ``table_rows``: padding) touch, deduplicated without
     a comparator sort: one sort of single integer keys row * E + position (XLA:CPU sorts a lone
@@ -225,7 +173,7 @@ def touched_unique(touched: np.ndarray, entries: int) -> int:
     """The unique rows :func:`fit_touched` keeps: a bucket of the segments the entries use (the
     rest are distinct out-of-range rows)."""
     used = int(touched[2 * entries - 1]) + 1  # the last sorted position's segment
-    return min(entries, bucket(used))
+    return min(entries, quarter_bucket(used))
 
 
 def split_touched(touched, entries: int):
@@ -238,11 +186,11 @@ def split_touched(touched, entries: int):
 
 def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains, embedding_table, slots,
                  activations_grad, hypers, devices: int = 1, device_index: int = 0, touched=None):
-    """The fused backward + ``optimizer`` update (one of the rules above, by name) on the rows the
-    batch touches only: per touched row, g = the sum of gain * activation gradient over its
-    entries (in buffer order, as :func:`table_grad` sums), then the rule on those rows and their
-    slots, scattered back. The work is O(entries * dim), not O(table rows * dim) as a dense gradient;
-    the result equals ``rule(table, *slots, *table_grad(...), *hypers)``. ``touched``: the
+    """The fused backward + ``optimizer`` update (its rule's, ``sparsecore.optimizer_rules``, by
+    name) on the rows the batch touches only: per touched row, g = the sum of gain * activation
+    gradient over its entries (in buffer order, as :func:`table_grad` sums), then the rule's update
+    of those rows and their slots, scattered back. The work is O(entries * dim), not O(table rows *
+    dim) as a dense gradient; the touched rows equal the rule's update of :func:`table_grad`'s. ``touched``: the
     :func:`touched_rows` of the same buffers and table, computed ahead (else deduplicated here).
     Returns the new table (and slots)."""
     batch_size = activations_grad.shape[0]
@@ -268,10 +216,10 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
         contributions = sorted_gain[:, None] * activations_grad.at[sorted_rows].get(mode="fill", fill_value=0.0)
         grad = jax.ops.segment_sum(contributions, segment, num_segments=unique.shape[0], indices_are_sorted=True)
         hints = dict(indices_are_sorted=True, unique_indices=True)
-    touched = unique < table_rows
     old = [embedding_table, *slots]
-    gathered = [t.at[unique].get(mode="fill", fill_value=0.0, **hints) for t in old]
-    new = globals()[optimizer](gathered[0], *gathered[1:], grad, touched, *hypers)
-    new = new if isinstance(new, tuple) else (new,)
-    out = tuple(t.at[unique].set(n.astype(t.dtype), mode="drop", **hints) for t, n in zip(old, new))
+    # rows past the table (padding, unused slots) are read as 0 and their updates dropped
+    row_values, *slot_values = [t.at[unique].get(mode="fill", fill_value=0.0, **hints) for t in old]
+    new_rows, new_slots = rule_named(optimizer).update(row_values, tuple(slot_values), grad, hypers, grad.shape[1])
+    out = tuple(t.at[unique].set(n.astype(t.dtype), mode="drop", **hints)
+                for t, n in zip(old, (new_rows, *new_slots)))
     return out if len(out) > 1 else out[0]

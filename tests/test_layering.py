@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tpu_facts", "xla_cache", "pipelines", "torch_tpu", "sparsecore", "torchrec_tpu")
-# package -> the project packages it may import (ARCHITECTURE.md, "depends on")
+# package -> the project packages it may import (docs/ARCHITECTURE.md, "may import")
 ALLOWED = {
     "tpu_facts": set(),
     "xla_cache": set(),
@@ -41,7 +41,106 @@ def test_every_package_imports_only_the_packages_below_it() -> None:
     assert not offenders, "\n".join(offenders)
 
 
-# --- torch_tpu's rooms (docs/ARCHITECTURE.md, "torch_tpu rooms") ---------------------------------
+
+def _import_nodes(path: Path, lazy: bool) -> list[tuple[str, bool]]:
+    """(module named, at module level?) of each absolute import in ``path`` (``from pkg import mod``
+    names ``pkg.mod``; every import when ``lazy``, else only those Python runs at import)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top = {id(n) for n in _module_level(tree.body)}
+    found = []
+    for node in ast.walk(tree) if lazy else _module_level(tree.body):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in top) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(f"{node.module}.{alias.name}", id(node) in top) for alias in node.names]
+    return found
+
+
+# torch_tpu modules that may import sparsecore, and only inside functions: the SparseCore ops'
+# kernels (their math is sparsecore.csr_math) and TorchRec's import hook (served from sparsecore)
+TORCH_TPU_SPARSECORE_USERS = re.compile(r"torch_tpu\.ops\.sparsecore\w*|torch_tpu\._internal\.torchrec_native")
+
+
+def test_torch_tpu_imports_sparsecore_only_lazily_in_its_sparsecore_ops() -> None:
+    """What torch_tpu shares with sparsecore sits below both (``xla_cache.native_build`` builds
+    either's C++, ``tpu_facts`` holds the buckets): no other torch_tpu module imports sparsecore."""
+    offenders = []
+    for module, path in _torch_tpu_modules().items():
+        for name, top in _import_nodes(path, lazy=True):
+            if name.split(".")[0] != "sparsecore":
+                continue
+            if not TORCH_TPU_SPARSECORE_USERS.fullmatch(module):
+                offenders.append(f"{module} imports {name}")
+            elif top:
+                offenders.append(f"{module} imports {name} at module level (import it inside the kernel)")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_sparsecore_backends_sit_above_the_rest_of_sparsecore() -> None:
+    """The backends build on the engine's formats and math; nothing outside ``sparsecore/backends/``
+    imports one of them (the math of ``csr_math`` is shared by the backends, not borrowed from one)."""
+    offenders = [f"{path.relative_to(REPO_ROOT)} imports {name}"
+                 for path in sorted((REPO_ROOT / "sparsecore").rglob("*.py")) if "backends" not in path.parts
+                 for name, _ in _import_nodes(path, lazy=True) if name.startswith("sparsecore.backends")]
+    assert not offenders, "\n".join(offenders)
+
+
+# --- torchrec_tpu's subpackages (docs/ARCHITECTURE.md, "Contracts between packages") ----------------
+
+TORCHREC_TPU = REPO_ROOT / "torchrec_tpu"
+# subpackage -> the subpackages it may import (every import, lazy ones too); each may also import
+# torchrec_tpu's loose modules (errors, launcher, rank_agreement, rank_watch, topology, ...), which
+# import only each other
+SUBPACKAGE_ALLOWED = {
+    "sharding": set(),
+    "planner": set(),
+    "experimental": set(),
+    "pipeline": {"sharding"},  # the train pipeline: input dist of the sharded EBC ahead of the step
+    "train": {"planner", "sharding", "pipeline"},
+    "hstu": {"sharding", "train"},
+    "inference": {"planner", "sharding", "train"},
+    "profiling": {"planner", "sharding", "train"},
+}
+# Lazy imports across the rules, each named with its reason.
+SUBPACKAGE_LAZY_EXCEPTIONS = {
+    # `torchrec-tpu train --model hstu` hands the job to HSTU's trainer
+    ("torchrec_tpu.train.cli", "torchrec_tpu.hstu.train"),
+}
+
+
+def _torchrec_tpu_part(module: str) -> str | None:
+    """The subpackage ``module`` is in; None for a loose module (``torchrec_tpu.errors``)."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[0] != "torchrec_tpu":
+        return None
+    return parts[1] if (TORCHREC_TPU / parts[1]).is_dir() else None
+
+
+def test_torchrec_tpu_subpackages_import_only_the_ones_below_them() -> None:
+    modules = _project_modules()
+    assert sorted(p.name for p in TORCHREC_TPU.iterdir()
+                  if p.is_dir() and (p / "__init__.py").exists()) == sorted(SUBPACKAGE_ALLOWED)
+    offenders = []
+    for module, path in modules.items():
+        if module.split(".")[0] != "torchrec_tpu" or module == "torchrec_tpu":
+            continue
+        part = _torchrec_tpu_part(module)
+        for name, top in _import_nodes(path, lazy=True):
+            target = name if name in modules else name.rsplit(".", 1)[0]
+            if target.split(".")[0] != "torchrec_tpu" or target == "torchrec_tpu":
+                continue
+            other = _torchrec_tpu_part(target)
+            if other is None or other == part:
+                continue
+            allowed = set() if part is None else SUBPACKAGE_ALLOWED[part]
+            lazy_ok = not top and (module, target) in SUBPACKAGE_LAZY_EXCEPTIONS
+            if other not in allowed and not lazy_ok:
+                where = "a loose module" if part is None else part
+                offenders.append(f"{module} ({where}) imports {target} ({other})")
+    assert not offenders, "\n".join(offenders)
+
+
+# --- torch_tpu's rooms (docs/architecture/torch_tpu.md, "The rooms") ----------------------------
 
 TORCH_TPU = REPO_ROOT / "torch_tpu"
 ROOMS = ("runtime", "ops", "eager", "compile", "distributed")
@@ -174,7 +273,7 @@ def test_torch_tpu_tests_mirror_its_rooms() -> None:
     assert len(list(tests.glob("test_*.py"))) <= 5, sorted(p.name for p in tests.glob("test_*.py"))
 
 
-# --- torch_tpu.compile's subpackages (docs/ARCHITECTURE.md, "torch_tpu rooms", compile/) -----------
+# --- torch_tpu.compile's subpackages (docs/architecture/torch_tpu.md, "The rooms", compile/) -------
 
 COMPILE = TORCH_TPU / "compile"
 # subpackage -> the subpackages it may import (every import, lazy ones too)

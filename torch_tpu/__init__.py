@@ -3,7 +3,7 @@
 ``import torch_tpu`` registers the "tpu" PrivateUse1 backend and the ``torch.tpu`` module. Tensors
 on it are :class:`TpuTensor` wrappers whose elements live in JAX arrays on the default JAX backend.
 
-The package is built of rooms (docs/ARCHITECTURE.md, "torch_tpu rooms"): ``runtime`` (device and
+The package is built of rooms (docs/architecture/torch_tpu.md, "The rooms"): ``runtime`` (device and
 tensor model), ``ops`` (the op registry: lowerings and composites, torch.library kernels, Pallas),
 ``eager`` (dispatch, executors, fallback), ``compile`` (graph capture, ``train_step``) and
 ``distributed``. Every registration happens here, once, through the rooms' ``register()``

@@ -6,10 +6,11 @@ engine and the ``tpu`` device all read the same figures without paying for each 
 
 * ``tpu_facts.chips``: per-chip figures of each TPU generation (``ChipGeneration``).
 * ``tpu_facts.layout``: alignment, id limits, combiners, ``round_up``, ``ShardingKind``, optimizer slots.
+* ``tpu_facts.sizes``: ``GIB``, the power-of-two and quarter-power buckets of variable sizes.
 * ``tpu_facts.slices``: ``Slice``, a torus of chips (every derived count), ``check_mod_sharding``.
 """
 
-from tpu_facts.chips import CHIP_GENERATIONS, GIB, ChipGeneration, chip_generation
+from tpu_facts.chips import CHIP_GENERATIONS, ChipGeneration, chip_generation
 from tpu_facts.layout import (
     ALIGNMENT,
     COMBINERS,
@@ -21,11 +22,12 @@ from tpu_facts.layout import (
     ShardingKind,
     round_up,
 )
+from tpu_facts.sizes import GIB, power_of_two_bucket, quarter_bucket
 from tpu_facts.slices import DeviceCounts, Slice, check_mod_sharding
 
 __all__ = [
     "ALIGNMENT", "CHIP_GENERATIONS", "COMBINERS", "DEFAULT_MAX_IDS_PER_PARTITION", "GIB",
     "MAX_IDS_PER_PARTITION_CEILING", "MAX_VOCAB",
     "OPTIMIZER_SLOTS", "PADDING_ID", "ChipGeneration", "DeviceCounts", "ShardingKind", "Slice", "check_mod_sharding",
-    "chip_generation", "round_up",
+    "chip_generation", "power_of_two_bucket", "quarter_bucket", "round_up",
 ]

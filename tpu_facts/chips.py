@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GIB = 1024**3
+from tpu_facts.sizes import GIB
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from sparsecore.backends.xla_inputs import SlotForward, StackEntries, stack_entr
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.csr_format import RowOrderedEntries, StackCSR
 from sparsecore.limits import StackStats, check_overflow_policy
-from sparsecore.optimizer_rules import apply_update
+from sparsecore.optimizer_rules import rule_of
 from sparsecore.preprocess import csr_entries, preprocess_row_ordered
 from sparsecore.stacked_arrays import stacked_array, unstack_table
 from sparsecore.stacking import StackedTable, StackingPlan
@@ -75,19 +75,38 @@ def lookup_slots(table: jax.Array, slots: SlotForward) -> jax.Array:
     return jax.lax.fori_loop(1, terms.shape[0], lambda k, total: total + terms[k], terms[0])
 
 
-def update_entries(optimizer, table, slots, row_dims, step, activation_grad: Callable[[jax.Array], jax.Array],
+def update_entries(optimizer, table, slots, row_dims, hypers, activation_grad: Callable[[jax.Array], jax.Array],
                    entries: StackEntries):
-    """One fused optimizer update per touched row with its gradient summed over all entries;
-    ``activation_grad(rows)`` is the gradient of those activation rows."""
+    """One fused optimizer update (its rule's, with the op's ``hypers``) per touched row with its
+    gradient summed over all entries; ``activation_grad(rows)`` is the gradient of those activation
+    rows."""
     contributions = entries.gains[:, None] * activation_grad(entries.samples)
     grad = jax.ops.segment_sum(contributions, entries.inverse, num_segments=entries.touched, indices_are_sorted=True)
     hints = dict(indices_are_sorted=True, unique_indices=True)
     rows = table.at[entries.rows].get(mode="fill", fill_value=0.0, **hints)
-    row_slots = {k: v.at[entries.rows].get(mode="fill", fill_value=0.0, **hints) for k, v in slots.items()}
-    dims = row_dims.at[entries.rows].get(mode="fill", fill_value=1, **hints)
-    new_rows, new_slots = apply_update(optimizer, rows, row_slots, grad, step, dims)
+    row_slots = tuple(v.at[entries.rows].get(mode="fill", fill_value=0.0, **hints) for v in slots.values())
+    dims = jnp.maximum(row_dims.at[entries.rows].get(mode="fill", fill_value=1, **hints), 1)
+    new_rows, new_slots = rule_of(optimizer).update(rows, row_slots, grad, hypers, dims)
     table = table.at[entries.rows].set(new_rows, mode="drop", **hints)
-    return table, {k: slots[k].at[entries.rows].set(new_slots[k], mode="drop", **hints) for k in slots}
+    return table, {k: slots[k].at[entries.rows].set(new, mode="drop", **hints) for k, new in zip(slots, new_slots)}
+
+
+def step_hypers(optimizer, step: int) -> np.ndarray:
+    """The hyperparameters of ``optimizer``'s update number ``step`` that change with the step
+    (its rule's ``varies``), computed on the host in double, as float32: an update program's input."""
+    rule = rule_of(optimizer)
+    values = rule.op_hypers(optimizer, step)
+    return np.asarray([values[k] for k in rule.varies], np.float32)
+
+
+def program_hypers(optimizer, varying: jax.Array) -> list[Any]:
+    """All of ``optimizer``'s op hyperparameters inside an update program: the fixed ones as
+    numbers, the ones that change with the step from ``varying`` (:func:`step_hypers`)."""
+    rule = rule_of(optimizer)
+    values: list[Any] = rule.op_hypers(optimizer, 1 if rule.varies else None)
+    for j, k in enumerate(rule.varies):
+        values[k] = varying[j]
+    return values
 
 
 class XlaBackend(ReadsTablesAlone):
@@ -109,6 +128,8 @@ class XlaBackend(ReadsTablesAlone):
                                for st in plan.stacks)
         self._state_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
                                           (self._table_tuple(), self._slot_tuple(), self._row_dims))
+        self._varying_shapes = tuple(jax.ShapeDtypeStruct((len(rule_of(st.optimizer).varies),), jnp.float32)
+                                     for st in plan.stacks)
         self._lookup_jit = jax.jit(self._lookup_program)
         self._update_jit = jax.jit(self._update_program, donate_argnums=(0, 1))
         self._programs: dict[tuple, tuple[Any, Any]] = {}
@@ -137,8 +158,10 @@ class XlaBackend(ReadsTablesAlone):
         entries, slots = device_input
         return lookup_entries(table, entries, stack.total_sample_count) if slots is None else lookup_slots(table, slots)
 
-    def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, activation_grad, device_input):
-        return update_entries(stack.optimizer, table, slots, row_dims, step, activation_grad, device_input[0])
+    def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, varying, activation_grad,
+                      device_input):
+        return update_entries(stack.optimizer, table, slots, row_dims, program_hypers(stack.optimizer, varying),
+                              activation_grad, device_input[0])
 
     # -- the two step programs --
 
@@ -155,10 +178,11 @@ class XlaBackend(ReadsTablesAlone):
             return [lambda rows, s=s: out_rows[self._layout.output_rows(s, rows)] for s in range(len(self.plan.stacks))]
         return [lambda rows, g=g: g[rows] for g in self._layout.disassemble(grad)]
 
-    def _update_program(self, tables, slots, row_dims, step, grad, inputs):
+    def _update_program(self, tables, slots, row_dims, step, varying, grad, inputs):
         activation_grads = self._stack_grads(grad)
         updated = [self._stack_update(st, *args) for st, *args in
-                   zip(self.plan.stacks, tables, slots, row_dims, [step] * len(tables), activation_grads, inputs)]
+                   zip(self.plan.stacks, tables, slots, row_dims, [step] * len(tables), varying, activation_grads,
+                       inputs)]
         return tuple(t for t, _ in updated), tuple(s for _, s in updated)
 
     def prepare(self, inputs: Mapping[str, FeatureInput]) -> PreparedLookup:
@@ -184,8 +208,8 @@ class XlaBackend(ReadsTablesAlone):
                 with xla_cache.persistent():  # whole step programs: a second run loads them
                     self._programs[prepared.key] = (
                         self._lookup_jit.lower(tables, inputs).compile(),
-                        self._update_jit.lower(tables, slots, row_dims, jax.ShapeDtypeStruct((), jnp.int32), grad,
-                                               inputs).compile(),
+                        self._update_jit.lower(tables, slots, row_dims, jax.ShapeDtypeStruct((), jnp.int32),
+                                               self._varying_shapes, grad, inputs).compile(),
                     )
             return self._programs[prepared.key]
 
@@ -205,8 +229,9 @@ class XlaBackend(ReadsTablesAlone):
         self.steps += 1
         if isinstance(grad, torch.Tensor):
             grad = jax.dlpack.from_dlpack(grad.detach().contiguous())  # no copy (64-byte aligned)
-        self._set_state(self._compiled(context)[1](*self._state(), self._row_dims, np.int32(self.steps), grad,
-                                                  context.arrays))
+        varying = tuple(step_hypers(st.optimizer, self.steps) for st in self.plan.stacks)
+        self._set_state(self._compiled(context)[1](*self._state(), self._row_dims, np.int32(self.steps), varying,
+                                                  grad, context.arrays))
 
     def _state(self) -> tuple[tuple[jax.Array, ...], tuple[dict[str, jax.Array], ...]]:
         """(tables, optimizer slots) per stack in plan order: what the update program replaces."""

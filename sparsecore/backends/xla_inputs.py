@@ -15,8 +15,7 @@ import numpy as np
 from sparsecore import native
 from sparsecore.csr_format import RowOrderedEntries
 from sparsecore.preprocess import ENGINES
-
-MIN_BUCKET = 64
+from tpu_facts import power_of_two_bucket, quarter_bucket
 
 
 @dataclass(frozen=True)
@@ -52,14 +51,6 @@ class StackEntries:
 jax.tree_util.register_dataclass(StackEntries, data_fields=["ints", "gains"], meta_fields=[])
 
 
-def bucket(n: int) -> int:
-    """``n`` rounded up to one of four sizes per power of two (at most 25% padding)."""
-    if n <= MIN_BUCKET:
-        return MIN_BUCKET
-    step = 1 << ((n - 1).bit_length() - 3)
-    return -(-n // step) * step
-
-
 @dataclass(frozen=True)
 class SlotForward:
     """The forward as a few gathers instead of a scatter-add: slot k of activation row r holds
@@ -81,7 +72,7 @@ def stack_input(entries: RowOrderedEntries, table_rows: int, activation_rows: np
     packed = stack_entries(RowOrderedEntries(entries.phys, sample, entries.gain, entries.stats), table_rows)
     counts = np.bincount(sample, minlength=activation_rows.size)
     most = int(counts.max(initial=0))
-    slots = 1 << max(most - 1, 0).bit_length()
+    slots = power_of_two_bucket(most)
     if slots * activation_rows.size > 2 * packed.entries:
         return packed, None
     slot_rows = np.full((slots, activation_rows.size), table_rows, dtype=np.int32)
@@ -124,7 +115,7 @@ def stack_entries(entries: RowOrderedEntries, table_rows: int) -> StackEntries:
     # touched rows and entries bucketed apart (rows are often a third of the entries: the row
     # gathers, the optimizer and the scatters do that much less padding); both barely move
     # between batches of one data set, so few programs get compiled
-    u, e = bucket(touched.size + 1), bucket(phys.size + 1)
+    u, e = quarter_bucket(touched.size + 1), quarter_bucket(phys.size + 1)
     ints = np.empty(u + 2 * e, dtype=np.int32)
     ints[: touched.size] = touched
     ints[touched.size: u] = table_rows + np.arange(u - touched.size)

@@ -11,7 +11,7 @@ from pipelines.npy_criteo import NpyCriteoReader
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.streams import BatchStream, batches_from_row
 from torchrec_tpu.pipeline.prefetch import PrefetchedBatches
-from torchrec_tpu.train.rank_agreement import AgreedBatches
+from torchrec_tpu.rank_agreement import AgreedBatches
 from torchrec_tpu.train.streams import LimitedBatches, MultiHotBatches, ShuffledBatches
 
 STREAMS = (NpyCriteoReader, ParquetBatchReader, PrefetchedBatches, AgreedBatches, ShuffledBatches,

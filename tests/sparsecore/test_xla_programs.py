@@ -8,11 +8,11 @@ import torch
 
 from sparsecore import optimizers as opt
 from sparsecore.backends import make_backend
-from sparsecore.backends.xla_inputs import bucket
 from sparsecore.preprocess import csr_entries, preprocess_inputs, preprocess_row_ordered
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import FeatureInput, feature_inputs
+from tpu_facts import quarter_bucket
 
 from .helpers import random_kjt
 from .reference import ReferenceModel
@@ -104,7 +104,7 @@ def _mixed_inputs(plan, seed: int) -> dict[str, FeatureInput]:
 
 
 def test_buckets_are_few_and_tight():
-    sizes = [bucket(n) for n in range(1, 20_000)]
+    sizes = [quarter_bucket(n) for n in range(1, 20_000)]
     assert all(s >= n for n, s in zip(range(1, 20_000), sizes))
     assert all(s <= max(64, 1.25 * n) for n, s in zip(range(1, 20_000), sizes))
     assert len(set(sizes)) <= 4 * 9 + 1

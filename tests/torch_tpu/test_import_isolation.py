@@ -1,5 +1,5 @@
 """Importing any torch_tpu submodule after eager use changes nothing eager does: ``import torch_tpu``
-registers everything once (docs/ARCHITECTURE.md, "torch_tpu rooms"). A fresh interpreter runs eager
+registers everything once (docs/architecture/torch_tpu.md, "Registration happens once"). A fresh interpreter runs eager
 ops, snapshots the registry, the per-op handler cache, the fast path's programs, the executors and
 the dispatch seam, imports ``torch_tpu.compile`` and then every submodule (``pkgutil.walk_packages``),
 and checks the snapshot and the ops' results and counters are unchanged."""

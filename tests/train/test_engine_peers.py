@@ -1,6 +1,6 @@
 """The two engines are peers: nothing in ``torchrec_tpu/train`` branches on an engine's name (the
 engine object, or its registry entry's traits, answer); the names appear only in the registry
-(``train/engines/__init__.py``) and as each engine class's own ``name``."""
+(``train/engine_kinds.py``) and as each engine class's own ``name``."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import ast
 from pathlib import Path
 
 from torchrec_tpu.train.config import TrainConfig
-from torchrec_tpu.train.engines import ENGINES, engine_for
-from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
+from torchrec_tpu.train.engine_kinds import ENGINES
+from torchrec_tpu.train.engines import engine_for
+from torchrec_tpu.train.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 
 TRAIN = Path(__file__).resolve().parents[2] / "torchrec_tpu" / "train"
-REGISTRY = TRAIN / "engines" / "__init__.py"
+REGISTRY = TRAIN / "engine_kinds.py"
 
 
 def _engine_name_uses(path: Path) -> list[str]:
@@ -83,12 +84,17 @@ def test_one_optimizer_vocabulary_for_both_engines() -> None:
     assert DENSE_OPTIMIZERS["adam"].torch_class() is torch.optim.Adam
 
 
-# docs/ARCHITECTURE.md, "Training rooms": what each room may import from the rest of train/
+# docs/architecture/training.md, "Training rooms": what each room may import from the rest of train/
 ROOM_IMPORTS = {
-    "engines": {"config", "model", "loop", "metrics", "learning_rate", "distributed", "rank_agreement", "plan_file"},
+    "engines": {"config", "model", "loop", "metrics", "learning_rate", "distributed", "plan_file", "engine_kinds",
+                "optimizers"},
     "checkpoint": {"config", "loop"},
     "streams": {"config"},
-    "config": {"engines", "dlrm_main_flags"},
+    # the options sit below the engines: only the leaves naming the engines and optimizers
+    "config": {"engine_kinds", "optimizers", "dlrm_main_flags"},
+    "engine_kinds": set(),
+    "optimizers": set(),
+    "dlrm_main_flags": set(),
 }
 
 

@@ -45,7 +45,7 @@ STEPS = 6
 OPTIONS = {**TINY_OPTIONS, "engine": "sparsecore", "embedding_dim": 16, "dense_arch": "16,16",
            "sparse_optimizer": "sgd",
            "max_steps": STEPS, "epochs": 1}
-# the fused sparsecore optimizers of train.engines.optimizers.SPARSE_OPTIMIZERS as torch optimizers
+# the fused sparsecore optimizers of train.optimizers.SPARSE_OPTIMIZERS as torch optimizers
 STOCK_SPARSE_OPTIMIZERS = {
     "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
     "adagrad": lambda params, lr: torch.optim.Adagrad(params, lr=lr, eps=1e-8),

@@ -18,7 +18,7 @@ import pytest
 
 import xla_cache
 from sparsecore import native
-from xla_cache import entries
+from xla_cache import entries, native_build
 
 OTHER_UID = 4321
 
@@ -163,7 +163,7 @@ def test_the_native_build_cache_never_loads_a_planted_module(case, tmp_path, mon
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     suffix = native.sysconfig.get_config_var("EXT_SUFFIX")
     flags = (*native.FLAGS, f"-I{native.sysconfig.get_paths()['include']}")
-    name = f"{native.MODULE}-{native._build_key(native.SOURCE, flags, compiler, suffix)}{suffix}"
+    name = native_build.library_name(native.SOURCE, native.MODULE, flags, compiler, suffix)
     for directory in (configured, fallback):
         directory.mkdir(parents=True, mode=0o700)
         shutil.copy(module, directory / name)

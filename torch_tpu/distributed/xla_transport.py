@@ -36,6 +36,7 @@ from torch_tpu.distributed.transport import GlooTransport, Transport
 from torch_tpu.distributed.worker import Deadline
 from torch_tpu.runtime import tensor as tensor_mod
 from torch_tpu.runtime._jax import jax, jnp
+from tpu_facts.sizes import power_of_two_bucket
 
 RedOp = dist.ReduceOp.RedOpType
 AXIS = "r"
@@ -77,10 +78,6 @@ def _average(x: jax.Array, kind: RedOp, n: int) -> jax.Array:
 def _fold(rows: jax.Array, kind: RedOp) -> jax.Array:
     """Reduce axis 0 (one row per rank) in rank order."""
     return functools.reduce(_ELEMENTWISE[kind], [rows[i] for i in range(rows.shape[0])])
-
-
-def _bucket(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 class _Programs:
@@ -288,7 +285,7 @@ class XlaTransport(Transport):
         if matrix.min() == width:  # every rank sends every rank the same rows: no padding needed
             self._store(output, self._run(self._programs.get("all_to_all"), x))
             return
-        width = _bucket(width)
+        width = power_of_two_bucket(width)
         padded = _pack(x, _offsets(input_splits), width)
         received = self._run(self._programs.get("all_to_all"), padded)
         if output.numel():

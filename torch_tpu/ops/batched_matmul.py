@@ -4,7 +4,7 @@ kernel on XLA:CPU.
 XLA:CPU runs a dot with a batch of thousands of tiny products (27x64 @ 64x27) at ~12 GFLOP/s, a
 fifth of CPU torch's ``bmm``. On the CPU platform :func:`batched_matmul` lowers such products to an
 XLA FFI custom call (``csrc/batched_matmul.cc``, built on first use with the system C++ compiler
-by ``sparsecore.native.build_library`` and cached); on any other platform (a TPU), and for large
+by ``xla_cache.native_build.build_library`` and cached); on any other platform (a TPU), and for large
 products, dtypes the kernel lacks, or when no compiler is found (one warning), it is the plain
 dot. The choice is made per platform at lowering (``jax.lax.platform_dependent``), so one traced
 program serves both. Transposed operands are passed as flags, not materialised, and gradients
@@ -113,7 +113,7 @@ def _register() -> Exception | None:
     """Build, load and register the kernel once per process; the failure (if any) is returned."""
     import jaxlib
 
-    from sparsecore.native import NativeUnavailable, build_library
+    from xla_cache.native_build import NativeUnavailable, build_library
 
     if not knobs.BMM_KERNEL.on():
         return NativeUnavailable("disabled (TORCH_TPU_BMM_KERNEL=0)")  # asked for: no warning

@@ -11,7 +11,7 @@ where CPU raises.
   for tensors with a Python key, so it is intercepted above autograd.
 
 Each check costs one device->host read of the index extremes, in eager only: under
-``torch.compile`` (fake tensors) the unchecked decomposition is traced (docs/ARCHITECTURE.md).
+``torch.compile`` (fake tensors) the unchecked decomposition is traced (docs/architecture/torch_tpu_device.md).
 """
 
 from __future__ import annotations

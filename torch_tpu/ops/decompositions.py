@@ -34,7 +34,7 @@ aten = torch.ops.aten
 Decomposition = Callable[..., Any]
 
 # Ops whose PyTorch decomposition computes something else than CPU: eager falls back to the CPU
-# kernel, compiled graphs holding them fail as unlowered (listed in docs/ARCHITECTURE.md).
+# kernel, compiled graphs holding them fail as unlowered (listed in docs/architecture/torch_tpu_device.md).
 # (multilabel_margin_loss_forward's was: torch_tpu.ops.corrected has CPU's composite.)
 _DIFFERS_FROM_CPU: frozenset[Any] = frozenset()
 # Ops never decomposed: eager dispatch has dedicated handlers for them (devices, aliasing).

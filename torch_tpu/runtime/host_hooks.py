@@ -5,7 +5,7 @@ pin_memory=True)``, ``Tensor.pin_memory()`` / ``is_pinned()``, and DDP's reducer
 its used-parameter map in pinned memory on every step of a ``static_graph=True`` model (stock
 TorchRec DMP sets it). torch's Python hook class has no such method, and PyTorch takes one hook
 object per process, so :func:`register` builds the C++ hooks (availability plus a pinned host
-allocator; built once with the system C++ compiler by ``sparsecore.native.build_library`` and
+allocator; built once with the system C++ compiler by ``xla_cache.native_build.build_library`` and
 cached) and registers them instead. Without a compiler the Python hooks are registered (one
 warning): pinned memory, and so DDP's static graph, then fail on tpu with torch's error.
 """
@@ -35,7 +35,7 @@ def _flags() -> tuple[str, ...]:
 def register() -> bool:
     """Register the C++ hooks (True), or return False, having warned why, for the caller to
     register the Python ones. Call once, before any other PrivateUse1 hook is registered."""
-    from sparsecore.native import NativeUnavailable, build_library
+    from xla_cache.native_build import NativeUnavailable, build_library
 
     try:
         library = ctypes.CDLL(str(build_library(SOURCE, "_torch_tpu_host_hooks", _flags(), ".so")),

@@ -22,6 +22,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torch_tpu.ops.jagged import align_jagged_to_multiple
 from torchrec_tpu.hstu.config import HSTUConfig
 from torchrec_tpu.hstu.layers import HSTUStack, Sequences
+from tpu_facts import power_of_two_bucket
 
 HISTORY_KEYS = ("item", "action", "timestamp")
 CANDIDATE_KEYS = ("candidate_item", "candidate_timestamp")
@@ -41,13 +42,13 @@ def table_configs(config: HSTUConfig) -> list[EmbeddingConfig]:
 def length_bucket(longest: int) -> int:
     """The compiled sequence length for a batch whose longest sequence has ``longest`` events: the
     next power of two, at least 16."""
-    return max(MIN_BUCKET, 1 << max(longest - 1, 0).bit_length())
+    return power_of_two_bucket(longest, MIN_BUCKET)
 
 
 def row_multiple(rows: int) -> int:
     """Rows are padded to a multiple of this (``align_jagged_to_multiple``): 128, or an eighth of
     the next power of two for large batches, so a run compiles a few row counts per octave."""
-    return max(128, (1 << max(rows - 1, 0).bit_length()) // 8)
+    return max(128, power_of_two_bucket(rows) // 8)
 
 
 @dataclass(frozen=True)

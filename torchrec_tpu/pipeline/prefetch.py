@@ -19,9 +19,9 @@ from torchrec.datasets.utils import Batch
 
 from pipelines.streams import BatchStream, batches_from_row, prefetched
 from torchrec_tpu.errors import CollectiveError
+from torchrec_tpu.rank_agreement import fail_together
+from torchrec_tpu.rank_watch import collectives
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
-from torchrec_tpu.train.rank_agreement import fail_together
-from torchrec_tpu.train.rank_watch import collectives
 
 
 class PrefetchedBatches(BatchStream):

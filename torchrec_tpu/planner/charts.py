@@ -15,8 +15,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from torchrec_tpu.planner.plan import Plan
+from tpu_facts import GIB
 
-GIB = 1024**3
 HEATMAP_TABLES = 40  # the largest tables shown in the placement heatmap
 COLORS = ("#4878d0", "#ee854a", "#956cb4", "#8c8c8c")
 LIMIT_COLOR = "#d62728"

@@ -8,9 +8,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 
 from torchrec_tpu.planner.plan import GRADIENT_BYTES, Plan
-from tpu_facts import ShardingKind
+from tpu_facts import GIB, ShardingKind
 
-GIB = 1024**3
 KINDS = (ShardingKind.ROW_WISE, ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE, ShardingKind.DATA_PARALLEL)
 
 

@@ -34,7 +34,7 @@ from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
 from torchrec_tpu.sharding.shards import Shard, TableSharding
-from tpu_facts import round_up
+from tpu_facts import power_of_two_bucket, round_up
 
 
 @dataclass
@@ -197,7 +197,7 @@ class ShardedSparseCoreEC(ShardedTables):
         n = self.engine.topology.num_sparsecores
         rows = {f.name: shard.rows for f, shard in self._served[self.rank]}
         for name, count in short.items():  # powers of two: few rebuilds (each compiles anew)
-            self._capacity[name] = round_up(min(max(1 << (count - 1).bit_length(), 2 * self._capacity[name]),
+            self._capacity[name] = round_up(min(max(power_of_two_bucket(count), 2 * self._capacity[name]),
                                                 rows[name]), n)
         old = self._backend
         weights = old.table_weights()

@@ -47,7 +47,7 @@ from torch_tpu.ops.sparsecore import touched_rows_ahead
 from torch_tpu.ops.sparsecore_checks import preprocessed
 from torch_tpu.ops.sparsecore_inplace import fused_update_
 from torch_tpu.runtime.tensor import write
-from tpu_facts import ALIGNMENT
+from tpu_facts import ALIGNMENT, power_of_two_bucket
 
 DEVICE = torch.device("tpu", 0)
 Agree = Callable[[list[int]], list[int]]  # this rank's buffer sizes -> the sizes every rank uses
@@ -74,7 +74,7 @@ def bucket_limit(needed: int, limit: int) -> int:
     """The ids-per-partition limit a batch whose largest partition holds ``needed`` ids is laid
     out for: the smallest power of two >= max(``needed``, 8), or the configured ``limit`` itself
     where that is not smaller."""
-    bucket = 1 << max(int(needed) - 1, ALIGNMENT - 1).bit_length()
+    bucket = power_of_two_bucket(int(needed), ALIGNMENT)
     return bucket if bucket < limit else limit
 
 

@@ -15,7 +15,7 @@ from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import ConfigError, add_config_arguments, check_batch_split, config_from_args
-from torchrec_tpu.train.engines import ENGINES
+from torchrec_tpu.train.engine_kinds import ENGINES
 from torchrec_tpu.train.preflight import check_paths
 from torchrec_tpu.train.ray_train import RayOptions
 

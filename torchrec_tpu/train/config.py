@@ -25,8 +25,8 @@ from sparsecore.backends import BackendName
 from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.suggest import close_match, did_you_mean
 from torchrec_tpu.train.dlrm_main_flags import add_dlrm_main_flags
-from torchrec_tpu.train.engines import ENGINES
-from torchrec_tpu.train.engines.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
+from torchrec_tpu.train.engine_kinds import ENGINES
+from torchrec_tpu.train.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 
 # The option vocabularies that are defined here (the others come from their registries above).
 Model = Literal["dlrm", "dlrm_dcn", "hstu", "dlrmv4"]  # hstu, dlrmv4: torchrec_tpu.hstu.train
@@ -43,10 +43,24 @@ class ConfigError(ValueError):
     """A training option has a bad value; the message names the option, the value and the limit."""
 
 
-def _opt(default: Any, help_text: str, details: str | None = None, **extra: Any) -> Any:
-    """A group field that is one option: ``help_text`` one line for ``--help``, ``details`` the rest
-    (docs/TRAINING_OPTIONS.md); ``flag``: its option name when not the field's."""
-    return field(default=default, metadata={"help": help_text, "details": details or help_text, **extra})
+def _opt(default: Any, text: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None,
+         metavar: str | None = None, aliases: tuple[str, ...] = ()) -> Any:
+    """A group field that is one option, explained once in ``text``: its first sentence is the
+    ``--help`` line, the whole text the option's row in docs/TRAINING_OPTIONS.md; ``flag``: its
+    option name when not the field's."""
+    extra = {k: v for k, v in (("flag", flag), ("choices", choices), ("metavar", metavar)) if v is not None}
+    return field(default=default, metadata={"help": first_sentence(text), "details": text, "aliases": aliases,
+                                            **extra})
+
+
+def first_sentence(text: str) -> str:
+    """``text`` up to its first ". " outside parentheses (so "(e.g. ...)" does not end it), else all of it."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "." and depth == 0 and text[i + 1:i + 2] == " ":
+            return text[:i]
+    return text
 
 
 # Flags of TorchRec's dlrm_main / MLPerf DLRM that set one or more of our options (also YAML keys).
@@ -74,13 +88,11 @@ class ModelConfig(_Group):
     kind: Model = _opt("dlrm", "model: stock torchrec DLRM or DLRM_DCN; HSTU (generative recommender) or its "
                                "MLPerf DLRMv4 shape", flag="model", choices=MODELS)
     num_embeddings: int = _opt(
-        100_000, "rows per embedding table, at most; ids are hashed modulo the table size",
-        details="rows per embedding table, at most (synthetic tables with fewer ids are smaller); ids are hashed "
-                "modulo the table size")
+        100_000, "rows per embedding table, at most; ids are hashed modulo the table size. Synthetic tables with "
+                 "fewer ids are smaller.")
     num_embeddings_per_feature: str | None = _opt(
-        None, "rows of each feature's table, comma-separated (default: --num-embeddings for each)",
-        details="rows of each categorical feature's table, comma-separated, one per feature (TorchRec dlrm_main's"
-                " flag; ids are hashed modulo each) (default: --num-embeddings for every table)",
+        None, "rows of each feature's table, comma-separated (default: --num-embeddings for each). One value per "
+              "categorical feature, as TorchRec dlrm_main's flag; ids are hashed modulo each.",
         metavar="N,N,...")
     embedding_dim: int = _opt(16, "embedding dimension of every table")
     dense_arch: str = _opt("64,16", "dense MLP layer sizes; the last must equal --embedding-dim", metavar="SIZES")
@@ -112,48 +124,39 @@ class DataConfig(_Group):
     """Where the rows come from and how they are batched."""
 
     source: str = _opt(
-        "synthetic", "'synthetic', 'sample' (200 real Criteo rows) or a directory of Parquet files",
-        details="'synthetic' (generated into --cache-dir on first run), 'sample' (the real 200-row Criteo sample,"
-                " converted on the fly) or a directory of Parquet files",
+        "synthetic", "'synthetic', 'sample' (200 real Criteo rows) or a directory of Parquet files. 'synthetic' is "
+                     "generated into --cache-dir on first run; 'sample' is converted on the fly.",
         flag="data", metavar="SOURCE")
     cache_dir: str | None = _opt(None, "where synthetic data is generated (default: $TORCHREC_TPU_CACHE, else "
                                        "~/.cache/torchrec_tpu)")
     bad_values: str = _opt(
-        "error", "rows with a label outside [0, 1] or an infinite dense value: error, skip or clamp",
-        details="rows whose label is outside [0, 1] (or NaN) or whose dense value is infinite or beyond float32 "
-                "(NaN dense values are missing, read as 0): error naming file, row and column; skip them "
-                "(counted); or clamp the values (labels to [0, 1], dense to +-3.4e38; a NaN label's row is "
-                "skipped)",
+        "error", "rows with a label outside [0, 1] or an infinite dense value: error, skip or clamp. A NaN label "
+                 "is bad too, and so is a dense value beyond float32 (NaN dense values are missing, read as 0): "
+                 "error names file, row and column; skip drops the rows (counted); clamp clamps the values "
+                 "(labels to [0, 1], dense to +-3.4e38; a NaN label's row is skipped).",
         choices=BAD_VALUE_POLICIES)
     eval_files: int = _opt(
-        1, "hold out the last N Parquet files (or days) for evaluation; from 2 on, validation + test",
-        details="held-out evaluation split: the last N Parquet files (or days); from 2 on, halved into validation"
-                " and test (test AUC at the end), as TorchRec's DLRM")
+        1, "hold out the last N Parquet files (or days) for evaluation; from 2 on, validation + test. From 2 on "
+           "they are halved, as TorchRec's DLRM: the test AUC comes at the end.")
     in_memory_binary_criteo_path: str | None = _opt(
-        None, "TorchRec's preprocessed Criteo .npy days to train on (default: use --data)",
-        details="train on TorchRec's preprocessed Criteo instead of --data: a directory of "
-                "day_<d>_{dense,sparse,labels}.npy (torchrec/datasets/scripts/npy_preproc_criteo.py); the last "
-                "--eval-files days are held out (default: use --data)",
+        None, "TorchRec's preprocessed Criteo .npy days to train on (default: use --data). A directory of "
+              "day_<d>_{dense,sparse,labels}.npy (torchrec/datasets/scripts/npy_preproc_criteo.py), read instead "
+              "of --data; the last --eval-files days are held out.",
         metavar="DIR")
     mmap_mode: bool = _opt(
-        False, "with --in-memory-binary-criteo-path: memory-map the .npy files",
-        details="with --in-memory-binary-criteo-path: memory-map the npy files instead of loading them into "
-                "memory")
+        False, "with --in-memory-binary-criteo-path: memory-map the .npy files instead of loading them")
     multi_hot_sizes: str | None = _opt(
-        None, "MLPerf DLRM-DCNv2 multi-hot: ids per feature, comma-separated (default: one-hot)",
-        details="MLPerf DLRM-DCNv2 multi-hot: expand each feature's id into this many ids (comma-separated, one "
-                "per feature, or one for all; the first is the id itself, the others fixed random offsets of it) "
-                "(default: one-hot as read)",
+        None, "MLPerf DLRM-DCNv2 multi-hot: ids per feature, comma-separated (default: one-hot). Each feature's id "
+              "is expanded into this many ids (one value per feature, or one for all): the id itself, then fixed "
+              "random offsets of it.",
         metavar="K,K,...")
     batch_size: int = _opt(
-        512, "GLOBAL training batch size, split over the ranks",
-        details="GLOBAL training batch size: summed over all ranks, each rank trains on batch-size / world-size "
-                "rows per step")
+        512, "GLOBAL training batch size, split over the ranks. Summed over all ranks: each rank trains on "
+             "batch-size / world-size rows per step.")
     eval_batch_size: int = _opt(2048, "GLOBAL evaluation batch size (split over the ranks)")
     shuffle_batches: bool = _opt(
-        False, "shuffle the training batches' order, anew each epoch (TorchRec's --shuffle-batches)",
-        details="shuffle the order of the training batches, anew each epoch (seeded by --seed and the epoch; "
-                "TorchRec's --shuffle-batches)")
+        False, "shuffle the training batches' order, anew each epoch (TorchRec's --shuffle-batches). Seeded by "
+               "--seed and the epoch.")
     limit_train_batches: int = _opt(0, "train on at most N batches per epoch (0: all)")
     limit_val_batches: int = _opt(0, "evaluate on at most N held-out batches (0: all)")
 
@@ -174,58 +177,54 @@ class EngineConfig(_Group):
     """Which embedding engine, how it is sharded, where the dense part runs."""
 
     kind: str = _opt(
-        "sparsecore", "embedding engine: sparsecore (ours) or torchrec (stock DMP on FBGEMM, the reference)",
-        details="embedding engine: " + "; ".join(f"{e.name}: {e.help}" for e in ENGINES.values()),
+        "sparsecore", "embedding engine: sparsecore (ours) or torchrec (the reference). "
+                      + "; ".join(f"{e.name}: {e.help}" for e in ENGINES.values()) + ".",
         flag="engine", choices=tuple(ENGINES))
     plan: str | None = _opt(
-        None, "a `torchrec-tpu plan` JSON, or 'auto' (default: whole tables balanced over the ranks)",
-        details="sparsecore engine: a plan JSON from `torchrec-tpu plan` (one device per rank), or 'auto' to plan"
-                " the tables for this world now (default: whole tables balanced over the ranks)",
+        None, "a `torchrec-tpu plan` JSON, or 'auto' (default: whole tables balanced over the ranks). sparsecore "
+              "engine only: the plan's devices are the ranks, one device per rank; 'auto' plans the tables for "
+              "this world now.",
         metavar="PATH|auto")
     dense_device: DenseDevice = _opt(
-        "auto", "where the dense towers run: tpu (one compiled step program), cpu, or auto",
-        details="where the dense towers (MLPs, interaction, DCN) run, --engine sparsecore only. tpu: with one "
-                "rank (and ddp) each step is ONE compiled program: embedding lookup, towers, dense optimizer and "
-                "the fused embedding update; several ranks run the towers eagerly. Its first step traces and "
-                "compiles. auto: tpu where the step compiles into one program (one rank, ddp) and, while the tpu "
-                "device is XLA:CPU, the towers are small (dispatch-bound: one program wins; large towers are "
-                "matmul-bound, where CPU torch's kernels beat XLA:CPU's), else cpu (docs/ARCHITECTURE.md)",
+        "auto", "where the dense towers run: tpu (one compiled step program), cpu, or auto. The towers are the "
+                "MLPs, interaction and DCN; --engine sparsecore only. tpu: with ddp each step is ONE compiled "
+                "program per rank: embedding lookup, towers, dense optimizer and the fused embedding update "
+                "(several ranks: one SPMD program, over tpu_dist's XLA transport; without it, or with fsdp2, "
+                "the towers run eagerly). Its first step traces and compiles. auto: tpu where the step compiles "
+                "into one program and the tpu device is a TPU, or, on XLA:CPU in one process, where that program "
+                "trains the towers faster than CPU eager torch (measured once on this host and stored), else "
+                "cpu (docs/architecture/training_step.md).",
         choices=DENSE_DEVICES)
     sparse_backend: SparseBackend = _opt(
-        "auto", "the sparsecore engine's embedding backend (sparsecore.backends), or auto",
-        details="the sparsecore engine's local embedding backend, --engine sparsecore only. ops: TorchTPU's tpu::"
-                " SparseCore ops on tpu tables (where the step is one program, it calls them itself: lookup, "
-                "towers and fused update in one program), each batch's CSR buffers cut to a power-of-two bucket "
-                "of its largest partition; xla: the sparsecore xla backend's own XLA programs, run beside the "
-                "step, updating the tables in place (e.g. row-wise Adagrad on tables whose dim is not a multiple "
-                "of 8, which ops refuses); fbgemm: FBGEMM's table-batched embedding CPU kernels, beside the step "
-                "(SGD, Adagrad, and row-wise Adagrad on dims that are multiples of 4; no Adam or FTRL); tpu: "
-                "jax-tpu-embedding's SparseCore kernels, which only a TPU host (libtpu) runs. auto: ops where the "
-                "step is one program (one rank, tpu towers, an optimizer without a host value per step, i.e. not "
-                "Adam), else xla (the eager step runs the xla backend's programs beside it)",
+        "auto", "the sparsecore engine's embedding backend (sparsecore.backends), or auto. The rank's local "
+                "backend, --engine sparsecore only. ops: TorchTPU's tpu:: SparseCore ops on tpu tables (where "
+                "the step is one program, it calls them itself: lookup, towers and fused update in one program; "
+                "in an eager step each update writes only the batch's rows, in place), each batch's CSR buffers "
+                "cut to a power-of-two bucket of its largest partition; xla: the sparsecore xla backend's own "
+                "XLA programs, run beside the step, updating the tables in place (e.g. row-wise Adagrad on "
+                "tables whose dim is not a multiple of 8, which ops refuses); fbgemm: FBGEMM's table-batched "
+                "embedding CPU kernels, beside the step (SGD, Adagrad, and row-wise Adagrad on dims that are "
+                "multiples of 4; no Adam or FTRL); tpu: jax-tpu-embedding's SparseCore kernels, which only a "
+                "TPU host (libtpu) runs. auto: ops where the step is one program and the optimizer runs inside "
+                "it (not Adam, whose update takes a host value per step), else xla (the eager step runs the xla "
+                "backend's programs beside it).",
         choices=SPARSE_BACKENDS)
     dense_parallel: DenseParallel = _opt(
-        "ddp", "how the dense towers sync over ranks: ddp (replicated) or fsdp2 (sharded)",
-        details="how the dense towers are synced over ranks, --engine sparsecore only: replicated (DDP) or "
-                "sharded per tower (FSDP2 fully_shard, for large towers)",
+        "ddp", "how the dense towers sync over ranks: ddp (replicated) or fsdp2 (sharded). --engine sparsecore "
+               "only; fsdp2 shards each tower (FSDP2 fully_shard), for large towers.",
         choices=DENSE_PARALLELS)
     num_threads: int = _opt(
-        1, "CPU threads per process for torch/FBGEMM kernels (0: one per CPU the rank may use)",
-        details="CPU threads per process for torch/FBGEMM kernels (0: one per CPU the rank may run on; never more"
-                " than those); 1 keeps small models fast on a busy machine, where spinning threads compete for "
-                "cores")
+        1, "CPU threads per process for torch/FBGEMM kernels (0: one per CPU the rank may use). Never more than "
+           "those CPUs; 1 keeps small models fast on a busy machine, where spinning threads compete for cores.")
     bind_cpus: bool = _opt(
-        True, "with several ranks on one host, bind each rank to its own block of CPUs",
-        details="with several ranks on one host (torchrun), bind each rank to its own block of the host's CPUs, "
-                "so the ranks' thread pools (torch, XLA:CPU) do not compete")
+        True, "with several ranks on one host, bind each rank to its own block of CPUs. Several ranks on one "
+              "host (torchrun) then do not compete with their thread pools (torch, XLA:CPU).")
     print_sharding_plan: bool = _opt(
-        False, "print where each embedding table went once the model is sharded",
-        details="print where each embedding table went (sharding type, ranks, rows and columns of each shard) "
-                "once the model is sharded (TorchRec dlrm_main's --print_sharding_plan)")
+        False, "print where each embedding table went once the model is sharded. Sharding type, ranks, rows and "
+               "columns of each shard (TorchRec dlrm_main's --print_sharding_plan).")
     collective_timeout: float = _opt(
-        300.0, "seconds a collective waits for the other ranks before every rank fails",
-        details="seconds a collective may wait for the other ranks before every rank fails (a stalled or dead "
-                "rank), all process groups",
+        300.0, "seconds a collective waits for the other ranks before every rank fails. All process groups; it "
+               "ends a run that waits on a stalled or dead rank.",
         metavar="SECONDS")
 
     def validate(self) -> None:
@@ -251,15 +250,13 @@ class OptimConfig(_Group):
     dense_optimizer: str = _opt("adagrad", "optimizer of the MLPs", choices=tuple(DENSE_OPTIMIZERS))
     dense_lr: float = _opt(0.05, "dense learning rate")
     lr_warmup_steps: int = _opt(
-        0, "linear learning-rate warm-up over the first N steps (0: none)",
-        details="linear learning-rate warm-up over the first N steps (both optimizers, as TorchRec dlrm_main / "
-                "MLPerf DLRM; 0: none)")
+        0, "linear learning-rate warm-up over the first N steps (0: none). Both optimizers, as TorchRec "
+           "dlrm_main / MLPerf DLRM.")
     lr_decay_start: int = _opt(0, "step where the quadratic learning-rate decay starts")
     lr_decay_steps: int = _opt(0, "steps of the quadratic decay to 1e-7 (0: no decay)")
     precision: Precision = _opt(
-        "fp32", "the dense towers' matmuls: fp32, or bf16 as TPUs train (fp32 parameters)",
-        details="the dense towers' matmuls: fp32, or bf16 as TPUs train (autocast on the towers' device, both "
-                "engines; parameters, optimizer state and accumulation stay fp32)",
+        "fp32", "the dense towers' matmuls: fp32, or bf16 as TPUs train (fp32 parameters). bf16 is autocast on "
+                "the towers' device, both engines; parameters, optimizer state and accumulation stay fp32.",
         choices=PRECISIONS)
 
     def validate(self) -> None:
@@ -278,18 +275,15 @@ class CheckpointConfig(_Group):
                                             "(default: <log-dir>/checkpoint)")
     checkpoint_every: int = _opt(0, "also checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = _opt(
-        2, "checkpoints of this run kept in the checkpoint root (older ones deleted)",
-        details="checkpoints of this run kept in the checkpoint root (its older ones are deleted; other runs' "
-                "checkpoints never are)")
+        2, "checkpoints of this run kept in the checkpoint root (older ones deleted). Other runs' checkpoints "
+           "never are.")
     overwrite_checkpoints: bool = _opt(
-        False, "start a new run in a checkpoint root that holds another run's checkpoints",
-        details="start a new run in a checkpoint root that holds another run's checkpoints (refused otherwise): "
-                "'latest' moves to this run's, theirs stay")
+        False, "start a new run in a checkpoint root that holds another run's checkpoints. Refused otherwise; "
+               "with it, 'latest' moves to this run's and theirs stay.")
     resume: str | None = _opt(
-        None, "checkpoint (or checkpoint root) to resume from (default: start from scratch)",
-        details="checkpoint to resume from (a checkpoint root: its latest intact one): model, optimizer state, "
-                "RNG, step and data position (in rows: --batch-size may change); tables, dims, optimizers, data "
-                "and world size must match it (default: start from scratch)")
+        None, "checkpoint (or checkpoint root) to resume from (default: start from scratch). A root resumes its "
+              "latest intact checkpoint: model, optimizer state, RNG, step and data position (in rows: "
+              "--batch-size may change); tables, dims, optimizers, data and world size must match it.")
 
     def validate(self) -> None:
         _check_group(self, at_least_1=("keep_checkpoints",), at_least_0=("checkpoint_every",))
@@ -306,9 +300,8 @@ class LoopConfig(_Group):
     log_every: int = _opt(20, "log training scalars every N steps")
     eval_every: int = _opt(0, "also evaluate every N steps (0: only at the end)", aliases=("--validation-freq",))
     target_auc: float = _opt(
-        0.0, "stop at the first --eval-every evaluation reaching this AUC (0: no target)",
-        details="stop at the first --eval-every evaluation whose AUC reaches this (MLPerf DLRM-DCNv2's target: "
-                "0.80275) (0: no target)")
+        0.0, "stop at the first --eval-every evaluation reaching this AUC (0: no target). MLPerf DLRM-DCNv2's "
+             "target is 0.80275.")
     progress: bool = _opt(True, "show a tqdm progress bar")
 
     def resolved_log_dir(self) -> Path:
@@ -424,7 +417,7 @@ def check_batch_split(data: DataConfig, world_size: int) -> None:
 
 
 def _engines_that(trait: str) -> str:
-    """The ``--engine`` values whose :class:`~torchrec_tpu.train.engines.EngineKind` has ``trait``."""
+    """The ``--engine`` values whose :class:`~torchrec_tpu.train.engine_kinds.EngineKind` has ``trait``."""
     return "|".join(e.name for e in ENGINES.values() if getattr(e, trait))
 
 

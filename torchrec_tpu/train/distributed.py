@@ -13,7 +13,7 @@ Every group gets the collective timeout (``--collective-timeout``, default 300 s
 that a stalled rank never joins fails on the others after that long instead of hanging (the
 group's timeout; :func:`new_group` passes it on, as ``dist.new_group`` does not inherit it).
 A rank under torchrun also dies with its launcher (``PR_SET_PDEATHSIG``), leaving no orphans.
-With several ranks a :mod:`~torchrec_tpu.train.rank_watch` heartbeat runs, so a failed collective
+With several ranks a :mod:`~torchrec_tpu.rank_watch` heartbeat runs, so a failed collective
 names the rank that stalled or failed (a failing rank posts its error before leaving).
 
 Several ranks on one host are each bound to their own block of its CPUs before any thread pool
@@ -32,9 +32,9 @@ from typing import Callable, Iterator
 
 import torch.distributed as dist
 
+from torchrec_tpu import rank_watch
 from torchrec_tpu.errors import one_line
 from torchrec_tpu.launcher import die_with_parent
-from torchrec_tpu.train import rank_watch
 from torchrec_tpu.train.config import per_rank_batch
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -18,6 +18,8 @@ from torchrec.datasets.utils import Batch
 from pipelines.arrow_batch import empty_batch
 from pipelines.bad_values import BadValueCounts
 from torchrec_tpu.log_setup import configure_logging
+from torchrec_tpu.rank_agreement import AgreedBatches
+from torchrec_tpu.rank_watch import collectives
 from torchrec_tpu.train.checkpoint.dirs import new_run_id
 from torchrec_tpu.train.checkpoint.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.checkpoint.run_dirs import RunDirs, claim_run_dirs
@@ -37,8 +39,6 @@ from torchrec_tpu.train.engines.step_layout import StepLayout
 from torchrec_tpu.train.learning_rate import LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.model import ModelSpec
-from torchrec_tpu.train.rank_agreement import AgreedBatches
-from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.streams import evaluation_stream, training_streams
 

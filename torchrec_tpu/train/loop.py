@@ -23,8 +23,8 @@ from torchrec.datasets.utils import Batch
 
 from pipelines.progress import ProgressLine, eta_text, progress_bar
 from pipelines.streams import abandoning, batches_from_row
+from torchrec_tpu.rank_watch import collectives
 from torchrec_tpu.train.metrics import EvalForward, EvalResult, evaluate, model_outputs
-from torchrec_tpu.train.rank_watch import collectives
 from torchrec_tpu.train.scalars import ScalarLog
 
 _log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """docs/TRAINING_OPTIONS.md from the config's own fields: every option of ``train`` (and the
-``profile`` flags it shares) with its default and the full explanation that ``--help`` keeps to
-one line. Regenerate with ``python -m torchrec_tpu.train.options_doc > docs/TRAINING_OPTIONS.md``;
+``profile`` flags it shares) with its default and its whole text, whose first sentence is its
+``--help`` line. Regenerate with ``python -m torchrec_tpu.train.options_doc > docs/TRAINING_OPTIONS.md``;
 ``tests/train/test_options_doc.py`` keeps the file current."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """PyTorch's ModuleInfo database (``common_modules.module_db``) on tpu vs CPU torch, float32: each
 sample module built on CPU, copied to tpu, forward and backward (input and parameter gradients)
 eager and under ``torch.compile(backend="tpu")``. Compiled runs may fail only by naming an op that
-docs/ARCHITECTURE.md lists as unlowered in compiled graphs.
+docs/architecture/torch_tpu_device.md lists as unlowered in compiled graphs.
 
 Default run: a representative subset, first sample each; the full sweeps are slow.
 """

@@ -233,6 +233,7 @@ def test_fused_update_dedup_paths_agree_exactly(case: Case, pad_rows: int, monke
     import jax.numpy as jnp
 
     from sparsecore import csr_math
+    from sparsecore.optimizer_rules import rule_named
 
     csr = [jnp.asarray(t.numpy()) for t in case.csr]
     table = jnp.concatenate([jnp.asarray(case.table.numpy()), jnp.ones((pad_rows, DIM), jnp.float32)])
@@ -242,7 +243,8 @@ def test_fused_update_dedup_paths_agree_exactly(case: Case, pad_rows: int, monke
     assert ((table.shape[0] + 1) * entries >= 2**31) == bool(pad_rows)
     fused = csr_math.fused_update("adagrad", *csr, table, [acc], grad, hypers)
     dense_grad, touched = csr_math.table_grad(*csr, table, grad)
-    reference = csr_math.adagrad(table, acc, dense_grad, touched, *hypers)
+    new_table, (new_acc,) = rule_named("adagrad").update(table, (acc,), dense_grad, hypers, DIM)
+    reference = [jnp.where(touched[:, None], new, old) for new, old in ((new_table, table), (new_acc, acc))]
     monkeypatch.setattr(csr_math, "_touched_rows", lambda phys, vocab: None)  # the jnp.unique path
     unique_path = csr_math.fused_update("adagrad", *csr, table, [acc], grad, hypers)
     for a, b, c in zip(fused, unique_path, reference):

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from tpu_facts.sizes import power_of_two_bucket
+
 
 @dataclasses.dataclass(frozen=True)
 class BucketPolicy:
@@ -36,7 +38,7 @@ class BucketPolicy:
         if size < 0:
             raise ValueError(f"cannot bucket a negative size {size}")
         if size <= self.limit:
-            return max(self.minimum, 1 << max(size - 1, 0).bit_length())
+            return power_of_two_bucket(size, self.minimum)
         step = self.multiple or self.limit
         return -(-size // step) * step
 

@@ -236,7 +236,8 @@ def unique2(self, sorted=True, return_inverse=False, return_counts=False):
 # --- bounds checks (eager) -------------------------------------------------------------------------
 # JAX gathers clamp (or fill) out-of-range indices and its scatters drop them, silently. Eager
 # dispatch therefore checks index values on the host before running these ops, in every mode,
-# raising the exception type CPU torch raises for the op. Compiled graphs do not (docs/ARCHITECTURE.md).
+# raising the exception type CPU torch raises for the op. Compiled graphs do not
+# (docs/architecture/torch_tpu_device.md).
 
 
 class _IndexBounds(NamedTuple):

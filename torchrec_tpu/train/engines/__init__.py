@@ -5,8 +5,8 @@
 - ``torchrec`` (:mod:`torchrec_tpu.train.engines.torchrec_engine`): stock TorchRec DMP on FBGEMM, the
   reference the equality tests and ``bench/bench_train_e2e.py`` compare to.
 
-The registry :data:`ENGINES` names each engine and what it supports, for the config's validation
-(without importing either engine: ``--help`` stays fast); the job asks the engine object itself
+The registry :data:`~torchrec_tpu.train.engine_kinds.ENGINES` (a leaf below the config) names each
+engine and what it supports; the job asks the engine object itself
 (:attr:`Engine.needs_device_tensors`), never its name.
 
 Each builds the sharded model from a :class:`~torchrec_tpu.train.model.ModelSpec` and its optimizer,
@@ -18,9 +18,9 @@ engine's checkpoint into the unsharded model: both name the tables as
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Protocol
+
+from torchrec_tpu.train.engine_kinds import ENGINES
 
 if TYPE_CHECKING:
     import torch
@@ -83,34 +83,6 @@ class Engine(Protocol):
     def sharding_plan(self, model: nn.Module) -> str:
         """Where each table of ``model`` went (``--print-sharding-plan``), as lines of text."""
         ...
-
-
-@dataclass(frozen=True)
-class EngineKind:
-    """One ``--engine`` choice: where its class lives and which engine options it reads."""
-
-    name: str
-    module: str
-    class_name: str
-    help: str
-    places_dense: bool  # --dense-device / --dense-parallel apply (else: towers on cpu in DMP's DDP)
-    reads_plan: bool  # --plan applies (else: the engine plans its tables itself)
-    schedules_sparse_lr: bool  # --lr-warmup-steps / --lr-decay-* reach the embedding optimizer
-    runs_xla_cpu: bool  # off TPU its steps are XLA:CPU programs (its command starts with malloc set for them)
-
-    def load(self) -> type:
-        return getattr(importlib.import_module(self.module), self.class_name)
-
-
-ENGINES: dict[str, EngineKind] = {e.name: e for e in (
-    EngineKind("torchrec", "torchrec_tpu.train.engines.torchrec_engine", "TorchRecEngine",
-               "stock TorchRec DMP on FBGEMM (the reference)",
-               places_dense=False, reads_plan=False, schedules_sparse_lr=True, runs_xla_cpu=False),
-    EngineKind("sparsecore", "torchrec_tpu.train.engines.sparsecore_engine", "SparseCoreEngine",
-               "the sparsecore sharded EBC (sharded as --plan says, dense part in DDP or FSDP2, see "
-               "--dense-parallel)", places_dense=True, reads_plan=True, schedules_sparse_lr=False,
-               runs_xla_cpu=True),
-)}
 
 
 EAGER_STEP = "eager train_step (forward, backward and optimizer step op by op)"

@@ -22,6 +22,7 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from sparsecore.limits import PartitionOverflowError
 from sparsecore.optimizers import OptimizerSpec
 from torchrec_tpu.pipeline import PrefetchedBatches
+from torchrec_tpu.rank_agreement import AgreedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.sharding.uniform_ranks import UniformityError
 from torchrec_tpu.train.config import EngineConfig, OptimConfig, TrainConfig
@@ -33,14 +34,13 @@ from torchrec_tpu.train.engines.dense_placement import (
     tpu_installed,
 )
 from torchrec_tpu.train.engines.dense_step import eval_forward, step_function
-from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
 from torchrec_tpu.train.engines.plan_loading import Placement, resolve_sharding
 from torchrec_tpu.train.engines.step_layout import StepLayout, resolve_sparsecore_layout
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
 from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
-from torchrec_tpu.train.rank_agreement import AgreedBatches
+from torchrec_tpu.train.optimizers import dense_optimizer, sparse_optimizer
 
 _log = logging.getLogger(__name__)
 PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
@@ -110,7 +110,7 @@ def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: 
               depth: int = PIPELINE_DEPTH) -> PrefetchedBatches:
     """``batches`` with their input dist run ``depth`` batches ahead on a background thread (over
     a process group of its own when there are several ranks, where the ranks first agree that each
-    has its batch: :mod:`~torchrec_tpu.train.rank_agreement`; a collective: call on every rank)."""
+    has its batch: :mod:`~torchrec_tpu.rank_agreement`; a collective: call on every rank)."""
     ebc = ebc_of(unwrap_dense(model))
     group = new_group(env) if env.world_size > 1 else None
     if group is not None:

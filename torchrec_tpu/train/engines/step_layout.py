@@ -13,8 +13,8 @@ from sparsecore.backends import FBGEMM, OPS, TPU, XLA, BackendName
 from sparsecore.optimizer_rules import rule_of
 from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, per_rank_batch
 from torchrec_tpu.train.engines.dense_placement import dense_device, resolve_dense_device, spmd_world, tpu_installed
-from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
 from torchrec_tpu.train.model import ModelSpec
+from torchrec_tpu.train.optimizers import dense_optimizer, sparse_optimizer
 
 # `--dense-device auto` times the towers at the job's batch up to this many samples per rank: the
 # rate per sample is flat well below it, and a job whose batch cannot fit (it fails on its id limits

@@ -24,16 +24,16 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from torchrec_tpu.rank_agreement import AgreedBatches
 from torchrec_tpu.train.config import OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
-from torchrec_tpu.train.engines.optimizers import dense_optimizer, sparse_optimizer
 from torchrec_tpu.train.engines.precision import eager_eval_forward, eager_train_step
 from torchrec_tpu.train.engines.step_layout import StepLayout, torchrec_layout
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
 from torchrec_tpu.train.model import ModelSpec, build_dlrm
-from torchrec_tpu.train.rank_agreement import AgreedBatches
+from torchrec_tpu.train.optimizers import dense_optimizer, sparse_optimizer
 
 # Memory the planner keeps free for activations and dense parameters (its default percentage).
 STORAGE_RESERVED_FRACTION = 0.15

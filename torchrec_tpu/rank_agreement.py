@@ -22,7 +22,7 @@ from torchrec.datasets.utils import Batch
 
 from pipelines.streams import BatchStream, batches_from_row
 from torchrec_tpu.errors import CollectiveError, is_user_error, one_line
-from torchrec_tpu.train.rank_watch import collectives
+from torchrec_tpu.rank_watch import collectives
 
 
 class RankFailure(CollectiveError):
