@@ -47,8 +47,10 @@ def odd_held_out_dataset(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFa
 def two_rank_run(odd_held_out_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
     run_dir = tmp_path_factory.mktemp("two_ranks")
     log_dir = run_dir / "logs"
+    # DLRM_DCN with MLPerf's log: both ranks are given the same --mllog path, rank 0 alone writes it
     argv = ["train", "--data", str(odd_held_out_dataset), "--log-dir", str(log_dir),
-            *as_flags({**TINY_OPTIONS, "max_steps": STEPS, "eval_batch_size": 1000})]
+            *as_flags({**TINY_OPTIONS, "max_steps": STEPS, "eval_batch_size": 1000, "model": "dlrm_dcn",
+                       "dcn_low_rank_dim": 4, "mllog": str(log_dir / "result_0.txt")})]
     return log_dir, launch_cli_ranks(argv, run_dir)
 
 
@@ -66,6 +68,11 @@ def test_two_ranks_train_in_lock_step(two_rank_run) -> None:
     assert meta["world_size"] == WORLD and meta["step"] == STEPS
     assert meta["metrics"]["eval_auc"] > 0.55
     assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # rank 0 only
+    mllog = [json.loads(line.split(" ", 1)[1]) for line in (log_dir / "result_0.txt").read_text().splitlines()]
+    assert [line["key"] for line in mllog].count("run_start") == 1  # rank 0 only
+    values = {line["key"]: line["value"] for line in mllog}
+    assert values["train_samples"] == 2 * 8192 and values["eval_samples"] == HELD_OUT_ROWS  # every rank's rows
+    assert values["eval_accuracy"] == pytest.approx(meta["metrics"]["eval_auc"])
 
 
 @contextlib.contextmanager

@@ -20,7 +20,8 @@ from torchrec_tpu.train.preflight import check_paths
 
 # Options of ``train`` that do not change the profiled step (a --config YAML may still hold them).
 TRAIN_ONLY = frozenset({"epochs", "max_steps", "log_every", "eval_every", "target_auc", "checkpoint_dir",
-                        "checkpoint_every", "keep_checkpoints", "overwrite_checkpoints", "resume"})
+                        "checkpoint_every", "keep_checkpoints", "overwrite_checkpoints", "resume", "mllog",
+                        "mllog_org", "mllog_division", "mllog_platform", "mllog_status"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

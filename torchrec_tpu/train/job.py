@@ -9,7 +9,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 import torchrec
@@ -38,7 +38,9 @@ from torchrec_tpu.train.engines import Engine, engine_for
 from torchrec_tpu.train.engines.step_layout import StepLayout
 from torchrec_tpu.train.learning_rate import LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
+from torchrec_tpu.train.mllog import mlperf_log
 from torchrec_tpu.train.model import ModelSpec
+from torchrec_tpu.train.run_events import RunEvents
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.streams import evaluation_stream, training_streams
 
@@ -174,7 +176,8 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
     log_dir, checkpoint_root = dirs.log_dir, dirs.checkpoint_root
     torch.manual_seed(config.loop.seed)
     use_rank_threads(config, env, "train")
-    with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
+    with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log, \
+            _run_events(config, env, data) as events:
         log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         # checked before any model is built: a checkpoint this run cannot continue fails fast
@@ -232,7 +235,7 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
         result = run_training(model, optimizer, train, held_out, device, log, options,
                               step_fn=engine.step_function(model, optimizer, layout), checkpoint=save,
                               learning_rates=engine.learning_rates(policy, model, optimizer).at,
-                              eval_forward=engine.eval_forward(model, layout), test=test)
+                              eval_forward=engine.eval_forward(model, layout), test=test, events=events)
         checkpoint_dir = save(
             result.steps, result.position, samples=result.samples,
             metrics={"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,
@@ -247,6 +250,25 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
             result, data.describe(), log_dir, checkpoint_dir, env.world_size, env.is_primary,
             tuple(_all_ranks_bad_values(data, env).lines()), config.loop.target_auc,
         )
+
+
+@contextlib.contextmanager
+def _run_events(config: TrainConfig, env: DistEnv, data: TrainData) -> Iterator[RunEvents]:
+    """Who hears the loop's events: MLPerf's log with ``--mllog`` on the primary, else no one."""
+    if config.loop.mllog is None or not env.is_primary:
+        yield RunEvents()
+        return
+    with mlperf_log(config, env.world_size, epoch_samples(config, data)) as events:
+        yield events
+
+
+def epoch_samples(config: TrainConfig, data: TrainData) -> int:
+    """Training samples in an epoch, all ranks: its batches (at most ``--limit-train-batches``) of
+    the global batch size, the last one short on a world of one."""
+    batches = len(data.train)
+    if config.data.limit_train_batches:
+        batches = min(batches, config.data.limit_train_batches)
+    return min(batches * config.data.batch_size, data.train.num_rows)
 
 
 def _all_ranks_bad_values(data: TrainData, env: DistEnv) -> BadValueCounts:
