@@ -8,12 +8,10 @@ every :func:`progress_interval` seconds, so a long part of a job is never silent
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable
 
-PROGRESS_SECONDS_ENV = "TORCHREC_TPU_PROGRESS_SECONDS"  # seconds between progress lines (tests set it low)
-DEFAULT_PROGRESS_SECONDS = 30.0
+from tpu_facts import knobs
 
 
 def progress_bar(iterable: Any = None, *, enabled: bool = True, **kwargs: Any) -> Any:
@@ -24,14 +22,15 @@ def progress_bar(iterable: Any = None, *, enabled: bool = True, **kwargs: Any) -
 
 
 def progress_interval() -> float:
-    """Seconds between progress lines: ``$TORCHREC_TPU_PROGRESS_SECONDS``, else 30."""
-    text = os.environ.get(PROGRESS_SECONDS_ENV, "")
+    """Seconds between progress lines: ``$TORCHREC_TPU_PROGRESS_SECONDS`` (``knobs.PROGRESS_SECONDS``), else 30."""
+    knob = knobs.PROGRESS_SECONDS
+    text = knob.text()
     try:
-        seconds = float(text) if text else DEFAULT_PROGRESS_SECONDS
-    except ValueError:
-        raise ValueError(f"${PROGRESS_SECONDS_ENV}={text!r} must be a number of seconds") from None
+        seconds = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{knob.name}={text!r}: expected a number of seconds") from None
     if not seconds >= 0:
-        raise ValueError(f"${PROGRESS_SECONDS_ENV}={text!r} must be >= 0 seconds")
+        raise ValueError(f"{knob.name}={text!r}: expected a number of seconds >= 0")
     return seconds
 
 
