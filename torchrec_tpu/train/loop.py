@@ -30,6 +30,7 @@ from torchrec_tpu.train.scalars import ScalarLog
 
 _log = logging.getLogger(__name__)
 DENSE_BWD, OPTIMIZER = "dense_bwd", "optimizer"  # the eager step's profiler ranges (torchrec_tpu.profiling)
+COLLECTIVES = "collectives"  # the profiler range of a step's collectives (DDP's all-reduce, HSTU's)
 
 
 @dataclass(frozen=True)
