@@ -6,8 +6,10 @@ attention (as generative-recommenders' PyTorch kernels run), all on the CPU. Sta
 the tpu device, attention by the jagged op (no ``[L, L]`` tensor). Printed: steady training
 samples/s of each and the ratio; the attention op alone (forward + backward) of each and the
 ratio; peak RSS of one attention forward + backward at each ``--rss-lengths`` (each in a fresh
-process). Run it on a quiet machine for figures.
+process), and in parentheses its growth during the step (over the process with its inputs made).
+Run it on a quiet machine for figures.
 Usage: .venv/bin/python bench/bench_hstu.py [--steps 20] [--batch 16] [--seq-len 256]
+       .venv/bin/python bench/bench_hstu.py --rss-only [--rss-lengths 1024,4096]  (the RSS lines alone)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import time
 
+import quiet_box
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -103,15 +106,23 @@ def _attention_per_s(plain: bool, users: int, seq: int, steps: int, warmup: int)
     return steps / (time.perf_counter() - start)
 
 
+def _max_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _rss_child(plain: bool, users: int, seq: int) -> None:
-    _attention_step(plain, _attention_inputs(users, seq, "cpu" if plain else "tpu"), seq)
-    print(json.dumps({"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    inputs = _attention_inputs(users, seq, "cpu" if plain else "tpu")
+    before = _max_rss_mib()
+    _attention_step(plain, inputs, seq)
+    print(json.dumps({"peak": _max_rss_mib(), "growth": _max_rss_mib() - before}))
 
 
-def _peak_rss(plain: bool, users: int, seq: int) -> float:
+def _peak_rss(plain: bool, users: int, seq: int) -> str:
+    """``peak MiB (+growth over the inputs' process)`` of one fwd+bwd, in a fresh process."""
     out = subprocess.run([sys.executable, __file__, "--rss-child", str(seq), "--users", str(users)]
                          + (["--plain"] if plain else []), capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mib"]
+    rss = json.loads(out.stdout.strip().splitlines()[-1])
+    return f"{rss['peak']:.0f} MiB (+{rss['growth']:.0f})"
 
 
 def main() -> None:
@@ -123,12 +134,22 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--rss-lengths", default="1024,4096", help="sequence lengths of the peak RSS runs")
     parser.add_argument("--users", type=int, default=2, help="sequences per attention / RSS run")
+    parser.add_argument("--rss-only", action="store_true", help="print the peak RSS lines only (no timing)")
     parser.add_argument("--rss-child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child:
         _rss_child(args.plain, args.users, args.rss_child)
         return
+    if not args.rss_only:
+        _timings(args)
+    for seq in (int(x) for x in args.rss_lengths.split(",") if x):
+        print(f"peak RSS, attention fwd+bwd ({args.users} x {seq}): plain {_peak_rss(True, args.users, seq)}, "
+              f"jagged op {_peak_rss(False, args.users, seq)}")
+
+
+def _timings(args: argparse.Namespace) -> None:
+    """The training-step and attention-op lines."""
     candidates = 4
     config = HSTUConfig(item_rows=args.items, action_rows=2, dim=64, heads=HEADS, qk_dim=QK, v_dim=DV,
                         max_seq_len=args.seq_len)
@@ -147,10 +168,7 @@ def main() -> None:
     stack_op = _attention_per_s(False, args.users, args.seq_len, args.steps, args.warmup)
     print(f"attention fwd+bwd ({args.users} x {args.seq_len}): plain {plain_op:.2f}/s, jagged op {stack_op:.2f}/s, "
           f"ratio {stack_op / plain_op:.2f}x")
-    for seq in (int(x) for x in args.rss_lengths.split(",") if x):
-        print(f"peak RSS, attention fwd+bwd ({args.users} x {seq}): plain {_peak_rss(True, args.users, seq):.0f} MiB, "
-              f"jagged op {_peak_rss(False, args.users, seq):.0f} MiB")
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -106,6 +106,11 @@ SUBPACKAGE_ALLOWED = {
 SUBPACKAGE_LAZY_EXCEPTIONS = {
     # `torchrec-tpu train --model hstu` hands the job to HSTU's trainer
     ("torchrec_tpu.train.cli", "torchrec_tpu.hstu.train"),
+    # and so do `profile --model hstu` and a Ray Train worker of `train --model hstu --ray-workers N`
+    ("torchrec_tpu.profiling.job", "torchrec_tpu.hstu.train"),
+    ("torchrec_tpu.train.ray_train", "torchrec_tpu.hstu.train"),
+    # `torchrec-tpu infer` on an HSTU checkpoint loads HSTU's model
+    ("torchrec_tpu.inference.job", "torchrec_tpu.hstu.inference"),
 }
 
 

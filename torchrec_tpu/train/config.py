@@ -30,6 +30,7 @@ from torchrec_tpu.train.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 
 # The option vocabularies that are defined here (the others come from their registries above).
 Model = Literal["dlrm", "dlrm_dcn", "hstu", "dlrmv4"]  # hstu, dlrmv4: torchrec_tpu.hstu.train
+HSTU_MODELS = ("hstu", "dlrmv4")  # the --model kinds train, profile and Ray Train run by torchrec_tpu.hstu.train
 Precision = Literal["fp32", "bf16"]  # --precision: the towers' matmuls (engines.precision)
 DenseDevice = Literal["auto", "cpu", "tpu"]
 DenseParallel = Literal["ddp", "fsdp2"]

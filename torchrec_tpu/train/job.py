@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
@@ -66,7 +67,7 @@ class JobSummary:
             "training finished",
             f"  data            {self.data}",
             f"  steps           {r.steps} ({r.samples:,} samples this run, {self.world_size} rank(s))",
-            f"  throughput      {r.samples_per_sec:,.0f} samples/s (input + train steps, eval excluded)",
+            f"  throughput      {self._throughput()}",
             f"  first step      {r.first_step_seconds:.2f} s (input, tracing and compiling; the persistent "
             "compile cache skips the last two from the second run on)",
             f"  train loss      {r.final_train_loss:.4f} (mean of the last steps)",
@@ -79,6 +80,16 @@ class JobSummary:
             f"  checkpoint      {self.checkpoint_dir}",
         ])
 
+
+    def _throughput(self) -> str:
+        """Steady (after the compiling first step) and whole-run samples/s: on a short run the
+        first step dominates the whole-run figure."""
+        r = self.result
+        whole = f"{r.samples_per_sec:,.0f} samples/s whole run (input + train steps, eval excluded)"
+        steady = r.steady_samples_per_sec
+        if steady is None:
+            return f"{whole}; one step, no steady figure"
+        return f"{steady:,.0f} samples/s steady (after the first step), {whole}"
 
     def _target_line(self) -> str:
         r = self.result
@@ -171,11 +182,17 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
         layout = decide_layout(engine, spec, env)
+        built = time.perf_counter()
         model, optimizer = _build(config, engine, spec, env, device, layout)
         run_id = point.run_id if point is not None else _on_primary(new_run_id, env)  # whose checkpoints to prune
         start_step, start = _restore(point, model, optimizer, env)
+        if env.is_primary:
+            _log.info("model %s in %.1f s; the first training step compiles",
+                      "built and restored" if point else "built", time.perf_counter() - built)
         train, held_out, test = _streams(config, engine, hooks, data, env, model, device, start.epoch)
-        checkpoints = _Checkpoints(config, env, data, spec, model, optimizer, run_id, dirs.checkpoint_root, hooks)
+        data_split = data.split_record() if env.is_primary else {}  # infer checks its inputs against it
+        checkpoints = _Checkpoints(config, env, data, spec, model, optimizer, run_id, dirs.checkpoint_root, hooks,
+                                   data_split)
         policy = LRPolicy(config.optim.lr_warmup_steps, config.optim.lr_decay_start, config.optim.lr_decay_steps)
         result = run_training(model, optimizer, train, held_out, device, log,
                               _loop_options(config, env, data, start_step, start),
@@ -254,10 +271,11 @@ class _Checkpoints:
     run_id: str
     root: Path
     hooks: JobHooks
+    data_split: dict[str, Any]  # the primary's record of the data split (empty on the other ranks)
 
     def save(self, step: int, position: LoopPosition, **extra: object) -> Path:
         info = {"step": step, **position_meta(position, self.env.world_size), "model": self.spec.to_dict(),
-                "config": self.config.to_dict(),
+                "config": self.config.to_dict(), "data_split": self.data_split,
                 "table_sizes": list(self.data.table_sizes), "train_rows": self.data.train.num_rows, **extra,
                 "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
         directory = save_checkpoint(self.root, self.model, self.optimizer, info, self.run_id,
