@@ -81,6 +81,8 @@ NATIVE = Knob("TORCHREC_TPU_NATIVE", "1", "0: sparsecore's host preprocessing ru
               "compiled extension", "sparsecore")
 DATA_CACHE = Knob("TORCHREC_TPU_CACHE", None, "folder of generated synthetic data (default ~/.cache/torchrec_tpu)",
                   "pipelines")
+PROGRESS_SECONDS = Knob("TORCHREC_TPU_PROGRESS_SECONDS", "30", "seconds between the jobs' progress lines when "
+                        "not on a terminal (train, infer, data convert)", "pipelines")
 AUTOLOAD = Knob("TORCH_TPU_AUTOLOAD", "0", "1: import torch loads torch_tpu (PyTorch's device-backend "
                 "autoload)", "torchrec_tpu")
 ERROR_LOG_DIR = Knob("TORCHREC_TPU_ERROR_LOG_DIR", None, "folder of the torchrec-tpu commands' error logs "

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "input has one, and report the output's offline AUC (HSTU: label_<task> and "
                              "prediction_<task>, an AUC per task)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                        help="show a tqdm progress bar (not on a terminal: a line per part written)")
+                        help="show a tqdm progress bar (not on a terminal: a progress line at least every 30 s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    cli = argparse.ArgumentParser(prog="torchrec-tpu infer")
-    add_arguments(cli)
-    sys.exit(run(cli.parse_args()))
+if __name__ == "__main__":  # as ``torchrec-tpu infer``: the one entry point reports the errors
+    from torchrec_tpu.cli import main
+
+    sys.exit(main(["infer", *sys.argv[1:]]))

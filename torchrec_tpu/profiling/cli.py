@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    cli = argparse.ArgumentParser(prog="torchrec-tpu profile")
-    add_arguments(cli)
-    sys.exit(run(cli.parse_args()))
+if __name__ == "__main__":  # as ``torchrec-tpu profile``: the one entry point reports the errors
+    from torchrec_tpu.cli import main
+
+    sys.exit(main(["profile", *sys.argv[1:]]))

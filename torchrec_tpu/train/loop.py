@@ -21,7 +21,7 @@ from torch.autograd.profiler import record_function
 from torch.optim import Optimizer
 from torchrec.datasets.utils import Batch
 
-from pipelines.progress import progress_bar
+from pipelines.progress import ProgressLine, eta_text, progress_bar
 from pipelines.streams import abandoning, batches_from_row
 from torchrec_tpu.rank_watch import collectives
 from torchrec_tpu.train.metrics import EvalForward, EvalResult, evaluate, model_outputs
@@ -70,10 +70,19 @@ class TrainResult:
     test: EvalResult | None = None  # the test split's, scored once at the end (None: no test split)
     target_step: int | None = None  # the step whose evaluation reached --target-auc (None: not reached, or none)
     best_eval: tuple[int, EvalResult] | None = None  # (step, evaluation) of the best held-out AUC this run
+    first_step_samples: int = 0  # trained on in this run's first step, over all ranks
 
     @property
     def samples_per_sec(self) -> float:
+        """Over the whole loop, the first step (compiling) included."""
         return self.samples / self.train_seconds if self.train_seconds > 0 else 0.0
+
+    @property
+    def steady_samples_per_sec(self) -> float | None:
+        """Over the steps after this run's first (which compiles); None with a single step."""
+        seconds = self.train_seconds - self.first_step_seconds
+        samples = self.samples - self.first_step_samples
+        return samples / seconds if samples > 0 and seconds > 0 else None
 
 
 StepFn = Callable[[nn.Module, Optimizer, Batch], torch.Tensor]
@@ -194,7 +203,8 @@ def run_training(
     timeline.finished(position, evaluations.target_step is not None)
     test_result = evaluations.logged(step, evaluations.run(test, step), "test") if test is not None else None
     return TrainResult(step, metrics.samples, train_seconds, metrics.final_loss(), result, position,
-                       metrics.first_step_seconds, test_result, evaluations.target_step, evaluations.best)
+                       metrics.first_step_seconds, test_result, evaluations.target_step, evaluations.best,
+                       metrics.first_step_samples)
 
 
 @contextlib.contextmanager
@@ -238,6 +248,10 @@ class _MetricsWindow:
         self.samples = self.window_samples = 0
         self.first_step_seconds = self.paused_seconds = 0.0
         self.loop_start = self.window_start = time.perf_counter()
+        self.first_step: int | None = None  # this run's first step (it compiles)
+        self.first_step_samples = 0
+        # off a terminal, a line at least every $TORCHREC_TPU_PROGRESS_SECONDS between --log-every lines
+        self.lines = ProgressLine(_log.info, "train", total, unit="steps") if bar.disable and options.progress else None
         bar.set_postfix_str("compiling")  # the first step traces and compiles
 
     def stepped(self, step: int, epoch: int, loss: torch.Tensor, batch_samples: int) -> None:
@@ -247,10 +261,25 @@ class _MetricsWindow:
         if not self.first_step_seconds:  # waits for the first step only: its time includes compiling,
             self.read_pending()  # which no samples/s point counts
             self.first_step_seconds = time.perf_counter() - self.loop_start
+            self.first_step, self.first_step_samples = step, batch_samples
             self.window_samples, self.window_start = 0, time.perf_counter()
         if step % self.options.log_every == 0:
             self._log_window(step, epoch)
+        elif self.lines is not None and self.lines.due():  # a long --log-every window: no loss read, no sync
+            elapsed = time.perf_counter() - self.window_start
+            steady = self.window_samples and elapsed > 0
+            rate = f"{self.window_samples / elapsed:,.0f} samples/s" if steady else "compiling"
+            self.lines.mark()
+            _log.info("step %d/%d  epoch %d  %s%s", step, self.total, epoch, rate, self._eta(step))
         self.bar.update(1)
+
+    def _eta(self, step: int) -> str:
+        """``  ETA 4m12s`` at the pace of this run's steps after the first (which compiled); ``""``
+        before there is one, or without a known last step."""
+        if self.total is None or self.first_step is None or step <= self.first_step or self.total <= self.first_step:
+            return ""
+        steady = time.perf_counter() - self.loop_start - self.first_step_seconds - self.paused_seconds
+        return "  " + eta_text(steady, (step - self.first_step) / (self.total - self.first_step))
 
     def _log_window(self, step: int, epoch: int) -> None:
         self.read_pending()
@@ -263,8 +292,10 @@ class _MetricsWindow:
                             **({"train/samples_per_sec": rate} if rate is not None else {})})
         rate_text = "compiling" if rate is None else f"{rate:,.0f} samples/s"
         self.bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=rate_text.removesuffix(" samples/s"))
-        if self.bar.disable and self.options.progress:  # no bar (not a terminal): one line per --log-every
-            _log.info("step %d/%d  epoch %d  loss %.4f  %s", step, self.total, epoch, mean_loss, rate_text)
+        if self.lines is not None:  # no bar (not a terminal): one line per --log-every
+            self.lines.mark()
+            _log.info("step %d/%d  epoch %d  loss %.4f  %s%s", step, self.total, epoch, mean_loss, rate_text,
+                      self._eta(step) if rate is not None else "")
         self.window_losses, self.window_samples, self.window_start = [], 0, time.perf_counter()
 
     def read_pending(self) -> None:

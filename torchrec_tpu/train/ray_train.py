@@ -56,6 +56,7 @@ from torchrec_tpu.train.config import HSTU_MODELS, ConfigError, TrainConfig
 if TYPE_CHECKING:
     import ray.train
 
+_log = logging.getLogger(__name__)
 DATASET = "train"  # the Ray Train dataset name of the training split
 DATA_CPUS = 1  # CPUs a private local Ray instance adds for Ray Data's read and preprocessing tasks
 RUN_NAME = "train"  # the Ray Train run: <storage>/train/<checkpoint version>
@@ -258,9 +259,14 @@ def ray_cluster(options: RayOptions) -> Iterator[None]:
 
     if options.address is None or ray.is_initialized():
         cpus = math.ceil(options.workers * options.cpus_per_worker) + DATA_CPUS
+        if ray.is_initialized():
+            _log.info("train: on the Ray instance of this process, %d Ray Train worker(s)", options.workers)
+        else:
+            _log.info("train: starting Ray (%d CPUs) for %d Ray Train worker(s)", cpus, options.workers)
         with local_ray(num_cpus=cpus, log_to_driver=True, worker_setup=WORKER_SETUP, env_vars=PRIVATE_RAY_ENV):
             yield
         return
+    _log.info("train: connecting to Ray at %s for %d Ray Train worker(s)", options.address, options.workers)
     ray.init(address=options.address, log_to_driver=True, logging_level=logging.ERROR,
              runtime_env={"worker_process_setup_hook": WORKER_SETUP})
     try:
@@ -324,4 +330,6 @@ def _fit(config: TrainConfig, given: TrainConfig, options: RayOptions, scaling: 
             # the job's lines, not Ray Train's worker-group and reporting chatter (log_setup)
             logging_config=ray.train.LoggingConfig(log_level="WARNING")),
     )
+    _log.info("train: Ray started; starting %d Ray Train worker(s) (each builds the model, then the first step "
+              "compiles)", options.workers)
     return trainer.fit()
