@@ -1,24 +1,29 @@
 """HSTU: plain PyTorch eager on CPU vs the project's stack, back to back.
 
 Plain: the model with stock TorchRec's EmbeddingCollection and the padded ``[B, H, L, L]``
-attention (as generative-recommenders' PyTorch kernels run), all on the CPU. Stack: the same model
+attention at every length (kernel ``padded``, as generative-recommenders' PyTorch kernels run), all
+on the CPU. Stack: the same model
 (same weights) with its tables on the sharded SparseCore EmbeddingCollection and the STU stack on
 the tpu device, attention by the jagged op (no ``[L, L]`` tensor). Printed: steady training
 samples/s of each and the ratio; the attention op alone (forward + backward) of each and the
 ratio; peak RSS of one attention forward + backward at each ``--rss-lengths`` (each in a fresh
-process). Run it on a quiet machine for figures.
+process), and in parentheses its growth during the step (over the process with its inputs made).
+Run it on a quiet machine for figures.
 Usage: .venv/bin/python bench/bench_hstu.py [--steps 20] [--batch 16] [--seq-len 256]
+       .venv/bin/python bench/bench_hstu.py --rss-only [--rss-lengths 1024,4096]  (the RSS lines alone)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 
+import quiet_box
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -26,7 +31,7 @@ import torch_tpu  # noqa: F401  (the tpu device)
 from torch_tpu.ops.hstu import jagged_hstu_attention
 from torch_tpu.runtime.tensor import to_jax
 from torchrec_tpu.hstu import HSTU, HSTUConfig, sharded_embeddings
-from torchrec_tpu.hstu.attention import padded_attention
+from torchrec_tpu.hstu.attention import PADDED, padded_attention
 from torchrec_tpu.hstu.model import FEATURE_KEYS
 
 HEADS, QK, DV = 2, 32, 32
@@ -103,15 +108,28 @@ def _attention_per_s(plain: bool, users: int, seq: int, steps: int, warmup: int)
     return steps / (time.perf_counter() - start)
 
 
+def _max_rss_mib() -> float:
+    """This process's peak RSS: VmHWM, which starts afresh at exec (getrusage's ru_maxrss would carry
+    the parent's RSS at fork over the exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def _rss_child(plain: bool, users: int, seq: int) -> None:
-    _attention_step(plain, _attention_inputs(users, seq, "cpu" if plain else "tpu"), seq)
-    print(json.dumps({"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    inputs = _attention_inputs(users, seq, "cpu" if plain else "tpu")
+    before = _max_rss_mib()
+    _attention_step(plain, inputs, seq)
+    print(json.dumps({"peak": _max_rss_mib(), "growth": _max_rss_mib() - before}))
 
 
-def _peak_rss(plain: bool, users: int, seq: int) -> float:
+def _peak_rss(plain: bool, users: int, seq: int) -> str:
+    """``peak MiB (+growth over the inputs' process)`` of one fwd+bwd, in a fresh process."""
     out = subprocess.run([sys.executable, __file__, "--rss-child", str(seq), "--users", str(users)]
                          + (["--plain"] if plain else []), capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mib"]
+    rss = json.loads(out.stdout.strip().splitlines()[-1])
+    return f"{rss['peak']:.0f} MiB (+{rss['growth']:.0f})"
 
 
 def main() -> None:
@@ -123,20 +141,30 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--rss-lengths", default="1024,4096", help="sequence lengths of the peak RSS runs")
     parser.add_argument("--users", type=int, default=2, help="sequences per attention / RSS run")
+    parser.add_argument("--rss-only", action="store_true", help="print the peak RSS lines only (no timing)")
     parser.add_argument("--rss-child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child:
         _rss_child(args.plain, args.users, args.rss_child)
         return
+    if not args.rss_only:
+        _timings(args)
+    for seq in (int(x) for x in args.rss_lengths.split(",") if x):
+        print(f"peak RSS, attention fwd+bwd ({args.users} x {seq}): plain {_peak_rss(True, args.users, seq)}, "
+              f"jagged op {_peak_rss(False, args.users, seq)}")
+
+
+def _timings(args: argparse.Namespace) -> None:
+    """The training-step and attention-op lines."""
     candidates = 4
     config = HSTUConfig(item_rows=args.items, action_rows=2, dim=64, heads=HEADS, qk_dim=QK, v_dim=DV,
-                        max_seq_len=args.seq_len)
+                        max_seq_len=args.seq_len, kernel=PADDED)
     batches = [_batch(args.batch, args.seq_len - candidates, candidates, args.items, seed) for seed in range(4)]
     torch.manual_seed(0)
     plain = HSTU(config)
-    stack = HSTU(config, embeddings=sharded_embeddings(config, ec=plain.embeddings, batch_size=args.batch),
-                 dense_device="tpu")
+    stack = HSTU(replace(config, kernel="xla"), dense_device="tpu",
+                 embeddings=sharded_embeddings(config, ec=plain.embeddings, batch_size=args.batch))
     stack.stack.load_state_dict(plain.stack.state_dict())
     stack.heads.load_state_dict(plain.heads.state_dict())
     plain_rate = _samples_per_s(plain, batches, args.steps, args.warmup)
@@ -147,10 +175,7 @@ def main() -> None:
     stack_op = _attention_per_s(False, args.users, args.seq_len, args.steps, args.warmup)
     print(f"attention fwd+bwd ({args.users} x {args.seq_len}): plain {plain_op:.2f}/s, jagged op {stack_op:.2f}/s, "
           f"ratio {stack_op / plain_op:.2f}x")
-    for seq in (int(x) for x in args.rss_lengths.split(",") if x):
-        print(f"peak RSS, attention fwd+bwd ({args.users} x {seq}): plain {_peak_rss(True, args.users, seq):.0f} MiB, "
-              f"jagged op {_peak_rss(False, args.users, seq):.0f} MiB")
 
 
 if __name__ == "__main__":
-    main()
+    quiet_box.run(main)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from pipelines.dataset_dir import staged_dataset
 from pipelines.parquet_writer import ParquetShardWriter, written_rows
-from pipelines.progress import progress_bar
+from pipelines.progress import ProgressLine, progress_bar
 from pipelines.schema import CRITEO, DatasetSchema
 from pipelines.text_blocks import DEFAULT_MAX_LINE_BYTES
 from pipelines.text_reader import BadRow, BadRowPolicy, TextFormat, TextReader
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,11 +69,23 @@ def convert_to_parquet(
         ) as bar, ParquetShardWriter(
             staged.path, schema.arrow_schema(), rows_per_file, row_group_size
         ) as writer:
+            # no bar (not a terminal): a start line, then a progress line now and then
+            lines = ProgressLine(_log.info, "convert") if progress and bar.disable else None
+            if lines is not None:
+                _log.info("convert: reading %d file(s), %s bytes, into %s", len(paths), f"{total_bytes:,}", output_dir)
+            read_bytes = 0
+
+            def consumed(count: int) -> None:
+                nonlocal read_bytes
+                read_bytes += count
+                bar.update(count)
+
             for path in paths:
-                reader = TextReader(path, schema, text_format, on_bad_row, block_size, bar.update,
-                                    max_line_bytes)
+                reader = TextReader(path, schema, text_format, on_bad_row, block_size, consumed, max_line_bytes)
                 for batch in reader:
                     writer.write(batch)
+                    if lines is not None:
+                        lines.update(report.rows_read + reader.stats.rows_read, read_bytes / max(total_bytes, 1))
                 report.rows_read += reader.stats.rows_read
                 report.rows_skipped += reader.stats.rows_skipped
                 report.bad_rows += reader.stats.bad_rows

@@ -4,8 +4,9 @@ for a job's checks before it imports torch (``torchrec-tpu infer`` with nothing 
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
-from typing import Sequence
+from typing import BinaryIO, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -38,6 +39,21 @@ def list_parquet_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
 class ParquetDataError(ValueError):
     """A Parquet input cannot be read (corrupt, truncated, not Parquet) or has columns of the
     wrong type; the message names the file (and column)."""
+
+
+_FOOTER_TAIL = 8  # a little-endian footer length, then b"PAR1"
+
+
+def footer_sha256(file: BinaryIO) -> str:
+    """SHA-256 of an open Parquet file's footer (every row group's offsets, sizes and statistics):
+    the file's content identity, wherever it is and whatever its name or mtime."""
+    file.seek(0, 2)
+    size = file.tell()
+    tail_start = max(0, size - _FOOTER_TAIL)
+    file.seek(tail_start)
+    footer_length = int.from_bytes(file.read(_FOOTER_TAIL)[:4], "little")
+    file.seek(max(0, tail_start - footer_length))
+    return hashlib.sha256(file.read()).hexdigest()
 
 
 def open_parquet(path: Path) -> pq.ParquetFile:

@@ -39,6 +39,7 @@ from pipelines.dataset_dir import staged_dataset
 from pipelines.parquet_writer import ParquetShardWriter
 from pipelines.progress import progress_bar
 from pipelines.schema import CRITEO, DatasetSchema, criteo_schema
+from tpu_facts import knobs
 
 GENERATOR_VERSION = 1
 
@@ -257,7 +258,7 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     """``cache_dir``, else ``$TORCHREC_TPU_CACHE``, else ``~/.cache/torchrec_tpu``."""
     if cache_dir is not None:
         return Path(cache_dir)
-    return Path(os.environ.get("TORCHREC_TPU_CACHE") or Path.home() / ".cache" / "torchrec_tpu")
+    return Path(knobs.DATA_CACHE.value() or Path.home() / ".cache" / "torchrec_tpu")
 
 
 def default_dataset(

@@ -27,7 +27,7 @@ pip_install() { "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file 
 # satisfies torchrec's CUDA `fbgemm-gpu` requirement with fbgemm-gpu-cpu (packaging/README.md).
 pip_install -q ./packaging/fbgemm-gpu-cpu-alias -e ".[test,profile]"
 "$VENV/bin/python" - <<'PY'
-import fbgemm_gpu, jax, matplotlib, pyarrow, ray, ray.train, torch, torchrec, xprof  # noqa: F401  (fail here, not mid-job)
+import fbgemm_gpu, jax, matplotlib, mlperf_logging.mllog, pyarrow, ray, ray.train, torch, torchrec, xprof  # noqa: F401  (fail here, not mid-job)
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 PY
 "$VENV/bin/ruff" --version >/dev/null  # the linter ./dev.sh test runs (test extra)

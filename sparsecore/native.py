@@ -17,12 +17,12 @@ from __future__ import annotations
 import functools
 import importlib.machinery
 import importlib.util
-import os
 import sysconfig
 import warnings
 from pathlib import Path
 from types import ModuleType
 
+from tpu_facts import knobs
 from xla_cache.native_build import NativeUnavailable, build_library
 
 SOURCE = Path(__file__).with_name("csrc") / "preprocess.cc"
@@ -34,7 +34,7 @@ def extension() -> ModuleType | None:
     """The loaded extension, or None (with one warning per process) when it is unavailable."""
     loaded = _load()
     if isinstance(loaded, NativeUnavailable):
-        if os.environ.get("TORCHREC_TPU_NATIVE", "1") != "0":
+        if knobs.NATIVE.on():
             _warn_once(str(loaded))
         return None
     return loaded
@@ -58,8 +58,8 @@ def _load() -> ModuleType | NativeUnavailable:
 
 
 def _build_and_load() -> ModuleType:
-    if os.environ.get("TORCHREC_TPU_NATIVE", "1") == "0":
-        raise NativeUnavailable("the compiled preprocessing is disabled (TORCHREC_TPU_NATIVE=0)")
+    if not knobs.NATIVE.on():
+        raise NativeUnavailable(f"the compiled preprocessing is disabled ({knobs.NATIVE.name}=0)")
     include = sysconfig.get_paths()["include"]
     if not (Path(include) / "Python.h").exists():
         raise NativeUnavailable(f"Python headers not found in {include} (install the python3-dev package)")

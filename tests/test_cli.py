@@ -33,3 +33,16 @@ def test_unknown_subcommand_is_a_usage_error(capsys):
         main(["no-such-job"])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["infer", "profile"])
+def test_a_subcommand_module_run_as_a_script_is_the_subcommand(command, tmp_path):
+    """``python -m torchrec_tpu.<job>.cli`` runs ``torchrec-tpu <job>``: its errors are one line, rc 2."""
+    module = SUBCOMMANDS[command][0]
+    missing = str(tmp_path / "missing")
+    flags = {"infer": ["--data", missing, "--checkpoint", missing, "--output", str(tmp_path / "out")],
+             "profile": ["--data", missing]}[command]
+    done = subprocess.run([sys.executable, "-m", module, *flags], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(f"torchrec-tpu {command}: error:"), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr

@@ -1,5 +1,5 @@
 """Help conventions of every subcommand: each optional flag shows its default exactly once,
-required flags show none, and an unknown flag is reported with its subcommand's usage."""
+required flags show none, and a flag mistake is reported in two lines: the error and a --help hint."""
 
 from __future__ import annotations
 
@@ -90,15 +90,18 @@ def test_unknown_flag_far_from_any_gets_no_guess(capsys):
     assert "did you mean" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv,usage", [
-    (["plan", "--tables", "t.yaml", "--no-such-flag"], "usage: torchrec-tpu plan"),
-    (["train", "--no-such-flag"], "usage: torchrec-tpu train"),
-    (["data", "generate", "-o", "x", "--no-such-flag"], "usage: torchrec-tpu data generate"),
+@pytest.mark.parametrize("argv,prog", [
+    (["plan", "--tables", "t.yaml", "--no-such-flag"], "torchrec-tpu plan"),
+    (["train", "--no-such-flag"], "torchrec-tpu train"),
+    (["data", "generate", "-o", "x", "--no-such-flag"], "torchrec-tpu data generate"),
+    (["train", "--batch-size", "many"], "torchrec-tpu train"),
 ])
-def test_unknown_flag_prints_the_subcommands_usage(argv, usage, capsys):
+def test_a_flag_mistake_is_two_lines_the_error_and_where_the_flags_are(argv, prog, capsys):
+    """Not the subcommand's usage block (37 lines for train) first: the error, then a --help hint."""
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith(usage), err
-    assert "unrecognized arguments: --no-such-flag" in err
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"{prog}: error: "), lines
+    assert lines[1] == f"{prog}: the flags: `{prog} --help`"
+    assert "unrecognized arguments: --no-such-flag" in lines[0] or "--batch-size" in lines[0]

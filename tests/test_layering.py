@@ -12,8 +12,9 @@ PACKAGES = ("tpu_facts", "xla_cache", "pipelines", "torch_tpu", "sparsecore", "t
 # package -> the project packages it may import (docs/ARCHITECTURE.md, "may import")
 ALLOWED = {
     "tpu_facts": set(),
-    "xla_cache": set(),
-    "pipelines": {"torch_tpu"},  # only ray_data's optional placement of batches on the tpu device
+    "xla_cache": {"tpu_facts"},  # its knobs
+    "pipelines": {"tpu_facts", "torch_tpu"},  # tpu_facts: knobs; torch_tpu: only ray_data's optional placement
+    # of batches on the tpu device
     "torch_tpu": {"tpu_facts", "xla_cache", "sparsecore"},  # sparsecore only lazily, in the SparseCore ops
     "sparsecore": {"tpu_facts", "xla_cache"},
     "torchrec_tpu": set(PACKAGES),
@@ -105,6 +106,11 @@ SUBPACKAGE_ALLOWED = {
 SUBPACKAGE_LAZY_EXCEPTIONS = {
     # `torchrec-tpu train --model hstu` hands the job to HSTU's trainer
     ("torchrec_tpu.train.cli", "torchrec_tpu.hstu.train"),
+    # and so do `profile --model hstu` and a Ray Train worker of `train --model hstu --ray-workers N`
+    ("torchrec_tpu.profiling.job", "torchrec_tpu.hstu.train"),
+    ("torchrec_tpu.train.ray_train", "torchrec_tpu.hstu.train"),
+    # `torchrec-tpu infer` on an HSTU checkpoint loads HSTU's model
+    ("torchrec_tpu.inference.job", "torchrec_tpu.hstu.inference"),
 }
 
 
@@ -376,6 +382,27 @@ def test_no_module_reads_a_tpu_tensors_storage_through_a_private_attribute() -> 
     assert not offenders, offenders
 
 
+# A TpuTensor's layout over its storage: the other rooms read it, only the runtime sets it
+# (``torch_tpu.runtime.tensor``: make_alias, set_layout, share_storage, wrap_owned, ...).
+LAYOUT_ATTRIBUTES = {"storage_box", "whole_storage", "dtype_view", "math_bits"}
+RETIRED_LAYOUT_ATTRIBUTES = {"_full", "_reinterpreted", "_math_bits"}
+
+
+def test_only_the_runtime_sets_a_tpu_tensors_layout() -> None:
+    offenders = []
+    for module, path in _project_modules().items():
+        if module.startswith("torch_tpu.runtime."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            if node.attr in RETIRED_LAYOUT_ATTRIBUTES:
+                offenders.append(f"{module}:{node.lineno} uses .{node.attr}")
+            elif node.attr in LAYOUT_ATTRIBUTES and isinstance(node.ctx, (ast.Store, ast.Del)):
+                offenders.append(f"{module}:{node.lineno} sets .{node.attr}")
+    assert not offenders, "\n".join(offenders)
+
+
 def test_no_test_module_imports_another() -> None:
     """What tests share lives in helper modules (conftest.py, ``*_cases.py``, ...), not in test files."""
     offenders = []
@@ -408,17 +435,58 @@ def test_no_submodule_imports_from_its_package_init_while_the_init_imports_it() 
     assert not offenders, "\n".join(offenders)
 
 
-def test_torch_tpu_reads_its_environment_knobs_only_through_runtime_knobs() -> None:
-    """Every TORCH_TPU_* / TPU_DIST_* variable is a ``torch_tpu.runtime.knobs.Knob``: no other module
-    names one as a bare string (the name an ``os.environ`` lookup takes)."""
-    knob = re.compile(r"(TORCH_TPU|TPU_DIST)_[A-Z_]+")
+KNOB_REGISTRY = "tpu_facts.knobs"
+PROJECT_VARIABLE = re.compile(r"(TORCH_TPU|TORCHREC_TPU|TPU_DIST)_[A-Z0-9_]+")
+
+
+def _environment_reads(tree: ast.AST) -> list[ast.AST]:
+    """The keys of ``os.environ.get(k)``, ``os.getenv(k)``, ``os.environ[k]`` (read), ``k in os.environ``."""
+    def environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+    keys = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute):
+            if (node.func.attr == "get" and environ(node.func.value)) or node.func.attr == "getenv":
+                keys.append(node.args[0])
+        elif isinstance(node, ast.Subscript) and environ(node.value) and isinstance(node.ctx, ast.Load):
+            keys.append(node.slice)
+        elif isinstance(node, ast.Compare) and any(environ(c) for c in node.comparators):
+            keys.append(node.left)
+    return keys
+
+
+def test_project_environment_variables_are_read_only_through_the_knob_registry() -> None:
+    """Every TORCH_TPU_* / TORCHREC_TPU_* / TPU_DIST_* variable is a ``tpu_facts.knobs.Knob``: no other
+    module names one as a string, nor reads the environment by a knob's name (``knob.name``, an
+    ``*_ENV`` alias of one): it asks the knob (``value``, ``text``, ``on``, ``integer``)."""
     offenders = []
-    for module, path in _torch_tpu_modules().items():
-        if module == "torch_tpu.runtime.knobs":
+    for module, path in _project_modules().items():
+        if module == KNOB_REGISTRY:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and PROJECT_VARIABLE.fullmatch(node.value):
+                offenders.append(f"{module}:{node.lineno} names {node.value!r}")
+        for key in _environment_reads(tree):
+            if re.search(r"\bknobs\.|_ENV\b|\.name\b", ast.unparse(key)):
+                offenders.append(f"{module}:{key.lineno} reads os.environ[{ast.unparse(key)}]")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_every_on_off_mode_is_a_switch() -> None:
+    """A scoped boolean mode is a ``tpu_facts.switches.Switch`` (``with switch.on():``), not a
+    ``ContextVar`` of its own with a hand-written set / reset."""
+    offenders = []
+    for module, path in _project_modules().items():
+        if module == "tpu_facts.switches":
             continue
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and knob.fullmatch(node.value):
-                offenders.append(f"{module}: {node.value!r}")
+            if (isinstance(node, ast.Call) and _call_name(node) == "ContextVar"
+                    and any(k.arg == "default" and isinstance(k.value, ast.Constant)
+                            and isinstance(k.value.value, bool) for k in node.keywords)):
+                offenders.append(f"{module}:{node.lineno}")
     assert not offenders, "\n".join(offenders)
 
 

@@ -7,9 +7,9 @@ the hook only acts when the user opts in with TORCH_TPU_AUTOLOAD=1. It lives out
 registration.
 """
 
-import os
+from tpu_facts import knobs
 
 
 def autoload() -> None:
-    if os.environ.get("TORCH_TPU_AUTOLOAD", "0") == "1":
+    if knobs.AUTOLOAD.on():
         import torch_tpu  # noqa: F401

@@ -15,7 +15,7 @@ import threading
 from typing import Sequence
 
 from torchrec_tpu import __version__
-from torchrec_tpu.cli_help import DefaultsOnceFormatter
+from torchrec_tpu.cli_help import DefaultsOnceFormatter, HintingParser
 from torchrec_tpu.suggest import close_match
 
 # subcommand -> (module, one-line help)
@@ -30,7 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     """The top-level parser; only ``command``'s module (if any) is imported to fill its arguments."""
-    parser = argparse.ArgumentParser(
+    parser = HintingParser(
         prog="torchrec-tpu",
         description="Recommendation models on Cloud TPU: train, plan, infer, profile.",
     )

@@ -1,8 +1,10 @@
-"""Help text conventions shared by every ``torchrec-tpu`` subcommand: each flag's default once."""
+"""Help text conventions shared by every ``torchrec-tpu`` subcommand: each flag's default once, and
+a flag mistake answered in two lines (the error, where the flags are listed), not the usage block."""
 
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 
 class DefaultsOnceFormatter(argparse.RawDescriptionHelpFormatter):
@@ -18,3 +20,12 @@ class DefaultsOnceFormatter(argparse.RawDescriptionHelpFormatter):
                 or not action.option_strings or action.default in (None, argparse.SUPPRESS)):
             return action.help
         return f"{text} (default: %(default)s)"
+
+
+class HintingParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors (an unknown or mistyped flag, a bad value, a missing required
+    one) print the error line and a ``--help`` hint instead of the whole usage block first; its
+    subcommands' parsers are of this class too. Exit status 2, as argparse's."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n{self.prog}: the flags: `{self.prog} --help`\n")

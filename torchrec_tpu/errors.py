@@ -17,9 +17,10 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from tpu_facts import knobs
+
 MAX_MESSAGE_CHARS = 600
 USER_ERROR = 2  # exit code of a user error (bad flag, file or value); argparse's own code for bad flags
-LOG_DIR_ENV = "TORCHREC_TPU_ERROR_LOG_DIR"
 
 
 class CollectiveError(RuntimeError):
@@ -56,7 +57,7 @@ def one_line(error: BaseException) -> str:
 
 
 def _log_path(command: str) -> Path:
-    root = Path(os.environ.get(LOG_DIR_ENV) or Path(tempfile.gettempdir()) / "torchrec-tpu-logs")
+    root = Path(knobs.ERROR_LOG_DIR.value() or Path(tempfile.gettempdir()) / "torchrec-tpu-logs")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
     rank = os.environ.get("RANK")
     return root / f"{command.replace(' ', '-')}-{stamp}-pid{os.getpid()}{f'-rank{rank}' if rank else ''}.log"

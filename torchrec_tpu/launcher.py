@@ -21,6 +21,8 @@ import signal
 import sys
 import threading
 
+from tpu_facts import knobs
+
 _PR_SET_PDEATHSIG = 1
 _launcher: int | None = None  # the parent pid seen by the first call
 SIGTERM_EXIT = 128 + signal.SIGTERM
@@ -91,7 +93,7 @@ def xla_cpu_malloc_env() -> dict[str, str]:
     import importlib.util
     import platform
 
-    if (os.environ.get("TORCH_TPU_HOST_HEAP", "1") == "0" or platform.libc_ver()[0] != "glibc"
+    if (not knobs.HOST_HEAP.on() or platform.libc_ver()[0] != "glibc"
             or importlib.util.find_spec("libtpu") is not None):
         return {}
     tunables = os.environ.get("GLIBC_TUNABLES", "")

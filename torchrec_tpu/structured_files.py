@@ -59,7 +59,18 @@ def read_structured(path: str | Path) -> Any:
     except Exception as error:  # yaml.YAMLError; imported lazily, so caught by its base
         if not type(error).__module__.startswith("yaml"):
             raise
-        raise ValueError(f"{path}: malformed YAML: {' '.join(str(error).split())}") from None
+        raise ValueError(_yaml_error(path, error)) from None
+
+
+def _yaml_error(path: Path, error: Exception) -> str:
+    """``cfg.yaml: malformed YAML at line 3, column 3: expected <block end>, but found '-' (while
+    parsing a block mapping from line 1)``: PyYAML's message on one line, with the file's name."""
+    mark, context, context_mark = (getattr(error, name, None) for name in ("problem_mark", "context", "context_mark"))
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(error, "problem", None) or " ".join(str(error).split())
+    if context:
+        problem += f" ({context}" + (f" from line {context_mark.line + 1})" if context_mark is not None else ")")
+    return f"{path}: malformed YAML{where}: {problem}"
 
 
 def _load_yaml(path: Path, text: str) -> Any:

@@ -65,11 +65,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from tpu_facts import knobs
 from xla_cache import entries, jax_lru, trust
 from xla_cache.trust import Directory
 
 _DISABLED = {"0", "off", "false", "none", ""}
-DEFAULT_MAX_MB = 2048
+DEFAULT_MAX_MB = int(knobs.COMPILE_CACHE_MAX_MB.default)  # type: ignore[arg-type]
 XLA_LEVEL = jax_lru.LEVEL
 ENTRY_SUFFIX = ".jaxexport"  # the other levels' entries: serialized jax.export programs
 SLOW_COMPILE_SECS = 1.0  # outside persistent(): only compiles this slow are written
@@ -97,9 +98,9 @@ def compiles() -> int:
 
 def default_cache_dir() -> Path | None:
     """Where the cache lives unless :func:`configure` moved it (None: disabled)."""
-    env = os.environ.get("TORCH_TPU_COMPILE_CACHE")
+    env = knobs.COMPILE_CACHE.value()
     if env is not None:
-        return None if env.strip().lower() in _DISABLED else Path(env).expanduser()
+        return None if env.lower() in _DISABLED else Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "torch_tpu" / "compile"
 
@@ -112,14 +113,14 @@ class ConfigError(ValueError):
 def default_max_bytes() -> int:
     """The size cap per cache level from ``TORCH_TPU_COMPILE_CACHE_MAX_MB`` (:class:`ConfigError`
     when it is not a whole number >= 1)."""
-    raw = os.environ.get("TORCH_TPU_COMPILE_CACHE_MAX_MB", "").strip() or str(DEFAULT_MAX_MB)  # empty: unset
+    raw = knobs.COMPILE_CACHE_MAX_MB.text()  # empty: unset
     try:
         mb = int(raw)
     except ValueError:
         mb = 0
     if mb < 1:
-        raise ConfigError(f"TORCH_TPU_COMPILE_CACHE_MAX_MB={raw!r} is not a whole number of megabytes >= 1 "
-                          f"(the default is {DEFAULT_MAX_MB}; TORCH_TPU_COMPILE_CACHE=off disables the cache)")
+        raise ConfigError(f"{knobs.COMPILE_CACHE_MAX_MB.name}={raw!r} is not a whole number of megabytes >= 1 "
+                          f"(the default is {DEFAULT_MAX_MB}; {knobs.COMPILE_CACHE.name}=off disables the cache)")
     return mb << 20
 
 

@@ -4,7 +4,7 @@ preprocessing extension, torch_tpu's batched-matmul kernel and host hooks), cach
 :func:`build_library` compiles a source with the system C++ compiler (``$CXX``, default ``g++``)
 into a cache keyed by the source, the flags, the compiler and the file suffix; concurrent builders
 (several ranks) build once: a file lock serialises them and the library is moved into place
-atomically. The cache folder is ``TORCHREC_TPU_NATIVE_CACHE`` (default
+atomically. The cache folder is ``TORCHREC_TPU_NATIVE_CACHE`` (:mod:`tpu_facts.knobs`; default
 ``$XDG_CACHE_HOME/torchrec-tpu/native``, else ``~/.cache/...``). A built library runs as code, so
 the folder is used only when this user owns it and no one else can write to it
 (:mod:`xla_cache.trust`; created ``0700``), else a per-user folder in the temp folder under the
@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from tpu_facts import knobs
 from xla_cache import trust
 
 BUILD_TIMEOUT_S = 600
@@ -59,7 +60,7 @@ def _cache_dir() -> Path:
     """The build cache: the configured (or default) folder, else a per-user one under the temp
     folder, whichever the trust policy admits (:mod:`xla_cache.trust`: the module built there is
     loaded as code)."""
-    configured = os.environ.get("TORCHREC_TPU_NATIVE_CACHE")
+    configured = knobs.NATIVE_CACHE.value()
     if configured:
         base = Path(configured)
     else:

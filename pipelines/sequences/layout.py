@@ -29,6 +29,7 @@ from pipelines.sequences.events import Events
 META_FILE = "meta.json"
 LIST_COLUMNS = ("item", "action", "timestamp", "candidate_item", "candidate_timestamp")
 LABEL_PREFIX = "label_"
+PREDICTION_PREFIX = "prediction_"  # the score per task `torchrec-tpu infer` writes beside label_<task>
 
 
 @dataclass(frozen=True)

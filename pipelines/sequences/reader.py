@@ -92,19 +92,27 @@ class SequenceReader:
 
     def batch(self, rows: np.ndarray) -> SequenceBatch:
         """The batch of file rows ``rows``."""
-        part = self.table.take(pa.array(rows))
-        lengths, values = [], []
-        for key in FEATURE_KEYS:
-            offsets, flat = _lists(part.column(key))
-            if key in _HISTORY:
-                length, flat = _keep_last(offsets, flat, self.max_history)
-            else:
-                length = np.diff(offsets)
-            if key in ("item", "candidate_item") and self.item_rows is not None:
-                flat = flat % self.item_rows
-            lengths.append(length)
-            values.append(flat.astype(np.int64))
-        kjt = KeyedJaggedTensor(keys=list(FEATURE_KEYS), values=torch.from_numpy(np.concatenate(values)),
-                                lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int64)))
-        labels = np.stack([_lists(part.column(LABEL_PREFIX + t))[1] for t in self.tasks], axis=1)
-        return SequenceBatch(kjt, torch.from_numpy(labels.astype(np.float32)))
+        return sequence_batch(self.table.take(pa.array(rows)), self.tasks, self.max_history, self.item_rows)
+
+
+def sequence_batch(part: pa.Table, tasks: Sequence[str], max_history: int, item_rows: int | None = None
+                   ) -> SequenceBatch:
+    """The batch of the rows of ``part`` (a sequence window table), histories cut to their latest
+    ``max_history`` events, items hashed into ``item_rows``; labels of ``tasks`` (none: ``[C, 0]``)."""
+    lengths, values = [], []
+    for key in FEATURE_KEYS:
+        offsets, flat = _lists(part.column(key))
+        if key in _HISTORY:
+            length, flat = _keep_last(offsets, flat, max_history)
+        else:
+            length = np.diff(offsets)
+        if key in ("item", "candidate_item") and item_rows is not None:
+            flat = flat % item_rows
+        lengths.append(length)
+        values.append(flat.astype(np.int64))
+    kjt = KeyedJaggedTensor(keys=list(FEATURE_KEYS), values=torch.from_numpy(np.concatenate(values)),
+                            lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int64)))
+    candidates = int(lengths[FEATURE_KEYS.index("candidate_item")].sum())
+    labels = np.stack([_lists(part.column(LABEL_PREFIX + t))[1] for t in tasks], axis=1) if tasks else \
+        np.zeros((candidates, 0))
+    return SequenceBatch(kjt, torch.from_numpy(labels.astype(np.float32)))

@@ -59,6 +59,18 @@ def test_malformed_train_yaml(capsys, tmp_path):
     assert_clean_error(rc, err, str(config), "malformed YAML", "line 1")
 
 
+def test_yaml_errors_name_the_file_and_line_on_one_line(capsys, tmp_path):
+    """PyYAML's multi-line message, whose marks name "<unicode string>", becomes one line naming
+    the file, the line and column of the problem, and the construct it was in."""
+    config = tmp_path / "train.yaml"
+    config.write_text("batch_size: 64\nlayers: [1, 2\nmodel: dlrm\n")
+    rc, _, err = _run(capsys, "train", "--config", str(config))
+    assert rc == 2 and "<unicode string>" not in err
+    assert err.strip().splitlines() == [
+        f"torchrec-tpu train: error: --config={str(config)!r}: {config}: malformed YAML at line 3, column 6: "
+        "expected ',' or ']', but got ':' (while parsing a flow sequence from line 2)"]
+
+
 def test_log_dir_that_is_a_file(capsys, tiny_dataset, tmp_path):
     log_file = tmp_path / "log"
     log_file.write_text("not a directory")

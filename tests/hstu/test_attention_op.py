@@ -1,10 +1,13 @@
 """The HSTU jagged attention op on the tpu device equals the plain-PyTorch reference written from the
 paper's equations (tests/hstu/reference.py): forward and gradients, fp32 to 1e-5 and bf16 within
 stated tolerances, XLA and Pallas (interpret mode) paths, eager and torch.compile(backend="tpu"),
-over jagged batches with empty and length-1 sequences and with candidates; and the XLA program
-holds no [L, L] tensor at L = 1,024."""
+over jagged batches with empty and length-1 sequences and with candidates; and the op's programs
+(forward and backward, as lowered and as compiled) hold no [L, L] tensor at L = 1,024 and 4,096."""
 
 from __future__ import annotations
+
+import math
+import re
 
 import pytest
 import torch
@@ -122,7 +125,8 @@ def test_bad_kernel_and_shapes_are_refused():
                               b["pos_w"].to("tpu"), b["ts_w"].to("tpu"), max_len=3, max_seq_len=8, alpha=1.0)
 
 
-def _largest_intermediate(kernel: str, seq: int, batch: int = 2) -> tuple[int, str]:
+def _attention_programs(kernel: str, seq: int, batch: int = 2) -> tuple[str, str]:
+    """(StableHLO as lowered, HLO as compiled) of the op's forward and backward at padded length ``seq``."""
     total = batch * seq
     args = (jax.ShapeDtypeStruct((total, HEADS, QK), jnp.float32),) * 2 + (
         jax.ShapeDtypeStruct((total, HEADS, DV), jnp.float32), jax.ShapeDtypeStruct((batch + 1,), jnp.int32),
@@ -133,17 +137,28 @@ def _largest_intermediate(kernel: str, seq: int, batch: int = 2) -> tuple[int, s
         out = _attention(q, k, v, offsets, ts, targets, pos_w, ts_w, seq, seq, 0.3, kernel)
         return out.sum()
 
-    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 6, 7))).lower(*args).as_text()
-    return text
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 6, 7))).lower(*args)
+    return lowered.as_text(), lowered.compile().as_text()
 
 
-@pytest.mark.parametrize("kernel", ["xla", "pallas"])
-def test_no_length_squared_tensor_at_1024(kernel):
-    seq = 1024
-    text = _largest_intermediate(kernel, seq)
-    assert f"{seq}x{seq}" not in text and f"{seq},{seq}" not in text
+def _shapes(stablehlo: str, hlo: str) -> set[tuple[int, ...]]:
+    """Every array shape either program text names (``tensor<2x128x8xf32>``, ``f32[2,128,8]``)."""
+    found = re.findall(r"tensor<((?:\d+x)+)[a-z]", stablehlo)
+    shapes = {tuple(int(d) for d in s.rstrip("x").split("x")) for s in found}
+    shapes |= {tuple(int(d) for d in s.split(",")) for s in re.findall(r"\b(?:f|s|u|bf|pred)\d*\[([\d,]+)\]", hlo)}
+    return shapes
+
+
+@pytest.mark.parametrize(("kernel", "seq"), [("xla", 1024), ("xla", 4096), ("pallas", 1024)])
+def test_no_length_squared_tensor_in_forward_or_backward(kernel, seq):
+    batch = 2
+    shapes = _shapes(*_attention_programs(kernel, seq, batch))
     block = tile_size(seq)
-    assert f"{block}x{block}" in text  # the tiles are there instead
+    assert (batch, HEADS, block, block) in shapes or (block, block) in shapes  # the tiles are there instead
+    squared = [s for s in shapes if sum(d >= seq for d in s) >= 2]
+    assert not squared, f"[L, L]-sized buffers at L={seq}: {squared}"
+    largest = max(math.prod(s) for s in shapes)
+    assert largest * 8 <= batch * seq * seq, f"largest buffer {largest} elements at L={seq}"
 
 
 def test_rows_past_the_last_offset_are_padding_and_come_out_zero():

@@ -21,11 +21,18 @@ INFER_DATA = SyntheticConfig(num_rows=24_000, seed=4, max_cardinality=400, rows_
 
 
 @pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from torchrec_tpu.train.job import run_job
-
+def train_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoint's data: 3 files of 2048 rows, the first 2 trained on, the last held out."""
     data = tmp_path_factory.mktemp("infer_train_data")
     generate(TRAIN_DATA, data, progress=False)
+    return data
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, train_data: Path) -> Path:
+    from torchrec_tpu.train.job import run_job
+
+    data = train_data
     logs = tmp_path_factory.mktemp("infer_train") / "logs"
     config = TrainConfig.from_options(
         engine="torchrec", data=str(data), num_embeddings=200, embedding_dim=8, dense_arch="16,8",

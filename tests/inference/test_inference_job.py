@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -158,22 +159,33 @@ def test_missing_key_column_is_named(checkpoint, infer_data, tmp_path: Path) -> 
 
 
 def test_labels_travel_and_score_the_output_and_a_rerun_stays_light(
-    ray_session, checkpoint, infer_data, reference_predictions, tmp_path: Path, capsys
+    ray_session, checkpoint, infer_data, reference_predictions, tmp_path: Path, capsys, monkeypatch
 ) -> None:
     """By default the input's label column is written next to each prediction and the summary
     holds the output's offline AUC (checked against torchmetrics on the reference predictions);
-    not on a terminal, a line per part; a rerun with nothing to do imports neither Ray nor torch."""
+    not on a terminal, a line when Ray starts and when the model is loaded, then progress lines
+    (every $TORCHREC_TPU_PROGRESS_SECONDS, here 0: as often as the driver looks); a rerun with
+    nothing to do imports neither Ray nor torch and says there was nothing to score."""
     from torchmetrics.functional.classification import binary_auroc
 
     from torchrec_tpu.cli import main
 
+    monkeypatch.setenv("TORCHREC_TPU_PROGRESS_SECONDS", "0")
     output = tmp_path / "out"
     argv = ["infer", "--data", str(infer_data), "--checkpoint", str(checkpoint), "--output", str(output),
             "--batch-size", "1000"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    parts = [line for line in out.splitlines() if line.startswith("part ")]
-    assert len(parts) == NUM_UNITS and parts[-1].startswith(f"part {NUM_UNITS}/{NUM_UNITS}  {INFER_DATA.num_rows:,}/")
+    lines = out.splitlines()
+    assert lines[0] == "infer: starting Ray (2 CPUs) for 1 predictor(s)"
+    assert lines[1].startswith("infer: Ray started; loading the model from ")
+    assert re.fullmatch(rf"infer: model loaded in [0-9.]+ s; predicting {INFER_DATA.num_rows:,} rows in "
+                        rf"{NUM_UNITS} part\(s\)", lines[2])
+    progress = [line for line in lines if re.fullmatch(r"infer: [0-9,]+/[0-9,]+ rows \(\d+%\)  [0-9,]+ rows/s  "
+                                                       r"ETA (\?|\d+s|\d+m\d\ds)", line)]
+    done = [int(line.split()[1].split("/")[0].replace(",", "")) for line in progress]
+    assert len(progress) >= NUM_UNITS and done == sorted(done)  # at least one per part, never backwards
+    assert progress[-1].startswith(f"infer: {INFER_DATA.num_rows:,}/{INFER_DATA.num_rows:,} rows (100%)")
     table = _predictions_by_row(output)
     assert table.column_names == ["row_id", "label", "prediction"]
     labels = pq.read_table(infer_data, columns=["label"]).column("label").to_numpy()
@@ -189,6 +201,8 @@ def test_labels_travel_and_score_the_output_and_a_rerun_stays_light(
                            timeout=300)
     assert rerun.stdout.splitlines()[-1] == "0 []", rerun.stdout + rerun.stderr
     assert f"0 written, {NUM_UNITS} already done" in rerun.stdout and auc_line in rerun.stdout
+    assert f"  throughput      nothing to score: all {NUM_UNITS} part(s) were already in the output" in rerun.stdout
+    assert "rows/s" not in rerun.stdout
 
 
 def test_no_label_leaves_it_out(ray_session, checkpoint, infer_data, tmp_path: Path) -> None:
@@ -259,3 +273,39 @@ def test_rank_auc_matches_torchmetrics_with_ties() -> None:
     labels = rng.random(500) < scores
     assert rank_auc(labels, scores) == pytest.approx(
         float(binary_auroc(torch.from_numpy(scores), torch.from_numpy(labels).int())), abs=1e-6)
+
+
+def test_infer_says_which_rows_it_scores_and_warns_on_training_rows(
+    ray_session, checkpoint, train_data, tmp_path: Path, capsys
+) -> None:
+    """The checkpoint records its split (files by footer hash, rows of each); infer over the training
+    directory warns once that 4,096 of its 6,144 rows were trained on; over a renamed copy of the
+    held-out file it does not; a checkpoint without the record says it could not check."""
+    files = sorted(train_data.glob("*.parquet"))
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    assert [(e["name"], e["rows"]) for e in meta["data_split"]["train"]] == [(f.name, [0, 2048]) for f in files[:2]]
+    assert [(e["name"], e["rows"]) for e in meta["data_split"]["held_out"]] == [(files[2].name, [0, 2048])]
+
+    summary = run_inference(_config(train_data, checkpoint, tmp_path / "all"))
+    err = capsys.readouterr().err
+    # (the prefix names the first job this test session configured logging for)
+    warnings = [line.partition(": warning: ")[2] for line in err.splitlines() if "checkpoint trained on" in line]
+    assert warnings == [f"4,096 of the 6,144 input rows are rows the checkpoint "
+                        f"trained on ({files[0].name} rows 0-2,047, {files[1].name} rows 0-2,047): an AUC over "
+                        "them is not a held-out score; point --data at the run's held-out files for one"]
+    scored = next(line for line in summary.format().splitlines() if line.startswith("  scored rows"))
+    assert scored == (f"  scored rows     6,144 rows (row_id 0-6,143) of 3 files ({files[0].name}, {files[1].name}, "
+                      f"{files[2].name}); 4,096 of them in the checkpoint's training split")
+
+    held_out = tmp_path / "held_out"
+    held_out.mkdir()
+    shutil.copy(files[2], held_out / "renamed.parquet")
+    summary = run_inference(_config(held_out, checkpoint, tmp_path / "held"))
+    assert "trained on" not in capsys.readouterr().err
+    assert "2,048 rows (row_id 0-2,047) of 1 file (renamed.parquet); none in the checkpoint's training split" \
+        in summary.format()
+
+    old = _rewritten(checkpoint, tmp_path / "old", {k: v for k, v in meta.items() if k != "data_split"})
+    summary = run_inference(_config(train_data, old, tmp_path / "old_out"))
+    assert "trained on" not in capsys.readouterr().err
+    assert "the checkpoint does not record its training split (not checked)" in summary.format()

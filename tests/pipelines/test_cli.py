@@ -57,3 +57,21 @@ def test_generate_multi_hot_sizes_writes_exactly_k_ids_per_row(tmp_path, capsys)
             assert k in lengths and lengths <= {0, k}  # exactly k ids, or missing (empty)
     assert cli_main(["data", "generate", "-o", str(tmp_path / "bad"), "--multi-hot-sizes", "2,3"]) == 2
     assert "needs one size >= 1 per categorical column (26)" in capsys.readouterr().err
+
+
+def test_convert_off_a_terminal_says_what_it_reads_and_how_far_it_is(sample_csv, tmp_path, capsys, monkeypatch):
+    """Not on a terminal (no bar): a start line, then progress lines with rows, rows/s and ETA
+    (every $TORCHREC_TPU_PROGRESS_SECONDS; 0 here: after every block read), the last at 100%."""
+    import re
+
+    monkeypatch.setenv("TORCHREC_TPU_PROGRESS_SECONDS", "0")
+    tsv = write_tsv(sample_fields(sample_csv) * 6, tmp_path / "day_0.txt")
+    output = tmp_path / "out"
+    assert _run("convert", str(tsv), "-o", str(output)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"convert: reading 1 file(s), {tsv.stat().st_size:,} bytes, into {output}"
+    progress = [line for line in lines[1:] if line.startswith("convert: ")]
+    assert progress and all(re.fullmatch(r"convert: [0-9,]+ rows \(\d+%\)  [0-9,]+ rows/s  ETA (\?|\d+s)", line)
+                            for line in progress), progress
+    assert progress[-1].startswith("convert: 1,200 rows (100%)")
+    assert lines[-1] == "read 1200 rows, wrote 1200 to 1 Parquet files, skipped 0 malformed rows"

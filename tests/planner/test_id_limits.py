@@ -30,14 +30,18 @@ def test_auto_limits_follow_pooling_and_batch_rounded_and_capped():
     assert auto_id_limits(list(tables.values()), topology, 32768)["C1"] < limits["C1"]
     own = replace(tables["C1"], max_ids_per_partition=100)
     assert "C1" not in auto_id_limits([own], topology, 65536)
-    assert describe_id_limits({"a": 8, "b": 16, "c": 8}) == "16: b; 8: a, c"
+    assert describe_id_limits({"a": 8, "b": 16, "c": 8}) == "b 16, a 8, c 8"
+    assert describe_id_limits({"a": 8, "b": 8}) == "8 for all 2 tables"
+    many = {f"t{i}": 8 * i for i in range(1, 8)}
+    assert describe_id_limits(many) == "8 to 56: t7 56, t6 48, t5 40, t4 32, 3 more from 8 to 24"
 
 
 def test_default_plans_the_mlperf_tables_and_prints_the_limits(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "v5p-64: max_ids_per_partition per table (auto" in text and f"{MAX_IDS_PER_PARTITION_CEILING}: C21" in text
+    assert "max_ids_per_partition per table, from pooling factor and batch" in text
+    assert f"  v5p-64: 128 to {MAX_IDS_PER_PARTITION_CEILING}: C21 {MAX_IDS_PER_PARTITION_CEILING}," in text
     plan = load_plan(out)
     assert plan.table("C21").max_ids_per_partition == MAX_IDS_PER_PARTITION_CEILING
     assert plan.table("C21").ids_per_partition <= MAX_IDS_PER_PARTITION_CEILING

@@ -126,6 +126,22 @@ def test_reports_are_xhtml_with_three_charts_and_the_compare_page(compared):
     assert "v6e-16: table &#x27;C10&#x27;" in text and "tpu7x-64" in text
 
 
+def test_charts_are_sized_to_the_page(compared):
+    """Every chart is as wide as the page (no fixed size in points, no narrow body), its height from
+    its viewBox; the comparison chart is about a landscape page's shape (2 x 2 panels), not a
+    strip 3.4 times as wide as high that leaves most of the page blank."""
+    for page in (compared / "plan.html", compared / "plan.v5p-64.html"):
+        root = ET.parse(page).getroot()
+        svgs = root.findall(f".//{SVG}svg")
+        assert svgs and all(s.get("width") == "100%" and s.get("height") is None for s in svgs)
+        css = page.read_text().split("<style>")[1].split("</style>")[0]
+        assert "max-width" not in css.split("body {")[1].split("}")[0]
+        assert "svg { width: 100%; height: auto;" in css
+    comparison = ET.parse(compared / "plan.html").getroot().find(f".//{SVG}svg")
+    _, _, width, height = (float(v) for v in comparison.get("viewBox").split())
+    assert 1.4 < width / height < 2.2
+
+
 def test_plan_json_matches_the_schema(compared, tmp_path):
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
     for name in ("v5p-64", "tpu7x-64", "v6e-256"):
@@ -225,14 +241,20 @@ def test_single_report_lists_the_fullest_device(tmp_path):
     assert f"the 8 slowest and the fullest (device {fullest.device})" in (tmp_path / "p.html").read_text()
 
 
-def test_id_limit_lines_come_below_the_tables(capsys):
+def test_id_limit_lines_come_below_the_tables_short(capsys):
+    """Below the tables: one header, then a short summary line per topology (not 380 characters
+    listing every table)."""
     assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--batch-size", "65536"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    limits = [i for i, line in enumerate(lines) if "max_ids_per_partition per table (auto" in line]
+    limits = [i for i, line in enumerate(lines) if line.startswith("max_ids_per_partition per table")]
     devices = [i for i, line in enumerate(lines) if line.strip().endswith(" us")]
-    assert limits and devices and min(limits) > max(devices)
+    assert len(limits) == 1 and devices and min(limits) > max(devices)
+    assert lines[limits[0] + 1] == ("  v5p-64: 128 to 4096: C21 4096, C22 3456, C20 1536, C23 1280, "
+                                    "22 more from 128 to 1152")
     main(["--tables", str(DLRM_TABLES), "--compare", "v5p-64,tpu7x-64", "--batch-size", "65536"])
     lines = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("topology "))
-    limits = [i for i, line in enumerate(lines) if "max_ids_per_partition per table (auto" in line]
-    assert len(limits) == 2 and min(limits) > header + 2
+    limits = next(i for i, line in enumerate(lines) if line.startswith("max_ids_per_partition per table"))
+    assert limits > header + 2 and [line.split(":")[0] for line in lines[limits + 1:limits + 3]] == \
+        ["  v5p-64", "  tpu7x-64"]
+    assert max(len(line) for line in lines[limits:]) <= 110

@@ -63,9 +63,10 @@ def _start_ray_cli(data: Path, run: Path) -> tuple[subprocess.Popen, Path]:
     # Ray Train's controller takes in reported checkpoints when it polls the workers (every 2 s
     # by default); polled often, a kill soon after a report still finds the checkpoint registered
     env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(POLL_S)
+    env["TORCHREC_TPU_PROGRESS_SECONDS"] = "0"  # a progress line at every step between --log-every lines
     with open(out, "w") as stream:
-        proc = subprocess.Popen([sys.executable, "-c", CLI, *_argv(Path("data"), Path(".")), *RAY_FLAGS], env=env,
-                                stdout=stream, stderr=subprocess.STDOUT, cwd=run)
+        proc = subprocess.Popen([sys.executable, "-c", CLI, *_argv(Path("data"), Path(".")), *RAY_FLAGS,
+                                 "--progress"], env=env, stdout=stream, stderr=subprocess.STDOUT, cwd=run)
     return proc, out
 
 
@@ -128,7 +129,8 @@ def test_ray_train_equals_torchrun(ray_run, torchrun_run, tmp_path: Path) -> Non
 def test_ray_driver_output_is_quiet_with_paths_as_given(ray_run, torchrun_run, dataset: Path) -> None:
     """As quiet as the local (torchrun) run of the same options: every kind of line the Ray driver
     prints is one the local run prints too (no Ray traceback, C++ error line, note or
-    TrainingReport repr), but its ``ray checkpoint`` line; the paths in the lines, the summary and
+    TrainingReport repr), but its ``ray checkpoint`` line and its lines as Ray and the workers
+    start; the paths in the lines, the summary and
     TensorBoard's HParams as the user gave them (relative to the driver's directory)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import metadata
@@ -136,7 +138,18 @@ def test_ray_driver_output_is_quiet_with_paths_as_given(ray_run, torchrun_run, d
     (text, final), (local, local_final) = ray_run, torchrun_run
     # the local run was given absolute paths: as relative ones, they read as the Ray run's
     local = local.replace(f"{local_final.parent.parent}/", "").replace(str(dataset), "data")
-    assert _line_kinds(text) - _line_kinds(local) == {"  ray checkpoint  #"}, (text, local)
+    # the progress lines (--progress here only): every step, the --log-every ones with the loss
+    progress = re.findall(r"^step (\d+)/\d+  epoch \d  ([\d,]+ samples/s  ETA \S+|compiling)$", text, re.MULTILINE)
+    assert len(progress) >= STEPS * 7 // 8 - 1 and all(int(step) % 8 for step, _ in progress), text
+    assert re.search(r"^step 16/\d+  epoch 0  loss [\d.]+  [\d,]+ samples/s  ETA \S+$", text, re.MULTILINE), text
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("step "))
+    assert _line_kinds(text) - _line_kinds(local) == {
+        "  ray checkpoint  #", "train: starting Ray (# CPUs) for # Ray Train worker(s)",
+        "train: Ray started; starting # Ray Train worker(s) (each builds the model, then the first step compiles)",
+    }, (text, local)
+    # no silent minutes: Ray's start, the workers' start and the model built are each said
+    starting = text.index("train: starting Ray (3 CPUs) for 2 Ray Train worker(s)")
+    assert starting < text.index("train: Ray started; starting 2 Ray Train worker(s)") < text.index("model built in ")
     saves = re.findall(r"^checkpoint step (\d+): (\S+)$", text, re.MULTILINE)
     assert [int(step) for step, _ in saves] == list(range(16, STEPS + 1, 16)), text
     assert all(path.startswith("checkpoints/checkpoint.step-") for _, path in saves), text

@@ -9,18 +9,27 @@ failure shows each rank's output with them.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 import torch.distributed as dist
 
-from tests.train.conftest import REPO_ROOT
+from tests.train.conftest import REPO_ROOT, TINY_OPTIONS, as_flags
+
+if TYPE_CHECKING:
+    from torchrec_tpu.train.config import TrainConfig
+    from torchrec_tpu.train.data import TrainData
+    from torchrec_tpu.train.distributed import DistEnv
+    from torchrec_tpu.train.model import ModelSpec
 
 WORLD = 2
 STACKS_WAIT_S = 3.0  # for a rank to write its stacks after SIGUSR1
@@ -114,3 +123,31 @@ def wait_cli_ranks(ranks: list[tuple[subprocess.Popen, Path]], timeout: float = 
 def launch_cli_ranks(argv: list[str], run_dir: Path) -> list[str]:
     """Run ``torchrec-tpu <argv>`` on WORLD ranks to completion; returns each rank's output."""
     return wait_cli_ranks(start_cli_ranks(argv, run_dir))
+
+
+def train_on_ranks(data: Path, run_dir: Path, **options: object) -> tuple[Path, list[str]]:
+    """``torchrec-tpu train`` of the tiny options updated by ``options`` over ``data`` on WORLD
+    ranks, logging to ``run_dir/logs``: (that log dir, each rank's output)."""
+    log_dir = run_dir / "logs"
+    argv = ["train", "--data", str(data), "--log-dir", str(log_dir), *as_flags({**TINY_OPTIONS, **options})]
+    return log_dir, launch_cli_ranks(argv, run_dir)
+
+
+def latest_meta(log_dir: Path) -> dict[str, Any]:
+    """The meta.json of the latest checkpoint a run logging to ``log_dir`` saved."""
+    return json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
+
+
+@contextlib.contextmanager
+def on_one_rank(log_dir: Path) -> Iterator[tuple[TrainConfig, DistEnv, TrainData, ModelSpec]]:
+    """The config of the run logging to ``log_dir``, a process group of this one rank, the run's
+    data and model spec: what reloading its checkpoint on one rank builds the model from."""
+    from torchrec_tpu.train.config import TrainConfig
+    from torchrec_tpu.train.data import open_data
+    from torchrec_tpu.train.distributed import process_group
+    from torchrec_tpu.train.job import model_spec
+
+    config = TrainConfig.from_options(**latest_meta(log_dir)["config"])
+    with process_group() as env, open_data(config, env) as data:
+        assert env.world_size == 1
+        yield config, env, data, model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))

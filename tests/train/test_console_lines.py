@@ -4,6 +4,7 @@ checkpoint, no samples/s point for the compiling first step, a missed --target-a
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,9 @@ def test_first_step_has_no_samples_per_sec_point(tmp_path: Path, caplog) -> None
     _, result, lines, _ = _run(tmp_path, caplog, log_every=1, max_steps=4)
     steps = [line for line in lines if line.startswith("step ")]
     assert steps[0].endswith("compiling") and "samples/s" not in steps[0], steps
-    assert all(line.endswith("samples/s") for line in steps[1:]), steps
+    # the ETA at the pace of the steps after the first: 2 steps of 4 done when step 3 is logged
+    assert all(re.fullmatch(rf"step {s}/4  epoch 0  loss 0\.\d{{4}}  [\d,]+ samples/s  ETA \d+s", line)
+               for s, line in zip((2, 3, 4), steps[1:])), steps
     events = EventAccumulator(str(tmp_path / "tb")).Reload()
     assert [e.step for e in events.Scalars("train/samples_per_sec")] == [2, 3, 4]
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
@@ -92,3 +95,30 @@ def test_summary_says_whether_the_target_was_reached(tmp_path: Path, caplog) -> 
     assert "target AUC      0.1 reached at step 2" in JobSummary(reached, "data", tmp_path, tmp_path, 1, True,
                                                                  target_auc=0.1).format()
     assert "target AUC" not in JobSummary(reached, "data", tmp_path, tmp_path, 1, True).format()
+
+
+def test_a_progress_line_between_log_lines_at_least_every_interval(tmp_path: Path, caplog, monkeypatch) -> None:
+    """--log-every longer than the run: the time-based progress lines (every
+    $TORCHREC_TPU_PROGRESS_SECONDS, 0 here: every step) say step, samples/s and ETA, read no loss."""
+    monkeypatch.setenv("TORCHREC_TPU_PROGRESS_SECONDS", "0")
+    _, _, lines, _ = _run(tmp_path, caplog, log_every=100, max_steps=4)
+    steps = [line for line in lines if line.startswith("step ")]
+    assert steps[0] == "step 1/4  epoch 0  compiling", steps
+    assert all(re.fullmatch(rf"step {s}/4  epoch 0  [\d,]+ samples/s  ETA \d+s", line)
+               for s, line in zip((2, 3, 4), steps[1:])) and len(steps) == 4, steps
+
+
+def test_summary_throughput_is_steady_and_whole_run(tmp_path: Path, caplog) -> None:
+    """A short run's whole-run figure is mostly its compiling first step: the summary gives the
+    steady rate (after the first step) too, and says when there is none."""
+    import dataclasses
+
+    _, result, _, _ = _run(tmp_path, caplog, max_steps=4)
+    assert result.first_step_samples == 4 and result.samples == 16  # 4 rows per scripted batch
+    timed = dataclasses.replace(result, samples=100, first_step_samples=10, train_seconds=11.0, first_step_seconds=10.0)
+    text = JobSummary(timed, "data", tmp_path, tmp_path, 1, True).format()
+    assert ("  throughput      90 samples/s steady (after the first step), 9 samples/s whole run (input + train "
+            "steps, eval excluded)") in text
+    single = dataclasses.replace(timed, samples=10)
+    assert "  throughput      1 samples/s whole run (input + train steps, eval excluded); one step, no steady figure" \
+        in JobSummary(single, "data", tmp_path, tmp_path, 1, True).format()

@@ -84,6 +84,17 @@ def test_two_held_out_files_are_a_validation_and_a_test_split(
     assert 0.0 <= metrics["test_auc"] <= 1.0 and metrics["test_loss"] > 0
 
 
+def test_data_lines_name_the_data_as_typed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--data sample`` runs on a temporary Parquet copy; the lines name 'sample', not that copy."""
+    argv = ["train", "--data", "sample", "--eval-files", "1", "--num-embeddings", "64", "--embedding-dim", "8",
+            "--dense-arch", "16,8", "--over-arch", "16,1", "--batch-size", "16", "--max-steps", "2",
+            "--log-dir", str(tmp_path / "logs"), "--no-progress"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "\n  data            sample: 160 train rows in 4 files, 40 held-out rows in 1 file\n" in out, out
+    assert "criteo-sample-" not in out
+
+
 def test_held_out_files_halve_into_validation_and_test() -> None:
     from torchrec_tpu.train.data import validation_and_test
 

@@ -14,14 +14,11 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.train.cli_ranks import WORLD, launch_cli_ranks
-from tests.train.conftest import TINY_OPTIONS, as_flags, whole_tensor
+from tests.train.cli_ranks import WORLD, latest_meta, on_one_rank, train_on_ranks
+from tests.train.conftest import whole_tensor
 from torchrec_tpu.train.checkpoint.store import STATE_DIR, load_checkpoint
-from torchrec_tpu.train.config import TrainConfig
-from torchrec_tpu.train.data import TrainData, open_data
-from torchrec_tpu.train.distributed import process_group
+from torchrec_tpu.train.data import TrainData
 from torchrec_tpu.train.engines.torchrec_engine import build_optimizer, shard_model
-from torchrec_tpu.train.job import model_spec
 from torchrec_tpu.train.metrics import evaluate
 from torchrec_tpu.train.model import build_dlrm
 
@@ -46,10 +43,9 @@ def odd_held_out_dataset(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFa
 @pytest.fixture(scope="module")
 def two_rank_run(odd_held_out_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
     run_dir = tmp_path_factory.mktemp("two_ranks")
-    log_dir = run_dir / "logs"
-    argv = ["train", "--data", str(odd_held_out_dataset), "--log-dir", str(log_dir),
-            *as_flags({**TINY_OPTIONS, "max_steps": STEPS, "eval_batch_size": 1000})]
-    return log_dir, launch_cli_ranks(argv, run_dir)
+    # DLRM_DCN with MLPerf's log: both ranks are given the same --mllog path, rank 0 alone writes it
+    return train_on_ranks(odd_held_out_dataset, run_dir, max_steps=STEPS, eval_batch_size=1000, model="dlrm_dcn",
+                          dcn_low_rank_dim=4, mllog=str(run_dir / "logs" / "result_0.txt"))
 
 
 @pytest.mark.multiprocess
@@ -62,20 +58,21 @@ def test_two_ranks_train_in_lock_step(two_rank_run) -> None:
     assert f"steps           {STEPS} ({STEPS * 256:,} samples this run, 2 rank(s))" in out0
     assert f"{HELD_OUT_ROWS} held-out rows" in out0  # the shards together cover the held-out file
     assert "left out" not in out0  # 8192 train rows per rank, batches of 128: none left
-    meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
+    meta = latest_meta(log_dir)
     assert meta["world_size"] == WORLD and meta["step"] == STEPS
     assert meta["metrics"]["eval_auc"] > 0.55
     assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # rank 0 only
+    mllog = [json.loads(line.split(" ", 1)[1]) for line in (log_dir / "result_0.txt").read_text().splitlines()]
+    assert [line["key"] for line in mllog].count("run_start") == 1  # rank 0 only
+    values = {line["key"]: line["value"] for line in mllog}
+    assert values["train_samples"] == 2 * 8192 and values["eval_samples"] == HELD_OUT_ROWS  # every rank's rows
+    assert values["eval_accuracy"] == pytest.approx(meta["metrics"]["eval_auc"])
 
 
 @contextlib.contextmanager
 def one_rank_copy(log_dir: Path) -> Iterator[tuple[nn.Module, TrainData]]:
     """The torchrec-engine model of ``log_dir``'s latest checkpoint loaded on one rank, and its run's data."""
-    meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
-    config = TrainConfig.from_options(**meta["config"])
-    with process_group() as env, open_data(config, env) as data:
-        assert env.world_size == 1
-        spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
+    with on_one_rank(log_dir) as (config, env, data, spec):
         model = shard_model(build_dlrm(spec, torch.device("cpu")), env, torch.device("cpu"), config.optim,
                             config.data.batch_size)
         load_checkpoint(log_dir / "checkpoint", model,
@@ -99,7 +96,7 @@ def test_two_ranks_score_every_held_out_row(two_rank_run) -> None:
     log_dir, (out0, _) = two_rank_run
     assert f"{HELD_OUT_ROWS:,} samples)" in out0
     assert "Warning" not in out0  # torchmetrics' gather of the ranks' unequal prediction counts is quiet
-    metrics = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())["metrics"]
+    metrics = latest_meta(log_dir)["metrics"]
     with one_rank_copy(log_dir) as (model, data):
         reference = evaluate(model, data.held_out, torch.device("cpu"))  # one rank, no padding
     assert reference.samples == HELD_OUT_ROWS

@@ -118,7 +118,7 @@ def train_stock_torchrec(config: TrainConfig, batches: Iterator[Batch], initial:
     sparse = STOCK_SPARSE_OPTIMIZERS[config.optim.sparse_optimizer](list(ebc.parameters()), config.optim.sparse_lr)
     assert config.optim.dense_optimizer == "adagrad"
     dense = torch.optim.Adagrad([p for n, p in model.named_parameters() if not n.startswith(EBC_PATH)],
-                                lr=config.optim.dense_lr)
+                                lr=config.optim.dense_lr, eps=1e-8)  # the job's dense Adagrad's eps
     for batch in batches:
         sparse.zero_grad()
         dense.zero_grad()

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from torch_tpu.distributed.process_group import BACKEND_NAME, ProcessGroupTPU
 from torch_tpu.distributed.transport import GlooTransport, Transport
-from torch_tpu.runtime import knobs
+from tpu_facts import knobs
 
 TRANSPORT_ENV = knobs.DIST_TRANSPORT.name
 TRANSPORTS = ("auto", "xla", "gloo")

@@ -20,8 +20,8 @@ import socket
 import torch.distributed as dist
 from jax._src import xla_bridge
 
-from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import jax
+from tpu_facts import knobs
 
 COORDINATOR_KEY = "tpu_dist_xla_coordinator"
 MIN_JOIN_TIMEOUT = datetime.timedelta(seconds=60)

@@ -76,10 +76,7 @@ _TORCH_PRECISION = precision.torch_matmul_precision
 _SEEN_PRECISION = precision.seen_torch_setting
 _SYNC_PRECISION = precision.sync
 _TORCH_DTYPES = dtypes.JAX_TO_TORCH
-_make_wrapper = torch.Tensor._make_wrapper_subclass
-_DEVICE = tpu_tensor.DEVICE
-_TpuTensor = tpu_tensor.TpuTensor
-_StorageBox = tpu_tensor.StorageBox
+_WRAP_OWNED = tpu_tensor.wrap_owned
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -101,15 +98,12 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                         target = args[0]
                         target.storage_box.array = _LAST_OUTPUT[0] = out
                         return target
-                    if type(out) is _ARRAY:  # from_jax, inlined
+                    if type(out) is _ARRAY:  # from_jax, its dtype conversion inlined
                         aval = out.aval
                         dtype = _TORCH_DTYPES.get(aval.dtype)
                         if dtype is not None:
                             _LAST_OUTPUT[0] = out
-                            t = _make_wrapper(_TpuTensor, aval.shape, dtype=dtype, device=_DEVICE)
-                            t.storage_box = _StorageBox(out)
-                            t._full = True
-                            return t
+                            return _WRAP_OWNED(out, aval.shape, dtype)
                     return wrap_outputs(out)
     handler = _HANDLERS.get(func)
     if handler is None:

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.tensor import DEVICE, TpuTensor, array_to_cpu, cpu_to_jax, from_cpu, resize, to_jax, write
+from tpu_facts import knobs
 
 _fallback_counts: Counter[str] = Counter()
 LOWERED_COUNTS: Counter[str] = Counter()

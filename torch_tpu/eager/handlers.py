@@ -63,7 +63,7 @@ def fast_signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list] |
         kind = type(a)
         if kind is TpuTensor:
             array = a.storage_box.array
-            if type(array) is not _ARRAY or not a._full:
+            if type(array) is not _ARRAY or not a.whole_storage:
                 return None
             aval = array.aval  # shape, dtype, weak type; interned, hashed and compared in C++
             if aval.shape != a.shape:

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from torch_tpu.ops.registry import Lowering
-from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import jax
+from tpu_facts import knobs
 
 _MAX_OPS = knobs.DEFER_MAX_OPS.integer()
 

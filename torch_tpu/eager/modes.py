@@ -26,8 +26,8 @@ from typing import Any
 
 from torch_tpu.eager import op_jit
 from torch_tpu.ops.registry import Lowering
-from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import jax, jnp
+from tpu_facts import knobs
 
 
 class EagerMode(enum.Enum):

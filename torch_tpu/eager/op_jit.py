@@ -37,8 +37,8 @@ from typing import Any
 import torch
 
 from torch_tpu.ops.registry import Lowering
-from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import ARRAY_TYPE, jax
+from tpu_facts import knobs
 
 PROMOTE_AFTER = 3
 _FLOAT_SITES_MAX = 8192

@@ -43,7 +43,7 @@ def fast_view(layout: Callable[..., tuple | None]) -> Handler:
 
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0]
-        if type(t) is TpuTensor and not kwargs and t._math_bits is None:
+        if type(t) is TpuTensor and not kwargs and t.math_bits is None:
             meta = layout(tuple(t.shape), t.stride(), t.storage_offset(), *args[1:])
             if meta is not None:
                 return make_alias(t.storage_box, meta[0], meta[1], meta[2], t.dtype)
@@ -168,7 +168,7 @@ def layout_expand(size, stride, offset, shape, implicit=False):
 def same_view_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     """detach / alias: same metadata over the same box."""
     t = args[0]
-    if t._math_bits is not None:
+    if t.math_bits is not None:
         return view_handler(func, args, kwargs)
     return make_alias(t.storage_box, t.shape, t.stride(), t.storage_offset(), t.dtype)
 

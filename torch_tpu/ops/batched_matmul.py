@@ -21,8 +21,8 @@ import hashlib
 import warnings
 from pathlib import Path
 
-from torch_tpu.runtime import knobs
 from torch_tpu.runtime._jax import jax, jnp
+from tpu_facts import knobs
 
 SOURCE = Path(__file__).with_name("csrc") / "batched_matmul.cc"
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fvisibility=hidden", "-w")

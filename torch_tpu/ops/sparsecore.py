@@ -47,7 +47,6 @@ The public schemas stay TorchTPU's.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 from typing import Any
 
@@ -57,6 +56,7 @@ import torch
 from torch_tpu.ops import sparsecore_checks as checks
 from torch_tpu.ops.registry import register_lowering
 from torch_tpu.runtime._jax import jax
+from tpu_facts.switches import Switch
 
 NAMESPACE = "tpu"
 _CSR = "Tensor row_pointers, Tensor embedding_ids, Tensor sample_ids, Tensor gains, Tensor embedding_table"
@@ -120,7 +120,7 @@ def fused_arguments(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _on_tpu_platform() -> bool:
-    return not _ON_HOST.get() and jax.default_backend() == "tpu"
+    return not _ON_HOST.is_on() and jax.default_backend() == "tpu"
 
 
 def _lookup(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size,
@@ -228,7 +228,7 @@ def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, 
 
 # --- the CPU kernels: the same XLA formulation, run by JAX on the host ---------------------------------
 
-_ON_HOST = contextvars.ContextVar("sparsecore_ops_on_host", default=False)
+_ON_HOST = Switch("sparsecore_ops_on_host")
 
 
 def _on_host(name: str, lowering):
@@ -242,12 +242,8 @@ def _on_host(name: str, lowering):
         def to_jax(x):
             return jax.device_put(x.detach().numpy(), cpu) if isinstance(x, torch.Tensor) else x
 
-        token = _ON_HOST.set(True)
-        try:
-            with jax.default_device(cpu):
-                out = lowering(*map(to_jax, args), **{k: to_jax(v) for k, v in kwargs.items()})
-        finally:
-            _ON_HOST.reset(token)
+        with _ON_HOST.on(), jax.default_device(cpu):
+            out = lowering(*map(to_jax, args), **{k: to_jax(v) for k, v in kwargs.items()})
         return jax.tree.map(lambda y: torch.from_numpy(np.array(y)), out)
 
     return kernel

@@ -28,9 +28,8 @@ current thread and context.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -38,27 +37,23 @@ import torch
 
 from torch_tpu.runtime._jax import jnp
 from tpu_facts import ALIGNMENT
+from tpu_facts.switches import Switch
 
 _CSR_INTS = ("row_pointers", "embedding_ids", "sample_ids")
 # optimizer slots that may be row-wise ([rows]) instead of the table's [rows, dim]
 _ROW_WISE = {("rowwise_adagrad", "accumulator"): "row", ("adam", "velocity"): "either"}
-_PREPROCESSED = contextvars.ContextVar("sparsecore_csr_preprocessed", default=False)
+_PREPROCESSED = Switch("sparsecore_csr_preprocessed")
 
 
-@contextlib.contextmanager
-def preprocessed() -> Iterator[None]:
+def preprocessed() -> AbstractContextManager[None]:
     """The ops called inside take CSR buffers built by ``sparsecore``'s host preprocessing (valid by
     construction): their value checks are skipped. Internal: for the engine's own calls."""
-    token = _PREPROCESSED.set(True)
-    try:
-        yield
-    finally:
-        _PREPROCESSED.reset(token)
+    return _PREPROCESSED.on()
 
 
 def values_trusted() -> bool:
     """Whether the current call's CSR values skip their checks (inside :func:`preprocessed`)."""
-    return _PREPROCESSED.get()
+    return _PREPROCESSED.is_on()
 
 
 def public_name(name: str) -> str:

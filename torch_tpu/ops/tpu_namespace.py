@@ -25,8 +25,8 @@ import torch.distributed as dist
 from torch_tpu.ops import tpu_namespace_ops
 from torch_tpu.ops.jagged import align_jagged_to_multiple, strip_jagged_padding
 from torch_tpu.ops.tpu_namespace_ops import *  # noqa: F403  (torch.tpu.ops' other functions)
-from torch_tpu.runtime import knobs
 from torch_tpu.runtime.dynamo_hooks import constant_result
+from tpu_facts import knobs
 
 EMULATED_SPARSECORES_ENV = knobs.SPARSECORES_PER_DEVICE.name
 # SparseCores per device of a device without any (XLA:CPU): v6e's and TPU7x's count, and what

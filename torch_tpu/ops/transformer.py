@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_tpu.ops.registry import register_composite
-from torch_tpu.runtime.tensor import TpuTensor, make_alias
+from torch_tpu.runtime.tensor import TpuTensor, make_alias, share_storage
 
 aten = torch.ops.aten
 
@@ -42,7 +42,7 @@ class PaddedNested(TpuTensor):
 def _padded_nested(values: TpuTensor, valid: torch.Tensor) -> PaddedNested:
     dense = values * valid.unsqueeze(-1).to(values.dtype)
     out = torch.Tensor._make_wrapper_subclass(PaddedNested, dense.shape, dtype=dense.dtype, device=dense.device)
-    out.storage_box, out._full, out._reinterpreted = dense.storage_box, dense._full, dense._reinterpreted
+    share_storage(out, dense)
     out.valid = valid
     return out
 

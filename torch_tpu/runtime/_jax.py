@@ -22,7 +22,7 @@ import jax
 from jax._src.array import ArrayImpl
 from jax._src.lib import _jax
 
-from torch_tpu.runtime import knobs
+from tpu_facts import knobs
 
 jax.config.update("jax_enable_x64", True)
 _jax.set_tracebacks_enabled(knobs.JAX_TRACEBACKS.on())

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 
 from torch_tpu.runtime import generator as tpu_generator
-from torch_tpu.runtime import host_heap, host_hooks, knobs
+from torch_tpu.runtime import host_heap, host_hooks
 from torch_tpu.runtime import precision as tpu_precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.dtypes import FLOAT8_DTYPES
+from tpu_facts import knobs
 
 DEVICE_NAME = "tpu"
 _registered = False

@@ -25,7 +25,7 @@ import functools
 import importlib.util
 import platform
 
-from torch_tpu.runtime import knobs
+from tpu_facts import knobs
 
 KEPT_BYTES = 1 << 30  # freed memory glibc keeps at the heap's top (1 GiB)
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # <malloc.h>

@@ -167,13 +167,15 @@ class TpuUntypedStorage(torch.UntypedStorage):
 class TpuTensor(torch.Tensor):
     """A torch tensor on device "tpu" whose elements live in a JAX array (see module docstring)."""
 
+    # The layout flags below are read by the other rooms and set only here (make_alias, set_layout,
+    # set_math_bits, share_storage, wrap_owned; tests/test_layering.py holds it).
     storage_box: StorageBox
     # contiguous, offset 0, covering the whole storage, storage's dtype: reads box.array directly
-    _full: bool
-    _reinterpreted = False  # dtype differs from the storage's (a ``view(dtype)``): see dtype_views
+    whole_storage: bool
+    dtype_view = False  # dtype differs from the storage's (a ``view(dtype)``): see dtype_views
     # torch's lazy conjugate / negative bits (``x.conj()``, ``x.conj().imag``): the tensor's value is
     # its storage elements conjugated / negated; the one function doing both (None: neither)
-    _math_bits: Callable[[jax.Array], jax.Array] | None = None
+    math_bits: Callable[[jax.Array], jax.Array] | None = None
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -205,7 +207,7 @@ class TpuTensor(torch.Tensor):
         # C++ set_data swaps the TensorImpl's metadata but not this object's box: follow it.
         torch.Tensor.data.__set__(self, new)
         if isinstance(new, TpuTensor):
-            self.storage_box, self._full, self._reinterpreted = new.storage_box, new._full, new._reinterpreted
+            share_storage(self, new)
 
     def register_hook(self, hook: Callable[..., Any]) -> Any:
         """As ``torch.Tensor.register_hook``; an exception in the hook reaches ``backward()``
@@ -315,8 +317,8 @@ def set_math_bits(t: TpuTensor, conj: bool, neg: bool) -> None:
         return
     torch._C._set_conj(t, conj)
     torch._C._set_neg(t, neg)
-    t._math_bits = _MATH_BITS[conj, neg]
-    t._full = False
+    t.math_bits = _MATH_BITS[conj, neg]
+    t.whole_storage = False
 
 
 _MATH_BITS = {(True, False): jnp.conj, (False, True): jnp.negative,
@@ -324,8 +326,8 @@ _MATH_BITS = {(True, False): jnp.conj, (False, True): jnp.negative,
 
 
 def _set_flags(t: TpuTensor, size: tuple[int, ...], stride: tuple[int, ...], offset: int) -> None:
-    t._reinterpreted = t.storage_box.array.dtype != to_jax_dtype(t.dtype)
-    t._full = (not t._reinterpreted and t._math_bits is None and offset == 0
+    t.dtype_view = t.storage_box.array.dtype != to_jax_dtype(t.dtype)
+    t.whole_storage = (not t.dtype_view and t.math_bits is None and offset == 0
                and math.prod(size) == t.storage_box.array.size and stride == contiguous_strides(size))
 
 
@@ -339,7 +341,7 @@ def meta_like(t: TpuTensor) -> torch.Tensor:
     """A meta tensor with ``t``'s layout over a meta storage as large as ``t``'s box."""
     base = torch.empty((t.storage_box.nbytes // t.element_size(),), dtype=t.dtype, device="meta")
     meta = base.as_strided(t.shape, t.stride(), t.storage_offset())
-    if t._math_bits is not None:  # so that views of it get their bits from torch's kernels
+    if t.math_bits is not None:  # so that views of it get their bits from torch's kernels
         torch._C._set_conj(meta, t.is_conj())
         torch._C._set_neg(meta, t.is_neg())
     return meta
@@ -391,10 +393,21 @@ def _extent(size, stride, offset: int) -> int:
 
 def from_jax(array: jax.Array) -> TpuTensor:
     """Wrap a JAX array as a new tpu tensor owning a fresh storage (no copy)."""
-    t = _make_wrapper(TpuTensor, array.shape, dtype=to_torch_dtype(array.dtype), device=DEVICE)
+    return wrap_owned(array, array.shape, to_torch_dtype(array.dtype))
+
+
+def wrap_owned(array: jax.Array, shape: tuple[int, ...], dtype: torch.dtype) -> TpuTensor:
+    """:func:`from_jax` for a caller that already has ``array``'s shape and torch dtype (eager
+    dispatch's fast path; unchecked)."""
+    t = _make_wrapper(TpuTensor, shape, dtype=dtype, device=DEVICE)
     t.storage_box = StorageBox(array)
-    t._full = True
+    t.whole_storage = True
     return t
+
+
+def share_storage(t: TpuTensor, source: TpuTensor) -> None:
+    """Make ``t`` (of ``source``'s layout) view ``source``'s storage as ``source`` does."""
+    t.storage_box, t.whole_storage, t.dtype_view = source.storage_box, source.whole_storage, source.dtype_view
 
 
 def to_jax(t: torch.Tensor) -> jax.Array:
@@ -402,19 +415,19 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     if type(t) is not TpuTensor:
         raise TypeError(f"to_jax expects a tpu tensor, got a tensor on {t.device}")
     box = t.storage_box
-    if t._full:
+    if t.whole_storage:
         a = box.array
         shape = t.shape
         if a.shape == shape:
             return a
         if a.size == math.prod(shape):
             return _reshaper(tuple(shape))(_concrete(a))
-        t._full = False  # another tensor resized the shared storage
+        t.whole_storage = False  # another tensor resized the shared storage
     array = _concrete(box.array)
-    if t._reinterpreted:
+    if t.dtype_view:
         array = dtype_views.reinterpret(array, to_jax_dtype(t.dtype))
     value = _reader(tuple(t.shape), t.stride(), t.storage_offset(), array.size)(array)
-    return value if t._math_bits is None else t._math_bits(value)
+    return value if t.math_bits is None else t.math_bits(value)
 
 
 def concrete_value(t: TpuTensor) -> jax.Array:
@@ -425,14 +438,14 @@ def concrete_value(t: TpuTensor) -> jax.Array:
 def write(t: TpuTensor, value: jax.Array) -> None:
     """Store ``value`` (same shape and dtype as ``t``) into the elements ``t`` views."""
     box = t.storage_box
-    if t._full:
+    if t.whole_storage:
         if value.size == box.array.size:
             box.array = value  # any shape with the storage's numel; keeps this tensor's reads free
             return
-        t._full = False  # another tensor resized the shared storage
-    if t._math_bits is not None:  # conjugation and negation undo themselves
-        value = t._math_bits(value)
-    if t._reinterpreted:
+        t.whole_storage = False  # another tensor resized the shared storage
+    if t.math_bits is not None:  # conjugation and negation undo themselves
+        value = t.math_bits(value)
+    if t.dtype_view:
         old = _concrete(box.array)
         flat = dtype_views.reinterpret(old, value.dtype)
         writer = _writer(tuple(t.shape), t.stride(), t.storage_offset(), flat.size)

@@ -1,4 +1,5 @@
-"""HSTU attention for the model: torch_tpu's jagged op on tpu tensors, plain PyTorch elsewhere.
+"""HSTU attention for the model: torch_tpu's jagged op on tpu tensors (and on CPU tensors of long
+sequences, :data:`LONG_SEQUENCE`), plain PyTorch elsewhere.
 
 The plain-PyTorch path pads the batch to ``[B, H, L, L]`` scores, as generative-recommenders'
 PyTorch kernels do: the CPU baseline (``bench/bench_hstu.py``) and the reference engine. Both
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from torch_tpu.ops.hstu import jagged_hstu_attention
+from torch_tpu.ops.hstu import KERNELS, jagged_hstu_attention
 from torch_tpu.ops.hstu.tiles import TIME_BUCKET_DIVISOR
 
 
@@ -42,12 +43,24 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets:
     return gathered * (rows < offsets[-1])[:, None, None]
 
 
+LONG_SEQUENCE = 1024  # from this padded length up, CPU tensors are attended by the jagged op too
+PADDED = "padded"  # the kernel that is plain PyTorch everywhere, at every length: the CPU baseline
+ATTENTION_KERNELS = (*KERNELS, PADDED)
+
+
 def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
                    num_targets: torch.Tensor, pos_weights: torch.Tensor, time_weights: torch.Tensor, *, max_len: int,
                    max_seq_len: int, alpha: float, kernel: str = "xla") -> torch.Tensor:
-    """The jagged op (``kernel``: ``"xla"`` or ``"pallas"``) on tpu tensors; :func:`padded_attention` elsewhere."""
-    if q.device.type == "tpu":
-        return jagged_hstu_attention(q, k, v, offsets, timestamps, pos_weights, time_weights, max_len=max_len,
-                                     max_seq_len=max_seq_len, alpha=alpha, num_targets=num_targets, kernel=kernel)
+    """The jagged op (``kernel``: ``"xla"`` or ``"pallas"``) on tpu tensors; elsewhere
+    :func:`padded_attention`, except from ``max_len`` >= :data:`LONG_SEQUENCE` up, where its ``[B, H,
+    L, L]`` scores (and their saved copies for backward) would dominate memory: there the inputs go
+    to the tpu device for the jagged op and the output comes back (differentiably). ``kernel``
+    :data:`PADDED`: :func:`padded_attention` always (the plain-PyTorch baseline)."""
+    if kernel != PADDED and (q.device.type == "tpu" or max_len >= LONG_SEQUENCE):
+        home = q.device
+        tpu = [t.to("tpu") for t in (q, k, v, offsets, timestamps, pos_weights, time_weights, num_targets)]
+        out = jagged_hstu_attention(*tpu[:7], max_len=max_len, max_seq_len=max_seq_len, alpha=alpha,
+                                    num_targets=tpu[7], kernel=kernel)
+        return out.to(home)
     return padded_attention(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, max_len=max_len,
                             max_seq_len=max_seq_len, alpha=alpha)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
-from torch_tpu.ops.hstu.padded import KERNELS
+from torchrec_tpu.hstu.attention import ATTENTION_KERNELS
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,8 @@ class HSTUConfig:
                 raise ValueError(f"HSTUConfig.{name}={value!r}: it must be a positive integer")
         if not self.tasks:
             raise ValueError("HSTUConfig.tasks is empty: name at least one task")
-        if self.kernel not in KERNELS:
-            raise ValueError(f"HSTUConfig.kernel={self.kernel!r}; expected one of {list(KERNELS)}")
+        if self.kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"HSTUConfig.kernel={self.kernel!r}; expected one of {list(ATTENTION_KERNELS)}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (a checkpoint's model record)."""

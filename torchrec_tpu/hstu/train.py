@@ -11,14 +11,18 @@ MovieLens rows) or a directory written by ``torchrec-tpu data sequences``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd.profiler import record_function
 from torch.nn import functional
 from torchmetrics.classification import BinaryAUROC
 
@@ -29,12 +33,20 @@ from sparsecore.backends import XLA
 from torchrec_tpu.hstu.config import HSTUConfig, preset
 from torchrec_tpu.hstu.model import HSTU, table_configs
 from torchrec_tpu.hstu.sharded import sharded_embeddings
+from torchrec_tpu.train.checkpoint.hstu_files import (
+    HSTU_META,
+    META_FILE,
+    dense_file,
+    latest_hstu_checkpoint,
+    tables_file,
+)
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.engines.precision import autocast
+from torchrec_tpu.train.loop import COLLECTIVES, DENSE_BWD, OPTIMIZER
 from torchrec_tpu.train.scalars import ScalarLog
 
-HSTU_MODELS = ("hstu", "dlrmv4")
+_log = logging.getLogger(__name__)
 # HSTU's own defaults, used where the option is left at the train command's (DLRM's) default
 HSTU_DEFAULTS = {"batch_size": 128, "dense_lr": 3e-3, "epochs": 2}
 SYNTHETIC = {"users": 3000, "items": 1000, "events_per_user": 40, "seed": 1}
@@ -102,7 +114,7 @@ class HSTUSummary:
         return "\n".join(lines)
 
 
-def _dense_device(config: TrainConfig) -> torch.device:
+def dense_device(config: TrainConfig) -> torch.device:
     """``--dense-device``; ``auto``: tpu on a TPU, else cpu (on XLA:CPU, CPU torch's kernels run the
     stack faster than the tpu device's eager programs, compiled anew for each batch's shapes)."""
     choice = config.engine.dense_device
@@ -119,12 +131,16 @@ def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tupl
     if config.engine.kind == "torchrec":
         embeddings = None
     else:
-        backend = config.engine.sparse_backend
         embeddings = sharded_embeddings(
             hstu_config, optimizer=_sparse_spec(config), batch_size=env.per_rank(config.data.batch_size),
-            backend=XLA if backend == "auto" else backend, seed=config.loop.seed, average_over_ranks=True,
+            backend=sparse_backend(config), seed=config.loop.seed, average_over_ranks=True,
             ec=_seeded_ec(hstu_config, config.loop.seed))
     return HSTU(hstu_config, embeddings, dense_device=device), hstu_config
+
+
+def sparse_backend(config: TrainConfig) -> str:
+    """``--sparse-backend`` (``auto``: XLA) of the sharded tables."""
+    return XLA if config.engine.sparse_backend == "auto" else config.engine.sparse_backend
 
 
 def _seeded_ec(hstu_config: HSTUConfig, seed: int):
@@ -184,25 +200,50 @@ def _checkpoint(root: Path, step: int, env: DistEnv, model: nn.Module, adam: tor
     path.mkdir(parents=True, exist_ok=True)
     state = model.state_dict()
     dense = {k: v for k, v in state.items() if not k.startswith(TABLES_PREFIX)}
-    torch.save({"model": dense, "adam": adam.state_dict(), **extra}, path / f"dense-rank-{env.rank:03d}.pt")
-    torch.save({k: v for k, v in state.items() if k not in dense}, path / f"tables-rank-{env.rank:03d}.pt")
-    if env.is_primary:
-        (path / "meta.json").write_text(json.dumps({"world_size": env.world_size, **extra}, indent=1))
-    if dist.is_initialized():
+    torch.save({"model": dense, "adam": adam.state_dict(), **extra}, path / dense_file(env.rank))
+    torch.save({k: v for k, v in state.items() if k not in dense}, path / tables_file(env.rank))
+    if dist.is_initialized():  # every rank's files are written before meta.json says the checkpoint is whole
         dist.barrier()
+    if env.is_primary:
+        (path / META_FILE).write_text(json.dumps({"world_size": env.world_size, **extra}, indent=1))
     return path
 
 
-def _latest(root: Path) -> Path | None:
-    found = sorted(p for p in root.glob("step-*") if (p / "meta.json").exists())
-    return found[-1] if found else None
+@dataclass
+class HSTUTraining:
+    """What ``train`` and ``profile`` set up alike for ``--model hstu|dlrmv4``: the model of the
+    preset on its tables and dense device, the readers of windows T and T + 1, the optimizers;
+    :meth:`step` is the training step both run."""
+
+    env: DistEnv
+    hstu_config: HSTUConfig
+    model: HSTU
+    device: torch.device
+    train: SequenceReader
+    held_out: SequenceReader
+    adam: torch.optim.Optimizer
+    sparse_opt: torch.optim.Optimizer | None
+    dense: list[nn.Parameter]
+    precision: str
+
+    def step(self, batch: SequenceBatch) -> float:
+        """One training step on ``batch``: its loss."""
+        return _train_step(self.model, batch, self.adam, self.sparse_opt, self.device, self.precision, self.dense,
+                           self.env.world_size)
+
+    def layout(self, config: TrainConfig) -> str:
+        """The ``training layout:`` line: where the tables and the STU stack run."""
+        tables = "stock TorchRec EmbeddingCollection (CPU)" if self.sparse_opt is not None else (
+            f"sharded SparseCore EmbeddingCollection (row-wise, {sparse_backend(config)} backend)")
+        return (f"training layout: HSTU ({config.model.kind}) tables on the {tables}, STU stack and heads on "
+                f"{self.device.type}, world {self.env.world_size}")
 
 
-def run_hstu(config: TrainConfig) -> HSTUSummary:
-    """Train and evaluate HSTU as ``config`` says (module docstring)."""
-    check_options(config)
-    config = with_hstu_defaults(config)
-    device = _dense_device(config)
+@contextlib.contextmanager
+def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
+    """The run's :class:`HSTUTraining` inside its process group (``config``: checked and with
+    :data:`HSTU_DEFAULTS`, :func:`prepared`); logs the layout line, as DLRM's jobs do."""
+    device = dense_device(config)
     with process_group(config.engine.collective_timeout, device_tensors=device.type == "tpu") as env:
         directory = dataset_dir(config, env)
         meta = read_meta(directory)
@@ -211,29 +252,50 @@ def run_hstu(config: TrainConfig) -> HSTUSummary:
                               "T + 1 needs at least 2 (`torchrec-tpu data sequences --windows`)")
         model, hstu_config = build(config, meta, env, device)
         history = min(meta.max_history, hstu_config.max_seq_len - meta.candidates)
-        per_rank = env.per_rank(config.data.batch_size)
-        train = SequenceReader(window_path(directory, meta.windows - 2), per_rank, max_history=history,
-                               item_rows=hstu_config.item_rows, shuffle_seed=config.loop.seed, rank=env.rank,
-                               world_size=env.world_size)
+        train = SequenceReader(window_path(directory, meta.windows - 2), env.per_rank(config.data.batch_size),
+                               max_history=history, item_rows=hstu_config.item_rows, shuffle_seed=config.loop.seed,
+                               rank=env.rank, world_size=env.world_size)
         held_out = SequenceReader(window_path(directory, meta.windows - 1), env.per_rank(config.data.eval_batch_size),
                                   max_history=history, item_rows=hstu_config.item_rows, rank=env.rank,
                                   world_size=env.world_size)
-        dense = [p for name, p in model.named_parameters() if not name.startswith("embeddings.")]
+        dense = [p for name, p in model.named_parameters() if not name.startswith(TABLES_PREFIX)]
         if env.world_size > 1:
             for p in dense:  # every rank starts from rank 0's dense weights
                 dist.broadcast(p.data, 0)
-        adam = torch.optim.Adam(dense, lr=config.optim.dense_lr)
         sparse_opt = None
         if config.engine.kind == "torchrec":
             from torchrec.optim import RowWiseAdagrad
             sparse_opt = RowWiseAdagrad(list(model.embeddings.parameters()), lr=config.optim.sparse_lr)
+        training = HSTUTraining(env, hstu_config, model, device, train, held_out,
+                                torch.optim.Adam(dense, lr=config.optim.dense_lr), sparse_opt, dense,
+                                config.optim.precision)
+        if env.is_primary:
+            _log.info(training.layout(config))
+        yield training
+
+
+def prepared(config: TrainConfig) -> TrainConfig:
+    """``config`` checked for ``--model hstu|dlrmv4`` (:func:`check_options`), with :data:`HSTU_DEFAULTS`."""
+    check_options(config)
+    return with_hstu_defaults(config)
+
+
+Checkpointed = Callable[[Path, dict[str, float]], None]
+
+
+def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> HSTUSummary:
+    """Train and evaluate HSTU as ``config`` says (module docstring); ``checkpointed(path, scalars)``
+    is called on every rank after each checkpoint is written (Ray Train reports it)."""
+    config = prepared(config)
+    with hstu_training(config) as t:
+        env, model, adam = t.env, t.model, t.adam
         step, start_epoch, skip = 0, 0, 0
         root = Path(config.checkpoint.checkpoint_dir) if config.checkpoint.checkpoint_dir else None
         if config.checkpoint.resume:
             resume = Path(config.checkpoint.resume)
-            resume = _latest(resume) or resume
-            state = torch.load(resume / f"dense-rank-{env.rank:03d}.pt", weights_only=False)
-            tables = torch.load(resume / f"tables-rank-{env.rank:03d}.pt", weights_only=False)
+            resume = latest_hstu_checkpoint(resume) or resume
+            state = torch.load(resume / dense_file(env.rank), weights_only=False)
+            tables = torch.load(resume / tables_file(env.rank), weights_only=False)
             model.load_state_dict({**state["model"], **tables})
             adam.load_state_dict(state["adam"])
             step, start_epoch, skip = state["step"], state["epoch"], state["batch"]
@@ -242,28 +304,35 @@ def run_hstu(config: TrainConfig) -> HSTUSummary:
         started = time.perf_counter()
         limit = config.data.limit_train_batches
         position = {"step": step, "epoch": start_epoch, "batch": skip}
+
+        def save(scalars: dict[str, float]) -> Path:
+            path = _checkpoint(root, step, env, model, adam, {**position, HSTU_META: t.hstu_config.to_dict()})
+            if checkpointed is not None:
+                checkpointed(path, scalars)
+            return path
+
         with ScalarLog(log_dir, env.is_primary) as scalars:
+            loss = float("nan")
             for epoch in range(start_epoch, config.loop.epochs):
-                for index, batch in enumerate(train.batches(epoch)):
+                for index, batch in enumerate(t.train.batches(epoch)):
                     if (limit and index >= limit) or _done(config, step):
                         break
                     if epoch == start_epoch and index < skip:
                         continue
-                    loss = _train_step(model, batch, adam, sparse_opt, device, config.optim.precision, dense,
-                                       env.world_size)
+                    loss = t.step(batch)
                     step += 1
                     position = {"step": step, "epoch": epoch, "batch": index + 1}
                     if step % config.loop.log_every == 0:
                         scalars.log(step, {"train/loss": loss})
                     if root and config.checkpoint.checkpoint_every and step % config.checkpoint.checkpoint_every == 0:
-                        _checkpoint(root, step, env, model, adam, position)
+                        save({"train/loss": loss})
                 if _done(config, step):
                     break
                 position = {"step": step, "epoch": epoch + 1, "batch": 0}
-            auc, eval_loss, rows = evaluate(model, held_out, device, config.optim.precision,
+            auc, eval_loss, rows = evaluate(model, t.held_out, t.device, config.optim.precision,
                                             config.data.limit_val_batches)
-            scalars.log(step, {"eval/loss": eval_loss, **{f"eval/auc/{t}": a for t, a in auc.items()}})
-        saved = _checkpoint(root, step, env, model, adam, {**position, "hstu": hstu_config.to_dict()}) if root else None
+            scalars.log(step, {"eval/loss": eval_loss, **{f"eval/auc/{task}": a for task, a in auc.items()}})
+        saved = save({"eval/loss": eval_loss}) if root else None
         return HSTUSummary(env.is_primary, auc, eval_loss, step, time.perf_counter() - started, rows, log_dir, saved)
 
 
@@ -279,15 +348,18 @@ def _train_step(model: HSTU, batch: SequenceBatch, adam: torch.optim.Optimizer, 
     adam.zero_grad()
     if sparse_opt is not None:
         sparse_opt.zero_grad()
-    loss.backward()
+    with record_function(DENSE_BWD):  # the fused table update runs inside backward
+        loss.backward()
     if world_size > 1:
-        for p in dense:
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= world_size
-    adam.step()
-    if sparse_opt is not None:
-        sparse_opt.step()
+        with record_function(COLLECTIVES):
+            for p in dense:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= world_size
+    with record_function(OPTIMIZER):
+        adam.step()
+        if sparse_opt is not None:
+            sparse_opt.step()
     return float(loss.detach().cpu())
 
 

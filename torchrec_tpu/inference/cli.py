@@ -12,7 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="Parquet file or directory to predict")
     parser.add_argument("--checkpoint", required=True,
                         help="checkpoint of 'torchrec-tpu train': a checkpoint root (its latest) "
-                             "or one version directory (meta.json + state/)")
+                             "or one version directory (meta.json + state/; HSTU's: meta.json + *-rank-*.pt, "
+                             "whose --data is sequence rows and whose output has a row per candidate)")
     parser.add_argument("--output", required=True,
                         help="output directory of prediction Parquet parts; rerun to resume")
     parser.add_argument("--key-columns", default="", metavar="A,B",
@@ -30,9 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "counted); or clamp into range")
     parser.add_argument("--label", action=argparse.BooleanOptionalAction, default=True,
                         help="copy the input's label column into the output next to each prediction when the "
-                             "input has one, and report the output's offline AUC")
+                             "input has one, and report the output's offline AUC (HSTU: label_<task> and "
+                             "prediction_<task>, an AUC per task)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                        help="show a tqdm progress bar (not on a terminal: a line per part written)")
+                        help="show a tqdm progress bar (not on a terminal: a progress line at least every 30 s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,9 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
+    from torchrec_tpu.train.checkpoint.hstu_files import find_hstu_checkpoint
     from torchrec_tpu.train.preflight import check_parquet_input
 
-    resolve_checkpoint(Path(args.checkpoint))  # FileNotFoundError: not a checkpoint
+    if find_hstu_checkpoint(Path(args.checkpoint)) is None:
+        resolve_checkpoint(Path(args.checkpoint))  # FileNotFoundError: not a checkpoint
     check_parquet_input("--data", args.data)
 
     from torchrec_tpu.inference.job import InferenceConfig, run_inference
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    cli = argparse.ArgumentParser(prog="torchrec-tpu infer")
-    add_arguments(cli)
-    sys.exit(run(cli.parse_args()))
+if __name__ == "__main__":  # as ``torchrec-tpu infer``: the one entry point reports the errors
+    from torchrec_tpu.cli import main
+
+    sys.exit(main(["infer", *sys.argv[1:]]))

@@ -4,27 +4,28 @@ part's metadata so that a rerun redoes the parts of an input rewritten since."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from pipelines.parquet_files import footer_sha256
+
 METADATA_KEY = b"torchrec_tpu.input"
-_FOOTER_TAIL = 8  # a little-endian footer length, then b"PAR1"
+FOOTER_FIELD = "footer_sha256="
 
 
 def input_identity(path: str | Path) -> str:
     """``size=... mtime_ns=... footer_sha256=...`` of the Parquet file ``path``."""
     with open(path, "rb") as file:
         stat = os.fstat(file.fileno())
-        tail_start = max(0, stat.st_size - _FOOTER_TAIL)
-        file.seek(tail_start)
-        footer_length = int.from_bytes(file.read(_FOOTER_TAIL)[:4], "little")
-        file.seek(max(0, tail_start - footer_length))
-        footer = file.read()
-    digest = hashlib.sha256(footer).hexdigest()
-    return f"size={stat.st_size} mtime_ns={stat.st_mtime_ns} footer_sha256={digest}"
+        digest = footer_sha256(file)
+    return f"size={stat.st_size} mtime_ns={stat.st_mtime_ns} {FOOTER_FIELD}{digest}"
+
+
+def footer_of(identity: str) -> str:
+    """The footer hash of an :func:`input_identity` string (the file's content identity)."""
+    return identity.rpartition(FOOTER_FIELD)[2]
 
 
 def recorded_identity(part: Path) -> str | None:

@@ -4,11 +4,13 @@ A pool of ``concurrency`` Ray actors (:class:`Predictor`, never restarted: a dea
 job, and a rerun resumes it) takes the units (one per input row group, see
 :mod:`torchrec_tpu.inference.units`) as they free up: each loads the checkpoint once, then reads
 its units, predicts in batches and writes one Parquet part per unit. The driver only tracks
-progress (a bar on a terminal, else a line per part written); with nothing left to do it
+progress (a bar on a terminal, else a line at least every 30 s); with nothing left to do it
 starts no Ray and imports no torch at all. Output rows: the requested key columns, then the
 optional row id (the row's global index over the inputs in order), then the input's label when
 it has one (``with_label``), then ``prediction`` (click probability, float32). With labels, the
-summary scores the whole output offline (ROC AUC of prediction against label).
+summary scores the whole output offline (ROC AUC of prediction against label) and says which
+input rows it covers; inputs the checkpoint trained on get a warning first
+(:mod:`torchrec_tpu.inference.scored_rows`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -34,12 +36,18 @@ import pyarrow.parquet as pq
 from pipelines.bad_value_policies import POLICIES
 from pipelines.bad_values import BadValueCounts, BadValueLog, Source, apply_policy, kept_rows
 from pipelines.parquet_files import open_parquet, read_columns, read_row_group
+from pipelines.progress import ProgressLine, progress_bar, progress_interval
 from pipelines.schema import CRITEO, DatasetSchema
+from pipelines.sequences.layout import LABEL_PREFIX, LIST_COLUMNS, PREDICTION_PREFIX
 from torchrec_tpu.inference.input_identity import input_identity
+from torchrec_tpu.inference.scored_rows import ScoredRows, checkpoint_split, scored_rows
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
+from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, hstu_meta
 
 PREDICTION_COLUMN = "prediction"
+DLRM, HSTU = "dlrm", "hstu"  # InferenceConfig.model: what the checkpoint holds
+MODELS = (DLRM, HSTU)
 _log = logging.getLogger(__name__)
 
 
@@ -57,11 +65,14 @@ class InferenceConfig:
     bad_values: str = "error"  # bad dense values and read labels: error, skip the row, clamp (pipelines.bad_values)
     with_label: bool = True  # copy the input's label column into the output, when the input has one
     schema: DatasetSchema = field(default=CRITEO)
+    model: str = DLRM  # what the checkpoint holds: DLRM (rows of `schema`) or HSTU (sequence rows)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "concurrency", "num_cpus"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {list(MODELS)}, got {self.model!r}")
         if self.bad_values not in POLICIES:
             raise ValueError(f"--bad-values must be one of {list(POLICIES)}, got {self.bad_values!r}")
         outputs = [*self.key_columns, self.row_id_column, self.label_column, PREDICTION_COLUMN]
@@ -77,7 +88,8 @@ class InferenceConfig:
 
     @property
     def input_columns(self) -> list[str]:
-        return list(dict.fromkeys([*self.key_columns, *self.schema.dense, *self.schema.sparse]))
+        features = LIST_COLUMNS if self.model == HSTU else (*self.schema.dense, *self.schema.sparse)
+        return list(dict.fromkeys([*self.key_columns, *features]))
 
 
 @dataclass(frozen=True)
@@ -89,23 +101,43 @@ class InferenceSummary:
     seconds: float
     output: Path
     bad_values: BadValueCounts = BadValueCounts()  # rows skipped / clamped by --bad-values
-    auc: tuple[float, int] | None = None  # (ROC AUC, labelled rows) of the whole output; None: no labels
+    # (ROC AUC, labelled rows) of the whole output by label column; None: no labels
+    auc: dict[str, tuple[float, int]] | None = None
+    scored: ScoredRows | None = None  # the inputs' rows, against the checkpoint's training split
 
     @property
     def rows_per_sec(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
     def format(self) -> str:
+        if self.parts_written:
+            throughput = f"{self.rows_per_sec:,.0f} rows/s (whole job: planning, model loads, writing)"
+        else:
+            throughput = f"nothing to score: all {self.parts_skipped} part(s) were already in the output"
         return "\n".join([
             *self.bad_values.lines(),
             "inference finished",
             f"  rows            {self.rows:,} predicted this run, {self.rows_total:,} in the inputs",
-            f"  throughput      {self.rows_per_sec:,.0f} rows/s (whole job: planning, model loads, writing)",
+            f"  throughput      {throughput}",
             f"  files           {self.parts_written} written, {self.parts_skipped} already done",
-            *([f"  AUC             {self.auc[0]:.4f} (offline: prediction against label, {self.auc[1]:,} rows "
-               "of the output)"] if self.auc is not None else []),
+            *(f"  AUC             {auc:.4f} (offline: {_scored(label)} against {label}, {rows:,} rows of the "
+              "output)" for label, (auc, rows) in (self.auc or {}).items()),
+            *([f"  scored rows     {self._scored_text()}"] if self.scored is not None else []),
             f"  output          {self.output}",
         ])
+
+    def _scored_text(self) -> str:
+        assert self.scored is not None
+        if not self.scored.recorded:
+            return f"{self.scored.describe()}; the checkpoint does not record its training split (not checked)"
+        if self.scored.trained_rows:
+            return f"{self.scored.describe()}; {self.scored.trained_rows:,} of them in the checkpoint's training split"
+        return f"{self.scored.describe()}; none in the checkpoint's training split"
+
+
+def _scored(label: str) -> str:
+    """The prediction column scored against ``label``: HSTU's ``prediction_<task>`` for ``label_<task>``."""
+    return PREDICTION_PREFIX + label[len(LABEL_PREFIX):] if label.startswith(LABEL_PREFIX) else PREDICTION_COLUMN
 
 
 def _unit_of(units: dict[str, np.ndarray], i: int) -> Unit:
@@ -124,11 +156,26 @@ class Predictor:
         torch.set_num_threads(threads)
         self.config = config
         self.label = config.label_column if with_label else None  # copied into the output
+        self.with_label = with_label
         self.error: BaseException | None = None
+        self.rows_in_unit = 0  # predicted so far of the unit being predicted (read by rows_in_flight)
         try:
-            self.model = load_inference_model(config.checkpoint, config.schema)
+            if config.model == HSTU:
+                from torchrec_tpu.hstu.inference import load_hstu_inference
+
+                self.model = load_hstu_inference(Path(config.checkpoint))
+            else:
+                self.model = load_inference_model(config.checkpoint, config.schema)
         except Exception as error:  # noqa: BLE001  handed to the driver by __call__
             self.error = error
+
+    def loaded(self) -> bool:
+        """Whether the model loaded (after ``__init__``: the driver waits on it for its line)."""
+        return self.error is None
+
+    def rows_in_flight(self) -> int:
+        """Rows predicted so far of the unit in progress (polled by the driver, in a second thread)."""
+        return self.rows_in_unit
 
     def _predict(self, table: pa.Table) -> np.ndarray:
         from pipelines.arrow_batch import dense_from_arrow, sparse_from_arrow
@@ -139,10 +186,16 @@ class Predictor:
             rows = table.slice(start, self.config.batch_size)
             probs = self.model.predict(dense_from_arrow(rows, schema), sparse_from_arrow(rows, schema, sizes))
             out[start : start + rows.num_rows] = probs.numpy()
+            self.rows_in_unit += rows.num_rows
         return out
 
     def _output(self, unit: Unit, table: pa.Table, log: BadValueLog) -> pa.Table:
-        """Key columns, row ids and predictions of the unit's rows that pass --bad-values."""
+        """Key columns, row ids and predictions of the unit's rows that pass --bad-values (HSTU:
+        a row per candidate, :mod:`torchrec_tpu.hstu.inference`)."""
+        if self.config.model == HSTU:
+            return self.model.candidate_rows(table, first_row=unit.first_row, key_columns=self.config.key_columns,
+                                             row_id_column=self.config.row_id_column, with_labels=self.with_label,
+                                             batch_size=self.config.batch_size)
         schema, policy = self.config.schema, self.config.bad_values
         # a label read for the AUC follows train's label policy (7 or -1 is not a label)
         labelled = self.label is not None
@@ -156,6 +209,12 @@ class Predictor:
             columns[self.label] = table.column(self.label)
         columns[PREDICTION_COLUMN] = pa.array(self._predict(table))
         return pa.table(columns)
+
+    def _label_columns(self) -> list[str]:
+        """The input's label columns the output copies."""
+        if self.config.model == HSTU:
+            return self.model.label_columns() if self.with_label else []
+        return [self.label] if self.label else []
 
     def predict_units(self, units: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Predict and write ``units`` (columns of Unit fields). An exception is returned in the
@@ -179,7 +238,8 @@ class Predictor:
             # checked before reading, so a part never records an identity newer than its rows
             if input_identity(unit.path) != unit.input_id:
                 raise ValueError(f"{unit.path} changed while this job ran; rerun it")
-            columns = [*self.config.input_columns, *([self.label] if self.label else [])]
+            columns = [*self.config.input_columns, *self._label_columns()]
+            self.rows_in_unit = 0
             table = read_row_group(Path(unit.path), unit.row_group, list(dict.fromkeys(columns)))
             if table.num_rows != unit.num_rows:
                 raise ValueError(f"{unit.path} row group {unit.row_group} changed since planning")
@@ -187,6 +247,7 @@ class Predictor:
             write_part(output, unit, self._output(unit, table, log))
             counts = log.counts()
             done.append(unit.num_rows)
+            self.rows_in_unit = 0
             skipped.append(counts.skipped)
             clamped.append(counts.clamped)
             listed.append("\n".join(counts.listed))
@@ -225,13 +286,16 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
 
     configure_logging("infer")
     start = time.perf_counter()
+    hstu = find_hstu_checkpoint(Path(config.checkpoint))
     # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors
-    config = dataclasses.replace(config, checkpoint=str(resolve_checkpoint(Path(config.checkpoint))))
+    config = dataclasses.replace(config, checkpoint=str(hstu or resolve_checkpoint(Path(config.checkpoint))),
+                                 model=HSTU if hstu else DLRM)
 
-    units = plan_units(config.data, config.input_columns, config.schema)
+    units = plan_units(config.data, config.input_columns, None if hstu else config.schema)
     output = Path(config.output)
     todo, changed = pending_units(output, units)
-    if todo:  # verified before the output is claimed and Ray starts: a corrupt or crafted checkpoint fails here
+    # verified before the output is claimed and Ray starts: a corrupt or crafted checkpoint fails here
+    if todo and not hstu:
         from torchrec_tpu.train.checkpoint.store import open_checkpoint
 
         open_checkpoint(Path(config.checkpoint))
@@ -239,10 +303,17 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
     for path, parts in Counter(unit.path for unit in changed).items():
         print(f"warning: {path} changed since its predictions in {output} were written (size, mtime or "
               f"footer differ): redoing its {parts} part(s)", file=sys.stderr)
-    labelled = bool(units) and config.schema.label in open_parquet(Path(units[0].path)).schema_arrow.names
-    with_label = config.label_column is not None and labelled
+    labels = [LABEL_PREFIX + t for t in hstu_meta(hstu)[HSTU_META].get("tasks", ())] if hstu else \
+        [config.schema.label]
+    names = open_parquet(Path(units[0].path)).schema_arrow.names if units else []
+    labelled = bool(units) and all(label in names for label in labels)
+    with_label = (config.label_column is not None or hstu is not None) and config.with_label and labelled
+    scored = scored_rows(units, checkpoint_split(Path(config.checkpoint)))
+    if (warning := scored.overlap_warning()) is not None:
+        _log.warning(warning)
     with _exit_on_interrupt():
         rows_done, bad_values = _predict_units(config, todo, with_label) if todo else (0, BadValueCounts())
+    parts = [u.part_name for u in units]
     return InferenceSummary(
         rows=rows_done,
         rows_total=sum(u.num_rows for u in units),
@@ -251,21 +322,23 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
         seconds=time.perf_counter() - start,
         output=output,
         bad_values=bad_values,
-        auc=offline_auc(output, [u.part_name for u in units], config.schema.label)
+        auc={label: auc for label in labels if (auc := offline_auc(output, parts, label, _scored(label)))} or None
         if config.with_label and labelled else None,
+        scored=scored,
     )
 
 
-def offline_auc(output: Path, parts: list[str], label: str) -> tuple[float, int] | None:
+def offline_auc(output: Path, parts: list[str], label: str, prediction: str = PREDICTION_COLUMN
+                ) -> tuple[float, int] | None:
     """(ROC AUC of ``prediction`` against ``label``, rows) over the ``parts`` of ``output`` that
     hold both columns (parts of an earlier run with --no-label do not); None when none does or the
     labels are all one class."""
     labels, scores = [], []
     for name in parts:
         if label in pq.read_schema(output / name).names:
-            table = read_columns(output / name, [label, PREDICTION_COLUMN])
+            table = read_columns(output / name, [label, prediction])
             labels.append(table.column(label).to_numpy(zero_copy_only=False))
-            scores.append(table.column(PREDICTION_COLUMN).to_numpy(zero_copy_only=False))
+            scores.append(table.column(prediction).to_numpy(zero_copy_only=False))
     if not labels:
         return None
     y, p = np.concatenate(labels), np.concatenate(scores)
@@ -290,38 +363,66 @@ def rank_auc(positive: np.ndarray, scores: np.ndarray) -> float:
 
 
 def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) -> tuple[int, BadValueCounts]:
-    """Predict and write ``todo`` on a local Ray instance: rows predicted, bad values met."""
+    """Predict and write ``todo`` on a local Ray instance: rows predicted, bad values met. Lines
+    say when Ray and the predictors start and the model is loaded; while the parts are predicted
+    the driver polls the actors for the rows done within their parts (a bar on a terminal, else a
+    progress line at least every ``$TORCHREC_TPU_PROGRESS_SECONDS``, 30 s by default)."""
     import ray
     from ray.util import ActorPool
 
-    from pipelines.progress import progress_bar
     from pipelines.ray_data import local_ray
 
     rows_done, bad_values = 0, BadValueCounts()
+    total_rows = sum(u.num_rows for u in todo)
+    predictors = min(config.concurrency, len(todo))
+    _log.info("infer: starting Ray (%d CPUs) for %d predictor(s)", config.num_cpus, predictors)
     with local_ray(num_cpus=config.num_cpus, worker_setup=WORKER_SETUP), progress_bar(
-        total=sum(u.num_rows for u in todo), desc="infer", unit="row", enabled=config.progress
+        total=total_rows, desc="infer", unit="row", enabled=config.progress
     ) as bar:
         threads = max(1, config.num_cpus // config.concurrency)
-        actor = ray.remote(Predictor).options(num_cpus=min(threads, config.num_cpus), max_restarts=0)
-        actors = [actor.remote(config, threads, with_label) for _ in range(min(config.concurrency, len(todo)))]
+        # a second actor thread answers rows_in_flight while predict_units runs
+        actor = ray.remote(Predictor).options(num_cpus=min(threads, config.num_cpus), max_restarts=0,
+                                              max_concurrency=2)
+        started = time.perf_counter()
+        actors = [actor.remote(config, threads, with_label) for _ in range(predictors)]
         try:
-            pool = ActorPool(actors)
-            total_rows, parts_done, started = sum(u.num_rows for u in todo), 0, time.perf_counter()
-            units = ({k: np.array([v]) for k, v in vars(u).items()} for u in todo)
-            for result in pool.map_unordered(lambda predictor, unit: predictor.predict_units.remote(unit), units):
+            _log.info("infer: Ray started; loading the model from %s", config.checkpoint)
+            if all(ray.get([a.loaded.remote() for a in actors])):
+                _log.info("infer: model loaded in %.1f s; predicting %s rows in %d part(s)",
+                          time.perf_counter() - started, f"{total_rows:,}", len(todo))
+            lines = ProgressLine(_log.info, "infer", total_rows) if bar.disable and config.progress else None
+            # how long to wait for a part before asking the actors how far they are
+            poll = min(max(progress_interval(), 0.5), 5.0) if lines is not None or not bar.disable else None
+            pool, shown = ActorPool(actors), 0
+            for unit in todo:
+                pool.submit(lambda predictor, u: predictor.predict_units.remote(
+                    {k: np.array([v]) for k, v in vars(u).items()}), unit)
+            while pool.has_next():
+                try:
+                    result = pool.get_next_unordered(timeout=poll)
+                except TimeoutError:  # a part is still being predicted: how far its actors are
+                    in_flight = sum(ray.get([a.rows_in_flight.remote() for a in actors]))
+                    shown = _show_progress(bar, lines, rows_done + in_flight, shown)
+                    continue
                 row = {k: v[0] for k, v in result.items()}
                 if row["error"] is not None:
                     raise row["error"]
                 rows_done += int(row["rows"])
                 bad_values += BadValueCounts(int(row["skipped"]), int(row["clamped"]),
                                              tuple(t for t in str(row["listed"]).split("\n") if t))
-                bar.update(int(row["rows"]))
-                parts_done += 1
-                if bar.disable and config.progress:  # no bar (not a terminal): a line per part, as train's per step
-                    rate = rows_done / max(time.perf_counter() - started, 1e-9)
-                    _log.info("part %d/%d  %s/%s rows  %s rows/s", parts_done, len(todo), f"{rows_done:,}",
-                              f"{total_rows:,}", f"{rate:,.0f}")
+                shown = _show_progress(bar, lines, rows_done, shown)
         finally:  # a failed job's actors (which its traceback keeps referenced) free their CPUs in a shared Ray
             for predictor in actors:
                 ray.kill(predictor)
     return rows_done, bad_values
+
+
+def _show_progress(bar: Any, lines: ProgressLine | None, rows: int, shown: int) -> int:
+    """Move the bar to ``rows`` (never back) and log a progress line when one is due; returns the
+    rows shown."""
+    if rows > shown:
+        bar.update(rows - shown)
+        shown = rows
+    if lines is not None:
+        lines.update(shown)
+    return shown

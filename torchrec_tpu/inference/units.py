@@ -44,9 +44,10 @@ class Unit:
 
 
 def plan_units(paths: str | Path | Sequence[str | Path], required_columns: Sequence[str],
-               schema: DatasetSchema = CRITEO) -> list[Unit]:
+               schema: DatasetSchema | None = CRITEO) -> list[Unit]:
     """One unit per row group of the inputs, in file order; every file must hold the columns,
-    ``schema``'s dense and categorical ones of usable types."""
+    ``schema``'s dense and categorical ones of usable types (None: HSTU's sequence rows, whose list
+    columns the reader checks)."""
     units: list[Unit] = []
     first_row = 0
     files = list_parquet_files(paths)
@@ -56,7 +57,8 @@ def plan_units(paths: str | Path | Sequence[str | Path], required_columns: Seque
         missing = [c for c in required_columns if c not in parquet_file.schema_arrow.names]
         if missing:
             raise ValueError(f"{path}: inference needs columns {missing}, which are missing")
-        check_column_types(path, parquet_file.schema_arrow, schema, label=False)
+        if schema is not None:
+            check_column_types(path, parquet_file.schema_arrow, schema, label=False)
         input_id = input_identity(path)
         for index in range(parquet_file.metadata.num_row_groups):
             rows = parquet_file.metadata.row_group(index).num_rows

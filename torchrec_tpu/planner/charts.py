@@ -23,7 +23,8 @@ LIMIT_COLOR = "#d62728"
 
 
 def to_svg(figure: Figure, name: str) -> str:
-    """The figure as one ``<svg>`` element: text kept as text, no date, and every id (and each
+    """The figure as one ``<svg>`` element as wide as the page (its height from its ``viewBox``'s
+    aspect ratio, not a fixed size in points): text kept as text, no date, and every id (and each
     reference to one) prefixed with ``name``, so several charts can share a page."""
     from matplotlib import rc_context
 
@@ -32,6 +33,9 @@ def to_svg(figure: Figure, name: str) -> str:
         figure.savefig(buffer, format="svg", metadata={"Date": None}, bbox_inches="tight")
     text = buffer.getvalue()
     text = text[text.index("<svg"):]
+    root_end = text.index(">")
+    root = re.sub(r'\s(width|height)="[^"]*"', "", text[:root_end])
+    text = root + ' width="100%"' + text[root_end:]
     text = re.sub(r'\bid="([^"]+)"', rf'id="{name}-\1"', text)
     return re.sub(r'(url\(#|href="#)([^)"]+)', rf"\1{name}-\2", text)
 
@@ -140,8 +144,10 @@ def comparison_figure(results: Sequence[tuple[str, Plan | str]]) -> Figure:
     just below the best); a topology without a plan is marked where its bars would be."""
     names = [name for name, _ in results]
     plans = [r if isinstance(r, Plan) else None for _, r in results]
-    figure = Figure(figsize=(13, 3.8), layout="constrained")
-    axes = figure.subplots(1, 4)
+    # 2 x 2 panels: about a landscape page's proportions, so the chart fills the page's width
+    # without leaving most of its height blank
+    figure = Figure(figsize=(12, 6.6), layout="constrained")
+    axes = list(figure.subplots(2, 2).ravel())
     x = range(len(names))
     parts = (("lookup", lambda d: d.lookup_s), ("all-to-all", lambda d: d.comm_s),
              ("overheads", lambda d: d.overhead_s))
@@ -150,7 +156,7 @@ def comparison_figure(results: Sequence[tuple[str, Plan | str]]) -> Figure:
         heights = [part(_slowest(p)) * 1e6 if p else 0.0 for p in plans]
         axes[0].bar(x, heights, bottom=bottom, color=color, width=0.6, label=label)
         bottom = [b + h for b, h in zip(bottom, heights)]
-    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.25), ncols=3, frameon=False)
+    axes[0].legend(fontsize=8, loc="upper left", ncols=3, frameon=False)  # in the headroom above the bars
     panels = (
         (axes[0], "Step time (slowest device)", "us", bottom),
         (axes[1], "Throughput per chip", "k samples/s per chip", [samples_per_s_per_chip(p) / 1e3 if p else 0.0
@@ -169,7 +175,7 @@ def comparison_figure(results: Sequence[tuple[str, Plan | str]]) -> Figure:
         if unit.startswith("%") and top >= USABLE_LINE_FROM:  # the limit line where a bar comes near it;
             ax.axhline(100, color=LIMIT_COLOR, linestyle="--", linewidth=1.2)  # else the axis would be mostly
             top = max(top, 100)  # empty above bars far below it (the y axis says the share)
-        ax.set_ylim(low, low + (top - low) * 1.15)
+        ax.set_ylim(low, low + (top - low) * (1.3 if ax is axes[0] else 1.15))
         for i, p in enumerate(plans):
             if p is None:  # no plan: say so where the bar would be
                 ax.text(i, low + (top - low) * 0.04, "no plan", rotation=90, ha="center", va="bottom",

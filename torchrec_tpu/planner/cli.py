@@ -69,6 +69,10 @@ def _pooling(values: list[str]) -> tuple[float | None, dict[str, float]]:
     return default, per_table
 
 
+ID_LIMITS_HEADER = ("max_ids_per_partition per table, from pooling factor and batch (--max-ids-per-partition N "
+                    "sets one for all):")
+
+
 def _suffixed(path: Path, topology: str) -> Path:
     return path.with_name(f"{path.stem}.{topology}{path.suffix}")
 
@@ -95,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     compare = len(names) > 1
     results = []
-    id_limit_lines = []  # printed below the tables: one long line per topology
+    id_limit_lines = []  # printed below the tables: a short line per topology
     for name, topology in zip(names, topologies):
         try:
             planned = tables
@@ -103,9 +107,7 @@ def run(args: argparse.Namespace) -> int:
                 limits = auto_id_limits(tables, topology, args.batch_size)
                 planned = with_id_limits(tables, limits)
                 if limits:
-                    id_limit_lines.append(f"{name}: max_ids_per_partition per table (auto from pooling factor and "
-                                          f"batch; --max-ids-per-partition N sets one for all): "
-                                          f"{describe_id_limits(limits)}")
+                    id_limit_lines.append(f"  {name}: {describe_id_limits(limits)}")
             limit = args.max_ids_per_partition or DEFAULT_MAX_IDS_PER_PARTITION
             results.append((name, plan_tables(planned, topology, args.batch_size, limit,
                                               progress=args.progress, dense_params=args.dense_params)))
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         if not compare:
             print(format_plan(result, args.top))
             if id_limit_lines:
-                print("\n".join(["", *id_limit_lines]))
+                print("\n".join(["", ID_LIMITS_HEADER, *id_limit_lines]))
         if args.out:
             out = _suffixed(args.out, name) if compare else args.out
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if compare:
         print(format_comparison(results))
         if id_limit_lines:
-            print("\n".join(["", *id_limit_lines]))
+            print("\n".join(["", ID_LIMITS_HEADER, *id_limit_lines]))
         if args.html:
             args.html.parent.mkdir(parents=True, exist_ok=True)
             args.html.write_text(render_comparison_html(results, f"torchrec-tpu plan: {len(tables)} tables on "

@@ -35,9 +35,14 @@ def with_id_limits(tables: Sequence[EmbeddingTable], limits: dict[str, int]) -> 
     return [replace(t, max_ids_per_partition=limits[t.name]) if t.name in limits else t for t in tables]
 
 
-def describe_id_limits(limits: dict[str, int]) -> str:
-    """``limits`` grouped by value, largest first: ``4096: C21, C22; 512: C1 ...``."""
-    by_value: dict[int, list[str]] = {}
-    for name, limit in limits.items():
-        by_value.setdefault(limit, []).append(name)
-    return "; ".join(f"{value}: {', '.join(names)}" for value, names in sorted(by_value.items(), reverse=True))
+def describe_id_limits(limits: dict[str, int], shown: int = 4) -> str:
+    """``limits`` in one short line, largest first: every table when there are at most ``shown`` + 1,
+    else ``128 to 4096: C21 4096, C22 3456, C20 1536, C23 1280, 22 more from 128 to 1152``."""
+    ranked = sorted(limits.items(), key=lambda item: (-item[1], item[0]))
+    if len({limit for _, limit in ranked}) == 1:
+        return f"{ranked[0][1]} for all {len(ranked)} tables"
+    head = ", ".join(f"{name} {limit}" for name, limit in ranked[: shown if len(ranked) > shown + 1 else None])
+    if len(ranked) <= shown + 1:
+        return head
+    rest = [limit for _, limit in ranked[shown:]]
+    return f"{ranked[-1][1]} to {ranked[0][1]}: {head}, {len(rest)} more from {min(rest)} to {max(rest)}"

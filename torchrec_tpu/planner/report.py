@@ -144,13 +144,13 @@ def format_comparison(results: Sequence[tuple[str, Plan | str]]) -> str:
 
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; font-size: 13px; }
 td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: right; }
 td.l, th.l { text-align: left; }
 pre, li { white-space: pre-wrap; overflow-wrap: anywhere; }
 ul.warnings li { color: #8a4b00; }
-svg { max-width: 100%; height: auto; display: block; margin: 0.5em 0 1.5em; }
+svg { width: 100%; height: auto; display: block; margin: 0.5em 0 1.5em; }
 .row_wise { background: #dbe5f7; } .table_wise { background: #fbe3d5; }
 .column_wise { background: #e0f4df; } .data_parallel { background: #eae1f1; }
 """

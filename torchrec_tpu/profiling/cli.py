@@ -14,13 +14,14 @@ from pipelines.flag_numbers import positive_int
 from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
-from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args
+from torchrec_tpu.train.config import HSTU_MODELS, ConfigError, add_config_arguments, config_from_args
 from torchrec_tpu.train.engine_kinds import ENGINES
 from torchrec_tpu.train.preflight import check_paths
 
 # Options of ``train`` that do not change the profiled step (a --config YAML may still hold them).
 TRAIN_ONLY = frozenset({"epochs", "max_steps", "log_every", "eval_every", "target_auc", "checkpoint_dir",
-                        "checkpoint_every", "keep_checkpoints", "overwrite_checkpoints", "resume"})
+                        "checkpoint_every", "keep_checkpoints", "overwrite_checkpoints", "resume", "mllog",
+                        "mllog_org", "mllog_division", "mllog_platform", "mllog_status"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
-        check_paths(config, int(os.environ.get("WORLD_SIZE", "1")))  # before the heavy imports below
+        if config.model.kind not in HSTU_MODELS:  # HSTU's --data: a sequence dataset, checked as train checks it
+            check_paths(config, int(os.environ.get("WORLD_SIZE", "1")))  # before the heavy imports below
         from torchrec_tpu.profiling.job import profile_training  # heavy: torch, torchrec, jax
 
         result = profile_training(config, args.steps, args.warmup, args.profile_dir, top=args.top)
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    cli = argparse.ArgumentParser(prog="torchrec-tpu profile")
-    add_arguments(cli)
-    sys.exit(run(cli.parse_args()))
+if __name__ == "__main__":  # as ``torchrec-tpu profile``: the one entry point reports the errors
+    from torchrec_tpu.cli import main
+
+    sys.exit(main(["profile", *sys.argv[1:]]))

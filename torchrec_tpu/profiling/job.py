@@ -15,21 +15,24 @@ threads it was enabled on).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
+from torch.autograd.profiler import record_function
 
 from pipelines.progress import progress_bar
 from sparsecore.limits import PartitionOverflowError
 from torchrec_tpu.log_setup import configure_logging
-from torchrec_tpu.profiling.phases import PhasedParquetReader, phase_ranges
+from torchrec_tpu.profiling.phases import DATA, PhasedParquetReader, phase_ranges
 from torchrec_tpu.profiling.summary import format_summary
 from torchrec_tpu.profiling.trace import TraceFiles, profiling, program_range, traced_step
-from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.config import HSTU_MODELS, TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
-from torchrec_tpu.train.engines import engine_for, step_program_name
+from torchrec_tpu.train.engines import EAGER_STEP, engine_for, step_program_name
 from torchrec_tpu.train.engines.sparsecore_engine import overflow_with_flags
 from torchrec_tpu.train.job import decide_layout, model_spec, use_rank_threads
 from torchrec_tpu.train.streams import training_streams
@@ -64,10 +67,12 @@ def profile_training(
     configure_logging("profile")
     if steps < 1 or warmup < 1:
         raise ValueError(f"need steps >= 1 and warmup >= 1, got steps={steps}, warmup={warmup}")
-    if config.data.in_memory_binary_criteo_path is not None:
-        raise ValueError("profile reads Parquet (--data); --in-memory-binary-criteo-path is for train")
     log_dir = Path(log_dir) if log_dir else config.loop.resolved_log_dir() / "profile"
     torch.manual_seed(config.loop.seed)
+    if config.model.kind in HSTU_MODELS:
+        return _profile_hstu(config, steps, warmup, log_dir, top)
+    if config.data.in_memory_binary_criteo_path is not None:
+        raise ValueError("profile reads Parquet (--data); --in-memory-binary-criteo-path is for train")
     with process_group() as env:
         use_rank_threads(config, env, "profile")  # as train: --dense-device auto's measurement depends on them
         return _profile_in(config, env, steps, warmup, log_dir, device, top)
@@ -101,13 +106,40 @@ def _profile_in(config: TrainConfig, env: DistEnv, steps: int, warmup: int, log_
                 except PartitionOverflowError as error:  # no prefetch thread here to say it in flags
                     raise overflow_with_flags(config.data.batch_size, error) from None
 
-        model.train()
-        for _ in range(warmup):
-            step()
-        progress = config.loop.progress and env.is_primary
-        with phase_ranges(model), profiling(log_dir) as files:
-            for index in progress_bar(range(steps), desc="profile", unit="step", enabled=progress):
-                with traced_step(index):
-                    step()
+        files = _trace(step, model, warmup, steps, log_dir, config.loop.progress and env.is_primary)
     return ProfileResult(config.engine.kind, program, steps, log_dir, files,
+                         format_summary(files.profiler, steps, top))
+
+
+def _trace(step: Callable[[], None], model: nn.Module, warmup: int, steps: int, log_dir: Path,
+           progress: bool) -> TraceFiles:
+    """``warmup`` untraced calls of ``step``, then ``steps`` traced ones, each marked, with the
+    phase ranges on ``model``."""
+    model.train()
+    for _ in range(warmup):
+        step()
+    with phase_ranges(model), profiling(log_dir) as files:
+        for index in progress_bar(range(steps), desc="profile", unit="step", enabled=progress):
+            with traced_step(index):
+                step()
+    return files
+
+
+def _profile_hstu(config: TrainConfig, steps: int, warmup: int, log_dir: Path, top: int) -> ProfileResult:
+    """``--model hstu|dlrmv4``: train's HSTU setup and step (:func:`torchrec_tpu.hstu.train.hstu_training`:
+    the same model, tables, dense device and layout line), its window-T batches over as many epochs
+    as the steps need."""
+    from torchrec_tpu.hstu.train import hstu_training, prepared
+
+    with hstu_training(prepared(config)) as run:
+        batches = itertools.chain.from_iterable(run.train.batches(epoch) for epoch in itertools.count())
+
+        def step() -> None:
+            with record_function(DATA):
+                batch = next(batches)
+            with program_range(EAGER_STEP):
+                run.step(batch)
+
+        files = _trace(step, run.model, warmup, steps, log_dir, config.loop.progress and run.env.is_primary)
+    return ProfileResult(config.engine.kind, EAGER_STEP, steps, log_dir, files,
                          format_summary(files.profiler, steps, top))

@@ -20,15 +20,17 @@ from torch.nn.parallel import DistributedDataParallel
 from torchrec.datasets.utils import Batch
 
 from pipelines.parquet_reader import ParquetBatchReader
-from torchrec_tpu.train.loop import DENSE_BWD, OPTIMIZER
+from torchrec_tpu.train.loop import COLLECTIVES, DENSE_BWD, OPTIMIZER
 
 DATA, PREPROCESS, SPARSE_LOOKUP = "data", "preprocess", "sparse_lookup"
-DENSE_FWD, COLLECTIVES, TRAIN_STEP = "dense_fwd", "collectives", "train_step"
+DENSE_FWD, TRAIN_STEP = "dense_fwd", "train_step"
 # TRAIN_STEP: the whole step function train runs (one compiled program by default, whose parts
 # then show no ranges of their own); the eager step's parts show as the others
 PHASES = (DATA, PREPROCESS, TRAIN_STEP, SPARSE_LOOKUP, DENSE_FWD, DENSE_BWD, OPTIMIZER, COLLECTIVES)
 
 _DENSE_PARTS = ("dense_arch", "inter_arch", "over_arch")
+# HSTU's (torchrec_tpu.hstu.model.HSTU) top-level modules, by their full names
+_HSTU_SPARSE, _HSTU_DENSE = ("embeddings",), ("stack", "heads")
 
 
 class PhasedParquetReader(ParquetBatchReader):
@@ -86,9 +88,9 @@ def phase_ranges(model: nn.Module) -> Iterator[None]:
     handles = []
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        if leaf == "sparse_arch":
+        if leaf == "sparse_arch" or name in _HSTU_SPARSE:
             handles += _range_hooks(module, SPARSE_LOOKUP)
-        elif leaf in _DENSE_PARTS:
+        elif leaf in _DENSE_PARTS or name in _HSTU_DENSE:
             handles += _range_hooks(module, DENSE_FWD)
         elif isinstance(module, DistributedDataParallel) and not getattr(module, "_tpu_traced", False):
             module.register_comm_hook(dist.group.WORLD, _traced_allreduce)

@@ -9,30 +9,26 @@ instead of all of them beside the live tables. Anything else done to one makes i
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
-_DEFERRED = contextvars.ContextVar("deferred_tables", default=False)
+from tpu_facts.switches import Switch
+
+_DEFERRED = Switch("deferred_tables")
 
 
-@contextlib.contextmanager
-def deferred_tables() -> Iterator[None]:
+def deferred_tables() -> AbstractContextManager[None]:
     """Within: sharded modules' ``state_dict`` gives :class:`DeferredTensor` tables where it can."""
-    token = _DEFERRED.set(True)
-    try:
-        yield
-    finally:
-        _DEFERRED.reset(token)
+    return _DEFERRED.on()
 
 
 def tables_deferred() -> bool:
     """Whether the caller is inside :func:`deferred_tables`."""
-    return _DEFERRED.get()
+    return _DEFERRED.is_on()
 
 
 class DeferredTensor(torch.Tensor):

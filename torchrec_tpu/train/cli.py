@@ -14,7 +14,13 @@ from pipelines.flag_numbers import non_negative_int
 from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
-from torchrec_tpu.train.config import ConfigError, add_config_arguments, check_batch_split, config_from_args
+from torchrec_tpu.train.config import (
+    HSTU_MODELS,
+    ConfigError,
+    add_config_arguments,
+    check_batch_split,
+    config_from_args,
+)
 from torchrec_tpu.train.engine_kinds import ENGINES
 from torchrec_tpu.train.preflight import check_paths
 from torchrec_tpu.train.ray_train import RayOptions
@@ -54,28 +60,21 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
                       accelerator_type=args.ray_tpu_type, tpus_per_worker=args.ray_tpus_per_worker)
 
 
-def _run_hstu(config, args: argparse.Namespace) -> int:
-    if args.ray_workers:
-        raise ConfigError(f"--model {config.model.kind} trains under torchrun, not Ray Train (--ray-workers)")
-    from torchrec_tpu.hstu.train import run_hstu  # heavy: torch, torchrec, torch_tpu
-
-    summary = run_hstu(config)
-    if summary.primary:
-        print(summary.format())
-    return 0
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
-        if config.model.kind in ("hstu", "dlrmv4"):
-            return _run_hstu(config, args)
+        hstu = config.model.kind in HSTU_MODELS
         # the world is known before anything starts: torchrun's environment, or the Ray workers
         world_size = args.ray_workers or int(os.environ.get("WORLD_SIZE", "1"))
-        check_batch_split(config.data, world_size)
-        check_paths(config, world_size)  # before the heavy imports below: a bad file fails in well under a second
+        if hstu:  # its options and sequence data are checked by torchrec_tpu.hstu.train
+            from torchrec_tpu.hstu.train import check_options  # heavy: torch, torchrec, torch_tpu
+
+            check_options(config)
+        else:
+            check_batch_split(config.data, world_size)
+            check_paths(config, world_size)  # before the heavy imports below: a bad file fails in well under a second
         if args.ray_workers:
             from torchrec_tpu.train.ray_train import as_given, train_on_ray  # heavy: ray.train, torch
 
@@ -83,9 +82,14 @@ def run(args: argparse.Namespace) -> int:
             print(ray_run.summary)
             print(f"  ray checkpoint  {as_given(ray_run.checkpoint)}")
             return 0
-        from torchrec_tpu.train.job import run_job  # heavy: torch, torchrec, fbgemm
+        if hstu:
+            from torchrec_tpu.hstu.train import run_hstu
 
-        summary = run_job(config)
+            summary = run_hstu(config)
+        else:
+            from torchrec_tpu.train.job import run_job  # heavy: torch, torchrec, fbgemm
+
+            summary = run_job(config)
     except (ConfigError, CheckpointError, FileNotFoundError) as error:  # bad flags, YAML, data, checkpoint
         return report_user_error("train", error)
     if summary.primary:

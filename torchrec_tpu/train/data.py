@@ -20,7 +20,7 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence, TypeVar
+from typing import Any, Iterator, Sequence, TypeVar
 
 import torch.distributed as dist
 
@@ -28,6 +28,7 @@ from pipelines.bad_values import BadValueCounts
 from pipelines.convert import convert_to_parquet
 from pipelines.npy_criteo import NpyCriteoReader, npy_days
 from pipelines.parquet_checksums import note_unverifiable
+from pipelines.parquet_files import footer_sha256
 from pipelines.parquet_reader import ParquetBatchReader, list_parquet_files
 from pipelines.sample_data import criteo_sample_csv
 from pipelines.schema import CRITEO, DatasetSchema
@@ -52,6 +53,7 @@ class TrainData:
     held_out: ParquetBatchReader | NpyCriteoReader  # validation, when there is a test split
     world_size: int
     test: ParquetBatchReader | NpyCriteoReader | None = None
+    given: str = ""  # --data as the user typed it ('sample' for its temporary copy); "": source
 
     @property
     def eval_batch_rows(self) -> int:
@@ -63,7 +65,7 @@ class TrainData:
 
     def describe(self) -> str:
         text = (
-            f"{self.source}: {self.train.num_rows} train rows {_in_files(self.train)}, "
+            f"{self.given or self.source}: {self.train.num_rows} train rows {_in_files(self.train)}, "
             f"{self.held_out.num_rows} held-out rows {_in_files(self.held_out)}"
         )
         if self.test is not None:
@@ -71,6 +73,16 @@ class TrainData:
         if self.rows_dropped:
             text += f" ({self.rows_dropped} training rows left out on this rank to keep ranks in lock-step)"
         return text
+
+    def split_record(self) -> dict[str, list[dict[str, Any]]]:
+        """What a checkpoint records of the run's data, for ``infer`` to tell which of its inputs
+        the model trained on: per split (``train``, ``held_out``, ``test``), each file's name,
+        content identity (Parquet footer hash) and the rows of it the split holds. Empty for the
+        npy days (not Parquet)."""
+        if not isinstance(self.train, ParquetBatchReader):
+            return {}
+        splits = {"train": self.train, "held_out": self.held_out, "test": self.test}
+        return {name: rows_by_file(reader) for name, reader in splits.items() if isinstance(reader, ParquetBatchReader)}
 
     def bad_values(self) -> BadValueCounts:
         """Rows this rank's readers skipped or clamped so far (``--bad-values``), every split."""
@@ -87,6 +99,22 @@ def _in_files(split: ParquetBatchReader | NpyCriteoReader) -> str:
     if isinstance(split, ParquetBatchReader) and split.rows is not None:
         return f"(rows {split.rows[0]:,}-{split.rows[1] - 1:,} of {count} file{'s' if count > 1 else ''})"
     return f"in {count} file{'s' if count > 1 else ''}"
+
+
+def rows_by_file(reader: ParquetBatchReader) -> list[dict[str, Any]]:
+    """``{"name", "footer_sha256", "rows": [first, end)}`` (rows within the file) of each file of
+    ``reader``'s split (all ranks' rows) that holds some of its rows."""
+    extent: dict[Path, list[int]] = {}  # file -> [first global row, rows]
+    for group in reader.row_groups:
+        extent.setdefault(group.path, [group.first_row, 0])[1] += group.num_rows
+    low, high = reader.rows if reader.rows is not None else (0, sum(rows for _, rows in extent.values()))
+    record = []
+    for path, (first, count) in extent.items():
+        start, end = max(low, first) - first, min(high, first + count) - first
+        if start < end:
+            with open(path, "rb") as file:
+                record.append({"name": path.name, "footer_sha256": footer_sha256(file), "rows": [start, end]})
+    return record
 
 
 def split_files(files: list[Path], eval_files: int, source: Path) -> tuple[list[Path], list[Path]]:
@@ -212,7 +240,7 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
         if train_split[1] is not None and env.is_primary:
             _log.info("--data=%r has %d Parquet file(s), too few to hold out --eval-files=%d: holding out its "
                       "last %s rows instead (for a split by files: `torchrec-tpu data convert --rows-per-file N`)",
-                      str(source), len(files), config.data.eval_files, f"{total_rows - train_split[1][1]:,}")
+                      config.data.source, len(files), config.data.eval_files, f"{total_rows - train_split[1][1]:,}")
         train = reader(train_split, config.data.batch_size, lockstep)
         held_out = reader(validation, config.data.eval_batch_size, False)
         test = reader(test_split, config.data.eval_batch_size, False) if test_split else None
@@ -220,10 +248,11 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
             batch = config.data.batch_size
             raise ConfigError(f"--batch-size={batch} ({batch // env.world_size} per rank) "
                               f"exceeds each rank's {train.num_rows // env.world_size} training rows of "
-                              f"--data={str(source)!r}; {env.world_size} ranks train in lock-step on full batches")
+                              f"--data={config.data.source!r}; {env.world_size} ranks train in lock-step on "
+                              "full batches")
         for split, split_reader in (("training", train), ("held-out", held_out), ("test", test)):
             if split_reader is not None and split_reader.num_rows == 0:
-                raise ConfigError(f"--data={str(source)!r}: the {split} files "
+                raise ConfigError(f"--data={config.data.source!r}: the {split} files "
                                   f"{[f.name for f in split_reader.files]} hold no rows")
         yield TrainData(source=source, schema=CRITEO, table_sizes=table_sizes, train=train,
-                        held_out=held_out, world_size=env.world_size, test=test)
+                        held_out=held_out, world_size=env.world_size, test=test, given=config.data.source)

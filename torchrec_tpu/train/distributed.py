@@ -36,6 +36,7 @@ from torchrec_tpu import rank_watch
 from torchrec_tpu.errors import one_line
 from torchrec_tpu.launcher import die_with_parent
 from torchrec_tpu.train.config import per_rank_batch
+from tpu_facts import knobs
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
@@ -150,7 +151,7 @@ def process_group(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         store.set_timeout(timeout)
         if agree is not None and world_size > 1:
             agree(store, rank, world_size)
-        transport = os.environ.get(tpu_dist.backend.TRANSPORT_ENV) or ("auto" if device_tensors else "gloo")
+        transport = knobs.DIST_TRANSPORT.value() or ("auto" if device_tensors else "gloo")
         # the prefix init_process_group gives a store it makes itself
         dist.init_process_group(tpu_dist.BACKEND_NAME, store=dist.PrefixStore("default_pg", store), rank=rank,
                                 world_size=world_size, timeout=timeout, pg_options=tpu_dist.TransportOptions(transport))

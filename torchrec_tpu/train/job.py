@@ -6,9 +6,10 @@ import contextlib
 import functools
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 import torchrec
@@ -37,7 +38,9 @@ from torchrec_tpu.train.engines import Engine, engine_for
 from torchrec_tpu.train.engines.step_layout import StepLayout
 from torchrec_tpu.train.learning_rate import LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
+from torchrec_tpu.train.mllog import mlperf_log
 from torchrec_tpu.train.model import ModelSpec
+from torchrec_tpu.train.run_events import RunEvents
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.streams import evaluation_stream, training_streams
 
@@ -64,7 +67,7 @@ class JobSummary:
             "training finished",
             f"  data            {self.data}",
             f"  steps           {r.steps} ({r.samples:,} samples this run, {self.world_size} rank(s))",
-            f"  throughput      {r.samples_per_sec:,.0f} samples/s (input + train steps, eval excluded)",
+            f"  throughput      {self._throughput()}",
             f"  first step      {r.first_step_seconds:.2f} s (input, tracing and compiling; the persistent "
             "compile cache skips the last two from the second run on)",
             f"  train loss      {r.final_train_loss:.4f} (mean of the last steps)",
@@ -77,6 +80,16 @@ class JobSummary:
             f"  checkpoint      {self.checkpoint_dir}",
         ])
 
+
+    def _throughput(self) -> str:
+        """Steady (after the compiling first step) and whole-run samples/s: on a short run the
+        first step dominates the whole-run figure."""
+        r = self.result
+        whole = f"{r.samples_per_sec:,.0f} samples/s whole run (input + train steps, eval excluded)"
+        steady = r.steady_samples_per_sec
+        if steady is None:
+            return f"{whole}; one step, no steady figure"
+        return f"{steady:,.0f} samples/s steady (after the first step), {whole}"
 
     def _target_line(self) -> str:
         r = self.result
@@ -160,76 +173,142 @@ def _run(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device
 
 def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device, hooks: JobHooks,
             dirs: RunDirs) -> JobSummary:
-    log_dir, checkpoint_root = dirs.log_dir, dirs.checkpoint_root
     torch.manual_seed(config.loop.seed)
     use_rank_threads(config, env, "train")
-    with open_data(config, env) as data, ScalarLog(log_dir, enabled=env.is_primary) as log:
+    with open_data(config, env) as data, ScalarLog(dirs.log_dir, enabled=env.is_primary) as log, \
+            _run_events(config, env, data) as events:
         log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
         layout = decide_layout(engine, spec, env)
-        model = engine.build_model(spec, env, device, layout)
-        if config.engine.print_sharding_plan and env.is_primary:
-            _log.info(engine.sharding_plan(model))
-        optimizer = engine.build_optimizer(model)
-        start_step, start = 0, LoopPosition()
+        built = time.perf_counter()
+        model, optimizer = _build(config, engine, spec, env, device, layout)
         run_id = point.run_id if point is not None else _on_primary(new_run_id, env)  # whose checkpoints to prune
-        if point is not None:
-            load_checkpoint(point.directory, model, optimizer, verify=False)  # verified just now
-            restore_rng(point.directory, env.rank)
-            start_step, start = point.step, point.position
-            if env.is_primary:
-                _log.info(point.describe())
-        options = LoopOptions(
-            epochs=config.loop.epochs, max_steps=config.loop.max_steps, log_every=config.loop.log_every,
-            eval_every=config.loop.eval_every, eval_batch_rows=data.eval_batch_rows, target_auc=config.loop.target_auc,
-            checkpoint_every=config.checkpoint.checkpoint_every,
-            progress=config.loop.progress and env.is_primary, primary=env.is_primary, world_size=env.world_size,
-            start_step=start_step, start=start,
-        )
-        train: Any
-        held_out: Any
-        train_batches = data.train if hooks.train_batches is None else hooks.train_batches
-        train, held_out = training_streams(config, train_batches, data.held_out, data.table_sizes,
-                                           env.world_size, start.epoch)
-        test = None if data.test is None else evaluation_stream(config, data.test, data.table_sizes, env.world_size)
-        if env.world_size > 1:  # a failing reader stops every rank; an exhausted one evaluates padding
-            held_out, test = (None if split is None else AgreedBatches(
-                split, None, env.rank, env.world_size, "evaluation batch", exhausted=empty_batch(data.schema))
-                for split in (held_out, test))
-        train = engine.wrap_batches(train, model, env, device)
-
-        def save(step: int, position: LoopPosition, **extra: object) -> Path:
-            info = {"step": step, **position_meta(position, env.world_size), "model": spec.to_dict(),
-                    "config": config.to_dict(),
-                    "table_sizes": list(data.table_sizes), "train_rows": data.train.num_rows, **extra,
-                    "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
-            directory = save_checkpoint(checkpoint_root, model, optimizer, info, run_id,
-                                        config.checkpoint.keep_checkpoints)
-            if hooks.checkpointed is not None:
-                hooks.checkpointed(directory, {"step": step, **info.get("metrics", {})})  # type: ignore[dict-item]
-            return directory
-
+        start_step, start = _restore(point, model, optimizer, env)
+        if env.is_primary:
+            _log.info("model %s in %.1f s; the first training step compiles",
+                      "built and restored" if point else "built", time.perf_counter() - built)
+        train, held_out, test = _streams(config, engine, hooks, data, env, model, device, start.epoch)
+        data_split = data.split_record() if env.is_primary else {}  # infer checks its inputs against it
+        checkpoints = _Checkpoints(config, env, data, spec, model, optimizer, run_id, dirs.checkpoint_root, hooks,
+                                   data_split)
         policy = LRPolicy(config.optim.lr_warmup_steps, config.optim.lr_decay_start, config.optim.lr_decay_steps)
-        result = run_training(model, optimizer, train, held_out, device, log, options,
-                              step_fn=engine.step_function(model, optimizer, layout), checkpoint=save,
+        result = run_training(model, optimizer, train, held_out, device, log,
+                              _loop_options(config, env, data, start_step, start),
+                              step_fn=engine.step_function(model, optimizer, layout), checkpoint=checkpoints.save,
                               learning_rates=engine.learning_rates(policy, model, optimizer).at,
-                              eval_forward=engine.eval_forward(model, layout), test=test)
-        checkpoint_dir = save(
-            result.steps, result.position, samples=result.samples,
-            metrics={"train_loss": result.final_train_loss, "eval_auc": result.eval.auc,
-                     "eval_loss": result.eval.loss, "eval_accuracy": result.eval.accuracy,
-                     **({"test_auc": result.test.auc, "test_loss": result.test.loss} if result.test else {})},
-        )
+                              eval_forward=engine.eval_forward(model, layout), test=test, events=events)
+        checkpoint_dir = checkpoints.save(result.steps, result.position, samples=result.samples,
+                                          metrics=_final_metrics(result))
         if env.is_primary:
             _log.info("checkpoint step %d: %s", result.steps, checkpoint_dir)
-        if env.is_primary:
-            (log_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+            (dirs.log_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
         return JobSummary(
-            result, data.describe(), log_dir, checkpoint_dir, env.world_size, env.is_primary,
+            result, data.describe(), dirs.log_dir, checkpoint_dir, env.world_size, env.is_primary,
             tuple(_all_ranks_bad_values(data, env).lines()), config.loop.target_auc,
         )
+
+
+def _build(config: TrainConfig, engine: Engine, spec: ModelSpec, env: DistEnv, device: torch.device,
+           layout: StepLayout) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The engine's sharded model (its sharding plan logged with ``--print-sharding-plan``) and optimizer."""
+    model = engine.build_model(spec, env, device, layout)
+    if config.engine.print_sharding_plan and env.is_primary:
+        _log.info(engine.sharding_plan(model))
+    return model, engine.build_optimizer(model)
+
+
+def _restore(point: ResumePoint | None, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             env: DistEnv) -> tuple[int, LoopPosition]:
+    """The step and stream position the loop starts at: the resume point's, with its checkpoint
+    and random state loaded (verified by :func:`_resume_point` already), else the beginning."""
+    if point is None:
+        return 0, LoopPosition()
+    load_checkpoint(point.directory, model, optimizer, verify=False)
+    restore_rng(point.directory, env.rank)
+    if env.is_primary:
+        _log.info(point.describe())
+    return point.step, point.position
+
+
+def _streams(config: TrainConfig, engine: Engine, hooks: JobHooks, data: TrainData, env: DistEnv,
+             model: torch.nn.Module, device: torch.device, epoch: int) -> tuple[Any, Any, Any]:
+    """(train, held-out, test) streams as the loop consumes them, the training one from ``epoch``:
+    the data flags' wrappers, the ranks agreeing batch by batch on the evaluation ones (a failing
+    reader stops every rank; an exhausted one evaluates padding), the engine's wrapper on training."""
+    train_batches = data.train if hooks.train_batches is None else hooks.train_batches
+    train, held_out = training_streams(config, train_batches, data.held_out, data.table_sizes, env.world_size, epoch)
+    test = None if data.test is None else evaluation_stream(config, data.test, data.table_sizes, env.world_size)
+    if env.world_size > 1:
+        held_out, test = (None if split is None else AgreedBatches(
+            split, None, env.rank, env.world_size, "evaluation batch", exhausted=empty_batch(data.schema))
+            for split in (held_out, test))
+    return engine.wrap_batches(train, model, env, device), held_out, test
+
+
+def _loop_options(config: TrainConfig, env: DistEnv, data: TrainData, start_step: int,
+                  start: LoopPosition) -> LoopOptions:
+    return LoopOptions(
+        epochs=config.loop.epochs, max_steps=config.loop.max_steps, log_every=config.loop.log_every,
+        eval_every=config.loop.eval_every, eval_batch_rows=data.eval_batch_rows, target_auc=config.loop.target_auc,
+        checkpoint_every=config.checkpoint.checkpoint_every,
+        progress=config.loop.progress and env.is_primary, primary=env.is_primary, world_size=env.world_size,
+        start_step=start_step, start=start,
+    )
+
+
+@dataclass(frozen=True)
+class _Checkpoints:
+    """Saves the run's checkpoints (the loop's periodic ones and the final one) with their meta."""
+
+    config: TrainConfig
+    env: DistEnv
+    data: TrainData
+    spec: ModelSpec
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    run_id: str
+    root: Path
+    hooks: JobHooks
+    data_split: dict[str, Any]  # the primary's record of the data split (empty on the other ranks)
+
+    def save(self, step: int, position: LoopPosition, **extra: object) -> Path:
+        info = {"step": step, **position_meta(position, self.env.world_size), "model": self.spec.to_dict(),
+                "config": self.config.to_dict(), "data_split": self.data_split,
+                "table_sizes": list(self.data.table_sizes), "train_rows": self.data.train.num_rows, **extra,
+                "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
+        directory = save_checkpoint(self.root, self.model, self.optimizer, info, self.run_id,
+                                    self.config.checkpoint.keep_checkpoints)
+        if self.hooks.checkpointed is not None:
+            self.hooks.checkpointed(directory, {"step": step, **info.get("metrics", {})})  # type: ignore[dict-item]
+        return directory
+
+
+def _final_metrics(result: TrainResult) -> dict[str, float]:
+    """The final checkpoint's metrics."""
+    return {"train_loss": result.final_train_loss, "eval_auc": result.eval.auc, "eval_loss": result.eval.loss,
+            "eval_accuracy": result.eval.accuracy,
+            **({"test_auc": result.test.auc, "test_loss": result.test.loss} if result.test else {})}
+
+
+@contextlib.contextmanager
+def _run_events(config: TrainConfig, env: DistEnv, data: TrainData) -> Iterator[RunEvents]:
+    """Who hears the loop's events: MLPerf's log with ``--mllog`` on the primary, else no one."""
+    if config.loop.mllog is None or not env.is_primary:
+        yield RunEvents()
+        return
+    with mlperf_log(config, env.world_size, epoch_samples(config, data)) as events:
+        yield events
+
+
+def epoch_samples(config: TrainConfig, data: TrainData) -> int:
+    """Training samples in an epoch, all ranks: its batches (at most ``--limit-train-batches``) of
+    the global batch size, the last one short on a world of one."""
+    batches = len(data.train)
+    if config.data.limit_train_batches:
+        batches = min(batches, config.data.limit_train_batches)
+    return min(batches * config.data.batch_size, data.train.num_rows)
 
 
 def _all_ranks_bad_values(data: TrainData, env: DistEnv) -> BadValueCounts:

@@ -21,14 +21,16 @@ from torch.autograd.profiler import record_function
 from torch.optim import Optimizer
 from torchrec.datasets.utils import Batch
 
-from pipelines.progress import progress_bar
+from pipelines.progress import ProgressLine, eta_text, progress_bar
 from pipelines.streams import abandoning, batches_from_row
 from torchrec_tpu.rank_watch import collectives
 from torchrec_tpu.train.metrics import EvalForward, EvalResult, evaluate, model_outputs
+from torchrec_tpu.train.run_events import RunEvents
 from torchrec_tpu.train.scalars import ScalarLog
 
 _log = logging.getLogger(__name__)
 DENSE_BWD, OPTIMIZER = "dense_bwd", "optimizer"  # the eager step's profiler ranges (torchrec_tpu.profiling)
+COLLECTIVES = "collectives"  # the profiler range of a step's collectives (DDP's all-reduce, HSTU's)
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,19 @@ class TrainResult:
     test: EvalResult | None = None  # the test split's, scored once at the end (None: no test split)
     target_step: int | None = None  # the step whose evaluation reached --target-auc (None: not reached, or none)
     best_eval: tuple[int, EvalResult] | None = None  # (step, evaluation) of the best held-out AUC this run
+    first_step_samples: int = 0  # trained on in this run's first step, over all ranks
 
     @property
     def samples_per_sec(self) -> float:
+        """Over the whole loop, the first step (compiling) included."""
         return self.samples / self.train_seconds if self.train_seconds > 0 else 0.0
+
+    @property
+    def steady_samples_per_sec(self) -> float | None:
+        """Over the steps after this run's first (which compiles); None with a single step."""
+        seconds = self.train_seconds - self.first_step_seconds
+        samples = self.samples - self.first_step_samples
+        return samples / seconds if samples > 0 and seconds > 0 else None
 
 
 StepFn = Callable[[nn.Module, Optimizer, Batch], torch.Tensor]
@@ -141,6 +152,7 @@ def run_training(
     learning_rates: LearningRatesFn | None = None,
     eval_forward: EvalForward = model_outputs,
     test: Iterable[Batch] | None = None,
+    events: RunEvents = RunEvents(),
 ) -> TrainResult:
     """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out`` (and at the end on
     ``test``, logged as ``test/auc``, ``test/loss``); return a summary.
@@ -148,18 +160,22 @@ def run_training(
     ``checkpoint`` is called every ``options.checkpoint_every`` steps except the last (whose
     state the caller has when this returns). ``learning_rates(s)`` sets the rates of step ``s``
     (1-based) before it runs and returns them as scalars, logged at that step. ``eval_forward``
-    runs the model on a held-out batch.
+    runs the model on a held-out batch. ``events`` hears the run's timeline
+    (:mod:`~torchrec_tpu.train.run_events`).
     """
     model.train()
     step, position = options.start_step, options.start
     total = _total_steps(train, options)
-    evaluations = _Evaluations(options, log, lambda split, at: _evaluate(model, split, device, at, eval_forward,
-                                                                         options))
     bar = progress_bar(total=total, initial=options.start_step, desc="train", unit="step", enabled=options.progress)
     metrics = _MetricsWindow(log, options, total, bar)
+    timeline = _Timeline(events, _len(train), metrics)
+    evaluations = _Evaluations(options, log, lambda split, at: _evaluate(model, split, device, at, eval_forward,
+                                                                         options), timeline)
     stream = iter(()) if _done(step, options) else _batches(train, options)
+    events.run_started(timeline.epoch_num(position))
     with bar, _closed(stream):
         for position, batch in stream:
+            timeline.stepping(position, batch.labels.numel())
             rates = learning_rates(step + 1) if learning_rates else None
             with collectives(f"train step {step + 1} (embedding all_to_all, dense gradient all_reduce)"):
                 loss = step_fn(model, optimizer, batch.to(device))
@@ -169,7 +185,7 @@ def run_training(
             metrics.stepped(step, position.epoch, loss, batch.labels.numel() * options.world_size)
             if evaluations.due(step):
                 with metrics.paused():
-                    evaluations.held_out(held_out, step)
+                    evaluations.held_out(held_out, step, position)
                 if evaluations.target_step is not None:  # the global AUC: every rank stops
                     break
             if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 and step != total:
@@ -183,10 +199,12 @@ def run_training(
             f"no batches to train on from step {options.start_step} (the training split is empty, "
             "or a resumed run already reached --epochs / --max-steps)"
         )
-    result = evaluations.last if evaluations.due(step) else evaluations.held_out(held_out, step)
+    result = evaluations.last if evaluations.due(step) else evaluations.held_out(held_out, step, position)
+    timeline.finished(position, evaluations.target_step is not None)
     test_result = evaluations.logged(step, evaluations.run(test, step), "test") if test is not None else None
     return TrainResult(step, metrics.samples, train_seconds, metrics.final_loss(), result, position,
-                       metrics.first_step_seconds, test_result, evaluations.target_step, evaluations.best)
+                       metrics.first_step_seconds, test_result, evaluations.target_step, evaluations.best,
+                       metrics.first_step_samples)
 
 
 @contextlib.contextmanager
@@ -230,6 +248,10 @@ class _MetricsWindow:
         self.samples = self.window_samples = 0
         self.first_step_seconds = self.paused_seconds = 0.0
         self.loop_start = self.window_start = time.perf_counter()
+        self.first_step: int | None = None  # this run's first step (it compiles)
+        self.first_step_samples = 0
+        # off a terminal, a line at least every $TORCHREC_TPU_PROGRESS_SECONDS between --log-every lines
+        self.lines = ProgressLine(_log.info, "train", total, unit="steps") if bar.disable and options.progress else None
         bar.set_postfix_str("compiling")  # the first step traces and compiles
 
     def stepped(self, step: int, epoch: int, loss: torch.Tensor, batch_samples: int) -> None:
@@ -239,10 +261,25 @@ class _MetricsWindow:
         if not self.first_step_seconds:  # waits for the first step only: its time includes compiling,
             self.read_pending()  # which no samples/s point counts
             self.first_step_seconds = time.perf_counter() - self.loop_start
+            self.first_step, self.first_step_samples = step, batch_samples
             self.window_samples, self.window_start = 0, time.perf_counter()
         if step % self.options.log_every == 0:
             self._log_window(step, epoch)
+        elif self.lines is not None and self.lines.due():  # a long --log-every window: no loss read, no sync
+            elapsed = time.perf_counter() - self.window_start
+            steady = self.window_samples and elapsed > 0
+            rate = f"{self.window_samples / elapsed:,.0f} samples/s" if steady else "compiling"
+            self.lines.mark()
+            _log.info("step %d/%d  epoch %d  %s%s", step, self.total, epoch, rate, self._eta(step))
         self.bar.update(1)
+
+    def _eta(self, step: int) -> str:
+        """``  ETA 4m12s`` at the pace of this run's steps after the first (which compiled); ``""``
+        before there is one, or without a known last step."""
+        if self.total is None or self.first_step is None or step <= self.first_step or self.total <= self.first_step:
+            return ""
+        steady = time.perf_counter() - self.loop_start - self.first_step_seconds - self.paused_seconds
+        return "  " + eta_text(steady, (step - self.first_step) / (self.total - self.first_step))
 
     def _log_window(self, step: int, epoch: int) -> None:
         self.read_pending()
@@ -255,8 +292,10 @@ class _MetricsWindow:
                             **({"train/samples_per_sec": rate} if rate is not None else {})})
         rate_text = "compiling" if rate is None else f"{rate:,.0f} samples/s"
         self.bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=rate_text.removesuffix(" samples/s"))
-        if self.bar.disable and self.options.progress:  # no bar (not a terminal): one line per --log-every
-            _log.info("step %d/%d  epoch %d  loss %.4f  %s", step, self.total, epoch, mean_loss, rate_text)
+        if self.lines is not None:  # no bar (not a terminal): one line per --log-every
+            self.lines.mark()
+            _log.info("step %d/%d  epoch %d  loss %.4f  %s%s", step, self.total, epoch, mean_loss, rate_text,
+                      self._eta(step) if rate is not None else "")
         self.window_losses, self.window_samples, self.window_start = [], 0, time.perf_counter()
 
     def read_pending(self) -> None:
@@ -300,14 +339,61 @@ def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device,
         return evaluate(model, held_out, device, forward, options.eval_batch_rows)
 
 
+class _Timeline:
+    """Tells ``events`` where the loop is: epochs begun and ended, stretches of steps between
+    evaluations, each evaluation, at fractional epochs (the share of an epoch's batches trained;
+    whole epochs when the stream's length is unknown)."""
+
+    def __init__(self, events: RunEvents, batches_per_epoch: int | None, metrics: _MetricsWindow) -> None:
+        self.events, self.batches_per_epoch, self.metrics = events, batches_per_epoch, metrics
+        self.batch_rows = 0  # rows of the run's first batch: an epoch is batches_per_epoch of them
+        self.epoch: int | None = None  # the epoch being trained (None: none yet)
+        self.in_steps = False
+
+    def epoch_num(self, position: LoopPosition) -> float:
+        if not self.batches_per_epoch or not self.batch_rows:
+            return float(position.epoch)
+        return position.epoch + min(1.0, position.rows / (self.batches_per_epoch * self.batch_rows))
+
+    def stepping(self, position: LoopPosition, batch_rows: int) -> None:
+        """A step on a batch of ``batch_rows`` rows, which ends at ``position``, is next."""
+        self.batch_rows = self.batch_rows or batch_rows
+        samples = self.metrics.samples
+        if position.epoch != self.epoch:
+            if self.epoch is not None:
+                self.events.epoch_stopped(self.epoch, samples)
+            self.epoch = position.epoch
+            self.events.epoch_started(position.epoch, samples)
+        if not self.in_steps:
+            self.in_steps = True
+            before = LoopPosition(position.epoch, position.rows - batch_rows)
+            self.events.steps_started(self.epoch_num(before), samples)
+
+    def evaluating(self, position: LoopPosition) -> float:
+        """An evaluation at ``position`` is next: its fractional epoch."""
+        epoch_num = self.epoch_num(position)
+        if self.in_steps:
+            self.in_steps = False
+            self.events.steps_stopped(epoch_num, self.metrics.samples)
+        return epoch_num
+
+    def finished(self, position: LoopPosition, reached_target: bool) -> None:
+        """Training and its last held-out evaluation are over."""
+        epoch_num, samples = self.epoch_num(position), self.metrics.samples
+        if self.epoch is not None:
+            self.events.epoch_stopped(self.epoch, samples)
+        self.events.run_stopped(epoch_num, samples, reached_target)
+
+
 class _Evaluations:
     """The run's evaluations on their ``options.eval_every`` schedule: logged (TensorBoard and, on
-    the primary, one console line each), the latest and best held-out one and the step whose
-    evaluation reached ``options.target_auc`` kept. ``run(split, step)`` evaluates a split."""
+    the primary, one console line each; the held-out ones also to ``timeline``), the latest and
+    best held-out one and the step whose evaluation reached ``options.target_auc`` kept.
+    ``run(split, step)`` evaluates a split."""
 
     def __init__(self, options: LoopOptions, log: ScalarLog,
-                 run: Callable[[Iterable[Batch], int], EvalResult]) -> None:
-        self.options, self.log, self.run = options, log, run
+                 run: Callable[[Iterable[Batch], int], EvalResult], timeline: _Timeline) -> None:
+        self.options, self.log, self.run, self.timeline = options, log, run, timeline
         self.last: EvalResult | None = None
         self.best: tuple[int, EvalResult] | None = None
         self.target_step: int | None = None
@@ -322,9 +408,14 @@ class _Evaluations:
             _log.info("%s step %d: %s", split, step, result.describe())
         return result
 
-    def held_out(self, held_out: Iterable[Batch], step: int) -> EvalResult:
-        """Evaluate the held-out (validation) split, log it and keep score."""
+    def held_out(self, held_out: Iterable[Batch], step: int, position: LoopPosition) -> EvalResult:
+        """Evaluate the held-out (validation) split after the step that ended at ``position``, log
+        it and keep score."""
+        epoch_num = self.timeline.evaluating(position)
+        samples = self.timeline.metrics.samples
+        self.timeline.events.eval_started(epoch_num, samples)
         result = self.last = self.logged(step, self.run(held_out, step), "eval")
+        self.timeline.events.eval_stopped(epoch_num, samples, result)
         if self.best is None or result.auc > self.best[1].auc:
             self.best = (step, result)
         if self.options.target_auc and self.target_step is None and result.auc >= self.options.target_auc:

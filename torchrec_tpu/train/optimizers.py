@@ -5,7 +5,9 @@ A sparse (embedding) optimizer is fused into backward in both engines: the torch
 its torch optimizer class to ``apply_optimizer_in_backward`` (FBGEMM's TBE runs the matching
 ``EXACT_*`` update), the sparsecore engine builds the :class:`sparsecore.OptimizerSpec` doing the
 same update (accumulators start at 0, FBGEMM's default eps 1e-8); its slots are the planner's
-(``tpu_facts.OPTIMIZER_SLOTS``). A dense optimizer is a plain torch optimizer over the towers.
+(``tpu_facts.OPTIMIZER_SLOTS``). A dense optimizer is a plain torch optimizer over the towers;
+dense Adagrad takes the sparse one's eps (:data:`ADAGRAD_EPS`, as MLPerf DLRM-DCNv2's reference;
+torch's default is 1e-10), so one eps holds for the whole model.
 
 The config's validation reads the names from here, so nothing heavy is imported at module level
 (``--help`` stays fast): the classes are resolved on first use.
@@ -58,12 +60,18 @@ class DenseOptimizer:
 
     name: str
     torch_class_path: str
+    options: Mapping[str, float] = field(default_factory=dict)  # constructor arguments besides lr
 
     def torch_class(self) -> type[torch.optim.Optimizer]:
         return _resolve(self.torch_class_path)
 
+    def build(self, params: Any, lr: float, **extra: Any) -> torch.optim.Optimizer:
+        """The optimizer over ``params`` at learning rate ``lr`` (``extra``: e.g. ``foreach``)."""
+        return self.torch_class()(params, lr=lr, **self.options, **extra)
 
-_FBGEMM_DEFAULTS = {"initial_accumulator_value": 0.0, "eps": 1e-8}
+
+ADAGRAD_EPS = 1e-8  # FBGEMM's fused Adagrad's default, MLPerf DLRM-DCNv2's (both optimizers)
+_FBGEMM_DEFAULTS = {"initial_accumulator_value": 0.0, "eps": ADAGRAD_EPS}
 SPARSE_OPTIMIZERS: dict[str, SparseOptimizer] = {o.name: o for o in (
     SparseOptimizer("adagrad", "torch.optim.Adagrad", "Adagrad", _FBGEMM_DEFAULTS),  # EXACT_ADAGRAD
     SparseOptimizer("rowwise_adagrad", "torchrec.optim.RowWiseAdagrad", "RowWiseAdagrad",
@@ -71,7 +79,7 @@ SPARSE_OPTIMIZERS: dict[str, SparseOptimizer] = {o.name: o for o in (
     SparseOptimizer("sgd", "torch.optim.SGD", "SGD"),  # EXACT_SGD
 )}
 DENSE_OPTIMIZERS: dict[str, DenseOptimizer] = {o.name: o for o in (
-    DenseOptimizer("adagrad", "torch.optim.Adagrad"),
+    DenseOptimizer("adagrad", "torch.optim.Adagrad", {"eps": ADAGRAD_EPS}),
     DenseOptimizer("adam", "torch.optim.Adam"),
 )}
 

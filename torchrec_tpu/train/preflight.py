@@ -55,3 +55,5 @@ def check_paths(config: TrainConfig, world_size: int = 1) -> None:
     for flag, path in (("--log-dir", config.loop.log_dir), ("--checkpoint-dir", config.checkpoint.checkpoint_dir)):
         if path is not None and Path(path).is_file():
             raise ConfigError(f"{flag}={path!r} is a file; give a directory (it is created if missing)")
+    if config.loop.mllog is not None and Path(config.loop.mllog).is_dir():
+        raise ConfigError(f"--mllog={config.loop.mllog!r} is a directory; give the log file's path")

@@ -51,11 +51,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
-from torchrec_tpu.train.config import ConfigError, TrainConfig
+from torchrec_tpu.train.config import HSTU_MODELS, ConfigError, TrainConfig
 
 if TYPE_CHECKING:
     import ray.train
 
+_log = logging.getLogger(__name__)
 DATASET = "train"  # the Ray Train dataset name of the training split
 DATA_CPUS = 1  # CPUs a private local Ray instance adds for Ray Data's read and preprocessing tasks
 RUN_NAME = "train"  # the Ray Train run: <storage>/train/<checkpoint version>
@@ -167,8 +168,27 @@ def _report(directory: Path, scalars: dict[str, float]) -> None:
 
 
 def train_worker(params: dict[str, Any]) -> str | None:
-    """The training function of each Ray Train worker: the job on this worker's split of the
-    stream, from the last reported checkpoint after a restart; rank 0 returns the summary."""
+    """The training function of each Ray Train worker: the job (DLRM: on this worker's split of
+    the stream; HSTU: on its rows of the window file, as a torchrun rank), from the last reported
+    checkpoint after a restart; rank 0 returns the summary."""
+    import ray.train
+
+    config = _worker_config(params)
+    restored = ray.train.get_checkpoint()
+    with restored.as_directory() if restored else contextlib.nullcontext() as directory:
+        if directory is not None:
+            config = config.with_options(resume=directory)
+        if config.model.kind in HSTU_MODELS:
+            from torchrec_tpu.hstu.train import run_hstu
+
+            summary = run_hstu(config, checkpointed=_report)
+        else:
+            summary = _run_dlrm(config, params["train_rows"])
+    return summary.format() if summary.primary else None
+
+
+def _run_dlrm(config: TrainConfig, train_rows: int) -> Any:
+    """DLRM's job on this worker's split of the Ray Data stream."""
     import ray.train
     import torch
 
@@ -176,18 +196,12 @@ def train_worker(params: dict[str, Any]) -> str | None:
     from torchrec_tpu.train.config import per_rank_batch
     from torchrec_tpu.train.job import JobHooks, run_job
 
-    config = _worker_config(params)
     world = ray.train.get_context().get_world_size()
     per_rank = per_rank_batch(config.data.batch_size, world)
     # equal splits: N // world rows each, in full batches (fewer if --bad-values skip drops rows)
     stream = RayBatchStream(ray.train.get_dataset_shard(DATASET), per_rank, device=torch.device("cpu"),
-                            drop_last=True, num_batches=params["train_rows"] // world // per_rank)
-    restored = ray.train.get_checkpoint()
-    with restored.as_directory() if restored else contextlib.nullcontext() as directory:
-        if directory is not None:
-            config = config.with_options(resume=directory)
-        summary = run_job(config, hooks=JobHooks(train_batches=stream, checkpointed=_report))
-    return summary.format() if summary.primary else None
+                            drop_last=True, num_batches=train_rows // world // per_rank)
+    return run_job(config, hooks=JobHooks(train_batches=stream, checkpointed=_report))
 
 
 def _worker_config(params: dict[str, Any]) -> TrainConfig:
@@ -213,6 +227,9 @@ def ray_ready_config(config: TrainConfig) -> TrainConfig:
     if config.data.in_memory_binary_criteo_path is not None:
         raise ConfigError("--in-memory-binary-criteo-path cannot feed Ray workers; convert it to Parquet "
                           "(`torchrec-tpu data convert`) and pass the directory as --data")
+    if config.model.kind in HSTU_MODELS and config.checkpoint.checkpoint_dir is None:
+        raise ConfigError(f"--ray-workers with --model {config.model.kind} needs --checkpoint-dir: Ray Train keeps "
+                          "and restarts from the checkpoints the run writes there")
     if config.data.shuffle_batches:
         raise ConfigError("--shuffle-batches shuffles a reader's batches in memory; with --ray-workers the "
                           "training stream is Ray Data's (shuffle the files' row groups instead)")
@@ -242,9 +259,14 @@ def ray_cluster(options: RayOptions) -> Iterator[None]:
 
     if options.address is None or ray.is_initialized():
         cpus = math.ceil(options.workers * options.cpus_per_worker) + DATA_CPUS
+        if ray.is_initialized():
+            _log.info("train: on the Ray instance of this process, %d Ray Train worker(s)", options.workers)
+        else:
+            _log.info("train: starting Ray (%d CPUs) for %d Ray Train worker(s)", cpus, options.workers)
         with local_ray(num_cpus=cpus, log_to_driver=True, worker_setup=WORKER_SETUP, env_vars=PRIVATE_RAY_ENV):
             yield
         return
+    _log.info("train: connecting to Ray at %s for %d Ray Train worker(s)", options.address, options.workers)
     ray.init(address=options.address, log_to_driver=True, logging_level=logging.ERROR,
              runtime_env={"worker_process_setup_hook": WORKER_SETUP})
     try:
@@ -257,45 +279,57 @@ def ray_cluster(options: RayOptions) -> Iterator[None]:
 def train_on_ray(config: TrainConfig, options: RayOptions) -> RayRun:
     """Train ``config`` on ``options.workers`` Ray Train workers (module docstring); raises
     ``ray.train.TrainingFailedError`` once ``options.max_failures`` restarts are spent."""
-    import ray.data
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
-    from pipelines.parquet_reader import list_parquet_files
-    from pipelines.ray_data import preprocessed_dataset, row_groups
-    from pipelines.schema import CRITEO
-    from torchrec_tpu.train.data import parquet_source, split_files
-    from torchrec_tpu.train.distributed import DistEnv
-
     configure_logging("train")
     # the log directory fixed now: a restarted worker group writes where the first one did
     given = config.with_options(log_dir=str(config.loop.resolved_log_dir()))
     config = ray_ready_config(given)
     scaling = options.scaling_config()  # bad TPU settings fail before any Ray starts
-    with parquet_source(config, DistEnv(rank=0, world_size=1, local_world_size=1)) as (source, table_sizes), \
-            ray_cluster(options):
-        if config.data.source == "sample":  # converted into a directory for this run: the workers read it
-            config, given = config.with_options(data=str(source)), given.with_options(data=str(source))
-        train_files, _ = split_files(list_parquet_files(source), config.data.eval_files, source)
-        groups = row_groups(train_files, CRITEO)
-        dataset = preprocessed_dataset(train_files, table_sizes, CRITEO, config.data.bad_values)
-        dataset.context.enable_progress_bars = False  # the workers' output is the job's
-        storage = options.storage_path or str(Path(str(config.loop.log_dir)) / "ray")
-        trainer = TorchTrainer(
-            train_worker, train_loop_config={"config": config, "train_rows": sum(g.num_rows for g in groups),
-                                             "given": given, "cwd": os.getcwd()},
-            torch_config=_backend_config(),
-            scaling_config=scaling, datasets={DATASET: dataset},
-            dataset_config=ray.train.DataConfig(
-                execution_options=ray.data.ExecutionOptions(preserve_order=True)),
-            run_config=ray.train.RunConfig(
-                name=RUN_NAME, storage_path=storage,
-                failure_config=ray.train.FailureConfig(max_failures=options.max_failures),
-                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=config.checkpoint.keep_checkpoints),
-                # the job's lines, not Ray Train's worker-group and reporting chatter (log_setup)
-                logging_config=ray.train.LoggingConfig(log_level="WARNING")),
-        )
-        result = trainer.fit()
+    if config.model.kind in HSTU_MODELS:  # each worker reads its rows of the window file, as a torchrun rank
+        with ray_cluster(options):
+            result = _fit(config, given, options, scaling, datasets={}, train_rows=0)
+    else:
+        from pipelines.parquet_reader import list_parquet_files
+        from pipelines.ray_data import preprocessed_dataset, row_groups
+        from pipelines.schema import CRITEO
+        from torchrec_tpu.train.data import parquet_source, split_files
+        from torchrec_tpu.train.distributed import DistEnv
+
+        with parquet_source(config, DistEnv(rank=0, world_size=1, local_world_size=1)) as (source, table_sizes), \
+                ray_cluster(options):
+            if config.data.source == "sample":  # converted into a directory for this run: the workers read it
+                config, given = config.with_options(data=str(source)), given.with_options(data=str(source))
+            train_files, _ = split_files(list_parquet_files(source), config.data.eval_files, source)
+            groups = row_groups(train_files, CRITEO)
+            dataset = preprocessed_dataset(train_files, table_sizes, CRITEO, config.data.bad_values)
+            dataset.context.enable_progress_bars = False  # the workers' output is the job's
+            result = _fit(config, given, options, scaling, datasets={DATASET: dataset},
+                          train_rows=sum(g.num_rows for g in groups))
     if result.error is not None:
         raise result.error
     return RayRun(summary=str(result.return_value), checkpoint=Path(result.checkpoint.path), path=str(result.path))
+
+
+def _fit(config: TrainConfig, given: TrainConfig, options: RayOptions, scaling: "ray.train.ScalingConfig",
+         datasets: dict[str, Any], train_rows: int) -> "ray.train.Result":
+    """Ray Train's TorchTrainer of :func:`train_worker` over ``datasets``, run to its end."""
+    import ray.data
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    storage = options.storage_path or str(Path(str(config.loop.log_dir)) / "ray")
+    trainer = TorchTrainer(
+        train_worker, train_loop_config={"config": config, "train_rows": train_rows, "given": given,
+                                         "cwd": os.getcwd()},
+        torch_config=_backend_config(),
+        scaling_config=scaling, datasets=datasets,
+        dataset_config=ray.train.DataConfig(execution_options=ray.data.ExecutionOptions(preserve_order=True)),
+        run_config=ray.train.RunConfig(
+            name=RUN_NAME, storage_path=storage,
+            failure_config=ray.train.FailureConfig(max_failures=options.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=config.checkpoint.keep_checkpoints),
+            # the job's lines, not Ray Train's worker-group and reporting chatter (log_setup)
+            logging_config=ray.train.LoggingConfig(log_level="WARNING")),
+    )
+    _log.info("train: Ray started; starting %d Ray Train worker(s) (each builds the model, then the first step "
+              "compiles)", options.workers)
+    return trainer.fit()

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from tests.torch_tpu.distributed.device import prepare_device
 from torch_tpu.distributed import launch_local
-from torch_tpu.runtime import knobs
+from tpu_facts import knobs
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 WORLD = 2

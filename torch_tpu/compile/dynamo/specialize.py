@@ -20,7 +20,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torch_tpu.runtime import knobs
+from tpu_facts import knobs
 
 _log = logging.getLogger(__name__)
 WARN_AFTER = knobs.SPECIALIZE_WARN.integer()

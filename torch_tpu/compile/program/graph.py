@@ -36,12 +36,13 @@ from torch_tpu.compile.program.sources import file_identity
 from torch_tpu.eager import modes
 from torch_tpu.ops import batched_matmul
 from torch_tpu.ops.registry import get_lowering, lowered_ops
-from torch_tpu.runtime import knobs, precision
 from torch_tpu.runtime import persistent_cache as cache
+from torch_tpu.runtime import precision
 from torch_tpu.runtime import random as tpu_random
 from torch_tpu.runtime._jax import jax
 from torch_tpu.runtime.dtypes import to_jax_dtype
 from torch_tpu.runtime.tensor import TpuTensor, cpu_to_jax, from_jax, to_cpu, to_jax
+from tpu_facts import knobs
 
 # translation key -> jax.export.Exported, the most recently used (a long-lived process compiling
 # many graphs must not keep every translation)

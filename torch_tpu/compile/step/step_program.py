@@ -453,7 +453,7 @@ class _Replay:
                    *(state[step._params[i]][key] for i, key in state_keys)]
         slots = [*(("param", i) for i in range(len(step._params))),
                  *(("other", i) for i in range(len(step._others))), *(("state", w) for w in state_keys)]
-        if not all(type(t) is TpuTensor and t._full and t.storage_box.array.shape == t.shape for t in tensors):
+        if not all(type(t) is TpuTensor and t.whole_storage and t.storage_box.array.shape == t.shape for t in tensors):
             return None
         fixed = inputs[len(tensors):len(inputs) - len(call.batch_tensors)]  # tensor settings (lr) as passed
         entry_params = [p for p in state if id(p) in step._index]
@@ -500,7 +500,7 @@ def _batch_key(batch: tuple[Any, ...]) -> tuple | None:
 def _rebind(t: TpuTensor, value: jax.Array) -> None:
     """Make ``t`` hold ``value`` (a program output of its shape and dtype)."""
     box = t.storage_box
-    if t._full and box.array.shape == value.shape:
+    if t.whole_storage and box.array.shape == value.shape:
         box.array = value  # the common case, without write()'s size checks
     else:
         write(t, value)

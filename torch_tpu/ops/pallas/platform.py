@@ -7,33 +7,28 @@ Mosaic path while tracing, to lower a program for the TPU platform on a machine 
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from jax.experimental import pallas as pl
 
 from torch_tpu.runtime._jax import jax
+from tpu_facts.switches import Switch
 
-_force_mosaic = contextvars.ContextVar("torch_tpu_pallas_force_mosaic", default=False)
+_FORCE_MOSAIC = Switch("torch_tpu_pallas_force_mosaic")
 
 
 def interpret() -> bool:
     """True when kernels traced now run in Pallas interpret mode (no TPU backend, not forced)."""
-    return not (_force_mosaic.get() or jax.default_backend() == "tpu")
+    return not (_FORCE_MOSAIC.is_on() or jax.default_backend() == "tpu")
 
 
-@contextlib.contextmanager
-def lowering_for_tpu() -> Iterator[None]:
+def lowering_for_tpu() -> AbstractContextManager[None]:
     """Trace kernels for Mosaic (the TPU compiler) inside this block, e.g. for
     ``jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))`` on a CPU-only machine."""
-    token = _force_mosaic.set(True)
-    try:
-        yield
-    finally:
-        _force_mosaic.reset(token)
+    return _FORCE_MOSAIC.on()
 
 
 def batch_block(batch: int, preferred: int = 8) -> int:

@@ -80,12 +80,16 @@ def is_checkpoint(directory: Path) -> bool:
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """``path`` itself if it is a checkpoint, else the checkpoint its ``latest`` points to."""
+    """``path`` itself if it is a checkpoint, else the checkpoint its ``latest`` points to (under
+    ``path`` as given, relative or not, when it is there)."""
     if is_checkpoint(path):
         return path
     latest = path / LATEST
-    if latest.is_symlink() and is_checkpoint(latest.resolve()):
-        return latest.resolve()
+    if latest.is_symlink() and is_checkpoint(target := latest.resolve()):
+        try:
+            return path / target.relative_to(path.resolve())
+        except ValueError:  # a link out of the root
+            return target
     raise FileNotFoundError(
         f"{path} is not a checkpoint: expected {MANIFEST_FILE} and {META_FILE} inside, or a "
         f"'{LATEST}' link to a checkpoint directory (a checkpoint root written by --checkpoint-dir)"

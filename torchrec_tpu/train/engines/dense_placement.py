@@ -16,9 +16,7 @@ lane, host tensors on its host lane).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -30,9 +28,10 @@ from torchrec.models.dlrm import DLRMTrain
 
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.model import ModelSpec
+from tpu_facts.switches import Switch
 
 DENSE_TOWERS = ("dense_arch", "inter_arch", "over_arch")
-_POOLED_ON_HOST = contextvars.ContextVar("pooled_on_host", default=False)
+_POOLED_ON_HOST = Switch("pooled_on_host")
 
 
 def dense_device(name: str) -> torch.device:
@@ -104,20 +103,15 @@ def place_dense(model: DLRMTrain, device: torch.device) -> None:
     if device.type == "cpu":
         return
     dlrm.sparse_arch.register_forward_hook(
-        lambda _module, _args, pooled: pooled if _POOLED_ON_HOST.get() else pooled.to(device))
+        lambda _module, _args, pooled: pooled if _POOLED_ON_HOST.is_on() else pooled.to(device))
     model.register_forward_pre_hook(lambda _module, args: _batch_to(args, device))
     model.register_forward_hook(lambda _module, _args, output: _outputs_to_host(output))
 
 
-@contextlib.contextmanager
-def pooled_on_host() -> Iterator[None]:
+def pooled_on_host() -> AbstractContextManager[None]:
     """Inside, the sparse arch's output stays on the host (for a caller that hands it to a
     compiled tpu program itself, without an eager copy)."""
-    token = _POOLED_ON_HOST.set(True)
-    try:
-        yield
-    finally:
-        _POOLED_ON_HOST.reset(token)
+    return _POOLED_ON_HOST.on()
 
 
 def _batch_to(args: tuple[Any, ...], device: torch.device) -> tuple[Batch]:

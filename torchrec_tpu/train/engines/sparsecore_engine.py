@@ -133,11 +133,11 @@ def overflow_with_flags(batch_size: int, error: Exception) -> Exception:
 def build_dense_optimizer(model: nn.Module, optim: OptimConfig) -> KeyedOptimizerWrapper:
     """``optim``'s dense optimizer over every parameter outside the sparsecore EBC, keyed by its
     name in the unwrapped model (the same at every world size)."""
-    cls = dense_optimizer(optim.dense_optimizer).torch_class()
+    dense = dense_optimizer(optim.dense_optimizer)
     params = {name: p for name, p in unwrap_dense(model).named_parameters() if not name.startswith(EBC_PATH)}
     on_host = all(p.device.type == "cpu" for p in params.values())
     # foreach: one multi-tensor op per update step instead of one per parameter (device op overhead)
-    return KeyedOptimizerWrapper(params, lambda ps: cls(ps, lr=optim.dense_lr, foreach=None if on_host else True))
+    return KeyedOptimizerWrapper(params, lambda ps: dense.build(ps, optim.dense_lr, foreach=None if on_host else True))
 
 
 @dataclass(frozen=True)

@@ -64,10 +64,10 @@ def shard_model(model: nn.Module, env: DistEnv, device: torch.device, optim: Opt
 
 def build_optimizer(model: DistributedModelParallel, optim: OptimConfig) -> CombinedOptimizer:
     """The fused embedding optimizer plus ``optim``'s dense optimizer over every other parameter."""
-    dense_cls = dense_optimizer(optim.dense_optimizer).torch_class()
+    dense = dense_optimizer(optim.dense_optimizer)
 
     def make(params: list) -> torch.optim.Optimizer:
-        return dense_cls(params, lr=optim.dense_lr)
+        return dense.build(params, optim.dense_lr)
 
     dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
     return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(dense_params, make)])

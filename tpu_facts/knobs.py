@@ -1,10 +1,9 @@
-"""Every environment knob torch_tpu reads, in one place (as torchax's ``config.py``): its name,
-default and meaning. Code reads a knob through its :class:`Knob` (``knobs.EAGER_MODE.text()``), so
-this list is complete (``tests/test_layering.py`` checks no other module names one).
+"""Every environment variable the project reads, in one place: its name, default, meaning and the
+package that reads it. Code reads a variable through its :class:`Knob` (``knobs.EAGER_MODE.text()``),
+so this list is complete (``tests/test_layering.py`` checks that no other module names or reads
+one); docs/ENVIRONMENT.md is its table (``tests/tpu_facts/test_knobs.py`` keeps the two equal).
 
-Read elsewhere, by the packages below torch_tpu: ``TORCH_TPU_COMPILE_CACHE`` and
-``TORCH_TPU_COMPILE_CACHE_MAX_MB`` (the persistent compile cache's folder and size cap, ``xla_cache``);
-``TORCH_TPU_AUTOLOAD=1`` (``import torch`` loads torch_tpu, ``torchrec_tpu._torch_tpu_autoload``).
+Here, in the lowest package (standard library only), so that every package can read its own.
 """
 
 from __future__ import annotations
@@ -17,17 +16,22 @@ _OFF = ("0", "off", "false", "no")
 
 @dataclass(frozen=True)
 class Knob:
-    """One environment variable: ``name``, the ``default`` text when unset (None: no value) and
-    what it does (``doc``)."""
+    """One environment variable: ``name``, the ``default`` text when unset (None: no value), what
+    it does (``doc``) and the package that reads it (``package``)."""
 
     name: str
     default: str | None
     doc: str
+    package: str = "torch_tpu"
+
+    def value(self) -> str | None:
+        """The value as set, stripped (empty when set empty); None when unset (no default applied)."""
+        value = os.environ.get(self.name)
+        return None if value is None else value.strip()
 
     def text(self) -> str | None:
         """The value, stripped; the default when unset or empty."""
-        value = os.environ.get(self.name, "").strip()
-        return value or self.default
+        return self.value() or self.default
 
     def on(self) -> bool:
         """A switch: on unless the value is one of 0/off/false/no (or unset with such a default)."""
@@ -63,5 +67,25 @@ DIST_TRANSPORT = Knob("TPU_DIST_TRANSPORT", "auto", "how tpu_dist moves tpu tens
 DIST_COORDINATOR_HOST = Knob("TPU_DIST_XLA_COORDINATOR_HOST", None,
                              "host of the multi-controller JAX coordinator (default: MASTER_ADDR)")
 DIST_PORT_OFFSET = Knob("TPU_DIST_XLA_PORT_OFFSET", "1", "the coordinator's port: MASTER_PORT plus this")
+
+# --- read below torch_tpu and above it ----------------------------------------------------------------
+
+COMPILE_CACHE = Knob("TORCH_TPU_COMPILE_CACHE", None, "the persistent compile cache's folder (default "
+                     "$XDG_CACHE_HOME/torch_tpu/compile, else ~/.cache/torch_tpu/compile); off/0/false/none "
+                     "(or empty) disables it", "xla_cache")
+COMPILE_CACHE_MAX_MB = Knob("TORCH_TPU_COMPILE_CACHE_MAX_MB", "2048", "size cap per compile-cache level, in MiB",
+                            "xla_cache")
+NATIVE_CACHE = Knob("TORCHREC_TPU_NATIVE_CACHE", None, "folder of the built C++ libraries (default "
+                    "$XDG_CACHE_HOME/torchrec-tpu/native, else ~/.cache/torchrec-tpu/native)", "xla_cache")
+NATIVE = Knob("TORCHREC_TPU_NATIVE", "1", "0: sparsecore's host preprocessing runs its numpy path, not the "
+              "compiled extension", "sparsecore")
+DATA_CACHE = Knob("TORCHREC_TPU_CACHE", None, "folder of generated synthetic data (default ~/.cache/torchrec_tpu)",
+                  "pipelines")
+PROGRESS_SECONDS = Knob("TORCHREC_TPU_PROGRESS_SECONDS", "30", "seconds between the jobs' progress lines when "
+                        "not on a terminal (train, infer, data convert)", "pipelines")
+AUTOLOAD = Knob("TORCH_TPU_AUTOLOAD", "0", "1: import torch loads torch_tpu (PyTorch's device-backend "
+                "autoload)", "torchrec_tpu")
+ERROR_LOG_DIR = Knob("TORCHREC_TPU_ERROR_LOG_DIR", None, "folder of the torchrec-tpu commands' error logs "
+                     "(default: the temp folder's torchrec-tpu-logs)", "torchrec_tpu")
 
 KNOBS: tuple[Knob, ...] = tuple(v for v in globals().values() if isinstance(v, Knob))

@@ -1,0 +1,102 @@
+"""An HSTU checkpoint of ``torchrec-tpu train --model hstu|dlrmv4`` -> per-candidate scores, for
+``torchrec-tpu infer`` (:mod:`torchrec_tpu.inference.job`).
+
+The model is rebuilt on CPU from the checkpoint's ``meta.json`` record (its :class:`HSTUConfig`) with a
+plain TorchRec EmbeddingCollection, and loaded from its files (either engine's tables carry the stock
+EC's keys). The input is a sequence window table (:mod:`pipelines.sequences.layout`); the output
+has one row per candidate: the requested key columns, the input row's index, the candidate's
+position in its row and item, its label per task when the input has them (``label_<task>``), and
+its click probability per task (``prediction_<task>``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from pipelines.sequences.layout import LABEL_PREFIX, LIST_COLUMNS, PREDICTION_PREFIX
+from pipelines.sequences.reader import sequence_batch
+from torchrec_tpu.hstu.config import HSTUConfig
+from torchrec_tpu.hstu.model import HSTU
+from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, dense_file, find_hstu_checkpoint, hstu_meta, tables_file
+
+CANDIDATE_COLUMNS = ("candidate", "candidate_item")  # the candidate's position in its row, its item id
+INPUT_COLUMNS = LIST_COLUMNS
+
+
+@dataclass
+class HSTUInference:
+    """The trained HSTU (eval mode) and its tasks."""
+
+    model: HSTU
+    step: int
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return self.model.config.tasks
+
+    @torch.no_grad()
+    def predict(self, table: pa.Table, batch_size: int) -> np.ndarray:
+        """Click probabilities ``[candidates, tasks]`` (float32) of every candidate of ``table``'s
+        rows, in row order, ``batch_size`` rows per forward pass."""
+        counts = table.column("candidate_item").combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
+        most = int(counts.max(initial=0))
+        history = self.model.config.max_seq_len - most
+        if history < 0:
+            raise ValueError(f"a row has {most} candidates, above the model's max_seq_len="
+                             f"{self.model.config.max_seq_len}")
+        out = [np.zeros((0, len(self.tasks)), np.float32)]
+        for start in range(0, table.num_rows, batch_size):
+            batch = sequence_batch(table.slice(start, batch_size), (), history, self.model.config.item_rows)
+            out.append(torch.sigmoid(self.model(batch.features).float()).numpy())
+        return np.concatenate(out)
+
+    def candidate_rows(self, table: pa.Table, *, first_row: int, key_columns: tuple[str, ...],
+                       row_id_column: str | None, with_labels: bool, batch_size: int) -> pa.Table:
+        """The output rows of ``table`` (module docstring); ``first_row``: the global index of its first row."""
+        items = table.column("candidate_item").combine_chunks()
+        counts = items.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
+        row = np.repeat(np.arange(table.num_rows), counts)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        columns = {name: table.column(name).take(pa.array(row)) for name in key_columns}
+        if row_id_column:
+            columns[row_id_column] = pa.array(first_row + row)
+        columns[CANDIDATE_COLUMNS[0]] = pa.array(np.arange(row.size) - starts[row] if row.size else row)
+        columns[CANDIDATE_COLUMNS[1]] = items.flatten()
+        if with_labels:
+            for task in self.tasks:
+                columns[LABEL_PREFIX + task] = table.column(LABEL_PREFIX + task).combine_chunks().flatten()
+        scores = self.predict(table, batch_size)
+        for t, task in enumerate(self.tasks):
+            columns[PREDICTION_PREFIX + task] = pa.array(scores[:, t])
+        return pa.table(columns)
+
+    def label_columns(self) -> list[str]:
+        return [LABEL_PREFIX + task for task in self.tasks]
+
+
+def load_hstu_inference(checkpoint: Path) -> HSTUInference:
+    """The HSTU of ``checkpoint`` (an HSTU checkpoint or a root of them) on CPU; ValueError naming
+    what is missing or does not fit."""
+    directory = find_hstu_checkpoint(checkpoint)
+    if directory is None:
+        raise ValueError(f"{checkpoint} is not an HSTU checkpoint (no meta.json with a {HSTU_META!r} record)")
+    meta = hstu_meta(directory)
+    if meta.get("world_size", 1) != 1:
+        raise ValueError(f"checkpoint {directory} was written by {meta['world_size']} ranks, each holding its own "
+                         "shards of the tables; HSTU inference loads the checkpoints of one-rank runs")
+    config = HSTUConfig.from_dict(meta[HSTU_META])
+    model = HSTU(config)
+    dense = torch.load(directory / dense_file(0), weights_only=False, map_location="cpu")["model"]
+    tables = torch.load(directory / tables_file(0), weights_only=False, map_location="cpu")
+    wanted = model.state_dict()
+    state = {k: v for k, v in {**dense, **tables}.items() if k in wanted}
+    missing = sorted(set(wanted) - set(state))
+    if missing:
+        raise ValueError(f"checkpoint {directory} lacks {missing[:4]}{' ...' if len(missing) > 4 else ''}")
+    model.load_state_dict(state)
+    return HSTUInference(model.eval(), int(meta.get("step", 0)))
