@@ -19,14 +19,8 @@ from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
 
 pytest.importorskip("torch_tpu")
-from torchrec_tpu.sharding.ops_backend import (  # noqa: E402
-    CSR_FIELDS,
-    OpsBackend,
-    PreparedCSR,
-    bucket_limit,
-    csr_limits,
-    fit_csr,
-)
+from sparsecore.csr_sizes import CSR_FIELDS, bucket_limit, csr_limits, fit_csr  # noqa: E402
+from torchrec_tpu.sharding.ops_backend import OpsBackend, PreparedCSR  # noqa: E402
 
 LIMIT = 200  # not a power of two: a bucket never exceeds it
 

@@ -123,6 +123,12 @@ def _on_tpu_platform() -> bool:
     return not _ON_HOST.is_on() and jax.default_backend() == "tpu"
 
 
+def dedups_on_host() -> bool:
+    """Whether the ops here take ``touched_rows`` computed on the host (off TPU; a TPU's
+    SparseCores deduplicate ids themselves)."""
+    return not _on_tpu_platform()
+
+
 def _lookup(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size,
             max_ids_per_partition, max_unique_ids_per_partition, touched_rows=None, devices=1, device_index=0):
     if _on_tpu_platform() and devices == 1:
@@ -216,7 +222,7 @@ def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, 
     ``table_rows`` rows, computed now on the host with numpy (a host tensor; no JAX program, no
     device); None on a TPU, whose SparseCores deduplicate ids themselves. ``fit``: its unique rows
     cut to the bucket the batch needs (``sparsecore.csr_math.fit_touched``); else all of them."""
-    if _on_tpu_platform():
+    if not dedups_on_host():
         return None
     from sparsecore import csr_math
 

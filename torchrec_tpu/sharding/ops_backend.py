@@ -32,26 +32,22 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_tpu  # (registers the tpu device and the tpu:: SparseCore ops)
-from sparsecore import csr_math
 from sparsecore.backends import OPS
 from sparsecore.backends.base import ReadsTablesAlone, check_grads
 from sparsecore.backends.xla_layout import ActivationLayout
-from sparsecore.csr_format import round_up_array, row_pointers_per_sc
+from sparsecore.csr_sizes import CSR_FIELDS, Agree, CsrFitter, csr_limits
 from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import OptimizerRule, rule_of
 from sparsecore.preprocess import preprocess_inputs
 from sparsecore.stacked_arrays import stacked_array, unstack_table
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
-from torch_tpu.ops.sparsecore import touched_rows_ahead
+from torch_tpu.ops.sparsecore import dedups_on_host
 from torch_tpu.ops.sparsecore_checks import preprocessed
 from torch_tpu.ops.sparsecore_inplace import fused_update_
 from torch_tpu.runtime.tensor import write
-from tpu_facts import ALIGNMENT, power_of_two_bucket
 
 DEVICE = torch.device("tpu", 0)
-Agree = Callable[[list[int]], list[int]]  # this rank's buffer sizes -> the sizes every rank uses
-CSR_FIELDS = ("row_pointers", "embedding_ids", "sample_ids", "gains")
 
 
 @dataclass(frozen=True)
@@ -68,47 +64,6 @@ class PreparedCSR:
     def arguments(self) -> tuple[torch.Tensor, ...]:
         """The tensors :meth:`StackedState.lookup_with_update` takes for this batch."""
         return (*self.csr, *self.touched)
-
-
-def bucket_limit(needed: int, limit: int) -> int:
-    """The ids-per-partition limit a batch whose largest partition holds ``needed`` ids is laid
-    out for: the smallest power of two >= max(``needed``, 8), or the configured ``limit`` itself
-    where that is not smaller."""
-    bucket = power_of_two_bucket(int(needed), ALIGNMENT)
-    return bucket if bucket < limit else limit
-
-
-def csr_bucket(stack: StackedTable, chunks: int, row_pointers: np.ndarray) -> int:
-    """The ids-per-partition limit :func:`fit_csr` lays ``stack``'s buffers out for: the
-    :func:`bucket_limit` of their largest partition."""
-    n = stack.num_sparsecores
-    ends = row_pointers.reshape(chunks, row_pointers_per_sc(stack))[:, :n].astype(np.int64)
-    starts = np.zeros_like(ends)
-    starts[:, 1:] = round_up_array(ends[:, :-1], ALIGNMENT)
-    return bucket_limit(int((ends - starts).max(initial=0)), stack.max_ids_per_partition)
-
-
-def fit_csr(stack: StackedTable, chunks: int, row_pointers: np.ndarray, *buffers: np.ndarray,
-            limit: int | None = None) -> tuple[np.ndarray, ...]:
-    """``stack``'s CSR buffers (of ``chunks`` source SparseCores, laid out for its configured
-    limit) laid out for ``limit`` (default :func:`csr_bucket`; at least that) instead: each
-    source region keeps its first ``limit * N`` positions, which hold all its entries (partitions
-    padded to 8 each hold at most the bucket). Byte for byte the buffers preprocessing with that
-    limit builds; the row pointers do not change."""
-    n = stack.num_sparsecores
-    limit = csr_bucket(stack, chunks, row_pointers) if limit is None else limit
-    if limit == stack.max_ids_per_partition:
-        return (row_pointers, *buffers)
-    return (row_pointers, *(b.reshape(chunks, -1)[:, :limit * n].reshape(-1) for b in buffers))
-
-
-def csr_limits(stack: StackedTable, chunks: int, embedding_ids: torch.Tensor) -> tuple[int, int]:
-    """(max ids, max unique ids) per partition of ``stack``'s CSR buffers from their size (see
-    :func:`fit_csr`): the configured limits for full-size buffers, else the bucket."""
-    limit = min(stack.max_ids_per_partition, embedding_ids.shape[0] // (chunks * stack.num_sparsecores))
-    if limit == stack.max_ids_per_partition:
-        return limit, stack.max_unique_ids_per_partition
-    return limit, min(limit, stack.max_unique_ids_per_partition)
 
 
 def _fused_op(stack: StackedTable) -> tuple[OptimizerRule, list[bool]]:
@@ -369,48 +324,21 @@ class OpsBackend(ReadsTablesAlone):
         super().__init__(plan)
         self.overflow = check_overflow_policy(overflow)
         self.state = StackedState(plan, fixed_layout)
-        # per stack, the largest CSR bucket and unique-row count a batch has been sized for: later
-        # batches take at least those, or batches whose counts straddle a bucket boundary would
-        # alternate between two step programs
-        self._limit_floor = [0] * len(plan.stacks)
-        self._unique_floor = [0] * len(plan.stacks)
+        self._fitter = CsrFitter(plan)
         self._load_initial(weights, seed)
 
     def _load(self, weights: Mapping[str, torch.Tensor], slots: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         self.state.load(weights, slots)
 
     def prepare(self, inputs: Mapping[str, FeatureInput], agree: Agree | None = None) -> PreparedCSR:
-        """The CSR buffers of ``inputs``, cut to the sizes the batch needs. ``agree`` maps this
-        rank's sizes (ints) to those every rank uses (their maximum: ranks running one SPMD
-        program need buffers of one size)."""
+        """The CSR buffers of ``inputs``, cut to the sizes the batch needs, and (where the ops
+        take it and an update follows) each stack's touched rows, found here on the host
+        (:class:`~sparsecore.csr_sizes.CsrFitter`; ``agree``: see there)."""
         batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
-        chunks = self.state.chunks
-        full = [[getattr(batch.stacks[st.name], f) for f in CSR_FIELDS] for st in self.plan.stacks]
-        limits = [max(floor, csr_bucket(st, chunks, buffers[0]))
-                  for st, buffers, floor in zip(self.plan.stacks, full, self._limit_floor)]
-        if agree is not None:
-            limits = agree(limits)
-        self._limit_floor = limits
-        csr = tuple(torch.from_numpy(np.ascontiguousarray(a))
-                    for st, buffers, limit in zip(self.plan.stacks, full, limits)
-                    for a in fit_csr(st, chunks, *buffers, limit=limit))
-        return PreparedCSR(csr, batch.stats, self._touched(csr, agree) if torch.is_grad_enabled() else ())
-
-    def _touched(self, csr: tuple[torch.Tensor, ...], agree: Agree | None) -> tuple[torch.Tensor, ...]:
-        """Per stack, the fused update's deduplication of ``csr``, done here on the host (ahead of
-        the step); () where the ops take none."""
-        touched = [touched_rows_ahead(*csr[4 * i:4 * i + 4], st.vocab_size, st.total_sample_count, fit=False)
-                   for i, st in enumerate(self.plan.stacks)]
-        if any(t is None for t in touched):
-            return ()
-        entries = [csr[4 * i + 1].shape[0] for i in range(len(touched))]
-        unique = [min(e, max(floor, csr_math.touched_unique(t.numpy(), e)))
-                  for t, e, floor in zip(touched, entries, self._unique_floor)]
-        if agree is not None:
-            unique = agree(unique)
-        self._unique_floor = unique
-        return tuple(torch.from_numpy(csr_math.fit_touched(t.numpy(), e, u))
-                     for t, e, u in zip(touched, entries, unique))
+        csr = self._fitter.cut(batch, agree)
+        touched = self._fitter.touched(csr, agree) if torch.is_grad_enabled() and dedups_on_host() else ()
+        return PreparedCSR(tuple(torch.from_numpy(a) for buffers in csr for a in buffers), batch.stats,
+                           tuple(torch.from_numpy(t) for t in touched))
 
     def _prepared(self, prepared: Any) -> PreparedCSR:
         return prepared if isinstance(prepared, PreparedCSR) else self.prepare(prepared)

@@ -1,0 +1,110 @@
+"""Each batch's CSR buffers cut to the sizes it needs, and its touched rows found on the host: what
+both engines of the one SparseCore core (the ``tpu::`` ops' ``ops`` backend and the ``xla``
+backend's step programs, :mod:`sparsecore.csr_math` in both) feed their programs.
+
+Preprocessing lays a stack's buffers out for its configured ids-per-partition limit. A batch's
+largest partition usually needs far less: :func:`fit_csr` cuts the buffers to the power-of-two
+bucket of that partition (:func:`csr_bucket`), so the programs run over the real entries plus
+little padding and only a few buffer sizes, hence programs, occur; :func:`csr_limits` reads that
+bucket back from the buffers' size. :class:`CsrFitter` also deduplicates each stack's touched rows
+on the host (``csr_math.touched_rows``, ahead of the step) cut to a bucket of their count, and
+never shrinks a stack's sizes, or batches whose counts straddle a bucket boundary would alternate
+between two programs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sparsecore import csr_math
+from sparsecore.csr_format import round_up_array, row_pointers_per_sc
+from sparsecore.preprocess import PreprocessedBatch
+from sparsecore.stacking import StackedTable, StackingPlan
+from tpu_facts import ALIGNMENT, power_of_two_bucket
+
+CSR_FIELDS = ("row_pointers", "embedding_ids", "sample_ids", "gains")
+Agree = Callable[[list[int]], list[int]]  # this rank's buffer sizes -> the sizes every rank uses
+
+
+def bucket_limit(needed: int, limit: int) -> int:
+    """The ids-per-partition limit a batch whose largest partition holds ``needed`` ids is laid
+    out for: the smallest power of two >= max(``needed``, 8), or the configured ``limit`` itself
+    where that is not smaller."""
+    bucket = power_of_two_bucket(int(needed), ALIGNMENT)
+    return bucket if bucket < limit else limit
+
+
+def csr_bucket(stack: StackedTable, chunks: int, row_pointers: np.ndarray) -> int:
+    """The ids-per-partition limit :func:`fit_csr` lays ``stack``'s buffers out for: the
+    :func:`bucket_limit` of their largest partition."""
+    n = stack.num_sparsecores
+    ends = row_pointers.reshape(chunks, row_pointers_per_sc(stack))[:, :n].astype(np.int64)
+    starts = np.zeros_like(ends)
+    starts[:, 1:] = round_up_array(ends[:, :-1], ALIGNMENT)
+    return bucket_limit(int((ends - starts).max(initial=0)), stack.max_ids_per_partition)
+
+
+def fit_csr(stack: StackedTable, chunks: int, row_pointers: np.ndarray, *buffers: np.ndarray,
+            limit: int | None = None) -> tuple[np.ndarray, ...]:
+    """``stack``'s CSR buffers (of ``chunks`` source SparseCores, laid out for its configured
+    limit) laid out for ``limit`` (default :func:`csr_bucket`; at least that) instead: each
+    source region keeps its first ``limit * N`` positions, which hold all its entries (partitions
+    padded to 8 each hold at most the bucket). Byte for byte the buffers preprocessing with that
+    limit builds; the row pointers do not change."""
+    n = stack.num_sparsecores
+    limit = csr_bucket(stack, chunks, row_pointers) if limit is None else limit
+    if limit == stack.max_ids_per_partition:
+        return (row_pointers, *buffers)
+    return (row_pointers, *(b.reshape(chunks, -1)[:, :limit * n].reshape(-1) for b in buffers))
+
+
+def csr_limits(stack: StackedTable, chunks: int, embedding_ids) -> tuple[int, int]:
+    """(max ids, max unique ids) per partition of ``stack``'s CSR buffers from their size (see
+    :func:`fit_csr`; ``embedding_ids``: any array): the configured limits for full-size buffers,
+    else the bucket."""
+    limit = min(stack.max_ids_per_partition, embedding_ids.shape[0] // (chunks * stack.num_sparsecores))
+    if limit == stack.max_ids_per_partition:
+        return limit, stack.max_unique_ids_per_partition
+    return limit, min(limit, stack.max_unique_ids_per_partition)
+
+
+class CsrFitter:
+    """Cuts the batches of one ``plan`` (its stacks on ``plan.topology``'s SparseCores) to their
+    buckets, which only grow; ``agree`` (where given) maps this rank's sizes to those every rank
+    uses (their maximum: ranks running one SPMD program need buffers of one size)."""
+
+    def __init__(self, plan: StackingPlan) -> None:
+        self.plan = plan
+        self.chunks = plan.topology.num_sparsecores
+        self._limit_floor = [0] * len(plan.stacks)
+        self._unique_floor = [0] * len(plan.stacks)
+
+    def cut(self, batch: PreprocessedBatch, agree: Agree | None = None) -> list[tuple[np.ndarray, ...]]:
+        """Per stack in plan order, its four CSR buffers (:data:`CSR_FIELDS`) cut to the batch's
+        bucket (contiguous)."""
+        stacks = self.plan.stacks
+        full = [[getattr(batch.stacks[st.name], f) for f in CSR_FIELDS] for st in stacks]
+        limits = [max(floor, csr_bucket(st, self.chunks, buffers[0]))
+                  for st, buffers, floor in zip(stacks, full, self._limit_floor)]
+        if agree is not None:
+            limits = agree(limits)
+        self._limit_floor = limits
+        return [tuple(np.ascontiguousarray(a) for a in fit_csr(st, self.chunks, *buffers, limit=limit))
+                for st, buffers, limit in zip(stacks, full, limits)]
+
+    def touched(self, csr: Sequence[tuple[np.ndarray, ...]], agree: Agree | None = None) -> list[np.ndarray]:
+        """Per stack, the fused update's deduplication of its cut buffers ``csr`` (a
+        ``csr_math.touched_rows`` vector, its unique rows cut to a bucket of their count)."""
+        touched, entries = [], []
+        for st, buffers in zip(self.plan.stacks, csr):
+            phys = csr_math.decode(*buffers, st.vocab_size, st.total_sample_count, xp=np)[0]
+            touched.append(csr_math.touched_rows(phys, st.vocab_size, xp=np))
+            entries.append(buffers[1].shape[0])
+        unique = [min(e, max(floor, csr_math.touched_unique(t, e)))
+                  for t, e, floor in zip(touched, entries, self._unique_floor)]
+        if agree is not None:
+            unique = agree(unique)
+        self._unique_floor = unique
+        return [csr_math.fit_touched(t, e, u) for t, e, u in zip(touched, entries, unique)]
