@@ -8,7 +8,7 @@ hyperparameters that op takes after the gradient); those hyperparameters for a s
 which of them change with the step; FBGEMM's fused TBE kernel and jax-tpu-embedding's optimizer
 spec for it (None: no such kernel). Every engine that updates rows itself runs the rule's update:
 the ``tpu::`` ops' XLA formulation (``sparsecore.csr_math.fused_update``) and the ``xla``
-backend's row-ordered programs. Each record is registered right below its update, as jax's
+backend's step programs. Each record is registered right below its update, as jax's
 ``lax`` keeps a rule beside its primitive: a new optimizer is its spec class plus one update and
 record here.
 
@@ -41,14 +41,17 @@ class OptimizerRule:
     ``update``: the rows' update (:data:`Update`). ``op_hypers(spec, step)``: the fused op's
     hyperparameters after its gradient, in its schema's order (``step``: the update's number from
     1; None where ``varies`` is empty: none depends on it); ``varies``: the positions of those
-    that change with the step. ``tbe(spec)``: ``(EmbOptimType member, eps)`` of FBGEMM's kernel,
-    or None where it has none. ``jte(spec)``: ``(class name in jax_tpu_embedding's embedding_spec,
-    its arguments)``, or None where it has no such kernel (it raises for unsupported settings)."""
+    that change with the step; ``tensors``: the positions the op takes as tensors (a step
+    program's inputs; the others are numbers, constants of the program). ``tbe(spec)``:
+    ``(EmbOptimType member, eps)`` of FBGEMM's kernel, or None where it has none. ``jte(spec)``:
+    ``(class name in jax_tpu_embedding's embedding_spec, its arguments)``, or None where it has no
+    such kernel (it raises for unsupported settings)."""
 
     spec: type[opt.OptimizerSpec]
     update: Update
     op_hypers: Callable[[Any, int | None], list[float]]
     varies: tuple[int, ...]
+    tensors: tuple[int, ...]
     tbe: Callable[[Any], tuple[str, float]] | None
     jte: Callable[[Any], tuple[str, tuple[Any, ...]]] | None
 
@@ -65,6 +68,12 @@ class OptimizerRule:
     def in_step(self) -> bool:
         """Its hyperparameters are fixed: a traced step program can run the update."""
         return not self.varies
+
+    @property
+    def program_inputs(self) -> tuple[int, ...]:
+        """The hyperparameters an update program takes as inputs: the op's tensors and those that
+        change with the step."""
+        return tuple(sorted({*self.tensors, *self.varies}))
 
 
 RULES: dict[type[opt.OptimizerSpec], OptimizerRule] = {}
@@ -122,7 +131,7 @@ def sgd(rows, slots, grad, hypers, row_dims):
     return rows - learning_rate * grad, ()
 
 
-register(OptimizerRule(opt.SGD, sgd, _lr, varies=(), tbe=lambda spec: ("EXACT_SGD", 0.0),
+register(OptimizerRule(opt.SGD, sgd, _lr, varies=(), tensors=(0,), tbe=lambda spec: ("EXACT_SGD", 0.0),
                        jte=lambda spec: ("SGDOptimizerSpec", (spec.learning_rate,))))
 
 
@@ -136,7 +145,8 @@ def _lr_eps(spec: opt.Adagrad, step: int | None) -> list[float]:
     return [spec.learning_rate, spec.eps]
 
 
-register(OptimizerRule(opt.Adagrad, adagrad, _lr_eps, varies=(), tbe=lambda spec: ("EXACT_ADAGRAD", spec.eps),
+register(OptimizerRule(opt.Adagrad, adagrad, _lr_eps, varies=(), tensors=(0, 1),
+                       tbe=lambda spec: ("EXACT_ADAGRAD", spec.eps),
                        jte=_no_jte_eps))
 
 
@@ -147,7 +157,7 @@ def rowwise_adagrad(rows, slots, grad, hypers, row_dims):
     return rows - learning_rate * grad / (jnp.sqrt(acc)[:, None] + epsilon), (acc,)
 
 
-register(OptimizerRule(opt.RowWiseAdagrad, rowwise_adagrad, _lr_eps, varies=(),
+register(OptimizerRule(opt.RowWiseAdagrad, rowwise_adagrad, _lr_eps, varies=(), tensors=(0, 1),
                        tbe=lambda spec: ("EXACT_ROWWISE_ADAGRAD", spec.eps), jte=None))
 
 
@@ -181,7 +191,7 @@ def _adam_hypers(spec: opt.Adam, step: int | None) -> list[float]:
     return [spec.learning_rate * c2 / c1, spec.beta_1, spec.beta_2, spec.epsilon * c2]
 
 
-register(OptimizerRule(opt.Adam, adam, _adam_hypers, varies=(0, 3), tbe=None,
+register(OptimizerRule(opt.Adam, adam, _adam_hypers, varies=(0, 3), tensors=(0,), tbe=None,
                        jte=lambda spec: ("AdamOptimizerSpec", (spec.learning_rate, spec.beta_1, spec.beta_2,
                                                                spec.epsilon))))
 
@@ -204,7 +214,7 @@ def _ftrl_hypers(spec: opt.FTRL, step: int | None) -> list[float]:
             spec.l2_regularization_strength, spec.beta]
 
 
-register(OptimizerRule(opt.FTRL, ftrl, _ftrl_hypers, varies=(), tbe=None,
+register(OptimizerRule(opt.FTRL, ftrl, _ftrl_hypers, varies=(), tensors=(0,), tbe=None,
                        jte=lambda spec: ("FTRLOptimizerSpec", (
                            spec.learning_rate, spec.learning_rate_power, spec.l1_regularization_strength,
                            spec.l2_regularization_strength, spec.beta, spec.initial_accumulator_value,

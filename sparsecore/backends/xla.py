@@ -53,20 +53,21 @@ def to_torch(array: jax.Array) -> torch.Tensor:
 
 
 def step_hypers(optimizer, step: int) -> np.ndarray:
-    """The hyperparameters of ``optimizer``'s update number ``step`` that change with the step
-    (its rule's ``varies``), computed on the host in double, as float32: an update program's input."""
+    """The hyperparameters of ``optimizer``'s update number ``step`` an update program takes as
+    inputs (its rule's ``program_inputs``, as the fused op takes them: the same program), computed
+    on the host in double, as float32."""
     rule = rule_of(optimizer)
-    values = rule.op_hypers(optimizer, step)
-    return np.asarray([values[k] for k in rule.varies], np.float32)
+    values = rule.op_hypers(optimizer, step if rule.varies else None)
+    return np.asarray([values[k] for k in rule.program_inputs], np.float32)
 
 
-def program_hypers(optimizer, varying: jax.Array) -> list[Any]:
-    """All of ``optimizer``'s op hyperparameters inside an update program: the fixed ones as
-    numbers, the ones that change with the step from ``varying`` (:func:`step_hypers`)."""
+def program_hypers(optimizer, inputs: jax.Array) -> list[Any]:
+    """All of ``optimizer``'s op hyperparameters inside an update program: its ``inputs``
+    (:func:`step_hypers`) where the rule says so, the others as numbers."""
     rule = rule_of(optimizer)
     values: list[Any] = rule.op_hypers(optimizer, 1 if rule.varies else None)
-    for j, k in enumerate(rule.varies):
-        values[k] = varying[j]
+    for j, k in enumerate(rule.program_inputs):
+        values[k] = inputs[j]
     return values
 
 
@@ -99,7 +100,7 @@ class XlaBackend(ReadsTablesAlone):
                                for st in plan.stacks)
         self._state_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
                                           (self._table_tuple(), self._slot_tuple(), self._row_dims))
-        self._varying_shapes = tuple(jax.ShapeDtypeStruct((len(rule_of(st.optimizer).varies),), jnp.float32)
+        self._varying_shapes = tuple(jax.ShapeDtypeStruct((len(rule_of(st.optimizer).program_inputs),), jnp.float32)
                                      for st in plan.stacks)
         self._lookup_jit = jax.jit(self._lookup_program)
         self._update_jit = jax.jit(self._update_program, donate_argnums=(0, 1))

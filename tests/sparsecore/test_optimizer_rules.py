@@ -27,6 +27,10 @@ def test_every_spec_has_one_rule_matching_its_op():
         slots, hypers = fused_arguments(rule.op_name)
         assert slots == spec.slot_names, cls
         assert len(rule.op_hypers(spec, 1)) == len(hypers), cls
+        schema = torch.ops.tpu.__getattr__(rule.op_name).default._schema.arguments
+        tensor_positions = [k for k, name in enumerate(hypers)
+                            if isinstance(next(a for a in schema if a.name == name).type, torch.TensorType)]
+        assert list(rule.tensors) == tensor_positions, cls  # the program form is the op's
         if rule.in_step:  # fixed hyperparameters: the same with or without the step
             assert rule.op_hypers(spec, None) == rule.op_hypers(spec, 7)
         else:
@@ -50,7 +54,8 @@ def test_a_new_optimizer_is_one_registration():
     """SGD at half the rate, registered once, trains on the xla backend: its tables equal plain
     SGD at half the learning rate (an independent run)."""
     register(OptimizerRule(_HalfSGD, lambda rows, slots, grad, hypers, dims: (rows - hypers[0] * grad, ()),
-                           lambda spec, step: [spec.learning_rate / 2], varies=(), tbe=None, jte=None))
+                           lambda spec, step: [spec.learning_rate / 2], varies=(), tensors=(0,), tbe=None,
+                           jte=None))
     try:
         results = []
         for spec in (_HalfSGD(0.4), opt.SGD(0.2)):
