@@ -14,7 +14,7 @@ from sparsecore.optimizer_rules import RULES, OptimizerRule, register, rule_name
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
-from torch_tpu.ops.sparsecore import OPTIMIZERS, fused_arguments
+from torch_tpu.ops.sparsecore import OPTIMIZERS, fused_arguments, overload
 
 from .helpers import random_kjt
 
@@ -27,7 +27,7 @@ def test_every_spec_has_one_rule_matching_its_op():
         slots, hypers = fused_arguments(rule.op_name)
         assert slots == spec.slot_names, cls
         assert len(rule.op_hypers(spec, 1)) == len(hypers), cls
-        schema = torch.ops.tpu.__getattr__(rule.op_name).default._schema.arguments
+        schema = overload(rule.op_name)._schema.arguments
         tensor_positions = [k for k, name in enumerate(hypers)
                             if isinstance(next(a for a in schema if a.name == name).type, torch.TensorType)]
         assert list(rule.tensors) == tensor_positions, cls  # the program form is the op's
