@@ -67,6 +67,12 @@ class PrefetchedKJT(KeyedJaggedTensor):
         return super().to(device, non_blocking=non_blocking, dtype=dtype)
 
 
+def sparsecore_batch_multiple(sparsecores: int, world_size: int) -> int:
+    """What each of ``world_size`` ranks' batch must be a multiple of for its ``sparsecores``
+    SparseCores to split the global batch evenly with no padding."""
+    return sparsecores // math.gcd(sparsecores, world_size)
+
+
 class ShardedSparseCoreEBC(ShardedTables):
     """Pooled lookups of ``features`` (``batch_size`` = this rank's batch) over ``tables``, sharded
     over ``group`` (default: the world; no process group: one rank) as ``sharding`` says; the
@@ -83,8 +89,8 @@ class ShardedSparseCoreEBC(ShardedTables):
         if len(batch_sizes) != 1:
             raise ValueError(f"all features need one batch size for a KeyedTensor output, got {sorted(batch_sizes)}")
         self.requested_batch_size = batch_sizes.pop()
-        sparsecores = self.engine.topology.num_sparsecores
-        self.batch_size = round_up(self.requested_batch_size, sparsecores // math.gcd(sparsecores, self.world_size))
+        self.batch_size = round_up(self.requested_batch_size,
+                                   sparsecore_batch_multiple(self.engine.topology.num_sparsecores, self.world_size))
         self.features = [replace(f, batch_size=self.batch_size) for f in self.features]
         dims = [self.tables[f.table].dim for f in self.features]
         self._offsets = dict(zip([f.name for f in self.features], np.cumsum([0] + dims).tolist()))
