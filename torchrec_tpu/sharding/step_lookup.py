@@ -46,7 +46,7 @@ class PooledLookup(nn.Module):
         if len(set(dims.values())) != 1 or sorted(feature_order) != sorted(dims):
             raise ValueError(f"a pooled [batch, features, dim] output needs one dim for all features in the EBC's "
                              f"features, got dims {dims} for order {list(feature_order)}")
-        self.shape = (ebc.batch_size, len(feature_order), dims[feature_order[0]])
+        self.shape = (ebc.padded_local_batch, len(feature_order), dims[feature_order[0]])
         self.exchange = None if columns is not None else _Exchange(ebc, feature_order)
         self.identity = columns is None or bool(np.array_equal(columns, np.arange(columns.size)))
         if not self.identity:
@@ -60,7 +60,7 @@ class PooledLookup(nn.Module):
             return None
         backend = ebc.local_backend
         if not (isinstance(backend, OpsBackend) and backend.state.traceable() and backend.state.uniform
-                and ebc.batch_size == ebc.requested_batch_size):
+                and ebc.padded_local_batch == ebc.local_batch):
             return None
         if ebc.world_size > 1:
             return PooledLookup(ebc, backend, feature_order, None) if ebc.uniform_ranks else None
@@ -105,7 +105,7 @@ class _Exchange(nn.Module):
     def __init__(self, ebc: ShardedSparseCoreEBC, feature_order: Sequence[str]) -> None:
         super().__init__()
         targets, sources, self.width = ebc.exchange_columns(feature_order)  # type: ignore[misc]
-        self.ranks, self.batch, self.scale = ebc.world_size, ebc.batch_size, ebc.gradient_scale
+        self.ranks, self.batch, self.scale = ebc.world_size, ebc.padded_local_batch, ebc.gradient_scale
         self.columns = len(feature_order) * ebc.tables[ebc.features[0].table].dim
         self.group_name = (ebc.group or dist.group.WORLD).group_name
         self.register_buffer("gathers", torch.from_numpy(_as_gathers(targets, self.columns)).to(DEVICE),

@@ -109,7 +109,8 @@ class CompiledDenseStep:
 
     def __call__(self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
         kjt = batch.sparse_features
-        if self.fused_step is not None and not isinstance(kjt, PrefetchedKJT) and kjt.stride() == self.ebc.batch_size:
+        if (self.fused_step is not None and not isinstance(kjt, PrefetchedKJT)
+                and kjt.stride() == self.ebc.padded_local_batch):
             kjt = self.ebc.prefetch(kjt)  # no prefetch thread (the profiler's run): the input dist here
         if self.fused_step is not None and isinstance(kjt, PrefetchedKJT) and kjt.owner is self.ebc:
             inputs = self.lookup.step_inputs(kjt.local)
@@ -176,7 +177,7 @@ class CompiledDenseEval:
         the lookup-and-towers program; None when the EBC's input dist prepared no CSR buffers."""
         from torch_tpu.compile.dynamo.buckets import pad_dim
 
-        size, parts, first = self.ebc.batch_size, [], 0
+        size, parts, first = self.ebc.padded_local_batch, [], 0
         for chunk, real in fixed_size_chunks(batch.sparse_features, size):
             csr = self.lookup.eval_inputs(self.ebc.input_dist(chunk))  # type: ignore[union-attr]
             if csr is None:

@@ -11,10 +11,11 @@ import torch
 
 from sparsecore.backends import FBGEMM, OPS, TPU, XLA, BackendName
 from sparsecore.optimizer_rules import rule_of
-from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, per_rank_batch
+from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig
 from torchrec_tpu.train.engines.dense_placement import dense_device, resolve_dense_device, spmd_world, tpu_installed
 from torchrec_tpu.train.model import ModelSpec
 from torchrec_tpu.train.optimizers import dense_optimizer, sparse_optimizer
+from tpu_facts import local_batch_of
 
 # `--dense-device auto` times the towers at the job's batch up to this many samples per rank: the
 # rate per sample is flat well below it, and a job whose batch cannot fit (it fails on its id limits
@@ -75,7 +76,7 @@ def resolve_sparsecore_layout(options: EngineConfig, optim: OptimConfig, spec: M
     """:func:`sparsecore_layout` with the towers where ``--dense-device`` says (``auto`` may measure
     them on this host, once: :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
     towers_on = resolve_dense_device(options.dense_device, spec, world_size, options.dense_parallel,
-                                     min(per_rank_batch(batch_size, world_size), CALIBRATION_BATCH_CAP),
+                                     min(local_batch_of(batch_size, world_size), CALIBRATION_BATCH_CAP),
                                      dense_optimizer(optim.dense_optimizer).torch_class(), optim.precision)
     return sparsecore_layout(options, optim, world_size, towers_on)
 
