@@ -46,7 +46,7 @@ class PooledLookup(nn.Module):
         if len(set(dims.values())) != 1 or sorted(feature_order) != sorted(dims):
             raise ValueError(f"a pooled [batch, features, dim] output needs one dim for all features in the EBC's "
                              f"features, got dims {dims} for order {list(feature_order)}")
-        self.shape = (ebc.batch_size, len(feature_order), dims[feature_order[0]])
+        self.shape = (ebc.padded_local_batch, len(feature_order), dims[feature_order[0]])
         self.exchange = None if columns is not None else _Exchange(ebc, feature_order)
         self.identity = columns is None or bool(np.array_equal(columns, np.arange(columns.size)))
         if not self.identity:
@@ -82,8 +82,8 @@ class PooledLookup(nn.Module):
             return "its optimizer reads a host value every step"
         if not backend.state.uniform:
             return "its features have several batch sizes"
-        if ebc.batch_size != ebc.requested_batch_size:
-            return (f"its per-rank batch of {ebc.requested_batch_size} is padded to {ebc.batch_size} for the "
+        if ebc.padded_local_batch != ebc.local_batch:
+            return (f"its per-rank batch of {ebc.local_batch} is padded to {ebc.padded_local_batch} for the "
                     f"SparseCores' split")
         if ebc.world_size > 1 and not ebc.uniform_ranks:
             return "its ranks' stacks are not padded to one shape (uniform_ranks)"
@@ -127,7 +127,7 @@ class _Exchange(nn.Module):
     def __init__(self, ebc: ShardedSparseCoreEBC, feature_order: Sequence[str]) -> None:
         super().__init__()
         targets, sources, self.width = ebc.exchange_columns(feature_order)  # type: ignore[misc]
-        self.ranks, self.batch, self.scale = ebc.world_size, ebc.batch_size, ebc.gradient_scale
+        self.ranks, self.batch, self.scale = ebc.world_size, ebc.padded_local_batch, ebc.gradient_scale
         self.columns = len(feature_order) * ebc.tables[ebc.features[0].table].dim
         self.group_name = (ebc.group or dist.group.WORLD).group_name
         self.register_buffer("gathers", torch.from_numpy(_as_gathers(targets, self.columns)).to(DEVICE),

@@ -110,7 +110,7 @@ class CompiledDenseStep:
 
     def __call__(self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
         kjt = batch.sparse_features
-        if self.fused_step is not None and kjt.stride() == self.ebc.batch_size:
+        if self.fused_step is not None and kjt.stride() == self.ebc.padded_local_batch:
             if not isinstance(kjt, PrefetchedKJT):
                 kjt = self.ebc.prefetch(kjt)  # no prefetch thread (the profiler's run): the input dist here
             inputs = self.lookup.step_inputs(kjt.local) if kjt.owner is self.ebc else None  # type: ignore[union-attr]
@@ -121,7 +121,7 @@ class CompiledDenseStep:
             return loss
         if self.fused_step is not None and not self.short_batches:
             _log.info("a batch of %d samples per rank, shorter than the step program's %d (an epoch's last): "
-                      "its embedding lookup and update run outside the program", kjt.stride(), self.ebc.batch_size)
+                      "its embedding lookup and update run outside the program", kjt.stride(), self.ebc.padded_local_batch)
         self.short_batches += self.fused_step is not None
         # the host tensors go into the program as they are (one copy each, no eager tpu ops)
         pooled = _host_pooled(self.model, batch)
@@ -182,7 +182,7 @@ class CompiledDenseEval:
         the lookup-and-towers program."""
         from torch_tpu.compile.dynamo.buckets import pad_dim
 
-        size, parts, first = self.ebc.batch_size, [], 0
+        size, parts, first = self.ebc.padded_local_batch, [], 0
         for chunk, real in fixed_size_chunks(batch.sparse_features, size):
             csr = self.lookup.eval_inputs(self.ebc.input_dist(chunk))  # type: ignore[union-attr]
             if csr is None:

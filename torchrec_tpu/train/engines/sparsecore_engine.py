@@ -40,6 +40,7 @@ from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
 from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
 from torchrec_tpu.train.optimizers import dense_optimizer, sparse_optimizer
+from tpu_facts import global_batch_of
 
 PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
@@ -54,7 +55,7 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, op
     The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
     same model on cpu and tpu."""
     model = build_dlrm(spec, dense_device=torch.device("cpu"))
-    local_batch = env.per_rank(batch_size)
+    local_batch = env.local_batch_of(batch_size)
     tables_ebc = ebc_of(model)
     optimizer = sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)
     specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer)  # the tables' specs, once
@@ -110,16 +111,16 @@ def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: 
     if group is not None:
         batches = AgreedBatches(batches, group, env.rank, env.world_size)
     return PrefetchedBatches(batches, ebc, device, depth, group,
-                             partial(overflow_with_flags, ebc.batch_size * env.world_size))
+                             partial(overflow_with_flags, global_batch_of(ebc.padded_local_batch, env.world_size)))
 
 
-def overflow_with_flags(batch_size: int, error: Exception) -> Exception:
+def overflow_with_flags(global_batch: int, error: Exception) -> Exception:
     """A SparseCore partition over its id limit, with the fix as flags of ``train`` / ``profile``
-    (``batch_size``: the global batch): the ids a partition gets grow with the batch each
+    (``global_batch``: ``--batch-size``, padded for the SparseCores): the ids a partition gets grow with the batch each
     SparseCore sees. Other errors as they are."""
     if not isinstance(error, PartitionOverflowError):
         return error
-    return PartitionOverflowError(error.overflow, f"lower --batch-size (now {batch_size}) or train on more "
+    return PartitionOverflowError(error.overflow, f"lower --batch-size (now {global_batch}) or train on more "
                                                   "ranks (torchrun --nproc-per-node), which spreads each "
                                                   "batch over more SparseCores")
 

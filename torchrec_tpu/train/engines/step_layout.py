@@ -13,12 +13,12 @@ import torch
 
 from sparsecore.backends import FBGEMM, OPS, TPU, XLA, BackendName
 from sparsecore.optimizer_rules import rule_of
-from torchrec_tpu.sharding.ebc import sparsecore_batch_multiple
-from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, per_rank_batch
+from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig
 from torchrec_tpu.train.engines.dense_placement import dense_device, resolve_dense_device, spmd_world, tpu_installed
 from torchrec_tpu.train.engines.plan_loading import rank_sparsecores
 from torchrec_tpu.train.model import ModelSpec
 from torchrec_tpu.train.optimizers import dense_optimizer, sparse_optimizer
+from tpu_facts import local_batch_of, padded_local_batch_of
 
 # `--dense-device auto` times the towers at the job's batch up to this many samples per rank: the
 # rate per sample is flat well below it, and a job whose batch cannot fit (it fails on its id limits
@@ -96,8 +96,8 @@ def lookup_outside(backend: BackendName, optimizer: str, in_step: bool, sparseco
         return f"--sparse-backend {backend}; the ops backend runs them inside"
     if not in_step:
         return f"--sparse-optimizer {optimizer} reads a host value every step"
-    multiple = sparsecore_batch_multiple(sparsecores, world_size)
-    if local_batch % multiple:
+    if padded_local_batch_of(local_batch, sparsecores, world_size) != local_batch:
+        multiple = padded_local_batch_of(1, sparsecores, world_size)
         return (f"a per-rank batch of {local_batch} is not a multiple of {multiple}, so the {sparsecores} "
                 f"SparseCores of each of {world_size} rank(s) take it padded; --batch-size a multiple of "
                 f"{multiple * world_size} runs them inside")
@@ -109,9 +109,9 @@ def resolve_sparsecore_layout(options: EngineConfig, optim: OptimConfig, spec: M
     """:func:`sparsecore_layout` with the towers where ``--dense-device`` says (``auto`` may measure
     them on this host, once: :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
     towers_on = resolve_dense_device(options.dense_device, spec, world_size, options.dense_parallel,
-                                     min(per_rank_batch(batch_size, world_size), CALIBRATION_BATCH_CAP),
+                                     min(local_batch_of(batch_size, world_size), CALIBRATION_BATCH_CAP),
                                      dense_optimizer(optim.dense_optimizer).torch_class(), optim.precision)
-    return sparsecore_layout(options, optim, world_size, per_rank_batch(batch_size, world_size), towers_on)
+    return sparsecore_layout(options, optim, world_size, local_batch_of(batch_size, world_size), towers_on)
 
 
 def torchrec_layout(optim: OptimConfig, world_size: int) -> StepLayout:

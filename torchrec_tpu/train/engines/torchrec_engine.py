@@ -55,7 +55,7 @@ def shard_model(model: nn.Module, env: DistEnv, device: torch.device, optim: Opt
     )
     planner = EmbeddingShardingPlanner(
         topology=topology,
-        batch_size=env.per_rank(batch_size),
+        batch_size=env.local_batch_of(batch_size),
         storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVED_FRACTION),
     )
     plan = planner.collective_plan(model, pg=dist.GroupMember.WORLD)
