@@ -121,7 +121,8 @@ class CompiledDenseStep:
             return loss
         if self.fused_step is not None and not self.short_batches:
             _log.info("a batch of %d samples per rank, shorter than the step program's %d (an epoch's last): "
-                      "its embedding lookup and update run outside the program", kjt.stride(), self.ebc.padded_local_batch)
+                      "its embedding lookup and update run outside the program", kjt.stride(),
+                      self.ebc.padded_local_batch)
         self.short_batches += self.fused_step is not None
         # the host tensors go into the program as they are (one copy each, no eager tpu ops)
         pooled = _host_pooled(self.model, batch)
