@@ -63,19 +63,19 @@ class SlotForward:
 jax.tree_util.register_dataclass(SlotForward, data_fields=["rows", "gains"], meta_fields=[])
 
 
-def stack_input(entries: RowOrderedEntries, table_rows: int, activation_rows: np.ndarray,
+def stack_input(entries: RowOrderedEntries, stack_rows: int, activation_rows: np.ndarray,
                 ) -> tuple[StackEntries, SlotForward | None]:
     """A stack's device input: its entries (rows deduplicated) with their samples relabelled by
     ``activation_rows``, and the slot form of the forward when it is at most twice the work
     (few ids per sample, e.g. one-hot features)."""
     sample = activation_rows[entries.sample]
-    packed = stack_entries(RowOrderedEntries(entries.phys, sample, entries.gain, entries.stats), table_rows)
+    packed = stack_entries(RowOrderedEntries(entries.phys, sample, entries.gain, entries.stats), stack_rows)
     counts = np.bincount(sample, minlength=activation_rows.size)
     most = int(counts.max(initial=0))
     slots = power_of_two_bucket(most)
     if slots * activation_rows.size > 2 * packed.entries:
         return packed, None
-    slot_rows = np.full((slots, activation_rows.size), table_rows, dtype=np.int32)
+    slot_rows = np.full((slots, activation_rows.size), stack_rows, dtype=np.int32)
     slot_gains = np.zeros((slots, activation_rows.size), dtype=np.float32)
     if most <= 1:
         slot_rows[0, sample] = entries.phys
@@ -104,8 +104,8 @@ def fill_slots(sample: np.ndarray, phys: np.ndarray, gain: np.ndarray, counts: n
     slot_gains[rank, sample[order]] = gain[order]
 
 
-def stack_entries(entries: RowOrderedEntries, table_rows: int) -> StackEntries:
-    """Deduplicate the rows of ``entries`` (a stack of ``table_rows`` physical rows) and pad: padding
+def stack_entries(entries: RowOrderedEntries, stack_rows: int) -> StackEntries:
+    """Deduplicate the rows of ``entries`` (a stack of ``stack_rows`` physical rows) and pad: padding
     entries add 0 to sample 0 and belong to a padding row, which the device reads as zeros and
     never writes (there is always one; padding rows are distinct, so row indices stay unique)."""
     phys = entries.phys
@@ -118,7 +118,7 @@ def stack_entries(entries: RowOrderedEntries, table_rows: int) -> StackEntries:
     u, e = quarter_bucket(touched.size + 1), quarter_bucket(phys.size + 1)
     ints = np.empty(u + 2 * e, dtype=np.int32)
     ints[: touched.size] = touched
-    ints[touched.size: u] = table_rows + np.arange(u - touched.size)
+    ints[touched.size: u] = stack_rows + np.arange(u - touched.size)
     ints[u: u + phys.size] = np.cumsum(first) - 1
     ints[u + phys.size: u + e] = touched.size
     ints[u + e: u + e + phys.size] = entries.sample

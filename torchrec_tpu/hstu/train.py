@@ -135,7 +135,7 @@ def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tupl
         embeddings = None
     else:
         embeddings = sharded_embeddings(
-            hstu_config, optimizer=_sparse_spec(config), batch_size=env.per_rank(config.data.batch_size),
+            hstu_config, optimizer=_sparse_spec(config), batch_size=env.local_batch_of(config.data.batch_size),
             backend=sparse_backend(config), seed=config.loop.seed, average_over_ranks=True,
             ec=_seeded_ec(hstu_config, config.loop.seed))
     return HSTU(hstu_config, embeddings, dense_device=device), hstu_config
@@ -246,10 +246,11 @@ def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
                               "T + 1 needs at least 2 (`torchrec-tpu data sequences --windows`)")
         model, hstu_config = build(config, meta, env, device)
         history = min(meta.max_history, hstu_config.max_seq_len - meta.candidates)
-        train = SequenceReader(window_path(directory, meta.windows - 2), env.per_rank(config.data.batch_size),
+        train = SequenceReader(window_path(directory, meta.windows - 2), env.local_batch_of(config.data.batch_size),
                                max_history=history, item_rows=hstu_config.item_rows, shuffle_seed=config.loop.seed,
                                rank=env.rank, world_size=env.world_size)
-        held_out = SequenceReader(window_path(directory, meta.windows - 1), env.per_rank(config.data.eval_batch_size),
+        held_out = SequenceReader(window_path(directory, meta.windows - 1),
+                                  env.local_batch_of(config.data.eval_batch_size),
                                   max_history=history, item_rows=hstu_config.item_rows, rank=env.rank,
                                   world_size=env.world_size)
         dense = [p for name, p in model.named_parameters() if not name.startswith(TABLES_PREFIX)]

@@ -55,7 +55,7 @@ def shard_model(model: nn.Module, env: DistEnv, device: torch.device, optim: Opt
     )
     planner = EmbeddingShardingPlanner(
         topology=topology,
-        batch_size=env.per_rank(batch_size),
+        batch_size=env.local_batch_of(batch_size),
         storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVED_FRACTION),
     )
     plan = planner.collective_plan(model, pg=dist.GroupMember.WORLD)
@@ -94,7 +94,7 @@ class TorchRecEngine:
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device, layout: StepLayout) -> nn.Module:
         return shard_model(build_dlrm(spec, dense_device=device), env, device, self.optim, self.batch_size)
 
-    def build_optimizer(self, model: nn.Module) -> CombinedOptimizer:
+    def build_optimizer(self, model: nn.Module, layout: StepLayout) -> CombinedOptimizer:
         return build_optimizer(model, self.optim)  # type: ignore[arg-type]
 
     def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
