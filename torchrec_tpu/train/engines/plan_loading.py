@@ -44,6 +44,14 @@ def resolve_sharding(plan: str | None, tables: Sequence[TableSpec], features: Se
     return Placement(sharding, SparseCoreTopology.for_rank(loaded.topology, world_size))
 
 
+def rank_sparsecores(plan: str | None, world_size: int) -> int:
+    """The SparseCores of one rank's device under ``--plan`` (:func:`resolve_sharding`'s
+    ``rank_topology``), known before the tables are built."""
+    if plan is None or plan == AUTO:
+        return SparseCoreTopology().num_sparsecores
+    return SparseCoreTopology.for_rank(read_plan(plan).topology, world_size).num_sparsecores
+
+
 def plan_for_world(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], world_size: int,
                    batch_size: int) -> Plan:
     """Plan ``tables`` for ``world_size`` ranks (a v5p 1x1xW line: one device per rank); ``features``

@@ -8,7 +8,6 @@ same shape of state.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -25,7 +24,7 @@ from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.rank_agreement import AgreedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.sharding.uniform_ranks import UniformityError
-from torchrec_tpu.train.config import EngineConfig, OptimConfig, TrainConfig
+from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.engines.dense_placement import (
     DenseDDP,
@@ -43,7 +42,6 @@ from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
 from torchrec_tpu.train.optimizers import dense_optimizer, sparse_optimizer
 from tpu_facts import global_batch_of
 
-_log = logging.getLogger(__name__)
 PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
 
@@ -72,20 +70,16 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, op
 def _sparsecore_ebc(tables_ebc: EmbeddingBagCollection, local_batch: int, placement: Placement,
                     optimizer: OptimizerSpec, specs: tuple, seed: int, backend: str,
                     uniform: bool) -> ShardedSparseCoreEBC:
-    """The sharded EBC; ``uniform`` ranks where the plan can be padded to them (else it says why
-    and the step's lookup runs outside the step program)."""
-    def build(uniform_ranks: bool) -> ShardedSparseCoreEBC:
+    """The sharded EBC, its ranks' stacks padded to one shape where ``uniform`` (the layout's
+    lookup inside the step program, several ranks); a plan they cannot be padded for fails here."""
+    try:
         return ShardedSparseCoreEBC.from_torchrec(
             tables_ebc, local_batch, placement.sharding, optimizer, specs=specs, topology=placement.rank_topology,
-            seed=seed, average_over_ranks=True, backend=backend, uniform_ranks=uniform_ranks)
-
-    if uniform:
-        try:
-            return build(True)
-        except UniformityError as error:
-            _log.warning("the embedding lookup runs outside the step program: the ranks' stacks cannot be "
-                         "padded to one shape (%s)", error)
-    return build(False)
+            seed=seed, average_over_ranks=True, backend=backend, uniform_ranks=uniform)
+    except UniformityError as error:
+        raise ConfigError(f"the training layout runs the embedding lookup inside the step program, which needs "
+                          f"every rank's stacks padded to one shape, but this plan's cannot be ({error}); "
+                          f"--sparse-backend xla runs the lookup outside the program, or change --plan") from None
 
 
 def sharding_plan_text(ebc: ShardedSparseCoreEBC, plan: str | None) -> str:
@@ -131,12 +125,13 @@ def overflow_with_flags(global_batch: int, error: Exception) -> Exception:
                                                   "batch over more SparseCores")
 
 
-def build_dense_optimizer(model: nn.Module, optim: OptimConfig) -> KeyedOptimizerWrapper:
+def build_dense_optimizer(model: nn.Module, optim: OptimConfig, towers_on: torch.device) -> KeyedOptimizerWrapper:
     """``optim``'s dense optimizer over every parameter outside the sparsecore EBC, keyed by its
-    name in the unwrapped model (the same at every world size)."""
+    name in the unwrapped model (the same at every world size); the towers run on ``towers_on``
+    (the layout's dense device)."""
     dense = dense_optimizer(optim.dense_optimizer)
     params = {name: p for name, p in unwrap_dense(model).named_parameters() if not name.startswith(EBC_PATH)}
-    on_host = all(p.device.type == "cpu" for p in params.values())
+    on_host = towers_on.type == "cpu"
     # foreach: one multi-tensor op per update step instead of one per parameter (device op overhead)
     return KeyedOptimizerWrapper(params, lambda ps: dense.build(ps, optim.dense_lr, foreach=None if on_host else True))
 
@@ -170,8 +165,8 @@ class SparseCoreEngine:
         """(The batches stay on the host, ``device``; the towers go to ``layout``'s dense device.)"""
         return build_sparsecore_model(spec, env, layout, self.optim, self.options, self.batch_size, self.seed)
 
-    def build_optimizer(self, model: nn.Module) -> KeyedOptimizerWrapper:
-        return build_dense_optimizer(model, self.optim)
+    def build_optimizer(self, model: nn.Module, layout: StepLayout) -> KeyedOptimizerWrapper:
+        return build_dense_optimizer(model, self.optim, layout.dense_device)
 
     def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
                      background: bool = True) -> Iterable[Batch]:

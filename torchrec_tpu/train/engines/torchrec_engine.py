@@ -94,7 +94,7 @@ class TorchRecEngine:
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device, layout: StepLayout) -> nn.Module:
         return shard_model(build_dlrm(spec, dense_device=device), env, device, self.optim, self.batch_size)
 
-    def build_optimizer(self, model: nn.Module) -> CombinedOptimizer:
+    def build_optimizer(self, model: nn.Module, layout: StepLayout) -> CombinedOptimizer:
         return build_optimizer(model, self.optim)  # type: ignore[arg-type]
 
     def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
