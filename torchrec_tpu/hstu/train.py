@@ -348,7 +348,6 @@ def _resume(path: Path, t: HSTUTraining) -> tuple[int, int, int, str]:
         t.model.load_state_dict(state)
         t.adam._optimizer.load_state_dict(adam)
     else:
-        t.optimizer.init_state()  # the moments exist before the load fills them
         load_checkpoint(directory, t.model, t.optimizer, verify=False)
         restore_rng(directory, t.env.rank)
     if t.env.is_primary:
