@@ -54,12 +54,13 @@ NAMED_MODULES = ("torchrec_tpu/sharding/ebc.py", "torchrec_tpu/sharding/ec.py", 
                  "torchrec_tpu/pipeline/prefetch.py", "torchrec_tpu/train/engines/dense_step.py",
                  "torchrec_tpu/train/engines/sparsecore_engine.py", "torchrec_tpu/train/engines/torchrec_engine.py",
                  "torchrec_tpu/train/engines/step_layout.py", "torchrec_tpu/train/engines/plan_loading.py",
-                 "torchrec_tpu/train/streams.py", "torchrec_tpu/train/distributed.py")
+                 "torchrec_tpu/train/streams.py", "torchrec_tpu/train/distributed.py", "torchrec_tpu/train/data.py")
 # Where the bare name stays: a FeatureSpec's field (``f.batch_size``, ``replace(f, batch_size=...)``),
-# DataConfig's (``data.batch_size``: --batch-size, the global batch), the public parameters of
+# DataConfig's (``data.batch_size``: --batch-size, the global batch), a reader's (``split.batch_size``:
+# one rank's, the pipelines' public name), the public parameters of
 # ``ShardedSparseCoreEBC.specs_of`` / ``from_torchrec`` (``ShardedSparseCoreEC``'s too) and TorchRec's
 # planner's keyword.
-OWNERS = {"f", "feature", "data"}
+OWNERS = {"f", "feature", "data", "split"}
 PUBLIC_FUNCTIONS = {"specs_of", "from_torchrec"}
 PUBLIC_KEYWORDS = {"replace", "EmbeddingShardingPlanner"}
 
