@@ -1,5 +1,5 @@
 """The batch size's three meanings: the conversions against hand-counted sizes, and a rule that
-the modules speaking of one rank's batch never call it by the bare, ambiguous ``batch_size``."""
+the modules handling more than one of them never say the bare, ambiguous ``batch_size``."""
 
 from __future__ import annotations
 
@@ -48,15 +48,21 @@ def test_padded_local_batch_refuses_empty_sizes() -> None:
         padded_local_batch_of(0, 4, 1)
 
 
-# Modules whose batch is one rank's: they say local_batch / padded_local_batch.
-PER_RANK_MODULES = ("torchrec_tpu/sharding/ebc.py", "torchrec_tpu/sharding/step_lookup.py",
-                    "torchrec_tpu/pipeline/prefetch.py", "torchrec_tpu/train/engines/dense_step.py",
-                    "torchrec_tpu/train/streams.py")
+# Modules that handle more than one of the meanings: they say global_batch / local_batch /
+# padded_local_batch.
+NAMED_MODULES = ("torchrec_tpu/sharding/ebc.py", "torchrec_tpu/sharding/ec.py", "torchrec_tpu/sharding/step_lookup.py",
+                 "torchrec_tpu/pipeline/prefetch.py", "torchrec_tpu/train/engines/dense_step.py",
+                 "torchrec_tpu/train/engines/sparsecore_engine.py", "torchrec_tpu/train/engines/torchrec_engine.py",
+                 "torchrec_tpu/train/engines/step_layout.py", "torchrec_tpu/train/engines/plan_loading.py",
+                 "torchrec_tpu/train/streams.py", "torchrec_tpu/train/distributed.py", "torchrec_tpu/train/data.py")
 # Where the bare name stays: a FeatureSpec's field (``f.batch_size``, ``replace(f, batch_size=...)``),
-# DataConfig's (``data.batch_size``: --batch-size, the global batch) and the public parameters of
-# ``ShardedSparseCoreEBC.specs_of`` / ``from_torchrec``.
-FEATURE_NAMES = {"f", "feature", "data"}
+# DataConfig's (``data.batch_size``: --batch-size, the global batch), a reader's (``split.batch_size``:
+# one rank's, the pipelines' public name), the public parameters of
+# ``ShardedSparseCoreEBC.specs_of`` / ``from_torchrec`` (``ShardedSparseCoreEC``'s too) and TorchRec's
+# planner's keyword.
+OWNERS = {"f", "feature", "data", "split"}
 PUBLIC_FUNCTIONS = {"specs_of", "from_torchrec"}
+PUBLIC_KEYWORDS = {"replace", "EmbeddingShardingPlanner"}
 
 
 def _bare_batch_sizes(path: Path) -> list[str]:
@@ -67,7 +73,8 @@ def _bare_batch_sizes(path: Path) -> list[str]:
             function = node.name
         public = function in PUBLIC_FUNCTIONS
         if isinstance(node, ast.Attribute) and node.attr == "batch_size":
-            if not (isinstance(node.value, ast.Name) and node.value.id in FEATURE_NAMES):
+            owner = node.value.id if isinstance(node.value, ast.Name) else getattr(node.value, "attr", None)
+            if owner not in OWNERS:
                 found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
         elif isinstance(node, (ast.Name, ast.arg)) and getattr(node, "id", getattr(node, "arg", None)) == "batch_size":
             if not public:
@@ -75,7 +82,7 @@ def _bare_batch_sizes(path: Path) -> list[str]:
         elif isinstance(node, ast.Call):
             for keyword in node.keywords:
                 callee = ast.unparse(node.func)
-                if keyword.arg == "batch_size" and callee != "replace" and not public:
+                if keyword.arg == "batch_size" and callee not in PUBLIC_KEYWORDS and not public:
                     found.append(f"{path.name}:{keyword.value.lineno} {callee}(batch_size=...)")
         for child in ast.iter_child_nodes(node):
             visit(child, function)
@@ -84,9 +91,9 @@ def _bare_batch_sizes(path: Path) -> list[str]:
     return found
 
 
-def test_per_rank_modules_never_say_bare_batch_size() -> None:
-    found = [hit for module in PER_RANK_MODULES for hit in _bare_batch_sizes(ROOT / module)]
-    assert not found, f"name one rank's batch local_batch or padded_local_batch (tpu_facts.batches): {found}"
+def test_modules_name_each_batch_by_its_meaning() -> None:
+    found = [hit for module in NAMED_MODULES for hit in _bare_batch_sizes(ROOT / module)]
+    assert not found, f"say global_batch, local_batch or padded_local_batch (tpu_facts.batches): {found}"
 
 
 def test_the_rule_catches_a_bare_batch_size(tmp_path: Path) -> None:

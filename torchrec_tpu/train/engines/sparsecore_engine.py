@@ -46,20 +46,20 @@ PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
 
 def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, optim: OptimConfig,
-                           options: EngineConfig, batch_size: int, seed: int) -> nn.Module:
+                           options: EngineConfig, global_batch: int, seed: int) -> nn.Module:
     """DLRMTrain whose embeddings are sharded over the world on sparsecore (``layout.sparse_backend``) as
     ``options.plan`` says (see :func:`~torchrec_tpu.train.engines.plan_loading.resolve_sharding`),
     trained by ``optim``'s sparse optimizer, and whose dense towers run on ``layout.dense_device``, synced
-    by ``layout.dense_parallel``; ``batch_size`` the global batch, ``seed`` the tables' initialisation.
+    by ``layout.dense_parallel``; ``global_batch`` (``--batch-size``), ``seed`` the tables' initialisation.
 
     The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
     same model on cpu and tpu."""
     model = build_dlrm(spec, dense_device=torch.device("cpu"))
-    local_batch = env.local_batch_of(batch_size)
+    local_batch = env.local_batch_of(global_batch)
     tables_ebc = ebc_of(model)
     optimizer = sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)
     specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer)  # the tables' specs, once
-    placement = resolve_sharding(options.plan, *specs, env.world_size, batch_size)
+    placement = resolve_sharding(options.plan, *specs, env.world_size, global_batch)
     model.set_submodule(EBC_PATH, _sparsecore_ebc(tables_ebc, local_batch, placement, optimizer, specs, seed,
                                                   layout.sparse_backend, layout.uniform_ranks))
     place_dense(model, layout.dense_device)
@@ -140,12 +140,12 @@ def build_dense_optimizer(model: nn.Module, optim: OptimConfig, towers_on: torch
 class SparseCoreEngine:
     """The :class:`~torchrec_tpu.train.engines.Engine` of our sparsecore EBC (``options.sparse_backend``), sharded
     as ``options.plan`` says, dense towers on ``options.dense_device`` synced by
-    ``options.dense_parallel``; ``optim``'s optimizers, ``batch_size`` the global batch, ``seed``
+    ``options.dense_parallel``; ``optim``'s optimizers, ``global_batch`` (``--batch-size``), ``seed``
     the tables' initialisation."""
 
     optim: OptimConfig
     options: EngineConfig
-    batch_size: int
+    global_batch: int
     seed: int
     name = "sparsecore"
 
@@ -159,11 +159,11 @@ class SparseCoreEngine:
         return self.options.dense_device == "tpu" or (self.options.dense_device == "auto" and tpu_installed())
 
     def step_layout(self, spec: ModelSpec, env: DistEnv) -> StepLayout:
-        return resolve_sparsecore_layout(self.options, self.optim, spec, env.world_size, self.batch_size)
+        return resolve_sparsecore_layout(self.options, self.optim, spec, env.world_size, self.global_batch)
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device, layout: StepLayout) -> nn.Module:
         """(The batches stay on the host, ``device``; the towers go to ``layout``'s dense device.)"""
-        return build_sparsecore_model(spec, env, layout, self.optim, self.options, self.batch_size, self.seed)
+        return build_sparsecore_model(spec, env, layout, self.optim, self.options, self.global_batch, self.seed)
 
     def build_optimizer(self, model: nn.Module, layout: StepLayout) -> KeyedOptimizerWrapper:
         return build_dense_optimizer(model, self.optim, layout.dense_device)

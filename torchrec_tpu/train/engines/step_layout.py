@@ -105,13 +105,13 @@ def lookup_outside(backend: BackendName, optimizer: str, in_step: bool, sparseco
 
 
 def resolve_sparsecore_layout(options: EngineConfig, optim: OptimConfig, spec: ModelSpec, world_size: int,
-                              batch_size: int) -> StepLayout:
+                              global_batch: int) -> StepLayout:
     """:func:`sparsecore_layout` with the towers where ``--dense-device`` says (``auto`` may measure
     them on this host, once: :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
     towers_on = resolve_dense_device(options.dense_device, spec, world_size, options.dense_parallel,
-                                     min(local_batch_of(batch_size, world_size), CALIBRATION_BATCH_CAP),
+                                     min(local_batch_of(global_batch, world_size), CALIBRATION_BATCH_CAP),
                                      dense_optimizer(optim.dense_optimizer).torch_class(), optim.precision)
-    return sparsecore_layout(options, optim, world_size, local_batch_of(batch_size, world_size), towers_on)
+    return sparsecore_layout(options, optim, world_size, local_batch_of(global_batch, world_size), towers_on)
 
 
 def torchrec_layout(optim: OptimConfig, world_size: int) -> StepLayout:
