@@ -67,9 +67,9 @@ def measure(placement: str, spec: ModelSpec, batches, args: argparse.Namespace) 
     with process_group() as env:
         torch.manual_seed(0)
         device = dense_device(device_name)
-        layout = sparsecore_layout(EngineConfig(), OPTIM, env.world_size, device)
+        layout = sparsecore_layout(EngineConfig(), OPTIM, env.world_size, args.batch_size // env.world_size, device)
         model = build_sparsecore_model(spec, env, layout, OPTIM, EngineConfig(), args.batch_size, seed=0)
-        optimizer = build_dense_optimizer(model, OPTIM)
+        optimizer = build_dense_optimizer(model, OPTIM, layout.dense_device)
         step_fn = train_step if placement == "tpu-eager" else step_function(model, optimizer, layout)
         ebc = ebc_of(model)
         batches = [Batch(b.dense_features, ebc.prefetch(b.sparse_features), b.labels) for b in batches]

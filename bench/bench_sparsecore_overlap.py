@@ -102,7 +102,7 @@ def worker(args: argparse.Namespace) -> None:
     with process_group(device_tensors=engine.needs_device_tensors) as env:
         layout = engine.step_layout(spec, env)
         model = engine.build_model(spec, env, torch.device("cpu"), layout)
-        optimizer = engine.build_optimizer(model)
+        optimizer = engine.build_optimizer(model, layout)
         step = engine.step_function(model, optimizer, layout)
         ebc = ebc_of(unwrap_dense(model))
         for b in batches:  # every batch's programs compiled before the clock starts

@@ -49,13 +49,14 @@ def sparsecores_per_device(row_pointers_size: int, devices: int = 1) -> int:
     )
 
 
-def decode(row_pointers, embedding_ids, sample_ids, gains, table_rows: int, batch_size: int, devices: int = 1,
+def decode(row_pointers, embedding_ids, sample_ids, gains, stack_rows: int, device_batch_size: int, devices: int = 1,
            device_index: int = 0, xp=jnp):
     """(table row, activation row, gain, valid) of every buffer position, each [K * region] (K =
-    N source regions). ``table_rows`` is the local table's: device ``device_index``'s block of
-    N / ``devices`` partitions. Padding positions and entries of other devices' partitions get row
-    ``table_rows`` and activation row ``batch_size`` (out of range: a segment sum drops them) and
-    gain 0. ``xp``: ``jnp`` (in a program) or ``np`` (host arrays, on the host)."""
+    N source regions). ``stack_rows`` are the rows of the op's ``embedding_table`` (a stack's):
+    device ``device_index``'s block of N / ``devices`` partitions; ``device_batch_size`` is the
+    op's (its activation rows). Padding positions and entries of other devices' partitions get row
+    ``stack_rows`` and activation row ``device_batch_size`` (out of range: a segment sum drops
+    them) and gain 0. ``xp``: ``jnp`` (in a program) or ``np`` (host arrays, on the host)."""
     n = sparsecores_per_device(row_pointers.shape[0])  # source regions = partitions (module docstring)
     if not 0 <= device_index < devices or n % devices:
         raise ValueError(
@@ -63,10 +64,10 @@ def decode(row_pointers, embedding_ids, sample_ids, gains, table_rows: int, batc
             f"devices dividing the {n} partitions of the buffers"
         )
     local = n // devices  # partitions whose rows the table holds
-    if embedding_ids.shape[0] % n or batch_size % n or table_rows % local:
+    if embedding_ids.shape[0] % n or device_batch_size % n or stack_rows % local:
         raise ValueError(
-            f"CSR buffers of {embedding_ids.shape[0]} entries and batch {batch_size} must divide among {n} "
-            f"source SparseCores and a table of {table_rows} rows among its {local} partitions"
+            f"CSR buffers of {embedding_ids.shape[0]} entries and batch {device_batch_size} must divide among {n} "
+            f"source SparseCores and a table of {stack_rows} rows among its {local} partitions"
         )
     region = embedding_ids.shape[0] // n
     ends = row_pointers.reshape(n, -1)[:, :n].astype(xp.int32)
@@ -85,8 +86,8 @@ def decode(row_pointers, embedding_ids, sample_ids, gains, table_rows: int, batc
     ids = embedding_ids.reshape(n, region).astype(xp.int32)
     samples = sample_ids.reshape(n, region).astype(xp.int32)
     source = xp.arange(n, dtype=xp.int32)[:, None]
-    phys = xp.where(valid, partition * (table_rows // local) + ids, table_rows)
-    activation_row = xp.where(valid, source * (batch_size // n) + samples, batch_size)
+    phys = xp.where(valid, partition * (stack_rows // local) + ids, stack_rows)
+    activation_row = xp.where(valid, source * (device_batch_size // n) + samples, device_batch_size)
     gain = xp.where(valid, gains.reshape(n, region), xp.float32(0))
     # computed once: XLA would otherwise fuse this arithmetic into every consumer, e.g. recompute
     # a position's partition for each of the dim elements a row gather reads
@@ -94,13 +95,13 @@ def decode(row_pointers, embedding_ids, sample_ids, gains, table_rows: int, batc
     return out if xp is np else jax.lax.optimization_barrier(out)
 
 
-def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table, batch_size: int,
+def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size: int,
                         devices: int = 1, device_index: int = 0, touched=None):
-    """Activations [batch_size, dim]: per activation row, the sum of gain * table row (over the
+    """Activations [device_batch_size, dim]: per activation row, the sum of gain * table row (over the
     table's own rows: a partial sum when ``devices`` > 1). With ``touched`` (:func:`touched_rows`
     of the same buffers) each touched row is read once (the same values, the same sums)."""
-    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0], batch_size,
-                                 devices, device_index)
+    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
+                                 device_batch_size, devices, device_index)
     if touched is None:
         values = embedding_table.at[phys].get(mode="fill", fill_value=0.0)
     else:
@@ -108,25 +109,26 @@ def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embeddin
         once = embedding_table.at[unique].get(mode="fill", fill_value=0.0, indices_are_sorted=True,
                                               unique_indices=True)
         values = once.at[jnp.zeros_like(segment).at[order].set(segment, unique_indices=True)].get()
-    return jax.ops.segment_sum(gain[:, None] * values, rows, num_segments=batch_size).astype(embedding_table.dtype)
+    pooled = jax.ops.segment_sum(gain[:, None] * values, rows, num_segments=device_batch_size)
+    return pooled.astype(embedding_table.dtype)
 
 
 def table_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad, devices: int = 1,
                device_index: int = 0):
     """(gradient of the table [V, dim], touched [V] bool): per table row, the sum of gain *
     activation gradient over its entries (the table's own rows when ``devices`` > 1)."""
-    batch_size = activations_grad.shape[0]
+    device_batch_size = activations_grad.shape[0]
     phys, rows, gain, valid = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
-                                     batch_size, devices, device_index)
+                                     device_batch_size, devices, device_index)
     values = activations_grad.astype(jnp.float32).at[rows].get(mode="fill", fill_value=0.0)
-    table_rows = embedding_table.shape[0]
-    grad = jax.ops.segment_sum(gain[:, None] * values, phys, num_segments=table_rows)
-    touched = jax.ops.segment_sum(valid.astype(jnp.int32), phys, num_segments=table_rows) > 0
+    stack_rows = embedding_table.shape[0]
+    grad = jax.ops.segment_sum(gain[:, None] * values, phys, num_segments=stack_rows)
+    touched = jax.ops.segment_sum(valid.astype(jnp.int32), phys, num_segments=stack_rows) > 0
     return grad, touched
 
 
-def _touched_rows(phys, table_rows: int, xp=jnp):
-    """The rows ``phys`` (one per buffer position; ``table_rows``: padding) touch, deduplicated without
+def _touched_rows(phys, stack_rows: int, xp=jnp):
+    """The rows ``phys`` (one per buffer position; ``stack_rows``: padding) touch, deduplicated without
     a comparator sort: in a program one sort of single integer keys row * E + position (XLA:CPU
     sorts a lone integer array several times faster than the (row, position) pair ``jnp.unique``
     sorts), on the host numpy's stable argsort of the rows (the same order).
@@ -139,7 +141,7 @@ def _touched_rows(phys, table_rows: int, xp=jnp):
         order = np.argsort(phys, kind="stable").astype(np.int32)
         row = phys[order].astype(np.int32)
     else:
-        if (table_rows + 1) * entries < 2**31:
+        if (stack_rows + 1) * entries < 2**31:
             dtype = xp.int32
         elif jax.config.jax_enable_x64:
             dtype = xp.int64
@@ -151,22 +153,22 @@ def _touched_rows(phys, table_rows: int, xp=jnp):
     first = xp.concatenate([xp.ones((1,), bool), row[1:] != row[:-1]])
     segment = xp.cumsum(first, dtype=xp.int32) - 1
     # every position of one segment writes the same row; padding's segment an out-of-range one
-    rows = xp.where(row < table_rows, row, table_rows + segment)
+    rows = xp.where(row < stack_rows, row, stack_rows + segment)
     if xp is np:
-        unique = table_rows + position
+        unique = stack_rows + position
         unique[segment] = rows
     else:
-        unique = (table_rows + position).at[segment].set(rows)
+        unique = (stack_rows + position).at[segment].set(rows)
     return order, segment, unique
 
 
-def touched_rows(phys, table_rows: int, xp=jnp):
+def touched_rows(phys, stack_rows: int, xp=jnp):
     """The deduplication :func:`fused_update` does for buffers whose :func:`decode` gave ``phys``,
     to compute ahead (e.g. on the host with ``xp=np`` while the previous step runs) and hand to it
     and to the lookup: one int32 vector, order [E], segment [E] and unique [E]
     (:func:`_touched_rows`) end to end; None where the keys need 64 bits and x64 is off (the
     update then deduplicates itself). :func:`fit_touched` cuts it."""
-    dedup = _touched_rows(phys, table_rows, xp)
+    dedup = _touched_rows(phys, stack_rows, xp)
     return None if dedup is None else xp.concatenate(dedup).astype(xp.int32)
 
 
@@ -200,20 +202,20 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
     of those rows and their slots, scattered back. The work is O(entries * dim), not O(table rows *
     dim) as a dense gradient; the touched rows equal the rule's update of :func:`table_grad`'s. ``touched``: the
     :func:`touched_rows` of the same buffers and table, computed ahead (else deduplicated here).
-    ``row_dims``: each table row's logical dim [table rows], which row-wise statistics average over
+    ``row_dims``: each table row's logical dim [stack rows], which row-wise statistics average over
     (default: the table's dim). Returns the new table (and slots)."""
-    batch_size = activations_grad.shape[0]
-    table_rows = embedding_table.shape[0]
-    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, table_rows, batch_size, devices,
+    device_batch_size = activations_grad.shape[0]
+    stack_rows = embedding_table.shape[0]
+    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, stack_rows, device_batch_size, devices,
                                  device_index)
     entries = phys.shape[0]
     activations_grad = activations_grad.astype(jnp.float32)
-    dedup = _touched_rows(phys, table_rows) if touched is None else split_touched(touched, entries)
+    dedup = _touched_rows(phys, stack_rows) if touched is None else split_touched(touched, entries)
     hints = {}
     if dedup is None:  # (row + 1) * entries needs 64-bit keys and x64 is off: jnp.unique's pair sort
-        # touched rows ascending; padding entries (row ``table_rows``) and unused slots read/write that
+        # touched rows ascending; padding entries (row ``stack_rows``) and unused slots read/write that
         # row: dropped
-        unique, inverse = jnp.unique(phys, return_inverse=True, size=entries, fill_value=table_rows)
+        unique, inverse = jnp.unique(phys, return_inverse=True, size=entries, fill_value=stack_rows)
         contributions = gain[:, None] * activations_grad.at[rows].get(mode="fill", fill_value=0.0)
         grad = jax.ops.segment_sum(contributions, inverse.reshape(-1), num_segments=entries)
     else:

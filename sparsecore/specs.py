@@ -115,7 +115,10 @@ class TableSpec:
 class FeatureSpec:
     """One sparse input feature looking up ``table``.
 
-    ``batch_size`` is the global batch; ``max_ids_per_sample`` is the fixed valency of a dense
+    ``batch_size`` is the samples the feature's input holds where the spec is used (jax-tpu-embedding's
+    ``input_shape[0]``): this rank's batch (``local_batch``) in the features given to a sharded
+    EBC, the global batch of every rank's samples (padded) in a backend's plan, which sees them all
+    (:mod:`tpu_facts.batches`). ``max_ids_per_sample`` is the fixed valency of a dense
     [batch, valency] input, or None for ragged (multi-hot, variable length) input. Weighted
     features carry one float weight per id (KJT weights); unweighted ones use weight 1.
     """

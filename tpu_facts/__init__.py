@@ -4,12 +4,14 @@ Standard library only: importing this package starts no device, imports neither 
 and changes no process-wide setting, so the planner (``torchrec-tpu plan``), the SparseCore
 engine and the ``tpu`` device all read the same figures without paying for each other.
 
+* ``tpu_facts.batches``: the batch size's three meanings (global, local, padded local) and their conversion.
 * ``tpu_facts.chips``: per-chip figures of each TPU generation (``ChipGeneration``).
 * ``tpu_facts.layout``: alignment, id limits, combiners, ``round_up``, ``ShardingKind``, optimizer slots.
 * ``tpu_facts.sizes``: ``GIB``, the power-of-two and quarter-power buckets of variable sizes.
 * ``tpu_facts.slices``: ``Slice``, a torus of chips (every derived count), ``check_mod_sharding``.
 """
 
+from tpu_facts.batches import global_batch_of, local_batch_of, padded_local_batch_of
 from tpu_facts.chips import CHIP_GENERATIONS, ChipGeneration, chip_generation
 from tpu_facts.layout import (
     ALIGNMENT,
@@ -29,5 +31,6 @@ __all__ = [
     "ALIGNMENT", "CHIP_GENERATIONS", "COMBINERS", "DEFAULT_MAX_IDS_PER_PARTITION", "GIB",
     "MAX_IDS_PER_PARTITION_CEILING", "MAX_VOCAB",
     "OPTIMIZER_SLOTS", "PADDING_ID", "ChipGeneration", "DeviceCounts", "ShardingKind", "Slice", "check_mod_sharding",
-    "chip_generation", "power_of_two_bucket", "quarter_bucket", "round_up",
+    "chip_generation", "global_batch_of", "local_batch_of", "padded_local_batch_of", "power_of_two_bucket",
+    "quarter_bucket", "round_up",
 ]

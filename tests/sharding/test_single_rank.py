@@ -48,7 +48,7 @@ def test_a_batch_the_sparsecores_cannot_split_is_padded():
     expected_outputs, expected_weights = train_reference("adagrad", STEPS, batch)
     plan = {c.name: TableSharding("table_wise", (0,)) for c in CONFIGS}
     ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), batch, plan, OPTIMIZERS["adagrad"][0])
-    assert (ebc.requested_batch_size, ebc.batch_size) == (6, 8)
+    assert (ebc.local_batch, ebc.padded_local_batch) == (6, 8)
     for step in range(STEPS):
         kjt = random_kjt(batch, step)
         pooled = ebc(ebc.prefetch(kjt) if step % 2 else kjt)
@@ -79,7 +79,7 @@ def test_other_batch_sizes_are_padded_or_chunked():
         torch.testing.assert_close(ebc(big).values(), expected, atol=1e-6, rtol=1e-6)
         small = slice_batch(big, 0, 5)
         torch.testing.assert_close(ebc(small).values(), expected[:5], atol=1e-6, rtol=1e-6)
-    with pytest.raises(ValueError, match="exceeds the EBC's batch_size 16"):
+    with pytest.raises(ValueError, match="exceeds the EBC's padded_local_batch 16"):
         ebc(big)
 
 

@@ -110,7 +110,6 @@ class LookupLoss(nn.Module):
 
 def fused_step(ebc: ShardedSparseCoreEBC, dense: DenseLoss) -> tuple[PooledLookup, tc.TrainStep]:
     lookup = PooledLookup.of(ebc, SPARSE_ARCH_ORDER)
-    assert lookup is not None
     return lookup, tc.train_step(LookupLoss(dense, lookup), torch.optim.SGD(dense.parameters(), lr=LR_DENSE),
                                  input_grads=(2,))
 
@@ -159,9 +158,11 @@ def test_fused_step_equals_the_ebc_own_lookup_and_update() -> None:
         torch.testing.assert_close(fused_dense[name], value.cpu(), rtol=0, atol=1e-6, msg=name)
 
 
-def test_only_one_rank_ops_ebcs_with_one_dim_fuse() -> None:
-    assert PooledLookup.of(nn.Linear(2, 2), FEATURES) is None
-    assert PooledLookup.of(sparsecore_ebc("table_wise", backend="xla"), SPARSE_ARCH_ORDER) is None
+def test_only_ops_ebcs_with_one_dim_fuse_and_the_others_say_why() -> None:
+    with pytest.raises(ValueError, match="Linear is not a ShardedSparseCoreEBC"):
+        PooledLookup.of(nn.Linear(2, 2), FEATURES)
+    with pytest.raises(ValueError, match="not the ops backend"):
+        PooledLookup.of(sparsecore_ebc("table_wise", backend="xla"), SPARSE_ARCH_ORDER)
     mixed = ShardedSparseCoreEBC.from_torchrec(
         EmbeddingBagCollection(tables=[CONFIGS[0], EmbeddingBagConfig(
             num_embeddings=5, embedding_dim=4, name="t_narrow", feature_names=["narrow"])], device="cpu"),

@@ -32,7 +32,7 @@ def test_touched_rows_on_the_host_equal_the_program_s(seed: int) -> None:
 def test_decode_on_the_host_equals_the_program_s(n: int, devices: int) -> None:
     """Random partition sizes per source region (each partition starting 8-aligned)."""
     rng = np.random.default_rng(n)
-    region, batch, table_rows = 256, 8 * n, 64 * n // devices
+    region, batch, stack_rows = 256, 8 * n, 64 * n // devices
     pointers = np.zeros((n, max(n, ALIGNMENT)), np.int32)
     for source in range(n):
         end = 0
@@ -41,12 +41,12 @@ def test_decode_on_the_host_equals_the_program_s(n: int, devices: int) -> None:
             end = start + int(rng.integers(0, (region - start) // (n - p) + 1))
             pointers[source, p] = end
     pointers[:, n:] = pointers[:, n - 1:n]
-    ids = rng.integers(0, table_rows // (n // devices), n * region).astype(np.int32)
+    ids = rng.integers(0, stack_rows // (n // devices), n * region).astype(np.int32)
     samples = rng.integers(0, batch // n, n * region).astype(np.int32)
     gains = rng.uniform(0.5, 2.0, n * region).astype(np.float32)
     for index in range(devices):
-        host = csr_math.decode(pointers.reshape(-1), ids, samples, gains, table_rows, batch, devices, index, xp=np)
-        program = csr_math.decode(*map(jnp.asarray, (pointers.reshape(-1), ids, samples, gains)), table_rows, batch,
+        host = csr_math.decode(pointers.reshape(-1), ids, samples, gains, stack_rows, batch, devices, index, xp=np)
+        program = csr_math.decode(*map(jnp.asarray, (pointers.reshape(-1), ids, samples, gains)), stack_rows, batch,
                                   devices, index)
         for a, b in zip(host, program):
             np.testing.assert_array_equal(a, np.asarray(b))

@@ -94,4 +94,5 @@ SPARSECORE_TABLES = "model.model.sparse_arch.embedding_bag_collection.embedding_
 
 def cpu_layout(config: TrainConfig, world_size: int) -> StepLayout:
     """``config``'s sparsecore step layout with the dense towers on the host."""
-    return sparsecore_layout(config.engine, config.optim, world_size, torch.device("cpu"))
+    return sparsecore_layout(config.engine, config.optim, world_size, config.data.batch_size // world_size,
+                             torch.device("cpu"))

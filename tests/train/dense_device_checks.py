@@ -73,9 +73,9 @@ def train(device_name: str, parallel: str = "ddp", model: str = "dlrm", prefetch
         device = dense_device(device_name)
         torch.manual_seed(0)  # the dense towers' init
         engine = EngineConfig(dense_parallel=parallel, sparse_backend=sparse_backend)
-        layout = sparsecore_layout(engine, OPTIM, env.world_size, device)
+        layout = sparsecore_layout(engine, OPTIM, env.world_size, GLOBAL_BATCH // env.world_size, device)
         net = build_sparsecore_model(spec(model), env, layout, OPTIM, engine, GLOBAL_BATCH, seed=0)
-        optimizer = build_dense_optimizer(net, OPTIM)
+        optimizer = build_dense_optimizer(net, OPTIM, layout.dense_device)
         initial = _host_state(net)
         losses = []
         step_fn = step_function(net, optimizer, layout)  # as the job does

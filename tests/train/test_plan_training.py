@@ -99,7 +99,7 @@ def train_in_process(config: TrainConfig, batches: Iterator[Batch], plan: str | 
                                    EngineConfig(plan=plan), config.data.batch_size, config.loop.seed)
     initial = {"tables": _ebc(model).unsharded_weights(),
                "dense": {k: v.clone() for k, v in model.state_dict().items() if not k.startswith(EBC_PATH)}}
-    optimizer = build_dense_optimizer(model, config.optim)
+    optimizer = build_dense_optimizer(model, config.optim, torch.device("cpu"))
     for batch in batches:
         train_step(model, optimizer, batch)
     return initial, _ebc(model).unsharded_weights()

@@ -22,7 +22,7 @@ TPU, CPU = torch.device("tpu", 0), torch.device("cpu")
 
 def _layout(optimizer: str, dense_device: torch.device, world: int, parallel: str = "ddp", backend: str = "auto"):
     return sparsecore_layout(EngineConfig(dense_parallel=parallel, sparse_backend=backend),
-                             OptimConfig(sparse_optimizer=optimizer), world, dense_device)
+                             OptimConfig(sparse_optimizer=optimizer), world, 64, dense_device)
 
 
 @pytest.mark.parametrize("optimizer,dense_device,world,parallel,expected", [

@@ -34,7 +34,7 @@ def test_two_ranks_train_and_the_checkpoint_loads_on_one(two_rank_sparsecore) ->
         model = build_sparsecore_model(spec, env, cpu_layout(config, env.world_size), config.optim, config.engine,
                                        config.data.batch_size, config.loop.seed + 1)
         load_checkpoint(log_dir / "checkpoint", model,
-                        build_dense_optimizer(model, config.optim))
+                        build_dense_optimizer(model, config.optim, torch.device("cpu")))
         reloaded = evaluate(model, data.held_out, torch.device("cpu"))
     # both ranks' table shards came back: the 1-rank model scores the held-out data alike
     assert reloaded.auc == pytest.approx(meta["metrics"]["eval_auc"], abs=2e-3)

@@ -83,7 +83,7 @@ def test_shuffled_batches_permute_each_epoch_and_resume(tiny_dataset) -> None:
 
 
 def test_limited_batches_stop_after_n_and_resume() -> None:
-    batches = LimitedBatches([torch.full((4,), i) for i in range(10)], 3, batch_size=4)
+    batches = LimitedBatches([torch.full((4,), i) for i in range(10)], 3, local_batch=4)
     assert len(batches) == 3 and [int(b[0]) for b in batches] == [0, 1, 2]
 
 

@@ -168,10 +168,10 @@ def check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
     if checks.values_trusted():
         return
     ints = tuple(read(a[k]) for k in ("row_pointers", "embedding_ids", "sample_ids"))
-    table_rows, batch = a["embedding_table"].shape[0], a["device_batch_size"]
-    checks.check_values(name, *ints, table_rows, batch, a["max_ids_per_partition"], a.get("devices", 1))
+    stack_rows, batch = a["embedding_table"].shape[0], a["device_batch_size"]
+    checks.check_values(name, *ints, stack_rows, batch, a["max_ids_per_partition"], a.get("devices", 1))
     if a.get("touched_rows") is not None:
-        checks.check_touched(name, read(a["touched_rows"]), (*ints, read(a["gains"])), table_rows, batch,
+        checks.check_touched(name, read(a["touched_rows"]), (*ints, read(a["gains"])), stack_rows, batch,
                              a.get("devices", 1), a.get("device_index", 0))
 
 
@@ -216,10 +216,10 @@ def _fused(optimizer: str, prefix: str = ""):
 
 
 def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor,
-                      gains: torch.Tensor, table_rows: int, device_batch_size: int, fit: bool = True,
+                      gains: torch.Tensor, stack_rows: int, device_batch_size: int, fit: bool = True,
                       ) -> torch.Tensor | None:
     """The ``touched_rows`` argument of the ops for one device's host CSR buffers and a table of
-    ``table_rows`` rows, computed now on the host with numpy (a host tensor; no JAX program, no
+    ``stack_rows`` rows, computed now on the host with numpy (a host tensor; no JAX program, no
     device); None on a TPU, whose SparseCores deduplicate ids themselves. ``fit``: its unique rows
     cut to the bucket the batch needs (``sparsecore.csr_math.fit_touched``); else all of them."""
     if not dedups_on_host():
@@ -227,8 +227,8 @@ def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, 
     from sparsecore import csr_math
 
     buffers = [t.numpy() for t in (row_pointers, embedding_ids, sample_ids, gains)]
-    phys = csr_math.decode(*buffers, table_rows, device_batch_size, xp=np)[0]
-    touched = csr_math.touched_rows(phys, table_rows, xp=np)  # numpy: ~4x XLA:CPU's sort
+    phys = csr_math.decode(*buffers, stack_rows, device_batch_size, xp=np)[0]
+    touched = csr_math.touched_rows(phys, stack_rows, xp=np)  # numpy: ~4x XLA:CPU's sort
     return torch.from_numpy(csr_math.fit_touched(touched, embedding_ids.shape[0]) if fit else touched)
 
 

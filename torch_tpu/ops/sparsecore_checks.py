@@ -109,7 +109,7 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
     table = a["embedding_table"]
     if _kind(table.dtype) != "float" or len(table.shape) != 2:
         fail(f"embedding_table must be a 2-D floating tensor, got dtype {table.dtype} shape {list(_shape(table))}")
-    table_rows, dim = _shape(table)
+    stack_rows, dim = _shape(table)
     n = _partitions(op, _shape(a["row_pointers"])[0])
     devices, device_index = a.get("devices", 1), a.get("device_index", 0)
     if devices < 1 or n % devices or not 0 <= device_index < devices:
@@ -121,8 +121,8 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
         fail(f"embedding_ids has {entries} entries, not a multiple of the {n} SparseCore regions")
     if batch < 1 or batch % n:
         fail(f"device_batch_size {batch} must be a positive multiple of the {n} source SparseCores")
-    if table_rows % local:
-        fail(f"embedding_table has {table_rows} rows, not a multiple of its {local} partitions")
+    if stack_rows % local:
+        fail(f"embedding_table has {stack_rows} rows, not a multiple of its {local} partitions")
     grad = a.get("activations_grad")
     if grad is not None and (_kind(grad.dtype) != "float" or _shape(grad) != (batch, dim)):
         fail(f"activations_grad must be a floating [device_batch_size, dim] = [{batch}, {dim}] tensor, got dtype "
@@ -131,7 +131,7 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
     for slot in slots:
         value = a[slot]
         wise = _ROW_WISE.get((optimizer, slot))
-        full, row = (table_rows, dim), (table_rows,)
+        full, row = (stack_rows, dim), (stack_rows,)
         allowed = {"row": [row], "either": [full, row], None: [full]}[wise]
         if _kind(value.dtype) != "float" or _shape(value) not in allowed:
             fail(f"{slot} must be a floating tensor of shape {' or '.join(str(list(s)) for s in allowed)} (the "
@@ -139,7 +139,7 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
 
 
 def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray, sample_ids: np.ndarray,
-                 table_rows: int, device_batch_size: int, max_ids_per_partition: int, devices: int = 1) -> None:
+                 stack_rows: int, device_batch_size: int, max_ids_per_partition: int, devices: int = 1) -> None:
     """Raise ValueError at the first row pointer, embedding id or sample id of op ``name``'s host
     CSR buffers outside its range, or partition holding more than ``max_ids_per_partition``
     entries (module docstring); the layout is checked already."""
@@ -171,11 +171,11 @@ def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray,
                          f"{max_ids_per_partition}")
     first = (np.arange(n)[:, None] * region + starts).reshape(-1)
     position = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - first, counts)
-    shard_rows = table_rows // (n // devices)
+    shard_rows = stack_rows // (n // devices)
     samples = device_batch_size // n
     for key, values, limit, what in (
         ("embedding_ids", embedding_ids, shard_rows,
-         f"the rows of one partition (embedding_table's {table_rows} rows over {n // devices} partitions)"),
+         f"the rows of one partition (embedding_table's {stack_rows} rows over {n // devices} partitions)"),
         ("sample_ids", sample_ids, samples,
          f"the samples of one source SparseCore (device_batch_size {device_batch_size} over {n})"),
     ):
@@ -188,7 +188,7 @@ def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray,
                              f"outside [0, {limit}), {what}; {bad.size} entries out of range")
 
 
-def check_touched(name: str, touched: np.ndarray, csr: tuple[np.ndarray, ...], table_rows: int,
+def check_touched(name: str, touched: np.ndarray, csr: tuple[np.ndarray, ...], stack_rows: int,
                   device_batch_size: int, devices: int = 1, device_index: int = 0) -> None:
     """Raise ValueError unless ``touched`` is ``csr_math.touched_rows`` of the host CSR buffers ``csr``
     (row pointers, embedding ids, sample ids, gains), cut to at least the unique rows they touch."""
@@ -200,8 +200,8 @@ def check_touched(name: str, touched: np.ndarray, csr: tuple[np.ndarray, ...], t
         csr_math.split_touched(touched, entries)
     except ValueError as e:
         raise ValueError(f"{op}: {e}") from None
-    phys = csr_math.decode(*csr, table_rows, device_batch_size, devices, device_index, xp=np)[0]
-    expected = csr_math.touched_rows(phys, table_rows, xp=np)
+    phys = csr_math.decode(*csr, stack_rows, device_batch_size, devices, device_index, xp=np)[0]
+    expected = csr_math.touched_rows(phys, stack_rows, xp=np)
     used = int(expected[2 * entries - 1]) + 1
     if touched.shape[0] - 2 * entries < used:
         raise ValueError(f"{op}: touched_rows keeps {touched.shape[0] - 2 * entries} unique rows; these buffers "

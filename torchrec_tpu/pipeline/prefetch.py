@@ -61,7 +61,7 @@ class PrefetchedBatches(BatchStream):
         which then fails every rank at once instead of leaving them in the step's collectives."""
         for batch in batches_from_row(self.batches, row):
             batch = batch.to(self.device)
-            if batch.sparse_features.stride() == self.ebc.batch_size:
+            if batch.sparse_features.stride() == self.ebc.padded_local_batch:
                 batch = self._input_dist(batch)
             yield batch
 

@@ -91,7 +91,7 @@ def _profile_in(config: TrainConfig, env: DistEnv, steps: int, warmup: int, log_
         engine = engine_for(config)
         layout = decide_layout(engine, spec, env)  # train's decision, logged as train logs it
         model = engine.build_model(spec, env, device, layout)
-        optimizer = engine.build_optimizer(model)
+        optimizer = engine.build_optimizer(model, layout)
         stream, _ = training_streams(config, reader, reader, data.table_sizes, env.world_size, 0)
         stream = engine.wrap_batches(stream, model, env, device, background=False)
         batches = itertools.chain.from_iterable(itertools.repeat(stream))  # epochs as needed

@@ -16,7 +16,6 @@ optimizer there; no gradient of the tables ever materialises.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -37,7 +36,7 @@ from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
 from torchrec_tpu.sharding.shards import TableSharding
-from tpu_facts import round_up
+from tpu_facts import global_batch_of, padded_local_batch_of
 
 
 @dataclass
@@ -68,24 +67,25 @@ class PrefetchedKJT(KeyedJaggedTensor):
 
 
 class ShardedSparseCoreEBC(ShardedTables):
-    """Pooled lookups of ``features`` (``batch_size`` = this rank's batch) over ``tables``, sharded
-    over ``group`` (default: the world; no process group: one rank) as ``sharding`` says; the
-    options (weights, local engine, ``average_over_ranks``) are :class:`ShardedTables`'.
+    """Pooled lookups of ``features`` (their ``batch_size``: this rank's batch, ``local_batch``)
+    over ``tables``, sharded over ``group`` (default: the world; no process group: one rank) as
+    ``sharding`` says; the options (weights, local engine, ``average_over_ranks``) are
+    :class:`ShardedTables`'.
 
     SparseCores split the global batch evenly; a batch that does not divide among them is padded
-    with empty samples (``batch_size`` is then the padded size; the given one is
-    ``requested_batch_size``), as TorchRec, which has no such rule, takes any batch size."""
+    with empty samples to ``padded_local_batch`` (:func:`tpu_facts.padded_local_batch_of`), the
+    size every lookup runs at, as TorchRec, which has no such rule, takes any batch size."""
 
     table_modules = "embedding_bags"
 
     def _configure(self) -> None:
-        batch_sizes = {f.batch_size for f in self.features}
-        if len(batch_sizes) != 1:
-            raise ValueError(f"all features need one batch size for a KeyedTensor output, got {sorted(batch_sizes)}")
-        self.requested_batch_size = batch_sizes.pop()
-        sparsecores = self.engine.topology.num_sparsecores
-        self.batch_size = round_up(self.requested_batch_size, sparsecores // math.gcd(sparsecores, self.world_size))
-        self.features = [replace(f, batch_size=self.batch_size) for f in self.features]
+        local_batches = {f.batch_size for f in self.features}
+        if len(local_batches) != 1:
+            raise ValueError(f"all features need one batch size for a KeyedTensor output, got {sorted(local_batches)}")
+        self.local_batch = local_batches.pop()
+        self.padded_local_batch = padded_local_batch_of(self.local_batch, self.engine.topology.num_sparsecores,
+                                                        self.world_size)
+        self.features = [replace(f, batch_size=self.padded_local_batch) for f in self.features]
         dims = [self.tables[f.table].dim for f in self.features]
         self._offsets = dict(zip([f.name for f in self.features], np.cumsum([0] + dims).tolist()))
         # output columns of every rank's served (feature, shard) pairs, in message order
@@ -143,14 +143,15 @@ class ShardedSparseCoreEBC(ShardedTables):
 
     def _local_features(self, rank: int) -> list[FeatureSpec]:
         """Each served feature over the global batch, weighted (the gains carry the combiner)."""
-        return [FeatureSpec(f.name, f.table, self.batch_size * self.world_size, weighted=True)
+        return [FeatureSpec(f.name, f.table, global_batch_of(self.padded_local_batch, self.world_size), weighted=True)
                 for f, _ in self._served[rank]]
 
     @staticmethod
     def specs_of(ebc: EmbeddingBagCollection, batch_size: int, optimizer: OptimizerSpec,
                  partition_limits: Mapping[str, tuple[int, int]] | None = None,
                  ) -> tuple[list[TableSpec], list[FeatureSpec]]:
-        """The sparsecore (tables, features) of TorchRec ``ebc`` at ``batch_size`` per rank;
+        """The sparsecore (tables, features) of TorchRec ``ebc`` at ``batch_size`` samples per rank
+        (the local batch);
         ``partition_limits``: table -> (max_ids_per_partition, max_unique_ids_per_partition), e.g.
         from ``SparseCoreEmbeddingConfig`` or FDO stats (default: 256 each)."""
         return specs_from_configs(ebc.embedding_bag_configs(), batch_size, optimizer=optimizer,
@@ -172,18 +173,19 @@ class ShardedSparseCoreEBC(ShardedTables):
         return cls._from_torchrec_modules(list(tables), list(features), ebc.embedding_bags, sharding, **kwargs)
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
-        """Pooled embeddings of ``kjt``'s samples. Other batch sizes than ``batch_size`` are padded
+        """Pooled embeddings of ``kjt``'s samples. Other batch sizes than ``padded_local_batch`` are padded
         (smaller) or, without grad, looked up in chunks (larger); every rank must make the same
         calls, as the dists are collectives."""
         ahead = kjt.local if isinstance(kjt, PrefetchedKJT) and kjt.owner is self else None
-        if ahead is not None or kjt.stride() == self.batch_size:
+        size = self.padded_local_batch
+        if ahead is not None or kjt.stride() == size:
             pooled = self.compute_and_output_dist(ahead or self.input_dist(kjt))
-            return pooled if kjt.stride() == self.batch_size else _first_samples(pooled, kjt.stride())
-        if kjt.stride() > self.batch_size and torch.is_grad_enabled():
-            raise ValueError(f"a training batch of {kjt.stride()} samples exceeds the EBC's batch_size "
-                             f"{self.batch_size} (per rank); evaluate larger batches under torch.no_grad()")
+            return pooled if kjt.stride() == size else _first_samples(pooled, kjt.stride())
+        if kjt.stride() > size and torch.is_grad_enabled():
+            raise ValueError(f"a training batch of {kjt.stride()} samples exceeds the EBC's padded_local_batch "
+                             f"{size} (per rank); evaluate larger batches under torch.no_grad()")
         parts = [self.compute_and_output_dist(self.input_dist(chunk)).values()[:real]
-                 for chunk, real in fixed_size_chunks(kjt, self.batch_size)]
+                 for chunk, real in fixed_size_chunks(kjt, size)]
         return KeyedTensor(keys=[f.name for f in self.features],
                            length_per_key=[self.tables[f.table].dim for f in self.features], values=torch.cat(parts))
 
@@ -192,10 +194,10 @@ class ShardedSparseCoreEBC(ShardedTables):
         ``group`` so its collectives never interleave with the step's); ``forward`` of the
         returned KJT starts from the result. Every rank must prefetch the same batches in the
         same order (the dists are collectives); they may be consumed in any order."""
-        if kjt.stride() > self.batch_size:
-            raise ValueError(f"cannot prefetch a batch of {kjt.stride()} samples: over the EBC's batch_size "
-                             f"{self.batch_size} (per rank)")
-        padded, _ = next(fixed_size_chunks(kjt, self.batch_size))
+        if kjt.stride() > self.padded_local_batch:
+            raise ValueError(f"cannot prefetch a batch of {kjt.stride()} samples: over the EBC's padded_local_batch "
+                             f"{self.padded_local_batch} (per rank)")
+        padded, _ = next(fixed_size_chunks(kjt, self.padded_local_batch))
         return PrefetchedKJT(kjt, self, self.input_dist(padded, group))
 
     def compile(self, kjt: KeyedJaggedTensor) -> None:
@@ -230,7 +232,7 @@ class ShardedSparseCoreEBC(ShardedTables):
         if self.world_size == 1:
             received = {f.name: FeatureInput(*piece) for (f, _), *piece in zip(self._served[0], ids, lengths, gains)}
             return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
-        b = self.batch_size
+        b = self.padded_local_batch
         send_lengths = concat(lengths, np.int64)
         counts = [len(s) * b for s in self._served]
         recv_lengths = all_to_all(send_lengths, counts, [len(self._served[self.rank]) * b] * self.world_size,
@@ -243,7 +245,7 @@ class ShardedSparseCoreEBC(ShardedTables):
         received = self._assemble_inputs(per_source, recv_ids, recv_gains)
         if not self.uniform_ranks:
             return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
-        samples = self.batch_size * self.world_size
+        samples = global_batch_of(self.padded_local_batch, self.world_size)
         pads = {f.name: FeatureInput(np.zeros(0, np.int64), np.zeros(samples, np.int64), np.zeros(0, np.float32))
                 for f in self.padding.features}
         return LocalBatch(received, self._backend.prepare({**received, **pads}, agree=partial(_max_over, group=group)))
@@ -251,7 +253,7 @@ class ShardedSparseCoreEBC(ShardedTables):
     def _assemble_inputs(self, per_source: np.ndarray, ids: np.ndarray, gains: np.ndarray) -> dict[str, FeatureInput]:
         """Per served feature: the global batch, source ranks' samples in rank order."""
         served = self._served[self.rank]
-        b = self.batch_size
+        b = self.padded_local_batch
         pieces: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {f.name: [] for f, _ in served}
         start = 0
         for source in range(self.world_size):
@@ -273,7 +275,7 @@ class ShardedSparseCoreEBC(ShardedTables):
     def _lookup(self, batch: LocalBatch) -> tuple[torch.Tensor, Any]:
         """The local shards' outputs for the global batch, [world * batch, served columns]."""
         if self._backend is None:
-            return torch.zeros(self.world_size * self.batch_size, 0), None
+            return torch.zeros(global_batch_of(self.padded_local_batch, self.world_size), 0), None
         activations, context = self._backend.lookup(batch.prepared if batch.prepared is not None else batch.inputs)
         if self.padding:
             activations = activations[:, :len(self._columns[self.rank])].contiguous()  # the pads' columns last
@@ -281,7 +283,7 @@ class ShardedSparseCoreEBC(ShardedTables):
 
     def _output_dist(self, activations: torch.Tensor) -> torch.Tensor:
         """Each rank's rows of every shard's output, placed into this rank's [batch, dims] output."""
-        b, widths = self.batch_size, [len(c) for c in self._columns]
+        b, widths = self.padded_local_batch, [len(c) for c in self._columns]
         if self.world_size == 1:
             return self._placement(activations)
         recv = all_to_all(activations.reshape(-1), [b * widths[self.rank]] * self.world_size,
@@ -291,7 +293,7 @@ class ShardedSparseCoreEBC(ShardedTables):
 
     def _update(self, context: Any, grad: torch.Tensor) -> None:
         """Send every shard the gradient of its output for this rank's samples; apply the update."""
-        b, widths = self.batch_size, [len(c) for c in self._columns]
+        b, widths = self.padded_local_batch, [len(c) for c in self._columns]
         if self.world_size == 1:
             recv = grad if self._placement.identity else grad.index_select(1, self._columns[0])
         else:

@@ -34,7 +34,7 @@ from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
 from torchrec_tpu.sharding.shards import Shard, TableSharding
-from tpu_facts import power_of_two_bucket, round_up
+from tpu_facts import global_batch_of, power_of_two_bucket, round_up
 
 
 @dataclass
@@ -78,9 +78,9 @@ class ShardedSparseCoreEC(ShardedTables):
 
     def _configure(self) -> None:
         n = self.engine.topology.num_sparsecores
-        self._capacity = {f.name: round_up(min(f.batch_size * self.world_size * (f.max_ids_per_sample or 1),
-                                               shard.rows), n)
-                          for f, shard in self._served[self.rank]}
+        ids = {f.name: global_batch_of(f.batch_size, self.world_size) * (f.max_ids_per_sample or 1)
+               for f, _ in self._served[self.rank]}
+        self._capacity = {f.name: round_up(min(ids[f.name], shard.rows), n) for f, shard in self._served[self.rank]}
 
     @classmethod
     def from_torchrec(cls, ec: EmbeddingCollection, sharding: Mapping[str, TableSharding], optimizer: OptimizerSpec,

@@ -46,7 +46,7 @@ class PooledLookup(nn.Module):
         if len(set(dims.values())) != 1 or sorted(feature_order) != sorted(dims):
             raise ValueError(f"a pooled [batch, features, dim] output needs one dim for all features in the EBC's "
                              f"features, got dims {dims} for order {list(feature_order)}")
-        self.shape = (ebc.batch_size, len(feature_order), dims[feature_order[0]])
+        self.shape = (ebc.padded_local_batch, len(feature_order), dims[feature_order[0]])
         self.exchange = None if columns is not None else _Exchange(ebc, feature_order)
         self.identity = columns is None or bool(np.array_equal(columns, np.arange(columns.size)))
         if not self.identity:
@@ -54,20 +54,42 @@ class PooledLookup(nn.Module):
         self._step_inputs = _StepInputs(ebc, backend)
 
     @staticmethod
-    def of(ebc: nn.Module, feature_order: Sequence[str]) -> PooledLookup | None:
-        """The lookup of ``ebc``, or None where a step cannot call it (see the module docstring)."""
-        if not isinstance(ebc, ShardedSparseCoreEBC):
-            return None
-        backend = ebc.local_backend
-        if not (isinstance(backend, OpsBackend) and backend.state.traceable() and backend.state.uniform
-                and ebc.batch_size == ebc.requested_batch_size):
-            return None
+    def of(ebc: nn.Module, feature_order: Sequence[str]) -> PooledLookup:
+        """The lookup of ``ebc``; ValueError saying which condition (see the module docstring)
+        ``ebc`` fails where a step cannot call it."""
+        why = PooledLookup.unavailable(ebc)
+        if why:
+            raise ValueError(f"the embedding lookup cannot run inside the step program: {why}")
+        assert isinstance(ebc, ShardedSparseCoreEBC) and isinstance(ebc.local_backend, OpsBackend)
         if ebc.world_size > 1:
-            return PooledLookup(ebc, backend, feature_order, None) if ebc.uniform_ranks else None
+            return PooledLookup(ebc, ebc.local_backend, feature_order, None)
         columns = ebc.activation_columns(feature_order)  # where in the activations each pooled column is
-        if columns is None or ebc.gradient_scale != 1.0:
-            return None
-        return PooledLookup(ebc, backend, feature_order, columns)
+        if columns is None:
+            raise ValueError("the embedding lookup cannot run inside the step program: the one rank's "
+                             "activations do not hold every output column exactly once")
+        return PooledLookup(ebc, ebc.local_backend, feature_order, columns)
+
+    @staticmethod
+    def unavailable(ebc: nn.Module) -> str:
+        """Why a step program cannot call ``ebc``'s lookup, or "" (the column check of one rank's
+        feature order aside: :meth:`of`)."""
+        if not isinstance(ebc, ShardedSparseCoreEBC):
+            return f"{type(ebc).__name__} is not a ShardedSparseCoreEBC"
+        backend = ebc.local_backend
+        if not isinstance(backend, OpsBackend):
+            return f"its backend is {type(backend).__name__}, not the ops backend"
+        if not backend.state.traceable():
+            return "its optimizer reads a host value every step"
+        if not backend.state.uniform:
+            return "its features have several batch sizes"
+        if ebc.padded_local_batch != ebc.local_batch:
+            return (f"its per-rank batch of {ebc.local_batch} is padded to {ebc.padded_local_batch} for the "
+                    f"SparseCores' split")
+        if ebc.world_size > 1 and not ebc.uniform_ranks:
+            return "its ranks' stacks are not padded to one shape (uniform_ranks)"
+        if ebc.world_size == 1 and ebc.gradient_scale != 1.0:
+            return f"its one rank scales the gradient by {ebc.gradient_scale}"
+        return ""
 
     def step_inputs(self, batch: LocalBatch) -> tuple[torch.Tensor, ...] | None:
         """The step arguments standing for ``batch``'s pooled embeddings, ``(anchor, *arguments)`` (one
@@ -105,7 +127,7 @@ class _Exchange(nn.Module):
     def __init__(self, ebc: ShardedSparseCoreEBC, feature_order: Sequence[str]) -> None:
         super().__init__()
         targets, sources, self.width = ebc.exchange_columns(feature_order)  # type: ignore[misc]
-        self.ranks, self.batch, self.scale = ebc.world_size, ebc.batch_size, ebc.gradient_scale
+        self.ranks, self.batch, self.scale = ebc.world_size, ebc.padded_local_batch, ebc.gradient_scale
         self.columns = len(feature_order) * ebc.tables[ebc.features[0].table].dim
         self.group_name = (ebc.group or dist.group.WORLD).group_name
         self.register_buffer("gathers", torch.from_numpy(_as_gathers(targets, self.columns)).to(DEVICE),

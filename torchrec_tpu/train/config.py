@@ -417,14 +417,6 @@ def _group_options() -> dict[str, tuple[str, dataclasses.Field]]:
 OPTIONS: dict[str, tuple[str, dataclasses.Field]] = _group_options()
 
 
-def per_rank_batch(global_batch: int, world_size: int) -> int:
-    """Each of ``world_size`` ranks' share of a global batch of ``global_batch`` samples (a
-    multiple of ``world_size``: :func:`check_batch_split`)."""
-    if global_batch % world_size:
-        raise ValueError(f"a global batch of {global_batch} does not split over {world_size} ranks")
-    return global_batch // world_size
-
-
 def check_batch_split(data: DataConfig, world_size: int) -> None:
     """ConfigError naming the flag, its value, the world size and the nearest valid sizes when
     ``--batch-size`` or ``--eval-batch-size`` (global, split evenly over the ranks) is not a

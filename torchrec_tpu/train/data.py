@@ -177,8 +177,8 @@ def _npy_data(config: TrainConfig, env: DistEnv, table_sizes: tuple[int, ...]) -
         raise ConfigError(f"{flag} has {len(days)} day(s); holding out --eval-files={config.data.eval_files} "
                           f"needs at least {config.data.eval_files + 1}")
 
-    def reader(split: list[int], batch_size: int, drop_last: bool) -> NpyCriteoReader:
-        return NpyCriteoReader(source, split, env.per_rank(batch_size), table_sizes, env.rank,
+    def reader(split: list[int], global_batch: int, drop_last: bool) -> NpyCriteoReader:
+        return NpyCriteoReader(source, split, env.local_batch_of(global_batch), table_sizes, env.rank,
                                env.world_size, drop_last=drop_last, mmap_mode=config.data.mmap_mode)
 
     validation, test = validation_and_test(days[-config.data.eval_files:])
@@ -227,9 +227,9 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
             note_unverifiable(files)
         lockstep = env.world_size > 1
 
-        def reader(split: Split, batch_size: int, drop_last: bool) -> ParquetBatchReader:
+        def reader(split: Split, global_batch: int, drop_last: bool) -> ParquetBatchReader:
             return ParquetBatchReader(
-                split[0], env.per_rank(batch_size), table_sizes, CRITEO,
+                split[0], env.local_batch_of(global_batch), table_sizes, CRITEO,
                 rank=env.rank, world_size=env.world_size, drop_last=drop_last,
                 bad_values=config.data.bad_values, rows=split[1],
             )

@@ -35,8 +35,7 @@ import torch.distributed as dist
 from torchrec_tpu import rank_watch
 from torchrec_tpu.errors import one_line
 from torchrec_tpu.launcher import die_with_parent
-from torchrec_tpu.train.config import per_rank_batch
-from tpu_facts import knobs
+from tpu_facts import knobs, local_batch_of
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
@@ -60,9 +59,9 @@ class DistEnv:
     def is_primary(self) -> bool:
         return self.rank == 0
 
-    def per_rank(self, global_batch: int) -> int:
-        """Each rank's share of a global batch (:func:`per_rank_batch`)."""
-        return per_rank_batch(global_batch, self.world_size)
+    def local_batch_of(self, global_batch: int) -> int:
+        """Each rank's share of a global batch (:func:`tpu_facts.local_batch_of`)."""
+        return local_batch_of(global_batch, self.world_size)
 
 
 def current_env(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> DistEnv:

@@ -216,7 +216,7 @@ def _build(config: TrainConfig, engine: Engine, spec: ModelSpec, env: DistEnv, d
     model = engine.build_model(spec, env, device, layout)
     if config.engine.print_sharding_plan and env.is_primary:
         _log.info(engine.sharding_plan(model))
-    return model, engine.build_optimizer(model)
+    return model, engine.build_optimizer(model, layout)
 
 
 def _restore(point: ResumePoint | None, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -193,14 +193,14 @@ def _run_dlrm(config: TrainConfig, train_rows: int) -> Any:
     import torch
 
     from pipelines.ray_data import RayBatchStream
-    from torchrec_tpu.train.config import per_rank_batch
     from torchrec_tpu.train.job import JobHooks, run_job
+    from tpu_facts import local_batch_of
 
     world = ray.train.get_context().get_world_size()
-    per_rank = per_rank_batch(config.data.batch_size, world)
+    local_batch = local_batch_of(config.data.batch_size, world)
     # equal splits: N // world rows each, in full batches (fewer if --bad-values skip drops rows)
-    stream = RayBatchStream(ray.train.get_dataset_shard(DATASET), per_rank, device=torch.device("cpu"),
-                            drop_last=True, num_batches=train_rows // world // per_rank)
+    stream = RayBatchStream(ray.train.get_dataset_shard(DATASET), local_batch, device=torch.device("cpu"),
+                            drop_last=True, num_batches=train_rows // world // local_batch)
     return run_job(config, hooks=JobHooks(train_batches=stream, checkpointed=_report))
 
 

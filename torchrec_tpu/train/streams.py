@@ -22,7 +22,8 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.streams import BatchStream, batches_from_row
-from torchrec_tpu.train.config import TrainConfig, per_rank_batch
+from torchrec_tpu.train.config import TrainConfig
+from tpu_facts import local_batch_of
 
 OFFSET_ROWS = 100_000  # distinct offset vectors per feature (MLPerf's cache of multi-hot offsets)
 
@@ -53,12 +54,12 @@ class ShuffledBatches(BatchStream):
 
 
 class LimitedBatches(BatchStream):
-    """The first ``limit`` batches of ``batches`` (of ``batch_size`` rows each)."""
+    """The first ``limit`` batches of ``batches`` (of ``local_batch`` rows each: one rank's)."""
 
-    def __init__(self, batches: Iterable[Batch], limit: int, batch_size: int) -> None:
+    def __init__(self, batches: Iterable[Batch], limit: int, local_batch: int) -> None:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
-        self.batches, self.limit, self.batch_size = batches, limit, batch_size
+        self.batches, self.limit, self.local_batch = batches, limit, local_batch
 
     def __len__(self) -> int:
         return min(len(self.batches), self.limit)  # type: ignore[arg-type]
@@ -67,7 +68,7 @@ class LimitedBatches(BatchStream):
         return self.iter_from_row(0)
 
     def iter_from_row(self, row: int) -> Iterator[Batch]:
-        return itertools.islice(batches_from_row(self.batches, row), max(0, self.limit - row // self.batch_size))
+        return itertools.islice(batches_from_row(self.batches, row), max(0, self.limit - row // self.local_batch))
 
 
 class MultiHotBatches(BatchStream):
@@ -116,7 +117,7 @@ def training_streams(config: TrainConfig, train: Iterable[Batch], held_out: Iter
         train = ShuffledBatches(train, config.loop.seed, epoch)
     data = config.data
     if data.limit_train_batches:
-        train = LimitedBatches(train, data.limit_train_batches, per_rank_batch(data.batch_size, world_size))
+        train = LimitedBatches(train, data.limit_train_batches, local_batch_of(data.batch_size, world_size))
     if multi_hot is not None:
         train = MultiHotBatches(train, multi_hot, table_sizes, config.loop.seed)
     return train, evaluation_stream(config, held_out, table_sizes, world_size)
@@ -128,7 +129,7 @@ def evaluation_stream(config: TrainConfig, batches: Iterable[Batch], table_sizes
     multi_hot = config.per_feature("multi_hot_sizes", len(table_sizes))
     data = config.data
     if data.limit_val_batches:
-        batches = LimitedBatches(batches, data.limit_val_batches, per_rank_batch(data.eval_batch_size, world_size))
+        batches = LimitedBatches(batches, data.limit_val_batches, local_batch_of(data.eval_batch_size, world_size))
     if multi_hot is not None:
         batches = MultiHotBatches(batches, multi_hot, table_sizes, config.loop.seed)
     return batches

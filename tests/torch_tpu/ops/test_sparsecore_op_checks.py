@@ -148,9 +148,9 @@ def test_the_engines_preprocessed_entry_skips_value_checks_only(case: Case, devi
 def test_touched_rows_must_be_those_of_the_buffers(case: Case, device: str) -> None:
     from torch_tpu.ops.sparsecore import touched_rows_ahead
 
-    touched = touched_rows_ahead(*case.csr, table_rows=case.table.shape[0], device_batch_size=BATCH)
+    touched = touched_rows_ahead(*case.csr, stack_rows=case.table.shape[0], device_batch_size=BATCH)
     other = Case(seed=11)
-    foreign = touched_rows_ahead(*other.csr, table_rows=case.table.shape[0], device_batch_size=BATCH, fit=False)
+    foreign = touched_rows_ahead(*other.csr, stack_rows=case.table.shape[0], device_batch_size=BATCH, fit=False)
     grad, lr = case.grad.to(device), torch.tensor(0.1).to(device)
 
     def update(t: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ from torchrec_tpu.train.checkpoint.save_guard import guarded_save, state_bytes
 STATE_DIR = "state"
 RNG_DIR = "rng"
 REQUIRED_FILES = (META_FILE, f"{STATE_DIR}/.metadata")
-__all__ = ["META_FILE", "STATE_DIR", "CheckpointError", "load_checkpoint", "open_checkpoint",
+__all__ = ["META_FILE", "STATE_DIR", "CheckpointError", "load_checkpoint", "load_states", "open_checkpoint",
            "restore_rng", "resolve_checkpoint", "save_checkpoint"]
 
 
@@ -108,12 +108,23 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: Optimizer, verify: 
     else:
         directory = resolve_checkpoint(path)
         meta = json.loads((directory / META_FILE).read_text())
+    load_states(directory, model, optimizer)
+    return meta
+
+
+def load_states(directory: Path, model: nn.Module, optimizer: Optimizer | None = None) -> None:
+    """Load the checkpoint ``directory`` (verified already, :func:`open_checkpoint`) into ``model``
+    and, when given, ``optimizer``: whatever their state dicts ask for, at their sharding (a
+    checkpoint of any world size loads into an unsharded model). A collective when the model is
+    sharded."""
+    if optimizer is not None:
+        _create_lazy_state(optimizer, directory)
     with deferred_tables():  # a one-rank job's tables read and installed one at a time (load_state)
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        state = {"model": model.state_dict(), **({"optimizer": optimizer.state_dict()} if optimizer else {})}
     load_state(state, directory / STATE_DIR)
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    return meta
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
 
 
 def restore_rng(path: Path, rank: int) -> None:
@@ -125,3 +136,19 @@ def restore_rng(path: Path, rank: int) -> None:
 def rng_file(directory: Path, rank: int) -> Path:
     """The RNG state file of ``rank`` in the checkpoint ``directory``."""
     return directory / RNG_DIR / f"rank-{rank:05d}.pt"
+
+
+def _create_lazy_state(optimizer: Optimizer, directory: Path) -> None:
+    """Adam and the like create their state at their first step, so a fresh one's state dict asks
+    the checkpoint for nothing and its moments would be lost: when the checkpoint holds optimizer
+    state, each such (keyed) optimizer takes a step on zero gradients first (torchrec's
+    ``init_state``; no parameter moves), and the load then fills the state it created."""
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+
+    saved = read_state_metadata(directory / STATE_DIR).state_dict_metadata
+    if not any(key.startswith("optimizer.state.") for key in saved):
+        return
+    parts = [part for _, part in optimizer.optimizers] if isinstance(optimizer, CombinedOptimizer) else [optimizer]
+    for part in parts:
+        if isinstance(part, KeyedOptimizerWrapper) and not part.state:
+            part.init_state()

@@ -57,9 +57,10 @@ class Engine(Protocol):
         says; ``device``: where the loop puts the batches."""
         ...
 
-    def build_optimizer(self, model: nn.Module) -> Optimizer:
+    def build_optimizer(self, model: nn.Module, layout: StepLayout) -> Optimizer:
         """The optimizer ``loss.backward(); optimizer.step()`` trains ``model`` with (the fused
-        embedding update runs in backward); its ``state_dict`` is the checkpoint's."""
+        embedding update runs in backward), for ``layout``'s dense device; its ``state_dict`` is the
+        checkpoint's."""
         ...
 
     def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,

@@ -89,12 +89,6 @@ def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_pa
     return dense_device(measured_dense_device(spec, batch_size, optimizer, precision))
 
 
-def dense_device_of(model: nn.Module) -> torch.device:
-    """Where ``model``'s (the sparsecore DLRMTrain, DDP-wrapped or not) dense towers run."""
-    dlrm = getattr(model, "module", model).model
-    return next(p.device for name in DENSE_TOWERS for p in getattr(dlrm, name).parameters())
-
-
 def place_dense(model: DLRMTrain, device: torch.device) -> None:
     """Move ``model``'s dense towers to ``device`` and hook the data paths in and out of it."""
     dlrm = model.model

@@ -24,7 +24,7 @@ from torchrec.models.dlrm import DLRMTrain
 
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.ebc import PrefetchedKJT
-from torchrec_tpu.train.engines.dense_placement import dense_device_of, pooled_on_host
+from torchrec_tpu.train.engines.dense_placement import pooled_on_host
 from torchrec_tpu.train.engines.precision import autocast, eager_eval_forward, eager_train_step
 from torchrec_tpu.train.engines.step_layout import StepLayout
 from torchrec_tpu.train.loop import StepFn
@@ -72,50 +72,58 @@ class DLRMLookupLoss(nn.Module):
 
 
 class CompiledDenseStep:
-    """A ``run_training`` step function. A full batch of a sparsecore EBC on the ``ops`` backend
-    (one rank, or ranks of uniform stacks), its input dist prefetched or run first: lookup, output
-    dist, dense step and sparse update as one tpu program per rank. Otherwise: the sparse arch
-    (host, sparsecore EBC) forward, the dense step as one tpu program, then the EBC's fused
-    backward from the pooled embeddings' gradient.
+    """A ``run_training`` step function for ``layout`` (one program per rank). Where the layout
+    runs the lookup inside (``lookup_in_step``), a full batch, its input dist prefetched or run
+    first: lookup, output dist, dense step and sparse update as one tpu program per rank. Else, and
+    for a short batch (an epoch's last on one rank): the sparse arch (host, sparsecore EBC)
+    forward, the dense step as one tpu program, then the EBC's fused backward from the pooled
+    embeddings' gradient.
 
     ``model`` is the sparsecore engine's ``DLRMTrain`` (DDP-wrapped or not) with its towers on tpu
     (:func:`~torchrec_tpu.train.engines.dense_placement.place_dense`); ``optimizer`` the dense optimizer
-    (a ``KeyedOptimizerWrapper`` or a plain torch optimizer) over the towers' parameters; ``group``
-    (several ranks): each program is SPMD over it, the towers' gradients averaged inside (as DDP)."""
+    (a ``KeyedOptimizerWrapper`` or a plain torch optimizer) over the towers' parameters; several
+    ranks: each program is SPMD over the world, the towers' gradients averaged inside (as DDP)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 group: dist.ProcessGroup | None = None, precision: str = "fp32") -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, layout: StepLayout) -> None:
         import torch_tpu.compile as tc
         from torchrec_tpu.sharding.step_lookup import PooledLookup  # imports torch_tpu
 
+        group = dist.group.WORLD if layout.world_size > 1 else None
         self.model: DLRMTrain = getattr(model, "module", model)
-        self.dense = DLRMDenseLoss(self.model, precision)
+        self.dense = DLRMDenseLoss(self.model, layout.precision)
         inner = getattr(optimizer, "_optimizer", optimizer)  # KeyedOptimizerWrapper steps its inner one
         self.step = tc.train_step(self.dense, inner, input_grads=(1,), group=group)
         sparse_arch = self.model.model.sparse_arch
         self.ebc = sparse_arch.embedding_bag_collection
-        self.lookup = PooledLookup.of(self.ebc, sparse_arch.sparse_feature_names)
+        self.lookup = PooledLookup.of(self.ebc, sparse_arch.sparse_feature_names) if layout.lookup_in_step else None
         self.fused_step = None if self.lookup is None else tc.train_step(DLRMLookupLoss(self.dense, self.lookup),
                                                                            inner, input_grads=(2,), group=group)
-        ranks = "" if group is None else f" per rank (SPMD over {dist.get_world_size(group)} ranks)"
+        ranks = "" if group is None else f" per rank (SPMD over {layout.world_size} ranks)"
         self.program_name = (f"one compiled program{ranks}: embedding lookup, "
                              f"{'all-to-alls, ' if group is not None else ''}towers, dense update and fused "
                              "embedding update" if self.fused_step is not None else
                              f"the towers and dense update as one compiled program{ranks}; the embedding lookup "
                              "and update outside it")
-        _log.info("training step: %s%s", self.program_name, "" if self.fused_step is not None else
-                  " (the EBC is not on the ops backend with a traceable optimizer, or its ranks' tables are not "
-                  "of one shape)")
+        _log.info("training step: %s%s", self.program_name,
+                  "" if self.fused_step is not None else f" ({layout.lookup_outside})")
+        self.short_batches = 0  # batches shorter than the EBC's, whose lookup ran outside the program
 
     def __call__(self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
         kjt = batch.sparse_features
-        if self.fused_step is not None and not isinstance(kjt, PrefetchedKJT) and kjt.stride() == self.ebc.batch_size:
-            kjt = self.ebc.prefetch(kjt)  # no prefetch thread (the profiler's run): the input dist here
-        if self.fused_step is not None and isinstance(kjt, PrefetchedKJT) and kjt.owner is self.ebc:
-            inputs = self.lookup.step_inputs(kjt.local)
-            if inputs is not None:
-                loss, _ = self.fused_step(batch.dense_features, batch.labels, *inputs)
-                return loss
+        if self.fused_step is not None and kjt.stride() == self.ebc.padded_local_batch:
+            if not isinstance(kjt, PrefetchedKJT):
+                kjt = self.ebc.prefetch(kjt)  # no prefetch thread (the profiler's run): the input dist here
+            inputs = self.lookup.step_inputs(kjt.local) if kjt.owner is self.ebc else None  # type: ignore[union-attr]
+            if inputs is None:
+                raise ValueError("the training layout runs the embedding lookup inside the step program, but this "
+                                 "batch's input dist was not prepared for the ops backend by this model's EBC")
+            loss, _ = self.fused_step(batch.dense_features, batch.labels, *inputs)
+            return loss
+        if self.fused_step is not None and not self.short_batches:
+            _log.info("a batch of %d samples per rank, shorter than the step program's %d (an epoch's last): "
+                      "its embedding lookup and update run outside the program", kjt.stride(),
+                      self.ebc.padded_local_batch)
+        self.short_batches += self.fused_step is not None
         # the host tensors go into the program as they are (one copy each, no eager tpu ops)
         pooled = _host_pooled(self.model, batch)
         loss, (pooled_grad,) = self.step(batch.dense_features, pooled.detach(), batch.labels)
@@ -129,26 +137,27 @@ class CompiledDenseStep:
 class CompiledDenseEval:
     """An ``evaluate`` forward of the sparsecore DLRM with its towers on tpu, as one program
     (``torch.compile``, backend ``tpu``) instead of one dispatch, and a first-sight compile, per
-    op. For a one-rank EBC on the ``ops`` backend the program looks the embeddings up too, from the
-    batch's CSR buffers (:meth:`~torchrec_tpu.sharding.step_lookup.PooledLookup.pooled`), in
-    chunks of the EBC's batch size (the last zero-padded); otherwise (e.g. several ranks, whose
-    output dist runs on the host) the sparse arch runs on the host first and a batch smaller than
-    the largest so far (an evaluation split's last) is zero-padded to it. Either way one program
-    serves the whole split. ``model``: DDP-wrapped or not."""
+    op. Where ``layout`` runs the lookup inside the step on one rank, the program looks the
+    embeddings up too, from the batch's CSR buffers
+    (:meth:`~torchrec_tpu.sharding.step_lookup.PooledLookup.pooled`), in chunks of the EBC's batch
+    size (the last zero-padded); otherwise (e.g. several ranks, whose output dist runs on the host)
+    the sparse arch runs on the host first and a batch smaller than the largest so far (an
+    evaluation split's last) is zero-padded to it. Either way one program serves the whole split.
+    ``model``: DDP-wrapped or not."""
 
-    def __init__(self, model: nn.Module, precision: str = "fp32") -> None:
+    def __init__(self, model: nn.Module, layout: StepLayout) -> None:
         import torch_tpu.compile  # noqa: F401  (registers the "tpu" backend)
         from torchrec_tpu.sharding.step_lookup import PooledLookup  # imports torch_tpu
 
         self.model: DLRMTrain = getattr(model, "module", model)
-        self.device = dense_device_of(self.model)
-        self.dense = DLRMDenseLoss(self.model, precision)
+        self.device = layout.dense_device
+        self.dense = DLRMDenseLoss(self.model, layout.precision)
         self.logits = torch.compile(self.dense.logits, backend="tpu", dynamic=False)
         self.rows = 0
         sparse_arch = self.model.model.sparse_arch
         self.ebc = sparse_arch.embedding_bag_collection
-        lookup = PooledLookup.of(self.ebc, sparse_arch.sparse_feature_names)
-        self.lookup = lookup if lookup is not None and lookup.exchange is None else None
+        in_program = layout.lookup_in_step and layout.world_size == 1
+        self.lookup = PooledLookup.of(self.ebc, sparse_arch.sparse_feature_names) if in_program else None
         self.lookup_logits = None if self.lookup is None else torch.compile(self._lookup_logits, backend="tpu",
                                                                             dynamic=False)
         self.one_program_batches = 0  # batches evaluated with the lookup inside the program
@@ -161,26 +170,25 @@ class CompiledDenseEval:
         from torch_tpu.compile.dynamo.buckets import pad_dim
 
         if self.lookup_logits is not None:
-            logits = self._looked_up(batch)
-            if logits is not None:
-                self.one_program_batches += 1
-                return logits
+            self.one_program_batches += 1
+            return self._looked_up(batch)
         rows = batch.labels.shape[0]
         pooled = _host_pooled(self.model, batch)
         self.rows = max(self.rows, rows)
         return self.logits(pad_dim(batch.dense_features, 0, self.rows).to(self.device),
                            pad_dim(pooled, 0, self.rows).to(self.device)).cpu()[:rows]
 
-    def _looked_up(self, batch: Batch) -> torch.Tensor | None:
+    def _looked_up(self, batch: Batch) -> torch.Tensor:
         """``batch``'s logits, each chunk of the EBC's batch size (the last zero-padded) one run of
-        the lookup-and-towers program; None when the EBC's input dist prepared no CSR buffers."""
+        the lookup-and-towers program."""
         from torch_tpu.compile.dynamo.buckets import pad_dim
 
-        size, parts, first = self.ebc.batch_size, [], 0
+        size, parts, first = self.ebc.padded_local_batch, [], 0
         for chunk, real in fixed_size_chunks(batch.sparse_features, size):
             csr = self.lookup.eval_inputs(self.ebc.input_dist(chunk))  # type: ignore[union-attr]
             if csr is None:
-                return None
+                raise ValueError("the training layout runs the embedding lookup inside the evaluation program, but "
+                                 "this batch's input dist prepared no CSR buffers for the ops backend")
             dense = pad_dim(batch.dense_features[first:first + real], 0, size)
             parts.append(self.lookup_logits(dense, *csr).cpu()[:real])  # type: ignore[misc]
             first += real
@@ -198,8 +206,7 @@ def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, layout: St
     compiled dense step where ``layout`` is one program per rank; else the eager
     :func:`~torchrec_tpu.train.loop.train_step`."""
     if layout.one_program:
-        group = dist.group.WORLD if layout.world_size > 1 else None
-        return CompiledDenseStep(model, optimizer, group, layout.precision)
+        return CompiledDenseStep(model, optimizer, layout)
     if layout.dense_device.type == "tpu":
         why = ("FSDP2's DTensor parameters do not trace into one step program; ddp's do"
                if layout.dense_parallel != "ddp"
@@ -212,5 +219,5 @@ def eval_forward(model: nn.Module, layout: StepLayout) -> EvalForward:
     """The evaluation forward of a job, the towers at ``layout.precision`` as in training:
     compiled towers where the step is compiled; else the model's own forward."""
     if layout.one_program:
-        return CompiledDenseEval(model, layout.precision)
+        return CompiledDenseEval(model, layout)
     return eager_eval_forward(layout.dense_device.type, layout.precision)

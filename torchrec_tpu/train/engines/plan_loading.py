@@ -33,19 +33,27 @@ class Placement:
 
 
 def resolve_sharding(plan: str | None, tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
-                     world_size: int, batch_size: int) -> Placement:
+                     world_size: int, global_batch: int) -> Placement:
     """The placement ``--plan`` asks for: None -> tables balanced table-wise over the ranks,
     ``auto`` -> planned now (for ``tables`` looked up by ``features``), else the plan JSON at that path."""
     if plan is None:
         return Placement(balanced_table_wise(tables, world_size), SparseCoreTopology())
     source = f"--plan={plan!r}"
-    loaded = plan_for_world(tables, features, world_size, batch_size) if plan == AUTO else read_plan(plan)
+    loaded = plan_for_world(tables, features, world_size, global_batch) if plan == AUTO else read_plan(plan)
     sharding = sharding_from_plan(loaded, tables, world_size, source)
     return Placement(sharding, SparseCoreTopology.for_rank(loaded.topology, world_size))
 
 
+def rank_sparsecores(plan: str | None, world_size: int) -> int:
+    """The SparseCores of one rank's device under ``--plan`` (:func:`resolve_sharding`'s
+    ``rank_topology``), known before the tables are built."""
+    if plan is None or plan == AUTO:
+        return SparseCoreTopology().num_sparsecores
+    return SparseCoreTopology.for_rank(read_plan(plan).topology, world_size).num_sparsecores
+
+
 def plan_for_world(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], world_size: int,
-                   batch_size: int) -> Plan:
+                   global_batch: int) -> Plan:
     """Plan ``tables`` for ``world_size`` ranks (a v5p 1x1xW line: one device per rank); ``features``
     say how many features look each table up (its lookups per sample) and their valency."""
     from torchrec_tpu.planner.id_limits import auto_id_limits, with_id_limits
@@ -59,11 +67,11 @@ def plan_for_world(tables: Sequence[TableSpec], features: Sequence[FeatureSpec],
         # the specs' limits are the library default (train has no flag for them): per table from
         # its pooling factor and the batch instead, as `torchrec-tpu plan` sets them
         planned = [replace(t, max_ids_per_partition=None) for t in tables_from_sparsecore_specs(tables, features)]
-        planned = with_id_limits(planned, auto_id_limits(planned, topology, batch_size))
-        return plan_tables(planned, topology, batch_size)
+        planned = with_id_limits(planned, auto_id_limits(planned, topology, global_batch))
+        return plan_tables(planned, topology, global_batch)
     except IdLimitError as err:  # in train's flags: the planner's own are plan's
         raise PlanLoadError(f"--plan=auto on {world_size} rank(s): {err.problem}; lower --batch-size (now "
-                            f"{batch_size}) or train on more ranks (torchrun --nproc-per-node)") from None
+                            f"{global_batch}) or train on more ranks (torchrun --nproc-per-node)") from None
     except (PlanningError, ValueError) as err:
         raise PlanLoadError(f"--plan=auto on {world_size} rank(s): {err}") from None
 

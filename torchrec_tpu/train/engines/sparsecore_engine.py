@@ -8,7 +8,6 @@ same shape of state.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -25,7 +24,7 @@ from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.rank_agreement import AgreedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.sharding.uniform_ranks import UniformityError
-from torchrec_tpu.train.config import EngineConfig, OptimConfig, TrainConfig
+from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.engines.dense_placement import (
     DenseDDP,
@@ -41,26 +40,26 @@ from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
 from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
 from torchrec_tpu.train.optimizers import dense_optimizer, sparse_optimizer
+from tpu_facts import global_batch_of
 
-_log = logging.getLogger(__name__)
 PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
 
 def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, optim: OptimConfig,
-                           options: EngineConfig, batch_size: int, seed: int) -> nn.Module:
+                           options: EngineConfig, global_batch: int, seed: int) -> nn.Module:
     """DLRMTrain whose embeddings are sharded over the world on sparsecore (``layout.sparse_backend``) as
     ``options.plan`` says (see :func:`~torchrec_tpu.train.engines.plan_loading.resolve_sharding`),
     trained by ``optim``'s sparse optimizer, and whose dense towers run on ``layout.dense_device``, synced
-    by ``layout.dense_parallel``; ``batch_size`` the global batch, ``seed`` the tables' initialisation.
+    by ``layout.dense_parallel``; ``global_batch`` (``--batch-size``), ``seed`` the tables' initialisation.
 
     The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
     same model on cpu and tpu."""
     model = build_dlrm(spec, dense_device=torch.device("cpu"))
-    local_batch = env.per_rank(batch_size)
+    local_batch = env.local_batch_of(global_batch)
     tables_ebc = ebc_of(model)
     optimizer = sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)
     specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer)  # the tables' specs, once
-    placement = resolve_sharding(options.plan, *specs, env.world_size, batch_size)
+    placement = resolve_sharding(options.plan, *specs, env.world_size, global_batch)
     model.set_submodule(EBC_PATH, _sparsecore_ebc(tables_ebc, local_batch, placement, optimizer, specs, seed,
                                                   layout.sparse_backend, layout.uniform_ranks))
     place_dense(model, layout.dense_device)
@@ -71,20 +70,16 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, op
 def _sparsecore_ebc(tables_ebc: EmbeddingBagCollection, local_batch: int, placement: Placement,
                     optimizer: OptimizerSpec, specs: tuple, seed: int, backend: str,
                     uniform: bool) -> ShardedSparseCoreEBC:
-    """The sharded EBC; ``uniform`` ranks where the plan can be padded to them (else it says why
-    and the step's lookup runs outside the step program)."""
-    def build(uniform_ranks: bool) -> ShardedSparseCoreEBC:
+    """The sharded EBC, its ranks' stacks padded to one shape where ``uniform`` (the layout's
+    lookup inside the step program, several ranks); a plan they cannot be padded for fails here."""
+    try:
         return ShardedSparseCoreEBC.from_torchrec(
             tables_ebc, local_batch, placement.sharding, optimizer, specs=specs, topology=placement.rank_topology,
-            seed=seed, average_over_ranks=True, backend=backend, uniform_ranks=uniform_ranks)
-
-    if uniform:
-        try:
-            return build(True)
-        except UniformityError as error:
-            _log.warning("the embedding lookup runs outside the step program: the ranks' stacks cannot be "
-                         "padded to one shape (%s)", error)
-    return build(False)
+            seed=seed, average_over_ranks=True, backend=backend, uniform_ranks=uniform)
+    except UniformityError as error:
+        raise ConfigError(f"the training layout runs the embedding lookup inside the step program, which needs "
+                          f"every rank's stacks padded to one shape, but this plan's cannot be ({error}); "
+                          f"--sparse-backend xla runs the lookup outside the program, or change --plan") from None
 
 
 def sharding_plan_text(ebc: ShardedSparseCoreEBC, plan: str | None) -> str:
@@ -116,26 +111,27 @@ def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: 
     if group is not None:
         batches = AgreedBatches(batches, group, env.rank, env.world_size)
     return PrefetchedBatches(batches, ebc, device, depth, group,
-                             partial(overflow_with_flags, ebc.batch_size * env.world_size))
+                             partial(overflow_with_flags, global_batch_of(ebc.padded_local_batch, env.world_size)))
 
 
-def overflow_with_flags(batch_size: int, error: Exception) -> Exception:
+def overflow_with_flags(global_batch: int, error: Exception) -> Exception:
     """A SparseCore partition over its id limit, with the fix as flags of ``train`` / ``profile``
-    (``batch_size``: the global batch): the ids a partition gets grow with the batch each
+    (``global_batch``: ``--batch-size``, padded for the SparseCores): the ids a partition gets grow with the batch each
     SparseCore sees. Other errors as they are."""
     if not isinstance(error, PartitionOverflowError):
         return error
-    return PartitionOverflowError(error.overflow, f"lower --batch-size (now {batch_size}) or train on more "
+    return PartitionOverflowError(error.overflow, f"lower --batch-size (now {global_batch}) or train on more "
                                                   "ranks (torchrun --nproc-per-node), which spreads each "
                                                   "batch over more SparseCores")
 
 
-def build_dense_optimizer(model: nn.Module, optim: OptimConfig) -> KeyedOptimizerWrapper:
+def build_dense_optimizer(model: nn.Module, optim: OptimConfig, towers_on: torch.device) -> KeyedOptimizerWrapper:
     """``optim``'s dense optimizer over every parameter outside the sparsecore EBC, keyed by its
-    name in the unwrapped model (the same at every world size)."""
+    name in the unwrapped model (the same at every world size); the towers run on ``towers_on``
+    (the layout's dense device)."""
     dense = dense_optimizer(optim.dense_optimizer)
     params = {name: p for name, p in unwrap_dense(model).named_parameters() if not name.startswith(EBC_PATH)}
-    on_host = all(p.device.type == "cpu" for p in params.values())
+    on_host = towers_on.type == "cpu"
     # foreach: one multi-tensor op per update step instead of one per parameter (device op overhead)
     return KeyedOptimizerWrapper(params, lambda ps: dense.build(ps, optim.dense_lr, foreach=None if on_host else True))
 
@@ -144,12 +140,12 @@ def build_dense_optimizer(model: nn.Module, optim: OptimConfig) -> KeyedOptimize
 class SparseCoreEngine:
     """The :class:`~torchrec_tpu.train.engines.Engine` of our sparsecore EBC (``options.sparse_backend``), sharded
     as ``options.plan`` says, dense towers on ``options.dense_device`` synced by
-    ``options.dense_parallel``; ``optim``'s optimizers, ``batch_size`` the global batch, ``seed``
+    ``options.dense_parallel``; ``optim``'s optimizers, ``global_batch`` (``--batch-size``), ``seed``
     the tables' initialisation."""
 
     optim: OptimConfig
     options: EngineConfig
-    batch_size: int
+    global_batch: int
     seed: int
     name = "sparsecore"
 
@@ -163,14 +159,14 @@ class SparseCoreEngine:
         return self.options.dense_device == "tpu" or (self.options.dense_device == "auto" and tpu_installed())
 
     def step_layout(self, spec: ModelSpec, env: DistEnv) -> StepLayout:
-        return resolve_sparsecore_layout(self.options, self.optim, spec, env.world_size, self.batch_size)
+        return resolve_sparsecore_layout(self.options, self.optim, spec, env.world_size, self.global_batch)
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device, layout: StepLayout) -> nn.Module:
         """(The batches stay on the host, ``device``; the towers go to ``layout``'s dense device.)"""
-        return build_sparsecore_model(spec, env, layout, self.optim, self.options, self.batch_size, self.seed)
+        return build_sparsecore_model(spec, env, layout, self.optim, self.options, self.global_batch, self.seed)
 
-    def build_optimizer(self, model: nn.Module) -> KeyedOptimizerWrapper:
-        return build_dense_optimizer(model, self.optim)
+    def build_optimizer(self, model: nn.Module, layout: StepLayout) -> KeyedOptimizerWrapper:
+        return build_dense_optimizer(model, self.optim, layout.dense_device)
 
     def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
                      background: bool = True) -> Iterable[Batch]:

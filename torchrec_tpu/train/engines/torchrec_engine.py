@@ -40,9 +40,9 @@ STORAGE_RESERVED_FRACTION = 0.15
 
 
 def shard_model(model: nn.Module, env: DistEnv, device: torch.device, optim: OptimConfig,
-                batch_size: int) -> DistributedModelParallel:
-    """Attach ``optim``'s fused embedding optimizer, plan the tables over the world (``batch_size``:
-    the global batch), and shard."""
+                global_batch: int) -> DistributedModelParallel:
+    """Attach ``optim``'s fused embedding optimizer, plan the tables over the world for
+    ``global_batch`` (``--batch-size``; TorchRec's planner gets each rank's share), and shard."""
     sparse = sparse_optimizer(optim.sparse_optimizer)
     collections = [m for m in model.modules() if isinstance(m, EmbeddingBagCollection)]
     embedding_params = [p for ebc in collections for p in ebc.parameters()]
@@ -55,7 +55,7 @@ def shard_model(model: nn.Module, env: DistEnv, device: torch.device, optim: Opt
     )
     planner = EmbeddingShardingPlanner(
         topology=topology,
-        batch_size=env.per_rank(batch_size),
+        batch_size=env.local_batch_of(global_batch),
         storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVED_FRACTION),
     )
     plan = planner.collective_plan(model, pg=dist.GroupMember.WORLD)
@@ -77,10 +77,10 @@ def build_optimizer(model: DistributedModelParallel, optim: OptimConfig) -> Comb
 class TorchRecEngine:
     """The :class:`~torchrec_tpu.train.engines.Engine` of stock TorchRec: DMP over FBGEMM's fused
     TBE, planned by TorchRec's own planner, dense part in DMP's DDP on ``device``; ``optim``'s
-    optimizers, ``batch_size`` the global batch."""
+    optimizers, ``global_batch`` (``--batch-size``)."""
 
     optim: OptimConfig
-    batch_size: int  # global
+    global_batch: int
     name = "torchrec"
     needs_device_tensors = False  # towers and tables on the host
 
@@ -92,9 +92,9 @@ class TorchRecEngine:
         return torchrec_layout(self.optim, env.world_size)
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device, layout: StepLayout) -> nn.Module:
-        return shard_model(build_dlrm(spec, dense_device=device), env, device, self.optim, self.batch_size)
+        return shard_model(build_dlrm(spec, dense_device=device), env, device, self.optim, self.global_batch)
 
-    def build_optimizer(self, model: nn.Module) -> CombinedOptimizer:
+    def build_optimizer(self, model: nn.Module, layout: StepLayout) -> CombinedOptimizer:
         return build_optimizer(model, self.optim)  # type: ignore[arg-type]
 
     def wrap_batches(self, batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
