@@ -25,7 +25,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from sparsecore.jte_interop import jte_feature_specs, jte_inputs, jte_preprocess_ragged
 from sparsecore.limits import FdoRecorder
-from sparsecore.preprocess import preprocess_inputs
+from sparsecore.preprocess import preprocess_inputs, preprocess_row_ordered
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
@@ -91,6 +91,8 @@ def run(batch: int, chips: int, features: int, hot: int, repeats: int, with_nump
         fns = {
             "sparsecore compiled (CSR)        ": lambda: preprocess_inputs(inputs, plan, engine="compiled",
                                                                            threads=threads),
+            "sparsecore compiled (row order)  ": lambda: preprocess_row_ordered(inputs, plan, engine="compiled",
+                                                                                threads=threads),
             "jax-tpu-embedding C++            ": lambda: jte_preprocess_ragged(*ragged, specs, plan),
         }
         if with_numpy:

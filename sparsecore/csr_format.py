@@ -26,6 +26,18 @@ class StackCSR:
     stats: StackStats
 
 
+@dataclass(frozen=True)
+class RowOrderedEntries:
+    """The entries one stack's CSR buffers hold (merged, within the limits), sorted by (physical
+    row, source SparseCore, sample) instead of by partition: what a lookup on the host side needs.
+    Inside each sample they keep the CSR order, and inside each row the order of the sources."""
+
+    phys: np.ndarray  # int64 physical row (destination SC * shard_rows + shard row)
+    sample: np.ndarray  # int64 row of the stack's activations: source SC * samples_per_chunk + sample id
+    gain: np.ndarray  # float32
+    stats: StackStats
+
+
 def coo_buffer_size_per_device(stack: StackedTable, sparsecores_per_device: int) -> int:
     """Static COO entries per device: every partition at its padded limit (jax-tpu-embedding)."""
     return round_up(stack.max_ids_per_partition, ALIGN) * stack.num_sparsecores * sparsecores_per_device

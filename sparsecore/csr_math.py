@@ -195,15 +195,14 @@ def split_touched(touched, entries: int):
 
 
 def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains, embedding_table, slots,
-                 activations_grad, hypers, devices: int = 1, device_index: int = 0, touched=None, row_dims=None):
+                 activations_grad, hypers, devices: int = 1, device_index: int = 0, touched=None):
     """The fused backward + ``optimizer`` update (its rule's, ``sparsecore.optimizer_rules``, by
     name) on the rows the batch touches only: per touched row, g = the sum of gain * activation
     gradient over its entries (in buffer order, as :func:`table_grad` sums), then the rule's update
     of those rows and their slots, scattered back. The work is O(entries * dim), not O(table rows *
     dim) as a dense gradient; the touched rows equal the rule's update of :func:`table_grad`'s. ``touched``: the
     :func:`touched_rows` of the same buffers and table, computed ahead (else deduplicated here).
-    ``row_dims``: each table row's logical dim [stack rows], which row-wise statistics average over
-    (default: the table's dim). Returns the new table (and slots)."""
+    Returns the new table (and slots)."""
     device_batch_size = activations_grad.shape[0]
     stack_rows = embedding_table.shape[0]
     phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, stack_rows, device_batch_size, devices,
@@ -230,9 +229,7 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
     old = [embedding_table, *slots]
     # rows past the table (padding, unused slots) are read as 0 and their updates dropped
     row_values, *slot_values = [t.at[unique].get(mode="fill", fill_value=0.0, **hints) for t in old]
-    dims = grad.shape[1] if row_dims is None else jnp.maximum(
-        row_dims.at[unique].get(mode="fill", fill_value=1, **hints), 1)
-    new_rows, new_slots = rule_named(optimizer).update(row_values, tuple(slot_values), grad, hypers, dims)
+    new_rows, new_slots = rule_named(optimizer).update(row_values, tuple(slot_values), grad, hypers, grad.shape[1])
     out = tuple(t.at[unique].set(n.astype(t.dtype), mode="drop", **hints)
                 for t, n in zip(old, (new_rows, *new_slots)))
     return out if len(out) > 1 else out[0]

@@ -8,7 +8,7 @@ hyperparameters that op takes after the gradient); those hyperparameters for a s
 which of them change with the step; FBGEMM's fused TBE kernel and jax-tpu-embedding's optimizer
 spec for it (None: no such kernel). Every engine that updates rows itself runs the rule's update:
 the ``tpu::`` ops' XLA formulation (``sparsecore.csr_math.fused_update``) and the ``xla``
-backend's step programs. Each record is registered right below its update, as jax's
+backend's row-ordered programs. Each record is registered right below its update, as jax's
 ``lax`` keeps a rule beside its primitive: a new optimizer is its spec class plus one update and
 record here.
 

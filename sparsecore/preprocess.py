@@ -35,6 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import sparsecore.native as native
 from sparsecore.csr_format import (
+    RowOrderedEntries,
     StackCSR,
     coo_buffer_size_per_device,
     partition_stats,
@@ -86,7 +87,7 @@ def preprocess_inputs(
     if compiled:
         from sparsecore.preprocess_native import preprocess_compiled
 
-        return PreprocessedBatch(preprocess_compiled(inputs, plan, overflow, threads))
+        return PreprocessedBatch(preprocess_compiled(inputs, plan, overflow, threads, row_ordered=False))
     devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
     threads = threads or min(len(plan.stacks), os.cpu_count() or 1)
 
@@ -97,6 +98,22 @@ def preprocess_inputs(
         return PreprocessedBatch({stack.name: build(stack) for stack in plan.stacks})
     with ThreadPoolExecutor(threads) as pool:
         return PreprocessedBatch(dict(zip((st.name for st in plan.stacks), pool.map(build, plan.stacks))))
+
+
+def preprocess_row_ordered(
+    inputs: Mapping[str, FeatureInput], plan: StackingPlan, *, overflow: str = "error", threads: int | None = None,
+    engine: str = "auto",
+) -> dict[str, RowOrderedEntries]:
+    """The entries ``preprocess_inputs`` would lay out into CSR buffers, per stack, in row order
+    (numpy: one sort; the CSR buffers are only built when a partition is over its limit)."""
+    compiled = _use_compiled(engine, overflow)
+    check_table_ids(inputs, plan)
+    if compiled:
+        from sparsecore.preprocess_native import preprocess_compiled
+
+        return preprocess_compiled(inputs, plan, overflow, threads, row_ordered=True)
+    devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
+    return {stack.name: _row_ordered_stack(stack, inputs, devices, s, overflow) for stack in plan.stacks}
 
 
 def check_table_ids(inputs: Mapping[str, FeatureInput], plan: StackingPlan) -> None:
@@ -123,6 +140,50 @@ def _use_compiled(engine: str, overflow: str) -> bool:
         native.require_extension()
         return True
     return engine == "auto" and native.extension() is not None
+
+
+def _row_ordered_stack(
+    stack: StackedTable, inputs: Mapping[str, FeatureInput], devices: int, s: int, overflow: str
+) -> RowOrderedEntries:
+    n, chunks = stack.num_sparsecores, devices * s
+    samples_per_chunk = stack.total_sample_count // chunks
+    chunk, dest, row, sample, gain = _coo_entries(stack, inputs, chunks)
+    phys = dest * stack.shard_rows + row
+    order, first = _merge_order((sample, chunk, phys), (samples_per_chunk, chunks, stack.vocab_size))
+    starts = np.flatnonzero(first)
+    multiplicity = np.diff(np.append(starts, phys.size))
+    merged_gain = _sequential_f32_sum(gain[order].astype(np.float64), starts, multiplicity)
+    picked = order[starts]
+    phys, chunk, dest, sample = phys[picked], chunk[picked], dest[picked], sample[picked]
+    partition = chunk * n + dest
+    counts = np.bincount(partition, minlength=chunks * n)
+    new_row = np.ones(phys.size, dtype=bool)
+    new_row[1:] = (phys[1:] != phys[:-1]) | (chunk[1:] != chunk[:-1])
+    unique_counts = np.bincount(partition[new_row], minlength=chunks * n)
+    if counts.max(initial=0) > stack.max_ids_per_partition or \
+            unique_counts.max(initial=0) > stack.max_unique_ids_per_partition:
+        csr = _preprocess_stack(stack, inputs, devices, s, overflow)  # raises, or drops as the SparseCores do
+        phys, sample, gain = csr_entries(stack, csr, devices, s)
+        by_row = np.argsort(phys, kind="stable")
+        return RowOrderedEntries(phys[by_row], sample[by_row], gain[by_row], csr.stats)
+    stats = partition_stats(counts, unique_counts, devices, s, n)
+    return RowOrderedEntries(phys, chunk * samples_per_chunk + sample, merged_gain, stats)
+
+
+def csr_entries(stack: StackedTable, csr: StackCSR, devices: int, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(physical row, activation row, gain) of every entry of ``csr``, in the SparseCores' reading
+    order: partition p of source SparseCore k holds [round_up(end[p-1], 8), end[p]) of k's region."""
+    n, chunks = stack.num_sparsecores, devices * s
+    ends = csr.row_pointers.reshape(chunks, row_pointers_per_sc(stack))[:, :n].astype(np.int64)
+    starts = np.zeros_like(ends)
+    starts[:, 1:] = round_up_array(ends[:, :-1], ALIGN)
+    counts = (ends - starts).reshape(-1)
+    first = (np.arange(chunks)[:, None] * (coo_buffer_size_per_device(stack, s) // s) + starts).reshape(-1)
+    partition = np.repeat(np.arange(counts.size), counts)
+    position = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - first, counts)
+    phys = (partition % n) * stack.shard_rows + csr.embedding_ids[position]
+    sample = (partition // n) * (stack.total_sample_count // chunks) + csr.sample_ids[position]
+    return phys, sample, csr.gains[position]
 
 
 def _preprocess_stack(

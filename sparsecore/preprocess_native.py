@@ -3,7 +3,8 @@ numpy path, byte for byte, built on several threads with the GIL released.
 
 The extension reads every feature's ids, lengths and weights in place (the validated
 ``FeatureInput`` arrays, numpy views of the KJT's tensors) and writes into arrays allocated here.
-One call covers all stacks: one task per (stack, source SparseCore).
+One call covers all stacks: one task per (stack, source SparseCore), and for the row-ordered
+output one per (stack, destination SparseCore).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from sparsecore import native
 from sparsecore.csr_format import (
+    RowOrderedEntries,
     StackCSR,
     coo_buffer_size_per_device,
     partition_stats,
@@ -34,27 +36,31 @@ def default_threads() -> int:
 
 
 def preprocess_compiled(
-    inputs: Mapping[str, FeatureInput], plan: StackingPlan, overflow: str, threads: int | None
-) -> dict[str, StackCSR]:
-    """Every stack's CSR buffers by stack name; raises ``native.NativeUnavailable`` when the
-    extension cannot be built."""
+    inputs: Mapping[str, FeatureInput], plan: StackingPlan, overflow: str, threads: int | None, row_ordered: bool
+) -> dict[str, StackCSR] | dict[str, RowOrderedEntries]:
+    """Every stack's CSR buffers (or, ``row_ordered``, its entries in row order) by stack name;
+    raises ``native.NativeUnavailable`` when the extension cannot be built."""
     ext = native.require_extension()
     devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
     chunks = devices * s
     jobs, outputs = [], []
     for stack in plan.stacks:
-        job_outputs = _outputs(stack, chunks, s)
-        jobs.append((feature_buffers(stack, inputs, chunks), _parameters(stack, chunks, s), job_outputs))
+        job_outputs = _outputs(stack, inputs, chunks, s, row_ordered)
+        jobs.append((feature_buffers(stack, inputs, chunks), _parameters(stack, chunks, s, row_ordered), job_outputs))
         outputs.append(job_outputs)
     results = ext.preprocess(jobs, threads or default_threads())
     out = {}
-    for stack, arrays, dropped in zip(plan.stacks, outputs, results):
+    for stack, arrays, (dropped, kept) in zip(plan.stacks, outputs, results):
         counts, unique_counts = arrays[-2:]
         if dropped and overflow == "error":
             raise_partition_overflow(stack, counts, unique_counts, stack.num_sparsecores)
         stats: StackStats = partition_stats(counts, unique_counts, devices, s, stack.num_sparsecores)
         stats.dropped_ids = int(dropped)
-        out[stack.name] = StackCSR(*arrays[:4], stats)
+        if row_ordered:
+            phys, sample, gain = (a[:kept] for a in arrays[:3])
+            out[stack.name] = RowOrderedEntries(phys, sample, gain, stats)
+        else:
+            out[stack.name] = StackCSR(*arrays[:4], stats)
     return out
 
 
@@ -75,15 +81,20 @@ def _array(values: np.ndarray, dtypes: tuple[type, ...]) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=dtypes[0])
 
 
-def _parameters(stack: StackedTable, chunks: int, s: int) -> tuple[int, ...]:
+def _parameters(stack: StackedTable, chunks: int, s: int, row_ordered: bool) -> tuple[int, ...]:
     return (stack.num_sparsecores, chunks, stack.shard_rows, stack.max_ids_per_partition,
             stack.max_unique_ids_per_partition, coo_buffer_size_per_device(stack, s) // s, row_pointers_per_sc(stack),
-            _COMBINERS[stack.combiner])
+            _COMBINERS[stack.combiner], int(row_ordered))
 
 
-def _outputs(stack: StackedTable, chunks: int, s: int) -> tuple[np.ndarray, ...]:
+def _outputs(stack: StackedTable, inputs: Mapping[str, FeatureInput], chunks: int, s: int,
+             row_ordered: bool) -> tuple[np.ndarray, ...]:
     stats = chunks * stack.num_sparsecores
     counts, unique_counts = np.empty(stats, dtype=np.int64), np.empty(stats, dtype=np.int64)
+    if row_ordered:  # at most one entry per input id
+        ids = sum(inputs[fp.feature].ids.size for fp in stack.features)
+        return np.empty(ids, dtype=np.int64), np.empty(ids, dtype=np.int64), np.empty(ids, dtype=np.float32), \
+            counts, unique_counts
     size = chunks * (coo_buffer_size_per_device(stack, s) // s)
     return (np.empty(chunks * row_pointers_per_sc(stack), dtype=np.int32), np.empty(size, dtype=np.int32),
             np.empty(size, dtype=np.int32), np.empty(size, dtype=np.float32), counts, unique_counts)

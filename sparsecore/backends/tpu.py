@@ -109,6 +109,9 @@ class TpuBackend(XlaBackend):
     def _stack_lookup(self, stack: StackedTable, table: jax.Array, device_input) -> jax.Array:
         return self._layout.from_chunk_major(stack, self._forward[stack.name](table, *device_input))
 
+    def _stack_grads(self, grad) -> list[jax.Array]:
+        return self._layout.disassemble(grad)
+
     def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, varying, activation_grad,
                       device_input):
         return self._backward[stack.name](table, slots, step, self._layout.to_chunk_major(stack, activation_grad),

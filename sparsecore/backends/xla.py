@@ -1,24 +1,23 @@
-"""``xla`` backend: the SparseCore lookup and fused update compiled into step programs on the
-default JAX device, computing what the ``tpu::`` SparseCore ops compute (one core: both run
-:mod:`sparsecore.csr_math` on the same CSR buffers, with each optimizer's update written once in
-:mod:`sparsecore.optimizer_rules`). Where the ``ops`` backend calls the ops on tpu tensors (inside a
-traced step program, or eagerly op by op), this backend compiles ONE program that looks up all
-stacks and assembles the output, and ONE that applies the gradient and the optimizer to all
-stacks (tables and slots updated in place, donated): the eager step's sparse half without a
-dispatch per op. It also keeps each table row's logical dim, so row-wise optimizers average over
-it on stacks whose tables were padded to one dim.
+"""``xla`` backend: the SparseCore lookup semantics in pure JAX, compiled to one program per step
+phase.
 
-``prepare`` (host, may run ahead on a prefetch thread) builds the batch's CSR buffers
-(``sparsecore.preprocess``), cuts them to its bucket and finds its touched rows
-(:class:`~sparsecore.csr_sizes.CsrFitter`), and compiles the step's programs for those sizes.
-Only touched rows are read or written. It is also the reference of the ``tpu`` backend, which
-swaps jax-tpu-embedding's SparseCore kernels into the same programs.
+It consumes exactly the CSR buffers the SparseCores get (``sparsecore.preprocess``) and runs on
+the default JAX device: the program a TPU's TensorCore would run, and the reference for the
+``tpu`` backend. Forward: activation[sample] = sum of gain * row over the sample's entries.
+Backward: per touched row, g = sum(gain * d_activation[sample]) over all its entries, then one
+fused optimizer update of that row and its slots; other rows are untouched.
+
+``prepare`` (host, may run ahead on a prefetch thread) takes the entries the CSR buffers would
+hold, in row order (``preprocess_row_ordered``), lists every touched row once (``xla_inputs``) and
+compiles the step's programs for their bucketed sizes: ONE program looks up all stacks and
+assembles the output, ONE applies the gradient and the optimizer to all stacks (tables updated in
+place, donated). Only touched rows are read or written.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,15 +27,14 @@ import numpy as np
 import torch
 
 import xla_cache
-from sparsecore import csr_math
 from sparsecore.backends import XLA
 from sparsecore.backends.base import ReadsTablesAlone, check_grads
+from sparsecore.backends.xla_inputs import SlotForward, StackEntries, stack_entries, stack_input
 from sparsecore.backends.xla_layout import ActivationLayout
-from sparsecore.csr_format import StackCSR
-from sparsecore.csr_sizes import CsrFitter
+from sparsecore.csr_format import RowOrderedEntries, StackCSR
 from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import rule_of
-from sparsecore.preprocess import preprocess_inputs
+from sparsecore.preprocess import csr_entries, preprocess_row_ordered
 from sparsecore.stacked_arrays import stacked_array, unstack_table
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
@@ -52,10 +50,51 @@ def to_torch(array: jax.Array) -> torch.Tensor:
     return torch.from_numpy(np.array(array))
 
 
+@dataclass(frozen=True)
+class PreparedLookup:
+    """A batch ready for the device: per stack, the backend's input arrays (host arrays: the
+    compiled programs take them as they are, cheaper than a transfer call per batch)."""
+
+    arrays: tuple[Any, ...]
+    stats: dict[str, StackStats]
+    key: tuple  # the arrays' shapes: which compiled programs serve this batch
+
+
+def lookup_entries(table: jax.Array, entries: StackEntries, samples: int) -> jax.Array:
+    """Pooled activations [samples, dim] of one stack: touched rows read once, then summed per
+    sample in the SparseCores' entry order."""
+    values = table.at[entries.rows].get(mode="fill", fill_value=0.0, indices_are_sorted=True, unique_indices=True)
+    return jax.ops.segment_sum(entries.gains[:, None] * values[entries.inverse], entries.samples,
+                               num_segments=samples)
+
+
+def lookup_slots(table: jax.Array, slots: SlotForward) -> jax.Array:
+    """Pooled activations as a sum over slots, slot by slot: for every sample the same float32
+    additions, in the same order, as ``lookup_entries`` (a loop: XLA may reorder a chain of adds)."""
+    terms = slots.gains[:, :, None] * table.at[slots.rows].get(mode="fill", fill_value=0.0)
+    return jax.lax.fori_loop(1, terms.shape[0], lambda k, total: total + terms[k], terms[0])
+
+
+def update_entries(optimizer, table, slots, row_dims, hypers, activation_grad: Callable[[jax.Array], jax.Array],
+                   entries: StackEntries):
+    """One fused optimizer update (its rule's, with the op's ``hypers``) per touched row with its
+    gradient summed over all entries; ``activation_grad(rows)`` is the gradient of those activation
+    rows."""
+    contributions = entries.gains[:, None] * activation_grad(entries.samples)
+    grad = jax.ops.segment_sum(contributions, entries.inverse, num_segments=entries.touched, indices_are_sorted=True)
+    hints = dict(indices_are_sorted=True, unique_indices=True)
+    rows = table.at[entries.rows].get(mode="fill", fill_value=0.0, **hints)
+    row_slots = tuple(v.at[entries.rows].get(mode="fill", fill_value=0.0, **hints) for v in slots.values())
+    dims = jnp.maximum(row_dims.at[entries.rows].get(mode="fill", fill_value=1, **hints), 1)
+    new_rows, new_slots = rule_of(optimizer).update(rows, row_slots, grad, hypers, dims)
+    table = table.at[entries.rows].set(new_rows, mode="drop", **hints)
+    return table, {k: slots[k].at[entries.rows].set(new, mode="drop", **hints) for k, new in zip(slots, new_slots)}
+
+
 def step_hypers(optimizer, step: int) -> np.ndarray:
     """The hyperparameters of ``optimizer``'s update number ``step`` an update program takes as
-    inputs (its rule's ``program_inputs``, as the fused op takes them: the same program), computed
-    on the host in double, as float32."""
+    inputs (its rule's ``program_inputs``, as the fused op takes them), computed on the host in
+    double, as float32."""
     rule = rule_of(optimizer)
     values = rule.op_hypers(optimizer, step if rule.varies else None)
     return np.asarray([values[k] for k in rule.program_inputs], np.float32)
@@ -71,16 +110,6 @@ def program_hypers(optimizer, inputs: jax.Array) -> list[Any]:
     return values
 
 
-@dataclass(frozen=True)
-class PreparedLookup:
-    """A batch ready for the device: per stack, the backend's input arrays (host arrays: the
-    compiled programs take them as they are, cheaper than a transfer call per batch)."""
-
-    arrays: tuple[Any, ...]
-    stats: dict[str, StackStats]
-    key: tuple  # the arrays' shapes: which compiled programs serve this batch
-
-
 class XlaBackend(ReadsTablesAlone):
     """Stacked tables as JAX arrays in the physical (mod-sharded) layout."""
 
@@ -91,7 +120,7 @@ class XlaBackend(ReadsTablesAlone):
         super().__init__(plan)
         self.overflow = check_overflow_policy(overflow)
         self._layout = ActivationLayout(plan, plan.topology.num_sparsecores)
-        self._fitter = CsrFitter(plan)
+        self._rows = [self._layout.activation_rows(st) for st in plan.stacks]
         self._tables: dict[str, jax.Array] = {}
         self._slots: dict[str, dict[str, jax.Array]] = {}
         self._load_initial(weights, seed)
@@ -121,24 +150,19 @@ class XlaBackend(ReadsTablesAlone):
 
     def _host_inputs(self, inputs: Mapping[str, FeatureInput]) -> tuple[tuple[Any, ...], dict[str, StackStats]]:
         """Every stack's device input (in plan order) and its partition stats."""
-        batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
-        csr = self._fitter.cut(batch)
-        return tuple((*buffers, touched) for buffers, touched in zip(csr, self._fitter.touched(csr))), batch.stats
+        by_stack = preprocess_row_ordered(inputs, self.plan, overflow=self.overflow)
+        stacks = self.plan.stacks
+        return (tuple(stack_input(by_stack[st.name], st.vocab_size, rows) for st, rows in zip(stacks, self._rows)),
+                {st.name: by_stack[st.name].stats for st in stacks})
 
     def _stack_lookup(self, stack: StackedTable, table: jax.Array, device_input: Any) -> jax.Array:
-        *csr, touched = device_input
-        activations = csr_math.sparse_dense_matmul(*csr, table, stack.total_sample_count, touched=touched)
-        return self._layout.from_chunk_major(stack, activations)
+        entries, slots = device_input
+        return lookup_entries(table, entries, stack.total_sample_count) if slots is None else lookup_slots(table, slots)
 
     def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, varying, activation_grad,
                       device_input):
-        *csr, touched = device_input
-        new = csr_math.fused_update(rule_of(stack.optimizer).name, *csr, table, list(slots.values()),
-                                    self._layout.to_chunk_major(stack, activation_grad),
-                                    program_hypers(stack.optimizer, varying), touched=touched,
-                                    row_dims=row_dims if stack.optimizer.row_slots else None)
-        new = new if isinstance(new, tuple) else (new,)
-        return new[0], dict(zip(slots, new[1:]))
+        return update_entries(stack.optimizer, table, slots, row_dims, program_hypers(stack.optimizer, varying),
+                              activation_grad, device_input[0])
 
     # -- the two step programs --
 
@@ -146,8 +170,17 @@ class XlaBackend(ReadsTablesAlone):
         stacks = self.plan.stacks
         return self._layout.assemble([self._stack_lookup(st, t, x) for st, t, x in zip(stacks, tables, inputs)])
 
+    def _stack_grads(self, grad) -> list[Any]:
+        """Every stack's activation gradient as ``_stack_update`` takes it: a function of
+        activation rows, reading them from the output gradient itself where its rows are stack
+        rows (``row_view``: no per-feature slices), else from the disassembled gradients."""
+        if self._layout.row_view:
+            out_rows = grad.reshape(-1, self.plan.stacks[0].dim)
+            return [lambda rows, s=s: out_rows[self._layout.output_rows(s, rows)] for s in range(len(self.plan.stacks))]
+        return [lambda rows, g=g: g[rows] for g in self._layout.disassemble(grad)]
+
     def _update_program(self, tables, slots, row_dims, step, varying, grad, inputs):
-        activation_grads = self._layout.disassemble(grad)
+        activation_grads = self._stack_grads(grad)
         updated = [self._stack_update(st, *args) for st, *args in
                    zip(self.plan.stacks, tables, slots, row_dims, [step] * len(tables), varying, activation_grads,
                        inputs)]
@@ -225,9 +258,12 @@ class XlaBackend(ReadsTablesAlone):
     def stack_activations(self, stack: StackedTable, csr: StackCSR) -> jax.Array:
         """One stack's activations [chunks * samples_per_chunk, dim] (chunk-major) from its CSR
         buffers, read as the SparseCores read them."""
-        return jax.jit(csr_math.sparse_dense_matmul, static_argnums=5)(
-            csr.row_pointers, csr.embedding_ids, csr.sample_ids, csr.gains, self._tables[stack.name],
-            stack.total_sample_count)
+        phys, sample, gain = csr_entries(stack, csr, self.plan.topology.num_devices,
+                                         self.plan.topology.sparsecores_per_device)
+        by_row = np.argsort(phys, kind="stable")
+        entries = stack_entries(RowOrderedEntries(phys[by_row], sample[by_row], gain[by_row], csr.stats),
+                                stack.vocab_size)
+        return jax.jit(lookup_entries, static_argnums=2)(self._tables[stack.name], entries, stack.total_sample_count)
 
     def _table_tuple(self) -> tuple[jax.Array, ...]:
         return tuple(self._tables[st.name] for st in self.plan.stacks)

@@ -1,15 +1,15 @@
 // Compiled host preprocessing: the same outputs as sparsecore/preprocess.py, byte for byte.
 //
 // One call builds every stacked table of a batch. Work is split into one task per (stack, source
-// SparseCore); tasks run on a few threads with the GIL released and read the callers' arrays in
-// place.
+// SparseCore) and, for the row-ordered output, one per (stack, destination SparseCore); tasks run
+// on a few threads with the GIL released and read the callers' arrays in place.
 //
 // Per source SparseCore (chunk) k of a stack: every id of the chunk's samples becomes the element
 // (physical row << 32 | input position); a stable LSD radix sort by physical row (= destination
 // SparseCore, shard row) keeps input order inside a row, which is sample order, so equal
 // (row, sample) pairs are adjacent and their gains are summed in input order (float32 adds, as
 // jax-tpu-embedding's C++ and the numpy path). The partition limits are applied while merging;
-// the CSR buffers are written in that pass.
+// the CSR buffers (or the kept entries, for the row-ordered output) are written in that pass.
 //
 // Built with -ffp-contract=off: float32 rounding must follow the numpy reference exactly.
 
@@ -68,20 +68,37 @@ struct Feature {
   }
 };
 
+// The kept, merged entries of one chunk in (physical row, sample) order (row-ordered output only).
+struct ChunkEntries {
+  std::vector<uint32_t> phys;
+  std::vector<int32_t> sample;
+  std::vector<float> gain;
+  std::vector<int64_t> dest_start;  // [n + 1]
+};
+
 struct Stack {
   std::vector<Feature> features;
   int64_t n = 0, chunks = 0, shard_rows = 0, max_ids = 0, max_unique = 0, region = 0, width = 0;
+  int64_t samples_per_chunk = 0;
   int combiner = kSum;
+  bool row_ordered = false;
   // CSR outputs [chunks * width] and [chunks * region]
   int32_t* pointers = nullptr;
   int32_t* embedding_ids = nullptr;
   int32_t* sample_ids = nullptr;
   float* gains = nullptr;
+  // row-ordered outputs [capacity]
+  int64_t* out_phys = nullptr;
+  int64_t* out_sample = nullptr;
+  float* out_gain = nullptr;
+  int64_t capacity = 0;
   // stats [chunks * n], before dropping
   int64_t* counts = nullptr;
   int64_t* unique_counts = nullptr;
 
   std::vector<int64_t> dropped;  // per chunk: input ids dropped
+  std::vector<ChunkEntries> kept;
+  int64_t total_kept = 0;
   std::mutex error_mutex;
   std::string error;
 
@@ -255,10 +272,20 @@ void ProcessChunk(Stack& st, int64_t k, Scratch& s) {
   int64_t* unique_counts = st.unique_counts + k * n;
   std::fill(counts, counts + n, 0);
   std::fill(unique_counts, unique_counts + n, 0);
-  int32_t* pointers = st.pointers + k * st.width;
-  int32_t* ids_out = st.embedding_ids + k * st.region;
-  int32_t* samples_out = st.sample_ids + k * st.region;
-  float* gains_out = st.gains + k * st.region;
+  int32_t* pointers = st.row_ordered ? nullptr : st.pointers + k * st.width;
+  int32_t* ids_out = st.row_ordered ? nullptr : st.embedding_ids + k * st.region;
+  int32_t* samples_out = st.row_ordered ? nullptr : st.sample_ids + k * st.region;
+  float* gains_out = st.row_ordered ? nullptr : st.gains + k * st.region;
+  ChunkEntries* kept = st.row_ordered ? &st.kept[k] : nullptr;
+  if (kept) {
+    kept->phys.clear();
+    kept->sample.clear();
+    kept->gain.clear();
+    kept->phys.reserve(m);
+    kept->sample.reserve(m);
+    kept->gain.reserve(m);
+    kept->dest_start.assign(n + 1, 0);
+  }
   const float nan = std::numeric_limits<float>::quiet_NaN();
   auto pad = [&](int64_t from, int64_t to) {
     Fill(ids_out + from, to - from, kPaddingId);
@@ -274,13 +301,20 @@ void ProcessChunk(Stack& st, int64_t k, Scratch& s) {
     if (dest < 0) return;
     counts[dest] = rank;
     unique_counts[dest] = unique;
-    pointers[dest] = static_cast<int32_t>(start + kept_in);
-    const int64_t end = start + RoundUp(kept_in);
-    pad(start + kept_in, end);
-    start = end;
+    if (kept) {
+      kept->dest_start[dest + 1] = static_cast<int64_t>(kept->phys.size());
+    } else {
+      pointers[dest] = static_cast<int32_t>(start + kept_in);
+      const int64_t end = start + RoundUp(kept_in);
+      pad(start + kept_in, end);
+      start = end;
+    }
   };
   auto open_partition = [&](int64_t d) {  // partitions between `dest` and d stay empty
-    for (int64_t e = dest + 1; e < d; ++e) pointers[e] = static_cast<int32_t>(start);
+    for (int64_t e = dest + 1; e < d; ++e) {
+      if (kept) kept->dest_start[e + 1] = static_cast<int64_t>(kept->phys.size());
+      else pointers[e] = static_cast<int32_t>(start);
+    }
     dest = d;
     boundary = (d + 1) * st.shard_rows;
     rank = unique = kept_in = 0;
@@ -299,7 +333,8 @@ void ProcessChunk(Stack& st, int64_t k, Scratch& s) {
     }
     if (phys == prev_phys && sample == prev_sample) {  // same (row, sample): merge
       if (prev_kept) {
-        gains_out[start + kept_in - 1] += gain;
+        if (kept) kept->gain.back() += gain;
+        else gains_out[start + kept_in - 1] += gain;
       } else {
         ++dropped;
       }
@@ -316,17 +351,55 @@ void ProcessChunk(Stack& st, int64_t k, Scratch& s) {
       ++dropped;
       continue;
     }
-    const int64_t at = start + kept_in;
-    ids_out[at] = static_cast<int32_t>(static_cast<int64_t>(phys) - dest * st.shard_rows);
-    samples_out[at] = sample;
-    gains_out[at] = gain;
+    if (kept) {
+      kept->phys.push_back(static_cast<uint32_t>(phys));
+      kept->sample.push_back(sample);
+      kept->gain.push_back(gain);
+    } else {
+      const int64_t at = start + kept_in;
+      ids_out[at] = static_cast<int32_t>(static_cast<int64_t>(phys) - dest * st.shard_rows);
+      samples_out[at] = sample;
+      gains_out[at] = gain;
+    }
     ++kept_in;
   }
   close_partition();
   open_partition(n);
-  for (int64_t e = n; e < st.width; ++e) pointers[e] = static_cast<int32_t>(start);
-  pad(start, st.region);
+  if (!kept) {
+    for (int64_t e = n; e < st.width; ++e) pointers[e] = static_cast<int32_t>(start);
+    pad(start, st.region);
+  }
   st.dropped[k] = dropped;
+}
+
+// Row-ordered output of destination SparseCore d: the kept entries of every chunk for d, by
+// (physical row, chunk, sample); written at the offset of d in the dest-major output.
+void ProcessDest(Stack& st, int64_t d, int64_t out_offset, Scratch& s) {
+  int64_t m = 0;
+  for (const ChunkEntries& c : st.kept) m += c.dest_start[d + 1] - c.dest_start[d];
+  s.a.resize(m);
+  s.b.resize(m);
+  s.sample.resize(m);
+  s.gain.resize(m);
+  const uint64_t first_row = static_cast<uint64_t>(d * st.shard_rows);
+  int64_t pos = 0;
+  for (int64_t k = 0; k < st.chunks; ++k) {
+    const ChunkEntries& c = st.kept[k];
+    for (int64_t i = c.dest_start[d]; i < c.dest_start[d + 1]; ++i, ++pos) {
+      s.a[pos] = (static_cast<uint64_t>(c.phys[i]) - first_row) << 32 | static_cast<uint64_t>(pos);
+      s.sample[pos] = static_cast<int32_t>(k * st.samples_per_chunk + c.sample[i]);
+      s.gain[pos] = c.gain[i];
+    }
+  }
+  const uint64_t* sorted = st.chunks == 1 ? s.a.data()
+                                          : RadixSortHigh(s.a.data(), s.b.data(), m, BitWidth(st.shard_rows - 1));
+  for (int64_t i = 0; i < m; ++i) {
+    const uint64_t e = sorted[i];
+    const uint32_t p = static_cast<uint32_t>(e);
+    st.out_phys[out_offset + i] = static_cast<int64_t>((e >> 32) + first_row);
+    st.out_sample[out_offset + i] = s.sample[p];
+    st.out_gain[out_offset + i] = s.gain[p];
+  }
 }
 
 // First value of every chunk of a feature; checks lengths against the ids.
@@ -425,48 +498,66 @@ bool ParseFeature(PyObject* obj, Buffers& buffers, Feature* f) {
   return f->lengths && f->weights;
 }
 
-// stack = (features, (n, chunks, shard_rows, max_ids, max_unique, region, width, combiner),
-//          outputs); outputs = (row_pointers, embedding_ids, sample_ids, gains, counts, unique_counts).
+// stack = (features, (n, chunks, shard_rows, max_ids, max_unique, region, width, combiner,
+//          row_ordered), outputs); outputs = (row_pointers, embedding_ids, sample_ids, gains,
+//          counts, unique_counts) for CSR, (phys, sample, gain, counts, unique_counts) for row order.
 bool ParseStack(PyObject* obj, Buffers& buffers, Stack* st) {
   if (!CheckTuple(obj, 3, "stack")) return false;
   PyObject* features = PyTuple_GET_ITEM(obj, 0);
   PyObject* params = PyTuple_GET_ITEM(obj, 1);
   PyObject* outputs = PyTuple_GET_ITEM(obj, 2);
   if (!PyList_Check(features)) return PyErr_SetString(PyExc_TypeError, "features must be a list"), false;
-  int64_t combiner;
-  if (!CheckTuple(params, 8, "stack parameters") ||
+  int64_t combiner, row_ordered;
+  if (!CheckTuple(params, 9, "stack parameters") ||
       !Ints(params, 0, {&st->n, &st->chunks, &st->shard_rows, &st->max_ids, &st->max_unique, &st->region, &st->width,
-                     &combiner}))
+                     &combiner, &row_ordered}))
     return false;
   if (st->n < 1 || (st->n & (st->n - 1)) || st->chunks < 1 || st->shard_rows < 1 || st->width < st->n || combiner < kSum ||
       combiner > kSqrtn || st->shard_rows * st->n > (int64_t{1} << 32))
     return PyErr_SetString(PyExc_ValueError, "bad stack parameters"), false;
   st->combiner = static_cast<int>(combiner);
+  st->row_ordered = row_ordered != 0;
   st->features.resize(PyList_GET_SIZE(features));
+  int64_t total_samples = 0;
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(features); ++i) {
     Feature& f = st->features[i];
     if (!ParseFeature(PyList_GET_ITEM(features, i), buffers, &f)) return false;
     if (f.batch % st->chunks)
       return PyErr_SetString(PyExc_ValueError, "a batch size is not divisible by the chunks"), false;
+    total_samples += f.batch;
   }
+  st->samples_per_chunk = total_samples / st->chunks;
   const Py_ssize_t stats = st->chunks * st->n, region = st->chunks * st->region;
   auto get = [&](Py_ssize_t i, const char* what, const char* fmt, Py_ssize_t expected, Py_ssize_t* size = nullptr) {
     return buffers.Get(PyTuple_GET_ITEM(outputs, i), what, fmt, fmt[0] == 'f' || fmt[0] == 'i' ? 4 : 8, true,
                        expected, size);
   };
-  if (!CheckTuple(outputs, 6, "CSR outputs")) return false;
-  if (!(st->pointers = static_cast<int32_t*>(get(0, "row_pointers", "i", st->chunks * st->width))) ||
-      !(st->embedding_ids = static_cast<int32_t*>(get(1, "embedding_ids", "i", region))) ||
-      !(st->sample_ids = static_cast<int32_t*>(get(2, "sample_ids", "i", region))) ||
-      !(st->gains = static_cast<float*>(get(3, "gains", "f", region))) ||
-      !(st->counts = static_cast<int64_t*>(get(4, "counts", "lq", stats))) ||
-      !(st->unique_counts = static_cast<int64_t*>(get(5, "unique_counts", "lq", stats))))
+  Py_ssize_t first_stat;
+  if (st->row_ordered) {
+    if (!CheckTuple(outputs, 5, "row-ordered outputs")) return false;
+    if (!(st->out_phys = static_cast<int64_t*>(get(0, "phys", "lq", -1, &st->capacity))) ||
+        !(st->out_sample = static_cast<int64_t*>(get(1, "sample", "lq", st->capacity))) ||
+        !(st->out_gain = static_cast<float*>(get(2, "gain", "f", st->capacity))))
+      return false;
+    first_stat = 3;
+  } else {
+    if (!CheckTuple(outputs, 6, "CSR outputs")) return false;
+    if (!(st->pointers = static_cast<int32_t*>(get(0, "row_pointers", "i", st->chunks * st->width))) ||
+        !(st->embedding_ids = static_cast<int32_t*>(get(1, "embedding_ids", "i", region))) ||
+        !(st->sample_ids = static_cast<int32_t*>(get(2, "sample_ids", "i", region))) ||
+        !(st->gains = static_cast<float*>(get(3, "gains", "f", region))))
+      return false;
+    first_stat = 4;
+  }
+  if (!(st->counts = static_cast<int64_t*>(get(first_stat, "counts", "lq", stats))) ||
+      !(st->unique_counts = static_cast<int64_t*>(get(first_stat + 1, "unique_counts", "lq", stats))))
     return false;
   st->dropped.assign(st->chunks, 0);
+  if (st->row_ordered) st->kept.resize(st->chunks);
   return true;
 }
 
-// preprocess(stacks: list, threads: int) -> list of dropped ids per stack
+// preprocess(stacks: list, threads: int) -> list of (dropped ids, kept entries) per stack
 PyObject* Preprocess(PyObject*, PyObject* args) {
   PyObject* stacks_obj;
   int threads;
@@ -490,6 +581,21 @@ PyObject* Preprocess(PyObject*, PyObject* args) {
       for (int64_t k = 0; k < st.chunks; ++k) chunk_tasks.emplace_back(&st, k);
   ParallelFor(static_cast<int64_t>(chunk_tasks.size()), threads,
               [&](int64_t t, Scratch& s) { ProcessChunk(*chunk_tasks[t].first, chunk_tasks[t].second, s); });
+  std::vector<std::tuple<Stack*, int64_t, int64_t>> dest_tasks;
+  for (Stack& st : stacks) {
+    if (!st.row_ordered || !st.error.empty()) continue;
+    int64_t offset = 0;
+    for (int64_t d = 0; d < st.n; ++d) {
+      dest_tasks.emplace_back(&st, d, offset);
+      for (const ChunkEntries& c : st.kept) offset += c.dest_start[d + 1] - c.dest_start[d];
+    }
+    st.total_kept = offset;
+    if (offset > st.capacity) st.Fail("row-ordered output too small");
+  }
+  ParallelFor(static_cast<int64_t>(dest_tasks.size()), threads, [&](int64_t t, Scratch& s) {
+    Stack& st = *std::get<0>(dest_tasks[t]);
+    if (st.error.empty()) ProcessDest(st, std::get<1>(dest_tasks[t]), std::get<2>(dest_tasks[t]), s);
+  });
   Py_END_ALLOW_THREADS
   for (Stack& st : stacks) {
     if (!st.error.empty()) {
@@ -502,13 +608,56 @@ PyObject* Preprocess(PyObject*, PyObject* args) {
   for (Py_ssize_t i = 0; i < count; ++i) {
     int64_t dropped = 0;
     for (int64_t d : stacks[i].dropped) dropped += d;
-    PyList_SET_ITEM(result, i, PyLong_FromLongLong(static_cast<long long>(dropped)));
+    PyList_SET_ITEM(result, i, Py_BuildValue("(LL)", static_cast<long long>(dropped),
+                                             static_cast<long long>(stacks[i].total_kept)));
   }
   return result;
 }
 
+// fill_slots(sample, phys, gain, slots, slot_rows, slot_gains): slot k of activation row r gets
+// r's k-th entry in entry order (the xla backend's gather form of the forward); slot_rows and
+// slot_gains are [slots, rows] flattened, pre-filled with the empty slot's values.
+PyObject* FillSlots(PyObject*, PyObject* args) {
+  PyObject *sample_obj, *phys_obj, *gain_obj, *rows_obj, *gains_obj;
+  Py_ssize_t slots;
+  if (!PyArg_ParseTuple(args, "OOOnOO", &sample_obj, &phys_obj, &gain_obj, &slots, &rows_obj, &gains_obj))
+    return nullptr;
+  Buffers buffers;
+  Py_ssize_t entries = 0, cells = 0;
+  const int64_t* sample = nullptr;
+  const int64_t* phys = nullptr;
+  const float* gain = nullptr;
+  int32_t* slot_rows = nullptr;
+  float* slot_gains = nullptr;
+  if (!(sample = static_cast<const int64_t*>(buffers.Get(sample_obj, "sample", "lq", 8, false, -1, &entries))) ||
+      !(phys = static_cast<const int64_t*>(buffers.Get(phys_obj, "phys", "lq", 8, false, entries))) ||
+      !(gain = static_cast<const float*>(buffers.Get(gain_obj, "gain", "f", 4, false, entries))) ||
+      !(slot_rows = static_cast<int32_t*>(buffers.Get(rows_obj, "slot_rows", "i", 4, true, -1, &cells))) ||
+      !(slot_gains = static_cast<float*>(buffers.Get(gains_obj, "slot_gains", "f", 4, true, cells))))
+    return nullptr;
+  if (slots < 1 || cells % slots) return PyErr_SetString(PyExc_ValueError, "slot arrays must hold slots x rows"), nullptr;
+  const Py_ssize_t width = cells / slots;
+  bool outside = false;
+  Py_BEGIN_ALLOW_THREADS
+  std::vector<int32_t> used(width, 0);
+  for (Py_ssize_t i = 0; i < entries; ++i) {
+    const int64_t r = sample[i];
+    if (r < 0 || r >= width || used[r] >= slots) {
+      outside = true;
+      break;
+    }
+    const Py_ssize_t at = static_cast<Py_ssize_t>(used[r]++) * width + r;
+    slot_rows[at] = static_cast<int32_t>(phys[i]);
+    slot_gains[at] = gain[i];
+  }
+  Py_END_ALLOW_THREADS
+  if (outside) return PyErr_SetString(PyExc_ValueError, "an entry's sample is outside the rows or the slots"), nullptr;
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kMethods[] = {
-    {"preprocess", Preprocess, METH_VARARGS, "Build the CSR inputs of every stack."},
+    {"preprocess", Preprocess, METH_VARARGS, "Build the CSR (or row-ordered) inputs of every stack."},
+    {"fill_slots", FillSlots, METH_VARARGS, "Lay entries out as [slots, rows] by activation row."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -1,6 +1,6 @@
 """The compiled preprocessing vs the numpy reference and jax-tpu-embedding's C++, byte for byte,
 on random models given in any order (all combiners, weighted and not, drop and error policies,
-1 to 64 SparseCores)."""
+1 to 64 SparseCores, both output forms)."""
 
 import os
 import subprocess
@@ -14,7 +14,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from sparsecore import native
 from sparsecore.limits import PartitionOverflowError
-from sparsecore.preprocess import preprocess, preprocess_inputs
+from sparsecore.preprocess import preprocess, preprocess_inputs, preprocess_row_ordered
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
@@ -75,6 +75,16 @@ def _same_csr(theirs, ours):
         _same_stats(a.stats, b.stats)
 
 
+def _same_rows(theirs, ours):
+    assert theirs.keys() == ours.keys()
+    for name, a in theirs.items():
+        b = ours[name]
+        for field in ("phys", "sample", "gain"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), (name, field)
+        _same_stats(a.stats, b.stats)
+
+
 def _same_stats(a, b):
     for field in ("max_ids_per_partition", "max_unique_ids_per_partition", "required_buffer_size_per_sc"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
@@ -103,10 +113,12 @@ def test_compiled_equals_numpy_on_random_models(generation, chips):
         inputs = feature_inputs(kjt, plan.features, plan.tables)
         for overflow in ("drop", "error"):
             numpy_csr, compiled_csr = _both(preprocess_inputs, inputs, plan, overflow=overflow)
+            numpy_rows, compiled_rows = _both(preprocess_row_ordered, inputs, plan, overflow=overflow)
             if isinstance(numpy_csr, str):
-                assert overflow == "error" and numpy_csr == compiled_csr
+                assert overflow == "error" and numpy_csr == compiled_csr == numpy_rows == compiled_rows
                 continue
             _same_csr(numpy_csr, compiled_csr)
+            _same_rows(numpy_rows, compiled_rows)
             drops += sum(s.dropped_ids for s in compiled_csr.stats.values())
     assert drops > 0  # the drop policy was exercised
 
@@ -141,6 +153,8 @@ def test_int32_ids_and_threads_give_the_same_bytes():
     reference = preprocess_inputs(inputs, plan, engine="numpy")
     for threads in (1, 3, 16):
         _same_csr(reference, preprocess_inputs(inputs, plan, engine="compiled", threads=threads))
+        _same_rows(preprocess_row_ordered(inputs, plan, engine="numpy"),
+                   preprocess_row_ordered(inputs, plan, engine="compiled", threads=threads))
 
 
 def test_compiled_reads_the_kjt_in_place():
@@ -196,6 +210,29 @@ def test_without_a_compiler_auto_falls_back_to_numpy_with_a_warning(tmp_path):
     assert lines[2].startswith("unavailable: no C++ compiler")
 
 
+def test_compiled_slot_form_equals_numpy():
+    """The xla backend's gather form: slot k of row r = r's k-th entry, compiled as numpy."""
+    from sparsecore.backends.xla_inputs import fill_slots
+
+    rng = np.random.default_rng(3)
+    rows, entries = 50, 400
+    sample = rng.integers(0, rows, size=entries)
+    phys, gain = rng.integers(0, 10_000, size=entries), rng.standard_normal(entries).astype(np.float32)
+    counts = np.bincount(sample, minlength=rows)
+    out = {}
+    for engine in ("numpy", "compiled"):
+        slot_rows = np.full((int(counts.max()), rows), -1, dtype=np.int32)
+        slot_gains = np.zeros(slot_rows.shape, dtype=np.float32)
+        fill_slots(sample, phys, gain, counts, slot_rows, slot_gains, engine=engine)
+        out[engine] = slot_rows, slot_gains
+    np.testing.assert_array_equal(out["numpy"][0], out["compiled"][0])
+    np.testing.assert_array_equal(out["numpy"][1], out["compiled"][1])
+    r = int(sample[7])  # hand check: row r's entries in order
+    np.testing.assert_array_equal(out["compiled"][0][: counts[r], r], phys[sample == r])
+    with pytest.raises(ValueError, match="outside the rows or the slots"):
+        fill_slots(sample, phys, gain, counts, slot_rows[:1].copy(), slot_gains[:1].copy(), engine="compiled")
+
+
 def test_large_chunks_equal_numpy():
     """Thousands of ids per SparseCore over a 2^21-row stack: the multi-pass 12-bit radix sorts."""
     topology = SparseCoreTopology("v5p", 1)
@@ -208,6 +245,8 @@ def test_large_chunks_equal_numpy():
     inputs = feature_inputs(kjt, plan.features, plan.tables)
     assert max(s.vocab_size for s in plan.stacks) > 2**20 and kjt.values().numel() // 4 > 4096
     _same_csr(preprocess_inputs(inputs, plan, engine="numpy"), preprocess_inputs(inputs, plan, engine="compiled"))
+    _same_rows(preprocess_row_ordered(inputs, plan, engine="numpy"),
+               preprocess_row_ordered(inputs, plan, engine="compiled"))
 
 
 @pytest.mark.slow
