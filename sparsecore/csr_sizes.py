@@ -1,6 +1,6 @@
 """Each batch's CSR buffers cut to the sizes it needs, and its touched rows found on the host: what
-both engines of the one SparseCore core (the ``tpu::`` ops' ``ops`` backend and the ``xla``
-backend's step programs, :mod:`sparsecore.csr_math` in both) feed their programs.
+the ``ops`` backend feeds the ``tpu::`` SparseCore ops (:mod:`sparsecore.csr_math` off TPU), here
+below the backends so that any driver of that math cuts the buffers alike.
 
 Preprocessing lays a stack's buffers out for its configured ids-per-partition limit. A batch's
 largest partition usually needs far less: :func:`fit_csr` cuts the buffers to the power-of-two
