@@ -112,7 +112,7 @@ class TpuBackend(XlaBackend):
     def _stack_grads(self, grad) -> list[jax.Array]:
         return self._layout.disassemble(grad)
 
-    def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, varying, activation_grad,
+    def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, hyper_inputs, activation_grad,
                       device_input):
         return self._backward[stack.name](table, slots, step, self._layout.to_chunk_major(stack, activation_grad),
                                           *device_input)

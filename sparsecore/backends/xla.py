@@ -129,7 +129,7 @@ class XlaBackend(ReadsTablesAlone):
                                for st in plan.stacks)
         self._state_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
                                           (self._table_tuple(), self._slot_tuple(), self._row_dims))
-        self._varying_shapes = tuple(jax.ShapeDtypeStruct((len(rule_of(st.optimizer).program_inputs),), jnp.float32)
+        self._hyper_input_shapes = tuple(jax.ShapeDtypeStruct((len(rule_of(st.optimizer).program_inputs),), jnp.float32)
                                      for st in plan.stacks)
         self._lookup_jit = jax.jit(self._lookup_program)
         self._update_jit = jax.jit(self._update_program, donate_argnums=(0, 1))
@@ -159,9 +159,9 @@ class XlaBackend(ReadsTablesAlone):
         entries, slots = device_input
         return lookup_entries(table, entries, stack.total_sample_count) if slots is None else lookup_slots(table, slots)
 
-    def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, varying, activation_grad,
+    def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, hyper_inputs, activation_grad,
                       device_input):
-        return update_entries(stack.optimizer, table, slots, row_dims, program_hypers(stack.optimizer, varying),
+        return update_entries(stack.optimizer, table, slots, row_dims, program_hypers(stack.optimizer, hyper_inputs),
                               activation_grad, device_input[0])
 
     # -- the two step programs --
@@ -179,10 +179,10 @@ class XlaBackend(ReadsTablesAlone):
             return [lambda rows, s=s: out_rows[self._layout.output_rows(s, rows)] for s in range(len(self.plan.stacks))]
         return [lambda rows, g=g: g[rows] for g in self._layout.disassemble(grad)]
 
-    def _update_program(self, tables, slots, row_dims, step, varying, grad, inputs):
+    def _update_program(self, tables, slots, row_dims, step, hyper_inputs, grad, inputs):
         activation_grads = self._stack_grads(grad)
         updated = [self._stack_update(st, *args) for st, *args in
-                   zip(self.plan.stacks, tables, slots, row_dims, [step] * len(tables), varying, activation_grads,
+                   zip(self.plan.stacks, tables, slots, row_dims, [step] * len(tables), hyper_inputs, activation_grads,
                        inputs)]
         return tuple(t for t, _ in updated), tuple(s for _, s in updated)
 
@@ -210,7 +210,7 @@ class XlaBackend(ReadsTablesAlone):
                     self._programs[prepared.key] = (
                         self._lookup_jit.lower(tables, inputs).compile(),
                         self._update_jit.lower(tables, slots, row_dims, jax.ShapeDtypeStruct((), jnp.int32),
-                                               self._varying_shapes, grad, inputs).compile(),
+                                               self._hyper_input_shapes, grad, inputs).compile(),
                     )
             return self._programs[prepared.key]
 
@@ -230,8 +230,8 @@ class XlaBackend(ReadsTablesAlone):
         self.steps += 1
         if isinstance(grad, torch.Tensor):
             grad = jax.dlpack.from_dlpack(grad.detach().contiguous())  # no copy (64-byte aligned)
-        varying = tuple(step_hypers(st.optimizer, self.steps) for st in self.plan.stacks)
-        self._set_state(self._compiled(context)[1](*self._state(), self._row_dims, np.int32(self.steps), varying,
+        hyper_inputs = tuple(step_hypers(st.optimizer, self.steps) for st in self.plan.stacks)
+        self._set_state(self._compiled(context)[1](*self._state(), self._row_dims, np.int32(self.steps), hyper_inputs,
                                                   grad, context.arrays))
 
     def _state(self) -> tuple[tuple[jax.Array, ...], tuple[dict[str, jax.Array], ...]]:
