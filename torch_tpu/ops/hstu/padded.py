@@ -134,11 +134,19 @@ def _fwd(q, k, v, lengths, history, ts, pos_w, ts_w, block, alpha, inv_n, kernel
     return out, (q, k, v, lengths, history, ts, pos_w, ts_w)
 
 
-def _bwd(block, alpha, inv_n, kernel, residuals, dout):
-    q, k, v, lengths, history, ts, pos_w, ts_w = residuals
+def padded_attention_backward(q, k, v, lengths, history, ts, pos_w, ts_w, dout, block: int, alpha: float,
+                              inv_n: float, kernel: str) -> tuple[jax.Array, ...]:
+    """Gradients ``(dq, dk, dv, dpos_w, dts_w)`` of :func:`padded_attention` for the output gradient
+    ``dout``, in the inputs' dtypes (the custom VJP's backward, callable without a forward pass)."""
     grads = _PATHS[kernel][1](q, k, v, lengths, history, ts, pos_w, ts_w, dout,
                               {"block": block, "alpha": alpha, "inv_n": inv_n})
-    dq, dk, dv, dpos, dts = (g.astype(x.dtype) for g, x in zip(grads, (q, k, v, pos_w, ts_w)))
+    return tuple(g.astype(x.dtype) for g, x in zip(grads, (q, k, v, pos_w, ts_w)))
+
+
+def _bwd(block, alpha, inv_n, kernel, residuals, dout):
+    q, k, v, lengths, history, ts, pos_w, ts_w = residuals
+    dq, dk, dv, dpos, dts = padded_attention_backward(q, k, v, lengths, history, ts, pos_w, ts_w, dout, block,
+                                                      alpha, inv_n, kernel)
     return dq, dk, dv, None, None, None, dpos, dts
 
 
