@@ -1,11 +1,11 @@
 """HSTU attention over a padded batch ``[B, H, L, D]``, with a custom VJP, on two paths.
 
-* ``"xla"``: :mod:`.tiles`' per-sequence loops vmapped over sequences and heads: one XLA program
-  on every platform; its tile loops run to the batch's longest sequence, holding ``[B, H, block,
-  block]`` scores at a time.
-* ``"pallas"``: the same loops as a Pallas kernel, one program per (sequence, head), each stopping
-  at its own sequence's length (Mosaic on TPU, interpret mode elsewhere). The bias tables are
-  gathered in the kernel body; per-program bias gradients are summed outside.
+* ``"xla"``: :mod:`.tiles`' per-sequence loops (all heads at once) vmapped over sequences: one
+  XLA program on every platform; its tile loops run to the batch's longest sequence, holding
+  ``[B, H, block, block]`` scores at a time.
+* ``"pallas"``: the same loops as a Pallas kernel, one program per (sequence, head) (a one-head
+  block), each stopping at its own sequence's length (Mosaic on TPU, interpret mode elsewhere).
+  The bias tables are gathered in the kernel body; per-program bias gradients are summed outside.
 
 Both compute float32 scores; gradients come back in the inputs' dtypes.
 """
@@ -29,34 +29,28 @@ def _live_tiles(lengths: jax.Array, block: int) -> jax.Array:
     return (lengths + block - 1) // block
 
 
-def _vmapped(fn, *, per_sequence_live: bool):
-    """``fn`` over heads (q, k, v and any trailing per-head array) then over sequences."""
-    def over_heads(q, k, v, length, history, live, ts, pos_w, ts_w, *rest):
-        return jax.vmap(fn, in_axes=(0, 0, 0, None, None, None, None, None, None) + (0,) * len(rest))(
-            q, k, v, length, history, live, ts, pos_w, ts_w, *rest)
-
-    live_axis = 0 if per_sequence_live else None
-    return lambda *args: jax.vmap(over_heads, in_axes=(0, 0, 0, 0, 0, live_axis, 0, None, None)
-                                  + (0,) * (len(args) - 9))(*args)
+def _over_sequences(fn):
+    """``fn`` (one sequence, all heads) over the batch: q, k, v, lengths, history, ts and any
+    trailing per-sequence array batched; ``live`` and the bias tables shared."""
+    return lambda *args: jax.vmap(fn, in_axes=(0, 0, 0, 0, 0, None, 0, None, None) + (0,) * (len(args) - 9))(*args)
 
 
 def _xla_forward(q, k, v, lengths, history, ts, pos_w, ts_w, statics):
     live = _live_tiles(jnp.max(lengths, initial=0), statics["block"])
     fn = functools.partial(sequence_forward, **statics)
-    return _vmapped(fn, per_sequence_live=False)(q, k, v, lengths, history, live, ts, pos_w, ts_w)
+    return _over_sequences(fn)(q, k, v, lengths, history, live, ts, pos_w, ts_w)
 
 
 def _xla_backward(q, k, v, lengths, history, ts, pos_w, ts_w, dout, statics):
     live = _live_tiles(jnp.max(lengths, initial=0), statics["block"])
     fn = functools.partial(sequence_backward, **statics)
-    dq, dk, dv, dpos, dts = _vmapped(fn, per_sequence_live=False)(
-        q, k, v, lengths, history, live, ts, pos_w, ts_w, dout)
-    return dq, dk, dv, dpos.sum(axis=(0, 1)), dts.sum(axis=(0, 1))
+    dq, dk, dv, dpos, dts = _over_sequences(fn)(q, k, v, lengths, history, live, ts, pos_w, ts_w, dout)
+    return dq, dk, dv, dpos.sum(axis=0), dts.sum(axis=0)
 
 
 def _specs(q, v, ts, pos_w, ts_w):
     seq, dq, dv = q.shape[2], q.shape[3], v.shape[3]
-    head = lambda d: pl.BlockSpec((None, None, seq, d), lambda b, h: (b, h, 0, 0))  # noqa: E731
+    head = lambda d: pl.BlockSpec((None, 1, seq, d), lambda b, h: (b, h, 0, 0))  # noqa: E731
     return {
         "q": head(dq), "v": head(dv),
         "ts": pl.BlockSpec((None, seq), lambda b, h: (b, 0)),
