@@ -195,20 +195,25 @@ def split_touched(touched, entries: int):
 
 
 def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains, embedding_table, slots,
-                 activations_grad, hypers, devices: int = 1, device_index: int = 0, touched=None):
+                 activations_grad, hypers, devices: int = 1, device_index: int = 0, touched=None, grad_rows=None):
     """The fused backward + ``optimizer`` update (its rule's, ``sparsecore.optimizer_rules``, by
     name) on the rows the batch touches only: per touched row, g = the sum of gain * activation
     gradient over its entries (in buffer order, as :func:`table_grad` sums), then the rule's update
     of those rows and their slots, scattered back. The work is O(entries * dim), not O(table rows *
     dim) as a dense gradient; the touched rows equal the rule's update of :func:`table_grad`'s. ``touched``: the
     :func:`touched_rows` of the same buffers and table, computed ahead (else deduplicated here).
-    Returns the new table (and slots)."""
-    device_batch_size = activations_grad.shape[0]
+    ``grad_rows`` [device_batch_size]: the row of ``activations_grad`` (then any [R, dim], e.g. the
+    gradient of a whole layer's output whose rows interleave several stacks) that holds each
+    activation row's gradient; the update reads those rows alone, where permuting the gradient
+    into activation order first would copy all of it. Returns the new table (and slots)."""
+    device_batch_size = activations_grad.shape[0] if grad_rows is None else grad_rows.shape[0]
     stack_rows = embedding_table.shape[0]
     phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, stack_rows, device_batch_size, devices,
                                  device_index)
     entries = phys.shape[0]
     activations_grad = activations_grad.astype(jnp.float32)
+    if grad_rows is not None:  # padding's activation row (device_batch_size) stays out of range
+        rows = grad_rows.astype(jnp.int32).at[rows].get(mode="fill", fill_value=activations_grad.shape[0])
     dedup = _touched_rows(phys, stack_rows) if touched is None else split_touched(touched, entries)
     hints = {}
     if dedup is None:  # (row + 1) * entries needs 64-bit keys and x64 is off: jnp.unique's pair sort

@@ -14,6 +14,10 @@ the previous step runs). With it the XLA formulation neither sorts on the device
 twice (same results, bit for bit); on a TPU it is ignored. It must be computed from the buffers
 passed with it: eager calls check that (recomputing it on the host); inside compiled programs
 other values give undefined results.
+The fused ops also take an optional ``grad_rows`` [device_batch_size]: ``activations_grad`` is
+then any [R, dim] matrix and activation row r's gradient its row ``grad_rows[r]`` (e.g. a layer's
+output gradient whose rows interleave several stacks: the op gathers the rows it needs instead of
+the caller permuting the whole gradient first; same results, bit for bit). Not with DTensors.
 
 Inputs are checked (``torch_tpu.ops.sparsecore_checks``): a bad buffer raises one ValueError
 naming the argument, the value and its limit. Eager calls (CPU and tpu, every eager mode) check
@@ -64,7 +68,9 @@ _LIMITS = "int device_batch_size, int max_ids_per_partition, int max_unique_ids_
 # beyond TorchTPU's schemas: csr_math.touched_rows of the buffers computed ahead (off TPU the lowerings
 # then neither sort nor read a row twice; a SparseCore deduplicates in hardware and ignores it)
 _AHEAD = "Tensor? touched_rows=None"
-_NAME = f'str computation_name="", {_AHEAD}'
+# beyond them too, fused ops only: the row of activations_grad holding each activation row's gradient
+# (activations_grad may then be a whole layer's output gradient, which the op reads no permuted copy of)
+_NAME = f'str computation_name="", {_AHEAD}, Tensor? grad_rows=None'
 SCHEMAS = {
     "sparse_dense_matmul": f"({_CSR}, {_LIMITS}, {_AHEAD}) -> Tensor",
     "sparse_dense_matmul_grad": f"({_CSR}, Tensor activations_grad, {_LIMITS}) -> Tensor",
@@ -170,6 +176,8 @@ def check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
     ints = tuple(read(a[k]) for k in ("row_pointers", "embedding_ids", "sample_ids"))
     stack_rows, batch = a["embedding_table"].shape[0], a["device_batch_size"]
     checks.check_values(name, *ints, stack_rows, batch, a["max_ids_per_partition"], a.get("devices", 1))
+    if a.get("grad_rows") is not None:
+        checks.check_grad_rows(name, read(a["grad_rows"]), a["activations_grad"].shape[0])
     if a.get("touched_rows") is not None:
         checks.check_touched(name, read(a["touched_rows"]), (*ints, read(a["gains"])), stack_rows, batch,
                              a.get("devices", 1), a.get("device_index", 0))
@@ -203,12 +211,14 @@ def _fused(optimizer: str, prefix: str = ""):
             from sparsecore import csr_kernels
 
             limits = (a["device_batch_size"], a["max_ids_per_partition"], a["max_unique_ids_per_partition"])
+            if a["grad_rows"] is not None:
+                grad = grad[a["grad_rows"]]
             return csr_kernels.fused_update(optimizer, csr, table, table_slots, grad, hypers, *limits,
                                             a["computation_name"] or f"{optimizer}_optimizer_update")
         from sparsecore import csr_math
 
         return csr_math.fused_update(optimizer, *csr, table, table_slots, grad, hypers, *sharding,
-                                     touched=a["touched_rows"])
+                                     touched=a["touched_rows"], grad_rows=a["grad_rows"])
 
     return lowering
 

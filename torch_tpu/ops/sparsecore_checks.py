@@ -123,8 +123,15 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
         fail(f"device_batch_size {batch} must be a positive multiple of the {n} source SparseCores")
     if stack_rows % local:
         fail(f"embedding_table has {stack_rows} rows, not a multiple of its {local} partitions")
-    grad = a.get("activations_grad")
-    if grad is not None and (_kind(grad.dtype) != "float" or _shape(grad) != (batch, dim)):
+    grad, grad_rows = a.get("activations_grad"), a.get("grad_rows")
+    if grad_rows is not None:
+        if _kind(grad_rows.dtype) != "int" or _shape(grad_rows) != (batch,):
+            fail(f"grad_rows must be an integer [device_batch_size] = [{batch}] tensor, got dtype {grad_rows.dtype} "
+                 f"shape {list(_shape(grad_rows))}")
+        if grad is not None and (_kind(grad.dtype) != "float" or len(_shape(grad)) != 2 or _shape(grad)[1] != dim):
+            fail(f"activations_grad with grad_rows must be a floating [rows, dim = {dim}] tensor, got dtype "
+                 f"{grad.dtype} shape {list(_shape(grad))}")
+    elif grad is not None and (_kind(grad.dtype) != "float" or _shape(grad) != (batch, dim)):
         fail(f"activations_grad must be a floating [device_batch_size, dim] = [{batch}, {dim}] tensor, got dtype "
              f"{grad.dtype} shape {list(_shape(grad))}")
     optimizer = name.rpartition("_with_")[2]
@@ -186,6 +193,16 @@ def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray,
             k, p = divmod(int(np.searchsorted(np.cumsum(counts), bad[0], side="right")), n)
             raise ValueError(f"{op}: {key}[{i}] = {int(values[i])} (partition {p} of source SparseCore {k}) is "
                              f"outside [0, {limit}), {what}; {bad.size} entries out of range")
+
+
+def check_grad_rows(name: str, grad_rows: np.ndarray, grad_rows_available: int) -> None:
+    """Raise ValueError unless every ``grad_rows`` value is a row of ``activations_grad`` (which has
+    ``grad_rows_available`` rows)."""
+    bad = np.flatnonzero((grad_rows < 0) | (grad_rows >= grad_rows_available))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{public_name(name)}: grad_rows[{i}] = {int(grad_rows[i])} is outside [0, "
+                         f"{grad_rows_available}), the rows of activations_grad; {bad.size} out of range")
 
 
 def check_touched(name: str, touched: np.ndarray, csr: tuple[np.ndarray, ...], stack_rows: int,

@@ -138,8 +138,10 @@ class StackedState(nn.Module):
             self._stack_rows = sizes
             if fixed_layout or not np.array_equal(source, np.arange(source.size)):
                 self.register_buffer("rows", torch.from_numpy(source).to(DEVICE), persistent=False)
-                self.register_buffer("rows_inverse", torch.from_numpy(np.argsort(source)).to(DEVICE),
-                                     persistent=False)
+                # the output row of each stack's activation rows: its fused op reads its gradient
+                # rows from the output's (no permuted copy of the whole gradient)
+                for i, part in enumerate(np.split(np.argsort(source), np.cumsum(sizes)[:-1])):
+                    self.register_buffer(f"grad_rows_{i}", torch.from_numpy(part).to(DEVICE), persistent=False)
         elif self.uniform:
             # the stacks' [b, F * dim] blocks side by side; plan feature f is columns
             # offset(stack) + j * stack dim + [0, dim) of them
@@ -215,11 +217,14 @@ class StackedState(nn.Module):
 
     def _activation_grads(self, grad: torch.Tensor | Sequence[torch.Tensor],
                           b: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-        """Every stack's chunk-major activation gradient from the gradient of :meth:`activations`."""
+        """Every stack's chunk-major activation gradient from the gradient of :meth:`activations`
+        (where buffer ``grad_rows_<i>`` exists, the output's gradient rows, which the fused op reads
+        at those rows)."""
         stacks = self.plan.stacks
         if self._row_view:
             rows = grad.reshape(-1, stacks[0].dim)
-            rows = rows.index_select(0, b["rows_inverse"]) if "rows_inverse" in b else rows
+            if "rows" in b:  # the whole output gradient, read at each stack's grad_rows
+                return [rows] * len(stacks)
             return list(rows.split(self._stack_rows)) if len(stacks) > 1 else [rows]
         if self.uniform:
             if self._columns == "permutation":
@@ -269,7 +274,8 @@ class StackedState(nn.Module):
                                                       self.step_tensors(b))):
             limits = (st.total_sample_count, *csr_limits(st, self.chunks, csr[4 * i + 1]))
             args = (*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b), *limits)
-            calls.append((rule_of(st.optimizer).op_name, args, {"touched_rows": touched[i] if touched else None}))
+            calls.append((rule_of(st.optimizer).op_name, args, {"touched_rows": touched[i] if touched else None,
+                                                                 "grad_rows": b.get(f"grad_rows_{i}")}))
         return calls
 
     def _hypers(self, i: int, stack: StackedTable, step: int | None, b: Mapping[str, torch.Tensor]) -> list[Any]:

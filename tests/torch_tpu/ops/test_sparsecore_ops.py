@@ -30,10 +30,10 @@ def test_schemas_are_torchtpus() -> None:
     adam = torch.ops.tpu.sparse_dense_matmul_grad_with_adam.default._schema
     assert [a.name for a in adam.arguments][5:] == [
         "momentum", "velocity", "activations_grad", "alpha_t", "beta_1", "beta_2", "epsilon", "device_batch_size",
-        "max_ids_per_partition", "max_unique_ids_per_partition", "computation_name", "touched_rows"]
+        "max_ids_per_partition", "max_unique_ids_per_partition", "computation_name", "touched_rows", "grad_rows"]
     assert len(adam.returns) == 3
-    extra = adam.arguments[-1]  # ours, optional: every TorchTPU call binds the same way
-    assert extra.has_default_value() and extra.default_value is None
+    for extra in adam.arguments[-2:]:  # ours, optional: every TorchTPU call binds the same way
+        assert extra.has_default_value() and extra.default_value is None
 
 
 def test_lookup_on_cpu_equals_embedding_bag_and_the_xla_backend(case: Case) -> None:
@@ -283,6 +283,35 @@ def test_touched_rows_computed_ahead_give_the_same_bits(case: Case, device: str)
         torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0)
     with pytest.raises(ValueError, match="touched_rows must be"):
         torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*args, touched_rows=touched[:2 * entries].to(device))
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_grad_rows_read_the_gradient_where_it_lies(case: Case, device: str) -> None:
+    """``grad_rows``: the fused op reads activation row r's gradient from row grad_rows[r] of a larger
+    matrix (rows interleaved with other rows), with the bits of the call on the gathered gradient;
+    a row outside that matrix is refused."""
+    rng = np.random.default_rng(3)
+    grad_rows = torch.from_numpy(rng.permutation(3 * BATCH)[:BATCH].astype(np.int32))
+    whole = torch.from_numpy(rng.normal(size=(3 * BATCH, DIM)).astype(np.float32))
+    whole[grad_rows.long()] = case.grad
+    csr, table = case.on(device), case.table.to(device)
+    acc = case.stacked(torch.full((VOCAB, DIM), 0.1), fill=0.1)
+    hypers = (torch.tensor(0.1).to(device), torch.tensor(1e-6).to(device), *case.limits)
+    plain = torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*csr, table, acc.to(device), case.grad.to(device),
+                                                                *hypers)
+    read = torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*csr, table, acc.to(device), whole.to(device), *hypers,
+                                                               grad_rows=grad_rows.to(device))
+    for a, b in zip(plain, read):
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0)
+    assert not torch.equal(plain[0].cpu(), table.cpu())  # (the update moved rows)
+    bad = grad_rows.clone()
+    bad[5] = 3 * BATCH
+    with pytest.raises(ValueError, match=rf"grad_rows\[5\] = {3 * BATCH} is outside \[0, {3 * BATCH}\)"):
+        torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*csr, table, acc.to(device), whole.to(device), *hypers,
+                                                            grad_rows=bad.to(device))
+    with pytest.raises(ValueError, match=r"grad_rows must be an integer \[device_batch_size\]"):
+        torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*csr, table, acc.to(device), whole.to(device), *hypers,
+                                                            grad_rows=grad_rows[1:].to(device))
 
 
 def test_compile_cache_key_covers_the_ops_math() -> None:
