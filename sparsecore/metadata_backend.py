@@ -99,8 +99,8 @@ def _feature_input(feature: FeaturePlacement, table_rows: int, indices: torch.Te
                              f"{getattr(t, 'dtype', type(t).__name__)} of shape {tuple(getattr(t, 'shape', ()))}")
     where = f"feature {feature.feature!r}"
     offs = offsets.cpu().numpy().astype(np.int64)
-    if offs.size != feature.batch_size + 1:
-        raise ValueError(f"{where}: offsets for {offs.size - 1} samples, expected {feature.batch_size} (batch_size)")
+    if offs.size != feature.samples + 1:
+        raise ValueError(f"{where}: offsets for {offs.size - 1} samples, expected {feature.samples} (batch_size)")
     if offs[0] != 0:
         raise ValueError(f"{where}: offsets must start at 0, got {offs[0]}")
     lengths = np.diff(offs)

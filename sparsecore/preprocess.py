@@ -263,11 +263,11 @@ def _sample_layout(stack: StackedTable, chunks: int) -> tuple[np.ndarray, ...]:
 def _compute_sample_layout(stack: StackedTable, chunks: int) -> tuple[np.ndarray, ...]:
     parts = []
     for fp in stack.features:
-        per_chunk = fp.batch_size // chunks
-        i = np.arange(fp.batch_size, dtype=np.int64)
+        per_chunk = fp.samples // chunks
+        i = np.arange(fp.samples, dtype=np.int64)
         parts.append((i // per_chunk, i % per_chunk + fp.sample_offset // chunks,
-                      np.full(fp.batch_size, fp.col_offset, dtype=np.int64),
-                      np.full(fp.batch_size, fp.col_shift, dtype=np.int64)))
+                      np.full(fp.samples, fp.col_offset, dtype=np.int64),
+                      np.full(fp.samples, fp.col_shift, dtype=np.int64)))
     return tuple(np.concatenate([p[k] for p in parts]) for k in range(4))
 
 

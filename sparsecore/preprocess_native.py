@@ -70,7 +70,7 @@ def feature_buffers(stack: StackedTable, inputs: Mapping[str, FeatureInput], chu
     for fp in sorted(stack.features, key=lambda fp: fp.sample_offset):
         x = inputs[fp.feature]
         out.append((_array(x.ids, (np.int64, np.int32)), _array(x.lengths, (np.int64, np.int32)),
-                    _array(x.weights, (np.float32,)), fp.batch_size, fp.sample_offset // chunks, fp.col_offset,
+                    _array(x.weights, (np.float32,)), fp.samples, fp.sample_offset // chunks, fp.col_offset,
                     fp.col_shift))
     return out
 

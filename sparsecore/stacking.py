@@ -50,11 +50,12 @@ class TablePlacement:
 
 @dataclass(frozen=True)
 class FeaturePlacement:
-    """How a feature's ids and samples map into its stack (jax-tpu-embedding's id transformation)."""
+    """How a feature's ids and samples map into its stack (jax-tpu-embedding's id transformation):
+    its ``samples`` rows of the stack's concatenated batch start at ``sample_offset``."""
 
     feature: str
     table: str
-    batch_size: int
+    samples: int  # the feature's batch in this plan (FeatureSpec.batch_size)
     sample_offset: int  # first row of this feature in the stack's concatenated batch
     col_offset: int  # row_offset_in_shard * N
     col_shift: int  # the table's shard rotation
@@ -84,7 +85,7 @@ class StackedTable:
 
     @property
     def total_sample_count(self) -> int:
-        return sum(f.batch_size for f in self.features)
+        return sum(f.samples for f in self.features)
 
     def table(self, name: str) -> TablePlacement:
         for placement in self.tables:
@@ -158,7 +159,7 @@ class StackingPlan:
             return samples * local_devices // total
 
         stacks = tuple(replace(s, features=tuple(
-            replace(fp, batch_size=share(fp.batch_size), sample_offset=share(fp.sample_offset))
+            replace(fp, samples=share(fp.samples), sample_offset=share(fp.sample_offset))
             for fp in s.features)) for s in self.stacks)
         features = tuple(replace(f, batch_size=share(f.batch_size)) for f in self.features)
         return replace(self, topology=local, features=features, stacks=stacks)

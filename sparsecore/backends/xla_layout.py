@@ -49,7 +49,7 @@ class ActivationLayout:
         s = stack.total_sample_count
         if not self.uniform:
             return np.arange(s)
-        f, per_chunk = len(stack.features), stack.features[0].batch_size // self.chunks
+        f, per_chunk = len(stack.features), stack.features[0].samples // self.chunks
         r = np.arange(s)
         within = r % (s // self.chunks)
         return ((r // (s // self.chunks)) * per_chunk + within % per_chunk) * f + within // per_chunk
@@ -92,7 +92,7 @@ class ActivationLayout:
         """A stack's chunk-major activations in this layout."""
         if not self.uniform:
             return activations
-        f, b = len(stack.features), stack.features[0].batch_size
+        f, b = len(stack.features), stack.features[0].samples
         blocks = activations.reshape(self.chunks, f, b // self.chunks, stack.dim)
         return blocks.transpose(0, 2, 1, 3).reshape(b * f, stack.dim)
 
@@ -100,7 +100,7 @@ class ActivationLayout:
         """Inverse of ``from_chunk_major``."""
         if not self.uniform:
             return activations
-        f, b = len(stack.features), stack.features[0].batch_size
+        f, b = len(stack.features), stack.features[0].samples
         blocks = activations.reshape(self.chunks, b // self.chunks, f, stack.dim)
         return blocks.transpose(0, 2, 1, 3).reshape(b * f, stack.dim)
 
@@ -109,6 +109,6 @@ def _chunk_major_rows(stack: StackedTable, chunks: int, j: int) -> np.ndarray:
     """Chunk-major activation row of each sample of the stack's j-th feature."""
     fp = stack.features[j]
     samples_per_chunk = stack.total_sample_count // chunks
-    per_chunk = fp.batch_size // chunks
-    i = np.arange(fp.batch_size)
+    per_chunk = fp.samples // chunks
+    i = np.arange(fp.samples)
     return (i // per_chunk) * samples_per_chunk + fp.sample_offset // chunks + i % per_chunk

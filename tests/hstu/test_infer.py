@@ -1,11 +1,14 @@
 """``torchrec-tpu infer`` on an HSTU checkpoint: a row per candidate with its score per task, equal to
 the trained model's scores computed by hand from the checkpoint's files, and an offline AUC equal to
-the one ``train`` printed for the same window."""
+the one ``train`` printed for the same window, whether one rank or two wrote the checkpoint; the
+checkpoints of one rank in the layout before DCP still load."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,42 +19,72 @@ import torch
 
 from pipelines.sequences import synthetic_events, window_path, write_sequences
 from pipelines.sequences.reader import SequenceReader
+from tests.hstu.checkpoints import saved_state
 from torchrec_tpu.cli import main
 from torchrec_tpu.hstu import HSTU, HSTUConfig
 
 
-def _trained(tmp_path: Path, capsys: pytest.CaptureFixture) -> tuple[Path, Path, float]:
+def _dataset(tmp_path: Path) -> Path:
     data = tmp_path / "seq"
     write_sequences(synthetic_events(users=80, items=30, events_per_user=10, seed=4), data, windows=2,
                     max_history=8, candidates=2)
-    assert main(["train", "--model", "hstu", "--data", str(data), "--batch-size", "16", "--max-steps", "4",
-                 "--dense-device", "cpu", "--log-dir", str(tmp_path / "tb"), "--checkpoint-dir",
-                 str(tmp_path / "ckpt"), "--no-progress"]) == 0
-    auc = float(re.search(r"AUC \(window T\+1, \d+ candidates\): positive (0\.\d{4})", capsys.readouterr().out)[1])
-    return data, tmp_path / "ckpt", auc
+    return data
 
 
-def _scores_by_hand(checkpoint: Path, window: Path) -> np.ndarray:
-    meta = json.loads((checkpoint / "meta.json").read_text())
+TRAIN = ["train", "--model", "hstu", "--batch-size", "16", "--max-steps", "4", "--dense-device", "cpu",
+         "--no-progress"]
+
+
+def _train_auc(out: str) -> float:
+    return float(re.search(r"AUC \(window T\+1, \d+ candidates\): positive (0\.\d{4})", out)[1])
+
+
+def _trained(tmp_path: Path, capsys: pytest.CaptureFixture) -> tuple[Path, Path, float]:
+    data = _dataset(tmp_path)
+    assert main([*TRAIN, "--data", str(data), "--log-dir", str(tmp_path / "tb"), "--checkpoint-dir",
+                 str(tmp_path / "ckpt")]) == 0
+    return data, tmp_path / "ckpt", _train_auc(capsys.readouterr().out)
+
+
+def _trained_on_two_ranks(tmp_path: Path) -> tuple[Path, Path, float]:
+    data = _dataset(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+                           "torchrec_tpu.cli", *TRAIN, "--data", str(data), "--log-dir", str(tmp_path / "tb"),
+                           "--checkpoint-dir", str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return data, tmp_path / "ckpt", _train_auc(done.stdout)
+
+
+def _scores_by_hand(root: Path, window: Path, scratch: Path) -> np.ndarray:
+    """The checkpoint's model, its tables unsharded by stock DCP, scoring ``window`` in one pass."""
+    state, meta = saved_state(root, scratch)
     model = HSTU(HSTUConfig.from_dict(meta["hstu"]))
-    state = {**torch.load(checkpoint / "dense-rank-000.pt", weights_only=False)["model"],
-             **torch.load(checkpoint / "tables-rank-000.pt", weights_only=False)}
-    model.load_state_dict({k: v for k, v in state.items() if k in model.state_dict()})
+    model.load_state_dict({k: v for k, v in state["model"].items() if k in model.state_dict()})
     reader = SequenceReader(window, 1000, max_history=100)
     with torch.no_grad():
         return np.concatenate([torch.sigmoid(model.eval()(b.features)).numpy() for b in reader])
+
+
+def _infer(data: Path, root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> tuple[pa.Table, str]:
+    """``infer``'s rows (by row and candidate) of window T + 1 with the checkpoint root ``root``, and its stdout."""
+    assert main(["infer", "--data", str(window_path(data, 1)), "--checkpoint", str(root), "--output",
+                 str(tmp_path / "out"), "--key-columns", "user", "--num-cpus", "1", "--no-progress"]) == 0
+    parts = sorted((tmp_path / "out").glob("part-*.parquet"))
+    got = pa.concat_tables([pq.read_table(p) for p in parts]).sort_by([("row_id", "ascending"),
+                                                                          ("candidate", "ascending")])
+    return got, capsys.readouterr().out
+
+
+def _infer_auc(out: str, rows: int) -> float:
+    return float(re.search(r"AUC +(0\.\d{4}) \(offline: prediction_positive against label_positive, "
+                           rf"{rows:,} rows", out)[1])
 
 
 @pytest.mark.slow
 def test_infer_scores_every_candidate_and_reports_trains_auc(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     data, root, train_auc = _trained(tmp_path, capsys)
     window = window_path(data, 1)
-    assert main(["infer", "--data", str(window), "--checkpoint", str(root), "--output", str(tmp_path / "out"),
-                 "--key-columns", "user", "--num-cpus", "1", "--no-progress"]) == 0
-    out = capsys.readouterr().out
-    parts = sorted((tmp_path / "out").glob("part-*.parquet"))
-    got = pa.concat_tables([pq.read_table(p) for p in parts]).sort_by([("row_id", "ascending"),
-                                                                          ("candidate", "ascending")])
+    got, out = _infer(data, root, tmp_path, capsys)
     assert got.column_names == ["user", "row_id", "candidate", "candidate_item", "label_positive",
                                 "prediction_positive"]
     source = pq.read_table(window)
@@ -60,20 +93,53 @@ def test_infer_scores_every_candidate_and_reports_trains_auc(tmp_path: Path, cap
                                                         for i in row]
     users = source.column("user").to_numpy()
     assert (got.column("user").to_numpy() == users[got.column("row_id").to_numpy()]).all()
-    (saved,) = root.glob("step-*")
-    np.testing.assert_allclose(got.column("prediction_positive").to_numpy(), _scores_by_hand(saved, window)[:, 0],
+    np.testing.assert_allclose(got.column("prediction_positive").to_numpy(),
+                               _scores_by_hand(root, window, tmp_path / "read")[:, 0], rtol=1e-5, atol=1e-6)
+    assert _infer_auc(out, got.num_rows) == pytest.approx(train_auc, abs=1.5e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_infer_reads_a_checkpoint_of_two_ranks(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Each rank wrote its own row shards of the tables: infer loads them whole, scores as the
+    checkpoint's model does, and its offline AUC is the one the two ranks' evaluation printed."""
+    data, root, train_auc = _trained_on_two_ranks(tmp_path)
+    got, out = _infer(data, root, tmp_path, capsys)
+    np.testing.assert_allclose(got.column("prediction_positive").to_numpy(),
+                               _scores_by_hand(root, window_path(data, 1), tmp_path / "read")[:, 0],
                                rtol=1e-5, atol=1e-6)
-    infer_auc = float(re.search(r"AUC +(0\.\d{4}) \(offline: prediction_positive against label_positive, "
-                                rf"{got.num_rows:,} rows", out)[1])
-    assert infer_auc == pytest.approx(train_auc, abs=1.5e-4)
+    assert _infer_auc(out, got.num_rows) == pytest.approx(train_auc, abs=1.5e-4)
 
 
-def test_a_checkpoint_of_two_ranks_is_refused_by_name(tmp_path: Path) -> None:
+def _legacy_checkpoint(directory: Path, model: HSTU, world_size: int) -> None:
+    """The layout ``train --model hstu`` wrote before its checkpoints went through DCP: per rank a
+    dense file (the stack, heads and Adam) and a tables file, then meta.json."""
+    directory.mkdir(parents=True)
+    state = model.state_dict()
+    dense = {k: v for k, v in state.items() if not k.startswith("embeddings.")}
+    torch.save({"model": dense, "adam": {}, "step": 3, "epoch": 0, "batch": 3}, directory / "dense-rank-000.pt")
+    torch.save({k: v for k, v in state.items() if k not in dense}, directory / "tables-rank-000.pt")
+    (directory / "meta.json").write_text(json.dumps({"world_size": world_size, "step": 3, "epoch": 0, "batch": 3,
+                                                     "hstu": model.config.to_dict()}))
+
+
+def test_a_legacy_checkpoint_of_one_rank_still_loads(tmp_path: Path) -> None:
     from torchrec_tpu.hstu.inference import load_hstu_inference
 
-    saved = tmp_path / "step-00000003"
-    saved.mkdir()
-    (saved / "meta.json").write_text(json.dumps({"world_size": 2, "step": 3, "hstu": {"item_rows": 5,
-                                                                                          "action_rows": 2}}))
-    with pytest.raises(ValueError, match="written by 2 ranks.*loads the checkpoints of one-rank runs"):
+    torch.manual_seed(0)
+    trained = HSTU(HSTUConfig(item_rows=20, action_rows=3))
+    _legacy_checkpoint(tmp_path / "step-00000003", trained, world_size=1)
+    loaded = load_hstu_inference(tmp_path)
+    assert loaded.step == 3
+    expected = trained.state_dict()
+    for key, value in loaded.model.state_dict().items():
+        torch.testing.assert_close(value, expected[key], rtol=0, atol=0, msg=key)
+
+
+def test_a_legacy_checkpoint_of_two_ranks_is_refused_by_name(tmp_path: Path) -> None:
+    from torchrec_tpu.hstu.inference import load_hstu_inference
+
+    _legacy_checkpoint(tmp_path / "step-00000003", HSTU(HSTUConfig(item_rows=20, action_rows=3)), world_size=2)
+    with pytest.raises(ValueError, match="written by 2 ranks in the legacy layout.*only the legacy checkpoints of "
+                                         "one-rank runs load"):
         load_hstu_inference(tmp_path)

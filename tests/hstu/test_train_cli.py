@@ -1,5 +1,6 @@
 """``torchrec-tpu train --model hstu``: a run on a small sequence dataset prints the AUC line,
-writes TensorBoard events and a checkpoint, resumes from it; DLRM-only flags are refused by name;
+writes TensorBoard events and a checkpoint, resumes from it to where an uninterrupted run ends,
+on one rank and on two; DLRM-only flags are refused by name;
 the default run learns (slow)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.sequences import synthetic_events, write_sequences
+from tests.hstu.checkpoints import saved_state
 from torchrec_tpu.cli import main
 from torchrec_tpu.hstu.train import check_options
 from torchrec_tpu.train.config import ConfigError, TrainConfig
@@ -42,26 +44,32 @@ def test_train_prints_auc_writes_tensorboard_and_checkpoint_then_resumes(tmp_pat
     out = capsys.readouterr().out
     assert re.search(r"HSTU: 3 steps in \d+ s\n  AUC \(window T\+1, \d+ candidates\): positive 0\.\d{4}", out), out
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
-    saved = tmp_path / "ckpt" / "step-00000003"
-    assert {p.name for p in saved.iterdir()} == {"meta.json", "dense-rank-000.pt", "tables-rank-000.pt"}
+    state, meta = saved_state(tmp_path / "ckpt", tmp_path / "read")
+    assert (meta["step"], meta["world_size"], meta["hstu"]["tasks"]) == (3, 1, ["positive"])
+    assert "embeddings.embeddings.item.weight" in state["model"] and state["optimizer"]["state"]  # tables, Adam
     assert _train(tmp_path, data, "--max-steps", "5", "--resume", str(tmp_path / "ckpt")) == 0
     assert "HSTU: 5 steps" in capsys.readouterr().out  # 2 more steps after the 3 resumed
 
 
-@pytest.mark.slow
-def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
+def _assert_same_end(straight: Path, split: Path, scratch: Path) -> None:
+    """The final checkpoints of ``straight`` and ``split`` (run roots) hold the same position and,
+    bit for bit, the same tables, optimizer slots, STU stack, heads and Adam moments."""
     import torch
 
+    (a, a_meta), (b, b_meta) = (saved_state(d / "ckpt", scratch / d.name) for d in (straight, split))
+    assert (a_meta["step"], a_meta["epoch"], a_meta["batch"]) == (b_meta["step"], b_meta["epoch"], b_meta["batch"])
+    assert set(a["model"]) == set(b["model"]) and a["optimizer"]["state"]
+    torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     data = _dataset(tmp_path)
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert _train(straight, data, "--max-steps", "4") == 0
     assert _train(split, data, "--max-steps", "2") == 0
     assert _train(split, data, "--max-steps", "4", "--resume", str(split / "ckpt")) == 0
-    a, b = (torch.load(d / "ckpt" / "step-00000004" / "dense-rank-000.pt", weights_only=False)
-            for d in (straight, split))
-    assert (a["epoch"], a["batch"]) == (b["epoch"], b["batch"])
-    for key, value in a["model"].items():
-        torch.testing.assert_close(b["model"][key], value, rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
+    _assert_same_end(straight, split, tmp_path / "read")
 
 
 @pytest.mark.slow
@@ -86,23 +94,28 @@ def test_the_default_run_learns(tmp_path, capsys):
     assert auc > 0.6, auc
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_two_ranks_train_one_model(tmp_path):
+def _train_two_ranks(run: Path, data: Path, *extra: str) -> str:
+    """stdout of ``train --model hstu`` on two torchrun ranks, checkpointing under ``run/ckpt``."""
     import subprocess
     import sys
 
-    import torch
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+                           "torchrec_tpu.cli", "train", "--model", "hstu", "--data", str(data), "--batch-size", "32",
+                           "--dense-device", "cpu", "--log-dir", str(run / "tb"), "--checkpoint-dir", str(run / "ckpt"),
+                           "--no-progress", *extra], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_ranks_train_and_resume_exactly(tmp_path):
     data = _dataset(tmp_path)
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
-                          "torchrec_tpu.cli", "train", "--model", "hstu", "--data", str(data), "--batch-size", "32",
-                          "--max-steps", "3", "--dense-device", "cpu", "--log-dir", str(tmp_path / "tb"),
-                          "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress"],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert re.search(r"HSTU: 3 steps .*\n  AUC \(window T\+1, \d+ candidates\)", run.stdout), run.stdout
-    saved = tmp_path / "ckpt" / "step-00000003"
-    ranks = [torch.load(saved / f"dense-rank-00{r}.pt", weights_only=False)["model"] for r in range(2)]
-    dense = [k for k in ranks[0] if k.startswith(("stack.", "heads."))]
-    assert dense and all(torch.equal(ranks[0][k], ranks[1][k]) for k in dense)  # gradients averaged over ranks
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    out = _train_two_ranks(straight, data, "--max-steps", "4")
+    assert re.search(r"HSTU: 4 steps .*\n  AUC \(window T\+1, \d+ candidates\)", out), out
+    state, meta = saved_state(straight / "ckpt", tmp_path / "read")
+    assert meta["world_size"] == 2
+    _train_two_ranks(split, data, "--max-steps", "2")
+    assert "HSTU: 4 steps" in _train_two_ranks(split, data, "--max-steps", "4", "--resume", str(split / "ckpt"))
+    _assert_same_end(straight, split, tmp_path / "read")

@@ -177,8 +177,8 @@ def test_labels_travel_and_score_the_output_and_a_rerun_stays_light(
     assert main(argv) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == "infer: starting Ray (2 CPUs) for 1 predictor(s)"
-    assert lines[1].startswith("infer: Ray started; loading the model from ")
+    assert lines[0] == "infer: on the Ray instance of this process, 1 predictor(s)"  # the ray_session fixture's
+    assert lines[1].startswith("infer: Ray ready; loading the model from ")
     assert re.fullmatch(rf"infer: model loaded in [0-9.]+ s; predicting {INFER_DATA.num_rows:,} rows in "
                         rf"{NUM_UNITS} part\(s\)", lines[2])
     progress = [line for line in lines if re.fullmatch(r"infer: [0-9,]+/[0-9,]+ rows \(\d+%\)  [0-9,]+ rows/s  "

@@ -62,8 +62,8 @@ def test_compiled_lookup_equals_reading_the_csr_buffers_bit_for_bit():
         stacked = np.asarray(backend.stack_activations(stack, csr.stacks[stack.name]))
         chunks = plan.topology.num_sparsecores
         for fp in stack.features:
-            i = np.arange(fp.batch_size)
-            per_chunk = fp.batch_size // chunks
+            i = np.arange(fp.samples)
+            per_chunk = fp.samples // chunks
             rows = (i // per_chunk) * (stack.total_sample_count // chunks) + fp.sample_offset // chunks + i % per_chunk
             per_feature[fp.feature] = stacked[rows, : plan.tables[fp.table].dim]
     expected = np.concatenate([per_feature[f.name] for f in plan.features], axis=1)

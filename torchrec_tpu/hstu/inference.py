@@ -2,11 +2,12 @@
 ``torchrec-tpu infer`` (:mod:`torchrec_tpu.inference.job`).
 
 The model is rebuilt on CPU from the checkpoint's ``meta.json`` record (its :class:`HSTUConfig`) with a
-plain TorchRec EmbeddingCollection, and loaded from its files (either engine's tables carry the stock
-EC's keys). The input is a sequence window table (:mod:`pipelines.sequences.layout`); the output
-has one row per candidate: the requested key columns, the input row's index, the candidate's
-position in its row and item, its label per task when the input has them (``label_<task>``), and
-its click probability per task (``prediction_<task>``).
+plain TorchRec EmbeddingCollection, and loaded from its DCP state (either engine's tables carry the
+stock EC's keys; a checkpoint of any world size loads) or from a legacy one-rank checkpoint's files.
+The input is a sequence window table (:mod:`pipelines.sequences.layout`); the output has one row per
+candidate: the requested key columns, the input row's index, the candidate's position in its row and
+item, its label per task when the input has them (``label_<task>``), and its click probability per
+task (``prediction_<task>``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pipelines.sequences.layout import LABEL_PREFIX, LIST_COLUMNS, PREDICTION_PR
 from pipelines.sequences.reader import sequence_batch
 from torchrec_tpu.hstu.config import HSTUConfig
 from torchrec_tpu.hstu.model import HSTU
-from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, dense_file, find_hstu_checkpoint, hstu_meta, tables_file
+from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, hstu_meta, is_legacy, legacy_state
+from torchrec_tpu.train.checkpoint.store import load_states, open_checkpoint
 
 CANDIDATE_COLUMNS = ("candidate", "candidate_item")  # the candidate's position in its row, its item id
 INPUT_COLUMNS = LIST_COLUMNS
@@ -80,23 +82,34 @@ class HSTUInference:
 
 
 def load_hstu_inference(checkpoint: Path) -> HSTUInference:
-    """The HSTU of ``checkpoint`` (an HSTU checkpoint or a root of them) on CPU; ValueError naming
-    what is missing or does not fit."""
+    """The HSTU of ``checkpoint`` (an HSTU checkpoint or a root of them, written by any number of
+    ranks) on CPU; ValueError naming what is missing or does not fit."""
     directory = find_hstu_checkpoint(checkpoint)
     if directory is None:
         raise ValueError(f"{checkpoint} is not an HSTU checkpoint (no meta.json with a {HSTU_META!r} record)")
-    meta = hstu_meta(directory)
+    if is_legacy(directory):
+        meta = hstu_meta(directory)
+        model = HSTU(HSTUConfig.from_dict(meta[HSTU_META]))
+        _load_legacy(directory, meta, model)
+    else:
+        _, meta = open_checkpoint(directory)
+        model = HSTU(HSTUConfig.from_dict(meta[HSTU_META]))
+        load_states(directory, model)
+    return HSTUInference(model.eval(), int(meta.get("step", 0)))
+
+
+def _load_legacy(directory: Path, meta: dict, model: HSTU) -> None:
+    """``model``'s state from the legacy one-rank checkpoint ``directory``
+    (:mod:`~torchrec_tpu.train.checkpoint.hstu_files`)."""
     if meta.get("world_size", 1) != 1:
-        raise ValueError(f"checkpoint {directory} was written by {meta['world_size']} ranks, each holding its own "
-                         "shards of the tables; HSTU inference loads the checkpoints of one-rank runs")
-    config = HSTUConfig.from_dict(meta[HSTU_META])
-    model = HSTU(config)
-    dense = torch.load(directory / dense_file(0), weights_only=False, map_location="cpu")["model"]
-    tables = torch.load(directory / tables_file(0), weights_only=False, map_location="cpu")
+        raise ValueError(f"checkpoint {directory} was written by {meta['world_size']} ranks in the legacy layout, "
+                         "each rank's table shards pickled with its process group: only the legacy checkpoints "
+                         "of one-rank runs load elsewhere (retrain, or resume it at that world size and let this "
+                         "version checkpoint it)")
+    saved, _ = legacy_state(directory, 0)
     wanted = model.state_dict()
-    state = {k: v for k, v in {**dense, **tables}.items() if k in wanted}
+    state = {k: v for k, v in saved.items() if k in wanted}
     missing = sorted(set(wanted) - set(state))
     if missing:
         raise ValueError(f"checkpoint {directory} lacks {missing[:4]}{' ...' if len(missing) > 4 else ''}")
     model.load_state_dict(state)
-    return HSTUInference(model.eval(), int(meta.get("step", 0)))

@@ -12,7 +12,6 @@ MovieLens rows) or a directory written by ``torchrec-tpu data sequences``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from torch import nn
 from torch.autograd.profiler import record_function
 from torch.nn import functional
 from torchmetrics.classification import BinaryAUROC
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 
 from pipelines.sequences import read_meta, read_movielens, synthetic_events, window_path, write_sequences
 from pipelines.sequences.reader import SequenceBatch, SequenceReader
@@ -33,13 +33,16 @@ from sparsecore.backends import XLA
 from torchrec_tpu.hstu.config import HSTUConfig, preset
 from torchrec_tpu.hstu.model import HSTU, table_configs
 from torchrec_tpu.hstu.sharded import sharded_embeddings
+from torchrec_tpu.train.checkpoint.dirs import new_run_id, run_id_of
 from torchrec_tpu.train.checkpoint.hstu_files import (
     HSTU_META,
-    META_FILE,
-    dense_file,
-    latest_hstu_checkpoint,
-    tables_file,
+    find_hstu_checkpoint,
+    hstu_meta,
+    is_legacy,
+    legacy_state,
 )
+from torchrec_tpu.train.checkpoint.manifest import CheckpointError
+from torchrec_tpu.train.checkpoint.store import load_checkpoint, open_checkpoint, restore_rng, save_checkpoint
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.engines.precision import autocast
@@ -192,23 +195,6 @@ def evaluate(model: nn.Module, reader: SequenceReader, device: torch.device, pre
 TABLES_PREFIX = "embeddings."
 
 
-def _checkpoint(root: Path, step: int, env: DistEnv, model: nn.Module, adam: torch.optim.Optimizer,
-                extra: dict) -> Path:
-    """``step-N/``: per rank, ``dense-rank-R.pt`` (stack and heads, Adam, position: plain tensors)
-    and ``tables-rank-R.pt`` (this rank's table shards and optimizer slots); ``meta.json``."""
-    path = root / f"step-{step:08d}"
-    path.mkdir(parents=True, exist_ok=True)
-    state = model.state_dict()
-    dense = {k: v for k, v in state.items() if not k.startswith(TABLES_PREFIX)}
-    torch.save({"model": dense, "adam": adam.state_dict(), **extra}, path / dense_file(env.rank))
-    torch.save({k: v for k, v in state.items() if k not in dense}, path / tables_file(env.rank))
-    if dist.is_initialized():  # every rank's files are written before meta.json says the checkpoint is whole
-        dist.barrier()
-    if env.is_primary:
-        (path / META_FILE).write_text(json.dumps({"world_size": env.world_size, **extra}, indent=1))
-    return path
-
-
 @dataclass
 class HSTUTraining:
     """What ``train`` and ``profile`` set up alike for ``--model hstu|dlrmv4``: the model of the
@@ -221,8 +207,8 @@ class HSTUTraining:
     device: torch.device
     train: SequenceReader
     held_out: SequenceReader
-    adam: torch.optim.Optimizer
-    sparse_opt: torch.optim.Optimizer | None
+    adam: KeyedOptimizer
+    sparse_opt: KeyedOptimizer | None
     dense: list[nn.Parameter]
     precision: str
 
@@ -230,6 +216,14 @@ class HSTUTraining:
         """One training step on ``batch``: its loss."""
         return _train_step(self.model, batch, self.adam, self.sparse_opt, self.device, self.precision, self.dense,
                            self.env.world_size)
+
+    @property
+    def optimizer(self) -> KeyedOptimizer:
+        """The optimizers whose state a checkpoint holds, keyed by parameter name (the sharded tables'
+        fused optimizer keeps its slots in the model's state)."""
+        if self.sparse_opt is None:
+            return self.adam
+        return CombinedOptimizer([("dense", self.adam), ("sparse", self.sparse_opt)])
 
     def layout(self, config: TrainConfig) -> str:
         """The ``training layout:`` line: where the tables and the STU stack run."""
@@ -266,9 +260,13 @@ def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
         sparse_opt = None
         if config.engine.kind == "torchrec":
             from torchrec.optim import RowWiseAdagrad
-            sparse_opt = RowWiseAdagrad(list(model.embeddings.parameters()), lr=config.optim.sparse_lr)
-        training = HSTUTraining(env, hstu_config, model, device, train, held_out,
-                                torch.optim.Adam(dense, lr=config.optim.dense_lr), sparse_opt, dense,
+            sparse_opt = KeyedOptimizerWrapper(
+                {name: p for name, p in model.named_parameters() if name.startswith(TABLES_PREFIX)},
+                lambda ps: RowWiseAdagrad(ps, lr=config.optim.sparse_lr))
+        adam = KeyedOptimizerWrapper({name: p for name, p in model.named_parameters()
+                                      if not name.startswith(TABLES_PREFIX)},
+                                     lambda ps: torch.optim.Adam(ps, lr=config.optim.dense_lr))
+        training = HSTUTraining(env, hstu_config, model, device, train, held_out, adam, sparse_opt, dense,
                                 config.optim.precision)
         if env.is_primary:
             _log.info(training.layout(config))
@@ -289,17 +287,11 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
     is called on every rank after each checkpoint is written (Ray Train reports it)."""
     config = prepared(config)
     with hstu_training(config) as t:
-        env, model, adam = t.env, t.model, t.adam
-        step, start_epoch, skip = 0, 0, 0
+        env, model = t.env, t.model
+        step, start_epoch, skip, run_id = 0, 0, 0, new_run_id()
         root = Path(config.checkpoint.checkpoint_dir) if config.checkpoint.checkpoint_dir else None
         if config.checkpoint.resume:
-            resume = Path(config.checkpoint.resume)
-            resume = latest_hstu_checkpoint(resume) or resume
-            state = torch.load(resume / dense_file(env.rank), weights_only=False)
-            tables = torch.load(resume / tables_file(env.rank), weights_only=False)
-            model.load_state_dict({**state["model"], **tables})
-            adam.load_state_dict(state["adam"])
-            step, start_epoch, skip = state["step"], state["epoch"], state["batch"]
+            step, start_epoch, skip, run_id = _resume(Path(config.checkpoint.resume), t)
         log_dir = Path(config.loop.log_dir) if config.loop.log_dir else Path("runs") / time.strftime(
             "%Y%m%d-%H%M%S", time.gmtime())
         started = time.perf_counter()
@@ -307,7 +299,8 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
         position = {"step": step, "epoch": start_epoch, "batch": skip}
 
         def save(scalars: dict[str, float]) -> Path:
-            path = _checkpoint(root, step, env, model, adam, {**position, HSTU_META: t.hstu_config.to_dict()})
+            meta = {**position, HSTU_META: t.hstu_config.to_dict(), "config": config.to_dict()}
+            path = save_checkpoint(root, model, t.optimizer, meta, run_id, config.checkpoint.keep_checkpoints)
             if checkpointed is not None:
                 checkpointed(path, scalars)
             return path
@@ -337,11 +330,38 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
         return HSTUSummary(env.is_primary, auc, eval_loss, step, time.perf_counter() - started, rows, log_dir, saved)
 
 
+def _resume(path: Path, t: HSTUTraining) -> tuple[int, int, int, str]:
+    """Load the HSTU checkpoint ``path`` (one, or a root: its latest) into ``t``'s model and
+    optimizers and this rank's random state: its (step, epoch, batch of the epoch, run id).
+    CheckpointError when it is not an HSTU checkpoint or another world size wrote it (each rank
+    resumes its own rows of the window)."""
+    directory = find_hstu_checkpoint(path)
+    if directory is None:
+        raise CheckpointError(f"--resume {path}: not an HSTU checkpoint (no meta.json with a {HSTU_META!r} record)")
+    legacy = is_legacy(directory)
+    meta = hstu_meta(directory) if legacy else open_checkpoint(directory)[1]
+    if meta.get("world_size", 1) != t.env.world_size:
+        raise CheckpointError(f"cannot resume {directory} exactly: it was written by {meta.get('world_size')} "
+                              f"rank(s), this run has {t.env.world_size} (each rank resumes its own rows)")
+    if legacy:
+        state, adam = legacy_state(directory, t.env.rank)
+        t.model.load_state_dict(state)
+        t.adam._optimizer.load_state_dict(adam)
+    else:
+        t.optimizer.init_state()  # the moments exist before the load fills them
+        load_checkpoint(directory, t.model, t.optimizer, verify=False)
+        restore_rng(directory, t.env.rank)
+    if t.env.is_primary:
+        _log.info("resuming from %s: step %d", directory, meta["step"])
+    run_id = None if legacy else run_id_of(directory)
+    return int(meta["step"]), int(meta["epoch"]), int(meta["batch"]), run_id or new_run_id()
+
+
 def _done(config: TrainConfig, step: int) -> bool:
     return bool(config.loop.max_steps) and step >= config.loop.max_steps
 
 
-def _train_step(model: HSTU, batch: SequenceBatch, adam: torch.optim.Optimizer, sparse_opt, device: torch.device,
+def _train_step(model: HSTU, batch: SequenceBatch, adam: KeyedOptimizer, sparse_opt, device: torch.device,
                 precision: str, dense: list[nn.Parameter], world_size: int) -> float:
     with autocast(device.type, precision):
         logits = model(batch.features)

@@ -43,7 +43,7 @@ from torchrec_tpu.inference.input_identity import input_identity
 from torchrec_tpu.inference.scored_rows import ScoredRows, checkpoint_split, scored_rows
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
-from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, hstu_meta
+from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, hstu_meta, is_legacy
 
 PREDICTION_COLUMN = "prediction"
 DLRM, HSTU = "dlrm", "hstu"  # InferenceConfig.model: what the checkpoint holds
@@ -295,7 +295,7 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
     output = Path(config.output)
     todo, changed = pending_units(output, units)
     # verified before the output is claimed and Ray starts: a corrupt or crafted checkpoint fails here
-    if todo and not hstu:
+    if todo and not (hstu and is_legacy(hstu)):
         from torchrec_tpu.train.checkpoint.store import open_checkpoint
 
         open_checkpoint(Path(config.checkpoint))
@@ -375,7 +375,10 @@ def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) 
     rows_done, bad_values = 0, BadValueCounts()
     total_rows = sum(u.num_rows for u in todo)
     predictors = min(config.concurrency, len(todo))
-    _log.info("infer: starting Ray (%d CPUs) for %d predictor(s)", config.num_cpus, predictors)
+    if ray.is_initialized():  # local_ray reuses it: --num-cpus does not size it
+        _log.info("infer: on the Ray instance of this process, %d predictor(s)", predictors)
+    else:
+        _log.info("infer: starting Ray (%d CPUs) for %d predictor(s)", config.num_cpus, predictors)
     with local_ray(num_cpus=config.num_cpus, worker_setup=WORKER_SETUP), progress_bar(
         total=total_rows, desc="infer", unit="row", enabled=config.progress
     ) as bar:
@@ -386,7 +389,7 @@ def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) 
         started = time.perf_counter()
         actors = [actor.remote(config, threads, with_label) for _ in range(predictors)]
         try:
-            _log.info("infer: Ray started; loading the model from %s", config.checkpoint)
+            _log.info("infer: Ray ready; loading the model from %s", config.checkpoint)
             if all(ray.get([a.loaded.remote() for a in actors])):
                 _log.info("infer: model loaded in %.1f s; predicting %s rows in %d part(s)",
                           time.perf_counter() - started, f"{total_rows:,}", len(todo))

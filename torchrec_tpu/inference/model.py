@@ -41,8 +41,8 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     """Rebuild the trained DLRM on CPU and load its weights from ``checkpoint_dir`` (a checkpoint,
     or a checkpoint root: its latest). Either engine's checkpoints load: both name the tables
     :func:`~torchrec_tpu.train.model.table_weight_key`."""
-    from torchrec_tpu.train.checkpoint.reader import load_state, read_state_metadata
-    from torchrec_tpu.train.checkpoint.store import STATE_DIR, open_checkpoint
+    from torchrec_tpu.train.checkpoint.reader import read_state_metadata
+    from torchrec_tpu.train.checkpoint.store import STATE_DIR, load_states, open_checkpoint
     from torchrec_tpu.train.model import build_dlrm
 
     directory, meta = open_checkpoint(Path(checkpoint_dir))
@@ -60,9 +60,7 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     train_module = build_dlrm(spec, dense_device=torch.device("cpu"))
     # The tables were built on the meta device; give them storage, which the load then fills.
     ebc_of(train_module).to_empty(device=torch.device("cpu"))
-    state = {"model": train_module.state_dict()}
-    load_state(state, state_dir)
-    train_module.load_state_dict(state["model"])
+    load_states(directory, train_module)
     return InferenceModel(train_module.model.eval(), spec.table_sizes, int(meta.get("step", 0)))
 
 

@@ -252,7 +252,7 @@ class StackedState(nn.Module):
             rows = torch.cat(per_stack) if len(per_stack) > 1 else per_stack[0]
             return (rows.index_select(0, b["rows"]) if "rows" in b else rows).reshape(batch, -1)
         if not self.uniform:
-            split = [rows.split([fp.batch_size for fp in st.features]) for st, rows in zip(self.plan.stacks, per_stack)]
+            split = [rows.split([fp.samples for fp in st.features]) for st, rows in zip(self.plan.stacks, per_stack)]
             return [split[s][j][:, :dim] for (s, j), dim in zip(self._where, self._dims)]
         blocks = [rows.reshape(batch, -1) for rows in per_stack]
         wide = torch.cat(blocks, dim=1) if len(blocks) > 1 else blocks[0]

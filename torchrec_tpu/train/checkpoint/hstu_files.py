@@ -1,8 +1,13 @@
-"""The files of an HSTU checkpoint (``torchrec-tpu train --model hstu|dlrmv4``, :mod:`torchrec_tpu.hstu.train`),
-named here without importing the model: ``<root>/step-N/`` holds, per rank R, ``dense-rank-R.pt``
-(the STU stack and heads, Adam, the data position) and ``tables-rank-R.pt`` (R's table shards and
-optimizer slots), then ``meta.json`` (written last: world size, position and the model record
-under :data:`HSTU_META`)."""
+"""Where the checkpoints of ``torchrec-tpu train --model hstu|dlrmv4`` (:mod:`torchrec_tpu.hstu.train`)
+are, found without importing the model.
+
+An HSTU checkpoint is a checkpoint of :mod:`~torchrec_tpu.train.checkpoint.store` (DCP state, so any
+world size reads it; versioned directories under a root with ``latest``) whose ``meta.json`` records
+the model (``HSTUConfig.to_dict``) under :data:`HSTU_META`. Checkpoints written before that are
+*legacy*: ``<root>/step-N/`` holds, per rank R, ``dense-rank-R.pt`` (the STU stack and heads, Adam,
+the data position) and ``tables-rank-R.pt`` (R's table shards and optimizer slots, pickled), then
+``meta.json``; only the one-rank ones load anywhere but in the process group that wrote them.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +15,29 @@ import json
 from pathlib import Path
 from typing import Any
 
+from torchrec_tpu.train.checkpoint.dirs import is_checkpoint, resolve_checkpoint
+
 HSTU_META = "hstu"  # meta.json's record of the model (HSTUConfig.to_dict): what marks an HSTU checkpoint
 META_FILE = "meta.json"
 
 
 def dense_file(rank: int) -> str:
+    """A legacy checkpoint's dense state of ``rank``."""
     return f"dense-rank-{rank:03d}.pt"
 
 
 def tables_file(rank: int) -> str:
+    """A legacy checkpoint's table shards of ``rank``."""
     return f"tables-rank-{rank:03d}.pt"
 
 
-def latest_hstu_checkpoint(root: Path) -> Path | None:
-    """The newest ``step-N/`` of ``root`` whose ``meta.json`` was written (the last file a save writes)."""
+def is_legacy(directory: Path) -> bool:
+    """Whether ``directory`` is a legacy HSTU checkpoint (per-rank pickled files, module docstring)."""
+    return (Path(directory) / dense_file(0)).is_file()
+
+
+def _latest_legacy(root: Path) -> Path | None:
+    """The newest legacy ``step-N/`` of ``root`` whose ``meta.json`` was written (its last file)."""
     found = sorted(p for p in Path(root).glob("step-*") if (p / META_FILE).exists())
     return found[-1] if found else None
 
@@ -38,8 +52,26 @@ def hstu_meta(directory: Path) -> dict[str, Any] | None:
 
 
 def find_hstu_checkpoint(path: Path) -> Path | None:
-    """``path`` when it is an HSTU checkpoint, or the newest of a checkpoint root of them; None
-    when it is neither (a DLRM checkpoint, say)."""
+    """The HSTU checkpoint ``path`` names: itself, or a root's ``latest`` (a legacy root: its newest
+    ``step-N``); None when it names none (a DLRM checkpoint, say)."""
     path = Path(path)
-    directory = path if (path / META_FILE).is_file() else latest_hstu_checkpoint(path) if path.is_dir() else None
+    if is_checkpoint(path) or (path / META_FILE).is_file():
+        directory: Path | None = path
+    elif not path.is_dir():
+        directory = None
+    else:
+        try:
+            directory = resolve_checkpoint(path)
+        except FileNotFoundError:
+            directory = _latest_legacy(path)
     return directory if directory is not None and hstu_meta(directory) is not None else None
+
+
+def legacy_state(directory: Path, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model state, Adam's state dict) of ``rank`` in the legacy checkpoint ``directory``. Its
+    files are pickles of arbitrary objects: load only checkpoints you trust."""
+    import torch
+
+    dense = torch.load(Path(directory) / dense_file(rank), weights_only=False, map_location="cpu")
+    tables = torch.load(Path(directory) / tables_file(rank), weights_only=False, map_location="cpu")
+    return {**dense["model"], **tables}, dense["adam"]

@@ -47,7 +47,7 @@ from torchrec_tpu.train.checkpoint.save_guard import guarded_save, state_bytes
 STATE_DIR = "state"
 RNG_DIR = "rng"
 REQUIRED_FILES = (META_FILE, f"{STATE_DIR}/.metadata")
-__all__ = ["META_FILE", "STATE_DIR", "CheckpointError", "load_checkpoint", "open_checkpoint",
+__all__ = ["META_FILE", "STATE_DIR", "CheckpointError", "load_checkpoint", "load_states", "open_checkpoint",
            "restore_rng", "resolve_checkpoint", "save_checkpoint"]
 
 
@@ -108,12 +108,21 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: Optimizer, verify: 
     else:
         directory = resolve_checkpoint(path)
         meta = json.loads((directory / META_FILE).read_text())
+    load_states(directory, model, optimizer)
+    return meta
+
+
+def load_states(directory: Path, model: nn.Module, optimizer: Optimizer | None = None) -> None:
+    """Load the checkpoint ``directory`` (verified already, :func:`open_checkpoint`) into ``model``
+    and, when given, ``optimizer``: whatever their state dicts ask for, at their sharding (a
+    checkpoint of any world size loads into an unsharded model). A collective when the model is
+    sharded."""
     with deferred_tables():  # a one-rank job's tables read and installed one at a time (load_state)
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        state = {"model": model.state_dict(), **({"optimizer": optimizer.state_dict()} if optimizer else {})}
     load_state(state, directory / STATE_DIR)
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    return meta
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
 
 
 def restore_rng(path: Path, rank: int) -> None:
