@@ -4,6 +4,7 @@ batches), without any CPU fallback; checkpoints load across placements."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,9 @@ import torch
 
 from tests.train.conftest import flat_checkpoint, tiny_config
 from tests.train.dense_device_checks import STEPS, train
-from torchrec_tpu.train.config import ConfigError, TrainConfig
+from torchrec_tpu.train.config import ConfigError, OptimConfig, TrainConfig
 from torchrec_tpu.train.engines import dense_calibration
-from torchrec_tpu.train.engines.dense_placement import resolve_dense_device
+from torchrec_tpu.train.engines.dense_placement import resolve_dense_device, tpu_installed
 from torchrec_tpu.train.job import run_job
 from torchrec_tpu.train.model import ModelSpec
 
@@ -79,23 +80,39 @@ def test_auto_dense_device_follows_the_structure_then_the_measurement() -> None:
     assert resolve_dense_device("cpu", SMALL, 1, "ddp", 64).type == "cpu"
     assert len(list(_placement_entries())) == before  # none of these measured
     picked = resolve_dense_device("auto", SMALL, 1, "ddp", 64)
-    stored = dense_calibration._key(SMALL, 64, torch.optim.Adagrad, "fp32")
+    stored = dense_calibration._key(SMALL, 64, OptimConfig(), "auto")
     entry = dense_calibration.xla_cache.load(dense_calibration.LEVEL, stored, lambda blob: blob)
     assert entry is not None and f'"device": "{picked.type}"'.encode() in entry
     TrainConfig.from_options(engine="torchrec", dense_device="cpu").validate()  # where it runs anyway
 
 
-def test_placement_timing_runs_both_towers_and_the_verdict_is_reused(monkeypatch) -> None:
-    timing = dense_calibration.time_placements(SMALL, 32, torch.optim.Adagrad)
+def test_placement_timing_runs_both_whole_steps_and_the_verdict_is_reused(monkeypatch) -> None:
+    timing = dense_calibration.time_placements(SMALL, 32, OptimConfig())
     assert timing.cpu_ms > 0 and timing.tpu_ms > 0
     assert timing.device == ("tpu" if timing.tpu_ms < timing.cpu_ms else "cpu")
     assert dense_calibration.PlacementTiming(2.0, 1.0).device == "tpu"
     assert dense_calibration.PlacementTiming(1.0, 1.0).device == "cpu"
-    first = dense_calibration.measured_dense_device(SMALL, 48, torch.optim.Adagrad)
+    first = dense_calibration.measured_dense_device(SMALL, 48, OptimConfig())
     measured = []
     monkeypatch.setattr(dense_calibration, "time_placements", lambda *args: measured.append(args))
-    assert dense_calibration.measured_dense_device(SMALL, 48, torch.optim.Adagrad) == first
+    assert dense_calibration.measured_dense_device(SMALL, 48, OptimConfig()) == first
     assert measured == []  # the stored verdict, not a new measurement
+
+
+def test_the_verdict_depends_on_the_sparse_half_of_the_step() -> None:
+    """The timed step holds the embedding lookup and update: the verdict's key has the tables (as
+    timed, capped), the sparse optimizer and backend; a backend this host cannot run is refused
+    by the timing itself, as by the job."""
+    key = dense_calibration._key(SMALL, 64, OptimConfig(), "auto")
+    assert key != dense_calibration._key(SMALL, 64, OptimConfig(), "xla")
+    assert key != dense_calibration._key(SMALL, 64, OptimConfig(sparse_optimizer="sgd"), "auto")
+    assert key != dense_calibration._key(dataclasses.replace(SMALL, table_sizes=(20,) * 4), 64, OptimConfig(), "auto")
+    huge = dataclasses.replace(SMALL, table_sizes=(10**7,) * 4)
+    assert dense_calibration._key(huge, 64, OptimConfig(), "auto") == dense_calibration._key(
+        dataclasses.replace(SMALL, table_sizes=(dense_calibration.TABLE_ROWS_CAP,) * 4), 64, OptimConfig(), "auto")
+    if not tpu_installed():
+        with pytest.raises(ConfigError, match="--sparse-backend='tpu'"):
+            dense_calibration.time_placements(SMALL, 32, OptimConfig(), "tpu")
 
 
 def _placement_entries():

@@ -1,19 +1,23 @@
-"""``--dense-device auto`` on XLA:CPU, decided by measurement: the dense towers' training step
-(forward, backward, dense optimizer) timed on this host both ways, CPU eager torch and the tpu
-device's one compiled program, at the job's per-rank batch; the faster wins.
+"""``--dense-device auto`` on XLA:CPU, decided by measurement: the job's whole training step
+(towers forward and backward, dense optimizer, embedding lookup and fused update) timed on this
+host both ways, each as the job would run it: towers on cpu (CPU eager torch, the sparse backend
+that layout picks) and on the tpu device (the step layout's compiled program, the lookup inside
+where the layout puts it there), at the job's per-rank batch with its sparse optimizer and
+backend, over its tables capped at :data:`TABLE_ROWS_CAP` rows, one id per feature and sample
+(Criteo's); the faster wins.
 
 Which wins depends on the host (its cores, their vector units, what else runs on them), the torch
-thread count, the towers' sizes and the device's kernels, not on a fixed size threshold. The
-verdict (with both times) is stored in the compile cache (level ``placements``) under a key of
-everything it depends on, so a later job with the same towers on this host decides without
-timing; the tpu step's program is stored in the step cache as usual, so a stored verdict or a
-second measurement compiles nothing.
+thread count, the towers' and tables' sizes and the device's kernels, not on a fixed size
+threshold. The verdict (with both times) is stored in the compile cache (level ``placements``)
+under a key of everything it depends on, so a later job with the same model on this host decides
+without timing; the tpu step's program is stored in the step cache as usual, so a stored verdict
+or a second measurement compiles nothing.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -25,18 +29,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import xla_cache
-from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.config import EngineConfig, OptimConfig
+from torchrec_tpu.train.model import ModelSpec
 
 _log = logging.getLogger(__name__)
 LEVEL = "placements"
 _WARMUP_STEPS, _STEPS, _ROUNDS = 2, 3, 3
+# the timed tables' rows at most: a step's lookup and update cost follows the batch's ids, and a
+# job's full tables (up to 40M rows each) must not be allocated twice more to time it
+TABLE_ROWS_CAP = 4096
 
 
 @dataclass(frozen=True)
 class PlacementTiming:
-    """Median milliseconds per dense step of each placement."""
+    """Median milliseconds per training step of each placement."""
 
     cpu_ms: float
     tpu_ms: float
@@ -47,54 +57,46 @@ class PlacementTiming:
         return "tpu" if self.tpu_ms < self.cpu_ms else "cpu"
 
 
-def measured_dense_device(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer],
-                          precision: str = "fp32") -> str:
-    """"cpu" or "tpu": where ``spec``'s towers train faster at ``batch_size`` samples per step with
-    ``optimizer`` at ``precision``, on this host (stored verdict, else :func:`time_placements`,
-    then stored)."""
-    key = _key(spec, batch_size, optimizer, precision)
+def measured_dense_device(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: str = "auto") -> str:
+    """"cpu" or "tpu": where ``spec``'s step trains faster at ``batch_size`` samples per rank with
+    ``optim``'s optimizers and precision and ``--sparse-backend sparse_backend``, on this host
+    (stored verdict, else :func:`time_placements`, then stored)."""
+    key = _key(spec, batch_size, optim, sparse_backend)
     stored = xla_cache.load(LEVEL, key, lambda blob: json.loads(blob.decode()))
     if stored is not None:
         return str(stored["device"])
-    timing = time_placements(spec, batch_size, optimizer, precision)
-    _log.info("--dense-device auto: towers' step %.1f ms in CPU eager torch, %.1f ms as one tpu program (XLA:CPU); "
-              "picked %s", timing.cpu_ms, timing.tpu_ms, timing.device)
+    timing = time_placements(spec, batch_size, optim, sparse_backend)
+    _log.info("--dense-device auto: a training step (towers, embedding lookup and update) %.1f ms with the towers "
+              "in CPU eager torch, %.1f ms with them on the tpu device (XLA:CPU); picked %s",
+              timing.cpu_ms, timing.tpu_ms, timing.device)
     xla_cache.store(LEVEL, key, json.dumps({"device": timing.device, "cpu_ms": timing.cpu_ms,
                                             "tpu_ms": timing.tpu_ms}).encode())
     return timing.device
 
 
-def time_placements(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer],
-                    precision: str = "fp32") -> PlacementTiming:
-    """Both placements' median ms per step of the towers (random batches), rounds interleaved so
-    that load on a shared host hits both alike."""
-    import torch_tpu.compile as tc
-    from torchrec_tpu.train.engines.dense_step import DLRMDenseLoss
+def time_placements(spec: ModelSpec, batch_size: int, optim: OptimConfig,
+                    sparse_backend: str = "auto") -> PlacementTiming:
+    """Both placements' median ms per whole training step (one rank, the step layout's step
+    function, random batches over tables capped at :data:`TABLE_ROWS_CAP` rows), rounds
+    interleaved so that load on a shared host hits both alike."""
+    from torchrec_tpu.train.distributed import DistEnv
+    from torchrec_tpu.train.engines.dense_placement import dense_device
+    from torchrec_tpu.train.engines.dense_step import step_function
+    from torchrec_tpu.train.engines.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
+    from torchrec_tpu.train.engines.step_layout import sparsecore_layout
 
-    tiny = dataclasses.replace(spec, table_sizes=(1,) * len(spec.feature_names))  # the tables stay out
+    capped = dataclasses.replace(spec, table_sizes=tuple(min(rows, TABLE_ROWS_CAP) for rows in spec.table_sizes))
+    options = EngineConfig(sparse_backend=sparse_backend)
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        cpu_model = DLRMDenseLoss(build_dlrm(tiny, dense_device=torch.device("cpu")), precision)
-        batches = [(torch.randn(batch_size, spec.dense_in_features),
-                    torch.randn(batch_size, len(spec.feature_names), spec.embedding_dim),
-                    torch.randint(0, 2, (batch_size,)).float()) for _ in range(2)]
-    tpu_model = copy.deepcopy(cpu_model).to("tpu")
-    cpu_opt = optimizer(cpu_model.parameters(), lr=0.01)
-    tpu_step = tc.train_step(tpu_model, optimizer(tpu_model.parameters(), lr=0.01, foreach=True))
-    tpu_batches = [tuple(t.to("tpu") for t in batch) for batch in batches]
-
-    def cpu_steps(n: int) -> None:
-        for i in range(n):
-            cpu_opt.zero_grad()
-            cpu_model(*batches[i % 2]).backward()
-            cpu_opt.step()
-
-    def tpu_steps(n: int) -> None:
-        for i in range(n):
-            loss = tpu_step(*tpu_batches[i % 2])
-        float(loss)  # steps dispatch asynchronously: wait for the last
-
-    runs: dict[str, Callable[[int], None]] = {"cpu": cpu_steps, "tpu": tpu_steps}
+        batches = [_random_batch(capped, batch_size) for _ in range(2)]
+        runs: dict[str, Callable[[int], None]] = {}
+        for name in ("cpu", "tpu"):
+            layout = sparsecore_layout(options, optim, 1, batch_size, dense_device(name))
+            model = build_sparsecore_model(capped, DistEnv(0, 1, 1), layout, optim, options, batch_size, seed=0)
+            optimizer = build_dense_optimizer(model, optim, layout.dense_device)
+            runs[name] = functools.partial(_steps, step_function(model, optimizer, layout), model, optimizer,
+                                           batches)
     times: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():
         run(_WARMUP_STEPS)  # the tpu step compiles (or loads) here
@@ -106,17 +108,37 @@ def time_placements(spec: ModelSpec, batch_size: int, optimizer: type[torch.opti
     return PlacementTiming(statistics.median(times["cpu"]), statistics.median(times["tpu"]))
 
 
-def _key(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer], precision: str) -> str:
-    """Everything the verdict depends on: the towers, batch, optimizer, precision, torch threads,
-    this host's CPU and core count, the library versions and the device's kernels."""
+def _steps(step: Callable, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch],
+           n: int) -> None:
+    for i in range(n):
+        loss = step(model, optimizer, batches[i % len(batches)])
+    float(loss)  # steps dispatch asynchronously: wait for the last
+
+
+def _random_batch(spec: ModelSpec, batch_size: int) -> Batch:
+    """``batch_size`` samples of random dense features, labels and one id per feature."""
+    features = len(spec.feature_names)
+    values = torch.cat([torch.randint(0, rows, (batch_size,)) for rows in spec.table_sizes])
+    kjt = KeyedJaggedTensor.from_lengths_sync(list(spec.feature_names), values,
+                                              torch.ones(features * batch_size, dtype=torch.int64))
+    return Batch(torch.randn(batch_size, spec.dense_in_features), kjt, torch.randint(0, 2, (batch_size,)).float())
+
+
+def _key(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: str) -> str:
+    """Everything the verdict depends on: the towers, the timed tables, batch, optimizers,
+    precision, sparse backend, torch threads, this host's CPU and core count, the library versions
+    and the device's kernels."""
     import jax
 
     from torch_tpu.ops import batched_matmul
 
     towers = (len(spec.feature_names), spec.embedding_dim, spec.dense_in_features, spec.dense_layers,
               spec.over_layers, spec.dcn_num_layers, spec.dcn_low_rank_dim)
-    parts = (towers, batch_size, optimizer.__qualname__, precision, torch.get_num_threads(), os.cpu_count(),
-             _cpu_model(), platform.machine(), torch.__version__, jax.__version__, batched_matmul.fingerprint())
+    tables = tuple(min(rows, TABLE_ROWS_CAP) for rows in spec.table_sizes)
+    optimizers = (optim.dense_optimizer, optim.dense_lr, optim.sparse_optimizer, optim.sparse_lr)
+    parts = (towers, tables, batch_size, optimizers, optim.precision, sparse_backend, torch.get_num_threads(),
+             os.cpu_count(), _cpu_model(), platform.machine(), torch.__version__, jax.__version__,
+             batched_matmul.fingerprint())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 

@@ -17,10 +17,10 @@ from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig
 from torchrec_tpu.train.engines.dense_placement import dense_device, resolve_dense_device, spmd_world, tpu_installed
 from torchrec_tpu.train.engines.plan_loading import rank_sparsecores
 from torchrec_tpu.train.model import ModelSpec
-from torchrec_tpu.train.optimizers import dense_optimizer, sparse_optimizer
+from torchrec_tpu.train.optimizers import sparse_optimizer
 from tpu_facts import local_batch_of, padded_local_batch_of
 
-# `--dense-device auto` times the towers at the job's batch up to this many samples per rank: the
+# `--dense-device auto` times whole steps at the job's batch up to this many samples per rank: the
 # rate per sample is flat well below it, and a job whose batch cannot fit (it fails on its id limits
 # when the tables are planned, next) must not first allocate that batch's towers to time them
 CALIBRATION_BATCH_CAP = 16384
@@ -109,8 +109,8 @@ def resolve_sparsecore_layout(options: EngineConfig, optim: OptimConfig, spec: M
     """:func:`sparsecore_layout` with the towers where ``--dense-device`` says (``auto`` may measure
     them on this host, once: :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
     towers_on = resolve_dense_device(options.dense_device, spec, world_size, options.dense_parallel,
-                                     min(local_batch_of(global_batch, world_size), CALIBRATION_BATCH_CAP),
-                                     dense_optimizer(optim.dense_optimizer).torch_class(), optim.precision)
+                                     min(local_batch_of(global_batch, world_size), CALIBRATION_BATCH_CAP), optim,
+                                     options.sparse_backend)
     return sparsecore_layout(options, optim, world_size, local_batch_of(global_batch, world_size), towers_on)
 
 
