@@ -21,7 +21,7 @@ def _layout_lines(capfd: pytest.CaptureFixture, argv: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("flags", [
     pytest.param(["--engine", "torchrec"], id="torchrec"),  # ~3 s; the sparsecore runs compile (10-30 s each)
-    # the case: one rank, small towers, --dense-device auto measures the towers (at train's threads)
+    # the case: one rank, small towers, --dense-device auto times the step (at train's threads)
     pytest.param([], id="auto", marks=pytest.mark.slow),
     pytest.param(["--dense-device", "cpu"], id="cpu", marks=pytest.mark.slow),
     pytest.param(["--dense-device", "tpu", "--sparse-optimizer", "sgd"], id="tpu-sgd", marks=pytest.mark.slow),

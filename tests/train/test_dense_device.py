@@ -12,9 +12,11 @@ import torch
 
 from tests.train.conftest import flat_checkpoint, tiny_config
 from tests.train.dense_device_checks import STEPS, train
-from torchrec_tpu.train.config import ConfigError, OptimConfig, TrainConfig
+from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, TrainConfig
+from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.engines import dense_calibration
 from torchrec_tpu.train.engines.dense_placement import resolve_dense_device, tpu_installed
+from torchrec_tpu.train.engines.sparsecore_engine import SparseCoreEngine
 from torchrec_tpu.train.job import run_job
 from torchrec_tpu.train.model import ModelSpec
 
@@ -113,6 +115,24 @@ def test_the_verdict_depends_on_the_sparse_half_of_the_step() -> None:
     if not tpu_installed():
         with pytest.raises(ConfigError, match="--sparse-backend='tpu'"):
             dense_calibration.time_placements(SMALL, 32, OptimConfig(), "tpu")
+
+
+def test_auto_times_the_step_with_the_jobs_ids_per_sample() -> None:
+    """``--multi-hot-sizes`` (MLPerf's 214 ids a sample) is in the timed batches and the stored
+    verdict's key: the lookup and update of a multi-hot step cost more than one id's."""
+    ids = (3, 1, 2, 5)
+    kjt = dense_calibration._random_batch(SMALL, 8, ids).sparse_features
+    for name, count, rows in zip(SMALL.feature_names, ids, SMALL.table_sizes):
+        assert kjt[name].lengths().tolist() == [count] * 8
+        assert 0 <= int(kjt[name].values().min()) and int(kjt[name].values().max()) < rows
+    one_hot = dense_calibration._key(SMALL, 64, OptimConfig(), "auto")
+    assert one_hot == dense_calibration._key(SMALL, 64, OptimConfig(), "auto", (1,) * 4)
+    assert one_hot != dense_calibration._key(SMALL, 64, OptimConfig(), "auto", ids)
+    engine = SparseCoreEngine(OptimConfig(), EngineConfig(), 64, seed=0, multi_hot_sizes="3,1,2,5")
+    layout = engine.step_layout(SMALL, DistEnv(0, 1, 1))
+    stored = dense_calibration._key(SMALL, 64, OptimConfig(), "auto", ids)
+    entry = dense_calibration.xla_cache.load(dense_calibration.LEVEL, stored, lambda blob: blob)
+    assert entry is not None and f'"device": "{layout.dense_device.type}"'.encode() in entry
 
 
 def _placement_entries():

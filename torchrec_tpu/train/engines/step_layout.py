@@ -105,12 +105,13 @@ def lookup_outside(backend: BackendName, optimizer: str, in_step: bool, sparseco
 
 
 def resolve_sparsecore_layout(options: EngineConfig, optim: OptimConfig, spec: ModelSpec, world_size: int,
-                              global_batch: int) -> StepLayout:
-    """:func:`sparsecore_layout` with the towers where ``--dense-device`` says (``auto`` may measure
-    them on this host, once: :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
+                              global_batch: int, ids_per_feature: tuple[int, ...] | None = None) -> StepLayout:
+    """:func:`sparsecore_layout` with the towers where ``--dense-device`` says (``auto`` may time the
+    step on this host, once, with ``ids_per_feature`` ids per sample (None: one):
+    :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
     towers_on = resolve_dense_device(options.dense_device, spec, world_size, options.dense_parallel,
                                      min(local_batch_of(global_batch, world_size), CALIBRATION_BATCH_CAP), optim,
-                                     options.sparse_backend)
+                                     options.sparse_backend, ids_per_feature)
     return sparsecore_layout(options, optim, world_size, local_batch_of(global_batch, world_size), towers_on)
 
 
