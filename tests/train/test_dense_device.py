@@ -5,6 +5,10 @@ batches), without any CPU fallback; checkpoints load across placements."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,9 +76,10 @@ SMALL = ModelSpec(feature_names=tuple(f"f{i}" for i in range(4)), table_sizes=(1
                   dense_in_features=13, dense_layers=(16, 8), over_layers=(16, 1))
 
 
-def test_auto_dense_device_follows_the_structure_then_the_measurement() -> None:
+def test_auto_dense_device_follows_the_structure_then_the_measurement(monkeypatch) -> None:
     """auto: cpu where the step cannot be one program per rank (fsdp2, several XLA:CPU ranks),
     without timing anything; at one rank on XLA:CPU the faster placement as measured (and stored)."""
+    monkeypatch.setattr(dense_calibration, "BUSY_SHARE", 1.0)  # stored even beside other tests
     before = len(list(_placement_entries()))
     assert resolve_dense_device("auto", SMALL, 2, "ddp", 64).type == "cpu"
     assert resolve_dense_device("auto", SMALL, 1, "fsdp2", 64).type == "cpu"
@@ -94,6 +99,8 @@ def test_placement_timing_runs_both_whole_steps_and_the_verdict_is_reused(monkey
     assert timing.device == ("tpu" if timing.tpu_ms < timing.cpu_ms else "cpu")
     assert dense_calibration.PlacementTiming(2.0, 1.0).device == "tpu"
     assert dense_calibration.PlacementTiming(1.0, 1.0).device == "cpu"
+    assert 0 <= timing.outside_share <= 1
+    monkeypatch.setattr(dense_calibration, "BUSY_SHARE", 1.0)  # stored even beside other tests
     first = dense_calibration.measured_dense_device(SMALL, 48, OptimConfig())
     measured = []
     monkeypatch.setattr(dense_calibration, "time_placements", lambda *args: measured.append(args))
@@ -117,7 +124,32 @@ def test_the_verdict_depends_on_the_sparse_half_of_the_step() -> None:
             dense_calibration.time_placements(SMALL, 32, OptimConfig(), "tpu")
 
 
-def test_auto_times_the_step_with_the_jobs_ids_per_sample() -> None:
+def test_a_verdict_timed_on_a_busy_host_is_used_not_stored(monkeypatch) -> None:
+    """Load slows the cpu placement more than the tpu one: a verdict timed while other processes
+    used more than BUSY_SHARE of the host decides the job, and the next job times again."""
+    monkeypatch.setattr(dense_calibration, "BUSY_SHARE", -1.0)  # any share is above it
+    picked = dense_calibration.measured_dense_device(SMALL, 40, OptimConfig())
+    assert picked in ("cpu", "tpu")
+    key = dense_calibration._key(SMALL, 40, OptimConfig(), "auto")
+    assert dense_calibration.xla_cache.load(dense_calibration.LEVEL, key, lambda blob: blob) is None
+
+
+def test_outside_cpu_counts_other_processes() -> None:
+    """A process per core spinning for a second: with this one asleep, other processes held most
+    of the host's CPU."""
+    spin = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.2)
+        outside = dense_calibration.OutsideCpu()
+        time.sleep(1.0)
+        assert outside.share() > 0.5
+    finally:
+        for spinner in spinners:
+            spinner.wait()
+
+
+def test_auto_times_the_step_with_the_jobs_ids_per_sample(monkeypatch) -> None:
     """``--multi-hot-sizes`` (MLPerf's 214 ids a sample) is in the timed batches and the stored
     verdict's key: the lookup and update of a multi-hot step cost more than one id's."""
     ids = (3, 1, 2, 5)
@@ -128,6 +160,7 @@ def test_auto_times_the_step_with_the_jobs_ids_per_sample() -> None:
     one_hot = dense_calibration._key(SMALL, 64, OptimConfig(), "auto")
     assert one_hot == dense_calibration._key(SMALL, 64, OptimConfig(), "auto", (1,) * 4)
     assert one_hot != dense_calibration._key(SMALL, 64, OptimConfig(), "auto", ids)
+    monkeypatch.setattr(dense_calibration, "BUSY_SHARE", 1.0)  # stored even beside other tests
     engine = SparseCoreEngine(OptimConfig(), EngineConfig(), 64, seed=0, multi_hot_sizes="3,1,2,5")
     layout = engine.step_layout(SMALL, DistEnv(0, 1, 1))
     stored = dense_calibration._key(SMALL, 64, OptimConfig(), "auto", ids)

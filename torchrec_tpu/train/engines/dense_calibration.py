@@ -7,7 +7,11 @@ backend, over its tables capped at :data:`TABLE_ROWS_CAP` rows, with its ids per
 sample (``--multi-hot-sizes``; else one, Criteo's); the faster wins. Both placements are built and
 warmed first, then timed in alternating rounds, and each placement's fastest round counts: load
 from other work and a fresh process's first CPU steps only ever add time, so the minimum is the
-step's own cost, where a median over three rounds still flipped verdicts on a loaded host.
+step's own cost, where a median over three rounds still flipped verdicts on a loaded host. Under
+sustained load no round is quiet, and load slows torch's OpenMP GEMMs far more than XLA's pool
+(the anchor's cpu step timed 3x its quiet time at load 8 on 2 cores): a verdict taken while other
+processes used more than :data:`BUSY_SHARE` of the host decides this job but is not stored, so a
+later job measures again.
 
 Which wins depends on the host (its cores, their vector units, what else runs on them), the torch
 thread count, the towers' and tables' sizes and the device's kernels, not on a fixed size
@@ -29,6 +33,7 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torchrec.datasets.utils import Batch
@@ -44,14 +49,18 @@ _WARMUP_STEPS, _STEPS, _ROUNDS = 2, 3, 4
 # the timed tables' rows at most: a step's lookup and update cost follows the batch's ids, and a
 # job's full tables (up to 40M rows each) must not be allocated twice more to time it
 TABLE_ROWS_CAP = 4096
+# other processes' CPU while timing, as a share of the host's cores, above which a verdict is not stored
+BUSY_SHARE = 0.25
 
 
 @dataclass(frozen=True)
 class PlacementTiming:
-    """Milliseconds per training step of each placement (its fastest round)."""
+    """Milliseconds per training step of each placement (its fastest round), and the share of the
+    host's CPU that other processes used meanwhile."""
 
     cpu_ms: float
     tpu_ms: float
+    outside_share: float = 0.0
 
     @property
     def device(self) -> str:
@@ -73,11 +82,15 @@ def measured_dense_device(spec: ModelSpec, batch_size: int, optim: OptimConfig, 
               "device (once on this host for this model; the verdict is stored)")
     start = time.perf_counter()
     timing = time_placements(spec, batch_size, optim, sparse_backend, ids_per_feature)
+    busy = timing.outside_share > BUSY_SHARE
     _log.info("--dense-device auto: a training step (towers, embedding lookup and update) %.1f ms with the towers "
-              "in CPU eager torch, %.1f ms with them on the tpu device (XLA:CPU); picked %s (measured in %.1f s)",
-              timing.cpu_ms, timing.tpu_ms, timing.device, time.perf_counter() - start)
-    xla_cache.store(LEVEL, key, json.dumps({"device": timing.device, "cpu_ms": timing.cpu_ms,
-                                            "tpu_ms": timing.tpu_ms}).encode())
+              "in CPU eager torch, %.1f ms with them on the tpu device (XLA:CPU); picked %s (measured in %.1f s, "
+              "other processes used %.0f%% of the host's CPU meanwhile%s)", timing.cpu_ms, timing.tpu_ms,
+              timing.device, time.perf_counter() - start, 100 * timing.outside_share,
+              f": above {100 * BUSY_SHARE:.0f}%, so not stored; a later job measures again" if busy else "")
+    if not busy:
+        xla_cache.store(LEVEL, key, json.dumps({"device": timing.device, "cpu_ms": timing.cpu_ms,
+                                                "tpu_ms": timing.tpu_ms}).encode())
     return timing.device
 
 
@@ -86,7 +99,8 @@ def time_placements(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse
     """Both placements' ms per whole training step (one rank, the step layout's step function,
     random batches with ``ids_per_feature`` ids per sample over tables capped at
     :data:`TABLE_ROWS_CAP` rows): warmed by turns, then timed in rounds that alternate which goes
-    first, each placement's fastest round."""
+    first, each placement's fastest round; with the other processes' share of the host's CPU over
+    those rounds."""
     from torchrec_tpu.train.distributed import DistEnv
     from torchrec_tpu.train.engines.dense_placement import dense_device
     from torchrec_tpu.train.engines.dense_step import step_function
@@ -109,12 +123,38 @@ def time_placements(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse
     for _ in range(_WARMUP_STEPS):  # the tpu step compiles (or loads) in its first
         for run in runs.values():
             run(1)
+    outside = OutsideCpu()
     for r in range(_ROUNDS):
         for name in (("cpu", "tpu") if r % 2 == 0 else ("tpu", "cpu")):
             start = time.perf_counter()
             runs[name](_STEPS)
             times[name].append((time.perf_counter() - start) / _STEPS * 1e3)
-    return PlacementTiming(min(times["cpu"]), min(times["tpu"]))
+    return PlacementTiming(min(times["cpu"]), min(times["tpu"]), outside.share())
+
+
+class OutsideCpu:
+    """The CPU time processes other than this one use from its creation on, as a share of the
+    host's cores (``/proc/stat``'s busy time less this process's; 0 without ``/proc``)."""
+
+    def __init__(self) -> None:
+        self._start = self._sample()
+
+    def share(self) -> float:
+        """Other processes' share of the host's CPU since creation, 0 to 1."""
+        wall, host, own = (now - then for now, then in zip(self._sample(), self._start))
+        return min(1.0, max(0.0, (host - own) / (wall * (os.cpu_count() or 1)))) if wall > 0 else 0.0
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float]:
+        """(wall seconds, the host's busy CPU seconds, this process's CPU seconds)."""
+        try:
+            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields)
+            host = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            host = 0.0
+        times = os.times()
+        return time.perf_counter(), host, times.user + times.system
 
 
 def _steps(step: Callable, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch],
