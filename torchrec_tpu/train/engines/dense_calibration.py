@@ -9,16 +9,17 @@ warmed first, then timed in alternating rounds, and each placement's fastest rou
 from other work and a fresh process's first CPU steps only ever add time, so the minimum is the
 step's own cost, where a median over three rounds still flipped verdicts on a loaded host. Under
 sustained load no round is quiet, and load slows torch's OpenMP GEMMs far more than XLA's pool
-(the anchor's cpu step timed 3x its quiet time at load 8 on 2 cores): a verdict taken while other
+(the anchor's cpu step timed 1,258 ms at load 8 on 2 cores, against stock TorchRec's whole step
+of ~107 ms on the quiet box, the tpu one 412 ms): a verdict taken while other
 processes used more than :data:`BUSY_SHARE` of the host decides this job but is not stored, so a
 later job measures again.
 
 Which wins depends on the host (its cores, their vector units, what else runs on them), the torch
 thread count, the towers' and tables' sizes and the device's kernels, not on a fixed size
 threshold. The verdict (with both times) is stored in the compile cache (level ``placements``)
-under a key of everything it depends on, so a later job with the same model on this host decides
-without timing; the tpu step's program is stored in the step cache as usual, so a stored verdict
-or a second measurement compiles nothing.
+under a key of everything it depends on (the project's source files too), so a later job with the
+same model on this host and code decides without timing; the tpu step's program is stored in the
+step cache as usual, so a stored verdict or a second measurement compiles nothing.
 """
 
 from __future__ import annotations
@@ -178,9 +179,14 @@ def _key(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: s
          ids_per_feature: tuple[int, ...] | None = None) -> str:
     """Everything the verdict depends on: the towers, the timed tables, batch, ids per sample,
     optimizers, precision, sparse backend, torch threads, this host's CPU and core count, the
-    library versions and the device's kernels."""
+    library versions, the device's kernels and the project's source files (a change to either
+    placement's step code times again)."""
     import jax
 
+    import sparsecore
+    import torch_tpu
+    import torchrec_tpu
+    from torch_tpu.compile.program.sources import tree_identity
     from torch_tpu.ops import batched_matmul
 
     towers = (len(spec.feature_names), spec.embedding_dim, spec.dense_in_features, spec.dense_layers,
@@ -190,7 +196,8 @@ def _key(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: s
     ids = ids_per_feature or (1,) * len(spec.feature_names)
     parts = (towers, tables, batch_size, ids, optimizers, optim.precision, sparse_backend, torch.get_num_threads(),
              os.cpu_count(), _cpu_model(), platform.machine(), torch.__version__, jax.__version__,
-             batched_matmul.fingerprint())
+             batched_matmul.fingerprint(),
+             tuple(tree_identity(Path(package.__file__).parent) for package in (torch_tpu, sparsecore, torchrec_tpu)))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
