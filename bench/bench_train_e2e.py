@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def bench_world(world: int, data: Path, tmp: Path, args: argparse.Namespace) -> None:
     """``--repeats`` alternating runs of TorchRec and of sparsecore at each ``--dense-device`` on
     ``world`` ranks; prints the ratios, the bound, the programs per step and auto's placement."""
-    variants = [("torchrec", "")] + [("sparsecore", towers) for towers in args.dense_device]
+    variants = [("torchrec", "")] + [("sparsecore", towers) for towers in dict.fromkeys(args.dense_device)]
     label = {v: f"{v[0]}[{v[1]}]" if v[1] and len(variants) > 2 else v[0] for v in variants}
     results: dict[tuple[str, str], list[dict]] = {v: [] for v in variants}
     for i in range(args.repeats):
