@@ -10,9 +10,9 @@ from other work and a fresh process's first CPU steps only ever add time, so the
 step's own cost, where a median over three rounds still flipped verdicts on a loaded host. Under
 sustained load no round is quiet, and load slows torch's OpenMP GEMMs far more than XLA's pool
 (the anchor's cpu step timed 1,258 ms at load 8 on 2 cores, against stock TorchRec's whole step
-of ~107 ms on the quiet box, the tpu one 412 ms): a verdict taken while other
-processes used more than :data:`BUSY_SHARE` of the host decides this job but is not stored, so a
-later job measures again.
+of ~107 ms on the quiet box, the tpu one 412 ms): a verdict taken while other processes used more
+than :data:`BUSY_SHARE` of the host is stored as a busy one, which later jobs reuse while the host
+is busy too (``train`` and ``profile`` then agree) and replace by timing again once it is quiet.
 
 Which wins depends on the host (its cores, their vector units, what else runs on them), the torch
 thread count, the towers' and tables' sizes and the device's kernels, not on a fixed size
@@ -24,6 +24,7 @@ step cache as usual, so a stored verdict or a second measurement compiles nothin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -32,7 +33,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,8 +51,10 @@ _WARMUP_STEPS, _STEPS, _ROUNDS = 2, 3, 4
 # the timed tables' rows at most: a step's lookup and update cost follows the batch's ids, and a
 # job's full tables (up to 40M rows each) must not be allocated twice more to time it
 TABLE_ROWS_CAP = 4096
-# other processes' CPU while timing, as a share of the host's cores, above which a verdict is not stored
+# other processes' CPU, as a share of the host's cores, above which the host is busy: a verdict timed
+# then is replaced once the host is quiet (sampled for _QUIET_CHECK_S by a job finding it)
 BUSY_SHARE = 0.25
+_QUIET_CHECK_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -73,14 +76,15 @@ def measured_dense_device(spec: ModelSpec, batch_size: int, optim: OptimConfig, 
                           ids_per_feature: tuple[int, ...] | None = None) -> str:
     """"cpu" or "tpu": where ``spec``'s step trains faster at ``batch_size`` samples per rank with
     ``optim``'s optimizers and precision, ``--sparse-backend sparse_backend`` and
-    ``ids_per_feature`` ids per sample (None: one), on this host (stored verdict, else
-    :func:`time_placements`, then stored)."""
+    ``ids_per_feature`` ids per sample (None: one), on this host (the stored verdict, unless it was
+    timed on a busy host and this one is quiet now; else :func:`time_placements`, then stored)."""
     key = _key(spec, batch_size, optim, sparse_backend, ids_per_feature)
     stored = xla_cache.load(LEVEL, key, lambda blob: json.loads(blob.decode()))
-    if stored is not None:
+    if stored is not None and not (stored.get("busy") and not _host_busy()):
         return str(stored["device"])
     _log.info("--dense-device auto: timing a training step with the towers in CPU eager torch and on the tpu "
-              "device (once on this host for this model; the verdict is stored)")
+              "device (once on this host for this model%s; the verdict is stored)",
+              ", again: the last timing ran beside other work" if stored is not None else "")
     start = time.perf_counter()
     timing = time_placements(spec, batch_size, optim, sparse_backend, ids_per_feature)
     busy = timing.outside_share > BUSY_SHARE
@@ -88,11 +92,17 @@ def measured_dense_device(spec: ModelSpec, batch_size: int, optim: OptimConfig, 
               "in CPU eager torch, %.1f ms with them on the tpu device (XLA:CPU); picked %s (measured in %.1f s, "
               "other processes used %.0f%% of the host's CPU meanwhile%s)", timing.cpu_ms, timing.tpu_ms,
               timing.device, time.perf_counter() - start, 100 * timing.outside_share,
-              f": above {100 * BUSY_SHARE:.0f}%, so not stored; a later job measures again" if busy else "")
-    if not busy:
-        xla_cache.store(LEVEL, key, json.dumps({"device": timing.device, "cpu_ms": timing.cpu_ms,
-                                                "tpu_ms": timing.tpu_ms}).encode())
+              f": above {100 * BUSY_SHARE:.0f}%, so a job on the quiet host times again" if busy else "")
+    xla_cache.store(LEVEL, key, json.dumps({"device": timing.device, "cpu_ms": timing.cpu_ms,
+                                            "tpu_ms": timing.tpu_ms, "busy": busy}).encode())
     return timing.device
+
+
+def _host_busy() -> bool:
+    """Whether other processes use more than :data:`BUSY_SHARE` of the host's CPU now."""
+    outside = OutsideCpu()
+    time.sleep(_QUIET_CHECK_S)
+    return outside.share() > BUSY_SHARE
 
 
 def time_placements(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: str = "auto",
@@ -110,7 +120,7 @@ def time_placements(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse
 
     capped = dataclasses.replace(spec, table_sizes=tuple(min(rows, TABLE_ROWS_CAP) for rows in spec.table_sizes))
     options = EngineConfig(sparse_backend=sparse_backend)
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(), _quiet(logging.getLogger(step_function.__module__)):
         torch.manual_seed(0)
         batches = [_random_batch(capped, batch_size, ids_per_feature) for _ in range(2)]
         runs: dict[str, Callable[[int], None]] = {}
@@ -131,6 +141,18 @@ def time_placements(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse
             runs[name](_STEPS)
             times[name].append((time.perf_counter() - start) / _STEPS * 1e3)
     return PlacementTiming(min(times["cpu"]), min(times["tpu"]), outside.share())
+
+
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger) -> Iterator[None]:
+    """``logger`` says only warnings meanwhile (the timed steps' "training step:" lines are not
+    the job's: its own step says that)."""
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 class OutsideCpu:
