@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_tpu.ops.hstu.padded import KERNELS, padded_attention
+from torch_tpu.ops.hstu.padded import KERNELS, padded_attention, padded_attention_backward
 from torch_tpu.ops.pallas.op import jax_op
 from torch_tpu.ops.pallas.platform import traceable
 from torch_tpu.runtime._jax import jax, jnp
@@ -46,32 +46,47 @@ def _unpad(padded: jax.Array, offsets: jax.Array, total: int) -> jax.Array:
     return jnp.where(inside, out, jnp.zeros((), out.dtype))
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
-               num_targets: torch.Tensor, pos_weights: torch.Tensor, time_weights: torch.Tensor, max_len: int,
-               max_seq_len: int, alpha: float, kernel: str) -> torch.Tensor:
-    total, heads, dv = v.shape
-    if total == 0:
-        return jnp.zeros(v.shape, v.dtype)
+def _padded_inputs(q, k, v, offsets, timestamps, num_targets, max_len):
+    """The padded batch :func:`padded_attention` takes: ``(q, k, v [B, H, L, D], lengths, history,
+    ts [B, L], block)``, with int32 time gaps from the batch's first event (68 years of range)."""
     offsets = offsets.astype(jnp.int32)
     block = tile_size(max_len)
     seq = -(-max_len // block) * block
     qp, kp, vp = (jnp.swapaxes(_pad(x, offsets, seq)[0], 1, 2) for x in (q, k, v))
-    ts, _ = _pad(timestamps.astype(jnp.int32), offsets, seq)
+    gaps = jnp.minimum(timestamps.astype(jnp.int64) - jnp.min(timestamps), _INT32_MAX).astype(jnp.int32)
+    ts, _ = _pad(gaps, offsets, seq)
     lengths = offsets[1:] - offsets[:-1]
     history = lengths - num_targets.astype(jnp.int32)
+    return qp, kp, vp, lengths, history, ts, block
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
+               num_targets: torch.Tensor, pos_weights: torch.Tensor, time_weights: torch.Tensor, max_len: int,
+               max_seq_len: int, alpha: float, kernel: str) -> torch.Tensor:
+    total = v.shape[0]
+    if total == 0:
+        return jnp.zeros(v.shape, v.dtype)
+    qp, kp, vp, lengths, history, ts, block = _padded_inputs(q, k, v, offsets, timestamps, num_targets, max_len)
     out = padded_attention(qp, kp, vp, lengths, history, ts, pos_weights, time_weights, block, float(alpha),
                            1.0 / max_seq_len, kernel)
-    return _unpad(jnp.swapaxes(out, 1, 2), offsets, total)
+    return _unpad(jnp.swapaxes(out, 1, 2), offsets.astype(jnp.int32), total)
 
 
 def _attention_backward(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, max_len,
                         max_seq_len, alpha, kernel, grad):
-    def differentiable(q, k, v, pos_weights, time_weights):
-        return _attention(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, max_len,
-                          max_seq_len, alpha, kernel)
-
-    _, vjp = jax.vjp(differentiable, q, k, v, pos_weights, time_weights)
-    return vjp(grad.astype(v.dtype))
+    """The padded attention's backward on the padded inputs (no forward pass), its q, k, v
+    gradients gathered back to rows (the transpose of :func:`_pad` is :func:`_unpad`: both map row
+    ``t`` to its sequence's position, a one-to-one map)."""
+    total = v.shape[0]
+    if total == 0:
+        return (jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype),
+                jnp.zeros(pos_weights.shape, pos_weights.dtype), jnp.zeros(time_weights.shape, time_weights.dtype))
+    qp, kp, vp, lengths, history, ts, block = _padded_inputs(q, k, v, offsets, timestamps, num_targets, max_len)
+    offsets = offsets.astype(jnp.int32)
+    dout = jnp.swapaxes(_pad(grad.astype(v.dtype), offsets, qp.shape[2])[0], 1, 2)
+    dq, dk, dv, dpos, dts = padded_attention_backward(qp, kp, vp, lengths, history, ts, pos_weights, time_weights,
+                                                      dout, block, float(alpha), 1.0 / max_seq_len, kernel)
+    return (*(_unpad(jnp.swapaxes(d, 1, 2), offsets, total) for d in (dq, dk, dv)), dpos, dts)
 
 
 _jagged_attention = jax_op("torch_tpu_pallas::hstu_jagged_attention", _attention, backward=_attention_backward,
@@ -104,12 +119,13 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Ten
 
 
 def _check_lengths(offsets: torch.Tensor, num_targets: torch.Tensor, max_len: int) -> None:
-    """Eager only (one host read): every sequence fits ``max_len`` and holds its candidates."""
-    lengths = (offsets[1:] - offsets[:-1]).cpu()
+    """Eager only (host reads of two small inputs): every sequence fits ``max_len`` and holds its candidates."""
+    lengths = offsets.cpu().diff()
     if lengths.numel() and int(lengths.max()) > max_len:
         raise ValueError(f"jagged_hstu_attention: a sequence has {int(lengths.max())} events, above "
                          f"max_len={max_len}; pass a larger max_len (bucket)")
-    if bool(((num_targets.cpu() < 0) | (num_targets.cpu() > lengths)).any()):
+    targets = num_targets.cpu()
+    if bool(((targets < 0) | (targets > lengths)).any()):
         raise ValueError("jagged_hstu_attention: num_targets must lie in [0, the sequence's length]")
 
 
@@ -133,8 +149,5 @@ def jagged_hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off
         raise ValueError(f"jagged_hstu_attention: max_len={max_len}; it must be >= 1")
     if not torch.compiler.is_compiling():
         _check_lengths(offsets, num_targets, max_len)
-    if timestamps.numel():  # gaps only: int32 seconds from the batch's first event (68 years of range)
-        timestamps = (timestamps - timestamps.min()).clamp(max=_INT32_MAX)
-    return _jagged_attention(q, k, v, offsets.to(torch.int32), timestamps.to(torch.int32),
-                             num_targets.to(torch.int32), pos_weights, time_weights, max_len, max_seq_len,
-                             float(alpha), kernel)
+    return _jagged_attention(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, max_len,
+                             max_seq_len, float(alpha), kernel)

@@ -1,11 +1,11 @@
 """HSTU attention over a padded batch ``[B, H, L, D]``, with a custom VJP, on two paths.
 
-* ``"xla"``: :mod:`.tiles`' per-sequence loops vmapped over sequences and heads: one XLA program
-  on every platform; its tile loops run to the batch's longest sequence, holding ``[B, H, block,
-  block]`` scores at a time.
-* ``"pallas"``: the same loops as a Pallas kernel, one program per (sequence, head), each stopping
-  at its own sequence's length (Mosaic on TPU, interpret mode elsewhere). The bias tables are
-  gathered in the kernel body; per-program bias gradients are summed outside.
+* ``"xla"``: :mod:`.tiles`' per-sequence loops (all heads at once) vmapped over sequences: one
+  XLA program on every platform; its tile loops run to the batch's longest sequence, holding
+  ``[B, H, block, block]`` scores at a time.
+* ``"pallas"``: the same loops as a Pallas kernel, one program per (sequence, head) (a one-head
+  block), each stopping at its own sequence's length (Mosaic on TPU, interpret mode elsewhere).
+  The bias tables are gathered in the kernel body; per-program bias gradients are summed outside.
 
 Both compute float32 scores; gradients come back in the inputs' dtypes.
 """
@@ -29,34 +29,28 @@ def _live_tiles(lengths: jax.Array, block: int) -> jax.Array:
     return (lengths + block - 1) // block
 
 
-def _vmapped(fn, *, per_sequence_live: bool):
-    """``fn`` over heads (q, k, v and any trailing per-head array) then over sequences."""
-    def over_heads(q, k, v, length, history, live, ts, pos_w, ts_w, *rest):
-        return jax.vmap(fn, in_axes=(0, 0, 0, None, None, None, None, None, None) + (0,) * len(rest))(
-            q, k, v, length, history, live, ts, pos_w, ts_w, *rest)
-
-    live_axis = 0 if per_sequence_live else None
-    return lambda *args: jax.vmap(over_heads, in_axes=(0, 0, 0, 0, 0, live_axis, 0, None, None)
-                                  + (0,) * (len(args) - 9))(*args)
+def _over_sequences(fn):
+    """``fn`` (one sequence, all heads) over the batch: q, k, v, lengths, history, ts and any
+    trailing per-sequence array batched; ``live`` and the bias tables shared."""
+    return lambda *args: jax.vmap(fn, in_axes=(0, 0, 0, 0, 0, None, 0, None, None) + (0,) * (len(args) - 9))(*args)
 
 
 def _xla_forward(q, k, v, lengths, history, ts, pos_w, ts_w, statics):
     live = _live_tiles(jnp.max(lengths, initial=0), statics["block"])
     fn = functools.partial(sequence_forward, **statics)
-    return _vmapped(fn, per_sequence_live=False)(q, k, v, lengths, history, live, ts, pos_w, ts_w)
+    return _over_sequences(fn)(q, k, v, lengths, history, live, ts, pos_w, ts_w)
 
 
 def _xla_backward(q, k, v, lengths, history, ts, pos_w, ts_w, dout, statics):
     live = _live_tiles(jnp.max(lengths, initial=0), statics["block"])
     fn = functools.partial(sequence_backward, **statics)
-    dq, dk, dv, dpos, dts = _vmapped(fn, per_sequence_live=False)(
-        q, k, v, lengths, history, live, ts, pos_w, ts_w, dout)
-    return dq, dk, dv, dpos.sum(axis=(0, 1)), dts.sum(axis=(0, 1))
+    dq, dk, dv, dpos, dts = _over_sequences(fn)(q, k, v, lengths, history, live, ts, pos_w, ts_w, dout)
+    return dq, dk, dv, dpos.sum(axis=0), dts.sum(axis=0)
 
 
 def _specs(q, v, ts, pos_w, ts_w):
     seq, dq, dv = q.shape[2], q.shape[3], v.shape[3]
-    head = lambda d: pl.BlockSpec((None, None, seq, d), lambda b, h: (b, h, 0, 0))  # noqa: E731
+    head = lambda d: pl.BlockSpec((None, 1, seq, d), lambda b, h: (b, h, 0, 0))  # noqa: E731
     return {
         "q": head(dq), "v": head(dv),
         "ts": pl.BlockSpec((None, seq), lambda b, h: (b, 0)),
@@ -134,11 +128,19 @@ def _fwd(q, k, v, lengths, history, ts, pos_w, ts_w, block, alpha, inv_n, kernel
     return out, (q, k, v, lengths, history, ts, pos_w, ts_w)
 
 
-def _bwd(block, alpha, inv_n, kernel, residuals, dout):
-    q, k, v, lengths, history, ts, pos_w, ts_w = residuals
+def padded_attention_backward(q, k, v, lengths, history, ts, pos_w, ts_w, dout, block: int, alpha: float,
+                              inv_n: float, kernel: str) -> tuple[jax.Array, ...]:
+    """Gradients ``(dq, dk, dv, dpos_w, dts_w)`` of :func:`padded_attention` for the output gradient
+    ``dout``, in the inputs' dtypes (the custom VJP's backward, callable without a forward pass)."""
     grads = _PATHS[kernel][1](q, k, v, lengths, history, ts, pos_w, ts_w, dout,
                               {"block": block, "alpha": alpha, "inv_n": inv_n})
-    dq, dk, dv, dpos, dts = (g.astype(x.dtype) for g, x in zip(grads, (q, k, v, pos_w, ts_w)))
+    return tuple(g.astype(x.dtype) for g, x in zip(grads, (q, k, v, pos_w, ts_w)))
+
+
+def _bwd(block, alpha, inv_n, kernel, residuals, dout):
+    q, k, v, lengths, history, ts, pos_w, ts_w = residuals
+    dq, dk, dv, dpos, dts = padded_attention_backward(q, k, v, lengths, history, ts, pos_w, ts_w, dout, block,
+                                                      alpha, inv_n, kernel)
     return dq, dk, dv, None, None, None, dpos, dts
 
 
