@@ -2,9 +2,10 @@
 
 Plain: the model with stock TorchRec's EmbeddingCollection and the padded ``[B, H, L, L]``
 attention at every length (kernel ``padded``, as generative-recommenders' PyTorch kernels run), all
-on the CPU. Stack: the same model
-(same weights) with its tables on the sharded SparseCore EmbeddingCollection and the STU stack on
-the tpu device, attention by the jagged op (no ``[L, L]`` tensor). Printed: steady training
+on the CPU. Stack: the same model (same weights) as ``torchrec-tpu train --model hstu`` runs it: its
+tables on the sharded SparseCore EmbeddingCollection, the STU stack and heads on the default dense
+device (cpu on XLA:CPU, tpu on a TPU), attention by the jagged op on the tpu device (no ``[L, L]``
+tensor). The first line says what is compared. Printed: steady training
 samples/s of each and the ratio; the attention op alone (forward + backward) of each and the
 ratio; peak RSS of one attention forward + backward at each ``--rss-lengths`` (each in a fresh
 process), and in parentheses its growth during the step (over the process with its inputs made).
@@ -31,8 +32,8 @@ import torch_tpu  # noqa: F401  (the tpu device)
 from torch_tpu.ops.hstu import jagged_hstu_attention
 from torch_tpu.runtime.tensor import to_jax
 from torchrec_tpu.hstu import HSTU, HSTUConfig, sharded_embeddings
-from torchrec_tpu.hstu.attention import PADDED, padded_attention
-from torchrec_tpu.hstu.model import FEATURE_KEYS
+from torchrec_tpu.hstu.attention import PADDED, attention_device, padded_attention
+from torchrec_tpu.hstu.model import FEATURE_KEYS, default_dense_device
 
 HEADS, QK, DV = 2, 32, 32
 
@@ -163,10 +164,14 @@ def _timings(args: argparse.Namespace) -> None:
     batches = [_batch(args.batch, args.seq_len - candidates, candidates, args.items, seed) for seed in range(4)]
     torch.manual_seed(0)
     plain = HSTU(config)
-    stack = HSTU(replace(config, kernel="xla"), dense_device="tpu",
+    dense = default_dense_device()
+    stack = HSTU(replace(config, kernel="xla"), dense_device=dense,
                  embeddings=sharded_embeddings(config, ec=plain.embeddings, batch_size=args.batch))
     stack.stack.load_state_dict(plain.stack.state_dict())
     stack.heads.load_state_dict(plain.heads.state_dict())
+    print(f"compared: plain = stock TorchRec EmbeddingCollection, STU stack and heads, padded [B, H, L, L] "
+          f"attention, all PyTorch eager on cpu; stack = sharded SparseCore EmbeddingCollection, STU stack and "
+          f"heads on {dense.type}, jagged attention op (xla kernel) on {attention_device('xla', dense).type}")
     plain_rate = _samples_per_s(plain, batches, args.steps, args.warmup)
     stack_rate = _samples_per_s(stack, batches, args.steps, args.warmup)
     print(f"train step (batch {args.batch}, seq {args.seq_len}): plain PyTorch CPU {plain_rate:.1f} samples/s, "

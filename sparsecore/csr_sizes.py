@@ -3,13 +3,14 @@ the ``ops`` backend feeds the ``tpu::`` SparseCore ops (:mod:`sparsecore.csr_mat
 below the backends so that any driver of that math cuts the buffers alike.
 
 Preprocessing lays a stack's buffers out for its configured ids-per-partition limit. A batch's
-largest partition usually needs far less: :func:`fit_csr` cuts the buffers to the power-of-two
-bucket of that partition (:func:`csr_bucket`), so the programs run over the real entries plus
-little padding and only a few buffer sizes, hence programs, occur; :func:`csr_limits` reads that
-bucket back from the buffers' size. :class:`CsrFitter` also deduplicates each stack's touched rows
-on the host (``csr_math.touched_rows``, ahead of the step) cut to a bucket of their count, and
-never shrinks a stack's sizes, or batches whose counts straddle a bucket boundary would alternate
-between two programs.
+largest partition usually needs far less: :func:`fit_csr` cuts the buffers to a bucket of that
+partition (:func:`csr_bucket`: eight sizes per power of two, at most 12.5% padding), so the
+programs run over the real entries plus little padding and only a few buffer sizes, hence
+programs, occur; :func:`csr_limits` reads that bucket back from the buffers' size.
+:class:`CsrFitter` also deduplicates each stack's touched rows on the host
+(``csr_math.touched_rows``, ahead of the step) cut to a bucket of their count, and never shrinks a
+stack's sizes, or batches whose counts straddle a bucket boundary would alternate between two
+programs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sparsecore import csr_math
 from sparsecore.csr_format import round_up_array, row_pointers_per_sc
 from sparsecore.preprocess import PreprocessedBatch
 from sparsecore.stacking import StackedTable, StackingPlan
-from tpu_facts import ALIGNMENT, power_of_two_bucket
+from tpu_facts import ALIGNMENT, eighth_bucket, round_up
 
 CSR_FIELDS = ("row_pointers", "embedding_ids", "sample_ids", "gains")
 Agree = Callable[[list[int]], list[int]]  # this rank's buffer sizes -> the sizes every rank uses
@@ -30,9 +31,9 @@ Agree = Callable[[list[int]], list[int]]  # this rank's buffer sizes -> the size
 
 def bucket_limit(needed: int, limit: int) -> int:
     """The ids-per-partition limit a batch whose largest partition holds ``needed`` ids is laid
-    out for: the smallest power of two >= max(``needed``, 8), or the configured ``limit`` itself
-    where that is not smaller."""
-    bucket = power_of_two_bucket(int(needed), ALIGNMENT)
+    out for: ``needed`` rounded up to one of eight sizes per power of two (at most 12.5% padding)
+    and to a multiple of 8, at least 8; the configured ``limit`` itself where that is not smaller."""
+    bucket = round_up(eighth_bucket(int(needed), ALIGNMENT), ALIGNMENT)
     return bucket if bucket < limit else limit
 
 

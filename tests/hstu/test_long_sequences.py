@@ -1,7 +1,7 @@
-"""The model's attention on CPU tensors at padded length L >= 1,024 makes no [L, L]-sized tensor
-(every torch op's output is recorded, forward and backward) and equals the reference written from
-the paper's equations (tests/hstu/reference.py), forward and gradients; kernel "padded" (the
-bench's plain baseline) still makes them."""
+"""The model's attention on CPU tensors (the jagged op on the tpu device, at every length) makes no
+[L, L]-sized tensor at padded length L = 1,024 (every torch op's output is recorded, forward and
+backward) and equals the reference written from the paper's equations (tests/hstu/reference.py),
+forward and gradients; kernel "padded" (the bench's plain baseline) still makes them."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_tpu  # noqa: F401  (the tpu device)
 from tests.hstu import reference
-from torchrec_tpu.hstu.attention import LONG_SEQUENCE, PADDED, hstu_attention
+from torchrec_tpu.hstu.attention import PADDED, hstu_attention
 
 HEADS, QK, DV, MAX_SEQ_LEN = 2, 4, 3, 64
+LONG = 1024
 
 
 class _Shapes(TorchDispatchMode):
@@ -41,7 +42,7 @@ def test_cpu_attention_at_1024_makes_no_length_squared_tensor_and_equals_referen
     timestamps = 1_700_000_000 + torch.randint(0, 5000, (total,), generator=gen).cumsum(0)
     targets = torch.tensor([2, 0, 3, 1])
     got = {n: t.clone().requires_grad_() for n, t in leaves.items()}
-    seq = LONG_SEQUENCE
+    seq = LONG
     with _Shapes() as seen:
         out = hstu_attention(got["q"], got["k"], got["v"], offsets, timestamps, targets, got["pos_w"], got["ts_w"],
                              max_len=seq, max_seq_len=MAX_SEQ_LEN, alpha=QK ** -0.5)

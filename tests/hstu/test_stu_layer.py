@@ -1,6 +1,7 @@
 """The STU layer and the HSTU model equal the plain-PyTorch reference written from the paper's
-equations (tests/hstu/reference.py), on CPU (the padded plain-PyTorch attention) and on the tpu
-device (the jagged op), forward and gradients, fp32 to 1e-5, bf16 within stated tolerances."""
+equations (tests/hstu/reference.py), on CPU (with the jagged op on the tpu device, and all plain
+PyTorch with the padded attention) and on the tpu device, forward and gradients, fp32 to 1e-5, bf16
+within stated tolerances."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 import torch_tpu  # noqa: F401  (the tpu device)
 from tests.hstu import reference
 from tests.hstu.batches import batch_kjt
+from torchrec_tpu.hstu.attention import PADDED
 from torchrec_tpu.hstu.config import HSTUConfig
 from torchrec_tpu.hstu.layers import Sequences, STULayer
 from torchrec_tpu.hstu.model import HSTU
@@ -18,9 +20,9 @@ from torchrec_tpu.hstu.model import HSTU
 DIM, HEADS, QK, DV, MAX_SEQ_LEN = 12, 2, 4, 3, 32
 
 
-def _layer(seed=0):
+def _layer(seed=0, kernel="xla"):
     torch.manual_seed(seed)
-    layer = STULayer(DIM, HEADS, QK, DV, MAX_SEQ_LEN, time_buckets=12)
+    layer = STULayer(DIM, HEADS, QK, DV, MAX_SEQ_LEN, time_buckets=12, kernel=kernel)
     with torch.no_grad():  # random biases and norm, so every term is exercised
         for p in (layer.pos_weights, layer.time_weights, layer.norm.weight, layer.norm.bias):
             p.copy_(torch.randn_like(p) * 0.5 + (1.0 if p is layer.norm.weight else 0.0))
@@ -57,14 +59,15 @@ def _close(got, expected, tol, what):
         torch.testing.assert_close(got.cpu().double(), expected, **tol, msg=lambda m: f"{what}: {m}")
 
 
-@pytest.mark.parametrize("device,dtype,tol", [
-    ("cpu", torch.float32, dict(atol=1e-5, rtol=1e-5)),
+@pytest.mark.parametrize("device,dtype,tol,kernel", [
+    ("cpu", torch.float32, dict(atol=1e-5, rtol=1e-5), "xla"),  # CPU layer, jagged op on tpu
+    ("cpu", torch.float32, dict(atol=1e-5, rtol=1e-5), PADDED),  # all plain PyTorch (the bench's baseline)
     # (the model test below runs the STU stack on tpu by default; this one compiles every layer op anew)
-    pytest.param("tpu", torch.float32, dict(atol=1e-5, rtol=1e-5), marks=pytest.mark.slow),
-    pytest.param("tpu", torch.bfloat16, None, marks=pytest.mark.slow),
+    pytest.param("tpu", torch.float32, dict(atol=1e-5, rtol=1e-5), "xla", marks=pytest.mark.slow),
+    pytest.param("tpu", torch.bfloat16, None, "xla", marks=pytest.mark.slow),
 ])
-def test_stu_layer_matches_reference(device, dtype, tol):
-    layer = _layer()
+def test_stu_layer_matches_reference(device, dtype, tol, kernel):
+    layer = _layer(kernel=kernel)
     x, offsets, ts, targets = _jagged([0, 1, 6, 13, 2], [0, 1, 2, 3, 0])
     params = _params(layer)
     ref_x = x.double().requires_grad_()
@@ -109,10 +112,10 @@ def _reference_model(model, kjt):
     return model.heads.double()(torch.cat(rows)).float()
 
 
-@pytest.mark.parametrize("device", ["cpu", "tpu"])
-def test_model_scores_each_users_candidates_like_the_reference(device):
+@pytest.mark.parametrize("device,kernel", [("cpu", "xla"), ("cpu", PADDED), ("tpu", "xla")])
+def test_model_scores_each_users_candidates_like_the_reference(device, kernel):
     config = HSTUConfig(item_rows=30, action_rows=3, dim=DIM, layers=2, heads=HEADS, qk_dim=QK, v_dim=DV,
-                        max_seq_len=MAX_SEQ_LEN, tasks=("a", "b"), head_hidden=8)
+                        max_seq_len=MAX_SEQ_LEN, tasks=("a", "b"), head_hidden=8, kernel=kernel)
     torch.manual_seed(0)
     model = HSTU(config, dense_device=device)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""The ops backend cuts each batch's CSR buffers to a power-of-two bucket of its largest partition:
+"""The ops backend cuts each batch's CSR buffers to a bucket of its largest partition (eight per octave):
 the cut buffers are byte for byte what preprocessing with that limit builds, and the lookup and
 fused update on them (with the update's deduplication done at prepare time) equal those on the
 full-size buffers exactly."""
@@ -47,8 +47,9 @@ def _inputs(plan, step: int, most: int):
 
 
 def test_bucket_limit():
-    assert [bucket_limit(k, 200) for k in (0, 1, 8, 9, 16, 17, 128, 129, 200, 250)] == \
-        [8, 8, 8, 16, 16, 32, 128, 200, 200, 200]
+    # eight sizes per power of two, multiples of 8, capped at the configured limit
+    assert [bucket_limit(k, 200) for k in (0, 1, 8, 9, 16, 17, 33, 64, 65, 128, 129, 161, 200, 250)] == \
+        [8, 8, 8, 16, 16, 24, 40, 64, 72, 128, 144, 176, 200, 200]
     assert bucket_limit(3, 4) == 4 and bucket_limit(0, 8) == 8
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_facts import GIB, power_of_two_bucket, quarter_bucket
+from tpu_facts import GIB, eighth_bucket, power_of_two_bucket, quarter_bucket
 
 
 def test_gib_is_two_to_the_thirty() -> None:
@@ -24,3 +24,11 @@ def test_power_of_two_bucket(n: int, minimum: int, expected: int) -> None:
 ])
 def test_quarter_bucket_has_four_sizes_per_power_of_two(n: int, expected: int) -> None:
     assert quarter_bucket(n) == expected
+
+
+@pytest.mark.parametrize(("n", "expected"), [
+    (0, 8), (8, 8), (9, 9), (16, 16), (17, 18), (33, 36), (65, 72), (72, 72), (73, 80), (129, 144), (161, 176),
+    (1000, 1024), (1025, 1152),
+])
+def test_eighth_bucket_has_eight_sizes_per_power_of_two(n: int, expected: int) -> None:
+    assert eighth_bucket(n) == expected

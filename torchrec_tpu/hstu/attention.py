@@ -1,9 +1,9 @@
-"""HSTU attention for the model: torch_tpu's jagged op on tpu tensors (and on CPU tensors of long
-sequences, :data:`LONG_SEQUENCE`), plain PyTorch elsewhere.
+"""HSTU attention for the model: torch_tpu's jagged op on the tpu device (kernels ``xla`` and
+``pallas``, whatever device the STU stack runs on), or plain PyTorch (kernel :data:`PADDED`).
 
 The plain-PyTorch path pads the batch to ``[B, H, L, L]`` scores, as generative-recommenders'
-PyTorch kernels do: the CPU baseline (``bench/bench_hstu.py``) and the reference engine. Both
-compute the equations of :mod:`torch_tpu.ops.hstu.tiles`.
+PyTorch kernels do: the CPU baseline of ``bench/bench_hstu.py``. Both compute the equations of
+:mod:`torch_tpu.ops.hstu.tiles`.
 """
 
 from __future__ import annotations
@@ -43,24 +43,33 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets:
     return gathered * (rows < offsets[-1])[:, None, None]
 
 
-LONG_SEQUENCE = 1024  # from this padded length up, CPU tensors are attended by the jagged op too
-PADDED = "padded"  # the kernel that is plain PyTorch everywhere, at every length: the CPU baseline
+PADDED = "padded"  # the kernel that is plain PyTorch on the stack's device: the CPU baseline
 ATTENTION_KERNELS = (*KERNELS, PADDED)
+JAGGED_DEVICE = torch.device("tpu")  # where the jagged op's kernels run
+
+
+def attention_device(kernel: str, dense_device: torch.device) -> torch.device:
+    """Where ``kernel`` attends a stack on ``dense_device``: the tpu device for the jagged op (a CPU
+    stack, which XLA:CPU hosts because CPU torch runs its linears and norms faster than eager tpu
+    programs, sends q, k, v there and takes the output back), ``dense_device`` itself for
+    :data:`PADDED`."""
+    return dense_device if kernel == PADDED else JAGGED_DEVICE
 
 
 def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
                    num_targets: torch.Tensor, pos_weights: torch.Tensor, time_weights: torch.Tensor, *, max_len: int,
                    max_seq_len: int, alpha: float, kernel: str = "xla") -> torch.Tensor:
-    """The jagged op (``kernel``: ``"xla"`` or ``"pallas"``) on tpu tensors; elsewhere
-    :func:`padded_attention`, except from ``max_len`` >= :data:`LONG_SEQUENCE` up, where its ``[B, H,
-    L, L]`` scores (and their saved copies for backward) would dominate memory: there the inputs go
-    to the tpu device for the jagged op and the output comes back (differentiably). ``kernel``
-    :data:`PADDED`: :func:`padded_attention` always (the plain-PyTorch baseline)."""
-    if kernel != PADDED and (q.device.type == "tpu" or max_len >= LONG_SEQUENCE):
-        home = q.device
-        tpu = [t.to("tpu") for t in (q, k, v, offsets, timestamps, pos_weights, time_weights, num_targets)]
-        out = jagged_hstu_attention(*tpu[:7], max_len=max_len, max_seq_len=max_seq_len, alpha=alpha,
-                                    num_targets=tpu[7], kernel=kernel)
-        return out.to(home)
-    return padded_attention(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, max_len=max_len,
-                            max_seq_len=max_seq_len, alpha=alpha)
+    """HSTU attention of jagged ``q, k [T, H, Dqk]``, ``v [T, H, Dv]``, on ``q``'s device.
+
+    ``kernel`` ``"xla"`` or ``"pallas"``: the jagged op on the tpu device; tensors elsewhere go
+    there (pass ``offsets``, ``timestamps`` and ``num_targets`` already on it to move them once per
+    batch, :func:`attention_device`) and the output comes back, differentiably. :data:`PADDED`:
+    :func:`padded_attention` where the inputs are."""
+    if kernel == PADDED:
+        return padded_attention(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights,
+                                max_len=max_len, max_seq_len=max_seq_len, alpha=alpha)
+    home = q.device
+    moved = [t.to(JAGGED_DEVICE) for t in (q, k, v, offsets, timestamps, pos_weights, time_weights, num_targets)]
+    out = jagged_hstu_attention(*moved[:7], max_len=max_len, max_seq_len=max_seq_len, alpha=alpha,
+                                num_targets=moved[7], kernel=kernel)
+    return out.to(home)

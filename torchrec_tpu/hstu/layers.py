@@ -21,7 +21,9 @@ from torchrec_tpu.hstu.attention import hstu_attention
 class Sequences:
     """The jagged layout every layer of one batch shares: ``offsets [B + 1]`` into the rows,
     ``timestamps`` per row (rows past ``offsets[-1]`` are padding), ``num_targets [B]`` (the
-    candidates closing each sequence) and ``max_len``, the batch's length bucket."""
+    candidates closing each sequence) and ``max_len``, the batch's length bucket. The tensors live
+    where the layers' attention runs (:func:`~torchrec_tpu.hstu.attention.attention_device`), so
+    they cross devices once per batch, not once per layer."""
 
     offsets: torch.Tensor
     timestamps: torch.Tensor

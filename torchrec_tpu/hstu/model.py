@@ -20,6 +20,7 @@ from torchrec import EmbeddingCollection, EmbeddingConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torch_tpu.ops.jagged import align_jagged_to_multiple
+from torchrec_tpu.hstu.attention import attention_device
 from torchrec_tpu.hstu.config import HSTUConfig
 from torchrec_tpu.hstu.layers import HSTUStack, Sequences
 from tpu_facts import power_of_two_bucket
@@ -37,6 +38,14 @@ def table_configs(config: HSTUConfig) -> list[EmbeddingConfig]:
     rows = {"item": config.item_rows, "action": config.action_rows}
     return [EmbeddingConfig(name=name, embedding_dim=config.dim, num_embeddings=rows[name], feature_names=list(f))
             for name, f in TABLES.items()]
+
+
+def default_dense_device() -> torch.device:
+    """The STU stack's and heads' device when none is named (``--dense-device auto``): tpu on a TPU;
+    elsewhere cpu, where CPU torch runs the linears and norms faster than the tpu device's eager
+    programs. The jagged attention runs on the tpu device either way (:func:`attention_device`)."""
+    from torch_tpu.runtime._jax import jax
+    return torch.device("tpu" if jax.devices()[0].platform == "tpu" else "cpu")
 
 
 def length_bucket(longest: int) -> int:
@@ -124,8 +133,8 @@ class HSTU(nn.Module):
         x = align_jagged_to_multiple(torch.nested.nested_tensor_from_jagged(x, layout.offsets), multiple).values()
         timestamps = align_jagged_to_multiple(
             torch.nested.nested_tensor_from_jagged(timestamps, layout.offsets), multiple, padding_value=0).values()
-        device = self.dense_device
-        seq = Sequences(layout.offsets.to(device), timestamps.to(device), layout.num_targets.to(device),
+        device, attends = self.dense_device, attention_device(self.config.kernel, self.dense_device)
+        seq = Sequences(layout.offsets.to(attends), timestamps.to(attends), layout.num_targets.to(attends),
                         min(length_bucket(layout.longest), length_bucket(self.config.max_seq_len)))
         y = self.stack(x.to(device), seq)
         return self.heads(y[layout.candidates.to(device)])

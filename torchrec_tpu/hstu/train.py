@@ -30,8 +30,9 @@ from pipelines.sequences import read_meta, read_movielens, synthetic_events, win
 from pipelines.sequences.reader import SequenceBatch, SequenceReader
 from pipelines.synthetic import cache_root
 from sparsecore.backends import XLA
+from torchrec_tpu.hstu.attention import attention_device
 from torchrec_tpu.hstu.config import HSTUConfig, preset
-from torchrec_tpu.hstu.model import HSTU, table_configs
+from torchrec_tpu.hstu.model import HSTU, default_dense_device, table_configs
 from torchrec_tpu.hstu.sharded import sharded_embeddings
 from torchrec_tpu.train.checkpoint.dirs import new_run_id, run_id_of
 from torchrec_tpu.train.checkpoint.hstu_files import (
@@ -118,13 +119,9 @@ class HSTUSummary:
 
 
 def dense_device(config: TrainConfig) -> torch.device:
-    """``--dense-device``; ``auto``: tpu on a TPU, else cpu (on XLA:CPU, CPU torch's kernels run the
-    stack faster than the tpu device's eager programs, compiled anew for each batch's shapes)."""
+    """``--dense-device``; ``auto``: :func:`~torchrec_tpu.hstu.model.default_dense_device`."""
     choice = config.engine.dense_device
-    if choice != "auto":
-        return torch.device(choice)
-    from torch_tpu.runtime._jax import jax
-    return torch.device("tpu" if jax.devices()[0].platform == "tpu" else "cpu")
+    return default_dense_device() if choice == "auto" else torch.device(choice)
 
 
 def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tuple[HSTU, HSTUConfig]:
@@ -229,8 +226,10 @@ class HSTUTraining:
         """The ``training layout:`` line: where the tables and the STU stack run."""
         tables = "stock TorchRec EmbeddingCollection (CPU)" if self.sparse_opt is not None else (
             f"sharded SparseCore EmbeddingCollection (row-wise, {sparse_backend(config)} backend)")
+        attends = attention_device(self.hstu_config.kernel, self.device)
         return (f"training layout: HSTU ({config.model.kind}) tables on the {tables}, STU stack and heads on "
-                f"{self.device.type}, world {self.env.world_size}")
+                f"{self.device.type}, attention on {attends.type} ({self.hstu_config.kernel} kernel), "
+                f"world {self.env.world_size}")
 
 
 @contextlib.contextmanager

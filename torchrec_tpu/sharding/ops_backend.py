@@ -6,9 +6,9 @@ SparseCore ops (``torch.ops.tpu.sparse_dense_matmul`` and the fused
 buffers (``table_<i>``, ``<slot>_<i>``), its hyperparameters and the index tensors that place the
 stacks' chunk-major activations into per-feature outputs. ``prepare`` builds the CSR buffers of a
 received batch on the host (``sparsecore.preprocess_inputs``) and cuts each stack's to the batch's
-need (:func:`fit_csr`: the partition limit rounded down to a power-of-two bucket that still holds
-the batch's largest partition, so the ops run over the real entries plus little padding, and only a
-few buffer sizes, hence programs, occur); the ops read that bucket's limits from the buffers'
+need (:func:`fit_csr`: the partition limit rounded down to a bucket, eight sizes per power of two,
+that still holds the batch's largest partition, so the ops run over the real entries plus little
+padding, and only a few buffer sizes, hence programs, occur); the ops read that bucket's limits from the buffers'
 size (:func:`csr_limits`). The lookup calls the lookup op per
 stack, the update the fused op per stack, eagerly in place (the table and slots donated to it:
 :func:`~torch_tpu.ops.sparsecore_inplace.fused_update_`, no second table). The same

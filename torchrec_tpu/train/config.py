@@ -200,19 +200,18 @@ class EngineConfig(_Group):
                 "cpu (docs/architecture/training_step.md).",
         choices=DENSE_DEVICES)
     sparse_backend: SparseBackend = _opt(
-        "auto", "the sparsecore engine's embedding backend (sparsecore.backends), or auto. The rank's local "
-                "backend, --engine sparsecore only. ops: TorchTPU's tpu:: SparseCore ops on tpu tables (where "
-                "the step is one program, it calls them itself: lookup, towers and fused update in one program; "
-                "in an eager step each update writes only the batch's rows, in place), each batch's CSR buffers "
-                "cut to a power-of-two bucket of its largest partition; xla: one lookup and one update program "
-                "a step for all stacks (the same results as ops), run beside the step, updating the tables "
-                "in place (e.g. row-wise Adagrad on "
-                "tables whose dim is not a multiple of 8, which ops refuses); fbgemm: FBGEMM's table-batched "
-                "embedding CPU kernels, beside the step (SGD, Adagrad, and row-wise Adagrad on dims that are "
-                "multiples of 4; no Adam or FTRL); tpu: jax-tpu-embedding's SparseCore kernels, which only a "
-                "TPU host (libtpu) runs. auto: ops where the step is one program and the optimizer runs inside "
-                "it (not Adam, whose update takes a host value per step), else xla (the eager step runs the xla "
-                "backend's programs beside it).",
+        "auto", "the sparsecore engine's embedding backend (sparsecore.backends), or auto. The rank's local backend, "
+                "--engine sparsecore only. ops: TorchTPU's tpu:: SparseCore ops on tpu tables (where the step is one "
+                "program, it calls them itself: lookup, towers and fused update in one program; in an eager step each "
+                "update writes only the batch's rows, in place), each batch's CSR buffers cut to a bucket of its "
+                "largest partition (eight sizes per power of two); xla: one lookup and one update program a step for "
+                "all stacks (the same results as ops), run beside the step, updating the tables in place (e.g. "
+                "row-wise Adagrad on tables whose dim is not a multiple of 8, which ops refuses); fbgemm: FBGEMM's "
+                "table-batched embedding CPU kernels, beside the step (SGD, Adagrad, and row-wise Adagrad on dims that "
+                "are multiples of 4; no Adam or FTRL); tpu: jax-tpu-embedding's SparseCore kernels, which only a TPU "
+                "host (libtpu) runs. auto: ops where the step is one program and the optimizer runs inside it (not "
+                "Adam, whose update takes a host value per step), else xla (the eager step runs the xla backend's "
+                "programs beside it).",
         choices=SPARSE_BACKENDS)
     dense_parallel: DenseParallel = _opt(
         "ddp", "how the dense towers sync over ranks: ddp (replicated) or fsdp2 (sharded). --engine sparsecore "

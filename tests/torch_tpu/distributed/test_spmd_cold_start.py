@@ -49,6 +49,8 @@ def _job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta, c
     return {"compiles": compiled, "losses": losses}
 
 
+@pytest.mark.slow  # two 2-rank launches (~20 s); test_spmd_train_step's stored-program test and
+# test_cache_default's second-process test keep the store-then-load path in the default run
 def test_the_second_run_of_a_two_rank_step_compiles_nothing(tmp_path: Path) -> None:
     cold = launch_on_tpu(_job, WORLD, TIMEOUT_S, str(tmp_path))
     warm = launch_on_tpu(_job, WORLD, TIMEOUT_S, str(tmp_path))

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 from torch.testing._internal.autocast_test_lists import AutocastTestLists, TestAutocast
+from torch.utils._pytree import tree_map_only
 
 from torch_tpu.eager import op_jit
 
@@ -17,7 +18,13 @@ AMP_DTYPES = (torch.bfloat16, torch.float16)
 
 @pytest.fixture(scope="module")
 def lists() -> AutocastTestLists:
-    return AutocastTestLists(torch.device(DEVICE))
+    """PyTorch's lists built on CPU, their tensors then moved to the tpu: built on the tpu, each
+    of their random inputs is an eager program of its own (~30 s). The checker compares the tpu
+    result with a hand-cast control on the same inputs, so where their values come from is moot."""
+    lists = AutocastTestLists(torch.device("cpu"))
+    for name, entries in vars(lists).items():
+        setattr(lists, name, tree_map_only(torch.Tensor, lambda t: t.to(DEVICE), entries))
+    return lists
 
 
 @pytest.fixture(autouse=True)
