@@ -1,5 +1,6 @@
-"""Shared by the checkpoint fault tests: a tiny dataset, one real `torchrec-tpu train` run that
-leaves two checkpoints (steps 2 and 4), the CLI as a fresh process, and ways to damage a copy."""
+"""Shared by the checkpoint fault tests: a tiny dataset, one real `torchrec-tpu train` run (in the
+test process) that leaves two checkpoints (steps 2 and 4), the CLI as a fresh process, and ways to
+damage a copy."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.synthetic import SyntheticConfig, generate
+from torchrec_tpu import cli
 from torchrec_tpu.train.checkpoint.dirs import write_manifest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,9 +43,10 @@ def _shared_run(base: Path) -> tuple[Path, Path]:
     data = base / "ckpt_faults_data"
     generate(DATA, data, progress=False)
     run = base / "ckpt_faults_run"
-    done = run_cli(*train_args(data, run, "--batch-size", str(BATCH), "--max-steps", str(SAVED_STEPS[-1]),
-                                "--checkpoint-every", str(SAVED_STEPS[0])))
-    assert done.returncode == 0, done.stdout + done.stderr
+    # in this process: a fresh one would spend most of the run importing
+    code = cli.main(train_args(data, run, "--batch-size", str(BATCH), "--max-steps", str(SAVED_STEPS[-1]),
+                               "--checkpoint-every", str(SAVED_STEPS[0])))
+    assert code == 0, f"the shared training run failed with exit code {code} (its output is the test's)"
     return data, run / "checkpoint"
 
 

@@ -143,16 +143,20 @@ def test_every_rank_fails_promptly_with_the_same_error(run_copy, tmp_path: Path)
     assert "it was written by 1 rank(s), this run has 2" in errors[0][0]
 
 
-def test_the_resume_line_names_the_checkpoint_as_typed(run_copy, tmp_path: Path) -> None:
+def test_the_resume_line_names_the_checkpoint_as_typed(run_copy, tmp_path: Path, capsys,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """``--resume`` given relative to the working directory (a root: its ``latest`` is followed):
-    the resume line names the version under the path as typed, not its absolute target."""
+    the resume line names the version under the path as typed, not its absolute target. (The CLI
+    runs in this process: a fresh one would spend most of the test importing.)"""
     import os
 
     from tests.faults.checkpoint_helpers import REPO_ROOT
 
     data, root = run_copy
+    monkeypatch.chdir(REPO_ROOT)
     typed = os.path.relpath(root, REPO_ROOT)
-    done = run_cli(*train_args(data, tmp_path / "resumed", "--batch-size", str(BATCH), "--resume", typed,
+    code = cli.main(train_args(data, tmp_path / "resumed", "--batch-size", str(BATCH), "--resume", typed,
                                "--max-steps", str(SAVED_STEPS[-1] + 1), "--checkpoint-dir", str(tmp_path / "out")))
-    assert done.returncode == 0, done.stderr
-    assert f"resuming from {typed}/{versions(root)[-1].name}: step {SAVED_STEPS[-1]}," in done.stdout, done.stdout
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"resuming from {typed}/{versions(root)[-1].name}: step {SAVED_STEPS[-1]}," in out, out
