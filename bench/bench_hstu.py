@@ -5,7 +5,8 @@ attention at every length (kernel ``padded``, as generative-recommenders' PyTorc
 on the CPU. Stack: the same model (same weights) as ``torchrec-tpu train --model hstu`` runs it: its
 tables on the sharded SparseCore EmbeddingCollection, the STU stack and heads on the default dense
 device (cpu on XLA:CPU, tpu on a TPU), attention by the jagged op on the tpu device (no ``[L, L]``
-tensor). The first line says what is compared. Printed: steady training
+tensor; a CPU stack's batches shorter than ``CPU_JAGGED_FROM`` use the padded attention, as in
+training). The first line says what is compared. Printed: steady training
 samples/s of each and the ratio; the attention op alone (forward + backward) of each and the
 ratio; peak RSS of one attention forward + backward at each ``--rss-lengths`` (each in a fresh
 process), and in parentheses its growth during the step (over the process with its inputs made).
@@ -32,7 +33,7 @@ import torch_tpu  # noqa: F401  (the tpu device)
 from torch_tpu.ops.hstu import jagged_hstu_attention
 from torch_tpu.runtime.tensor import to_jax
 from torchrec_tpu.hstu import HSTU, HSTUConfig, sharded_embeddings
-from torchrec_tpu.hstu.attention import PADDED, attention_device, padded_attention
+from torchrec_tpu.hstu.attention import PADDED, describe, padded_attention
 from torchrec_tpu.hstu.model import FEATURE_KEYS, default_dense_device
 
 HEADS, QK, DV = 2, 32, 32
@@ -171,7 +172,7 @@ def _timings(args: argparse.Namespace) -> None:
     stack.heads.load_state_dict(plain.heads.state_dict())
     print(f"compared: plain = stock TorchRec EmbeddingCollection, STU stack and heads, padded [B, H, L, L] "
           f"attention, all PyTorch eager on cpu; stack = sharded SparseCore EmbeddingCollection, STU stack and "
-          f"heads on {dense.type}, jagged attention op (xla kernel) on {attention_device('xla', dense).type}")
+          f"heads on {dense.type}, attention by the {describe('xla', dense)}")
     plain_rate = _samples_per_s(plain, batches, args.steps, args.warmup)
     stack_rate = _samples_per_s(stack, batches, args.steps, args.warmup)
     print(f"train step (batch {args.batch}, seq {args.seq_len}): plain PyTorch CPU {plain_rate:.1f} samples/s, "

@@ -12,7 +12,9 @@ and Adagrad step in CPU eager torch): that dense half timed in this process agai
 steady step, i.e. the ratio such an engine whose sparse part, input and overhead took no time at
 all would reach. The sparsecore engine's ``--dense-device`` (default ``auto``: tpu at one rank,
 where lookup, dense step and embedding update run as one compiled program) is not bound by it;
-``--dense-device cpu`` is.
+``--dense-device cpu`` is. ``--dense-device auto cpu tpu`` runs the sparsecore engine once per
+placement (each alternating with TorchRec's runs) and prints the placement ``auto`` picked beside
+the forced placements' ratios, and whether it is the faster one (within 5%).
 
 Presets: ``default`` is ``torchrec-tpu train``'s own defaults (dim 16, dense 64-16, over 64-32-1,
 batch 512, 1 thread); ``anchor`` the issue's anchor config (26 tables x 100k x 64, batch 2048,
@@ -24,6 +26,7 @@ rank 512, Adagrad, batch 256, 2 threads). Flags given explicitly override it; ``
 bf16`` runs both engines' towers in bf16 autocast.
 
     .venv/bin/python bench/bench_train_e2e.py [--preset anchor] [--rows N] [--batch-size N] [--repeats 3] [--worlds 1 2]
+        [--dense-device auto cpu tpu]
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from torchrec_tpu.launcher import xla_cpu_malloc_env
 from torchrec_tpu.train.engine_kinds import ENGINES as TRAIN_ENGINES
 
 ENGINES = ("torchrec", "sparsecore")
+AUTO_TOLERANCE = 1.05  # auto's placement counts as the faster one within 5% of its step rate
 NUM_SPARSE, NUM_DENSE = 26, 13  # Criteo's features, as the synthetic data has
 # MLPerf DLRM-DCNv2's (TorchRec's dlrm_main / train_dlrm_mlperf_tpu.py): ids per feature (sum 214), table rows
 MLPERF_MULTI_HOT_SIZES = "3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1"
@@ -89,28 +93,32 @@ def worker(args: argparse.Namespace) -> None:
         dcn_num_layers=args.dcn_num_layers, dcn_low_rank_dim=args.dcn_low_rank_dim, precision=args.precision,
         **({"multi_hot_sizes": args.multi_hot_sizes} if args.multi_hot_sizes else {}),
         **({"num_embeddings_per_feature": args.num_embeddings_per_feature} if args.num_embeddings_per_feature else {}),
-        **({"dense_device": args.dense_device} if args.engine == "sparsecore" and args.dense_device else {}),
+        **({"dense_device": args.dense_device[0]} if args.engine == "sparsecore" else {}),
         **({"sparse_backend": args.sparse_backend} if args.engine == "sparsecore" and args.sparse_backend else {}),
     )
-    programs = _count_programs()
+    programs, towers_on = _count_programs()
     summary = run_job(config)
     if summary.primary:
         print(json.dumps({"whole": summary.result.samples_per_sec, "steady": steady_rate(Path(args.log_dir)),
                           "steps": summary.result.steps,
-                          "programs": statistics.median(programs[1:] or programs or [0])}))
+                          "programs": statistics.median(programs[1:] or programs or [0]),
+                          "towers_on": towers_on[-1] if towers_on else ""}))
 
 
-def _count_programs() -> list[int]:
+def _count_programs() -> tuple[list[int], list[str]]:
     """Make every engine's step function record the tpu programs each step dispatches (eager ops'
-    programs and step programs) into the returned list."""
+    programs and step programs) into the first returned list, and the device its step layout put
+    the towers on (what ``--dense-device`` resolved to) into the second."""
     from torchrec_tpu.train.engine_kinds import ENGINES
 
     counts: list[int] = []
+    towers_on: list[str] = []
     for engine in {kind.load() for kind in ENGINES.values()}:
         original = engine.step_function
 
         def step_function(self, model, optimizer, layout, original=original):
             step = original(self, model, optimizer, layout)
+            towers_on.append(layout.dense_device.type)
 
             def counted(model, optimizer, batch):
                 before = _programs_so_far()
@@ -121,7 +129,7 @@ def _count_programs() -> list[int]:
             return counted
 
         engine.step_function = step_function
-    return counts
+    return counts, towers_on
 
 
 def _programs_so_far() -> int:
@@ -140,20 +148,22 @@ def steady_rate(log_dir: Path) -> float:
     return len(rates) / sum(1.0 / r for r in rates)
 
 
-def run(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Namespace) -> dict:
-    """One fresh run of ``engine`` on ``world`` loopback processes; rank 0's throughputs. A failed
-    run is reported and run once more (TorchRec's processes sometimes abort at exit, "terminate
-    called without an active exception"); a second failure raises."""
+def run(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Namespace, towers: str = "auto") -> dict:
+    """One fresh run of ``engine`` on ``world`` loopback processes (sparsecore: ``--dense-device
+    towers``); rank 0's throughputs. A failed run is reported and run once more (TorchRec's
+    processes sometimes abort at exit, "terminate called without an active exception"); a second
+    failure raises."""
     try:
-        return _run_once(engine, world, data, log_dir, args)
+        return _run_once(engine, world, data, log_dir, args, towers)
     except RuntimeError as error:
         print(f"  (retrying once: {str(error).splitlines()[0]} with: {str(error).splitlines()[-1]})", flush=True)
-        return _run_once(engine, world, data, log_dir / "retry", args)
+        return _run_once(engine, world, data, log_dir / "retry", args, towers)
 
 
-def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Namespace) -> dict:
+def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse.Namespace, towers: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--data", str(data), "--log-dir", str(log_dir)]
-    cmd += [arg for name in MODEL_FLAGS for arg in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
+    flags = {**vars(args), "dense_device": towers}
+    cmd += [arg for name in MODEL_FLAGS for arg in (f"--{name.replace('_', '-')}", str(flags[name]))]
     env = engine_env(engine)
     if world > 1:
         env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
@@ -243,8 +253,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "preset's; else --num-embeddings)")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                         help="the towers' matmuls, both engines (default: fp32)")
-    parser.add_argument("--dense-device", default="", choices=("", "auto", "cpu", "tpu"),
-                        help="the sparsecore engine's --dense-device (default: the job's, auto)")
+    parser.add_argument("--dense-device", nargs="+", default=["auto"], choices=("auto", "cpu", "tpu"),
+                        help="the sparsecore engine's --dense-device, one sparsecore run per value and repeat "
+                             "(default: auto)")
     parser.add_argument("--sparse-backend", default="", choices=("", "auto", "xla", "ops"),
                         help="the sparsecore engine's --sparse-backend (default: the job's)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per engine and world (default: 3)")
@@ -287,26 +298,55 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"alternating fresh "
               f"runs; load {os.getloadavg()[0]:.2f}; shared box, noisy")
         for world in args.worlds:
-            results: dict[str, list[dict]] = {e: [] for e in ENGINES}
-            for i in range(args.repeats):
-                for engine in ENGINES if i % 2 == 0 else ENGINES[::-1]:
-                    results[engine].append(run(engine, world, data, Path(tmp) / f"{engine}_{world}_{i}", args))
-            dense_ms, cap = ratio_cap(statistics.median(r["steady"] for r in results["torchrec"]), world, args)
-            print(f"  world {world} bound: TorchRec's dense half alone (CPU eager) takes {dense_ms:.1f} ms per step; "
-                  f"TorchRec's steady step "
-                  f"{args.batch_size / statistics.median(r['steady'] for r in results['torchrec']) * 1e3:.1f} ms; "
-                  f"an engine with that dense half and everything else free could reach at most {cap:.2f}x")
-            for key, label in (("steady", "steady state"), ("whole", "whole loop")):
-                ratios = [s[key] / t[key] for s, t in zip(results["sparsecore"], results["torchrec"])]
-                medians = {e: statistics.median(r[key] for r in results[e]) for e in ENGINES}
-                print(f"  world {world} {label:<12}  torchrec {medians['torchrec']:>8,.0f}  sparsecore "
-                      f"{medians['sparsecore']:>8,.0f} samples/s   "
-                      f"sparsecore/torchrec {statistics.median(ratios):.2f}x "
-                      f"(runs: {', '.join(f'{r:.2f}' for r in ratios)}; load {os.getloadavg()[0]:.2f})")
-            print(f"  world {world} tpu programs dispatched per step and rank (median): sparsecore "
-                  f"{statistics.median(r['programs'] for r in results['sparsecore']):g}, torchrec "
-                  f"{statistics.median(r['programs'] for r in results['torchrec']):g} (it runs on the CPU)")
+            bench_world(world, data, Path(tmp), args)
 
+
+def bench_world(world: int, data: Path, tmp: Path, args: argparse.Namespace) -> None:
+    """``--repeats`` alternating runs of TorchRec and of sparsecore at each ``--dense-device`` on
+    ``world`` ranks; prints the ratios, the bound, the programs per step and auto's placement."""
+    variants = [("torchrec", "")] + [("sparsecore", towers) for towers in dict.fromkeys(args.dense_device)]
+    label = {v: f"{v[0]}[{v[1]}]" if v[1] and len(variants) > 2 else v[0] for v in variants}
+    results: dict[tuple[str, str], list[dict]] = {v: [] for v in variants}
+    for i in range(args.repeats):
+        for engine, towers in variants if i % 2 == 0 else variants[::-1]:
+            results[engine, towers].append(run(engine, world, data, tmp / f"{engine}{towers}_{world}_{i}", args,
+                                               towers or "auto"))
+    torchrec = results["torchrec", ""]
+    dense_ms, cap = ratio_cap(statistics.median(r["steady"] for r in torchrec), world, args)
+    print(f"  world {world} bound: TorchRec's dense half alone (CPU eager) takes {dense_ms:.1f} ms per step; "
+          f"TorchRec's steady step {args.batch_size / statistics.median(r['steady'] for r in torchrec) * 1e3:.1f} ms; "
+          f"an engine with that dense half and everything else free could reach at most {cap:.2f}x")
+    steady: dict[str, float] = {}  # sparsecore/torchrec at each --dense-device
+    for key, name in (("steady", "steady state"), ("whole", "whole loop")):
+        for variant in variants[1:]:
+            runs = [s[key] / t[key] for s, t in zip(results[variant], torchrec)]
+            if key == "steady":
+                steady[variant[1]] = statistics.median(runs)
+            print(f"  world {world} {name:<12}  torchrec {statistics.median(r[key] for r in torchrec):>8,.0f}  "
+                  f"{label[variant]} {statistics.median(r[key] for r in results[variant]):>8,.0f} samples/s   "
+                  f"{label[variant]}/torchrec {statistics.median(runs):.2f}x "
+                  f"(runs: {', '.join(f'{r:.2f}' for r in runs)}; load {os.getloadavg()[0]:.2f})")
+    programs = ", ".join(f"{label[v]} {statistics.median(r['programs'] for r in results[v]):g}" for v in variants[1:])
+    print(f"  world {world} tpu programs dispatched per step and rank (median): {programs}, torchrec "
+          f"{statistics.median(r['programs'] for r in torchrec):g} (it runs on the CPU)")
+    if ("sparsecore", "auto") in results:
+        print(f"  world {world} {auto_verdict(results['sparsecore', 'auto'], steady)}")
+
+
+def auto_verdict(auto_runs: list[dict], steady: dict[str, float]) -> str:
+    """Where ``--dense-device auto``'s runs put the towers, beside the forced placements' steady
+    ratios (``steady``, by --dense-device), and whether auto's placement is the faster one within 5%."""
+    picked = sorted({r["towers_on"] for r in auto_runs})
+    line = f"--dense-device auto put the towers on {'/'.join(picked)}"
+    forced = {towers: ratio for towers, ratio in steady.items() if towers != "auto"}
+    if not forced:
+        return line
+    line += " (forced: " + ", ".join(f"{towers} {ratio:.2f}x" for towers, ratio in sorted(forced.items())) + ")"
+    if len(picked) != 1:
+        return line
+    ratios = {picked[0]: steady["auto"], **forced}  # auto's own runs stand for its placement when not forced
+    faster = ratios[picked[0]] * AUTO_TOLERANCE >= max(ratios.values())
+    return line + ("; the faster placement (within 5%)" if faster else "; NOT the faster placement")
 
 if __name__ == "__main__":
     quiet_box.run(main)

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import lru_cache
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """``path`` parsed once for all the rules here (several read the same files; none changes a tree)."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 PACKAGES = ("tpu_facts", "xla_cache", "pipelines", "torch_tpu", "sparsecore", "torchrec_tpu")
 # package -> the project packages it may import (docs/ARCHITECTURE.md, "may import")
 ALLOWED = {
@@ -22,7 +31,7 @@ ALLOWED = {
 
 
 def _imported_packages(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _tree(path)
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -46,7 +55,7 @@ def test_every_package_imports_only_the_packages_below_it() -> None:
 def _import_nodes(path: Path, lazy: bool) -> list[tuple[str, bool]]:
     """(module named, at module level?) of each absolute import in ``path`` (``from pkg import mod``
     names ``pkg.mod``; every import when ``lazy``, else only those Python runs at import)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _tree(path)
     top = {id(n) for n in _module_level(tree.body)}
     found = []
     for node in ast.walk(tree) if lazy else _module_level(tree.body):
@@ -200,7 +209,7 @@ def _targets(node: ast.stmt, modules: dict[str, Path]) -> set[str]:
 
 
 def _imports(path: Path, modules: dict[str, Path], module_level: bool) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _tree(path)
     nodes = _module_level(tree.body) if module_level else list(ast.walk(tree))
     found: set[str] = set()
     for node in nodes:
@@ -344,7 +353,7 @@ def _private(name: str) -> bool:
 def _private_reaches(path: Path, modules: dict[str, Path]) -> set[str]:
     """``from other import _name`` and ``other_module._name`` where ``other`` is a project module
     imported by this file (attributes of objects are not counted: only of imported modules)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _tree(path)
     module_aliases: dict[str, str] = {}
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -393,7 +402,7 @@ def test_only_the_runtime_sets_a_tpu_tensors_layout() -> None:
     for module, path in _project_modules().items():
         if module.startswith("torch_tpu.runtime."):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(_tree(path)):
             if not isinstance(node, ast.Attribute):
                 continue
             if node.attr in RETIRED_LAYOUT_ATTRIBUTES:
@@ -407,7 +416,7 @@ def test_no_test_module_imports_another() -> None:
     """What tests share lives in helper modules (conftest.py, ``*_cases.py``, ...), not in test files."""
     offenders = []
     for path in sorted((REPO_ROOT / "tests").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom) and node.module:
                 if node.module.rsplit(".", 1)[-1].startswith("test_"):
                     offenders.append(f"{path.relative_to(REPO_ROOT)} imports {node.module}")
@@ -428,7 +437,7 @@ def test_no_submodule_imports_from_its_package_init_while_the_init_imports_it() 
         for child in sorted(_imports(init, modules, module_level=True)):
             if not child.startswith(f"{package}.") or child not in modules:
                 continue
-            tree = ast.parse(modules[child].read_text(), filename=str(modules[child]))
+            tree = _tree(modules[child])
             if any(isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == package
                    for node in _module_level(tree.body)):
                 offenders.append(f"{package} <-> {child}")
@@ -464,7 +473,7 @@ def test_project_environment_variables_are_read_only_through_the_knob_registry()
     for module, path in _project_modules().items():
         if module == KNOB_REGISTRY:
             continue
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = _tree(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) \
                     and PROJECT_VARIABLE.fullmatch(node.value):
@@ -482,7 +491,7 @@ def test_every_on_off_mode_is_a_switch() -> None:
     for module, path in _project_modules().items():
         if module == "tpu_facts.switches":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(_tree(path)):
             if (isinstance(node, ast.Call) and _call_name(node) == "ContextVar"
                     and any(k.arg == "default" and isinstance(k.value, ast.Constant)
                             and isinstance(k.value.value, bool) for k in node.keywords)):
@@ -558,5 +567,5 @@ def test_sparse_backends_are_named_only_by_their_registry() -> None:
         if module == BACKEND_REGISTRY or module.split(".")[0] not in ("sparsecore", "torchrec_tpu"):
             continue
         offenders += [f"{module} {where}"
-                      for where in _backend_name_literals(ast.parse(path.read_text(), filename=str(path)), names)]
+                      for where in _backend_name_literals(_tree(path), names)]
     assert not offenders, "\n".join(offenders)

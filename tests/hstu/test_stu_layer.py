@@ -1,6 +1,6 @@
 """The STU layer and the HSTU model equal the plain-PyTorch reference written from the paper's
-equations (tests/hstu/reference.py), on CPU (with the jagged op on the tpu device, and all plain
-PyTorch with the padded attention) and on the tpu device, forward and gradients, fp32 to 1e-5, bf16
+equations (tests/hstu/reference.py), on CPU (with the jagged op on the tpu device, and plain PyTorch
+with the padded attention) and on the tpu device, forward and gradients, fp32 to 1e-5, bf16
 within stated tolerances."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 import torch_tpu  # noqa: F401  (the tpu device)
 from tests.hstu import reference
 from tests.hstu.batches import batch_kjt
-from torchrec_tpu.hstu.attention import PADDED
+from torchrec_tpu.hstu import attention
+from torchrec_tpu.hstu.attention import CPU_JAGGED_FROM, PADDED
 from torchrec_tpu.hstu.config import HSTUConfig
 from torchrec_tpu.hstu.layers import Sequences, STULayer
 from torchrec_tpu.hstu.model import HSTU
@@ -59,14 +60,15 @@ def _close(got, expected, tol, what):
         torch.testing.assert_close(got.cpu().double(), expected, **tol, msg=lambda m: f"{what}: {m}")
 
 
-@pytest.mark.parametrize("device,dtype,tol,kernel", [
-    ("cpu", torch.float32, dict(atol=1e-5, rtol=1e-5), "xla"),  # CPU layer, jagged op on tpu
-    ("cpu", torch.float32, dict(atol=1e-5, rtol=1e-5), PADDED),  # all plain PyTorch (the bench's baseline)
+@pytest.mark.parametrize("device,dtype,tol,kernel,max_len", [
+    ("cpu", torch.float32, dict(atol=1e-5, rtol=1e-5), "xla", CPU_JAGGED_FROM),  # CPU layer, jagged op on tpu
+    ("cpu", torch.float32, dict(atol=1e-5, rtol=1e-5), "xla", 16),  # a short CPU batch: padded attention
+    ("cpu", torch.float32, dict(atol=1e-5, rtol=1e-5), PADDED, CPU_JAGGED_FROM),  # plain PyTorch (the baseline)
     # (the model test below runs the STU stack on tpu by default; this one compiles every layer op anew)
-    pytest.param("tpu", torch.float32, dict(atol=1e-5, rtol=1e-5), "xla", marks=pytest.mark.slow),
-    pytest.param("tpu", torch.bfloat16, None, "xla", marks=pytest.mark.slow),
+    pytest.param("tpu", torch.float32, dict(atol=1e-5, rtol=1e-5), "xla", 16, marks=pytest.mark.slow),
+    pytest.param("tpu", torch.bfloat16, None, "xla", 16, marks=pytest.mark.slow),
 ])
-def test_stu_layer_matches_reference(device, dtype, tol, kernel):
+def test_stu_layer_matches_reference(device, dtype, tol, kernel, max_len):
     layer = _layer(kernel=kernel)
     x, offsets, ts, targets = _jagged([0, 1, 6, 13, 2], [0, 1, 2, 3, 0])
     params = _params(layer)
@@ -78,7 +80,7 @@ def test_stu_layer_matches_reference(device, dtype, tol, kernel):
 
     ours = layer.to(device=device, dtype=dtype)
     got_x = x.to(device=device, dtype=dtype).requires_grad_()
-    seq = Sequences(offsets.to(device), ts.to(device), targets.to(device), max_len=16)
+    seq = Sequences(offsets.to(device), ts.to(device), targets.to(device), max_len=max_len)
     got = ours(got_x, seq)
     assert got.dtype == dtype
     _close(got, expected.detach(), tol, "output")
@@ -112,8 +114,12 @@ def _reference_model(model, kjt):
     return model.heads.double()(torch.cat(rows)).float()
 
 
-@pytest.mark.parametrize("device,kernel", [("cpu", "xla"), ("cpu", PADDED), ("tpu", "xla")])
-def test_model_scores_each_users_candidates_like_the_reference(device, kernel):
+@pytest.mark.parametrize("device,kernel,jagged_from", [
+    ("cpu", "xla", 1),  # CPU stack, every batch through the jagged op on tpu
+    ("cpu", "xla", CPU_JAGGED_FROM),  # CPU stack, these short batches through the padded attention
+    ("cpu", PADDED, 1), ("tpu", "xla", CPU_JAGGED_FROM)])
+def test_model_scores_each_users_candidates_like_the_reference(device, kernel, jagged_from, monkeypatch):
+    monkeypatch.setattr(attention, "CPU_JAGGED_FROM", jagged_from)
     config = HSTUConfig(item_rows=30, action_rows=3, dim=DIM, layers=2, heads=HEADS, qk_dim=QK, v_dim=DV,
                         max_seq_len=MAX_SEQ_LEN, tasks=("a", "b"), head_hidden=8, kernel=kernel)
     torch.manual_seed(0)

@@ -14,7 +14,10 @@ DATA = SyntheticConfig(num_rows=3 * 1024, seed=2, max_cardinality=100, rows_per_
 
 @pytest.fixture(scope="session", params=["sparsecore", "torchrec"])
 def profiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """One profile run per engine (the CLI's default, sparsecore, and the torchrec reference)."""
+    """One profile run per engine (the CLI's default, sparsecore, and the torchrec reference).
+    Sparsecore's towers go on the tpu device by flag, so its step is the one compiled program the
+    tests expect: ``auto`` would time both placements, and at this tiny size they are a tie that
+    load on the host decides."""
     from torchrec_tpu.profiling.job import profile_training
 
     data = tmp_path_factory.mktemp("profile_data")
@@ -24,5 +27,6 @@ def profiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         engine=request.param, data=str(data), num_embeddings=100, embedding_dim=8, dense_arch="16,8",
         over_arch="16,1",
         batch_size=128, log_dir=str(logs), progress=False,
+        **({"dense_device": "tpu"} if request.param == "sparsecore" else {}),
     )
     return profile_training(config, steps=PROFILED_STEPS, warmup=1, log_dir=logs / "profile")

@@ -41,8 +41,8 @@ def test_tensorboard_profile_layout(profiled) -> None:
     assert profiled.files.chrome_trace.parent == run_dir
 
 
-# the phases of train's step: one compiled program (sparsecore's default here: small towers on the
-# tpu device), or op by op (torchrec: no collectives at one rank for sparsecore only)
+# the phases of train's step: one compiled program (sparsecore here: the towers on the tpu device),
+# or op by op (torchrec: no collectives at one rank for sparsecore only)
 COMPILED_PHASES = {DATA_PHASE, PREPROCESS, TRAIN_STEP}
 EAGER_PHASES = set(PHASES)
 
@@ -59,7 +59,7 @@ def _steps_and_inside(result) -> list[tuple[dict, list[str]]]:
 def test_profile_runs_the_step_train_runs(profiled) -> None:
     """The program train's engine builds for this config (the same --dense-device/--sparse-backend
     resolution), named in the result and the trace."""
-    if profiled.engine == "sparsecore":  # one rank, small towers: dense-device auto -> tpu, one program
+    if profiled.engine == "sparsecore":  # one rank, --dense-device tpu: one program
         assert profiled.program.startswith("one compiled program: embedding lookup")
     else:
         assert profiled.program == EAGER_STEP

@@ -4,6 +4,12 @@ batches), without any CPU fallback; checkpoints load across placements."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,9 +17,11 @@ import torch
 
 from tests.train.conftest import flat_checkpoint, tiny_config
 from tests.train.dense_device_checks import STEPS, train
-from torchrec_tpu.train.config import ConfigError, TrainConfig
+from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, TrainConfig
+from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.engines import dense_calibration
-from torchrec_tpu.train.engines.dense_placement import resolve_dense_device
+from torchrec_tpu.train.engines.dense_placement import resolve_dense_device, tpu_installed
+from torchrec_tpu.train.engines.sparsecore_engine import SparseCoreEngine
 from torchrec_tpu.train.job import run_job
 from torchrec_tpu.train.model import ModelSpec
 
@@ -69,9 +77,10 @@ SMALL = ModelSpec(feature_names=tuple(f"f{i}" for i in range(4)), table_sizes=(1
                   dense_in_features=13, dense_layers=(16, 8), over_layers=(16, 1))
 
 
-def test_auto_dense_device_follows_the_structure_then_the_measurement() -> None:
+def test_auto_dense_device_follows_the_structure_then_the_measurement(monkeypatch) -> None:
     """auto: cpu where the step cannot be one program per rank (fsdp2, several XLA:CPU ranks),
     without timing anything; at one rank on XLA:CPU the faster placement as measured (and stored)."""
+    monkeypatch.setattr(dense_calibration, "BUSY_SHARE", 1.0)  # stored even beside other tests
     before = len(list(_placement_entries()))
     assert resolve_dense_device("auto", SMALL, 2, "ddp", 64).type == "cpu"
     assert resolve_dense_device("auto", SMALL, 1, "fsdp2", 64).type == "cpu"
@@ -79,23 +88,99 @@ def test_auto_dense_device_follows_the_structure_then_the_measurement() -> None:
     assert resolve_dense_device("cpu", SMALL, 1, "ddp", 64).type == "cpu"
     assert len(list(_placement_entries())) == before  # none of these measured
     picked = resolve_dense_device("auto", SMALL, 1, "ddp", 64)
-    stored = dense_calibration._key(SMALL, 64, torch.optim.Adagrad, "fp32")
+    stored = dense_calibration._key(SMALL, 64, OptimConfig(), "auto")
     entry = dense_calibration.xla_cache.load(dense_calibration.LEVEL, stored, lambda blob: blob)
     assert entry is not None and f'"device": "{picked.type}"'.encode() in entry
     TrainConfig.from_options(engine="torchrec", dense_device="cpu").validate()  # where it runs anyway
 
 
-def test_placement_timing_runs_both_towers_and_the_verdict_is_reused(monkeypatch) -> None:
-    timing = dense_calibration.time_placements(SMALL, 32, torch.optim.Adagrad)
+def test_placement_timing_runs_both_whole_steps_and_the_verdict_is_reused(monkeypatch) -> None:
+    timing = dense_calibration.time_placements(SMALL, 32, OptimConfig())
     assert timing.cpu_ms > 0 and timing.tpu_ms > 0
     assert timing.device == ("tpu" if timing.tpu_ms < timing.cpu_ms else "cpu")
     assert dense_calibration.PlacementTiming(2.0, 1.0).device == "tpu"
     assert dense_calibration.PlacementTiming(1.0, 1.0).device == "cpu"
-    first = dense_calibration.measured_dense_device(SMALL, 48, torch.optim.Adagrad)
+    assert 0 <= timing.outside_share <= 1
+    monkeypatch.setattr(dense_calibration, "BUSY_SHARE", 1.0)  # stored even beside other tests
+    first = dense_calibration.measured_dense_device(SMALL, 48, OptimConfig())
     measured = []
     monkeypatch.setattr(dense_calibration, "time_placements", lambda *args: measured.append(args))
-    assert dense_calibration.measured_dense_device(SMALL, 48, torch.optim.Adagrad) == first
+    assert dense_calibration.measured_dense_device(SMALL, 48, OptimConfig()) == first
     assert measured == []  # the stored verdict, not a new measurement
+
+
+def test_the_verdict_depends_on_the_sparse_half_of_the_step() -> None:
+    """The timed step holds the embedding lookup and update: the verdict's key has the tables (as
+    timed, capped), the sparse optimizer and backend; a backend this host cannot run is refused
+    by the timing itself, as by the job."""
+    key = dense_calibration._key(SMALL, 64, OptimConfig(), "auto")
+    assert key != dense_calibration._key(SMALL, 64, OptimConfig(), "xla")
+    assert key != dense_calibration._key(SMALL, 64, OptimConfig(sparse_optimizer="sgd"), "auto")
+    assert key != dense_calibration._key(dataclasses.replace(SMALL, table_sizes=(20,) * 4), 64, OptimConfig(), "auto")
+    huge = dataclasses.replace(SMALL, table_sizes=(10**7,) * 4)
+    assert dense_calibration._key(huge, 64, OptimConfig(), "auto") == dense_calibration._key(
+        dataclasses.replace(SMALL, table_sizes=(dense_calibration.TABLE_ROWS_CAP,) * 4), 64, OptimConfig(), "auto")
+    if not tpu_installed():
+        with pytest.raises(ConfigError, match="--sparse-backend='tpu'"):
+            dense_calibration.time_placements(SMALL, 32, OptimConfig(), "tpu")
+
+
+def test_a_verdict_timed_on_a_busy_host_is_timed_again_once_quiet(monkeypatch) -> None:
+    """Load slows the cpu placement more than the tpu one: a verdict timed while other processes
+    used more than BUSY_SHARE of the host is reused while the host is busy (train and profile
+    agree), and timed again, then kept, once it is quiet."""
+    key = dense_calibration._key(SMALL, 40, OptimConfig(), "auto")
+
+    def stored() -> dict:
+        return json.loads(dense_calibration.xla_cache.load(dense_calibration.LEVEL, key, lambda blob: blob))
+
+    monkeypatch.setattr(dense_calibration, "BUSY_SHARE", -1.0)  # any share is above it: busy
+    picked = dense_calibration.measured_dense_device(SMALL, 40, OptimConfig())
+    assert stored()["busy"] is True and stored()["device"] == picked
+    timed = []
+    real_timing = dense_calibration.time_placements
+    monkeypatch.setattr(dense_calibration, "time_placements", lambda *args: timed.append(args) or real_timing(*args))
+    assert dense_calibration.measured_dense_device(SMALL, 40, OptimConfig()) == picked
+    assert timed == []  # still busy: the stored verdict
+    monkeypatch.setattr(dense_calibration, "BUSY_SHARE", 1.0)  # no share is above it: quiet
+    again = dense_calibration.measured_dense_device(SMALL, 40, OptimConfig())
+    assert len(timed) == 1 and stored() == {**stored(), "busy": False, "device": again}
+    assert dense_calibration.measured_dense_device(SMALL, 40, OptimConfig()) == again
+    assert len(timed) == 1  # a quiet verdict is kept
+
+
+def test_outside_cpu_counts_other_processes() -> None:
+    """A process per core spinning for a second: with this one asleep, other processes held most
+    of the host's CPU."""
+    spin = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.2)
+        outside = dense_calibration.OutsideCpu()
+        time.sleep(1.0)
+        assert outside.share() > 0.5
+    finally:
+        for spinner in spinners:
+            spinner.wait()
+
+
+def test_auto_times_the_step_with_the_jobs_ids_per_sample(monkeypatch) -> None:
+    """``--multi-hot-sizes`` (MLPerf's 214 ids a sample) is in the timed batches and the stored
+    verdict's key: the lookup and update of a multi-hot step cost more than one id's."""
+    ids = (3, 1, 2, 5)
+    kjt = dense_calibration._random_batch(SMALL, 8, ids).sparse_features
+    for name, count, rows in zip(SMALL.feature_names, ids, SMALL.table_sizes):
+        assert kjt[name].lengths().tolist() == [count] * 8
+        assert 0 <= int(kjt[name].values().min()) and int(kjt[name].values().max()) < rows
+    one_hot = dense_calibration._key(SMALL, 64, OptimConfig(), "auto")
+    assert one_hot == dense_calibration._key(SMALL, 64, OptimConfig(), "auto", (1,) * 4)
+    assert one_hot != dense_calibration._key(SMALL, 64, OptimConfig(), "auto", ids)
+    monkeypatch.setattr(dense_calibration, "BUSY_SHARE", 1.0)  # stored even beside other tests
+    engine = SparseCoreEngine(OptimConfig(), EngineConfig(), 64, seed=0, multi_hot_sizes="3,1,2,5")
+    layout = engine.step_layout(SMALL, DistEnv(0, 1, 1))
+    stored = dense_calibration._key(SMALL, 64, OptimConfig(), "auto", ids)
+    entry = dense_calibration.xla_cache.load(dense_calibration.LEVEL, stored, lambda blob: blob)
+    assert entry is not None and f'"device": "{layout.dense_device.type}"'.encode() in entry
 
 
 def _placement_entries():

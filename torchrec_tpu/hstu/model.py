@@ -43,7 +43,7 @@ def table_configs(config: HSTUConfig) -> list[EmbeddingConfig]:
 def default_dense_device() -> torch.device:
     """The STU stack's and heads' device when none is named (``--dense-device auto``): tpu on a TPU;
     elsewhere cpu, where CPU torch runs the linears and norms faster than the tpu device's eager
-    programs. The jagged attention runs on the tpu device either way (:func:`attention_device`)."""
+    programs. Where the attention runs: :func:`~torchrec_tpu.hstu.attention.attention_device`."""
     from torch_tpu.runtime._jax import jax
     return torch.device("tpu" if jax.devices()[0].platform == "tpu" else "cpu")
 
@@ -133,8 +133,8 @@ class HSTU(nn.Module):
         x = align_jagged_to_multiple(torch.nested.nested_tensor_from_jagged(x, layout.offsets), multiple).values()
         timestamps = align_jagged_to_multiple(
             torch.nested.nested_tensor_from_jagged(timestamps, layout.offsets), multiple, padding_value=0).values()
-        device, attends = self.dense_device, attention_device(self.config.kernel, self.dense_device)
-        seq = Sequences(layout.offsets.to(attends), timestamps.to(attends), layout.num_targets.to(attends),
-                        min(length_bucket(layout.longest), length_bucket(self.config.max_seq_len)))
+        device, bucket = self.dense_device, min(length_bucket(layout.longest), length_bucket(self.config.max_seq_len))
+        attends = attention_device(self.config.kernel, device, bucket)
+        seq = Sequences(layout.offsets.to(attends), timestamps.to(attends), layout.num_targets.to(attends), bucket)
         y = self.stack(x.to(device), seq)
         return self.heads(y[layout.candidates.to(device)])

@@ -30,7 +30,7 @@ from pipelines.sequences import read_meta, read_movielens, synthetic_events, win
 from pipelines.sequences.reader import SequenceBatch, SequenceReader
 from pipelines.synthetic import cache_root
 from sparsecore.backends import XLA
-from torchrec_tpu.hstu.attention import attention_device
+from torchrec_tpu.hstu.attention import describe
 from torchrec_tpu.hstu.config import HSTUConfig, preset
 from torchrec_tpu.hstu.model import HSTU, default_dense_device, table_configs
 from torchrec_tpu.hstu.sharded import sharded_embeddings
@@ -226,9 +226,8 @@ class HSTUTraining:
         """The ``training layout:`` line: where the tables and the STU stack run."""
         tables = "stock TorchRec EmbeddingCollection (CPU)" if self.sparse_opt is not None else (
             f"sharded SparseCore EmbeddingCollection (row-wise, {sparse_backend(config)} backend)")
-        attends = attention_device(self.hstu_config.kernel, self.device)
         return (f"training layout: HSTU ({config.model.kind}) tables on the {tables}, STU stack and heads on "
-                f"{self.device.type}, attention on {attends.type} ({self.hstu_config.kernel} kernel), "
+                f"{self.device.type}, attention by the {describe(self.hstu_config.kernel, self.device)}, "
                 f"world {self.env.world_size}")
 
 

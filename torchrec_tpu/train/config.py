@@ -196,8 +196,9 @@ class EngineConfig(_Group):
                 "(several ranks: one SPMD program, over tpu_dist's XLA transport; without it, or with fsdp2, "
                 "the towers run eagerly). Its first step traces and compiles. auto: tpu where the step compiles "
                 "into one program and the tpu device is a TPU, or, on XLA:CPU in one process, where that program "
-                "trains the towers faster than CPU eager torch (measured once on this host and stored), else "
-                "cpu (docs/architecture/training_step.md).",
+                "runs the whole training step faster than the towers in CPU eager torch beside the embedding "
+                "lookup and update (both timed once on this host for this model and stored), else cpu "
+                "(docs/architecture/training_step.md).",
         choices=DENSE_DEVICES)
     sparse_backend: SparseBackend = _opt(
         "auto", "the sparsecore engine's embedding backend (sparsecore.backends), or auto. The rank's local backend, "
@@ -392,16 +393,20 @@ class TrainConfig:
         """``--num-embeddings-per-feature`` or ``--multi-hot-sizes`` (``name``) for ``count``
         features: one value per feature (a single value for all is allowed for multi-hot sizes),
         or None when not given."""
-        text = self.option(name)
-        if text is None:
-            return None
-        values = _positive_ints(name, text)
-        if len(values) == 1 and name == "multi_hot_sizes":
-            values = values * count
-        if len(values) != count:
-            raise ConfigError(f"{_as_flag(name)}={text!r} has {len(values)} values; the data has "
-                              f"{count} categorical features")
-        return tuple(values)
+        return per_feature_values(name, self.option(name), count)
+
+
+def per_feature_values(name: str, text: str | None, count: int) -> tuple[int, ...] | None:
+    """:meth:`TrainConfig.per_feature` of option ``name``'s value ``text``."""
+    if text is None:
+        return None
+    values = _positive_ints(name, text)
+    if len(values) == 1 and name == "multi_hot_sizes":
+        values = values * count
+    if len(values) != count:
+        raise ConfigError(f"{_as_flag(name)}={text!r} has {len(values)} values; the data has "
+                          f"{count} categorical features")
+    return tuple(values)
 
 
 def _group_options() -> dict[str, tuple[str, dataclasses.Field]]:

@@ -1,45 +1,70 @@
-"""``--dense-device auto`` on XLA:CPU, decided by measurement: the dense towers' training step
-(forward, backward, dense optimizer) timed on this host both ways, CPU eager torch and the tpu
-device's one compiled program, at the job's per-rank batch; the faster wins.
+"""``--dense-device auto`` on XLA:CPU, decided by measurement: the job's whole training step
+(towers forward and backward, dense optimizer, embedding lookup and fused update) timed on this
+host both ways, each as the job would run it: towers on cpu (CPU eager torch, the sparse backend
+that layout picks) and on the tpu device (the step layout's compiled program, the lookup inside
+where the layout puts it there), at the job's per-rank batch with its sparse optimizer and
+backend, over its tables capped at :data:`TABLE_ROWS_CAP` rows, with its ids per feature and
+sample (``--multi-hot-sizes``; else one, Criteo's); the faster wins. Both placements are built and
+warmed first, then timed in alternating rounds, and each placement's fastest round counts: load
+from other work and a fresh process's first CPU steps only ever add time, so the minimum is the
+step's own cost, where a median over three rounds still flipped verdicts on a loaded host. Under
+sustained load no round is quiet, and load slows torch's OpenMP GEMMs far more than XLA's pool
+(the anchor's cpu step timed 1,258 ms at load 8 on 2 cores, against stock TorchRec's whole step
+of ~107 ms on the quiet box, the tpu one 412 ms): a verdict taken while other processes used more
+than :data:`BUSY_SHARE` of the host is stored as a busy one, which later jobs reuse while the host
+is busy too (``train`` and ``profile`` then agree) and replace by timing again once it is quiet.
 
 Which wins depends on the host (its cores, their vector units, what else runs on them), the torch
-thread count, the towers' sizes and the device's kernels, not on a fixed size threshold. The
-verdict (with both times) is stored in the compile cache (level ``placements``) under a key of
-everything it depends on, so a later job with the same towers on this host decides without
-timing; the tpu step's program is stored in the step cache as usual, so a stored verdict or a
-second measurement compiles nothing.
+thread count, the towers' and tables' sizes and the device's kernels, not on a fixed size
+threshold. The verdict (with both times) is stored in the compile cache (level ``placements``)
+under a key of everything it depends on (the project's source files too), so a later job with the
+same model on this host and code decides without timing; the tpu step's program is stored in the
+step cache as usual, so a stored verdict or a second measurement compiles nothing.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import os
 import platform
-import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import xla_cache
-from torchrec_tpu.train.model import ModelSpec, build_dlrm
+from torchrec_tpu.train.config import EngineConfig, OptimConfig
+from torchrec_tpu.train.model import ModelSpec
 
 _log = logging.getLogger(__name__)
 LEVEL = "placements"
-_WARMUP_STEPS, _STEPS, _ROUNDS = 2, 3, 3
+_WARMUP_STEPS, _STEPS, _ROUNDS = 2, 3, 4
+# the timed tables' rows at most: a step's lookup and update cost follows the batch's ids, and a
+# job's full tables (up to 40M rows each) must not be allocated twice more to time it
+TABLE_ROWS_CAP = 4096
+# other processes' CPU, as a share of the host's cores, above which the host is busy: a verdict timed
+# then is replaced once the host is quiet (sampled for _QUIET_CHECK_S by a job finding it)
+BUSY_SHARE = 0.25
+_QUIET_CHECK_S = 0.25
 
 
 @dataclass(frozen=True)
 class PlacementTiming:
-    """Median milliseconds per dense step of each placement."""
+    """Milliseconds per training step of each placement (its fastest round), and the share of the
+    host's CPU that other processes used meanwhile."""
 
     cpu_ms: float
     tpu_ms: float
+    outside_share: float = 0.0
 
     @property
     def device(self) -> str:
@@ -47,76 +72,154 @@ class PlacementTiming:
         return "tpu" if self.tpu_ms < self.cpu_ms else "cpu"
 
 
-def measured_dense_device(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer],
-                          precision: str = "fp32") -> str:
-    """"cpu" or "tpu": where ``spec``'s towers train faster at ``batch_size`` samples per step with
-    ``optimizer`` at ``precision``, on this host (stored verdict, else :func:`time_placements`,
-    then stored)."""
-    key = _key(spec, batch_size, optimizer, precision)
+def measured_dense_device(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: str = "auto",
+                          ids_per_feature: tuple[int, ...] | None = None) -> str:
+    """"cpu" or "tpu": where ``spec``'s step trains faster at ``batch_size`` samples per rank with
+    ``optim``'s optimizers and precision, ``--sparse-backend sparse_backend`` and
+    ``ids_per_feature`` ids per sample (None: one), on this host (the stored verdict, unless it was
+    timed on a busy host and this one is quiet now; else :func:`time_placements`, then stored)."""
+    key = _key(spec, batch_size, optim, sparse_backend, ids_per_feature)
     stored = xla_cache.load(LEVEL, key, lambda blob: json.loads(blob.decode()))
-    if stored is not None:
+    if stored is not None and not (stored.get("busy") and not _host_busy()):
         return str(stored["device"])
-    timing = time_placements(spec, batch_size, optimizer, precision)
-    _log.info("--dense-device auto: towers' step %.1f ms in CPU eager torch, %.1f ms as one tpu program (XLA:CPU); "
-              "picked %s", timing.cpu_ms, timing.tpu_ms, timing.device)
+    _log.info("--dense-device auto: timing a training step with the towers in CPU eager torch and on the tpu "
+              "device (once on this host for this model%s; the verdict is stored)",
+              ", again: the last timing ran beside other work" if stored is not None else "")
+    start = time.perf_counter()
+    timing = time_placements(spec, batch_size, optim, sparse_backend, ids_per_feature)
+    busy = timing.outside_share > BUSY_SHARE
+    _log.info("--dense-device auto: a training step (towers, embedding lookup and update) %.1f ms with the towers "
+              "in CPU eager torch, %.1f ms with them on the tpu device (XLA:CPU); picked %s (measured in %.1f s, "
+              "other processes used %.0f%% of the host's CPU meanwhile%s)", timing.cpu_ms, timing.tpu_ms,
+              timing.device, time.perf_counter() - start, 100 * timing.outside_share,
+              f": above {100 * BUSY_SHARE:.0f}%, so a job on the quiet host times again" if busy else "")
     xla_cache.store(LEVEL, key, json.dumps({"device": timing.device, "cpu_ms": timing.cpu_ms,
-                                            "tpu_ms": timing.tpu_ms}).encode())
+                                            "tpu_ms": timing.tpu_ms, "busy": busy}).encode())
     return timing.device
 
 
-def time_placements(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer],
-                    precision: str = "fp32") -> PlacementTiming:
-    """Both placements' median ms per step of the towers (random batches), rounds interleaved so
-    that load on a shared host hits both alike."""
-    import torch_tpu.compile as tc
-    from torchrec_tpu.train.engines.dense_step import DLRMDenseLoss
+def _host_busy() -> bool:
+    """Whether other processes use more than :data:`BUSY_SHARE` of the host's CPU now."""
+    outside = OutsideCpu()
+    time.sleep(_QUIET_CHECK_S)
+    return outside.share() > BUSY_SHARE
 
-    tiny = dataclasses.replace(spec, table_sizes=(1,) * len(spec.feature_names))  # the tables stay out
-    with torch.random.fork_rng():
+
+def time_placements(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: str = "auto",
+                    ids_per_feature: tuple[int, ...] | None = None) -> PlacementTiming:
+    """Both placements' ms per whole training step (one rank, the step layout's step function,
+    random batches with ``ids_per_feature`` ids per sample over tables capped at
+    :data:`TABLE_ROWS_CAP` rows): warmed by turns, then timed in rounds that alternate which goes
+    first, each placement's fastest round; with the other processes' share of the host's CPU over
+    those rounds."""
+    from torchrec_tpu.train.distributed import DistEnv
+    from torchrec_tpu.train.engines.dense_placement import dense_device
+    from torchrec_tpu.train.engines.dense_step import step_function
+    from torchrec_tpu.train.engines.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
+    from torchrec_tpu.train.engines.step_layout import sparsecore_layout
+
+    capped = dataclasses.replace(spec, table_sizes=tuple(min(rows, TABLE_ROWS_CAP) for rows in spec.table_sizes))
+    options = EngineConfig(sparse_backend=sparse_backend)
+    with torch.random.fork_rng(), _quiet(logging.getLogger(step_function.__module__)):
         torch.manual_seed(0)
-        cpu_model = DLRMDenseLoss(build_dlrm(tiny, dense_device=torch.device("cpu")), precision)
-        batches = [(torch.randn(batch_size, spec.dense_in_features),
-                    torch.randn(batch_size, len(spec.feature_names), spec.embedding_dim),
-                    torch.randint(0, 2, (batch_size,)).float()) for _ in range(2)]
-    tpu_model = copy.deepcopy(cpu_model).to("tpu")
-    cpu_opt = optimizer(cpu_model.parameters(), lr=0.01)
-    tpu_step = tc.train_step(tpu_model, optimizer(tpu_model.parameters(), lr=0.01, foreach=True))
-    tpu_batches = [tuple(t.to("tpu") for t in batch) for batch in batches]
-
-    def cpu_steps(n: int) -> None:
-        for i in range(n):
-            cpu_opt.zero_grad()
-            cpu_model(*batches[i % 2]).backward()
-            cpu_opt.step()
-
-    def tpu_steps(n: int) -> None:
-        for i in range(n):
-            loss = tpu_step(*tpu_batches[i % 2])
-        float(loss)  # steps dispatch asynchronously: wait for the last
-
-    runs: dict[str, Callable[[int], None]] = {"cpu": cpu_steps, "tpu": tpu_steps}
+        batches = [_random_batch(capped, batch_size, ids_per_feature) for _ in range(2)]
+        runs: dict[str, Callable[[int], None]] = {}
+        for name in ("cpu", "tpu"):
+            layout = sparsecore_layout(options, optim, 1, batch_size, dense_device(name))
+            model = build_sparsecore_model(capped, DistEnv(0, 1, 1), layout, optim, options, batch_size, seed=0)
+            optimizer = build_dense_optimizer(model, optim, layout.dense_device)
+            runs[name] = functools.partial(_steps, step_function(model, optimizer, layout), model, optimizer,
+                                           batches)
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for run in runs.values():
-        run(_WARMUP_STEPS)  # the tpu step compiles (or loads) here
+    for _ in range(_WARMUP_STEPS):  # the tpu step compiles (or loads) in its first
+        for run in runs.values():
+            run(1)
+    outside = OutsideCpu()
     for r in range(_ROUNDS):
         for name in (("cpu", "tpu") if r % 2 == 0 else ("tpu", "cpu")):
             start = time.perf_counter()
             runs[name](_STEPS)
             times[name].append((time.perf_counter() - start) / _STEPS * 1e3)
-    return PlacementTiming(statistics.median(times["cpu"]), statistics.median(times["tpu"]))
+    return PlacementTiming(min(times["cpu"]), min(times["tpu"]), outside.share())
 
 
-def _key(spec: ModelSpec, batch_size: int, optimizer: type[torch.optim.Optimizer], precision: str) -> str:
-    """Everything the verdict depends on: the towers, batch, optimizer, precision, torch threads,
-    this host's CPU and core count, the library versions and the device's kernels."""
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger) -> Iterator[None]:
+    """``logger`` says only warnings meanwhile (the timed steps' "training step:" lines are not
+    the job's: its own step says that)."""
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+class OutsideCpu:
+    """The CPU time processes other than this one use from its creation on, as a share of the
+    host's cores (``/proc/stat``'s busy time less this process's; 0 without ``/proc``)."""
+
+    def __init__(self) -> None:
+        self._start = self._sample()
+
+    def share(self) -> float:
+        """Other processes' share of the host's CPU since creation, 0 to 1."""
+        wall, host, own = (now - then for now, then in zip(self._sample(), self._start))
+        return min(1.0, max(0.0, (host - own) / (wall * (os.cpu_count() or 1)))) if wall > 0 else 0.0
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float]:
+        """(wall seconds, the host's busy CPU seconds, this process's CPU seconds)."""
+        try:
+            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields)
+            host = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            host = 0.0
+        times = os.times()
+        return time.perf_counter(), host, times.user + times.system
+
+
+def _steps(step: Callable, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch],
+           n: int) -> None:
+    for i in range(n):
+        loss = step(model, optimizer, batches[i % len(batches)])
+    float(loss)  # steps dispatch asynchronously: wait for the last
+
+
+def _random_batch(spec: ModelSpec, batch_size: int, ids_per_feature: tuple[int, ...] | None) -> Batch:
+    """``batch_size`` samples of random dense features, labels and ``ids_per_feature`` random ids
+    per feature (None: one)."""
+    ids = ids_per_feature or (1,) * len(spec.feature_names)
+    values = torch.cat([torch.randint(0, rows, (batch_size * n,)) for rows, n in zip(spec.table_sizes, ids)])
+    lengths = torch.tensor(ids, dtype=torch.int64).repeat_interleave(batch_size)
+    kjt = KeyedJaggedTensor.from_lengths_sync(list(spec.feature_names), values, lengths)
+    return Batch(torch.randn(batch_size, spec.dense_in_features), kjt, torch.randint(0, 2, (batch_size,)).float())
+
+
+def _key(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: str,
+         ids_per_feature: tuple[int, ...] | None = None) -> str:
+    """Everything the verdict depends on: the towers, the timed tables, batch, ids per sample,
+    optimizers, precision, sparse backend, torch threads, this host's CPU and core count, the
+    library versions, the device's kernels and the project's source files (a change to either
+    placement's step code times again)."""
     import jax
 
+    import sparsecore
+    import torch_tpu
+    import torchrec_tpu
+    from torch_tpu.compile.program.sources import tree_identity
     from torch_tpu.ops import batched_matmul
 
     towers = (len(spec.feature_names), spec.embedding_dim, spec.dense_in_features, spec.dense_layers,
               spec.over_layers, spec.dcn_num_layers, spec.dcn_low_rank_dim)
-    parts = (towers, batch_size, optimizer.__qualname__, precision, torch.get_num_threads(), os.cpu_count(),
-             _cpu_model(), platform.machine(), torch.__version__, jax.__version__, batched_matmul.fingerprint())
+    tables = tuple(min(rows, TABLE_ROWS_CAP) for rows in spec.table_sizes)
+    optimizers = (optim.dense_optimizer, optim.dense_lr, optim.sparse_optimizer, optim.sparse_lr)
+    ids = ids_per_feature or (1,) * len(spec.feature_names)
+    parts = (towers, tables, batch_size, ids, optimizers, optim.precision, sparse_backend, torch.get_num_threads(),
+             os.cpu_count(), _cpu_model(), platform.machine(), torch.__version__, jax.__version__,
+             batched_matmul.fingerprint(),
+             tuple(tree_identity(Path(package.__file__).parent) for package in (torch_tpu, sparsecore, torchrec_tpu)))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 

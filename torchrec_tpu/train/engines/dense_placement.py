@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRMTrain
 
+from torchrec_tpu.train.config import OptimConfig
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.model import ModelSpec
 from tpu_facts.switches import Switch
@@ -65,13 +66,15 @@ def spmd_world(world_size: int) -> bool:
 
 
 def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_parallel: str, batch_size: int,
-                         optimizer: type[torch.optim.Optimizer] = torch.optim.Adagrad,
-                         precision: str = "fp32") -> torch.device:
+                         optim: OptimConfig = OptimConfig(), sparse_backend: str = "auto",
+                         ids_per_feature: tuple[int, ...] | None = None) -> torch.device:
     """The sparsecore engine's dense device for ``--dense-device choice``. ``auto``: tpu where the
     step compiles into one program per rank (ddp, :func:`spmd_world`) and either the tpu device is
-    an accelerator or, on XLA:CPU in one process, that program trains the towers faster than CPU
-    eager torch on this host, at ``batch_size`` samples per step with ``optimizer`` and ``precision`` (measured once
-    and stored: :mod:`~torchrec_tpu.train.engines.dense_calibration`); else cpu. (Several XLA:CPU
+    an accelerator or, on XLA:CPU in one process, the job's whole step (towers, embedding lookup
+    and update) runs faster that way than with the towers in CPU eager torch on this host, at
+    ``batch_size`` samples per step with ``optim``, ``--sparse-backend sparse_backend`` and
+    ``ids_per_feature`` ids per sample (``--multi-hot-sizes``; None: one), measured once and
+    stored (:mod:`~torchrec_tpu.train.engines.dense_calibration`); else cpu. (Several XLA:CPU
     processes on one host: their SPMD step, whose collectives are gloo's inside XLA, measured 0.7x
     the eager cpu towers' with host all-to-alls, 2 ranks on 2 cores, bench_train_e2e 2026-12-05.)"""
     if choice != "auto":
@@ -86,7 +89,7 @@ def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_pa
         return dense_device("cpu")
     from torchrec_tpu.train.engines.dense_calibration import measured_dense_device
 
-    return dense_device(measured_dense_device(spec, batch_size, optimizer, precision))
+    return dense_device(measured_dense_device(spec, batch_size, optim, sparse_backend, ids_per_feature))
 
 
 def place_dense(model: DLRMTrain, device: torch.device) -> None:

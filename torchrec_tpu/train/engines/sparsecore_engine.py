@@ -24,7 +24,7 @@ from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.rank_agreement import AgreedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.sharding.uniform_ranks import UniformityError
-from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, TrainConfig
+from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, TrainConfig, per_feature_values
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.engines.dense_placement import (
     DenseDDP,
@@ -141,17 +141,20 @@ class SparseCoreEngine:
     """The :class:`~torchrec_tpu.train.engines.Engine` of our sparsecore EBC (``options.sparse_backend``), sharded
     as ``options.plan`` says, dense towers on ``options.dense_device`` synced by
     ``options.dense_parallel``; ``optim``'s optimizers, ``global_batch`` (``--batch-size``), ``seed``
-    the tables' initialisation."""
+    the tables' initialisation, ``multi_hot_sizes`` the batches' ids per feature
+    (``--multi-hot-sizes``, which ``--dense-device auto`` times the step with; None: one)."""
 
     optim: OptimConfig
     options: EngineConfig
     global_batch: int
     seed: int
+    multi_hot_sizes: str | None = None
     name = "sparsecore"
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> SparseCoreEngine:
-        return cls(config.optim, config.engine, config.data.batch_size, config.loop.seed)
+        return cls(config.optim, config.engine, config.data.batch_size, config.loop.seed,
+                   config.data.multi_hot_sizes)
 
     @property
     def needs_device_tensors(self) -> bool:
@@ -159,7 +162,8 @@ class SparseCoreEngine:
         return self.options.dense_device == "tpu" or (self.options.dense_device == "auto" and tpu_installed())
 
     def step_layout(self, spec: ModelSpec, env: DistEnv) -> StepLayout:
-        return resolve_sparsecore_layout(self.options, self.optim, spec, env.world_size, self.global_batch)
+        ids = per_feature_values("multi_hot_sizes", self.multi_hot_sizes, len(spec.feature_names))
+        return resolve_sparsecore_layout(self.options, self.optim, spec, env.world_size, self.global_batch, ids)
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device, layout: StepLayout) -> nn.Module:
         """(The batches stay on the host, ``device``; the towers go to ``layout``'s dense device.)"""

@@ -17,10 +17,10 @@ from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig
 from torchrec_tpu.train.engines.dense_placement import dense_device, resolve_dense_device, spmd_world, tpu_installed
 from torchrec_tpu.train.engines.plan_loading import rank_sparsecores
 from torchrec_tpu.train.model import ModelSpec
-from torchrec_tpu.train.optimizers import dense_optimizer, sparse_optimizer
+from torchrec_tpu.train.optimizers import sparse_optimizer
 from tpu_facts import local_batch_of, padded_local_batch_of
 
-# `--dense-device auto` times the towers at the job's batch up to this many samples per rank: the
+# `--dense-device auto` times whole steps at the job's batch up to this many samples per rank: the
 # rate per sample is flat well below it, and a job whose batch cannot fit (it fails on its id limits
 # when the tables are planned, next) must not first allocate that batch's towers to time them
 CALIBRATION_BATCH_CAP = 16384
@@ -105,12 +105,13 @@ def lookup_outside(backend: BackendName, optimizer: str, in_step: bool, sparseco
 
 
 def resolve_sparsecore_layout(options: EngineConfig, optim: OptimConfig, spec: ModelSpec, world_size: int,
-                              global_batch: int) -> StepLayout:
-    """:func:`sparsecore_layout` with the towers where ``--dense-device`` says (``auto`` may measure
-    them on this host, once: :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
+                              global_batch: int, ids_per_feature: tuple[int, ...] | None = None) -> StepLayout:
+    """:func:`sparsecore_layout` with the towers where ``--dense-device`` says (``auto`` may time the
+    step on this host, once, with ``ids_per_feature`` ids per sample (None: one):
+    :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
     towers_on = resolve_dense_device(options.dense_device, spec, world_size, options.dense_parallel,
-                                     min(local_batch_of(global_batch, world_size), CALIBRATION_BATCH_CAP),
-                                     dense_optimizer(optim.dense_optimizer).torch_class(), optim.precision)
+                                     min(local_batch_of(global_batch, world_size), CALIBRATION_BATCH_CAP), optim,
+                                     options.sparse_backend, ids_per_feature)
     return sparsecore_layout(options, optim, world_size, local_batch_of(global_batch, world_size), towers_on)
 
 
