@@ -96,12 +96,16 @@ def decode(row_pointers, embedding_ids, sample_ids, gains, stack_rows: int, devi
 
 
 def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size: int,
-                        devices: int = 1, device_index: int = 0, touched=None):
+                        devices: int = 1, device_index: int = 0, touched=None, output_rows=None):
     """Activations [device_batch_size, dim]: per activation row, the sum of gain * table row (over the
     table's own rows: a partial sum when ``devices`` > 1). With ``touched`` (:func:`touched_rows`
-    of the same buffers) each touched row is read once (the same values, the same sums)."""
+    of the same buffers) each touched row is read once (the same values, the same sums).
+    ``output_rows`` (a permutation of the activation rows): activation row r is returned as row
+    ``output_rows[r]`` (the caller's layout, with no permuted copy)."""
     phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
                                  device_batch_size, devices, device_index)
+    if output_rows is not None:  # padding's row (device_batch_size) stays out of range
+        rows = output_rows.astype(jnp.int32).at[rows].get(mode="fill", fill_value=device_batch_size)
     if touched is None:
         values = embedding_table.at[phys].get(mode="fill", fill_value=0.0)
     else:

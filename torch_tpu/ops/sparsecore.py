@@ -17,7 +17,9 @@ other values give undefined results.
 The fused ops also take an optional ``grad_rows`` [device_batch_size]: ``activations_grad`` is
 then any [R, dim] matrix and activation row r's gradient its row ``grad_rows[r]`` (e.g. a layer's
 output gradient whose rows interleave several stacks: the op gathers the rows it needs instead of
-the caller permuting the whole gradient first; same results, bit for bit). Not with DTensors.
+the caller permuting the whole gradient first; same results, bit for bit). Likewise the lookup
+takes an optional ``output_rows``, a permutation of its activation rows: it returns activation
+row r as row ``output_rows[r]``, and its gradient is read back alike. Neither with DTensors.
 
 Inputs are checked (``torch_tpu.ops.sparsecore_checks``): a bad buffer raises one ValueError
 naming the argument, the value and its limit. Eager calls (CPU and tpu, every eager mode) check
@@ -68,11 +70,12 @@ _LIMITS = "int device_batch_size, int max_ids_per_partition, int max_unique_ids_
 # beyond TorchTPU's schemas: csr_math.touched_rows of the buffers computed ahead (off TPU the lowerings
 # then neither sort nor read a row twice; a SparseCore deduplicates in hardware and ignores it)
 _AHEAD = "Tensor? touched_rows=None"
-# beyond them too, fused ops only: the row of activations_grad holding each activation row's gradient
+# beyond them too, the lookup's output_rows: a permutation of its activation rows (the caller's layout);
+# the fused ops' grad_rows: the row of activations_grad holding each activation row's gradient
 # (activations_grad may then be a whole layer's output gradient, which the op reads no permuted copy of)
 _NAME = f'str computation_name="", {_AHEAD}, Tensor? grad_rows=None'
 SCHEMAS = {
-    "sparse_dense_matmul": f"({_CSR}, {_LIMITS}, {_AHEAD}) -> Tensor",
+    "sparse_dense_matmul": f"({_CSR}, {_LIMITS}, {_AHEAD}, Tensor? output_rows=None) -> Tensor",
     "sparse_dense_matmul_grad": f"({_CSR}, Tensor activations_grad, {_LIMITS}) -> Tensor",
     "sparse_dense_matmul_grad_with_sgd":
         f"({_CSR}, Tensor activations_grad, Tensor learning_rate, {_LIMITS}, {_NAME}) -> Tensor",
@@ -136,17 +139,18 @@ def dedups_on_host() -> bool:
 
 
 def _lookup(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size,
-            max_ids_per_partition, max_unique_ids_per_partition, touched_rows=None, devices=1, device_index=0):
+            max_ids_per_partition, max_unique_ids_per_partition, touched_rows=None, output_rows=None, devices=1,
+            device_index=0):
     if _on_tpu_platform() and devices == 1:
         from sparsecore import csr_kernels
 
-        return csr_kernels.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table,
-                                               device_batch_size, max_ids_per_partition,
-                                               max_unique_ids_per_partition)
+        out = csr_kernels.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table,
+                                              device_batch_size, max_ids_per_partition, max_unique_ids_per_partition)
+        return out if output_rows is None else out.at[output_rows].set(out, unique_indices=True)
     from sparsecore import csr_math
 
     return csr_math.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table,
-                                        device_batch_size, devices, device_index, touched_rows)
+                                        device_batch_size, devices, device_index, touched_rows, output_rows)
 
 
 def _lookup_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad,
@@ -176,6 +180,8 @@ def check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
     ints = tuple(read(a[k]) for k in ("row_pointers", "embedding_ids", "sample_ids"))
     stack_rows, batch = a["embedding_table"].shape[0], a["device_batch_size"]
     checks.check_values(name, *ints, stack_rows, batch, a["max_ids_per_partition"], a.get("devices", 1))
+    if a.get("output_rows") is not None:
+        checks.check_output_rows(name, read(a["output_rows"]))
     if a.get("grad_rows") is not None:
         checks.check_grad_rows(name, read(a["grad_rows"]), a["activations_grad"].shape[0])
     if a.get("touched_rows") is not None:
@@ -299,13 +305,16 @@ def _layout_checked(name: str, fake):
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-    ctx.save_for_backward(*inputs[:5])
+    output_rows = inputs[9] if len(inputs) > 9 else None
+    ctx.save_for_backward(*inputs[:5], output_rows)
     ctx.limits = inputs[5:8]
     ctx.num_inputs = len(inputs)
 
 
 def _lookup_backward(ctx: Any, grad: torch.Tensor) -> tuple:
-    row_pointers, embedding_ids, sample_ids, gains, embedding_table = ctx.saved_tensors
+    row_pointers, embedding_ids, sample_ids, gains, embedding_table, output_rows = ctx.saved_tensors
+    if output_rows is not None:  # back to activation row order
+        grad = grad.index_select(0, output_rows)
     table_grad = torch.ops.tpu.sparse_dense_matmul_grad(row_pointers, embedding_ids, sample_ids, gains,
                                                         embedding_table, grad.contiguous(), *ctx.limits)
     return (None, None, None, None, table_grad, *(None for _ in range(ctx.num_inputs - 5)))

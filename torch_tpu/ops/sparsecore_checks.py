@@ -123,6 +123,10 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
         fail(f"device_batch_size {batch} must be a positive multiple of the {n} source SparseCores")
     if stack_rows % local:
         fail(f"embedding_table has {stack_rows} rows, not a multiple of its {local} partitions")
+    output_rows = a.get("output_rows")
+    if output_rows is not None and (_kind(output_rows.dtype) != "int" or _shape(output_rows) != (batch,)):
+        fail(f"output_rows must be an integer [device_batch_size] = [{batch}] tensor, got dtype {output_rows.dtype} "
+             f"shape {list(_shape(output_rows))}")
     grad, grad_rows = a.get("activations_grad"), a.get("grad_rows")
     if grad_rows is not None:
         if _kind(grad_rows.dtype) != "int" or _shape(grad_rows) != (batch,):
@@ -193,6 +197,17 @@ def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray,
             k, p = divmod(int(np.searchsorted(np.cumsum(counts), bad[0], side="right")), n)
             raise ValueError(f"{op}: {key}[{i}] = {int(values[i])} (partition {p} of source SparseCore {k}) is "
                              f"outside [0, {limit}), {what}; {bad.size} entries out of range")
+
+
+def check_output_rows(name: str, output_rows: np.ndarray) -> None:
+    """Raise ValueError unless ``output_rows`` is a permutation of its [device_batch_size] positions."""
+    counts = np.bincount(output_rows[(output_rows >= 0) & (output_rows < output_rows.size)].astype(np.int64),
+                         minlength=output_rows.size)
+    missing = np.flatnonzero(counts != 1)
+    if missing.size:
+        raise ValueError(f"{public_name(name)}: output_rows must be a permutation of 0..{output_rows.size - 1} "
+                         f"(one output row per activation row); row {int(missing[0])} occurs "
+                         f"{int(counts[missing[0]])} times")
 
 
 def check_grad_rows(name: str, grad_rows: np.ndarray, grad_rows_available: int) -> None:

@@ -110,9 +110,10 @@ def _sharded_call(name: str, a: dict[str, Any]) -> Any:
         if isinstance(a[key], DTensor):
             raise TypeError(f"tpu::{name}: {key} must be this device's own buffer (a plain tensor), got a DTensor")
     csr_math.sparsecores_per_device(a["row_pointers"].shape[0], devices)  # the layout of D devices
-    if a.get("grad_rows") is not None:
-        raise ValueError(f"tpu::{name}: grad_rows is not supported with DTensor tables; pass activations_grad "
-                         "[device_batch_size, dim] in activation row order")
+    for key in ("grad_rows", "output_rows"):
+        if a.get(key) is not None:
+            raise ValueError(f"tpu::{name}: {key} is not supported with DTensor tables (activations and their "
+                             "gradient in activation row order)")
     local = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in a.items()}
     local.update({k: _all_gather(a[k], mesh) for k in _CSR_ARGS})
     if "activations_grad" in a:

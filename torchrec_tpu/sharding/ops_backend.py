@@ -139,7 +139,8 @@ class StackedState(nn.Module):
             if fixed_layout or not np.array_equal(source, np.arange(source.size)):
                 self.register_buffer("rows", torch.from_numpy(source).to(DEVICE), persistent=False)
                 # the output row of each stack's activation rows: its fused op reads its gradient
-                # rows from the output's (no permuted copy of the whole gradient)
+                # rows from the output's (no permuted copy of the whole gradient), and a lone
+                # stack's lookup writes them there
                 for i, part in enumerate(np.split(np.argsort(source), np.cumsum(sizes)[:-1])):
                     self.register_buffer(f"grad_rows_{i}", torch.from_numpy(part).to(DEVICE), persistent=False)
         elif self.uniform:
@@ -198,16 +199,19 @@ class StackedState(nn.Module):
         b = buffers if buffers is not None else self.buffers_now()
         tables = [t[0] for t in self.step_tensors(b)]
         per_stack = []
+        # one stack in the row view: its op writes the output's rows in place (no permuted copy)
+        placed = self._row_view and len(tables) == 1 and "rows" in b
         for i, (st, table) in enumerate(zip(self.plan.stacks, tables)):
             with preprocessed():  # this backend's own CSR buffers: valid by construction
                 act = torch.ops.tpu.sparse_dense_matmul(*csr[4 * i:4 * i + 4], table, st.total_sample_count,
                                                         *csr_limits(st, self.chunks, csr[4 * i + 1]),
-                                                        touched_rows=touched[i] if touched else None)
+                                                        touched_rows=touched[i] if touched else None,
+                                                        output_rows=b["grad_rows_0"] if placed else None)
             per_stack.append(act if self._row_view or self._identity[i] else act.index_select(0, b[f"perm_{i}"]))
         batch = self.plan.features[0].batch_size
         if self._row_view:
             rows = torch.cat(per_stack) if len(per_stack) > 1 else per_stack[0]
-            return (rows.index_select(0, b["rows"]) if "rows" in b else rows).reshape(batch, -1)
+            return (rows.index_select(0, b["rows"]) if "rows" in b and not placed else rows).reshape(batch, -1)
         if not self.uniform:
             split = [rows.split([fp.samples for fp in st.features]) for st, rows in zip(self.plan.stacks, per_stack)]
             return [split[s][j][:, :dim] for (s, j), dim in zip(self._where, self._dims)]

@@ -26,7 +26,8 @@ def test_schemas_are_torchtpus() -> None:
     schema = str(torch.ops.tpu.sparse_dense_matmul.default._schema)
     assert schema == ("tpu::sparse_dense_matmul(Tensor row_pointers, Tensor embedding_ids, Tensor sample_ids, "
                       "Tensor gains, Tensor embedding_table, int device_batch_size, int max_ids_per_partition, "
-                      "int max_unique_ids_per_partition, Tensor? touched_rows=None) -> Tensor")
+                      "int max_unique_ids_per_partition, Tensor? touched_rows=None, Tensor? output_rows=None) -> "
+                      "Tensor")
     adam = torch.ops.tpu.sparse_dense_matmul_grad_with_adam.default._schema
     assert [a.name for a in adam.arguments][5:] == [
         "momentum", "velocity", "activations_grad", "alpha_t", "beta_1", "beta_2", "epsilon", "device_batch_size",
@@ -312,6 +313,32 @@ def test_grad_rows_read_the_gradient_where_it_lies(case: Case, device: str) -> N
     with pytest.raises(ValueError, match=r"grad_rows must be an integer \[device_batch_size\]"):
         torch.ops.tpu.sparse_dense_matmul_grad_with_adagrad(*csr, table, acc.to(device), whole.to(device), *hypers,
                                                             grad_rows=grad_rows[1:].to(device))
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_output_rows_place_the_activations_and_read_their_gradient_back(case: Case, device: str) -> None:
+    """``output_rows``: the lookup returns activation row r as row output_rows[r] (the bits of the
+    plain lookup, permuted), its table gradient is the plain one's for the permuted gradient, and
+    a non-permutation is refused."""
+    perm = torch.from_numpy(np.random.default_rng(4).permutation(BATCH).astype(np.int32))
+    csr = case.on(device)
+    plain = torch.ops.tpu.sparse_dense_matmul(*csr, case.table.to(device), *case.limits).cpu()
+    table = case.table.to(device).detach().requires_grad_()
+    placed = torch.ops.tpu.sparse_dense_matmul(*csr, table, *case.limits, output_rows=perm.to(device))
+    expected = torch.empty_like(plain)
+    expected[perm.long()] = plain
+    torch.testing.assert_close(placed.cpu(), expected, rtol=0, atol=0)
+    assert not torch.equal(expected, plain)
+    grad = torch.empty_like(case.grad)
+    grad[perm.long()] = case.grad  # activation row r's gradient, at output row perm[r]
+    (placed * grad.to(device)).sum().backward()
+    reference = torch.ops.tpu.sparse_dense_matmul_grad(*csr, case.table.to(device), case.grad.to(device),
+                                                       *case.limits)
+    torch.testing.assert_close(table.grad.cpu(), reference.cpu(), rtol=0, atol=0)
+    twice = perm.clone()
+    twice[1] = twice[0]
+    with pytest.raises(ValueError, match=r"output_rows must be a permutation of 0..\d+ \(one output row per "):
+        torch.ops.tpu.sparse_dense_matmul(*csr, case.table.to(device), *case.limits, output_rows=twice.to(device))
 
 
 def test_compile_cache_key_covers_the_ops_math() -> None:
