@@ -6,12 +6,13 @@ on the CPU. Stack: the same model (same weights) as ``torchrec-tpu train --model
 tables on the sharded SparseCore EmbeddingCollection, the STU stack and heads on the default dense
 device (cpu on XLA:CPU, tpu on a TPU), attention by the jagged op on the tpu device (no ``[L, L]``
 tensor; a CPU stack's batches shorter than ``CPU_JAGGED_FROM`` use the padded attention, as in
-training). The first line says what is compared. Printed: steady training
-samples/s of each and the ratio; the attention op alone (forward + backward) of each and the
-ratio; peak RSS of one attention forward + backward at each ``--rss-lengths`` (each in a fresh
-process), and in parentheses its growth during the step (over the process with its inputs made).
+training). The first line says what is compared. Printed: steady training samples/s of each and
+the ratio; the attention op alone (forward + backward) of each and the ratio (each the median of
+``--repeats`` alternating rounds, the rounds' ratios printed); peak RSS of one attention forward +
+backward at each ``--rss-lengths`` (each in a fresh process), and in parentheses its growth during
+the step (over the process with its inputs made).
 Run it on a quiet machine for figures.
-Usage: .venv/bin/python bench/bench_hstu.py [--steps 20] [--batch 16] [--seq-len 256]
+Usage: .venv/bin/python bench/bench_hstu.py [--steps 20] [--repeats 3] [--batch 16] [--seq-len 256]
        .venv/bin/python bench/bench_hstu.py --rss-only [--rss-lengths 1024,4096]  (the RSS lines alone)
 """
 
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import quiet_box
@@ -138,6 +141,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="timed steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="alternating rounds of plain and stack; each ratio is their median (default: 3)")
     parser.add_argument("--batch", type=int, default=16, help="users per training batch")
     parser.add_argument("--seq-len", type=int, default=256, help="history + candidates per user (training)")
     parser.add_argument("--items", type=int, default=10_000)
@@ -173,15 +178,44 @@ def _timings(args: argparse.Namespace) -> None:
     print(f"compared: plain = stock TorchRec EmbeddingCollection, STU stack and heads, padded [B, H, L, L] "
           f"attention, all PyTorch eager on cpu; stack = sharded SparseCore EmbeddingCollection, STU stack and "
           f"heads on {dense.type}, attention by the {describe('xla', dense)}")
-    plain_rate = _samples_per_s(plain, batches, args.steps, args.warmup)
-    stack_rate = _samples_per_s(stack, batches, args.steps, args.warmup)
-    print(f"train step (batch {args.batch}, seq {args.seq_len}): plain PyTorch CPU {plain_rate:.1f} samples/s, "
-          f"stack {stack_rate:.1f} samples/s, ratio {stack_rate / plain_rate:.2f}x")
-    plain_op = _attention_per_s(True, args.users, args.seq_len, args.steps, args.warmup)
-    stack_op = _attention_per_s(False, args.users, args.seq_len, args.steps, args.warmup)
-    print(f"attention fwd+bwd ({args.users} x {args.seq_len}): plain {plain_op:.2f}/s, jagged op {stack_op:.2f}/s, "
-          f"ratio {stack_op / plain_op:.2f}x")
+    train = _alternating(args.repeats, lambda: _samples_per_s(plain, batches, args.steps, args.warmup),
+                         lambda: _samples_per_s(stack, batches, args.steps, args.warmup))
+    print(f"train step (batch {args.batch}, seq {args.seq_len}): plain PyTorch CPU {train.plain:.1f} samples/s, "
+          f"stack {train.stack:.1f} samples/s, ratio {train.describe()}")
+    op = _alternating(args.repeats, lambda: _attention_per_s(True, args.users, args.seq_len, args.steps, args.warmup),
+                      lambda: _attention_per_s(False, args.users, args.seq_len, args.steps, args.warmup))
+    print(f"attention fwd+bwd ({args.users} x {args.seq_len}): plain {op.plain:.2f}/s, jagged op {op.stack:.2f}/s, "
+          f"ratio {op.describe()}")
 
+
+@dataclass(frozen=True)
+class Rounds:
+    """Rates of ``plain`` and ``stack`` over alternating rounds: the medians, and each round's ratio."""
+
+    plains: list[float]
+    stacks: list[float]
+
+    @property
+    def plain(self) -> float:
+        return statistics.median(self.plains)
+
+    @property
+    def stack(self) -> float:
+        return statistics.median(self.stacks)
+
+    def describe(self) -> str:
+        ratios = [s / p for p, s in zip(self.plains, self.stacks)]
+        runs = ", ".join(f"{r:.2f}" for r in ratios)
+        return f"{statistics.median(ratios):.2f}x (median of {len(ratios)} alternating rounds: {runs})"
+
+
+def _alternating(repeats: int, plain: Callable[[], float], stack: Callable[[], float]) -> Rounds:
+    """``repeats`` rounds of ``plain()`` then ``stack()`` (each a rate)."""
+    plains, stacks = [], []
+    for _ in range(repeats):
+        plains.append(plain())
+        stacks.append(stack())
+    return Rounds(plains, stacks)
 
 if __name__ == "__main__":
     quiet_box.run(main)
