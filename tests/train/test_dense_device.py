@@ -109,6 +109,18 @@ def test_placement_timing_runs_both_whole_steps_and_the_verdict_is_reused(monkey
     assert measured == []  # the stored verdict, not a new measurement
 
 
+def test_a_batch_over_the_default_id_limits_leaves_the_towers_on_cpu_untimed(caplog) -> None:
+    """The timing lays its tables out with the default id limits, not the job's (``--plan auto``
+    sizes them for the batch): a batch over them is not the job's error to raise here; cpu, not
+    stored (the job then trains with its own limits or names the flags that fix its overflow)."""
+    tiny = dataclasses.replace(SMALL, table_sizes=(100,) * len(SMALL.table_sizes))
+    with caplog.at_level("WARNING", logger=dense_calibration.__name__):
+        assert dense_calibration.measured_dense_device(tiny, 8192, OptimConfig()) == "cpu"
+    assert "could not time the step at this batch" in caplog.text and "max_ids_per_partition" in caplog.text
+    key = dense_calibration._key(tiny, 8192, OptimConfig(), "auto")
+    assert dense_calibration.xla_cache.load(dense_calibration.LEVEL, key, bytes) is None
+
+
 def test_the_verdict_depends_on_the_sparse_half_of_the_step() -> None:
     """The timed step holds the embedding lookup and update: the verdict's key has the tables (as
     timed, capped), the sparse optimizer and backend; a backend this host cannot run is refused

@@ -42,6 +42,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import xla_cache
+from sparsecore.limits import PartitionOverflowError
 from torchrec_tpu.train.config import EngineConfig, OptimConfig
 from torchrec_tpu.train.model import ModelSpec
 
@@ -77,7 +78,8 @@ def measured_dense_device(spec: ModelSpec, batch_size: int, optim: OptimConfig, 
     """"cpu" or "tpu": where ``spec``'s step trains faster at ``batch_size`` samples per rank with
     ``optim``'s optimizers and precision, ``--sparse-backend sparse_backend`` and
     ``ids_per_feature`` ids per sample (None: one), on this host (the stored verdict, unless it was
-    timed on a busy host and this one is quiet now; else :func:`time_placements`, then stored)."""
+    timed on a busy host and this one is quiet now; else :func:`time_placements`, then stored;
+    "cpu", not stored, where the timed batch overflows a SparseCore partition's default id limit)."""
     key = _key(spec, batch_size, optim, sparse_backend, ids_per_feature)
     stored = xla_cache.load(LEVEL, key, lambda blob: json.loads(blob.decode()))
     if stored is not None and not (stored.get("busy") and not _host_busy()):
@@ -86,7 +88,14 @@ def measured_dense_device(spec: ModelSpec, batch_size: int, optim: OptimConfig, 
               "device (once on this host for this model%s; the verdict is stored)",
               ", again: the last timing ran beside other work" if stored is not None else "")
     start = time.perf_counter()
-    timing = time_placements(spec, batch_size, optim, sparse_backend, ids_per_feature)
+    try:
+        timing = time_placements(spec, batch_size, optim, sparse_backend, ids_per_feature)
+    except PartitionOverflowError as error:
+        # the timing lays its tables out with the default id limits, not the job's (--plan); the
+        # job itself then overflows (and names the flags that fix it) or runs with its own limits
+        _log.warning("--dense-device auto: could not time the step at this batch (%s); the towers stay in CPU "
+                     "eager torch (not stored)", error)
+        return "cpu"
     busy = timing.outside_share > BUSY_SHARE
     _log.info("--dense-device auto: a training step (towers, embedding lookup and update) %.1f ms with the towers "
               "in CPU eager torch, %.1f ms with them on the tpu device (XLA:CPU); picked %s (measured in %.1f s, "
