@@ -95,6 +95,12 @@ def decode(row_pointers, embedding_ids, sample_ids, gains, stack_rows: int, devi
     return out if xp is np else jax.lax.optimization_barrier(out)
 
 
+def _relabel(rows, mapping, out_of_range: int):
+    """Activation rows ``rows`` as ``mapping[rows]``; padding's row (``len(mapping)``, past the
+    mapping) becomes ``out_of_range``, which the caller's gathers and scatters drop."""
+    return mapping.astype(jnp.int32).at[rows].get(mode="fill", fill_value=out_of_range)
+
+
 def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size: int,
                         devices: int = 1, device_index: int = 0, touched=None, output_rows=None):
     """Activations [device_batch_size, dim]: per activation row, the sum of gain * table row (over the
@@ -104,8 +110,8 @@ def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embeddin
     ``output_rows[r]`` (the caller's layout, with no permuted copy)."""
     phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
                                  device_batch_size, devices, device_index)
-    if output_rows is not None:  # padding's row (device_batch_size) stays out of range
-        rows = output_rows.astype(jnp.int32).at[rows].get(mode="fill", fill_value=device_batch_size)
+    if output_rows is not None:
+        rows = _relabel(rows, output_rows, device_batch_size)
     if touched is None:
         values = embedding_table.at[phys].get(mode="fill", fill_value=0.0)
     else:
@@ -216,8 +222,8 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
                                  device_index)
     entries = phys.shape[0]
     activations_grad = activations_grad.astype(jnp.float32)
-    if grad_rows is not None:  # padding's activation row (device_batch_size) stays out of range
-        rows = grad_rows.astype(jnp.int32).at[rows].get(mode="fill", fill_value=activations_grad.shape[0])
+    if grad_rows is not None:
+        rows = _relabel(rows, grad_rows, activations_grad.shape[0])
     dedup = _touched_rows(phys, stack_rows) if touched is None else split_touched(touched, entries)
     hints = {}
     if dedup is None:  # (row + 1) * entries needs 64-bit keys and x64 is off: jnp.unique's pair sort
