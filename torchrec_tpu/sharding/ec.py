@@ -131,9 +131,9 @@ class ShardedSparseCoreEC(ShardedTables):
                           counts.sum(axis=1).tolist(), self.group).numpy()
         blocks = np.split(recv, np.cumsum(counts.reshape(-1))[:-1])
         unique, inverse = {}, [[None] * mine for _ in range(self.world_size)]
-        for j, (f, _) in enumerate(self._served[self.rank]):
+        for j, (f, shard) in enumerate(self._served[self.rank]):
             per_source = [blocks[s * mine + j] for s in range(self.world_size)]
-            unique[f.name], all_inverse = np.unique(np.concatenate(per_source), return_inverse=True)
+            unique[f.name], all_inverse = _unique_rows(np.concatenate(per_source), shard.rows)
             for s, part in enumerate(np.split(all_inverse, np.cumsum([len(b) for b in per_source])[:-1])):
                 inverse[s][j] = part
         return SequenceBatch(kjt.to_dict(), sent, unique, inverse)
@@ -188,7 +188,7 @@ class ShardedSparseCoreEC(ShardedTables):
             capacity = self._capacity[name]
             j = np.arange(ids.size)
             rows[name] = (j % n) * (capacity // n) + j // n  # spread over the SparseCores' sample chunks
-            order = np.argsort(rows[name])
+            order = np.concatenate([j[k::n] for k in range(n)])  # (the rows' ascending order)
             lengths = np.zeros(capacity, dtype=np.int64)
             lengths[rows[name]] = 1
             inputs[name] = FeatureInput(ids[order], lengths, np.ones(ids.size, dtype=np.float32))
@@ -255,6 +255,16 @@ class ShardedSparseCoreEC(ShardedTables):
                                  device=torch.device("cpu"), need_indices=self.need_indices)
         self._copy_unsharded_into(ec.embeddings)
         return ec
+
+
+def _unique_rows(rows: np.ndarray, table_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, return_inverse=True)`` of rows in [0, ``table_rows``): by a mark per table
+    row (no sort) where the table is small next to the batch."""
+    if table_rows > 8 * rows.size:
+        return np.unique(rows, return_inverse=True)
+    seen = np.zeros(table_rows, dtype=bool)
+    seen[rows] = True
+    return np.flatnonzero(seen), (np.cumsum(seen) - 1)[rows]
 
 
 def _gather_into(out: torch.Tensor, index: tuple[slice | torch.Tensor, slice], activations: torch.Tensor,
