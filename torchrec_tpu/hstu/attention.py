@@ -52,8 +52,8 @@ JAGGED_DEVICE = torch.device("tpu")  # where the jagged op's kernels run
 # attention where it is. Measured on XLA:CPU (CPU time of a training step, 2 STU layers, dim 64,
 # users x padded length): with the jagged op the step is 1.27x as fast as with the padded attention
 # at 16 x 256, as fast at 32 x 128 and 5% slower at 128 x 64, where moving q, k, v and their
-# gradients (~5 ms a layer) costs what the op saves. From 1,024 up it also keeps [B, H, L, L]
-# scores out of memory.
+# gradients (~5 ms a layer, then 12 copies; :func:`stu_attention` now packs them into 6) costs what
+# the op saves. From 1,024 up it also keeps [B, H, L, L] scores out of memory.
 CPU_JAGGED_FROM = 256
 
 
@@ -111,7 +111,7 @@ def stu_attention(vqk: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Te
     rows, hq = vqk.shape[0], heads * qk_dim
     if uses_jagged_op(kernel, vqk.device, max_len) and vqk.device.type != JAGGED_DEVICE.type:
         out = packed_jagged_hstu_attention(
-            vqk.contiguous().to(JAGGED_DEVICE), offsets.to(JAGGED_DEVICE), timestamps.to(JAGGED_DEVICE),
+            vqk.to(JAGGED_DEVICE), offsets.to(JAGGED_DEVICE), timestamps.to(JAGGED_DEVICE),
             torch.cat([pos_weights, time_weights]).to(JAGGED_DEVICE), heads=heads, qk_dim=qk_dim,
             pos_buckets=pos_weights.numel(), max_len=max_len, max_seq_len=max_seq_len, alpha=alpha,
             num_targets=num_targets.to(JAGGED_DEVICE), kernel=kernel)
