@@ -5,15 +5,20 @@ within stated tolerances."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import torch_tpu  # noqa: F401  (the tpu device)
 from tests.hstu import reference
 from tests.hstu.batches import batch_kjt
+from torch_tpu.ops.hstu.jagged import packed_jagged_hstu_attention
 from torchrec_tpu.hstu import attention
-from torchrec_tpu.hstu.attention import CPU_JAGGED_FROM, PADDED
+from torchrec_tpu.hstu.attention import CPU_JAGGED_FROM, PADDED, hstu_attention, stu_attention
 from torchrec_tpu.hstu.config import HSTUConfig
 from torchrec_tpu.hstu.layers import Sequences, STULayer
 from torchrec_tpu.hstu.model import HSTU
@@ -88,6 +93,84 @@ def test_stu_layer_matches_reference(device, dtype, tol, kernel, max_len):
     _close(got_x.grad, ref_x.grad, tol, "dx")
     for name, read in _GRADS.items():
         _close(read(ours), params[name].grad, tol, f"d{name}")
+
+
+class _DeviceMoves(TorchDispatchMode):
+    """Records every floating tensor an op moves between devices (forward and autograd's backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.moves = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        src = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if (isinstance(out, torch.Tensor) and src is not None and out.is_floating_point()
+                and out.device.type != src.device.type):
+            self.moves.append(f"{src.device.type}->{out.device.type} {list(out.shape)}")
+        return out
+
+
+def _cpu_layer_attention(layer, x, seq, grad, packed):
+    """The layer's attention of ``x`` on CPU, packed (:func:`stu_attention`) or by q, k, v
+    (:func:`hstu_attention`): the output, the gradients of x, the linear and both bias tables,
+    and the floating tensors moved between devices."""
+    layer.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_()
+    hv, hq = HEADS * DV, HEADS * QK
+    h = F.silu(layer.uvqk(x))[:, hv:]
+    kwargs = dict(max_len=seq.max_len, max_seq_len=MAX_SEQ_LEN, alpha=1 / math.sqrt(QK))
+    with _DeviceMoves() as moves:
+        if packed:
+            out = stu_attention(h, seq.offsets, seq.timestamps, seq.num_targets, layer.pos_weights,
+                                layer.time_weights, heads=HEADS, qk_dim=QK, **kwargs)
+        else:
+            v, q, k = torch.split(h, [hv, hq, hq], dim=-1)
+            out = hstu_attention(q.reshape(-1, HEADS, QK), k.reshape(-1, HEADS, QK), v.reshape(-1, HEADS, DV),
+                                 seq.offsets, seq.timestamps, seq.num_targets, layer.pos_weights, layer.time_weights,
+                                 **kwargs)
+        out.backward(grad)
+    grads = {"x": x.grad, "w1": layer.uvqk.weight.grad, "b1": layer.uvqk.bias.grad,
+             "pos_w": layer.pos_weights.grad, "ts_w": layer.time_weights.grad}
+    return out.detach(), grads, moves.moves
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_cpu_attention_equals_the_unpacked_op_with_half_the_device_moves(dtype):
+    layer = _layer().to(dtype)
+    x, offsets, ts, targets = _jagged([0, 1, 6, 13, 2, 1], [0, 1, 2, 3, 0, 0])
+    seq = Sequences(offsets.to("tpu"), ts.to("tpu"), targets.to("tpu"), max_len=CPU_JAGGED_FROM)
+    grad = torch.randn(x.shape[0], HEADS, DV, generator=torch.Generator().manual_seed(5)).to(dtype)
+    out, grads, moves = _cpu_layer_attention(layer, x.to(dtype), seq, grad, packed=True)
+    expected, expected_grads, unpacked_moves = _cpu_layer_attention(layer, x.to(dtype), seq, grad, packed=False)
+    assert out.device.type == "cpu" and out.dtype == dtype
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+    assert expected.abs().max() > 0 and expected_grads["ts_w"].abs().max() > 0  # the comparison is not of zeros
+    for name, g in expected_grads.items():
+        assert grads[name].device.type == "cpu", name
+        torch.testing.assert_close(grads[name], g, atol=1e-6, rtol=1e-6, msg=lambda m: f"d{name}: {m}")
+    # forward: vqk and the bias tables over, the output back; backward: its gradient over, 2 back
+    rows, width, tables = x.shape[0], HEADS * (DV + 2 * QK), MAX_SEQ_LEN + 13
+    assert sorted(moves) == sorted([f"cpu->tpu [{rows}, {width}]", f"cpu->tpu [{tables}]",
+                                    f"tpu->cpu [{rows}, {HEADS}, {DV}]", f"cpu->tpu [{rows}, {HEADS}, {DV}]",
+                                    f"tpu->cpu [{rows}, {width}]", f"tpu->cpu [{tables}]"])
+    assert len(unpacked_moves) == 12
+
+
+def test_packed_op_refuses_bad_shapes_by_name():
+    vqk = torch.zeros(5, HEADS * (DV + 2 * QK)).to("tpu")
+    offsets, ts, targets = torch.tensor([0, 5]).to("tpu"), torch.arange(5).to("tpu"), torch.tensor([0]).to("tpu")
+    kwargs = dict(max_len=8, max_seq_len=8, alpha=1.0, num_targets=targets)
+    with pytest.raises(ValueError, match=r"packed_jagged_hstu_attention: vqk must be \[T, heads \* \(v_dim \+ 2 "
+                                         r"\* qk_dim\)\] with heads=2, qk_dim=9; got \[5, 22\]"):
+        packed_jagged_hstu_attention(vqk, offsets, ts, torch.zeros(9).to("tpu"), heads=HEADS, qk_dim=9,
+                                     pos_buckets=4, **kwargs)
+    with pytest.raises(ValueError, match=r"longer than pos_buckets=9; got \[9\]"):
+        packed_jagged_hstu_attention(vqk, offsets, ts, torch.zeros(9).to("tpu"), heads=HEADS, qk_dim=QK,
+                                     pos_buckets=9, **kwargs)
+    with pytest.raises(ValueError, match=r"packed_jagged_hstu_attention: a sequence has 5 events, above max_len=4"):
+        packed_jagged_hstu_attention(vqk, offsets, ts, torch.zeros(9).to("tpu"), heads=HEADS, qk_dim=QK,
+                                     pos_buckets=4, **{**kwargs, "max_len": 4})
 
 
 def _reference_model(model, kjt):

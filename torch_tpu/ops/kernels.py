@@ -30,6 +30,7 @@ from torch_tpu.runtime.tensor import (
     to_cpu,
     to_jax,
     write,
+    zeros,
 )
 
 _libs: list[torch.library.Library] = []  # the registered kernels live as long as their library
@@ -87,7 +88,7 @@ def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=N
     if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
         return empty_strided(size, stride, dtype)
-    return from_jax(jnp.zeros(tuple(size), to_jax_dtype(dtype or torch.get_default_dtype())))
+    return from_jax(zeros(tuple(size), to_jax_dtype(dtype or torch.get_default_dtype())))
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
@@ -96,14 +97,14 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     numel = 0 if math.prod(size) == 0 else 1 + sum((s - 1) * st for s, st in zip(size, stride))
     dt = dtype or torch.get_default_dtype()
     contiguous = numel == math.prod(size)
-    box = StorageBox(jnp.zeros(size if contiguous else (numel,), to_jax_dtype(dt)))
+    box = StorageBox(zeros(size if contiguous else (numel,), to_jax_dtype(dt)))
     return make_alias(box, size, stride, 0, dt)
 
 
 def efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memory=None):
     """Autograd's symbolic zeros: a dense zero tensor on tpu (same values, no ZeroTensor key)."""
     _check_device(device)
-    return from_jax(jnp.zeros(tuple(size), to_jax_dtype(dtype or torch.get_default_dtype())))
+    return from_jax(zeros(tuple(size), to_jax_dtype(dtype or torch.get_default_dtype())))
 
 
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:

@@ -304,10 +304,22 @@ def _layout_checked(name: str, fake):
     return checked
 
 
+def _lookup_positions() -> dict[str, int]:
+    """The lookup's argument positions by name, from its schema (autograd passes inputs by position)."""
+    schema = torch._C.parse_schema(f"{NAMESPACE}::sparse_dense_matmul{SCHEMAS['sparse_dense_matmul']}")
+    return {argument.name: index for index, argument in enumerate(schema.arguments)}
+
+
+_LOOKUP_AT = _lookup_positions()
+_LOOKUP_SAVED = ("row_pointers", "embedding_ids", "sample_ids", "gains", "embedding_table")
+_LOOKUP_LIMITS = ("device_batch_size", "max_ids_per_partition", "max_unique_ids_per_partition")
+
+
 def _setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-    output_rows = inputs[9] if len(inputs) > 9 else None
-    ctx.save_for_backward(*inputs[:5], output_rows)
-    ctx.limits = inputs[5:8]
+    rows_at = _LOOKUP_AT["output_rows"]
+    output_rows = inputs[rows_at] if len(inputs) > rows_at else None
+    ctx.save_for_backward(*(inputs[_LOOKUP_AT[name]] for name in _LOOKUP_SAVED), output_rows)
+    ctx.limits = tuple(inputs[_LOOKUP_AT[name]] for name in _LOOKUP_LIMITS)
     ctx.num_inputs = len(inputs)
 
 
@@ -317,7 +329,9 @@ def _lookup_backward(ctx: Any, grad: torch.Tensor) -> tuple:
         grad = grad.index_select(0, output_rows)
     table_grad = torch.ops.tpu.sparse_dense_matmul_grad(row_pointers, embedding_ids, sample_ids, gains,
                                                         embedding_table, grad.contiguous(), *ctx.limits)
-    return (None, None, None, None, table_grad, *(None for _ in range(ctx.num_inputs - 5)))
+    grads: list[torch.Tensor | None] = [None] * ctx.num_inputs
+    grads[_LOOKUP_AT["embedding_table"]] = table_grad
+    return tuple(grads)
 
 
 def register() -> None:

@@ -580,6 +580,17 @@ def index_vector(shape, stride, offset: int, storage_numel: int) -> jax.Array:
     return jnp.asarray(idx.astype(np.int32 if storage_numel < 2**31 else np.int64))
 
 
+def zeros(shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """A new zero-filled array: what factories allocate, by a program compiled once per shape and
+    dtype (an eager ``jnp.zeros`` dispatches a broadcast of a host scalar, ~4x the cost at 1 MiB)."""
+    return _zeros_maker(tuple(shape), jnp.dtype(dtype))()
+
+
+@lru_cache(maxsize=1024)
+def _zeros_maker(shape: tuple[int, ...], dtype: Any) -> Callable[[], jax.Array]:
+    return jax.jit(lambda: jnp.zeros(shape, dtype))
+
+
 def to_cpu(t: TpuTensor) -> torch.Tensor:
     """A new CPU tensor holding a copy of a tpu tensor's value."""
     return array_to_cpu(to_jax(t))

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_tpu.ops.hstu import KERNELS, jagged_hstu_attention
+from torch_tpu.ops.hstu.jagged import packed_jagged_hstu_attention
 from torch_tpu.ops.hstu.tiles import TIME_BUCKET_DIVISOR
 
 
@@ -51,8 +52,8 @@ JAGGED_DEVICE = torch.device("tpu")  # where the jagged op's kernels run
 # attention where it is. Measured on XLA:CPU (CPU time of a training step, 2 STU layers, dim 64,
 # users x padded length): with the jagged op the step is 1.27x as fast as with the padded attention
 # at 16 x 256, as fast at 32 x 128 and 5% slower at 128 x 64, where moving q, k, v and their
-# gradients (~5 ms a layer) costs what the op saves. From 1,024 up it also keeps [B, H, L, L]
-# scores out of memory.
+# gradients (~5 ms a layer, then 12 copies; :func:`stu_attention` now packs them into 6) costs what
+# the op saves. From 1,024 up it also keeps [B, H, L, L] scores out of memory.
 CPU_JAGGED_FROM = 256
 
 
@@ -97,3 +98,26 @@ def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: t
     out = jagged_hstu_attention(*moved[:7], max_len=max_len, max_seq_len=max_seq_len, alpha=alpha,
                                 num_targets=moved[7], kernel=kernel)
     return out.to(home)
+
+
+def stu_attention(vqk: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor, num_targets: torch.Tensor,
+                  pos_weights: torch.Tensor, time_weights: torch.Tensor, *, heads: int, qk_dim: int, max_len: int,
+                  max_seq_len: int, alpha: float, kernel: str = "xla") -> torch.Tensor:
+    """:func:`hstu_attention` of the STU layer's ``vqk [T, H * (Dv + 2 Dqk)]`` (V, Q, K columns):
+    ``[T, H, Dv]``. A stack off the tpu device that attends by the jagged op sends ``vqk`` and the
+    two bias tables over as one tensor each and takes their gradients back likewise
+    (:func:`~torch_tpu.ops.hstu.jagged.packed_jagged_hstu_attention`): 6 copies a layer and step,
+    not 12."""
+    rows, hq = vqk.shape[0], heads * qk_dim
+    if uses_jagged_op(kernel, vqk.device, max_len) and vqk.device.type != JAGGED_DEVICE.type:
+        out = packed_jagged_hstu_attention(
+            vqk.to(JAGGED_DEVICE), offsets.to(JAGGED_DEVICE), timestamps.to(JAGGED_DEVICE),
+            torch.cat([pos_weights, time_weights]).to(JAGGED_DEVICE), heads=heads, qk_dim=qk_dim,
+            pos_buckets=pos_weights.numel(), max_len=max_len, max_seq_len=max_seq_len, alpha=alpha,
+            num_targets=num_targets.to(JAGGED_DEVICE), kernel=kernel)
+        return out.to(vqk.device)
+    hv = vqk.shape[1] - 2 * hq
+    v, q, k = torch.split(vqk, [hv, hq, hq], dim=-1)
+    return hstu_attention(q.reshape(rows, heads, qk_dim), k.reshape(rows, heads, qk_dim),
+                          v.reshape(rows, heads, hv // heads), offsets, timestamps, num_targets, pos_weights,
+                          time_weights, max_len=max_len, max_seq_len=max_seq_len, alpha=alpha, kernel=kernel)

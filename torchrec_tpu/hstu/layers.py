@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchrec_tpu.hstu.attention import hstu_attention
+from torchrec_tpu.hstu.attention import stu_attention
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,10 @@ class STULayer(nn.Module):
 
     def forward(self, x: torch.Tensor, seq: Sequences) -> torch.Tensor:
         rows, hv, hq = x.shape[0], self.heads * self.v_dim, self.heads * self.qk_dim
-        u, v, q, k = torch.split(F.silu(self.uvqk(x)), [hv, hv, hq, hq], dim=-1)
-        av = hstu_attention(q.reshape(rows, self.heads, self.qk_dim), k.reshape(rows, self.heads, self.qk_dim),
-                            v.reshape(rows, self.heads, self.v_dim), seq.offsets, seq.timestamps, seq.num_targets,
-                            self.pos_weights, self.time_weights, max_len=seq.max_len, max_seq_len=self.max_seq_len,
-                            alpha=1.0 / math.sqrt(self.qk_dim), kernel=self.kernel)
+        u, vqk = torch.split(F.silu(self.uvqk(x)), [hv, hv + 2 * hq], dim=-1)
+        av = stu_attention(vqk, seq.offsets, seq.timestamps, seq.num_targets, self.pos_weights, self.time_weights,
+                           heads=self.heads, qk_dim=self.qk_dim, max_len=seq.max_len, max_seq_len=self.max_seq_len,
+                           alpha=1.0 / math.sqrt(self.qk_dim), kernel=self.kernel)
         return self.out(self.norm(av.reshape(rows, hv)) * u) + x
 
 

@@ -93,6 +93,38 @@ _jagged_attention = jax_op("torch_tpu_pallas::hstu_jagged_attention", _attention
                            differentiable=["q", "k", "v", "pos_weights", "time_weights"])
 
 
+def _unpack(vqk: jax.Array, biases: jax.Array, heads: int, qk_dim: int, pos_buckets: int):
+    """``vqk [T, H * (Dv + 2 Dqk)]`` (V, Q, K columns) and ``biases`` (the position table, then the
+    time-bucket table) -> ``q, k [T, H, Dqk]``, ``v [T, H, Dv]``, ``pos_weights``, ``time_weights``."""
+    rows, qk = vqk.shape[0], heads * qk_dim
+    hv = vqk.shape[1] - 2 * qk
+    v, q, k = vqk[:, :hv], vqk[:, hv:hv + qk], vqk[:, hv + qk:]
+    return (q.reshape(rows, heads, qk_dim), k.reshape(rows, heads, qk_dim), v.reshape(rows, heads, hv // heads),
+            biases[:pos_buckets], biases[pos_buckets:])
+
+
+def _packed_attention(vqk: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor, num_targets: torch.Tensor,
+                      biases: torch.Tensor, heads: int, qk_dim: int, pos_buckets: int, max_len: int,
+                      max_seq_len: int, alpha: float, kernel: str) -> torch.Tensor:
+    q, k, v, pos_weights, time_weights = _unpack(vqk, biases, heads, qk_dim, pos_buckets)
+    return _attention(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, max_len, max_seq_len,
+                      alpha, kernel)
+
+
+def _packed_attention_backward(vqk, offsets, timestamps, num_targets, biases, heads, qk_dim, pos_buckets, max_len,
+                               max_seq_len, alpha, kernel, grad):
+    """:func:`_attention_backward` with the gradients packed as the inputs are: ``dvqk``, ``dbiases``."""
+    q, k, v, pos_weights, time_weights = _unpack(vqk, biases, heads, qk_dim, pos_buckets)
+    dq, dk, dv, dpos, dts = _attention_backward(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights,
+                                                max_len, max_seq_len, alpha, kernel, grad)
+    rows = vqk.shape[0]
+    return jnp.concatenate([d.reshape(rows, -1) for d in (dv, dq, dk)], axis=1), jnp.concatenate([dpos, dts])
+
+
+_packed_jagged_attention = jax_op("torch_tpu_pallas::hstu_packed_jagged_attention", _packed_attention,
+                                  backward=_packed_attention_backward, differentiable=["vqk", "biases"])
+
+
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
            num_targets: torch.Tensor, pos_weights: torch.Tensor, time_weights: torch.Tensor, kernel: str,
            max_seq_len: int) -> None:
@@ -101,32 +133,46 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Ten
         raise ValueError(f"{name}: q and k must be [T, H, Dqk] and v [T, H, Dv]; got q {list(q.shape)}, "
                          f"k {list(k.shape)}, v {list(v.shape)}")
     for label, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError(f"{name}: {label} is {t.dtype}; expected torch.float32 or torch.bfloat16")
-    if offsets.dim() != 1 or offsets.shape[0] < 1:
-        raise ValueError(f"{name}: offsets must be 1-D [B + 1], got {list(offsets.shape)}")
-    if timestamps.shape != q.shape[:1]:
-        raise ValueError(f"{name}: timestamps must be [T] = [{q.shape[0]}], got {list(timestamps.shape)}")
-    if num_targets.shape != (offsets.shape[0] - 1,):
-        raise ValueError(f"{name}: num_targets must be [B] = [{offsets.shape[0] - 1}], got {list(num_targets.shape)}")
+        _check_dtype(name, label, t)
     for label, t in (("pos_weights", pos_weights), ("time_weights", time_weights)):
         if t.dim() != 1 or t.shape[0] < 1:
             raise ValueError(f"{name}: {label} must be a non-empty 1-D table, got {list(t.shape)}")
+    _check_layout(name, q.shape[0], offsets, timestamps, num_targets, kernel, max_seq_len)
+
+
+def _check_dtype(name: str, label: str, t: torch.Tensor) -> None:
+    if t.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"{name}: {label} is {t.dtype}; expected torch.float32 or torch.bfloat16")
+
+
+def _check_layout(name: str, rows: int, offsets: torch.Tensor, timestamps: torch.Tensor, num_targets: torch.Tensor,
+                  kernel: str, max_seq_len: int) -> None:
+    if offsets.dim() != 1 or offsets.shape[0] < 1:
+        raise ValueError(f"{name}: offsets must be 1-D [B + 1], got {list(offsets.shape)}")
+    if timestamps.shape != (rows,):
+        raise ValueError(f"{name}: timestamps must be [T] = [{rows}], got {list(timestamps.shape)}")
+    if num_targets.shape != (offsets.shape[0] - 1,):
+        raise ValueError(f"{name}: num_targets must be [B] = [{offsets.shape[0] - 1}], got {list(num_targets.shape)}")
     if kernel not in KERNELS:
         raise ValueError(f"{name}: kernel={kernel!r}; expected one of {list(KERNELS)}")
     if max_seq_len < 1:
         raise ValueError(f"{name}: max_seq_len={max_seq_len}; it must be >= 1")
 
 
-def _check_lengths(offsets: torch.Tensor, num_targets: torch.Tensor, max_len: int) -> None:
-    """Eager only (host reads of two small inputs): every sequence fits ``max_len`` and holds its candidates."""
+def _check_lengths(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, max_len: int) -> None:
+    """``max_len >= 1`` and, eager only (host reads of two small inputs), every sequence fits
+    ``max_len`` and holds its candidates."""
+    if max_len < 1:
+        raise ValueError(f"{name}: max_len={max_len}; it must be >= 1")
+    if torch.compiler.is_compiling():
+        return
     lengths = offsets.cpu().diff()
     if lengths.numel() and int(lengths.max()) > max_len:
-        raise ValueError(f"jagged_hstu_attention: a sequence has {int(lengths.max())} events, above "
+        raise ValueError(f"{name}: a sequence has {int(lengths.max())} events, above "
                          f"max_len={max_len}; pass a larger max_len (bucket)")
     targets = num_targets.cpu()
     if bool(((targets < 0) | (targets > lengths)).any()):
-        raise ValueError("jagged_hstu_attention: num_targets must lie in [0, the sequence's length]")
+        raise ValueError(f"{name}: num_targets must lie in [0, the sequence's length]")
 
 
 @traceable
@@ -145,9 +191,32 @@ def jagged_hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off
     if num_targets is None:
         num_targets = torch.zeros(offsets.shape[0] - 1, dtype=torch.int32, device=offsets.device)
     _check(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, kernel, max_seq_len)
-    if max_len < 1:
-        raise ValueError(f"jagged_hstu_attention: max_len={max_len}; it must be >= 1")
-    if not torch.compiler.is_compiling():
-        _check_lengths(offsets, num_targets, max_len)
+    _check_lengths("jagged_hstu_attention", offsets, num_targets, max_len)
     return _jagged_attention(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, max_len,
                              max_seq_len, float(alpha), kernel)
+
+
+@traceable
+def packed_jagged_hstu_attention(vqk: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
+                                 pos_weights_and_time_weights: torch.Tensor, *, heads: int, qk_dim: int,
+                                 pos_buckets: int, max_len: int, max_seq_len: int, alpha: float,
+                                 num_targets: torch.Tensor, kernel: str = "xla") -> torch.Tensor:
+    """:func:`jagged_hstu_attention` of packed inputs, for a stack off the tpu device that sends them
+    over (one copy each way instead of five): ``vqk [T, H * (Dv + 2 Dqk)]`` holds V, Q then K
+    (the STU layer's columns), ``pos_weights_and_time_weights`` the position table (its first
+    ``pos_buckets`` entries) then the time-bucket table. Returns ``[T, H, Dv]``; the gradients come
+    packed the same way. Not part of the TorchTPU API."""
+    name = "packed_jagged_hstu_attention"
+    width = vqk.shape[-1] - 2 * heads * qk_dim if vqk.dim() == 2 else -1
+    if vqk.dim() != 2 or heads < 1 or qk_dim < 1 or width < heads or width % heads:
+        raise ValueError(f"{name}: vqk must be [T, heads * (v_dim + 2 * qk_dim)] with heads={heads}, "
+                         f"qk_dim={qk_dim}; got {list(vqk.shape)}")
+    _check_dtype(name, "vqk", vqk)
+    biases = pos_weights_and_time_weights
+    if biases.dim() != 1 or not 0 < pos_buckets < biases.shape[0]:
+        raise ValueError(f"{name}: pos_weights_and_time_weights must be 1-D, longer than pos_buckets={pos_buckets}; "
+                         f"got {list(biases.shape)}")
+    _check_layout(name, vqk.shape[0], offsets, timestamps, num_targets, kernel, max_seq_len)
+    _check_lengths(name, offsets, num_targets, max_len)
+    return _packed_jagged_attention(vqk, offsets, timestamps, num_targets, biases, heads, qk_dim, pos_buckets,
+                                    max_len, max_seq_len, float(alpha), kernel)

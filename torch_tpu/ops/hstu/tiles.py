@@ -33,9 +33,21 @@ def time_buckets(dt: jax.Array, buckets: int) -> jax.Array:
     return jnp.clip(jnp.floor(jnp.log(gap) / TIME_BUCKET_DIVISOR), 0, buckets).astype(jnp.int32)
 
 
-def _tile_bias(i, j, block, length, history, ts, pos_w, ts_w):
+def _position_tiles(pos_w, seq, block):
+    """``[ceil(seq / block), block, block]`` float32: tile ``d`` holds ``pos_w[clip(d * block + r - c, 0, P - 1)]``,
+    the position bias of a history row ``r`` of query tile ``i`` against key tile ``i - d``. It
+    depends on ``i - j`` only, so the tile loops slice it instead of gathering per tile (XLA:CPU
+    gathers element by element). ``seq * block`` entries: linear in the length."""
+    d = jnp.arange(-(-seq // block), dtype=jnp.int32)[:, None, None] * block
+    offset = jnp.arange(block, dtype=jnp.int32)[:, None] - jnp.arange(block, dtype=jnp.int32)[None, :]
+    return pos_w[jnp.clip(d + offset, 0, pos_w.shape[0] - 1)].astype(jnp.float32)
+
+
+def _tile_bias(i, j, block, length, history, ts, pos_w, position_tiles, ts_w):
     """Validity, float32 bias and bias indices of query tile ``i`` against key tile ``j`` (one
-    sequence: the same for every head)."""
+    sequence: the same for every head). History rows take their position bias from
+    ``position_tiles`` (:func:`_position_tiles`); candidate rows (id ``history``) from ``pos_w``
+    by column."""
     rows = i * block + jnp.arange(block, dtype=jnp.int32)
     cols = j * block + jnp.arange(block, dtype=jnp.int32)
     rel = jnp.minimum(rows, history)[:, None] - jnp.minimum(cols, history)[None, :]
@@ -48,7 +60,10 @@ def _tile_bias(i, j, block, length, history, ts, pos_w, ts_w):
     # always true (tidx is clipped at 0); its second use makes XLA:CPU compute the buckets in a
     # vectorized loop of their own instead of inside the gather's per-element loop (~3x faster)
     valid = valid & (tidx >= 0)
-    bias = pos_w[pidx].astype(jnp.float32) + ts_w[tidx].astype(jnp.float32)
+    candidate_rows = pos_w[jnp.clip(history - jnp.minimum(cols, history), 0, pos_w.shape[0] - 1)]
+    position_bias = jnp.where((rows < history)[:, None], position_tiles[i - j],
+                              candidate_rows[None, :].astype(jnp.float32))
+    bias = position_bias + ts_w[tidx].astype(jnp.float32)
     return valid, bias, pidx, tidx
 
 
@@ -71,12 +86,13 @@ def sequence_forward(q, k, v, length, history, live, ts, pos_w, ts_w, *, block: 
     """``out [H, L, Dv]`` of one sequence's heads (``q, k [H, L, Dqk]``, ``v [H, L, Dv]``; module
     docstring); ``live`` >= the number of query tiles holding a valid row."""
     heads, seq, dv = v.shape
+    position_tiles = _position_tiles(pos_w, seq, block)
 
     def query_tile(i, out):
         qi = _slice(q, i, block)
 
         def key_tile(j, acc):
-            valid, bias, _, _ = _tile_bias(i, j, block, length, history, ts, pos_w, ts_w)
+            valid, bias, _, _ = _tile_bias(i, j, block, length, history, ts, pos_w, position_tiles, ts_w)
             s = _scores(qi, _slice(k, j, block), bias, alpha)
             p = jnp.where(valid[None], jax.nn.silu(s) * inv_n, 0.0)
             return acc + jnp.einsum("hrc,hcd->hrd", p.astype(v.dtype), _slice(v, j, block),
@@ -95,6 +111,7 @@ def sequence_backward(q, k, v, length, history, live, ts, pos_w, ts_w, dout, *, 
     bias gradients are summed over heads before they are scattered into the tables."""
     f32 = jnp.float32
     dout = dout.astype(f32)
+    position_tiles = _position_tiles(pos_w, q.shape[1], block)
 
     def key_tile(j, carry):
         dq, dk, dv, dpos, dts = carry
@@ -104,7 +121,7 @@ def sequence_backward(q, k, v, length, history, live, ts, pos_w, ts_w, dout, *, 
         def query_tile(i, c):
             dq, dkj, dvj, dpos, dts = c
             qi = _slice(q, i, block)
-            valid, bias, pidx, tidx = _tile_bias(i, j, block, length, history, ts, pos_w, ts_w)
+            valid, bias, pidx, tidx = _tile_bias(i, j, block, length, history, ts, pos_w, position_tiles, ts_w)
             s = _scores(qi, kj, bias, alpha)
             sig = jax.nn.sigmoid(s)
             p = jnp.where(valid[None], s * sig * inv_n, 0.0)
