@@ -1,11 +1,13 @@
 """World size 1: the sharded sparsecore EmbeddingCollection equals stock TorchRec's
 EmbeddingCollection + the same optimizer over steps, and reports bad input by name."""
 
+import numpy as np
 import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_tpu.sharding import ShardedSparseCoreEC, TableSharding
+from torchrec_tpu.sharding.ec import _unique_rows
 
 from .ec_reference import EC_CONFIGS, reference_ec, sequence_loss, train_reference_ec
 from .reference import OPTIMIZERS, assert_tables_close, random_kjt, with_last_id
@@ -102,3 +104,15 @@ def test_local_lookup_lowers_to_sparsecore_kernels():
         forward, backward = lowered_programs(plan, stack.name)
         assert "custom_call @SparseDenseMatmulOp" in forward
         assert "custom_call @SparseDenseMatmulGradOpWithOptimizerUpdate" in backward
+
+
+@pytest.mark.parametrize("table_rows,ids", [(7, 500), (10_000, 3_000), (10**6, 300), (5, 0)])
+def test_input_dist_unique_rows_equal_numpy_unique(table_rows, ids):
+    """Both ways of deduplicating a feature's rows (a mark per table row for small tables, a sort
+    for large ones) give np.unique's rows and inverse, dtypes included."""
+    rows = np.random.default_rng(table_rows).integers(0, table_rows, ids)
+    unique, inverse = _unique_rows(rows, table_rows)
+    expected_unique, expected_inverse = np.unique(rows, return_inverse=True)
+    for got, expected in ((unique, expected_unique), (inverse, expected_inverse)):
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
