@@ -28,11 +28,16 @@ from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 
 _COMBINERS = {"sum": 0, "mean": 1, "sqrtn": 2}
+# ids (and samples) per extra thread: below this a thread costs more to start, and on a busy host to
+# get scheduled (a join can wait a time slice), than the work it takes over
+WORK_PER_THREAD = 1 << 15
 
 
-def default_threads() -> int:
-    """The CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def default_threads(work: int) -> int:
+    """The CPUs this process may run on, at most one per ``WORK_PER_THREAD`` of ``work`` (ids and
+    samples to preprocess)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, work // WORK_PER_THREAD))
 
 
 def preprocess_compiled(
@@ -48,7 +53,8 @@ def preprocess_compiled(
         job_outputs = _outputs(stack, inputs, chunks, s, row_ordered)
         jobs.append((feature_buffers(stack, inputs, chunks), _parameters(stack, chunks, s, row_ordered), job_outputs))
         outputs.append(job_outputs)
-    results = ext.preprocess(jobs, threads or default_threads())
+    work = sum(x.ids.size + x.lengths.size for x in inputs.values())
+    results = ext.preprocess(jobs, threads or default_threads(work))
     out = {}
     for stack, arrays, (dropped, kept) in zip(plan.stacks, outputs, results):
         counts, unique_counts = arrays[-2:]

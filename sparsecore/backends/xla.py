@@ -42,12 +42,15 @@ from sparsecore.validation import FeatureInput
 xla_cache.install()  # the persistent compile cache every job shares (without the tpu device)
 
 
-def to_jax(tensor: torch.Tensor) -> jax.Array:
-    return jnp.asarray(tensor.detach().contiguous().numpy())
+def host_array(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor`` as a host array, which the compiled programs take as it is (no copy here; an
+    import into JAX per call costs more than the program's own transfer)."""
+    return tensor.detach().contiguous().numpy()
 
 
 def to_torch(array: jax.Array) -> torch.Tensor:
-    return torch.from_numpy(np.array(array))
+    """``array`` as a CPU tensor (no copy; waits for it)."""
+    return torch.from_dlpack(array)
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,7 @@ class XlaBackend(ReadsTablesAlone):
         if not self._layout.uniform:
             raise ValueError("lookup() needs one batch size for all features; use forward()")
         out, prepared = self._run_lookup(prepared)
-        return torch.from_dlpack(out), prepared
+        return to_torch(out), prepared
 
     def _run_lookup(self, prepared: Any) -> tuple[Any, PreparedLookup]:
         if not isinstance(prepared, PreparedLookup):
@@ -229,7 +232,7 @@ class XlaBackend(ReadsTablesAlone):
     def update(self, context: PreparedLookup, grad: Any) -> None:
         self.steps += 1
         if isinstance(grad, torch.Tensor):
-            grad = jax.dlpack.from_dlpack(grad.detach().contiguous())  # no copy (64-byte aligned)
+            grad = host_array(grad)
         hyper_inputs = tuple(step_hypers(st.optimizer, self.steps) for st in self.plan.stacks)
         self._set_state(self._compiled(context)[1](*self._state(), self._row_dims, np.int32(self.steps), hyper_inputs,
                                                   grad, context.arrays))
@@ -253,7 +256,7 @@ class XlaBackend(ReadsTablesAlone):
     def backward(self, context: PreparedLookup, grads: Mapping[str, torch.Tensor]) -> None:
         check_grads(self.plan, grads)
         ordered = [grads[f.name] for f in self.plan.features]
-        self.update(context, torch.cat(ordered, dim=1) if self._layout.uniform else tuple(map(to_jax, ordered)))
+        self.update(context, torch.cat(ordered, dim=1) if self._layout.uniform else tuple(map(host_array, ordered)))
 
     def stack_activations(self, stack: StackedTable, csr: StackCSR) -> jax.Array:
         """One stack's activations [chunks * samples_per_chunk, dim] (chunk-major) from its CSR

@@ -52,11 +52,12 @@ class SequenceBatch:
 
 @dataclass
 class _Lookup:
-    """The local lookup of one step: activations and sample row of every unique id, by served
-    feature, and the backend's context for the update."""
+    """The local lookup of one step: activations of every unique id, by served feature; the
+    activation row of every id received, ``id_rows[s][j]`` for served pair j from rank s; the
+    backend's context for the update."""
 
     activations: dict[str, torch.Tensor]
-    rows: dict[str, np.ndarray]
+    id_rows: list[list[torch.Tensor]]
     context: Any
 
 
@@ -130,9 +131,9 @@ class ShardedSparseCoreEC(ShardedTables):
                           counts.sum(axis=1).tolist(), self.group).numpy()
         blocks = np.split(recv, np.cumsum(counts.reshape(-1))[:-1])
         unique, inverse = {}, [[None] * mine for _ in range(self.world_size)]
-        for j, (f, _) in enumerate(self._served[self.rank]):
+        for j, (f, shard) in enumerate(self._served[self.rank]):
             per_source = [blocks[s * mine + j] for s in range(self.world_size)]
-            unique[f.name], all_inverse = np.unique(np.concatenate(per_source), return_inverse=True)
+            unique[f.name], all_inverse = _unique_rows(np.concatenate(per_source), shard.rows)
             for s, part in enumerate(np.split(all_inverse, np.cumsum([len(b) for b in per_source])[:-1])):
                 inverse[s][j] = part
         return SequenceBatch(kjt.to_dict(), sent, unique, inverse)
@@ -156,12 +157,17 @@ class ShardedSparseCoreEC(ShardedTables):
 
     def _lookup_and_output_dist(self, batch: SequenceBatch) -> tuple[torch.Tensor, tuple[SequenceBatch, _Lookup]]:
         lookup = self._lookup(batch)
-        send = [lookup.activations[f.name].index_select(0, torch.from_numpy(lookup.rows[f.name][batch.inverse[s][j]]))
-                .reshape(-1) for s in range(self.world_size) for j, (f, _) in enumerate(self._served[self.rank])]
-        recv = all_to_all(torch.cat(send or [torch.zeros(0)]), self._served_sizes(batch), self._sent_sizes(batch),
-                          self.group)
         flat = torch.empty(sum(self._value_sizes(batch)))  # the shards' blocks cover every value
         values = self._by_feature(batch, flat)
+        if self.world_size == 1:  # no collective: each block gathered straight into its place
+            for j, (f, shard) in enumerate(self._served[0]):
+                _gather_into(values[f.name], _block_index(batch.sent[0][j], values[f.name].shape[0], shard),
+                             lookup.activations[f.name], lookup.id_rows[0][j])
+            return flat, (batch, lookup)
+        send = [lookup.activations[f.name].index_select(0, lookup.id_rows[s][j]).reshape(-1)
+                for s in range(self.world_size) for j, (f, _) in enumerate(self._served[self.rank])]
+        recv = all_to_all(torch.cat(send or [torch.zeros(0)]), self._served_sizes(batch), self._sent_sizes(batch),
+                          self.group)
         start = 0
         for rank, pairs in enumerate(self._served):
             for j, (f, shard) in enumerate(pairs):
@@ -174,7 +180,7 @@ class ShardedSparseCoreEC(ShardedTables):
     def _lookup(self, batch: SequenceBatch) -> _Lookup:
         """Grow the capacity if needed, then look up every served feature's unique rows."""
         if self._backend is None:
-            return _Lookup({}, {}, None)
+            return _Lookup({}, [], None)
         self._fit({name: ids.size for name, ids in batch.unique.items()})
         n = self.engine.topology.num_sparsecores
         inputs, rows = {}, {}
@@ -182,12 +188,15 @@ class ShardedSparseCoreEC(ShardedTables):
             capacity = self._capacity[name]
             j = np.arange(ids.size)
             rows[name] = (j % n) * (capacity // n) + j // n  # spread over the SparseCores' sample chunks
-            order = np.argsort(rows[name])
+            order = np.concatenate([j[k::n] for k in range(n)])  # (the rows' ascending order)
             lengths = np.zeros(capacity, dtype=np.int64)
             lengths[rows[name]] = 1
             inputs[name] = FeatureInput(ids[order], lengths, np.ones(ids.size, dtype=np.float32))
         activations, context = self._backend.forward(inputs)
-        return _Lookup(activations, rows, context)
+        id_rows = [[torch.from_numpy(rows[f.name][batch.inverse[s][j]])
+                    for j, (f, _) in enumerate(self._served[self.rank])]
+                   for s in range(self.world_size)]
+        return _Lookup(activations, id_rows, context)
 
     def _fit(self, unique: Mapping[str, int]) -> None:
         """Rebuild the backend with room for ``unique`` ids per feature, keeping its state."""
@@ -219,20 +228,25 @@ class ShardedSparseCoreEC(ShardedTables):
         """Send every id's gradient to its shards, sum it per unique id, apply the update."""
         batch, lookup = context
         grads = self._by_feature(batch, grad)
-        send = [grads[f.name][_block_index(batch.sent[r][j], grads[f.name].shape[0], shard)].reshape(-1)
-                for r, pairs in enumerate(self._served) for j, (f, shard) in enumerate(pairs)]
-        recv = all_to_all(torch.cat(send or [torch.zeros(0)]), self._sent_sizes(batch), self._served_sizes(batch),
-                          self.group)
-        if self._backend is None:
-            return
         served = self._served[self.rank]
+        if self.world_size == 1:  # no collective: each block summed straight from the gradient
+            blocks = [[grads[f.name][_block_index(batch.sent[0][j], grads[f.name].shape[0], shard)]
+                       for j, (f, shard) in enumerate(served)]]
+        else:
+            send = [grads[f.name][_block_index(batch.sent[r][j], grads[f.name].shape[0], shard)].reshape(-1)
+                    for r, pairs in enumerate(self._served) for j, (f, shard) in enumerate(pairs)]
+            recv = all_to_all(torch.cat(send or [torch.zeros(0)]), self._sent_sizes(batch),
+                              self._served_sizes(batch), self.group)
+            if self._backend is None:
+                return
+            sizes = [len(batch.inverse[s][j]) * shard.cols for s in range(self.world_size)
+                     for j, (_, shard) in enumerate(served)]
+            parts = iter(recv.split(sizes))
+            blocks = [[next(parts).view(-1, shard.cols) for _, shard in served] for _ in range(self.world_size)]
         summed = {f.name: torch.zeros(self._capacity[f.name], shard.cols) for f, shard in served}
-        start = 0
-        for s in range(self.world_size):
-            for j, (f, shard) in enumerate(served):
-                rows = torch.from_numpy(lookup.rows[f.name][batch.inverse[s][j]])
-                summed[f.name].index_add_(0, rows, recv[start:start + rows.numel() * shard.cols].view(-1, shard.cols))
-                start += rows.numel() * shard.cols
+        for rows, received in zip(lookup.id_rows, blocks):
+            for (f, _), r, block in zip(served, rows, received):
+                summed[f.name].index_add_(0, r, block)
         self._backend.backward(lookup.context, summed)
 
     def to_torchrec(self) -> EmbeddingCollection:
@@ -241,6 +255,25 @@ class ShardedSparseCoreEC(ShardedTables):
                                  device=torch.device("cpu"), need_indices=self.need_indices)
         self._copy_unsharded_into(ec.embeddings)
         return ec
+
+
+def _unique_rows(rows: np.ndarray, table_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, return_inverse=True)`` of rows in [0, ``table_rows``): by a mark per table
+    row (no sort) where the table is small next to the batch."""
+    if table_rows > 8 * rows.size:
+        return np.unique(rows, return_inverse=True)
+    seen = np.zeros(table_rows, dtype=bool)
+    seen[rows] = True
+    return np.flatnonzero(seen), (np.cumsum(seen) - 1)[rows]
+
+
+def _gather_into(out: torch.Tensor, index: tuple[slice | torch.Tensor, slice], activations: torch.Tensor,
+                 rows: torch.Tensor) -> None:
+    """``out[index] = activations[rows]``, written in place where ``index`` is all of ``out``."""
+    if isinstance(index[0], slice) and index[1].stop - index[1].start == out.shape[1]:
+        torch.index_select(activations, 0, rows, out=out)
+    else:
+        out[index] = activations.index_select(0, rows)
 
 
 def _block_index(positions: np.ndarray, ids: int, shard: Shard) -> tuple[slice | torch.Tensor, slice]:
