@@ -1,13 +1,14 @@
 """Matrix-product lowerings. Their dots take the device's matmul precision (``torch.tpu.precision``,
 ``torch.set_float32_matmul_precision``: HIGHEST by default, so TPU float32 results match CPU fp32):
 no precision is pinned here, JAX's ``default_matmul_precision`` (set by
-``torch_tpu.runtime.precision``) applies when the op is traced."""
+``torch_tpu.runtime.precision``) applies when the op is traced. Half-precision products accumulate
+in float32 and round once (``batched_matmul.matmul``), as CPU torch's do."""
 
 from __future__ import annotations
 
 import torch
 
-from torch_tpu.ops.batched_matmul import batched_matmul
+from torch_tpu.ops.batched_matmul import batched_matmul, matmul
 from torch_tpu.ops.lowerings._common import cast, is_one
 from torch_tpu.ops.registry import register_lowering
 from torch_tpu.runtime._jax import jnp
@@ -25,14 +26,10 @@ def _check_rank(op: str, x, rank: int) -> None:
         raise TypeError(f"{op}: expected a {rank}-D tensor, got {x.ndim}-D")
 
 
-def _matmul(a, b):
-    return jnp.matmul(a, b)
-
-
 def _checked_matmul(name: str, ranks: tuple[int, int]):
     def lowering(self, other):
         _check_rank(name, self, ranks[0]), _check_rank(name, other, ranks[1]), _same_dtype(name, self, other)
-        return _matmul(self, other)
+        return matmul(self, other)
 
     return lowering
 
@@ -53,7 +50,7 @@ mv = register_lowering(aten.mv.default)(_checked_matmul("mv", (2, 1)))
 @register_lowering(aten.dot.default)
 def dot(self, tensor):
     _check_rank("dot", self, 1), _check_rank("dot", tensor, 1), _same_dtype("dot", self, tensor)
-    return jnp.dot(self, tensor)
+    return matmul(self, tensor)
 
 
 def _beta_alpha(input, product, beta, alpha):
