@@ -190,10 +190,20 @@ def fit_touched(touched: np.ndarray, entries: int, unique: int | None = None) ->
 
 
 def touched_unique(touched: np.ndarray, entries: int) -> int:
-    """The unique rows :func:`fit_touched` keeps: a bucket of the segments the entries use (the
-    rest are distinct out-of-range rows)."""
-    used = int(touched[2 * entries - 1]) + 1  # the last sorted position's segment
-    return min(entries, quarter_bucket(used))
+    """The unique rows :func:`fit_touched` keeps: :func:`unique_bucket` of the :func:`touched_count`."""
+    return unique_bucket(touched_count(touched, entries), entries)
+
+
+def touched_count(touched: np.ndarray, entries: int) -> int:
+    """The segments (distinct rows, padding's included) the ``entries`` buffer entries of a
+    :func:`touched_rows` vector use (its other unique slots are distinct out-of-range rows)."""
+    return int(touched[2 * entries - 1]) + 1  # the last sorted position's segment
+
+
+def unique_bucket(count: int, entries: int) -> int:
+    """The unique rows kept for ``count`` used segments: a bucket of it (four sizes per power of
+    two), at most ``entries``."""
+    return min(entries, quarter_bucket(count))
 
 
 def split_touched(touched, entries: int):

@@ -10,11 +10,15 @@ programs, occur; :func:`csr_limits` reads that bucket back from the buffers' siz
 :class:`CsrFitter` also deduplicates each stack's touched rows on the host
 (``csr_math.touched_rows``, ahead of the step) cut to a bucket of their count, and never shrinks a
 stack's sizes, or batches whose counts straddle a bucket boundary would alternate between two
-programs.
+programs. Where a batch needs more than a stack's sizes hold, they grow with :func:`headroom`
+past that batch's need: every new size compiles the step program again (seconds on XLA:CPU), and
+sizes fitted tightly to the first batches would grow again each time a later batch's count lands
+a little higher, well into the run.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -37,14 +41,34 @@ def bucket_limit(needed: int, limit: int) -> int:
     return bucket if bucket < limit else limit
 
 
-def csr_bucket(stack: StackedTable, chunks: int, row_pointers: np.ndarray) -> int:
-    """The ids-per-partition limit :func:`fit_csr` lays ``stack``'s buffers out for: the
-    :func:`bucket_limit` of their largest partition."""
+def headroom(count: int) -> int:
+    """The margin a size that has to grow for ``count`` (ids in a partition, unique rows) grows by,
+    so that later batches of the same stream fit in all but rare cases: four standard deviations
+    of a Poisson count of that mean (a partition's ids are many independent draws), and at least
+    1/16 of it (distinct rows spread wider: MLPerf's multi-hot batches' vary by about 2%)."""
+    return max(math.ceil(4 * math.sqrt(count)), count // 16)
+
+
+def grown(size: int, count: int, bucket: Callable[[int], int]) -> int:
+    """``size`` where ``count``'s ``bucket`` fits in it, else the bucket of ``count`` plus its
+    :func:`headroom` (what a stack's size becomes after a batch that needs ``count``)."""
+    return size if bucket(count) <= size else bucket(count + headroom(count))
+
+
+def largest_partition(stack: StackedTable, chunks: int, row_pointers: np.ndarray) -> int:
+    """The ids the largest partition of ``stack``'s CSR buffers (of ``chunks`` source
+    SparseCores; ``row_pointers``) holds."""
     n = stack.num_sparsecores
     ends = row_pointers.reshape(chunks, row_pointers_per_sc(stack))[:, :n].astype(np.int64)
     starts = np.zeros_like(ends)
     starts[:, 1:] = round_up_array(ends[:, :-1], ALIGNMENT)
-    return bucket_limit(int((ends - starts).max(initial=0)), stack.max_ids_per_partition)
+    return int((ends - starts).max(initial=0))
+
+
+def csr_bucket(stack: StackedTable, chunks: int, row_pointers: np.ndarray) -> int:
+    """The ids-per-partition limit :func:`fit_csr` lays ``stack``'s buffers out for: the
+    :func:`bucket_limit` of their :func:`largest_partition`."""
+    return bucket_limit(largest_partition(stack, chunks, row_pointers), stack.max_ids_per_partition)
 
 
 def fit_csr(stack: StackedTable, chunks: int, row_pointers: np.ndarray, *buffers: np.ndarray,
@@ -73,7 +97,7 @@ def csr_limits(stack: StackedTable, chunks: int, embedding_ids) -> tuple[int, in
 
 class CsrFitter:
     """Cuts the batches of one ``plan`` (its stacks on ``plan.topology``'s SparseCores) to their
-    buckets, which only grow; ``agree`` (where given) maps this rank's sizes to those every rank
+    buckets, which only grow (with :func:`headroom`); ``agree`` (where given) maps this rank's sizes to those every rank
     uses (their maximum: ranks running one SPMD program need buffers of one size)."""
 
     def __init__(self, plan: StackingPlan) -> None:
@@ -87,7 +111,8 @@ class CsrFitter:
         bucket (contiguous)."""
         stacks = self.plan.stacks
         full = [[getattr(batch.stacks[st.name], f) for f in CSR_FIELDS] for st in stacks]
-        limits = [max(floor, csr_bucket(st, self.chunks, buffers[0]))
+        limits = [grown(floor, largest_partition(st, self.chunks, buffers[0]),
+                        lambda n, st=st: bucket_limit(n, st.max_ids_per_partition))
                   for st, buffers, floor in zip(stacks, full, self._limit_floor)]
         if agree is not None:
             limits = agree(limits)
@@ -103,7 +128,7 @@ class CsrFitter:
             phys = csr_math.decode(*buffers, st.vocab_size, st.total_sample_count, xp=np)[0]
             touched.append(csr_math.touched_rows(phys, st.vocab_size, xp=np))
             entries.append(buffers[1].shape[0])
-        unique = [min(e, max(floor, csr_math.touched_unique(t, e)))
+        unique = [min(e, grown(floor, csr_math.touched_count(t, e), lambda n, e=e: csr_math.unique_bucket(n, e)))
                   for t, e, floor in zip(touched, entries, self._unique_floor)]
         if agree is not None:
             unique = agree(unique)
