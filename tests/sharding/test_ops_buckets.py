@@ -19,7 +19,7 @@ from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
 
 pytest.importorskip("torch_tpu")
-from sparsecore.csr_sizes import CSR_FIELDS, bucket_limit, csr_limits, fit_csr  # noqa: E402
+from sparsecore.csr_sizes import CSR_FIELDS, CsrFitter, bucket_limit, csr_limits, fit_csr, grown, headroom  # noqa: E402
 from torchrec_tpu.sharding.ops_backend import OpsBackend, PreparedCSR  # noqa: E402
 
 LIMIT = 200  # not a power of two: a bucket never exceeds it
@@ -113,3 +113,38 @@ def test_update_sizes_never_shrink():
     prepared = [backend.prepare(_inputs(plan, step, most)) for step, most in enumerate((1, 40, 1, 6))]
     sizes = [[t.numel() for t in (*p.csr, *p.touched)] for p in prepared]
     assert sizes[1] > sizes[0] and sizes[2] == sizes[1] and sizes[3] == sizes[1], sizes
+
+
+def test_grown_keeps_a_size_that_fits_and_grows_past_the_need_with_headroom():
+    assert [headroom(n) for n in (0, 1, 100, 4096, 10_000)] == [0, 4, 40, 256, 625]  # 4 sqrt(n), >= n / 16
+    bucket = lambda n: bucket_limit(n, 4096)  # noqa: E731
+    assert grown(0, 100, bucket) == 144  # bucket(100 + 40)
+    assert grown(144, 130, bucket) == 144  # bucket(130) == 144 fits
+    assert grown(144, 145, bucket) == 208  # bucket(145 + 49)
+    assert grown(4000, 4096, bucket) == 4096  # never past the configured limit
+
+
+def test_a_random_stream_settles_in_its_first_batches():
+    """Over a stream of batches whose per-partition ids and distinct rows vary (Zipf ids, random
+    lengths: as Criteo's), the fitter's sizes stop growing after the first batches: each growth
+    compiles the step program again, inside the run's timed steady state."""
+    topology = SparseCoreTopology("v5p", 1)
+    adagrad = Adagrad(learning_rate=0.1)
+    tables = [TableSpec(f"t{i}", 20_000, 8, "sum", adagrad, max_ids_per_partition=4096,
+                        max_unique_ids_per_partition=4096) for i in range(2)]
+    batch = 256 * topology.num_sparsecores
+    features = [FeatureSpec(f"f{i}", f"t{i % 2}", batch) for i in range(6)]
+    plan = plan_stacking(tables, features, topology, stack_to_max_ids_per_partition=lambda name, samples: 4096,
+                         stack_to_max_unique_ids_per_partition=lambda name, samples: 4096)
+    fitter = CsrFitter(plan)
+    rng = np.random.default_rng(0)
+    sizes = []
+    for _ in range(60):
+        lengths = [rng.integers(0, 4, size=batch) for _ in features]
+        values = [(rng.zipf(1.05, size=int(n.sum())) - 1) % 20_000 for n in lengths]
+        kjt = KeyedJaggedTensor(keys=[f.name for f in features], values=torch.from_numpy(np.concatenate(values)),
+                                lengths=torch.from_numpy(np.concatenate(lengths)).int())
+        csr = fitter.cut(preprocess_inputs(feature_inputs(kjt, plan.features, plan.tables, "error"), plan))
+        sizes.append([b.shape[0] for buffers in csr for b in buffers] + [t.shape[0] for t in fitter.touched(csr)])
+    needs_cut = sizes[0][1] < 4096 * topology.num_sparsecores ** 2  # the sizes are cut, not the full layout
+    assert needs_cut and all(s == sizes[-1] for s in sizes[1:]), [i for i in range(1, 60) if sizes[i] != sizes[i - 1]]
