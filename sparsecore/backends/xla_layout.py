@@ -43,6 +43,19 @@ class ActivationLayout:
         self._plan_index = [np.zeros(len(st.features), dtype=np.int32) for st in plan.stacks]
         for k, (s, j) in enumerate(self.where):
             self._plan_index[s][j] = k
+        self._sources = [] if self.uniform else [self._gradient_sources(s) for s in range(len(plan.stacks))]
+
+    def _gradient_sources(self, s: int) -> np.ndarray:
+        """Per chunk-major activation row of stack ``s``: its row in the stack's features' gradients
+        stacked in plan order, then one zero row (for rows no feature fills)."""
+        source = np.full(self.plan.stacks[s].total_sample_count, -1, dtype=np.int64)
+        start = 0
+        for (t, _), rows in zip(self.where, self.rows):
+            if t == s:
+                source[rows] = start + np.arange(rows.size)
+                start += rows.size
+        source[source < 0] = start
+        return source
 
     def activation_rows(self, stack: StackedTable) -> np.ndarray:
         """Layout row of every chunk-major activation row of ``stack``."""
@@ -69,11 +82,12 @@ class ActivationLayout:
         """The stacks' activation gradients (in this layout) from the gradient of ``assemble``'s
         output."""
         stacks = self.plan.stacks
-        if not self.uniform:
-            out = [jnp.zeros((st.total_sample_count, st.dim), jnp.float32) for st in stacks]
-            for (s, _), rows, dim, g in zip(self.where, self.rows, self.dims, grad):
-                out[s] = out[s].at[rows, :dim].set(g)
-            return out
+        if not self.uniform:  # a gather per stack (XLA:CPU scatters element by element)
+            parts: list[list[jax.Array]] = [[] for _ in stacks]
+            for (s, _), dim, g in zip(self.where, self.dims, grad):
+                parts[s].append(jnp.pad(g, ((0, 0), (0, stacks[s].dim - dim))))
+            return [jnp.concatenate([*p, jnp.zeros((1, st.dim), jnp.float32)])[source]
+                    for st, p, source in zip(stacks, parts, self._sources)]
         if self.concatenated:
             widths = np.cumsum([len(st.features) * st.dim for st in stacks])[:-1].tolist()
             return [g.reshape(-1, st.dim) for st, g in zip(stacks, jnp.split(grad, widths, axis=1))]
