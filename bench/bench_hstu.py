@@ -10,7 +10,9 @@ training). The first line says what is compared. Printed: steady training sample
 the ratio; the attention op alone (forward + backward) of each and the ratio (each the median of
 ``--repeats`` alternating rounds, the rounds' ratios printed); peak RSS of one attention forward +
 backward at each ``--rss-lengths`` (each in a fresh process), and in parentheses its growth during
-the step (over the process with its inputs made).
+the step (over the process with its inputs made). Both run in one process, which starts as
+``torchrec-tpu train`` starts a job's (``launcher.xla_cpu_env``: glibc's malloc and libgomp's spin
+set for XLA:CPU; plain PyTorch's rate measured the same without them).
 Run it on a quiet machine for figures.
 Usage: .venv/bin/python bench/bench_hstu.py [--steps 20] [--repeats 3] [--batch 16] [--seq-len 256]
        .venv/bin/python bench/bench_hstu.py --rss-only [--rss-lengths 1024,4096]  (the RSS lines alone)
@@ -38,6 +40,7 @@ from torch_tpu.runtime.tensor import to_jax
 from torchrec_tpu.hstu import HSTU, HSTUConfig, sharded_embeddings
 from torchrec_tpu.hstu.attention import PADDED, describe, padded_attention
 from torchrec_tpu.hstu.model import FEATURE_KEYS, default_dense_device
+from torchrec_tpu.launcher import restart_with_xla_cpu_env
 
 HEADS, QK, DV = 2, 32, 32
 
@@ -218,4 +221,5 @@ def _alternating(repeats: int, plain: Callable[[], float], stack: Callable[[], f
     return Rounds(plains, stacks)
 
 if __name__ == "__main__":
+    restart_with_xla_cpu_env()
     quiet_box.run(main)

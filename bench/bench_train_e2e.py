@@ -45,7 +45,7 @@ from typing import Sequence
 
 import quiet_box
 
-from torchrec_tpu.launcher import xla_cpu_malloc_env
+from torchrec_tpu.launcher import xla_cpu_env
 from torchrec_tpu.train.engine_kinds import ENGINES as TRAIN_ENGINES
 
 ENGINES = ("torchrec", "sparsecore")
@@ -180,9 +180,10 @@ def _run_once(engine: str, world: int, data: Path, log_dir: Path, args: argparse
 
 def engine_env(engine: str) -> dict[str, str]:
     """The environment of a worker of ``engine``: as ``torchrec-tpu train`` starts its processes
-    (the sparsecore engine's with glibc's malloc set up for XLA:CPU; stock TorchRec's as they are)."""
+    (the sparsecore engine's with glibc's malloc and libgomp's spin set up for XLA:CPU,
+    ``launcher.xla_cpu_env``; stock TorchRec's as they are)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return {**env, **xla_cpu_malloc_env()} if TRAIN_ENGINES[engine].runs_xla_cpu else env
+    return {**env, **xla_cpu_env()} if TRAIN_ENGINES[engine].runs_xla_cpu else env
 
 
 def dense_step_ms(args: argparse.Namespace, batch: int, steps: int = 10) -> float:

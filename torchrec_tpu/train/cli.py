@@ -12,7 +12,7 @@ import os
 
 from pipelines.flag_numbers import non_negative_int
 from torchrec_tpu.errors import report_user_error
-from torchrec_tpu.launcher import restart_with_xla_cpu_malloc
+from torchrec_tpu.launcher import restart_with_xla_cpu_env
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import (
     HSTU_MODELS,
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
-            restart_with_xla_cpu_malloc()  # the XLA:CPU step's memory, before any heavy import
+            restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
         hstu = config.model.kind in HSTU_MODELS
         # the world is known before anything starts: torchrun's environment, or the Ray workers
         world_size = args.ray_workers or int(os.environ.get("WORLD_SIZE", "1"))
