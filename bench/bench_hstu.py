@@ -43,6 +43,7 @@ from torchrec_tpu.hstu.model import FEATURE_KEYS, default_dense_device
 from torchrec_tpu.launcher import restart_with_xla_cpu_env
 
 HEADS, QK, DV = 2, 32, 32
+OP_ROUND_S = 1.5  # the attention op's rounds: seconds of calls at least
 
 
 def _batch(users: int, history: int, candidates: int, items: int, seed: int) -> tuple[KeyedJaggedTensor, torch.Tensor]:
@@ -107,13 +108,16 @@ def _attention_step(plain: bool, inputs, seq: int) -> None:
 
 
 def _attention_per_s(plain: bool, users: int, seq: int, steps: int, warmup: int) -> float:
+    """Calls per second over at least ``steps`` calls and :data:`OP_ROUND_S` seconds (a call takes a
+    few ms: 20 of them swung a round's ratio from 1.2x to 2.3x on a quiet host)."""
     inputs = _attention_inputs(users, seq, "cpu" if plain else "tpu")
     for _ in range(warmup):
         _attention_step(plain, inputs, seq)
-    start = time.perf_counter()
-    for _ in range(steps):
+    calls, start = 0, time.perf_counter()
+    while calls < steps or time.perf_counter() - start < OP_ROUND_S:
         _attention_step(plain, inputs, seq)
-    return steps / (time.perf_counter() - start)
+        calls += 1
+    return calls / (time.perf_counter() - start)
 
 
 def _max_rss_mib() -> float:
@@ -181,8 +185,9 @@ def _timings(args: argparse.Namespace) -> None:
     print(f"compared: plain = stock TorchRec EmbeddingCollection, STU stack and heads, padded [B, H, L, L] "
           f"attention, all PyTorch eager on cpu; stack = sharded SparseCore EmbeddingCollection, STU stack and "
           f"heads on {dense.type}, attention by the {describe('xla', dense)}")
-    train = _alternating(args.repeats, lambda: _samples_per_s(plain, batches, args.steps, args.warmup),
-                         lambda: _samples_per_s(stack, batches, args.steps, args.warmup))
+    warmup = max(args.warmup, len(batches))  # every batch's shapes compiled before a timed step
+    train = _alternating(args.repeats, lambda: _samples_per_s(plain, batches, args.steps, warmup),
+                         lambda: _samples_per_s(stack, batches, args.steps, warmup))
     print(f"train step (batch {args.batch}, seq {args.seq_len}): plain PyTorch CPU {train.plain:.1f} samples/s, "
           f"stack {train.stack:.1f} samples/s, ratio {train.describe()}")
     op = _alternating(args.repeats, lambda: _attention_per_s(True, args.users, args.seq_len, args.steps, args.warmup),
