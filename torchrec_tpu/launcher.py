@@ -98,8 +98,8 @@ GOMP_SPINCOUNT = "30000"
 def xla_cpu_env() -> dict[str, str]:
     """What the environment of a process that runs XLA:CPU programs lacks, to be set before it starts:
     glibc's malloc set up for XLA:CPU (:data:`XLA_CPU_MALLOC`; not where libc is not glibc or
-    ``TORCH_TPU_HOST_HEAP=0``) and libgomp's spin (:data:`GOMP_SPINCOUNT`). Empty where the device
-    is a TPU or the environment has both."""
+    ``TORCH_TPU_HOST_HEAP=0``) and libgomp's spin (:data:`GOMP_SPINCOUNT`; Linux, where CPU torch's
+    OpenMP is libgomp). Empty where the device is a TPU or the environment has both."""
     import importlib.util
     import platform
 
@@ -109,7 +109,7 @@ def xla_cpu_env() -> dict[str, str]:
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if knobs.HOST_HEAP.on() and platform.libc_ver()[0] == "glibc" and XLA_CPU_MALLOC not in tunables:
         env["GLIBC_TUNABLES"] = f"{tunables}:{XLA_CPU_MALLOC}" if tunables else XLA_CPU_MALLOC
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    if sys.platform.startswith("linux") and "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         env["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
     return env
 
