@@ -237,12 +237,12 @@ class ShardedSparseCoreEC(ShardedTables):
                     for r, pairs in enumerate(self._served) for j, (f, shard) in enumerate(pairs)]
             recv = all_to_all(torch.cat(send or [torch.zeros(0)]), self._sent_sizes(batch),
                               self._served_sizes(batch), self.group)
-            if self._backend is None:
-                return
             sizes = [len(batch.inverse[s][j]) * shard.cols for s in range(self.world_size)
                      for j, (_, shard) in enumerate(served)]
             parts = iter(recv.split(sizes))
             blocks = [[next(parts).view(-1, shard.cols) for _, shard in served] for _ in range(self.world_size)]
+        if self._backend is None:  # this rank serves no table (it still took part in the exchange)
+            return
         summed = {f.name: torch.zeros(self._capacity[f.name], shard.cols) for f, shard in served}
         for rows, received in zip(lookup.id_rows, blocks):
             for (f, _), r, block in zip(served, rows, received):
