@@ -160,3 +160,44 @@ def test_the_kernel_can_be_switched_off() -> None:
     done = _run_isolated(CHECK, TORCH_TPU_BMM_KERNEL="0")
     assert done.returncode == 0, done.stderr
     assert "kernel False" in done.stdout
+
+
+def _bmm_graph(transposes: str) -> torch.fx.GraphModule:
+    """An aten graph of DLRM's interaction and its two gradient products as AOTAutograd writes them:
+    ``c @ c^T``, ``c^T @ g`` and ``g @ (c^T)^T``, the swaps as ``transposes`` ("permute" or "transpose")."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def swap(x):
+        return x.permute(0, 2, 1) if transposes == "permute" else x.transpose(-1, 1)
+
+    def interaction(c, g):
+        ct = swap(c)
+        return torch.bmm(c, ct), torch.bmm(swap(c), g), torch.bmm(g, swap(ct))
+
+    return make_fx(interaction, tracing_mode="fake")(torch.empty(64, 27, 16), torch.empty(64, 27, 27))
+
+
+@pytest.mark.parametrize("transposes", ["permute", "transpose"])
+def test_graph_bmm_takes_permuted_operands_as_flags(transposes) -> None:
+    """In a compiled graph a bmm of operands swapped in their last two dims multiplies them in place:
+    no transpose in the program, and the same bits as the products of the swapped copies."""
+    from torch_tpu.compile.program.fx_to_jax import to_jax_function
+
+    gm = _bmm_graph(transposes)
+    g = torch.Generator().manual_seed(5)
+    c, w = torch.randn(64, 27, 16, generator=g), torch.randn(64, 27, 27, generator=g)
+    program = jax.jit(to_jax_function(gm))
+    compiled = program.lower(_jax(c), _jax(w)).compile().as_text()
+    assert "transpose" not in compiled and compiled.count("TorchTpuBatchedMatmulF32") == 3
+    got = [np.asarray(v) for v in program(_jax(c), _jax(w))]
+
+    def copies(x):
+        return jnp.swapaxes(x, 1, 2)
+
+    zc, zw = _jax(c), _jax(w)
+    unfolded = [batched_matmul(zc, copies(zc)), batched_matmul(copies(zc), zw), batched_matmul(zw, copies(copies(zc)))]
+    for value, reference in zip(got, unfolded):
+        np.testing.assert_array_equal(value, np.asarray(reference))
+    expected = (torch.bmm(c, c.transpose(1, 2)), torch.bmm(c.transpose(1, 2), w), torch.bmm(w, c))
+    for value, e in zip(got, expected):
+        np.testing.assert_allclose(value, e.numpy(), rtol=1e-5, atol=1e-5)

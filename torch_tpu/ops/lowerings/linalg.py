@@ -40,8 +40,14 @@ mm = register_lowering(aten.mm.default)(_checked_matmul("mm", (2, 2)))
 @register_lowering(aten.bmm.default)
 def bmm(self, mat2):
     """Batched products through ``batched_matmul``: a fast kernel on XLA:CPU, the plain dot elsewhere."""
-    _check_rank("bmm", self, 3), _check_rank("bmm", mat2, 3), _same_dtype("bmm", self, mat2)
-    return batched_matmul(self, mat2)
+    return bmm_transposed(self, mat2, False, False)
+
+
+def bmm_transposed(a, b, trans_a: bool, trans_b: bool):
+    """``aten.bmm`` of ``op(a)`` and ``op(b)``, ``op`` swapping the last two dims where its flag is set:
+    a graph's bmm of a permuted operand passes the permute as a flag (no transposed copy)."""
+    _check_rank("bmm", a, 3), _check_rank("bmm", b, 3), _same_dtype("bmm", a, b)
+    return batched_matmul(a, b, trans_a, trans_b)
 
 
 mv = register_lowering(aten.mv.default)(_checked_matmul("mv", (2, 1)))
