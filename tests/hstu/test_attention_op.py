@@ -18,6 +18,7 @@ from torch_tpu.ops.hstu import jagged_hstu_attention, tile_size
 from torch_tpu.ops.hstu.jagged import _attention
 from torch_tpu.ops.hstu.padded import xla_backward_block
 from torch_tpu.runtime._jax import jax, jnp
+from torchrec_tpu.hstu.attention import padded_attention
 
 HEADS, QK, DV = 2, 8, 6
 MAX_SEQ_LEN = 64
@@ -176,3 +177,36 @@ def test_rows_past_the_last_offset_are_padding_and_come_out_zero():
     assert not out[8:].cpu().any()
     out.sum().backward()
     assert not leaves["q"].grad[8:].cpu().any()
+
+
+@pytest.mark.parametrize("kernel", ["xla", "pallas", "padded"])
+def test_rows_outside_the_sequences_come_out_zero_with_zero_gradients(kernel):
+    """Offsets that start past row 0 and end before the last row: those rows belong to no sequence
+    (zero output, zero q, k, v gradients); the rows inside equal the reference of the sequences alone."""
+    inner = _batch([3, 4], targets=[1, 0], seed=4)
+    lead, tail = 2, 3
+    gen = torch.Generator().manual_seed(9)
+    b = dict(inner, offsets=inner["offsets"] + lead)
+    for name in ("q", "k", "v", "timestamps"):
+        x = inner[name]
+        around = [torch.randint(0, 10**9, (n,), generator=gen) if name == "timestamps"
+                  else torch.randn(n, *x.shape[1:], generator=gen) for n in (lead, tail)]
+        b[name] = torch.cat([around[0], x, around[1]])
+    expected, ref_leaves = _reference(inner)
+    if kernel == "padded":
+        leaves = {n: b[n].clone().requires_grad_() for n in ("q", "k", "v", "pos_w", "ts_w")}
+        got = padded_attention(leaves["q"], leaves["k"], leaves["v"], b["offsets"], b["timestamps"], b["num_targets"],
+                               leaves["pos_w"], leaves["ts_w"], max_len=4, max_seq_len=MAX_SEQ_LEN, alpha=ALPHA)
+    else:
+        got, leaves = _on_tpu(b, torch.float32, kernel=kernel, max_len=4)
+    inside = slice(lead, lead + expected.shape[0])
+    got_cpu = got.cpu().double()
+    torch.testing.assert_close(got_cpu[inside], expected.detach(), **FP32)
+    assert not got_cpu[:lead].any() and not got_cpu[inside.stop:].any()
+    grad = torch.randn(got.shape, generator=gen, dtype=torch.float64)
+    expected.backward(grad[inside])
+    got.backward(grad.to(got.device, torch.float32))
+    for name in ("q", "k", "v"):
+        g = leaves[name].grad.cpu().double()
+        torch.testing.assert_close(g[inside], ref_leaves[name].grad, **FP32, msg=lambda m: f"d{name}: {m}")
+        assert not g[:lead].any() and not g[inside.stop:].any(), f"d{name} outside the sequences"

@@ -21,7 +21,7 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets:
                      timestamps: torch.Tensor, num_targets: torch.Tensor, pos_weights: torch.Tensor,
                      time_weights: torch.Tensor, *, max_len: int, max_seq_len: int, alpha: float) -> torch.Tensor:
     """HSTU attention of jagged ``q, k [T, H, Dqk]``, ``v [T, H, Dv]`` over dense ``[B, L, L]``
-    scores (``L = max_len``); rows past ``offsets[-1]`` come out zero."""
+    scores (``L = max_len``); rows outside ``[offsets[0], offsets[-1])`` come out zero."""
     total = v.shape[0]
     lengths = offsets[1:] - offsets[:-1]
     positions = torch.arange(max_len, device=q.device)
@@ -42,7 +42,7 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets:
     rows = torch.arange(total, device=q.device)
     segment = torch.searchsorted(offsets[1:], rows, right=True).clamp(max=lengths.numel() - 1)
     gathered = out[segment, (rows - offsets[segment]).clamp(0, max_len - 1)]
-    return gathered * (rows < offsets[-1])[:, None, None]
+    return gathered * ((rows >= offsets[0]) & (rows < offsets[-1]))[:, None, None]
 
 
 PADDED = "padded"  # the kernel that is plain PyTorch on the stack's device: the CPU baseline

@@ -1,11 +1,11 @@
 """HSTU jagged attention as a torch operator on the tpu device (eager and ``torch.compile``).
 
 Jagged input: ``q, k [T, H, Dqk]`` and ``v [T, H, Dv]`` hold the events of B sequences back to
-back, sequence ``b`` being rows ``offsets[b]:offsets[b + 1]``; rows past ``offsets[-1]`` (``T``
-padded to a shape bucket) belong to no sequence and come out zero. Inside the op the batch is padded to
-``[B, H, L, D]`` with ``L = max_len`` rounded up to the tile size (``max_len`` is the compiled
-shape's bound: a length bucket), attended by :mod:`.padded` and gathered back to ``[T, H, Dv]``.
-The attention itself (``.tiles``) never forms an ``[L, L]`` score matrix.
+back, sequence ``b`` being rows ``offsets[b]:offsets[b + 1]``; rows before ``offsets[0]`` or past
+``offsets[-1]`` (``T`` padded to a shape bucket) belong to no sequence and come out zero. Inside the
+op the batch is padded to ``[B, H, L, D]`` with ``L = max_len`` rounded up to the tile size
+(``max_len`` is the compiled shape's bound: a length bucket), attended by :mod:`.padded` and
+gathered back to ``[T, H, Dv]``. The attention itself (``.tiles``) never forms an ``[L, L]`` score matrix.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ def _pad(values: jax.Array, offsets: jax.Array, seq: int) -> tuple[jax.Array, ja
 
 def _unpad(padded: jax.Array, offsets: jax.Array, total: int) -> jax.Array:
     """``[B, seq, ...]`` -> ``[total, ...]``: row ``t`` is its sequence's position ``t - offsets[b]``;
-    rows past ``offsets[-1]`` (padding to a shape bucket) are zeros."""
+    rows outside ``[offsets[0], offsets[-1])`` (padding to a shape bucket) are zeros."""
     rows = jnp.arange(total, dtype=jnp.int32)
     segment = jnp.minimum(jnp.searchsorted(offsets[1:], rows, side="right"), offsets.shape[0] - 2)
     out = padded[segment, jnp.clip(rows - offsets[segment], 0, padded.shape[1] - 1)]
-    inside = (rows < offsets[-1]).reshape((total,) + (1,) * (out.ndim - 1))
+    inside = ((rows >= offsets[0]) & (rows < offsets[-1])).reshape((total,) + (1,) * (out.ndim - 1))
     return jnp.where(inside, out, jnp.zeros((), out.dtype))
 
 
