@@ -117,6 +117,14 @@ def test_a_sequence_above_max_len_is_refused():
         _on_tpu(b, torch.float32, kernel="xla", max_len=8)
 
 
+def test_offsets_that_fall_or_leave_the_rows_are_refused():
+    b = _batch([4, 3])
+    with pytest.raises(ValueError, match=r"offsets must not decrease; offsets\[2\]=2 is below offsets\[1\]=4"):
+        _on_tpu(dict(b, offsets=torch.tensor([0, 4, 2])), torch.float32, kernel="xla", max_len=8)
+    with pytest.raises(ValueError, match=r"offsets run from 0 to 9; they must lie in \[0, 7\]"):
+        _on_tpu(dict(b, offsets=torch.tensor([0, 4, 9])), torch.float32, kernel="xla", max_len=8)
+
+
 def test_bad_kernel_and_shapes_are_refused():
     b = _batch([2, 3])
     with pytest.raises(ValueError, match="kernel='cuda'"):

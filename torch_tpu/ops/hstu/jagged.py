@@ -159,14 +159,22 @@ def _check_layout(name: str, rows: int, offsets: torch.Tensor, timestamps: torch
         raise ValueError(f"{name}: max_seq_len={max_seq_len}; it must be >= 1")
 
 
-def _check_lengths(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, max_len: int) -> None:
-    """``max_len >= 1`` and, eager only (host reads of two small inputs), every sequence fits
-    ``max_len`` and holds its candidates."""
+def _check_lengths(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, max_len: int, rows: int) -> None:
+    """``max_len >= 1`` and, eager only (host reads of two small inputs), the offsets rise within
+    the ``rows`` events, every sequence fits ``max_len`` and holds its candidates."""
     if max_len < 1:
         raise ValueError(f"{name}: max_len={max_len}; it must be >= 1")
     if torch.compiler.is_compiling():
         return
-    lengths = offsets.cpu().diff()
+    host_offsets = offsets.cpu()
+    lengths = host_offsets.diff()
+    if lengths.numel() and int(lengths.min()) < 0:
+        at = int(torch.argmax((lengths < 0).int()))
+        raise ValueError(f"{name}: offsets must not decrease; offsets[{at + 1}]={int(host_offsets[at + 1])} is below "
+                         f"offsets[{at}]={int(host_offsets[at])}")
+    if int(host_offsets[0]) < 0 or int(host_offsets[-1]) > rows:
+        raise ValueError(f"{name}: offsets run from {int(host_offsets[0])} to {int(host_offsets[-1])}; they must lie "
+                         f"in [0, {rows}] (the events' rows)")
     if lengths.numel() and int(lengths.max()) > max_len:
         raise ValueError(f"{name}: a sequence has {int(lengths.max())} events, above "
                          f"max_len={max_len}; pass a larger max_len (bucket)")
@@ -191,7 +199,7 @@ def jagged_hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off
     if num_targets is None:
         num_targets = torch.zeros(offsets.shape[0] - 1, dtype=torch.int32, device=offsets.device)
     _check(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, kernel, max_seq_len)
-    _check_lengths("jagged_hstu_attention", offsets, num_targets, max_len)
+    _check_lengths("jagged_hstu_attention", offsets, num_targets, max_len, q.shape[0])
     return _jagged_attention(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights, max_len,
                              max_seq_len, float(alpha), kernel)
 
@@ -217,6 +225,6 @@ def packed_jagged_hstu_attention(vqk: torch.Tensor, offsets: torch.Tensor, times
         raise ValueError(f"{name}: pos_weights_and_time_weights must be 1-D, longer than pos_buckets={pos_buckets}; "
                          f"got {list(biases.shape)}")
     _check_layout(name, vqk.shape[0], offsets, timestamps, num_targets, kernel, max_seq_len)
-    _check_lengths(name, offsets, num_targets, max_len)
+    _check_lengths(name, offsets, num_targets, max_len, vqk.shape[0])
     return _packed_jagged_attention(vqk, offsets, timestamps, num_targets, biases, heads, qk_dim, pos_buckets,
                                     max_len, max_seq_len, float(alpha), kernel)
