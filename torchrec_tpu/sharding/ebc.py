@@ -232,16 +232,12 @@ class ShardedSparseCoreEBC(ShardedTables):
         if self.world_size == 1:
             received = {f.name: FeatureInput(*piece) for (f, _), *piece in zip(self._served[0], ids, lengths, gains)}
             return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
-        b = self.padded_local_batch
-        send_lengths = concat(lengths, np.int64)
-        counts = [len(s) * b for s in self._served]
-        recv_lengths = all_to_all(send_lengths, counts, [len(self._served[self.rank]) * b] * self.world_size,
-                                  group).numpy()
+        per_source, all_unit = self._exchange_lengths(lengths, all(bool((g == 1).all()) for g in gains), group)
         id_counts = self._per_destination([len(a) for a in ids])
-        per_source = recv_lengths.reshape(self.world_size, -1)
         recv_counts = per_source.sum(axis=1).tolist()
         recv_ids = all_to_all(concat(ids, np.int64), id_counts, recv_counts, group).numpy()
-        recv_gains = all_to_all(concat(gains, np.float32), id_counts, recv_counts, group).numpy()
+        recv_gains = (np.ones(recv_ids.size, np.float32) if all_unit
+                      else all_to_all(concat(gains, np.float32), id_counts, recv_counts, group).numpy())
         received = self._assemble_inputs(per_source, recv_ids, recv_gains)
         if not self.uniform_ranks:
             return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
@@ -249,6 +245,23 @@ class ShardedSparseCoreEBC(ShardedTables):
         pads = {f.name: FeatureInput(np.zeros(0, np.int64), np.zeros(samples, np.int64), np.zeros(0, np.float32))
                 for f in self.padding.features}
         return LocalBatch(received, self._backend.prepare({**received, **pads}, agree=partial(_max_over, group=group)))
+
+    def _exchange_lengths(self, lengths: list[np.ndarray], unit_gains: bool,
+                          group: dist.ProcessGroup | None) -> tuple[np.ndarray, bool]:
+        """The lengths every rank sends this one, ``[world, served features x padded batch]``, and
+        whether every rank's gains are all 1 (sum combiners, no weights: the gains all_to_all is
+        then skipped on every rank alike). Each rank's flag rides after its lengths to each rank."""
+        b = self.padded_local_batch
+        flag = np.array([0 if unit_gains else 1], np.int64)
+        send, start = [], 0
+        for served in self._served:
+            send += [*lengths[start:start + len(served)], flag]
+            start += len(served)
+        counts = [len(served) * b + 1 for served in self._served]
+        recv = all_to_all(concat(send, np.int64), counts,
+                          [len(self._served[self.rank]) * b + 1] * self.world_size, group).numpy()
+        per_source = recv.reshape(self.world_size, -1)
+        return per_source[:, :-1], not per_source[:, -1].any()
 
     def _assemble_inputs(self, per_source: np.ndarray, ids: np.ndarray, gains: np.ndarray) -> dict[str, FeatureInput]:
         """Per served feature: the global batch, source ranks' samples in rank order."""
