@@ -69,6 +69,7 @@ class CompiledProgram:
         return self.jitted.lower(*inputs).as_text()
 
     def _compile(self, inputs: Sequence[Any], options: tuple) -> Any:
+        options = compiler_options.with_platform_defaults(options, jax.local_devices()[0].platform)
         jax_options = compiler_options.for_jax(options)
         if self._key is None or not _storable(inputs):
             with persistent_cache.persistent():
