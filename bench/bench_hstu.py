@@ -7,8 +7,9 @@ tables on the sharded SparseCore EmbeddingCollection, the STU stack and heads on
 device (cpu on XLA:CPU, tpu on a TPU), attention by the jagged op on the tpu device (no ``[L, L]``
 tensor; a CPU stack's batches shorter than ``CPU_JAGGED_FROM`` use the padded attention, as in
 training). The first line says what is compared. Printed: steady training samples/s of each and
-the ratio; the attention op alone (forward + backward) of each and the ratio (each the median of
-``--repeats`` alternating rounds, the rounds' ratios printed); peak RSS of one attention forward +
+the ratio; the attention op alone (forward + backward) of each and the ratio, at ``--users``
+sequences (where the op's fixed per-call costs weigh most) and at the training batch (each the
+median of ``--repeats`` alternating rounds, the rounds' ratios printed); peak RSS of one attention forward +
 backward at each ``--rss-lengths`` (each in a fresh process), and in parentheses its growth during
 the step (over the process with its inputs made). Both run in one process, which starts as
 ``torchrec-tpu train`` starts a job's (``launcher.xla_cpu_env``: glibc's malloc and libgomp's spin
@@ -190,10 +191,11 @@ def _timings(args: argparse.Namespace) -> None:
                          lambda: _samples_per_s(stack, batches, args.steps, warmup))
     print(f"train step (batch {args.batch}, seq {args.seq_len}): plain PyTorch CPU {train.plain:.1f} samples/s, "
           f"stack {train.stack:.1f} samples/s, ratio {train.describe()}")
-    op = _alternating(args.repeats, lambda: _attention_per_s(True, args.users, args.seq_len, args.steps, args.warmup),
-                      lambda: _attention_per_s(False, args.users, args.seq_len, args.steps, args.warmup))
-    print(f"attention fwd+bwd ({args.users} x {args.seq_len}): plain {op.plain:.2f}/s, jagged op {op.stack:.2f}/s, "
-          f"ratio {op.describe()}")
+    for users in dict.fromkeys((args.users, args.batch)):  # a few sequences (per-call costs), the training batch
+        op = _alternating(args.repeats, lambda: _attention_per_s(True, users, args.seq_len, args.steps, args.warmup),
+                          lambda: _attention_per_s(False, users, args.seq_len, args.steps, args.warmup))
+        print(f"attention fwd+bwd ({users} x {args.seq_len}): plain {op.plain:.2f}/s, jagged op {op.stack:.2f}/s, "
+              f"ratio {op.describe()}")
 
 
 @dataclass(frozen=True)
