@@ -10,12 +10,14 @@ gathered back to ``[T, H, Dv]``. The attention itself (``.tiles``) never forms a
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from torch_tpu.ops.hstu.padded import KERNELS, padded_attention, padded_attention_backward
 from torch_tpu.ops.pallas.op import jax_op
 from torch_tpu.ops.pallas.platform import traceable
 from torch_tpu.runtime._jax import jax, jnp
+from torch_tpu.runtime.tensor import TpuTensor, to_jax
 
 MAX_BLOCK = 128
 _INT32_MAX = 2**31 - 1
@@ -159,6 +161,11 @@ def _check_layout(name: str, rows: int, offsets: torch.Tensor, timestamps: torch
         raise ValueError(f"{name}: max_seq_len={max_seq_len}; it must be >= 1")
 
 
+def _host(t: torch.Tensor) -> np.ndarray:
+    """A small tpu (or CPU) tensor's values on the host, read once."""
+    return np.asarray(to_jax(t)) if isinstance(t, TpuTensor) else t.numpy()
+
+
 def _check_lengths(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, max_len: int, rows: int) -> None:
     """``max_len >= 1`` and, eager only (host reads of two small inputs), the offsets rise within
     the ``rows`` events, every sequence fits ``max_len`` and holds its candidates."""
@@ -166,20 +173,20 @@ def _check_lengths(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, 
         raise ValueError(f"{name}: max_len={max_len}; it must be >= 1")
     if torch.compiler.is_compiling():
         return
-    host_offsets = offsets.cpu()
-    lengths = host_offsets.diff()
-    if lengths.numel() and int(lengths.min()) < 0:
-        at = int(torch.argmax((lengths < 0).int()))
+    host_offsets = _host(offsets)
+    lengths = np.diff(host_offsets)
+    if lengths.size and lengths.min() < 0:
+        at = int(np.argmax(lengths < 0))
         raise ValueError(f"{name}: offsets must not decrease; offsets[{at + 1}]={int(host_offsets[at + 1])} is below "
                          f"offsets[{at}]={int(host_offsets[at])}")
-    if int(host_offsets[0]) < 0 or int(host_offsets[-1]) > rows:
+    if host_offsets[0] < 0 or host_offsets[-1] > rows:
         raise ValueError(f"{name}: offsets run from {int(host_offsets[0])} to {int(host_offsets[-1])}; they must lie "
                          f"in [0, {rows}] (the events' rows)")
-    if lengths.numel() and int(lengths.max()) > max_len:
+    if lengths.size and lengths.max() > max_len:
         raise ValueError(f"{name}: a sequence has {int(lengths.max())} events, above "
                          f"max_len={max_len}; pass a larger max_len (bucket)")
-    targets = num_targets.cpu()
-    if bool(((targets < 0) | (targets > lengths)).any()):
+    targets = _host(num_targets)
+    if ((targets < 0) | (targets > lengths)).any():
         raise ValueError(f"{name}: num_targets must lie in [0, the sequence's length]")
 
 
