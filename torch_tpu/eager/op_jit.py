@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from torch_tpu.ops.registry import Lowering
-from torch_tpu.runtime._jax import ARRAY_TYPE, jax
+from torch_tpu.runtime._jax import ARRAY_TYPE, jax, jax_core
 from tpu_facts import knobs
 
 PROMOTE_AFTER = 3
@@ -258,12 +258,21 @@ def _out_types(out: Any) -> tuple:
     return treedef, tuple((x.shape, x.dtype, getattr(x, "weak_type", False)) for x in leaves)
 
 
+def _computes_nothing(closed: Any) -> bool:
+    """Whether a traced program only hands back its inputs (a clone) or closed-over constants
+    (``arange`` of constant bounds, whose values the plain lowering makes on the host instead of
+    baking them into a program). A 0-d constant output (``ones_like`` of a 0-d tensor: a literal)
+    does count: one cached program beats the lowering's op-by-op dispatch."""
+    jaxpr = closed.jaxpr
+    return not jaxpr.eqns and not any(isinstance(out, jax_core.Literal) for out in jaxpr.outvars)
+
+
 def _store_and_run(
     site: tuple, fkey: Any, program: Any, inputs: list, args: Any, kwargs: dict, lowering: Lowering
 ) -> Any:
     key = (site, fkey)
     try:
-        if program.trace(*inputs).jaxpr.eqns:  # else it only hands back its inputs (clone)
+        if not _computes_nothing(program.trace(*inputs).jaxpr):
             out = program(*inputs)
             _programs[key] = program
             if fkey is not _TRACED:

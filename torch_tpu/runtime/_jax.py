@@ -28,7 +28,8 @@ jax.config.update("jax_enable_x64", True)
 _jax.set_tracebacks_enabled(knobs.JAX_TRACEBACKS.on())
 
 import jax.numpy as jnp  # noqa: E402
+from jax.extend import core as jax_core  # noqa: E402  (jaxpr types: Literal)
 
 ARRAY_TYPE = ArrayImpl
 
-__all__ = ["ARRAY_TYPE", "jax", "jnp"]
+__all__ = ["ARRAY_TYPE", "jax", "jax_core", "jnp"]

@@ -207,6 +207,21 @@ def test_programs_that_only_hand_back_their_inputs_run_plainly():
         torch.testing.assert_close(c.cpu(), torch.arange(4.0), rtol=0, atol=0)
 
 
+def test_programs_whose_outputs_are_constants_compile_once():
+    """``ones_like`` of a 0-d tensor traces to no equations (its output is a constant), but unlike
+    a clone it computes something: one program, hit afterwards, not the lowering op by op."""
+    for dtype in (torch.float32, torch.int64, torch.bool):
+        op_jit.clear()
+        op_jit.reset_stats()
+        x = torch.tensor(3, dtype=dtype)
+        got = _three_times(lambda: torch.ones_like(x.to("tpu")))
+        s = op_jit.stats()
+        assert (s.compiles, s.misses) == (1, 0), (dtype, s)
+        for out in got:
+            assert out.dtype == dtype and out.shape == ()
+            torch.testing.assert_close(out, torch.ones_like(x), rtol=0, atol=0)
+
+
 def _signs(t: torch.Tensor) -> torch.Tensor:
     return torch.copysign(torch.ones_like(t), t)
 
