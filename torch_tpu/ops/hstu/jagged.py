@@ -17,7 +17,7 @@ from torch_tpu.ops.hstu.padded import KERNELS, padded_attention, padded_attentio
 from torch_tpu.ops.pallas.op import jax_op
 from torch_tpu.ops.pallas.platform import traceable
 from torch_tpu.runtime._jax import jax, jnp
-from torch_tpu.runtime.tensor import TpuTensor, to_jax
+from torch_tpu.runtime.tensor import TpuTensor, concrete_value
 
 MAX_BLOCK = 128
 _INT32_MAX = 2**31 - 1
@@ -162,8 +162,9 @@ def _check_layout(name: str, rows: int, offsets: torch.Tensor, timestamps: torch
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
-    """A small tpu (or CPU) tensor's values on the host, read once."""
-    return np.asarray(to_jax(t)) if isinstance(t, TpuTensor) else t.numpy()
+    """A small tensor's values on the host, read once (a tpu tensor's computed value, under
+    defer_and_fuse too)."""
+    return np.asarray(concrete_value(t)) if type(t) is TpuTensor else t.detach().cpu().numpy()
 
 
 def _check_lengths(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, max_len: int, rows: int) -> None:
