@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterator
 
 import torch
@@ -80,11 +79,7 @@ def train_steps(ebc: ShardedSparseCoreEBC, rank: int, world_size: int, steps: in
 def input_dist_exchanges(rank: int, world_size: int, store, timeout, local_batch: int):
     """Per pooling (``"sum"``: every table sum-pooled, no weights; ``"mixed"``: the reference's mean
     table kept): how many all_to_alls one input dist ran on this rank, and its pooled outputs."""
-    from torchrec import EmbeddingBagCollection, PoolingType
-
     from torchrec_tpu.sharding import ebc as ebc_module
-
-    from .reference import CONFIGS
 
     calls = [0]
     exchange = ebc_module.all_to_all
@@ -97,10 +92,8 @@ def input_dist_exchanges(rank: int, world_size: int, store, timeout, local_batch
         ebc_module.all_to_all = counted
         results = {}
         for pooling in ("sum", "mixed"):
-            configs = [c if pooling == "mixed" else dataclasses.replace(c, pooling=PoolingType.SUM) for c in CONFIGS]
-            torch.manual_seed(0)
-            reference = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
-            sharded = ShardedSparseCoreEBC.from_torchrec(reference, local_batch, LAYOUTS["row_wise"][1],
+            tables = reference_ebc(sum_pooled=pooling == "sum")
+            sharded = ShardedSparseCoreEBC.from_torchrec(tables, local_batch, LAYOUTS["row_wise"][1],
                                                          OPTIMIZERS["sgd"][0])
             kjt = slice_batch(random_kjt(world_size * local_batch, 0), rank * local_batch, (rank + 1) * local_batch)
             calls[0] = 0

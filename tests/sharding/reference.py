@@ -3,6 +3,7 @@ optimizer on its weights (dense SGD/Adagrad leave untouched rows unchanged, like
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
@@ -33,9 +34,11 @@ OPTIMIZERS = {
 }
 
 
-def reference_ebc(seed: int = 0) -> EmbeddingBagCollection:
+def reference_ebc(seed: int = 0, sum_pooled: bool = False) -> EmbeddingBagCollection:
+    """The reference tables (``sum_pooled``: every one sum-pooled, the mean table's too)."""
     torch.manual_seed(seed)
-    return EmbeddingBagCollection(tables=CONFIGS, device=torch.device("cpu"))
+    configs = [dataclasses.replace(c, pooling=PoolingType.SUM) for c in CONFIGS] if sum_pooled else CONFIGS
+    return EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
 
 
 def random_kjt(batch: int, seed: int, max_hot: int = 4) -> KeyedJaggedTensor:

@@ -1,8 +1,6 @@
 """Two ranks over tpu_dist (loopback processes): every sharding type trains exactly like stock
 TorchRec on the global batch (and so like the 1-rank run, tested in test_single_rank)."""
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -52,17 +50,13 @@ def test_input_dist_skips_the_gains_exchange_when_every_gain_is_one():
     """Sum-pooled tables without weights: every rank's gains are 1, so the input dist exchanges
     lengths and ids only (2 all_to_alls, not 3) and still pools like stock TorchRec; with a mean
     table the gains go too."""
-    from torchrec import EmbeddingBagCollection, PoolingType
-
     from .rank_checks import input_dist_exchanges
-    from .reference import CONFIGS, random_kjt
+    from .reference import random_kjt, reference_ebc
 
     results = launch_local(input_dist_exchanges, 2, LOCAL_BATCH, timeout_s=300)
     kjt = random_kjt(2 * LOCAL_BATCH, 0)
     for pooling, exchanges in (("sum", 2), ("mixed", 3)):
-        torch.manual_seed(0)
-        configs = [c if pooling == "mixed" else dataclasses.replace(c, pooling=PoolingType.SUM) for c in CONFIGS]
-        expected = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))(kjt).values().detach()
+        expected = reference_ebc(sum_pooled=pooling == "sum")(kjt).values().detach()
         for rank, by_pooling in enumerate(results):
             got_exchanges, out = by_pooling[pooling]
             assert got_exchanges == exchanges, f"{pooling}, rank {rank}: {got_exchanges} all_to_alls"
