@@ -2,14 +2,15 @@
 runs on it: a rank whose reader fails (a bad value, an unreadable file) makes every rank fail at
 once with the same message, and a rank that runs out of batches first (rows skipped under
 ``--bad-values``) ends the pass on every rank, instead of leaving the others waiting in a
-collective until the timeout. :func:`fail_together` does the same for work on a batch that can
-fail on one rank after its collectives (the sparsecore input dist's SparseCore partition limits).
-Evaluation, which must see every row, passes an ``exhausted`` batch instead: a rank out of
-batches yields it until every rank is out.
+collective until the timeout. Evaluation, which must see every row, passes an ``exhausted``
+batch instead: a rank out of batches yields it until every rank is out.
 
-The cost is one all_reduce of two int64s per batch over the group the batches are consumed on
-(the sparsecore engine's prefetch group, else the default group), and one of one int64 per batch
-for each :func:`fail_together`.
+:class:`AgreedBatches` costs one all_reduce of two int64s per batch over the group the batches are
+consumed on. The sparsecore engine's training batches agree without one: their flags ride on each
+batch's lengths all_to_all (:class:`~torchrec_tpu.pipeline.PrefetchedBatches`), which also carries
+whether the previous batch's input dist went well on every rank (it can fail on one rank after its
+collectives: a SparseCore partition over its id limit); :func:`raise_first_failure` then fails
+every rank with one message.
 """
 
 from __future__ import annotations
@@ -63,28 +64,16 @@ class AgreedBatches(BatchStream):
             with collectives(f"the agreement before {self.what} {index} (an all_reduce)"):
                 dist.all_reduce(flags, group=self.group)
                 if flags[0]:
-                    self._raise(failure)
+                    raise_first_failure(failure, self.group, self.world_size)
             if flags[1] == self.world_size or (flags[1] and self.exhausted is None):
                 return
             yield self.exhausted if batch is None else batch
             index += 1
 
-    def _raise(self, failure: BaseException | None) -> None:
-        _raise_first(failure, self.group, self.world_size)
 
-
-def fail_together(failure: BaseException | None, group: dist.ProcessGroup | None, world_size: int,
-                  label: str) -> None:
-    """Every rank calls this with its own outcome of the same step (None: it went well); if any
-    rank failed, every rank raises :class:`RankFailure` naming the first failed rank's error."""
-    flag = torch.tensor([failure is not None], dtype=torch.int64)
-    with collectives(f"{label} (an all_reduce)"):
-        dist.all_reduce(flag, group=group)
-        if flag[0]:
-            _raise_first(failure, group, world_size)
-
-
-def _raise_first(failure: BaseException | None, group: dist.ProcessGroup | None, world_size: int) -> None:
+def raise_first_failure(failure: BaseException | None, group: dist.ProcessGroup | None, world_size: int) -> None:
+    """Every rank calls this once any rank failed (``failure``: this rank's error, or None): each
+    raises :class:`RankFailure` naming the first failed rank's error (a collective)."""
     message = None
     if failure is not None:
         text = one_line(failure)

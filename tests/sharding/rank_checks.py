@@ -102,3 +102,52 @@ def input_dist_exchanges(rank: int, world_size: int, store, timeout, local_batch
             results[pooling] = (exchanges, sharded.compute_and_output_dist(batch).values().detach().clone())
         ebc_module.all_to_all = exchange
         return results
+
+
+def prefetched_passes(rank: int, world_size: int, store, timeout, local_batch: int):
+    """Three passes of :class:`PrefetchedBatches` (sum-pooled tables: no gains exchange) over this
+    rank's part of the global batches:
+    ``"even"``, 3 batches on each rank; ``"short"``, rank 0 one batch short; ``"bad"``, rank 1's
+    second batch with an id over its table. Per pass: the prefetch group's all_to_alls and
+    all_reduces, the pooled outputs of the batches taken, and the error the pass ended with."""
+    import torch_tpu.distributed as tpu_dist
+    from torchrec.datasets.utils import Batch
+
+    from torchrec_tpu.pipeline import PrefetchedBatches
+
+    from .reference import with_last_id
+
+    with tpu_dist_group(rank, world_size, store, timeout):
+        group = dist.new_group(pg_options=tpu_dist.TransportOptions("gloo"))
+        calls = {"all_to_all_single": 0, "all_reduce": 0}
+        originals = {name: getattr(dist, name) for name in calls}
+
+        def counting(name):
+            def collective(*args, **kwargs):
+                calls[name] += kwargs.get("group") is group
+                return originals[name](*args, **kwargs)
+            return collective
+
+        for name in calls:
+            setattr(dist, name, counting(name))
+        ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(sum_pooled=True), local_batch,
+                                                 LAYOUTS["row_wise"][1], OPTIMIZERS["sgd"][0])
+        start, stop = rank * local_batch, (rank + 1) * local_batch
+        kjts = [slice_batch(random_kjt(world_size * local_batch, step), start, stop) for step in range(3)]
+        passes = {"even": kjts, "short": kjts[:2] if rank == 0 else kjts,
+                  "bad": [kjts[0], with_last_id(kjts[1], 1000) if rank == 1 else kjts[1], kjts[2]]}
+        results = {}
+        for name, pass_kjts in passes.items():
+            batches = [Batch(torch.zeros(local_batch, 1), kjt, torch.zeros(local_batch)) for kjt in pass_kjts]
+            calls.update(all_to_all_single=0, all_reduce=0)
+            outputs, error = [], None
+            try:
+                with torch.no_grad():
+                    for batch in PrefetchedBatches(batches, ebc, torch.device("cpu"), depth=2, group=group):
+                        outputs.append(ebc(batch.sparse_features).values().clone())
+            except Exception as failure:  # noqa: BLE001  the test compares the ranks' errors
+                error = f"{type(failure).__name__}: {failure}"
+            results[name] = (dict(calls), outputs, error)
+        for name, original in originals.items():
+            setattr(dist, name, original)
+        return results

@@ -61,3 +61,32 @@ def test_input_dist_skips_the_gains_exchange_when_every_gain_is_one():
             got_exchanges, out = by_pooling[pooling]
             assert got_exchanges == exchanges, f"{pooling}, rank {rank}: {got_exchanges} all_to_alls"
             torch.testing.assert_close(out, expected[rank * LOCAL_BATCH:(rank + 1) * LOCAL_BATCH], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_prefetching_ranks_agree_on_each_batch_inside_its_input_dist():
+    """The prefetch thread's ranks agree on every batch without collectives of their own: each
+    batch takes its 2 all_to_alls (lengths with every rank's word riding along, then ids) and one
+    more lengths exchange ends the pass. A rank one batch short ends the pass on both; an id over
+    its table on rank 1 fails both ranks with rank 1's message after the batch before it. The
+    batches taken pool like stock TorchRec."""
+    from .rank_checks import prefetched_passes
+    from .reference import random_kjt, reference_ebc
+
+    results = launch_local(prefetched_passes, 2, LOCAL_BATCH, timeout_s=300)
+    tables = reference_ebc(sum_pooled=True)
+    expected = [tables(random_kjt(2 * LOCAL_BATCH, step)).values().detach() for step in range(3)]
+    for name, taken in (("even", 3), ("short", 2), ("bad", 1)):
+        for rank, by_pass in enumerate(results):
+            calls, outputs, error = by_pass[name]
+            assert calls == {"all_to_all_single": 2 * taken + 1, "all_reduce": 0}, (name, rank, calls)
+            assert len(outputs) == taken, (name, rank)
+            for out, want in zip(outputs, expected):
+                torch.testing.assert_close(out, want[rank * LOCAL_BATCH:(rank + 1) * LOCAL_BATCH], atol=1e-5, rtol=1e-5)
+            if name == "bad":
+                assert error is not None and error.startswith("RankFailure: rank 1: "), error
+                assert "feature '" in error and "1000" in error, error
+            else:
+                assert error is None, error
+        if name == "bad":
+            assert results[0][name][2] == results[1][name][2]

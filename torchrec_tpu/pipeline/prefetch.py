@@ -19,7 +19,7 @@ from torchrec.datasets.utils import Batch
 
 from pipelines.streams import BatchStream, batches_from_row, prefetched
 from torchrec_tpu.errors import CollectiveError
-from torchrec_tpu.rank_agreement import fail_together
+from torchrec_tpu.rank_agreement import raise_first_failure
 from torchrec_tpu.rank_watch import collectives
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 
@@ -52,31 +52,61 @@ class PrefetchedBatches(BatchStream):
     def iter_from_row(self, row: int) -> Iterator[Batch]:
         """The batches from row ``row`` on (seeking the loader when it can); the rows before are
         never input-dist'ed."""
-        return prefetched(self._prepared(row), self.depth, lockstep=self.group is not None)
+        batches = iter(batches_from_row(self.batches, row))
+        if self.group is None:
+            return prefetched(self._prepared(batches), self.depth)
+        return prefetched(self._agreed(batches), self.depth, lockstep=True)
 
-    def _prepared(self, row: int) -> Iterator[Batch]:
-        """Runs on the prefetch thread: read, move to the device, input dist. With several ranks,
-        they agree that each one's input dist went well before any of them trains on the batch:
-        it can fail on one rank only after the all_to_alls (a SparseCore partition over its limit),
-        which then fails every rank at once instead of leaving them in the step's collectives."""
-        for batch in batches_from_row(self.batches, row):
+    def _prepared(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """One rank, on the prefetch thread: read, move to the device, input dist."""
+        for batch in batches:
             batch = batch.to(self.device)
             if batch.sparse_features.stride() == self.ebc.padded_local_batch:
-                batch = self._input_dist(batch)
+                try:
+                    batch = dataclasses.replace(batch, sparse_features=self.ebc.prefetch(batch.sparse_features))
+                except Exception as error:
+                    raise self.explain(error) from error
             yield batch
 
-    def _input_dist(self, batch: Batch) -> Batch:
-        several = self.ebc.world_size > 1
-        failure = None
-        try:
-            with collectives("the sparse input all_to_all of a prefetched batch"):
-                kjt = self.ebc.prefetch(batch.sparse_features, self.group)
-        except CollectiveError:  # a peer is gone or stalled: nothing left to agree with
-            raise
-        except Exception as error:
-            failure = self.explain(error)
-            if not several:
-                raise failure from error
-        if several:  # raises on every rank when any rank's input dist failed
-            fail_together(failure, self.group, self.ebc.world_size, "the check after a sparse input dist")
-        return dataclasses.replace(batch, sparse_features=kjt)
+    def _agreed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """Several ranks, on the prefetch thread: read, move to the device, input dist, where the
+        ranks agree on each batch before any of them trains on it (:mod:`~torchrec_tpu.rank_agreement`)
+        without collectives of their own: a batch's lengths all_to_all carries every rank's word
+        that its reader gave it this batch and that the previous batch's input dist went well
+        (it can fail on one rank only after the all_to_alls: a SparseCore partition over its
+        limit). A rank out of batches ends the pass on every rank; a rank's failure fails every
+        rank at once with its message; a batch that is not of the padded size on some rank is
+        not prefetched on any (its forward runs the input dist)."""
+        ready, failure = None, None  # the batch input-dist'ed last, and its input dist's error here
+        while True:
+            batch, read_error = None, None
+            try:
+                batch = next(batches).to(self.device)
+            except StopIteration:
+                pass
+            except Exception as error:  # noqa: BLE001  agreed on below, raised on every rank
+                read_error = error
+            whole = batch is not None and batch.sparse_features.stride() == self.ebc.padded_local_batch
+            agreeing = "the sparse input all_to_all of a prefetched batch (its lengths, with the ranks' agreement)"
+            with collectives(agreeing):
+                sent = self.ebc.send_lengths(batch.sparse_features if whole else None, self.group,
+                                             [failure is not None, read_error is not None, batch is None, not whole])
+                if sent.flags[:, 0].any():  # the batch input-dist'ed last failed on some rank
+                    raise_first_failure(failure, self.group, self.ebc.world_size)
+            if ready is not None:
+                yield ready
+            if sent.flags[:, 1].any() or sent.failed.any():  # this one could not be read or is invalid
+                with collectives(agreeing):
+                    raise_first_failure(read_error or (sent.error and self.explain(sent.error)), self.group,
+                                        self.ebc.world_size)
+            if sent.flags[:, 2].any():
+                return
+            ready, failure = batch, None
+            if not sent.flags[:, 3].any():
+                try:
+                    with collectives("the sparse input all_to_all of a prefetched batch (its ids)"):
+                        ready = dataclasses.replace(batch, sparse_features=sent.finish())
+                except CollectiveError:  # a peer is gone or stalled: nothing left to agree with
+                    raise
+                except Exception as error:  # noqa: BLE001  carried by the next batch's lengths
+                    failure = self.explain(error)

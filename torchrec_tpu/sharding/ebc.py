@@ -16,7 +16,7 @@ optimizer there; no gradient of the tables ever materialises.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -64,6 +64,21 @@ class PrefetchedKJT(KeyedJaggedTensor):
         if dtype is None and self.values().device == torch.device(device):
             return self
         return super().to(device, non_blocking=non_blocking, dtype=dtype)
+
+
+@dataclass
+class SentLengths:
+    """A batch's input dist after its lengths' all_to_all (:meth:`ShardedSparseCoreEBC.send_lengths`).
+
+    ``flags``: every rank's flags, ``[world, flags given]``; ``failed``: per rank, whether its
+    batch failed validation (``error``: this rank's error); ``finish``: the rest of the input dist
+    (collectives), None without a batch. Every rank calls ``finish`` or none does, and only when
+    every rank sent a batch and none failed."""
+
+    flags: np.ndarray
+    failed: np.ndarray
+    error: Exception | None
+    finish: Callable[[], PrefetchedKJT] | None
 
 
 class ShardedSparseCoreEBC(ShardedTables):
@@ -194,11 +209,32 @@ class ShardedSparseCoreEBC(ShardedTables):
         ``group`` so its collectives never interleave with the step's); ``forward`` of the
         returned KJT starts from the result. Every rank must prefetch the same batches in the
         same order (the dists are collectives); they may be consumed in any order."""
+        return PrefetchedKJT(kjt, self, self.input_dist(self._prefetchable(kjt), group))
+
+    def send_lengths(self, kjt: KeyedJaggedTensor | None, group: dist.ProcessGroup | None,
+                     flags: Sequence[int] = ()) -> "SentLengths":
+        """The first half of a prefetch with several ranks (a collective): validate ``kjt`` and
+        exchange its lengths over ``group``, every rank's ``flags`` riding along, so the ranks can
+        agree on a batch without a collective of its own. Without a batch (``kjt`` None), or when
+        it fails validation, this rank sends zero lengths."""
+        error, routed = None, None
+        if kjt is not None:
+            try:
+                routed = self._routed(self._prefetchable(kjt))
+            except Exception as failure:  # noqa: BLE001  reported to every rank through the flags
+                error = failure
+        lengths, ids, gains = routed or self._nothing_routed()
+        unit = all(bool((g == 1).all()) for g in gains)
+        per_source, every = self._exchange_lengths(lengths, [*flags, error is not None, not unit], group)
+        rest = partial(self._finish_input_dist, per_source, ids, gains, not every[:, -1].any(), group)
+        return SentLengths(every[:, :-2], every[:, -2].astype(bool), error,
+                           None if kjt is None else lambda: PrefetchedKJT(kjt, self, rest()))
+
+    def _prefetchable(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
         if kjt.stride() > self.padded_local_batch:
             raise ValueError(f"cannot prefetch a batch of {kjt.stride()} samples: over the EBC's padded_local_batch "
                              f"{self.padded_local_batch} (per rank)")
-        padded, _ = next(fixed_size_chunks(kjt, self.padded_local_batch))
-        return PrefetchedKJT(kjt, self, self.input_dist(padded, group))
+        return next(fixed_size_chunks(kjt, self.padded_local_batch))[0]
 
     def compile(self, kjt: KeyedJaggedTensor) -> None:
         """Compile the local lookup and update programs for batches like ``kjt`` ahead of the
@@ -211,6 +247,17 @@ class ShardedSparseCoreEBC(ShardedTables):
         """Validate ``kjt`` (errors name the feature), fold combiners into gains, exchange ids
         (over ``group``, default the EBC's) and prepare the local backend's input."""
         group = group if group is not None else self.group
+        lengths, ids, gains = self._routed(kjt)
+        if self.world_size == 1:
+            received = {f.name: FeatureInput(*piece) for (f, _), *piece in zip(self._served[0], ids, lengths, gains)}
+            return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
+        unit = all(bool((g == 1).all()) for g in gains)
+        per_source, not_unit = self._exchange_lengths(lengths, [not unit], group)
+        return self._finish_input_dist(per_source, ids, gains, not not_unit.any(), group)
+
+    def _routed(self, kjt: KeyedJaggedTensor) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """Validated (lengths, ids, gains) of every rank's served (feature, shard) pairs, in
+        message order: combiners folded into gains, a row-wise shard's ids kept where it owns them."""
         inputs = feature_inputs(kjt, self.features, self.tables, self.engine.id_policy)
         lengths, ids, gains = [], [], []
         for served in self._served:
@@ -229,10 +276,18 @@ class ShardedSparseCoreEBC(ShardedTables):
                     lengths.append(x.lengths)
                     ids.append(x.ids)
                     gains.append(gain)
-        if self.world_size == 1:
-            received = {f.name: FeatureInput(*piece) for (f, _), *piece in zip(self._served[0], ids, lengths, gains)}
-            return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
-        per_source, all_unit = self._exchange_lengths(lengths, all(bool((g == 1).all()) for g in gains), group)
+        return lengths, ids, gains
+
+    def _nothing_routed(self) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """What a rank without a batch sends: zero lengths, no ids."""
+        pairs = sum(len(served) for served in self._served)
+        return ([np.zeros(self.padded_local_batch, np.int64)] * pairs, [np.zeros(0, np.int64)] * pairs,
+                [np.zeros(0, np.float32)] * pairs)
+
+    def _finish_input_dist(self, per_source: np.ndarray, ids: list[np.ndarray], gains: list[np.ndarray],
+                           all_unit: bool, group: dist.ProcessGroup | None) -> LocalBatch:
+        """After the lengths' all_to_all: the ids' (and, unless every rank's gains are all 1, the
+        gains'), and the local backend's input."""
         id_counts = self._per_destination([len(a) for a in ids])
         recv_counts = per_source.sum(axis=1).tolist()
         recv_ids = all_to_all(concat(ids, np.int64), id_counts, recv_counts, group).numpy()
@@ -246,22 +301,22 @@ class ShardedSparseCoreEBC(ShardedTables):
                 for f in self.padding.features}
         return LocalBatch(received, self._backend.prepare({**received, **pads}, agree=partial(_max_over, group=group)))
 
-    def _exchange_lengths(self, lengths: list[np.ndarray], unit_gains: bool,
-                          group: dist.ProcessGroup | None) -> tuple[np.ndarray, bool]:
+    def _exchange_lengths(self, lengths: list[np.ndarray], flags: Sequence[int],
+                          group: dist.ProcessGroup | None) -> tuple[np.ndarray, np.ndarray]:
         """The lengths every rank sends this one, ``[world, served features x padded batch]``, and
-        whether every rank's gains are all 1 (sum combiners, no weights: the gains all_to_all is
-        then skipped on every rank alike). Each rank's flag rides after its lengths to each rank."""
+        every rank's ``flags``, ``[world, len(flags)]``: each rank's flags ride after its lengths
+        to each rank."""
         b = self.padded_local_batch
-        flag = np.array([0 if unit_gains else 1], np.int64)
+        mine = np.asarray(flags, np.int64)
         send, start = [], 0
         for served in self._served:
-            send += [*lengths[start:start + len(served)], flag]
+            send += [*lengths[start:start + len(served)], mine]
             start += len(served)
-        counts = [len(served) * b + 1 for served in self._served]
+        counts = [len(served) * b + mine.size for served in self._served]
         recv = all_to_all(concat(send, np.int64), counts,
-                          [len(self._served[self.rank]) * b + 1] * self.world_size, group).numpy()
+                          [len(self._served[self.rank]) * b + mine.size] * self.world_size, group).numpy()
         per_source = recv.reshape(self.world_size, -1)
-        return per_source[:, :-1], not per_source[:, -1].any()
+        return per_source[:, :-mine.size], per_source[:, -mine.size:]
 
     def _assemble_inputs(self, per_source: np.ndarray, ids: np.ndarray, gains: np.ndarray) -> dict[str, FeatureInput]:
         """Per served feature: the global batch, source ranks' samples in rank order."""

@@ -104,12 +104,10 @@ def unwrap_dense(model: nn.Module) -> nn.Module:
 def pipelined(batches: Iterable[Batch], model: nn.Module, env: DistEnv, device: torch.device,
               depth: int = PIPELINE_DEPTH) -> PrefetchedBatches:
     """``batches`` with their input dist run ``depth`` batches ahead on a background thread (over
-    a process group of its own when there are several ranks, where the ranks first agree that each
-    has its batch: :mod:`~torchrec_tpu.rank_agreement`; a collective: call on every rank)."""
+    a process group of its own when there are several ranks, where the ranks agree on each batch:
+    :mod:`~torchrec_tpu.rank_agreement`; a collective: call on every rank)."""
     ebc = ebc_of(unwrap_dense(model))
     group = new_group(env) if env.world_size > 1 else None
-    if group is not None:
-        batches = AgreedBatches(batches, group, env.rank, env.world_size)
     return PrefetchedBatches(batches, ebc, device, depth, group,
                              partial(overflow_with_flags, global_batch_of(ebc.padded_local_batch, env.world_size)))
 
