@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
+from torch_tpu.distributed.shm_reduce import SharedMemoryReduce
 from torch_tpu.distributed.worker import Deadline
 
 ReduceOp = dist.ReduceOp
@@ -164,6 +165,8 @@ class GlooTransport(Transport):
         self.rank = rank
         self.size = size
         self._gloo = ProcessGroupGloo(PrefixStore(prefix, store), rank, size, timeout)
+        # large sums of ranks on one host go through shared memory, not TCP loopback
+        self._shared = SharedMemoryReduce.connect(PrefixStore(prefix, store), rank, size, timeout) if size > 1 else None
 
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp) -> None:
         self._reduce_into(tensor, op, root=None)
@@ -177,7 +180,9 @@ class GlooTransport(Transport):
         copy = _HostCopy(tensor)
         staged = _scale_before(copy.host, kind, factor)
         if root is None:
-            self._gloo.allreduce([staged], opts).wait()
+            shared = self._shared is not None and opts.reduceOp == ReduceOp.SUM and self._shared.takes(staged)
+            if not (shared and self._shared.all_reduce_sum(staged)):
+                self._gloo.allreduce([staged], opts).wait()
         else:
             opts.rootRank = root
             self._gloo.reduce([staged], opts).wait()
@@ -250,3 +255,5 @@ class GlooTransport(Transport):
 
     def shutdown(self) -> None:
         self._gloo.shutdown()
+        if self._shared is not None:
+            self._shared.close()
