@@ -46,6 +46,7 @@ from typing import Sequence
 import quiet_box
 
 from torchrec_tpu.launcher import xla_cpu_env
+from torchrec_tpu.train.distributed import bind_to_local_cpus
 from torchrec_tpu.train.engine_kinds import ENGINES as TRAIN_ENGINES
 
 ENGINES = ("torchrec", "sparsecore")
@@ -186,7 +187,7 @@ def engine_env(engine: str) -> dict[str, str]:
     return {**env, **xla_cpu_env()} if TRAIN_ENGINES[engine].runs_xla_cpu else env
 
 
-def dense_step_ms(args: argparse.Namespace, batch: int, steps: int = 10) -> float:
+def dense_step_ms(args: argparse.Namespace, batch: int, threads: int, steps: int = 10) -> float:
     """Median ms of the model's dense half alone at ``batch`` rows (dense towers, interaction or DCN,
     BCE, backward, Adagrad) on CPU eager torch with the run's threads and precision: TorchRec's
     dense half (and ours with ``--dense-device cpu``), so it bounds the ratio of such engines
@@ -196,7 +197,7 @@ def dense_step_ms(args: argparse.Namespace, batch: int, steps: int = 10) -> floa
     from torchrec_tpu.train.engines.dense_step import DLRMDenseLoss
     from torchrec_tpu.train.model import ModelSpec, build_dlrm
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     dcn = args.model == "dlrm_dcn"
     spec = ModelSpec(feature_names=tuple(f"f{i}" for i in range(NUM_SPARSE)), table_sizes=(8,) * NUM_SPARSE,
                      embedding_dim=args.embedding_dim, dense_in_features=NUM_DENSE,
@@ -222,9 +223,15 @@ def dense_step_ms(args: argparse.Namespace, batch: int, steps: int = 10) -> floa
 def ratio_cap(torchrec_samples_per_s: float, world: int, args: argparse.Namespace) -> tuple[float, float]:
     """(dense ms per step, the largest sparsecore/torchrec ratio any engine could reach): TorchRec's
     step time over the dense half's, i.e. the ratio with the sparse part, input and everything
-    else of ours taking no time at all (Amdahl). With several ranks on this box's 2 cores the
-    dense half is timed alone, so the cap is generous."""
-    dense_ms = dense_step_ms(args, args.batch_size // world)
+    else of ours taking no time at all (Amdahl). The dense half is timed as one rank runs it: on
+    the first of ``world`` equal blocks of this host's CPUs (the ranks' binding), with at most as
+    many threads as the block has CPUs."""
+    everywhere = os.sched_getaffinity(0)
+    block = bind_to_local_cpus(0, world) or everywhere
+    try:
+        dense_ms = dense_step_ms(args, args.batch_size // world, min(args.threads, len(block)))
+    finally:
+        os.sched_setaffinity(0, everywhere)
     return dense_ms, (args.batch_size / torchrec_samples_per_s * 1e3) / dense_ms
 
 
@@ -313,9 +320,10 @@ def bench_world(world: int, data: Path, tmp: Path, args: argparse.Namespace) -> 
             results[engine, towers].append(run(engine, world, data, tmp / f"{engine}{towers}_{world}_{i}", args,
                                                towers or "auto"))
     torchrec = results["torchrec", ""]
-    dense_ms, cap = ratio_cap(statistics.median(r["steady"] for r in torchrec), world, args)
-    print(f"  world {world} bound: TorchRec's dense half alone (CPU eager) takes {dense_ms:.1f} ms per step; "
-          f"TorchRec's steady step {args.batch_size / statistics.median(r['steady'] for r in torchrec) * 1e3:.1f} ms; "
+    torchrec_rate = statistics.median(r["steady"] for r in torchrec)
+    dense_ms, cap = ratio_cap(torchrec_rate, world, args)
+    print(f"  world {world} bound: TorchRec's dense half alone (CPU eager, as one rank runs it) takes "
+          f"{dense_ms:.1f} ms per step; TorchRec's steady step {args.batch_size / torchrec_rate * 1e3:.1f} ms; "
           f"an engine with that dense half and everything else free could reach at most {cap:.2f}x")
     steady: dict[str, float] = {}  # sparsecore/torchrec at each --dense-device
     for key, name in (("steady", "steady state"), ("whole", "whole loop")):

@@ -110,9 +110,9 @@ def prefetched_passes(rank: int, world_size: int, store, timeout, local_batch: i
     ``"even"``, 3 batches on each rank; ``"short"``, rank 0 one batch short; ``"bad"``, rank 1's
     second batch with an id over its table. Per pass: the prefetch group's all_to_alls and
     all_reduces, the pooled outputs of the batches taken, and the error the pass ended with."""
-    import torch_tpu.distributed as tpu_dist
     from torchrec.datasets.utils import Batch
 
+    import torch_tpu.distributed as tpu_dist
     from torchrec_tpu.pipeline import PrefetchedBatches
 
     from .reference import with_last_id
