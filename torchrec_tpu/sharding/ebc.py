@@ -212,7 +212,7 @@ class ShardedSparseCoreEBC(ShardedTables):
         return PrefetchedKJT(kjt, self, self.input_dist(self._prefetchable(kjt), group))
 
     def send_lengths(self, kjt: KeyedJaggedTensor | None, group: dist.ProcessGroup | None,
-                     flags: Sequence[int] = ()) -> "SentLengths":
+                     flags: Sequence[int] = ()) -> SentLengths:
         """The first half of a prefetch with several ranks (a collective): validate ``kjt`` and
         exchange its lengths over ``group``, every rank's ``flags`` riding along, so the ranks can
         agree on a batch without a collective of its own. Without a batch (``kjt`` None), or when
