@@ -25,6 +25,7 @@ import torch
 from torch._C._distributed_c10d import PrefixStore, Store
 
 MIN_BYTES = 1 << 20  # smaller tensors stay on gloo: its latency is no worse there
+MAX_PIECE_BYTES = 64 << 20  # larger tensors go in pieces: at most 2 x 64 MiB of shared memory a rank
 DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
 _MESSAGE = struct.Struct("<qB")  # barrier number, whether the sender's segment is usable
 
@@ -70,15 +71,22 @@ class SharedMemoryReduce:
                 and tensor.numel() * tensor.element_size() >= MIN_BYTES)
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> bool:
-        """Sum ``tensor`` over the ranks in place; False (nothing done, on every rank) when a rank
-        could not map segments that large: the caller reduces it another way."""
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes > self._capacity and not self._grow(max(nbytes, 2 * self._capacity)):
+        """Sum ``tensor`` over the ranks in place (in pieces of at most :data:`MAX_PIECE_BYTES`);
+        False (nothing done, on every rank) when a rank could not map segments that large: the
+        caller reduces it another way."""
+        flat = tensor.view(-1)
+        piece = max(1, MAX_PIECE_BYTES // tensor.element_size())
+        nbytes = min(flat.numel(), piece) * tensor.element_size()
+        if nbytes > self._capacity and not self._grow(min(max(nbytes, 2 * self._capacity), MAX_PIECE_BYTES)):
             return False
+        for start in range(0, flat.numel(), piece):
+            self._sum_piece(flat[start:start + piece])
+        return True
+
+    def _sum_piece(self, flat: torch.Tensor) -> None:
         offset = (self._calls % 2) * self._capacity
         self._calls += 1
-        flat = tensor.view(-1)
-        segments = [torch.frombuffer(m, dtype=tensor.dtype, count=flat.numel(), offset=offset) for m in self._maps]
+        segments = [torch.frombuffer(m, dtype=flat.dtype, count=flat.numel(), offset=offset) for m in self._maps]
         segments[self.rank].copy_(flat)
         self._barrier()
         bounds = [flat.numel() * r // self.size for r in range(self.size + 1)]
@@ -91,7 +99,6 @@ class SharedMemoryReduce:
         for r, segment in enumerate(segments):
             if r != self.rank:
                 flat[bounds[r]:bounds[r + 1]].copy_(segment[bounds[r]:bounds[r + 1]])
-        return True
 
     def close(self) -> None:
         for m in self._maps:

@@ -20,11 +20,15 @@ def rank_data(rank: int, numel: int, dtype: torch.dtype, call: int) -> torch.Ten
 
 
 def reduce_both_ways(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta,
-                     refuse_on: int | None = None) -> dict:
+                     refuse_on: int | None = None, piece_bytes: int | None = None) -> dict:
     """All_reduces of ``SIZES`` over a tpu_dist group (gloo transport) and over plain gloo;
-    ``refuse_on``: the rank whose shared memory cannot be allocated."""
+    ``refuse_on``: the rank whose shared memory cannot be allocated; ``piece_bytes``: the largest
+    piece reduced at once."""
     import torch_tpu.distributed as tpu_dist
     from torch_tpu.distributed import shm_reduce
+
+    if piece_bytes is not None:
+        shm_reduce.MAX_PIECE_BYTES = piece_bytes
 
     if refuse_on == rank:
         def no_room(fd: int, offset: int, length: int) -> None:
@@ -56,5 +60,6 @@ def reduce_both_ways(rank: int, size: int, store: dist.Store, timeout: datetime.
         results.append((ours, ref))
     dist.barrier()
     left = glob.glob("/dev/shm/tpu_dist_*")
+    shared = dist.group.WORLD._transport._shared
     dist.destroy_process_group()
-    return {"results": results, "taken": taken, "files_left": left}
+    return {"results": results, "taken": taken, "files_left": left, "capacity": shared._capacity}

@@ -25,6 +25,17 @@ def test_two_ranks_get_gloos_bits_through_shared_memory() -> None:
         assert not got["files_left"], got["files_left"]  # the segments' names go once every rank mapped them
 
 
+def test_a_tensor_over_the_piece_size_goes_in_pieces() -> None:
+    """Segments never grow past the piece size (1.5 MiB here): the 4 and 12 MiB tensors go in
+    pieces and still get gloo's bits."""
+    ranks = launch_local(reduce_both_ways, 2, None, 3 << 19, timeout_s=300)
+    for rank, got in enumerate(ranks):
+        for call, (ours, ref) in enumerate(got["results"]):
+            assert torch.equal(ours, ref), f"rank {rank}, call {call}"
+        assert got["taken"] == [True] * (CALLS - len(ON_GLOO)), got["taken"]
+        assert got["capacity"] == 3 << 19
+
+
 @pytest.mark.slow
 def test_three_ranks_sum_in_rank_order() -> None:
     ranks = launch_local(reduce_both_ways, 3, timeout_s=300)
