@@ -223,11 +223,8 @@ class ShardedSparseCoreEBC(ShardedTables):
                 routed = self._routed(self._prefetchable(kjt))
             except Exception as failure:  # noqa: BLE001  reported to every rank through the flags
                 error = failure
-        lengths, ids, gains = routed or self._nothing_routed()
-        unit = all(bool((g == 1).all()) for g in gains)
-        per_source, every = self._exchange_lengths(lengths, [*flags, error is not None, not unit], group)
-        rest = partial(self._finish_input_dist, per_source, ids, gains, not every[:, -1].any(), group)
-        return SentLengths(every[:, :-2], every[:, -2].astype(bool), error,
+        every, rest = self._send_routed(routed or self._nothing_routed(), [*flags, error is not None], group)
+        return SentLengths(every[:, :-1], every[:, -1].astype(bool), error,
                            None if kjt is None else lambda: PrefetchedKJT(kjt, self, rest()))
 
     def _prefetchable(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
@@ -251,9 +248,8 @@ class ShardedSparseCoreEBC(ShardedTables):
         if self.world_size == 1:
             received = {f.name: FeatureInput(*piece) for (f, _), *piece in zip(self._served[0], ids, lengths, gains)}
             return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
-        unit = all(bool((g == 1).all()) for g in gains)
-        per_source, not_unit = self._exchange_lengths(lengths, [not unit], group)
-        return self._finish_input_dist(per_source, ids, gains, not not_unit.any(), group)
+        _, rest = self._send_routed((lengths, ids, gains), (), group)
+        return rest()
 
     def _routed(self, kjt: KeyedJaggedTensor) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
         """Validated (lengths, ids, gains) of every rank's served (feature, shard) pairs, in
@@ -283,6 +279,16 @@ class ShardedSparseCoreEBC(ShardedTables):
         pairs = sum(len(served) for served in self._served)
         return ([np.zeros(self.padded_local_batch, np.int64)] * pairs, [np.zeros(0, np.int64)] * pairs,
                 [np.zeros(0, np.float32)] * pairs)
+
+    def _send_routed(self, routed: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]],
+                    flags: Sequence[int], group: dist.ProcessGroup | None
+                    ) -> tuple[np.ndarray, Callable[[], LocalBatch]]:
+        """Exchange ``routed``'s lengths, ``flags`` riding along with whether this rank's gains are
+        all 1: (every rank's ``flags``, the rest of the input dist)."""
+        lengths, ids, gains = routed
+        unit = all(bool((g == 1).all()) for g in gains)
+        per_source, every = self._exchange_lengths(lengths, [*flags, not unit], group)
+        return every[:, :-1], partial(self._finish_input_dist, per_source, ids, gains, not every[:, -1].any(), group)
 
     def _finish_input_dist(self, per_source: np.ndarray, ids: list[np.ndarray], gains: list[np.ndarray],
                            all_unit: bool, group: dist.ProcessGroup | None) -> LocalBatch:
