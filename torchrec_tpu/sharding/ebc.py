@@ -34,6 +34,7 @@ from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.collectives import all_to_all
+from torchrec_tpu.sharding.column_blocks import ColumnSelection
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
 from torchrec_tpu.sharding.shards import TableSharding
 from tpu_facts import global_batch_of, padded_local_batch_of
@@ -107,6 +108,7 @@ class ShardedSparseCoreEBC(ShardedTables):
         self._columns = [torch.from_numpy(np.concatenate(
             [np.arange(self._offsets[f.name] + s.col_offset, self._offsets[f.name] + s.col_offset + s.cols)
              for f, s in pairs] or [np.zeros(0, dtype=np.int64)])) for pairs in self._served]
+        self._selections = [ColumnSelection(columns, sum(dims)) for columns in self._columns]
         self._placement = _OutputPlacement(self._served, self._columns, self.rank, sum(dims))
 
     def activation_columns(self, feature_order: Sequence[str]) -> np.ndarray | None:
@@ -122,7 +124,7 @@ class ShardedSparseCoreEBC(ShardedTables):
         dims = {f.name: self.tables[f.table].dim for f in self.features}
         wanted = np.concatenate([np.arange(self._offsets[name], self._offsets[name] + dims[name])
                                  for name in feature_order])
-        order = np.arange(placement.width) if placement.identity else placement.order.numpy()
+        order = np.arange(placement.width) if placement.identity else placement.order.columns.numpy()
         return order[wanted]
 
     def exchange_columns(self, feature_order: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int] | None:
@@ -369,9 +371,9 @@ class ShardedSparseCoreEBC(ShardedTables):
         """Send every shard the gradient of its output for this rank's samples; apply the update."""
         b, widths = self.padded_local_batch, [len(c) for c in self._columns]
         if self.world_size == 1:
-            recv = grad if self._placement.identity else grad.index_select(1, self._columns[0])
+            recv = grad if self._placement.identity else self._selections[0](grad)
         else:
-            send = torch.cat([grad.index_select(1, columns).reshape(-1) for columns in self._columns])
+            send = torch.cat([select(grad).reshape(-1) for select in self._selections])
             recv = all_to_all(send, [b * w for w in widths], [b * widths[self.rank]] * self.world_size, self.group)
         if self._backend is not None:
             grad = recv.view(self.world_size * b, widths[self.rank])
@@ -402,15 +404,16 @@ class _OutputPlacement:
         self.width = width
         kept = self.targets[self.targets < width]
         self.permutation = kept.numel() == width and bool((torch.bincount(kept, minlength=width) == 1).all())
-        self.order = torch.argsort(self.targets)[:width] if self.permutation else None
-        self.identity = self.permutation and self.targets.numel() == width and bool(
-            (self.order == torch.arange(width)).all())
+        order = torch.argsort(self.targets)[:width] if self.permutation else None
+        self.identity = (self.permutation and self.targets.numel() == width
+                         and bool((order == torch.arange(width)).all()))
+        self.order = ColumnSelection(order, self.targets.numel()) if self.permutation else None
 
     def __call__(self, received: torch.Tensor) -> torch.Tensor:
         if self.identity:
             return received
         if self.permutation:
-            return received.index_select(1, self.order)
+            return self.order(received)
         out = received.new_zeros(received.shape[0], self.width + 1).index_add_(1, self.targets, received)
         return out[:, : self.width].contiguous()
 

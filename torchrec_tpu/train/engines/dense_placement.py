@@ -28,6 +28,7 @@ from torchrec.models.dlrm import DLRMTrain
 
 from torchrec_tpu.train.config import OptimConfig
 from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.engines.dot_interaction import use_one_matmul_interaction
 from torchrec_tpu.train.model import ModelSpec
 from tpu_facts.switches import Switch
 
@@ -93,11 +94,13 @@ def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_pa
 
 
 def place_dense(model: DLRMTrain, device: torch.device) -> None:
-    """Move ``model``'s dense towers to ``device`` and hook the data paths in and out of it."""
+    """Move ``model``'s dense towers to ``device`` and hook the data paths in and out of it; on
+    the host, DLRM's dot interaction gets its one-matmul backward (:mod:`.dot_interaction`)."""
     dlrm = model.model
     for name in DENSE_TOWERS:
         getattr(dlrm, name).to(device)
     if device.type == "cpu":
+        use_one_matmul_interaction(dlrm)
         return
     dlrm.sparse_arch.register_forward_hook(
         lambda _module, _args, pooled: pooled if _POOLED_ON_HOST.is_on() else pooled.to(device))
