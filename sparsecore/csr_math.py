@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparsecore.optimizer_rules import rule_named
+from sparsecore.table_rows import scatter_rows
 from tpu_facts import ALIGNMENT, quarter_bucket
 
 
@@ -235,7 +236,7 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
     if grad_rows is not None:
         rows = _relabel(rows, grad_rows, activations_grad.shape[0])
     dedup = _touched_rows(phys, stack_rows) if touched is None else split_touched(touched, entries)
-    hints = {}
+    sorted_unique = dedup is not None
     if dedup is None:  # (row + 1) * entries needs 64-bit keys and x64 is off: jnp.unique's pair sort
         # touched rows ascending; padding entries (row ``stack_rows``) and unused slots read/write that
         # row: dropped
@@ -250,11 +251,10 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
         sorted_rows, sorted_gain = jax.lax.optimization_barrier((rows[order], gain[order]))
         contributions = sorted_gain[:, None] * activations_grad.at[sorted_rows].get(mode="fill", fill_value=0.0)
         grad = jax.ops.segment_sum(contributions, segment, num_segments=unique.shape[0], indices_are_sorted=True)
-        hints = dict(indices_are_sorted=True, unique_indices=True)
     old = [embedding_table, *slots]
     # rows past the table (padding, unused slots) are read as 0 and their updates dropped
+    hints = dict(indices_are_sorted=True, unique_indices=True) if sorted_unique else {}
     row_values, *slot_values = [t.at[unique].get(mode="fill", fill_value=0.0, **hints) for t in old]
     new_rows, new_slots = rule_named(optimizer).update(row_values, tuple(slot_values), grad, hypers, grad.shape[1])
-    out = tuple(t.at[unique].set(n.astype(t.dtype), mode="drop", **hints)
-                for t, n in zip(old, (new_rows, *new_slots)))
+    out = tuple(scatter_rows(t, unique, n.astype(t.dtype), sorted_unique) for t, n in zip(old, (new_rows, *new_slots)))
     return out if len(out) > 1 else out[0]

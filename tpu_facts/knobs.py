@@ -79,6 +79,8 @@ NATIVE_CACHE = Knob("TORCHREC_TPU_NATIVE_CACHE", None, "folder of the built C++ 
                     "$XDG_CACHE_HOME/torchrec-tpu/native, else ~/.cache/torchrec-tpu/native)", "xla_cache")
 NATIVE = Knob("TORCHREC_TPU_NATIVE", "1", "0: sparsecore's host preprocessing runs its numpy path, not the "
               "compiled extension", "sparsecore")
+ROW_KERNEL = Knob("TORCHREC_TPU_ROW_KERNEL", "1", "0: the SparseCore ops' table row gathers and scatters use XLA's, "
+                  "not the FFI kernels (CPU)", "sparsecore")
 DATA_CACHE = Knob("TORCHREC_TPU_CACHE", None, "folder of generated synthetic data (default ~/.cache/torchrec_tpu)",
                   "pipelines")
 PROGRESS_SECONDS = Knob("TORCHREC_TPU_PROGRESS_SECONDS", "30", "seconds between the jobs' progress lines when "

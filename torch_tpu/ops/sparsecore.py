@@ -105,7 +105,22 @@ OPTIMIZERS = tuple(name.removeprefix(FUSED) for name in SCHEMAS if name.startswi
 _libs: list[torch.library.Library] = []
 # the modules the lowerings compute in (the compile cache's key covers their source)
 LOWERING_SOURCES = ("sparsecore.csr_math", "sparsecore.optimizer_rules", "sparsecore.csr_kernels",
-                    "sparsecore.csr_format")
+                    "sparsecore.csr_format", "sparsecore.table_rows")
+
+
+def kernel_export_checks() -> list:
+    """What ``jax.export`` must admit for programs calling the ops' CPU kernel (the fused updates'
+    row scatter, :mod:`sparsecore.table_rows`)."""
+    from sparsecore import table_rows
+
+    return table_rows.export_checks()
+
+
+def kernel_fingerprint() -> str:
+    """What a stored program calling the ops' CPU kernel depends on (:mod:`sparsecore.table_rows`)."""
+    from sparsecore import table_rows
+
+    return table_rows.fingerprint()
 
 
 def overload(name: str) -> torch._ops.OpOverload:

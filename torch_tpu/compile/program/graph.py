@@ -35,6 +35,7 @@ from torch_tpu.compile.program.fx_to_jax import mutated_inputs, needs_random_key
 from torch_tpu.compile.program.sources import file_identity
 from torch_tpu.eager import modes
 from torch_tpu.ops import batched_matmul
+from torch_tpu.ops import sparsecore as sparsecore_ops
 from torch_tpu.ops.registry import get_lowering, lowered_ops
 from torch_tpu.runtime import persistent_cache as cache
 from torch_tpu.runtime import precision
@@ -61,6 +62,7 @@ def registry_fingerprint() -> str:
         for path in sorted(lowering_files()):
             h.update(f"{path}={file_identity(path)};".encode())
         h.update(batched_matmul.fingerprint().encode())
+        h.update(sparsecore_ops.kernel_fingerprint().encode())
         _registry_digest.append(h.hexdigest()[:16])
     return _registry_digest[0]
 
@@ -189,7 +191,8 @@ def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key:
 def export(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``jax.export.export(jax.jit(fn))``, admitting the device's own CPU kernels (custom calls
     JAX cannot vouch for: stored programs are keyed by :func:`registry_fingerprint`, which names them)."""
-    return jax.export.export(jax.jit(fn), disabled_checks=batched_matmul.export_checks())
+    return jax.export.export(jax.jit(fn), disabled_checks=[*batched_matmul.export_checks(),
+                                                           *sparsecore_ops.kernel_export_checks()])
 
 
 def key_data_shape() -> tuple[int, ...]:
