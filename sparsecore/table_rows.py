@@ -15,7 +15,6 @@ Environment: ``TORCHREC_TPU_ROW_KERNEL=0`` keeps XLA's scatter everywhere.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import warnings
@@ -23,10 +22,9 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import jaxlib
 
 from tpu_facts import knobs
-from xla_cache.native_build import NativeUnavailable, build_library
+from xla_cache.native_build import NativeUnavailable, register_cpu_ffi_targets
 
 SOURCE = Path(__file__).with_name("csrc") / "table_rows.cc"
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w")
@@ -77,11 +75,8 @@ def _register() -> Exception | None:
     """Build, load and register the kernel once per process; the failure (if any) is returned."""
     if not knobs.ROW_KERNEL.on():
         return NativeUnavailable("disabled (TORCHREC_TPU_ROW_KERNEL=0)")  # asked for: no warning
-    # the jaxlib version in the flags: its FFI headers are part of what the library was built from
-    flags = (*FLAGS, f"-I{jax.ffi.include_dir()}", f"-DSPARSECORE_JAXLIB={jaxlib.__version__}")
     try:
-        library = ctypes.CDLL(str(build_library(SOURCE, "_sparsecore_table_rows", flags, ".so")))
-        jax.ffi.register_ffi_target(SCATTER, jax.ffi.pycapsule(library.SparsecoreScatterRows), platform="cpu")
+        register_cpu_ffi_targets(SOURCE, "_sparsecore_table_rows", FLAGS, (SCATTER,))
     except (NativeUnavailable, OSError) as error:
         warnings.warn(f"sparsecore: the CPU row scatter kernel is unavailable, XLA's scatter is used: {error}",
                       RuntimeWarning, stacklevel=2)

@@ -49,6 +49,22 @@ def build_library(source: Path, name: str, flags: Sequence[str], suffix: str) ->
     return path
 
 
+def register_cpu_ffi_targets(source: Path, name: str, flags: Sequence[str], targets: Sequence[str]) -> None:
+    """Build ``source`` (with jaxlib's FFI headers) into the shared library ``name``, load it and
+    register each of ``targets`` (a handler symbol of that name) as an XLA:CPU FFI target. Raises
+    NativeUnavailable or OSError saying why not."""
+    import ctypes
+
+    import jax
+    import jaxlib
+
+    # the jaxlib version in the flags: its FFI headers are part of what the library was built from
+    flags = (*flags, f"-I{jax.ffi.include_dir()}", f"-DJAXLIB_VERSION={jaxlib.__version__}")
+    library = ctypes.CDLL(str(build_library(source, name, flags, ".so")))
+    for target in targets:
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
+
+
 def library_name(source: Path, name: str, flags: Sequence[str], compiler: str, suffix: str) -> str:
     """The file name the library built from ``source`` with ``flags`` by ``compiler`` has in the cache."""
     digest = hashlib.sha256(source.read_bytes())

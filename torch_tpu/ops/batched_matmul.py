@@ -15,7 +15,6 @@ Environment: ``TORCH_TPU_BMM_KERNEL=0`` keeps the plain dot everywhere.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import warnings
@@ -123,18 +122,12 @@ _product.defvjp(_product_fwd, _product_bwd)
 @functools.cache
 def _register() -> Exception | None:
     """Build, load and register the kernel once per process; the failure (if any) is returned."""
-    import jaxlib
-
-    from xla_cache.native_build import NativeUnavailable, build_library
+    from xla_cache.native_build import NativeUnavailable, register_cpu_ffi_targets
 
     if not knobs.BMM_KERNEL.on():
         return NativeUnavailable("disabled (TORCH_TPU_BMM_KERNEL=0)")  # asked for: no warning
-    # The jaxlib version in the flags: its FFI headers are part of what the library was built from.
-    flags = (*FLAGS, f"-I{jax.ffi.include_dir()}", f"-DTORCH_TPU_JAXLIB={jaxlib.__version__}")
     try:
-        library = ctypes.CDLL(str(build_library(SOURCE, "_torch_tpu_bmm", flags, ".so")))
-        for target in _TARGETS.values():
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
+        register_cpu_ffi_targets(SOURCE, "_torch_tpu_bmm", FLAGS, tuple(_TARGETS.values()))
     except (NativeUnavailable, OSError) as error:
         warnings.warn(f"torch_tpu: the CPU batched-matmul kernel is unavailable, bmm uses XLA's dot: {error}",
                       RuntimeWarning, stacklevel=2)
