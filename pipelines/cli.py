@@ -159,7 +159,7 @@ def _generate(args: argparse.Namespace) -> int:
         row_group_size=args.row_group_size,
     )
     files = generate(config, args.output, progress=args.progress)
-    print(f"wrote {config.num_rows} rows to {len(files)} Parquet files in {args.output}")
+    print(f"wrote {config.num_rows:,} rows to {len(files)} Parquet files in {args.output}")
     print(f"table sizes (num_embeddings_per_feature): {','.join(map(str, config.table_sizes))}")
     return 0
 
@@ -181,9 +181,9 @@ def _sequences(args: argparse.Namespace) -> int:
         events = (read_movielens if args.source == "movielens" else read_yambda)(args.input)
     meta = write_sequences(events, args.output, windows=args.windows, max_history=args.max_history,
                            candidates=args.candidates)
-    print(f"wrote {sum(meta.rows)} rows of {len(events)} {meta.source} events to {args.output}: "
-          f"{meta.windows} windows ({', '.join(map(str, meta.rows))} rows), tasks {', '.join(meta.tasks)}, "
-          f"{meta.item_rows} item rows")
+    print(f"wrote {sum(meta.rows):,} rows of {len(events):,} {meta.source} events to {args.output}: "
+          f"{meta.windows} windows ({', '.join(f'{n:,}' for n in meta.rows)} rows), tasks {', '.join(meta.tasks)}, "
+          f"{meta.item_rows:,} item rows")
     return 0
 
 

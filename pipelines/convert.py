@@ -29,8 +29,8 @@ class ConversionReport:
 
     def summary(self) -> str:
         return (
-            f"read {self.rows_read} rows, wrote {self.rows_written} to {len(self.files)} "
-            f"Parquet files, skipped {self.rows_skipped} malformed rows"
+            f"read {self.rows_read:,} rows, wrote {self.rows_written:,} to {len(self.files)} "
+            f"Parquet files, skipped {self.rows_skipped:,} malformed rows"
         )
 
 

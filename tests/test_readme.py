@@ -112,3 +112,19 @@ def test_the_python_quick_start_runs_quietly(tmp_path: Path) -> None:
     assert (tmp_path / "runs" / "quickstart" / "checkpoint" / "latest").is_dir()
     found = [n for n in NOISE if n in done.stdout + done.stderr]
     assert not found, (found, done.stderr[-3000:])
+
+
+def test_an_infer_example_on_sequence_windows_scores_the_held_out_window() -> None:
+    """HSTU trains on window T = windows - 2 and evaluates on T + 1 (the last window): an ``infer``
+    example over a window of the README's sequence data scores that last window, not one the model
+    trained on or one before it."""
+    from pipelines.sequences.layout import window_path
+    from torchrec_tpu.cli import build_parser as parser_of
+
+    lines = _command_lines()
+    sequences = next(argv for argv in lines if argv[:2] == ["data", "sequences"])
+    windows = parser_of("data").parse_args(sequences).windows
+    scored = [argv[argv.index("--data") + 1] for argv in lines if argv[0] == "infer" and "window-" in " ".join(argv)]
+    assert scored, "the README has an infer example over a sequence window"
+    for data in scored:
+        assert Path(data).name == window_path(Path("."), windows - 1).name, data

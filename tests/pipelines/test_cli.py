@@ -74,4 +74,4 @@ def test_convert_off_a_terminal_says_what_it_reads_and_how_far_it_is(sample_csv,
     assert progress and all(re.fullmatch(r"convert: [0-9,]+ rows \(\d+%\)  [0-9,]+ rows/s  ETA (\?|\d+s)", line)
                             for line in progress), progress
     assert progress[-1].startswith("convert: 1,200 rows (100%)")
-    assert lines[-1] == "read 1200 rows, wrote 1200 to 1 Parquet files, skipped 0 malformed rows"
+    assert lines[-1] == "read 1,200 rows, wrote 1,200 to 1 Parquet files, skipped 0 malformed rows"

@@ -88,6 +88,9 @@ def test_comparison_figure_marks_the_topology_without_a_plan(compared):
         assert [t.get_text() for t in ax.texts] == ["no plan"]
     assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()] == ["lookup", "all-to-all", "overheads"]
     assert figure.axes[3].get_ylim()[0] > 0.9  # balance sits near 1: no axis from 0
+    # each y label names the quantity and its unit, not a bare unit ("us", "x")
+    assert [ax.get_ylabel() for ax in figure.axes] == [
+        "step time (µs)", "k samples/s per chip", "peak HBM (% of usable)", "step time / lower bound (1 = balanced)"]
     plans = [r for _, r in results if not isinstance(r, str)]
     heights = [bar.get_height() for bar in figure.axes[1].patches]
     chips = {p.topology.name: p.topology.num_chips for p in plans}

@@ -64,7 +64,7 @@ def test_rows_left_out_for_lock_step_are_reported(tiny_dataset: Path) -> None:
     data = TrainData(tiny_dataset, CRITEO, (500,) * 26, reader(files[:2], True), reader(files[2:], False), 2)
     # Rank 0 of 2 owns 8192 train rows (2 full batches: 2192 left); its 4096 held-out rows are all read.
     assert data.rows_dropped == 2192
-    assert "(2192 training rows left out on this rank to keep ranks in lock-step)" in data.describe()
+    assert "(2,192 training rows left out on this rank to keep ranks in lock-step)" in data.describe()
     assert data.eval_batch_rows == 3000
 
 
@@ -128,7 +128,7 @@ def test_one_converted_file_trains_holding_out_its_last_rows(tmp_path: Path, cap
     out = capsys.readouterr().out
     assert "too few to hold out" in out and "holding out its last 200 rows instead" in out
     assert "data convert --rows-per-file" in out
-    assert f"1800 train rows (rows 0-1,799 of 1 file), {held_out} (rows 1,800-" in out
+    assert f"1,800 train rows (rows 0-1,799 of 1 file), {held_out} (rows 1,800-" in out
     samples = 200 if eval_files == 1 else 100
     assert f"{samples} samples)" in out.split("eval AUC")[1].splitlines()[0]
     if eval_files == 2:

@@ -193,3 +193,14 @@ def test_mlcommons_checker_passes_the_capped_runs_log(tmp_path: Path) -> None:
     failed = set(re.findall(r"CHECK for '(\w+)' failed|Failed checks for (\w+)|occurrence of '(\w+)'",
                             checked.stderr))
     assert {name for match in failed for name in match if name} == {"eval_samples", "eval_accuracy"}, checked.stderr
+
+
+def test_default_platform_names_ranks_times_the_processor_as_mlperf_does() -> None:
+    """MLPerf writes ``submission_platform`` as ``<count>x<system>`` (``8xNVIDIA H100``): the default
+    names the host's processor from /proc/cpuinfo, not its bare architecture (``1xx86_64``)."""
+    from torchrec_tpu.train.mllog import default_platform
+
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = next(line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name"))
+    config = tiny_config(Path("data"), Path("runs"), engine="sparsecore")
+    assert default_platform(config, 2) == f"2x{model} (sparsecore engine)"

@@ -111,7 +111,7 @@ class HSTUSummary:
     def format(self) -> str:
         aucs = ", ".join(f"{task} {auc:.4f}" for task, auc in self.auc.items())
         lines = [f"HSTU: {self.steps} steps in {self.seconds:.0f} s",
-                 f"  AUC (window T+1, {self.eval_rows} candidates): {aucs}; loss {self.loss:.4f}",
+                 f"  AUC (window T+1, {self.eval_rows:,} candidates): {aucs}; loss {self.loss:.4f}",
                  f"  TensorBoard     {self.log_dir}"]
         if self.checkpoint:
             lines.append(f"  checkpoint      {self.checkpoint}")

@@ -158,21 +158,22 @@ def comparison_figure(results: Sequence[tuple[str, Plan | str]]) -> Figure:
         bottom = [b + h for b, h in zip(bottom, heights)]
     axes[0].legend(fontsize=8, loc="upper left", ncols=3, frameon=False)  # in the headroom above the bars
     panels = (
-        (axes[0], "Step time (slowest device)", "us", bottom),
+        (axes[0], "Step time (slowest device)", "step time (µs)", bottom),
         (axes[1], "Throughput per chip", "k samples/s per chip", [samples_per_s_per_chip(p) / 1e3 if p else 0.0
                                                                   for p in plans]),
-        (axes[2], "Peak HBM per device", "% of usable HBM",
+        (axes[2], "Peak HBM per device", "peak HBM (% of usable)",
          [100 * p.max_memory_bytes / p.usable_hbm_bytes_per_device if p else 0.0 for p in plans]),
-        (axes[3], "Balance (step time / lower bound)", "x", [p.quality if p else 0.0 for p in plans]),
+        (axes[3], "Balance (step time / lower bound)", "step time / lower bound (1 = balanced)",
+         [p.quality if p else 0.0 for p in plans]),
     )
-    for ax, title, unit, values in panels:
+    for ax, title, ylabel, values in panels:
         if ax is not axes[0]:
             ax.bar(x, values, color=COLORS[0], width=0.6)
         planned = [v for v, p in zip(values, plans) if p]
         low, top = 0.0, max(planned, default=0.0) or 1.0
-        if unit == "x":  # quality sits near 1: start the axis just below the best, not at 0
+        if ax is axes[3]:  # quality sits near 1: start the axis just below the best, not at 0
             low = max(0.0, min(planned, default=1.0) - 0.05 * max(top - min(planned, default=1.0), 0.2))
-        if unit.startswith("%") and top >= USABLE_LINE_FROM:  # the limit line where a bar comes near it;
+        if ax is axes[2] and top >= USABLE_LINE_FROM:  # the limit line where a bar comes near it;
             ax.axhline(100, color=LIMIT_COLOR, linestyle="--", linewidth=1.2)  # else the axis would be mostly
             top = max(top, 100)  # empty above bars far below it (the y axis says the share)
         ax.set_ylim(low, low + (top - low) * (1.3 if ax is axes[0] else 1.15))
@@ -181,7 +182,7 @@ def comparison_figure(results: Sequence[tuple[str, Plan | str]]) -> Figure:
                 ax.text(i, low + (top - low) * 0.04, "no plan", rotation=90, ha="center", va="bottom",
                         color=LIMIT_COLOR, fontsize=9)
         ax.set_title(title, loc="left", fontsize=10)
-        ax.set_ylabel(unit)
+        ax.set_ylabel(ylabel)
         ax.set_xticks(x, names, rotation=30 if len(names) > 3 else 0,
                       ha="right" if len(names) > 3 else "center", fontsize=9)
         ax.grid(axis="y", alpha=0.3)

@@ -65,13 +65,13 @@ class TrainData:
 
     def describe(self) -> str:
         text = (
-            f"{self.given or self.source}: {self.train.num_rows} train rows {_in_files(self.train)}, "
-            f"{self.held_out.num_rows} held-out rows {_in_files(self.held_out)}"
+            f"{self.given or self.source}: {self.train.num_rows:,} train rows {_in_files(self.train)}, "
+            f"{self.held_out.num_rows:,} held-out rows {_in_files(self.held_out)}"
         )
         if self.test is not None:
-            text += f" (validation), {self.test.num_rows} test rows {_in_files(self.test)}"
+            text += f" (validation), {self.test.num_rows:,} test rows {_in_files(self.test)}"
         if self.rows_dropped:
-            text += f" ({self.rows_dropped} training rows left out on this rank to keep ranks in lock-step)"
+            text += f" ({self.rows_dropped:,} training rows left out on this rank to keep ranks in lock-step)"
         return text
 
     def split_record(self) -> dict[str, list[dict[str, Any]]]:

@@ -15,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import platform
 from pathlib import Path
 from typing import Any, Iterator
 
 from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog.mllog import MLLogger
 
+from torchrec_tpu.host_cpu import cpu_model
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.metrics import EvalResult
 from torchrec_tpu.train.optimizers import ADAGRAD_EPS
@@ -109,8 +109,9 @@ def hyperparameters(config: TrainConfig) -> dict[str, Any]:
 
 
 def default_platform(config: TrainConfig, world_size: int) -> str:
-    """``--mllog-platform``'s default: ranks, machine and engine."""
-    return f"{world_size}x{platform.machine()} ({config.engine.kind} engine)"
+    """``--mllog-platform``'s default as MLPerf writes platforms (``8xNVIDIA H100``): ranks x the
+    host's processor, then the engine."""
+    return f"{world_size}x{cpu_model()} ({config.engine.kind} engine)"
 
 
 @contextlib.contextmanager

@@ -43,6 +43,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import xla_cache
 from sparsecore.limits import PartitionOverflowError
+from torchrec_tpu.host_cpu import cpu_model
 from torchrec_tpu.train.config import EngineConfig, OptimConfig
 from torchrec_tpu.train.model import ModelSpec
 
@@ -226,15 +227,7 @@ def _key(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: s
     optimizers = (optim.dense_optimizer, optim.dense_lr, optim.sparse_optimizer, optim.sparse_lr)
     ids = ids_per_feature or (1,) * len(spec.feature_names)
     parts = (towers, tables, batch_size, ids, optimizers, optim.precision, sparse_backend, torch.get_num_threads(),
-             os.cpu_count(), _cpu_model(), platform.machine(), torch.__version__, jax.__version__,
+             os.cpu_count(), cpu_model(), platform.machine(), torch.__version__, jax.__version__,
              batched_matmul.fingerprint(),
              tuple(tree_identity(Path(package.__file__).parent) for package in (torch_tpu, sparsecore, torchrec_tpu)))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
-    except OSError:
-        return platform.processor()
