@@ -37,6 +37,14 @@ def test_dlrm_only_flags_are_refused_by_name():
     check_options(TrainConfig.from_options(model="dlrmv4", batch_size=8))  # common flags are fine
 
 
+def test_an_embedding_dim_alone_is_refused_as_unused_not_as_a_dense_arch_mismatch():
+    """DLRM's shape rule (--dense-arch ends in --embedding-dim) is not HSTU's: ``--embedding-dim 32``
+    with ``--model hstu`` is named as an option HSTU does not use."""
+    config = TrainConfig.from_options(model="hstu", embedding_dim=32)
+    with pytest.raises(ConfigError, match=r"^--model hstu does not use --embedding-dim \("):
+        check_options(config)
+
+
 @pytest.mark.slow
 def test_train_prints_auc_writes_tensorboard_and_checkpoint_then_resumes(tmp_path, capsys):
     data = _dataset(tmp_path)

@@ -116,6 +116,8 @@ class ModelConfig(_Group):
         _check_group(self, at_least_1=("num_embeddings", "embedding_dim", "dcn_num_layers", "dcn_low_rank_dim"))
         if self.num_embeddings_per_feature is not None:
             _positive_ints("num_embeddings_per_feature", self.num_embeddings_per_feature)
+        if self.kind in HSTU_MODELS:  # DLRM's shape rules: HSTU refuses these options by name instead
+            return
         if self.dense_layers[-1] != self.embedding_dim:
             raise ConfigError(f"--dense-arch={self.dense_arch!r} must end in --embedding-dim ({self.embedding_dim}): "
                               "the dense output is interacted with the embeddings")
