@@ -1,0 +1,227 @@
+"""Managed collisions (ZCH): one table's raw int64 ids -> its slots, as TorchRec's ``MCHManagedCollisionModule``.
+
+The state is TorchRec's: a sorted identity table (raw id per slot, ``INT64_MAX`` where empty),
+the slot each entry maps to, the policy's per-slot metadata (counts, last access), the ids seen
+since the last eviction (a history buffer sized at the first batch, ``numel * interval * 1.25``,
+ids past its end dropped, as TorchRec drops them) and the iteration counter. Every
+``eviction_interval`` batches the history is coalesced and TorchRec's own eviction policy
+(:class:`~torchrec.modules.mc_modules.LFU_EvictionPolicy`, ``LRU_``, ``DistanceLFU_``, with their
+threshold filters) picks which slots change hands; those slots are reported once
+(:meth:`TableRemap.take_evicted`) so their rows and optimizer state can be reset. An id not in
+the table maps to the last slot (TorchRec's default slot, never handed out).
+
+Unlike TorchRec's module, an eviction never writes a tensor a :class:`RemapMark` still holds,
+so a mark taken after any batch (O(1), references only) restores the state as of that batch:
+a prefetch thread can remap ahead of training and a checkpoint still saves the trained state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torchrec.modules.mc_modules import (
+    DistanceLFU_EvictionPolicy,
+    LFU_EvictionPolicy,
+    LRU_EvictionPolicy,
+    MCHEvictionPolicy,
+    average_threshold_filter,
+    dynamic_threshold_filter,
+)
+
+INT64_MAX = torch.iinfo(torch.int64).max
+POLICIES = {"lfu": LFU_EvictionPolicy, "lru": LRU_EvictionPolicy, "distance_lfu": DistanceLFU_EvictionPolicy}
+THRESHOLDS = ("dynamic", "average")
+
+
+@dataclass(frozen=True)
+class ZchSpec:
+    """One table's managed collisions: eviction ``policy`` (a key of ``POLICIES``) every
+    ``eviction_interval`` batches; ``decay_exponent`` of the distance (``lru``, ``distance_lfu``);
+    ``threshold``: TorchRec's filter of the ids admitted at an eviction (``dynamic``: count >
+    mean * ``threshold_skew_multiplier``; ``average``: count > mean; None: all)."""
+
+    policy: str = "lfu"
+    eviction_interval: int = 1
+    decay_exponent: float = 1.0
+    threshold: str | None = None
+    threshold_skew_multiplier: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"zch policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
+        if self.eviction_interval < 1:
+            raise ValueError(f"zch eviction_interval must be >= 1, got {self.eviction_interval}")
+        if self.threshold is not None and self.threshold not in THRESHOLDS:
+            raise ValueError(f"zch threshold must be one of {THRESHOLDS} or none, got {self.threshold!r}")
+        if self.policy == "lfu" and self.decay_exponent != 1.0:
+            raise ValueError(f"zch decay_exponent applies to lru and distance_lfu, not lfu (got {self.decay_exponent})")
+
+    def eviction_policy(self) -> MCHEvictionPolicy:
+        """TorchRec's eviction policy object for this spec."""
+        filters = {None: None, "average": average_threshold_filter,
+                   "dynamic": lambda counts: dynamic_threshold_filter(counts, self.threshold_skew_multiplier)}
+        kwargs = {} if self.policy == "lfu" else {"decay_exponent": self.decay_exponent}
+        return POLICIES[self.policy](threshold_filtering_func=filters[self.threshold], **kwargs)
+
+
+@dataclass(frozen=True)
+class RemapMark:
+    """A :class:`TableRemap`'s state after some batch (references to tensors no later batch writes)."""
+
+    sorted_ids: torch.Tensor
+    slot_of: torch.Tensor
+    metadata: dict[str, torch.Tensor]
+    history: torch.Tensor | None
+    history_iters: torch.Tensor | None
+    fill: int
+    iteration: int
+    last_eviction: int
+
+
+@dataclass
+class TableRemap:
+    """Raw int64 ids of one table (shard) -> slots ``[offset, offset + slots)`` by ``spec``."""
+
+    slots: int
+    spec: ZchSpec = ZchSpec()
+    offset: int = 0
+    _policy: MCHEvictionPolicy = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.slots < 2:
+            raise ValueError(f"a zch table needs >= 2 rows (one is the default slot of unseen ids), got {self.slots}")
+        self._policy = self.spec.eviction_policy()
+        self._tracks_access = any(info.is_history_metadata for info in self._policy.metadata_info)
+        self.sorted_ids = torch.full((self.slots,), INT64_MAX, dtype=torch.int64)
+        self.slot_of = torch.arange(self.offset, self.offset + self.slots, dtype=torch.int64)
+        self.metadata = {info.metadata_name: torch.zeros(self.slots, dtype=torch.int64)
+                         for info in self._policy.metadata_info if info.is_mch_metadata}
+        self.history: torch.Tensor | None = None
+        self.history_iters: torch.Tensor | None = None
+        self.fill = self.iteration = self.last_eviction = 0
+        self._evicted: torch.Tensor | None = None
+
+    @property
+    def default_slot(self) -> int:
+        """Where an id outside the table goes."""
+        return self.offset + self.slots - 1
+
+    def __call__(self, ids: torch.Tensor, training: bool = True) -> torch.Tensor:
+        """The slots of ``ids`` (int64, 1-D); in training the batch first counts toward the
+        policy and may trigger an eviction, as TorchRec's ``profile`` then ``remap``."""
+        if training:
+            self._profile(ids)
+        return self.lookup(ids)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """The slots of ``ids`` in the current table, no state change (inference)."""
+        at = torch.searchsorted(self.sorted_ids[:-1], ids)
+        return torch.where(self.sorted_ids[at] == ids, self.slot_of[at], self.default_slot)
+
+    def take_evicted(self) -> torch.Tensor | None:
+        """The slots whose ids changed since the last call (sorted, unique; None: no eviction ran)."""
+        evicted, self._evicted = self._evicted, None
+        return evicted
+
+    def open_slots(self) -> int:
+        """Slots never handed out (the default slot excluded)."""
+        return self.slots - 1 - int(torch.searchsorted(self.sorted_ids, INT64_MAX))
+
+    def _profile(self, ids: torch.Tensor) -> None:
+        self.iteration += 1
+        if self.history is None:
+            self._new_history(int(ids.numel() * self.spec.eviction_interval * 1.25))
+        taken = ids[: self.history.numel() - self.fill]
+        end = self.fill + taken.numel()
+        self.history[self.fill:end] = taken
+        if self.history_iters is not None:
+            self.history_iters[self.fill:end] = self.iteration
+        self.fill = end
+        if self.iteration - self.last_eviction == self.spec.eviction_interval:
+            self._evict()
+            self.last_eviction = self.iteration
+
+    def _new_history(self, capacity: int) -> None:
+        self.history = torch.empty(capacity, dtype=torch.int64)
+        self.history_iters = torch.zeros(capacity, dtype=torch.int64) if self._tracks_access else None
+        self.fill = 0
+
+    @torch.no_grad()
+    def _evict(self) -> None:
+        ids, inverse, counts = torch.unique(self.history[:self.fill], return_inverse=True, return_counts=True)
+        keep = None
+        if self._policy._threshold_filtering_func is not None:
+            keep, _ = self._policy._threshold_filtering_func(counts)
+        access = {"last_access_iter": self.history_iters[:self.fill]} if self._tracks_access else {}
+        history_metadata = self._policy.coalesce_history_metadata(self.iteration, access, counts, inverse,
+                                                                  threshold_mask=keep)
+        if keep is not None:
+            ids, counts = ids[keep], counts[keep]
+        by_count = torch.argsort(counts, descending=True, stable=True)
+        ids, counts = ids[by_count], counts[by_count]
+        at = torch.searchsorted(self.sorted_ids[:-1], ids)
+        known = self.sorted_ids[at] == ids
+        # fresh tensors: marks of earlier batches keep the old ones
+        sorted_ids = self.sorted_ids.clone()
+        metadata = {name: value.clone() for name, value in self.metadata.items()}
+        evicted, admitted = self._policy.update_metadata_and_generate_eviction_scores(
+            self.iteration, self.slots, by_count, counts, known, at[known], metadata, history_metadata)
+        sorted_ids[evicted] = ids[~known][admitted]
+        slots = self.slot_of[evicted]
+        pending = slots if self._evicted is None else torch.cat([self._evicted, slots])
+        self._evicted = torch.unique(pending)
+        order = torch.argsort(sorted_ids, stable=True)
+        self.sorted_ids, self.slot_of = sorted_ids[order], self.slot_of[order]
+        self.metadata = {name: value[order] for name, value in metadata.items()}
+        self._new_history(self.history.numel())
+
+    def mark(self) -> RemapMark:
+        """The state now, restorable by :meth:`restore` while later batches go on."""
+        return RemapMark(self.sorted_ids, self.slot_of, dict(self.metadata), self.history, self.history_iters,
+                         self.fill, self.iteration, self.last_eviction)
+
+    def restore(self, mark: RemapMark) -> None:
+        """Back to ``mark``'s state (its history copied: this table appends to it again)."""
+        self.sorted_ids, self.slot_of, self.metadata = mark.sorted_ids, mark.slot_of, dict(mark.metadata)
+        self.history = None if mark.history is None else mark.history.clone()
+        self.history_iters = None if mark.history_iters is None else mark.history_iters.clone()
+        self.fill, self.iteration, self.last_eviction = mark.fill, mark.iteration, mark.last_eviction
+        self._evicted = None
+
+    def state_dict(self, mark: RemapMark | None = None) -> dict[str, torch.Tensor]:
+        """The state now (or at ``mark``) as tensors: TorchRec's buffer names, plus the history
+        TorchRec does not save (so a resumed run evicts exactly as one that never stopped)."""
+        m = mark or self.mark()
+        state = {"_mch_sorted_raw_ids": m.sorted_ids, "_mch_remapped_ids_mapping": m.slot_of,
+                 "_current_iter_tensor": torch.tensor([m.iteration]),
+                 "_last_eviction_iter": torch.tensor([m.last_eviction]),
+                 "_history": torch.empty(0, dtype=torch.int64) if m.history is None else m.history[:m.fill].clone(),
+                 "_history_capacity": torch.tensor([-1 if m.history is None else m.history.numel()])}
+        state.update({f"_mch_{name}": value for name, value in m.metadata.items()})
+        if m.history_iters is not None:
+            state["_history_last_access_iter"] = m.history_iters[:m.fill].clone()
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Install a :meth:`state_dict` (or a TorchRec ``MCHManagedCollisionModule``'s buffers,
+        whose history was not saved: it starts empty and the next eviction is an interval away)."""
+        if state["_mch_sorted_raw_ids"].shape != (self.slots,):
+            raise ValueError(f"zch state has {state['_mch_sorted_raw_ids'].numel()} slots, the table {self.slots}")
+        order = torch.argsort(state["_mch_sorted_raw_ids"], stable=True)
+        self.sorted_ids = state["_mch_sorted_raw_ids"].to(torch.int64)[order]
+        self.slot_of = state["_mch_remapped_ids_mapping"].to(torch.int64)[order]
+        self.metadata = {name: state[f"_mch_{name}"].to(torch.int64)[order] for name in self.metadata}
+        self.iteration = int(state["_current_iter_tensor"].item())
+        self.last_eviction = int(state.get("_last_eviction_iter", state["_current_iter_tensor"]).item())
+        capacity = int(state.get("_history_capacity", torch.tensor([-1])).item())
+        self.history = self.history_iters = None
+        self.fill = 0
+        if capacity >= 0:
+            self._new_history(capacity)
+            saved = state["_history"]
+            self.fill = saved.numel()
+            self.history[:self.fill] = saved
+            if self.history_iters is not None:
+                self.history_iters[:self.fill] = state["_history_last_access_iter"]
+        self._evicted = None
