@@ -73,13 +73,13 @@ def _kernel_applies(dtype, m: int, n: int, k: int) -> bool:
 # half-precision products accumulate in float32 and round once, as CPU torch's do: XLA:CPU's dot
 # with a bfloat16 result rounds differently (~0.03% of elements at 256 x 3,456 x 1,024) and runs at
 # half the rate of the float32-accumulating one (24 vs 11 ms there; torch's bfloat16 mm: 15 ms)
-_ACCUMULATE_IN_F32 = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+ACCUMULATE_IN_F32 = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
     """``jnp.matmul`` of operands of one dtype, half-precision ones accumulated in float32 and
     rounded once to their dtype."""
-    if a.dtype in _ACCUMULATE_IN_F32:
+    if a.dtype in ACCUMULATE_IN_F32:
         return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
     return jnp.matmul(a, b)
 

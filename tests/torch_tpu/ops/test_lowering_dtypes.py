@@ -85,3 +85,31 @@ def test_layer_norm_matches_float64_reference(dtype, weight_dtype, rtol):
         assert a.dtype == want
         scale = r.abs().max().item()
         torch.testing.assert_close(a.cpu().double(), r, rtol=rtol, atol=rtol * scale)
+
+
+ADD_PRODUCTS = {
+    "addmm": (torch.addmm, [(48, 40), (48, 96), (96, 40)]),
+    "addmm_broadcast": (torch.addmm, [(40,), (48, 96), (96, 40)]),
+    "baddbmm": (torch.baddbmm, [(3, 16, 24), (3, 16, 96), (3, 96, 24)]),
+    "addmv": (torch.addmv, [(48,), (48, 96), (96,)]),
+}
+
+
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (-0.7, 1.3), (0, 2.1)], ids=str)
+@pytest.mark.parametrize("name", sorted(ADD_PRODUCTS))
+def test_half_precision_products_with_alpha_and_beta_round_once(name, beta, alpha):
+    """``beta * input + alpha * (a @ b)`` in bfloat16: CPU computes it all in float32 and rounds once;
+    rounding the product, the scaled terms and the sum each to bfloat16 is several ulps off."""
+    op, shapes = ADD_PRODUCTS[name]
+    gen = torch.Generator().manual_seed(0)
+    args = [torch.randn(*s, generator=gen).bfloat16() for s in shapes]
+    once = op(*(a.float() for a in args), beta=beta, alpha=alpha).bfloat16()
+    if name != "addmv":  # CPU's bfloat16 gemv takes a path of its own; its gemm rounds exactly once
+        torch.testing.assert_close(op(*args, beta=beta, alpha=alpha), once, rtol=0, atol=0)
+    actual = op(*(a.to("tpu") for a in args), beta=beta, alpha=alpha)
+    assert actual.dtype == torch.bfloat16
+    torch.testing.assert_close(actual.cpu(), once, rtol=0, atol=0)
+    if args[0].shape == actual.shape:  # in place (a broadcast input cannot hold the result)
+        inplace = args[0].to("tpu")
+        getattr(inplace, f"{op.__name__}_")(*(a.to("tpu") for a in args[1:]), beta=beta, alpha=alpha)
+        torch.testing.assert_close(inplace.cpu(), actual.cpu(), rtol=0, atol=0)

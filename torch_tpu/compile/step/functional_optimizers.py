@@ -43,8 +43,17 @@ class Optimizer(abc.ABC):
     _HYPERPARAMETER_NAMES: ClassVar[tuple[str, ...]] = ("lr", "weight_decay")
 
     def __init__(self, lr: float = 1e-3, weight_decay: float = 0.0):
+        self._check_range("lr", lr)
+        self._check_range("weight_decay", weight_decay)
         self._lr = lr
         self._weight_decay = weight_decay
+
+    def _check_range(self, name: str, value: float, below: float | None = None) -> None:
+        """ValueError naming this optimizer's argument ``name`` unless ``0 <= value`` (``< below``), as
+        torch.optim's constructors check theirs."""
+        if not (0 <= value and (below is None or value < below)):
+            limit = ">= 0" if below is None else f"in [0, {below})"
+            raise ValueError(f"torch.tpu.optimizers.{type(self).__name__}: {name} must be {limit}, got {value}")
 
     @property
     def defaults(self) -> Mapping[str, Any]:
@@ -114,6 +123,9 @@ class AdamW(Optimizer):
         super().__init__(lr, weight_decay)
         if amsgrad:
             raise NotImplementedError("torch.tpu.optimizers.AdamW: amsgrad=True is not supported")
+        self._check_range("eps", eps)
+        self._check_range("beta1", beta1, below=1)
+        self._check_range("beta2", beta2, below=1)
         self._beta1, self._beta2, self._eps = beta1, beta2, eps
         self._use_bfloat16_moments, self._amsgrad, self._maximize = use_bfloat16_moments, amsgrad, maximize
         self._grad_scale, self._found_inf = grad_scale, found_inf
@@ -149,6 +161,7 @@ class Sgd(Optimizer):
                  grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None,
                  has_sparse_grad: bool = False):
         super().__init__(lr, weight_decay)
+        self._check_range("momentum", momentum)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("torch.tpu.optimizers.Sgd: Nesterov momentum requires a momentum and zero dampening")
         self._momentum, self._dampening, self._nesterov, self._maximize = momentum, dampening, nesterov, maximize
@@ -161,7 +174,7 @@ class Sgd(Optimizer):
         return state
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
-        g = _scaled(grad, self._grad_scale, False)
+        g = _scaled(grad, self._grad_scale, self._maximize)  # negated before the decay, as torch.optim.SGD
         if self._weight_decay:
             g = g + self._weight_decay * param
         found = self._found_inf
@@ -169,8 +182,7 @@ class Sgd(Optimizer):
             buf = torch.where(state["step"] == 0, g, state["m"] * self._momentum + (1 - self._dampening) * g)
             state["m"].copy_(_unless_inf(found, buf, state["m"]))
             g = g + self._momentum * buf if self._nesterov else buf
-        new = param + self._lr * g if self._maximize else param - self._lr * g
-        param.copy_(_unless_inf(found, new, param))
+        param.copy_(_unless_inf(found, param - self._lr * g, param))
         state["step"].copy_(_unless_inf(found, state["step"] + 1, state["step"]))
 
 
@@ -189,6 +201,10 @@ class Muon(Optimizer):
         super().__init__(lr, weight_decay)
         if ns_steps >= 100:
             raise ValueError(f"torch.tpu.optimizers.Muon: ns_steps must be below 100, got {ns_steps}")
+        self._check_range("momentum", momentum)
+        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+            raise ValueError(f"torch.tpu.optimizers.Muon: adjust_lr_fn must be None, 'original' or "
+                             f"'match_rms_adamw', got {adjust_lr_fn!r}")
         self._momentum, self._nesterov, self._ns_coefficients = momentum, nesterov, tuple(ns_coefficients)
         self._eps, self._ns_steps, self._adjust_lr_fn = eps, ns_steps, adjust_lr_fn
         self._use_bfloat16_moments = use_bfloat16_moments

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_tpu.ops.batched_matmul import batched_matmul, matmul
+from torch_tpu.ops.batched_matmul import ACCUMULATE_IN_F32, batched_matmul, matmul
 from torch_tpu.ops.lowerings._common import cast, is_one
 from torch_tpu.ops.registry import register_lowering
 from torch_tpu.runtime._jax import jnp
@@ -59,30 +59,41 @@ def dot(self, tensor):
     return matmul(self, tensor)
 
 
-def _beta_alpha(input, product, beta, alpha):
-    out = product if is_one(alpha) else product * cast(alpha, product.dtype)
+def _beta_alpha(op: str, input, a, b, product, beta, alpha):
+    """``beta * input + alpha * product(a, b)``. Half-precision operands: the product accumulated,
+    scaled and summed in float32 and rounded once, as CPU torch's gemm does (rounding each step
+    compounds: Muon's Newton-Schulz iterations drift by percents)."""
+    _same_dtype(op, input, a), _same_dtype(op, a, b)
+    dtype = input.dtype
+    if dtype in ACCUMULATE_IN_F32:
+        out = jnp.matmul(a, b, preferred_element_type=jnp.float32)
+        input = input.astype(jnp.float32)
+    else:
+        out = product(a, b)
+    out = out if is_one(alpha) else out * cast(alpha, out.dtype)
     if beta == 0:  # torch ignores input (even NaN) when beta is 0
-        return jnp.broadcast_to(out, jnp.broadcast_shapes(input.shape, out.shape))
-    scaled = input if is_one(beta) else input * cast(beta, input.dtype)
-    return scaled + out
+        out = jnp.broadcast_to(out, jnp.broadcast_shapes(input.shape, out.shape))
+    else:
+        out = (input if is_one(beta) else input * cast(beta, input.dtype)) + out
+    return out.astype(dtype)
 
 
 @register_lowering(aten.addmm.default)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
-    _same_dtype("addmm", self, mat1)
-    return _beta_alpha(self, mm(mat1, mat2), beta, alpha)
+    _check_rank("addmm", mat1, 2), _check_rank("addmm", mat2, 2)
+    return _beta_alpha("addmm", self, mat1, mat2, mm, beta, alpha)
 
 
 @register_lowering(aten.baddbmm.default)
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    _same_dtype("baddbmm", self, batch1)
-    return _beta_alpha(self, bmm(batch1, batch2), beta, alpha)
+    _check_rank("baddbmm", batch1, 3), _check_rank("baddbmm", batch2, 3)
+    return _beta_alpha("baddbmm", self, batch1, batch2, bmm, beta, alpha)
 
 
 @register_lowering(aten.addmv.default)
 def addmv(self, mat, vec, *, beta=1, alpha=1):
-    _same_dtype("addmv", self, mat)
-    return _beta_alpha(self, mv(mat, vec), beta, alpha)
+    _check_rank("addmv", mat, 2), _check_rank("addmv", vec, 1)
+    return _beta_alpha("addmv", self, mat, vec, mv, beta, alpha)
 
 
 @register_lowering(aten._trilinear.default)
