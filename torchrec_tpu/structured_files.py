@@ -44,7 +44,7 @@ def read_structured(path: str | Path) -> Any:
         raise ValueError(f"{path}: not a {kind} text file (byte {error.start} is not UTF-8)") from None
     try:
         if kind == "JSON":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(path, pairs))
             _check_shape(path, data, _json_children, yaml_nodes=False)
             return data
         return _load_yaml(path, text)
@@ -99,11 +99,31 @@ def _load_yaml(path: Path, text: str) -> Any:
             _check_shape(path, node, _yaml_children, yaml_nodes=True)
             return node
 
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            lines: dict[Any, int] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value != "<<":
+                    if key.value in lines:
+                        raise ValueError(f"{path}: key {brief(key.value)} is given twice (lines {lines[key.value]} "
+                                         f"and {key.start_mark.line + 1}); give it once")
+                    lines[key.value] = key.start_mark.line + 1
+            return super().construct_mapping(node, deep)
+
     loader = BoundedLoader(text)
     try:
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def _unique_keys(path: Path, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; ValueError naming a key given twice (the last would win)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"{path}: key {brief(key)} is given twice; give it once")
+        data[key] = value
+    return data
 
 
 def _check_yaml_nesting(path: Path, text: str) -> None:

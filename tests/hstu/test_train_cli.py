@@ -127,3 +127,11 @@ def test_two_ranks_train_and_resume_exactly(tmp_path):
     _train_two_ranks(split, data, "--max-steps", "2")
     assert "HSTU: 4 steps" in _train_two_ranks(split, data, "--max-steps", "4", "--resume", str(split / "ckpt"))
     _assert_same_end(straight, split, tmp_path / "read")
+
+
+@pytest.mark.slow
+def test_a_diverging_run_stops_in_one_line_naming_step_loss_and_rates(tmp_path, capsys):
+    assert _train(tmp_path, _dataset(tmp_path), "--max-steps", "6", "--dense-lr", "1000", "--sparse-lr", "1000") == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("torchrec-tpu train: error: training loss is "), errors
+    assert "(learning rates: --sparse-lr 1000 (rowwise_adagrad), --dense-lr 1000 (adam))" in errors[0], errors

@@ -133,4 +133,4 @@ def test_help_lists_the_flags_without_importing_torch() -> None:
     full = subprocess.run([sys.executable, "-m", "torchrec_tpu.cli", "train", "--help"],
                           cwd=REPO_ROOT, capture_output=True, text=True)
     assert full.returncode == 0, full.stderr
-    assert "--dense-optimizer {adagrad,adam}" in full.stdout
+    assert "--dense-optimizer {adagrad,adam,sgd}" in full.stdout

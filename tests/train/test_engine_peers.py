@@ -91,7 +91,8 @@ ROOM_IMPORTS = {
     "checkpoint": {"config", "loop"},
     "streams": {"config"},
     # the options sit below the engines: only the leaves naming the engines and optimizers
-    "config": {"engine_kinds", "optimizers", "dlrm_main_flags"},
+    "config": {"engine_kinds", "optimizers", "dlrm_main_flags", "spellings"},
+    "spellings": {"dlrm_main_flags"},
     "engine_kinds": set(),
     "optimizers": set(),
     "dlrm_main_flags": set(),

@@ -98,7 +98,7 @@ def test_reaching_the_target_stops_the_run_with_success(tmp_path: Path) -> None:
 
 def test_a_failing_run_stops_aborted(tmp_path: Path) -> None:
     path = tmp_path / "result_0.txt"
-    with pytest.raises(FloatingPointError, match="NaN at step 4"):
+    with pytest.raises(FloatingPointError, match="NaN at step 5 "):
         _scripted_run(path, steps_per_epoch=8, epochs=1, nan_at=5)
     assert _lines(path)[-1] == ("run_stop", None, {"status": "aborted"})
 

@@ -37,7 +37,8 @@ def test_torchrec_spellings_set_our_options(tmp_path) -> None:
     assert (later.optim.sparse_lr, later.optim.dense_lr) == (0.3, 0.1)
     yaml = tmp_path / "c.yaml"
     yaml.write_text("learning-rate: 0.2\nvalidation_freq: 3\nmulti_hot_sizes: [2, 3]\n")
-    assert load_yaml(yaml) == {"sparse_lr": 0.2, "dense_lr": 0.2, "eval_every": 3, "multi_hot_sizes": "2,3"}
+    assert load_yaml(yaml) == {"sparse_lr": 0.2, "dense_lr": 0.2, "eval_every": 3, "multi_hot_sizes": "2,3",
+                               "sparse_optimizer": "sgd", "dense_optimizer": "sgd"}  # dlrm_main: SGD without --adagrad
 
 
 def test_per_feature_lists_are_checked() -> None:

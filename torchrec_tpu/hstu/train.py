@@ -46,6 +46,7 @@ from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.checkpoint.store import load_checkpoint, open_checkpoint, restore_rng, save_checkpoint
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, process_group
+from torchrec_tpu.train.divergence import DivergenceGuard
 from torchrec_tpu.train.engines.precision import autocast
 from torchrec_tpu.train.loop import COLLECTIVES, DENSE_BWD, OPTIMIZER
 from torchrec_tpu.train.scalars import ScalarLog
@@ -303,6 +304,9 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
                 checkpointed(path, scalars)
             return path
 
+        guard = DivergenceGuard(f"--sparse-lr {config.optim.sparse_lr:g} (rowwise_adagrad), --dense-lr "
+                                f"{config.optim.dense_lr:g} (adam)", env.world_size)
+        unchecked: list[tuple[int, int, float]] = []  # (step, epoch, loss) the guard has not seen
         with ScalarLog(log_dir, env.is_primary) as scalars:
             loss = float("nan")
             for epoch in range(start_epoch, config.loop.epochs):
@@ -313,14 +317,21 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
                         continue
                     loss = t.step(batch)
                     step += 1
+                    unchecked.append((step, epoch, loss))
                     position = {"step": step, "epoch": epoch, "batch": index + 1}
+                    checkpoint = root and config.checkpoint.checkpoint_every and \
+                        step % config.checkpoint.checkpoint_every == 0
+                    if step % config.loop.log_every == 0 or checkpoint:  # the same steps on every rank
+                        guard.check(unchecked)
+                        unchecked.clear()
                     if step % config.loop.log_every == 0:
                         scalars.log(step, {"train/loss": loss})
-                    if root and config.checkpoint.checkpoint_every and step % config.checkpoint.checkpoint_every == 0:
+                    if checkpoint:
                         save({"train/loss": loss})
                 if _done(config, step):
                     break
                 position = {"step": step, "epoch": epoch + 1, "batch": 0}
+            guard.check(unchecked)
             auc, eval_loss, rows = evaluate(model, t.held_out, t.device, config.optim.precision,
                                             config.data.limit_val_batches)
             scalars.log(step, {"eval/loss": eval_loss, **{f"eval/auc/{task}": a for task, a in auc.items()}})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,9 @@ from torchrec_tpu.suggest import close_match, did_you_mean
 from torchrec_tpu.train.dlrm_main_flags import add_dlrm_main_flags
 from torchrec_tpu.train.engine_kinds import ENGINES
 from torchrec_tpu.train.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
+from torchrec_tpu.train.spellings import conflicting_spellings, record_spellings
+
+_log = logging.getLogger(__name__)
 
 # The option vocabularies that are defined here (the others come from their registries above).
 Model = Literal["dlrm", "dlrm_dcn", "hstu", "dlrmv4"]  # hstu, dlrmv4: torchrec_tpu.hstu.train
@@ -67,11 +71,25 @@ def first_sentence(text: str) -> str:
     return text
 
 
-# Flags of TorchRec's dlrm_main / MLPerf DLRM that set one or more of our options (also YAML keys).
-SHORTHANDS: dict[str, tuple[tuple[str, ...], type, str]] = {
-    "learning_rate": (("sparse_lr", "dense_lr"), float,
-                      "sets --sparse-lr and --dense-lr (TorchRec's --learning-rate); a later "
-                      "--sparse-lr/--dense-lr overrides it (default: their own defaults)"),
+@dataclass(frozen=True)
+class Shorthand:
+    """A flag (and YAML key) of TorchRec's dlrm_main / MLPerf DLRM setting several of our options:
+    ``targets`` to its value, ``implies`` where no flag or key sets them (an option given beats it,
+    whatever the order)."""
+
+    targets: tuple[str, ...]
+    kind: type
+    help: str
+    implies: Mapping[str, Any] = field(default_factory=dict)
+
+
+SHORTHANDS: dict[str, Shorthand] = {
+    "learning_rate": Shorthand(
+        ("sparse_lr", "dense_lr"), float,
+        "sets --sparse-lr and --dense-lr, and SGD for both optimizers unless --adagrad or --sparse-optimizer / "
+        "--dense-optimizer say otherwise (TorchRec dlrm_main's --learning_rate: SGD without --adagrad); "
+        "--sparse-lr/--dense-lr given too override it (default: their own defaults)",
+        implies={"sparse_optimizer": "sgd", "dense_optimizer": "sgd"}),
 }
 
 
@@ -265,6 +283,11 @@ class OptimConfig(_Group):
         "fp32", "the dense towers' matmuls: fp32, or bf16 as TPUs train (fp32 parameters). bf16 is autocast on "
                 "the towers' device, both engines; parameters, optimizer state and accumulation stay fp32.",
         choices=PRECISIONS)
+
+    def rates_text(self) -> str:
+        """The learning rates and their optimizers, as a divergence stop names them."""
+        return (f"--sparse-lr {self.sparse_lr:g} ({self.sparse_optimizer}), --dense-lr {self.dense_lr:g} "
+                f"({self.dense_optimizer})")
 
     def validate(self) -> None:
         _check_group(self, at_least_0=("lr_warmup_steps", "lr_decay_start", "lr_decay_steps"),
@@ -528,37 +551,57 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig 
             *flags, dest=name, type=str if choices else _FIELD_TYPES[str(f.type)],
             default=argparse.SUPPRESS, choices=choices, metavar=metavar, help=help_text,
         )
-    for name, (targets, kind, help_text) in SHORTHANDS.items():
-        sections[OPTIONS[targets[0]][0]].add_argument(
-            _as_flag(name), dest=targets[0], type=kind, action=_SetAll, targets=targets,
-            default=argparse.SUPPRESS, metavar=_METAVARS[kind.__name__], help=help_text)
+    for name, shorthand in SHORTHANDS.items():
+        sections[OPTIONS[shorthand.targets[0]][0]].add_argument(
+            _as_flag(name), dest=name, type=shorthand.kind, default=argparse.SUPPRESS,
+            metavar=_METAVARS[shorthand.kind.__name__], help=shorthand.help)
     add_dlrm_main_flags(parser)
-
-
-class _SetAll(argparse.Action):
-    """Stores the value into every option of ``targets`` (a shorthand such as --learning-rate)."""
-
-    def __init__(self, *args: Any, targets: tuple[str, ...], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.targets = targets
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        for target in self.targets:
-            setattr(namespace, target, values)
+    record_spellings(parser, {*OPTIONS, *SHORTHANDS})
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Defaults, overlaid by the YAML file (if any), overlaid by the flags given explicitly."""
+    """Defaults, overlaid by the YAML file (if any), overlaid by the flags given explicitly;
+    ConfigError for an option given twice, under two spellings, with different values."""
+    conflict = conflicting_spellings(args)
+    if conflict:
+        raise ConfigError(conflict)
+    layers = [read_yaml_options(Path(args.config))] if getattr(args, "config", None) else []
+    layers.append({k: v for k, v in vars(args).items() if k in OPTIONS or k in SHORTHANDS})
+    return TrainConfig.from_options(**resolve_layers(layers))
+
+
+def resolve_layers(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The options of ``layers`` (option and shorthand names -> values), each overriding the ones
+    before it; within a layer an option beats a shorthand setting it, and a shorthand's implied
+    options apply where no layer sets them (HSTU's optimizers are its own: none implied there)."""
     values: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        values.update(load_yaml(Path(args.config)))
-    values.update({k: v for k, v in vars(args).items() if k in OPTIONS})
-    return TrainConfig.from_options(**values)
+    implied: dict[str, Any] = {}
+    for layer in layers:
+        for name, shorthand in SHORTHANDS.items():
+            if name in layer:  # (its targets' own limit, named as given: > 0 and finite)
+                _require(name, layer[name], lambda v: 0 < v < math.inf, "must be > 0 and finite")
+                values.update(dict.fromkeys(shorthand.targets, layer[name]))
+                implied.update(shorthand.implies)
+        values.update({k: v for k, v in layer.items() if k not in SHORTHANDS})
+    if values.get("model") not in HSTU_MODELS:
+        chosen = {k: v for k, v in implied.items() if k not in values}
+        if chosen:
+            _log.info("note: --learning-rate without --adagrad: %s, as TorchRec dlrm_main (--adagrad for Adagrad)",
+                      ", ".join(f"{_as_flag(k)} {v}" for k, v in chosen.items()))
+        values.update(chosen)
+    return values
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping of option -> value; keys may use dashes or underscores."""
+    """The options a YAML file of option -> value sets (keys may use dashes or underscores;
+    shorthands resolved as :func:`resolve_layers` does)."""
+    return resolve_layers([read_yaml_options(path)])
+
+
+def read_yaml_options(path: Path) -> dict[str, Any]:
+    """The YAML file's keys as option and shorthand names -> values; ConfigError naming the file
+    for a bad file, key or value, and naming both keys when two spellings of one option
+    (``embedding_dim``, ``embedding-dim``) give it different values."""
     if not path.is_file():
         raise ConfigError(f"--config={str(path)!r}: no such file")
     try:
@@ -567,36 +610,38 @@ def load_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--config={str(path)!r}: {error}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"--config={str(path)!r} must hold a mapping of option: value")
-    names = {name: f for name, (_, f) in OPTIONS.items()}
-    aliases = {alias[2:].replace("-", "_"): name for name, f in names.items()
+    types = {name: str(f.type) for name, (_, f) in OPTIONS.items()}
+    types.update({name: shorthand.kind.__name__ for name, shorthand in SHORTHANDS.items()})
+    aliases = {alias[2:].replace("-", "_"): name for name, (_, f) in OPTIONS.items()
                for alias in f.metadata.get("aliases", ())}
     values: dict[str, Any] = {}
+    keys: dict[str, Any] = {}  # option -> the key that set it
     for key, value in raw.items():
         name = aliases.get(str(key).replace("-", "_"), str(key).replace("-", "_"))
-        if name in SHORTHANDS:
-            targets = SHORTHANDS[name][0]
-            values.update({t: _coerce(t, names[t], value, path) for t in targets})
-            continue
-        if name not in names:
-            known = sorted(n.replace("_", "-") for n in [*names, *SHORTHANDS])
+        if name not in types:
+            known = sorted(n.replace("_", "-") for n in types)
             hint = close_match(str(key), known)
             raise ConfigError(f"--config={str(path)!r}: unknown option {brief(key)}" + (
                 f" (did you mean {hint}?)" if hint else "; known: " + ", ".join(known)))
-        values[name] = _coerce(name, names[name], value, path)
+        value = _coerce(name, types[name], value, path)
+        if name in values and values[name] != value:
+            raise ConfigError(f"--config={str(path)!r}: {key}: {brief(value)} and {keys[name]}: {brief(values[name])} "
+                              f"set the same option ({_as_flag(name)}) to different values; give it once")
+        values[name], keys[name] = value, key
     return values
 
 
-def _coerce(name: str, f: dataclasses.Field, value: Any, path: Path) -> Any:
+def _coerce(name: str, kind: str, value: Any, path: Path) -> Any:
     """YAML gives ints for floats (``lr: 1``) and lists for layer sizes; normalise those."""
     if name in ("dense_arch", "over_arch", "num_embeddings_per_feature", "multi_hot_sizes") \
             and isinstance(value, list):
         return ",".join(str(v) for v in value)
-    if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
+    if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    expected = {"int": int, "float": float, "bool": bool, "str": str}.get(str(f.type))
+    expected = {"int": int, "float": float, "bool": bool, "str": str}.get(kind)
     wrong_type = expected is not None and not isinstance(value, expected)
     if wrong_type or (expected is int and isinstance(value, bool)):
         raise ConfigError(
-            f"--config={str(path)!r}: {name.replace('_', '-')}={brief(value)} must be {f.type}"
+            f"--config={str(path)!r}: {name.replace('_', '-')}={brief(value)} must be {kind}"
         )
     return value

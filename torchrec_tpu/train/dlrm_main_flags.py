@@ -129,6 +129,13 @@ def add_dlrm_main_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*spellings, action=_Refuse, nargs="?", help=argparse.SUPPRESS, why=meaning.why)
 
 
+def options_set_by(action: argparse.Action) -> tuple[str, ...] | None:
+    """The options of ours a dlrm_main flag's action sets for us (None: not such a flag)."""
+    if not isinstance(action, _Set):
+        return None
+    return tuple(dict.fromkeys(o for options in action.meaning.options.values() for o in options or {}))
+
+
 class _Refuse(argparse.Action):
     """An error naming the flag (dlrm_main's) and ``why``."""
 

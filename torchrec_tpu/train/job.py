@@ -254,7 +254,7 @@ def _loop_options(config: TrainConfig, env: DistEnv, data: TrainData, start_step
         eval_every=config.loop.eval_every, eval_batch_rows=data.eval_batch_rows, target_auc=config.loop.target_auc,
         checkpoint_every=config.checkpoint.checkpoint_every,
         progress=config.loop.progress and env.is_primary, primary=env.is_primary, world_size=env.world_size,
-        start_step=start_step, start=start,
+        start_step=start_step, start=start, learning_rates=config.optim.rates_text(),
     )
 
 

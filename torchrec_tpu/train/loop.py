@@ -24,6 +24,7 @@ from torchrec.datasets.utils import Batch
 from pipelines.progress import ProgressLine, eta_text, progress_bar
 from pipelines.streams import abandoning, batches_from_row
 from torchrec_tpu.rank_watch import collectives
+from torchrec_tpu.train.divergence import DivergenceGuard
 from torchrec_tpu.train.metrics import EvalForward, EvalResult, evaluate, model_outputs
 from torchrec_tpu.train.run_events import RunEvents
 from torchrec_tpu.train.scalars import ScalarLog
@@ -56,6 +57,7 @@ class LoopOptions:
     world_size: int = 1  # samples/s counts every rank's batch (ranks step in lock-step)
     start_step: int = 0  # global step to resume from (a checkpoint's "step")
     start: LoopPosition = LoopPosition()  # where in the data that step left off
+    learning_rates: str = ""  # the rates a divergence stop names (torchrec_tpu.train.divergence)
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,7 @@ def _close(stream: Iterator[Any]) -> None:
 
 def _save(checkpoint: CheckpointFn, step: int, position: LoopPosition, metrics: _MetricsWindow,
           options: LoopOptions) -> None:
-    metrics.read_pending()  # no checkpoint of a NaN step
+    metrics.read_pending()  # no checkpoint of a diverged step
     with collectives(f"the checkpoint save at step {step}"):
         saved = checkpoint(step, position)
     if options.primary:
@@ -236,13 +238,14 @@ def _save(checkpoint: CheckpointFn, step: int, position: LoopPosition, metrics: 
 
 
 class _MetricsWindow:
-    """The training scalars: step losses read back lazily (every ``log_every`` steps, in one go),
-    samples/s over the steps since the last log (the first step, which compiles, counts in none),
-    and the loop's own time, evaluation and checkpoints excluded (:meth:`paused`)."""
+    """The training scalars: step losses read back lazily (every ``log_every`` steps, in one go)
+    and checked for divergence there, samples/s over the steps since the last log (the first step,
+    which compiles, counts in none), and the loop's own time, evaluation and checkpoints excluded (:meth:`paused`)."""
 
     def __init__(self, log: ScalarLog, options: LoopOptions, total: int | None, bar: Any) -> None:
         self.log, self.options, self.total, self.bar = log, options, total, bar
         self.pending: list[tuple[int, int, torch.Tensor]] = []  # (step, epoch, loss) not read back yet
+        self.guard = DivergenceGuard(options.learning_rates, options.world_size)
         self.window_losses: list[float] = []
         self.recent_losses: collections.deque[float] = collections.deque(maxlen=options.log_every)
         self.samples = self.window_samples = 0
@@ -255,7 +258,7 @@ class _MetricsWindow:
         bar.set_postfix_str("compiling")  # the first step traces and compiles
 
     def stepped(self, step: int, epoch: int, loss: torch.Tensor, batch_samples: int) -> None:
-        self.pending.append((step - 1, epoch, loss.detach()))
+        self.pending.append((step, epoch, loss.detach()))
         self.samples += batch_samples
         self.window_samples += batch_samples
         if not self.first_step_seconds:  # waits for the first step only: its time includes compiling,
@@ -299,7 +302,17 @@ class _MetricsWindow:
         self.window_losses, self.window_samples, self.window_start = [], 0, time.perf_counter()
 
     def read_pending(self) -> None:
-        self.window_losses += _read_losses(self.pending)
+        self.window_losses += self._read()
+
+    def _read(self) -> list[float]:
+        """The pending steps' losses (it waits for the steps to finish), checked by the guard
+        (every rank reads at the same steps); ``pending`` emptied."""
+        # read one by one: a device stack would compile a program per count of pending losses (tens of
+        # ms each on the first window, the last one's and a resumed run's), a read costs microseconds
+        values = [float(loss) for _, _, loss in self.pending]
+        self.guard.check((step, epoch, value) for (step, epoch, _), value in zip(self.pending, values))
+        self.pending.clear()
+        return values
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -316,21 +329,8 @@ class _MetricsWindow:
 
     def final_loss(self) -> float:
         """The mean loss of the last ``log_every`` steps, the steps since the last log included."""
-        self.recent_losses.extend([*self.window_losses, *_read_losses(self.pending)])
+        self.recent_losses.extend([*self.window_losses, *self._read()])
         return sum(self.recent_losses) / len(self.recent_losses)
-
-
-def _read_losses(pending: list[tuple[int, int, torch.Tensor]]) -> list[float]:
-    """The losses of ``pending`` steps as floats (it waits for the steps to finish), and ``pending``
-    emptied. A NaN stops training: within ``log_every`` steps of the step it shows in."""
-    # read one by one: a device stack would compile a program per count of pending losses (tens of
-    # ms each on the first window, the last one's and a resumed run's), a read costs microseconds
-    values = [float(loss) for _, _, loss in pending]
-    for (step, epoch, _), value in zip(pending, values):
-        if value != value:
-            raise FloatingPointError(f"training loss is NaN at step {step} (epoch {epoch})")
-    pending.clear()
-    return values
 
 
 def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device, step: int,

@@ -81,6 +81,7 @@ SPARSE_OPTIMIZERS: dict[str, SparseOptimizer] = {o.name: o for o in (
 DENSE_OPTIMIZERS: dict[str, DenseOptimizer] = {o.name: o for o in (
     DenseOptimizer("adagrad", "torch.optim.Adagrad", {"eps": ADAGRAD_EPS}),
     DenseOptimizer("adam", "torch.optim.Adam"),
+    DenseOptimizer("sgd", "torch.optim.SGD"),  # TorchRec dlrm_main's without --adagrad
 )}
 
 

@@ -30,7 +30,7 @@ def options_markdown() -> str:
             lines.append(f"| `--{name.replace('_', '-')}` | `{defaults.option(name)}` | {what.replace('|', '/')} |")
         lines.append("")
     lines += ["## shorthands", "", "| flag | what it does |", "|---|---|"]
-    lines += [f"| `--{name.replace('_', '-')}` | {help_text} |" for name, (_, _, help_text) in SHORTHANDS.items()]
+    lines += [f"| `--{name.replace('_', '-')}` | {shorthand.help} |" for name, shorthand in SHORTHANDS.items()]
     return "\n".join(lines) + "\n"
 
 
