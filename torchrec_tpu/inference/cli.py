@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from pipelines.flag_numbers import positive_int
+from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="input columns copied into the output next to each prediction (default: none)")
     parser.add_argument("--row-id-column", default="row_id", metavar="NAME",
                         help="name of the global row index column ('' for none)")
+    parser.add_argument("--table-dtype", choices=TABLE_DTYPES, default="fp32",
+                        help="dtype the DLRM's embedding tables are held and looked up at: int8 / int4 row-wise "
+                             "quantized with a per-row fp16 scale and bias as FBGEMM's inference TBE stores them "
+                             "(TorchRec's quantize_inference_model), dequantized row by row in the lookup; fp16 / "
+                             "bf16 a cast (HSTU checkpoints: fp32 only)")
     parser.add_argument("--batch-size", type=positive_int, default=4096, help="rows per forward pass")
     parser.add_argument("--concurrency", type=positive_int, default=1,
                         help="predictor actors, each holding one copy of the model")
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         key_columns=tuple(c for c in args.key_columns.split(",") if c),
         row_id_column=args.row_id_column or None, batch_size=args.batch_size,
         concurrency=args.concurrency, num_cpus=args.num_cpus, progress=args.progress,
-        bad_values=args.bad_values, with_label=args.label,
+        bad_values=args.bad_values, with_label=args.label, table_dtype=args.table_dtype,
     )
     summary = run_inference(config)
     print(summary.format())

@@ -41,6 +41,7 @@ from pipelines.schema import CRITEO, DatasetSchema
 from pipelines.sequences.layout import LABEL_PREFIX, LIST_COLUMNS, PREDICTION_PREFIX
 from torchrec_tpu.inference.input_identity import input_identity
 from torchrec_tpu.inference.scored_rows import ScoredRows, checkpoint_split, scored_rows
+from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
 from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, hstu_meta, is_legacy
@@ -66,6 +67,7 @@ class InferenceConfig:
     with_label: bool = True  # copy the input's label column into the output, when the input has one
     schema: DatasetSchema = field(default=CRITEO)
     model: str = DLRM  # what the checkpoint holds: DLRM (rows of `schema`) or HSTU (sequence rows)
+    table_dtype: str = "fp32"  # the DLRM's embedding tables at (torchrec_tpu.inference.quantized_tables)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "concurrency", "num_cpus"):
@@ -73,6 +75,10 @@ class InferenceConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {list(MODELS)}, got {self.model!r}")
+        if self.table_dtype not in TABLE_DTYPES:
+            raise ValueError(f"--table-dtype must be one of {list(TABLE_DTYPES)}, got {self.table_dtype!r}")
+        if self.model == HSTU and self.table_dtype != "fp32":
+            raise ValueError(f"--table-dtype {self.table_dtype}: HSTU checkpoints are served at fp32 only")
         if self.bad_values not in POLICIES:
             raise ValueError(f"--bad-values must be one of {list(POLICIES)}, got {self.bad_values!r}")
         outputs = [*self.key_columns, self.row_id_column, self.label_column, PREDICTION_COLUMN]
@@ -104,6 +110,8 @@ class InferenceSummary:
     # (ROC AUC, labelled rows) of the whole output by label column; None: no labels
     auc: dict[str, tuple[float, int]] | None = None
     scored: ScoredRows | None = None  # the inputs' rows, against the checkpoint's training split
+    table_dtype: str = "fp32"
+    table_bytes: int = 0  # the embedding tables' bytes in one model copy (0: none loaded, or HSTU)
 
     @property
     def rows_per_sec(self) -> float:
@@ -120,6 +128,8 @@ class InferenceSummary:
             f"  rows            {self.rows:,} predicted this run, {self.rows_total:,} in the inputs",
             f"  throughput      {throughput}",
             f"  files           {self.parts_written} written, {self.parts_skipped} already done",
+            *([f"  tables          {self.table_dtype}, {self.table_bytes:,} bytes held per model copy"]
+              if self.table_bytes else []),
             *(f"  AUC             {auc:.4f} (offline: {_scored(label)} against {label}, {rows:,} rows of the "
               "output)" for label, (auc, rows) in (self.auc or {}).items()),
             *([f"  scored rows     {self._scored_text()}"] if self.scored is not None else []),
@@ -165,13 +175,17 @@ class Predictor:
 
                 self.model = load_hstu_inference(Path(config.checkpoint))
             else:
-                self.model = load_inference_model(config.checkpoint, config.schema)
+                self.model = load_inference_model(config.checkpoint, config.schema, config.table_dtype)
         except Exception as error:  # noqa: BLE001  handed to the driver by __call__
             self.error = error
 
     def loaded(self) -> bool:
         """Whether the model loaded (after ``__init__``: the driver waits on it for its line)."""
         return self.error is None
+
+    def table_bytes(self) -> int:
+        """Bytes the model's embedding tables hold (0: not a DLRM, or not loaded)."""
+        return getattr(self.model, "table_bytes", 0) if self.error is None else 0
 
     def rows_in_flight(self) -> int:
         """Rows predicted so far of the unit in progress (polled by the driver, in a second thread)."""
@@ -312,7 +326,8 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
     if (warning := scored.overlap_warning()) is not None:
         _log.warning(warning)
     with _exit_on_interrupt():
-        rows_done, bad_values = _predict_units(config, todo, with_label) if todo else (0, BadValueCounts())
+        rows_done, bad_values, table_bytes = _predict_units(config, todo, with_label) if todo else \
+            (0, BadValueCounts(), 0)
     parts = [u.part_name for u in units]
     return InferenceSummary(
         rows=rows_done,
@@ -325,6 +340,8 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
         auc={label: auc for label in labels if (auc := offline_auc(output, parts, label, _scored(label)))} or None
         if config.with_label and labelled else None,
         scored=scored,
+        table_dtype=config.table_dtype,
+        table_bytes=table_bytes,
     )
 
 
@@ -362,8 +379,9 @@ def rank_auc(positive: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) -> tuple[int, BadValueCounts]:
-    """Predict and write ``todo`` on a local Ray instance: rows predicted, bad values met. Lines
+def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) -> tuple[int, BadValueCounts, int]:
+    """Predict and write ``todo`` on a local Ray instance: rows predicted, bad values met, the
+    bytes one model copy's tables hold. Lines
     say when Ray and the predictors start and the model is loaded; while the parts are predicted
     the driver polls the actors for the rows done within their parts (a bar on a terminal, else a
     progress line at least every ``$TORCHREC_TPU_PROGRESS_SECONDS``, 30 s by default)."""
@@ -393,6 +411,7 @@ def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) 
             if all(ray.get([a.loaded.remote() for a in actors])):
                 _log.info("infer: model loaded in %.1f s; predicting %s rows in %d part(s)",
                           time.perf_counter() - started, f"{total_rows:,}", len(todo))
+            table_bytes = ray.get(actors[0].table_bytes.remote())
             lines = ProgressLine(_log.info, "infer", total_rows) if bar.disable and config.progress else None
             # how long to wait for a part before asking the actors how far they are
             poll = min(max(progress_interval(), 0.5), 5.0) if lines is not None or not bar.disable else None
@@ -417,7 +436,7 @@ def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) 
         finally:  # a failed job's actors (which its traceback keeps referenced) free their CPUs in a shared Ray
             for predictor in actors:
                 ray.kill(predictor)
-    return rows_done, bad_values
+    return rows_done, bad_values, table_bytes
 
 
 def _show_progress(bar: Any, lines: ProgressLine | None, rows: int, shown: int) -> int:

@@ -20,16 +20,21 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.schema import CRITEO, DatasetSchema
+from torchrec_tpu.inference.quantized_tables import QuantizedEmbeddingBags, quantize_table
+from torchrec_tpu.inference.table_dtypes import check_table_dtype
 from torchrec_tpu.train.model import ModelSpec, ebc_of, table_weight_key
 
 
 @dataclass
 class InferenceModel:
-    """The DLRM (eval mode, no loss head) and the table sizes its ids are hashed into."""
+    """The DLRM (eval mode, no loss head), the table sizes its ids are hashed into and the dtype
+    its tables are held at."""
 
     dlrm: nn.Module
     table_sizes: tuple[int, ...]
     step: int  # training step the checkpoint was taken at
+    table_dtype: str = "fp32"
+    table_bytes: int = 0  # bytes the embedding tables hold
 
     @torch.no_grad()
     def predict(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
@@ -37,31 +42,51 @@ class InferenceModel:
         return torch.sigmoid(self.dlrm(dense, sparse).squeeze(-1))
 
 
-def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRITEO) -> InferenceModel:
+def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRITEO,
+                         table_dtype: str = "fp32") -> InferenceModel:
     """Rebuild the trained DLRM on CPU and load its weights from ``checkpoint_dir`` (a checkpoint,
-    or a checkpoint root: its latest). Either engine's checkpoints load: both name the tables
-    :func:`~torchrec_tpu.train.model.table_weight_key`."""
-    from torchrec_tpu.train.checkpoint.reader import read_state_metadata
-    from torchrec_tpu.train.checkpoint.store import STATE_DIR, load_states, open_checkpoint
+    or a checkpoint root: its latest), its tables at ``table_dtype``
+    (:mod:`torchrec_tpu.inference.quantized_tables`; fp32: the stock EmbeddingBagCollection).
+    The tables are read one at a time, each quantized before the next is read. Either engine's
+    checkpoints load: both name the tables :func:`~torchrec_tpu.train.model.table_weight_key`."""
+    from torchrec_tpu.sharding.deferred import DeferredTensor
+    from torchrec_tpu.train.checkpoint.reader import load_state, read_state_metadata
+    from torchrec_tpu.train.checkpoint.store import STATE_DIR, open_checkpoint
     from torchrec_tpu.train.model import build_dlrm
 
     directory, meta = open_checkpoint(Path(checkpoint_dir))
     state_dir = directory / STATE_DIR
     saved = read_state_metadata(state_dir).state_dict_metadata
-    keys = {f: f"model.{table_weight_key(f)}" for f in schema.sparse}  # DCP state: {"model": DLRMTrain}
-    missing = [f for f, key in keys.items() if key not in saved]
+    keys = {f: table_weight_key(f) for f in schema.sparse}
+    missing = [f for f, key in keys.items() if f"model.{key}" not in saved]  # DCP state: {"model": DLRMTrain}
     if missing:
         raise ValueError(f"checkpoint {directory} has no embedding table for features {missing}")
-    sizes = tuple(int(saved[keys[f]].size[0]) for f in schema.sparse)
+    sizes = tuple(int(saved[f"model.{keys[f]}"].size[0]) for f in schema.sparse)
     try:
         spec = saved_model_spec(meta, schema.sparse, sizes, len(schema.dense))
     except ValueError as error:
         raise ValueError(f"checkpoint {directory}: meta.json: {error}") from None
+    check_table_dtype(table_dtype, spec.embedding_dim)
     train_module = build_dlrm(spec, dense_device=torch.device("cpu"))
-    # The tables were built on the meta device; give them storage, which the load then fills.
-    ebc_of(train_module).to_empty(device=torch.device("cpu"))
-    load_states(directory, train_module)
-    return InferenceModel(train_module.model.eval(), spec.table_sizes, int(meta.get("step", 0)))
+    state = train_module.state_dict()  # the towers' tensors are the module's: the load fills them
+    for key in keys.values():  # the tables (meta): read when asked, one at a time
+        state[key] = DeferredTensor(tuple(state[key].shape), _unread)
+    load_state({"model": state}, state_dir)
+    tables = {f: quantize_table(state.pop(key).value(), table_dtype) for f, key in keys.items()}
+    dlrm = train_module.model.eval()
+    if table_dtype == "fp32":  # the stock EBC, which shares the tables' storage
+        ebc_of(train_module).to_empty(device=torch.device("cpu"))
+        with torch.no_grad():
+            for feature, key in keys.items():
+                train_module.get_parameter(key).set_(tables[feature].weight)
+    else:
+        dlrm.sparse_arch.embedding_bag_collection = QuantizedEmbeddingBags(tables)
+    return InferenceModel(dlrm, spec.table_sizes, int(meta.get("step", 0)), table_dtype,
+                          sum(t.nbytes for t in tables.values()))
+
+
+def _unread() -> torch.Tensor:
+    raise AssertionError("load_state replaces every DeferredTensor it is given")
 
 
 def saved_model_spec(meta: dict[str, Any], feature_names: tuple[str, ...], table_sizes: tuple[int, ...],

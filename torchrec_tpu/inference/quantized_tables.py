@@ -1,0 +1,110 @@
+"""Embedding tables stored for inference at ``--table-dtype`` and looked up without an fp32 copy.
+
+int8 / int4 are row-wise quantized exactly as FBGEMM's inference TBE (TorchRec's
+``quantize_inference_model``) stores them: FBGEMM's ``FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf``
+rows, split as TorchRec's ``quantize_state_dict`` splits them into the packed codes (int4: two per
+byte, the even column in the low nibble) and a per-row fp16 (scale, bias). fp16 / bf16 tables are a
+cast, fp32 the table itself. :class:`QuantizedEmbeddingBags` replaces a DLRM's
+``EmbeddingBagCollection``: it gathers the batch's rows, dequantizes those only (``code * scale +
+bias`` in fp32) and sum-pools them per sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from torchrec_tpu.inference.table_dtypes import CODE_BITS, check_table_dtype
+
+TORCH_FLOATS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+QUANTIZE_ROWS = 1 << 20  # rows quantized at a time: FBGEMM's fp32 temporaries stay this small
+
+
+@dataclass(frozen=True)
+class QuantizedTable:
+    """One table at ``dtype``: ``weight`` (float rows, or uint8 packed codes) and, for int8 / int4,
+    ``scale_bias`` float16[rows, 2]."""
+
+    dtype: str
+    dim: int
+    weight: torch.Tensor
+    scale_bias: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the table holds (codes and scales)."""
+        held = self.weight.numel() * self.weight.element_size()
+        if self.scale_bias is not None:
+            held += self.scale_bias.numel() * self.scale_bias.element_size()
+        return held
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows ``ids``, float32[len(ids), dim], dequantized from the gathered rows only."""
+        rows = self.weight.index_select(0, ids)
+        if self.scale_bias is None:
+            return rows.float()
+        if self.dtype == "int4":  # two codes per byte, the even column in the low nibble
+            rows = torch.stack((rows & 0xF, rows >> 4), dim=-1).flatten(-2)[:, : self.dim]
+        scale_bias = self.scale_bias.index_select(0, ids).float()
+        return rows.float() * scale_bias[:, :1] + scale_bias[:, 1:]
+
+
+def quantize_table(weight: torch.Tensor, dtype: str) -> QuantizedTable:
+    """``weight`` (float[rows, dim], on the CPU) at ``dtype``, quantized ``QUANTIZE_ROWS`` rows at a time."""
+    import fbgemm_gpu  # noqa: F401  registers torch.ops.fbgemm
+
+    dim = int(weight.shape[1])
+    check_table_dtype(dtype, dim)
+    weight = weight.detach()
+    if dtype in TORCH_FLOATS:
+        return QuantizedTable(dtype, dim, weight.to(TORCH_FLOATS[dtype]).contiguous())
+    packed = dim * CODE_BITS[dtype] // 8
+    codes = torch.empty(weight.shape[0], packed, dtype=torch.uint8)
+    scale_bias = torch.empty(weight.shape[0], 2, dtype=torch.float16)
+    for start in range(0, weight.shape[0], QUANTIZE_ROWS):
+        fused = torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(
+            weight[start : start + QUANTIZE_ROWS].float().contiguous(), CODE_BITS[dtype])
+        codes[start : start + fused.shape[0]] = fused[:, :packed]
+        scale_bias[start : start + fused.shape[0]] = fused[:, packed:].contiguous().view(torch.float16)
+    return QuantizedTable(dtype, dim, codes, scale_bias)
+
+
+class QuantizedEmbeddingBags(nn.Module):
+    """A sum-pooled ``EmbeddingBagCollection`` over :class:`QuantizedTable` s, one per feature."""
+
+    def __init__(self, tables: dict[str, QuantizedTable]) -> None:
+        super().__init__()
+        self.layout = tuple((feature, table.dtype, table.dim) for feature, table in tables.items())
+        for i, table in enumerate(tables.values()):  # buffers: .to(device) moves the tables
+            self.register_buffer(f"weight_{i}", table.weight)
+            if table.scale_bias is not None:
+                self.register_buffer(f"scale_bias_{i}", table.scale_bias)
+
+    def table(self, i: int) -> QuantizedTable:
+        """The ``i``-th feature's table."""
+        _, dtype, dim = self.layout[i]
+        return QuantizedTable(dtype, dim, getattr(self, f"weight_{i}"), getattr(self, f"scale_bias_{i}", None))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tables hold."""
+        return sum(self.table(i).nbytes for i in range(len(self.layout)))
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        jagged = features.to_dict()
+        pooled = []
+        for i, (feature, _, _) in enumerate(self.layout):
+            table, bags = self.table(i), jagged[feature]
+            lengths = bags.lengths()
+            samples = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+            out = torch.zeros(lengths.numel(), table.dim, dtype=torch.float32, device=lengths.device)
+            pooled.append(out.index_add_(0, samples, table.lookup(bags.values())))
+        return KeyedTensor(keys=[feature for feature, _, _ in self.layout],
+                           length_per_key=[dim for _, _, dim in self.layout], values=torch.cat(pooled, dim=1))
