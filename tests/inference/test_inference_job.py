@@ -163,7 +163,8 @@ def test_labels_travel_and_score_the_output_and_a_rerun_stays_light(
 ) -> None:
     """By default the input's label column is written next to each prediction and the summary
     holds the output's offline AUC (checked against torchmetrics on the reference predictions);
-    not on a terminal, a line when Ray starts and when the model is loaded, then progress lines
+    not on a terminal (--concurrency 1: in this process, no Ray), a line when the predictor starts
+    and when the model is loaded, then progress lines
     (every $TORCHREC_TPU_PROGRESS_SECONDS, here 0: as often as the driver looks); a rerun with
     nothing to do imports neither Ray nor torch and says there was nothing to score."""
     from torchmetrics.functional.classification import binary_auroc
@@ -177,10 +178,9 @@ def test_labels_travel_and_score_the_output_and_a_rerun_stays_light(
     assert main(argv) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == "infer: on the Ray instance of this process, 1 predictor(s)"  # the ray_session fixture's
-    assert lines[1].startswith("infer: Ray ready; loading the model from ")
+    assert lines[0].startswith("infer: in this process (--concurrency 1, no Ray); loading the model from ")
     assert re.fullmatch(rf"infer: model loaded in [0-9.]+ s; predicting {INFER_DATA.num_rows:,} rows in "
-                        rf"{NUM_UNITS} part\(s\)", lines[2])
+                        rf"{NUM_UNITS} part\(s\)", lines[1])
     progress = [line for line in lines if re.fullmatch(r"infer: [0-9,]+/[0-9,]+ rows \(\d+%\)  [0-9,]+ rows/s  "
                                                        r"ETA (\?|\d+s|\d+m\d\ds)", line)]
     done = [int(line.split()[1].split("/")[0].replace(",", "")) for line in progress]

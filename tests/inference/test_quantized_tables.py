@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torch import nn
@@ -115,3 +117,18 @@ def test_checkpoint_at_a_table_dtype_predicts_as_torchrec_quantized(checkpoint, 
     row_bytes = {"int8": 8 + 4, "int4": 4 + 4, "fp16": 16}[dtype]  # dim 8: codes + fp16 scale and bias
     assert (ours.table_dtype, ours.table_bytes) == (dtype, 26 * 200 * row_bytes)
     assert fp32.table_bytes == 26 * 200 * 8 * 4
+
+
+def test_infer_cli_at_int8_prints_the_dtype_and_bytes(checkpoint, infer_data, tmp_path, capsys) -> None:
+    from torchrec_tpu.cli import main
+
+    output = tmp_path / "out"
+    assert main(["infer", "--data", str(infer_data), "--checkpoint", str(checkpoint), "--output", str(output),
+                 "--table-dtype", "int8", "--no-progress"]) == 0
+    assert f"  tables          int8, {26 * 200 * (8 + 4):,} bytes held per model copy" in capsys.readouterr().out
+    first = sorted(infer_data.glob("*.parquet"))[0]
+    batch = next(iter(ParquetBatchReader(first, 500, (200,) * 26)))
+    expected = load_inference_model(checkpoint, table_dtype="int8").predict(batch.dense_features,
+                                                                            batch.sparse_features)
+    got = pq.read_table(output / "part-000000.parquet").column("prediction").to_numpy()
+    np.testing.assert_array_equal(got, expected.numpy())

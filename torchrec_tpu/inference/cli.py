@@ -28,8 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "bf16 a cast (HSTU checkpoints: fp32 only)")
     parser.add_argument("--batch-size", type=positive_int, default=4096, help="rows per forward pass")
     parser.add_argument("--concurrency", type=positive_int, default=1,
-                        help="predictor actors, each holding one copy of the model")
-    parser.add_argument("--num-cpus", type=positive_int, default=2, help="CPUs of the local Ray instance")
+                        help="1: predict in this process, without Ray (nothing to start, the model loaded once, "
+                             "no results shipped between processes: the fastest path on one host); more: that "
+                             "many Ray actors, each holding one copy of the model")
+    parser.add_argument("--num-cpus", type=positive_int, default=2,
+                        help="CPU threads of the in-process predictor (--concurrency 1), else CPUs of the local "
+                             "Ray instance, shared by its actors")
     parser.add_argument("--bad-values", choices=("error", "skip", "clamp"), default="error",
                         help="rows with a dense value that is infinite or beyond float32 (NaN is "
                              "missing, read as 0), or, with --label, a label outside [0, 1], as train: "

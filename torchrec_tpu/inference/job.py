@@ -1,11 +1,11 @@
 """``torchrec-tpu infer``: predictions for every row of a Parquet dataset, resumable.
 
-A pool of ``concurrency`` Ray actors (:class:`Predictor`, never restarted: a dead actor fails the
-job, and a rerun resumes it) takes the units (one per input row group, see
-:mod:`torchrec_tpu.inference.units`) as they free up: each loads the checkpoint once, then reads
-its units, predicts in batches and writes one Parquet part per unit. The driver only tracks
-progress (a bar on a terminal, else a line at least every 30 s); with nothing left to do it
-starts no Ray and imports no torch at all. Output rows: the requested key columns, then the
+With ``concurrency`` 1 a :class:`Predictor` in this process, else a pool of ``concurrency`` Ray
+actors (never restarted: a dead actor fails the job, and a rerun resumes it), takes the units (one
+per input row group, see :mod:`torchrec_tpu.inference.units`): each loads the checkpoint once
+(its tables at ``table_dtype``), then reads its units, predicts in batches and writes one Parquet
+part per unit. The driver tracks progress (a bar on a terminal, else a line at least every 30 s);
+with nothing left to do it starts no Ray and imports no torch at all. Output rows: the requested key columns, then the
 optional row id (the row's global index over the inputs in order), then the input's label when
 it has one (``with_label``), then ``prediction`` (click probability, float32). With labels, the
 summary scores the whole output offline (ROC AUC of prediction against label) and says which
@@ -60,8 +60,8 @@ class InferenceConfig:
     key_columns: tuple[str, ...] = ()
     row_id_column: str | None = "row_id"
     batch_size: int = 4096
-    concurrency: int = 1  # predictor actors, each loading the model once
-    num_cpus: int = 2  # of the local Ray instance (when this job starts it)
+    concurrency: int = 1  # 1: predict in this process; more: Ray actors, each loading the model once
+    num_cpus: int = 2  # threads of the in-process predictor, else CPUs of the local Ray instance (when this job starts it)
     progress: bool = True
     bad_values: str = "error"  # bad dense values and read labels: error, skip the row, clamp (pipelines.bad_values)
     with_label: bool = True  # copy the input's label column into the output, when the input has one
@@ -236,7 +236,7 @@ class Predictor:
         try:
             if self.error is not None:
                 raise self.error
-            return {**self._run(units), "error": np.array([None] * len(units["ordinal"]), dtype=object)}
+            return {**self.write_units(units), "error": np.array([None] * len(units["ordinal"]), dtype=object)}
         except Exception as error:  # noqa: BLE001
             error.add_note("in the inference actor:\n" + "".join(traceback.format_exception(error)))
             empty = np.zeros(len(units["ordinal"]), dtype=np.int64)
@@ -244,7 +244,8 @@ class Predictor:
                     "listed": np.array([""] * len(empty), dtype=object),
                     "error": np.array([error] * len(empty), dtype=object)}
 
-    def _run(self, units: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def write_units(self, units: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Predict and write ``units``: their rows and bad values by unit (errors raised)."""
         output = Path(self.config.output)
         done, skipped, clamped, listed = [], [], [], []
         for i in range(len(units["ordinal"])):
@@ -380,26 +381,86 @@ def rank_auc(positive: np.ndarray, scores: np.ndarray) -> float:
 
 
 def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) -> tuple[int, BadValueCounts, int]:
-    """Predict and write ``todo`` on a local Ray instance: rows predicted, bad values met, the
-    bytes one model copy's tables hold. Lines
-    say when Ray and the predictors start and the model is loaded; while the parts are predicted
-    the driver polls the actors for the rows done within their parts (a bar on a terminal, else a
-    progress line at least every ``$TORCHREC_TPU_PROGRESS_SECONDS``, 30 s by default)."""
+    """Predict and write ``todo``: rows predicted, bad values met, the bytes one model copy's
+    tables hold. ``--concurrency 1``: in this process, without Ray (:func:`_predict_here`); more:
+    a pool of Ray actors (:func:`_predict_on_ray`). Lines say when the predictors start and the
+    model is loaded; while the parts are predicted, a bar on a terminal, else a progress line at
+    least every ``$TORCHREC_TPU_PROGRESS_SECONDS`` (30 s by default)."""
+    total_rows = sum(u.num_rows for u in todo)
+    with progress_bar(total=total_rows, desc="infer", unit="row", enabled=config.progress) as bar:
+        lines = ProgressLine(_log.info, "infer", total_rows) if bar.disable and config.progress else None
+        progress = _Progress(bar, lines)
+        if config.concurrency == 1:
+            table_bytes = _predict_here(config, todo, with_label, progress)
+        else:
+            table_bytes = _predict_on_ray(config, todo, with_label, progress)
+    return progress.rows_done, progress.bad_values, table_bytes
+
+
+class _Progress:
+    """The units' results as they come: rows done and bad values, shown on the bar or in lines."""
+
+    def __init__(self, bar: Any, lines: ProgressLine | None) -> None:
+        self.bar, self.lines = bar, lines
+        self.rows_done, self.shown, self.bad_values = 0, 0, BadValueCounts()
+
+    @property
+    def polled(self) -> bool:
+        """Whether rows within a unit are worth asking for (a bar or progress lines show them)."""
+        return self.lines is not None or not self.bar.disable
+
+    def add(self, result: dict[str, np.ndarray]) -> None:
+        """Count one :meth:`Predictor.write_units` result."""
+        for i in range(len(result["rows"])):
+            self.rows_done += int(result["rows"][i])
+            self.bad_values += BadValueCounts(int(result["skipped"][i]), int(result["clamped"][i]),
+                                              tuple(t for t in str(result["listed"][i]).split("\n") if t))
+        self.show(self.rows_done)
+
+    def show(self, rows: int) -> None:
+        """Move the bar to ``rows`` (never back) and log a progress line when one is due."""
+        if rows > self.shown:
+            self.bar.update(rows - self.shown)
+            self.shown = rows
+        if self.lines is not None:
+            self.lines.update(self.shown)
+
+
+def _unit_columns(unit: Unit) -> dict[str, np.ndarray]:
+    return {k: np.array([v]) for k, v in vars(unit).items()}
+
+
+def _predict_here(config: InferenceConfig, todo: list[Unit], with_label: bool, progress: _Progress) -> int:
+    """Predict ``todo`` in this process with ``--num-cpus`` threads: no Ray to start, no actor to
+    load the model into, no results to ship back; returns the tables' bytes."""
+    _log.info("infer: in this process (--concurrency 1, no Ray); loading the model from %s", config.checkpoint)
+    started = time.perf_counter()
+    predictor = Predictor(config, config.num_cpus, with_label)
+    if predictor.error is not None:
+        raise predictor.error
+    _log.info("infer: model loaded in %.1f s; predicting %s rows in %d part(s)", time.perf_counter() - started,
+              f"{sum(u.num_rows for u in todo):,}", len(todo))
+    for unit in todo:
+        progress.add(predictor.write_units(_unit_columns(unit)))
+    return predictor.table_bytes()
+
+
+def _predict_on_ray(config: InferenceConfig, todo: list[Unit], with_label: bool, progress: _Progress) -> int:
+    """Predict ``todo`` on a local Ray instance, a pool of ``--concurrency`` actors; while the
+    parts are predicted the driver polls the actors for the rows done within their parts. Returns
+    the tables' bytes."""
     import ray
     from ray.util import ActorPool
 
     from pipelines.ray_data import local_ray
 
-    rows_done, bad_values = 0, BadValueCounts()
     total_rows = sum(u.num_rows for u in todo)
     predictors = min(config.concurrency, len(todo))
     if ray.is_initialized():  # local_ray reuses it: --num-cpus does not size it
         _log.info("infer: on the Ray instance of this process, %d predictor(s)", predictors)
     else:
         _log.info("infer: starting Ray (%d CPUs) for %d predictor(s)", config.num_cpus, predictors)
-    with local_ray(num_cpus=config.num_cpus, worker_setup=WORKER_SETUP), progress_bar(
-        total=total_rows, desc="infer", unit="row", enabled=config.progress
-    ) as bar:
+    with local_ray(num_cpus=config.num_cpus, worker_setup=WORKER_SETUP):
         threads = max(1, config.num_cpus // config.concurrency)
         # a second actor thread answers rows_in_flight while predict_units runs
         actor = ray.remote(Predictor).options(num_cpus=min(threads, config.num_cpus), max_restarts=0,
@@ -412,39 +473,22 @@ def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) 
                 _log.info("infer: model loaded in %.1f s; predicting %s rows in %d part(s)",
                           time.perf_counter() - started, f"{total_rows:,}", len(todo))
             table_bytes = ray.get(actors[0].table_bytes.remote())
-            lines = ProgressLine(_log.info, "infer", total_rows) if bar.disable and config.progress else None
             # how long to wait for a part before asking the actors how far they are
-            poll = min(max(progress_interval(), 0.5), 5.0) if lines is not None or not bar.disable else None
-            pool, shown = ActorPool(actors), 0
+            poll = min(max(progress_interval(), 0.5), 5.0) if progress.polled else None
+            pool = ActorPool(actors)
             for unit in todo:
-                pool.submit(lambda predictor, u: predictor.predict_units.remote(
-                    {k: np.array([v]) for k, v in vars(u).items()}), unit)
+                pool.submit(lambda predictor, u: predictor.predict_units.remote(_unit_columns(u)), unit)
             while pool.has_next():
                 try:
                     result = pool.get_next_unordered(timeout=poll)
                 except TimeoutError:  # a part is still being predicted: how far its actors are
                     in_flight = sum(ray.get([a.rows_in_flight.remote() for a in actors]))
-                    shown = _show_progress(bar, lines, rows_done + in_flight, shown)
+                    progress.show(progress.rows_done + in_flight)
                     continue
-                row = {k: v[0] for k, v in result.items()}
-                if row["error"] is not None:
-                    raise row["error"]
-                rows_done += int(row["rows"])
-                bad_values += BadValueCounts(int(row["skipped"]), int(row["clamped"]),
-                                             tuple(t for t in str(row["listed"]).split("\n") if t))
-                shown = _show_progress(bar, lines, rows_done, shown)
+                if result["error"][0] is not None:
+                    raise result["error"][0]
+                progress.add(result)
         finally:  # a failed job's actors (which its traceback keeps referenced) free their CPUs in a shared Ray
             for predictor in actors:
                 ray.kill(predictor)
-    return rows_done, bad_values, table_bytes
-
-
-def _show_progress(bar: Any, lines: ProgressLine | None, rows: int, shown: int) -> int:
-    """Move the bar to ``rows`` (never back) and log a progress line when one is due; returns the
-    rows shown."""
-    if rows > shown:
-        bar.update(rows - shown)
-        shown = rows
-    if lines is not None:
-        lines.update(shown)
-    return shown
+    return table_bytes

@@ -11,6 +11,7 @@ model, and read without running code from them (``torchrec_tpu.train.checkpoint.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,9 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     state = train_module.state_dict()  # the towers' tensors are the module's: the load fills them
     for key in keys.values():  # the tables (meta): read when asked, one at a time
         state[key] = DeferredTensor(tuple(state[key].shape), _unread)
-    load_state({"model": state}, state_dir)
+    with warnings.catch_warnings():  # DCP's note that it loads in one process: that is the intent
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        load_state({"model": state}, state_dir)
     tables = {f: quantize_table(state.pop(key).value(), table_dtype) for f, key in keys.items()}
     dlrm = train_module.model.eval()
     if table_dtype == "fp32":  # the stock EBC, which shares the tables' storage
