@@ -4,8 +4,10 @@ The first ``extension()`` call in a fresh environment compiles the source with t
 compiler (``$CXX``, default ``g++``; a few seconds) into a cache keyed by the source, the flags
 and the Python ABI, and loads it; later processes load the cached module. Concurrent first calls
 (e.g. several ranks) build once: a file lock serialises them and the module is moved into place
-atomically. When no compiler is found or the build fails, ``extension()`` warns once and returns
-None, and preprocessing falls back to the numpy path (``sparsecore.preprocess``).
+atomically, with a record its later loads are checked against (a damaged copy is rebuilt). When no
+compiler is found or the build fails or times out (``TORCHREC_TPU_NATIVE_BUILD_TIMEOUT``),
+``extension()`` warns once and returns None, and preprocessing falls back to the numpy path
+(``sparsecore.preprocess``).
 
 Environment: ``TORCHREC_TPU_NATIVE=0`` disables the extension. The build and its cache are
 :mod:`xla_cache.native_build`'s (``TORCHREC_TPU_NATIVE_CACHE``; a folder no one else can write to,

@@ -12,15 +12,13 @@ entry points for libraries written against it (``torch.tpu.ops``, ``torch_tpu._i
 TorchRec TPU's native preprocessing module).
 """
 
+import xla_cache as _xla_cache
 from torch_tpu import runtime as _runtime
 
-_runtime.register()  # the device, torch.tpu, tensor hooks, storage, serialization, autocast, Module.to
-
-import xla_cache as _xla_cache  # noqa: E402
-
 try:
+    _runtime.register()  # the device, torch.tpu, tensor hooks, storage, serialization, autocast, Module.to
     _xla_cache.install()  # the shared persistent compile cache, on by default
-except _xla_cache.ConfigError as _error:  # a bad TORCH_TPU_COMPILE_CACHE_MAX_MB: one line, as the CLI's flags
+except _xla_cache.ConfigError as _error:  # a bad cache or build knob (host hooks): one line, as the CLI's flags
     import sys as _sys
 
     print(f"torch_tpu: error: {_error}", file=_sys.stderr)

@@ -164,9 +164,12 @@ def test_the_native_build_cache_never_loads_a_planted_module(case, tmp_path, mon
     suffix = native.sysconfig.get_config_var("EXT_SUFFIX")
     flags = (*native.FLAGS, f"-I{native.sysconfig.get_paths()['include']}")
     name = native_build.library_name(native.SOURCE, native.MODULE, flags, compiler, suffix)
+    key = native_build.library_key(native.SOURCE, flags, compiler, suffix)
     for directory in (configured, fallback):
         directory.mkdir(parents=True, mode=0o700)
         shutil.copy(module, directory / name)
+        # with its build record: a module without one is rebuilt, so only the trust policy stops it here
+        Path(f"{directory / name}{native_build.RECORD_SUFFIX}").write_text(native_build.record_text(module, key))
         if case == "other owner":
             os.chown(directory, OTHER_UID, OTHER_UID)
         elif case == "world-writable":
