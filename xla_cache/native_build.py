@@ -237,7 +237,8 @@ def _install(tmp: Path, path: Path, key: str) -> None:
     record first, so a library in place always has its own record or is rebuilt."""
     record = Path(f"{path}{RECORD_SUFFIX}")
     record_tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
-    _fsync_file(tmp)
+    with open(tmp, "rb") as library:
+        os.fsync(library.fileno())
     try:
         with open(record_tmp, "w") as file:
             file.write(record_text(tmp, key))
@@ -247,12 +248,8 @@ def _install(tmp: Path, path: Path, key: str) -> None:
     finally:
         record_tmp.unlink(missing_ok=True)
     os.replace(tmp, path)
-    _fsync_file(path.parent)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    folder = os.open(path.parent, os.O_RDONLY)  # the renames on disk too
     try:
-        os.fsync(fd)
+        os.fsync(folder)
     finally:
-        os.close(fd)
+        os.close(folder)

@@ -211,3 +211,27 @@ def test_import_torch_tpu_refuses_a_bad_build_timeout_in_one_line(tmp_path) -> N
     assert done.returncode == 2
     assert done.stderr.splitlines() == ["torch_tpu: error: TORCHREC_TPU_NATIVE_BUILD_TIMEOUT='soon' is not a number "
                                         "of seconds > 0 (the default is 300)"]
+
+
+def test_the_library_and_its_record_are_on_disk_before_their_renames(tmp_path, monkeypatch) -> None:
+    """A crash after a rename must not leave a library whose bytes never reached the disk."""
+    monkeypatch.setenv("TORCHREC_TPU_NATIVE_CACHE", str(tmp_path / "cache"))
+    events: list[tuple[str, str]] = []
+    fsync, replace = os.fsync, os.replace
+
+    def recording_fsync(fd: int) -> None:
+        events.append(("fsync", Path(os.readlink(f"/proc/self/fd/{fd}")).name))
+        fsync(fd)
+
+    def recording_replace(src, dst) -> None:
+        events.append(("rename", f"{Path(src).name} -> {Path(dst).name}"))
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    library = native_build.build_library(_source(tmp_path, "answer.cc", ANSWER), "tiny", FLAGS, ".so")
+    record = f"{library.name}{native_build.RECORD_SUFFIX}"
+    pid = os.getpid()
+    assert events == [("fsync", f".{library.name}.{pid}.tmp"), ("fsync", f".{record}.{pid}.tmp"),
+                      ("rename", f".{record}.{pid}.tmp -> {record}"),
+                      ("rename", f".{library.name}.{pid}.tmp -> {library.name}"), ("fsync", "cache")]
