@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 import threading
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from torchrec_tpu import __version__
 from torchrec_tpu.cli_help import DefaultsOnceFormatter, HintingParser
@@ -85,6 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torchrec_tpu.log_setup import configure_logging
 
     configure_logging(label)
+    if launcher.is_rank():  # a stalled peer the main thread may wait for without a timeout
+        from torchrec_tpu import rank_watch
+
+        rank_watch.on_stall(lambda error: _leave_rank(label, error))
     args._restartable = argv_given is None  # a real command line: it may exec itself again
     try:
         return int(args._run(args) or 0)
@@ -92,16 +96,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"torchrec-tpu {label}: interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001  (the one place every failure is reported)
+        if launcher.is_rank():
+            _leave_rank(label, error)
         from torchrec_tpu.errors import report_failure
 
-        rc = report_failure(label, error)
-        if launcher.is_rank():
-            # A failed rank leaves now: tearing down while background threads still sit in
-            # collectives with peers that are gone aborts the process (SIGABRT, rc 134).
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(rc)
-        return rc
+        return report_failure(label, error)
+
+
+_leaving = threading.Lock()
+
+
+def _leave_rank(label: str, error: BaseException) -> NoReturn:
+    """Report ``error`` and end this rank now: tearing down while background threads still sit in
+    collectives with peers that are gone aborts the process (SIGABRT, rc 134). The first thread
+    to come (the main one, or the heartbeat's on a stall) reports; a later one waits for the exit."""
+    if not _leaving.acquire(blocking=False):
+        threading.Event().wait()
+    from torchrec_tpu.errors import report_failure
+
+    rc = report_failure(label, error)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":

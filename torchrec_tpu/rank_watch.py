@@ -9,6 +9,11 @@ fails posts its error line there before it exits. Code running collectives label
 
     train step 18 (embedding all_to_all, DDP gradient all_reduce) timed out after 10 s: rank 1
     is not responding (no heartbeat for 3 s: stalled or dead)
+
+A wait no timeout bounds (a compiled step whose XLA collectives wait for a stopped peer: the
+host blocks inside XLA reading its loss) is caught by the heartbeats themselves: a neighbour rank
+silent for the collective timeout is reported by the handler :func:`on_stall` registers (the
+CLI's one error line, then the rank exits), with the label the main thread entered last.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch.distributed as dist
 
@@ -24,9 +29,12 @@ from torchrec_tpu.errors import CollectiveError
 
 _HEARTBEAT = "torchrec_tpu/heartbeat/{}"
 _FAILED = "torchrec_tpu/failed/{}"
+_DONE = "done"  # the heartbeat of a rank that left the watch normally
 HEARTBEAT_S = 1.0
 _SILENT_S = 3.0  # no heartbeat for this long: the rank is not responding
 _active: "RankWatch | None" = None
+_stall_handler: Callable[[CollectiveError], None] | None = None
+_main_label = "the run"  # the label the main thread entered last
 
 
 def is_peer_failure(error: BaseException) -> bool:
@@ -54,6 +62,11 @@ class RankWatch:
     def stop(self) -> None:
         self._stop.set()
 
+    def finished(self) -> None:
+        """This rank leaves normally: its silence from now on is no stall."""
+        self.stop()
+        self._post(_HEARTBEAT.format(self.rank), _DONE)
+
     def _post(self, key: str, value: str) -> bool:
         try:
             self.store.set(key, value)
@@ -62,10 +75,39 @@ class RankWatch:
             return False
 
     def _beat(self) -> None:
+        # the ranks before and after this one: a stalled rank is reported by its neighbours, at
+        # a cost per rank that does not grow with the world
+        watched = sorted({(self.rank - 1) % self.world_size, (self.rank + 1) % self.world_size} - {self.rank})
+        last_change = {r: (self._read(_HEARTBEAT.format(r)), time.monotonic()) for r in watched}
         while not self._stop.wait(HEARTBEAT_S):
             self._beats += 1
             if not self._post(_HEARTBEAT.format(self.rank), str(self._beats)):
                 return
+            stalled = self._silent(last_change)
+            if stalled and _stall_handler is not None and not self._stop.is_set():
+                _stall_handler(self._stall_error(stalled))
+                return
+
+    def _silent(self, last_change: dict[int, tuple[str | None, float]]) -> dict[int, float]:
+        """The watched ranks whose heartbeat has not changed for the collective timeout (seconds
+        silent); ``last_change`` is updated."""
+        now, silent = time.monotonic(), {}
+        for r, (value, since) in last_change.items():
+            current = self._read(_HEARTBEAT.format(r))
+            if current != value:
+                last_change[r] = (current, now)
+            elif current != _DONE and now - since >= self.timeout_s:
+                silent[r] = now - since
+        return silent
+
+    def _stall_error(self, silent: dict[int, float]) -> CollectiveError:
+        parts = []
+        for r, seconds in sorted(silent.items()):
+            failed = self._read(_FAILED.format(r))
+            parts.append(f"rank {r} failed: {failed}" if failed is not None else
+                         f"rank {r} is not responding (no heartbeat for {seconds:.0f} s: stalled or dead)")
+        return CollectiveError(f"{_main_label} timed out after {self.timeout_s:g} s on rank {self.rank}: "
+                               + "; ".join(parts))
 
     def post_failure(self, message: str) -> None:
         """Tell the other ranks why this rank is leaving (read by their :meth:`explain`)."""
@@ -107,15 +149,27 @@ def watching(store: dist.Store, rank: int, world_size: int, timeout_s: float) ->
     _active = watch
     try:
         yield watch
+        watch.finished()
     finally:
         _active = None
         watch.stop()
+
+
+def on_stall(handler: Callable[[CollectiveError], None] | None) -> None:
+    """Have ``handler`` (on the heartbeat thread) told of a neighbour rank silent for the
+    collective timeout; it should report the error and end the process (the main thread may be
+    blocked for good). None: no handler."""
+    global _stall_handler
+    _stall_handler = handler
 
 
 @contextlib.contextmanager
 def collectives(label: str) -> Iterator[None]:
     """Label the collectives of the ``with`` body: a peer failure inside is re-raised as a
     CollectiveError naming ``label`` and the ranks to blame (when a watch runs)."""
+    global _main_label
+    if threading.current_thread() is threading.main_thread():
+        _main_label = label
     try:
         yield
     except RuntimeError as error:

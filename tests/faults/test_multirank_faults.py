@@ -74,10 +74,13 @@ def test_bad_input_on_one_rank_fails_every_rank_at_once_with_one_message(tiny_co
     assert f"error: {expected}" in errors[0], errors
 
 
-@pytest.mark.parametrize("stalled", [1, 0])  # rank 0 too: the store lives in torchrun, not in it
-def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled):
+# rank 0 too: the store lives in torchrun, not in it; with --dense-device tpu rank 0 also hosts
+# JAX's coordination service, whose client must not abort the survivor before the timeout line
+@pytest.mark.parametrize("stalled, dense_device", [(1, "cpu"), (0, "cpu"), (0, "tpu"), (1, "tpu")])
+def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled, dense_device):
     proc = subprocess.Popen(torchrun_train("--data", str(tiny_dataset), *TRAIN_FLAGS[:-3], "--no-progress",
                                       "--epochs", "100000", "--log-dir", str(tmp_path / "run"),
+                                      "--dense-device", dense_device,
                                       "--checkpoint-every", "3", "--collective-timeout", "10"),
                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -101,6 +104,8 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
     assert proc.returncode != 0
+    # JAX's coordination service (rank 0 hosts it) must not abort the survivor before its own line
+    assert "SIGABRT" not in stderr and "Fatal Python error" not in stderr, stderr[-TAIL:]
     errors = [line for line in stderr.splitlines() if "torchrec-tpu train: error:" in line]
     assert len(errors) == 1, stderr[-TAIL:]  # the survivor's; the stopped rank says nothing
     assert f"timed out after 10 s on rank {1 - stalled}: rank {stalled} is not responding" in errors[0], errors

@@ -80,7 +80,7 @@ def _xla_or_reason(opts: Any, gloo: GlooTransport) -> Transport | str:
     if default_group and not xla_join.joined() and not xla_join.backend_started():
         xla_join.init_xla_transport(  # ranks start at different times: no short collective timeout
             opts.store, rank=opts.group_rank, world_size=opts.group_size,
-            timeout=max(opts.timeout, xla_join.MIN_JOIN_TIMEOUT),
+            timeout=max(opts.timeout, xla_join.MIN_JOIN_TIMEOUT), collective_timeout=opts.timeout,
         )
     reason = xla_join.xla_unavailable_reason(global_rank, ranks)
     return reason or xla_transport.XlaTransport(gloo, ranks, opts.timeout)

@@ -21,7 +21,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
 from torch_tpu.distributed.shm_reduce import SharedMemoryReduce
-from torch_tpu.distributed.worker import Deadline
+from torch_tpu.distributed.worker import Deadline, RefusedError
+from torch_tpu.runtime.dtypes import dtype_code, dtype_of_code
 
 ReduceOp = dist.ReduceOp
 
@@ -80,7 +81,9 @@ class Transport(abc.ABC):
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None: ...
 
     @abc.abstractmethod
-    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> None: ...
+    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> None:
+        """Into ``tensor``, which must hold as many elements of the dtype as were sent; otherwise
+        the message is consumed and :class:`RefusedError` names both (the group stays usable)."""
 
     @abc.abstractmethod
     def barrier(self) -> None: ...
@@ -145,6 +148,13 @@ def _scale_after(host: torch.Tensor, kind: dist.ReduceOp, size: int) -> None:
             host.div_(size)
         else:
             host.copy_(torch.div(host, size, rounding_mode="trunc"))
+
+
+def refused_receive(tensor: torch.Tensor, src: int, tag: int, sent: tuple[int, torch.dtype]) -> RefusedError:
+    """The error of a receive whose buffer is not what ``src`` sent (``sent``: count, dtype)."""
+    return RefusedError(
+        f"tpu_dist recv: rank {src} sent {sent[0]} elements of {sent[1]} (tag {tag}), the receive buffer holds "
+        f"{tensor.numel()} of {tensor.dtype}; they must match (nothing was written)")
 
 
 class GlooTransport(Transport):
@@ -243,12 +253,32 @@ class GlooTransport(Transport):
         out.write_back()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        self.announce(tensor, dst, tag)
         self._gloo.send(_host_inputs([tensor]), dst, tag).wait()
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> None:
+        sent = self.announced(tensor, src, tag)
+        if sent is not None:
+            numel, dtype = sent
+            self._gloo.recv([torch.empty(numel, dtype=dtype)], src, tag).wait()
+            raise refused_receive(tensor, src, tag, sent)
         out = _HostCopy(tensor, read=False)
         self._gloo.recv([out.host], src, tag).wait()
         out.write_back()
+
+    def announce(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        """Tell ``dst`` what the next message of ``tag`` holds (see :meth:`announced`)."""
+        header = torch.tensor([tensor.numel(), dtype_code(tensor.dtype)], dtype=torch.int64)
+        self._gloo.send([header], dst, tag).wait()
+
+    def announced(self, tensor: torch.Tensor, src: int, tag: int) -> tuple[int, torch.dtype] | None:
+        """None when ``src``'s next message of ``tag`` fits ``tensor`` exactly; else its element
+        count and dtype (gloo would fill a larger buffer's head and leave the rest as it was)."""
+        header = torch.empty(2, dtype=torch.int64)
+        self._gloo.recv([header], src, tag).wait()
+        numel, code = header.tolist()
+        dtype = dtype_of_code(code)
+        return None if (numel, dtype) == (tensor.numel(), tensor.dtype) else (numel, dtype)
 
     def barrier(self) -> None:
         self._gloo.barrier(dist.BarrierOptions()).wait()

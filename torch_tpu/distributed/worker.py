@@ -29,6 +29,11 @@ class CollectiveError(RuntimeError):
     """A collective failed: a peer exited or stalled past the timeout, or ranks disagreed."""
 
 
+class RefusedError(ValueError):
+    """A job refused its input after an exchange that kept the ranks in step (a receive buffer
+    unlike the message sent): its Work fails with this one line, the group stays usable."""
+
+
 class FutureWork(dist.Work):
     """c10d Work over a future whose ``wait`` raises the collective's error.
 
@@ -75,7 +80,7 @@ class FutureWork(dist.Work):
             return False
         try:
             self._future.value()
-        except CollectiveError:
+        except (CollectiveError, RefusedError):
             return False
         return True
 
@@ -188,7 +193,9 @@ class OrderedWorker:
                 self._running = None
             if timed_out:
                 continue
-            if failed is not None:
+            if isinstance(failed, RefusedError):
+                future.set_exception(failed)
+            elif failed is not None:
                 self._fail(future, describe, failed)
             else:
                 future.set_result(result)

@@ -25,6 +25,14 @@ from tpu_facts import knobs
 
 COORDINATOR_KEY = "tpu_dist_xla_coordinator"
 MIN_JOIN_TIMEOUT = datetime.timedelta(seconds=60)
+MIN_HEARTBEAT_TIMEOUT_S = 100  # JAX's default
+
+
+def heartbeat_timeout_s(collective_timeout: datetime.timedelta) -> int:
+    """How long JAX's coordination service may miss a process's heartbeat before it aborts every
+    process: twice the collective timeout and a minute, so a stalled peer is first reported by
+    tpu_dist (and the caller's own timeout handling) with a line of its own, not a SIGABRT."""
+    return max(MIN_HEARTBEAT_TIMEOUT_S, int(2 * collective_timeout.total_seconds()) + 60)
 
 
 def joined() -> bool:
@@ -64,13 +72,15 @@ def init_xla_transport(
     world_size: int | None = None,
     coordinator_address: str | None = None,
     timeout: datetime.timedelta = datetime.timedelta(minutes=5),
+    collective_timeout: datetime.timedelta = dist.default_pg_timeout,
 ) -> None:
     """Join this process to multi-controller JAX as process ``rank`` of ``world_size``.
 
     Call it in every process before the first tpu tensor or JAX call. Without arguments it reads
     torchrun's RANK / WORLD_SIZE and puts the coordinator at MASTER_ADDR:MASTER_PORT+1 (offset from
     ``TPU_DIST_XLA_PORT_OFFSET``); with ``store`` rank 0 picks a free port and publishes it there.
-    A second call with the same rank and size does nothing.
+    A second call with the same rank and size does nothing. ``collective_timeout``: the longest
+    timeout of the process groups to come; JAX's heartbeat timeout outlasts it (:func:`heartbeat_timeout_s`).
     """
     rank = _env_int("RANK") if rank is None else rank
     world_size = _env_int("WORLD_SIZE") if world_size is None else world_size
@@ -101,6 +111,7 @@ def init_xla_transport(
         num_processes=world_size,
         process_id=rank,
         initialization_timeout=max(1, int(timeout.total_seconds())),
+        heartbeat_timeout_seconds=heartbeat_timeout_s(collective_timeout),
     )
 
 

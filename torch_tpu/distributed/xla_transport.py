@@ -32,10 +32,11 @@ import torch.distributed as dist
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from torch_tpu.distributed.transport import GlooTransport, Transport
+from torch_tpu.distributed.transport import GlooTransport, Transport, refused_receive
 from torch_tpu.distributed.worker import Deadline
 from torch_tpu.runtime import tensor as tensor_mod
 from torch_tpu.runtime._jax import jax, jnp
+from torch_tpu.runtime.dtypes import to_jax_dtype
 from tpu_facts.sizes import power_of_two_bucket
 
 RedOp = dist.ReduceOp.RedOpType
@@ -327,16 +328,23 @@ class XlaTransport(Transport):
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         if tag or dst == self.rank or not self._on_device(tensor):
             return self._fallback.send(tensor, dst, tag)
+        self._fallback.announce(tensor, dst, tag)
         if tensor.numel():
             pair = self._pair(self.rank, dst)
-            self._run(pair.get("ppermute"), self._value(tensor), pair)
+            self._run(pair.get("ppermute"), self._value(tensor).reshape(-1), pair)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> None:
         if tag or src == self.rank or not self._on_device(tensor):
             return self._fallback.recv(tensor, src, tag)
-        if tensor.numel():
+        sent = self._fallback.announced(tensor, src, tag)
+        numel, dtype = sent or (tensor.numel(), tensor.dtype)
+        if numel:  # the sender's program runs with what it sent, so this side runs the same
             pair = self._pair(src, self.rank)
-            self._store(tensor, self._run(pair.get("ppermute"), jnp.zeros_like(self._value(tensor)), pair))
+            received = self._run(pair.get("ppermute"), jnp.zeros(numel, to_jax_dtype(dtype)), pair)
+        if sent is not None:
+            raise refused_receive(tensor, src, tag, sent)
+        if numel:
+            self._store(tensor, received)
 
     def barrier(self) -> None:
         token = jnp.zeros(1, jnp.int32)

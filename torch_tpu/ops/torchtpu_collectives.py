@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from torch_tpu.runtime.dtypes import dtype_code, dtype_of_code
+
 SCHEMAS = {
     "_all_gather_dim": "(Tensor input, int dim, int group_size, str group_name) -> Tensor",
     "_reduce_scatter_dim": "(Tensor input, str reduce_op, int dim, int group_size, str group_name) -> Tensor",
@@ -67,8 +69,9 @@ def _group(name: str) -> dist.ProcessGroup:
 
 def _host_ints(t: torch.Tensor, what: str, ranks: int) -> list[int]:
     if t.dim() != 1 or t.numel() != ranks:
-        raise ValueError(f"tpu::_ragged_all_to_all: {what} must be 1-D with one entry per rank ({ranks}), got shape "
-                         f"{tuple(t.shape)}")
+        raise ValueError(f"{what} must be 1-D with one entry per rank ({ranks}), got shape {tuple(t.shape)}")
+    if t.is_floating_point() or t.is_complex():
+        raise ValueError(f"{what} must hold integers, got {t.dtype}")
     return [int(v) for v in t.cpu().tolist()]
 
 
@@ -102,31 +105,75 @@ class _RaggedAllToAll(torch.autograd.Function):
         return _exchange(grad, zeros, back, ctx.group), None, None, None
 
 
-def _plan(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, group):
-    ranks = group.size()
-    in_off, send = _host_ints(input_offsets, "input_offsets", ranks), _host_ints(send_sizes, "send_sizes", ranks)
-    out_off, recv = _host_ints(output_offsets, "output_offsets", ranks), _host_ints(recv_sizes, "recv_sizes", ranks)
-    for j in range(ranks):
+def _local_error(operand: torch.Tensor, output: torch.Tensor, in_off: list[int], send: list[int],
+                 recv: list[int]) -> str | None:
+    if operand.dim() == 0 or operand.shape[1:] != output.shape[1:] or operand.dtype != output.dtype:
+        return (f"operand {tuple(operand.shape)} {operand.dtype} and output {tuple(output.shape)} {output.dtype} "
+                "must have rows, of one shape and dtype")
+    for j in range(len(send)):
         if in_off[j] < 0 or send[j] < 0 or in_off[j] + send[j] > operand.shape[0]:
-            raise ValueError(f"tpu::_ragged_all_to_all: rows [{in_off[j]}, {in_off[j] + send[j]}) for rank {j} are "
-                             f"outside operand's {operand.shape[0]} rows")
-    mine = torch.tensor(out_off, dtype=torch.int64, device=operand.device)
-    theirs = torch.empty_like(mine)
-    dist.all_to_all_single(theirs, mine, group=group)  # the offset each sender names in my output
-    their_off = [int(v) for v in theirs.cpu().tolist()]
-    for j in range(ranks):
-        if their_off[j] < 0 or recv[j] < 0 or their_off[j] + recv[j] > output.shape[0]:
-            raise ValueError(f"tpu::_ragged_all_to_all: rows [{their_off[j]}, {their_off[j] + recv[j]}) from rank {j} "
-                             f"are outside output's {output.shape[0]} rows")
-    return in_off, send, their_off, recv
+            return (f"rows [{in_off[j]}, {in_off[j] + send[j]}) for rank {j} are outside operand's "
+                    f"{operand.shape[0]} rows")
+        if recv[j] < 0:
+            return f"recv_sizes[{j}] is {recv[j]}; a row count is >= 0"
+    return None
+
+
+def _pair_error(rank: int, output: torch.Tensor, mine: list[list[int]], theirs: list[list[int]]) -> str | None:
+    """What this rank's plan (``mine``, a row per peer) and each peer's (``theirs``: the row it
+    sent here) disagree on: a row width, a dtype, a row count, or rows outside ``output``. Peers
+    that refused their own plan are left out (they say why)."""
+    for j, ((_, send, recv, width, dtype, _), (their_off, their_send, their_recv, their_width, their_dtype, refused)) \
+            in enumerate(zip(mine, theirs)):
+        if refused:
+            continue
+        if (their_width, their_dtype) != (width, dtype):
+            return (f"rank {j}'s rows are {dtype_of_code(their_dtype)} with {their_width} elements, this rank's "
+                    f"{dtype_of_code(dtype)} with {width}; every rank's operand and output must match")
+        if their_send != recv:
+            return (f"recv_sizes[{j}] is {recv} on rank {rank}, but rank {j} sends it {their_send} rows "
+                    f"(its send_sizes[{rank}])")
+        if their_recv != send:
+            return (f"send_sizes[{j}] is {send} on rank {rank}, but rank {j} receives {their_recv} rows from it "
+                    f"(its recv_sizes[{rank}])")
+        if their_off < 0 or their_off + recv > output.shape[0]:
+            return f"rows [{their_off}, {their_off + recv}) from rank {j} are outside output's {output.shape[0]} rows"
+    return None
+
+
+def _plan(operand, output, sizes: tuple[torch.Tensor, ...], group: dist.ProcessGroup) -> tuple[list[int], ...]:
+    """(input offsets, send sizes, where each sender puts its rows here, receive sizes), checked
+    against every peer's before a row moves: a plan any rank refuses fails on every rank (with its
+    own reason there and the refusing ranks elsewhere), so no rank is left in a mismatched exchange."""
+    ranks, rank = group.size(), group.rank()
+    names = ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")
+    try:
+        in_off, send, out_off, recv = (_host_ints(t, name, ranks) for t, name in zip(sizes, names, strict=True))
+        error = _local_error(operand, output, in_off, send, recv)
+    except ValueError as e:
+        in_off = send = out_off = recv = [0] * ranks
+        error = str(e)
+    width, dtype = (operand[0].numel() if operand.dim() else 0), dtype_code(operand.dtype)
+    mine = [[out_off[j], send[j], recv[j], width, dtype, error is not None] for j in range(ranks)]
+    theirs = torch.empty((ranks, len(mine[0])), dtype=torch.int64, device=operand.device)
+    dist.all_to_all_single(theirs, torch.tensor(mine, dtype=torch.int64, device=operand.device), group=group)
+    theirs_rows = theirs.cpu().tolist()
+    error = error or _pair_error(rank, output, mine, theirs_rows)
+    refused = torch.zeros(ranks, dtype=torch.int64, device=operand.device)
+    refused[rank] = error is not None
+    dist.all_reduce(refused, group=group)
+    if error is not None:
+        raise ValueError(f"tpu::_ragged_all_to_all: {error}")
+    if refused.any():
+        who = [j for j, bad in enumerate(refused.cpu().tolist()) if bad]
+        raise ValueError(f"tpu::_ragged_all_to_all: rank(s) {who} refused the exchange (see their error); "
+                         "no rows were sent")
+    return in_off, send, [row[0] for row in theirs_rows], recv
 
 
 def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, process_group_name):
-    if operand.shape[1:] != output.shape[1:] or operand.dtype != output.dtype:
-        raise ValueError(f"tpu::_ragged_all_to_all: operand {tuple(operand.shape)} {operand.dtype} and output "
-                         f"{tuple(output.shape)} {output.dtype} must agree beyond the first dim and in dtype")
     group = _group(process_group_name)
-    plan = _plan(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, group)
+    plan = _plan(operand, output, (input_offsets, send_sizes, output_offsets, recv_sizes), group)
     return _RaggedAllToAll.apply(operand, output, plan, group)
 
 

@@ -34,6 +34,9 @@ FLOAT8_DTYPES: tuple[torch.dtype, ...] = tuple(
 _TORCH_TO_JAX.update({d: np.dtype(getattr(ml_dtypes, str(d).removeprefix("torch."))) for d in FLOAT8_DTYPES})
 FLOAT8_NUMPY = frozenset(_TORCH_TO_JAX[dtype] for dtype in FLOAT8_DTYPES)
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in _TORCH_TO_JAX.items()}
+# every torch dtype in one fixed order, so processes can exchange a dtype as an integer
+_CODED: tuple[torch.dtype, ...] = tuple(sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)},
+                                               key=str))
 
 
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
@@ -53,6 +56,16 @@ def to_torch_dtype(dtype) -> torch.dtype:
         return JAX_TO_TORCH[np.dtype(dtype)]
     except KeyError:
         raise TypeError(f"JAX dtype {dtype} has no torch equivalent") from None
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """``dtype`` as a small integer, the same in every process of one torch version."""
+    return _CODED.index(dtype)
+
+
+def dtype_of_code(code: int) -> torch.dtype:
+    """The dtype :func:`dtype_code` gave ``code``."""
+    return _CODED[code]
 
 
 def is_float(dtype) -> bool:

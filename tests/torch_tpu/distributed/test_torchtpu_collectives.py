@@ -1,7 +1,8 @@
 """torch.tpu.ops' collectives at 2 ranks (real processes on loopback): ``ragged_all_to_all`` over
 gloo on CPU tensors against a hand-computed exchange, and over tpu_dist on tpu tensors equal to
 gloo's result (with the operand's gradient); ``all_gather_dim`` / ``reduce_scatter_dim`` against
-``torch.cat`` / a sum; ``send`` / ``recv``."""
+``torch.cat`` / a sum; ``send`` / ``recv``. Plans the ranks disagree on, and a receive buffer unlike
+the message, fail with one line on every rank involved, and the group goes on working."""
 
 from __future__ import annotations
 
@@ -100,3 +101,108 @@ def test_gather_scatter_and_point_to_point(results) -> None:
         torch.testing.assert_close(r["gathered"], torch.cat(x, 1), rtol=0, atol=0)
         torch.testing.assert_close(r["scattered"], y[:, 2 * rank:2 * rank + 2], rtol=0, atol=0)
     torch.testing.assert_close(results["cpu"][1]["received"], torch.arange(3.0), rtol=0, atol=0)
+
+
+# each case: per rank (send_sizes, recv_sizes, operand columns, output rows); rank r sends its
+# rows [0, send[j]) to rank j, placed at row 0 of j's output
+_REFUSED = {
+    "counts": ({0: [1, 2], 1: [2, 3]}, {0: [1, 2], 1: [3, 2]}, {0: 2, 1: 2}, {0: 6, 1: 6}),
+    "widths": ({0: [1, 1], 1: [1, 1]}, {0: [1, 1], 1: [1, 1]}, {0: 2, 1: 3}, {0: 6, 1: 6}),
+    "output": ({0: [1, 4], 1: [1, 1]}, {0: [1, 1], 1: [4, 1]}, {0: 2, 1: 2}, {0: 6, 1: 3}),
+}
+
+
+def _refused_job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta, device: str) -> dict:
+    os.environ.setdefault(knobs.DIST_TRANSPORT.name, "gloo")
+    prepare_device(device)
+    import torch_tpu  # noqa: F401
+
+    backend = "gloo" if device == "cpu" else "tpu_dist"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    ops, name, errors = torch.tpu.ops, dist.group.WORLD.group_name, {}
+    for case, (send, recv, cols, rows) in _REFUSED.items():
+        operand = torch.ones(6, cols[rank], device=device)
+        zeros = torch.zeros(2, dtype=torch.int64, device=device)
+        try:
+            ops.ragged_all_to_all(operand, torch.zeros(rows[rank], cols[rank], device=device), zeros,
+                                  torch.tensor(send[rank], device=device), zeros,
+                                  torch.tensor(recv[rank], device=device), name)
+            errors[case] = "no error"
+        except ValueError as e:
+            errors[case] = str(e)
+    # the group still works: the exchange of the first test
+    ints = {k: torch.tensor(v[rank], device=device) for k, v in
+            (("in", _IN_OFF), ("send", _SEND), ("out", _OUT_OFF), ("recv", _RECV))}
+    after = ops.ragged_all_to_all(_operand(rank, device), torch.full((6, 2), -1.0, device=device), ints["in"],
+                                  ints["send"], ints["out"], ints["recv"], name)
+    dist.destroy_process_group()
+    return {"errors": errors, "after": after.cpu()}
+
+
+@pytest.fixture(scope="module")
+def refused() -> dict[str, list[dict]]:
+    return {device: launch_local(_refused_job, WORLD, device, timeout_s=60.0) for device in ("cpu", "tpu")}
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_plans_the_ranks_disagree_on_fail_every_rank_with_one_line(refused, device) -> None:
+    """gloo aborted the receiving rank on mismatched counts (gloo::EnforceNotMet) and the sending
+    rank's rows overran a shorter output; now every rank raises before a row moves."""
+    r0, r1 = (r["errors"] for r in refused[device])
+    assert r1["counts"] == ("tpu::_ragged_all_to_all: recv_sizes[0] is 3 on rank 1, but rank 0 sends it 2 rows "
+                            "(its send_sizes[1])")
+    assert r0["counts"] == ("tpu::_ragged_all_to_all: send_sizes[1] is 2 on rank 0, but rank 1 receives 3 rows "
+                            "from it (its recv_sizes[0])")
+    assert r0["widths"] == ("tpu::_ragged_all_to_all: rank 1's rows are torch.float32 with 3 elements, this "
+                            "rank's torch.float32 with 2; every rank's operand and output must match")
+    assert r1["output"] == "tpu::_ragged_all_to_all: rows [0, 4) from rank 0 are outside output's 3 rows"
+    assert r0["output"] == ("tpu::_ragged_all_to_all: rank(s) [1] refused the exchange (see their error); "
+                            "no rows were sent")
+    for rank, r in enumerate(refused[device]):
+        torch.testing.assert_close(r["after"], _expected(rank), rtol=0, atol=0)
+
+
+def _receive_job(rank: int, size: int, store: dist.Store, timeout: datetime.timedelta, transport: str) -> dict:
+    """tpu_dist's own transports (on CPU tensors gloo, the backend, is not ours): tagged tpu tensors
+    go through the gloo transport, untagged ones through ``transport``, cpu tensors gloo's without
+    a host copy."""
+    import torch_tpu.distributed as tpu_dist
+
+    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=size, timeout=timeout,
+                            pg_options=tpu_dist.TransportOptions(transport))  # before the device: XLA joins
+    prepare_device("tpu")
+    errors, buffers = {}, {}
+    for tag, on in ((7, "tpu"), (0, "tpu"), (0, "cpu")):
+        case = f"recv tag {tag} {on}"
+        if rank == 0:
+            torch.tpu.ops.send([torch.arange(3.0, device=on)], 1, tag).wait()
+            continue
+        buffers[case] = torch.full((5,), -1.0, device=on)
+        try:
+            torch.tpu.ops.recv([buffers[case]], 0, tag).wait()
+            errors[case] = "no error"
+        except ValueError as e:
+            errors[case] = str(e)
+    # the group still works
+    buf = torch.zeros(3, device="tpu")
+    if rank == 0:
+        torch.tpu.ops.send([torch.arange(3.0, device="tpu")], 1, 0).wait()
+    else:
+        torch.tpu.ops.recv([buf], 0, 0).wait()
+    dist.destroy_process_group()
+    return {"errors": errors, "buffers": {k: v.cpu() for k, v in buffers.items()}, "after": buf.cpu()}
+
+
+@pytest.mark.parametrize("transport", ["gloo", "xla"])
+def test_a_receive_buffer_larger_than_the_message_is_refused(transport) -> None:
+    """It was filled with the 3 elements sent and 2 of uninitialised host memory, rc 0."""
+    _, received = launch_local(_receive_job, WORLD, transport, timeout_s=60.0)
+    errors, buffers = received["errors"], received["buffers"]
+    assert len(buffers) == 3
+    for case, buffer in buffers.items():
+        tag = case.split()[2]
+        assert errors[case] == (
+            f"tpu_dist recv: rank 0 sent 3 elements of torch.float32 (tag {tag}), the receive buffer holds 5 of "
+            "torch.float32; they must match (nothing was written)"), case
+        torch.testing.assert_close(buffer, torch.full((5,), -1.0), rtol=0, atol=0, msg=case)
+    torch.testing.assert_close(received["after"], torch.arange(3.0), rtol=0, atol=0)
