@@ -95,7 +95,8 @@ def _scan(table: pa.Table, schema: DatasetSchema, label: bool) -> tuple[np.ndarr
     return labels, dense
 
 
-def _bad_labels(labels: np.ndarray) -> np.ndarray:
+def bad_labels(labels: np.ndarray) -> np.ndarray:
+    """Mask of the labels outside ``[0, 1]`` or NaN (a null read as NaN)."""
     return ~((labels >= 0) & (labels <= 1))
 
 
@@ -109,7 +110,7 @@ def _null_id_texts(holes: list[tuple[str, np.ndarray]], source: Source | None, e
             for r in np.flatnonzero(mask & ~exclude)[:LISTED]]
 
 
-_LABEL_WHY = "is not a label in [0, 1]"
+LABEL_WHY = "is not a label in [0, 1]"
 _DENSE_WHY = "is beyond float32's range (+-3.4e38)"
 _NULL_ID_WHY = "a null id inside a multi-hot list"
 
@@ -181,12 +182,12 @@ def apply_policy(table: pa.Table, schema: DatasetSchema, policy: str, source: So
     holes = _null_ids(table, schema)
     if labels is None and not dense and not holes:
         return table
-    label_bad = _bad_labels(labels) if labels is not None else np.zeros(table.num_rows, dtype=bool)
+    label_bad = bad_labels(labels) if labels is not None else np.zeros(table.num_rows, dtype=bool)
     null_id = _any(holes, table.num_rows)
     if policy == "error":
         if label_bad.any():
             row = int(np.flatnonzero(label_bad)[0])
-            first = _describe(source, row, schema.label, float(labels[row]), _LABEL_WHY)
+            first = _describe(source, row, schema.label, float(labels[row]), LABEL_WHY)
         elif dense:
             name, bad, values = dense[0]
             row = int(np.flatnonzero(bad)[0])
@@ -199,7 +200,7 @@ def apply_policy(table: pa.Table, schema: DatasetSchema, policy: str, source: So
     if policy == "skip":
         drop = label_bad | _any(dense, table.num_rows) | null_id
         if log is not None:
-            texts = _first_rows(label_bad, source, schema.label, labels, _LABEL_WHY) if labels is not None else []
+            texts = _first_rows(label_bad, source, schema.label, labels, LABEL_WHY) if labels is not None else []
             texts += [t for name, bad, values in dense
                       for t in _first_rows(bad & ~label_bad, source, name, values, _DENSE_WHY)]
             texts += _null_id_texts(holes, source, label_bad | _any(dense, table.num_rows))
@@ -215,11 +216,11 @@ def apply_policy(table: pa.Table, schema: DatasetSchema, policy: str, source: So
         table = _set(table, name, np.clip(values, -FLOAT32_MAX, FLOAT32_MAX), pa.float64())
     if log is not None:
         texts = [] if labels is None else _first_rows(clamped_rows & label_bad, source, schema.label, labels,
-                                                      _LABEL_WHY)
+                                                      LABEL_WHY)
         texts += [t for name, bad, values in dense for t in _first_rows(bad, source, name, values, _DENSE_WHY)]
         log.record("clamped", source, np.flatnonzero(clamped_rows & ~unclampable), texts)
         if unclampable.any():
-            texts = _first_rows(nan_label, source, schema.label, labels, _LABEL_WHY) if labels is not None else []
+            texts = _first_rows(nan_label, source, schema.label, labels, LABEL_WHY) if labels is not None else []
             log.record("skipped", source, np.flatnonzero(unclampable), texts + _null_id_texts(holes, source, nan_label))
     return table.filter(pa.array(~unclampable)) if unclampable.any() else table
 
@@ -232,7 +233,7 @@ def kept_rows(table: pa.Table, schema: DatasetSchema, policy: str, label: bool =
         return np.ones(table.num_rows, dtype=bool)
     if policy == "clamp":
         return ~(np.isnan(labels) | null_id) if labels is not None else ~null_id
-    label_bad = _bad_labels(labels) if labels is not None else np.zeros(table.num_rows, dtype=bool)
+    label_bad = bad_labels(labels) if labels is not None else np.zeros(table.num_rows, dtype=bool)
     return ~(label_bad | _any(dense, table.num_rows) | null_id)
 
 

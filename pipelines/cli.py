@@ -93,6 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="history events kept before each row's candidates")
     sequences.add_argument("--candidates", type=positive_int, default=4, metavar="N",
                            help="candidates per row (a user's next events in the window)")
+    sequences.add_argument("--max-item-rows", type=positive_int, default=None, metavar="N",
+                           help="item ids must lie below N: the item table's rows (default: 2^24 = 16,777,216)")
     sequences.add_argument("--users", type=positive_int, default=2000, metavar="N", help="synthetic: users")
     sequences.add_argument("--items", type=positive_int, default=1000, metavar="N", help="synthetic: items")
     sequences.add_argument("--events-per-user", type=positive_int, default=60, metavar="N",
@@ -166,19 +168,23 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _sequences(args: argparse.Namespace) -> int:
     from pipelines.sequences import read_movielens, read_yambda, synthetic_events, write_sequences
+    from pipelines.sequences.sources import MAX_ITEM_ROWS
 
     needs_input = args.source in ("movielens", "yambda")
     if needs_input != (args.input is not None):
         raise ValueError(f"data sequences {args.source}: " + ("name the input file or directory" if needs_input
                                                               else f"takes no input (got {args.input})"))
+    max_item_rows = args.max_item_rows or MAX_ITEM_ROWS
     if args.source == "synthetic":
+        if args.items > max_item_rows:
+            raise ValueError(f"data sequences synthetic: --items {args.items} is above --max-item-rows {max_item_rows}")
         events = synthetic_events(args.users, args.items, args.events_per_user, args.seed)
     elif args.source == "movielens-sample":
         from pipelines.sample_data import movielens_sample_csv
 
         events = read_movielens(movielens_sample_csv())
     else:
-        events = (read_movielens if args.source == "movielens" else read_yambda)(args.input)
+        events = (read_movielens if args.source == "movielens" else read_yambda)(args.input, max_item_rows)
     meta = write_sequences(events, args.output, windows=args.windows, max_history=args.max_history,
                            candidates=args.candidates)
     print(f"wrote {sum(meta.rows):,} rows of {len(events):,} {meta.source} events to {args.output}: "

@@ -5,6 +5,11 @@ and the candidates' labels ``[candidates, tasks]`` (float32).
 Histories keep their latest ``max_history`` events; item ids at or above ``item_rows`` are hashed
 into the table (``id mod item_rows``, as a capped table takes them; the default, the dataset's own
 ``item_rows``, hashes nothing). Rows are split over ranks in contiguous blocks of whole batches.
+
+A file is checked when it is opened (:func:`check_window`): ids, action codes and timestamps must be
+integers (integral floats are read as such), item ids and action codes >= 0 (action codes below the
+model's ``action_rows``), labels in ``[0, 1]`` with one per candidate; anything else is refused in one
+:class:`~pipelines.bad_values.BadValueError` line naming the file, row, column and value.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import pyarrow.parquet as pq
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from pipelines.bad_values import BadValueError
 from pipelines.sequences.layout import LABEL_PREFIX, LIST_COLUMNS
+from pipelines.sequences.values import Limit, Where, check_labels, int64_values
 
 FEATURE_KEYS = LIST_COLUMNS  # the KJT's keys, in order
 _HISTORY = ("item", "action", "timestamp")
@@ -45,6 +52,33 @@ def _lists(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     return offsets - offsets[0], values
 
 
+def check_window(table: pa.Table, path: Path, tasks: Sequence[str], action_rows: int | None = None) -> None:
+    """BadValueError naming the first bad value of a sequence window table (module docstring)."""
+    offsets: dict[str, np.ndarray] = {}
+    for key in FEATURE_KEYS:
+        array = table.column(key).combine_chunks()
+        if not pa.types.is_list(array.type):
+            raise BadValueError(f"{path}: column {key} holds {array.type}, not lists")
+        offsets[key] = array.offsets.to_numpy().astype(np.int64)
+        ids = key in ("item", "candidate_item", "action")
+        limit = Limit(action_rows, "the dataset's action_rows (meta.json)") if key == "action" and action_rows else None
+        int64_values(array.flatten(), key, Where.of_lists(str(path), offsets[key] - offsets[key][0]),
+                     minimum=0 if ids else None, limit=limit)
+    candidates = np.diff(offsets["candidate_item"])
+    for task in tasks:
+        name = LABEL_PREFIX + task
+        array = table.column(name).combine_chunks()
+        if not pa.types.is_list(array.type):
+            raise BadValueError(f"{path}: column {name} holds {array.type}, not lists")
+        label_offsets = array.offsets.to_numpy().astype(np.int64)
+        counts = np.diff(label_offsets)
+        if not np.array_equal(counts, candidates):
+            row = int(np.flatnonzero(counts != candidates)[0])
+            raise BadValueError(f"{path}: row {row}, column {name}: {int(counts[row])} labels for "
+                                f"{int(candidates[row])} candidates (one label per candidate_item)")
+        check_labels(array.flatten(), name, Where.of_lists(str(path), label_offsets - label_offsets[0]))
+
+
 def _keep_last(offsets: np.ndarray, values: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.minimum(np.diff(offsets), keep)
     starts = offsets[1:] - lengths
@@ -58,8 +92,8 @@ class SequenceReader:
     reshuffled per pass when ``shuffle_seed`` is given (pass ``epoch`` to :meth:`batches`)."""
 
     def __init__(self, path: Path, batch_size: int, *, max_history: int, item_rows: int | None = None,
-                 tasks: Sequence[str] | None = None, shuffle_seed: int | None = None, rank: int = 0,
-                 world_size: int = 1):
+                 action_rows: int | None = None, tasks: Sequence[str] | None = None,
+                 shuffle_seed: int | None = None, rank: int = 0, world_size: int = 1):
         if batch_size < 1 or max_history < 0:
             raise ValueError(f"SequenceReader: batch_size={batch_size} (>= 1), max_history={max_history} (>= 0)")
         self.table = pq.read_table(path)
@@ -72,6 +106,7 @@ class SequenceReader:
         unknown = [t for t in self.tasks if t not in present]
         if unknown or not self.tasks:
             raise ValueError(f"{path}: tasks {unknown or '(none)'} not among the file's labels {present}")
+        check_window(self.table, Path(path), self.tasks, action_rows)
         self.path, self.batch_size, self.max_history = Path(path), batch_size, max_history
         self.item_rows, self.shuffle_seed = item_rows, shuffle_seed
         per_rank = self.table.num_rows // world_size
@@ -80,12 +115,16 @@ class SequenceReader:
     def __len__(self) -> int:
         return -(-self.rows.size // self.batch_size)
 
-    def batches(self, epoch: int = 0) -> Iterator[SequenceBatch]:
+    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[SequenceBatch]:
+        """The pass ``epoch``'s batches from its row ``start`` on (the rows it yielded before, at any
+        batch size, are skipped: a resumed pass continues after the last row trained)."""
+        if not 0 <= start <= self.rows.size:
+            raise ValueError(f"{self.path}: cannot resume at row {start} of a pass of {self.rows.size} rows")
         rows = self.rows
         if self.shuffle_seed is not None:
             rows = np.random.default_rng([self.shuffle_seed, epoch]).permutation(rows)
-        for start in range(0, rows.size, self.batch_size):
-            yield self.batch(rows[start:start + self.batch_size])
+        for first in range(start, rows.size, self.batch_size):
+            yield self.batch(rows[first:first + self.batch_size])
 
     def __iter__(self) -> Iterator[SequenceBatch]:
         return self.batches()

@@ -65,7 +65,7 @@ def _assert_same_end(straight: Path, split: Path, scratch: Path) -> None:
     import torch
 
     (a, a_meta), (b, b_meta) = (saved_state(d / "ckpt", scratch / d.name) for d in (straight, split))
-    assert (a_meta["step"], a_meta["epoch"], a_meta["batch"]) == (b_meta["step"], b_meta["epoch"], b_meta["batch"])
+    assert (a_meta["step"], a_meta["epoch"], a_meta["row"]) == (b_meta["step"], b_meta["epoch"], b_meta["row"])
     assert set(a["model"]) == set(b["model"]) and a["optimizer"]["state"]
     torch.testing.assert_close(b, a, rtol=0, atol=0)
 

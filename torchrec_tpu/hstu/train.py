@@ -31,7 +31,7 @@ from pipelines.sequences.reader import SequenceBatch, SequenceReader
 from pipelines.synthetic import cache_root
 from sparsecore.backends import XLA
 from torchrec_tpu.hstu.attention import describe
-from torchrec_tpu.hstu.config import HSTUConfig, preset
+from torchrec_tpu.hstu.config import HSTUConfig, check_tables_fit, preset
 from torchrec_tpu.hstu.model import HSTU, default_dense_device, table_configs
 from torchrec_tpu.hstu.sharded import sharded_embeddings
 from torchrec_tpu.train.checkpoint.dirs import new_run_id, run_id_of
@@ -128,6 +128,7 @@ def dense_device(config: TrainConfig) -> torch.device:
 def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tuple[HSTU, HSTUConfig]:
     """The model of ``--model``'s preset for the dataset ``meta``, its tables on ``--engine``."""
     hstu_config = preset(config.model.kind, meta.item_rows, meta.action_rows, tasks=tuple(meta.tasks))
+    check_tables_fit(hstu_config)
     torch.manual_seed(config.loop.seed)
     if config.engine.kind == "torchrec":
         embeddings = None
@@ -246,12 +247,13 @@ def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
         model, hstu_config = build(config, meta, env, device)
         history = min(meta.max_history, hstu_config.max_seq_len - meta.candidates)
         train = SequenceReader(window_path(directory, meta.windows - 2), env.local_batch_of(config.data.batch_size),
-                               max_history=history, item_rows=hstu_config.item_rows, shuffle_seed=config.loop.seed,
+                               max_history=history, item_rows=hstu_config.item_rows,
+                               action_rows=hstu_config.action_rows, shuffle_seed=config.loop.seed,
                                rank=env.rank, world_size=env.world_size)
         held_out = SequenceReader(window_path(directory, meta.windows - 1),
                                   env.local_batch_of(config.data.eval_batch_size),
-                                  max_history=history, item_rows=hstu_config.item_rows, rank=env.rank,
-                                  world_size=env.world_size)
+                                  max_history=history, item_rows=hstu_config.item_rows,
+                                  action_rows=hstu_config.action_rows, rank=env.rank, world_size=env.world_size)
         dense = [p for name, p in model.named_parameters() if not name.startswith(TABLES_PREFIX)]
         if env.world_size > 1:
             for p in dense:  # every rank starts from rank 0's dense weights
@@ -295,7 +297,7 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
             "%Y%m%d-%H%M%S", time.gmtime())
         started = time.perf_counter()
         limit = config.data.limit_train_batches
-        position = {"step": step, "epoch": start_epoch, "batch": skip}
+        position = {"step": step, "epoch": start_epoch, "row": skip}
 
         def save(scalars: dict[str, float]) -> Path:
             meta = {**position, HSTU_META: t.hstu_config.to_dict(), "config": config.to_dict()}
@@ -310,15 +312,15 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
         with ScalarLog(log_dir, env.is_primary) as scalars:
             loss = float("nan")
             for epoch in range(start_epoch, config.loop.epochs):
-                for index, batch in enumerate(t.train.batches(epoch)):
-                    if (limit and index >= limit) or _done(config, step):
+                row = skip if epoch == start_epoch else 0  # rows of this rank's pass trained so far
+                for batch in t.train.batches(epoch, row):
+                    if (limit and row >= limit * t.train.batch_size) or _done(config, step):
                         break
-                    if epoch == start_epoch and index < skip:
-                        continue
                     loss = t.step(batch)
                     step += 1
                     unchecked.append((step, epoch, loss))
-                    position = {"step": step, "epoch": epoch, "batch": index + 1}
+                    row += batch.users
+                    position = {"step": step, "epoch": epoch, "row": row}
                     checkpoint = root and config.checkpoint.checkpoint_every and \
                         step % config.checkpoint.checkpoint_every == 0
                     if step % config.loop.log_every == 0 or checkpoint:  # the same steps on every rank
@@ -330,7 +332,7 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
                         save({"train/loss": loss})
                 if _done(config, step):
                     break
-                position = {"step": step, "epoch": epoch + 1, "batch": 0}
+                position = {"step": step, "epoch": epoch + 1, "row": 0}
             guard.check(unchecked)
             auc, eval_loss, rows = evaluate(model, t.held_out, t.device, config.optim.precision,
                                             config.data.limit_val_batches)
@@ -341,7 +343,7 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
 
 def _resume(path: Path, t: HSTUTraining) -> tuple[int, int, int, str]:
     """Load the HSTU checkpoint ``path`` (one, or a root: its latest) into ``t``'s model and
-    optimizers and this rank's random state: its (step, epoch, batch of the epoch, run id).
+    optimizers and this rank's random state: its (step, epoch, rows of the epoch trained, run id).
     CheckpointError when it is not an HSTU checkpoint or another world size wrote it (each rank
     resumes its own rows of the window)."""
     directory = find_hstu_checkpoint(path)
@@ -362,7 +364,16 @@ def _resume(path: Path, t: HSTUTraining) -> tuple[int, int, int, str]:
     if t.env.is_primary:
         _log.info("resuming from %s: step %d", directory, meta["step"])
     run_id = None if legacy else run_id_of(directory)
-    return int(meta["step"]), int(meta["epoch"]), int(meta["batch"]), run_id or new_run_id()
+    return int(meta["step"]), int(meta["epoch"]), trained_rows(meta, t.env), run_id or new_run_id()
+
+
+def trained_rows(meta: dict, env: DistEnv) -> int:
+    """The rows of its epoch each rank had trained when checkpoint ``meta`` was written; checkpoints
+    before ``row`` kept whole batches of their own ``--batch-size`` (``batch``)."""
+    if "row" in meta:
+        return int(meta["row"])
+    saved = meta.get("config", {}).get("batch_size", HSTU_DEFAULTS["batch_size"])
+    return int(meta["batch"]) * env.local_batch_of(int(saved))
 
 
 def _done(config: TrainConfig, step: int) -> bool:
