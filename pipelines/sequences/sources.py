@@ -8,6 +8,10 @@
   ``timestamp``, ``event_type`` and ``played_ratio_pct`` (or ``played_ratio`` as a fraction).
   Action: the event type (listen, like, dislike, unlike, undislike: 0..4); tasks ``listen_plus``
   (a listen played at least half through) and ``like``.
+
+Ids and timestamps are checked as they are read (:mod:`.values`): a null, NaN, fractional or
+negative one, or an item id at or above ``max_item_rows`` (the item table's rows, ``data sequences
+--max-item-rows``, default :data:`MAX_ITEM_ROWS`), is refused naming the file, row (or line) and column.
 """
 
 from __future__ import annotations

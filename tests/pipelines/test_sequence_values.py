@@ -46,7 +46,8 @@ def test_yambda_refuses_bad_ids_and_timestamps_naming_file_row_and_value(tmp_pat
 
 
 def test_yambda_reads_integral_floats_and_names_the_file_of_a_directory(tmp_path):
-    floats = read_yambda(_yambda(tmp_path / "floats.parquet", item_id=[100.0, 101.0, 5.0], timestamp=[10.0, 20.0, 15.0]))
+    floats = read_yambda(_yambda(tmp_path / "floats.parquet", item_id=[100.0, 101.0, 5.0],
+                                 timestamp=[10.0, 20.0, 15.0]))
     ints = read_yambda(_yambda(tmp_path / "ints.parquet"))
     assert floats.item.tolist() == [100, 101, 5] and floats.timestamp.tolist() == [10, 20, 15]
     assert np.array_equal(floats.item, ints.item) and floats.item.dtype == np.int64

@@ -1,0 +1,112 @@
+"""``torchrec-tpu train --model hstu`` and its data: a run resumed with another ``--batch-size``
+trains each row of the window exactly once, as an uninterrupted run does (the position is kept in
+rows); a label of 7.0 is refused in one line before training; a dataset whose item ids make a table
+larger than the machine is refused before any table is allocated."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.sequences import synthetic_events, window_path, write_sequences
+from pipelines.sequences.reader import SequenceBatch, SequenceReader
+from torchrec_tpu.cli import main
+from torchrec_tpu.hstu.train import HSTUTraining, trained_rows
+from torchrec_tpu.train.distributed import DistEnv
+
+
+def _dataset(tmp_path: Path) -> Path:
+    path = tmp_path / "seq"
+    write_sequences(synthetic_events(users=40, items=20, events_per_user=8, seed=2), path, windows=2,
+                    max_history=6, candidates=2)
+    return path
+
+
+def _train(run: Path, data: Path, *extra: str) -> int:
+    return main(["train", "--model", "hstu", "--data", str(data), "--eval-batch-size", "256",
+                 "--dense-device", "cpu", "--log-dir", str(run / "tb"), "--checkpoint-dir", str(run / "ckpt"),
+                 "--no-progress", *extra])
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_batch_size_trains_each_row_once_per_epoch(tmp_path, monkeypatch):
+    data = _dataset(tmp_path)
+    train_window = window_path(data, 0)
+    rows_of: dict[int, tuple[SequenceBatch, list[int]]] = {}  # id(batch) -> (batch, its window rows)
+    trained: list[int] = []
+    batch, step = SequenceReader.batch, HSTUTraining.step
+
+    def read(self, rows):
+        out = batch(self, rows)
+        if self.path == train_window:
+            rows_of[id(out)] = out, [int(r) for r in rows]
+        return out
+
+    def train_step(self, one):
+        trained.extend(rows_of[id(one)][1])
+        return step(self, one)
+
+    monkeypatch.setattr(SequenceReader, "batch", read)
+    monkeypatch.setattr(HSTUTraining, "step", train_step)
+    assert _train(tmp_path / "straight", data, "--batch-size", "16") == 0
+    straight, trained[:] = list(trained), []
+    assert _train(tmp_path / "split", data, "--batch-size", "16", "--max-steps", "3") == 0
+    first, trained[:] = list(trained), []
+    assert _train(tmp_path / "split", data, "--batch-size", "8", "--resume", str(tmp_path / "split" / "ckpt")) == 0
+    rows = pq.read_metadata(train_window).num_rows
+    assert Counter(straight) == {row: 2 for row in range(rows)}  # HSTU's 2 epochs: every row once per pass
+    assert len(first) == 48 and first == straight[:48]
+    assert first + trained == straight  # resumed at another batch size: the same rows, once, in the same order
+
+
+def test_a_checkpoint_that_kept_batches_resumes_at_its_rows():
+    env = DistEnv(rank=0, world_size=2, local_world_size=2)
+    assert trained_rows({"batch": 3, "config": {"batch_size": 32}}, env) == 48  # 3 batches of 16 rows per rank
+    assert trained_rows({"row": 40, "batch": 3}, env) == 40
+
+
+def test_a_label_of_7_is_refused_before_training(tmp_path, capsys):
+    data = _dataset(tmp_path)
+    table = pq.read_table(window_path(data, 0))
+    labels = [list(r) for r in table.column("label_positive").to_pylist()]
+    labels[2][0] = 7.0
+    column = table.schema.get_field_index("label_positive")
+    pq.write_table(table.set_column(column, "label_positive", pa.array(labels, pa.list_(pa.float32()))),
+                   window_path(data, 0))
+    assert _train(tmp_path, data, "--batch-size", "16") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"torchrec-tpu train: error: {window_path(data, 0)}: row 2, column label_positive: 7.0 is not "
+                   "a label in [0, 1]"), err
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_an_item_table_larger_than_the_machine_is_refused_before_allocation(tmp_path, capsys):
+    data = _dataset(tmp_path)
+    meta = json.loads((data / "meta.json").read_text())
+    (data / "meta.json").write_text(json.dumps({**meta, "item_rows": 10**12}))
+    assert _train(tmp_path, data, "--batch-size", "16") == 2
+    err = capsys.readouterr().err.strip()
+    gib = (10**12 + meta["action_rows"]) * 65 * 4 / 2**30
+    assert err.startswith(f"torchrec-tpu train: error: item table of 1,000,000,000,000 rows (the dataset's item_rows: "
+                          f"its largest item id + 1) at dim 64 needs {gib:,.1f} GiB, more than this machine's "), err
+    assert err.endswith("rewrite the dataset with `torchrec-tpu data sequences --max-item-rows` or remap its item "
+                        "ids") and "\n" not in err, err
+
+
+@pytest.mark.parametrize("start", [0, 5, 13])
+def test_a_pass_resumed_at_a_row_yields_the_rest_of_its_permutation(tmp_path, start):
+    data = _dataset(tmp_path)
+    reader = SequenceReader(window_path(data, 0), 4, max_history=6, shuffle_seed=3)
+    whole = np.concatenate([b.labels.numpy() for b in reader.batches(epoch=1)])
+    rest = np.concatenate([b.labels.numpy() for b in reader.batches(epoch=1, start=start)])
+    per_row = SequenceReader(window_path(data, 0), 1, max_history=6, shuffle_seed=3)
+    skipped = sum(b.labels.shape[0] for b in list(per_row.batches(epoch=1))[:start])
+    np.testing.assert_array_equal(rest, whole[skipped:])
+    with pytest.raises(ValueError, match=r"cannot resume at row 10000 of a pass of \d+ rows"):
+        next(reader.batches(epoch=1, start=10_000))
