@@ -17,18 +17,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines.sequences import synthetic_events, window_path, write_sequences
+from pipelines.sequences import window_path
 from pipelines.sequences.reader import SequenceReader
 from tests.hstu.checkpoints import saved_state
+from tests.hstu.datasets import sequence_dataset
 from torchrec_tpu.cli import main
 from torchrec_tpu.hstu import HSTU, HSTUConfig
 
 
 def _dataset(tmp_path: Path) -> Path:
-    data = tmp_path / "seq"
-    write_sequences(synthetic_events(users=80, items=30, events_per_user=10, seed=4), data, windows=2,
-                    max_history=8, candidates=2)
-    return data
+    return sequence_dataset(tmp_path / "seq", users=80, items=30, events_per_user=10, seed=4, max_history=8)
 
 
 TRAIN = ["train", "--model", "hstu", "--batch-size", "16", "--max-steps", "4", "--dense-device", "cpu",

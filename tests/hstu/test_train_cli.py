@@ -10,18 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.sequences import synthetic_events, write_sequences
 from tests.hstu.checkpoints import saved_state
+from tests.hstu.datasets import sequence_dataset
 from torchrec_tpu.cli import main
 from torchrec_tpu.hstu.train import check_options
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 
 
 def _dataset(tmp_path: Path) -> Path:
-    path = tmp_path / "seq"
-    write_sequences(synthetic_events(users=120, items=40, events_per_user=12, seed=1), path, windows=2,
-                    max_history=10, candidates=2)
-    return path
+    return sequence_dataset(tmp_path / "seq", users=120, items=40, events_per_user=12, seed=1, max_history=10)
 
 
 def _train(tmp_path: Path, data: Path, *extra: str) -> int:

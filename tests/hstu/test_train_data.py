@@ -14,18 +14,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.sequences import synthetic_events, window_path, write_sequences
+from pipelines.sequences import window_path
 from pipelines.sequences.reader import SequenceBatch, SequenceReader
+from tests.hstu.datasets import sequence_dataset
 from torchrec_tpu.cli import main
 from torchrec_tpu.hstu.train import HSTUTraining, trained_rows
 from torchrec_tpu.train.distributed import DistEnv
 
 
 def _dataset(tmp_path: Path) -> Path:
-    path = tmp_path / "seq"
-    write_sequences(synthetic_events(users=40, items=20, events_per_user=8, seed=2), path, windows=2,
-                    max_history=6, candidates=2)
-    return path
+    return sequence_dataset(tmp_path / "seq", users=40, items=20, events_per_user=8, seed=2, max_history=6)
 
 
 def _train(run: Path, data: Path, *extra: str) -> int:
