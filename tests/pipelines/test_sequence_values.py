@@ -96,7 +96,7 @@ def test_data_sequences_refuses_a_huge_item_id_in_one_line_and_the_flag_raises_t
                    "(the item table's rows; raise `torchrec-tpu data sequences --max-item-rows` or remap the ids)")
     assert not (tmp_path / "a").exists()
     assert main([*argv, "-o", str(tmp_path / "b"), "--max-item-rows", "3001"]) == 0
-    assert "3001 item rows" in capsys.readouterr().out
+    assert "3,001 item rows" in capsys.readouterr().out
 
 
 def _window(tmp_path: Path) -> tuple[Path, pa.Table]:
