@@ -74,8 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # before the slow imports: a rank never outlives its launcher and always stops on SIGTERM
     if launcher.under_torchrun():
         launcher.die_with_parent()
-    if launcher.is_rank() and threading.current_thread() is threading.main_thread():
-        launcher.prepare_rank(f"torchrec-tpu {command or ''}".strip())
+    if (launcher.is_rank() or argv_given is None) and threading.current_thread() is threading.main_thread():
+        launcher.prepare_process(f"torchrec-tpu {command or ''}".strip())
     parser = build_parser(command if command in SUBCOMMANDS else None)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # reported with the usage of the (sub)command they were given to
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
-        print(f"torchrec-tpu {label}: interrupted", file=sys.stderr)
+        sys.stderr.write(launcher.stop_line(f"torchrec-tpu {label}", "interrupted"))
         return 130
     except Exception as error:  # noqa: BLE001  (the one place every failure is reported)
         if launcher.is_rank():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from torchrec_tpu.errors import says_shared_errors
+
 
 class DefaultsOnceFormatter(argparse.RawDescriptionHelpFormatter):
     """Appends ``(default: X)`` to an optional flag's help unless the help already names its
@@ -28,4 +30,6 @@ class HintingParser(argparse.ArgumentParser):
     subcommands' parsers are of this class too. Exit status 2, as argparse's."""
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        if not says_shared_errors():  # another rank of the job said it: every rank parses the same line
+            self.exit(2)
         self.exit(2, f"{self.prog}: error: {message}\n{self.prog}: the flags: `{self.prog} --help`\n")

@@ -17,6 +17,8 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from torchrec_tpu.launcher import is_rank
+from torchrec_tpu.rank_report import claim_report
 from tpu_facts import knobs
 
 MAX_MESSAGE_CHARS = 600
@@ -83,26 +85,38 @@ def print_error(command: str, message: str, log: Path | None = None) -> None:
     sys.stderr.write(text)
 
 
+def says_shared_errors() -> bool:
+    """Whether this process says an error every rank of its job may meet (a user error, a failed
+    collective): a single process does; of several ranks, the first of the job to ask
+    (:func:`torchrec_tpu.rank_report.claim_report`)."""
+    return not is_rank() or claim_report()
+
+
 def report_user_error(command: str, error: BaseException) -> int:
-    """Print ``error`` (a bad flag, file or value) as the one error line; returns USER_ERROR, 2."""
-    print_error(command, one_line(root_cause(error)))
+    """Print ``error`` (a bad flag, file or value) as the one error line (once at several ranks:
+    :func:`says_shared_errors`); returns USER_ERROR, 2."""
+    if says_shared_errors():
+        print_error(command, one_line(root_cause(error)))
     return USER_ERROR
 
 
 def report_failure(command: str, error: BaseException) -> int:
     """Print the one-line report of ``error`` and return the exit code: 2 for the user-error
     families, 1 (the traceback's log path below the line) for collectives that failed and internal
-    errors."""
+    errors. At several ranks a user error or a failed collective is said once
+    (:func:`says_shared_errors`); an internal error by every rank that meets it."""
     cause = root_cause(error)
     message = one_line(cause)
-    rc = 1
+    rc, shared = 1, True
     if isinstance(cause, CollectiveError):  # names the collective and the ranks already
         pass
     elif isinstance(cause, RuntimeError) and ("gloo" in message or "tpu_dist" in message):  # a peer failed
         message = f"a collective with the other ranks failed (see their errors): {message}"
     elif not is_user_error(cause):
-        message = f"internal error ({type(cause).__name__}): {message}"
+        message, shared = f"internal error ({type(cause).__name__}): {message}", False
     else:
         rc = USER_ERROR
+    if shared and not says_shared_errors():
+        return rc
     print_error(command, message, None if rc == USER_ERROR else write_log(command, error))
     return rc

@@ -1,13 +1,14 @@
-"""How a rank process (one of several, under torchrun or a like launcher) meets signals. Standard
-library only, so the CLI sets all of it before its slow imports:
+"""How a command's process (a single one, or a rank of several under torchrun or a like launcher)
+meets signals. Standard library only, so the CLI sets all of it before its slow imports:
 
 - it dies with its launcher: ``PR_SET_PDEATHSIG`` asks the kernel for SIGTERM when torchrun
   exits (a launcher killed during the imports would otherwise leave the rank running with init
   as its parent);
-- SIGTERM (torchrun stopping the job, the dead launcher) ends it at once with one line, wherever
-  it is: waiting for the other ranks in the rendezvous, compiling or training. Python runs its
-  signal handlers only between bytecodes of the main thread, and the main thread may sit for
-  minutes in one C++ call (a store wait), so a thread woken through the signal wakeup fd leaves;
+- SIGTERM (torchrun stopping the job, the dead launcher, a scheduler) ends it at once with one
+  line (with the way to resume where the job saved a checkpoint), wherever it is: waiting for
+  the other ranks in the rendezvous, compiling or training. Python runs its signal handlers only
+  between bytecodes of the main thread, and the main thread may sit for minutes in one C++ call
+  (a store wait), so a thread woken through the signal wakeup fd leaves;
 - a fatal signal (SIGSEGV, SIGABRT, ...) prints every thread's Python stack before the process
   dies, and SIGUSR1 prints them without stopping it (``kill -USR1 PID``: where is a hung rank?).
 """
@@ -25,6 +26,7 @@ from tpu_facts import knobs
 
 _PR_SET_PDEATHSIG = 1
 _launcher: int | None = None  # the parent pid seen by the first call
+_resume_hint = ""  # set_resume_hint's
 SIGTERM_EXIT = 128 + signal.SIGTERM
 
 
@@ -52,20 +54,32 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def prepare_rank(prog: str) -> None:
+def set_resume_hint(checkpoint_root: object, step: int) -> None:
+    """Have the lines of a stop (Ctrl-C, SIGTERM) say how to continue from the checkpoint of
+    ``step`` under ``checkpoint_root``; the job calls it after each checkpoint it saves."""
+    global _resume_hint
+    _resume_hint = f"to continue from step {step}, run the same command with --resume {checkpoint_root}"
+
+
+def stop_line(prog: str, why: str) -> str:
+    """``<prog>: <why>``, then the resume hint where the job saved a checkpoint."""
+    return f"{prog}: {why}" + (f"; {_resume_hint}" if _resume_hint else "") + "\n"
+
+
+def prepare_process(prog: str) -> None:
     """Stack dumps on fatal signals and SIGUSR1, and SIGTERM ending the process with the line
-    ``<prog>: stopped by SIGTERM (rank R of N)``, exit status 143. Call from the main thread."""
+    ``<prog>: stopped by SIGTERM (rank R of N)`` (the rank where it is one of several; the resume
+    hint where a checkpoint was saved), exit status 143. Call from the main thread of a command."""
     err = 2  # the process's stderr, not sys.stderr: a caller may have swapped that for an object without a file
     faulthandler.enable(file=err, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
-    line = (f"{prog}: stopped by SIGTERM (rank {os.environ.get('RANK', '?')} of "
-            f"{os.environ.get('WORLD_SIZE', '?')})\n").encode()
-
+    why = "stopped by SIGTERM" + (f" (rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE', '?')})"
+                                  if is_rank() else "")
     leaving = threading.Lock()
 
     def leave(*_: object) -> None:  # from the handler or the watch, whichever runs first
         if leaving.acquire(blocking=False):
-            os.write(err, line)  # no buffered stream: another thread may hold its lock
+            os.write(err, stop_line(prog, why).encode())  # no buffered stream: another thread may hold its lock
             os._exit(SIGTERM_EXIT)
 
     wake_read, wake_write = os.pipe()

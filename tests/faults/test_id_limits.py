@@ -1,5 +1,5 @@
 """A batch over a SparseCore partition's id limit: the error names the flags that fix it, and with
-several ranks, one rank's overflow fails every rank at once with the same line (the ranks agree
+several ranks, one rank's overflow fails every rank at once, the line said once (the ranks agree
 after each input dist) instead of leaving the others in a collective until the timeout."""
 
 from __future__ import annotations
@@ -67,6 +67,6 @@ def test_one_ranks_overflow_fails_every_rank_at_once(tiny_copy, tmp_path):
     assert time.monotonic() - started < 150, "failing must not wait for the collective timeout"
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "torchrec-tpu train: error:" in line]
-    assert len(errors) == 2 and errors[0] == errors[1], result.stderr[-3000:]
+    assert len(errors) == 1, result.stderr[-3000:]  # said once, by the first rank to fail
     assert "ids > max_ids_per_partition" in errors[0] and "lower --batch-size (now 512)" in errors[0], errors
     assert errors[0].split("error: ")[1].startswith(("rank 0: ", "rank 1: ")), errors

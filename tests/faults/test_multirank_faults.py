@@ -1,5 +1,5 @@
 """Multi-rank failures under torchrun (real processes): bad input on one rank fails every rank at
-once with the same line, a stalled rank times out the others with a line naming the collective and
+once, the line said once, a stalled rank times out the others with a line naming the collective and
 the rank (--collective-timeout), and ranks die with their launcher and stop on SIGTERM. Slow: each case starts two
 training processes."""
 
@@ -58,8 +58,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("engine, damage", [("sparsecore", "nan_label"), ("torchrec", "null_id")])
 def test_bad_input_on_one_rank_fails_every_rank_at_once_with_one_message(tiny_copy, tmp_path, engine, damage):
-    """The ranks agree on each batch before its collectives: both fail at the same batch with the
-    same line, long before the collective timeout, and neither aborts."""
+    """The ranks agree on each batch before its collectives: both fail at the same batch, long
+    before the collective timeout, the line said once, and neither aborts."""
     expected = _damage(tiny_copy, damage)
     flags = [f for f in TRAIN_FLAGS if f not in ("--max-steps", "2")]
     started = time.monotonic()
@@ -70,7 +70,7 @@ def test_bad_input_on_one_rank_fails_every_rank_at_once_with_one_message(tiny_co
     assert result.returncode == 1, result.stderr[-3000:]
     assert "SIGABRT" not in result.stderr and "terminate called" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "torchrec-tpu train: error:" in line]
-    assert len(errors) == 2 and errors[0] == errors[1], result.stderr[-3000:]
+    assert len(errors) == 1, result.stderr[-3000:]  # said once, by the first rank to fail
     assert f"error: {expected}" in errors[0], errors
 
 

@@ -3,7 +3,7 @@
 As torchrun does, the launcher (this process) hosts the rendezvous store on a port the kernel
 picked and keeps open (``TORCHELASTIC_USE_AGENT_STORE``: every rank is its client), so jobs
 started at once never meet on one port. A rank still running at the deadline is asked for its
-Python stacks (SIGUSR1, :func:`torchrec_tpu.launcher.prepare_rank`) before it is killed, and the
+Python stacks (SIGUSR1, :func:`torchrec_tpu.launcher.prepare_process`) before it is killed, and the
 failure shows each rank's output with them.
 """
 

@@ -29,6 +29,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.optim import Optimizer
 
+from torchrec_tpu.launcher import set_resume_hint
 from torchrec_tpu.sharding.deferred import deferred_tables
 from torchrec_tpu.train.checkpoint.dirs import (
     META_FILE,
@@ -55,8 +56,9 @@ def save_checkpoint(root: Path, model: nn.Module, optimizer: Optimizer, meta: di
                     keep: int = 2) -> Path:
     """Save a new version of the checkpoint at ``meta["step"]`` under ``root`` for the run
     ``run_id`` and publish it as ``root/latest``, keeping that run's newest ``keep``. Ctrl-C and
-    a full disk are handled as :mod:`~torchrec_tpu.train.checkpoint.save_guard` says. A collective: call on
-    every rank. Returns the version directory."""
+    a full disk are handled as :mod:`~torchrec_tpu.train.checkpoint.save_guard` says; from then on
+    a stop (Ctrl-C, SIGTERM) says how to resume from it. A collective: call on every rank. Returns
+    the version directory."""
     distributed = dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     name = [version_dir(root, int(meta["step"]), new_tag()).name]
@@ -77,6 +79,7 @@ def save_checkpoint(root: Path, model: nn.Module, optimizer: Optimizer, meta: di
             publish(root, directory, {**meta, "world_size": world}, keep)
         if distributed:
             dist.barrier()
+    set_resume_hint(root, int(meta["step"]))
     return directory
 
 
