@@ -432,7 +432,9 @@ def set_rng_state(new_state: torch.Tensor, device: int | str | torch.device = "t
 
 class _DefaultGenerator(tpu_generator.TpuGenerator):
     """``torch.tpu.default_generators[0]``: the device's global random state (what ops without
-    ``generator=`` draw from) as a ``torch.Generator``."""
+    ``generator=`` draw from) as a ``torch.Generator``; an op given it draws from that stream too."""
+
+    is_global_stream = True
 
     def manual_seed(self, seed: int) -> _DefaultGenerator:
         tpu_random.manual_seed(seed)

@@ -11,14 +11,16 @@ A random op on tpu given ``generator=`` draws its JAX PRNG key from that generat
 op, :func:`key_from`) instead of the device's global key: the same seed gives the same values.
 The dispatcher hands an op a new Python object for torch's C generator behind the one given, so a
 tpu generator is told from a CPU one by that C generator (``_cdata``, :data:`_TPU_GENERATORS`):
-an op given a CPU generator raises as CUDA's ops do (:func:`checked`).
+an op given a CPU generator raises as CUDA's ops do, and one given the device's default generator
+(``torch.tpu.default_generators[0]``) draws from the global stream as with no generator, as on CPU and
+CUDA (:func:`checked`).
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -38,6 +40,9 @@ def _is_tpu(device: Any) -> bool:
 
 class TpuGenerator(_C_GENERATOR):
     """A generator whose ``device`` is ``tpu:0``; its state is a CPU generator's."""
+
+    # the device's default generator is the global stream: an op given it runs as one given none
+    is_global_stream: ClassVar[bool] = False
 
     def __new__(cls, device: Any = "tpu") -> TpuGenerator:
         index = torch.device(device).index
@@ -90,10 +95,19 @@ def checked(op: Any, handler: Callable[[Any, tuple, dict], Any]) -> Callable[[An
 
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         for index, name in where:
-            generator = args[index] if index < len(args) else kwargs.get(name)
-            if generator is not None and generator._cdata not in _TPU_GENERATORS:
+            positional = index < len(args)
+            generator = args[index] if positional else kwargs.get(name)
+            if generator is None:
+                continue
+            tpu = _TPU_GENERATORS.get(generator._cdata)
+            if tpu is None:
                 raise RuntimeError(f"Expected a 'tpu' device type for generator but found "
                                    f"'{generator.device.type}' ({func}: pass torch.Generator(device='tpu'))")
+            if tpu.is_global_stream:
+                if positional:
+                    args = (*args[:index], None, *args[index + 1:])
+                else:
+                    kwargs = {**kwargs, name: None}
         return handler(func, args, kwargs)
 
     return run

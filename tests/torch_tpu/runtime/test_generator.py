@@ -70,6 +70,22 @@ def test_an_explicit_generator_leaves_the_global_stream_alone():
     assert torch.equal(torch.randn(4, device="tpu").cpu(), expected)
 
 
+def _draws_after_seed(generator: torch.Generator | None) -> list[torch.Tensor]:
+    """A seeded run's draws given ``generator`` (multinomial runs as a CPU fallback), then draws
+    given none."""
+    torch.manual_seed(13)
+    given = [*_draws(generator), torch.multinomial(torch.ones(6, device="tpu"), 3, generator=generator)]
+    return given + [torch.randn(3, device="tpu"), torch.multinomial(torch.ones(6, device="tpu"), 3)]
+
+
+def test_the_default_generator_draws_from_and_advances_the_global_stream():
+    # as CPU's torch.default_generator and CUDA's default_generators[0]: it drew from a private stream
+    cpu = [torch.manual_seed(13), torch.randn(3, generator=torch.default_generator), torch.randn(3)]
+    torch.manual_seed(13)
+    assert torch.equal(cpu[1], torch.randn(3)) and torch.equal(cpu[2], torch.randn(3))
+    assert _same(_draws_after_seed(torch.tpu.default_generators[0]), _draws_after_seed(None))
+
+
 def test_init_functions_take_the_generator():
     g = torch.Generator(device="tpu")
     weights = []
