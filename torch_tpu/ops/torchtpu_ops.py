@@ -122,12 +122,15 @@ def _check_ragged(name: str, lhs: torch.Tensor, rhs_or_grad: torch.Tensor, group
 
 
 def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
-    """``out[rows of group i] = lhs[rows of group i] @ rhs[i]``; rows past the groups are 0."""
+    """``out[rows of group i] = lhs[rows of group i] @ rhs[i]``; rows past the groups are 0. Each
+    group's operands and product are masked to its rows, so that a NaN or inf of one group reaches
+    no other group's output or gradient (``0 * inf`` is NaN: masking the product alone would not do)."""
     _check_ragged("_ragged_dot", lhs, rhs, group_sizes, weight=False)
     groups = _row_groups(lhs.shape[0], group_sizes, lhs.device)
     out = lhs.new_zeros((lhs.shape[0], rhs.shape[2]))
     for g in range(rhs.shape[0]):
-        out = out + torch.where((groups == g)[:, None], lhs @ rhs[g], 0)
+        rows = (groups == g)[:, None]
+        out = out + torch.where(rows, torch.where(rows, lhs, 0) @ rhs[g], 0)
     return out
 
 
@@ -137,11 +140,12 @@ def _ragged_dot_out(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Ten
 
 
 def ragged_dot_weight_grad(lhs: torch.Tensor, grad_output: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
-    """``result[i] = lhs[rows of group i].T @ grad_output[rows of group i]``, shape (g, k, n)."""
+    """``result[i] = lhs[rows of group i].T @ grad_output[rows of group i]``, shape (g, k, n); both
+    operands masked to the group's rows (a NaN or inf of another group's rows stays there)."""
     _check_ragged("_ragged_dot_weight_grad", lhs, grad_output, group_sizes, weight=True)
     groups = _row_groups(lhs.shape[0], group_sizes, lhs.device)
-    return torch.stack([torch.where((groups == g)[:, None], lhs, 0).T @ grad_output
-                        for g in range(group_sizes.shape[0])])
+    masks = [(groups == g)[:, None] for g in range(group_sizes.shape[0])]
+    return torch.stack([torch.where(rows, lhs, 0).T @ torch.where(rows, grad_output, 0) for rows in masks])
 
 
 # --- barrier, SparseCore gathers ----------------------------------------------------------------------------

@@ -18,29 +18,54 @@ def _rand(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_ragged_dot_equals_a_loop_of_matmuls_with_its_gradients(device: str) -> None:
-    lhs, rhs, sizes = _rand(7, 4), _rand(3, 4, 5, seed=1), torch.tensor([2, 0, 4])  # row 6: no group
+def _ragged_loop(lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor, grad: torch.Tensor) -> list[torch.Tensor]:
+    """The output and the gradients of lhs and rhs, one CPU matmul per group (rows past the groups: 0)."""
     l_ref, r_ref = lhs.clone().requires_grad_(True), rhs.clone().requires_grad_(True)
     rows, start = [], 0
     for g, n in enumerate(sizes.tolist()):
         rows.append(l_ref[start:start + n] @ r_ref[g])
         start += n
-    want = torch.cat([*rows, torch.zeros(1, 5)])
-    grad = _rand(7, 5, seed=2)
+    want = torch.cat([*rows, torch.zeros(lhs.shape[0] - start, rhs.shape[2])])
     want.backward(grad)
+    return [want.detach(), l_ref.grad, r_ref.grad]
 
+
+def _ragged_device(lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor, grad: torch.Tensor,
+                   device: str) -> list[torch.Tensor]:
     left, right = lhs.to(device).requires_grad_(True), rhs.to(device).requires_grad_(True)
     got = ops.ragged_dot(left, right, sizes.to(device))
     got.backward(grad.to(device))
-    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(left.grad.cpu(), l_ref.grad, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(right.grad.cpu(), r_ref.grad, rtol=1e-5, atol=1e-5)
+    return [got.detach().cpu(), left.grad.cpu(), right.grad.cpu()]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ragged_dot_equals_a_loop_of_matmuls_with_its_gradients(device: str) -> None:
+    lhs, rhs, sizes = _rand(7, 4), _rand(3, 4, 5, seed=1), torch.tensor([2, 0, 4])  # row 6: no group
+    grad = _rand(7, 5, seed=2)
+    want = _ragged_loop(lhs, rhs, sizes, grad)
+    for got, expected in zip(_ragged_device(lhs, rhs, sizes, grad, device), want):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     weight_grad = ops.ragged_dot_weight_grad(lhs.to(device), grad.to(device), sizes.to(device))
-    torch.testing.assert_close(weight_grad.cpu(), r_ref.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weight_grad.cpu(), want[2], rtol=1e-5, atol=1e-5)
     out = torch.empty(7, 5, device=device)
     assert ops.ragged_dot(lhs.to(device), rhs.to(device), sizes.to(device), out=out) is out
-    torch.testing.assert_close(out.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.cpu(), want[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ragged_dot_keeps_a_nan_or_inf_within_its_group(device: str) -> None:
+    # 0 * inf and 0 * NaN are NaN: masking only the products spread them to every group's gradients
+    lhs, rhs, sizes = _rand(7, 4), _rand(3, 4, 5, seed=1), torch.tensor([2, 1, 3])  # row 6: no group
+    grad = _rand(7, 5, seed=2)
+    lhs[0, 1] = math.inf  # group 0
+    rhs[2, 3, 0] = math.nan  # group 2
+    grad[6, 2] = math.nan  # no group
+    want = _ragged_loop(lhs, rhs, sizes, grad)
+    assert want[1][2:3].isfinite().all() and want[2][1].isfinite().all()  # group 1 is clean
+    for got, expected in zip(_ragged_device(lhs, rhs, sizes, grad, device), want):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+    weight_grad = ops.ragged_dot_weight_grad(lhs.to(device), grad.to(device), sizes.to(device))
+    torch.testing.assert_close(weight_grad.cpu(), want[2], rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 def test_ragged_dot_names_a_bad_shape() -> None:
