@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -115,6 +116,25 @@ def test_a_sequence_above_max_len_is_refused():
     b = _batch([4, 9])
     with pytest.raises(ValueError, match="9 events, above max_len=8"):
         _on_tpu(b, torch.float32, kernel="xla", max_len=8)
+
+
+def test_a_sequence_above_max_len_is_refused_under_torch_compile():
+    # the compiled op read no values: the 9th event was cut off, silently
+    b = _batch([4, 9])
+    with pytest.raises(ValueError, match="9 events, above max_len=8"):
+        _on_tpu(b, torch.float32, kernel="xla", max_len=8, compiled=True)
+
+
+def test_a_traced_sequence_above_max_len_gives_nan_not_a_cut_result():
+    """A trace without values (train_step's) cannot refuse: the output is NaN, not the attention of
+    the sequence's first max_len events."""
+    b = _batch([4, 9])
+    arrays = [jnp.asarray(b[n].numpy()) for n in ("q", "k", "v", "offsets", "timestamps", "num_targets", "pos_w",
+                                                   "ts_w")]
+    out = np.asarray(jax.jit(lambda *a: _attention(*a, 8, MAX_SEQ_LEN, ALPHA, "xla"))(*arrays))
+    assert np.isnan(out).all()
+    fits = np.asarray(jax.jit(lambda *a: _attention(*a, 9, MAX_SEQ_LEN, ALPHA, "xla"))(*arrays))
+    assert np.isfinite(fits).all()
 
 
 def test_offsets_that_fall_or_leave_the_rows_are_refused():

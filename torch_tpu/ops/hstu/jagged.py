@@ -71,6 +71,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch
     qp, kp, vp, lengths, history, ts, block = _padded_inputs(q, k, v, offsets, timestamps, num_targets, max_len)
     out = padded_attention(qp, kp, vp, lengths, history, ts, pos_weights, time_weights, block, float(alpha),
                            1.0 / max_seq_len, kernel)
+    out = jnp.where(jnp.max(lengths) > max_len, jnp.nan, out)  # a sequence cut to max_len: no silent result
     return _unpad(jnp.swapaxes(out, 1, 2), offsets.astype(jnp.int32), total)
 
 
@@ -168,12 +169,20 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 
 def _check_lengths(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, max_len: int, rows: int) -> None:
-    """``max_len >= 1`` and, eager only (host reads of two small inputs), the offsets rise within
-    the ``rows`` events, every sequence fits ``max_len`` and holds its candidates."""
+    """``max_len >= 1`` and (host reads of two small inputs) the offsets rise within the ``rows``
+    events, every sequence fits ``max_len`` and holds its candidates. Under ``torch.compile`` the
+    values are read at a graph break (the op then runs eagerly): a sequence above ``max_len`` would
+    otherwise be cut to it. Other traces (``train_step``) have no values: there the op's output is
+    NaN when a sequence does not fit (:func:`_attention`)."""
     if max_len < 1:
         raise ValueError(f"{name}: max_len={max_len}; it must be >= 1")
-    if torch.compiler.is_compiling():
-        return
+    if torch.compiler.is_dynamo_compiling():
+        _check_values_outside_the_graph(name, offsets, num_targets, max_len, rows)
+    elif not torch.compiler.is_compiling():
+        _check_values(name, offsets, num_targets, max_len, rows)
+
+
+def _check_values(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, max_len: int, rows: int) -> None:
     host_offsets = _host(offsets)
     lengths = np.diff(host_offsets)
     if lengths.size and lengths.min() < 0:
@@ -189,6 +198,9 @@ def _check_lengths(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, 
     targets = _host(num_targets)
     if ((targets < 0) | (targets > lengths)).any():
         raise ValueError(f"{name}: num_targets must lie in [0, the sequence's length]")
+
+
+_check_values_outside_the_graph = torch.compiler.disable(_check_values)
 
 
 @traceable
