@@ -61,7 +61,7 @@ class InferenceConfig:
     row_id_column: str | None = "row_id"
     batch_size: int = 4096
     concurrency: int = 1  # 1: predict in this process; more: Ray actors, each loading the model once
-    num_cpus: int = 2  # threads of the in-process predictor, else CPUs of the local Ray instance (when this job starts it)
+    num_cpus: int = 2  # threads of the in-process predictor, else CPUs of the Ray instance this job starts
     progress: bool = True
     bad_values: str = "error"  # bad dense values and read labels: error, skip the row, clamp (pipelines.bad_values)
     with_label: bool = True  # copy the input's label column into the output, when the input has one
