@@ -35,6 +35,7 @@ from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.engines import EAGER_STEP, engine_for, step_program_name
 from torchrec_tpu.train.engines.sparsecore_engine import overflow_with_flags
 from torchrec_tpu.train.job import decide_layout, model_spec, use_rank_threads
+from torchrec_tpu.train.memory_preflight import check_model_fits
 from torchrec_tpu.train.streams import training_streams
 
 
@@ -88,6 +89,7 @@ def _profile_in(config: TrainConfig, env: DistEnv, steps: int, warmup: int, log_
             prefetch_row_groups=0, rows=train.rows,
         )
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
+        check_model_fits(spec, config.optim.sparse_optimizer, env.world_size)
         engine = engine_for(config)
         layout = decide_layout(engine, spec, env)  # train's decision, logged as train logs it
         model = engine.build_model(spec, env, device, layout)

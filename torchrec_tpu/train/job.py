@@ -38,6 +38,7 @@ from torchrec_tpu.train.engines import Engine, engine_for
 from torchrec_tpu.train.engines.step_layout import StepLayout
 from torchrec_tpu.train.learning_rate import LRPolicy
 from torchrec_tpu.train.loop import LoopOptions, LoopPosition, TrainResult, run_training
+from torchrec_tpu.train.memory_preflight import check_model_fits
 from torchrec_tpu.train.mllog import mlperf_log
 from torchrec_tpu.train.model import ModelSpec
 from torchrec_tpu.train.run_events import RunEvents
@@ -179,6 +180,7 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
             _run_events(config, env, data) as events:
         log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
+        check_model_fits(spec, config.optim.sparse_optimizer, env.world_size)
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
         layout = decide_layout(engine, spec, env)

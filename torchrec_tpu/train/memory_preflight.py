@@ -1,0 +1,72 @@
+"""Before a model is built: do its embedding tables and their optimizer state fit this host's
+memory? A job whose tables cannot fit is refused in one line naming the largest tables, the bytes,
+the memory available and what to change, instead of failing minutes later in an allocator
+(``RESOURCE_EXHAUSTED: Out of memory allocating ...``) with a run directory left behind.
+
+The estimate is the planner's (:func:`torchrec_tpu.planner.cost_model.row_bytes`: fp32 rows and
+the optimizer's slots), the tables split evenly over the ranks; this host holds the shares of
+its local ranks. Activations, the dense towers and the data are left out, so a job refused here
+cannot fit; one that passes may still need more.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from torchrec_tpu.planner.cost_model import row_bytes
+from torchrec_tpu.planner.tables import EmbeddingTable
+from torchrec_tpu.train.config import ConfigError
+from torchrec_tpu.train.model import ModelSpec
+
+NAMED_TABLES = 3  # the largest tables the refusal names
+
+
+def available_host_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where the system does not say)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def table_bytes(rows: int, dim: int, optimizer: str) -> int:
+    """Bytes of one fp32 table of ``rows`` x ``dim`` and its ``optimizer``'s state."""
+    return rows * row_bytes(EmbeddingTable("table", max(rows, 1), dim, optimizer=optimizer), dim)
+
+
+def _gb(num_bytes: float) -> str:
+    return f"{num_bytes / 1e9:,.1f} GB"
+
+
+def check_table_memory(names: Sequence[str], rows: Sequence[int], dim: int, optimizer: str, world_size: int,
+                       local_world_size: int, available: int | None) -> None:
+    """ConfigError when the tables ``names`` (``rows`` each, ``dim`` wide, trained by the sparse
+    ``optimizer``) with their state need more of this host than ``available`` bytes; the share of
+    this host is ``local_world_size`` of ``world_size`` ranks. No check where ``available`` is None."""
+    if available is None:
+        return
+    sizes = sorted(((table_bytes(r, dim, optimizer), n, r) for n, r in zip(names, rows)), key=lambda t: (-t[0], t[1]))
+    total = sum(size for size, _, _ in sizes)
+    here = total * local_world_size // world_size
+    if here <= available:
+        return
+    largest = ", ".join(f"{name} {r:,} rows ({_gb(size)})" for size, name, r in sizes[:NAMED_TABLES])
+    ranks = f"{local_world_size} of {world_size} ranks on this host" if world_size > 1 else "one rank"
+    raise ConfigError(
+        f"the embedding tables need {_gb(here)} of this host's memory ({len(sizes)} tables x {dim} fp32 with "
+        f"{optimizer} state, {_gb(total)} in all, {ranks}; largest: {largest}), above the {_gb(available)} it has "
+        f"available; lower --num-embeddings or --num-embeddings-per-feature, --embedding-dim, or train on "
+        "more hosts")
+
+
+def check_model_fits(spec: ModelSpec, optimizer: str, world_size: int) -> None:
+    """:func:`check_table_memory` of ``spec``'s tables (one per feature) for this process: its
+    host's available memory and local ranks (torchrun's ``LOCAL_WORLD_SIZE``)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if world_size > 1 else 1
+    check_table_memory(spec.feature_names, spec.table_sizes, spec.embedding_dim, optimizer, world_size,
+                       min(local, world_size), available_host_bytes())
