@@ -32,6 +32,7 @@ def _commands(tmp_path: Path) -> dict[str, tuple[argparse.ArgumentParser, list[s
         "plan": (_subparser(build_parser("plan"), "plan"), ["plan", "--tables", str(tmp_path / "t.yaml")]),
         "infer": (_subparser(build_parser("infer"), "infer"),
                   ["infer", "--data", out, "--checkpoint", out, "--output", out]),
+        "export": (_subparser(build_parser("export"), "export"), ["export", "--checkpoint", out, "-o", out]),
         "data convert": (_subparser(data, "convert"), ["data", "convert", str(tmp_path / "in.tsv"), "-o", out]),
         "data generate": (_subparser(data, "generate"), ["data", "generate", "-o", out]),
     }

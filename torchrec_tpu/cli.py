@@ -24,6 +24,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("torchrec_tpu.planner.cli", "plan embedding-table sharding onto a TPU slice"),
     "data": ("pipelines.cli", "prepare data: convert Criteo TSV/CSV to Parquet, generate synthetic"),
     "infer": ("torchrec_tpu.inference.cli", "batch inference over Parquet with a trained checkpoint"),
+    "export": ("torchrec_tpu.inference.export_cli",
+               "export a checkpoint as a self-contained model directory (quantized tables, torch.export towers)"),
     "profile": ("torchrec_tpu.profiling.cli", "profile training steps (torch.profiler + jax.profiler)"),
 }
 
@@ -32,7 +34,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     """The top-level parser; only ``command``'s module (if any) is imported to fill its arguments."""
     parser = HintingParser(
         prog="torchrec-tpu",
-        description="Recommendation models on Cloud TPU: train, plan, infer, profile.",
+        description="Recommendation models on Cloud TPU: train, plan, infer, export, profile.",
     )
     parser.add_argument("--version", action="version", version=f"torchrec-tpu {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

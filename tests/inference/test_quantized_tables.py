@@ -8,62 +8,26 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from torch import nn
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.inference.modules import quantize_inference_model
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.parquet_reader import ParquetBatchReader
+from tests.inference.quantized_cases import (
+    FEATURES,
+    TORCH_DTYPES,
+    batch_of_two_features,
+    ebc_of_two_tables,
+    ours,
+    torchrec_quantized,
+)
 from torchrec_tpu.inference.model import load_inference_model
-from torchrec_tpu.inference.quantized_tables import QuantizedEmbeddingBags, quantize_table
+from torchrec_tpu.inference.quantized_tables import quantize_table
 from torchrec_tpu.inference.table_dtypes import check_table_dtype
-
-TORCH_DTYPES = {"int8": torch.qint8, "int4": torch.quint4x2, "fp16": torch.float16}
-FEATURES = ("a", "b")
-ROWS, DIM = 37, 16
-
-
-class _Holder(nn.Module):
-    def __init__(self, ebc: nn.Module) -> None:
-        super().__init__()
-        self.ebc = ebc
-
-    def forward(self, features: KeyedJaggedTensor):
-        return self.ebc(features)
-
-
-def _ebc(dim: int = DIM) -> EmbeddingBagCollection:
-    torch.manual_seed(5)
-    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t_{f}", embedding_dim=dim, num_embeddings=ROWS,
-                                                            feature_names=[f]) for f in FEATURES])
-    with torch.no_grad():
-        for i, table in enumerate(ebc.embedding_bags.values()):
-            table.weight.normal_(0, 0.3 * (i + 1))
-            table.weight[3] = 0.25  # a constant row: FBGEMM's zero-range scale
-            table.weight[4, 0] = 1e4  # one outlier: a coarse scale
-    return ebc
-
-
-def _torchrec_quantized(ebc: EmbeddingBagCollection, dtype: str) -> nn.Module:
-    dtypes = {f"t_{f}": TORCH_DTYPES[dtype] for f in FEATURES}
-    return quantize_inference_model(_Holder(copy.deepcopy(ebc)), per_table_weight_dtype=dtypes).ebc
-
-
-def _ours(ebc: EmbeddingBagCollection, dtype: str) -> QuantizedEmbeddingBags:
-    return QuantizedEmbeddingBags({f: quantize_table(ebc.embedding_bags[f"t_{f}"].weight, dtype) for f in FEATURES})
-
-
-def _batch() -> KeyedJaggedTensor:
-    generator = torch.Generator().manual_seed(1)
-    lengths = torch.randint(0, 4, (2 * 9,), generator=generator)
-    values = torch.randint(0, ROWS, (int(lengths.sum()),), generator=generator)
-    return KeyedJaggedTensor.from_lengths_sync(list(FEATURES), values, lengths)
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4", "fp16"])
 def test_tables_equal_torchrec_quantization_row_for_row(dtype: str) -> None:
-    ebc = _ebc()
-    theirs = _torchrec_quantized(ebc, dtype).tbes[0].split_embedding_weights()
+    ebc = ebc_of_two_tables()
+    theirs = torchrec_quantized(ebc, dtype).tbes[0].split_embedding_weights()
     for i, feature in enumerate(FEATURES):
         ours = quantize_table(ebc.embedding_bags[f"t_{feature}"].weight, dtype)
         codes, scale_shift = theirs[i]
@@ -77,22 +41,22 @@ def test_tables_equal_torchrec_quantization_row_for_row(dtype: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4", "fp16"])
-def test_lookup_equals_torchrec_quantized_ebc(dtype: str) -> None:
-    ebc, batch = _ebc(), _batch()
-    expected = _torchrec_quantized(ebc, dtype)(batch)
-    got = _ours(ebc, dtype)(batch)
+def test_lookup_equals_torchrec_quantizedebc_of_two_tables(dtype: str) -> None:
+    ebc, batch = ebc_of_two_tables(), batch_of_two_features()
+    expected = torchrec_quantized(ebc, dtype)(batch)
+    got = ours(ebc, dtype)(batch)
     assert got.keys() == expected.keys()
     torch.testing.assert_close(got.values(), expected.values().float(), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_float_lookup_equals_a_cast_table(dtype: str) -> None:
-    ebc, batch = _ebc(), _batch()
+    ebc, batch = ebc_of_two_tables(), batch_of_two_features()
     cast = copy.deepcopy(ebc)
     with torch.no_grad():
         for table in cast.embedding_bags.values():
             table.weight.copy_(table.weight.to(torch.bfloat16 if dtype == "bf16" else torch.float32).float())
-    torch.testing.assert_close(_ours(ebc, dtype)(batch).values(), cast(batch).values(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ours(ebc, dtype)(batch).values(), cast(batch).values(), rtol=1e-6, atol=1e-6)
 
 
 def test_dtype_checks_name_the_flag() -> None:
@@ -103,7 +67,7 @@ def test_dtype_checks_name_the_flag() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4", "fp16"])
-def test_checkpoint_at_a_table_dtype_predicts_as_torchrec_quantized(checkpoint, infer_data, dtype: str) -> None:
+def test_checkpoint_at_a_table_dtype_predicts_astorchrec_quantized(checkpoint, infer_data, dtype: str) -> None:
     """A trained DLRM loaded at ``dtype`` against TorchRec's ``quantize_inference_model`` of its fp32 DLRM."""
     fp32 = load_inference_model(checkpoint)
     ours = load_inference_model(checkpoint, table_dtype=dtype)

@@ -6,26 +6,33 @@ import argparse
 import sys
 
 from pipelines.flag_numbers import positive_int
+from torchrec_tpu.inference.export_files import MODEL
 from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="Parquet file or directory to predict")
-    parser.add_argument("--checkpoint", required=True,
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", metavar="DIR",
+                        help="a model directory of 'torchrec-tpu export' (its tables at the dtype exported at), "
+                             "instead of --checkpoint (default: none; one of the two is required)")
+    source.add_argument("--checkpoint",
                         help="checkpoint of 'torchrec-tpu train': a checkpoint root (its latest) "
                              "or one version directory (meta.json + state/; HSTU's: meta.json + *-rank-*.pt, "
-                             "whose --data is sequence rows and whose output has a row per candidate)")
+                             "whose --data is sequence rows and whose output has a row per candidate) (default: none; "
+                             "this or --model is required)")
     parser.add_argument("--output", required=True,
                         help="output directory of prediction Parquet parts; rerun to resume")
     parser.add_argument("--key-columns", default="", metavar="A,B",
                         help="input columns copied into the output next to each prediction (default: none)")
     parser.add_argument("--row-id-column", default="row_id", metavar="NAME",
                         help="name of the global row index column ('' for none)")
-    parser.add_argument("--table-dtype", choices=TABLE_DTYPES, default="fp32",
+    parser.add_argument("--table-dtype", choices=TABLE_DTYPES, default=None,
                         help="dtype the DLRM's embedding tables are held and looked up at: int8 / int4 row-wise "
                              "quantized with a per-row fp16 scale and bias as FBGEMM's inference TBE stores them "
                              "(TorchRec's quantize_inference_model), dequantized row by row in the lookup; fp16 / "
-                             "bf16 a cast (HSTU checkpoints: fp32 only)")
+                             "bf16 a cast; HSTU checkpoints: fp32 only (default: fp32; --model: the dtype it was "
+                             "exported at)")
     parser.add_argument("--batch-size", type=positive_int, default=4096, help="rows per forward pass")
     parser.add_argument("--concurrency", type=positive_int, default=1,
                         help="1: predict in this process, without Ray (nothing to start, the model loaded once, "
@@ -57,18 +64,26 @@ def run(args: argparse.Namespace) -> int:
     from torchrec_tpu.train.checkpoint.hstu_files import find_hstu_checkpoint
     from torchrec_tpu.train.preflight import check_parquet_input
 
-    if find_hstu_checkpoint(Path(args.checkpoint)) is None:
+    if args.model is not None:
+        if args.table_dtype is not None:
+            raise ValueError(f"--table-dtype {args.table_dtype}: an exported model (--model) keeps the dtype it "
+                             "was exported at; export the checkpoint again at another")
+        if not Path(args.model, MODEL).is_file():
+            raise FileNotFoundError(f"--model={args.model!r} is not a model directory of 'torchrec-tpu export' "
+                                    f"(no {MODEL})")
+    elif find_hstu_checkpoint(Path(args.checkpoint)) is None:
         resolve_checkpoint(Path(args.checkpoint))  # FileNotFoundError: not a checkpoint
     check_parquet_input("--data", args.data)
 
-    from torchrec_tpu.inference.job import InferenceConfig, run_inference
+    from torchrec_tpu.inference.job import DLRM, EXPORTED, InferenceConfig, run_inference
 
     config = InferenceConfig(
-        data=args.data, checkpoint=args.checkpoint, output=args.output,
+        data=args.data, checkpoint=args.model or args.checkpoint, model=EXPORTED if args.model else DLRM,
+        output=args.output,
         key_columns=tuple(c for c in args.key_columns.split(",") if c),
         row_id_column=args.row_id_column or None, batch_size=args.batch_size,
         concurrency=args.concurrency, num_cpus=args.num_cpus, progress=args.progress,
-        bad_values=args.bad_values, with_label=args.label, table_dtype=args.table_dtype,
+        bad_values=args.bad_values, with_label=args.label, table_dtype=args.table_dtype or "fp32",
     )
     summary = run_inference(config)
     print(summary.format())

@@ -47,15 +47,16 @@ from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
 from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, hstu_meta, is_legacy
 
 PREDICTION_COLUMN = "prediction"
-DLRM, HSTU = "dlrm", "hstu"  # InferenceConfig.model: what the checkpoint holds
-MODELS = (DLRM, HSTU)
+# InferenceConfig.model: what the checkpoint holds, or an exported model directory (infer --model)
+DLRM, HSTU, EXPORTED = "dlrm", "hstu", "exported"
+MODELS = (DLRM, HSTU, EXPORTED)
 _log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class InferenceConfig:
     data: str
-    checkpoint: str
+    checkpoint: str  # or, model=EXPORTED, the exported model's directory
     output: str
     key_columns: tuple[str, ...] = ()
     row_id_column: str | None = "row_id"
@@ -66,8 +67,8 @@ class InferenceConfig:
     bad_values: str = "error"  # bad dense values and read labels: error, skip the row, clamp (pipelines.bad_values)
     with_label: bool = True  # copy the input's label column into the output, when the input has one
     schema: DatasetSchema = field(default=CRITEO)
-    model: str = DLRM  # what the checkpoint holds: DLRM (rows of `schema`) or HSTU (sequence rows)
-    table_dtype: str = "fp32"  # the DLRM's embedding tables at (torchrec_tpu.inference.quantized_tables)
+    model: str = DLRM  # DLRM (rows of `schema`), HSTU (sequence rows) or EXPORTED (rows of `schema`)
+    table_dtype: str = "fp32"  # the DLRM checkpoint's tables at (EXPORTED: the dtype they were exported at)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "concurrency", "num_cpus"):
@@ -77,8 +78,9 @@ class InferenceConfig:
             raise ValueError(f"model must be one of {list(MODELS)}, got {self.model!r}")
         if self.table_dtype not in TABLE_DTYPES:
             raise ValueError(f"--table-dtype must be one of {list(TABLE_DTYPES)}, got {self.table_dtype!r}")
-        if self.model == HSTU and self.table_dtype != "fp32":
-            raise ValueError(f"--table-dtype {self.table_dtype}: HSTU checkpoints are served at fp32 only")
+        if self.model != DLRM and self.table_dtype != "fp32":
+            raise ValueError(f"--table-dtype {self.table_dtype}: only for a DLRM checkpoint (an HSTU checkpoint is "
+                             "served at fp32, an exported model at the dtype it was exported at)")
         if self.bad_values not in POLICIES:
             raise ValueError(f"--bad-values must be one of {list(POLICIES)}, got {self.bad_values!r}")
         outputs = [*self.key_columns, self.row_id_column, self.label_column, PREDICTION_COLUMN]
@@ -174,6 +176,10 @@ class Predictor:
                 from torchrec_tpu.hstu.inference import load_hstu_inference
 
                 self.model = load_hstu_inference(Path(config.checkpoint))
+            elif config.model == EXPORTED:
+                from torchrec_tpu.inference.export import load_model
+
+                self.model = load_model(config.checkpoint)
             else:
                 self.model = load_inference_model(config.checkpoint, config.schema, config.table_dtype)
         except Exception as error:  # noqa: BLE001  handed to the driver by __call__
@@ -183,9 +189,11 @@ class Predictor:
         """Whether the model loaded (after ``__init__``: the driver waits on it for its line)."""
         return self.error is None
 
-    def table_bytes(self) -> int:
-        """Bytes the model's embedding tables hold (0: not a DLRM, or not loaded)."""
-        return getattr(self.model, "table_bytes", 0) if self.error is None else 0
+    def tables(self) -> tuple[str, int]:
+        """The dtype of the model's embedding tables and the bytes they hold (0: HSTU, or not loaded)."""
+        if self.error is not None or self.config.model == HSTU:
+            return self.config.table_dtype, 0
+        return self.model.table_dtype, self.model.table_bytes
 
     def rows_in_flight(self) -> int:
         """Rows predicted so far of the unit in progress (polled by the driver, in a second thread)."""
@@ -301,16 +309,21 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
 
     configure_logging("infer")
     start = time.perf_counter()
-    hstu = find_hstu_checkpoint(Path(config.checkpoint))
-    # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors
-    config = dataclasses.replace(config, checkpoint=str(hstu or resolve_checkpoint(Path(config.checkpoint))),
-                                 model=HSTU if hstu else DLRM)
+    exported = config.model == EXPORTED
+    hstu = None if exported else find_hstu_checkpoint(Path(config.checkpoint))
+    if not exported:  # a checkpoint root's 'latest' can move while a job runs: pin the version for all actors
+        config = dataclasses.replace(config, checkpoint=str(hstu or resolve_checkpoint(Path(config.checkpoint))),
+                                     model=HSTU if hstu else DLRM)
 
     units = plan_units(config.data, config.input_columns, None if hstu else config.schema)
     output = Path(config.output)
     todo, changed = pending_units(output, units)
     # verified before the output is claimed and Ray starts: a corrupt or crafted checkpoint fails here
-    if todo and not (hstu and is_legacy(hstu)):
+    if todo and exported:
+        from torchrec_tpu.inference.export import read_description
+
+        read_description(Path(config.checkpoint))
+    elif todo and not (hstu and is_legacy(hstu)):
         from torchrec_tpu.train.checkpoint.store import open_checkpoint
 
         open_checkpoint(Path(config.checkpoint))
@@ -323,12 +336,12 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
     names = open_parquet(Path(units[0].path)).schema_arrow.names if units else []
     labelled = bool(units) and all(label in names for label in labels)
     with_label = (config.label_column is not None or hstu is not None) and config.with_label and labelled
-    scored = scored_rows(units, checkpoint_split(Path(config.checkpoint)))
+    scored = scored_rows(units, None if exported else checkpoint_split(Path(config.checkpoint)))
     if (warning := scored.overlap_warning()) is not None:
         _log.warning(warning)
     with _exit_on_interrupt():
-        rows_done, bad_values, table_bytes = _predict_units(config, todo, with_label) if todo else \
-            (0, BadValueCounts(), 0)
+        rows_done, bad_values, (table_dtype, table_bytes) = _predict_units(config, todo, with_label) if todo else \
+            (0, BadValueCounts(), (config.table_dtype, 0))
     parts = [u.part_name for u in units]
     return InferenceSummary(
         rows=rows_done,
@@ -341,7 +354,7 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
         auc={label: auc for label in labels if (auc := offline_auc(output, parts, label, _scored(label)))} or None
         if config.with_label and labelled else None,
         scored=scored,
-        table_dtype=config.table_dtype,
+        table_dtype=table_dtype,
         table_bytes=table_bytes,
     )
 
@@ -380,21 +393,22 @@ def rank_auc(positive: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool) -> tuple[int, BadValueCounts, int]:
-    """Predict and write ``todo``: rows predicted, bad values met, the bytes one model copy's
-    tables hold. ``--concurrency 1``: in this process, without Ray (:func:`_predict_here`); more:
-    a pool of Ray actors (:func:`_predict_on_ray`). Lines say when the predictors start and the
-    model is loaded; while the parts are predicted, a bar on a terminal, else a progress line at
-    least every ``$TORCHREC_TPU_PROGRESS_SECONDS`` (30 s by default)."""
+def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool
+                   ) -> tuple[int, BadValueCounts, tuple[str, int]]:
+    """Predict and write ``todo``: rows predicted, bad values met, the dtype of the tables and
+    the bytes one model copy's tables hold. ``--concurrency 1``: in this process, without Ray
+    (:func:`_predict_here`); more: a pool of Ray actors (:func:`_predict_on_ray`). Lines say when
+    the predictors start and the model is loaded; while the parts are predicted, a bar on a
+    terminal, else a progress line at least every ``$TORCHREC_TPU_PROGRESS_SECONDS`` (30 s by default)."""
     total_rows = sum(u.num_rows for u in todo)
     with progress_bar(total=total_rows, desc="infer", unit="row", enabled=config.progress) as bar:
         lines = ProgressLine(_log.info, "infer", total_rows) if bar.disable and config.progress else None
         progress = _Progress(bar, lines)
         if config.concurrency == 1:
-            table_bytes = _predict_here(config, todo, with_label, progress)
+            tables = _predict_here(config, todo, with_label, progress)
         else:
-            table_bytes = _predict_on_ray(config, todo, with_label, progress)
-    return progress.rows_done, progress.bad_values, table_bytes
+            tables = _predict_on_ray(config, todo, with_label, progress)
+    return progress.rows_done, progress.bad_values, tables
 
 
 class _Progress:
@@ -430,9 +444,10 @@ def _unit_columns(unit: Unit) -> dict[str, np.ndarray]:
     return {k: np.array([v]) for k, v in vars(unit).items()}
 
 
-def _predict_here(config: InferenceConfig, todo: list[Unit], with_label: bool, progress: _Progress) -> int:
+def _predict_here(config: InferenceConfig, todo: list[Unit], with_label: bool, progress: _Progress
+                  ) -> tuple[str, int]:
     """Predict ``todo`` in this process with ``--num-cpus`` threads: no Ray to start, no actor to
-    load the model into, no results to ship back; returns the tables' bytes."""
+    load the model into, no results to ship back; returns the tables' dtype and bytes."""
     _log.info("infer: in this process (--concurrency 1, no Ray); loading the model from %s", config.checkpoint)
     started = time.perf_counter()
     predictor = Predictor(config, config.num_cpus, with_label)
@@ -442,13 +457,14 @@ def _predict_here(config: InferenceConfig, todo: list[Unit], with_label: bool, p
               f"{sum(u.num_rows for u in todo):,}", len(todo))
     for unit in todo:
         progress.add(predictor.write_units(_unit_columns(unit)))
-    return predictor.table_bytes()
+    return predictor.tables()
 
 
-def _predict_on_ray(config: InferenceConfig, todo: list[Unit], with_label: bool, progress: _Progress) -> int:
+def _predict_on_ray(config: InferenceConfig, todo: list[Unit], with_label: bool, progress: _Progress
+                    ) -> tuple[str, int]:
     """Predict ``todo`` on a local Ray instance, a pool of ``--concurrency`` actors; while the
     parts are predicted the driver polls the actors for the rows done within their parts. Returns
-    the tables' bytes."""
+    the tables' dtype and bytes."""
     import ray
     from ray.util import ActorPool
 
@@ -472,7 +488,7 @@ def _predict_on_ray(config: InferenceConfig, todo: list[Unit], with_label: bool,
             if all(ray.get([a.loaded.remote() for a in actors])):
                 _log.info("infer: model loaded in %.1f s; predicting %s rows in %d part(s)",
                           time.perf_counter() - started, f"{total_rows:,}", len(todo))
-            table_bytes = ray.get(actors[0].table_bytes.remote())
+            tables = ray.get(actors[0].tables.remote())
             # how long to wait for a part before asking the actors how far they are
             poll = min(max(progress_interval(), 0.5), 5.0) if progress.polled else None
             pool = ActorPool(actors)
@@ -491,4 +507,4 @@ def _predict_on_ray(config: InferenceConfig, todo: list[Unit], with_label: bool,
         finally:  # a failed job's actors (which its traceback keeps referenced) free their CPUs in a shared Ray
             for predictor in actors:
                 ray.kill(predictor)
-    return table_bytes
+    return tables

@@ -12,16 +12,17 @@ model, and read without running code from them (``torchrec_tpu.train.checkpoint.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.schema import CRITEO, DatasetSchema
-from torchrec_tpu.inference.quantized_tables import QuantizedEmbeddingBags, quantize_table
+from torchrec_tpu.inference.quantized_tables import QuantizedEmbeddingBags, QuantizedTable, quantize_table
 from torchrec_tpu.inference.table_dtypes import check_table_dtype
 from torchrec_tpu.train.model import ModelSpec, ebc_of, table_weight_key
 
@@ -35,11 +36,19 @@ class InferenceModel:
     table_sizes: tuple[int, ...]
     step: int  # training step the checkpoint was taken at
     table_dtype: str = "fp32"
-    table_bytes: int = 0  # bytes the embedding tables hold
+    tables: dict[str, QuantizedTable] = field(default_factory=dict)  # by feature (the module's own tensors)
+
+    @property
+    def table_bytes(self) -> int:
+        """Bytes the embedding tables hold."""
+        return sum(table.nbytes for table in self.tables.values())
 
     @torch.no_grad()
-    def predict(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        """Click probabilities, float32[B]."""
+    def predict(self, batch: Batch | torch.Tensor, sparse: KeyedJaggedTensor | None = None) -> torch.Tensor:
+        """Click probabilities, float32[B], of a TorchRec ``Batch`` (``predict(batch)``) or of
+        dense features and their KJT (``predict(dense, sparse)``)."""
+        dense = batch if sparse is not None else batch.dense_features
+        sparse = sparse if sparse is not None else batch.sparse_features
         return torch.sigmoid(self.dlrm(dense, sparse).squeeze(-1))
 
 
@@ -75,7 +84,7 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     with warnings.catch_warnings():  # DCP's note that it loads in one process: that is the intent
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         load_state({"model": state}, state_dir)
-    tables = {f: quantize_table(state.pop(key).value(), table_dtype) for f, key in keys.items()}
+        tables = {f: quantize_table(state.pop(key).value(), table_dtype) for f, key in keys.items()}
     dlrm = train_module.model.eval()
     if table_dtype == "fp32":  # the stock EBC, which shares the tables' storage
         ebc_of(train_module).to_empty(device=torch.device("cpu"))
@@ -84,8 +93,7 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
                 train_module.get_parameter(key).set_(tables[feature].weight)
     else:
         dlrm.sparse_arch.embedding_bag_collection = QuantizedEmbeddingBags(tables)
-    return InferenceModel(dlrm, spec.table_sizes, int(meta.get("step", 0)), table_dtype,
-                          sum(t.nbytes for t in tables.values()))
+    return InferenceModel(dlrm, spec.table_sizes, int(meta.get("step", 0)), table_dtype, tables)
 
 
 def _unread() -> torch.Tensor:

@@ -108,3 +108,25 @@ class QuantizedEmbeddingBags(nn.Module):
             pooled.append(out.index_add_(0, samples, table.lookup(bags.values())))
         return KeyedTensor(keys=[feature for feature, _, _ in self.layout],
                            length_per_key=[dim for _, _, dim in self.layout], values=torch.cat(pooled, dim=1))
+
+
+def torchrec_quant_ebc(tables: dict[str, QuantizedTable]) -> nn.Module:
+    """TorchRec's ``QuantEmbeddingBagCollection`` (FBGEMM's inference TBE) over ``tables`` (by
+    feature, tables named ``t_<feature>``): what a TorchRec user serves an exported model's
+    tables with. fp32 / fp16 / int8 / int4 (TorchRec's TBE takes no bf16 rows)."""
+    from torchrec import EmbeddingBagConfig
+    from torchrec.modules.embedding_configs import DataType
+    from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
+
+    data_types = {"fp32": DataType.FP32, "fp16": DataType.FP16, "int8": DataType.INT8, "int4": DataType.INT4}
+    configs, weights = [], {}
+    for feature, table in tables.items():
+        if table.dtype not in data_types:
+            raise ValueError(f"table of {feature!r}: TorchRec's quantized tables take {list(data_types)}, "
+                             f"not {table.dtype}")
+        configs.append(EmbeddingBagConfig(name=f"t_{feature}", embedding_dim=table.dim, num_embeddings=table.rows,
+                                          feature_names=[feature], data_type=data_types[table.dtype]))
+        scale_shift = None if table.scale_bias is None else table.scale_bias.view(torch.uint8)
+        weights[f"t_{feature}"] = (table.weight.view(torch.uint8), scale_shift)
+    return QuantEmbeddingBagCollection(configs, is_weighted=False, device=torch.device("cpu"),
+                                       table_name_to_quantized_weights=weights)

@@ -42,12 +42,13 @@ def manifest_of(directory: Path) -> dict[str, Any]:
     return {"format": MANIFEST_FORMAT, "files": files}
 
 
-def read_manifest(directory: Path) -> dict[str, dict[str, Any]]:
+def read_manifest(directory: Path, noun: str = "checkpoint") -> dict[str, dict[str, Any]]:
     """``{relative path: {"bytes", "sha256"}}`` from ``directory``'s manifest; CheckpointError
-    when it is missing or malformed."""
+    (naming the directory as ``noun``: a checkpoint, an exported model) when it is missing or
+    malformed."""
     path = directory / MANIFEST_FILE
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {directory} has no {MANIFEST_FILE}: the save did not "
+        raise CheckpointError(f"{noun} {directory} has no {MANIFEST_FILE}: the save did not "
                               "complete, or an older torchrec-tpu wrote it")
     try:
         manifest = json.loads(path.read_text())
@@ -59,27 +60,27 @@ def read_manifest(directory: Path) -> dict[str, dict[str, Any]]:
                     or not isinstance(entry["sha256"], str):
                 raise ValueError(f"bad entry {name!r}")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"checkpoint {directory}: {MANIFEST_FILE} is corrupt ({error})") from None
+        raise CheckpointError(f"{noun} {directory}: {MANIFEST_FILE} is corrupt ({error})") from None
     return files
 
 
-def verify_checkpoint(directory: Path, required: tuple[str, ...] = ()) -> None:
+def verify_checkpoint(directory: Path, required: tuple[str, ...] = (), noun: str = "checkpoint") -> None:
     """Check every file of ``directory``'s manifest (size, then sha256) and that the manifest
-    lists ``required``; CheckpointError naming the first bad file."""
-    files = read_manifest(directory)
+    lists ``required``; CheckpointError naming ``noun``, the directory and the first bad file."""
+    files = read_manifest(directory, noun)
     for name in required:
         if name not in files:
-            raise CheckpointError(f"checkpoint {directory}: {MANIFEST_FILE} does not list {name}")
+            raise CheckpointError(f"{noun} {directory}: {MANIFEST_FILE} does not list {name}")
     for name, entry in files.items():
         path = directory / name
         if not path.is_file():
-            raise CheckpointError(f"checkpoint {directory}: {name} is missing")
+            raise CheckpointError(f"{noun} {directory}: {name} is missing")
         size = path.stat().st_size
         if size != entry["bytes"]:
-            raise CheckpointError(f"checkpoint {directory}: {name} has {size} bytes, the manifest "
+            raise CheckpointError(f"{noun} {directory}: {name} has {size} bytes, the manifest "
                                   f"says {entry['bytes']} (truncated or changed)")
         if file_sha256(path) != entry["sha256"]:
-            raise CheckpointError(f"checkpoint {directory}: {name} is corrupt (its sha256 differs "
+            raise CheckpointError(f"{noun} {directory}: {name} is corrupt (its sha256 differs "
                                   "from the manifest's)")
 
 
