@@ -23,15 +23,7 @@ def progress_bar(iterable: Any = None, *, enabled: bool = True, **kwargs: Any) -
 
 def progress_interval() -> float:
     """Seconds between progress lines: ``$TORCHREC_TPU_PROGRESS_SECONDS`` (``knobs.PROGRESS_SECONDS``), else 30."""
-    knob = knobs.PROGRESS_SECONDS
-    text = knob.text()
-    try:
-        seconds = float(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{knob.name}={text!r}: expected a number of seconds") from None
-    if not seconds >= 0:
-        raise ValueError(f"{knob.name}={text!r}: expected a number of seconds >= 0")
-    return seconds
+    return knobs.PROGRESS_SECONDS.number()
 
 
 def duration_text(seconds: float) -> str:

@@ -14,21 +14,22 @@ TorchRec TPU's native preprocessing module).
 
 import xla_cache as _xla_cache
 from torch_tpu import runtime as _runtime
+from tpu_facts import knobs as _knobs
 
 try:
+    _knobs.check_set("torch_tpu")  # every numeric knob set, against its range
     _runtime.register()  # the device, torch.tpu, tensor hooks, storage, serialization, autocast, Module.to
     _xla_cache.install()  # the shared persistent compile cache, on by default
-except _xla_cache.ConfigError as _error:  # a bad cache or build knob (host hooks): one line, as the CLI's flags
+    from torch_tpu import eager as _eager  # (reads its knobs: TORCH_TPU_OP_JIT_MAX, ...)
+    from torch_tpu import ops as _ops
+
+    _ops.register()  # every lowering and composite into the registry; the PrivateUse1 kernels
+    _eager.register()  # __torch_dispatch__ -> eager dispatch; the strict/debug/defer_and_fuse executors
+except (_xla_cache.ConfigError, _knobs.KnobError) as _error:  # a bad knob: one line, as the CLI's flags
     import sys as _sys
 
     print(f"torch_tpu: error: {_error}", file=_sys.stderr)
     raise SystemExit(2) from None
-
-from torch_tpu import eager as _eager  # noqa: E402
-from torch_tpu import ops as _ops  # noqa: E402
-
-_ops.register()  # every lowering and composite into the registry; the PrivateUse1 kernels
-_eager.register()  # __torch_dispatch__ -> eager dispatch; the strict/debug/defer_and_fuse executors
 
 from torch_tpu import distributed as _distributed  # noqa: E402, F401  (tpu_dist: TorchTPU's import registers it)
 from torch_tpu import public_api as _public_api  # noqa: E402

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,11 +10,12 @@ import pytest
 from tpu_facts import knobs
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ENVIRONMENT.md"
-HEADER = ("| variable | default | read by | what it does |", "|---|---|---|---|")
+HEADER = ("| variable | default | takes | read by | what it does |", "|---|---|---|---|---|")
 
 
 def _table() -> list[str]:
-    rows = [f"| `{k.name}` | {f'`{k.default}`' if k.default is not None else '(unset)'} | `{k.package}` | {k.doc} |"
+    rows = [f"| `{k.name}` | {f'`{k.default}`' if k.default is not None else '(unset)'} | {k.takes()} | `{k.package}` "
+            f"| {k.doc} |"
             for k in sorted(knobs.KNOBS, key=lambda k: (k.package, k.name))]
     return [*HEADER, *rows]
 
@@ -54,3 +56,56 @@ def test_an_integer_knob_names_itself_when_it_is_not_one(monkeypatch: pytest.Mon
     monkeypatch.setenv(knob.name, "many")
     with pytest.raises(ValueError, match="TORCHREC_TPU_TEST_KNOB='many': expected an integer"):
         knob.integer()
+
+
+NUMERIC = [k for k in knobs.KNOBS if k.kind is not None]
+REPO = DOC.parents[1]
+
+
+def test_every_knob_read_as_a_number_declares_its_range() -> None:
+    """A knob the code reads with ``integer()``, ``integers()``, ``number()`` or ``read()`` (or
+    parses itself from ``text()``, as the compile cache's size cap) is a numeric knob of the
+    registry, with a lower bound: ``-1`` was taken silently by seven of them."""
+    read = set()
+    for path in [*REPO.glob("*/**/*.py")]:
+        if "tests" in path.parts or ".venv" in path.parts:
+            continue
+        read |= set(re.findall(r"knobs\.([A-Z_]+)\.(?:integers?|number|read)\(\)", path.read_text()))
+    read.add("COMPILE_CACHE_MAX_MB")
+    assert read and {k for k in read if getattr(knobs, k).kind is None} == set()
+    assert all(k.minimum is not None for k in NUMERIC), [k.name for k in NUMERIC if k.minimum is None]
+    assert {"OP_JIT_MAX", "DEFER_MAX_OPS", "SPECIALIZE_WARN", "DIST_PORT_OFFSET", "SPARSECORES_PER_DEVICE",
+            "PROGRESS_SECONDS"} <= read  # (and the device attributes' three, read in a loop over them)
+
+
+@pytest.mark.parametrize("knob", NUMERIC, ids=lambda k: k.name)
+def test_a_numeric_knob_refuses_values_outside_its_range(monkeypatch: pytest.MonkeyPatch, knob: knobs.Knob) -> None:
+    monkeypatch.delenv(knob.name, raising=False)
+    if knob.default is not None:
+        knob.read()  # the default is in range
+    low = int(knob.minimum)
+    bad = ["-1", str(low - 1), "x", "nan"]
+    bad += [] if knob.maximum is None else [str(int(knob.maximum) + 1)]
+    bad += {"integers": [",".join(["1"] * (knob.items + 1))], "integer": ["1.5"]}.get(knob.kind, [])
+    for text in bad:
+        monkeypatch.setenv(knob.name, text)
+        with pytest.raises(knobs.KnobError, match=f"^{knob.name}={re.escape(repr(text))}: expected "
+                                                  f"{re.escape(knob.takes())}$"):
+            knob.read()
+        if knob.package == "torch_tpu":
+            with pytest.raises(knobs.KnobError, match=knob.name):
+                knobs.check_set("torch_tpu")
+    for good in {str(low), str(low + 1)}:
+        monkeypatch.setenv(knob.name, good)
+        assert knob.read() in (low, low + 1, (low,), (low + 1,))
+        knobs.check_set(knob.package)
+
+
+def test_takes_says_the_range() -> None:
+    assert knobs.OP_JIT_MAX.takes() == "an integer >= 1"
+    assert knobs.DIST_PORT_OFFSET.takes() == "an integer in [1, 65534]"
+    assert knobs.DEVICE_COORDS.takes() == "1 to 3 comma-separated integers >= 0"
+    assert knobs.PROGRESS_SECONDS.takes() == "a number >= 0"
+    assert knobs.EAGER_MODE.takes() == ""
+    with pytest.raises(TypeError, match="TORCH_TPU_EAGER_MODE is not a numeric knob"):
+        knobs.EAGER_MODE.read()

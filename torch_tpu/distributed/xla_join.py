@@ -118,7 +118,11 @@ def init_xla_transport(
 def _rendezvous(store: dist.Store | None, rank: int, timeout: datetime.timedelta) -> str:
     if store is None:
         offset = knobs.DIST_PORT_OFFSET.integer()
-        return f"{_coordinator_host()}:{_env_int('MASTER_PORT') + offset}"
+        port = _env_int("MASTER_PORT") + offset
+        if port > 65535:
+            raise ValueError(f"init_xla_transport: MASTER_PORT plus {knobs.DIST_PORT_OFFSET.name}={offset} is port "
+                             f"{port}, above 65535")
+        return f"{_coordinator_host()}:{port}"
     if rank == 0:
         store.set(COORDINATOR_KEY, f"{_coordinator_host()}:{_free_port()}")
     store.wait([COORDINATOR_KEY], timeout)

@@ -28,7 +28,6 @@ from torch_tpu.ops.tpu_namespace_ops import *  # noqa: F403  (torch.tpu.ops' oth
 from torch_tpu.runtime.dynamo_hooks import constant_result
 from tpu_facts import knobs
 
-EMULATED_SPARSECORES_ENV = knobs.SPARSECORES_PER_DEVICE.name
 # SparseCores per device of a device without any (XLA:CPU): v6e's and TPU7x's count, and what
 # TorchRec's SparseCore modules assume by default (num_sc_per_device=2)
 EMULATED_SPARSECORES_PER_DEVICE = 2
@@ -139,12 +138,9 @@ def sparsecores_per_device() -> int:
     own = get_device_properties().sparsecores_per_device
     if own:
         return own
-    text = knobs.SPARSECORES_PER_DEVICE.text() or ""
-    if not text:
+    if not knobs.SPARSECORES_PER_DEVICE.text():
         return EMULATED_SPARSECORES_PER_DEVICE
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{EMULATED_SPARSECORES_ENV}={text!r}: expected a positive integer")
-    return int(text)
+    return knobs.SPARSECORES_PER_DEVICE.integer()
 
 
 def sparse_dense_matmul_activation_unstack(stacked_activations: torch.Tensor, per_feature_batch_sizes: list[int],

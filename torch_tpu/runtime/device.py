@@ -160,14 +160,8 @@ def get_local_device_attributes() -> dict[str, Any]:
             attrs[name] = tuple(value) if name == "coords" else int(value)
     for knob, name in ((knobs.DEVICE_COORDS, "coords"), (knobs.CORE_ON_CHIP, "core_on_chip"),
                        (knobs.SLICE_INDEX, "slice_index")):
-        text = knob.text()
-        if not text:
-            continue
-        try:
-            attrs[name] = tuple(int(v) for v in text.split(",")) if name == "coords" else int(text)
-        except ValueError:
-            wanted = "comma-separated integers" if name == "coords" else "an integer"
-            raise ValueError(f"{knob.name}={text!r}: expected {wanted}") from None
+        if knob.text():
+            attrs[name] = knob.integers() if name == "coords" else knob.integer()
     return attrs
 
 

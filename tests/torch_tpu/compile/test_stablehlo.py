@@ -1,5 +1,6 @@
 """StableHLO export: the API returns the program text; TORCH_TPU_DUMP_HLO writes one file per graph."""
 
+import pytest
 import torch
 
 import torch_tpu.compile as tc
@@ -26,3 +27,13 @@ def test_env_var_dumps_each_graph(tmp_path, monkeypatch):
     assert files == ["backward", "forward"]
     for path in tmp_path.iterdir():
         assert "stablehlo." in path.read_text()
+
+
+def test_env_var_naming_a_file_is_refused_naming_the_variable(tmp_path, monkeypatch):
+    # it failed inside compilation with the OS error alone (FileExistsError on the path)
+    taken = tmp_path / "a_file"
+    taken.write_text("")
+    monkeypatch.setenv("TORCH_TPU_DUMP_HLO", str(taken))
+    with pytest.raises(Exception, match=f"TORCH_TPU_DUMP_HLO='{taken}': expected a folder") as info:
+        torch.compile(_f, backend="tpu", dynamic=False)(torch.randn(2, 4), torch.randn(4, 5))
+    assert isinstance(getattr(info.value, "inner_exception", info.value), ValueError)  # (Dynamo wraps it)

@@ -229,7 +229,11 @@ class CompiledGraph:
         self.precision, (self.key, self.exported, self._run) = matmul_precision, program
         dump_dir = knobs.DUMP_HLO.text()
         if new and dump_dir:
-            self.dump(dump_dir)
+            try:
+                self.dump(dump_dir)
+            except OSError as e:  # a file of that name, no permission: name the variable, not the path alone
+                raise knobs.KnobError(f"{knobs.DUMP_HLO.name}={dump_dir!r}: expected a folder the StableHLO can be "
+                                      f"written into ({e.strerror or e})") from None
 
     def stablehlo(self) -> str:
         """The program as StableHLO text (MLIR)."""
