@@ -22,10 +22,15 @@ echo "[setup] installing the pinned stack into $VENV (first run takes a few minu
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
 # This machine's pip config lists local mirror folders that may be absent; their warnings are noise.
-pip_install() { "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+# pip's lines that say how far it is (each package collected or downloaded, the install, the
+# result), so no minute of a first setup is silent; "already satisfied" and build detail left out.
+progress() { { grep --line-buffered -E "^ *(Collecting|Downloading|Installing collected|Successfully installed)" \
+    || true; } | sed -u -E 's/^ */[setup] /; s/^(.{200}).+/\1.../'; }
+pip_install() { "${PIP[@]}" --progress-bar off "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) \
+    | progress; }
 # The README's install line, editable and with the test and profile extras. The alias folder
 # satisfies torchrec's CUDA `fbgemm-gpu` requirement with fbgemm-gpu-cpu (packaging/README.md).
-pip_install -q ./packaging/fbgemm-gpu-cpu-alias -e ".[test,profile]"
+pip_install ./packaging/fbgemm-gpu-cpu-alias -e ".[test,profile]"
 "$VENV/bin/python" - <<'PY'
 import fbgemm_gpu, jax, matplotlib, mlperf_logging.mllog, pyarrow, ray, ray.train, torch, torchrec, xprof  # noqa: F401  (fail here, not mid-job)
 assert torch.__version__.startswith("2.13.0"), torch.__version__
