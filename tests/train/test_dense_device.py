@@ -222,3 +222,22 @@ def test_checkpoints_move_between_placements(tiny_dataset: Path, tmp_path: Path)
         if isinstance(value, torch.Tensor):
             torch.testing.assert_close(got[key], value, rtol=0, atol=1e-3, msg=key)
     assert resumed.result.eval.auc == pytest.approx(full.result.eval.auc, abs=1e-3)
+
+
+def test_the_verdict_is_keyed_on_what_costs_and_said_in_one_short_line(monkeypatch, caplog) -> None:
+    """The same towers at other learning rates reuse the verdict (the rates change no cost); a
+    fresh verdict is one short line naming the pick and both times, after lines saying what the
+    timing does before it does it."""
+    key = dense_calibration._key(SMALL, 64, OptimConfig(), "auto")
+    assert key == dense_calibration._key(SMALL, 64, OptimConfig(dense_lr=0.5, sparse_lr=0.01), "auto")
+    assert key != dense_calibration._key(SMALL, 64, OptimConfig(dense_optimizer="sgd"), "auto")
+    monkeypatch.setattr(dense_calibration, "BUSY_SHARE", 1.0)  # stored even beside other tests
+    monkeypatch.setattr(dense_calibration, "time_placements",
+                        lambda *args: dense_calibration.PlacementTiming(cpu_ms=20.0, tpu_ms=12.5))
+    fresh = dataclasses.replace(SMALL, embedding_dim=16, dense_layers=(16, 16))  # no verdict stored yet
+    with caplog.at_level("INFO", logger=dense_calibration.__name__):
+        assert dense_calibration.measured_dense_device(fresh, 72, OptimConfig()) == "tpu"
+    first, verdict = [r.getMessage() for r in caplog.records]
+    assert first.startswith("--dense-device auto: timing a training step") and "a minute or two" in first
+    assert verdict.startswith("--dense-device auto: the towers on tpu: a step takes 12.5 ms there, 20.0 ms on cpu")
+    assert len(verdict) <= 120, verdict

@@ -86,7 +86,7 @@ def measured_dense_device(spec: ModelSpec, batch_size: int, optim: OptimConfig, 
     if stored is not None and not (stored.get("busy") and not _host_busy()):
         return str(stored["device"])
     _log.info("--dense-device auto: timing a training step with the towers in CPU eager torch and on the tpu "
-              "device (once on this host for this model%s; the verdict is stored)",
+              "device, a minute or two (once on this host for these towers and tables%s)",
               ", again: the last timing ran beside other work" if stored is not None else "")
     start = time.perf_counter()
     try:
@@ -98,11 +98,10 @@ def measured_dense_device(spec: ModelSpec, batch_size: int, optim: OptimConfig, 
                      "eager torch (not stored)", error)
         return "cpu"
     busy = timing.outside_share > BUSY_SHARE
-    _log.info("--dense-device auto: a training step (towers, embedding lookup and update) %.1f ms with the towers "
-              "in CPU eager torch, %.1f ms with them on the tpu device (XLA:CPU); picked %s (measured in %.1f s, "
-              "other processes used %.0f%% of the host's CPU meanwhile%s)", timing.cpu_ms, timing.tpu_ms,
-              timing.device, time.perf_counter() - start, 100 * timing.outside_share,
-              f": above {100 * BUSY_SHARE:.0f}%, so a job on the quiet host times again" if busy else "")
+    _log.info("--dense-device auto: the towers on %s: a step takes %.1f ms there, %.1f ms on %s (timed in %.0f s%s)",
+              timing.device, *((timing.tpu_ms, timing.cpu_ms, "cpu") if timing.device == "tpu"
+                               else (timing.cpu_ms, timing.tpu_ms, "tpu")),
+              time.perf_counter() - start, "; the host was busy, the next run times again" if busy else "")
     xla_cache.store(LEVEL, key, json.dumps({"device": timing.device, "cpu_ms": timing.cpu_ms,
                                             "tpu_ms": timing.tpu_ms, "busy": busy}).encode())
     return timing.device
@@ -141,9 +140,11 @@ def time_placements(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse
             runs[name] = functools.partial(_steps, step_function(model, optimizer, layout), model, optimizer,
                                            batches)
     times: dict[str, list[float]] = {name: [] for name in runs}
+    _log.info("--dense-device auto: compiling the tpu step and warming both placements up")
     for _ in range(_WARMUP_STEPS):  # the tpu step compiles (or loads) in its first
         for run in runs.values():
             run(1)
+    _log.info("--dense-device auto: timing %d rounds of %d steps each", _ROUNDS, _STEPS)
     outside = OutsideCpu()
     for r in range(_ROUNDS):
         for name in (("cpu", "tpu") if r % 2 == 0 else ("tpu", "cpu")):
@@ -210,7 +211,7 @@ def _random_batch(spec: ModelSpec, batch_size: int, ids_per_feature: tuple[int, 
 def _key(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: str,
          ids_per_feature: tuple[int, ...] | None = None) -> str:
     """Everything the verdict depends on: the towers, the timed tables, batch, ids per sample,
-    optimizers, precision, sparse backend, torch threads, this host's CPU and core count, the
+    optimizers (not their learning rates), precision, sparse backend, torch threads, this host's CPU and core count, the
     library versions, the device's kernels and the project's source files (a change to either
     placement's step code times again)."""
     import jax
@@ -224,7 +225,7 @@ def _key(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: s
     towers = (len(spec.feature_names), spec.embedding_dim, spec.dense_in_features, spec.dense_layers,
               spec.over_layers, spec.dcn_num_layers, spec.dcn_low_rank_dim)
     tables = tuple(min(rows, TABLE_ROWS_CAP) for rows in spec.table_sizes)
-    optimizers = (optim.dense_optimizer, optim.dense_lr, optim.sparse_optimizer, optim.sparse_lr)
+    optimizers = (optim.dense_optimizer, optim.sparse_optimizer)  # their kinds cost; the learning rates do not
     ids = ids_per_feature or (1,) * len(spec.feature_names)
     parts = (towers, tables, batch_size, ids, optimizers, optim.precision, sparse_backend, torch.get_num_threads(),
              os.cpu_count(), cpu_model(), platform.machine(), torch.__version__, jax.__version__,
