@@ -37,16 +37,19 @@ from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.column_blocks import ColumnSelection
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
 from torchrec_tpu.sharding.shards import TableSharding
+from torchrec_tpu.sharding.zch_tables import ZchBatch
 from tpu_facts import global_batch_of, padded_local_batch_of
 
 
 @dataclass
 class LocalBatch:
     """What input dist delivers to this rank: global-batch inputs of its shards, by feature, and
-    the local backend's prepared form of them (``Backend.prepare``, done where the dist ran)."""
+    the local backend's prepared form of them (``Backend.prepare``, done where the dist ran);
+    ``zch``: what the batch's managed-collision remap left for its lookup."""
 
     inputs: dict[str, FeatureInput]
     prepared: Any = None
+    zch: ZchBatch | None = None
 
 
 class PrefetchedKJT(KeyedJaggedTensor):
@@ -211,7 +214,7 @@ class ShardedSparseCoreEBC(ShardedTables):
         ``group`` so its collectives never interleave with the step's); ``forward`` of the
         returned KJT starts from the result. Every rank must prefetch the same batches in the
         same order (the dists are collectives); they may be consumed in any order."""
-        return PrefetchedKJT(kjt, self, self.input_dist(self._prefetchable(kjt), group))
+        return PrefetchedKJT(kjt, self, self.input_dist(self._prefetchable(kjt), group, training=True))
 
     def send_lengths(self, kjt: KeyedJaggedTensor | None, group: dist.ProcessGroup | None,
                      flags: Sequence[int] = ()) -> SentLengths:
@@ -238,20 +241,26 @@ class ShardedSparseCoreEBC(ShardedTables):
     def compile(self, kjt: KeyedJaggedTensor) -> None:
         """Compile the local lookup and update programs for batches like ``kjt`` ahead of the
         steps (runs its input dist: a collective, call it on every rank)."""
-        batch = self.input_dist(kjt)
+        batch = self.input_dist(kjt, training=False)
         if self._backend is not None:
             self._backend.compile(batch.prepared)
 
-    def input_dist(self, kjt: KeyedJaggedTensor, group: dist.ProcessGroup | None = None) -> LocalBatch:
-        """Validate ``kjt`` (errors name the feature), fold combiners into gains, exchange ids
-        (over ``group``, default the EBC's) and prepare the local backend's input."""
+    def input_dist(self, kjt: KeyedJaggedTensor, group: dist.ProcessGroup | None = None,
+                   training: bool | None = None) -> LocalBatch:
+        """Remap managed ids to slots (``training``: counting them toward the eviction policy;
+        default: the module's mode), validate ``kjt`` (errors name the feature), fold combiners
+        into gains, exchange ids (over ``group``, default the EBC's) and prepare the local
+        backend's input."""
         group = group if group is not None else self.group
+        zch = None
+        if self.zch is not None:
+            kjt, zch = self.zch.remap(kjt, self.training if training is None else training)
         lengths, ids, gains = self._routed(kjt)
         if self.world_size == 1:
             received = {f.name: FeatureInput(*piece) for (f, _), *piece in zip(self._served[0], ids, lengths, gains)}
-            return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
+            return LocalBatch(received, self._backend.prepare(received) if self._backend else None, zch)
         _, rest = self._send_routed((lengths, ids, gains), (), group)
-        return rest()
+        return replace(rest(), zch=zch)
 
     def _routed(self, kjt: KeyedJaggedTensor) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
         """Validated (lengths, ids, gains) of every rank's served (feature, shard) pairs, in
@@ -344,6 +353,7 @@ class ShardedSparseCoreEBC(ShardedTables):
 
     def compute_and_output_dist(self, batch: LocalBatch) -> KeyedTensor:
         """Look up the local shards and return this rank's pooled embeddings."""
+        self.settle_collisions(batch)
         values = self._looked_up(batch)
         return KeyedTensor(keys=[f.name for f in self.features],
                            length_per_key=[self.tables[f.table].dim for f in self.features], values=values)
@@ -380,6 +390,11 @@ class ShardedSparseCoreEBC(ShardedTables):
             if self.padding:
                 grad = torch.nn.functional.pad(grad, (0, self.padded_width - widths[self.rank]))
             self._backend.update(context, grad)
+
+    def settle_collisions(self, batch: LocalBatch) -> None:
+        """Before ``batch``'s lookup: reset the rows its managed-collision remap evicted."""
+        if self.zch is not None:
+            self.zch.settle(batch.zch)
 
     def to_torchrec(self) -> EmbeddingBagCollection:
         """A plain CPU TorchRec EBC holding the current tables, for serving (a collective)."""

@@ -25,6 +25,9 @@ from torchrec_tpu.sharding.deferred import DeferredTensor, tables_deferred
 from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards, row_slot_size
 from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys, streamed_local_state
 from torchrec_tpu.sharding.uniform_ranks import RankPadding, is_pad, local_plan, uniform_padding
+from torchrec_tpu.sharding.zch import ZchSpec
+from torchrec_tpu.sharding.zch_tables import STATE_KEY as ZCH_STATE_KEY
+from torchrec_tpu.sharding.zch_tables import ManagedCollisions
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
 register_backend(OPS, "torchrec_tpu.sharding.ops_backend:OpsBackend")  # (imports torch_tpu when made)
@@ -112,6 +115,11 @@ class ShardedTables(nn.Module):
         self._configure()
         self.padding = self._uniform_padding() if self.uniform_ranks else RankPadding()
         self._backend: Backend | None = self._initial_backend(weights)
+        self.zch: ManagedCollisions | None = None
+
+    def manage_collisions(self, specs: Mapping[str, ZchSpec]) -> None:
+        """Remap the raw ids of ``specs``' tables to their slots (TorchRec's MCH modules; none: stop)."""
+        self.zch = ManagedCollisions(self, specs) if specs else None
 
     @property
     def local_backend(self) -> Backend | None:
@@ -230,6 +238,8 @@ class ShardedTables(nn.Module):
         state = checkpoint_state(self.table_modules, self.tables, self.shards, weights, slots, self.steps,
                                  self._where())
         destination.update({prefix + key: value for key, value in state.items()})
+        if self.zch is not None:
+            destination[prefix + ZCH_STATE_KEY] = self.zch.state_bytes()
 
     @staticmethod
     def _deferred_state(backend: Backend) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
@@ -247,8 +257,12 @@ class ShardedTables(nn.Module):
                               error_msgs) -> None:
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        if self.zch is not None and prefix + ZCH_STATE_KEY in state_dict:
+            self.zch.load_bytes(state_dict[prefix + ZCH_STATE_KEY])
+        elif self.zch is not None and strict:
+            missing_keys.append(prefix + ZCH_STATE_KEY)
         keys = [prefix + key for key in state_keys(self.table_modules, self.tables)]
-        ours = set(keys)
+        ours = {*keys, *([prefix + ZCH_STATE_KEY] if self.zch is not None else [])}
         unexpected_keys[:] = [key for key in unexpected_keys if key not in ours]
         missing = [key for key in keys if key not in state_dict]
         if missing:

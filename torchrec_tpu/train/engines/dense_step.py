@@ -113,6 +113,8 @@ class CompiledDenseStep:
         if self.fused_step is not None and kjt.stride() == self.ebc.padded_local_batch:
             if not isinstance(kjt, PrefetchedKJT):
                 kjt = self.ebc.prefetch(kjt)  # no prefetch thread (the profiler's run): the input dist here
+            if kjt.owner is self.ebc:  # type: ignore[union-attr]
+                self.ebc.settle_collisions(kjt.local)  # type: ignore[union-attr]
             inputs = self.lookup.step_inputs(kjt.local) if kjt.owner is self.ebc else None  # type: ignore[union-attr]
             if inputs is None:
                 raise ValueError("the training layout runs the embedding lookup inside the step program, but this "
@@ -185,7 +187,7 @@ class CompiledDenseEval:
 
         size, parts, first = self.ebc.padded_local_batch, [], 0
         for chunk, real in fixed_size_chunks(batch.sparse_features, size):
-            csr = self.lookup.eval_inputs(self.ebc.input_dist(chunk))  # type: ignore[union-attr]
+            csr = self.lookup.eval_inputs(self.ebc.input_dist(chunk, training=False))  # type: ignore[union-attr]
             if csr is None:
                 raise ValueError("the training layout runs the embedding lookup inside the evaluation program, but "
                                  "this batch's input dist prepared no CSR buffers for the ops backend")

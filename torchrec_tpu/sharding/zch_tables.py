@@ -1,0 +1,111 @@
+"""``ManagedCollisions``: a sharded module's managed-collision remap and what it owes the tables.
+
+A batch's raw ids are remapped on the host before its input dist (on the prefetch thread when
+there is one), so every lookup, the one-program step's included, sees slots in range. The slots a
+batch's remap evicted travel with it (:class:`ZchBatch`) and are reset just before its lookup,
+after the previous batch's update, where TorchRec's sharded MC-EBC resets them: the rows are drawn
+afresh from the table's initializer and the optimizer state goes back to its initial values
+(TorchRec zeroes the momentum, then applies the table's ``init_fn``). The remap state a
+checkpoint saves is the one after the last batch the tables trained on, however far the prefetch
+thread has remapped ahead.
+"""
+
+from __future__ import annotations
+
+import io
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_tpu.sharding.zch import RemapMark, ZchSpec
+from torchrec_tpu.sharding.zch_collection import ZchCollection
+
+if TYPE_CHECKING:
+    from torchrec_tpu.sharding.sharded_tables import ShardedTables
+
+STATE_KEY = "zch_state"  # the module's state dict entry: the remap state, serialized (plain tensors)
+
+
+@dataclass(frozen=True)
+class ZchBatch:
+    """What a batch's remap left for its lookup: the slots each table ``evicted`` and the remap
+    state after it (``marks``; None for a frozen remap, which changes nothing)."""
+
+    evicted: dict[str, torch.Tensor]
+    marks: dict[str, RemapMark] | None
+
+
+class ManagedCollisions:
+    """The remap of ``module``'s ``specs`` tables (name -> :class:`ZchSpec`)."""
+
+    def __init__(self, module: "ShardedTables", specs: Mapping[str, ZchSpec]):
+        unknown = sorted(set(specs) - set(module.tables))
+        if unknown:
+            raise ValueError(f"zch tables {unknown} are not among the tables {sorted(module.tables)}")
+        if module.world_size > 1:
+            raise ValueError(f"zch runs on one rank for now, not {module.world_size}")
+        features = {name: [f.name for f in module.features if f.table == name] for name in specs}
+        self.collection = ZchCollection({name: (module.tables[name].vocab_size, spec) for name, spec in specs.items()},
+                                        features)
+        self.module = module
+        self._trained: dict[str, RemapMark] | None = None
+
+    @property
+    def specs(self) -> dict[str, ZchSpec]:
+        return {name: remap.spec for name, remap in self.collection.remaps.items()}
+
+    def remap(self, kjt: KeyedJaggedTensor, training: bool) -> tuple[KeyedJaggedTensor, ZchBatch]:
+        """``kjt`` with its managed ids as slots; ``training`` counts them toward the policy."""
+        remapped, evicted = self.collection(kjt, training)
+        return remapped, ZchBatch(evicted, self.collection.marks() if training else None)
+
+    def settle(self, batch: ZchBatch | None) -> None:
+        """Before ``batch``'s lookup: reset the rows it evicted; its remap state is now the trained one."""
+        if batch is None or batch.marks is None:
+            return
+        if batch.evicted:
+            reset_rows(self.module, batch.evicted, {t: m.iteration for t, m in batch.marks.items()})
+        self._trained = batch.marks
+
+    def state_bytes(self) -> bytes:
+        """The trained remap state (:meth:`ZchCollection.state_dict`), serialized."""
+        buffer = io.BytesIO()
+        torch.save(self.collection.state_dict(self._trained), buffer)
+        return buffer.getvalue()
+
+    def load_bytes(self, data: bytes) -> None:
+        """Install a :meth:`state_bytes` (plain tensors only are read)."""
+        state = torch.load(io.BytesIO(data), weights_only=True)
+        if not isinstance(state, dict):
+            raise ValueError(f"zch state in the checkpoint is a {type(state).__name__}, not a dict of tensors")
+        self.collection.load_state_dict(state)
+        self._trained = None
+
+
+def reset_rows(module: "ShardedTables", rows: Mapping[str, torch.Tensor], iterations: Mapping[str, int]) -> None:
+    """Reset ``rows`` (table -> global rows) of ``module``'s local shards: weights drawn from the
+    table's initializer (seeded by the module's seed, the table and ``iterations[table]``, the
+    remap iteration that evicted them: the same rows on every rank and in a resumed run),
+    optimizer slots at their initial values."""
+    backend = module.local_backend
+    served = {shard.table: shard for _, shard in module._served[module.rank]}
+    rows = {table: r for table, r in rows.items() if table in served and r.numel()}
+    if backend is None or not rows:
+        return
+    weights, slots = backend.table_weights(), backend.optimizer_slots()
+    for table, global_rows in rows.items():
+        spec, shard = module.tables[table], served[table]
+        generator = torch.Generator().manual_seed(module.engine.seed * 1_000_003 + zlib.crc32(table.encode())
+                                                  + 7919 * iterations[table])
+        fresh = spec.effective_initializer.sample(global_rows.numel(), spec.dim, generator)
+        ids = global_rows.numpy()
+        mine = shard.owns(ids)
+        local = torch.from_numpy(shard.local_rows(ids[mine]))
+        weights[table][local] = fresh[torch.from_numpy(mine)][:, shard.col_offset:shard.col_offset + shard.cols]
+        for slot, value in spec.optimizer.slot_initial_values().items():
+            slots[table][slot][local] = value
+    backend.load_state(weights, slots, backend.steps)
