@@ -29,10 +29,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from pipelines.schema import CRITEO, DatasetSchema
 
 TableSizes = Sequence[int] | Mapping[str, int]
+RAW_IDS = -1  # the table size of a feature whose ids are read as they are (int64; managed collisions remap them)
 
 
 def table_sizes_for(schema: DatasetSchema, num_embeddings_per_feature: TableSizes) -> tuple[int, ...]:
-    """Table sizes in ``schema.sparse`` order, validated (one positive size per categorical)."""
+    """Table sizes in ``schema.sparse`` order, validated (one positive size, or ``RAW_IDS``, per categorical)."""
     if isinstance(num_embeddings_per_feature, Mapping):
         missing = [name for name in schema.sparse if name not in num_embeddings_per_feature]
         if missing:
@@ -46,8 +47,8 @@ def table_sizes_for(schema: DatasetSchema, num_embeddings_per_feature: TableSize
                 f"{len(schema.sparse)} categorical columns"
             )
     for name, size in zip(schema.sparse, sizes):
-        if size <= 0:
-            raise ValueError(f"table size of {name} must be > 0, got {size}")
+        if size <= 0 and size != RAW_IDS:
+            raise ValueError(f"table size of {name} must be > 0, got {size} (or {RAW_IDS}: raw ids)")
     return sizes
 
 
@@ -93,12 +94,16 @@ def _ids_and_lengths(column: pa.Array, name: str) -> tuple[np.ndarray, np.ndarra
 def sparse_from_arrow(
     data: pa.Table | pa.RecordBatch, schema: DatasetSchema, table_sizes: Sequence[int]
 ) -> KeyedJaggedTensor:
-    """The categorical columns as a KeyedJaggedTensor of ids hashed into their tables."""
+    """The categorical columns as a KeyedJaggedTensor of ids hashed into their tables (a
+    ``RAW_IDS`` table: cast to int64 as they are)."""
     per_key = [_ids_and_lengths(_column(data, name), name) for name in schema.sparse]
     values = np.empty(sum(len(ids) for ids, _ in per_key), dtype=np.int64)
     start = 0
     for (ids, _), size in zip(per_key, table_sizes):
-        np.mod(ids, size, out=values[start : start + len(ids)], casting="unsafe")
+        if size == RAW_IDS:
+            values[start : start + len(ids)] = ids.astype(np.int64, copy=False)
+        else:
+            np.mod(ids, size, out=values[start : start + len(ids)], casting="unsafe")
         start += len(ids)
     return KeyedJaggedTensor(
         keys=list(schema.sparse),

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipelines.arrow_batch import batch_from_arrow, dense_transform
+from pipelines.arrow_batch import RAW_IDS, batch_from_arrow, dense_transform
 from pipelines.schema import CRITEO, DatasetSchema
 from pipelines.text_reader import TextReader
 
@@ -82,6 +82,15 @@ def test_dense_transform_reference():
     )
     floats = np.array([np.nan, -1.5, 2.0])
     assert dense_transform(floats).tolist() == pytest.approx([0.0, 0.0, math.log(3)])
+
+
+def test_raw_id_tables_keep_their_ids_as_int64():
+    schema = DatasetSchema(label="y", dense=(), sparse=("a", "b"))
+    raw = [2**40 + 7, 5, 2**63 - 1]
+    table = pa.table({"y": [1, 0, 1], "a": pa.array(raw, pa.int64()), "b": pa.array(raw, pa.int64())})
+    values = batch_from_arrow(table, [RAW_IDS, 4], schema).sparse_features.values()
+    assert values.dtype == torch.int64
+    assert values.tolist() == raw + [(2**40 + 7) % 4, 5 % 4, (2**63 - 1) % 4]
 
 
 def test_clear_errors():

@@ -29,8 +29,10 @@ from torchrec.modules.mc_modules import (
     dynamic_threshold_filter,
 )
 
+from torchrec_tpu.zch_names import ZCH_POLICIES
+
 INT64_MAX = torch.iinfo(torch.int64).max
-POLICIES = {"lfu": LFU_EvictionPolicy, "lru": LRU_EvictionPolicy, "distance_lfu": DistanceLFU_EvictionPolicy}
+POLICIES = dict(zip(ZCH_POLICIES, (LFU_EvictionPolicy, LRU_EvictionPolicy, DistanceLFU_EvictionPolicy)))
 THRESHOLDS = ("dynamic", "average")
 
 

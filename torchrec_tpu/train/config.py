@@ -29,6 +29,7 @@ from torchrec_tpu.train.dlrm_main_flags import add_dlrm_main_flags
 from torchrec_tpu.train.engine_kinds import ENGINES
 from torchrec_tpu.train.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 from torchrec_tpu.train.spellings import conflicting_spellings, record_spellings
+from torchrec_tpu.zch_names import ZCH_POLICIES
 
 _log = logging.getLogger(__name__)
 
@@ -251,10 +252,26 @@ class EngineConfig(_Group):
         300.0, "seconds a collective waits for the other ranks before every rank fails. All process groups; it "
                "ends a run that waits on a stalled or dead rank.",
         metavar="SECONDS")
+    zch: str | None = _opt(
+        None, "comma-separated features whose tables remap raw ids by managed collisions, or all (default: none). "
+              "Each item is NAME[:POLICY[:INTERVAL]], as TorchRec's MCH modules: the ids are read as raw int64 values "
+              "(no modulo); each table keeps its ids in a sorted identity table and every INTERVAL batches evicts "
+              "by POLICY (default --zch-policy, --zch-eviction-interval), resetting the evicted rows and their "
+              "optimizer state; an id not in the table goes to its last row. --engine sparsecore, one rank.",
+        metavar="TABLES")
+    zch_policy: str = _opt("lfu", "eviction policy of the --zch tables that name none: TorchRec's LFU, LRU or "
+                                  "distance-LFU", choices=ZCH_POLICIES)
+    zch_eviction_interval: int = _opt(100, "batches between evictions of the --zch tables that name none")
 
     def validate(self) -> None:
-        _check_group(self, at_least_0=("num_threads",), positive=("collective_timeout",))
+        _check_group(self, at_least_0=("num_threads",), at_least_1=("zch_eviction_interval",),
+                     positive=("collective_timeout",))
         kind = ENGINES[self.kind]
+        if self.zch is not None and not kind.manages_collisions:
+            raise ConfigError(f"--zch={self.zch!r} needs --engine {_engines_that('manages_collisions')} (the "
+                              f"{kind.name} engine takes ids modulo its tables)")
+        if self.zch is not None:
+            self.zch_tables(None)
         for name, default in (("dense_device", "auto"), ("dense_parallel", "ddp"), ("sparse_backend", "auto")):
             if not kind.places_dense and getattr(self, name) not in (default, "cpu"):
                 raise ConfigError(f"{_as_flag(name)}={getattr(self, name)!r} needs --engine "
@@ -263,6 +280,29 @@ class EngineConfig(_Group):
         if self.plan is not None and not kind.reads_plan:
             raise ConfigError(f"--plan={self.plan!r} needs --engine {_engines_that('reads_plan')} (the "
                               f"{kind.name} engine plans with its own planner)")
+
+
+    def zch_tables(self, features: tuple[str, ...] | None) -> dict[str, tuple[str, int]]:
+        """``--zch`` as feature -> (policy, eviction interval), over ``features`` (the data's
+        categorical features; None: names unchecked, 'all' unexpanded)."""
+        tables: dict[str, tuple[str, int]] = {}
+        for item in (self.zch or "").split(","):
+            name, *rest = item.strip().split(":")
+            if not name or len(rest) > 2:
+                raise ConfigError(f"--zch={self.zch!r}: {item!r} is not NAME[:POLICY[:INTERVAL]]")
+            policy = rest[0] if rest else self.zch_policy
+            if policy not in ZCH_POLICIES:
+                raise ConfigError(f"--zch={self.zch!r}: policy {policy!r} of {name!r} is not one of {ZCH_POLICIES}")
+            interval = rest[1] if len(rest) > 1 else str(self.zch_eviction_interval)
+            if not interval.isdigit() or int(interval) < 1:
+                raise ConfigError(f"--zch={self.zch!r}: eviction interval {interval!r} of {name!r} must be an "
+                                  "integer >= 1")
+            names = [name] if features is None or name != "all" else list(features)
+            if features is not None and name != "all" and name not in features:
+                raise ConfigError(f"--zch={self.zch!r}: {name!r} is not a categorical feature of the data "
+                                  f"({', '.join(features)}){did_you_mean(name, features)}")
+            tables.update({n: (policy, int(interval)) for n in names})
+        return tables
 
 
 @dataclass(frozen=True)

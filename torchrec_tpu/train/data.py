@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence, TypeVar
 
 import torch.distributed as dist
 
+from pipelines.arrow_batch import RAW_IDS
 from pipelines.bad_values import BadValueCounts
 from pipelines.convert import convert_to_parquet
 from pipelines.npy_criteo import NpyCriteoReader, npy_days
@@ -215,10 +216,25 @@ def parquet_source(config: TrainConfig, env: DistEnv) -> Iterator[tuple[Path, tu
         yield Path(source), uniform_sizes
 
 
+def _read_sizes(config: TrainConfig, table_sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """What each feature's ids are taken modulo when read: its table's rows, or ``RAW_IDS`` for
+    a ``--zch`` feature (its table remaps the raw ids)."""
+    if config.engine.zch is None:
+        return table_sizes
+    managed = config.engine.zch_tables(CRITEO.sparse)
+    if config.data.multi_hot_sizes is not None:
+        raise ConfigError(f"--zch={config.engine.zch!r} takes raw ids, which --multi-hot-sizes="
+                          f"{config.data.multi_hot_sizes!r} would spread modulo the tables' rows: give one of them")
+    return tuple(RAW_IDS if name in managed else rows for name, rows in zip(CRITEO.sparse, table_sizes))
+
+
 @contextlib.contextmanager
 def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
     """Readers for ``config.data.source``; the sample's temporary Parquet copy lives as long as this."""
     if config.data.in_memory_binary_criteo_path is not None:
+        if config.engine.zch is not None:
+            raise ConfigError(f"--zch={config.engine.zch!r} reads raw ids from Parquet; "
+                              "--in-memory-binary-criteo-path holds ids already taken modulo the tables")
         yield _npy_data(config, env, _table_sizes(config)[1])
         return
     with parquet_source(config, env) as (source, table_sizes):
@@ -227,9 +243,11 @@ def open_data(config: TrainConfig, env: DistEnv) -> Iterator[TrainData]:
             note_unverifiable(files)
         lockstep = env.world_size > 1
 
+        read_sizes = _read_sizes(config, table_sizes)
+
         def reader(split: Split, global_batch: int, drop_last: bool) -> ParquetBatchReader:
             return ParquetBatchReader(
-                split[0], env.local_batch_of(global_batch), table_sizes, CRITEO,
+                split[0], env.local_batch_of(global_batch), read_sizes, CRITEO,
                 rank=env.rank, world_size=env.world_size, drop_last=drop_last,
                 bad_values=config.data.bad_values, rows=split[1],
             )

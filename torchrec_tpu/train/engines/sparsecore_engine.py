@@ -25,6 +25,7 @@ from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.rank_agreement import AgreedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.sharding.uniform_ranks import UniformityError
+from torchrec_tpu.sharding.zch import ZchSpec
 from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, TrainConfig, per_feature_values
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.engines.dense_placement import (
@@ -39,7 +40,7 @@ from torchrec_tpu.train.engines.step_layout import StepLayout, resolve_sparsecor
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
-from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of
+from torchrec_tpu.train.model import EBC_PATH, ModelSpec, build_dlrm, ebc_of, table_name
 from torchrec_tpu.train.optimizers import dense_optimizer, sparse_optimizer
 from tpu_facts import global_batch_of
 
@@ -64,11 +65,22 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, op
     # the EBC's all_to_alls on a group of their own: on the default group the gradient exchange in its
     # backward queued behind DDP's all_reduces of the towers' gradients (32 ms a step at mlperf, 2 ranks)
     group = new_group(env) if env.world_size > 1 and not layout.uniform_ranks else None
-    model.set_submodule(EBC_PATH, _sparsecore_ebc(tables_ebc, local_batch, placement, optimizer, specs, seed,
-                                                  layout.sparse_backend, layout.uniform_ranks, group))
+    ebc = _sparsecore_ebc(tables_ebc, local_batch, placement, optimizer, specs, seed, layout.sparse_backend,
+                          layout.uniform_ranks, group)
+    if options.zch is not None:
+        ebc.manage_collisions(zch_specs(options, spec.feature_names, env.world_size))
+    model.set_submodule(EBC_PATH, ebc)
     place_dense(model, layout.dense_device)
     ebc_params = [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)]
     return parallelize_dense(model, env, layout.dense_device, layout.dense_parallel, ebc_params)
+
+
+def zch_specs(options: EngineConfig, features: tuple[str, ...], world_size: int) -> dict[str, ZchSpec]:
+    """``--zch``'s tables (by table name) and their remap specs."""
+    if world_size > 1:
+        raise ConfigError(f"--zch={options.zch!r} runs on one rank for now, not {world_size}")
+    return {table_name(feature): ZchSpec(policy, interval)
+            for feature, (policy, interval) in options.zch_tables(features).items()}
 
 
 def _sparsecore_ebc(tables_ebc: EmbeddingBagCollection, local_batch: int, placement: Placement,
