@@ -32,9 +32,9 @@ def test_prefetched_training_equals_plain_and_runs_input_dist_off_thread():
     threads = []
     original = piped.input_dist
 
-    def recording_input_dist(kjt, group=None):
+    def recording_input_dist(kjt, group=None, **kwargs):
         threads.append(threading.current_thread().name)
-        return original(kjt, group)
+        return original(kjt, group, **kwargs)
 
     piped.input_dist = recording_input_dist
     data = batches(5)
@@ -80,7 +80,7 @@ def test_a_prefetched_kjt_hands_its_input_dist_to_its_owner_only():
     kjt = batches(1)[0].sparse_features
     calls = []
     original = owner.input_dist
-    owner.input_dist = lambda k, group=None: calls.append(k) or original(k, group)
+    owner.input_dist = lambda k, group=None, **kw: calls.append(k) or original(k, group, **kw)
     ahead = owner.prefetch(kjt)
     assert ahead.to(torch.device("cpu")) is ahead  # Batch.to in the loop keeps the hand-off
     with torch.no_grad():
