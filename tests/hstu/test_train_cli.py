@@ -132,3 +132,17 @@ def test_a_diverging_run_stops_in_one_line_naming_step_loss_and_rates(tmp_path, 
     errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith("torchrec-tpu train: error: training loss is "), errors
     assert "(learning rates: --sparse-lr 1000 (rowwise_adagrad), --dense-lr 1000 (adam))" in errors[0], errors
+
+
+@pytest.mark.slow
+def test_a_run_says_what_it_does_at_each_phase(tmp_path, capfd):
+    """No silent stretch: a line before the first step (it compiles), one per --log-every steps
+    with the loss, one before the evaluation."""
+    data = _dataset(tmp_path)
+    assert _train(tmp_path, data, "--max-steps", "2") == 0
+    said = capfd.readouterr()
+    said = said.out + said.err
+    assert "train (HSTU): from step 0; the first step compiles" in said, said
+    steps = re.findall(r"train \(HSTU\) step (\d) \(epoch 0\): loss \d+\.\d{4}\n", said)
+    assert steps == ["1", "2"], said
+    assert "train (HSTU): 2 steps trained; evaluating on window T + 1" in said, said

@@ -26,6 +26,7 @@ from torch.nn import functional
 from torchmetrics.classification import BinaryAUROC
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 
+from pipelines.progress import ProgressLine
 from pipelines.sequences import read_meta, read_movielens, synthetic_events, window_path, write_sequences
 from pipelines.sequences.reader import SequenceBatch, SequenceReader
 from pipelines.synthetic import cache_root
@@ -309,6 +310,10 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
         guard = DivergenceGuard(f"--sparse-lr {config.optim.sparse_lr:g} (rowwise_adagrad), --dense-lr "
                                 f"{config.optim.dense_lr:g} (adam)", env.world_size)
         unchecked: list[tuple[int, int, float]] = []  # (step, epoch, loss) the guard has not seen
+        first = step  # the steps of this run, for the progress line
+        lines = ProgressLine(_log.info, "train (HSTU)", max(config.loop.max_steps - first, 0) or None, unit="steps")
+        if env.is_primary:
+            _log.info("train (HSTU): from step %d; the first step compiles", step)
         with ScalarLog(log_dir, env.is_primary) as scalars:
             loss = float("nan")
             for epoch in range(start_epoch, config.loop.epochs):
@@ -328,12 +333,19 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
                         unchecked.clear()
                     if step % config.loop.log_every == 0:
                         scalars.log(step, {"train/loss": loss})
+                        if env.is_primary:
+                            _log.info("train (HSTU) step %d (epoch %d): loss %.4f", step, epoch, loss)
+                            lines.mark()
+                    elif env.is_primary:  # a long --log-every window still has a line every 30 s
+                        lines.update(step - first)
                     if checkpoint:
                         save({"train/loss": loss})
                 if _done(config, step):
                     break
                 position = {"step": step, "epoch": epoch + 1, "row": 0}
             guard.check(unchecked)
+            if env.is_primary:
+                _log.info("train (HSTU): %d steps trained; evaluating on window T + 1", step)
             auc, eval_loss, rows = evaluate(model, t.held_out, t.device, config.optim.precision,
                                             config.data.limit_val_batches)
             scalars.log(step, {"eval/loss": eval_loss, **{f"eval/auc/{task}": a for task, a in auc.items()}})
