@@ -52,8 +52,10 @@ def _lists(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     return offsets - offsets[0], values
 
 
-def check_window(table: pa.Table, path: Path, tasks: Sequence[str], action_rows: int | None = None) -> None:
-    """BadValueError naming the first bad value of a sequence window table (module docstring)."""
+def check_window(table: pa.Table, path: Path, tasks: Sequence[str], action_rows: int | None = None,
+                 first_row: int = 0) -> None:
+    """BadValueError naming the first bad value of a sequence window table (module docstring) whose
+    row 0 is row ``first_row`` of ``path``."""
     offsets: dict[str, np.ndarray] = {}
     for key in FEATURE_KEYS:
         array = table.column(key).combine_chunks()
@@ -62,7 +64,7 @@ def check_window(table: pa.Table, path: Path, tasks: Sequence[str], action_rows:
         offsets[key] = array.offsets.to_numpy().astype(np.int64)
         ids = key in ("item", "candidate_item", "action")
         limit = Limit(action_rows, "the dataset's action_rows (meta.json)") if key == "action" and action_rows else None
-        int64_values(array.flatten(), key, Where.of_lists(str(path), offsets[key] - offsets[key][0]),
+        int64_values(array.flatten(), key, Where.of_lists(str(path), offsets[key] - offsets[key][0], first_row),
                      minimum=0 if ids else None, limit=limit)
     candidates = np.diff(offsets["candidate_item"])
     for task in tasks:
@@ -74,9 +76,9 @@ def check_window(table: pa.Table, path: Path, tasks: Sequence[str], action_rows:
         counts = np.diff(label_offsets)
         if not np.array_equal(counts, candidates):
             row = int(np.flatnonzero(counts != candidates)[0])
-            raise BadValueError(f"{path}: row {row}, column {name}: {int(counts[row])} labels for "
+            raise BadValueError(f"{path}: row {first_row + row}, column {name}: {int(counts[row])} labels for "
                                 f"{int(candidates[row])} candidates (one label per candidate_item)")
-        check_labels(array.flatten(), name, Where.of_lists(str(path), label_offsets - label_offsets[0]))
+        check_labels(array.flatten(), name, Where.of_lists(str(path), label_offsets - label_offsets[0], first_row))
 
 
 def _keep_last(offsets: np.ndarray, values: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:

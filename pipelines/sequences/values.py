@@ -35,9 +35,10 @@ class Where:
         return f"{self.path}: {self.unit} {self.row_of(index)}"
 
     @classmethod
-    def of_lists(cls, path: str, offsets: np.ndarray) -> "Where":
-        """Value ``i`` of a list column's flat values lies in row ``searchsorted(offsets, i) - 1``."""
-        return cls(path, row_of=lambda i: int(np.searchsorted(offsets, i, side="right")) - 1)
+    def of_lists(cls, path: str, offsets: np.ndarray, first_row: int = 0) -> "Where":
+        """Value ``i`` of a list column's flat values lies in row ``searchsorted(offsets, i) - 1``
+        of a table whose row 0 is row ``first_row`` of ``path``."""
+        return cls(path, row_of=lambda i: first_row + int(np.searchsorted(offsets, i, side="right")) - 1)
 
 
 @dataclass(frozen=True)

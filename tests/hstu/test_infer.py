@@ -141,3 +141,21 @@ def test_a_legacy_checkpoint_of_two_ranks_is_refused_by_name(tmp_path: Path) -> 
     with pytest.raises(ValueError, match="written by 2 ranks in the legacy layout.*only the legacy checkpoints of "
                                          "one-rank runs load"):
         load_hstu_inference(tmp_path)
+
+
+@pytest.mark.parametrize("column, value, shown", [("label_positive", 7.0, "7.0 is not a label in"),
+                                                  ("candidate_item", 2.5, "2.5 is not an integer")])
+def test_a_bad_label_or_fractional_id_is_refused_naming_its_row_in_the_file(tmp_path, capsys, column, value, shown):
+    data = _dataset(tmp_path)
+    _legacy_checkpoint(tmp_path / "ckpt" / "step-00000003", HSTU(HSTUConfig(item_rows=30, action_rows=2)), 1)
+    table = pq.read_table(window_path(data, 1))
+    rows = [[float(v) for v in r] for r in table.column(column).to_pylist()]
+    rows[10][0] = value
+    edited = tmp_path / "edited.parquet"
+    index = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(index, column, pa.array(rows, pa.list_(pa.float64()))), edited, row_group_size=8,
+                   write_page_checksum=True)
+    assert main(["infer", "--data", str(edited), "--checkpoint", str(tmp_path / "ckpt"), "--output",
+                 str(tmp_path / "out"), "--num-cpus", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"torchrec-tpu infer: error: {edited}: row 10, column {column}: {shown}") and "\n" not in err

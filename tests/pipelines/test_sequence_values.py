@@ -97,6 +97,9 @@ def test_data_sequences_refuses_a_huge_item_id_in_one_line_and_the_flag_raises_t
     assert not (tmp_path / "a").exists()
     assert main([*argv, "-o", str(tmp_path / "b"), "--max-item-rows", "3001"]) == 0
     assert "3,001 item rows" in capsys.readouterr().out
+    assert main(["data", "sequences", "synthetic", "-o", str(tmp_path / "c"), "--items", str(10**12)]) == 2
+    assert capsys.readouterr().err.strip() == ("torchrec-tpu data sequences: error: data sequences synthetic: --items "
+                                               "1000000000000 is above --max-item-rows 16777216")
 
 
 def _window(tmp_path: Path) -> tuple[Path, pa.Table]:
