@@ -39,7 +39,6 @@ from pipelines.parquet_files import open_parquet, read_columns, read_row_group
 from pipelines.progress import ProgressLine, progress_bar, progress_interval
 from pipelines.schema import CRITEO, DatasetSchema
 from pipelines.sequences.layout import LABEL_PREFIX, LIST_COLUMNS, PREDICTION_PREFIX
-from pipelines.sequences.reader import check_window
 from torchrec_tpu.inference.input_identity import input_identity
 from torchrec_tpu.inference.scored_rows import ScoredRows, checkpoint_split, scored_rows
 from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
@@ -216,6 +215,8 @@ class Predictor:
         """Key columns, row ids and predictions of the unit's rows that pass --bad-values (HSTU:
         a row per candidate, :mod:`torchrec_tpu.hstu.inference`)."""
         if self.config.model == HSTU:
+            from pipelines.sequences.reader import check_window  # torch: not on a rerun with nothing to do
+
             check_window(table, Path(unit.path), self.model.tasks if self.with_label else (),
                          self.model.model.config.action_rows, _file_row(unit))
             return self.model.candidate_rows(table, first_row=unit.first_row, key_columns=self.config.key_columns,
