@@ -90,11 +90,13 @@ def test_an_item_table_larger_than_the_machine_is_refused_before_allocation(tmp_
     (data / "meta.json").write_text(json.dumps({**meta, "item_rows": 10**12}))
     assert _train(tmp_path, data, "--batch-size", "16") == 2
     err = capsys.readouterr().err.strip()
-    gib = (10**12 + meta["action_rows"]) * 65 * 4 / 2**30
-    assert err.startswith(f"torchrec-tpu train: error: item table of 1,000,000,000,000 rows (the dataset's item_rows: "
-                          f"its largest item id + 1) at dim 64 needs {gib:,.1f} GiB, more than this machine's "), err
-    assert err.endswith("rewrite the dataset with `torchrec-tpu data sequences --max-item-rows` or remap its item "
-                        "ids") and "\n" not in err, err
+    need = (10**12 + meta["action_rows"]) * (64 * 4 + 4) / 1e9  # fp32 rows and row-wise Adagrad's one slot a row
+    assert err.startswith(f"torchrec-tpu train: error: the embedding tables need {need:,.1f} GB of this host's memory "
+                          "(2 tables x 64 fp32 with rowwise_adagrad state"), err
+    assert "largest: item 1,000,000,000,000 rows (260,000.0 GB), action 2 rows (0.0 GB)" in err, err
+    assert err.endswith("; the item table has the dataset's item_rows (meta.json: its largest item id + 1); rewrite "
+                        "the dataset with `torchrec-tpu data sequences --max-item-rows` or remap its item ids"), err
+    assert "\n" not in err and not (tmp_path / "tb").exists()
 
 
 @pytest.mark.parametrize("start", [0, 5, 13])

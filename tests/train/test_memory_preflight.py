@@ -19,6 +19,12 @@ def test_a_tables_bytes_are_its_fp32_rows_and_the_optimizers_slots(optimizer, pe
     assert table_bytes(1000, 16, optimizer) == 1000 * per_row
 
 
+def test_a_table_beyond_int32_rows_is_counted_and_refused_for_its_bytes():
+    assert table_bytes(10**12, 16, "rowwise_adagrad") == 10**12 * (4 * 16 + 4)
+    with pytest.raises(ConfigError, match=r"largest: item 1,000,000,000,000 rows \(68,000.0 GB\).*; remap the ids$"):
+        check_table_memory(["item"], [10**12], 16, "rowwise_adagrad", 1, 1, available=2**40, remedy="remap the ids")
+
+
 def test_tables_over_the_available_memory_are_refused_naming_the_largest():
     names, rows = ["small", "big", "mid", "tiny"], [10, 3_000_000, 1_000_000, 1]
     need = sum(r * 2 * 4 * 32 for r in rows)  # adagrad: the weight and its accumulator, fp32

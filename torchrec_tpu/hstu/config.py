@@ -8,7 +8,6 @@ the item table capped so that training fits a 24 GB machine (MLPerf: 4,096 event
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
@@ -74,15 +73,3 @@ def preset(name: str, item_rows: int, action_rows: int, **overrides: Any) -> HST
     if name == "dlrmv4":
         item_rows = min(item_rows, DLRMV4_MAX_ITEM_ROWS)
     return replace(HSTUConfig(item_rows=item_rows, action_rows=action_rows, **PRESETS[name]), **overrides)
-
-
-def check_tables_fit(config: HSTUConfig) -> None:
-    """ValueError, before any table is allocated, when the item and action tables (float32, and the
-    row-wise optimizer's slot per row) would not fit in this machine's memory."""
-    need = (config.item_rows + config.action_rows) * (config.dim + 1) * 4
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > memory:
-        raise ValueError(f"item table of {config.item_rows:,} rows (the dataset's item_rows: its largest item id "
-                         f"+ 1) at dim {config.dim} needs {need / 2**30:,.1f} GiB, more than this machine's "
-                         f"{memory / 2**30:,.1f} GiB; rewrite the dataset with `torchrec-tpu data sequences "
-                         "--max-item-rows` or remap its item ids")

@@ -32,7 +32,7 @@ from pipelines.sequences.reader import SequenceBatch, SequenceReader
 from pipelines.synthetic import cache_root
 from sparsecore.backends import XLA
 from torchrec_tpu.hstu.attention import describe
-from torchrec_tpu.hstu.config import HSTUConfig, check_tables_fit, preset
+from torchrec_tpu.hstu.config import HSTUConfig, preset
 from torchrec_tpu.hstu.model import HSTU, default_dense_device, table_configs
 from torchrec_tpu.hstu.sharded import sharded_embeddings
 from torchrec_tpu.train.checkpoint.dirs import new_run_id, run_id_of
@@ -50,6 +50,7 @@ from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.divergence import DivergenceGuard
 from torchrec_tpu.train.engines.precision import autocast
 from torchrec_tpu.train.loop import COLLECTIVES, DENSE_BWD, OPTIMIZER
+from torchrec_tpu.train.memory_preflight import available_host_bytes, check_table_memory
 from torchrec_tpu.train.scalars import ScalarLog
 
 _log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ DLRM_ONLY = ("num_embeddings", "num_embeddings_per_feature", "embedding_dim", "d
              "dcn_num_layers", "dcn_low_rank_dim", "bad_values", "eval_files", "in_memory_binary_criteo_path",
              "mmap_mode", "multi_hot_sizes", "plan", "dense_parallel", "sparse_optimizer", "dense_optimizer",
              "lr_warmup_steps", "lr_decay_start", "lr_decay_steps", "target_auc", "shuffle_batches")
+
+
+HSTU_TABLES_REMEDY = ("the item table has the dataset's item_rows (meta.json: its largest item id + 1); rewrite the "
+                      "dataset with `torchrec-tpu data sequences --max-item-rows` or remap its item ids")
 
 
 def check_options(config: TrainConfig) -> None:
@@ -129,7 +134,10 @@ def dense_device(config: TrainConfig) -> torch.device:
 def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tuple[HSTU, HSTUConfig]:
     """The model of ``--model``'s preset for the dataset ``meta``, its tables on ``--engine``."""
     hstu_config = preset(config.model.kind, meta.item_rows, meta.action_rows, tasks=tuple(meta.tasks))
-    check_tables_fit(hstu_config)
+    tables = table_configs(hstu_config)
+    check_table_memory([t.name for t in tables], [t.num_embeddings for t in tables], hstu_config.dim,
+                       "rowwise_adagrad", env.world_size, env.local_world_size, available_host_bytes(),
+                       remedy=HSTU_TABLES_REMEDY)
     torch.manual_seed(config.loop.seed)
     if config.engine.kind == "torchrec":
         embeddings = None

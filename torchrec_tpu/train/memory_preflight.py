@@ -36,18 +36,22 @@ def available_host_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
 
 def table_bytes(rows: int, dim: int, optimizer: str) -> int:
     """Bytes of one fp32 table of ``rows`` x ``dim`` and its ``optimizer``'s state."""
-    return rows * row_bytes(EmbeddingTable("table", max(rows, 1), dim, optimizer=optimizer), dim)
+    return rows * row_bytes(EmbeddingTable("table", 1, dim, optimizer=optimizer), dim)  # a row's bytes: any rows
 
 
 def _gb(num_bytes: float) -> str:
     return f"{num_bytes / 1e9:,.1f} GB"
 
 
+DLRM_REMEDY = "lower --num-embeddings or --num-embeddings-per-feature, --embedding-dim, or train on more hosts"
+
+
 def check_table_memory(names: Sequence[str], rows: Sequence[int], dim: int, optimizer: str, world_size: int,
-                       local_world_size: int, available: int | None) -> None:
+                       local_world_size: int, available: int | None, remedy: str = DLRM_REMEDY) -> None:
     """ConfigError when the tables ``names`` (``rows`` each, ``dim`` wide, trained by the sparse
     ``optimizer``) with their state need more of this host than ``available`` bytes; the share of
-    this host is ``local_world_size`` of ``world_size`` ranks. No check where ``available`` is None."""
+    this host is ``local_world_size`` of ``world_size`` ranks; ``remedy`` ends the line (what to
+    change). No check where ``available`` is None."""
     if available is None:
         return
     sizes = sorted(((table_bytes(r, dim, optimizer), n, r) for n, r in zip(names, rows)), key=lambda t: (-t[0], t[1]))
@@ -60,8 +64,7 @@ def check_table_memory(names: Sequence[str], rows: Sequence[int], dim: int, opti
     raise ConfigError(
         f"the embedding tables need {_gb(here)} of this host's memory ({len(sizes)} tables x {dim} fp32 with "
         f"{optimizer} state, {_gb(total)} in all, {ranks}; largest: {largest}), above the {_gb(available)} it has "
-        f"available; lower --num-embeddings or --num-embeddings-per-feature, --embedding-dim, or train on "
-        "more hosts")
+        f"available; {remedy}")
 
 
 def check_model_fits(spec: ModelSpec, optimizer: str, world_size: int) -> None:
