@@ -148,8 +148,8 @@ DATA_CACHE = Knob("TORCHREC_TPU_CACHE", None, "folder of generated synthetic dat
                   "pipelines")
 PROGRESS_SECONDS = Knob("TORCHREC_TPU_PROGRESS_SECONDS", "30", "seconds between the jobs' progress lines when "
                         "not on a terminal (train, infer, data convert)", "pipelines", kind="number", minimum=0)
-AUTOLOAD = Knob("TORCH_TPU_AUTOLOAD", "0", "1: import torch loads torch_tpu (PyTorch's device-backend "
-                "autoload)", "torchrec_tpu")
+AUTOLOAD = Knob("TORCH_TPU_AUTOLOAD", "1", "0: import torch leaves the \"tpu\" device unregistered (PyTorch's "
+                "device-backend autoload; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns every backend's off)", "torchrec_tpu")
 ERROR_LOG_DIR = Knob("TORCHREC_TPU_ERROR_LOG_DIR", None, "folder of the torchrec-tpu commands' error logs "
                      "(default: the temp folder's torchrec-tpu-logs)", "torchrec_tpu")
 

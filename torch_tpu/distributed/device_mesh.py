@@ -25,7 +25,9 @@ is taken as device enumeration order. TorchTPU's own signature, ``topology_aware
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -115,15 +117,34 @@ def torchtpu_topology_aware_mesh(mesh_shape: tuple[int, ...], *, dcn_mesh_shape:
             raise RuntimeError(f"topology_aware_mesh: mesh_shape {shape} spans {math.prod(shape)} devices; "
                                "initialize the process group over them first (torch.distributed.init_process_group)")
         return torch.zeros(shape, dtype=torch.int64)
-    slices = Slice.from_env().num_slices if dcn_mesh_shape is None else math.prod(dcn_mesh_shape)
+    try:
+        physical = Slice.from_env()
+    except ValueError as error:  # off a TPU (plain torchrun): no slice to place ranks on
+        return _ranks_in_order(shape, str(error))
+    slices = physical.num_slices if dcn_mesh_shape is None else math.prod(dcn_mesh_shape)
     dcn = tuple(dcn_mesh_shape) if dcn_mesh_shape is not None else _infer_dcn(shape, slices)
     if len(dcn) != len(shape) or any(m % d for m, d in zip(shape, dcn)):
         raise ValueError(f"topology_aware_mesh: dcn_mesh_shape {dcn} must have mesh_shape {shape}'s rank and "
                          "divide it elementwise")
     if math.prod(dcn) == 1:
-        return topology_aware_mesh("tpu", shape)
+        return topology_aware_mesh("tpu", shape, slice_topology=physical)
     ici = tuple(m // d for m, d in zip(shape, dcn))
-    return topology_aware_mesh("tpu", ici, topology="multi_slice", dcn_mesh_shape=dcn)
+    return topology_aware_mesh("tpu", ici, topology="multi_slice", dcn_mesh_shape=dcn, slice_topology=physical)
+
+
+def _ranks_in_order(shape: tuple[int, ...], why: str) -> torch.Tensor:
+    """The mesh where no TPU slice is described: the world's ranks in order, as ``shape`` (said once)."""
+    world = dist.get_world_size()
+    if math.prod(shape) != world:
+        raise ValueError(f"topology_aware_mesh: mesh_shape {shape} holds {math.prod(shape)} devices, the process "
+                         f"group {world}")
+    _say_once(f"topology_aware_mesh: no TPU slice ({why}): the mesh is the {world} ranks in order")
+    return torch.arange(world, dtype=torch.int64).reshape(shape)
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def _infer_dcn(shape: tuple[int, ...], slices: int) -> tuple[int, ...]:

@@ -31,15 +31,15 @@ from tpu_facts import knobs
 
 
 class EagerMode(enum.Enum):
-    """The eager modes; TorchTPU's names are aliases: ``DEFER_NEVER`` (each op dispatched at once,
-    asynchronously) is ``STRICT``, ``DEFER_NEVER_AND_LAUNCH_BLOCKING`` (each op waited for) is
-    ``DEBUG``, ``DEFER_AND_FUSE`` is the same."""
+    """The eager modes, named and ordered as TorchTPU's: ``DEFER_AND_FUSE``, ``DEFER_NEVER`` (each
+    op dispatched at once, asynchronously; the value ``"strict"``, alias ``STRICT``) and
+    ``DEFER_NEVER_AND_LAUNCH_BLOCKING`` (each op waited for; ``"debug"``, alias ``DEBUG``)."""
 
-    STRICT = "strict"
-    DEBUG = "debug"
     DEFER_AND_FUSE = "defer_and_fuse"
     DEFER_NEVER = "strict"
     DEFER_NEVER_AND_LAUNCH_BLOCKING = "debug"
+    STRICT = "strict"
+    DEBUG = "debug"
 
     __hash__ = object.__hash__  # members are singletons; Enum's own hash runs Python code per op
 

@@ -9,14 +9,16 @@ Options are XLA's (``DebugOptions`` fields such as ``xla_cpu_enable_fast_math``,
 They apply to the whole programs the compile room builds while they are set (``torch.compile``
 graphs, ``train_step``; ``torch_tpu.compile.program.executables``, keyed into their caches); eager
 ops' per-op programs keep XLA's defaults. An unknown option fails when the next program compiles,
-with XLA's error naming it.
+with XLA's error naming it; TPU-only options (``xla_tpu_*``) are left out off a TPU, with one warning.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 
 _EFFORT = {"O0": 9, "O1": 10, "O2": 20, "O3": 30}  # xla.proto EffortLevel
@@ -73,13 +75,27 @@ def key() -> tuple[tuple[str, str], ...]:
 # dense weights but the first layer's each step, 64 MB at the mlperf preset. Region analysis proves
 # the program's order and drops them; the thunk executor still orders a buffer's reads before its
 # write. The values are the same bit for bit.
+_TPU_ONLY_PREFIX = "xla_tpu_"
 _PLATFORM_DEFAULTS = {"cpu": (("xla_cpu_copy_insertion_use_region_analysis", "true"),)}
 
 
 def with_platform_defaults(options: tuple[tuple[str, str], ...], platform: str) -> tuple[tuple[str, str], ...]:
-    """``options`` (a :func:`key`) over the defaults of programs compiled for ``platform``."""
+    """``options`` (a :func:`key`) over the defaults of programs compiled for ``platform``; off a
+    TPU, TPU-only options (``xla_tpu_*``, e.g. TorchTPU's ``xla_tpu_enable_deduplicated_calls``)
+    are left out, with one warning per set of them (XLA would refuse them)."""
+    if platform != "tpu":
+        tpu_only = tuple(k for k, _ in options if k.startswith(_TPU_ONLY_PREFIX))
+        if tpu_only:
+            _warn_ignored(tpu_only, platform)
+            options = tuple((k, v) for k, v in options if not k.startswith(_TPU_ONLY_PREFIX))
     defaults = _PLATFORM_DEFAULTS.get(platform, ())
     return tuple(sorted({**dict(defaults), **dict(options)}.items())) if defaults else options
+
+
+@functools.cache
+def _warn_ignored(keys: tuple[str, ...], platform: str) -> None:
+    warnings.warn(f"custom_compiler_options: {', '.join(keys)} apply on TPU only; ignored on XLA:{platform.upper()}",
+                  RuntimeWarning, stacklevel=2)
 
 
 def for_jax(options: tuple[tuple[str, str], ...]) -> dict[str, bool | int | float | str] | None:

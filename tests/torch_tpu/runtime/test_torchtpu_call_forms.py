@@ -150,3 +150,47 @@ def test_the_project_answers_as_the_torch_tpu_distribution() -> None:
     assert dist.metadata["Name"] == "torch-tpu" and dist.version.startswith("0.2.0")
     assert importlib.metadata.version("torch_tpu") == dist.version
     assert importlib.metadata.distribution("torchrec-tpu").metadata["Name"] == "torchrec-tpu"  # its own, unchanged
+
+
+def test_a_tpu_only_compiler_option_is_ignored_off_a_tpu_with_one_warning() -> None:
+    """TorchTPU's own docstring example: XLA:CPU refuses the option, so it is left out (one warning)."""
+    x = torch.arange(6.0).reshape(2, 3)
+    with pytest.warns(RuntimeWarning, match="xla_tpu_enable_deduplicated_calls apply on TPU only") as caught:
+        with torch.tpu.compiler.custom_compiler_options({"xla_tpu_enable_deduplicated_calls": "true"}):
+            for scale in (2.0, 3.0):
+                f = torch.compile(lambda t, s=scale: (t * s).sum(), backend="tpu")
+                torch.testing.assert_close(f(x.to("tpu")).cpu(), (x * scale).sum())
+    assert len([w for w in caught if "apply on TPU only" in str(w.message)]) == 1
+
+
+def test_eager_modes_carry_torchtpus_names_and_order() -> None:
+    """TorchTPU's member names and order (its snapshot: tests/torch_tpu/data/torchtpu_0_2_0_api.json);
+    the project's STRICT / DEBUG are aliases, and the values stay TORCH_TPU_EAGER_MODE's."""
+    mode = torch.tpu.EagerMode
+    assert [m.name for m in mode] == ["DEFER_AND_FUSE", "DEFER_NEVER", "DEFER_NEVER_AND_LAUNCH_BLOCKING"]
+    assert mode.DEFER_NEVER.name == "DEFER_NEVER" and mode.STRICT is mode.DEFER_NEVER
+    assert mode.DEBUG is mode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    assert mode("strict") is mode.DEFER_NEVER and mode("debug").name == "DEFER_NEVER_AND_LAUNCH_BLOCKING"
+
+
+def test_topology_aware_mesh_off_a_tpu_is_the_ranks_in_order(tmp_path, monkeypatch) -> None:
+    """Under plain torchrun (a process group, no TPU_TOPOLOGY / TPU_ACCELERATOR_TYPE) the mesh is the
+    world's ranks in order, said once; before, it asked for TPU_TOPOLOGY."""
+    import torch.distributed as dist
+
+    from torch_tpu.distributed import device_mesh
+
+    for name in ("TPU_TOPOLOGY", "TPU_ACCELERATOR_TYPE"):
+        monkeypatch.delenv(name, raising=False)
+    device_mesh._say_once.cache_clear()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.warns(RuntimeWarning, match="the mesh is the 1 ranks in order") as caught:
+            for shape in ((1,), (1, 1)):
+                mesh = torch.tpu.topology_aware_mesh(shape)
+                assert mesh.dtype == torch.int64 and mesh.shape == shape and mesh.flatten().tolist() == [0]
+        assert len(caught) == 1
+        with pytest.raises(ValueError, match=r"mesh_shape \(2,\) holds 2 devices, the process group 1"):
+            torch.tpu.topology_aware_mesh((2,))
+    finally:
+        dist.destroy_process_group()
