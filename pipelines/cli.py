@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from pipelines.flag_numbers import non_negative_float, non_negative_int, positive_int
+from pipelines.output_paths import check_outputs_apart
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser, rows_per_file: int, row_group_size: int) -> None:
@@ -120,6 +121,7 @@ def _convert(args: argparse.Namespace) -> int:
     from pipelines.convert import convert_to_parquet
     from pipelines.text_reader import CSV, TSV
 
+    check_outputs_apart([("--output", args.output)], [("input", path) for path in args.inputs])
     text_format = {"auto": None, "tsv": TSV, "csv": CSV}[args.format]
     report = convert_to_parquet(  # malformed rows (BadRowError), a bad header, files: the CLI's one error line
         args.inputs,
@@ -175,6 +177,7 @@ def _sequences(args: argparse.Namespace) -> int:
         raise ValueError(f"data sequences {args.source}: " + ("name the input file or directory" if needs_input
                                                               else f"takes no input (got {args.input})"))
     max_item_rows = args.max_item_rows or MAX_ITEM_ROWS
+    check_outputs_apart([("--output", args.output)], [("input", args.input)])
     if args.source == "synthetic":
         if args.items > max_item_rows:
             raise ValueError(f"data sequences synthetic: --items {args.items} is above --max-item-rows {max_item_rows}")

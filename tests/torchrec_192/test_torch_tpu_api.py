@@ -161,6 +161,34 @@ def test_preprocessing_backend_errors_name_the_bad_value() -> None:
         SparseCorePreprocessorBackend(_metadata(combiner="max"), 4, 1, 1, 2)
 
 
+@pytest.mark.parametrize("limit", [0, -3, 1.5, True])
+def test_a_partition_id_limit_that_is_not_a_positive_integer_is_refused_by_name(limit) -> None:
+    """Issue 70 item 7: TorchRec's TPU modules hand ``max_ids_per_partition`` from their (mutable)
+    table and stack configs straight to ``torch.tpu.ops``; 0 or 1.5 must be refused there in one
+    line naming it, as TorchRec's own table checks and the preprocessing backend refuse them."""
+    backend = SparseCorePreprocessorBackend(_metadata(), 4, 1, 1, 2)
+    ids, offsets = torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([0, 1, 2, 3, 3], dtype=torch.int32)
+    csr = backend.preprocess({"t": [ids]}, {"t": [offsets]})["t"]
+    buffers = [csr[k] for k in ("row_pointers", "embedding_ids", "sample_ids", "gains")]
+    table = torch.randn(10, 8)
+    pattern = rf"max_ids_per_partition must be a positive integer, got {limit!r}"
+    with pytest.raises(ValueError, match=rf"torch.tpu.ops.sparse_dense_matmul: {pattern}"):
+        torch.tpu.ops.sparse_dense_matmul(*buffers, table, 4, limit, 8)
+    with pytest.raises(ValueError, match=rf"torch.tpu.ops.sparse_dense_matmul_grad_with_sgd: {pattern}"):
+        torch.tpu.ops.sparse_dense_matmul_grad_with_sgd(*buffers, table, torch.ones(4, 8), 0.1, 4, limit, 8, "t")
+    with pytest.raises(ValueError, match=r"max_unique_ids_per_partition must be a positive integer"):
+        torch.tpu.ops.sparse_dense_matmul_grad_with_adagrad(*buffers, table, torch.zeros(10, 8), torch.ones(4, 8),
+                                                            0.1, 1e-8, 4, 8, limit, "t")
+    if isinstance(limit, int) and not isinstance(limit, bool):  # the ops themselves (an int schema)
+        with pytest.raises(ValueError, match=rf"tpu::sparse_dense_matmul: {pattern}"):
+            torch.ops.tpu.sparse_dense_matmul(*buffers, table, 4, limit, 8)
+        from torchrec.experimental.torch_tpu.modules import custom_ops  # TorchRec's op over torch.tpu.ops
+
+        with pytest.raises(ValueError, match=pattern):
+            custom_ops.sparse_dense_matmul_sgd_fwd(*buffers, table, torch.tensor(0.1), 4, limit, 8)
+    assert torch.tpu.ops.sparse_dense_matmul(*buffers, table, 4, 8, 8).shape == (4, 8)  # a valid limit
+
+
 def test_torchrecs_tensorcore_pallas_kernels_run_in_interpret_mode_on_the_device(monkeypatch) -> None:
     """``pallas/impl.py`` registers TorchRec's kernels through ``torch_tpu._internal.pallas``: the
     TensorCore ones (column permutation, the v1 lookup) run on the tpu device in Pallas interpret

@@ -121,6 +121,9 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
         fail(f"embedding_ids has {entries} entries, not a multiple of the {n} SparseCore regions")
     if batch < 1 or batch % n:
         fail(f"device_batch_size {batch} must be a positive multiple of the {n} source SparseCores")
+    for key in ("max_ids_per_partition", "max_unique_ids_per_partition"):
+        if key in a and a[key] < 1:  # 0 would refuse every id, a negative one read as a huge unsigned limit
+            fail(f"{key} must be a positive integer, got {a[key]}")
     if stack_rows % local:
         fail(f"embedding_table has {stack_rows} rows, not a multiple of its {local} partitions")
     output_rows = a.get("output_rows")

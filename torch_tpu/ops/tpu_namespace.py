@@ -18,6 +18,7 @@ for W devices, and gets its own samples' activations / its new local blocks (the
 from __future__ import annotations
 
 import functools
+import numbers
 
 import torch
 import torch.distributed as dist
@@ -70,6 +71,20 @@ def _local(out: torch.Tensor | tuple[torch.Tensor, ...], given: torch.Tensor) ->
     return tuple(o.to_local() for o in out) if isinstance(out, tuple) else out.to_local()
 
 
+def _limits(op: str, device_batch_size: int, max_ids_per_partition: int,
+            max_unique_ids_per_partition: int) -> tuple[int, int, int]:
+    """The three static sizes as ints; ValueError naming ``op``, the argument and the value for one
+    that is not a positive integer (``0``, ``1.5``, ``True``), before the op's schema sees it."""
+    given = {"device_batch_size": device_batch_size, "max_ids_per_partition": max_ids_per_partition,
+             "max_unique_ids_per_partition": max_unique_ids_per_partition}
+    for name, value in given.items():
+        if isinstance(value, torch.SymInt):  # traced: the compiled program's guards check it
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"torch.tpu.ops.{op}: {name} must be a positive integer, got {value!r}")
+    return tuple(v if isinstance(v, torch.SymInt) else int(v) for v in given.values())  # type: ignore[return-value]
+
+
 def _hyper(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A hyperparameter as the 0-d float32 tensor on ``like``'s device the ops take."""
     if isinstance(value, torch.Tensor):
@@ -82,9 +97,9 @@ def sparse_dense_matmul(row_pointers: torch.Tensor, embedding_ids: torch.Tensor,
                         max_ids_per_partition: int, max_unique_ids_per_partition: int) -> torch.Tensor:
     """The pooled lookup ``[device_batch_size, dim]`` of one device's buffers (differentiable in
     ``embedding_table``)."""
+    limits = _limits("sparse_dense_matmul", device_batch_size, max_ids_per_partition, max_unique_ids_per_partition)
     (table,) = _spanning((embedding_table,))
-    return torch.ops.tpu._sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, table,
-                                              device_batch_size, max_ids_per_partition, max_unique_ids_per_partition)
+    return torch.ops.tpu._sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, table, *limits)
 
 
 def sparse_dense_matmul_grad_with_sgd(
@@ -93,11 +108,12 @@ def sparse_dense_matmul_grad_with_sgd(
         device_batch_size: int, max_ids_per_partition: int, max_unique_ids_per_partition: int,
         computation_name: str) -> torch.Tensor:
     """The table after one SGD step on the rows the buffers touch."""
+    limits = _limits("sparse_dense_matmul_grad_with_sgd", device_batch_size, max_ids_per_partition,
+                     max_unique_ids_per_partition)
     (table,) = _spanning((embedding_table,))
     return _local(torch.ops.tpu._sparse_dense_matmul_grad_with_sgd(
         row_pointers, embedding_ids, sample_ids, gains, table, activations_grad,
-        _hyper(learning_rate, embedding_table), device_batch_size, max_ids_per_partition,
-        max_unique_ids_per_partition, computation_name), embedding_table)
+        _hyper(learning_rate, embedding_table), *limits, computation_name), embedding_table)
 
 
 def sparse_dense_matmul_grad_with_adagrad(
@@ -107,11 +123,12 @@ def sparse_dense_matmul_grad_with_adagrad(
         max_unique_ids_per_partition: int, computation_name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The table and accumulator after one Adagrad step on the touched rows; the accumulator is
     the table's shape or row-wise (``[rows]``: one value per row, the mean of its squared gradients)."""
+    limits = _limits("sparse_dense_matmul_grad_with_adagrad", device_batch_size, max_ids_per_partition,
+                     max_unique_ids_per_partition)
     table, acc = _spanning((embedding_table, accumulator))
     return _local(torch.ops.tpu._sparse_dense_matmul_grad_with_adagrad(
         row_pointers, embedding_ids, sample_ids, gains, table, acc, activations_grad,
-        _hyper(learning_rate, embedding_table), float(epsilon), device_batch_size,
-        max_ids_per_partition, max_unique_ids_per_partition, computation_name), embedding_table)
+        _hyper(learning_rate, embedding_table), float(epsilon), *limits, computation_name), embedding_table)
 
 
 def sparse_dense_matmul_grad_with_adam(
@@ -122,11 +139,13 @@ def sparse_dense_matmul_grad_with_adam(
         computation_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The table, momentum and velocity after one lazy Adam step on the touched rows: ``alpha_t``
     is the step size as given (the caller folds in any bias correction)."""
+    limits = _limits("sparse_dense_matmul_grad_with_adam", device_batch_size, max_ids_per_partition,
+                     max_unique_ids_per_partition)
     table, m, v = _spanning((embedding_table, momentum, velocity))
     return _local(torch.ops.tpu._sparse_dense_matmul_grad_with_adam(
         row_pointers, embedding_ids, sample_ids, gains, table, m, v, activations_grad,
-        _hyper(alpha_t, embedding_table), float(beta_1), float(beta_2), float(epsilon), device_batch_size,
-        max_ids_per_partition, max_unique_ids_per_partition, computation_name), embedding_table)
+        _hyper(alpha_t, embedding_table), float(beta_1), float(beta_2), float(epsilon), *limits,
+        computation_name), embedding_table)
 
 
 @constant_result  # a fact of the device: a compiled graph holds it as a constant

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from pipelines.flag_numbers import positive_int
+from pipelines.output_paths import check_outputs_apart
 from torchrec_tpu.inference.export_files import MODEL
 from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 
@@ -74,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     elif find_hstu_checkpoint(Path(args.checkpoint)) is None:
         resolve_checkpoint(Path(args.checkpoint))  # FileNotFoundError: not a checkpoint
     check_parquet_input("--data", args.data)
+    check_outputs_apart([("--output", args.output)],
+                        [("--data", args.data), ("--checkpoint", args.checkpoint), ("--model", args.model)])
 
     from torchrec_tpu.inference.job import DLRM, EXPORTED, InferenceConfig, run_inference
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from pipelines.flag_numbers import non_negative_int, positive_int
+from pipelines.output_paths import check_outputs_apart
 from tpu_facts import DEFAULT_MAX_IDS_PER_PARTITION, MAX_IDS_PER_PARTITION_CEILING
 
 
@@ -88,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from torchrec_tpu.topology import resolve_topology
 
     try:
+        check_outputs_apart([("--out", args.out), ("--html", args.html)],
+                            [("--tables", args.tables), ("--topology", args.topology)])
         default_pf, per_table_pf = _pooling(args.pooling_factor)
         tables = load_tables(args.tables, per_table_pf, args.optimizer)
         if default_pf is not None:

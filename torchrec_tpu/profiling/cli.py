@@ -16,7 +16,7 @@ from torchrec_tpu.launcher import restart_with_xla_cpu_env
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import HSTU_MODELS, ConfigError, add_config_arguments, config_from_args
 from torchrec_tpu.train.engine_kinds import ENGINES
-from torchrec_tpu.train.preflight import check_paths
+from torchrec_tpu.train.preflight import check_outputs, check_paths
 
 # Options of ``train`` that do not change the profiled step (a --config YAML may still hold them).
 TRAIN_ONLY = frozenset({"epochs", "max_steps", "log_every", "eval_every", "target_auc", "checkpoint_dir",
@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        check_outputs(config, args.config, [("--profile-dir", args.profile_dir)])
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
         if config.model.kind not in HSTU_MODELS:  # HSTU's --data: a sequence dataset, checked as train checks it

@@ -22,7 +22,7 @@ from torchrec_tpu.train.config import (
     config_from_args,
 )
 from torchrec_tpu.train.engine_kinds import ENGINES
-from torchrec_tpu.train.preflight import check_paths
+from torchrec_tpu.train.preflight import check_outputs, check_paths
 from torchrec_tpu.train.ray_train import RayOptions
 
 
@@ -63,6 +63,7 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        check_outputs(config, args.config, [("--ray-storage", args.ray_storage)])
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
         hstu = config.model.kind in HSTU_MODELS

@@ -5,7 +5,9 @@ created for it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
+from pipelines.output_paths import FlagPath, check_outputs_apart
 from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.plan_file import check_plan_dim, check_plan_world, read_plan
@@ -57,3 +59,26 @@ def check_paths(config: TrainConfig, world_size: int = 1) -> None:
             raise ConfigError(f"{flag}={path!r} is a file; give a directory (it is created if missing)")
     if config.loop.mllog is not None and Path(config.loop.mllog).is_dir():
         raise ConfigError(f"--mllog={config.loop.mllog!r} is a directory; give the log file's path")
+
+
+def check_outputs(config: TrainConfig, config_file: str | None, more_outputs: Sequence[FlagPath] = ()) -> None:
+    """No output of the run (``--log-dir``, ``--checkpoint-dir``, ``--mllog``, and ``more_outputs``:
+    ``--profile-dir``, ``--ray-storage``) is or lies inside one of its inputs (``--data``, the npy
+    days, ``--config``, ``--plan``, ``--cache-dir``, ``--resume``); its directories may hold them
+    (their files have names of their own), and a run writes its checkpoints where it resumes from
+    and inside its log directory. ConfigError naming both flags."""
+    data, engine_plan = config.data, config.engine.plan
+    inputs: list[FlagPath] = [
+        ("--data", None if data.source in DATA_SOURCES else data.source),
+        ("--in-memory-binary-criteo-path", data.in_memory_binary_criteo_path), ("--config", config_file),
+        ("--plan", None if engine_plan == "auto" else engine_plan), ("--cache-dir", data.cache_dir),
+        ("--resume", config.checkpoint.resume)]
+    outputs: list[FlagPath] = [("--log-dir", config.loop.log_dir),
+                               ("--checkpoint-dir", config.checkpoint.checkpoint_dir), ("--mllog", config.loop.mllog),
+                               *more_outputs]
+    shared = {("--checkpoint-dir", "--resume"), ("--log-dir", "--resume"), ("--checkpoint-dir", "--log-dir"),
+              ("--profile-dir", "--log-dir")}
+    try:
+        check_outputs_apart(outputs, inputs, may_share=shared, may_hold=[flag for flag, _ in outputs])
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
