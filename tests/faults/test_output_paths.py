@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.output_paths import check_outputs_apart
+from tests.faults.checkpoint_helpers import run_copy  # noqa: F401  (a fixture)
 from torchrec_tpu.cli import main
 
 
@@ -121,3 +122,11 @@ def test_plan_never_writes_over_its_tables_file(tmp_path, capsys) -> None:
     _refused(["plan", "--tables", str(tables), "--out", str(tmp_path / "p.json"), "--html", str(tmp_path / "p.json")],
              capsys, "--html=", "is also --out")
     assert tables.read_bytes() == before
+
+
+def test_export_never_writes_into_its_checkpoint(run_copy, capsys) -> None:
+    _, root = run_copy
+    before = _snapshot(root)
+    _refused(["export", "--checkpoint", str(root), "-o", str(root / "model")], capsys,
+             "torchrec-tpu export: error: --output=", "lies inside the input --checkpoint")
+    assert _snapshot(root) == before

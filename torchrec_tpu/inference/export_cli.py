@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipelines.output_paths import check_outputs_apart
 from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 
 
@@ -28,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(Path(args.checkpoint))  # FileNotFoundError: not a checkpoint
+    check_outputs_apart([("--output", args.output)], [("--checkpoint", args.checkpoint)])
     from torchrec_tpu.inference.export import export_model, load_model
 
     output = export_model(checkpoint, args.output, args.table_dtype)
