@@ -46,14 +46,15 @@ def test_trainer_equals_an_eager_loop(make) -> None:
     batches = _batches(3)
     cpu = _model()
     want_losses, want_params = _eager_losses(copy.deepcopy(cpu), make(), batches)
-    trainer = optimizers.SingleTraceTrainer(cpu.to("tpu"), optimizer=make())
+    trainer = optimizers.SingleTraceTrainer(cpu.to("tpu"), optimizer=make(), compile_fn=torch.compile)
     step = trainer.make_compiled_train_step(batches[0][0].to("tpu"), batches[0][1].to("tpu"))
     losses = [step(x.to("tpu"), y.to("tpu")).item() for x, y in batches]
     torch.testing.assert_close(losses, want_losses, rtol=1e-5, atol=1e-6)
     for name, p in trainer.params.items():
         torch.testing.assert_close(p.detach().cpu(), want_params[name], rtol=1e-5, atol=1e-6)
-    group = trainer.param_group
-    assert sorted(group.params) == sorted(want_params) and set(group.opt_steps.values()) != set()
+    group = trainer.param_group  # TorchTPU's keys: '0_weight' for the model's '0.weight'
+    assert sorted(group.params) == sorted(n.replace(".", "_") for n in want_params)
+    assert set(group.opt_steps.values()) != set()
     assert all(s.item() == 3 for s in group.opt_steps.values())
 
 
@@ -62,11 +63,26 @@ def test_trainer_without_an_optimizer_leaves_the_gradients() -> None:
     cpu = _model()
     want = torch.autograd.grad(F.mse_loss(cpu(x), y), list(cpu.parameters()))
     model = copy.deepcopy(cpu).to("tpu")
-    step = optimizers.SingleTraceTrainer(model).make_compiled_train_step(x.to("tpu"), y.to("tpu"))
+    step = optimizers.SingleTraceTrainer(model).make_compiled_train_step(x.to("tpu"), y.to("tpu"),
+                                                                         compile_fn=torch.compile)
     step(x.to("tpu"), y.to("tpu"))
     for p, g in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad.cpu(), g, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(model[0].weight.detach().cpu(), cpu[0].weight.detach())  # unchanged
+
+
+def test_a_step_needs_a_compile_fn_and_keys_params_as_torchtpu() -> None:
+    """TorchTPU's rules: no compile_fn anywhere is a ValueError; param_group keys are the names
+    with dots as underscores, params the model's own names."""
+    model = _model().to("tpu")
+    x, y = _batches(1)[0]
+    trainer = optimizers.SingleTraceTrainer(model, optimizer=optimizers.Sgd(lr=0.1))
+    with pytest.raises(ValueError, match=r"compile_fn\) must be provided either to SingleTraceTrainer or to "
+                                         "make_compiled_train_step"):
+        trainer.make_compiled_train_step(x.to("tpu"), y.to("tpu"))
+    assert sorted(trainer.param_group.params) == ["0_bias", "0_weight", "2_bias", "2_weight"]
+    assert sorted(trainer.params) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert sorted(optimizers.SingleTraceTrainer(model).param_group) == ["0_bias", "0_weight", "2_bias", "2_weight"]
 
 
 def test_functional_optimizers_equal_torch_optim() -> None:

@@ -7,8 +7,12 @@ the optimizer's per-tensor rule to each parameter and its state; ``train_step`` 
 model into one functional graph, compiles it to one XLA program per batch signature, and keeps the
 model's parameters and the optimizer state on the device between calls.
 
+As TorchTPU's, a step needs ``compile_fn`` (given to the trainer or to
+``make_compiled_train_step``; ValueError otherwise), and ``param_group`` keys parameters by their
+names with dots as underscores (``"0_weight"``; ``params`` by the model's own names).
+
 Differences from TorchTPU: the program is built by ``train_step``, so ``compile_fn`` (TorchTPU's
-callback compiling its traced FX graph, e.g. ``torch.compile``) is accepted and not called; the
+callback compiling its traced FX graph, e.g. ``torch.compile``) is required and not called; the
 model must be on the tpu device (``train_step``'s rule).
 """
 
@@ -77,6 +81,11 @@ def _model_loss(model: torch.nn.Module, inputs: Any, targets: Any,
     return first.mean()
 
 
+def _key(name: str) -> str:
+    """TorchTPU's key of parameter ``name`` in ``param_group``."""
+    return name.replace(".", "_")
+
+
 class SingleTraceTrainer:
     """Compiled train steps of ``model`` with ``optimizer`` (a ``torch.tpu.optimizers`` optimizer;
     None: the step only computes gradients, left in ``param.grad``). ``compute_loss_fn(model,
@@ -104,21 +113,26 @@ class SingleTraceTrainer:
 
     @property
     def param_group(self) -> Any:
-        """The parameters and optimizer state the step updates: the optimizer's ``ParamGroup``
-        (a dict of parameters without an optimizer)."""
+        """The parameters and optimizer state the step updates, keyed by TorchTPU's names (dots as
+        underscores): the optimizer's ``ParamGroup`` (a dict of parameters without an optimizer)."""
         params = dict(self._model.named_parameters())
         if self._optimizer is None:
-            return {n.replace(".", "_"): params[n] for n in self._names}
-        group = ParamGroup(params={n: params[n] for n in self._names})
+            return {_key(n): params[n] for n in self._names}
+        group = ParamGroup(params={_key(n): params[n] for n in self._names})
         for n in self._names:
             for key, value in self._adapter.state.get(params[n], {}).items():
-                getattr(group, SLOTS[key])[n] = value
+                getattr(group, SLOTS[key])[_key(n)] = value
         return group
 
     def make_compiled_train_step(self, example_inputs: Any, example_targets: Any = None,
                                  compile_fn: Callable[..., Any] | None = None) -> Callable[..., torch.Tensor]:
         """``train_step(inputs, targets=None) -> loss``: one compiled program per batch signature
-        (``example_inputs`` / ``example_targets`` fix whether targets are passed)."""
+        (``example_inputs`` / ``example_targets`` fix whether targets are passed). ValueError when
+        no ``compile_fn`` is given here or to the trainer, as TorchTPU's."""
+        if compile_fn is None and self._compile_fn is None:
+            raise ValueError("SingleTraceTrainer: a compilation callback (compile_fn) must be provided either to "
+                             "SingleTraceTrainer or to make_compiled_train_step, as TorchTPU requires (e.g. "
+                             "compile_fn=torch.compile; here the step is train_step's program)")
         with_targets = example_targets is not None
         compute_loss_fn = self._compute_loss_fn
 
