@@ -28,6 +28,16 @@ def test_compile_refuses_an_unknown_option() -> None:
         f(torch.ones(2, device="tpu"))
 
 
+@pytest.mark.parametrize("options", ["a string", ["async_compile"], 3], ids=["str", "list", "int"])
+def test_compile_refuses_options_that_are_not_a_dict(options) -> None:
+    # a string gave AttributeError: 'str' object has no attribute 'items'
+    f = torch.compile(lambda x: x + 1, backend="tpu", options=options)
+    with pytest.raises(Exception, match=f"options must be a dict of option names to values .*, got "
+                                        f"{type(options).__name__} ") as info:
+        f(torch.ones(2, device="tpu"))
+    assert isinstance(getattr(info.value, "inner_exception", info.value), TypeError)  # (Dynamo wraps it)
+
+
 def test_topology_aware_mesh_of_one_process() -> None:
     for mesh in (torch.tpu.topology_aware_mesh((1,)), torch.tpu.distributed.topology_aware_mesh((1, 1))):
         assert mesh.dtype == torch.int64 and mesh.flatten().tolist() == [0]

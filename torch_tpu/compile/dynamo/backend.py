@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import logging
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -153,11 +153,14 @@ _OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def check_options(options: dict[str, Any] | None) -> None:
+def check_options(options: Mapping[str, Any] | None) -> None:
     """TorchTPU's backend options, checked. The programs are the same with any of them: dynamic
     sizes get this backend's own bounds (``num_dynamic_buckets`` / ``bucket_size`` are TorchTPU's
     bucket layout), compilation is synchronous (``async_compile``), programs go to the persistent
     cache either way (``serializable``), and ``debug_callback`` / names are not used."""
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(f"torch.compile(backend='tpu'): options must be a dict of option names to values "
+                        f"(known: {sorted(_OPTIONS)}), got {type(options).__name__} {options!r}")
     for key, value in (options or {}).items():
         if key not in _OPTIONS:
             raise ValueError(f"torch.compile(backend='tpu'): unknown option {key!r}; known: {sorted(_OPTIONS)}")
