@@ -181,6 +181,8 @@ def splash_sdpa(
                        ("block_q_dq", block_q_dq), ("block_kv_dq", block_kv_dq)):
         if size is not None and size < 1:
             raise ValueError(f"splash_sdpa: {name} must be positive, got {size}")
+    if local_window_size is not None and local_window_size < 0:  # a query sees keys i - w .. i: w >= 0
+        raise ValueError(f"splash_sdpa: local_window_size must be >= 0 (or None), got {local_window_size}")
     for name, layout in (("q_layout", q_layout), ("k_layout", k_layout), ("v_layout", v_layout)):
         if layout not in ("HEAD_DIM_MINOR", "SEQ_MINOR"):
             raise ValueError(f"splash_sdpa: {name} {layout!r} is not 'HEAD_DIM_MINOR' or 'SEQ_MINOR'")

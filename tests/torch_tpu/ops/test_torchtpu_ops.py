@@ -145,12 +145,20 @@ def test_splash_sdpa_is_exact_attention(device: str) -> None:
     q, k, v = _rand(1, 4, 6, 8), _rand(1, 2, 6, 8, seed=1), _rand(1, 2, 6, 8, seed=2)
     kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
     i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
-    cases = (({}, j <= i), ({"is_causal": False}, None), ({"local_window_size": 2}, (j <= i) & (j >= i - 2)))
+    cases = (({}, j <= i), ({"is_causal": False}, None), ({"local_window_size": 2}, (j <= i) & (j >= i - 2)),
+             ({"local_window_size": 0}, j == i))
     for kwargs, mask in cases:
         got = ops.splash_sdpa(q.to(device), k.to(device), v.to(device), enable_gqa=True, **kwargs)
         torch.testing.assert_close(got.cpu(), _attention(q, kk, vv, mask, 1 / math.sqrt(8)), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match=r"enable_gqa \(False\) does not match inputs"):
         ops.splash_sdpa(q, k, v)
+
+
+def test_splash_sdpa_refuses_a_negative_window() -> None:
+    # -3 was taken: every query masked off, rows of NaN
+    q = _rand(1, 2, 6, 8).to("tpu")
+    with pytest.raises(ValueError, match=r"^splash_sdpa: local_window_size must be >= 0 \(or None\), got -3$"):
+        ops.splash_sdpa(q, q, q, local_window_size=-3)
 
 
 def test_per_table_stats_are_the_busiest_partition() -> None:
