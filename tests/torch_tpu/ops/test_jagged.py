@@ -82,6 +82,25 @@ def test_compiled_round_trip(device: str) -> None:
     torch.testing.assert_close(stripped.cpu(), want[:10], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_a_nested_graph_input_is_refused_with_the_way_that_works(device: str) -> None:
+    # it failed deep in the backend: 'NestedIntNode' object has no attribute 'expr'
+    nt = _njt(device)
+    aligned = torch.compile(lambda x: ops.align_jagged_to_multiple(x, 8), backend="tpu")
+    with pytest.raises(Exception, match=r"torch.compile\(backend='tpu'\): an input is a nested tensor "
+                                        r"\(torch.jagged, shape \(3, j\d+, 4\)\).*pass its values\(\) and "
+                                        r"offsets\(\) and build it inside") as info:
+        aligned(nt)
+    assert isinstance(getattr(info.value, "inner_exception", info.value), NotImplementedError)  # (Dynamo wraps it)
+
+    @torch.compile(backend="tpu", fullgraph=True)
+    def built_inside(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return ops.align_jagged_to_multiple(torch.nested.nested_tensor_from_jagged(values, offsets), 8).values()
+
+    want = _reference_padded(nt.values().cpu(), 8, 0.0)
+    torch.testing.assert_close(built_inside(nt.values(), nt.offsets()).cpu(), want, rtol=0, atol=0)
+
+
 def test_bad_arguments_are_named() -> None:
     nt = _njt("cpu")
     with pytest.raises(ValueError, match="multiple must be a positive integer, got 0"):

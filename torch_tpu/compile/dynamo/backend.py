@@ -169,10 +169,23 @@ def check_options(options: Mapping[str, Any] | None) -> None:
             raise ValueError(f"torch.compile(backend='tpu'): option {key!r} must be {wanted}, got {value!r}")
 
 
+def _refuse_nested_inputs(example_inputs: Sequence[Any]) -> None:
+    """A nested tensor graph input has a nested-int size the backend's symbolic shapes cannot hold
+    (it failed with ``'NestedIntNode' object has no attribute 'expr'``); one built in the graph is fine."""
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.is_nested:
+            raise NotImplementedError(
+                f"torch.compile(backend='tpu'): an input is a nested tensor ({x.layout}, shape "
+                f"{tuple(x.shape)}), which this backend does not take as a graph input; pass its "
+                f"values() and offsets() and build it inside the compiled function "
+                f"(torch.nested.nested_tensor_from_jagged)")
+
+
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None) -> Any:
     """The Dynamo backend "tpu": FX graphs of tpu tensors -> compiled JAX programs. ``options``:
     ``torch.compile(backend="tpu", options={...})``, TorchTPU's keys (:func:`check_options`)."""
     check_options(options)
+    _refuse_nested_inputs(example_inputs)
     torch.autograd.set_multithreading_enabled(False)  # device backward on a worker thread aborts under jax
     if is_symbolic(example_inputs):
         try:
