@@ -65,8 +65,9 @@ def test_a_resume_with_another_batch_size_trains_each_row_once_per_epoch(tmp_pat
 
 def test_a_checkpoint_that_kept_batches_resumes_at_its_rows():
     env = DistEnv(rank=0, world_size=2, local_world_size=2)
-    assert trained_rows({"batch": 3, "config": {"batch_size": 32}}, env) == 48  # 3 batches of 16 rows per rank
-    assert trained_rows({"row": 40, "batch": 3}, env) == 40
+    assert trained_rows({"batch": 3, "config": {"batch_size": 32}}, env, 4) == 48  # 3 batches of 16 rows per rank
+    assert trained_rows({"batch": 3}, env, 4) == 12  # no config saved: batches of this run's 4 rows per rank
+    assert trained_rows({"row": 40, "batch": 3}, env, 4) == 40
 
 
 def test_a_label_of_7_is_refused_before_training(tmp_path, capsys):

@@ -384,16 +384,17 @@ def _resume(path: Path, t: HSTUTraining) -> tuple[int, int, int, str]:
     if t.env.is_primary:
         _log.info("resuming from %s: step %d", directory, meta["step"])
     run_id = None if legacy else run_id_of(directory)
-    return int(meta["step"]), int(meta["epoch"]), trained_rows(meta, t.env), run_id or new_run_id()
+    return int(meta["step"]), int(meta["epoch"]), trained_rows(meta, t.env, t.train.batch_size), run_id or new_run_id()
 
 
-def trained_rows(meta: dict, env: DistEnv) -> int:
+def trained_rows(meta: dict, env: DistEnv, local_batch: int) -> int:
     """The rows of its epoch each rank had trained when checkpoint ``meta`` was written; checkpoints
-    before ``row`` kept whole batches of their own ``--batch-size`` (``batch``)."""
+    before ``row`` kept whole batches (``batch``) of their ``--batch-size`` (where they do not say
+    which: of this run's ``local_batch``, as they were resumed before)."""
     if "row" in meta:
         return int(meta["row"])
-    saved = meta.get("config", {}).get("batch_size", HSTU_DEFAULTS["batch_size"])
-    return int(meta["batch"]) * env.local_batch_of(int(saved))
+    saved = meta.get("config", {}).get("batch_size")
+    return int(meta["batch"]) * (env.local_batch_of(int(saved)) if saved else local_batch)
 
 
 def _done(config: TrainConfig, step: int) -> bool:
