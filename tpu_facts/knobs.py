@@ -139,7 +139,7 @@ NATIVE_CACHE = Knob("TORCHREC_TPU_NATIVE_CACHE", None, "folder of the built C++ 
                     "$XDG_CACHE_HOME/torchrec-tpu/native, else ~/.cache/torchrec-tpu/native)", "xla_cache")
 NATIVE_BUILD_TIMEOUT = Knob("TORCHREC_TPU_NATIVE_BUILD_TIMEOUT", "300", "seconds a C++ library's first-use build "
                             "may take; then the compiler is killed and the XLA (or numpy) path is used",
-                            "xla_cache")
+                            "xla_cache", kind="number", minimum=1, maximum=86400)
 NATIVE = Knob("TORCHREC_TPU_NATIVE", "1", "0: sparsecore's host preprocessing runs its numpy path, not the "
               "compiled extension", "sparsecore")
 ROW_KERNEL = Knob("TORCHREC_TPU_ROW_KERNEL", "1", "0: the SparseCore ops' table row gathers and scatters use XLA's, "

@@ -25,7 +25,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -38,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tpu_facts import knobs
-from xla_cache import ConfigError, trust
+from xla_cache import trust
 
 RECORD_SUFFIX = ".record"
 _FIRST_USE = "first use"
@@ -52,17 +51,9 @@ class NativeUnavailable(RuntimeError):
 
 
 def build_timeout() -> float:
-    """Seconds one build may take (``TORCHREC_TPU_NATIVE_BUILD_TIMEOUT``); :class:`ConfigError`
-    naming the value when it is not a number > 0."""
-    knob = knobs.NATIVE_BUILD_TIMEOUT
-    raw = knob.text()
-    try:
-        seconds = float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if not 0 < seconds < math.inf:
-        raise ConfigError(f"{knob.name}={raw!r} is not a number of seconds > 0 (the default is {knob.default})")
-    return seconds
+    """Seconds one build may take (``TORCHREC_TPU_NATIVE_BUILD_TIMEOUT``); :class:`~tpu_facts.knobs.KnobError`
+    naming the value when it is out of the knob's range."""
+    return knobs.NATIVE_BUILD_TIMEOUT.number()
 
 
 def build_library(source: Path, name: str, flags: Sequence[str], suffix: str) -> Path:
