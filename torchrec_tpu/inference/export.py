@@ -71,6 +71,9 @@ def export_model(checkpoint: str | Path, output: str | Path, table_dtype: str,
     if output.exists():
         raise ValueError(f"--output={str(output)!r} exists; give a new directory")
     model = load_inference_model(checkpoint, schema, table_dtype)
+    if model.zch is not None:  # a model directory without the remap would score raw ids as rows
+        raise ValueError(f"checkpoint {checkpoint} was trained with --zch: export does not carry its managed-"
+                         "collision remap yet; score it with `torchrec-tpu infer --checkpoint`")
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output.name}.", dir=output.parent))
     try:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,17 +27,22 @@ from torchrec_tpu.inference.quantized_tables import QuantizedEmbeddingBags, Quan
 from torchrec_tpu.inference.table_dtypes import check_table_dtype
 from torchrec_tpu.train.model import ModelSpec, ebc_of, table_weight_key
 
+if TYPE_CHECKING:  # (a model directory's loader imports no training config: torchrec_tpu.inference.export)
+    from torchrec_tpu.sharding.zch_collection import ZchCollection
+
 
 @dataclass
 class InferenceModel:
-    """The DLRM (eval mode, no loss head), the table sizes its ids are hashed into and the dtype
-    its tables are held at."""
+    """The DLRM (eval mode, no loss head), the table sizes its ids are hashed into (``RAW_IDS``:
+    read raw, remapped by ``zch``, the frozen managed-collision remap of ``train --zch``) and the
+    dtype its tables are held at."""
 
     dlrm: nn.Module
     table_sizes: tuple[int, ...]
     step: int  # training step the checkpoint was taken at
     table_dtype: str = "fp32"
     tables: dict[str, QuantizedTable] = field(default_factory=dict)  # by feature (the module's own tensors)
+    zch: "ZchCollection | None" = None
 
     @property
     def table_bytes(self) -> int:
@@ -49,6 +55,8 @@ class InferenceModel:
         dense features and their KJT (``predict(dense, sparse)``)."""
         dense = batch if sparse is not None else batch.dense_features
         sparse = sparse if sparse is not None else batch.sparse_features
+        if self.zch is not None:
+            sparse, _ = self.zch(sparse, training=False)
         return torch.sigmoid(self.dlrm(dense, sparse).squeeze(-1))
 
 
@@ -59,6 +67,7 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     (:mod:`torchrec_tpu.inference.quantized_tables`; fp32: the stock EmbeddingBagCollection).
     The tables are read one at a time, each quantized before the next is read. Either engine's
     checkpoints load: both name the tables :func:`~torchrec_tpu.train.model.table_weight_key`."""
+    from torchrec_tpu.inference.zch_remap import read_sizes, saved_remap
     from torchrec_tpu.sharding.deferred import DeferredTensor
     from torchrec_tpu.train.checkpoint.reader import load_state, read_state_metadata
     from torchrec_tpu.train.checkpoint.store import STATE_DIR, open_checkpoint
@@ -85,6 +94,7 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         load_state({"model": state}, state_dir)
         tables = {f: quantize_table(state.pop(key).value(), table_dtype) for f, key in keys.items()}
+        zch = saved_remap(meta, set(saved), spec, partial(_read_plain, state_dir))
     dlrm = train_module.model.eval()
     if table_dtype == "fp32":  # the stock EBC, which shares the tables' storage
         ebc_of(train_module).to_empty(device=torch.device("cpu"))
@@ -93,7 +103,16 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
                 train_module.get_parameter(key).set_(tables[feature].weight)
     else:
         dlrm.sparse_arch.embedding_bag_collection = QuantizedEmbeddingBags(tables)
-    return InferenceModel(dlrm, spec.table_sizes, int(meta.get("step", 0)), table_dtype, tables)
+    return InferenceModel(dlrm, read_sizes(spec, zch), int(meta.get("step", 0)), table_dtype, tables, zch)
+
+
+def _read_plain(state_dir: Path, key: str) -> Any:
+    """The plain (non-tensor) value ``key`` of the checkpoint's model state."""
+    from torchrec_tpu.train.checkpoint.reader import load_state
+
+    state: dict[str, Any] = {key: b""}
+    load_state({"model": state}, state_dir)
+    return state[key]
 
 
 def _unread() -> torch.Tensor:

@@ -78,12 +78,17 @@ class ManagedCollisions:
         return buffer.getvalue()
 
     def load_bytes(self, data: bytes) -> None:
-        """Install a :meth:`state_bytes` (plain tensors only are read)."""
-        state = torch.load(io.BytesIO(data), weights_only=True)
-        if not isinstance(state, dict):
-            raise ValueError(f"zch state in the checkpoint is a {type(state).__name__}, not a dict of tensors")
-        self.collection.load_state_dict(state)
+        """Install a :meth:`state_bytes`."""
+        load_state_bytes(self.collection, data)
         self._trained = None
+
+
+def load_state_bytes(collection: ZchCollection, data: bytes) -> None:
+    """Install a :meth:`ManagedCollisions.state_bytes` into ``collection`` (plain tensors only are read)."""
+    state = torch.load(io.BytesIO(data), weights_only=True) if isinstance(data, bytes) else None
+    if not isinstance(state, dict):
+        raise ValueError(f"the zch state in the checkpoint is not a dict of tensors ({type(data).__name__})")
+    collection.load_state_dict(state)
 
 
 def reset_rows(module: "ShardedTables", rows: Mapping[str, torch.Tensor], iterations: Mapping[str, int]) -> None:
