@@ -116,3 +116,39 @@ def test_two_ranks_with_swapped_coordinates_feed_device_mesh() -> None:
         torch.testing.assert_close(result["ranks"], torch.tensor([1, 0]))  # mesh position p: chip x=p
         assert list(result["coordinate"]) == [1 - rank]  # this rank sits where its chip is
         torch.testing.assert_close(result["sum"], torch.tensor([3.0]))
+
+
+_TORCHRUN_MESH = """
+import warnings
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    meshes = [torch.tpu.topology_aware_mesh(shape).tolist() for shape in ((2,), (1, 2))]
+said = sum("ranks in order" in str(w.message) for w in caught)
+print(f"rank {dist.get_rank()}: {meshes} said {said}")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_topology_aware_mesh_under_plain_torchrun(tmp_path) -> None:
+    """TorchTPU's ``topology_aware_mesh((2,))`` under plain torchrun off a TPU (no TPU_TOPOLOGY /
+    TPU_ACCELERATOR_TYPE, only ``import torch``): the two ranks in order, said once per process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    script = tmp_path / "mesh.py"
+    script.write_text(_TORCHRUN_MESH)
+    unset = ("TPU_TOPOLOGY", "TPU_ACCELERATOR_TYPE", "TORCH_TPU_AUTOLOAD", "TORCH_DEVICE_BACKEND_AUTOLOAD")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script)], cwd=repo, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {r}: [[0, 1], [[0, 1]]] said 1" for r in (0, 1)], done.stdout[-3000:]
