@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.sequences import window_path
+from pipelines.sequences import window_path, write_sequences
 from pipelines.sequences.reader import SequenceBatch, SequenceReader
 from tests.hstu.datasets import sequence_dataset
 from torchrec_tpu.cli import main
@@ -111,3 +111,30 @@ def test_a_pass_resumed_at_a_row_yields_the_rest_of_its_permutation(tmp_path, st
     np.testing.assert_array_equal(rest, whole[skipped:])
     with pytest.raises(ValueError, match=r"cannot resume at row 10000 of a pass of \d+ rows"):
         next(reader.batches(epoch=1, start=10_000))
+
+
+def test_labels_follow_the_models_tasks_whatever_the_files_column_order(tmp_path):
+    from pipelines.sequences import Events
+    from torchrec_tpu.hstu.train import hstu_training, prepared
+    from torchrec_tpu.train.config import TrainConfig
+
+    n = 40
+    user, item = np.repeat(np.arange(4), n // 4), np.arange(n) % 7
+    like, listen = (item % 2).astype(np.float32), (item < 3).astype(np.float32)
+    events = Events(user=user, item=item, action=np.zeros(n, np.int64), timestamp=np.arange(n) * 10,
+                    labels={"listen": listen, "like": like}, action_rows=1, source="hand")
+    data = tmp_path / "seq"
+    write_sequences(events, data, windows=2, max_history=4, candidates=2)
+    for window in (0, 1):  # the label columns in the other order
+        table = pq.read_table(window_path(data, window))
+        names = [c for c in table.column_names if not c.startswith("label_")] + ["label_like", "label_listen"]
+        pq.write_table(table.select(names), window_path(data, window))
+    config = prepared(TrainConfig.from_options(model="hstu", data=str(data), dense_device="cpu", batch_size=4,
+                                               log_dir=str(tmp_path / "tb")))
+    with hstu_training(config) as t:
+        assert t.model.config.tasks == ("listen", "like")
+        batch = t.train.batch(np.arange(5))
+    file = pq.read_table(window_path(data, 0)).slice(0, 5)
+    expected = [[a, b] for la, lb in zip(file.column("label_listen").to_pylist(), file.column("label_like").to_pylist())
+                for a, b in zip(la, lb)]
+    assert batch.labels.tolist() == expected
