@@ -146,10 +146,13 @@ def test_ray_driver_output_is_quiet_with_paths_as_given(ray_run, torchrun_run, d
     assert _line_kinds(text) - _line_kinds(local) == {
         "  ray checkpoint  #", "train: starting Ray (# CPUs) for # Ray Train worker(s)",
         "train: Ray started; starting # Ray Train worker(s) (each builds the model, then the first step compiles)",
+        "train: Ray Train worker # of # started (pid #)",
     }, (text, local)
     # no silent minutes: Ray's start, the workers' start and the model built are each said
     starting = text.index("train: starting Ray (3 CPUs) for 2 Ray Train worker(s)")
-    assert starting < text.index("train: Ray started; starting 2 Ray Train worker(s)") < text.index("model built in ")
+    workers = min(text.index(f"train: Ray Train worker {rank} of 2 started") for rank in range(2))
+    assert starting < text.index("train: Ray started; starting 2 Ray Train worker(s)") < workers
+    assert workers < text.index("model built in ")
     saves = re.findall(r"^checkpoint step (\d+): (\S+)$", text, re.MULTILINE)
     assert [int(step) for step, _ in saves] == list(range(16, STEPS + 1, 16)), text
     assert all(path.startswith("checkpoints/checkpoint.step-") for _, path in saves), text

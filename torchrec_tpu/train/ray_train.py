@@ -173,6 +173,9 @@ def train_worker(params: dict[str, Any]) -> str | None:
     checkpoint after a restart; rank 0 returns the summary."""
     import ray.train
 
+    context = ray.train.get_context()
+    print(f"train: Ray Train worker {context.get_world_rank()} of {context.get_world_size()} started "
+          f"(pid {os.getpid()})", flush=True)  # the worker group's start is the job's longest silence
     config = _worker_config(params)
     restored = ray.train.get_checkpoint()
     with restored.as_directory() if restored else contextlib.nullcontext() as directory:
