@@ -65,8 +65,9 @@ def _start_ray_cli(data: Path, run: Path) -> tuple[subprocess.Popen, Path]:
     env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(POLL_S)
     env["TORCHREC_TPU_PROGRESS_SECONDS"] = "0"  # a progress line at every step between --log-every lines
     with open(out, "w") as stream:
-        proc = subprocess.Popen([sys.executable, "-c", CLI, *_argv(Path("data"), Path(".")), *RAY_FLAGS,
-                                 "--progress"], env=env, stdout=stream, stderr=subprocess.STDOUT, cwd=run)
+        argv = [flag for flag in _argv(Path("data"), Path(".")) if flag != "--no-progress"]  # given once: --progress
+        proc = subprocess.Popen([sys.executable, "-c", CLI, *argv, *RAY_FLAGS, "--progress"], env=env,
+                                stdout=stream, stderr=subprocess.STDOUT, cwd=run)
     return proc, out
 
 
