@@ -34,11 +34,14 @@ def _ours(spec: ZchSpec) -> ZchCollection:
 
 
 def drifting_batch(step: int, generator: torch.Generator, batch: int = 16) -> KeyedJaggedTensor:
-    """Zipf-like raw ids over a vocabulary that moves up by 7 ids a step, some huge or negative."""
+    """Zipf-like raw ids over a vocabulary that moves up by 7 ids a step, some negative, and the
+    hostile extremes (2^63-1, TorchRec's empty-slot marker, and -2^63) on odd steps."""
     lengths = torch.randint(0, 4, (len(KEYS) * batch,), generator=generator)
     n = int(lengths.sum())
     rank = torch.floor(torch.exp(torch.rand(n, generator=generator) * 5.5)).to(torch.int64)
     ids = (rank + 7 * step) * 1_000_003 - 50_000_000
+    if step % 2 and n >= 2:
+        ids[:2] = torch.tensor([INT64_MAX, -INT64_MAX - 1])
     return KeyedJaggedTensor(keys=KEYS, values=ids, lengths=lengths)
 
 

@@ -127,3 +127,43 @@ def test_evaluation_remaps_frozen():
     with torch.no_grad():
         ebc(raw_kjt(7))
     assert ebc.state_dict()["zch_state"] == before
+
+
+def test_from_torchrec_takes_an_mc_ebc_with_its_policies_and_state():
+    """A TorchRec MC-EBC that already remapped some batches converts with its policies and remap
+    state; both then remap the rest of the stream alike."""
+    specs = {"t_user": ZchSpec("lru", 2, decay_exponent=2.0), "t_item": ZchSpec("lfu", 1, threshold="average"),
+             "t_small": ZchSpec("distance_lfu", 3, threshold="dynamic", threshold_skew_multiplier=2.0)}
+    ebc = reference_ebc()
+    mcc = ManagedCollisionCollection(
+        {c.name: MCHManagedCollisionModule(zch_size=c.num_embeddings, device=torch.device("cpu"),
+                                           eviction_policy=specs[c.name].eviction_policy(),
+                                           eviction_interval=specs[c.name].eviction_interval) for c in CONFIGS},
+        ebc.embedding_bag_configs())
+    mc_ebc = ManagedCollisionEmbeddingBagCollection(ebc, mcc)
+    for step in range(3):  # three batches: every table evicted at the third
+        mcc(raw_kjt(step))
+    plan = {c.name: TableSharding("table_wise", (0,)) for c in CONFIGS}
+    ours = ShardedSparseCoreEBC.from_torchrec(mc_ebc, BATCH, plan, SGD(0.1), backend="fbgemm")
+    assert ours.zch.specs == specs
+    for step in range(3, 7):
+        kjt = raw_kjt(step)
+        expected = mcc(kjt).to_dict()
+        remapped, _ = ours.zch.collection(kjt)
+        for key, jt in remapped.to_dict().items():
+            torch.testing.assert_close(jt.values(), expected[key].values(), rtol=0, atol=0)
+    for name, bag in ebc.embedding_bags.items():
+        assert torch.equal(ours.unsharded_weights()[name], bag.weight.detach())
+
+
+def test_from_torchrec_refuses_a_hashing_mch_module():
+    ebc = reference_ebc()
+    mcc = ManagedCollisionCollection(
+        {c.name: MCHManagedCollisionModule(zch_size=c.num_embeddings, device=torch.device("cpu"),
+                                           eviction_policy=ZchSpec().eviction_policy(), eviction_interval=1,
+                                           input_hash_func=lambda ids, size: ids % size, name=c.name)
+         for c in CONFIGS}, ebc.embedding_bag_configs())
+    plan = {c.name: TableSharding("table_wise", (0,)) for c in CONFIGS}
+    with pytest.raises(ValueError, match="zch of t_user: an input_hash_func is not supported"):
+        ShardedSparseCoreEBC.from_torchrec(ManagedCollisionEmbeddingBagCollection(ebc, mcc), BATCH, plan, SGD(0.1),
+                                           backend="fbgemm")

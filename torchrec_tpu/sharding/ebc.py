@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torchrec import EmbeddingBagCollection
+from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from sparsecore.optimizers import OptimizerSpec
@@ -37,6 +38,7 @@ from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.column_blocks import ColumnSelection
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
 from torchrec_tpu.sharding.shards import TableSharding
+from torchrec_tpu.sharding.zch import ZchSpec
 from torchrec_tpu.sharding.zch_tables import ZchBatch
 from tpu_facts import global_batch_of, padded_local_batch_of
 
@@ -179,13 +181,23 @@ class ShardedSparseCoreEBC(ShardedTables):
                                   partition_limits=partition_limits)
 
     @classmethod
-    def from_torchrec(cls, ebc: EmbeddingBagCollection, batch_size: int, sharding: Mapping[str, TableSharding],
-                      optimizer: OptimizerSpec, specs: tuple[Sequence[TableSpec], Sequence[FeatureSpec]] | None = None,
+    def from_torchrec(cls, ebc: EmbeddingBagCollection | ManagedCollisionEmbeddingBagCollection, batch_size: int,
+                      sharding: Mapping[str, TableSharding], optimizer: OptimizerSpec,
+                      specs: tuple[Sequence[TableSpec], Sequence[FeatureSpec]] | None = None,
                       partition_limits: Mapping[str, tuple[int, int]] | None = None,
                       **kwargs: Any) -> "ShardedSparseCoreEBC":
         """The same tables as TorchRec ``ebc`` (and its weights unless they are on the meta device);
         ``specs``: :meth:`specs_of` ``ebc`` (with ``batch_size``, ``optimizer`` and
-        ``partition_limits``) when the caller has them already."""
+        ``partition_limits``) when the caller has them already. A managed-collision ``ebc``
+        (MC-EBC of ``MCHManagedCollisionModule``s) keeps its remaps: their policies and state
+        (:meth:`ZchSpec.of_torchrec`, :func:`~torchrec_tpu.sharding.zch.torchrec_state`)."""
+        if isinstance(ebc, ManagedCollisionEmbeddingBagCollection):
+            modules = dict(ebc._managed_collision_collection._managed_collision_modules.items())
+            sharded = cls.from_torchrec(ebc._embedding_module, batch_size, sharding, optimizer, specs,
+                                        partition_limits, **kwargs)
+            sharded.manage_collisions({name: ZchSpec.of_torchrec(module) for name, module in modules.items()})
+            sharded.zch.load_torchrec(modules)
+            return sharded
         if specs is not None and partition_limits is not None:
             raise ValueError("give partition_limits to specs_of when passing specs, not to from_torchrec")
         tables, features = specs if specs is not None else ShardedSparseCoreEBC.specs_of(

@@ -18,6 +18,7 @@ a prefetch thread can remap ahead of training and a checkpoint still saves the t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torchrec.modules.mc_modules import (
@@ -25,6 +26,7 @@ from torchrec.modules.mc_modules import (
     LFU_EvictionPolicy,
     LRU_EvictionPolicy,
     MCHEvictionPolicy,
+    MCHManagedCollisionModule,
     average_threshold_filter,
     dynamic_threshold_filter,
 )
@@ -59,10 +61,34 @@ class ZchSpec:
         if self.policy == "lfu" and self.decay_exponent != 1.0:
             raise ValueError(f"zch decay_exponent applies to lru and distance_lfu, not lfu (got {self.decay_exponent})")
 
+    @classmethod
+    def of_torchrec(cls, module: MCHManagedCollisionModule) -> "ZchSpec":
+        """The spec of TorchRec's ``module``: its policy, interval, decay and threshold filter
+        (TorchRec's own filters only; ids hashed by an ``input_hash_func`` are refused)."""
+        name = getattr(module, "_name", None) or "an MCH module"
+        if module._input_hash_func is not None:
+            raise ValueError(f"zch of {name}: an input_hash_func is not supported (raw ids are remapped as given)")
+        policy = module._eviction_policy
+        kind = next((key for key, value in POLICIES.items() if type(policy) is value), None)
+        if kind is None:
+            raise ValueError(f"zch of {name}: eviction policy {type(policy).__name__} is not one of "
+                             f"{[p.__name__ for p in POLICIES.values()]}")
+        found = policy._threshold_filtering_func
+        threshold, multiplier = None, 10.0
+        if found is average_threshold_filter:
+            threshold = "average"
+        elif found is dynamic_threshold_filter or getattr(found, "func", None) is dynamic_threshold_filter:
+            threshold = "dynamic"
+            multiplier = float(getattr(found, "keywords", {}).get("threshold_skew_multiplier", multiplier))
+        elif found is not None:
+            raise ValueError(f"zch of {name}: threshold filter {found!r} is not TorchRec's average or dynamic one")
+        return cls(kind, module._eviction_interval, float(getattr(policy, "_decay_exponent", 1.0)), threshold,
+                   multiplier)
+
     def eviction_policy(self) -> MCHEvictionPolicy:
         """TorchRec's eviction policy object for this spec."""
-        filters = {None: None, "average": average_threshold_filter,
-                   "dynamic": lambda counts: dynamic_threshold_filter(counts, self.threshold_skew_multiplier)}
+        dynamic = partial(dynamic_threshold_filter, threshold_skew_multiplier=self.threshold_skew_multiplier)
+        filters = {None: None, "average": average_threshold_filter, "dynamic": dynamic}
         kwargs = {} if self.policy == "lfu" else {"decay_exponent": self.decay_exponent}
         return POLICIES[self.policy](threshold_filtering_func=filters[self.threshold], **kwargs)
 
@@ -227,3 +253,18 @@ class TableRemap:
             if self.history_iters is not None:
                 self.history_iters[:self.fill] = state["_history_last_access_iter"]
         self._evicted = None
+
+
+def torchrec_state(module: MCHManagedCollisionModule) -> dict[str, torch.Tensor]:
+    """A live TorchRec ``module``'s whole remap state for :meth:`TableRemap.load_state_dict`: its
+    state dict and what that leaves out (the history since its last eviction, when that was)."""
+    state = dict(module.state_dict())
+    if module._current_iter >= 0:
+        state["_last_eviction_iter"] = torch.tensor([module._last_eviction_iter])
+    if module._input_history_buffer_size >= 0:
+        fill = module._current_history_buffer_offset
+        state["_history_capacity"] = torch.tensor([module._input_history_buffer_size])
+        state["_history"] = module._history_accumulator[:fill].clone()
+        if "last_access_iter" in module._history_metadata:
+            state["_history_last_access_iter"] = module._history_metadata["last_access_iter"][:fill].clone()
+    return state

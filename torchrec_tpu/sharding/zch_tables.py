@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from torchrec.modules.mc_modules import MCHManagedCollisionModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_tpu.sharding.zch import RemapMark, ZchSpec
+from torchrec_tpu.sharding.zch import RemapMark, ZchSpec, torchrec_state
 from torchrec_tpu.sharding.zch_collection import ZchCollection
 
 if TYPE_CHECKING:
@@ -76,6 +77,12 @@ class ManagedCollisions:
         buffer = io.BytesIO()
         torch.save(self.collection.state_dict(self._trained), buffer)
         return buffer.getvalue()
+
+    def load_torchrec(self, modules: Mapping[str, MCHManagedCollisionModule]) -> None:
+        """Take the remap state of live TorchRec modules, by table (:func:`torchrec_state`)."""
+        for name, module in modules.items():
+            self.collection.remaps[name].load_state_dict(torchrec_state(module))
+        self._trained = None
 
     def load_bytes(self, data: bytes) -> None:
         """Install a :meth:`state_bytes`."""
