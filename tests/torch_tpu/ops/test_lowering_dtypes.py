@@ -113,3 +113,29 @@ def test_half_precision_products_with_alpha_and_beta_round_once(name, beta, alph
         inplace = args[0].to("tpu")
         getattr(inplace, f"{op.__name__}_")(*(a.to("tpu") for a in args[1:]), beta=beta, alpha=alpha)
         torch.testing.assert_close(inplace.cpu(), actual.cpu(), rtol=0, atol=0)
+
+
+ALPHA_OPS = {
+    "add": lambda a, b, s: torch.add(a, b, alpha=s),
+    "add_scalar": lambda a, b, s: torch.add(a, 1.1, alpha=s),
+    "add_": lambda a, b, s: a.clone().add_(b, alpha=s),
+    "sub": lambda a, b, s: torch.sub(a, b, alpha=s),
+    "rsub": lambda a, b, s: torch.rsub(a, b, alpha=s),
+    "lerp_scalar": lambda a, b, s: torch.lerp(a, b, s / 3),
+    "lerp_tensor": lambda a, b, s: torch.lerp(a, b, (b - a).abs() / 8),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", sorted(ALPHA_OPS))
+def test_half_precision_elementwise_scales_round_once_as_cpu(name, dtype):
+    """CPU computes ``a + alpha * b`` (alpha taken in the tensor's dtype) and lerp in float32 and
+    rounds once; rounding the product and then the sum was an ulp off in a third of the elements.
+    Several scales: after a few the op cache traces them as inputs instead of constants."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(2048, generator=gen).to(dtype) for _ in range(2))
+    for scale in (1.3, 0.7, 2.9, 0.3, 1.7):
+        expected = ALPHA_OPS[name](a, b, scale)
+        actual = ALPHA_OPS[name](a.to("tpu"), b.to("tpu"), scale)
+        assert actual.dtype == dtype
+        torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0, msg=lambda m: f"scale {scale}: {m}")

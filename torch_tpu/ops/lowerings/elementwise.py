@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torch_tpu.ops.lowerings._common import cast, float_dtype, floated, is_one, opmath, promoted, result_dtype
+from torch_tpu.ops.lowerings._common import (
+    cast,
+    float_dtype,
+    floated,
+    is_one,
+    opmath,
+    promoted,
+    result_dtype,
+)
 from torch_tpu.ops.registry import register_lowering
 from torch_tpu.runtime._jax import jax, jnp
 
@@ -13,28 +21,42 @@ aten = torch.ops.aten
 lax = jax.lax
 
 
-def _scaled(x, alpha):
+def _check_alpha(x, alpha) -> None:
     if type(alpha) is float and not jnp.issubdtype(x.dtype, jnp.inexact):  # torch refuses, not truncates
         raise ValueError("For integral input tensors, argument alpha must not be a floating point number.")
+
+
+def _scaled(x, alpha):
+    _check_alpha(x, alpha)
     return x if is_one(alpha) else x * cast(alpha, x.dtype)
+
+
+def _plus_scaled(x, y, alpha, sign: int):
+    """``x + sign * alpha * y`` of promoted operands. bfloat16/float16: in float32, rounded once,
+    alpha first rounded to their dtype, as CPU's add kernel takes it (rounding the product, then
+    the sum, was off by an ulp in a third of the elements)."""
+    if is_one(alpha):
+        return x + y if sign > 0 else x - y
+    dtype = result_dtype(x, y)
+    x, y = cast(x, dtype), cast(y, dtype)
+    _check_alpha(y, alpha)
+    return opmath(lambda a, b, s: a + b * s if sign > 0 else a - b * s, x, y, cast(alpha, dtype))
 
 
 @register_lowering(aten.add.Tensor, aten.add.Scalar)
 def add(self, other, alpha=1):
-    a, b = promoted(self, other)
-    return a + _scaled(b, alpha)
+    return _plus_scaled(*promoted(self, other), alpha, 1)
 
 
 @register_lowering(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
-    a, b = promoted(self, other)
-    return a - _scaled(b, alpha)
+    return _plus_scaled(*promoted(self, other), alpha, -1)
 
 
 @register_lowering(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(self, other, alpha=1):
     a, b = promoted(self, other)
-    return b - _scaled(a, alpha)
+    return _plus_scaled(b, a, alpha, -1)
 
 
 @register_lowering(aten.mul.Tensor, aten.mul.Scalar)
@@ -275,11 +297,18 @@ def clamp_max(self, max):
     return clamp(self, max=max)
 
 
-@register_lowering(aten.lerp.Scalar, aten.lerp.Tensor)
-def lerp(self, end, weight):
-    a, b, w = promoted(self, end, weight)
+def _interpolate(a, b, w):
     diff = b - a
     return jnp.where(jnp.abs(w) < 0.5, a + w * diff, b - diff * (1 - w))
+
+
+@register_lowering(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(self, end, weight):
+    """bfloat16/float16 in float32, rounded once; a scalar weight (a Python number, or one the op
+    cache traces: weakly typed) in float32 unrounded, as CPU's opmath takes it."""
+    if isinstance(weight, (int, float)) or getattr(weight, "weak_type", False):
+        return opmath(lambda a, b: _interpolate(a, b, cast(weight, a.dtype)), *promoted(self, end))
+    return opmath(_interpolate, *promoted(self, end, weight))
 
 
 @register_lowering(aten.addcmul.default)
