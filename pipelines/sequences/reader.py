@@ -8,7 +8,8 @@ into the table (``id mod item_rows``, as a capped table takes them; the default,
 
 A file is checked when it is opened (:func:`check_window`): ids, action codes and timestamps must be
 integers (integral floats are read as such), item ids and action codes >= 0 (action codes below the
-model's ``action_rows``), labels in ``[0, 1]`` with one per candidate; anything else is refused in one
+model's ``action_rows``), labels in ``[0, 1]`` with one per candidate, and (given ``max_seq_len``) a
+row's kept history and candidates within ``max_seq_len`` events; anything else is refused in one
 :class:`~pipelines.bad_values.BadValueError` line naming the file, row, column and value.
 """
 
@@ -81,6 +82,19 @@ def check_window(table: pa.Table, path: Path, tasks: Sequence[str], action_rows:
         check_labels(array.flatten(), name, Where.of_lists(str(path), label_offsets - label_offsets[0], first_row))
 
 
+def _check_lengths(table: pa.Table, path: Path, max_history: int, max_seq_len: int) -> None:
+    """BadValueError naming the first row whose kept history and candidates exceed ``max_seq_len`` events."""
+    history = np.minimum(table.column("item").combine_chunks().value_lengths().to_numpy(zero_copy_only=False),
+                         max_history)
+    candidates = table.column("candidate_item").combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
+    over = history + candidates > max_seq_len
+    if over.any():
+        row = int(np.flatnonzero(over)[0])
+        raise BadValueError(f"{path}: row {row}, column candidate_item: {int(candidates[row])} candidates after "
+                            f"{int(history[row])} history events make {int(history[row] + candidates[row])}, above "
+                            f"the model's max_seq_len {max_seq_len} (more candidates than meta.json's)")
+
+
 def _keep_last(offsets: np.ndarray, values: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.minimum(np.diff(offsets), keep)
     starts = offsets[1:] - lengths
@@ -94,7 +108,7 @@ class SequenceReader:
     reshuffled per pass when ``shuffle_seed`` is given (pass ``epoch`` to :meth:`batches`)."""
 
     def __init__(self, path: Path, batch_size: int, *, max_history: int, item_rows: int | None = None,
-                 action_rows: int | None = None, tasks: Sequence[str] | None = None,
+                 action_rows: int | None = None, max_seq_len: int | None = None, tasks: Sequence[str] | None = None,
                  shuffle_seed: int | None = None, rank: int = 0, world_size: int = 1):
         if batch_size < 1 or max_history < 0:
             raise ValueError(f"SequenceReader: batch_size={batch_size} (>= 1), max_history={max_history} (>= 0)")
@@ -109,6 +123,8 @@ class SequenceReader:
         if unknown or not self.tasks:
             raise ValueError(f"{path}: tasks {unknown or '(none)'} not among the file's labels {present}")
         check_window(self.table, Path(path), self.tasks, action_rows)
+        if max_seq_len is not None:
+            _check_lengths(self.table, Path(path), max_history, max_seq_len)
         self.path, self.batch_size, self.max_history = Path(path), batch_size, max_history
         self.item_rows, self.shuffle_seed = item_rows, shuffle_seed
         per_rank = self.table.num_rows // world_size

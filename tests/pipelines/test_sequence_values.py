@@ -166,3 +166,23 @@ def test_the_sequence_reader_reads_integral_float_ids_as_the_integers(tmp_path):
         assert a.features.keys() == b.features.keys()
         assert a.features.values().tolist() == b.features.values().tolist()
         assert a.features.lengths().tolist() == b.features.lengths().tolist()
+
+
+def test_the_sequence_reader_refuses_a_row_longer_than_the_models_max_seq_len(tmp_path):
+    path, table = _window(tmp_path)
+    pairs = zip(table.column("item").to_pylist(), table.column("candidate_item").to_pylist())
+    row = next(i for i, (h, c) in enumerate(pairs) if len(h) >= 3 and len(c) == 2)
+    history = min(len(table.column("item")[row].as_py()), 5)
+    longer = table
+    for column, value in (("candidate_item", 1), ("candidate_timestamp", 10**10), ("label_positive", 1.0)):
+        rows = table.column(column).to_pylist()
+        rows[row] = rows[row] + [value] * 8  # 10 candidates where the dataset said 2
+        longer = longer.set_column(longer.schema.get_field_index(column), column,
+                                   pa.array(rows, table.schema.field(column).type))
+    edited = path.with_name("longer.parquet")
+    pq.write_table(longer, edited)
+    SequenceReader(edited, 4, max_history=5, max_seq_len=history + 10)  # fits exactly
+    with pytest.raises(BadValueError, match=f"^{edited}: row {row}, column candidate_item: 10 candidates after "
+                                            f"{history} history events make {history + 10}, above the model's "
+                                            f"max_seq_len {history + 9} "):
+        SequenceReader(edited, 4, max_history=5, max_seq_len=history + 9)

@@ -257,13 +257,14 @@ def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
         history = min(meta.max_history, hstu_config.max_seq_len - meta.candidates)
         train = SequenceReader(window_path(directory, meta.windows - 2), env.local_batch_of(config.data.batch_size),
                                max_history=history, item_rows=hstu_config.item_rows,
-                               action_rows=hstu_config.action_rows, tasks=hstu_config.tasks,
-                               shuffle_seed=config.loop.seed, rank=env.rank, world_size=env.world_size)
+                               action_rows=hstu_config.action_rows, max_seq_len=hstu_config.max_seq_len,
+                               tasks=hstu_config.tasks, shuffle_seed=config.loop.seed, rank=env.rank,
+                               world_size=env.world_size)
         held_out = SequenceReader(window_path(directory, meta.windows - 1),
                                   env.local_batch_of(config.data.eval_batch_size),
                                   max_history=history, item_rows=hstu_config.item_rows,
-                                  action_rows=hstu_config.action_rows, tasks=hstu_config.tasks, rank=env.rank,
-                                  world_size=env.world_size)
+                                  action_rows=hstu_config.action_rows, max_seq_len=hstu_config.max_seq_len,
+                                  tasks=hstu_config.tasks, rank=env.rank, world_size=env.world_size)
         dense = [p for name, p in model.named_parameters() if not name.startswith(TABLES_PREFIX)]
         if env.world_size > 1:
             for p in dense:  # every rank starts from rank 0's dense weights
