@@ -8,6 +8,7 @@ import sys
 from pipelines.flag_numbers import positive_int
 from pipelines.output_paths import check_outputs_apart
 from torchrec_tpu.inference.export_files import MODEL
+from torchrec_tpu.inference.job import DEVICES
 from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 
 
@@ -34,6 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(TorchRec's quantize_inference_model), dequantized row by row in the lookup; fp16 / "
                              "bf16 a cast; HSTU checkpoints: fp32 only (default: fp32; --model: the dtype it was "
                              "exported at)")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="where the DLRM runs. tpu: as the trainer lays it out, the tables sharded on the "
+                             "SparseCore ops and the towers on the tpu device, lookup and towers one compiled "
+                             "program per batch (fp32 tables, --concurrency 1); cpu: eager torch on the host, "
+                             "the reference path (and the one for quantized tables, exported models, HSTU and "
+                             "several actors); auto: tpu when a TPU is attached and the model is one it serves, "
+                             "else cpu (on XLA:CPU the compiled program is slower than eager torch); the choice "
+                             "and its reason are logged")
     parser.add_argument("--batch-size", type=positive_int, default=4096, help="rows per forward pass")
     parser.add_argument("--concurrency", type=positive_int, default=1,
                         help="1: predict in this process, without Ray (nothing to start, the model loaded once, "
@@ -87,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         row_id_column=args.row_id_column or None, batch_size=args.batch_size,
         concurrency=args.concurrency, num_cpus=args.num_cpus, progress=args.progress,
         bad_values=args.bad_values, with_label=args.label, table_dtype=args.table_dtype or "fp32",
+        device=args.device,
     )
     summary = run_inference(config)
     print(summary.format())

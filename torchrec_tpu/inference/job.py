@@ -50,6 +50,7 @@ PREDICTION_COLUMN = "prediction"
 # InferenceConfig.model: what the checkpoint holds, or an exported model directory (infer --model)
 DLRM, HSTU, EXPORTED = "dlrm", "hstu", "exported"
 MODELS = (DLRM, HSTU, EXPORTED)
+DEVICES = ("auto", "tpu", "cpu")  # InferenceConfig.device
 _log = logging.getLogger(__name__)
 
 
@@ -69,6 +70,7 @@ class InferenceConfig:
     schema: DatasetSchema = field(default=CRITEO)
     model: str = DLRM  # DLRM (rows of `schema`), HSTU (sequence rows) or EXPORTED (rows of `schema`)
     table_dtype: str = "fp32"  # the DLRM checkpoint's tables at (EXPORTED: the dtype they were exported at)
+    device: str = "auto"  # DEVICES: the stack (tpu: SparseCore tables, tpu towers) or eager torch on the host
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "concurrency", "num_cpus"):
@@ -81,12 +83,22 @@ class InferenceConfig:
         if self.model != DLRM and self.table_dtype != "fp32":
             raise ValueError(f"--table-dtype {self.table_dtype}: only for a DLRM checkpoint (an HSTU checkpoint is "
                              "served at fp32, an exported model at the dtype it was exported at)")
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be one of {list(DEVICES)}, got {self.device!r}")
+        if self.device == "tpu" and (self.model != DLRM or self.table_dtype != "fp32" or self.concurrency != 1):
+            raise ValueError(f"--device tpu serves a DLRM checkpoint at --table-dtype fp32 in one process "
+                             f"(--concurrency 1): the SparseCore ops take fp32 tables; got {self._served()}; "
+                             "--device cpu serves the rest")
         if self.bad_values not in POLICIES:
             raise ValueError(f"--bad-values must be one of {list(POLICIES)}, got {self.bad_values!r}")
         outputs = [*self.key_columns, self.row_id_column, self.label_column, PREDICTION_COLUMN]
         named = [c for c in outputs if c]
         if len(set(named)) != len(named):
             raise ValueError(f"output column names collide: {named}")
+
+    def _served(self) -> str:
+        kind = {DLRM: "a DLRM checkpoint", HSTU: "an HSTU checkpoint", EXPORTED: "an exported model (--model)"}
+        return f"{kind[self.model]} at {self.table_dtype}, --concurrency {self.concurrency}"
 
     @property
     def label_column(self) -> str | None:
@@ -176,6 +188,10 @@ class Predictor:
                 from torchrec_tpu.hstu.inference import load_hstu_inference
 
                 self.model = load_hstu_inference(Path(config.checkpoint))
+            elif config.device == "tpu":
+                from torchrec_tpu.inference.stack_model import load_stack_model
+
+                self.model = load_stack_model(config.checkpoint, config.batch_size, config.schema)
             elif config.model == EXPORTED:
                 from torchrec_tpu.inference.export import load_model
 
@@ -184,6 +200,11 @@ class Predictor:
                 self.model = load_inference_model(config.checkpoint, config.schema, config.table_dtype)
         except Exception as error:  # noqa: BLE001  handed to the driver by __call__
             self.error = error
+
+    def close(self) -> None:
+        """Release what the model holds beyond memory (the tpu path's process group)."""
+        if self.error is None and self.config.model != HSTU:
+            self.model.close()
 
     def loaded(self) -> bool:
         """Whether the model loaded (after ``__init__``: the driver waits on it for its line)."""
@@ -405,6 +426,7 @@ def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool
     the predictors start and the model is loaded; while the parts are predicted, a bar on a
     terminal, else a progress line at least every ``$TORCHREC_TPU_PROGRESS_SECONDS`` (30 s by default)."""
     total_rows = sum(u.num_rows for u in todo)
+    config = dataclasses.replace(config, device=_resolved_device(config))
     with progress_bar(total=total_rows, desc="infer", unit="row", enabled=config.progress) as bar:
         lines = ProgressLine(_log.info, "infer", total_rows) if bar.disable and config.progress else None
         progress = _Progress(bar, lines)
@@ -413,6 +435,24 @@ def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool
         else:
             tables = _predict_on_ray(config, todo, with_label, progress)
     return progress.rows_done, progress.bad_values, tables
+
+
+def _resolved_device(config: InferenceConfig) -> str:
+    """``config.device``, ``auto`` resolved (tpu where a TPU is attached and the model is one the
+    stack serves), said in a log line with the reason."""
+    from torchrec_tpu.train.engines.dense_placement import tpu_installed
+
+    device, why = config.device, "--device " + config.device
+    if device == "auto":
+        servable = config.model == DLRM and config.table_dtype == "fp32" and config.concurrency == 1
+        device = "tpu" if servable and tpu_installed() else "cpu"
+        why = ("--device auto: a TPU is attached" if device == "tpu" else
+               f"--device auto: {config._served()}, which the stack does not serve" if not servable else
+               "--device auto: no TPU is attached (the tpu device would be XLA on the host CPU)")
+    where = ("the stack: tables on the SparseCore ops, towers on the tpu device, one program per batch"
+             if device == "tpu" else "eager torch on the host CPU")
+    _log.info("infer: the model on %s (%s)", where, why)
+    return device
 
 
 class _Progress:
@@ -459,9 +499,12 @@ def _predict_here(config: InferenceConfig, todo: list[Unit], with_label: bool, p
         raise predictor.error
     _log.info("infer: model loaded in %.1f s; predicting %s rows in %d part(s)", time.perf_counter() - started,
               f"{sum(u.num_rows for u in todo):,}", len(todo))
-    for unit in todo:
-        progress.add(predictor.write_units(_unit_columns(unit)))
-    return predictor.tables()
+    try:
+        for unit in todo:
+            progress.add(predictor.write_units(_unit_columns(unit)))
+        return predictor.tables()
+    finally:
+        predictor.close()
 
 
 def _predict_on_ray(config: InferenceConfig, todo: list[Unit], with_label: bool, progress: _Progress

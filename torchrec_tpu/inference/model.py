@@ -41,13 +41,17 @@ class InferenceModel:
     table_sizes: tuple[int, ...]
     step: int  # training step the checkpoint was taken at
     table_dtype: str = "fp32"
-    tables: dict[str, QuantizedTable] = field(default_factory=dict)  # by feature (the module's own tensors)
+    tables: dict[str, QuantizedTable] = field(default_factory=dict)  # by feature: the host's tables (the module's)
     zch: "ZchCollection | None" = None
+    table_bytes: int = -1  # bytes the embedding tables hold (-1: those of ``tables``)
 
-    @property
-    def table_bytes(self) -> int:
-        """Bytes the embedding tables hold."""
-        return sum(table.nbytes for table in self.tables.values())
+    def __post_init__(self) -> None:
+        if self.table_bytes < 0:
+            self.table_bytes = sum(table.nbytes for table in self.tables.values())
+
+    def close(self) -> None:
+        """Release what the model holds beyond memory (the stack's process group)."""
+        getattr(self.dlrm, "close", lambda: None)()
 
     @torch.no_grad()
     def predict(self, batch: Batch | torch.Tensor, sparse: KeyedJaggedTensor | None = None) -> torch.Tensor:
@@ -69,22 +73,13 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     checkpoints load: both name the tables :func:`~torchrec_tpu.train.model.table_weight_key`."""
     from torchrec_tpu.inference.zch_remap import read_sizes, saved_remap
     from torchrec_tpu.sharding.deferred import DeferredTensor
-    from torchrec_tpu.train.checkpoint.reader import load_state, read_state_metadata
-    from torchrec_tpu.train.checkpoint.store import STATE_DIR, open_checkpoint
+    from torchrec_tpu.train.checkpoint.reader import load_state
+    from torchrec_tpu.train.checkpoint.store import STATE_DIR
     from torchrec_tpu.train.model import build_dlrm
 
-    directory, meta = open_checkpoint(Path(checkpoint_dir))
+    directory, meta, spec, saved = checkpoint_model_spec(checkpoint_dir, schema)
     state_dir = directory / STATE_DIR
-    saved = read_state_metadata(state_dir).state_dict_metadata
     keys = {f: table_weight_key(f) for f in schema.sparse}
-    missing = [f for f, key in keys.items() if f"model.{key}" not in saved]  # DCP state: {"model": DLRMTrain}
-    if missing:
-        raise ValueError(f"checkpoint {directory} has no embedding table for features {missing}")
-    sizes = tuple(int(saved[f"model.{keys[f]}"].size[0]) for f in schema.sparse)
-    try:
-        spec = saved_model_spec(meta, schema.sparse, sizes, len(schema.dense))
-    except ValueError as error:
-        raise ValueError(f"checkpoint {directory}: meta.json: {error}") from None
     check_table_dtype(table_dtype, spec.embedding_dim)
     train_module = build_dlrm(spec, dense_device=torch.device("cpu"))
     state = train_module.state_dict()  # the towers' tensors are the module's: the load fills them
@@ -94,7 +89,7 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         load_state({"model": state}, state_dir)
         tables = {f: quantize_table(state.pop(key).value(), table_dtype) for f, key in keys.items()}
-        zch = saved_remap(meta, set(saved), spec, partial(_read_plain, state_dir))
+        zch = saved_remap(meta, saved, spec, partial(_read_plain, state_dir))
     dlrm = train_module.model.eval()
     if table_dtype == "fp32":  # the stock EBC, which shares the tables' storage
         ebc_of(train_module).to_empty(device=torch.device("cpu"))
@@ -113,6 +108,26 @@ def _read_plain(state_dir: Path, key: str) -> Any:
     state: dict[str, Any] = {key: b""}
     load_state({"model": state}, state_dir)
     return state[key]
+
+
+def checkpoint_model_spec(checkpoint_dir: str | Path, schema: DatasetSchema
+                          ) -> tuple[Path, dict[str, Any], ModelSpec, set[str]]:
+    """(the checkpoint directory, verified; its meta.json; the architecture it holds for
+    ``schema``'s features; the keys of its DCP state)."""
+    from torchrec_tpu.train.checkpoint.reader import read_state_metadata
+    from torchrec_tpu.train.checkpoint.store import STATE_DIR, open_checkpoint
+
+    directory, meta = open_checkpoint(Path(checkpoint_dir))
+    saved = read_state_metadata(directory / STATE_DIR).state_dict_metadata
+    keys = {f: f"model.{table_weight_key(f)}" for f in schema.sparse}  # DCP state: {"model": DLRMTrain}
+    missing = [f for f, key in keys.items() if key not in saved]
+    if missing:
+        raise ValueError(f"checkpoint {directory} has no embedding table for features {missing}")
+    sizes = tuple(int(saved[keys[f]].size[0]) for f in schema.sparse)
+    try:
+        return directory, meta, saved_model_spec(meta, schema.sparse, sizes, len(schema.dense)), set(saved)
+    except ValueError as error:
+        raise ValueError(f"checkpoint {directory}: meta.json: {error}") from None
 
 
 def _unread() -> torch.Tensor:

@@ -1,0 +1,94 @@
+"""A training checkpoint -> the DLRM as the trainer lays it out, for ``infer --device tpu``.
+
+The tables in :class:`~torchrec_tpu.sharding.ShardedSparseCoreEBC` on the ``tpu::`` SparseCore
+ops (whole tables balanced over the ranks; one rank here), the towers on the tpu device, and a
+batch scored by the trainer's own evaluation forward
+(:class:`~torchrec_tpu.train.engines.dense_step.CompiledDenseEval`): lookup and towers ONE
+compiled program, run on chunks of ``--batch-size`` rows (the last zero-padded). The tables stay
+fp32 (the SparseCore ops take fp32 tables).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from torch import nn
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from pipelines.schema import CRITEO, DatasetSchema
+from torchrec_tpu.inference.model import InferenceModel, checkpoint_model_spec
+from torchrec_tpu.train.metrics import EvalForward
+from torchrec_tpu.train.model import ModelSpec
+
+
+class StackDLRM(nn.Module):
+    """``(dense, KJT) -> logits float32[B, 1]`` through the trainer's evaluation forward."""
+
+    def __init__(self, model: nn.Module, forward: EvalForward, resources: ExitStack) -> None:
+        super().__init__()
+        self.model, self.forward_of, self.resources = model, forward, resources
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        labels = torch.zeros(dense.shape[0])
+        return self.forward_of(self.model, Batch(dense, sparse, labels)).reshape(-1, 1)
+
+    def close(self) -> None:
+        """Leave the process group this model joined."""
+        self.resources.close()
+
+
+def load_stack_model(checkpoint_dir: str | Path, batch_size: int, schema: DatasetSchema = CRITEO) -> InferenceModel:
+    """The model of ``checkpoint_dir`` (a checkpoint or a checkpoint root) sharded on the
+    SparseCore ops, towers on tpu, scoring ``batch_size`` rows a program run; joins (or makes) the
+    default process group until :meth:`InferenceModel.close`."""
+    from torchrec_tpu.inference.zch_remap import SAVED_KEY
+    from torchrec_tpu.train.config import EngineConfig, OptimConfig
+    from torchrec_tpu.train.distributed import process_group
+    from torchrec_tpu.train.engines.dense_step import eval_forward
+    from torchrec_tpu.train.engines.sparsecore_engine import build_sparsecore_model
+    from torchrec_tpu.train.engines.step_layout import resolve_sparsecore_layout
+
+    directory, meta, spec, saved = checkpoint_model_spec(checkpoint_dir, schema)
+    if f"model.{SAVED_KEY}" in saved:
+        raise ValueError(f"--device tpu: checkpoint {directory} remaps its ids (train --zch), which this path "
+                         "does not apply; --device cpu serves it")
+    resources = ExitStack()
+    try:
+        env = resources.enter_context(process_group(device_tensors=True))
+        # sgd: tables without optimizer slots (nothing is trained)
+        options, optim = EngineConfig(dense_device="tpu"), OptimConfig(sparse_optimizer="sgd")
+        layout = resolve_sparsecore_layout(options, optim, spec, env.world_size, batch_size)
+        model = build_sparsecore_model(spec, env, layout, optim, options, batch_size, seed=0)
+        _load(directory, model, spec)
+        model.eval()
+        dlrm = StackDLRM(model, eval_forward(model, layout), resources)
+    except BaseException:
+        resources.close()
+        raise
+    table_bytes = sum(rows * spec.embedding_dim * 4 for rows in spec.table_sizes)
+    return InferenceModel(dlrm, spec.table_sizes, int(meta.get("step", 0)), "fp32", table_bytes=table_bytes)
+
+
+def _load(directory: Path, model: nn.Module, spec: ModelSpec) -> None:
+    """The checkpoint's tables (read one at a time) and towers into the sharded ``model``; state
+    the checkpoint keeps elsewhere or not at all (the sparse optimizer's, which either engine
+    keeps in its own place; the sparsecore EBC's zero-element anchor) keeps its fresh value."""
+    from torchrec_tpu.sharding.deferred import DeferredTensor, deferred_tables
+    from torchrec_tpu.train.checkpoint.reader import load_state, read_state_metadata
+    from torchrec_tpu.train.checkpoint.store import STATE_DIR
+    from torchrec_tpu.train.model import build_dlrm
+
+    saved = read_state_metadata(directory / STATE_DIR).state_dict_metadata
+    with deferred_tables():
+        state = model.state_dict()
+    asked = {k: v for k, v in state.items() if f"model.{k}" in saved}
+    # the rest (an anchor, sgd's step count) keep their fresh values, read before the load replaces them
+    state = {k: v.value() if isinstance(v, DeferredTensor) else v for k, v in state.items() if k not in asked}
+    missing = [k for k in build_dlrm(spec, torch.device("cpu")).state_dict() if k not in asked]
+    if missing:
+        raise ValueError(f"checkpoint {directory} has no tensors {missing[:3]} of the model")
+    load_state({"model": asked}, directory / STATE_DIR)
+    model.load_state_dict({**state, **asked})
