@@ -178,9 +178,11 @@ def test_labels_travel_and_score_the_output_and_a_rerun_stays_light(
     assert main(argv) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].startswith("infer: in this process (--concurrency 1, no Ray); loading the model from ")
+    assert lines[0] == ("infer: the model on eager torch on the host CPU (--device auto: no TPU is attached, and on "
+                        "XLA:CPU eager torch is faster)")
+    assert lines[1].startswith("infer: in this process (--concurrency 1, no Ray); loading the model from ")
     assert re.fullmatch(rf"infer: model loaded in [0-9.]+ s; predicting {INFER_DATA.num_rows:,} rows in "
-                        rf"{NUM_UNITS} part\(s\)", lines[1])
+                        rf"{NUM_UNITS} part\(s\)", lines[2])
     progress = [line for line in lines if re.fullmatch(r"infer: [0-9,]+/[0-9,]+ rows \(\d+%\)  [0-9,]+ rows/s  "
                                                        r"ETA (\?|\d+s|\d+m\d\ds)", line)]
     done = [int(line.split()[1].split("/")[0].replace(",", "")) for line in progress]

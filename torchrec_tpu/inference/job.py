@@ -45,12 +45,13 @@ from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
 from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, hstu_meta, is_legacy
+from torchrec_tpu.train.config import DENSE_DEVICES
 
 PREDICTION_COLUMN = "prediction"
 # InferenceConfig.model: what the checkpoint holds, or an exported model directory (infer --model)
 DLRM, HSTU, EXPORTED = "dlrm", "hstu", "exported"
 MODELS = (DLRM, HSTU, EXPORTED)
-DEVICES = ("auto", "tpu", "cpu")  # InferenceConfig.device
+DEVICES = DENSE_DEVICES  # InferenceConfig.device: train's --dense-device choices, where the whole model runs
 _log = logging.getLogger(__name__)
 
 
@@ -448,7 +449,7 @@ def _resolved_device(config: InferenceConfig) -> str:
         device = "tpu" if servable and tpu_installed() else "cpu"
         why = ("--device auto: a TPU is attached" if device == "tpu" else
                f"--device auto: {config._served()}, which the stack does not serve" if not servable else
-               "--device auto: no TPU is attached (the tpu device would be XLA on the host CPU)")
+               "--device auto: no TPU is attached, and on XLA:CPU eager torch is faster")
     where = ("the stack: tables on the SparseCore ops, towers on the tpu device, one program per batch"
              if device == "tpu" else "eager torch on the host CPU")
     _log.info("infer: the model on %s (%s)", where, why)
