@@ -172,8 +172,9 @@ def _check_lengths(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, 
     """``max_len >= 1`` and (host reads of two small inputs) the offsets rise within the ``rows``
     events, every sequence fits ``max_len`` and holds its candidates. Under ``torch.compile`` the
     values are read at a graph break (the op then runs eagerly): a sequence above ``max_len`` would
-    otherwise be cut to it. Other traces (``train_step``) have no values: there the op's output is
-    NaN when a sequence does not fit (:func:`_attention`)."""
+    otherwise be cut to it (so ``fullgraph=True`` refuses the call: compile the code around it).
+    Other traces (``train_step``) have no values: there the op's output is NaN when a sequence
+    does not fit (:func:`_attention`)."""
     if max_len < 1:
         raise ValueError(f"{name}: max_len={max_len}; it must be >= 1")
     if torch.compiler.is_dynamo_compiling():
