@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.torchrec_192.unfused_dmp_checks import rank_body, reference
+from tests.torchrec_192.unfused_dmp_checks import rank_body, reference, unseeded_losses
 from torch_tpu.distributed.local_launch import launch_local
 
 
@@ -29,3 +29,13 @@ def test_dmp_unfused_tpu_column_wise_dlrm_dcn_on_two_ranks_equals_cpu() -> None:
             # smallest-gradient entries by a few 1e-6
             atol = 2e-5 if column is not None else 1e-6
             torch.testing.assert_close(value, expected, rtol=1e-5, atol=atol, msg=f"rank {rank} {key}")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_mlperf_scripts_unseeded_flow_trains_the_same_on_every_run() -> None:
+    """TorchRec's MLPerf DLRM-v2 TPU script seeds nothing: its losses differed between two runs
+    from the first step (the pinned torch seeds its CPU generator from hardware entropy, and the
+    DCN weights are drawn there). Two runs now give the same losses, bit for bit."""
+    first, second = (launch_local(unseeded_losses, 2, timeout_s=600) for _ in range(2))
+    assert first == second

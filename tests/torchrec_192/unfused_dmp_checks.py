@@ -87,7 +87,7 @@ def initial_state() -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in _model(torch.device("cpu")).state_dict().items()}
 
 
-def _train(rank: int, world: int) -> tuple[list[float], dict[str, Any]]:
+def _dmp(model: Any, world: int, device: torch.device) -> Any:
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
@@ -95,8 +95,6 @@ def _train(rank: int, world: int) -> tuple[list[float], dict[str, Any]]:
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
     from torchrec.experimental.torch_tpu.pallas import dispatcher, impl  # noqa: F401  (TorchRec's TPU kernels)
 
-    device = torch.device("tpu")
-    model = _model(device)
     plan = ShardingPlan({"sparse_arch.embedding_bag_collection": construct_module_sharding_plan(
         model.sparse_arch.embedding_bag_collection,
         per_param_sharding={t.name: column_wise(ranks=list(range(world)),
@@ -105,9 +103,14 @@ def _train(rank: int, world: int) -> tuple[list[float], dict[str, Any]]:
         sharder=EmbeddingBagCollectionSharder(), local_size=1, world_size=world, device_type="tpu")})
     # DMP's default DDP wrapper uses a static graph, whose C++ reducer asks PrivateUse1 for a pinned-memory
     # allocator: torch 2.13 lets a Python backend register no such hook, so the dense part is plain DDP
-    dmp = DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=device,
-                                   plan=plan, sharders=[EmbeddingBagCollectionSharder()],
-                                   data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=False))
+    return DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=device,
+                                    plan=plan, sharders=[EmbeddingBagCollectionSharder()],
+                                    data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=False))
+
+
+def _train(rank: int, world: int) -> tuple[list[float], dict[str, Any]]:
+    device = torch.device("tpu")
+    dmp = _dmp(_model(device), world, device)
     _load_full_state(dmp.state_dict(), initial_state())
     # TorchRec 1.9.2's UNFUSED_TPU kernels leave their table weights out of dmp.parameters()
     # (test_unfused_parameters.py): the optimizer takes them as well, as a user's must
@@ -157,3 +160,27 @@ def rank_body(rank: int, world: int, store: dist.Store, timeout: datetime.timede
         status = traceback.format_exc()
     dist.destroy_process_group()
     return status, result
+
+
+def unseeded_losses(rank: int, world: int, store: dist.Store, timeout: datetime.timedelta) -> list[float]:
+    """This rank's loss per step in the way of TorchRec's MLPerf DLRM-v2 TPU script, which seeds
+    nothing: DCN weights drawn on the CPU at construction, dense features and labels drawn on the
+    device, ids from a seeded generator, ``Adagrad(foreach=True)`` over ``dmp.parameters()``."""
+    dist.init_process_group("tpu_dist", store=store, rank=rank, world_size=world, timeout=timeout)
+    import torch_tpu  # noqa: F401
+
+    device = torch.device("tpu")
+    dmp = _dmp(_model(device), world, device)
+    dense = torch.randn(BATCH, DENSE_IN, device=device)
+    labels = (torch.rand(BATCH, 1, device=device) > 0.5).float()
+    optimizer = torch.optim.Adagrad(dmp.parameters(), lr=LR, foreach=True)
+    losses = []
+    for _, _, ids in global_batches(world):
+        optimizer.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(dmp(dense, _kjt(ids, rank * BATCH, (rank + 1) * BATCH).to(device)),
+                                                  labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach().cpu()))
+    dist.destroy_process_group()
+    return losses

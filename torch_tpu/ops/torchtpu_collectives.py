@@ -7,8 +7,11 @@ on tpu tensors, gloo on CPU ones), groups named by ``ProcessGroup.group_name``.
   functional collectives. No autograd (as TorchTPU).
 * ``_ragged_all_to_all`` / ``.out``: each rank sends ``operand[input_offsets[j]:][:send_sizes[j]]``
   to rank ``j``, which writes it into its copy of ``output`` at row ``output_offsets[j]`` (the
-  offset the sender names). Eager only: the sizes are read to the host and the rows exchanged with
-  one ``all_to_all_single``; differentiable in ``operand`` (the backward sends the gradient rows back).
+  offset the sender names). Eager only: the sizes are read to the host and checked against every
+  peer's (counts each way, row shape and dtype, bounds), then the rows exchanged with one
+  ``all_to_all_single``; a plan any rank refuses raises on every rank before a row moves (gloo would
+  abort the process on mismatched counts). Differentiable in ``operand`` (the backward sends the
+  gradient rows back).
 * ``_send`` / ``_recv``: point-to-point over the default group; each completes the transfer before
   it returns (TorchTPU's may still be in flight) and returns a boxed, completed ``Work``
   (``torch._C._distributed_c10d.Work.unbox``).

@@ -14,10 +14,11 @@ module here registers nothing: :func:`register`, called once by ``import torch_t
 
 def register() -> None:
     """Register the device, the tensor model's hooks, storage, serialization, autocast and Module.to."""
-    from torch_tpu.runtime import device, host_heap
+    from torch_tpu.runtime import device, host_heap, random
 
     host_heap.keep_freed_memory()  # before XLA's threads first allocate
     device.register()  # first: the tensor model reads the backend's name when it is imported
+    random.fix_cpu_default_seed()  # a program that never seeds runs the same each time
 
     from torch_tpu.runtime import (
         autocast,

@@ -2,6 +2,12 @@
 
 Random lowerings are pure (they take a key); eager dispatch draws keys from here. Streams differ
 from CPU torch's generator (as on CUDA), but are reproducible under ``torch.manual_seed``.
+
+Both default seeds are fixed: the device's is 0, and :func:`fix_cpu_default_seed` gives CPU
+torch's default generator PyTorch's classic default seed at registration, unless the process
+already seeded it or drew from it. The pinned torch seeds that generator from hardware entropy at
+startup, so a program that never seeds (TorchRec's MLPerf DLRM-v2 TPU script, whose DCN weights
+are drawn on the CPU) trained differently on every run.
 """
 
 from __future__ import annotations
@@ -14,6 +20,25 @@ import torch
 from torch_tpu.runtime._jax import jax
 
 _state = {"seed": 0, "key": None}
+CPU_DEFAULT_SEED = 67280421310721  # PyTorch's default seed of its CPU generator before 2.13
+
+
+def fix_cpu_default_seed() -> bool:
+    """Seed CPU torch's default generator with :data:`CPU_DEFAULT_SEED` where the process has
+    neither seeded it (``torch.manual_seed`` / ``torch.seed``) nor drawn from it; whether it did."""
+    generator = torch.default_generator
+    fresh = torch._C.Generator().manual_seed(generator.initial_seed())
+    if _seeded_by_caller() or not torch.equal(fresh.get_state(), generator.get_state()):
+        return False
+    generator.manual_seed(CPU_DEFAULT_SEED)
+    return True
+
+
+def _seeded_by_caller() -> bool:
+    """Whether ``torch.manual_seed`` or ``torch.seed`` ran (each queues a CUDA seed call even
+    without CUDA); True where torch keeps no such record, so nothing of the caller's is undone."""
+    tracker = getattr(torch.cuda, "_lazy_seed_tracker", None)
+    return tracker is None or any(call is not None for call in tracker.get_calls())
 
 
 def manual_seed(seed: int) -> None:
