@@ -56,7 +56,7 @@ def test_two_ranks_train_in_lock_step(two_rank_run) -> None:
     assert "collectives over one tpu_dist group of 2 ranks: tpu tensors by the gloo transport" in out0
     # Each rank steps on its half of every global batch of 256: 128 rows per rank per step.
     assert f"steps           {STEPS} ({STEPS * 256:,} samples this run, 2 rank(s))" in out0
-    assert f"{HELD_OUT_ROWS} held-out rows" in out0  # the shards together cover the held-out file
+    assert f"{HELD_OUT_ROWS:,} held-out rows" in out0  # the shards together cover the held-out file
     assert "left out" not in out0  # 8192 train rows per rank, batches of 128: none left
     meta = latest_meta(log_dir)
     assert meta["world_size"] == WORLD and meta["step"] == STEPS
