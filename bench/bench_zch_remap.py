@@ -4,7 +4,7 @@
 Both remap the same drifting raw-id batches (26 features, one table each, LFU every
 ``--interval`` batches, tables of ``--rows`` slots) from the same fresh state; the slots are
 checked equal on the first pass (the tests check every policy). Prints batches/s of each and the
-ratio, best of ``--repeats`` passes, the engines alternating. Timings on a shared 2-core box are
+ratio, best of ``--repeats`` passes, the engines alternating, one torch thread. Timings on a shared 2-core box are
 noisy: read the ratio, and only from a quiet run.
 
     .venv/bin/python bench/bench_zch_remap.py [--batch 4096 --rows 100000 --steps 40 --repeats 3]
@@ -68,6 +68,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    torch.set_num_threads(1)  # as training runs (--num-threads 1): both remaps are single-threaded host work
     spec = ZchSpec("lfu", args.interval)
     batches = stream(args.batch, args.features, args.steps, 4 * args.rows)
     check_ref, check_ours = torchrec_mcc(args.rows, args.features, spec), ours(args.rows, args.features, spec)

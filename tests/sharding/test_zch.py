@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.mc_modules import ManagedCollisionCollection, MCHManagedCollisionModule
+from torchrec.modules.mc_modules import LFU_EvictionPolicy, ManagedCollisionCollection, MCHManagedCollisionModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_tpu.sharding.zch import INT64_MAX, TableRemap, ZchSpec
+from torchrec_tpu.sharding.zch import INT64_MAX, TableRemap, ZchSpec, resorted, select_evictions
 from torchrec_tpu.sharding.zch_collection import ZchCollection
 
 # table -> (rows, features); t0 is shared by two features, f_free is not managed
@@ -179,3 +179,28 @@ def test_missing_feature_is_named():
     kjt = KeyedJaggedTensor(keys=["f0"], values=torch.tensor([1]), lengths=torch.tensor([1]))
     with pytest.raises(ValueError, match=r"zch features \['f1', 'f2'\] are not in the batch"):
         ours(kjt)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32])
+def test_selection_picks_what_torchrecs_full_sort_picks_ties_included(dtype):
+    generator = torch.Generator().manual_seed(0)
+    stock = LFU_EvictionPolicy()
+    for trial in range(200):
+        pivot, new = int(torch.randint(1, 30, (1,), generator=generator)), int(torch.randint(0, 30, (1,),
+                                                                                          generator=generator))
+        scores = torch.randint(0, 4 if trial % 2 else 1000, (pivot + new,), generator=generator).to(dtype)
+        want = stock._compute_selected_eviction_and_replacement_indices(pivot, scores)
+        got = select_evictions(pivot, scores)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_merged_resort_is_the_stable_argsort():
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(100):
+        n = int(torch.randint(2, 40, (1,), generator=generator))
+        ids = torch.cat([torch.randperm(1000, generator=generator)[:n - 3].sort().values, torch.full((3,), INT64_MAX)])
+        replaced = torch.randperm(n - 1, generator=generator)[:int(torch.randint(0, n - 1, (1,), generator=generator))]
+        ids = ids.clone()
+        ids[replaced] = 1000 + torch.randperm(1000, generator=generator)[:replaced.numel()]
+        torch.testing.assert_close(resorted(ids, replaced), torch.argsort(ids, stable=True), rtol=0, atol=0)

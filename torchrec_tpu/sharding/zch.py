@@ -120,6 +120,8 @@ class TableRemap:
         if self.slots < 2:
             raise ValueError(f"a zch table needs >= 2 rows (one is the default slot of unseen ids), got {self.slots}")
         self._policy = self.spec.eviction_policy()
+        # TorchRec's policy picks by a full argsort of every slot's score; the same picks, in O(slots)
+        self._policy._compute_selected_eviction_and_replacement_indices = select_evictions  # type: ignore[method-assign]
         self._tracks_access = any(info.is_history_metadata for info in self._policy.metadata_info)
         self.sorted_ids = torch.full((self.slots,), INT64_MAX, dtype=torch.int64)
         self.slot_of = torch.arange(self.offset, self.offset + self.slots, dtype=torch.int64)
@@ -177,7 +179,10 @@ class TableRemap:
 
     @torch.no_grad()
     def _evict(self) -> None:
-        ids, inverse, counts = torch.unique(self.history[:self.fill], return_inverse=True, return_counts=True)
+        if self._tracks_access:  # (the inverse serves the last access of each id; LFU has none)
+            ids, inverse, counts = torch.unique(self.history[:self.fill], return_inverse=True, return_counts=True)
+        else:
+            (ids, counts), inverse = torch.unique(self.history[:self.fill], return_counts=True), None
         keep = None
         if self._policy._threshold_filtering_func is not None:
             keep, _ = self._policy._threshold_filtering_func(counts)
@@ -197,9 +202,9 @@ class TableRemap:
             self.iteration, self.slots, by_count, counts, known, at[known], metadata, history_metadata)
         sorted_ids[evicted] = ids[~known][admitted]
         slots = self.slot_of[evicted]
-        pending = slots if self._evicted is None else torch.cat([self._evicted, slots])
-        self._evicted = torch.unique(pending)
-        order = torch.argsort(sorted_ids, stable=True)
+        self._evicted = slots.sort().values if self._evicted is None else torch.unique(torch.cat([self._evicted,
+                                                                                                 slots]))
+        order = resorted(sorted_ids, evicted)
         self.sorted_ids, self.slot_of = sorted_ids[order], self.slot_of[order]
         self.metadata = {name: value[order] for name, value in metadata.items()}
         self._new_history(self.history.numel())
@@ -253,6 +258,41 @@ class TableRemap:
             if self.history_iters is not None:
                 self.history_iters[:self.fill] = state["_history_last_access_iter"]
         self._evicted = None
+
+
+def select_evictions(pivot: int, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """TorchRec's ``_compute_selected_eviction_and_replacement_indices``: of ``scores`` (the
+    ``pivot`` slots', then the new ids'), the top ``pivot`` by (score descending, index) stay;
+    returns (the slots that fall out, the new ids that get in), each in that order. Here the
+    ``pivot``-th score is selected (``kthvalue``) instead of sorting them all."""
+    if scores.numel() == pivot:
+        empty = torch.zeros(0, dtype=torch.int64)
+        return empty, empty
+    kth = torch.kthvalue(scores, scores.numel() - pivot + 1).values
+    above, tied = scores > kth, torch.nonzero(scores == kth).flatten()
+    top = above.clone()
+    top[tied[: pivot - int(above.sum())]] = True  # ties by index, as a stable sort keeps them
+    out = torch.nonzero(~top[:pivot]).flatten()
+    new = torch.nonzero(top[pivot:]).flatten() + pivot
+    by_score = lambda at: at[torch.argsort(scores[at], descending=True, stable=True)]  # noqa: E731
+    return by_score(out), by_score(new) - pivot
+
+
+def resorted(ids: torch.Tensor, replaced: torch.Tensor) -> torch.Tensor:
+    """``torch.argsort(ids, stable=True)`` of an ascending ``ids`` whose entries at ``replaced``
+    were overwritten with values none of the others has: the untouched entries stay in order and
+    the new ones are merged in (O(n + k log k), not a sort of all n)."""
+    kept = torch.ones(ids.numel(), dtype=torch.bool)
+    kept[replaced] = False
+    kept_at = torch.nonzero(kept).flatten()
+    new_at = replaced[torch.argsort(ids[replaced])]
+    new_pos = torch.searchsorted(ids[kept_at], ids[new_at]) + torch.arange(new_at.numel())
+    order = torch.empty(ids.numel(), dtype=torch.int64)
+    is_new = torch.zeros(ids.numel(), dtype=torch.bool)
+    is_new[new_pos] = True
+    order[new_pos] = new_at
+    order[~is_new] = kept_at
+    return order
 
 
 def torchrec_state(module: MCHManagedCollisionModule) -> dict[str, torch.Tensor]:
