@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 _OFF = ("0", "off", "false", "no")
+_ON = ("1", "on", "true", "yes")
 
 
 class KnobError(ValueError):
@@ -22,9 +23,10 @@ class KnobError(ValueError):
 @dataclass(frozen=True)
 class Knob:
     """One environment variable: ``name``, the ``default`` text when unset (None: no value), what
-    it does (``doc``) and the package that reads it (``package``). A numeric knob declares its
-    ``kind`` (``integer``, ``integers``: 1 to ``items`` comma-separated ones, or ``number``) and the
-    range it takes (``minimum``, ``maximum``), which its reader (:meth:`read`) checks."""
+    it does (``doc``) and the package that reads it (``package``). A knob that takes a closed set of
+    values declares its ``kind``: ``integer``, ``integers`` (1 to ``items`` comma-separated ones)
+    or ``number`` with the range it takes (``minimum``, ``maximum``), ``choice`` with its
+    ``choices``, or ``switch`` (:meth:`on`); :meth:`read` reads it by its kind, checked."""
 
     name: str
     default: str | None
@@ -34,17 +36,19 @@ class Knob:
     minimum: float | None = None
     maximum: float | None = None
     items: int = 1
+    choices: tuple[str, ...] = ()
 
-    def read(self) -> int | float | tuple[int, ...]:
-        """A numeric knob's value (its default when unset), by its ``kind``, checked against its range."""
-        readers = {"integer": self.integer, "integers": self.integers, "number": self.number}
+    def read(self) -> int | float | tuple[int, ...] | str | bool:
+        """The value (its default when unset), by the knob's ``kind``, checked against what it takes."""
+        readers = {"integer": self.integer, "integers": self.integers, "number": self.number, "choice": self.choice,
+                   "switch": self.switch}
         if self.kind not in readers:
-            raise TypeError(f"{self.name} is not a numeric knob (kind={self.kind!r})")
+            raise TypeError(f"{self.name} takes free text (kind={self.kind!r})")
         return readers[self.kind]()
 
     def takes(self) -> str:
-        """What a numeric knob takes, as its errors and docs/ENVIRONMENT.md say it (``an integer >= 1``);
-        empty for another knob."""
+        """What the knob takes, as its errors and docs/ENVIRONMENT.md say it (``an integer >= 1``);
+        empty for free text."""
         return "" if self.kind is None else self._expected(self.kind)
 
     def value(self) -> str | None:
@@ -59,6 +63,19 @@ class Knob:
     def on(self) -> bool:
         """A switch: on unless the value is one of 0/off/false/no (or unset with such a default)."""
         return (self.text() or "0").lower() not in _OFF
+
+    def switch(self) -> bool:
+        """:meth:`on`, refusing a value that is neither an on nor an off word (``maybe`` read as on)."""
+        if (self.text() or "0").lower() not in _ON + _OFF:
+            self._refuse("switch")
+        return self.on()
+
+    def choice(self) -> str:
+        """The value, lowercased, one of the knob's ``choices``."""
+        text = (self.text() or "").lower()
+        if text not in self.choices:
+            self._refuse("choice")
+        return text
 
     def integer(self) -> int:
         """The value as an integer in the knob's range; :class:`KnobError` naming the variable otherwise."""
@@ -91,6 +108,10 @@ class Knob:
         raise KnobError(f"{self.name}={self.text()!r}: expected {self._expected(kind)}")
 
     def _expected(self, kind: str) -> str:
+        if kind == "switch":
+            return f"one of {', '.join(_ON)} (on) or {', '.join(_OFF)} (off)"
+        if kind == "choice":
+            return f"one of {', '.join(self.choices)}"
         what = {"integer": "an integer", "integers": f"1 to {self.items} comma-separated integers",
                 "number": "a number"}[kind]
         low, high = (None if v is None else f"{v:g}" for v in (self.minimum, self.maximum))
@@ -99,9 +120,12 @@ class Knob:
         return what + (f" >= {low}" if low is not None else f" <= {high}" if high is not None else "")
 
 
-EAGER_MODE = Knob("TORCH_TPU_EAGER_MODE", "strict", "eager mode at start: strict, debug or defer_and_fuse")
-NO_FALLBACK = Knob("TORCH_TPU_NO_FALLBACK", "0", "1: an op without a tpu lowering raises instead of running on CPU")
-OP_JIT = Knob("TORCH_TPU_OP_JIT", "1", "0: eager ops run their plain lowering, without the per-signature program cache")
+EAGER_MODE = Knob("TORCH_TPU_EAGER_MODE", "strict", "eager mode at start: strict, debug or defer_and_fuse",
+                  kind="choice", choices=("strict", "debug", "defer_and_fuse"))
+NO_FALLBACK = Knob("TORCH_TPU_NO_FALLBACK", "0", "1: an op without a tpu lowering raises instead of running on CPU",
+                   kind="switch")
+OP_JIT = Knob("TORCH_TPU_OP_JIT", "1", "0: eager ops run their plain lowering, without the per-signature program cache",
+              kind="switch")
 OP_JIT_MAX = Knob("TORCH_TPU_OP_JIT_MAX", "1024", "eager op programs kept, least recently used out first",
                   kind="integer", minimum=1)
 DEFER_MAX_OPS = Knob("TORCH_TPU_DEFER_MAX_OPS", "512", "ops one defer_and_fuse program holds at most",
@@ -110,10 +134,11 @@ SPECIALIZE_WARN = Knob("TORCH_TPU_SPECIALIZE_WARN", "8", "shape specializations 
                        kind="integer", minimum=1)
 DUMP_HLO = Knob("TORCH_TPU_DUMP_HLO", None, "a folder where each compiled graph's StableHLO is written")
 JAX_TRACEBACKS = Knob("TORCH_TPU_JAX_TRACEBACKS", "0", "1: JAX keeps native Python tracebacks (debugging; they pin "
-                      "compiled code in memory)")
+                      "compiled code in memory)", kind="switch")
 HOST_HEAP = Knob("TORCH_TPU_HOST_HEAP", "1", "0: on XLA:CPU, malloc unmaps large freed blocks as usual instead of "
-                  "keeping them for the next program run")
-BMM_KERNEL = Knob("TORCH_TPU_BMM_KERNEL", "1", "0: batched small matmuls use XLA's dot, not the FFI kernel (CPU)")
+                  "keeping them for the next program run", kind="switch")
+BMM_KERNEL = Knob("TORCH_TPU_BMM_KERNEL", "1", "0: batched small matmuls use XLA's dot, not the FFI kernel (CPU)",
+                  kind="switch")
 SPARSECORES_PER_DEVICE = Knob("TORCH_TPU_SPARSECORES_PER_DEVICE", None,
                               "SparseCores per device emulated where the device has none (default 2)",
                               kind="integer", minimum=1)
@@ -122,7 +147,8 @@ DEVICE_COORDS = Knob("TORCH_TPU_DEVICE_COORDS", None, "this process' device toru
 CORE_ON_CHIP = Knob("TORCH_TPU_CORE_ON_CHIP", None, "this process' device core index on its chip", kind="integer",
                     minimum=0)
 SLICE_INDEX = Knob("TORCH_TPU_SLICE_INDEX", None, "this process' slice (multislice)", kind="integer", minimum=0)
-DIST_TRANSPORT = Knob("TPU_DIST_TRANSPORT", "auto", "how tpu_dist moves tpu tensors: auto, xla or gloo")
+DIST_TRANSPORT = Knob("TPU_DIST_TRANSPORT", "auto", "how tpu_dist moves tpu tensors: auto, xla or gloo",
+                      kind="choice", choices=("auto", "xla", "gloo"))
 DIST_COORDINATOR_HOST = Knob("TPU_DIST_XLA_COORDINATOR_HOST", None,
                              "host of the multi-controller JAX coordinator (default: MASTER_ADDR)")
 DIST_PORT_OFFSET = Knob("TPU_DIST_XLA_PORT_OFFSET", "1", "the coordinator's port: MASTER_PORT plus this",
@@ -157,7 +183,7 @@ KNOBS: tuple[Knob, ...] = tuple(v for v in globals().values() if isinstance(v, K
 
 
 def check_set(package: str) -> None:
-    """Read every numeric knob of ``package`` that is set: a value out of its range raises
+    """Read every knob of ``package`` with a ``kind`` that is set: a value it does not take raises
     :class:`KnobError` now (at the package's import), not when the value is first used."""
     for knob in KNOBS:
         if knob.package == package and knob.kind is not None and knob.value():

@@ -58,7 +58,8 @@ def test_an_integer_knob_names_itself_when_it_is_not_one(monkeypatch: pytest.Mon
         knob.integer()
 
 
-NUMERIC = [k for k in knobs.KNOBS if k.kind is not None]
+NUMERIC = [k for k in knobs.KNOBS if k.kind in ("integer", "integers", "number")]
+CLOSED = [k for k in knobs.KNOBS if k.kind in ("choice", "switch")]
 REPO = DOC.parents[1]
 
 
@@ -106,6 +107,24 @@ def test_takes_says_the_range() -> None:
     assert knobs.DIST_PORT_OFFSET.takes() == "an integer in [1, 65534]"
     assert knobs.DEVICE_COORDS.takes() == "1 to 3 comma-separated integers >= 0"
     assert knobs.PROGRESS_SECONDS.takes() == "a number >= 0"
-    assert knobs.EAGER_MODE.takes() == ""
-    with pytest.raises(TypeError, match="TORCH_TPU_EAGER_MODE is not a numeric knob"):
-        knobs.EAGER_MODE.read()
+    assert knobs.EAGER_MODE.takes() == "one of strict, debug, defer_and_fuse"
+    assert knobs.DUMP_HLO.takes() == ""
+    with pytest.raises(TypeError, match="TORCH_TPU_DUMP_HLO takes free text"):
+        knobs.DUMP_HLO.read()
+
+
+@pytest.mark.parametrize("knob", CLOSED, ids=lambda k: k.name)
+def test_a_choice_or_switch_knob_refuses_other_words(monkeypatch: pytest.MonkeyPatch, knob: knobs.Knob) -> None:
+    """``TORCH_TPU_EAGER_MODE=fast`` raised deep in the import; ``TORCH_TPU_OP_JIT=maybe`` was on."""
+    monkeypatch.delenv(knob.name, raising=False)
+    assert knob.read() in (knob.default, knob.on())  # the default is taken
+    takes = knob.choices or ("1", "on", "true", "yes", "0", "off", "false", "no")
+    for text in takes:
+        monkeypatch.setenv(knob.name, text.upper())
+        assert knob.read() == (text if knob.kind == "choice" else text in ("1", "on", "true", "yes"))
+        knobs.check_set(knob.package)
+    monkeypatch.setenv(knob.name, "maybe")
+    with pytest.raises(knobs.KnobError, match=f"^{knob.name}='maybe': expected {re.escape(knob.takes())}$"):
+        knob.read()
+    with pytest.raises(knobs.KnobError, match=knob.name):
+        knobs.check_set(knob.package)

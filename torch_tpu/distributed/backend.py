@@ -47,7 +47,7 @@ class TransportOptions:
 def _requested(backend_options: Any) -> str:
     if isinstance(backend_options, TransportOptions):
         return backend_options.transport
-    return TransportOptions(knobs.DIST_TRANSPORT.text()).transport
+    return TransportOptions(knobs.DIST_TRANSPORT.choice()).transport
 
 
 # c10d names groups by a counter it resets when the default group is destroyed, and a launcher's
