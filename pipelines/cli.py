@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     generate.add_argument("--zipf-exponent", type=non_negative_float, default=1.05, metavar="X",
                           help="Zipf exponent of the id distributions")
+    generate.add_argument("--vocabulary-drift", type=non_negative_float, default=0.0, metavar="X",
+                          help="every id moves up by X table sizes over the rows: new ids appear, old ones fade "
+                               "(train them raw: train --zch)")
     generate.add_argument(
         "--multi-hot", default="", metavar="C1,C2,...",
         help="comma-separated categorical columns stored as list<int64> of Poisson lengths "
@@ -158,6 +161,7 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_cardinality=args.max_cardinality,
         zipf_exponent=args.zipf_exponent,
+        vocabulary_drift=args.vocabulary_drift,
         multi_hot=multi_hot,
         rows_per_file=args.rows_per_file,
         row_group_size=args.row_group_size,

@@ -77,6 +77,9 @@ class SyntheticConfig:
     multi_hot_mean_length: float = 3.0
     multi_hot_max_length: int = 8
     multi_hot_sizes: tuple[int, ...] = ()  # MLPerf DLRM-DCNv2: exactly k ids per row (k > 1: multi-hot)
+    # drifting vocabularies: every id moves up by vocabulary_drift * table size over the dataset's rows,
+    # so new ids appear and old ones fade (each keeps its own hidden effect); 0: a fixed vocabulary
+    vocabulary_drift: float = 0.0
     signal_dense: tuple[str, ...] = ("I2", "I5", "I7")
     signal_sparse: tuple[str, ...] = ("C2", "C6", "C9", "C14")
     dense_weight: float = 0.4
@@ -103,6 +106,8 @@ class SyntheticConfig:
             raise ValueError("num_rows must be >= 0 and cardinalities, max_cardinality > 0")
         if self.zipf_exponent < 0:
             raise ValueError(f"zipf_exponent must be >= 0, got {self.zipf_exponent}")
+        if not 0.0 <= self.vocabulary_drift <= 1000.0:
+            raise ValueError(f"vocabulary_drift must lie in [0, 1000], got {self.vocabulary_drift}")
         if not 0.0 < self.base_click_rate < 1.0:
             raise ValueError(f"base_click_rate must lie in (0, 1), got {self.base_click_rate}")
         if self.multi_hot_sizes and (len(self.multi_hot_sizes) != len(schema.sparse)
@@ -122,14 +127,16 @@ class SyntheticConfig:
 
     @property
     def table_sizes(self) -> tuple[int, ...]:
-        """Per-categorical table size: ids are generated in ``[0, size)``."""
+        """Per-categorical table size: ids are generated in ``[0, size)`` (drifting: ``[0, size *
+        (1 + vocabulary_drift))``, ``size`` of them live at any row)."""
         return tuple(min(c, self.max_cardinality) for c in self.cardinalities)
 
     def cache_key(self) -> str:
         """A digest of the config and the generator version."""
         fields = dataclasses.asdict(self)
-        if not fields["multi_hot_sizes"]:  # keeps the keys of datasets made before the option
-            del fields["multi_hot_sizes"]
+        for name in ("multi_hot_sizes", "vocabulary_drift"):  # keep the keys of datasets made before them
+            if not fields[name]:
+                del fields[name]
         payload = json.dumps([GENERATOR_VERSION, fields], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -137,8 +144,9 @@ class SyntheticConfig:
 class _Feature:
     """Id sampler and hidden per-id effects of one categorical feature."""
 
-    def __init__(self, size: int, exponent: float, rng: np.random.Generator, signal: bool) -> None:
+    def __init__(self, size: int, exponent: float, rng: np.random.Generator, signal: bool, drift: float = 0.0) -> None:
         self.size = size
+        self.drift = int(math.ceil(drift * size))  # how far the ids move over the dataset
         weights = np.arange(1, size + 1, dtype=np.float64) ** -exponent
         self.cdf = np.cumsum(weights)
         self.cdf /= self.cdf[-1]
@@ -146,11 +154,13 @@ class _Feature:
         while math.gcd(self.stride, size) != 1:
             self.stride += 1
         self.shift = int(rng.integers(0, size))
-        self.effects = rng.normal(0.0, 1.0, size) if signal else None
+        self.effects = rng.normal(0.0, 1.0, size + self.drift) if signal else None
 
-    def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+    def sample(self, rng: np.random.Generator, count: int, progress: np.ndarray | float = 0.0) -> np.ndarray:
+        """``count`` ids; ``progress``: where in the dataset each falls (0 first row, 1 past the last)."""
         ranks = np.minimum(np.searchsorted(self.cdf, rng.random(count), side="right"), self.size - 1)
-        return (ranks * self.stride + self.shift) % self.size
+        ids = (ranks * self.stride + self.shift) % self.size
+        return ids + np.floor(np.asarray(progress) * self.drift).astype(np.int64) if self.drift else ids
 
 
 class SyntheticGenerator:
@@ -162,7 +172,7 @@ class SyntheticGenerator:
         self.arrow_schema = self.schema.arrow_schema()
         setup = np.random.default_rng(np.random.SeedSequence([config.seed, 0]))
         self.features = [
-            _Feature(size, config.zipf_exponent, setup, name in config.signal_sparse)
+            _Feature(size, config.zipf_exponent, setup, name in config.signal_sparse, config.vocabulary_drift)
             for name, size in zip(self.schema.sparse, config.table_sizes)
         ]
         # Log-space location of each dense column; the standardised transform uses the same.
@@ -196,7 +206,8 @@ class SyntheticGenerator:
         rng = np.random.default_rng(np.random.SeedSequence([self.config.seed, 1, index]))
         logit = np.full(rows, self.intercept)
         dense_columns = [self._dense(rng, j, rows, logit) for j in range(len(self.schema.dense))]
-        sparse_columns = [self._sparse(rng, k, rows, logit) for k in range(len(self.schema.sparse))]
+        progress = (index * self.config.row_group_size + np.arange(rows)) / max(self.config.num_rows, 1)
+        sparse_columns = [self._sparse(rng, k, rows, logit, progress) for k in range(len(self.schema.sparse))]
         labels = (rng.random(rows) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int8)
         return pa.RecordBatch.from_arrays(
             [pa.array(labels), *dense_columns, *sparse_columns], schema=self.arrow_schema
@@ -212,11 +223,12 @@ class SyntheticGenerator:
             logit += np.where(missing, 0.0, config.dense_weight * standardised)
         return pa.array(values, mask=missing)
 
-    def _sparse(self, rng: np.random.Generator, k: int, rows: int, logit: np.ndarray) -> pa.Array:
+    def _sparse(self, rng: np.random.Generator, k: int, rows: int, logit: np.ndarray,
+                progress: np.ndarray) -> pa.Array:
         config, feature, name = self.config, self.features[k], self.schema.sparse[k]
         missing = rng.random(rows) < config.sparse_missing_rates[k]
         if not self.schema.is_multi_hot(name):
-            ids = feature.sample(rng, rows)
+            ids = feature.sample(rng, rows, progress)
             if feature.effects is not None:
                 logit += np.where(missing, 0.0, config.effect_scale * feature.effects[ids])
             return pa.array(ids, mask=missing)
@@ -226,7 +238,7 @@ class SyntheticGenerator:
         else:
             lengths = 1 + rng.poisson(config.multi_hot_mean_length - 1.0, rows)
             lengths = np.where(missing, 0, np.minimum(lengths, config.multi_hot_max_length))
-        ids = feature.sample(rng, int(lengths.sum()))
+        ids = feature.sample(rng, int(lengths.sum()), np.repeat(progress, lengths))
         if feature.effects is not None:
             bag_sums = np.bincount(
                 np.repeat(np.arange(rows), lengths), weights=feature.effects[ids], minlength=rows

@@ -8,7 +8,7 @@ import torch
 
 import pipelines.synthetic as synthetic
 from pipelines.parquet_reader import ParquetBatchReader
-from pipelines.synthetic import SyntheticConfig, default_dataset, generate
+from pipelines.synthetic import SyntheticConfig, SyntheticGenerator, default_dataset, generate
 from tests.pipelines.conftest import SMALL_CONFIG
 
 
@@ -139,3 +139,21 @@ def test_default_dataset_cached_keyed_and_atomic(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         default_dataset(tmp_path / "killed", other, progress=False)
     assert list((tmp_path / "killed" / "synthetic").iterdir()) == []
+
+
+def test_a_drifting_vocabulary_brings_new_ids_and_fades_old_ones(tmp_path):
+    """Each id moves up by vocabulary_drift table sizes over the rows: the first and last tenths
+    of the data share few ids, every id keeps one effect, and no drift changes nothing."""
+    base = SyntheticConfig(num_rows=20_000, seed=1, max_cardinality=300, rows_per_file=20_000, row_group_size=2_000)
+    drifting = dataclasses.replace(base, vocabulary_drift=2.0)
+    assert drifting.cache_key() != base.cache_key()
+    assert dataclasses.replace(base, vocabulary_drift=0.0).cache_key() == base.cache_key()
+    groups = list(SyntheticGenerator(drifting).row_groups())
+    fixed = list(SyntheticGenerator(base).row_groups())
+    column = "C2"  # a signal feature of 300 rows
+    first, last = (set(pc.drop_null(groups[i].column(column)).to_numpy().tolist()) for i in (0, -1))
+    assert max(last) >= 300 + 2 * 300 * 0.9 - 1 and min(first) >= 0
+    assert len(first & last) < 0.05 * len(first)  # old ids faded, new ones came
+    still = [set(pc.drop_null(g.column(column)).to_numpy().tolist()) for g in (fixed[0], fixed[-1])]
+    assert len(still[0] & still[1]) > 0.5 * len(still[0])  # without drift the vocabulary stays
+    assert max(max(s) for s in still) < 300
