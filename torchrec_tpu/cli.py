@@ -15,7 +15,7 @@ import threading
 from typing import NoReturn, Sequence
 
 from torchrec_tpu import __version__
-from torchrec_tpu.cli_help import DefaultsOnceFormatter, HintingParser
+from torchrec_tpu.cli_help import DefaultsOnceFormatter, HintingParser, refusals
 from torchrec_tpu.suggest import close_match
 
 # subcommand -> (module, one-line help)
@@ -80,9 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher.prepare_process(f"torchrec-tpu {command or ''}".strip())
     parser = build_parser(command if command in SUBCOMMANDS else None)
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # reported with the usage of the (sub)command they were given to
+    refused = refusals(args, unknown)
+    if refused:  # every refusal of the line at once, with the usage of the (sub)command they were given to
         chosen = _chosen_parser(parser, args)
-        chosen.error(f"unrecognized arguments: {' '.join(unknown)}{_suggestions(chosen, unknown)}")
+        chosen.error(f"{refused}{_suggestions(chosen, unknown)}")
     label = _chosen_parser(parser, args).prog.removeprefix("torchrec-tpu ")  # "data convert", say
     from torchrec_tpu.log_setup import configure_logging
 

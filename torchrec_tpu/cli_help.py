@@ -8,6 +8,33 @@ from typing import NoReturn
 
 from torchrec_tpu.errors import says_shared_errors
 
+REFUSED = "_refused_flags"  # namespace attribute: the refusals of a whole command line, said together
+NOTES = "_flag_notes"  # namespace attribute: notes on flags taken as given, said together in one line
+
+
+def refuse_later(namespace: argparse.Namespace, flag: str, why: str, kind: str = "flag") -> None:
+    """Keep ``flag`` (as given, with its value), refused for ``why``, for the one error of the whole
+    line; ``kind`` says whose flag it is (``TorchRec dlrm_main's flag``)."""
+    namespace.__dict__.setdefault(REFUSED, []).append((flag, why, kind))
+
+
+def note(namespace: argparse.Namespace, message: str) -> None:
+    """Keep ``message`` (what a flag taken as given does here) for the one note line of the run."""
+    namespace.__dict__.setdefault(NOTES, []).append(message)
+
+
+def refusals(namespace: argparse.Namespace, unknown: list[str] = ()) -> str | None:  # type: ignore[assignment]
+    """Every refused flag of the parsed line (those refused for one reason together) and the
+    unrecognized arguments, as one message (None: none)."""
+    flags_by_reason: dict[tuple[str, str], list[str]] = {}
+    for flag, why, kind in getattr(namespace, REFUSED, []):
+        flags_by_reason.setdefault((why, kind), []).append(flag)
+    parts = [f"{', '.join(flags)} ({kind}{'s' if len(flags) > 1 else ''}): {why}"
+             for (why, kind), flags in flags_by_reason.items()]
+    if unknown:
+        parts.append(f"unrecognized arguments: {' '.join(unknown)}")
+    return "; ".join(parts) or None
+
 
 class DefaultsOnceFormatter(argparse.RawDescriptionHelpFormatter):
     """Appends ``(default: X)`` to an optional flag's help unless the help already names its

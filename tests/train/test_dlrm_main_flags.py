@@ -6,9 +6,12 @@ MLPerf training recommendation_v2/torchrec_dlrm), written out here by hand.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from torchrec_tpu.cli import build_parser, main
+from torchrec_tpu.train.config import ConfigError, TrainConfig, config_from_args, log_notes
 from torchrec_tpu.train.dlrm_main_flags import DLRM_MAIN_FLAGS
 
 # dlrm_main flag -> (its arguments, the same run spelt with our flags)
@@ -42,30 +45,37 @@ MAPPED: dict[str, tuple[list[str], list[str]]] = {
 
 # dlrm_main flag -> (its arguments, what the one-line refusal must name)
 REFUSED: dict[str, tuple[list[str], str]] = {
-    "--batch_size": (["32"], "--batch-size here is GLOBAL"),
     "--drop_last_training_batch": ([], "with several it is dropped"),
-    "--test_batch_size": (["32"], "--eval-batch-size here is GLOBAL"),
     "--limit_test_batches": (["3"], "--limit-val-batches caps the validation and the test"),
     "--dataset_name": (["criteo_1t"], "--data names the Parquet directory"),
-    "--num_workers": (["2"], "no DataLoader workers"),
     "--interaction_branch1_layer_sizes": (["2048,2048"], "DLRM_Projection"),
     "--interaction_branch2_layer_sizes": (["2048,2048"], "DLRM_Projection"),
     "--undersampling_rate": (["0.3"], "no undersampling"),
-    "--pin_memory": ([], "no CUDA host-to-device copies"),
     "--synthetic_multi_hot_criteo_path": (["/d"], "--multi-hot-sizes expands"),
     "--shuffle_training_set": ([], "--shuffle-batches shuffles"),
     "--evaluate_on_epoch_end": ([], "every --eval-every N steps"),
-    "--evaluate_on_training_end": ([], "always evaluates at the end"),
     "--collect_multi_hot_freqs_stats": ([], "no statistics"),
     "--multi_hot_distribution_type": (["pareto"], "'pareto' is not offered"),
+    "--change_lr": ([], "no step change of the learning rate"),
+    "--lr_change_point": (["0.8"], "--lr-warmup-steps, --lr-decay-start, --lr-decay-steps"),
+    "--lr_after_change_point": (["0.2"], "no step change of the learning rate"),
     "--print_lr": ([], "train/learning_rate/sparse"),
-    "--allow_tf32": ([], "--precision bf16"),
 }
 
 
+# dlrm_main flag -> its arguments: taken as given, changing nothing here (said in the one note line)
+NOTED: dict[str, list[str]] = {
+    "--pin_memory": [], "--num_workers": ["4"], "--evaluate_on_training_end": [], "--allow_tf32": [],
+    "--multi_hot_distribution_type": ["uniform"],
+}
+# dlrm_main's per-rank sizes -> our global option they set (times the world size)
+PER_RANK = {"--batch_size": "batch_size", "--test_batch_size": "eval_batch_size"}
+
+
 def test_the_list_is_dlrm_mains_whole_flag_list() -> None:
-    assert len(MAPPED) + len(REFUSED) == 43
-    assert {flag[2:] for flag in [*MAPPED, *REFUSED]} == set(DLRM_MAIN_FLAGS)
+    flags = {flag[2:] for flag in [*MAPPED, *REFUSED, *NOTED, *PER_RANK]}
+    assert len(flags) == 46  # v2's 43 and MLPerf v1's --change_lr family
+    assert flags == set(DLRM_MAIN_FLAGS)
 
 
 def _parsed(command: str, argv: list[str]) -> dict:
@@ -111,3 +121,52 @@ def test_a_typo_gets_our_flag_not_dlrm_mains_spelling(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit):
         main(["train", "--embeding_dim", "8"])
     assert "(did you mean --embedding-dim?)" in capsys.readouterr().err
+
+
+def _config(argv: list[str], world_size: int = 1) -> tuple[TrainConfig, list[str]]:
+    notes: list[str] = []
+    args, unknown = build_parser("train").parse_known_args(["train", *argv])
+    assert not unknown
+    return config_from_args(args, world_size, notes), notes
+
+
+def test_no_op_flags_are_taken_with_one_note_line(caplog: pytest.LogCaptureFixture) -> None:
+    argv = [part for flag, values in NOTED.items() for part in (flag, *values)]
+    config, notes = _config(argv)
+    assert config == _config([])[0]  # nothing changed
+    assert len(notes) == len(NOTED) and all(flag in text for flag, text in zip(NOTED, notes))
+    with caplog.at_level(logging.INFO):
+        log_notes(notes)
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 1 and said[0].startswith("note: ") and all(flag in said[0] for flag in NOTED), said
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_per_rank_batch_sizes_are_the_global_ones_over_the_world(world_size: int) -> None:
+    """dlrm_main's ``--batch_size`` is each rank's batch: here the global batch is it x the ranks."""
+    config, notes = _config(["--batch_size", "32", "--test_batch_size", "64"], world_size)
+    assert (config.data.batch_size, config.data.eval_batch_size) == (32 * world_size, 64 * world_size)
+    assert f"--batch_size 32 is per rank (dlrm_main's): --batch-size {32 * world_size} here" in notes[0]
+    agreeing, _ = _config(["--batch_size", "32", "--batch-size", str(32 * world_size)], world_size)
+    assert agreeing.data.batch_size == 32 * world_size
+    with pytest.raises(ConfigError, match=rf"--batch-size 100 \(global\) and dlrm_main's per-rank size x "
+                                          rf"{world_size} rank\(s\) = {32 * world_size} disagree"):
+        _config(["--batch_size", "32", "--batch-size", "100"], world_size)
+
+
+def test_a_pasted_line_is_refused_whole_in_one_message(capsys: pytest.CaptureFixture) -> None:
+    """Issue 77 ask 1: every refusal of the line (and the unknown flags) in one error line; flags
+    refused for one reason named together."""
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--pin_memory", "--batch_size", "32", "--change_lr", "--lr_change_point", "0.8",
+              "--lr_after_change_point", "0.2", "--multi_hot_distribution_type", "pareto", "--shuffle_training_set",
+              "--frobnicate"])
+    assert exc.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1, errors
+    assert ("error: --change_lr, --lr_change_point, --lr_after_change_point (TorchRec dlrm_main's flags): no step "
+            "change of the learning rate") in errors[0]
+    for named in ("--multi_hot_distribution_type pareto (TorchRec dlrm_main's flag)", "--shuffle_training_set",
+                  "unrecognized arguments: --frobnicate"):
+        assert named in errors[0], errors[0]
+    assert "--pin_memory" not in errors[0] and "--batch_size" not in errors[0]  # taken

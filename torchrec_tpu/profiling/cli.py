@@ -14,7 +14,7 @@ from pipelines.flag_numbers import positive_int
 from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_env
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
-from torchrec_tpu.train.config import HSTU_MODELS, ConfigError, add_config_arguments, config_from_args
+from torchrec_tpu.train.config import HSTU_MODELS, ConfigError, add_config_arguments, config_from_args, log_notes
 from torchrec_tpu.train.engine_kinds import ENGINES
 from torchrec_tpu.train.preflight import check_outputs, check_paths
 
@@ -36,10 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = config_from_args(args)
+        notes: list[str] = []
+        config = config_from_args(args, int(os.environ.get("WORLD_SIZE", "1")), notes)
         check_outputs(config, args.config, [("--profile-dir", args.profile_dir)])
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
+        log_notes(notes)
         if config.model.kind not in HSTU_MODELS:  # HSTU's --data: a sequence dataset, checked as train checks it
             check_paths(config, int(os.environ.get("WORLD_SIZE", "1")))  # before the heavy imports below
         from torchrec_tpu.profiling.job import profile_training  # heavy: torch, torchrec, jax

@@ -20,6 +20,7 @@ from torchrec_tpu.train.config import (
     add_config_arguments,
     check_batch_split,
     config_from_args,
+    log_notes,
 )
 from torchrec_tpu.train.engine_kinds import ENGINES
 from torchrec_tpu.train.preflight import check_outputs, check_paths
@@ -62,13 +63,15 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = config_from_args(args)
+        # the world is known before anything starts: torchrun's environment, or the Ray workers
+        world_size = args.ray_workers or int(os.environ.get("WORLD_SIZE", "1"))
+        notes: list[str] = []
+        config = config_from_args(args, world_size, notes)
         check_outputs(config, args.config, [("--ray-storage", args.ray_storage)])
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
+        log_notes(notes)
         hstu = config.model.kind in HSTU_MODELS
-        # the world is known before anything starts: torchrun's environment, or the Ray workers
-        world_size = args.ray_workers or int(os.environ.get("WORLD_SIZE", "1"))
         if hstu:  # its options and sequence data are checked by torchrec_tpu.hstu.train
             from torchrec_tpu.hstu.train import check_options  # heavy: torch, torchrec, torch_tpu
 

@@ -23,9 +23,10 @@ from typing import Any, Literal, Mapping, get_args
 
 from pipelines.bad_value_policies import POLICIES as BAD_VALUE_POLICIES
 from sparsecore.backends import BackendName
+from torchrec_tpu.cli_help import NOTES, refusals
 from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.suggest import close_match, did_you_mean
-from torchrec_tpu.train.dlrm_main_flags import add_dlrm_main_flags
+from torchrec_tpu.train.dlrm_main_flags import add_dlrm_main_flags, per_rank_options
 from torchrec_tpu.train.engine_kinds import ENGINES
 from torchrec_tpu.train.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 from torchrec_tpu.train.spellings import conflicting_spellings, record_spellings
@@ -599,21 +600,42 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig 
     record_spellings(parser, {*OPTIONS, *SHORTHANDS})
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Defaults, overlaid by the YAML file (if any), overlaid by the flags given explicitly;
-    ConfigError for an option given twice, under two spellings, with different values."""
-    conflict = conflicting_spellings(args)
-    if conflict:
-        raise ConfigError(conflict)
+def config_from_args(args: argparse.Namespace, world_size: int = 1, notes: list[str] | None = None) -> TrainConfig:
+    """Defaults, overlaid by the YAML file (if any), overlaid by the flags given explicitly (a
+    per-rank dlrm_main size times ``world_size``); ConfigError for refused flags and for an option
+    given twice, under two spellings, with different values. Notes on flags taken as given go to
+    ``notes`` (None: logged here, in one line: :func:`log_notes`)."""
+    refused = refusals(args) or conflicting_spellings(args)
+    if refused:
+        raise ConfigError(refused)
     layers = [read_yaml_options(Path(args.config))] if getattr(args, "config", None) else []
-    layers.append({k: v for k, v in vars(args).items() if k in OPTIONS or k in SHORTHANDS})
-    return TrainConfig.from_options(**resolve_layers(layers))
+    flags = {k: v for k, v in vars(args).items() if k in OPTIONS or k in SHORTHANDS}
+    per_rank, per_rank_notes = per_rank_options(args, world_size)
+    for name, value in per_rank.items():
+        if name in flags and flags[name] != value:
+            raise ConfigError(f"{_as_flag(name)} {flags[name]} (global) and dlrm_main's per-rank size x {world_size} "
+                              f"rank(s) = {value} disagree; give one")
+    layers.append({**flags, **per_rank})
+    said = [*getattr(args, NOTES, []), *per_rank_notes]
+    config = TrainConfig.from_options(**resolve_layers(layers, said))
+    if notes is None:
+        log_notes(said)
+    else:
+        notes += said
+    return config
 
 
-def resolve_layers(layers: list[dict[str, Any]]) -> dict[str, Any]:
+def log_notes(notes: list[str]) -> None:
+    """The notes on a run's options, in one line (none: nothing)."""
+    if notes:
+        _log.info("note: %s", "; ".join(notes))
+
+
+def resolve_layers(layers: list[dict[str, Any]], notes: list[str] | None = None) -> dict[str, Any]:
     """The options of ``layers`` (option and shorthand names -> values), each overriding the ones
     before it; within a layer an option beats a shorthand setting it, and a shorthand's implied
-    options apply where no layer sets them (HSTU's optimizers are its own: none implied there)."""
+    options apply where no layer sets them (HSTU's optimizers are its own: none implied there),
+    said in ``notes``."""
     values: dict[str, Any] = {}
     implied: dict[str, Any] = {}
     for layer in layers:
@@ -625,9 +647,9 @@ def resolve_layers(layers: list[dict[str, Any]]) -> dict[str, Any]:
         values.update({k: v for k, v in layer.items() if k not in SHORTHANDS})
     if values.get("model") not in HSTU_MODELS:
         chosen = {k: v for k, v in implied.items() if k not in values}
-        if chosen:
-            _log.info("note: --learning-rate without --adagrad: %s, as TorchRec dlrm_main (--adagrad for Adagrad)",
-                      ", ".join(f"{_as_flag(k)} {v}" for k, v in chosen.items()))
+        if chosen and notes is not None:
+            notes.append("--learning-rate without --adagrad trains " + ", ".join(
+                f"{_as_flag(k)} {v}" for k, v in chosen.items()) + ", as TorchRec dlrm_main (--adagrad for Adagrad)")
         values.update(chosen)
     return values
 

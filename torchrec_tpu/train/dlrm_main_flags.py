@@ -1,8 +1,11 @@
 """TorchRec ``dlrm_main.py``'s flags (torchrec_dlrm / MLPerf DLRM-DCNv2), spelt either way, on our parsers.
 
-Each of its flags either sets our equivalent with dlrm_main's meaning (``--dense_arch_layer_sizes``
--> ``--dense-arch``) or is refused with one line naming our equivalent or why there is none.
-The spellings are hidden from ``--help`` and from the close-match suggestions for typos.
+Each of its flags sets our equivalent with dlrm_main's meaning (``--dense_arch_layer_sizes`` ->
+``--dense-arch``; the per-rank ``--batch_size`` -> the global ``--batch-size`` times the ranks), is
+taken as given where it changes nothing here (``--pin_memory``; noted), or is refused naming our
+equivalent or why there is none. A pasted line is parsed whole: every refusal comes in one error,
+every note in one line (:mod:`torchrec_tpu.cli_help`). The spellings are hidden from ``--help`` and
+from the close-match suggestions for typos.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from typing import Any, Mapping, Union
+
+from pipelines.flag_numbers import positive_int
+from torchrec_tpu.cli_help import note, refuse_later
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,27 @@ class Refused:
     why: str
 
 
-Meaning = Union[Same, Sets, Refused]
+@dataclass(frozen=True)
+class Noted:
+    """The flag changes nothing here (``note`` says why): taken with a note. With ``values``, it
+    takes one of them (others refused, ``why``); with ``takes_value``, any one value."""
+
+    note: str
+    values: tuple[str, ...] = ()
+    takes_value: bool = False
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class PerRank:
+    """dlrm_main's per-rank size; ``option`` of ours is global: the value times the world size."""
+
+    option: str
+
+
+Meaning = Union[Same, Sets, Refused, Noted, PerRank]
+DLRM_MAIN = "TorchRec dlrm_main's flag"
+PER_RANK = "_per_rank_"  # namespace attribute prefix of a PerRank flag's value (``_per_rank_batch_size``)
 
 _PROJECTION = ("DLRM_Projection (--interaction_type projection) is not offered: --model dlrm (original) or "
                "dlrm_dcn (dcn)")
@@ -43,12 +69,10 @@ _PROJECTION = ("DLRM_Projection (--interaction_type projection) is not offered: 
 # recommendation_v2), by its underscore name.
 DLRM_MAIN_FLAGS: dict[str, Meaning] = {
     "epochs": Same("--epochs"),
-    "batch_size": Refused("it is per rank; --batch-size here is GLOBAL: give it the "
-                          "per-rank size times the number of ranks"),
+    "batch_size": PerRank("batch_size"),
     "drop_last_training_batch": Refused("no flag: with one rank the last short training batch is trained on, "
                                         "with several it is dropped (the ranks step in lock-step)"),
-    "test_batch_size": Refused("it is per rank; --eval-batch-size here is GLOBAL "
-                               "(the per-rank size times the number of ranks) and serves validation and test"),
+    "test_batch_size": PerRank("eval_batch_size"),
     "limit_train_batches": Same("--limit-train-batches"),
     "limit_val_batches": Same("--limit-val-batches"),
     "limit_test_batches": Refused("no separate limit: --limit-val-batches caps the validation and the test "
@@ -56,8 +80,8 @@ DLRM_MAIN_FLAGS: dict[str, Meaning] = {
     "dataset_name": Refused("no equivalent: --data names the Parquet directory (from `torchrec-tpu data "
                             "convert`), or --in-memory-binary-criteo-path TorchRec's .npy days; their "
                             "columns say which Criteo it is"),
-    "num_workers": Refused("no equivalent: the readers prefetch batches on threads of their own (no "
-                           "DataLoader workers)"),
+    "num_workers": Noted("no DataLoader workers: the readers prefetch batches on threads of their own",
+                         takes_value=True),
     "num_embeddings": Same("--num-embeddings"),
     "num_embeddings_per_feature": Same("--num-embeddings-per-feature"),
     "dense_arch_layer_sizes": Same("--dense-arch"),
@@ -69,7 +93,7 @@ DLRM_MAIN_FLAGS: dict[str, Meaning] = {
     "dcn_low_rank_dim": Same("--dcn-low-rank-dim"),
     "undersampling_rate": Refused("no equivalent: every row is trained on (no undersampling of label-0 rows)"),
     "seed": Same("--seed"),
-    "pin_memory": Refused("not needed: no CUDA host-to-device copies (batches go to the tpu device as they are)"),
+    "pin_memory": Noted("no CUDA host-to-device copies: batches go to the tpu device as they are"),
     "mmap_mode": Same("--mmap-mode"),
     "in_memory_binary_criteo_path": Same("--in-memory-binary-criteo-path"),
     "synthetic_multi_hot_criteo_path": Refused("no equivalent: MLPerf's pre-generated multi-hot .npz files are "
@@ -82,25 +106,32 @@ DLRM_MAIN_FLAGS: dict[str, Meaning] = {
     "validation_auroc": Same("--target-auc"),
     "evaluate_on_epoch_end": Refused("no equivalent: train validates at the end of training and every "
                                      "--eval-every N steps"),
-    "evaluate_on_training_end": Refused("not needed: train always evaluates at the end, the test split too "
-                                        "when --eval-files is 2 or more"),
+    "evaluate_on_training_end": Noted("train always evaluates at the end (the test split too with --eval-files "
+                                      "2 or more)"),
     "adagrad": Sets({None: {"sparse_optimizer": "adagrad", "dense_optimizer": "adagrad"}}),
     "interaction_type": Sets({"original": {"model": "dlrm"}, "dcn": {"model": "dlrm_dcn"}, "projection": None},
                              why=_PROJECTION),
     "collect_multi_hot_freqs_stats": Refused("no equivalent: no statistics of embedding-row access are "
                                              "collected"),
     "multi_hot_sizes": Same("--multi-hot-sizes"),
-    "multi_hot_distribution_type": Refused("no choice: --multi-hot-sizes adds fixed uniformly random offsets of "
-                                           "each id (dlrm_main's 'uniform'); 'pareto' is not offered"),
+    "multi_hot_distribution_type": Noted("uniform is what --multi-hot-sizes does (fixed uniformly random offsets "
+                                         "of each id)", values=("uniform",),
+                                         why="--multi-hot-sizes adds uniformly random offsets (dlrm_main's "
+                                             "'uniform'); 'pareto' is not offered"),
     "lr_warmup_steps": Same("--lr-warmup-steps"),
     "lr_decay_start": Same("--lr-decay-start"),
     "lr_decay_steps": Same("--lr-decay-steps"),
     "print_lr": Refused("no equivalent: each step's learning rates go to TensorBoard "
                         "(train/learning_rate/sparse and /dense), not the console"),
-    "allow_tf32": Refused("no equivalent: TF32 is an NVIDIA GPU mode; --precision bf16 is the TPU's "
-                          "reduced-precision matmul"),
+    "allow_tf32": Noted("TF32 is an NVIDIA GPU mode: the towers' matmuls stay fp32 (--precision bf16 is the "
+                        "TPU's reduced-precision matmul)"),
     "print_sharding_plan": Same("--print-sharding-plan"),
     "print_progress": Same("--progress"),
+    # MLPerf v1's dlrm_main (its results table's lines): a step change of the learning rate
+    **dict.fromkeys(("change_lr", "lr_change_point", "lr_after_change_point"), Refused(
+        "no step change of the learning rate (MLPerf v1's --change_lr family): the schedules here are "
+        "TorchRec's warm-up and quadratic decay, --lr-warmup-steps, --lr-decay-start, --lr-decay-steps "
+        "(--engine torchrec)")),
 }
 
 
@@ -121,6 +152,12 @@ def add_dlrm_main_flags(parser: argparse.ArgumentParser) -> None:
         elif isinstance(meaning, Same):
             parser.add_argument(*spellings, action=_Refuse, nargs="?", help=argparse.SUPPRESS,
                                 why=f"sets {meaning.flag}, which `{parser.prog}` does not take")
+        elif isinstance(meaning, PerRank):
+            parser.add_argument(*spellings, dest=PER_RANK + meaning.option, type=positive_int,
+                                default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        elif isinstance(meaning, Noted):
+            parser.add_argument(*spellings, action=_Note, meaning=meaning, help=argparse.SUPPRESS,
+                                nargs=None if meaning.values or meaning.takes_value else 0)
         elif isinstance(meaning, Sets):
             parser.add_argument(*spellings, action=_Set, meaning=meaning, help=argparse.SUPPRESS,
                                 nargs=0 if None in meaning.options else None,
@@ -145,21 +182,51 @@ class _Refuse(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        raise argparse.ArgumentError(None, f"{option_string} (TorchRec dlrm_main's flag): {self.why}")
+        refuse_later(namespace, str(option_string), self.why, DLRM_MAIN)
 
 
-class _Set(argparse.Action):
-    """Sets the options of :class:`Sets` for the value given (or for the flag, without one)."""
+class _Meant(argparse.Action):
+    """An action doing what ``meaning`` (a :data:`Meaning`) says; it sets no default."""
 
-    def __init__(self, *args: Any, meaning: Sets, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, meaning: Any, **kwargs: Any) -> None:
         super().__init__(*args, default=argparse.SUPPRESS, **kwargs)
         self.meaning = meaning
+
+
+class _Note(_Meant):
+    """Takes the flag (and its value) as given, noting that it changes nothing here."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        given = f"{option_string} {values}" if self.nargs != 0 else str(option_string)
+        if self.meaning.values and values not in self.meaning.values:
+            refuse_later(namespace, given, self.meaning.why, DLRM_MAIN)
+        else:
+            note(namespace, f"{given} changes nothing here ({self.meaning.note})")
+
+
+class _Set(_Meant):
+    """Sets the options of :class:`Sets` for the value given (or for the flag, without one)."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         options = self.meaning.options[None if self.nargs == 0 else values]
         if options is None:
-            raise argparse.ArgumentError(None, f"{option_string} {values} (TorchRec dlrm_main's flag): "
-                                               f"{self.meaning.why}")
+            refuse_later(namespace, f"{option_string} {values}", self.meaning.why, DLRM_MAIN)
+            return
         for option, value in options.items():
             setattr(namespace, option, value)
+
+
+def per_rank_options(args: argparse.Namespace, world_size: int) -> tuple[dict[str, int], list[str]]:
+    """Our global options that dlrm_main's per-rank flags set (the value times ``world_size``), and
+    a note on each."""
+    values: dict[str, int] = {}
+    notes = []
+    for name, meaning in DLRM_MAIN_FLAGS.items():
+        per_rank = getattr(args, PER_RANK + meaning.option, None) if isinstance(meaning, PerRank) else None
+        if per_rank is not None:
+            values[meaning.option] = per_rank * world_size
+            notes.append(f"--{name} {per_rank} is per rank (dlrm_main's): --{meaning.option.replace('_', '-')} "
+                         f"{per_rank * world_size} here, global over {world_size} rank(s)")
+    return values, notes
