@@ -110,3 +110,23 @@ def test_clear_errors():
         batch_from_arrow(pa.table({"y": pa.array([None], pa.int8()), "a": [1]}), [4], schema)
     with pytest.raises(KeyError, match="column 'a' missing"):
         batch_from_arrow(pa.table({"y": [1]}), [4], schema)
+
+
+def test_converted_criteo_hex_ids_read_raw_are_the_hex_values(tmp_path):
+    """``data convert`` stores Criteo's hex ids as their int64 values (no hashing); read with
+    ``RAW_IDS`` (``train --zch``) they arrive as ``int(hex, 16)``."""
+    import csv
+
+    from pipelines.convert import convert_to_parquet
+    from pipelines.parquet_reader import ParquetBatchReader
+    from pipelines.sample_data import criteo_sample_csv
+
+    convert_to_parquet([criteo_sample_csv()], tmp_path / "pq", progress=False)
+    with open(criteo_sample_csv()) as f:
+        rows = list(csv.DictReader(f))[:50]
+    reader = ParquetBatchReader(tmp_path / "pq", 50, [RAW_IDS] * len(CRITEO.sparse), CRITEO)
+    features = next(iter(reader)).sparse_features.to_dict()
+    for name in ("C1", "C3", "C26"):
+        want = [int(row[name], 16) for row in rows if row[name]]
+        assert features[name].values().tolist() == want
+        assert max(want) > 2**31  # ids the tables' rows would have folded
