@@ -94,6 +94,16 @@ class Backend(ABC):
     def optimizer_slots(self) -> dict[str, dict[str, torch.Tensor]]:
         """Current optimizer slots by table and slot name ([vocab, dim], or [vocab] row slots)."""
 
+    def reset_rows(self, table: str, rows: torch.Tensor, weights: torch.Tensor, slots: Mapping[str, float]) -> None:
+        """Overwrite rows ``rows`` of ``table``: their weights with ``weights`` ([len(rows), dim])
+        and each optimizer slot with its value in ``slots`` (a managed-collision eviction). Here: a
+        reload of every table; a backend that writes rows where they are overrides it."""
+        weights_now, slots_now = self.table_weights(), self.optimizer_slots()
+        weights_now[table][rows] = weights
+        for slot, value in slots.items():
+            slots_now[table][slot][rows] = value
+        self.load_state(weights_now, slots_now, self.steps)
+
     def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
         """One table's current weights (or its optimizer ``slot``), a new host tensor. Here: cut
         from :meth:`table_weights` / :meth:`optimizer_slots` (which copy every table); a backend

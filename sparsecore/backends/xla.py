@@ -274,6 +274,17 @@ class XlaBackend(ReadsTablesAlone):
     def _slot_tuple(self) -> tuple[dict[str, jax.Array], ...]:
         return tuple(self._slots[st.name] for st in self.plan.stacks)
 
+    def reset_rows(self, table: str, rows: torch.Tensor, weights: torch.Tensor, slots: Mapping[str, float]) -> None:
+        """(Writes those rows of the stacked arrays alone.)"""
+        _, stack = self.plan.stack_of_table(table)
+        at = jnp.asarray(stack.physical_rows(table, rows.numpy()))
+        dim = self.plan.tables[table].dim
+        self._tables[stack.name] = self._tables[stack.name].at[at, :dim].set(jnp.asarray(weights.numpy()))
+        for slot, value in slots.items():
+            array = self._slots[stack.name][slot]
+            where = array.at[at] if array.ndim == 1 else array.at[at, :dim]  # a row slot: one value per row
+            self._slots[stack.name][slot] = where.set(value)
+
     def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
         """(Gathers that table's rows alone.)"""
         _, stack = self.plan.stack_of_table(table)

@@ -167,3 +167,29 @@ def test_from_torchrec_refuses_a_hashing_mch_module():
     with pytest.raises(ValueError, match="zch of t_user: an input_hash_func is not supported"):
         ShardedSparseCoreEBC.from_torchrec(ManagedCollisionEmbeddingBagCollection(ebc, mcc), BATCH, plan, SGD(0.1),
                                            backend="fbgemm")
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "rowwise_adagrad"])
+def test_the_xla_backend_writes_reset_rows_where_they_are_as_a_whole_reload_does(optimizer):
+    """The xla backend's row write (its stacked arrays, row slots included) against the generic
+    reset: every table and slot read back, then reloaded with the rows replaced."""
+    from sparsecore.backends.base import Backend
+
+    from .reference import OPTIMIZERS as SPARSE
+
+    plan = {c.name: TableSharding("table_wise", (0,)) for c in CONFIGS}
+    rows, fresh = torch.tensor([3, 0, 17]), torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+    tables = []
+    for write in (None, Backend.reset_rows):
+        ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), BATCH, plan, SPARSE[optimizer][0], backend="xla")
+        backend = ebc.local_backend
+        values = {slot: 0.25 for slot in SPARSE[optimizer][0].slot_names}
+        (write or type(backend).reset_rows)(backend, "t_item", rows, fresh, values)
+        tables.append((backend.table_weights(), backend.optimizer_slots()))
+    assert type(ebc.local_backend).reset_rows is not Backend.reset_rows
+    (weights, slots), (want_weights, want_slots) = tables
+    assert torch.equal(weights["t_item"][rows], fresh)
+    for name in weights:
+        assert torch.equal(weights[name], want_weights[name]), name
+        for slot in slots[name]:
+            assert torch.equal(slots[name][slot], want_slots[name][slot]), (name, slot)

@@ -108,7 +108,6 @@ def reset_rows(module: "ShardedTables", rows: Mapping[str, torch.Tensor], iterat
     rows = {table: r for table, r in rows.items() if table in served and r.numel()}
     if backend is None or not rows:
         return
-    weights, slots = backend.table_weights(), backend.optimizer_slots()
     for table, global_rows in rows.items():
         spec, shard = module.tables[table], served[table]
         generator = torch.Generator().manual_seed(module.engine.seed * 1_000_003 + zlib.crc32(table.encode())
@@ -117,7 +116,5 @@ def reset_rows(module: "ShardedTables", rows: Mapping[str, torch.Tensor], iterat
         ids = global_rows.numpy()
         mine = shard.owns(ids)
         local = torch.from_numpy(shard.local_rows(ids[mine]))
-        weights[table][local] = fresh[torch.from_numpy(mine)][:, shard.col_offset:shard.col_offset + shard.cols]
-        for slot, value in spec.optimizer.slot_initial_values().items():
-            slots[table][slot][local] = value
-    backend.load_state(weights, slots, backend.steps)
+        fresh = fresh[torch.from_numpy(mine)][:, shard.col_offset:shard.col_offset + shard.cols]
+        backend.reset_rows(table, local, fresh, spec.optimizer.slot_initial_values())
