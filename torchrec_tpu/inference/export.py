@@ -32,7 +32,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.export_files import MODEL, TABLES, TOWERS
 from torchrec_tpu.inference.model import InferenceModel, load_inference_model
-from torchrec_tpu.inference.quantized_tables import QuantizedEmbeddingBags, QuantizedTable
+from torchrec_tpu.inference.quantized_tables import QuantizedTable, host_embedding_bags
 from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 from torchrec_tpu.train.checkpoint.manifest import MANIFEST_FILE, manifest_of, verify_checkpoint
 
@@ -54,13 +54,13 @@ class Towers(nn.Module):
 class ExportedDLRM(nn.Module):
     """The exported tables and towers as one ``(dense, KJT) -> logits`` module."""
 
-    def __init__(self, tables: QuantizedEmbeddingBags, towers: nn.Module) -> None:
+    def __init__(self, tables: nn.Module, towers: nn.Module, features: int) -> None:
         super().__init__()
-        self.tables, self.towers = tables, towers
+        self.tables, self.towers, self.features = tables, towers, features
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         pooled = self.tables(sparse).values()
-        return self.towers(dense, pooled.reshape(pooled.shape[0], len(self.tables.layout), -1))
+        return self.towers(dense, pooled.reshape(pooled.shape[0], self.features, -1))
 
 
 def export_model(checkpoint: str | Path, output: str | Path, table_dtype: str,
@@ -88,9 +88,10 @@ def export_model(checkpoint: str | Path, output: str | Path, table_dtype: str,
 def _write(model: InferenceModel, schema: DatasetSchema, directory: Path) -> None:
     tensors: dict[str, torch.Tensor] = {}
     for feature, table in model.tables.items():
-        tensors[f"{feature}.weight"] = table.weight
+        # clones: a view would save its whole storage (the TBE's rows of every table)
+        tensors[f"{feature}.weight"] = table.weight.clone()
         if table.scale_bias is not None:
-            tensors[f"{feature}.scale_bias"] = table.scale_bias
+            tensors[f"{feature}.scale_bias"] = table.scale_bias.clone()
     torch.save(tensors, directory / TABLES)
     dim = next(iter(model.tables.values())).dim
     example = (torch.zeros(_EXAMPLE_BATCH, len(schema.dense)), torch.zeros(_EXAMPLE_BATCH, len(model.tables), dim))
@@ -122,7 +123,8 @@ def load_model(directory: str | Path) -> InferenceModel:
                              f"feature {feature!r}")
         tables[feature] = table
     towers = torch.export.load(directory / TOWERS).module()
-    return InferenceModel(ExportedDLRM(QuantizedEmbeddingBags(tables), towers),
+    ebc, tables = host_embedding_bags(tables)
+    return InferenceModel(ExportedDLRM(ebc, towers, len(tables)),
                           tuple(t.rows for t in tables.values()), int(description["step"]),
                           description["tables"][0]["dtype"], tables)
 

@@ -23,7 +23,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.schema import CRITEO, DatasetSchema
-from torchrec_tpu.inference.quantized_tables import QuantizedEmbeddingBags, QuantizedTable, quantize_table
+from torchrec_tpu.inference.quantized_tables import QuantizedTable, host_embedding_bags, quantize_table
 from torchrec_tpu.inference.table_dtypes import check_table_dtype
 from torchrec_tpu.train.model import ModelSpec, ebc_of, table_weight_key
 
@@ -97,7 +97,7 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
             for feature, key in keys.items():
                 train_module.get_parameter(key).set_(tables[feature].weight)
     else:
-        dlrm.sparse_arch.embedding_bag_collection = QuantizedEmbeddingBags(tables)
+        dlrm.sparse_arch.embedding_bag_collection, tables = host_embedding_bags(tables)
     return InferenceModel(dlrm, read_sizes(spec, zch), int(meta.get("step", 0)), table_dtype, tables, zch)
 
 

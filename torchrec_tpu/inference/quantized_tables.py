@@ -4,9 +4,10 @@ int8 / int4 are row-wise quantized exactly as FBGEMM's inference TBE (TorchRec's
 ``quantize_inference_model``) stores them: FBGEMM's ``FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf``
 rows, split as TorchRec's ``quantize_state_dict`` splits them into the packed codes (int4: two per
 byte, the even column in the low nibble) and a per-row fp16 (scale, bias). fp16 / bf16 tables are a
-cast, fp32 the table itself. :class:`QuantizedEmbeddingBags` replaces a DLRM's
-``EmbeddingBagCollection``: it gathers the batch's rows, dequantizes those only (``code * scale +
-bias`` in fp32) and sum-pools them per sample.
+cast, fp32 the table itself. On the host a DLRM's ``EmbeddingBagCollection`` is replaced by
+FBGEMM's inference TBE over them (:func:`host_embedding_bags`), or, for the dtypes it does not
+take (bf16), by :class:`QuantizedEmbeddingBags`: it gathers the batch's rows, dequantizes those
+only (``code * scale + bias`` in fp32) and sum-pools them per sample.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from torchrec_tpu.inference.table_dtypes import CODE_BITS, check_table_dtype
 
 TORCH_FLOATS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TBE_DATA_TYPES = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8", "int4": "INT4"}  # TorchRec DataType names
 QUANTIZE_ROWS = 1 << 20  # rows quantized at a time: FBGEMM's fp32 temporaries stay this small
 
 
@@ -110,6 +112,23 @@ class QuantizedEmbeddingBags(nn.Module):
                            length_per_key=[dim for _, _, dim in self.layout], values=torch.cat(pooled, dim=1))
 
 
+def host_embedding_bags(tables: dict[str, QuantizedTable]) -> tuple[nn.Module, dict[str, QuantizedTable]]:
+    """The module the host looks ``tables`` (one dtype) up with, and the tables as it holds them:
+    FBGEMM's inference TBE (:func:`torchrec_quant_ebc`) for the dtypes it takes, the tables then
+    views of its rows (no second copy); bf16: :class:`QuantizedEmbeddingBags` over ``tables``."""
+    dtypes = {table.dtype for table in tables.values()}
+    if not dtypes <= set(TBE_DATA_TYPES) or len(dtypes) != 1:
+        return QuantizedEmbeddingBags(tables), tables
+    ebc = torchrec_quant_ebc(tables)
+    (tbe,) = ebc.tbes  # one dtype: one TBE, its tables in the order given
+    held = {}
+    for (feature, table), (codes, scale_shift) in zip(tables.items(), tbe.split_embedding_weights()):
+        weight = codes if table.scale_bias is not None else codes.view(table.weight.dtype)
+        held[feature] = QuantizedTable(table.dtype, table.dim, weight,
+                                       None if scale_shift is None else scale_shift.view(torch.float16))
+    return ebc, held
+
+
 def torchrec_quant_ebc(tables: dict[str, QuantizedTable]) -> nn.Module:
     """TorchRec's ``QuantEmbeddingBagCollection`` (FBGEMM's inference TBE) over ``tables`` (by
     feature, tables named ``t_<feature>``): what a TorchRec user serves an exported model's
@@ -118,7 +137,7 @@ def torchrec_quant_ebc(tables: dict[str, QuantizedTable]) -> nn.Module:
     from torchrec.modules.embedding_configs import DataType
     from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 
-    data_types = {"fp32": DataType.FP32, "fp16": DataType.FP16, "int8": DataType.INT8, "int4": DataType.INT4}
+    data_types = {name: getattr(DataType, kind) for name, kind in TBE_DATA_TYPES.items()}
     configs, weights = [], {}
     for feature, table in tables.items():
         if table.dtype not in data_types:
@@ -129,4 +148,4 @@ def torchrec_quant_ebc(tables: dict[str, QuantizedTable]) -> nn.Module:
         scale_shift = None if table.scale_bias is None else table.scale_bias.view(torch.uint8)
         weights[f"t_{feature}"] = (table.weight.view(torch.uint8), scale_shift)
     return QuantEmbeddingBagCollection(configs, is_weighted=False, device=torch.device("cpu"),
-                                       table_name_to_quantized_weights=weights)
+                                       table_name_to_quantized_weights=weights, register_tbes=True)
