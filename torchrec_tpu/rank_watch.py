@@ -13,12 +13,14 @@ fails posts its error line there before it exits. Code running collectives label
 A wait no timeout bounds (a compiled step whose XLA collectives wait for a stopped peer: the
 host blocks inside XLA reading its loss) is caught by the heartbeats themselves: a neighbour rank
 silent for the collective timeout is reported by the handler :func:`on_stall` registers (the
-CLI's one error line, then the rank exits), with the label the main thread entered last.
+CLI's one error line, then the rank exits), with the label entered last of those another thread
+(the prefetch thread) is inside and the main thread's last one (whose results it may be reading).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from typing import Callable, Iterator
@@ -34,7 +36,9 @@ HEARTBEAT_S = 1.0
 _SILENT_S = 3.0  # no heartbeat for this long: the rank is not responding
 _active: "RankWatch | None" = None
 _stall_handler: Callable[[CollectiveError], None] | None = None
-_main_label = "the run"  # the label the main thread entered last
+_entries = itertools.count()
+_inside: dict[int, list[tuple[int, str]]] = {}  # per thread: the labels it is inside, (entry number, label)
+_main_last = (-1, "the run")  # the label the main thread entered last
 
 
 def is_peer_failure(error: BaseException) -> bool:
@@ -106,7 +110,7 @@ class RankWatch:
             failed = self._read(_FAILED.format(r))
             parts.append(f"rank {r} failed: {failed}" if failed is not None else
                          f"rank {r} is not responding (no heartbeat for {seconds:.0f} s: stalled or dead)")
-        return CollectiveError(f"{_main_label} timed out after {self.timeout_s:g} s on rank {self.rank}: "
+        return CollectiveError(f"{_stalled_label()} timed out after {self.timeout_s:g} s on rank {self.rank}: "
                                + "; ".join(parts))
 
     def post_failure(self, message: str) -> None:
@@ -167,12 +171,25 @@ def on_stall(handler: Callable[[CollectiveError], None] | None) -> None:
 def collectives(label: str) -> Iterator[None]:
     """Label the collectives of the ``with`` body: a peer failure inside is re-raised as a
     CollectiveError naming ``label`` and the ranks to blame (when a watch runs)."""
-    global _main_label
+    global _main_last
+    entry = (next(_entries), label)
     if threading.current_thread() is threading.main_thread():
-        _main_label = label
+        _main_last = entry
+    else:
+        _inside.setdefault(threading.get_ident(), []).append(entry)
     try:
         yield
     except RuntimeError as error:
         if _active is None or not is_peer_failure(error):
             raise
         raise _active.explain(label, error) from error
+    finally:
+        if threading.current_thread() is not threading.main_thread():
+            _inside[threading.get_ident()].pop()
+
+
+def _stalled_label() -> str:
+    """What a stall holds up: the label entered last among those another thread is inside and the
+    main thread's last (a host read after a step waits for that step's collectives)."""
+    inside = [list(stack) for stack in list(_inside.values())]  # copies: the threads go on
+    return max([_main_last, *(stack[-1] for stack in inside if stack)])[1]

@@ -55,6 +55,32 @@ def test_a_silent_neighbour_is_reported_with_the_main_threads_last_label(reporte
                         str(errors[0])), errors
 
 
+def test_a_label_another_thread_entered_later_is_named(reported) -> None:
+    """After an evaluation the main thread waits for the prefetch thread, which waits in the next
+    batch's input all_to_all: that one is named, not the evaluation."""
+    errors, came = reported
+    with rank_watch.collectives("the evaluation at step 12 (embedding all_to_all, metric all_gather)"):
+        pass
+    released = threading.Event()
+
+    def prefetch() -> None:
+        with rank_watch.collectives("the sparse input all_to_all of a prefetched batch (its ids)"):
+            released.wait()
+
+    thread = threading.Thread(target=prefetch)
+    thread.start()
+    stalled, survivor = _watches(dist.HashStore())
+    stalled.stop()
+    try:
+        assert came.wait(TIMEOUT_S + 5)
+    finally:
+        survivor.stop()
+        released.set()
+        thread.join()
+    assert str(errors[0]).startswith("the sparse input all_to_all of a prefetched batch (its ids) timed out after "
+                                     "1.5 s on rank 1: rank 0 is not responding"), errors
+
+
 def test_a_neighbour_that_failed_is_named_with_its_error(reported) -> None:
     errors, came = reported
     stalled, survivor = _watches(dist.HashStore())
