@@ -275,15 +275,21 @@ class XlaBackend(ReadsTablesAlone):
         return tuple(self._slots[st.name] for st in self.plan.stacks)
 
     def reset_rows(self, table: str, rows: torch.Tensor, weights: torch.Tensor, slots: Mapping[str, float]) -> None:
-        """(Writes those rows of the stacked arrays alone.)"""
+        """(Writes those rows of the stacked arrays alone; the row count padded to a power of two
+        with rows past the end, which are dropped, so a few programs serve every eviction.)"""
         _, stack = self.plan.stack_of_table(table)
-        at = jnp.asarray(stack.physical_rows(table, rows.numpy()))
+        count = 1 << max(int(rows.numel()) - 1, 0).bit_length()
+        at = np.full(count, stack.vocab_size, dtype=np.int64)
+        at[:rows.numel()] = stack.physical_rows(table, rows.numpy())
         dim = self.plan.tables[table].dim
-        self._tables[stack.name] = self._tables[stack.name].at[at, :dim].set(jnp.asarray(weights.numpy()))
+        values = np.zeros((count, dim), dtype=np.float32)
+        values[:rows.numel()] = weights.numpy()
+        at = jnp.asarray(at)
+        self._tables[stack.name] = self._tables[stack.name].at[at, :dim].set(jnp.asarray(values), mode="drop")
         for slot, value in slots.items():
             array = self._slots[stack.name][slot]
             where = array.at[at] if array.ndim == 1 else array.at[at, :dim]  # a row slot: one value per row
-            self._slots[stack.name][slot] = where.set(value)
+            self._slots[stack.name][slot] = where.set(value, mode="drop")
 
     def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
         """(Gathers that table's rows alone.)"""

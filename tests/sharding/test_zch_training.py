@@ -58,15 +58,21 @@ def _ours(optimizer: str) -> ShardedSparseCoreEBC:
     return sharded
 
 
-def _reference(optimizer: str) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], int]:
-    """Each step's pooled outputs, the final tables and the rows evicted, of the stock MC-EBC."""
+def torchrec_mc_ebc(specs: dict[str, ZchSpec]) -> ManagedCollisionEmbeddingBagCollection:
+    """Stock TorchRec's MC-EBC over the reference tables, an MCH module of ``specs`` per table."""
     ebc = reference_ebc()
     mcc = ManagedCollisionCollection(
         {c.name: MCHManagedCollisionModule(zch_size=c.num_embeddings, device=torch.device("cpu"),
-                                           eviction_policy=MANAGED[c.name].eviction_policy(),
-                                           eviction_interval=MANAGED[c.name].eviction_interval) for c in CONFIGS},
+                                           eviction_policy=specs[c.name].eviction_policy(),
+                                           eviction_interval=specs[c.name].eviction_interval) for c in CONFIGS},
         ebc.embedding_bag_configs())
-    mc_ebc = ManagedCollisionEmbeddingBagCollection(ebc, mcc)
+    return ManagedCollisionEmbeddingBagCollection(ebc, mcc)
+
+
+def _reference(optimizer: str) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], int]:
+    """Each step's pooled outputs, the final tables and the rows evicted, of the stock MC-EBC."""
+    mc_ebc = torchrec_mc_ebc(MANAGED)
+    ebc = mc_ebc._embedding_module
     params = {name: bag.weight for name, bag in ebc.embedding_bags.items()}
     opt = OPTIMIZERS[optimizer][1](list(params.values()))
     outputs, evicted_rows = [], 0
@@ -134,13 +140,8 @@ def test_from_torchrec_takes_an_mc_ebc_with_its_policies_and_state():
     state; both then remap the rest of the stream alike."""
     specs = {"t_user": ZchSpec("lru", 2, decay_exponent=2.0), "t_item": ZchSpec("lfu", 1, threshold="average"),
              "t_small": ZchSpec("distance_lfu", 3, threshold="dynamic", threshold_skew_multiplier=2.0)}
-    ebc = reference_ebc()
-    mcc = ManagedCollisionCollection(
-        {c.name: MCHManagedCollisionModule(zch_size=c.num_embeddings, device=torch.device("cpu"),
-                                           eviction_policy=specs[c.name].eviction_policy(),
-                                           eviction_interval=specs[c.name].eviction_interval) for c in CONFIGS},
-        ebc.embedding_bag_configs())
-    mc_ebc = ManagedCollisionEmbeddingBagCollection(ebc, mcc)
+    mc_ebc = torchrec_mc_ebc(specs)
+    ebc, mcc = mc_ebc._embedding_module, mc_ebc._managed_collision_collection
     for step in range(3):  # three batches: every table evicted at the third
         mcc(raw_kjt(step))
     plan = {c.name: TableSharding("table_wise", (0,)) for c in CONFIGS}
