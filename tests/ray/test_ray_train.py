@@ -245,14 +245,15 @@ def test_sigkill_of_a_ray_worker_restarts_from_the_last_checkpoint(dataset: Path
     (["--ray-workers", "2", "--ray-tpu-topology", "4x4"], "needs the slice's topology and accelerator type"),
     (["--ray-workers", "2", "--ray-tpu-type", "TPU-V6E"], "--ray-tpu-type needs --ray-tpu-topology"),
     (["--ray-workers", "2", "--shuffle-batches"], "--shuffle-batches shuffles a reader's batches in memory"),
-    (["--ray-workers", "2", "--in-memory-binary-criteo-path", "{tmp_path}"], "convert it to Parquet"),
+    (["--ray-workers", "2", "--in-memory-binary-criteo-path", "{tmp_path}/npy"], "convert it to Parquet"),
 ])
 def test_bad_ray_flags_fail_before_ray_starts(flags: list[str], message: str, capsys: pytest.CaptureFixture[str],
                                                tmp_path: Path) -> None:
     from torchrec_tpu import cli
 
+    (tmp_path / "npy").mkdir()
     flags = [flag.format(tmp_path=tmp_path) for flag in flags]  # an existing directory: the flag itself is wrong
-    assert cli.main(["train", "--log-dir", str(tmp_path), *flags]) == 2
+    assert cli.main(["train", "--log-dir", str(tmp_path / "logs"), *flags]) == 2  # (not the input directory)
     assert message in capsys.readouterr().err
 
 
