@@ -1,9 +1,11 @@
 """At several ranks a failure is reported once: the first rank of a job to fail claims the report
 (a file created exclusively, named by the job), and the ranks after it leave with their exit
 status and no line, where each rank used to repeat the same line (a user error every rank sees,
-or the peers of a failed rank reporting the collective it broke). Ranks of one job on one host
-share the launcher (their parent process) and its rendezvous address; on several hosts each host
-reports once. Standard library only: argparse errors come before the slow imports.
+or the peers of a failed rank reporting the collective it broke). Under torchrun (which names the
+job: ``TORCHELASTIC_RUN_ID``) the ranks of one job on one host share the launcher (their parent
+process, new for each job) and its rendezvous address; on several hosts each host reports once.
+Ranks started another way each report. Standard library only: argparse errors come before the
+slow imports.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
+from torchrec_tpu.launcher import under_torchrun
 
 STALE_S = 24 * 3600  # claims older than this are removed by the next claim
 
@@ -40,18 +44,31 @@ def job_key() -> str:
 
 
 def claim_report() -> bool:
-    """Whether this rank reports its failure: True for the first rank of the job to ask (and
-    wherever no claim can be written: better twice than never), False for the ranks after it."""
+    """Whether this rank reports its failure: True for the first rank of the job to ask, and for
+    it again (a process that runs several commands), and wherever no claim can be written (better
+    twice than never) or no launcher names the job; False for the other ranks after it."""
+    if not under_torchrun():  # no launcher that starts each job anew: no job to name
+        return True
     claims = _claims_dir()
+    claim = claims / job_key()
     try:
         claims.mkdir(exist_ok=True)
         _remove_stale(claims)
-        os.close(os.open(claims / job_key(), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
-        return False
+        return _claimed_by_this_process(claim)
     except OSError:
         return True
+    with os.fdopen(fd, "w") as out:
+        out.write(str(os.getpid()))
     return True
+
+
+def _claimed_by_this_process(claim: Path) -> bool:
+    try:
+        return claim.read_text().strip() == str(os.getpid())
+    except OSError:
+        return False
 
 
 def _remove_stale(claims: Path) -> None:

@@ -56,7 +56,8 @@ def rank_env(rank: int, world: int, store: dist.TCPStore) -> dict[str, str]:
     """torchrun's environment for ``rank`` of ``world``, joining ``store`` as a client."""
     return {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
             "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+            "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCHELASTIC_RUN_ID": f"cli-ranks-{store.port}"}
 
 
 def start_cli_ranks(argv: list[str], run_dir: Path, world: int = WORLD, name: str = "rank",
