@@ -14,9 +14,11 @@ package because importing any ``torch_tpu`` submodule runs the package's registr
 from __future__ import annotations
 
 import functools
+import importlib.util
 import sys
 import threading
 import types
+from pathlib import Path
 from typing import Any
 
 from tpu_facts import knobs
@@ -34,12 +36,28 @@ def autoload() -> None:
     if not knobs.AUTOLOAD.on() or torch._C._get_privateuse1_backend_name() != "privateuseone":
         return
     torch.utils.rename_privateuse1_backend(_device_type)
+    _register_hooks()  # torch's accelerator calls (dist.barrier's) ask the named device's hooks at once
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     torch._register_device_module(_device_type, _LazyDeviceModule(f"torch.{_device_type}"))
     library = torch.library.Library("_", "IMPL")
     library.fallback(_load_and_run, "PrivateUse1")
     _fallback.append(library)
     torch.compile = _compile_with_default_routing(torch.compile)
+
+
+def _register_hooks() -> None:
+    """torch_tpu's device hooks and guard (``torch_tpu/runtime/host_hooks.py``), loaded alone: the
+    package's import runs its whole registration (jax, the runtime). The module is entered under
+    its own name, so torch_tpu finds it (and that the hooks are registered) when it loads."""
+    name = "torch_tpu.runtime.host_hooks"
+    if name not in sys.modules:
+        package = importlib.util.find_spec("torch_tpu")  # finds, does not import
+        path = Path(package.submodule_search_locations[0]) / "runtime" / "host_hooks.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    sys.modules[name].register()
 
 
 class _LazyDeviceModule(types.ModuleType):

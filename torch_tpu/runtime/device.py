@@ -26,7 +26,6 @@ from tpu_facts import knobs
 
 DEVICE_NAME = "tpu"
 _registered = False
-_KEEPALIVE: list[object] = []
 # The newest array produced by a dispatched op; synchronize() waits on it (ops run in order).
 last_output: list[jax.Array | None] = [None]
 
@@ -466,22 +465,6 @@ set_rng_state_all = tpu_random.set_rng_state_all
 # --- registration ----------------------------------------------------------------------------
 
 
-class _Hooks(torch._C._acc.PrivateUse1Hooks):
-    def is_available(self) -> bool:
-        return True
-
-    def has_primary_context(self, dev_id: int) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
-
-
-class _DeviceGuard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
-
-
 def topology_aware_mesh(mesh_shape: tuple[int, ...], *, dcn_mesh_shape: tuple[int, ...] | None = None,
                         allow_split_physical_axes: bool = False, contiguous_submeshes: bool = False) -> torch.Tensor:
     """``torch.tpu.topology_aware_mesh`` (TorchTPU's deprecated alias of
@@ -515,10 +498,6 @@ def register() -> None:
         stand_in.hand_over()
     torch._register_device_module(DEVICE_NAME, sys.modules[__name__])
     torch.accelerator.synchronize = _accelerator_synchronize
-    # Kept alive here: the C++ side holds raw references.
-    _KEEPALIVE.extend([_Hooks(), _DeviceGuard()])
-    if not host_hooks.register():  # the C++ hooks: pinned host memory (DDP's static graph)
-        torch._C._acc.register_python_privateuseone_hook(_KEEPALIVE[0])
-    torch._C._acc.register_python_privateuseone_device_guard(_KEEPALIVE[1])
+    host_hooks.register()  # the C++ hooks where they build (pinned host memory: DDP's static graph)
     tpu_generator.install()
     _registered = True

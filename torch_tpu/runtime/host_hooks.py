@@ -7,7 +7,9 @@ TorchRec DMP sets it). torch's Python hook class has no such method, and PyTorch
 object per process, so :func:`register` builds the C++ hooks (availability plus a pinned host
 allocator; built once with the system C++ compiler by ``xla_cache.native_build.build_library`` and
 cached) and registers them instead. Without a compiler the Python hooks are registered (one
-warning): pinned memory, and so DDP's static graph, then fail on tpu with torch's error.
+warning): pinned memory, and so DDP's static graph, then fail on tpu with torch's error. This module
+imports nothing of torch_tpu: the ``import torch`` hook (``torchrec_tpu._torch_tpu_autoload``)
+loads it alone to register the hooks when it names the device.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("csrc") / "host_hooks.cc"
-_loaded: list[ctypes.CDLL] = []
 
 
 def _flags() -> tuple[str, ...]:
@@ -32,9 +33,34 @@ def _flags() -> tuple[str, ...]:
             f"-L{lib}", "-Wl,--no-as-needed", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}")
 
 
-def register() -> bool:
-    """Register the C++ hooks (True), or return False, having warned why, for the caller to
-    register the Python ones. Call once, before any other PrivateUse1 hook is registered."""
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    """The Python hooks: the device is there (no pinned host memory)."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id: int) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+_registered: list[object] = []  # what was registered, kept alive: the C++ side holds raw references
+
+
+def register() -> None:
+    """Register the device's hooks and device guard, once per process (later calls do nothing): the
+    C++ hooks where they can be built, else the Python ones, having warned why. torch's accelerator
+    calls (``dist.barrier``'s, pinned memory) need them as soon as PrivateUse1 is named "tpu", so the
+    ``import torch`` hook calls this before torch_tpu is loaded."""
+    if _registered:
+        return
     from xla_cache.native_build import NativeUnavailable, build_library
 
     try:
@@ -44,7 +70,11 @@ def register() -> bool:
         warnings.warn(f"torch_tpu: no pinned host memory for the tpu device (the C++ hooks could not be built: "
                       f"{error}); pin_memory() and DDP(static_graph=True) on tpu will fail", RuntimeWarning,
                       stacklevel=2)
-        return False
-    library.torch_tpu_register_hooks()
-    _loaded.append(library)  # the hooks live in the library: keep it loaded
-    return True
+        hooks: object = _Hooks()
+        torch._C._acc.register_python_privateuseone_hook(hooks)
+    else:
+        library.torch_tpu_register_hooks()
+        hooks = library  # the hooks live in the library: keep it loaded
+    guard = _DeviceGuard()
+    torch._C._acc.register_python_privateuseone_device_guard(guard)
+    _registered.extend([hooks, guard])
