@@ -92,6 +92,25 @@ def test_import_torch_stays_light() -> None:
     assert done.stdout.split("\n")[0] == "tpu True []"
 
 
+def test_accelerator_calls_work_before_the_device_is_used() -> None:
+    """With "tpu" named at ``import torch``, torch's accelerator calls ask its hooks at once:
+    ``dist.barrier`` of a CPU gloo group (torchmetrics' sync does one), pinned memory; then the
+    first tpu op loads torch_tpu with the same hooks."""
+    done = _python("""
+        import os, sys, torch
+        import torch.distributed as dist
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+        dist.barrier()
+        print("torch_tpu" in sys.modules, torch.arange(4.0).pin_memory().is_pinned())
+        print((torch.ones(2, device="tpu") * 3).cpu().tolist())
+        dist.barrier()
+        dist.destroy_process_group()
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["False True", "[3.0, 3.0]"], done.stdout
+
+
 @pytest.mark.slow
 def test_importing_torch_tpu_replaces_the_stand_ins() -> None:
     """``import torch_tpu`` after ``import torch`` (TorchTPU's docstrings do both): the real module."""
