@@ -111,7 +111,7 @@ def test_stalled_rank_times_out_the_other(tiny_dataset, tmp_path, stalled, dense
     assert f"timed out after 10 s on rank {1 - stalled}: rank {stalled} is not responding" in errors[0], errors
     assert errors[0].split("error: ")[1].startswith(
         ("train step", "the agreement", "the sparse input", "the check after a sparse input dist",
-         "the checkpoint save")), errors
+         "the checkpoint save", "the divergence check")), errors
 
 
 def test_ranks_exit_when_their_launcher_is_killed(tiny_dataset, tmp_path):
