@@ -128,6 +128,7 @@ def test_importing_torch_tpu_replaces_the_stand_ins() -> None:
 def test_the_default_backend_sends_cpu_graphs_to_inductor_with_the_callers_mode(monkeypatch) -> None:
     """The other half of the routing: a graph with no tpu input gets torch.compile's own default
     (Inductor, configured by ``mode`` / ``options`` as torch.compile does)."""
+    torch._dynamo.reset()  # an earlier test's compiled Linear would be reused: no backend call to see
     made: list[tuple] = []
 
     class Recorder:
