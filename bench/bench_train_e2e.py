@@ -3,17 +3,18 @@ engine (``--engine torchrec``), same model, data, batch and optimizers, world si
 
 Every run is a fresh process (two loopback processes for world 2, torchrun's environment) going
 through ``run_job`` on the same synthetic Parquet files, generated once; the engines alternate
-and each ratio is the median over ``--repeats`` runs. Two numbers per run: the whole loop
-(reader, host preprocessing, steps, updates; first-step compiles included, evaluation excluded)
-and the steady state (the loop's logged windows after the first, i.e. without warm-up).
+and each ratio is the median over ``--repeats`` runs (3 at one rank, 5 at two, with their spread).
+Two numbers per run: the whole loop (reader, host preprocessing, steps, updates; first-step
+compiles included, evaluation excluded) and the steady state (the loop's logged windows after the
+first, i.e. without warm-up).
 Timings on a shared 2-core box are noisy: read the medians. Per world it also prints the bound on
 the ratio for an engine running its dense half as TorchRec does (the stock towers, interaction
 and Adagrad step in CPU eager torch): that dense half timed in this process against TorchRec's
 steady step, i.e. the ratio such an engine whose sparse part, input and overhead took no time at
 all would reach. The sparsecore engine's ``--dense-device`` (default ``auto``: tpu at one rank,
 where lookup, dense step and embedding update run as one compiled program) is not bound by it;
-``--dense-device cpu`` is. ``--dense-device auto cpu tpu`` runs the sparsecore engine once per
-placement (each alternating with TorchRec's runs) and prints the placement ``auto`` picked beside
+``--dense-device cpu`` is. By default (``--dense-device auto cpu tpu``) the sparsecore engine runs once per
+placement (each alternating with TorchRec's runs) and the bench prints the placement ``auto`` picked beside
 the forced placements' ratios, and whether it is the faster one (within 5%).
 
 Presets: ``default`` is ``torchrec-tpu train``'s own defaults (dim 16, dense 64-16, over 64-32-1,
@@ -25,8 +26,8 @@ plus Adagrad's state) x 128, dense 512-256-128, over 1024-1024-512-256-1, 3 cros
 rank 512, Adagrad, batch 256, 2 threads). Flags given explicitly override it; ``--precision
 bf16`` runs both engines' towers in bf16 autocast.
 
-    .venv/bin/python bench/bench_train_e2e.py [--preset anchor] [--rows N] [--batch-size N] [--repeats 3] [--worlds 1 2]
-        [--dense-device auto cpu tpu]
+    .venv/bin/python bench/bench_train_e2e.py [--preset anchor] [--rows N] [--batch-size N] [--repeats N] [--worlds 1 2]
+        [--dense-device auto]
 """
 
 from __future__ import annotations
@@ -261,12 +262,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "preset's; else --num-embeddings)")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                         help="the towers' matmuls, both engines (default: fp32)")
-    parser.add_argument("--dense-device", nargs="+", default=["auto"], choices=("auto", "cpu", "tpu"),
-                        help="the sparsecore engine's --dense-device, one sparsecore run per value and repeat "
-                             "(default: auto)")
+    parser.add_argument("--dense-device", nargs="+", default=["auto", "cpu", "tpu"], choices=("auto", "cpu", "tpu"),
+                        help="the sparsecore engine's --dense-device, one sparsecore run per value and repeat; "
+                             "auto's pick is printed beside the forced placements (default: auto cpu tpu)")
     parser.add_argument("--sparse-backend", default="", choices=("", "auto", "xla", "ops"),
                         help="the sparsecore engine's --sparse-backend (default: the job's)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per engine and world (default: 3)")
+    parser.add_argument("--repeats", type=int, help="runs per engine and world (default: 3 at one rank, 5 at "
+                        "several, whose runs spread more)")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2], help="world sizes (default: 1 2)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)
@@ -276,7 +278,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name, value in {**COMMON, **PRESETS[args.preset]}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    if args.rows < 8 or args.batch_size < 1 or args.steps < 0 or args.repeats < 1 or min(args.worlds) < 1:
+    if args.rows < 8 or args.batch_size < 1 or args.steps < 0 or (args.repeats or 1) < 1 or min(args.worlds) < 1:
         parser.error("--rows >= 8, --batch-size >= 1, --steps >= 0, --repeats >= 1 and --worlds >= 1 are required")
     return args
 
@@ -302,11 +304,16 @@ def main(argv: Sequence[str] | None = None) -> None:
                  if args.model == "dlrm_dcn" else "")
         print(f"train end to end, preset {args.preset}, {args.precision}: {args.model}, {tables} x "
               f"{args.embedding_dim}{hot}, dense {args.dense_arch}, over {args.over_arch}{cross}, "
-              f"batch {args.batch_size}, {args.rows} rows, {args.threads} thread(s) per rank, median of {args.repeats} "
-              f"alternating fresh "
-              f"runs; load {os.getloadavg()[0]:.2f}; shared box, noisy")
+              f"batch {args.batch_size}, {args.rows} rows, {args.threads} thread(s) per rank, median of "
+              f"{args.repeats or '3 (one rank) or 5 (several)'} alternating fresh runs; "
+              f"load {os.getloadavg()[0]:.2f}; shared box, noisy")
         for world in args.worlds:
             bench_world(world, data, Path(tmp), args)
+
+
+def repeats_at(world: int) -> int:
+    """Runs per engine when ``--repeats`` is not given: several ranks' runs spread more (0.8-1.25x seen)."""
+    return 3 if world == 1 else 5
 
 
 def bench_world(world: int, data: Path, tmp: Path, args: argparse.Namespace) -> None:
@@ -315,7 +322,7 @@ def bench_world(world: int, data: Path, tmp: Path, args: argparse.Namespace) -> 
     variants = [("torchrec", "")] + [("sparsecore", towers) for towers in dict.fromkeys(args.dense_device)]
     label = {v: f"{v[0]}[{v[1]}]" if v[1] and len(variants) > 2 else v[0] for v in variants}
     results: dict[tuple[str, str], list[dict]] = {v: [] for v in variants}
-    for i in range(args.repeats):
+    for i in range(args.repeats or repeats_at(world)):
         for engine, towers in variants if i % 2 == 0 else variants[::-1]:
             results[engine, towers].append(run(engine, world, data, tmp / f"{engine}{towers}_{world}_{i}", args,
                                                towers or "auto"))
@@ -334,7 +341,8 @@ def bench_world(world: int, data: Path, tmp: Path, args: argparse.Namespace) -> 
             print(f"  world {world} {name:<12}  torchrec {statistics.median(r[key] for r in torchrec):>8,.0f}  "
                   f"{label[variant]} {statistics.median(r[key] for r in results[variant]):>8,.0f} samples/s   "
                   f"{label[variant]}/torchrec {statistics.median(runs):.2f}x "
-                  f"(runs: {', '.join(f'{r:.2f}' for r in runs)}; load {os.getloadavg()[0]:.2f})")
+                  f"(runs: {', '.join(f'{r:.2f}' for r in runs)}; spread {min(runs):.2f}-{max(runs):.2f}; "
+                  f"load {os.getloadavg()[0]:.2f})")
     programs = ", ".join(f"{label[v]} {statistics.median(r['programs'] for r in results[v]):g}" for v in variants[1:])
     print(f"  world {world} tpu programs dispatched per step and rank (median): {programs}, torchrec "
           f"{statistics.median(r['programs'] for r in torchrec):g} (it runs on the CPU)")

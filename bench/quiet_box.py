@@ -9,17 +9,26 @@ GEMMs far more than XLA:CPU's pool), so a figure taken beside other work does no
     outside load: 37.5% of 2 cores over 63 s (NOT QUIET: the figures above do not count)
 
 Nested bench processes (workers a benchmark starts) are part of its tree and print nothing.
+
+Other processes are not the only thing that moves a figure: a VM's neighbours slow the whole host
+without showing in /proc. So :func:`run` also times a fixed one-core sgemm before and after ``main``
+(:class:`HostSpeed`) and says when the host's speed moved by more than 10% between the two::
+
+    host speed: one-core sgemm 92.4 GFLOP/s at the start, 91.0 at the end (steady)
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 QUIET_SHARE = 0.05  # above this share of the box used by others, a figure does not count
+HOST_SPEED_TOLERANCE = 0.10  # a start-to-end change of the probe's rate above this, the host moved
 _NESTED = "TORCHREC_TPU_BENCH_WATCHED"  # set for the processes a watched benchmark starts
 
 
@@ -92,14 +101,63 @@ class Watch:
         return OutsideLoad(max(outside, 0) / self._hz / (seconds * self._cores), self._cores, seconds)
 
 
+# Best of 7 timings of 10 products of a 512 x 512 fp32 matrix on one thread, in GFLOP/s: a neighbour
+# that slows the host slows every timing, so the best still shows it, while a preempted timing drops out.
+_SGEMM_PROBE = """
+import time, numpy as np
+a = np.random.default_rng(0).standard_normal((512, 512), dtype=np.float32)
+best = float("inf")
+for _ in range(7):
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    best = min(best, time.perf_counter() - start)
+print(10 * 2 * 512 ** 3 / best / 1e9)
+"""
+_ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+def sgemm_gflops() -> float:
+    """This host's one-core sgemm rate now, in GFLOP/s (a fresh process, so the caller's threads and
+    caches do not enter)."""
+    probe = subprocess.run([sys.executable, "-c", _SGEMM_PROBE], env={**os.environ, **_ONE_THREAD},
+                           capture_output=True, text=True, check=True)
+    return float(probe.stdout)
+
+
+@dataclass(frozen=True)
+class HostSpeed:
+    """The one-core sgemm rate at a benchmark's ``start`` and ``end``, in GFLOP/s."""
+
+    start: float
+    end: float
+
+    @property
+    def change(self) -> float:
+        return self.end / self.start - 1
+
+    @property
+    def moved(self) -> bool:
+        return abs(self.change) > HOST_SPEED_TOLERANCE
+
+    def line(self) -> str:
+        verdict = (f"HOST SPEED MOVED by {self.change:+.0%}: the figures above do not count" if self.moved
+                   else "steady")
+        return (f"host speed: one-core sgemm {self.start:.1f} GFLOP/s at the start, {self.end:.1f} at the end "
+                f"(more than {HOST_SPEED_TOLERANCE:.0%} apart is not steady; {verdict})")
+
+
 def run(main: Callable[[], object]) -> None:
-    """``main()``, then (in the outermost benchmark process only) its :class:`OutsideLoad` line."""
+    """``main()``, then (in the outermost benchmark process only) its :class:`OutsideLoad` line and
+    its :class:`HostSpeed` line."""
     if os.environ.get(_NESTED):
         main()
         return
     os.environ[_NESTED] = "1"  # inherited by every process the benchmark starts
+    speed_at_start = sgemm_gflops()
     watch = Watch()
     try:
         main()
     finally:
         print(watch.stop().line(), flush=True)
+        print(HostSpeed(speed_at_start, sgemm_gflops()).line(), flush=True)

@@ -51,3 +51,15 @@ def test_a_detached_process_counts_as_outside_load():
 def test_the_line_says_whether_figures_count():
     assert "quiet: the figures count" in quiet_box.OutsideLoad(0.01, 2, 60).line()
     assert "NOT QUIET" in quiet_box.OutsideLoad(0.2, 2, 60).line()
+
+
+def test_the_host_speed_probe_measures_a_plausible_sgemm_rate():
+    assert 0.1 < quiet_box.sgemm_gflops() < 10_000
+
+
+@pytest.mark.parametrize(("start", "end", "moved"), [(100.0, 91.0, False), (100.0, 109.0, False),
+                                                     (100.0, 89.0, True), (100.0, 111.0, True)])
+def test_the_host_speed_line_says_when_the_host_moved_by_more_than_a_tenth(start, end, moved):
+    speed = quiet_box.HostSpeed(start, end)
+    assert speed.moved is moved
+    assert ("HOST SPEED MOVED" in speed.line()) is moved
