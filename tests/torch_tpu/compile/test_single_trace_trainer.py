@@ -28,14 +28,15 @@ def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def _eager_losses(model: torch.nn.Module, opt: optimizers.Optimizer, batches) -> tuple[list[float], dict]:
     group = opt.init_param_group(model)
+    names = {n.replace(".", "_"): n for n, _ in model.named_parameters()}
     losses = []
     for x, y in batches:
         params = {k: v.detach().requires_grad_(True) for k, v in group.params.items()}
-        loss = F.mse_loss(functional_call(model, params, (x,)), y)
+        loss = F.mse_loss(functional_call(model, {names[k]: v for k, v in params.items()}, (x,)), y)
         grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
         opt.step(group, grads)
         losses.append(loss.item())
-    return losses, group.params
+    return losses, {names[k]: v for k, v in group.params.items()}
 
 
 @pytest.mark.parametrize("make", [lambda: optimizers.AdamW(lr=1e-2, weight_decay=0.1),
@@ -51,6 +52,8 @@ def test_trainer_equals_an_eager_loop(make) -> None:
     losses = [step(x.to("tpu"), y.to("tpu")).item() for x, y in batches]
     torch.testing.assert_close(losses, want_losses, rtol=1e-5, atol=1e-6)
     for name, p in trainer.params.items():
+        torch.testing.assert_close(p.detach().cpu(), want_params[name], rtol=1e-5, atol=1e-6)
+    for name, p in trainer._model.named_parameters():  # the optimizer's in-place update reaches the model
         torch.testing.assert_close(p.detach().cpu(), want_params[name], rtol=1e-5, atol=1e-6)
     group = trainer.param_group  # TorchTPU's keys: '0_weight' for the model's '0.weight'
     assert sorted(group.params) == sorted(n.replace(".", "_") for n in want_params)
@@ -83,6 +86,44 @@ def test_a_step_needs_a_compile_fn_and_keys_params_as_torchtpu() -> None:
     assert sorted(trainer.param_group.params) == ["0_bias", "0_weight", "2_bias", "2_weight"]
     assert sorted(trainer.params) == ["0.bias", "0.weight", "2.bias", "2.weight"]
     assert sorted(optimizers.SingleTraceTrainer(model).param_group) == ["0_bias", "0_weight", "2_bias", "2_weight"]
+    assert sorted(optimizers.Sgd().init_param_group(model).params) == ["0_bias", "0_weight", "2_bias", "2_weight"]
+
+
+def test_compile_fn_gets_the_traced_step_and_its_result_runs() -> None:
+    """TorchTPU's protocol: compile_fn is called once with (graph_module, flat_inputs), or with the
+    graph alone when it takes one positional argument; the callable it returns runs every step.
+    Here compile_fn runs the FX graph eagerly on CPU, checked against an eager loop."""
+    batches = _batches(2)
+    cpu = _model()
+    want_losses, want_params = _eager_losses(copy.deepcopy(cpu), optimizers.Sgd(lr=0.1, momentum=0.9), batches)
+    calls: list[tuple] = []
+
+    def with_inputs(gm: torch.fx.GraphModule, flat_inputs) -> object:
+        calls.append((gm, list(flat_inputs)))
+
+        def run(*args):
+            calls.append(("run",))
+            return gm(*args)
+        return run
+
+    trainer = optimizers.SingleTraceTrainer(cpu, optimizer=optimizers.Sgd(lr=0.1, momentum=0.9),
+                                            compile_fn=with_inputs)
+    step = trainer.make_compiled_train_step(*batches[0])
+    assert len(calls) == 1 and isinstance(calls[0][0], torch.fx.GraphModule)
+    graph_inputs = [n for n in calls[0][0].graph.nodes if n.op == "placeholder"]
+    # flat (param_group, buffers, inputs, targets): 4 params, their momenta and steps, x, y
+    assert len(calls[0][1]) == len(graph_inputs) == 4 * 3 + 2
+    assert calls[0][1][-2] is batches[0][0] and calls[0][1][-1] is batches[0][1]
+    losses = [step(x, y).item() for x, y in batches]
+    assert [c for c in calls[1:]] == [("run",), ("run",)]
+    torch.testing.assert_close(losses, want_losses, rtol=1e-5, atol=1e-6)
+    for name, p in trainer.params.items():
+        torch.testing.assert_close(p, want_params[name], rtol=1e-5, atol=1e-6)
+
+    graphs: list = []
+    one_arg = optimizers.SingleTraceTrainer(_model())
+    one_arg.make_compiled_train_step(*batches[0], compile_fn=lambda gm: graphs.append(gm) or gm)
+    assert len(graphs) == 1 and isinstance(graphs[0], torch.fx.GraphModule)
 
 
 def test_functional_optimizers_equal_torch_optim() -> None:

@@ -4,8 +4,8 @@ An optimizer holds only its hyperparameters (fixed at construction, read through
 ``init_param_group(params_or_module)`` returns a ``ParamGroup`` (the parameters and their
 optimizer state: momenta, step counts) and ``step(group, grads)`` updates it in place and returns
 it, the math of ``torch.optim``'s optimizers of the same names. Each is built from two per-tensor
-rules, :meth:`Optimizer.init_state` and :meth:`Optimizer.update`, which
-:class:`~torch_tpu.compile.step.single_trace.SingleTraceTrainer` also runs inside ``train_step``.
+rules, :meth:`Optimizer.init_state` and :meth:`Optimizer.update`; ``ParamGroup`` is a pytree, which
+:class:`~torch_tpu.compile.step.single_trace.SingleTraceTrainer` flattens into its traced step.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch.optim import _muon
+from torch.utils import _pytree as pytree
 
 __all__ = ["AdamW", "Muon", "Optimizer", "Sgd"]
 
@@ -32,6 +33,8 @@ class ParamGroup:
     opt_state_v: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     opt_steps: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
+
+pytree.register_dataclass(ParamGroup)  # SingleTraceTrainer flattens it into the traced step's inputs
 
 SLOTS = {"m": "opt_state_m", "v": "opt_state_v", "step": "opt_steps"}
 
@@ -69,8 +72,10 @@ class Optimizer(abc.ABC):
         """One step of ``param`` and its ``state``, in place."""
 
     def init_param_group(self, params: dict[str, torch.Tensor] | torch.nn.Module) -> ParamGroup:
-        """A fresh :class:`ParamGroup` for ``params`` (a module's named parameters, detached)."""
-        named = ({n: p.detach() for n, p in params.named_parameters()} if isinstance(params, torch.nn.Module)
+        """A fresh :class:`ParamGroup` for ``params`` (a module's named parameters, detached, keyed as
+        TorchTPU keys them: dots as underscores, ``"0_weight"``)."""
+        named = ({n.replace(".", "_"): p.detach() for n, p in params.named_parameters()}
+                 if isinstance(params, torch.nn.Module)
                  else dict(params))
         group = ParamGroup(params=named)
         for name, p in named.items():

@@ -1,74 +1,41 @@
 """``torch.tpu.optimizers.SingleTraceTrainer``: TorchTPU's whole training step (forward, loss,
-backward, optimizer update) as one compiled program, built on :func:`train_step`.
+backward, optimizer update) as one FX graph, compiled by the caller's ``compile_fn``.
 
-The functional optimizer (``torch.tpu.optimizers``: :mod:`.functional_optimizers`) runs inside
-the step through :class:`FunctionalAdapter`, a ``torch.optim.Optimizer`` whose ``step()`` applies
-the optimizer's per-tensor rule to each parameter and its state; ``train_step`` traces it with the
-model into one functional graph, compiles it to one XLA program per batch signature, and keeps the
-model's parameters and the optimizer state on the device between calls.
-
-As TorchTPU's, a step needs ``compile_fn`` (given to the trainer or to
-``make_compiled_train_step``; ValueError otherwise), and ``param_group`` keys parameters by their
-names with dots as underscores (``"0_weight"``; ``params`` by the model's own names).
-
-Differences from TorchTPU: the program is built by ``train_step``, so ``compile_fn`` (TorchTPU's
-callback compiling its traced FX graph, e.g. ``torch.compile``) is required and not called; the
-model must be on the tpu device (``train_step``'s rule).
+As TorchTPU's: the step is a pure function of the flattened ``(param_group, buffers, inputs[,
+targets])`` traced with ``make_fx`` (fake tensors); ``compile_fn`` (given to the trainer or to
+``make_compiled_train_step``; ValueError without one) receives ``(graph_module, flat_inputs)``, or
+``(graph_module)`` when it takes one positional argument, and what it returns runs each step.
+``param_group`` keys parameters by their names with dots as underscores (``"0_weight"``),
+``params`` by the model's own names. The functional optimizers update the parameters in place, so
+the model sees each step's weights; buffers the model mutates are written back after each step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn.utils import stateless
 from torch.utils import _pytree as pytree
 
-from torch_tpu.compile.step.functional_optimizers import SLOTS, Optimizer, ParamGroup
-from torch_tpu.compile.step.step_program import TrainStep, train_step
+from torch_tpu.compile.step.functional_optimizers import Optimizer
 
 
-class _GradsOnly(Optimizer):
-    """No optimizer: the step keeps each parameter's gradient (TorchTPU's trainer without one)."""
-
-    def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"m": torch.zeros_like(param)}
-
-    def update(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
-        state["m"].copy_(grad)
-
-
-class FunctionalAdapter(torch.optim.Optimizer):
-    """A functional optimizer as the ``torch.optim.Optimizer`` ``train_step`` traces: per
-    parameter, its state entries (``m``, ``v``, ``step``) and its update rule."""
-
-    def __init__(self, params: list[torch.Tensor], functional: Optimizer) -> None:
-        settings = ",".join(f"{k}={v!r}" for k, v in sorted(functional.defaults.items()))
-        super().__init__(params, {"functional": f"{type(functional).__qualname__}({settings})"})
-        self.functional = functional
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> None:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state.update(self.functional.init_state(p))
-                self.functional.update(p, p.grad, state)
-
-
-def _model_loss(model: torch.nn.Module, inputs: Any, targets: Any,
-                compute_loss_fn: Callable[..., torch.Tensor] | None) -> torch.Tensor:
-    """TorchTPU's loss: ``compute_loss_fn(model, args, kwargs)``, else the MSE to ``targets``, else
-    the model output's ``loss`` (attribute or key), else the mean of its logits or first tensor."""
+def _loss(model: torch.nn.Module, state: dict[str, torch.Tensor], inputs: Any, targets: Any,
+          compute_loss_fn: Callable[..., torch.Tensor] | None) -> torch.Tensor:
+    """TorchTPU's loss with ``state`` (parameters and buffers by model name) swapped into ``model``:
+    ``compute_loss_fn(model, args, kwargs)``, else the MSE to ``targets``, else the output's
+    ``loss`` (attribute or key), else the mean of its ``logits``/``sample``/first tensor."""
     args, kwargs = ((), inputs) if isinstance(inputs, dict) else \
         (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((inputs,), {})
-    if compute_loss_fn is not None:
-        return compute_loss_fn(model, args, kwargs)
-    out = model(*args, **kwargs)
+    with stateless._reparametrize_module(model, state, tie_weights=True):
+        if compute_loss_fn is not None:
+            return compute_loss_fn(model, args, kwargs)
+        out = model(*args, **kwargs)
     if targets is not None:
         return F.mse_loss(out, targets)
     for name in ("loss", "logits", "sample"):
@@ -81,15 +48,25 @@ def _model_loss(model: torch.nn.Module, inputs: Any, targets: Any,
     return first.mean()
 
 
-def _key(name: str) -> str:
-    """TorchTPU's key of parameter ``name`` in ``param_group``."""
-    return name.replace(".", "_")
+def _compiled(compile_fn: Callable[..., Any], graph: torch.fx.GraphModule,
+              flat_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """``compile_fn(graph, flat_inputs)``, or ``compile_fn(graph)`` when it takes exactly one
+    positional argument (TorchTPU's rule; ``torch.compile`` is called with the graph alone)."""
+    try:
+        params = inspect.signature(compile_fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature
+        return compile_fn(graph, flat_inputs)
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) == 1 and not any(p.kind == p.VAR_POSITIONAL for p in params):
+        return compile_fn(graph)
+    return compile_fn(graph, flat_inputs)
 
 
 class SingleTraceTrainer:
     """Compiled train steps of ``model`` with ``optimizer`` (a ``torch.tpu.optimizers`` optimizer;
-    None: the step only computes gradients, left in ``param.grad``). ``compute_loss_fn(model,
-    args, kwargs) -> loss`` replaces the built-in loss (module docstring)."""
+    None: the step only computes gradients, left in ``param.grad``). ``compile_fn`` is the default
+    compilation callback of :meth:`make_compiled_train_step`; ``compute_loss_fn(model, args,
+    kwargs) -> loss`` replaces the built-in loss (module docstring)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any = None, compile_fn: Callable[..., Any] | None = None,
                  compute_loss_fn: Callable[..., torch.Tensor] | None = None):
@@ -100,56 +77,82 @@ class SingleTraceTrainer:
         self._optimizer = optimizer
         self._compile_fn = compile_fn
         self._compute_loss_fn = compute_loss_fn
-        self._names = [n for n, p in model.named_parameters() if p.requires_grad]
-        params = dict(model.named_parameters())
-        self._adapter = FunctionalAdapter([params[n] for n in self._names],
-                                          optimizer if optimizer is not None else _GradsOnly())
-        self._step: TrainStep | None = None
-
-    @property
-    def params(self) -> dict[str, torch.Tensor]:
-        """The trained parameters by their model names."""
-        return dict(self._model.named_parameters())
+        if callable(getattr(model, "tie_weights", None)):  # Hugging Face models tie their heads, as TorchTPU's
+            model.tie_weights()
+        self._names: dict[str, str] = {}  # TorchTPU's key -> the model's name
+        params: dict[str, torch.Tensor] = {}
+        for name, p in model.named_parameters():
+            self._names[name.replace(".", "_")] = name
+            params[name.replace(".", "_")] = p.detach()
+        self._buffers: dict[str, torch.Tensor] = {}
+        for name, b in model.named_buffers():
+            self._names[name.replace(".", "_")] = name
+            self._buffers[name.replace(".", "_")] = b.detach()
+        self._param_group: Any = optimizer.init_param_group(params) if optimizer is not None else params
 
     @property
     def param_group(self) -> Any:
-        """The parameters and optimizer state the step updates, keyed by TorchTPU's names (dots as
-        underscores): the optimizer's ``ParamGroup`` (a dict of parameters without an optimizer)."""
-        params = dict(self._model.named_parameters())
-        if self._optimizer is None:
-            return {_key(n): params[n] for n in self._names}
-        group = ParamGroup(params={_key(n): params[n] for n in self._names})
-        for n in self._names:
-            for key, value in self._adapter.state.get(params[n], {}).items():
-                getattr(group, SLOTS[key])[_key(n)] = value
-        return group
+        """The parameters and optimizer state the step updates: the optimizer's ``ParamGroup`` (a
+        dict of parameters without an optimizer), keyed as ``"0_weight"``."""
+        return self._param_group
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        """The trained parameters by the model's names."""
+        group = self._param_group.params if self._optimizer is not None else self._param_group
+        return {self._names[k]: v for k, v in group.items()}
+
+    def _by_model_name(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {self._names[k]: v for k, v in tensors.items()}
 
     def make_compiled_train_step(self, example_inputs: Any, example_targets: Any = None,
                                  compile_fn: Callable[..., Any] | None = None) -> Callable[..., torch.Tensor]:
-        """``train_step(inputs, targets=None) -> loss``: one compiled program per batch signature
-        (``example_inputs`` / ``example_targets`` fix whether targets are passed). ValueError when
-        no ``compile_fn`` is given here or to the trainer, as TorchTPU's."""
-        if compile_fn is None and self._compile_fn is None:
+        """``train_step(inputs, targets=None) -> loss`` running what ``compile_fn`` made of the traced
+        step (module docstring). ``example_inputs`` / ``example_targets`` fix the batch's structure
+        and whether targets are passed. ValueError when no ``compile_fn`` is given here or to the
+        trainer, as TorchTPU's."""
+        compile_fn = compile_fn if compile_fn is not None else self._compile_fn
+        if compile_fn is None:
             raise ValueError("SingleTraceTrainer: a compilation callback (compile_fn) must be provided either to "
-                             "SingleTraceTrainer or to make_compiled_train_step, as TorchTPU requires (e.g. "
-                             "compile_fn=torch.compile; here the step is train_step's program)")
+                             "SingleTraceTrainer or to make_compiled_train_step (e.g. compile_fn=torch.compile)")
         with_targets = example_targets is not None
-        compute_loss_fn = self._compute_loss_fn
+        flat_inputs, in_spec = pytree.tree_flatten(
+            (self._param_group, self._buffers, example_inputs) + ((example_targets,) if with_targets else ()))
+        out_spec: list[pytree.TreeSpec] = []
 
-        def loss_fn(model: torch.nn.Module, inputs: Any, *targets: Any) -> torch.Tensor:
-            return _model_loss(model, inputs, targets[0] if targets else None, compute_loss_fn)
+        def step(*flat: Any) -> tuple[Any, ...]:
+            group, buffers, inputs, *targets = pytree.tree_unflatten(list(flat), in_spec)
+            params = group.params if self._optimizer is not None else group
+            buffers = dict(buffers)  # the model's in-place buffer updates land in this copy
 
-        if self._step is None:
-            self._step = train_step(self._model, self._adapter, loss_fn)
-        step = self._step
+            def loss_of(p: dict[str, torch.Tensor]) -> torch.Tensor:
+                state = {**self._by_model_name(p), **self._by_model_name(buffers)}
+                return _loss(self._model, state, inputs, targets[0] if targets else None, self._compute_loss_fn)
 
-        def run(inputs: Any, targets: Any = None) -> torch.Tensor:
+            grads, loss = torch.func.grad_and_value(loss_of)(params)
+            result = (loss, self._optimizer(group, grads) if self._optimizer is not None else grads, buffers)
+            flat_out, spec = pytree.tree_flatten(result)
+            out_spec[:] = [spec]
+            return tuple(flat_out)
+
+        graph = make_fx(step, tracing_mode="fake")(*flat_inputs)
+        compiled = _compiled(compile_fn, graph, flat_inputs)
+
+        def train_step(inputs: Any, targets: Any = None) -> torch.Tensor:
             if (targets is not None) != with_targets:
-                raise ValueError("SingleTraceTrainer: pass targets to the step exactly when example_targets were given")
-            loss = step(inputs, targets) if with_targets else step(inputs)
-            if self._optimizer is None:
-                for p in self._adapter.param_groups[0]["params"]:
-                    p.grad = self._adapter.state[p]["m"]
+                raise ValueError("SingleTraceTrainer: pass targets to the step exactly when example_targets were "
+                                 "given to make_compiled_train_step")
+            flat, _ = pytree.tree_flatten(
+                (self._param_group, self._buffers, inputs) + ((targets,) if with_targets else ()))
+            loss, updated, buffers = pytree.tree_unflatten(list(compiled(*flat)), out_spec[0])
+            self._buffers = buffers
+            self._model.load_state_dict(self._by_model_name(buffers), strict=False)
+            if self._optimizer is not None:
+                self._param_group = updated
+            else:
+                named = dict(self._model.named_parameters())
+                for key, grad in updated.items():
+                    named[self._names[key]].grad = grad
             return loss
 
-        return run
+        return train_step
