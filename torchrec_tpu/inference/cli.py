@@ -41,8 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "program per batch (fp32 tables, --concurrency 1); cpu: eager torch on the host, "
                              "the reference path (and the one for quantized tables, exported models, HSTU and "
                              "several actors); auto: tpu when a TPU is attached and the model is one it serves, "
-                             "else cpu (on XLA:CPU the compiled program is slower than eager torch); the choice "
-                             "and its reason are logged")
+                             "or at several ranks under torchrun (the tables sharded over them, each rank scoring "
+                             "its share of the parts), else cpu (on XLA:CPU the compiled program is slower than "
+                             "eager torch); the choice and its reason are logged")
+    parser.add_argument("--plan", default=None, metavar="PLAN",
+                        help="--device tpu: how the tables are sharded over the ranks, as train's --plan: a "
+                             "'torchrec-tpu plan' JSON, or 'auto' (default: whole tables balanced over the ranks)")
     parser.add_argument("--batch-size", type=positive_int, default=4096, help="rows per forward pass")
     parser.add_argument("--concurrency", type=positive_int, default=1,
                         help="1: predict in this process, without Ray (nothing to start, the model loaded once, "
@@ -84,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     elif find_hstu_checkpoint(Path(args.checkpoint)) is None:
         resolve_checkpoint(Path(args.checkpoint))  # FileNotFoundError: not a checkpoint
     check_parquet_input("--data", args.data)
+    if args.plan not in (None, "auto") and not Path(args.plan).is_file():
+        raise FileNotFoundError(f"--plan={args.plan!r}: no such plan file (a 'torchrec-tpu plan' JSON, or 'auto')")
     check_outputs_apart([("--output", args.output)],
                         [("--data", args.data), ("--checkpoint", args.checkpoint), ("--model", args.model)])
 
@@ -96,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         row_id_column=args.row_id_column or None, batch_size=args.batch_size,
         concurrency=args.concurrency, num_cpus=args.num_cpus, progress=args.progress,
         bad_values=args.bad_values, with_label=args.label, table_dtype=args.table_dtype or "fp32",
-        device=args.device,
+        device=args.device, plan=args.plan,
     )
     summary = run_inference(config)
     print(summary.format())

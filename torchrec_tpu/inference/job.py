@@ -10,13 +10,15 @@ optional row id (the row's global index over the inputs in order), then the inpu
 it has one (``with_label``), then ``prediction`` (click probability, float32). With labels, the
 summary scores the whole output offline (ROC AUC of prediction against label) and says which
 input rows it covers; inputs the checkpoint trained on get a warning first
-(:mod:`torchrec_tpu.inference.scored_rows`).
+(:mod:`torchrec_tpu.inference.scored_rows`). Under torchrun several ranks share the parts, the
+tables sharded over them (:mod:`torchrec_tpu.inference.ranks`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -27,7 +29,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -43,9 +45,13 @@ from torchrec_tpu.inference.input_identity import input_identity
 from torchrec_tpu.inference.scored_rows import ScoredRows, checkpoint_split, scored_rows
 from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
+from torchrec_tpu.launcher import is_rank
 from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
 from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, hstu_meta, is_legacy
 from torchrec_tpu.train.config import DENSE_DEVICES
+
+if TYPE_CHECKING:  # (torch.distributed: imported only where the job runs as ranks)
+    from torchrec_tpu.inference.ranks import Ranks
 
 PREDICTION_COLUMN = "prediction"
 # InferenceConfig.model: what the checkpoint holds, or an exported model directory (infer --model)
@@ -72,6 +78,7 @@ class InferenceConfig:
     model: str = DLRM  # DLRM (rows of `schema`), HSTU (sequence rows) or EXPORTED (rows of `schema`)
     table_dtype: str = "fp32"  # the DLRM checkpoint's tables at (EXPORTED: the dtype they were exported at)
     device: str = "auto"  # DEVICES: the stack (tpu: SparseCore tables, tpu towers) or eager torch on the host
+    plan: str | None = None  # the stack's sharding plan (train's --plan): None, "auto" or a plan JSON
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "concurrency", "num_cpus"):
@@ -90,6 +97,9 @@ class InferenceConfig:
             raise ValueError(f"--device tpu serves a DLRM checkpoint at --table-dtype fp32 in one process "
                              f"(--concurrency 1): the SparseCore ops take fp32 tables; got {self._served()}; "
                              "--device cpu serves the rest")
+        if self.plan is not None and self.device == "cpu":
+            raise ValueError(f"--plan {self.plan}: shards the tables of --device tpu; --device cpu holds every "
+                             "table whole")
         if self.bad_values not in POLICIES:
             raise ValueError(f"--bad-values must be one of {list(POLICIES)}, got {self.bad_values!r}")
         outputs = [*self.key_columns, self.row_id_column, self.label_column, PREDICTION_COLUMN]
@@ -126,7 +136,8 @@ class InferenceSummary:
     auc: dict[str, tuple[float, int]] | None = None
     scored: ScoredRows | None = None  # the inputs' rows, against the checkpoint's training split
     table_dtype: str = "fp32"
-    table_bytes: int = 0  # the embedding tables' bytes in one model copy (0: none loaded, or HSTU)
+    table_bytes: int = 0  # the embedding tables' bytes in one model copy (0: none loaded, or HSTU); ranks: all
+    ranks: int = 1  # processes that scored the rows (torchrun's world), the tables sharded over them
 
     @property
     def rows_per_sec(self) -> float:
@@ -143,13 +154,16 @@ class InferenceSummary:
             f"  rows            {self.rows:,} predicted this run, {self.rows_total:,} in the inputs",
             f"  throughput      {throughput}",
             f"  files           {self.parts_written} written, {self.parts_skipped} already done",
-            *([f"  tables          {self.table_dtype}, {self.table_bytes:,} bytes held per model copy"]
+            *([f"  tables          {self.table_dtype}, {self.table_bytes:,} bytes held {self._held_by()}"]
               if self.table_bytes else []),
             *(f"  AUC             {auc:.4f} (offline: {_scored(label)} against {label}, {rows:,} rows of the "
               "output)" for label, (auc, rows) in (self.auc or {}).items()),
             *([f"  scored rows     {self._scored_text()}"] if self.scored is not None else []),
             f"  output          {self.output}",
         ])
+
+    def _held_by(self) -> str:
+        return "per model copy" if self.ranks == 1 else f"by {self.ranks} ranks together, each its shards"
 
     def _scored_text(self) -> str:
         assert self.scored is not None
@@ -184,6 +198,7 @@ class Predictor:
         self.with_label = with_label
         self.error: BaseException | None = None
         self.rows_in_unit = 0  # predicted so far of the unit being predicted (read by rows_in_flight)
+        self.forwards = 0  # forward passes run (the ranks run as many each: run_empty_forwards)
         try:
             if config.model == HSTU:
                 from torchrec_tpu.hstu.inference import load_hstu_inference
@@ -192,7 +207,7 @@ class Predictor:
             elif config.device == "tpu":
                 from torchrec_tpu.inference.stack_model import load_stack_model
 
-                self.model = load_stack_model(config.checkpoint, config.batch_size, config.schema)
+                self.model = load_stack_model(config.checkpoint, config.batch_size, config.schema, config.plan)
             elif config.model == EXPORTED:
                 from torchrec_tpu.inference.export import load_model
 
@@ -231,7 +246,18 @@ class Predictor:
             probs = self.model.predict(dense_from_arrow(rows, schema), sparse_from_arrow(rows, schema, sizes))
             out[start : start + rows.num_rows] = probs.numpy()
             self.rows_in_unit += rows.num_rows
+            self.forwards += 1
         return out
+
+    def run_empty_forwards(self, forwards: int) -> None:
+        """Forwards of no rows until ``forwards`` have run: a rank whose share is done meets the
+        others' lookups (collectives) until theirs are."""
+        from pipelines.arrow_batch import empty_batch
+
+        batch = empty_batch(self.config.schema)
+        for _ in range(self.forwards, forwards):
+            self.model.predict(batch)
+        self.forwards = max(self.forwards, forwards)
 
     def _output(self, unit: Unit, table: pa.Table, log: BadValueLog) -> pa.Table:
         """Key columns, row ids and predictions of the unit's rows that pass --bad-values (HSTU:
@@ -330,10 +356,21 @@ def _exit_on_interrupt() -> Iterator[None]:
 
 
 def run_inference(config: InferenceConfig) -> InferenceSummary:
-    """Predict every input row not yet in ``config.output``; returns what this run did."""
+    """Predict every input row not yet in ``config.output``; returns what this run did. A rank of
+    several (torchrun) joins the job's process group and scores its share of the rows."""
+    configure_logging("infer")
+    if not is_rank():
+        return _run(config, None)
+    from torchrec_tpu.inference.ranks import Ranks
+    from torchrec_tpu.train.distributed import process_group
+
+    with process_group(device_tensors=True, bind_cpus=True):
+        return _run(config, Ranks.of_group())
+
+
+def _run(config: InferenceConfig, ranks: Ranks | None) -> InferenceSummary:
     from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
 
-    configure_logging("infer")
     start = time.perf_counter()
     exported = config.model == EXPORTED
     hstu = None if exported else find_hstu_checkpoint(Path(config.checkpoint))
@@ -341,22 +378,16 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
         config = dataclasses.replace(config, checkpoint=str(hstu or resolve_checkpoint(Path(config.checkpoint))),
                                      model=HSTU if hstu else DLRM)
 
+    if ranks is not None:
+        _check_ranks(config, ranks)
     units = plan_units(config.data, config.input_columns, None if hstu else config.schema)
     output = Path(config.output)
-    todo, changed = pending_units(output, units)
-    # verified before the output is claimed and Ray starts: a corrupt or crafted checkpoint fails here
-    if todo and exported:
-        from torchrec_tpu.inference.export import read_description
-
-        read_description(Path(config.checkpoint))
-    elif todo and not (hstu and is_legacy(hstu)):
-        from torchrec_tpu.train.checkpoint.store import open_checkpoint
-
-        open_checkpoint(Path(config.checkpoint))
-    claim_output_dir(output, units, Path(config.checkpoint))
-    for path, parts in Counter(unit.path for unit in changed).items():
-        print(f"warning: {path} changed since its predictions in {output} were written (size, mtime or "
-              f"footer differ): redoing its {parts} part(s)", file=sys.stderr)
+    claim = functools.partial(_claim, config, units, hstu)
+    todo, changed = claim() if ranks is None else ranks.from_first(claim)
+    if ranks is None or ranks.rank == 0:
+        for path, parts in Counter(unit.path for unit in changed).items():
+            print(f"warning: {path} changed since its predictions in {output} were written (size, mtime or "
+                  f"footer differ): redoing its {parts} part(s)", file=sys.stderr)
     labels = [LABEL_PREFIX + t for t in hstu_meta(hstu)[HSTU_META].get("tasks", ())] if hstu else \
         [config.schema.label]
     names = open_parquet(Path(units[0].path)).schema_arrow.names if units else []
@@ -366,8 +397,12 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
     if (warning := scored.overlap_warning()) is not None:
         _log.warning(warning)
     with _exit_on_interrupt():
-        rows_done, bad_values, (table_dtype, table_bytes) = _predict_units(config, todo, with_label) if todo else \
-            (0, BadValueCounts(), (config.table_dtype, 0))
+        rows_done, bad_values, (table_dtype, table_bytes) = _predict_units(config, todo, with_label, ranks) \
+            if todo else (0, BadValueCounts(), (config.table_dtype, 0))
+    if ranks is not None:  # every rank's parts are written once all have sent theirs
+        done = ranks.gathered((rows_done, bad_values, table_bytes))
+        rows_done, table_bytes = sum(d[0] for d in done), sum(d[2] for d in done)
+        bad_values = sum((d[1] for d in done), BadValueCounts())
     parts = [u.part_name for u in units]
     return InferenceSummary(
         rows=rows_done,
@@ -382,7 +417,34 @@ def run_inference(config: InferenceConfig) -> InferenceSummary:
         scored=scored,
         table_dtype=table_dtype,
         table_bytes=table_bytes,
+        ranks=1 if ranks is None else ranks.world,
     )
+
+
+def _check_ranks(config: InferenceConfig, ranks: Ranks) -> None:
+    """Refuse what several ranks do not serve: they shard a DLRM's fp32 tables on the stack."""
+    if config.model != DLRM or config.table_dtype != "fp32" or config.concurrency != 1 or config.device == "cpu":
+        raise ValueError(f"infer at {ranks.world} ranks shards the tables of a DLRM checkpoint at --table-dtype fp32 "
+                         f"over them on the stack (--device tpu or auto, --concurrency 1); got {config._served()}, "
+                         f"--device {config.device}; one process serves the rest")
+
+
+def _claim(config: InferenceConfig, units: list[Unit], hstu: Path | None) -> tuple[list[Unit], list[Unit]]:
+    """(the units still to predict, those of them whose input changed since their part was
+    written), the output directory claimed for ``units`` and the checkpoint verified first (a
+    corrupt or crafted one fails here, before the output is claimed and Ray starts)."""
+    output = Path(config.output)
+    todo, changed = pending_units(output, units)
+    if todo and config.model == EXPORTED:
+        from torchrec_tpu.inference.export import read_description
+
+        read_description(Path(config.checkpoint))
+    elif todo and not (hstu and is_legacy(hstu)):
+        from torchrec_tpu.train.checkpoint.store import open_checkpoint
+
+        open_checkpoint(Path(config.checkpoint))
+    claim_output_dir(output, units, Path(config.checkpoint))
+    return todo, changed
 
 
 def offline_auc(output: Path, parts: list[str], label: str, prediction: str = PREDICTION_COLUMN
@@ -419,38 +481,44 @@ def rank_auc(positive: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool
+def _predict_units(config: InferenceConfig, todo: list[Unit], with_label: bool, ranks: Ranks | None
                    ) -> tuple[int, BadValueCounts, tuple[str, int]]:
     """Predict and write ``todo``: rows predicted, bad values met, the dtype of the tables and
     the bytes one model copy's tables hold. ``--concurrency 1``: in this process, without Ray
     (:func:`_predict_here`); more: a pool of Ray actors (:func:`_predict_on_ray`). Lines say when
     the predictors start and the model is loaded; while the parts are predicted, a bar on a
-    terminal, else a progress line at least every ``$TORCHREC_TPU_PROGRESS_SECONDS`` (30 s by default)."""
+    terminal, else a progress line at least every ``$TORCHREC_TPU_PROGRESS_SECONDS`` (30 s by default).
+    ``ranks``: this rank's share of ``todo`` (the bytes: of its shards)."""
+    forwards = 0 if ranks is None else ranks.forwards(todo, config.batch_size)
+    todo = todo if ranks is None else ranks.share(todo)
     total_rows = sum(u.num_rows for u in todo)
-    config = dataclasses.replace(config, device=_resolved_device(config))
+    config = dataclasses.replace(config, device=_resolved_device(config, ranks))
     with progress_bar(total=total_rows, desc="infer", unit="row", enabled=config.progress) as bar:
         lines = ProgressLine(_log.info, "infer", total_rows) if bar.disable and config.progress else None
         progress = _Progress(bar, lines)
         if config.concurrency == 1:
-            tables = _predict_here(config, todo, with_label, progress)
+            tables = _predict_here(config, todo, with_label, progress, forwards)
         else:
             tables = _predict_on_ray(config, todo, with_label, progress)
     return progress.rows_done, progress.bad_values, tables
 
 
-def _resolved_device(config: InferenceConfig) -> str:
+def _resolved_device(config: InferenceConfig, ranks: Ranks | None) -> str:
     """``config.device``, ``auto`` resolved (tpu where a TPU is attached and the model is one the
-    stack serves), said in a log line with the reason."""
+    stack serves, or where several ranks shard the tables), said in a log line with the reason."""
     from torchrec_tpu.train.engines.dense_placement import tpu_installed
 
     device, why = config.device, "--device " + config.device
-    if device == "auto":
+    if device == "auto" and ranks is not None:
+        device, why = "tpu", f"--device auto: {ranks.world} ranks, the tables sharded over them"
+    elif device == "auto":
         servable = config.model == DLRM and config.table_dtype == "fp32" and config.concurrency == 1
         device = "tpu" if servable and tpu_installed() else "cpu"
         why = ("--device auto: a TPU is attached" if device == "tpu" else
                f"--device auto: {config._served()}, which the stack does not serve" if not servable else
                "--device auto: no TPU is attached, and on XLA:CPU eager torch is faster")
-    where = ("the stack: tables on the SparseCore ops, towers on the tpu device, one program per batch"
+    batch = "one program per batch" if ranks is None else f"the tables sharded over {ranks.world} ranks"
+    where = (f"the stack: tables on the SparseCore ops, towers on the tpu device, {batch}"
              if device == "tpu" else "eager torch on the host CPU")
     _log.info("infer: the model on %s (%s)", where, why)
     return device
@@ -489,10 +557,11 @@ def _unit_columns(unit: Unit) -> dict[str, np.ndarray]:
     return {k: np.array([v]) for k, v in vars(unit).items()}
 
 
-def _predict_here(config: InferenceConfig, todo: list[Unit], with_label: bool, progress: _Progress
-                  ) -> tuple[str, int]:
+def _predict_here(config: InferenceConfig, todo: list[Unit], with_label: bool, progress: _Progress,
+                  forwards: int = 0) -> tuple[str, int]:
     """Predict ``todo`` in this process with ``--num-cpus`` threads: no Ray to start, no actor to
-    load the model into, no results to ship back; returns the tables' dtype and bytes."""
+    load the model into, no results to ship back; then empty forwards until ``forwards`` have run
+    (a rank's, :meth:`Predictor.run_empty_forwards`). Returns the tables' dtype and bytes."""
     _log.info("infer: in this process (--concurrency 1, no Ray); loading the model from %s", config.checkpoint)
     started = time.perf_counter()
     predictor = Predictor(config, config.num_cpus, with_label)
@@ -503,6 +572,7 @@ def _predict_here(config: InferenceConfig, todo: list[Unit], with_label: bool, p
     try:
         for unit in todo:
             progress.add(predictor.write_units(_unit_columns(unit)))
+        predictor.run_empty_forwards(forwards)
         return predictor.tables()
     finally:
         predictor.close()
