@@ -33,6 +33,9 @@ def autoload() -> None:
     use, and ``torch.compile``'s default routing (nothing when turned off or PrivateUse1 is taken)."""
     import torch
 
+    from torchrec_tpu import torchrun_exit
+
+    torchrun_exit.install()  # torchrun running the CLI: a rank's one error line is the job's last word
     if not knobs.AUTOLOAD.on() or torch._C._get_privateuse1_backend_name() != "privateuseone":
         return
     torch.utils.rename_privateuse1_backend(_device_type)
