@@ -21,7 +21,7 @@ from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, Tr
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.engines import dense_calibration
 from torchrec_tpu.train.engines.dense_placement import resolve_dense_device, tpu_installed
-from torchrec_tpu.train.engines.sparsecore_engine import SparseCoreEngine
+from torchrec_tpu.train.engines.sparsecore_engine import SparseCoreEngine, timed_step_builder
 from torchrec_tpu.train.job import run_job
 from torchrec_tpu.train.model import ModelSpec
 
@@ -75,6 +75,7 @@ def test_dense_flags_need_the_sparsecore_engine() -> None:
 
 SMALL = ModelSpec(feature_names=tuple(f"f{i}" for i in range(4)), table_sizes=(10,) * 4, embedding_dim=8,
                   dense_in_features=13, dense_layers=(16, 8), over_layers=(16, 1))
+BUILD = timed_step_builder(OptimConfig(), "auto")  # the sparsecore engine's step, as auto times it
 
 
 def test_auto_dense_device_follows_the_structure_then_the_measurement(monkeypatch) -> None:
@@ -87,7 +88,10 @@ def test_auto_dense_device_follows_the_structure_then_the_measurement(monkeypatc
     assert resolve_dense_device("tpu", SMALL, 2, "ddp", 64).type == "tpu"
     assert resolve_dense_device("cpu", SMALL, 1, "ddp", 64).type == "cpu"
     assert len(list(_placement_entries())) == before  # none of these measured
-    picked = resolve_dense_device("auto", SMALL, 1, "ddp", 64)
+    if not tpu_installed():  # XLA:CPU: auto times the step the engine builds
+        with pytest.raises(ValueError, match="needs the engine's build_step"):
+            resolve_dense_device("auto", SMALL, 1, "ddp", 64)
+    picked = resolve_dense_device("auto", SMALL, 1, "ddp", 64, build_step=BUILD)
     stored = dense_calibration._key(SMALL, 64, OptimConfig(), "auto")
     entry = dense_calibration.xla_cache.load(dense_calibration.LEVEL, stored, lambda blob: blob)
     assert entry is not None and f'"device": "{picked.type}"'.encode() in entry
@@ -95,17 +99,17 @@ def test_auto_dense_device_follows_the_structure_then_the_measurement(monkeypatc
 
 
 def test_placement_timing_runs_both_whole_steps_and_the_verdict_is_reused(monkeypatch) -> None:
-    timing = dense_calibration.time_placements(SMALL, 32, OptimConfig())
+    timing = dense_calibration.time_placements(BUILD, SMALL, 32)
     assert timing.cpu_ms > 0 and timing.tpu_ms > 0
     assert timing.device == ("tpu" if timing.tpu_ms < timing.cpu_ms else "cpu")
     assert dense_calibration.PlacementTiming(2.0, 1.0).device == "tpu"
     assert dense_calibration.PlacementTiming(1.0, 1.0).device == "cpu"
     assert 0 <= timing.outside_share <= 1
     monkeypatch.setattr(dense_calibration, "BUSY_SHARE", 1.0)  # stored even beside other tests
-    first = dense_calibration.measured_dense_device(SMALL, 48, OptimConfig())
+    first = dense_calibration.measured_dense_device(BUILD, SMALL, 48, OptimConfig())
     measured = []
     monkeypatch.setattr(dense_calibration, "time_placements", lambda *args: measured.append(args))
-    assert dense_calibration.measured_dense_device(SMALL, 48, OptimConfig()) == first
+    assert dense_calibration.measured_dense_device(BUILD, SMALL, 48, OptimConfig()) == first
     assert measured == []  # the stored verdict, not a new measurement
 
 
@@ -115,7 +119,7 @@ def test_a_batch_over_the_default_id_limits_leaves_the_towers_on_cpu_untimed(cap
     stored (the job then trains with its own limits or names the flags that fix its overflow)."""
     tiny = dataclasses.replace(SMALL, table_sizes=(100,) * len(SMALL.table_sizes))
     with caplog.at_level("WARNING", logger=dense_calibration.__name__):
-        assert dense_calibration.measured_dense_device(tiny, 8192, OptimConfig()) == "cpu"
+        assert dense_calibration.measured_dense_device(BUILD, tiny, 8192, OptimConfig()) == "cpu"
     assert "could not time the step at this batch" in caplog.text and "max_ids_per_partition" in caplog.text
     key = dense_calibration._key(tiny, 8192, OptimConfig(), "auto")
     assert dense_calibration.xla_cache.load(dense_calibration.LEVEL, key, bytes) is None
@@ -134,7 +138,7 @@ def test_the_verdict_depends_on_the_sparse_half_of_the_step() -> None:
         dataclasses.replace(SMALL, table_sizes=(dense_calibration.TABLE_ROWS_CAP,) * 4), 64, OptimConfig(), "auto")
     if not tpu_installed():
         with pytest.raises(ConfigError, match="--sparse-backend='tpu'"):
-            dense_calibration.time_placements(SMALL, 32, OptimConfig(), "tpu")
+            dense_calibration.time_placements(timed_step_builder(OptimConfig(), "tpu"), SMALL, 32)
 
 
 def test_a_verdict_timed_on_a_busy_host_is_timed_again_once_quiet(monkeypatch) -> None:
@@ -147,17 +151,17 @@ def test_a_verdict_timed_on_a_busy_host_is_timed_again_once_quiet(monkeypatch) -
         return json.loads(dense_calibration.xla_cache.load(dense_calibration.LEVEL, key, lambda blob: blob))
 
     monkeypatch.setattr(dense_calibration, "BUSY_SHARE", -1.0)  # any share is above it: busy
-    picked = dense_calibration.measured_dense_device(SMALL, 40, OptimConfig())
+    picked = dense_calibration.measured_dense_device(BUILD, SMALL, 40, OptimConfig())
     assert stored()["busy"] is True and stored()["device"] == picked
     timed = []
     real_timing = dense_calibration.time_placements
     monkeypatch.setattr(dense_calibration, "time_placements", lambda *args: timed.append(args) or real_timing(*args))
-    assert dense_calibration.measured_dense_device(SMALL, 40, OptimConfig()) == picked
+    assert dense_calibration.measured_dense_device(BUILD, SMALL, 40, OptimConfig()) == picked
     assert timed == []  # still busy: the stored verdict
     monkeypatch.setattr(dense_calibration, "BUSY_SHARE", 1.0)  # no share is above it: quiet
-    again = dense_calibration.measured_dense_device(SMALL, 40, OptimConfig())
+    again = dense_calibration.measured_dense_device(BUILD, SMALL, 40, OptimConfig())
     assert len(timed) == 1 and stored() == {**stored(), "busy": False, "device": again}
-    assert dense_calibration.measured_dense_device(SMALL, 40, OptimConfig()) == again
+    assert dense_calibration.measured_dense_device(BUILD, SMALL, 40, OptimConfig()) == again
     assert len(timed) == 1  # a quiet verdict is kept
 
 
@@ -236,7 +240,7 @@ def test_the_verdict_is_keyed_on_what_costs_and_said_in_one_short_line(monkeypat
                         lambda *args: dense_calibration.PlacementTiming(cpu_ms=20.0, tpu_ms=12.5))
     fresh = dataclasses.replace(SMALL, embedding_dim=16, dense_layers=(16, 16))  # no verdict stored yet
     with caplog.at_level("INFO", logger=dense_calibration.__name__):
-        assert dense_calibration.measured_dense_device(fresh, 72, OptimConfig()) == "tpu"
+        assert dense_calibration.measured_dense_device(BUILD, fresh, 72, OptimConfig()) == "tpu"
     first, verdict = [r.getMessage() for r in caplog.records]
     assert first.startswith("--dense-device auto: timing a training step") and "a minute or two" in first
     assert verdict.startswith("--dense-device auto: the towers on tpu: a step takes 12.5 ms there, 20.0 ms on cpu")

@@ -20,11 +20,12 @@ threshold. The verdict (with both times) is stored in the compile cache (level `
 under a key of everything it depends on (the project's source files too), so a later job with the
 same model on this host and code decides without timing; the tpu step's program is stored in the
 step cache as usual, so a stored verdict or a second measurement compiles nothing.
+
+The engine whose step is timed builds it (a :data:`StepBuilder`): this module imports no engine.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -33,7 +34,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 import xla_cache
 from sparsecore.limits import PartitionOverflowError
 from torchrec_tpu.host_cpu import cpu_model
-from torchrec_tpu.train.config import EngineConfig, OptimConfig
+from torchrec_tpu.train.config import OptimConfig
 from torchrec_tpu.train.model import ModelSpec
 
 _log = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ TABLE_ROWS_CAP = 4096
 # then is replaced once the host is quiet (sampled for _QUIET_CHECK_S by a job finding it)
 BUSY_SHARE = 0.25
 _QUIET_CHECK_S = 0.25
+# one placement's training step, as the engine being timed builds it: the towers' device ("cpu" or
+# "tpu"), the model (its tables capped) and the samples per step -> one step on a batch, its loss
+StepBuilder = Callable[[str, ModelSpec, int], Callable[[Batch], torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -74,13 +78,14 @@ class PlacementTiming:
         return "tpu" if self.tpu_ms < self.cpu_ms else "cpu"
 
 
-def measured_dense_device(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: str = "auto",
-                          ids_per_feature: tuple[int, ...] | None = None) -> str:
-    """"cpu" or "tpu": where ``spec``'s step trains faster at ``batch_size`` samples per rank with
-    ``optim``'s optimizers and precision, ``--sparse-backend sparse_backend`` and
-    ``ids_per_feature`` ids per sample (None: one), on this host (the stored verdict, unless it was
-    timed on a busy host and this one is quiet now; else :func:`time_placements`, then stored;
-    "cpu", not stored, where the timed batch overflows a SparseCore partition's default id limit)."""
+def measured_dense_device(build_step: StepBuilder, spec: ModelSpec, batch_size: int, optim: OptimConfig,
+                          sparse_backend: str = "auto", ids_per_feature: tuple[int, ...] | None = None) -> str:
+    """"cpu" or "tpu": where ``spec``'s step (as ``build_step`` builds it, with ``optim``'s
+    optimizers and precision and ``--sparse-backend sparse_backend``) trains faster at
+    ``batch_size`` samples per rank and ``ids_per_feature`` ids per sample (None: one), on this host
+    (the stored verdict, unless it was timed on a busy host and this one is quiet now; else
+    :func:`time_placements`, then stored; "cpu", not stored, where the timed batch overflows a
+    SparseCore partition's default id limit)."""
     key = _key(spec, batch_size, optim, sparse_backend, ids_per_feature)
     stored = xla_cache.load(LEVEL, key, lambda blob: json.loads(blob.decode()))
     if stored is not None and not (stored.get("busy") and not _host_busy()):
@@ -90,7 +95,7 @@ def measured_dense_device(spec: ModelSpec, batch_size: int, optim: OptimConfig, 
               ", again: the last timing ran beside other work" if stored is not None else "")
     start = time.perf_counter()
     try:
-        timing = time_placements(spec, batch_size, optim, sparse_backend, ids_per_feature)
+        timing = time_placements(build_step, spec, batch_size, ids_per_feature)
     except PartitionOverflowError as error:
         # the timing lays its tables out with the default id limits, not the job's (--plan); the
         # job itself then overflows (and names the flags that fix it) or runs with its own limits
@@ -114,31 +119,19 @@ def _host_busy() -> bool:
     return outside.share() > BUSY_SHARE
 
 
-def time_placements(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: str = "auto",
+def time_placements(build_step: StepBuilder, spec: ModelSpec, batch_size: int,
                     ids_per_feature: tuple[int, ...] | None = None) -> PlacementTiming:
-    """Both placements' ms per whole training step (one rank, the step layout's step function,
-    random batches with ``ids_per_feature`` ids per sample over tables capped at
+    """Both placements' ms per whole training step (one rank, each step as ``build_step`` builds
+    it, random batches with ``ids_per_feature`` ids per sample over tables capped at
     :data:`TABLE_ROWS_CAP` rows): warmed by turns, then timed in rounds that alternate which goes
     first, each placement's fastest round; with the other processes' share of the host's CPU over
     those rounds."""
-    from torchrec_tpu.train.distributed import DistEnv
-    from torchrec_tpu.train.engines.dense_placement import dense_device
-    from torchrec_tpu.train.engines.dense_step import step_function
-    from torchrec_tpu.train.engines.sparsecore_engine import build_dense_optimizer, build_sparsecore_model
-    from torchrec_tpu.train.engines.step_layout import sparsecore_layout
-
     capped = dataclasses.replace(spec, table_sizes=tuple(min(rows, TABLE_ROWS_CAP) for rows in spec.table_sizes))
-    options = EngineConfig(sparse_backend=sparse_backend)
-    with torch.random.fork_rng(), _quiet(logging.getLogger(step_function.__module__)):
+    with torch.random.fork_rng():
         torch.manual_seed(0)
         batches = [_random_batch(capped, batch_size, ids_per_feature) for _ in range(2)]
-        runs: dict[str, Callable[[int], None]] = {}
-        for name in ("cpu", "tpu"):
-            layout = sparsecore_layout(options, optim, 1, batch_size, dense_device(name))
-            model = build_sparsecore_model(capped, DistEnv(0, 1, 1), layout, optim, options, batch_size, seed=0)
-            optimizer = build_dense_optimizer(model, optim, layout.dense_device)
-            runs[name] = functools.partial(_steps, step_function(model, optimizer, layout), model, optimizer,
-                                           batches)
+        runs = {name: functools.partial(_steps, build_step(name, capped, batch_size), batches)
+                for name in ("cpu", "tpu")}
     times: dict[str, list[float]] = {name: [] for name in runs}
     _log.info("--dense-device auto: compiling the tpu step and warming both placements up")
     for _ in range(_WARMUP_STEPS):  # the tpu step compiles (or loads) in its first
@@ -152,18 +145,6 @@ def time_placements(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse
             runs[name](_STEPS)
             times[name].append((time.perf_counter() - start) / _STEPS * 1e3)
     return PlacementTiming(min(times["cpu"]), min(times["tpu"]), outside.share())
-
-
-@contextlib.contextmanager
-def _quiet(logger: logging.Logger) -> Iterator[None]:
-    """``logger`` says only warnings meanwhile (the timed steps' "training step:" lines are not
-    the job's: its own step says that)."""
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 class OutsideCpu:
@@ -191,10 +172,9 @@ class OutsideCpu:
         return time.perf_counter(), host, times.user + times.system
 
 
-def _steps(step: Callable, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch],
-           n: int) -> None:
+def _steps(step: Callable[[Batch], torch.Tensor], batches: list[Batch], n: int) -> None:
     for i in range(n):
-        loss = step(model, optimizer, batches[i % len(batches)])
+        loss = step(batches[i % len(batches)])
     float(loss)  # steps dispatch asynchronously: wait for the last
 
 

@@ -17,7 +17,7 @@ lane, host tensors on its host lane).
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,9 @@ from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.engines.dot_interaction import use_one_matmul_interaction
 from torchrec_tpu.train.model import ModelSpec
 from tpu_facts.switches import Switch
+
+if TYPE_CHECKING:
+    from torchrec_tpu.train.engines.dense_calibration import StepBuilder
 
 DENSE_TOWERS = ("dense_arch", "inter_arch", "over_arch")
 _POOLED_ON_HOST = Switch("pooled_on_host")
@@ -68,16 +71,17 @@ def spmd_world(world_size: int) -> bool:
 
 def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_parallel: str, batch_size: int,
                          optim: OptimConfig = OptimConfig(), sparse_backend: str = "auto",
-                         ids_per_feature: tuple[int, ...] | None = None) -> torch.device:
+                         ids_per_feature: tuple[int, ...] | None = None,
+                         build_step: StepBuilder | None = None) -> torch.device:
     """The sparsecore engine's dense device for ``--dense-device choice``. ``auto``: tpu where the
     step compiles into one program per rank (ddp, :func:`spmd_world`) and either the tpu device is
     an accelerator or, on XLA:CPU in one process, the job's whole step (towers, embedding lookup
-    and update) runs faster that way than with the towers in CPU eager torch on this host, at
-    ``batch_size`` samples per step with ``optim``, ``--sparse-backend sparse_backend`` and
-    ``ids_per_feature`` ids per sample (``--multi-hot-sizes``; None: one), measured once and
-    stored (:mod:`~torchrec_tpu.train.engines.dense_calibration`); else cpu. (Several XLA:CPU
-    processes on one host: their SPMD step, whose collectives are gloo's inside XLA, measured 0.7x
-    the eager cpu towers' with host all-to-alls, 2 ranks on 2 cores, bench_train_e2e 2026-12-05.)"""
+    and update, as ``build_step`` builds it) runs faster that way than with the towers in CPU eager
+    torch on this host, at ``batch_size`` samples per step with ``optim``, ``--sparse-backend
+    sparse_backend`` and ``ids_per_feature`` ids per sample (``--multi-hot-sizes``; None: one),
+    measured once and stored (:mod:`~torchrec_tpu.train.engines.dense_calibration`); else cpu.
+    (Several XLA:CPU processes on one host: their SPMD step, whose collectives are gloo's inside
+    XLA, is slower than the eager cpu towers with host all-to-alls: docs/PERFORMANCE.md.)"""
     if choice != "auto":
         return dense_device(choice)
     if dense_parallel != "ddp" or not spmd_world(world_size):
@@ -88,9 +92,12 @@ def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_pa
         return dense_device("tpu")
     if world_size > 1:
         return dense_device("cpu")
+    if build_step is None:
+        raise ValueError("--dense-device auto on XLA:CPU times the training step both ways: "
+                         "resolve_dense_device needs the engine's build_step")
     from torchrec_tpu.train.engines.dense_calibration import measured_dense_device
 
-    return dense_device(measured_dense_device(spec, batch_size, optim, sparse_backend, ids_per_feature))
+    return dense_device(measured_dense_device(build_step, spec, batch_size, optim, sparse_backend, ids_per_feature))
 
 
 def place_dense(model: DLRMTrain, device: torch.device) -> None:

@@ -8,7 +8,8 @@ same shape of state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 
@@ -28,15 +29,17 @@ from torchrec_tpu.sharding.uniform_ranks import UniformityError
 from torchrec_tpu.sharding.zch import ZchSpec
 from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, TrainConfig, per_feature_values
 from torchrec_tpu.train.distributed import DistEnv, new_group
+from torchrec_tpu.train.engines.dense_calibration import StepBuilder
 from torchrec_tpu.train.engines.dense_placement import (
     DenseDDP,
+    dense_device,
     parallelize_dense,
     place_dense,
     tpu_installed,
 )
 from torchrec_tpu.train.engines.dense_step import eval_forward, step_function
 from torchrec_tpu.train.engines.plan_loading import Placement, resolve_sharding
-from torchrec_tpu.train.engines.step_layout import StepLayout, resolve_sparsecore_layout
+from torchrec_tpu.train.engines.step_layout import StepLayout, resolve_sparsecore_layout, sparsecore_layout
 from torchrec_tpu.train.learning_rate import LearningRates, LRPolicy
 from torchrec_tpu.train.loop import StepFn
 from torchrec_tpu.train.metrics import EvalForward
@@ -153,6 +156,29 @@ def build_dense_optimizer(model: nn.Module, optim: OptimConfig, towers_on: torch
     return KeyedOptimizerWrapper(params, lambda ps: dense.build(ps, optim.dense_lr, **extra))
 
 
+def timed_step_builder(optim: OptimConfig, sparse_backend: str) -> StepBuilder:
+    """How ``--dense-device auto`` builds the step it times (:mod:`.dense_calibration`): this
+    engine's whole training step at one rank, with ``optim``'s optimizers and precision and
+    ``--sparse-backend sparse_backend``, the towers on the placement being timed."""
+    options = EngineConfig(sparse_backend=sparse_backend)
+
+    def build(towers_on: str, spec: ModelSpec, local_batch: int) -> Callable[[Batch], torch.Tensor]:
+        layout = sparsecore_layout(options, optim, 1, local_batch, dense_device(towers_on))
+        steps_log = logging.getLogger(step_function.__module__)
+        level = steps_log.level
+        steps_log.setLevel(logging.WARNING)  # the timed steps' "training step:" lines are not the job's
+        try:
+            model = build_sparsecore_model(spec, DistEnv(0, 1, 1), layout, optim, options,
+                                           global_batch_of(local_batch, 1), seed=0)
+            optimizer = build_dense_optimizer(model, optim, layout.dense_device)
+            step = step_function(model, optimizer, layout)
+        finally:
+            steps_log.setLevel(level)
+        return lambda batch: step(model, optimizer, batch)
+
+    return build
+
+
 @dataclass(frozen=True)
 class SparseCoreEngine:
     """The :class:`~torchrec_tpu.train.engines.Engine` of our sparsecore EBC (``options.sparse_backend``), sharded
@@ -180,7 +206,8 @@ class SparseCoreEngine:
 
     def step_layout(self, spec: ModelSpec, env: DistEnv) -> StepLayout:
         ids = per_feature_values("multi_hot_sizes", self.multi_hot_sizes, len(spec.feature_names))
-        return resolve_sparsecore_layout(self.options, self.optim, spec, env.world_size, self.global_batch, ids)
+        return resolve_sparsecore_layout(self.options, self.optim, spec, env.world_size, self.global_batch, ids,
+                                         timed_step_builder(self.optim, self.options.sparse_backend))
 
     def build_model(self, spec: ModelSpec, env: DistEnv, device: torch.device, layout: StepLayout) -> nn.Module:
         """(The batches stay on the host, ``device``; the towers go to ``layout``'s dense device.)"""

@@ -8,6 +8,7 @@ whose ranks' stacks cannot be padded to one shape) fails the job, naming the fla
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from torchrec_tpu.train.engines.plan_loading import rank_sparsecores
 from torchrec_tpu.train.model import ModelSpec
 from torchrec_tpu.train.optimizers import sparse_optimizer
 from tpu_facts import local_batch_of, padded_local_batch_of
+
+if TYPE_CHECKING:
+    from torchrec_tpu.train.engines.dense_calibration import StepBuilder
 
 # `--dense-device auto` times whole steps at the job's batch up to this many samples per rank: the
 # rate per sample is flat well below it, and a job whose batch cannot fit (it fails on its id limits
@@ -105,13 +109,14 @@ def lookup_outside(backend: BackendName, optimizer: str, in_step: bool, sparseco
 
 
 def resolve_sparsecore_layout(options: EngineConfig, optim: OptimConfig, spec: ModelSpec, world_size: int,
-                              global_batch: int, ids_per_feature: tuple[int, ...] | None = None) -> StepLayout:
+                              global_batch: int, ids_per_feature: tuple[int, ...] | None = None,
+                              build_step: StepBuilder | None = None) -> StepLayout:
     """:func:`sparsecore_layout` with the towers where ``--dense-device`` says (``auto`` may time the
-    step on this host, once, with ``ids_per_feature`` ids per sample (None: one):
-    :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
+    step ``build_step`` builds on this host, once, with ``ids_per_feature`` ids per sample (None:
+    one): :func:`~torchrec_tpu.train.engines.dense_placement.resolve_dense_device`)."""
     towers_on = resolve_dense_device(options.dense_device, spec, world_size, options.dense_parallel,
                                      min(local_batch_of(global_batch, world_size), CALIBRATION_BATCH_CAP), optim,
-                                     options.sparse_backend, ids_per_feature)
+                                     options.sparse_backend, ids_per_feature, build_step)
     return sparsecore_layout(options, optim, world_size, local_batch_of(global_batch, world_size), towers_on)
 
 
