@@ -185,28 +185,35 @@ def run_training(
             if rates:
                 log.log(step, rates)
             metrics.stepped(step, position.epoch, loss, batch.labels.numel() * options.world_size)
-            if evaluations.due(step):
-                with metrics.paused():
-                    evaluations.held_out(held_out, step, position)
-                if evaluations.target_step is not None:  # the global AUC: every rank stops
-                    break
-            if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 and step != total:
-                with metrics.paused():
-                    _save(checkpoint, step, position, metrics, options)
-            if _done(step, options):
+            if _stop_after(step, position, held_out, evaluations, metrics, checkpoint, total, options):
                 break
     train_seconds = metrics.train_seconds()
     if step == options.start_step:
-        raise ValueError(
-            f"no batches to train on from step {options.start_step} (the training split is empty, "
-            "or a resumed run already reached --epochs / --max-steps)"
-        )
+        raise ValueError(f"no batches to train on from step {options.start_step} (the training split is empty, "
+                         "or a resumed run already reached --epochs / --max-steps)")
     result = evaluations.last if evaluations.due(step) else evaluations.held_out(held_out, step, position)
     timeline.finished(position, evaluations.target_step is not None)
     test_result = evaluations.logged(step, evaluations.run(test, step), "test") if test is not None else None
     return TrainResult(step, metrics.samples, train_seconds, metrics.final_loss(), result, position,
                        metrics.first_step_seconds, test_result, evaluations.target_step, evaluations.best,
                        metrics.first_step_samples)
+
+
+def _stop_after(step: int, position: LoopPosition, held_out: Iterable[Batch], evaluations: _Evaluations,
+                metrics: _MetricsWindow, checkpoint: CheckpointFn | None, total: int | None,
+                options: LoopOptions) -> bool:
+    """After step ``step`` (``position`` in the data): the evaluation and the checkpoint due then,
+    outside the loop's time; whether training stops there (the held-out AUC reached
+    ``--target-auc``, the same on every rank, or the step is the last of ``--max-steps``)."""
+    if evaluations.due(step):
+        with metrics.paused():
+            evaluations.held_out(held_out, step, position)
+        if evaluations.target_step is not None:
+            return True
+    if checkpoint and options.checkpoint_every and step % options.checkpoint_every == 0 and step != total:
+        with metrics.paused():
+            _save(checkpoint, step, position, metrics, options)
+    return _done(step, options)
 
 
 @contextlib.contextmanager
