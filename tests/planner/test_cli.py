@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from torchrec_tpu.cli import main
 from torchrec_tpu.planner import load_plan
-from torchrec_tpu.planner.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 DLRM_TABLES = REPO / "examples" / "planner" / "dlrm_dcnv2_tables.yaml"
@@ -22,7 +22,7 @@ def test_cli_subprocess_writes_plan_and_html(tmp_path):
     out, html = tmp_path / "plan.json", tmp_path / "plan.html"
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     result = subprocess.run(
-        [sys.executable, "-m", "torchrec_tpu.planner.cli", "--tables", str(DLRM_TABLES), "--topology", "v5p-64",
+        [sys.executable, "-m", "torchrec_tpu.cli", "plan", "--tables", str(DLRM_TABLES), "--topology", "v5p-64",
          "--batch-size", "55296", "--max-ids-per-partition", "2048", "--out", str(out), "--html", str(html)],
         capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
     )
@@ -38,13 +38,13 @@ def test_cli_subprocess_writes_plan_and_html(tmp_path):
 def test_cli_is_deterministic(tmp_path):
     args = ["--tables", str(DLRM_TABLES), "--topology", "v6e-64", "--batch-size", "65536", "--max-ids-per-partition",
             "4096"]
-    assert main(args + ["--out", str(tmp_path / "a.json")]) == 0
-    assert main(args + ["--out", str(tmp_path / "b.json")]) == 0
+    assert main(["plan", *args, "--out", str(tmp_path / "a.json")]) == 0
+    assert main(["plan", *args, "--out", str(tmp_path / "b.json")]) == 0
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
 
 
 def test_compare_mode(tmp_path, capsys):
-    code = main(["--tables", str(DLRM_TABLES), "--compare", "v5p-64,v6e-64,tpu7x-64", "--batch-size", "65536",
+    code = main(["plan", "--tables", str(DLRM_TABLES), "--compare", "v5p-64,v6e-64,tpu7x-64", "--batch-size", "65536",
                  "--max-ids-per-partition", "4096", "--out", str(tmp_path / "plan.json")])
     assert code == 0
     text = capsys.readouterr().out
@@ -58,7 +58,7 @@ def test_csv_tables_and_pooling_override(tmp_path):
     csv = tmp_path / "tables.csv"
     csv.write_text("name,rows,dim,pooling_factor,optimizer\nads,100000,64,2,adagrad\nusers,5000,32,1,sgd\n")
     out = tmp_path / "plan.json"
-    assert main(["--tables", str(csv), "--topology", "v5p-8", "--batch-size", "1024",
+    assert main(["plan", "--tables", str(csv), "--topology", "v5p-8", "--batch-size", "1024",
                  "--pooling-factor", "users=4", "--out", str(out)]) == 0
     plan = load_plan(out)
     assert {t.name for t in plan.tables} == {"ads", "users"}
@@ -78,21 +78,22 @@ def test_python_model_target(tmp_path, monkeypatch):
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "plan.json"
-    assert main(["--tables", "my_model:make_ebc", "--topology", "v6e-8", "--batch-size", "512", "--out", str(out)]) == 0
+    assert main(["plan", "--tables", "my_model:make_ebc", "--topology", "v6e-8", "--batch-size", "512",
+                 "--out", str(out)]) == 0
     assert [t.name for t in load_plan(out).tables] == ["t0", "t1"]
 
 
 def test_infeasible_table_exits_2_and_names_it_once(tmp_path, capsys):
     yaml = tmp_path / "t.yaml"
     yaml.write_text("- {name: giant, rows: 2000000000, dim: 256, optimizer: adam}\n")
-    assert main(["--tables", str(yaml), "--topology", "v6e-8", "--batch-size", "64"]) == 2
+    assert main(["plan", "--tables", str(yaml), "--topology", "v6e-8", "--batch-size", "64"]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and err.startswith("torchrec-tpu plan: error: table 'giant'")
     assert "shortfall" in err and "GiB" in err
 
 
 def test_compare_failures_are_reported_once(capsys):
-    code = main(["--tables", str(DLRM_TABLES), "--compare", "v5p-8,v5p-64", "--batch-size", "65536",
+    code = main(["plan", "--tables", str(DLRM_TABLES), "--compare", "v5p-8,v5p-64", "--batch-size", "65536",
                  "--max-ids-per-partition", "256"])
     assert code == 2
     captured = capsys.readouterr()
@@ -113,7 +114,7 @@ def test_compare_failures_are_reported_once(capsys):
 def test_bad_tables_file(tmp_path, capsys, content, message):
     path = tmp_path / "t.yaml"
     path.write_text(content)
-    assert main(["--tables", str(path), "--topology", "v5p-8"]) == 2
+    assert main(["plan", "--tables", str(path), "--topology", "v5p-8"]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -121,8 +122,8 @@ def test_multislice_and_topology_file(tmp_path, capsys):
     topo = tmp_path / "topo.yaml"
     topo.write_text("slice: v5p-8\ncosts:\n  hbm_reserved_fraction: 0.5\n")
     out = tmp_path / "plan.json"
-    assert main(["--tables", str(DLRM_TABLES), "--topology", str(topo), "--slices", "4", "--batch-size", "16384",
-                 "--max-ids-per-partition", "4096", "--out", str(out)]) == 0
+    assert main(["plan", "--tables", str(DLRM_TABLES), "--topology", str(topo), "--slices", "4",
+                 "--batch-size", "16384", "--max-ids-per-partition", "4096", "--out", str(out)]) == 0
     plan = load_plan(out)
     assert len(plan.devices) == 16 and plan.topology.num_slices == 4
     assert plan.usable_hbm_bytes_per_device == int(95 * 2**30 * 0.5)
@@ -133,7 +134,7 @@ def test_dense_params_price_the_hierarchical_all_reduce(tmp_path, capsys):
     """v5p-8 x 2 slices (2 chips per slice), 1M dense params = 4 MB of float32 gradient: ICI
     2 * 1/2 * 4e6 / 600e9, DCN 2 * 1/2 * (4e6 / 2) / 6.25e9, 3 phases of 10 us latency."""
     out = tmp_path / "plan.json"
-    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--slices", "2", "--batch-size", "16384",
+    assert main(["plan", "--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--slices", "2", "--batch-size", "16384",
                  "--max-ids-per-partition", "4096", "--dense-params", "1000000", "--out", str(out)]) == 0
     ici, dcn = 2 * 3 / 4 * 4e6 / 600e9, 1e6 / 6.25e9
     plan = load_plan(out)
@@ -145,7 +146,7 @@ def test_dense_params_price_the_hierarchical_all_reduce(tmp_path, capsys):
     assert "hierarchical: ICI within each slice, DCN across 2 slices" in text
     assert f"DCN {dcn * 1e6:,.1f} us" in text and f"ICI {ici * 1e6:,.1f} us" in text
     with pytest.raises(SystemExit) as exit_info:
-        main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--dense-params", "-1"])
+        main(["plan", "--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--dense-params", "-1"])
     assert exit_info.value.code == 2
     assert "argument --dense-params: must be >= 0, got -1" in capsys.readouterr().err
 
@@ -158,7 +159,8 @@ def test_dense_params_price_the_hierarchical_all_reduce(tmp_path, capsys):
 ])
 def test_load_plan_checks_the_json_schema(tmp_path, change, fragment):
     out = tmp_path / "plan.json"
-    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--batch-size", "1024", "--out", str(out)]) == 0
+    assert main(["plan", "--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--batch-size", "1024",
+                 "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     change(data)
     out.write_text(json.dumps(data))
@@ -169,11 +171,11 @@ def test_load_plan_checks_the_json_schema(tmp_path, change, fragment):
 
 def test_terminal_table_lists_devices_and_cuts_placements_between_shards(tmp_path, capsys):
     args = ["--tables", str(DLRM_TABLES), "--batch-size", "65536", "--max-ids-per-partition", "2048"]
-    assert main([*args, "--topology", "v5p-64"]) == 0
+    assert main(["plan", *args, "--topology", "v5p-64"]) == 0
     text = capsys.readouterr().out
     assert "devices    32: step time" in text and "the 8 slowest" in text and "% of usable)" in text
     placements = [line.split("  ")[-1] for line in text.splitlines() if "column_wise" in line and "dev " in line]
     assert placements and all(p.endswith(("]", "more")) for p in placements), placements
-    assert main([*args, "--topology", "v5p-8", "--batch-size", "4096"]) == 0
+    assert main(["plan", *args, "--topology", "v5p-8", "--batch-size", "4096"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.strip().endswith(" us") and "%" in line]
     assert len(rows) == 4  # every device of a small slice, with its share of the usable HBM

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from torchrec_tpu.cli import main
 from torchrec_tpu.planner import load_plan, load_tables
-from torchrec_tpu.planner.cli import main
 from torchrec_tpu.planner.id_limits import auto_id_limits, describe_id_limits
 from torchrec_tpu.topology import resolve_topology
 from tpu_facts import MAX_IDS_PER_PARTITION_CEILING
@@ -38,7 +38,7 @@ def test_auto_limits_follow_pooling_and_batch_rounded_and_capped():
 
 def test_default_plans_the_mlperf_tables_and_prints_the_limits(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--out", str(out)]) == 0
+    assert main(["plan", "--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "max_ids_per_partition per table, from pooling factor and batch" in text
     assert f"  v5p-64: 128 to {MAX_IDS_PER_PARTITION_CEILING}: C21 {MAX_IDS_PER_PARTITION_CEILING}," in text
@@ -49,7 +49,7 @@ def test_default_plans_the_mlperf_tables_and_prints_the_limits(tmp_path, capsys)
 
 def test_explicit_limit_is_kept(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--max-ids-per-partition", "4096",
+    assert main(["plan", "--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--max-ids-per-partition", "4096",
                  "--out", str(out)]) == 0
     assert "auto" not in capsys.readouterr().out
     assert {t.max_ids_per_partition for t in load_plan(out).tables} == {4096}
@@ -67,5 +67,5 @@ def _readme_plan_commands() -> list[str]:
 def test_readme_planner_examples_plan(command, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     argv = [str(DLRM_TABLES) if a.endswith("dlrm_dcnv2_tables.yaml") else a for a in shlex.split(command)[2:]]
-    assert main(argv) == 0, capsys.readouterr().err
+    assert main(["plan", *argv]) == 0, capsys.readouterr().err
     assert "no plan" not in capsys.readouterr().out

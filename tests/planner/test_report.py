@@ -13,8 +13,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from torchrec_tpu.cli import main
 from torchrec_tpu.planner import load_plan
-from torchrec_tpu.planner.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 DLRM_TABLES = REPO / "examples" / "planner" / "dlrm_dcnv2_tables.yaml"
@@ -28,7 +28,7 @@ TOPOLOGIES = ("v5p-64", "v6e-16", "tpu7x-64", "v6e-256")  # v6e-16 has no plan a
 def compared(tmp_path_factory):
     """One `plan --compare` run: per-topology plan JSON and HTML, and the comparison page."""
     out = tmp_path_factory.mktemp("plans")
-    code = main(["--tables", str(DLRM_TABLES), "--compare", ",".join(TOPOLOGIES), "--batch-size", "65536",
+    code = main(["plan", "--tables", str(DLRM_TABLES), "--compare", ",".join(TOPOLOGIES), "--batch-size", "65536",
                  "--max-ids-per-partition", "400",
                  "--out", str(out / "plan.json"), "--html", str(out / "plan.html")])
     assert code == 2  # one topology has no plan
@@ -151,7 +151,7 @@ def test_plan_json_matches_the_schema(compared, tmp_path):
         jsonschema.validate(json.loads((compared / f"plan.{name}.json").read_text()), SCHEMA,
                             cls=jsonschema.Draft202012Validator)
     out = tmp_path / "multi.json"
-    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--slices", "4", "--batch-size", "16384",
+    assert main(["plan", "--tables", str(DLRM_TABLES), "--topology", "v5p-8", "--slices", "4", "--batch-size", "16384",
                  "--max-ids-per-partition", "4096", "--out", str(out)]) == 0
     plan = json.loads(out.read_text())
     jsonschema.validate(plan, SCHEMA, cls=jsonschema.Draft202012Validator)
@@ -231,7 +231,7 @@ def test_single_report_lists_the_fullest_device(tmp_path):
     and both the terminal table and the HTML report list it."""
     from torchrec_tpu.planner.report import format_plan
 
-    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--batch-size", "65536",
+    assert main(["plan", "--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--batch-size", "65536",
                  "--out", str(tmp_path / "p.json"), "--html", str(tmp_path / "p.html")]) == 0
     plan = load_plan(tmp_path / "p.json")
     fullest = max(plan.devices, key=lambda d: d.memory_bytes)
@@ -247,14 +247,14 @@ def test_single_report_lists_the_fullest_device(tmp_path):
 def test_id_limit_lines_come_below_the_tables_short(capsys):
     """Below the tables: one header, then a short summary line per topology (not 380 characters
     listing every table)."""
-    assert main(["--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--batch-size", "65536"]) == 0
+    assert main(["plan", "--tables", str(DLRM_TABLES), "--topology", "v5p-64", "--batch-size", "65536"]) == 0
     lines = capsys.readouterr().out.splitlines()
     limits = [i for i, line in enumerate(lines) if line.startswith("max_ids_per_partition per table")]
     devices = [i for i, line in enumerate(lines) if line.strip().endswith(" us")]
     assert len(limits) == 1 and devices and min(limits) > max(devices)
     assert lines[limits[0] + 1] == ("  v5p-64: 128 to 4096: C21 4096, C22 3456, C20 1536, C23 1280, "
                                     "22 more from 128 to 1152")
-    main(["--tables", str(DLRM_TABLES), "--compare", "v5p-64,tpu7x-64", "--batch-size", "65536"])
+    main(["plan", "--tables", str(DLRM_TABLES), "--compare", "v5p-64,tpu7x-64", "--batch-size", "65536"])
     lines = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("topology "))
     limits = next(i for i, line in enumerate(lines) if line.startswith("max_ids_per_partition per table"))

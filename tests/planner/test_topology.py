@@ -113,13 +113,13 @@ def test_topology_file_errors(tmp_path):
 
 
 def test_v5e_and_v4_are_known_and_refused_with_a_clear_line(capsys):
-    from torchrec_tpu.planner.cli import main
+    from torchrec_tpu.cli import main
 
     v4, v5e = parse_accelerator_type("v4-8"), parse_accelerator_type("v5e-16")
     assert (v4.num_chips, v4.shape, v4.num_sparsecores) == (4, (2, 2, 1), 0)  # v4 names count TensorCores
     assert (v5e.num_chips, v5e.shape, v5e.num_sparsecores) == (16, (4, 4), 0)
     tables = Path(__file__).resolve().parents[2] / "examples" / "planner" / "dlrm_dcnv2_tables.yaml"
-    assert main(["--tables", str(tables), "--compare", "v5p-8,v5e-16,v4-8", "--batch-size", "4096"]) == 2
+    assert main(["plan", "--tables", str(tables), "--compare", "v5p-8,v5e-16,v4-8", "--batch-size", "4096"]) == 2
     out = capsys.readouterr().out
     assert "v5e-16: v5e has no SparseCore that jax-tpu-embedding drives" in out
     assert "v4-8: v4 has no SparseCore" in out and "plan on v5p, v6e or tpu7x" in out

@@ -154,11 +154,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchrec-tpu plan", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+if __name__ == "__main__":  # as ``torchrec-tpu plan``: the one entry point reports the errors
+    from torchrec_tpu.cli import main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["plan", *sys.argv[1:]]))
