@@ -159,3 +159,31 @@ def test_a_bad_label_or_fractional_id_is_refused_naming_its_row_in_the_file(tmp_
                  str(tmp_path / "out"), "--num-cpus", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"torchrec-tpu infer: error: {edited}: row 10, column {column}: {shown}") and "\n" not in err
+
+
+@pytest.mark.slow
+def test_infer_on_the_stack_scores_as_the_cpu_path(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--device tpu``: the tables in the sharded SparseCore EC, the STU stack and heads on the tpu
+    device, scoring every candidate as the eager CPU model does."""
+    data, root, _ = _trained(tmp_path, capsys)
+    argv = ["infer", "--data", str(window_path(data, 1)), "--checkpoint", str(root), "--num-cpus", "1",
+            "--no-progress", "--batch-size", "32"]
+    scores = {}
+    for device in ("cpu", "tpu"):
+        assert main([*argv, "--device", device, "--output", str(tmp_path / device)]) == 0, capsys.readouterr().err
+        logged = capsys.readouterr().out
+        parts = sorted((tmp_path / device).glob("part-*.parquet"))
+        scores[device] = pa.concat_tables([pq.read_table(p) for p in parts])
+    assert "the stack: tables on the SparseCore ops, the STU stack and heads on the tpu device" in logged
+    assert scores["tpu"].drop(["prediction_positive"]).equals(scores["cpu"].drop(["prediction_positive"]))
+    np.testing.assert_allclose(scores["tpu"].column("prediction_positive").to_numpy(),
+                               scores["cpu"].column("prediction_positive").to_numpy(), rtol=0, atol=1e-6)
+
+
+def test_a_legacy_checkpoint_is_refused_on_the_stack_by_name(tmp_path: Path) -> None:
+    from torchrec_tpu.hstu.inference import load_hstu_inference
+
+    _legacy_checkpoint(tmp_path / "step-00000003", HSTU(HSTUConfig(item_rows=20, action_rows=3)), world_size=1)
+    with pytest.raises(ValueError, match=r"--device tpu: checkpoint .*step-00000003 is in the legacy one-rank "
+                                         r"layout, which only --device cpu loads"):
+        load_hstu_inference(tmp_path, "tpu")

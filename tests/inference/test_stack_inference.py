@@ -40,6 +40,6 @@ def test_auto_takes_the_cpu_path_without_a_tpu_and_says_why(checkpoint, infer_da
 
 
 def test_tpu_refuses_what_the_sparsecore_ops_do_not_serve(tmp_path) -> None:
-    with pytest.raises(ValueError, match=r"--device tpu serves a DLRM checkpoint at --table-dtype fp32 in one "
+    with pytest.raises(ValueError, match=r"--device tpu serves a DLRM or HSTU checkpoint at --table-dtype fp32 in one "
                                          r"process \(--concurrency 1\): .*got a DLRM checkpoint at int4"):
         InferenceConfig(data="d", checkpoint="c", output="o", device="tpu", table_dtype="int4")

@@ -1,9 +1,11 @@
 """An HSTU checkpoint of ``torchrec-tpu train --model hstu|dlrmv4`` -> per-candidate scores, for
 ``torchrec-tpu infer`` (:mod:`torchrec_tpu.inference.job`).
 
-The model is rebuilt on CPU from the checkpoint's ``meta.json`` record (its :class:`HSTUConfig`) with a
-plain TorchRec EmbeddingCollection, and loaded from its DCP state (either engine's tables carry the
-stock EC's keys; a checkpoint of any world size loads) or from a legacy one-rank checkpoint's files.
+The model is rebuilt from the checkpoint's ``meta.json`` record (its :class:`HSTUConfig`) where
+``infer --device`` says: on CPU with a plain TorchRec EmbeddingCollection (``cpu``, the reference),
+or as the trainer lays it out (``tpu``: the sharded SparseCore EmbeddingCollection, the STU stack and
+heads on the tpu device), and loaded from its DCP state (either engine's tables carry the stock EC's
+keys; a checkpoint of any world size loads) or, on CPU, from a legacy one-rank checkpoint's files.
 The input is a sequence window table (:mod:`pipelines.sequences.layout`); the output has one row per
 candidate: the requested key columns, the input row's index, the candidate's position in its row and
 item, its label per task when the input has them (``label_<task>``), and its click probability per
@@ -12,7 +14,8 @@ task (``prediction_<task>``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +39,11 @@ class HSTUInference:
 
     model: HSTU
     step: int
+    resources: ExitStack = field(default_factory=ExitStack)  # the process group the sharded tables joined
+
+    def close(self) -> None:
+        """Leave the process group the model joined (``tpu``)."""
+        self.resources.close()
 
     @property
     def tasks(self) -> tuple[str, ...]:
@@ -54,7 +62,7 @@ class HSTUInference:
         out = [np.zeros((0, len(self.tasks)), np.float32)]
         for start in range(0, table.num_rows, batch_size):
             batch = sequence_batch(table.slice(start, batch_size), (), history, self.model.config.item_rows)
-            out.append(torch.sigmoid(self.model(batch.features).float()).numpy())
+            out.append(torch.sigmoid(self.model(batch.features).float().cpu()).numpy())
         return np.concatenate(out)
 
     def candidate_rows(self, table: pa.Table, *, first_row: int, key_columns: tuple[str, ...],
@@ -81,21 +89,43 @@ class HSTUInference:
         return [LABEL_PREFIX + task for task in self.tasks]
 
 
-def load_hstu_inference(checkpoint: Path) -> HSTUInference:
+def load_hstu_inference(checkpoint: Path, device: str = "cpu", batch_size: int = 1024) -> HSTUInference:
     """The HSTU of ``checkpoint`` (an HSTU checkpoint or a root of them, written by any number of
-    ranks) on CPU; ValueError naming what is missing or does not fit."""
+    ranks) on ``device`` (module docstring; ``tpu``: the sharded tables sized for ``batch_size``
+    rows a forward); ValueError naming what is missing or does not fit."""
     directory = find_hstu_checkpoint(checkpoint)
     if directory is None:
         raise ValueError(f"{checkpoint} is not an HSTU checkpoint (no meta.json with a {HSTU_META!r} record)")
     if is_legacy(directory):
+        if device != "cpu":
+            raise ValueError(f"--device {device}: checkpoint {directory} is in the legacy one-rank layout, which "
+                             "only --device cpu loads")
         meta = hstu_meta(directory)
         model = HSTU(HSTUConfig.from_dict(meta[HSTU_META]))
         _load_legacy(directory, meta, model)
-    else:
-        _, meta = open_checkpoint(directory)
-        model = HSTU(HSTUConfig.from_dict(meta[HSTU_META]))
+        return HSTUInference(model.eval(), int(meta.get("step", 0)))
+    _, meta = open_checkpoint(directory)
+    config, resources = HSTUConfig.from_dict(meta[HSTU_META]), ExitStack()
+    try:
+        model = HSTU(config) if device == "cpu" else _stack_model(config, batch_size, resources)
         load_states(directory, model)
-    return HSTUInference(model.eval(), int(meta.get("step", 0)))
+    except BaseException:
+        resources.close()
+        raise
+    return HSTUInference(model.eval(), int(meta.get("step", 0)), resources)
+
+
+def _stack_model(config: HSTUConfig, batch_size: int, resources: ExitStack) -> HSTU:
+    """The HSTU as the trainer lays it out on the stack: its tables in the sharded SparseCore EC
+    (the default process group joined, or made, into ``resources``; no optimizer slots: nothing is
+    trained), the STU stack and heads on the tpu device."""
+    from sparsecore.optimizers import SGD
+    from torchrec_tpu.hstu.sharded import sharded_embeddings
+    from torchrec_tpu.train.distributed import process_group
+
+    resources.enter_context(process_group(device_tensors=True))
+    embeddings = sharded_embeddings(config, optimizer=SGD(1.0), batch_size=batch_size)  # (never stepped)
+    return HSTU(config, embeddings, dense_device="tpu")
 
 
 def _load_legacy(directory: Path, meta: dict, model: HSTU) -> None:

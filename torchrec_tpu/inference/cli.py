@@ -36,14 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "bf16 a cast; HSTU checkpoints: fp32 only (default: fp32; --model: the dtype it was "
                              "exported at)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
-                        help="where the DLRM runs. tpu: as the trainer lays it out, the tables sharded on the "
-                             "SparseCore ops and the towers on the tpu device, lookup and towers one compiled "
-                             "program per batch (fp32 tables, --concurrency 1); cpu: eager torch on the host, "
-                             "the reference path (and the one for quantized tables, exported models, HSTU and "
-                             "several actors); auto: tpu when a TPU is attached and the model is one it serves, "
-                             "or at several ranks under torchrun (the tables sharded over them, each rank scoring "
-                             "its share of the parts), else cpu (on XLA:CPU the compiled program is slower than "
-                             "eager torch); the choice and its reason are logged")
+                        help="where the model runs. tpu: as the trainer lays it out, the tables sharded on "
+                             "the SparseCore ops and the towers (HSTU: the STU stack and heads) on the tpu device, "
+                             "a DLRM's lookup and towers one compiled program per batch (fp32 tables, "
+                             "--concurrency 1); cpu: eager torch on the host, the reference path (and the one for "
+                             "quantized tables, exported models and several actors); auto: tpu when a TPU is "
+                             "attached and the model is one it serves, or at several ranks under torchrun (the "
+                             "tables sharded over them, each rank scoring its share of the parts), else cpu (on "
+                             "XLA:CPU the compiled program is slower than eager torch); the choice and its reason "
+                             "are logged")
     parser.add_argument("--plan", default=None, metavar="PLAN",
                         help="--device tpu: how the tables are sharded over the ranks, as train's --plan: a "
                              "'torchrec-tpu plan' JSON, or 'auto' (default: whole tables balanced over the ranks)")

@@ -93,8 +93,8 @@ class InferenceConfig:
                              "served at fp32, an exported model at the dtype it was exported at)")
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {list(DEVICES)}, got {self.device!r}")
-        if self.device == "tpu" and (self.model != DLRM or self.table_dtype != "fp32" or self.concurrency != 1):
-            raise ValueError(f"--device tpu serves a DLRM checkpoint at --table-dtype fp32 in one process "
+        if self.device == "tpu" and not self.stack_serves:
+            raise ValueError(f"--device tpu serves a DLRM or HSTU checkpoint at --table-dtype fp32 in one process "
                              f"(--concurrency 1): the SparseCore ops take fp32 tables; got {self._served()}; "
                              "--device cpu serves the rest")
         if self.plan is not None and self.device == "cpu":
@@ -106,6 +106,11 @@ class InferenceConfig:
         named = [c for c in outputs if c]
         if len(set(named)) != len(named):
             raise ValueError(f"output column names collide: {named}")
+
+    @property
+    def stack_serves(self) -> bool:
+        """Whether the stack (``--device tpu``) serves this model: a checkpoint's, fp32 tables, one process."""
+        return self.model != EXPORTED and self.table_dtype == "fp32" and self.concurrency == 1
 
     def _served(self) -> str:
         kind = {DLRM: "a DLRM checkpoint", HSTU: "an HSTU checkpoint", EXPORTED: "an exported model (--model)"}
@@ -203,7 +208,7 @@ class Predictor:
             if config.model == HSTU:
                 from torchrec_tpu.hstu.inference import load_hstu_inference
 
-                self.model = load_hstu_inference(Path(config.checkpoint))
+                self.model = load_hstu_inference(Path(config.checkpoint), config.device, config.batch_size)
             elif config.device == "tpu":
                 from torchrec_tpu.inference.stack_model import load_stack_model
 
@@ -219,7 +224,7 @@ class Predictor:
 
     def close(self) -> None:
         """Release what the model holds beyond memory (the tpu path's process group)."""
-        if self.error is None and self.config.model != HSTU:
+        if self.error is None:
             self.model.close()
 
     def loaded(self) -> bool:
@@ -512,13 +517,14 @@ def _resolved_device(config: InferenceConfig, ranks: Ranks | None) -> str:
     if device == "auto" and ranks is not None:
         device, why = "tpu", f"--device auto: {ranks.world} ranks, the tables sharded over them"
     elif device == "auto":
-        servable = config.model == DLRM and config.table_dtype == "fp32" and config.concurrency == 1
+        servable = config.stack_serves
         device = "tpu" if servable and tpu_installed() else "cpu"
         why = ("--device auto: a TPU is attached" if device == "tpu" else
                f"--device auto: {config._served()}, which the stack does not serve" if not servable else
                "--device auto: no TPU is attached, and on XLA:CPU eager torch is faster")
     batch = "one program per batch" if ranks is None else f"the tables sharded over {ranks.world} ranks"
-    where = (f"the stack: tables on the SparseCore ops, towers on the tpu device, {batch}"
+    where = ("the stack: tables on the SparseCore ops, " + (f"towers on the tpu device, {batch}" if config.model != HSTU
+                                                            else "the STU stack and heads on the tpu device")
              if device == "tpu" else "eager torch on the host CPU")
     _log.info("infer: the model on %s (%s)", where, why)
     return device
