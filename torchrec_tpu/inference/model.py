@@ -69,18 +69,21 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     """Rebuild the trained DLRM on CPU and load its weights from ``checkpoint_dir`` (a checkpoint,
     or a checkpoint root: its latest), its tables at ``table_dtype``
     (:mod:`torchrec_tpu.inference.quantized_tables`; fp32: the stock EmbeddingBagCollection).
-    The tables are read one at a time, each quantized before the next is read. Either engine's
-    checkpoints load: both name the tables :func:`~torchrec_tpu.train.model.table_weight_key`."""
+    The tables are read one at a time, each quantized before the next is read, once the planner's
+    estimate of them at ``table_dtype`` fits this host's memory (ConfigError otherwise). Either
+    engine's checkpoints load: both name the tables :func:`~torchrec_tpu.train.model.table_weight_key`."""
     from torchrec_tpu.inference.zch_remap import read_sizes, saved_remap
     from torchrec_tpu.sharding.deferred import DeferredTensor
     from torchrec_tpu.train.checkpoint.reader import load_state
     from torchrec_tpu.train.checkpoint.store import STATE_DIR
+    from torchrec_tpu.train.memory_preflight import check_model_fits
     from torchrec_tpu.train.model import build_dlrm
 
     directory, meta, spec, saved = checkpoint_model_spec(checkpoint_dir, schema)
     state_dir = directory / STATE_DIR
     keys = {f: table_weight_key(f) for f in schema.sparse}
     check_table_dtype(table_dtype, spec.embedding_dim)
+    check_model_fits(spec, None, 1, table_dtype)
     train_module = build_dlrm(spec, dense_device=torch.device("cpu"))
     state = train_module.state_dict()  # the towers' tensors are the module's: the load fills them
     for key in keys.values():  # the tables (meta): read when asked, one at a time

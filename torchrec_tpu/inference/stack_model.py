@@ -58,6 +58,7 @@ def load_stack_model(checkpoint_dir: str | Path, batch_size: int, schema: Datase
     from torchrec_tpu.train.engines.dense_step import eval_forward
     from torchrec_tpu.train.engines.sparsecore_engine import build_sparsecore_model, unwrap_dense
     from torchrec_tpu.train.engines.step_layout import resolve_sparsecore_layout
+    from torchrec_tpu.train.memory_preflight import check_model_fits
 
     directory, meta, spec, saved = checkpoint_model_spec(checkpoint_dir, schema)
     if f"model.{SAVED_KEY}" in saved:
@@ -66,6 +67,7 @@ def load_stack_model(checkpoint_dir: str | Path, batch_size: int, schema: Datase
     resources = ExitStack()
     try:
         env = resources.enter_context(process_group(device_tensors=True))
+        check_model_fits(spec, None, env.world_size)  # fp32 tables, this host's ranks' shares
         # sgd: tables without optimizer slots (nothing is trained)
         options, optim = EngineConfig(dense_device="tpu", plan=plan), OptimConfig(sparse_optimizer="sgd")
         global_batch = batch_size * env.world_size

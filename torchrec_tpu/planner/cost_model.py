@@ -4,7 +4,10 @@ Notation: D devices (JAX devices: chips on v5p/v6e, chiplets on tpu7x), S Sparse
 N = D*S, global batch B, local batch b = B/D; a table has R rows, dim d, F features with pooling
 factor P (mean ids per sample per feature); ids per step I = B*P*F, per device I/D. d' = ceil8(d)
 (SparseCore alignment). Parameters are float32 (4 B); a row with optimizer state takes
-``row_bytes(w) = 4*w*(1 + slots_per_element) + 4*slots_per_row`` (``tpu_facts.OPTIMIZER_SLOTS``).
+``row_bytes(w) = 4*w*(1 + slots_per_element) + 4*slots_per_row`` (``tpu_facts.OPTIMIZER_SLOTS``);
+a table held at another ``data_type`` (inference) counts its rows at that dtype instead
+(:func:`stored_row_bytes`: fp16 / bf16 2 B an element, int8 / int4 packed codes and a 4 B fp16
+scale and bias per row, as FBGEMM's inference TBE stores them).
 Ids travel as CSR triplets (id, sample, gain) = 12 B. ``bw_sc`` = device HBM bandwidth x
 ``sparsecore_hbm_efficiency``; ``t_u`` / ``t_h`` = seconds per byte of a uniform all-to-all / of
 traffic into one device (``torchrec_tpu.topology``).
@@ -42,7 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import astuple, dataclass
 
-from torchrec_tpu.planner.tables import EmbeddingTable
+from torchrec_tpu.planner.tables import DATA_TYPE_BITS, SCALE_BIAS_BYTES, EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
 from tpu_facts import ALIGNMENT, DEFAULT_MAX_IDS_PER_PARTITION, OPTIMIZER_SLOTS, ShardingKind, round_up
 
@@ -117,7 +120,14 @@ class ShardingOption:
 
 def row_bytes(table: EmbeddingTable, width: int) -> int:
     per_element, per_row = (len(slots) for slots in OPTIMIZER_SLOTS[table.optimizer])
-    return PARAM_BYTES * width * (1 + per_element) + PARAM_BYTES * per_row
+    return stored_row_bytes(width, table.data_type) + PARAM_BYTES * width * per_element + PARAM_BYTES * per_row
+
+
+def stored_row_bytes(width: int, data_type: str) -> int:
+    """Bytes of one ``width``-wide row at ``data_type``: its elements, and for the row-wise quantized
+    dtypes (int8, int4: packed codes) FBGEMM's per-row fp16 scale and bias."""
+    bits = DATA_TYPE_BITS[data_type]
+    return math.ceil(width * bits / 8) + (SCALE_BIAS_BYTES if bits < 16 else 0)
 
 
 class OptionBuilder:

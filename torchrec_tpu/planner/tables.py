@@ -20,11 +20,17 @@ from torchrec_tpu.structured_files import brief, read_structured
 from tpu_facts import COMBINERS, OPTIMIZER_SLOTS
 from tpu_facts import MAX_VOCAB as MAX_ROWS
 
+# the dtypes a table's rows are held at (infer / export --table-dtype): bits per element; below 16
+# row-wise quantized, each row with an fp16 scale and bias as FBGEMM's inference TBE stores them
+DATA_TYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
+SCALE_BIAS_BYTES = 4
+
 
 @dataclass(frozen=True)
 class EmbeddingTable:
     """One table: ``rows`` x ``dim`` float32, looked up by ``num_features`` features with
-    ``pooling_factor`` ids per sample each (mean; 1.0 = single-hot), trained with ``optimizer``."""
+    ``pooling_factor`` ids per sample each (mean; 1.0 = single-hot), trained with ``optimizer``,
+    its rows held at ``data_type`` (:data:`DATA_TYPE_BITS`; training: fp32)."""
 
     name: str
     rows: int
@@ -34,6 +40,7 @@ class EmbeddingTable:
     num_features: int = 1
     combiner: str = "sum"
     max_ids_per_partition: int | None = None  # None: the planner-wide limit
+    data_type: str = "fp32"
 
     def __post_init__(self) -> None:
         where = f"table {brief(self.name)}"
@@ -50,6 +57,8 @@ class EmbeddingTable:
             raise ValueError(f"{where}: optimizer {brief(self.optimizer)} unknown; known: {sorted(OPTIMIZER_SLOTS)}")
         if not isinstance(self.num_features, int) or self.num_features < 1:
             raise ValueError(f"{where}: num_features must be a positive int, got {brief(self.num_features)}")
+        if self.data_type not in DATA_TYPE_BITS:
+            raise ValueError(f"{where}: data_type must be one of {list(DATA_TYPE_BITS)}, got {brief(self.data_type)}")
         if self.combiner not in COMBINERS:
             raise ValueError(f"{where}: combiner must be one of {COMBINERS}, got {brief(self.combiner)}")
         if self.max_ids_per_partition is not None and (
