@@ -12,7 +12,7 @@ import numpy as np
 from sparsecore.limits import PartitionOverflowError, StackStats
 from sparsecore.stacking import StackedTable
 from tpu_facts import ALIGNMENT as ALIGN
-from tpu_facts import round_up
+from tpu_facts import PADDING_ID, round_up
 
 
 @dataclass(frozen=True)
@@ -76,3 +76,29 @@ def raise_partition_overflow(stack: StackedTable, counts: np.ndarray, unique_cou
         f"{int(unique_counts[k])} unique ids > max_unique_ids_per_partition "
         f"{stack.max_unique_ids_per_partition}"
     )
+
+
+def lay_out_csr(stack: StackedTable, devices: int, s: int, partition: np.ndarray, row: np.ndarray,
+                sample: np.ndarray, gain: np.ndarray, rank: np.ndarray, stats: StackStats) -> StackCSR:
+    """The buffers holding each entry (its ``partition`` = source chunk * N + destination, shard
+    ``row``, chunk-local ``sample``, ``gain``) at ``rank`` inside its partition, every partition
+    8-aligned in its source SparseCore's region, padding elsewhere (module :mod:`sparsecore.preprocess`)."""
+    n, chunks = stack.num_sparsecores, devices * s
+    counts = np.bincount(partition, minlength=chunks * n)
+    padded = round_up_array(counts, ALIGN).reshape(chunks, n)
+    ends_padded = np.cumsum(padded, axis=1)
+    starts = (ends_padded - padded).reshape(-1)
+    region = coo_buffer_size_per_device(stack, s) // s
+    pointers = np.empty((chunks, row_pointers_per_sc(stack)), dtype=np.int32)
+    pointers[:, :n] = (starts + counts).reshape(chunks, n)
+    pointers[:, n:] = ends_padded[:, -1:]
+
+    size = devices * region * s
+    embedding_ids = np.full(size, PADDING_ID, dtype=np.int32)
+    sample_ids = np.full(size, PADDING_ID, dtype=np.int32)
+    gains = np.full(size, np.nan, dtype=np.float32)
+    position = (partition // n) * region + starts[partition] + rank
+    embedding_ids[position] = row
+    sample_ids[position] = sample
+    gains[position] = gain
+    return StackCSR(pointers.reshape(-1), embedding_ids, sample_ids, gains, stats)

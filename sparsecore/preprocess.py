@@ -38,6 +38,7 @@ from sparsecore.csr_format import (
     RowOrderedEntries,
     StackCSR,
     coo_buffer_size_per_device,
+    lay_out_csr,
     partition_stats,
     raise_partition_overflow,
     round_up_array,
@@ -48,7 +49,7 @@ from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput, feature_inputs
 from tpu_facts import ALIGNMENT as ALIGN
-from tpu_facts import PADDING_ID
+from tpu_facts import PADDING_ID  # noqa: F401  (the padding id callers read here)
 
 ENGINES = ("auto", "compiled", "numpy")  # auto: compiled when the extension builds, else numpy
 
@@ -216,23 +217,7 @@ def _preprocess_stack(
         partition, row, sample, gain, rank = (a[keep] for a in (partition, row, sample, gain, rank))
         counts = np.bincount(partition, minlength=num_partitions)
 
-    padded = round_up_array(counts, ALIGN).reshape(chunks, n)
-    ends_padded = np.cumsum(padded, axis=1)
-    starts = (ends_padded - padded).reshape(-1)
-    region = coo_buffer_size_per_device(stack, s) // s
-    pointers = np.empty((chunks, row_pointers_per_sc(stack)), dtype=np.int32)
-    pointers[:, :n] = (starts + counts).reshape(chunks, n)
-    pointers[:, n:] = ends_padded[:, -1:]
-
-    size = devices * region * s
-    embedding_ids = np.full(size, PADDING_ID, dtype=np.int32)
-    sample_ids = np.full(size, PADDING_ID, dtype=np.int32)
-    gains = np.full(size, np.nan, dtype=np.float32)
-    position = (partition // n) * region + starts[partition] + rank
-    embedding_ids[position] = row
-    sample_ids[position] = sample
-    gains[position] = gain
-    return StackCSR(pointers.reshape(-1), embedding_ids, sample_ids, gains, stats)
+    return lay_out_csr(stack, devices, s, partition, row, sample, gain, rank, stats)
 
 
 def _coo_entries(stack: StackedTable, inputs: Mapping[str, FeatureInput], chunks: int):
