@@ -13,13 +13,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-OVERFLOW_POLICIES = ("error", "drop")
+# error: stop; drop: keep each partition's first ids up to its limits (as the SparseCores do);
+# minibatch: split the batch into passes that fit (sparsecore.minibatching), 0 ids dropped
+OVERFLOW_POLICIES = ("error", "drop", "minibatch")
+ONE_PASS_POLICIES = ("error", "drop")  # what a consumer of one pass of CSR buffers can apply
 
 
-def check_overflow_policy(overflow: str) -> str:
-    """``overflow`` if it is one of :data:`OVERFLOW_POLICIES`, else ValueError."""
-    if overflow not in OVERFLOW_POLICIES:
-        raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+def check_overflow_policy(overflow: str, policies: tuple[str, ...] = OVERFLOW_POLICIES, who: str = "") -> str:
+    """``overflow`` if it is one of ``policies``, else ValueError (naming ``who`` takes them)."""
+    if overflow not in policies:
+        where = f" of {who}" if who else ""
+        raise ValueError(f"overflow policy{where} must be one of {policies}, got {overflow!r}")
     return overflow
 
 
@@ -29,7 +33,7 @@ class PartitionOverflowError(ValueError):
     application reports ``overflow`` with its own options instead)."""
 
     def __init__(self, overflow: str, fix: str = "raise the limit (see sparsecore.limits.FdoRecorder) or "
-                                                 "use overflow='drop'") -> None:
+                                                 "use overflow='minibatch' or 'drop'") -> None:
         super().__init__(f"{overflow}; {fix}")
         self.overflow = overflow
 

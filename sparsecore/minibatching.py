@@ -244,3 +244,46 @@ def jte_buffers(stack: StackedTable, entries: MinibatchEntries, devices: int, s:
     sample_ids[position] = entries.sample
     gains[position] = entries.gain
     return StackCSR(pointers.reshape(-1), embedding_ids, sample_ids, gains, entries.stats)
+
+
+
+def stacked_passes(passes: tuple[StackCSR, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(row_pointers, embedding_ids, sample_ids, gains) of ``passes``, each [passes, ...]: the
+    static-shape input of :func:`lookup_passes` and :func:`update_passes`."""
+    return tuple(np.stack([getattr(csr, name) for csr in passes])
+                 for name in ("row_pointers", "embedding_ids", "sample_ids", "gains"))
+
+
+def lookup_passes(row_pointers, embedding_ids, sample_ids, gains, table, batch_size: int):
+    """The activations [batch_size, dim] of a stack's minibatches (:func:`stacked_passes`): one
+    ``sparsecore.csr_math`` lookup per pass, summed in pass order (every buffer of one host,
+    devices concatenated; the whole table). Traceable: a program runs it for any k of its
+    :func:`pass_bucket`."""
+    import jax
+    import jax.numpy as jnp
+
+    from sparsecore import csr_math
+
+    def one_pass(total, csr):
+        return total + csr_math.sparse_dense_matmul(*csr, table, batch_size).astype(jnp.float32), None
+
+    zero = jnp.zeros((batch_size, table.shape[1]), jnp.float32)
+    total, _ = jax.lax.scan(one_pass, zero, (row_pointers, embedding_ids, sample_ids, gains))
+    return total.astype(table.dtype)
+
+
+def update_passes(optimizer: str, row_pointers, embedding_ids, sample_ids, gains, table, slots, activations_grad,
+                  hypers):
+    """The fused ``optimizer`` update of a stack's minibatches (:func:`stacked_passes`), pass after
+    pass (they touch disjoint rows); returns the new table (and slots) as
+    ``sparsecore.csr_math.fused_update``. Traceable, like :func:`lookup_passes`."""
+    import jax
+
+    from sparsecore import csr_math
+
+    def one_pass(state, csr):
+        out = csr_math.fused_update(optimizer, *csr, state[0], list(state[1:]), activations_grad, hypers)
+        return (out if isinstance(out, tuple) else (out,)), None
+
+    state, _ = jax.lax.scan(one_pass, (table, *slots), (row_pointers, embedding_ids, sample_ids, gains))
+    return state if slots else state[0]

@@ -45,7 +45,7 @@ from sparsecore.csr_format import (
     row_pointers_per_sc,
 )
 from sparsecore.input_checks import check_id_range
-from sparsecore.limits import StackStats, check_overflow_policy
+from sparsecore.limits import ONE_PASS_POLICIES, PartitionOverflowError, StackStats, check_overflow_policy
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput, feature_inputs
 from tpu_facts import ALIGNMENT as ALIGN
@@ -82,7 +82,9 @@ def preprocess_inputs(
 ) -> PreprocessedBatch:
     """Build the CSR buffers from already validated per-feature inputs on ``threads`` threads
     (default: the CPUs; numpy: one per stack, its sorts release the GIL). Ids outside their
-    table's rows raise (:func:`check_table_ids`)."""
+    table's rows raise (:func:`check_table_ids`). One pass: ``overflow`` is "error" or "drop"
+    (``sparsecore.minibatching`` builds the passes of "minibatch")."""
+    check_overflow_policy(overflow, ONE_PASS_POLICIES, "one pass of CSR buffers (preprocess_inputs)")
     compiled = _use_compiled(engine, overflow)
     check_table_ids(inputs, plan)
     if compiled:
@@ -106,13 +108,20 @@ def preprocess_row_ordered(
     engine: str = "auto",
 ) -> dict[str, RowOrderedEntries]:
     """The entries ``preprocess_inputs`` would lay out into CSR buffers, per stack, in row order
-    (numpy: one sort; the CSR buffers are only built when a partition is over its limit)."""
+    (numpy: one sort; the CSR buffers are only built when a partition is over its limit). Under
+    "minibatch" every entry is kept: the sum of the minibatches' passes (checked to fit,
+    ``sparsecore.minibatching``) is the one pass over all of them."""
     compiled = _use_compiled(engine, overflow)
     check_table_ids(inputs, plan)
     if compiled:
         from sparsecore.preprocess_native import preprocess_compiled
 
-        return preprocess_compiled(inputs, plan, overflow, threads, row_ordered=True)
+        try:
+            return preprocess_compiled(inputs, plan, "error" if overflow == "minibatch" else overflow, threads,
+                                       row_ordered=True)
+        except PartitionOverflowError:
+            if overflow != "minibatch":
+                raise  # (a batch over a limit under "minibatch" is rare: numpy splits it below)
     devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
     return {stack.name: _row_ordered_stack(stack, inputs, devices, s, overflow) for stack in plan.stacks}
 
@@ -161,8 +170,13 @@ def _row_ordered_stack(
     new_row = np.ones(phys.size, dtype=bool)
     new_row[1:] = (phys[1:] != phys[:-1]) | (chunk[1:] != chunk[:-1])
     unique_counts = np.bincount(partition[new_row], minlength=chunks * n)
-    if counts.max(initial=0) > stack.max_ids_per_partition or \
-            unique_counts.max(initial=0) > stack.max_unique_ids_per_partition:
+    over = counts.max(initial=0) > stack.max_ids_per_partition or \
+        unique_counts.max(initial=0) > stack.max_unique_ids_per_partition
+    if over and overflow == "minibatch":
+        from sparsecore.minibatching import minibatch_entries
+
+        minibatch_entries(stack, inputs, devices, s)  # raises where no split fits
+    elif over:
         csr = _preprocess_stack(stack, inputs, devices, s, overflow)  # raises, or drops as the SparseCores do
         phys, sample, gain = csr_entries(stack, csr, devices, s)
         by_row = np.argsort(phys, kind="stable")

@@ -18,6 +18,7 @@ from sparsecore.backends import TPU
 from sparsecore.backends.xla import XlaBackend
 from sparsecore.csr_format import StackCSR, coo_buffer_size_per_device, row_pointers_per_sc
 from sparsecore.jte_interop import jte_feature_specs, jte_optimizer
+from sparsecore.limits import ONE_PASS_POLICIES, check_overflow_policy
 from sparsecore.preprocess import preprocess_inputs
 from sparsecore.stacking import StackedTable, StackingPlan
 
@@ -91,6 +92,7 @@ class TpuBackend(XlaBackend):
                 f"{len(devices)} (platform {jax.devices()[0].platform}); use backend='xla' for the same "
                 "semantics on this machine"
             )
+        check_overflow_policy(overflow, ONE_PASS_POLICIES, "the tpu backend (one kernel pass a step)")
         super().__init__(plan, weights, seed, overflow)
         mesh = Mesh(np.array(devices[: plan.topology.num_devices]), (AXIS,)) if len(devices) > 1 else None
         self._stack_programs = {st.name: _StackProgram(plan, st) for st in plan.stacks}

@@ -19,16 +19,43 @@ from torchrec_tpu.cli import main
 FLAGS = ["--embedding-dim", "8", "--dense-arch", "16,8", "--over-arch", "8,1", "--no-progress"]
 
 
-@pytest.mark.parametrize("command", [["train", "--max-steps", "1"], ["profile", "--steps", "1", "--warmup", "1"]])
-def test_batch_over_the_id_limit_names_the_flags(capsys, tmp_path, command):
-    """``profile`` runs the input dist inside its steps (no prefetch thread): the same flags."""
-    data = tmp_path / "data"
+@pytest.fixture(scope="module")
+def skewed_data(tmp_path_factory) -> Path:
+    """100-row tables at batch 8192 on one rank: ~512 ids a partition, over the default 256."""
+    data = tmp_path_factory.mktemp("skewed") / "data"
     generate(SyntheticConfig(num_rows=12_288, seed=5, max_cardinality=100, rows_per_file=4096,
                              row_group_size=4096), data, progress=False)
-    rc = main([*command, "--data", str(data), *FLAGS, "--num-embeddings", "100", "--batch-size", "8192",
-               "--log-dir", str(tmp_path / "run")])
+    return data
+
+
+@pytest.mark.parametrize("command", [["train", "--max-steps", "1"], ["profile", "--steps", "1", "--warmup", "1"]])
+def test_batch_over_the_id_limit_names_the_flags(capsys, tmp_path, command, skewed_data):
+    """Under --id-overflow error; ``profile`` runs the input dist inside its steps (no prefetch
+    thread): the same flags, --max-ids-per-partition first."""
+    rc = main([*command, "--data", str(skewed_data), *FLAGS, "--num-embeddings", "100", "--batch-size", "8192",
+               "--id-overflow", "error", "--log-dir", str(tmp_path / "run")])
     assert_clean_error(rc, capsys.readouterr().err, "ids > max_ids_per_partition",
-                       "lower --batch-size (now 8192) or train on more ranks (torchrun --nproc-per-node)")
+                       "raise --max-ids-per-partition, use --id-overflow minibatch (--sparse-backend xla), lower "
+                       "--batch-size (now 8192) or train on more ranks (torchrun --nproc-per-node)")
+
+
+@pytest.mark.slow  # a batch of 8192 through the whole job (test_xla_backend_minibatch_policy_* is the fast one)
+@pytest.mark.parametrize("flags", [[], ["--id-overflow", "error", "--max-ids-per-partition", "1024"]],
+                         ids=["minibatch-by-default", "raised-limit"])
+def test_the_batch_over_the_default_limit_trains(capsys, tmp_path, flags, skewed_data):
+    """Issue 77: TorchRec's batch on one host used to fail on max_ids_per_partition; by default the
+    xla backend minibatches it, and --max-ids-per-partition raises the limit."""
+    rc = main(["train", "--max-steps", "1", "--data", str(skewed_data), *FLAGS, "--num-embeddings", "100",
+               "--batch-size", "8192", "--sparse-backend", "xla", "--dense-device", "cpu", *flags, "--log-dir", str(tmp_path / "run")])
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_minibatch_needs_the_xla_backend(capsys, tmp_path, skewed_data):
+    rc = main(["train", "--max-steps", "1", "--data", str(skewed_data), *FLAGS, "--batch-size", "8192",
+               "--sparse-backend", "ops", "--dense-device", "tpu", "--id-overflow", "minibatch",
+               "--log-dir", str(tmp_path / "run")])
+    assert_clean_error(rc, capsys.readouterr().err, "--id-overflow minibatch runs on --sparse-backend xla; the ops "
+                                                    "backend runs one pass")
 
 
 def test_plan_auto_sizes_the_id_limits_for_the_batch(capsys, tiny_dataset, tmp_path):
@@ -61,7 +88,8 @@ def test_one_ranks_overflow_fails_every_rank_at_once(tiny_copy, tmp_path):
     _many_ids_in_one_partition(tiny_copy, "C1", 200)
     started = time.monotonic()
     result = subprocess.run(torchrun_train("--data", str(tiny_copy), *FLAGS, "--num-embeddings", "20000",
-                                      "--batch-size", "512", "--max-steps", "2", "--log-dir", str(tmp_path / "run"),
+                                      "--batch-size", "512", "--max-steps", "2", "--id-overflow", "error",
+                                      "--log-dir", str(tmp_path / "run"),
                                       "--collective-timeout", "200"),
                             env=cli_env(), capture_output=True, text=True, timeout=400)
     assert time.monotonic() - started < 150, "failing must not wait for the collective timeout"

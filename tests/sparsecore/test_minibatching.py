@@ -117,3 +117,114 @@ def test_one_hot_row_over_the_limit_cannot_be_split():
     kjt = KeyedJaggedTensor(keys=["f"], values=torch.full((64,), 7), lengths=torch.ones(64, dtype=torch.int32))
     with pytest.raises(PartitionOverflowError, match=r"16 ids in one minibatch > max_ids_per_partition 8 .*64 buckets"):
         preprocess_minibatched(feature_inputs(kjt, plan.features, plan.tables), plan)
+
+
+def _opt_specs():
+    from sparsecore import optimizers as opt
+
+    return [opt.SGD(0.05), opt.Adagrad(0.05), opt.RowWiseAdagrad(0.05), opt.Adam(0.01), opt.FTRL(0.05)]
+
+
+def _pass_cases():
+    """Every optimizer at 1 and 2 chips; SGD on one chip runs by default, the rest are slow."""
+    for chips in (1, 2):
+        for spec in _opt_specs():
+            marks = () if (chips, spec.name) == (1, "sgd") else (pytest.mark.slow,)
+            yield pytest.param(SparseCoreTopology("v5p", chips), spec, marks=marks,
+                               id=f"{type(spec).__name__}-{chips}chip")
+
+
+@pytest.mark.parametrize("topology, spec", list(_pass_cases()))
+def test_k_passes_equal_one_pass_with_large_limits(topology, spec):
+    """Lookup (fp32 within 1e-6) and fused update (SGD bit-equal, every optimizer within 1e-6)
+    over the k minibatches equal one pass over the same batch with limits large enough."""
+    import jax
+    import jax.numpy as jnp
+
+    from sparsecore.minibatching import lookup_passes, stacked_passes, update_passes
+    from sparsecore.optimizer_rules import rule_of
+    from sparsecore.preprocess import preprocess_inputs
+
+    small = _plan(topology, max_ids=16, combiner="mean")
+    big = _plan(topology, max_ids=512, combiner="mean")
+    inputs = feature_inputs(random_kjt(small, 1, max_hot=14, id_range=300), small.features, small.tables)
+    minibatched = preprocess_minibatched(inputs, small)
+    one_pass = preprocess_inputs(inputs, big, engine="numpy")
+    rule = rule_of(spec)
+    name = spec.name
+    for stack in small.stacks:
+        mb = minibatched[stack.name]
+        assert mb.num_minibatches > 1 and mb.stats.dropped_ids == 0
+        rng = np.random.default_rng(0)
+        table = jnp.asarray(rng.normal(size=(stack.vocab_size, stack.dim)).astype(np.float32))
+        batch = stack.total_sample_count
+        csr = one_pass.stacks[stack.name]
+        buffers = (csr.row_pointers, csr.embedding_ids, csr.sample_ids, csr.gains)
+        from sparsecore import csr_math
+
+        reference = jax.jit(csr_math.sparse_dense_matmul, static_argnums=5)(*buffers, table, batch)
+        passes = stacked_passes(mb.passes)
+        lookup = jax.jit(lookup_passes, static_argnums=5)(*passes, table, batch)
+        np.testing.assert_allclose(np.asarray(lookup), np.asarray(reference),
+                                   rtol=1e-6, atol=1e-6)
+        grad = jnp.asarray(rng.normal(size=(batch, stack.dim)).astype(np.float32))
+        slots = [jnp.full((stack.vocab_size,) if s in spec.row_slots else (stack.vocab_size, stack.dim),
+                          spec.slot_initial_values()[s], jnp.float32) for s in spec.slot_names]
+        hypers = rule.op_hypers(spec, 1)
+        # (hypers stay Python numbers: Adam's betas are never traced)
+        expected = jax.jit(lambda *a: csr_math.fused_update(name, *a[:5], list(a[5]), a[6], hypers))(
+            *buffers, table, slots, grad)
+        got = jax.jit(lambda *a: update_passes(name, *a, hypers))(*passes, table, slots, grad)
+        expected, got = (x if isinstance(x, tuple) else (x,) for x in (expected, got))
+        for e, g in zip(expected, got):
+            if name == "sgd":
+                assert np.asarray(g).tobytes() == np.asarray(e).tobytes()
+            else:
+                np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-6, atol=1e-6)
+        assert not np.array_equal(np.asarray(got[0]), np.asarray(table))  # the update did change rows
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_xla_backend_minibatch_policy_equals_large_limits(optimizer):
+    """The xla backend under overflow="minibatch": 0 ids dropped, forward and the update equal
+    (bit for bit: the same entries) a backend whose limits were large enough; "error" refuses
+    the same batch and "drop" loses ids."""
+    import torch
+
+    from sparsecore import optimizers as opt
+    from sparsecore.backends import make_backend
+    from sparsecore.preprocess import preprocess_row_ordered
+
+    spec = opt.SGD(0.1) if optimizer == "sgd" else opt.Adagrad(0.1)
+    topology = SparseCoreTopology("v5p", 1)
+    small, big = (plan_stacking([TableSpec("ta", 3000, 8, "mean", spec, max_ids_per_partition=m,
+                                           max_unique_ids_per_partition=m)],
+                                [FeatureSpec("fa", "ta", 64), FeatureSpec("fa2", "ta", 64, weighted=True)], topology,
+                                stack_to_max_ids_per_partition=lambda *_: m,
+                                stack_to_max_unique_ids_per_partition=lambda *_: m) for m in (16, 1024))
+    inputs = feature_inputs(random_kjt(small, 1, max_hot=14, id_range=300), small.features, small.tables)
+    with pytest.raises(PartitionOverflowError):
+        preprocess_row_ordered(inputs, small, overflow="error")
+    assert sum(e.stats.dropped_ids for e in preprocess_row_ordered(inputs, small, overflow="drop").values()) > 0
+    backends = [make_backend("xla", small, seed=3, overflow="minibatch"), make_backend("xla", big, seed=3)]
+    outs = []
+    for backend in backends:
+        activations, context = backend.forward(inputs)
+        grads = {name: torch.full_like(a, 0.5) + a for name, a in activations.items()}
+        backend.backward(context, grads)
+        outs.append((activations, backend.table_weights()))
+        assert backend.last_stats[small.stacks[0].name].dropped_ids == 0
+    for name in outs[0][0]:
+        assert torch.equal(outs[0][0][name], outs[1][0][name])
+    for name in outs[0][1]:
+        assert torch.equal(outs[0][1][name], outs[1][1][name])
+
+
+def test_one_pass_consumers_refuse_the_minibatch_policy():
+    from sparsecore.preprocess import preprocess_inputs
+
+    plan = _plan(SparseCoreTopology("v5p", 1))
+    inputs = feature_inputs(random_kjt(plan, 0), plan.features, plan.tables)
+    with pytest.raises(ValueError, match=r"overflow policy of one pass of CSR buffers .* must be one of "
+                                         r"\('error', 'drop'\), got 'minibatch'"):
+        preprocess_inputs(inputs, plan, overflow="minibatch")

@@ -36,7 +36,7 @@ from sparsecore.backends import OPS
 from sparsecore.backends.base import ReadsTablesAlone, check_grads
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.csr_sizes import CSR_FIELDS, Agree, CsrFitter, csr_limits
-from sparsecore.limits import StackStats, check_overflow_policy
+from sparsecore.limits import ONE_PASS_POLICIES, StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import OptimizerRule, rule_of
 from sparsecore.preprocess import preprocess_inputs
 from sparsecore.stacked_arrays import stacked_array, unstack_table
@@ -332,7 +332,7 @@ class OpsBackend(ReadsTablesAlone):
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
                  overflow: str = "error", fixed_layout: bool = False):
         super().__init__(plan)
-        self.overflow = check_overflow_policy(overflow)
+        self.overflow = check_overflow_policy(overflow, ONE_PASS_POLICIES, "the ops backend (one op pass a step)")
         self.state = StackedState(plan, fixed_layout)
         self._fitter = CsrFitter(plan)
         self._load_initial(weights, seed)

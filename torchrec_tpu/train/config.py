@@ -47,6 +47,8 @@ SparseBackend = Literal["auto", BackendName]
 MODELS, PRECISIONS, DENSE_DEVICES, DENSE_PARALLELS, SPARSE_BACKENDS = (
     get_args(Model), get_args(Precision), get_args(DenseDevice), get_args(DenseParallel), get_args(SparseBackend))
 MLPERF_DIVISIONS, MLPERF_STATUSES = get_args(MLPerfDivision), get_args(MLPerfStatus)
+# --id-overflow: sparsecore.limits' policies, and auto (minibatch where the backend runs it, else error)
+ID_OVERFLOW_POLICIES = ("auto", "minibatch", "error", "drop")
 
 
 class ConfigError(ValueError):
@@ -236,6 +238,19 @@ class EngineConfig(_Group):
                 "Adam, whose update takes a host value per step), else xla (the eager step runs the xla backend's "
                 "programs beside it).",
         choices=SPARSE_BACKENDS)
+    id_overflow: str = _opt(
+        "auto", "what a batch whose ids overflow a SparseCore partition's limits does: minibatch, error or drop. "
+                "--engine sparsecore only (docs/ID_LIMITS.md). minibatch: split into passes that each fit, as "
+                "jax-tpu-embedding minibatches, with the results of one pass and 0 ids dropped (--sparse-backend "
+                "xla); error: stop the job naming the partition; drop: keep each partition's first ids up to its "
+                "limits, as the SparseCores do. auto: minibatch on the xla backend, error on the others (they run "
+                "one pass a step).",
+        choices=ID_OVERFLOW_POLICIES)
+    max_ids_per_partition: int | None = _opt(
+        None, "every table's SparseCore partition limit: the most ids (and unique ids) one SparseCore sends "
+              "another per step. --engine sparsecore only (default: 256, or what --plan sets; docs/ID_LIMITS.md). "
+              "A larger batch per SparseCore needs a larger limit; each partition's buffer grows with it.",
+        metavar="N")
     dense_parallel: DenseParallel = _opt(
         "ddp", "how the dense towers sync over ranks: ddp (replicated) or fsdp2 (sharded). --engine sparsecore "
                "only; fsdp2 shards each tower (FSDP2 fully_shard), for large towers.",
@@ -267,12 +282,19 @@ class EngineConfig(_Group):
     def validate(self) -> None:
         _check_group(self, at_least_0=("num_threads",), at_least_1=("zch_eviction_interval",),
                      positive=("collective_timeout",))
+        if self.max_ids_per_partition is not None:
+            _require("max_ids_per_partition", self.max_ids_per_partition, lambda v: v >= 1, "must be >= 1")
         kind = ENGINES[self.kind]
         if self.zch is not None and not kind.manages_collisions:
             raise ConfigError(f"--zch={self.zch!r} needs --engine {_engines_that('manages_collisions')} (the "
                               f"{kind.name} engine takes ids modulo its tables)")
         if self.zch is not None:
             self.zch_tables(None)
+        for name, default in (("id_overflow", "auto"), ("max_ids_per_partition", None)):
+            if not kind.places_dense and getattr(self, name) != default:
+                raise ConfigError(f"{_as_flag(name)}={getattr(self, name)!r} needs --engine "
+                                  f"{_engines_that('places_dense')} (the {kind.name} engine has no SparseCore "
+                                  "partitions)")
         for name, default in (("dense_device", "auto"), ("dense_parallel", "ddp"), ("sparse_backend", "auto")):
             if not kind.places_dense and getattr(self, name) not in (default, "cpu"):
                 raise ConfigError(f"{_as_flag(name)}={getattr(self, name)!r} needs --engine "
@@ -553,8 +575,8 @@ def _layer_sizes(name: str, text: str) -> list[int]:
     return sizes
 
 
-_FIELD_TYPES = {"int": int, "float": float, "str": str, "str | None": str}
-_METAVARS = {"int": "N", "float": "X", "str": "TEXT", "str | None": "PATH"}
+_FIELD_TYPES = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}
+_METAVARS = {"int": "N", "float": "X", "str": "TEXT", "str | None": "PATH", "int | None": "N"}
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig | None = None,

@@ -20,6 +20,7 @@ from torchrec import EmbeddingBagCollection
 from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
+from sparsecore.backends import FBGEMM, XLA
 from sparsecore.limits import PartitionOverflowError
 from sparsecore.optimizers import OptimizerSpec
 from torchrec_tpu.pipeline import PrefetchedBatches
@@ -63,13 +64,15 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, op
     local_batch = env.local_batch_of(global_batch)
     tables_ebc = ebc_of(model)
     optimizer = sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)
-    specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer)  # the tables' specs, once
+    limit = options.max_ids_per_partition
+    limits = None if limit is None else {c.name: (limit, limit) for c in tables_ebc.embedding_bag_configs()}
+    specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer, limits)  # the tables' specs, once
     placement = resolve_sharding(options.plan, *specs, env.world_size, global_batch)
     # the EBC's all_to_alls on a group of their own: on the default group the gradient exchange in its
     # backward queued behind DDP's all_reduces of the towers' gradients (32 ms a step at mlperf, 2 ranks)
     group = new_group(env) if env.world_size > 1 and not layout.uniform_ranks else None
     ebc = _sparsecore_ebc(tables_ebc, local_batch, placement, optimizer, specs, seed, layout.sparse_backend,
-                          layout.uniform_ranks, group)
+                          layout.uniform_ranks, group, id_overflow_policy(options.id_overflow, layout.sparse_backend))
     if options.zch is not None:
         ebc.manage_collisions(zch_specs(options, spec.feature_names, env.world_size))
     model.set_submodule(EBC_PATH, ebc)
@@ -86,16 +89,31 @@ def zch_specs(options: EngineConfig, features: tuple[str, ...], world_size: int)
             for feature, (policy, interval) in options.zch_tables(features).items()}
 
 
+def id_overflow_policy(id_overflow: str, backend: str) -> str | None:
+    """``--id-overflow``'s policy on ``backend`` (auto: minibatch where the backend runs the passes,
+    else error); None on fbgemm, whose tables have no SparseCore partitions."""
+    if backend == FBGEMM:
+        return None
+    if backend == XLA:
+        return "minibatch" if id_overflow == "auto" else id_overflow
+    if id_overflow == "minibatch":
+        raise ConfigError(f"--id-overflow minibatch runs on --sparse-backend {XLA}; the {backend} backend runs one "
+                          "pass of SparseCore buffers a step (--id-overflow error or drop there)")
+    return "error" if id_overflow == "auto" else id_overflow
+
+
 def _sparsecore_ebc(tables_ebc: EmbeddingBagCollection, local_batch: int, placement: Placement,
                     optimizer: OptimizerSpec, specs: tuple, seed: int, backend: str,
-                    uniform: bool, group: dist.ProcessGroup | None) -> ShardedSparseCoreEBC:
+                    uniform: bool, group: dist.ProcessGroup | None, overflow: str | None) -> ShardedSparseCoreEBC:
     """The sharded EBC over ``group`` (None: the default group), its ranks' stacks padded to one
     shape where ``uniform`` (the layout's lookup inside the step program, several ranks); a plan
-    they cannot be padded for fails here."""
+    they cannot be padded for fails here. ``overflow``: the backend's id overflow policy (None: it
+    has none)."""
+    extra = {} if overflow is None else {"overflow": overflow}
     try:
         return ShardedSparseCoreEBC.from_torchrec(
             tables_ebc, local_batch, placement.sharding, optimizer, specs=specs, topology=placement.rank_topology,
-            seed=seed, average_over_ranks=True, backend=backend, uniform_ranks=uniform, group=group)
+            seed=seed, average_over_ranks=True, backend=backend, uniform_ranks=uniform, group=group, **extra)
     except UniformityError as error:
         raise ConfigError(f"the training layout runs the embedding lookup inside the step program, which needs "
                           f"every rank's stacks padded to one shape, but this plan's cannot be ({error}); "
@@ -138,9 +156,10 @@ def overflow_with_flags(global_batch: int, error: Exception) -> Exception:
     SparseCore sees. Other errors as they are."""
     if not isinstance(error, PartitionOverflowError):
         return error
-    return PartitionOverflowError(error.overflow, f"lower --batch-size (now {global_batch}) or train on more "
-                                                  "ranks (torchrun --nproc-per-node), which spreads each "
-                                                  "batch over more SparseCores")
+    return PartitionOverflowError(error.overflow, f"raise --max-ids-per-partition, use --id-overflow minibatch "
+                                                  f"(--sparse-backend {XLA}), lower --batch-size (now {global_batch}) "
+                                                  "or train on more ranks (torchrun --nproc-per-node), which spreads "
+                                                  "each batch over more SparseCores")
 
 
 def build_dense_optimizer(model: nn.Module, optim: OptimConfig, towers_on: torch.device) -> KeyedOptimizerWrapper:
