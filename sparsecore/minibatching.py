@@ -145,11 +145,11 @@ def preprocess_minibatched(inputs: Mapping[str, FeatureInput], plan: StackingPla
 def minibatch_entries(stack: StackedTable, inputs: Mapping[str, FeatureInput], devices: int, s: int,
                       agree: Agree | None = None) -> MinibatchEntries:
     """``stack``'s merged entries of ``inputs``, sorted into minibatches (see module docstring)."""
-    from sparsecore.preprocess import _coo_entries, _sort_and_merge
+    from sparsecore.preprocess import coo_entries, sort_and_merge
 
     n, chunks = stack.num_sparsecores, devices * s
-    chunk, dest, row, sample, gain = _coo_entries(stack, inputs, chunks)
-    chunk, dest, row, sample, gain, _ = _sort_and_merge(chunk, dest, row, sample, gain, n, stack.shard_rows,
+    chunk, dest, row, sample, gain = coo_entries(stack, inputs, chunks)
+    chunk, dest, row, sample, gain, _ = sort_and_merge(chunk, dest, row, sample, gain, n, stack.shard_rows,
                                                         stack.total_sample_count // chunks)
     partition = chunk * n + dest
     first_of_row = np.ones(partition.size, dtype=bool)

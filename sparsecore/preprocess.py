@@ -157,7 +157,7 @@ def _row_ordered_stack(
 ) -> RowOrderedEntries:
     n, chunks = stack.num_sparsecores, devices * s
     samples_per_chunk = stack.total_sample_count // chunks
-    chunk, dest, row, sample, gain = _coo_entries(stack, inputs, chunks)
+    chunk, dest, row, sample, gain = coo_entries(stack, inputs, chunks)
     phys = dest * stack.shard_rows + row
     order, first = _merge_order((sample, chunk, phys), (samples_per_chunk, chunks, stack.vocab_size))
     starts = np.flatnonzero(first)
@@ -207,8 +207,8 @@ def _preprocess_stack(
     n = stack.num_sparsecores
     chunks = devices * s
     samples_per_chunk = stack.total_sample_count // chunks
-    chunk, dest, row, sample, gain = _coo_entries(stack, inputs, chunks)
-    chunk, dest, row, sample, gain, multiplicity = _sort_and_merge(
+    chunk, dest, row, sample, gain = coo_entries(stack, inputs, chunks)
+    chunk, dest, row, sample, gain, multiplicity = sort_and_merge(
         chunk, dest, row, sample, gain, n, stack.shard_rows, samples_per_chunk)
 
     partition = chunk * n + dest
@@ -234,7 +234,7 @@ def _preprocess_stack(
     return lay_out_csr(stack, devices, s, partition, row, sample, gain, rank, stats)
 
 
-def _coo_entries(stack: StackedTable, inputs: Mapping[str, FeatureInput], chunks: int):
+def coo_entries(stack: StackedTable, inputs: Mapping[str, FeatureInput], chunks: int):
     """Per id of every feature of the stack: (chunk, destination SC, shard row, sample, gain)."""
     n = stack.num_sparsecores
     xs = [inputs[fp.feature] for fp in stack.features]
@@ -302,7 +302,7 @@ def _sequential_f32_sum(values: np.ndarray, offsets: np.ndarray, lengths: np.nda
         j += 1
 
 
-def _sort_and_merge(chunk, dest, row, sample, gain, n, shard_rows, samples_per_chunk):
+def sort_and_merge(chunk, dest, row, sample, gain, n, shard_rows, samples_per_chunk):
     """Sort by (chunk, dest, row, sample) and merge equal keys, summing their gains; also
     returns how many input ids each merged entry stands for."""
     if chunk.size == 0:

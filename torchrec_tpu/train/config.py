@@ -247,8 +247,8 @@ class EngineConfig(_Group):
                 "one pass a step).",
         choices=ID_OVERFLOW_POLICIES)
     max_ids_per_partition: int | None = _opt(
-        None, "every table's SparseCore partition limit: the most ids (and unique ids) one SparseCore sends "
-              "another per step. --engine sparsecore only (default: 256, or what --plan sets; docs/ID_LIMITS.md). "
+        None, "every table's SparseCore id limits per partition and step (default: 256, or --plan's). The most ids "
+              "and unique ids one SparseCore sends another in a step, --engine sparsecore only (docs/ID_LIMITS.md). "
               "A larger batch per SparseCore needs a larger limit; each partition's buffer grows with it.",
         metavar="N")
     dense_parallel: DenseParallel = _opt(
