@@ -50,6 +50,20 @@ BUCKET_HASH_KEY = (0x4451E30F87DB9609, 0xCA7358A1FD2737F8, 0x4B2C991FCEE4FDEA, 0
 Agree = Callable[[int], int]  # this rank's split bits -> every rank's, OR-ed
 
 
+def agree_over_ranks(group=None) -> Agree:
+    """An ``agree`` that ORs the split bits of every rank of ``group`` (torch.distributed; None:
+    the default group): a collective, so every rank preprocesses the same stacks in order."""
+    import torch
+    import torch.distributed as dist
+
+    def agree(split: int) -> int:
+        bits = torch.tensor([split], dtype=torch.int64)
+        dist.all_reduce(bits, op=dist.ReduceOp.BOR, group=group)
+        return int(bits.item())
+
+    return agree
+
+
 def bucket_of(col_ids: np.ndarray) -> np.ndarray:
     """Each column id's minibatching bucket in [0, 64)."""
     return (highway_hash_int32(col_ids, BUCKET_HASH_KEY) & np.uint64(MAX_MINIBATCHES - 1)).astype(np.int64)
