@@ -21,7 +21,8 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets:
                      timestamps: torch.Tensor, num_targets: torch.Tensor, pos_weights: torch.Tensor,
                      time_weights: torch.Tensor, *, max_len: int, max_seq_len: int, alpha: float) -> torch.Tensor:
     """HSTU attention of jagged ``q, k [T, H, Dqk]``, ``v [T, H, Dv]`` over dense ``[B, L, L]``
-    scores (``L = max_len``); rows outside ``[offsets[0], offsets[-1])`` come out zero."""
+    scores (``L = max_len``); rows outside ``[offsets[0], offsets[-1])`` come out zero.
+    ``timestamps``: ``[T]`` or ``[T, 2]`` (query time, key time), as the jagged op takes them."""
     total = v.shape[0]
     lengths = offsets[1:] - offsets[:-1]
     positions = torch.arange(max_len, device=q.device)
@@ -31,8 +32,9 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets:
     rel = ids[:, :, None] - ids[:, None, :]
     eye = torch.eye(max_len, dtype=torch.bool, device=q.device)
     allowed = ((rel > 0) | eye) & inside[:, :, None] & inside[:, None, :]
-    ts = timestamps[index]
-    gap = (ts[:, :, None] - ts[:, None, :]).abs().clamp(min=1).float()
+    times = timestamps if timestamps.dim() == 2 else timestamps[:, None].expand(-1, 2)
+    ts = times[index]  # [B, L, 2]: the query times, the key times
+    gap = (ts[:, :, None, 0] - ts[:, None, :, 1]).abs().clamp(min=1).float()
     bucket = torch.floor(torch.log(gap) / TIME_BUCKET_DIVISOR).clamp(0, time_weights.numel() - 1).long()
     bias = pos_weights[rel.clamp(0, pos_weights.numel() - 1)] + time_weights[bucket]
     qp, kp, vp = (x[index] * inside[:, :, None, None] for x in (q, k, v))

@@ -1,9 +1,9 @@
 """HSTU's architecture (:class:`HSTUConfig`) and its presets.
 
-``hstu``: fits this box and trains in minutes. ``dlrmv4``: MLPerf Training's DLRMv4 shape (3 STU
-layers, 4 heads, query/key and value dims 128, embedding dim 512, bf16), with the sequence length and
-the item table capped so that training fits a 24 GB machine (MLPerf: 4,096 events, tables up to
-100M rows).
+``hstu``: the 2024 paper's STU layer; fits this box and trains in minutes. ``dlrmv4``: DLRMv3's STU
+layer (MLPerf's) in MLPerf Training's DLRMv4 shape (3 STU layers, 4 heads, query/key and value dims
+128, embedding dim 512, bf16), with the sequence length and the item table capped so that training
+fits a 24 GB machine (MLPerf: 4,096 events, tables up to 100M rows).
 """
 
 from __future__ import annotations
@@ -12,12 +12,15 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
 from torchrec_tpu.hstu.attention import ATTENTION_KERNELS
+from torchrec_tpu.hstu.layers import STU_VARIANTS
 
 
 @dataclass(frozen=True)
 class HSTUConfig:
-    """Tables, STU stack and heads. ``max_seq_len`` bounds history + candidates (the attention's
-    N); longer histories keep their latest events. ``tasks`` name the heads' outputs (one logit each)."""
+    """Tables, STU stack and heads. ``max_seq_len`` bounds history + candidates (the ``paper``
+    layer's N); longer histories keep their latest events. ``tasks`` name the heads' outputs (one
+    logit each). ``stu``: the layer variant (:mod:`~torchrec_tpu.hstu.layers`); ``dropout``: its
+    dropout rate (the paper code's ``linear_dropout_rate``, DLRMv3's ``output_dropout_ratio``)."""
 
     item_rows: int
     action_rows: int
@@ -31,6 +34,8 @@ class HSTUConfig:
     tasks: tuple[str, ...] = ("positive",)
     head_hidden: int = 64
     kernel: str = "xla"
+    stu: str = "paper"
+    dropout: float = 0.2
 
     def __post_init__(self) -> None:
         for name in ("item_rows", "action_rows", "dim", "layers", "heads", "qk_dim", "v_dim", "max_seq_len",
@@ -40,6 +45,10 @@ class HSTUConfig:
                 raise ValueError(f"HSTUConfig.{name}={value!r}: it must be a positive integer")
         if not self.tasks:
             raise ValueError("HSTUConfig.tasks is empty: name at least one task")
+        if self.stu not in STU_VARIANTS:
+            raise ValueError(f"HSTUConfig.stu={self.stu!r}; expected one of {list(STU_VARIANTS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"HSTUConfig.dropout={self.dropout!r}: it must lie in [0, 1)")
         if self.kernel not in ATTENTION_KERNELS:
             raise ValueError(f"HSTUConfig.kernel={self.kernel!r}; expected one of {list(ATTENTION_KERNELS)}")
 
@@ -49,19 +58,22 @@ class HSTUConfig:
 
     @classmethod
     def from_dict(cls, saved: Mapping[str, Any]) -> "HSTUConfig":
-        """The inverse of :meth:`to_dict`; ValueError naming what is missing or malformed."""
+        """The inverse of :meth:`to_dict`; ValueError naming what is missing or malformed. A record
+        written before the STU variants (no ``stu``) is the ``legacy`` layer's, without dropout."""
         try:
             values = dict(saved)
             values["tasks"] = tuple(str(t) for t in values.get("tasks", ("positive",)))
+            if "stu" not in values:
+                values.update(stu="legacy", dropout=0.0)
             return cls(**values)
         except TypeError as error:
             raise ValueError(f"not an HSTU config ({error})") from None
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "hstu": {},
+    "hstu": {"stu": "paper", "dropout": 0.2},  # the paper's MovieLens configs: linear_dropout_rate 0.2
     "dlrmv4": {"dim": 512, "layers": 3, "heads": 4, "qk_dim": 128, "v_dim": 128, "max_seq_len": 1024,
-               "head_hidden": 512},
+               "head_hidden": 512, "stu": "dlrmv3", "dropout": 0.1},  # DLRMv3: hstu_linear_dropout_rate 0.1
 }
 DLRMV4_MAX_ITEM_ROWS = 2_000_000  # 2M x 512 float32 = 4 GB of table (+ row-wise slots) on a 24 GB box
 

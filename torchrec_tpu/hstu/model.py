@@ -63,13 +63,18 @@ def row_multiple(rows: int) -> int:
 @dataclass(frozen=True)
 class Layout:
     """Where each row of the joined sequences comes from: ``source`` indexes ``cat([history,
-    candidates])``; ``offsets [B + 1]`` delimit the users; ``candidates`` are the candidates' rows."""
+    candidates])``; ``offsets [B + 1]`` delimit the users; ``candidates`` are the candidates' rows;
+    ``next_row`` is the row of each history event's next event (the last event's: the first
+    candidate, or itself) and each candidate's own row (the time the ``paper`` layer queries at);
+    ``padded_width`` is the longest history plus the most candidates (``dlrmv3``'s N)."""
 
     source: torch.Tensor
     offsets: torch.Tensor
     num_targets: torch.Tensor
     candidates: torch.Tensor
     longest: int
+    next_row: torch.Tensor
+    padded_width: int
 
 
 def sequence_layout(history_lengths: torch.Tensor, candidate_lengths: torch.Tensor) -> Layout:
@@ -80,14 +85,18 @@ def sequence_layout(history_lengths: torch.Tensor, candidate_lengths: torch.Tens
     hist_offsets = torch.cat([total.new_zeros(1), history_lengths.cumsum(0)])
     cand_offsets = torch.cat([total.new_zeros(1), candidate_lengths.cumsum(0)])
     user = torch.repeat_interleave(torch.arange(users), total)
-    position = torch.arange(int(offsets[-1])) - offsets[user]
+    rows = torch.arange(int(offsets[-1]))
+    position = rows - offsets[user]
     in_history = position < history_lengths[user]
     source = torch.where(in_history, hist_offsets[user] + position,
                          int(hist_offsets[-1]) + cand_offsets[user] + position - history_lengths[user])
     cand_user = torch.repeat_interleave(torch.arange(users), candidate_lengths)
     candidates = (offsets[cand_user] + history_lengths[cand_user] + torch.arange(cand_user.numel())
                   - cand_offsets[cand_user])
-    return Layout(source, offsets, candidate_lengths.clone(), candidates, int(total.max()) if users else 0)
+    next_row = torch.where(in_history, torch.minimum(rows + 1, offsets[user + 1] - 1), rows)
+    width = int(history_lengths.max() + candidate_lengths.max()) if users else 0
+    return Layout(source, offsets, candidate_lengths.clone(), candidates, int(total.max()) if users else 0, next_row,
+                  width)
 
 
 def check_features(kjt: KeyedJaggedTensor) -> None:
@@ -114,7 +123,8 @@ class HSTU(nn.Module):
         self.embeddings = embeddings if embeddings is not None else EmbeddingCollection(
             tables=table_configs(config), device=torch.device("cpu"))
         self.stack = HSTUStack(config.layers, config.dim, config.heads, config.qk_dim, config.v_dim,
-                               config.max_seq_len, config.time_buckets, config.kernel).to(self.dense_device)
+                               config.max_seq_len, config.time_buckets, config.kernel, stu=config.stu,
+                               dropout=config.dropout).to(self.dense_device)
         self.heads = nn.Sequential(nn.Linear(config.dim, config.head_hidden), nn.SiLU(),
                                    nn.Linear(config.head_hidden, len(config.tasks))).to(self.dense_device)
 
@@ -128,13 +138,15 @@ class HSTU(nn.Module):
         emb = self.embeddings(KeyedJaggedTensor.from_jt_dict({k: features[k] for k in LOOKUP_KEYS}))
         tokens = torch.cat([emb["item"].values() + emb["action"].values(), emb["candidate_item"].values()])
         times = torch.cat([features["timestamp"].values(), features["candidate_timestamp"].values()])
-        x, timestamps = tokens[layout.source], times[layout.source]
+        x, own = tokens[layout.source], times[layout.source]
+        query = own[layout.next_row] if self.config.stu == "paper" else own
         multiple = row_multiple(x.shape[0])
         x = align_jagged_to_multiple(torch.nested.nested_tensor_from_jagged(x, layout.offsets), multiple).values()
-        timestamps = align_jagged_to_multiple(
-            torch.nested.nested_tensor_from_jagged(timestamps, layout.offsets), multiple, padding_value=0).values()
+        timestamps = align_jagged_to_multiple(torch.nested.nested_tensor_from_jagged(
+            torch.stack([query, own], dim=1), layout.offsets), multiple, padding_value=0).values()
         device, bucket = self.dense_device, min(length_bucket(layout.longest), length_bucket(self.config.max_seq_len))
         attends = attention_device(self.config.kernel, device, bucket)
-        seq = Sequences(layout.offsets.to(attends), timestamps.to(attends), layout.num_targets.to(attends), bucket)
+        seq = Sequences(layout.offsets.to(attends), timestamps.to(attends), layout.num_targets.to(attends), bucket,
+                        layout.padded_width)
         y = self.stack(x.to(device), seq)
         return self.heads(y[layout.candidates.to(device)])

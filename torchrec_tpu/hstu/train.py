@@ -132,8 +132,10 @@ def dense_device(config: TrainConfig) -> torch.device:
 
 
 def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tuple[HSTU, HSTUConfig]:
-    """The model of ``--model``'s preset for the dataset ``meta``, its tables on ``--engine``."""
-    hstu_config = preset(config.model.kind, meta.item_rows, meta.action_rows, tasks=tuple(meta.tasks))
+    """The model of ``--model``'s preset (its STU layer: ``--stu``) for the dataset ``meta``, its
+    tables on ``--engine``."""
+    layer = {} if config.model.stu == "auto" else {"stu": config.model.stu}
+    hstu_config = preset(config.model.kind, meta.item_rows, meta.action_rows, tasks=tuple(meta.tasks), **layer)
     tables = table_configs(hstu_config)
     check_table_memory([t.name for t in tables], [t.num_embeddings for t in tables], hstu_config.dim,
                        "rowwise_adagrad", env.world_size, env.local_world_size, available_host_bytes(),
@@ -237,7 +239,8 @@ class HSTUTraining:
         """The ``training layout:`` line: where the tables and the STU stack run."""
         tables = "stock TorchRec EmbeddingCollection (CPU)" if self.sparse_opt is not None else (
             f"sharded SparseCore EmbeddingCollection (row-wise, {sparse_backend(config)} backend)")
-        return (f"training layout: HSTU ({config.model.kind}) tables on the {tables}, STU stack and heads on "
+        return (f"training layout: HSTU ({config.model.kind}, {self.hstu_config.stu} STU layers) tables on the "
+                f"{tables}, STU stack and heads on "
                 f"{self.device.type}, attention by the {describe(self.hstu_config.kernel, self.device)}, "
                 f"world {self.env.world_size}")
 
@@ -373,6 +376,10 @@ def _resume(path: Path, t: HSTUTraining) -> tuple[int, int, int, str]:
         raise CheckpointError(f"--resume {path}: not an HSTU checkpoint (no meta.json with a {HSTU_META!r} record)")
     legacy = is_legacy(directory)
     meta = hstu_meta(directory) if legacy else open_checkpoint(directory)[1]
+    saved = HSTUConfig.from_dict(meta[HSTU_META]).stu
+    if saved != t.hstu_config.stu:
+        raise CheckpointError(f"--resume {directory}: its STU layers are {saved!r}, this run's "
+                              f"{t.hstu_config.stu!r}; resume it with --stu {saved}")
     if meta.get("world_size", 1) != t.env.world_size:
         raise CheckpointError(f"cannot resume {directory} exactly: it was written by {meta.get('world_size')} "
                               f"rank(s), this run has {t.env.world_size} (each rank resumes its own rows)")

@@ -38,6 +38,7 @@ _log = logging.getLogger(__name__)
 Model = Literal["dlrm", "dlrm_dcn", "hstu", "dlrmv4"]  # hstu, dlrmv4: torchrec_tpu.hstu.train
 HSTU_MODELS = ("hstu", "dlrmv4")  # the --model kinds train, profile and Ray Train run by torchrec_tpu.hstu.train
 Precision = Literal["fp32", "bf16"]  # --precision: the towers' matmuls (engines.precision)
+Stu = Literal["auto", "paper", "dlrmv3", "legacy"]  # --stu: HSTU's STU layer (torchrec_tpu.hstu.layers)
 DenseDevice = Literal["auto", "cpu", "tpu"]
 DenseParallel = Literal["ddp", "fsdp2"]
 MLPerfDivision = Literal["closed", "open"]  # --mllog-division (MLCommons' submission divisions)
@@ -46,6 +47,7 @@ MLPerfStatus = Literal["onprem", "cloud", "research"]  # --mllog-status (mlperf_
 SparseBackend = Literal["auto", BackendName]
 MODELS, PRECISIONS, DENSE_DEVICES, DENSE_PARALLELS, SPARSE_BACKENDS = (
     get_args(Model), get_args(Precision), get_args(DenseDevice), get_args(DenseParallel), get_args(SparseBackend))
+STUS = get_args(Stu)
 MLPERF_DIVISIONS, MLPERF_STATUSES = get_args(MLPerfDivision), get_args(MLPerfStatus)
 # --id-overflow: sparsecore.limits' policies, and auto (minibatch where the backend runs it, else error)
 ID_OVERFLOW_POLICIES = ("auto", "minibatch", "error", "drop")
@@ -125,6 +127,10 @@ class ModelConfig(_Group):
     over_arch: str = _opt("64,32,1", "over-arch MLP layer sizes; the last must be 1", metavar="SIZES")
     dcn_num_layers: int = _opt(3, "DCN cross layers (dlrm_dcn only)")
     dcn_low_rank_dim: int = _opt(16, "DCN low rank (dlrm_dcn only)")
+    stu: Stu = _opt("auto", "HSTU's STU layer (hstu, dlrmv4 only): paper (the 2024 paper's code) or dlrmv3 (the "
+                            "DLRMv3 layer MLPerf's DLRMv4 runs). auto: the preset's, paper for hstu and dlrmv3 for "
+                            "dlrmv4; legacy: this project's first layer, to resume a checkpoint written before the variants. "
+                            "docs/HSTU.md compares them.", choices=STUS)
 
     @property
     def dense_layers(self) -> list[int]:
@@ -140,6 +146,8 @@ class ModelConfig(_Group):
             _positive_ints("num_embeddings_per_feature", self.num_embeddings_per_feature)
         if self.kind in HSTU_MODELS:  # DLRM's shape rules: HSTU refuses these options by name instead
             return
+        if self.stu != "auto":
+            raise ConfigError(f"--stu {self.stu}: --model {self.kind} has no STU layer (--stu is for hstu and dlrmv4)")
         if self.dense_layers[-1] != self.embedding_dim:
             raise ConfigError(f"--dense-arch={self.dense_arch!r} must end in --embedding-dim ({self.embedding_dim}): "
                               "the dense output is interacted with the embeddings")

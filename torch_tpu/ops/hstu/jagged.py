@@ -50,13 +50,15 @@ def _unpad(padded: jax.Array, offsets: jax.Array, total: int) -> jax.Array:
 
 def _padded_inputs(q, k, v, offsets, timestamps, num_targets, max_len):
     """The padded batch :func:`padded_attention` takes: ``(q, k, v [B, H, L, D], lengths, history,
-    ts [B, L], block)``, with int32 time gaps from the batch's first event (68 years of range)."""
+    ts [B, 2, L], block)`` (``ts``: the query times, then the key times), with int32 time gaps from
+    the batch's first time (68 years of range)."""
     offsets = offsets.astype(jnp.int32)
     block = tile_size(max_len)
     seq = -(-max_len // block) * block
     qp, kp, vp = (jnp.swapaxes(_pad(x, offsets, seq)[0], 1, 2) for x in (q, k, v))
-    gaps = jnp.minimum(timestamps.astype(jnp.int64) - jnp.min(timestamps), _INT32_MAX).astype(jnp.int32)
-    ts, _ = _pad(gaps, offsets, seq)
+    times = timestamps if timestamps.ndim == 2 else jnp.stack([timestamps, timestamps], axis=1)
+    gaps = jnp.minimum(times.astype(jnp.int64) - jnp.min(times), _INT32_MAX).astype(jnp.int32)
+    ts = jnp.swapaxes(_pad(gaps, offsets, seq)[0], 1, 2)
     lengths = offsets[1:] - offsets[:-1]
     history = lengths - num_targets.astype(jnp.int32)
     return qp, kp, vp, lengths, history, ts, block
@@ -152,8 +154,9 @@ def _check_layout(name: str, rows: int, offsets: torch.Tensor, timestamps: torch
                   kernel: str, max_seq_len: int) -> None:
     if offsets.dim() != 1 or offsets.shape[0] < 1:
         raise ValueError(f"{name}: offsets must be 1-D [B + 1], got {list(offsets.shape)}")
-    if timestamps.shape != (rows,):
-        raise ValueError(f"{name}: timestamps must be [T] = [{rows}], got {list(timestamps.shape)}")
+    if timestamps.shape not in ((rows,), (rows, 2)):
+        raise ValueError(f"{name}: timestamps must be [T] = [{rows}] or [T, 2] = [{rows}, 2], got "
+                         f"{list(timestamps.shape)}")
     if num_targets.shape != (offsets.shape[0] - 1,):
         raise ValueError(f"{name}: num_targets must be [B] = [{offsets.shape[0] - 1}], got {list(num_targets.shape)}")
     if kernel not in KERNELS:
@@ -211,8 +214,10 @@ def jagged_hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off
                           kernel: str = "xla") -> torch.Tensor:
     """HSTU attention of jagged tpu tensors (``tiles``' equations): ``[T, H, Dv]``.
 
-    ``offsets [B + 1]`` delimit the sequences; ``timestamps [T]`` (integer seconds) give the
-    time-gap biases; ``num_targets [B]`` (default none) counts each sequence's trailing candidates,
+    ``offsets [B + 1]`` delimit the sequences; ``timestamps`` (integer seconds) give the time-gap
+    biases: ``[T]``, each event's time, or ``[T, 2]``, the time each event queries at (row ``r``'s
+    gap to column ``c`` is ``timestamps[r, 0] - timestamps[c, 1]``; the HSTU paper's code queries
+    at the next event's time) then its own; ``num_targets [B]`` (default none) counts each sequence's trailing candidates,
     which attend to the history and themselves only. ``max_len`` bounds every length (the compiled
     shape: pass a bucket); ``max_seq_len`` is the normalizer N; ``alpha`` scales ``q k``.
     ``kernel``: ``"xla"`` (every platform) or ``"pallas"`` (interpret mode off TPU).

@@ -64,7 +64,7 @@ def _specs(q, v, ts, pos_w, ts_w):
     head = lambda d: pl.BlockSpec((None, 1, seq, d), lambda b, h: (b, h, 0, 0))  # noqa: E731
     return {
         "q": head(dq), "v": head(dv),
-        "ts": pl.BlockSpec((None, seq), lambda b, h: (b, 0)),
+        "ts": pl.BlockSpec((None, 2, seq), lambda b, h: (b, 0, 0)),
         "pos": pl.BlockSpec(pos_w.shape, lambda b, h: (0,)),
         "tsw": pl.BlockSpec(ts_w.shape, lambda b, h: (0,)),
         "per_head": lambda n: pl.BlockSpec((None, None, n), lambda b, h: (b, h, 0)),
@@ -128,7 +128,8 @@ _PATHS = {"xla": (_xla_forward, _xla_backward), "pallas": (_pallas_forward, _pal
 def padded_attention(q, k, v, lengths, history, ts, pos_w, ts_w, block: int, alpha: float, inv_n: float,
                      kernel: str) -> jax.Array:
     """HSTU attention (``tiles``' math) of ``q, k [B, H, L, Dqk]``, ``v [B, H, L, Dv]`` with int32
-    ``lengths [B]``, ``history [B]`` (length minus candidates), ``ts [B, L]`` and bias tables
+    ``lengths [B]``, ``history [B]`` (length minus candidates), ``ts [B, 2, L]`` (query times, key
+    times) and bias tables
     ``pos_w [P]``, ``ts_w [NB + 1]``; ``L`` is a multiple of ``block``."""
     return _PATHS[kernel][0](q, k, v, lengths, history, ts, pos_w, ts_w,
                              {"block": block, "alpha": alpha, "inv_n": inv_n})

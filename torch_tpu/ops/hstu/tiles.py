@@ -6,11 +6,12 @@ For one sequence (all its heads at once) of padded length ``L`` (a multiple of `
 attends to column ``c`` when both are valid and ``r == c`` or ``id(r) > id(c)`` (causal over the
 history; a candidate sees the history and itself). On those pairs
 
-    s[r, c] = alpha * <q_r, k_c> + pos_w[min(id(r) - id(c), P - 1)] + ts_w[bucket(ts_r - ts_c)]
+    s[r, c] = alpha * <q_r, k_c> + pos_w[min(id(r) - id(c), P - 1)] + ts_w[bucket(tq_r - tk_c)]
     out[r]  = sum_c SiLU(s[r, c]) / N * v_c
 
 with ``bucket(dt) = min(floor(ln(max(|dt|, 1)) / 0.301), NB)`` (``ts_w`` has ``NB + 1`` entries)
-and ``N`` the model's maximum sequence length (a constant, so a sample's output does not depend on
+``tq_r`` the time row ``r`` queries at and ``tk_c`` column ``c``'s own time (the same unless the
+caller passes query times: the HSTU paper's code queries at the next event's time), and ``N`` the model's maximum sequence length (a constant, so a sample's output does not depend on
 the bucket it is padded to). No softmax: each tile's contribution is added independently, so the
 loops keep only one ``[block, block]`` tile of scores at a time (never ``[L, L]``) and skip tiles
 above the diagonal and past ``live`` query blocks.
@@ -45,17 +46,17 @@ def _position_tiles(pos_w, seq, block):
 
 def _tile_bias(i, j, block, length, history, ts, pos_w, position_tiles, ts_w):
     """Validity, float32 bias and bias indices of query tile ``i`` against key tile ``j`` (one
-    sequence: the same for every head). History rows take their position bias from
-    ``position_tiles`` (:func:`_position_tiles`); candidate rows (id ``history``) from ``pos_w``
-    by column."""
+    sequence: the same for every head; ``ts [2, L]``: the query times, then the key times).
+    History rows take their position bias from ``position_tiles`` (:func:`_position_tiles`);
+    candidate rows (id ``history``) from ``pos_w`` by column."""
     rows = i * block + jnp.arange(block, dtype=jnp.int32)
     cols = j * block + jnp.arange(block, dtype=jnp.int32)
     rel = jnp.minimum(rows, history)[:, None] - jnp.minimum(cols, history)[None, :]
     valid = ((rows[:, None] < length) & (cols[None, :] < length)
              & ((rel > 0) | (rows[:, None] == cols[None, :])))
     pidx = jnp.clip(rel, 0, pos_w.shape[0] - 1)
-    ts_rows = lax.dynamic_slice_in_dim(ts, i * block, block)
-    ts_cols = lax.dynamic_slice_in_dim(ts, j * block, block)
+    ts_rows = lax.dynamic_slice_in_dim(ts[0], i * block, block)
+    ts_cols = lax.dynamic_slice_in_dim(ts[1], j * block, block)
     tidx = time_buckets(ts_rows[:, None] - ts_cols[None, :], ts_w.shape[0] - 1)
     # always true (tidx is clipped at 0); its second use makes XLA:CPU compute the buckets in a
     # vectorized loop of their own instead of inside the gather's per-element loop (~3x faster)
