@@ -91,6 +91,24 @@ def test_candidates_attend_to_history_and_themselves(kernel):
     _compare(_batch([6, 1, 12, 4], targets=[2, 1, 3, 0]), torch.float32, FP32, kernel=kernel)
 
 
+@pytest.mark.parametrize("kernel", ["xla", "pallas", "padded"])
+def test_query_times_apart_from_key_times(kernel):
+    """``timestamps [T, 2]``: row i's time bias is at its query time minus column j's own time (the
+    paper layer queries at the next event's time)."""
+    b = _batch([6, 1, 12, 4], targets=[2, 1, 3, 0], seed=4)
+    own = b["timestamps"]
+    b["timestamps"] = torch.stack([own + torch.randint(0, 90000, own.shape, generator=torch.Generator().manual_seed(9)), own], 1)
+    if kernel != "padded":
+        _compare(b, torch.float32, FP32, kernel=kernel)
+        return
+    expected, _ = _reference(b)
+    got = padded_attention(b["q"], b["k"], b["v"], b["offsets"], b["timestamps"], b["num_targets"], b["pos_w"],
+                           b["ts_w"], max_len=12, max_seq_len=MAX_SEQ_LEN, alpha=ALPHA)
+    torch.testing.assert_close(got.double(), expected.detach(), **FP32)
+    at_own_time, _ = _reference({**b, "timestamps": own})
+    assert (at_own_time - expected).abs().max() > 1e-3  # the query times change the result: 100x the tolerance
+
+
 def test_several_tiles_and_a_bucket_above_the_longest_sequence():
     # 150 events -> two 128-tiles of a 256 bucket; pos table shorter than the distances (clamped)
     _compare(_batch([150, 3, 0, 129], targets=[5, 0, 0, 1], pos=40), torch.float32, FP32, max_len=200)

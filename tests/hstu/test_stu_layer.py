@@ -1,7 +1,8 @@
-"""The STU layer and the HSTU model equal the plain-PyTorch reference written from the paper's
-equations (tests/hstu/reference.py), on CPU (with the jagged op on the tpu device, and plain PyTorch
-with the padded attention) and on the tpu device, forward and gradients, fp32 to 1e-5, bf16
-within stated tolerances."""
+"""The ``legacy`` STU layer (this project's first; test_stu_variants.py tests Meta's two) and the
+HSTU model of it equal the plain-PyTorch reference written from its equations
+(tests/hstu/reference.py), on CPU (with the jagged op on the tpu device, and plain PyTorch with the
+padded attention) and on the tpu device, forward and gradients, fp32 to 1e-5, bf16 within stated
+tolerances."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from torch_tpu.ops.hstu.jagged import packed_jagged_hstu_attention
 from torchrec_tpu.hstu import attention
 from torchrec_tpu.hstu.attention import CPU_JAGGED_FROM, PADDED, hstu_attention, stu_attention
 from torchrec_tpu.hstu.config import HSTUConfig
-from torchrec_tpu.hstu.layers import Sequences, STULayer
+from torchrec_tpu.hstu.layers import LegacySTU, Sequences
 from torchrec_tpu.hstu.model import HSTU
 
 DIM, HEADS, QK, DV, MAX_SEQ_LEN = 12, 2, 4, 3, 32
@@ -28,7 +29,7 @@ DIM, HEADS, QK, DV, MAX_SEQ_LEN = 12, 2, 4, 3, 32
 
 def _layer(seed=0, kernel="xla"):
     torch.manual_seed(seed)
-    layer = STULayer(DIM, HEADS, QK, DV, MAX_SEQ_LEN, time_buckets=12, kernel=kernel)
+    layer = LegacySTU(DIM, HEADS, QK, DV, MAX_SEQ_LEN, time_buckets=12, kernel=kernel)
     with torch.no_grad():  # random biases and norm, so every term is exercised
         for p in (layer.pos_weights, layer.time_weights, layer.norm.weight, layer.norm.bias):
             p.copy_(torch.randn_like(p) * 0.5 + (1.0 if p is layer.norm.weight else 0.0))
@@ -204,7 +205,7 @@ def _reference_model(model, kjt):
 def test_model_scores_each_users_candidates_like_the_reference(device, kernel, jagged_from, monkeypatch):
     monkeypatch.setattr(attention, "CPU_JAGGED_FROM", jagged_from)
     config = HSTUConfig(item_rows=30, action_rows=3, dim=DIM, layers=2, heads=HEADS, qk_dim=QK, v_dim=DV,
-                        max_seq_len=MAX_SEQ_LEN, tasks=("a", "b"), head_hidden=8, kernel=kernel)
+                        max_seq_len=MAX_SEQ_LEN, tasks=("a", "b"), head_hidden=8, kernel=kernel, stu="legacy")
     torch.manual_seed(0)
     model = HSTU(config, dense_device=device)
     with torch.no_grad():

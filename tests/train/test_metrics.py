@@ -1,4 +1,5 @@
-"""Held-out evaluation against a hand-computed AUC (Mann-Whitney) and torch's BCE."""
+"""Held-out evaluation against a hand-computed AUC (Mann-Whitney), torch's BCE and TorchRec's
+normalized entropy (``torchrec.metrics.ne``), and NE of a hand-computed case."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import pytest
 import torch
 from torch import nn
 from torchrec.datasets.utils import Batch
+from torchrec.metrics.ne import compute_cross_entropy, compute_ne
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_tpu.train.metrics import evaluate, padded
+from torchrec_tpu.train.metrics import evaluate, normalized_entropy, padded
 
 
 class FirstDenseColumnIsTheLogit(nn.Module):
@@ -53,6 +55,25 @@ def test_auc_and_loss_over_uneven_batches_match_references(batch_rows: int) -> N
         torch.tensor(logits), torch.tensor(labels, dtype=torch.float64)
     ).item()
     assert result.loss == pytest.approx(expected_loss, rel=1e-5)
+    assert result.ne == pytest.approx(_torchrec_ne(logits, labels), rel=1e-5)
+    assert f"NE {result.ne:.4f}" in result.describe()
+
+
+def _torchrec_ne(logits: np.ndarray, labels: np.ndarray) -> float:
+    """TorchRec's NE of these predictions (its log2 cross entropy over its base-rate entropy)."""
+    y, ones = torch.tensor(labels, dtype=torch.float64), torch.ones(len(labels), dtype=torch.float64)
+    ce = compute_cross_entropy(y, torch.sigmoid(torch.tensor(logits, dtype=torch.float64)), ones, eta=1e-12)
+    return float(compute_ne(ce.sum(), ones.sum(), y.sum(), (1 - y).sum(), eta=1e-12))
+
+
+def test_ne_of_a_hand_computed_case() -> None:
+    # labels 1, 0, 0, 0 (base rate 1/4) predicted 0.5 each: mean loss ln 2; entropy
+    # -(1/4 ln 1/4 + 3/4 ln 3/4) = 0.562335; NE = 0.693147 / 0.562335 = 1.232622
+    result = evaluate(FirstDenseColumnIsTheLogit(), [_batch(np.zeros(4), np.array([1, 0, 0, 0]))], torch.device("cpu"))
+    assert result.ne == pytest.approx(1.232622, abs=1e-6)
+    # predicting the base rate everywhere is NE 1; one label everywhere leaves NE undefined
+    assert normalized_entropy(-(0.25 * np.log(0.25) + 0.75 * np.log(0.75)), 0.25) == pytest.approx(1.0)
+    assert np.isnan(normalized_entropy(0.1, 1.0))
 
 
 def test_padding_appends_zero_rows_and_empty_bags_to_every_key() -> None:

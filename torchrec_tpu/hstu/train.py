@@ -51,6 +51,7 @@ from torchrec_tpu.train.divergence import DivergenceGuard
 from torchrec_tpu.train.engines.precision import autocast
 from torchrec_tpu.train.loop import COLLECTIVES, DENSE_BWD, OPTIMIZER
 from torchrec_tpu.train.memory_preflight import available_host_bytes, check_table_memory
+from torchrec_tpu.train.metrics import normalized_entropy
 from torchrec_tpu.train.scalars import ScalarLog
 
 _log = logging.getLogger(__name__)
@@ -104,21 +105,22 @@ def dataset_dir(config: TrainConfig, env: DistEnv) -> Path:
 
 @dataclass(frozen=True)
 class HSTUSummary:
-    """What a run reports: the eval AUC per task, steps, time."""
+    """What a run reports: the evaluation (AUC and NE per task), steps, time."""
 
     primary: bool
-    auc: dict[str, float]
-    loss: float
+    eval: HSTUEval
     steps: int
     seconds: float
-    eval_rows: int
     log_dir: Path
     checkpoint: Path | None
 
+    @property
+    def auc(self) -> dict[str, float]:
+        return self.eval.auc
+
     def format(self) -> str:
-        aucs = ", ".join(f"{task} {auc:.4f}" for task, auc in self.auc.items())
         lines = [f"HSTU: {self.steps} steps in {self.seconds:.0f} s",
-                 f"  AUC (window T+1, {self.eval_rows:,} candidates): {aucs}; loss {self.loss:.4f}",
+                 f"  window T+1 ({self.eval.rows:,} candidates): {self.eval.describe()}",
                  f"  TensorBoard     {self.log_dir}"]
         if self.checkpoint:
             lines.append(f"  checkpoint      {self.checkpoint}")
@@ -177,13 +179,35 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return functional.binary_cross_entropy_with_logits(logits.float(), labels.to(logits.device))
 
 
+@dataclass(frozen=True)
+class HSTUEval:
+    """An evaluation over every rank's candidates: AUC and NE per task, the mean loss over tasks."""
+
+    auc: dict[str, float]
+    ne: dict[str, float]
+    loss: float
+    rows: int
+
+    def describe(self) -> str:
+        """``AUC click 0.7012, like 0.6543; NE click 0.9321, like 0.9710; loss 0.5012``."""
+        aucs = ", ".join(f"{task} {a:.4f}" for task, a in self.auc.items())
+        nes = ", ".join(f"{task} {n:.4f}" for task, n in self.ne.items())
+        return f"AUC {aucs}; NE {nes}; loss {self.loss:.4f}"
+
+    def scalars(self) -> dict[str, float]:
+        """The TensorBoard scalars: ``eval/loss``, ``eval/auc/<task>``, ``eval/ne/<task>``."""
+        return {"eval/loss": self.loss, **{f"eval/auc/{task}": a for task, a in self.auc.items()},
+                **{f"eval/ne/{task}": n for task, n in self.ne.items()}}
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, reader: SequenceReader, device: torch.device, precision: str,
-             limit: int = 0) -> tuple[dict[str, float], float, int]:
-    """AUC per task (over every rank's candidates), mean loss and candidate count of ``reader``."""
+             limit: int = 0) -> HSTUEval:
+    """AUC and NE per task (over every rank's candidates), mean loss and candidate count of ``reader``."""
     model.eval()
+    tasks = len(reader.tasks)
     aucs = [BinaryAUROC() for _ in reader.tasks]
-    total = torch.zeros(2, dtype=torch.float64)
+    total = torch.zeros(2 * tasks + 1, dtype=torch.float64)  # loss sums per task, label sums per task, rows
     for i, batch in enumerate(reader):
         if limit and i >= limit:
             break
@@ -191,15 +215,19 @@ def evaluate(model: nn.Module, reader: SequenceReader, device: torch.device, pre
             logits = model(batch.features).float().cpu()
         for t, auc in enumerate(aucs):
             auc.update(torch.sigmoid(logits[:, t]), batch.labels[:, t].int())
-        total += torch.tensor([functional.binary_cross_entropy_with_logits(logits, batch.labels, reduction="sum")
-                               .item() / len(reader.tasks), batch.labels.shape[0]], dtype=torch.float64)
+        losses = functional.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none").sum(0)
+        total += torch.cat([losses.double(), batch.labels.double().sum(0), torch.tensor([batch.labels.shape[0]],
+                                                                                          dtype=torch.float64)])
     if dist.is_initialized():
         dist.all_reduce(total)
     model.train()
-    rows = int(total[1])
+    rows = int(total[-1])
     if rows == 0:
         raise ValueError("evaluation window is empty: no candidates to compute AUC on")
-    return {task: float(auc.compute()) for task, auc in zip(reader.tasks, aucs)}, float(total[0] / rows), rows
+    losses, rates = (total[:tasks] / rows).tolist(), (total[tasks:-1] / rows).tolist()
+    return HSTUEval({task: float(auc.compute()) for task, auc in zip(reader.tasks, aucs)},
+                    {task: normalized_entropy(loss, rate) for task, loss, rate in zip(reader.tasks, losses, rates)},
+                    sum(losses) / tasks, rows)
 
 
 TABLES_PREFIX = "embeddings."
@@ -359,11 +387,12 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
             guard.check(unchecked)
             if env.is_primary:
                 _log.info("train (HSTU): %d steps trained; evaluating on window T + 1", step)
-            auc, eval_loss, rows = evaluate(model, t.held_out, t.device, config.optim.precision,
-                                            config.data.limit_val_batches)
-            scalars.log(step, {"eval/loss": eval_loss, **{f"eval/auc/{task}": a for task, a in auc.items()}})
-        saved = save({"eval/loss": eval_loss}) if root else None
-        return HSTUSummary(env.is_primary, auc, eval_loss, step, time.perf_counter() - started, rows, log_dir, saved)
+            result = evaluate(model, t.held_out, t.device, config.optim.precision, config.data.limit_val_batches)
+            scalars.log(step, result.scalars())
+            if env.is_primary:
+                _log.info("eval (HSTU) step %d: %s", step, result.describe())
+        saved = save({"eval/loss": result.loss}) if root else None
+        return HSTUSummary(env.is_primary, result, step, time.perf_counter() - started, log_dir, saved)
 
 
 def _resume(path: Path, t: HSTUTraining) -> tuple[int, int, int, str]:

@@ -48,7 +48,7 @@ from torchrec_tpu.train.streams import evaluation_stream, training_streams
 _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-HPARAM_METRICS = ("eval/auc", "eval/loss", "eval/accuracy", "train/loss")  # scalars the HParams tab shows per run
+HPARAM_METRICS = ("eval/auc", "eval/ne", "eval/loss", "eval/accuracy", "train/loss")  # scalars the HParams tab shows per run
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,10 @@ class JobSummary:
             f"  first step      {r.first_step_seconds:.2f} s (input, tracing and compiling; the persistent "
             "compile cache skips the last two from the second run on)",
             f"  train loss      {r.final_train_loss:.4f} (mean of the last steps)",
-            f"  eval AUC        {r.eval.auc:.4f} (loss {r.eval.loss:.4f}, accuracy {r.eval.accuracy:.2f}, "
-            f"{r.eval.samples:,} samples)",
-            *([f"  test AUC        {r.test.auc:.4f} (loss {r.test.loss:.4f}, accuracy {r.test.accuracy:.2f}, "
-               f"{r.test.samples:,} samples)"] if r.test is not None else []),
+            f"  eval AUC        {r.eval.auc:.4f} (NE {r.eval.ne:.4f}, loss {r.eval.loss:.4f}, accuracy "
+            f"{r.eval.accuracy:.2f}, {r.eval.samples:,} samples)",
+            *([f"  test AUC        {r.test.auc:.4f} (NE {r.test.ne:.4f}, loss {r.test.loss:.4f}, accuracy "
+               f"{r.test.accuracy:.2f}, {r.test.samples:,} samples)"] if r.test is not None else []),
             *([self._target_line()] if self.target_auc else []),
             f"  tensorboard     {self.log_dir}",
             f"  checkpoint      {self.checkpoint_dir}",

@@ -409,7 +409,7 @@ class _Evaluations:
         return bool(self.options.eval_every) and step % self.options.eval_every == 0
 
     def logged(self, step: int, result: EvalResult, split: str) -> EvalResult:
-        self.log.log(step, {f"{split}/auc": result.auc, f"{split}/loss": result.loss,
+        self.log.log(step, {f"{split}/auc": result.auc, f"{split}/ne": result.ne, f"{split}/loss": result.loss,
                             f"{split}/accuracy": result.accuracy})
         if self.options.primary:
             _log.info("%s step %d: %s", split, step, result.describe())

@@ -1,5 +1,5 @@
-"""Evaluation: mean BCE loss, ROC AUC and accuracy (at probability 0.5) over a held-out stream,
-aggregated over all ranks.
+"""Evaluation: mean BCE loss, ROC AUC, normalized entropy and accuracy (at probability 0.5) over a
+held-out stream, aggregated over all ranks.
 
 Ranks evaluate in lock-step: every batch can be zero-padded to one size (``batch_rows``), a rank
 with no rows left evaluating empty batches so padded, and the padding rows are masked out of the
@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -20,16 +22,25 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
+def normalized_entropy(mean_loss: float, base_rate: float) -> float:
+    """NE (He et al., 2014; ``torchrec.metrics.ne``): the mean log loss over the entropy of the base
+    rate ``p`` (the mean label), ``-(p ln p + (1 - p) ln(1 - p))``; 1.0 for a model that predicts
+    ``p`` everywhere. NaN when every label is the same (the entropy is 0)."""
+    entropy = -sum(q * math.log(q) for q in (base_rate, 1.0 - base_rate) if q > 0)
+    return mean_loss / entropy if entropy > 0 else float("nan")
+
+
 @dataclass(frozen=True)
 class EvalResult:
     auc: float
     loss: float
     samples: int  # over all ranks
     accuracy: float = float("nan")  # predictions at probability >= 0.5 that match the label
+    ne: float = float("nan")  # normalized entropy (:func:`normalized_entropy`)
 
     def describe(self) -> str:
-        """``AUC 0.8421, loss 0.4312, accuracy 0.80``."""
-        return f"AUC {self.auc:.4f}, loss {self.loss:.4f}, accuracy {self.accuracy:.2f}"
+        """``AUC 0.8421, NE 0.8812, loss 0.4312, accuracy 0.80``."""
+        return f"AUC {self.auc:.4f}, NE {self.ne:.4f}, loss {self.loss:.4f}, accuracy {self.accuracy:.2f}"
 
 
 # (model, batch) -> the batch's logits [B], on the host
@@ -69,7 +80,7 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device,
     model.eval()
     auroc = BinaryAUROC().to(device)
     accuracy = BinaryAccuracy().to(device)
-    loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of per-sample losses, samples)
+    loss_sum = torch.zeros(3, dtype=torch.float64)  # (sum of per-sample losses, samples, sum of labels)
     for batch in batches:
         rows = batch.labels.numel()
         batch = padded(batch, batch_rows).to(device)
@@ -78,12 +89,13 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device,
             auroc.update(torch.sigmoid(logits), labels.int())
             accuracy.update(torch.sigmoid(logits), labels.int())
         loss = functional.binary_cross_entropy_with_logits(logits, labels.float(), reduction="sum")
-        loss_sum += torch.tensor([loss.item(), rows], dtype=torch.float64)
+        loss_sum += torch.tensor([loss.item(), rows, labels.double().sum().item()], dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(loss_sum)
     model.train(was_training)
     samples = int(loss_sum[1].item())
     if samples == 0:
         raise ValueError("evaluation split is empty: no samples to compute AUC on")
-    return EvalResult(auc=float(auroc.compute()), loss=float(loss_sum[0] / samples), samples=samples,
-                      accuracy=float(accuracy.compute()))
+    loss = float(loss_sum[0] / samples)
+    return EvalResult(auc=float(auroc.compute()), loss=loss, samples=samples, accuracy=float(accuracy.compute()),
+                      ne=normalized_entropy(loss, float(loss_sum[2] / samples)))
