@@ -97,7 +97,8 @@ def test_query_times_apart_from_key_times(kernel):
     paper layer queries at the next event's time)."""
     b = _batch([6, 1, 12, 4], targets=[2, 1, 3, 0], seed=4)
     own = b["timestamps"]
-    b["timestamps"] = torch.stack([own + torch.randint(0, 90000, own.shape, generator=torch.Generator().manual_seed(9)), own], 1)
+    later = torch.randint(0, 90000, own.shape, generator=torch.Generator().manual_seed(9))
+    b["timestamps"] = torch.stack([own + later, own], 1)
     if kernel != "padded":
         _compare(b, torch.float32, FP32, kernel=kernel)
         return

@@ -133,7 +133,7 @@ def test_dlrmv3_layer_matches_its_reference(dtype, tol, kernel, max_len):
     layer = _dlrmv3(kernel=kernel, dropout=0.1)
     x, offsets, ts, targets = _jagged(LENGTHS, TARGETS)
     params = _dlrmv3_params(layer)
-    width = int(max(l - t for l, t in zip(LENGTHS, TARGETS)) + max(TARGETS))  # 10 + 3: no one row has 13 + 3
+    width = int(max(n - t for n, t in zip(LENGTHS, TARGETS)) + max(TARGETS))  # 10 + 3: no one row has 13 + 3
     times = torch.stack([ts, ts], dim=1)
     on = "tpu" if kernel != PADDED and max_len >= CPU_JAGGED_FROM else "cpu"
     seq = Sequences(offsets.to(on), times.to(on), targets.to(on), max_len=max_len, longest=width)

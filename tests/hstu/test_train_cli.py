@@ -1,6 +1,6 @@
 """``torchrec-tpu train --model hstu``: a run on a small sequence dataset prints the AUC line,
 writes TensorBoard events and a checkpoint, resumes from it to where an uninterrupted run ends,
-on one rank and on two; DLRM-only flags are refused by name;
+on one rank and on two; DLRM-only flags are refused by name; ``--stu`` picks the STU layer;
 the default run learns (slow)."""
 
 from __future__ import annotations
@@ -47,13 +47,31 @@ def test_train_prints_auc_writes_tensorboard_and_checkpoint_then_resumes(tmp_pat
     data = _dataset(tmp_path)
     assert _train(tmp_path, data, "--max-steps", "3") == 0
     out = capsys.readouterr().out
-    assert re.search(r"HSTU: 3 steps in \d+ s\n  AUC \(window T\+1, \d+ candidates\): positive 0\.\d{4}", out), out
+    assert re.search(r"HSTU: 3 steps in \d+ s\n  AUC \(window T\+1, \d+ candidates\): positive 0\.\d{4}; "
+                     r"NE positive \d\.\d{4}; loss", out), out
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     state, meta = saved_state(tmp_path / "ckpt", tmp_path / "read")
     assert (meta["step"], meta["world_size"], meta["hstu"]["tasks"]) == (3, 1, ["positive"])
     assert "embeddings.embeddings.item.weight" in state["model"] and state["optimizer"]["state"]  # tables, Adam
     assert _train(tmp_path, data, "--max-steps", "5", "--resume", str(tmp_path / "ckpt")) == 0
     assert "HSTU: 5 steps" in capsys.readouterr().out  # 2 more steps after the 3 resumed
+
+
+def test_stu_is_refused_for_dlrm_by_name():
+    with pytest.raises(ConfigError, match=r"^--stu paper: --model dlrm has no STU layer"):
+        TrainConfig.from_options(model="dlrm", stu="paper")
+
+
+@pytest.mark.slow
+def test_stu_option_selects_the_layer_and_a_resume_must_keep_it(tmp_path, capfd):
+    data = _dataset(tmp_path)
+    assert _train(tmp_path, data, "--max-steps", "1", "--stu", "dlrmv3") == 0
+    said = capfd.readouterr()
+    assert "training layout: HSTU (hstu, dlrmv3 STU layers)" in said.out + said.err
+    state, meta = saved_state(tmp_path / "ckpt", tmp_path / "read")
+    assert meta["hstu"]["stu"] == "dlrmv3" and "stack.layers.0.uvqk_weight" in state["model"]
+    assert _train(tmp_path, data, "--max-steps", "2", "--resume", str(tmp_path / "ckpt")) == 2
+    assert "its STU layers are 'dlrmv3', this run's 'paper'; resume it with --stu dlrmv3" in capfd.readouterr().err
 
 
 def _assert_same_end(straight: Path, split: Path, scratch: Path) -> None:

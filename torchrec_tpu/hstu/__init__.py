@@ -1,8 +1,8 @@
 """HSTU (generative recommenders; MLPerf DLRMv4): the STU stack over jagged user histories, its
 sequence tables on the sharded SparseCore EmbeddingCollection, and the attention on the tpu device.
 
-``config``: :class:`HSTUConfig` and presets; ``layers``: the STU layers (paper, dlrmv3, legacy) and stack; ``attention``: the
-tpu op or plain PyTorch; ``model``: :class:`HSTU`; ``sharded``: the tables on SparseCore.
+``config``: :class:`HSTUConfig` and presets; ``layers``: the STU layers (paper, dlrmv3, legacy) and
+stack; ``attention``: the tpu op or plain PyTorch; ``model``: :class:`HSTU`; ``sharded``: the tables on SparseCore.
 """
 
 from torchrec_tpu.hstu.config import PRESETS, HSTUConfig, preset

@@ -120,7 +120,7 @@ class HSTUSummary:
 
     def format(self) -> str:
         lines = [f"HSTU: {self.steps} steps in {self.seconds:.0f} s",
-                 f"  window T+1 ({self.eval.rows:,} candidates): {self.eval.describe()}",
+                 f"  AUC (window T+1, {self.eval.rows:,} candidates): {self.eval.describe()}",
                  f"  TensorBoard     {self.log_dir}"]
         if self.checkpoint:
             lines.append(f"  checkpoint      {self.checkpoint}")
@@ -189,10 +189,9 @@ class HSTUEval:
     rows: int
 
     def describe(self) -> str:
-        """``AUC click 0.7012, like 0.6543; NE click 0.9321, like 0.9710; loss 0.5012``."""
-        aucs = ", ".join(f"{task} {a:.4f}" for task, a in self.auc.items())
-        nes = ", ".join(f"{task} {n:.4f}" for task, n in self.ne.items())
-        return f"AUC {aucs}; NE {nes}; loss {self.loss:.4f}"
+        """``click 0.7012, like 0.6543; NE click 0.9321, like 0.9710; loss 0.5012`` (the AUCs first)."""
+        aucs, nes = (", ".join(f"{task} {v:.4f}" for task, v in d.items()) for d in (self.auc, self.ne))
+        return f"{aucs}; NE {nes}; loss {self.loss:.4f}"
 
     def scalars(self) -> dict[str, float]:
         """The TensorBoard scalars: ``eval/loss``, ``eval/auc/<task>``, ``eval/ne/<task>``."""
@@ -389,8 +388,6 @@ def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> H
                 _log.info("train (HSTU): %d steps trained; evaluating on window T + 1", step)
             result = evaluate(model, t.held_out, t.device, config.optim.precision, config.data.limit_val_batches)
             scalars.log(step, result.scalars())
-            if env.is_primary:
-                _log.info("eval (HSTU) step %d: %s", step, result.describe())
         saved = save({"eval/loss": result.loss}) if root else None
         return HSTUSummary(env.is_primary, result, step, time.perf_counter() - started, log_dir, saved)
 

@@ -129,8 +129,8 @@ class ModelConfig(_Group):
     dcn_low_rank_dim: int = _opt(16, "DCN low rank (dlrm_dcn only)")
     stu: Stu = _opt("auto", "HSTU's STU layer (hstu, dlrmv4 only): paper (the 2024 paper's code) or dlrmv3 (the "
                             "DLRMv3 layer MLPerf's DLRMv4 runs). auto: the preset's, paper for hstu and dlrmv3 for "
-                            "dlrmv4; legacy: this project's first layer, to resume a checkpoint written before the variants. "
-                            "docs/HSTU.md compares them.", choices=STUS)
+                            "dlrmv4; legacy: this project's first layer, to resume a checkpoint written before the "
+                            "variants. docs/HSTU.md compares them.", choices=STUS)
 
     @property
     def dense_layers(self) -> list[int]:

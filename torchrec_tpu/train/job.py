@@ -48,7 +48,8 @@ from torchrec_tpu.train.streams import evaluation_stream, training_streams
 _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-HPARAM_METRICS = ("eval/auc", "eval/ne", "eval/loss", "eval/accuracy", "train/loss")  # scalars the HParams tab shows per run
+# scalars the HParams tab shows per run
+HPARAM_METRICS = ("eval/auc", "eval/ne", "eval/loss", "eval/accuracy", "train/loss")
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,9 @@ metrics, so every held-out row is scored once at any world size.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
-
-import math
 
 import torch
 import torch.distributed as dist

@@ -217,9 +217,10 @@ def jagged_hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off
     ``offsets [B + 1]`` delimit the sequences; ``timestamps`` (integer seconds) give the time-gap
     biases: ``[T]``, each event's time, or ``[T, 2]``, the time each event queries at (row ``r``'s
     gap to column ``c`` is ``timestamps[r, 0] - timestamps[c, 1]``; the HSTU paper's code queries
-    at the next event's time) then its own; ``num_targets [B]`` (default none) counts each sequence's trailing candidates,
-    which attend to the history and themselves only. ``max_len`` bounds every length (the compiled
-    shape: pass a bucket); ``max_seq_len`` is the normalizer N; ``alpha`` scales ``q k``.
+    at the next event's time) then its own; ``num_targets [B]`` (default none) counts each
+    sequence's trailing candidates, which attend to the history and themselves only. ``max_len``
+    bounds every length (the compiled shape: pass a bucket); ``max_seq_len`` is the normalizer N;
+    ``alpha`` scales ``q k``.
     ``kernel``: ``"xla"`` (every platform) or ``"pallas"`` (interpret mode off TPU).
     Differentiable in q, k, v and both bias tables."""
     if num_targets is None:

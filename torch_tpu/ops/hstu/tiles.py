@@ -9,10 +9,11 @@ history; a candidate sees the history and itself). On those pairs
     s[r, c] = alpha * <q_r, k_c> + pos_w[min(id(r) - id(c), P - 1)] + ts_w[bucket(tq_r - tk_c)]
     out[r]  = sum_c SiLU(s[r, c]) / N * v_c
 
-with ``bucket(dt) = min(floor(ln(max(|dt|, 1)) / 0.301), NB)`` (``ts_w`` has ``NB + 1`` entries)
+with ``bucket(dt) = min(floor(ln(max(|dt|, 1)) / 0.301), NB)`` (``ts_w`` has ``NB + 1`` entries),
 ``tq_r`` the time row ``r`` queries at and ``tk_c`` column ``c``'s own time (the same unless the
-caller passes query times: the HSTU paper's code queries at the next event's time), and ``N`` the model's maximum sequence length (a constant, so a sample's output does not depend on
-the bucket it is padded to). No softmax: each tile's contribution is added independently, so the
+caller passes query times: the HSTU paper's code queries at the next event's time), and ``N`` the
+model's maximum sequence length (a constant, so a sample's output does not depend on the bucket it
+is padded to). No softmax: each tile's contribution is added independently, so the
 loops keep only one ``[block, block]`` tile of scores at a time (never ``[L, L]``) and skip tiles
 above the diagonal and past ``live`` query blocks.
 
