@@ -127,8 +127,8 @@ class ModelConfig(_Group):
     over_arch: str = _opt("64,32,1", "over-arch MLP layer sizes; the last must be 1", metavar="SIZES")
     dcn_num_layers: int = _opt(3, "DCN cross layers (dlrm_dcn only)")
     dcn_low_rank_dim: int = _opt(16, "DCN low rank (dlrm_dcn only)")
-    stu: Stu = _opt("auto", "HSTU's STU layer (hstu, dlrmv4 only): paper (the 2024 paper's code) or dlrmv3 (the "
-                            "DLRMv3 layer MLPerf's DLRMv4 runs). auto: the preset's, paper for hstu and dlrmv3 for "
+    stu: Stu = _opt("auto", "HSTU's STU layer: paper (the 2024 paper's code) or dlrmv3 (MLPerf DLRMv4's). Only "
+                            "for --model hstu and dlrmv4. auto: the preset's, paper for hstu and dlrmv3 for "
                             "dlrmv4; legacy: this project's first layer, to resume a checkpoint written before the "
                             "variants. docs/HSTU.md compares them.", choices=STUS)
 
