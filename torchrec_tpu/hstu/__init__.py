@@ -2,7 +2,8 @@
 sequence tables on the sharded SparseCore EmbeddingCollection, and the attention on the tpu device.
 
 ``config``: :class:`HSTUConfig` and presets; ``layers``: the STU layers (paper, dlrmv3, legacy) and
-stack; ``attention``: the tpu op or plain PyTorch; ``model``: :class:`HSTU`; ``sharded``: the tables on SparseCore.
+stack; ``attention``: the tpu op or plain PyTorch; ``model``: :class:`HSTU`; ``sharded``: the tables on SparseCore;
+``retrieval_metrics``: HR@K, NDCG@K and MRR over all items.
 """
 
 from torchrec_tpu.hstu.config import PRESETS, HSTUConfig, preset
