@@ -15,7 +15,7 @@ the step (over the process with its inputs made). Both run in one process, which
 ``torchrec-tpu train`` starts a job's (``launcher.xla_cpu_env``: glibc's malloc and libgomp's spin
 set for XLA:CPU; plain PyTorch's rate measured the same without them).
 Run it on a quiet machine for figures.
-Usage: .venv/bin/python bench/bench_hstu.py [--steps 20] [--repeats 3] [--batch 16] [--seq-len 256]
+Usage: .venv/bin/python bench/bench_hstu.py [--stu paper|dlrmv3] [--steps 20] [--repeats 3] [--batch 16] [--seq-len 256]
        .venv/bin/python bench/bench_hstu.py --rss-only [--rss-lengths 1024,4096]  (the RSS lines alone)
 """
 
@@ -154,6 +154,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="users per training batch")
     parser.add_argument("--seq-len", type=int, default=256, help="history + candidates per user (training)")
     parser.add_argument("--items", type=int, default=10_000)
+    parser.add_argument("--stu", choices=("paper", "dlrmv3"), default="paper", help="the STU layer (docs/HSTU.md)")
     parser.add_argument("--rss-lengths", default="1024,4096", help="sequence lengths of the peak RSS runs")
     parser.add_argument("--users", type=int, default=2, help="sequences per attention / RSS run")
     parser.add_argument("--rss-only", action="store_true", help="print the peak RSS lines only (no timing)")
@@ -174,7 +175,7 @@ def _timings(args: argparse.Namespace) -> None:
     """The training-step and attention-op lines."""
     candidates = 4
     config = HSTUConfig(item_rows=args.items, action_rows=2, dim=64, heads=HEADS, qk_dim=QK, v_dim=DV,
-                        max_seq_len=args.seq_len, kernel=PADDED)
+                        max_seq_len=args.seq_len, kernel=PADDED, stu=args.stu)
     batches = [_batch(args.batch, args.seq_len - candidates, candidates, args.items, seed) for seed in range(4)]
     torch.manual_seed(0)
     plain = HSTU(config)
