@@ -185,6 +185,8 @@ def test_dlrmv3_n_is_the_batchs_longest_history_plus_most_candidates():
                                           n_norm=width, num_targets=targets)
     torch.testing.assert_close(got.double(), expected, **FP32)
     assert sequence_layout(torch.tensor([3, 8]), torch.tensor([2, 1])).padded_width == width
+    with pytest.raises(ValueError, match=r"DLRMv3STU: Sequences.longest=0; it must be the batch's N"):
+        layer(x, Sequences(offsets, times, targets, max_len=16))
     other_n = reference.dlrmv3_stu_layer(x.double(), offsets, params, heads=HEADS, qk_dim=QK, v_dim=DV, n_norm=N,
                                          num_targets=targets)
     assert (other_n - expected).abs().max() > 1e-3

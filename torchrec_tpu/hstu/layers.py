@@ -125,6 +125,8 @@ class DLRMv3STU(nn.Module):
         self.register_buffer("no_bias", torch.zeros(1), persistent=False)
 
     def forward(self, x: torch.Tensor, seq: Sequences) -> torch.Tensor:
+        if seq.longest < 1:
+            raise ValueError(f"DLRMv3STU: Sequences.longest={seq.longest}; it must be the batch's N (>= 1)")
         rows, hv, hq = x.shape[0], self.heads * self.v_dim, self.heads * self.qk_dim
         u, vqk = torch.split(torch.addmm(self.uvqk_bias, self.input_norm(x), self.uvqk_weight), [hv, hv + 2 * hq],
                              dim=-1)
