@@ -111,24 +111,35 @@ def test_infer_reads_a_checkpoint_of_two_ranks(tmp_path: Path, capsys: pytest.Ca
 
 def _legacy_checkpoint(directory: Path, model: HSTU, world_size: int) -> None:
     """The layout ``train --model hstu`` wrote before its checkpoints went through DCP: per rank a
-    dense file (the stack, heads and Adam) and a tables file, then meta.json."""
+    dense file (the stack, heads and Adam) and a tables file, then meta.json, whose model record
+    predates the STU variants (``model``: a :func:`_old_model`)."""
+    assert model.config.stu == "legacy"
     directory.mkdir(parents=True)
     state = model.state_dict()
     dense = {k: v for k, v in state.items() if not k.startswith("embeddings.")}
     torch.save({"model": dense, "adam": {}, "step": 3, "epoch": 0, "batch": 3}, directory / "dense-rank-000.pt")
     torch.save({k: v for k, v in state.items() if k not in dense}, directory / "tables-rank-000.pt")
     (directory / "meta.json").write_text(json.dumps({"world_size": world_size, "step": 3, "epoch": 0, "batch": 3,
-                                                     "hstu": model.config.to_dict()}))
+                                                     "hstu": _old_record(model.config)}))
+
+
+def _old_model(item_rows: int, action_rows: int) -> HSTU:
+    """An HSTU of the layer checkpoints held before the STU variants."""
+    return HSTU(HSTUConfig(item_rows=item_rows, action_rows=action_rows, stu="legacy", dropout=0.0))
+
+
+def _old_record(config: HSTUConfig) -> dict:
+    return {k: v for k, v in config.to_dict().items() if k not in ("stu", "dropout")}
 
 
 def test_a_legacy_checkpoint_of_one_rank_still_loads(tmp_path: Path) -> None:
     from torchrec_tpu.hstu.inference import load_hstu_inference
 
     torch.manual_seed(0)
-    trained = HSTU(HSTUConfig(item_rows=20, action_rows=3))
+    trained = _old_model(20, 3)
     _legacy_checkpoint(tmp_path / "step-00000003", trained, world_size=1)
     loaded = load_hstu_inference(tmp_path)
-    assert loaded.step == 3
+    assert loaded.step == 3 and loaded.model.config.stu == "legacy"
     expected = trained.state_dict()
     for key, value in loaded.model.state_dict().items():
         torch.testing.assert_close(value, expected[key], rtol=0, atol=0, msg=key)
@@ -137,7 +148,7 @@ def test_a_legacy_checkpoint_of_one_rank_still_loads(tmp_path: Path) -> None:
 def test_a_legacy_checkpoint_of_two_ranks_is_refused_by_name(tmp_path: Path) -> None:
     from torchrec_tpu.hstu.inference import load_hstu_inference
 
-    _legacy_checkpoint(tmp_path / "step-00000003", HSTU(HSTUConfig(item_rows=20, action_rows=3)), world_size=2)
+    _legacy_checkpoint(tmp_path / "step-00000003", _old_model(20, 3), world_size=2)
     with pytest.raises(ValueError, match="written by 2 ranks in the legacy layout.*only the legacy checkpoints of "
                                          "one-rank runs load"):
         load_hstu_inference(tmp_path)
@@ -147,7 +158,7 @@ def test_a_legacy_checkpoint_of_two_ranks_is_refused_by_name(tmp_path: Path) -> 
                                                   ("candidate_item", 2.5, "2.5 is not an integer")])
 def test_a_bad_label_or_fractional_id_is_refused_naming_its_row_in_the_file(tmp_path, capsys, column, value, shown):
     data = _dataset(tmp_path)
-    _legacy_checkpoint(tmp_path / "ckpt" / "step-00000003", HSTU(HSTUConfig(item_rows=30, action_rows=2)), 1)
+    _legacy_checkpoint(tmp_path / "ckpt" / "step-00000003", _old_model(30, 2), 1)
     table = pq.read_table(window_path(data, 1))
     rows = [[float(v) for v in r] for r in table.column(column).to_pylist()]
     rows[10][0] = value
@@ -183,7 +194,7 @@ def test_infer_on_the_stack_scores_as_the_cpu_path(tmp_path: Path, capsys: pytes
 def test_a_legacy_checkpoint_is_refused_on_the_stack_by_name(tmp_path: Path) -> None:
     from torchrec_tpu.hstu.inference import load_hstu_inference
 
-    _legacy_checkpoint(tmp_path / "step-00000003", HSTU(HSTUConfig(item_rows=20, action_rows=3)), world_size=1)
+    _legacy_checkpoint(tmp_path / "step-00000003", _old_model(20, 3), world_size=1)
     with pytest.raises(ValueError, match=r"--device tpu: checkpoint .*step-00000003 is in the legacy one-rank "
                                          r"layout, which only --device cpu loads"):
         load_hstu_inference(tmp_path, "tpu")
