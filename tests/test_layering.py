@@ -412,18 +412,42 @@ def test_only_the_runtime_sets_a_tpu_tensors_layout() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+def _imported_test_modules(tree: ast.AST) -> list[str]:
+    """Test modules (``test_*``) that ``tree`` imports: ``import tests.a.test_b``, ``from tests.a.test_b
+    import x``, ``from tests.a import test_b``, also in the source of a child process held in a string."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.rsplit(".", 1)[-1].startswith("test_"):
+                found.append(node.module)
+            elif node.module.split(".")[0] == "tests":
+                found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("test_")]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names
+                      if a.name.startswith("tests.") and a.name.rsplit(".", 1)[-1].startswith("test_")]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+            try:
+                found += _imported_test_modules(ast.parse(node.value))
+            except SyntaxError:
+                pass  # prose, not code
+    return found
+
+
 def test_no_test_module_imports_another() -> None:
     """What tests share lives in helper modules (conftest.py, ``*_cases.py``, ...), not in test files."""
-    offenders = []
-    for path in sorted((REPO_ROOT / "tests").rglob("*.py")):
-        for node in ast.walk(_tree(path)):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                if node.module.rsplit(".", 1)[-1].startswith("test_"):
-                    offenders.append(f"{path.relative_to(REPO_ROOT)} imports {node.module}")
-            elif isinstance(node, ast.Import):
-                offenders += [f"{path.relative_to(REPO_ROOT)} imports {a.name}" for a in node.names
-                              if a.name.startswith("tests.") and a.name.rsplit(".", 1)[-1].startswith("test_")]
+    offenders = [f"{path.relative_to(REPO_ROOT)} imports {module}"
+                 for path in sorted((REPO_ROOT / "tests").rglob("*.py"))
+                 for module in _imported_test_modules(_tree(path))]
     assert not offenders, "\n".join(offenders)
+
+
+def test_a_test_module_imported_in_any_form_is_caught() -> None:
+    # spelled as templates: the rule reads this file too
+    forms = [form.format(m="test_b") for form in ("import tests.a.{m}", "from tests.a.{m} import x",
+                                                  "from tests.a import {m} as t",
+                                                  "run(['python', '-c', 'from tests.a import {m}'])")]
+    assert [_imported_test_modules(ast.parse(form)) for form in forms] == [["tests.a.test_b"]] * 4
+    assert _imported_test_modules(ast.parse("from tests.a import b_cases\nprint('import this')")) == []
 
 
 def test_no_submodule_imports_from_its_package_init_while_the_init_imports_it() -> None:

@@ -97,7 +97,7 @@ def test_many_programs_compiled_in_turn_stay_bounded():
 _SWEEP_CHILD = r"""
 import gc, sys
 import torch, torch_tpu
-from tests.torch_tpu import test_module_db as t
+from tests.torch_tpu.ops.module_db_cases import MODULES, check
 
 def maps():
     with open("/proc/self/maps") as f:
@@ -105,9 +105,9 @@ def maps():
 
 counts = []
 for name in ("nn.Transformer", "nn.MultiheadAttention", "nn.TransformerEncoderLayer"):
-    info = next(m for m in t.MODULES if m.name == name)
+    info = next(m for m in MODULES if m.name == name)
     for _ in range(2):
-        assert t._check(info, True, 6) > 0
+        assert check(info, True, 6) > 0
         torch._dynamo.reset()
         gc.collect()
         counts.append(maps())
