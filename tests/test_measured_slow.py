@@ -4,9 +4,12 @@ or its successor would silently run in the default suite (or the entry would rot
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 from pathlib import Path
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LISTING = json.loads((REPO_ROOT / "tests" / "measured_slow.json").read_text())
@@ -54,3 +57,42 @@ def test_every_listed_slow_test_exists() -> None:
 def test_a_renamed_test_is_caught() -> None:
     renamed = "tests/test_measured_slow.py::test_no_such_test"
     assert _missing([renamed]) == [renamed]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("measure_slow_tests", REPO_ROOT / "scripts" / "measure_slow_tests.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+F = "tests/test_measured_slow.py"
+SECONDS = {f"{F}::test_a[x]": 9.0, f"{F}::test_a[y]": 7.0, f"{F}::test_b[x]": 8.0, f"{F}::test_b[y]": 1.0,
+           f"{F}::test_c": 6.0, f"{F}::test_d": 0.5, f"{F}::test_kept": 30.0}
+LISTED = {"kept_in_default": {f"{F}::test_kept": "why"}, "slow": {f"{F}::test_gone": 12.0, f"{F}::test_d": 5.5}}
+
+
+def test_a_parametrized_test_keeps_its_cheapest_case_and_kept_tests_stay() -> None:
+    slow = _script().slow_tests(LISTED, SECONDS, 5.0)
+    # test_a's cases are both over: its cheaper one stays; test_d ran fast now: it leaves the list
+    assert slow == {f"{F}::test_gone": 12.0, f"{F}::test_a[x]": 9.0, f"{F}::test_b[x]": 8.0, f"{F}::test_c": 6.0}
+
+
+def test_a_budget_picks_the_largest_threshold_under_it() -> None:
+    script = _script()
+    # from 8 s: 10 outside tests + test_kept 30 + test_a[y] 7 + test_b[y] 1 + test_c 6 + test_d 0.5
+    assert script.threshold_for(LISTED, SECONDS, 10.0, 54.5) == 8.0
+    assert script.threshold_for(LISTED, SECONDS, 10.0, 48.5) == 6.0  # test_a keeps its cheaper case
+    # kept whatever the threshold: 10 + test_kept 30 + test_a[y] 7 + test_b[y] 1
+    with pytest.raises(ValueError, match=r"--budget=47.5 is under what the run keeps whatever the threshold \(48 s"):
+        script.threshold_for(LISTED, SECONDS, 10.0, 47.5)
+
+
+def test_the_report_gives_each_tests_seconds_and_the_rest_of_the_run(tmp_path: Path) -> None:
+    report = tmp_path / "run.xml"
+    report.write_text(
+        '<testsuites><testsuite time="20.0">'
+        '<testcase classname="tests.test_measured_slow" name="test_a[x]" time="9.0"/>'
+        '<testcase classname="tests.test_measured_slow" name="test_c" time="6.0"><skipped/></testcase>'
+        '</testsuite></testsuites>')
+    assert _script().measured_seconds(report) == ({f"{F}::test_a[x]": 9.0}, 5.0)
