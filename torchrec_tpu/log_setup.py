@@ -146,3 +146,10 @@ def worker_setup() -> None:
 
     logging.getLogger(str(Path(ray.__file__).parent.joinpath(*RAY_TRAIN_REPORTS))).setLevel(logging.WARNING)
     pin_ray_address()
+
+
+def say_loading(command: str) -> None:
+    """One line before a job's heavy imports (torch, TorchRec, FBGEMM, JAX: up to a minute on a
+    busy host, where the job said nothing yet), from the first rank only (``RANK``, torchrun's)."""
+    if os.environ.get("RANK", "0") == "0":
+        logging.getLogger("torchrec_tpu.jobs").info("%s: loading torch, TorchRec and JAX", command)

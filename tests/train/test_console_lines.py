@@ -67,9 +67,23 @@ def test_a_line_per_evaluation_and_checkpoint(tmp_path: Path, caplog) -> None:
     assert [line for line in lines if line.startswith("checkpoint")] == [f"checkpoint step 3: {tmp_path / 'ckpt-3'}"]
 
 
+def test_an_evaluation_says_it_starts_and_how_far_it_is(tmp_path: Path, caplog, monkeypatch) -> None:
+    """No silent minute in a long evaluation (issue 77): a line before it, then progress lines
+    (every TORCHREC_TPU_PROGRESS_SECONDS; 0 here: after each batch) with the rows scored so far."""
+    monkeypatch.setenv("TORCHREC_TPU_PROGRESS_SECONDS", "0")
+    _, _, lines, _ = _run(tmp_path, caplog, eval_every=2, max_steps=2)
+    start = lines.index("evaluating the model after step 2")
+    progress = [line for line in lines if line.startswith("evaluation after step 2: ")]
+    # the 2 held-out batches of 4 rows: 4, then 8 rows (50%, 100%)
+    assert [line.split("  ")[0] for line in progress] == ["evaluation after step 2: 4 rows (50%)",
+                                                          "evaluation after step 2: 8 rows (100%)"]
+    assert start < lines.index(progress[0]) and lines.index(progress[-1]) < lines.index(
+        next(line for line in lines if line.startswith("eval step 2:")))
+
+
 def test_other_ranks_print_no_evaluation_lines(tmp_path: Path, caplog) -> None:
     _, _, lines, _ = _run(tmp_path, caplog, eval_every=2, checkpoint_every=3, max_steps=6, primary=False)
-    assert not [line for line in lines if line.startswith(("eval step", "checkpoint"))]
+    assert not [line for line in lines if line.startswith(("eval", "checkpoint"))]
 
 
 def test_first_step_has_no_samples_per_sec_point(tmp_path: Path, caplog) -> None:

@@ -34,22 +34,26 @@ def test_hparams_hold_the_run_config(trained) -> None:
     values, metrics = _hparams(_events(summary.log_dir))
     expected = config.to_dict()
     assert set(values) == {name for name, value in expected.items() if value is not None}
-    for name in ("batch_size", "embedding_dim", "dense_lr", "sparse_lr", "engine", "dense_arch", "progress"):
+    for name in ("dense_lr", "sparse_lr", "engine", "dense_arch", "progress"):
         assert values[name] == expected[name], name
+    assert (values["batch_size"], values["embedding_dim"]) == (str(expected["batch_size"]),
+                                                                str(expected["embedding_dim"]))
     assert "resume" not in values  # None (unset) is left out, not written as the text "None"
     assert sorted(metrics) == sorted(HPARAM_METRICS)
 
 
 def test_hparams_keep_each_value_type(tmp_path) -> None:
-    """Booleans as TensorBoard booleans (torch's own writer makes them numbers), numbers as
-    numbers, paths as given, no "None" strings."""
+    """Booleans as TensorBoard booleans (torch's own writer makes them numbers), whole numbers as
+    their text (the HParams tab shows a number value 512 as "512.00"), other numbers as numbers,
+    paths as given, no "None" strings."""
     values = {"progress": False, "bind_cpus": True, "batch_size": 256, "dense_lr": 0.05, "data": "data/criteo",
               "resume": None}
     with ScalarLog(tmp_path, enabled=True) as log:
         log.log_hparams(values, ["eval/auc"])
     written, metrics = _hparams(_events(tmp_path))
-    assert written == {name: value for name, value in values.items() if value is not None}
-    assert [type(written[name]) for name in ("progress", "bind_cpus", "batch_size", "data")] == [bool, bool, float, str]
+    assert written == {"progress": False, "bind_cpus": True, "batch_size": "256", "dense_lr": 0.05,
+                       "data": "data/criteo"}
+    assert [type(written[name]) for name in ("progress", "bind_cpus", "dense_lr", "data")] == [bool, bool, float, str]
     assert metrics == ["eval/auc"]
 
 

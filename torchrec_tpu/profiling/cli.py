@@ -13,6 +13,7 @@ import sys
 from pipelines.flag_numbers import positive_int
 from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_env
+from torchrec_tpu.log_setup import say_loading
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import HSTU_MODELS, ConfigError, add_config_arguments, config_from_args, log_notes
 from torchrec_tpu.train.engine_kinds import ENGINES
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         log_notes(notes)
         if config.model.kind not in HSTU_MODELS:  # HSTU's --data: a sequence dataset, checked as train checks it
             check_paths(config, int(os.environ.get("WORLD_SIZE", "1")))  # before the heavy imports below
+        say_loading("profile")
         from torchrec_tpu.profiling.job import profile_training  # heavy: torch, torchrec, jax
 
         result = profile_training(config, args.steps, args.warmup, args.profile_dir, top=args.top)

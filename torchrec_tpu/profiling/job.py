@@ -15,6 +15,8 @@ threads it was enabled on).
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,8 @@ from torchrec_tpu.train.engines.sparsecore_engine import overflow_with_flags
 from torchrec_tpu.train.job import decide_layout, model_spec, use_rank_threads
 from torchrec_tpu.train.memory_preflight import check_model_fits
 from torchrec_tpu.train.streams import training_streams
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,11 @@ def _profile_in(config: TrainConfig, env: DistEnv, steps: int, warmup: int, log_
         check_model_fits(spec, config.optim.sparse_optimizer, env.world_size)
         engine = engine_for(config)
         layout = decide_layout(engine, spec, env)  # train's decision, logged as train logs it
+        built = time.perf_counter()
         model = engine.build_model(spec, env, device, layout)
         optimizer = engine.build_optimizer(model, layout)
+        if env.is_primary:
+            _log.info("model built in %.1f s", time.perf_counter() - built)
         stream, _ = training_streams(config, reader, reader, data.table_sizes, env.world_size, 0)
         stream = engine.wrap_batches(stream, model, env, device, background=False)
         batches = itertools.chain.from_iterable(itertools.repeat(stream))  # epochs as needed
@@ -108,20 +115,25 @@ def _profile_in(config: TrainConfig, env: DistEnv, steps: int, warmup: int, log_
                 except PartitionOverflowError as error:  # no prefetch thread here to say it in flags
                     raise overflow_with_flags(config.data.batch_size, error) from None
 
-        files = _trace(step, model, warmup, steps, log_dir, config.loop.progress and env.is_primary)
+        files = _trace(step, model, warmup, steps, log_dir, env.is_primary, config.loop.progress)
     return ProfileResult(config.engine.kind, program, steps, log_dir, files,
                          format_summary(files.profiler, steps, top))
 
 
 def _trace(step: Callable[[], None], model: nn.Module, warmup: int, steps: int, log_dir: Path,
-           progress: bool) -> TraceFiles:
+           primary: bool, progress: bool) -> TraceFiles:
     """``warmup`` untraced calls of ``step``, then ``steps`` traced ones, each marked, with the
-    phase ranges on ``model``."""
+    phase ranges on ``model``; the primary rank says when each part starts (the first step
+    compiles; the trace is written at the end)."""
     model.train()
+    if primary:
+        _log.info("profile: %d warmup step(s), untraced; the first compiles", warmup)
     for _ in range(warmup):
         step()
+    if primary:
+        _log.info("profile: tracing %d step(s), then writing the trace to %s", steps, log_dir)
     with phase_ranges(model), profiling(log_dir) as files:
-        for index in progress_bar(range(steps), desc="profile", unit="step", enabled=progress):
+        for index in progress_bar(range(steps), desc="profile", unit="step", enabled=progress and primary):
             with traced_step(index):
                 step()
     return files
@@ -142,6 +154,6 @@ def _profile_hstu(config: TrainConfig, steps: int, warmup: int, log_dir: Path, t
             with program_range(EAGER_STEP):
                 run.step(batch)
 
-        files = _trace(step, run.model, warmup, steps, log_dir, config.loop.progress and run.env.is_primary)
+        files = _trace(step, run.model, warmup, steps, log_dir, run.env.is_primary, config.loop.progress)
     return ProfileResult(config.engine.kind, EAGER_STEP, steps, log_dir, files,
                          format_summary(files.profiler, steps, top))

@@ -13,6 +13,7 @@ import os
 from pipelines.flag_numbers import non_negative_int
 from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_env
+from torchrec_tpu.log_setup import say_loading
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import (
     HSTU_MODELS,
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
         log_notes(notes)
         hstu = config.model.kind in HSTU_MODELS
+        say_loading("train")
         if hstu:  # its options and sequence data are checked by torchrec_tpu.hstu.train
             from torchrec_tpu.hstu.train import check_options  # heavy: torch, torchrec, torch_tpu
 

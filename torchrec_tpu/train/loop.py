@@ -342,8 +342,17 @@ class _MetricsWindow:
 
 def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device, step: int,
               forward: EvalForward, options: LoopOptions) -> EvalResult:
+    """``held_out``'s evaluation; the primary says it starts, then how far it is every
+    ``progress_interval`` seconds (a large split takes minutes)."""
+    progress = None
+    if options.primary:
+        _log.info("evaluating the model after step %d", step)
+        batches, line = _len(held_out), ProgressLine(_log.info, f"evaluation after step {step}")
+
+        def progress(rows: int, done: int) -> None:
+            line.update(rows, done / batches if batches else None)
     with collectives(f"the evaluation at step {step} (embedding all_to_all, metric all_gather)"):
-        return evaluate(model, held_out, device, forward, options.eval_batch_rows)
+        return evaluate(model, held_out, device, forward, options.eval_batch_rows, progress)
 
 
 class _Timeline:

@@ -67,10 +67,11 @@ def padded(batch: Batch, rows: int) -> Batch:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device,
-             forward: EvalForward = model_outputs, batch_rows: int = 0) -> EvalResult:
+             forward: EvalForward = model_outputs, batch_rows: int = 0,
+             progress: Callable[[int, int], None] | None = None) -> EvalResult:
     """Run ``model`` (returning ``loss, (loss, logits, labels)``; or as ``forward`` runs it) in
     eval mode over ``batches``, each zero-padded to ``batch_rows`` rows (0: as they come) and
-    scored on its own rows only.
+    scored on its own rows only; ``progress(rows, batches)`` hears the count scored after each batch.
 
     torchmetrics gathers predictions from every rank of the default process group, so the AUC is
     the global one, not an average of per-rank AUCs.
@@ -80,7 +81,7 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device,
     auroc = BinaryAUROC().to(device)
     accuracy = BinaryAccuracy().to(device)
     loss_sum = torch.zeros(3, dtype=torch.float64)  # (sum of per-sample losses, samples, sum of labels)
-    for batch in batches:
+    for index, batch in enumerate(batches):
         rows = batch.labels.numel()
         batch = padded(batch, batch_rows).to(device)
         logits, labels = forward(model, batch)[:rows], batch.labels[:rows]
@@ -89,6 +90,8 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device,
             accuracy.update(torch.sigmoid(logits), labels.int())
         loss = functional.binary_cross_entropy_with_logits(logits, labels.float(), reduction="sum")
         loss_sum += torch.tensor([loss.item(), rows, labels.double().sum().item()], dtype=torch.float64)
+        if progress is not None:
+            progress(int(loss_sum[1]), index + 1)
     if dist.is_initialized():
         dist.all_reduce(loss_sum)
     model.train(was_training)

@@ -11,9 +11,11 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from torch.utils.tensorboard import SummaryWriter
 
-# (python type, TensorBoard type, the HParam value field); bool first: a bool is an int
+# (python type, TensorBoard type, the HParam value field); bool first: a bool is an int. An int is
+# written as its text: the HParams tab shows every number value with decimals (512 as "512.00")
 _HPARAM_TYPES = ((bool, api_pb2.DATA_TYPE_BOOL, "bool_value"),
-                 ((int, float), api_pb2.DATA_TYPE_FLOAT64, "number_value"),
+                 (int, api_pb2.DATA_TYPE_STRING, "string_value"),
+                 (float, api_pb2.DATA_TYPE_FLOAT64, "number_value"),
                  (str, api_pb2.DATA_TYPE_STRING, "string_value"))
 
 
@@ -37,9 +39,9 @@ class ScalarLog:
 
     def log_hparams(self, values: Mapping[str, Any], metric_tags: Sequence[str]) -> None:
         """Record the run's hyperparameters for TensorBoard's HParams tab, which shows them next to
-        the last value of each scalar in ``metric_tags``: booleans as booleans, numbers as numbers,
-        text as text (paths as given); None (an option left unset) is left out, other values are
-        written as their ``str``."""
+        the last value of each scalar in ``metric_tags``: booleans as booleans, whole numbers as their
+        text (``512``, not ``512.00``), other numbers as numbers, text as text (paths as given);
+        None (an option left unset) is left out, other values are written as their ``str``."""
         if self._writer is None:
             return
         plain = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()
@@ -48,7 +50,7 @@ class ScalarLog:
         infos = []
         for name, value in plain.items():
             kind, field = next((t, f) for python_type, t, f in _HPARAM_TYPES if isinstance(value, python_type))
-            setattr(start.hparams[name], field, value)
+            setattr(start.hparams[name], field, str(value) if field == "string_value" else value)
             infos.append(api_pb2.HParamInfo(name=name, type=kind))
         experiment = api_pb2.Experiment(hparam_infos=infos, metric_infos=[
             api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in metric_tags])

@@ -130,8 +130,10 @@ def time_placements(build_step: StepBuilder, spec: ModelSpec, batch_size: int,
     with torch.random.fork_rng():
         torch.manual_seed(0)
         batches = [_random_batch(capped, batch_size, ids_per_feature) for _ in range(2)]
-        runs = {name: functools.partial(_steps, build_step(name, capped, batch_size), batches)
-                for name in ("cpu", "tpu")}
+        runs = {}
+        for name in ("cpu", "tpu"):
+            _log.info("--dense-device auto: building the model with the towers on %s", name)
+            runs[name] = functools.partial(_steps, build_step(name, capped, batch_size), batches)
     times: dict[str, list[float]] = {name: [] for name in runs}
     _log.info("--dense-device auto: compiling the tpu step and warming both placements up")
     for _ in range(_WARMUP_STEPS):  # the tpu step compiles (or loads) in its first
