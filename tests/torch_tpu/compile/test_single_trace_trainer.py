@@ -126,6 +126,28 @@ def test_compile_fn_gets_the_traced_step_and_its_result_runs() -> None:
     assert len(graphs) == 1 and isinstance(graphs[0], torch.fx.GraphModule)
 
 
+def test_buffers_the_model_updates_are_written_back() -> None:
+    """A BatchNorm's running statistics (buffers it updates in place) as an eager torch.optim.SGD
+    loop leaves them, the weights too (TorchTPU passes the buffers into the traced step)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
+    ref = copy.deepcopy(model)
+    batches = _batches(2)
+    trainer = optimizers.SingleTraceTrainer(model, optimizer=optimizers.Sgd(lr=0.1),
+                                            compile_fn=lambda gm, flat_inputs: gm)
+    step = trainer.make_compiled_train_step(*batches[0])
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for x, y in batches:
+        sgd.zero_grad()
+        want = F.mse_loss(ref(x), y)
+        want.backward()
+        sgd.step()
+        torch.testing.assert_close(step(x, y), want.detach())
+    for (name, got), want in zip(model.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
+    assert model[1].num_batches_tracked.item() == 2
+
+
 def test_functional_optimizers_equal_torch_optim() -> None:
     for ours, theirs in ((optimizers.AdamW(lr=1e-2, weight_decay=0.1, use_bfloat16_moments=False),
                           lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)),

@@ -123,13 +123,13 @@ class SingleTraceTrainer:
         def step(*flat: Any) -> tuple[Any, ...]:
             group, buffers, inputs, *targets = pytree.tree_unflatten(list(flat), in_spec)
             params = group.params if self._optimizer is not None else group
-            buffers = dict(buffers)  # the model's in-place buffer updates land in this copy
 
-            def loss_of(p: dict[str, torch.Tensor]) -> torch.Tensor:
-                state = {**self._by_model_name(p), **self._by_model_name(buffers)}
-                return _loss(self._model, state, inputs, targets[0] if targets else None, self._compute_loss_fn)
+            def loss_of(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+                # the buffers are an argument, not captured: the model may update them in place (BatchNorm)
+                state = {**self._by_model_name(p), **self._by_model_name(b)}
+                return _loss(self._model, state, inputs, targets[0] if targets else None, self._compute_loss_fn), b
 
-            grads, loss = torch.func.grad_and_value(loss_of)(params)
+            grads, (loss, buffers) = torch.func.grad_and_value(loss_of, has_aux=True)(params, buffers)
             result = (loss, self._optimizer(group, grads) if self._optimizer is not None else grads, buffers)
             flat_out, spec = pytree.tree_flatten(result)
             out_spec[:] = [spec]
