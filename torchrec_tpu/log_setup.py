@@ -149,7 +149,13 @@ def worker_setup() -> None:
 
 
 def say_loading(command: str) -> None:
-    """One line before a job's heavy imports (torch, TorchRec, FBGEMM, JAX: up to a minute on a
-    busy host, where the job said nothing yet), from the first rank only (``RANK``, torchrun's)."""
-    if os.environ.get("RANK", "0") == "0":
-        logging.getLogger("torchrec_tpu.jobs").info("%s: loading torch, TorchRec and JAX", command)
+    """Lines around a job's heavy imports (torch, then TorchRec, FBGEMM and JAX: a minute or more
+    on a busy host, where the job said nothing yet), from the first rank only (``RANK``,
+    torchrun's); imports torch itself, between the two lines."""
+    say = logging.getLogger("torchrec_tpu.jobs").info if os.environ.get("RANK", "0") == "0" else None
+    if say:
+        say("%s: loading torch", command)
+    import torch  # noqa: F401
+
+    if say:
+        say("%s: loading TorchRec, FBGEMM and JAX", command)

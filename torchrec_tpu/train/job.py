@@ -177,6 +177,8 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
             dirs: RunDirs) -> JobSummary:
     torch.manual_seed(config.loop.seed)
     use_rank_threads(config, env, "train")
+    if env.is_primary:
+        _log.info("train: opening the data (--data %s)", config.data.source)
     with open_data(config, env) as data, ScalarLog(dirs.log_dir, enabled=env.is_primary) as log, \
             _run_events(config, env, data) as events:
         log.log_hparams(config.to_dict(), HPARAM_METRICS)
