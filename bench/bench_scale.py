@@ -8,9 +8,10 @@ per rank of ``--world``, reader, steps, evaluation, checkpoint) started through 
 process, whose ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` after the run exits is the largest
 rank's peak RSS (the budget is then each rank's even share of the tables plus the fixed 2 GB).
 Per run: peak RSS, that over the table bytes (fp32 weights alone) and over the issue's budget
-``1.3 x (tables + slots) + 2 GB``, the steady samples/s (the logged windows after the first), and
-the wall and process CPU ms per step after the first window (CPU time, every thread's, is the
-figure that survives a loaded box); per size the sparsecore/torchrec ratios, per engine each
+``1.3 x (tables + slots) + 2 GB`` (then a line of its own: ``peak RSS within budget: yes`` or
+``NO``), the steady samples/s (the logged windows after the first), and the wall and process CPU
+ms per step after the first window (CPU time, every thread's, is the figure that survives a loaded
+box); per size the sparsecore/torchrec ratios, per engine each
 size's step cost over the smallest's (issue 48: within 15% from 1M to 29M rows). Shared 2-core
 box: timings are noisy, and a run at 29M rows needs ~10 GB free (check ``free -g``).
 
@@ -129,6 +130,12 @@ def run(engine: str, data: Path, sizes: str, log_dir: Path, args: argparse.Names
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def budget_line(what: str, peak_rss: float, budget: float) -> str:
+    """``what``'s verdict on the issue's memory budget, in words a reader cannot miss."""
+    return (f"  {what}: peak RSS within budget: {'yes' if peak_rss <= budget else 'NO'} ({peak_rss / GB:.2f} GB = "
+            f"{peak_rss / budget:.2f}x of {budget / GB:.2f} GB)")
+
+
 def slot_bytes_per_row(optimizer: str, dim: int) -> int:
     """fp32 bytes of the optimizer's slots per table row."""
     from tpu_facts import OPTIMIZER_SLOTS
@@ -199,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       f"{r['peak_rss'] / budget:4.2f}x budget ({budget / GB:.2f} GB)  steady "
                       f"{r['steady']:>8,.0f} samples/s, step {r['wall_ms']:5.1f} ms wall {r['cpu_ms']:6.1f} ms CPU",
                       flush=True)
+                print(budget_line(f"{rows / 1e6:.1f}M rows {engine}", r["peak_rss"], budget), flush=True)
             if len(results) == 2:
                 s, t = results["sparsecore"], results["torchrec"]
                 print(f"  {rows / 1e6:5.1f}M rows  sparsecore/torchrec: samples/s {s['steady'] / t['steady']:.2f}x, "

@@ -19,32 +19,21 @@ library is glibc; ``TORCH_TPU_HOST_HEAP=0`` leaves malloc as it is.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import importlib.util
-import platform
 
 from tpu_facts import knobs
+from xla_cache import host_heap
 
 KEPT_BYTES = 1 << 30  # freed memory glibc keeps at the heap's top (1 GiB)
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # <malloc.h>
 _applied: list[bool] = []
 
 
-@functools.cache  # (find_library runs ldconfig: once, not at every empty_cache())
-def _glibc() -> ctypes.CDLL | None:
-    if platform.libc_ver()[0] != "glibc":
-        return None
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name) if name else None
-
-
 def keep_freed_memory() -> bool:
     """Make malloc keep large freed blocks for reuse, once per process, where the device runs on
     XLA:CPU (no ``libtpu``) and the C library is glibc. Returns whether it is in effect."""
     if not _applied:
-        libc = _glibc() if importlib.util.find_spec("libtpu") is None and knobs.HOST_HEAP.on() else None
+        libc = host_heap.glibc() if importlib.util.find_spec("libtpu") is None and knobs.HOST_HEAP.on() else None
         _applied.append(bool(libc and libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_ARENA_MAX, 1)
                              and libc.mallopt(_M_TRIM_THRESHOLD, KEPT_BYTES)))
     return _applied[0]
@@ -53,6 +42,4 @@ def keep_freed_memory() -> bool:
 def release() -> None:
     """Return the heap's free memory to the system (where :func:`keep_freed_memory` kept it)."""
     if _applied and _applied[0]:
-        libc = _glibc()
-        if libc is not None:
-            libc.malloc_trim(0)
+        host_heap.release()

@@ -47,6 +47,7 @@ from sparsecore.limits import PartitionOverflowError
 from torchrec_tpu.host_cpu import cpu_model
 from torchrec_tpu.train.config import OptimConfig
 from torchrec_tpu.train.model import ModelSpec
+from xla_cache import host_heap
 
 _log = logging.getLogger(__name__)
 LEVEL = "placements"
@@ -102,6 +103,7 @@ def measured_dense_device(build_step: StepBuilder, spec: ModelSpec, batch_size: 
         _log.warning("--dense-device auto: could not time the step at this batch (%s); the towers stay in CPU "
                      "eager torch (not stored)", error)
         return "cpu"
+    host_heap.release()  # the timed models' freed memory, before the job's tables are built beside it
     busy = timing.outside_share > BUSY_SHARE
     _log.info("--dense-device auto: the towers on %s: a step takes %.1f ms there, %.1f ms on %s (timed in %.0f s%s)",
               timing.device, *((timing.tpu_ms, timing.cpu_ms, "cpu") if timing.device == "tpu"
