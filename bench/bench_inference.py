@@ -12,16 +12,23 @@ the same Parquet rows, batch and threads (``--num-cpus``):
   actors (local Ray started once, before timing).
 
 Prints each rows/s and the ratios the issue asks for (ours / TorchRec's at each dtype). The
-figures count only on a quiet box (the last line says whether it was).
+figures count only on a quiet box (the last line says whether it was). Then the peak RSS line: how
+far loading the checkpoint's tables at ``--rss-dtype`` (int8) raises a fresh process's peak RSS
+(VmHWM, reset once the imports are done), against the fp32 tables' bytes; the issue's target at
+29.2M rows x 32 is <= 0.35x of those + 1 GB (``--rss-only --num-embeddings 1123077
+--embedding-dim 32``: 26 tables of 1.12M rows; the checkpoint trains one step).
 
     .venv/bin/python bench/bench_inference.py [--rows 200000] [--batch-size 4096] [--concurrency 2]
-        [--num-embeddings 1000] [--embedding-dim 16] [--model dlrm|dlrm_dcn]
+        [--num-embeddings 1000] [--embedding-dim 16] [--model dlrm|dlrm_dcn] [--rss-only] [--rss-dtype int8]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,9 +39,11 @@ from torchrec.inference.modules import quantize_inference_model
 
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.ray_data import local_ray
+from pipelines.schema import CRITEO
 from pipelines.synthetic import SyntheticConfig, generate
 from torchrec_tpu.inference.job import InferenceConfig, run_inference
 from torchrec_tpu.inference.model import load_inference_model
+from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.job import run_job
 
@@ -58,6 +67,33 @@ def our_job(data: Path, checkpoint: Path, output: Path, args: argparse.Namespace
     return summary.rows_per_sec
 
 
+def _kib(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (VmRSS, VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def rss_child(checkpoint: str, dtype: str) -> None:
+    """Print as JSON how many bytes loading ``checkpoint``'s tables at ``dtype`` raised this
+    process's peak RSS above its RSS before (``growth``), and the bytes the tables hold (``held``)."""
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM starts again at the current RSS
+    before = _kib("VmRSS")
+    model = load_inference_model(checkpoint, table_dtype=dtype)
+    print(json.dumps({"growth": (_kib("VmHWM") - before) * 1024, "held": model.table_bytes}))
+
+
+def peak_rss_line(checkpoint: Path, dtype: str, fp32_bytes: int) -> str:
+    """The peak RSS growth of loading ``checkpoint`` at ``dtype`` in a fresh process, against ``fp32_bytes``."""
+    done = subprocess.run([sys.executable, __file__, "--rss-child", str(checkpoint), "--rss-dtype", dtype],
+                          capture_output=True, text=True, check=True)
+    rss = json.loads(done.stdout.strip().splitlines()[-1])
+    return (f"  peak RSS, {dtype} tables loaded  +{rss['growth'] / 2**20:,.0f} MiB = "
+            f"{rss['growth'] / fp32_bytes:.2f}x the fp32 tables' {fp32_bytes / 2**20:,.0f} MiB (held: "
+            f"{rss['held'] / 2**20:,.0f} MiB; target <= 0.35x + 1 GB)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
@@ -67,7 +103,13 @@ def main() -> None:
     parser.add_argument("--num-embeddings", type=int, default=1000)
     parser.add_argument("--embedding-dim", type=int, default=16)
     parser.add_argument("--model", choices=("dlrm", "dlrm_dcn"), default="dlrm")
+    parser.add_argument("--rss-only", action="store_true", help="the peak RSS line only (no timing)")
+    parser.add_argument("--rss-dtype", choices=TABLE_DTYPES, default="int8", help="table dtype of the RSS line")
+    parser.add_argument("--rss-child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rss_child:
+        rss_child(args.rss_child, args.rss_dtype)
+        return
     torch.set_num_threads(args.num_cpus)
     with tempfile.TemporaryDirectory(prefix="bench-infer-") as tmp:
         root = Path(tmp)
@@ -76,8 +118,13 @@ def main() -> None:
         generate(train_data, root / "train", progress=False)
         checkpoint = run_job(TrainConfig.from_options(
             data=str(root / "train"), model=args.model, num_embeddings=args.num_embeddings,
-            embedding_dim=args.embedding_dim, batch_size=512, log_dir=str(root / "logs"), progress=False,
+            embedding_dim=args.embedding_dim, dense_arch=f"64,{args.embedding_dim}", batch_size=512,
+            log_dir=str(root / "logs"), progress=False, max_steps=1 if args.rss_only else 0,
         )).checkpoint_dir
+        fp32_bytes = len(CRITEO.sparse) * args.num_embeddings * args.embedding_dim * 4
+        if args.rss_only:
+            print(peak_rss_line(checkpoint, args.rss_dtype, fp32_bytes))
+            return
         infer = SyntheticConfig(num_rows=args.rows, seed=1, max_cardinality=args.num_embeddings,
                                 rows_per_file=max(1, args.rows // 4), row_group_size=max(1, args.rows // 32))
         data = root / "input"
@@ -89,6 +136,7 @@ def main() -> None:
         ours_int8 = our_job(data, checkpoint, root / "int8", args, table_dtype="int8")
         with local_ray(args.num_cpus):
             ray_fp32 = our_job(data, checkpoint, root / "ray", args, concurrency=args.concurrency, device="cpu")
+        rss = peak_rss_line(checkpoint, args.rss_dtype, fp32_bytes)
     print(f"rows {args.rows:,}, batch {args.batch_size}, {args.num_cpus} threads, {args.model} "
           f"{args.num_embeddings:,} rows x {args.embedding_dim} per table")
     print(f"  TorchRec eager loop, fp32        {torchrec_fp32:>12,.0f} rows/s   (reference, no output)")
@@ -99,6 +147,7 @@ def main() -> None:
           "TorchRec int8 (target >= 1.5x)")
     print(f"  infer job, fp32, Ray x{args.concurrency}          {ray_fp32:>12,.0f} rows/s   "
           f"{ray_fp32 / ours_fp32:.2f}x the one-process job")
+    print(rss)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.export_files import MODEL, TABLES, TOWERS
 from torchrec_tpu.inference.model import InferenceModel, load_inference_model
-from torchrec_tpu.inference.quantized_tables import QuantizedTable, host_embedding_bags
+from torchrec_tpu.inference.quantized_tables import QuantizedTable, held_bytes, host_embedding_bags
 from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 from torchrec_tpu.train.checkpoint.manifest import MANIFEST_FILE, manifest_of, verify_checkpoint
 
@@ -126,7 +126,7 @@ def load_model(directory: str | Path) -> InferenceModel:
     ebc, tables = host_embedding_bags(tables)
     return InferenceModel(ExportedDLRM(ebc, towers, len(tables)),
                           tuple(t.rows for t in tables.values()), int(description["step"]),
-                          description["tables"][0]["dtype"], tables)
+                          description["tables"][0]["dtype"], tables, table_bytes=held_bytes(ebc, tables))
 
 
 def read_description(directory: Path) -> dict[str, Any]:

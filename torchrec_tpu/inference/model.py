@@ -23,7 +23,13 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.schema import CRITEO, DatasetSchema
-from torchrec_tpu.inference.quantized_tables import QuantizedTable, host_embedding_bags, quantize_table
+from torchrec_tpu.inference.quantized_tables import (
+    QuantizedTable,
+    empty_host_tables,
+    held_bytes,
+    host_embedding_bags,
+    quantize_table,
+)
 from torchrec_tpu.inference.table_dtypes import check_table_dtype
 from torchrec_tpu.train.model import ModelSpec, ebc_of, table_weight_key
 
@@ -91,7 +97,11 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
     with warnings.catch_warnings():  # DCP's note that it loads in one process: that is the intent
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         load_state({"model": state}, state_dir)
-        tables = {f: quantize_table(state.pop(key).value(), table_dtype) for f, key in keys.items()}
+        # quantized straight into the rows the host will look them up from (FBGEMM's TBE): no second copy,
+        # and no long-lived allocation between one fp32 table read and the next to fragment the heap
+        module, tables = empty_host_tables({f: tuple(state[key].shape) for f, key in keys.items()}, table_dtype) \
+            if table_dtype != "fp32" else (None, {})
+        tables = {f: quantize_table(state.pop(key).value(), table_dtype, tables.get(f)) for f, key in keys.items()}
         zch = saved_remap(meta, saved, spec, partial(_read_plain, state_dir))
     dlrm = train_module.model.eval()
     if table_dtype == "fp32":  # the stock EBC, which shares the tables' storage
@@ -100,8 +110,10 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
             for feature, key in keys.items():
                 train_module.get_parameter(key).set_(tables[feature].weight)
     else:
-        dlrm.sparse_arch.embedding_bag_collection, tables = host_embedding_bags(tables)
-    return InferenceModel(dlrm, read_sizes(spec, zch), int(meta.get("step", 0)), table_dtype, tables, zch)
+        dlrm.sparse_arch.embedding_bag_collection, tables = (module, tables) if module is not None else \
+            host_embedding_bags(tables)
+    return InferenceModel(dlrm, read_sizes(spec, zch), int(meta.get("step", 0)), table_dtype, tables, zch,
+                          held_bytes(dlrm.sparse_arch.embedding_bag_collection, tables))
 
 
 def _read_plain(state_dir: Path, key: str) -> Any:

@@ -58,24 +58,34 @@ class QuantizedTable:
         return rows.float() * scale_bias[:, :1] + scale_bias[:, 1:]
 
 
-def quantize_table(weight: torch.Tensor, dtype: str) -> QuantizedTable:
-    """``weight`` (float[rows, dim], on the CPU) at ``dtype``, quantized ``QUANTIZE_ROWS`` rows at a time."""
+def quantize_table(weight: torch.Tensor, dtype: str, out: QuantizedTable | None = None) -> QuantizedTable:
+    """``weight`` (float[rows, dim], on the CPU) at ``dtype``, quantized ``QUANTIZE_ROWS`` rows at a
+    time, into ``out`` (a table of that dtype and shape, e.g. FBGEMM's rows: :func:`empty_host_tables`)
+    or new tensors."""
     import fbgemm_gpu  # noqa: F401  registers torch.ops.fbgemm
 
-    dim = int(weight.shape[1])
+    rows, dim = (int(n) for n in weight.shape)
     check_table_dtype(dtype, dim)
     weight = weight.detach()
+    if out is None:
+        out = _empty_table(dtype, rows, dim)
     if dtype in TORCH_FLOATS:
-        return QuantizedTable(dtype, dim, weight.to(TORCH_FLOATS[dtype]).contiguous())
+        out.weight.copy_(weight)
+        return out
     packed = dim * CODE_BITS[dtype] // 8
-    codes = torch.empty(weight.shape[0], packed, dtype=torch.uint8)
-    scale_bias = torch.empty(weight.shape[0], 2, dtype=torch.float16)
-    for start in range(0, weight.shape[0], QUANTIZE_ROWS):
+    for start in range(0, rows, QUANTIZE_ROWS):
         fused = torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(
             weight[start : start + QUANTIZE_ROWS].float().contiguous(), CODE_BITS[dtype])
-        codes[start : start + fused.shape[0]] = fused[:, :packed]
-        scale_bias[start : start + fused.shape[0]] = fused[:, packed:].contiguous().view(torch.float16)
-    return QuantizedTable(dtype, dim, codes, scale_bias)
+        out.weight[start : start + fused.shape[0]] = fused[:, :packed]
+        out.scale_bias[start : start + fused.shape[0]] = fused[:, packed:].contiguous().view(torch.float16)
+    return out
+
+
+def _empty_table(dtype: str, rows: int, dim: int) -> QuantizedTable:
+    if dtype in TORCH_FLOATS:
+        return QuantizedTable(dtype, dim, torch.empty(rows, dim, dtype=TORCH_FLOATS[dtype]))
+    return QuantizedTable(dtype, dim, torch.empty(rows, dim * CODE_BITS[dtype] // 8, dtype=torch.uint8),
+                          torch.empty(rows, 2, dtype=torch.float16))
 
 
 class QuantizedEmbeddingBags(nn.Module):
@@ -120,32 +130,66 @@ def host_embedding_bags(tables: dict[str, QuantizedTable]) -> tuple[nn.Module, d
     if not dtypes <= set(TBE_DATA_TYPES) or len(dtypes) != 1:
         return QuantizedEmbeddingBags(tables), tables
     ebc = torchrec_quant_ebc(tables)
+    return ebc, _tbe_tables(ebc, {f: (t.dtype, t.rows, t.dim) for f, t in tables.items()})
+
+
+def held_bytes(module: nn.Module, tables: dict[str, QuantizedTable]) -> int:
+    """Bytes the host's lookup ``module`` holds ``tables`` in: FBGEMM's TBE rows (padded to its row
+    alignment) where it is one, else the tables' own."""
+    tbes = getattr(module, "tbes", None)
+    if tbes is None:
+        return sum(table.nbytes for table in tables.values())
+    return sum(tbe.weights_host.numel() * tbe.weights_host.element_size() for tbe in tbes)
+
+
+def empty_host_tables(shapes: dict[str, tuple[int, int]], dtype: str
+                      ) -> tuple[nn.Module | None, dict[str, QuantizedTable]]:
+    """Tables of ``shapes`` (rows, dim by feature) at ``dtype``, uninitialised, as the host will
+    hold them: views of the rows of FBGEMM's inference TBE (the module) for the dtypes it takes,
+    so quantizing into them (:func:`quantize_table`'s ``out``) makes no second copy; else
+    (bf16) plain tensors and no module (:func:`host_embedding_bags` then makes it)."""
+    if dtype not in TBE_DATA_TYPES:
+        return None, {f: _empty_table(dtype, rows, dim) for f, (rows, dim) in shapes.items()}
+    ebc = _quant_ebc({f: (dtype, rows, dim) for f, (rows, dim) in shapes.items()}, None)
+    return ebc, _tbe_tables(ebc, {f: (dtype, rows, dim) for f, (rows, dim) in shapes.items()})
+
+
+def _tbe_tables(ebc: nn.Module, layout: dict[str, tuple[str, int, int]]) -> dict[str, QuantizedTable]:
+    """The tables of ``ebc`` (one TBE; ``layout``: dtype, rows, dim by feature, in its order) as
+    views of its rows."""
     (tbe,) = ebc.tbes  # one dtype: one TBE, its tables in the order given
     held = {}
-    for (feature, table), (codes, scale_shift) in zip(tables.items(), tbe.split_embedding_weights()):
-        weight = codes if table.scale_bias is not None else codes.view(table.weight.dtype)
-        held[feature] = QuantizedTable(table.dtype, table.dim, weight,
+    for (feature, (dtype, _, dim)), (codes, scale_shift) in zip(layout.items(), tbe.split_embedding_weights()):
+        weight = codes if dtype in CODE_BITS else codes.view(TORCH_FLOATS[dtype])
+        held[feature] = QuantizedTable(dtype, dim, weight,
                                        None if scale_shift is None else scale_shift.view(torch.float16))
-    return ebc, held
+    return held
 
 
 def torchrec_quant_ebc(tables: dict[str, QuantizedTable]) -> nn.Module:
     """TorchRec's ``QuantEmbeddingBagCollection`` (FBGEMM's inference TBE) over ``tables`` (by
     feature, tables named ``t_<feature>``): what a TorchRec user serves an exported model's
     tables with. fp32 / fp16 / int8 / int4 (TorchRec's TBE takes no bf16 rows)."""
+    weights = {f"t_{feature}": (table.weight.view(torch.uint8),
+                                None if table.scale_bias is None else table.scale_bias.view(torch.uint8))
+               for feature, table in tables.items()}
+    return _quant_ebc({f: (t.dtype, t.rows, t.dim) for f, t in tables.items()}, weights)
+
+
+def _quant_ebc(layout: dict[str, tuple[str, int, int]], weights: dict | None) -> nn.Module:
+    """TorchRec's ``QuantEmbeddingBagCollection`` of ``layout`` (dtype, rows, dim by feature),
+    its rows ``weights`` (TorchRec's quantized weights by table name) or, None, zeros."""
     from torchrec import EmbeddingBagConfig
     from torchrec.modules.embedding_configs import DataType
     from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 
     data_types = {name: getattr(DataType, kind) for name, kind in TBE_DATA_TYPES.items()}
-    configs, weights = [], {}
-    for feature, table in tables.items():
-        if table.dtype not in data_types:
+    configs = []
+    for feature, (dtype, rows, dim) in layout.items():
+        if dtype not in data_types:
             raise ValueError(f"table of {feature!r}: TorchRec's quantized tables take {list(data_types)}, "
-                             f"not {table.dtype}")
-        configs.append(EmbeddingBagConfig(name=f"t_{feature}", embedding_dim=table.dim, num_embeddings=table.rows,
-                                          feature_names=[feature], data_type=data_types[table.dtype]))
-        scale_shift = None if table.scale_bias is None else table.scale_bias.view(torch.uint8)
-        weights[f"t_{feature}"] = (table.weight.view(torch.uint8), scale_shift)
+                             f"not {dtype}")
+        configs.append(EmbeddingBagConfig(name=f"t_{feature}", embedding_dim=dim, num_embeddings=rows,
+                                          feature_names=[feature], data_type=data_types[dtype]))
     return QuantEmbeddingBagCollection(configs, is_weighted=False, device=torch.device("cpu"),
                                        table_name_to_quantized_weights=weights, register_tbes=True)

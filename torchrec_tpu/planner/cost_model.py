@@ -7,7 +7,7 @@ factor P (mean ids per sample per feature); ids per step I = B*P*F, per device I
 ``row_bytes(w) = 4*w*(1 + slots_per_element) + 4*slots_per_row`` (``tpu_facts.OPTIMIZER_SLOTS``);
 a table held at another ``data_type`` (inference) counts its rows at that dtype instead
 (:func:`stored_row_bytes`: fp16 / bf16 2 B an element, int8 / int4 packed codes and a 4 B fp16
-scale and bias per row, as FBGEMM's inference TBE stores them).
+scale and bias per row, fp16 / int8 / int4 rows padded to 16 B, as FBGEMM's inference TBE stores them).
 Ids travel as CSR triplets (id, sample, gain) = 12 B. ``bw_sc`` = device HBM bandwidth x
 ``sparsecore_hbm_efficiency``; ``t_u`` / ``t_h`` = seconds per byte of a uniform all-to-all / of
 traffic into one device (``torchrec_tpu.topology``).
@@ -45,7 +45,13 @@ from __future__ import annotations
 import math
 from dataclasses import astuple, dataclass
 
-from torchrec_tpu.planner.tables import DATA_TYPE_BITS, SCALE_BIAS_BYTES, EmbeddingTable
+from torchrec_tpu.planner.tables import (
+    DATA_TYPE_BITS,
+    SCALE_BIAS_BYTES,
+    TBE_PADDED_DTYPES,
+    TBE_ROW_ALIGNMENT,
+    EmbeddingTable,
+)
 from torchrec_tpu.topology import TPUTopology
 from tpu_facts import ALIGNMENT, DEFAULT_MAX_IDS_PER_PARTITION, OPTIMIZER_SLOTS, ShardingKind, round_up
 
@@ -124,10 +130,12 @@ def row_bytes(table: EmbeddingTable, width: int) -> int:
 
 
 def stored_row_bytes(width: int, data_type: str) -> int:
-    """Bytes of one ``width``-wide row at ``data_type``: its elements, and for the row-wise quantized
-    dtypes (int8, int4: packed codes) FBGEMM's per-row fp16 scale and bias."""
+    """Bytes of one ``width``-wide row at ``data_type`` as the host holds it: its elements, for the
+    row-wise quantized dtypes (int8, int4: packed codes) FBGEMM's per-row fp16 scale and bias, and
+    in FBGEMM's inference TBE (fp16, int8, int4) padded to its row alignment."""
     bits = DATA_TYPE_BITS[data_type]
-    return math.ceil(width * bits / 8) + (SCALE_BIAS_BYTES if bits < 16 else 0)
+    row = math.ceil(width * bits / 8) + (SCALE_BIAS_BYTES if bits < 16 else 0)
+    return round_up(row, TBE_ROW_ALIGNMENT) if data_type in TBE_PADDED_DTYPES else row
 
 
 class OptionBuilder:

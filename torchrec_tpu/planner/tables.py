@@ -24,6 +24,9 @@ from tpu_facts import MAX_VOCAB as MAX_ROWS
 # row-wise quantized, each row with an fp16 scale and bias as FBGEMM's inference TBE stores them
 DATA_TYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
 SCALE_BIAS_BYTES = 4
+# the dtypes the host holds in FBGEMM's inference TBE, which pads each row to 16 bytes (fp32 stays
+# in TorchRec's EmbeddingBagCollection, bf16 in the project's own lookup: unpadded rows)
+TBE_ROW_ALIGNMENT, TBE_PADDED_DTYPES = 16, ("fp16", "int8", "int4")
 
 
 @dataclass(frozen=True)
