@@ -7,7 +7,7 @@ clamps them to ``[0, vocab - 1]``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,8 +39,10 @@ def feature_inputs(
     features: Sequence[FeatureSpec],
     tables: Mapping[str, TableSpec],
     id_policy: str = "error",
+    raw_ids: Collection[str] = (),
 ) -> dict[str, FeatureInput]:
-    """Split and check a KJT against the feature specs; returns inputs by feature name."""
+    """Split and check a KJT against the feature specs; returns inputs by feature name. The ids
+    of the ``raw_ids`` features may be any int64 (raw ids a managed-collision remap maps later)."""
     if id_policy not in ID_POLICIES:
         raise ValueError(f"id_policy must be one of {ID_POLICIES}, got {id_policy!r}")
     by_name = {f.name: f for f in features}
@@ -51,7 +53,8 @@ def feature_inputs(
         values = np.concatenate([
             integral_ids(batch.feature(key)[0], tables[by_name[key].table].vocab_size, _where(by_name[key]))
             for key in keys]) if keys else values.astype(np.int64)
-    fast = _valid_batch([by_name[k] for k in keys], tables, values, batch.lengths, batch.weights, batch.value_ends)
+    fast = _valid_batch([by_name[k] for k in keys], tables, values, batch.lengths, batch.weights, batch.value_ends,
+                        raw_ids)
     if fast is not None:
         return fast
     out = {}
@@ -59,7 +62,7 @@ def feature_inputs(
         start, stop = batch.span(key)
         feature_weights = None if batch.weights is None else batch.weights[start:stop]
         out[key] = _check_feature(by_name[key], tables[by_name[key].table], values[start:stop], batch.lengths[i],
-                                  feature_weights, id_policy)
+                                  feature_weights, id_policy, key in raw_ids)
     return out
 
 
@@ -69,7 +72,7 @@ def _where(feature: FeatureSpec) -> str:
 
 def _valid_batch(features: list[FeatureSpec], tables: Mapping[str, TableSpec], values: np.ndarray,
                  lengths: np.ndarray, weights: np.ndarray | None,
-                 value_ends: np.ndarray) -> dict[str, FeatureInput] | None:
+                 value_ends: np.ndarray, raw_ids: Collection[str]) -> dict[str, FeatureInput] | None:
     """The inputs by feature when every check passes, checked over the whole batch at once; None
     when something is off (the per-feature checks then name the first problem, or apply the
     id policy)."""
@@ -86,7 +89,10 @@ def _valid_batch(features: list[FeatureSpec], tables: Mapping[str, TableSpec], v
     ids = values.astype(np.int64, copy=False)
     counts = np.diff(value_ends, prepend=0)
     table_rows = np.repeat(np.array([tables[f.table].vocab_size for f in features], dtype=np.int64), counts)
-    if ids.size and ((ids < 0) | (ids >= table_rows)).any():
+    out_of_range = (ids < 0) | (ids >= table_rows)
+    if raw_ids:
+        out_of_range &= np.repeat(np.array([f.name not in raw_ids for f in features]), counts)
+    if out_of_range.any():
         return None
     starts = value_ends - counts
     return {f.name: FeatureInput(ids[a:b], lengths[i], weights[a:b])
@@ -100,6 +106,7 @@ def _check_feature(
     lengths: np.ndarray,
     weights: np.ndarray | None,
     id_policy: str,
+    raw: bool = False,
 ) -> FeatureInput:
     where = _where(feature)
     if feature.max_ids_per_sample is not None and lengths.size and lengths.max() > feature.max_ids_per_sample:
@@ -112,7 +119,7 @@ def _check_feature(
         weights = np.ones(ids.size, dtype=np.float32)
     elif not np.isfinite(weights).all():
         raise ValueError(f"{where}: weights contain NaN or inf")
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= table.vocab_size):
+    if not raw and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= table.vocab_size):
         ids = _apply_id_policy(ids, table.vocab_size, id_policy, where)
     return FeatureInput(ids, lengths, weights)
 

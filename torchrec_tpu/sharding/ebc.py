@@ -4,8 +4,9 @@ A KeyedJaggedTensor of this rank's batch goes in, a KeyedTensor of its pooled em
 out, like TorchRec's ``ShardedEmbeddingBagCollection``. In between:
 
 1. input dist: the combiner is folded into per-id gains (as the SparseCore host does), ids are
-   routed to the ranks holding their shard (row-wise: id mod W) and exchanged with uneven
-   all_to_alls; every shard sees the global batch (ranks' samples in rank order);
+   routed to the ranks holding their shard (row-wise: id mod W; a managed-collision table's raw
+   ids as TorchRec routes them, then remapped there, see ``zch_tables``) and exchanged with
+   uneven all_to_alls; every shard sees the global batch (ranks' samples in rank order);
 2. each rank's shards run as one local sparsecore backend (lookup now, fused update in backward);
 3. output dist: one all_to_all returns each rank's rows of every shard's output, which are placed
    (table/column-wise), summed (row-wise) or taken from the local replica (data-parallel).
@@ -240,7 +241,7 @@ class ShardedSparseCoreEBC(ShardedTables):
                 routed = self._routed(self._prefetchable(kjt))
             except Exception as failure:  # noqa: BLE001  reported to every rank through the flags
                 error = failure
-        every, rest = self._send_routed(routed or self._nothing_routed(), [*flags, error is not None], group)
+        every, rest = self._send_routed(routed or self._nothing_routed(), [*flags, error is not None], group, True)
         return SentLengths(every[:, :-1], every[:, -1].astype(bool), error,
                            None if kjt is None else lambda: PrefetchedKJT(kjt, self, rest()))
 
@@ -259,25 +260,32 @@ class ShardedSparseCoreEBC(ShardedTables):
 
     def input_dist(self, kjt: KeyedJaggedTensor, group: dist.ProcessGroup | None = None,
                    training: bool | None = None) -> LocalBatch:
-        """Remap managed ids to slots (``training``: counting them toward the eviction policy;
-        default: the module's mode), validate ``kjt`` (errors name the feature), fold combiners
-        into gains, exchange ids (over ``group``, default the EBC's) and prepare the local
+        """Validate ``kjt`` (errors name the feature), fold combiners into gains, exchange ids
+        (over ``group``, default the EBC's), remap managed ids to slots (``training``: counting
+        them toward the eviction policy; default: the module's mode) and prepare the local
         backend's input."""
         group = group if group is not None else self.group
-        zch = None
-        if self.zch is not None:
-            kjt, zch = self.zch.remap(kjt, self.training if training is None else training)
+        training = self.training if training is None else training
         lengths, ids, gains = self._routed(kjt)
         if self.world_size == 1:
             received = {f.name: FeatureInput(*piece) for (f, _), *piece in zip(self._served[0], ids, lengths, gains)}
+            received, zch = self._remapped(received, training)
             return LocalBatch(received, self._backend.prepare(received) if self._backend else None, zch)
-        _, rest = self._send_routed((lengths, ids, gains), (), group)
-        return replace(rest(), zch=zch)
+        _, rest = self._send_routed((lengths, ids, gains), (), group, training)
+        return rest()
+
+    def _remapped(self, received: dict[str, FeatureInput], training: bool,
+                  ) -> tuple[dict[str, FeatureInput], ZchBatch | None]:
+        """``received`` with the managed-collision tables' raw ids as rows (unchanged without any)."""
+        return (received, None) if self.zch is None else self.zch.remap(received, training)
 
     def _routed(self, kjt: KeyedJaggedTensor) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
         """Validated (lengths, ids, gains) of every rank's served (feature, shard) pairs, in
-        message order: combiners folded into gains, a row-wise shard's ids kept where it owns them."""
-        inputs = feature_inputs(kjt, self.features, self.tables, self.engine.id_policy)
+        message order: combiners folded into gains, a row-wise shard's ids kept where it owns them
+        (a managed-collision table's raw, where :meth:`ManagedCollisions.owners` routes them)."""
+        raw = self.zch.raw_features if self.zch is not None else frozenset()
+        inputs = feature_inputs(kjt, self.features, self.tables, self.engine.id_policy, raw)
+        owners = {f.name: self.zch.owners(f.table, inputs[f.name].ids) for f in self.features if f.name in raw}
         lengths, ids, gains = [], [], []
         for served in self._served:
             for f, shard in served:
@@ -287,9 +295,9 @@ class ShardedSparseCoreEBC(ShardedTables):
                 sample = np.repeat(np.arange(x.lengths.size), x.lengths) if by_sample else None
                 gain = combined_gains(x.weights, x.lengths, sample, combiner)
                 if shard.row_stride > 1:
-                    keep = shard.owns(x.ids)
+                    keep = shard.owns(x.ids) if f.name not in raw else owners[f.name] == shard.rank
                     lengths.append(np.bincount(sample[keep], minlength=x.lengths.size))
-                    ids.append(shard.local_rows(x.ids[keep]))
+                    ids.append(shard.local_rows(x.ids[keep]) if f.name not in raw else x.ids[keep])
                     gains.append(gain[keep])
                 else:
                     lengths.append(x.lengths)
@@ -304,31 +312,33 @@ class ShardedSparseCoreEBC(ShardedTables):
                 [np.zeros(0, np.float32)] * pairs)
 
     def _send_routed(self, routed: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]],
-                    flags: Sequence[int], group: dist.ProcessGroup | None
+                    flags: Sequence[int], group: dist.ProcessGroup | None, training: bool,
                     ) -> tuple[np.ndarray, Callable[[], LocalBatch]]:
         """Exchange ``routed``'s lengths, ``flags`` riding along with whether this rank's gains are
-        all 1: (every rank's ``flags``, the rest of the input dist)."""
+        all 1: (every rank's ``flags``, the rest of the input dist, remapping as ``training``)."""
         lengths, ids, gains = routed
         unit = all(bool((g == 1).all()) for g in gains)
         per_source, every = self._exchange_lengths(lengths, [*flags, not unit], group)
-        return every[:, :-1], partial(self._finish_input_dist, per_source, ids, gains, not every[:, -1].any(), group)
+        return every[:, :-1], partial(self._finish_input_dist, per_source, ids, gains, not every[:, -1].any(), group,
+                                      training)
 
     def _finish_input_dist(self, per_source: np.ndarray, ids: list[np.ndarray], gains: list[np.ndarray],
-                           all_unit: bool, group: dist.ProcessGroup | None) -> LocalBatch:
+                           all_unit: bool, group: dist.ProcessGroup | None, training: bool) -> LocalBatch:
         """After the lengths' all_to_all: the ids' (and, unless every rank's gains are all 1, the
-        gains'), and the local backend's input."""
+        gains'), the remap of the managed ids received, and the local backend's input."""
         id_counts = self._per_destination([len(a) for a in ids])
         recv_counts = per_source.sum(axis=1).tolist()
         recv_ids = all_to_all(concat(ids, np.int64), id_counts, recv_counts, group).numpy()
         recv_gains = (np.ones(recv_ids.size, np.float32) if all_unit
                       else all_to_all(concat(gains, np.float32), id_counts, recv_counts, group).numpy())
-        received = self._assemble_inputs(per_source, recv_ids, recv_gains)
+        received, zch = self._remapped(self._assemble_inputs(per_source, recv_ids, recv_gains), training)
         if not self.uniform_ranks:
-            return LocalBatch(received, self._backend.prepare(received) if self._backend else None)
+            return LocalBatch(received, self._backend.prepare(received) if self._backend else None, zch)
         samples = global_batch_of(self.padded_local_batch, self.world_size)
         pads = {f.name: FeatureInput(np.zeros(0, np.int64), np.zeros(samples, np.int64), np.zeros(0, np.float32))
                 for f in self.padding.features}
-        return LocalBatch(received, self._backend.prepare({**received, **pads}, agree=partial(_max_over, group=group)))
+        return LocalBatch(received, self._backend.prepare({**received, **pads}, agree=partial(_max_over, group=group)),
+                          zch)
 
     def _exchange_lengths(self, lengths: list[np.ndarray], flags: Sequence[int],
                           group: dist.ProcessGroup | None) -> tuple[np.ndarray, np.ndarray]:

@@ -26,8 +26,7 @@ from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards, row_
 from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys, streamed_local_state
 from torchrec_tpu.sharding.uniform_ranks import RankPadding, is_pad, local_plan, uniform_padding
 from torchrec_tpu.sharding.zch import ZchSpec
-from torchrec_tpu.sharding.zch_tables import STATE_KEY as ZCH_STATE_KEY
-from torchrec_tpu.sharding.zch_tables import ManagedCollisions
+from torchrec_tpu.sharding.zch_tables import ManagedCollisions, state_key
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
 register_backend(OPS, "torchrec_tpu.sharding.ops_backend:OpsBackend")  # (imports torch_tpu when made)
@@ -239,7 +238,7 @@ class ShardedTables(nn.Module):
                                  self._where())
         destination.update({prefix + key: value for key, value in state.items()})
         if self.zch is not None:
-            destination[prefix + ZCH_STATE_KEY] = self.zch.state_bytes()
+            destination[prefix + state_key(self.rank, self.world_size)] = self.zch.state_bytes()
 
     @staticmethod
     def _deferred_state(backend: Backend) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
@@ -257,12 +256,13 @@ class ShardedTables(nn.Module):
                               error_msgs) -> None:
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
-        if self.zch is not None and prefix + ZCH_STATE_KEY in state_dict:
-            self.zch.load_bytes(state_dict[prefix + ZCH_STATE_KEY])
+        zch_key = prefix + state_key(self.rank, self.world_size)
+        if self.zch is not None and zch_key in state_dict:
+            self.zch.load_bytes(state_dict[zch_key])
         elif self.zch is not None and strict:
-            missing_keys.append(prefix + ZCH_STATE_KEY)
+            missing_keys.append(zch_key)
         keys = [prefix + key for key in state_keys(self.table_modules, self.tables)]
-        ours = {*keys, *([prefix + ZCH_STATE_KEY] if self.zch is not None else [])}
+        ours = {*keys, *([zch_key] if self.zch is not None else [])}
         unexpected_keys[:] = [key for key in unexpected_keys if key not in ours]
         missing = [key for key in keys if key not in state_dict]
         if missing:

@@ -43,13 +43,16 @@ class ZchSpec:
     """One table's managed collisions: eviction ``policy`` (a key of ``POLICIES``) every
     ``eviction_interval`` batches; ``decay_exponent`` of the distance (``lru``, ``distance_lfu``);
     ``threshold``: TorchRec's filter of the ids admitted at an eviction (``dynamic``: count >
-    mean * ``threshold_skew_multiplier``; ``average``: count > mean; None: all)."""
+    mean * ``threshold_skew_multiplier``; ``average``: count > mean; None: all);
+    ``input_hash_size``: TorchRec's input range, which routes a row-wise table's ids to the ranks
+    (:func:`owner_ranks`)."""
 
     policy: str = "lfu"
     eviction_interval: int = 1
     decay_exponent: float = 1.0
     threshold: str | None = None
     threshold_skew_multiplier: float = 10.0
+    input_hash_size: int = INT64_MAX
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -60,6 +63,8 @@ class ZchSpec:
             raise ValueError(f"zch threshold must be one of {THRESHOLDS} or none, got {self.threshold!r}")
         if self.policy == "lfu" and self.decay_exponent != 1.0:
             raise ValueError(f"zch decay_exponent applies to lru and distance_lfu, not lfu (got {self.decay_exponent})")
+        if not 1 <= self.input_hash_size <= INT64_MAX:
+            raise ValueError(f"zch input_hash_size must lie in [1, 2**63 - 1], got {self.input_hash_size}")
 
     @classmethod
     def of_torchrec(cls, module: MCHManagedCollisionModule) -> "ZchSpec":
@@ -83,7 +88,7 @@ class ZchSpec:
         elif found is not None:
             raise ValueError(f"zch of {name}: threshold filter {found!r} is not TorchRec's average or dynamic one")
         return cls(kind, module._eviction_interval, float(getattr(policy, "_decay_exponent", 1.0)), threshold,
-                   multiplier)
+                   multiplier, module._input_hash_size)
 
     def eviction_policy(self) -> MCHEvictionPolicy:
         """TorchRec's eviction policy object for this spec."""
@@ -91,6 +96,17 @@ class ZchSpec:
         filters = {None: None, "average": average_threshold_filter, "dynamic": dynamic}
         kwargs = {} if self.policy == "lfu" else {"decay_exponent": self.decay_exponent}
         return POLICIES[self.policy](threshold_filtering_func=filters[self.threshold], **kwargs)
+
+
+def owner_ranks(ids: torch.Tensor, input_hash_size: int, world_size: int) -> torch.Tensor:
+    """The rank whose slots each raw id of a row-wise table maps to, as TorchRec's sharded MCH
+    routes it (FBGEMM's block bucketize: ``id // ceil(input_hash_size / W)``, ids past the range
+    and negative ones, as unsigned, by ``id mod W``)."""
+    block = torch.tensor([-(-input_hash_size // world_size)])
+    counts, _, _, _, permute = torch.ops.fbgemm.block_bucketize_sparse_features(
+        torch.tensor([ids.numel()]), ids, False, True, block, world_size, None,
+        total_num_blocks=torch.tensor([world_size]), keep_orig_idx=True)
+    return torch.repeat_interleave(torch.arange(world_size), counts)[permute]
 
 
 @dataclass(frozen=True)

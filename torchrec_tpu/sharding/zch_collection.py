@@ -33,31 +33,38 @@ class ZchCollection:
         """``kjt`` with its managed features' ids remapped to slots, and the slots each table
         evicted on the way (only tables that evicted)."""
         keys = kjt.keys()
-        position = {key: i for i, key in enumerate(keys)}
-        unknown = sorted(f for names in self.features.values() for f in names if f not in position)
+        unknown = sorted(f for names in self.features.values() for f in names if f not in keys)
         if unknown:
             raise ValueError(f"zch features {unknown} are not in the batch's features {keys}")
         values = kjt.values()
         if values.dtype != torch.int64:
             values = values.to(torch.int64)
         bounds = [0, *torch.tensor(kjt.length_per_key()).cumsum(0).tolist()]
+        spans = {key: (bounds[i], bounds[i + 1]) for i, key in enumerate(keys)}
+        slots, evicted = self.remap_ids({f: values[a:b] for f, (a, b) in spans.items()}, training)
         out = values.clone()
-        evicted: dict[str, torch.Tensor] = {}
-        for table, remap in self.remaps.items():
-            spans = [(bounds[position[f]], bounds[position[f] + 1]) for f in self.features[table]]
-            ids = values[spans[0][0]:spans[0][1]] if len(spans) == 1 else torch.cat([values[a:b] for a, b in spans])
-            slots = remap(ids, training)
-            start = 0
-            for a, b in spans:
-                out[a:b] = slots[start:start + b - a]
-                start += b - a
-            taken = remap.take_evicted()
-            if taken is not None:
-                evicted[table] = taken
+        for feature, value in slots.items():
+            a, b = spans[feature]
+            out[a:b] = value
         remapped = KeyedJaggedTensor(keys=keys, values=out, weights=kjt.weights_or_none(), lengths=kjt.lengths(),
                                      offsets=kjt.offsets(), stride=kjt.stride(),
                                      length_per_key=kjt.length_per_key())
         return remapped, evicted
+
+    def remap_ids(self, ids: Mapping[str, torch.Tensor], training: bool = True,
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The slots of the managed features' ``ids`` (feature -> int64 ids; each table's features
+        are one stream, in its feature order), and the slots each table evicted on the way."""
+        slots: dict[str, torch.Tensor] = {}
+        evicted: dict[str, torch.Tensor] = {}
+        for table, remap in self.remaps.items():
+            parts = [ids[f] for f in self.features[table]]
+            remapped = remap(parts[0] if len(parts) == 1 else torch.cat(parts), training)
+            slots.update(zip(self.features[table], remapped.split([p.numel() for p in parts])))
+            taken = remap.take_evicted()
+            if taken is not None:
+                evicted[table] = taken
+        return slots, evicted
 
     def marks(self) -> dict[str, RemapMark]:
         """Every table's state now (:meth:`TableRemap.mark`)."""

@@ -1,7 +1,12 @@
 """``ManagedCollisions``: a sharded module's managed-collision remap and what it owes the tables.
 
-A batch's raw ids are remapped on the host before its input dist (on the prefetch thread when
-there is one), so every lookup, the one-program step's included, sees slots in range. The slots a
+A batch's raw ids travel to the ranks that own their slots in its input dist (on the prefetch
+thread when there is one) and are remapped there, on the host, so every lookup, the one-program
+step's included, sees slots in range. As in TorchRec's sharded MC-EBC, each row-wise shard of a
+table has its own remap over the shard's rows (its sorted identity table, metadata and history),
+fed the ids :func:`~torchrec_tpu.sharding.zch.owner_ranks` routes to it, global batch in rank
+order; a shard holding all of a table's rows (one rank, table-, column-wise or a replica) remaps
+every id of the global batch, each alike. The slots a
 batch's remap evicted travel with it (:class:`ZchBatch`) and are reset just before its lookup,
 after the previous batch's update, where TorchRec's sharded MC-EBC resets them: the rows are drawn
 afresh from the table's initializer and the optimizer state goes back to its initial values
@@ -12,23 +17,31 @@ thread has remapped ahead.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torchrec.modules.mc_modules import MCHManagedCollisionModule
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_tpu.sharding.zch import RemapMark, ZchSpec, torchrec_state
+from sparsecore.validation import FeatureInput
+from torchrec_tpu.sharding.zch import RemapMark, ZchSpec, owner_ranks, torchrec_state
 from torchrec_tpu.sharding.zch_collection import ZchCollection
 
 if TYPE_CHECKING:
     from torchrec_tpu.sharding.sharded_tables import ShardedTables
 
 STATE_KEY = "zch_state"  # the module's state dict entry: the remap state, serialized (plain tensors)
+
+
+def state_key(rank: int, world_size: int) -> str:
+    """The state dict entry of ``rank``'s remap state (one rank: :data:`STATE_KEY`; several:
+    one entry per rank, as each holds the remaps of its own shards)."""
+    return STATE_KEY if world_size == 1 else f"{STATE_KEY}.rank{rank}_of_{world_size}"
 
 
 @dataclass(frozen=True)
@@ -41,28 +54,45 @@ class ZchBatch:
 
 
 class ManagedCollisions:
-    """The remap of ``module``'s ``specs`` tables (name -> :class:`ZchSpec`)."""
+    """The remap of ``module``'s ``specs`` tables (name -> :class:`ZchSpec`): of this rank's shards."""
 
     def __init__(self, module: "ShardedTables", specs: Mapping[str, ZchSpec]):
         unknown = sorted(set(specs) - set(module.tables))
         if unknown:
             raise ValueError(f"zch tables {unknown} are not among the tables {sorted(module.tables)}")
-        if module.world_size > 1:
-            raise ValueError(f"zch runs on one rank for now, not {module.world_size}")
-        features = {name: [f.name for f in module.features if f.table == name] for name in specs}
-        self.collection = ZchCollection({name: (module.tables[name].vocab_size, spec) for name, spec in specs.items()},
-                                        features)
-        self.module = module
+        served = {shard.table: shard for _, shard in module._served[module.rank] if shard.table in specs}
+        features = {name: [f.name for f in module.features if f.table == name] for name in served}
+        self.collection = ZchCollection({name: (shard.rows, specs[name]) for name, shard in served.items()}, features)
+        self.module, self.shards, self._specs = module, served, dict(specs)
         self._trained: dict[str, RemapMark] | None = None
 
     @property
     def specs(self) -> dict[str, ZchSpec]:
-        return {name: remap.spec for name, remap in self.collection.remaps.items()}
+        return dict(self._specs)
 
-    def remap(self, kjt: KeyedJaggedTensor, training: bool) -> tuple[KeyedJaggedTensor, ZchBatch]:
-        """``kjt`` with its managed ids as slots; ``training`` counts them toward the policy."""
-        remapped, evicted = self.collection(kjt, training)
-        return remapped, ZchBatch(evicted, self.collection.marks() if training else None)
+    @property
+    def raw_features(self) -> frozenset[str]:
+        """The features whose ids are raw (remapped after the input dist)."""
+        return frozenset(f.name for f in self.module.features if f.table in self._specs)
+
+    def owners(self, table: str, ids: np.ndarray) -> np.ndarray | None:
+        """The rank each raw id of ``table`` goes to when the table is row-wise over several
+        ranks (:func:`owner_ranks`); None when every shard of it takes every id."""
+        shards = self.module.shards[table]
+        if table not in self._specs or shards[0].kind != "row_wise" or len(shards) == 1:
+            return None
+        return owner_ranks(torch.from_numpy(ids), self._specs[table].input_hash_size, len(shards)).numpy()
+
+    def remap(self, received: Mapping[str, FeatureInput], training: bool) -> tuple[dict[str, FeatureInput], ZchBatch]:
+        """``received`` (this rank's shards' inputs, global batch) with the managed ids as local
+        rows; ``training`` counts them toward the policy."""
+        ids = {name: torch.from_numpy(x.ids) for name, x in received.items()}
+        slots, evicted = self.collection.remap_ids(ids, training)
+        out = {name: dataclasses.replace(x, ids=slots[name].numpy()) if name in slots else x
+               for name, x in received.items()}
+        rows = {table: self.shards[table].row_offset + local * self.shards[table].row_stride
+                for table, local in evicted.items()}
+        return out, ZchBatch(rows, self.collection.marks() if training else None)
 
     def settle(self, batch: ZchBatch | None) -> None:
         """Before ``batch``'s lookup: reset the rows it evicted; its remap state is now the trained one."""
@@ -79,7 +109,10 @@ class ManagedCollisions:
         return buffer.getvalue()
 
     def load_torchrec(self, modules: Mapping[str, MCHManagedCollisionModule]) -> None:
-        """Take the remap state of live TorchRec modules, by table (:func:`torchrec_state`)."""
+        """Take the remap state of live (unsharded) TorchRec modules, by table (:func:`torchrec_state`)."""
+        if self.module.world_size > 1:
+            raise ValueError(f"zch: the state of unsharded TorchRec MCH modules loads on one rank, not "
+                             f"{self.module.world_size}")
         for name, module in modules.items():
             self.collection.remaps[name].load_state_dict(torchrec_state(module))
         self._trained = None
