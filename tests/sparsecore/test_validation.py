@@ -33,6 +33,14 @@ def test_out_of_range_ids_raise_naming_feature_and_table(values, message):
         feature_inputs(_kjt(values, [2, 1, 0, 2], [1.0] * 5), FEATURES, TABLES)
 
 
+def test_raw_id_features_take_any_int64_and_the_others_are_still_checked():
+    kjt = _kjt([-5, 2**63 - 1, 10**12, 4, 5], [2, 1, 0, 2], [1.0] * 5)
+    out = feature_inputs(kjt, FEATURES, TABLES, raw_ids={"f"})
+    np.testing.assert_array_equal(out["f"].ids, [-5, 2**63 - 1, 10**12])
+    with pytest.raises(ValueError, match=r"feature 'g' \(table 't'\): id 10 is outside"):
+        feature_inputs(_kjt([-5, 1, 2, 10, 5], [2, 1, 0, 2], [1.0] * 5), FEATURES, TABLES, raw_ids={"f"})
+
+
 def test_hash_and_clip_policies():
     kjt = _kjt([1, -1, 13, 4, 25], [2, 1, 0, 2], [1.0] * 5)
     np.testing.assert_array_equal(feature_inputs(kjt, FEATURES, TABLES, "hash")["f"].ids, [1, 9, 3])

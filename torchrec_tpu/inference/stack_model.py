@@ -61,7 +61,7 @@ def load_stack_model(checkpoint_dir: str | Path, batch_size: int, schema: Datase
     from torchrec_tpu.train.memory_preflight import check_model_fits
 
     directory, meta, spec, saved = checkpoint_model_spec(checkpoint_dir, schema)
-    if f"model.{SAVED_KEY}" in saved:
+    if any(key.startswith(f"model.{SAVED_KEY}") for key in saved):  # (one rank's, or each rank's of several)
         raise ValueError(f"--device tpu: checkpoint {directory} remaps its ids (train --zch), which this path "
                          "does not apply; --device cpu serves it")
     resources = ExitStack()

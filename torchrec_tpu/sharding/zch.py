@@ -36,6 +36,9 @@ from torchrec_tpu.zch_names import ZCH_POLICIES
 INT64_MAX = torch.iinfo(torch.int64).max
 POLICIES = dict(zip(ZCH_POLICIES, (LFU_EvictionPolicy, LRU_EvictionPolicy, DistanceLFU_EvictionPolicy)))
 THRESHOLDS = ("dynamic", "average")
+# an input_hash_size under which TorchRec's routing sends id i >= 0 to rank i mod W: balanced for any
+# raw-id distribution, where its default (2**63 - 1) sends every id below 2**62 to rank 0
+MOD_ROUTING = 1
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,30 @@ class TableRemap:
             if self.history_iters is not None:
                 self.history_iters[:self.fill] = state["_history_last_access_iter"]
         self._evicted = None
+
+
+@dataclass(frozen=True)
+class RoutedLookup:
+    """A row-wise table's frozen remap over its ``shards``' remaps, in rank order (inference):
+    an id goes to the shard :func:`owner_ranks` routes it to, whose slot k is the table's row
+    ``rank + k * W`` (the row-wise layout), a miss to that shard's default slot."""
+
+    shards: tuple[TableRemap, ...]
+    input_hash_size: int
+
+    def __call__(self, ids: torch.Tensor, training: bool = False) -> torch.Tensor:
+        if training:
+            raise ValueError("a zch remap read from a checkpoint of several ranks is frozen: inference only")
+        world = len(self.shards)
+        owners = owner_ranks(ids, self.input_hash_size, world)
+        rows = torch.empty_like(ids)
+        for rank, remap in enumerate(self.shards):
+            at = owners == rank
+            rows[at] = remap.lookup(ids[at]) * world + rank
+        return rows
+
+    def take_evicted(self) -> None:
+        """Nothing: a frozen remap evicts nothing."""
 
 
 def select_evictions(pivot: int, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

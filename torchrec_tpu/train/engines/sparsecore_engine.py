@@ -27,7 +27,7 @@ from torchrec_tpu.pipeline import PrefetchedBatches
 from torchrec_tpu.rank_agreement import AgreedBatches
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
 from torchrec_tpu.sharding.uniform_ranks import UniformityError
-from torchrec_tpu.sharding.zch import ZchSpec
+from torchrec_tpu.sharding.zch import MOD_ROUTING, ZchSpec
 from torchrec_tpu.train.config import ConfigError, EngineConfig, OptimConfig, TrainConfig, per_feature_values
 from torchrec_tpu.train.distributed import DistEnv, new_group
 from torchrec_tpu.train.engines.dense_calibration import StepBuilder
@@ -74,18 +74,17 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, op
     ebc = _sparsecore_ebc(tables_ebc, local_batch, placement, optimizer, specs, seed, layout.sparse_backend,
                           layout.uniform_ranks, group, id_overflow_policy(options.id_overflow, layout.sparse_backend))
     if options.zch is not None:
-        ebc.manage_collisions(zch_specs(options, spec.feature_names, env.world_size))
+        ebc.manage_collisions(zch_specs(options, spec.feature_names))
     model.set_submodule(EBC_PATH, ebc)
     place_dense(model, layout.dense_device)
     ebc_params = [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)]
     return parallelize_dense(model, env, layout.dense_device, layout.dense_parallel, ebc_params)
 
 
-def zch_specs(options: EngineConfig, features: tuple[str, ...], world_size: int) -> dict[str, ZchSpec]:
-    """``--zch``'s tables (by table name) and their remap specs."""
-    if world_size > 1:
-        raise ConfigError(f"--zch={options.zch!r} runs on one rank for now, not {world_size}")
-    return {table_name(feature): ZchSpec(policy, interval)
+def zch_specs(options: EngineConfig, features: tuple[str, ...]) -> dict[str, ZchSpec]:
+    """``--zch``'s tables (by table name) and their remap specs (a row-wise table's ids routed to
+    the ranks by id mod W: :data:`~torchrec_tpu.sharding.zch.MOD_ROUTING`)."""
+    return {table_name(feature): ZchSpec(policy, interval, input_hash_size=MOD_ROUTING)
             for feature, (policy, interval) in options.zch_tables(features).items()}
 
 
