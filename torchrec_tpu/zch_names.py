@@ -3,3 +3,7 @@ config read the vocabulary without importing TorchRec (``torchrec_tpu.sharding.z
 name to TorchRec's policy class)."""
 
 ZCH_POLICIES = ("lfu", "lru", "distance_lfu")
+
+# host bytes of a remap's slot: its raw id in the sorted identity table and the slot it maps to
+# (int64 each), and the policy's per-slot metadata (int64: LFU's counts, LRU's last access, both)
+ZCH_SLOT_BYTES = dict(zip(ZCH_POLICIES, (8 + 8 + 8, 8 + 8 + 8, 8 + 8 + 16)))

@@ -66,3 +66,19 @@ def test_train_refuses_40m_row_tables_before_building_and_leaves_no_run_director
     assert "the embedding tables need 1,065.0 GB of this host's memory (26 tables x 128" in line, line
     assert "C1 40,000,000 rows (41.0 GB)" in line, line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("policy, per_slot", [("lfu", 8 + 8 + 8), ("lru", 8 + 8 + 8), ("distance_lfu", 8 + 8 + 16)])
+def test_a_zch_tables_remap_is_counted_per_slot(policy, per_slot):
+    """The remap's identity table (raw id, slot: int64 each) and the policy's metadata per slot
+    (LFU: counts; LRU: last access; distance-LFU: both), as the remap holds them."""
+    from torchrec_tpu.sharding.zch import TableRemap, ZchSpec
+
+    remap = TableRemap(1000, ZchSpec(policy))
+    held = sum(t.nbytes for t in (remap.sorted_ids, remap.slot_of, *remap.metadata.values()))
+    assert held == 1000 * per_slot
+    assert table_bytes(1000, 16, "sgd", zch_policy=policy) == 1000 * (4 * 16 + per_slot)
+    need = table_bytes(1000, 16, "sgd", zch_policy=policy) + table_bytes(500, 16, "sgd")
+    check_table_memory(["item", "user"], [1000, 500], 16, "sgd", 1, 1, available=need, zch={"item": policy})
+    with pytest.raises(ConfigError, match=r"largest: item 1,000 rows"):
+        check_table_memory(["item", "user"], [1000, 500], 16, "sgd", 1, 1, available=need - 1, zch={"item": policy})

@@ -183,7 +183,9 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
             _run_events(config, env, data) as events:
         log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-        check_model_fits(spec, config.optim.sparse_optimizer, env.world_size)
+        zch = config.engine.zch_tables(spec.feature_names) if config.engine.zch is not None else {}
+        check_model_fits(spec, config.optim.sparse_optimizer, env.world_size,
+                         zch={feature: policy for feature, (policy, _) in zch.items()})
         # checked before any model is built: a checkpoint this run cannot continue fails fast
         point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
         layout = decide_layout(engine, spec, env)
