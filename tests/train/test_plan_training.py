@@ -29,16 +29,13 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from tests.train.cli_ranks import WORLD, launch_cli_ranks, start_cli_ranks, wait_cli_ranks
 from tests.train.conftest import SPARSECORE_TABLES, TINY_OPTIONS, as_flags, cpu_layout, flat_checkpoint, tiny_config
-from torchrec_tpu.planner.partitioner import plan_tables
-from torchrec_tpu.planner.plan import Plan
-from torchrec_tpu.planner.tables import tables_from_sparsecore_specs
-from torchrec_tpu.topology import parse_accelerator_type
+from tests.train.plan_files import job_spec, sparse_module, write_plan
 from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
 from torchrec_tpu.train.config import EngineConfig, TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.engines.sparsecore_engine import EBC_PATH, build_dense_optimizer, build_sparsecore_model
-from torchrec_tpu.train.job import model_spec, run_job
+from torchrec_tpu.train.job import run_job
 from torchrec_tpu.train.loop import train_step
 from torchrec_tpu.train.model import build_dlrm, table_configs
 
@@ -54,26 +51,6 @@ STOCK_SPARSE_OPTIMIZERS = {
 }
 MIXED = {"t_C1": "row_wise", "t_C2": "column_wise", "t_C3": "data_parallel", "t_C4": "table_wise",
          "t_C5": "table_wise"}
-
-
-def write_plan(config: TrainConfig, world_size: int, kinds: Mapping[str, str], path: Path) -> Plan:
-    """The planner's plan for the job's tables on ``world_size`` devices, ``kinds`` constrained."""
-    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), cpu_layout(config, 1), config.optim, config.engine,
-                                   config.data.batch_size, config.loop.seed)
-    tables = tables_from_sparsecore_specs(_ebc(model).tables.values())
-    plan = plan_tables(tables, parse_accelerator_type(f"v5p-1x1x{world_size}"), config.data.batch_size,
-                       constraints={name: [kind] for name, kind in kinds.items()})
-    plan.save(path)
-    return plan
-
-
-def _spec(config: TrainConfig):
-    with open_data(config, DistEnv(0, 1, 1)) as data:
-        return model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
-
-
-def _ebc(model: torch.nn.Module):
-    return model.model.sparse_arch.embedding_bag_collection
 
 
 def global_batches(config: TrainConfig, world_size: int) -> Iterator[Batch]:
@@ -97,21 +74,21 @@ def _concat(kjts) -> KeyedJaggedTensor:
 def train_in_process(config: TrainConfig, batches: Iterator[Batch], plan: str | None) -> tuple[dict, dict]:
     """A 1-rank sparsecore run over ``batches``: (initial state, final tables)."""
     torch.manual_seed(config.loop.seed)
-    model = build_sparsecore_model(_spec(config), DistEnv(0, 1, 1), cpu_layout(config, 1), config.optim,
+    model = build_sparsecore_model(job_spec(config), DistEnv(0, 1, 1), cpu_layout(config, 1), config.optim,
                                    EngineConfig(plan=plan), config.data.batch_size, config.loop.seed)
-    initial = {"tables": _ebc(model).unsharded_weights(),
+    initial = {"tables": sparse_module(model).unsharded_weights(),
                "dense": {k: v.clone() for k, v in model.state_dict().items() if not k.startswith(EBC_PATH)}}
     optimizer = build_dense_optimizer(model, config.optim, torch.device("cpu"))
     for batch in batches:
         train_step(model, optimizer, batch)
-    return initial, _ebc(model).unsharded_weights()
+    return initial, sparse_module(model).unsharded_weights()
 
 
 def train_stock_torchrec(config: TrainConfig, batches: Iterator[Batch], initial: dict) -> dict[str, torch.Tensor]:
     """Unsharded TorchRec DLRM from ``initial``: the job's sparse optimizer as a plain torch optimizer
     on the tables, its dense optimizer on the rest."""
-    model = build_dlrm(_spec(config), torch.device("cpu"))
-    ebc = EmbeddingBagCollection(tables=table_configs(_spec(config)), device=torch.device("cpu"))
+    model = build_dlrm(job_spec(config), torch.device("cpu"))
+    ebc = EmbeddingBagCollection(tables=table_configs(job_spec(config)), device=torch.device("cpu"))
     model.model.sparse_arch.embedding_bag_collection = ebc
     with torch.no_grad():
         for name, weight in initial["tables"].items():

@@ -281,7 +281,8 @@ class EngineConfig(_Group):
               "Each item is NAME[:POLICY[:INTERVAL]], as TorchRec's MCH modules: the ids are read as raw int64 values "
               "(no modulo); each table keeps its ids in a sorted identity table and every INTERVAL batches evicts "
               "by POLICY (default --zch-policy, --zch-eviction-interval), resetting the evicted rows and their "
-              "optimizer state; an id not in the table goes to its last row. --engine sparsecore, one rank.",
+              "optimizer state; an id not in the table goes to its last row (row-wise over several ranks: each "
+              "shard remaps the ids routed to it, id mod ranks). --engine sparsecore.",
         metavar="TABLES")
     zch_policy: str = _opt("lfu", "eviction policy of the --zch tables that name none: TorchRec's LFU, LRU or "
                                   "distance-LFU", choices=ZCH_POLICIES)
