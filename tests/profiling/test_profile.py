@@ -6,6 +6,7 @@ import argparse
 import json
 
 import pytest
+import torch
 
 from pipelines.synthetic import generate
 from tests.profiling.conftest import DATA, PROFILED_STEPS
@@ -161,3 +162,26 @@ def test_cli_refuses_npy_input(capsys, tmp_path) -> None:
     cli.add_arguments(parser)
     assert cli.run(parser.parse_args(["--in-memory-binary-criteo-path", str(tmp_path)])) == 2
     assert "--in-memory-binary-criteo-path is for train" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # the profiler's start and trace writing (~6 s on 2 busy cores)
+def test_profile_says_each_part_before_it_runs(tmp_path, caplog) -> None:
+    """No silent stretch (issue 77): the primary says the warmup (it compiles) and the trace before
+    each starts; the other ranks say nothing."""
+    from torchrec_tpu.profiling import job
+
+    calls: list[str] = []
+
+    def step() -> None:
+        calls.append(caplog.records[-1].getMessage() if caplog.records else "")
+
+    model = torch.nn.Linear(2, 1)
+    with caplog.at_level("INFO", logger=job.__name__):
+        job._trace(step, model, warmup=2, steps=3, log_dir=tmp_path / "p", primary=True, progress=False)
+    warm, trace = "profile: 2 warmup step(s), untraced; the first compiles", \
+        f"profile: tracing 3 step(s), then writing the trace to {tmp_path / 'p'}"
+    assert calls == [warm] * 2 + [trace] * 3
+    caplog.clear()
+    with caplog.at_level("INFO", logger=job.__name__):
+        job._trace(step, model, warmup=1, steps=1, log_dir=tmp_path / "q", primary=False, progress=False)
+    assert not caplog.records
