@@ -25,8 +25,10 @@ def test_sample_data_trains_dlrm_dcn_end_to_end(
             "--log-every", "5", "--log-dir", str(log_dir), "--no-progress"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    # 200 rows in 5 files of 40: 160 to train on (10 steps of 16 per epoch), 40 held out.
-    assert "160 train rows in 4 files, 40 held-out rows in 1 file" in out
+    # 200 rows in 5 files of 40: 160 to train on (10 steps of 16 per epoch), 40 held out. The data
+    # runs from a temporary Parquet copy; the lines name 'sample', as typed, not that copy.
+    assert "\n  data            sample: 160 train rows in 4 files, 40 held-out rows in 1 file\n" in out, out
+    assert "criteo-sample-" not in out
     assert "steps           20 (320 samples this run" in out
     assert "eval AUC" in out and str(log_dir) in out
     meta = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())
@@ -82,17 +84,6 @@ def test_two_held_out_files_are_a_validation_and_a_test_split(
     assert "40 samples)" in out.split("test AUC")[1].splitlines()[0]
     metrics = json.loads((log_dir / "checkpoint" / "latest" / "meta.json").read_text())["metrics"]
     assert 0.0 <= metrics["test_auc"] <= 1.0 and metrics["test_loss"] > 0
-
-
-def test_data_lines_name_the_data_as_typed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``--data sample`` runs on a temporary Parquet copy; the lines name 'sample', not that copy."""
-    argv = ["train", "--data", "sample", "--eval-files", "1", "--num-embeddings", "64", "--embedding-dim", "8",
-            "--dense-arch", "16,8", "--over-arch", "16,1", "--batch-size", "16", "--max-steps", "2",
-            "--log-dir", str(tmp_path / "logs"), "--no-progress"]
-    assert cli.main(argv) == 0
-    out = capsys.readouterr().out
-    assert "\n  data            sample: 160 train rows in 4 files, 40 held-out rows in 1 file\n" in out, out
-    assert "criteo-sample-" not in out
 
 
 def test_held_out_files_halve_into_validation_and_test() -> None:
