@@ -76,7 +76,15 @@ def train_steps(ebc: ShardedSparseCoreEBC, rank: int, world_size: int, steps: in
     return outputs
 
 
-def input_dist_exchanges(rank: int, world_size: int, store, timeout, local_batch: int):
+def input_dists(rank: int, world_size: int, store, timeout, local_batch: int) -> dict:
+    """:func:`input_dist_exchanges` and :func:`prefetched_passes` on this rank, in one job (a
+    spawned job costs each rank its imports)."""
+    with tpu_dist_group(rank, world_size, store, timeout):
+        return {"exchanges": input_dist_exchanges(rank, world_size, local_batch),
+                "passes": prefetched_passes(rank, world_size, local_batch)}
+
+
+def input_dist_exchanges(rank: int, world_size: int, local_batch: int) -> dict:
     """Per pooling (``"sum"``: every table sum-pooled, no weights; ``"mixed"``: the reference's mean
     table kept): how many all_to_alls one input dist ran on this rank, and its pooled outputs."""
     from torchrec_tpu.sharding import ebc as ebc_module
@@ -88,8 +96,8 @@ def input_dist_exchanges(rank: int, world_size: int, store, timeout, local_batch
         calls[0] += 1
         return exchange(*args, **kwargs)
 
-    with tpu_dist_group(rank, world_size, store, timeout):
-        ebc_module.all_to_all = counted
+    ebc_module.all_to_all = counted
+    try:
         results = {}
         for pooling in ("sum", "mixed"):
             tables = reference_ebc(sum_pooled=pooling == "sum")
@@ -100,11 +108,12 @@ def input_dist_exchanges(rank: int, world_size: int, store, timeout, local_batch
             batch = sharded.input_dist(kjt)
             exchanges = calls[0]
             results[pooling] = (exchanges, sharded.compute_and_output_dist(batch).values().detach().clone())
-        ebc_module.all_to_all = exchange
         return results
+    finally:
+        ebc_module.all_to_all = exchange
 
 
-def prefetched_passes(rank: int, world_size: int, store, timeout, local_batch: int):
+def prefetched_passes(rank: int, world_size: int, local_batch: int) -> dict:
     """Three passes of :class:`PrefetchedBatches` (sum-pooled tables: no gains exchange) over this
     rank's part of the global batches:
     ``"even"``, 3 batches on each rank; ``"short"``, rank 0 one batch short; ``"bad"``, rank 1's
@@ -117,37 +126,36 @@ def prefetched_passes(rank: int, world_size: int, store, timeout, local_batch: i
 
     from .reference import with_last_id
 
-    with tpu_dist_group(rank, world_size, store, timeout):
-        group = dist.new_group(pg_options=tpu_dist.TransportOptions("gloo"))
-        calls = {"all_to_all_single": 0, "all_reduce": 0}
-        originals = {name: getattr(dist, name) for name in calls}
+    group = dist.new_group(pg_options=tpu_dist.TransportOptions("gloo"))
+    calls = {"all_to_all_single": 0, "all_reduce": 0}
+    originals = {name: getattr(dist, name) for name in calls}
 
-        def counting(name):
-            def collective(*args, **kwargs):
-                calls[name] += kwargs.get("group") is group
-                return originals[name](*args, **kwargs)
-            return collective
+    def counting(name):
+        def collective(*args, **kwargs):
+            calls[name] += kwargs.get("group") is group
+            return originals[name](*args, **kwargs)
+        return collective
 
-        for name in calls:
-            setattr(dist, name, counting(name))
-        ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(sum_pooled=True), local_batch,
-                                                 LAYOUTS["row_wise"][1], OPTIMIZERS["sgd"][0])
-        start, stop = rank * local_batch, (rank + 1) * local_batch
-        kjts = [slice_batch(random_kjt(world_size * local_batch, step), start, stop) for step in range(3)]
-        passes = {"even": kjts, "short": kjts[:2] if rank == 0 else kjts,
-                  "bad": [kjts[0], with_last_id(kjts[1], 1000) if rank == 1 else kjts[1], kjts[2]]}
-        results = {}
-        for name, pass_kjts in passes.items():
-            batches = [Batch(torch.zeros(local_batch, 1), kjt, torch.zeros(local_batch)) for kjt in pass_kjts]
-            calls.update(all_to_all_single=0, all_reduce=0)
-            outputs, error = [], None
-            try:
-                with torch.no_grad():
-                    for batch in PrefetchedBatches(batches, ebc, torch.device("cpu"), depth=2, group=group):
-                        outputs.append(ebc(batch.sparse_features).values().clone())
-            except Exception as failure:  # noqa: BLE001  the test compares the ranks' errors
-                error = f"{type(failure).__name__}: {failure}"
-            results[name] = (dict(calls), outputs, error)
-        for name, original in originals.items():
-            setattr(dist, name, original)
-        return results
+    for name in calls:
+        setattr(dist, name, counting(name))
+    ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(sum_pooled=True), local_batch,
+                                             LAYOUTS["row_wise"][1], OPTIMIZERS["sgd"][0])
+    start, stop = rank * local_batch, (rank + 1) * local_batch
+    kjts = [slice_batch(random_kjt(world_size * local_batch, step), start, stop) for step in range(3)]
+    passes = {"even": kjts, "short": kjts[:2] if rank == 0 else kjts,
+              "bad": [kjts[0], with_last_id(kjts[1], 1000) if rank == 1 else kjts[1], kjts[2]]}
+    results = {}
+    for name, pass_kjts in passes.items():
+        batches = [Batch(torch.zeros(local_batch, 1), kjt, torch.zeros(local_batch)) for kjt in pass_kjts]
+        calls.update(all_to_all_single=0, all_reduce=0)
+        outputs, error = [], None
+        try:
+            with torch.no_grad():
+                for batch in PrefetchedBatches(batches, ebc, torch.device("cpu"), depth=2, group=group):
+                    outputs.append(ebc(batch.sparse_features).values().clone())
+        except Exception as failure:  # noqa: BLE001  the test compares the ranks' errors
+            error = f"{type(failure).__name__}: {failure}"
+        results[name] = (dict(calls), outputs, error)
+    for name, original in originals.items():
+        setattr(dist, name, original)
+    return results

@@ -45,15 +45,22 @@ def test_two_ranks_equal_stock_torchrec(two_rank_results, layout):
             assert torch.equal(slots0[table][slot], slots1[table][slot])
 
 
+@pytest.fixture(scope="module")
+def input_dist_results() -> list[dict]:
+    """Each rank's input dist exchanges and prefetched passes, from one 2-rank job."""
+    from .rank_checks import input_dists
+
+    return launch_local(input_dists, 2, LOCAL_BATCH, timeout_s=300)
+
+
 @pytest.mark.multiprocess
-def test_input_dist_skips_the_gains_exchange_when_every_gain_is_one():
+def test_input_dist_skips_the_gains_exchange_when_every_gain_is_one(input_dist_results):
     """Sum-pooled tables without weights: every rank's gains are 1, so the input dist exchanges
     lengths and ids only (2 all_to_alls, not 3) and still pools like stock TorchRec; with a mean
     table the gains go too."""
-    from .rank_checks import input_dist_exchanges
     from .reference import random_kjt, reference_ebc
 
-    results = launch_local(input_dist_exchanges, 2, LOCAL_BATCH, timeout_s=300)
+    results = [by_rank["exchanges"] for by_rank in input_dist_results]
     kjt = random_kjt(2 * LOCAL_BATCH, 0)
     for pooling, exchanges in (("sum", 2), ("mixed", 3)):
         expected = reference_ebc(sum_pooled=pooling == "sum")(kjt).values().detach()
@@ -64,16 +71,15 @@ def test_input_dist_skips_the_gains_exchange_when_every_gain_is_one():
 
 
 @pytest.mark.multiprocess
-def test_prefetching_ranks_agree_on_each_batch_inside_its_input_dist():
+def test_prefetching_ranks_agree_on_each_batch_inside_its_input_dist(input_dist_results):
     """The prefetch thread's ranks agree on every batch without collectives of their own: each
     batch takes its 2 all_to_alls (lengths with every rank's word riding along, then ids) and one
     more lengths exchange ends the pass. A rank one batch short ends the pass on both; an id over
     its table on rank 1 fails both ranks with rank 1's message after the batch before it. The
     batches taken pool like stock TorchRec."""
-    from .rank_checks import prefetched_passes
     from .reference import random_kjt, reference_ebc
 
-    results = launch_local(prefetched_passes, 2, LOCAL_BATCH, timeout_s=300)
+    results = [by_rank["passes"] for by_rank in input_dist_results]
     tables = reference_ebc(sum_pooled=True)
     expected = [tables(random_kjt(2 * LOCAL_BATCH, step)).values().detach() for step in range(3)]
     for name, taken in (("even", 3), ("short", 2), ("bad", 1)):
