@@ -181,7 +181,7 @@ def _timings(args: argparse.Namespace) -> None:
     plain = HSTU(config)
     dense = default_dense_device()
     stack = HSTU(replace(config, kernel="xla"), dense_device=dense,
-                 embeddings=sharded_embeddings(config, ec=plain.embeddings, batch_size=args.batch))
+                 embeddings=sharded_embeddings(config, ec=plain.embeddings, local_batch=args.batch))
     stack.stack.load_state_dict(plain.stack.state_dict())
     stack.heads.load_state_dict(plain.heads.state_dict())
     print(f"compared: plain = stock TorchRec EmbeddingCollection, STU stack and heads, padded [B, H, L, L] "

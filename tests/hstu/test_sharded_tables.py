@@ -46,7 +46,7 @@ SHARDINGS = {
 def test_sharded_lookups_and_rowwise_adagrad_equal_stock_torchrec(kind):
     stock = _stock()
     spec = RowWiseAdagrad(LR, initial_accumulator_value=0.0, eps=1e-10)  # TorchRec's starts at 0
-    ours = sharded_embeddings(CONFIG, SHARDINGS[kind], optimizer=spec, batch_size=64, ec=_stock())
+    ours = sharded_embeddings(CONFIG, SHARDINGS[kind], optimizer=spec, local_batch=64, ec=_stock())
     opt = TorchrecRowWiseAdagrad(list(stock.parameters()), lr=LR, eps=1e-10)
     for step in range(2):
         kjt = _lookups(batch_kjt([5, 0, 7, 1], [2, 1, 2, 1], CONFIG, seed=step))

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from sparsecore.specs import FeatureSpec, TableSpec
 from torchrec_tpu.sharding import ShardedSparseCoreEC, TableSharding
 from torchrec_tpu.sharding.ec import _unique_rows
 
@@ -50,6 +51,18 @@ def test_lookup_buffers_grow_mid_training_keeping_tables_and_slots():
         sequence_loss(out, step).backward()
     assert backends[2] is not backends[1]  # rebuilt after two updates
     assert_tables_close(ec.unsharded_weights(), expected_weights)
+
+
+def test_the_features_keep_the_batch_they_were_given():
+    """The features hold this rank's batch (``local_batch``) as given; a batch of another size is
+    looked up at its own, and features of several sizes (no one KJT has them) are refused."""
+    ec = sharded("sgd", batch_size=5)
+    assert ec.local_batch == 5 and {f.batch_size for f in ec.features} == {5}
+    ec(random_kjt(BATCH, 0))
+    assert {f.batch_size for f in ec.features} == {5}
+    with pytest.raises(ValueError, match=r"one batch size \(a KJT's samples on this rank\), got \[8, 16\]"):
+        ShardedSparseCoreEC([TableSpec("t", 50, 8)], [FeatureSpec("f", "t", 8), FeatureSpec("g", "t", 16)],
+                            {"t": TableSharding("table_wise", (0,))})
 
 
 def test_bad_input_names_the_feature():

@@ -48,7 +48,9 @@ def test_a_batch_the_sparsecores_cannot_split_is_padded():
     expected_outputs, expected_weights = train_reference("adagrad", STEPS, batch)
     plan = {c.name: TableSharding("table_wise", (0,)) for c in CONFIGS}
     ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), batch, plan, OPTIMIZERS["adagrad"][0])
-    assert (ebc.local_batch, ebc.padded_local_batch) == (6, 8)
+    assert (ebc.local_batch, ebc.padded_local_batch, ebc.global_batch) == (6, 8, 8)
+    assert {f.batch_size for f in ebc.features} == {6}  # the features as given: this rank's batch, kept
+    assert {f.batch_size for f in ebc.local_backend.plan.features} == {8}  # the backend's: the padded global batch
     for step in range(STEPS):
         kjt = random_kjt(batch, step)
         pooled = ebc(ebc.prefetch(kjt) if step % 2 else kjt)

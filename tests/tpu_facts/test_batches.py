@@ -54,15 +54,18 @@ NAMED_MODULES = ("torchrec_tpu/sharding/ebc.py", "torchrec_tpu/sharding/ec.py", 
                  "torchrec_tpu/pipeline/prefetch.py", "torchrec_tpu/train/engines/dense_step.py",
                  "torchrec_tpu/train/engines/sparsecore_engine.py", "torchrec_tpu/train/engines/torchrec_engine.py",
                  "torchrec_tpu/train/engines/step_layout.py", "torchrec_tpu/train/engines/plan_loading.py",
-                 "torchrec_tpu/train/streams.py", "torchrec_tpu/train/distributed.py", "torchrec_tpu/train/data.py")
-# Where the bare name stays: a FeatureSpec's field (``f.batch_size``, ``replace(f, batch_size=...)``),
-# DataConfig's (``data.batch_size``: --batch-size, the global batch), a reader's (``split.batch_size``:
-# one rank's, the pipelines' public name), the public parameters of
-# ``ShardedSparseCoreEBC.specs_of`` / ``from_torchrec`` (``ShardedSparseCoreEC``'s too) and TorchRec's
-# planner's keyword.
-OWNERS = {"f", "feature", "data", "split"}
+                 "torchrec_tpu/train/engines/dense_placement.py", "torchrec_tpu/train/engines/dense_calibration.py",
+                 "torchrec_tpu/train/streams.py", "torchrec_tpu/train/distributed.py", "torchrec_tpu/train/data.py",
+                 *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "torchrec_tpu" / "hstu").rglob("*.py")))
+# Where the bare name stays: DataConfig's (``data.batch_size``: --batch-size, the global batch), a
+# reader's (``split.batch_size``, HSTU's ``t.train.batch_size``: one rank's, the pipelines' public
+# name), the public parameters of ``ShardedSparseCoreEBC.specs_of`` / ``from_torchrec``
+# (``ShardedSparseCoreEC``'s too) and TorchRec's planner's keyword. A FeatureSpec's batch is read
+# where the sharded modules take their features (``sharded_tables.given_local_batch``: this rank's)
+# and set by meaning (``features_at(features, padded_local_batch)``).
+OWNERS = {"data", "split", "train"}
 PUBLIC_FUNCTIONS = {"specs_of", "from_torchrec"}
-PUBLIC_KEYWORDS = {"replace", "EmbeddingShardingPlanner"}
+PUBLIC_KEYWORDS = {"EmbeddingShardingPlanner"}
 
 
 def _bare_batch_sizes(path: Path) -> list[str]:
@@ -99,5 +102,7 @@ def test_modules_name_each_batch_by_its_meaning() -> None:
 def test_the_rule_catches_a_bare_batch_size(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def forward(self, kjt):\n    return kjt.stride() == self.batch_size\n"
-                      "def specs_of(ebc, batch_size):\n    return [f.batch_size for f in ebc.features], batch_size\n")
-    assert _bare_batch_sizes(module) == ["m.py:2 self.batch_size"]
+                      "def specs_of(ebc, batch_size):\n    return [f.batch_size for f in ebc.features], batch_size\n"
+                      "def pad(f, n):\n    return replace(f, batch_size=n)\n")
+    assert _bare_batch_sizes(module) == ["m.py:2 self.batch_size", "m.py:4 f.batch_size",
+                                         "m.py:6 replace(batch_size=...)"]

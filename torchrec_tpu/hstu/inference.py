@@ -50,9 +50,9 @@ class HSTUInference:
         return self.model.config.tasks
 
     @torch.no_grad()
-    def predict(self, table: pa.Table, batch_size: int) -> np.ndarray:
+    def predict(self, table: pa.Table, local_batch: int) -> np.ndarray:
         """Click probabilities ``[candidates, tasks]`` (float32) of every candidate of ``table``'s
-        rows, in row order, ``batch_size`` rows per forward pass."""
+        rows, in row order, ``local_batch`` rows per forward pass (this process's)."""
         counts = table.column("candidate_item").combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
         most = int(counts.max(initial=0))
         history = self.model.config.max_seq_len - most
@@ -60,13 +60,13 @@ class HSTUInference:
             raise ValueError(f"a row has {most} candidates, above the model's max_seq_len="
                              f"{self.model.config.max_seq_len}")
         out = [np.zeros((0, len(self.tasks)), np.float32)]
-        for start in range(0, table.num_rows, batch_size):
-            batch = sequence_batch(table.slice(start, batch_size), (), history, self.model.config.item_rows)
+        for start in range(0, table.num_rows, local_batch):
+            batch = sequence_batch(table.slice(start, local_batch), (), history, self.model.config.item_rows)
             out.append(torch.sigmoid(self.model(batch.features).float().cpu()).numpy())
         return np.concatenate(out)
 
     def candidate_rows(self, table: pa.Table, *, first_row: int, key_columns: tuple[str, ...],
-                       row_id_column: str | None, with_labels: bool, batch_size: int) -> pa.Table:
+                       row_id_column: str | None, with_labels: bool, local_batch: int) -> pa.Table:
         """The output rows of ``table`` (module docstring); ``first_row``: the global index of its first row."""
         items = table.column("candidate_item").combine_chunks()
         counts = items.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
@@ -80,7 +80,7 @@ class HSTUInference:
         if with_labels:
             for task in self.tasks:
                 columns[LABEL_PREFIX + task] = table.column(LABEL_PREFIX + task).combine_chunks().flatten()
-        scores = self.predict(table, batch_size)
+        scores = self.predict(table, local_batch)
         for t, task in enumerate(self.tasks):
             columns[PREDICTION_PREFIX + task] = pa.array(scores[:, t])
         return pa.table(columns)
@@ -89,9 +89,9 @@ class HSTUInference:
         return [LABEL_PREFIX + task for task in self.tasks]
 
 
-def load_hstu_inference(checkpoint: Path, device: str = "cpu", batch_size: int = 1024) -> HSTUInference:
+def load_hstu_inference(checkpoint: Path, device: str = "cpu", local_batch: int = 1024) -> HSTUInference:
     """The HSTU of ``checkpoint`` (an HSTU checkpoint or a root of them, written by any number of
-    ranks) on ``device`` (module docstring; ``tpu``: the sharded tables sized for ``batch_size``
+    ranks) on ``device`` (module docstring; ``tpu``: the sharded tables sized for ``local_batch``
     rows a forward); ValueError naming what is missing or does not fit."""
     directory = find_hstu_checkpoint(checkpoint)
     if directory is None:
@@ -107,7 +107,7 @@ def load_hstu_inference(checkpoint: Path, device: str = "cpu", batch_size: int =
     _, meta = open_checkpoint(directory)
     config, resources = HSTUConfig.from_dict(meta[HSTU_META]), ExitStack()
     try:
-        model = HSTU(config) if device == "cpu" else _stack_model(config, batch_size, resources)
+        model = HSTU(config) if device == "cpu" else _stack_model(config, local_batch, resources)
         load_states(directory, model)
     except BaseException:
         resources.close()
@@ -115,7 +115,7 @@ def load_hstu_inference(checkpoint: Path, device: str = "cpu", batch_size: int =
     return HSTUInference(model.eval(), int(meta.get("step", 0)), resources)
 
 
-def _stack_model(config: HSTUConfig, batch_size: int, resources: ExitStack) -> HSTU:
+def _stack_model(config: HSTUConfig, local_batch: int, resources: ExitStack) -> HSTU:
     """The HSTU as the trainer lays it out on the stack: its tables in the sharded SparseCore EC
     (the default process group joined, or made, into ``resources``; no optimizer slots: nothing is
     trained), the STU stack and heads on the tpu device."""
@@ -124,7 +124,7 @@ def _stack_model(config: HSTUConfig, batch_size: int, resources: ExitStack) -> H
     from torchrec_tpu.train.distributed import process_group
 
     resources.enter_context(process_group(device_tensors=True))
-    embeddings = sharded_embeddings(config, optimizer=SGD(1.0), batch_size=batch_size)  # (never stepped)
+    embeddings = sharded_embeddings(config, optimizer=SGD(1.0), local_batch=local_batch)  # (never stepped)
     return HSTU(config, embeddings, dense_device="tpu")
 
 

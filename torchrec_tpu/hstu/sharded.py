@@ -19,10 +19,11 @@ DEFAULT_SPARSE_LR = 0.05
 
 
 def sharded_embeddings(config: HSTUConfig, sharding: Mapping[str, TableSharding] | str = "row_wise", *,
-                       optimizer: OptimizerSpec | None = None, batch_size: int = 32,
+                       optimizer: OptimizerSpec | None = None, local_batch: int = 32,
                        ec: EmbeddingCollection | None = None, **options: Any) -> ShardedSparseCoreEC:
     """The HSTU tables sharded as ``sharding`` says (one kind for all, or per table name), their
-    weights taken from ``ec`` (default: a fresh seeded CPU EmbeddingCollection); ``options`` go to
+    weights taken from ``ec`` (default: a fresh seeded CPU EmbeddingCollection), for batches of
+    ``local_batch`` samples per rank (their first lookup buffers' size); ``options`` go to
     :class:`ShardedSparseCoreEC` (``backend``, ``group``, ``average_over_ranks``...)."""
     if isinstance(sharding, str):
         sharding = {name: TableSharding(sharding, (0,) if sharding == "table_wise" else ()) for name in TABLES}
@@ -30,4 +31,4 @@ def sharded_embeddings(config: HSTUConfig, sharding: Mapping[str, TableSharding]
         raise ValueError(f"HSTU sharding names tables {sorted(sharding)}; expected {sorted(TABLES)}")
     ec = ec if ec is not None else EmbeddingCollection(tables=table_configs(config), device=torch.device("cpu"))
     spec = optimizer if optimizer is not None else RowWiseAdagrad(DEFAULT_SPARSE_LR)
-    return ShardedSparseCoreEC.from_torchrec(ec, sharding, spec, batch_size=batch_size, **options)
+    return ShardedSparseCoreEC.from_torchrec(ec, sharding, spec, local_batch, **options)

@@ -147,7 +147,7 @@ def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tupl
         embeddings = None
     else:
         embeddings = sharded_embeddings(
-            hstu_config, optimizer=_sparse_spec(config), batch_size=env.local_batch_of(config.data.batch_size),
+            hstu_config, optimizer=_sparse_spec(config), local_batch=env.local_batch_of(config.data.batch_size),
             backend=sparse_backend(config), seed=config.loop.seed, average_over_ranks=True,
             ec=_seeded_ec(hstu_config, config.loop.seed))
     return HSTU(hstu_config, embeddings, dense_device=device), hstu_config

@@ -274,7 +274,7 @@ class Predictor:
                          self.model.model.config.action_rows, _file_row(unit))
             return self.model.candidate_rows(table, first_row=unit.first_row, key_columns=self.config.key_columns,
                                              row_id_column=self.config.row_id_column, with_labels=self.with_label,
-                                             batch_size=self.config.batch_size)
+                                             local_batch=self.config.batch_size)
         schema, policy = self.config.schema, self.config.bad_values
         # a label read for the AUC follows train's label policy (7 or -1 is not a label)
         labelled = self.label is not None

@@ -37,7 +37,7 @@ from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.column_blocks import ColumnSelection
-from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
+from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, features_at
 from torchrec_tpu.sharding.shards import TableSharding
 from torchrec_tpu.sharding.zch import ZchSpec
 from torchrec_tpu.sharding.zch_tables import ZchBatch
@@ -89,7 +89,8 @@ class SentLengths:
 
 
 class ShardedSparseCoreEBC(ShardedTables):
-    """Pooled lookups of ``features`` (their ``batch_size``: this rank's batch, ``local_batch``)
+    """Pooled lookups of ``features`` (their ``batch_size``: this rank's batch, ``local_batch``;
+    checked padded to ``padded_local_batch``, looked up by the backend over the ranks' ``global_batch``)
     over ``tables``, sharded over ``group`` (default: the world; no process group: one rank) as
     ``sharding`` says; the options (weights, local engine, ``average_over_ranks``) are
     :class:`ShardedTables`'.
@@ -101,13 +102,10 @@ class ShardedSparseCoreEBC(ShardedTables):
     table_modules = "embedding_bags"
 
     def _configure(self) -> None:
-        local_batches = {f.batch_size for f in self.features}
-        if len(local_batches) != 1:
-            raise ValueError(f"all features need one batch size for a KeyedTensor output, got {sorted(local_batches)}")
-        self.local_batch = local_batches.pop()
         self.padded_local_batch = padded_local_batch_of(self.local_batch, self.engine.topology.num_sparsecores,
                                                         self.world_size)
-        self.features = [replace(f, batch_size=self.padded_local_batch) for f in self.features]
+        # what a KJT is checked against when it reaches the input dist: padded to the SparseCores' split
+        self._padded_features = features_at(self.features, self.padded_local_batch)
         dims = [self.tables[f.table].dim for f in self.features]
         self._offsets = dict(zip([f.name for f in self.features], np.cumsum([0] + dims).tolist()))
         # output columns of every rank's served (feature, shard) pairs, in message order
@@ -116,6 +114,11 @@ class ShardedSparseCoreEBC(ShardedTables):
              for f, s in pairs] or [np.zeros(0, dtype=np.int64)])) for pairs in self._served]
         self._selections = [ColumnSelection(columns, sum(dims)) for columns in self._columns]
         self._placement = _OutputPlacement(self._served, self._columns, self.rank, sum(dims))
+
+    @property
+    def global_batch(self) -> int:
+        """Every rank's padded samples: the batch the local backend looks up."""
+        return global_batch_of(self.padded_local_batch, self.world_size)
 
     def activation_columns(self, feature_order: Sequence[str]) -> np.ndarray | None:
         """The columns of this rank's local activations that hold the output of ``feature_order``'s
@@ -166,7 +169,7 @@ class ShardedSparseCoreEBC(ShardedTables):
 
     def _local_features(self, rank: int) -> list[FeatureSpec]:
         """Each served feature over the global batch, weighted (the gains carry the combiner)."""
-        return [FeatureSpec(f.name, f.table, global_batch_of(self.padded_local_batch, self.world_size), weighted=True)
+        return [FeatureSpec(f.name, f.table, self.global_batch, weighted=True)
                 for f, _ in self._served[rank]]
 
     @staticmethod
@@ -284,7 +287,7 @@ class ShardedSparseCoreEBC(ShardedTables):
         message order: combiners folded into gains, a row-wise shard's ids kept where it owns them
         (a managed-collision table's raw, where :meth:`ManagedCollisions.owners` routes them)."""
         raw = self.zch.raw_features if self.zch is not None else frozenset()
-        inputs = feature_inputs(kjt, self.features, self.tables, self.engine.id_policy, raw)
+        inputs = feature_inputs(kjt, self._padded_features, self.tables, self.engine.id_policy, raw)
         owners = {f.name: self.zch.owners(f.table, inputs[f.name].ids) for f in self.features if f.name in raw}
         lengths, ids, gains = [], [], []
         for served in self._served:
@@ -334,7 +337,7 @@ class ShardedSparseCoreEBC(ShardedTables):
         received, zch = self._remapped(self._assemble_inputs(per_source, recv_ids, recv_gains), training)
         if not self.uniform_ranks:
             return LocalBatch(received, self._backend.prepare(received) if self._backend else None, zch)
-        samples = global_batch_of(self.padded_local_batch, self.world_size)
+        samples = self.global_batch
         pads = {f.name: FeatureInput(np.zeros(0, np.int64), np.zeros(samples, np.int64), np.zeros(0, np.float32))
                 for f in self.padding.features}
         return LocalBatch(received, self._backend.prepare({**received, **pads}, agree=partial(_max_over, group=group)),
@@ -383,7 +386,7 @@ class ShardedSparseCoreEBC(ShardedTables):
     def _lookup(self, batch: LocalBatch) -> tuple[torch.Tensor, Any]:
         """The local shards' outputs for the global batch, [world * batch, served columns]."""
         if self._backend is None:
-            return torch.zeros(global_batch_of(self.padded_local_batch, self.world_size), 0), None
+            return torch.zeros(self.global_batch, 0), None
         activations, context = self._backend.lookup(batch.prepared if batch.prepared is not None else batch.inputs)
         if self.padding:
             activations = activations[:, :len(self._columns[self.rank])].contiguous()  # the pads' columns last

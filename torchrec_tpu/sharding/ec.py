@@ -32,7 +32,7 @@ from sparsecore.specs import FeatureSpec, TableSpec
 from sparsecore.torchrec_convert import configs_from_specs, specs_from_configs
 from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.collectives import all_to_all
-from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat
+from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, features_at
 from torchrec_tpu.sharding.shards import Shard, TableSharding
 from tpu_facts import global_batch_of, power_of_two_bucket, round_up
 
@@ -79,7 +79,7 @@ class ShardedSparseCoreEC(ShardedTables):
 
     def _configure(self) -> None:
         n = self.engine.topology.num_sparsecores
-        ids = {f.name: global_batch_of(f.batch_size, self.world_size) * (f.max_ids_per_sample or 1)
+        ids = {f.name: global_batch_of(self.local_batch, self.world_size) * (f.max_ids_per_sample or 1)
                for f, _ in self._served[self.rank]}
         self._capacity = {f.name: round_up(min(ids[f.name], shard.rows), n) for f, shard in self._served[self.rank]}
 
@@ -117,7 +117,7 @@ class ShardedSparseCoreEC(ShardedTables):
 
     def input_dist(self, kjt: KeyedJaggedTensor) -> SequenceBatch:
         """Validate ``kjt`` (errors name the feature) and send every id to its shards."""
-        specs = [f if f.batch_size == kjt.stride() else replace(f, batch_size=kjt.stride()) for f in self.features]
+        specs = features_at(self.features, kjt.stride())  # this batch's samples: any size may come
         inputs = feature_inputs(kjt, specs, self.tables, self.engine.id_policy)
         sent, ids = [], []
         for pairs in self._served:

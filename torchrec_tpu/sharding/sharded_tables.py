@@ -9,7 +9,7 @@ the module state (each rank's pieces of the full tables, see ``state_dict.py``),
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, ClassVar
 
@@ -30,6 +30,21 @@ from torchrec_tpu.sharding.zch_tables import ManagedCollisions, state_key
 
 Served = list[list[tuple[FeatureSpec, Shard]]]
 register_backend(OPS, "torchrec_tpu.sharding.ops_backend:OpsBackend")  # (imports torch_tpu when made)
+
+
+def given_local_batch(features: Sequence[FeatureSpec]) -> int:
+    """The one batch the features given to a sharded module hold (``FeatureSpec.batch_size``: one
+    KJT's samples on this rank, its ``local_batch``); several sizes are refused."""
+    batches = sorted({f.batch_size for f in features})
+    if len(batches) > 1:
+        raise ValueError(f"all features need one batch size (a KJT's samples on this rank), got {batches}")
+    return batches[0] if batches else 1
+
+
+def features_at(features: Sequence[FeatureSpec], samples: int) -> list[FeatureSpec]:
+    """``features`` over inputs of ``samples`` samples (a padded or a global batch: the caller
+    names which), each spec itself where it already is."""
+    return [f if f.batch_size == samples else replace(f, batch_size=samples) for f in features]
 
 
 @dataclass(frozen=True)
@@ -94,7 +109,8 @@ class ShardedTables(nn.Module):
     ):
         super().__init__()
         self.tables = validate_specs(tables, features)
-        self.features = list(features)
+        self.features = list(features)  # as given, at this rank's batch: never rewritten
+        self.local_batch = given_local_batch(self.features)
         self.group = group
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if distributed else 0

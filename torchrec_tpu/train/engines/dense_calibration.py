@@ -79,15 +79,15 @@ class PlacementTiming:
         return "tpu" if self.tpu_ms < self.cpu_ms else "cpu"
 
 
-def measured_dense_device(build_step: StepBuilder, spec: ModelSpec, batch_size: int, optim: OptimConfig,
+def measured_dense_device(build_step: StepBuilder, spec: ModelSpec, local_batch: int, optim: OptimConfig,
                           sparse_backend: str = "auto", ids_per_feature: tuple[int, ...] | None = None) -> str:
     """"cpu" or "tpu": where ``spec``'s step (as ``build_step`` builds it, with ``optim``'s
     optimizers and precision and ``--sparse-backend sparse_backend``) trains faster at
-    ``batch_size`` samples per rank and ``ids_per_feature`` ids per sample (None: one), on this host
+    ``local_batch`` samples per rank and ``ids_per_feature`` ids per sample (None: one), on this host
     (the stored verdict, unless it was timed on a busy host and this one is quiet now; else
     :func:`time_placements`, then stored; "cpu", not stored, where the timed batch overflows a
     SparseCore partition's default id limit)."""
-    key = _key(spec, batch_size, optim, sparse_backend, ids_per_feature)
+    key = _key(spec, local_batch, optim, sparse_backend, ids_per_feature)
     stored = xla_cache.load(LEVEL, key, lambda blob: json.loads(blob.decode()))
     if stored is not None and not (stored.get("busy") and not _host_busy()):
         return str(stored["device"])
@@ -96,7 +96,7 @@ def measured_dense_device(build_step: StepBuilder, spec: ModelSpec, batch_size: 
               ", again: the last timing ran beside other work" if stored is not None else "")
     start = time.perf_counter()
     try:
-        timing = time_placements(build_step, spec, batch_size, ids_per_feature)
+        timing = time_placements(build_step, spec, local_batch, ids_per_feature)
     except PartitionOverflowError as error:
         # the timing lays its tables out with the default id limits, not the job's (--plan); the
         # job itself then overflows (and names the flags that fix it) or runs with its own limits
@@ -121,7 +121,7 @@ def _host_busy() -> bool:
     return outside.share() > BUSY_SHARE
 
 
-def time_placements(build_step: StepBuilder, spec: ModelSpec, batch_size: int,
+def time_placements(build_step: StepBuilder, spec: ModelSpec, local_batch: int,
                     ids_per_feature: tuple[int, ...] | None = None) -> PlacementTiming:
     """Both placements' ms per whole training step (one rank, each step as ``build_step`` builds
     it, random batches with ``ids_per_feature`` ids per sample over tables capped at
@@ -131,11 +131,11 @@ def time_placements(build_step: StepBuilder, spec: ModelSpec, batch_size: int,
     capped = dataclasses.replace(spec, table_sizes=tuple(min(rows, TABLE_ROWS_CAP) for rows in spec.table_sizes))
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        batches = [_random_batch(capped, batch_size, ids_per_feature) for _ in range(2)]
+        batches = [_random_batch(capped, local_batch, ids_per_feature) for _ in range(2)]
         runs = {}
         for name in ("cpu", "tpu"):
             _log.info("--dense-device auto: building the model with the towers on %s", name)
-            runs[name] = functools.partial(_steps, build_step(name, capped, batch_size), batches)
+            runs[name] = functools.partial(_steps, build_step(name, capped, local_batch), batches)
     times: dict[str, list[float]] = {name: [] for name in runs}
     _log.info("--dense-device auto: compiling the tpu step and warming both placements up")
     for _ in range(_WARMUP_STEPS):  # the tpu step compiles (or loads) in its first
@@ -182,17 +182,17 @@ def _steps(step: Callable[[Batch], torch.Tensor], batches: list[Batch], n: int) 
     float(loss)  # steps dispatch asynchronously: wait for the last
 
 
-def _random_batch(spec: ModelSpec, batch_size: int, ids_per_feature: tuple[int, ...] | None) -> Batch:
-    """``batch_size`` samples of random dense features, labels and ``ids_per_feature`` random ids
+def _random_batch(spec: ModelSpec, local_batch: int, ids_per_feature: tuple[int, ...] | None) -> Batch:
+    """``local_batch`` samples of random dense features, labels and ``ids_per_feature`` random ids
     per feature (None: one)."""
     ids = ids_per_feature or (1,) * len(spec.feature_names)
-    values = torch.cat([torch.randint(0, rows, (batch_size * n,)) for rows, n in zip(spec.table_sizes, ids)])
-    lengths = torch.tensor(ids, dtype=torch.int64).repeat_interleave(batch_size)
+    values = torch.cat([torch.randint(0, rows, (local_batch * n,)) for rows, n in zip(spec.table_sizes, ids)])
+    lengths = torch.tensor(ids, dtype=torch.int64).repeat_interleave(local_batch)
     kjt = KeyedJaggedTensor.from_lengths_sync(list(spec.feature_names), values, lengths)
-    return Batch(torch.randn(batch_size, spec.dense_in_features), kjt, torch.randint(0, 2, (batch_size,)).float())
+    return Batch(torch.randn(local_batch, spec.dense_in_features), kjt, torch.randint(0, 2, (local_batch,)).float())
 
 
-def _key(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: str,
+def _key(spec: ModelSpec, local_batch: int, optim: OptimConfig, sparse_backend: str,
          ids_per_feature: tuple[int, ...] | None = None) -> str:
     """Everything the verdict depends on: the towers, the timed tables, batch, ids per sample,
     optimizers (not their learning rates), precision, sparse backend, torch threads, this host's CPU and core count, the
@@ -211,7 +211,7 @@ def _key(spec: ModelSpec, batch_size: int, optim: OptimConfig, sparse_backend: s
     tables = tuple(min(rows, TABLE_ROWS_CAP) for rows in spec.table_sizes)
     optimizers = (optim.dense_optimizer, optim.sparse_optimizer)  # their kinds cost; the learning rates do not
     ids = ids_per_feature or (1,) * len(spec.feature_names)
-    parts = (towers, tables, batch_size, ids, optimizers, optim.precision, sparse_backend, torch.get_num_threads(),
+    parts = (towers, tables, local_batch, ids, optimizers, optim.precision, sparse_backend, torch.get_num_threads(),
              os.cpu_count(), cpu_model(), platform.machine(), torch.__version__, jax.__version__,
              batched_matmul.fingerprint(),
              tuple(tree_identity(Path(package.__file__).parent) for package in (torch_tpu, sparsecore, torchrec_tpu)))

@@ -69,7 +69,7 @@ def spmd_world(world_size: int) -> bool:
     return tpu_dist.active_transport() == "xla"
 
 
-def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_parallel: str, batch_size: int,
+def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_parallel: str, local_batch: int,
                          optim: OptimConfig = OptimConfig(), sparse_backend: str = "auto",
                          ids_per_feature: tuple[int, ...] | None = None,
                          build_step: StepBuilder | None = None) -> torch.device:
@@ -77,7 +77,7 @@ def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_pa
     step compiles into one program per rank (ddp, :func:`spmd_world`) and either the tpu device is
     an accelerator or, on XLA:CPU in one process, the job's whole step (towers, embedding lookup
     and update, as ``build_step`` builds it) runs faster that way than with the towers in CPU eager
-    torch on this host, at ``batch_size`` samples per step with ``optim``, ``--sparse-backend
+    torch on this host, at ``local_batch`` samples per rank and step with ``optim``, ``--sparse-backend
     sparse_backend`` and ``ids_per_feature`` ids per sample (``--multi-hot-sizes``; None: one),
     measured once and stored (:mod:`~torchrec_tpu.train.engines.dense_calibration`); else cpu.
     (Several XLA:CPU processes on one host: their SPMD step, whose collectives are gloo's inside
@@ -97,7 +97,7 @@ def resolve_dense_device(choice: str, spec: ModelSpec, world_size: int, dense_pa
                          "resolve_dense_device needs the engine's build_step")
     from torchrec_tpu.train.engines.dense_calibration import measured_dense_device
 
-    return dense_device(measured_dense_device(build_step, spec, batch_size, optim, sparse_backend, ids_per_feature))
+    return dense_device(measured_dense_device(build_step, spec, local_batch, optim, sparse_backend, ids_per_feature))
 
 
 def place_dense(model: DLRMTrain, device: torch.device) -> None:
