@@ -167,11 +167,9 @@ ROOM_ALLOWED = {
     "compile": {"runtime", "ops", "eager"},
     "distributed": {"runtime"},
 }
-# Lazy imports (inside a function) across the rules, each named with its reason.
-LAZY_EXCEPTIONS = {
-    # torch.tpu.topology_aware_mesh forwards to the mesh builder the first time it is called
-    ("runtime", "torch_tpu.runtime.device", "torch_tpu.distributed"),
-}
+# Lazy imports (inside a function) across the rules, each named with its reason (none now:
+# torch.tpu.topology_aware_mesh, which made runtime import distributed, is installed by public_api).
+LAZY_EXCEPTIONS: set[tuple[str, str, str]] = set()
 
 
 def _module_name(path: Path) -> str:

@@ -5,7 +5,8 @@
 real module in ``sys.modules`` (``import torch.tpu.ops`` and ``from torch.tpu.optimizers import
 AdamW`` work):
 
-* ``torch.tpu``: ``EagerMode``, ``set_eager_mode(mode)`` (a context manager, TorchTPU's form) and
+* ``torch.tpu``: ``EagerMode``, ``topology_aware_mesh`` (TorchTPU's deprecated alias of
+  ``torch.tpu.distributed``'s), ``set_eager_mode(mode)`` (a context manager, TorchTPU's form) and
   the ``eager_mode`` property (the process-wide mode, readable and settable) over
   ``torch_tpu.eager.modes``; the ``allow_excess_precision`` property
   (``torch_tpu.runtime.compiler_options``); ``default_generators``;
@@ -167,6 +168,7 @@ def install() -> None:
         return
     tpu.__class__ = _TorchTpuModule
     tpu.EagerMode = modes.EagerMode
+    tpu.topology_aware_mesh = device_mesh.torchtpu_topology_aware_mesh  # TorchTPU's deprecated alias
     tpu.set_eager_mode = modes.eager_mode  # TorchTPU's set_eager_mode(mode) is a context manager
     tpu.ops = sys.modules["torch.tpu.ops"] = tpu_namespace
     submodules = {**_SUBMODULES, **{name: (_LazyModule, {"_targets": targets}) for name, targets in _LAZY.items()}}

@@ -465,17 +465,6 @@ set_rng_state_all = tpu_random.set_rng_state_all
 # --- registration ----------------------------------------------------------------------------
 
 
-def topology_aware_mesh(mesh_shape: tuple[int, ...], *, dcn_mesh_shape: tuple[int, ...] | None = None,
-                        allow_split_physical_axes: bool = False, contiguous_submeshes: bool = False) -> torch.Tensor:
-    """``torch.tpu.topology_aware_mesh`` (TorchTPU's deprecated alias of
-    ``torch.tpu.distributed.topology_aware_mesh``): see
-    :func:`torch_tpu.distributed.device_mesh.torchtpu_topology_aware_mesh`."""
-    from torch_tpu.distributed.device_mesh import torchtpu_topology_aware_mesh as impl  # (the package imports this)
-
-    return impl(mesh_shape, dcn_mesh_shape=dcn_mesh_shape, allow_split_physical_axes=allow_split_physical_axes,
-                contiguous_submeshes=contiguous_submeshes)
-
-
 def register() -> None:
     """Make "tpu" PyTorch's PrivateUse1 backend with this module as ``torch.tpu`` (idempotent)."""
     global _registered
