@@ -2,16 +2,22 @@
 registers everything once (docs/architecture/torch_tpu.md, "Registration happens once"). A fresh interpreter runs eager
 ops, snapshots the registry, the per-op handler cache, the fast path's programs, the executors and
 the dispatch seam, imports ``torch_tpu.compile`` and then every submodule (``pkgutil.walk_packages``),
-and checks the snapshot and the ops' results and counters are unchanged."""
+and checks the snapshot and the ops' results and counters are unchanged. What the import itself
+changes in the process is listed in one place (docs/architecture/torch_tpu.md, "What `import
+torch_tpu` changes in the process"): every change a snapshot of the process-wide hooks sees is named there."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "architecture" / "torch_tpu.md"
 
 _CHILD = r'''
 import importlib, pkgutil
@@ -91,3 +97,48 @@ def test_importing_submodules_after_eager_use_changes_no_eager_behaviour() -> No
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("ok "), proc.stdout[-2000:]
     assert int(last.split()[1]) > 60  # every room's modules were imported
+
+
+_EFFECTS_CHILD = r'''
+import json, sys
+import torch
+import torch.distributed as dist
+
+def snapshot():
+    import jax
+    return {
+        "torch.Generator": repr(torch.Generator),
+        "torch.nn.Module._apply": repr(torch.nn.Module._apply),
+        "torch.autograd.graph._engine_run_backward": repr(torch.autograd.graph._engine_run_backward),
+        "torch.accelerator.synchronize": repr(torch.accelerator.synchronize),
+        "torch.tpu": repr(type(getattr(torch, "tpu", None))),
+        "PrivateUse1": torch._C._get_privateuse1_backend_name(),
+        "jax_enable_x64": repr(jax.config.jax_enable_x64),
+        "torch.initial_seed()": repr(torch.initial_seed()),
+        "tpu_dist": repr("tpu_dist" in dist.Backend.backend_list),
+    }
+
+before, finders = snapshot(), [type(f).__name__ for f in sys.meta_path]
+import torch_tpu  # noqa: F401
+after = snapshot()
+added = [type(f).__name__ for f in sys.meta_path]
+for name in finders:
+    added.remove(name)
+print(json.dumps({"changed": sorted(k for k in before if before[k] != after[k]), "finders": sorted(set(added))}))
+'''
+
+
+def _effects_section() -> str:
+    return DOC.read_text().split("## What `import torch_tpu` changes in the process", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch and torch_tpu: ~7 CPU-seconds
+def test_every_change_import_torch_tpu_makes_is_listed() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    done = subprocess.run([sys.executable, "-c", _EFFECTS_CHILD], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "PrivateUse1" in seen["changed"] and "_StandInFinder" in seen["finders"]  # the probe sees changes
+    section = _effects_section()
+    unlisted = [name for name in [*seen["changed"], *seen["finders"]] if f"`{name}`" not in section]
+    assert not unlisted, f"import torch_tpu changes {unlisted}: list them in {DOC.relative_to(REPO)}"
