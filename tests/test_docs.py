@@ -12,7 +12,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 MAP_MAX_WORDS = 2000  # ten minutes at 200 words a minute
 PERFORMANCE_MAX_WORDS = 2500  # the current figures, their limits and how to take them; history is git's
-DOCS_MAX_WORDS = 25_300  # docs/ state the present: 23,033 words when the logbook left (issue 76), + 10%
+DOCS_MAX_WORDS = 28_000  # docs/ state the present: 25,508 words once the logbook left (31,772 before; issue 76), + 10%
 TOP_DIRS = ("bench", "docs", "examples", "packaging", "pipelines", "scripts", "sparsecore", "tests", "torch_tpu",
             "torchrec_tpu", "tpu_facts", "xla_cache")
 SOURCES = [path for top in TOP_DIRS if top != "docs" for path in sorted((REPO_ROOT / top).rglob("*.py"))]
