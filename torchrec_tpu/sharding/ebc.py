@@ -18,7 +18,7 @@ optimizer there; no gradient of the tables ever materialises.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
