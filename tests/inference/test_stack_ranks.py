@@ -77,3 +77,20 @@ def test_ranks_refuse_what_they_do_not_shard() -> None:
     with pytest.raises(ValueError, match=r"infer at 2 ranks shards the tables of a DLRM checkpoint at --table-dtype "
                                          r"fp32 over them on the stack .*--device cpu; one process serves the rest"):
         _check_ranks(config, Ranks(0, 2))
+
+
+def test_a_missing_plan_file_is_refused_by_name(checkpoint, infer_data, tmp_path, capsys) -> None:
+    from torchrec_tpu.cli import main
+
+    plan = tmp_path / "no-plan.json"
+    assert main(["infer", "--data", str(infer_data), "--checkpoint", str(checkpoint), "--output",
+                 str(tmp_path / "o"), "--plan", str(plan)]) == 2
+    assert (f"torchrec-tpu infer: error: --plan={str(plan)!r}: no such plan file (a 'torchrec-tpu plan' JSON, "
+            "or 'auto')") in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_plan_is_refused_on_the_cpu_path() -> None:
+    with pytest.raises(ValueError, match=r"--plan auto: shards the tables of --device tpu; --device cpu holds every "
+                                         r"table whole"):
+        InferenceConfig(data="d", checkpoint="c", output="o", device="cpu", plan="auto")
