@@ -4,6 +4,7 @@ checkpoint, no samples/s point for the compiling first step, a missed --target-a
 from __future__ import annotations
 
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -43,8 +44,8 @@ def _run(tmp_path: Path, caplog, steps: int = 6, **options):
     return model, result, [r.getMessage() for r in caplog.records], saved
 
 
-def _expected(model) -> tuple[float, float, float]:
-    """AUC, mean BCE loss and accuracy at 0.5 of the held-out batches, computed here."""
+def _expected(model) -> tuple[float, float, float, float]:
+    """AUC, NE, mean BCE loss and accuracy at 0.5 of the held-out batches, computed here."""
     batches = _held_out()
     with torch.no_grad():
         logits = torch.cat([model.linear(b.dense_features).squeeze(-1) for b in batches])
@@ -53,15 +54,18 @@ def _expected(model) -> tuple[float, float, float]:
     accuracy = ((torch.sigmoid(logits) >= 0.5).float() == labels).float().mean().item()
     positives, negatives = logits[labels == 1], logits[labels == 0]
     pairs = [(p > n) + 0.5 * (p == n) for p in positives.tolist() for n in negatives.tolist()]  # Mann-Whitney
-    return sum(pairs) / len(pairs), loss, accuracy
+    rate = labels.mean().item()
+    ne = loss / -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))  # log loss over the base rate's entropy
+    return sum(pairs) / len(pairs), ne, loss, accuracy
 
 
 def test_a_line_per_evaluation_and_checkpoint(tmp_path: Path, caplog) -> None:
     model, result, lines, saved = _run(tmp_path, caplog, eval_every=2, checkpoint_every=3, log_every=2,
                                        max_steps=6)
-    auc, loss, accuracy = _expected(model)
+    auc, ne, loss, accuracy = _expected(model)
     evals = [line for line in lines if line.startswith("eval step")]
-    assert evals == [f"eval step {s}: AUC {auc:.4f}, loss {loss:.4f}, accuracy {accuracy:.2f}" for s in (2, 4, 6)]
+    assert evals == [f"eval step {s}: AUC {auc:.4f}, NE {ne:.4f}, loss {loss:.4f}, accuracy {accuracy:.2f}"
+                     for s in (2, 4, 6)]
     assert result.eval.accuracy == pytest.approx(accuracy)
     assert saved == [3]  # the last step's checkpoint is the caller's
     assert [line for line in lines if line.startswith("checkpoint")] == [f"checkpoint step 3: {tmp_path / 'ckpt-3'}"]
