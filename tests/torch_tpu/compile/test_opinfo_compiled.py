@@ -15,7 +15,14 @@ from torch.utils import _pytree as pytree
 
 import torch_tpu
 import torch_tpu.compile as tc
-from tests.torch_tpu.opinfo_cases import LOWERED_AS, OPINFOS, check_sample, opinfo_id, unlowered_in_docs
+from tests.torch_tpu.opinfo_cases import (
+    LOWERED_AS,
+    OPINFOS,
+    check_sample,
+    first_samples,
+    opinfo_id,
+    unlowered_in_docs,
+)
 from torch_tpu.compile.program.fx_to_jax import UnloweredOpError
 
 _STATIC = {op._schema.name.split("::")[1] for op in torch_tpu.lowered_ops()
@@ -61,9 +68,8 @@ def _run(opinfo, max_samples):
         pytest.skip(f"{opinfo.name} does not support float32")
     grad = opinfo.supports_autograd
     torch.manual_seed(0)
-    samples = list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=grad))[:max_samples]
     checked = unlowered = 0
-    for sample in samples:
+    for sample in first_samples(opinfo, torch.float32, grad, max_samples):
         if not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves((sample.input, *sample.args))):
             continue
         if _eager_passes(opinfo, sample, grad):

@@ -8,7 +8,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 import torch_tpu
-from tests.torch_tpu.opinfo_cases import OPINFOS, SKIP, check_sample, opinfo_id
+from tests.torch_tpu.opinfo_cases import OPINFOS, SKIP, check_sample, first_samples, opinfo_id
 from torch_tpu.ops import decompositions, registry
 
 aten = torch.ops.aten
@@ -179,7 +179,7 @@ DEFAULT = {
 def test_decomposed_opinfo_float32(opinfo):
     torch.manual_seed(0)
     grad = opinfo.supports_autograd
-    for sample in list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=grad))[:2]:
+    for sample in first_samples(opinfo, torch.float32, grad, 2):
         check_sample(opinfo, sample, torch.float32, grad)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.torch_tpu.opinfo_cases import OPINFOS, opinfo_id, run_samples
+from tests.torch_tpu.opinfo_cases import OPINFOS, first_samples, opinfo_id, run_samples
 
 
 @pytest.mark.parametrize("opinfo", OPINFOS, ids=opinfo_id)
@@ -28,3 +28,14 @@ def test_opinfo_int64_forward(opinfo):
 @pytest.mark.parametrize("opinfo", OPINFOS, ids=opinfo_id)
 def test_opinfo_full_sweep(opinfo, dtype):
     run_samples(opinfo, dtype, max_samples=None)
+
+
+@pytest.mark.parametrize("name", ["sort", "clamp"])
+def test_the_first_samples_are_those_a_full_draw_starts_with(name):
+    """The default run draws only its first samples: they are the ones the full sweep draws first."""
+    opinfo = next(o for o in OPINFOS if o.name == name)
+    torch.manual_seed(0)
+    drawn = list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=True))[:2]
+    torch.manual_seed(0)
+    for first, full in zip(first_samples(opinfo, torch.float32, True, 2), drawn, strict=True):
+        torch.testing.assert_close((first.input, first.args, first.kwargs), (full.input, full.args, full.kwargs))

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils import _pytree as pytree
 
-from tests.torch_tpu.opinfo_cases import OPINFOS, compare, opinfo_id
+from tests.torch_tpu.opinfo_cases import OPINFOS, compare, first_samples, opinfo_id
 
 _VARIANTS = ("inplace", "method", "out")
 
@@ -63,9 +63,7 @@ def _run(opinfo, variant, max_samples):
     if torch.float32 not in opinfo.supported_dtypes("cpu"):
         pytest.skip(f"{opinfo.name} does not support float32")
     torch.manual_seed(0)
-    samples = list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))
-    samples = [s for s in samples if isinstance(s.input, torch.Tensor)][:max_samples]
-    for sample in samples:
+    for sample in first_samples(opinfo, torch.float32, False, max_samples, tensor_input=True):
         try:
             _, cpu_written, cpu_identity = _call(opinfo, variant, sample, "cpu")
         except (RuntimeError, TypeError, ValueError, IndexError) as error:
