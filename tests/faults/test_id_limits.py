@@ -46,7 +46,8 @@ def test_the_batch_over_the_default_limit_trains(capsys, tmp_path, flags, skewed
     """Issue 77: TorchRec's batch on one host used to fail on max_ids_per_partition; by default the
     xla backend minibatches it, and --max-ids-per-partition raises the limit."""
     rc = main(["train", "--max-steps", "1", "--data", str(skewed_data), *FLAGS, "--num-embeddings", "100",
-               "--batch-size", "8192", "--sparse-backend", "xla", "--dense-device", "cpu", *flags, "--log-dir", str(tmp_path / "run")])
+               "--batch-size", "8192", "--sparse-backend", "xla", "--dense-device", "cpu", *flags,
+               "--log-dir", str(tmp_path / "run")])
     assert rc == 0, capsys.readouterr().err
 
 
