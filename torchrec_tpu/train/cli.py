@@ -73,14 +73,15 @@ def run(args: argparse.Namespace) -> int:
             restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
         log_notes(notes)
         hstu = config.model.kind in HSTU_MODELS
-        say_loading("train")
         if hstu:  # its options and sequence data are checked by torchrec_tpu.hstu.train
+            say_loading("train")
             from torchrec_tpu.hstu.train import check_options  # heavy: torch, torchrec, torch_tpu
 
             check_options(config)
         else:
             check_batch_split(config.data, world_size)
             check_paths(config, world_size)  # before the heavy imports below: a bad file fails in well under a second
+            say_loading("train")
         if args.ray_workers:
             from torchrec_tpu.train.ray_train import as_given, train_on_ray  # heavy: ray.train, torch
 
