@@ -116,6 +116,7 @@ print(counts)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the child may take up to its own 1,500 s; pytest's default 600 s cut it short
 def test_module_db_modules_compiled_in_one_process_keep_memory_mappings_bounded():
     """ModuleInfo's Transformer, MultiheadAttention and TransformerEncoderLayer compiled (6 samples,
     twice each) in one process, checked against CPU: the second round of a module adds (almost) no
