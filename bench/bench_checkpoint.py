@@ -13,7 +13,6 @@ noisy: read the ratios.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import tempfile
 import time
@@ -29,6 +28,7 @@ from sparsecore.optimizers import Adagrad
 from sparsecore.specs import FeatureSpec, TableSpec
 from torch_tpu.distributed import launch_local
 from torchrec_tpu.sharding import ShardedSparseCoreEBC, TableSharding
+from xla_cache import host_heap
 
 APPROACHES = ("sharded", "gathered")
 
@@ -50,7 +50,7 @@ def _mib(field: str) -> float:
 def _measure(phase: Callable[[], None]) -> tuple[float, float]:
     """(seconds over all ranks, MiB of peak RSS growth on this rank) of the collective ``phase``."""
     gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed memory back, or the next phase reuses it unseen
+    host_heap.release()  # hand freed memory back, or the next phase reuses it unseen
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     dist.barrier()
     before, start = _mib("VmRSS"), time.perf_counter()
