@@ -1,6 +1,8 @@
-"""The SparseCore lookup and its fused updates as pure ``jax.numpy`` functions of CSR-wrapped COO
-buffers (``sparsecore.csr_format``): the XLA formulation of what the SparseCores compute, used by
-the ``tpu::sparse_dense_matmul*`` torch ops (``torch_tpu.ops.sparsecore``) off TPU.
+"""The SparseCore lookup and its fused updates as functions of CSR-wrapped COO buffers
+(``sparsecore.csr_format``), used by the ``tpu::sparse_dense_matmul*`` torch ops
+(``torch_tpu.ops.sparsecore``) off TPU: the buffers decoded (:func:`decode`) and deduplicated
+(:func:`touched_rows`) into the core's record (:func:`csr_entries`), then the core's lookup and
+update (``sparsecore.entries``), the same the ``xla`` backend runs on entries made on the host.
 
 Mod sharding over N SparseCores: source SparseCore k's region of ``embedding_ids`` /
 ``sample_ids`` / ``gains`` holds its N partitions, partition p being ``[round_up(end[p-1], 8),
@@ -18,13 +20,10 @@ stacked table on that device): with ``devices=1`` every partition, ``physical ro
 shard_rows + embedding_id``; otherwise entries of other devices' partitions are dropped, so the
 lookup is that device's partial sum over the global batch and the gradient that of its rows.
 
-The sums run in the order the entries sit in the buffers, which for every activation row (and
-every table row) is the order the ``xla`` backend sums in (by physical row, then source SparseCore,
-then sample): on one device the lookup is bit-identical to ``XlaBackend.stack_activations``.
-
-The updates are the optimizer rules' (``sparsecore.optimizer_rules``: jax-tpu-embedding's SparseCore
-update rules, ``sparse_dense_matmul_grad_with_*``), applied to the rows the batch touches; untouched
-rows (and their slots) stay as they are.
+For every activation row (and every table row) the buffers hold the entries in the order the
+``xla`` backend sums them (by physical row, then source SparseCore, then sample), and sorting by
+(row, position) keeps it: on one device the lookup is bit-identical to
+``XlaBackend.stack_activations``.
 """
 
 from __future__ import annotations
@@ -33,8 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sparsecore.entries import Entries, dense_grad, first_of_runs, lookup, update
 from sparsecore.optimizer_rules import rule_named
-from sparsecore.table_rows import scatter_rows
 from tpu_facts import ALIGNMENT, quarter_bucket
 
 
@@ -102,6 +101,34 @@ def _relabel(rows, mapping, out_of_range: int):
     return mapping.astype(jnp.int32).at[rows].get(mode="fill", fill_value=out_of_range)
 
 
+def csr_entries(row_pointers, embedding_ids, sample_ids, gains, stack_rows: int, device_batch_size: int,
+                devices: int = 1, device_index: int = 0, touched=None, dedup: bool = True, relabel=None,
+                relabelled_rows: int = 0) -> Entries:
+    """The CSR producer of :class:`~sparsecore.entries.Entries`: the buffers' entries (:func:`decode`)
+    sorted by (row, position) and deduplicated with ``touched`` (:func:`touched_rows` of the same
+    buffers, computed ahead), else here where ``dedup`` (else in buffer order, one row read per
+    entry). ``relabel`` [device_batch_size]: activation row r becomes ``relabel[r]`` (padding: row
+    ``relabelled_rows``, past the rows relabelled into)."""
+    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, stack_rows, device_batch_size,
+                                 devices, device_index)
+    entries = phys.shape[0]
+    if relabel is not None:
+        rows = _relabel(rows, relabel, relabelled_rows)
+    if touched is None and not dedup:
+        return Entries(phys, None, rows, gain, deduplicated=False)
+    split = _touched_rows(phys, stack_rows) if touched is None else split_touched(touched, entries)
+    if split is None:  # (row + 1) * entries needs 64-bit keys and x64 is off: jnp.unique's pair sort
+        # touched rows ascending; padding entries (row ``stack_rows``) and unused slots read/write that
+        # row: dropped
+        unique, inverse = jnp.unique(phys, return_inverse=True, size=entries, fill_value=stack_rows)
+        return Entries(unique, inverse.reshape(-1), rows, gain, deduplicated=False)
+    order, segment, unique = split
+    # the sorted entries' rows and gains composed once: XLA would otherwise fuse both gathers'
+    # index arithmetic into every element of the row gathers reading them
+    sorted_rows, sorted_gain = jax.lax.optimization_barrier((rows[order], gain[order]))
+    return Entries(unique, segment, sorted_rows, sorted_gain)
+
+
 def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size: int,
                         devices: int = 1, device_index: int = 0, touched=None, output_rows=None):
     """Activations [device_batch_size, dim]: per activation row, the sum of gain * table row (over the
@@ -109,33 +136,21 @@ def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embeddin
     of the same buffers) each touched row is read once (the same values, the same sums).
     ``output_rows`` (a permutation of the activation rows): activation row r is returned as row
     ``output_rows[r]`` (the caller's layout, with no permuted copy)."""
-    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
-                                 device_batch_size, devices, device_index)
-    if output_rows is not None:
-        rows = _relabel(rows, output_rows, device_batch_size)
-    if touched is None:
-        values = embedding_table.at[phys].get(mode="fill", fill_value=0.0)
-    else:
-        order, segment, unique = split_touched(touched, phys.shape[0])
-        once = embedding_table.at[unique].get(mode="fill", fill_value=0.0, indices_are_sorted=True,
-                                              unique_indices=True)
-        values = once.at[jnp.zeros_like(segment).at[order].set(segment, unique_indices=True)].get()
-    pooled = jax.ops.segment_sum(gain[:, None] * values, rows, num_segments=device_batch_size)
-    return pooled.astype(embedding_table.dtype)
+    entries = csr_entries(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
+                          device_batch_size, devices, device_index, touched, dedup=False, relabel=output_rows,
+                          relabelled_rows=device_batch_size)
+    return lookup(entries, embedding_table, device_batch_size)
 
 
 def table_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad, devices: int = 1,
                device_index: int = 0):
     """(gradient of the table [V, dim], touched [V] bool): per table row, the sum of gain *
     activation gradient over its entries (the table's own rows when ``devices`` > 1)."""
-    device_batch_size = activations_grad.shape[0]
-    phys, rows, gain, valid = decode(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
-                                     device_batch_size, devices, device_index)
-    values = activations_grad.astype(jnp.float32).at[rows].get(mode="fill", fill_value=0.0)
     stack_rows = embedding_table.shape[0]
-    grad = jax.ops.segment_sum(gain[:, None] * values, phys, num_segments=stack_rows)
-    touched = jax.ops.segment_sum(valid.astype(jnp.int32), phys, num_segments=stack_rows) > 0
-    return grad, touched
+    entries = csr_entries(row_pointers, embedding_ids, sample_ids, gains, stack_rows, activations_grad.shape[0],
+                          devices, device_index, dedup=False)
+    activations_grad = activations_grad.astype(jnp.float32)
+    return dense_grad(entries, lambda rows: activations_grad.at[rows].get(mode="fill", fill_value=0.0), stack_rows)
 
 
 def _touched_rows(phys, stack_rows: int, xp=jnp):
@@ -161,8 +176,7 @@ def _touched_rows(phys, stack_rows: int, xp=jnp):
         keys = xp.sort(phys.astype(dtype) * entries + position.astype(dtype))
         row = (keys // entries).astype(xp.int32)
         order = (keys % entries).astype(xp.int32)
-    first = xp.concatenate([xp.ones((1,), bool), row[1:] != row[:-1]])
-    segment = xp.cumsum(first, dtype=xp.int32) - 1
+    segment = xp.cumsum(first_of_runs(row, xp), dtype=xp.int32) - 1
     # every position of one segment writes the same row; padding's segment an out-of-range one
     rows = xp.where(row < stack_rows, row, stack_rows + segment)
     if xp is np:
@@ -219,7 +233,7 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
                  activations_grad, hypers, devices: int = 1, device_index: int = 0, touched=None, grad_rows=None):
     """The fused backward + ``optimizer`` update (its rule's, ``sparsecore.optimizer_rules``, by
     name) on the rows the batch touches only: per touched row, g = the sum of gain * activation
-    gradient over its entries (in buffer order, as :func:`table_grad` sums), then the rule's update
+    gradient over its entries (in buffer order for each row, as :func:`table_grad` sums), then the rule's update
     of those rows and their slots, scattered back. The work is O(entries * dim), not O(table rows *
     dim) as a dense gradient; the touched rows equal the rule's update of :func:`table_grad`'s. ``touched``: the
     :func:`touched_rows` of the same buffers and table, computed ahead (else deduplicated here).
@@ -228,33 +242,13 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
     activation row's gradient; the update reads those rows alone, where permuting the gradient
     into activation order first would copy all of it. Returns the new table (and slots)."""
     device_batch_size = activations_grad.shape[0] if grad_rows is None else grad_rows.shape[0]
-    stack_rows = embedding_table.shape[0]
-    phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, stack_rows, device_batch_size, devices,
-                                 device_index)
-    entries = phys.shape[0]
+    entries = csr_entries(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
+                          device_batch_size, devices, device_index, touched, relabel=grad_rows,
+                          relabelled_rows=activations_grad.shape[0])
     activations_grad = activations_grad.astype(jnp.float32)
-    if grad_rows is not None:
-        rows = _relabel(rows, grad_rows, activations_grad.shape[0])
-    dedup = _touched_rows(phys, stack_rows) if touched is None else split_touched(touched, entries)
-    sorted_unique = dedup is not None
-    if dedup is None:  # (row + 1) * entries needs 64-bit keys and x64 is off: jnp.unique's pair sort
-        # touched rows ascending; padding entries (row ``stack_rows``) and unused slots read/write that
-        # row: dropped
-        unique, inverse = jnp.unique(phys, return_inverse=True, size=entries, fill_value=stack_rows)
-        contributions = gain[:, None] * activations_grad.at[rows].get(mode="fill", fill_value=0.0)
-        grad = jax.ops.segment_sum(contributions, inverse.reshape(-1), num_segments=entries)
-    else:
-        order, segment, unique = dedup
-        # each row's entries in buffer order, as table_grad sums them; the sorted entries' rows and
-        # gains are composed first, so that ONE row gather reads the gradient (XLA would otherwise
-        # fuse both gathers' index arithmetic into every element)
-        sorted_rows, sorted_gain = jax.lax.optimization_barrier((rows[order], gain[order]))
-        contributions = sorted_gain[:, None] * activations_grad.at[sorted_rows].get(mode="fill", fill_value=0.0)
-        grad = jax.ops.segment_sum(contributions, segment, num_segments=unique.shape[0], indices_are_sorted=True)
-    old = [embedding_table, *slots]
-    # rows past the table (padding, unused slots) are read as 0 and their updates dropped
-    hints = dict(indices_are_sorted=True, unique_indices=True) if sorted_unique else {}
-    row_values, *slot_values = [t.at[unique].get(mode="fill", fill_value=0.0, **hints) for t in old]
-    new_rows, new_slots = rule_named(optimizer).update(row_values, tuple(slot_values), grad, hypers, grad.shape[1])
-    out = tuple(scatter_rows(t, unique, n.astype(t.dtype), sorted_unique) for t, n in zip(old, (new_rows, *new_slots)))
+
+    def read(rows):
+        return activations_grad.at[rows].get(mode="fill", fill_value=0.0)
+
+    out = update(entries, embedding_table, slots, read, rule_named(optimizer), hypers, activations_grad.shape[1])
     return out if len(out) > 1 else out[0]

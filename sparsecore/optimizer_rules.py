@@ -6,9 +6,9 @@ slots and hyperparameters are the class's own): its update of a batch's touched 
 arguments of its TorchTPU op ``tpu::sparse_dense_matmul_grad_with_<name>`` (the slots and the
 hyperparameters that op takes after the gradient); those hyperparameters for a spec and step, and
 which of them change with the step; FBGEMM's fused TBE kernel and jax-tpu-embedding's optimizer
-spec for it (None: no such kernel). Every engine that updates rows itself runs the rule's update:
-the ``tpu::`` ops' XLA formulation (``sparsecore.csr_math.fused_update``) and the ``xla``
-backend's row-ordered programs. Each record is registered right below its update, as jax's
+spec for it (None: no such kernel). Every engine that updates rows itself (the ``tpu::`` ops off
+TPU and the ``xla`` backend) runs the rule's update through the core, ``sparsecore.entries.update``.
+Each record is registered right below its update, as jax's
 ``lax`` keeps a rule beside its primitive: a new optimizer is its spec class plus one update and
 record here.
 

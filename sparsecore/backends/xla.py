@@ -17,7 +17,7 @@ place, donated). Only touched rows are read or written.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,15 +29,17 @@ import torch
 import xla_cache
 from sparsecore.backends import XLA
 from sparsecore.backends.base import ReadsTablesAlone, check_grads
-from sparsecore.backends.xla_inputs import SlotForward, StackEntries, stack_entries, stack_input
+from sparsecore.backends.xla_inputs import stack_input
 from sparsecore.backends.xla_layout import ActivationLayout
-from sparsecore.csr_format import RowOrderedEntries, StackCSR
+from sparsecore.csr_format import StackCSR
+from sparsecore.entries import lookup, pack_row_ordered, update
 from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import rule_of
 from sparsecore.preprocess import csr_entries, preprocess_row_ordered
 from sparsecore.stacked_arrays import stacked_array, unstack_table
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
+from tpu_facts import quarter_bucket
 
 xla_cache.install()  # the persistent compile cache every job shares (without the tpu device)
 
@@ -61,37 +63,6 @@ class PreparedLookup:
     arrays: tuple[Any, ...]
     stats: dict[str, StackStats]
     key: tuple  # the arrays' shapes: which compiled programs serve this batch
-
-
-def lookup_entries(table: jax.Array, entries: StackEntries, samples: int) -> jax.Array:
-    """Pooled activations [samples, dim] of one stack: touched rows read once, then summed per
-    sample in the SparseCores' entry order."""
-    values = table.at[entries.rows].get(mode="fill", fill_value=0.0, indices_are_sorted=True, unique_indices=True)
-    return jax.ops.segment_sum(entries.gains[:, None] * values[entries.inverse], entries.samples,
-                               num_segments=samples)
-
-
-def lookup_slots(table: jax.Array, slots: SlotForward) -> jax.Array:
-    """Pooled activations as a sum over slots, slot by slot: for every sample the same float32
-    additions, in the same order, as ``lookup_entries`` (a loop: XLA may reorder a chain of adds)."""
-    terms = slots.gains[:, :, None] * table.at[slots.rows].get(mode="fill", fill_value=0.0)
-    return jax.lax.fori_loop(1, terms.shape[0], lambda k, total: total + terms[k], terms[0])
-
-
-def update_entries(optimizer, table, slots, row_dims, hypers, activation_grad: Callable[[jax.Array], jax.Array],
-                   entries: StackEntries):
-    """One fused optimizer update (its rule's, with the op's ``hypers``) per touched row with its
-    gradient summed over all entries; ``activation_grad(rows)`` is the gradient of those activation
-    rows."""
-    contributions = entries.gains[:, None] * activation_grad(entries.samples)
-    grad = jax.ops.segment_sum(contributions, entries.inverse, num_segments=entries.touched, indices_are_sorted=True)
-    hints = dict(indices_are_sorted=True, unique_indices=True)
-    rows = table.at[entries.rows].get(mode="fill", fill_value=0.0, **hints)
-    row_slots = tuple(v.at[entries.rows].get(mode="fill", fill_value=0.0, **hints) for v in slots.values())
-    dims = jnp.maximum(row_dims.at[entries.rows].get(mode="fill", fill_value=1, **hints), 1)
-    new_rows, new_slots = rule_of(optimizer).update(rows, row_slots, grad, hypers, dims)
-    table = table.at[entries.rows].set(new_rows, mode="drop", **hints)
-    return table, {k: slots[k].at[entries.rows].set(new, mode="drop", **hints) for k, new in zip(slots, new_slots)}
 
 
 def step_hypers(optimizer, step: int) -> np.ndarray:
@@ -159,13 +130,14 @@ class XlaBackend(ReadsTablesAlone):
                 {st.name: by_stack[st.name].stats for st in stacks})
 
     def _stack_lookup(self, stack: StackedTable, table: jax.Array, device_input: Any) -> jax.Array:
-        entries, slots = device_input
-        return lookup_entries(table, entries, stack.total_sample_count) if slots is None else lookup_slots(table, slots)
+        packed, strategy = device_input
+        return lookup(packed.unpack(), table, stack.total_sample_count, strategy)
 
     def _stack_update(self, stack: StackedTable, table, slots, row_dims, step, hyper_inputs, activation_grad,
                       device_input):
-        return update_entries(stack.optimizer, table, slots, row_dims, program_hypers(stack.optimizer, hyper_inputs),
-                              activation_grad, device_input[0])
+        new = update(device_input[0].unpack(), table, tuple(slots.values()), activation_grad, rule_of(stack.optimizer),
+                     program_hypers(stack.optimizer, hyper_inputs), row_dims)
+        return new[0], dict(zip(slots, new[1:]))
 
     # -- the two step programs --
 
@@ -264,9 +236,9 @@ class XlaBackend(ReadsTablesAlone):
         phys, sample, gain = csr_entries(stack, csr, self.plan.topology.num_devices,
                                          self.plan.topology.sparsecores_per_device)
         by_row = np.argsort(phys, kind="stable")
-        entries = stack_entries(RowOrderedEntries(phys[by_row], sample[by_row], gain[by_row], csr.stats),
-                                stack.vocab_size)
-        return jax.jit(lookup_entries, static_argnums=2)(self._tables[stack.name], entries, stack.total_sample_count)
+        entries = pack_row_ordered(phys[by_row], sample[by_row], gain[by_row], stack.vocab_size, quarter_bucket)
+        return jax.jit(lambda table, packed: lookup(packed.unpack(), table, stack.total_sample_count))(
+            self._tables[stack.name], entries)
 
     def _table_tuple(self) -> tuple[jax.Array, ...]:
         return tuple(self._tables[st.name] for st in self.plan.stacks)

@@ -1,6 +1,6 @@
 """One SparseCore core: the xla backend's step programs and the ops backend's tpu:: SparseCore ops
-run the same math (sparsecore.csr_math on the same cut CSR buffers, each optimizer's update once
-in sparsecore.optimizer_rules), so their lookups, tables and optimizer slots are equal bit for bit
+run the same lookup and update (sparsecore.entries) on the record each producer makes (host row
+order; the cut CSR buffers decoded), so their lookups, tables and optimizer slots are equal bit for bit
 over several steps, for every optimizer (Adam's within float rounding: ``_assert_equal_rows``)."""
 
 import numpy as np

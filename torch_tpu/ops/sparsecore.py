@@ -104,7 +104,7 @@ FUSED = "sparse_dense_matmul_grad_with_"
 OPTIMIZERS = tuple(name.removeprefix(FUSED) for name in SCHEMAS if name.startswith(FUSED))
 _libs: list[torch.library.Library] = []
 # the modules the lowerings compute in (the compile cache's key covers their source)
-LOWERING_SOURCES = ("sparsecore.csr_math", "sparsecore.optimizer_rules", "sparsecore.csr_kernels",
+LOWERING_SOURCES = ("sparsecore.csr_math", "sparsecore.entries", "sparsecore.optimizer_rules", "sparsecore.csr_kernels",
                     "sparsecore.csr_format", "sparsecore.table_rows")
 
 
