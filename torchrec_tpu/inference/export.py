@@ -26,41 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.schema import CRITEO, DatasetSchema
 from torchrec_tpu.inference.export_files import MODEL, TABLES, TOWERS
 from torchrec_tpu.inference.model import InferenceModel, load_inference_model
 from torchrec_tpu.inference.quantized_tables import QuantizedTable, held_bytes, host_embedding_bags
+from torchrec_tpu.inference.scoring import PooledDLRM, Towers
 from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 from torchrec_tpu.train.checkpoint.manifest import MANIFEST_FILE, manifest_of, verify_checkpoint
 
 FORMAT = "torchrec-tpu-model/1"
 _EXAMPLE_BATCH = 4  # rows of the example inputs the towers are exported with (the batch dim stays dynamic)
-
-
-class Towers(nn.Module):
-    """A DLRM's (or DLRM_DCN's) dense part: pooled embeddings and dense features -> logits."""
-
-    def __init__(self, dlrm: nn.Module) -> None:
-        super().__init__()
-        self.dense_arch, self.inter_arch, self.over_arch = dlrm.dense_arch, dlrm.inter_arch, dlrm.over_arch
-
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        return self.over_arch(self.inter_arch(dense_features=self.dense_arch(dense), sparse_features=pooled))
-
-
-class ExportedDLRM(nn.Module):
-    """The exported tables and towers as one ``(dense, KJT) -> logits`` module."""
-
-    def __init__(self, tables: nn.Module, towers: nn.Module, features: int) -> None:
-        super().__init__()
-        self.tables, self.towers, self.features = tables, towers, features
-
-    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        pooled = self.tables(sparse).values()
-        return self.towers(dense, pooled.reshape(pooled.shape[0], self.features, -1))
 
 
 def export_model(checkpoint: str | Path, output: str | Path, table_dtype: str,
@@ -124,7 +100,7 @@ def load_model(directory: str | Path) -> InferenceModel:
         tables[feature] = table
     towers = torch.export.load(directory / TOWERS).module()
     ebc, tables = host_embedding_bags(tables)
-    return InferenceModel(ExportedDLRM(ebc, towers, len(tables)),
+    return InferenceModel(PooledDLRM(ebc, towers, len(tables)),
                           tuple(t.rows for t in tables.values()), int(description["step"]),
                           description["tables"][0]["dtype"], tables, table_bytes=held_bytes(ebc, tables))
 

@@ -30,6 +30,7 @@ from torchrec_tpu.inference.quantized_tables import (
     host_embedding_bags,
     quantize_table,
 )
+from torchrec_tpu.inference.scoring import scoring_dlrm
 from torchrec_tpu.inference.table_dtypes import check_table_dtype
 from torchrec_tpu.train.model import ModelSpec, ebc_of, table_weight_key
 
@@ -50,6 +51,7 @@ class InferenceModel:
     tables: dict[str, QuantizedTable] = field(default_factory=dict)  # by feature: the host's tables (the module's)
     zch: "ZchCollection | None" = None
     table_bytes: int = -1  # bytes the embedding tables hold (-1: those of ``tables``)
+    scorer: nn.Module | None = None  # what predict runs: dlrm's logits, less work per batch (None: dlrm)
 
     def __post_init__(self) -> None:
         if self.table_bytes < 0:
@@ -59,7 +61,7 @@ class InferenceModel:
         """Release what the model holds beyond memory (the stack's process group)."""
         getattr(self.dlrm, "close", lambda: None)()
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def predict(self, batch: Batch | torch.Tensor, sparse: KeyedJaggedTensor | None = None) -> torch.Tensor:
         """Click probabilities, float32[B], of a TorchRec ``Batch`` (``predict(batch)``) or of
         dense features and their KJT (``predict(dense, sparse)``)."""
@@ -67,7 +69,7 @@ class InferenceModel:
         sparse = sparse if sparse is not None else batch.sparse_features
         if self.zch is not None:
             sparse, _ = self.zch(sparse, training=False)
-        return torch.sigmoid(self.dlrm(dense, sparse).squeeze(-1))
+        return torch.sigmoid((self.scorer or self.dlrm)(dense, sparse).squeeze(-1))
 
 
 def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRITEO,
@@ -113,7 +115,7 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
         dlrm.sparse_arch.embedding_bag_collection, tables = (module, tables) if module is not None else \
             host_embedding_bags(tables)
     return InferenceModel(dlrm, read_sizes(spec, zch), int(meta.get("step", 0)), table_dtype, tables, zch,
-                          held_bytes(dlrm.sparse_arch.embedding_bag_collection, tables))
+                          held_bytes(dlrm.sparse_arch.embedding_bag_collection, tables), scoring_dlrm(dlrm))
 
 
 def _read_plain(state_dir: Path, key: str) -> Any:
