@@ -66,6 +66,11 @@ class Backend(ABC):
     def backward(self, context: Any, grads: Mapping[str, torch.Tensor]) -> None:
         """Apply the fused optimizer update for the activation gradients ``grads``."""
 
+    def set_partition_limits(self, limits: Mapping[str, tuple[int, int]]) -> None:
+        """New (ids, unique ids) partition limits of the named stacks, for the batches prepared from
+        now on (FDO). Only a backend whose programs do not depend on the limits takes them."""
+        raise NotImplementedError(f"the {self.name} backend keeps the partition limits it was built with")
+
     def prepare(self, inputs: Mapping[str, FeatureInput]) -> Any:
         """Host-side work on a batch that can run ahead of its step (e.g. on a prefetch thread);
         ``lookup`` takes the result. Default: nothing to do ahead."""

@@ -33,7 +33,7 @@ from sparsecore.backends.xla_inputs import stack_input
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.csr_format import StackCSR
 from sparsecore.entries import lookup, pack_row_ordered, update
-from sparsecore.limits import StackStats, check_overflow_policy
+from sparsecore.limits import ProposedLimits, StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import rule_of
 from sparsecore.preprocess import csr_entries, preprocess_row_ordered
 from sparsecore.stacked_arrays import stacked_array, unstack_table
@@ -160,6 +160,11 @@ class XlaBackend(ReadsTablesAlone):
                    zip(self.plan.stacks, tables, slots, row_dims, [step] * len(tables), hyper_inputs, activation_grads,
                        inputs)]
         return tuple(t for t, _ in updated), tuple(s for _, s in updated)
+
+    def set_partition_limits(self, limits: Mapping[str, tuple[int, int]]) -> None:
+        """(The programs' shapes come from each batch's entries, not the limits: nothing recompiles.)"""
+        self.plan = self.plan.with_limits({name: ProposedLimits(ids, unique, 0)
+                                           for name, (ids, unique) in limits.items()})
 
     def prepare(self, inputs: Mapping[str, FeatureInput]) -> PreparedLookup:
         arrays, stats = self._host_inputs(inputs)

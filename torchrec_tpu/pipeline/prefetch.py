@@ -22,6 +22,7 @@ from torchrec_tpu.errors import CollectiveError
 from torchrec_tpu.rank_agreement import raise_first_failure
 from torchrec_tpu.rank_watch import collectives
 from torchrec_tpu.sharding import ShardedSparseCoreEBC
+from torchrec_tpu.sharding.ebc import PrefetchedKJT
 
 
 class PrefetchedBatches(BatchStream):
@@ -51,7 +52,9 @@ class PrefetchedBatches(BatchStream):
 
     def iter_from_row(self, row: int) -> Iterator[Batch]:
         """The batches from row ``row`` on (seeking the loader when it can); the rows before are
-        never input-dist'ed."""
+        never input-dist'ed. A new pass is an epoch boundary: FDO raises the limits exceeded so far."""
+        if self.ebc.fdo is not None:
+            self.ebc.fdo.tune()
         batches = iter(batches_from_row(self.batches, row))
         if self.group is None:
             return prefetched(self._prepared(batches), self.depth)
@@ -74,9 +77,10 @@ class PrefetchedBatches(BatchStream):
         without collectives of their own: a batch's lengths all_to_all carries every rank's word
         that its reader gave it this batch and that the previous batch's input dist went well
         (it can fail on one rank only after the all_to_alls: a SparseCore partition over its
-        limit). A rank out of batches ends the pass on every rank; a rank's failure fails every
-        rank at once with its message; a batch that is not of the padded size on some rank is
-        not prefetched on any (its forward runs the input dist)."""
+        limit), and, with FDO, that batch's partition maxima (:mod:`~torchrec_tpu.sharding.fdo`).
+        A rank out of batches ends the pass on every rank; a rank's failure fails every rank at
+        once with its message; a batch that is not of the padded size on some rank is not
+        prefetched on any (its forward runs the input dist)."""
         ready, failure = None, None  # the batch input-dist'ed last, and its input dist's error here
         while True:
             batch, read_error = None, None
@@ -90,10 +94,13 @@ class PrefetchedBatches(BatchStream):
             agreeing = "the sparse input all_to_all of a prefetched batch (its lengths, with the ranks' agreement)"
             with collectives(agreeing):
                 sent = self.ebc.send_lengths(batch.sparse_features if whole else None, self.group,
-                                             [failure is not None, read_error is not None, batch is None, not whole])
+                                             [failure is not None, read_error is not None, batch is None, not whole,
+                                              *self._maxima(ready)])
                 if sent.flags[:, 0].any():  # the batch input-dist'ed last failed on some rank
                     raise_first_failure(failure, self.group, self.ebc.world_size)
             if ready is not None:
+                if self.ebc.fdo is not None and isinstance(ready.sparse_features, PrefetchedKJT):
+                    ready.sparse_features.local.fdo = self.ebc.fdo.over_ranks(sent.flags[:, 4:])
                 yield ready
             if sent.flags[:, 1].any() or sent.failed.any():  # this one could not be read or is invalid
                 with collectives(agreeing):
@@ -110,3 +117,12 @@ class PrefetchedBatches(BatchStream):
                     raise
                 except Exception as error:  # noqa: BLE001  carried by the next batch's lengths
                     failure = self.explain(error)
+
+    def _maxima(self, batch: Batch | None) -> list[int]:
+        """What ``batch`` carries to the other ranks for FDO (nothing without it; zeros for a
+        batch whose input dist did not run ahead)."""
+        if self.ebc.fdo is None:
+            return []
+        prepared = batch.sparse_features.local.prepared \
+            if batch is not None and isinstance(batch.sparse_features, PrefetchedKJT) else None
+        return self.ebc.fdo.carried(None if prepared is None else prepared.stats)

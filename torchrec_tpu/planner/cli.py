@@ -41,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "max_ids_per_partition (file column, sparsecore spec) takes precedence (default: per "
                              "table from its pooling factor and the batch, as FDO would set it, at most "
                              f"{MAX_IDS_PER_PARTITION_CEILING}; printed)")
+    parser.add_argument("--fdo-stats", type=Path, metavar="FILE",
+                        help="plan with the id limits `train --fdo` recorded (its <log-dir>/fdo_stats.json): each "
+                             "table it names gets its stack's max_ids_per_partition, over the tables file's and "
+                             "the estimate (default: none)")
     parser.add_argument("--compare", default="", metavar="TOPO,TOPO,...",
                         help="what-if: plan on each of these topologies and print a comparison "
                              "(default: only --topology)")
@@ -81,8 +85,9 @@ def _suffixed(path: Path, topology: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from sparsecore.fdo_stats import read_stats
     from torchrec_tpu.errors import USER_ERROR, print_error, report_user_error
-    from torchrec_tpu.planner.id_limits import auto_id_limits, describe_id_limits, with_id_limits
+    from torchrec_tpu.planner.id_limits import auto_id_limits, describe_id_limits, fdo_id_limits, with_id_limits
     from torchrec_tpu.planner.partitioner import PlanningError, plan_tables
     from torchrec_tpu.planner.report import format_comparison, format_plan, render_comparison_html, render_html
     from torchrec_tpu.planner.tables import load_tables
@@ -95,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
         tables = load_tables(args.tables, per_table_pf, args.optimizer)
         if default_pf is not None:
             tables = [t if t.name in per_table_pf else replace(t, pooling_factor=default_pf) for t in tables]
+        fdo = {} if args.fdo_stats is None else fdo_id_limits(
+            tables, read_stats(args.fdo_stats, "--fdo-stats"), f"--fdo-stats {args.fdo_stats}")
+        tables = with_id_limits(tables, fdo)
         names = [n.strip() for n in args.compare.split(",") if n.strip()] or [args.topology]
         topologies = [resolve_topology(n, args.slices) for n in names]
     except (ValueError, FileNotFoundError, ImportError, TypeError) as err:
@@ -102,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
     compare = len(names) > 1
     results = []
-    id_limit_lines = []  # printed below the tables: a short line per topology
+    # printed below the tables: a short line per topology (after FDO's, which hold on every one)
+    id_limit_lines = [f"  from --fdo-stats {args.fdo_stats}: {describe_id_limits(fdo)}"] if fdo else []
     for name, topology in zip(names, topologies):
         try:
             planned = tables

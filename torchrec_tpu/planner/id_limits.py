@@ -4,7 +4,8 @@ Feedback-directed optimisation sets each table's ``max_ids_per_partition`` to th
 SparseCore partition saw in a step. Before any step has run, the planner estimates that from the
 table's pooling factor and the global batch: the most ids any of the table's shardings sends one
 partition (``ShardingOption.ids_per_partition``, skew included), rounded up to a multiple of 8 and
-capped at ``MAX_IDS_PER_PARTITION_CEILING``. Tables that name their own limit keep it.
+capped at ``MAX_IDS_PER_PARTITION_CEILING``. Tables that name their own limit keep it; after a
+run, the limits ``train --fdo`` recorded replace the estimate (``plan --fdo-stats``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+from sparsecore.fdo_stats import FdoStats
 from torchrec_tpu.planner.cost_model import OptionBuilder
 from torchrec_tpu.planner.tables import EmbeddingTable
 from torchrec_tpu.topology import TPUTopology
@@ -28,6 +30,18 @@ def auto_id_limits(tables: Sequence[EmbeddingTable], topology: TPUTopology, batc
             need = max(o.ids_per_partition for o in builder.options(t))
             limits[t.name] = min(MAX_IDS_PER_PARTITION_CEILING, round_up(max(1, math.ceil(need)), ALIGNMENT))
     return limits
+
+
+def fdo_id_limits(tables: Sequence[EmbeddingTable], stats: FdoStats, source: str) -> dict[str, int]:
+    """The limits ``train --fdo`` recorded (``stats``, read from ``source``) for the tables they
+    name: each its stack's ids limit (a bound on the table's share of it), rounded up to a multiple
+    of 8. A table ``tables`` lacks is a ValueError."""
+    recorded = stats.table_limits()
+    unknown = sorted(set(recorded) - {t.name for t in tables})
+    if unknown:
+        raise ValueError(f"{source} has limits of {len(unknown)} table(s) the tables file lacks: "
+                         f"{', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''}")
+    return {name: round_up(limit, ALIGNMENT) for name, limit in recorded.items()}
 
 
 def with_id_limits(tables: Sequence[EmbeddingTable], limits: dict[str, int]) -> list[EmbeddingTable]:

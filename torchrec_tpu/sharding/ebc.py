@@ -37,6 +37,7 @@ from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.batching import fixed_size_chunks
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.column_blocks import ColumnSelection
+from torchrec_tpu.sharding.fdo import FdoTuner
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, features_at
 from torchrec_tpu.sharding.shards import TableSharding
 from torchrec_tpu.sharding.zch import ZchSpec
@@ -48,11 +49,12 @@ from tpu_facts import global_batch_of, padded_local_batch_of
 class LocalBatch:
     """What input dist delivers to this rank: global-batch inputs of its shards, by feature, and
     the local backend's prepared form of them (``Backend.prepare``, done where the dist ran);
-    ``zch``: what the batch's managed-collision remap left for its lookup."""
+    ``zch``: what the batch's managed-collision remap left for its lookup; ``fdo``: see there."""
 
     inputs: dict[str, FeatureInput]
     prepared: Any = None
     zch: ZchBatch | None = None
+    fdo: np.ndarray | None = None  # the batch's partition maxima over every rank (FdoTuner.over_ranks)
 
 
 class PrefetchedKJT(KeyedJaggedTensor):
@@ -102,6 +104,7 @@ class ShardedSparseCoreEBC(ShardedTables):
     table_modules = "embedding_bags"
 
     def _configure(self) -> None:
+        self.fdo: FdoTuner | None = None  # records the training steps' partition maxima (record_fdo)
         self.padded_local_batch = padded_local_batch_of(self.local_batch, self.engine.topology.num_sparsecores,
                                                         self.world_size)
         # what a KJT is checked against when it reaches the input dist: padded to the SparseCores' split
@@ -207,6 +210,12 @@ class ShardedSparseCoreEBC(ShardedTables):
         tables, features = specs if specs is not None else ShardedSparseCoreEBC.specs_of(
             ebc, batch_size, optimizer, partition_limits)
         return cls._from_torchrec_modules(list(tables), list(features), ebc.embedding_bags, sharding, **kwargs)
+
+    def record_fdo(self, primary: bool) -> FdoTuner:
+        """Record every training step's partition maxima from now on (:mod:`~torchrec_tpu.sharding.fdo`;
+        ``primary``: this rank logs the limits it raises); the local backend must take new limits."""
+        self.fdo = FdoTuner(self, primary)
+        return self.fdo
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of ``kjt``'s samples. Other batch sizes than ``padded_local_batch`` are padded
@@ -377,7 +386,10 @@ class ShardedSparseCoreEBC(ShardedTables):
                 for name, parts in pieces.items()}
 
     def compute_and_output_dist(self, batch: LocalBatch) -> KeyedTensor:
-        """Look up the local shards and return this rank's pooled embeddings."""
+        """Look up the local shards and return this rank's pooled embeddings (a training step's
+        partition maxima recorded by :attr:`fdo`, when set)."""
+        if self.fdo is not None and self.training and torch.is_grad_enabled():
+            self.fdo.stepped(batch)
         self.settle_collisions(batch)
         values = self._looked_up(batch)
         return KeyedTensor(keys=[f.name for f in self.features],

@@ -21,6 +21,7 @@ from torch import nn
 from sparsecore.backends import OPS, XLA, BackendName, make_backend, register_backend
 from sparsecore.backends.base import Backend, TableTensors, initial_table_slots
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec, validate_specs
+from sparsecore.stacking import StackingPlan
 from torchrec_tpu.sharding.deferred import DeferredTensor, tables_deferred
 from torchrec_tpu.sharding.shards import Shard, TableSharding, make_shards, row_slot_size
 from torchrec_tpu.sharding.state_dict import Group, checkpoint_state, local_state, state_keys, streamed_local_state
@@ -158,6 +159,13 @@ class ShardedTables(nn.Module):
     def _local_tables(self, rank: int) -> dict[str, TableSpec]:
         """The table specs of ``rank``'s backend: its shards'."""
         return {s.table: s.local_spec(self.tables[s.table]) for _, s in self._served[rank]}
+
+    def rank_plan(self, rank: int) -> StackingPlan | None:
+        """The stacking plan ``rank``'s backend was built with, without uniform pads (None: the rank
+        serves no shard); every rank computes every rank's alike, from the sharding alone."""
+        if not self._served[rank]:
+            return None
+        return local_plan(list(self._local_tables(rank).values()), self._local_features(rank), self.engine.topology)
 
     def _uniform_padding(self) -> RankPadding:
         """This rank's pads (every rank's are computed alike, from the plan alone)."""

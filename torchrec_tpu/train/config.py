@@ -259,6 +259,12 @@ class EngineConfig(_Group):
               "and unique ids one SparseCore sends another in a step, --engine sparsecore only (docs/ID_LIMITS.md). "
               "A larger batch per SparseCore needs a larger limit; each partition's buffer grows with it.",
         metavar="N")
+    fdo: bool = _opt(
+        False, "tune the SparseCore id limits from what training sees (FDO). Every step records each stacked "
+               "table's most ids and unique ids per partition (the MAX over ranks); each checkpoint and epoch "
+               "raises the limits they exceeded, and the checkpoint's meta.json and <log-dir>/fdo_stats.json keep "
+               "them (plan --fdo-stats reads that file; a resume with --fdo and infer use the checkpoint's). "
+               "--engine sparsecore on --sparse-backend xla (auto picks it; docs/ID_LIMITS.md).")
     dense_parallel: DenseParallel = _opt(
         "ddp", "how the dense towers sync over ranks: ddp (replicated) or fsdp2 (sharded). --engine sparsecore "
                "only; fsdp2 shards each tower (FSDP2 fully_shard), for large towers.",
@@ -299,7 +305,10 @@ class EngineConfig(_Group):
                               f"{kind.name} engine takes ids modulo its tables)")
         if self.zch is not None:
             self.zch_tables(None)
-        for name, default in (("id_overflow", "auto"), ("max_ids_per_partition", None)):
+        if self.fdo and self.sparse_backend not in ("auto", "xla"):
+            raise ConfigError(f"--fdo needs --sparse-backend xla or auto, not {self.sparse_backend!r}: the "
+                              f"{self.sparse_backend} backend keeps the id limits it was built with")
+        for name, default in (("id_overflow", "auto"), ("max_ids_per_partition", None), ("fdo", False)):
             if not kind.places_dense and getattr(self, name) != default:
                 raise ConfigError(f"{_as_flag(name)}={getattr(self, name)!r} needs --engine "
                                   f"{_engines_that('places_dense')} (the {kind.name} engine has no SparseCore "

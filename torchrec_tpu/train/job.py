@@ -20,6 +20,7 @@ from pipelines.bad_values import BadValueCounts
 from torchrec_tpu.log_setup import configure_logging
 from torchrec_tpu.rank_agreement import AgreedBatches
 from torchrec_tpu.rank_watch import collectives
+from torchrec_tpu.sharding.fdo import resume_fdo, tuned_stats
 from torchrec_tpu.train.checkpoint.dirs import new_run_id
 from torchrec_tpu.train.checkpoint.resume import ResumePoint, position_meta, resume_point
 from torchrec_tpu.train.checkpoint.run_dirs import RunDirs, claim_run_dirs
@@ -49,6 +50,7 @@ _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # scalars the HParams tab shows per run
+FDO_STATS_FILE = "fdo_stats.json"  # in the log dir (train --fdo)
 HPARAM_METRICS = ("eval/auc", "eval/ne", "eval/loss", "eval/accuracy", "train/loss")
 
 
@@ -199,7 +201,7 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
         train, held_out, test = _streams(config, engine, hooks, data, env, model, device, start.epoch)
         data_split = data.split_record() if env.is_primary else {}  # infer checks its inputs against it
         checkpoints = _Checkpoints(config, env, data, spec, model, optimizer, run_id, dirs.checkpoint_root, hooks,
-                                   data_split)
+                                   data_split, dirs.log_dir / FDO_STATS_FILE)
         policy = LRPolicy(config.optim.lr_warmup_steps, config.optim.lr_decay_start, config.optim.lr_decay_steps)
         result = run_training(model, optimizer, train, held_out, device, log,
                               _loop_options(config, env, data, start_step, start),
@@ -232,7 +234,7 @@ def _restore(point: ResumePoint | None, model: torch.nn.Module, optimizer: torch
     and random state loaded (verified by :func:`_resume_point` already), else the beginning."""
     if point is None:
         return 0, LoopPosition()
-    load_checkpoint(point.directory, model, optimizer, verify=False)
+    resume_fdo(model, load_checkpoint(point.directory, model, optimizer, verify=False), str(point.directory))
     restore_rng(point.directory, env.rank)
     if env.is_primary:
         _log.info(point.describe())
@@ -279,12 +281,17 @@ class _Checkpoints:
     root: Path
     hooks: JobHooks
     data_split: dict[str, Any]  # the primary's record of the data split (empty on the other ranks)
+    fdo_file: Path  # where --fdo's stats go (the primary writes them at each checkpoint)
 
     def save(self, step: int, position: LoopPosition, **extra: object) -> Path:
+        fdo = tuned_stats(self.model)  # a checkpoint is an FDO boundary: the limits it keeps are raised
         info = {"step": step, **position_meta(position, self.env.world_size), "model": self.spec.to_dict(),
                 "config": self.config.to_dict(), "data_split": self.data_split,
                 "table_sizes": list(self.data.table_sizes), "train_rows": self.data.train.num_rows, **extra,
+                **({"fdo": fdo.to_json()} if fdo is not None else {}),
                 "versions": {"torch": torch.__version__, "torchrec": torchrec.__version__}}
+        if fdo is not None and self.env.is_primary:
+            fdo.write(self.fdo_file)
         directory = save_checkpoint(self.root, self.model, self.optimizer, info, self.run_id,
                                     self.config.checkpoint.keep_checkpoints)
         if self.hooks.checkpointed is not None:

@@ -75,6 +75,8 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, op
                           layout.uniform_ranks, group, id_overflow_policy(options.id_overflow, layout.sparse_backend))
     if options.zch is not None:
         ebc.manage_collisions(zch_specs(options, spec.feature_names))
+    if options.fdo:
+        ebc.record_fdo(env.is_primary)
     model.set_submodule(EBC_PATH, ebc)
     place_dense(model, layout.dense_device)
     ebc_params = [name for name, _ in model.named_parameters() if name.startswith(EBC_PATH)]

@@ -73,15 +73,15 @@ def sparsecore_layout(options: EngineConfig, optim: OptimConfig, world_size: int
                       towers_on: torch.device) -> StepLayout:
     """The sparsecore engine's layout with the dense towers on ``towers_on`` and ``local_batch``
     samples per rank: ``--sparse-backend auto`` is ``ops`` where the step is one program that calls
-    the ops itself (an optimizer that runs inside the step), else ``xla``. The lookup runs inside
-    that program where its backend is ``ops``, the optimizer runs inside the step and the
+    the ops itself (an optimizer that runs inside the step) and without ``--fdo``, else ``xla``.
+    The lookup runs inside that program where its backend is ``ops``, the optimizer runs inside the step and the
     SparseCores split the batch with no padding (:func:`lookup_outside`); several ranks then need
     uniform stacks. ``tpu`` needs a TPU host: elsewhere it is refused here, before any table is built."""
     one_program = one_step_program(towers_on, world_size, options.dense_parallel)
     in_step = rule_of(sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)).in_step
     backend = options.sparse_backend
-    if backend == "auto":
-        backend = OPS if one_program and in_step else XLA
+    if backend == "auto":  # (--fdo raises the limits during the run, which only xla takes)
+        backend = OPS if one_program and in_step and not options.fdo else XLA
     if backend == TPU and not tpu_installed():
         raise ConfigError(f"--sparse-backend={TPU!r} runs jax-tpu-embedding's SparseCore kernels, which only a TPU "
                           f"host executes (no libtpu here); --sparse-backend={XLA!r} computes the same on any host")

@@ -1,0 +1,157 @@
+"""train --fdo: the limits after a checkpoint equal an offline count of the batches trained, a
+resume keeps them, and plan --fdo-stats plans with them.
+
+The offline count is written here from jax-tpu-embedding's definition of a partition, with
+numpy over the Parquet rows: a batch's samples split evenly over the SparseCores (chunks); id i
+of the k-th table of a stack (its row order) goes to SparseCore (i mod N + k x S) mod N; a
+partition (chunk, SparseCore) counts its ids (one per sample and feature: one-hot features) and
+its distinct rows. The job's limits start 4x below what that count says.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.synthetic import SyntheticConfig, generate
+from sparsecore.specs import SparseCoreTopology
+from torchrec_tpu.cli import main
+from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.job import FDO_STATS_FILE, run_job
+
+BATCH, STEPS, EVERY = 512, 4, 2
+DATA = SyntheticConfig(num_rows=3 * 4096, rows_per_file=4096, row_group_size=4096)  # the default distribution
+SIZES = tuple(min(size, 100_000) for size in DATA.table_sizes)  # as `train` sizes the default data's tables
+TABLES = 26
+
+
+def offline_maxima(data: Path, table_order: list[str], steps: int) -> tuple[int, int]:
+    """(most ids, most unique ids) of any partition over the first ``steps`` batches of the
+    training files (all but the last), one stack of the tables in ``table_order``."""
+    topology = SparseCoreTopology()
+    n, s, chunks = topology.num_sparsecores, topology.sparsecores_per_device, topology.num_sparsecores
+    files = sorted(data.glob("*.parquet"))[:-1]
+    rows = pq.ParquetDataset(files).read().slice(0, steps * BATCH)
+    most_ids = most_unique = 0
+    for step in range(steps):
+        ids = np.zeros((chunks, n), np.int64)
+        unique = np.zeros((chunks, n), np.int64)
+        for k, table in enumerate(table_order):
+            feature = table.removeprefix("t_")
+            column = rows.column(feature).slice(step * BATCH, BATCH)
+            present = column.is_valid().to_numpy(zero_copy_only=False)
+            values = np.mod(column.to_numpy(zero_copy_only=False)[present].astype(np.int64),
+                            SIZES[int(feature[1:]) - 1])
+            chunk = np.flatnonzero(present) // (BATCH // chunks)
+            dest = (values % n + k * s) % n
+            np.add.at(ids, (chunk, dest), 1)
+            pairs = np.unique(np.stack([chunk, dest, values // n]), axis=1)
+            np.add.at(unique, (pairs[0], pairs[1]), 1)
+        most_ids, most_unique = max(most_ids, int(ids.max())), max(most_unique, int(unique.max()))
+    return most_ids, most_unique
+
+
+@pytest.fixture(scope="module")
+def default_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fdo_data")
+    generate(DATA, out, progress=False)
+    return out
+
+
+def _config(data: Path, log_dir: Path, **overrides: object) -> TrainConfig:
+    options = dict(data=str(data), log_dir=str(log_dir), fdo=True, dense_device="cpu", batch_size=BATCH,
+                   num_embeddings_per_feature=",".join(map(str, SIZES)), checkpoint_every=EVERY,
+                   limit_val_batches=1, eval_batch_size=BATCH, progress=False, num_threads=1)
+    return TrainConfig.from_options(**{**options, **overrides})  # type: ignore[arg-type]
+
+
+def _meta(checkpoint: Path) -> dict:
+    return json.loads((checkpoint / "meta.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tuned(default_data: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A --fdo job of STEPS steps checkpointing every EVERY, started 4x below the offline count:
+    (log dir, the checkpoint root, the per-table limit it started from, its one stack's tables)."""
+    probe = offline_maxima(default_data, [f"t_C{i}" for i in range(1, TABLES + 1)], EVERY)
+    start = max(1, min(probe) // (4 * TABLES))  # a stack's limit: the sum of its tables'
+    log_dir = tmp_path_factory.mktemp("fdo_run") / "logs"
+    summary = run_job(_config(default_data, log_dir, max_ids_per_partition=start, max_steps=STEPS))
+    stats = json.loads((log_dir / FDO_STATS_FILE).read_text())
+    (name, record), = stats["stacks"].items()
+    return log_dir, summary.checkpoint_dir.parent, start, name, record["tables"]
+
+
+def test_fdo_limits_after_the_first_checkpoint_equal_an_offline_count(default_data: Path, tuned) -> None:
+    log_dir, root, start, name, tables = tuned
+    assert len(tables) == TABLES
+    first = _meta(next(root.glob(f"*step-{EVERY:08d}*")))["fdo"]
+    ids, unique = offline_maxima(default_data, tables, EVERY)
+    assert TABLES * start * 4 <= min(ids, unique)  # the job started 4x (or more) too small, without an error
+    assert first["steps"] == EVERY
+    assert first["stacks"][name]["limits"] == [ids, unique]
+    assert (first["stacks"][name]["max_ids_per_partition"], first["stacks"][name]["max_unique_ids_per_partition"]) \
+        == (ids, unique)
+    final = json.loads((log_dir / FDO_STATS_FILE).read_text())  # the stats file: every step
+    assert final == _meta(next(root.glob(f"*step-{STEPS:08d}*")))["fdo"]
+    assert final["steps"] == STEPS
+    assert final["stacks"][name]["limits"] == list(offline_maxima(default_data, tables, STEPS))
+
+
+def test_a_resume_keeps_the_tuned_limits(default_data: Path, tuned, tmp_path: Path,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    _, root, start, name, tables = tuned
+    saved = _meta(next(root.glob(f"*step-{STEPS:08d}*")))["fdo"]["stacks"][name]["limits"]
+    with caplog.at_level(logging.INFO):
+        summary = run_job(_config(default_data, tmp_path / "logs", resume=str(root), checkpoint_dir=str(root),
+                                  max_ids_per_partition=start, max_steps=STEPS + 2))
+    raised = [r.getMessage() for r in caplog.records if r.getMessage().startswith("FDO:")]
+    assert not any(f"max_ids_per_partition {TABLES * start} ->" in line for line in raised), raised
+    assert all(f"max_ids_per_partition {saved[0]} ->" in line for line in raised), raised
+    final = _meta(summary.checkpoint_dir)["fdo"]
+    assert final["steps"] == STEPS + 2
+    assert final["stacks"][name]["limits"] == list(offline_maxima(default_data, tables, STEPS + 2))
+
+
+def test_plan_reads_the_recorded_limits(tuned, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log_dir, _, _, name, tables = tuned
+    limit = json.loads((log_dir / FDO_STATS_FILE).read_text())["stacks"][name]["limits"][0]
+    spec = tmp_path / "tables.yaml"
+    spec.write_text("".join(f"- {{name: {t}, rows: 1000, dim: 16}}\n" for t in tables))
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--tables", str(spec), "--fdo-stats", str(log_dir / FDO_STATS_FILE), "--topology",
+                 "v5p-8", "--batch-size", str(BATCH), "--out", str(out)]) == 0
+    planned = json.loads(out.read_text())
+    aligned = -(-limit // 8) * 8
+    assert {t["name"]: t["max_ids_per_partition"] for t in planned["tables"]} == {t: aligned for t in tables}
+    assert f"from --fdo-stats {log_dir / FDO_STATS_FILE}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, says", [
+    ("{not json", "not JSON"),
+    ('{"format": "other"}', "not FDO stats"),
+    ('{"format": "torchrec-tpu fdo stats", "version": 1, "steps": 3, "stacks": {"s": {"tables": ["a"], '
+     '"max_ids_per_partition": -1, "max_unique_ids_per_partition": 2, "limits": [8, 8]}}}',
+     "stack 's': max_ids_per_partition must be an integer >= 0, got -1"),
+])
+def test_a_bad_stats_file_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+                                            says: str) -> None:
+    spec = tmp_path / "tables.yaml"
+    spec.write_text("- {name: a, rows: 1000, dim: 16}\n")
+    stats = tmp_path / "stats.json"
+    stats.write_text(text)
+    assert main(["plan", "--tables", str(spec), "--fdo-stats", str(stats)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("torchrec-tpu plan: error: --fdo-stats ") and says in err[0], err
+
+
+def test_fdo_is_refused_where_the_backend_keeps_its_limits(tmp_path: Path, capsys) -> None:
+    assert main(["train", "--fdo", "--sparse-backend", "fbgemm", "--log-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["torchrec-tpu train: error: --fdo needs --sparse-backend xla or auto, not 'fbgemm': the fbgemm "
+                   "backend keeps the id limits it was built with"]
