@@ -83,9 +83,10 @@ class FdoTuner:
             if not record.exceeded:
                 continue
             raised = record.raised()
-            lines.append(f"FDO: stack {name} ({len(record.tables)} table(s)): max_ids_per_partition "
-                         f"{record.limits[0]} -> {raised.limits[0]}, max_unique_ids_per_partition "
-                         f"{record.limits[1]} -> {raised.limits[1]} (after {self.steps} steps)")
+            changes = [f"{what} {old} -> {new}" for what, old, new in zip(
+                ("max_ids_per_partition", "max_unique_ids_per_partition"), record.limits, raised.limits) if new != old]
+            lines.append(f"FDO: stack {name} ({len(record.tables)} table(s)): {', '.join(changes)} "
+                         f"(the most one partition got in {self.steps} steps)")
             self.records[name] = raised
             if name in self._mine:
                 mine[name] = raised.limits
