@@ -77,6 +77,12 @@ class FdoStats:
         """Per table, the ids limit of its stack (a bound on any one table's share of it)."""
         return {table: r.limits[0] for r in self.stacks.values() for table in r.tables}
 
+    def table_shares(self) -> dict[str, tuple[int, int]]:
+        """Per table, an equal share of its stack's (ids, unique ids) limits: the shares of a stack
+        sum to at least its limits, as a build stacks tables (``StackingPlan.with_table_limits``)."""
+        return {table: (-(-r.limits[0] // len(r.tables)), -(-r.limits[1] // len(r.tables)))
+                for r in self.stacks.values() for table in r.tables}
+
     @classmethod
     def from_json(cls, data: Any, source: str) -> FdoStats:
         """Checked: FdoStatsError naming ``source`` and the first bad field."""

@@ -7,7 +7,8 @@ by the trainer's own evaluation forward
 (:class:`~torchrec_tpu.train.engines.dense_step.CompiledDenseEval`): on one rank lookup and towers
 ONE compiled program, run on chunks of ``--batch-size`` rows (the last zero-padded); on several,
 the EBC's input and output dists as in training, every rank's batch zero-padded to ``--batch-size``
-rows. The tables stay fp32 (the SparseCore ops take fp32 tables).
+rows. The tables stay fp32 (the SparseCore ops take fp32 tables); a ``train --fdo`` checkpoint's
+tuned id limits are theirs.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def load_stack_model(checkpoint_dir: str | Path, batch_size: int, schema: Datase
         global_batch = batch_size * env.world_size
         layout = resolve_sparsecore_layout(options, optim, spec, env.world_size, global_batch)
         # the towers are not trained: no DDP around them (each rank loads the same ones)
-        model = unwrap_dense(build_sparsecore_model(spec, env, layout, optim, options, global_batch, seed=0))
+        model = unwrap_dense(build_sparsecore_model(spec, env, layout, optim, options, global_batch, seed=0,
+                                                    table_limits=checkpoint_limits(meta, directory)))
         _load(directory, model, spec)
         model.eval()
         dlrm = StackDLRM(model, eval_forward(model, layout), resources, batch_size if env.world_size > 1 else 0)
@@ -81,6 +83,16 @@ def load_stack_model(checkpoint_dir: str | Path, batch_size: int, schema: Datase
         resources.close()
         raise
     return InferenceModel(dlrm, spec.table_sizes, int(meta.get("step", 0)), "fp32", table_bytes=_held_bytes(model))
+
+
+def checkpoint_limits(meta: dict, directory: Path) -> dict[str, tuple[int, int]] | None:
+    """The id limits a ``train --fdo`` checkpoint tuned, as each table's share of its stack's
+    (None: the checkpoint recorded none)."""
+    from sparsecore.fdo_stats import FdoStats
+
+    if "fdo" not in meta:
+        return None
+    return FdoStats.from_json(meta["fdo"], f"checkpoint {directory}: meta.json's \"fdo\"").table_shares()
 
 
 def _held_bytes(model: nn.Module) -> int:

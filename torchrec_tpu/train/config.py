@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
 
 from pipelines.bad_value_policies import POLICIES as BAD_VALUE_POLICIES
-from sparsecore.backends import BackendName
+from sparsecore.backends import XLA, BackendName
 from torchrec_tpu.cli_help import NOTES, refusals
 from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.suggest import close_match, did_you_mean
@@ -305,8 +305,8 @@ class EngineConfig(_Group):
                               f"{kind.name} engine takes ids modulo its tables)")
         if self.zch is not None:
             self.zch_tables(None)
-        if self.fdo and self.sparse_backend not in ("auto", "xla"):
-            raise ConfigError(f"--fdo needs --sparse-backend xla or auto, not {self.sparse_backend!r}: the "
+        if self.fdo and self.sparse_backend not in ("auto", XLA):
+            raise ConfigError(f"--fdo needs --sparse-backend {XLA} or auto, not {self.sparse_backend!r}: the "
                               f"{self.sparse_backend} backend keeps the id limits it was built with")
         for name, default in (("id_overflow", "auto"), ("max_ids_per_partition", None), ("fdo", False)):
             if not kind.places_dense and getattr(self, name) != default:

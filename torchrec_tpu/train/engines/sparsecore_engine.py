@@ -9,7 +9,7 @@ same shape of state.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -52,21 +52,24 @@ PIPELINE_DEPTH = 2  # batches whose input dist runs ahead of the training step
 
 
 def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, optim: OptimConfig,
-                           options: EngineConfig, global_batch: int, seed: int) -> nn.Module:
+                           options: EngineConfig, global_batch: int, seed: int,
+                           table_limits: Mapping[str, tuple[int, int]] | None = None) -> nn.Module:
     """DLRMTrain whose embeddings are sharded over the world on sparsecore (``layout.sparse_backend``) as
     ``options.plan`` says (see :func:`~torchrec_tpu.train.engines.plan_loading.resolve_sharding`),
     trained by ``optim``'s sparse optimizer, and whose dense towers run on ``layout.dense_device``, synced
     by ``layout.dense_parallel``; ``global_batch`` (``--batch-size``), ``seed`` the tables' initialisation.
 
     The towers are initialised on the host whatever ``dense_device`` is, so a seed gives the
-    same model on cpu and tpu."""
+    same model on cpu and tpu. ``table_limits``: (ids, unique ids) partition limits of the tables
+    it names (e.g. a checkpoint's FDO stats), over ``--max-ids-per-partition``."""
     model = build_dlrm(spec, dense_device=torch.device("cpu"))
     local_batch = env.local_batch_of(global_batch)
     tables_ebc = ebc_of(model)
     optimizer = sparse_optimizer(optim.sparse_optimizer).sparsecore_spec(optim.sparse_lr)
     limit = options.max_ids_per_partition
-    limits = None if limit is None else {c.name: (limit, limit) for c in tables_ebc.embedding_bag_configs()}
-    specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer, limits)  # the tables' specs, once
+    limits = {} if limit is None else {c.name: (limit, limit) for c in tables_ebc.embedding_bag_configs()}
+    limits.update(table_limits or {})
+    specs = ShardedSparseCoreEBC.specs_of(tables_ebc, local_batch, optimizer, limits or None)  # the tables' specs
     placement = resolve_sharding(options.plan, *specs, env.world_size, global_batch)
     # the EBC's all_to_alls on a group of their own: on the default group the gradient exchange in its
     # backward queued behind DDP's all_reduces of the towers' gradients (32 ms a step at mlperf, 2 ranks)
