@@ -200,7 +200,7 @@ def test_two_ranks_record_the_max_over_ranks(default_data: Path, tmp_path: Path)
     log_dir = tmp_path / "logs"
     launch_cli_ranks(["train", "--data", str(default_data), "--log-dir", str(log_dir), "--fdo", "--dense-device",
                       "cpu", "--batch-size", str(BATCH), "--num-embeddings-per-feature", ",".join(map(str, SIZES)),
-                      "--max-ids-per-partition", "4", "--max-steps", str(EVERY), "--limit-val-batches", "1",
+                      "--max-ids-per-partition", "12", "--max-steps", str(EVERY), "--limit-val-batches", "1",
                       "--eval-batch-size", str(BATCH), "--no-progress"], tmp_path)
     stats = json.loads((log_dir / FDO_STATS_FILE).read_text())
     assert stats["steps"] == EVERY and len(stats["stacks"]) == WORLD
@@ -208,3 +208,9 @@ def test_two_ranks_record_the_max_over_ranks(default_data: Path, tmp_path: Path)
         expected = offline_maxima(default_data, record["tables"], EVERY, WORLD)
         assert (record["max_ids_per_partition"], record["max_unique_ids_per_partition"]) == expected
         assert record["limits"] == list(expected)
+
+
+def test_hstu_refuses_fdo(tmp_path: Path, capsys) -> None:
+    assert main(["train", "--model", "hstu", "--fdo", "--log-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("torchrec-tpu train: error: --model hstu does not use --fdo"), err

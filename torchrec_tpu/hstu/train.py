@@ -63,7 +63,7 @@ WINDOWS, CANDIDATES, MAX_HISTORY = 4, 4, 60
 DLRM_ONLY = ("num_embeddings", "num_embeddings_per_feature", "embedding_dim", "dense_arch", "over_arch",
              "dcn_num_layers", "dcn_low_rank_dim", "bad_values", "eval_files", "in_memory_binary_criteo_path",
              "mmap_mode", "multi_hot_sizes", "plan", "dense_parallel", "sparse_optimizer", "dense_optimizer",
-             "lr_warmup_steps", "lr_decay_start", "lr_decay_steps", "target_auc", "shuffle_batches")
+             "lr_warmup_steps", "lr_decay_start", "lr_decay_steps", "target_auc", "shuffle_batches", "fdo")
 
 
 HSTU_TABLES_REMEDY = ("the item table has the dataset's item_rows (meta.json: its largest item id + 1); rewrite the "
