@@ -24,6 +24,13 @@ For every activation row (and every table row) the buffers hold the entries in t
 ``xla`` backend sums them (by physical row, then source SparseCore, then sample), and sorting by
 (row, position) keeps it: on one device the lookup is bit-identical to
 ``XlaBackend.stack_activations``.
+
+Minibatched buffers (``minibatches`` = K > 1; jax-tpu-embedding's minibatching layout with K
+slots, ``sparsecore.minibatching.op_buffers``; one device's, N = S): per source SparseCore, K
+groups of R pointers (each partition's end as a position in the whole buffer), the segments
+(source, minibatch, partition) packed in that order, each 8-aligned. The minibatches touch
+disjoint rows, so their entries together are one pass's, and sorted by (row, position) they are in
+one pass's order: the lookup and the update equal one pass's bit for bit.
 """
 
 from __future__ import annotations
@@ -50,13 +57,17 @@ def sparsecores_per_device(row_pointers_size: int, devices: int = 1) -> int:
 
 
 def decode(row_pointers, embedding_ids, sample_ids, gains, stack_rows: int, device_batch_size: int, devices: int = 1,
-           device_index: int = 0, xp=jnp):
+           device_index: int = 0, xp=jnp, minibatches: int = 1):
     """(table row, activation row, gain, valid) of every buffer position, each [K * region] (K =
     N source regions). ``stack_rows`` are the rows of the op's ``embedding_table`` (a stack's):
     device ``device_index``'s block of N / ``devices`` partitions; ``device_batch_size`` is the
     op's (its activation rows). Padding positions and entries of other devices' partitions get row
     ``stack_rows`` and activation row ``device_batch_size`` (out of range: a segment sum drops
-    them) and gain 0. ``xp``: ``jnp`` (in a program) or ``np`` (host arrays, on the host)."""
+    them) and gain 0. ``xp``: ``jnp`` (in a program) or ``np`` (host arrays, on the host).
+    ``minibatches``: the buffers' minibatch slots (module docstring; > 1 with ``devices`` 1 only)."""
+    if minibatches > 1:
+        return _decode_minibatched(row_pointers, embedding_ids, sample_ids, gains, stack_rows, device_batch_size,
+                                   devices, minibatches, xp)
     n = sparsecores_per_device(row_pointers.shape[0])  # source regions = partitions (module docstring)
     if not 0 <= device_index < devices or n % devices:
         raise ValueError(
@@ -95,6 +106,40 @@ def decode(row_pointers, embedding_ids, sample_ids, gains, stack_rows: int, devi
     return out if xp is np else jax.lax.optimization_barrier(out)
 
 
+def minibatch_partitions(row_pointers_size: int, minibatches: int) -> int:
+    """N (= S) of one device's buffers with ``minibatches`` slots: ``row_pointers_size`` is S *
+    ``minibatches`` * max(S, 8)."""
+    if minibatches < 1 or row_pointers_size % minibatches:
+        raise ValueError(f"row_pointers has {row_pointers_size} entries, not a multiple of num_minibatches "
+                         f"{minibatches} (>= 1)")
+    return sparsecores_per_device(row_pointers_size // minibatches)
+
+
+def _decode_minibatched(row_pointers, embedding_ids, sample_ids, gains, stack_rows: int, device_batch_size: int,
+                        devices: int, minibatches: int, xp):
+    """:func:`decode` of minibatched buffers (module docstring)."""
+    if devices != 1:
+        raise ValueError(f"minibatched buffers (num_minibatches {minibatches}) are one device's; got devices={devices}")
+    n = minibatch_partitions(row_pointers.shape[0], minibatches)
+    if device_batch_size % n or stack_rows % n:
+        raise ValueError(f"batch {device_batch_size} and a table of {stack_rows} rows must divide among {n} "
+                         "SparseCores")
+    ends = row_pointers.reshape(n * minibatches, -1)[:, :n].reshape(-1).astype(xp.int32)
+    starts = xp.concatenate([xp.zeros((1,), xp.int32), (ends[:-1] + (ALIGNMENT - 1)) // ALIGNMENT * ALIGNMENT])
+    position = xp.arange(embedding_ids.shape[0], dtype=xp.int32)
+    # the last segment starting at or before each position (an empty segment shares its start
+    # with the next one, which this finds)
+    segment = xp.clip(xp.searchsorted(starts, position, side="right").astype(xp.int32) - 1, 0, ends.shape[0] - 1)
+    valid = position < ends[segment]
+    partition, source = segment % n, segment // (minibatches * n)
+    phys = xp.where(valid, partition * (stack_rows // n) + embedding_ids.astype(xp.int32), stack_rows)
+    activation_row = xp.where(valid, source * (device_batch_size // n) + sample_ids.astype(xp.int32),
+                              device_batch_size)
+    gain = xp.where(valid, gains, xp.float32(0))
+    out = (phys, activation_row, gain, valid)
+    return out if xp is np else jax.lax.optimization_barrier(out)
+
+
 def _relabel(rows, mapping, out_of_range: int):
     """Activation rows ``rows`` as ``mapping[rows]``; padding's row (``len(mapping)``, past the
     mapping) becomes ``out_of_range``, which the caller's gathers and scatters drop."""
@@ -103,14 +148,14 @@ def _relabel(rows, mapping, out_of_range: int):
 
 def csr_entries(row_pointers, embedding_ids, sample_ids, gains, stack_rows: int, device_batch_size: int,
                 devices: int = 1, device_index: int = 0, touched=None, dedup: bool = True, relabel=None,
-                relabelled_rows: int = 0) -> Entries:
+                relabelled_rows: int = 0, minibatches: int = 1) -> Entries:
     """The CSR producer of :class:`~sparsecore.entries.Entries`: the buffers' entries (:func:`decode`)
     sorted by (row, position) and deduplicated with ``touched`` (:func:`touched_rows` of the same
     buffers, computed ahead), else here where ``dedup`` (else in buffer order, one row read per
     entry). ``relabel`` [device_batch_size]: activation row r becomes ``relabel[r]`` (padding: row
-    ``relabelled_rows``, past the rows relabelled into)."""
+    ``relabelled_rows``, past the rows relabelled into). ``minibatches``: see :func:`decode`."""
     phys, rows, gain, _ = decode(row_pointers, embedding_ids, sample_ids, gains, stack_rows, device_batch_size,
-                                 devices, device_index)
+                                 devices, device_index, minibatches=minibatches)
     entries = phys.shape[0]
     if relabel is not None:
         rows = _relabel(rows, relabel, relabelled_rows)
@@ -130,25 +175,26 @@ def csr_entries(row_pointers, embedding_ids, sample_ids, gains, stack_rows: int,
 
 
 def sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size: int,
-                        devices: int = 1, device_index: int = 0, touched=None, output_rows=None):
+                        devices: int = 1, device_index: int = 0, touched=None, output_rows=None, minibatches: int = 1):
     """Activations [device_batch_size, dim]: per activation row, the sum of gain * table row (over the
     table's own rows: a partial sum when ``devices`` > 1). With ``touched`` (:func:`touched_rows`
     of the same buffers) each touched row is read once (the same values, the same sums).
     ``output_rows`` (a permutation of the activation rows): activation row r is returned as row
-    ``output_rows[r]`` (the caller's layout, with no permuted copy)."""
+    ``output_rows[r]`` (the caller's layout, with no permuted copy). ``minibatches``: see :func:`decode`
+    (those entries are summed sorted by row: one pass's order)."""
     entries = csr_entries(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
-                          device_batch_size, devices, device_index, touched, dedup=False, relabel=output_rows,
-                          relabelled_rows=device_batch_size)
+                          device_batch_size, devices, device_index, touched, dedup=minibatches > 1,
+                          relabel=output_rows, relabelled_rows=device_batch_size, minibatches=minibatches)
     return lookup(entries, embedding_table, device_batch_size)
 
 
 def table_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad, devices: int = 1,
-               device_index: int = 0):
+               device_index: int = 0, minibatches: int = 1):
     """(gradient of the table [V, dim], touched [V] bool): per table row, the sum of gain *
     activation gradient over its entries (the table's own rows when ``devices`` > 1)."""
     stack_rows = embedding_table.shape[0]
     entries = csr_entries(row_pointers, embedding_ids, sample_ids, gains, stack_rows, activations_grad.shape[0],
-                          devices, device_index, dedup=False)
+                          devices, device_index, dedup=False, minibatches=minibatches)
     activations_grad = activations_grad.astype(jnp.float32)
     return dense_grad(entries, lambda rows: activations_grad.at[rows].get(mode="fill", fill_value=0.0), stack_rows)
 
@@ -230,7 +276,8 @@ def split_touched(touched, entries: int):
 
 
 def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains, embedding_table, slots,
-                 activations_grad, hypers, devices: int = 1, device_index: int = 0, touched=None, grad_rows=None):
+                 activations_grad, hypers, devices: int = 1, device_index: int = 0, touched=None, grad_rows=None,
+                 minibatches: int = 1):
     """The fused backward + ``optimizer`` update (its rule's, ``sparsecore.optimizer_rules``, by
     name) on the rows the batch touches only: per touched row, g = the sum of gain * activation
     gradient over its entries (in buffer order for each row, as :func:`table_grad` sums), then the rule's update
@@ -240,11 +287,12 @@ def fused_update(optimizer: str, row_pointers, embedding_ids, sample_ids, gains,
     ``grad_rows`` [device_batch_size]: the row of ``activations_grad`` (then any [R, dim], e.g. the
     gradient of a whole layer's output whose rows interleave several stacks) that holds each
     activation row's gradient; the update reads those rows alone, where permuting the gradient
-    into activation order first would copy all of it. Returns the new table (and slots)."""
+    into activation order first would copy all of it. ``minibatches``: see :func:`decode`. Returns the
+    new table (and slots)."""
     device_batch_size = activations_grad.shape[0] if grad_rows is None else grad_rows.shape[0]
     entries = csr_entries(row_pointers, embedding_ids, sample_ids, gains, embedding_table.shape[0],
                           device_batch_size, devices, device_index, touched, relabel=grad_rows,
-                          relabelled_rows=activations_grad.shape[0])
+                          relabelled_rows=activations_grad.shape[0], minibatches=minibatches)
     activations_grad = activations_grad.astype(jnp.float32)
 
     def read(rows):

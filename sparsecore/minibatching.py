@@ -26,7 +26,7 @@ jax-tpu-embedding 0.1.0's ``preprocess_sparse_dense_matmul_input(enable_minibatc
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -232,18 +232,24 @@ def _pass_csr(stack: StackedTable, entries: MinibatchEntries, devices: int, s: i
                        rank, stats if m else entries.stats)
 
 
-def jte_buffers(stack: StackedTable, entries: MinibatchEntries, devices: int, s: int) -> StackCSR:
-    """The minibatches in jax-tpu-embedding's minibatching layout (module docstring), all devices
-    concatenated device-major; row pointers past the k minibatches repeat the device's end."""
+def jte_buffers(stack: StackedTable, entries: MinibatchEntries, devices: int, s: int,
+                slots: int = MAX_MINIBATCHES) -> StackCSR:
+    """The minibatches in jax-tpu-embedding's minibatching layout (module docstring) with room for
+    ``slots`` minibatches (jax-tpu-embedding's: 64; the ``tpu::`` ops': :func:`pass_bucket` of k),
+    all devices concatenated device-major; row pointers past the k minibatches repeat the
+    device's end."""
     n, k = stack.num_sparsecores, entries.num_minibatches
+    if not k <= slots <= MAX_MINIBATCHES:
+        raise ValueError(f"stacked table {stack.name!r}: {k} minibatches need {k} to {MAX_MINIBATCHES} slots, got "
+                         f"{slots}")
     width = row_pointers_per_sc(stack)
     segment = (entries.chunk * k + entries.minibatch) * n + entries.dest  # device-major, then SC, MB, partition
     counts = np.bincount(segment, minlength=devices * s * k * n).reshape(devices, s * k * n)
     padded = round_up_array(counts, ALIGN)
     ends = np.cumsum(padded, axis=1)
     starts = ends - padded
-    size = round_up(stack.max_ids_per_partition, ALIGN) * s * n * MAX_MINIBATCHES
-    pointers = np.repeat(ends[:, -1:], s * MAX_MINIBATCHES * width, axis=1).astype(np.int32)
+    size = round_up(stack.max_ids_per_partition, ALIGN) * s * n * slots
+    pointers = np.repeat(ends[:, -1:], s * slots * width, axis=1).astype(np.int32)
     used = pointers[:, :s * k * width].reshape(devices, s * k, width)
     used[:, :, :n] = (starts + counts).reshape(devices, s * k, n)
     used[:, :, n:] = ends.reshape(devices, s * k, n)[:, :, -1:]
@@ -259,6 +265,13 @@ def jte_buffers(stack: StackedTable, entries: MinibatchEntries, devices: int, s:
     gains[position] = entries.gain
     return StackCSR(pointers.reshape(-1), embedding_ids, sample_ids, gains, entries.stats)
 
+def op_buffers(stack: StackedTable, entries: MinibatchEntries, devices: int, s: int, slots: int | None = None,
+               ) -> StackCSR:
+    """The ``tpu::`` ops' minibatched input (their ``num_minibatches`` = ``slots``, default
+    :func:`pass_bucket` of k, so that a program sees few shapes): jax-tpu-embedding's layout of
+    ``slots`` minibatches, those past the k of ``entries`` empty."""
+    slots = pass_bucket(entries.num_minibatches) if slots is None else slots
+    return jte_buffers(stack, replace(entries, num_minibatches=slots), devices, s, slots)
 
 
 def stacked_passes(passes: tuple[StackCSR, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
