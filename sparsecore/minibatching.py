@@ -42,9 +42,8 @@ from sparsecore.limits import PartitionOverflowError, StackStats
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 from tpu_facts import ALIGNMENT as ALIGN
-from tpu_facts import PADDING_ID, round_up
+from tpu_facts import MAX_MINIBATCHES, PADDING_ID, round_up
 
-MAX_MINIBATCHES = 64  # jax-tpu-embedding's kMaxMinibatchingBuckets
 BUCKET_HASH_KEY = (0x4451E30F87DB9609, 0xCA7358A1FD2737F8, 0x4B2C991FCEE4FDEA, 0x0B2658E18326F6BA)
 
 Agree = Callable[[int], int]  # this rank's split bits -> every rank's, OR-ed

@@ -18,6 +18,7 @@ from tpu_facts.layout import (
     COMBINERS,
     DEFAULT_MAX_IDS_PER_PARTITION,
     MAX_IDS_PER_PARTITION_CEILING,
+    MAX_MINIBATCHES,
     MAX_VOCAB,
     OPTIMIZER_SLOTS,
     PADDING_ID,
@@ -29,7 +30,7 @@ from tpu_facts.slices import DeviceCounts, Slice, check_mod_sharding
 
 __all__ = [
     "ALIGNMENT", "CHIP_GENERATIONS", "COMBINERS", "DEFAULT_MAX_IDS_PER_PARTITION", "GIB",
-    "MAX_IDS_PER_PARTITION_CEILING", "MAX_VOCAB",
+    "MAX_IDS_PER_PARTITION_CEILING", "MAX_MINIBATCHES", "MAX_VOCAB",
     "OPTIMIZER_SLOTS", "PADDING_ID", "ChipGeneration", "DeviceCounts", "ShardingKind", "Slice", "check_mod_sharding",
     "chip_generation", "eighth_bucket", "global_batch_of", "local_batch_of", "padded_local_batch_of",
     "power_of_two_bucket", "quarter_bucket", "round_up",

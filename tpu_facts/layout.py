@@ -21,6 +21,7 @@ DEFAULT_MAX_IDS_PER_PARTITION = 256
 # raises limits to the observed maxima, bounded by one SparseCore's SPMEM); this cap is our assumption,
 # and an explicit --max-ids-per-partition or a table's own limit may exceed it.
 MAX_IDS_PER_PARTITION_CEILING = 4096
+MAX_MINIBATCHES = 64  # a batch's most minibatches (jax-tpu-embedding's kMaxMinibatchingBuckets)
 COMBINERS = ("sum", "mean", "sqrtn")
 
 

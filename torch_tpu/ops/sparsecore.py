@@ -8,7 +8,11 @@
   beyond TorchTPU's three: ``_with_rowwise_adagrad`` and ``_with_ftrl`` (lazy Adam is ``_with_adam``:
   only touched rows move).
 
-Beyond TorchTPU's schemas the lookup and the fused ops take an optional ``touched_rows``: the
+Beyond TorchTPU's schemas every op takes ``num_minibatches`` (default 1): above 1 the buffers
+hold that many minibatches of one device's batch in jax-tpu-embedding's minibatching layout
+(``sparsecore.minibatching.op_buffers``: a batch over the partition limits split into passes that
+fit), whose result is the one pass's; on a TPU the kernels get the count. Not with DTensors.
+The lookup and the fused ops also take an optional ``touched_rows``: the
 buffers' deduplication computed ahead (:func:`touched_rows_ahead`, e.g. on a prefetch thread while
 the previous step runs). With it the XLA formulation neither sorts on the device nor reads a row
 twice (same results, bit for bit); on a TPU it is ignored. It must be computed from the buffers
@@ -73,10 +77,13 @@ _AHEAD = "Tensor? touched_rows=None"
 # beyond them too, the lookup's output_rows: a permutation of its activation rows (the caller's layout);
 # the fused ops' grad_rows: the row of activations_grad holding each activation row's gradient
 # (activations_grad may then be a whole layer's output gradient, which the op reads no permuted copy of)
-_NAME = f'str computation_name="", {_AHEAD}, Tensor? grad_rows=None'
+# and num_minibatches: the buffers hold that many minibatch slots (jax-tpu-embedding's minibatching
+# layout, sparsecore.minibatching.op_buffers; one device's) instead of one pass
+_PASSES = "int num_minibatches=1"
+_NAME = f'str computation_name="", {_AHEAD}, Tensor? grad_rows=None, {_PASSES}'
 SCHEMAS = {
-    "sparse_dense_matmul": f"({_CSR}, {_LIMITS}, {_AHEAD}, Tensor? output_rows=None) -> Tensor",
-    "sparse_dense_matmul_grad": f"({_CSR}, Tensor activations_grad, {_LIMITS}) -> Tensor",
+    "sparse_dense_matmul": f"({_CSR}, {_LIMITS}, {_AHEAD}, Tensor? output_rows=None, {_PASSES}) -> Tensor",
+    "sparse_dense_matmul_grad": f"({_CSR}, Tensor activations_grad, {_LIMITS}, {_PASSES}) -> Tensor",
     "sparse_dense_matmul_grad_with_sgd":
         f"({_CSR}, Tensor activations_grad, Tensor learning_rate, {_LIMITS}, {_NAME}) -> Tensor",
     "sparse_dense_matmul_grad_with_adagrad":
@@ -154,26 +161,29 @@ def dedups_on_host() -> bool:
 
 
 def _lookup(row_pointers, embedding_ids, sample_ids, gains, embedding_table, device_batch_size,
-            max_ids_per_partition, max_unique_ids_per_partition, touched_rows=None, output_rows=None, devices=1,
-            device_index=0):
+            max_ids_per_partition, max_unique_ids_per_partition, touched_rows=None, output_rows=None,
+            num_minibatches=1, devices=1, device_index=0):
     if _on_tpu_platform() and devices == 1:
         from sparsecore import csr_kernels
 
         out = csr_kernels.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table,
-                                              device_batch_size, max_ids_per_partition, max_unique_ids_per_partition)
+                                              device_batch_size, max_ids_per_partition, max_unique_ids_per_partition,
+                                              num_minibatches)
         return out if output_rows is None else out.at[output_rows].set(out, unique_indices=True)
     from sparsecore import csr_math
 
     return csr_math.sparse_dense_matmul(row_pointers, embedding_ids, sample_ids, gains, embedding_table,
-                                        device_batch_size, devices, device_index, touched_rows, output_rows)
+                                        device_batch_size, devices, device_index, touched_rows, output_rows,
+                                        num_minibatches)
 
 
 def _lookup_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad,
-                 device_batch_size, max_ids_per_partition, max_unique_ids_per_partition, devices=1, device_index=0):
+                 device_batch_size, max_ids_per_partition, max_unique_ids_per_partition, num_minibatches=1, devices=1,
+                 device_index=0):
     from sparsecore import csr_math
 
     grad, _ = csr_math.table_grad(row_pointers, embedding_ids, sample_ids, gains, embedding_table, activations_grad,
-                                  devices, device_index)
+                                  devices, device_index, num_minibatches)
     return grad.astype(embedding_table.dtype)
 
 
@@ -194,14 +204,15 @@ def check_inputs(name: str, a: dict[str, Any], read: Any) -> None:
         return
     ints = tuple(read(a[k]) for k in ("row_pointers", "embedding_ids", "sample_ids"))
     stack_rows, batch = a["embedding_table"].shape[0], a["device_batch_size"]
-    checks.check_values(name, *ints, stack_rows, batch, a["max_ids_per_partition"], a.get("devices", 1))
+    minibatches = a["num_minibatches"]
+    checks.check_values(name, *ints, stack_rows, batch, a["max_ids_per_partition"], a.get("devices", 1), minibatches)
     if a.get("output_rows") is not None:
         checks.check_output_rows(name, read(a["output_rows"]))
     if a.get("grad_rows") is not None:
         checks.check_grad_rows(name, read(a["grad_rows"]), a["activations_grad"].shape[0])
     if a.get("touched_rows") is not None:
         checks.check_touched(name, read(a["touched_rows"]), (*ints, read(a["gains"])), stack_rows, batch,
-                             a.get("devices", 1), a.get("device_index", 0))
+                             a.get("devices", 1), a.get("device_index", 0), minibatches)
 
 
 def _check_layout(name: str, a: dict[str, Any]) -> None:
@@ -235,11 +246,13 @@ def _fused(optimizer: str, prefix: str = ""):
             if a["grad_rows"] is not None:
                 grad = grad[a["grad_rows"]]
             return csr_kernels.fused_update(optimizer, csr, table, table_slots, grad, hypers, *limits,
-                                            a["computation_name"] or f"{optimizer}_optimizer_update")
+                                            a["computation_name"] or f"{optimizer}_optimizer_update",
+                                            a["num_minibatches"])
         from sparsecore import csr_math
 
         return csr_math.fused_update(optimizer, *csr, table, table_slots, grad, hypers, *sharding,
-                                     touched=a["touched_rows"], grad_rows=a["grad_rows"])
+                                     touched=a["touched_rows"], grad_rows=a["grad_rows"],
+                                     minibatches=a["num_minibatches"])
 
     return lowering
 
@@ -248,7 +261,7 @@ def _fused(optimizer: str, prefix: str = ""):
 
 def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, sample_ids: torch.Tensor,
                       gains: torch.Tensor, stack_rows: int, device_batch_size: int, fit: bool = True,
-                      ) -> torch.Tensor | None:
+                      num_minibatches: int = 1) -> torch.Tensor | None:
     """The ``touched_rows`` argument of the ops for one device's host CSR buffers and a table of
     ``stack_rows`` rows, computed now on the host with numpy (a host tensor; no JAX program, no
     device); None on a TPU, whose SparseCores deduplicate ids themselves. ``fit``: its unique rows
@@ -258,7 +271,7 @@ def touched_rows_ahead(row_pointers: torch.Tensor, embedding_ids: torch.Tensor, 
     from sparsecore import csr_math
 
     buffers = [t.numpy() for t in (row_pointers, embedding_ids, sample_ids, gains)]
-    phys = csr_math.decode(*buffers, stack_rows, device_batch_size, xp=np)[0]
+    phys = csr_math.decode(*buffers, stack_rows, device_batch_size, xp=np, minibatches=num_minibatches)[0]
     touched = csr_math.touched_rows(phys, stack_rows, xp=np)  # numpy: ~4x XLA:CPU's sort
     return torch.from_numpy(csr_math.fit_touched(touched, embedding_ids.shape[0]) if fit else touched)
 
@@ -327,14 +340,14 @@ def _lookup_positions() -> dict[str, int]:
 
 _LOOKUP_AT = _lookup_positions()
 _LOOKUP_SAVED = ("row_pointers", "embedding_ids", "sample_ids", "gains", "embedding_table")
-_LOOKUP_LIMITS = ("device_batch_size", "max_ids_per_partition", "max_unique_ids_per_partition")
+_LOOKUP_LIMITS = ("device_batch_size", "max_ids_per_partition", "max_unique_ids_per_partition", "num_minibatches")
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
     rows_at = _LOOKUP_AT["output_rows"]
     output_rows = inputs[rows_at] if len(inputs) > rows_at else None
     ctx.save_for_backward(*(inputs[_LOOKUP_AT[name]] for name in _LOOKUP_SAVED), output_rows)
-    ctx.limits = tuple(inputs[_LOOKUP_AT[name]] for name in _LOOKUP_LIMITS)
+    ctx.limits = tuple(inputs[_LOOKUP_AT[name]] if len(inputs) > _LOOKUP_AT[name] else 1 for name in _LOOKUP_LIMITS)
     ctx.num_inputs = len(inputs)
 
 

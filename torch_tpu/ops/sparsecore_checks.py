@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from torch_tpu.runtime._jax import jnp
-from tpu_facts import ALIGNMENT
+from tpu_facts import ALIGNMENT, MAX_MINIBATCHES
 from tpu_facts.switches import Switch
 
 _CSR_INTS = ("row_pointers", "embedding_ids", "sample_ids")
@@ -76,12 +76,13 @@ def _shape(x: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in x.shape)
 
 
-def _partitions(op: str, row_pointers_size: int) -> int:
-    """N, the partitions (and source regions) of buffers with ``row_pointers_size`` pointers."""
+def _partitions(op: str, row_pointers_size: int, minibatches: int = 1) -> int:
+    """N, the partitions (and source regions) of buffers with ``row_pointers_size`` pointers and
+    ``minibatches`` minibatch slots."""
     from sparsecore import csr_math
 
     try:
-        return csr_math.sparsecores_per_device(row_pointers_size)
+        return csr_math.minibatch_partitions(row_pointers_size, minibatches)
     except ValueError as e:
         raise ValueError(f"{op}: {e}") from None
 
@@ -110,8 +111,13 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
     if _kind(table.dtype) != "float" or len(table.shape) != 2:
         fail(f"embedding_table must be a 2-D floating tensor, got dtype {table.dtype} shape {list(_shape(table))}")
     stack_rows, dim = _shape(table)
-    n = _partitions(op, _shape(a["row_pointers"])[0])
+    minibatches = a.get("num_minibatches", 1)
+    if not 1 <= minibatches <= MAX_MINIBATCHES:
+        fail(f"num_minibatches must be in [1, {MAX_MINIBATCHES}], got {minibatches}")
+    n = _partitions(op, _shape(a["row_pointers"])[0], minibatches)
     devices, device_index = a.get("devices", 1), a.get("device_index", 0)
+    if minibatches > 1 and devices > 1:
+        fail(f"num_minibatches {minibatches} needs one device's buffers (not supported with DTensor tables)")
     if devices < 1 or n % devices or not 0 <= device_index < devices:
         fail(f"device_index {device_index} of {devices} devices: needs 0 <= device_index < devices and devices "
              f"dividing the {n} partitions")
@@ -153,11 +159,16 @@ def check_layout(name: str, a: Mapping[str, Any], slots: tuple[str, ...] = ()) -
 
 
 def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray, sample_ids: np.ndarray,
-                 stack_rows: int, device_batch_size: int, max_ids_per_partition: int, devices: int = 1) -> None:
+                 stack_rows: int, device_batch_size: int, max_ids_per_partition: int, devices: int = 1,
+                 minibatches: int = 1) -> None:
     """Raise ValueError at the first row pointer, embedding id or sample id of op ``name``'s host
     CSR buffers outside its range, or partition holding more than ``max_ids_per_partition``
     entries (module docstring); the layout is checked already."""
     op = public_name(name)
+    if minibatches > 1:
+        _check_minibatched_values(op, row_pointers, embedding_ids, sample_ids, stack_rows, device_batch_size,
+                                  max_ids_per_partition, minibatches)
+        return
     n = _partitions(op, row_pointers.shape[0])
     per_region = row_pointers.shape[0] // n
     region = embedding_ids.shape[0] // n
@@ -202,6 +213,44 @@ def check_values(name: str, row_pointers: np.ndarray, embedding_ids: np.ndarray,
                              f"outside [0, {limit}), {what}; {bad.size} entries out of range")
 
 
+def _check_minibatched_values(op: str, row_pointers: np.ndarray, embedding_ids: np.ndarray, sample_ids: np.ndarray,
+                              stack_rows: int, device_batch_size: int, max_ids_per_partition: int,
+                              minibatches: int) -> None:
+    """:func:`check_values` of one device's buffers of ``minibatches`` slots: the segments'
+    (source, minibatch, partition) ends, in that order, start where the last one ended (8-aligned)
+    and lie in the buffers; each holds at most ``max_ids_per_partition`` entries; their ids and
+    sample ids lie in range."""
+    from sparsecore import csr_math
+
+    n = _partitions(op, row_pointers.shape[0], minibatches)
+    width = row_pointers.shape[0] // (n * minibatches)
+    ends = row_pointers.reshape(n * minibatches, width)[:, :n].reshape(-1).astype(np.int64)
+    index = (np.arange(n * minibatches)[:, None] * width + np.arange(n)[None, :]).reshape(-1)
+    starts = np.concatenate([[0], -(-ends[:-1] // ALIGNMENT) * ALIGNMENT])
+    bad = np.flatnonzero((ends < starts) | (ends > embedding_ids.shape[0]))
+    if bad.size:
+        g = int(bad[0])
+        raise ValueError(f"{op}: row_pointers[{index[g]}] = {ends[g]} (end of partition {g % n} of minibatch "
+                         f"{g // n % minibatches} of SparseCore {g // (n * minibatches)}) is outside [{starts[g]}, "
+                         f"{embedding_ids.shape[0]}]: from the previous end rounded up to {ALIGNMENT} to the buffers' "
+                         "end")
+    over = np.flatnonzero(ends - starts > max_ids_per_partition)
+    if over.size:
+        g = int(over[0])
+        raise ValueError(f"{op}: partition {g % n} of minibatch {g // n % minibatches} of source SparseCore "
+                         f"{g // (n * minibatches)} holds {ends[g] - starts[g]} entries, more than "
+                         f"max_ids_per_partition {max_ids_per_partition}")
+    valid = csr_math.decode(row_pointers, embedding_ids, sample_ids, np.zeros(embedding_ids.shape, np.float32),
+                            stack_rows, device_batch_size, xp=np, minibatches=minibatches)[3]
+    for key, values, limit in (("embedding_ids", embedding_ids, stack_rows // n),
+                               ("sample_ids", sample_ids, device_batch_size // n)):
+        out = np.flatnonzero(valid & ((values < 0) | (values >= limit)))
+        if out.size:
+            i = int(out[0])
+            raise ValueError(f"{op}: {key}[{i}] = {int(values[i])} is outside [0, {limit}) (minibatched buffers of "
+                             f"{n} SparseCores); {out.size} entries out of range")
+
+
 def check_output_rows(name: str, output_rows: np.ndarray) -> None:
     """Raise ValueError unless ``output_rows`` is a permutation of its [device_batch_size] positions."""
     counts = np.bincount(output_rows[(output_rows >= 0) & (output_rows < output_rows.size)].astype(np.int64),
@@ -224,7 +273,7 @@ def check_grad_rows(name: str, grad_rows: np.ndarray, grad_rows_available: int) 
 
 
 def check_touched(name: str, touched: np.ndarray, csr: tuple[np.ndarray, ...], stack_rows: int,
-                  device_batch_size: int, devices: int = 1, device_index: int = 0) -> None:
+                  device_batch_size: int, devices: int = 1, device_index: int = 0, minibatches: int = 1) -> None:
     """Raise ValueError unless ``touched`` is ``csr_math.touched_rows`` of the host CSR buffers ``csr``
     (row pointers, embedding ids, sample ids, gains), cut to at least the unique rows they touch."""
     from sparsecore import csr_math
@@ -235,7 +284,8 @@ def check_touched(name: str, touched: np.ndarray, csr: tuple[np.ndarray, ...], s
         csr_math.split_touched(touched, entries)
     except ValueError as e:
         raise ValueError(f"{op}: {e}") from None
-    phys = csr_math.decode(*csr, stack_rows, device_batch_size, devices, device_index, xp=np)[0]
+    phys = csr_math.decode(*csr, stack_rows, device_batch_size, devices, device_index, xp=np,
+                           minibatches=minibatches)[0]
     expected = csr_math.touched_rows(phys, stack_rows, xp=np)
     used = int(expected[2 * entries - 1]) + 1
     if touched.shape[0] - 2 * entries < used:

@@ -109,6 +109,9 @@ def _sharded_call(name: str, a: dict[str, Any]) -> Any:
     for key in _CSR_ARGS:
         if isinstance(a[key], DTensor):
             raise TypeError(f"tpu::{name}: {key} must be this device's own buffer (a plain tensor), got a DTensor")
+    if a.get("num_minibatches", 1) != 1:
+        raise ValueError(f"tpu::{name}: num_minibatches {a['num_minibatches']} is not supported with DTensor tables "
+                         "(minibatched buffers are one device's)")
     csr_math.sparsecores_per_device(a["row_pointers"].shape[0], devices)  # the layout of D devices
     for key in ("grad_rows", "output_rows"):
         if a.get(key) is not None:

@@ -26,15 +26,16 @@ def test_schemas_are_torchtpus() -> None:
     schema = str(torch.ops.tpu.sparse_dense_matmul.default._schema)
     assert schema == ("tpu::sparse_dense_matmul(Tensor row_pointers, Tensor embedding_ids, Tensor sample_ids, "
                       "Tensor gains, Tensor embedding_table, int device_batch_size, int max_ids_per_partition, "
-                      "int max_unique_ids_per_partition, Tensor? touched_rows=None, Tensor? output_rows=None) -> "
-                      "Tensor")
+                      "int max_unique_ids_per_partition, Tensor? touched_rows=None, Tensor? output_rows=None, "
+                      "int num_minibatches=1) -> Tensor")
     adam = torch.ops.tpu.sparse_dense_matmul_grad_with_adam.default._schema
     assert [a.name for a in adam.arguments][5:] == [
         "momentum", "velocity", "activations_grad", "alpha_t", "beta_1", "beta_2", "epsilon", "device_batch_size",
-        "max_ids_per_partition", "max_unique_ids_per_partition", "computation_name", "touched_rows", "grad_rows"]
+        "max_ids_per_partition", "max_unique_ids_per_partition", "computation_name", "touched_rows", "grad_rows",
+        "num_minibatches"]
     assert len(adam.returns) == 3
-    for extra in adam.arguments[-2:]:  # ours, optional: every TorchTPU call binds the same way
-        assert extra.has_default_value() and extra.default_value is None
+    for extra in adam.arguments[-3:]:  # ours, optional: every TorchTPU call binds the same way
+        assert extra.has_default_value() and extra.default_value == (1 if extra.name == "num_minibatches" else None)
 
 
 def test_lookup_on_cpu_equals_embedding_bag_and_the_xla_backend(case: Case) -> None:
