@@ -14,19 +14,28 @@ programs. Where a batch needs more than a stack's sizes hold, they grow with :fu
 past that batch's need: every new size compiles the step program again (seconds on XLA:CPU), and
 sizes fitted tightly to the first batches would grow again each time a later batch's count lands
 a little higher, well into the run.
+
+Under the "minibatch" overflow policy (:meth:`CsrFitter.minibatched`) a stack whose batch is over
+its limits gets jax-tpu-embedding's minibatches instead (``sparsecore.minibatching.op_buffers``:
+k passes that fit, laid out as :func:`~sparsecore.minibatching.pass_bucket` of k slots, so a
+program sees at most 7 shapes of a stack, ever); the ops read the slots back from the buffers'
+size (:func:`csr_minibatches`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from sparsecore import csr_math
-from sparsecore.csr_format import round_up_array, row_pointers_per_sc
-from sparsecore.preprocess import PreprocessedBatch
+from sparsecore.csr_format import StackCSR, round_up_array, row_pointers_per_sc
+from sparsecore.limits import PartitionOverflowError, StackStats
+from sparsecore.minibatching import minibatch_entries, op_buffers, pass_bucket, pass_csr
+from sparsecore.preprocess import PreprocessedBatch, preprocess_inputs
 from sparsecore.stacking import StackedTable, StackingPlan
+from sparsecore.validation import FeatureInput
 from tpu_facts import ALIGNMENT, eighth_bucket, round_up
 
 CSR_FIELDS = ("row_pointers", "embedding_ids", "sample_ids", "gains")
@@ -95,6 +104,12 @@ def csr_limits(stack: StackedTable, chunks: int, embedding_ids) -> tuple[int, in
     return limit, min(limit, stack.max_unique_ids_per_partition)
 
 
+def csr_minibatches(stack: StackedTable, chunks: int, row_pointers) -> int:
+    """The minibatch slots of ``stack``'s buffers (of ``chunks`` source SparseCores; 1: one pass),
+    the ops' ``num_minibatches``, from the row pointers' size (``row_pointers``: any array)."""
+    return row_pointers.shape[0] // (chunks * row_pointers_per_sc(stack))
+
+
 class CsrFitter:
     """Cuts the batches of one ``plan`` (its stacks on ``plan.topology``'s SparseCores) to their
     buckets, which only grow (with :func:`headroom`); ``agree`` (where given) maps this rank's sizes to those every rank
@@ -109,23 +124,66 @@ class CsrFitter:
     def cut(self, batch: PreprocessedBatch, agree: Agree | None = None) -> list[tuple[np.ndarray, ...]]:
         """Per stack in plan order, its four CSR buffers (:data:`CSR_FIELDS`) cut to the batch's
         bucket (contiguous)."""
+        return self._cut(batch.stacks, agree)
+
+    def _cut(self, stacks_csr: Mapping[str, StackCSR], agree: Agree | None) -> list[tuple[np.ndarray, ...] | None]:
+        """:meth:`cut` of the stacks in ``stacks_csr``; None for the others, whose size stays
+        their configured limit (minibatched)."""
         stacks = self.plan.stacks
-        full = [[getattr(batch.stacks[st.name], f) for f in CSR_FIELDS] for st in stacks]
-        limits = [grown(floor, largest_partition(st, self.chunks, buffers[0]),
+        full = [[getattr(stacks_csr[st.name], f) for f in CSR_FIELDS] if st.name in stacks_csr else None
+                for st in stacks]
+        limits = [st.max_ids_per_partition if buffers is None else
+                  grown(floor, largest_partition(st, self.chunks, buffers[0]),
                         lambda n, st=st: bucket_limit(n, st.max_ids_per_partition))
                   for st, buffers, floor in zip(stacks, full, self._limit_floor)]
         if agree is not None:
             limits = agree(limits)
         self._limit_floor = limits
-        return [tuple(np.ascontiguousarray(a) for a in fit_csr(st, self.chunks, *buffers, limit=limit))
+        return [None if buffers is None else
+                tuple(np.ascontiguousarray(a) for a in fit_csr(st, self.chunks, *buffers, limit=limit))
                 for st, buffers, limit in zip(stacks, full, limits)]
+
+    def minibatched(self, inputs: Mapping[str, FeatureInput], agree: Agree | None = None,
+                    ) -> tuple[list[tuple[np.ndarray, ...]], dict[str, StackStats]]:
+        """Per stack in plan order, its four buffers under the "minibatch" policy, and the batch's
+        stats: a stack over its limits as minibatches (in :func:`pass_bucket` slots; with
+        ``agree``, the most of any rank, so that the ranks' buffers keep one shape), every other
+        as :meth:`cut`. 0 ids dropped; a batch no split fits raises PartitionOverflowError."""
+        topology = self.plan.topology
+        try:  # (the common case: the batch fits, and the compiled engine lays it out)
+            one_pass = preprocess_inputs(inputs, self.plan, overflow="error").stacks
+            entries = {}
+        except PartitionOverflowError:
+            entries = {st.name: minibatch_entries(st, inputs, topology.num_devices, topology.sparsecores_per_device)
+                       for st in self.plan.stacks}
+            one_pass = {name: pass_csr(self.plan.stack(name), e, topology.num_devices,
+                                       topology.sparsecores_per_device, 0)
+                        for name, e in entries.items() if e.num_minibatches == 1}
+        slots = [pass_bucket(entries[st.name].num_minibatches) if st.name in entries else 1 for st in self.plan.stacks]
+        if agree is not None:
+            slots = agree(slots)
+        split = {}
+        for st, k in zip(self.plan.stacks, slots):
+            if k > 1:
+                if st.name not in entries:  # (fits here, split on another rank)
+                    entries[st.name] = minibatch_entries(st, inputs, topology.num_devices,
+                                                         topology.sparsecores_per_device)
+                split[st.name] = op_buffers(st, entries[st.name], topology.num_devices,
+                                            topology.sparsecores_per_device, k)
+        cut = self._cut({name: csr for name, csr in one_pass.items() if name not in split}, agree)
+        buffers = [tuple(getattr(split[st.name], f) for f in CSR_FIELDS) if c is None else c
+                   for st, c in zip(self.plan.stacks, cut)]
+        stats = {st.name: entries[st.name].stats if st.name in entries else one_pass[st.name].stats
+                 for st in self.plan.stacks}
+        return buffers, stats
 
     def touched(self, csr: Sequence[tuple[np.ndarray, ...]], agree: Agree | None = None) -> list[np.ndarray]:
         """Per stack, the fused update's deduplication of its cut buffers ``csr`` (a
         ``csr_math.touched_rows`` vector, its unique rows cut to a bucket of their count)."""
         touched, entries = [], []
         for st, buffers in zip(self.plan.stacks, csr):
-            phys = csr_math.decode(*buffers, st.vocab_size, st.total_sample_count, xp=np)[0]
+            phys = csr_math.decode(*buffers, st.vocab_size, st.total_sample_count, xp=np,
+                                   minibatches=csr_minibatches(st, self.chunks, buffers[0]))[0]
             touched.append(csr_math.touched_rows(phys, st.vocab_size, xp=np))
             entries.append(buffers[1].shape[0])
         unique = [min(e, grown(floor, csr_math.touched_count(t, e), lambda n, e=e: csr_math.unique_bucket(n, e)))

@@ -150,7 +150,7 @@ def preprocess_minibatched(inputs: Mapping[str, FeatureInput], plan: StackingPla
     out = {}
     for stack in plan.stacks:
         entries = minibatch_entries(stack, inputs, devices, s, agree)
-        passes = tuple(_pass_csr(stack, entries, devices, s, m) for m in range(pass_bucket(entries.num_minibatches)))
+        passes = tuple(pass_csr(stack, entries, devices, s, m) for m in range(pass_bucket(entries.num_minibatches)))
         out[stack.name] = MinibatchedStack(entries, passes)
     return out
 
@@ -217,7 +217,7 @@ def _check_minibatches_fit(stack: StackedTable, key: np.ndarray, first_of_row: n
                 f"{MAX_MINIBATCHES} buckets: minibatching splits no finer)", "raise the limit")
 
 
-def _pass_csr(stack: StackedTable, entries: MinibatchEntries, devices: int, s: int, m: int) -> StackCSR:
+def pass_csr(stack: StackedTable, entries: MinibatchEntries, devices: int, s: int, m: int) -> StackCSR:
     """Minibatch ``m``'s entries as an ordinary CSR (empty past the last minibatch)."""
     n = stack.num_sparsecores
     keep = entries.minibatch == m

@@ -35,8 +35,8 @@ import torch_tpu  # (registers the tpu device and the tpu:: SparseCore ops)
 from sparsecore.backends import OPS
 from sparsecore.backends.base import ReadsTablesAlone, check_grads
 from sparsecore.backends.xla_layout import ActivationLayout
-from sparsecore.csr_sizes import CSR_FIELDS, Agree, CsrFitter, csr_limits
-from sparsecore.limits import ONE_PASS_POLICIES, StackStats, check_overflow_policy
+from sparsecore.csr_sizes import CSR_FIELDS, Agree, CsrFitter, csr_limits, csr_minibatches
+from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import OptimizerRule, rule_of
 from sparsecore.preprocess import preprocess_inputs
 from sparsecore.stacked_arrays import stacked_array, unstack_table
@@ -206,7 +206,8 @@ class StackedState(nn.Module):
                 act = torch.ops.tpu.sparse_dense_matmul(*csr[4 * i:4 * i + 4], table, st.total_sample_count,
                                                         *csr_limits(st, self.chunks, csr[4 * i + 1]),
                                                         touched_rows=touched[i] if touched else None,
-                                                        output_rows=b["grad_rows_0"] if placed else None)
+                                                        output_rows=b["grad_rows_0"] if placed else None,
+                                                        num_minibatches=csr_minibatches(st, self.chunks, csr[4 * i]))
             per_stack.append(act if self._row_view or self._identity[i] else act.index_select(0, b[f"perm_{i}"]))
         batch = self.plan.features[0].batch_size
         if self._row_view:
@@ -278,8 +279,9 @@ class StackedState(nn.Module):
                                                       self.step_tensors(b))):
             limits = (st.total_sample_count, *csr_limits(st, self.chunks, csr[4 * i + 1]))
             args = (*csr[4 * i:4 * i + 4], *current, grad_i.contiguous(), *self._hypers(i, st, step, b), *limits)
-            calls.append((rule_of(st.optimizer).op_name, args, {"touched_rows": touched[i] if touched else None,
-                                                                 "grad_rows": b.get(f"grad_rows_{i}")}))
+            calls.append((rule_of(st.optimizer).op_name, args, {
+                "touched_rows": touched[i] if touched else None, "grad_rows": b.get(f"grad_rows_{i}"),
+                "num_minibatches": csr_minibatches(st, self.chunks, csr[4 * i])}))
         return calls
 
     def _hypers(self, i: int, stack: StackedTable, step: int | None, b: Mapping[str, torch.Tensor]) -> list[Any]:
@@ -332,7 +334,10 @@ class OpsBackend(ReadsTablesAlone):
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
                  overflow: str = "error", fixed_layout: bool = False):
         super().__init__(plan)
-        self.overflow = check_overflow_policy(overflow, ONE_PASS_POLICIES, "the ops backend (one op pass a step)")
+        self.overflow = check_overflow_policy(overflow)
+        if overflow == "minibatch" and plan.topology.num_devices > 1:
+            raise ValueError(f"the ops backend minibatches one device's buffers; {plan.topology} has "
+                             f"{plan.topology.num_devices} devices (use overflow 'error' or 'drop' there)")
         self.state = StackedState(plan, fixed_layout)
         self._fitter = CsrFitter(plan)
         self._load_initial(weights, seed)
@@ -344,10 +349,13 @@ class OpsBackend(ReadsTablesAlone):
         """The CSR buffers of ``inputs``, cut to the sizes the batch needs, and (where the ops
         take it and an update follows) each stack's touched rows, found here on the host
         (:class:`~sparsecore.csr_sizes.CsrFitter`; ``agree``: see there)."""
-        batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
-        csr = self._fitter.cut(batch, agree)
+        if self.overflow == "minibatch":
+            csr, stats = self._fitter.minibatched(inputs, agree)
+        else:
+            batch = preprocess_inputs(inputs, self.plan, overflow=self.overflow)
+            csr, stats = self._fitter.cut(batch, agree), batch.stats
         touched = self._fitter.touched(csr, agree) if torch.is_grad_enabled() and dedups_on_host() else ()
-        return PreparedCSR(tuple(torch.from_numpy(a) for buffers in csr for a in buffers), batch.stats,
+        return PreparedCSR(tuple(torch.from_numpy(a) for buffers in csr for a in buffers), stats,
                            tuple(torch.from_numpy(t) for t in touched))
 
     def _prepared(self, prepared: Any) -> PreparedCSR:
