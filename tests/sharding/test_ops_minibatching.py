@@ -70,7 +70,7 @@ def assert_trained_alike(name: str, got: dict[str, torch.Tensor], expected: dict
 
 
 def _optimizer_params():
-    return [pytest.param(name, marks=() if name == "sgd" else (pytest.mark.slow,)) for name in OPTIMIZERS]
+    return [pytest.param(name, marks=pytest.mark.slow) for name in OPTIMIZERS]
 
 
 @pytest.mark.parametrize("name", _optimizer_params())
@@ -124,6 +124,7 @@ def train_in_one_program(limit: int, overflow: str, steps: int) -> tuple[list[fl
     return losses, module.unsharded_weights(), slots, compiles
 
 
+@pytest.mark.slow
 def test_one_program_step_minibatches_with_few_programs() -> None:
     """Inside the one-program step: bit-equal to large limits, and one program per slot count
     (a power of two), not per batch."""

@@ -63,3 +63,18 @@ def test_stacked_activation_layout_matches_jax_tpu_embedding_unstacking():
     theirs = embedding.unstack_embedding_activations(stacked, jte_feature_specs(plan), 1, 4)
     for name, activation in ours.items():
         np.testing.assert_array_equal(np.asarray(theirs[name]), activation.numpy())
+
+
+@pytest.mark.parametrize("optimizer", [opt.SGD(0.1), opt.Adagrad(0.1)])
+def test_minibatching_programs_carry_the_minibatch_count(optimizer):
+    """Under overflow="minibatch" the kernels are jax-tpu-embedding's minibatching forms, whose
+    minibatch count is an input of the program, passed to the custom call."""
+    forward, backward = lowered_programs(_plan(optimizer), "a_b", minibatching=True)
+    for text, target in ((forward, "SparseDenseMatmulWithMinibatchingOp"),
+                         (backward, "SparseDenseMatmulGradOptimizerUpdateWithMinibatchingOp")):
+        assert f"custom_call @{target}" in text
+        call = next(line for line in text.splitlines() if f"custom_call @{target}" in line)
+        assert "tensor<i32>" in call.partition("->")[0].partition(":")[2]  # the count, an operand
+    assert "@SparseDenseMatmulOp" not in forward and "GradOpWithOptimizerUpdate" not in backward
+    one_pass_forward, _ = lowered_programs(_plan(optimizer), "a_b")
+    assert "WithMinibatchingOp" not in one_pass_forward
