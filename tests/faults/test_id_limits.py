@@ -35,7 +35,7 @@ def test_batch_over_the_id_limit_names_the_flags(capsys, tmp_path, command, skew
     rc = main([*command, "--data", str(skewed_data), *FLAGS, "--num-embeddings", "100", "--batch-size", "8192",
                "--id-overflow", "error", "--log-dir", str(tmp_path / "run")])
     assert_clean_error(rc, capsys.readouterr().err, "ids > max_ids_per_partition",
-                       "raise --max-ids-per-partition, use --id-overflow minibatch (--sparse-backend xla), lower "
+                       "raise --max-ids-per-partition, use --id-overflow minibatch, lower "
                        "--batch-size (now 8192) or train on more ranks (torchrun --nproc-per-node)")
 
 
@@ -51,12 +51,25 @@ def test_the_batch_over_the_default_limit_trains(capsys, tmp_path, flags, skewed
     assert rc == 0, capsys.readouterr().err
 
 
-def test_minibatch_needs_the_xla_backend(capsys, tmp_path, skewed_data):
-    rc = main(["train", "--max-steps", "1", "--data", str(skewed_data), *FLAGS, "--batch-size", "8192",
-               "--sparse-backend", "ops", "--dense-device", "tpu", "--id-overflow", "minibatch",
+def test_minibatch_on_the_ops_backend_needs_one_device_a_rank():
+    from torchrec_tpu.train.config import ConfigError
+    from torchrec_tpu.train.engines.sparsecore_engine import id_overflow_policy
+
+    assert [id_overflow_policy("auto", backend) for backend in ("xla", "ops", "tpu", "fbgemm")] == \
+        ["minibatch", "minibatch", "minibatch", None]
+    assert id_overflow_policy("auto", "ops", devices_per_rank=2) == "error"
+    with pytest.raises(ConfigError, match="--id-overflow minibatch on --sparse-backend ops minibatches one device's "
+                                          "buffers a rank; this plan gives each rank 2 devices"):
+        id_overflow_policy("minibatch", "ops", devices_per_rank=2)
+
+
+@pytest.mark.slow  # a batch of 8192 through the one-program step (tests/sharding/test_ops_minibatching.py: units)
+def test_the_batch_over_the_default_limit_trains_in_one_program(capsys, tmp_path, skewed_data):
+    """The ops backend inside the one-program step minibatches the batch by default."""
+    rc = main(["train", "--max-steps", "2", "--data", str(skewed_data), *FLAGS, "--num-embeddings", "100",
+               "--batch-size", "8192", "--sparse-backend", "ops", "--dense-device", "tpu",
                "--log-dir", str(tmp_path / "run")])
-    assert_clean_error(rc, capsys.readouterr().err, "--id-overflow minibatch runs on --sparse-backend xla; the ops "
-                                                    "backend runs one pass")
+    assert rc == 0, capsys.readouterr().err
 
 
 def test_plan_auto_sizes_the_id_limits_for_the_batch(capsys, tiny_dataset, tmp_path):

@@ -9,7 +9,8 @@ received batch on the host (``sparsecore.preprocess_inputs``) and cuts each stac
 need (:func:`fit_csr`: the partition limit rounded down to a bucket, eight sizes per power of two,
 that still holds the batch's largest partition, so the ops run over the real entries plus little
 padding, and only a few buffer sizes, hence programs, occur); the ops read that bucket's limits from the buffers'
-size (:func:`csr_limits`). The lookup calls the lookup op per
+size (:func:`csr_limits`). Under the "minibatch" overflow policy a stack over its limits goes to the
+ops as minibatches instead (:meth:`~sparsecore.csr_sizes.CsrFitter.minibatched`). The lookup calls the lookup op per
 stack, the update the fused op per stack, eagerly in place (the table and slots donated to it:
 :func:`~torch_tpu.ops.sparsecore_inplace.fused_update_`, no second table). The same
 module runs the lookup and, in backward, the update inside a traced step program

@@ -249,10 +249,9 @@ class EngineConfig(_Group):
     id_overflow: str = _opt(
         "auto", "what a batch whose ids overflow a SparseCore partition's limits does: minibatch, error or drop. "
                 "--engine sparsecore only (docs/ID_LIMITS.md). minibatch: split into passes that each fit, as "
-                "jax-tpu-embedding minibatches, with the results of one pass and 0 ids dropped (--sparse-backend "
-                "xla); error: stop the job naming the partition; drop: keep each partition's first ids up to its "
-                "limits, as the SparseCores do. auto: minibatch on the xla backend, error on the others (they run "
-                "one pass a step).",
+                "jax-tpu-embedding minibatches, with the results of one pass and 0 ids dropped; error: stop the "
+                "job naming the partition; drop: keep each partition's first ids up to its limits, as the "
+                "SparseCores do. auto: minibatch (error on the ops backend where a rank drives several devices).",
         choices=ID_OVERFLOW_POLICIES)
     max_ids_per_partition: int | None = _opt(
         None, "every table's SparseCore id limits per partition and step (default: 256, or --plan's). The most ids "

@@ -20,7 +20,7 @@ from torchrec import EmbeddingBagCollection
 from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
-from sparsecore.backends import FBGEMM, XLA
+from sparsecore.backends import FBGEMM, OPS, XLA
 from sparsecore.limits import PartitionOverflowError
 from sparsecore.optimizers import OptimizerSpec
 from torchrec_tpu.pipeline import PrefetchedBatches
@@ -74,8 +74,9 @@ def build_sparsecore_model(spec: ModelSpec, env: DistEnv, layout: StepLayout, op
     # the EBC's all_to_alls on a group of their own: on the default group the gradient exchange in its
     # backward queued behind DDP's all_reduces of the towers' gradients (32 ms a step at mlperf, 2 ranks)
     group = new_group(env) if env.world_size > 1 and not layout.uniform_ranks else None
+    overflow = id_overflow_policy(options.id_overflow, layout.sparse_backend, placement.rank_topology.num_devices)
     ebc = _sparsecore_ebc(tables_ebc, local_batch, placement, optimizer, specs, seed, layout.sparse_backend,
-                          layout.uniform_ranks, group, id_overflow_policy(options.id_overflow, layout.sparse_backend))
+                          layout.uniform_ranks, group, overflow)
     if options.zch is not None:
         ebc.manage_collisions(zch_specs(options, spec.feature_names))
     if options.fdo:
@@ -93,16 +94,18 @@ def zch_specs(options: EngineConfig, features: tuple[str, ...]) -> dict[str, Zch
             for feature, (policy, interval) in options.zch_tables(features).items()}
 
 
-def id_overflow_policy(id_overflow: str, backend: str) -> str | None:
-    """``--id-overflow``'s policy on ``backend`` (auto: minibatch where the backend runs the passes,
-    else error); None on fbgemm, whose tables have no SparseCore partitions."""
+def id_overflow_policy(id_overflow: str, backend: str, devices_per_rank: int = 1) -> str | None:
+    """``--id-overflow``'s policy on ``backend`` with ``devices_per_rank`` devices per rank (auto:
+    minibatch where the backend runs the passes, else error); None on fbgemm, whose tables have no
+    SparseCore partitions."""
     if backend == FBGEMM:
         return None
-    if backend == XLA:
+    if backend != OPS or devices_per_rank == 1:
         return "minibatch" if id_overflow == "auto" else id_overflow
     if id_overflow == "minibatch":
-        raise ConfigError(f"--id-overflow minibatch runs on --sparse-backend {XLA}; the {backend} backend runs one "
-                          "pass of SparseCore buffers a step (--id-overflow error or drop there)")
+        raise ConfigError(f"--id-overflow minibatch on --sparse-backend {OPS} minibatches one device's buffers a "
+                          f"rank; this plan gives each rank {devices_per_rank} devices (--id-overflow error or drop "
+                          f"there, or --sparse-backend {XLA})")
     return "error" if id_overflow == "auto" else id_overflow
 
 
@@ -160,8 +163,8 @@ def overflow_with_flags(global_batch: int, error: Exception) -> Exception:
     SparseCore sees. Other errors as they are."""
     if not isinstance(error, PartitionOverflowError):
         return error
-    return PartitionOverflowError(error.overflow, f"raise --max-ids-per-partition, use --id-overflow minibatch "
-                                                  f"(--sparse-backend {XLA}), lower --batch-size (now {global_batch}) "
+    return PartitionOverflowError(error.overflow, f"raise --max-ids-per-partition, use --id-overflow minibatch, "
+                                                  f"lower --batch-size (now {global_batch}) "
                                                   "or train on more ranks (torchrun --nproc-per-node), which spreads "
                                                   "each batch over more SparseCores")
 
