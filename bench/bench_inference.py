@@ -18,8 +18,16 @@ far loading the checkpoint's tables at ``--rss-dtype`` (int8) raises a fresh pro
 29.2M rows x 32 is <= 0.35x of those + 1 GB (``--rss-only --num-embeddings 1123077
 --embedding-dim 32``: 26 tables of 1.12M rows; the checkpoint trains one step).
 
-    .venv/bin/python bench/bench_inference.py [--rows 200000] [--batch-size 4096] [--concurrency 2]
-        [--num-embeddings 1000] [--embedding-dim 16] [--model dlrm|dlrm_dcn] [--rss-only] [--rss-dtype int8]
+Presets: ``default`` is ``torchrec-tpu train``'s model (DLRM, dim 16, dense 64-16, over 64-32-1) on
+26 tables of ``--num-embeddings`` rows; ``mlperf`` the model of ``bench_train_e2e.py --preset mlperf``
+(TorchRec's MLPerf DLRM-DCNv2: dim 128, dense 512-256-128, over 1024-1024-512-256-1, 3 cross layers
+of rank 512, MLPerf's 26 cardinalities capped at 100k rows), its checkpoint trained a few steps;
+``infer`` reads one id per feature (it does not expand a checkpoint's ``--multi-hot-sizes``), so both
+loops score one-hot rows.
+
+    .venv/bin/python bench/bench_inference.py [--preset default|mlperf] [--rows 200000] [--batch-size 4096]
+        [--concurrency 2] [--num-embeddings 1000] [--embedding-dim 16] [--model dlrm|dlrm_dcn] [--rss-only]
+        [--rss-dtype int8]
 """
 
 from __future__ import annotations
@@ -35,17 +43,25 @@ from pathlib import Path
 
 import quiet_box
 import torch
+from bench_train_e2e import MLPERF_CARDINALITIES, MLPERF_ROW_CAP
 from torchrec.inference.modules import quantize_inference_model
 
 from pipelines.parquet_reader import ParquetBatchReader
 from pipelines.ray_data import local_ray
-from pipelines.schema import CRITEO
 from pipelines.synthetic import SyntheticConfig, generate
 from torchrec_tpu.inference.job import InferenceConfig, run_inference
 from torchrec_tpu.inference.model import load_inference_model
 from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.job import run_job
+
+# what each preset gives the checkpoint's training run; flags given explicitly override the model's
+PRESETS: dict[str, dict[str, object]] = {
+    "default": dict(model="dlrm", embedding_dim=16, over_arch="64,32,1", max_steps=0),
+    "mlperf": dict(model="dlrm_dcn", embedding_dim=128, dense_arch="512,256,128", over_arch="1024,1024,512,256,1",
+                   dcn_num_layers=3, dcn_low_rank_dim=512, max_steps=4, num_embeddings=MLPERF_ROW_CAP,
+                   num_embeddings_per_feature=",".join(str(min(n, MLPERF_ROW_CAP)) for n in MLPERF_CARDINALITIES)),
+}
 
 
 def torchrec_loop(data: Path, checkpoint: Path, batch_size: int, int8: bool) -> float:
@@ -96,13 +112,15 @@ def peak_rss_line(checkpoint: Path, dtype: str, fp32_bytes: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=tuple(PRESETS), default="default")
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--concurrency", type=int, default=2, help="actors of the Ray job line")
     parser.add_argument("--num-cpus", type=int, default=2, help="threads of every loop; the Ray job's CPUs")
-    parser.add_argument("--num-embeddings", type=int, default=1000)
-    parser.add_argument("--embedding-dim", type=int, default=16)
-    parser.add_argument("--model", choices=("dlrm", "dlrm_dcn"), default="dlrm")
+    parser.add_argument("--num-embeddings", type=int, default=None, help="rows per table (default: the preset's, "
+                        "1000 at default)")
+    parser.add_argument("--embedding-dim", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--model", choices=("dlrm", "dlrm_dcn"), default=None, help="default: the preset's")
     parser.add_argument("--rss-only", action="store_true", help="the peak RSS line only (no timing)")
     parser.add_argument("--rss-dtype", choices=TABLE_DTYPES, default="int8", help="table dtype of the RSS line")
     parser.add_argument("--rss-child", default="", help=argparse.SUPPRESS)
@@ -111,17 +129,30 @@ def main() -> None:
         rss_child(args.rss_child, args.rss_dtype)
         return
     torch.set_num_threads(args.num_cpus)
+    model = dict(PRESETS[args.preset])
+    for name in ("num_embeddings", "embedding_dim", "model"):
+        if getattr(args, name) is not None:
+            model[name] = getattr(args, name)
+    if args.num_embeddings is not None:  # every table that size
+        model.pop("num_embeddings_per_feature", None)
+    model.setdefault("num_embeddings", 1000)
+    model.setdefault("dense_arch", f"64,{model['embedding_dim']}")
+    args.model, args.num_embeddings, args.embedding_dim = (model[k] for k in ("model", "num_embeddings",
+                                                                               "embedding_dim"))
+    per_feature = str(model.get("num_embeddings_per_feature", ""))
+    table_rows = [int(n) for n in per_feature.split(",")] if per_feature else [args.num_embeddings] * 26
     with tempfile.TemporaryDirectory(prefix="bench-infer-") as tmp:
         root = Path(tmp)
         train_data = SyntheticConfig(num_rows=3 * 4096, seed=0, max_cardinality=args.num_embeddings,
                                      rows_per_file=4096, row_group_size=4096)
         generate(train_data, root / "train", progress=False)
+        if args.rss_only:
+            model["max_steps"] = 1
         checkpoint = run_job(TrainConfig.from_options(
-            data=str(root / "train"), model=args.model, num_embeddings=args.num_embeddings,
-            embedding_dim=args.embedding_dim, dense_arch=f"64,{args.embedding_dim}", batch_size=512,
-            log_dir=str(root / "logs"), progress=False, max_steps=1 if args.rss_only else 0,
+            data=str(root / "train"), batch_size=512, log_dir=str(root / "logs"), progress=False, dense_device="cpu",
+            **model,
         )).checkpoint_dir
-        fp32_bytes = len(CRITEO.sparse) * args.num_embeddings * args.embedding_dim * 4
+        fp32_bytes = sum(table_rows) * args.embedding_dim * 4
         if args.rss_only:
             print(peak_rss_line(checkpoint, args.rss_dtype, fp32_bytes))
             return
@@ -137,8 +168,8 @@ def main() -> None:
         with local_ray(args.num_cpus):
             ray_fp32 = our_job(data, checkpoint, root / "ray", args, concurrency=args.concurrency, device="cpu")
         rss = peak_rss_line(checkpoint, args.rss_dtype, fp32_bytes)
-    print(f"rows {args.rows:,}, batch {args.batch_size}, {args.num_cpus} threads, {args.model} "
-          f"{args.num_embeddings:,} rows x {args.embedding_dim} per table")
+    print(f"preset {args.preset}: rows {args.rows:,}, batch {args.batch_size}, {args.num_cpus} threads, "
+          f"{args.model}, 26 tables of {sum(table_rows):,} rows x {args.embedding_dim}")
     print(f"  TorchRec eager loop, fp32        {torchrec_fp32:>12,.0f} rows/s   (reference, no output)")
     print(f"  TorchRec quantized loop, int8    {torchrec_int8:>12,.0f} rows/s   (reference, no output)")
     print(f"  infer job, fp32 (one process)    {ours_fp32:>12,.0f} rows/s   {ours_fp32 / torchrec_fp32:.2f}x "
