@@ -39,9 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsecore.entries import Entries, dense_grad, first_of_runs, lookup, update
+from sparsecore.entries import DEFAULT_BUCKETS, Buckets, Entries, dense_grad, first_of_runs, lookup, update
 from sparsecore.optimizer_rules import rule_named
-from tpu_facts import ALIGNMENT, quarter_bucket
+from tpu_facts import ALIGNMENT
 
 
 def sparsecores_per_device(row_pointers_size: int, devices: int = 1) -> int:
@@ -244,15 +244,11 @@ def touched_rows(phys, stack_rows: int, xp=jnp):
 
 
 def fit_touched(touched: np.ndarray, entries: int, unique: int | None = None) -> np.ndarray:
-    """:func:`touched_rows` (a host array) with ``unique`` cut to ``unique`` rows (default
-    :func:`touched_unique`; at least that many): the update and the lookup then read and write
-    that many table rows instead of one per buffer entry."""
-    return touched[:2 * entries + (touched_unique(touched, entries) if unique is None else unique)]
-
-
-def touched_unique(touched: np.ndarray, entries: int) -> int:
-    """The unique rows :func:`fit_touched` keeps: :func:`unique_bucket` of the :func:`touched_count`."""
-    return unique_bucket(touched_count(touched, entries), entries)
+    """:func:`touched_rows` (a host array) with ``unique`` cut to ``unique`` rows (default: the
+    :func:`unique_bucket` of the :func:`touched_count`; at least that many): the update and the
+    lookup then read and write that many table rows instead of one per buffer entry."""
+    unique = unique_bucket(touched_count(touched, entries), entries) if unique is None else unique
+    return touched[:2 * entries + unique]
 
 
 def touched_count(touched: np.ndarray, entries: int) -> int:
@@ -261,10 +257,10 @@ def touched_count(touched: np.ndarray, entries: int) -> int:
     return int(touched[2 * entries - 1]) + 1  # the last sorted position's segment
 
 
-def unique_bucket(count: int, entries: int) -> int:
-    """The unique rows kept for ``count`` used segments: a bucket of it (four sizes per power of
-    two), at most ``entries``."""
-    return min(entries, quarter_bucket(count))
+def unique_bucket(count: int, entries: int, buckets: Buckets = DEFAULT_BUCKETS) -> int:
+    """The unique rows kept for ``count`` used segments: its bucket of ``buckets``, at most
+    ``entries``."""
+    return min(entries, buckets.rows(count))
 
 
 def split_touched(touched, entries: int):

@@ -4,7 +4,8 @@ below the backends so that any driver of that math cuts the buffers alike.
 
 Preprocessing lays a stack's buffers out for its configured ids-per-partition limit. A batch's
 largest partition usually needs far less: :func:`fit_csr` cuts the buffers to a bucket of that
-partition (:func:`csr_bucket`: eight sizes per power of two, at most 12.5% padding), so the
+partition (:func:`csr_bucket`: the ``partition`` bucket of the core's padding policy,
+``sparsecore.entries.Buckets``; by default eight sizes per power of two, at most 12.5% padding), so the
 programs run over the real entries plus little padding and only a few buffer sizes, hence
 programs, occur; :func:`csr_limits` reads that bucket back from the buffers' size.
 :class:`CsrFitter` also deduplicates each stack's touched rows on the host
@@ -31,22 +32,24 @@ import numpy as np
 
 from sparsecore import csr_math
 from sparsecore.csr_format import StackCSR, round_up_array, row_pointers_per_sc
+from sparsecore.entries import DEFAULT_BUCKETS, Buckets
 from sparsecore.limits import PartitionOverflowError, StackStats
 from sparsecore.minibatching import minibatch_entries, op_buffers, pass_bucket, pass_csr
 from sparsecore.preprocess import PreprocessedBatch, preprocess_inputs
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
-from tpu_facts import ALIGNMENT, eighth_bucket, round_up
+from tpu_facts import ALIGNMENT, round_up
 
 CSR_FIELDS = ("row_pointers", "embedding_ids", "sample_ids", "gains")
 Agree = Callable[[list[int]], list[int]]  # this rank's buffer sizes -> the sizes every rank uses
 
 
-def bucket_limit(needed: int, limit: int) -> int:
+def bucket_limit(needed: int, limit: int, buckets: Buckets = DEFAULT_BUCKETS) -> int:
     """The ids-per-partition limit a batch whose largest partition holds ``needed`` ids is laid
-    out for: ``needed`` rounded up to one of eight sizes per power of two (at most 12.5% padding)
-    and to a multiple of 8, at least 8; the configured ``limit`` itself where that is not smaller."""
-    bucket = round_up(eighth_bucket(int(needed), ALIGNMENT), ALIGNMENT)
+    out for: ``needed`` rounded up to its ``partition`` bucket (by default one of eight sizes per
+    power of two: at most 12.5% padding) and to a multiple of 8, at least 8; the configured
+    ``limit`` itself where that is not smaller."""
+    bucket = round_up(max(buckets.partition(int(needed)), ALIGNMENT), ALIGNMENT)
     return bucket if bucket < limit else limit
 
 
@@ -74,10 +77,10 @@ def largest_partition(stack: StackedTable, chunks: int, row_pointers: np.ndarray
     return int((ends - starts).max(initial=0))
 
 
-def csr_bucket(stack: StackedTable, chunks: int, row_pointers: np.ndarray) -> int:
+def csr_bucket(stack: StackedTable, chunks: int, row_pointers: np.ndarray, buckets: Buckets = DEFAULT_BUCKETS) -> int:
     """The ids-per-partition limit :func:`fit_csr` lays ``stack``'s buffers out for: the
     :func:`bucket_limit` of their :func:`largest_partition`."""
-    return bucket_limit(largest_partition(stack, chunks, row_pointers), stack.max_ids_per_partition)
+    return bucket_limit(largest_partition(stack, chunks, row_pointers), stack.max_ids_per_partition, buckets)
 
 
 def fit_csr(stack: StackedTable, chunks: int, row_pointers: np.ndarray, *buffers: np.ndarray,
@@ -112,11 +115,13 @@ def csr_minibatches(stack: StackedTable, chunks: int, row_pointers) -> int:
 
 class CsrFitter:
     """Cuts the batches of one ``plan`` (its stacks on ``plan.topology``'s SparseCores) to their
-    buckets, which only grow (with :func:`headroom`); ``agree`` (where given) maps this rank's sizes to those every rank
-    uses (their maximum: ranks running one SPMD program need buffers of one size)."""
+    ``buckets`` (partitions' ids, touched rows), which only grow (with :func:`headroom`); ``agree``
+    (where given) maps this rank's sizes to those every rank uses (their maximum: ranks running
+    one SPMD program need buffers of one size)."""
 
-    def __init__(self, plan: StackingPlan) -> None:
+    def __init__(self, plan: StackingPlan, buckets: Buckets = DEFAULT_BUCKETS) -> None:
         self.plan = plan
+        self.buckets = buckets
         self.chunks = plan.topology.num_sparsecores
         self._limit_floor = [0] * len(plan.stacks)
         self._unique_floor = [0] * len(plan.stacks)
@@ -134,7 +139,7 @@ class CsrFitter:
                 for st in stacks]
         limits = [st.max_ids_per_partition if buffers is None else
                   grown(floor, largest_partition(st, self.chunks, buffers[0]),
-                        lambda n, st=st: bucket_limit(n, st.max_ids_per_partition))
+                        lambda n, st=st: bucket_limit(n, st.max_ids_per_partition, self.buckets))
                   for st, buffers, floor in zip(stacks, full, self._limit_floor)]
         if agree is not None:
             limits = agree(limits)
@@ -186,7 +191,8 @@ class CsrFitter:
                                    minibatches=csr_minibatches(st, self.chunks, buffers[0]))[0]
             touched.append(csr_math.touched_rows(phys, st.vocab_size, xp=np))
             entries.append(buffers[1].shape[0])
-        unique = [min(e, grown(floor, csr_math.touched_count(t, e), lambda n, e=e: csr_math.unique_bucket(n, e)))
+        unique = [min(e, grown(floor, csr_math.touched_count(t, e),
+                               lambda n, e=e: csr_math.unique_bucket(n, e, self.buckets)))
                   for t, e, floor in zip(touched, entries, self._unique_floor)]
         if agree is not None:
             unique = agree(unique)

@@ -22,8 +22,26 @@ import numpy as np
 
 from sparsecore.optimizer_rules import OptimizerRule
 from sparsecore.table_rows import scatter_rows
+from tpu_facts import eighth_bucket, power_of_two_bucket, quarter_bucket
 
 Bucket = Callable[[int], int]  # a size -> the padded size programs are compiled for
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The padding policy of the core's inputs, a parameter of both producers: the size a batch
+    needs, rounded up to one of the few sizes programs are compiled for. ``entries``: a host-made
+    record's entries; ``rows``: touched rows (both producers); ``partition``: ids per partition of
+    cut CSR buffers (then 8-aligned, ``sparsecore.csr_sizes``); ``slots``: the gather strategy's
+    slots per activation row."""
+
+    entries: Bucket = quarter_bucket
+    rows: Bucket = quarter_bucket
+    partition: Bucket = eighth_bucket
+    slots: Bucket = power_of_two_bucket
+
+
+DEFAULT_BUCKETS = Buckets()
 
 
 @dataclass(frozen=True)
@@ -89,14 +107,15 @@ def first_of_runs(sorted_rows, xp=jnp):
 
 
 def pack_row_ordered(phys: np.ndarray, activation: np.ndarray, gain: np.ndarray, stack_rows: int,
-                     bucket: Bucket) -> PackedEntries:
+                     buckets: Buckets = DEFAULT_BUCKETS) -> PackedEntries:
     """The host producer: entries sorted by physical row ``phys`` (of a stack of ``stack_rows``),
-    rows deduplicated, touched rows and entries each padded to their ``bucket`` (which barely
-    moves between batches of one data set: few programs get compiled). Padding entries add 0 to
+    rows deduplicated, touched rows and entries each padded to their bucket of ``buckets`` (apart:
+    rows are often a third of the entries; both barely move between batches of one data set, so
+    few programs get compiled). Padding entries add 0 to
     activation row 0 and read a padding row; padding rows are distinct and out of range."""
     first = first_of_runs(phys, np)
     touched = phys[first]
-    u, e = bucket(touched.size + 1), bucket(phys.size + 1)  # at least one padding row
+    u, e = buckets.rows(touched.size + 1), buckets.entries(phys.size + 1)  # at least one padding row
     ints = np.empty(u + 2 * e, dtype=np.int32)
     ints[: touched.size] = touched
     ints[touched.size: u] = stack_rows + np.arange(u - touched.size)

@@ -32,14 +32,13 @@ from sparsecore.backends.base import ReadsTablesAlone, check_grads
 from sparsecore.backends.xla_inputs import stack_input
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.csr_format import StackCSR
-from sparsecore.entries import lookup, pack_row_ordered, update
+from sparsecore.entries import DEFAULT_BUCKETS, Buckets, lookup, pack_row_ordered, update
 from sparsecore.limits import ProposedLimits, StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import rule_of
 from sparsecore.preprocess import csr_entries, preprocess_row_ordered
 from sparsecore.stacked_arrays import stacked_array, unstack_table
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
-from tpu_facts import quarter_bucket
 
 xla_cache.install()  # the persistent compile cache every job shares (without the tpu device)
 
@@ -90,9 +89,10 @@ class XlaBackend(ReadsTablesAlone):
     name = XLA
 
     def __init__(self, plan: StackingPlan, weights: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
-                 overflow: str = "error"):
+                 overflow: str = "error", buckets: Buckets = DEFAULT_BUCKETS):
         super().__init__(plan)
         self.overflow = check_overflow_policy(overflow)
+        self.buckets = buckets
         self._layout = ActivationLayout(plan, plan.topology.num_sparsecores)
         self._rows = [self._layout.activation_rows(st) for st in plan.stacks]
         self._tables: dict[str, jax.Array] = {}
@@ -126,7 +126,8 @@ class XlaBackend(ReadsTablesAlone):
         """Every stack's device input (in plan order) and its partition stats."""
         by_stack = preprocess_row_ordered(inputs, self.plan, overflow=self.overflow)
         stacks = self.plan.stacks
-        return (tuple(stack_input(by_stack[st.name], st.vocab_size, rows) for st, rows in zip(stacks, self._rows)),
+        return (tuple(stack_input(by_stack[st.name], st.vocab_size, rows, self.buckets)
+                      for st, rows in zip(stacks, self._rows)),
                 {st.name: by_stack[st.name].stats for st in stacks})
 
     def _stack_lookup(self, stack: StackedTable, table: jax.Array, device_input: Any) -> jax.Array:
@@ -241,7 +242,7 @@ class XlaBackend(ReadsTablesAlone):
         phys, sample, gain = csr_entries(stack, csr, self.plan.topology.num_devices,
                                          self.plan.topology.sparsecores_per_device)
         by_row = np.argsort(phys, kind="stable")
-        entries = pack_row_ordered(phys[by_row], sample[by_row], gain[by_row], stack.vocab_size, quarter_bucket)
+        entries = pack_row_ordered(phys[by_row], sample[by_row], gain[by_row], stack.vocab_size, self.buckets)
         return jax.jit(lambda table, packed: lookup(packed.unpack(), table, stack.total_sample_count))(
             self._tables[stack.name], entries)
 

@@ -12,24 +12,20 @@ import numpy as np
 
 from sparsecore import native
 from sparsecore.csr_format import RowOrderedEntries
-from sparsecore.entries import GatherSlots, PackedEntries, pack_row_ordered
+from sparsecore.entries import DEFAULT_BUCKETS, Buckets, GatherSlots, PackedEntries, pack_row_ordered
 from sparsecore.preprocess import ENGINES
-from tpu_facts import power_of_two_bucket, quarter_bucket
 
 
 def stack_input(entries: RowOrderedEntries, stack_rows: int, activation_rows: np.ndarray,
-                ) -> tuple[PackedEntries, GatherSlots | None]:
-    """A stack's device input: its entries (rows deduplicated, touched rows and entries each
-    padded to a quarter bucket) with their samples relabelled by ``activation_rows``, and the
-    gather strategy of the lookup when it is at most twice the work (few ids per sample, e.g.
-    one-hot features)."""
+                buckets: Buckets = DEFAULT_BUCKETS) -> tuple[PackedEntries, GatherSlots | None]:
+    """A stack's device input: its entries (rows deduplicated, padded to ``buckets``) with their
+    samples relabelled by ``activation_rows``, and the gather strategy of the lookup when it is at
+    most twice the work (few ids per sample, e.g. one-hot features)."""
     sample = activation_rows[entries.sample]
-    # touched rows and entries bucketed apart (rows are often a third of the entries: the row
-    # gathers, the optimizer and the scatters do that much less padding)
-    packed = pack_row_ordered(entries.phys, sample, entries.gain, stack_rows, quarter_bucket)
+    packed = pack_row_ordered(entries.phys, sample, entries.gain, stack_rows, buckets)
     counts = np.bincount(sample, minlength=activation_rows.size)
     most = int(counts.max(initial=0))
-    slots = power_of_two_bucket(most)
+    slots = buckets.slots(most)
     if slots * activation_rows.size > 2 * packed.gains.shape[0]:
         return packed, None
     slot_rows = np.full((slots, activation_rows.size), stack_rows, dtype=np.int32)

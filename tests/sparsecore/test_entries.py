@@ -9,10 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 
 from sparsecore import csr_math
 from sparsecore import optimizers as opt
-from sparsecore.entries import Entries, GatherSlots, lookup, pack_row_ordered, update
+from sparsecore.backends.xla import XlaBackend
+from sparsecore.csr_sizes import CsrFitter, headroom
+from sparsecore.entries import Buckets, Entries, GatherSlots, lookup, pack_row_ordered, update
 from sparsecore.optimizer_rules import rule_of
 from sparsecore.preprocess import preprocess_inputs, preprocess_row_ordered
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
@@ -20,7 +23,7 @@ from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
 from tests.sparsecore.helpers import random_kjt
 from tests.sparsecore.reference import reference_forward
-from tpu_facts import power_of_two_bucket, quarter_bucket
+from tpu_facts import power_of_two_bucket
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = np.arange(12, dtype=np.float32).reshape(4, 3)  # row r = [3r, 3r + 1, 3r + 2]
@@ -71,7 +74,7 @@ def test_both_producers_make_one_record_and_the_lookup_equals_embedding_bag(seed
 
 
 def _check_stack(plan, stack, ro, csr, weights, want) -> None:
-    host = pack_row_ordered(ro.phys, ro.sample, ro.gain, stack.vocab_size, quarter_bucket).unpack()
+    host = pack_row_ordered(ro.phys, ro.sample, ro.gain, stack.vocab_size).unpack()
     buffers = (csr.row_pointers, csr.embedding_ids, csr.sample_ids, csr.gains)
     phys = csr_math.decode(*buffers, stack.vocab_size, stack.total_sample_count, xp=np)[0]
     touched = csr_math.touched_rows(phys, stack.vocab_size, xp=np)
@@ -101,12 +104,12 @@ def _check_stack(plan, stack, ro, csr, weights, want) -> None:
 
 def test_the_host_producer_pads_to_the_bucket_it_is_given() -> None:
     phys = np.asarray([2, 2, 5, 9, 9, 9], np.int64)
-    packed = pack_row_ordered(phys, np.arange(6), np.ones(6, np.float32), 10, power_of_two_bucket)
+    packed = pack_row_ordered(phys, np.arange(6), np.ones(6, np.float32), 10, ODD)
     e = packed.unpack()
     assert (e.touched, e.gain.shape[0]) == (4, 8)  # 3 rows + a padding row -> 4; 6 entries + 1 -> 8
     np.testing.assert_array_equal(e.rows, [2, 5, 9, 10])
     np.testing.assert_array_equal(e.segment, [0, 0, 1, 2, 2, 2, 3, 3])
-    packed = pack_row_ordered(phys, np.arange(6), np.ones(6, np.float32), 10, quarter_bucket)
+    packed = pack_row_ordered(phys, np.arange(6), np.ones(6, np.float32), 10)
     assert (packed.unpack().touched, packed.gains.shape[0]) == (64, 64)
 
 
@@ -148,3 +151,59 @@ def test_only_the_core_runs_an_optimizer_rule_s_update() -> None:
                     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr == "update" and len(node.args) == 5})
     assert found == [CORE]
+
+
+# --- the bucket policy: a parameter of both producers, changing sizes, never bits --------------
+
+ODD = Buckets(entries=power_of_two_bucket, rows=power_of_two_bucket, partition=power_of_two_bucket,
+              slots=lambda n: 2 * power_of_two_bucket(n))
+
+
+@pytest.mark.slow
+def test_the_xla_backend_pads_to_its_buckets_with_the_same_bits() -> None:
+    plan = _plan(opt.Adagrad(0.1, initial_accumulator_value=0.1))
+    weights = {name: spec.init_weights(seed=1) for name, spec in plan.tables.items()}
+    backends = [XlaBackend(plan, weights), XlaBackend(plan, weights, buckets=ODD)]
+    gen = torch.Generator().manual_seed(2)
+    for step, hot in enumerate((5, 1)):  # (1: the gather strategy)
+        inputs = feature_inputs(random_kjt(plan, seed=step, max_hot=hot, id_range=40), plan.features, plan.tables)
+        grads = {f.name: torch.randn(f.batch_size, 8, generator=gen) for f in plan.features}
+        row_ordered = preprocess_row_ordered(inputs, plan)
+        (packed, _), = [x for st, x in zip(plan.stacks, backends[1].prepare(inputs).arrays) if st.name == "ta"]
+        entries = row_ordered["ta"].phys
+        assert packed.gains.shape[0] == power_of_two_bucket(entries.size + 1)
+        assert packed.unpack().touched == power_of_two_bucket(np.unique(entries).size + 1)
+        outputs = []
+        for backend in backends:
+            activations, context = backend.forward(inputs)
+            backend.backward(context, grads)
+            outputs.append(activations)
+        for name in outputs[0]:
+            assert outputs[0][name].numpy().tobytes() == outputs[1][name].numpy().tobytes(), (step, name)
+    for name in plan.tables:
+        assert backends[0].table_value(name).numpy().tobytes() == backends[1].table_value(name).numpy().tobytes()
+
+
+@pytest.mark.slow
+def test_the_csr_fitter_cuts_to_its_buckets_with_the_same_bits() -> None:
+    plan = _plan()
+    inputs = feature_inputs(random_kjt(plan, seed=3, max_hot=5), plan.features, plan.tables)
+    batch = preprocess_inputs(inputs, plan)
+    chunks = plan.topology.num_sparsecores
+    out = []
+    for fitter in (CsrFitter(plan), CsrFitter(plan, ODD)):
+        cut = fitter.cut(batch)
+        touched = fitter.touched(cut)
+        out.append([np.asarray(csr_math.sparse_dense_matmul(*c, jnp.asarray(np.ones((st.vocab_size, st.dim), np.float32)
+                                                                             * np.arange(st.vocab_size)[:, None]),
+                                                            st.total_sample_count, touched=t))
+                    for st, c, t in zip(plan.stacks, cut, touched)])
+    for st, c, t in zip(plan.stacks, cut, touched):
+        # a first batch's sizes: the bucket of its need plus headroom (csr_sizes.grown)
+        need = int(batch.stacks[st.name].stats.max_ids_per_partition.max())
+        limit = c[1].size // (chunks * st.num_sparsecores)
+        assert limit == min(st.max_ids_per_partition, max(8, power_of_two_bucket(need + headroom(need))))
+        used = csr_math.touched_count(t, c[1].size)
+        assert t.size - 2 * c[1].size == min(c[1].size, power_of_two_bucket(used + headroom(used)))
+    for a, b in zip(*out):
+        assert a.tobytes() == b.tobytes()
