@@ -44,6 +44,17 @@ class SequenceBatch:
     def users(self) -> int:
         return self.features.stride()
 
+    @property
+    def rows(self) -> int:
+        """The batch's rows (its users): what a training loop counts its position in."""
+        return self.users
+
+    def to(self, device: torch.device | str) -> "SequenceBatch":
+        """This batch on ``device`` (itself when it is there)."""
+        if self.labels.device == torch.device(device):
+            return self
+        return SequenceBatch(self.features.to(torch.device(device)), self.labels.to(device))
+
 
 def _lists(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """(offsets [rows + 1], flat values) of a list column."""

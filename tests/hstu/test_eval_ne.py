@@ -30,10 +30,10 @@ def test_eval_ne_per_task_equals_torchrecs(tmp_path):
     with torch.no_grad():
         logits, labels = zip(*((model(b.features).double(), b.labels.double()) for b in reader))
     logits, labels = torch.cat(logits), torch.cat(labels)
-    assert result.rows == labels.shape[0] and set(result.ne) == set(meta.tasks)
+    assert result.samples == labels.shape[0] and set(result.task_ne) == set(meta.tasks)
     for t, task in enumerate(config.tasks):
         y, ones = labels[:, t], torch.ones_like(labels[:, t])
         ce = compute_cross_entropy(y, torch.sigmoid(logits[:, t]), ones, eta=1e-12)
         expected = float(compute_ne(ce.sum(), ones.sum(), y.sum(), (1 - y).sum(), eta=1e-12))
-        assert result.ne[task] == pytest.approx(expected, rel=1e-5), task
-        assert f"eval/ne/{task}" in result.scalars() and f"{task} {result.ne[task]:.4f}" in result.describe()
+        assert result.task_ne[task] == pytest.approx(expected, rel=1e-5), task
+        assert f"eval/ne/{task}" in result.scalars("eval") and f"{task} {result.task_ne[task]:.4f}" in result.describe()

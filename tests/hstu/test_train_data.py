@@ -115,7 +115,7 @@ def test_a_pass_resumed_at_a_row_yields_the_rest_of_its_permutation(tmp_path, st
 
 def test_labels_follow_the_models_tasks_whatever_the_files_column_order(tmp_path):
     from pipelines.sequences import Events
-    from torchrec_tpu.hstu.train import hstu_training, prepared
+    from torchrec_tpu.hstu.train import hstu_training
     from torchrec_tpu.train.config import TrainConfig
 
     n = 40
@@ -129,8 +129,8 @@ def test_labels_follow_the_models_tasks_whatever_the_files_column_order(tmp_path
         table = pq.read_table(window_path(data, window))
         names = [c for c in table.column_names if not c.startswith("label_")] + ["label_like", "label_listen"]
         pq.write_table(table.select(names), window_path(data, window))
-    config = prepared(TrainConfig.from_options(model="hstu", data=str(data), dense_device="cpu", batch_size=4,
-                                               log_dir=str(tmp_path / "tb")))
+    config = TrainConfig.from_options(model="hstu", data=str(data), dense_device="cpu", batch_size=4,
+                                      log_dir=str(tmp_path / "tb"))
     with hstu_training(config) as t:
         assert t.model.config.tasks == ("listen", "like")
         batch = t.train.batch(np.arange(5))

@@ -51,9 +51,3 @@ def test_ray_workers_train_hstu_as_torchrun_ranks(tmp_path: Path) -> None:
     assert set(got["model"]) == set(expected["model"])
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
-
-def test_ray_hstu_without_a_checkpoint_dir_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from torchrec_tpu.cli import main
-
-    assert main(["train", "--model", "hstu", "--ray-workers", "2", "--log-dir", str(tmp_path)]) == 2
-    assert "--ray-workers with --model hstu needs --checkpoint-dir" in capsys.readouterr().err

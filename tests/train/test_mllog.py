@@ -124,8 +124,8 @@ def test_a_job_logs_its_data_and_results(tiny_dataset: Path, tmp_path: Path) -> 
 
 
 def test_mllog_is_refused_where_it_cannot_be_written(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--mllog='x.txt' writes MLPerf's dlrm_dcnv2 log: it needs --model "
-                                          r"dlrm_dcn \(not 'dlrm'\)"):
+    with pytest.raises(ConfigError, match=r"^--mllog='x.txt' writes an MLPerf benchmark's log, and --model dlrm "
+                                          r"has none: dlrm_dcnv2 \(--model dlrm_dcn\)"):
         TrainConfig.from_options(mllog="x.txt")
     with pytest.raises(ConfigError, match=r"--mllog='.*' is a directory"):
         check_paths(TrainConfig.from_options(model="dlrm_dcn", mllog=str(tmp_path)))

@@ -3,18 +3,20 @@ evaluated on window T + 1 (MLPerf DLRMv4's protocol), with the train command's c
 
 Tables: the sharded SparseCore EmbeddingCollection with fused row-wise Adagrad (``--engine
 sparsecore``, the default) or stock TorchRec's with TorchRec's RowWiseAdagrad (``--engine
-torchrec``, the reference); the STU stack and heads: Adam at ``--dense-lr`` (HSTU's default 1e-3
-where the flag keeps DLRM's default), on ``--dense-device`` (``auto``: tpu), DDP over the ranks.
-Data (``--data``): ``synthetic`` (generated once into the cache), ``sample`` (the bundled real
-MovieLens rows) or a directory written by ``torchrec-tpu data sequences``.
+torchrec``, the reference); the STU stack and heads: Adam at ``--dense-lr`` on ``--dense-device``
+(``auto``: tpu), DDP over the ranks. Data (``--data``): ``synthetic`` (generated once into the
+cache), ``sample`` (the bundled real MovieLens rows) or a directory written by ``torchrec-tpu data
+sequences``. The options it reads and its defaults: :mod:`torchrec_tpu.train.model_kinds`; its loop
+(schedules, resume, progress, events) is DLRM's, :func:`~torchrec_tpu.train.loop.run_training`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,6 @@ from torch.nn import functional
 from torchmetrics.classification import BinaryAUROC
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 
-from pipelines.progress import ProgressLine
 from pipelines.sequences import read_meta, read_movielens, synthetic_events, window_path, write_sequences
 from pipelines.sequences.reader import SequenceBatch, SequenceReader
 from pipelines.synthetic import cache_root
@@ -44,40 +45,31 @@ from torchrec_tpu.train.checkpoint.hstu_files import (
     legacy_state,
 )
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
+from torchrec_tpu.train.checkpoint.run_dirs import claim_run_dirs
 from torchrec_tpu.train.checkpoint.store import load_checkpoint, open_checkpoint, restore_rng, save_checkpoint
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, process_group
-from torchrec_tpu.train.divergence import DivergenceGuard
 from torchrec_tpu.train.engines.precision import autocast
-from torchrec_tpu.train.loop import COLLECTIVES, DENSE_BWD, OPTIMIZER
+from torchrec_tpu.train.job import (
+    HPARAM_METRICS,
+    JobHooks,
+    loop_options,
+    on_primary,
+    run_events,
+    use_rank_threads,
+)
+from torchrec_tpu.train.loop import COLLECTIVES, DENSE_BWD, OPTIMIZER, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.memory_preflight import available_host_bytes, check_table_memory
 from torchrec_tpu.train.metrics import normalized_entropy
 from torchrec_tpu.train.scalars import ScalarLog
+from torchrec_tpu.train.streams import LimitedBatches
 
 _log = logging.getLogger(__name__)
-# HSTU's own defaults, used where the option is left at the train command's (DLRM's) default
-HSTU_DEFAULTS = {"batch_size": 128, "dense_lr": 3e-3, "epochs": 2}
 SYNTHETIC = {"users": 3000, "items": 1000, "events_per_user": 40, "seed": 1}
 WINDOWS, CANDIDATES, MAX_HISTORY = 4, 4, 60
-# the train options HSTU does not read: set to anything but their default, they are refused
-DLRM_ONLY = ("num_embeddings", "num_embeddings_per_feature", "embedding_dim", "dense_arch", "over_arch",
-             "dcn_num_layers", "dcn_low_rank_dim", "bad_values", "eval_files", "in_memory_binary_criteo_path",
-             "mmap_mode", "multi_hot_sizes", "plan", "dense_parallel", "sparse_optimizer", "dense_optimizer",
-             "lr_warmup_steps", "lr_decay_start", "lr_decay_steps", "target_auc", "shuffle_batches", "fdo")
-
 
 HSTU_TABLES_REMEDY = ("the item table has the dataset's item_rows (meta.json: its largest item id + 1); rewrite the "
                       "dataset with `torchrec-tpu data sequences --max-item-rows` or remap its item ids")
-
-
-def check_options(config: TrainConfig) -> None:
-    """ConfigError naming every DLRM-only option that was set."""
-    given, default = config.to_dict(), TrainConfig().to_dict()
-    used = [name for name in DLRM_ONLY if given.get(name) != default.get(name)]
-    if used:
-        flags = ", ".join("--" + n.replace("_", "-") for n in used)
-        raise ConfigError(f"--model {config.model.kind} does not use {flags} (DLRM options; HSTU's shape comes "
-                          f"from its preset, its data from a sequence dataset)")
 
 
 def dataset_dir(config: TrainConfig, env: DistEnv) -> Path:
@@ -105,26 +97,27 @@ def dataset_dir(config: TrainConfig, env: DistEnv) -> Path:
 
 @dataclass(frozen=True)
 class HSTUSummary:
-    """What a run reports: the evaluation (AUC and NE per task), steps, time."""
+    """What a run reports: the loop's result (its evaluation: AUC and NE per task), time, where it went."""
 
     primary: bool
-    eval: HSTUEval
-    steps: int
+    result: TrainResult
     seconds: float
     log_dir: Path
-    checkpoint: Path | None
+    checkpoint: Path
 
     @property
     def auc(self) -> dict[str, float]:
-        return self.eval.auc
+        return self.result.eval.auc
 
     def format(self) -> str:
-        lines = [f"HSTU: {self.steps} steps in {self.seconds:.0f} s",
-                 f"  AUC (window T+1, {self.eval.rows:,} candidates): {self.eval.describe()}",
-                 f"  TensorBoard     {self.log_dir}"]
-        if self.checkpoint:
-            lines.append(f"  checkpoint      {self.checkpoint}")
-        return "\n".join(lines)
+        r = self.result
+        steady = r.steady_samples_per_sec
+        rate = f"{steady:,.0f} users/s steady (after the first step)" if steady else "one step, no steady figure"
+        return "\n".join([f"HSTU: {r.steps} steps in {self.seconds:.0f} s",
+                          f"  AUC (window T+1, {r.eval.samples:,} candidates): {r.eval.describe()}",
+                          f"  throughput      {rate}",
+                          f"  TensorBoard     {self.log_dir}",
+                          f"  checkpoint      {self.checkpoint}"])
 
 
 def dense_device(config: TrainConfig) -> torch.device:
@@ -169,44 +162,54 @@ def _sparse_spec(config: TrainConfig):
     return RowWiseAdagrad(config.optim.sparse_lr)
 
 
-def with_hstu_defaults(config: TrainConfig) -> TrainConfig:
-    """``config`` with :data:`HSTU_DEFAULTS` for the options left at the train command's defaults."""
-    given, default = config.to_dict(), TrainConfig().to_dict()
-    return TrainConfig.from_options(**{**given, **{k: v for k, v in HSTU_DEFAULTS.items() if given[k] == default[k]}})
-
-
-def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The training loss: binary cross-entropy of every task's logit, averaged."""
     return functional.binary_cross_entropy_with_logits(logits.float(), labels.to(logits.device))
 
 
 @dataclass(frozen=True)
 class HSTUEval:
-    """An evaluation over every rank's candidates: AUC and NE per task, the mean loss over tasks."""
+    """An evaluation over every rank's candidates: AUC and NE per task, the mean loss over tasks.
+    ``auc`` and ``ne`` (what ``--target-auc``, the best evaluation and MLPerf's log read) are the
+    means over tasks."""
 
-    auc: dict[str, float]
-    ne: dict[str, float]
+    task_auc: dict[str, float]
+    task_ne: dict[str, float]
     loss: float
-    rows: int
+    samples: int  # candidates scored
+    accuracy: float = float("nan")
+
+    @property
+    def auc(self) -> float:
+        return sum(self.task_auc.values()) / len(self.task_auc)
+
+    @property
+    def ne(self) -> float:
+        return sum(self.task_ne.values()) / len(self.task_ne)
 
     def describe(self) -> str:
         """``click 0.7012, like 0.6543; NE click 0.9321, like 0.9710; loss 0.5012`` (the AUCs first)."""
-        aucs, nes = (", ".join(f"{task} {v:.4f}" for task, v in d.items()) for d in (self.auc, self.ne))
+        aucs, nes = (", ".join(f"{task} {v:.4f}" for task, v in d.items()) for d in (self.task_auc, self.task_ne))
         return f"{aucs}; NE {nes}; loss {self.loss:.4f}"
 
-    def scalars(self) -> dict[str, float]:
-        """The TensorBoard scalars: ``eval/loss``, ``eval/auc/<task>``, ``eval/ne/<task>``."""
-        return {"eval/loss": self.loss, **{f"eval/auc/{task}": a for task, a in self.auc.items()},
-                **{f"eval/ne/{task}": n for task, n in self.ne.items()}}
+    def scalars(self, split: str = "eval") -> dict[str, float]:
+        """The TensorBoard scalars: ``<split>/loss``, ``<split>/auc`` and ``<split>/ne`` (the means),
+        ``<split>/auc/<task>``, ``<split>/ne/<task>``."""
+        return {f"{split}/loss": self.loss, f"{split}/auc": self.auc, f"{split}/ne": self.ne,
+                **{f"{split}/auc/{task}": a for task, a in self.task_auc.items()},
+                **{f"{split}/ne/{task}": n for task, n in self.task_ne.items()}}
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, reader: SequenceReader, device: torch.device, precision: str,
-             limit: int = 0) -> HSTUEval:
-    """AUC and NE per task (over every rank's candidates), mean loss and candidate count of ``reader``."""
+def evaluate(model: nn.Module, reader: Iterable[SequenceBatch], device: torch.device, precision: str,
+             limit: int = 0, progress: Callable[[int, int], None] | None = None) -> HSTUEval:
+    """AUC and NE per task (over every rank's candidates), mean loss and candidate count of
+    ``reader``'s first ``limit`` batches (0: all); ``progress(candidates, batches)`` hears the
+    count scored after each batch."""
     model.eval()
-    tasks = len(reader.tasks)
-    aucs = [BinaryAUROC() for _ in reader.tasks]
-    total = torch.zeros(2 * tasks + 1, dtype=torch.float64)  # loss sums per task, label sums per task, rows
+    tasks = reader.tasks  # type: ignore[attr-defined]
+    aucs = [BinaryAUROC() for _ in tasks]
+    total = torch.zeros(2 * len(tasks) + 1, dtype=torch.float64)  # loss sums per task, label sums per task, rows
     for i, batch in enumerate(reader):
         if limit and i >= limit:
             break
@@ -217,16 +220,18 @@ def evaluate(model: nn.Module, reader: SequenceReader, device: torch.device, pre
         losses = functional.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none").sum(0)
         total += torch.cat([losses.double(), batch.labels.double().sum(0), torch.tensor([batch.labels.shape[0]],
                                                                                           dtype=torch.float64)])
+        if progress is not None:
+            progress(int(total[-1]), i + 1)
     if dist.is_initialized():
         dist.all_reduce(total)
     model.train()
-    rows = int(total[-1])
+    rows, n = int(total[-1]), len(tasks)
     if rows == 0:
         raise ValueError("evaluation window is empty: no candidates to compute AUC on")
-    losses, rates = (total[:tasks] / rows).tolist(), (total[tasks:-1] / rows).tolist()
-    return HSTUEval({task: float(auc.compute()) for task, auc in zip(reader.tasks, aucs)},
-                    {task: normalized_entropy(loss, rate) for task, loss, rate in zip(reader.tasks, losses, rates)},
-                    sum(losses) / tasks, rows)
+    losses, rates = (total[:n] / rows).tolist(), (total[n:-1] / rows).tolist()
+    return HSTUEval({task: float(auc.compute()) for task, auc in zip(tasks, aucs)},
+                    {task: normalized_entropy(loss, rate) for task, loss, rate in zip(tasks, losses, rates)},
+                    sum(losses) / n, rows)
 
 
 TABLES_PREFIX = "embeddings."
@@ -249,8 +254,8 @@ class HSTUTraining:
     dense: list[nn.Parameter]
     precision: str
 
-    def step(self, batch: SequenceBatch) -> float:
-        """One training step on ``batch``: its loss."""
+    def step(self, batch: SequenceBatch) -> torch.Tensor:
+        """One training step on ``batch``: its loss (not read back)."""
         return _train_step(self.model, batch, self.adam, self.sparse_opt, self.device, self.precision, self.dense,
                            self.env.world_size)
 
@@ -274,10 +279,11 @@ class HSTUTraining:
 
 @contextlib.contextmanager
 def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
-    """The run's :class:`HSTUTraining` inside its process group (``config``: checked and with
-    :data:`HSTU_DEFAULTS`, :func:`prepared`); logs the layout line, as DLRM's jobs do."""
+    """The run's :class:`HSTUTraining` inside its process group (its ranks bound to their CPUs with
+    ``--bind-cpus``, ``--num-threads`` set); logs the layout line, as DLRM's jobs do."""
     device = dense_device(config)
-    with process_group(config.engine.collective_timeout, device_tensors=device.type == "tpu") as env:
+    with process_group(config.engine.collective_timeout, device.type == "tpu", config.engine.bind_cpus) as env:
+        use_rank_threads(config, env, "train")
         directory = dataset_dir(config, env)
         meta = read_meta(directory)
         if meta.windows < 2:
@@ -315,86 +321,89 @@ def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
         yield training
 
 
-def prepared(config: TrainConfig) -> TrainConfig:
-    """``config`` checked for ``--model hstu|dlrmv4`` (:func:`check_options`), with :data:`HSTU_DEFAULTS`."""
-    check_options(config)
-    return with_hstu_defaults(config)
+class WindowBatches:
+    """Window T's batches as the training loop streams them (a
+    :class:`~pipelines.streams.BatchStream` of :class:`SequenceBatch`): each pass is the next epoch,
+    reshuffled, the first being ``epoch``; ``iter_from_row`` resumes a pass at a row of this rank's."""
+
+    def __init__(self, reader: SequenceReader, epoch: int) -> None:
+        self.reader, self.epoch = reader, epoch
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __iter__(self) -> Iterator[SequenceBatch]:
+        return self.iter_from_row(0)
+
+    def iter_from_row(self, row: int) -> Iterator[SequenceBatch]:
+        batches = self.reader.batches(self.epoch, row)
+        self.epoch += 1
+        return batches
 
 
-Checkpointed = Callable[[Path, dict[str, float]], None]
-
-
-def run_hstu(config: TrainConfig, checkpointed: Checkpointed | None = None) -> HSTUSummary:
-    """Train and evaluate HSTU as ``config`` says (module docstring); ``checkpointed(path, scalars)``
-    is called on every rank after each checkpoint is written (Ray Train reports it)."""
-    config = prepared(config)
-    with hstu_training(config) as t:
-        env, model = t.env, t.model
-        step, start_epoch, skip, run_id = 0, 0, 0, new_run_id()
-        root = Path(config.checkpoint.checkpoint_dir) if config.checkpoint.checkpoint_dir else None
+def run_hstu(config: TrainConfig, hooks: JobHooks = JobHooks()) -> HSTUSummary:
+    """Train and evaluate HSTU as ``config`` says (module docstring) through the training loop
+    (:func:`~torchrec_tpu.train.loop.run_training`: its schedules, progress, divergence guard and
+    events); ``hooks.checkpointed`` hears every checkpoint on every rank (Ray Train reports it)."""
+    started = time.perf_counter()
+    with hstu_training(config) as t, contextlib.ExitStack() as held:
+        env = t.env
+        dirs = on_primary(lambda: claim_run_dirs(config, held), env)
+        start_step, start, run_id = 0, LoopPosition(), on_primary(new_run_id, env)
         if config.checkpoint.resume:
-            step, start_epoch, skip, run_id = _resume(Path(config.checkpoint.resume), t)
-        log_dir = Path(config.loop.log_dir) if config.loop.log_dir else Path("runs") / time.strftime(
-            "%Y%m%d-%H%M%S", time.gmtime())
-        started = time.perf_counter()
-        limit = config.data.limit_train_batches
-        position = {"step": step, "epoch": start_epoch, "row": skip}
-
-        def save(scalars: dict[str, float]) -> Path:
-            meta = {**position, HSTU_META: t.hstu_config.to_dict(), "config": config.to_dict()}
-            path = save_checkpoint(root, model, t.optimizer, meta, run_id, config.checkpoint.keep_checkpoints)
-            if checkpointed is not None:
-                checkpointed(path, scalars)
-            return path
-
-        guard = DivergenceGuard(f"--sparse-lr {config.optim.sparse_lr:g} (rowwise_adagrad), --dense-lr "
-                                f"{config.optim.dense_lr:g} (adam)", env.world_size)
-        unchecked: list[tuple[int, int, float]] = []  # (step, epoch, loss) the guard has not seen
-        first = step  # the steps of this run, for the progress line
-        lines = ProgressLine(_log.info, "train (HSTU)", max(config.loop.max_steps - first, 0) or None, unit="steps")
+            start_step, start, run_id = _resume(Path(config.checkpoint.resume), t)
+        train: Iterable[SequenceBatch] = WindowBatches(t.train, start.epoch)
+        if config.data.limit_train_batches:
+            train = LimitedBatches(train, config.data.limit_train_batches, t.train.batch_size)
+        checkpoint = _Checkpoints(config, t, run_id, dirs.checkpoint_root, hooks)
+        rates = (f"--sparse-lr {config.optim.sparse_lr:g} (rowwise_adagrad), --dense-lr "
+                 f"{config.optim.dense_lr:g} (adam)")
+        with ScalarLog(dirs.log_dir, env.is_primary) as log, \
+                run_events(config, env, _epoch_samples(config, t.train, env)) as events:
+            log.log_hparams(config.to_dict(), HPARAM_METRICS)
+            result = run_training(
+                t.model, t.optimizer, train, t.held_out, torch.device("cpu"), log,
+                loop_options(config, env, start_step, start, learning_rates=rates),
+                step_fn=lambda model, optimizer, batch: t.step(batch), checkpoint=checkpoint.save,
+                evaluator=functools.partial(evaluate, device=t.device, precision=config.optim.precision,
+                                            limit=config.data.limit_val_batches), events=events)
+        saved = checkpoint.save(result.steps, result.position)
         if env.is_primary:
-            _log.info("train (HSTU): from step %d; the first step compiles", step)
-        with ScalarLog(log_dir, env.is_primary) as scalars:
-            loss = float("nan")
-            for epoch in range(start_epoch, config.loop.epochs):
-                row = skip if epoch == start_epoch else 0  # rows of this rank's pass trained so far
-                for batch in t.train.batches(epoch, row):
-                    if (limit and row >= limit * t.train.batch_size) or _done(config, step):
-                        break
-                    loss = t.step(batch)
-                    step += 1
-                    unchecked.append((step, epoch, loss))
-                    row += batch.users
-                    position = {"step": step, "epoch": epoch, "row": row}
-                    checkpoint = root and config.checkpoint.checkpoint_every and \
-                        step % config.checkpoint.checkpoint_every == 0
-                    if step % config.loop.log_every == 0 or checkpoint:  # the same steps on every rank
-                        guard.check(unchecked)
-                        unchecked.clear()
-                    if step % config.loop.log_every == 0:
-                        scalars.log(step, {"train/loss": loss})
-                        if env.is_primary:
-                            _log.info("train (HSTU) step %d (epoch %d): loss %.4f", step, epoch, loss)
-                            lines.mark()
-                    elif env.is_primary:  # a long --log-every window still has a line every 30 s
-                        lines.update(step - first)
-                    if checkpoint:
-                        save({"train/loss": loss})
-                if _done(config, step):
-                    break
-                position = {"step": step, "epoch": epoch + 1, "row": 0}
-            guard.check(unchecked)
-            if env.is_primary:
-                _log.info("train (HSTU): %d steps trained; evaluating on window T + 1", step)
-            result = evaluate(model, t.held_out, t.device, config.optim.precision, config.data.limit_val_batches)
-            scalars.log(step, result.scalars())
-        saved = save({"eval/loss": result.loss}) if root else None
-        return HSTUSummary(env.is_primary, result, step, time.perf_counter() - started, log_dir, saved)
+            _log.info("checkpoint step %d: %s", result.steps, saved)
+        return HSTUSummary(env.is_primary, result, time.perf_counter() - started, dirs.log_dir, saved)
 
 
-def _resume(path: Path, t: HSTUTraining) -> tuple[int, int, int, str]:
+def _epoch_samples(config: TrainConfig, reader: SequenceReader, env: DistEnv) -> int:
+    """Users trained in an epoch, all ranks (at most ``--limit-train-batches`` batches a rank)."""
+    rows = reader.rows.size
+    if config.data.limit_train_batches:
+        rows = min(rows, config.data.limit_train_batches * reader.batch_size)
+    return rows * env.world_size
+
+
+@dataclass(frozen=True)
+class _Checkpoints:
+    """Saves the run's checkpoints (the loop's periodic ones and the final one) with HSTU's meta."""
+
+    config: TrainConfig
+    training: HSTUTraining
+    run_id: str
+    root: Path
+    hooks: JobHooks
+
+    def save(self, step: int, position: LoopPosition) -> Path:
+        meta = {"step": step, "epoch": position.epoch, "row": position.rows,
+                HSTU_META: self.training.hstu_config.to_dict(), "config": self.config.to_dict()}
+        path = save_checkpoint(self.root, self.training.model, self.training.optimizer, meta, self.run_id,
+                               self.config.checkpoint.keep_checkpoints)
+        if self.hooks.checkpointed is not None:
+            self.hooks.checkpointed(path, {"step": step})
+        return path
+
+
+def _resume(path: Path, t: HSTUTraining) -> tuple[int, LoopPosition, str]:
     """Load the HSTU checkpoint ``path`` (one, or a root: its latest) into ``t``'s model and
-    optimizers and this rank's random state: its (step, epoch, rows of the epoch trained, run id).
+    optimizers and this rank's random state: its (step, position in the data, run id).
     CheckpointError when it is not an HSTU checkpoint or another world size wrote it (each rank
     resumes its own rows of the window)."""
     directory = find_hstu_checkpoint(path)
@@ -419,7 +428,8 @@ def _resume(path: Path, t: HSTUTraining) -> tuple[int, int, int, str]:
     if t.env.is_primary:
         _log.info("resuming from %s: step %d", directory, meta["step"])
     run_id = None if legacy else run_id_of(directory)
-    return int(meta["step"]), int(meta["epoch"]), trained_rows(meta, t.env, t.train.batch_size), run_id or new_run_id()
+    position = LoopPosition(int(meta["epoch"]), trained_rows(meta, t.env, t.train.batch_size))
+    return int(meta["step"]), position, run_id or new_run_id()
 
 
 def trained_rows(meta: dict, env: DistEnv, local_batch: int) -> int:
@@ -432,20 +442,16 @@ def trained_rows(meta: dict, env: DistEnv, local_batch: int) -> int:
     return int(meta["batch"]) * (env.local_batch_of(int(saved)) if saved else local_batch)
 
 
-def _done(config: TrainConfig, step: int) -> bool:
-    return bool(config.loop.max_steps) and step >= config.loop.max_steps
-
-
 def _train_step(model: HSTU, batch: SequenceBatch, adam: KeyedOptimizer, sparse_opt, device: torch.device,
-                precision: str, dense: list[nn.Parameter], world_size: int) -> float:
+                precision: str, dense: list[nn.Parameter], world_size: int) -> torch.Tensor:
     with autocast(device.type, precision):
         logits = model(batch.features)
-    loss = _loss(logits, batch.labels)
+    step_loss = loss(logits, batch.labels)
     adam.zero_grad()
     if sparse_opt is not None:
         sparse_opt.zero_grad()
     with record_function(DENSE_BWD):  # the fused table update runs inside backward
-        loss.backward()
+        step_loss.backward()
     if world_size > 1:
         with record_function(COLLECTIVES):
             for p in dense:
@@ -456,6 +462,6 @@ def _train_step(model: HSTU, batch: SequenceBatch, adam: KeyedOptimizer, sparse_
         adam.step()
         if sparse_opt is not None:
             sparse_opt.step()
-    return float(loss.detach().cpu())
+    return step_loss.detach()
 
 

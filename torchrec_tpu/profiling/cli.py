@@ -15,8 +15,9 @@ from torchrec_tpu.errors import report_user_error
 from torchrec_tpu.launcher import restart_with_xla_cpu_env
 from torchrec_tpu.log_setup import say_loading
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
-from torchrec_tpu.train.config import HSTU_MODELS, ConfigError, add_config_arguments, config_from_args, log_notes
+from torchrec_tpu.train.config import ConfigError, add_config_arguments, config_from_args, log_notes
 from torchrec_tpu.train.engine_kinds import ENGINES
+from torchrec_tpu.train.model_kinds import MODEL_KINDS
 from torchrec_tpu.train.preflight import check_outputs, check_paths
 
 # Options of ``train`` that do not change the profiled step (a --config YAML may still hold them).
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
         log_notes(notes)
-        if config.model.kind not in HSTU_MODELS:  # HSTU's --data: a sequence dataset, checked as train checks it
+        if not MODEL_KINDS[config.model.kind].sequences:  # a sequence dataset: checked as train checks it
             check_paths(config, int(os.environ.get("WORLD_SIZE", "1")))  # before the heavy imports below
         say_loading("profile")
         from torchrec_tpu.profiling.job import profile_training  # heavy: torch, torchrec, jax

@@ -31,13 +31,14 @@ from torchrec_tpu.log_setup import configure_logging
 from torchrec_tpu.profiling.phases import DATA, PhasedParquetReader, phase_ranges
 from torchrec_tpu.profiling.summary import format_summary
 from torchrec_tpu.profiling.trace import TraceFiles, profiling, program_range, traced_step
-from torchrec_tpu.train.config import HSTU_MODELS, TrainConfig
+from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.data import open_data
 from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.engines import EAGER_STEP, engine_for, step_program_name
 from torchrec_tpu.train.engines.sparsecore_engine import overflow_with_flags
 from torchrec_tpu.train.job import decide_layout, model_spec, use_rank_threads
 from torchrec_tpu.train.memory_preflight import check_model_fits
+from torchrec_tpu.train.model_kinds import MODEL_KINDS
 from torchrec_tpu.train.streams import training_streams
 
 _log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def profile_training(
         raise ValueError(f"need steps >= 1 and warmup >= 1, got steps={steps}, warmup={warmup}")
     log_dir = Path(log_dir) if log_dir else config.loop.resolved_log_dir() / "profile"
     torch.manual_seed(config.loop.seed)
-    if config.model.kind in HSTU_MODELS:
+    if MODEL_KINDS[config.model.kind].sequences:
         return _profile_hstu(config, steps, warmup, log_dir, top)
     if config.data.in_memory_binary_criteo_path is not None:
         raise ValueError("profile reads Parquet (--data); --in-memory-binary-criteo-path is for train")
@@ -140,12 +141,10 @@ def _trace(step: Callable[[], None], model: nn.Module, warmup: int, steps: int, 
 
 
 def _profile_hstu(config: TrainConfig, steps: int, warmup: int, log_dir: Path, top: int) -> ProfileResult:
-    """``--model hstu|dlrmv4``: train's HSTU setup and step (:func:`torchrec_tpu.hstu.train.hstu_training`:
-    the same model, tables, dense device and layout line), its window-T batches over as many epochs
-    as the steps need."""
-    from torchrec_tpu.hstu.train import hstu_training, prepared
-
-    with hstu_training(prepared(config)) as run:
+    """``--model hstu|dlrmv4``: train's setup and step of the model (its registry entry's
+    ``training``: the same model, tables, dense device and layout line), its window-T batches over
+    as many epochs as the steps need."""
+    with MODEL_KINDS[config.model.kind].load("training")(config) as run:
         batches = itertools.chain.from_iterable(run.train.batches(epoch) for epoch in itertools.count())
 
         def step() -> None:

@@ -16,7 +16,6 @@ from torchrec_tpu.launcher import restart_with_xla_cpu_env
 from torchrec_tpu.log_setup import say_loading
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import (
-    HSTU_MODELS,
     ConfigError,
     add_config_arguments,
     check_batch_split,
@@ -24,6 +23,7 @@ from torchrec_tpu.train.config import (
     log_notes,
 )
 from torchrec_tpu.train.engine_kinds import ENGINES
+from torchrec_tpu.train.model_kinds import MODEL_KINDS
 from torchrec_tpu.train.preflight import check_outputs, check_paths
 from torchrec_tpu.train.ray_train import RayOptions
 
@@ -72,16 +72,11 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
         log_notes(notes)
-        hstu = config.model.kind in HSTU_MODELS
-        if hstu:  # its options and sequence data are checked by torchrec_tpu.hstu.train
-            say_loading("train")
-            from torchrec_tpu.hstu.train import check_options  # heavy: torch, torchrec, torch_tpu
-
-            check_options(config)
-        else:
+        model = MODEL_KINDS[config.model.kind]
+        if not model.sequences:  # a sequence dataset is checked by the model's reader
             check_batch_split(config.data, world_size)
             check_paths(config, world_size)  # before the heavy imports below: a bad file fails in well under a second
-            say_loading("train")
+        say_loading("train")
         if args.ray_workers:
             from torchrec_tpu.train.ray_train import as_given, train_on_ray  # heavy: ray.train, torch
 
@@ -89,14 +84,7 @@ def run(args: argparse.Namespace) -> int:
             print(ray_run.summary)
             print(f"  ray checkpoint  {as_given(ray_run.checkpoint)}")
             return 0
-        if hstu:
-            from torchrec_tpu.hstu.train import run_hstu
-
-            summary = run_hstu(config)
-        else:
-            from torchrec_tpu.train.job import run_job  # heavy: torch, torchrec, fbgemm
-
-            summary = run_job(config)
+        summary = model.load("job")(config)  # heavy: torch, torchrec, fbgemm
     except (ConfigError, CheckpointError, FileNotFoundError) as error:  # bad flags, YAML, data, checkpoint
         return report_user_error("train", error)
     if summary.primary:

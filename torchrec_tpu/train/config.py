@@ -28,6 +28,7 @@ from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.suggest import close_match, did_you_mean
 from torchrec_tpu.train.dlrm_main_flags import add_dlrm_main_flags, per_rank_options
 from torchrec_tpu.train.engine_kinds import ENGINES
+from torchrec_tpu.train.model_kinds import MODEL_KINDS
 from torchrec_tpu.train.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 from torchrec_tpu.train.spellings import conflicting_spellings, record_spellings
 from torchrec_tpu.zch_names import ZCH_POLICIES
@@ -35,8 +36,8 @@ from torchrec_tpu.zch_names import ZCH_POLICIES
 _log = logging.getLogger(__name__)
 
 # The option vocabularies that are defined here (the others come from their registries above).
-Model = Literal["dlrm", "dlrm_dcn", "hstu", "dlrmv4"]  # hstu, dlrmv4: torchrec_tpu.hstu.train
-HSTU_MODELS = ("hstu", "dlrmv4")  # the --model kinds train, profile and Ray Train run by torchrec_tpu.hstu.train
+Model = str  # a name of torchrec_tpu.train.model_kinds.MODEL_KINDS
+HSTU_MODELS = tuple(m.name for m in MODEL_KINDS.values() if m.sequences)  # the models of sequence datasets
 Precision = Literal["fp32", "bf16"]  # --precision: the towers' matmuls (engines.precision)
 Stu = Literal["auto", "paper", "dlrmv3", "legacy"]  # --stu: HSTU's STU layer (torchrec_tpu.hstu.layers)
 DenseDevice = Literal["auto", "cpu", "tpu"]
@@ -46,7 +47,7 @@ MLPerfStatus = Literal["onprem", "cloud", "research"]  # --mllog-status (mlperf_
 # sparsecore.backends' names, and auto: the CLI's choice, resolved to one of them at start (engines.step_layout)
 SparseBackend = Literal["auto", BackendName]
 MODELS, PRECISIONS, DENSE_DEVICES, DENSE_PARALLELS, SPARSE_BACKENDS = (
-    get_args(Model), get_args(Precision), get_args(DenseDevice), get_args(DenseParallel), get_args(SparseBackend))
+    tuple(MODEL_KINDS), get_args(Precision), get_args(DenseDevice), get_args(DenseParallel), get_args(SparseBackend))
 STUS = get_args(Stu)
 MLPERF_DIVISIONS, MLPERF_STATUSES = get_args(MLPerfDivision), get_args(MLPerfStatus)
 # --id-overflow: sparsecore.limits' policies, and auto (minibatch where the backend runs it, else error)
@@ -114,7 +115,10 @@ class ModelConfig(_Group):
     """The architecture: DLRM kind, tables, towers."""
 
     kind: Model = _opt("dlrm", "model: stock torchrec DLRM or DLRM_DCN; HSTU (generative recommender) or its "
-                               "MLPerf DLRMv4 shape", flag="model", choices=MODELS)
+                               "MLPerf DLRMv4 shape. Each model has its defaults where neither a flag nor --config "
+                               "sets the option (hstu, dlrmv4: --batch-size 128, --dense-lr 0.003, --epochs 2) and "
+                               "refuses the options it does not read (torchrec_tpu/train/model_kinds.py).",
+                       flag="model", choices=MODELS)
     num_embeddings: int = _opt(
         100_000, "rows per embedding table, at most; ids are hashed modulo the table size. Synthetic tables with "
                  "fewer ids are smaller.")
@@ -458,11 +462,14 @@ class TrainConfig:
     @classmethod
     def from_options(cls, **options: Any) -> "TrainConfig":
         """The config of these options (by option name: flags and YAML keys with underscores), the
-        rest at their defaults; TypeError names an unknown option."""
+        rest at their model's defaults (:attr:`ModelKind.defaults <torchrec_tpu.train.model_kinds.ModelKind>`),
+        else at the options' own; TypeError names an unknown option."""
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             hints = "".join(did_you_mean(name, OPTIONS) for name in unknown)
             raise TypeError(f"unknown training options {unknown}{hints}")
+        model = MODEL_KINDS.get(options.get("model", ModelConfig().kind))
+        options = {**(model.defaults if model is not None else {}), **options}
         groups: dict[str, dict[str, Any]] = {f.name: {} for f in dataclasses.fields(cls)}
         for name, value in options.items():
             group, f = OPTIONS[name]
@@ -486,9 +493,11 @@ class TrainConfig:
         """Raise :class:`ConfigError` naming the first bad option, its value and the limit: each group
         checks its own options when built; these are the checks across groups."""
         kind = ENGINES[self.engine.kind]
-        if self.loop.mllog is not None and self.model.kind != "dlrm_dcn":
-            raise ConfigError(f"--mllog={self.loop.mllog!r} writes MLPerf's dlrm_dcnv2 log: it needs --model dlrm_dcn "
-                              f"(not {self.model.kind!r})")
+        if self.loop.mllog is not None and MODEL_KINDS[self.model.kind].mlperf_benchmark is None:
+            benchmarks = ", ".join(f"{m.mlperf_benchmark} (--model {m.name})" for m in MODEL_KINDS.values()
+                                   if m.mlperf_benchmark)
+            raise ConfigError(f"--mllog={self.loop.mllog!r} writes an MLPerf benchmark's log, and --model "
+                              f"{self.model.kind} has none: {benchmarks}")
         if (self.optim.lr_warmup_steps or self.optim.lr_decay_steps) and not kind.schedules_sparse_lr:
             raise ConfigError(f"--lr-warmup-steps/--lr-decay-steps need --engine "
                               f"{_engines_that('schedules_sparse_lr')}: the {kind.name} engine's fused embedding "
@@ -656,12 +665,29 @@ def config_from_args(args: argparse.Namespace, world_size: int = 1, notes: list[
                               f"rank(s) = {value} disagree; give one")
     layers.append({**flags, **per_rank})
     said = [*getattr(args, NOTES, []), *per_rank_notes]
-    config = TrainConfig.from_options(**resolve_layers(layers, said))
+    values = resolve_layers(layers, said)
+    check_model_reads(values.get("model", ModelConfig().kind), [name for layer in layers for name in layer])
+    config = TrainConfig.from_options(**values)
     if notes is None:
         log_notes(said)
     else:
         notes += said
     return config
+
+
+def check_model_reads(model: str, given: list[str]) -> None:
+    """ConfigError naming the options of ``given`` (option and shorthand names set by a flag or the
+    YAML file) that ``--model model`` does not read (:attr:`ModelKind.reads
+    <torchrec_tpu.train.model_kinds.ModelKind>`)."""
+    kind = MODEL_KINDS.get(model)
+    if kind is None:
+        return  # an unknown model: ModelConfig names it
+    options = [target for name in dict.fromkeys(given)
+               for target in (SHORTHANDS[name].targets if name in SHORTHANDS else (name,))]
+    refused = list(dict.fromkeys(kind.refused(options)))
+    if refused:
+        flags = ", ".join(_as_flag(name) for name in refused)
+        raise ConfigError(f"{flags} {'does' if len(refused) == 1 else 'do'} not apply to --model {model}")
 
 
 def log_notes(notes: list[str]) -> None:

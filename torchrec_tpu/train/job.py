@@ -166,7 +166,7 @@ def _run(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device
     if env.world_size > 1 and env.is_primary:
         _log.info("torchrec-tpu train: %s", describe_transport(env))
     with contextlib.ExitStack() as held:  # the primary's locks on the run's directories
-        dirs = _on_primary(lambda: claim_run_dirs(config, held), env)
+        dirs = on_primary(lambda: claim_run_dirs(config, held), env)
         try:
             return _run_in(config, engine, env, device, hooks, dirs)
         except _AGREED_ERRORS:  # failed on its config (options, files, checkpoint)
@@ -182,18 +182,18 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
     if env.is_primary:
         _log.info("train: opening the data (--data %s)", config.data.source)
     with open_data(config, env) as data, ScalarLog(dirs.log_dir, enabled=env.is_primary) as log, \
-            _run_events(config, env, data) as events:
+            run_events(config, env, epoch_samples(config, data)) as events:
         log.log_hparams(config.to_dict(), HPARAM_METRICS)
         spec = model_spec(config, data.schema.sparse, data.table_sizes, len(data.schema.dense))
         zch = config.engine.zch_tables(spec.feature_names) if config.engine.zch is not None else {}
         check_model_fits(spec, config.optim.sparse_optimizer, env.world_size,
                          zch={feature: policy for feature, (policy, _) in zch.items()})
         # checked before any model is built: a checkpoint this run cannot continue fails fast
-        point = _on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
+        point = on_primary(lambda: _resume_point(config, env, data), env) if config.checkpoint.resume else None
         layout = decide_layout(engine, spec, env)
         built = time.perf_counter()
         model, optimizer = _build(config, engine, spec, env, device, layout)
-        run_id = point.run_id if point is not None else _on_primary(new_run_id, env)  # whose checkpoints to prune
+        run_id = point.run_id if point is not None else on_primary(new_run_id, env)  # whose checkpoints to prune
         start_step, start = _restore(point, model, optimizer, env)
         if env.is_primary:
             _log.info("model %s in %.1f s; the first training step compiles",
@@ -204,7 +204,7 @@ def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.dev
                                    data_split, dirs.log_dir / FDO_STATS_FILE)
         policy = LRPolicy(config.optim.lr_warmup_steps, config.optim.lr_decay_start, config.optim.lr_decay_steps)
         result = run_training(model, optimizer, train, held_out, device, log,
-                              _loop_options(config, env, data, start_step, start),
+                              loop_options(config, env, start_step, start, data.eval_batch_rows),
                               step_fn=engine.step_function(model, optimizer, layout), checkpoint=checkpoints.save,
                               learning_rates=engine.learning_rates(policy, model, optimizer).at,
                               eval_forward=engine.eval_forward(model, layout), test=test, events=events)
@@ -256,14 +256,16 @@ def _streams(config: TrainConfig, engine: Engine, hooks: JobHooks, data: TrainDa
     return engine.wrap_batches(train, model, env, device), held_out, test
 
 
-def _loop_options(config: TrainConfig, env: DistEnv, data: TrainData, start_step: int,
-                  start: LoopPosition) -> LoopOptions:
+def loop_options(config: TrainConfig, env: DistEnv, start_step: int, start: LoopPosition, eval_batch_rows: int = 0,
+                 learning_rates: str | None = None) -> LoopOptions:
+    """The loop's options of ``config`` on ``env``'s rank, from ``start_step`` at ``start``;
+    ``learning_rates``: what a divergence stop names (default: the DLRM optimizers' rates)."""
     return LoopOptions(
         epochs=config.loop.epochs, max_steps=config.loop.max_steps, log_every=config.loop.log_every,
-        eval_every=config.loop.eval_every, eval_batch_rows=data.eval_batch_rows, target_auc=config.loop.target_auc,
+        eval_every=config.loop.eval_every, eval_batch_rows=eval_batch_rows, target_auc=config.loop.target_auc,
         checkpoint_every=config.checkpoint.checkpoint_every,
         progress=config.loop.progress and env.is_primary, primary=env.is_primary, world_size=env.world_size,
-        start_step=start_step, start=start, learning_rates=config.optim.rates_text(),
+        start_step=start_step, start=start, learning_rates=learning_rates or config.optim.rates_text(),
     )
 
 
@@ -307,12 +309,13 @@ def _final_metrics(result: TrainResult) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def _run_events(config: TrainConfig, env: DistEnv, data: TrainData) -> Iterator[RunEvents]:
-    """Who hears the loop's events: MLPerf's log with ``--mllog`` on the primary, else no one."""
+def run_events(config: TrainConfig, env: DistEnv, train_samples: int) -> Iterator[RunEvents]:
+    """Who hears the loop's events: MLPerf's log with ``--mllog`` on the primary, else no one;
+    ``train_samples``: samples in an epoch, all ranks."""
     if config.loop.mllog is None or not env.is_primary:
         yield RunEvents()
         return
-    with mlperf_log(config, env.world_size, epoch_samples(config, data)) as events:
+    with mlperf_log(config, env.world_size, train_samples) as events:
         yield events
 
 
@@ -342,7 +345,7 @@ def _resume_point(config: TrainConfig, env: DistEnv, data: TrainData) -> ResumeP
 _AGREED_ERRORS = (CheckpointError, ConfigError, FileNotFoundError)  # _on_primary raises them on every rank
 
 
-def _on_primary(compute: Callable[[], T], env: DistEnv) -> T:
+def on_primary(compute: Callable[[], T], env: DistEnv) -> T:
     """``compute()`` run on the primary, its value (or its CheckpointError / ConfigError /
     FileNotFoundError, raised again) on every rank, so all ranks agree and none waits for one
     that failed."""

@@ -3,13 +3,16 @@
 The loop knows nothing about how the model is sharded or where its parts run: it takes a module
 returning ``(loss, (loss, logits, labels))`` for a Batch (TorchRec's ``DLRMTrain`` contract), an
 optimizer, and re-iterable batch streams. Swapping the sparse part to SparseCore or the dense part
-to the TPU device changes what is passed in, not this file.
+to the TPU device changes what is passed in, not this file. Another model (HSTU) passes its own
+step function and evaluator; its batches have ``to(device)`` and count their samples in ``rows``
+(a TorchRec Batch: its labels).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -25,7 +28,7 @@ from pipelines.progress import ProgressLine, eta_text, progress_bar
 from pipelines.streams import abandoning, batches_from_row
 from torchrec_tpu.rank_watch import collectives
 from torchrec_tpu.train.divergence import DivergenceGuard
-from torchrec_tpu.train.metrics import EvalForward, EvalResult, evaluate, model_outputs
+from torchrec_tpu.train.metrics import EvalForward, EvalResult, Evaluator, evaluate, model_outputs
 from torchrec_tpu.train.run_events import RunEvents
 from torchrec_tpu.train.scalars import ScalarLog
 
@@ -118,8 +121,15 @@ def _batches(train: Iterable[Batch], options: LoopOptions) -> Iterator[tuple[Loo
     for epoch in range(start.epoch, options.epochs):
         rows = start.rows if epoch == start.epoch else 0
         for batch in batches_from_row(train, rows):
-            rows += batch.labels.numel()
+            rows += batch_rows(batch)
             yield LoopPosition(epoch, rows), batch
+
+
+def batch_rows(batch: Any) -> int:
+    """The samples of ``batch``: its ``rows`` where it counts them (a sequence batch: its users),
+    else its labels (a TorchRec Batch)."""
+    rows = getattr(batch, "rows", None)
+    return batch.labels.numel() if rows is None else rows
 
 
 def _done(step: int, options: LoopOptions) -> bool:
@@ -155,6 +165,7 @@ def run_training(
     eval_forward: EvalForward = model_outputs,
     test: Iterable[Batch] | None = None,
     events: RunEvents = RunEvents(),
+    evaluator: Evaluator | None = None,
 ) -> TrainResult:
     """Train over ``train`` (re-iterated per epoch), evaluate on ``held_out`` (and at the end on
     ``test``, logged as ``test/auc``, ``test/loss``); return a summary.
@@ -162,8 +173,8 @@ def run_training(
     ``checkpoint`` is called every ``options.checkpoint_every`` steps except the last (whose
     state the caller has when this returns). ``learning_rates(s)`` sets the rates of step ``s``
     (1-based) before it runs and returns them as scalars, logged at that step. ``eval_forward``
-    runs the model on a held-out batch. ``events`` hears the run's timeline
-    (:mod:`~torchrec_tpu.train.run_events`).
+    runs the model on a held-out batch; ``evaluator``, where given, scores a whole split instead.
+    ``events`` hears the run's timeline (:mod:`~torchrec_tpu.train.run_events`).
     """
     model.train()
     step, position = options.start_step, options.start
@@ -171,20 +182,22 @@ def run_training(
     bar = progress_bar(total=total, initial=options.start_step, desc="train", unit="step", enabled=options.progress)
     metrics = _MetricsWindow(log, options, total, bar)
     timeline = _Timeline(events, _len(train), metrics)
-    evaluations = _Evaluations(options, log, lambda split, at: _evaluate(model, split, device, at, eval_forward,
-                                                                         options), timeline)
+    evaluator = evaluator or functools.partial(evaluate, device=device, forward=eval_forward,
+                                               batch_rows=options.eval_batch_rows)
+    evaluations = _Evaluations(options, log, lambda split, at: _evaluate(model, split, at, evaluator, options),
+                               timeline)
     stream = iter(()) if _done(step, options) else _batches(train, options)
     events.run_started(timeline.epoch_num(position))
     with bar, _closed(stream):
         for position, batch in stream:
-            timeline.stepping(position, batch.labels.numel())
+            timeline.stepping(position, batch_rows(batch))
             rates = learning_rates(step + 1) if learning_rates else None
             with collectives(f"train step {step + 1} (embedding all_to_all, dense gradient all_reduce)"):
                 loss = step_fn(model, optimizer, batch.to(device))
             step += 1
             if rates:
                 log.log(step, rates)
-            metrics.stepped(step, position.epoch, loss, batch.labels.numel() * options.world_size)
+            metrics.stepped(step, position.epoch, loss, batch_rows(batch) * options.world_size)
             if _stop_after(step, position, held_out, evaluations, metrics, checkpoint, total, options):
                 break
     train_seconds = metrics.train_seconds()
@@ -340,8 +353,8 @@ class _MetricsWindow:
         return sum(self.recent_losses) / len(self.recent_losses)
 
 
-def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device, step: int,
-              forward: EvalForward, options: LoopOptions) -> EvalResult:
+def _evaluate(model: nn.Module, held_out: Iterable[Batch], step: int, evaluator: Evaluator,
+              options: LoopOptions) -> EvalResult:
     """``held_out``'s evaluation; the primary says it starts, then how far it is every
     ``progress_interval`` seconds (a large split takes minutes)."""
     progress = None
@@ -352,7 +365,7 @@ def _evaluate(model: nn.Module, held_out: Iterable[Batch], device: torch.device,
         def progress(rows: int, done: int) -> None:
             line.update(rows, done / batches if batches else None)
     with collectives(f"the evaluation at step {step} (embedding all_to_all, metric all_gather)"):
-        return evaluate(model, held_out, device, forward, options.eval_batch_rows, progress)
+        return evaluator(model, held_out, progress=progress)
 
 
 class _Timeline:
@@ -418,8 +431,7 @@ class _Evaluations:
         return bool(self.options.eval_every) and step % self.options.eval_every == 0
 
     def logged(self, step: int, result: EvalResult, split: str) -> EvalResult:
-        self.log.log(step, {f"{split}/auc": result.auc, f"{split}/ne": result.ne, f"{split}/loss": result.loss,
-                            f"{split}/accuracy": result.accuracy})
+        self.log.log(step, result.scalars(split))
         if self.options.primary:
             _log.info("%s step %d: %s", split, step, result.describe())
         return result

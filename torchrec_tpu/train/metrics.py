@@ -41,9 +41,17 @@ class EvalResult:
         """``AUC 0.8421, NE 0.8812, loss 0.4312, accuracy 0.80``."""
         return f"AUC {self.auc:.4f}, NE {self.ne:.4f}, loss {self.loss:.4f}, accuracy {self.accuracy:.2f}"
 
+    def scalars(self, split: str) -> dict[str, float]:
+        """The TensorBoard scalars of ``split``: ``<split>/auc``, ``/ne``, ``/loss``, ``/accuracy``."""
+        return {f"{split}/auc": self.auc, f"{split}/ne": self.ne, f"{split}/loss": self.loss,
+                f"{split}/accuracy": self.accuracy}
+
 
 # (model, batch) -> the batch's logits [B], on the host
 EvalForward = Callable[[nn.Module, Batch], torch.Tensor]
+# (model, a split's batches, progress=(rows, batches) -> None or None) -> the split's evaluation (a model's own
+# metrics: AUC, NE, loss, samples, describe() and scalars(split), as EvalResult has them)
+Evaluator = Callable[..., EvalResult]
 
 
 def model_outputs(model: nn.Module, batch: Batch) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""``train --mllog FILE``: MLPerf DLRM-DCNv2's compliance log, written with MLCommons'
-``mlperf-logging`` package (``mlperf_logging.mllog``), on rank 0 only.
+"""``train --mllog FILE``: the compliance log of the model's MLPerf benchmark (DLRM-DCNv2, DLRMv4),
+written with MLCommons' ``mlperf-logging`` package (``mlperf_logging.mllog``), on rank 0 only.
 
 :func:`mlperf_log` opens the file once the data is open and logs what is known before the model
 is built (``cache_clear``, ``init_start``, the submission info and the hyperparameters of the
@@ -24,6 +24,7 @@ from mlperf_logging.mllog.mllog import MLLogger
 from torchrec_tpu.host_cpu import cpu_model
 from torchrec_tpu.train.config import TrainConfig
 from torchrec_tpu.train.metrics import EvalResult
+from torchrec_tpu.train.model_kinds import MODEL_KINDS
 from torchrec_tpu.train.optimizers import ADAGRAD_EPS
 from torchrec_tpu.train.run_events import RunEvents
 
@@ -133,7 +134,8 @@ def mlperf_log(config: TrainConfig, world_size: int, train_samples: int) -> Iter
         here = 1  # the lines logged here name this function
         mllogger.event(mlc.CACHE_CLEAR, False, stack_offset=here)  # nothing clears the host's file cache here
         mllogger.start(mlc.INIT_START, stack_offset=here)
-        for key, value in ((mlc.SUBMISSION_BENCHMARK, mlc.DLRM_DCNv2), (mlc.SUBMISSION_ORG, loop.mllog_org),
+        benchmark = MODEL_KINDS[config.model.kind].mlperf_benchmark
+        for key, value in ((mlc.SUBMISSION_BENCHMARK, benchmark), (mlc.SUBMISSION_ORG, loop.mllog_org),
                            (mlc.SUBMISSION_DIVISION, loop.mllog_division),
                            (mlc.SUBMISSION_PLATFORM, loop.mllog_platform or default_platform(config, world_size)),
                            (mlc.SUBMISSION_STATUS, loop.mllog_status), *hyperparameters(config).items()):

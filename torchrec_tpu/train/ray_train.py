@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
 from torchrec_tpu.train.config import HSTU_MODELS, ConfigError, TrainConfig
+from torchrec_tpu.train.model_kinds import MODEL_KINDS
 
 if TYPE_CHECKING:
     import ray.train
@@ -182,9 +183,9 @@ def train_worker(params: dict[str, Any]) -> str | None:
         if directory is not None:
             config = config.with_options(resume=directory)
         if config.model.kind in HSTU_MODELS:
-            from torchrec_tpu.hstu.train import run_hstu
+            from torchrec_tpu.train.job import JobHooks
 
-            summary = run_hstu(config, checkpointed=_report)
+            summary = MODEL_KINDS[config.model.kind].load("job")(config, JobHooks(checkpointed=_report))
         else:
             summary = _run_dlrm(config, params["train_rows"])
     return summary.format() if summary.primary else None
@@ -230,9 +231,6 @@ def ray_ready_config(config: TrainConfig) -> TrainConfig:
     if config.data.in_memory_binary_criteo_path is not None:
         raise ConfigError("--in-memory-binary-criteo-path cannot feed Ray workers; convert it to Parquet "
                           "(`torchrec-tpu data convert`) and pass the directory as --data")
-    if config.model.kind in HSTU_MODELS and config.checkpoint.checkpoint_dir is None:
-        raise ConfigError(f"--ray-workers with --model {config.model.kind} needs --checkpoint-dir: Ray Train keeps "
-                          "and restarts from the checkpoints the run writes there")
     if config.data.shuffle_batches:
         raise ConfigError("--shuffle-batches shuffles a reader's batches in memory; with --ray-workers the "
                           "training stream is Ray Data's (shuffle the files' row groups instead)")

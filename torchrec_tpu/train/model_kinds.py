@@ -1,0 +1,84 @@
+"""The ``--model`` choices: each model's job, builder, reader, loss and evaluator (as
+``"module:name"``, loaded on use), its defaults and the train options it reads. A leaf beside
+:mod:`~torchrec_tpu.train.engine_kinds` (nothing heavy is imported): the config applies the
+defaults and refuses the options a model does not read, ``--help`` stays fast, and ``train``,
+``profile`` and Ray Train load what a model names from here (docs/architecture/training_step.md).
+
+A model plugs in with one :class:`ModelKind` entry in :data:`MODEL_KINDS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# the options every model reads: data, batching, placement, checkpoints, the loop's schedules
+COMMON_OPTIONS = frozenset({
+    "model", "data", "cache_dir", "batch_size", "eval_batch_size", "limit_train_batches", "limit_val_batches",
+    "engine", "dense_device", "sparse_backend", "num_threads", "bind_cpus", "collective_timeout", "sparse_lr",
+    "dense_lr", "precision", "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "overwrite_checkpoints",
+    "resume", "epochs", "max_steps", "seed", "log_dir", "log_every", "eval_every", "target_auc", "progress",
+})
+MLLOG_OPTIONS = frozenset({"mllog", "mllog_org", "mllog_division", "mllog_platform", "mllog_status"})
+# HSTU's defaults where neither a flag nor the YAML file sets the option
+_HSTU_DEFAULTS = {"batch_size": 128, "dense_lr": 3e-3, "epochs": 2}
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One ``--model`` choice. ``job``: ``(TrainConfig) -> summary`` (``.primary``, ``.format()``),
+    the whole ``train`` run; ``training``: the context manager ``profile`` steps (its ``step(batch)``,
+    ``model``, ``env``, ``train``); ``builder``, ``reader``, ``loss``, ``evaluator``: the parts the
+    job puts together. ``reads``: the options it reads (None: every option, the config's own checks
+    refusing what does not fit); any other option given is refused by name. ``defaults``: option ->
+    value where neither a flag nor the YAML file sets it. ``mlperf_benchmark``: ``--mllog``'s
+    ``submission_benchmark`` (None: no MLPerf benchmark). ``sequences``: ``--data`` is a sequence
+    dataset (checked by the model's reader, not as Parquet rows)."""
+
+    name: str
+    help: str
+    job: str
+    training: str
+    builder: str
+    reader: str
+    loss: str
+    evaluator: str
+    reads: frozenset[str] | None = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    mlperf_benchmark: str | None = None
+    sequences: bool = False
+
+    def load(self, part: str) -> Any:
+        """What ``part`` (``"job"``, ``"builder"``, ...) names, imported now."""
+        module, name = getattr(self, part).split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def refused(self, given: list[str]) -> list[str]:
+        """The options of ``given`` (option names) this model does not read, in ``given``'s order."""
+        return [] if self.reads is None else [name for name in given if name not in self.reads]
+
+
+def _dlrm(name: str, help_text: str, benchmark: str | None) -> ModelKind:
+    return ModelKind(name, help_text, job="torchrec_tpu.train.job:run_job",
+                     training="torchrec_tpu.profiling.job:profile_training",
+                     builder="torchrec_tpu.train.engines:engine_for", reader="torchrec_tpu.train.data:open_data",
+                     loss="torchrec.models.dlrm:DLRMTrain", evaluator="torchrec_tpu.train.metrics:evaluate",
+                     mlperf_benchmark=benchmark)
+
+
+def _hstu(name: str, help_text: str, benchmark: str | None) -> ModelKind:
+    reads = COMMON_OPTIONS | {"stu"} | (MLLOG_OPTIONS if benchmark else frozenset())
+    return ModelKind(name, help_text, job="torchrec_tpu.hstu.train:run_hstu",
+                     training="torchrec_tpu.hstu.train:hstu_training", builder="torchrec_tpu.hstu.train:build",
+                     reader="pipelines.sequences.reader:SequenceReader", loss="torchrec_tpu.hstu.train:loss",
+                     evaluator="torchrec_tpu.hstu.train:evaluate", reads=reads, defaults=_HSTU_DEFAULTS,
+                     mlperf_benchmark=benchmark, sequences=True)
+
+
+MODEL_KINDS: dict[str, ModelKind] = {m.name: m for m in (
+    _dlrm("dlrm", "stock TorchRec DLRM", None),
+    _dlrm("dlrm_dcn", "TorchRec DLRM_DCN (MLPerf DLRM-DCNv2)", "dlrm_dcnv2"),
+    _hstu("hstu", "HSTU, the 2024 paper's generative recommender", None),
+    _hstu("dlrmv4", "HSTU in MLPerf DLRMv4's shape", "dlrmv4"),
+)}
