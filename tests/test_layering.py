@@ -111,13 +111,9 @@ SUBPACKAGE_ALLOWED = {
     "inference": {"planner", "sharding", "train"},
     "profiling": {"planner", "sharding", "train"},
 }
-# Lazy imports across the rules, each named with its reason.
+# Lazy imports across the rules, each named with its reason. (`train`, `profile` and Ray Train reach
+# HSTU's job through the model registry, train/model_kinds.py, which names it by module path.)
 SUBPACKAGE_LAZY_EXCEPTIONS = {
-    # `torchrec-tpu train --model hstu` hands the job to HSTU's trainer
-    ("torchrec_tpu.train.cli", "torchrec_tpu.hstu.train"),
-    # and so do `profile --model hstu` and a Ray Train worker of `train --model hstu --ray-workers N`
-    ("torchrec_tpu.profiling.job", "torchrec_tpu.hstu.train"),
-    ("torchrec_tpu.train.ray_train", "torchrec_tpu.hstu.train"),
     # `torchrec-tpu infer` on an HSTU checkpoint loads HSTU's model
     ("torchrec_tpu.inference.job", "torchrec_tpu.hstu.inference"),
 }

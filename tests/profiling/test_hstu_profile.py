@@ -41,7 +41,7 @@ def test_profile_runs_trains_setup_and_step(sequences: Path, tmp_path: Path, cap
     trained = _run(capfd, ["train", *common, "--max-steps", "1", "--log-dir", str(tmp_path / "t")])
     profiled = _run(capfd, ["profile", *common, "--steps", str(STEPS), "--warmup", "1",
                             "--log-dir", str(tmp_path / "p")])
-    assert len(_layout(trained)) == 1 and "HSTU (hstu) tables on the sharded SparseCore" in _layout(trained)[0]
+    assert len(_layout(trained)) == 1 and "HSTU (hstu, paper STU layers) tables on the sharded SparseCore" in _layout(trained)[0]
     assert _layout(profiled) == _layout(trained)
     assert f"step            {EAGER_STEP}" in profiled
     (trace,) = (tmp_path / "p" / "profile" / "plugins" / "profile").glob("*/torch.pt.trace.json")
@@ -54,4 +54,4 @@ def test_profile_runs_trains_setup_and_step(sequences: Path, tmp_path: Path, cap
 def test_dlrm_only_flags_are_refused_by_name(sequences: Path, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     assert main(["profile", "--model", "hstu", "--data", str(sequences), "--dense-arch", "32,16",
                  "--log-dir", str(tmp_path)]) == 2
-    assert "--model hstu does not use --dense-arch" in capfd.readouterr().err
+    assert "profile: error: --dense-arch does not apply to --model hstu\n" in capfd.readouterr().err

@@ -31,7 +31,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimiz
 from pipelines.sequences import read_meta, read_movielens, synthetic_events, window_path, write_sequences
 from pipelines.sequences.reader import SequenceBatch, SequenceReader
 from pipelines.synthetic import cache_root
-from sparsecore.backends import XLA
+from sparsecore.backends import FBGEMM, XLA
 from torchrec_tpu.hstu.attention import describe
 from torchrec_tpu.hstu.config import HSTUConfig, preset
 from torchrec_tpu.hstu.model import HSTU, default_dense_device, table_configs
@@ -50,6 +50,7 @@ from torchrec_tpu.train.checkpoint.store import load_checkpoint, open_checkpoint
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.engines.precision import autocast
+from torchrec_tpu.train.engines.step_layout import StepLayout
 from torchrec_tpu.train.job import (
     HPARAM_METRICS,
     JobHooks,
@@ -126,9 +127,19 @@ def dense_device(config: TrainConfig) -> torch.device:
     return default_dense_device() if choice == "auto" else torch.device(choice)
 
 
-def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tuple[HSTU, HSTUConfig]:
+def step_layout(config: TrainConfig, env: DistEnv, device: torch.device) -> StepLayout:
+    """HSTU's step as a :class:`~torchrec_tpu.train.engines.step_layout.StepLayout`: eager (the STU
+    stack runs op by op on ``device``, its gradients averaged over the ranks as DDP does), the
+    tables' backend (``fbgemm``: the torchrec engine's, as DLRM's layout names it) and precision."""
+    backend = FBGEMM if config.engine.kind == "torchrec" else sparse_backend(config)
+    return StepLayout(dense_device=device, dense_parallel="ddp", sparse_backend=backend, one_program=False,
+                      lookup_in_step=False, uniform_ranks=False, precision=config.optim.precision,
+                      world_size=env.world_size)
+
+
+def build(config: TrainConfig, meta, env: DistEnv, layout: StepLayout) -> tuple[HSTU, HSTUConfig]:
     """The model of ``--model``'s preset (its STU layer: ``--stu``) for the dataset ``meta``, its
-    tables on ``--engine``."""
+    tables on ``--engine``, laid out as ``layout`` says."""
     layer = {} if config.model.stu == "auto" else {"stu": config.model.stu}
     hstu_config = preset(config.model.kind, meta.item_rows, meta.action_rows, tasks=tuple(meta.tasks), **layer)
     tables = table_configs(hstu_config)
@@ -141,9 +152,9 @@ def build(config: TrainConfig, meta, env: DistEnv, device: torch.device) -> tupl
     else:
         embeddings = sharded_embeddings(
             hstu_config, optimizer=_sparse_spec(config), local_batch=env.local_batch_of(config.data.batch_size),
-            backend=sparse_backend(config), seed=config.loop.seed, average_over_ranks=True,
+            backend=layout.sparse_backend, seed=config.loop.seed, average_over_ranks=True,
             ec=_seeded_ec(hstu_config, config.loop.seed))
-    return HSTU(hstu_config, embeddings, dense_device=device), hstu_config
+    return HSTU(hstu_config, embeddings, dense_device=layout.dense_device), hstu_config
 
 
 def sparse_backend(config: TrainConfig) -> str:
@@ -246,18 +257,22 @@ class HSTUTraining:
     env: DistEnv
     hstu_config: HSTUConfig
     model: HSTU
-    device: torch.device
+    layout: StepLayout
     train: SequenceReader
     held_out: SequenceReader
     adam: KeyedOptimizer
     sparse_opt: KeyedOptimizer | None
     dense: list[nn.Parameter]
-    precision: str
+
+    @property
+    def device(self) -> torch.device:
+        """Where the STU stack and heads run."""
+        return self.layout.dense_device
 
     def step(self, batch: SequenceBatch) -> torch.Tensor:
         """One training step on ``batch``: its loss (not read back)."""
-        return _train_step(self.model, batch, self.adam, self.sparse_opt, self.device, self.precision, self.dense,
-                           self.env.world_size)
+        return _train_step(self.model, batch, self.adam, self.sparse_opt, self.device, self.layout.precision,
+                           self.dense, self.env.world_size)
 
     @property
     def optimizer(self) -> KeyedOptimizer:
@@ -267,14 +282,13 @@ class HSTUTraining:
             return self.adam
         return CombinedOptimizer([("dense", self.adam), ("sparse", self.sparse_opt)])
 
-    def layout(self, config: TrainConfig) -> str:
-        """The ``training layout:`` line: where the tables and the STU stack run."""
+    def describe(self, config: TrainConfig) -> str:
+        """The ``training layout:`` line: where the tables and the STU stack run, and the step."""
         tables = "stock TorchRec EmbeddingCollection (CPU)" if self.sparse_opt is not None else (
-            f"sharded SparseCore EmbeddingCollection (row-wise, {sparse_backend(config)} backend)")
+            f"sharded SparseCore EmbeddingCollection (row-wise, {self.layout.sparse_backend} backend)")
         return (f"training layout: HSTU ({config.model.kind}, {self.hstu_config.stu} STU layers) tables on the "
-                f"{tables}, STU stack and heads on "
-                f"{self.device.type}, attention by the {describe(self.hstu_config.kernel, self.device)}, "
-                f"world {self.env.world_size}")
+                f"{tables}, STU stack and heads on {self.device.type} ({self.layout.precision}), attention by the "
+                f"{describe(self.hstu_config.kernel, self.device)}, an eager step, {self.env.world_size} rank(s)")
 
 
 @contextlib.contextmanager
@@ -289,7 +303,8 @@ def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
         if meta.windows < 2:
             raise ConfigError(f"--data {directory}: {meta.windows} time window; training on T and evaluating on "
                               "T + 1 needs at least 2 (`torchrec-tpu data sequences --windows`)")
-        model, hstu_config = build(config, meta, env, device)
+        layout = step_layout(config, env, device)
+        model, hstu_config = build(config, meta, env, layout)
         history = min(meta.max_history, hstu_config.max_seq_len - meta.candidates)
         train = SequenceReader(window_path(directory, meta.windows - 2), env.local_batch_of(config.data.batch_size),
                                max_history=history, item_rows=hstu_config.item_rows,
@@ -314,10 +329,9 @@ def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
         adam = KeyedOptimizerWrapper({name: p for name, p in model.named_parameters()
                                       if not name.startswith(TABLES_PREFIX)},
                                      lambda ps: torch.optim.Adam(ps, lr=config.optim.dense_lr))
-        training = HSTUTraining(env, hstu_config, model, device, train, held_out, adam, sparse_opt, dense,
-                                config.optim.precision)
+        training = HSTUTraining(env, hstu_config, model, layout, train, held_out, adam, sparse_opt, dense)
         if env.is_primary:
-            _log.info(training.layout(config))
+            _log.info(training.describe(config))
         yield training
 
 
@@ -365,7 +379,7 @@ def run_hstu(config: TrainConfig, hooks: JobHooks = JobHooks()) -> HSTUSummary:
                 t.model, t.optimizer, train, t.held_out, torch.device("cpu"), log,
                 loop_options(config, env, start_step, start, learning_rates=rates),
                 step_fn=lambda model, optimizer, batch: t.step(batch), checkpoint=checkpoint.save,
-                evaluator=functools.partial(evaluate, device=t.device, precision=config.optim.precision,
+                evaluator=functools.partial(evaluate, device=t.device, precision=t.layout.precision,
                                             limit=config.data.limit_val_batches), events=events)
         saved = checkpoint.save(result.steps, result.position)
         if env.is_primary:
