@@ -342,7 +342,7 @@ def _resume_point(config: TrainConfig, env: DistEnv, data: TrainData) -> ResumeP
     return resume_point(directory, meta, config, env.world_size, data.table_sizes, data.train.num_rows)
 
 
-_AGREED_ERRORS = (CheckpointError, ConfigError, FileNotFoundError)  # _on_primary raises them on every rank
+_AGREED_ERRORS = (CheckpointError, ConfigError, FileNotFoundError)  # on_primary raises them on every rank
 
 
 def on_primary(compute: Callable[[], T], env: DistEnv) -> T:
