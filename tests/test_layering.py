@@ -111,12 +111,9 @@ SUBPACKAGE_ALLOWED = {
     "inference": {"planner", "sharding", "train"},
     "profiling": {"planner", "sharding", "train"},
 }
-# Lazy imports across the rules, each named with its reason. (`train`, `profile` and Ray Train reach
-# HSTU's job through the model registry, train/model_kinds.py, which names it by module path.)
-SUBPACKAGE_LAZY_EXCEPTIONS = {
-    # `torchrec-tpu infer` on an HSTU checkpoint loads HSTU's model
-    ("torchrec_tpu.inference.job", "torchrec_tpu.hstu.inference"),
-}
+# Lazy imports across the rules, each named with its reason (none now: `train`, `profile`, `infer` and
+# Ray Train reach HSTU through the model registry, train/model_kinds.py, which names it by module path).
+SUBPACKAGE_LAZY_EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def _torchrec_tpu_part(module: str) -> str | None:

@@ -48,7 +48,13 @@ from torchrec_tpu.inference.table_dtypes import TABLE_DTYPES
 from torchrec_tpu.inference.units import Unit, claim_output_dir, pending_units, plan_units, write_part
 from torchrec_tpu.launcher import is_rank
 from torchrec_tpu.log_setup import WORKER_SETUP, configure_logging
-from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, hstu_meta, is_legacy
+from torchrec_tpu.train.checkpoint.hstu_files import (
+    HSTU_META,
+    find_hstu_checkpoint,
+    hstu_meta,
+    is_legacy,
+    model_kind_of,
+)
 from torchrec_tpu.train.config import DENSE_DEVICES
 
 if TYPE_CHECKING:  # (torch.distributed: imported only where the job runs as ranks)
@@ -206,10 +212,9 @@ class Predictor:
         self.rows_in_unit = 0  # predicted so far of the unit being predicted (read by rows_in_flight)
         self.forwards = 0  # forward passes run (the ranks run as many each: run_empty_forwards)
         try:
-            if config.model == HSTU:
-                from torchrec_tpu.hstu.inference import load_hstu_inference
-
-                self.model = load_hstu_inference(Path(config.checkpoint), config.device, config.batch_size)
+            if config.model == HSTU:  # the loader the checkpoint's model names in the registry
+                load = model_kind_of(Path(config.checkpoint)).load("serving")
+                self.model = load(Path(config.checkpoint), config.device, config.batch_size)
             elif config.device == "tpu":
                 from torchrec_tpu.inference.stack_model import load_stack_model
 

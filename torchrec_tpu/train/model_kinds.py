@@ -2,7 +2,7 @@
 ``"module:name"``, loaded on use), its defaults and the train options it reads. A leaf beside
 :mod:`~torchrec_tpu.train.engine_kinds` (nothing heavy is imported): the config applies the
 defaults and refuses the options a model does not read, ``--help`` stays fast, and ``train``,
-``profile`` and Ray Train load what a model names from here (docs/architecture/training_step.md).
+``profile``, ``infer`` and Ray Train load what a model names from here (docs/architecture/training_step.md).
 
 A model plugs in with one :class:`ModelKind` entry in :data:`MODEL_KINDS`.
 """
@@ -30,11 +30,12 @@ class ModelKind:
     """One ``--model`` choice. ``job``: ``(TrainConfig) -> summary`` (``.primary``, ``.format()``),
     the whole ``train`` run; ``training``: the context manager ``profile`` steps (its ``step(batch)``,
     ``model``, ``env``, ``train``); ``builder``, ``reader``, ``loss``, ``evaluator``: the parts the
-    job puts together. ``reads``: the options it reads (None: every option, the config's own checks
-    refusing what does not fit); any other option given is refused by name. ``defaults``: option ->
-    value where neither a flag nor the YAML file sets it. ``mlperf_benchmark``: ``--mllog``'s
-    ``submission_benchmark`` (None: no MLPerf benchmark). ``sequences``: ``--data`` is a sequence
-    dataset (checked by the model's reader, not as Parquet rows)."""
+    job puts together; ``serving``: what ``infer`` loads a checkpoint of the model with. ``reads``:
+    the options it reads (None: every option, the config's own checks refusing what does not fit);
+    any other option given is refused by name. ``defaults``: option -> value where neither a flag
+    nor the YAML file sets it. ``mlperf_benchmark``: ``--mllog``'s ``submission_benchmark`` (None:
+    no MLPerf benchmark). ``sequences``: ``--data`` is a sequence dataset (checked by the model's
+    reader, not as Parquet rows)."""
 
     name: str
     help: str
@@ -44,6 +45,7 @@ class ModelKind:
     reader: str
     loss: str
     evaluator: str
+    serving: str
     reads: frozenset[str] | None = None
     defaults: Mapping[str, Any] = field(default_factory=dict)
     mlperf_benchmark: str | None = None
@@ -64,7 +66,7 @@ def _dlrm(name: str, help_text: str, benchmark: str | None) -> ModelKind:
                      training="torchrec_tpu.profiling.job:profile_training",
                      builder="torchrec_tpu.train.engines:engine_for", reader="torchrec_tpu.train.data:open_data",
                      loss="torchrec.models.dlrm:DLRMTrain", evaluator="torchrec_tpu.train.metrics:evaluate",
-                     mlperf_benchmark=benchmark)
+                     serving="torchrec_tpu.inference.model:load_inference_model", mlperf_benchmark=benchmark)
 
 
 def _hstu(name: str, help_text: str, benchmark: str | None) -> ModelKind:
@@ -72,7 +74,8 @@ def _hstu(name: str, help_text: str, benchmark: str | None) -> ModelKind:
     return ModelKind(name, help_text, job="torchrec_tpu.hstu.train:run_hstu",
                      training="torchrec_tpu.hstu.train:hstu_training", builder="torchrec_tpu.hstu.train:build",
                      reader="pipelines.sequences.reader:SequenceReader", loss="torchrec_tpu.hstu.train:loss",
-                     evaluator="torchrec_tpu.hstu.train:evaluate", reads=reads, defaults=_HSTU_DEFAULTS,
+                     evaluator="torchrec_tpu.hstu.train:evaluate",
+                     serving="torchrec_tpu.hstu.inference:load_hstu_inference", reads=reads, defaults=_HSTU_DEFAULTS,
                      mlperf_benchmark=benchmark, sequences=True)
 
 

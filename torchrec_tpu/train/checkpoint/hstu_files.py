@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_tpu.train.checkpoint.dirs import is_checkpoint, resolve_checkpoint
+from torchrec_tpu.train.model_kinds import MODEL_KINDS, ModelKind
 
 HSTU_META = "hstu"  # meta.json's record of the model (HSTUConfig.to_dict): what marks an HSTU checkpoint
 META_FILE = "meta.json"
@@ -75,3 +76,10 @@ def legacy_state(directory: Path, rank: int) -> tuple[dict[str, Any], dict[str, 
     dense = torch.load(Path(directory) / dense_file(rank), weights_only=False, map_location="cpu")
     tables = torch.load(Path(directory) / tables_file(rank), weights_only=False, map_location="cpu")
     return {**dense["model"], **tables}, dense["adam"]
+
+
+def model_kind_of(directory: Path) -> ModelKind:
+    """The registry's entry of the model the HSTU checkpoint ``directory`` trained (its config's
+    ``--model``; checkpoints that saved no config: ``hstu``)."""
+    meta = hstu_meta(directory) or {}
+    return MODEL_KINDS[meta.get("config", {}).get("model", "hstu")]
