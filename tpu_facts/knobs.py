@@ -139,6 +139,8 @@ HOST_HEAP = Knob("TORCH_TPU_HOST_HEAP", "1", "0: on XLA:CPU, malloc unmaps large
                   "keeping them for the next program run", kind="switch")
 BMM_KERNEL = Knob("TORCH_TPU_BMM_KERNEL", "1", "0: batched small matmuls use XLA's dot, not the FFI kernel (CPU)",
                   kind="switch")
+HOST_GEMM = Knob("TORCH_TPU_HOST_GEMM", "1", "0: 2-D matmuls in compiled programs use XLA's dot, not MKL's GEMM "
+                 "through an FFI kernel (CPU)", kind="switch")
 SPARSECORES_PER_DEVICE = Knob("TORCH_TPU_SPARSECORES_PER_DEVICE", None,
                               "SparseCores per device emulated where the device has none (default 2)",
                               kind="integer", minimum=1)

@@ -74,10 +74,10 @@ def build_library(source: Path, name: str, flags: Sequence[str], suffix: str) ->
     return path
 
 
-def register_cpu_ffi_targets(source: Path, name: str, flags: Sequence[str], targets: Sequence[str]) -> None:
-    """Build ``source`` (with jaxlib's FFI headers) into the shared library ``name``, load it and
-    register each of ``targets`` (a handler symbol of that name) as an XLA:CPU FFI target. Raises
-    NativeUnavailable or OSError saying why not."""
+def register_cpu_ffi_targets(source: Path, name: str, flags: Sequence[str], targets: Sequence[str]):
+    """Build ``source`` (with jaxlib's FFI headers) into the shared library ``name``, load it,
+    register each of ``targets`` (a handler symbol of that name) as an XLA:CPU FFI target and return
+    the loaded library (a ``ctypes.CDLL``). Raises NativeUnavailable or OSError saying why not."""
     import ctypes
 
     import jax
@@ -88,6 +88,7 @@ def register_cpu_ffi_targets(source: Path, name: str, flags: Sequence[str], targ
     library = ctypes.CDLL(str(build_library(source, name, flags, ".so")))
     for target in targets:
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
+    return library
 
 
 def library_name(source: Path, name: str, flags: Sequence[str], compiler: str, suffix: str) -> str:

@@ -65,42 +65,59 @@ def _polygamma_refused(node: torch.fx.Node) -> str | None:
     return f"order n={node.args[0]}: only n <= 1 is lowered" if node.args[0] > 1 else None
 
 
-def _swaps_last_two(node: Any) -> bool:
-    """Whether ``node`` is a permute or transpose of a 3-D tensor swapping its last two dims."""
-    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or len(_traced_shape(node) or ()) != 3:
+def _swaps_last_two(node: Any, rank: int) -> bool:
+    """Whether ``node`` is a transpose of a ``rank``-D tensor swapping its last two dims."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or len(_traced_shape(node) or ()) != rank:
         return False
+    if node.target is torch.ops.aten.t.default:
+        return rank == 2
     if node.target is torch.ops.aten.permute.default:
-        return [d % 3 for d in node.args[1]] == [0, 2, 1]
+        return [d % rank for d in node.args[1]] == [*range(rank - 2), rank - 1, rank - 2]
     if node.target is torch.ops.aten.transpose.int:
-        return {node.args[1] % 3, node.args[2] % 3} == {1, 2}
+        return {node.args[1] % rank, node.args[2] % rank} == {rank - 2, rank - 1}
     return False
 
 
-def _unswapped(node: torch.fx.Node) -> tuple[torch.fx.Node, bool]:
+def _unswapped(node: torch.fx.Node, rank: int) -> tuple[torch.fx.Node, bool]:
     """The tensor a chain of last-two-dim swaps starts from, and whether the chain transposes it."""
     transposed = False
-    while _swaps_last_two(node):
+    while _swaps_last_two(node, rank):
         node, transposed = node.args[0], not transposed
     return node, transposed
 
 
-def _bmm_in_graph(node: torch.fx.Node, value_of: Callable[[torch.fx.Node], Any], self: Any, mat2: Any) -> Any:
-    from torch_tpu.ops.lowerings.linalg import bmm_transposed
+def _product_in_graph(rank: int, product: Callable[..., Any], first: int = 0) -> Callable[..., Any]:
+    """A graph lowering of a product whose operands (args ``first`` and ``first + 1``) go to
+    ``product`` as the tensors their transposes start from, with transpose flags."""
+    def lowering(node: torch.fx.Node, value_of: Callable[[torch.fx.Node], Any], *args: Any, **kwargs: Any) -> Any:
+        (a, trans_a), (b, trans_b) = (_unswapped(node.args[first + i], rank) for i in (0, 1))
+        return product(*args[:first], value_of(a), value_of(b), trans_a, trans_b, **kwargs)
 
-    (a, trans_a), (b, trans_b) = _unswapped(node.args[0]), _unswapped(node.args[1])
-    return bmm_transposed(value_of(a), value_of(b), trans_a, trans_b)
+    return lowering
+
+
+def _linalg(name: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        from torch_tpu.ops.lowerings import linalg
+
+        return getattr(linalg, name)(*args, **kwargs)
+
+    return call
 
 
 # Ops lowered in graphs for some of their nodes only: (why this node is not, or None; its lowering by
 # the node and the values of the graph's nodes, or None for the registry's). aten.index.Tensor: a
 # boolean mask's output shape depends on values, unless the graph traced it to static sizes
-# (node.meta["val"]), which the lowering then takes. aten.bmm: an operand permuted in its last two
-# dims goes to the product as a transpose flag, not a transposed copy (DLRM's interaction and its
-# gradients: the [B, 64, 27] copy took a tenth of their time on XLA:CPU at the anchor's batch).
+# (node.meta["val"]), which the lowering then takes. aten.bmm/mm/addmm: an operand transposed in its
+# last two dims goes to the product as a transpose flag, not a transposed copy (DLRM's interaction
+# and its gradients: the [B, 64, 27] copy took a tenth of their time on XLA:CPU at the anchor's
+# batch; a linear layer's weight.t() would be copied before the GEMM kernel every step).
 _BY_NODE: dict[Any, tuple[Callable[[torch.fx.Node], str | None], Callable[..., Any] | None]] = {
     torch.ops.aten.index.Tensor: (_index_refused, _index_in_graph),
     torch.ops.aten.polygamma.default: (_polygamma_refused, None),
-    torch.ops.aten.bmm.default: (lambda node: None, _bmm_in_graph),
+    torch.ops.aten.bmm.default: (lambda node: None, _product_in_graph(3, _linalg("bmm_transposed"))),
+    torch.ops.aten.mm.default: (lambda node: None, _product_in_graph(2, _linalg("mm_transposed"))),
+    torch.ops.aten.addmm.default: (lambda node: None, _product_in_graph(2, _linalg("addmm_transposed"), first=1)),
 }
 
 

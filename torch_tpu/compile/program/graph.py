@@ -34,8 +34,7 @@ from torch_tpu.compile.program.executables import CompiledProgram
 from torch_tpu.compile.program.fx_to_jax import mutated_inputs, needs_random_key, to_jax_function
 from torch_tpu.compile.program.sources import file_identity
 from torch_tpu.eager import modes
-from torch_tpu.ops import batched_matmul
-from torch_tpu.ops import sparsecore as sparsecore_ops
+from torch_tpu.ops import cpu_kernels
 from torch_tpu.ops.registry import get_lowering, lowered_ops
 from torch_tpu.runtime import persistent_cache as cache
 from torch_tpu.runtime import precision
@@ -61,8 +60,7 @@ def registry_fingerprint() -> str:
             h.update(str(op).encode())
         for path in sorted(lowering_files()):
             h.update(f"{path}={file_identity(path)};".encode())
-        h.update(batched_matmul.fingerprint().encode())
-        h.update(sparsecore_ops.kernel_fingerprint().encode())
+        h.update(cpu_kernels.fingerprint().encode())
         _registry_digest.append(h.hexdigest()[:16])
     return _registry_digest[0]
 
@@ -191,8 +189,7 @@ def _translate(gm: torch.fx.GraphModule, specs: list[jax.ShapeDtypeStruct], key:
 def export(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``jax.export.export(jax.jit(fn))``, admitting the device's own CPU kernels (custom calls
     JAX cannot vouch for: stored programs are keyed by :func:`registry_fingerprint`, which names them)."""
-    return jax.export.export(jax.jit(fn), disabled_checks=[*batched_matmul.export_checks(),
-                                                           *sparsecore_ops.kernel_export_checks()])
+    return jax.export.export(jax.jit(fn), disabled_checks=cpu_kernels.export_checks())
 
 
 def key_data_shape() -> tuple[int, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_tpu.ops import host_gemm
 from torch_tpu.ops.batched_matmul import ACCUMULATE_IN_F32, batched_matmul, matmul
 from torch_tpu.ops.lowerings._common import cast, is_one
 from torch_tpu.ops.registry import register_lowering
@@ -34,7 +35,22 @@ def _checked_matmul(name: str, ranks: tuple[int, int]):
     return lowering
 
 
-mm = register_lowering(aten.mm.default)(_checked_matmul("mm", (2, 2)))
+@register_lowering(aten.mm.default)
+def mm(self, mat2):
+    """2-D products through ``host_gemm``: MKL's GEMM on XLA:CPU, the plain dot elsewhere."""
+    return mm_transposed(self, mat2, False, False)
+
+
+def mm_transposed(a, b, trans_a: bool, trans_b: bool, accumulated: bool = False):
+    """``aten.mm`` of ``op(a)`` and ``op(b)`` (a graph's mm of a transposed operand passes the
+    transpose as a flag). ``accumulated``: a half-precision product is returned in float32, unrounded."""
+    _check_rank("mm", a, 2), _check_rank("mm", b, 2), _same_dtype("mm", a, b)
+    if host_gemm.applies(a, b):
+        out = host_gemm.gemm(a, b, trans_a, trans_b)
+    else:
+        wide = jnp.float32 if a.dtype in ACCUMULATE_IN_F32 else None
+        out = jnp.matmul(a.T if trans_a else a, b.T if trans_b else b, preferred_element_type=wide)
+    return out if accumulated else out.astype(a.dtype)
 
 
 @register_lowering(aten.bmm.default)
@@ -64,12 +80,16 @@ def _beta_alpha(op: str, input, a, b, product, beta, alpha):
     scaled and summed in float32 and rounded once, as CPU torch's gemm does (rounding each step
     compounds: Muon's Newton-Schulz iterations drift by percents)."""
     _same_dtype(op, input, a), _same_dtype(op, a, b)
+    if input.dtype in ACCUMULATE_IN_F32:
+        return _scaled_sum(input, jnp.matmul(a, b, preferred_element_type=jnp.float32), beta, alpha)
+    return _scaled_sum(input, product(a, b), beta, alpha)
+
+
+def _scaled_sum(input, out, beta, alpha):
+    """``beta * input + alpha * out`` with ``out`` the product (float32 for a half-precision
+    ``input``), rounded once to ``input``'s dtype."""
     dtype = input.dtype
-    if dtype in ACCUMULATE_IN_F32:
-        out = jnp.matmul(a, b, preferred_element_type=jnp.float32)
-        input = input.astype(jnp.float32)
-    else:
-        out = product(a, b)
+    input = input.astype(out.dtype)
     out = out if is_one(alpha) else out * cast(alpha, out.dtype)
     if beta == 0:  # torch ignores input (even NaN) when beta is 0
         out = jnp.broadcast_to(out, jnp.broadcast_shapes(input.shape, out.shape))
@@ -80,8 +100,13 @@ def _beta_alpha(op: str, input, a, b, product, beta, alpha):
 
 @register_lowering(aten.addmm.default)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
-    _check_rank("addmm", mat1, 2), _check_rank("addmm", mat2, 2)
-    return _beta_alpha("addmm", self, mat1, mat2, mm, beta, alpha)
+    return addmm_transposed(self, mat1, mat2, False, False, beta, alpha)
+
+
+def addmm_transposed(input, a, b, trans_a: bool, trans_b: bool, beta=1, alpha=1):
+    """``aten.addmm`` with ``op(a)`` and ``op(b)``, as :func:`mm_transposed` takes them."""
+    _same_dtype("addmm", input, a)
+    return _scaled_sum(input, mm_transposed(a, b, trans_a, trans_b, accumulated=True), beta, alpha)
 
 
 @register_lowering(aten.baddbmm.default)

@@ -204,7 +204,7 @@ def _key(spec: ModelSpec, local_batch: int, optim: OptimConfig, sparse_backend: 
     import torch_tpu
     import torchrec_tpu
     from torch_tpu.compile.program.sources import tree_identity
-    from torch_tpu.ops import batched_matmul
+    from torch_tpu.ops import cpu_kernels
 
     towers = (len(spec.feature_names), spec.embedding_dim, spec.dense_in_features, spec.dense_layers,
               spec.over_layers, spec.dcn_num_layers, spec.dcn_low_rank_dim)
@@ -213,6 +213,6 @@ def _key(spec: ModelSpec, local_batch: int, optim: OptimConfig, sparse_backend: 
     ids = ids_per_feature or (1,) * len(spec.feature_names)
     parts = (towers, tables, local_batch, ids, optimizers, optim.precision, sparse_backend, torch.get_num_threads(),
              os.cpu_count(), cpu_model(), platform.machine(), torch.__version__, jax.__version__,
-             batched_matmul.fingerprint(),
+             cpu_kernels.fingerprint(),
              tuple(tree_identity(Path(package.__file__).parent) for package in (torch_tpu, sparsecore, torchrec_tpu)))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
