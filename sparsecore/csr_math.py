@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sparsecore.csr_format import RowOrderedEntries, StackCSR
 from sparsecore.entries import DEFAULT_BUCKETS, Buckets, Entries, dense_grad, first_of_runs, lookup, update
 from sparsecore.optimizer_rules import rule_named
 from tpu_facts import ALIGNMENT
@@ -138,6 +139,16 @@ def _decode_minibatched(row_pointers, embedding_ids, sample_ids, gains, stack_ro
     gain = xp.where(valid, gains, xp.float32(0))
     out = (phys, activation_row, gain, valid)
     return out if xp is np else jax.lax.optimization_barrier(out)
+
+
+def row_ordered(csr: StackCSR, stack_rows: int, activation_rows: int) -> RowOrderedEntries:
+    """The entries of host CSR buffers (every device's, concatenated) by (row, position): what the
+    host producer (``sparsecore.entries.pack_row_ordered``) takes."""
+    phys, sample, gain, valid = decode(csr.row_pointers, csr.embedding_ids, csr.sample_ids, csr.gains, stack_rows,
+                                       activation_rows, xp=np)
+    by_row = np.argsort(phys[valid], kind="stable")
+    return RowOrderedEntries(*(a[valid][by_row] for a in (phys.astype(np.int64), sample.astype(np.int64), gain)),
+                             csr.stats)
 
 
 def _relabel(rows, mapping, out_of_range: int):

@@ -37,18 +37,14 @@ import sparsecore.native as native
 from sparsecore.csr_format import (
     RowOrderedEntries,
     StackCSR,
-    coo_buffer_size_per_device,
     lay_out_csr,
     partition_stats,
     raise_partition_overflow,
-    round_up_array,
-    row_pointers_per_sc,
 )
 from sparsecore.input_checks import check_id_range
 from sparsecore.limits import ONE_PASS_POLICIES, PartitionOverflowError, StackStats, check_overflow_policy
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput, feature_inputs
-from tpu_facts import ALIGNMENT as ALIGN
 from tpu_facts import PADDING_ID  # noqa: F401  (the padding id callers read here)
 
 ENGINES = ("auto", "compiled", "numpy")  # auto: compiled when the extension builds, else numpy
@@ -177,28 +173,13 @@ def _row_ordered_stack(
 
         minibatch_entries(stack, inputs, devices, s)  # raises where no split fits
     elif over:
-        csr = _preprocess_stack(stack, inputs, devices, s, overflow)  # raises, or drops as the SparseCores do
-        phys, sample, gain = csr_entries(stack, csr, devices, s)
-        by_row = np.argsort(phys, kind="stable")
-        return RowOrderedEntries(phys[by_row], sample[by_row], gain[by_row], csr.stats)
+        from sparsecore.csr_math import row_ordered
+
+        # raises, or drops as the SparseCores do
+        return row_ordered(_preprocess_stack(stack, inputs, devices, s, overflow), stack.vocab_size,
+                           stack.total_sample_count)
     stats = partition_stats(counts, unique_counts, devices, s, n)
     return RowOrderedEntries(phys, chunk * samples_per_chunk + sample, merged_gain, stats)
-
-
-def csr_entries(stack: StackedTable, csr: StackCSR, devices: int, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(physical row, activation row, gain) of every entry of ``csr``, in the SparseCores' reading
-    order: partition p of source SparseCore k holds [round_up(end[p-1], 8), end[p]) of k's region."""
-    n, chunks = stack.num_sparsecores, devices * s
-    ends = csr.row_pointers.reshape(chunks, row_pointers_per_sc(stack))[:, :n].astype(np.int64)
-    starts = np.zeros_like(ends)
-    starts[:, 1:] = round_up_array(ends[:, :-1], ALIGN)
-    counts = (ends - starts).reshape(-1)
-    first = (np.arange(chunks)[:, None] * (coo_buffer_size_per_device(stack, s) // s) + starts).reshape(-1)
-    partition = np.repeat(np.arange(counts.size), counts)
-    position = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - first, counts)
-    phys = (partition % n) * stack.shard_rows + csr.embedding_ids[position]
-    sample = (partition // n) * (stack.total_sample_count // chunks) + csr.sample_ids[position]
-    return phys, sample, csr.gains[position]
 
 
 def _preprocess_stack(

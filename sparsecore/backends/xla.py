@@ -32,10 +32,11 @@ from sparsecore.backends.base import ReadsTablesAlone, check_grads
 from sparsecore.backends.xla_inputs import stack_input
 from sparsecore.backends.xla_layout import ActivationLayout
 from sparsecore.csr_format import StackCSR
+from sparsecore.csr_math import row_ordered
 from sparsecore.entries import DEFAULT_BUCKETS, Buckets, lookup, pack_row_ordered, update
 from sparsecore.limits import ProposedLimits, StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import rule_of
-from sparsecore.preprocess import csr_entries, preprocess_row_ordered
+from sparsecore.preprocess import preprocess_row_ordered
 from sparsecore.stacked_arrays import stacked_array, unstack_table
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
@@ -239,10 +240,8 @@ class XlaBackend(ReadsTablesAlone):
     def stack_activations(self, stack: StackedTable, csr: StackCSR) -> jax.Array:
         """One stack's activations [chunks * samples_per_chunk, dim] (chunk-major) from its CSR
         buffers, read as the SparseCores read them."""
-        phys, sample, gain = csr_entries(stack, csr, self.plan.topology.num_devices,
-                                         self.plan.topology.sparsecores_per_device)
-        by_row = np.argsort(phys, kind="stable")
-        entries = pack_row_ordered(phys[by_row], sample[by_row], gain[by_row], stack.vocab_size, self.buckets)
+        ro = row_ordered(csr, stack.vocab_size, stack.total_sample_count)
+        entries = pack_row_ordered(ro.phys, ro.sample, ro.gain, stack.vocab_size, self.buckets)
         return jax.jit(lambda table, packed: lookup(packed.unpack(), table, stack.total_sample_count))(
             self._tables[stack.name], entries)
 
