@@ -11,7 +11,6 @@ its distinct rows. The job's limits start 4x below what that count says.
 from __future__ import annotations
 
 import json
-import logging
 import re
 from pathlib import Path
 
@@ -110,15 +109,20 @@ def test_fdo_limits_after_the_first_checkpoint_equal_an_offline_count(default_da
     assert final["stacks"][name]["limits"] == list(offline_maxima(default_data, tables, STEPS))
 
 
+def _fdo_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The job's FDO lines (the project's INFO lines go to stdout)."""
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("FDO:")]
+
+
 @pytest.mark.slow
 def test_a_resume_keeps_the_tuned_limits(default_data: Path, tuned, tmp_path: Path,
-                                         caplog: pytest.LogCaptureFixture) -> None:
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     _, root, start, name, tables = tuned
     saved = _meta(next(root.glob(f"*step-{STEPS:08d}*")))["fdo"]["stacks"][name]["limits"]
-    with caplog.at_level(logging.INFO):
-        summary = run_job(_config(default_data, tmp_path / "logs", resume=str(root), checkpoint_dir=str(root),
-                                  max_ids_per_partition=start, max_steps=STEPS + 2))
-    raised = [r.getMessage() for r in caplog.records if r.getMessage().startswith("FDO:")]
+    capsys.readouterr()
+    summary = run_job(_config(default_data, tmp_path / "logs", resume=str(root), checkpoint_dir=str(root),
+                              max_ids_per_partition=start, max_steps=STEPS + 2))
+    raised = _fdo_lines(capsys)
     changed = [(what, int(old)) for line in raised for what, old in re.findall(r"(max_\w+_partition) (\d+) ->", line)]
     # every limit raised in the resumed run starts from the checkpoint's, not from --max-ids-per-partition's
     assert all(old == saved[what == "max_unique_ids_per_partition"] for what, old in changed), raised
@@ -214,3 +218,14 @@ def test_hstu_refuses_fdo(tmp_path: Path, capsys) -> None:
     assert main(["train", "--model", "hstu", "--fdo", "--log-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["torchrec-tpu train: error: --fdo does not apply to --model hstu"], err
+
+
+@pytest.mark.slow
+def test_a_new_epoch_raises_the_exceeded_limits(default_data: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    summary = run_job(_config(default_data, tmp_path / "logs", max_ids_per_partition=4, checkpoint_every=0,
+                              limit_train_batches=EVERY, epochs=2))
+    raised = _fdo_lines(capsys)
+    assert len(raised) == 1 and raised[0].endswith(f"(the most one partition got in {EVERY} steps)"), raised
+    (record,) = _meta(summary.checkpoint_dir)["fdo"]["stacks"].values()
+    assert record["limits"] == list(offline_maxima(default_data, record["tables"], EVERY))  # epoch 2: the same rows
