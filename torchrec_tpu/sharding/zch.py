@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
 import torch
 from torchrec.modules.mc_modules import (
     DistanceLFU_EvictionPolicy,
@@ -165,8 +166,13 @@ class TableRemap:
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """The slots of ``ids`` in the current table, no state change (inference)."""
-        at = torch.searchsorted(self.sorted_ids[:-1], ids)
-        return torch.where(self.sorted_ids[at] == ids, self.slot_of[at], self.default_slot)
+        table, wanted = self.sorted_ids.numpy(), ids.numpy()
+        order = np.argsort(wanted)  # searched in order, each search starts where the last ended: half the time
+        keys = wanted[order]
+        at = np.searchsorted(table[:-1], keys)
+        slots = np.empty(keys.size, dtype=np.int64)
+        slots[order] = np.where(table[at] == keys, self.slot_of.numpy()[at], self.default_slot)
+        return torch.from_numpy(slots)
 
     def take_evicted(self) -> torch.Tensor | None:
         """The slots whose ids changed since the last call (sorted, unique; None: no eviction ran)."""
@@ -198,10 +204,10 @@ class TableRemap:
 
     @torch.no_grad()
     def _evict(self) -> None:
-        if self._tracks_access:  # (the inverse serves the last access of each id; LFU has none)
-            ids, inverse, counts = torch.unique(self.history[:self.fill], return_inverse=True, return_counts=True)
-        else:
-            (ids, counts), inverse = torch.unique(self.history[:self.fill], return_counts=True), None
+        # (the inverse serves the last access of each id; LFU has none)
+        found = np.unique(self.history[:self.fill].numpy(), return_inverse=self._tracks_access, return_counts=True)
+        ids, counts = torch.from_numpy(found[0]), torch.from_numpy(found[-1])
+        inverse = torch.from_numpy(found[1]) if self._tracks_access else None
         keep = None
         if self._policy._threshold_filtering_func is not None:
             keep, _ = self._policy._threshold_filtering_func(counts)
@@ -210,22 +216,22 @@ class TableRemap:
                                                                   threshold_mask=keep)
         if keep is not None:
             ids, counts = ids[keep], counts[keep]
+        # ids ascend here, so the search walks the table once; then ordered by count, as TorchRec orders them
+        at = torch.from_numpy(np.searchsorted(self.sorted_ids.numpy()[:-1], ids.numpy()))
         by_count = torch.argsort(counts, descending=True, stable=True)
-        ids, counts = ids[by_count], counts[by_count]
-        at = torch.searchsorted(self.sorted_ids[:-1], ids)
+        ids, counts, at = ids[by_count], counts[by_count], at[by_count]
         known = self.sorted_ids[at] == ids
-        # fresh tensors: marks of earlier batches keep the old ones
-        sorted_ids = self.sorted_ids.clone()
-        metadata = {name: value.clone() for name, value in self.metadata.items()}
+        metadata = {name: value.clone() for name, value in self.metadata.items()}  # marks keep the old ones
         evicted, admitted = self._policy.update_metadata_and_generate_eviction_scores(
             self.iteration, self.slots, by_count, counts, known, at[known], metadata, history_metadata)
-        sorted_ids[evicted] = ids[~known][admitted]
+        sorted_ids = self.sorted_ids.numpy().copy()
+        sorted_ids[evicted.numpy()] = ids[~known][admitted].numpy()
         slots = self.slot_of[evicted]
         self._evicted = slots.sort().values if self._evicted is None else torch.unique(torch.cat([self._evicted,
                                                                                                  slots]))
-        order = resorted(sorted_ids, evicted)
-        self.sorted_ids, self.slot_of = sorted_ids[order], self.slot_of[order]
-        self.metadata = {name: value[order] for name, value in metadata.items()}
+        order = merge_order(sorted_ids, evicted.numpy())
+        self.sorted_ids, self.slot_of = torch.from_numpy(sorted_ids[order]), _take(self.slot_of, order)
+        self.metadata = {name: _take(value, order) for name, value in metadata.items()}
         self._new_history(self.history.numel())
 
     def mark(self) -> RemapMark:
@@ -303,39 +309,56 @@ class RoutedLookup:
         """Nothing: a frozen remap evicts nothing."""
 
 
+def _take(values: torch.Tensor, order: np.ndarray) -> torch.Tensor:
+    """``values[order]`` (numpy's gather: a fraction of torch's indexing cost on one thread)."""
+    return torch.from_numpy(values.numpy()[order])
+
+
 def select_evictions(pivot: int, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """TorchRec's ``_compute_selected_eviction_and_replacement_indices``: of ``scores`` (the
     ``pivot`` slots', then the new ids'), the top ``pivot`` by (score descending, index) stay;
     returns (the slots that fall out, the new ids that get in), each in that order. Here the
-    ``pivot``-th score is selected (``kthvalue``) instead of sorting them all."""
-    if scores.numel() == pivot:
+    cut is read from a plain sort (numpy's SIMD one) and only the entries at or below it are
+    ranked, instead of a stable argsort of all of them."""
+    values = scores.numpy()
+    extra = values.size - pivot
+    if extra <= 0:
         empty = torch.zeros(0, dtype=torch.int64)
         return empty, empty
-    kth = torch.kthvalue(scores, scores.numel() - pivot + 1).values
-    above, tied = scores > kth, torch.nonzero(scores == kth).flatten()
-    top = above.clone()
-    top[tied[: pivot - int(above.sum())]] = True  # ties by index, as a stable sort keeps them
-    out = torch.nonzero(~top[:pivot]).flatten()
-    new = torch.nonzero(top[pivot:]).flatten() + pivot
-    by_score = lambda at: at[torch.argsort(scores[at], descending=True, stable=True)]  # noqa: E731
-    return by_score(out), by_score(new) - pivot
+    kth = np.sort(values)[extra - 1]  # (np.partition degrades on the many equal counts LFU has)
+    low = np.flatnonzero(values <= kth)
+    below = low[values[low] < kth]
+    tied = low[values[low] == kth]
+    # the lowest ranks: every score under the cut, then the ties with the highest indices
+    out = np.zeros(values.size, dtype=bool)
+    out[below] = True
+    out[tied[tied.size - (extra - below.size):]] = True
+    evicted = np.flatnonzero(out[:pivot])
+    new = np.flatnonzero(~out[pivot:]) + pivot
+    return torch.from_numpy(_by_rank(values, evicted)), torch.from_numpy(_by_rank(values, new) - pivot)
+
+
+def _by_rank(values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """``at`` (ascending) ordered by score descending, index ascending (a stable descending sort)."""
+    picked = values[at]
+    # a stable ascending sort of the reversed run, reversed: descending, equal scores by index
+    return at[::-1][np.argsort(picked[::-1], kind="stable")][::-1].copy()
 
 
 def resorted(ids: torch.Tensor, replaced: torch.Tensor) -> torch.Tensor:
     """``torch.argsort(ids, stable=True)`` of an ascending ``ids`` whose entries at ``replaced``
     were overwritten with values none of the others has: the untouched entries stay in order and
     the new ones are merged in (O(n + k log k), not a sort of all n)."""
-    kept = torch.ones(ids.numel(), dtype=torch.bool)
+    return torch.from_numpy(merge_order(ids.numpy(), replaced.numpy()))
+
+
+def merge_order(ids: np.ndarray, replaced: np.ndarray) -> np.ndarray:
+    """:func:`resorted` on numpy arrays."""
+    kept = np.ones(ids.size, dtype=bool)
     kept[replaced] = False
-    kept_at = torch.nonzero(kept).flatten()
-    new_at = replaced[torch.argsort(ids[replaced])]
-    new_pos = torch.searchsorted(ids[kept_at], ids[new_at]) + torch.arange(new_at.numel())
-    order = torch.empty(ids.numel(), dtype=torch.int64)
-    is_new = torch.zeros(ids.numel(), dtype=torch.bool)
-    is_new[new_pos] = True
-    order[new_pos] = new_at
-    order[~is_new] = kept_at
-    return order
+    kept_at = np.flatnonzero(kept)
+    new_at = replaced[np.argsort(ids[replaced], kind="stable")]
+    return np.insert(kept_at, np.searchsorted(ids[kept_at], ids[new_at]), new_at)
 
 
 def torchrec_state(module: MCHManagedCollisionModule) -> dict[str, torch.Tensor]:
