@@ -77,7 +77,8 @@ PRESETS: dict[str, dict[str, object]] = {
 # what a preset leaves unsaid
 COMMON: dict[str, object] = dict(num_embeddings=100_000, model="dlrm", dcn_num_layers=3, dcn_low_rank_dim=16,
                                  multi_hot_sizes="", num_embeddings_per_feature="")
-MODEL_FLAGS = ("batch_size", "embedding_dim", "dense_arch", "over_arch", "threads", "num_embeddings", "steps",
+MODEL_FLAGS = ("batch_size", "embedding_dim", "dense_arch", "over_arch", "threads", "num_embeddings", "steps", "zch",
+               "zch_eviction_interval",
                "model", "dcn_num_layers", "dcn_low_rank_dim", "multi_hot_sizes", "num_embeddings_per_feature",
                "precision", "dense_device", "sparse_backend")
 
@@ -97,6 +98,7 @@ def worker(args: argparse.Namespace) -> None:
         **({"num_embeddings_per_feature": args.num_embeddings_per_feature} if args.num_embeddings_per_feature else {}),
         **({"dense_device": args.dense_device[0]} if args.engine == "sparsecore" else {}),
         **({"sparse_backend": args.sparse_backend} if args.engine == "sparsecore" and args.sparse_backend else {}),
+        **({"zch": args.zch, "zch_eviction_interval": args.zch_eviction_interval} if args.zch else {}),
     )
     programs, towers_on = _count_programs()
     summary = run_job(config)
@@ -267,6 +269,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "auto's pick is printed beside the forced placements (default: auto cpu tpu)")
     parser.add_argument("--sparse-backend", default="", choices=("", "auto", "xla", "ops"),
                         help="the sparsecore engine's --sparse-backend (default: the job's)")
+    parser.add_argument("--zch", default="", help="the sparsecore engine's --zch TABLES (default: none)")
+    parser.add_argument("--zch-eviction-interval", type=int, default=100,
+                        help="the sparsecore engine's --zch-eviction-interval (default: 100, the job's)")
     parser.add_argument("--repeats", type=int, help="runs per engine and world (default: 3 at one rank, 5 at "
                         "several, whose runs spread more)")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2], help="world sizes (default: 1 2)")

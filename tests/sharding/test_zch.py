@@ -10,7 +10,15 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.mc_modules import LFU_EvictionPolicy, ManagedCollisionCollection, MCHManagedCollisionModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_tpu.sharding.zch import INT64_MAX, TableRemap, ZchSpec, resorted, select_evictions
+from torchrec_tpu.sharding.zch import (
+    INT64_MAX,
+    MOD_ROUTING,
+    TableRemap,
+    ZchSpec,
+    owner_ranks,
+    resorted,
+    select_evictions,
+)
 from torchrec_tpu.sharding.zch_collection import ZchCollection
 
 # table -> (rows, features); t0 is shared by two features, f_free is not managed
@@ -204,3 +212,14 @@ def test_merged_resort_is_the_stable_argsort():
         ids = ids.clone()
         ids[replaced] = 1000 + torch.randperm(1000, generator=generator)[:replaced.numel()]
         torch.testing.assert_close(resorted(ids, replaced), torch.argsort(ids, stable=True), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("input_hash_size, expected", [
+    # MOD_ROUTING (train's): every id by its value mod 2, a negative one as unsigned (2**64 + id)
+    (MOD_ROUTING, [0, 1, 1, 1, 1, 0, 0]),
+    # TorchRec's default range: blocks of 2**62 ids; a negative id lies past the range: mod 2
+    (INT64_MAX, [0, 0, 1, 1, 1, 0, 0]),
+])
+def test_hostile_ids_route_to_the_rank_the_rule_names(input_hash_size, expected):
+    ids = torch.tensor([0, 5, 2**62 + 1, INT64_MAX, -1, -4, -INT64_MAX - 1])
+    assert owner_ranks(ids, input_hash_size, 2).tolist() == expected

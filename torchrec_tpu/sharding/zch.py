@@ -318,23 +318,25 @@ def select_evictions(pivot: int, scores: torch.Tensor) -> tuple[torch.Tensor, to
     """TorchRec's ``_compute_selected_eviction_and_replacement_indices``: of ``scores`` (the
     ``pivot`` slots', then the new ids'), the top ``pivot`` by (score descending, index) stay;
     returns (the slots that fall out, the new ids that get in), each in that order. Here the
-    cut is read from a plain sort (numpy's SIMD one) and only the entries at or below it are
-    ranked, instead of a stable argsort of all of them."""
+    cut is read from a plain sort (numpy's SIMD one) of the entries that can fall out, and only
+    those at or below it are ranked, instead of a stable argsort of all of them."""
     values = scores.numpy()
     extra = values.size - pivot
     if extra <= 0:
         empty = torch.zeros(0, dtype=torch.int64)
         return empty, empty
-    kth = np.sort(values)[extra - 1]  # (np.partition degrades on the many equal counts LFU has)
-    low = np.flatnonzero(values <= kth)
-    below = low[values[low] < kth]
-    tied = low[values[low] == kth]
+    # the cut is no higher than the highest new score (the new ones alone are ``extra`` entries)
+    low = np.flatnonzero(values <= values[pivot:].max())
+    low_values = values[low]
+    kth = np.sort(low_values)[extra - 1]  # (np.partition degrades on the many equal counts LFU has)
+    below = low[low_values < kth]
+    tied = low[low_values == kth]
     # the lowest ranks: every score under the cut, then the ties with the highest indices
-    out = np.zeros(values.size, dtype=bool)
-    out[below] = True
-    out[tied[tied.size - (extra - below.size):]] = True
-    evicted = np.flatnonzero(out[:pivot])
-    new = np.flatnonzero(~out[pivot:]) + pivot
+    out = np.sort(np.concatenate([below, tied[tied.size - (extra - below.size):]]))
+    evicted = out[out < pivot]
+    stays = np.ones(extra, dtype=bool)
+    stays[out[out >= pivot] - pivot] = False
+    new = np.flatnonzero(stays) + pivot
     return torch.from_numpy(_by_rank(values, evicted)), torch.from_numpy(_by_rank(values, new) - pivot)
 
 
