@@ -221,3 +221,37 @@ def test_torchrec_planner_on_tpu_cost_model():
     # the estimator prices a row-wise shard exactly as the cost model's per-device row-wise load
     est = SparseCoreShardEstimator(None, tables={t.name: t for t in tables}, builder=scorer.options.builder)
     assert est.shard_load(tables[0], "row_wise", [0, 0]) == scorer.options.builder.row_wise(tables[0]).uniform
+
+
+def test_zch_remaps_count_as_host_memory_per_shard(tmp_path):
+    from torchrec_tpu.planner.report import summary_lines
+    from torchrec_tpu.planner.tables import load_tables_file
+
+    path = tmp_path / "tables.csv"
+    path.write_text("name,rows,dim,zch\nowned,1000,16,lfu\nspread,4096,16,distance_lfu\nplain,5000,16,\n")
+    tables = load_tables_file(path)
+    plan = plan_tables(tables, V5P_8, 64,
+                       constraints={"owned": ["table_wise"], "spread": ["row_wise"], "plain": ["table_wise"]})
+    owner = plan.table("owned").shards[0].device
+    # a slot: its raw id and slot (8 + 8 bytes) and the policy's metadata (LFU: a count, 8; distance-LFU: a
+    # count and a last access, 16); the table-wise table's 1000 slots on its owner, the row-wise one's 4096 / 4
+    # devices on each
+    assert [d.host_bytes for d in plan.devices] == [1024 * 32 + (1000 * 24 if d.device == owner else 0)
+                                                    for d in plan.devices]
+    assert plan.max_host_bytes == 1024 * 32 + 24_000
+    assert load_plan_text(plan, tmp_path).devices == plan.devices  # kept by the plan JSON
+    lines = summary_lines(plan)
+    assert any(line.startswith("host       max 0.00 GiB per device of managed-collision") for line in lines)
+    plain = plan_tables(tables[2:], V5P_8, 64)
+    assert all(d.host_bytes == 0 for d in plain.devices) and not any(
+        line.startswith("host") for line in summary_lines(plain))
+    with pytest.raises(ValueError, match=r"table 'bad': zch must be one of \['lfu', 'lru', 'distance_lfu'\] or empty, "
+                                         r"got 'fifo'"):
+        path.write_text("name,rows,dim,zch\nbad,10,4,fifo\n")
+        load_tables_file(path)
+
+
+def load_plan_text(plan, tmp_path):
+    """``plan`` saved as JSON and loaded back."""
+    plan.save(tmp_path / "plan.json")
+    return load_plan(tmp_path / "plan.json")

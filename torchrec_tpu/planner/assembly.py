@@ -16,6 +16,7 @@ from torchrec_tpu.planner.cost_model import ALL_TO_ALLS_PER_STEP, Load, Sharding
 from torchrec_tpu.planner.options import TableOptions
 from torchrec_tpu.planner.plan import DevicePlan, Plan, ShardPlacement, StackPlan, TablePlan
 from torchrec_tpu.planner.tables import EmbeddingTable
+from torchrec_tpu.zch_names import ZCH_SLOT_BYTES
 from tpu_facts import ShardingKind
 
 
@@ -34,21 +35,27 @@ def assemble_plan(options: TableOptions, tables: Sequence[EmbeddingTable], choic
     stacks: dict[tuple[str, int | None], list[str]] = {}
     per_device = [Load() for _ in range(d)]
     placed_names: list[list[str]] = [[] for _ in range(d)]
+    host = [0] * d  # managed-collision remaps: one per shard, over its rows
     uniform = Load()
     table_plans = []
     for t in tables:
         choice = choices[t.name]
         o = choice.option
         uniform = uniform + o.uniform
+        # a remap per shard over the table's rows (row-wise: over the rank's share of them, unpadded)
+        remap_bytes = (ZCH_SLOT_BYTES[t.zch] * (-(-t.rows // d) if o.kind is ShardingKind.ROW_WISE else t.rows)
+                       if t.zch is not None else 0)
         if o.shards:
             shards = tuple(ShardPlacement(dev, s.column_offset, s.columns, s.rows)
                            for s, dev in zip(o.shards, choice.devices))
             for s, dev in zip(o.shards, choice.devices):
                 per_device[dev] = per_device[dev] + s.load
+                host[dev] += remap_bytes
                 placed_names[dev].append(t.name)
                 stacks.setdefault((o.stack_key, dev), []).append(t.name)
         else:
             shards = (ShardPlacement(None, 0, o.padded_dim, o.rows_per_device),)
+            host = [h + remap_bytes for h in host]
             if o.kind is not ShardingKind.DATA_PARALLEL:
                 stacks.setdefault((o.stack_key, None), []).append(t.name)
         hbm = o.uniform.hbm_bytes * d + sum(s.load.hbm_bytes for s in o.shards)
@@ -64,7 +71,7 @@ def assemble_plan(options: TableOptions, tables: Sequence[EmbeddingTable], choic
         devices.append(DevicePlan(dev, dev // topo.chip.devices_per_chip, int(load.hbm_bytes),
                                   int(load.buffer_bytes), load.lookup_s, load.comm_s,
                                   costs.kernel_overhead_s * n_stacks + latency, n_stacks,
-                                  tuple(placed_names[dev]), int(load.input_bytes), int(load.output_bytes)))
+                                  tuple(placed_names[dev]), int(load.input_bytes), int(load.output_bytes), host[dev]))
     stack_plans = tuple(StackPlan(_stack_name(key, dev), dev, tuple(names))
                         for (key, dev), names in sorted(stacks.items(), key=lambda kv: (_stack_name(*kv[0]))))
     return Plan(topo, options.builder.batch_size, options.builder.max_ids_per_partition,

@@ -69,6 +69,7 @@ class DevicePlan:
     placed_tables: tuple[str, ...]  # table-/column-wise tables with a shard here
     input_bytes: int = 0  # ids (CSR) its SparseCores look up per step (0: plans from before it was recorded)
     output_bytes: int = 0  # pooled rows / partial sums it returns per step
+    host_bytes: int = 0  # its shards' managed-collision remaps, on its host (not HBM)
 
     @property
     def memory_bytes(self) -> int:
@@ -118,6 +119,11 @@ class Plan:
     @property
     def max_memory_bytes(self) -> int:
         return max(d.memory_bytes for d in self.devices)
+
+    @property
+    def max_host_bytes(self) -> int:
+        """The largest device's managed-collision remaps (host memory)."""
+        return max(d.host_bytes for d in self.devices)
 
     def table(self, name: str) -> TablePlan:
         for t in self.tables:

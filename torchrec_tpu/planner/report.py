@@ -40,6 +40,7 @@ def summary_lines(plan: Plan) -> list[str]:
         f"step time  {_us(plan.step_time_s)} (slowest device) vs lower bound {_us(plan.lower_bound_s)}: "
         f"{plan.quality:.3f}x",
         f"memory     max {_gib(plan.max_memory_bytes)} per device of {_gib(plan.usable_hbm_bytes_per_device)} usable",
+        *_host_lines(plan),
         *_dense_lines(plan),
     ] + [f"warning    {w}" for w in plan.warnings]
 
@@ -48,6 +49,14 @@ def _id_limits(plan: Plan) -> str:
     """The one id limit of every table, or the range of their own limits."""
     limits = {t.max_ids_per_partition or plan.max_ids_per_partition for t in plan.tables}
     return str(limits.pop()) if len(limits) == 1 else f"per table, {min(limits)} to {max(limits)}"
+
+
+def _host_lines(plan: Plan) -> list[str]:
+    """The managed-collision remaps' host memory (none without --zch tables)."""
+    if not plan.max_host_bytes:
+        return []
+    return [f"host       max {_gib(plan.max_host_bytes)} per device of managed-collision remaps (identity table, "
+            f"slot map and policy metadata of each zch shard; host memory, beside the HBM above)"]
 
 
 def _dense_lines(plan: Plan) -> list[str]:

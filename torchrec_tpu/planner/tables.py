@@ -17,6 +17,7 @@ from typing import Any
 
 from torchrec_tpu.file_numbers import file_number
 from torchrec_tpu.structured_files import brief, read_structured
+from torchrec_tpu.zch_names import ZCH_POLICIES
 from tpu_facts import COMBINERS, OPTIMIZER_SLOTS
 from tpu_facts import MAX_VOCAB as MAX_ROWS
 
@@ -33,7 +34,8 @@ TBE_ROW_ALIGNMENT, TBE_PADDED_DTYPES = 16, ("fp16", "int8", "int4")
 class EmbeddingTable:
     """One table: ``rows`` x ``dim`` float32, looked up by ``num_features`` features with
     ``pooling_factor`` ids per sample each (mean; 1.0 = single-hot), trained with ``optimizer``,
-    its rows held at ``data_type`` (:data:`DATA_TYPE_BITS`; training: fp32)."""
+    its rows held at ``data_type`` (:data:`DATA_TYPE_BITS`; training: fp32); ``zch``: the eviction
+    policy of a managed-collision table (raw ids remapped on the host; None: ids taken as rows)."""
 
     name: str
     rows: int
@@ -44,6 +46,7 @@ class EmbeddingTable:
     combiner: str = "sum"
     max_ids_per_partition: int | None = None  # None: the planner-wide limit
     data_type: str = "fp32"
+    zch: str | None = None
 
     def __post_init__(self) -> None:
         where = f"table {brief(self.name)}"
@@ -62,6 +65,8 @@ class EmbeddingTable:
             raise ValueError(f"{where}: num_features must be a positive int, got {brief(self.num_features)}")
         if self.data_type not in DATA_TYPE_BITS:
             raise ValueError(f"{where}: data_type must be one of {list(DATA_TYPE_BITS)}, got {brief(self.data_type)}")
+        if self.zch is not None and self.zch not in ZCH_POLICIES:
+            raise ValueError(f"{where}: zch must be one of {list(ZCH_POLICIES)} or empty, got {brief(self.zch)}")
         if self.combiner not in COMBINERS:
             raise ValueError(f"{where}: combiner must be one of {COMBINERS}, got {brief(self.combiner)}")
         if self.max_ids_per_partition is not None and (
