@@ -78,7 +78,7 @@ PRESETS: dict[str, dict[str, object]] = {
 COMMON: dict[str, object] = dict(num_embeddings=100_000, model="dlrm", dcn_num_layers=3, dcn_low_rank_dim=16,
                                  multi_hot_sizes="", num_embeddings_per_feature="")
 MODEL_FLAGS = ("batch_size", "embedding_dim", "dense_arch", "over_arch", "threads", "num_embeddings", "steps", "zch",
-               "zch_eviction_interval",
+               "zch_eviction_interval", "dense_lr",
                "model", "dcn_num_layers", "dcn_low_rank_dim", "multi_hot_sizes", "num_embeddings_per_feature",
                "precision", "dense_device", "sparse_backend")
 
@@ -92,7 +92,7 @@ def worker(args: argparse.Namespace) -> None:
         engine=args.engine, model=args.model, data=args.data, log_dir=args.log_dir, eval_files=1,
         num_embeddings=args.num_embeddings, embedding_dim=args.embedding_dim, dense_arch=args.dense_arch,
         over_arch=args.over_arch, batch_size=args.batch_size, eval_batch_size=args.batch_size, epochs=1,
-        max_steps=args.steps, num_threads=args.threads, progress=False, log_every=LOG_EVERY,
+        max_steps=args.steps, num_threads=args.threads, dense_lr=args.dense_lr, progress=False, log_every=LOG_EVERY,
         dcn_num_layers=args.dcn_num_layers, dcn_low_rank_dim=args.dcn_low_rank_dim, precision=args.precision,
         **({"multi_hot_sizes": args.multi_hot_sizes} if args.multi_hot_sizes else {}),
         **({"num_embeddings_per_feature": args.num_embeddings_per_feature} if args.num_embeddings_per_feature else {}),
@@ -269,6 +269,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "auto's pick is printed beside the forced placements (default: auto cpu tpu)")
     parser.add_argument("--sparse-backend", default="", choices=("", "auto", "xla", "ops"),
                         help="the sparsecore engine's --sparse-backend (default: the job's)")
+    parser.add_argument("--dense-lr", type=float, default=0.05, help="the towers' learning rate, both engines "
+                        "(default: 0.05, the job's)")
     parser.add_argument("--zch", default="", help="the sparsecore engine's --zch TABLES (default: none)")
     parser.add_argument("--zch-eviction-interval", type=int, default=100,
                         help="the sparsecore engine's --zch-eviction-interval (default: 100, the job's)")

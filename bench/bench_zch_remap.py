@@ -100,8 +100,10 @@ def remap_ratio(args: argparse.Namespace) -> None:
 
 def step_overhead(args: argparse.Namespace) -> None:
     """Part 2: the anchor preset's steady step with ``--zch all`` against without, alternating fresh runs."""
+    # (--dense-lr: at the job's 0.05 the anchor model's loss passes 100x its first at step 2 and the
+    # divergence guard ends the run, with or without --zch)
     train = bench_train_e2e.parse_args(["--preset", "anchor", "--worlds", "1", "--dense-device", "auto",
-                                        "--zch-eviction-interval", str(args.interval),
+                                        "--dense-lr", "0.005", "--zch-eviction-interval", str(args.interval),
                                         *(["--rows", str(args.step_rows)] if args.step_rows else [])])
     rates: dict[str, list[float]] = {"": [], "all": []}
     with tempfile.TemporaryDirectory(prefix="bench_zch_remap_") as tmp:
