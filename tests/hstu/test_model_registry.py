@@ -135,8 +135,18 @@ def test_dlrmv4_writes_mlperfs_log_and_stops_at_the_target_auc(tmp_path):
     values = {line.key: line.value for line in lines}
     keys = [line.key for line in lines]
     assert values["submission_benchmark"]["value"] == "dlrmv4" and values["global_batch_size"]["value"] == 8
+    assert values["opt_name"]["value"] == "rowwise_adagrad (embeddings), adam (dense)"  # what HSTU trains with
     assert keys.count("eval_accuracy") == 1 and values["run_stop"]["metadata"]["status"] == "success"  # at step 1
     assert values["eval_accuracy"]["metadata"]["samples_count"] == 8
+
+
+@pytest.mark.slow
+def test_a_resume_that_cannot_continue_leaves_no_run_directory(tmp_path, capsys):
+    data = sequence_dataset(tmp_path / "seq", users=40, items=20, events_per_user=8, seed=2, max_history=6)
+    assert main(["train", "--model", "hstu", "--data", str(data), "--resume", str(tmp_path / "seq"),
+                 "--dense-device", "cpu", "--log-dir", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert "not an HSTU checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_model_reading_every_option_refuses_none():

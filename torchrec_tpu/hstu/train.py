@@ -45,7 +45,6 @@ from torchrec_tpu.train.checkpoint.hstu_files import (
     legacy_state,
 )
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
-from torchrec_tpu.train.checkpoint.run_dirs import claim_run_dirs
 from torchrec_tpu.train.checkpoint.store import load_checkpoint, open_checkpoint, restore_rng, save_checkpoint
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, process_group
@@ -54,14 +53,17 @@ from torchrec_tpu.train.engines.step_layout import StepLayout
 from torchrec_tpu.train.job import (
     HPARAM_METRICS,
     JobHooks,
+    config_agreement,
     loop_options,
     on_primary,
+    run_dirs,
     run_events,
     use_rank_threads,
 )
 from torchrec_tpu.train.loop import COLLECTIVES, DENSE_BWD, OPTIMIZER, LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.memory_preflight import available_host_bytes, check_table_memory
 from torchrec_tpu.train.metrics import normalized_entropy
+from torchrec_tpu.train.model_kinds import MODEL_KINDS
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.streams import LimitedBatches
 
@@ -293,10 +295,12 @@ class HSTUTraining:
 
 @contextlib.contextmanager
 def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
-    """The run's :class:`HSTUTraining` inside its process group (its ranks bound to their CPUs with
-    ``--bind-cpus``, ``--num-threads`` set); logs the layout line, as DLRM's jobs do."""
+    """The run's :class:`HSTUTraining` inside its process group (the ranks agreeing on ``config``,
+    bound to their CPUs with ``--bind-cpus``, ``--num-threads`` set); logs the layout line, as DLRM's
+    jobs do."""
     device = dense_device(config)
-    with process_group(config.engine.collective_timeout, device.type == "tpu", config.engine.bind_cpus) as env:
+    with process_group(config.engine.collective_timeout, device.type == "tpu", config.engine.bind_cpus,
+                       config_agreement(config)) as env:
         use_rank_threads(config, env, "train")
         directory = dataset_dir(config, env)
         meta = read_meta(directory)
@@ -360,9 +364,8 @@ def run_hstu(config: TrainConfig, hooks: JobHooks = JobHooks()) -> HSTUSummary:
     (:func:`~torchrec_tpu.train.loop.run_training`: its schedules, progress, divergence guard and
     events); ``hooks.checkpointed`` hears every checkpoint on every rank (Ray Train reports it)."""
     started = time.perf_counter()
-    with hstu_training(config) as t, contextlib.ExitStack() as held:
+    with hstu_training(config) as t, run_dirs(config, t.env) as dirs:
         env = t.env
-        dirs = on_primary(lambda: claim_run_dirs(config, held), env)
         start_step, start, run_id = 0, LoopPosition(), on_primary(new_run_id, env)
         if config.checkpoint.resume:
             start_step, start, run_id = _resume(Path(config.checkpoint.resume), t)
@@ -370,8 +373,8 @@ def run_hstu(config: TrainConfig, hooks: JobHooks = JobHooks()) -> HSTUSummary:
         if config.data.limit_train_batches:
             train = LimitedBatches(train, config.data.limit_train_batches, t.train.batch_size)
         checkpoint = _Checkpoints(config, t, run_id, dirs.checkpoint_root, hooks)
-        rates = (f"--sparse-lr {config.optim.sparse_lr:g} (rowwise_adagrad), --dense-lr "
-                 f"{config.optim.dense_lr:g} (adam)")
+        sparse, dense = MODEL_KINDS[config.model.kind].optimizers  # type: ignore[misc]
+        rates = f"--sparse-lr {config.optim.sparse_lr:g} ({sparse}), --dense-lr {config.optim.dense_lr:g} ({dense})"
         with ScalarLog(dirs.log_dir, env.is_primary) as log, \
                 run_events(config, env, _epoch_samples(config, t.train, env)) as events:
             log.log_hparams(config.to_dict(), HPARAM_METRICS)

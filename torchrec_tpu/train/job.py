@@ -153,9 +153,8 @@ def run_job(config: TrainConfig, device: torch.device = torch.device("cpu"),
     """Train ``config`` over the current (or a fresh) process group and checkpoint the result."""
     configure_logging("train")  # the CLI's logging for Python callers too (a second call changes nothing)
     engine = engine_for(config)
-    agree = functools.partial(agree_on_config, config, timeout_s=config.engine.collective_timeout)
     with process_group(config.engine.collective_timeout, engine.needs_device_tensors, config.engine.bind_cpus,
-                       agree) as env, \
+                       config_agreement(config)) as env, \
             collectives("the collectives of setting up or finishing the run (model sharding, DDP "
                         "init, broadcasts, the final checkpoint)"):
         return _run(config, engine, env, device, hooks)
@@ -165,14 +164,27 @@ def _run(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device
     check_batch_split(config.data, env.world_size)  # the CLI checked already; Python callers and Ray workers here
     if env.world_size > 1 and env.is_primary:
         _log.info("torchrec-tpu train: %s", describe_transport(env))
+    with run_dirs(config, env) as dirs:
+        return _run_in(config, engine, env, device, hooks, dirs)
+
+
+@contextlib.contextmanager
+def run_dirs(config: TrainConfig, env: DistEnv) -> Iterator[RunDirs]:
+    """The run's directories, claimed and locked by the primary while inside; the ones it created
+    removed when the run fails on its config (options, files, checkpoint)."""
     with contextlib.ExitStack() as held:  # the primary's locks on the run's directories
         dirs = on_primary(lambda: claim_run_dirs(config, held), env)
         try:
-            return _run_in(config, engine, env, device, hooks, dirs)
-        except _AGREED_ERRORS:  # failed on its config (options, files, checkpoint)
+            yield dirs
+        except _AGREED_ERRORS:
             if env.is_primary:
                 dirs.remove_created()
             raise
+
+
+def config_agreement(config: TrainConfig) -> Callable[..., None]:
+    """The ranks' check that they run ``config``'s options (:func:`process_group`'s ``agree``)."""
+    return functools.partial(agree_on_config, config, timeout_s=config.engine.collective_timeout)
 
 
 def _run_in(config: TrainConfig, engine: Engine, env: DistEnv, device: torch.device, hooks: JobHooks,

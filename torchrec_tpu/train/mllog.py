@@ -88,13 +88,13 @@ class MLPerfLog(RunEvents):
 def hyperparameters(config: TrainConfig) -> dict[str, Any]:
     """MLPerf's hyperparameter keys -> this config's values (what the optimizers really run)."""
     optim = config.optim
-    names = {optim.sparse_optimizer, optim.dense_optimizer}
+    sparse, dense = MODEL_KINDS[config.model.kind].optimizers or (optim.sparse_optimizer, optim.dense_optimizer)
+    names = {sparse, dense}
     values: dict[str, Any] = {
         mlc.GLOBAL_BATCH_SIZE: config.data.batch_size,
         mlc.GRADIENT_ACCUMULATION_STEPS: 1,
         mlc.SEED: config.loop.seed,
-        mlc.OPT_NAME: names.pop() if len(names) == 1 else f"{optim.sparse_optimizer} (embeddings), "
-                                                             f"{optim.dense_optimizer} (dense)",
+        mlc.OPT_NAME: names.pop() if len(names) == 1 else f"{sparse} (embeddings), {dense} (dense)",
         mlc.OPT_BASE_LR: optim.dense_lr,
         mlc.OPT_WEIGHT_DECAY: 0,
         mlc.OPT_LR_WARMUP_STEPS: optim.lr_warmup_steps,
@@ -103,7 +103,7 @@ def hyperparameters(config: TrainConfig) -> dict[str, Any]:
     }
     if optim.sparse_lr != optim.dense_lr:
         values["opt_embedding_base_learning_rate"] = optim.sparse_lr  # not an MLPerf key: one rate there
-    if optim.sparse_optimizer in _ADAGRADS or optim.dense_optimizer in _ADAGRADS:
+    if sparse in _ADAGRADS or dense in _ADAGRADS:
         values.update({mlc.OPT_ADAGRAD_LR_DECAY: 0, mlc.OPT_ADAGRAD_INITIAL_ACCUMULATOR_VALUE: 0,
                        mlc.OPT_ADAGRAD_EPSILON: ADAGRAD_EPS})
     return values

@@ -35,7 +35,8 @@ class ModelKind:
     any other option given is refused by name. ``defaults``: option -> value where neither a flag
     nor the YAML file sets it. ``mlperf_benchmark``: ``--mllog``'s ``submission_benchmark`` (None:
     no MLPerf benchmark). ``sequences``: ``--data`` is a sequence dataset (checked by the model's
-    reader, not as Parquet rows)."""
+    reader, not as Parquet rows). ``optimizers``: (embeddings', dense part's) optimizer, where the
+    model fixes them (None: ``--sparse-optimizer`` / ``--dense-optimizer``)."""
 
     name: str
     help: str
@@ -50,6 +51,7 @@ class ModelKind:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     mlperf_benchmark: str | None = None
     sequences: bool = False
+    optimizers: tuple[str, str] | None = None
 
     def load(self, part: str) -> Any:
         """What ``part`` (``"job"``, ``"builder"``, ...) names, imported now."""
@@ -76,7 +78,7 @@ def _hstu(name: str, help_text: str, benchmark: str | None) -> ModelKind:
                      reader="pipelines.sequences.reader:SequenceReader", loss="torchrec_tpu.hstu.train:loss",
                      evaluator="torchrec_tpu.hstu.train:evaluate",
                      serving="torchrec_tpu.hstu.inference:load_hstu_inference", reads=reads, defaults=_HSTU_DEFAULTS,
-                     mlperf_benchmark=benchmark, sequences=True)
+                     mlperf_benchmark=benchmark, sequences=True, optimizers=("rowwise_adagrad", "adam"))
 
 
 MODEL_KINDS: dict[str, ModelKind] = {m.name: m for m in (
