@@ -132,3 +132,84 @@ def dlrmv3_stu_layer(x, offsets, params, *, heads, qk_dim, v_dim, n_norm, num_ta
         normed = F.layer_norm(av, (heads * v_dim,), params["ln2_w"], params["ln2_b"], 1e-6)
         outs.append(torch.cat([u, av, u * normed], dim=-1) @ params["w2"] + xs)
     return torch.cat(outs)
+
+
+def dlrmv4_forward(model, kjt):
+    """MLPerf's DLRMv4 model (DLRMv3's ``DlrmHSTU`` on Yambda) in eval mode, written from its
+    equations one user at a time in float64, with ``model``'s parameters (read by name, not run):
+    ``[B]`` listen_plus logits. Its pieces, each from generative-recommenders: the contextual
+    linears, the content/additional/action MLPs (``Linear, x * sigmoid(LN(x)), Linear, LN``), the
+    ActionEncoder's bits, ``x sqrt(D) + pos + time`` with position ``C + L - j`` (contextual k: k;
+    the candidate: C) and time bucket ``floor(sqrt(max(q - t, 1e-6) / 60))``, the STU stack
+    (:func:`dlrmv3_stu_layer`, N the longest sequence), LN, and ``predict(user * item_mlp(...))``."""
+    c = model.config
+    p = {k: v.detach().double() for k, v in model.named_parameters()}
+    f = kjt.to_dict()
+    tables = {t.name: t.num_embeddings for t in model.embeddings.embedding_configs()}
+    table_of = {"item_candidate_id": "item_id", "item_candidate_artist_id": "artist_id",
+                "item_candidate_album_id": "album_id"}
+
+    def emb(feature, ids):
+        table = table_of.get(feature, feature)
+        return p[f"embeddings.embeddings.{table}.weight"][ids % tables[table]]
+
+    def ln(x, name):
+        return F.layer_norm(x, (x.shape[-1],), p[name + ".weight"], p[name + ".bias"], 1e-5)
+
+    def tower(x, name):
+        h = x @ p[f"{name}.0.weight"].T + p[f"{name}.0.bias"]
+        h = h * torch.sigmoid(ln(h, f"{name}.1.norm"))
+        return ln(h @ p[f"{name}.2.weight"].T + p[f"{name}.2.bias"], f"{name}.3")
+
+    contextual = ("uid", "user_x_artist", "user_x_album", "user_x_hour", "item_x_hour", "artist_x_hour",
+                  "user_x_is_organic", "user_x_artist_x_hour")
+    rows, width = [], 0
+    lengths = f["item_id"].lengths().tolist()
+    offsets = [0]
+    for b, n in enumerate(lengths):
+        start = sum(lengths[:b])
+        hist = {k: f[k].values()[start:start + n] for k in ("item_id", "artist_id", "album_id", "action_weight",
+                                                            "action_timestamp")}
+        cand = {k: f[k].values()[b] for k in ("item_candidate_id", "item_candidate_artist_id",
+                                              "item_candidate_album_id", "item_query_time")}
+        ctx = torch.stack([emb(k, f[k].values()[b]) @ p["contextual_weight"][i] + p["contextual_bias"][i]
+                           for i, k in enumerate(contextual)])
+        bits = torch.stack([(hist["action_weight"] & w) > 0 for w in (1, 2, 4)], 1).double()
+        actions = (bits[:, :, None] * p["action_table"][None]).reshape(n, p["action_table"].numel())
+
+        def token(item, artist, album, action):
+            return (tower(item, "content_mlp") + tower(torch.cat([artist, album], -1), "additional_mlp")
+                    + tower(action, "action_mlp"))
+
+        history = token(emb("item_id", hist["item_id"]), emb("artist_id", hist["artist_id"]),
+                        emb("album_id", hist["album_id"]), actions)
+        candidate = token(emb("item_candidate_id", cand["item_candidate_id"])[None],
+                          emb("item_candidate_artist_id", cand["item_candidate_artist_id"])[None],
+                          emb("item_candidate_album_id", cand["item_candidate_album_id"])[None],
+                          p["target_action"][None])
+        x = torch.cat([ctx, history, candidate])
+        k = len(contextual)
+        position = torch.tensor(list(range(k)) + [k + n - j for j in range(n)] + [k]).clamp(max=c.position_buckets - 1)
+        times = torch.cat([torch.zeros(k, dtype=torch.long), hist["action_timestamp"], cand["item_query_time"][None]])
+        gap = (cand["item_query_time"] - times).double().clamp(min=1e-6) / 60
+        bucket = torch.sqrt(gap).floor().clamp(0, c.time_buckets).long()
+        rows.append(x * math.sqrt(c.dim) + p["position"][position] + p["time"][bucket])
+        offsets.append(offsets[-1] + x.shape[0])
+        width = max(width, x.shape[0])
+    x = torch.cat(rows)
+    offsets_t = torch.tensor(offsets)
+    for i in range(c.layers):
+        layer = f"stack.layers.{i}."
+        params = {"ln1_w": p[layer + "input_norm.weight"], "ln1_b": p[layer + "input_norm.bias"],
+                  "w1": p[layer + "uvqk_weight"], "c1": p[layer + "uvqk_bias"],
+                  "ln2_w": p[layer + "output_norm.weight"], "ln2_b": p[layer + "output_norm.bias"],
+                  "w2": p[layer + "output_weight"]}
+        x = dlrmv3_stu_layer(x, offsets_t, params, heads=c.heads, qk_dim=c.qk_dim, v_dim=c.v_dim, n_norm=width,
+                             num_targets=torch.ones(len(lengths), dtype=torch.long))
+    user = ln(x[offsets_t[1:] - 1], "output_norm")
+    item = tower(torch.cat([emb("item_candidate_id", f["item_candidate_id"].values()),
+                            emb("item_candidate_artist_id", f["item_candidate_artist_id"].values()),
+                            emb("item_candidate_album_id", f["item_candidate_album_id"].values())], -1), "item_mlp")
+    h = (user * item) @ p["predict.0.weight"].T + p["predict.0.bias"]
+    h = h * torch.sigmoid(ln(h, "predict.1.norm"))
+    return (h @ p["predict.2.weight"].T + p["predict.2.bias"]).squeeze(-1)

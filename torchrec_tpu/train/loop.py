@@ -52,6 +52,7 @@ class LoopOptions:
     max_steps: int = 0  # 0: no limit
     log_every: int = 20
     eval_every: int = 0  # 0: evaluate only at the end
+    first_eval_step: int = 0  # no eval_every evaluation before this step (MLPerf DLRMv4's first evaluation point)
     eval_batch_rows: int = 0  # every evaluation batch zero-padded to this many rows, padding unscored (0: none)
     target_auc: float = 0.0  # stop at the first eval_every evaluation reaching it (0: no target)
     checkpoint_every: int = 0  # 0: no checkpoints during training
@@ -428,7 +429,8 @@ class _Evaluations:
         self.target_step: int | None = None
 
     def due(self, step: int) -> bool:
-        return bool(self.options.eval_every) and step % self.options.eval_every == 0
+        options = self.options
+        return bool(options.eval_every) and step % options.eval_every == 0 and step >= options.first_eval_step
 
     def logged(self, step: int, result: EvalResult, split: str) -> EvalResult:
         self.log.log(step, result.scalars(split))

@@ -16,7 +16,7 @@ import contextlib
 import itertools
 import logging
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog.mllog import MLLogger
@@ -116,10 +116,12 @@ def default_platform(config: TrainConfig, world_size: int) -> str:
 
 
 @contextlib.contextmanager
-def mlperf_log(config: TrainConfig, world_size: int, train_samples: int) -> Iterator[MLPerfLog]:
-    """The loop's events logged to ``--mllog`` (the file replaced), its opening keys logged first;
-    when the run fails after ``run_start``, ``run_stop`` says ``aborted``. ``train_samples``:
-    samples in an epoch, all ranks. Only rank 0 opens one."""
+def mlperf_log(config: TrainConfig, world_size: int, train_samples: int,
+               keys: Mapping[str, Any] | None = None) -> Iterator[MLPerfLog]:
+    """The loop's events logged to ``--mllog`` (the file replaced), its opening keys logged first:
+    the submission, then ``keys`` (default: :func:`hyperparameters`); when the run fails after
+    ``run_start``, ``run_stop`` says ``aborted``. ``train_samples``: samples in an epoch, all ranks.
+    Only rank 0 opens one."""
     path = Path(config.loop.mllog)  # type: ignore[arg-type]
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, mode="w", encoding="utf-8")
@@ -135,10 +137,11 @@ def mlperf_log(config: TrainConfig, world_size: int, train_samples: int) -> Iter
         mllogger.event(mlc.CACHE_CLEAR, False, stack_offset=here)  # nothing clears the host's file cache here
         mllogger.start(mlc.INIT_START, stack_offset=here)
         benchmark = MODEL_KINDS[config.model.kind].mlperf_benchmark
+        keys = hyperparameters(config) if keys is None else keys
         for key, value in ((mlc.SUBMISSION_BENCHMARK, benchmark), (mlc.SUBMISSION_ORG, loop.mllog_org),
                            (mlc.SUBMISSION_DIVISION, loop.mllog_division),
                            (mlc.SUBMISSION_PLATFORM, loop.mllog_platform or default_platform(config, world_size)),
-                           (mlc.SUBMISSION_STATUS, loop.mllog_status), *hyperparameters(config).items()):
+                           (mlc.SUBMISSION_STATUS, loop.mllog_status), *keys.items()):
             mllogger.event(key, value, stack_offset=here)
         events = MLPerfLog(mllogger, train_samples)
         try:

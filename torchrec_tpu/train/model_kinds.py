@@ -81,9 +81,23 @@ def _hstu(name: str, help_text: str, benchmark: str | None) -> ModelKind:
                      mlperf_benchmark=benchmark, sequences=True, optimizers=("rowwise_adagrad", "adam"))
 
 
+# MLPerf DLRMv4's model on its recipe (torchrec_tpu.hstu.dlrmv4_job): what it reads; the rest is refused
+_MLPERF_DLRMV4_READS = frozenset({
+    "model", "data", "batch_size", "eval_batch_size", "limit_train_batches", "limit_val_batches", "sparse_lr",
+    "dense_lr", "lr_warmup_steps", "precision", "epochs", "max_steps", "seed", "log_dir", "log_every", "eval_every",
+    "target_auc", "progress"}) | MLLOG_OPTIONS
+MLPERF_DLRMV4 = ModelKind(
+    "mlperf_dlrmv4", "MLPerf DLRMv4's model (recommendation_v4), tables capped in rows",
+    job="torchrec_tpu.hstu.dlrmv4_job:run_dlrmv4", training="torchrec_tpu.hstu.dlrmv4_job:not_built",
+    builder="torchrec_tpu.hstu.dlrmv4:DLRMv4", reader="pipelines.sequences.dlrmv4:DLRMv4Synthetic",
+    loss="torchrec_tpu.hstu.dlrmv4_job:DLRMv4Train", evaluator="torchrec_tpu.train.metrics:evaluate",
+    serving="torchrec_tpu.hstu.dlrmv4_job:not_built", reads=_MLPERF_DLRMV4_READS, defaults={"precision": "bf16"},
+    mlperf_benchmark="dlrmv4")
+
 MODEL_KINDS: dict[str, ModelKind] = {m.name: m for m in (
     _dlrm("dlrm", "stock TorchRec DLRM", None),
     _dlrm("dlrm_dcn", "TorchRec DLRM_DCN (MLPerf DLRM-DCNv2)", "dlrm_dcnv2"),
     _hstu("hstu", "HSTU, the 2024 paper's generative recommender", None),
     _hstu("dlrmv4", "HSTU in MLPerf DLRMv4's shape", "dlrmv4"),
+    MLPERF_DLRMV4,
 )}
