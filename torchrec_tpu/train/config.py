@@ -114,8 +114,8 @@ class _Group:
 class ModelConfig(_Group):
     """The architecture: DLRM kind, tables, towers."""
 
-    kind: Model = _opt("dlrm", "model: stock torchrec DLRM or DLRM_DCN; HSTU (generative recommender) or its "
-                               "MLPerf DLRMv4 shape; MLPerf DLRMv4's own model (mlperf_dlrmv4). Each model has its "
+    kind: Model = _opt("dlrm", "model: torchrec DLRM or DLRM_DCN; HSTU or its DLRMv4 shape; MLPerf's DLRMv4 "
+                               "model. Each model has its "
                                "defaults where neither a flag nor --config sets the option (hstu, dlrmv4: "
                                "--batch-size 128, --dense-lr 0.003, --epochs 2; mlperf_dlrmv4: --precision bf16) "
                                "and refuses the options it does not read (torchrec_tpu/train/model_kinds.py).",
