@@ -33,8 +33,8 @@ import numpy as np
 from sparsecore import csr_math
 from sparsecore.csr_format import StackCSR, round_up_array, row_pointers_per_sc
 from sparsecore.entries import DEFAULT_BUCKETS, Buckets
-from sparsecore.limits import PartitionOverflowError, StackStats
-from sparsecore.minibatching import minibatch_entries, op_buffers, pass_bucket, pass_csr
+from sparsecore.limits import StackStats
+from sparsecore.minibatching import minibatch_entries, op_buffers, pass_bucket
 from sparsecore.preprocess import PreprocessedBatch, preprocess_inputs
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
@@ -155,15 +155,12 @@ class CsrFitter:
         ``agree``, the most of any rank, so that the ranks' buffers keep one shape), every other
         as :meth:`cut`. 0 ids dropped; a batch no split fits raises PartitionOverflowError."""
         topology = self.plan.topology
-        try:  # (the common case: the batch fits, and the compiled engine lays it out)
-            one_pass = preprocess_inputs(inputs, self.plan, overflow="error").stacks
-            entries = {}
-        except PartitionOverflowError:
-            entries = {st.name: minibatch_entries(st, inputs, topology.num_devices, topology.sparsecores_per_device)
-                       for st in self.plan.stacks}
-            one_pass = {name: pass_csr(self.plan.stack(name), e, topology.num_devices,
-                                       topology.sparsecores_per_device, 0)
-                        for name, e in entries.items() if e.num_minibatches == 1}
+        # one pass of every stack (the compiled engine; its stats are measured before any drop):
+        # the stacks it dropped ids of are over their limits, and only those are split
+        one_pass = preprocess_inputs(inputs, self.plan, overflow="drop").stacks
+        entries = {name: minibatch_entries(self.plan.stack(name), inputs, topology.num_devices,
+                                           topology.sparsecores_per_device)
+                   for name, csr in one_pass.items() if csr.stats.dropped_ids}
         slots = [pass_bucket(entries[st.name].num_minibatches) if st.name in entries else 1 for st in self.plan.stacks]
         if agree is not None:
             slots = agree(slots)
