@@ -42,7 +42,7 @@ from sparsecore.csr_format import (
     raise_partition_overflow,
 )
 from sparsecore.input_checks import check_id_range
-from sparsecore.limits import ONE_PASS_POLICIES, PartitionOverflowError, StackStats, check_overflow_policy
+from sparsecore.limits import ONE_PASS_POLICIES, StackStats, check_overflow_policy
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput, feature_inputs
 from tpu_facts import PADDING_ID  # noqa: F401  (the padding id callers read here)
@@ -109,17 +109,20 @@ def preprocess_row_ordered(
     ``sparsecore.minibatching``) is the one pass over all of them."""
     compiled = _use_compiled(engine, overflow)
     check_table_ids(inputs, plan)
-    if compiled:
-        from sparsecore.preprocess_native import preprocess_compiled
-
-        try:
-            return preprocess_compiled(inputs, plan, "error" if overflow == "minibatch" else overflow, threads,
-                                       row_ordered=True)
-        except PartitionOverflowError:
-            if overflow != "minibatch":
-                raise  # (a batch over a limit under "minibatch" is rare: numpy splits it below)
     devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
-    return {stack.name: _row_ordered_stack(stack, inputs, devices, s, overflow) for stack in plan.stacks}
+    if not compiled:
+        return {stack.name: _row_ordered_stack(stack, inputs, devices, s, overflow) for stack in plan.stacks}
+    from sparsecore.preprocess_native import preprocess_compiled
+
+    if overflow != "minibatch":
+        return preprocess_compiled(inputs, plan, overflow, threads, row_ordered=True)
+    # under "minibatch": stats are measured before any drop, so the stacks "drop" dropped ids of are
+    # those over their limits; numpy keeps all their entries (checking that a split fits)
+    by_stack = preprocess_compiled(inputs, plan, "drop", threads, row_ordered=True)
+    for stack in plan.stacks:
+        if by_stack[stack.name].stats.dropped_ids:
+            by_stack[stack.name] = _row_ordered_stack(stack, inputs, devices, s, overflow)
+    return by_stack
 
 
 def check_table_ids(inputs: Mapping[str, FeatureInput], plan: StackingPlan) -> None:
