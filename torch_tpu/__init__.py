@@ -7,9 +7,9 @@ The package is built of rooms (docs/architecture/torch_tpu.md, "The rooms"): ``r
 tensor model), ``ops`` (the op registry: lowerings and composites, torch.library kernels, Pallas),
 ``eager`` (dispatch, executors, fallback), ``compile`` (graph capture, ``train_step``) and
 ``distributed``. Every registration happens here, once, through the rooms' ``register()``
-functions: importing any submodule later changes nothing by itself. ``_internal`` holds TorchTPU's
-entry points for libraries written against it (``torch.tpu.ops``, ``torch_tpu._internal.pallas``,
-TorchRec TPU's native preprocessing module).
+functions: importing any submodule later changes nothing by itself. ``_internal`` is TorchTPU's
+face, every TorchTPU name (``torch.tpu``'s, its ``tpu::`` ops, ``torch_tpu._internal.pallas``), over
+the rooms and never imported by them.
 """
 
 import xla_cache as _xla_cache
@@ -31,12 +31,10 @@ except (_xla_cache.ConfigError, _knobs.KnobError) as _error:  # a bad knob: one 
     print(f"torch_tpu: error: {_error}", file=_sys.stderr)
     raise SystemExit(2) from None
 
+from torch_tpu import _internal  # noqa: E402
 from torch_tpu import distributed as _distributed  # noqa: E402, F401  (tpu_dist: TorchTPU's import registers it)
-from torch_tpu import public_api as _public_api  # noqa: E402
-from torch_tpu._internal import torchrec_native as _torchrec_native  # noqa: E402
 
-_public_api.install()  # TorchTPU's torch.tpu names and submodules (torch.tpu.ops, .optimizers, ...)
-_torchrec_native.install()  # TorchRec TPU's native preprocessing module (torch_tpu/_internal)
+_internal.install()  # TorchTPU's face: its tpu:: ops and aliases, torch.tpu's names, the import hook
 
 from torch_tpu.eager.dispatch import clear_handler_cache  # noqa: E402
 from torch_tpu.eager.fallback import (  # noqa: E402

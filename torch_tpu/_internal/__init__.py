@@ -1,7 +1,30 @@
-"""TorchTPU's ``torch_tpu._internal`` modules that libraries written for TorchTPU import.
+"""TorchTPU 0.2.0's face: every name TorchTPU's users call, in one package over the rooms.
 
-Not a room: thin entry points over the rooms, under TorchTPU's names. ``pallas``: ``jax_op``,
-JAX functions (Pallas kernels) as torch ops; ``sync``: ``synchronize(wait=True)``, waiting on the
-device; ``torchrec_native``: the import hook serving the native modules TorchRec's TPU package
-imports but does not ship. ``import torch_tpu`` installs the hook.
+It imports the rooms and no room imports it (``tests/test_layering.py``); its path is TorchTPU's
+own (its wheel keeps its public table in ``torch_tpu/_internal/public_api.py``, and libraries import
+``torch_tpu._internal.pallas``, ``.sync``, ``.profiler``). :func:`install`, run once by
+``import torch_tpu``, registers all of it:
+
+* ``raw_ops``, ``raw_collectives``: TorchTPU's raw ``tpu::`` ops (pooling, ragged dot, barriers,
+  CSR gathers, bounded dynamic shapes, collectives), over torch ops;
+* ``raw_sparsecore``: TorchTPU's spellings ``tpu::_sparse_dense_matmul*`` of the SparseCore ops
+  (defined once, in ``torch_tpu.ops.sparsecore``), as aliases, and its per-table preprocessing ops;
+* ``public_api``: ``torch.tpu``'s TorchTPU names and submodules; ``torch.tpu.ops`` is
+  ``tpu_namespace`` (+ ``tpu_namespace_ops``, ``jagged``), ``torch.tpu.distributed``'s names
+  ``tpu_distributed``;
+* ``import_hook``: the one ``sys.meta_path`` finder (the ``torch-tpu`` distribution, TorchRec TPU's
+  native module and its guarded modules);
+* ``pallas``, ``sync``, ``profiler``: TorchTPU's ``torch_tpu._internal`` modules.
 """
+
+from torch_tpu._internal import import_hook, public_api, raw_collectives, raw_ops, raw_sparsecore
+
+
+def install() -> None:
+    """Register TorchTPU's ``tpu::`` ops and aliases, build ``torch.tpu``'s names, put the finder
+    on ``sys.meta_path`` (idempotent)."""
+    raw_ops.register()
+    raw_collectives.register()
+    raw_sparsecore.register()  # after torch_tpu.ops.register(): aliases of its SparseCore ops
+    public_api.install()
+    import_hook.install()

@@ -38,10 +38,8 @@ this package's collectives between compiled segments (or inside the program, und
 ``MeshLayout``) assumes ranks follow the device enumeration order;
 :func:`torch_tpu.distributed.device_mesh.topology_aware_mesh` computes the same placement from the
 device coordinates every rank reports (all-gathered) and returns the rank tensor
-``DeviceMesh(device_type, mesh=...)`` takes; TorchTPU's signature of it,
-``torch.tpu.distributed.topology_aware_mesh(mesh_shape, *, dcn_mesh_shape=None, ...)`` (also
-``torch.tpu.topology_aware_mesh``), is ``device_mesh.torchtpu_topology_aware_mesh``.
-``torch.tpu.distributed``'s other TorchTPU names are :mod:`torch_tpu.distributed.torchtpu_launch`.
+``DeviceMesh(device_type, mesh=...)`` takes. ``torch.tpu.distributed``'s TorchTPU names (its
+``topology_aware_mesh`` signature, the launch helpers) are :mod:`torch_tpu._internal.tpu_distributed`.
 """
 
 from torch_tpu.distributed import sharded_tensor

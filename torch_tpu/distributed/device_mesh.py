@@ -17,17 +17,12 @@ devices to the ranks that drive them::
 
 Every rank gets the same tensor (all derive it from the same gathered reports). Where the runtime
 reports no coordinates (XLA:CPU) and no ``TORCH_TPU_DEVICE_COORDS`` override is set, rank order
-is taken as device enumeration order. TorchTPU's own signature, ``topology_aware_mesh(mesh_shape,
-*, dcn_mesh_shape=None, ...)`` (the full logical shape; slices read off the devices), is
-:func:`torchtpu_topology_aware_mesh`, served as ``torch.tpu.distributed.topology_aware_mesh`` and
-``torch.tpu.topology_aware_mesh``.
+is taken as device enumeration order. TorchTPU's own signature (``torch.tpu.distributed.topology_aware_mesh``)
+is ``torch_tpu._internal.tpu_distributed``'s.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-import warnings
 from collections.abc import Sequence
 
 import torch
@@ -37,7 +32,7 @@ from torch_tpu.distributed.mesh import DeviceCoords, enumerated_device, ranks_by
 from torch_tpu.runtime.device import get_local_device_attributes
 from tpu_facts import Slice
 
-__all__ = ["gather_device_coords", "topology_aware_mesh", "torchtpu_topology_aware_mesh"]
+__all__ = ["gather_device_coords", "topology_aware_mesh"]
 
 _NO_COORDS = -1
 
@@ -97,61 +92,3 @@ def topology_aware_mesh(
     devices = [d if d is not None else enumerated_device(rank, slice_topology) for rank, d in enumerate(reported)]
     ranks = ranks_by_coordinates(mesh_shape, devices, slice_topology, kind=topology, dcn_mesh_shape=dcn_mesh_shape)
     return torch.from_numpy(ranks)
-
-
-def torchtpu_topology_aware_mesh(mesh_shape: tuple[int, ...], *, dcn_mesh_shape: tuple[int, ...] | None = None,
-                                 allow_split_physical_axes: bool = False,
-                                 contiguous_submeshes: bool = False) -> torch.Tensor:
-    """TorchTPU's ``topology_aware_mesh``: an int64 tensor of global ranks of shape ``mesh_shape``
-    (the full logical shape, ordered by increasing traffic; its product is the world size).
-    ``dcn_mesh_shape`` splits axes over slices (same rank, dividing ``mesh_shape``; inferred when
-    None from the slice count of ``Slice.from_env()``: the outermost axis it divides). Placement is
-    :func:`topology_aware_mesh`'s (whole physical axes for the inner dims), which never splits a
-    physical axis: ``allow_split_physical_axes`` and ``contiguous_submeshes`` are accepted and
-    change nothing. Without an initialized process group a one-process mesh is ``[0]``."""
-    shape = tuple(int(d) for d in mesh_shape)
-    if not shape or any(d < 1 for d in shape):
-        raise ValueError(f"topology_aware_mesh: mesh_shape must be positive sizes, got {mesh_shape!r}")
-    if not dist.is_initialized():
-        if math.prod(shape) != 1:
-            raise RuntimeError(f"topology_aware_mesh: mesh_shape {shape} spans {math.prod(shape)} devices; "
-                               "initialize the process group over them first (torch.distributed.init_process_group)")
-        return torch.zeros(shape, dtype=torch.int64)
-    try:
-        physical = Slice.from_env()
-    except ValueError as error:  # off a TPU (plain torchrun): no slice to place ranks on
-        return _ranks_in_order(shape, str(error))
-    slices = physical.num_slices if dcn_mesh_shape is None else math.prod(dcn_mesh_shape)
-    dcn = tuple(dcn_mesh_shape) if dcn_mesh_shape is not None else _infer_dcn(shape, slices)
-    if len(dcn) != len(shape) or any(m % d for m, d in zip(shape, dcn)):
-        raise ValueError(f"topology_aware_mesh: dcn_mesh_shape {dcn} must have mesh_shape {shape}'s rank and "
-                         "divide it elementwise")
-    if math.prod(dcn) == 1:
-        return topology_aware_mesh("tpu", shape, slice_topology=physical)
-    ici = tuple(m // d for m, d in zip(shape, dcn))
-    return topology_aware_mesh("tpu", ici, topology="multi_slice", dcn_mesh_shape=dcn, slice_topology=physical)
-
-
-def _ranks_in_order(shape: tuple[int, ...], why: str) -> torch.Tensor:
-    """The mesh where no TPU slice is described: the world's ranks in order, as ``shape`` (said once)."""
-    world = dist.get_world_size()
-    if math.prod(shape) != world:
-        raise ValueError(f"topology_aware_mesh: mesh_shape {shape} holds {math.prod(shape)} devices, the process "
-                         f"group {world}")
-    _say_once(f"topology_aware_mesh: no TPU slice ({why}): the mesh is the {world} ranks in order")
-    return torch.arange(world, dtype=torch.int64).reshape(shape)
-
-
-@functools.cache
-def _say_once(message: str) -> None:
-    warnings.warn(message, RuntimeWarning, stacklevel=4)
-
-
-def _infer_dcn(shape: tuple[int, ...], slices: int) -> tuple[int, ...]:
-    if slices == 1:
-        return (1,) * len(shape)
-    for axis, size in enumerate(shape):
-        if size % slices == 0:
-            return tuple(slices if i == axis else 1 for i in range(len(shape)))
-    raise ValueError(f"topology_aware_mesh: no axis of mesh_shape {shape} divides over the {slices} slices; "
-                     "give dcn_mesh_shape")

@@ -7,11 +7,8 @@
 * ``decompositions``: the decomposition tier's table (PyTorch's decompositions plus the composites);
 * ``metadata_ops``: metadata-only ops (``resize_``, ``set_``, ``as_strided_`` ...) on the tensor model;
 * ``kernels``: the PrivateUse1 ``torch.library`` kernels (factories, copies across devices);
-* ``sparsecore``: the SparseCore ops ``tpu::sparse_dense_matmul*`` (math in ``sparsecore``);
-  ``sparsecore_torchtpu``: TorchTPU's exact schemas ``tpu::_sparse_dense_matmul*`` over them, and the
-  per-table preprocessing ops;
-* ``torchtpu_ops``, ``torchtpu_collectives``: TorchTPU's other raw ``tpu::`` ops (pooling, ragged dot,
-  collectives ...); ``tpu_namespace`` (+ ``tpu_namespace_ops``, ``jagged``): ``torch.tpu.ops``;
+* ``sparsecore``: the SparseCore ops ``tpu::sparse_dense_matmul*``, each defined once (math in
+  ``sparsecore``); TorchTPU's spellings of them are aliases in ``torch_tpu._internal``;
 * ``pallas/``: Pallas kernels as torch custom ops (``jax_op``);
 * ``hstu/``: HSTU's jagged attention (XLA path and Pallas kernel), a ``jax_op``.
 
@@ -28,9 +25,6 @@ def register() -> None:
         kernels,
         lowerings,
         sparsecore,
-        sparsecore_torchtpu,
-        torchtpu_collectives,
-        torchtpu_ops,
         transformer,
     )
 
@@ -38,6 +32,3 @@ def register() -> None:
     checked.register()
     corrected.register()
     sparsecore.register()
-    sparsecore_torchtpu.register()  # TorchTPU's schemas over the SparseCore ops above
-    torchtpu_ops.register()
-    torchtpu_collectives.register()

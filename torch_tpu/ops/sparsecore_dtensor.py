@@ -62,26 +62,6 @@ def _register(lib: torch.library.Library) -> None:
         torch.library.register_torch_dispatch(f"{ops.NAMESPACE}::{name}", DTensor, _rule(name), lib=lib)
 
 
-def register_composites(lib: torch.library.Library, kernels: dict[str, Any]) -> None:
-    """DTensor rules for ops defined over the ``tpu::sparse_dense_matmul*`` ops (TorchTPU's
-    ``tpu::_sparse_dense_matmul*``, ``kernels``: name -> composite): a call with a sharded table
-    runs the composite, whose inner op's rule above does the sharded work. (Registered as
-    CompositeImplicitAutograd, they still reach DTensor's dispatch undecomposed where autograd is
-    not on the dispatch path.)"""
-    if dist.is_available():
-        call_after_import("torch.distributed.tensor", "DTensor", lambda: _register_composites(lib, kernels))
-
-
-def _register_composites(lib: torch.library.Library, kernels: dict[str, Any]) -> None:
-    from torch.distributed.tensor import DTensor
-
-    for name, kernel in kernels.items():
-        def rule(cls: type, func: Any, types: Any, args: tuple, kwargs: dict | None, kernel=kernel) -> Any:
-            return kernel(*args, **(kwargs or {}))
-
-        torch.library.register_torch_dispatch(f"{ops.NAMESPACE}::{name}", DTensor, rule, lib=lib)
-
-
 def _rule(name: str):
     def rule(cls: type, func: Any, types: Any, args: tuple, kwargs: dict | None) -> Any:
         return _sharded_call(name, ops.bind_args(name, args, kwargs or {}))

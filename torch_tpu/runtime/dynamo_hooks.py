@@ -32,8 +32,9 @@ def install(tensor_type: type) -> None:
 
 # torch.tpu.ops' Python functions (TorchTPU's namespace) are user code a compiled model calls
 # (TorchRec's fused modules unstack their lookups with one; HSTU pads its jagged batches): Dynamo
-# traces into them
-TRACED_MODULES = frozenset({"torch_tpu.ops.tpu_namespace", "torch_tpu.ops.tpu_namespace_ops", "torch_tpu.ops.jagged"})
+# traces into them (named, not imported: they are TorchTPU's face, torch_tpu._internal, above the rooms)
+TRACED_MODULES = frozenset({"torch_tpu._internal.tpu_namespace", "torch_tpu._internal.tpu_namespace_ops",
+                            "torch_tpu._internal.jagged"})
 
 
 _CONSTANT_RESULTS: list[Callable[..., Any]] = []

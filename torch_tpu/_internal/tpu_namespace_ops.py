@@ -1,7 +1,7 @@
 """``torch.tpu.ops``' functions beyond SparseCore (TorchTPU 0.2.0's signatures): pooling,
 grouped matmuls, collectives, the optimization barrier, SparseCore gathers and ``splash_sdpa``.
 
-Each calls its raw ``tpu::`` op (``torch_tpu.ops.torchtpu_ops``, ``torchtpu_collectives``);
+Each calls its raw ``tpu::`` op (``torch_tpu._internal.raw_ops``, ``raw_collectives``);
 Dynamo traces into this module, so the calls land in compiled graphs as those ops.
 """
 

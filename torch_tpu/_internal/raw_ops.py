@@ -20,9 +20,9 @@ not the same kernels (docs/TORCHTPU_API.md lists them):
   dynamic shapes, here on the static (padded) shape;
 * ``_sparse_map_row``: runs an MLIR body on SparseCore; it has no other implementation and raises.
 
-The collectives (``_all_gather_dim`` ...) are ``torch_tpu.ops.torchtpu_collectives``; the
-SparseCore lookups ``_sparse_dense_matmul*`` and the per-table preprocessing are
-``torch_tpu.ops.sparsecore_torchtpu``. :func:`register` defines them all (once).
+The collectives (``_all_gather_dim`` ...) are ``raw_collectives``; the SparseCore lookups
+``_sparse_dense_matmul*`` and the per-table preprocessing are ``raw_sparsecore``. :func:`register`
+defines them all (once).
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def _sparse_map_row(*args: object) -> list[torch.Tensor]:
 
 
 def _sparsecores() -> int:
-    from torch_tpu.ops.tpu_namespace import sparsecores_per_device
+    from torch_tpu._internal.tpu_namespace import sparsecores_per_device
 
     return sparsecores_per_device()
 

@@ -23,9 +23,9 @@ import numbers
 import torch
 import torch.distributed as dist
 
-from torch_tpu.ops import tpu_namespace_ops
-from torch_tpu.ops.jagged import align_jagged_to_multiple, strip_jagged_padding
-from torch_tpu.ops.tpu_namespace_ops import *  # noqa: F403  (torch.tpu.ops' other functions)
+from torch_tpu._internal import tpu_namespace_ops
+from torch_tpu._internal.jagged import align_jagged_to_multiple, strip_jagged_padding
+from torch_tpu._internal.tpu_namespace_ops import *  # noqa: F403  (torch.tpu.ops' other functions)
 from torch_tpu.runtime.dynamo_hooks import constant_result
 from tpu_facts import knobs
 

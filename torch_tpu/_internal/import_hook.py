@@ -1,13 +1,20 @@
-"""What TorchRec's TPU package expects of TorchTPU's environment at import: a native module it
-does not ship, and the input checks at the points where it hands the project its configs and ids.
+"""The face's one ``sys.meta_path`` finder, :class:`TorchTpuFinder`: what code written for
+TorchTPU expects of its environment at import.
+
+* ``importlib.metadata.distribution("torch-tpu")`` / ``version("torch-tpu")`` (code written for
+  TorchTPU asks for it by name) answer with this project standing in, version
+  ``0.2.0+torchrec.tpu``; an installed ``torch-tpu`` wins, and the project's own ``torchrec-tpu`` is
+  untouched.
+* TorchRec's TPU package: a native module it does not ship, and the input checks at the points
+  where it hands the project its configs and ids (below).
 
 TorchRec 1.9's ``torchrec.experimental.torch_tpu.datasets.input_preprocessing`` imports
 ``torchrec.experimental.torch_tpu.datasets.pybind_input_preprocessing``, a pybind11 extension
 built against jax-tpu-embedding that its wheel leaves out (TorchTPU's environment provides it).
-:func:`install` (run by ``import torch_tpu``) puts a finder on ``sys.meta_path`` that answers for
-that one name, after the regular finders, with a module whose ``SparseCorePreprocessorBackend`` is
-``sparsecore.metadata_backend.SparseCorePreprocessorBackend`` (same constructor and ``preprocess``;
-the buffers jax-tpu-embedding's C++ builds). A real extension found on the path wins.
+The finder answers for that one name, when no other finder does, with a module whose
+``SparseCorePreprocessorBackend`` is ``sparsecore.metadata_backend.SparseCorePreprocessorBackend``
+(same constructor and ``preprocess``; the buffers jax-tpu-embedding's C++ builds). A real extension
+found on the path wins.
 
 Checks (:mod:`sparsecore.torchrec_tpu_checks`): TorchRec narrows ids to int32 and splits the KJT by
 feature before the backend sees them, and it never checks its table configs. So, as its modules
@@ -22,10 +29,15 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+TORCHTPU_VERSION = "0.2.0"  # the TorchTPU release whose API this is (tests/torch_tpu/data/torchtpu_0_2_0_api.json)
+DISTRIBUTION = "torch-tpu"
 
 PREPROCESSING_MODULE = "torchrec.experimental.torch_tpu.datasets.pybind_input_preprocessing"
 STACKING_MODULE = "torchrec.experimental.torch_tpu.modules.table_stacking"
@@ -45,16 +57,6 @@ class _Loader(importlib.abc.Loader):
 
         module.SparseCorePreprocessorBackend = SparseCorePreprocessorBackend
         module.__doc__ = "TorchRec TPU's host preprocessing backend, served by torch_tpu (sparsecore)."
-
-
-class TorchRecNativeFinder(importlib.abc.MetaPathFinder):
-    """Finds :data:`PREPROCESSING_MODULE` when no other finder does."""
-
-    def find_spec(self, fullname: str, path: object = None, target: object = None,
-                  ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != PREPROCESSING_MODULE:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, _Loader(), origin="torch_tpu")
 
 
 def _checked(original: Callable[..., Any], check: Callable[..., None]) -> Callable[..., Any]:
@@ -107,32 +109,61 @@ class _GuardingLoader(importlib.abc.Loader):
         _guard(module)
 
 
-class TorchRecGuardFinder(importlib.abc.MetaPathFinder):
-    """Finds TorchRec's stacking and preprocessing modules with the other finders and guards them
-    once loaded."""
+class _StandInDistribution(importlib.metadata.Distribution):
+    """The ``torch-tpu`` distribution this project stands in for, version ``0.2.0+torchrec.tpu``
+    (TorchTPU's API version, marked as this project's)."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None,
-                  ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in (STACKING_MODULE, PREPROCESSOR_MODULE):
+    def read_text(self, filename: str) -> str | None:
+        if filename not in ("METADATA", "PKG-INFO"):
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
+        return (f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: {TORCHTPU_VERSION}+torchrec.tpu\n"
+                "Summary: TorchTPU's API (torch.tpu, torch_tpu) served by torchrec-tpu's torch_tpu package\n")
+
+    def locate_file(self, path: str | Path) -> Path:
+        return Path(__file__).resolve().parents[2] / path
+
+
+class TorchTpuFinder(importlib.abc.MetaPathFinder):
+    """First on ``sys.meta_path``: guards TorchRec's stacking and preprocessing modules (found by
+    the other finders) once loaded, serves :data:`PREPROCESSING_MODULE` and the ``torch-tpu``
+    distribution where no other finder has them."""
+
+    def _others(self) -> Iterator[Any]:
+        return (f for f in list(sys.meta_path) if not isinstance(f, TorchTpuFinder))
+
+    def _found_elsewhere(self, fullname: str, path: Any, target: Any) -> importlib.machinery.ModuleSpec | None:
+        for finder in self._others():
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
             if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _GuardingLoader(spec.loader)
                 return spec
         return None
 
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None,
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in (STACKING_MODULE, PREPROCESSOR_MODULE, PREPROCESSING_MODULE):
+            return None
+        spec = self._found_elsewhere(fullname, path, target)
+        if fullname == PREPROCESSING_MODULE:
+            return spec or importlib.machinery.ModuleSpec(fullname, _Loader(), origin="torch_tpu")
+        if spec is not None and spec.loader is not None:
+            spec.loader = _GuardingLoader(spec.loader)
+        return spec
+
+    def find_distributions(self, context: Any = importlib.metadata.DistributionFinder.Context()
+                           ) -> Iterator[importlib.metadata.Distribution]:
+        if (context.name or "").replace("_", "-").lower() != DISTRIBUTION:
+            return
+        for finder in self._others():
+            if next(iter(getattr(finder, "find_distributions", lambda _: ())(context)), None) is not None:
+                return  # an installed torch-tpu
+        yield _StandInDistribution()
+
 
 def install() -> None:
-    """Append the native-module finder and put the guard finder first on ``sys.meta_path`` (once);
-    guard TorchRec's modules already loaded."""
-    if not any(isinstance(f, TorchRecNativeFinder) for f in sys.meta_path):
-        sys.meta_path.append(TorchRecNativeFinder())
-    if not any(isinstance(f, TorchRecGuardFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, TorchRecGuardFinder())
+    """Put :class:`TorchTpuFinder` first on ``sys.meta_path`` (once); guard TorchRec's modules
+    already loaded."""
+    if not any(isinstance(f, TorchTpuFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, TorchTpuFinder())
     for name in (STACKING_MODULE, PREPROCESSOR_MODULE):
         if name in sys.modules:
             _guard(sys.modules[name])

@@ -10,18 +10,15 @@ AdamW`` work):
   the ``eager_mode`` property (the process-wide mode, readable and settable) over
   ``torch_tpu.eager.modes``; the ``allow_excess_precision`` property
   (``torch_tpu.runtime.compiler_options``); ``default_generators``;
-* ``torch.tpu.ops``: ``torch_tpu.ops.tpu_namespace``;
+* ``torch.tpu.ops``: ``torch_tpu._internal.tpu_namespace``;
 * ``torch.tpu.compiler``: ``custom_compiler_options``;
 * ``torch.tpu.distributed``: ``topology_aware_mesh`` (TorchTPU's signature), ``spmd_safe``,
-  ``set_tpu_launch_env`` and the ``window_num_stripes`` / ``window_stripe_chunk_mb`` properties;
+  ``set_tpu_launch_env`` and the ``window_num_stripes`` / ``window_stripe_chunk_mb`` properties
+  (``torch_tpu._internal.tpu_distributed``);
 * ``torch.tpu.optimizers``: ``AdamW``, ``Muon``, ``Sgd``, ``Optimizer``, ``SingleTraceTrainer``
   (``torch_tpu.compile.step``);
 * ``torch.tpu.pallas``: ``jax_op``, ``get_pallas_mesh`` (``torch_tpu._internal.pallas``);
 * ``torch.tpu.profiler``: ``TpuProfilerConfig``.
-
-It also answers ``importlib.metadata.distribution("torch-tpu")`` / ``version("torch-tpu")`` (code
-written for TorchTPU asks for it by name) with this project standing in, after the path finders
-(an installed ``torch-tpu`` would be found first; the project's own ``torchrec-tpu`` is untouched).
 
 docs/TORCHTPU_API.md says which names are full implementations and which are XLA stand-ins.
 """
@@ -29,18 +26,14 @@ docs/TORCHTPU_API.md says which names are full implementations and which are XLA
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import sys
 import types
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from torch_tpu.distributed import device_mesh, torchtpu_launch
+from torch_tpu._internal import tpu_distributed, tpu_namespace
 from torch_tpu.eager import modes
-from torch_tpu.ops import tpu_namespace
 from torch_tpu.runtime import compiler_options, device, profiler
 
 
@@ -76,19 +69,19 @@ class _DistributedModule(types.ModuleType):
 
     @property
     def window_num_stripes(self) -> int:
-        return torchtpu_launch.window_setting("window_num_stripes")
+        return tpu_distributed.window_setting("window_num_stripes")
 
     @window_num_stripes.setter
     def window_num_stripes(self, value: int) -> None:
-        torchtpu_launch.set_window_setting("window_num_stripes", value)
+        tpu_distributed.set_window_setting("window_num_stripes", value)
 
     @property
     def window_stripe_chunk_mb(self) -> int:
-        return torchtpu_launch.window_setting("window_stripe_chunk_mb")
+        return tpu_distributed.window_setting("window_stripe_chunk_mb")
 
     @window_stripe_chunk_mb.setter
     def window_stripe_chunk_mb(self, value: int) -> None:
-        torchtpu_launch.set_window_setting("window_stripe_chunk_mb", value)
+        tpu_distributed.set_window_setting("window_stripe_chunk_mb", value)
 
 
 class _LazyModule(types.ModuleType):
@@ -118,62 +111,26 @@ _LAZY: dict[str, dict[str, str]] = {
 }
 _SUBMODULES: dict[str, tuple[type[types.ModuleType], dict[str, Any]]] = {
     "compiler": (types.ModuleType, {"custom_compiler_options": compiler_options.custom_compiler_options}),
-    "distributed": (_DistributedModule, {"set_tpu_launch_env": torchtpu_launch.set_tpu_launch_env,
-                                         "spmd_safe": torchtpu_launch.spmd_safe,
-                                         "topology_aware_mesh": device_mesh.torchtpu_topology_aware_mesh}),
+    "distributed": (_DistributedModule, {"set_tpu_launch_env": tpu_distributed.set_tpu_launch_env,
+                                         "spmd_safe": tpu_distributed.spmd_safe,
+                                         "topology_aware_mesh": tpu_distributed.topology_aware_mesh}),
     "profiler": (types.ModuleType, {"TpuProfilerConfig": profiler.TpuProfilerConfig}),
 }
 
 
-TORCHTPU_VERSION = "0.2.0"  # the TorchTPU release whose API this is (tests/torch_tpu/data/torchtpu_0_2_0_api.json)
-
-
-class _StandInDistribution(importlib.metadata.Distribution):
-    """``importlib.metadata.distribution("torch-tpu")``: the distribution this project stands in
-    for, version ``0.2.0+torchrec.tpu`` (TorchTPU's API version, marked as this project's)."""
-
-    def read_text(self, filename: str) -> str | None:
-        if filename not in ("METADATA", "PKG-INFO"):
-            return None
-        return (f"Metadata-Version: 2.1\nName: torch-tpu\nVersion: {TORCHTPU_VERSION}+torchrec.tpu\n"
-                "Summary: TorchTPU's API (torch.tpu, torch_tpu) served by torchrec-tpu's torch_tpu package\n")
-
-    def locate_file(self, path: str | Path) -> Path:
-        return Path(__file__).resolve().parent.parent / path
-
-
-class _StandInFinder(importlib.metadata.DistributionFinder):
-    """Answers for the ``torch-tpu`` distribution when no real one is installed."""
-
-    def find_spec(self, *args: Any) -> None:
-        return None  # finds distributions, not modules
-
-    def find_distributions(self, context: Any = importlib.metadata.DistributionFinder.Context()
-                           ) -> Iterator[importlib.metadata.Distribution]:
-        name = (context.name or "").replace("_", "-").lower()
-        if name == "torch-tpu":
-            yield _StandInDistribution()
-
-
-def _answer_as_torch_tpu() -> None:
-    if not any(isinstance(f, _StandInFinder) for f in sys.meta_path):
-        sys.meta_path.append(_StandInFinder())  # after the path finders: a real torch-tpu would win
-
-
 def install() -> None:
     """Add TorchTPU's names and submodules to ``torch.tpu`` (idempotent)."""
-    _answer_as_torch_tpu()
     tpu = sys.modules[device.__name__]
     if type(tpu) is _TorchTpuModule:
         return
     tpu.__class__ = _TorchTpuModule
     tpu.EagerMode = modes.EagerMode
-    tpu.topology_aware_mesh = device_mesh.torchtpu_topology_aware_mesh  # TorchTPU's deprecated alias
+    tpu.topology_aware_mesh = tpu_distributed.topology_aware_mesh  # TorchTPU's deprecated alias
     tpu.set_eager_mode = modes.eager_mode  # TorchTPU's set_eager_mode(mode) is a context manager
     tpu.ops = sys.modules["torch.tpu.ops"] = tpu_namespace
     submodules = {**_SUBMODULES, **{name: (_LazyModule, {"_targets": targets}) for name, targets in _LAZY.items()}}
     for name, (kind, names) in submodules.items():
-        module = kind(f"torch.tpu.{name}", f"TorchTPU's torch.tpu.{name} (torch_tpu.public_api).")
+        module = kind(f"torch.tpu.{name}", f"TorchTPU's torch.tpu.{name} (torch_tpu._internal.public_api).")
         module.__dict__.update(names)
         module.__all__ = sorted(names.get("_targets", names))
         sys.modules[module.__name__] = module

@@ -1,12 +1,11 @@
-"""TorchTPU 0.2.0's SparseCore op schemas: ``tpu::_sparse_dense_matmul*`` (with the underscore,
-its raw ops) and the per-table host preprocessing.
+"""TorchTPU 0.2.0's spellings of the SparseCore ops, ``tpu::_sparse_dense_matmul*`` (with the
+underscore, its raw ops), and the per-table host preprocessing.
 
-* ``tpu::_sparse_dense_matmul`` / ``_grad_with_{sgd,adagrad,adam}``: TorchTPU's exact schemas
-  (every argument positional, ``computation_name`` without a default, Adagrad's and Adam's
-  ``epsilon`` a float) over this project's ops ``tpu::sparse_dense_matmul*``
-  (``torch_tpu.ops.sparsecore``: the math, checks, DTensor rules), which stay as aliases while
-  TorchRec 1.9.2 calls them. Adagrad takes a row-wise (1-D ``[rows]``) accumulator too: that call
-  is ``tpu::sparse_dense_matmul_grad_with_rowwise_adagrad``.
+* ``tpu::_sparse_dense_matmul`` / ``_grad_with_{sgd,adagrad,adam}``: aliases, under TorchTPU's
+  exact schemas (every argument positional, ``computation_name`` without a default, Adagrad's and
+  Adam's ``epsilon`` a float), of the ops ``tpu::sparse_dense_matmul*``, each defined once in
+  ``torch_tpu.ops.sparsecore`` (the math, checks, DTensor rules). Adagrad takes a row-wise (1-D
+  ``[rows]``) accumulator too: that call is ``tpu::sparse_dense_matmul_grad_with_rowwise_adagrad``.
 * ``tpu::preprocess_sparse_dense_matmul_input``: one table's ragged ids (int32 indices and
   offsets) as the CSR-wrapped COO buffers of ``sparsecore.csr_format``, a dict of
   ``row_pointers``, ``embedding_ids``, ``sample_ids``, ``gains`` and the int32 stats
@@ -17,13 +16,20 @@ its raw ops) and the per-table host preprocessing.
   ``max_ids_per_partition`` / ``max_unique_ids_per_partition``.
 
 They are ``CompositeImplicitAutograd`` kernels: the lookup stays differentiable in the table through
-``tpu::sparse_dense_matmul``'s own autograd.
+``tpu::sparse_dense_matmul``'s own autograd. With a ``DTensor`` table an alias's DTensor rule runs
+its kernel, whose inner op's rule does the sharded work (a CompositeImplicitAutograd op still
+reaches DTensor's dispatch undecomposed where autograd is not on the dispatch path).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
+import torch.distributed as dist
+
+from torch_tpu.runtime.after_import import call_after_import
 
 _CSR = "Tensor row_pointers, Tensor embedding_ids, Tensor sample_ids, Tensor gains, Tensor embedding_table"
 _LIMITS = "int device_batch_size, int max_ids_per_partition, int max_unique_ids_per_partition"
@@ -132,7 +138,16 @@ def register() -> None:
     for name, schema in SCHEMAS.items():
         lib.define(name + schema)
         lib.impl(name, kernels[name], "CompositeImplicitAutograd")
-    from torch_tpu.ops import sparsecore_dtensor
+    aliases = {name: kernel for name, kernel in kernels.items() if name.startswith("_sparse_dense_matmul")}
+    if dist.is_available():
+        call_after_import("torch.distributed.tensor", "DTensor", lambda: _register_dtensor_rules(lib, aliases))
 
-    sparsecore_dtensor.register_composites(lib, {name: kernel for name, kernel in kernels.items()
-                                                 if name.startswith("_sparse_dense_matmul")})
+
+def _register_dtensor_rules(lib: torch.library.Library, aliases: dict[str, Any]) -> None:
+    from torch.distributed.tensor import DTensor
+
+    for name, kernel in aliases.items():
+        def rule(cls: type, func: Any, types: Any, args: tuple, kwargs: dict | None, kernel=kernel) -> Any:
+            return kernel(*args, **(kwargs or {}))
+
+        torch.library.register_torch_dispatch(f"tpu::{name}", DTensor, rule, lib=lib)
