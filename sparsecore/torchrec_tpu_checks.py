@@ -2,7 +2,7 @@
 shared words of :mod:`sparsecore.input_checks`: its table configs (``SparseCoreEmbeddingConfig``,
 before it stacks them) and the KJT its ``SparseCoreInputPreprocessor`` is called with (before it
 narrows the ids to int32 and splits the KJT by feature). ``torch_tpu`` runs them around TorchRec's
-functions (``torch_tpu._internal.torchrec_native``); TorchRec's code is unchanged.
+functions (``torch_tpu._internal.import_hook``); TorchRec's code is unchanged.
 """
 
 from __future__ import annotations

@@ -67,8 +67,10 @@ def _import_nodes(path: Path, lazy: bool) -> list[tuple[str, bool]]:
 
 
 # torch_tpu modules that may import sparsecore, and only inside functions: the SparseCore ops'
-# kernels (their math is sparsecore.csr_math) and TorchRec's import hook (served from sparsecore)
-TORCH_TPU_SPARSECORE_USERS = re.compile(r"torch_tpu\.ops\.sparsecore\w*|torch_tpu\._internal\.torchrec_native")
+# kernels (their math is sparsecore.csr_math), TorchTPU's per-table preprocessing op and TorchRec's
+# import hook (both served from sparsecore)
+TORCH_TPU_SPARSECORE_USERS = re.compile(
+    r"torch_tpu\.ops\.sparsecore\w*|torch_tpu\._internal\.(import_hook|raw_sparsecore)")
 
 
 def test_torch_tpu_imports_sparsecore_only_lazily_in_its_sparsecore_ops() -> None:
@@ -161,7 +163,7 @@ ROOM_ALLOWED = {
     "distributed": {"runtime"},
 }
 # Lazy imports (inside a function) across the rules, each named with its reason (none now:
-# torch.tpu.topology_aware_mesh, which made runtime import distributed, is installed by public_api).
+# torch.tpu.topology_aware_mesh, which made runtime import distributed, is installed by the face).
 LAZY_EXCEPTIONS: set[tuple[str, str, str]] = set()
 
 
@@ -213,19 +215,27 @@ def _room(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] in ROOMS else None
 
 
-# TorchTPU's entry points for libraries written against it (torch_tpu._internal.pallas, the
-# TorchRec import hook): thin forwards over the rooms, not a room
-ENTRY_POINTS = "_internal"
+# TorchTPU's face: every TorchTPU 0.2.0 name (torch.tpu's, its tpu:: ops and the aliases of the
+# SparseCore ops, torch_tpu._internal.pallas ...), in one package over the rooms (TorchTPU's own path)
+FACE = "_internal"
 
 
-def test_torch_tpu_has_only_rooms_and_few_loose_modules() -> None:
+def test_torch_tpu_has_only_rooms_the_face_and_its_init() -> None:
     loose = sorted(p.name for p in TORCH_TPU.glob("*.py"))
     rooms = sorted(p.name for p in TORCH_TPU.iterdir()
-                   if p.is_dir() and (p / "__init__.py").exists() and p.name != ENTRY_POINTS)
+                   if p.is_dir() and (p / "__init__.py").exists() and p.name != FACE)
     assert rooms == sorted(ROOMS), rooms
-    # TorchTPU's own module names libraries import (pallas, sync, profiler), TorchRec's import hook
-    assert len(list((TORCH_TPU / ENTRY_POINTS).glob("*.py"))) <= 5
-    assert len(loose) <= 6, loose
+    assert loose == ["__init__.py"], loose  # the one place that registers everything
+
+
+def test_no_room_imports_torchtpus_face() -> None:
+    """The face imports the rooms; a room never imports it (every import, lazy ones too): TorchTPU's
+    names are added to the device from above, not written into it."""
+    modules = _torch_tpu_modules()
+    offenders = [f"{module} imports {target}" for module, path in modules.items() if _room(module)
+                 for target in sorted(_imports(path, modules, module_level=False))
+                 if target == f"torch_tpu.{FACE}" or target.startswith(f"torch_tpu.{FACE}.")]
+    assert not offenders, "\n".join(offenders)
 
 
 def test_each_torch_tpu_room_imports_only_the_rooms_it_may() -> None:

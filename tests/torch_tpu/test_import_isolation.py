@@ -138,7 +138,7 @@ def test_every_change_import_torch_tpu_makes_is_listed() -> None:
     done = subprocess.run([sys.executable, "-c", _EFFECTS_CHILD], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "PrivateUse1" in seen["changed"] and "_StandInFinder" in seen["finders"]  # the probe sees changes
+    assert "PrivateUse1" in seen["changed"] and "TorchTpuFinder" in seen["finders"]  # the probe sees changes
     section = _effects_section()
     unlisted = [name for name in [*seen["changed"], *seen["finders"]] if f"`{name}`" not in section]
     assert not unlisted, f"import torch_tpu changes {unlisted}: list them in {DOC.relative_to(REPO)}"

@@ -26,7 +26,7 @@ from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
 from tests.torchrec_192.reference import bag_configs, ids_per_sample, kjt, sc_tables
-from torch_tpu._internal import torchrec_native
+from torch_tpu._internal import import_hook
 
 BATCH = 8
 
@@ -76,16 +76,16 @@ def test_activation_unstack_errors_name_the_bad_value() -> None:
 
 
 def test_import_hook_serves_the_preprocessing_module_and_a_real_one_wins(tmp_path, monkeypatch) -> None:
-    module = importlib.import_module(torchrec_native.PREPROCESSING_MODULE)
+    module = importlib.import_module(import_hook.PREPROCESSING_MODULE)
     assert module.SparseCorePreprocessorBackend is SparseCorePreprocessorBackend
-    # an extension found on the path is used instead (the hook answers after the regular finders)
+    # an extension found on the path is used instead (the hook serves the name only where no other finder finds it)
     package = tmp_path / "torchrec" / "experimental" / "torch_tpu" / "datasets"
     package.mkdir(parents=True)
     (package / "pybind_input_preprocessing.py").write_text("SparseCorePreprocessorBackend = 'real'\n")
     datasets = importlib.import_module("torchrec.experimental.torch_tpu.datasets")
     monkeypatch.setattr(datasets, "__path__", [str(package), *datasets.__path__])
-    monkeypatch.delitem(sys.modules, torchrec_native.PREPROCESSING_MODULE)
-    assert importlib.import_module(torchrec_native.PREPROCESSING_MODULE).SparseCorePreprocessorBackend == "real"
+    monkeypatch.delitem(sys.modules, import_hook.PREPROCESSING_MODULE)
+    assert importlib.import_module(import_hook.PREPROCESSING_MODULE).SparseCorePreprocessorBackend == "real"
 
 
 def test_torchrec_preprocessing_is_jax_tpu_embeddings_bytes() -> None:

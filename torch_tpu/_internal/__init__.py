@@ -17,12 +17,14 @@ own (its wheel keeps its public table in ``torch_tpu/_internal/public_api.py``, 
 * ``pallas``, ``sync``, ``profiler``: TorchTPU's ``torch_tpu._internal`` modules.
 """
 
-from torch_tpu._internal import import_hook, public_api, raw_collectives, raw_ops, raw_sparsecore
 
 
 def install() -> None:
     """Register TorchTPU's ``tpu::`` ops and aliases, build ``torch.tpu``'s names, put the finder
     on ``sys.meta_path`` (idempotent)."""
+    # (its modules import each other by the package's name: not from this half-initialised __init__)
+    from torch_tpu._internal import import_hook, public_api, raw_collectives, raw_ops, raw_sparsecore
+
     raw_ops.register()
     raw_collectives.register()
     raw_sparsecore.register()  # after torch_tpu.ops.register(): aliases of its SparseCore ops

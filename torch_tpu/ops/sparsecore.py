@@ -50,9 +50,11 @@ optimizer slot) is a ``DTensor`` placed ``Shard(0)`` on a 1-D DeviceMesh of D ra
 passes its own device's buffers (built for D devices: N = D * S partitions) and its own
 ``device_batch_size``, and gets its own samples' activations (a plain tensor); the table gradient
 and the fused ops' new table and slots are DTensors with the same placement. The collectives
-run on the mesh's process group; the local step is the private twin ``tpu::_sharded_<op>`` (the
-op over the gathered buffers of all devices and one device's block of rows, same math module).
-The public schemas stay TorchTPU's.
+run on the mesh's process group; the local step is the same op with ``devices`` = D and
+``device_index`` = d (the op over the gathered buffers of all devices and device d's block of rows).
+
+Each op is defined once, here (one schema); TorchTPU's spellings ``tpu::_sparse_dense_matmul*`` and
+``torch.tpu.ops.*`` are aliases in ``torch_tpu._internal``.
 """
 
 from __future__ import annotations
@@ -74,16 +76,20 @@ _LIMITS = "int device_batch_size, int max_ids_per_partition, int max_unique_ids_
 # beyond TorchTPU's schemas: csr_math.touched_rows of the buffers computed ahead (off TPU the lowerings
 # then neither sort nor read a row twice; a SparseCore deduplicates in hardware and ignores it)
 _AHEAD = "Tensor? touched_rows=None"
+# every op also takes the sharding of its local step under the DTensor rules (torch_tpu.ops.sparsecore_dtensor):
+# the buffers of all ``devices`` devices (gathered device-major) and the table block (and slots) of ``device_index``
+_SHARDING = "int devices=1, int device_index=0"
 # beyond them too, the lookup's output_rows: a permutation of its activation rows (the caller's layout);
 # the fused ops' grad_rows: the row of activations_grad holding each activation row's gradient
 # (activations_grad may then be a whole layer's output gradient, which the op reads no permuted copy of)
 # and num_minibatches: the buffers hold that many minibatch slots (jax-tpu-embedding's minibatching
 # layout, sparsecore.minibatching.op_buffers; one device's) instead of one pass
 _PASSES = "int num_minibatches=1"
-_NAME = f'str computation_name="", {_AHEAD}, Tensor? grad_rows=None, {_PASSES}'
+_NAME = f'str computation_name="", {_AHEAD}, Tensor? grad_rows=None, {_PASSES}, {_SHARDING}'
 SCHEMAS = {
-    "sparse_dense_matmul": f"({_CSR}, {_LIMITS}, {_AHEAD}, Tensor? output_rows=None, {_PASSES}) -> Tensor",
-    "sparse_dense_matmul_grad": f"({_CSR}, Tensor activations_grad, {_LIMITS}, {_PASSES}) -> Tensor",
+    "sparse_dense_matmul":
+        f"({_CSR}, {_LIMITS}, {_AHEAD}, Tensor? output_rows=None, {_PASSES}, {_SHARDING}) -> Tensor",
+    "sparse_dense_matmul_grad": f"({_CSR}, Tensor activations_grad, {_LIMITS}, {_PASSES}, {_SHARDING}) -> Tensor",
     "sparse_dense_matmul_grad_with_sgd":
         f"({_CSR}, Tensor activations_grad, Tensor learning_rate, {_LIMITS}, {_NAME}) -> Tensor",
     "sparse_dense_matmul_grad_with_adagrad":
@@ -100,12 +106,6 @@ SCHEMAS = {
         f"float learning_rate_power, float l1_regularization_strength, float l2_regularization_strength, "
         f"float beta, {_LIMITS}, {_NAME}) -> (Tensor, Tensor, Tensor)",
 }
-# Private twins ``tpu::_sharded_<name>``: the same op over the buffers of all ``devices`` devices
-# (gathered device-major) and the table block (and slots) of ``device_index``: the local step of the
-# DTensor rules (torch_tpu.ops.sparsecore_dtensor)
-SHARDED = "_sharded_"
-_SHARDING = "int devices=1, int device_index=0"
-SHARDED_SCHEMAS = {SHARDED + name: schema.replace(") ->", f", {_SHARDING}) ->", 1) for name, schema in SCHEMAS.items()}
 FUSED = "sparse_dense_matmul_grad_with_"
 # the optimizers with a fused op (sparsecore.optimizer_rules holds the rest of each one's record)
 OPTIMIZERS = tuple(name.removeprefix(FUSED) for name in SCHEMAS if name.startswith(FUSED))
@@ -228,9 +228,9 @@ def _eager_check(name: str):
     return check
 
 
-def _fused(optimizer: str, prefix: str = ""):
-    """The lowering of ``<prefix>sparse_dense_matmul_grad_with_<optimizer>``."""
-    name = f"{prefix}{FUSED}{optimizer}"
+def _fused(optimizer: str):
+    """The lowering of ``sparse_dense_matmul_grad_with_<optimizer>``."""
+    name = f"{FUSED}{optimizer}"
     slots, hyper_names = fused_arguments(name)
 
     def lowering(*args, **kwargs):
@@ -310,8 +310,8 @@ def _lookup_grad_fake(row_pointers, embedding_ids, sample_ids, gains, embedding_
     return torch.empty_like(embedding_table)
 
 
-def _fused_fake(optimizer: str, prefix: str = ""):
-    name = f"{prefix}{FUSED}{optimizer}"
+def _fused_fake(optimizer: str):
+    name = f"{FUSED}{optimizer}"
     slots = fused_arguments(name)[0]
 
     def fake(*args, **kwargs):
@@ -341,6 +341,7 @@ def _lookup_positions() -> dict[str, int]:
 _LOOKUP_AT = _lookup_positions()
 _LOOKUP_SAVED = ("row_pointers", "embedding_ids", "sample_ids", "gains", "embedding_table")
 _LOOKUP_LIMITS = ("device_batch_size", "max_ids_per_partition", "max_unique_ids_per_partition", "num_minibatches")
+_LOOKUP_SHARDING = ("devices", "device_index")
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
@@ -348,6 +349,7 @@ def _setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
     output_rows = inputs[rows_at] if len(inputs) > rows_at else None
     ctx.save_for_backward(*(inputs[_LOOKUP_AT[name]] for name in _LOOKUP_SAVED), output_rows)
     ctx.limits = tuple(inputs[_LOOKUP_AT[name]] if len(inputs) > _LOOKUP_AT[name] else 1 for name in _LOOKUP_LIMITS)
+    ctx.sharding = {name: inputs[_LOOKUP_AT[name]] for name in _LOOKUP_SHARDING if len(inputs) > _LOOKUP_AT[name]}
     ctx.num_inputs = len(inputs)
 
 
@@ -356,7 +358,8 @@ def _lookup_backward(ctx: Any, grad: torch.Tensor) -> tuple:
     if output_rows is not None:  # back to activation row order
         grad = grad.index_select(0, output_rows)
     table_grad = torch.ops.tpu.sparse_dense_matmul_grad(row_pointers, embedding_ids, sample_ids, gains,
-                                                        embedding_table, grad.contiguous(), *ctx.limits)
+                                                        embedding_table, grad.contiguous(), *ctx.limits,
+                                                        **ctx.sharding)
     grads: list[torch.Tensor | None] = [None] * ctx.num_inputs
     grads[_LOOKUP_AT["embedding_table"]] = table_grad
     return tuple(grads)
@@ -368,19 +371,17 @@ def register() -> None:
         return
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     _libs.append(lib)
-    for name, schema in {**SCHEMAS, **SHARDED_SCHEMAS}.items():
+    for name, schema in SCHEMAS.items():
         lib.define(name + schema)
-    for prefix in ("", SHARDED):
-        kernels = {"sparse_dense_matmul": (_lookup, _lookup_fake),
-                   "sparse_dense_matmul_grad": (_lookup_grad, _lookup_grad_fake)}
-        kernels.update({f"{FUSED}{o}": (_fused(o, prefix), _fused_fake(o, prefix)) for o in OPTIMIZERS})
-        for name, (lowering, fake) in kernels.items():
-            full = prefix + name
-            lib.impl(full, _on_host(full, lowering), "CPU")
-            torch.library.register_fake(f"{NAMESPACE}::{full}", _layout_checked(full, fake), lib=lib)
-            # the math lives in sparsecore: a changed csr_math must not reuse a stored program
-            lowering.lowering_sources = LOWERING_SOURCES
-            register_lowering(overload(full), check=_eager_check(full))(lowering)
+    kernels = {"sparse_dense_matmul": (_lookup, _lookup_fake),
+               "sparse_dense_matmul_grad": (_lookup_grad, _lookup_grad_fake)}
+    kernels.update({f"{FUSED}{o}": (_fused(o), _fused_fake(o)) for o in OPTIMIZERS})
+    for name, (lowering, fake) in kernels.items():
+        lib.impl(name, _on_host(name, lowering), "CPU")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", _layout_checked(name, fake), lib=lib)
+        # the math lives in sparsecore: a changed csr_math must not reuse a stored program
+        lowering.lowering_sources = LOWERING_SOURCES
+        register_lowering(overload(name), check=_eager_check(name))(lowering)
     torch.library.register_autograd(f"{NAMESPACE}::sparse_dense_matmul", _lookup_backward,
                                     setup_context=_setup_context, lib=lib)
     from torch_tpu.ops import sparsecore_dtensor

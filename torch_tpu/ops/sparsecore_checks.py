@@ -57,8 +57,8 @@ def values_trusted() -> bool:
 
 
 def public_name(name: str) -> str:
-    """``tpu::<op>`` as users call it (a private ``_sharded_`` twin is named as its public op)."""
-    return "tpu::" + name.removeprefix("_sharded_")
+    """``tpu::<op>``, as users call it."""
+    return f"tpu::{name}"
 
 
 def _kind(dtype: Any) -> str:

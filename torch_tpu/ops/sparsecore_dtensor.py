@@ -8,7 +8,7 @@ table. A real TPU exchanges ids and rows over ICI inside the SparseCore custom c
 exchange is explicit collectives on the mesh's process group (``tpu_dist`` on tpu tensors):
 
 * ``sparse_dense_matmul``: all_gather the four CSR buffers (all devices' ids, device-major), sum
-  each global sample's entries that hit local rows (``tpu::_sharded_sparse_dense_matmul``, partial
+  each global sample's entries that hit local rows (the op with ``devices=D``, partial
   activations of the global batch [D*B, dim]) and reduce_scatter them: each rank gets its own
   samples' activations [B, dim], a plain tensor. Differentiable in the table: the gradient is a
   ``DTensor`` ``Shard(0)`` (``sparse_dense_matmul_grad`` below);
@@ -104,7 +104,8 @@ def _sharded_call(name: str, a: dict[str, Any]) -> Any:
     local["device_batch_size"] = devices * a["device_batch_size"]
     if "touched_rows" in local:  # computed for this device's buffers, not the gathered ones
         local["touched_rows"] = None
-    out = getattr(torch.ops.tpu, ops.SHARDED + name)(**local, devices=devices, device_index=device_index)
+    local.update(devices=devices, device_index=device_index)
+    out = getattr(torch.ops.tpu, name)(**local)
     if name == "sparse_dense_matmul":
         return _reduce_scatter(out, mesh)
     if name == "sparse_dense_matmul_grad":

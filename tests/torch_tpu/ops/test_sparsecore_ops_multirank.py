@@ -25,11 +25,11 @@ def test_sharded_ops_summed_over_devices_equal_the_ebc_on_the_global_batch(devic
     ebc = c0.ebc()
     expected = ebc(c0.kjt)["f"]
     (expected * c0.grad).sum().backward()
-    partial = [torch.ops.tpu._sharded_sparse_dense_matmul(*gathered, c.block(c.weight), *limits, devices=devices,
-                                                          device_index=c.rank) for c in cases]
+    partial = [torch.ops.tpu.sparse_dense_matmul(*gathered, c.block(c.weight), *limits, devices=devices,
+                                                 device_index=c.rank) for c in cases]
     torch.testing.assert_close(sum(partial), expected.detach(), rtol=1e-5, atol=1e-5)
-    grads = [torch.ops.tpu._sharded_sparse_dense_matmul_grad(*gathered, c.block(c.weight), c0.grad, *limits,
-                                                             devices=devices, device_index=c.rank) for c in cases]
+    grads = [torch.ops.tpu.sparse_dense_matmul_grad(*gathered, c.block(c.weight), c0.grad, *limits,
+                                                    devices=devices, device_index=c.rank) for c in cases]
     torch.testing.assert_close(torch.cat(grads), c0.stacked(ebc.embedding_bags["t"].weight.grad), rtol=1e-5,
                                atol=1e-5)
 

@@ -53,7 +53,7 @@ def test_compile_takes_tpu_tensors_as_plain_inputs(order):
 _SKIPS = """
 import sys
 import torch, torch_tpu
-import torch_tpu.ops.tpu_namespace as traced
+import torch_tpu._internal.tpu_namespace as traced
 
 def packages():
     return {name for name, m in sys.modules.items() if name.startswith("torch_tpu.") and hasattr(m, "__path__")}

@@ -122,7 +122,8 @@ def test_importing_torch_tpu_replaces_the_stand_ins() -> None:
               (torch.ones(2, device="tpu") * 3).cpu().tolist())
     """)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[0] == "torchrec_tpu._torch_tpu_autoload torch_tpu.public_api True [3.0, 3.0]"
+    assert done.stdout.split("\n")[0] == ("torchrec_tpu._torch_tpu_autoload torch_tpu._internal.public_api True "
+                                          "[3.0, 3.0]")
 
 
 def test_the_default_backend_sends_cpu_graphs_to_inductor_with_the_callers_mode(monkeypatch) -> None:
