@@ -165,3 +165,50 @@ def test_the_check_sees_a_changed_signature(name: str) -> None:
     want = dict(SNAPSHOT["public"][name])
     want["params"] = [*want["params"], ["extra", "KEYWORD_ONLY"]]
     assert _difference(name, want) is not None
+
+
+# --- the face in one package (torch_tpu/_internal) ------------------------------------------------
+
+
+def _tpu_ops_named(part: str) -> set[str]:
+    return {name.removeprefix("tpu::") for name in torch._C._dispatch_get_all_op_names()
+            if name.startswith("tpu::") and part in name}
+
+
+def test_each_sparsecore_op_has_one_schema_and_torchtpus_spellings_only_as_aliases() -> None:
+    """The ``tpu::`` ops of SparseCore lookups and updates: the project's own (defined once, in
+    ``torch_tpu.ops.sparsecore``) and, beside them, only TorchTPU 0.2.0's pinned names (the wheel's
+    list), each an alias of one of them; no private twin."""
+    from torch_tpu.ops import sparsecore
+
+    torchtpus = {schema.split("(")[0] for schema in SNAPSHOT["schemas"] if "sparse_dense_matmul" in schema}
+    assert _tpu_ops_named("sparse_dense_matmul") == set(sparsecore.SCHEMAS) | torchtpus
+    aliases = torchtpus & {f"_{name}" for name in sparsecore.SCHEMAS}
+    assert aliases == {"_sparse_dense_matmul", "_sparse_dense_matmul_grad_with_sgd",
+                       "_sparse_dense_matmul_grad_with_adagrad", "_sparse_dense_matmul_grad_with_adam"}
+    for alias in aliases:  # a composite over its op: no kernel, lowering or fake of its own
+        op = getattr(torch.ops.tpu, alias).default
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"), alias
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU"), alias
+
+
+def test_import_torch_tpu_puts_one_finder_of_its_own_on_meta_path() -> None:
+    import sys
+
+    own = [type(f).__module__ for f in sys.meta_path
+           if type(f).__module__.startswith("torch_tpu") and type(f).__module__ != "torch_tpu.runtime.after_import"]
+    assert own == ["torch_tpu._internal.import_hook"]
+    assert type(sys.meta_path[0]).__module__ == "torch_tpu._internal.import_hook"  # it guards TorchRec's modules
+
+
+def test_an_installed_torch_tpu_distribution_wins_over_the_stand_in(tmp_path, monkeypatch) -> None:
+    import importlib.metadata
+    import sys
+
+    assert importlib.metadata.version("torch-tpu") == "0.2.0+torchrec.tpu"
+    info = tmp_path / "torch_tpu-9.9.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch-tpu\nVersion: 9.9.9\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    assert importlib.metadata.version("torch-tpu") == "9.9.9"
+    assert importlib.metadata.version("torch_tpu") == "9.9.9"

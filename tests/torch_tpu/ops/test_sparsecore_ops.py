@@ -27,15 +27,16 @@ def test_schemas_are_torchtpus() -> None:
     assert schema == ("tpu::sparse_dense_matmul(Tensor row_pointers, Tensor embedding_ids, Tensor sample_ids, "
                       "Tensor gains, Tensor embedding_table, int device_batch_size, int max_ids_per_partition, "
                       "int max_unique_ids_per_partition, Tensor? touched_rows=None, Tensor? output_rows=None, "
-                      "int num_minibatches=1) -> Tensor")
+                      "int num_minibatches=1, int devices=1, int device_index=0) -> Tensor")
     adam = torch.ops.tpu.sparse_dense_matmul_grad_with_adam.default._schema
     assert [a.name for a in adam.arguments][5:] == [
         "momentum", "velocity", "activations_grad", "alpha_t", "beta_1", "beta_2", "epsilon", "device_batch_size",
         "max_ids_per_partition", "max_unique_ids_per_partition", "computation_name", "touched_rows", "grad_rows",
-        "num_minibatches"]
+        "num_minibatches", "devices", "device_index"]
     assert len(adam.returns) == 3
-    for extra in adam.arguments[-3:]:  # ours, optional: every TorchTPU call binds the same way
-        assert extra.has_default_value() and extra.default_value == (1 if extra.name == "num_minibatches" else None)
+    # ours, optional: every TorchTPU call binds the same way (one pass, one device, the whole table)
+    assert [(a.has_default_value(), a.default_value) for a in adam.arguments[-5:]] == [
+        (True, None), (True, None), (True, 1), (True, 1), (True, 0)]
 
 
 def test_lookup_on_cpu_equals_embedding_bag_and_the_xla_backend(case: Case) -> None:

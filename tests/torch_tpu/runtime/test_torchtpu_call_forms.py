@@ -188,11 +188,11 @@ def test_topology_aware_mesh_off_a_tpu_is_the_ranks_in_order(tmp_path, monkeypat
     world's ranks in order, said once; before, it asked for TPU_TOPOLOGY."""
     import torch.distributed as dist
 
-    from torch_tpu.distributed import device_mesh
+    from torch_tpu._internal import tpu_distributed
 
     for name in ("TPU_TOPOLOGY", "TPU_ACCELERATOR_TYPE"):
         monkeypatch.delenv(name, raising=False)
-    device_mesh._say_once.cache_clear()
+    tpu_distributed._say_once.cache_clear()
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         with pytest.warns(RuntimeWarning, match="the mesh is the 1 ranks in order") as caught:
