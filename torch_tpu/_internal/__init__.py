@@ -18,6 +18,10 @@ own (its wheel keeps its public table in ``torch_tpu/_internal/public_api.py``, 
 """
 
 
+import torch
+
+_libs: list[torch.library.Library] = []
+
 
 def install() -> None:
     """Register TorchTPU's ``tpu::`` ops and aliases, build ``torch.tpu``'s names, put the finder
@@ -25,8 +29,14 @@ def install() -> None:
     # (its modules import each other by the package's name: not from this half-initialised __init__)
     from torch_tpu._internal import import_hook, public_api, raw_collectives, raw_ops, raw_sparsecore
 
-    raw_ops.register()
-    raw_collectives.register()
-    raw_sparsecore.register()  # after torch_tpu.ops.register(): aliases of its SparseCore ops
+    if not _libs:  # after torch_tpu.ops.register(): raw_sparsecore's aliases call its SparseCore ops
+        lib = torch.library.Library("tpu", "FRAGMENT")
+        _libs.append(lib)
+        for module in (raw_ops, raw_collectives, raw_sparsecore):
+            kernels = module.kernels()
+            for name, schema in module.SCHEMAS.items():
+                lib.define(name + schema)
+                lib.impl(name, kernels[name], "CompositeImplicitAutograd")
+        raw_sparsecore.register_dtensor_rules(lib)
     public_api.install()
     import_hook.install()

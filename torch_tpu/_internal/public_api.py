@@ -64,24 +64,18 @@ class _TorchTpuModule(types.ModuleType):
         return device.get_default_generators()
 
 
+def _window_property(name: str) -> property:
+    """A collective window setting of ``torch.tpu.distributed`` (``tpu_distributed``), readable and settable."""
+    return property(lambda self: tpu_distributed.window_setting(name),
+                    lambda self, value: tpu_distributed.set_window_setting(name, value),
+                    doc=f"TorchTPU's ``{name}`` (validated and kept; changes no transfer here).")
+
+
 class _DistributedModule(types.ModuleType):
     """``torch.tpu.distributed``'s module type: the window settings as properties."""
 
-    @property
-    def window_num_stripes(self) -> int:
-        return tpu_distributed.window_setting("window_num_stripes")
-
-    @window_num_stripes.setter
-    def window_num_stripes(self, value: int) -> None:
-        tpu_distributed.set_window_setting("window_num_stripes", value)
-
-    @property
-    def window_stripe_chunk_mb(self) -> int:
-        return tpu_distributed.window_setting("window_stripe_chunk_mb")
-
-    @window_stripe_chunk_mb.setter
-    def window_stripe_chunk_mb(self, value: int) -> None:
-        tpu_distributed.set_window_setting("window_stripe_chunk_mb", value)
+    window_num_stripes = _window_property("window_num_stripes")
+    window_stripe_chunk_mb = _window_property("window_stripe_chunk_mb")
 
 
 class _LazyModule(types.ModuleType):

@@ -19,6 +19,9 @@ on tpu tensors, gloo on CPU ones), groups named by ``ProcessGroup.group_name``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -36,7 +39,6 @@ SCHEMAS = {
     "_recv": "(Tensor[] tensors, int src, int tag) -> Any",
 }
 REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
-_libs: list[torch.library.Library] = []
 _c10d = torch.ops._c10d_functional
 
 
@@ -201,15 +203,8 @@ def _p2p(send: bool):
     return kernel
 
 
-def register() -> None:
-    """Define the ops (once)."""
-    if _libs:
-        return
-    lib = torch.library.Library("tpu", "FRAGMENT")
-    _libs.append(lib)
-    kernels = {"_all_gather_dim": _all_gather_dim, "_reduce_scatter_dim": _reduce_scatter_dim,
-               "_ragged_all_to_all": _ragged_all_to_all, "_ragged_all_to_all.out": _ragged_all_to_all_out,
-               "_send": _p2p(True), "_recv": _p2p(False)}
-    for name, schema in SCHEMAS.items():
-        lib.define(name + schema)
-        lib.impl(name, kernels[name], "CompositeImplicitAutograd")
+def kernels() -> dict[str, Callable[..., Any]]:
+    """Each op's CompositeImplicitAutograd kernel, by its :data:`SCHEMAS` name."""
+    return {"_all_gather_dim": _all_gather_dim, "_reduce_scatter_dim": _reduce_scatter_dim,
+            "_ragged_all_to_all": _ragged_all_to_all, "_ragged_all_to_all.out": _ragged_all_to_all_out,
+            "_send": _p2p(True), "_recv": _p2p(False)}

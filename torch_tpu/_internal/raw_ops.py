@@ -21,18 +21,17 @@ not the same kernels (docs/TORCHTPU_API.md lists them):
 * ``_sparse_map_row``: runs an MLIR body on SparseCore; it has no other implementation and raises.
 
 The collectives (``_all_gather_dim`` ...) are ``raw_collectives``; the SparseCore lookups
-``_sparse_dense_matmul*`` and the per-table preprocessing are ``raw_sparsecore``. :func:`register`
+``_sparse_dense_matmul*`` and the per-table preprocessing are ``raw_sparsecore``; ``torch_tpu._internal``
 defines them all (once).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-_libs: list[torch.library.Library] = []
 
 _POOL_ARGS = "int[] kernel_size, int[] stride, int[] padding, int[] dilation, bool ceil_mode"
 SCHEMAS = {
@@ -296,13 +295,9 @@ def _set_dimension_logical_size(x, dim, size):
     return x.clone()
 
 
-def register() -> None:
-    """Define the ops (once)."""
-    if _libs:
-        return
-    lib = torch.library.Library("tpu", "FRAGMENT")
-    _libs.append(lib)
-    kernels = {
+def kernels() -> dict[str, Callable[..., Any]]:
+    """Each op's CompositeImplicitAutograd kernel, by its :data:`SCHEMAS` name."""
+    return {
         **{f"_max_pool{n}d": _pool(n) for n in (1, 2, 3)},
         **{f"_max_pool{n}d_backward": _pool_backward(n) for n in (1, 2, 3)},
         "_optimization_barrier": _optimization_barrier,
@@ -322,6 +317,3 @@ def register() -> None:
         "_pad_real_to_static": _pad_real_to_static,
         "_set_dimension_logical_size": _set_dimension_logical_size,
     }
-    for name, schema in SCHEMAS.items():
-        lib.define(name + schema)
-        lib.impl(name, kernels[name], "CompositeImplicitAutograd")

@@ -23,6 +23,7 @@ reaches DTensor's dispatch undecomposed where autograd is not on the dispatch pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,6 @@ SCHEMAS = {
     "compute_sparse_dense_matmul_stats":
         "(Tensor input_indices, Tensor input_offsets, int global_device_count, int num_sc_per_device) -> (int, int)",
 }
-_libs: list[torch.library.Library] = []
 
 
 def _lookup(row_pointers, embedding_ids, sample_ids, gains, table, device_batch_size, max_ids, max_unique):
@@ -126,27 +126,25 @@ def _stats(input_indices, input_offsets, global_device_count, num_sc_per_device)
     return partition_stats(ids, np.diff(offsets), global_device_count * num_sc_per_device, num_sc_per_device)
 
 
-def register() -> None:
-    """Define the ops (once; after ``torch_tpu.ops.sparsecore.register``, whose ops they call)."""
-    if _libs:
-        return
-    lib = torch.library.Library("tpu", "FRAGMENT")
-    _libs.append(lib)
-    kernels = {"_sparse_dense_matmul": _lookup, "_sparse_dense_matmul_grad_with_sgd": _sgd,
-               "_sparse_dense_matmul_grad_with_adagrad": _adagrad, "_sparse_dense_matmul_grad_with_adam": _adam,
-               "preprocess_sparse_dense_matmul_input": _preprocess, "compute_sparse_dense_matmul_stats": _stats}
-    for name, schema in SCHEMAS.items():
-        lib.define(name + schema)
-        lib.impl(name, kernels[name], "CompositeImplicitAutograd")
-    aliases = {name: kernel for name, kernel in kernels.items() if name.startswith("_sparse_dense_matmul")}
+def kernels() -> dict[str, Callable[..., Any]]:
+    """Each op's CompositeImplicitAutograd kernel, by its :data:`SCHEMAS` name."""
+    return {"_sparse_dense_matmul": _lookup, "_sparse_dense_matmul_grad_with_sgd": _sgd,
+            "_sparse_dense_matmul_grad_with_adagrad": _adagrad, "_sparse_dense_matmul_grad_with_adam": _adam,
+            "preprocess_sparse_dense_matmul_input": _preprocess, "compute_sparse_dense_matmul_stats": _stats}
+
+
+def register_dtensor_rules(lib: torch.library.Library) -> None:
+    """The aliases' DTensor rules (their kernels), once ``torch.distributed.tensor`` is imported."""
     if dist.is_available():
-        call_after_import("torch.distributed.tensor", "DTensor", lambda: _register_dtensor_rules(lib, aliases))
+        call_after_import("torch.distributed.tensor", "DTensor", lambda: _register_dtensor_rules(lib))
 
 
-def _register_dtensor_rules(lib: torch.library.Library, aliases: dict[str, Any]) -> None:
+def _register_dtensor_rules(lib: torch.library.Library) -> None:
     from torch.distributed.tensor import DTensor
 
-    for name, kernel in aliases.items():
+    for name, kernel in kernels().items():
+        if not name.startswith("_sparse_dense_matmul"):
+            continue
         def rule(cls: type, func: Any, types: Any, args: tuple, kwargs: dict | None, kernel=kernel) -> Any:
             return kernel(*args, **(kwargs or {}))
 
