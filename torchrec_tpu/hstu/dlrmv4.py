@@ -31,7 +31,7 @@ from torch import nn
 from torchrec import EmbeddingCollection, EmbeddingConfig
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from torch_tpu.ops.jagged import align_jagged_to_multiple
+from torch_tpu._internal.jagged import align_jagged_to_multiple
 from torchrec_tpu.hstu.attention import attention_device
 from torchrec_tpu.hstu.layers import HSTUStack, Sequences
 from torchrec_tpu.hstu.model import length_bucket, row_multiple
