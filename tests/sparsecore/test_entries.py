@@ -3,6 +3,7 @@ values and torch, its two producers (host row order, CSR decode) giving one reco
 that the core's pieces are written once."""
 
 import ast
+import functools
 from pathlib import Path
 
 import jax
@@ -56,15 +57,15 @@ def test_update_applies_the_rule_to_each_touched_row_once_with_its_summed_gradie
     assert np.array_equal(np.asarray(table)[[0, 2]], TABLE[[0, 2]])  # untouched rows stay
 
 
-def _plan(optimizer: opt.OptimizerSpec = opt.SGD(0.1)):
-    tables = [TableSpec("ta", 300, 8, "sum", optimizer), TableSpec("tb", 70, 8, "mean", optimizer)]
+def _plan(optimizer: opt.OptimizerSpec = opt.SGD(0.1), combiner: str = "mean"):
+    tables = [TableSpec("ta", 300, 8, "sum", optimizer), TableSpec("tb", 70, 8, combiner, optimizer)]
     features = [FeatureSpec("fa", "ta", 16, weighted=True), FeatureSpec("fb", "tb", 16), FeatureSpec("fa2", "ta", 16)]
     return plan_stacking(tables, features, SparseCoreTopology("v5p", 2))
 
 
 @pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2))])
 def test_both_producers_make_one_record_and_the_lookup_equals_embedding_bag(seed: int) -> None:
-    plan = _plan()
+    plan = _plan(combiner="sum")  # one stack: two lookups to compile
     inputs = feature_inputs(random_kjt(plan, seed=seed, max_hot=5, id_range=40), plan.features, plan.tables)
     weights = {name: spec.init_weights(seed=seed) for name, spec in plan.tables.items()}
     want = reference_forward(plan, weights, inputs)
@@ -118,39 +119,33 @@ def test_the_host_producer_pads_to_the_bucket_it_is_given() -> None:
 CORE = "sparsecore/entries.py"
 
 
-def _calls(name: str) -> list[str]:
-    """Files of the engine (sparsecore/, torchrec_tpu/sharding/, torch_tpu/ops/sparsecore*) that call
-    ``name`` (a function, or a method ``.name``)."""
+@functools.cache
+def _engine_calls() -> dict[str, set[str]]:
+    """Per file of the engine (sparsecore/, torchrec_tpu/sharding/, torch_tpu/ops/sparsecore*), the
+    names it calls (functions, or methods ``.name``); an optimizer rule's ``.update(rows, slots,
+    grad, hypers, row_dims)`` (five arguments) as ``rule.update``."""
     files = [*(REPO / "sparsecore").rglob("*.py"), *(REPO / "torchrec_tpu" / "sharding").rglob("*.py"),
              *(REPO / "torch_tpu" / "ops").glob("sparsecore*.py")]
-    found = []
+    out = {}
     for path in sorted(files):
+        calls = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
                 f = node.func
-                called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
-                if called == name:
-                    found.append(str(path.relative_to(REPO)))
-                    break
-    return found
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                calls.add("rule.update" if name == "update" and len(node.args) == 5 else name)
+        out[str(path.relative_to(REPO))] = calls
+    return out
 
 
 @pytest.mark.parametrize("piece, call", [
     ("the segment sums (lookup, update, dense gradient)", "segment_sum"),
     ("the write-back of updated rows", "scatter_rows"),
     ("the gather strategy's slot sum", "fori_loop"),
+    ("an optimizer rule's update of touched rows", "rule.update"),
 ])
 def test_the_core_s_math_is_written_once(piece: str, call: str) -> None:
-    assert _calls(call) == [CORE], piece
-
-
-def test_only_the_core_runs_an_optimizer_rule_s_update() -> None:
-    """``rule.update(rows, slots, grad, ...)``: a call of ``.update`` with five arguments."""
-    files = [*(REPO / "sparsecore").rglob("*.py"), *(REPO / "torchrec_tpu" / "sharding").rglob("*.py")]
-    found = sorted({str(p.relative_to(REPO)) for p in files for node in ast.walk(ast.parse(p.read_text()))
-                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "update" and len(node.args) == 5})
-    assert found == [CORE]
+    assert [path for path, calls in _engine_calls().items() if call in calls] == [CORE], piece
 
 
 # --- the bucket policy: a parameter of both producers, changing sizes, never bits --------------
