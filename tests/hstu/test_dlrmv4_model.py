@@ -54,7 +54,7 @@ def test_the_shape_is_mlperfs_capped_only_in_rows() -> None:
     tables = {t.name: t for t in table_configs(config)}
     assert len(tables) == 11 and {t.embedding_dim for t in tables.values()} == {512}
     assert {name: t.num_embeddings for name, t in tables.items()} == {
-        name: min(rows, 131_072) for name, rows in MLPERF_ROWS.items()}
+        name: min(rows, 65_536) for name, rows in MLPERF_ROWS.items()}
     assert len(CONTEXTUAL) == 8 and config.max_seq_len == 4096 and config.max_history == 4096 - 8 - 1
     assert (config.layers, config.heads, config.qk_dim, config.v_dim) == (3, 4, 128, 128)
 

@@ -131,7 +131,7 @@ def test_a_tiny_runs_log_passes_the_open_rules_but_the_datasets_and_the_target(t
     assert summary.result.steps == 4
     lines, errors = parse_file(str(log), ruleset=RULESET)
     values = {line.key: line.value["value"] for line in lines}
-    assert not errors and values["train_samples"] == 2 * 2 * 4 and values["eval_samples"] == 4
+    assert not errors and values["train_samples"] == 2 * 2 * 4 and values["eval_samples"] == 8 * 4
     assert (values["opt_adam_beta_1"], values["opt_adam_beta_2"], values["opt_adam_epsilon"]) == (0.95, 0.999, 1e-8)
     assert values["opt_gradient_clip_norm"] == 1.0 and values["submission_benchmark"] == "dlrmv4"
     checked = _check(log)
