@@ -108,10 +108,6 @@ class HSTUSummary:
     log_dir: Path
     checkpoint: Path
 
-    @property
-    def auc(self) -> dict[str, float]:
-        return self.result.eval.auc
-
     def format(self) -> str:
         r = self.result
         steady = r.steady_samples_per_sec
