@@ -12,7 +12,7 @@ from sparsecore.backends import make_backend
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
-from tests.sparsecore.helpers import random_kjt
+from tests.sparsecore.helpers import random_kjt, step_alike
 
 pytest.importorskip("torch_tpu")
 import torchrec_tpu.sharding  # noqa: E402,F401  (registers the ops backend)
@@ -35,13 +35,7 @@ def test_xla_and_ops_backends_agree_bit_for_bit(optimizer: opt.OptimizerSpec) ->
     for step in range(3):
         inputs = feature_inputs(random_kjt(plan, seed=step, max_hot=7, id_range=30), plan.features, plan.tables)
         grads = {f.name: torch.randn(f.batch_size, 8, generator=gen) for f in plan.features}
-        outputs = []
-        for backend in backends:
-            activations, context = backend.forward(inputs)
-            backend.backward(context, grads)
-            outputs.append(activations)
-        for name in outputs[0]:
-            assert outputs[0][name].numpy().tobytes() == outputs[1][name].numpy().tobytes(), (step, name)
+        step_alike(backends, inputs, grads, step)
     (xla_tables, ops_tables), (xla_slots, ops_slots) = ([b.table_weights() for b in backends],
                                                         [b.optimizer_slots() for b in backends])
     for name in plan.tables:

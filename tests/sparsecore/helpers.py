@@ -27,3 +27,15 @@ def random_kjt(plan: StackingPlan, seed: int, max_hot: int = 6, id_range: int | 
         lengths=torch.from_numpy(np.concatenate(lengths)).int(),
         weights=torch.from_numpy(np.concatenate(weights)).float(),
     )
+
+
+def step_alike(backends, inputs, grads, step: int) -> None:
+    """One forward + backward of each of ``backends`` on ``inputs`` / ``grads``; asserts their
+    activations equal bit for bit (``step`` names the step in the failure)."""
+    outputs = []
+    for backend in backends:
+        activations, context = backend.forward(inputs)
+        backend.backward(context, grads)
+        outputs.append(activations)
+    for name in outputs[0]:
+        assert outputs[0][name].numpy().tobytes() == outputs[1][name].numpy().tobytes(), (step, name)

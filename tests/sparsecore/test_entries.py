@@ -22,7 +22,7 @@ from sparsecore.preprocess import preprocess_inputs, preprocess_row_ordered
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
-from tests.sparsecore.helpers import random_kjt
+from tests.sparsecore.helpers import random_kjt, step_alike
 from tests.sparsecore.reference import reference_forward
 from tpu_facts import power_of_two_bucket
 
@@ -168,13 +168,7 @@ def test_the_xla_backend_pads_to_its_buckets_with_the_same_bits() -> None:
         entries = row_ordered["ta"].phys
         assert packed.gains.shape[0] == power_of_two_bucket(entries.size + 1)
         assert packed.unpack().touched == power_of_two_bucket(np.unique(entries).size + 1)
-        outputs = []
-        for backend in backends:
-            activations, context = backend.forward(inputs)
-            backend.backward(context, grads)
-            outputs.append(activations)
-        for name in outputs[0]:
-            assert outputs[0][name].numpy().tobytes() == outputs[1][name].numpy().tobytes(), (step, name)
+        step_alike(backends, inputs, grads, step)
     for name in plan.tables:
         assert backends[0].table_value(name).numpy().tobytes() == backends[1].table_value(name).numpy().tobytes()
 
