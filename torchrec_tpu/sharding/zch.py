@@ -218,7 +218,7 @@ class TableRemap:
             ids, counts = ids[keep], counts[keep]
         # ids ascend here, so the search walks the table once; then ordered by count, as TorchRec orders them
         at = torch.from_numpy(np.searchsorted(self.sorted_ids.numpy()[:-1], ids.numpy()))
-        by_count = torch.argsort(counts, descending=True, stable=True)
+        by_count = torch.from_numpy(np.argsort(-counts.numpy(), kind="stable"))  # (counts > 0: descending, stable)
         ids, counts, at = ids[by_count], counts[by_count], at[by_count]
         known = self.sorted_ids[at] == ids
         metadata = {name: value.clone() for name, value in self.metadata.items()}  # marks keep the old ones
