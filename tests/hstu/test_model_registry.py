@@ -1,7 +1,8 @@
 """One trainer, several models (torchrec_tpu/train/model_kinds.py): a model's defaults apply where
 neither a flag nor the YAML file sets the option (an explicit ``--batch-size 512`` trains at 512),
-and every option of ``train --help`` either acts for ``--model hstu`` / ``dlrmv4`` or is refused in
-one line; the read ones act through the one training loop (slow: real runs)."""
+and every option of ``train --help`` either acts for a model that names the options it reads
+(``hstu``, ``dlrmv4``, ...) or is refused in one line; the read ones act through the one training
+loop (slow: real runs)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,15 @@ from torchrec_tpu.cli import build_parser, main
 from torchrec_tpu.train.config import OPTIONS, SHORTHANDS, ConfigError, TrainConfig, config_from_args
 from torchrec_tpu.train.model_kinds import MODEL_KINDS
 
-SEQUENCE_MODELS = [name for name, kind in MODEL_KINDS.items() if kind.sequences]
+READING_MODELS = [name for name, kind in MODEL_KINDS.items() if kind.reads is not None]  # the others read all
 # train's options that are not training options: the YAML file, and how Ray Train launches the ranks
 # (torchrec_tpu.train.ray_train runs every model's job on its workers)
 LAUNCH_OPTIONS = {"config", "ray_workers", "ray_max_failures", "ray_address", "ray_cpus_per_worker", "ray_storage",
                   "ray_tpu_topology", "ray_tpu_type", "ray_tpus_per_worker"}
-# what HSTU's job runs: each option it reads is read there, by its config field's name
-HSTU_JOB_SOURCES = ("torchrec_tpu/hstu/train.py", "torchrec_tpu/train/job.py",
-                    "torchrec_tpu/train/checkpoint/run_dirs.py", "torchrec_tpu/train/mllog.py",
-                    "torchrec_tpu/train/distributed.py")
+# what every model's job shares (the loop's options, directories, MLPerf's log, the ranks): with the
+# job's own module, each option a model reads is read there, by its config field's name
+SHARED_JOB_SOURCES = ("torchrec_tpu/train/job.py", "torchrec_tpu/train/checkpoint/run_dirs.py",
+                      "torchrec_tpu/train/mllog.py", "torchrec_tpu/train/distributed.py")
 
 
 def _train_parser() -> argparse.ArgumentParser:
@@ -58,8 +59,9 @@ def _config(argv: list[str]) -> TrainConfig:
     return config_from_args(args)
 
 
-def _hstu_job_source() -> str:
-    return "\n".join((REPO_ROOT / path).read_text() for path in HSTU_JOB_SOURCES)
+def _job_source(model: str) -> str:
+    own = MODEL_KINDS[model].job.split(":")[0].replace(".", "/") + ".py"
+    return "\n".join((REPO_ROOT / path).read_text() for path in (own, *SHARED_JOB_SOURCES))
 
 
 def test_an_explicit_batch_size_beats_the_models_default_and_the_default_fills_in_otherwise(tmp_path):
@@ -76,9 +78,9 @@ def test_an_explicit_batch_size_beats_the_models_default_and_the_default_fills_i
     assert TrainConfig.from_options(**saved).data.batch_size == 512  # a checkpoint's config reads back as written
 
 
-@pytest.mark.parametrize("model", SEQUENCE_MODELS)
+@pytest.mark.parametrize("model", READING_MODELS)
 def test_every_train_option_acts_for_the_model_or_is_refused_in_one_line(model):
-    reads, source = MODEL_KINDS[model].reads, _hstu_job_source()
+    reads, source = MODEL_KINDS[model].reads, _job_source(model)
     assert reads is not None
     seen = set()
     for action in _options_of_help():
