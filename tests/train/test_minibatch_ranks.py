@@ -27,6 +27,7 @@ def _argv(data: Path, log_dir: Path, optimizer: str, limit: int, policy: str) ->
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.timeout(1800)  # three 2-rank jobs one after another
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_two_ranks_minibatched_equal_large_limits(tiny_dataset: Path, tmp_path: Path, optimizer: str) -> None:
     states = {}
