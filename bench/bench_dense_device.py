@@ -76,16 +76,21 @@ def measure(placement: str, spec: ModelSpec, batches, args: argparse.Namespace) 
 
         pending: list[torch.Tensor] = []
 
+        def read_losses() -> None:
+            if pending:
+                torch.stack(pending).tolist()
+                pending.clear()
+
         def step(batch) -> None:  # the loss is read every --log-every steps, as the training loop does
             pending.append(step_fn(model, optimizer, batch))
             if len(pending) >= args.log_every:
-                torch.stack(pending).tolist()
-                pending.clear()
+                read_losses()
 
         start = time.perf_counter()
         float(step_fn(model, optimizer, batches[0]))
         first = time.perf_counter() - start
-        return first, samples_per_sec(step, batches, args.warmup - 1, args.steps, f"dense on {placement}")
+        return first, samples_per_sec(step, batches, args.warmup - 1, args.steps, f"dense on {placement}",
+                                      finish=read_losses)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

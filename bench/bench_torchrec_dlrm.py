@@ -62,16 +62,20 @@ def random_batches(spec: ModelSpec, batch_size: int, count: int, seed: int = 0) 
 
 
 def samples_per_sec(
-    step: Callable[[Batch], object], batches: Sequence[Batch], warmup: int, steps: int, desc: str
+    step: Callable[[Batch], object], batches: Sequence[Batch], warmup: int, steps: int, desc: str,
+    finish: Callable[[], object] = lambda: None,
 ) -> float:
-    """Run ``warmup`` untimed then ``steps`` timed steps, cycling over ``batches``."""
+    """Run ``warmup`` untimed then ``steps`` timed steps, cycling over ``batches``; ``finish`` waits
+    for steps still running (a device's asynchronous dispatch) at the end of each phase."""
     stream = itertools.cycle(batches)
     for batch in itertools.islice(stream, warmup):
         step(batch)
+    finish()
     timed = list(itertools.islice(stream, steps))
     start = time.perf_counter()
     for batch in tqdm(timed, desc=desc, unit="step", leave=False):
         step(batch)
+    finish()
     elapsed = time.perf_counter() - start
     return sum(b.labels.numel() for b in timed) / elapsed
 
