@@ -41,7 +41,8 @@ def test_profile_runs_trains_setup_and_step(sequences: Path, tmp_path: Path, cap
     trained = _run(capfd, ["train", *common, "--max-steps", "1", "--log-dir", str(tmp_path / "t")])
     profiled = _run(capfd, ["profile", *common, "--steps", str(STEPS), "--warmup", "1",
                             "--log-dir", str(tmp_path / "p")])
-    assert len(_layout(trained)) == 1 and "HSTU (hstu, paper STU layers) tables on the sharded SparseCore" in _layout(trained)[0]
+    assert len(_layout(trained)) == 1
+    assert "HSTU (hstu, paper STU layers) tables on the sharded SparseCore" in _layout(trained)[0]
     assert _layout(profiled) == _layout(trained)
     assert f"step            {EAGER_STEP}" in profiled
     (trace,) = (tmp_path / "p" / "profile" / "plugins" / "profile").glob("*/torch.pt.trace.json")

@@ -20,6 +20,7 @@ import hashlib
 import warnings
 from pathlib import Path
 
+from torch_tpu.ops.kernel_product import differentiable_product
 from torch_tpu.runtime._jax import jax, jnp
 from tpu_facts import knobs
 
@@ -97,26 +98,7 @@ def _ffi(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
     return jax.ffi.ffi_call(_TARGETS[jnp.dtype(a.dtype)], out)(a, b, trans_a=trans_a, trans_b=trans_b)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _product(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
-    return jax.lax.platform_dependent(a, b, cpu=functools.partial(_ffi, trans_a=trans_a, trans_b=trans_b),
-                                      default=functools.partial(_dot, trans_a=trans_a, trans_b=trans_b))
-
-
-def _product_fwd(a, b, trans_a: bool, trans_b: bool):
-    return _product(a, b, trans_a, trans_b), (a, b)
-
-
-def _product_bwd(trans_a: bool, trans_b: bool, residuals, grad):
-    """With C = op(A) op(B): d op(A) = dC op(B)^T and d op(B) = op(A)^T dC, transposed back where
-    the operand was transposed."""
-    a, b = residuals
-    grad_a = batched_matmul(b, grad, trans_b, True) if trans_a else batched_matmul(grad, b, False, not trans_b)
-    grad_b = batched_matmul(grad, a, True, trans_a) if trans_b else batched_matmul(a, grad, not trans_a, False)
-    return grad_a, grad_b
-
-
-_product.defvjp(_product_fwd, _product_bwd)
+_product = differentiable_product(_ffi, _dot, batched_matmul)
 
 
 @functools.cache

@@ -21,6 +21,7 @@ import os
 import warnings
 from pathlib import Path
 
+from torch_tpu.ops.kernel_product import differentiable_product
 from torch_tpu.runtime._jax import jax, jnp
 from tpu_facts import knobs
 
@@ -77,27 +78,7 @@ def _ffi(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
     return jax.ffi.ffi_call(_TARGETS[jnp.dtype(a.dtype)], out)(a, b, trans_a=trans_a, trans_b=trans_b)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _product(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
-    return jax.lax.platform_dependent(a, b, cpu=functools.partial(_ffi, trans_a=trans_a, trans_b=trans_b),
-                                      default=functools.partial(_dot, trans_a=trans_a, trans_b=trans_b))
-
-
-def _product_fwd(a, b, trans_a: bool, trans_b: bool):
-    return _product(a, b, trans_a, trans_b), (a, b)
-
-
-def _product_bwd(trans_a: bool, trans_b: bool, residuals, grad):
-    """With C = op(A) op(B): d op(A) = dC op(B)^T and d op(B) = op(A)^T dC, transposed back where
-    the operand was transposed; each rounded to its operand's dtype."""
-    a, b = residuals
-    grad = grad.astype(a.dtype)
-    grad_a = gemm(b, grad, trans_b, True) if trans_a else gemm(grad, b, False, not trans_b)
-    grad_b = gemm(grad, a, True, trans_a) if trans_b else gemm(a, grad, not trans_a, False)
-    return grad_a.astype(a.dtype), grad_b.astype(b.dtype)
-
-
-_product.defvjp(_product_fwd, _product_bwd)
+_product = differentiable_product(_ffi, _dot, gemm)
 
 
 def _mkl_routines() -> tuple[int, int, int]:
