@@ -179,3 +179,15 @@ def test_mlperfs_shape_trains_at_sequence_4096_without_an_l_by_l_tensor() -> Non
         loss = clipped_step("bf16", dense)(model, optimizer, batch)
     assert torch.isfinite(loss)
     assert 0 < Largest.largest < config.max_seq_len ** 2, Largest.largest
+
+
+def test_what_is_not_built_is_refused_in_one_line(capsys) -> None:
+    from torchrec_tpu.cli import main
+
+    assert main(["profile", "--model", "mlperf_dlrmv4"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "torchrec-tpu profile: error: profile --model mlperf_dlrmv4: not built for this model yet (train only)")
+    assert main(["train", "--model", "mlperf_dlrmv4", "--ray-workers", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "torchrec-tpu train: error: --model mlperf_dlrmv4 trains in one process: several ranks (torchrun, "
+        "--ray-workers) are not built for it yet")

@@ -73,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
             restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
         log_notes(notes)
         model = MODEL_KINDS[config.model.kind]
+        if model.single_process and (args.ray_workers or world_size > 1):
+            raise ConfigError(f"--model {model.name} trains in one process: several ranks (torchrun, "
+                              "--ray-workers) are not built for it yet")
         if not model.sequences:  # a sequence dataset is checked by the model's reader
             check_batch_split(config.data, world_size)
             check_paths(config, world_size)  # before the heavy imports below: a bad file fails in well under a second

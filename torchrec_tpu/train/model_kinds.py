@@ -36,7 +36,8 @@ class ModelKind:
     nor the YAML file sets it. ``mlperf_benchmark``: ``--mllog``'s ``submission_benchmark`` (None:
     no MLPerf benchmark). ``sequences``: ``--data`` is a sequence dataset (checked by the model's
     reader, not as Parquet rows). ``optimizers``: (embeddings', dense part's) optimizer, where the
-    model fixes them (None: ``--sparse-optimizer`` / ``--dense-optimizer``)."""
+    model fixes them (None: ``--sparse-optimizer`` / ``--dense-optimizer``). ``single_process``: only
+    ``train`` in one process is built (profile, Ray Train and torchrun ranks are refused)."""
 
     name: str
     help: str
@@ -52,6 +53,7 @@ class ModelKind:
     mlperf_benchmark: str | None = None
     sequences: bool = False
     optimizers: tuple[str, str] | None = None
+    single_process: bool = False
 
     def load(self, part: str) -> Any:
         """What ``part`` (``"job"``, ``"builder"``, ...) names, imported now."""
@@ -92,7 +94,7 @@ MLPERF_DLRMV4 = ModelKind(
     builder="torchrec_tpu.hstu.dlrmv4:DLRMv4", reader="pipelines.sequences.dlrmv4:DLRMv4Synthetic",
     loss="torchrec_tpu.hstu.dlrmv4_job:DLRMv4Train", evaluator="torchrec_tpu.train.metrics:evaluate",
     serving="torchrec_tpu.hstu.dlrmv4_job:not_built", reads=_MLPERF_DLRMV4_READS, defaults={"precision": "bf16"},
-    mlperf_benchmark="dlrmv4")
+    mlperf_benchmark="dlrmv4", optimizers=("rowwise_adagrad", "adam"), single_process=True)
 
 MODEL_KINDS: dict[str, ModelKind] = {m.name: m for m in (
     _dlrm("dlrm", "stock TorchRec DLRM", None),
