@@ -311,39 +311,3 @@ def test_infer_says_which_rows_it_scores_and_warns_on_training_rows(
     summary = run_inference(_config(train_data, old, tmp_path / "old_out"))
     assert "trained on" not in capsys.readouterr().err
     assert "the checkpoint does not record its training split (not checked)" in summary.format()
-
-
-def test_the_next_unit_is_read_while_one_is_predicted(checkpoint: Path, infer_data: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first unit's prediction waits for the second unit's read: it comes only when a thread
-    reads ahead (a job that reads, predicts and writes in turn would wait in vain)."""
-    import threading
-
-    from torchrec_tpu.inference import job
-    from torchrec_tpu.inference.units import claim_output_dir, plan_units
-
-    config = _config(infer_data, checkpoint, tmp_path / "out", device="cpu")
-    predictor = job.Predictor(config, 1, with_label=False)
-    units = plan_units(config.data, config.input_columns)[:3]
-    claim_output_dir(tmp_path / "out", units, checkpoint)
-    second_read, reads, waits = threading.Event(), [], []
-    read, predict = job.read_row_group, predictor.model.predict
-
-    def counted_read(*args, **kwargs):
-        table = read(*args, **kwargs)
-        reads.append(args[1])
-        if len(reads) == 2:
-            second_read.set()
-        return table
-
-    def waiting_predict(*args):
-        if not waits:
-            waits.append(second_read.wait(timeout=60))
-        return predict(*args)
-
-    monkeypatch.setattr(job, "read_row_group", counted_read)
-    monkeypatch.setattr(predictor.model, "predict", waiting_predict)
-    done = list(predictor.written_units(units))
-    assert waits == [True]
-    assert [rows for rows, _ in done] == [u.num_rows for u in units]
-    assert sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet")) == sorted(u.part_name for u in units)

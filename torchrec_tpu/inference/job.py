@@ -27,7 +27,6 @@ import threading
 import time
 import traceback
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -317,47 +316,28 @@ class Predictor:
 
     def write_units(self, units: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Predict and write ``units``: their rows and bad values by unit (errors raised)."""
-        done = list(self.written_units([_unit_of(units, i) for i in range(len(units["ordinal"]))]))
-        return {"rows": np.array([d[0] for d in done], dtype=np.int64),
-                "skipped": np.array([d[1].skipped for d in done], dtype=np.int64),
-                "clamped": np.array([d[1].clamped for d in done], dtype=np.int64),
-                "listed": np.array(["\n".join(d[1].listed) for d in done], dtype=object)}
-
-    def written_units(self, units: list[Unit]) -> Iterator[tuple[int, BadValueCounts]]:
-        """Predict and write ``units``, yielding each one's rows and bad values once its part is
-        written (errors raised). Reading and writing overlap the predictions: a thread reads the
-        next unit while this one is predicted, another writes the last one's part."""
-        with ThreadPoolExecutor(1, thread_name_prefix="infer-read") as reader, \
-                ThreadPoolExecutor(1, thread_name_prefix="infer-write") as writer:
-            read = reader.submit(self._read, units[0]) if units else None
-            written = None
-            for i, unit in enumerate(units):
-                table = read.result()
-                if i + 1 < len(units):
-                    read = reader.submit(self._read, units[i + 1])
-                log = BadValueLog()
-                self.rows_in_unit = 0
-                predicted = self._output(unit, table, log)
-                if written is not None:
-                    yield written.result()
-                written = writer.submit(self._write, unit, predicted, log)
-            if written is not None:
-                yield written.result()
-
-    def _read(self, unit: Unit) -> pa.Table:
-        """The unit's input columns, its input's identity checked first (a part never records an
-        identity newer than its rows)."""
-        if input_identity(unit.path) != unit.input_id:
-            raise ValueError(f"{unit.path} changed while this job ran; rerun it")
-        columns = [*self.config.input_columns, *self._label_columns()]
-        table = read_row_group(Path(unit.path), unit.row_group, list(dict.fromkeys(columns)))
-        if table.num_rows != unit.num_rows:
-            raise ValueError(f"{unit.path} row group {unit.row_group} changed since planning")
-        return table
-
-    def _write(self, unit: Unit, predicted: pa.Table, log: BadValueLog) -> tuple[int, BadValueCounts]:
-        write_part(Path(self.config.output), unit, predicted)
-        return unit.num_rows, log.counts()
+        output = Path(self.config.output)
+        done, skipped, clamped, listed = [], [], [], []
+        for i in range(len(units["ordinal"])):
+            unit = _unit_of(units, i)
+            # checked before reading, so a part never records an identity newer than its rows
+            if input_identity(unit.path) != unit.input_id:
+                raise ValueError(f"{unit.path} changed while this job ran; rerun it")
+            columns = [*self.config.input_columns, *self._label_columns()]
+            self.rows_in_unit = 0
+            table = read_row_group(Path(unit.path), unit.row_group, list(dict.fromkeys(columns)))
+            if table.num_rows != unit.num_rows:
+                raise ValueError(f"{unit.path} row group {unit.row_group} changed since planning")
+            log = BadValueLog()
+            write_part(output, unit, self._output(unit, table, log))
+            counts = log.counts()
+            done.append(unit.num_rows)
+            self.rows_in_unit = 0
+            skipped.append(counts.skipped)
+            clamped.append(counts.clamped)
+            listed.append("\n".join(counts.listed))
+        return {"rows": np.array(done, dtype=np.int64), "skipped": np.array(skipped, dtype=np.int64),
+                "clamped": np.array(clamped, dtype=np.int64), "listed": np.array(listed, dtype=object)}
 
 
 def _file_row(unit: Unit) -> int:
@@ -570,14 +550,9 @@ class _Progress:
     def add(self, result: dict[str, np.ndarray]) -> None:
         """Count one :meth:`Predictor.write_units` result."""
         for i in range(len(result["rows"])):
-            self.count(int(result["rows"][i]), BadValueCounts(
-                int(result["skipped"][i]), int(result["clamped"][i]),
-                tuple(t for t in str(result["listed"][i]).split("\n") if t)))
-
-    def count(self, rows: int, bad_values: BadValueCounts) -> None:
-        """Count one written unit: its rows and bad values."""
-        self.rows_done += rows
-        self.bad_values += bad_values
+            self.rows_done += int(result["rows"][i])
+            self.bad_values += BadValueCounts(int(result["skipped"][i]), int(result["clamped"][i]),
+                                              tuple(t for t in str(result["listed"][i]).split("\n") if t))
         self.show(self.rows_done)
 
     def show(self, rows: int) -> None:
@@ -606,8 +581,8 @@ def _predict_here(config: InferenceConfig, todo: list[Unit], with_label: bool, p
     _log.info("infer: model loaded in %.1f s; predicting %s rows in %d part(s)", time.perf_counter() - started,
               f"{sum(u.num_rows for u in todo):,}", len(todo))
     try:
-        for rows, bad_values in predictor.written_units(todo):
-            progress.count(rows, bad_values)
+        for unit in todo:
+            progress.add(predictor.write_units(_unit_columns(unit)))
         predictor.run_empty_forwards(forwards)
         return predictor.tables()
     finally:
