@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -262,14 +263,22 @@ class XlaBackend(ReadsTablesAlone):
         values = np.zeros((count, dim), dtype=np.float32)
         values[:rows.numel()] = weights.numpy()
         at = jnp.asarray(at)
-        self._tables[stack.name] = self._tables[stack.name].at[at, :dim].set(jnp.asarray(values), mode="drop")
+        self._tables[stack.name] = _set_rows(self._tables[stack.name], at, jnp.asarray(values), dim)
         for slot, value in slots.items():
             array = self._slots[stack.name][slot]
-            where = array.at[at] if array.ndim == 1 else array.at[at, :dim]  # a row slot: one value per row
-            self._slots[stack.name][slot] = where.set(value, mode="drop")
+            self._slots[stack.name][slot] = _set_rows(array, at, jnp.asarray(value, dtype=array.dtype), dim)
 
     def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
         """(Gathers that table's rows alone.)"""
         _, stack = self.plan.stack_of_table(table)
         array = self._tables[stack.name] if slot is None else self._slots[stack.name][slot]
         return unstack_table(stack, array, table)
+
+
+@partial(jax.jit, static_argnums=3, donate_argnums=0)
+def _set_rows(array: jax.Array, at: jax.Array, values: jax.Array, dim: int) -> jax.Array:
+    """``array``'s rows ``at`` (their first ``dim`` columns; a 1-D row slot: one value per row) set
+    to ``values``, in place: the stack is donated (eager ``.at[].set`` copied the whole stack per
+    table, seconds per eviction at 26 tables)."""
+    where = array.at[at] if array.ndim == 1 else array.at[at, :dim]
+    return where.set(values, mode="drop")

@@ -185,7 +185,10 @@ def test_the_xla_backend_writes_reset_rows_where_they_are_as_a_whole_reload_does
         ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), BATCH, plan, SPARSE[optimizer][0], backend="xla")
         backend = ebc.local_backend
         values = {slot: 0.25 for slot in SPARSE[optimizer][0].slot_names}
+        buffers = _buffers(backend)
         (write or type(backend).reset_rows)(backend, "t_item", rows, fresh, values)
+        if write is None:  # written in place: a copy of the stacks at every eviction took seconds
+            assert _buffers(backend) == buffers
         tables.append((backend.table_weights(), backend.optimizer_slots()))
     assert type(ebc.local_backend).reset_rows is not Backend.reset_rows
     (weights, slots), (want_weights, want_slots) = tables
@@ -194,3 +197,9 @@ def test_the_xla_backend_writes_reset_rows_where_they_are_as_a_whole_reload_does
         assert torch.equal(weights[name], want_weights[name]), name
         for slot in slots[name]:
             assert torch.equal(slots[name][slot], want_slots[name][slot]), (name, slot)
+
+
+def _buffers(backend) -> list[int]:
+    """Where the xla backend's stacked tables and slots live."""
+    arrays = [*backend._tables.values(), *(a for slots in backend._slots.values() for a in slots.values())]
+    return [a.unsafe_buffer_pointer() for a in arrays]
