@@ -64,19 +64,22 @@ LOG_EVERY = 8
 PRESETS: dict[str, dict[str, object]] = {
     "default": dict(rows=32768, batch_size=512, embedding_dim=16, dense_arch="64,16", over_arch="64,32,1",
                     threads=1),
+    # dense lr 0.005 (anchor, mlperf): Adagrad's first step moves every weight by the lr, and at 0.05
+    # the 512-wide towers' loss reaches ~6e4 at step 2, which the job's divergence guard stops
     "anchor": dict(rows=131072, batch_size=2048, embedding_dim=64, dense_arch="512,256,64",
-                   over_arch="512,512,256,1", threads=2),
+                   over_arch="512,512,256,1", threads=2, dense_lr=0.005),
     # batch 256: at 1024 one rank's multi-hot ids (214 a sample) overflow a SparseCore partition
     # (10,652 ids > the hardware's 4,096); MLPerf spreads its batch over many chips' SparseCores.
     # 8192 rows: 24 steps of 1-4 s on this box
     "mlperf": dict(rows=8192, batch_size=256, embedding_dim=128, dense_arch="512,256,128",
                    over_arch="1024,1024,512,256,1", threads=2, model="dlrm_dcn", dcn_num_layers=3,
                    dcn_low_rank_dim=512, multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, num_embeddings=MLPERF_ROW_CAP,
+                   dense_lr=0.005,
                    num_embeddings_per_feature=",".join(str(min(n, MLPERF_ROW_CAP)) for n in MLPERF_CARDINALITIES)),
 }
 # what a preset leaves unsaid
-COMMON: dict[str, object] = dict(num_embeddings=100_000, model="dlrm", dcn_num_layers=3, dcn_low_rank_dim=16,
-                                 multi_hot_sizes="", num_embeddings_per_feature="")
+COMMON: dict[str, object] = dict(num_embeddings=100_000, dense_lr=0.05, model="dlrm", dcn_num_layers=3,
+                                 dcn_low_rank_dim=16, multi_hot_sizes="", num_embeddings_per_feature="")
 MODEL_FLAGS = ("batch_size", "embedding_dim", "dense_arch", "over_arch", "threads", "num_embeddings", "steps", "zch",
                "zch_eviction_interval", "dense_lr",
                "model", "dcn_num_layers", "dcn_low_rank_dim", "multi_hot_sizes", "num_embeddings_per_feature",
@@ -269,8 +272,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "auto's pick is printed beside the forced placements (default: auto cpu tpu)")
     parser.add_argument("--sparse-backend", default="", choices=("", "auto", "xla", "ops"),
                         help="the sparsecore engine's --sparse-backend (default: the job's)")
-    parser.add_argument("--dense-lr", type=float, default=0.05, help="the towers' learning rate, both engines "
-                        "(default: 0.05, the job's)")
+    parser.add_argument("--dense-lr", type=float, default=None, help="the towers' learning rate, both engines "
+                        "(default: the preset's: 0.005 at anchor and mlperf, else 0.05, the job's)")
     parser.add_argument("--zch", default="", help="the sparsecore engine's --zch TABLES (default: none)")
     parser.add_argument("--zch-eviction-interval", type=int, default=100,
                         help="the sparsecore engine's --zch-eviction-interval (default: 100, the job's)")
