@@ -58,12 +58,12 @@ NAMED_MODULES = ("torchrec_tpu/sharding/ebc.py", "torchrec_tpu/sharding/ec.py", 
                  "torchrec_tpu/train/streams.py", "torchrec_tpu/train/distributed.py", "torchrec_tpu/train/data.py",
                  *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "torchrec_tpu" / "hstu").rglob("*.py")))
 # Where the bare name stays: DataConfig's (``data.batch_size``: --batch-size, the global batch), a
-# reader's (``split.batch_size``, HSTU's ``t.train.batch_size``: one rank's, the pipelines' public
-# name), the public parameters of ``ShardedSparseCoreEBC.specs_of`` / ``from_torchrec``
+# reader's (``split.batch_size``, ``reader.batch_size``, HSTU's ``t.train.batch_size``: one rank's, the
+# pipelines' public name), the public parameters of ``ShardedSparseCoreEBC.specs_of`` / ``from_torchrec``
 # (``ShardedSparseCoreEC``'s too) and TorchRec's planner's keyword. A FeatureSpec's batch is read
 # where the sharded modules take their features (``sharded_tables.given_local_batch``: this rank's)
 # and set by meaning (``features_at(features, padded_local_batch)``).
-OWNERS = {"data", "split", "train"}
+OWNERS = {"data", "split", "reader", "train"}
 PUBLIC_FUNCTIONS = {"specs_of", "from_torchrec"}
 PUBLIC_KEYWORDS = {"EmbeddingShardingPlanner"}
 

@@ -88,12 +88,13 @@ def test_one_optimizer_vocabulary_for_both_engines() -> None:
 ROOM_IMPORTS = {
     "engines": {"config", "model", "loop", "metrics", "learning_rate", "distributed", "plan_file", "engine_kinds",
                 "optimizers"},
-    "checkpoint": {"config", "loop"},
+    "checkpoint": {"config", "loop", "model_kinds"},
     "streams": {"config"},
-    # the options sit below the engines: only the leaves naming the engines and optimizers
-    "config": {"engine_kinds", "optimizers", "dlrm_main_flags", "spellings"},
+    # the options sit below the engines: only the leaves naming the engines, models and optimizers
+    "config": {"engine_kinds", "model_kinds", "optimizers", "dlrm_main_flags", "spellings"},
     "spellings": {"dlrm_main_flags"},
     "engine_kinds": set(),
+    "model_kinds": set(),
     "optimizers": set(),
     "dlrm_main_flags": set(),
 }

@@ -28,9 +28,12 @@ from tpu_facts import knobs
 SOURCE = Path(__file__).with_name("csrc") / "host_gemm.cc"
 FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w")
 _TARGETS = {jnp.dtype(jnp.float32): "TorchTpuHostGemmF32", jnp.dtype(jnp.bfloat16): "TorchTpuHostGemmBF16"}
-# Below this many multiply-adds the call costs more than XLA's fused dot (measured ~2x slower at
-# 512 x 64 x 16 fp32 per call; even at 2048 x 512 x 256 MKL wins).
-MIN_MACS = 1 << 18
+# Below this many multiply-adds a product stays XLA's dot: the default model's small towers
+# (512 x 64 x 16 layers) made its step program ~0.65x as fast as kernel calls on two MKL threads.
+MIN_MACS = 1 << 22
+# From this many multiply-adds MKL splits a product over the process' cores (XLA's pool at most);
+# below, one thread.
+PARALLEL_MACS = 1 << 24
 
 
 def gemm(a: jax.Array, b: jax.Array, trans_a: bool = False, trans_b: bool = False) -> jax.Array:
@@ -72,10 +75,11 @@ def _dot(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
 
 
 def _ffi(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
-    m = a.shape[1] if trans_a else a.shape[0]
+    m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
     n = b.shape[0] if trans_b else b.shape[1]
     out = jax.ShapeDtypeStruct((m, n), jnp.float32)
-    return jax.ffi.ffi_call(_TARGETS[jnp.dtype(a.dtype)], out)(a, b, trans_a=trans_a, trans_b=trans_b)
+    return jax.ffi.ffi_call(_TARGETS[jnp.dtype(a.dtype)], out)(a, b, trans_a=trans_a, trans_b=trans_b,
+                                                              parallel=m * n * k >= PARALLEL_MACS)
 
 
 _product = differentiable_product(_ffi, _dot, gemm)

@@ -75,14 +75,14 @@ class DLRMv4Train(nn.Module):
 @dataclass(frozen=True)
 class DayWindows:
     """Days ``first .. first + days - 1`` of ``data`` holding ``anchors`` in all (split evenly, MLPerf's
-    sizes by default), in batches of ``batch_size`` (a day's last one partial), at most ``limit``
+    sizes by default), in batches of ``global_batch`` (one process: a day's last one partial), at most ``limit``
     batches a day (0: all)."""
 
     data: DLRMv4Synthetic
     first: int
     days: int
     anchors: int
-    batch_size: int
+    global_batch: int
     limit: int = 0
 
     def day_anchors(self, day: int) -> int:
@@ -91,8 +91,8 @@ class DayWindows:
 
     def _sizes(self, day: int) -> list[int]:
         anchors = self.day_anchors(day)
-        sizes = [self.batch_size] * (anchors // self.batch_size) + ([anchors % self.batch_size] if anchors %
-                                                                      self.batch_size else [])
+        whole, rest = divmod(anchors, self.global_batch)
+        sizes = [self.global_batch] * whole + ([rest] if rest else [])
         return sizes[:self.limit] if self.limit else sizes
 
     def __len__(self) -> int:
