@@ -1,13 +1,15 @@
 """2-D matrix products (``aten.mm``/``addmm``: the towers' linear layers) on the BLAS CPU torch runs,
-inside XLA:CPU programs.
+inside XLA:CPU programs of a process bound to one core (a rank of several on one host).
 
-XLA:CPU's own dot runs a float32 GEMM at ~0.8x of MKL's sgemm on one core (DLRM's towers at 256 x
-1,024 x 1,024: 93 against 117 GFLOP/s), so a step compiled as one program lost to CPU torch's
-towers wherever a rank has one core. On the CPU platform :func:`gemm` lowers to an XLA FFI custom
-call (``csrc/host_gemm.cc``) that calls MKL's ``sgemm``/``cblas_gemm_bf16bf16f32`` from the
-libtorch_cpu already in the process; on any other platform (a TPU), and for products too small to
-pay for the call, it is the plain dot (``jax.lax.platform_dependent``: one traced program serves
-both). Transposes are flags, gradients the same products with flags flipped.
+On one core XLA:CPU's own dot runs a float32 GEMM at 0.77-0.93x of MKL's sgemm (DLRM's towers at
+256 x 1,024 x 1,024: 93 against 117 GFLOP/s), the core a rank's towers in CPU torch get. There
+:func:`gemm` lowers to an XLA FFI custom call (``csrc/host_gemm.cc``) that calls MKL's
+``sgemm``/``cblas_gemm_bf16bf16f32`` from the libtorch_cpu already in the process (the anchor's
+dense step on one core: +7%). With more cores it stays XLA's dot: its own threads beat MKL's beside
+them (on two cores, mlperf's one-program step ran 0.80x TorchRec with the kernel, 1.35x without). On
+any other platform (a TPU), and for products too small to pay for the call, it is the plain dot
+(``jax.lax.platform_dependent``: one traced program serves both). Transposes are flags, gradients
+the same products with flags flipped.
 
 Environment: ``TORCH_TPU_HOST_GEMM=0`` keeps XLA's dot everywhere.
 """
@@ -28,12 +30,8 @@ from tpu_facts import knobs
 SOURCE = Path(__file__).with_name("csrc") / "host_gemm.cc"
 FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w")
 _TARGETS = {jnp.dtype(jnp.float32): "TorchTpuHostGemmF32", jnp.dtype(jnp.bfloat16): "TorchTpuHostGemmBF16"}
-# Below this many multiply-adds a product stays XLA's dot: the default model's small towers
-# (512 x 64 x 16 layers) made its step program ~0.65x as fast as kernel calls on two MKL threads.
+# Below this many multiply-adds a product stays XLA's dot (the call costs more than it saves).
 MIN_MACS = 1 << 22
-# From this many multiply-adds MKL splits a product over the process' cores (XLA's pool at most);
-# below, one thread.
-PARALLEL_MACS = 1 << 24
 
 
 def gemm(a: jax.Array, b: jax.Array, trans_a: bool = False, trans_b: bool = False) -> jax.Array:
@@ -47,9 +45,13 @@ def gemm(a: jax.Array, b: jax.Array, trans_a: bool = False, trans_b: bool = Fals
 
 
 def applies(a: jax.Array, b: jax.Array) -> bool:
-    """Whether :func:`gemm` can call the kernel for these operands (2-D, one dtype it has, built)."""
-    return (a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and jnp.dtype(a.dtype) in _TARGETS
-            and kernel_available())
+    """Whether :func:`gemm` calls the kernel for these operands (2-D, one dtype it has, in use)."""
+    return a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and jnp.dtype(a.dtype) in _TARGETS and in_use()
+
+
+def in_use() -> bool:
+    """Whether this process' programs call the kernel: built, and the process bound to one CPU."""
+    return len(os.sched_getaffinity(0)) == 1 and kernel_available()
 
 
 def kernel_available() -> bool:
@@ -65,7 +67,7 @@ def export_checks() -> list:
 def fingerprint() -> str:
     """What a stored program calling the kernel depends on (see ``batched_matmul.fingerprint``)."""
     digest = hashlib.sha256(Path(__file__).read_bytes() + SOURCE.read_bytes()).hexdigest()[:16]
-    return f"host_gemm={kernel_available()}:{digest}"
+    return f"host_gemm={in_use()}:{digest}"
 
 
 def _dot(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
@@ -75,11 +77,10 @@ def _dot(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
 
 
 def _ffi(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
-    m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+    m = a.shape[1] if trans_a else a.shape[0]
     n = b.shape[0] if trans_b else b.shape[1]
     out = jax.ShapeDtypeStruct((m, n), jnp.float32)
-    return jax.ffi.ffi_call(_TARGETS[jnp.dtype(a.dtype)], out)(a, b, trans_a=trans_a, trans_b=trans_b,
-                                                              parallel=m * n * k >= PARALLEL_MACS)
+    return jax.ffi.ffi_call(_TARGETS[jnp.dtype(a.dtype)], out)(a, b, trans_a=trans_a, trans_b=trans_b)
 
 
 _product = differentiable_product(_ffi, _dot, gemm)

@@ -18,8 +18,16 @@ from torch_tpu.runtime._jax import jax, jnp
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="no C++ compiler or MKL: the kernel is not built")
 
-# m, k, n: a tower layer (MKL on several threads), one on one thread, a ragged one
-SHAPES = [(256, 1024, 512), (512, 300, 64), (70, 3000, 33)]
+
+@pytest.fixture(autouse=True)
+def one_cpu():
+    """The kernel is in use where the process is bound to one CPU (a rank of several on a host)."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    yield allowed
+    os.sched_setaffinity(0, allowed)
+
+SHAPES = [(256, 1024, 512), (512, 300, 64), (70, 3000, 33)]  # m, k, n: tower layers, a ragged one
 
 
 def _operands(m, k, n, trans_a, trans_b, dtype=torch.float32, seed=0):
@@ -72,6 +80,13 @@ def test_gradients_match_torch_autograd(trans_a, trans_b) -> None:
     np.testing.assert_allclose(np.asarray(grad_b), tb.grad.numpy(), rtol=1e-5, atol=1e-4)
 
 
+def test_a_process_with_several_cpus_keeps_xla_s_dot(one_cpu) -> None:
+    big = jnp.ones((256, 1024), jnp.float32)
+    os.sched_setaffinity(0, one_cpu)
+    lowered = jax.jit(lambda v: gemm(v, v, False, True)).lower(big).as_text()
+    assert ("TorchTpuHostGemm" in lowered) is (len(one_cpu) == 1)
+
+
 def test_small_products_and_other_platforms_keep_xla_s_dot() -> None:
     small = jnp.ones((8, 8), jnp.float32)
     assert 8 * 8 * 8 < MIN_MACS
@@ -104,7 +119,8 @@ def test_a_linear_layer_graph_passes_the_weight_transpose_as_a_flag() -> None:
 
 @pytest.mark.slow
 def test_the_kernel_can_be_switched_off() -> None:
-    code = ("import torch_tpu\nfrom torch_tpu.ops import host_gemm\nfrom torch_tpu.runtime._jax import jax, jnp\n"
+    code = ("import os, torch_tpu\nfrom torch_tpu.ops import host_gemm\nfrom torch_tpu.runtime._jax import jax, jnp\n"
+            "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
             "x = jnp.ones((256, 1024))\nprint('kernel', host_gemm.kernel_available(),"
             " 'TorchTpuHostGemm' in jax.jit(lambda v: host_gemm.gemm(v, v, False, True)).lower(x).as_text())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

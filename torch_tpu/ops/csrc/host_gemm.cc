@@ -7,10 +7,8 @@
 // torch. The GEMM routines are MKL's, taken from the libtorch_cpu already loaded in the process
 // (their addresses are handed over by torch_tpu_host_gemm_bind, so this library links to nothing):
 // sgemm_ for float32, cblas_gemm_bf16bf16f32 for bfloat16 operands (float32 result, which the
-// caller rounds once). MKL runs the product on as many threads as the process may use, at most
-// XLA's intra-op pool size: the calling pool thread waits meanwhile.
-
-#include <sched.h>
+// caller rounds once), on one thread: the kernel is used where a process has one core (a rank of
+// several on this host), see host_gemm.py.
 
 #include <algorithm>
 #include <cstdint>
@@ -51,42 +49,28 @@ ffi::ErrorOr<Dims> dims_of(ffi::Span<const int64_t> a, ffi::Span<const int64_t> 
   return d;
 }
 
-// MKL's threads for this call: one, unless `parallel` (a product large enough to split); then the
-// CPUs this process may run on, at most XLA's pool (a rank bound to one core runs its GEMMs on that
-// core, as CPU torch's would). A small product on several OpenMP threads loses more to waking and
-// spinning threads (which take the cores from XLA's own) than it gains.
-void pick_threads(ffi::ThreadPool pool, bool parallel) {
-  int64_t threads = 1;
-  if (parallel) {
-    cpu_set_t cpus;
-    const int allowed = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    threads = std::min<int64_t>(allowed, std::max<int64_t>(1, pool.num_threads()));
-  }
-  set_local_threads(static_cast<int>(threads));
-}
-
 // Row-major out = op(a) op(b) is column-major out^T = op(b)^T op(a)^T: the operands swap places.
-ffi::Error gemm_f32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
-                    ffi::ResultBuffer<ffi::F32> out, bool trans_a, bool trans_b, bool parallel) {
+ffi::Error gemm_f32(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
+                    ffi::ResultBuffer<ffi::F32> out, bool trans_a, bool trans_b) {
   auto d = dims_of(a.dimensions(), b.dimensions(), out->dimensions(), trans_a, trans_b);
   if (d.has_error()) return d.error();
   const int m = d->m, n = d->n, k = d->k;
   if (m == 0 || n == 0) return ffi::Error::Success();
   const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
   const float one = 1.0f, zero = 0.0f;
-  pick_threads(pool, parallel);
+  set_local_threads(1);
   sgemm(trans_b ? "T" : "N", trans_a ? "T" : "N", &n, &m, &k, &one, b.typed_data(), &ldb, a.typed_data(), &lda,
         &zero, out->typed_data(), &n);
   return ffi::Error::Success();
 }
 
-ffi::Error gemm_bf16_f32(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> a, ffi::Buffer<ffi::BF16> b,
-                         ffi::ResultBuffer<ffi::F32> out, bool trans_a, bool trans_b, bool parallel) {
+ffi::Error gemm_bf16_f32(ffi::Buffer<ffi::BF16> a, ffi::Buffer<ffi::BF16> b,
+                         ffi::ResultBuffer<ffi::F32> out, bool trans_a, bool trans_b) {
   auto d = dims_of(a.dimensions(), b.dimensions(), out->dimensions(), trans_a, trans_b);
   if (d.has_error()) return d.error();
   const int m = d->m, n = d->n, k = d->k;
   if (m == 0 || n == 0) return ffi::Error::Success();
-  pick_threads(pool, parallel);
+  set_local_threads(1);
   gemm_bf16(kRowMajor, trans_a ? kTrans : kNoTrans, trans_b ? kTrans : kNoTrans, m, n, k, 1.0f,
             reinterpret_cast<const uint16_t*>(a.typed_data()), trans_a ? m : k,
             reinterpret_cast<const uint16_t*>(b.typed_data()), trans_b ? k : n, 0.0f, out->typed_data(), n);
@@ -108,20 +92,16 @@ extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* TorchTpuHostGem
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchTpuHostGemmF32, gemm_f32,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<bool>("trans_a")
-                                  .Attr<bool>("trans_b")
-                                  .Attr<bool>("parallel"));
+                                  .Attr<bool>("trans_b"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchTpuHostGemmBF16, gemm_bf16_f32,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<bool>("trans_a")
-                                  .Attr<bool>("trans_b")
-                                  .Attr<bool>("parallel"));
+                                  .Attr<bool>("trans_b"));
