@@ -65,9 +65,11 @@ def export_checks() -> list:
 
 
 def fingerprint() -> str:
-    """What a stored program calling the kernel depends on (see ``batched_matmul.fingerprint``)."""
+    """What a stored program calling the kernel depends on (see ``batched_matmul.fingerprint``):
+    whether the kernel is available (fixed for the process: a program calling it must never load
+    where it is not) and whether it is in use (the CPU affinity when the key is taken)."""
     digest = hashlib.sha256(Path(__file__).read_bytes() + SOURCE.read_bytes()).hexdigest()[:16]
-    return f"host_gemm={in_use()}:{digest}"
+    return f"host_gemm={kernel_available()},{in_use()}:{digest}"
 
 
 def _dot(a, b, trans_a: bool, trans_b: bool) -> jax.Array:
