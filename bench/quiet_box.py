@@ -150,8 +150,8 @@ class HostSpeed:
 def run(main: Callable[[], object]) -> None:
     """``main()``, then (in the outermost benchmark process only) its :class:`OutsideLoad` line and
     its :class:`HostSpeed` line."""
-    if os.environ.get(_NESTED):
-        main()
+    if os.environ.get(_NESTED) or {"-h", "--help"} & set(sys.argv[1:]):
+        main()  # a worker of the benchmark, or only its help: no run to judge
         return
     os.environ[_NESTED] = "1"  # inherited by every process the benchmark starts
     speed_at_start = sgemm_gflops()

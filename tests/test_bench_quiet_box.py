@@ -63,3 +63,12 @@ def test_the_host_speed_line_says_when_the_host_moved_by_more_than_a_tenth(start
     speed = quiet_box.HostSpeed(start, end)
     assert speed.moved is moved
     assert ("HOST SPEED MOVED" in speed.line()) is moved
+
+
+def test_help_prints_no_verdict_on_a_run_that_never_happened():
+    bench = Path(__file__).resolve().parents[1] / "bench" / "bench_train_e2e.py"
+    env = {k: v for k, v in os.environ.items() if k != quiet_box._NESTED}
+    out = subprocess.run([sys.executable, str(bench), "--help"], capture_output=True, text=True, env=env,
+                         check=True).stdout
+    assert "usage:" in out
+    assert "outside load" not in out and "host speed" not in out
