@@ -6,7 +6,6 @@ loop (slow: real runs)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 
@@ -17,51 +16,13 @@ from mlperf_logging.compliance_checker.mlp_parser import parse_file
 
 from pipelines.sequences import window_path
 from tests.hstu.datasets import sequence_dataset
-from tests.train.conftest import REPO_ROOT
-from torchrec_tpu.cli import build_parser, main
-from torchrec_tpu.train.config import OPTIONS, SHORTHANDS, ConfigError, TrainConfig, config_from_args
+from tests.hstu.train_options import LAUNCH_OPTIONS, a_value, job_source, options_of_help
+from tests.hstu.train_options import config_of as _config
+from torchrec_tpu.cli import main
+from torchrec_tpu.train.config import OPTIONS, SHORTHANDS, ConfigError, TrainConfig
 from torchrec_tpu.train.model_kinds import MODEL_KINDS
 
 READING_MODELS = [name for name, kind in MODEL_KINDS.items() if kind.reads is not None]  # the others read all
-# train's options that are not training options: the YAML file, and how Ray Train launches the ranks
-# (torchrec_tpu.train.ray_train runs every model's job on its workers)
-LAUNCH_OPTIONS = {"config", "ray_workers", "ray_max_failures", "ray_address", "ray_cpus_per_worker", "ray_storage",
-                  "ray_tpu_topology", "ray_tpu_type", "ray_tpus_per_worker"}
-# what every model's job shares (the loop's options, directories, MLPerf's log, the ranks): with the
-# job's own module, each option a model reads is read there, by its config field's name
-SHARED_JOB_SOURCES = ("torchrec_tpu/train/job.py", "torchrec_tpu/train/checkpoint/run_dirs.py",
-                      "torchrec_tpu/train/mllog.py", "torchrec_tpu/train/distributed.py")
-
-
-def _train_parser() -> argparse.ArgumentParser:
-    parser = build_parser("train")
-    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return subparsers.choices["train"]
-
-
-def _options_of_help() -> list[argparse.Action]:
-    """The options ``train --help`` lists."""
-    return [a for a in _train_parser()._actions if a.option_strings and a.help != argparse.SUPPRESS
-            and a.dest != "help"]
-
-
-def _a_value(action: argparse.Action) -> list[str]:
-    if action.nargs == 0:
-        return []
-    if action.choices:
-        return [str(list(action.choices)[-1])]
-    return ["x" if action.type in (None, str) else "1"]
-
-
-def _config(argv: list[str]) -> TrainConfig:
-    args, unknown = _train_parser().parse_known_args(argv)
-    assert not unknown
-    return config_from_args(args)
-
-
-def _job_source(model: str) -> str:
-    own = MODEL_KINDS[model].job.split(":")[0].replace(".", "/") + ".py"
-    return "\n".join((REPO_ROOT / path).read_text() for path in (own, *SHARED_JOB_SOURCES))
 
 
 def test_an_explicit_batch_size_beats_the_models_default_and_the_default_fills_in_otherwise(tmp_path):
@@ -80,13 +41,13 @@ def test_an_explicit_batch_size_beats_the_models_default_and_the_default_fills_i
 
 @pytest.mark.parametrize("model", READING_MODELS)
 def test_every_train_option_acts_for_the_model_or_is_refused_in_one_line(model):
-    reads, source = MODEL_KINDS[model].reads, _job_source(model)
+    reads, source = MODEL_KINDS[model].reads, job_source(MODEL_KINDS[model])
     assert reads is not None
     seen = set()
-    for action in _options_of_help():
+    for action in options_of_help():
         flag, dest = action.option_strings[0], action.dest
         seen.add(dest)
-        if dest in LAUNCH_OPTIONS:
+        if dest in LAUNCH_OPTIONS or dest == "task":  # --task picks the registry's entry (test_retrieval_train.py)
             continue
         assert dest in OPTIONS or dest in SHORTHANDS, f"{flag}: neither a training option nor a launch option"
         targets = SHORTHANDS[dest].targets if dest in SHORTHANDS else (dest,)
@@ -96,7 +57,7 @@ def test_every_train_option_acts_for_the_model_or_is_refused_in_one_line(model):
                 assert re.search(rf"\.{field}\b", source), f"{flag} is in {model}'s reads, and its job never reads it"
             continue
         with pytest.raises(ConfigError) as refused:
-            _config(["--model", model, flag, *_a_value(action)])
+            _config(["--model", model, flag, *a_value(action)])
         assert str(refused.value) == f"{flag} does not apply to --model {model}"
     assert LAUNCH_OPTIONS <= seen
 

@@ -3,7 +3,8 @@ sequence tables on the sharded SparseCore EmbeddingCollection, and the attention
 
 ``config``: :class:`HSTUConfig` and presets; ``layers``: the STU layers (paper, dlrmv3, legacy) and
 stack; ``attention``: the tpu op or plain PyTorch; ``model``: :class:`HSTU`; ``sharded``: the tables on SparseCore;
-``retrieval_metrics``: HR@K, NDCG@K and MRR over all items.
+``retrieval``, ``retrieval_model``, ``retrieval_job``: the paper's retrieval task (splits, sampled
+softmax, the encoder, ``train --task retrieval``); ``retrieval_metrics``: HR@K, NDCG@K and MRR over all items.
 """
 
 from torchrec_tpu.hstu.config import PRESETS, HSTUConfig, preset

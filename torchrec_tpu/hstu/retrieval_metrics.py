@@ -16,6 +16,7 @@ import torch
 MAX_K = 2500  # the paper code's top-k depth
 HIT_KS = (10, 50, 200)
 NDCG_KS = (10,)
+METRICS = (*(f"hr@{k}" for k in HIT_KS), *(f"ndcg@{k}" for k in NDCG_KS), "mrr")  # retrieval_metrics' keys
 
 
 def target_ranks(scores: torch.Tensor, targets: torch.Tensor, seen: torch.Tensor, max_k: int = MAX_K) -> torch.Tensor:

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
         log_notes(notes)
-        if MODEL_KINDS[config.model.kind].single_process:
+        if config.kind.single_process:
             raise ConfigError(f"profile --model {config.model.kind}: not built for this model yet (train only)")
         if not MODEL_KINDS[config.model.kind].sequences:  # a sequence dataset: checked as train checks it
             check_paths(config, int(os.environ.get("WORLD_SIZE", "1")))  # before the heavy imports below

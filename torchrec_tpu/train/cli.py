@@ -23,7 +23,6 @@ from torchrec_tpu.train.config import (
     log_notes,
 )
 from torchrec_tpu.train.engine_kinds import ENGINES
-from torchrec_tpu.train.model_kinds import MODEL_KINDS
 from torchrec_tpu.train.preflight import check_outputs, check_paths
 from torchrec_tpu.train.ray_train import RayOptions
 
@@ -72,9 +71,10 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "_restartable", False) and ENGINES[config.engine.kind].runs_xla_cpu:
             restart_with_xla_cpu_env()  # the XLA:CPU step's memory and threads, before any heavy import
         log_notes(notes)
-        model = MODEL_KINDS[config.model.kind]
+        model = config.kind
         if model.single_process and (args.ray_workers or world_size > 1):
-            raise ConfigError(f"--model {model.name} trains in one process: several ranks (torchrun, "
+            task = "" if config.model.task == "ranking" else f" --task {config.model.task}"
+            raise ConfigError(f"--model {model.name}{task} trains in one process: several ranks (torchrun, "
                               "--ray-workers) are not built for it yet")
         if not model.sequences:  # a sequence dataset is checked by the model's reader
             check_batch_split(config.data, world_size)

@@ -28,7 +28,7 @@ from torchrec_tpu.structured_files import brief, read_structured
 from torchrec_tpu.suggest import close_match, did_you_mean
 from torchrec_tpu.train.dlrm_main_flags import add_dlrm_main_flags, per_rank_options
 from torchrec_tpu.train.engine_kinds import ENGINES
-from torchrec_tpu.train.model_kinds import MODEL_KINDS
+from torchrec_tpu.train.model_kinds import MODEL_KINDS, TASK_KINDS, TASKS, ModelKind, model_kind
 from torchrec_tpu.train.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS
 from torchrec_tpu.train.spellings import conflicting_spellings, record_spellings
 from torchrec_tpu.zch_names import ZCH_POLICIES
@@ -49,6 +49,7 @@ SparseBackend = Literal["auto", BackendName]
 MODELS, PRECISIONS, DENSE_DEVICES, DENSE_PARALLELS, SPARSE_BACKENDS = (
     tuple(MODEL_KINDS), get_args(Precision), get_args(DenseDevice), get_args(DenseParallel), get_args(SparseBackend))
 STUS = get_args(Stu)
+RANDOM_NEGATIVES = 128  # --random-negatives: the paper's MovieLens configs (num_negatives, local sampler)
 MLPERF_DIVISIONS, MLPERF_STATUSES = get_args(MLPerfDivision), get_args(MLPerfStatus)
 # --id-overflow: sparsecore.limits' policies, and auto (minibatch where the backend runs it, else error)
 ID_OVERFLOW_POLICIES = ("auto", "minibatch", "error", "drop")
@@ -136,6 +137,14 @@ class ModelConfig(_Group):
                             "for --model hstu and dlrmv4. auto: the preset's, paper for hstu and dlrmv3 for "
                             "dlrmv4; legacy: this project's first layer, to resume a checkpoint written before the "
                             "variants. docs/HSTU.md compares them.", choices=STUS)
+    task: str = _opt("ranking", "what the model learns: ranking (candidates' AUC, NE) or retrieval (--model hstu). "
+                                "retrieval is the HSTU paper's next-item task: sampled softmax, then HR@K, NDCG@K "
+                                "and MRR over all items (docs/HSTU.md); its defaults are --batch-size 128, --dense-lr "
+                                "0.001, --epochs 2, and it refuses the options it does not read.", choices=TASKS)
+    random_negatives: int = _opt(RANDOM_NEGATIVES, "--task retrieval: sampled softmax negatives from all items. "
+                                                   "Drawn uniformly (the paper's MovieLens configs: 128).", metavar="N")
+    in_batch_negatives: int = _opt(0, "--task retrieval: sampled softmax negatives from the batch's items. Drawn "
+                                      "uniformly from its distinct items (the paper's in-batch sampler).", metavar="N")
 
     @property
     def dense_layers(self) -> list[int]:
@@ -149,8 +158,16 @@ class ModelConfig(_Group):
         _check_group(self, at_least_1=("num_embeddings", "embedding_dim", "dcn_num_layers", "dcn_low_rank_dim"))
         if self.num_embeddings_per_feature is not None:
             _positive_ints("num_embeddings_per_feature", self.num_embeddings_per_feature)
+        _check_group(self, at_least_0=("random_negatives", "in_batch_negatives"))
+        if model_kind(self.kind, self.task) is None and self.kind in MODEL_KINDS:
+            raise ConfigError(task_refusal(self.kind, self.task))
+        if self.task == "retrieval" and self.random_negatives + self.in_batch_negatives < 1:
+            raise ConfigError(f"--random-negatives {self.random_negatives} and --in-batch-negatives "
+                              f"{self.in_batch_negatives}: the sampled softmax needs at least one negative")
         if self.kind in HSTU_MODELS:  # DLRM's shape rules: HSTU refuses these options by name instead
             return
+        if (self.random_negatives, self.in_batch_negatives) != (RANDOM_NEGATIVES, 0):
+            raise ConfigError("--random-negatives/--in-batch-negatives are for --task retrieval (--model hstu)")
         if self.stu != "auto":
             raise ConfigError(f"--stu {self.stu}: --model {self.kind} has no STU layer (--stu is for hstu and dlrmv4)")
         if self.dense_layers[-1] != self.embedding_dim:
@@ -466,13 +483,20 @@ class TrainConfig:
         if unknown:
             hints = "".join(did_you_mean(name, OPTIONS) for name in unknown)
             raise TypeError(f"unknown training options {unknown}{hints}")
-        model = MODEL_KINDS.get(options.get("model", ModelConfig().kind))
+        model = model_kind(options.get("model", ModelConfig().kind), options.get("task", ModelConfig().task))
         options = {**(model.defaults if model is not None else {}), **options}
         groups: dict[str, dict[str, Any]] = {f.name: {} for f in dataclasses.fields(cls)}
         for name, value in options.items():
             group, f = OPTIONS[name]
             groups[group][f.name] = value
         return cls(**{f.name: f.default_factory(**groups[f.name]) for f in dataclasses.fields(cls)})
+
+    @property
+    def kind(self) -> ModelKind:
+        """The registry's entry of ``--model`` and ``--task`` (:func:`~torchrec_tpu.train.model_kinds.model_kind`)."""
+        kind = model_kind(self.model.kind, self.model.task)
+        assert kind is not None, "ModelConfig.validate refuses a model without the task"
+        return kind
 
     def option(self, name: str) -> Any:
         """The value of option ``name`` (``"batch_size"``, ``"engine"``, ...)."""
@@ -670,7 +694,8 @@ def config_from_args(args: argparse.Namespace, world_size: int = 1, notes: list[
     layers.append({**flags, **per_rank})
     said = [*getattr(args, NOTES, []), *per_rank_notes]
     values = resolve_layers(layers, said)
-    check_model_reads(values.get("model", ModelConfig().kind), [name for layer in layers for name in layer])
+    check_model_reads(values.get("model", ModelConfig().kind), [name for layer in layers for name in layer],
+                      values.get("task", ModelConfig().task))
     config = TrainConfig.from_options(**values)
     if notes is None:
         log_notes(said)
@@ -679,19 +704,28 @@ def config_from_args(args: argparse.Namespace, world_size: int = 1, notes: list[
     return config
 
 
-def check_model_reads(model: str, given: list[str]) -> None:
+def task_refusal(model: str, task: str) -> str:
+    """The error line of ``--task task`` with a ``--model model`` that has no such task."""
+    others = [m for (m, t) in TASK_KINDS if t == task]
+    return f"--task {task} does not apply to --model {model} (it is built for --model {', '.join(others)})"
+
+
+def check_model_reads(model: str, given: list[str], task: str = "ranking") -> None:
     """ConfigError naming the options of ``given`` (option and shorthand names set by a flag or the
-    YAML file) that ``--model model`` does not read (:attr:`ModelKind.reads
+    YAML file) that ``--model model`` (at ``--task task``) does not read (:attr:`ModelKind.reads
     <torchrec_tpu.train.model_kinds.ModelKind>`)."""
-    kind = MODEL_KINDS.get(model)
-    if kind is None:
+    if model not in MODEL_KINDS:
         return  # an unknown model: ModelConfig names it
-    options = [target for name in dict.fromkeys(given)
-               for target in (SHORTHANDS[name].targets if name in SHORTHANDS else (name,))]
-    refused = list(dict.fromkeys(kind.refused(options)))
+    kind = model_kind(model, task)
+    if kind is None:
+        raise ConfigError(task_refusal(model, task))
+    # a shorthand is named as given where the model does not read one of the options it sets
+    refused = list(dict.fromkeys(name for name in given if kind.refused(
+        list(SHORTHANDS[name].targets) if name in SHORTHANDS else [name])))
     if refused:
         flags = ", ".join(_as_flag(name) for name in refused)
-        raise ConfigError(f"{flags} {'does' if len(refused) == 1 else 'do'} not apply to --model {model}")
+        at = "" if task == "ranking" else f" --task {task}"
+        raise ConfigError(f"{flags} {'does' if len(refused) == 1 else 'do'} not apply to --model {model}{at}")
 
 
 def log_notes(notes: list[str]) -> None:

@@ -4,7 +4,8 @@
 defaults and refuses the options a model does not read, ``--help`` stays fast, and ``train``,
 ``profile``, ``infer`` and Ray Train load what a model names from here (docs/architecture/training_step.md).
 
-A model plugs in with one :class:`ModelKind` entry in :data:`MODEL_KINDS`.
+A model plugs in with one :class:`ModelKind` entry in :data:`MODEL_KINDS`; a model's other
+``--task`` (retrieval) is its own entry in :data:`TASK_KINDS` (:func:`model_kind` finds either).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ COMMON_OPTIONS = frozenset({
     "model", "data", "cache_dir", "batch_size", "eval_batch_size", "limit_train_batches", "limit_val_batches",
     "engine", "dense_device", "sparse_backend", "num_threads", "bind_cpus", "collective_timeout", "sparse_lr",
     "dense_lr", "precision", "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "overwrite_checkpoints",
-    "resume", "epochs", "max_steps", "seed", "log_dir", "log_every", "eval_every", "target_auc", "progress",
+    "resume", "epochs", "max_steps", "seed", "log_dir", "log_every", "eval_every", "target_auc", "progress", "task",
 })
 MLLOG_OPTIONS = frozenset({"mllog", "mllog_org", "mllog_division", "mllog_platform", "mllog_status"})
 # HSTU's defaults where neither a flag nor the YAML file sets the option
@@ -96,6 +97,21 @@ MLPERF_DLRMV4 = ModelKind(
     serving="torchrec_tpu.hstu.dlrmv4_job:not_built", reads=_MLPERF_DLRMV4_READS, defaults={"precision": "bf16"},
     mlperf_benchmark="dlrmv4", optimizers=("rowwise_adagrad", "adam"), single_process=True)
 
+# HSTU's retrieval task (torchrec_tpu.hstu.retrieval_job): one process on CPU, no checkpoints yet
+_RETRIEVAL_READS = frozenset({
+    "model", "task", "random_negatives", "in_batch_negatives", "data", "batch_size", "eval_batch_size",
+    "limit_train_batches", "limit_val_batches", "num_threads", "dense_lr", "precision", "epochs", "max_steps", "seed",
+    "log_dir", "log_every", "eval_every", "progress"})
+HSTU_RETRIEVAL = ModelKind(
+    "hstu", "HSTU's retrieval task: the paper's next-item prediction over all items",
+    job="torchrec_tpu.hstu.retrieval_job:run_retrieval", training="torchrec_tpu.hstu.retrieval_job:not_built",
+    builder="torchrec_tpu.hstu.retrieval_model:RetrievalHSTU", reader="torchrec_tpu.hstu.retrieval_job:UserBatches",
+    loss="torchrec_tpu.hstu.retrieval:sampled_softmax_loss", evaluator="torchrec_tpu.hstu.retrieval_job:evaluate",
+    serving="torchrec_tpu.hstu.retrieval_job:not_built", reads=_RETRIEVAL_READS,
+    defaults={"batch_size": 128, "dense_lr": 1e-3, "epochs": 2}, sequences=True, optimizers=("adamw", "adamw"),
+    single_process=True)
+
+TASKS = ("ranking", "retrieval")  # --task: ranking is every model's (MODEL_KINDS), the others are in TASK_KINDS
 MODEL_KINDS: dict[str, ModelKind] = {m.name: m for m in (
     _dlrm("dlrm", "stock TorchRec DLRM", None),
     _dlrm("dlrm_dcn", "TorchRec DLRM_DCN (MLPerf DLRM-DCNv2)", "dlrm_dcnv2"),
@@ -103,3 +119,9 @@ MODEL_KINDS: dict[str, ModelKind] = {m.name: m for m in (
     _hstu("dlrmv4", "HSTU in MLPerf DLRMv4's shape", "dlrmv4"),
     MLPERF_DLRMV4,
 )}
+TASK_KINDS: dict[tuple[str, str], ModelKind] = {("hstu", "retrieval"): HSTU_RETRIEVAL}
+
+
+def model_kind(model: str, task: str = "ranking") -> ModelKind | None:
+    """``--model model --task task``'s entry; None where the model has no such task (or is unknown)."""
+    return MODEL_KINDS.get(model) if task == "ranking" else TASK_KINDS.get((model, task))
