@@ -9,7 +9,8 @@ same shape of state.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 
@@ -185,22 +186,30 @@ def build_dense_optimizer(model: nn.Module, optim: OptimConfig, towers_on: torch
 def timed_step_builder(optim: OptimConfig, sparse_backend: str) -> StepBuilder:
     """How ``--dense-device auto`` builds the step it times (:mod:`.dense_calibration`): this
     engine's whole training step at one rank, with ``optim``'s optimizers and precision and
-    ``--sparse-backend sparse_backend``, the towers on the placement being timed."""
+    ``--sparse-backend sparse_backend``, the towers on the placement being timed, its batches
+    pipelined as the job's (:func:`pipelined`)."""
     options = EngineConfig(sparse_backend=sparse_backend)
 
-    def build(towers_on: str, spec: ModelSpec, local_batch: int) -> Callable[[Batch], torch.Tensor]:
+    def build(towers_on: str, spec: ModelSpec, local_batch: int) -> Callable[[Iterable[Batch]], Iterator[torch.Tensor]]:
         layout = sparsecore_layout(options, optim, 1, local_batch, dense_device(towers_on))
+        env = DistEnv(0, 1, 1)
         steps_log = logging.getLogger(step_function.__module__)
         level = steps_log.level
         steps_log.setLevel(logging.WARNING)  # the timed steps' "training step:" lines are not the job's
         try:
-            model = build_sparsecore_model(spec, DistEnv(0, 1, 1), layout, optim, options,
+            model = build_sparsecore_model(spec, env, layout, optim, options,
                                            global_batch_of(local_batch, 1), seed=0)
             optimizer = build_dense_optimizer(model, optim, layout.dense_device)
             step = step_function(model, optimizer, layout)
         finally:
             steps_log.setLevel(level)
-        return lambda batch: step(model, optimizer, batch)
+
+        def train(batches: Iterable[Batch]) -> Iterator[torch.Tensor]:
+            with closing(iter(pipelined(batches, model, env, torch.device("cpu")))) as prefetched:
+                for batch in prefetched:
+                    yield step(model, optimizer, batch)
+
+        return train
 
     return build
 
