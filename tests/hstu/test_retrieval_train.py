@@ -1,6 +1,7 @@
 """``train --model hstu --task retrieval``: a MovieLens ratings file trained a few steps, the
-reported HR/NDCG/MRR equal to a plain loop that ranks every user's last item by hand (slow); and
-every train option either acts for the retrieval task or is refused in one line."""
+reported HR/NDCG/MRR equal to a plain loop that ranks every user's last item by hand, and a resumed
+run equal to an uninterrupted one (slow: real runs); every train option acts for the retrieval task
+or is refused in one line."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.hstu.train_options import config_of as _config
 from torchrec_tpu.cli import main
 from torchrec_tpu.hstu.retrieval_job import run_retrieval, sequence_batch
 from torchrec_tpu.hstu.retrieval_metrics import MAX_K
+from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.config import OPTIONS, SHORTHANDS, ConfigError, TrainConfig
 from torchrec_tpu.train.model_kinds import HSTU_RETRIEVAL, MODEL_KINDS
 
@@ -127,3 +129,19 @@ def test_the_task_picks_the_defaults_and_only_hstu_has_retrieval(capsys):
     assert "none with the 3 a leave-one-out split needs" in capsys.readouterr().err
     assert main(["profile", *RETRIEVAL]) == 2
     assert "not built for this model yet" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path):
+    ratings = _ratings_dat(tmp_path / "ratings.dat", users=40)
+    options = dict(model="hstu", task="retrieval", data=str(ratings), batch_size=16, epochs=2, eval_batch_size=40,
+                   in_batch_negatives=4, random_negatives=8, progress=False)  # 3 batches an epoch, the last of 8 users
+    whole = run_retrieval(TrainConfig.from_options(**options, checkpoint_every=4, log_dir=str(tmp_path / "a")))
+    step_4 = next((tmp_path / "a" / "checkpoint").glob("checkpoint.step-00000004.*"))
+    resumed = run_retrieval(TrainConfig.from_options(**options, resume=str(step_4), log_dir=str(tmp_path / "b")))
+    assert whole.result.steps == resumed.result.steps == 6
+    for name, weights in whole.model.state_dict().items():
+        assert torch.equal(weights, resumed.model.state_dict()[name]), name
+    assert resumed.result.eval.metrics == whole.result.eval.metrics
+    with pytest.raises(CheckpointError, match="not a checkpoint of --task retrieval"):
+        run_retrieval(TrainConfig.from_options(**options, resume=str(tmp_path), log_dir=str(tmp_path / "c")))

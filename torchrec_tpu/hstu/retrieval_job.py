@@ -13,7 +13,8 @@ generative-recommenders' ``research/trainer/train.py`` runs it, through the comm
   the history the model saw left out: HR@10/50/200, NDCG@10 and MRR
   (:mod:`~torchrec_tpu.hstu.retrieval_metrics`) in the console, TensorBoard and the summary.
 
-One process on CPU; checkpoints and several ranks are not built for it yet (their options are refused).
+Checkpoints (``--checkpoint-every``, a last one at the end) and ``--resume`` as the ranking jobs
+have them. One process on CPU: several ranks, ``profile`` and ``infer`` are not built for it yet.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torchrec.optim.keyed import KeyedOptimizer, KeyedOptimizerWrapper
 
 from pipelines.sequences import read_movielens, synthetic_events
+from pipelines.streams import BatchStream
 from torchrec_tpu.hstu.retrieval import (
     TEMPERATURE,
     LeaveOneOut,
@@ -39,10 +42,14 @@ from torchrec_tpu.hstu.retrieval import (
 )
 from torchrec_tpu.hstu.retrieval_metrics import METRICS, retrieval_metrics
 from torchrec_tpu.hstu.retrieval_model import RetrievalBatch, RetrievalConfig, RetrievalHSTU
+from torchrec_tpu.train.checkpoint.dirs import new_run_id, run_id_of
+from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, is_legacy
+from torchrec_tpu.train.checkpoint.manifest import CheckpointError
+from torchrec_tpu.train.checkpoint.store import load_checkpoint, open_checkpoint, restore_rng, save_checkpoint
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.engines.precision import autocast
-from torchrec_tpu.train.job import loop_options, use_rank_threads
+from torchrec_tpu.train.job import loop_options, run_dirs, use_rank_threads
 from torchrec_tpu.train.loop import LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.streams import LimitedBatches
@@ -112,25 +119,29 @@ def sequence_batch(items: list[np.ndarray], times: list[np.ndarray], users: np.n
                           cat([s[1:] for s in stamps]), torch.from_numpy(seen))
 
 
-class UserBatches:
+class UserBatches(BatchStream):
     """Batches of ``batch_size`` users' sequences (:func:`sequence_batch`); with ``shuffle_seed``
-    each pass (epoch) is in a new order, as the paper's loader shuffles."""
+    each pass (epoch, the first being ``epoch``) is in a new order, as the paper's loader shuffles;
+    ``iter_from_row`` resumes a pass at a row."""
 
     def __init__(self, items: list[np.ndarray], times: list[np.ndarray], batch_size: int, max_history: int,
-                 shuffle_seed: int | None = None) -> None:
+                 shuffle_seed: int | None = None, epoch: int = 0) -> None:
         self.items, self.times, self.batch_size, self.max_history = items, times, batch_size, max_history
-        self.shuffle_seed, self.epoch = shuffle_seed, 0
+        self.shuffle_seed, self.epoch = shuffle_seed, epoch
 
     def __len__(self) -> int:
         return math.ceil(len(self.items) / self.batch_size)
 
     def __iter__(self) -> Iterator[RetrievalBatch]:
+        return self.iter_from_row(0)
+
+    def iter_from_row(self, row: int) -> Iterator[RetrievalBatch]:
         order = np.arange(len(self.items))
         if self.shuffle_seed is not None:
             order = np.random.default_rng((self.shuffle_seed, self.epoch)).permutation(order)
         self.epoch += 1
-        for start in range(0, order.size, self.batch_size):
-            yield sequence_batch(self.items, self.times, order[start:start + self.batch_size], self.max_history)
+        return (sequence_batch(self.items, self.times, order[start:start + self.batch_size], self.max_history)
+                for start in range(row, order.size, self.batch_size))
 
 
 @dataclass(frozen=True)
@@ -208,6 +219,7 @@ class RetrievalSummary:
     result: TrainResult
     seconds: float
     log_dir: Path
+    checkpoint: Path
     model: RetrievalHSTU
     data: RetrievalData
 
@@ -219,42 +231,76 @@ class RetrievalSummary:
                           f"{self.data.catalog.numel():,} items)",
                           f"  last item, all items ranked: {r.eval.describe()}",
                           f"  throughput      {rate}",
-                          f"  TensorBoard     {self.log_dir}"])
+                          f"  TensorBoard     {self.log_dir}",
+                          f"  checkpoint      {self.checkpoint}"])
 
 
 def run_retrieval(config: TrainConfig) -> RetrievalSummary:
-    """Train and evaluate as ``config`` says (module docstring)."""
+    """Train and evaluate as ``config`` says (module docstring), checkpointing as the loop's options say."""
     started = time.perf_counter()
     env = DistEnv(rank=0, world_size=1, local_world_size=1)
     use_rank_threads(config, env, "train")
     data = open_retrieval_data(config.data.source)
     torch.manual_seed(config.loop.seed)
     model = RetrievalHSTU(RetrievalConfig(item_rows=data.item_rows))
-    max_history = model.config.max_history
-    items, times = data.sequences()
-    train: Iterable[RetrievalBatch] = UserBatches([s[:-1] for s in items], [t[:-1] for t in times],
-                                                  config.data.batch_size, max_history, shuffle_seed=config.loop.seed)
-    if config.data.limit_train_batches:
-        train = LimitedBatches(train, config.data.limit_train_batches, config.data.batch_size)
-    held_out = UserBatches(items, times, config.data.eval_batch_size, max_history)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.dense_lr, betas=ADAMW_BETAS, weight_decay=0.0)
-    negatives = Negatives(data.catalog, config.model.in_batch_negatives, config.model.random_negatives)
-    precision = config.optim.precision
-    _log.info("training layout: HSTU retrieval (paper STU layers, D %d, %d layers), %d users, %d items, on cpu "
-              "(%s), sampled softmax over %d random + %d in-batch negatives", model.config.dim, model.config.layers,
-              len(items), data.catalog.numel(), precision, negatives.random, negatives.in_batch)
-    log_dir = config.loop.resolved_log_dir()
-    rates = f"--dense-lr {config.optim.dense_lr:g} (AdamW)"
-    with ScalarLog(log_dir, enabled=True) as log:
-        log.log_hparams(config.to_dict(), tuple(f"eval/{name}" for name in METRICS) + ("train/loss",))
-        result = run_training(
-            model, optimizer, train, held_out, torch.device("cpu"), log,
-            loop_options(config, env, 0, LoopPosition(), learning_rates=rates),
-            step_fn=lambda m, opt, batch: train_step(m, opt, batch, negatives, precision),
-            evaluator=lambda m, split, progress=None: evaluate(m, split, data.catalog, precision,
-                                                               config.data.limit_val_batches, progress))
-    return RetrievalSummary(True, result, time.perf_counter() - started, log_dir, model, data)
+    # keyed by parameter name: a checkpoint holds its state by name, and a resume creates it before loading
+    optimizer = KeyedOptimizerWrapper(dict(model.named_parameters()), lambda params: torch.optim.AdamW(
+        params, lr=config.optim.dense_lr, betas=ADAMW_BETAS, weight_decay=0.0))
+    with run_dirs(config, env) as dirs:
+        start_step, start, run_id = 0, LoopPosition(), new_run_id()
+        if config.checkpoint.resume:
+            start_step, start, run_id = _resume(Path(config.checkpoint.resume), model, optimizer)
+        max_history = model.config.max_history
+        items, times = data.sequences()
+        train: Iterable[RetrievalBatch] = UserBatches([s[:-1] for s in items], [t[:-1] for t in times],
+                                                      config.data.batch_size, max_history,
+                                                      shuffle_seed=config.loop.seed, epoch=start.epoch)
+        if config.data.limit_train_batches:
+            train = LimitedBatches(train, config.data.limit_train_batches, config.data.batch_size)
+        held_out = UserBatches(items, times, config.data.eval_batch_size, max_history)
+        negatives = Negatives(data.catalog, config.model.in_batch_negatives, config.model.random_negatives)
+        precision = config.optim.precision
+        _log.info("training layout: HSTU retrieval (paper STU layers, D %d, %d layers), %d users, %d items, on cpu "
+                  "(%s), sampled softmax over %d random + %d in-batch negatives", model.config.dim,
+                  model.config.layers, len(items), data.catalog.numel(), precision, negatives.random,
+                  negatives.in_batch)
 
+        def save(step: int, position: LoopPosition) -> Path:
+            meta = {"step": step, "epoch": position.epoch, "row": position.rows, HSTU_META: model.config.to_dict(),
+                    "config": config.to_dict()}
+            return save_checkpoint(dirs.checkpoint_root, model, optimizer, meta, run_id,
+                                   config.checkpoint.keep_checkpoints)
+
+        rates = f"--dense-lr {config.optim.dense_lr:g} (AdamW)"
+        with ScalarLog(dirs.log_dir, enabled=True) as log:
+            log.log_hparams(config.to_dict(), tuple(f"eval/{name}" for name in METRICS) + ("train/loss",))
+            result = run_training(
+                model, optimizer, train, held_out, torch.device("cpu"), log,
+                loop_options(config, env, start_step, start, learning_rates=rates),
+                step_fn=lambda m, opt, batch: train_step(m, opt, batch, negatives, precision), checkpoint=save,
+                evaluator=lambda m, split, progress=None: evaluate(m, split, data.catalog, precision,
+                                                                   config.data.limit_val_batches, progress))
+        saved = save(result.steps, result.position)
+        _log.info("checkpoint step %d: %s", result.steps, saved)
+    return RetrievalSummary(True, result, time.perf_counter() - started, dirs.log_dir, saved, model, data)
+
+
+def _resume(path: Path, model: RetrievalHSTU, optimizer: KeyedOptimizer) -> tuple[int, LoopPosition, str]:
+    """Load the retrieval checkpoint ``path`` (one, or a root: its latest) into ``model``,
+    ``optimizer`` and the random state: its (step, position in the data, run id). CheckpointError
+    when it is not one of ``--task retrieval`` or its encoder differs from ``model``'s."""
+    directory = find_hstu_checkpoint(path)
+    meta = open_checkpoint(directory)[1] if directory is not None and not is_legacy(directory) else {}
+    if meta.get("config", {}).get("task") != "retrieval":
+        raise CheckpointError(f"--resume {path}: not a checkpoint of --task retrieval (train --model hstu --task "
+                              "retrieval writes them)")
+    if meta[HSTU_META] != model.config.to_dict():
+        raise CheckpointError(f"--resume {directory}: its encoder {meta[HSTU_META]} is not this run's "
+                              f"{model.config.to_dict()} (another --data?)")
+    load_checkpoint(directory, model, optimizer, verify=False)
+    restore_rng(directory, 0)
+    _log.info("resuming from %s: step %d", directory, meta["step"])
+    return int(meta["step"]), LoopPosition(int(meta["epoch"]), int(meta["row"])), run_id_of(directory) or new_run_id()
 
 def not_built(*args: object, **kwargs: object) -> None:
     """``profile`` and ``infer`` of ``--task retrieval``: refused by name."""

@@ -97,11 +97,12 @@ MLPERF_DLRMV4 = ModelKind(
     serving="torchrec_tpu.hstu.dlrmv4_job:not_built", reads=_MLPERF_DLRMV4_READS, defaults={"precision": "bf16"},
     mlperf_benchmark="dlrmv4", optimizers=("rowwise_adagrad", "adam"), single_process=True)
 
-# HSTU's retrieval task (torchrec_tpu.hstu.retrieval_job): one process on CPU, no checkpoints yet
+# HSTU's retrieval task (torchrec_tpu.hstu.retrieval_job): one process on CPU
 _RETRIEVAL_READS = frozenset({
     "model", "task", "random_negatives", "in_batch_negatives", "data", "batch_size", "eval_batch_size",
-    "limit_train_batches", "limit_val_batches", "num_threads", "dense_lr", "precision", "epochs", "max_steps", "seed",
-    "log_dir", "log_every", "eval_every", "progress"})
+    "limit_train_batches", "limit_val_batches", "num_threads", "dense_lr", "precision", "checkpoint_dir",
+    "checkpoint_every", "keep_checkpoints", "overwrite_checkpoints", "resume", "epochs", "max_steps", "seed", "log_dir",
+    "log_every", "eval_every", "progress"})
 HSTU_RETRIEVAL = ModelKind(
     "hstu", "HSTU's retrieval task: the paper's next-item prediction over all items",
     job="torchrec_tpu.hstu.retrieval_job:run_retrieval", training="torchrec_tpu.hstu.retrieval_job:not_built",

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_tpu.train.checkpoint.dirs import is_checkpoint, resolve_checkpoint
-from torchrec_tpu.train.model_kinds import MODEL_KINDS, ModelKind
+from torchrec_tpu.train.model_kinds import ModelKind, model_kind
 
 HSTU_META = "hstu"  # meta.json's record of the model (HSTUConfig.to_dict): what marks an HSTU checkpoint
 META_FILE = "meta.json"
@@ -81,5 +81,7 @@ def legacy_state(directory: Path, rank: int) -> tuple[dict[str, Any], dict[str, 
 def model_kind_of(directory: Path) -> ModelKind:
     """The registry's entry of the model the HSTU checkpoint ``directory`` trained (its config's
     ``--model``; checkpoints that saved no config: ``hstu``)."""
-    meta = hstu_meta(directory) or {}
-    return MODEL_KINDS[meta.get("config", {}).get("model", "hstu")]
+    config = (hstu_meta(directory) or {}).get("config", {})
+    kind = model_kind(config.get("model", "hstu"), config.get("task", "ranking"))
+    assert kind is not None, f"{directory}: a checkpoint of --model {config.get('model')} --task {config.get('task')}"
+    return kind
