@@ -1,11 +1,13 @@
 """DLRMv4 at MLPerf's shape on this host: ``train --model dlrmv4``'s model and step at sequence 4,096.
 
 MLPerf's dims (11 tables of dim 512, capped at ``--max-rows``; 3 STU layers, 4 heads, 128/128), each
-user's sequence full: 8 contextual tokens, 4,087 history events and the candidate; ``--batch`` users
-a step, MLPerf's optimizers with clipping, bf16 forward. The attention goes through the jagged op, so
-no ``[B, H, L, L]`` tensor is made. Printed: the steady steps/s and samples/s (after the first
-step, which compiles), the peak RSS, its growth over the built model, and that growth as a share of
-one fp32 ``[B, H, L, L]`` score tensor (the padded attention keeps several).
+user's sequence as full as MLPerf's (yambda_5b.gin: 8 contextual tokens, 4,086 history events, the
+candidate); ``--batch`` users a step, set up and stepped as ``train`` does (the tables sharded by
+TorchRec's planner with their fused RowWiseAdagrad, Adam with clipping, bf16 forward). The
+attention goes through the jagged op, so no ``[B, H, L, L]`` tensor is made. Printed: the steady
+steps/s and samples/s (after the first step, which compiles), the peak RSS, its growth over the
+built model, and that growth as a share of one fp32 ``[B, H, L, L]`` score tensor (the padded
+attention keeps several).
 Usage: .venv/bin/python bench/bench_dlrmv4.py [--batch 2] [--steps 4] [--max-rows 131072] [--seq-len 4096]
 """
 
@@ -16,12 +18,13 @@ import time
 from pathlib import Path
 
 import quiet_box
-import torch
 
 import torch_tpu  # noqa: F401  (the tpu device)
 from pipelines.sequences.dlrmv4 import DLRMv4Synthetic
-from torchrec_tpu.hstu.dlrmv4 import DLRMv4, DLRMv4Config
-from torchrec_tpu.hstu.dlrmv4_job import DayWindows, DLRMv4Train, clipped_step, optimizers
+from torchrec_tpu.hstu.dlrmv4 import DLRMv4Config
+from torchrec_tpu.hstu.dlrmv4_recipe import HISTORY_LENGTH
+from torchrec_tpu.hstu.dlrmv4_training import dlrmv4_training
+from torchrec_tpu.train.config import TrainConfig
 
 
 def peak_rss_mib() -> float:
@@ -40,23 +43,23 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=4096, help="max_seq_len; every history fills it")
     args = parser.parse_args()
     config = DLRMv4Config(max_seq_len=args.seq_len, max_rows=args.max_rows)
-    print(f"DLRMv4 at sequence {config.max_seq_len} ({config.max_history} history events + 8 contextual + 1 "
-          f"candidate), dim {config.dim}, {config.layers} layers, tables of {config.max_rows:,} rows at most, "
-          f"batch {args.batch}, bf16 forward")
-    torch.manual_seed(0)
-    model = DLRMv4Train(DLRMv4(config))
-    optimizer, dense = optimizers(model, 1e-4, 1e-4)
-    step = clipped_step("bf16", dense)
-    world = DLRMv4Synthetic(min_history=config.max_history, max_history=config.max_history)
-    batches = iter(DayWindows(world, 30, 1, args.batch * (args.steps + 1), args.batch))
-    before = peak_rss_mib()
-    start = time.perf_counter()
-    loss = step(model, optimizer, next(batches))
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    for batch in batches:
-        loss = step(model, optimizer, batch)
-    steady = (time.perf_counter() - start) / args.steps
+    history = min(HISTORY_LENGTH, config.max_history)
+    print(f"DLRMv4 at sequence {config.max_seq_len} ({history} history events + 8 contextual + 1 candidate), dim "
+          f"{config.dim}, {config.layers} layers, tables of {config.max_rows:,} rows at most, batch {args.batch}, "
+          "bf16 forward")
+    options = TrainConfig.from_options(model="dlrmv4", batch_size=args.batch, dense_lr=1e-4, sparse_lr=1e-4,
+                                       precision="bf16", limit_train_batches=args.steps + 1, seed=0)
+    world = DLRMv4Synthetic(min_history=history, max_history=history)
+    with dlrmv4_training(options, config, world) as training:
+        batches = iter(training.train)
+        before = peak_rss_mib()
+        start = time.perf_counter()
+        loss = training.step(next(batches))
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        for batch in batches:
+            loss = training.step(batch)
+        steady = (time.perf_counter() - start) / args.steps
     peak = peak_rss_mib()
     scores = args.batch * config.heads * config.max_seq_len ** 2 * 4 / 2 ** 20
     print(f"first step {first:.1f} s; steady {1 / steady:.3f} steps/s, {args.batch / steady:.2f} samples/s "

@@ -76,10 +76,16 @@ class DLRMv4Synthetic:
         return (rng.standard_normal((self.users, LATENT)), rng.standard_normal((self.items, LATENT)),
                 rng.standard_normal(self.items), rng.integers(0, self.albums, self.items))
 
-    def batch(self, window: int, index: int, batch_size: int,
-              mlperf_rows: Mapping[str, int]) -> tuple[KeyedJaggedTensor, torch.Tensor]:
+    def batch(self, window: int, index: int, batch_size: int, mlperf_rows: Mapping[str, int],
+              part: tuple[int, int] = (0, 1)) -> tuple[KeyedJaggedTensor, torch.Tensor]:
         """Batch ``index`` of day ``window``: the KJT of :data:`torchrec_tpu.hstu.dlrmv4.FEATURES` and
-        the listen_plus labels ``[batch_size]`` (float32); cross ids below ``mlperf_rows[cross]``."""
+        the listen_plus labels (float32); cross ids below ``mlperf_rows[cross]``. ``part`` ``(rank,
+        ranks)``: that rank's equal share of the ``batch_size`` samples, ``[batch_size // ranks]``
+        (the whole batch is drawn, so a sample is the same at any number of ranks)."""
+        rank, ranks = part
+        if batch_size % ranks or not 0 <= rank < ranks:
+            raise ValueError(f"DLRMv4 synthetic batch of {batch_size} samples: part {rank} of {ranks}; the "
+                             "ranks must divide the batch evenly")
         taste, item_vec, popularity, album_of = self._world()
         rng = np.random.default_rng([self.seed, window, index])
         uid = rng.integers(0, self.users, batch_size)
@@ -104,18 +110,24 @@ class DLRMv4Synthetic:
         cand_album = album_of[cand_item]
         keys = {"uid": uid, "artist": cand_album % self.artists, "album": cand_album, "item": cand_item,
                 "hour": (query // 3600) % 24, "organic": rng.integers(0, 2, batch_size)}
-        ones = np.ones(batch_size, dtype=np.int64)
+        labels = listen_plus(uid, cand_item).astype(np.float32)
+        first, last = rank * batch_size // ranks, (rank + 1) * batch_size // ranks
+        ends = np.concatenate([[0], np.cumsum(lengths)])
+        events, users = slice(ends[first], ends[last]), slice(first, last)
+        hist_item, action, hist_time, lengths = hist_item[events], action[events], hist_time[events], lengths[users]
+        keys = {name: key[users] for name, key in keys.items()}
+        ones = np.ones(last - first, dtype=np.int64)
         columns = {"item_id": (hist_item, lengths), "artist_id": (album_of[hist_item] % self.artists, lengths),
                    "album_id": (album_of[hist_item], lengths), "action_weight": (action, lengths),
-                   "action_timestamp": (hist_time, lengths), "uid": (uid, ones),
+                   "action_timestamp": (hist_time, lengths), "uid": (keys["uid"], ones),
                    **{name: (cross_ids([keys[k] for k in ks], mlperf_rows[name]), ones)
                       for name, ks in CROSS_KEYS.items()},
-                   "item_candidate_id": (cand_item, ones), "item_candidate_artist_id": (keys["artist"], ones),
-                   "item_candidate_album_id": (cand_album, ones), "item_query_time": (query, ones)}
+                   "item_candidate_id": (keys["item"], ones), "item_candidate_artist_id": (keys["artist"], ones),
+                   "item_candidate_album_id": (keys["album"], ones), "item_query_time": (query[users], ones)}
         values, lengths = (np.concatenate([c[i] for c in columns.values()]).astype(np.int64) for i in (0, 1))
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=list(columns), values=torch.from_numpy(values),
                                                   lengths=torch.from_numpy(lengths))
-        return kjt, torch.from_numpy(listen_plus(uid, cand_item).astype(np.float32))
+        return kjt, torch.from_numpy(labels[users])
 
     def window(self, window: int, batches: int, batch_size: int,
                mlperf_rows: Mapping[str, int]) -> Iterator[tuple[KeyedJaggedTensor, torch.Tensor]]:

@@ -1,7 +1,8 @@
-"""``train --model mlperf_dlrmv4``: MLPerf DLRMv4's recipe (the rules' grid and first evaluation point, the
+"""``train --model dlrmv4``: MLPerf DLRMv4's recipe (the rules' grid and first evaluation point, the
 lr law), its optimizer step (clipping at norm 1.0 against torch's own), the day windows at MLPerf's
-sizes, the full-size recipe's log against MLCommons' closed checker, a tiny run's log against the
-open one (failing exactly the rules a capped run cannot meet), and refusals by name."""
+sizes and their ranks' shares, the full-size recipe's log against MLCommons' closed checker, a tiny
+run's log against the open one (failing exactly the rules a capped run cannot meet), and refusals
+by name. Checkpoints, resume and ranks: test_dlrmv4_resume.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from pipelines.sequences.dlrmv4 import DLRMv4Synthetic
 from tests.train.conftest import REPO_ROOT
 from torchrec_tpu.hstu import dlrmv4_recipe as recipe
 from torchrec_tpu.hstu.dlrmv4 import DLRMv4Config
-from torchrec_tpu.hstu.dlrmv4_job import DayWindows, check_options, clipped_step, run_dlrmv4
+from torchrec_tpu.hstu.dlrmv4_job import run_dlrmv4
+from torchrec_tpu.hstu.dlrmv4_training import DayWindows, clipped_step, dlrmv4_training
 from torchrec_tpu.train.config import ConfigError, TrainConfig, load_yaml
 from torchrec_tpu.train.metrics import EvalResult
 from torchrec_tpu.train.mllog import mlperf_log
@@ -85,6 +87,14 @@ def test_the_days_hold_mlperfs_samples() -> None:
     small = DayWindows(world, 30, 2, 11, 4)  # days of 5 and 6 anchors: batches 4 + 1, 4 + 2
     assert [b.labels.numel() for b in small] == [4, 1, 4, 2] and len(small) == 4
     assert [b.labels.numel() for b in DayWindows(world, 30, 2, 11, 4, limit=1)] == [4, 4]
+    halves = [list(DayWindows(world, 30, 2, 11, 4, rank=r, world=2)) for r in (0, 1)]
+    assert [[b.labels.numel() for b in h] for h in halves] == [[2, 2, 1], [2, 2, 1]]  # day 30's 1 left over: dropped
+    wholes = [b for i, b in enumerate(small) if i != 1]
+    for whole, first, second in zip(wholes, *halves):  # each rank reads its half of the same global batch
+        assert torch.equal(whole.labels[:first.labels.numel() * 2], torch.cat([first.labels, second.labels]))
+        for key in ("item_id", "uid", "item_query_time"):
+            assert torch.equal(whole.sparse_features[key].lengths()[:first.labels.numel() * 2],
+                               torch.cat([first.sparse_features[key].lengths(), second.sparse_features[key].lengths()]))
 
 
 def _full_size_log(path: Path) -> None:
@@ -127,7 +137,8 @@ def test_a_tiny_runs_log_passes_the_open_rules_but_the_datasets_and_the_target(t
     small = DLRMv4Config(dim=16, layers=1, heads=2, qk_dim=4, v_dim=4, max_seq_len=64, max_rows=500,
                          preprocessor_hidden=8, item_hidden=8)
     world = DLRMv4Synthetic(users=50, items=300, albums=30, artists=10, min_history=2, max_history=40)
-    summary = run_dlrmv4(TrainConfig.from_options(**options), "dlrmv4_capped.yaml", small, world)
+    summary = run_dlrmv4(TrainConfig.from_options(**options), config_file="dlrmv4_capped.yaml", model_config=small,
+                         world=world)
     assert summary.result.steps == 4
     lines, errors = parse_file(str(log), ruleset=RULESET)
     values = {line.key: line.value["value"] for line in lines}
@@ -139,13 +150,13 @@ def test_a_tiny_runs_log_passes_the_open_rules_but_the_datasets_and_the_target(t
     assert _failed(checked) == {"train_samples", "eval_samples", "eval_accuracy"}, checked.stderr[-3000:]
 
 
-def test_what_mlperf_dlrmv4_cannot_read_is_refused_by_name() -> None:
+def test_what_dlrmv4_cannot_read_is_refused_by_name() -> None:
     from torchrec_tpu.train.model_kinds import MODEL_KINDS
 
-    assert MODEL_KINDS["mlperf_dlrmv4"].refused(["resume", "batch_size", "engine"]) == ["resume", "engine"]
-    with pytest.raises(ConfigError, match=r"--data 'yambda/': --model mlperf_dlrmv4 reads --data synthetic only"):
-        check_options(TrainConfig.from_options(model="mlperf_dlrmv4", data="yambda/"))
-    check_options(TrainConfig.from_options(model="mlperf_dlrmv4", target_auc=0.75, lr_warmup_steps=10))
+    assert MODEL_KINDS["dlrmv4"].refused(["resume", "batch_size", "engine", "stu"]) == ["engine", "stu"]
+    with pytest.raises(ConfigError, match=r"^--data 'yambda/': --model dlrmv4 reads --data synthetic only"):
+        with dlrmv4_training(TrainConfig.from_options(model="dlrmv4", data="yambda/")):
+            pass
 
 
 @pytest.mark.slow
@@ -155,9 +166,6 @@ def test_mlperfs_shape_trains_at_sequence_4096_without_an_l_by_l_tensor() -> Non
     (forward, backward, update; CPU and tpu device) is watched: none has L x L = 4,096^2 elements."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
-
-    from torchrec_tpu.hstu.dlrmv4 import DLRMv4
-    from torchrec_tpu.hstu.dlrmv4_job import DLRMv4Train, optimizers
 
     class Largest(TorchDispatchMode):
         largest = 0
@@ -169,25 +177,34 @@ def test_mlperfs_shape_trains_at_sequence_4096_without_an_l_by_l_tensor() -> Non
             return out
 
     config = DLRMv4Config(max_rows=4096)
-    torch.manual_seed(0)
-    model = DLRMv4Train(DLRMv4(config))
-    optimizer, dense = optimizers(model, 1e-4, 1e-4)
     world = DLRMv4Synthetic(min_history=config.max_history, max_history=config.max_history)
-    batch = next(iter(DayWindows(world, 30, 1, 1, 1)))
-    assert batch.sparse_features["item_id"].lengths().tolist() == [4087]
-    with Largest():
-        loss = clipped_step("bf16", dense)(model, optimizer, batch)
+    options = TrainConfig.from_options(model="dlrmv4", batch_size=1, dense_lr=1e-4, sparse_lr=1e-4, precision="bf16")
+    with dlrmv4_training(options, config, world) as training:
+        batch = next(iter(training.train))
+        assert batch.sparse_features["item_id"].lengths().tolist() == [4087]
+        with Largest():
+            loss = training.step(batch)
     assert torch.isfinite(loss)
     assert 0 < Largest.largest < config.max_seq_len ** 2, Largest.largest
 
 
-def test_what_is_not_built_is_refused_in_one_line(capsys) -> None:
+def test_what_is_not_built_is_refused_in_one_line(capsys, tmp_path) -> None:
     from torchrec_tpu.cli import main
+    from torchrec_tpu.train.checkpoint.hstu_files import DLRMV4_META, NOT_SERVED
 
-    assert main(["profile", "--model", "mlperf_dlrmv4"]) == 2
+    assert main(["train", "--model", "dlrmv4", "--ray-workers", "2"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "torchrec-tpu profile: error: profile --model mlperf_dlrmv4: not built for this model yet (train only)")
-    assert main(["train", "--model", "mlperf_dlrmv4", "--ray-workers", "2"]) == 2
+        "torchrec-tpu train: error: --ray-workers 2: Ray Train is not built for --model dlrmv4 (torchrun ranks are)")
+    checkpoint = tmp_path / "ckpt" / "checkpoint.step-00000001.x"  # what infer reads of one: its meta.json
+    (checkpoint / "state").mkdir(parents=True)
+    (checkpoint / "meta.json").write_text(f'{{"step": 1, "{DLRMV4_META}": {{"dim": 512}}}}')
+    (checkpoint / "manifest.json").write_text("{}")
+    (tmp_path / "ckpt" / "latest").symlink_to(checkpoint.name)
+    data = tmp_path / "in.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"x": [1]}), data)
+    assert main(["infer", "--checkpoint", str(tmp_path / "ckpt"), "--data", str(data), "--output",
+                 str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "torchrec-tpu train: error: --model mlperf_dlrmv4 trains in one process: several ranks (torchrun, "
-        "--ray-workers) are not built for it yet")
+        f"torchrec-tpu infer: error: --checkpoint {tmp_path / 'ckpt'}: {NOT_SERVED}")

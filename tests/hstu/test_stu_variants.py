@@ -15,7 +15,7 @@ from tests.hstu import reference
 from tests.hstu.batches import batch_kjt
 from torchrec_tpu.hstu import attention
 from torchrec_tpu.hstu.attention import CPU_JAGGED_FROM, PADDED
-from torchrec_tpu.hstu.config import HSTUConfig, preset
+from torchrec_tpu.hstu.config import PRESETS, HSTUConfig, preset
 from torchrec_tpu.hstu.layers import DLRMv3STU, LegacySTU, PaperSTU, Sequences
 from torchrec_tpu.hstu.model import HSTU, sequence_layout
 
@@ -222,7 +222,11 @@ def test_inits_are_the_references():
 
 
 def test_presets_select_the_variants_and_old_records_load_the_legacy_layer():
-    assert preset("hstu", 10, 3).stu == "paper" and preset("dlrmv4", 10, 3).stu == "dlrmv3"
+    from torchrec_tpu.hstu.dlrmv4 import DLRMv4, DLRMv4Config
+
+    assert preset("hstu", 10, 3).stu == "paper" and list(PRESETS) == ["hstu"]  # dlrmv4 is MLPerf's model
+    small = DLRMv4Config(dim=16, layers=1, heads=2, qk_dim=4, v_dim=4, max_seq_len=64, max_rows=50)
+    assert isinstance(DLRMv4(small).stack.layers[0], DLRMv3STU)
     assert preset("hstu", 10, 3, stu="dlrmv3").stu == "dlrmv3"
     old = HSTUConfig(item_rows=10, action_rows=3).to_dict()
     del old["stu"], old["dropout"]

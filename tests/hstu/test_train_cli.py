@@ -30,7 +30,7 @@ def test_dlrm_only_flags_are_refused_by_name(capsys):
     assert main(["train", "--model", "hstu", "--dense-arch", "32,16", "--dcn-num-layers", "2"]) == 2
     assert capsys.readouterr().err == ("torchrec-tpu train: error: --dense-arch, --dcn-num-layers do not apply to "
                                        "--model hstu\n")
-    TrainConfig.from_options(model="dlrmv4", batch_size=8)  # common options are fine
+    TrainConfig.from_options(model="dlrmv4", batch_size=8)  # options it reads are fine
 
 
 def test_an_embedding_dim_alone_is_refused_as_unused_not_as_a_dense_arch_mismatch(capsys):

@@ -49,6 +49,6 @@ def config_of(argv: list[str]) -> TrainConfig:
 
 
 def job_source(kind: ModelKind) -> str:
-    """The text of ``kind``'s job module and the modules every job shares."""
-    own = kind.job.split(":")[0].replace(".", "/") + ".py"
-    return "\n".join((REPO_ROOT / path).read_text() for path in (own, *SHARED_JOB_SOURCES))
+    """The text of ``kind``'s job and setup modules (its ``job`` and ``training``) and the modules every job shares."""
+    own = {getattr(kind, part).split(":")[0].replace(".", "/") + ".py" for part in ("job", "training")}
+    return "\n".join((REPO_ROOT / path).read_text() for path in (*sorted(own), *SHARED_JOB_SOURCES))

@@ -1,9 +1,7 @@
 """HSTU's architecture (:class:`HSTUConfig`) and its presets.
 
-``hstu``: the 2024 paper's STU layer; fits this box and trains in minutes. ``dlrmv4``: DLRMv3's STU
-layer (MLPerf's) in MLPerf Training's DLRMv4 shape (3 STU layers, 4 heads, query/key and value dims
-128, embedding dim 512, bf16), with the sequence length and the item table capped so that training
-fits a 24 GB machine (MLPerf: 4,096 events, tables up to 100M rows).
+``hstu``: the 2024 paper's STU layer; fits this box and trains in minutes. (MLPerf's DLRMv4, with
+DLRMv3's STU layer, is its own model: :mod:`torchrec_tpu.hstu.dlrmv4`.)
 """
 
 from __future__ import annotations
@@ -72,16 +70,11 @@ class HSTUConfig:
 
 PRESETS: dict[str, dict[str, Any]] = {
     "hstu": {"stu": "paper", "dropout": 0.2},  # the paper's MovieLens configs: linear_dropout_rate 0.2
-    "dlrmv4": {"dim": 512, "layers": 3, "heads": 4, "qk_dim": 128, "v_dim": 128, "max_seq_len": 1024,
-               "head_hidden": 512, "stu": "dlrmv3", "dropout": 0.1},  # DLRMv3: hstu_linear_dropout_rate 0.1
 }
-DLRMV4_MAX_ITEM_ROWS = 2_000_000  # 2M x 512 float32 = 4 GB of table (+ row-wise slots) on a 24 GB box
 
 
 def preset(name: str, item_rows: int, action_rows: int, **overrides: Any) -> HSTUConfig:
     """The preset ``name`` for a dataset of ``item_rows`` items and ``action_rows`` action codes."""
     if name not in PRESETS:
         raise ValueError(f"unknown HSTU preset {name!r}; choose one of {sorted(PRESETS)}")
-    if name == "dlrmv4":
-        item_rows = min(item_rows, DLRMV4_MAX_ITEM_ROWS)
     return replace(HSTUConfig(item_rows=item_rows, action_rows=action_rows, **PRESETS[name]), **overrides)

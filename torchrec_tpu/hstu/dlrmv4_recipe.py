@@ -20,6 +20,7 @@ EVAL_SAMPLES = 2_058_204  # its held-out anchors
 TRAIN_DAYS = 149  # its streamed day windows (yambda_5b.gin's num_train_ts)
 TARGET_AUC = 0.75
 MAX_SEQUENCE_LENGTH = 4096
+HISTORY_LENGTH = 4086  # yambda_5b.gin's get_dataset.history_length: 3 pools x 1,362 events (+ 8 + 1 <= 4,096)
 WARMUP_STEPS = 24_000
 ADAM_BETAS = (0.95, 0.999)
 ADAM_EPS = 1e-8

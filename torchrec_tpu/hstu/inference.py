@@ -1,4 +1,4 @@
-"""An HSTU checkpoint of ``torchrec-tpu train --model hstu|dlrmv4`` -> per-candidate scores, for
+"""An HSTU checkpoint of ``torchrec-tpu train --model hstu`` -> per-candidate scores, for
 ``torchrec-tpu infer`` (:mod:`torchrec_tpu.inference.job`).
 
 The model is rebuilt from the checkpoint's ``meta.json`` record (its :class:`HSTUConfig`) where

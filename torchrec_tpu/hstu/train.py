@@ -1,4 +1,4 @@
-"""``torchrec-tpu train --model hstu|dlrmv4``: HSTU trained on a sequence dataset's window T and
+"""``torchrec-tpu train --model hstu``: HSTU trained on a sequence dataset's window T and
 evaluated on window T + 1 (MLPerf DLRMv4's protocol), with the train command's common options.
 
 Tables: the sharded SparseCore EmbeddingCollection with fused row-wise Adagrad (``--engine
@@ -45,7 +45,7 @@ from torchrec_tpu.train.checkpoint.hstu_files import (
     legacy_state,
 )
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
-from torchrec_tpu.train.checkpoint.store import load_checkpoint, open_checkpoint, restore_rng, save_checkpoint
+from torchrec_tpu.train.checkpoint.store import load_checkpoint, open_checkpoint, restore_rng
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.engines.precision import autocast
@@ -53,6 +53,7 @@ from torchrec_tpu.train.engines.step_layout import StepLayout
 from torchrec_tpu.train.job import (
     HPARAM_METRICS,
     JobHooks,
+    ModelCheckpoints,
     config_agreement,
     loop_options,
     on_primary,
@@ -248,7 +249,7 @@ TABLES_PREFIX = "embeddings."
 
 @dataclass
 class HSTUTraining:
-    """What ``train`` and ``profile`` set up alike for ``--model hstu|dlrmv4``: the model of the
+    """What ``train`` and ``profile`` set up alike for ``--model hstu``: the model of the
     preset on its tables and dense device, the readers of windows T and T + 1, the optimizers;
     :meth:`step` is the training step both run."""
 
@@ -368,7 +369,8 @@ def run_hstu(config: TrainConfig, hooks: JobHooks = JobHooks()) -> HSTUSummary:
         train: Iterable[SequenceBatch] = WindowBatches(t.train, start.epoch)
         if config.data.limit_train_batches:
             train = LimitedBatches(train, config.data.limit_train_batches, t.train.batch_size)
-        checkpoint = _Checkpoints(config, t, run_id, dirs.checkpoint_root, hooks)
+        checkpoint = ModelCheckpoints(config, t.model, t.optimizer, (HSTU_META, t.hstu_config.to_dict()), run_id,
+                                      dirs.checkpoint_root, hooks)
         sparse, dense = MODEL_KINDS[config.model.kind].optimizers  # type: ignore[misc]
         rates = f"--sparse-lr {config.optim.sparse_lr:g} ({sparse}), --dense-lr {config.optim.dense_lr:g} ({dense})"
         with ScalarLog(dirs.log_dir, env.is_primary) as log, \
@@ -392,26 +394,6 @@ def _epoch_samples(config: TrainConfig, reader: SequenceReader, env: DistEnv) ->
     if config.data.limit_train_batches:
         rows = min(rows, config.data.limit_train_batches * reader.batch_size)
     return rows * env.world_size
-
-
-@dataclass(frozen=True)
-class _Checkpoints:
-    """Saves the run's checkpoints (the loop's periodic ones and the final one) with HSTU's meta."""
-
-    config: TrainConfig
-    training: HSTUTraining
-    run_id: str
-    root: Path
-    hooks: JobHooks
-
-    def save(self, step: int, position: LoopPosition) -> Path:
-        meta = {"step": step, "epoch": position.epoch, "row": position.rows,
-                HSTU_META: self.training.hstu_config.to_dict(), "config": self.config.to_dict()}
-        path = save_checkpoint(self.root, self.training.model, self.training.optimizer, meta, self.run_id,
-                               self.config.checkpoint.keep_checkpoints)
-        if self.hooks.checkpointed is not None:
-            self.hooks.checkpointed(path, {"step": step})
-        return path
 
 
 def _resume(path: Path, t: HSTUTraining) -> tuple[int, LoopPosition, str]:

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from torchrec_tpu.train.checkpoint.dirs import resolve_checkpoint
-    from torchrec_tpu.train.checkpoint.hstu_files import find_hstu_checkpoint
+    from torchrec_tpu.train.checkpoint.hstu_files import find_hstu_checkpoint, refuse_unserved
     from torchrec_tpu.train.preflight import check_parquet_input
 
     if args.model is not None:
@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
                                     f"(no {MODEL})")
     elif find_hstu_checkpoint(Path(args.checkpoint)) is None:
         resolve_checkpoint(Path(args.checkpoint))  # FileNotFoundError: not a checkpoint
+        refuse_unserved(Path(args.checkpoint))
     check_parquet_input("--data", args.data)
     if args.plan not in (None, "auto") and not Path(args.plan).is_file():
         raise FileNotFoundError(f"--plan={args.plan!r}: no such plan file (a 'torchrec-tpu plan' JSON, or 'auto')")

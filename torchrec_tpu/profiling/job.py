@@ -75,8 +75,8 @@ def profile_training(
         raise ValueError(f"need steps >= 1 and warmup >= 1, got steps={steps}, warmup={warmup}")
     log_dir = Path(log_dir) if log_dir else config.loop.resolved_log_dir() / "profile"
     torch.manual_seed(config.loop.seed)
-    if MODEL_KINDS[config.model.kind].sequences:
-        return _profile_hstu(config, steps, warmup, log_dir, top)
+    if MODEL_KINDS[config.model.kind].training != f"{__name__}:profile_training":  # a model's own setup
+        return _profile_model(config, steps, warmup, log_dir, top)
     if config.data.in_memory_binary_criteo_path is not None:
         raise ValueError("profile reads Parquet (--data); --in-memory-binary-criteo-path is for train")
     with process_group() as env:
@@ -140,12 +140,12 @@ def _trace(step: Callable[[], None], model: nn.Module, warmup: int, steps: int, 
     return files
 
 
-def _profile_hstu(config: TrainConfig, steps: int, warmup: int, log_dir: Path, top: int) -> ProfileResult:
-    """``--model hstu|dlrmv4``: train's setup and step of the model (its registry entry's
-    ``training``: the same model, tables, dense device and layout line), its window-T batches over
-    as many epochs as the steps need."""
+def _profile_model(config: TrainConfig, steps: int, warmup: int, log_dir: Path, top: int) -> ProfileResult:
+    """``--model hstu, dlrmv4``: train's setup and step of the model (its registry entry's
+    ``training``: the same model, tables, devices and layout line), its training batches over as
+    many passes as the steps need."""
     with MODEL_KINDS[config.model.kind].load("training")(config) as run:
-        batches = itertools.chain.from_iterable(run.train.batches(epoch) for epoch in itertools.count())
+        batches = itertools.chain.from_iterable(iter(run.train) for _ in itertools.count())
 
         def step() -> None:
             with record_function(DATA):

@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
             task = "" if config.model.task == "ranking" else f" --task {config.model.task}"
             raise ConfigError(f"--model {model.name}{task} trains in one process: several ranks (torchrun, "
                               "--ray-workers) are not built for it yet")
+        if args.ray_workers and not model.ray:
+            raise ConfigError(f"--ray-workers {args.ray_workers}: Ray Train is not built for --model {model.name} "
+                              "(torchrun ranks are)")
         if not model.sequences:  # a sequence dataset is checked by the model's reader
             check_batch_split(config.data, world_size)
             check_paths(config, world_size)  # before the heavy imports below: a bad file fails in well under a second

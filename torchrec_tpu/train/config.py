@@ -115,10 +115,9 @@ class _Group:
 class ModelConfig(_Group):
     """The architecture: DLRM kind, tables, towers."""
 
-    kind: Model = _opt("dlrm", "model: torchrec DLRM or DLRM_DCN; HSTU or its DLRMv4 shape; MLPerf's DLRMv4 "
-                               "model. Each model has its "
-                               "defaults where neither a flag nor --config sets the option (hstu, dlrmv4: "
-                               "--batch-size 128, --dense-lr 0.003, --epochs 2; mlperf_dlrmv4: --precision bf16) "
+    kind: Model = _opt("dlrm", "model: torchrec DLRM or DLRM_DCN; HSTU (the 2024 paper's); MLPerf's DLRMv4. Each "
+                               "model has its defaults where neither a flag nor --config sets the option (hstu: "
+                               "--batch-size 128, --dense-lr 0.003, --epochs 2; dlrmv4: --precision bf16) "
                                "and refuses the options it does not read (torchrec_tpu/train/model_kinds.py).",
                        flag="model", choices=MODELS)
     num_embeddings: int = _opt(
@@ -134,9 +133,9 @@ class ModelConfig(_Group):
     dcn_num_layers: int = _opt(3, "DCN cross layers (dlrm_dcn only)")
     dcn_low_rank_dim: int = _opt(16, "DCN low rank (dlrm_dcn only)")
     stu: Stu = _opt("auto", "HSTU's STU layer: paper (the 2024 paper's code) or dlrmv3 (MLPerf DLRMv4's). Only "
-                            "for --model hstu and dlrmv4. auto: the preset's, paper for hstu and dlrmv3 for "
-                            "dlrmv4; legacy: this project's first layer, to resume a checkpoint written before the "
-                            "variants. docs/HSTU.md compares them.", choices=STUS)
+                            "for --model hstu (--model dlrmv4 has MLPerf's, dlrmv3). auto: paper; legacy: this "
+                            "project's first layer, to resume a checkpoint written before the variants. "
+                            "docs/HSTU.md compares them.", choices=STUS)
     task: str = _opt("ranking", "what the model learns: ranking (candidates' AUC, NE) or retrieval (--model hstu). "
                                 "retrieval is the HSTU paper's next-item task: sampled softmax, then HR@K, NDCG@K "
                                 "and MRR over all items (docs/HSTU.md); its defaults are --batch-size 128, --dense-lr "
@@ -169,7 +168,7 @@ class ModelConfig(_Group):
         if (self.random_negatives, self.in_batch_negatives) != (RANDOM_NEGATIVES, 0):
             raise ConfigError("--random-negatives/--in-batch-negatives are for --task retrieval (--model hstu)")
         if self.stu != "auto":
-            raise ConfigError(f"--stu {self.stu}: --model {self.kind} has no STU layer (--stu is for hstu and dlrmv4)")
+            raise ConfigError(f"--stu {self.stu}: --model {self.kind} has no STU layer (--stu is for hstu)")
         if self.dense_layers[-1] != self.embedding_dim:
             raise ConfigError(f"--dense-arch={self.dense_arch!r} must end in --embedding-dim ({self.embedding_dim}): "
                               "the dense output is interacted with the embeddings")
@@ -520,12 +519,12 @@ class TrainConfig:
                                    if m.mlperf_benchmark)
             raise ConfigError(f"--mllog={self.loop.mllog!r} writes an MLPerf benchmark's log, and --model "
                               f"{self.model.kind} has none: {benchmarks}")
-        # mlperf_dlrmv4's --eval-every 0: MLPerf's evaluation grid (torchrec_tpu.hstu.dlrmv4_recipe)
-        if self.loop.target_auc and not self.loop.eval_every and self.model.kind != "mlperf_dlrmv4":
+        # dlrmv4's --eval-every 0: MLPerf's evaluation grid (torchrec_tpu.hstu.dlrmv4_recipe)
+        if self.loop.target_auc and not self.loop.eval_every and self.model.kind != "dlrmv4":
             raise ConfigError(f"--target-auc={self.loop.target_auc} needs --eval-every N: the target is checked "
                               "at each of those evaluations")
-        # mlperf_dlrmv4's tables are stock TorchRec's, whose row-wise Adagrad ramps with the dense rate
-        schedules = kind.schedules_sparse_lr or self.model.kind == "mlperf_dlrmv4"
+        # dlrmv4's tables are TorchRec's (DMP over FBGEMM), whose fused rate ramps with the dense rate
+        schedules = kind.schedules_sparse_lr or self.model.kind == "dlrmv4"
         if (self.optim.lr_warmup_steps or self.optim.lr_decay_steps) and not schedules:
             raise ConfigError(f"--lr-warmup-steps/--lr-decay-steps need --engine "
                               f"{_engines_that('schedules_sparse_lr')}: the {kind.name} engine's fused embedding "

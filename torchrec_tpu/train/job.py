@@ -313,6 +313,31 @@ class _Checkpoints:
         return directory
 
 
+@dataclass(frozen=True)
+class ModelCheckpoints:
+    """Saves a registry model's checkpoints (the loop's periodic ones and the final one): the step,
+    the position in rows, ``record`` (meta.json's key and the model's architecture), the options;
+    ``hooks.checkpointed`` hears each on every rank."""
+
+    config: TrainConfig
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    record: tuple[str, dict[str, Any]]
+    run_id: str
+    root: Path
+    hooks: JobHooks
+
+    def save(self, step: int, position: LoopPosition) -> Path:
+        key, architecture = self.record
+        meta = {"step": step, "epoch": position.epoch, "row": position.rows, key: architecture,
+                "config": self.config.to_dict()}
+        path = save_checkpoint(self.root, self.model, self.optimizer, meta, self.run_id,
+                               self.config.checkpoint.keep_checkpoints)
+        if self.hooks.checkpointed is not None:
+            self.hooks.checkpointed(path, {"step": step})
+        return path
+
+
 def _final_metrics(result: TrainResult) -> dict[str, float]:
     """The final checkpoint's metrics."""
     return {"train_loss": result.final_train_loss, "eval_auc": result.eval.auc, "eval_loss": result.eval.loss,

@@ -38,7 +38,8 @@ class ModelKind:
     no MLPerf benchmark). ``sequences``: ``--data`` is a sequence dataset (checked by the model's
     reader, not as Parquet rows). ``optimizers``: (embeddings', dense part's) optimizer, where the
     model fixes them (None: ``--sparse-optimizer`` / ``--dense-optimizer``). ``single_process``: only
-    ``train`` in one process is built (profile, Ray Train and torchrun ranks are refused)."""
+    ``train`` in one process is built (profile, Ray Train and torchrun ranks are refused). ``ray``:
+    Ray Train runs its job (else ``--ray-workers`` is refused)."""
 
     name: str
     help: str
@@ -55,6 +56,7 @@ class ModelKind:
     sequences: bool = False
     optimizers: tuple[str, str] | None = None
     single_process: bool = False
+    ray: bool = True
 
     def load(self, part: str) -> Any:
         """What ``part`` (``"job"``, ``"builder"``, ...) names, imported now."""
@@ -85,17 +87,18 @@ def _hstu(name: str, help_text: str, benchmark: str | None) -> ModelKind:
 
 
 # MLPerf DLRMv4's model on its recipe (torchrec_tpu.hstu.dlrmv4_job): what it reads; the rest is refused
-_MLPERF_DLRMV4_READS = frozenset({
+_DLRMV4_READS = frozenset({
     "model", "data", "batch_size", "eval_batch_size", "limit_train_batches", "limit_val_batches", "sparse_lr",
     "dense_lr", "lr_warmup_steps", "precision", "epochs", "max_steps", "seed", "log_dir", "log_every", "eval_every",
-    "target_auc", "progress"}) | MLLOG_OPTIONS
-MLPERF_DLRMV4 = ModelKind(
-    "mlperf_dlrmv4", "MLPerf DLRMv4's model (recommendation_v4), tables capped in rows",
-    job="torchrec_tpu.hstu.dlrmv4_job:run_dlrmv4", training="torchrec_tpu.hstu.dlrmv4_job:not_built",
+    "target_auc", "progress", "num_threads", "bind_cpus", "collective_timeout", "checkpoint_dir", "checkpoint_every",
+    "keep_checkpoints", "overwrite_checkpoints", "resume"}) | MLLOG_OPTIONS
+DLRMV4 = ModelKind(
+    "dlrmv4", "MLPerf DLRMv4's model (recommendation_v4), tables capped in rows",
+    job="torchrec_tpu.hstu.dlrmv4_job:run_dlrmv4", training="torchrec_tpu.hstu.dlrmv4_training:dlrmv4_training",
     builder="torchrec_tpu.hstu.dlrmv4:DLRMv4", reader="pipelines.sequences.dlrmv4:DLRMv4Synthetic",
-    loss="torchrec_tpu.hstu.dlrmv4_job:DLRMv4Train", evaluator="torchrec_tpu.train.metrics:evaluate",
-    serving="torchrec_tpu.hstu.dlrmv4_job:not_built", reads=_MLPERF_DLRMV4_READS, defaults={"precision": "bf16"},
-    mlperf_benchmark="dlrmv4", optimizers=("rowwise_adagrad", "adam"), single_process=True)
+    loss="torchrec_tpu.hstu.dlrmv4_training:DLRMv4Train", evaluator="torchrec_tpu.train.metrics:evaluate",
+    serving="torchrec_tpu.hstu.dlrmv4_job:not_served", reads=_DLRMV4_READS, defaults={"precision": "bf16"},
+    mlperf_benchmark="dlrmv4", optimizers=("rowwise_adagrad", "adam"), ray=False)
 
 # HSTU's retrieval task (torchrec_tpu.hstu.retrieval_job): one process on CPU
 _RETRIEVAL_READS = frozenset({
@@ -117,8 +120,7 @@ MODEL_KINDS: dict[str, ModelKind] = {m.name: m for m in (
     _dlrm("dlrm", "stock TorchRec DLRM", None),
     _dlrm("dlrm_dcn", "TorchRec DLRM_DCN (MLPerf DLRM-DCNv2)", "dlrm_dcnv2"),
     _hstu("hstu", "HSTU, the 2024 paper's generative recommender", None),
-    _hstu("dlrmv4", "HSTU in MLPerf DLRMv4's shape", "dlrmv4"),
-    MLPERF_DLRMV4,
+    DLRMV4,
 )}
 TASK_KINDS: dict[tuple[str, str], ModelKind] = {("hstu", "retrieval"): HSTU_RETRIEVAL}
 

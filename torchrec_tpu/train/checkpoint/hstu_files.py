@@ -1,5 +1,5 @@
-"""Where the checkpoints of ``torchrec-tpu train --model hstu|dlrmv4`` (:mod:`torchrec_tpu.hstu.train`)
-are, found without importing the model.
+"""Where the checkpoints of ``torchrec-tpu train --model hstu`` (:mod:`torchrec_tpu.hstu.train`)
+are, found without importing the model; which checkpoints ``infer`` does not serve (``--model dlrmv4``'s).
 
 An HSTU checkpoint is a checkpoint of :mod:`~torchrec_tpu.train.checkpoint.store` (DCP state, so any
 world size reads it; versioned directories under a root with ``latest``) whose ``meta.json`` records
@@ -20,6 +20,9 @@ from torchrec_tpu.train.model_kinds import ModelKind, model_kind
 
 HSTU_META = "hstu"  # meta.json's record of the model (HSTUConfig.to_dict): what marks an HSTU checkpoint
 META_FILE = "meta.json"
+DLRMV4_META = "dlrmv4"  # meta.json's record of --model dlrmv4's architecture (DLRMv4Config's fields)
+NOT_SERVED = ("a --model dlrmv4 checkpoint: infer is not built for it (its input is MLPerf's Yambda anchors, 11 "
+              "features a sample, and no file of them exists here: the model trains on a synthetic stream)")
 
 
 def dense_file(rank: int) -> str:
@@ -85,3 +88,14 @@ def model_kind_of(directory: Path) -> ModelKind:
     kind = model_kind(config.get("model", "hstu"), config.get("task", "ranking"))
     assert kind is not None, f"{directory}: a checkpoint of --model {config.get('model')} --task {config.get('task')}"
     return kind
+
+
+def refuse_unserved(path: Path) -> None:
+    """ValueError naming why when ``path`` (a checkpoint, or a root: its latest) is one ``infer``
+    does not serve (:data:`NOT_SERVED`)."""
+    try:
+        meta = json.loads((resolve_checkpoint(Path(path)) / META_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(meta, dict) and isinstance(meta.get(DLRMV4_META), dict):
+        raise ValueError(f"--checkpoint {path}: {NOT_SERVED}")
