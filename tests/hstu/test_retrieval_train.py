@@ -115,7 +115,7 @@ def test_the_task_picks_the_defaults_and_only_hstu_has_retrieval(capsys):
     assert (config.data.batch_size, config.optim.dense_lr, config.model.random_negatives) == (128, 1e-3, 128)
     assert _config([*RETRIEVAL, "--batch-size", "64"]).data.batch_size == 64
     assert _config(["--model", "hstu", "--task", "ranking"]).kind is MODEL_KINDS["hstu"]
-    for model in ("dlrm", "dlrmv4", "mlperf_dlrmv4"):
+    for model in ("dlrm", "dlrmv4"):
         with pytest.raises(ConfigError, match=rf"^--task retrieval does not apply to --model {model} \(it is built "
                                               r"for --model hstu\)$"):
             _config(["--model", model, "--task", "retrieval"])
