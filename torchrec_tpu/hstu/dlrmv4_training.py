@@ -170,6 +170,7 @@ class DLRMv4Training:
     train: DayWindows
     held_out: DayWindows
     precision: str
+    engine = "torchrec"  # the tables' (DMP over FBGEMM), whatever --engine says: dlrmv4 does not read it
 
     def step(self, batch: Batch) -> torch.Tensor:
         """One training step on ``batch`` (its loss, not read back)."""

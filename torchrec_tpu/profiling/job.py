@@ -154,5 +154,5 @@ def _profile_model(config: TrainConfig, steps: int, warmup: int, log_dir: Path, 
                 run.step(batch)
 
         files = _trace(step, run.model, warmup, steps, log_dir, run.env.is_primary, config.loop.progress)
-    return ProfileResult(config.engine.kind, EAGER_STEP, steps, log_dir, files,
-                         format_summary(files.profiler, steps, top))
+    engine = getattr(run, "engine", config.engine.kind)  # a model whose tables' engine is fixed names it
+    return ProfileResult(engine, EAGER_STEP, steps, log_dir, files, format_summary(files.profiler, steps, top))
