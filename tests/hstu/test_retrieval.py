@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.hstu import reference
+from torchrec_tpu.hstu import retrieval
 from torchrec_tpu.hstu.retrieval import leave_one_out, sample_negatives, sampled_softmax_loss, target_ranks_over
 from torchrec_tpu.hstu.retrieval_job import sequence_batch
 from torchrec_tpu.hstu.retrieval_metrics import retrieval_metrics
@@ -30,7 +31,9 @@ def test_leave_one_out_by_hand() -> None:
     assert split.test_time.tolist() == [4, 9] and split.valid_time.tolist() == [3, 5]
 
 
-def test_sampled_softmax_equals_a_loop_over_positions() -> None:
+@pytest.mark.parametrize("matmul_up_to", [16, 0])  # the matmul over distinct ids, and the gathered rows
+def test_sampled_softmax_equals_a_loop_over_positions(matmul_up_to, monkeypatch) -> None:
+    monkeypatch.setattr(retrieval, "MATMUL_ROWS_PER_COLUMN", matmul_up_to)
     gen = torch.Generator().manual_seed(0)
     table = torch.randn(7, 4, generator=gen, dtype=torch.float64)
     outputs = torch.randn(5, 4, generator=gen, dtype=torch.float64)
@@ -47,6 +50,21 @@ def test_sampled_softmax_equals_a_loop_over_positions() -> None:
         others = [math.exp(sim(int(i))) for i in negatives[n] if int(i) != int(targets[n])]
         total += -math.log(math.exp(sim(int(targets[n]))) / (math.exp(sim(int(targets[n]))) + sum(others)))
     assert float(got) == pytest.approx(total / 5, rel=1e-12)
+
+
+def test_both_ways_of_scoring_give_the_same_gradients(monkeypatch) -> None:
+    gen = torch.Generator().manual_seed(3)
+    table, outputs = torch.randn(40, 6, generator=gen, dtype=torch.float64), torch.randn(9, 6, generator=gen,
+                                                                                         dtype=torch.float64)
+    targets, negatives = torch.randint(40, (9,), generator=gen), torch.randint(40, (9, 5), generator=gen)
+    grads = []
+    for matmul_up_to in (16, 0):
+        monkeypatch.setattr(retrieval, "MATMUL_ROWS_PER_COLUMN", matmul_up_to)
+        t, o = table.clone().requires_grad_(), outputs.clone().requires_grad_()
+        sampled_softmax_loss(o, targets, negatives, t).backward()
+        grads.append((t.grad, o.grad))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+    assert grads[0][0].abs().sum() > 0
 
 
 def test_negatives_come_from_the_batch_then_the_catalog() -> None:

@@ -25,6 +25,9 @@ from torchrec_tpu.hstu.retrieval_metrics import target_ranks
 
 TEMPERATURE = 0.05  # the paper's MovieLens and Amazon configs
 NORM_EPS = 1e-6  # the paper code's l2_norm_eps (outputs and item embeddings)
+# the loss scores against all distinct ids by one matmul up to this many per scored column: measured
+# (N 3,600 positions, K 128, D 50, 2 loaded cores) 4x faster than gathering at 500 ids, 1.4x slower at 3,700
+MATMUL_ROWS_PER_COLUMN = 16
 
 
 @dataclass(frozen=True)
@@ -94,13 +97,21 @@ def sample_negatives(targets: torch.Tensor, pool: torch.Tensor, catalog: torch.T
 def sampled_softmax_loss(outputs: torch.Tensor, targets: torch.Tensor, negatives: torch.Tensor,
                          item_table: torch.Tensor, temperature: float = TEMPERATURE) -> torch.Tensor:
     """The mean sampled softmax loss of ``outputs [N, D]`` for next items ``targets [N]`` against
-    ``negatives [N, K]`` ids, item embeddings ``item_table [items, D]`` (module docstring)."""
+    ``negatives [N, K]`` ids, item embeddings ``item_table [items, D]`` (module docstring).
+
+    Each distinct id's row is normalized once; the similarities are a matmul against those rows
+    where they are few (at most :data:`MATMUL_ROWS_PER_COLUMN` per scored column), else dot products
+    of gathered rows (the paper code's way; a large catalog)."""
+    columns = torch.cat([targets[:, None], negatives], dim=1)
+    ids, inverse = torch.unique(columns, return_inverse=True)
+    rows = F.normalize(item_table[ids], dim=-1, eps=NORM_EPS)
     q = F.normalize(outputs, dim=-1, eps=NORM_EPS)
-    positive = (q * F.normalize(item_table[targets], dim=-1, eps=NORM_EPS)).sum(-1, keepdim=True)
-    sampled = torch.einsum("nd,nkd->nk", q, F.normalize(item_table[negatives], dim=-1, eps=NORM_EPS))
-    sampled = sampled.masked_fill(negatives == targets[:, None], float("-inf"))
-    logits = torch.cat([positive, sampled], dim=1) / temperature
-    return -F.log_softmax(logits, dim=1)[:, 0].mean()
+    if ids.numel() <= MATMUL_ROWS_PER_COLUMN * columns.shape[1]:
+        logits = (q @ rows.T).gather(1, inverse)
+    else:
+        logits = torch.einsum("nd,nkd->nk", q, rows[inverse])
+    hits = torch.cat([torch.zeros_like(targets[:, None], dtype=torch.bool), negatives == targets[:, None]], dim=1)
+    return -F.log_softmax(logits.masked_fill(hits, float("-inf")) / temperature, dim=1)[:, 0].mean()
 
 
 def target_ranks_over(outputs: torch.Tensor, item_table: torch.Tensor, targets: torch.Tensor, seen: torch.Tensor,
