@@ -60,6 +60,7 @@ PRESETS: dict[str, dict[str, object]] = {
     "default": dict(model="dlrm", embedding_dim=16, over_arch="64,32,1", max_steps=0),
     "mlperf": dict(model="dlrm_dcn", embedding_dim=128, dense_arch="512,256,128", over_arch="1024,1024,512,256,1",
                    dcn_num_layers=3, dcn_low_rank_dim=512, max_steps=4, num_embeddings=MLPERF_ROW_CAP,
+                   dense_lr=0.005, sparse_lr=0.005,  # at the job's 0.05 its loss passes 100x the first step's
                    num_embeddings_per_feature=",".join(str(min(n, MLPERF_ROW_CAP)) for n in MLPERF_CARDINALITIES)),
 }
 

@@ -247,14 +247,10 @@ class Predictor:
         return self.rows_in_unit
 
     def _predict(self, table: pa.Table) -> np.ndarray:
-        from pipelines.arrow_batch import dense_from_arrow, sparse_from_arrow
-
-        schema, sizes = self.config.schema, self.model.table_sizes
         out = np.empty(table.num_rows, dtype=np.float32)
         for start in range(0, table.num_rows, self.config.batch_size):
             rows = table.slice(start, self.config.batch_size)
-            probs = self.model.predict(dense_from_arrow(rows, schema), sparse_from_arrow(rows, schema, sizes))
-            out[start : start + rows.num_rows] = probs.numpy()
+            out[start : start + rows.num_rows] = self.model.predict_rows(rows, self.config.schema).numpy()
             self.rows_in_unit += rows.num_rows
             self.forwards += 1
         return out

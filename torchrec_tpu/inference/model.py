@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import torch
 from torch import nn
 from torchrec.datasets.utils import Batch
@@ -31,6 +32,7 @@ from torchrec_tpu.inference.quantized_tables import (
     quantize_table,
 )
 from torchrec_tpu.inference.scoring import scoring_dlrm
+from torchrec_tpu.inference.stacked_tables import StackedTables
 from torchrec_tpu.inference.table_dtypes import check_table_dtype
 from torchrec_tpu.train.model import ModelSpec, ebc_of, table_weight_key
 
@@ -52,6 +54,7 @@ class InferenceModel:
     zch: "ZchCollection | None" = None
     table_bytes: int = -1  # bytes the embedding tables hold (-1: those of ``tables``)
     scorer: nn.Module | None = None  # what predict runs: dlrm's logits, less work per batch (None: dlrm)
+    stacked: StackedTables | None = None  # the tables in one tensor (fp32, no remap): predict_rows' one gather
 
     def __post_init__(self) -> None:
         if self.table_bytes < 0:
@@ -70,6 +73,20 @@ class InferenceModel:
         if self.zch is not None:
             sparse, _ = self.zch(sparse, training=False)
         return torch.sigmoid((self.scorer or self.dlrm)(dense, sparse).squeeze(-1))
+
+    @torch.inference_mode()
+    def predict_rows(self, data: pa.Table | pa.RecordBatch, schema: DatasetSchema) -> torch.Tensor:
+        """Click probabilities, float32[B], of Arrow rows in ``schema``'s layout: with ``stacked``
+        tables and single-valued categorical columns, their ids gathered from the stack in one
+        lookup (:mod:`torchrec_tpu.inference.stacked_tables`), else :meth:`predict` of their
+        ``KeyedJaggedTensor``."""
+        from pipelines.arrow_batch import dense_from_arrow, sparse_from_arrow
+
+        dense = dense_from_arrow(data, schema)
+        rows = None if self.stacked is None else self.stacked.row_numbers(data, schema)
+        if rows is None:
+            return self.predict(dense, sparse_from_arrow(data, schema, self.table_sizes))
+        return torch.sigmoid(self.scorer.towers.stacked(dense, self.stacked.gather(rows)).squeeze(-1))
 
 
 def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRITEO,
@@ -98,13 +115,17 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
         state[key] = DeferredTensor(tuple(state[key].shape), _unread)
     with warnings.catch_warnings():  # DCP's note that it loads in one process: that is the intent
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        zch = saved_remap(meta, saved, spec, partial(_read_plain, state_dir))
         load_state({"model": state}, state_dir)
         # quantized straight into the rows the host will look them up from (FBGEMM's TBE): no second copy,
         # and no long-lived allocation between one fp32 table read and the next to fragment the heap
         module, tables = empty_host_tables({f: tuple(state[key].shape) for f, key in keys.items()}, table_dtype) \
             if table_dtype != "fp32" else (None, {})
+        stacked = StackedTables(StackedTables.empty(spec.table_sizes, spec.embedding_dim), spec.table_sizes) \
+            if table_dtype == "fp32" and zch is None else None  # (fp32: each table read into its block)
+        if stacked is not None:
+            tables = {f: QuantizedTable("fp32", spec.embedding_dim, view) for f, view in zip(keys, stacked.views())}
         tables = {f: quantize_table(state.pop(key).value(), table_dtype, tables.get(f)) for f, key in keys.items()}
-        zch = saved_remap(meta, saved, spec, partial(_read_plain, state_dir))
     dlrm = train_module.model.eval()
     if table_dtype == "fp32":  # the stock EBC, which shares the tables' storage
         ebc_of(train_module).to_empty(device=torch.device("cpu"))
@@ -115,7 +136,7 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
         dlrm.sparse_arch.embedding_bag_collection, tables = (module, tables) if module is not None else \
             host_embedding_bags(tables)
     return InferenceModel(dlrm, read_sizes(spec, zch), int(meta.get("step", 0)), table_dtype, tables, zch,
-                          held_bytes(dlrm.sparse_arch.embedding_bag_collection, tables), scoring_dlrm(dlrm))
+                          held_bytes(dlrm.sparse_arch.embedding_bag_collection, tables), scoring_dlrm(dlrm), stacked)
 
 
 def _read_plain(state_dir: Path, key: str) -> Any:

@@ -15,7 +15,7 @@ from functools import partial
 
 import torch
 from torch import nn
-from torchrec.models.dlrm import InteractionArch
+from torchrec.models.dlrm import InteractionArch, InteractionDCNArch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_tpu.train.engines.dot_interaction import OneMatmulInteractionArch
@@ -34,6 +34,22 @@ class Towers(nn.Module):
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         return self.over_arch(self._interact(dense_features=self.dense_arch(dense), sparse_features=pooled))
+
+    def stacked(self, dense: torch.Tensor, stack: torch.Tensor) -> torch.Tensor:
+        """The logits of ``dense`` and ``stack`` (``[B, features + 1, dim]``: the pooled
+        embeddings at ``[:, 1:]``; slot 0 is overwritten with the dense output), which is then
+        the interaction's concatenated input as it is: the same logits as :meth:`forward`."""
+        batch, kind = dense.shape[0], type(self.inter_arch)
+        features = self.dense_arch(dense)
+        if kind is InteractionDCNArch:
+            stack[:, 0] = features
+            return self.over_arch(self.inter_arch.crossnet(stack.view(batch, -1)))
+        if kind is not InteractionArch:
+            return self.over_arch(self._interact(dense_features=features, sparse_features=stack[:, 1:]))
+        stack[:, 0] = features
+        rows, cols = self.inter_arch.triu_indices
+        pairs = torch.bmm(stack, stack.transpose(1, 2)).view(batch, -1).index_select(1, rows * stack.shape[1] + cols)
+        return self.over_arch(torch.cat((features, pairs), dim=1))
 
 
 class PooledDLRM(nn.Module):
