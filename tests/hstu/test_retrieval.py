@@ -12,6 +12,7 @@ import torch
 
 from tests.hstu import reference
 from torchrec_tpu.hstu import retrieval
+from torchrec_tpu.hstu.config import HSTUConfig
 from torchrec_tpu.hstu.retrieval import leave_one_out, sample_negatives, sampled_softmax_loss, target_ranks_over
 from torchrec_tpu.hstu.retrieval_job import sequence_batch
 from torchrec_tpu.hstu.retrieval_metrics import retrieval_metrics
@@ -126,3 +127,8 @@ def test_encoder_equals_the_paper_codes_forward_by_hand() -> None:
         start, end = int(batch.offsets[user]), int(batch.offsets[user + 1])
         torch.testing.assert_close(got[start:end].double(), expected, rtol=1e-5, atol=1e-5)
     assert config.width == 6 + 11  # the paper code's N: history cap + gr_output_length + 1
+
+
+def test_a_ranking_model_refuses_the_retrieval_encoders_record() -> None:
+    with pytest.raises(ValueError, match=r"^a checkpoint of --task retrieval, not of an HSTU ranking model"):
+        HSTUConfig.from_dict(RetrievalConfig(item_rows=10).to_dict())

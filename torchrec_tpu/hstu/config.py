@@ -58,6 +58,9 @@ class HSTUConfig:
     def from_dict(cls, saved: Mapping[str, Any]) -> "HSTUConfig":
         """The inverse of :meth:`to_dict`; ValueError naming what is missing or malformed. A record
         written before the STU variants (no ``stu``) is the ``legacy`` layer's, without dropout."""
+        if "max_history" in saved:  # the record of train --task retrieval's encoder (RetrievalConfig)
+            raise ValueError("a checkpoint of --task retrieval, not of an HSTU ranking model: resume it with "
+                             "--task retrieval")
         try:
             values = dict(saved)
             values["tasks"] = tuple(str(t) for t in values.get("tasks", ("positive",)))
