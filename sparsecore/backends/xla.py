@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -108,6 +108,7 @@ class XlaBackend(ReadsTablesAlone):
         self._hyper_input_shapes = tuple(jax.ShapeDtypeStruct((len(rule_of(st.optimizer).program_inputs),), jnp.float32)
                                      for st in plan.stacks)
         self._lookup_jit = jax.jit(self._lookup_program)
+        self.learning_rate_scale = 1.0  # every stack's rate times this (set_learning_rate_scale)
         self._update_jit = jax.jit(self._update_program, donate_argnums=(0, 1))
         self._programs: dict[tuple, tuple[Any, Any]] = {}
         self._compile_lock = threading.Lock()
@@ -209,11 +210,21 @@ class XlaBackend(ReadsTablesAlone):
         self.last_stats = prepared.stats
         return self._compiled(prepared)[0](self._table_tuple(), prepared.arrays), prepared
 
+    def set_learning_rate_scale(self, scale: float) -> None:
+        """Every stack's learning rate times ``scale`` from the next update on (a warmup's or a
+        decay's step). Each rule's rate is an input of the compiled update programs
+        (``program_inputs`` holds position 0), so nothing recompiles."""
+        if not scale > 0:
+            raise ValueError(f"learning-rate scale {scale!r}: it must be > 0 (the optimizer specs' rates are)")
+        self.learning_rate_scale = float(scale)
+
     def update(self, context: PreparedLookup, grad: Any) -> None:
         self.steps += 1
         if isinstance(grad, torch.Tensor):
             grad = host_array(grad)
-        hyper_inputs = tuple(step_hypers(st.optimizer, self.steps) for st in self.plan.stacks)
+        scale = self.learning_rate_scale
+        hyper_inputs = tuple(step_hypers(st.optimizer if scale == 1.0 else replace(
+            st.optimizer, learning_rate=st.optimizer.learning_rate * scale), self.steps) for st in self.plan.stacks)
         self._set_state(self._compiled(context)[1](*self._state(), self._row_dims, np.int32(self.steps), hyper_inputs,
                                                   grad, context.arrays))
 

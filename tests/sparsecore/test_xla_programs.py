@@ -1,6 +1,9 @@
 """The xla backend's fast paths against what they replace: row-ordered entries equal the CSR
 buffers' entries, the compiled all-stack programs equal a lookup that reads the CSR buffers bit
-for bit, and mixed batch sizes (per-feature outputs) train like the dense reference."""
+for bit, and mixed batch sizes (per-feature outputs) train like the dense reference; the learning
+rate is an input of the compiled update, so a warmup changes it each step without a recompile."""
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -138,3 +141,50 @@ def test_update_reading_the_output_gradient_rows_equals_the_per_feature_slices(o
     for name, table_slots in direct.optimizer_slots().items():
         for slot, values in table_slots.items():
             assert values.numpy().tobytes() == sliced.optimizer_slots()[name][slot].numpy().tobytes()
+
+
+
+def _plan_at(optimizer):
+    """The plan of three tables (two stacks) and four features, every table at ``optimizer``."""
+    tables = [TableSpec(name, vocab, dim, "sum", optimizer, max_ids_per_partition=256,
+                        max_unique_ids_per_partition=256) for name, vocab, dim in (("ta", 200, 8), ("tb", 61, 5),
+                                                                                   ("tc", 40, 12))]
+    features = [FeatureSpec("fa", "ta", 16, weighted=True), FeatureSpec("fb", "tb", 16, weighted=True),
+                FeatureSpec("fa2", "ta", 16), FeatureSpec("fc", "tc", 16, weighted=True)]
+    return plan_stacking(tables, features, SparseCoreTopology("v5p", 2))
+
+
+@pytest.mark.slow  # 3-8 s each: the programs compile
+@pytest.mark.parametrize("optimizer", [opt.RowWiseAdagrad(0.1), opt.Adam(0.05), opt.SGD(0.2)])
+def test_a_scaled_learning_rate_updates_at_that_rate_without_recompiling(optimizer):
+    """A warmup's steps (rates x 1/4, 1/2, 1) on one backend: its first step is bit for bit a
+    backend's built at the quarter rate, all three train like the dense reference stepping at those
+    rates, and a batch's programs are not compiled again at another rate."""
+    plan = _plan_at(optimizer)
+    weights = {name: spec.init_weights(seed=4) for name, spec in plan.tables.items()}
+    warm, reference = make_backend("xla", plan, weights), ReferenceModel(plan, weights)
+    quarter = make_backend("xla", _plan_at(replace(optimizer, learning_rate=optimizer.learning_rate / 4)), weights)
+    gen = torch.Generator().manual_seed(6)
+    for step, scale in enumerate((0.25, 0.5, 1.0)):
+        inputs = feature_inputs(random_kjt(plan, seed=30 + step, max_hot=4, id_range=30), plan.features, plan.tables)
+        grad = torch.randn(16, 8 + 5 + 8 + 12, generator=gen)
+        warm.set_learning_rate_scale(scale)
+        _, context = warm.lookup(warm.prepare(inputs))
+        warm.update(context, grad)
+        reference.plan = _plan_at(replace(optimizer, learning_rate=optimizer.learning_rate * scale))
+        reference.step(inputs, dict(zip([f.name for f in plan.features], grad.split([8, 5, 8, 12], dim=1))))
+        if step == 0:
+            _, context = quarter.lookup(quarter.prepare(inputs))
+            quarter.update(context, grad)
+            for name, w in warm.table_weights().items():
+                assert w.numpy().tobytes() == quarter.table_weights()[name].numpy().tobytes(), name
+    for name, w in warm.table_weights().items():
+        torch.testing.assert_close(w.double(), reference.weights[name], atol=2e-5, rtol=1e-4)
+    compiled = len(warm._programs)
+    warm.set_learning_rate_scale(0.75)  # the first batch again at another rate: no new program
+    _, context = warm.lookup(warm.prepare(feature_inputs(random_kjt(plan, seed=30, max_hot=4, id_range=30),
+                                                         plan.features, plan.tables)))
+    warm.update(context, torch.zeros(16, 8 + 5 + 8 + 12))
+    assert len(warm._programs) == compiled
+    with pytest.raises(ValueError, match=r"learning-rate scale 0\.0: it must be > 0"):
+        warm.set_learning_rate_scale(0.0)
