@@ -21,9 +21,8 @@ far loading the checkpoint's tables at ``--rss-dtype`` (int8) raises a fresh pro
 Presets: ``default`` is ``torchrec-tpu train``'s model (DLRM, dim 16, dense 64-16, over 64-32-1) on
 26 tables of ``--num-embeddings`` rows; ``mlperf`` the model of ``bench_train_e2e.py --preset mlperf``
 (TorchRec's MLPerf DLRM-DCNv2: dim 128, dense 512-256-128, over 1024-1024-512-256-1, 3 cross layers
-of rank 512, MLPerf's 26 cardinalities capped at 100k rows), its checkpoint trained a few steps;
-``infer`` reads one id per feature (it does not expand a checkpoint's ``--multi-hot-sizes``), so both
-loops score one-hot rows.
+of rank 512, MLPerf's 26 cardinalities capped at 100k rows), its checkpoint trained a few steps
+at lr 0.005; both train one-hot (no ``--multi-hot-sizes``), so both loops score one id per feature.
 
     .venv/bin/python bench/bench_inference.py [--preset default|mlperf] [--rows 200000] [--batch-size 4096]
         [--concurrency 2] [--num-embeddings 1000] [--embedding-dim 16] [--model dlrm|dlrm_dcn] [--rss-only]

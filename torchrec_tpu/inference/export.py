@@ -50,6 +50,9 @@ def export_model(checkpoint: str | Path, output: str | Path, table_dtype: str,
     if model.zch is not None:  # a model directory without the remap would score raw ids as rows
         raise ValueError(f"checkpoint {checkpoint} was trained with --zch: export does not carry its managed-"
                          "collision remap yet; score it with `torchrec-tpu infer --checkpoint`")
+    if model.multi_hot is not None:  # a model directory without the expansion would score one id per feature
+        raise ValueError(f"checkpoint {checkpoint} was trained with --multi-hot-sizes: export does not carry its "
+                         "id expansion yet; score it with `torchrec-tpu infer --checkpoint`")
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output.name}.", dir=output.parent))
     try:

@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 import torch
@@ -54,7 +54,8 @@ class InferenceModel:
     zch: "ZchCollection | None" = None
     table_bytes: int = -1  # bytes the embedding tables hold (-1: those of ``tables``)
     scorer: nn.Module | None = None  # what predict runs: dlrm's logits, less work per batch (None: dlrm)
-    stacked: StackedTables | None = None  # the tables in one tensor (fp32, no remap): predict_rows' one gather
+    stacked: StackedTables | None = None  # the tables in one tensor (fp32, one-hot): predict_rows' one gather
+    multi_hot: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None  # train --multi-hot-sizes' expansion
 
     def __post_init__(self) -> None:
         if self.table_bytes < 0:
@@ -72,6 +73,8 @@ class InferenceModel:
         sparse = sparse if sparse is not None else batch.sparse_features
         if self.zch is not None:
             sparse, _ = self.zch(sparse, training=False)
+        if self.multi_hot is not None:
+            sparse = self.multi_hot(sparse)
         return torch.sigmoid((self.scorer or self.dlrm)(dense, sparse).squeeze(-1))
 
     @torch.inference_mode()
@@ -121,8 +124,9 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
         # and no long-lived allocation between one fp32 table read and the next to fragment the heap
         module, tables = empty_host_tables({f: tuple(state[key].shape) for f, key in keys.items()}, table_dtype) \
             if table_dtype != "fp32" else (None, {})
+        multi_hot = saved_multi_hot(meta, spec)
         stacked = StackedTables(StackedTables.empty(spec.table_sizes, spec.embedding_dim), spec.table_sizes) \
-            if table_dtype == "fp32" and zch is None else None  # (fp32: each table read into its block)
+            if table_dtype == "fp32" and zch is None and multi_hot is None else None  # (each table read into its block)
         if stacked is not None:
             tables = {f: QuantizedTable("fp32", spec.embedding_dim, view) for f, view in zip(keys, stacked.views())}
         tables = {f: quantize_table(state.pop(key).value(), table_dtype, tables.get(f)) for f, key in keys.items()}
@@ -136,7 +140,24 @@ def load_inference_model(checkpoint_dir: str | Path, schema: DatasetSchema = CRI
         dlrm.sparse_arch.embedding_bag_collection, tables = (module, tables) if module is not None else \
             host_embedding_bags(tables)
     return InferenceModel(dlrm, read_sizes(spec, zch), int(meta.get("step", 0)), table_dtype, tables, zch,
-                          held_bytes(dlrm.sparse_arch.embedding_bag_collection, tables), scoring_dlrm(dlrm), stacked)
+                          held_bytes(dlrm.sparse_arch.embedding_bag_collection, tables), scoring_dlrm(dlrm), stacked,
+                          multi_hot)
+
+
+def saved_multi_hot(meta: dict[str, Any], spec: ModelSpec) -> Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None:
+    """The id expansion the checkpoint's training run applied (``train --multi-hot-sizes``, drawn
+    from its ``--seed``), which its scores need too; None: it trained on one id per feature."""
+    from torchrec_tpu.train.config import per_feature_values
+    from torchrec_tpu.train.streams import MultiHotIds
+
+    config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    sizes = per_feature_values("multi_hot_sizes", config.get("multi_hot_sizes"), len(spec.feature_names))
+    if sizes is None:
+        return None
+    if not isinstance(config.get("seed"), int):
+        raise ValueError(f"the checkpoint trained with --multi-hot-sizes {config['multi_hot_sizes']} but its "
+                         "meta.json records no --seed, which draws the expansion's offsets")
+    return MultiHotIds(sizes, spec.table_sizes, config["seed"])
 
 
 def _read_plain(state_dir: Path, key: str) -> Any:

@@ -22,7 +22,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.schema import CRITEO, DatasetSchema
-from torchrec_tpu.inference.model import InferenceModel, checkpoint_model_spec
+from torchrec_tpu.inference.model import InferenceModel, checkpoint_model_spec, saved_multi_hot
 from torchrec_tpu.train.metrics import EvalForward
 from torchrec_tpu.train.model import ModelSpec
 
@@ -82,7 +82,8 @@ def load_stack_model(checkpoint_dir: str | Path, batch_size: int, schema: Datase
     except BaseException:
         resources.close()
         raise
-    return InferenceModel(dlrm, spec.table_sizes, int(meta.get("step", 0)), "fp32", table_bytes=_held_bytes(model))
+    return InferenceModel(dlrm, spec.table_sizes, int(meta.get("step", 0)), "fp32", table_bytes=_held_bytes(model),
+                          multi_hot=saved_multi_hot(meta, spec))
 
 
 def checkpoint_limits(meta: dict, directory: Path) -> dict[str, tuple[int, int]] | None:

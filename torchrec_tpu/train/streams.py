@@ -71,20 +71,40 @@ class LimitedBatches(BatchStream):
         return itertools.islice(batches_from_row(self.batches, row), max(0, self.limit - row // self.local_batch))
 
 
-class MultiHotBatches(BatchStream):
-    """``batches`` with each one-hot id of feature i expanded to ``sizes[i]`` ids."""
+class MultiHotIds:
+    """Each one-hot id of feature i expanded to ``sizes[i]`` ids: the id itself, then fixed random
+    offsets of it (drawn from ``seed``) modulo its table's rows; what ``--multi-hot-sizes`` trains
+    on, and what ``infer`` scores a checkpoint trained so with."""
 
-    def __init__(self, batches: Iterable[Batch], sizes: Sequence[int], table_sizes: Sequence[int],
-                 seed: int) -> None:
+    def __init__(self, sizes: Sequence[int], table_sizes: Sequence[int], seed: int) -> None:
         if len(sizes) != len(table_sizes):
             raise ValueError(f"{len(sizes)} multi-hot sizes for {len(table_sizes)} features")
         rng = np.random.default_rng([seed, 0x4D48])
-        self.batches, self.sizes, self.table_sizes = batches, tuple(sizes), tuple(table_sizes)
+        self.sizes, self.table_sizes = tuple(sizes), tuple(table_sizes)
         self.offsets = []
         for size, table_rows in zip(sizes, table_sizes):
             offsets = rng.integers(0, table_rows, size=(min(OFFSET_ROWS, table_rows), size), dtype=np.int64)
             offsets[:, 0] = 0
             self.offsets.append(offsets)
+
+    def __call__(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        values, lengths = [], []
+        for key, size, table_rows, offsets in zip(kjt.keys(), self.sizes, self.table_sizes, self.offsets):
+            jagged = kjt[key]
+            ids = jagged.values().numpy().astype(np.int64)
+            expanded = (ids[:, None] + offsets[ids % len(offsets)]) % table_rows
+            values.append(expanded.reshape(-1))
+            lengths.append(jagged.lengths().numpy().astype(np.int32) * size)
+        return KeyedJaggedTensor(keys=kjt.keys(), values=torch.from_numpy(np.concatenate(values)),
+                                 lengths=torch.from_numpy(np.concatenate(lengths)))
+
+
+class MultiHotBatches(BatchStream):
+    """``batches`` with each one-hot id of feature i expanded to ``sizes[i]`` ids (:class:`MultiHotIds`)."""
+
+    def __init__(self, batches: Iterable[Batch], sizes: Sequence[int], table_sizes: Sequence[int],
+                 seed: int) -> None:
+        self.batches, self.expand_ids = batches, MultiHotIds(sizes, table_sizes, seed)
 
     def __len__(self) -> int:
         return len(self.batches)  # type: ignore[arg-type]
@@ -96,17 +116,8 @@ class MultiHotBatches(BatchStream):
         return (self.expand(batch) for batch in batches_from_row(self.batches, row))
 
     def expand(self, batch: Batch) -> Batch:
-        kjt = batch.sparse_features
-        values, lengths = [], []
-        for key, size, table_rows, offsets in zip(kjt.keys(), self.sizes, self.table_sizes, self.offsets):
-            jagged = kjt[key]
-            ids = jagged.values().numpy().astype(np.int64)
-            expanded = (ids[:, None] + offsets[ids % len(offsets)]) % table_rows
-            values.append(expanded.reshape(-1))
-            lengths.append(jagged.lengths().numpy().astype(np.int32) * size)
-        sparse = KeyedJaggedTensor(keys=kjt.keys(), values=torch.from_numpy(np.concatenate(values)),
-                                   lengths=torch.from_numpy(np.concatenate(lengths)))
-        return Batch(dense_features=batch.dense_features, sparse_features=sparse, labels=batch.labels)
+        return Batch(dense_features=batch.dense_features, sparse_features=self.expand_ids(batch.sparse_features),
+                     labels=batch.labels)
 
 
 def training_streams(config: TrainConfig, train: Iterable[Batch], held_out: Iterable[Batch], table_sizes: Sequence[int],
