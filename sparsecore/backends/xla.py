@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any
 
 import jax
@@ -38,7 +37,7 @@ from sparsecore.entries import DEFAULT_BUCKETS, Buckets, lookup, pack_row_ordere
 from sparsecore.limits import ProposedLimits, StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import rule_of
 from sparsecore.preprocess import preprocess_row_ordered
-from sparsecore.stacked_arrays import stacked_array, unstack_table
+from sparsecore.stacked_arrays import reset_table_rows, stacked_array, unstack_table
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 
@@ -264,32 +263,16 @@ class XlaBackend(ReadsTablesAlone):
         return tuple(self._slots[st.name] for st in self.plan.stacks)
 
     def reset_rows(self, table: str, rows: torch.Tensor, weights: torch.Tensor, slots: Mapping[str, float]) -> None:
-        """(Writes those rows of the stacked arrays alone; the row count padded to a power of two
-        with rows past the end, which are dropped, so a few programs serve every eviction.)"""
+        """(Writes those rows of the stacked arrays alone: :func:`~sparsecore.stacked_arrays.reset_table_rows`.)"""
         _, stack = self.plan.stack_of_table(table)
-        count = 1 << max(int(rows.numel()) - 1, 0).bit_length()
-        at = np.full(count, stack.vocab_size, dtype=np.int64)
-        at[:rows.numel()] = stack.physical_rows(table, rows.numpy())
-        dim = self.plan.tables[table].dim
-        values = np.zeros((count, dim), dtype=np.float32)
-        values[:rows.numel()] = weights.numpy()
-        at = jnp.asarray(at)
-        self._tables[stack.name] = _set_rows(self._tables[stack.name], at, jnp.asarray(values), dim)
-        for slot, value in slots.items():
-            array = self._slots[stack.name][slot]
-            self._slots[stack.name][slot] = _set_rows(array, at, jnp.asarray(value, dtype=array.dtype), dim)
+        held = self._slots[stack.name]
+        new = reset_table_rows(stack, table, [self._tables[stack.name], *(held[slot] for slot in slots)],
+                               rows.numpy(), weights.numpy(), list(slots.values()))
+        self._tables[stack.name] = new[0]
+        held.update(zip(slots, new[1:]))
 
     def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
         """(Gathers that table's rows alone.)"""
         _, stack = self.plan.stack_of_table(table)
         array = self._tables[stack.name] if slot is None else self._slots[stack.name][slot]
         return unstack_table(stack, array, table)
-
-
-@partial(jax.jit, static_argnums=3, donate_argnums=0)
-def _set_rows(array: jax.Array, at: jax.Array, values: jax.Array, dim: int) -> jax.Array:
-    """``array``'s rows ``at`` (their first ``dim`` columns; a 1-D row slot: one value per row) set
-    to ``values``, in place: the stack is donated (eager ``.at[].set`` copied the whole stack per
-    table, seconds per eviction at 26 tables)."""
-    where = array.at[at] if array.ndim == 1 else array.at[at, :dim]
-    return where.set(values, mode="drop")

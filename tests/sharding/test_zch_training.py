@@ -170,10 +170,11 @@ def test_from_torchrec_refuses_a_hashing_mch_module():
                                            backend="fbgemm")
 
 
+@pytest.mark.parametrize("backend_name", ["xla", "ops"])
 @pytest.mark.parametrize("optimizer", ["adagrad", "rowwise_adagrad"])
-def test_the_xla_backend_writes_reset_rows_where_they_are_as_a_whole_reload_does(optimizer):
-    """The xla backend's row write (its stacked arrays, row slots included) against the generic
-    reset: every table and slot read back, then reloaded with the rows replaced."""
+def test_a_backend_writes_reset_rows_where_they_are_as_a_whole_reload_does(optimizer, backend_name):
+    """The xla and ops backends' row write (their stacked arrays, row slots included) against the
+    generic reset: every table and slot read back, then reloaded with the rows replaced."""
     from sparsecore.backends.base import Backend
 
     from .reference import OPTIMIZERS as SPARSE
@@ -182,7 +183,8 @@ def test_the_xla_backend_writes_reset_rows_where_they_are_as_a_whole_reload_does
     rows, fresh = torch.tensor([3, 0, 17]), torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
     tables = []
     for write in (None, Backend.reset_rows):
-        ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), BATCH, plan, SPARSE[optimizer][0], backend="xla")
+        ebc = ShardedSparseCoreEBC.from_torchrec(reference_ebc(), BATCH, plan, SPARSE[optimizer][0],
+                                                 backend=backend_name)
         backend = ebc.local_backend
         values = {slot: 0.25 for slot in SPARSE[optimizer][0].slot_names}
         buffers = _buffers(backend)
@@ -200,6 +202,11 @@ def test_the_xla_backend_writes_reset_rows_where_they_are_as_a_whole_reload_does
 
 
 def _buffers(backend) -> list[int]:
-    """Where the xla backend's stacked tables and slots live."""
-    arrays = [*backend._tables.values(), *(a for slots in backend._slots.values() for a in slots.values())]
+    """Where the xla or ops backend's stacked tables and slots live."""
+    if state := getattr(backend, "state", None):  # ops: tpu tensors sharing their jax arrays
+        import torch_tpu
+
+        arrays = [torch_tpu.to_jax(t) for t in state.buffers()]
+    else:
+        arrays = [*backend._tables.values(), *(a for slots in backend._slots.values() for a in slots.values())]
     return [a.unsafe_buffer_pointer() for a in arrays]

@@ -40,13 +40,13 @@ from sparsecore.csr_sizes import CSR_FIELDS, Agree, CsrFitter, csr_limits, csr_m
 from sparsecore.limits import StackStats, check_overflow_policy
 from sparsecore.optimizer_rules import OptimizerRule, rule_of
 from sparsecore.preprocess import preprocess_inputs
-from sparsecore.stacked_arrays import stacked_array, unstack_table
+from sparsecore.stacked_arrays import reset_table_rows, stacked_array, unstack_table
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 from torch_tpu.ops.sparsecore import dedups_on_host
 from torch_tpu.ops.sparsecore_checks import preprocessed
 from torch_tpu.ops.sparsecore_inplace import fused_update_
-from torch_tpu.runtime.tensor import write
+from torch_tpu.runtime.tensor import concrete_value, write
 
 DEVICE = torch.device("tpu", 0)
 
@@ -401,6 +401,16 @@ class OpsBackend(ReadsTablesAlone):
         check_grads(self.plan, grads)
         ordered = [grads[f.name].float().to(DEVICE) for f in self.plan.features]
         self._apply(context, torch.cat(ordered, dim=1) if self.state.uniform else ordered)
+
+    def reset_rows(self, table: str, rows: torch.Tensor, weights: torch.Tensor, slots: Mapping[str, float]) -> None:
+        """(Writes those rows of the stack's buffers alone, in place:
+        :func:`~sparsecore.stacked_arrays.reset_table_rows`.)"""
+        i, st = self.plan.stack_of_table(table)
+        buffers = [getattr(self.state, f"{name}_{i}") for name in ("table", *slots)]
+        new = reset_table_rows(st, table, [concrete_value(b) for b in buffers], rows.numpy(), weights.numpy(),
+                               list(slots.values()))
+        for buffer, value in zip(buffers, new):
+            write(buffer, value)
 
     def table_value(self, table: str, slot: str | None = None) -> torch.Tensor:
         """(Gathers that table's rows alone.)"""
