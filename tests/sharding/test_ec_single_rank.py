@@ -1,6 +1,8 @@
 """World size 1: the sharded sparsecore EmbeddingCollection equals stock TorchRec's
 EmbeddingCollection + the same optimizer over steps, and reports bad input by name."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -129,3 +131,26 @@ def test_input_dist_unique_rows_equal_numpy_unique(table_rows, ids):
     for got, expected in ((unique, expected_unique), (inverse, expected_inverse)):
         assert got.dtype == expected.dtype
         np.testing.assert_array_equal(got, expected)
+
+
+def test_managed_collisions_are_refused_by_name():
+    """The sequence tables do not remap raw ids: an MC-EC, or zch specs, fail with one clear line
+    (not raw ids taken as rows)."""
+    from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingCollection
+    from torchrec.modules.mc_modules import ManagedCollisionCollection, MCHManagedCollisionModule
+
+    from torchrec_tpu.sharding.zch import ZchSpec
+
+    ec = reference_ec()
+    mcc = ManagedCollisionCollection(
+        {c.name: MCHManagedCollisionModule(zch_size=c.num_embeddings, device=torch.device("cpu"),
+                                           eviction_policy=ZchSpec().eviction_policy(), eviction_interval=1)
+         for c in EC_CONFIGS}, ec.embedding_configs())
+    plan = {c.name: TableSharding("table_wise", (0,)) for c in EC_CONFIGS}
+    names = sorted(c.name for c in EC_CONFIGS)
+    with pytest.raises(ValueError, match=re.escape(f"a ManagedCollisionEmbeddingCollection (zch tables {names}): "
+                                                   "ShardedSparseCoreEC does not remap raw ids")):
+        ShardedSparseCoreEC.from_torchrec(ManagedCollisionEmbeddingCollection(ec, mcc, return_remapped_features=False),
+                                          plan, OPTIMIZERS["sgd"][0], backend="fbgemm")
+    with pytest.raises(ValueError, match=r"zch tables \['t_user'\]: ShardedSparseCoreEC does not remap raw ids"):
+        sharded("sgd", "fbgemm").manage_collisions({"t_user": ZchSpec()})

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from torchrec import EmbeddingCollection
+from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from sparsecore.optimizers import OptimizerSpec
@@ -34,7 +35,11 @@ from sparsecore.validation import FeatureInput, feature_inputs
 from torchrec_tpu.sharding.collectives import all_to_all
 from torchrec_tpu.sharding.sharded_tables import ShardedTables, concat, features_at
 from torchrec_tpu.sharding.shards import Shard, TableSharding
+from torchrec_tpu.sharding.zch import ZchSpec
 from tpu_facts import global_batch_of, power_of_two_bucket, round_up
+
+NO_ZCH = ("ShardedSparseCoreEC does not remap raw ids (managed collisions run on ShardedSparseCoreEBC's pooled "
+          "tables only); give the sequence tables ids below their rows")
 
 
 @dataclass
@@ -87,10 +92,19 @@ class ShardedSparseCoreEC(ShardedTables):
     def from_torchrec(cls, ec: EmbeddingCollection, sharding: Mapping[str, TableSharding], optimizer: OptimizerSpec,
                       batch_size: int = 1, **kwargs: Any) -> "ShardedSparseCoreEC":
         """The same tables as TorchRec ``ec`` (and its weights unless they are on the meta device);
-        ``batch_size``: the expected per-rank batch (sizes the first lookup buffers)."""
+        ``batch_size``: the expected per-rank batch (sizes the first lookup buffers). A
+        managed-collision ``ec`` (MC-EC) is refused: see :meth:`manage_collisions`."""
+        if isinstance(ec, ManagedCollisionEmbeddingCollection):
+            names = sorted(ec._managed_collision_collection._managed_collision_modules)
+            raise ValueError(f"a ManagedCollisionEmbeddingCollection (zch tables {names}): {NO_ZCH}")
         tables, features = specs_from_configs(ec.embedding_configs(), batch_size, optimizer=optimizer)
         kwargs.setdefault("need_indices", ec.need_indices())
         return cls._from_torchrec_modules(tables, features, ec.embeddings, sharding, **kwargs)
+
+    def manage_collisions(self, specs: Mapping[str, ZchSpec]) -> None:
+        """Refused for any table (none: nothing to do): :data:`NO_ZCH`."""
+        if specs:
+            raise ValueError(f"zch tables {sorted(specs)}: {NO_ZCH}")
 
     def _local_features(self, rank: int) -> list[FeatureSpec]:
         """Each served feature as a batch of ``capacity`` one-id samples."""
