@@ -55,7 +55,8 @@ def test_int8_load_holds_no_fp32_copy_of_the_tables(train_data, tmp_path) -> Non
     """Peak RSS growth of loading 26 tables of 40,000 x 32 at int8 in a fresh process (the bench's
     line): the TBE's rows (0.375x the fp32 bytes) and one table's fp32 read at a time, far below a
     whole fp32 copy (1x; a run before reached 1.17x, when each quantized table was a tensor of its
-    own allocated between one fp32 read and the next)."""
+    own allocated between one fp32 read and the next). 0.545x in every run since each read's freed
+    pages go back to the system (0.55-0.67x before: glibc kept 0.15-0.2x of freed reads as heap holes)."""
     import json
     import subprocess
     import sys
