@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional
+from torchrec import EmbeddingCollection
 from torchrec.datasets.utils import Batch
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -209,8 +210,10 @@ def dlrmv4_training(config: TrainConfig, model_config: DLRMv4Config = DLRMv4Conf
         check_table_memory([t.name for t in tables], [t.num_embeddings for t in tables], model_config.dim,
                            "rowwise_adagrad", env.world_size, env.local_world_size, available_host_bytes(),
                            remedy="the tables are capped at DLRMv4Config.max_rows rows each")
-        torch.manual_seed(config.loop.seed)  # every rank builds the same dense weights and tables
-        model = shard(DLRMv4Train(DLRMv4(model_config)), env, config.optim.sparse_lr, batch // env.world_size)
+        torch.manual_seed(config.loop.seed)  # every rank builds the same dense weights; DMP draws the tables
+        tables_on_meta = EmbeddingCollection(tables=tables, device=torch.device("meta"))  # never a second copy
+        model = shard(DLRMv4Train(DLRMv4(model_config, tables_on_meta)), env, config.optim.sparse_lr,
+                      batch // env.world_size)
         optim = config.optim
         optimizer, dense = optimizers(model, optim.dense_lr)
         fused = model.fused_optimizer
