@@ -3,7 +3,8 @@ buckets ids with for minibatching (``HighwayHash`` of a column id's 4 bytes, und
 
 Written from the published algorithm (4 x 64-bit lanes of state, one remainder packet for a
 4-byte input, four permute-and-update rounds to finish); uint64 numpy arithmetic wraps as the
-reference's does.
+reference's does. :func:`highway_hash` runs the compiled extension's copy of these steps
+(``sparsecore/csrc/preprocess.cc``, tested equal to this one) where it builds.
 """
 
 from __future__ import annotations
@@ -77,3 +78,17 @@ def highway_hash_int32(values: np.ndarray, key: tuple[int, int, int, int]) -> np
             v0 = state[0]
             _update(state, [_swap_halves(v0[2]), _swap_halves(v0[3]), _swap_halves(v0[0]), _swap_halves(v0[1])])
         return state[0][0] + state[1][0] + state[2][0] + state[3][0]
+
+
+def highway_hash(values: np.ndarray, key: tuple[int, int, int, int]) -> np.ndarray:
+    """:func:`highway_hash_int32` of the 1-D ``values``, by the compiled extension where it builds
+    (about 100x faster), else by numpy."""
+    from sparsecore import native
+
+    ext = native.extension()
+    if ext is None:
+        return highway_hash_int32(values, key)
+    words = np.ascontiguousarray(values, dtype=np.int64).astype(np.int32)
+    out = np.empty(words.size, dtype=np.uint64)
+    ext.highway_hash(words, key, out)
+    return out

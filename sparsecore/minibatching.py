@@ -9,18 +9,18 @@ every partition OR-ed, across ranks too: ``agree``). The resulting k <= 64 minib
 neighbouring buckets. A row lives in one minibatch, so k passes of a lookup sum to the one-pass
 lookup and k fused updates touch disjoint rows: together they are the one-pass update.
 
-Two layouts of the same minibatches:
+The minibatches reach the device in jax-tpu-embedding's layout (:func:`jte_buffers`), per device:
+row pointers ``[S * 64 * max(N, 8)]`` (source SparseCore-major, then minibatch, then partition;
+pointers index the device's COO buffer), COO buffers of ``round_up(max_ids, 8) * S * N * 64``
+entries, segments packed in that order, each partition 8-aligned; the ``tpu::`` ops take it with
+:func:`pass_bucket` (k rounded up to a power of two) slots (:func:`op_buffers`), so that a compiled
+step sees few shapes. A backend with no static buffers (``xla``) keeps every entry, the sum of
+the passes, and only checks that a split fits (:func:`check_split_fits`).
 
-- :func:`jte_buffers`: jax-tpu-embedding's device input for its minibatching kernels, per device:
-  row pointers ``[S * 64 * max(N, 8)]`` (source SparseCore-major, then minibatch, then partition;
-  pointers index the device's COO buffer), COO buffers of ``round_up(max_ids, 8) * S * N * 64``
-  entries, segments packed in that order, each partition 8-aligned;
-- :attr:`MinibatchedStack.passes`: one ordinary CSR per minibatch (``sparsecore.csr_format``), the
-  input of ``sparsecore.csr_math`` and the ``tpu::`` ops, padded with empty passes up to
-  :func:`pass_bucket` (k rounded up to a power of two) so that a compiled step sees few shapes.
-
-Stats are the whole batch's (as without minibatching). Tested byte for byte against
-jax-tpu-embedding 0.1.0's ``preprocess_sparse_dense_matmul_input(enable_minibatching=True)``.
+The host work is the compiled preprocessing's where it builds (its merge of the entries, its
+HighwayHash), each column id hashed once a process (:func:`known_bucket_of`). Stats are the whole
+batch's (as without minibatching). Tested byte for byte against jax-tpu-embedding 0.1.0's
+``preprocess_sparse_dense_matmul_input(enable_minibatching=True)``.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sparsecore.csr_format import (
+    RowOrderedEntries,
     StackCSR,
-    lay_out_csr,
     partition_stats,
     round_up_array,
     row_pointers_per_sc,
 )
-from sparsecore.highway_hash import highway_hash_int32
+from sparsecore.highway_hash import highway_hash
 from sparsecore.limits import PartitionOverflowError, StackStats
-from sparsecore.stacking import StackedTable, StackingPlan
+from sparsecore.stacking import StackedTable
 from sparsecore.validation import FeatureInput
 from tpu_facts import ALIGNMENT as ALIGN
 from tpu_facts import MAX_MINIBATCHES, PADDING_ID, round_up
@@ -64,8 +64,28 @@ def agree_over_ranks(group=None) -> Agree:
 
 
 def bucket_of(col_ids: np.ndarray) -> np.ndarray:
-    """Each column id's minibatching bucket in [0, 64)."""
-    return (highway_hash_int32(col_ids, BUCKET_HASH_KEY) & np.uint64(MAX_MINIBATCHES - 1)).astype(np.int64)
+    """Each column id's minibatching bucket in [0, 64) (ids of 0 to 2^31 - 1)."""
+    return (highway_hash(col_ids, BUCKET_HASH_KEY) & np.uint64(MAX_MINIBATCHES - 1)).astype(np.int64)
+
+
+_known = np.zeros(0, dtype=np.uint8)  # 1 + the bucket of each column id hashed so far (0: not yet)
+
+
+def known_bucket_of(col_ids: np.ndarray) -> np.ndarray:
+    """:func:`bucket_of`, hashing each column id once a process (a skewed stream minibatches the
+    same rows batch after batch; the hash costs far more than a look-up). The memo grows to the
+    largest id seen (a byte each; concurrent callers may hash an id twice, never differently)."""
+    global _known
+    known = _known
+    if col_ids.size and int(col_ids.max()) >= known.size:
+        grown = np.zeros(max(int(col_ids.max()) + 1, 2 * known.size), dtype=np.uint8)
+        grown[:known.size] = known
+        _known = known = grown
+    out = known[col_ids]
+    missing = out == 0
+    if missing.any():
+        out[missing] = known[col_ids[missing]] = bucket_of(col_ids[missing]) + 1
+    return out.astype(np.int64) - 1
 
 
 def split_of(per_bucket: np.ndarray, limit: int) -> int:
@@ -119,51 +139,12 @@ class MinibatchEntries:
     stats: StackStats
 
 
-@dataclass(frozen=True)
-class MinibatchedStack:
-    """One stack's batch as k minibatches: ``passes`` (ordinary CSR, k padded to :func:`pass_bucket`
-    with empty passes) and the entries they came from."""
-
-    entries: MinibatchEntries
-    passes: tuple[StackCSR, ...]
-
-    @property
-    def num_minibatches(self) -> int:
-        return self.entries.num_minibatches
-
-    @property
-    def stats(self) -> StackStats:
-        return self.entries.stats
-
-
-def preprocess_minibatched(inputs: Mapping[str, FeatureInput], plan: StackingPlan,
-                           agree: Agree | None = None) -> dict[str, MinibatchedStack]:
-    """Every stack of ``plan`` over ``inputs`` as minibatches that fit its limits (one where the
-    batch fits); ``agree``: OR of the split bits over ranks (None: one rank). 0 ids dropped; a
-    batch that no split fits (one bucket's ids alone over a limit in one partition, e.g. a hot
-    row in more samples of one source SparseCore than max_ids_per_partition) raises
-    :class:`PartitionOverflowError`."""
-    from sparsecore.preprocess import check_table_ids
-
-    check_table_ids(inputs, plan)
-    devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
-    out = {}
-    for stack in plan.stacks:
-        entries = minibatch_entries(stack, inputs, devices, s, agree)
-        passes = tuple(pass_csr(stack, entries, devices, s, m) for m in range(pass_bucket(entries.num_minibatches)))
-        out[stack.name] = MinibatchedStack(entries, passes)
-    return out
-
-
 def minibatch_entries(stack: StackedTable, inputs: Mapping[str, FeatureInput], devices: int, s: int,
-                      agree: Agree | None = None) -> MinibatchEntries:
-    """``stack``'s merged entries of ``inputs``, sorted into minibatches (see module docstring)."""
-    from sparsecore.preprocess import coo_entries, sort_and_merge
-
+                      agree: Agree | None = None, engine: str = "auto") -> MinibatchEntries:
+    """``stack``'s merged entries of ``inputs``, sorted into minibatches (see module docstring);
+    ``engine``: the preprocessing's (``sparsecore.preprocess.ENGINES``) that merges them."""
     n, chunks = stack.num_sparsecores, devices * s
-    chunk, dest, row, sample, gain = coo_entries(stack, inputs, chunks)
-    chunk, dest, row, sample, gain, _ = sort_and_merge(chunk, dest, row, sample, gain, n, stack.shard_rows,
-                                                        stack.total_sample_count // chunks)
+    chunk, dest, row, sample, gain = _merged_entries(stack, inputs, devices, s, engine)
     partition = chunk * n + dest
     first_of_row = np.ones(partition.size, dtype=bool)
     first_of_row[1:] = (partition[1:] != partition[:-1]) | (row[1:] != row[:-1])
@@ -172,7 +153,9 @@ def minibatch_entries(stack: StackedTable, inputs: Mapping[str, FeatureInput], d
     stats = partition_stats(counts, unique_counts, devices, s, n)
     over = counts.max(initial=0) > stack.max_ids_per_partition or \
         unique_counts.max(initial=0) > stack.max_unique_ids_per_partition
-    bucket = bucket_of(row * n + dest) if over or agree is not None else np.zeros(row.size, dtype=np.int64)
+    bucket = known_bucket_of(row * n + dest) if over or agree is not None else np.zeros(row.size, dtype=np.int64)
+    if over:
+        _check_buckets_fit(stack, partition, bucket, first_of_row, chunks * n)
     split = _local_split(stack, partition, bucket, first_of_row, chunks * n) if over else 0
     split = split if agree is None else agree(split)
     if split == 0 and not over:
@@ -180,10 +163,59 @@ def minibatch_entries(stack: StackedTable, inputs: Mapping[str, FeatureInput], d
         return MinibatchEntries(chunk, minibatch, dest, row, sample, gain, 1, stats)
     minibatch = minibatch_of_bucket(split)[bucket]
     k = int(split).bit_count() + 1
-    _check_minibatches_fit(stack, partition * k + minibatch, first_of_row, chunks * n * k, k)
-    order = np.lexsort((bucket, dest, minibatch, chunk))  # stable: (row, sample) order inside a bucket
+    segment = (chunk * k + minibatch) * n + dest
+    order = stable_order(segment * MAX_MINIBATCHES + bucket, chunks * k * n * MAX_MINIBATCHES)  # (row, sample) kept
     return MinibatchEntries(chunk[order], minibatch[order], dest[order], row[order], sample[order], gain[order], k,
                             stats)
+
+
+def check_split_fits(stack: StackedTable, entries: RowOrderedEntries, chunks: int) -> None:
+    """PartitionOverflowError where no minibatches fit ``stack``'s limits (``entries``: all of a
+    batch's, in row order, from ``chunks`` source SparseCores): one of a partition's buckets
+    alone over a limit. Else the split tree fits every partition: a node that splits carries its
+    larger half, which fits, and one that merges fits by its test. Only partitions over a limit
+    are hashed."""
+    n, samples_per_chunk = stack.num_sparsecores, stack.total_sample_count // chunks
+    chunk, dest = entries.sample // samples_per_chunk, entries.phys // stack.shard_rows
+    partition = chunk * n + dest
+    first_of_row = np.ones(partition.size, dtype=bool)  # row order: (row, source) runs
+    first_of_row[1:] = (entries.phys[1:] != entries.phys[:-1]) | (chunk[1:] != chunk[:-1])
+    over = (np.bincount(partition, minlength=chunks * n) > stack.max_ids_per_partition) | \
+        (np.bincount(partition[first_of_row], minlength=chunks * n) > stack.max_unique_ids_per_partition)
+    at = over[partition]
+    row = entries.phys[at] % stack.shard_rows
+    _check_buckets_fit(stack, partition[at], known_bucket_of(row * n + dest[at]), first_of_row[at], chunks * n)
+
+
+def _merged_entries(stack: StackedTable, inputs: Mapping[str, FeatureInput], devices: int, s: int,
+                    engine: str) -> tuple[np.ndarray, ...]:
+    """(source chunk, destination SC, shard row, chunk-local sample, gain) of ``stack``'s merged
+    entries of ``inputs``, by (chunk, destination, row, sample)."""
+    from sparsecore.preprocess import coo_entries, sort_and_merge, use_compiled
+
+    chunks = devices * s
+    if not use_compiled(engine, "minibatch"):
+        chunk, dest, row, sample, gain = coo_entries(stack, inputs, chunks)
+        return sort_and_merge(chunk, dest, row, sample, gain, stack.num_sparsecores, stack.shard_rows,
+                              stack.total_sample_count // chunks)[:5]
+    from sparsecore.preprocess_native import preprocess_stacks_compiled
+
+    entries = preprocess_stacks_compiled(inputs, [stack], devices, s, "minibatch", None, True)[stack.name]
+    samples_per_chunk = stack.total_sample_count // chunks
+    order = stable_order(entries.sample // samples_per_chunk, chunks)  # row order -> source-major
+    phys, sample = entries.phys[order], entries.sample[order]
+    return (sample // samples_per_chunk, phys // stack.shard_rows, phys % stack.shard_rows, sample % samples_per_chunk,
+            entries.gain[order])
+
+
+def stable_order(key: np.ndarray, bound: int) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` of keys in [0, ``bound``), by passes over 16 bits of
+    them (numpy radix-sorts 16-bit keys: a tenth of a comparison sort's time)."""
+    order = np.arange(key.size)
+    for shift in range(0, max(int(bound) - 1, 1).bit_length(), 16):
+        digit = ((key[order] >> shift) & 0xFFFF).astype(np.uint16)
+        order = order[np.argsort(digit, kind="stable")]
+    return order
 
 
 def _local_split(stack: StackedTable, partition: np.ndarray, bucket: np.ndarray, first_of_row: np.ndarray,
@@ -200,35 +232,23 @@ def _local_split(stack: StackedTable, partition: np.ndarray, bucket: np.ndarray,
     return split
 
 
-def _check_minibatches_fit(stack: StackedTable, key: np.ndarray, first_of_row: np.ndarray, size: int, k: int) -> None:
-    """PartitionOverflowError when one minibatch of a partition is still over a limit: one bucket's
-    ids alone are (a row's ids all share a bucket)."""
-    n = stack.num_sparsecores
+def _check_buckets_fit(stack: StackedTable, partition: np.ndarray, bucket: np.ndarray, first_of_row: np.ndarray,
+                       partitions: int) -> None:
+    """PartitionOverflowError when one bucket of a partition is over a limit: its ids form one
+    minibatch at the finest split (a row's ids all share a bucket)."""
+    n, key = stack.num_sparsecores, partition * MAX_MINIBATCHES + bucket
+    size = partitions * MAX_MINIBATCHES
     for counts, limit, what in ((np.bincount(key, minlength=size), stack.max_ids_per_partition, "ids"),
                                 (np.bincount(key[first_of_row], minlength=size), stack.max_unique_ids_per_partition,
                                  "unique ids")):
         over = np.flatnonzero(counts > limit)
         if over.size:
-            partition = int(over[0]) // k
+            p = int(over[0]) // MAX_MINIBATCHES
             raise PartitionOverflowError(
-                f"stacked table {stack.name!r}: partition (source SC {partition // n}, destination SC "
-                f"{partition % n}) got {int(counts[over[0]])} {what} in one minibatch > max_"
-                f"{what.replace(' ', '_')}_per_partition {limit} (the ids of one of its "
-                f"{MAX_MINIBATCHES} buckets: minibatching splits no finer)", "raise the limit")
-
-
-def pass_csr(stack: StackedTable, entries: MinibatchEntries, devices: int, s: int, m: int) -> StackCSR:
-    """Minibatch ``m``'s entries as an ordinary CSR (empty past the last minibatch)."""
-    n = stack.num_sparsecores
-    keep = entries.minibatch == m
-    partition = entries.chunk[keep] * n + entries.dest[keep]
-    counts = np.bincount(partition, minlength=devices * s * n)
-    rank = np.arange(partition.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    stats = StackStats(*(np.zeros_like(a) for a in (entries.stats.max_ids_per_partition,
-                                                    entries.stats.max_unique_ids_per_partition,
-                                                    entries.stats.required_buffer_size_per_sc)))
-    return lay_out_csr(stack, devices, s, partition, entries.row[keep], entries.sample[keep], entries.gain[keep],
-                       rank, stats if m else entries.stats)
+                f"stacked table {stack.name!r}: partition (source SC {p // n}, destination SC {p % n}) got "
+                f"{int(counts[over[0]])} {what} in one minibatch > max_{what.replace(' ', '_')}_per_partition "
+                f"{limit} (the ids of one of its {MAX_MINIBATCHES} buckets: minibatching splits no finer)",
+                "raise the limit")
 
 
 def jte_buffers(stack: StackedTable, entries: MinibatchEntries, devices: int, s: int,
@@ -271,45 +291,3 @@ def op_buffers(stack: StackedTable, entries: MinibatchEntries, devices: int, s: 
     ``slots`` minibatches, those past the k of ``entries`` empty."""
     slots = pass_bucket(entries.num_minibatches) if slots is None else slots
     return jte_buffers(stack, replace(entries, num_minibatches=slots), devices, s, slots)
-
-
-def stacked_passes(passes: tuple[StackCSR, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(row_pointers, embedding_ids, sample_ids, gains) of ``passes``, each [passes, ...]: the
-    static-shape input of :func:`lookup_passes` and :func:`update_passes`."""
-    return tuple(np.stack([getattr(csr, name) for csr in passes])
-                 for name in ("row_pointers", "embedding_ids", "sample_ids", "gains"))
-
-
-def lookup_passes(row_pointers, embedding_ids, sample_ids, gains, table, batch_size: int):
-    """The activations [batch_size, dim] of a stack's minibatches (:func:`stacked_passes`): one
-    ``sparsecore.csr_math`` lookup per pass, summed in pass order (every buffer of one host,
-    devices concatenated; the whole table). Traceable: a program runs it for any k of its
-    :func:`pass_bucket`."""
-    import jax
-    import jax.numpy as jnp
-
-    from sparsecore import csr_math
-
-    def one_pass(total, csr):
-        return total + csr_math.sparse_dense_matmul(*csr, table, batch_size).astype(jnp.float32), None
-
-    zero = jnp.zeros((batch_size, table.shape[1]), jnp.float32)
-    total, _ = jax.lax.scan(one_pass, zero, (row_pointers, embedding_ids, sample_ids, gains))
-    return total.astype(table.dtype)
-
-
-def update_passes(optimizer: str, row_pointers, embedding_ids, sample_ids, gains, table, slots, activations_grad,
-                  hypers):
-    """The fused ``optimizer`` update of a stack's minibatches (:func:`stacked_passes`), pass after
-    pass (they touch disjoint rows); returns the new table (and slots) as
-    ``sparsecore.csr_math.fused_update``. Traceable, like :func:`lookup_passes`."""
-    import jax
-
-    from sparsecore import csr_math
-
-    def one_pass(state, csr):
-        out = csr_math.fused_update(optimizer, *csr, state[0], list(state[1:]), activations_grad, hypers)
-        return (out if isinstance(out, tuple) else (out,)), None
-
-    state, _ = jax.lax.scan(one_pass, (table, *slots), (row_pointers, embedding_ids, sample_ids, gains))
-    return state if slots else state[0]

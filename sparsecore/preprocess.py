@@ -43,6 +43,7 @@ from sparsecore.csr_format import (
 )
 from sparsecore.input_checks import check_id_range
 from sparsecore.limits import ONE_PASS_POLICIES, StackStats, check_overflow_policy
+from sparsecore.minibatching import check_split_fits
 from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput, feature_inputs
 from tpu_facts import PADDING_ID  # noqa: F401  (the padding id callers read here)
@@ -81,7 +82,7 @@ def preprocess_inputs(
     table's rows raise (:func:`check_table_ids`). One pass: ``overflow`` is "error" or "drop"
     (``sparsecore.minibatching`` builds the passes of "minibatch")."""
     check_overflow_policy(overflow, ONE_PASS_POLICIES, "one pass of CSR buffers (preprocess_inputs)")
-    compiled = _use_compiled(engine, overflow)
+    compiled = use_compiled(engine, overflow)
     check_table_ids(inputs, plan)
     if compiled:
         from sparsecore.preprocess_native import preprocess_compiled
@@ -105,23 +106,21 @@ def preprocess_row_ordered(
 ) -> dict[str, RowOrderedEntries]:
     """The entries ``preprocess_inputs`` would lay out into CSR buffers, per stack, in row order
     (numpy: one sort; the CSR buffers are only built when a partition is over its limit). Under
-    "minibatch" every entry is kept: the sum of the minibatches' passes (checked to fit,
-    ``sparsecore.minibatching``) is the one pass over all of them."""
-    compiled = _use_compiled(engine, overflow)
+    "minibatch" every entry is kept: the sum of the minibatches' passes is the one pass over all
+    of them; a batch over a limit is only checked to split into minibatches that fit
+    (``sparsecore.minibatching.check_split_fits``), which the xla programs need not run."""
+    compiled = use_compiled(engine, overflow)
     check_table_ids(inputs, plan)
     devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
     if not compiled:
         return {stack.name: _row_ordered_stack(stack, inputs, devices, s, overflow) for stack in plan.stacks}
     from sparsecore.preprocess_native import preprocess_compiled
 
-    if overflow != "minibatch":
-        return preprocess_compiled(inputs, plan, overflow, threads, row_ordered=True)
-    # under "minibatch": stats are measured before any drop, so the stacks "drop" dropped ids of are
-    # those over their limits; numpy keeps all their entries (checking that a split fits)
-    by_stack = preprocess_compiled(inputs, plan, "drop", threads, row_ordered=True)
-    for stack in plan.stacks:
-        if by_stack[stack.name].stats.dropped_ids:
-            by_stack[stack.name] = _row_ordered_stack(stack, inputs, devices, s, overflow)
+    by_stack = preprocess_compiled(inputs, plan, overflow, threads, row_ordered=True)
+    if overflow == "minibatch":
+        for stack in plan.stacks:
+            if _over_limits(stack, by_stack[stack.name].stats):
+                check_split_fits(stack, by_stack[stack.name], devices * s)
     return by_stack
 
 
@@ -140,8 +139,8 @@ def check_table_ids(inputs: Mapping[str, FeatureInput], plan: StackingPlan) -> N
                 check_id_range(ids, rows[fp.table], f"feature {fp.feature!r} (table {fp.table!r})")
 
 
-def _use_compiled(engine: str, overflow: str) -> bool:
-    """Whether ``engine`` means the compiled path here (checks both arguments)."""
+def use_compiled(engine: str, overflow: str) -> bool:
+    """Whether ``engine`` (of :data:`ENGINES`) means the compiled path (checks both arguments)."""
     check_overflow_policy(overflow)
     if engine not in ENGINES:
         raise ValueError(f"preprocessing engine must be one of {ENGINES}, got {engine!r}")
@@ -169,20 +168,24 @@ def _row_ordered_stack(
     new_row = np.ones(phys.size, dtype=bool)
     new_row[1:] = (phys[1:] != phys[:-1]) | (chunk[1:] != chunk[:-1])
     unique_counts = np.bincount(partition[new_row], minlength=chunks * n)
-    over = counts.max(initial=0) > stack.max_ids_per_partition or \
-        unique_counts.max(initial=0) > stack.max_unique_ids_per_partition
+    entries = RowOrderedEntries(phys, chunk * samples_per_chunk + sample, merged_gain,
+                                partition_stats(counts, unique_counts, devices, s, n))
+    over = _over_limits(stack, entries.stats)
     if over and overflow == "minibatch":
-        from sparsecore.minibatching import minibatch_entries
-
-        minibatch_entries(stack, inputs, devices, s)  # raises where no split fits
+        check_split_fits(stack, entries, chunks)
     elif over:
         from sparsecore.csr_math import row_ordered
 
         # raises, or drops as the SparseCores do
         return row_ordered(_preprocess_stack(stack, inputs, devices, s, overflow), stack.vocab_size,
                            stack.total_sample_count)
-    stats = partition_stats(counts, unique_counts, devices, s, n)
-    return RowOrderedEntries(phys, chunk * samples_per_chunk + sample, merged_gain, stats)
+    return entries
+
+
+def _over_limits(stack: StackedTable, stats: StackStats) -> bool:
+    """Whether a batch of ``stats`` has a partition over one of ``stack``'s limits."""
+    return int(stats.max_ids_per_partition.max(initial=0)) > stack.max_ids_per_partition or \
+        int(stats.max_unique_ids_per_partition.max(initial=0)) > stack.max_unique_ids_per_partition
 
 
 def _preprocess_stack(

@@ -10,7 +10,7 @@ output one per (stack, destination SparseCore).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from sparsecore.stacking import StackedTable, StackingPlan
 from sparsecore.validation import FeatureInput
 
 _COMBINERS = {"sum": 0, "mean": 1, "sqrtn": 2}
+_NO_LIMIT = 2**62
 # ids (and samples) per extra thread: below this a thread costs more to start, and on a busy host to
 # get scheduled (a join can wait a time slice), than the work it takes over
 WORK_PER_THREAD = 1 << 15
@@ -45,18 +46,31 @@ def preprocess_compiled(
 ) -> dict[str, StackCSR] | dict[str, RowOrderedEntries]:
     """Every stack's CSR buffers (or, ``row_ordered``, its entries in row order) by stack name;
     raises ``native.NativeUnavailable`` when the extension cannot be built."""
+    topology = plan.topology
+    return preprocess_stacks_compiled(inputs, plan.stacks, topology.num_devices, topology.sparsecores_per_device,
+                                      overflow, threads, row_ordered)
+
+
+def preprocess_stacks_compiled(
+    inputs: Mapping[str, FeatureInput], stacks: Sequence[StackedTable], devices: int, s: int, overflow: str,
+    threads: int | None, row_ordered: bool,
+) -> dict[str, StackCSR] | dict[str, RowOrderedEntries]:
+    """:func:`preprocess_compiled` of ``stacks`` on ``devices`` x ``s`` SparseCores. Row-ordered
+    under "minibatch": every entry, none dropped (the stats measure the batch as always)."""
     ext = native.require_extension()
-    devices, s = plan.topology.num_devices, plan.topology.sparsecores_per_device
+    if overflow == "minibatch" and not row_ordered:
+        raise ValueError("CSR buffers hold one pass: overflow 'minibatch' needs row_ordered=True")
     chunks = devices * s
     jobs, outputs = [], []
-    for stack in plan.stacks:
+    for stack in stacks:
         job_outputs = _outputs(stack, inputs, chunks, s, row_ordered)
-        jobs.append((feature_buffers(stack, inputs, chunks), _parameters(stack, chunks, s, row_ordered), job_outputs))
+        jobs.append((feature_buffers(stack, inputs, chunks), _parameters(stack, chunks, s, row_ordered, overflow),
+                     job_outputs))
         outputs.append(job_outputs)
     work = sum(x.ids.size + x.lengths.size for x in inputs.values())
     results = ext.preprocess(jobs, threads or default_threads(work))
     out = {}
-    for stack, arrays, (dropped, kept) in zip(plan.stacks, outputs, results):
+    for stack, arrays, (dropped, kept) in zip(stacks, outputs, results):
         counts, unique_counts = arrays[-2:]
         if dropped and overflow == "error":
             raise_partition_overflow(stack, counts, unique_counts, stack.num_sparsecores)
@@ -87,10 +101,11 @@ def _array(values: np.ndarray, dtypes: tuple[type, ...]) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=dtypes[0])
 
 
-def _parameters(stack: StackedTable, chunks: int, s: int, row_ordered: bool) -> tuple[int, ...]:
-    return (stack.num_sparsecores, chunks, stack.shard_rows, stack.max_ids_per_partition,
-            stack.max_unique_ids_per_partition, coo_buffer_size_per_device(stack, s) // s, row_pointers_per_sc(stack),
-            _COMBINERS[stack.combiner], int(row_ordered))
+def _parameters(stack: StackedTable, chunks: int, s: int, row_ordered: bool, overflow: str) -> tuple[int, ...]:
+    keep_all = overflow == "minibatch"  # limits no entry reaches
+    return (stack.num_sparsecores, chunks, stack.shard_rows, _NO_LIMIT if keep_all else stack.max_ids_per_partition,
+            _NO_LIMIT if keep_all else stack.max_unique_ids_per_partition, coo_buffer_size_per_device(stack, s) // s,
+            row_pointers_per_sc(stack), _COMBINERS[stack.combiner], int(row_ordered))
 
 
 def _outputs(stack: StackedTable, inputs: Mapping[str, FeatureInput], chunks: int, s: int,

@@ -437,6 +437,63 @@ void ParallelFor(int64_t count, int threads, Fn fn) {
   for (std::thread& t : pool) t.join();
 }
 
+// HighwayHash-64 of a 4-byte input (the hash jax-tpu-embedding buckets column ids with for
+// minibatching); the same steps as sparsecore/highway_hash.py, which is the reference.
+constexpr uint64_t kMul0[4] = {0xdbe6d5d5fe4cce2fULL, 0xa4093822299f31d0ULL, 0x13198a2e03707344ULL,
+                               0x243f6a8885a308d3ULL};
+constexpr uint64_t kMul1[4] = {0x3bd39e10cb0ef593ULL, 0xc0acf169b5f18a8cULL, 0xbe5466cf34e90c6cULL,
+                               0x452821e638d01377ULL};
+
+struct HighwayState {
+  uint64_t v0[4], v1[4], mul0[4], mul1[4];
+};
+
+uint64_t SwapHalves(uint64_t x) { return (x >> 32) | (x << 32); }
+
+void ZipperMergeAndAdd(uint64_t v1, uint64_t v0, uint64_t* add1, uint64_t* add0) {
+  *add0 += (((v0 & 0xff000000ULL) | (v1 & 0xff00000000ULL)) >> 24) |
+           (((v0 & 0xff0000000000ULL) | (v1 & 0xff000000000000ULL)) >> 16) | (v0 & 0xff0000ULL) |
+           ((v0 & 0xff00ULL) << 32) | ((v1 & 0xff00000000000000ULL) >> 8) | (v0 << 56);
+  *add1 += (((v1 & 0xff000000ULL) | (v0 & 0xff00000000ULL)) >> 24) | (v1 & 0xff0000ULL) |
+           ((v1 & 0xff0000000000ULL) >> 16) | ((v1 & 0xff00ULL) << 24) | ((v0 & 0xff000000000000ULL) >> 8) |
+           ((v1 & 0xffULL) << 48) | (v0 & 0xff00000000000000ULL);
+}
+
+void HighwayUpdate(HighwayState& s, const uint64_t lanes[4]) {
+  for (int i = 0; i < 4; ++i) {
+    s.v1[i] += s.mul0[i] + lanes[i];
+    s.mul0[i] ^= (s.v1[i] & 0xffffffffULL) * (s.v0[i] >> 32);
+    s.v0[i] += s.mul1[i];
+    s.mul1[i] ^= (s.v0[i] & 0xffffffffULL) * (s.v1[i] >> 32);
+  }
+  ZipperMergeAndAdd(s.v1[1], s.v1[0], &s.v0[1], &s.v0[0]);
+  ZipperMergeAndAdd(s.v1[3], s.v1[2], &s.v0[3], &s.v0[2]);
+  ZipperMergeAndAdd(s.v0[1], s.v0[0], &s.v1[1], &s.v1[0]);
+  ZipperMergeAndAdd(s.v0[3], s.v0[2], &s.v1[3], &s.v1[2]);
+}
+
+uint64_t HighwayHash4(uint32_t word, const uint64_t key[4]) {
+  HighwayState s;
+  for (int i = 0; i < 4; ++i) {
+    s.v0[i] = kMul0[i] ^ key[i];
+    s.v1[i] = kMul1[i] ^ SwapHalves(key[i]);
+    s.mul0[i] = kMul0[i];
+    s.mul1[i] = kMul1[i];
+  }
+  for (int i = 0; i < 4; ++i) {  // the remainder packet of a 4-byte input
+    s.v0[i] += (uint64_t{4} << 32) + 4;
+    const uint64_t lo = s.v1[i] & 0xffffffffULL, hi = s.v1[i] >> 32;
+    s.v1[i] = (((lo << 4) | (lo >> 28)) & 0xffffffffULL) | ((((hi << 4) | (hi >> 28)) & 0xffffffffULL) << 32);
+  }
+  const uint64_t packet[4] = {word, 0, 0, 0};
+  HighwayUpdate(s, packet);
+  for (int round = 0; round < 4; ++round) {
+    const uint64_t permuted[4] = {SwapHalves(s.v0[2]), SwapHalves(s.v0[3]), SwapHalves(s.v0[0]), SwapHalves(s.v0[1])};
+    HighwayUpdate(s, permuted);
+  }
+  return s.v0[0] + s.v1[0] + s.mul0[0] + s.mul1[0];
+}
+
 // ---- Python glue ----
 
 // Holds the buffer views of one call; every array is C-contiguous and 1-D.
@@ -655,9 +712,33 @@ PyObject* FillSlots(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// highway_hash(values, key, out): out[i] = HighwayHash-64 of int32 values[i]'s 4 bytes under
+// key (4 unsigned 64-bit ints).
+PyObject* HighwayHash(PyObject*, PyObject* args) {
+  PyObject *values_obj, *key_obj, *out_obj;
+  if (!PyArg_ParseTuple(args, "OOO", &values_obj, &key_obj, &out_obj)) return nullptr;
+  if (!CheckTuple(key_obj, 4, "key")) return nullptr;
+  uint64_t key[4];
+  for (int i = 0; i < 4; ++i) {
+    key[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(key_obj, i));
+    if (PyErr_Occurred()) return nullptr;
+  }
+  Buffers buffers;
+  Py_ssize_t size = 0;
+  const uint32_t* values = static_cast<const uint32_t*>(buffers.Get(values_obj, "values", "i", 4, false, -1, &size));
+  if (!values) return nullptr;
+  uint64_t* out = static_cast<uint64_t*>(buffers.Get(out_obj, "out", "LQ", 8, true, size));
+  if (!out) return nullptr;
+  Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t i = 0; i < size; ++i) out[i] = HighwayHash4(values[i], key);
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kMethods[] = {
     {"preprocess", Preprocess, METH_VARARGS, "Build the CSR (or row-ordered) inputs of every stack."},
     {"fill_slots", FillSlots, METH_VARARGS, "Lay entries out as [slots, rows] by activation row."},
+    {"highway_hash", HighwayHash, METH_VARARGS, "HighwayHash-64 of each int32 under a key."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -1,18 +1,25 @@
-"""Minibatching: the layout equals jax-tpu-embedding's own host code; k passes equal one pass."""
+"""Minibatching: the layout equals jax-tpu-embedding's own host code (both engines); the xla backend under
+"minibatch" equals large limits (the ops backend's: tests/sharding/test_ops_minibatching.py)."""
 
 import numpy as np
 import pytest
 
+from sparsecore import native
 from sparsecore.csr_format import row_pointers_per_sc
-from sparsecore.highway_hash import highway_hash_int32
+from sparsecore.highway_hash import highway_hash, highway_hash_int32
 from sparsecore.limits import PartitionOverflowError
 from sparsecore.minibatching import (
+    BUCKET_HASH_KEY,
     MAX_MINIBATCHES,
+    bucket_of,
     jte_buffers,
+    known_bucket_of,
+    minibatch_entries,
     minibatch_of_bucket,
+    op_buffers,
     pass_bucket,
-    preprocess_minibatched,
     split_of,
+    stable_order,
 )
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
@@ -36,6 +43,25 @@ def test_highway_hash_matches_the_published_test_vector():
     assert int(highway_hash_int32(np.array([0x03020100]), key)[0]) == 0xF205A46893007EDA
 
 
+def test_compiled_highway_hash_equals_numpy_s():
+    """The extension's HighwayHash (minibatching's hot path) against the numpy reference, over
+    the whole int32 range, and the buckets remembered per id against fresh hashes."""
+    if native.extension() is None:
+        pytest.skip("the compiled extension does not build here")
+    values = np.concatenate([np.random.default_rng(0).integers(-2**31, 2**31, 20_000), [0, -1, 2**31 - 1, -2**31]])
+    np.testing.assert_array_equal(highway_hash(values, BUCKET_HASH_KEY), highway_hash_int32(values, BUCKET_HASH_KEY))
+    ids = np.random.default_rng(1).integers(0, 5000, 3000)
+    for _ in range(2):  # the second call reads the memo
+        np.testing.assert_array_equal(known_bucket_of(ids), bucket_of(ids))
+
+
+def test_stable_order_equals_numpy_s_stable_argsort():
+    rng = np.random.default_rng(2)
+    for bound in (1, 7, 2**16, 2**16 + 1, 2**40):
+        keys = rng.integers(0, bound, 4000)
+        np.testing.assert_array_equal(stable_order(keys, bound), np.argsort(keys, kind="stable"))
+
+
 def test_split_tree_of_jax_tpu_embedding_s_example():
     """jax-tpu-embedding's documented example (8 buckets, limit 7) scaled into 64 buckets: the
     pairs fit, the quads and above split."""
@@ -51,8 +77,11 @@ def test_split_tree_of_jax_tpu_embedding_s_example():
 @pytest.mark.parametrize("generation, chips, max_ids, max_unique", [
     ("v5p", 1, 16, 16), ("v5p", 2, 8, 8), ("v6e", 1, 24, 16), ("tpu7x", 1, 16, 12)])
 @pytest.mark.parametrize("combiner", ["sum", "sqrtn"])
-def test_layout_equals_jax_tpu_embedding_s_minibatching(generation, chips, max_ids, max_unique, combiner):
+@pytest.mark.parametrize("engine", ["numpy", "compiled"])
+def test_layout_equals_jax_tpu_embedding_s_minibatching(generation, chips, max_ids, max_unique, combiner, engine):
     embedding = pytest.importorskip("jax_tpu_embedding.sparsecore.lib.nn.embedding", exc_type=ImportError)
+    if engine == "compiled" and native.extension() is None:
+        pytest.skip("the compiled extension does not build here")
     from sparsecore.jte_interop import jte_feature_specs, jte_inputs
 
     plan = _plan(SparseCoreTopology(generation, chips), max_ids, max_unique, combiner=combiner)
@@ -61,7 +90,7 @@ def test_layout_equals_jax_tpu_embedding_s_minibatching(generation, chips, max_i
     for seed in range(3):
         kjt = random_kjt(plan, seed, max_hot=14, id_range=None if seed == 0 else 300)
         inputs = feature_inputs(kjt, plan.features, plan.tables)
-        ours = preprocess_minibatched(inputs, plan)
+        ours = {stack.name: minibatch_entries(stack, inputs, devices, s, engine=engine) for stack in plan.stacks}
         pre, stats = embedding.preprocess_sparse_dense_matmul_input(
             *jte_inputs(inputs, plan), jte_feature_specs(plan), local_device_count=devices,
             global_device_count=devices, num_sc_per_device=s, enable_minibatching=True)
@@ -70,7 +99,7 @@ def test_layout_equals_jax_tpu_embedding_s_minibatching(generation, chips, max_i
         for stack in plan.stacks:
             mb = ours[stack.name]
             assert mb.num_minibatches == k
-            csr = jte_buffers(stack, mb.entries, devices, s)
+            csr = jte_buffers(stack, mb, devices, s)
             width = row_pointers_per_sc(stack)
             pointers = np.asarray(theirs.lhs_row_pointers[stack.name]).reshape(devices, -1)
             ids = np.asarray(theirs.lhs_embedding_ids[stack.name]).reshape(devices, -1)
@@ -92,19 +121,20 @@ def test_layout_equals_jax_tpu_embedding_s_minibatching(generation, chips, max_i
     assert max(ks) > 1  # the configs overflow: the comparison covers real splits
 
 
-def test_each_pass_fits_the_limits_and_k_is_bucketed():
+def test_each_minibatch_fits_the_limits_and_the_ops_get_a_power_of_two_of_slots():
     plan = _plan(SparseCoreTopology("v5p", 1), max_ids=16)
-    kjt = random_kjt(plan, 1, max_hot=14, id_range=300)
-    batches = preprocess_minibatched(feature_inputs(kjt, plan.features, plan.tables), plan)
+    inputs = feature_inputs(random_kjt(plan, 1, max_hot=14, id_range=300), plan.features, plan.tables)
     for stack in plan.stacks:
-        mb = batches[stack.name]
-        assert mb.num_minibatches > 1 and len(mb.passes) == pass_bucket(mb.num_minibatches)
-        assert len(mb.passes) & (len(mb.passes) - 1) == 0
-        n = stack.num_sparsecores
-        for csr in mb.passes:
-            ends = csr.row_pointers.reshape(-1, row_pointers_per_sc(stack))[:, :n]
-            starts = np.concatenate([np.zeros((ends.shape[0], 1), np.int64), -(-ends[:, :-1] // 8) * 8], axis=1)
-            assert (ends - starts).max() <= stack.max_ids_per_partition
+        entries = minibatch_entries(stack, inputs, 1, 4)
+        k, n = entries.num_minibatches, stack.num_sparsecores
+        key = (entries.chunk * n + entries.dest) * k + entries.minibatch
+        first = np.ones(key.size, dtype=bool)
+        first[1:] = (key[1:] != key[:-1]) | (entries.row[1:] != entries.row[:-1])
+        assert k > 1 and np.bincount(key).max() <= stack.max_ids_per_partition
+        assert np.bincount(key[first]).max() <= stack.max_unique_ids_per_partition
+        slots = pass_bucket(k)
+        assert slots & (slots - 1) == 0 and slots >= k
+        assert op_buffers(stack, entries, 1, 4).row_pointers.size == 4 * slots * row_pointers_per_sc(stack)
 
 
 def test_one_hot_row_over_the_limit_cannot_be_split():
@@ -112,76 +142,18 @@ def test_one_hot_row_over_the_limit_cannot_be_split():
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+    from sparsecore.preprocess import preprocess_row_ordered
+
     plan = plan_stacking([TableSpec("t", 640, 8, max_ids_per_partition=8, max_unique_ids_per_partition=8)],
                          [FeatureSpec("f", "t", 64)], SparseCoreTopology("v5p", 1))
     kjt = KeyedJaggedTensor(keys=["f"], values=torch.full((64,), 7), lengths=torch.ones(64, dtype=torch.int32))
-    with pytest.raises(PartitionOverflowError, match=r"16 ids in one minibatch > max_ids_per_partition 8 .*64 buckets"):
-        preprocess_minibatched(feature_inputs(kjt, plan.features, plan.tables), plan)
-
-
-def _opt_specs():
-    from sparsecore import optimizers as opt
-
-    return [opt.SGD(0.05), opt.Adagrad(0.05), opt.RowWiseAdagrad(0.05), opt.Adam(0.01), opt.FTRL(0.05)]
-
-
-def _pass_cases():
-    """Every optimizer at 1 and 2 chips; SGD on one chip runs by default, the rest are slow."""
-    for chips in (1, 2):
-        for spec in _opt_specs():
-            marks = () if (chips, spec.name) == (1, "sgd") else (pytest.mark.slow,)
-            yield pytest.param(SparseCoreTopology("v5p", chips), spec, marks=marks,
-                               id=f"{type(spec).__name__}-{chips}chip")
-
-
-@pytest.mark.parametrize("topology, spec", list(_pass_cases()))
-def test_k_passes_equal_one_pass_with_large_limits(topology, spec):
-    """Lookup (fp32 within 1e-6) and fused update (SGD bit-equal, every optimizer within 1e-6)
-    over the k minibatches equal one pass over the same batch with limits large enough."""
-    import jax
-    import jax.numpy as jnp
-
-    from sparsecore.minibatching import lookup_passes, stacked_passes, update_passes
-    from sparsecore.optimizer_rules import rule_of
-    from sparsecore.preprocess import preprocess_inputs
-
-    small = _plan(topology, max_ids=16, combiner="mean")
-    big = _plan(topology, max_ids=512, combiner="mean")
-    inputs = feature_inputs(random_kjt(small, 1, max_hot=14, id_range=300), small.features, small.tables)
-    minibatched = preprocess_minibatched(inputs, small)
-    one_pass = preprocess_inputs(inputs, big, engine="numpy")
-    rule = rule_of(spec)
-    name = spec.name
-    for stack in small.stacks:
-        mb = minibatched[stack.name]
-        assert mb.num_minibatches > 1 and mb.stats.dropped_ids == 0
-        rng = np.random.default_rng(0)
-        table = jnp.asarray(rng.normal(size=(stack.vocab_size, stack.dim)).astype(np.float32))
-        batch = stack.total_sample_count
-        csr = one_pass.stacks[stack.name]
-        buffers = (csr.row_pointers, csr.embedding_ids, csr.sample_ids, csr.gains)
-        from sparsecore import csr_math
-
-        reference = jax.jit(csr_math.sparse_dense_matmul, static_argnums=5)(*buffers, table, batch)
-        passes = stacked_passes(mb.passes)
-        lookup = jax.jit(lookup_passes, static_argnums=5)(*passes, table, batch)
-        np.testing.assert_allclose(np.asarray(lookup), np.asarray(reference),
-                                   rtol=1e-6, atol=1e-6)
-        grad = jnp.asarray(rng.normal(size=(batch, stack.dim)).astype(np.float32))
-        slots = [jnp.full((stack.vocab_size,) if s in spec.row_slots else (stack.vocab_size, stack.dim),
-                          spec.slot_initial_values()[s], jnp.float32) for s in spec.slot_names]
-        hypers = rule.op_hypers(spec, 1)
-        # (hypers stay Python numbers: Adam's betas are never traced)
-        expected = jax.jit(lambda *a: csr_math.fused_update(name, *a[:5], list(a[5]), a[6], hypers))(
-            *buffers, table, slots, grad)
-        got = jax.jit(lambda *a: update_passes(name, *a, hypers))(*passes, table, slots, grad)
-        expected, got = (x if isinstance(x, tuple) else (x,) for x in (expected, got))
-        for e, g in zip(expected, got):
-            if name == "sgd":
-                assert np.asarray(g).tobytes() == np.asarray(e).tobytes()
-            else:
-                np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-6, atol=1e-6)
-        assert not np.array_equal(np.asarray(got[0]), np.asarray(table))  # the update did change rows
+    inputs = feature_inputs(kjt, plan.features, plan.tables)
+    message = r"16 ids in one minibatch > max_ids_per_partition 8 .*64 buckets"
+    with pytest.raises(PartitionOverflowError, match=message):
+        minibatch_entries(plan.stacks[0], inputs, 1, 4)
+    for engine in ("numpy", "compiled") if native.extension() else ("numpy",):  # the xla backend's check
+        with pytest.raises(PartitionOverflowError, match=message):
+            preprocess_row_ordered(inputs, plan, overflow="minibatch", engine=engine)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])

@@ -8,7 +8,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sparsecore.minibatching import agree_over_ranks, minibatch_entries, preprocess_minibatched
+from sparsecore.minibatching import agree_over_ranks, minibatch_entries
 from sparsecore.specs import FeatureSpec, SparseCoreTopology, TableSpec
 from sparsecore.stacking import plan_stacking
 from sparsecore.validation import feature_inputs
@@ -31,8 +31,8 @@ def _inputs(rank: int):
 def _worker(rank: int, port: int, results) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        stack = preprocess_minibatched(_inputs(rank), _plan(), agree_over_ranks())["t"]
-        results[rank] = (stack.num_minibatches, stack.entries.minibatch.tolist(), stack.entries.row.tolist())
+        entries = minibatch_entries(_plan().stacks[0], _inputs(rank), 1, 4, agree_over_ranks())
+        results[rank] = (entries.num_minibatches, entries.minibatch.tolist(), entries.row.tolist())
     finally:
         dist.destroy_process_group()
 
