@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "attached and the model is one it serves, or at several ranks under torchrun (the "
                              "tables sharded over them, each rank scoring its share of the parts), else cpu (on "
                              "XLA:CPU the compiled program is slower than eager torch); the choice and its reason "
-                             "are logged")
+                             "are logged. On the host a one-hot fp32 checkpoint's tables are one tensor, each batch's "
+                             "ids gathered from it in one lookup; the rest go through TorchRec's EBC or FBGEMM's TBE")
     parser.add_argument("--plan", default=None, metavar="PLAN",
                         help="--device tpu: how the tables are sharded over the ranks, as train's --plan: a "
                              "'torchrec-tpu plan' JSON, or 'auto' (default: whole tables balanced over the ranks)")
