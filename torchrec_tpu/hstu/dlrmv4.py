@@ -66,7 +66,7 @@ class DLRMv4Config:
     qk_dim: int = 128
     v_dim: int = 128
     max_seq_len: int = 4096
-    max_rows: int = 65_536  # 11 x 65,536 x 512 float32: 1.5 GB of tables, as much again in their dense gradients
+    max_rows: int = 65_536  # 11 x 65,536 x 512 float32: 1.5 GB of tables (updated in backward: no dense gradient)
     preprocessor_hidden: int = 256
     item_hidden: int = 512
     action_dim: int = 8
