@@ -3,19 +3,22 @@
 Plain: the model with stock TorchRec's EmbeddingCollection and the padded ``[B, H, L, L]``
 attention at every length (kernel ``padded``, as generative-recommenders' PyTorch kernels run), all
 on the CPU. Stack: the same model (same weights) as ``torchrec-tpu train --model hstu`` runs it: its
-tables on the sharded SparseCore EmbeddingCollection, the STU stack and heads on the default dense
-device (cpu on XLA:CPU, tpu on a TPU), attention by the jagged op on the tpu device (no ``[L, L]``
-tensor; a CPU stack's batches shorter than ``CPU_JAGGED_FROM`` use the padded attention, as in
-training). The first line says what is compared. Printed: steady training samples/s of each and
-the ratio; the attention op alone (forward + backward) of each and the ratio, at ``--users``
-sequences (where the op's fixed per-call costs weigh most) and at the training batch (each the
-median of ``--repeats`` alternating rounds, the rounds' ratios printed); peak RSS of one attention forward +
+tables on the sharded SparseCore EmbeddingCollection, the STU stack and heads on ``--dense-device``
+(``tpu``, the default: stack, heads and Adam as one compiled program per step, attention by the
+jagged op inside it; ``cpu``: CPU eager torch, attention by the jagged op on the tpu device, batches
+shorter than ``CPU_JAGGED_FROM`` by the padded attention), its step the job's
+(``hstu.train.step_function``; ``train``'s ``--dense-device auto`` picks the faster by timing
+both). The first line says what is compared. Printed: steady training samples/s of each and the
+ratio; the attention op alone (forward + backward) of each and the ratio, at ``--users`` sequences
+(where the op's fixed per-call costs weigh most) and at the training batch (each the median of
+``--repeats`` alternating rounds, the rounds' ratios printed); peak RSS of one attention forward +
 backward at each ``--rss-lengths`` (each in a fresh process), and in parentheses its growth during
 the step (over the process with its inputs made). Both run in one process, which starts as
 ``torchrec-tpu train`` starts a job's (``launcher.xla_cpu_env``: glibc's malloc and libgomp's spin
 set for XLA:CPU; plain PyTorch's rate measured the same without them).
 Run it on a quiet machine for figures.
-Usage: .venv/bin/python bench/bench_hstu.py [--stu paper|dlrmv3] [--steps 20] [--repeats 3] [--batch 16] [--seq-len 256]
+Usage: .venv/bin/python bench/bench_hstu.py [--stu paper|dlrmv3] [--dense-device tpu|cpu] [--steps 20] [--repeats 3]
+                                           [--batch 16] [--seq-len 256]
        .venv/bin/python bench/bench_hstu.py --rss-only [--rss-lengths 1024,4096]  (the RSS lines alone)
 """
 
@@ -33,54 +36,50 @@ from pathlib import Path
 
 import quiet_box
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import torch_tpu  # noqa: F401  (the tpu device)
+from pipelines.sequences.reader import SequenceBatch
 from torch_tpu.ops.hstu import jagged_hstu_attention
 from torch_tpu.runtime.tensor import to_jax
 from torchrec_tpu.hstu import HSTU, HSTUConfig, sharded_embeddings
 from torchrec_tpu.hstu.attention import PADDED, describe, padded_attention
-from torchrec_tpu.hstu.model import FEATURE_KEYS, default_dense_device
+from torchrec_tpu.hstu.placement import random_batch
+from torchrec_tpu.hstu.train import optimizers, step_function, step_layout
 from torchrec_tpu.launcher import restart_with_xla_cpu_env
+from torchrec_tpu.train.config import TrainConfig
+from torchrec_tpu.train.distributed import DistEnv
+from torchrec_tpu.train.engines.dense_placement import dense_device
 
 HEADS, QK, DV = 2, 32, 32
 OP_ROUND_S = 1.5  # the attention op's rounds: seconds of calls at least
+StepFn = Callable[[SequenceBatch], torch.Tensor]
 
 
-def _batch(users: int, history: int, candidates: int, items: int, seed: int) -> tuple[KeyedJaggedTensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    hist = torch.randint(history // 2, history + 1, (users,), generator=gen)
-    cand = torch.full((users,), candidates)
-    n, c = int(hist.sum()), int(cand.sum())
-    values = {"item": torch.randint(0, items, (n,), generator=gen), "action": torch.randint(0, 2, (n,), generator=gen),
-              "timestamp": torch.randint(0, 60, (n,), generator=gen).cumsum(0),
-              "candidate_item": torch.randint(0, items, (c,), generator=gen),
-              "candidate_timestamp": torch.full((c,), 10**6)}
-    lengths = {"item": hist, "action": hist, "timestamp": hist, "candidate_item": cand, "candidate_timestamp": cand}
-    kjt = KeyedJaggedTensor(keys=list(FEATURE_KEYS), values=torch.cat([values[k] for k in FEATURE_KEYS]),
-                            lengths=torch.cat([lengths[k] for k in FEATURE_KEYS]))
-    return kjt, torch.randint(0, 2, (c, 1), generator=gen).float()
-
-
-def _samples_per_s(model: HSTU, batches, steps: int, warmup: int) -> float:
+def _plain_step(model: HSTU) -> StepFn:
+    """Plain PyTorch's training step: Adam on the stack and heads, Adagrad on the tables."""
     dense = [p for n, p in model.named_parameters() if not n.startswith("embeddings.")]
-    adam = torch.optim.Adam(dense, lr=1e-3)
-    sparse = None if not list(model.embeddings.parameters()) else torch.optim.Adagrad(model.embeddings.parameters())
-    start, seen = 0.0, 0
-    for step in range(warmup + steps):
-        if step == warmup:
-            start, seen = time.perf_counter(), 0
-        kjt, labels = batches[step % len(batches)]
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(kjt), labels.to(model.dense_device))
+    adam, sparse = torch.optim.Adam(dense, lr=1e-3), torch.optim.Adagrad(model.embeddings.parameters())
+
+    def step(batch: SequenceBatch) -> torch.Tensor:
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch.features), batch.labels)
         adam.zero_grad()
-        if sparse is not None:
-            sparse.zero_grad()
+        sparse.zero_grad()
         loss.backward()
         adam.step()
-        if sparse is not None:
-            sparse.step()
-        float(loss.detach().cpu())  # wait for the device
-        seen += kjt.stride()
+        sparse.step()
+        return loss
+
+    return step
+
+
+def _samples_per_s(step: StepFn, batches: list[SequenceBatch], steps: int, warmup: int) -> float:
+    start, seen = 0.0, 0
+    for i in range(warmup + steps):
+        if i == warmup:
+            start, seen = time.perf_counter(), 0
+        batch = batches[i % len(batches)]
+        float(step(batch).detach().cpu())  # wait for the device
+        seen += batch.users
     return seen / (time.perf_counter() - start)
 
 
@@ -155,6 +154,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256, help="history + candidates per user (training)")
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--stu", choices=("paper", "dlrmv3"), default="paper", help="the STU layer (docs/HSTU.md)")
+    parser.add_argument("--dense-device", choices=("tpu", "cpu"), default="tpu",
+                        help="where the stack's STU layers and heads run (module docstring)")
     parser.add_argument("--rss-lengths", default="1024,4096", help="sequence lengths of the peak RSS runs")
     parser.add_argument("--users", type=int, default=2, help="sequences per attention / RSS run")
     parser.add_argument("--rss-only", action="store_true", help="print the peak RSS lines only (no timing)")
@@ -176,20 +177,25 @@ def _timings(args: argparse.Namespace) -> None:
     candidates = 4
     config = HSTUConfig(item_rows=args.items, action_rows=2, dim=64, heads=HEADS, qk_dim=QK, v_dim=DV,
                         max_seq_len=args.seq_len, kernel=PADDED, stu=args.stu)
-    batches = [_batch(args.batch, args.seq_len - candidates, candidates, args.items, seed) for seed in range(4)]
+    batches = [random_batch(args.batch, args.seq_len - candidates, candidates, args.items, 2, 1, seed)
+               for seed in range(4)]
     torch.manual_seed(0)
     plain = HSTU(config)
-    dense = default_dense_device()
+    options = TrainConfig.from_options(model="hstu", dense_device=args.dense_device, dense_lr=1e-3)
+    layout = step_layout(options, DistEnv(0, 1, 1), dense_device(args.dense_device))
+    dense = layout.dense_device
     stack = HSTU(replace(config, kernel="xla"), dense_device=dense,
                  embeddings=sharded_embeddings(config, ec=plain.embeddings, local_batch=args.batch))
     stack.stack.load_state_dict(plain.stack.state_dict())
     stack.heads.load_state_dict(plain.heads.state_dict())
+    program = "as one compiled program per step" if layout.one_program else "eager"
     print(f"compared: plain = stock TorchRec EmbeddingCollection, STU stack and heads, padded [B, H, L, L] "
           f"attention, all PyTorch eager on cpu; stack = sharded SparseCore EmbeddingCollection, STU stack and "
-          f"heads on {dense.type}, attention by the {describe('xla', dense)}")
+          f"heads on {dense.type} ({program}), attention by the {describe('xla', dense)}")
+    plain_step, stack_step = _plain_step(plain), step_function(stack, *optimizers(options, stack), layout)
     warmup = max(args.warmup, len(batches))  # every batch's shapes compiled before a timed step
-    train = _alternating(args.repeats, lambda: _samples_per_s(plain, batches, args.steps, warmup),
-                         lambda: _samples_per_s(stack, batches, args.steps, warmup))
+    train = _alternating(args.repeats, lambda: _samples_per_s(plain_step, batches, args.steps, warmup),
+                         lambda: _samples_per_s(stack_step, batches, args.steps, warmup))
     print(f"train step (batch {args.batch}, seq {args.seq_len}): plain PyTorch CPU {train.plain:.1f} samples/s, "
           f"stack {train.stack:.1f} samples/s, ratio {train.describe()}")
     for users in dict.fromkeys((args.users, args.batch)):  # a few sequences (per-call costs), the training batch

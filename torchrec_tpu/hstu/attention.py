@@ -85,16 +85,20 @@ def describe(kernel: str, dense_device: torch.device) -> str:
 
 def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
                    num_targets: torch.Tensor, pos_weights: torch.Tensor, time_weights: torch.Tensor, *, max_len: int,
-                   max_seq_len: int, alpha: float, kernel: str = "xla") -> torch.Tensor:
+                   max_seq_len: int, alpha: float, kernel: str = "xla", in_program: bool = False) -> torch.Tensor:
     """HSTU attention of jagged ``q, k [T, H, Dqk]``, ``v [T, H, Dv]``, on ``q``'s device.
 
     By the jagged op (``kernel`` ``"xla"`` or ``"pallas"``) on the tpu device where
     :func:`uses_jagged_op` says so: tensors elsewhere go there (pass ``offsets``, ``timestamps``
     and ``num_targets`` already on :func:`attention_device` to move them once per batch) and the
-    output comes back, differentiably. Otherwise :func:`padded_attention` where the inputs are."""
-    if not uses_jagged_op(kernel, q.device, max_len):
+    output comes back, differentiably. Otherwise :func:`padded_attention` where the inputs are.
+    ``in_program``: traced into a compiled tpu step (fake CPU tensors standing for tpu ones)."""
+    if not uses_jagged_op(kernel, JAGGED_DEVICE if in_program else q.device, max_len):
         return padded_attention(q, k, v, offsets, timestamps, num_targets, pos_weights, time_weights,
                                 max_len=max_len, max_seq_len=max_seq_len, alpha=alpha)
+    if in_program:
+        return jagged_hstu_attention(q, k, v, offsets, timestamps, pos_weights, time_weights, max_len=max_len,
+                                     max_seq_len=max_seq_len, alpha=alpha, num_targets=num_targets, kernel=kernel)
     home = q.device
     moved = [t.to(JAGGED_DEVICE) for t in (q, k, v, offsets, timestamps, pos_weights, time_weights, num_targets)]
     out = jagged_hstu_attention(*moved[:7], max_len=max_len, max_seq_len=max_seq_len, alpha=alpha,
@@ -104,14 +108,14 @@ def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: t
 
 def stu_attention(vqk: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor, num_targets: torch.Tensor,
                   pos_weights: torch.Tensor, time_weights: torch.Tensor, *, heads: int, qk_dim: int, max_len: int,
-                  max_seq_len: int, alpha: float, kernel: str = "xla") -> torch.Tensor:
+                  max_seq_len: int, alpha: float, kernel: str = "xla", in_program: bool = False) -> torch.Tensor:
     """:func:`hstu_attention` of the STU layer's ``vqk [T, H * (Dv + 2 Dqk)]`` (V, Q, K columns):
     ``[T, H, Dv]``. A stack off the tpu device that attends by the jagged op sends ``vqk`` and the
     two bias tables over as one tensor each and takes their gradients back likewise
     (:func:`~torch_tpu.ops.hstu.jagged.packed_jagged_hstu_attention`): 6 copies a layer and step,
-    not 12."""
+    not 12. ``in_program``: traced into a compiled tpu step, no copies."""
     rows, hq = vqk.shape[0], heads * qk_dim
-    if uses_jagged_op(kernel, vqk.device, max_len) and vqk.device.type != JAGGED_DEVICE.type:
+    if not in_program and uses_jagged_op(kernel, vqk.device, max_len) and vqk.device.type != JAGGED_DEVICE.type:
         out = packed_jagged_hstu_attention(
             vqk.to(JAGGED_DEVICE), offsets.to(JAGGED_DEVICE), timestamps.to(JAGGED_DEVICE),
             torch.cat([pos_weights, time_weights]).to(JAGGED_DEVICE), heads=heads, qk_dim=qk_dim,
@@ -122,4 +126,5 @@ def stu_attention(vqk: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Te
     v, q, k = torch.split(vqk, [hv, hq, hq], dim=-1)
     return hstu_attention(q.reshape(rows, heads, qk_dim), k.reshape(rows, heads, qk_dim),
                           v.reshape(rows, heads, hv // heads), offsets, timestamps, num_targets, pos_weights,
-                          time_weights, max_len=max_len, max_seq_len=max_seq_len, alpha=alpha, kernel=kernel)
+                          time_weights, max_len=max_len, max_seq_len=max_seq_len, alpha=alpha, kernel=kernel,
+                          in_program=in_program)

@@ -42,15 +42,18 @@ class Sequences:
     ``timestamps [T, 2]`` per row (the time the row queries at, then its own; rows past
     ``offsets[-1]`` are padding), ``num_targets [B]`` (the candidates closing each sequence),
     ``max_len``, the batch's length bucket, and ``longest``, its longest history plus its most
-    candidates (``dlrmv3``'s N). The tensors live where the layers' attention runs
+    candidates (``dlrmv3``'s N; a 0-dim float tensor inside a compiled step, whose program serves
+    every N). The tensors live where the layers' attention runs
     (:func:`~torchrec_tpu.hstu.attention.attention_device`), so they cross devices once per batch,
-    not once per layer."""
+    not once per layer. ``in_program``: the layers are traced into a compiled tpu step (on fake
+    tensors), where every layer attends by the jagged op on the tensors as they are."""
 
     offsets: torch.Tensor
     timestamps: torch.Tensor
     num_targets: torch.Tensor
     max_len: int
-    longest: int = 0
+    longest: int | torch.Tensor = 0
+    in_program: bool = False
 
 
 class LegacySTU(nn.Module):
@@ -73,7 +76,8 @@ class LegacySTU(nn.Module):
         u, vqk = torch.split(F.silu(self.uvqk(x)), [hv, hv + 2 * hq], dim=-1)
         av = stu_attention(vqk, seq.offsets, seq.timestamps, seq.num_targets, self.pos_weights, self.time_weights,
                            heads=self.heads, qk_dim=self.qk_dim, max_len=seq.max_len, max_seq_len=self.max_seq_len,
-                           alpha=1.0 / math.sqrt(self.qk_dim), kernel=self.kernel)
+                           alpha=1.0 / math.sqrt(self.qk_dim), kernel=self.kernel,
+                           in_program=seq.in_program)
         return self.out(self.norm(av.reshape(rows, hv)) * u) + x
 
 
@@ -102,7 +106,7 @@ class PaperSTU(nn.Module):
         causal = self.pos_weights[:self.max_seq_len].flip(0)
         av = stu_attention(vqk, seq.offsets, seq.timestamps, seq.num_targets, causal, self.time_weights,
                            heads=self.heads, qk_dim=self.qk_dim, max_len=seq.max_len, max_seq_len=self.max_seq_len,
-                           alpha=1.0, kernel=self.kernel)
+                           alpha=1.0, kernel=self.kernel, in_program=seq.in_program)
         y = u * F.layer_norm(av.reshape(rows, hv), (hv,), eps=NORM_EPS)
         return self.out(F.dropout(y, self.dropout, self.training)) + x
 
@@ -125,7 +129,7 @@ class DLRMv3STU(nn.Module):
         self.register_buffer("no_bias", torch.zeros(1), persistent=False)
 
     def forward(self, x: torch.Tensor, seq: Sequences) -> torch.Tensor:
-        if seq.longest < 1:
+        if isinstance(seq.longest, int) and seq.longest < 1:
             raise ValueError(f"DLRMv3STU: Sequences.longest={seq.longest}; it must be the batch's N (>= 1)")
         rows, hv, hq = x.shape[0], self.heads * self.v_dim, self.heads * self.qk_dim
         u, vqk = torch.split(torch.addmm(self.uvqk_bias, self.input_norm(x), self.uvqk_weight), [hv, hv + 2 * hq],
@@ -134,7 +138,8 @@ class DLRMv3STU(nn.Module):
         # N = 1 in the op and the batch's N here: the op's N is a compiled constant, this one varies by batch
         av = stu_attention(vqk, seq.offsets, seq.timestamps, seq.num_targets, self.no_bias, self.no_bias,
                            heads=self.heads, qk_dim=self.qk_dim, max_len=seq.max_len, max_seq_len=1,
-                           alpha=1.0 / math.sqrt(self.qk_dim), kernel=self.kernel).reshape(rows, hv) / seq.longest
+                           alpha=1.0 / math.sqrt(self.qk_dim), kernel=self.kernel,
+                           in_program=seq.in_program).reshape(rows, hv) / seq.longest
         y = torch.cat([u, av, u * self.output_norm(av)], dim=-1)
         return torch.addmm(x, F.dropout(y, self.dropout, self.training), self.output_weight)
 

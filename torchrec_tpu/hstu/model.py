@@ -41,9 +41,10 @@ def table_configs(config: HSTUConfig) -> list[EmbeddingConfig]:
 
 
 def default_dense_device() -> torch.device:
-    """The STU stack's and heads' device when none is named (``--dense-device auto``): tpu on a TPU;
-    elsewhere cpu, where CPU torch runs the linears and norms faster than the tpu device's eager
-    programs. Where the attention runs: :func:`~torchrec_tpu.hstu.attention.attention_device`."""
+    """The STU stack's and heads' device when none is named: tpu on a TPU; elsewhere cpu, where CPU
+    torch runs the linears and norms faster than the tpu device's eager programs (``train``'s
+    ``--dense-device auto`` then times the compiled tpu step against it: :mod:`~torchrec_tpu.hstu.placement`).
+    Where the attention runs: :func:`~torchrec_tpu.hstu.attention.attention_device`."""
     from torch_tpu.runtime._jax import jax
     return torch.device("tpu" if jax.devices()[0].platform == "tpu" else "cpu")
 
@@ -129,6 +130,16 @@ class HSTU(nn.Module):
                                    nn.Linear(config.head_hidden, len(config.tasks))).to(self.dense_device)
 
     def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        x, seq, candidates = self.stack_inputs(kjt)
+        device = self.dense_device
+        return self.heads(self.stack(x.to(device), seq)[candidates.to(device)])
+
+    def stack_inputs(self, kjt: KeyedJaggedTensor, in_program: bool = False
+                     ) -> tuple[torch.Tensor, Sequences, torch.Tensor]:
+        """The STU stack's input of a batch: the tokens ``x [rows, dim]`` (on the host, from the
+        tables' lookup: their gradient is the tables'), their :class:`Sequences` and the candidates'
+        rows. ``in_program``: for a compiled step (:mod:`~torchrec_tpu.hstu.compiled_step`): the
+        layout's tensors stay on the host and N is a tensor."""
         check_features(kjt)
         features = kjt.to_dict()
         layout = sequence_layout(features["item"].lengths().cpu(), features["candidate_item"].lengths().cpu())
@@ -144,9 +155,12 @@ class HSTU(nn.Module):
         x = align_jagged_to_multiple(torch.nested.nested_tensor_from_jagged(x, layout.offsets), multiple).values()
         timestamps = align_jagged_to_multiple(torch.nested.nested_tensor_from_jagged(
             torch.stack([query, own], dim=1), layout.offsets), multiple, padding_value=0).values()
-        device, bucket = self.dense_device, min(length_bucket(layout.longest), length_bucket(self.config.max_seq_len))
-        attends = attention_device(self.config.kernel, device, bucket)
+        bucket = min(length_bucket(layout.longest), length_bucket(self.config.max_seq_len))
+        if in_program:
+            longest = torch.tensor(float(layout.padded_width))
+            return x, Sequences(layout.offsets, timestamps, layout.num_targets, bucket, longest, True), \
+                layout.candidates
+        attends = attention_device(self.config.kernel, self.dense_device, bucket)
         seq = Sequences(layout.offsets.to(attends), timestamps.to(attends), layout.num_targets.to(attends), bucket,
                         layout.padded_width)
-        y = self.stack(x.to(device), seq)
-        return self.heads(y[layout.candidates.to(device)])
+        return x, seq, layout.candidates

@@ -29,6 +29,7 @@ from torchmetrics.classification import BinaryAUROC
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 
 from pipelines.sequences import read_meta, read_movielens, synthetic_events, window_path, write_sequences
+from pipelines.sequences.layout import SequenceMeta
 from pipelines.sequences.reader import SequenceBatch, SequenceReader
 from pipelines.synthetic import cache_root
 from sparsecore.backends import FBGEMM, XLA
@@ -48,8 +49,9 @@ from torchrec_tpu.train.checkpoint.manifest import CheckpointError
 from torchrec_tpu.train.checkpoint.store import load_checkpoint, open_checkpoint, restore_rng
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, process_group
+from torchrec_tpu.train.engines.dense_placement import dense_device as placed_on
 from torchrec_tpu.train.engines.precision import autocast
-from torchrec_tpu.train.engines.step_layout import StepLayout
+from torchrec_tpu.train.engines.step_layout import CALIBRATION_BATCH_CAP, StepLayout, one_step_program
 from torchrec_tpu.train.job import (
     HPARAM_METRICS,
     JobHooks,
@@ -121,26 +123,60 @@ class HSTUSummary:
 
 
 def dense_device(config: TrainConfig) -> torch.device:
-    """``--dense-device``; ``auto``: :func:`~torchrec_tpu.hstu.model.default_dense_device`."""
+    """``--dense-device`` as the process group is joined; ``auto``:
+    :func:`~torchrec_tpu.hstu.model.default_dense_device` (on XLA:CPU at one rank the job then times
+    both placements: :func:`stack_device`)."""
     choice = config.engine.dense_device
-    return default_dense_device() if choice == "auto" else torch.device(choice)
+    return default_dense_device() if choice == "auto" else placed_on(choice)
+
+
+def stack_device(config: TrainConfig, env: DistEnv, meta: SequenceMeta, joined: torch.device) -> torch.device:
+    """Where the STU stack and heads run: ``joined`` (:func:`dense_device`), except ``--dense-device
+    auto`` on XLA:CPU at one rank, where the faster of the job's whole steps with them in CPU eager
+    torch and as one compiled tpu program wins (:mod:`~torchrec_tpu.hstu.placement`, timed once)."""
+    if config.engine.dense_device != "auto" or joined.type == "tpu" or env.world_size > 1:
+        return joined
+    from torchrec_tpu.hstu.placement import measured_stack_device
+
+    def build_step(name: str, capped: SequenceMeta) -> Callable[[SequenceBatch], torch.Tensor]:
+        layout = step_layout(config, env, placed_on(name))
+        model, _ = build(config, capped, env, layout)
+        return step_function(model, *optimizers(config, model), layout)
+
+    local_batch = min(env.local_batch_of(config.data.batch_size), CALIBRATION_BATCH_CAP)
+    return placed_on(measured_stack_device(config, env, meta, history_of(model_config(config, meta), meta),
+                                           local_batch, build_step))
 
 
 def step_layout(config: TrainConfig, env: DistEnv, device: torch.device) -> StepLayout:
-    """HSTU's step as a :class:`~torchrec_tpu.train.engines.step_layout.StepLayout`: eager (the STU
-    stack runs op by op on ``device``, its gradients averaged over the ranks as DDP does), the
-    tables' backend (``fbgemm``: the torchrec engine's, as DLRM's layout names it) and precision."""
+    """HSTU's step as a :class:`~torchrec_tpu.train.engines.step_layout.StepLayout`: the STU stack
+    and heads on ``device``, one compiled program per step where DLRM's towers would be
+    (``one_step_program``: tpu, one rank or an SPMD world), else eager (gradients averaged over the
+    ranks as DDP does); the tables' lookup and update outside it, on their backend (``fbgemm``: the
+    torchrec engine's, as DLRM's layout names it); the precision."""
     backend = FBGEMM if config.engine.kind == "torchrec" else sparse_backend(config)
-    return StepLayout(dense_device=device, dense_parallel="ddp", sparse_backend=backend, one_program=False,
+    one_program = one_step_program(device, env.world_size, "ddp")
+    return StepLayout(dense_device=device, dense_parallel="ddp", sparse_backend=backend, one_program=one_program,
                       lookup_in_step=False, uniform_ranks=False, precision=config.optim.precision,
-                      world_size=env.world_size)
+                      world_size=env.world_size,
+                      lookup_outside="the sequence tables look up beside it" if one_program else "")
 
 
-def build(config: TrainConfig, meta, env: DistEnv, layout: StepLayout) -> tuple[HSTU, HSTUConfig]:
+def model_config(config: TrainConfig, meta: SequenceMeta) -> HSTUConfig:
+    """The :class:`HSTUConfig` of ``--model``'s preset (its STU layer: ``--stu``) for the dataset ``meta``."""
+    layer = {} if config.model.stu == "auto" else {"stu": config.model.stu}
+    return preset(config.model.kind, meta.item_rows, meta.action_rows, tasks=tuple(meta.tasks), **layer)
+
+
+def history_of(hstu_config: HSTUConfig, meta: SequenceMeta) -> int:
+    """The history events read per user: the dataset's, at most what ``max_seq_len`` leaves the candidates."""
+    return min(meta.max_history, hstu_config.max_seq_len - meta.candidates)
+
+
+def build(config: TrainConfig, meta: SequenceMeta, env: DistEnv, layout: StepLayout) -> tuple[HSTU, HSTUConfig]:
     """The model of ``--model``'s preset (its STU layer: ``--stu``) for the dataset ``meta``, its
     tables on ``--engine``, laid out as ``layout`` says."""
-    layer = {} if config.model.stu == "auto" else {"stu": config.model.stu}
-    hstu_config = preset(config.model.kind, meta.item_rows, meta.action_rows, tasks=tuple(meta.tasks), **layer)
+    hstu_config = model_config(config, meta)
     tables = table_configs(hstu_config)
     check_table_memory([t.name for t in tables], [t.num_embeddings for t in tables], hstu_config.dim,
                        "rowwise_adagrad", env.world_size, env.local_world_size, available_host_bytes(),
@@ -261,17 +297,12 @@ class HSTUTraining:
     held_out: SequenceReader
     adam: KeyedOptimizer
     sparse_opt: KeyedOptimizer | None
-    dense: list[nn.Parameter]
+    step: Callable[[SequenceBatch], torch.Tensor]  # one training step on a batch: its loss (not read back)
 
     @property
     def device(self) -> torch.device:
         """Where the STU stack and heads run."""
         return self.layout.dense_device
-
-    def step(self, batch: SequenceBatch) -> torch.Tensor:
-        """One training step on ``batch``: its loss (not read back)."""
-        return _train_step(self.model, batch, self.adam, self.sparse_opt, self.device, self.layout.precision,
-                           self.dense, self.env.world_size)
 
     @property
     def optimizer(self) -> KeyedOptimizer:
@@ -285,9 +316,11 @@ class HSTUTraining:
         """The ``training layout:`` line: where the tables and the STU stack run, and the step."""
         tables = "stock TorchRec EmbeddingCollection (CPU)" if self.sparse_opt is not None else (
             f"sharded SparseCore EmbeddingCollection (row-wise, {self.layout.sparse_backend} backend)")
+        step = (f"the stack, heads and dense optimizer as one compiled program per step, "
+                f"{self.layout.lookup_outside}" if self.layout.one_program else "an eager step")
         return (f"training layout: HSTU ({config.model.kind}, {self.hstu_config.stu} STU layers) tables on the "
                 f"{tables}, STU stack and heads on {self.device.type} ({self.layout.precision}), attention by the "
-                f"{describe(self.hstu_config.kernel, self.device)}, an eager step, {self.env.world_size} rank(s)")
+                f"{describe(self.hstu_config.kernel, self.device)}, {step}, {self.env.world_size} rank(s)")
 
 
 @contextlib.contextmanager
@@ -295,8 +328,8 @@ def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
     """The run's :class:`HSTUTraining` inside its process group (the ranks agreeing on ``config``,
     bound to their CPUs with ``--bind-cpus``, ``--num-threads`` set); logs the layout line, as DLRM's
     jobs do."""
-    device = dense_device(config)
-    with process_group(config.engine.collective_timeout, device.type == "tpu", config.engine.bind_cpus,
+    joined = dense_device(config)
+    with process_group(config.engine.collective_timeout, joined.type == "tpu", config.engine.bind_cpus,
                        config_agreement(config)) as env:
         use_rank_threads(config, env, "train")
         directory = dataset_dir(config, env)
@@ -304,9 +337,9 @@ def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
         if meta.windows < 2:
             raise ConfigError(f"--data {directory}: {meta.windows} time window; training on T and evaluating on "
                               "T + 1 needs at least 2 (`torchrec-tpu data sequences --windows`)")
-        layout = step_layout(config, env, device)
+        layout = step_layout(config, env, stack_device(config, env, meta, joined))
         model, hstu_config = build(config, meta, env, layout)
-        history = min(meta.max_history, hstu_config.max_seq_len - meta.candidates)
+        history = history_of(hstu_config, meta)
         train = SequenceReader(window_path(directory, meta.windows - 2), env.local_batch_of(config.data.batch_size),
                                max_history=history, item_rows=hstu_config.item_rows,
                                action_rows=hstu_config.action_rows, max_seq_len=hstu_config.max_seq_len,
@@ -317,23 +350,47 @@ def hstu_training(config: TrainConfig) -> Iterator[HSTUTraining]:
                                   max_history=history, item_rows=hstu_config.item_rows,
                                   action_rows=hstu_config.action_rows, max_seq_len=hstu_config.max_seq_len,
                                   tasks=hstu_config.tasks, rank=env.rank, world_size=env.world_size)
-        dense = [p for name, p in model.named_parameters() if not name.startswith(TABLES_PREFIX)]
         if env.world_size > 1:
-            for p in dense:  # every rank starts from rank 0's dense weights
+            for p in _dense_parameters(model):  # every rank starts from rank 0's dense weights
                 dist.broadcast(p.data, 0)
-        sparse_opt = None
-        if config.engine.kind == "torchrec":
-            from torchrec.optim import RowWiseAdagrad
-            sparse_opt = KeyedOptimizerWrapper(
-                {name: p for name, p in model.named_parameters() if name.startswith(TABLES_PREFIX)},
-                lambda ps: RowWiseAdagrad(ps, lr=config.optim.sparse_lr))
-        adam = KeyedOptimizerWrapper({name: p for name, p in model.named_parameters()
-                                      if not name.startswith(TABLES_PREFIX)},
-                                     lambda ps: torch.optim.Adam(ps, lr=config.optim.dense_lr))
-        training = HSTUTraining(env, hstu_config, model, layout, train, held_out, adam, sparse_opt, dense)
+        adam, sparse_opt = optimizers(config, model)
+        training = HSTUTraining(env, hstu_config, model, layout, train, held_out, adam, sparse_opt,
+                                step_function(model, adam, sparse_opt, layout))
         if env.is_primary:
             _log.info(training.describe(config))
         yield training
+
+
+def _dense_parameters(model: HSTU) -> list[nn.Parameter]:
+    """The STU stack's and heads' parameters (not the tables')."""
+    return [p for name, p in model.named_parameters() if not name.startswith(TABLES_PREFIX)]
+
+
+def optimizers(config: TrainConfig, model: HSTU) -> tuple[KeyedOptimizer, KeyedOptimizer | None]:
+    """Adam at ``--dense-lr`` on the stack and heads; with ``--engine torchrec`` TorchRec's
+    RowWiseAdagrad at ``--sparse-lr`` on the tables (the sharded EC's is fused into its backward)."""
+    sparse_opt = None
+    if config.engine.kind == "torchrec":
+        from torchrec.optim import RowWiseAdagrad
+        sparse_opt = KeyedOptimizerWrapper(
+            {name: p for name, p in model.named_parameters() if name.startswith(TABLES_PREFIX)},
+            lambda ps: RowWiseAdagrad(ps, lr=config.optim.sparse_lr))
+    adam = KeyedOptimizerWrapper({name: p for name, p in model.named_parameters()
+                                  if not name.startswith(TABLES_PREFIX)},
+                                 lambda ps: torch.optim.Adam(ps, lr=config.optim.dense_lr))
+    return adam, sparse_opt
+
+
+def step_function(model: HSTU, adam: KeyedOptimizer, sparse_opt: KeyedOptimizer | None,
+                  layout: StepLayout) -> Callable[[SequenceBatch], torch.Tensor]:
+    """The training step ``layout`` says: the compiled program
+    (:class:`~torchrec_tpu.hstu.compiled_step.CompiledHSTUStep`) or the eager step."""
+    if layout.one_program:
+        from torchrec_tpu.hstu.compiled_step import CompiledHSTUStep
+        return CompiledHSTUStep(model, adam, sparse_opt, layout)
+    return functools.partial(_train_step, model, adam=adam, sparse_opt=sparse_opt, device=layout.dense_device,
+                             precision=layout.precision, dense=_dense_parameters(model),
+                             world_size=layout.world_size)
 
 
 class WindowBatches:
@@ -437,7 +494,7 @@ def trained_rows(meta: dict, env: DistEnv, local_batch: int) -> int:
     return int(meta["batch"]) * (env.local_batch_of(int(saved)) if saved else local_batch)
 
 
-def _train_step(model: HSTU, batch: SequenceBatch, adam: KeyedOptimizer, sparse_opt, device: torch.device,
+def _train_step(model: HSTU, batch: SequenceBatch, *, adam: KeyedOptimizer, sparse_opt, device: torch.device,
                 precision: str, dense: list[nn.Parameter], world_size: int) -> torch.Tensor:
     with autocast(device.type, precision):
         logits = model(batch.features)

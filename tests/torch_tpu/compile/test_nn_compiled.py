@@ -124,11 +124,14 @@ def test_new_lowerings_compiled_match_cpu(name, factory, shapes, strict):
         torch.testing.assert_close(t.grad.cpu(), c.grad, **TOL)
 
 
-def test_slice_scatter_compiled_matches_cpu(strict):
+@pytest.mark.parametrize("dim, start, end, step, src_shape", [(1, 1, 7, 2, (4, 3)), (-1, -5, None, 1, (4, 5)),
+                                                              (0, 2, 2**63 - 1, 1, (2, 8))])
+def test_slice_scatter_compiled_matches_cpu(strict, dim, start, end, step, src_shape):
+    """Lowered (a split's backward in a step program): negative dims and starts, an open end."""
     def scatter(x, src):
-        return torch.slice_scatter(x, src, dim=1, start=1, end=7, step=2) * 2
+        return torch.slice_scatter(x, src, dim=dim, start=start, end=end, step=step) * 2
 
-    x, src = torch.randn(4, 8), torch.randn(4, 3)
+    x, src = torch.randn(4, 8), torch.randn(*src_shape)
     compiled = torch.compile(scatter, backend="tpu", dynamic=False, fullgraph=True)
     torch.testing.assert_close(compiled(x.to("tpu"), src.to("tpu")).cpu(), scatter(x, src), **TOL)
 

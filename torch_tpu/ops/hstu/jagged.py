@@ -182,8 +182,15 @@ def _check_lengths(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, 
         raise ValueError(f"{name}: max_len={max_len}; it must be >= 1")
     if torch.compiler.is_dynamo_compiling():
         _check_values_outside_the_graph(name, offsets, num_targets, max_len, rows)
-    elif not torch.compiler.is_compiling():
+    elif not torch.compiler.is_compiling() and not _fake(offsets):
         _check_values(name, offsets, num_targets, max_len, rows)
+
+
+def _fake(t: torch.Tensor) -> bool:
+    """Whether ``t`` has no values: a fake tensor of ``train_step``'s trace."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return type(t) is not TpuTensor and is_fake(t)
 
 
 def _check_values(name: str, offsets: torch.Tensor, num_targets: torch.Tensor, max_len: int, rows: int) -> None:

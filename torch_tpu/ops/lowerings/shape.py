@@ -63,6 +63,13 @@ def slice_(self, dim=0, start=None, end=None, step=1):
     return self[tuple(index)]
 
 
+@register_lowering(aten.slice_scatter.default)
+def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
+    index = [slice(None)] * self.ndim
+    index[dim % self.ndim] = slice(start, end, step)
+    return self.at[tuple(index)].set(src.astype(self.dtype))
+
+
 @register_lowering(aten.squeeze.default)
 def squeeze(self):
     return jnp.squeeze(self)

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torchrec.datasets.utils import Batch
@@ -92,30 +93,36 @@ def measured_dense_device(build_step: StepBuilder, spec: ModelSpec, local_batch:
     """"cpu" or "tpu": where ``spec``'s step (as ``build_step`` builds it, with ``optim``'s
     optimizers and precision and ``--sparse-backend sparse_backend``) trains faster at
     ``local_batch`` samples per rank and ``ids_per_feature`` ids per sample (None: one), on this host
-    (the stored verdict, unless it was timed on a busy host and this one is quiet now; else
-    :func:`time_placements`, then stored; "cpu", not stored, where the timed batch overflows a
-    SparseCore partition's default id limit)."""
-    key = _key(spec, local_batch, optim, sparse_backend, ids_per_feature)
+    (:func:`measured_device` of :func:`time_placements`)."""
+    return measured_device(_key(spec, local_batch, optim, sparse_backend, ids_per_feature), "the towers",
+                           lambda: time_placements(build_step, spec, local_batch, ids_per_feature))
+
+
+def measured_device(key: str, what: str, time_both: Callable[[], PlacementTiming]) -> str:
+    """"cpu" or "tpu": the verdict stored under ``key`` (:func:`placement_key` of what the timing
+    depends on), unless it was timed on a busy host and this one is quiet now; else ``time_both()``
+    (both placements' whole steps), then stored; "cpu", not stored, where the timed batch overflows
+    a SparseCore partition's default id limit. ``what`` names the part placed, in the log lines."""
     stored = xla_cache.load(LEVEL, key, lambda blob: json.loads(blob.decode()))
     if stored is not None and not (stored.get("busy") and not _host_busy()):
         return str(stored["device"])
-    _log.info("--dense-device auto: timing a training step with the towers in CPU eager torch and on the tpu "
-              "device, a minute or two (once on this host for these towers and tables%s)",
+    _log.info("--dense-device auto: timing a training step with %s in CPU eager torch and on the tpu "
+              "device, a minute or two (once on this host for this model%s)", what,
               ", again: the last timing ran beside other work" if stored is not None else "")
     start = time.perf_counter()
     try:
-        timing = time_placements(build_step, spec, local_batch, ids_per_feature)
+        timing = time_both()
     except PartitionOverflowError as error:
         # the timing lays its tables out with the default id limits, not the job's (--plan); the
         # job itself then overflows (and names the flags that fix it) or runs with its own limits
-        _log.warning("--dense-device auto: could not time the step at this batch (%s); the towers stay in CPU "
-                     "eager torch (not stored)", error)
+        _log.warning("--dense-device auto: could not time the step at this batch (%s); %s stay in CPU "
+                     "eager torch (not stored)", error, what)
         return "cpu"
     host_heap.release()  # the timed models' freed memory, before the job's tables are built beside it
     busy = timing.outside_share > BUSY_SHARE
-    _log.info("--dense-device auto: the towers on %s: a step takes %.1f ms there, %.1f ms on %s (timed in %.0f s%s)",
-              timing.device, *((timing.tpu_ms, timing.cpu_ms, "cpu") if timing.device == "tpu"
-                               else (timing.cpu_ms, timing.tpu_ms, "tpu")),
+    _log.info("--dense-device auto: %s on %s: a step takes %.1f ms there, %.1f ms on %s (timed in %.0f s%s)",
+              what, timing.device, *((timing.tpu_ms, timing.cpu_ms, "cpu") if timing.device == "tpu"
+                                     else (timing.cpu_ms, timing.tpu_ms, "tpu")),
               time.perf_counter() - start, "; the host was busy, the next run times again" if busy else "")
     xla_cache.store(LEVEL, key, json.dumps({"device": timing.device, "cpu_ms": timing.cpu_ms,
                                             "tpu_ms": timing.tpu_ms, "busy": busy}).encode())
@@ -145,13 +152,17 @@ def time_placements(build_step: StepBuilder, spec: ModelSpec, local_batch: int,
             for name in ("cpu", "tpu"):
                 _log.info("--dense-device auto: building the model with the towers on %s", name)
                 streams[name] = build_step(name, capped, local_batch)(itertools.cycle(batches))
-            return _timed_rounds(streams)
+            return timed_rounds(streams)
         finally:
             for stream in streams.values():
                 stream.close()  # ends its prefetch thread
 
 
-def _timed_rounds(streams: dict[str, Iterator[torch.Tensor]]) -> PlacementTiming:
+def timed_rounds(streams: dict[str, Iterator[torch.Tensor]]) -> PlacementTiming:
+    """ms per step of each placement (``"cpu"`` and ``"tpu"``: an iterator stepping once per
+    ``next``, yielding the loss): warmed by turns, then timed in rounds that alternate which goes
+    first, each placement's fastest round; with the other processes' share of the host's CPU over
+    those rounds."""
     times: dict[str, list[float]] = {name: [] for name in streams}
     _log.info("--dense-device auto: compiling the tpu step and warming both placements up")
     for _ in range(_WARMUP_STEPS):  # the tpu step compiles (or loads) in its first
@@ -215,6 +226,19 @@ def _key(spec: ModelSpec, local_batch: int, optim: OptimConfig, sparse_backend: 
     optimizers (not their learning rates), precision, sparse backend, torch threads, this host's CPU and core count, the
     library versions, the device's kernels and the project's source files (a change to either
     placement's step code times again)."""
+    towers = (len(spec.feature_names), spec.embedding_dim, spec.dense_in_features, spec.dense_layers,
+              spec.over_layers, spec.dcn_num_layers, spec.dcn_low_rank_dim)
+    tables = tuple(min(rows, TABLE_ROWS_CAP) for rows in spec.table_sizes)
+    optimizers = (optim.dense_optimizer, optim.sparse_optimizer)  # their kinds cost; the learning rates do not
+    ids = ids_per_feature or (1,) * len(spec.feature_names)
+    return placement_key(towers, tables, local_batch, ids, optimizers, optim.precision, sparse_backend)
+
+
+def placement_key(*model_parts: Any) -> str:
+    """A stored verdict's key: a digest of ``model_parts`` (what the timed step depends on: model,
+    batch, optimizers, precision, backend) and of this host and code: torch threads, the CPU and its
+    cores, the library versions, the device's kernels and the project's source files (a change to
+    either placement's step code times again)."""
     import jax
 
     import sparsecore
@@ -223,13 +247,7 @@ def _key(spec: ModelSpec, local_batch: int, optim: OptimConfig, sparse_backend: 
     from torch_tpu.compile.program.sources import tree_identity
     from torch_tpu.ops import cpu_kernels
 
-    towers = (len(spec.feature_names), spec.embedding_dim, spec.dense_in_features, spec.dense_layers,
-              spec.over_layers, spec.dcn_num_layers, spec.dcn_low_rank_dim)
-    tables = tuple(min(rows, TABLE_ROWS_CAP) for rows in spec.table_sizes)
-    optimizers = (optim.dense_optimizer, optim.sparse_optimizer)  # their kinds cost; the learning rates do not
-    ids = ids_per_feature or (1,) * len(spec.feature_names)
-    parts = (towers, tables, local_batch, ids, optimizers, optim.precision, sparse_backend, torch.get_num_threads(),
-             os.cpu_count(), cpu_model(), platform.machine(), torch.__version__, jax.__version__,
-             cpu_kernels.fingerprint(),
+    parts = (*model_parts, torch.get_num_threads(), os.cpu_count(), cpu_model(), platform.machine(),
+             torch.__version__, jax.__version__, cpu_kernels.fingerprint(),
              tuple(tree_identity(Path(package.__file__).parent) for package in (torch_tpu, sparsecore, torchrec_tpu)))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
