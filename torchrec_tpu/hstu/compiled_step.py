@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torchrec.optim.keyed import KeyedOptimizer
 
@@ -52,19 +51,19 @@ class CompiledHSTUStep:
     """A training step of ``model`` (its stack and heads on tpu) for ``layout`` (one program per
     rank): the tables' lookup on the host, the stack, heads, loss, backward and ``adam``'s update as
     one program, then the tables' update from the tokens' gradient (``sparse_opt``: stock
-    TorchRec's tables' optimizer; None: the sharded EC updates itself in backward). Several ranks:
-    the program is SPMD over the world, the dense gradients averaged inside (as DDP)."""
+    TorchRec's tables' optimizer; None: the sharded EC updates itself in backward). One rank."""
 
     def __init__(self, model: HSTU, adam: KeyedOptimizer, sparse_opt: KeyedOptimizer | None,
                  layout: StepLayout) -> None:
         import torch_tpu.compile as tc
 
+        if layout.world_size != 1:
+            raise ValueError(f"CompiledHSTUStep runs one rank's step; the layout has {layout.world_size} ranks")
         self.model, self.sparse_opt = model, sparse_opt
-        group = dist.group.WORLD if layout.world_size > 1 else None
         inner = getattr(adam, "_optimizer", adam)  # KeyedOptimizerWrapper steps its inner one
-        self.step = tc.train_step(HSTUDenseLoss(model, layout.precision), inner, input_grads=(0,), group=group)
-        _log.info("training step: the STU stack, heads and dense optimizer as one compiled program%s; the tables' "
-                  "lookup and update outside it", "" if group is None else f" per rank (SPMD over {layout.world_size})")
+        self.step = tc.train_step(HSTUDenseLoss(model, layout.precision), inner, input_grads=(0,))
+        _log.info("training step: the STU stack, heads and dense optimizer as one compiled program; the tables' "
+                  "lookup and update outside it")
 
     def __call__(self, batch: SequenceBatch) -> torch.Tensor:
         x, seq, candidates = self.model.stack_inputs(batch.features, in_program=True)

@@ -51,7 +51,7 @@ from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv, process_group
 from torchrec_tpu.train.engines.dense_placement import dense_device as placed_on
 from torchrec_tpu.train.engines.precision import autocast
-from torchrec_tpu.train.engines.step_layout import CALIBRATION_BATCH_CAP, StepLayout, one_step_program
+from torchrec_tpu.train.engines.step_layout import CALIBRATION_BATCH_CAP, StepLayout
 from torchrec_tpu.train.job import (
     HPARAM_METRICS,
     JobHooks,
@@ -150,12 +150,12 @@ def stack_device(config: TrainConfig, env: DistEnv, meta: SequenceMeta, joined: 
 
 def step_layout(config: TrainConfig, env: DistEnv, device: torch.device) -> StepLayout:
     """HSTU's step as a :class:`~torchrec_tpu.train.engines.step_layout.StepLayout`: the STU stack
-    and heads on ``device``, one compiled program per step where DLRM's towers would be
-    (``one_step_program``: tpu, one rank or an SPMD world), else eager (gradients averaged over the
-    ranks as DDP does); the tables' lookup and update outside it, on their backend (``fbgemm``: the
-    torchrec engine's, as DLRM's layout names it); the precision."""
+    and heads on ``device``, one compiled program per step on tpu at one rank, else eager
+    (gradients averaged over the ranks as DDP does); the tables' lookup and update outside it, on
+    their backend (``fbgemm``: the torchrec engine's, as DLRM's layout names it); the precision.
+    (Several ranks: each rank's jagged batch pads to its own shape, and one SPMD program needs one.)"""
     backend = FBGEMM if config.engine.kind == "torchrec" else sparse_backend(config)
-    one_program = one_step_program(device, env.world_size, "ddp")
+    one_program = device.type == "tpu" and env.world_size == 1
     return StepLayout(dense_device=device, dense_parallel="ddp", sparse_backend=backend, one_program=one_program,
                       lookup_in_step=False, uniform_ranks=False, precision=config.optim.precision,
                       world_size=env.world_size,
