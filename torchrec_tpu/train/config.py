@@ -251,8 +251,7 @@ class EngineConfig(_Group):
                 "into one program and the tpu device is a TPU, or, on XLA:CPU in one process, where that program "
                 "runs the whole training step faster than the towers in CPU eager torch beside the embedding "
                 "lookup and update (both timed once on this host for this model and stored), else cpu "
-                "(docs/architecture/training_step.md). With --model hstu or dlrmv4: the STU stack and heads, placed "
-                "the same way (the tables' lookup and update outside the program).",
+                "(docs/architecture/training_step.md). With --model hstu: its STU stack and heads.",
         choices=DENSE_DEVICES)
     sparse_backend: SparseBackend = _opt(
         "auto", "the sparsecore engine's embedding backend (sparsecore.backends), or auto. The rank's local backend, "
