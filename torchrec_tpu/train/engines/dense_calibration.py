@@ -35,6 +35,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import platform
 import time
@@ -57,6 +58,10 @@ from xla_cache import host_heap
 _log = logging.getLogger(__name__)
 LEVEL = "placements"
 _WARMUP_STEPS, _STEPS, _ROUNDS = 2, 4, 4
+# a timed round's length at least: each round ends by waiting for its last step, which costs the
+# one-program step the overlap of one step's dispatch with the last's run; at a few steps of ~10 ms
+# (the default model) that wait alone flipped the verdict to cpu where whole tpu steps ran faster
+_ROUND_S = 0.25
 # untimed steps that open each round: the other placement's round left this one's prefetch queue
 # full, and a round timed from there would get those batches' input dist for free
 _SETTLE_STEPS = 2
@@ -165,17 +170,21 @@ def timed_rounds(streams: dict[str, Iterator[torch.Tensor]]) -> PlacementTiming:
     those rounds."""
     times: dict[str, list[float]] = {name: [] for name in streams}
     _log.info("--dense-device auto: compiling the tpu step and warming both placements up")
+    warm_s = 0.0
     for _ in range(_WARMUP_STEPS):  # the tpu step compiles (or loads) in its first
         for stream in streams.values():
+            start = time.perf_counter()
             _steps(stream, 1)
-    _log.info("--dense-device auto: timing %d rounds of %d steps each", _ROUNDS, _STEPS)
+            warm_s = time.perf_counter() - start  # the last warm step's, the tpu one's
+    steps = max(_STEPS, math.ceil(_ROUND_S / max(warm_s, 1e-4)))
+    _log.info("--dense-device auto: timing %d rounds of %d steps each", _ROUNDS, steps)
     outside = OutsideCpu()
     for r in range(_ROUNDS):
         for name in (("cpu", "tpu") if r % 2 == 0 else ("tpu", "cpu")):
             _steps(streams[name], _SETTLE_STEPS)
             start = time.perf_counter()
-            _steps(streams[name], _STEPS)
-            times[name].append((time.perf_counter() - start) / _STEPS * 1e3)
+            _steps(streams[name], steps)
+            times[name].append((time.perf_counter() - start) / steps * 1e3)
     return PlacementTiming(min(times["cpu"]), min(times["tpu"]), outside.share())
 
 
