@@ -92,7 +92,9 @@ def demand(plan, kjts) -> list[int]:
 
 
 def run_stream(name: str, plan, kjts, grads, warmup: int, overflow: str) -> tuple[float, int, dict]:
-    """(seconds per batch over ``kjts[warmup:]``, ids dropped, final tables) of backend ``name``."""
+    """(seconds per batch over ``kjts[warmup:]``, ids dropped, final tables) of backend ``name``,
+    after a warm-up pass over the whole stream: steady state, every program a batch of it needs
+    compiled (a step's shapes follow its batch: the minibatch slots, the bucketed sizes)."""
     backend = make_backend(name, plan, seed=0, overflow=overflow)
     dropped = 0
 
@@ -102,7 +104,7 @@ def run_stream(name: str, plan, kjts, grads, warmup: int, overflow: str) -> tupl
         backend.backward(context, grads)
         dropped += sum(s.dropped_ids for s in backend.last_stats.values())
 
-    for kjt in tqdm(kjts[:warmup], desc=f"{name} {overflow} warm-up", leave=False):
+    for kjt in tqdm(kjts, desc=f"{name} {overflow} warm-up", leave=False):
         step(kjt)
     start = time.perf_counter()
     for kjt in tqdm(kjts[warmup:], desc=f"{name} {overflow}", leave=False):
@@ -129,7 +131,8 @@ def skewed_main(args: argparse.Namespace, optimizer) -> None:
     k_most = max(minibatch_entries(st, x, 1, 4).num_minibatches for x in inputs for st in small_plan.stacks)
     grads = {f.name: torch.ones(args.batch, args.dim) for f in small_plan.features}
     print(f"skewed stream: {args.tables} tables x {args.vocab} x {args.dim}, batch {args.batch}, row 0 of t0 in 30% "
-          f"of its samples, t1's lengths x10 every 4th batch; {args.warmup} warm-up + {args.steps} timed batches")
+          f"of its samples, t1's lengths x10 every 4th batch; {args.warmup} + {args.steps} batches, the last "
+          f"{args.steps} timed after a warm-up pass over all")
     print(f"limits: minibatch run {small} (what the stream without skew needs), reference {large} (the stream's "
           f"most); up to {k_most} minibatches a batch")
     for name in args.backends.split(","):
@@ -178,7 +181,8 @@ def main() -> None:
     parser.add_argument("--hot", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skewed", action="store_true", help="time the adversarial skewed stream (module docstring)")
-    parser.add_argument("--warmup", type=int, default=8, help="--skewed: batches before the timed ones")
+    parser.add_argument("--warmup", type=int, default=8, help="--skewed: batches of the stream before the timed ones "
+                        "(after a warm-up pass over all of it)")
     parser.add_argument("--backends", default="xla,ops", help="--skewed: the backends compared, comma-separated")
     args = parser.parse_args()
     optimizer = Adagrad(0.05, initial_accumulator_value=0.0, eps=1e-8)
