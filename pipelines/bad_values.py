@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -65,7 +66,7 @@ def _null_ids(table: pa.Table, schema: DatasetSchema) -> list[tuple[str, np.ndar
     """[(multi-hot column, mask of the rows holding a null id inside their list)]."""
     out = []
     for name in schema.sparse:
-        if name not in table.column_names or not pa.types.is_list(table.schema.field(name).type):
+        if not _is_column(table, name, pa.types.is_list):
             continue
         column = table.column(name).combine_chunks()
         ids = pc.list_flatten(column)
@@ -77,6 +78,12 @@ def _null_ids(table: pa.Table, schema: DatasetSchema) -> list[tuple[str, np.ndar
     return out
 
 
+def _is_column(table: pa.Table, name: str, kind: Callable[[pa.DataType], bool]) -> bool:
+    """Whether ``table`` has a column ``name`` of ``kind`` (one lookup: ``column_names`` builds a list a call)."""
+    index = table.schema.get_field_index(name)
+    return index >= 0 and kind(table.schema.field(index).type)
+
+
 def _scan(table: pa.Table, schema: DatasetSchema, label: bool) -> tuple[np.ndarray | None, list]:
     """(label values if the label is bad anywhere else None, [(dense name, bad mask, values)])."""
     labels = None
@@ -86,7 +93,7 @@ def _scan(table: pa.Table, schema: DatasetSchema, label: bool) -> tuple[np.ndarr
             labels = values
     dense = []
     for name in schema.dense:
-        if name not in table.column_names or not pa.types.is_floating(table.schema.field(name).type):
+        if not _is_column(table, name, pa.types.is_floating):
             continue
         values = _float_values(table.column(name))
         bad = np.abs(values) > FLOAT32_MAX  # inf included, NaN (missing) not
@@ -227,10 +234,10 @@ def apply_policy(table: pa.Table, schema: DatasetSchema, policy: str, source: So
 
 def kept_rows(table: pa.Table, schema: DatasetSchema, policy: str, label: bool = True) -> np.ndarray:
     """Mask of the rows ``apply_policy`` keeps (``error`` keeps all: it raises instead)."""
-    labels, dense = _scan(table, schema, label)
-    null_id = _any(_null_ids(table, schema), table.num_rows)
     if policy == "error":
         return np.ones(table.num_rows, dtype=bool)
+    labels, dense = _scan(table, schema, label)
+    null_id = _any(_null_ids(table, schema), table.num_rows)
     if policy == "clamp":
         return ~(np.isnan(labels) | null_id) if labels is not None else ~null_id
     label_bad = bad_labels(labels) if labels is not None else np.zeros(table.num_rows, dtype=bool)
