@@ -120,17 +120,17 @@ def sequence_batch(items: list[np.ndarray], times: list[np.ndarray], users: np.n
 
 
 class UserBatches(BatchStream):
-    """Batches of ``batch_size`` users' sequences (:func:`sequence_batch`); with ``shuffle_seed``
-    each pass (epoch, the first being ``epoch``) is in a new order, as the paper's loader shuffles;
-    ``iter_from_row`` resumes a pass at a row."""
+    """Batches of ``local_batch`` users' sequences (:func:`sequence_batch`; the job runs in one
+    process); with ``shuffle_seed`` each pass (epoch, the first being ``epoch``) is in a new order,
+    as the paper's loader shuffles; ``iter_from_row`` resumes a pass at a row."""
 
-    def __init__(self, items: list[np.ndarray], times: list[np.ndarray], batch_size: int, max_history: int,
+    def __init__(self, items: list[np.ndarray], times: list[np.ndarray], local_batch: int, max_history: int,
                  shuffle_seed: int | None = None, epoch: int = 0) -> None:
-        self.items, self.times, self.batch_size, self.max_history = items, times, batch_size, max_history
+        self.items, self.times, self.local_batch, self.max_history = items, times, local_batch, max_history
         self.shuffle_seed, self.epoch = shuffle_seed, epoch
 
     def __len__(self) -> int:
-        return math.ceil(len(self.items) / self.batch_size)
+        return math.ceil(len(self.items) / self.local_batch)
 
     def __iter__(self) -> Iterator[RetrievalBatch]:
         return self.iter_from_row(0)
@@ -140,8 +140,8 @@ class UserBatches(BatchStream):
         if self.shuffle_seed is not None:
             order = np.random.default_rng((self.shuffle_seed, self.epoch)).permutation(order)
         self.epoch += 1
-        return (sequence_batch(self.items, self.times, order[start:start + self.batch_size], self.max_history)
-                for start in range(row, order.size, self.batch_size))
+        return (sequence_batch(self.items, self.times, order[start:start + self.local_batch], self.max_history)
+                for start in range(row, order.size, self.local_batch))
 
 
 @dataclass(frozen=True)
