@@ -26,6 +26,10 @@ from sparsecore.stacking import StackedTable
 from xla_cache import host_heap
 
 CHUNK_BYTES = 1 << 26  # host rows per transfer: 64 MiB (a power of two of rows: few program shapes)
+# an eviction's row count is padded to this times a power of 4: each new count compiles a program
+# (50-80 ms on XLA:CPU, per table and per slot), and with powers of two from 1 a job's first
+# evictions compiled ~24 of them (1.1 s an eviction at the anchor shape); the padded rows cost nothing
+RESET_ROWS_FLOOR = 4096
 
 
 def chunk_rows(width: int) -> int:
@@ -49,9 +53,12 @@ def reset_table_rows(stack: StackedTable, table: str, arrays: Sequence[jax.Array
                      weights: np.ndarray, slot_values: Sequence[float]) -> list[jax.Array]:
     """``stack``'s arrays (its table, then slots; each donated) with ``table``'s logical ``rows``
     set: the table's to ``weights`` ([len(rows), table dim]), each slot's to its value in
-    ``slot_values`` (a managed-collision eviction). Written in place, the row count padded to a
-    power of two with rows past the end (dropped), so a few programs serve every eviction."""
-    count = 1 << max(rows.size - 1, 0).bit_length()
+    ``slot_values`` (a managed-collision eviction). Written in place, the row count padded to
+    :data:`RESET_ROWS_FLOOR` times a power of 4 with rows past the end (dropped), so a few programs
+    serve every eviction."""
+    count = RESET_ROWS_FLOOR
+    while count < rows.size:
+        count *= 4
     at = np.full(count, stack.vocab_size, dtype=np.int64)
     at[:rows.size] = stack.physical_rows(table, rows)
     dim = stack.table(table).dim
