@@ -27,7 +27,7 @@ from xla_cache import host_heap
 
 CHUNK_BYTES = 1 << 26  # host rows per transfer: 64 MiB (a power of two of rows: few program shapes)
 # an eviction's row count is padded to this times a power of 4: each new count compiles a program
-# (50-80 ms on XLA:CPU, per table and per slot), and with powers of two from 1 a job's first
+# (50-80 ms on XLA:CPU, per stack shape, for the table and each slot), and with powers of two from 1 a job's first
 # evictions compiled ~24 of them (1.1 s an eviction at the anchor shape); the padded rows cost nothing
 RESET_ROWS_FLOOR = 4096
 
