@@ -45,11 +45,11 @@ from torchrec_tpu.hstu.retrieval_model import RetrievalBatch, RetrievalConfig, R
 from torchrec_tpu.train.checkpoint.dirs import new_run_id, run_id_of
 from torchrec_tpu.train.checkpoint.hstu_files import HSTU_META, find_hstu_checkpoint, is_legacy
 from torchrec_tpu.train.checkpoint.manifest import CheckpointError
-from torchrec_tpu.train.checkpoint.store import load_checkpoint, open_checkpoint, restore_rng, save_checkpoint
+from torchrec_tpu.train.checkpoint.store import load_checkpoint, open_checkpoint, restore_rng
 from torchrec_tpu.train.config import ConfigError, TrainConfig
 from torchrec_tpu.train.distributed import DistEnv
 from torchrec_tpu.train.engines.precision import autocast
-from torchrec_tpu.train.job import loop_options, run_dirs, use_rank_threads
+from torchrec_tpu.train.job import JobHooks, ModelCheckpoints, loop_options, run_dirs, use_rank_threads
 from torchrec_tpu.train.loop import LoopPosition, TrainResult, run_training
 from torchrec_tpu.train.scalars import ScalarLog
 from torchrec_tpu.train.streams import LimitedBatches
@@ -265,22 +265,19 @@ def run_retrieval(config: TrainConfig) -> RetrievalSummary:
                   model.config.layers, len(items), data.catalog.numel(), precision, negatives.random,
                   negatives.in_batch)
 
-        def save(step: int, position: LoopPosition) -> Path:
-            meta = {"step": step, "epoch": position.epoch, "row": position.rows, HSTU_META: model.config.to_dict(),
-                    "config": config.to_dict()}
-            return save_checkpoint(dirs.checkpoint_root, model, optimizer, meta, run_id,
-                                   config.checkpoint.keep_checkpoints)
-
+        checkpoints = ModelCheckpoints(config, model, optimizer, (HSTU_META, model.config.to_dict()), run_id,
+                                       dirs.checkpoint_root, JobHooks())
         rates = f"--dense-lr {config.optim.dense_lr:g} (AdamW)"
         with ScalarLog(dirs.log_dir, enabled=True) as log:
             log.log_hparams(config.to_dict(), tuple(f"eval/{name}" for name in METRICS) + ("train/loss",))
             result = run_training(
                 model, optimizer, train, held_out, torch.device("cpu"), log,
                 loop_options(config, env, start_step, start, learning_rates=rates),
-                step_fn=lambda m, opt, batch: train_step(m, opt, batch, negatives, precision), checkpoint=save,
+                step_fn=lambda m, opt, batch: train_step(m, opt, batch, negatives, precision),
+                checkpoint=checkpoints.save,
                 evaluator=lambda m, split, progress=None: evaluate(m, split, data.catalog, precision,
                                                                    config.data.limit_val_batches, progress))
-        saved = save(result.steps, result.position)
+        saved = checkpoints.save(result.steps, result.position)
         _log.info("checkpoint step %d: %s", result.steps, saved)
     return RetrievalSummary(True, result, time.perf_counter() - started, dirs.log_dir, saved, model, data)
 
